@@ -1,0 +1,63 @@
+package errs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestCodeTable(t *testing.T) {
+	tests := []struct {
+		err  error
+		want codes.Code
+	}{
+		{nil, codes.OK},
+		{fmt.Errorf("%w: tensor x", ErrInvalid), codes.InvalidArgument},
+		{fmt.Errorf("%w: model m", ErrNotFound), codes.NotFound},
+		{&StaleError{Model: "m", CurrentVersion: 3}, codes.FailedPrecondition},
+		{fmt.Errorf("wrapped: %w", ErrFull), codes.ResourceExhausted},
+		{ErrUnauthenticated, codes.Unauthenticated},
+		{ErrPermission, codes.PermissionDenied},
+		{ErrUnavailable, codes.Unavailable},
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{context.Canceled, codes.Canceled},
+		{errors.New("boom"), codes.Internal},
+		{status.Error(codes.Unimplemented, "x"), codes.Unimplemented},
+	}
+	for _, tt := range tests {
+		if got := Code(tt.err); got != tt.want {
+			t.Errorf("Code(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+		if got := status.Code(ToStatus(tt.err)); got != tt.want {
+			t.Errorf("status.Code(ToStatus(%v)) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestRoundTripKeepsSentinelsAndStaleFields(t *testing.T) {
+	for _, s := range []error{ErrInvalid, ErrNotFound, ErrFull, ErrUnauthenticated, ErrPermission, ErrUnavailable, ErrAborted, ErrExists} {
+		back := FromStatus(ToStatus(fmt.Errorf("%w: detail", s)))
+		if !errors.Is(back, s) {
+			t.Errorf("FromStatus(ToStatus(%v)) = %v, does not match", s, back)
+		}
+	}
+	back := FromStatus(ToStatus(fmt.Errorf("push: %w", &StaleError{Model: "pol", CurrentVersion: 7, CurrentEpoch: 2, Reason: "expected 5"})))
+	var se *StaleError
+	if !errors.As(back, &se) || !errors.Is(back, ErrStale) {
+		t.Fatalf("stale error lost on the wire: %v", back)
+	}
+	if se.Model != "pol" || se.CurrentVersion != 7 || se.CurrentEpoch != 2 {
+		t.Fatalf("stale fields = %+v, want pol/7/2", se)
+	}
+	if !errors.Is(FromStatus(status.Error(codes.DeadlineExceeded, "late")), context.DeadlineExceeded) {
+		t.Error("DeadlineExceeded did not map back to context.DeadlineExceeded")
+	}
+	plain := errors.New("plain")
+	if FromStatus(plain) != plain {
+		t.Error("non-status error was changed")
+	}
+}

@@ -1,0 +1,205 @@
+// Package hub assembles rlhub's gRPC services into one server: the
+// embedded single-machine hub that `rlhub serve` runs and that tests and
+// `rlhub train` start in-process.
+//
+// To use it:
+//  1. Fill a Config (the zero value listens on DefaultListen with an
+//     in-memory data directory disabled: set DataDir to persist).
+//  2. New(cfg) opens every service (loading checkpoints from DataDir).
+//  3. Run(ctx) serves until ctx is done, then stops gracefully, with a hard
+//     stop after Config.StopTimeout, and closes every service.
+//     Or Start() + Close() for tests that want the address first.
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+)
+
+// DefaultListen is the default gRPC listen address.
+const DefaultListen = "127.0.0.1:7470"
+
+// Config configures a hub.
+type Config struct {
+	// Listen is the TCP address to serve on; "" means DefaultListen. Use
+	// "127.0.0.1:0" for a free port.
+	Listen string
+	// DataDir is where services keep checkpoints; "" means nothing is
+	// persisted (an in-memory hub, for tests and throwaway runs).
+	DataDir string
+	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
+	MaxMsgBytes int
+	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
+	StopTimeout time.Duration
+	// Logger receives the hub's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.MaxMsgBytes == 0 {
+		c.MaxMsgBytes = 4 << 20
+	}
+	if c.MaxMsgBytes < 1<<16 {
+		return fmt.Errorf("hub: MaxMsgBytes %d is below 64 KiB", c.MaxMsgBytes)
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = 5 * time.Second
+	}
+	if c.StopTimeout < 0 {
+		return fmt.Errorf("hub: negative StopTimeout %v", c.StopTimeout)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Service is one gRPC service hosted by the hub.
+type Service interface {
+	// Register attaches the service's handlers to s. Called once by New.
+	Register(s *grpc.Server)
+	// Close stops the service's background work and waits for it. Called
+	// once, after the gRPC server has stopped.
+	Close() error
+}
+
+// Hub is a running set of services behind one gRPC server.
+type Hub struct {
+	cfg      Config
+	grpc     *grpc.Server
+	health   *health.Server
+	services []Service
+
+	mu       sync.Mutex
+	lis      net.Listener
+	serveErr chan error
+	closed   bool
+}
+
+// New builds a hub and opens its services. extra services are hosted beside
+// the built-in ones (tests use this to add fakes).
+func New(cfg Config, extra ...Service) (*Hub, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	h := &Hub{cfg: cfg}
+	h.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
+		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
+	)
+	h.health = health.NewServer()
+	healthpb.RegisterHealthServer(h.grpc, h.health)
+	reflection.Register(h.grpc)
+
+	services, err := builtinServices(&h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.services = append(services, extra...)
+	for _, s := range h.services {
+		s.Register(h.grpc)
+	}
+	return h, nil
+}
+
+// builtinServices opens the services every hub hosts. Each issue's service
+// is added here.
+func builtinServices(cfg *Config) ([]Service, error) {
+	var out []Service
+	return out, nil
+}
+
+// Start listens and serves in the background. Addr is valid after it
+// returns. Close stops it.
+func (h *Hub) Start() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lis != nil || h.closed {
+		return errors.New("hub: already started or closed")
+	}
+	lis, err := net.Listen("tcp", h.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("hub: listen: %w", err)
+	}
+	h.lis = lis
+	h.serveErr = make(chan error, 1)
+	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	go func() { h.serveErr <- h.grpc.Serve(lis) }()
+	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir)
+	return nil
+}
+
+// Addr is the address the hub listens on, or nil before Start.
+func (h *Hub) Addr() net.Addr {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lis == nil {
+		return nil
+	}
+	return h.lis.Addr()
+}
+
+// Run starts the hub and serves until ctx is done or serving fails, then
+// closes it.
+func (h *Hub) Run(ctx context.Context) error {
+	if err := h.Start(); err != nil {
+		return err
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-h.serveErr:
+		h.serveErr <- err // Close reads it again
+	}
+	return errors.Join(err, h.Close())
+}
+
+// Close stops serving gracefully (hard stop after StopTimeout), then closes
+// every service. Safe to call more than once.
+func (h *Hub) Close() error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	started := h.lis != nil
+	h.mu.Unlock()
+
+	h.health.Shutdown()
+	done := make(chan struct{})
+	go func() { h.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(h.cfg.StopTimeout):
+		h.cfg.Logger.Warn("hub: graceful stop timed out, stopping hard")
+		h.grpc.Stop()
+		<-done
+	}
+	var errsOut []error
+	if started {
+		if err := <-h.serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errsOut = append(errsOut, err)
+		}
+	}
+	for i := len(h.services) - 1; i >= 0; i-- {
+		if err := h.services[i].Close(); err != nil {
+			errsOut = append(errsOut, err)
+		}
+	}
+	h.cfg.Logger.Info("hub stopped")
+	return errors.Join(errsOut...)
+}

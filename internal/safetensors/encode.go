@@ -1,0 +1,145 @@
+package safetensors
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// Layout is a planned encoding of a state dict: the header bytes and the
+// tensors in file order. Building it costs no tensor-byte copies, so a
+// sender can stream Header and then each tensor's Data straight from the
+// caller's memory.
+type Layout struct {
+	// Header is the 8-byte length prefix followed by the padded JSON header.
+	Header []byte
+	// Order lists the tensors in file order; their Data is not copied.
+	Order []*tensor.Tensor
+	// Size is the total encoded size in bytes.
+	Size int64
+}
+
+// Plan computes the encoding of sd with optional metadata. It validates every
+// tensor and returns an error instead of encoding an inconsistent one.
+func Plan(sd *tensor.StateDict, metadata map[string]string) (*Layout, error) {
+	order := slices.Clone(sd.Tensors())
+	for _, t := range order {
+		if err := t.Validate(); err != nil {
+			return nil, err
+		}
+		if t.Name == MetadataKey {
+			return nil, fmt.Errorf("safetensors: tensor name %q is reserved", MetadataKey)
+		}
+	}
+	// The reference library's order: dtype rank descending, then name.
+	slices.SortStableFunc(order, func(a, b *tensor.Tensor) int {
+		if a.DType != b.DType {
+			return int(b.DType) - int(a.DType)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+
+	var js strings.Builder
+	js.WriteByte('{')
+	first := true
+	if len(metadata) > 0 {
+		keys := make([]string, 0, len(metadata))
+		for k := range metadata {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		js.WriteString(quote(MetadataKey))
+		js.WriteString(":{")
+		for i, k := range keys {
+			if i > 0 {
+				js.WriteByte(',')
+			}
+			js.WriteString(quote(k))
+			js.WriteByte(':')
+			js.WriteString(quote(metadata[k]))
+		}
+		js.WriteByte('}')
+		first = false
+	}
+	var off int64
+	for _, t := range order {
+		if !first {
+			js.WriteByte(',')
+		}
+		first = false
+		js.WriteString(quote(t.Name))
+		js.WriteString(`:{"dtype":"`)
+		js.WriteString(t.DType.String())
+		js.WriteString(`","shape":[`)
+		for i, d := range t.Shape {
+			if i > 0 {
+				js.WriteByte(',')
+			}
+			js.WriteString(strconv.FormatInt(d, 10))
+		}
+		end := off + int64(len(t.Data))
+		js.WriteString(`],"data_offsets":[`)
+		js.WriteString(strconv.FormatInt(off, 10))
+		js.WriteByte(',')
+		js.WriteString(strconv.FormatInt(end, 10))
+		js.WriteString("]}")
+		off = end
+	}
+	js.WriteByte('}')
+	n := js.Len()
+	pad := (8 - n%8) % 8
+	hdr := make([]byte, 8, 8+n+pad)
+	binary.LittleEndian.PutUint64(hdr, uint64(n+pad))
+	hdr = append(hdr, js.String()...)
+	for range pad {
+		hdr = append(hdr, ' ')
+	}
+	return &Layout{Header: hdr, Order: order, Size: int64(len(hdr)) + off}, nil
+}
+
+// WriteTo writes the encoding to w: the header, then each tensor's bytes
+// directly from its Data.
+func (l *Layout) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	n, err := w.Write(l.Header)
+	total += int64(n)
+	if err != nil {
+		return total, err
+	}
+	for _, t := range l.Order {
+		n, err := w.Write(t.Data)
+		total += int64(n)
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// EncodeInto writes the encoding into dst, which must be at least l.Size
+// bytes, and returns dst[:l.Size].
+func (l *Layout) EncodeInto(dst []byte) []byte {
+	if int64(len(dst)) < l.Size {
+		panic(fmt.Sprintf("safetensors: EncodeInto needs %d bytes, got %d", l.Size, len(dst)))
+	}
+	p := copy(dst, l.Header)
+	for _, t := range l.Order {
+		p += copy(dst[p:], t.Data)
+	}
+	return dst[:p]
+}
+
+// Encode returns the safetensors encoding of sd in a new 8-byte-aligned
+// buffer, so decoding it gives aligned zero-copy views.
+func Encode(sd *tensor.StateDict, metadata map[string]string) ([]byte, error) {
+	l, err := Plan(sd, metadata)
+	if err != nil {
+		return nil, err
+	}
+	return l.EncodeInto(tensor.AlignedBytes(int(l.Size))), nil
+}

@@ -1,0 +1,172 @@
+// Package safetensors encodes and decodes the safetensors format, the byte
+// layout rlhub uses on disk and on the wire for every state dict.
+//
+// The format: an 8-byte little-endian header length N, N bytes of JSON
+// mapping tensor names to {dtype, shape, data_offsets} (plus an optional
+// "__metadata__" object of strings), then the raw tensor bytes. Encode
+// writes exactly what the reference Python/Rust library writes for the same
+// tensors (tensors sorted by dtype rank, largest first, then by name; compact
+// JSON; header padded with spaces to a multiple of 8), so files are
+// byte-identical across languages and every tensor starts aligned to its
+// element size.
+//
+// Decode treats its input as untrusted: it validates the header length, the
+// JSON, every offset and shape, and returns an error wrapping ErrInvalid
+// instead of panicking. Decoded tensors alias the input buffer: no tensor
+// bytes are copied.
+//
+// The format is small and a library would cost a copy, so it is written here
+// directly.
+package safetensors
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// ErrInvalid is wrapped by every error Decode returns for malformed input.
+var ErrInvalid = fmt.Errorf("safetensors: %w", errs.ErrInvalid)
+
+// MetadataKey is the reserved header key holding string metadata.
+const MetadataKey = "__metadata__"
+
+// DefaultMaxHeaderBytes bounds the JSON header, as the reference library
+// does (100 MB).
+const DefaultMaxHeaderBytes = 100_000_000
+
+// Options bound what Decode accepts. The zero value means the defaults.
+type Options struct {
+	// MaxHeaderBytes bounds the JSON header length; 0 means
+	// DefaultMaxHeaderBytes.
+	MaxHeaderBytes int64
+	// MaxTensors bounds the number of tensors; 0 means no bound beyond the
+	// header size.
+	MaxTensors int
+}
+
+// File is a decoded safetensors blob.
+type File struct {
+	// Tensors in file order (by data offset). Their Data aliases the
+	// decoded buffer.
+	Tensors *tensor.StateDict
+	// Metadata from "__metadata__"; nil when absent.
+	Metadata map[string]string
+	// HeaderLen is the length of the JSON header (without the 8-byte prefix).
+	HeaderLen int64
+}
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// Decode parses and validates buf with default options.
+func Decode(buf []byte) (*File, error) { return DecodeOptions(buf, Options{}) }
+
+// DecodeOptions parses and validates buf. The returned tensors alias buf.
+func DecodeOptions(buf []byte, opt Options) (*File, error) {
+	maxHeader := opt.MaxHeaderBytes
+	if maxHeader <= 0 {
+		maxHeader = DefaultMaxHeaderBytes
+	}
+	n, err := HeaderLen(buf, maxHeader)
+	if err != nil {
+		return nil, err
+	}
+	if uint64(len(buf)-8) < n {
+		return nil, invalidf("header length %d exceeds the %d bytes after the prefix", n, len(buf)-8)
+	}
+	hdr, err := parseHeader(buf[8 : 8+n])
+	if err != nil {
+		return nil, err
+	}
+	if opt.MaxTensors > 0 && len(hdr.entries) > opt.MaxTensors {
+		return nil, invalidf("%d tensors exceeds the limit of %d", len(hdr.entries), opt.MaxTensors)
+	}
+	data := buf[8+n:]
+	// Sort by begin offset; then the entries must tile data exactly.
+	slices.SortFunc(hdr.entries, func(a, b entry) int {
+		if a.begin != b.begin {
+			if a.begin < b.begin {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	var pos uint64
+	sd := &tensor.StateDict{}
+	for i := range hdr.entries {
+		e := &hdr.entries[i]
+		if e.begin != pos {
+			if e.begin < pos {
+				return nil, invalidf("tensor %q: data_offsets [%d,%d] overlap the previous tensor ending at %d", e.name, e.begin, e.end, pos)
+			}
+			return nil, invalidf("tensor %q: gap in data before offset %d (previous tensor ends at %d)", e.name, e.begin, pos)
+		}
+		if e.end < e.begin {
+			return nil, invalidf("tensor %q: data_offsets [%d,%d] end before they begin", e.name, e.begin, e.end)
+		}
+		if e.end > uint64(len(data)) {
+			return nil, invalidf("tensor %q: data_offsets [%d,%d] beyond the %d data bytes", e.name, e.begin, e.end, len(data))
+		}
+		want, ok := tensor.ByteLen(e.dtype, e.shape)
+		if !ok {
+			return nil, invalidf("tensor %q: shape %v overflows", e.name, e.shape)
+		}
+		if uint64(want) != e.end-e.begin {
+			return nil, invalidf("tensor %q: shape %v × %v is %d bytes but data_offsets [%d,%d] hold %d", e.name, e.shape, e.dtype, want, e.begin, e.end, e.end-e.begin)
+		}
+		t := &tensor.Tensor{Name: e.name, DType: e.dtype, Shape: e.shape, Data: data[e.begin:e.end:e.end]}
+		if err := sd.Add(t); err != nil {
+			return nil, invalidf("%v", err)
+		}
+		pos = e.end
+	}
+	if pos != uint64(len(data)) {
+		return nil, invalidf("%d trailing data bytes after the last tensor", uint64(len(data))-pos)
+	}
+	return &File{Tensors: sd, Metadata: hdr.metadata, HeaderLen: int64(n)}, nil
+}
+
+// HeaderLen reads and checks the 8-byte length prefix of a blob. It needs
+// only the first 8 bytes, so a streaming receiver can reject a huge header
+// before buffering anything.
+func HeaderLen(prefix []byte, maxHeader int64) (uint64, error) {
+	if len(prefix) < 8 {
+		return 0, invalidf("%d bytes is too short for the 8-byte header length", len(prefix))
+	}
+	n := uint64(prefix[0]) | uint64(prefix[1])<<8 | uint64(prefix[2])<<16 | uint64(prefix[3])<<24 |
+		uint64(prefix[4])<<32 | uint64(prefix[5])<<40 | uint64(prefix[6])<<48 | uint64(prefix[7])<<56
+	if maxHeader <= 0 {
+		maxHeader = DefaultMaxHeaderBytes
+	}
+	if n > uint64(maxHeader) {
+		return 0, invalidf("header length %d exceeds the limit of %d", n, maxHeader)
+	}
+	if n < 2 {
+		return 0, invalidf("header length %d is too short for a JSON object", n)
+	}
+	return n, nil
+}
+
+type entry struct {
+	name       string
+	dtype      tensor.DType
+	shape      []int64
+	begin, end uint64
+}
+
+type header struct {
+	entries  []entry
+	metadata map[string]string
+}
+
+func parseUint(s string) (uint64, bool) {
+	v, err := strconv.ParseUint(s, 10, 64)
+	return v, err == nil && v <= math.MaxInt64
+}

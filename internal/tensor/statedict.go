@@ -1,0 +1,111 @@
+package tensor
+
+import (
+	"fmt"
+)
+
+// StateDict is an ordered set of uniquely named tensors, the unit that the
+// model store versions and the reducer reduces.
+//
+// The zero value is an empty state dict ready to use. A StateDict is not safe
+// for concurrent mutation; concurrent reads are fine.
+type StateDict struct {
+	tensors []*Tensor
+	index   map[string]int
+}
+
+// NewStateDict builds a state dict from tensors in the given order. It
+// returns an error on a duplicate name or an inconsistent tensor.
+func NewStateDict(ts ...*Tensor) (*StateDict, error) {
+	sd := &StateDict{}
+	for _, t := range ts {
+		if err := sd.Add(t); err != nil {
+			return nil, err
+		}
+	}
+	return sd, nil
+}
+
+// Add appends t. It fails on an empty or duplicate name or an invalid tensor.
+func (sd *StateDict) Add(t *Tensor) error {
+	if t.Name == "" {
+		return fmt.Errorf("tensor: empty tensor name")
+	}
+	if _, dup := sd.index[t.Name]; dup {
+		return fmt.Errorf("tensor: duplicate tensor name %q", t.Name)
+	}
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	if sd.index == nil {
+		sd.index = make(map[string]int)
+	}
+	sd.index[t.Name] = len(sd.tensors)
+	sd.tensors = append(sd.tensors, t)
+	return nil
+}
+
+// Len returns the number of tensors.
+func (sd *StateDict) Len() int { return len(sd.tensors) }
+
+// At returns the i-th tensor in order.
+func (sd *StateDict) At(i int) *Tensor { return sd.tensors[i] }
+
+// Get returns the tensor named name, or nil.
+func (sd *StateDict) Get(name string) *Tensor {
+	i, ok := sd.index[name]
+	if !ok {
+		return nil
+	}
+	return sd.tensors[i]
+}
+
+// Tensors returns the tensors in order. The slice is the state dict's own;
+// callers must not modify it.
+func (sd *StateDict) Tensors() []*Tensor { return sd.tensors }
+
+// Names returns the tensor names in order.
+func (sd *StateDict) Names() []string {
+	names := make([]string, len(sd.tensors))
+	for i, t := range sd.tensors {
+		names[i] = t.Name
+	}
+	return names
+}
+
+// ByteSize returns the total number of data bytes.
+func (sd *StateDict) ByteSize() int64 {
+	var n int64
+	for _, t := range sd.tensors {
+		n += int64(len(t.Data))
+	}
+	return n
+}
+
+// Clone returns a deep copy with freshly allocated, aligned data.
+func (sd *StateDict) Clone() *StateDict {
+	c := &StateDict{tensors: make([]*Tensor, len(sd.tensors)), index: make(map[string]int, len(sd.tensors))}
+	for i, t := range sd.tensors {
+		c.tensors[i] = t.Clone()
+		c.index[t.Name] = i
+	}
+	return c
+}
+
+// CheckLayout returns an error naming the first difference between sd and
+// want in tensor names, dtypes or shapes (order is not compared).
+func (sd *StateDict) CheckLayout(want *StateDict) error {
+	if sd.Len() != want.Len() {
+		return fmt.Errorf("tensor: %d tensors, model has %d", sd.Len(), want.Len())
+	}
+	for _, w := range want.tensors {
+		g := sd.Get(w.Name)
+		if g == nil {
+			return fmt.Errorf("tensor: missing tensor %q", w.Name)
+		}
+		if !g.SameLayout(w) {
+			return fmt.Errorf("tensor %q: got %v%v, model has %v%v", w.Name, g.DType, g.Shape, w.DType, w.Shape)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,91 @@
+package tensor
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestDTypeNamesRoundTrip(t *testing.T) {
+	for d := BOOL; d < numDTypes; d++ {
+		got, err := ParseDType(d.String())
+		if err != nil || got != d {
+			t.Errorf("ParseDType(%q) = %v, %v", d.String(), got, err)
+		}
+		if d.Size() == 0 {
+			t.Errorf("%v has size 0", d)
+		}
+	}
+	if _, err := ParseDType("F4"); err == nil {
+		t.Error("ParseDType(F4) succeeded; sub-byte types are unsupported")
+	}
+}
+
+func TestByteLen(t *testing.T) {
+	tests := []struct {
+		dt    DType
+		shape []int64
+		want  int64
+		ok    bool
+	}{
+		{F32, []int64{2, 3}, 24, true},
+		{F32, nil, 4, true},
+		{BF16, []int64{0, 5}, 0, true},
+		{F64, []int64{-1}, 0, false},
+		{F32, []int64{math.MaxInt64 / 2}, 0, false},
+		{U8, []int64{1 << 40, 1 << 40}, 0, false},
+		{Invalid, []int64{1}, 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := ByteLen(tt.dt, tt.shape)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("ByteLen(%v, %v) = %d, %v; want %d, %v", tt.dt, tt.shape, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestFloat32ViewAliases(t *testing.T) {
+	tt := NewF32("w", 2, 2)
+	v, err := tt.Float32s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v[3] = 1.5
+	if got := math.Float32frombits(uint32(tt.Data[12]) | uint32(tt.Data[13])<<8 | uint32(tt.Data[14])<<16 | uint32(tt.Data[15])<<24); got != 1.5 {
+		t.Fatalf("write through view not visible in Data: %v", got)
+	}
+	if _, err := BytesAsFloat32s(AlignedBytes(9)[1:]); err == nil {
+		t.Fatal("unaligned view succeeded")
+	}
+	if _, err := (&Tensor{Name: "x", DType: F16, Shape: []int64{2}, Data: make([]byte, 4)}).Float32s(); err == nil {
+		t.Fatal("F16 tensor viewed as float32")
+	}
+}
+
+func TestStateDictRules(t *testing.T) {
+	sd, err := NewStateDict(NewF32("a", 3), NewF32("b", 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sd.Add(NewF32("a", 1)); err == nil || !strings.Contains(err.Error(), "duplicate") {
+		t.Fatalf("duplicate add: %v", err)
+	}
+	if err := sd.Add(&Tensor{Name: "bad", DType: F32, Shape: []int64{3}, Data: make([]byte, 8)}); err == nil {
+		t.Fatal("inconsistent tensor accepted")
+	}
+	if sd.Len() != 2 || sd.ByteSize() != 20 || sd.Get("b") == nil || sd.Get("zz") != nil {
+		t.Fatalf("state dict contents wrong: len %d size %d", sd.Len(), sd.ByteSize())
+	}
+	c := sd.Clone()
+	c.Get("a").Data[0] = 9
+	if sd.Get("a").Data[0] == 9 {
+		t.Fatal("Clone shares data")
+	}
+	other, _ := NewStateDict(NewF32("a", 3), NewF32("b", 2, 1))
+	if err := other.CheckLayout(sd); err == nil || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("CheckLayout = %v, want shape mismatch on b", err)
+	}
+	if err := c.CheckLayout(sd); err != nil {
+		t.Fatalf("CheckLayout of clone: %v", err)
+	}
+}

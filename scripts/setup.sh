@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build, generate and test rlhub.
+# Idempotent and quick when everything is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PROTOC_GEN_GO=v1.36.12        # matches google.golang.org/protobuf in go.mod
+PROTOC_GEN_GO_GRPC=v1.6.2
+
+if ! command -v protoc >/dev/null; then
+  echo "setup: installing protoc (Debian protobuf-compiler)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq protobuf-compiler >/dev/null
+fi
+
+gobin="$(go env GOPATH)/bin"
+have_version() { [[ -x "$gobin/$1" ]] && go version -m "$gobin/$1" 2>/dev/null | grep -q "mod.*$2"; }
+have_version protoc-gen-go "$PROTOC_GEN_GO" || GOFLAGS= go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO"
+have_version protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC" || GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC"
+
+if ! python3 -m pip install -q --disable-pip-version-check -r python/requirements-dev.txt --dry-run 2>/dev/null | grep -q "Would install"; then
+  :
+else
+  echo "setup: installing Python packages"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-dev.txt
+fi
+if [[ -f python/pyproject.toml ]]; then
+  python3 -c 'import rlhub' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e python
+fi
+go mod download

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's test command: set up, repo checks, Go tests with the race
+# detector, Python tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOEXPERIMENT=simd
+scripts/setup.sh
+scripts/check.sh
+go build -o bin/rlhub ./cmd/rlhub
+go test -race -timeout 20m ./...
+if compgen -G "python/tests/test_*.py" >/dev/null; then
+  RLHUB_BIN="$PWD/bin/rlhub" python3 -m pytest -q python/tests
+fi
