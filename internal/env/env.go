@@ -1,0 +1,41 @@
+// Package env holds rlhub's built-in environments, written in Go to match
+// Gymnasium's definitions (dynamics, reward, termination, time limit,
+// observation and action bounds), plus the paper's LQR task.
+package env
+
+import (
+	"math/rand/v2"
+)
+
+// Spec describes an environment's spaces.
+type Spec struct {
+	// Name is the Gymnasium id, e.g. "CartPole-v1".
+	Name string
+	// ObsDim is the length of an observation.
+	ObsDim int
+	// Discrete is the number of actions of a discrete action space, 0 for
+	// a continuous (Box) one.
+	Discrete int
+	// ActDim is the length of a continuous action (0 when Discrete > 0).
+	ActDim int
+	// ActLow and ActHigh bound a continuous action (len ActDim).
+	ActLow, ActHigh []float64
+	// MaxEpisodeSteps is the time limit; reaching it truncates an episode.
+	MaxEpisodeSteps int
+}
+
+// Env is one environment instance. It is not safe for concurrent use; run
+// one per goroutine.
+//
+// The observation slices returned by Reset and Step are owned by the Env
+// and valid until the next call on it; copy to keep them.
+type Env interface {
+	Spec() Spec
+	// Reset starts an episode with an initial state drawn from rng.
+	Reset(rng *rand.Rand) []float64
+	// Step applies an action. For a discrete space action[0] is the action
+	// index (0 ≤ index < Discrete); for a continuous one len(action) is
+	// ActDim and values are clipped to the bounds as Gymnasium does.
+	// truncated is set when the time limit ends the episode.
+	Step(action []float64) (obs []float64, reward float64, terminated, truncated bool)
+}
