@@ -19,12 +19,8 @@ have_version() { [[ -x "$gobin/$1" ]] && go version -m "$gobin/$1" 2>/dev/null |
 have_version protoc-gen-go "$PROTOC_GEN_GO" || GOFLAGS= go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO"
 have_version protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC" || GOFLAGS= go install "google.golang.org/grpc/cmd/protoc-gen-go-grpc@$PROTOC_GEN_GO_GRPC"
 
-if ! python3 -m pip install -q --disable-pip-version-check -r python/requirements-dev.txt --dry-run 2>/dev/null | grep -q "Would install"; then
-  :
-else
-  echo "setup: installing Python packages"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-dev.txt
-fi
+# pip does nothing (and asks no index) when the pinned versions are present.
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-dev.txt
 if [[ -f python/pyproject.toml ]]; then
   python3 -c 'import rlhub' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e python
 fi

@@ -1,0 +1,37 @@
+"""rlhub: Python client for the rlhub distributed RL backbone.
+
+The public surface is curated here; everything else is internal.
+"""
+
+from rlhub.errors import (
+    RlhubError,
+    InvalidArgument,
+    NotFound,
+    StaleVersion,
+    AlreadyExists,
+    QueueFull,
+    Unauthenticated,
+    PermissionDenied,
+    Unavailable,
+    Aborted,
+    DeadlineExceeded,
+    from_rpc_error,
+)
+from rlhub.tensors import load_bytes, save_bytes
+
+__all__ = [
+    "RlhubError",
+    "InvalidArgument",
+    "NotFound",
+    "StaleVersion",
+    "AlreadyExists",
+    "QueueFull",
+    "Unauthenticated",
+    "PermissionDenied",
+    "Unavailable",
+    "Aborted",
+    "DeadlineExceeded",
+    "from_rpc_error",
+    "load_bytes",
+    "save_bytes",
+]

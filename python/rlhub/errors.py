@@ -1,0 +1,126 @@
+"""Named exceptions for rlhub errors.
+
+The Go side maps its error conditions to gRPC status codes in one table
+(internal/errs); this module maps the same codes back, so callers can write
+``except rlhub.StaleVersion as e: e.current_version``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import grpc
+
+
+class RlhubError(Exception):
+    """Base class of every rlhub error. ``code`` is the gRPC status code."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgument(RlhubError):
+    """Malformed input: bad tensor bytes, wrong shape or dtype, NaN/Inf."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(RlhubError):
+    """Unknown model, version, learner or job."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class StaleVersion(RlhubError):
+    """A stale or conflicting version or epoch.
+
+    ``current_version`` and ``current_epoch`` say what the server holds,
+    when it said so.
+    """
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, message: str, code=None, *, model: str = "",
+                 current_version: Optional[int] = None,
+                 current_epoch: Optional[int] = None):
+        super().__init__(message, code)
+        self.model = model
+        self.current_version = current_version
+        self.current_epoch = current_epoch
+
+
+class AlreadyExists(RlhubError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class QueueFull(RlhubError):
+    """A bounded queue or size limit is exhausted; back off and retry."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unauthenticated(RlhubError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(RlhubError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unavailable(RlhubError):
+    """The peer is down or failing over; retry, possibly elsewhere."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Aborted(RlhubError):
+    code = grpc.StatusCode.ABORTED
+
+
+class DeadlineExceeded(RlhubError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+_BY_CODE = {
+    cls.code: cls
+    for cls in (InvalidArgument, NotFound, StaleVersion, AlreadyExists, QueueFull,
+                Unauthenticated, PermissionDenied, Unavailable, Aborted, DeadlineExceeded)
+}
+
+
+def _stale_details(err: grpc.RpcError) -> dict:
+    """Reads the ErrorInfo detail the Go side attaches to stale errors."""
+    try:
+        from google.rpc import error_details_pb2, status_pb2  # type: ignore
+    except ImportError:  # googleapis-common-protos not installed
+        return {}
+    for key, value in (err.trailing_metadata() or ()):
+        if key != "grpc-status-details-bin":
+            continue
+        st = status_pb2.Status.FromString(value)
+        for d in st.details:
+            info = error_details_pb2.ErrorInfo()
+            if d.Unpack(info) and info.reason == "STALE_VERSION":
+                return dict(info.metadata)
+    return {}
+
+
+def from_rpc_error(err: grpc.RpcError) -> RlhubError:
+    """Converts a ``grpc.RpcError`` into the matching named exception."""
+    code = err.code()
+    message = err.details() or str(code)
+    cls = _BY_CODE.get(code, RlhubError)
+    if cls is StaleVersion:
+        md = _stale_details(err)
+        return StaleVersion(
+            message,
+            model=md.get("model", ""),
+            current_version=int(md["current_version"]) if "current_version" in md else None,
+            current_epoch=int(md["current_epoch"]) if "current_epoch" in md else None,
+        )
+    return cls(message, code)

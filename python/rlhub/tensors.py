@@ -1,0 +1,197 @@
+"""State dicts to and from safetensors bytes, with no pickle anywhere.
+
+The encoding is byte-identical to the Go side's and to the ``safetensors``
+library's (tensors sorted by dtype rank, largest first, then by name; compact
+JSON header padded with spaces to a multiple of 8), so a blob made here and
+pulled by Go, or the reverse, compares equal byte for byte.
+
+Values may be numpy arrays or torch tensors (torch is imported only when a
+torch tensor is seen or ``framework="torch"`` is asked for).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+# safetensors dtype name -> (rank in the reference ordering, numpy dtype or None)
+_DTYPES: Dict[str, Tuple[int, Optional[np.dtype]]] = {
+    "BOOL": (0, np.dtype(np.bool_)),
+    "U8": (4, np.dtype("<u1")),
+    "I8": (5, np.dtype("<i1")),
+    "F8_E5M2": (6, None),
+    "F8_E4M3": (7, None),
+    "I16": (9, np.dtype("<i2")),
+    "U16": (10, np.dtype("<u2")),
+    "F16": (11, np.dtype("<f2")),
+    "BF16": (12, None),
+    "I32": (13, np.dtype("<i4")),
+    "U32": (14, np.dtype("<u4")),
+    "F32": (15, np.dtype("<f4")),
+    "C64": (16, np.dtype("<c8")),
+    "F64": (17, np.dtype("<f8")),
+    "I64": (18, np.dtype("<i8")),
+    "U64": (19, np.dtype("<u8")),
+}
+_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
+          "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8,
+          "I64": 8, "U64": 8}
+_NP_TO_NAME = {v[1]: k for k, v in _DTYPES.items() if v[1] is not None}
+
+MAX_HEADER_BYTES = 100_000_000
+
+
+def _torch_dtype_name(t: Any) -> str:
+    import torch
+
+    names = {
+        torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
+        torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
+        torch.float32: "F32", torch.float64: "F64", torch.int64: "I64",
+    }
+    for attr, name in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
+                       ("float8_e5m2", "F8_E5M2"), ("float8_e4m3fn", "F8_E4M3"),
+                       ("complex64", "C64")):
+        if hasattr(torch, attr):
+            names[getattr(torch, attr)] = name
+    if t.dtype not in names:
+        raise TypeError(f"unsupported torch dtype {t.dtype}")
+    return names[t.dtype]
+
+
+def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
+    """Returns (dtype name, shape, little-endian bytes) without copying when possible."""
+    if type(value).__module__.startswith("torch"):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        dt = _torch_dtype_name(t)
+        raw = t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
+        return dt, tuple(t.shape), memoryview(raw).cast("B")
+    a = np.asarray(value)
+    key = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+    if a.dtype.byteorder == ">":
+        a = a.astype(key)
+    name_dt = _NP_TO_NAME.get(np.dtype(key))
+    if name_dt is None:
+        raise TypeError(f"tensor {name!r}: unsupported numpy dtype {a.dtype}")
+    shape = tuple(int(d) for d in a.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
+    a = np.ascontiguousarray(a)
+    return name_dt, shape, memoryview(a.reshape(-1).view(np.uint8))
+
+
+def save_bytes(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> bytes:
+    """Encodes a dict of numpy arrays / torch tensors as safetensors bytes."""
+    entries = []
+    for name, value in state_dict.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"bad tensor name {name!r}")
+        dt, shape, raw = _as_entry(name, value)
+        entries.append((name, dt, shape, raw))
+    entries.sort(key=lambda e: (-_DTYPES[e[1]][0], e[0]))
+    header: Dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {k: str(metadata[k]) for k in sorted(metadata)}
+    off = 0
+    for name, dt, shape, raw in entries:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + raw.nbytes]}
+        off += raw.nbytes
+    hj = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    hj += b" " * ((8 - len(hj) % 8) % 8)
+    out = bytearray(8 + len(hj) + off)
+    out[:8] = struct.pack("<Q", len(hj))
+    out[8:8 + len(hj)] = hj
+    p = 8 + len(hj)
+    for _, _, _, raw in entries:
+        out[p:p + raw.nbytes] = raw
+        p += raw.nbytes
+    return bytes(out)
+
+
+def parse_header(buf: memoryview) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
+    """Validates a safetensors header; returns (data start, tensors, metadata)."""
+    if len(buf) < 8:
+        raise ValueError("safetensors: too short for the header length")
+    (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    if n > MAX_HEADER_BYTES or n > len(buf) - 8:
+        raise ValueError(f"safetensors: header length {n} out of bounds")
+    try:
+        header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"safetensors: malformed header: {e}") from None
+    if not isinstance(header, dict):
+        raise ValueError("safetensors: header is not an object")
+    metadata = header.pop("__metadata__", None) or {}
+    start, data_len = 8 + n, len(buf) - 8 - n
+    spans = []
+    for name, info in header.items():
+        try:
+            dt, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"safetensors: tensor {name!r} lacks dtype/shape/data_offsets") from None
+        if dt not in _SIZES:
+            raise ValueError(f"safetensors: tensor {name!r}: unknown dtype {dt!r}")
+        count = 1
+        for d in shape:
+            if not isinstance(d, int) or d < 0:
+                raise ValueError(f"safetensors: tensor {name!r}: bad shape {shape}")
+            count *= d
+        if not (0 <= b <= e <= data_len) or e - b != count * _SIZES[dt]:
+            raise ValueError(f"safetensors: tensor {name!r}: data_offsets [{b},{e}] do not fit shape {shape} × {dt}")
+        spans.append((b, e, name))
+    spans.sort()
+    pos = 0
+    for b, e, name in spans:
+        if b != pos:
+            raise ValueError(f"safetensors: tensor {name!r}: gap or overlap at offset {b}")
+        pos = e
+    if pos != data_len:
+        raise ValueError("safetensors: trailing bytes after the last tensor")
+    return start, header, metadata
+
+
+def load_bytes(blob: Any, framework: str = "numpy") -> Dict[str, Any]:
+    """Decodes safetensors bytes into a dict (in file order).
+
+    numpy arrays are read-only views over ``blob`` (no copy); with
+    ``framework="torch"`` each tensor is copied into a new torch tensor.
+    """
+    buf = memoryview(blob).cast("B")
+    start, header, _ = parse_header(buf)
+    out: Dict[str, Any] = {}
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        b, e = info["data_offsets"]
+        raw = buf[start + b:start + e]
+        dt, shape = info["dtype"], tuple(info["shape"])
+        if framework == "torch":
+            out[name] = _to_torch(raw, dt, shape)
+            continue
+        npdt = _DTYPES[dt][1]
+        if npdt is None:
+            raise TypeError(f"tensor {name!r}: dtype {dt} has no numpy equivalent; use framework='torch'")
+        out[name] = np.frombuffer(raw, dtype=npdt).reshape(shape)
+    return out
+
+
+def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
+    import torch
+
+    by_name = {
+        "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+        "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32, "F32": torch.float32,
+        "F64": torch.float64, "I64": torch.int64,
+    }
+    for attr, name in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
+                       ("float8_e5m2", "F8_E5M2"), ("float8_e4m3fn", "F8_E4M3"),
+                       ("complex64", "C64")):
+        if hasattr(torch, attr):
+            by_name[name] = getattr(torch, attr)
+    if dt not in by_name:
+        raise TypeError(f"dtype {dt} unsupported by this torch")
+    if len(raw) == 0:
+        return torch.empty(shape, dtype=by_name[dt])
+    return torch.frombuffer(bytearray(raw), dtype=by_name[dt]).reshape(shape)

@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+import safetensors.numpy as stn
+
+import rlhub
+
+
+def sample():
+    rng = np.random.default_rng(0)
+    return {
+        "w": rng.standard_normal((3, 4)).astype(np.float32),
+        "b": np.arange(3, dtype=np.float16),
+        "steps": np.array(7, dtype=np.int64),
+        "mask": np.array([True, False]),
+        "empty": np.zeros((0, 5), dtype=np.float64),
+        "ünï": np.ones(2, dtype=np.uint8),
+    }
+
+
+def test_bytes_identical_to_safetensors_library():
+    d = sample()
+    assert rlhub.save_bytes(d) == stn.save(d)
+    # The reference keeps metadata in a hash map, so only a single key has a
+    # deterministic byte order there; rlhub always sorts metadata keys.
+    md = {"format": "pt"}
+    assert rlhub.save_bytes(d, md) == stn.save(d, metadata=md)
+    multi = rlhub.save_bytes(d, {"x": "1", "a": "2"})
+    assert multi.index(b'"a":"2"') < multi.index(b'"x":"1"')
+    assert stn.load(multi).keys() == d.keys()
+
+
+def test_round_trip_values_and_zero_copy():
+    d = sample()
+    blob = rlhub.save_bytes(d)
+    back = rlhub.load_bytes(blob)
+    assert set(back) == set(d)
+    for k in d:
+        assert back[k].dtype == d[k].dtype and back[k].shape == d[k].shape
+        np.testing.assert_array_equal(back[k], d[k])
+    assert not back["w"].flags.writeable  # a view over the immutable blob
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda b: b[:5], "too short"),
+    (lambda b: (10**12).to_bytes(8, "little") + b[8:], "out of bounds"),
+    (lambda b: b[:8] + b"[" + b[9:], "malformed"),
+    (lambda b: b.replace(b"F32", b"F99"), "unknown dtype"),
+    (lambda b: b[:-1], "do not fit|trailing"),
+    (lambda b: b + b"\0", "trailing"),
+])
+def test_malformed_blobs_rejected(mutate, match):
+    blob = rlhub.save_bytes({"a": np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match=match):
+        rlhub.load_bytes(mutate(blob))
+
+
+def test_torch_round_trip_including_bf16():
+    torch = pytest.importorskip("torch", reason="torch is optional; CI installs it")
+    sd = {"w": torch.randn(4, 3), "h": torch.randn(5).to(torch.bfloat16), "i": torch.arange(4)}
+    blob = rlhub.save_bytes(sd)
+    back = rlhub.load_bytes(blob, framework="torch")
+    for k, v in sd.items():
+        assert back[k].dtype == v.dtype
+        assert torch.equal(back[k], v)
+    # torch and numpy inputs of the same values encode the same bytes
+    assert rlhub.save_bytes({"w": sd["w"]}) == rlhub.save_bytes({"w": sd["w"].numpy()})
