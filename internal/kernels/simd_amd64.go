@@ -1,0 +1,187 @@
+//go:build goexperiment.simd && amd64
+
+package kernels
+
+import "simd/archsimd"
+
+// The AVX2/FMA path. Each kernel runs a 4×8-lane unrolled main loop, one
+// 8-lane loop, then hands the tail (< 8 elements) to the plain loop, and
+// clears the upper AVX state before returning to SSE code (the Go runtime's
+// memmove and friends).
+
+func init() {
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		active = avx2
+		paths = append(paths, avx2)
+	}
+}
+
+var avx2 = impl{
+	name:           "avx2",
+	add:            addAVX2,
+	addScaled:      addScaledAVX2,
+	scale:          scaleAVX2,
+	sumSquares:     sumSquaresAVX2,
+	firstNonFinite: firstNonFiniteAVX2,
+	addF64:         addF64AVX2,
+	addBF16:        addBF16AVX2,
+}
+
+func addAVX2(dst, x []float32) {
+	n := len(dst)
+	x = x[:n]
+	i := 0
+	for ; i+32 <= n; i += 32 {
+		d, s := dst[i:i+32:i+32], x[i:i+32:i+32]
+		a0 := archsimd.LoadFloat32x8Slice(d[0:]).Add(archsimd.LoadFloat32x8Slice(s[0:]))
+		a1 := archsimd.LoadFloat32x8Slice(d[8:]).Add(archsimd.LoadFloat32x8Slice(s[8:]))
+		a2 := archsimd.LoadFloat32x8Slice(d[16:]).Add(archsimd.LoadFloat32x8Slice(s[16:]))
+		a3 := archsimd.LoadFloat32x8Slice(d[24:]).Add(archsimd.LoadFloat32x8Slice(s[24:]))
+		a0.StoreSlice(d[0:])
+		a1.StoreSlice(d[8:])
+		a2.StoreSlice(d[16:])
+		a3.StoreSlice(d[24:])
+	}
+	for ; i+8 <= n; i += 8 {
+		archsimd.LoadFloat32x8Slice(dst[i:]).Add(archsimd.LoadFloat32x8Slice(x[i:])).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
+	addGeneric(dst[i:], x[i:])
+}
+
+func addScaledAVX2(dst []float32, a float32, x []float32) {
+	n := len(dst)
+	x = x[:n]
+	va := archsimd.BroadcastFloat32x8(a)
+	i := 0
+	for ; i+32 <= n; i += 32 {
+		d, s := dst[i:i+32:i+32], x[i:i+32:i+32]
+		a0 := archsimd.LoadFloat32x8Slice(s[0:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[0:]))
+		a1 := archsimd.LoadFloat32x8Slice(s[8:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[8:]))
+		a2 := archsimd.LoadFloat32x8Slice(s[16:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[16:]))
+		a3 := archsimd.LoadFloat32x8Slice(s[24:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[24:]))
+		a0.StoreSlice(d[0:])
+		a1.StoreSlice(d[8:])
+		a2.StoreSlice(d[16:])
+		a3.StoreSlice(d[24:])
+	}
+	for ; i+8 <= n; i += 8 {
+		archsimd.LoadFloat32x8Slice(x[i:]).MulAdd(va, archsimd.LoadFloat32x8Slice(dst[i:])).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
+	addScaledGeneric(dst[i:], a, x[i:])
+}
+
+func scaleAVX2(dst []float32, a float32) {
+	n := len(dst)
+	va := archsimd.BroadcastFloat32x8(a)
+	i := 0
+	for ; i+32 <= n; i += 32 {
+		d := dst[i : i+32 : i+32]
+		a0 := archsimd.LoadFloat32x8Slice(d[0:]).Mul(va)
+		a1 := archsimd.LoadFloat32x8Slice(d[8:]).Mul(va)
+		a2 := archsimd.LoadFloat32x8Slice(d[16:]).Mul(va)
+		a3 := archsimd.LoadFloat32x8Slice(d[24:]).Mul(va)
+		a0.StoreSlice(d[0:])
+		a1.StoreSlice(d[8:])
+		a2.StoreSlice(d[16:])
+		a3.StoreSlice(d[24:])
+	}
+	for ; i+8 <= n; i += 8 {
+		archsimd.LoadFloat32x8Slice(dst[i:]).Mul(va).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
+	scaleGeneric(dst[i:], a)
+}
+
+// sumSquaresAVX2 widens each float32 to float64 before squaring (exact) and
+// accumulates with FMA in four independent float64×4 accumulators, blocked
+// like sumSquaresGeneric.
+func sumSquaresAVX2(x []float32) float64 {
+	var total float64
+	var lanes [4]float64
+	i := 0
+	for i+16 <= len(x) {
+		end := min(len(x), i+sumBlock) &^ 15
+		if end <= i {
+			break
+		}
+		var acc0, acc1, acc2, acc3 archsimd.Float64x4
+		for ; i < end; i += 16 {
+			s := x[i : i+16 : i+16]
+			v0 := archsimd.LoadFloat32x4Slice(s[0:]).ConvertToFloat64()
+			v1 := archsimd.LoadFloat32x4Slice(s[4:]).ConvertToFloat64()
+			v2 := archsimd.LoadFloat32x4Slice(s[8:]).ConvertToFloat64()
+			v3 := archsimd.LoadFloat32x4Slice(s[12:]).ConvertToFloat64()
+			acc0 = v0.MulAdd(v0, acc0)
+			acc1 = v1.MulAdd(v1, acc1)
+			acc2 = v2.MulAdd(v2, acc2)
+			acc3 = v3.MulAdd(v3, acc3)
+		}
+		acc0.Add(acc1).Add(acc2.Add(acc3)).Store(&lanes)
+		total += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+	}
+	archsimd.ClearAVXUpperBits()
+	return total + sumSquaresGeneric(x[i:])
+}
+
+// firstNonFiniteAVX2 checks blocks of 64 floats at a time: x*0 is 0 for a
+// finite x and NaN for ±Inf or NaN, so one NaN test per block finds the
+// block, and the plain loop finds the index inside it.
+func firstNonFiniteAVX2(x []float32) int {
+	n := len(x)
+	zero := archsimd.BroadcastFloat32x8(0)
+	i := 0
+	for ; i+64 <= n; i += 64 {
+		s := x[i : i+64 : i+64]
+		a0 := archsimd.LoadFloat32x8Slice(s[0:]).Mul(zero).Add(archsimd.LoadFloat32x8Slice(s[8:]).Mul(zero))
+		a1 := archsimd.LoadFloat32x8Slice(s[16:]).Mul(zero).Add(archsimd.LoadFloat32x8Slice(s[24:]).Mul(zero))
+		a2 := archsimd.LoadFloat32x8Slice(s[32:]).Mul(zero).Add(archsimd.LoadFloat32x8Slice(s[40:]).Mul(zero))
+		a3 := archsimd.LoadFloat32x8Slice(s[48:]).Mul(zero).Add(archsimd.LoadFloat32x8Slice(s[56:]).Mul(zero))
+		if a0.Add(a1).Add(a2.Add(a3)).IsNaN().ToBits() != 0 {
+			archsimd.ClearAVXUpperBits()
+			return i + firstNonFiniteGeneric(s)
+		}
+	}
+	archsimd.ClearAVXUpperBits()
+	if j := firstNonFiniteGeneric(x[i:]); j >= 0 {
+		return i + j
+	}
+	return -1
+}
+
+func addF64AVX2(dst, x []float64) {
+	n := len(dst)
+	x = x[:n]
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		d, s := dst[i:i+16:i+16], x[i:i+16:i+16]
+		a0 := archsimd.LoadFloat64x4Slice(d[0:]).Add(archsimd.LoadFloat64x4Slice(s[0:]))
+		a1 := archsimd.LoadFloat64x4Slice(d[4:]).Add(archsimd.LoadFloat64x4Slice(s[4:]))
+		a2 := archsimd.LoadFloat64x4Slice(d[8:]).Add(archsimd.LoadFloat64x4Slice(s[8:]))
+		a3 := archsimd.LoadFloat64x4Slice(d[12:]).Add(archsimd.LoadFloat64x4Slice(s[12:]))
+		a0.StoreSlice(d[0:])
+		a1.StoreSlice(d[4:])
+		a2.StoreSlice(d[8:])
+		a3.StoreSlice(d[12:])
+	}
+	archsimd.ClearAVXUpperBits()
+	addF64Generic(dst[i:], x[i:])
+}
+
+// addBF16AVX2 widens 8 bfloat16s at a time: zero-extend to 32 bits and
+// shift into the top half, which is exactly the float32 with that prefix.
+func addBF16AVX2(dst []float32, x []uint16) {
+	n := len(dst)
+	x = x[:n]
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		d, s := dst[i:i+16:i+16], x[i:i+16:i+16]
+		w0 := archsimd.LoadUint16x8Slice(s[0:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
+		w1 := archsimd.LoadUint16x8Slice(s[8:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
+		archsimd.LoadFloat32x8Slice(d[0:]).Add(w0).StoreSlice(d[0:])
+		archsimd.LoadFloat32x8Slice(d[8:]).Add(w1).StoreSlice(d[8:])
+	}
+	archsimd.ClearAVXUpperBits()
+	addBF16Generic(dst[i:], x[i:])
+}
