@@ -21,7 +21,8 @@ have_version protoc-gen-go-grpc "$PROTOC_GEN_GO_GRPC" || GOFLAGS= go install "go
 
 # pip does nothing (and asks no index) when the pinned versions are present.
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-dev.txt
-if [[ -f python/pyproject.toml ]]; then
-  python3 -c 'import rlhub' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e python
-fi
+python3 -c 'import torch' 2>/dev/null || {
+  echo "setup: installing PyTorch (python/requirements-torch.txt; a few minutes)"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-torch.txt
+}
 go mod download

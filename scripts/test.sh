@@ -9,5 +9,6 @@ scripts/check.sh
 go build -o bin/rlhub ./cmd/rlhub
 go test -race -timeout 20m ./...
 if compgen -G "python/tests/test_*.py" >/dev/null; then
-  RLHUB_BIN="$PWD/bin/rlhub" python3 -m pytest -q python/tests
+  # The tests import this checkout's client, not an installed one.
+  PYTHONPATH="$PWD/python" RLHUB_BIN="$PWD/bin/rlhub" python3 -m pytest -q python/tests
 fi
