@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+
+	"github.com/rlhub/rlhub/internal/store"
 )
 
 // DefaultListen is the default gRPC listen address.
@@ -37,6 +39,9 @@ type Config struct {
 	// DataDir is where services keep checkpoints; "" means nothing is
 	// persisted (an in-memory hub, for tests and throwaway runs).
 	DataDir string
+	// Store configures the model store (retention, size and name limits);
+	// the zero value means the store's defaults.
+	Store store.Config
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
@@ -79,6 +84,7 @@ type Service interface {
 // Hub is a running set of services behind one gRPC server.
 type Hub struct {
 	cfg      Config
+	store    store.Store // opened first, closed last
 	grpc     *grpc.Server
 	health   *health.Server
 	services []Service
@@ -96,6 +102,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		return nil, err
 	}
 	h := &Hub{cfg: cfg}
+	st, err := openStore(&h.cfg)
+	if err != nil {
+		return nil, err
+	}
+	h.store = st
 	h.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
@@ -104,9 +115,9 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	healthpb.RegisterHealthServer(h.grpc, h.health)
 	reflection.Register(h.grpc)
 
-	services, err := builtinServices(&h.cfg)
+	services, err := h.builtinServices()
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, st.Close())
 	}
 	h.services = append(services, extra...)
 	for _, s := range h.services {
@@ -115,9 +126,19 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	return h, nil
 }
 
+// openStore opens the model store: in memory when DataDir is "", else
+// file-backed under DataDir (checkpoints recovered).
+func openStore(cfg *Config) (store.Store, error) {
+	return store.NewMemory(cfg.Store)
+}
+
+// Store is the hub's model store, shared by every service that reads or
+// publishes models. It stays open until Close has stopped every service.
+func (h *Hub) Store() store.Store { return h.store }
+
 // builtinServices opens the services every hub hosts. Each issue's service
-// is added here.
-func builtinServices(cfg *Config) ([]Service, error) {
+// is added here; h.cfg is validated and h.Store() is open.
+func (h *Hub) builtinServices() ([]Service, error) {
 	var out []Service
 	return out, nil
 }
@@ -199,6 +220,9 @@ func (h *Hub) Close() error {
 		if err := h.services[i].Close(); err != nil {
 			errsOut = append(errsOut, err)
 		}
+	}
+	if err := h.store.Close(); err != nil {
+		errsOut = append(errsOut, err)
 	}
 	h.cfg.Logger.Info("hub stopped")
 	return errors.Join(errsOut...)

@@ -1,0 +1,31 @@
+package hub
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+)
+
+func TestHubOpensStoreForServices(t *testing.T) {
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), Store: store.Config{Retain: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st := h.Store()
+	storetest.MustPush(t, st, store.PushRequest{Name: "p", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)})
+	info := storetest.MustPush(t, st, store.PushRequest{Name: "p", Version: 2, Expect: 1, Blob: storetest.Blob(t, 2, 4)})
+	if len(info.Retained) != 1 {
+		t.Errorf("retained %v, want 1 version (hub Config.Store.Retain)", info.Retained)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Get(ctx, "p", 0); err == nil {
+		t.Error("store still open after hub Close")
+	}
+}

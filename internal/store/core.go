@@ -1,0 +1,280 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/safetensors"
+)
+
+// Prechecker is implemented by stores that can reject a push from its name
+// and announced size alone, before any of its bytes are received. The gRPC
+// service calls it before allocating a receive buffer.
+type Prechecker interface {
+	// Precheck returns the error Push would return for a bad name
+	// (errs.ErrInvalid) or an oversize blob (errs.ErrFull).
+	Precheck(name string, totalBytes uint64) error
+}
+
+// errClosed is returned by every operation on a closed store.
+var errClosed = fmt.Errorf("%w: store is closed", errs.ErrUnavailable)
+
+// core holds the models and enforces the version rules. Memory is core
+// alone; File adds a persist hook that runs between the checks and the
+// publish.
+//
+// Lock order: model.wsem (one pusher per model) before core.mu. core.mu is
+// held only for short, non-blocking sections, so readers and watchers never
+// wait behind a checkpoint write.
+type core struct {
+	cfg  Config
+	done chan struct{} // closed by close
+	once sync.Once
+
+	mu     sync.Mutex
+	models map[string]*model // guarded by mu; entries are never removed
+}
+
+// model is one named model. versions, epoch and changed are guarded by
+// core.mu and written only by the holder of wsem.
+type model struct {
+	wsem     chan struct{} // capacity 1: held by the one push in progress
+	versions []*Snapshot   // retained, ascending by version; empty until the first push
+	epoch    uint64        // highest epoch that has landed
+	changed  chan struct{} // closed and replaced when a version lands
+}
+
+func newCore(cfg Config) *core {
+	return &core{cfg: cfg, done: make(chan struct{}), models: make(map[string]*model)}
+}
+
+func (c *core) close() { c.once.Do(func() { close(c.done) }) }
+
+func (c *core) closed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// modelLocked returns the model entry for name, creating an empty one.
+// c.mu must be held.
+func (c *core) modelLocked(name string) *model {
+	m := c.models[name]
+	if m == nil {
+		m = &model{wsem: make(chan struct{}, 1), changed: make(chan struct{})}
+		c.models[name] = m
+	}
+	return m
+}
+
+// newest returns the newest snapshot or nil. c.mu must be held.
+func (m *model) newest() *Snapshot {
+	if len(m.versions) == 0 {
+		return nil
+	}
+	return m.versions[len(m.versions)-1]
+}
+
+// Precheck implements Prechecker.
+func (c *core) Precheck(name string, totalBytes uint64) error {
+	if err := c.cfg.checkName(name); err != nil {
+		return err
+	}
+	if totalBytes > uint64(c.cfg.MaxModelBytes) {
+		return fmt.Errorf("%w: model %q: blob of %d bytes exceeds the limit of %d", errs.ErrFull, name, totalBytes, c.cfg.MaxModelBytes)
+	}
+	return nil
+}
+
+// decide applies the version rules to req against the current state and
+// returns nil when the push may land. It is pure: cur is the newest
+// snapshot (nil for a model with no versions) and epoch the highest landed.
+func decide(req *PushRequest, cur *Snapshot, epoch uint64) error {
+	var curV uint64
+	if cur != nil {
+		curV = cur.Version
+	}
+	stale := func(format string, args ...any) error {
+		return &errs.StaleError{Model: req.Name, CurrentVersion: curV, CurrentEpoch: epoch, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case req.Epoch < epoch:
+		return stale("push of version %d with epoch %d is fenced off by epoch %d", req.Version, req.Epoch, epoch)
+	case req.Expect != ExpectAny && req.Expect != curV:
+		return stale("push of version %d expected version %d", req.Version, req.Expect)
+	case req.Version <= curV:
+		return stale("push of version %d does not move past version %d", req.Version, curV)
+	}
+	return nil
+}
+
+// push validates req, applies the rules and publishes the new version.
+// persist, when non-nil, runs after the checks pass and before the version
+// becomes visible, with the model's write slot held; if it fails nothing
+// changes.
+func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot) error) (Info, error) {
+	if c.closed() {
+		return Info{}, errClosed
+	}
+	if err := c.Precheck(req.Name, uint64(len(req.Blob))); err != nil {
+		return Info{}, err
+	}
+	if req.Version == 0 {
+		return Info{}, fmt.Errorf("%w: model %q: version 0 is reserved (it means \"newest\" in reads)", errs.ErrInvalid, req.Name)
+	}
+	f, err := safetensors.DecodeOptions(req.Blob, safetensors.Options{MaxHeaderBytes: c.cfg.MaxHeaderBytes})
+	if err != nil {
+		return Info{}, fmt.Errorf("model %q version %d: %w", req.Name, req.Version, err)
+	}
+
+	c.mu.Lock()
+	m := c.modelLocked(req.Name)
+	c.mu.Unlock()
+	select {
+	case m.wsem <- struct{}{}:
+	case <-ctx.Done():
+		return Info{}, ctx.Err()
+	case <-c.done:
+		return Info{}, errClosed
+	}
+	defer func() { <-m.wsem }()
+
+	c.mu.Lock()
+	cur, epoch := m.newest(), m.epoch
+	c.mu.Unlock()
+	if err := decide(&req, cur, epoch); err != nil {
+		return Info{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Info{}, err
+	}
+	snap := &Snapshot{
+		Name:     req.Name,
+		Version:  req.Version,
+		Epoch:    req.Epoch,
+		Blob:     req.Blob,
+		Tensors:  f.Tensors,
+		Metadata: f.Metadata,
+		Created:  c.cfg.Now(),
+	}
+	if persist != nil {
+		if err := persist(snap); err != nil {
+			return Info{}, err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.publishLocked(m, snap)
+	return m.infoLocked(), nil
+}
+
+// publishLocked appends snap as the newest version, trims retention and
+// wakes watchers. c.mu must be held.
+func (c *core) publishLocked(m *model, snap *Snapshot) {
+	m.versions = append(m.versions, snap)
+	if over := len(m.versions) - c.cfg.Retain; over > 0 {
+		clear(m.versions[:over]) // drop references so old blobs can be freed
+		m.versions = slices.Clone(m.versions[over:])
+	}
+	m.epoch = max(m.epoch, snap.Epoch)
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+// infoLocked describes m. core.mu must be held and m must have a version.
+func (m *model) infoLocked() Info {
+	n := m.newest()
+	info := Info{Name: n.Name, Version: n.Version, Epoch: m.epoch, Bytes: int64(len(n.Blob)), Created: n.Created}
+	for _, s := range m.versions {
+		info.Retained = append(info.Retained, s.Version)
+	}
+	return info
+}
+
+func notFound(name string) error {
+	return fmt.Errorf("%w: model %q", errs.ErrNotFound, name)
+}
+
+func (c *core) get(name string, version uint64) (*Snapshot, error) {
+	if c.closed() {
+		return nil, errClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.models[name]
+	if m == nil || len(m.versions) == 0 {
+		return nil, notFound(name)
+	}
+	if version == 0 {
+		return m.newest(), nil
+	}
+	i, ok := slices.BinarySearchFunc(m.versions, version, func(s *Snapshot, v uint64) int {
+		switch {
+		case s.Version < v:
+			return -1
+		case s.Version > v:
+			return 1
+		}
+		return 0
+	})
+	if !ok {
+		return nil, fmt.Errorf("%w: model %q version %d (retained: %v)", errs.ErrNotFound, name, version, m.infoLocked().Retained)
+	}
+	return m.versions[i], nil
+}
+
+func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
+	s, err := c.get(name, 0)
+	if err != nil || s.Version <= than {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (c *core) waitNewer(ctx context.Context, name string, after uint64) (*Snapshot, error) {
+	if err := c.cfg.checkName(name); err != nil {
+		return nil, err
+	}
+	for {
+		if c.closed() {
+			return nil, errClosed
+		}
+		c.mu.Lock()
+		m := c.modelLocked(name)
+		n, changed := m.newest(), m.changed
+		c.mu.Unlock()
+		if n != nil && n.Version > after {
+			return n, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-c.done:
+			return nil, errClosed
+		}
+	}
+}
+
+func (c *core) list() ([]Info, error) {
+	if c.closed() {
+		return nil, errClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Info, 0, len(c.models))
+	for _, m := range c.models {
+		if len(m.versions) > 0 {
+			out = append(out, m.infoLocked())
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}

@@ -1,0 +1,57 @@
+package store
+
+import "context"
+
+// Memory is the in-memory Store: nothing survives Close. It is the store of
+// a hub without a data directory and the fake other components test with.
+type Memory struct {
+	c *core
+}
+
+var (
+	_ Store      = (*Memory)(nil)
+	_ Prechecker = (*Memory)(nil)
+)
+
+// NewMemory returns an empty in-memory store.
+func NewMemory(cfg Config) (*Memory, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Memory{c: newCore(cfg)}, nil
+}
+
+// Push implements Store.
+func (s *Memory) Push(ctx context.Context, req PushRequest) (Info, error) {
+	return s.c.push(ctx, req, nil)
+}
+
+// Get implements Store.
+func (s *Memory) Get(ctx context.Context, name string, version uint64) (*Snapshot, error) {
+	return s.c.get(name, version)
+}
+
+// GetIfNewer implements Store.
+func (s *Memory) GetIfNewer(ctx context.Context, name string, than uint64) (*Snapshot, error) {
+	return s.c.getIfNewer(name, than)
+}
+
+// WaitNewer implements Store.
+func (s *Memory) WaitNewer(ctx context.Context, name string, after uint64) (*Snapshot, error) {
+	return s.c.waitNewer(ctx, name, after)
+}
+
+// List implements Store.
+func (s *Memory) List(ctx context.Context) ([]Info, error) { return s.c.list() }
+
+// Precheck implements Prechecker.
+func (s *Memory) Precheck(name string, totalBytes uint64) error {
+	return s.c.Precheck(name, totalBytes)
+}
+
+// Close wakes every waiting watcher with an error wrapping
+// errs.ErrUnavailable; later calls fail the same way. Safe to call twice.
+func (s *Memory) Close() error {
+	s.c.close()
+	return nil
+}
