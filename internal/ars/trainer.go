@@ -1,0 +1,337 @@
+package ars
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/rlhub/rlhub/internal/env"
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// Config describes one ARS run. Given the same Config a run produces
+// bit-identical policies whatever the number of workers.
+type Config struct {
+	// Env is the environment name (env.Make) and Spec its spaces.
+	Env  string
+	Spec env.Spec
+	// Seed selects the noise directions, episode seeds and MLP init.
+	Seed  uint64
+	Hyper Hyper
+	// Hidden are MLP hidden widths; empty means the paper's linear policy.
+	Hidden []int
+	// EvalEvery is K: the current policy is evaluated at iterations
+	// 0, K, 2K, … (and once more at the end); 0 means 10.
+	EvalEvery int
+	// EvalEpisodes is E, episodes per evaluation; 0 means 10.
+	EvalEpisodes int
+	// Target stops the run once an evaluation's mean return reaches it;
+	// used only when UseTarget.
+	Target    float64
+	UseTarget bool
+	// MaxEpisodes bounds training episodes (2N per iteration); 0 means no
+	// episode bound.
+	MaxEpisodes int64
+	// MaxIterations bounds iterations; 0 means no iteration bound. At
+	// least one of MaxEpisodes and MaxIterations must be set.
+	MaxIterations int
+}
+
+// Validate fills defaults and rejects nonsense, wrapping errs.ErrInvalid.
+func (c *Config) Validate() error {
+	if err := c.Hyper.Validate(); err != nil {
+		return err
+	}
+	if c.Spec.ObsDim < 1 {
+		return fmt.Errorf("%w: environment %q has observation dimension %d", errs.ErrInvalid, c.Env, c.Spec.ObsDim)
+	}
+	if c.Spec.Discrete == 0 && c.Spec.ActDim < 1 {
+		return fmt.Errorf("%w: environment %q has no actions", errs.ErrInvalid, c.Env)
+	}
+	if c.EvalEvery == 0 {
+		c.EvalEvery = 10
+	}
+	if c.EvalEpisodes == 0 {
+		c.EvalEpisodes = 10
+	}
+	if c.EvalEvery < 1 || c.EvalEpisodes < 1 || c.EvalEpisodes > 1<<20 {
+		return fmt.Errorf("%w: eval every %d iterations over %d episodes", errs.ErrInvalid, c.EvalEvery, c.EvalEpisodes)
+	}
+	if c.UseTarget && !finite(c.Target) {
+		return fmt.Errorf("%w: target %v", errs.ErrInvalid, c.Target)
+	}
+	if c.MaxEpisodes < 0 || c.MaxIterations < 0 || (c.MaxEpisodes == 0 && c.MaxIterations == 0) {
+		return fmt.Errorf("%w: need a budget: max episodes %d, max iterations %d", errs.ErrInvalid, c.MaxEpisodes, c.MaxIterations)
+	}
+	a := c.Arch()
+	return a.Validate()
+}
+
+// Arch returns the policy architecture for the run.
+func (c *Config) Arch() Arch {
+	a := Arch{ObsDim: c.Spec.ObsDim, Hidden: c.Hidden}
+	if c.Spec.Discrete > 0 {
+		a.OutDim, a.Discrete = c.Spec.Discrete, true
+	} else {
+		a.OutDim = c.Spec.ActDim
+	}
+	return a
+}
+
+// TaskKind tells a worker what to run.
+type TaskKind int
+
+const (
+	// KindDirection: the two rollouts θ ± νδ_d of direction d.
+	KindDirection TaskKind = iota + 1
+	// KindEval: evaluation episode e of θ (shift 0, filter frozen).
+	KindEval
+)
+
+// Task is one unit of work within an iteration.
+type Task struct {
+	Kind  TaskKind
+	Index int
+}
+
+// Result is a task's outcome.
+type Result struct {
+	Task
+	// RPlus, RMinus: shifted returns of θ+νδ and θ−νδ (KindDirection).
+	RPlus, RMinus float64
+	// Return: unshifted return (KindEval).
+	Return float64
+	// Steps taken by the task's episodes.
+	Steps int64
+	// Stats of the states seen (KindDirection; nil for KindEval).
+	Stats *Stats
+}
+
+// Iteration is everything a worker needs to run iteration Iteration's
+// tasks. Theta and the filter are read-only.
+type Iteration struct {
+	Seed      uint64
+	Iteration uint64
+	Hyper     Hyper
+	Theta     []float64
+	Filter    Filter
+}
+
+// Report summarises a finished iteration.
+type Report struct {
+	Iteration    uint64
+	Episodes     int64 // training episodes so far
+	EvalEpisodes int64 // evaluation episodes so far
+	Steps        int64 // environment steps so far (training and evaluation)
+	IterSteps    int64 // steps of this iteration
+	HasEval      bool
+	EvalMean     float64
+	EvalStd      float64
+	Update       StepInfo
+	Updated      bool // θ moved to a new version
+	Done         bool
+	Reason       string // why the run ended: "target" or "budget"
+}
+
+// Trainer is the pure ARS run state machine the coordinator drives: it
+// lists an iteration's tasks, takes their results, updates θ and the
+// filter statistics, and decides when to stop. It has no goroutines and is
+// not safe for concurrent use.
+type Trainer struct {
+	cfg      Config
+	arch     Arch
+	iter     uint64
+	theta    []float64
+	stats    *Stats
+	evalOnly bool // the current iteration only evaluates (the final one)
+	rep      Report
+	filter   Filter
+}
+
+// NewTrainer starts a run at iteration 0 with θ_0 and empty statistics.
+func NewTrainer(cfg Config) (*Trainer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	t := &Trainer{cfg: cfg, arch: cfg.Arch()}
+	t.theta = t.arch.InitParams(cfg.Seed)
+	t.stats = NewStats(cfg.Spec.ObsDim)
+	t.freeze()
+	return t, nil
+}
+
+func (t *Trainer) freeze() {
+	if t.cfg.Hyper.Version.Normalises() {
+		t.filter = t.stats.Freeze()
+	} else {
+		t.filter = Identity(t.cfg.Spec.ObsDim)
+	}
+}
+
+// Config returns the validated run configuration.
+func (t *Trainer) Config() Config { return t.cfg }
+
+// Arch returns the policy architecture.
+func (t *Trainer) Arch() Arch { return t.arch }
+
+// Iter is the current iteration number.
+func (t *Trainer) Iter() uint64 { return t.iter }
+
+// Done reports whether the run has ended.
+func (t *Trainer) Done() bool { return t.rep.Done }
+
+// Last returns the report of the last finished iteration.
+func (t *Trainer) Last() Report { return t.rep }
+
+// Current describes the current iteration. It shares θ with the trainer:
+// callers must not modify it, and it is valid until the next Finish.
+func (t *Trainer) Current() *Iteration {
+	return &Iteration{Seed: t.cfg.Seed, Iteration: t.iter, Hyper: t.cfg.Hyper, Theta: t.theta, Filter: t.filter}
+}
+
+// Theta returns θ of the current iteration (read-only).
+func (t *Trainer) Theta() []float64 { return t.theta }
+
+// Stats returns the filter statistics θ is paired with (read-only).
+func (t *Trainer) Stats() *Stats { return t.stats }
+
+func (t *Trainer) evaluates() bool {
+	return t.evalOnly || t.iter%uint64(t.cfg.EvalEvery) == 0
+}
+
+// Tasks lists the current iteration's tasks: directions 0..N−1 (unless this
+// is the final evaluation-only iteration), then evaluation episodes
+// 0..E−1 when the iteration evaluates. Finish takes results in this order.
+func (t *Trainer) Tasks() []Task {
+	if t.rep.Done {
+		return nil
+	}
+	var ts []Task
+	if !t.evalOnly {
+		for d := 0; d < t.cfg.Hyper.Directions; d++ {
+			ts = append(ts, Task{KindDirection, d})
+		}
+	}
+	if t.evaluates() {
+		for e := 0; e < t.cfg.EvalEpisodes; e++ {
+			ts = append(ts, Task{KindEval, e})
+		}
+	}
+	return ts
+}
+
+// Check validates a result that arrived from a worker for the current
+// iteration: a task of this iteration, finite returns, sane steps and
+// statistics of the right dimension. It changes nothing.
+func (t *Trainer) Check(r *Result) error {
+	switch r.Kind {
+	case KindDirection:
+		if t.evalOnly || r.Index < 0 || r.Index >= t.cfg.Hyper.Directions {
+			return fmt.Errorf("%w: no direction %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
+		}
+		if !finite(r.RPlus) || !finite(r.RMinus) {
+			return fmt.Errorf("%w: direction %d returns r+ = %v, r− = %v", errs.ErrInvalid, r.Index, r.RPlus, r.RMinus)
+		}
+		if r.Stats == nil {
+			return fmt.Errorf("%w: direction %d result without filter statistics", errs.ErrInvalid, r.Index)
+		}
+		if err := r.Stats.check(t.cfg.Spec.ObsDim); err != nil {
+			return fmt.Errorf("direction %d: %w", r.Index, err)
+		}
+		if r.Stats.Count != float64(r.Steps) {
+			return fmt.Errorf("%w: direction %d saw %v states in %d steps", errs.ErrInvalid, r.Index, r.Stats.Count, r.Steps)
+		}
+	case KindEval:
+		if !t.evaluates() || r.Index < 0 || r.Index >= t.cfg.EvalEpisodes {
+			return fmt.Errorf("%w: no evaluation episode %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
+		}
+		if !finite(r.Return) {
+			return fmt.Errorf("%w: evaluation episode %d returned %v", errs.ErrInvalid, r.Index, r.Return)
+		}
+	default:
+		return fmt.Errorf("%w: unknown task kind %d", errs.ErrInvalid, r.Kind)
+	}
+	if r.Steps < 1 {
+		return fmt.Errorf("%w: task %v/%d took %d steps", errs.ErrInvalid, r.Kind, r.Index, r.Steps)
+	}
+	return nil
+}
+
+// Finish completes the current iteration with results in Tasks() order
+// (each already passed Check). In order it: evaluates (mean and population
+// std of the returns); stops at the target without updating θ (θ is the
+// policy that reached it); otherwise applies Step, merges the directions'
+// statistics in direction order, freezes the new filter and advances. When
+// a budget runs out, one evaluation-only iteration follows unless θ was
+// just evaluated. On a malformed results slice nothing changes.
+func (t *Trainer) Finish(results []Result) (Report, error) {
+	tasks := t.Tasks()
+	if t.rep.Done {
+		return t.rep, fmt.Errorf("%w: the run has ended", errs.ErrInvalid)
+	}
+	if len(results) != len(tasks) {
+		return t.rep, fmt.Errorf("%w: %d results for %d tasks", errs.ErrInvalid, len(results), len(tasks))
+	}
+	for i := range tasks {
+		if results[i].Task != tasks[i] {
+			return t.rep, fmt.Errorf("%w: result %d is %v, want %v", errs.ErrInvalid, i, results[i].Task, tasks[i])
+		}
+		if err := t.Check(&results[i]); err != nil {
+			return t.rep, err
+		}
+	}
+	rep := t.rep
+	rep.Iteration = t.iter
+	rep.HasEval, rep.Updated, rep.Update, rep.IterSteps = false, false, StepInfo{}, 0
+	n := t.cfg.Hyper.Directions
+	var rplus, rminus []float64
+	if !t.evalOnly {
+		rplus, rminus = make([]float64, n), make([]float64, n)
+		for _, r := range results[:n] {
+			rplus[r.Index], rminus[r.Index] = r.RPlus, r.RMinus
+			rep.IterSteps += r.Steps
+		}
+		rep.Episodes += int64(2 * n)
+	}
+	if t.evaluates() {
+		evals := results[len(results)-t.cfg.EvalEpisodes:]
+		var sum float64
+		for _, r := range evals {
+			sum += r.Return
+			rep.IterSteps += r.Steps
+		}
+		mean := sum / float64(len(evals))
+		var ss float64
+		for _, r := range evals {
+			ss += (r.Return - mean) * (r.Return - mean)
+		}
+		rep.HasEval, rep.EvalMean, rep.EvalStd = true, mean, math.Sqrt(ss/float64(len(evals)))
+		rep.EvalEpisodes += int64(len(evals))
+	}
+	rep.Steps += rep.IterSteps
+
+	switch {
+	case rep.HasEval && t.cfg.UseTarget && rep.EvalMean >= t.cfg.Target:
+		rep.Done, rep.Reason = true, "target"
+	case t.evalOnly:
+		rep.Done, rep.Reason = true, "budget"
+	default:
+		seed, base := t.cfg.Seed, t.iter*uint64(n)
+		rep.Update = Step(t.theta, &t.cfg.Hyper, rplus, rminus, func(d int, dst []float64) { Direction(dst, seed, base+uint64(d)) })
+		rep.Updated = true
+		for _, r := range results[:n] {
+			if err := t.stats.Merge(r.Stats); err != nil {
+				panic(err) // unreachable: Check validated every result
+			}
+		}
+		t.iter++
+		t.freeze()
+		if (t.cfg.MaxEpisodes > 0 && rep.Episodes+int64(2*n) > t.cfg.MaxEpisodes) ||
+			(t.cfg.MaxIterations > 0 && t.iter >= uint64(t.cfg.MaxIterations)) {
+			// The budget allows no further training iteration: evaluate
+			// the new θ once more, then stop.
+			t.evalOnly = true
+		}
+	}
+	t.rep = rep
+	return rep, nil
+}
