@@ -23,7 +23,10 @@ type StateSetter interface {
 }
 
 var registry = map[string]func() Env{
-	"CartPole-v1": func() Env { return NewCartPole() },
+	"CartPole-v1":              func() Env { return NewCartPole() },
+	"Pendulum-v1":              func() Env { return NewPendulum() },
+	"MountainCarContinuous-v0": func() Env { return NewMountainCarContinuous() },
+	"Acrobot-v1":               func() Env { return NewAcrobot() },
 }
 
 // Names lists the environments Make knows, sorted.
