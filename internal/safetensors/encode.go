@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/rlhub/rlhub/internal/tensor"
 )
@@ -33,7 +34,15 @@ func Plan(sd *tensor.StateDict, metadata map[string]string) (*Layout, error) {
 			return nil, err
 		}
 		if t.Name == MetadataKey {
-			return nil, fmt.Errorf("safetensors: tensor name %q is reserved", MetadataKey)
+			return nil, fmt.Errorf("%w: tensor name %q is reserved", ErrInvalid, MetadataKey)
+		}
+		if !utf8.ValidString(t.Name) {
+			return nil, fmt.Errorf("%w: tensor name %q is not valid UTF-8", ErrInvalid, t.Name)
+		}
+	}
+	for k, v := range metadata {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return nil, fmt.Errorf("%w: metadata %q: %q is not valid UTF-8", ErrInvalid, k, v)
 		}
 	}
 	// The reference library's order: dtype rank descending, then name.
@@ -142,4 +151,37 @@ func Encode(sd *tensor.StateDict, metadata map[string]string) ([]byte, error) {
 		return nil, err
 	}
 	return l.EncodeInto(tensor.AlignedBytes(int(l.Size))), nil
+}
+
+// quote writes s as a JSON string exactly as serde_json (the reference
+// library's serializer) does: only '"', '\\' and control characters are
+// escaped (\b \t \n \f \r short, others as \u00xx); everything else,
+// including non-ASCII, '<', '>', '&' and '/', is written raw. s must be
+// valid UTF-8.
+func quote(s string) string {
+	const hex = "0123456789abcdef"
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c == '\b':
+			b = append(b, '\\', 'b')
+		case c == '\t':
+			b = append(b, '\\', 't')
+		case c == '\n':
+			b = append(b, '\\', 'n')
+		case c == '\f':
+			b = append(b, '\\', 'f')
+		case c == '\r':
+			b = append(b, '\\', 'r')
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"'))
 }
