@@ -22,9 +22,9 @@ import (
 type vectorFile struct {
 	Metadata map[string]string `json:"metadata"`
 	Tensors  []struct {
-		Name   string        `json:"name"`
-		DType  string        `json:"dtype"`
-		Shape  []int64       `json:"shape"`
+		Name   string            `json:"name"`
+		DType  string            `json:"dtype"`
+		Shape  []int64           `json:"shape"`
 		Values []json.RawMessage `json:"values"`
 	} `json:"tensors"`
 }
