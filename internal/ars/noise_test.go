@@ -14,7 +14,10 @@ import (
 var update = flag.Bool("update", false, "rewrite testdata/ars_noise.json from the Go implementation")
 
 // Known-answer vectors of Philox4x32-10 from Random123 (kat_vectors).
-var philoxKAT = []struct{ ctr, out [4]uint32; key [2]uint32 }{
+var philoxKAT = []struct {
+	ctr, out [4]uint32
+	key      [2]uint32
+}{
 	{ctr: [4]uint32{0, 0, 0, 0}, key: [2]uint32{0, 0}, out: [4]uint32{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
 	{ctr: [4]uint32{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, key: [2]uint32{0xffffffff, 0xffffffff}, out: [4]uint32{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
 	{ctr: [4]uint32{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, key: [2]uint32{0xa4093822, 0x299f31d0}, out: [4]uint32{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
