@@ -1,0 +1,140 @@
+package wsync
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// The shared-memory segment layout, version 1 (docs/shm-layout.md is the
+// normative description; keep the two in sync). All integers are
+// little-endian; every 8-byte field is 8-byte aligned so that a plain load
+// of it is atomic on amd64 and arm64.
+//
+//	segment header, one page at offset 0:
+//	  0  [8]byte magic "RLHUBWS1"
+//	  8  u32     layout version (1)
+//	  12 u32     slot count S (≥ 2)
+//	  16 u64     slot capacity C: bytes of blob a slot holds (multiple of 4096)
+//	  24 u64     slot stride: 4096 + C
+//	  32 u64     writer pid
+//	  40 u32     state: 0 open, 1 closed by the writer
+//	  44 u32     notify: futex word, +1 after every publish
+//	  48 u64     published: newest complete version (0: none yet)
+//	  56 u32     name length N (≤ 256)
+//	  64 [N]byte model name (UTF-8)
+//	slot i at offset 4096 + i*stride, a header page then C bytes of data:
+//	  0  u64 seq: 0 never written, odd while being written, even when whole
+//	  8  u64 version
+//	  16 u64 epoch
+//	  24 u64 length L of the safetensors blob (≤ C)
+//	  32 u32 CRC-32C (Castagnoli) of the L blob bytes
+//	  40 u64 created, Unix nanoseconds
+//	  4096.. the blob: data at slot offset + 4096
+const (
+	shmMagic         = "RLHUBWS1"
+	shmLayoutVersion = 1
+	shmPage          = 4096
+	shmMaxName       = 256
+
+	offMagic     = 0
+	offLayout    = 8
+	offSlots     = 12
+	offCapacity  = 16
+	offStride    = 24
+	offPID       = 32
+	offState     = 40
+	offNotify    = 44
+	offPublished = 48
+	offNameLen   = 56
+	offName      = 64
+
+	slotSeq     = 0
+	slotVersion = 8
+	slotEpoch   = 16
+	slotLength  = 24
+	slotCRC     = 32
+	slotCreated = 40
+
+	stateOpen   = 0
+	stateClosed = 1
+
+	// copyChunk is how much is copied before the chunk's CRC is computed,
+	// so the checksum reads bytes that are still in cache.
+	copyChunk = 256 << 10
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// shmGeometry is the decoded, checked segment header.
+type shmGeometry struct {
+	slots    int
+	capacity int64
+	stride   int64
+	name     string
+}
+
+func (g shmGeometry) size() int64         { return shmPage + int64(g.slots)*g.stride }
+func (g shmGeometry) slotOff(i int) int64 { return shmPage + int64(i)*g.stride }
+
+// parseShmHeader checks a mapped segment's header against its size. Every
+// failure wraps errs.ErrInvalid.
+func parseShmHeader(b []byte) (shmGeometry, error) {
+	var g shmGeometry
+	if len(b) < shmPage {
+		return g, fmt.Errorf("%w: shm segment of %d bytes is smaller than its header page", errs.ErrInvalid, len(b))
+	}
+	if string(b[offMagic:offMagic+8]) != shmMagic {
+		return g, fmt.Errorf("%w: shm segment magic %q, want %q", errs.ErrInvalid, b[offMagic:offMagic+8], shmMagic)
+	}
+	if v := binary.LittleEndian.Uint32(b[offLayout:]); v != shmLayoutVersion {
+		return g, fmt.Errorf("%w: shm layout version %d, this reader knows %d", errs.ErrInvalid, v, shmLayoutVersion)
+	}
+	slots := binary.LittleEndian.Uint32(b[offSlots:])
+	capacity := binary.LittleEndian.Uint64(b[offCapacity:])
+	stride := binary.LittleEndian.Uint64(b[offStride:])
+	nameLen := binary.LittleEndian.Uint32(b[offNameLen:])
+	switch {
+	case slots < 2 || slots > 64:
+		return g, fmt.Errorf("%w: shm slot count %d outside [2, 64]", errs.ErrInvalid, slots)
+	case capacity == 0 || capacity%shmPage != 0 || capacity > 1<<40:
+		return g, fmt.Errorf("%w: shm slot capacity %d is not a positive multiple of %d", errs.ErrInvalid, capacity, shmPage)
+	case stride != shmPage+capacity:
+		return g, fmt.Errorf("%w: shm slot stride %d, want %d", errs.ErrInvalid, stride, shmPage+capacity)
+	case nameLen > shmMaxName:
+		return g, fmt.Errorf("%w: shm name length %d exceeds %d", errs.ErrInvalid, nameLen, shmMaxName)
+	}
+	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen])}
+	if g.size() != int64(len(b)) {
+		return g, fmt.Errorf("%w: shm segment is %d bytes, its header describes %d", errs.ErrInvalid, len(b), g.size())
+	}
+	return g, nil
+}
+
+// putShmHeader writes the constant part of a segment header.
+func putShmHeader(b []byte, g shmGeometry, pid int) {
+	copy(b[offMagic:], shmMagic)
+	binary.LittleEndian.PutUint32(b[offLayout:], shmLayoutVersion)
+	binary.LittleEndian.PutUint32(b[offSlots:], uint32(g.slots))
+	binary.LittleEndian.PutUint64(b[offCapacity:], uint64(g.capacity))
+	binary.LittleEndian.PutUint64(b[offStride:], uint64(g.stride))
+	binary.LittleEndian.PutUint64(b[offPID:], uint64(pid))
+	binary.LittleEndian.PutUint32(b[offNameLen:], uint32(len(g.name)))
+	copy(b[offName:], g.name)
+}
+
+// copyCRC copies src into dst (same length) and returns the CRC-32C of the
+// bytes, computed chunk by chunk right after each chunk is copied.
+func copyCRC(dst, src []byte) uint32 {
+	var crc uint32
+	for off := 0; off < len(src); off += copyChunk {
+		end := min(off+copyChunk, len(src))
+		copy(dst[off:end], src[off:end])
+		crc = crc32.Update(crc, castagnoli, dst[off:end])
+	}
+	return crc
+}
+
+func roundPage(n int64) int64 { return (n + shmPage - 1) / shmPage * shmPage }

@@ -1,0 +1,52 @@
+//go:build !linux
+
+package wsync
+
+// Shared-memory transport is Linux-only (futex, /dev/shm); on other systems
+// the types exist so the package builds, and CreateShm / OpenShm fail.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+type ShmConfig struct {
+	Path     string
+	Name     string
+	Capacity int64
+	Slots    int
+	Replace  bool
+	Mode     os.FileMode
+	Now      func() time.Time
+}
+type ShmWriter struct{}
+type ShmReaderConfig struct {
+	Path       string
+	SkipVerify bool
+	Tick       time.Duration
+	MaxRetries int
+}
+type ShmStats struct{ Reads, Retries uint64 }
+type ShmReader struct{}
+
+func CreateShm(ShmConfig) (*ShmWriter, error)                     { return nil, errors.ErrUnsupported }
+func (*ShmWriter) Publish(context.Context, *store.Snapshot) error { return errors.ErrUnsupported }
+func (*ShmWriter) Write(uint64, uint64, []byte) error             { return errors.ErrUnsupported }
+func (*ShmWriter) Close() error                                   { return nil }
+func (*ShmWriter) Path() string                                   { return "" }
+func (*ShmWriter) Capacity() int64                                { return 0 }
+func OpenShm(ShmReaderConfig) (*ShmReader, error)                 { return nil, errors.ErrUnsupported }
+func (*ShmReader) Name() string                                   { return "" }
+func (*ShmReader) Stats() ShmStats                                { return ShmStats{} }
+func (*ShmReader) Published() uint64                              { return 0 }
+func (*ShmReader) Close() error                                   { return nil }
+func (*ShmReader) GetIfNewer(context.Context, uint64) (*store.Snapshot, error) {
+	return nil, errors.ErrUnsupported
+}
+func (*ShmReader) WaitNewer(context.Context, uint64) (*store.Snapshot, error) {
+	return nil, errors.ErrUnsupported
+}

@@ -1,0 +1,175 @@
+package wsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// Source yields whole versions of one model. Every implementation is safe
+// for concurrent use unless it says otherwise.
+//
+// A returned Snapshot is immutable. Unless the Source documents otherwise
+// it stays valid forever; ShmReader reuses memory and documents for how
+// long its snapshots stay valid.
+type Source interface {
+	// GetIfNewer returns the newest version if it is newer than `than`,
+	// or (nil, nil) when it is not.
+	GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error)
+	// WaitNewer blocks until a version newer than `after` exists and
+	// returns the newest one, or returns an error (ctx's, or the
+	// transport's: errs.ErrUnavailable when the sender is gone).
+	WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error)
+}
+
+// Publisher is the sender side of a transport: it makes a version visible
+// to that transport's receivers. Publishing a version that is not newer
+// than the one published is refused with an *errs.StaleError and changes
+// nothing.
+type Publisher interface {
+	Publish(ctx context.Context, snap *store.Snapshot) error
+}
+
+// ApplyFunc installs a version into a collector's weights. A Receiver calls
+// it from one goroutine at a time, only with versions newer than the last
+// one applied. If it returns an error the receiver keeps its old version.
+type ApplyFunc func(snap *store.Snapshot) error
+
+// ReceiverConfig configures a Receiver.
+type ReceiverConfig struct {
+	// Source is where versions come from. Required.
+	Source Source
+	// Apply installs a version; nil means the receiver only keeps the
+	// snapshot (see Receiver.Current), which is how a collector that reads
+	// weights straight from the snapshot runs.
+	Apply ApplyFunc
+	// Start is the version the collector already runs (after a restart
+	// that kept its weights); 0 means none.
+	Start uint64
+	// OnApplied, if set, is called after each applied version (for
+	// reporting); it must not block.
+	OnApplied func(version uint64)
+}
+
+func (c *ReceiverConfig) validate() error {
+	if c.Source == nil {
+		return errors.New("wsync: ReceiverConfig.Source is nil")
+	}
+	return nil
+}
+
+// Receiver applies the newest version from a Source to a collector's
+// weights. Poll, Offer and Run may be called from any goroutine; applies
+// are serialized.
+type Receiver struct {
+	cfg ReceiverConfig
+
+	mu      sync.Mutex // serializes applies; guards cur
+	cur     *store.Snapshot
+	version atomic.Uint64
+}
+
+// NewReceiver returns a receiver running cfg.Start.
+func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Receiver{cfg: cfg}
+	r.version.Store(cfg.Start)
+	return r, nil
+}
+
+// Version is the version the collector runs (0 before the first).
+func (r *Receiver) Version() uint64 { return r.version.Load() }
+
+// Current is the last applied snapshot, or nil. With a ShmReader source it
+// is valid only as long as ShmReader documents.
+func (r *Receiver) Current() *store.Snapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cur
+}
+
+// Offer applies snap if it is newer than the running version and reports
+// whether it did. The same or an older version is a no-op (false, nil).
+func (r *Receiver) Offer(snap *store.Snapshot) (bool, error) {
+	if snap == nil {
+		return false, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if snap.Version <= r.version.Load() {
+		return false, nil
+	}
+	if r.cfg.Apply != nil {
+		if err := r.cfg.Apply(snap); err != nil {
+			return false, fmt.Errorf("wsync: apply version %d of %q: %w", snap.Version, snap.Name, err)
+		}
+	}
+	r.cur = snap
+	r.version.Store(snap.Version)
+	if r.cfg.OnApplied != nil {
+		r.cfg.OnApplied(snap.Version)
+	}
+	return true, nil
+}
+
+// Poll asks the source for the newest version if it is newer than the
+// running one and applies it. It reports whether a version was applied.
+func (r *Receiver) Poll(ctx context.Context) (bool, error) {
+	snap, err := r.cfg.Source.GetIfNewer(ctx, r.Version())
+	if err != nil || snap == nil {
+		return false, err
+	}
+	return r.Offer(snap)
+}
+
+// Run follows the source, applying each newest version, until ctx is done
+// (it then returns ctx.Err()) or the source or Apply fails.
+func (r *Receiver) Run(ctx context.Context) error {
+	for {
+		snap, err := r.cfg.Source.WaitNewer(ctx, r.Version())
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if _, err := r.Offer(snap); err != nil {
+			return err
+		}
+	}
+}
+
+// CopyInto returns an ApplyFunc that copies each version's tensors into
+// dst, a collector's own weights, in place (like load_state_dict). A
+// version whose tensor names, dtypes or shapes differ from dst is refused
+// with errs.ErrInvalid before any byte is copied.
+//
+// Readers of dst running concurrently with an apply may see a mix of two
+// versions; collectors that need whole versions while running read
+// Receiver.Current instead, or apply between steps.
+func CopyInto(dst *tensor.StateDict) ApplyFunc {
+	return func(snap *store.Snapshot) error {
+		if snap.Tensors == nil {
+			return fmt.Errorf("%w: version %d has no decoded tensors", errs.ErrInvalid, snap.Version)
+		}
+		if err := snap.Tensors.CheckLayout(dst); err != nil {
+			return fmt.Errorf("%w: %v", errs.ErrInvalid, err)
+		}
+		for _, t := range dst.Tensors() {
+			copy(t.Data, snap.Tensors.Get(t.Name).Data)
+		}
+		return nil
+	}
+}
+
+func staleErr(name string, cur, got uint64) error {
+	return &errs.StaleError{Model: name, CurrentVersion: cur, Reason: fmt.Sprintf("version %d is not newer", got)}
+}
