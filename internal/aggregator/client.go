@@ -1,0 +1,94 @@
+package aggregator
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Client is the coordinator's Go client for the aggregator. Errors match
+// the errs sentinels with errors.Is. Safe for concurrent use (the
+// aggregator runs one coordinator operation at a time).
+type Client struct {
+	rpc rlhubv1.LearnerAggregatorClient
+}
+
+// NewClient wraps a connection to a hub.
+func NewClient(conn grpc.ClientConnInterface) *Client {
+	return &Client{rpc: rlhubv1.NewLearnerAggregatorClient(conn)}
+}
+
+// Resources lists the attached learners.
+func (c *Client) Resources(ctx context.Context) ([]*rlhubv1.LearnerInfo, error) {
+	r, err := c.rpc.Resources(ctx, &rlhubv1.ResourcesRequest{})
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	return r.Learners, nil
+}
+
+// Status returns learners, leases and counters.
+func (c *Client) Status(ctx context.Context) (*rlhubv1.StatusResponse, error) {
+	r, err := c.rpc.Status(ctx, &rlhubv1.StatusRequest{})
+	return r, errs.FromStatus(err)
+}
+
+// Start starts a task on every attached learner; taskID "" lets the
+// aggregator choose. info is converted with structpb.NewStruct.
+func (c *Client) Start(ctx context.Context, taskID string, info map[string]any) (*rlhubv1.StartResponse, error) {
+	st, err := structpb.NewStruct(info)
+	if err != nil {
+		return nil, fmt.Errorf("%w: task info: %v", errs.ErrInvalid, err)
+	}
+	r, err := c.rpc.Start(ctx, &rlhubv1.StartRequest{TaskId: taskID, TaskInfo: st})
+	return r, errs.FromStatus(err)
+}
+
+// GetDataDemand returns the merged demand and records the learner order.
+func (c *Client) GetDataDemand(ctx context.Context, taskID string) (*rlhubv1.DemandResponse, error) {
+	r, err := c.rpc.GetDataDemand(ctx, &rlhubv1.DemandRequest{TaskId: taskID})
+	return r, errs.FromStatus(err)
+}
+
+// Learn sends a batch (every tensor with the same first dimension) and
+// returns the merged result. metadata travels to every learner's share.
+// The tensors' bytes are streamed without copying.
+func (c *Client) Learn(ctx context.Context, taskID string, batch *tensor.StateDict, metadata map[string]string) (*rlhubv1.LearnResponse, error) {
+	layout, err := safetensors.Plan(batch, metadata)
+	if err != nil {
+		return nil, fmt.Errorf("%w: batch: %v", errs.ErrInvalid, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.rpc.Learn(ctx)
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	err = stream.Send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Header{Header: &rlhubv1.LearnHeader{
+		TaskId: taskID,
+		Blob:   &rlhubv1.BlobInfo{TotalBytes: uint64(layout.Size), ChunkBytes: wire.DefaultChunkBytes},
+	}}})
+	if err == nil {
+		err = wire.Chunks(layout, wire.DefaultChunkBytes, func(b []byte) error {
+			return stream.Send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}})
+		})
+	}
+	// On a send error the server has answered (io.EOF); CloseAndRecv
+	// returns its status.
+	resp, rerr := stream.CloseAndRecv()
+	if rerr != nil {
+		return nil, errs.FromStatus(rerr)
+	}
+	if err != nil {
+		return nil, errs.FromStatus(err)
+	}
+	return resp, nil
+}

@@ -1,0 +1,306 @@
+package aggregator
+
+import (
+	"cmp"
+	"fmt"
+	"math/bits"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// This file is the pure core: split, slice and merge. No goroutines, no
+// clocks; everything is a function of its arguments.
+
+// DefaultHomogeneousKeys are the info keys every learner reports identically
+// (learner step, task id, buffer id); they merge to one value.
+var DefaultHomogeneousKeys = []string{"learner_step", "task_id", "buffer_id"}
+
+// Share is one learner's part of a batch: rows [Start, Start+Rows).
+type Share struct {
+	Learner string
+	Start   int64
+	Rows    int64
+}
+
+// Split divides rows [0, rows) into contiguous shares, one per learner in
+// the given order, proportional to weights (each learner's declared batch
+// size). When the weights sum to rows every learner gets exactly its weight;
+// otherwise (the batch differs from the demand, or membership changed since
+// the demand was recorded) the shares are recomputed proportionally with
+// largest remainders (ties to the earlier learner). The shares always cover
+// every row exactly once: never truncated, never duplicated. A learner may
+// get 0 rows. Errors wrap errs.ErrInvalid.
+func Split(rows int64, learners []string, weights []int64) ([]Share, error) {
+	if len(learners) != len(weights) {
+		return nil, fmt.Errorf("%w: %d learners but %d weights", errs.ErrInvalid, len(learners), len(weights))
+	}
+	if len(learners) == 0 {
+		return nil, fmt.Errorf("%w: no learners to split %d rows among", errs.ErrUnavailable, rows)
+	}
+	if rows < 0 {
+		return nil, fmt.Errorf("%w: negative row count %d", errs.ErrInvalid, rows)
+	}
+	var total uint64
+	for i, w := range weights {
+		if w < 0 {
+			return nil, fmt.Errorf("%w: learner %q has negative weight %d", errs.ErrInvalid, learners[i], w)
+		}
+		var carry uint64
+		total, carry = bits.Add64(total, uint64(w), 0)
+		if carry != 0 || total > 1<<62 {
+			return nil, fmt.Errorf("%w: learner weights overflow", errs.ErrInvalid)
+		}
+	}
+	if total == 0 {
+		return nil, fmt.Errorf("%w: every learner declared a batch size of 0", errs.ErrInvalid)
+	}
+	sizes := make([]int64, len(weights))
+	rem := make([]uint64, len(weights))
+	var given int64
+	for i, w := range weights {
+		hi, lo := bits.Mul64(uint64(rows), uint64(w))
+		q, r := bits.Div64(hi, lo, total) // hi < total since w ≤ total
+		sizes[i], rem[i] = int64(q), r
+		given += int64(q)
+	}
+	// Hand out the leftover rows by largest remainder, earlier learner first.
+	idx := make([]int, len(weights))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(rem[b], rem[a]) })
+	for k := 0; given < rows; k++ {
+		sizes[idx[k%len(idx)]]++
+		given++
+	}
+	out := make([]Share, len(learners))
+	var start int64
+	for i, id := range learners {
+		out[i] = Share{Learner: id, Start: start, Rows: sizes[i]}
+		start += sizes[i]
+	}
+	return out, nil
+}
+
+// Resplit divides a failed share among the surviving learners (in order,
+// proportional to weights), keeping the share's row range.
+func Resplit(failed Share, learners []string, weights []int64) ([]Share, error) {
+	out, err := Split(failed.Rows, learners, weights)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].Start += failed.Start
+	}
+	return out, nil
+}
+
+// BatchRows returns the common first dimension of every tensor in batch.
+// Errors wrap errs.ErrInvalid: an empty batch, a scalar tensor, or tensors
+// that disagree on the row count.
+func BatchRows(batch *tensor.StateDict) (int64, error) {
+	if batch == nil || batch.Len() == 0 {
+		return 0, fmt.Errorf("%w: empty batch (no tensors)", errs.ErrInvalid)
+	}
+	var rows int64 = -1
+	var first string
+	for _, t := range batch.Tensors() {
+		if len(t.Shape) == 0 {
+			return 0, fmt.Errorf("%w: batch tensor %q is a scalar; every tensor needs a first (row) dimension", errs.ErrInvalid, t.Name)
+		}
+		if rows < 0 {
+			rows, first = t.Shape[0], t.Name
+		} else if t.Shape[0] != rows {
+			return 0, fmt.Errorf("%w: batch tensor %q has %d rows, %q has %d", errs.ErrInvalid, t.Name, t.Shape[0], first, rows)
+		}
+	}
+	return rows, nil
+}
+
+// SliceRows returns rows [start, start+n) of every tensor in batch as a new
+// state dict whose tensors alias batch's data (no copy). The caller has
+// checked the range with BatchRows; a range outside it panics.
+func SliceRows(batch *tensor.StateDict, start, n int64) *tensor.StateDict {
+	out := &tensor.StateDict{}
+	for _, t := range batch.Tensors() {
+		if start < 0 || n < 0 || start+n > t.Shape[0] {
+			panic(fmt.Sprintf("aggregator.SliceRows: rows [%d,%d) outside %q with %d rows", start, start+n, t.Name, t.Shape[0]))
+		}
+		rowBytes := int64(0)
+		if t.Shape[0] > 0 {
+			rowBytes = int64(len(t.Data)) / t.Shape[0]
+		}
+		shape := slices.Clone(t.Shape)
+		shape[0] = n
+		v := &tensor.Tensor{Name: t.Name, DType: t.DType, Shape: shape, Data: t.Data[start*rowBytes : (start+n)*rowBytes : (start+n)*rowBytes]}
+		if err := out.Add(v); err != nil {
+			panic(err) // names were unique and sizes consistent in batch
+		}
+	}
+	return out
+}
+
+// MergeDemand merges the learners' demands: batch sizes add up; every other
+// field is taken from the first learner and must be equal on every other
+// one. learners names each demand for error messages. Errors wrap
+// errs.ErrInvalid and name the learner that disagrees.
+func MergeDemand(learners []string, demands []*rlhubv1.Demand) (*rlhubv1.Demand, error) {
+	if len(learners) != len(demands) || len(demands) == 0 {
+		return nil, fmt.Errorf("%w: %d demands for %d learners", errs.ErrInvalid, len(demands), len(learners))
+	}
+	out := &rlhubv1.Demand{}
+	for i, d := range demands {
+		if d == nil {
+			return nil, fmt.Errorf("%w: learner %q sent no demand", errs.ErrInvalid, learners[i])
+		}
+		if d.BatchSize < 0 {
+			return nil, fmt.Errorf("%w: learner %q demands a negative batch size %d", errs.ErrInvalid, learners[i], d.BatchSize)
+		}
+		if out.BatchSize+d.BatchSize < out.BatchSize {
+			return nil, fmt.Errorf("%w: merged batch size overflows at learner %q", errs.ErrInvalid, learners[i])
+		}
+		out.BatchSize += d.BatchSize
+		if i == 0 {
+			out.Fields = proto.Clone(orEmpty(d.Fields)).(*structpb.Struct)
+			continue
+		}
+		if k, ok := firstDifference(out.Fields, orEmpty(d.Fields)); ok {
+			return nil, fmt.Errorf("%w: learner %q demand field %q disagrees with learner %q", errs.ErrInvalid, learners[i], k, learners[0])
+		}
+	}
+	return out, nil
+}
+
+func orEmpty(s *structpb.Struct) *structpb.Struct {
+	if s == nil {
+		return &structpb.Struct{}
+	}
+	return s
+}
+
+// firstDifference returns the smallest key on which a and b differ.
+func firstDifference(a, b *structpb.Struct) (string, bool) {
+	keys := make([]string, 0, len(a.Fields)+len(b.Fields))
+	for k := range a.Fields {
+		keys = append(keys, k)
+	}
+	for k := range b.Fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		va, oka := a.Fields[k]
+		vb, okb := b.Fields[k]
+		if oka != okb || !proto.Equal(va, vb) {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// InfoPart is one learner's info for one share.
+type InfoPart struct {
+	Learner string
+	Info    *structpb.Struct
+}
+
+// MergeInfo merges infos given in row order. Every part must report the
+// same keys. A key in homogeneous must have the same value in every part
+// and stays single. Any other key: lists concatenate, and any other value
+// (number, string, bool, struct, null) becomes one list element; its kind
+// must be the same in every part (a list in one and a number in another is
+// malformed). Errors wrap errs.ErrInvalid and name the learner and key.
+func MergeInfo(parts []InfoPart, homogeneous map[string]bool) (*structpb.Struct, error) {
+	if len(parts) == 0 {
+		return nil, fmt.Errorf("%w: no info to merge", errs.ErrInvalid)
+	}
+	infos := make([]*structpb.Struct, len(parts))
+	for i, p := range parts {
+		infos[i] = orEmpty(p.Info)
+	}
+	first := infos[0]
+	keys := make([]string, 0, len(first.Fields))
+	for k := range first.Fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, p := range parts {
+		info := infos[i]
+		for k, v := range info.Fields {
+			if _, ok := first.Fields[k]; !ok {
+				return nil, fmt.Errorf("%w: learner %q info has key %q that learner %q lacks", errs.ErrInvalid, p.Learner, k, parts[0].Learner)
+			}
+			if kindOf(v) == "" {
+				return nil, fmt.Errorf("%w: learner %q info key %q has no value", errs.ErrInvalid, p.Learner, k)
+			}
+		}
+		for _, k := range keys {
+			if _, ok := info.Fields[k]; !ok {
+				return nil, fmt.Errorf("%w: learner %q info lacks key %q that learner %q reports", errs.ErrInvalid, p.Learner, k, parts[0].Learner)
+			}
+		}
+	}
+	out := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(keys))}
+	for _, k := range keys {
+		v0 := first.Fields[k]
+		if homogeneous[k] {
+			for i, p := range parts {
+				if !proto.Equal(infos[i].Fields[k], v0) {
+					return nil, fmt.Errorf("%w: homogeneous info key %q is %s on learner %q but %s on learner %q",
+						errs.ErrInvalid, k, show(infos[i].Fields[k]), p.Learner, show(v0), parts[0].Learner)
+				}
+			}
+			out.Fields[k] = proto.Clone(v0).(*structpb.Value)
+			continue
+		}
+		var list []*structpb.Value
+		for i, p := range parts {
+			v := infos[i].Fields[k]
+			if kindOf(v) != kindOf(v0) {
+				return nil, fmt.Errorf("%w: info key %q is a %s on learner %q but a %s on learner %q",
+					errs.ErrInvalid, k, kindOf(v), p.Learner, kindOf(v0), parts[0].Learner)
+			}
+			if l, ok := v.Kind.(*structpb.Value_ListValue); ok {
+				for _, e := range l.ListValue.GetValues() {
+					list = append(list, proto.Clone(e).(*structpb.Value))
+				}
+			} else {
+				list = append(list, proto.Clone(v).(*structpb.Value))
+			}
+		}
+		out.Fields[k] = structpb.NewListValue(&structpb.ListValue{Values: list})
+	}
+	return out, nil
+}
+
+func kindOf(v *structpb.Value) string {
+	switch v.GetKind().(type) {
+	case *structpb.Value_NullValue:
+		return "null"
+	case *structpb.Value_NumberValue:
+		return "number"
+	case *structpb.Value_StringValue:
+		return "string"
+	case *structpb.Value_BoolValue:
+		return "bool"
+	case *structpb.Value_StructValue:
+		return "struct"
+	case *structpb.Value_ListValue:
+		return "list"
+	}
+	return ""
+}
+
+func show(v *structpb.Value) string {
+	b, err := v.MarshalJSON()
+	if err != nil || len(b) > 64 {
+		return "a " + kindOf(v)
+	}
+	return string(b)
+}

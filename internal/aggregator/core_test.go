@@ -1,0 +1,266 @@
+package aggregator
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+func sizes(sh []Share) []int64 {
+	out := make([]int64, len(sh))
+	for i, s := range sh {
+		out[i] = s.Rows
+	}
+	return out
+}
+
+func TestSplitExactAndProportional(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	for _, tc := range []struct {
+		rows    int64
+		weights []int64
+		want    []int64
+	}{
+		{48, []int64{8, 16, 24}, []int64{8, 16, 24}}, // exactly the demand
+		{10, []int64{1, 1, 1}, []int64{4, 3, 3}},     // ties go to the earlier learner
+		{96, []int64{8, 16, 24}, []int64{16, 32, 48}},
+		{7, []int64{0, 5, 0}, []int64{0, 7, 0}},
+		{2, []int64{1, 1, 1}, []int64{1, 1, 0}},
+		{0, []int64{1, 2, 3}, []int64{0, 0, 0}},
+		{5, []int64{1, 1, 3}, []int64{1, 1, 3}},
+		{6, []int64{1, 1, 3}, []int64{1, 1, 4}}, // remainders .2 .2 .6: the largest wins
+	} {
+		got, err := Split(tc.rows, ids, tc.weights)
+		if err != nil {
+			t.Fatalf("Split(%d, %v): %v", tc.rows, tc.weights, err)
+		}
+		if !slices.Equal(sizes(got), tc.want) {
+			t.Errorf("Split(%d, %v) sizes = %v, want %v", tc.rows, tc.weights, sizes(got), tc.want)
+		}
+		for i, s := range got {
+			if s.Learner != ids[i] {
+				t.Errorf("share %d is %q, want %q (recorded order)", i, s.Learner, ids[i])
+			}
+		}
+	}
+}
+
+// TestSplitTilesEveryRow checks on random inputs that shares are contiguous,
+// in order, and cover [0, rows) exactly once.
+func TestSplitTilesEveryRow(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		n := 1 + r.IntN(8)
+		ids := make([]string, n)
+		w := make([]int64, n)
+		for i := range n {
+			ids[i] = string(rune('a' + i))
+			w[i] = r.Int64N(100)
+		}
+		w[r.IntN(n)]++ // at least one positive
+		rows := r.Int64N(10000)
+		if r.IntN(10) == 0 {
+			rows = 1<<40 + r.Int64N(1000) // large values must not overflow
+		}
+		sh, err := Split(rows, ids, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pos int64
+		for i, s := range sh {
+			if s.Start != pos || s.Rows < 0 {
+				t.Fatalf("Split(%d, %v): share %d = %+v, want start %d", rows, w, i, s, pos)
+			}
+			if w[i] == 0 && s.Rows != 0 {
+				t.Fatalf("Split(%d, %v): learner with weight 0 got %d rows", rows, w, s.Rows)
+			}
+			pos += s.Rows
+		}
+		if pos != rows {
+			t.Fatalf("Split(%d, %v) covers %d rows", rows, w, pos)
+		}
+	}
+}
+
+func TestSplitErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ids     []string
+		weights []int64
+		rows    int64
+		want    error
+	}{
+		{"no learners", nil, nil, 4, errs.ErrUnavailable},
+		{"length mismatch", []string{"a"}, []int64{1, 2}, 4, errs.ErrInvalid},
+		{"negative weight", []string{"a", "b"}, []int64{1, -2}, 4, errs.ErrInvalid},
+		{"all zero", []string{"a", "b"}, []int64{0, 0}, 4, errs.ErrInvalid},
+		{"negative rows", []string{"a"}, []int64{1}, -1, errs.ErrInvalid},
+	} {
+		if _, err := Split(tc.rows, tc.ids, tc.weights); !errors.Is(err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestResplitKeepsTheFailedRange(t *testing.T) {
+	got, err := Resplit(Share{Learner: "b", Start: 8, Rows: 16}, []string{"a", "c"}, []int64{8, 24})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Share{{"a", 8, 4}, {"c", 12, 12}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Resplit = %v, want %v", got, want)
+	}
+}
+
+func testBatch(t *testing.T, rows int64) *tensor.StateDict {
+	t.Helper()
+	x := tensor.NewF32("x", rows, 3)
+	xs, _ := x.Float32s()
+	for i := range xs {
+		xs[i] = float32(i)
+	}
+	y := tensor.NewF32("y", rows)
+	ys, _ := y.Float32s()
+	for i := range ys {
+		ys[i] = float32(-i)
+	}
+	sd, err := tensor.NewStateDict(x, y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sd
+}
+
+func TestBatchRowsAndSliceRows(t *testing.T) {
+	b := testBatch(t, 5)
+	n, err := BatchRows(b)
+	if err != nil || n != 5 {
+		t.Fatalf("BatchRows = %d, %v", n, err)
+	}
+	s := SliceRows(b, 2, 2)
+	x, _ := s.Get("x").Float32s()
+	y, _ := s.Get("y").Float32s()
+	if !slices.Equal(x, []float32{6, 7, 8, 9, 10, 11}) || !slices.Equal(y, []float32{-2, -3}) {
+		t.Fatalf("slice rows [2,4): x %v y %v", x, y)
+	}
+	if s.Get("x").Shape[0] != 2 || b.Get("x").Shape[0] != 5 {
+		t.Fatal("SliceRows changed the batch's shape or made a wrong one")
+	}
+
+	bad, _ := tensor.NewStateDict(tensor.NewF32("x", 4, 2), tensor.NewF32("y", 5))
+	scalar, _ := tensor.NewStateDict(tensor.NewF32("s"))
+	for name, sd := range map[string]*tensor.StateDict{"mismatch": bad, "scalar": scalar, "empty": {}} {
+		if _, err := BatchRows(sd); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("%s: BatchRows err = %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
+func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
+	t.Helper()
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestMergeDemand(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	ds := []*rlhubv1.Demand{
+		{BatchSize: 8, Fields: mustStruct(t, map[string]any{"dim": 3, "buffer": "main"})},
+		{BatchSize: 16, Fields: mustStruct(t, map[string]any{"dim": 3, "buffer": "main"})},
+		{BatchSize: 24, Fields: mustStruct(t, map[string]any{"dim": 3, "buffer": "main"})},
+	}
+	got, err := MergeDemand(ids, ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.BatchSize != 48 || !proto.Equal(got.Fields, ds[0].Fields) {
+		t.Fatalf("merged demand = %v", got)
+	}
+	ds[2].Fields = mustStruct(t, map[string]any{"dim": 4, "buffer": "main"})
+	_, err = MergeDemand(ids, ds)
+	if !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), `learner "c"`) || !strings.Contains(err.Error(), `"dim"`) {
+		t.Fatalf("disagreeing demand: err = %v, want ErrInvalid naming learner c and dim", err)
+	}
+	ds[2].Fields = mustStruct(t, map[string]any{"dim": 3})
+	if _, err := MergeDemand(ids, ds); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), `"buffer"`) {
+		t.Fatalf("missing field: err = %v", err)
+	}
+	if _, err := MergeDemand(ids[:1], []*rlhubv1.Demand{{BatchSize: -1}}); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("negative batch size: err = %v", err)
+	}
+}
+
+var homog = map[string]bool{"learner_step": true, "task_id": true, "buffer_id": true}
+
+func TestMergeInfo(t *testing.T) {
+	parts := []InfoPart{
+		{"a", mustStruct(t, map[string]any{"loss": 1.5, "prio": []any{0.1, 0.2}, "learner_step": 7, "task_id": "t1", "ok": true, "sub": map[string]any{"k": 1}})},
+		{"b", mustStruct(t, map[string]any{"loss": 2.5, "prio": []any{0.3}, "learner_step": 7, "task_id": "t1", "ok": false, "sub": map[string]any{"k": 2}})},
+		{"c", mustStruct(t, map[string]any{"loss": 3.5, "prio": []any{}, "learner_step": 7, "task_id": "t1", "ok": true, "sub": map[string]any{"k": 3}})},
+	}
+	got, err := MergeInfo(parts, homog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mustStruct(t, map[string]any{
+		"loss": []any{1.5, 2.5, 3.5}, "prio": []any{0.1, 0.2, 0.3}, "learner_step": 7, "task_id": "t1",
+		"ok": []any{true, false, true}, "sub": []any{map[string]any{"k": 1}, map[string]any{"k": 2}, map[string]any{"k": 3}},
+	})
+	if !proto.Equal(got, want) {
+		t.Fatalf("merged info =\n%v\nwant\n%v", got.AsMap(), want.AsMap())
+	}
+	// One learner: scalars still become lists, so the shape does not depend
+	// on how many learners there were.
+	one, err := MergeInfo(parts[:1], homog)
+	if err != nil || len(one.Fields["loss"].GetListValue().GetValues()) != 1 {
+		t.Fatalf("one learner: %v, %v", one, err)
+	}
+}
+
+func TestMergeInfoMalformed(t *testing.T) {
+	base := func() map[string]any { return map[string]any{"loss": 1.0, "learner_step": 7, "task_id": "t1"} }
+	for _, tc := range []struct {
+		name   string
+		edit   func(m map[string]any)
+		wants  []string
+		direct *structpb.Struct
+	}{
+		{"homogeneous differs", func(m map[string]any) { m["learner_step"] = 8 }, []string{`"learner_step"`, `learner "b"`, "8"}, nil},
+		{"kind differs", func(m map[string]any) { m["loss"] = "oops" }, []string{`"loss"`, `learner "b"`, "string"}, nil},
+		{"list vs scalar", func(m map[string]any) { m["loss"] = []any{1.0} }, []string{`"loss"`, "list"}, nil},
+		{"missing key", func(m map[string]any) { delete(m, "loss") }, []string{`lacks key "loss"`, `learner "b"`}, nil},
+		{"extra key", func(m map[string]any) { m["extra"] = 1 }, []string{`key "extra"`, `learner "b"`}, nil},
+		{"value without kind", nil, []string{`"loss"`, "no value"},
+			&structpb.Struct{Fields: map[string]*structpb.Value{"loss": {}, "learner_step": structpb.NewNumberValue(7), "task_id": structpb.NewStringValue("t1")}}},
+	} {
+		b := tc.direct
+		if b == nil {
+			m := base()
+			tc.edit(m)
+			b = mustStruct(t, m)
+		}
+		_, err := MergeInfo([]InfoPart{{"a", mustStruct(t, base())}, {"b", b}}, homog)
+		if !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", tc.name, err)
+			continue
+		}
+		for _, w := range tc.wants {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: err %q does not mention %s", tc.name, err, w)
+			}
+		}
+	}
+}

@@ -1,0 +1,939 @@
+package aggregator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+	"unicode"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// FailurePolicy says what a task does when a learner fails during it.
+type FailurePolicy int
+
+const (
+	// PolicyResplit (the zero value) gives the failed learner's rows to the
+	// remaining learners of the task, in order, by their demand. The task
+	// fails only when no learner is left.
+	PolicyResplit FailurePolicy = iota
+	// PolicyFail fails the task with an error naming the learner.
+	PolicyFail
+)
+
+// ParseFailurePolicy parses "resplit" or "fail".
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	switch s {
+	case "resplit":
+		return PolicyResplit, nil
+	case "fail":
+		return PolicyFail, nil
+	}
+	return 0, fmt.Errorf("%w: failure policy %q: want resplit or fail", errs.ErrInvalid, s)
+}
+
+func (p FailurePolicy) String() string {
+	if p == PolicyFail {
+		return "fail"
+	}
+	return "resplit"
+}
+
+// Config configures a Service.
+type Config struct {
+	// Lease is how long a learner stays attached without sending anything
+	// (learners heartbeat at a third of it); 0 means 10s.
+	Lease time.Duration
+	// TaskTimeout bounds every wait for one learner's reply (start, demand,
+	// one share of a learn); the caller's deadline bounds it too. 0 means
+	// 60s.
+	TaskTimeout time.Duration
+	// OnFailure is the failure policy; the zero value is PolicyResplit.
+	OnFailure FailurePolicy
+	// HomogeneousKeys are the info keys every learner reports identically;
+	// nil means DefaultHomogeneousKeys, an empty non-nil slice means none.
+	HomogeneousKeys []string
+	// ChunkBytes is the largest chunk sent to a learner; 0 means
+	// wire.DefaultChunkBytes.
+	ChunkBytes int
+	// MaxBatchBytes bounds a Learn batch; 0 means 2 GiB.
+	MaxBatchBytes int64
+	// Now is the clock for leases; nil means time.Now.
+	Now func() time.Time
+	// Logger receives membership and task events; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Lease == 0 {
+		c.Lease = 10 * time.Second
+	}
+	if c.Lease < 10*time.Millisecond {
+		return fmt.Errorf("aggregator: Lease %v is below 10ms", c.Lease)
+	}
+	if c.TaskTimeout == 0 {
+		c.TaskTimeout = 60 * time.Second
+	}
+	if c.TaskTimeout < 0 {
+		return fmt.Errorf("aggregator: negative TaskTimeout %v", c.TaskTimeout)
+	}
+	if c.OnFailure != PolicyResplit && c.OnFailure != PolicyFail {
+		return fmt.Errorf("aggregator: unknown failure policy %d", c.OnFailure)
+	}
+	if c.HomogeneousKeys == nil {
+		c.HomogeneousKeys = DefaultHomogeneousKeys
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = wire.DefaultChunkBytes
+	}
+	if c.ChunkBytes < 1024 || c.ChunkBytes > 3<<20 {
+		return fmt.Errorf("aggregator: ChunkBytes %d outside [1 KiB, 3 MiB]", c.ChunkBytes)
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = 2 << 30
+	}
+	if c.MaxBatchBytes < 0 {
+		return fmt.Errorf("aggregator: negative MaxBatchBytes %d", c.MaxBatchBytes)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Service is the aggregator's gRPC service. Create it with New, register it
+// on a gRPC server, and Close it after the server has stopped.
+type Service struct {
+	rlhubv1.UnimplementedLearnerAggregatorServer
+
+	cfg   Config
+	homog map[string]bool
+	ops   chan struct{} // one coordinator operation at a time (semaphore)
+	done  chan struct{} // closed by Close
+	wg    sync.WaitGroup
+	// ctx is canceled by Close; background calls (catch-up starts) use it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex // guards the fields below and learnerConn's guarded fields
+	conns    map[*learnerConn]struct{}
+	learners map[string]*learnerConn // attached (said Hello), by id
+	seq      uint64                  // attach order
+	nextReq  uint64
+	task     *taskState // nil before the first Start
+	taskSeq  uint64
+	stats    stats
+	closed   bool
+}
+
+type stats struct {
+	attached, removed, learnOK, learnFailed, resplits uint64
+}
+
+// taskState is the current task, replaced by each successful Start.
+type taskState struct {
+	id   string
+	info *structpb.Struct
+	// order and sizes are recorded by GetDataDemand; nil before it.
+	order []string
+	sizes []int64
+}
+
+// learnerConn is one Attach stream.
+type learnerConn struct {
+	stream grpc.BidiStreamingServer[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]
+	sendMu sync.Mutex // serializes Send; held across a LearnTask and its chunks
+	gone   chan struct{}
+
+	// guarded by Service.mu
+	id         string // "" until Hello
+	seq        uint64
+	resources  map[string]string
+	leaseUntil time.Time
+	started    string // task id this learner accepted
+	pending    map[uint64]chan *rlhubv1.LearnerReply
+	goneErr    error
+	isGone     bool
+	done       uint64
+	failed     uint64
+}
+
+// New builds a Service and starts its lease reaper.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Service{
+		cfg:      cfg,
+		homog:    make(map[string]bool),
+		ops:      make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		conns:    make(map[*learnerConn]struct{}),
+		learners: make(map[string]*learnerConn),
+	}
+	for _, k := range cfg.HomogeneousKeys {
+		s.homog[k] = true
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.reap() }()
+	return s, nil
+}
+
+// Register attaches the service to a gRPC server.
+func (s *Service) Register(g *grpc.Server) { rlhubv1.RegisterLearnerAggregatorServer(g, s) }
+
+// Close stops the reaper, detaches every learner and waits for everything
+// the service started. Safe to call more than once.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+		s.cancel()
+	}
+	conns := make([]*learnerConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		s.remove(c, fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable))
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// reap removes learners whose lease expired. It runs until Close.
+func (s *Service) reap() {
+	t := time.NewTicker(max(s.cfg.Lease/4, 5*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		now := s.cfg.Now()
+		var expired []*learnerConn
+		s.mu.Lock()
+		for c := range s.conns {
+			if now.After(c.leaseUntil) {
+				expired = append(expired, c)
+			}
+		}
+		s.mu.Unlock()
+		for _, c := range expired {
+			s.remove(c, fmt.Errorf("%w: learner %q lease of %v expired", errs.ErrUnavailable, c.name(s), s.cfg.Lease))
+		}
+	}
+}
+
+func (c *learnerConn) name(s *Service) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.id == "" {
+		return "(before hello)"
+	}
+	return c.id
+}
+
+// remove detaches c (idempotent): its Attach handler returns, its pending
+// calls fail with err.
+func (s *Service) remove(c *learnerConn, err error) {
+	s.mu.Lock()
+	if c.isGone {
+		s.mu.Unlock()
+		return
+	}
+	c.isGone = true
+	c.goneErr = err
+	delete(s.conns, c)
+	id := c.id
+	if id != "" && s.learners[id] == c {
+		delete(s.learners, id)
+		s.stats.removed++
+	}
+	close(c.gone)
+	s.mu.Unlock()
+	if id != "" {
+		s.cfg.Logger.Warn("aggregator: learner removed", "learner", id, "reason", err)
+	}
+}
+
+// Attach serves one learner stream until it breaks, its lease expires, the
+// learner is removed or the service closes.
+func (s *Service) Attach(stream grpc.BidiStreamingServer[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]) error {
+	c := &learnerConn{
+		stream:  stream,
+		gone:    make(chan struct{}),
+		pending: make(map[uint64]chan *rlhubv1.LearnerReply),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errs.ToStatus(fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable))
+	}
+	c.leaseUntil = s.cfg.Now().Add(s.cfg.Lease) // the Hello must come within a lease
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	// The receive loop ends when the handler returns (gRPC then cancels the
+	// stream), so it is tracked by the service, not waited for here.
+	go func() { defer s.wg.Done(); s.recvLoop(c) }()
+	select {
+	case <-c.gone:
+	case <-stream.Context().Done():
+		s.remove(c, fmt.Errorf("%w: learner stream ended: %v", errs.ErrUnavailable, context.Cause(stream.Context())))
+	}
+	s.mu.Lock()
+	err := c.goneErr
+	s.mu.Unlock()
+	return errs.ToStatus(err)
+}
+
+func (s *Service) recvLoop(c *learnerConn) {
+	for {
+		m, err := c.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = errors.New("learner closed the stream")
+			}
+			s.remove(c, fmt.Errorf("%w: learner %q: %v", errs.ErrUnavailable, c.name(s), err))
+			return
+		}
+		s.mu.Lock()
+		c.leaseUntil = s.cfg.Now().Add(s.cfg.Lease)
+		hello := c.id != ""
+		s.mu.Unlock()
+		switch b := m.Body.(type) {
+		case *rlhubv1.LearnerMessage_Hello:
+			if hello {
+				s.remove(c, fmt.Errorf("%w: learner %q sent a second Hello", errs.ErrInvalid, c.name(s)))
+				return
+			}
+			if err := s.register(c, b.Hello); err != nil {
+				s.remove(c, err)
+				return
+			}
+		case *rlhubv1.LearnerMessage_Heartbeat:
+			if !hello {
+				s.remove(c, fmt.Errorf("%w: learner sent a heartbeat before Hello", errs.ErrInvalid))
+				return
+			}
+		case *rlhubv1.LearnerMessage_Reply:
+			if !hello {
+				s.remove(c, fmt.Errorf("%w: learner sent a reply before Hello", errs.ErrInvalid))
+				return
+			}
+			s.mu.Lock()
+			ch := c.pending[b.Reply.RequestId]
+			delete(c.pending, b.Reply.RequestId)
+			s.mu.Unlock()
+			if ch != nil {
+				ch <- b.Reply // buffered, one reply per request
+			}
+			// else: a late reply to a call that gave up; dropped.
+		default:
+			s.remove(c, fmt.Errorf("%w: learner %q sent an empty message", errs.ErrInvalid, c.name(s)))
+			return
+		}
+	}
+}
+
+func validID(id string) error {
+	if id == "" || len(id) > 128 {
+		return fmt.Errorf("%w: learner id %q must be 1..128 characters", errs.ErrInvalid, id)
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return fmt.Errorf("%w: learner id %q has a space or unprintable character", errs.ErrInvalid, id)
+		}
+	}
+	return nil
+}
+
+// register records a Hello, replaces an older stream with the same id,
+// sends Welcome, and starts the current task on the newcomer.
+func (s *Service) register(c *learnerConn, h *rlhubv1.Hello) error {
+	if err := validID(h.LearnerId); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	old := s.learners[h.LearnerId]
+	s.mu.Unlock()
+	if old != nil {
+		s.remove(old, fmt.Errorf("%w: learner %q re-attached on a new stream", errs.ErrUnavailable, h.LearnerId))
+	}
+	s.mu.Lock()
+	if c.isGone || s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable)
+	}
+	c.id = h.LearnerId
+	s.seq++
+	c.seq = s.seq
+	c.resources = h.Resources
+	s.learners[c.id] = c
+	s.stats.attached++
+	task := s.task
+	s.mu.Unlock()
+	s.cfg.Logger.Info("aggregator: learner attached", "learner", c.id, "resources", h.Resources)
+
+	c.sendMu.Lock()
+	err := c.stream.Send(&rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Welcome{Welcome: &rlhubv1.Welcome{LeaseMs: uint64(s.cfg.Lease.Milliseconds())}}})
+	c.sendMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: learner %q: send welcome: %v", errs.ErrUnavailable, c.id, err)
+	}
+	if task != nil {
+		// Catch up on the current task without blocking the receive loop
+		// (the reply arrives through it).
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.startOne(s.ctx, c, task); err != nil {
+				s.cfg.Logger.Warn("aggregator: late learner did not start the current task", "learner", c.id, "task", task.id, "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// call sends a task to c and waits for its reply, bounded by TaskTimeout
+// and ctx. send writes the task with the given request id while holding
+// c.sendMu. A send interrupted by the deadline, or a reply that does not
+// come within TaskTimeout, detaches c: its stream is no longer usable.
+func (s *Service) call(ctx context.Context, c *learnerConn, send func(reqID uint64) error) (*rlhubv1.LearnerReply, error) {
+	ch := make(chan *rlhubv1.LearnerReply, 1)
+	s.mu.Lock()
+	if c.isGone {
+		err := c.goneErr
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.nextReq++
+	reqID := s.nextReq
+	c.pending[reqID] = ch
+	id := c.id
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(c.pending, reqID)
+		s.mu.Unlock()
+	}()
+
+	tctx, cancel := context.WithTimeoutCause(ctx, s.cfg.TaskTimeout,
+		fmt.Errorf("%w: learner %q did not answer within the task timeout %v", errs.ErrUnavailable, id, s.cfg.TaskTimeout))
+	defer cancel()
+	stop := context.AfterFunc(tctx, func() {
+		s.remove(c, fmt.Errorf("%w: learner %q: sending its task was interrupted: %v", errs.ErrUnavailable, id, context.Cause(tctx)))
+	})
+	c.sendMu.Lock()
+	err := send(reqID)
+	c.sendMu.Unlock()
+	if !stop() {
+		return nil, s.goneErr(c)
+	}
+	if err != nil {
+		s.remove(c, fmt.Errorf("%w: learner %q: send: %v", errs.ErrUnavailable, id, err))
+		return nil, s.goneErr(c)
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-c.gone:
+		return nil, s.goneErr(c)
+	case <-tctx.Done():
+		if ctx.Err() == nil { // our TaskTimeout, not the caller's deadline
+			s.remove(c, context.Cause(tctx))
+			return nil, s.goneErr(c)
+		}
+		return nil, fmt.Errorf("learner %q: %w", id, context.Cause(ctx))
+	}
+}
+
+func (s *Service) goneErr(c *learnerConn) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.goneErr
+}
+
+func (s *Service) send(c *learnerConn, m *rlhubv1.AggregatorMessage) error { return c.stream.Send(m) }
+
+// acquire takes the coordinator-operation semaphore, bounded by ctx.
+func (s *Service) acquire(ctx context.Context) (func(), error) {
+	select {
+	case s.ops <- struct{}{}:
+		return func() { <-s.ops }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for another coordinator operation: %w", context.Cause(ctx))
+	case <-s.done:
+		return nil, fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable)
+	}
+}
+
+// attached returns the attached learners in attach order; with taskID set,
+// only those started with it.
+func (s *Service) attached(taskID string) []*learnerConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*learnerConn, 0, len(s.learners))
+	for _, c := range s.learners {
+		if taskID == "" || c.started == taskID {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(a, b *learnerConn) int { return cmp.Compare(a.seq, b.seq) })
+	return out
+}
+
+func (s *Service) startOne(ctx context.Context, c *learnerConn, t *taskState) error {
+	r, err := s.call(ctx, c, func(reqID uint64) error {
+		return s.send(c, &rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Start{Start: &rlhubv1.StartTask{RequestId: reqID, TaskId: t.id, TaskInfo: t.info}}})
+	})
+	if err != nil {
+		return err
+	}
+	if r.Error != "" {
+		return fmt.Errorf("%w: learner %q refused task %q: %s", errs.ErrAborted, c.id, t.id, r.Error)
+	}
+	s.mu.Lock()
+	c.started = t.id
+	s.mu.Unlock()
+	return nil
+}
+
+// fanOut runs f for every learner concurrently and returns the errors by
+// index. Every f is bounded by call's deadlines, so fanOut is too.
+func fanOut[T any](items []T, f func(int, T) error) []error {
+	out := make([]error, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		wg.Add(1)
+		go func() { defer wg.Done(); out[i] = f(i, it) }()
+	}
+	wg.Wait()
+	return out
+}
+
+// Start starts a task on every attached learner.
+func (s *Service) Start(ctx context.Context, req *rlhubv1.StartRequest) (*rlhubv1.StartResponse, error) {
+	resp, err := s.start(ctx, req.TaskId, req.TaskInfo)
+	return resp, errs.ToStatus(err)
+}
+
+func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struct) (*rlhubv1.StartResponse, error) {
+	release, err := s.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	s.mu.Lock()
+	s.taskSeq++
+	if taskID == "" {
+		taskID = "task-" + strconv.FormatUint(s.taskSeq, 10)
+	}
+	s.mu.Unlock()
+	t := &taskState{id: taskID, info: orEmpty(info)}
+	conns := s.attached("")
+	if len(conns) == 0 {
+		return nil, fmt.Errorf("%w: no learners attached to start task %q", errs.ErrUnavailable, taskID)
+	}
+	errsOut := fanOut(conns, func(_ int, c *learnerConn) error { return s.startOne(ctx, c, t) })
+	if err := errors.Join(errsOut...); err != nil {
+		return nil, fmt.Errorf("start task %q: %w", taskID, err)
+	}
+	s.mu.Lock()
+	s.task = t
+	s.mu.Unlock()
+	resp := &rlhubv1.StartResponse{TaskId: taskID}
+	for _, c := range conns {
+		resp.Learners = append(resp.Learners, c.id)
+	}
+	s.cfg.Logger.Info("aggregator: task started", "task", taskID, "learners", resp.Learners)
+	return resp, nil
+}
+
+func (s *Service) currentTask(taskID string) (*taskState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.task == nil {
+		return nil, fmt.Errorf("%w: no task started (call Start first)", errs.ErrStale)
+	}
+	if taskID != "" && taskID != s.task.id {
+		return nil, fmt.Errorf("%w: task %q is not the current task %q", errs.ErrStale, taskID, s.task.id)
+	}
+	return s.task, nil
+}
+
+// GetDataDemand asks every started learner for its demand.
+func (s *Service) GetDataDemand(ctx context.Context, req *rlhubv1.DemandRequest) (*rlhubv1.DemandResponse, error) {
+	resp, err := s.demand(ctx, req.TaskId)
+	return resp, errs.ToStatus(err)
+}
+
+func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandResponse, error) {
+	release, err := s.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	t, err := s.currentTask(taskID)
+	if err != nil {
+		return nil, err
+	}
+	conns := s.attached(t.id)
+	if len(conns) == 0 {
+		return nil, fmt.Errorf("%w: no learners attached and started for task %q", errs.ErrUnavailable, t.id)
+	}
+	demands := make([]*rlhubv1.Demand, len(conns))
+	errsOut := fanOut(conns, func(i int, c *learnerConn) error {
+		r, err := s.call(ctx, c, func(reqID uint64) error {
+			return s.send(c, &rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Demand{Demand: &rlhubv1.DemandTask{RequestId: reqID, TaskId: t.id}}})
+		})
+		if err != nil {
+			return err
+		}
+		if r.Error != "" {
+			return fmt.Errorf("%w: learner %q failed its demand: %s", errs.ErrAborted, c.id, r.Error)
+		}
+		if r.Demand == nil {
+			return fmt.Errorf("%w: learner %q replied without a demand", errs.ErrInvalid, c.id)
+		}
+		demands[i] = r.Demand
+		return nil
+	})
+	var ids []string
+	var ds []*rlhubv1.Demand
+	var failed []error
+	for i, c := range conns {
+		if errsOut[i] != nil {
+			failed = append(failed, errsOut[i])
+			continue
+		}
+		ids = append(ids, c.id)
+		ds = append(ds, demands[i])
+	}
+	if len(failed) > 0 && (s.cfg.OnFailure == PolicyFail || len(ids) == 0) {
+		return nil, fmt.Errorf("demand for task %q: %w", t.id, errors.Join(failed...))
+	}
+	for _, e := range failed {
+		s.cfg.Logger.Warn("aggregator: learner excluded from demand", "task", t.id, "err", e)
+	}
+	merged, err := MergeDemand(ids, ds)
+	if err != nil {
+		return nil, err
+	}
+	resp := &rlhubv1.DemandResponse{Demand: merged, Learners: ids}
+	for _, d := range ds {
+		resp.BatchSizes = append(resp.BatchSizes, d.BatchSize)
+	}
+	s.mu.Lock()
+	if s.task == t {
+		t.order, t.sizes = ids, resp.BatchSizes
+	}
+	s.mu.Unlock()
+	return resp, nil
+}
+
+// Resources lists the attached learners.
+func (s *Service) Resources(ctx context.Context, _ *rlhubv1.ResourcesRequest) (*rlhubv1.ResourcesResponse, error) {
+	return &rlhubv1.ResourcesResponse{Learners: s.learnerInfos()}, nil
+}
+
+// Status reports learners, leases and counters.
+func (s *Service) Status(ctx context.Context, _ *rlhubv1.StatusRequest) (*rlhubv1.StatusResponse, error) {
+	infos := s.learnerInfos()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &rlhubv1.StatusResponse{
+		Learners:      infos,
+		AttachedTotal: s.stats.attached,
+		RemovedTotal:  s.stats.removed,
+		LearnOk:       s.stats.learnOK,
+		LearnFailed:   s.stats.learnFailed,
+		Resplits:      s.stats.resplits,
+	}
+	if s.task != nil {
+		resp.TaskId = s.task.id
+	}
+	return resp, nil
+}
+
+func (s *Service) learnerInfos() []*rlhubv1.LearnerInfo {
+	conns := s.attached("")
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*rlhubv1.LearnerInfo, 0, len(conns))
+	for _, c := range conns {
+		out = append(out, &rlhubv1.LearnerInfo{
+			LearnerId:        c.id,
+			Resources:        c.resources,
+			LeaseRemainingMs: c.leaseUntil.Sub(now).Milliseconds(),
+			StartedTask:      c.started,
+			TasksDone:        c.done,
+			TasksFailed:      c.failed,
+		})
+	}
+	return out
+}
+
+// ---- Learn ----
+
+// Learn receives a batch, splits it, fans it out and merges the infos.
+func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, rlhubv1.LearnResponse]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return errs.ToStatus(fmt.Errorf("%w: learn: no header: %v", errs.ErrInvalid, err))
+	}
+	h := first.GetHeader()
+	if h == nil || h.Blob == nil {
+		return errs.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
+	}
+	asm, err := wire.NewAssembler(h.Blob.TotalBytes, wire.Limits{MaxBytes: s.cfg.MaxBatchBytes})
+	if err != nil {
+		return errs.ToStatus(fmt.Errorf("learn: %w", err))
+	}
+	for asm.Received() < int(h.Blob.TotalBytes) {
+		m, err := stream.Recv()
+		if err != nil {
+			return errs.ToStatus(fmt.Errorf("%w: learn: batch stream ended after %d of %d bytes: %v", errs.ErrInvalid, asm.Received(), h.Blob.TotalBytes, err))
+		}
+		ch := m.GetChunk()
+		if ch == nil {
+			return errs.ToStatus(fmt.Errorf("%w: learn: expected a chunk after the header", errs.ErrInvalid))
+		}
+		if err := asm.Write(ch.Data); err != nil {
+			return errs.ToStatus(fmt.Errorf("learn: %w", err))
+		}
+	}
+	f, _, err := asm.Finish()
+	if err != nil {
+		return errs.ToStatus(fmt.Errorf("learn: %w", err))
+	}
+	resp, err := s.LearnBatch(stream.Context(), h.TaskId, f.Tensors, f.Metadata)
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	return stream.SendAndClose(resp)
+}
+
+type shareResult struct {
+	share Share
+	info  *structpb.Struct
+}
+
+// LearnBatch is Learn for an in-process batch: it splits batch among the
+// task's learners, fans the shares out, applies the failure policy and
+// merges the infos in row order. metadata is passed to every share.
+func (s *Service) LearnBatch(ctx context.Context, taskID string, batch *tensor.StateDict, metadata map[string]string) (*rlhubv1.LearnResponse, error) {
+	resp, err := s.learnBatch(ctx, taskID, batch, metadata)
+	s.mu.Lock()
+	if err != nil {
+		s.stats.learnFailed++
+	} else {
+		s.stats.learnOK++
+	}
+	s.mu.Unlock()
+	return resp, err
+}
+
+func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.StateDict, metadata map[string]string) (*rlhubv1.LearnResponse, error) {
+	rows, err := BatchRows(batch)
+	if err != nil {
+		return nil, err
+	}
+	release, err := s.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	t, err := s.currentTask(taskID)
+	if err != nil {
+		return nil, err
+	}
+	// Membership: the recorded learners still attached and started, with
+	// their recorded sizes; without a recorded demand (or when none of
+	// them is left), every started learner with equal weight.
+	byID := make(map[string]*learnerConn)
+	for _, c := range s.attached(t.id) {
+		byID[c.id] = c
+	}
+	var order []string
+	var weights []int64
+	s.mu.Lock()
+	for i, id := range t.order {
+		if byID[id] != nil {
+			order = append(order, id)
+			weights = append(weights, t.sizes[i])
+		}
+	}
+	recorded := len(t.order)
+	s.mu.Unlock()
+	if len(order) == 0 || sum(weights) == 0 {
+		order, weights = nil, nil
+		for _, c := range s.attached(t.id) {
+			order = append(order, c.id)
+			weights = append(weights, 1)
+		}
+	}
+	if len(order) == 0 {
+		return nil, fmt.Errorf("%w: no learners attached and started for task %q", errs.ErrUnavailable, t.id)
+	}
+	if len(order) != recorded {
+		s.cfg.Logger.Info("aggregator: membership changed since demand; split recomputed", "task", t.id, "recorded", recorded, "now", order)
+	}
+	shares, err := Split(rows, order, weights)
+	if err != nil {
+		return nil, err
+	}
+	weightOf := make(map[string]int64, len(order))
+	for i, id := range order {
+		weightOf[id] = weights[i]
+	}
+
+	var done []shareResult
+	var failedIDs []string
+	excluded := make(map[string]bool)
+	for len(shares) > 0 {
+		shares = slices.DeleteFunc(shares, func(sh Share) bool { return sh.Rows == 0 })
+		infos := make([]*structpb.Struct, len(shares))
+		errsOut := fanOut(shares, func(i int, sh Share) error {
+			info, err := s.learnShare(ctx, byID[sh.Learner], t.id, batch, metadata, sh)
+			infos[i] = info
+			return err
+		})
+		var retry []Share
+		var failures []error
+		for i, sh := range shares {
+			if errsOut[i] == nil {
+				done = append(done, shareResult{share: sh, info: infos[i]})
+				continue
+			}
+			failures = append(failures, errsOut[i])
+			if !excluded[sh.Learner] {
+				excluded[sh.Learner] = true
+				failedIDs = append(failedIDs, sh.Learner)
+			}
+			retry = append(retry, sh)
+		}
+		if len(failures) == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("learn task %q: %w (learner failures: %w)", t.id, context.Cause(ctx), errors.Join(failures...))
+		}
+		if s.cfg.OnFailure == PolicyFail {
+			return nil, fmt.Errorf("learn task %q failed: %w", t.id, errors.Join(failures...))
+		}
+		var survivors []string
+		var sw []int64
+		for _, id := range order {
+			if !excluded[id] {
+				survivors = append(survivors, id)
+				sw = append(sw, weightOf[id])
+			}
+		}
+		if len(survivors) == 0 || sum(sw) == 0 {
+			return nil, fmt.Errorf("%w: learn task %q: no learner left to re-split onto: %w", errs.ErrUnavailable, t.id, errors.Join(failures...))
+		}
+		shares = nil
+		for _, sh := range retry {
+			more, err := Resplit(sh, survivors, sw)
+			if err != nil {
+				return nil, err
+			}
+			shares = append(shares, more...)
+		}
+		s.mu.Lock()
+		s.stats.resplits += uint64(len(retry))
+		s.mu.Unlock()
+		s.cfg.Logger.Warn("aggregator: re-splitting failed shares", "task", t.id, "failed", failedIDs, "onto", survivors, "err", errors.Join(failures...))
+	}
+	slices.SortFunc(done, func(a, b shareResult) int { return cmp.Compare(a.share.Start, b.share.Start) })
+	resp := &rlhubv1.LearnResponse{Failed: failedIDs}
+	parts := make([]InfoPart, len(done))
+	var covered int64
+	for i, d := range done {
+		if d.share.Start != covered {
+			// Split and Resplit tile the rows; this would be our bug.
+			return nil, fmt.Errorf("aggregator: internal error: rows [%d,%d) not covered", covered, d.share.Start)
+		}
+		covered += d.share.Rows
+		parts[i] = InfoPart{Learner: d.share.Learner, Info: d.info}
+		resp.Shares = append(resp.Shares, &rlhubv1.Share{LearnerId: d.share.Learner, RowStart: d.share.Start, Rows: d.share.Rows})
+	}
+	if covered != rows {
+		return nil, fmt.Errorf("aggregator: internal error: %d of %d rows covered", covered, rows)
+	}
+	info, err := MergeInfo(parts, s.homog)
+	if err != nil {
+		return nil, fmt.Errorf("learn task %q: %w", t.id, err)
+	}
+	resp.Info = info
+	return resp, nil
+}
+
+func sum(w []int64) int64 {
+	var n int64
+	for _, x := range w {
+		n += x
+	}
+	return n
+}
+
+// learnShare sends one share to its learner and waits for the info.
+func (s *Service) learnShare(ctx context.Context, c *learnerConn, taskID string, batch *tensor.StateDict, metadata map[string]string, sh Share) (*structpb.Struct, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: learner %q is gone", errs.ErrUnavailable, sh.Learner)
+	}
+	layout, err := safetensors.Plan(SliceRows(batch, sh.Start, sh.Rows), metadata)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.call(ctx, c, func(reqID uint64) error {
+		err := s.send(c, &rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Learn{Learn: &rlhubv1.LearnTask{
+			RequestId: reqID, TaskId: taskID, RowStart: sh.Start, Rows: sh.Rows,
+			Blob: &rlhubv1.BlobInfo{TotalBytes: uint64(layout.Size), ChunkBytes: uint32(s.cfg.ChunkBytes)},
+		}}})
+		if err != nil {
+			return err
+		}
+		return wire.Chunks(layout, s.cfg.ChunkBytes, func(b []byte) error {
+			return s.send(c, &rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}})
+		})
+	})
+	s.mu.Lock()
+	if err != nil || r.Error != "" {
+		c.failed++
+	} else {
+		c.done++
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if r.Error != "" {
+		return nil, fmt.Errorf("%w: learner %q failed rows [%d,%d): %s", errs.ErrAborted, sh.Learner, sh.Start, sh.Start+sh.Rows, r.Error)
+	}
+	return r.Info, nil
+}

@@ -1,0 +1,272 @@
+// Package learner is the Go API for writing an rlhub learner: a process
+// that attaches to the hub's aggregator, holds its lease with heartbeats and
+// answers the tasks the coordinator sends through it.
+//
+// To write one:
+//  1. Fill a Config: the hub address (or a connection), a unique learner id,
+//     declared resources, and the OnStart, OnDemand and OnLearn callbacks.
+//  2. Call Run(ctx). It attaches, serves tasks one at a time, and
+//     re-attaches after any break (with backoff) until ctx is done.
+//
+// Callbacks run on Run's goroutine, one at a time; their ctx is canceled
+// when the stream breaks. Example (example.go) is a complete learner.
+package learner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Demand is what a learner wants per Learn.
+type Demand struct {
+	// BatchSize is the number of rows wanted.
+	BatchSize int64
+	// Fields are any other demand fields; every learner of a task must
+	// report the same ones (structpb-convertible values).
+	Fields map[string]any
+}
+
+// LearnTask is one share of a batch.
+type LearnTask struct {
+	TaskID string
+	// RowStart and Rows place the share in the coordinator's batch.
+	RowStart, Rows int64
+	// Batch holds the share's rows of every batch tensor. It aliases a
+	// buffer the callback owns until it returns (clone to keep it).
+	Batch *tensor.StateDict
+	// Metadata is the batch's safetensors metadata.
+	Metadata map[string]string
+}
+
+// Config configures a learner.
+type Config struct {
+	// Hub is the hub address; ignored when Conn is set.
+	Hub string
+	// Conn is an existing connection to the hub; nil means dial Hub.
+	Conn grpc.ClientConnInterface
+	// ID is the learner's unique id (required).
+	ID string
+	// Resources are declared to the aggregator as is.
+	Resources map[string]string
+	// OnStart prepares for a task; an error refuses it. nil accepts.
+	OnStart func(ctx context.Context, taskID string, info map[string]any) error
+	// OnDemand reports the learner's demand (required).
+	OnDemand func(ctx context.Context, taskID string) (Demand, error)
+	// OnLearn learns on one share and returns its info, which must be
+	// structpb-convertible (required).
+	OnLearn func(ctx context.Context, t *LearnTask) (map[string]any, error)
+	// OnAttach, when set, is called after each successful attach.
+	OnAttach func()
+	// Backoff is the pause before re-attaching; 0 means 200ms.
+	Backoff time.Duration
+	// MaxShareBytes bounds one received share; 0 means 2 GiB.
+	MaxShareBytes int64
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.ID == "" {
+		return errors.New("learner: ID is required")
+	}
+	if c.Conn == nil && c.Hub == "" {
+		return errors.New("learner: Hub or Conn is required")
+	}
+	if c.OnDemand == nil || c.OnLearn == nil {
+		return errors.New("learner: OnDemand and OnLearn are required")
+	}
+	if c.Backoff == 0 {
+		c.Backoff = 200 * time.Millisecond
+	}
+	if c.Backoff < 0 {
+		return fmt.Errorf("learner: negative Backoff %v", c.Backoff)
+	}
+	if c.MaxShareBytes == 0 {
+		c.MaxShareBytes = 2 << 30
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Run attaches and serves until ctx is done, re-attaching after every
+// break. It returns ctx's cause, or a configuration error at once.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	conn := cfg.Conn
+	if conn == nil {
+		cc, err := grpc.NewClient(cfg.Hub, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+		if err != nil {
+			return fmt.Errorf("learner: dial %s: %w", cfg.Hub, err)
+		}
+		defer cc.Close()
+		conn = cc
+	}
+	rpc := rlhubv1.NewLearnerAggregatorClient(conn)
+	for {
+		err := session(ctx, rpc, &cfg)
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		cfg.Logger.Warn("learner: detached; re-attaching", "learner", cfg.ID, "err", err, "after", cfg.Backoff)
+		t := time.NewTimer(cfg.Backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+}
+
+type attachStream = grpc.BidiStreamingClient[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]
+
+// session is one Attach stream: hello, welcome, then tasks until it breaks.
+func session(ctx context.Context, rpc rlhubv1.LearnerAggregatorClient, cfg *Config) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stream, err := rpc.Attach(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return err
+	}
+	var sendMu sync.Mutex
+	send := func(m *rlhubv1.LearnerMessage) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(m)
+	}
+	if err := send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Hello{Hello: &rlhubv1.Hello{LearnerId: cfg.ID, Resources: cfg.Resources}}}); err != nil {
+		return err
+	}
+	// The Welcome must come promptly; a hub that accepts the stream but
+	// never answers would otherwise hold us forever.
+	stopWait := time.AfterFunc(30*time.Second, func() { cancel(errors.New("no welcome within 30s")) })
+	m, err := stream.Recv()
+	stopWait.Stop()
+	if err != nil {
+		return errs.FromStatus(err)
+	}
+	w := m.GetWelcome()
+	if w == nil || w.LeaseMs == 0 {
+		return fmt.Errorf("%w: first aggregator message is not a Welcome", errs.ErrInvalid)
+	}
+	if cfg.OnAttach != nil {
+		cfg.OnAttach()
+	}
+	cfg.Logger.Info("learner: attached", "learner", cfg.ID, "lease_ms", w.LeaseMs)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel(nil) // runs before wg.Wait: stops the heartbeat
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(max(time.Duration(w.LeaseMs)*time.Millisecond/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Heartbeat{Heartbeat: &rlhubv1.Heartbeat{}}}); err != nil {
+					cancel(fmt.Errorf("heartbeat: %w", err))
+					return
+				}
+			}
+		}
+	}()
+
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			return errs.FromStatus(err)
+		}
+		var reply *rlhubv1.LearnerReply
+		switch b := m.Body.(type) {
+		case *rlhubv1.AggregatorMessage_Start:
+			reply = &rlhubv1.LearnerReply{RequestId: b.Start.RequestId}
+			if cfg.OnStart != nil {
+				if err := cfg.OnStart(ctx, b.Start.TaskId, b.Start.TaskInfo.AsMap()); err != nil {
+					reply.Error = err.Error()
+				}
+			}
+		case *rlhubv1.AggregatorMessage_Demand:
+			reply = &rlhubv1.LearnerReply{RequestId: b.Demand.RequestId}
+			d, err := cfg.OnDemand(ctx, b.Demand.TaskId)
+			if err == nil {
+				var fields *structpb.Struct
+				if fields, err = structpb.NewStruct(d.Fields); err == nil {
+					reply.Demand = &rlhubv1.Demand{BatchSize: d.BatchSize, Fields: fields}
+				}
+			}
+			if err != nil {
+				reply.Error = err.Error()
+			}
+		case *rlhubv1.AggregatorMessage_Learn:
+			reply, err = learn(ctx, stream, cfg, b.Learn)
+			if err != nil {
+				return err // the stream is out of step; re-attach
+			}
+		default:
+			return fmt.Errorf("%w: unexpected aggregator message %T", errs.ErrInvalid, m.Body)
+		}
+		if err := send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Reply{Reply: reply}}); err != nil {
+			return err
+		}
+	}
+}
+
+// learn receives a share's chunks and runs OnLearn. A protocol error is
+// returned as err; a callback error goes into the reply.
+func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.LearnTask) (*rlhubv1.LearnerReply, error) {
+	if lt.Blob == nil {
+		return nil, fmt.Errorf("%w: learn task without a blob", errs.ErrInvalid)
+	}
+	asm, err := wire.NewAssembler(lt.Blob.TotalBytes, wire.Limits{MaxBytes: cfg.MaxShareBytes})
+	if err != nil {
+		return nil, err
+	}
+	for asm.Received() < int(lt.Blob.TotalBytes) {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil, errs.FromStatus(err)
+		}
+		ch := m.GetChunk()
+		if ch == nil {
+			return nil, fmt.Errorf("%w: expected a chunk, got %T", errs.ErrInvalid, m.Body)
+		}
+		if err := asm.Write(ch.Data); err != nil {
+			return nil, err
+		}
+	}
+	f, _, err := asm.Finish()
+	if err != nil {
+		return nil, err
+	}
+	reply := &rlhubv1.LearnerReply{RequestId: lt.RequestId}
+	info, err := cfg.OnLearn(ctx, &LearnTask{TaskID: lt.TaskId, RowStart: lt.RowStart, Rows: lt.Rows, Batch: f.Tensors, Metadata: f.Metadata})
+	if err == nil {
+		reply.Info, err = structpb.NewStruct(info)
+	}
+	if err != nil {
+		reply.Error = err.Error()
+	}
+	return reply, nil
+}
