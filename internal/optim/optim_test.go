@@ -1,0 +1,299 @@
+package optim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+type jsonTensor struct {
+	Shape []int64   `json:"shape"`
+	Data  []float64 `json:"data"`
+}
+
+type vectorCase struct {
+	Name   string                  `json:"name"`
+	Config Config                  `json:"config"`
+	Params map[string]jsonTensor   `json:"params"`
+	Grads  []map[string]jsonTensor `json:"grads"`
+	Want   []map[string]jsonTensor `json:"want"`
+	LRs    []float64               `json:"lrs"`
+}
+
+type vectors struct {
+	Torch string       `json:"torch"`
+	Cases []vectorCase `json:"cases"`
+}
+
+// order fixes the tensor order of the vectors' state dicts.
+var order = []string{"layer.weight", "layer.bias"}
+
+func toSD(t *testing.T, m map[string]jsonTensor) *tensor.StateDict {
+	t.Helper()
+	sd := &tensor.StateDict{}
+	for _, name := range order {
+		jt, ok := m[name]
+		if !ok {
+			t.Fatalf("vector lacks %q", name)
+		}
+		f := make([]float32, len(jt.Data))
+		for i, v := range jt.Data {
+			f[i] = float32(v)
+		}
+		if err := sd.Add(tensor.FromFloat32s(name, jt.Shape, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sd
+}
+
+func loadVectors(t *testing.T) vectors {
+	t.Helper()
+	raw, err := os.ReadFile("testdata/torch_vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v vectors
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Cases) == 0 {
+		t.Fatal("no cases in testdata/torch_vectors.json")
+	}
+	return v
+}
+
+// Tolerance for matching torch: float32 arithmetic in a possibly different
+// order (torch may fuse multiply-adds), a few ulps per step compounded over
+// six steps.
+const rtol, atol = 2e-5, 1e-6
+
+func closeTo(got, want float32) bool {
+	return math.Abs(float64(got)-float64(want)) <= atol+rtol*math.Abs(float64(want))
+}
+
+// TestMatchesTorch replays every committed torch.optim vector.
+func TestMatchesTorch(t *testing.T) {
+	v := loadVectors(t)
+	for _, c := range v.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			params := toSD(t, c.Params)
+			o, err := New(c.Config, params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k := range c.Grads {
+				if got, want := o.LR(), c.LRs[k]; math.Abs(got-want) > 1e-12*math.Max(1, math.Abs(want)) {
+					t.Errorf("step %d: lr %v, torch %v", k, got, want)
+				}
+				if err := o.Step(params, toSD(t, c.Grads[k])); err != nil {
+					t.Fatal(err)
+				}
+				want := toSD(t, c.Want[k])
+				for _, name := range order {
+					g, _ := params.Get(name).Float32s()
+					w, _ := want.Get(name).Float32s()
+					for i := range g {
+						if !closeTo(g[i], w[i]) {
+							t.Fatalf("step %d: %s[%d] = %v, torch %v (diff %g)", k, name, i, g[i], w[i], g[i]-w[i])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func randSD(r *rand.Rand, scale float32) *tensor.StateDict {
+	sd := &tensor.StateDict{}
+	for _, s := range []struct {
+		name  string
+		shape []int64
+	}{{"a", []int64{7, 3}}, {"b", []int64{4}}} {
+		tn := tensor.NewF32(s.name, s.shape...)
+		f, _ := tn.Float32s()
+		for i := range f {
+			f[i] = scale * float32(r.NormFloat64())
+		}
+		_ = sd.Add(tn)
+	}
+	return sd
+}
+
+// TestCheckpointRestore: stepping 3 times, checkpointing through
+// safetensors bytes, restoring into a fresh optimizer and stepping 3 more
+// gives bit-identical parameters to 6 uninterrupted steps.
+func TestCheckpointRestore(t *testing.T) {
+	cfgs := []Config{
+		{Kind: SGD, LR: 0.1, Momentum: 0.9, Nesterov: true},
+		{Kind: Adam, LR: 0.01, Schedule: Schedule{Kind: Cosine, TMax: 5}},
+		{Kind: AdamW, LR: 0.01},
+		{Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, Schedule: Schedule{WarmupSteps: 3}},
+	}
+	for _, cfg := range cfgs {
+		t.Run(string(cfg.Kind), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(1, 2))
+			init := randSD(r, 1)
+			grads := make([]*tensor.StateDict, 6)
+			for i := range grads {
+				grads[i] = randSD(r, 0.5)
+			}
+			ref := init.Clone()
+			oRef, err := New(cfg, ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range grads {
+				if err := oRef.Step(ref, g); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			p := init.Clone()
+			o1, _ := New(cfg, p)
+			for _, g := range grads[:3] {
+				_ = o1.Step(p, g)
+			}
+			st, meta := o1.State()
+			blob, err := safetensors.Encode(st, meta)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := safetensors.Decode(blob)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o2, _ := New(cfg, p)
+			if err := o2.Restore(f.Tensors, f.Metadata); err != nil {
+				t.Fatal(err)
+			}
+			if o2.Steps() != 3 {
+				t.Fatalf("restored steps %d, want 3", o2.Steps())
+			}
+			for _, g := range grads[3:] {
+				_ = o2.Step(p, g)
+			}
+			for _, name := range []string{"a", "b"} {
+				a, _ := p.Get(name).Float32s()
+				b, _ := ref.Get(name).Float32s()
+				if !slices.Equal(a, b) {
+					t.Fatalf("%s: restored run %v, uninterrupted %v", name, a, b)
+				}
+			}
+		})
+	}
+}
+
+func TestRestoreRejectsMismatch(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p := randSD(r, 1)
+	adam, _ := New(Config{Kind: Adam, LR: 0.1}, p)
+	_ = adam.Step(p.Clone(), randSD(r, 1))
+	st, meta := adam.State()
+
+	sgd, _ := New(Config{Kind: SGD, LR: 0.1, Momentum: 0.9}, p)
+	if err := sgd.Restore(st, meta); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("adam state into sgd: %v, want ErrInvalid", err)
+	}
+	other := &tensor.StateDict{}
+	_ = other.Add(tensor.NewF32("a", 2, 2))
+	adam2, _ := New(Config{Kind: Adam, LR: 0.1}, other)
+	if err := adam2.Restore(st, meta); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("state for another layout: %v, want ErrInvalid", err)
+	}
+	if adam2.Steps() != 0 {
+		t.Fatal("failed restore changed the step count")
+	}
+}
+
+func TestStepRejectsLayoutMismatch(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	p := randSD(r, 1)
+	o, _ := New(Config{Kind: SGD, LR: 0.1}, p)
+	before := p.Clone()
+	bad := &tensor.StateDict{}
+	_ = bad.Add(tensor.NewF32("a", 3, 7))
+	_ = bad.Add(tensor.NewF32("b", 4))
+	if err := o.Step(p, bad); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("Step with wrong shape: %v, want ErrInvalid", err)
+	}
+	for _, n := range []string{"a", "b"} {
+		x, _ := p.Get(n).Float32s()
+		y, _ := before.Get(n).Float32s()
+		if !slices.Equal(x, y) {
+			t.Fatal("failed step changed params")
+		}
+	}
+	if o.Steps() != 0 {
+		t.Fatal("failed step counted")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := []Config{
+		{},
+		{Kind: "lion", LR: 1},
+		{Kind: SGD},
+		{Kind: SGD, LR: math.NaN()},
+		{Kind: SGD, LR: 1, Nesterov: true},
+		{Kind: SGD, LR: 1, Momentum: 0.9, Dampening: 0.1, Nesterov: true},
+		{Kind: SGD, LR: 1, Beta1: 0.9},
+		{Kind: Adam, LR: 1, Beta1: 1},
+		{Kind: Adam, LR: 1, Momentum: 0.9},
+		{Kind: RMSprop, LR: 1, Alpha: 1.5},
+		{Kind: SGD, LR: 1, Schedule: Schedule{Kind: StepDecay}},
+		{Kind: SGD, LR: 1, Schedule: Schedule{Kind: Cosine}},
+		{Kind: SGD, LR: 1, Schedule: Schedule{Kind: "exp"}},
+		{Kind: SGD, LR: 1, Schedule: Schedule{WarmupSteps: 2, WarmupStart: 2}},
+	}
+	for i, c := range bad {
+		if err := c.Validate(); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("case %d %+v: %v, want ErrInvalid", i, c, err)
+		}
+	}
+	good := Config{Kind: AdamW, LR: 1}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if good.Beta1 != 0.9 || good.Beta2 != 0.999 || good.Eps != 1e-8 || good.WeightDecay != 0.01 {
+		t.Fatalf("AdamW defaults %+v", good)
+	}
+}
+
+// TestWarmupTimesCosine checks the documented product of warm-up and curve.
+func TestWarmupTimesCosine(t *testing.T) {
+	s := Schedule{Kind: Cosine, TMax: 10, WarmupSteps: 4, WarmupStart: 0.2}
+	if err := s.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for k := int64(0); k < 12; k++ {
+		want := (1 + math.Cos(math.Pi*float64(k)/10)) / 2
+		if k < 4 {
+			want *= 0.2 + 0.8*float64(k)/4
+		}
+		if got := s.LR(1, k); math.Abs(got-want) > 1e-15 {
+			t.Errorf("k=%d: %v, want %v", k, got, want)
+		}
+	}
+}
+
+func ExampleOptimizer_Step() {
+	w := tensor.FromFloat32s("w", []int64{2}, []float32{1, 2})
+	g := tensor.FromFloat32s("w", []int64{2}, []float32{0.5, -1})
+	params, _ := tensor.NewStateDict(w)
+	grads, _ := tensor.NewStateDict(g)
+	o, _ := New(Config{Kind: SGD, LR: 0.1}, params)
+	_ = o.Step(params, grads)
+	f, _ := w.Float32s()
+	fmt.Println(f)
+	// Output: [0.95 2.1]
+}

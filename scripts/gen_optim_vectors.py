@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Writes internal/optim/testdata/torch_vectors.json: several steps of real
+torch.optim optimizers and lr schedulers on random float32 parameters and
+gradients, for internal/optim's tests to replay.
+
+Run from the repository root:  python3 scripts/gen_optim_vectors.py
+Needs torch (CI does not: the output is committed). Every optimizer runs its
+single-tensor CPU path (foreach=False), the one internal/optim mirrors.
+"""
+import json
+import os
+
+import torch
+
+STEPS = 6
+SHAPES = {"layer.weight": [3, 4], "layer.bias": [5]}
+
+# name, Go optim.Config (JSON), torch optimizer factory, torch scheduler factory
+CASES = [
+    ("sgd", {"kind": "sgd", "lr": 0.1},
+     lambda p: torch.optim.SGD(p, lr=0.1, foreach=False), None),
+    ("sgd_momentum_dampening_wd", {"kind": "sgd", "lr": 0.05, "momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01},
+     lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01, foreach=False), None),
+    ("sgd_nesterov_wd", {"kind": "sgd", "lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 0.001},
+     lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.001, foreach=False), None),
+    ("adam", {"kind": "adam", "lr": 0.001},
+     lambda p: torch.optim.Adam(p, lr=0.001, foreach=False), None),
+    ("adam_wd_betas", {"kind": "adam", "lr": 0.01, "beta1": 0.8, "beta2": 0.99, "eps": 1e-6, "weight_decay": 0.1},
+     lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, foreach=False), None),
+    ("adamw", {"kind": "adamw", "lr": 0.01},
+     lambda p: torch.optim.AdamW(p, lr=0.01, foreach=False), None),
+    ("adamw_wd", {"kind": "adamw", "lr": 0.003, "weight_decay": 0.5, "beta1": 0.5},
+     lambda p: torch.optim.AdamW(p, lr=0.003, weight_decay=0.5, betas=(0.5, 0.999), foreach=False), None),
+    ("rmsprop", {"kind": "rmsprop", "lr": 0.01},
+     lambda p: torch.optim.RMSprop(p, lr=0.01, foreach=False), None),
+    ("rmsprop_centered_momentum_wd", {"kind": "rmsprop", "lr": 0.01, "alpha": 0.9, "eps": 1e-5, "momentum": 0.7, "centered": True, "weight_decay": 0.05},
+     lambda p: torch.optim.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-5, momentum=0.7, centered=True, weight_decay=0.05, foreach=False), None),
+    ("sgd_steplr", {"kind": "sgd", "lr": 0.1, "momentum": 0.5, "schedule": {"kind": "step", "step_size": 2, "gamma": 0.5}},
+     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, foreach=False),
+     lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)),
+    ("adam_cosine", {"kind": "adam", "lr": 0.01, "schedule": {"kind": "cosine", "t_max": 4, "min_lr": 0.001}},
+     lambda p: torch.optim.Adam(p, lr=0.01, foreach=False),
+     lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=0.001)),
+    ("rmsprop_warmup", {"kind": "rmsprop", "lr": 0.01, "schedule": {"warmup_steps": 4, "warmup_start": 0.25}},
+     lambda p: torch.optim.RMSprop(p, lr=0.01, foreach=False),
+     lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.25, end_factor=1.0, total_iters=4)),
+]
+
+
+def tdict(ts):
+    return {n: {"shape": list(t.shape), "data": [float(x) for x in t.detach().reshape(-1).tolist()]} for n, t in ts.items()}
+
+
+def main():
+    out = {"torch": torch.__version__, "steps": STEPS, "cases": []}
+    for ci, (name, cfg, make_opt, make_sched) in enumerate(CASES):
+        g = torch.Generator().manual_seed(1000 + ci)
+        params = {n: torch.randn(s, generator=g, dtype=torch.float32).requires_grad_() for n, s in SHAPES.items()}
+        init = tdict(params)
+        opt = make_opt(list(params.values()))
+        sched = make_sched(opt) if make_sched else None
+        grads, wants, lrs = [], [], []
+        for _ in range(STEPS):
+            gs = {n: torch.randn(s, generator=g, dtype=torch.float32) for n, s in SHAPES.items()}
+            for n, p in params.items():
+                p.grad = gs[n].clone()
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            if sched:
+                sched.step()
+            grads.append(tdict(gs))
+            wants.append(tdict(params))
+        out["cases"].append({"name": name, "config": cfg, "params": init, "grads": grads, "want": wants, "lrs": lrs})
+    path = os.path.join("internal", "optim", "testdata", "torch_vectors.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
