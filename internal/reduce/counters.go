@@ -1,0 +1,101 @@
+package reduce
+
+import (
+	"errors"
+	"maps"
+	"slices"
+
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// Reason says why a gradient was dropped.
+type Reason string
+
+// The drop reasons. Every pushed gradient ends applied or dropped with
+// exactly one of these.
+const (
+	// ReasonInvalid: malformed blob, wrong names, shapes or dtypes.
+	ReasonInvalid Reason = "invalid"
+	// ReasonNonFinite: the gradient (or a reduced batch) holds NaN or Inf.
+	ReasonNonFinite Reason = "nonfinite"
+	// ReasonStale: refused by the staleness rule.
+	ReasonStale Reason = "stale"
+	// ReasonDuplicate: the (client, seq) was already applied or pending.
+	ReasonDuplicate Reason = "duplicate"
+	// ReasonFull: the secondary's bounded queue was full.
+	ReasonFull Reason = "queue_full"
+	// ReasonUnknownModel: no model of that name is registered.
+	ReasonUnknownModel Reason = "unknown_model"
+	// ReasonAborted: the push stream broke before the gradient was whole.
+	ReasonAborted Reason = "aborted"
+	// ReasonLost: the batch holding it could not reach or was refused by
+	// the primary (its session ended), or the reducer shut down.
+	ReasonLost Reason = "lost"
+	// ReasonPublish: the optimizer step could not be published.
+	ReasonPublish Reason = "publish_failed"
+)
+
+// ReasonOf classifies the error that refused a push.
+func ReasonOf(err error) Reason {
+	switch {
+	case errors.Is(err, errs.ErrNotFound):
+		return ReasonUnknownModel
+	case errors.Is(err, errs.ErrStale):
+		return ReasonStale
+	case errors.Is(err, errs.ErrExists):
+		return ReasonDuplicate
+	case errors.Is(err, errs.ErrFull):
+		return ReasonFull
+	case errors.Is(err, errs.ErrInvalid):
+		return ReasonInvalid
+	}
+	return ReasonAborted
+}
+
+// Counters count gradients through the reducer. At a secondary: Pushed,
+// Reduced (forwarded to and accepted by the primary) and Dropped. At the
+// primary: Applied, Steps and Dropped (batches it accepted but could not
+// publish). Summed over a primary and all its secondaries, once nothing is
+// in flight: Pushed = Applied + DroppedTotal().
+type Counters struct {
+	Pushed  uint64
+	Reduced uint64
+	Applied uint64
+	// Steps is optimizer steps (versions published).
+	Steps   uint64
+	Dropped map[Reason]uint64
+}
+
+// Drop counts n gradients dropped for r.
+func (c *Counters) Drop(r Reason, n uint64) {
+	if c.Dropped == nil {
+		c.Dropped = map[Reason]uint64{}
+	}
+	c.Dropped[r] += n
+}
+
+// DroppedTotal sums Dropped.
+func (c *Counters) DroppedTotal() uint64 {
+	var n uint64
+	for _, v := range c.Dropped {
+		n += v
+	}
+	return n
+}
+
+// Merge adds o into c.
+func (c *Counters) Merge(o Counters) {
+	c.Pushed += o.Pushed
+	c.Reduced += o.Reduced
+	c.Applied += o.Applied
+	c.Steps += o.Steps
+	for _, r := range slices.Sorted(maps.Keys(o.Dropped)) {
+		c.Drop(r, o.Dropped[r])
+	}
+}
+
+// Clone returns a deep copy.
+func (c Counters) Clone() Counters {
+	c.Dropped = maps.Clone(c.Dropped)
+	return c
+}

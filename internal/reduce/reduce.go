@@ -1,0 +1,203 @@
+// Package reduce is the pure core of the push-pull gradient server: the
+// batch accumulator, the staleness rule, the exactly-once ledger and the
+// counters. Nothing here starts a goroutine, reads a clock or touches the
+// network; package reducer wraps it in services.
+//
+// Reduction order (the contract the correctness tests rely on):
+//  1. A secondary's batch sum starts at zero and adds each admitted
+//     gradient, multiplied by its staleness weight, element by element in
+//     the order the pushes completed (Batch.Add order). With weight 1 the
+//     add is exact IEEE float32 addition, so the sum equals a plain loop in
+//     the same order bit for bit.
+//  2. The primary applies one forwarded batch per optimizer step, in the
+//     order batches reach it. With Mean it multiplies the sum by
+//     float32(1/n), n the number of gradients in the batch.
+//  3. Clipping (Clip) scales the reduced gradient by gradient_max/norm when
+//     the global L2 norm (accumulated in float64) exceeds gradient_max.
+//  4. The optimizer steps (package optim) and version+1 is published.
+package reduce
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/kernels"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// ID names one pushed gradient: the client's id and its sequence number.
+type ID struct {
+	Client string
+	Seq    uint64
+}
+
+func (id ID) String() string { return fmt.Sprintf("(client %q, seq %d)", id.Client, id.Seq) }
+
+// CheckGradient checks that g has exactly the model's tensor names, dtypes
+// and shapes, that every tensor is F32 and that it holds no NaN or Inf. The
+// error wraps errs.ErrInvalid and names the first problem; nonFinite is true
+// when the problem is a NaN/Inf value (counted apart from layout errors).
+func CheckGradient(layout, g *tensor.StateDict) (nonFinite bool, err error) {
+	if err := g.CheckLayout(layout); err != nil {
+		return false, fmt.Errorf("%w: gradient does not match the model: %v", errs.ErrInvalid, err)
+	}
+	for _, t := range g.Tensors() {
+		f, err := t.Float32s()
+		if err != nil {
+			return false, fmt.Errorf("%w: gradient tensor %q: %v", errs.ErrInvalid, t.Name, err)
+		}
+		if i := kernels.FirstNonFinite(f); i >= 0 {
+			return true, fmt.Errorf("%w: gradient tensor %q holds %v at element %d", errs.ErrInvalid, t.Name, f[i], i)
+		}
+	}
+	return false, nil
+}
+
+// Batch accumulates gradients into one running sum. It holds the sum only,
+// never a copy of each gradient. Not safe for concurrent use.
+type Batch struct {
+	layout  *tensor.StateDict
+	sum     *tensor.StateDict // F32, aligned, same layout as the model
+	views   [][]float32       // sum's data, layout order
+	members []ID
+	weights []float32
+	first   time.Time // when the first member was added
+}
+
+// NewBatch returns an empty batch for a model layout (F32 tensors only).
+func NewBatch(layout *tensor.StateDict) *Batch {
+	b := &Batch{layout: layout, sum: &tensor.StateDict{}}
+	for _, t := range layout.Tensors() {
+		z := tensor.NewF32(t.Name, t.Shape...)
+		f, _ := z.Float32s()
+		if err := b.sum.Add(z); err != nil {
+			panic(err) // layout is a valid state dict
+		}
+		b.views = append(b.views, f)
+	}
+	return b
+}
+
+// Add adds weight×g to the sum and records id. g must have passed
+// CheckGradient against the batch's layout (a mismatch here is a bug and
+// panics). now is when it was added (the max-wait clock starts at the first).
+func (b *Batch) Add(id ID, g *tensor.StateDict, weight float32, now time.Time) {
+	for i, lt := range b.layout.Tensors() {
+		x, err := g.Get(lt.Name).Float32s()
+		if err != nil {
+			panic(fmt.Sprintf("reduce: unchecked gradient: %v", err))
+		}
+		if weight == 1 {
+			kernels.Add(b.views[i], x)
+		} else {
+			kernels.AddScaled(b.views[i], weight, x)
+		}
+	}
+	if len(b.members) == 0 {
+		b.first = now
+	}
+	b.members = append(b.members, id)
+	b.weights = append(b.weights, weight)
+}
+
+// Len is the number of gradients in the batch.
+func (b *Batch) Len() int { return len(b.members) }
+
+// Members returns the ids in Add order. The slice is the batch's own.
+func (b *Batch) Members() []ID { return b.members }
+
+// Weights returns the staleness weights in Add order (the batch's own).
+func (b *Batch) Weights() []float32 { return b.weights }
+
+// Sum returns the running sum. The state dict is the batch's own: it is
+// valid until Reset.
+func (b *Batch) Sum() *tensor.StateDict { return b.sum }
+
+// First is when the first member was added (zero when empty).
+func (b *Batch) First() time.Time { return b.first }
+
+// Reset empties the batch, zeroing the sum in place.
+func (b *Batch) Reset() {
+	for _, v := range b.views {
+		clear(v)
+	}
+	b.members, b.weights, b.first = b.members[:0], b.weights[:0], time.Time{}
+}
+
+// Flush policy: a batch is due when it holds size gradients or maxWait has
+// passed since its first one, whichever comes first.
+type Flush struct {
+	// Size is reduce_batch_size, ≥ 1.
+	Size int
+	// MaxWait is max_wait, > 0.
+	MaxWait time.Duration
+}
+
+// Due reports whether b must be flushed at now.
+func (f Flush) Due(b *Batch, now time.Time) bool {
+	n := b.Len()
+	return n >= f.Size || (n > 0 && !now.Before(b.first.Add(f.MaxWait)))
+}
+
+// Deadline is when b becomes due by time; ok is false for an empty batch.
+func (f Flush) Deadline(b *Batch) (t time.Time, ok bool) {
+	if b.Len() == 0 {
+		return time.Time{}, false
+	}
+	return b.first.Add(f.MaxWait), true
+}
+
+// Reduction selects how a batch's gradients combine.
+type Reduction string
+
+// The reductions.
+const (
+	// Sum adds the (weighted) gradients.
+	Sum Reduction = "sum"
+	// Mean adds them and multiplies by float32(1/n), n = gradients in the
+	// step.
+	Mean Reduction = "mean"
+)
+
+// Finish turns a batch sum of n gradients into the step's gradient in
+// place, per the reduction.
+func (r Reduction) Finish(sum *tensor.StateDict, n int) {
+	if r != Mean || n <= 1 {
+		return
+	}
+	s := float32(1 / float64(n))
+	for _, t := range sum.Tensors() {
+		f, _ := t.Float32s()
+		kernels.Scale(f, s)
+	}
+}
+
+// GlobalNorm returns the L2 norm over every tensor of g, accumulated in
+// float64.
+func GlobalNorm(g *tensor.StateDict) float64 {
+	var ss float64
+	for _, t := range g.Tensors() {
+		f, _ := t.Float32s()
+		ss += kernels.SumSquares(f)
+	}
+	return math.Sqrt(ss)
+}
+
+// Clip scales g in place so that its global norm is at most max (max ≤ 0
+// disables clipping). It returns the norm before clipping and whether it
+// scaled. The factor is float32(max/norm), as torch.nn.utils.clip_grad_norm_
+// computes it up to its 1e-6 epsilon.
+func Clip(g *tensor.StateDict, max float64) (norm float64, clipped bool) {
+	norm = GlobalNorm(g)
+	if max <= 0 || norm <= max {
+		return norm, false
+	}
+	s := float32(max / norm)
+	for _, t := range g.Tensors() {
+		f, _ := t.Float32s()
+		kernels.Scale(f, s)
+	}
+	return norm, true
+}

@@ -1,0 +1,259 @@
+package reduce
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+func layout() *tensor.StateDict {
+	sd, _ := tensor.NewStateDict(tensor.NewF32("w", 5, 3), tensor.NewF32("b", 3))
+	return sd
+}
+
+func randGrad(r *rand.Rand) *tensor.StateDict {
+	sd := layout().Clone()
+	for _, t := range sd.Tensors() {
+		f, _ := t.Float32s()
+		for i := range f {
+			f[i] = float32(r.NormFloat64())
+		}
+	}
+	return sd
+}
+
+// TestBatchSumMatchesPlainLoop: the batch sum equals a plain float32 loop in
+// Add order bit for bit (weight 1), and weight×g for other weights.
+func TestBatchSumMatchesPlainLoop(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	b := NewBatch(layout())
+	var gs []*tensor.StateDict
+	weights := []float32{1, 1, 0.5, 1, 0.25}
+	t0 := time.Unix(100, 0)
+	for i, w := range weights {
+		g := randGrad(r)
+		gs = append(gs, g)
+		if _, err := CheckGradient(layout(), g); err != nil {
+			t.Fatal(err)
+		}
+		b.Add(ID{"c", uint64(i)}, g, w, t0.Add(time.Duration(i)*time.Second))
+	}
+	if b.Len() != 5 || !b.First().Equal(t0) {
+		t.Fatalf("len %d first %v", b.Len(), b.First())
+	}
+	for _, name := range []string{"w", "b"} {
+		got, _ := b.Sum().Get(name).Float32s()
+		for j := range got {
+			var want float32
+			for i, g := range gs {
+				x, _ := g.Get(name).Float32s()
+				want += weights[i] * x[j]
+			}
+			if math.Abs(float64(got[j]-want)) > 1e-6*math.Abs(float64(want))+1e-7 {
+				t.Fatalf("%s[%d] = %v, plain loop %v", name, j, got[j], want)
+			}
+		}
+	}
+	b.Reset()
+	if b.Len() != 0 {
+		t.Fatal("reset left members")
+	}
+	for _, tn := range b.Sum().Tensors() {
+		f, _ := tn.Float32s()
+		if slices.ContainsFunc(f, func(x float32) bool { return x != 0 }) {
+			t.Fatal("reset left a non-zero sum")
+		}
+	}
+	// Weight-1 adds are exact.
+	g1, g2 := randGrad(r), randGrad(r)
+	b.Add(ID{"c", 10}, g1, 1, t0)
+	b.Add(ID{"c", 11}, g2, 1, t0)
+	got, _ := b.Sum().Get("w").Float32s()
+	x1, _ := g1.Get("w").Float32s()
+	x2, _ := g2.Get("w").Float32s()
+	for j := range got {
+		if got[j] != x1[j]+x2[j] {
+			t.Fatalf("w[%d] = %v, want exactly %v", j, got[j], x1[j]+x2[j])
+		}
+	}
+}
+
+func TestFlushDue(t *testing.T) {
+	f := Flush{Size: 3, MaxWait: 10 * time.Millisecond}
+	b := NewBatch(layout())
+	t0 := time.Unix(0, 0)
+	if f.Due(b, t0.Add(time.Hour)) {
+		t.Fatal("empty batch due")
+	}
+	if _, ok := f.Deadline(b); ok {
+		t.Fatal("empty batch has a deadline")
+	}
+	g := layout().Clone()
+	b.Add(ID{"a", 1}, g, 1, t0)
+	if f.Due(b, t0.Add(9*time.Millisecond)) {
+		t.Fatal("due before max wait")
+	}
+	if !f.Due(b, t0.Add(10*time.Millisecond)) {
+		t.Fatal("not due at max wait")
+	}
+	if d, _ := f.Deadline(b); !d.Equal(t0.Add(10 * time.Millisecond)) {
+		t.Fatalf("deadline %v", d)
+	}
+	b.Add(ID{"a", 2}, g, 1, t0)
+	b.Add(ID{"a", 3}, g, 1, t0)
+	if !f.Due(b, t0) {
+		t.Fatal("full batch not due")
+	}
+}
+
+func TestCheckGradient(t *testing.T) {
+	l := layout()
+	wrongShape, _ := tensor.NewStateDict(tensor.NewF32("w", 3, 5), tensor.NewF32("b", 3))
+	missing, _ := tensor.NewStateDict(tensor.NewF32("w", 5, 3))
+	wrongType, _ := tensor.NewStateDict(tensor.NewF32("w", 5, 3), &tensor.Tensor{Name: "b", DType: tensor.F64, Shape: []int64{3}, Data: make([]byte, 24)})
+	nan := l.Clone()
+	f, _ := nan.Get("b").Float32s()
+	f[2] = float32(math.Inf(-1))
+	for name, c := range map[string]struct {
+		g      *tensor.StateDict
+		nonfin bool
+	}{"shape": {wrongShape, false}, "missing": {missing, false}, "dtype": {wrongType, false}, "inf": {nan, true}} {
+		nf, err := CheckGradient(l, c.g)
+		if !errors.Is(err, errs.ErrInvalid) || nf != c.nonfin {
+			t.Errorf("%s: nonFinite=%v err=%v", name, nf, err)
+		}
+	}
+	if _, err := CheckGradient(l, l.Clone()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStaleness(t *testing.T) {
+	cases := []struct {
+		rule          Staleness
+		base, current uint64
+		weight        float32
+		err           error
+	}{
+		{Staleness{}, 0, 100, 1, nil},
+		{Staleness{Policy: Drop, MaxLag: 2}, 8, 10, 1, nil},
+		{Staleness{Policy: Drop, MaxLag: 2}, 7, 10, 0, errs.ErrStale},
+		{Staleness{Policy: Drop}, 10, 10, 1, nil},
+		{Staleness{Policy: DownWeight}, 7, 10, 0.25, nil},
+		{Staleness{Policy: DownWeight, MaxLag: 2}, 7, 10, 0, errs.ErrStale},
+		{Staleness{Policy: DownWeight, MaxLag: 2}, 9, 10, 0.5, nil},
+		{Staleness{}, 11, 10, 0, errs.ErrInvalid},
+	}
+	for i, c := range cases {
+		if err := c.rule.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		w, err := c.rule.Weigh("m", c.base, c.current, 1)
+		if w != c.weight || !errors.Is(err, c.err) || (c.err == nil) != (err == nil) {
+			t.Errorf("case %d: weight %v err %v, want %v %v", i, w, err, c.weight, c.err)
+		}
+	}
+	var se *errs.StaleError
+	_, err := Staleness{Policy: Drop}.Weigh("m", 1, 3, 7)
+	if !errors.As(err, &se) || se.CurrentVersion != 3 || se.CurrentEpoch != 7 {
+		t.Fatalf("stale error %v", err)
+	}
+	if err := (&Staleness{Policy: "maybe"}).Validate(); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatal(err)
+	}
+}
+
+func TestLedger(t *testing.T) {
+	l := NewLedger(2)
+	a1, a2 := ID{"a", 1}, ID{"a", 2}
+	if err := l.Claim(a1, 1); err != nil {
+		t.Fatal(err)
+	}
+	// A retry at another secondary (session 2) while pending: refused.
+	if err := l.Claim(a1, 2); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("claim pending elsewhere: %v", err)
+	}
+	// The batch is forwarded by session 2 wrongly: refused.
+	if err := l.CheckPending([]ID{a1}, 2); !errors.Is(err, errs.ErrAborted) {
+		t.Fatalf("check in wrong session: %v", err)
+	}
+	if err := l.CheckPending([]ID{a1}, 1); err != nil {
+		t.Fatal(err)
+	}
+	l.MarkApplied([]ID{a1})
+	if err := l.Claim(a1, 2); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("claim applied: %v", err)
+	}
+	// Session 1 dies with a2 pending: released, claimable by session 2,
+	// and session 1 can no longer forward it.
+	_ = l.Claim(a2, 1)
+	if got := l.EndSession(1); !slices.Equal(got, []ID{a2}) {
+		t.Fatalf("EndSession released %v", got)
+	}
+	if err := l.CheckPending([]ID{a2}, 1); !errors.Is(err, errs.ErrAborted) {
+		t.Fatal("ended session may still forward")
+	}
+	if err := l.Claim(a2, 2); err != nil {
+		t.Fatal(err)
+	}
+	// Release lets a failed push be retried.
+	if !l.Release(a2, 2) || l.Claim(a2, 3) != nil {
+		t.Fatal("release/reclaim failed")
+	}
+	// Compaction keeps refusing old applied ids through the floor.
+	for s := uint64(10); s < 20; s++ {
+		_ = l.Claim(ID{"b", s}, 5)
+		l.MarkApplied([]ID{{"b", s}})
+	}
+	for s := uint64(10); s < 20; s++ {
+		if err := l.Claim(ID{"b", s}, 6); !errors.Is(err, errs.ErrExists) {
+			t.Fatalf("seq %d after compaction: %v", s, err)
+		}
+	}
+	if n := len(l.clients["b"].entries); n > 4 {
+		t.Fatalf("ledger keeps %d entries for b, window 2", n)
+	}
+	if l.Pending() != 1 {
+		t.Fatalf("pending %d, want 1 (a2)", l.Pending())
+	}
+}
+
+func TestClipAndMean(t *testing.T) {
+	g, _ := tensor.NewStateDict(tensor.FromFloat32s("x", []int64{2}, []float32{3, 4}))
+	if n, c := Clip(g, 10); n != 5 || c {
+		t.Fatalf("no clip: norm %v clipped %v", n, c)
+	}
+	if n, c := Clip(g, 1); n != 5 || !c {
+		t.Fatalf("clip: norm %v clipped %v", n, c)
+	}
+	if n := GlobalNorm(g); math.Abs(n-1) > 1e-6 {
+		t.Fatalf("norm after clip %v", n)
+	}
+	Mean.Finish(g, 4)
+	f, _ := g.Get("x").Float32s()
+	if f[0] != float32(0.6)*0.25 || f[1] != float32(0.8)*0.25 {
+		t.Fatalf("mean %v", f)
+	}
+}
+
+func TestCountersMerge(t *testing.T) {
+	var a, b Counters
+	a.Pushed, a.Reduced = 5, 3
+	a.Drop(ReasonStale, 2)
+	b.Applied, b.Steps = 3, 1
+	b.Drop(ReasonStale, 1)
+	b.Drop(ReasonLost, 1)
+	a.Merge(b)
+	if a.Pushed != 5 || a.Applied != 3 || a.Dropped[ReasonStale] != 3 || a.DroppedTotal() != 4 {
+		t.Fatalf("merged %+v", a)
+	}
+	if ReasonOf(&errs.StaleError{}) != ReasonStale || ReasonOf(errs.ErrFull) != ReasonFull {
+		t.Fatal("ReasonOf")
+	}
+}
