@@ -20,6 +20,7 @@
 package safetensors
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -88,15 +89,15 @@ func DecodeOptions(buf []byte, opt Options) (*File, error) {
 		return nil, invalidf("%d tensors exceeds the limit of %d", len(hdr.entries), opt.MaxTensors)
 	}
 	data := buf[8+n:]
-	// Sort by begin offset; then the entries must tile data exactly.
-	slices.SortFunc(hdr.entries, func(a, b entry) int {
-		if a.begin != b.begin {
-			if a.begin < b.begin {
-				return -1
-			}
-			return 1
+	// Sort by (begin, end), keeping header order for ties; then the entries
+	// must tile data exactly. The end offset matters: a zero-size tensor may
+	// share its begin offset with the next non-empty tensor (the reference
+	// writer does this), and must sort before it.
+	slices.SortStableFunc(hdr.entries, func(a, b entry) int {
+		if c := cmp.Compare(a.begin, b.begin); c != 0 {
+			return c
 		}
-		return 0
+		return cmp.Compare(a.end, b.end)
 	})
 	var pos uint64
 	sd := &tensor.StateDict{}
