@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storesvc"
 )
 
 // DefaultListen is the default gRPC listen address.
@@ -81,6 +82,14 @@ type Service interface {
 	Close() error
 }
 
+// Drainer is implemented by services with long-lived streams (watches).
+// Close calls Drain before the graceful stop, and the service then ends
+// those streams (clients see Unavailable and reconnect elsewhere), so the
+// graceful stop does not wait for them until its hard-stop timeout.
+type Drainer interface {
+	Drain()
+}
+
 // Hub is a running set of services behind one gRPC server.
 type Hub struct {
 	cfg      Config
@@ -110,6 +119,12 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	h.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
+		// Large windows and socket buffers let one stream carry a model at
+		// loopback speed (measured in docs/benchmarks.md, model store).
+		grpc.InitialWindowSize(16<<20),
+		grpc.InitialConnWindowSize(16<<20),
+		grpc.ReadBufferSize(1<<20),
+		grpc.WriteBufferSize(1<<20),
 	)
 	h.health = health.NewServer()
 	healthpb.RegisterHealthServer(h.grpc, h.health)
@@ -140,6 +155,11 @@ func (h *Hub) Store() store.Store { return h.store }
 // is added here; h.cfg is validated and h.Store() is open.
 func (h *Hub) builtinServices() ([]Service, error) {
 	var out []Service
+	ss, err := storesvc.New(storesvc.Config{Store: h.store, Logger: h.cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, ss)
 	return out, nil
 }
 
@@ -201,6 +221,11 @@ func (h *Hub) Close() error {
 	h.mu.Unlock()
 
 	h.health.Shutdown()
+	for _, s := range h.services {
+		if d, ok := s.(Drainer); ok {
+			d.Drain()
+		}
+	}
 	done := make(chan struct{})
 	go func() { h.grpc.GracefulStop(); close(done) }()
 	select {

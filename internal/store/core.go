@@ -159,10 +159,14 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 		Name:     req.Name,
 		Version:  req.Version,
 		Epoch:    req.Epoch,
+		Seq:      1,
 		Blob:     req.Blob,
 		Tensors:  f.Tensors,
 		Metadata: f.Metadata,
 		Created:  c.cfg.Now(),
+	}
+	if cur != nil {
+		snap.Seq = cur.Seq + 1
 	}
 	if persist != nil {
 		if err := persist(snap); err != nil {

@@ -47,9 +47,14 @@ type PushRequest struct {
 // Snapshot is one immutable stored version of a model, shared by all
 // readers. Nobody may modify Blob or the tensors, which alias it.
 type Snapshot struct {
-	Name     string
-	Version  uint64
-	Epoch    uint64
+	Name    string
+	Version uint64
+	Epoch   uint64
+	// Seq counts the model's versions that had landed in this store when
+	// this one did (1 for the first), kept across restarts; a reader that
+	// saw Seq a and then Seq b skipped b-a-1 versions. 0 when unknown (a
+	// snapshot pulled over the network).
+	Seq      uint64
 	Blob     []byte            // safetensors bytes
 	Tensors  *tensor.StateDict // decoded view over Blob
 	Metadata map[string]string // safetensors __metadata__

@@ -1,0 +1,456 @@
+// Package storeclient is the Go client of the model store's gRPC service.
+// A *Client implements store.Store, so code written against the store runs
+// unchanged against a remote hub (the storetest suite checks exactly that).
+//
+// Every call runs under a deadline (the caller's, or Config.CallTimeout
+// when the caller set none). Calls that fail with Unavailable are retried
+// with jittered exponential backoff up to Config.MaxAttempts; Watch
+// reconnects and resumes after the last version it delivered. Errors come
+// back through errs.FromStatus, so errors.Is(err, errs.ErrNotFound) and
+// errors.As(err, &*errs.StaleError) work as they do in-process.
+//
+// A retried Push whose first attempt landed but whose reply was lost fails
+// with a *errs.StaleError whose CurrentVersion is the pushed version.
+package storeclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Config configures a client.
+type Config struct {
+	// Addr is the hub's address ("127.0.0.1:7470"); used when Conn is nil.
+	Addr string
+	// Conn, when set, is used instead of dialing Addr; the caller keeps
+	// ownership and Close leaves it open.
+	Conn grpc.ClientConnInterface
+	// CallTimeout bounds a call whose context has no deadline; 0 means 2
+	// minutes. Watch is exempt (it runs until its context ends).
+	CallTimeout time.Duration
+	// MaxAttempts bounds tries of a call that fails with Unavailable; 0
+	// means 5; 1 disables retries.
+	MaxAttempts int
+	// BaseBackoff is the first retry's delay, doubled on each retry up to
+	// MaxBackoff, each multiplied by a random factor in [0.5, 1.5); 0 means
+	// 50ms and 2s.
+	BaseBackoff, MaxBackoff time.Duration
+	// Rand supplies backoff jitter; nil means a generator seeded from the
+	// runtime.
+	Rand *rand.Rand
+	// ChunkBytes is the largest chunk sent or asked for; 0 means
+	// wire.DefaultChunkBytes.
+	ChunkBytes int
+	// MaxModelBytes bounds a pulled blob; 0 means 4 GiB.
+	MaxModelBytes int64
+}
+
+func (c *Config) validate() error {
+	if c.Conn == nil && c.Addr == "" {
+		return errors.New("storeclient: Config needs Addr or Conn")
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 2 * time.Minute
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.BaseBackoff == 0 {
+		c.BaseBackoff = 50 * time.Millisecond
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 2 * time.Second
+	}
+	if c.CallTimeout < 0 || c.MaxAttempts < 0 || c.BaseBackoff < 0 || c.MaxBackoff < c.BaseBackoff {
+		return fmt.Errorf("storeclient: nonsense timing %v/%d/%v/%v", c.CallTimeout, c.MaxAttempts, c.BaseBackoff, c.MaxBackoff)
+	}
+	if c.Rand == nil {
+		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = wire.DefaultChunkBytes
+	}
+	if c.ChunkBytes < 1024 {
+		return fmt.Errorf("storeclient: ChunkBytes %d is below 1 KiB", c.ChunkBytes)
+	}
+	if c.MaxModelBytes == 0 {
+		c.MaxModelBytes = 4 << 30
+	}
+	return nil
+}
+
+// DialOptions are the options the client dials with: insecure loopback
+// credentials plus flow-control windows and buffers sized for streaming
+// large models (see docs/benchmarks.md for what they buy).
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(WindowBytes),
+		grpc.WithInitialConnWindowSize(WindowBytes),
+		grpc.WithReadBufferSize(BufferBytes),
+		grpc.WithWriteBufferSize(BufferBytes),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
+	}
+}
+
+// WindowBytes is the HTTP/2 flow-control window the client asks for;
+// BufferBytes its socket read/write buffer. The hub's server uses the same.
+const (
+	WindowBytes = 16 << 20
+	BufferBytes = 1 << 20
+)
+
+// Client talks to one hub's model store. Safe for concurrent use.
+type Client struct {
+	cfg  Config
+	rpc  rlhubv1.ModelStoreClient
+	conn *grpc.ClientConn // ours to close; nil when Config.Conn was given
+
+	closeCtx context.Context // done once Close is called
+	closeFn  context.CancelFunc
+	once     sync.Once
+
+	randMu sync.Mutex // guards cfg.Rand
+}
+
+var _ store.Store = (*Client)(nil)
+
+// New returns a client. Dialing is lazy: New does not wait for the hub.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg}
+	conn := cfg.Conn
+	if conn == nil {
+		cc, err := grpc.NewClient(cfg.Addr, DialOptions()...)
+		if err != nil {
+			return nil, fmt.Errorf("storeclient: dial %s: %w", cfg.Addr, err)
+		}
+		c.conn, conn = cc, cc
+	}
+	c.rpc = rlhubv1.NewModelStoreClient(conn)
+	c.closeCtx, c.closeFn = context.WithCancel(context.Background())
+	return c, nil
+}
+
+var errClosed = fmt.Errorf("%w: store client is closed", errs.ErrUnavailable)
+
+// Close ends every call in flight (they fail with errs.ErrUnavailable) and
+// closes the connection if the client dialed it. Safe to call twice.
+func (c *Client) Close() error {
+	var err error
+	c.once.Do(func() {
+		c.closeFn()
+		if c.conn != nil {
+			err = c.conn.Close()
+		}
+	})
+	return err
+}
+
+func (c *Client) closed() bool { return c.closeCtx.Err() != nil }
+
+// callCtx derives the context of one call: ctx, also ended by Close, with
+// Config.CallTimeout when ctx has no deadline (unless long is set).
+func (c *Client) callCtx(ctx context.Context, long bool) (context.Context, context.CancelFunc) {
+	var cancel context.CancelFunc
+	if _, ok := ctx.Deadline(); !ok && !long {
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	stop := context.AfterFunc(c.closeCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// backoff returns the delay before retry number attempt (1 for the first).
+func (c *Client) backoff(attempt int) time.Duration {
+	d := c.cfg.BaseBackoff
+	for i := 1; i < attempt && d < c.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, c.cfg.MaxBackoff)
+	c.randMu.Lock()
+	f := 0.5 + c.cfg.Rand.Float64()
+	c.randMu.Unlock()
+	return time.Duration(float64(d) * f)
+}
+
+// sleep waits d or until ctx ends; it reports whether the full d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// retryable reports whether err is worth another attempt.
+func retryable(err error) bool { return status.Code(err) == codes.Unavailable }
+
+// do runs op under one call context, retrying on Unavailable. It returns
+// op's last error converted by errs.FromStatus.
+func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) error {
+	ctx, cancel := c.callCtx(ctx, false)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		err := op(ctx)
+		if err == nil {
+			return nil
+		}
+		if c.closed() {
+			return errClosed
+		}
+		if !retryable(err) || attempt >= c.cfg.MaxAttempts || !sleep(ctx, c.backoff(attempt)) {
+			return errs.FromStatus(err)
+		}
+	}
+}
+
+// Push implements store.Store: it streams req.Blob in chunks. req.Blob is
+// only read.
+func (c *Client) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	var info store.Info
+	err := c.do(ctx, func(ctx context.Context) error {
+		stream, err := c.rpc.Push(ctx)
+		if err != nil {
+			return err
+		}
+		hdr := &rlhubv1.StorePushHeader{
+			Blob: &rlhubv1.BlobInfo{
+				Model: req.Name, Version: req.Version, Epoch: req.Epoch,
+				TotalBytes: uint64(len(req.Blob)), ChunkBytes: uint32(c.cfg.ChunkBytes),
+			},
+			Expect:    req.Expect,
+			ExpectAny: req.Expect == store.ExpectAny,
+		}
+		if hdr.ExpectAny {
+			hdr.Expect = 0
+		}
+		err = stream.Send(&rlhubv1.StorePushRequest{Body: &rlhubv1.StorePushRequest_Header{Header: hdr}})
+		if err == nil {
+			err = wire.ChunksOf(req.Blob, c.cfg.ChunkBytes, func(b []byte) error {
+				return stream.Send(&rlhubv1.StorePushRequest{Body: &rlhubv1.StorePushRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}})
+			})
+		}
+		// io.EOF from Send means the server already answered; its status
+		// comes from CloseAndRecv.
+		if err != nil && err != io.EOF {
+			return err
+		}
+		resp, err := stream.CloseAndRecv()
+		if err != nil {
+			return err
+		}
+		info = infoFromProto(resp.Info)
+		return nil
+	})
+	return info, err
+}
+
+// Get implements store.Store by pulling; the returned snapshot is the
+// caller's own copy (Seq is 0: unknown over the network).
+func (c *Client) Get(ctx context.Context, name string, version uint64) (*store.Snapshot, error) {
+	snap, _, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, Version: version})
+	return snap, err
+}
+
+// GetIfNewer implements store.Store: (nil, nil) when the hub's newest is
+// not newer than `than`, after a single small reply.
+func (c *Client) GetIfNewer(ctx context.Context, name string, than uint64) (*store.Snapshot, error) {
+	snap, _, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, IfNewerThan: &than})
+	return snap, err
+}
+
+func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest) (*store.Snapshot, uint64, error) {
+	req.ChunkBytes = uint32(c.cfg.ChunkBytes)
+	var snap *store.Snapshot
+	var skipped uint64
+	err := c.do(ctx, func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // ends the stream once one version is in
+		stream, err := c.rpc.Pull(ctx, req)
+		if err != nil {
+			return err
+		}
+		snap, skipped, err = c.recvVersion(stream)
+		return err
+	})
+	return snap, skipped, err
+}
+
+// recvVersion reads one version (header and chunks) from a pull or watch
+// stream. A not-modified header yields a nil snapshot.
+func (c *Client) recvVersion(stream interface {
+	Recv() (*rlhubv1.StorePullResponse, error)
+}) (*store.Snapshot, uint64, error) {
+	msg, err := stream.Recv()
+	if err != nil {
+		return nil, 0, err
+	}
+	hdr := msg.GetHeader()
+	if hdr == nil || hdr.Blob == nil {
+		return nil, 0, fmt.Errorf("storeclient: protocol: a version must start with a header carrying BlobInfo")
+	}
+	if hdr.NotModified {
+		return nil, 0, nil
+	}
+	b := hdr.Blob
+	asm, err := wire.NewAssembler(b.TotalBytes, wire.Limits{MaxBytes: c.cfg.MaxModelBytes})
+	if err != nil {
+		return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
+	}
+	for uint64(asm.Received()) < b.TotalBytes {
+		msg, err := stream.Recv()
+		if err == io.EOF {
+			break // Finish reports the shortfall
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		ch := msg.GetChunk()
+		if ch == nil {
+			return nil, 0, fmt.Errorf("storeclient: protocol: header inside model %q version %d", b.Model, b.Version)
+		}
+		if err := asm.Write(ch.Data); err != nil {
+			return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
+		}
+	}
+	f, blob, err := asm.Finish()
+	if err != nil {
+		return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
+	}
+	return &store.Snapshot{
+		Name:     b.Model,
+		Version:  b.Version,
+		Epoch:    b.Epoch,
+		Blob:     blob,
+		Tensors:  f.Tensors,
+		Metadata: f.Metadata,
+		Created:  time.Unix(0, hdr.CreatedUnixNano),
+	}, hdr.Skipped, nil
+}
+
+// WaitNewer implements store.Store with a watch that ends after its first
+// version.
+func (c *Client) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
+	var got *store.Snapshot
+	err := c.Watch(ctx, name, after, func(s *store.Snapshot, _ uint64) error {
+		got = s
+		return errStop
+	})
+	if errors.Is(err, errStop) {
+		return got, nil
+	}
+	return nil, err
+}
+
+var errStop = errors.New("stop watching")
+
+// Watch delivers each new version of name newer than after to fn, in
+// increasing version order, with how many versions the hub skipped since
+// the previous delivery on the same stream (0 after a reconnect: unknown).
+// It runs until ctx ends (returning ctx's error), fn returns an error
+// (returned as is) or the hub fails with anything but Unavailable; on
+// Unavailable it reconnects with backoff and resumes after the last
+// delivered version. Watch has no default deadline.
+func (c *Client) Watch(ctx context.Context, name string, after uint64, fn func(snap *store.Snapshot, skipped uint64) error) error {
+	ctx, cancel := c.callCtx(ctx, true)
+	defer cancel()
+	failures := 0
+	for {
+		err := c.watchOnce(ctx, name, &after, &failures, fn)
+		var ferr fnError
+		if errors.As(err, &ferr) {
+			return ferr.err
+		}
+		if c.closed() {
+			return errClosed
+		}
+		if !retryable(err) || failures >= c.cfg.MaxAttempts || !sleep(ctx, c.backoff(failures)) {
+			return errs.FromStatus(err)
+		}
+	}
+}
+
+// fnError marks an error returned by a Watch callback.
+type fnError struct{ err error }
+
+func (e fnError) Error() string { return e.err.Error() }
+
+// watchOnce runs one watch stream. failures is reset by every delivered
+// version and incremented when the stream fails.
+func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, failures *int, fn func(*store.Snapshot, uint64) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.rpc.Watch(ctx, &rlhubv1.StoreWatchRequest{Model: name, After: *after, ChunkBytes: uint32(c.cfg.ChunkBytes)})
+	if err != nil {
+		*failures++
+		return err
+	}
+	for {
+		snap, skipped, err := c.recvVersion(stream)
+		if err == nil && snap == nil {
+			err = fmt.Errorf("storeclient: protocol: not-modified header on a watch")
+		}
+		if err != nil {
+			*failures++
+			return err
+		}
+		*failures = 0
+		*after = snap.Version
+		if err := fn(snap, skipped); err != nil {
+			return fnError{err}
+		}
+	}
+}
+
+// List implements store.Store.
+func (c *Client) List(ctx context.Context) ([]store.Info, error) {
+	var out []store.Info
+	err := c.do(ctx, func(ctx context.Context) error {
+		resp, err := c.rpc.List(ctx, &rlhubv1.StoreListRequest{})
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for _, m := range resp.Models {
+			out = append(out, infoFromProto(m))
+		}
+		return nil
+	})
+	return out, err
+}
+
+func infoFromProto(m *rlhubv1.StoreModelInfo) store.Info {
+	if m == nil {
+		return store.Info{}
+	}
+	return store.Info{
+		Name:     m.Name,
+		Version:  m.Version,
+		Epoch:    m.Epoch,
+		Bytes:    int64(m.Bytes),
+		Created:  time.Unix(0, m.CreatedUnixNano),
+		Retained: m.Retained,
+	}
+}

@@ -1,0 +1,271 @@
+// Package storesvc serves a store.Store over gRPC (the ModelStore service
+// in proto/rlhub/v1/store.proto) and is hosted by the hub.
+//
+// Pulls and watches stream the stored snapshot's bytes with
+// wire.ChunksOf: every chunk is a slice of the shared immutable
+// Snapshot.Blob, so no reader causes a copy or re-encode on rlhub's side
+// (gRPC's marshalling into its frame buffer is the one copy). Pushes are
+// checked for name and announced size before any receive buffer is
+// allocated, then assembled with wire.Assembler and handed to the store,
+// which decides; a truncated or malformed stream changes nothing.
+package storesvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Config configures the service.
+type Config struct {
+	// Store is the store served; required. The service does not close it.
+	Store store.Store
+	// ChunkBytes is the largest chunk sent; 0 means wire.DefaultChunkBytes.
+	// A client may ask for smaller chunks, never larger.
+	ChunkBytes int
+	// MaxModelBytes bounds a pushed blob when Store does not implement
+	// store.Prechecker (which then decides); 0 means 1 GiB.
+	MaxModelBytes int64
+	// MaxHeaderBytes bounds a pushed blob's JSON header; 0 means 16 MiB.
+	MaxHeaderBytes int64
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Store == nil {
+		return errors.New("storesvc: Config.Store is required")
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = wire.DefaultChunkBytes
+	}
+	if c.ChunkBytes < 1024 {
+		return fmt.Errorf("storesvc: ChunkBytes %d is below 1 KiB", c.ChunkBytes)
+	}
+	if c.MaxModelBytes == 0 {
+		c.MaxModelBytes = 1 << 30
+	}
+	if c.MaxModelBytes < 16 {
+		return fmt.Errorf("storesvc: MaxModelBytes %d is too small", c.MaxModelBytes)
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = 16 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Service is the ModelStore gRPC service. Its handlers run on gRPC's
+// goroutines; it starts none of its own.
+type Service struct {
+	rlhubv1.UnimplementedModelStoreServer
+	cfg Config
+
+	drainCtx context.Context // done once Drain or Close is called
+	drain    context.CancelFunc
+	once     sync.Once
+}
+
+// New returns a service over cfg.Store.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Service{cfg: cfg, drainCtx: ctx, drain: cancel}, nil
+}
+
+// Register implements hub.Service.
+func (s *Service) Register(g *grpc.Server) { rlhubv1.RegisterModelStoreServer(g, s) }
+
+// Drain ends every open Watch with Unavailable and makes new ones fail the
+// same way, so a graceful server stop need not wait for them. Pushes and
+// pulls in flight finish normally.
+func (s *Service) Drain() { s.drain() }
+
+// Close implements hub.Service: it drains. Safe to call twice.
+func (s *Service) Close() error {
+	s.drain()
+	return nil
+}
+
+var errDraining = fmt.Errorf("%w: model store service is stopping", errs.ErrUnavailable)
+
+// Push implements ModelStoreServer.
+func (s *Service) Push(stream rlhubv1.ModelStore_PushServer) error {
+	info, err := s.push(stream)
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	return stream.SendAndClose(&rlhubv1.StorePushResponse{Info: infoProto(info)})
+}
+
+func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error) {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err == io.EOF {
+		return store.Info{}, fmt.Errorf("%w: push stream ended before its header", errs.ErrInvalid)
+	}
+	if err != nil {
+		return store.Info{}, err
+	}
+	hdr := first.GetHeader()
+	if hdr == nil || hdr.Blob == nil {
+		return store.Info{}, fmt.Errorf("%w: push stream must start with a header carrying BlobInfo", errs.ErrInvalid)
+	}
+	b := hdr.Blob
+	maxBytes := s.cfg.MaxModelBytes
+	if p, ok := s.cfg.Store.(store.Prechecker); ok {
+		if err := p.Precheck(b.Model, b.TotalBytes); err != nil {
+			return store.Info{}, err
+		}
+		maxBytes = int64(min(b.TotalBytes, 1<<62)) // the store's limit decided
+	}
+	asm, err := wire.NewAssembler(b.TotalBytes, wire.Limits{MaxBytes: maxBytes, MaxHeaderBytes: s.cfg.MaxHeaderBytes})
+	if err != nil {
+		return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
+	}
+	for {
+		msg, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return store.Info{}, err
+		}
+		c := msg.GetChunk()
+		if c == nil {
+			return store.Info{}, fmt.Errorf("%w: model %q: a second header after %d bytes", errs.ErrInvalid, b.Model, asm.Received())
+		}
+		if err := asm.Write(c.Data); err != nil {
+			return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
+		}
+	}
+	_, blob, err := asm.Finish()
+	if err != nil {
+		return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
+	}
+	expect := hdr.Expect
+	if hdr.ExpectAny {
+		expect = store.ExpectAny
+	}
+	return s.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: b.Version, Expect: expect, Epoch: b.Epoch, Blob: blob})
+}
+
+// Pull implements ModelStoreServer.
+func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_PullServer) error {
+	ctx := stream.Context()
+	if req.IfNewerThan != nil {
+		if req.Version != 0 {
+			return errs.ToStatus(fmt.Errorf("%w: if_newer_than with an exact version %d", errs.ErrInvalid, req.Version))
+		}
+		snap, err := s.cfg.Store.Get(ctx, req.Model, 0)
+		if err != nil {
+			return errs.ToStatus(err)
+		}
+		if snap.Version <= *req.IfNewerThan {
+			return stream.Send(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Header{Header: &rlhubv1.StorePullHeader{
+				Blob:        &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch},
+				NotModified: true,
+			}}})
+		}
+		return s.send(stream, snap, 0, req.ChunkBytes)
+	}
+	snap, err := s.cfg.Store.Get(ctx, req.Model, req.Version)
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	return s.send(stream, snap, 0, req.ChunkBytes)
+}
+
+// Watch implements ModelStoreServer.
+func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStore_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.drainCtx, cancel)
+	defer stop()
+	after, lastSeq := req.After, uint64(0)
+	for {
+		snap, err := s.cfg.Store.WaitNewer(ctx, req.Model, after)
+		if err != nil {
+			if s.drainCtx.Err() != nil && stream.Context().Err() == nil {
+				err = errDraining
+			}
+			return errs.ToStatus(err)
+		}
+		var skipped uint64
+		if lastSeq != 0 && snap.Seq > lastSeq {
+			skipped = snap.Seq - lastSeq - 1
+		}
+		if err := s.send(stream, snap, skipped, req.ChunkBytes); err != nil {
+			return err
+		}
+		after, lastSeq = snap.Version, snap.Seq
+	}
+}
+
+type pullStream interface {
+	Send(*rlhubv1.StorePullResponse) error
+}
+
+// send streams one whole version: its header, then slices of snap.Blob.
+func (s *Service) send(stream pullStream, snap *store.Snapshot, skipped uint64, chunkBytes uint32) error {
+	chunk := s.cfg.ChunkBytes
+	if chunkBytes > 0 && int(chunkBytes) < chunk {
+		chunk = max(int(chunkBytes), 1024)
+	}
+	err := stream.Send(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Header{Header: &rlhubv1.StorePullHeader{
+		Blob: &rlhubv1.BlobInfo{
+			Model:      snap.Name,
+			Version:    snap.Version,
+			Epoch:      snap.Epoch,
+			TotalBytes: uint64(len(snap.Blob)),
+			ChunkBytes: uint32(chunk),
+		},
+		Skipped:         skipped,
+		Metadata:        snap.Metadata,
+		CreatedUnixNano: snap.Created.UnixNano(),
+	}}})
+	if err != nil {
+		return err
+	}
+	return wire.ChunksOf(snap.Blob, chunk, func(b []byte) error {
+		return stream.Send(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}})
+	})
+}
+
+// List implements ModelStoreServer.
+func (s *Service) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
+	infos, err := s.cfg.Store.List(ctx)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	out := &rlhubv1.StoreListResponse{}
+	for _, in := range infos {
+		out.Models = append(out.Models, infoProto(in))
+	}
+	return out, nil
+}
+
+func infoProto(in store.Info) *rlhubv1.StoreModelInfo {
+	return &rlhubv1.StoreModelInfo{
+		Name:            in.Name,
+		Version:         in.Version,
+		Epoch:           in.Epoch,
+		Bytes:           uint64(in.Bytes),
+		CreatedUnixNano: in.Created.UnixNano(),
+		Retained:        in.Retained,
+	}
+}
