@@ -293,4 +293,3 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	}
 	ww.Wait()
 }
-
