@@ -27,6 +27,7 @@ var registry = map[string]func() Env{
 	"Pendulum-v1":              func() Env { return NewPendulum() },
 	"MountainCarContinuous-v0": func() Env { return NewMountainCarContinuous() },
 	"Acrobot-v1":               func() Env { return NewAcrobot() },
+	"LQR":                      func() Env { return NewLQR() },
 }
 
 // Names lists the environments Make knows, sorted.
