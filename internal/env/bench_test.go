@@ -10,7 +10,7 @@ import (
 //
 //	GOEXPERIMENT=simd go test -run '^$' -bench Step -benchtime 2s -cpu 1 ./internal/env
 func BenchmarkStep(b *testing.B) {
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		b.Run(n, func(b *testing.B) {
 			e, err := Make(n)
 			if err != nil {

@@ -14,7 +14,14 @@ func TestMakeKnowsEveryName(t *testing.T) {
 	if !slices.IsSorted(names) || len(names) == 0 {
 		t.Fatalf("Names() = %v, want a sorted non-empty list", names)
 	}
-	for _, n := range names {
+	want := []string{"Acrobot-v1", "CartPole-v1", "LQR", "MountainCarContinuous-v0", "Pendulum-v1"}
+	if got := builtinNames(); !slices.Equal(got, want) {
+		t.Fatalf("built-in names %v, want %v", got, want)
+	}
+	for _, n := range want {
+		if !slices.Contains(names, n) {
+			t.Errorf("Names() = %v lacks %q", names, n)
+		}
 		e, err := Make(n)
 		if err != nil {
 			t.Fatalf("Make(%q): %v", n, err)
@@ -33,7 +40,7 @@ func TestMakeUnknownListsNames(t *testing.T) {
 	if err == nil {
 		t.Fatal("Make(CartPole-v0) succeeded, want error")
 	}
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		if !strings.Contains(err.Error(), n) {
 			t.Errorf("error %q does not list %q", err, n)
 		}
@@ -46,7 +53,7 @@ func TestMakeUnknownListsNames(t *testing.T) {
 // TestSpecsAndBasics checks every environment's spec shape, that Reset and
 // Step return observations of ObsDim values, and that Step allocates nothing.
 func TestSpecsAndBasics(t *testing.T) {
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		t.Run(n, func(t *testing.T) {
 			e, _ := Make(n)
 			sp := e.Spec()
@@ -91,7 +98,7 @@ func zeroAction(sp Spec) []float64 {
 // TestTimeLimitTruncates holds each environment at its reset state (so it
 // never terminates) and checks that exactly step MaxEpisodeSteps truncates.
 func TestTimeLimitTruncates(t *testing.T) {
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		t.Run(n, func(t *testing.T) {
 			e, _ := Make(n)
 			ss := e.(StateSetter)
@@ -120,7 +127,7 @@ func TestTimeLimitTruncates(t *testing.T) {
 }
 
 func TestSetStateRejectsWrongLength(t *testing.T) {
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		e, _ := Make(n)
 		ss := e.(StateSetter)
 		e.Reset(newRNG(4))
@@ -144,7 +151,7 @@ func TestMisusePanics(t *testing.T) {
 		}()
 		f()
 	}
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		e, _ := Make(n)
 		sp := e.Spec()
 		mustPanic(n+" step before reset", func() { e.Step(zeroAction(sp)) })
@@ -161,7 +168,7 @@ func TestMisusePanics(t *testing.T) {
 // TestResetDistribution checks reset states lie in Gymnasium's ranges and
 // that Reset depends only on the rng passed in.
 func TestResetDistribution(t *testing.T) {
-	for _, n := range Names() {
+	for _, n := range builtinNames() {
 		e1, _ := Make(n)
 		e2, _ := Make(n)
 		r1, r2 := newRNG(7), newRNG(7)

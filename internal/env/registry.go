@@ -31,7 +31,10 @@ var registry = map[string]func() Env{
 }
 
 // Names lists the environments Make knows, sorted.
-func Names() []string {
+func Names() []string { return builtinNames() }
+
+// builtinNames lists this package's own environments, sorted.
+func builtinNames() []string {
 	names := make([]string, 0, len(registry))
 	for n := range registry {
 		names = append(names, n)
