@@ -1,6 +1,7 @@
 package env
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -182,15 +183,66 @@ func TestResetDistribution(t *testing.T) {
 	}
 }
 
-func TestCartPoleResetRange(t *testing.T) {
-	c := NewCartPole()
-	rng := newRNG(8)
-	for range 1000 {
-		c.Reset(rng)
-		for i, v := range c.State() {
-			if v < -0.05 || v >= 0.05 {
-				t.Fatalf("reset state[%d] = %v outside [-0.05, 0.05)", i, v)
+// TestResetRanges checks each environment's reset state against
+// Gymnasium's initial-state distribution bounds.
+func TestResetRanges(t *testing.T) {
+	pi := math.Pi
+	cases := []struct {
+		name   string
+		lo, hi []float64 // closed bounds per state variable
+		check  func(s []float64) string
+	}{
+		{"CartPole-v1", []float64{-0.05, -0.05, -0.05, -0.05}, []float64{0.05, 0.05, 0.05, 0.05}, nil},
+		{"Pendulum-v1", []float64{-pi, -1}, []float64{pi, 1}, nil},
+		{"MountainCarContinuous-v0", []float64{-0.6, 0}, []float64{-0.4, 0}, nil},
+		{"Acrobot-v1", []float64{-0.1, -0.1, -0.1, -0.1}, []float64{0.1, 0.1, 0.1, 0.1}, func(s []float64) string {
+			for _, v := range s {
+				if float64(float32(v)) != v {
+					return "not rounded to float32"
+				}
 			}
+			return ""
+		}},
+	}
+	for _, c := range cases {
+		e, _ := Make(c.name)
+		rng := newRNG(8)
+		for range 2000 {
+			e.Reset(rng)
+			s := e.(StateSetter).State()
+			for i, v := range s {
+				if v < c.lo[i] || v > c.hi[i] {
+					t.Fatalf("%s: reset state[%d] = %v outside [%v, %v]", c.name, i, v, c.lo[i], c.hi[i])
+				}
+			}
+			if c.check != nil {
+				if msg := c.check(s); msg != "" {
+					t.Fatalf("%s: reset state %v %s", c.name, s, msg)
+				}
+			}
+		}
+	}
+}
+
+// TestLQRResetIsStandardNormal checks x_0's sample mean and variance (fixed
+// seed, 30000 draws per coordinate: bounds are > 5 standard errors).
+func TestLQRResetIsStandardNormal(t *testing.T) {
+	e := NewLQR()
+	rng := newRNG(9)
+	const n = 30000
+	var sum, sumSq [3]float64
+	for range n {
+		x := e.Reset(rng)
+		for i, v := range x {
+			sum[i] += v
+			sumSq[i] += v * v
+		}
+	}
+	for i := range 3 {
+		mean := sum[i] / n
+		variance := sumSq[i]/n - mean*mean
+		if math.Abs(mean) > 0.035 || math.Abs(variance-1) > 0.05 {
+			t.Errorf("x0[%d]: mean %v variance %v, want ≈ 0 and 1", i, mean, variance)
 		}
 	}
 }
