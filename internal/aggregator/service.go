@@ -301,7 +301,7 @@ func (s *Service) Attach(stream grpc.BidiStreamingServer[rlhubv1.LearnerMessage,
 	select {
 	case <-c.gone:
 	case <-stream.Context().Done():
-		s.remove(c, fmt.Errorf("%w: learner stream ended: %v", errs.ErrUnavailable, context.Cause(stream.Context())))
+		s.remove(c, fmt.Errorf("%w: learner %q: stream ended: %v", errs.ErrUnavailable, c.name(s), context.Cause(stream.Context())))
 	}
 	s.mu.Lock()
 	err := c.goneErr
