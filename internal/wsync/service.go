@@ -1,0 +1,263 @@
+package wsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/wire"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// ServiceConfig configures the push fan-out service.
+type ServiceConfig struct {
+	// Versions is where versions come from: the hub's store, or a relay's
+	// board. Required.
+	Versions StoreReader
+	// ChunkBytes is the largest chunk sent; 0 means wire.DefaultChunkBytes
+	// (a collector may ask for less).
+	ChunkBytes int
+	// Forget drops detached collectors that have not reported for this
+	// long from status; 0 means 10 minutes.
+	Forget time.Duration
+	// Now is the clock for report times; nil means time.Now.
+	Now func() time.Time
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *ServiceConfig) validate() error {
+	if c.Versions == nil {
+		return errors.New("wsync: ServiceConfig.Versions is nil")
+	}
+	if c.ChunkBytes < 0 || c.Forget < 0 {
+		return errors.New("wsync: negative ServiceConfig.ChunkBytes or Forget")
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = wire.DefaultChunkBytes
+	}
+	if c.Forget == 0 {
+		c.Forget = 10 * time.Minute
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Service is the WeightSync gRPC service: push fan-out to attached
+// collectors, version reports and lag status.
+//
+// Each Attach stream is served by its own handler goroutine that waits for
+// a version newer than the one it last sent and sends the newest whole
+// version; the version's bytes are the store's shared snapshot, sliced into
+// chunks without copying (gRPC copies once into its frames per collector).
+// A collector whose stream is slow blocks only its own handler, which then
+// sends whatever is newest: it skips versions and never delays the others.
+type Service struct {
+	rlhubv1.UnimplementedWeightSyncServer
+	cfg     ServiceConfig
+	tracker *Tracker
+
+	ctx    context.Context // canceled by Drain/Close: ends every stream
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // report readers of Attach streams
+}
+
+// NewService builds the service.
+func NewService(cfg ServiceConfig) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Service{cfg: cfg, tracker: NewTracker(cfg.Now, cfg.Forget), ctx: ctx, cancel: cancel}, nil
+}
+
+// Register implements hub.Service.
+func (s *Service) Register(srv *grpc.Server) { rlhubv1.RegisterWeightSyncServer(srv, s) }
+
+// Drain ends every Attach stream with UNAVAILABLE so a graceful stop need
+// not wait for them; later Attach calls fail the same way.
+func (s *Service) Drain() { s.cancel() }
+
+// Close drains and waits for the service's goroutines. Safe to call twice.
+func (s *Service) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// Tracker is the service's lag accounting.
+func (s *Service) Tracker() *Tracker { return s.tracker }
+
+// Lag returns the lag picture for model ("" for all), refreshing the
+// newest version of each model from Versions first. It is the Go API
+// behind the Status RPC.
+func (s *Service) Lag(ctx context.Context, model string) []ModelStatus {
+	models := []string{model}
+	if model == "" {
+		models = s.tracker.Models()
+	}
+	for _, m := range models {
+		if snap, err := s.cfg.Versions.GetIfNewer(ctx, m, s.tracker.Newest(m)); err == nil && snap != nil {
+			s.tracker.SawVersion(m, snap.Version)
+		}
+	}
+	return s.tracker.Status(model)
+}
+
+// Attach implements rlhubv1.WeightSyncServer.
+func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	switch {
+	case hello == nil:
+		return errs.ToStatus(fmt.Errorf("%w: first Attach message must be a hello", errs.ErrInvalid))
+	case hello.CollectorId == "" || hello.Model == "":
+		return errs.ToStatus(fmt.Errorf("%w: hello needs collector_id and model", errs.ErrInvalid))
+	}
+	id, model := hello.CollectorId, hello.Model
+	chunk := s.cfg.ChunkBytes
+	if hello.ChunkBytes > 0 && int(hello.ChunkBytes) < chunk {
+		chunk = int(hello.ChunkBytes)
+	}
+	if hello.ChunkBytes > 0 && hello.ChunkBytes < 4<<10 {
+		return errs.ToStatus(fmt.Errorf("%w: chunk_bytes %d below 4 KiB", errs.ErrInvalid, hello.ChunkBytes))
+	}
+
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	if s.ctx.Err() != nil {
+		return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+	}
+
+	s.tracker.Report(id, model, "push", hello.Version)
+	s.tracker.SetAttached(id, model, true)
+	defer s.tracker.SetAttached(id, model, false)
+	// The collector's reports arrive on the same stream; a reader goroutine
+	// owned by the service records them. It ends when the stream does (the
+	// handler returning cancels the stream's context).
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if r := m.GetRunning(); r != nil {
+				s.tracker.Report(id, model, "", r.Version)
+			}
+		}
+	}()
+
+	sent := hello.Version
+	for {
+		snap, err := s.cfg.Versions.WaitNewer(ctx, model, sent)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+			}
+			if stream.Context().Err() != nil {
+				return nil // the collector left
+			}
+			return errs.ToStatus(err)
+		}
+		s.tracker.SawVersion(model, snap.Version)
+		if err := sendVersion(stream, snap.Name, snap.Version, snap.Epoch, snap.Blob, chunk); err != nil {
+			if s.ctx.Err() != nil {
+				return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+			}
+			return err
+		}
+		sent = snap.Version
+	}
+}
+
+func sendVersion(stream rlhubv1.WeightSync_AttachServer, name string, version, epoch uint64, blob []byte, chunk int) error {
+	err := stream.Send(&rlhubv1.SyncServerMessage{Body: &rlhubv1.SyncServerMessage_Info{Info: &rlhubv1.BlobInfo{
+		Model: name, Version: version, Epoch: epoch, TotalBytes: uint64(len(blob)), ChunkBytes: uint32(chunk),
+	}}})
+	if err != nil {
+		return err
+	}
+	// One message value reused: Send marshals before returning.
+	msg := &rlhubv1.Chunk{}
+	out := &rlhubv1.SyncServerMessage{Body: &rlhubv1.SyncServerMessage_Chunk{Chunk: msg}}
+	return wire.ChunksOf(blob, chunk, func(b []byte) error {
+		msg.Data = b
+		return stream.Send(out)
+	})
+}
+
+// Report implements rlhubv1.WeightSyncServer.
+func (s *Service) Report(_ context.Context, req *rlhubv1.SyncReportRequest) (*rlhubv1.SyncReportResponse, error) {
+	for _, r := range req.Reports {
+		if r.CollectorId == "" || r.Model == "" {
+			return nil, errs.ToStatus(fmt.Errorf("%w: report needs collector_id and model", errs.ErrInvalid))
+		}
+	}
+	for _, r := range req.Reports {
+		s.tracker.Report(r.CollectorId, r.Model, r.Via, r.Version)
+	}
+	return &rlhubv1.SyncReportResponse{}, nil
+}
+
+// Status implements rlhubv1.WeightSyncServer.
+func (s *Service) Status(ctx context.Context, req *rlhubv1.SyncStatusRequest) (*rlhubv1.SyncStatusResponse, error) {
+	return statusToProto(s.Lag(ctx, req.Model)), nil
+}
+
+func statusToProto(st []ModelStatus) *rlhubv1.SyncStatusResponse {
+	resp := &rlhubv1.SyncStatusResponse{}
+	for _, ms := range st {
+		m := &rlhubv1.ModelSyncStatus{Model: ms.Model, Newest: ms.Newest}
+		for _, c := range ms.Collectors {
+			m.Collectors = append(m.Collectors, &rlhubv1.CollectorLag{
+				CollectorId: c.ID, Version: c.Version, Lag: c.Lag, Via: c.Via,
+				Attached: c.Attached, ReportedUnixNanos: c.Reported.UnixNano(),
+			})
+		}
+		for _, b := range ms.Histogram {
+			m.Histogram = append(m.Histogram, &rlhubv1.LagBucket{MaxLag: b.Max, Count: b.Count})
+		}
+		resp.Models = append(resp.Models, m)
+	}
+	return resp
+}
+
+// StatusFromProto converts a Status reply back to the Go API's types.
+func StatusFromProto(resp *rlhubv1.SyncStatusResponse) []ModelStatus {
+	var out []ModelStatus
+	for _, m := range resp.Models {
+		ms := ModelStatus{Model: m.Model, Newest: m.Newest}
+		for _, c := range m.Collectors {
+			ms.Collectors = append(ms.Collectors, CollectorLag{
+				ID: c.CollectorId, Model: m.Model, Version: c.Version, Lag: c.Lag, Via: c.Via,
+				Attached: c.Attached, Reported: time.Unix(0, c.ReportedUnixNanos),
+			})
+		}
+		for _, b := range m.Histogram {
+			ms.Histogram = append(ms.Histogram, LagBucket{Max: b.MaxLag, Count: b.Count})
+		}
+		out = append(out, ms)
+	}
+	return out
+}
+
+var _ io.Closer = (*Service)(nil)

@@ -1,0 +1,180 @@
+package wsync
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// LagBuckets are the upper bounds of the lag histogram's buckets; the last
+// bucket (math.MaxUint64) catches the rest.
+var LagBuckets = []uint64{0, 1, 2, 4, 8, 16, 32, 64, math.MaxUint64}
+
+// CollectorLag is one collector's state as the hub sees it.
+type CollectorLag struct {
+	ID    string
+	Model string
+	// Version the collector last reported running.
+	Version uint64
+	// Lag is Newest − Version of its model (0 when current or ahead).
+	Lag uint64
+	// Via is how it gets weights ("push", "shm", ...).
+	Via string
+	// Attached is true while it holds a push stream to this server.
+	Attached bool
+	// Reported is when it last reported.
+	Reported time.Time
+}
+
+// LagBucket counts collectors whose lag is ≤ Max (and above the previous
+// bucket's Max).
+type LagBucket struct {
+	Max   uint64
+	Count uint64
+}
+
+// ModelStatus is the lag picture of one model.
+type ModelStatus struct {
+	Model      string
+	Newest     uint64
+	Collectors []CollectorLag // sorted by ID
+	Histogram  []LagBucket    // one per LagBuckets entry
+}
+
+// Tracker is the pure core of lag accounting: which version each collector
+// runs and which is the newest per model. Safe for concurrent use; it starts
+// no goroutines.
+type Tracker struct {
+	now    func() time.Time
+	forget time.Duration
+
+	mu         sync.Mutex
+	collectors map[trackKey]*CollectorLag // guarded by mu
+	newest     map[string]uint64          // guarded by mu
+}
+
+type trackKey struct{ id, model string }
+
+// NewTracker returns an empty tracker. now is the clock (nil: time.Now);
+// collectors that are not attached and have not reported for forget are
+// dropped from status (0: kept forever).
+func NewTracker(now func() time.Time, forget time.Duration) *Tracker {
+	if now == nil {
+		now = time.Now
+	}
+	return &Tracker{now: now, forget: forget, collectors: map[trackKey]*CollectorLag{}, newest: map[string]uint64{}}
+}
+
+// Report records that collector id runs version of model.
+func (t *Tracker) Report(id, model, via string, version uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.entry(id, model)
+	c.Version = version
+	if via != "" {
+		c.Via = via
+	}
+	c.Reported = t.now()
+}
+
+// SetAttached marks whether collector id holds a push stream now.
+func (t *Tracker) SetAttached(id, model string, attached bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.entry(id, model)
+	c.Attached = attached
+	c.Reported = t.now()
+}
+
+// SawVersion records that version of model exists (newest only grows).
+func (t *Tracker) SawVersion(model string, version uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if version > t.newest[model] {
+		t.newest[model] = version
+	}
+}
+
+// Newest is the newest version of model seen.
+func (t *Tracker) Newest(model string) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.newest[model]
+}
+
+func (t *Tracker) entry(id, model string) *CollectorLag {
+	k := trackKey{id, model}
+	c := t.collectors[k]
+	if c == nil {
+		c = &CollectorLag{ID: id, Model: model}
+		t.collectors[k] = c
+	}
+	return c
+}
+
+// Models lists the models that have collectors, sorted.
+func (t *Tracker) Models() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for k := range t.collectors {
+		if !slices.Contains(out, k.model) {
+			out = append(out, k.model)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Status returns the lag picture of model ("" for every model with
+// collectors), forgetting collectors gone longer than the forget window.
+func (t *Tracker) Status(model string) []ModelStatus {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	by := map[string]*ModelStatus{}
+	for k, c := range t.collectors {
+		if t.forget > 0 && !c.Attached && now.Sub(c.Reported) > t.forget {
+			delete(t.collectors, k)
+			continue
+		}
+		if model != "" && k.model != model {
+			continue
+		}
+		ms := by[k.model]
+		if ms == nil {
+			ms = &ModelStatus{Model: k.model, Newest: t.newest[k.model]}
+			by[k.model] = ms
+		}
+		cl := *c
+		if ms.Newest > cl.Version {
+			cl.Lag = ms.Newest - cl.Version
+		}
+		ms.Collectors = append(ms.Collectors, cl)
+	}
+	if model != "" && by[model] == nil {
+		by[model] = &ModelStatus{Model: model, Newest: t.newest[model]}
+	}
+	out := make([]ModelStatus, 0, len(by))
+	for _, ms := range by {
+		slices.SortFunc(ms.Collectors, func(a, b CollectorLag) int { return strings.Compare(a.ID, b.ID) })
+		ms.Histogram = histogram(ms.Collectors)
+		out = append(out, *ms)
+	}
+	slices.SortFunc(out, func(a, b ModelStatus) int { return strings.Compare(a.Model, b.Model) })
+	return out
+}
+
+func histogram(cs []CollectorLag) []LagBucket {
+	h := make([]LagBucket, len(LagBuckets))
+	for i, m := range LagBuckets {
+		h[i].Max = m
+	}
+	for _, c := range cs {
+		i, _ := slices.BinarySearch(LagBuckets, c.Lag)
+		h[i].Count++
+	}
+	return h
+}
