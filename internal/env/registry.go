@@ -30,8 +30,13 @@ var registry = map[string]func() Env{
 	"LQR":                      func() Env { return NewLQR() },
 }
 
-// Names lists the environments Make knows, sorted.
-func Names() []string { return builtinNames() }
+// Names lists the environments Make knows, sorted: the built-in ones and
+// those registered by other packages (register.go).
+func Names() []string {
+	names := append(builtinNames(), RegisteredNames()...)
+	slices.Sort(names)
+	return names
+}
 
 // builtinNames lists this package's own environments, sorted.
 func builtinNames() []string {
@@ -48,6 +53,9 @@ func builtinNames() []string {
 func Make(name string) (Env, error) {
 	mk, ok := registry[name]
 	if !ok {
+		if ctor, ok := Lookup(name); ok {
+			return ctor()
+		}
 		return nil, fmt.Errorf("env: unknown environment %q (known: %s)", name, strings.Join(Names(), ", "))
 	}
 	return mk(), nil

@@ -205,6 +205,14 @@ func TestRegistered(t *testing.T) {
 			t.Errorf("constructor for %s made %s", name, e.Spec().Name)
 		}
 		e.(*Env).Close()
+		if !slices.Contains(env.Names(), name) {
+			t.Errorf("env.Names() = %v, missing %s", env.Names(), name)
+		}
+		e, err = env.Make(name)
+		if err != nil {
+			t.Fatalf("env.Make(%q): %v", name, err)
+		}
+		e.(*Env).Close()
 	}
 }
 

@@ -25,6 +25,9 @@ func TestWithoutMuJoCo(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrNotInstalled naming the task and the install command", name, err)
 		}
 	}
+	if _, err := env.Make("Hopper-v5"); !errors.Is(err, mujoco.ErrNotInstalled) {
+		t.Errorf("env.Make(Hopper-v5) err = %v, want ErrNotInstalled", err)
+	}
 	if _, err := New("Cheetah-v9", Options{}); err == nil || !strings.Contains(err.Error(), "HalfCheetah-v5") {
 		t.Errorf("unknown task: err = %v, want the list of known tasks", err)
 	}
