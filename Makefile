@@ -1,4 +1,11 @@
 export GOEXPERIMENT := simd
+# Build the MuJoCo binding (internal/mujoco) when Debian's libmujoco-dev is
+# installed; the same rule as scripts/gotags.sh.
+ifneq ($(wildcard /usr/include/mujoco/mujoco.h),)
+ifeq ($(findstring -tags,$(GOFLAGS)),)
+export GOFLAGS := $(strip $(GOFLAGS) -tags=mujoco)
+endif
+endif
 
 .PHONY: demo test check proto build bench fuzz
 

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOEXPERIMENT=simd
+source scripts/gotags.sh
 go build -o bin/rlhub ./cmd/rlhub
 data=$(mktemp -d)
 bin/rlhub serve --listen 127.0.0.1:7470 --data "$data" &

@@ -14,6 +14,13 @@ if ! command -v protoc >/dev/null; then
   apt-get install -y -qq protobuf-compiler >/dev/null
 fi
 
+if [[ ! -f /usr/include/mujoco/mujoco.h ]]; then
+  echo "setup: installing MuJoCo (Debian libmujoco-dev) for the locomotion environments"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq libmujoco-dev >/dev/null
+fi
+
 gobin="$(go env GOPATH)/bin"
 have_version() { [[ -x "$gobin/$1" ]] && go version -m "$gobin/$1" 2>/dev/null | grep -q "mod.*$2"; }
 have_version protoc-gen-go "$PROTOC_GEN_GO" || GOFLAGS= go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO"

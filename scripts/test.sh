@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOEXPERIMENT=simd
 scripts/setup.sh
+source scripts/gotags.sh   # -tags=mujoco once setup has installed libmujoco-dev
 scripts/check.sh
 go build -o bin/rlhub ./cmd/rlhub
 go test -race -timeout 20m ./...
