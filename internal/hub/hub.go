@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -144,7 +145,10 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 // openStore opens the model store: in memory when DataDir is "", else
 // file-backed under DataDir (checkpoints recovered).
 func openStore(cfg *Config) (store.Store, error) {
-	return store.NewMemory(cfg.Store)
+	if cfg.DataDir == "" {
+		return store.NewMemory(cfg.Store)
+	}
+	return store.OpenFile(store.FileConfig{Dir: filepath.Join(cfg.DataDir, "store"), Store: cfg.Store, Logger: cfg.Logger})
 }
 
 // Store is the hub's model store, shared by every service that reads or

@@ -29,3 +29,25 @@ func TestHubOpensStoreForServices(t *testing.T) {
 		t.Error("store still open after hub Close")
 	}
 }
+
+func TestHubStoreSurvivesRestartWithDataDir(t *testing.T) {
+	dir := t.TempDir()
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.MustPush(t, h.Store(), store.PushRequest{Name: "p", Version: 3, Expect: 0, Blob: storetest.Blob(t, 3, 4)})
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h, err = New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if snap, err := h.Store().Get(ctx, "p", 0); err != nil || snap.Version != 3 {
+		t.Fatalf("after restart Get = %v, %v; want version 3", snap, err)
+	}
+}

@@ -163,7 +163,7 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 		Blob:     req.Blob,
 		Tensors:  f.Tensors,
 		Metadata: f.Metadata,
-		Created:  c.cfg.Now(),
+		Created:  c.cfg.Now().Round(0), // wall clock only: it is persisted and compared
 	}
 	if cur != nil {
 		snap.Seq = cur.Seq + 1

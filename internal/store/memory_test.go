@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -9,7 +10,12 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		crashChild() // the kill -9 test's child process; never returns
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestMemory(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, cfg store.Config) store.Store {

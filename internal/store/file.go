@@ -1,0 +1,427 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// FileConfig configures a file-backed store.
+type FileConfig struct {
+	// Dir holds the checkpoints; required. It is created if missing and
+	// locked against a second process opening it.
+	Dir string
+	// Store configures retention, limits and the clock. The same Retain
+	// newest versions of each model are kept in memory and on disk.
+	Store Config
+	// Logger receives recovery and cleanup notes; nil means slog.Default().
+	Logger *slog.Logger
+
+	// hook, in tests, is called at named points of a checkpoint write so a
+	// child process can be killed exactly there.
+	hook func(stage string)
+}
+
+func (c *FileConfig) validate() error {
+	if c.Dir == "" {
+		return errors.New("store: FileConfig.Dir is required")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c.Store.validate()
+}
+
+// File is the file-backed Store: the in-memory store plus a checkpoint of
+// every version written before the push returns. On-disk layout (see
+// docs/store.md):
+//
+//	DIR/LOCK                            flock held while open
+//	DIR/<escaped name>/MANIFEST.json    the committed versions of one model
+//	DIR/<escaped name>/v<20 digits>.safetensors
+//
+// A version is committed when the manifest naming it has been renamed into
+// place: blob written to a temp file, fsynced, renamed, directory fsynced,
+// then the manifest the same way. Anything else found at open (temp files,
+// blobs no manifest names) is debris of a crash and is removed.
+type File struct {
+	c    *core
+	cfg  FileConfig
+	lock *os.File
+
+	mu        sync.Mutex
+	closed    bool                 // guarded by mu
+	inflight  sync.WaitGroup       // pushes writing to disk
+	manifests map[string]*manifest // guarded by mu; each entry written only under its model's wsem
+}
+
+var (
+	_ Store      = (*File)(nil)
+	_ Prechecker = (*File)(nil)
+)
+
+const (
+	manifestName   = "MANIFEST.json"
+	manifestFormat = 1
+	tmpSuffix      = ".tmp"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// manifest is one model's MANIFEST.json.
+type manifest struct {
+	Format   int             `json:"format"`
+	Name     string          `json:"name"`
+	Epoch    uint64          `json:"epoch"` // highest epoch landed
+	Versions []manifestEntry `json:"versions"`
+}
+
+type manifestEntry struct {
+	Version uint64    `json:"version"`
+	Epoch   uint64    `json:"epoch"`
+	Seq     uint64    `json:"seq"`
+	Bytes   int64     `json:"bytes"`
+	CRC32C  uint32    `json:"crc32c"`
+	Created time.Time `json:"created"`
+	File    string    `json:"file"`
+}
+
+// OpenFile opens (creating if needed) the store in cfg.Dir and recovers
+// every model at its last committed versions.
+func OpenFile(cfg FileConfig) (*File, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.Dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("store: %s is in use by another process: %w", cfg.Dir, err)
+	}
+	f := &File{c: newCore(cfg.Store), cfg: cfg, lock: lock, manifests: make(map[string]*manifest)}
+	if err := f.recover(); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// escapeName maps a model name to one directory name: bytes outside
+// [A-Za-z0-9_-] and '.' (except a leading one) become %XX, so '/' never
+// nests and no name can escape Dir.
+func escapeName(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		ch := name[i]
+		switch {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '_', ch == '-', ch == '.' && i > 0:
+			b.WriteByte(ch)
+		default:
+			fmt.Fprintf(&b, "%%%02X", ch)
+		}
+	}
+	return b.String()
+}
+
+func blobFileName(version uint64) string { return fmt.Sprintf("v%020d.safetensors", version) }
+
+// recover loads every model directory. A model whose manifest cannot be
+// read or whose blobs fail their checks makes Open fail: that is disk
+// corruption, not a crash, and silently serving an older version would
+// break the ordering promise.
+func (f *File) recover() error {
+	ents, err := os.ReadDir(f.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(f.cfg.Dir, e.Name())
+		m, snaps, err := f.loadModel(dir)
+		if err != nil {
+			return fmt.Errorf("store: recover %s: %w", dir, err)
+		}
+		if m == nil {
+			continue // a model directory whose first push never committed
+		}
+		f.manifests[m.Name] = m
+		f.c.mu.Lock()
+		mod := f.c.modelLocked(m.Name)
+		mod.versions = snaps
+		mod.epoch = m.Epoch
+		f.c.mu.Unlock()
+		f.cfg.Logger.Info("store: recovered model", "name", m.Name, "version", snaps[len(snaps)-1].Version, "retained", len(snaps))
+	}
+	return nil
+}
+
+func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, manifestName))
+	if errors.Is(err, os.ErrNotExist) {
+		f.removeDebris(dir, nil)
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var m manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", manifestName, err)
+	}
+	if m.Format != manifestFormat {
+		return nil, nil, fmt.Errorf("%s: format %d, want %d", manifestName, m.Format, manifestFormat)
+	}
+	if err := f.cfg.Store.checkName(m.Name); err != nil || escapeName(m.Name) != filepath.Base(dir) {
+		return nil, nil, fmt.Errorf("%s: model name %q does not belong in this directory (%v)", manifestName, m.Name, err)
+	}
+	if len(m.Versions) == 0 {
+		return nil, nil, fmt.Errorf("%s: no versions", manifestName)
+	}
+	keep := map[string]bool{manifestName: true}
+	var snaps []*Snapshot
+	for _, v := range m.Versions {
+		keep[v.File] = true
+	}
+	// Only the newest Retain versions are loaded; older ones listed (from
+	// a run with a larger Retain) are dropped from disk at the next push.
+	load := m.Versions[max(0, len(m.Versions)-f.cfg.Store.Retain):]
+	for _, v := range load {
+		if v.File != blobFileName(v.Version) {
+			return nil, nil, fmt.Errorf("%s: version %d names file %q", manifestName, v.Version, v.File)
+		}
+		blob, err := readBlob(filepath.Join(dir, v.File), v.Bytes)
+		if err != nil {
+			return nil, nil, fmt.Errorf("version %d: %w", v.Version, err)
+		}
+		if sum := crc32.Checksum(blob, castagnoli); sum != v.CRC32C {
+			return nil, nil, fmt.Errorf("version %d: %s has CRC32C %08x, manifest says %08x", v.Version, v.File, sum, v.CRC32C)
+		}
+		sf, err := safetensors.DecodeOptions(blob, safetensors.Options{MaxHeaderBytes: f.cfg.Store.MaxHeaderBytes})
+		if err != nil {
+			return nil, nil, fmt.Errorf("version %d: %w", v.Version, err)
+		}
+		snaps = append(snaps, &Snapshot{
+			Name: m.Name, Version: v.Version, Epoch: v.Epoch, Seq: v.Seq,
+			Blob: blob, Tensors: sf.Tensors, Metadata: sf.Metadata, Created: v.Created,
+		})
+	}
+	for i := 1; i < len(snaps); i++ {
+		if snaps[i].Version <= snaps[i-1].Version {
+			return nil, nil, fmt.Errorf("%s: versions out of order", manifestName)
+		}
+	}
+	m.Versions = slices.Clone(load)
+	f.removeDebris(dir, keep)
+	return &m, snaps, nil
+}
+
+// readBlob reads a checkpoint into an 8-byte-aligned buffer.
+func readBlob(path string, size int64) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() != size {
+		return nil, fmt.Errorf("%s is %d bytes, manifest says %d", path, st.Size(), size)
+	}
+	buf := tensor.AlignedBytes(int(size))
+	if _, err := io.ReadFull(fh, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// removeDebris deletes files in dir not named in keep (nil keeps nothing
+// but leaves the directory).
+func (f *File) removeDebris(dir string, keep map[string]bool) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if keep[e.Name()] {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			f.cfg.Logger.Warn("store: cannot remove crash debris", "file", filepath.Join(dir, e.Name()), "err", err)
+		} else {
+			f.cfg.Logger.Info("store: removed crash debris", "file", filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// writeAtomic writes data to dir/name via a temp file: write, fsync,
+// rename, fsync dir. A crash leaves either the old file or the new one,
+// plus perhaps a temp file that recovery removes.
+func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
+	tmp := filepath.Join(dir, name+tmpSuffix)
+	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	// Written in pieces so the test hook can stop it half-way, as a crash
+	// would.
+	half := len(data) / 2
+	_, err = fh.Write(data[:half])
+	if err == nil && f.cfg.hook != nil {
+		f.cfg.hook(stage + "-partial")
+	}
+	if err == nil {
+		_, err = fh.Write(data[half:])
+	}
+	if err == nil {
+		err = fh.Sync()
+	}
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, name))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if f.cfg.hook != nil {
+		f.cfg.hook(stage + "-renamed")
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// persist checkpoints snap and commits it in the model's manifest. It runs
+// with the model's write slot held, so the model's manifest entry is ours.
+func (f *File) persist(snap *Snapshot) error {
+	dir := filepath.Join(f.cfg.Dir, escapeName(snap.Name))
+	f.mu.Lock()
+	old := f.manifests[snap.Name]
+	f.mu.Unlock()
+	if old == nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("store: checkpoint %q: %w", snap.Name, err)
+		}
+		if err := syncDir(f.cfg.Dir); err != nil {
+			return fmt.Errorf("store: checkpoint %q: %w", snap.Name, err)
+		}
+		old = &manifest{Format: manifestFormat, Name: snap.Name}
+	}
+	entry := manifestEntry{
+		Version: snap.Version, Epoch: snap.Epoch, Seq: snap.Seq,
+		Bytes: int64(len(snap.Blob)), CRC32C: crc32.Checksum(snap.Blob, castagnoli),
+		Created: snap.Created.UTC(), File: blobFileName(snap.Version),
+	}
+	if err := f.writeAtomic(dir, entry.File, snap.Blob, "blob"); err != nil {
+		return fmt.Errorf("store: checkpoint %q version %d: %w", snap.Name, snap.Version, err)
+	}
+	next := &manifest{Format: manifestFormat, Name: snap.Name, Epoch: max(old.Epoch, snap.Epoch)}
+	next.Versions = append(slices.Clone(old.Versions), entry)
+	var dropped []manifestEntry
+	if over := len(next.Versions) - f.cfg.Store.Retain; over > 0 {
+		dropped = next.Versions[:over]
+		next.Versions = next.Versions[over:]
+	}
+	raw, err := json.MarshalIndent(next, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := f.writeAtomic(dir, manifestName, append(raw, '\n'), "manifest"); err != nil {
+		return fmt.Errorf("store: commit %q version %d: %w", snap.Name, snap.Version, err)
+	}
+	f.mu.Lock()
+	f.manifests[snap.Name] = next
+	f.mu.Unlock()
+	for _, d := range dropped {
+		if err := os.Remove(filepath.Join(dir, d.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			f.cfg.Logger.Warn("store: cannot remove an old checkpoint", "file", d.File, "err", err)
+		}
+	}
+	return nil
+}
+
+// Push implements Store: the version is on disk (fsynced, committed in its
+// model's manifest) before Push returns it. A push that fails with an I/O
+// error changes nothing in memory.
+func (f *File) Push(ctx context.Context, req PushRequest) (Info, error) {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return Info{}, errClosed
+	}
+	f.inflight.Add(1)
+	f.mu.Unlock()
+	defer f.inflight.Done()
+	return f.c.push(ctx, req, f.persist)
+}
+
+// Get implements Store.
+func (f *File) Get(ctx context.Context, name string, version uint64) (*Snapshot, error) {
+	return f.c.get(name, version)
+}
+
+// GetIfNewer implements Store.
+func (f *File) GetIfNewer(ctx context.Context, name string, than uint64) (*Snapshot, error) {
+	return f.c.getIfNewer(name, than)
+}
+
+// WaitNewer implements Store.
+func (f *File) WaitNewer(ctx context.Context, name string, after uint64) (*Snapshot, error) {
+	return f.c.waitNewer(ctx, name, after)
+}
+
+// List implements Store.
+func (f *File) List(ctx context.Context) ([]Info, error) { return f.c.list() }
+
+// Precheck implements Prechecker.
+func (f *File) Precheck(name string, totalBytes uint64) error { return f.c.Precheck(name, totalBytes) }
+
+// Close wakes watchers, waits for checkpoint writes in flight and releases
+// the directory lock. Safe to call twice.
+func (f *File) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	f.mu.Unlock()
+	f.c.close()
+	f.inflight.Wait()
+	return f.lock.Close() // closing the descriptor releases the flock
+}
