@@ -1,0 +1,469 @@
+package arsrpc
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/env"
+	"github.com/rlhub/rlhub/internal/errs"
+	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// coordinator is the pure state of every run and worker on a hub: task
+// leases, results, and the ars.Trainer of each run. It has no goroutines
+// and reads no clock (callers pass now); the Service's mutex guards it.
+type coordinator struct {
+	leaseTTL, straggle time.Duration
+	maxHolders         int
+
+	workers    map[string]*worker
+	runs       map[string]*run
+	order      []*run // runs in start order: leases serve the oldest first
+	nextWorker uint64
+	nextRun    uint64
+	// reassigned counts leases of a task someone else held before (after
+	// its lease expired or its worker left, or as a straggler duplicate).
+	reassigned int64
+}
+
+type worker struct {
+	id, name string
+	seen     time.Time
+}
+
+type lease struct {
+	worker string
+	at     time.Time
+}
+
+type run struct {
+	id, model string
+	spec      *pb.ARSRunSpec // normalised: every default filled in
+	tr        *ars.Trainer
+	started   time.Time
+	version   uint64 // store version of the current θ
+	done      bool
+
+	// The current iteration.
+	tasks      []ars.Task
+	pos        map[ars.Task]int
+	results    []ars.Result
+	have       []bool
+	remaining  int
+	leases     [][]lease // per task: who holds it since when
+	leasedOnce []bool    // per task: leased at least once
+
+	progress []*pb.ARSProgress // one per finished iteration
+}
+
+func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinator {
+	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders,
+		workers: map[string]*worker{}, runs: map[string]*run{}}
+}
+
+// normalise fills a spec's zero fields with the environment's defaults and
+// builds the trainer configuration. Errors wrap errs.ErrInvalid.
+func normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
+	if in == nil {
+		return nil, ars.Config{}, fmt.Errorf("%w: missing run spec", errs.ErrInvalid)
+	}
+	e, err := env.Make(in.Env)
+	if err != nil {
+		return nil, ars.Config{}, fmt.Errorf("%w: %v", errs.ErrInvalid, err)
+	}
+	d := ars.EnvDefaults(in.Env)
+	s := &pb.ARSRunSpec{
+		Env: in.Env, Seed: in.Seed, Version: in.Version, Directions: in.Directions, Top: in.Top,
+		StepSize: in.StepSize, Noise: in.Noise, Shift: in.Shift, Hidden: in.Hidden,
+		EvalEvery: in.EvalEvery, EvalEpisodes: in.EvalEpisodes, UseTarget: in.UseTarget, Target: in.Target,
+		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations,
+	}
+	if s.Version == "" {
+		s.Version = d.Hyper.Version.String()
+	}
+	if s.Directions == 0 {
+		s.Directions = uint32(d.Hyper.Directions)
+		if s.Top == 0 {
+			s.Top = uint32(d.Hyper.Top)
+		}
+	}
+	if s.StepSize == 0 {
+		s.StepSize = d.Hyper.StepSize
+	}
+	if s.Noise == 0 {
+		s.Noise = d.Hyper.Noise
+	}
+	if s.EvalEvery == 0 {
+		s.EvalEvery = uint32(d.EvalEvery)
+	}
+	if s.EvalEpisodes == 0 {
+		s.EvalEpisodes = uint32(d.EvalEpisodes)
+	}
+	if s.MaxEpisodes == 0 && s.MaxIterations == 0 {
+		s.MaxEpisodes = d.MaxEpisodes
+	}
+	v, err := ars.ParseVersion(s.Version)
+	if err != nil {
+		return nil, ars.Config{}, err
+	}
+	if !v.Truncates() {
+		s.Top = 0
+	}
+	cfg := ars.Config{
+		Env: s.Env, Spec: e.Spec(), Seed: s.Seed,
+		Hyper: ars.Hyper{Version: v, Directions: int(s.Directions), Top: int(s.Top),
+			StepSize: s.StepSize, Noise: s.Noise, Shift: s.Shift},
+		EvalEvery: int(s.EvalEvery), EvalEpisodes: int(s.EvalEpisodes),
+		UseTarget: s.UseTarget, Target: s.Target,
+		MaxEpisodes: s.MaxEpisodes, MaxIterations: int(s.MaxIterations),
+	}
+	for _, h := range s.Hidden {
+		cfg.Hidden = append(cfg.Hidden, int(h))
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, ars.Config{}, err
+	}
+	s.Top = uint32(cfg.Hyper.Top)
+	return s, cfg, nil
+}
+
+// prepareRun validates spec and builds a run named by the next run number,
+// without adding it; the caller publishes the returned θ_0 blob and then
+// calls addRun (or discards the run when the name is taken).
+func (c *coordinator) prepareRun(spec *pb.ARSRunSpec, now time.Time) (*run, []byte, error) {
+	s, cfg, err := normalise(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	tr, err := ars.NewTrainer(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.nextRun++
+	id := fmt.Sprintf("run-%d", c.nextRun)
+	r := &run{id: id, model: "ars/" + id, spec: s, tr: tr, started: now, version: 1}
+	blob, err := tr.PolicyOf().Encode()
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, blob, nil
+}
+
+func (c *coordinator) addRun(r *run) {
+	c.runs[r.id] = r
+	c.order = append(c.order, r)
+	r.startIteration()
+}
+
+func (r *run) startIteration() {
+	r.tasks = r.tr.Tasks()
+	r.pos = make(map[ars.Task]int, len(r.tasks))
+	for i, t := range r.tasks {
+		r.pos[t] = i
+	}
+	r.results = make([]ars.Result, len(r.tasks))
+	r.have = make([]bool, len(r.tasks))
+	r.leases = make([][]lease, len(r.tasks))
+	r.leasedOnce = make([]bool, len(r.tasks))
+	r.remaining = len(r.tasks)
+}
+
+func (c *coordinator) attach(name string, now time.Time) *worker {
+	c.nextWorker++
+	w := &worker{id: fmt.Sprintf("w%d", c.nextWorker), name: name, seen: now}
+	c.workers[w.id] = w
+	return w
+}
+
+// detach forgets a worker and releases its leases at once.
+func (c *coordinator) detach(id string) {
+	delete(c.workers, id)
+	for _, r := range c.order {
+		for i, ls := range r.leases {
+			r.leases[i] = dropWorker(ls, id)
+		}
+	}
+}
+
+func dropWorker(ls []lease, id string) []lease {
+	out := ls[:0]
+	for _, l := range ls {
+		if l.worker != id {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// expire forgets workers silent for a lease TTL and drops expired leases.
+func (c *coordinator) expire(now time.Time) {
+	for id, w := range c.workers {
+		if now.Sub(w.seen) > c.leaseTTL {
+			c.detach(id)
+		}
+	}
+	for _, r := range c.order {
+		for i, ls := range r.leases {
+			out := ls[:0]
+			for _, l := range ls {
+				if now.Sub(l.at) <= c.leaseTTL {
+					out = append(out, l)
+				}
+			}
+			r.leases[i] = out
+		}
+	}
+}
+
+// nextEvent is the earliest time at which expiry or the straggler rule can
+// change what lease would return (zero when nothing is outstanding).
+func (c *coordinator) nextEvent() time.Time {
+	var t time.Time
+	earliest := func(u time.Time) {
+		if t.IsZero() || u.Before(t) {
+			t = u
+		}
+	}
+	for _, w := range c.workers {
+		earliest(w.seen.Add(c.leaseTTL))
+	}
+	for _, r := range c.order {
+		if r.done {
+			continue
+		}
+		for i, ls := range r.leases {
+			if r.have[i] {
+				continue
+			}
+			for _, l := range ls {
+				earliest(l.at.Add(c.straggle))
+				earliest(l.at.Add(c.leaseTTL))
+			}
+		}
+	}
+	return t
+}
+
+var errNoWorker = fmt.Errorf("%w: unknown worker (attach again)", errs.ErrNotFound)
+
+// lease hands worker id up to maxTasks tasks of the oldest run with work: first
+// tasks nobody holds, in task order; when none are left, tasks whose every
+// holder has had them longer than the straggler threshold (at most
+// maxHolders holders each). A share is at most ⌈tasks / (2·workers)⌉ so
+// every live worker gets some. It returns nil when there is nothing to do.
+func (c *coordinator) lease(id string, maxTasks int, now time.Time) (*run, []ars.Task, error) {
+	w, ok := c.workers[id]
+	if !ok {
+		return nil, nil, errNoWorker
+	}
+	w.seen = now
+	c.expire(now)
+	if maxTasks < 1 {
+		maxTasks = 1
+	}
+	for _, r := range c.order {
+		if r.done {
+			continue
+		}
+		share := (len(r.tasks) + 2*len(c.workers) - 1) / (2 * len(c.workers))
+		n := min(maxTasks, max(share, 1))
+		var got []ars.Task
+		for i := range r.tasks {
+			if len(got) == n {
+				break
+			}
+			if !r.have[i] && len(r.leases[i]) == 0 {
+				if r.leasedOnce[i] {
+					c.reassigned++
+				}
+				r.leases[i] = append(r.leases[i], lease{id, now})
+				r.leasedOnce[i] = true
+				got = append(got, r.tasks[i])
+			}
+		}
+		for i := range r.tasks {
+			if len(got) == n {
+				break
+			}
+			if r.have[i] || len(r.leases[i]) == 0 || len(r.leases[i]) >= c.maxHolders {
+				continue
+			}
+			straggling := true
+			for _, l := range r.leases[i] {
+				if l.worker == id || now.Sub(l.at) < c.straggle {
+					straggling = false
+				}
+			}
+			if straggling {
+				c.reassigned++
+				r.leases[i] = append(r.leases[i], lease{id, now})
+				got = append(got, r.tasks[i])
+			}
+		}
+		if len(got) > 0 {
+			return r, got, nil
+		}
+	}
+	return nil, nil, nil
+}
+
+// publish is a version the caller must push to the store.
+type publish struct {
+	model   string
+	version uint64
+	blob    []byte
+}
+
+type reportOutcome struct {
+	accepted, duplicates, stale int
+	pub                         *publish // non-nil when a new version must be pushed
+	finished                    bool     // an iteration finished
+}
+
+// report records results from a worker. All results are validated before
+// any is applied: one bad result rejects the request and changes nothing.
+// Results for another iteration are stale; results for a task already
+// done are duplicates; both are counted and ignored. Workers unknown to
+// the hub (expired) may still report: a result is a deterministic function
+// of its task, whoever computed it.
+func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResult, now time.Time) (reportOutcome, error) {
+	var out reportOutcome
+	if w, ok := c.workers[id]; ok {
+		w.seen = now
+	}
+	r, ok := c.runs[runID]
+	if !ok {
+		return out, fmt.Errorf("%w: run %q", errs.ErrNotFound, runID)
+	}
+	if r.done || iter != r.tr.Iter() {
+		out.stale = len(in)
+		return out, nil
+	}
+	obsDim := r.tr.Config().Spec.ObsDim
+	res := make([]ars.Result, len(in))
+	for k, p := range in {
+		var err error
+		if res[k], err = fromPB(p, obsDim); err != nil {
+			return reportOutcome{}, err
+		}
+		if _, ok := r.pos[res[k].Task]; !ok {
+			return reportOutcome{}, fmt.Errorf("%w: iteration %d has no task %v %d", errs.ErrInvalid, iter, res[k].Kind, res[k].Index)
+		}
+		if err := r.tr.Check(&res[k]); err != nil {
+			return reportOutcome{}, err
+		}
+	}
+	for _, x := range res {
+		i := r.pos[x.Task]
+		if r.have[i] {
+			out.duplicates++
+			continue
+		}
+		r.have[i], r.results[i], r.leases[i] = true, x, nil
+		r.remaining--
+		out.accepted++
+	}
+	if r.remaining == 0 {
+		out.finished = true
+		pub, err := r.finish(now)
+		if err != nil {
+			c.fail(r, err, now)
+			return out, nil
+		}
+		out.pub = pub
+	}
+	return out, nil
+}
+
+func fromPB(p *pb.ARSTaskResult, obsDim int) (ars.Result, error) {
+	var r ars.Result
+	if p.GetTask() == nil {
+		return r, fmt.Errorf("%w: result without a task", errs.ErrInvalid)
+	}
+	switch p.Task.Kind {
+	case pb.ARSTaskKind_ARS_TASK_KIND_DIRECTION:
+		r.Kind = ars.KindDirection
+	case pb.ARSTaskKind_ARS_TASK_KIND_EVAL:
+		r.Kind = ars.KindEval
+	default:
+		return r, fmt.Errorf("%w: task kind %v", errs.ErrInvalid, p.Task.Kind)
+	}
+	if p.Task.Index > math.MaxInt32 {
+		return r, fmt.Errorf("%w: task index %d", errs.ErrInvalid, p.Task.Index)
+	}
+	r.Index = int(p.Task.Index)
+	r.RPlus, r.RMinus, r.Return, r.Steps = p.RPlus, p.RMinus, p.Return, p.Steps
+	if s := p.GetStats(); s != nil {
+		r.Stats = &ars.Stats{Count: s.Count, Mean: s.Mean, M2: s.M2}
+	}
+	_ = obsDim // dimensions are checked by Trainer.Check
+	return r, nil
+}
+
+func toPB(r ars.Result) *pb.ARSTaskResult {
+	k := pb.ARSTaskKind_ARS_TASK_KIND_DIRECTION
+	if r.Kind == ars.KindEval {
+		k = pb.ARSTaskKind_ARS_TASK_KIND_EVAL
+	}
+	p := &pb.ARSTaskResult{Task: &pb.ARSTask{Kind: k, Index: uint32(r.Index)}, RPlus: r.RPlus, RMinus: r.RMinus, Return: r.Return, Steps: r.Steps}
+	if r.Stats != nil {
+		p.Stats = &pb.ARSFilterStats{Count: r.Stats.Count, Mean: r.Stats.Mean, M2: r.Stats.M2}
+	}
+	return p
+}
+
+func taskPB(t ars.Task) *pb.ARSTask {
+	k := pb.ARSTaskKind_ARS_TASK_KIND_DIRECTION
+	if t.Kind == ars.KindEval {
+		k = pb.ARSTaskKind_ARS_TASK_KIND_EVAL
+	}
+	return &pb.ARSTask{Kind: k, Index: uint32(t.Index)}
+}
+
+// finish completes the current iteration and, unless the run ended,
+// starts the next. It returns the version to publish when θ moved.
+func (r *run) finish(now time.Time) (*publish, error) {
+	rep, err := r.tr.Finish(r.results)
+	if err != nil {
+		return nil, err
+	}
+	var pub *publish
+	if rep.Updated {
+		blob, err := r.tr.PolicyOf().Encode()
+		if err != nil {
+			return nil, err
+		}
+		r.version++
+		pub = &publish{model: r.model, version: r.version, blob: blob}
+	}
+	r.progress = append(r.progress, &pb.ARSProgress{
+		RunId: r.id, Iteration: rep.Iteration, Version: r.version, Episodes: rep.Episodes,
+		EvalEpisodes: rep.EvalEpisodes, Steps: rep.Steps, IterationSteps: rep.IterSteps,
+		HasEval: rep.HasEval, EvalMean: rep.EvalMean, EvalStd: rep.EvalStd, SigmaR: rep.Update.SigmaR,
+		Done: rep.Done, Reason: rep.Reason, Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
+	})
+	if rep.Done {
+		r.done = true
+		r.tasks, r.leases = nil, nil
+		return pub, nil
+	}
+	r.startIteration()
+	return pub, nil
+}
+
+// fail ends a run with an error reason.
+func (c *coordinator) fail(r *run, err error, now time.Time) {
+	if r.done {
+		return
+	}
+	r.done = true
+	r.tasks, r.leases = nil, nil
+	last := r.tr.Last()
+	r.progress = append(r.progress, &pb.ARSProgress{
+		RunId: r.id, Iteration: r.tr.Iter(), Version: r.version, Episodes: last.Episodes,
+		EvalEpisodes: last.EvalEpisodes, Steps: last.Steps, Done: true, Reason: err.Error(),
+		Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
+	})
+}

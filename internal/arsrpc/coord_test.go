@@ -1,0 +1,164 @@
+package arsrpc
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/env"
+	"github.com/rlhub/rlhub/internal/errs"
+	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func testSpec() *pb.ARSRunSpec {
+	return &pb.ARSRunSpec{Env: "CartPole-v1", Seed: 5, Version: "V2-t", Directions: 4, Top: 2,
+		StepSize: 0.02, Noise: 0.03, EvalEvery: 2, EvalEpisodes: 2, MaxIterations: 3}
+}
+
+func newTestRun(t *testing.T, c *coordinator) *run {
+	t.Helper()
+	r, blob, err := c.prepareRun(testSpec(), t0)
+	if err != nil || len(blob) == 0 {
+		t.Fatal(err)
+	}
+	c.addRun(r)
+	return r
+}
+
+// compute runs tasks the way a worker does.
+func compute(t *testing.T, r *run, tasks []ars.Task) []*pb.ARSTaskResult {
+	t.Helper()
+	e, _ := env.Make(r.spec.Env)
+	arch := r.tr.Arch()
+	ev := ars.NewEvaluator(e, &arch)
+	var out []*pb.ARSTaskResult
+	for _, task := range tasks {
+		out = append(out, toPB(ev.Run(r.tr.Current(), task)))
+	}
+	return out
+}
+
+func TestLeaseSharesExpiryAndStragglers(t *testing.T) {
+	c := newCoordinator(10*time.Second, 2*time.Second, 2)
+	r := newTestRun(t, c)
+	a, b := c.attach("a", t0), c.attach("b", t0)
+	// 6 tasks (4 directions, 2 evals), 2 workers: shares of ⌈6/4⌉ = 2.
+	_, ga, _ := c.lease(a.id, 8, t0)
+	_, gb, _ := c.lease(b.id, 8, t0)
+	if len(ga) != 2 || len(gb) != 2 || ga[0] != (ars.Task{Kind: ars.KindDirection, Index: 0}) || gb[0].Index != 2 {
+		t.Fatalf("leases %v / %v", ga, gb)
+	}
+	// b finishes its tasks; a is slow.
+	if out, err := c.report(b.id, r.id, 0, compute(t, r, gb), t0.Add(time.Second)); err != nil || out.accepted != 2 {
+		t.Fatalf("report: %+v %v", out, err)
+	}
+	_, gb2, _ := c.lease(b.id, 8, t0.Add(time.Second))
+	if len(gb2) != 2 || gb2[0].Kind != ars.KindEval {
+		t.Fatalf("second lease %v", gb2)
+	}
+	// Nothing unleased and a's lease is younger than the threshold: nothing.
+	if _, g, _ := c.lease(b.id, 8, t0.Add(1500*time.Millisecond)); g != nil {
+		t.Fatalf("got %v before the straggler threshold", g)
+	}
+	// Past it, b gets duplicates of a's tasks (but never its own).
+	_, dup, _ := c.lease(b.id, 8, t0.Add(2500*time.Millisecond))
+	if len(dup) != 2 || dup[0] != ga[0] || c.reassigned != 2 {
+		t.Fatalf("straggler lease %v, reassigned %d", dup, c.reassigned)
+	}
+	if _, g, _ := c.lease(b.id, 8, t0.Add(2600*time.Millisecond)); g != nil {
+		t.Fatalf("a task went to a third holder or twice to b: %v", g)
+	}
+	// a reports late: its results win, b's copies become duplicates.
+	res := compute(t, r, ga)
+	if out, _ := c.report(a.id, r.id, 0, res, t0.Add(3*time.Second)); out.accepted != 2 {
+		t.Fatalf("a's report %+v", out)
+	}
+	if out, _ := c.report(b.id, r.id, 0, res, t0.Add(3*time.Second)); out.duplicates != 2 || out.accepted != 0 {
+		t.Fatalf("b's duplicate report %+v", out)
+	}
+	// a went silent past the TTL: forgotten, its leases freed.
+	c.expire(t0.Add(14 * time.Second))
+	if _, ok := c.workers[a.id]; ok {
+		t.Fatal("silent worker kept")
+	}
+	if _, _, err := c.lease(a.id, 1, t0.Add(14*time.Second)); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("lease by a forgotten worker: %v", err)
+	}
+}
+
+func TestExpiredLeaseIsReassigned(t *testing.T) {
+	c := newCoordinator(time.Second, time.Hour, 2)
+	r := newTestRun(t, c)
+	a := c.attach("a", t0)
+	_, ga, _ := c.lease(a.id, 3, t0)
+	b := c.attach("b", t0.Add(500*time.Millisecond))
+	_, gb, _ := c.lease(b.id, 8, t0.Add(500*time.Millisecond))
+	_, gb2, _ := c.lease(b.id, 8, t0.Add(600*time.Millisecond))
+	if len(ga)+len(gb)+len(gb2) != 6 {
+		t.Fatalf("leases %v %v %v", ga, gb, gb2)
+	}
+	// a dies; after the TTL its tasks go to b.
+	_, again, _ := c.lease(b.id, 8, t0.Add(1600*time.Millisecond))
+	if len(again) != 3 || again[0] != ga[0] {
+		t.Fatalf("after expiry b got %v, want %v", again, ga)
+	}
+	_ = r
+}
+
+func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
+	c := newCoordinator(time.Second, time.Second, 2)
+	r := newTestRun(t, c)
+	w := c.attach("w", t0)
+	_, tasks, _ := c.lease(w.id, 8, t0)
+	good := compute(t, r, tasks)
+	for name, mutate := range map[string]func(*pb.ARSTaskResult){
+		"nan":       func(p *pb.ARSTaskResult) { p.RPlus = 0 / func() float64 { return 0 }() },
+		"kind":      func(p *pb.ARSTaskResult) { p.Task.Kind = 7 },
+		"index":     func(p *pb.ARSTaskResult) { p.Task.Index = 99 },
+		"stats dim": func(p *pb.ARSTaskResult) { p.Stats.Mean = p.Stats.Mean[:1] },
+		"no task":   func(p *pb.ARSTaskResult) { p.Task = nil },
+	} {
+		bad := compute(t, r, tasks)
+		mutate(bad[len(bad)-1])
+		if _, err := c.report(w.id, r.id, 0, bad, t0); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+		if r.remaining != len(r.tasks) {
+			t.Fatalf("%s: a rejected report changed the run", name)
+		}
+	}
+	if _, err := c.report(w.id, "nope", 0, good, t0); !errors.Is(err, errs.ErrNotFound) {
+		t.Errorf("unknown run: %v", err)
+	}
+	if out, err := c.report(w.id, r.id, 1, good, t0); err != nil || out.stale != len(good) {
+		t.Errorf("other iteration: %+v %v", out, err)
+	}
+	if out, err := c.report(w.id, r.id, 0, good, t0); err != nil || out.accepted != len(good) {
+		t.Errorf("good report: %+v %v", out, err)
+	}
+}
+
+func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
+	s, cfg, err := normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := ars.EnvDefaults("CartPole-v1")
+	if s.Version != d.Hyper.Version.String() || int(s.Directions) != d.Hyper.Directions || int(s.Top) != d.Hyper.Top || cfg.MaxEpisodes != d.MaxEpisodes {
+		t.Fatalf("normalised %+v", s)
+	}
+	for name, spec := range map[string]*pb.ARSRunSpec{
+		"nil":     nil,
+		"env":     {Env: "NoSuchEnv-v0"},
+		"version": {Env: "CartPole-v1", Version: "V9"},
+		"top":     {Env: "CartPole-v1", Directions: 4, Top: 5},
+		"noise":   {Env: "CartPole-v1", Noise: -1},
+	} {
+		if _, _, err := normalise(spec); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -1,0 +1,375 @@
+// Package arsrpc distributes ARS over gRPC: the hub-side coordinator
+// service (runs, leased tasks, results, publishing each new policy version
+// to the model store) and the worker loop that `rlhub worker ars` runs.
+//
+// The algorithm itself is package ars; the pure coordinator state
+// (coord.go) decides leases and applies results, and the Service wraps it
+// in one mutex, turning state changes into wake-ups for long polls and
+// progress streams. A run's result does not depend on which worker
+// computed what: every task is a deterministic function of (seed,
+// iteration, task), results are keyed by task, and the trainer merges
+// them in task order.
+package arsrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire"
+	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Config configures the coordinator service.
+type Config struct {
+	// Store receives every policy version; required.
+	Store store.Store
+	// LeaseTTL: a leased task not reported within it, or a worker silent
+	// for it, is released for others; 0 means 10s.
+	LeaseTTL time.Duration
+	// StraggleAfter: once no task is unleased, a task held this long by
+	// every holder is also handed to an idle worker (first result wins);
+	// 0 means 2s.
+	StraggleAfter time.Duration
+	// MaxHolders bounds how many workers may hold one task at once; 0
+	// means 2.
+	MaxHolders int
+	// MaxWait caps one Lease long poll; 0 means 2s. Must be below
+	// LeaseTTL.
+	MaxWait time.Duration
+	// PublishTimeout bounds one store push; 0 means 10s.
+	PublishTimeout time.Duration
+	// ChunkBytes is the PullPolicy chunk size; 0 means 1 MiB.
+	ChunkBytes int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Store == nil {
+		return errors.New("arsrpc: Config.Store is required")
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 10 * time.Second
+	}
+	if c.StraggleAfter == 0 {
+		c.StraggleAfter = 2 * time.Second
+	}
+	if c.MaxHolders == 0 {
+		c.MaxHolders = 2
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 2 * time.Second
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = 10 * time.Second
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = 1 << 20
+	}
+	if c.LeaseTTL < 0 || c.StraggleAfter < 0 || c.MaxHolders < 1 || c.MaxWait < 0 || c.PublishTimeout < 0 || c.ChunkBytes < 1 {
+		return fmt.Errorf("arsrpc: negative duration or size in %+v", *c)
+	}
+	if c.MaxWait >= c.LeaseTTL {
+		return fmt.Errorf("arsrpc: MaxWait %v must be below LeaseTTL %v (a long-polling worker would expire)", c.MaxWait, c.LeaseTTL)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Service is the hub's ARS coordinator. Its handlers are called by gRPC
+// goroutines; all state lives in the coordinator behind mu.
+type Service struct {
+	pb.UnimplementedARSServer
+	cfg  Config
+	quit chan struct{} // closed by Close: ends long polls and watches
+
+	mu      sync.Mutex
+	c       *coordinator  // guarded by mu
+	changed chan struct{} // closed and replaced on every state change; guarded by mu
+	closed  bool          // guarded by mu
+}
+
+// New builds the service.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg:     cfg,
+		quit:    make(chan struct{}),
+		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders),
+		changed: make(chan struct{}),
+	}, nil
+}
+
+// Register attaches the handlers (hub.Service).
+func (s *Service) Register(g *grpc.Server) { pb.RegisterARSServer(g, s) }
+
+// Drain ends every long poll and watch so that a graceful stop does not
+// wait for them (hub.Drainer); later calls fail with Unavailable. Safe to
+// call twice.
+func (s *Service) Drain() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		close(s.quit)
+	}
+}
+
+// Close drains the service (hub.Service). Safe to call twice. The service
+// starts no goroutines of its own.
+func (s *Service) Close() error {
+	s.Drain()
+	return nil
+}
+
+// broadcastLocked wakes everyone waiting for a change. Caller holds mu.
+func (s *Service) broadcastLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+var errClosed = fmt.Errorf("%w: ARS coordinator is shutting down", errs.ErrUnavailable)
+
+// pushLocked publishes a version. Caller holds mu, so no worker can lease
+// the iteration that needs it before it is in the store.
+func (s *Service) pushLocked(p *publish) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+	defer cancel()
+	expect := p.version - 1
+	_, err := s.cfg.Store.Push(ctx, store.PushRequest{Name: p.model, Version: p.version, Expect: expect, Blob: p.blob})
+	return err
+}
+
+// StartRun implements pb.ARSServer.
+func (s *Service) StartRun(ctx context.Context, req *pb.ARSStartRunRequest) (*pb.ARSStartRunResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errs.ToStatus(errClosed)
+	}
+	for attempt := 0; attempt < 1000; attempt++ {
+		r, blob, err := s.c.prepareRun(req.GetSpec(), s.cfg.Now())
+		if err != nil {
+			return nil, errs.ToStatus(err)
+		}
+		err = s.pushLocked(&publish{model: r.model, version: 1, blob: blob})
+		if errors.Is(err, errs.ErrStale) {
+			continue // the name is taken (a store that outlived a hub): next run number
+		}
+		if err != nil {
+			return nil, errs.ToStatus(fmt.Errorf("publish %s v1: %w", r.model, err))
+		}
+		s.c.addRun(r)
+		s.broadcastLocked()
+		s.cfg.Logger.Info("ars run started", "run", r.id, "model", r.model, "env", r.spec.Env, "seed", r.spec.Seed, "version", r.spec.Version, "directions", r.spec.Directions, "top", r.spec.Top)
+		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil
+	}
+	return nil, errs.ToStatus(fmt.Errorf("%w: no free run name", errs.ErrExists))
+}
+
+// StopRun implements pb.ARSServer.
+func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.ARSStopRunResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.c.runs[req.RunId]
+	if !ok {
+		return nil, errs.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+	}
+	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
+	s.broadcastLocked()
+	return &pb.ARSStopRunResponse{}, nil
+}
+
+// WatchRun implements pb.ARSServer.
+func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreamingServer[pb.ARSProgress]) error {
+	sent := 0
+	for {
+		s.mu.Lock()
+		r, ok := s.c.runs[req.RunId]
+		if !ok {
+			s.mu.Unlock()
+			return errs.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		}
+		batch := r.progress[sent:] // entries are immutable once appended
+		ch := s.changed
+		s.mu.Unlock()
+		for _, p := range batch {
+			if p.Iteration >= req.FromIteration || p.Done {
+				if err := stream.Send(p); err != nil {
+					return err
+				}
+			}
+			if p.Done {
+				return nil
+			}
+		}
+		sent += len(batch)
+		select {
+		case <-ch:
+		case <-stream.Context().Done():
+			return errs.ToStatus(stream.Context().Err())
+		case <-s.quit:
+			return errs.ToStatus(errClosed)
+		}
+	}
+}
+
+// Attach implements pb.ARSServer.
+func (s *Service) Attach(ctx context.Context, req *pb.ARSAttachRequest) (*pb.ARSAttachResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errs.ToStatus(errClosed)
+	}
+	w := s.c.attach(req.Name, s.cfg.Now())
+	s.cfg.Logger.Debug("ars worker attached", "worker", w.id, "name", w.name)
+	return &pb.ARSAttachResponse{WorkerId: w.id, LeaseMs: uint32(s.cfg.LeaseTTL.Milliseconds())}, nil
+}
+
+// Detach implements pb.ARSServer.
+func (s *Service) Detach(ctx context.Context, req *pb.ARSDetachRequest) (*pb.ARSDetachResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.c.detach(req.WorkerId)
+	s.broadcastLocked()
+	return &pb.ARSDetachResponse{}, nil
+}
+
+// Lease implements pb.ARSServer: a long poll of at most min(wait_ms,
+// MaxWait) that wakes on any state change or when a lease or the
+// straggler threshold runs out.
+func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLeaseResponse, error) {
+	wait := min(time.Duration(req.WaitMs)*time.Millisecond, s.cfg.MaxWait)
+	give := time.NewTimer(wait)
+	defer give.Stop()
+	empty := &pb.ARSLeaseResponse{LeaseMs: uint32(s.cfg.LeaseTTL.Milliseconds())}
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, errs.ToStatus(errClosed)
+		}
+		now := s.cfg.Now()
+		r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), now)
+		if err != nil {
+			s.mu.Unlock()
+			return nil, errs.ToStatus(err)
+		}
+		if len(tasks) > 0 {
+			resp := &pb.ARSLeaseResponse{RunId: r.id, Spec: r.spec, Iteration: r.tr.Iter(), Model: r.model,
+				Version: r.version, LeaseMs: empty.LeaseMs}
+			for _, t := range tasks {
+				resp.Tasks = append(resp.Tasks, taskPB(t))
+			}
+			s.mu.Unlock()
+			return resp, nil
+		}
+		ch := s.changed
+		next := s.c.nextEvent()
+		s.mu.Unlock()
+
+		var tick <-chan time.Time
+		var timer *time.Timer
+		if !next.IsZero() {
+			timer = time.NewTimer(max(next.Sub(now), 0) + time.Millisecond)
+			tick = timer.C
+		}
+		var stop error
+		gaveUp := false
+		select {
+		case <-ch:
+		case <-tick:
+		case <-give.C:
+			gaveUp = true
+		case <-ctx.Done():
+			stop = errs.ToStatus(ctx.Err())
+		case <-s.quit:
+			stop = errs.ToStatus(errClosed)
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if stop != nil {
+			return nil, stop
+		}
+		if gaveUp {
+			return empty, nil
+		}
+	}
+}
+
+// Report implements pb.ARSServer.
+func (s *Service) Report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARSReportResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	out, err := s.c.report(req.WorkerId, req.RunId, req.Iteration, req.Results, now)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	if out.pub != nil {
+		if err := s.pushLocked(out.pub); err != nil {
+			s.c.fail(s.c.runs[req.RunId], fmt.Errorf("publish %s v%d: %w", out.pub.model, out.pub.version, err), now)
+			s.cfg.Logger.Error("ars publish failed", "run", req.RunId, "err", err)
+		}
+	}
+	if out.finished || out.accepted > 0 {
+		s.broadcastLocked()
+	}
+	if out.finished {
+		r := s.c.runs[req.RunId]
+		p := r.progress[len(r.progress)-1]
+		s.cfg.Logger.Debug("ars iteration", "run", r.id, "iteration", p.Iteration, "episodes", p.Episodes, "eval", p.EvalMean, "done", p.Done)
+	}
+	return &pb.ARSReportResponse{Accepted: uint32(out.accepted), Duplicates: uint32(out.duplicates), Stale: uint32(out.stale)}, nil
+}
+
+// PullPolicy implements pb.ARSServer: the version comes from the store.
+func (s *Service) PullPolicy(req *pb.ARSPullPolicyRequest, stream grpc.ServerStreamingServer[pb.ARSPolicyPart]) error {
+	s.mu.Lock()
+	r, ok := s.c.runs[req.RunId]
+	var model string
+	if ok {
+		model = r.model
+	}
+	s.mu.Unlock()
+	if !ok {
+		return errs.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+	}
+	snap, err := s.cfg.Store.Get(stream.Context(), model, req.Version)
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	info := &pb.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob)), ChunkBytes: uint32(s.cfg.ChunkBytes)}
+	if err := stream.Send(&pb.ARSPolicyPart{Part: &pb.ARSPolicyPart_Info{Info: info}}); err != nil {
+		return err
+	}
+	return wire.ChunksOf(snap.Blob, s.cfg.ChunkBytes, func(b []byte) error {
+		return stream.Send(&pb.ARSPolicyPart{Part: &pb.ARSPolicyPart_Chunk{Chunk: &pb.Chunk{Data: b}}})
+	})
+}
+
+// Reassigned returns how many times a task was leased to a worker after
+// another had held it (expired lease, departed worker or straggler).
+func (s *Service) Reassigned() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.c.reassigned
+}

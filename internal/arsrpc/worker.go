@@ -1,0 +1,269 @@
+package arsrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/env"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/wire"
+	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// WorkerConfig configures one ARS worker.
+type WorkerConfig struct {
+	// Conn is the connection to the hub; required.
+	Conn grpc.ClientConnInterface
+	// Name identifies the worker in the hub's logs; "" means "worker".
+	Name string
+	// MaxTasks bounds one lease; 0 means 8.
+	MaxTasks int
+	// Wait is the long-poll length asked of the hub; 0 means 1s.
+	Wait time.Duration
+	// RetryFor is how long an unreachable hub is retried before RunWorker
+	// gives up; 0 means 30s.
+	RetryFor time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+
+	// afterLease, when set (tests only), runs after each non-empty lease
+	// before any task is run.
+	afterLease func(*pb.ARSLeaseResponse)
+}
+
+func (c *WorkerConfig) validate() error {
+	if c.Conn == nil {
+		return errors.New("arsrpc: WorkerConfig.Conn is required")
+	}
+	if c.Name == "" {
+		c.Name = "worker"
+	}
+	if c.MaxTasks == 0 {
+		c.MaxTasks = 8
+	}
+	if c.Wait == 0 {
+		c.Wait = time.Second
+	}
+	if c.RetryFor == 0 {
+		c.RetryFor = 30 * time.Second
+	}
+	if c.MaxTasks < 1 || c.Wait < 0 || c.RetryFor < 0 {
+		return fmt.Errorf("arsrpc: bad worker config %+v", *c)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// WorkerStats counts what a worker did.
+type WorkerStats struct {
+	Tasks, Steps, Pulls int64
+}
+
+// worker state: the policy it holds and the evaluator for its run.
+type workerLoop struct {
+	cfg    WorkerConfig
+	client pb.ARSClient
+	id     string
+	stats  WorkerStats
+
+	runID   string
+	version uint64
+	envName string
+	it      *ars.Iteration
+	ev      *ars.Evaluator
+}
+
+// RunWorker attaches to the hub and runs leased tasks until ctx is done
+// (then it detaches and returns nil) or the hub stays unreachable for
+// RetryFor (then it returns the error). It runs in the calling goroutine
+// and starts none.
+func RunWorker(ctx context.Context, cfg WorkerConfig) (WorkerStats, error) {
+	if err := cfg.validate(); err != nil {
+		return WorkerStats{}, err
+	}
+	w := &workerLoop{cfg: cfg, client: pb.NewARSClient(cfg.Conn)}
+	err := w.loop(ctx)
+	if w.id != "" {
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		w.client.Detach(dctx, &pb.ARSDetachRequest{WorkerId: w.id})
+		cancel()
+	}
+	if ctx.Err() != nil {
+		return w.stats, nil
+	}
+	return w.stats, err
+}
+
+func (w *workerLoop) loop(ctx context.Context) error {
+	var failingSince time.Time
+	// retry reports whether err is worth retrying and sleeps a little.
+	retry := func(err error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		if failingSince.IsZero() {
+			failingSince = time.Now()
+		}
+		if time.Since(failingSince) > w.cfg.RetryFor {
+			return false
+		}
+		w.cfg.Logger.Debug("ars worker: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+		return true
+	}
+	for ctx.Err() == nil {
+		if w.id == "" {
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			resp, err := w.client.Attach(actx, &pb.ARSAttachRequest{Name: w.cfg.Name}, grpc.WaitForReady(true))
+			cancel()
+			if err != nil {
+				if retry(err) {
+					continue
+				}
+				return fmt.Errorf("attach: %w", errs.FromStatus(err))
+			}
+			w.id = resp.WorkerId
+		}
+		lctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+10*time.Second)
+		lease, err := w.client.Lease(lctx, &pb.ARSLeaseRequest{WorkerId: w.id, MaxTasks: uint32(w.cfg.MaxTasks), WaitMs: uint32(w.cfg.Wait.Milliseconds())})
+		cancel()
+		if err != nil {
+			err = errs.FromStatus(err)
+			if errors.Is(err, errs.ErrNotFound) {
+				w.id = "" // the hub forgot us (restart or expiry): attach again
+				continue
+			}
+			if retry(err) {
+				continue
+			}
+			return fmt.Errorf("lease: %w", err)
+		}
+		failingSince = time.Time{}
+		if len(lease.Tasks) == 0 {
+			continue
+		}
+		if w.cfg.afterLease != nil {
+			w.cfg.afterLease(lease)
+		}
+		if err := w.serve(ctx, lease); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, errs.ErrInvalid) {
+				return err // a bug or a version mismatch: do not spin
+			}
+			if retry(err) {
+				continue
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// serve runs one lease's tasks and reports them.
+func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) error {
+	if err := w.ensurePolicy(ctx, lease); err != nil {
+		return err
+	}
+	req := &pb.ARSReportRequest{WorkerId: w.id, RunId: lease.RunId, Iteration: lease.Iteration}
+	for _, t := range lease.Tasks {
+		task := ars.Task{Kind: ars.KindDirection, Index: int(t.Index)}
+		if t.Kind == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
+			task.Kind = ars.KindEval
+		}
+		res := w.ev.Run(w.it, task)
+		w.stats.Tasks++
+		w.stats.Steps += res.Steps
+		req.Results = append(req.Results, toPB(res))
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := w.client.Report(rctx, req); err != nil {
+		return fmt.Errorf("report: %w", errs.FromStatus(err))
+	}
+	return nil
+}
+
+// ensurePolicy pulls the lease's policy version unless it is held already.
+func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseResponse) error {
+	if w.runID == lease.RunId && w.version == lease.Version && w.it != nil {
+		return nil
+	}
+	p, err := PullPolicy(ctx, w.client, lease.RunId, lease.Version)
+	if err != nil {
+		return err
+	}
+	w.stats.Pulls++
+	if p.Iteration != lease.Iteration {
+		return fmt.Errorf("%w: policy version %d is iteration %d, lease is for iteration %d", errs.ErrInvalid, lease.Version, p.Iteration, lease.Iteration)
+	}
+	if w.runID != lease.RunId || w.envName != lease.Spec.GetEnv() || w.ev == nil {
+		e, err := env.Make(lease.Spec.GetEnv())
+		if err != nil {
+			return fmt.Errorf("%w: %v", errs.ErrInvalid, err)
+		}
+		arch := p.Arch
+		w.ev = ars.NewEvaluator(e, &arch)
+		w.envName = lease.Spec.GetEnv()
+	}
+	w.runID, w.version = lease.RunId, lease.Version
+	w.it = &ars.Iteration{Seed: p.Seed, Iteration: p.Iteration, Hyper: p.Hyper, Theta: p.Theta, Filter: p.Filter()}
+	return nil
+}
+
+// PullPolicy downloads and decodes one policy version of a run (0 means
+// the newest).
+func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version uint64) (*ars.Policy, error) {
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	stream, err := client.PullPolicy(pctx, &pb.ARSPullPolicyRequest{RunId: runID, Version: version})
+	if err != nil {
+		return nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+	}
+	info := first.GetInfo()
+	if info == nil {
+		return nil, fmt.Errorf("%w: policy stream did not start with BlobInfo", errs.ErrInvalid)
+	}
+	asm, err := wire.NewAssembler(info.TotalBytes, wire.Limits{MaxBytes: 256 << 20})
+	if err != nil {
+		return nil, err
+	}
+	for {
+		part, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+		}
+		c := part.GetChunk()
+		if c == nil {
+			return nil, fmt.Errorf("%w: policy stream sent a second header", errs.ErrInvalid)
+		}
+		if err := asm.Write(c.Data); err != nil {
+			return nil, err
+		}
+	}
+	f, _, err := asm.Finish()
+	if err != nil {
+		return nil, err
+	}
+	return ars.PolicyFromStateDict(f.Tensors, f.Metadata)
+}
