@@ -58,6 +58,8 @@ type Config struct {
 	// Lease is how long a learner stays attached without sending anything
 	// (learners heartbeat at a third of it); 0 means 10s.
 	Lease time.Duration
+	// CheckEvery is how often leases are checked; 0 means Lease/4.
+	CheckEvery time.Duration
 	// TaskTimeout bounds every wait for one learner's reply (start, demand,
 	// one share of a learn); the caller's deadline bounds it too. 0 means
 	// 60s.
@@ -84,6 +86,12 @@ func (c *Config) validate() error {
 	}
 	if c.Lease < 10*time.Millisecond {
 		return fmt.Errorf("aggregator: Lease %v is below 10ms", c.Lease)
+	}
+	if c.CheckEvery == 0 {
+		c.CheckEvery = c.Lease / 4
+	}
+	if c.CheckEvery < time.Millisecond {
+		return fmt.Errorf("aggregator: CheckEvery %v is below 1ms", c.CheckEvery)
 	}
 	if c.TaskTimeout == 0 {
 		c.TaskTimeout = 60 * time.Second
@@ -223,7 +231,7 @@ func (s *Service) Close() error {
 
 // reap removes learners whose lease expired. It runs until Close.
 func (s *Service) reap() {
-	t := time.NewTicker(max(s.cfg.Lease/4, 5*time.Millisecond))
+	t := time.NewTicker(s.cfg.CheckEvery)
 	defer t.Stop()
 	for {
 		select {

@@ -1,0 +1,315 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/learner"
+	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// fakeClock is a settable clock for leases.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// rawAttach opens an Attach stream by hand, for protocol tests.
+func rawAttach(t *testing.T, h *harness) rlhubv1.LearnerAggregator_AttachClient {
+	t.Helper()
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s, err := rlhubv1.NewLearnerAggregatorClient(conn).Attach(testCtx(t, 60*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func hello(id string) *rlhubv1.LearnerMessage {
+	return &rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Hello{Hello: &rlhubv1.Hello{LearnerId: id}}}
+}
+
+// recvEnd reads until the stream ends and returns its status code and
+// message.
+func recvEnd(s rlhubv1.LearnerAggregator_AttachClient) (codes.Code, string) {
+	for {
+		if _, err := s.Recv(); err != nil {
+			st := status.Convert(err)
+			return st.Code(), st.Message()
+		}
+	}
+}
+
+func TestLeaseRenewedByMessagesAndExpiry(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	h := newHarness(t, Config{Lease: 10 * time.Second, CheckEvery: 5 * time.Millisecond, Now: clk.Now})
+	s := rawAttach(t, h)
+	if err := s.Send(hello("a")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.Recv()
+	if err != nil || m.GetWelcome().GetLeaseMs() != 10000 {
+		t.Fatalf("welcome = %v, %v", m, err)
+	}
+	lease := func() int64 {
+		st, _ := h.svc.Status(context.Background(), &rlhubv1.StatusRequest{})
+		if len(st.Learners) != 1 {
+			return -1
+		}
+		return st.Learners[0].LeaseRemainingMs
+	}
+	clk.Advance(6 * time.Second)
+	if got := lease(); got != 4000 {
+		t.Fatalf("lease remaining after 6s = %dms, want 4000", got)
+	}
+	if err := s.Send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Heartbeat{Heartbeat: &rlhubv1.Heartbeat{}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the heartbeat to renew the lease", func() bool { return lease() == 10000 })
+	clk.Advance(10*time.Second + time.Millisecond)
+	code, msg := recvEnd(s)
+	if code != codes.Unavailable || !strings.Contains(msg, "lease") || !strings.Contains(msg, `"a"`) {
+		t.Fatalf("expired learner's stream ended with %v %q", code, msg)
+	}
+	st, _ := h.client.Status(context.Background())
+	if len(st.Learners) != 0 || st.RemovedTotal != 1 || st.AttachedTotal != 1 {
+		t.Fatalf("status after expiry: %+v", st)
+	}
+}
+
+func TestProtocolMisuseIsRefused(t *testing.T) {
+	h := newHarness(t, Config{})
+	for _, tc := range []struct {
+		name string
+		msgs []*rlhubv1.LearnerMessage
+		want string
+	}{
+		{"heartbeat before hello", []*rlhubv1.LearnerMessage{{Body: &rlhubv1.LearnerMessage_Heartbeat{Heartbeat: &rlhubv1.Heartbeat{}}}}, "before Hello"},
+		{"reply before hello", []*rlhubv1.LearnerMessage{{Body: &rlhubv1.LearnerMessage_Reply{Reply: &rlhubv1.LearnerReply{}}}}, "before Hello"},
+		{"empty id", []*rlhubv1.LearnerMessage{hello("")}, "learner id"},
+		{"id with a space", []*rlhubv1.LearnerMessage{hello("a b")}, "learner id"},
+		{"second hello", []*rlhubv1.LearnerMessage{hello("x"), hello("x")}, "second Hello"},
+		{"empty message", []*rlhubv1.LearnerMessage{{}}, "empty message"},
+	} {
+		s := rawAttach(t, h)
+		for _, m := range tc.msgs {
+			s.Send(m)
+		}
+		code, msg := recvEnd(s)
+		if code != codes.InvalidArgument || !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: stream ended with %v %q, want InvalidArgument mentioning %q", tc.name, code, msg, tc.want)
+		}
+	}
+	waitFor(t, "no learner left attached", func() bool { return len(h.learnerIDs(t, "")) == 0 })
+}
+
+func TestSameIDReplacesTheOldStream(t *testing.T) {
+	h := newHarness(t, Config{})
+	old := rawAttach(t, h)
+	old.Send(hello("a"))
+	if _, err := old.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	repl := rawAttach(t, h)
+	repl.Send(hello("a"))
+	if _, err := repl.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	code, msg := recvEnd(old)
+	if code != codes.Unavailable || !strings.Contains(msg, "re-attached") {
+		t.Fatalf("old stream ended with %v %q", code, msg)
+	}
+	if ids := h.learnerIDs(t, ""); !slices.Equal(ids, []string{"a"}) {
+		t.Fatalf("learners %v", ids)
+	}
+}
+
+// runLearners runs in-process learners (goroutines over real gRPC) until
+// the test ends.
+func runLearners(t *testing.T, h *harness, cfgs ...learner.Config) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var ids []string
+	for _, cfg := range cfgs {
+		cfg.Hub = h.addr
+		cfg.Backoff = 20 * time.Millisecond
+		cfg.Logger = quietLogger()
+		ids = append(ids, cfg.ID)
+		wg.Add(1)
+		go func() { defer wg.Done(); learner.Run(ctx, cfg) }()
+		h.waitAttached(t, "", ids...)
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+func exampleCfg(id string, bs int64) learner.Config {
+	ex := &learner.Example{ID: id, BatchSize: bs}
+	return ex.Config("")
+}
+
+func TestStartRefusalNamesTheLearner(t *testing.T) {
+	h := newHarness(t, Config{})
+	bad := exampleCfg("b", 4)
+	bad.OnStart = func(ctx context.Context, task string, info map[string]any) error {
+		return errors.New("out of GPU memory")
+	}
+	runLearners(t, h, exampleCfg("a", 4), bad)
+	ctx := testCtx(t, 30*time.Second)
+	_, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights})
+	if !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), `learner "b"`) || !strings.Contains(err.Error(), "out of GPU memory") {
+		t.Fatalf("Start with a refusing learner: %v", err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, ""); !errors.Is(err, errs.ErrStale) {
+		t.Fatalf("demand after a failed Start: %v, want ErrStale (no task)", err)
+	}
+	// A learner refusing for a bad task info (the example needs "w").
+	if _, err := h.client.Start(ctx, "t2", map[string]any{}); err == nil {
+		t.Fatal("Start without weights succeeded")
+	}
+}
+
+func TestBadBatchChangesNothing(t *testing.T) {
+	h := newHarness(t, Config{})
+	runLearners(t, h, exampleCfg("a", 4), exampleCfg("b", 4))
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	mismatch, _ := tensor.NewStateDict(tensor.NewF32("x", 8, 4), tensor.NewF32("y", 7))
+	if _, err := h.client.Learn(ctx, "t1", mismatch, nil); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "rows") {
+		t.Fatalf("mismatched rows: %v", err)
+	}
+	if _, err := h.client.Learn(ctx, "other", regressionBatch(t, 8, 1), nil); !errors.Is(err, errs.ErrStale) {
+		t.Fatalf("wrong task id: %v", err)
+	}
+	// A batch stream that ends early, and one that is not safetensors.
+	raw := rlhubv1.NewLearnerAggregatorClient(mustConn(t, h.addr))
+	for name, body := range map[string][]byte{"short": make([]byte, 100), "garbage": []byte("0123456789abcdef")} {
+		ls, err := raw.Learn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls.Send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Header{Header: &rlhubv1.LearnHeader{TaskId: "t1", Blob: &rlhubv1.BlobInfo{TotalBytes: 200}}}})
+		ls.Send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: body}}})
+		if _, err := ls.CloseAndRecv(); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%s batch: %v, want InvalidArgument", name, err)
+		}
+	}
+	batch := regressionBatch(t, 8, 2)
+	resp, err := h.client.Learn(ctx, "t1", batch, nil)
+	if err != nil {
+		t.Fatalf("good batch after bad ones: %v", err)
+	}
+	checkExactlyOnce(t, resp, batch)
+	if ids := h.learnerIDs(t, "t1"); !slices.Equal(ids, []string{"a", "b"}) {
+		t.Fatalf("learners after bad batches: %v", ids)
+	}
+}
+
+func mustConn(t *testing.T, addr string) *grpc.ClientConn {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// A learner that never answers is bounded by TaskTimeout: its rows are
+// re-split, it is detached, and it re-attaches by itself.
+func TestSlowLearnerTimesOutAndIsResplit(t *testing.T) {
+	h := newHarness(t, Config{TaskTimeout: 300 * time.Millisecond, Lease: time.Second})
+	slow := exampleCfg("slow", 4)
+	stuck := make(chan struct{})
+	var once sync.Once
+	slow.OnLearn = func(ctx context.Context, lt *learner.LearnTask) (map[string]any, error) {
+		once.Do(func() { close(stuck) })
+		<-ctx.Done() // hangs until the aggregator drops the stream
+		return nil, ctx.Err()
+	}
+	runLearners(t, h, exampleCfg("a", 4), slow)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	batch := regressionBatch(t, 8, 1)
+	resp, err := h.client.Learn(ctx, "t1", batch, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-stuck
+	if !slices.Equal(resp.Failed, []string{"slow"}) {
+		t.Fatalf("failed = %v", resp.Failed)
+	}
+	checkExactlyOnce(t, resp, batch)
+	// It comes back on its own (the learner API re-attaches) and is
+	// started on the current task.
+	h.waitAttached(t, "t1", "a", "slow")
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, cfg := range []Config{
+		{Lease: time.Millisecond},
+		{CheckEvery: -1},
+		{TaskTimeout: -1},
+		{OnFailure: 7},
+		{ChunkBytes: 10},
+		{MaxBatchBytes: -1},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) succeeded", cfg)
+		}
+	}
+	for _, s := range []string{"resplit", "fail"} {
+		p, err := ParseFailurePolicy(s)
+		if err != nil || p.String() != s {
+			t.Errorf("ParseFailurePolicy(%q) = %v, %v", s, p, err)
+		}
+	}
+	if _, err := ParseFailurePolicy("retry"); !errors.Is(err, errs.ErrInvalid) {
+		t.Errorf("ParseFailurePolicy(retry) = %v", err)
+	}
+	s, err := New(Config{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(s.Close(), s.Close()); err != nil {
+		t.Fatal(fmt.Errorf("double Close: %w", err))
+	}
+}
