@@ -75,6 +75,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newServeCmd(g),
 		newPingCmd(g),
 		newModelCmd(g),
+		newAggregatorCmd(g),
+		newLearnerCmd(g),
 	)
 	return root
 }

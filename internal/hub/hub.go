@@ -26,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
 )
@@ -164,6 +165,11 @@ func (h *Hub) builtinServices() ([]Service, error) {
 		return nil, err
 	}
 	out = append(out, ss)
+	agg, err := aggregator.New(aggregator.Config{Logger: h.cfg.Logger})
+	if err != nil {
+		return nil, errors.Join(err, ss.Close())
+	}
+	out = append(out, agg)
 	return out, nil
 }
 
