@@ -85,6 +85,23 @@ def record(env_id, name, state0, policy, max_steps, extra_after_done=0):
     return case
 
 
+def record_resets(env_id, seeds):
+    """Reset observations for seeds: the state Gymnasium drew and the
+    observation it returned (checks the state → observation mapping,
+    including dtypes: Acrobot's reset state is float32)."""
+    env = gym.make(env_id)
+    out = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        out.append({
+            "seed": seed,
+            "state": [float(v) for v in np.asarray(env.unwrapped.state)],
+            "obs": [float(v) for v in obs],
+        })
+    env.close()
+    return out
+
+
 def main():
     rng = np.random.default_rng(20260711)
     cases = []
@@ -147,11 +164,15 @@ def main():
         print(f'{c["env"]:26s} {c["name"]:30s} steps={len(c["steps"]):4d} '
               f'terminated={last["terminated"]} truncated={last["truncated"]}', file=sys.stderr)
 
+    resets = {env_id: record_resets(env_id, range(50))
+              for env_id in ["CartPole-v1", "Pendulum-v1", "MountainCarContinuous-v0", "Acrobot-v1"]}
+
     doc = {
         "generator": "scripts/gen_env_reference.py",
         "gymnasium": gym.__version__,
         "numpy": np.__version__,
         "cases": cases,
+        "resets": resets,
     }
     with open(OUT, "w") as f:
         json.dump(doc, f, separators=(",", ":"))
