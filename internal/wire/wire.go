@@ -84,12 +84,15 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// Assembler collects the chunks of one blob.
+// Assembler collects the chunks of one blob. It is not safe for concurrent
+// use. After any error it stays failed: every later Write and Finish return
+// the first error.
 type Assembler struct {
 	lim  Limits
 	buf  []byte
 	n    int
-	hdrs bool // header length checked
+	hdrs bool  // header length checked
+	err  error // first error, sticky
 }
 
 // NewAssembler prepares to receive a blob of exactly total bytes. It fails
@@ -109,18 +112,24 @@ func NewAssembler(total uint64, lim Limits) (*Assembler, error) {
 // Write appends a chunk. It fails when the chunks overrun the announced size
 // or the header length is out of bounds.
 func (a *Assembler) Write(p []byte) error {
+	if a.err != nil {
+		return a.err
+	}
 	if len(p) > len(a.buf)-a.n {
-		return fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(a.buf))
+		a.err = fmt.Errorf("%w: chunks overrun the announced %d bytes (%d received, chunk of %d)", errs.ErrInvalid, len(a.buf), a.n, len(p))
+		return a.err
 	}
 	a.n += copy(a.buf[a.n:], p)
 	if !a.hdrs && a.n >= 8 {
 		a.hdrs = true
 		n, err := safetensors.HeaderLen(a.buf[:8], a.lim.MaxHeaderBytes)
 		if err != nil {
+			a.err = err
 			return err
 		}
 		if n > uint64(len(a.buf)-8) {
-			return fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, n, len(a.buf))
+			a.err = fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, n, len(a.buf))
+			return a.err
 		}
 	}
 	return nil
@@ -132,6 +141,9 @@ func (a *Assembler) Received() int { return a.n }
 // Finish checks that the whole blob arrived and decodes it. The returned
 // File's tensors alias the returned blob, which the caller now owns.
 func (a *Assembler) Finish() (*safetensors.File, []byte, error) {
+	if a.err != nil {
+		return nil, nil, a.err
+	}
 	if a.n != len(a.buf) {
 		return nil, nil, fmt.Errorf("%w: stream ended after %d of %d announced bytes", errs.ErrInvalid, a.n, len(a.buf))
 	}
