@@ -43,6 +43,11 @@ func childLearner(id string) int {
 	delay, _ := time.ParseDuration(os.Getenv("RLHUB_AGG_CHILD_DELAY"))
 	ex := &learner.Example{ID: id, BatchSize: bs, Delay: delay, BadInfo: os.Getenv("RLHUB_AGG_CHILD_BAD") != "", Events: os.Stdout}
 	cfg := ex.Config(os.Getenv("RLHUB_AGG_CHILD_HUB"))
+	if os.Getenv("RLHUB_AGG_CHILD_NOOP") != "" { // benchmarks: transport only
+		cfg.OnLearn = func(ctx context.Context, t *learner.LearnTask) (map[string]any, error) {
+			return map[string]any{"rows": float64(t.Rows)}, nil
+		}
+	}
 	cfg.Backoff = 50 * time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	cfg.OnAttach = func() { ex.Events.Write([]byte("attached\n")) }
@@ -57,6 +62,7 @@ type childOpts struct {
 	batchSize int64
 	delay     time.Duration
 	badInfo   bool
+	noop      bool // OnLearn does nothing but count rows
 }
 
 // proc is a learner process started by a test.
@@ -69,7 +75,7 @@ type proc struct {
 	waited   bool
 }
 
-func startLearner(t *testing.T, addr, id string, o childOpts) *proc {
+func startLearner(t testing.TB, addr, id string, o childOpts) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
@@ -81,6 +87,9 @@ func startLearner(t *testing.T, addr, id string, o childOpts) *proc {
 	)
 	if o.badInfo {
 		cmd.Env = append(cmd.Env, "RLHUB_AGG_CHILD_BAD=1")
+	}
+	if o.noop {
+		cmd.Env = append(cmd.Env, "RLHUB_AGG_CHILD_NOOP=1")
 	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -110,7 +119,7 @@ func startLearner(t *testing.T, addr, id string, o childOpts) *proc {
 }
 
 // waitLine waits for a line starting with prefix.
-func (p *proc) waitLine(t *testing.T, prefix string) string {
+func (p *proc) waitLine(t testing.TB, prefix string) string {
 	t.Helper()
 	deadline := time.NewTimer(60 * time.Second)
 	defer deadline.Stop()
@@ -164,7 +173,7 @@ type harness struct {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func newHarness(t *testing.T, cfg Config) *harness {
+func newHarness(t testing.TB, cfg Config) *harness {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
@@ -194,14 +203,14 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	return &harness{svc: svc, addr: lis.Addr().String(), client: NewClient(conn)}
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
+func testCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
 
 // waitFor polls cond (bounded) until it holds.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
@@ -213,7 +222,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // learnerIDs lists the attached learners; with task set, those started on it.
-func (h *harness) learnerIDs(t *testing.T, task string) []string {
+func (h *harness) learnerIDs(t testing.TB, task string) []string {
 	st, err := h.svc.Status(context.Background(), &rlhubv1.StatusRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -227,7 +236,7 @@ func (h *harness) learnerIDs(t *testing.T, task string) []string {
 	return ids
 }
 
-func (h *harness) waitAttached(t *testing.T, task string, ids ...string) {
+func (h *harness) waitAttached(t testing.TB, task string, ids ...string) {
 	t.Helper()
 	waitFor(t, "learners "+strings.Join(ids, ",")+" attached", func() bool {
 		return strings.Join(h.learnerIDs(t, task), ",") == strings.Join(ids, ",")
@@ -236,7 +245,7 @@ func (h *harness) waitAttached(t *testing.T, task string, ids ...string) {
 
 // startLearners starts processes one after another (each attached before
 // the next starts, so the attach order is the given order).
-func (h *harness) startLearners(t *testing.T, opts ...childOpts) []*proc {
+func (h *harness) startLearners(t testing.TB, opts ...childOpts) []*proc {
 	var ps []*proc
 	var ids []string
 	for i, o := range opts {
@@ -251,7 +260,7 @@ func (h *harness) startLearners(t *testing.T, opts ...childOpts) []*proc {
 var testWeights = []any{0.5, -1.0, 2.0, 0.25}
 
 // regressionBatch builds x [rows, 4], y [rows] and row ids 0..rows-1.
-func regressionBatch(t *testing.T, rows int64, seed uint64) *tensor.StateDict {
+func regressionBatch(t testing.TB, rows int64, seed uint64) *tensor.StateDict {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 7))
 	x := tensor.NewF32("x", rows, int64(len(testWeights)))
@@ -275,7 +284,7 @@ func regressionBatch(t *testing.T, rows int64, seed uint64) *tensor.StateDict {
 	return sd
 }
 
-func numbers(t *testing.T, v *structpb.Value) []float64 {
+func numbers(t testing.TB, v *structpb.Value) []float64 {
 	t.Helper()
 	var out []float64
 	for _, e := range v.GetListValue().GetValues() {
@@ -294,7 +303,7 @@ func strs(v *structpb.Value) []string {
 
 // checkExactlyOnce checks that the merged "rows" is 0..rows-1 in order and
 // that the shares' gradients add up to the whole batch's.
-func checkExactlyOnce(t *testing.T, resp *rlhubv1.LearnResponse, batch *tensor.StateDict) {
+func checkExactlyOnce(t testing.TB, resp *rlhubv1.LearnResponse, batch *tensor.StateDict) {
 	t.Helper()
 	rows, _ := BatchRows(batch)
 	got := numbers(t, resp.Info.Fields["rows"])
