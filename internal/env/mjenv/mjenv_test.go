@@ -7,7 +7,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/env"
 )
@@ -216,9 +218,12 @@ func TestRegistered(t *testing.T) {
 	}
 }
 
-// BenchmarkStep measures env steps per second on one core for each task,
-// with uniformly random actions in the bounds and a Reset whenever an
-// episode ends. scripts/bench_mujoco.py runs it next to Gymnasium.
+// BenchmarkStep measures env steps per second for each task, with uniformly
+// random actions in the bounds and a Reset whenever an episode ends:
+// steps/s over wall time, and steps/cpu-s over the process's CPU time
+// (user + system), which is what one core delivers and is less disturbed
+// by other load on a shared machine. scripts/bench_mujoco.py runs it next to
+// Gymnasium.
 func BenchmarkStep(b *testing.B) {
 	for _, name := range Names() {
 		b.Run(name, func(b *testing.B) {
@@ -234,13 +239,42 @@ func BenchmarkStep(b *testing.B) {
 			}
 			e.Reset(rng)
 			n := 0
+			cpu0 := cpuSeconds(b)
 			for b.Loop() {
 				if _, _, term, trunc := e.Step(acts[n%len(acts)]); term || trunc {
 					e.Reset(rng)
 				}
 				n++
 			}
+			cpu := cpuSeconds(b) - cpu0
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "steps/s")
+			b.ReportMetric(float64(n)/cpu, "steps/cpu-s")
 		})
 	}
+}
+
+func TestStepDoesNotAllocate(t *testing.T) {
+	for _, name := range Names() {
+		e := newEnv(t, name)
+		rng := rand.New(rand.NewPCG(3, 3))
+		e.Reset(rng)
+		u := make([]float64, e.Spec().ActDim)
+		allocs := testing.AllocsPerRun(50, func() {
+			if _, _, term, trunc := e.Step(u); term || trunc {
+				e.Reset(rng)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: Step allocates %v times per call", name, allocs)
+		}
+	}
+}
+
+// cpuSeconds is the CPU time (user + system) this process has used.
+func cpuSeconds(b *testing.B) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
