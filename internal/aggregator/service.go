@@ -430,6 +430,9 @@ func (s *Service) register(c *learnerConn, h *rlhubv1.Hello) error {
 // c.sendMu. A send interrupted by the deadline, or a reply that does not
 // come within TaskTimeout, detaches c: its stream is no longer usable.
 func (s *Service) call(ctx context.Context, c *learnerConn, send func(reqID uint64) error) (*rlhubv1.LearnerReply, error) {
+	if err := ctx.Err(); err != nil { // nothing sent yet: the learner is not at fault
+		return nil, fmt.Errorf("learner %q: %w", c.id, context.Cause(ctx))
+	}
 	ch := make(chan *rlhubv1.LearnerReply, 1)
 	s.mu.Lock()
 	if c.isGone {

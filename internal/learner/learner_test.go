@@ -1,0 +1,90 @@
+package learner
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConfigValidate(t *testing.T) {
+	ok := func(ctx context.Context, t *LearnTask) (map[string]any, error) { return nil, nil }
+	dem := func(ctx context.Context, id string) (Demand, error) { return Demand{}, nil }
+	for name, cfg := range map[string]Config{
+		"no id":       {Hub: "x", OnDemand: dem, OnLearn: ok},
+		"no hub":      {ID: "a", OnDemand: dem, OnLearn: ok},
+		"no OnLearn":  {ID: "a", Hub: "x", OnDemand: dem},
+		"no OnDemand": {ID: "a", Hub: "x", OnLearn: ok},
+		"bad backoff": {ID: "a", Hub: "x", OnDemand: dem, OnLearn: ok, Backoff: -1},
+	} {
+		if err := Run(context.Background(), cfg); err == nil {
+			t.Errorf("%s: Run succeeded", name)
+		}
+	}
+}
+
+// Run keeps trying to attach to a hub that is not there and returns ctx's
+// cause when ctx ends.
+func TestRunStopsWithContextWithoutHub(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ex := &Example{ID: "a"}
+	cause := errors.New("test over")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(cause) })
+	if err := Run(ctx, ex.Config(addr)); !errors.Is(err, cause) {
+		t.Fatalf("Run = %v, want the context's cause", err)
+	}
+}
+
+func TestLinearGradAgainstHandComputation(t *testing.T) {
+	x := tensor.FromFloat32s("x", []int64{2, 2}, []float32{1, 2, 3, 4})
+	y := tensor.FromFloat32s("y", []int64{2}, []float32{1, 0})
+	sd, _ := tensor.NewStateDict(x, y)
+	w := []float32{0.5, -1}
+	// r0 = 0.5 - 2 - 1 = -2.5; r1 = 1.5 - 4 - 0 = -2.5
+	// grad = r0*[1,2] + r1*[3,4] = [-10, -15]; loss = ½(6.25+6.25) = 6.25
+	g, loss, err := LinearGrad(sd, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(g[0]+10) > 1e-9 || math.Abs(g[1]+15) > 1e-9 || math.Abs(loss-6.25) > 1e-9 {
+		t.Fatalf("grad %v loss %v, want [-10 -15] 6.25", g, loss)
+	}
+	if _, _, err := LinearGrad(sd, []float32{1, 2, 3}); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("wrong dimension: %v", err)
+	}
+	noY, _ := tensor.NewStateDict(x)
+	if _, _, err := LinearGrad(noY, w); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("missing y: %v", err)
+	}
+}
+
+func TestExampleRefusesTaskWithoutWeights(t *testing.T) {
+	ex := &Example{ID: "a"}
+	for _, info := range []map[string]any{{}, {"w": []any{}}, {"w": []any{"x"}}, {"w": 3.0}} {
+		if err := ex.OnStart(context.Background(), "t", info); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("OnStart(%v) = %v, want ErrInvalid", info, err)
+		}
+	}
+	if err := ex.OnStart(context.Background(), "t", map[string]any{"w": []any{1.0, 2.0}}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := ex.OnDemand(context.Background(), "t")
+	if err != nil || d.BatchSize != 32 || d.Fields["dim"] != 2 {
+		t.Fatalf("demand %+v, %v", d, err)
+	}
+}
