@@ -77,3 +77,16 @@ func (ev *Evaluator) Run(it *Iteration, t Task) Result {
 	}
 	return res
 }
+
+// Evaluate runs episodes of policy p with its frozen filter and no shift
+// and returns their returns. Episode i's environment seed is stream
+// (seed, 2⁶³ + i), a range training never uses.
+func Evaluate(e env.Env, p *Policy, seed uint64, episodes int) []float64 {
+	fw := NewForward(&p.Arch)
+	flt := p.Filter()
+	out := make([]float64, episodes)
+	for i := range out {
+		out[i], _ = Rollout(e, fw, p.Theta, flt, 0, episodeRNG(seed, 1<<63|uint64(i)), nil)
+	}
+	return out
+}

@@ -120,6 +120,9 @@ type Iteration struct {
 type Report struct {
 	Iteration    uint64
 	Episodes     int64 // training episodes so far
+	// PolicyEpisodes: training episodes that produced this iteration's θ
+	// (the one evaluated), i.e. before this iteration's directions.
+	PolicyEpisodes int64
 	EvalEpisodes int64 // evaluation episodes so far
 	Steps        int64 // environment steps so far (training and evaluation)
 	IterSteps    int64 // steps of this iteration
@@ -308,6 +311,7 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 		rep.EvalEpisodes += int64(len(evals))
 	}
 	rep.Steps += rep.IterSteps
+	rep.PolicyEpisodes = t.rep.Episodes
 
 	switch {
 	case rep.HasEval && t.cfg.UseTarget && rep.EvalMean >= t.cfg.Target:

@@ -443,6 +443,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		EvalEpisodes: rep.EvalEpisodes, Steps: rep.Steps, IterationSteps: rep.IterSteps,
 		HasEval: rep.HasEval, EvalMean: rep.EvalMean, EvalStd: rep.EvalStd, SigmaR: rep.Update.SigmaR,
 		Done: rep.Done, Reason: rep.Reason, Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
+		PolicyEpisodes: rep.PolicyEpisodes,
 	})
 	if rep.Done {
 		r.done = true

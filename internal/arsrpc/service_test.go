@@ -173,7 +173,7 @@ func distributed(t *testing.T, spec *pb.ARSRunSpec, n int) (*ars.Policy, []*pb.A
 		t.Fatal(err)
 	}
 	prog := watch(t, ctx, client, start.RunId)
-	p, err := PullPolicy(ctx, client, start.RunId, 0)
+	p, _, err := PullPolicy(ctx, client, start.RunId, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestKilledWorkerProcessTasksAreReassigned(t *testing.T) {
 	if h.svc.Reassigned() < 1 {
 		t.Fatalf("reassigned %d tasks, want the killed worker's", h.svc.Reassigned())
 	}
-	p, err := PullPolicy(ctx, client, start.RunId, 0)
+	p, _, err := PullPolicy(ctx, client, start.RunId, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestServiceErrors(t *testing.T) {
 	if !errors.Is(errs.FromStatus(err), errs.ErrNotFound) {
 		t.Errorf("unknown worker: %v", err)
 	}
-	if _, err := PullPolicy(ctx, client, "run-404", 0); !errors.Is(err, errs.ErrNotFound) {
+	if _, _, err := PullPolicy(ctx, client, "run-404", 0); !errors.Is(err, errs.ErrNotFound) {
 		t.Errorf("unknown run: %v", err)
 	}
 	// A long poll with nothing to do returns empty after its wait.

@@ -202,7 +202,7 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 	if w.runID == lease.RunId && w.version == lease.Version && w.it != nil {
 		return nil
 	}
-	p, err := PullPolicy(ctx, w.client, lease.RunId, lease.Version)
+	p, _, err := PullPolicy(ctx, w.client, lease.RunId, lease.Version)
 	if err != nil {
 		return err
 	}
@@ -225,25 +225,26 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 }
 
 // PullPolicy downloads and decodes one policy version of a run (0 means
-// the newest).
-func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version uint64) (*ars.Policy, error) {
+// the newest). It returns the policy and the safetensors blob it was
+// decoded from (the policy owns copies; the blob is the caller's).
+func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version uint64) (*ars.Policy, []byte, error) {
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	stream, err := client.PullPolicy(pctx, &pb.ARSPullPolicyRequest{RunId: runID, Version: version})
 	if err != nil {
-		return nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+		return nil, nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+		return nil, nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
 	}
 	info := first.GetInfo()
 	if info == nil {
-		return nil, fmt.Errorf("%w: policy stream did not start with BlobInfo", errs.ErrInvalid)
+		return nil, nil, fmt.Errorf("%w: policy stream did not start with BlobInfo", errs.ErrInvalid)
 	}
 	asm, err := wire.NewAssembler(info.TotalBytes, wire.Limits{MaxBytes: 256 << 20})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for {
 		part, err := stream.Recv()
@@ -251,19 +252,23 @@ func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version 
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+			return nil, nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
 		}
 		c := part.GetChunk()
 		if c == nil {
-			return nil, fmt.Errorf("%w: policy stream sent a second header", errs.ErrInvalid)
+			return nil, nil, fmt.Errorf("%w: policy stream sent a second header", errs.ErrInvalid)
 		}
 		if err := asm.Write(c.Data); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	f, _, err := asm.Finish()
+	f, blob, err := asm.Finish()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return ars.PolicyFromStateDict(f.Tensors, f.Metadata)
+	p, err := ars.PolicyFromStateDict(f.Tensors, f.Metadata)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, blob, nil
 }

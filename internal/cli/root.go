@@ -77,6 +77,9 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newModelCmd(g),
 		newAggregatorCmd(g),
 		newLearnerCmd(g),
+		newTrainCmd(g),
+		newWorkerCmd(g),
+		newEvalCmd(g),
 	)
 	return root
 }

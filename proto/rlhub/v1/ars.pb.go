@@ -418,6 +418,9 @@ type ARSProgress struct {
 	Model  string `protobuf:"bytes,14,opt,name=model,proto3" json:"model,omitempty"`
 	// Hub time since the run started.
 	ElapsedSeconds float64 `protobuf:"fixed64,15,opt,name=elapsed_seconds,json=elapsedSeconds,proto3" json:"elapsed_seconds,omitempty"`
+	// Training episodes that produced the policy evaluated in this iteration
+	// (episodes before this iteration's directions).
+	PolicyEpisodes int64 `protobuf:"varint,16,opt,name=policy_episodes,json=policyEpisodes,proto3" json:"policy_episodes,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -553,6 +556,13 @@ func (x *ARSProgress) GetModel() string {
 func (x *ARSProgress) GetElapsedSeconds() float64 {
 	if x != nil {
 		return x.ElapsedSeconds
+	}
+	return 0
+}
+
+func (x *ARSProgress) GetPolicyEpisodes() int64 {
+	if x != nil {
+		return x.PolicyEpisodes
 	}
 	return 0
 }
@@ -1463,7 +1473,7 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x05model\x18\x02 \x01(\tR\x05model\"R\n" +
 	"\x12ARSWatchRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12%\n" +
-	"\x0efrom_iteration\x18\x02 \x01(\x04R\rfromIteration\"\xb3\x03\n" +
+	"\x0efrom_iteration\x18\x02 \x01(\x04R\rfromIteration\"\xdc\x03\n" +
 	"\vARSProgress\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1c\n" +
 	"\titeration\x18\x02 \x01(\x04R\titeration\x12\x18\n" +
@@ -1480,7 +1490,8 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x04done\x18\f \x01(\bR\x04done\x12\x16\n" +
 	"\x06reason\x18\r \x01(\tR\x06reason\x12\x14\n" +
 	"\x05model\x18\x0e \x01(\tR\x05model\x12'\n" +
-	"\x0felapsed_seconds\x18\x0f \x01(\x01R\x0eelapsedSeconds\"*\n" +
+	"\x0felapsed_seconds\x18\x0f \x01(\x01R\x0eelapsedSeconds\x12'\n" +
+	"\x0fpolicy_episodes\x18\x10 \x01(\x03R\x0epolicyEpisodes\"*\n" +
 	"\x11ARSStopRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x14\n" +
 	"\x12ARSStopRunResponse\"&\n" +

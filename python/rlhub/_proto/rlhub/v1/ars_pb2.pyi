@@ -74,7 +74,7 @@ class ARSWatchRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., from_iteration: _Optional[int] = ...) -> None: ...
 
 class ARSProgress(_message.Message):
-    __slots__ = ("run_id", "iteration", "version", "episodes", "eval_episodes", "steps", "iteration_steps", "has_eval", "eval_mean", "eval_std", "sigma_r", "done", "reason", "model", "elapsed_seconds")
+    __slots__ = ("run_id", "iteration", "version", "episodes", "eval_episodes", "steps", "iteration_steps", "has_eval", "eval_mean", "eval_std", "sigma_r", "done", "reason", "model", "elapsed_seconds", "policy_episodes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class ARSProgress(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_EPISODES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     version: int
@@ -105,7 +106,8 @@ class ARSProgress(_message.Message):
     reason: str
     model: str
     elapsed_seconds: float
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., version: _Optional[int] = ..., episodes: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., steps: _Optional[int] = ..., iteration_steps: _Optional[int] = ..., has_eval: _Optional[bool] = ..., eval_mean: _Optional[float] = ..., eval_std: _Optional[float] = ..., sigma_r: _Optional[float] = ..., done: _Optional[bool] = ..., reason: _Optional[str] = ..., model: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+    policy_episodes: int
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., version: _Optional[int] = ..., episodes: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., steps: _Optional[int] = ..., iteration_steps: _Optional[int] = ..., has_eval: _Optional[bool] = ..., eval_mean: _Optional[float] = ..., eval_std: _Optional[float] = ..., sigma_r: _Optional[float] = ..., done: _Optional[bool] = ..., reason: _Optional[str] = ..., model: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., policy_episodes: _Optional[int] = ...) -> None: ...
 
 class ARSStopRunRequest(_message.Message):
     __slots__ = ("run_id",)
