@@ -118,21 +118,21 @@ type Iteration struct {
 
 // Report summarises a finished iteration.
 type Report struct {
-	Iteration    uint64
-	Episodes     int64 // training episodes so far
+	Iteration uint64
+	Episodes  int64 // training episodes so far
 	// PolicyEpisodes: training episodes that produced this iteration's θ
 	// (the one evaluated), i.e. before this iteration's directions.
 	PolicyEpisodes int64
-	EvalEpisodes int64 // evaluation episodes so far
-	Steps        int64 // environment steps so far (training and evaluation)
-	IterSteps    int64 // steps of this iteration
-	HasEval      bool
-	EvalMean     float64
-	EvalStd      float64
-	Update       StepInfo
-	Updated      bool // θ moved to a new version
-	Done         bool
-	Reason       string // why the run ended: "target" or "budget"
+	EvalEpisodes   int64 // evaluation episodes so far
+	Steps          int64 // environment steps so far (training and evaluation)
+	IterSteps      int64 // steps of this iteration
+	HasEval        bool
+	EvalMean       float64
+	EvalStd        float64
+	Update         StepInfo
+	Updated        bool // θ moved to a new version
+	Done           bool
+	Reason         string // why the run ended: "target" or "budget"
 }
 
 // Trainer is the pure ARS run state machine the coordinator drives: it

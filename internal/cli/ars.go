@@ -338,7 +338,7 @@ func summarise(o *trainARSOptions, start *pb.ARSStartRunResponse, pol *ars.Polic
 		PolicyVersion: last.p.Version, Reason: last.p.Reason, ReachedTarget: last.p.Reason == "target",
 		Iterations: last.p.Iteration + 1, Episodes: last.p.Episodes, EvalEpisodes: last.p.EvalEpisodes,
 		PolicyEpisodes: last.p.PolicyEpisodes,
-		Steps: last.p.Steps, WallSeconds: last.wall,
+		Steps:          last.p.Steps, WallSeconds: last.wall,
 		Hyper: map[string]string{
 			"version":    pol.Version.String(),
 			"directions": strconv.Itoa(pol.Hyper.Directions),
@@ -468,7 +468,6 @@ func checkPolicyFits(p *ars.Policy, spec env.Spec) error {
 	}
 	return nil
 }
-
 
 // writeFileFrom creates path and fills it with write.
 func writeFileFrom(path string, write func(io.Writer) (int64, error)) error {
