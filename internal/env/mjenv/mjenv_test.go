@@ -278,3 +278,49 @@ func cpuSeconds(b *testing.B) float64 {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
+
+// TestConcurrentInstances makes and steps instances of every task from
+// several goroutines at once (as ARS workers do); with -race it checks that
+// instances share nothing mutable, and that concurrent runs stay identical.
+func TestConcurrentInstances(t *testing.T) {
+	const workers = 4
+	for _, name := range Names() {
+		sums := make([]float64, workers)
+		errs := make([]error, workers)
+		done := make(chan int)
+		for w := range workers {
+			go func() {
+				defer func() { done <- w }()
+				e, err := New(name, Options{})
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				defer e.Close()
+				e.Reset(rand.New(rand.NewPCG(4, 4)))
+				u := make([]float64, e.Spec().ActDim)
+				for k := range 30 {
+					for i := range u {
+						u[i] = math.Sin(float64(k + i))
+					}
+					_, r, term, _ := e.Step(u)
+					sums[w] += r
+					if term {
+						break
+					}
+				}
+			}()
+		}
+		for range workers {
+			<-done
+		}
+		for w := range workers {
+			if errs[w] != nil {
+				t.Fatal(errs[w])
+			}
+			if sums[w] != sums[0] {
+				t.Errorf("%s: worker %d return %v, worker 0 %v", name, w, sums[w], sums[0])
+			}
+		}
+	}
+}
