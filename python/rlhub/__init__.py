@@ -18,6 +18,7 @@ from rlhub.errors import (
     from_rpc_error,
 )
 from rlhub.tensors import load_bytes, save_bytes
+from rlhub.store import StoreClient, ModelVersion, ModelInfo
 
 __all__ = [
     "RlhubError",
@@ -34,4 +35,7 @@ __all__ = [
     "from_rpc_error",
     "load_bytes",
     "save_bytes",
+    "StoreClient",
+    "ModelVersion",
+    "ModelInfo",
 ]

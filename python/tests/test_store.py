@@ -1,0 +1,102 @@
+import threading
+
+import numpy as np
+import pytest
+import safetensors.numpy as stn
+
+import rlhub
+
+
+def sd(seed=0, n=1000):
+    rng = np.random.default_rng(seed)
+    return {"w": rng.standard_normal((n, 4)).astype(np.float32), "b": np.zeros(4, np.float32)}
+
+
+def test_push_pull_newest_exact_and_not_modified(hub):
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("pol", sd(1), version=1, expect=0)
+        s.push("pol", sd(2), version=2, expect=1)
+        v = s.pull("pol")
+        assert (v.name, v.version) == ("pol", 2)
+        np.testing.assert_array_equal(v.tensors["w"], sd(2)["w"])
+        np.testing.assert_array_equal(s.pull("pol", 1).tensors["w"], sd(1)["w"])
+        assert s.pull("pol", if_newer_than=2) is None
+        assert s.pull("pol", if_newer_than=1).version == 2
+        [info] = s.list()
+        assert (info.name, info.version) == ("pol", 2)
+
+
+def test_stale_push_raises_with_current_version_and_changes_nothing(hub):
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("pol", sd(1), version=5, expect=0)
+        with pytest.raises(rlhub.StaleVersion) as ei:
+            s.push("pol", sd(2), version=4)
+        assert ei.value.current_version == 5
+        with pytest.raises(rlhub.StaleVersion) as ei:
+            s.push("pol", sd(2), version=9, expect=3)
+        assert ei.value.current_version == 5
+        v = s.pull("pol")
+        assert v.version == 5
+        np.testing.assert_array_equal(v.tensors["w"], sd(1)["w"])
+
+
+def test_bad_inputs_get_named_exceptions(hub):
+    with rlhub.StoreClient(hub.addr) as s:
+        with pytest.raises(rlhub.NotFound):
+            s.pull("nope")
+        with pytest.raises(rlhub.InvalidArgument):
+            s.push("pol", b"\x10" + b"\0" * 7 + b"not json at all!", version=1)
+        with pytest.raises(rlhub.InvalidArgument):
+            s.push("bad name with spaces/..", sd(), version=1)
+        assert s.list() == []
+
+
+def test_watch_sees_increasing_versions_and_ends_on_newest(hub):
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("pol", sd(0, 10), version=1)
+        seen = []
+
+        def writer():
+            with rlhub.StoreClient(hub.addr) as w:
+                for v in range(2, 31):
+                    w.push("pol", sd(v, 10), version=v)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        for v in s.watch("pol", after=0, timeout=60):
+            seen.append(v.version)
+            if v.version == 30:
+                break
+        t.join()
+        assert seen == sorted(set(seen)) and seen[-1] == 30
+
+
+def test_python_push_is_byte_identical_when_pulled_by_go_cli(hub, tmp_path):
+    d = sd(3)
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("cross", d, version=1)
+    out = tmp_path / "go.safetensors"
+    hub.run_cli("model", "pull", "--hub", hub.addr, "--name", "cross", "-o", str(out))
+    assert out.read_bytes() == rlhub.save_bytes(d) == stn.save(d)
+
+
+def test_go_cli_push_is_byte_identical_when_pulled_by_python(hub, tmp_path):
+    d = sd(4)
+    f = tmp_path / "in.safetensors"
+    stn.save_file(d, str(f))
+    hub.run_cli("model", "push", "--hub", hub.addr, "--name", "cross", "--version", "3", str(f))
+    with rlhub.StoreClient(hub.addr) as s:
+        v = s.pull("cross")
+    assert v.version == 3 and bytes(v.blob) == f.read_bytes()
+
+
+def test_torch_state_dict_round_trip(hub):
+    torch = pytest.importorskip("torch")
+    m = torch.nn.Linear(8, 3)
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("lin", m.state_dict(), version=1)
+        v = s.pull("lin", framework="torch")
+    m2 = torch.nn.Linear(8, 3)
+    m2.load_state_dict(v.tensors)
+    for k, t in m.state_dict().items():
+        assert torch.equal(t, m2.state_dict()[k])
