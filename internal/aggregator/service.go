@@ -157,6 +157,7 @@ type stats struct {
 
 // taskState is the current task, replaced by each successful Start.
 type taskState struct {
+	seq  uint64 // Start order
 	id   string
 	info *structpb.Struct
 	// order and sizes are recorded by GetDataDemand; nil before it.
@@ -176,6 +177,7 @@ type learnerConn struct {
 	resources  map[string]string
 	leaseUntil time.Time
 	started    string // task id this learner accepted
+	startedSeq uint64 // its taskState.seq
 	pending    map[uint64]chan *rlhubv1.LearnerReply
 	goneErr    error
 	isGone     bool
@@ -378,51 +380,63 @@ func validID(id string) error {
 	return nil
 }
 
-// register records a Hello, replaces an older stream with the same id,
-// sends Welcome, and starts the current task on the newcomer.
+// register records a Hello: it sends Welcome first (so no task can reach
+// the learner before it), then makes the learner visible, replacing an
+// older stream with the same id, and starts the current task on it.
 func (s *Service) register(c *learnerConn, h *rlhubv1.Hello) error {
 	if err := validID(h.LearnerId); err != nil {
 		return err
 	}
 	s.mu.Lock()
-	old := s.learners[h.LearnerId]
-	s.mu.Unlock()
-	if old != nil {
-		s.remove(old, fmt.Errorf("%w: learner %q re-attached on a new stream", errs.ErrUnavailable, h.LearnerId))
-	}
-	s.mu.Lock()
-	if c.isGone || s.closed {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable)
-	}
 	c.id = h.LearnerId
-	s.seq++
-	c.seq = s.seq
 	c.resources = h.Resources
-	s.learners[c.id] = c
-	s.stats.attached++
-	task := s.task
 	s.mu.Unlock()
-	s.cfg.Logger.Info("aggregator: learner attached", "learner", c.id, "resources", h.Resources)
-
 	c.sendMu.Lock()
 	err := c.stream.Send(&rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Welcome{Welcome: &rlhubv1.Welcome{LeaseMs: uint64(s.cfg.Lease.Milliseconds())}}})
 	c.sendMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%w: learner %q: send welcome: %v", errs.ErrUnavailable, c.id, err)
 	}
-	if task != nil {
-		// Catch up on the current task without blocking the receive loop
-		// (the reply arrives through it).
+	s.mu.Lock()
+	if c.isGone || s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable)
+	}
+	old := s.learners[c.id]
+	s.seq++
+	c.seq = s.seq
+	s.learners[c.id] = c
+	s.stats.attached++
+	catchUp := s.task != nil
+	s.mu.Unlock()
+	if old != nil {
+		s.remove(old, fmt.Errorf("%w: learner %q re-attached on a new stream", errs.ErrUnavailable, c.id))
+	}
+	s.cfg.Logger.Info("aggregator: learner attached", "learner", c.id, "resources", h.Resources)
+	if catchUp {
+		// Without blocking the receive loop (the reply arrives through it).
 		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.startOne(s.ctx, c, task); err != nil {
-				s.cfg.Logger.Warn("aggregator: late learner did not start the current task", "learner", c.id, "task", task.id, "err", err)
-			}
-		}()
+		go func() { defer s.wg.Done(); s.catchUp(c) }()
 	}
 	return nil
+}
+
+// catchUp starts the current task on a learner that attached after Start,
+// again if a newer task was started meanwhile without it.
+func (s *Service) catchUp(c *learnerConn) {
+	for {
+		s.mu.Lock()
+		t := s.task
+		done := c.isGone || t == nil || c.startedSeq >= t.seq
+		s.mu.Unlock()
+		if done {
+			return
+		}
+		if err := s.startOne(s.ctx, c, t); err != nil {
+			s.cfg.Logger.Warn("aggregator: late learner did not start the current task", "learner", c.id, "task", t.id, "err", err)
+			return
+		}
+	}
 }
 
 // call sends a task to c and waits for its reply, bounded by TaskTimeout
@@ -501,14 +515,14 @@ func (s *Service) acquire(ctx context.Context) (func(), error) {
 	}
 }
 
-// attached returns the attached learners in attach order; with taskID set,
-// only those started with it.
-func (s *Service) attached(taskID string) []*learnerConn {
+// attached returns the attached learners in attach order; with t set,
+// only those started on it.
+func (s *Service) attached(t *taskState) []*learnerConn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]*learnerConn, 0, len(s.learners))
 	for _, c := range s.learners {
-		if taskID == "" || c.started == taskID {
+		if t == nil || c.startedSeq == t.seq {
 			out = append(out, c)
 		}
 	}
@@ -527,7 +541,9 @@ func (s *Service) startOne(ctx context.Context, c *learnerConn, t *taskState) er
 		return fmt.Errorf("%w: learner %q refused task %q: %s", errs.ErrAborted, c.id, t.id, r.Error)
 	}
 	s.mu.Lock()
-	c.started = t.id
+	if t.seq >= c.startedSeq { // a slow catch-up must not undo a newer Start
+		c.started, c.startedSeq = t.id, t.seq
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -562,9 +578,9 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	if taskID == "" {
 		taskID = "task-" + strconv.FormatUint(s.taskSeq, 10)
 	}
+	t := &taskState{seq: s.taskSeq, id: taskID, info: orEmpty(info)}
 	s.mu.Unlock()
-	t := &taskState{id: taskID, info: orEmpty(info)}
-	conns := s.attached("")
+	conns := s.attached(nil)
 	if len(conns) == 0 {
 		return nil, fmt.Errorf("%w: no learners attached to start task %q", errs.ErrUnavailable, taskID)
 	}
@@ -611,7 +627,7 @@ func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandRes
 	if err != nil {
 		return nil, err
 	}
-	conns := s.attached(t.id)
+	conns := s.attached(t)
 	if len(conns) == 0 {
 		return nil, fmt.Errorf("%w: no learners attached and started for task %q", errs.ErrUnavailable, t.id)
 	}
@@ -690,7 +706,7 @@ func (s *Service) Status(ctx context.Context, _ *rlhubv1.StatusRequest) (*rlhubv
 }
 
 func (s *Service) learnerInfos() []*rlhubv1.LearnerInfo {
-	conns := s.attached("")
+	conns := s.attached(nil)
 	now := s.cfg.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -786,7 +802,7 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 	// their recorded sizes; without a recorded demand (or when none of
 	// them is left), every started learner with equal weight.
 	byID := make(map[string]*learnerConn)
-	for _, c := range s.attached(t.id) {
+	for _, c := range s.attached(t) {
 		byID[c.id] = c
 	}
 	var order []string
@@ -802,7 +818,7 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 	s.mu.Unlock()
 	if len(order) == 0 || sum(weights) == 0 {
 		order, weights = nil, nil
-		for _, c := range s.attached(t.id) {
+		for _, c := range s.attached(t) {
 			order = append(order, c.id)
 			weights = append(weights, 1)
 		}
