@@ -28,12 +28,28 @@ import (
 // as the reference that fuzzing compares this one against.
 
 type scanner struct {
-	b   []byte
-	pos int
+	b    []byte
+	pos  int
+	dims []int64 // backing store of every entry's shape
 }
 
-func (s *scanner) errorf(format string, args ...any) error {
-	return invalidf("header JSON at byte %d: %s", s.pos, fmt.Sprintf(format, args...))
+// where names the part of the header being parsed, for error messages. It
+// is passed by value and only formatted on error, so parsing a valid header
+// builds no message strings.
+type where struct {
+	tensor string // "" at the header level
+	part   string
+}
+
+func (w where) String() string {
+	if w.tensor == "" {
+		return w.part
+	}
+	return "tensor " + strconv.Quote(w.tensor) + " " + w.part
+}
+
+func (s *scanner) errorf(w where, format string, args ...any) error {
+	return invalidf("header JSON at byte %d: %v: %s", s.pos, w, fmt.Sprintf(format, args...))
 }
 
 func (s *scanner) ws() {
@@ -57,21 +73,29 @@ func (s *scanner) peek() byte {
 }
 
 // expect skips whitespace and consumes c.
-func (s *scanner) expect(c byte, what string) error {
+func (s *scanner) expect(c byte, w where) error {
 	if got := s.peek(); got != c {
 		if got == 0 {
-			return s.errorf("header ends inside %s, expected %q", what, c)
+			return s.errorf(w, "header ends, expected %q", c)
 		}
-		return s.errorf("%s: expected %q, got %q", what, c, got)
+		return s.errorf(w, "expected %q, got %q", c, got)
 	}
 	s.pos++
 	return nil
 }
 
 // str skips whitespace and parses a JSON string.
-func (s *scanner) str(what string) (string, error) {
-	if err := s.expect('"', what); err != nil {
-		return "", err
+func (s *scanner) str(w where) (string, error) {
+	b, err := s.rawStr(w)
+	return string(b), err
+}
+
+// rawStr skips whitespace and parses a JSON string, returning its decoded
+// bytes. Without escapes (the usual case) they alias the header, so callers
+// that only compare them allocate nothing.
+func (s *scanner) rawStr(w where) ([]byte, error) {
+	if err := s.expect('"', w); err != nil {
+		return nil, err
 	}
 	start := s.pos
 	// Fast path: no escapes. The whole header is already known to be valid
@@ -80,21 +104,21 @@ func (s *scanner) str(what string) (string, error) {
 		c := s.b[s.pos]
 		switch {
 		case c == '"':
-			v := string(s.b[start:s.pos])
+			v := s.b[start:s.pos:s.pos]
 			s.pos++
 			return v, nil
 		case c == '\\':
-			return s.strSlow(start, what)
+			return s.strSlow(start, w)
 		case c < 0x20:
-			return "", s.errorf("%s: control character %#02x in a string", what, c)
+			return nil, s.errorf(w, "control character %#02x in a string", c)
 		}
 		s.pos++
 	}
-	return "", s.errorf("header ends inside %s", what)
+	return nil, s.errorf(w, "header ends inside a string")
 }
 
 // strSlow finishes a string that contains escapes, starting over at start.
-func (s *scanner) strSlow(start int, what string) (string, error) {
+func (s *scanner) strSlow(start int, w where) ([]byte, error) {
 	out := make([]byte, 0, s.pos-start+16)
 	out = append(out, s.b[start:s.pos]...)
 	for s.pos < len(s.b) {
@@ -102,9 +126,9 @@ func (s *scanner) strSlow(start int, what string) (string, error) {
 		switch {
 		case c == '"':
 			s.pos++
-			return string(out), nil
+			return out, nil
 		case c < 0x20:
-			return "", s.errorf("%s: control character %#02x in a string", what, c)
+			return nil, s.errorf(w, "control character %#02x in a string", c)
 		case c != '\\':
 			out = append(out, c)
 			s.pos++
@@ -131,30 +155,40 @@ func (s *scanner) strSlow(start int, what string) (string, error) {
 		case 'u':
 			r, ok := s.hex4()
 			if !ok {
-				return "", s.errorf("%s: bad \\u escape", what)
+				return nil, s.errorf(w, "bad \\u escape")
 			}
 			if utf16.IsSurrogate(r) {
 				// Only a high surrogate followed by an escaped low one is a
 				// character.
 				if r >= 0xdc00 || s.pos+1 >= len(s.b) || s.b[s.pos] != '\\' || s.b[s.pos+1] != 'u' {
-					return "", s.errorf("%s: lone UTF-16 surrogate \\u%04x", what, r)
+					return nil, s.errorf(w, "lone UTF-16 surrogate \\u%04x", r)
 				}
 				s.pos += 2
 				lo, ok := s.hex4()
 				if !ok {
-					return "", s.errorf("%s: bad \\u escape", what)
+					return nil, s.errorf(w, "bad \\u escape")
 				}
 				if lo < 0xdc00 || lo > 0xdfff {
-					return "", s.errorf("%s: lone UTF-16 surrogate \\u%04x", what, r)
+					return nil, s.errorf(w, "lone UTF-16 surrogate \\u%04x", r)
 				}
 				r = utf16.DecodeRune(r, lo)
 			}
 			out = utf8.AppendRune(out, r)
 		default:
-			return "", s.errorf("%s: bad escape \\%c", what, e)
+			return nil, s.errorf(w, "bad escape \\%c", e)
 		}
 	}
-	return "", s.errorf("header ends inside %s", what)
+	return nil, s.errorf(w, "header ends inside a string")
+}
+
+// dtypeOf looks up a dtype name without allocating.
+func dtypeOf(name []byte) (tensor.DType, bool) {
+	for d := tensor.DType(1); d.Valid(); d++ {
+		if string(name) == d.String() {
+			return d, true
+		}
+	}
+	return tensor.Invalid, false
 }
 
 func (s *scanner) hex4() (rune, bool) {
@@ -180,7 +214,7 @@ func (s *scanner) hex4() (rune, bool) {
 
 // uint skips whitespace and parses a non-negative integer ≤ 2^63-1 in
 // JSON's syntax (no sign, no leading zeros, no fraction or exponent).
-func (s *scanner) uint(what string) (uint64, error) {
+func (s *scanner) uint(w where) (uint64, error) {
 	s.ws()
 	start := s.pos
 	for s.pos < len(s.b) && s.b[s.pos] >= '0' && s.b[s.pos] <= '9' {
@@ -188,20 +222,20 @@ func (s *scanner) uint(what string) (uint64, error) {
 	}
 	digits := s.b[start:s.pos]
 	if len(digits) == 0 {
-		return 0, s.errorf("%s: expected a non-negative integer", what)
+		return 0, s.errorf(w, "expected a non-negative integer")
 	}
 	if s.pos < len(s.b) {
 		switch s.b[s.pos] {
 		case '.', 'e', 'E':
-			return 0, s.errorf("%s: %s... is not an integer", what, digits)
+			return 0, s.errorf(w, "%s... is not an integer", digits)
 		}
 	}
 	if len(digits) > 1 && digits[0] == '0' {
-		return 0, s.errorf("%s: leading zero in %s", what, digits)
+		return 0, s.errorf(w, "leading zero in %s", digits)
 	}
 	v, ok := parseUint(string(digits))
 	if !ok {
-		return 0, s.errorf("%s: %s is not a non-negative 63-bit integer", what, digits)
+		return 0, s.errorf(w, "%s is not a non-negative 63-bit integer", digits)
 	}
 	return v, nil
 }
@@ -209,7 +243,7 @@ func (s *scanner) uint(what string) (uint64, error) {
 // more reports whether another element follows in an object or array: it
 // consumes a ',' (true) or sees the closing delimiter (false, not consumed).
 // first is true before the first element.
-func (s *scanner) more(first bool, closing byte, what string) (bool, error) {
+func (s *scanner) more(first bool, closing byte, w where) (bool, error) {
 	c := s.peek()
 	if c == closing {
 		return false, nil
@@ -219,9 +253,9 @@ func (s *scanner) more(first bool, closing byte, what string) (bool, error) {
 	}
 	if c != ',' {
 		if c == 0 {
-			return false, s.errorf("header ends inside %s", what)
+			return false, s.errorf(w, "header ends, expected ',' or %q", closing)
 		}
-		return false, s.errorf("%s: expected ',' or %q, got %q", what, closing, c)
+		return false, s.errorf(w, "expected ',' or %q, got %q", closing, c)
 	}
 	s.pos++
 	return true, nil
@@ -233,21 +267,22 @@ func parseHeader(raw []byte) (*header, error) {
 	if !utf8.Valid(raw) {
 		return nil, invalidf("header is not valid UTF-8")
 	}
-	s := &scanner{b: raw}
-	if err := s.expect('{', "header"); err != nil {
+	s := &scanner{b: raw, dims: make([]int64, 0, 64)}
+	top := where{part: "header"}
+	if err := s.expect('{', top); err != nil {
 		return nil, err
 	}
-	h := &header{}
+	h := &header{entries: make([]entry, 0, 16)}
 	var seen map[string]struct{}
 	for first := true; ; first = false {
-		ok, err := s.more(first, '}', "header")
+		ok, err := s.more(first, '}', top)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			break
 		}
-		key, err := s.str("header key")
+		key, err := s.str(where{part: "header key"})
 		if err != nil {
 			return nil, err
 		}
@@ -258,7 +293,7 @@ func parseHeader(raw []byte) (*header, error) {
 			return nil, invalidf("duplicate key %q in header", key)
 		}
 		seen[key] = struct{}{}
-		if err := s.expect(':', "header after key "+strconv.Quote(key)); err != nil {
+		if err := s.expect(':', where{tensor: key, part: "after the name"}); err != nil {
 			return nil, err
 		}
 		if key == MetadataKey {
@@ -278,43 +313,44 @@ func parseHeader(raw []byte) (*header, error) {
 	}
 	s.pos++ // the closing '}'
 	if s.ws(); s.pos != len(raw) {
-		return nil, s.errorf("unexpected bytes after the header object")
+		return nil, s.errorf(top, "unexpected bytes after the header object")
 	}
 	return h, nil
 }
 
 func (s *scanner) metadata() (map[string]string, error) {
+	w := where{part: MetadataKey}
 	if s.peek() == 'n' {
 		if s.pos+4 <= len(s.b) && string(s.b[s.pos:s.pos+4]) == "null" {
 			s.pos += 4
 			return nil, nil
 		}
-		return nil, s.errorf("%s must be an object of strings", MetadataKey)
+		return nil, s.errorf(w, "must be an object of strings")
 	}
 	if s.peek() != '{' {
-		return nil, s.errorf("%s must be an object of strings", MetadataKey)
+		return nil, s.errorf(w, "must be an object of strings")
 	}
 	s.pos++
 	md := make(map[string]string)
 	for first := true; ; first = false {
-		ok, err := s.more(first, '}', MetadataKey)
+		ok, err := s.more(first, '}', w)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			break
 		}
-		k, err := s.str(MetadataKey + " key")
+		k, err := s.str(where{part: MetadataKey + " key"})
 		if err != nil {
 			return nil, err
 		}
 		if _, dup := md[k]; dup {
 			return nil, invalidf("duplicate %s key %q", MetadataKey, k)
 		}
-		if err := s.expect(':', MetadataKey); err != nil {
+		if err := s.expect(':', w); err != nil {
 			return nil, err
 		}
-		v, err := s.str(MetadataKey + " value of " + strconv.Quote(k))
+		v, err := s.str(where{part: MetadataKey + " value"})
 		if err != nil {
 			return nil, err
 		}
@@ -326,90 +362,93 @@ func (s *scanner) metadata() (map[string]string, error) {
 
 func (s *scanner) entry(name string) (entry, error) {
 	e := entry{name: name}
-	what := "tensor " + strconv.Quote(name)
-	if err := s.expect('{', what); err != nil {
+	w := func(part string) where { return where{tensor: name, part: part} }
+	if err := s.expect('{', w("entry")); err != nil {
 		return e, err
 	}
 	var haveDtype, haveShape, haveOffsets bool
 	for first := true; ; first = false {
-		ok, err := s.more(first, '}', what)
+		ok, err := s.more(first, '}', w("entry"))
 		if err != nil {
 			return e, err
 		}
 		if !ok {
 			break
 		}
-		field, err := s.str(what + " field")
+		field, err := s.rawStr(w("field name"))
 		if err != nil {
 			return e, err
 		}
-		if err := s.expect(':', what+" field "+strconv.Quote(field)); err != nil {
+		if err := s.expect(':', w("after a field name")); err != nil {
 			return e, err
 		}
-		switch field {
+		switch string(field) {
 		case "dtype":
 			if haveDtype {
-				return e, invalidf("%s: duplicate dtype", what)
+				return e, invalidf("%v: duplicate dtype", w("entry"))
 			}
 			haveDtype = true
-			d, err := s.str(what + " dtype")
+			d, err := s.rawStr(w("dtype"))
 			if err != nil {
 				return e, err
 			}
-			if e.dtype, err = tensor.ParseDType(d); err != nil {
-				return e, invalidf("%s: unknown dtype %q", what, d)
+			if e.dtype, ok = dtypeOf(d); !ok {
+				return e, invalidf("%v: unknown dtype %q", w("entry"), d)
 			}
 		case "shape":
 			if haveShape {
-				return e, invalidf("%s: duplicate shape", what)
+				return e, invalidf("%v: duplicate shape", w("entry"))
 			}
 			haveShape = true
-			if err := s.expect('[', what+" shape"); err != nil {
+			if err := s.expect('[', w("shape")); err != nil {
 				return e, err
 			}
-			e.shape = make([]int64, 0, 4)
+			// Shapes share one growing slab; each is capped so that
+			// appending to one can never write into another.
+			start := len(s.dims)
 			for first := true; ; first = false {
-				ok, err := s.more(first, ']', what+" shape")
+				ok, err := s.more(first, ']', w("shape"))
 				if err != nil {
 					return e, err
 				}
 				if !ok {
 					break
 				}
-				d, err := s.uint(what + " shape")
+				d, err := s.uint(w("shape"))
 				if err != nil {
 					return e, err
 				}
-				e.shape = append(e.shape, int64(d))
+				s.dims = append(s.dims, int64(d))
 			}
+			e.shape = s.dims[start:len(s.dims):len(s.dims)]
 			s.pos++
 		case "data_offsets":
 			if haveOffsets {
-				return e, invalidf("%s: duplicate data_offsets", what)
+				return e, invalidf("%v: duplicate data_offsets", w("entry"))
 			}
 			haveOffsets = true
-			if err := s.expect('[', what+" data_offsets"); err != nil {
+			if err := s.expect('[', w("data_offsets")); err != nil {
 				return e, err
 			}
-			if e.begin, err = s.uint(what + " data_offsets"); err != nil {
+			if e.begin, err = s.uint(w("data_offsets")); err != nil {
 				return e, err
 			}
-			if err := s.expect(',', what+" data_offsets (exactly two numbers)"); err != nil {
+			if err := s.expect(',', w("data_offsets (exactly two numbers)")); err != nil {
 				return e, err
 			}
-			if e.end, err = s.uint(what + " data_offsets"); err != nil {
+			if e.end, err = s.uint(w("data_offsets")); err != nil {
 				return e, err
 			}
-			if err := s.expect(']', what+" data_offsets (exactly two numbers)"); err != nil {
+			if err := s.expect(']', w("data_offsets (exactly two numbers)")); err != nil {
 				return e, err
 			}
 		default:
-			return e, invalidf("%s: unknown field %q", what, field)
+			return e, invalidf("%v: unknown field %q", w("entry"), field)
 		}
 	}
 	s.pos++
 	if !haveDtype || !haveShape || !haveOffsets {
-		return e, invalidf("%s: needs dtype, shape and data_offsets", what)
+		return e, invalidf("%v: needs dtype, shape and data_offsets", w("entry"))
 	}
 	return e, nil
 }

@@ -100,7 +100,8 @@ func DecodeOptions(buf []byte, opt Options) (*File, error) {
 		return cmp.Compare(a.end, b.end)
 	})
 	var pos uint64
-	sd := &tensor.StateDict{}
+	sd := tensor.MakeStateDict(len(hdr.entries))
+	ts := make([]tensor.Tensor, len(hdr.entries)) // one allocation for all
 	for i := range hdr.entries {
 		e := &hdr.entries[i]
 		if e.begin != pos {
@@ -122,7 +123,8 @@ func DecodeOptions(buf []byte, opt Options) (*File, error) {
 		if uint64(want) != e.end-e.begin {
 			return nil, invalidf("tensor %q: shape %v × %v is %d bytes but data_offsets [%d,%d] hold %d", e.name, e.shape, e.dtype, want, e.begin, e.end, e.end-e.begin)
 		}
-		t := &tensor.Tensor{Name: e.name, DType: e.dtype, Shape: e.shape, Data: data[e.begin:e.end:e.end]}
+		t := &ts[i]
+		*t = tensor.Tensor{Name: e.name, DType: e.dtype, Shape: e.shape, Data: data[e.begin:e.end:e.end]}
 		if err := sd.Add(t); err != nil {
 			return nil, invalidf("%v", err)
 		}

@@ -26,6 +26,12 @@ func NewStateDict(ts ...*Tensor) (*StateDict, error) {
 	return sd, nil
 }
 
+// MakeStateDict returns an empty state dict with room for n tensors, so
+// that adding them does not grow its slice or index.
+func MakeStateDict(n int) *StateDict {
+	return &StateDict{tensors: make([]*Tensor, 0, n), index: make(map[string]int, n)}
+}
+
 // Add appends t. It fails on an empty or duplicate name or an invalid tensor.
 func (sd *StateDict) Add(t *Tensor) error {
 	if t.Name == "" {
