@@ -2,6 +2,7 @@ package safetensors
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -233,9 +234,13 @@ func (s *scanner) uint(w where) (uint64, error) {
 	if len(digits) > 1 && digits[0] == '0' {
 		return 0, s.errorf(w, "leading zero in %s", digits)
 	}
-	v, ok := parseUint(string(digits))
-	if !ok {
-		return 0, s.errorf(w, "%s is not a non-negative 63-bit integer", digits)
+	var v uint64
+	for _, c := range digits {
+		d := uint64(c - '0')
+		if v > (math.MaxInt64-d)/10 { // v*10+d would pass 2^63-1
+			return 0, s.errorf(w, "%s is not a non-negative 63-bit integer", digits)
+		}
+		v = v*10 + d
 	}
 	return v, nil
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -218,4 +220,9 @@ func parseEntryRef(dec *json.Decoder, name string) (entry, error) {
 func quoteRef(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+func parseUint(s string) (uint64, bool) {
+	v, err := strconv.ParseUint(s, 10, 64)
+	return v, err == nil && v <= math.MaxInt64
 }

@@ -22,9 +22,7 @@ package safetensors
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
-	"strconv"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -167,9 +165,4 @@ type entry struct {
 type header struct {
 	entries  []entry
 	metadata map[string]string
-}
-
-func parseUint(s string) (uint64, bool) {
-	v, err := strconv.ParseUint(s, 10, 64)
-	return v, err == nil && v <= math.MaxInt64
 }
