@@ -121,12 +121,6 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	h.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
-		// Large windows and socket buffers let one stream carry a model at
-		// loopback speed (measured in docs/benchmarks.md, model store).
-		grpc.InitialWindowSize(16<<20),
-		grpc.InitialConnWindowSize(16<<20),
-		grpc.ReadBufferSize(1<<20),
-		grpc.WriteBufferSize(1<<20),
 	)
 	h.health = health.NewServer()
 	healthpb.RegisterHealthServer(h.grpc, h.health)

@@ -29,6 +29,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/blobcodec"
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -95,29 +96,20 @@ func (c *Config) validate() error {
 }
 
 // DialOptions are the options the client dials with: insecure loopback
-// credentials plus flow-control windows and buffers sized for streaming
-// large models (see docs/benchmarks.md for what they buy).
+// credentials and message limits above the 1 MiB chunks. Flow-control
+// windows and buffers are gRPC's defaults, which measured best on loopback
+// (docs/benchmarks.md, model store).
 func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(WindowBytes),
-		grpc.WithInitialConnWindowSize(WindowBytes),
-		grpc.WithReadBufferSize(BufferBytes),
-		grpc.WithWriteBufferSize(BufferBytes),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
 	}
 }
 
-// WindowBytes is the HTTP/2 flow-control window the client asks for;
-// BufferBytes its socket read/write buffer. The hub's server uses the same.
-const (
-	WindowBytes = 16 << 20
-	BufferBytes = 1 << 20
-)
-
 // Client talks to one hub's model store. Safe for concurrent use.
 type Client struct {
 	cfg  Config
+	cc   grpc.ClientConnInterface
 	rpc  rlhubv1.ModelStoreClient
 	conn *grpc.ClientConn // ours to close; nil when Config.Conn was given
 
@@ -144,6 +136,7 @@ func New(cfg Config) (*Client, error) {
 		}
 		c.conn, conn = cc, cc
 	}
+	c.cc = conn
 	c.rpc = rlhubv1.NewModelStoreClient(conn)
 	c.closeCtx, c.closeFn = context.WithCancel(context.Background())
 	return c, nil
@@ -231,7 +224,7 @@ func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) err
 func (c *Client) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
 	var info store.Info
 	err := c.do(ctx, func(ctx context.Context) error {
-		stream, err := c.rpc.Push(ctx)
+		stream, err := c.rpc.Push(ctx, grpc.CallContentSubtype(blobcodec.Name))
 		if err != nil {
 			return err
 		}
@@ -288,26 +281,47 @@ func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest) (*stor
 	err := c.do(ctx, func(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel() // ends the stream once one version is in
-		stream, err := c.rpc.Pull(ctx, req)
+		recv, err := c.openRaw(ctx, pullDesc, rlhubv1.ModelStore_Pull_FullMethodName, req)
 		if err != nil {
 			return err
 		}
-		snap, skipped, err = c.recvVersion(stream)
+		snap, skipped, err = c.recvVersion(recv)
 		return err
 	})
 	return snap, skipped, err
 }
 
+var (
+	pullDesc  = &grpc.StreamDesc{StreamName: "Pull", ServerStreams: true}
+	watchDesc = &grpc.StreamDesc{StreamName: "Watch", ServerStreams: true}
+)
+
+// openRaw opens a server stream whose responses are received with the
+// blob codec (chunks stay in gRPC's buffers until copied once into the
+// assembler) and returns its receive function.
+func (c *Client) openRaw(ctx context.Context, desc *grpc.StreamDesc, method string, req any) (func(*blobcodec.Pulled) error, error) {
+	cs, err := c.cc.NewStream(ctx, desc, method, grpc.CallContentSubtype(blobcodec.Name))
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.SendMsg(req); err != nil && err != io.EOF {
+		return nil, err
+	}
+	if err := cs.CloseSend(); err != nil {
+		return nil, err
+	}
+	return func(p *blobcodec.Pulled) error { return cs.RecvMsg(p) }, nil
+}
+
 // recvVersion reads one version (header and chunks) from a pull or watch
 // stream. A not-modified header yields a nil snapshot.
-func (c *Client) recvVersion(stream interface {
-	Recv() (*rlhubv1.StorePullResponse, error)
-}) (*store.Snapshot, uint64, error) {
-	msg, err := stream.Recv()
-	if err != nil {
+func (c *Client) recvVersion(recv func(*blobcodec.Pulled) error) (*store.Snapshot, uint64, error) {
+	var msg blobcodec.Pulled
+	defer msg.Release()
+	if err := recv(&msg); err != nil {
 		return nil, 0, err
 	}
-	hdr := msg.GetHeader()
+	hdr := msg.Header
 	if hdr == nil || hdr.Blob == nil {
 		return nil, 0, fmt.Errorf("storeclient: protocol: a version must start with a header carrying BlobInfo")
 	}
@@ -320,18 +334,17 @@ func (c *Client) recvVersion(stream interface {
 		return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
 	}
 	for uint64(asm.Received()) < b.TotalBytes {
-		msg, err := stream.Recv()
+		err := recv(&msg)
 		if err == io.EOF {
 			break // Finish reports the shortfall
 		}
 		if err != nil {
 			return nil, 0, err
 		}
-		ch := msg.GetChunk()
-		if ch == nil {
+		if msg.Header != nil {
 			return nil, 0, fmt.Errorf("storeclient: protocol: header inside model %q version %d", b.Model, b.Version)
 		}
-		if err := asm.Write(ch.Data); err != nil {
+		if err := msg.WriteChunk(asm.Write); err != nil {
 			return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
 		}
 	}
@@ -402,13 +415,14 @@ func (e fnError) Error() string { return e.err.Error() }
 func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, failures *int, fn func(*store.Snapshot, uint64) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.rpc.Watch(ctx, &rlhubv1.StoreWatchRequest{Model: name, After: *after, ChunkBytes: uint32(c.cfg.ChunkBytes)})
+	recv, err := c.openRaw(ctx, watchDesc, rlhubv1.ModelStore_Watch_FullMethodName,
+		&rlhubv1.StoreWatchRequest{Model: name, After: *after, ChunkBytes: uint32(c.cfg.ChunkBytes)})
 	if err != nil {
 		*failures++
 		return err
 	}
 	for {
-		snap, skipped, err := c.recvVersion(stream)
+		snap, skipped, err := c.recvVersion(recv)
 		if err == nil && snap == nil {
 			err = fmt.Errorf("storeclient: protocol: not-modified header on a watch")
 		}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	_ "github.com/rlhub/rlhub/internal/store/blobcodec" // serves clients that ask for it
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )

@@ -1,0 +1,231 @@
+package storebench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// model returns a safetensors blob of about size bytes (one F32 tensor).
+func model(b *testing.B, size int) []byte {
+	t := tensor.NewF32("w", int64(size/4))
+	f, _ := t.Float32s()
+	for i := range f {
+		f[i] = float32(i)
+	}
+	sd, _ := tensor.NewStateDict(t)
+	blob, err := safetensors.Encode(sd, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return blob
+}
+
+// tcpSource serves blob to every connection, as fast as the kernel takes it.
+type tcpSource struct {
+	lis net.Listener
+	wg  sync.WaitGroup
+}
+
+func newTCPSource(b *testing.B, blob []byte) *tcpSource {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := &tcpSource{lis: lis}
+	s.wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			s.wg.Go(func() {
+				defer c.Close()
+				c.Write(blob)
+			})
+		}
+	})
+	return s
+}
+
+func (s *tcpSource) close() { s.lis.Close(); s.wg.Wait() }
+
+// tcpCopy has readers connections each read the whole blob into its own
+// preallocated buffer; it returns each reader's duration.
+func tcpCopy(b *testing.B, addr string, bufs [][]byte) []time.Duration {
+	out := make([]time.Duration, len(bufs))
+	var wg sync.WaitGroup
+	for i := range bufs {
+		wg.Go(func() {
+			start := time.Now()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			defer c.Close()
+			if _, err := io.ReadFull(c, bufs[i]); err != nil {
+				b.Error(err)
+			}
+			out[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// pullAll has every client pull the newest "m" concurrently; it returns
+// each reader's duration.
+func pullAll(b *testing.B, clients []*storeclient.Client, size int) []time.Duration {
+	out := make([]time.Duration, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			start := time.Now()
+			snap, err := c.Get(ctx, "m", 0)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			out[i] = time.Since(start)
+			if len(snap.Blob) != size {
+				b.Errorf("pulled %d bytes, want %d", len(snap.Blob), size)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func maxDur(ds []time.Duration) time.Duration {
+	var m time.Duration
+	for _, d := range ds {
+		m = max(m, d)
+	}
+	return m
+}
+
+// BenchmarkPull pulls a model through the real hub (tuned windows and
+// buffers) to 1 and 4 concurrent readers, each with its own connection,
+// and in every iteration first copies the same bytes over plain TCP to the
+// same number of readers (timer stopped). Reported: MB/s (aggregate, from
+// SetBytes), tcp_MB/s, ratio_vs_tcp (aggregate gRPC / aggregate TCP),
+// slowest_reader_MB/s, and for 4 readers slowest_vs_single (the slowest
+// reader's rate over a lone reader's rate, measured in the same iteration).
+// "opts=default" runs one reader against a server and client with gRPC's
+// default options, to show what the tuning buys.
+func BenchmarkPull(b *testing.B) {
+	for _, size := range []int{16 << 20, 256 << 20} {
+		blob := model(b, size)
+		for _, tc := range []struct {
+			readers int
+			tuned   bool
+		}{{1, true}, {4, true}, {1, false}} {
+			opts := "tuned"
+			if !tc.tuned {
+				opts = "default"
+			}
+			b.Run(fmt.Sprintf("size=%dMiB/readers=%d/opts=%s", size>>20, tc.readers, opts), func(b *testing.B) {
+				benchPull(b, blob, tc.readers, tc.tuned)
+			})
+		}
+	}
+}
+
+func benchPull(b *testing.B, blob []byte, readers int, tuned bool) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.Start(); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: blob}); err != nil {
+		b.Fatal(err)
+	}
+	addr := h.Addr().String()
+	dial := storeclient.DialOptions()
+	if !tuned {
+		// A plain server and plain dial options over the same store.
+		svc, _ := storesvc.New(storesvc.Config{Store: h.Store()})
+		g := grpc.NewServer()
+		svc.Register(g)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { g.Serve(lis) })
+		defer func() { g.Stop(); wg.Wait() }()
+		addr = lis.Addr().String()
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	var clients []*storeclient.Client
+	for range readers + 1 { // the extra one measures a lone reader
+		conn, err := grpc.NewClient(addr, dial...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		c, err := storeclient.New(storeclient.Config{Conn: conn})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	lone, clients := clients[:1], clients[1:]
+	src := newTCPSource(b, blob)
+	defer src.close()
+	bufs := make([][]byte, readers)
+	for i := range bufs {
+		bufs[i] = make([]byte, len(blob))
+	}
+	pullAll(b, clients, len(blob)) // warm connections and windows
+	tcpCopy(b, src.lis.Addr().String(), bufs)
+
+	var tcpTotal, grpcTotal, slowest, loneTotal time.Duration
+	b.SetBytes(int64(len(blob) * readers))
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		tcpTotal += maxDur(tcpCopy(b, src.lis.Addr().String(), bufs))
+		if readers > 1 {
+			loneTotal += pullAll(b, lone, len(blob))[0]
+		}
+		b.StartTimer()
+		ds := pullAll(b, clients, len(blob))
+		b.StopTimer()
+		grpcTotal += maxDur(ds)
+		slowest += maxDur(ds)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	mb := float64(len(blob)) * float64(b.N) / 1e6
+	b.ReportMetric(mb*float64(readers)/tcpTotal.Seconds(), "tcp_MB/s")
+	b.ReportMetric(tcpTotal.Seconds()/grpcTotal.Seconds(), "ratio_vs_tcp")
+	b.ReportMetric(mb/slowest.Seconds(), "slowest_reader_MB/s")
+	if readers > 1 {
+		b.ReportMetric(loneTotal.Seconds()/slowest.Seconds(), "slowest_vs_single")
+	}
+}
