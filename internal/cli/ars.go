@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -185,6 +186,15 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
+
+	// Worker output, the progress bar and the logs share stderr from
+	// several goroutines: serialise them.
+	errw := &lockedWriter{w: g.stderr}
+	logger, err := newLogger(errw, g.logLevel, g.logFormat)
+	if err != nil {
+		return err
+	}
+	g = &globals{stdout: g.stdout, stderr: errw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat}
 
 	addr := o.hubAddr
 	if addr == "" {
@@ -477,4 +487,16 @@ func writeFileFrom(path string, write func(io.Writer) (int64, error)) error {
 	}
 	_, err = write(f)
 	return errors.Join(err, f.Close())
+}
+
+// lockedWriter serialises writes from several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

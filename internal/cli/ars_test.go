@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/ars"
+)
+
+const helperEnv = "RLHUB_CLI_TEST_HELPER_PROCESS"
+
+// TestHelperARSProcess is not a test: when train ars re-executes "itself"
+// in these tests, it runs this test binary, which lands here and acts as
+// the rlhub binary with the arguments after "--".
+func TestHelperARSProcess(t *testing.T) {
+	if os.Getenv(helperEnv) != "1" {
+		return
+	}
+	args := os.Args
+	for i, a := range args {
+		if a == "--" {
+			args = args[i+1:]
+			break
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := Run(ctx, args, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// useHelperWorkers makes train ars start this test binary as its workers.
+func useHelperWorkers(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(helperEnv, "1")
+	old := selfCommand
+	selfCommand = func() ([]string, error) { return []string{exe, "-test.run=^TestHelperARSProcess$", "--"}, nil }
+	t.Cleanup(func() { selfCommand = old })
+}
+
+func TestTrainARSReachesTargetAndEval(t *testing.T) {
+	useHelperWorkers(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--env", "CartPole-v1", "--workers", "2",
+		"--seed", "2", "--target", "475", "--out", dir)
+	if code != 0 {
+		t.Fatalf("train: code %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	if !strings.Contains(out, "CartPole-v1 seed 2: target") || !strings.Contains(errOut, "eval") {
+		t.Errorf("stdout %q, stderr (progress) %q", out, errOut)
+	}
+	var sum trainSummary
+	raw, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if !sum.ReachedTarget || sum.FinalEvalMean == nil || *sum.FinalEvalMean < 475 || sum.Workers != 2 || sum.Steps == 0 {
+		t.Fatalf("summary %s", raw)
+	}
+	f, err := os.Open(filepath.Join(dir, "curve.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	if err != nil || len(recs) != int(sum.Iterations)+1 || recs[0][0] != "iteration" {
+		t.Fatalf("curve.csv: %v, %d rows for %d iterations", err, len(recs), sum.Iterations)
+	}
+	png, err := os.ReadFile(filepath.Join(dir, "curve.png"))
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Fatalf("curve.png: %v", err)
+	}
+	blob, err := os.ReadFile(filepath.Join(dir, "policy.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ars.DecodePolicy(blob)
+	if err != nil || p.Env != "CartPole-v1" || p.Stats.Count == 0 {
+		t.Fatalf("policy: %v %+v", err, p)
+	}
+
+	code, out, errOut = run(t, ctx, "eval", "--policy", filepath.Join(dir, "policy.safetensors"), "--episodes", "20")
+	if code != 0 || !strings.Contains(out, "over 20 episodes") || !strings.Contains(out, "±") {
+		t.Fatalf("eval: code %d, %q %q", code, out, errOut)
+	}
+	code, _, errOut = run(t, ctx, "eval", "--policy", filepath.Join(dir, "policy.safetensors"), "--env", "Acrobot-v1")
+	if code == 0 {
+		t.Fatalf("eval on a mismatched env succeeded: %q", errOut)
+	}
+}
+
+// The same seed gives byte-identical policy files with 1 and 2 worker
+// processes.
+func TestTrainARSSameResultWithOneAndTwoWorkerProcesses(t *testing.T) {
+	useHelperWorkers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var blobs [][]byte
+	for _, n := range []string{"1", "2"} {
+		dir := t.TempDir()
+		code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--env", "CartPole-v1", "--workers", n,
+			"--seed", "9", "--max-iterations", "4", "--eval-every", "2", "--out", dir, "--no-progress")
+		if code != 0 {
+			t.Fatalf("workers %s: code %d %q %q", n, code, out, errOut)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "policy.safetensors"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blobs = append(blobs, b)
+	}
+	if !bytes.Equal(blobs[0], blobs[1]) {
+		t.Fatal("policy.safetensors differs between 1 and 2 worker processes")
+	}
+}
+
+func TestTrainARSBadFlags(t *testing.T) {
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"train", "ars", "--env", "Nope-v0", "--out", t.TempDir()},
+		{"train", "ars", "--env", "CartPole-v1"},
+		{"train", "ars", "--env", "CartPole-v1", "--workers", "0", "--out", t.TempDir()},
+		{"train", "ars", "--env", "CartPole-v1", "--hidden", "0", "--out", t.TempDir()},
+		{"eval", "--policy", filepath.Join(t.TempDir(), "missing.safetensors")},
+	} {
+		if code, _, _ := run(t, ctx, args...); code == 0 {
+			t.Errorf("%v succeeded", args)
+		}
+	}
+}
