@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
+	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
 )
@@ -164,6 +165,11 @@ func (h *Hub) builtinServices() ([]Service, error) {
 		return nil, errors.Join(err, ss.Close())
 	}
 	out = append(out, agg)
+	arsSvc, err := arsrpc.New(arsrpc.Config{Store: h.store, Logger: h.cfg.Logger})
+	if err != nil {
+		return nil, errors.Join(err, agg.Close(), ss.Close())
+	}
+	out = append(out, arsSvc)
 	return out, nil
 }
 
