@@ -1,0 +1,259 @@
+package wire
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// BenchmarkSend measures what sending a state dict costs on the real path:
+// Plan → Chunks → grpc-go client stream on 127.0.0.1 → Assembler → Finish
+// (decode), against a plain TCP copy of the same bytes into a preallocated
+// buffer, measured in the same run. Reported per size:
+//
+//	MB/s         blob bytes per second (Go's column, from SetBytes)
+//	GB/s         the same in GB/s
+//	x_tcp        gRPC GB/s over the TCP baseline's GB/s of this run
+//	allocB/B     bytes allocated (sender and receiver, same process) per
+//	             blob byte: 1.0 is the receiver's one buffer; everything above
+//	             is a copy-sized allocation on the path (docs/wire.md)
+//
+//	GOEXPERIMENT=simd go test -run '^$' -bench BenchmarkSend ./internal/wire/
+
+// blobService is a test-only client-streaming method carrying the transfer
+// shape of tensor.proto: one BlobInfo, then Chunks; it answers a BlobInfo
+// with the size it assembled.
+var blobService = grpc.ServiceDesc{
+	ServiceName: "rlhub.test.Blob",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Upload",
+		ClientStreams: true,
+		Handler: func(_ any, stream grpc.ServerStream) error {
+			info := new(rlhubv1.BlobInfo)
+			if err := stream.RecvMsg(info); err != nil {
+				return err
+			}
+			a, err := NewAssembler(info.TotalBytes, Limits{MaxBytes: 1 << 30})
+			if err != nil {
+				return errs.ToStatus(err)
+			}
+			c := new(rlhubv1.Chunk)
+			for {
+				err := stream.RecvMsg(c)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					return err
+				}
+				if err := a.Write(c.Data); err != nil {
+					return errs.ToStatus(err)
+				}
+			}
+			f, blob, err := a.Finish()
+			if err != nil {
+				return errs.ToStatus(err)
+			}
+			return stream.SendMsg(&rlhubv1.BlobInfo{TotalBytes: uint64(len(blob)), Version: uint64(f.Tensors.Len())})
+		},
+	}},
+}
+
+// benchDict is an MLP-like state dict of about size bytes: 8 layers of an
+// [h,h] F32 weight and an [h] bias.
+func benchDict(size int) *tensor.StateDict {
+	h := int64(1)
+	for 8*4*(h+1)*(h+1) <= int64(size) {
+		h++
+	}
+	sd := &tensor.StateDict{}
+	for i := range 8 {
+		w, b := tensor.NewF32(fmt.Sprintf("layers.%d.weight", i), h, h), tensor.NewF32(fmt.Sprintf("layers.%d.bias", i), h)
+		for j := range w.Data {
+			w.Data[j] = byte(j)
+		}
+		_ = sd.Add(w)
+		_ = sd.Add(b)
+	}
+	return sd
+}
+
+func allocatedSince(before *runtime.MemStats) uint64 {
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+func BenchmarkSend(b *testing.B) {
+	tcpGBps := map[string]float64{}
+	for _, sz := range []struct {
+		name  string
+		bytes int
+	}{{"16MiB", 16 << 20}, {"256MiB", 256 << 20}} {
+		l, err := safetensors.Plan(benchDict(sz.bytes), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("size=%s/tcp-copy", sz.name), func(b *testing.B) {
+			benchTCP(b, l)
+			tcpGBps[sz.name] = float64(l.Size) * float64(b.N) / b.Elapsed().Seconds() / 1e9
+		})
+		for _, v := range []struct {
+			name string
+			srv  []grpc.ServerOption
+			dial []grpc.DialOption
+		}{
+			{"grpc-stream", nil, nil},
+			// Without the transport's 32 KiB read/write buffers (copies S2
+			// and R2 in docs/wire.md), at the cost of more syscalls.
+			{"grpc-stream-unbuffered",
+				[]grpc.ServerOption{grpc.ReadBufferSize(0), grpc.WriteBufferSize(0)},
+				[]grpc.DialOption{grpc.WithReadBufferSize(0), grpc.WithWriteBufferSize(0)}},
+		} {
+			b.Run(fmt.Sprintf("size=%s/%s", sz.name, v.name), func(b *testing.B) {
+				benchGRPC(b, l, v.srv, v.dial)
+				if t, ok := tcpGBps[sz.name]; ok {
+					b.ReportMetric(float64(l.Size)*float64(b.N)/b.Elapsed().Seconds()/1e9/t, "x_tcp")
+				}
+			})
+		}
+	}
+}
+
+func reportPath(b *testing.B, size int64, alloc uint64) {
+	b.SetBytes(size)
+	b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+	b.ReportMetric(float64(alloc)/float64(b.N)/float64(size), "allocB/B")
+}
+
+// benchTCP: the sender writes the layout straight from tensor memory
+// (Layout.WriteTo), the receiver reads it into one preallocated buffer and
+// acknowledges with one byte. No user-space copy on either side.
+func benchTCP(b *testing.B, l *safetensors.Layout) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		buf := tensor.AlignedBytes(int(l.Size))
+		var hdr [8]byte
+		for {
+			if _, err := io.ReadFull(conn, hdr[:]); err != nil {
+				return
+			}
+			if _, err := io.ReadFull(conn, buf[:binary.LittleEndian.Uint64(hdr[:])]); err != nil {
+				return
+			}
+			if _, err := conn.Write([]byte{1}); err != nil {
+				return
+			}
+		}
+	}()
+	defer func() { ln.Close(); wg.Wait() }()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	var hdr, ack [8]byte
+	binary.LittleEndian.PutUint64(hdr[:], uint64(l.Size))
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := conn.Write(hdr[:]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := l.WriteTo(conn); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(conn, ack[:1]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	reportPath(b, l.Size, allocatedSince(&ms))
+}
+
+func benchGRPC(b *testing.B, l *safetensors.Layout, srvOpts []grpc.ServerOption, dialOpts []grpc.DialOption) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer(srvOpts...)
+	srv.RegisterService(&blobService, struct{}{})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ln) }()
+	defer func() { srv.Stop(); <-done }()
+	conn, err := grpc.NewClient(ln.Addr().String(), append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+
+	send := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cs, err := conn.NewStream(ctx, &blobService.Streams[0], "/rlhub.test.Blob/Upload")
+		if err != nil {
+			return err
+		}
+		if err := cs.SendMsg(&rlhubv1.BlobInfo{Model: "bench", TotalBytes: uint64(l.Size), ChunkBytes: DefaultChunkBytes}); err != nil {
+			return err
+		}
+		msg := new(rlhubv1.Chunk)
+		if err := Chunks(l, DefaultChunkBytes, func(c []byte) error {
+			msg.Data = c // SendMsg has marshalled msg when it returns
+			return cs.SendMsg(msg)
+		}); err != nil {
+			return err
+		}
+		if err := cs.CloseSend(); err != nil {
+			return err
+		}
+		reply := new(rlhubv1.BlobInfo)
+		if err := cs.RecvMsg(reply); err != nil {
+			return errs.FromStatus(err)
+		}
+		if reply.TotalBytes != uint64(l.Size) || reply.Version != uint64(len(l.Order)) {
+			return fmt.Errorf("server assembled %d bytes / %d tensors, sent %d / %d", reply.TotalBytes, reply.Version, l.Size, len(l.Order))
+		}
+		return nil
+	}
+	if err := send(); err != nil { // warm the connection up
+		b.Fatal(err)
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ResetTimer()
+	for range b.N {
+		if err := send(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	reportPath(b, l.Size, allocatedSince(&ms))
+}
