@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -312,4 +313,44 @@ func TestConfigValidate(t *testing.T) {
 	if err := errors.Join(s.Close(), s.Close()); err != nil {
 		t.Fatal(fmt.Errorf("double Close: %w", err))
 	}
+}
+
+// A hub stops the way hub.Close does: GracefulStop first, services after.
+// Attached Go learners leave on the server's GOAWAY, so GracefulStop does
+// not wait for the learners to be stopped.
+func TestGracefulStopDoesNotWaitForAttachedLearners(t *testing.T) {
+	svc, err := New(Config{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	svc.Register(srv)
+	served := make(chan struct{})
+	go func() { defer close(served); srv.Serve(lis) }()
+	h := &harness{svc: svc, addr: lis.Addr().String()}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	for _, id := range []string{"a", "b"} {
+		cfg := exampleCfg(id, 4)
+		cfg.Hub, cfg.Logger = h.addr, quietLogger()
+		wg.Add(1)
+		go func() { defer wg.Done(); learner.Run(ctx, cfg) }()
+	}
+	waitFor(t, "two learners attached", func() bool { return len(h.learnerIDs(t, "")) == 2 })
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(60 * time.Second):
+		srv.Stop()
+		<-stopped
+		t.Error("GracefulStop waited for the attached learners")
+	}
+	<-served
+	svc.Close()
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -121,7 +122,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	rpc := rlhubv1.NewLearnerAggregatorClient(conn)
 	for {
-		err := session(ctx, rpc, &cfg)
+		err := session(ctx, conn, rpc, &cfg)
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
@@ -139,7 +140,7 @@ func Run(ctx context.Context, cfg Config) error {
 type attachStream = grpc.BidiStreamingClient[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]
 
 // session is one Attach stream: hello, welcome, then tasks until it breaks.
-func session(ctx context.Context, rpc rlhubv1.LearnerAggregatorClient, cfg *Config) error {
+func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.LearnerAggregatorClient, cfg *Config) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stream, err := rpc.Attach(ctx, grpc.WaitForReady(true))
@@ -193,9 +194,30 @@ func session(ctx context.Context, rpc rlhubv1.LearnerAggregatorClient, cfg *Conf
 		}
 	}()
 
+	if cc, ok := conn.(*grpc.ClientConn); ok {
+		// A hub stopping gracefully sends GOAWAY and waits for open
+		// streams; leaving at once lets it stop without waiting out its
+		// timeout. We re-attach when it (or its successor) is back.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for st := cc.GetState(); cc.WaitForStateChange(ctx, st); {
+				next := cc.GetState()
+				if st == connectivity.Ready && next != connectivity.Ready {
+					cancel(fmt.Errorf("connection to the hub left READY (%v): the hub is draining or gone", next))
+					return
+				}
+				st = next
+			}
+		}()
+	}
+
 	for {
 		m, err := stream.Recv()
 		if err != nil {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
 			return errs.FromStatus(err)
 		}
 		var reply *rlhubv1.LearnerReply
