@@ -167,6 +167,24 @@ type trainSummary struct {
 	FinalEvalMean  *float64          `json:"final_eval_mean,omitempty"`
 	FinalEvalStd   *float64          `json:"final_eval_std,omitempty"`
 	BestEvalMean   *float64          `json:"best_eval_mean,omitempty"`
+	// LQRRelativeCost is J(M)/J* − 1 for a V1/V1-t policy on LQR: the
+	// exact average cost of the trained gain relative to the Riccati
+	// optimum.
+	LQRRelativeCost *float64 `json:"lqr_relative_cost,omitempty"`
+}
+
+// lqrRelativeCost returns J(M)/J* − 1 for a linear policy on the raw LQR
+// state (V1, V1-t), or nil when it does not apply.
+func lqrRelativeCost(p *ars.Policy) (*float64, error) {
+	if p.Env != "LQR" || !p.Arch.Linear() || p.Version.Normalises() {
+		return nil, nil
+	}
+	c, err := env.LQRAverageCost(p.Theta)
+	if err != nil {
+		return nil, err
+	}
+	r := c/env.LQROptimalCost() - 1
+	return &r, nil
 }
 
 func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
@@ -274,6 +292,9 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if sum.FinalEvalMean != nil {
 		fmt.Fprintf(g.stdout, "; eval return %.2f ± %.2f", *sum.FinalEvalMean, *sum.FinalEvalStd)
 	}
+	if sum.LQRRelativeCost != nil {
+		fmt.Fprintf(g.stdout, "; LQR cost %.4f above the Riccati optimum", *sum.LQRRelativeCost)
+	}
 	fmt.Fprintf(g.stdout, "\nwrote %s\n", filepath.Join(o.out, "{curve.csv,curve.png,policy.safetensors,summary.json}"))
 	if werr != nil {
 		return werr
@@ -303,7 +324,7 @@ func watchRun(ctx context.Context, g *globals, client pb.ARSClient, runID string
 			progressbar.OptionSetDescription("ars"),
 			progressbar.OptionShowCount(),
 			progressbar.OptionSetItsString("episodes"),
-			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionThrottle(0),
 			progressbar.OptionSetWidth(20),
 		)
 	}
@@ -366,6 +387,7 @@ func summarise(o *trainARSOptions, start *pb.ARSStartRunResponse, pol *ars.Polic
 	if last.wall > 0 {
 		s.StepsPerSecond = float64(last.p.Steps) / last.wall
 	}
+	s.LQRRelativeCost, _ = lqrRelativeCost(pol) // nil for an unstable gain
 	for _, r := range rows {
 		if r.p.HasEval {
 			m, sd := r.p.EvalMean, r.p.EvalStd
@@ -455,6 +477,15 @@ func newEvalCmd(g *globals) *cobra.Command {
 				ss += (r - mean) * (r - mean)
 			}
 			fmt.Fprintf(g.stdout, "%s: return %.2f ± %.2f over %d episodes (min %.2f, max %.2f)\n", envName, mean, math.Sqrt(ss/float64(len(rets))), len(rets), lo, hi)
+			if envName == "LQR" {
+				rel, err := lqrRelativeCost(pol)
+				switch {
+				case err != nil:
+					fmt.Fprintf(g.stdout, "LQR: the gain is not stabilising: %v\n", err)
+				case rel != nil:
+					fmt.Fprintf(g.stdout, "LQR: average cost %.6f, Riccati optimum %.6f, relative cost %.4f\n", (1+*rel)*env.LQROptimalCost(), env.LQROptimalCost(), *rel)
+				}
+			}
 			return nil
 		},
 	}
