@@ -113,6 +113,22 @@ func (p *Pulled) WriteChunk(write func([]byte) error) error {
 	return nil
 }
 
+// Set makes p hold a decoded response (for a stream received with the
+// stock codec).
+func (p *Pulled) Set(resp *rlhubv1.StorePullResponse) error {
+	p.Release()
+	*p = Pulled{}
+	switch b := resp.Body.(type) {
+	case *rlhubv1.StorePullResponse_Header:
+		p.Header = b.Header
+	case *rlhubv1.StorePullResponse_Chunk:
+		p.chunk = mem.BufferSlice{mem.SliceBuffer(b.Chunk.GetData())}.Reader()
+	default:
+		return fmt.Errorf("blobcodec: pull response with no body")
+	}
+	return nil
+}
+
 // Release frees the held buffers. Safe to call twice.
 func (p *Pulled) Release() {
 	if p.chunk != nil {
@@ -184,16 +200,8 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 		if err := stock().Unmarshal(data, &resp); err != nil {
 			return err
 		}
-		switch b := resp.Body.(type) {
-		case *rlhubv1.StorePullResponse_Header:
-			m.Header = b.Header
-		case *rlhubv1.StorePullResponse_Chunk:
-			// An unusual but valid encoding of a chunk: keep its bytes.
-			m.chunk = mem.BufferSlice{mem.SliceBuffer(b.Chunk.GetData())}.Reader()
-		default:
-			return fmt.Errorf("blobcodec: pull response with no body")
-		}
-		return nil
+		// An unusual but valid encoding of a chunk keeps its decoded bytes.
+		return m.Set(&resp)
 	case *rlhubv1.StorePushRequest:
 		r, _ := chunkReader(data)
 		if r == nil {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -59,6 +60,10 @@ type Config struct {
 	ChunkBytes int
 	// MaxModelBytes bounds a pulled blob; 0 means 4 GiB.
 	MaxModelBytes int64
+	// StockCodec makes the client use gRPC's stock proto codec, as clients
+	// in other languages do, instead of blobcodec (for interop tests and to
+	// measure what blobcodec saves). The bytes on the wire are the same.
+	StockCodec bool
 }
 
 func (c *Config) validate() error {
@@ -224,7 +229,7 @@ func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) err
 func (c *Client) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
 	var info store.Info
 	err := c.do(ctx, func(ctx context.Context) error {
-		stream, err := c.rpc.Push(ctx, grpc.CallContentSubtype(blobcodec.Name))
+		stream, err := c.rpc.Push(ctx, c.codecOpt())
 		if err != nil {
 			return err
 		}
@@ -300,7 +305,7 @@ var (
 // blob codec (chunks stay in gRPC's buffers until copied once into the
 // assembler) and returns its receive function.
 func (c *Client) openRaw(ctx context.Context, desc *grpc.StreamDesc, method string, req any) (func(*blobcodec.Pulled) error, error) {
-	cs, err := c.cc.NewStream(ctx, desc, method, grpc.CallContentSubtype(blobcodec.Name))
+	cs, err := c.cc.NewStream(ctx, desc, method, c.codecOpt())
 	if err != nil {
 		return nil, err
 	}
@@ -310,7 +315,24 @@ func (c *Client) openRaw(ctx context.Context, desc *grpc.StreamDesc, method stri
 	if err := cs.CloseSend(); err != nil {
 		return nil, err
 	}
+	if c.cfg.StockCodec {
+		return func(p *blobcodec.Pulled) error {
+			var resp rlhubv1.StorePullResponse
+			if err := cs.RecvMsg(&resp); err != nil {
+				return err
+			}
+			return p.Set(&resp)
+		}, nil
+	}
 	return func(p *blobcodec.Pulled) error { return cs.RecvMsg(p) }, nil
+}
+
+// codecOpt selects the codec of a call.
+func (c *Client) codecOpt() grpc.CallOption {
+	if c.cfg.StockCodec {
+		return grpc.CallContentSubtype(grpcproto.Name)
+	}
+	return grpc.CallContentSubtype(blobcodec.Name)
 }
 
 // recvVersion reads one version (header and chunks) from a pull or watch

@@ -75,6 +75,20 @@ func TestSuiteOverGRPC(t *testing.T) {
 	})
 }
 
+// TestSuiteOverGRPCStockCodec is the same with gRPC's stock proto codec,
+// as the Python client talks: the service serves both.
+func TestSuiteOverGRPCStockCodec(t *testing.T) {
+	storetest.RunRemote(t, func(t *testing.T, cfg store.Config) store.Store {
+		mem, err := store.NewMemory(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { mem.Close() })
+		addr := serve(t, mem)
+		return newClient(t, storeclient.Config{Addr: addr, ChunkBytes: 4096, StockCodec: true})
+	})
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
