@@ -32,13 +32,18 @@ func EnvDefaults(name string) Defaults {
 		d.MaxEpisodes = 20_000
 		d.Target, d.HasTarget = 475, true
 	case "Pendulum-v1":
+		// Not solved by these values (a linear policy cannot swing up
+		// well; see docs/ars.md).
 		d.Hyper = Hyper{Version: V2t, Directions: 16, Top: 8, StepSize: 0.02, Noise: 0.05}
 		d.Target, d.HasTarget = -200, true
 	case "MountainCarContinuous-v0":
+		// Large noise finds the goal; V1-t (no normalisation) does not.
 		d.Hyper = Hyper{Version: V2t, Directions: 8, Top: 4, StepSize: 0.02, Noise: 0.3}
+		d.MaxEpisodes = 5000
 		d.Target, d.HasTarget = 90, true
 	case "Acrobot-v1":
 		d.Hyper = Hyper{Version: V2t, Directions: 8, Top: 4, StepSize: 0.02, Noise: 0.05}
+		d.MaxEpisodes = 5000
 		d.Target, d.HasTarget = -100, true
 	case "LQR":
 		d.Hyper = Hyper{Version: V1, Directions: 8, StepSize: 0.005, Noise: 0.005}
