@@ -39,6 +39,15 @@ type Example struct {
 	// "learn-begin START ROWS", "learn-end START ROWS") for tests that
 	// watch a learner process.
 	Events io.Writer
+	// Weights, when set, supplies the weights and their model version for
+	// each learn (for example the newest version from the model store);
+	// the task info's "w" is then not needed.
+	Weights func(ctx context.Context) (w []float32, version uint64, err error)
+	// Push, when set, receives each share's gradient sum as an F32 tensor
+	// "w" [d] computed on the given version (for example a reducer
+	// client's PushGrad); its error fails the share. The info then also
+	// carries "pushed": true and "version".
+	Push func(ctx context.Context, version uint64, grad *tensor.StateDict) error
 
 	mu sync.Mutex
 	w  []float32 // current task's weights
@@ -58,6 +67,10 @@ func (e *Example) event(format string, args ...any) {
 
 // OnStart reads the weights from info["w"].
 func (e *Example) OnStart(ctx context.Context, taskID string, info map[string]any) error {
+	if e.Weights != nil {
+		e.event("start %s", taskID)
+		return nil
+	}
 	raw, ok := info["w"].([]any)
 	if !ok || len(raw) == 0 {
 		return fmt.Errorf("%w: task info needs \"w\", a non-empty list of numbers", errs.ErrInvalid)
@@ -82,6 +95,13 @@ func (e *Example) OnDemand(ctx context.Context, taskID string) (Demand, error) {
 	e.mu.Lock()
 	d := len(e.w)
 	e.mu.Unlock()
+	if e.Weights != nil {
+		w, _, err := e.Weights(ctx)
+		if err != nil {
+			return Demand{}, err
+		}
+		d = len(w)
+	}
 	bs := e.BatchSize
 	if bs == 0 {
 		bs = 32
@@ -104,9 +124,29 @@ func (e *Example) OnLearn(ctx context.Context, t *LearnTask) (map[string]any, er
 	e.mu.Lock()
 	w := e.w
 	e.mu.Unlock()
+	var version uint64
+	if e.Weights != nil {
+		var err error
+		if w, version, err = e.Weights(ctx); err != nil {
+			return nil, err
+		}
+	}
 	grad, loss, err := LinearGrad(t.Batch, w)
 	if err != nil {
 		return nil, err
+	}
+	if e.Push != nil {
+		g32 := make([]float32, len(grad))
+		for i, x := range grad {
+			g32[i] = float32(x)
+		}
+		sd, err := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{int64(len(g32))}, g32))
+		if err != nil {
+			return nil, err
+		}
+		if err := e.Push(ctx, version, sd); err != nil {
+			return nil, fmt.Errorf("push gradient of rows [%d,%d): %w", t.RowStart, t.RowStart+t.Rows, err)
+		}
 	}
 	rows := []any{}
 	if rt := t.Batch.Get("row"); rt != nil {
@@ -131,10 +171,14 @@ func (e *Example) OnLearn(ctx context.Context, t *LearnTask) (map[string]any, er
 		lossVal = "not-a-number"
 	}
 	e.event("learn-end %d %d", t.RowStart, t.Rows)
-	return map[string]any{
+	info := map[string]any{
 		"grad": g, "loss_sum": lossVal, "rows": rows, "learner": e.ID,
 		"learner_step": step, "task_id": t.TaskID,
-	}, nil
+	}
+	if e.Push != nil {
+		info["pushed"], info["version"] = true, float64(version)
+	}
+	return info, nil
 }
 
 // LinearGrad returns Σ (x·w − y) x and Σ ½ (x·w − y)² over the rows of

@@ -88,3 +88,39 @@ func TestExampleRefusesTaskWithoutWeights(t *testing.T) {
 		t.Fatalf("demand %+v, %v", d, err)
 	}
 }
+
+// With Weights and Push set, the example reads the model's weights and
+// pushes the share's gradient sum computed on that version.
+func TestExamplePushesGradientOnItsVersion(t *testing.T) {
+	var pushed []float32
+	var pushedVersion uint64
+	ex := &Example{ID: "a",
+		Weights: func(ctx context.Context) ([]float32, uint64, error) { return []float32{0.5, -1}, 9, nil },
+		Push: func(ctx context.Context, v uint64, g *tensor.StateDict) error {
+			pushedVersion = v
+			f, err := g.Get("w").Float32s()
+			pushed = append([]float32(nil), f...)
+			return err
+		},
+	}
+	if err := ex.OnStart(context.Background(), "t", map[string]any{}); err != nil {
+		t.Fatalf("OnStart without w but with Weights: %v", err)
+	}
+	x := tensor.FromFloat32s("x", []int64{2, 2}, []float32{1, 2, 3, 4})
+	y := tensor.FromFloat32s("y", []int64{2}, []float32{1, 0})
+	sd, _ := tensor.NewStateDict(x, y)
+	info, err := ex.OnLearn(context.Background(), &LearnTask{TaskID: "t", Rows: 2, Batch: sd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pushedVersion != 9 || len(pushed) != 2 || pushed[0] != -10 || pushed[1] != -15 {
+		t.Fatalf("pushed %v on version %d, want [-10 -15] on 9", pushed, pushedVersion)
+	}
+	if info["pushed"] != true || info["version"] != 9.0 {
+		t.Fatalf("info %v", info)
+	}
+	ex.Push = func(ctx context.Context, v uint64, g *tensor.StateDict) error { return errs.ErrFull }
+	if _, err := ex.OnLearn(context.Background(), &LearnTask{TaskID: "t", Rows: 2, Batch: sd}); !errors.Is(err, errs.ErrFull) {
+		t.Fatalf("failed push: %v", err)
+	}
+}
