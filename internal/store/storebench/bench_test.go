@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 )
 
 // model returns a safetensors blob of about size bytes (one F32 tensor).
-func model(b *testing.B, size int) []byte {
+func model(b testing.TB, size int) []byte {
 	t := tensor.NewF32("w", int64(size/4))
 	f, _ := t.Float32s()
 	for i := range f {
@@ -38,7 +39,7 @@ type tcpSource struct {
 	wg  sync.WaitGroup
 }
 
-func newTCPSource(b *testing.B, blob []byte) *tcpSource {
+func newTCPSource(b testing.TB, blob []byte) *tcpSource {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -63,7 +64,7 @@ func (s *tcpSource) close() { s.lis.Close(); s.wg.Wait() }
 
 // tcpCopy has readers connections each read the whole blob into its own
 // preallocated buffer; it returns each reader's duration.
-func tcpCopy(b *testing.B, addr string, bufs [][]byte) []time.Duration {
+func tcpCopy(b testing.TB, addr string, bufs [][]byte) []time.Duration {
 	out := make([]time.Duration, len(bufs))
 	var wg sync.WaitGroup
 	for i := range bufs {
@@ -87,7 +88,7 @@ func tcpCopy(b *testing.B, addr string, bufs [][]byte) []time.Duration {
 
 // pullAll has every client pull the newest "m" concurrently; it returns
 // each reader's duration.
-func pullAll(b *testing.B, clients []*storeclient.Client, size int) []time.Duration {
+func pullAll(b testing.TB, clients []*storeclient.Client, size int) []time.Duration {
 	out := make([]time.Duration, len(clients))
 	var wg sync.WaitGroup
 	for i, c := range clients {
@@ -110,6 +111,15 @@ func pullAll(b *testing.B, clients []*storeclient.Client, size int) []time.Durat
 	return out
 }
 
+// cpuTime is the CPU time (user + system) this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func maxDur(ds []time.Duration) time.Duration {
 	var m time.Duration
 	for _, d := range ds {
@@ -123,7 +133,8 @@ func maxDur(ds []time.Duration) time.Duration {
 // copies the same bytes over plain TCP to the same number of readers (timer
 // stopped). Reported: MB/s (aggregate, from SetBytes), tcp_MB/s,
 // ratio_vs_tcp (aggregate gRPC rate / aggregate TCP rate),
-// slowest_reader_MB/s, and for 4 readers slowest_vs_single (the slowest
+// slowest_reader_MB/s, cpu-s/GB and tcp_cpu-s/GB (process CPU per GB
+// moved, both ends included), and for 4 readers slowest_vs_single (the slowest
 // reader's rate over a lone reader's rate measured in the same iteration).
 // "codec=stock" runs one reader with gRPC's stock proto codec (as the
 // Python client does) to show what blobcodec saves.
@@ -179,20 +190,29 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 	pullAll(b, lone, len(blob))
 	tcpCopy(b, src.lis.Addr().String(), bufs)
 
-	var tcpTotal, slowest, loneTotal time.Duration
+	var tcpTotal, slowest, loneTotal, tcpCPU, grpcCPU time.Duration
 	b.SetBytes(int64(len(blob) * readers))
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
+		c0 := cpuTime()
 		tcpTotal += maxDur(tcpCopy(b, src.lis.Addr().String(), bufs))
+		tcpCPU += cpuTime() - c0
 		if readers > 1 {
 			loneTotal += pullAll(b, lone, len(blob))[0]
 		}
 		b.StartTimer()
+		c0 = cpuTime()
 		slowest += maxDur(pullAll(b, clients, len(blob)))
+		grpcCPU += cpuTime() - c0
 	}
 	b.StopTimer()
 	mb := float64(len(blob)) * float64(b.N) / 1e6
+	gb := mb * float64(readers) / 1e3
+	// CPU per GB moved (both ends are in this process) is the figure least
+	// disturbed by other load on the shared machine.
+	b.ReportMetric(grpcCPU.Seconds()/gb, "cpu-s/GB")
+	b.ReportMetric(tcpCPU.Seconds()/gb, "tcp_cpu-s/GB")
 	b.ReportMetric(mb*float64(readers)/tcpTotal.Seconds(), "tcp_MB/s")
 	b.ReportMetric(tcpTotal.Seconds()/slowest.Seconds(), "ratio_vs_tcp")
 	b.ReportMetric(mb/slowest.Seconds(), "slowest_reader_MB/s")
