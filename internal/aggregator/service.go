@@ -789,6 +789,9 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 	if err != nil {
 		return nil, err
 	}
+	if rows == 0 {
+		return nil, fmt.Errorf("%w: batch has no rows", errs.ErrInvalid)
+	}
 	release, err := s.acquire(ctx)
 	if err != nil {
 		return nil, err

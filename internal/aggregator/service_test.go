@@ -213,6 +213,9 @@ func TestBadBatchChangesNothing(t *testing.T) {
 	if _, err := h.client.Learn(ctx, "t1", mismatch, nil); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "rows") {
 		t.Fatalf("mismatched rows: %v", err)
 	}
+	if _, err := h.client.Learn(ctx, "t1", regressionBatch(t, 0, 1), nil); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "no rows") {
+		t.Fatalf("empty batch: %v", err)
+	}
 	if _, err := h.client.Learn(ctx, "other", regressionBatch(t, 8, 1), nil); !errors.Is(err, errs.ErrStale) {
 		t.Fatalf("wrong task id: %v", err)
 	}
