@@ -74,11 +74,9 @@ func TestCopyIntoRefusesOtherLayout(t *testing.T) {
 	if err := apply(makeSnap(t, "m", 1, 4)); err != nil {
 		t.Fatal(err)
 	}
-	snap := &store.Snapshot{Version: 1, Tensors: sd}
 	if err := checkSnap(&store.Snapshot{Version: 1, Tensors: sd, Metadata: map[string]string{"version": "1"}}); err != nil {
 		t.Fatalf("copied weights: %v", err)
 	}
-	_ = snap
 	before := append([]byte(nil), dst.Data...)
 	if err := apply(makeSnap(t, "m", 2, 8)); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("apply of another shape = %v, want ErrInvalid", err)

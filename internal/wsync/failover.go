@@ -1,0 +1,212 @@
+package wsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+// Dialer opens one way of getting versions. have is the version the
+// collector runs, for transports that send only newer ones.
+type Dialer struct {
+	// Name shows in logs and Failover.Current ("relay-shm", "upstream").
+	Name string
+	Dial func(ctx context.Context, have uint64) (Source, io.Closer, error)
+}
+
+// FailoverConfig configures a Failover.
+type FailoverConfig struct {
+	// Dialers in order of preference (e.g. the relay's shared memory, the
+	// relay's stream, the upstream hub). Required.
+	Dialers []Dialer
+	// Backoff is the pause after every dialer failed, before trying them
+	// all again; 0 means 100ms.
+	Backoff time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *FailoverConfig) validate() error {
+	if len(c.Dialers) == 0 {
+		return fmt.Errorf("%w: wsync: FailoverConfig.Dialers is empty", errs.ErrInvalid)
+	}
+	for i, d := range c.Dialers {
+		if d.Dial == nil {
+			return fmt.Errorf("%w: wsync: dialer %d (%q) has no Dial", errs.ErrInvalid, i, d.Name)
+		}
+	}
+	if c.Backoff < 0 {
+		return fmt.Errorf("%w: wsync: negative Backoff", errs.ErrInvalid)
+	}
+	if c.Backoff == 0 {
+		c.Backoff = 100 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Failover is a Source that uses the first dialer that works and, when its
+// source fails (the relay died, the stream ended), closes it and dials
+// again from the most preferred, so collectors of a dead relay fall back
+// to the upstream without missing the newest version. While it holds a
+// source it keeps it: a relay that comes back is used after the current
+// source fails.
+//
+// It is meant for one Receiver: calls are serialized.
+type Failover struct {
+	cfg FailoverConfig
+
+	callMu sync.Mutex // serializes calls (and Close)
+
+	mu     sync.Mutex // guards the fields below; held only briefly
+	cur    Source
+	closer io.Closer
+	name   string
+	closed bool
+}
+
+var _ Source = (*Failover)(nil)
+
+// NewFailover returns a failover source; it dials on first use.
+func NewFailover(cfg FailoverConfig) (*Failover, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Failover{cfg: cfg}, nil
+}
+
+// Current names the dialer in use ("" when none).
+func (f *Failover) Current() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.name
+}
+
+// GetIfNewer implements Source, trying each dialer once at most.
+func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	f.callMu.Lock()
+	defer f.callMu.Unlock()
+	var tried []error
+	for attempt := 0; attempt <= len(f.cfg.Dialers); attempt++ {
+		if err := f.ensure(ctx, than); err != nil {
+			return nil, err
+		}
+		snap, err := f.current().GetIfNewer(ctx, than)
+		if err == nil || ctx.Err() != nil {
+			return snap, err
+		}
+		tried = append(tried, err)
+		f.drop(err)
+	}
+	return nil, fmt.Errorf("%w: wsync: every source failed: %w", errs.ErrUnavailable, errors.Join(tried...))
+}
+
+// WaitNewer implements Source; it keeps failing over until ctx is done.
+func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+	f.callMu.Lock()
+	defer f.callMu.Unlock()
+	for {
+		if err := f.ensure(ctx, after); err != nil {
+			if ctx.Err() != nil || errors.Is(err, errFailoverClosed) {
+				return nil, err
+			}
+			t := time.NewTimer(f.cfg.Backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		snap, err := f.current().WaitNewer(ctx, after)
+		if err == nil || ctx.Err() != nil {
+			return snap, err
+		}
+		f.drop(err)
+	}
+}
+
+var errFailoverClosed = errClosed("failover")
+
+func (f *Failover) current() Source {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cur
+}
+
+// ensure dials, most preferred first, when no source is held. Called with
+// callMu held.
+func (f *Failover) ensure(ctx context.Context, have uint64) error {
+	f.mu.Lock()
+	closed, cur := f.closed, f.cur
+	f.mu.Unlock()
+	if closed {
+		return errFailoverClosed
+	}
+	if cur != nil {
+		return nil
+	}
+	var failed []error
+	for _, d := range f.cfg.Dialers {
+		src, closer, err := d.Dial(ctx, have)
+		if err != nil {
+			failed = append(failed, fmt.Errorf("%s: %w", d.Name, err))
+			continue
+		}
+		f.mu.Lock()
+		f.cur, f.closer, f.name = src, closer, d.Name
+		f.mu.Unlock()
+		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
+		return nil
+	}
+	return fmt.Errorf("%w: wsync: no source reachable: %w", errs.ErrUnavailable, errors.Join(failed...))
+}
+
+// drop closes the failed source. Called with callMu held.
+func (f *Failover) drop(err error) {
+	f.mu.Lock()
+	closer, name := f.closer, f.name
+	f.cur, f.closer, f.name = nil, nil, ""
+	f.mu.Unlock()
+	f.cfg.Logger.Info("wsync: source failed, failing over", "source", name, "err", err)
+	if closer != nil {
+		closer.Close()
+	}
+}
+
+// Close releases the current source. It waits for a call in progress to
+// return; cancel its context first. Safe to call twice.
+func (f *Failover) Close() error {
+	f.callMu.Lock()
+	defer f.callMu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	if f.closer != nil {
+		f.closer.Close()
+	}
+	f.cur, f.closer, f.name = nil, nil, ""
+	return nil
+}
+
+// Running forwards a version report to the current source when it takes
+// reports on its stream (a Client); otherwise it does nothing. Use it as
+// ReceiverConfig.OnApplied.
+func (f *Failover) Running(version uint64) {
+	f.mu.Lock()
+	cur := f.cur
+	f.mu.Unlock()
+	if r, ok := cur.(interface{ Running(uint64) error }); ok {
+		r.Running(version)
+	}
+}

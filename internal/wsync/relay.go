@@ -1,0 +1,306 @@
+package wsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// RelayConfig configures a relay.
+type RelayConfig struct {
+	// Upstream reaches the hub (or another relay). Required.
+	Upstream grpc.ClientConnInterface
+	// Model to relay. Required.
+	Model string
+	// ID is the relay's collector id upstream; "" means "relay-<hostname>".
+	ID string
+	// Listen is where local collectors attach; "" means 127.0.0.1:0.
+	Listen string
+	// ShmPath is the shared-memory segment to publish into; "" means no
+	// segment (stream only).
+	ShmPath string
+	// ShmCapacity is the segment's slot size; 0 sizes it from the first
+	// version (twice its size). A version that does not fit makes the relay
+	// replace the segment with one twice as big: readers of the old one see
+	// it closed and re-open (Failover does).
+	ShmCapacity int64
+	// ReportEvery is how often local collectors' versions are forwarded
+	// upstream; 0 means 1s.
+	ReportEvery time.Duration
+	// Backoff is the pause before re-attaching to a failed upstream; 0
+	// means 200ms.
+	Backoff time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *RelayConfig) validate() error {
+	switch {
+	case c.Upstream == nil:
+		return fmt.Errorf("%w: wsync: RelayConfig.Upstream is nil", errs.ErrInvalid)
+	case c.Model == "":
+		return fmt.Errorf("%w: wsync: RelayConfig.Model is empty", errs.ErrInvalid)
+	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0:
+		return fmt.Errorf("%w: wsync: negative RelayConfig duration or capacity", errs.ErrInvalid)
+	}
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = "relay-" + host
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:0"
+	}
+	if c.ReportEvery == 0 {
+		c.ReportEvery = time.Second
+	}
+	if c.Backoff == 0 {
+		c.Backoff = 200 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Relay subscribes to an upstream hub once and serves the collectors of
+// its host from shared memory and its own WeightSync stream, so a version
+// crosses the network once per host. Local collectors' version reports
+// are forwarded upstream.
+//
+// Use: NewRelay, then Run(ctx) (it serves until ctx is done, then stops
+// and removes the segment). Addr is valid after NewRelay.
+type Relay struct {
+	cfg   RelayConfig
+	board *Board
+	svc   *Service
+	srv   *grpc.Server
+	lis   net.Listener
+
+	shmMu sync.Mutex // guards shm
+	shm   *ShmWriter
+}
+
+// NewRelay listens and prepares the relay's service.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, board: NewBoard(cfg.Model)}
+	svc, err := NewService(ServiceConfig{Versions: boardStore{r.board}, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	r.svc = svc
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("wsync: relay listen: %w", err)
+	}
+	r.lis = lis
+	r.srv = grpc.NewServer(grpc.MaxRecvMsgSize(4<<20), grpc.MaxSendMsgSize(4<<20))
+	svc.Register(r.srv)
+	return r, nil
+}
+
+// Addr is where local collectors attach.
+func (r *Relay) Addr() string { return r.lis.Addr().String() }
+
+// Board is the relay's in-process copy of the newest version.
+func (r *Relay) Board() *Board { return r.board }
+
+// Service is the relay's WeightSync service (its Lag shows local
+// collectors).
+func (r *Relay) Service() *Service { return r.svc }
+
+// Run serves until ctx is done, re-attaching upstream after failures.
+// On return the server is stopped, the segment closed and removed.
+func (r *Relay) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 1)
+	wg.Add(3)
+	go func() { defer wg.Done(); serveErr <- r.srv.Serve(r.lis) }()
+	go func() { defer wg.Done(); r.follow(ctx) }()
+	go func() { defer wg.Done(); r.forwardReports(ctx) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+		serveErr <- err
+	}
+	cancel()
+	r.svc.Drain()
+	r.srv.Stop()
+	r.board.Close()
+	wg.Wait()
+	if e := <-serveErr; !errors.Is(e, grpc.ErrServerStopped) {
+		err = errors.Join(err, e)
+	}
+	r.shmMu.Lock()
+	if r.shm != nil {
+		err = errors.Join(err, r.shm.Close())
+	}
+	r.shmMu.Unlock()
+	return errors.Join(err, r.svc.Close())
+}
+
+// follow attaches upstream and applies every version to the board and the
+// segment, re-attaching after failures, until ctx is done.
+func (r *Relay) follow(ctx context.Context) {
+	have := uint64(0)
+	for ctx.Err() == nil {
+		err := r.followOnce(ctx, &have)
+		if ctx.Err() != nil {
+			return
+		}
+		r.cfg.Logger.Warn("wsync: relay lost its upstream, re-attaching", "err", err)
+		t := time.NewTimer(r.cfg.Backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+}
+
+func (r *Relay) followOnce(ctx context.Context, have *uint64) error {
+	cl, err := Attach(ctx, ClientConfig{Conn: r.cfg.Upstream, CollectorID: r.cfg.ID, Model: r.cfg.Model, Start: *have, Logger: r.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	recv, err := NewReceiver(ReceiverConfig{Source: cl, Start: *have, Apply: r.apply, OnApplied: func(v uint64) {
+		*have = v
+		cl.Running(v)
+	}})
+	if err != nil {
+		return err
+	}
+	return recv.Run(ctx)
+}
+
+// apply publishes a version from upstream to local collectors: the board
+// (stream collectors start at once) then the segment.
+func (r *Relay) apply(snap *store.Snapshot) error {
+	if err := r.board.Publish(context.Background(), snap); err != nil {
+		return err
+	}
+	if r.cfg.ShmPath == "" {
+		return nil
+	}
+	r.shmMu.Lock()
+	defer r.shmMu.Unlock()
+	if r.shm == nil || int64(len(snap.Blob)) > r.shm.Capacity() {
+		capacity := r.cfg.ShmCapacity
+		if r.shm != nil || capacity < int64(len(snap.Blob)) {
+			capacity = 2 * int64(len(snap.Blob))
+			if r.shm != nil {
+				r.shm.Close() // readers see it closed and re-open the new one
+			}
+		}
+		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Replace: true})
+		if err != nil {
+			r.shm = nil
+			return err
+		}
+		r.shm = w
+	}
+	return r.shm.Publish(context.Background(), snap)
+}
+
+// forwardReports sends local collectors' versions upstream every
+// ReportEvery, until ctx is done.
+func (r *Relay) forwardReports(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ReportEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var reports []*rlhubv1.CollectorReport
+		for _, ms := range r.svc.Tracker().Status(r.cfg.Model) {
+			for _, c := range ms.Collectors {
+				via := "relay"
+				if c.Via != "" {
+					via = "relay/" + c.Via
+				}
+				reports = append(reports, &rlhubv1.CollectorReport{CollectorId: c.ID, Model: c.Model, Version: c.Version, Via: via})
+			}
+		}
+		if len(reports) == 0 {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.ReportEvery)
+		if err := Report(rctx, r.cfg.Upstream, reports...); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Debug("wsync: relay could not forward reports", "err", err)
+		}
+		cancel()
+	}
+}
+
+// boardStore serves one board as a StoreReader for a relay's Service.
+type boardStore struct{ b *Board }
+
+func (s boardStore) check(name string) error {
+	if s.b.name != name {
+		return fmt.Errorf("%w: this relay carries model %q, not %q", errs.ErrNotFound, s.b.name, name)
+	}
+	return nil
+}
+
+func (s boardStore) GetIfNewer(ctx context.Context, name string, than uint64) (*store.Snapshot, error) {
+	if err := s.check(name); err != nil {
+		return nil, err
+	}
+	return s.b.GetIfNewer(ctx, than)
+}
+
+func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
+	if err := s.check(name); err != nil {
+		return nil, err
+	}
+	return s.b.WaitNewer(ctx, after)
+}
+
+// ShmDialer is a Dialer that opens a segment (for Failover).
+func ShmDialer(name, path string) Dialer {
+	return Dialer{Name: name, Dial: func(context.Context, uint64) (Source, io.Closer, error) {
+		r, err := OpenShm(ShmReaderConfig{Path: path})
+		if err != nil {
+			return nil, nil, err
+		}
+		return r, r, nil
+	}}
+}
+
+// PushDialer is a Dialer that attaches to a hub's or relay's push stream.
+func PushDialer(name string, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
+	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have})
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, c, nil
+	}}
+}
+
+// DefaultShmPath is the conventional segment of a model on this host.
+func DefaultShmPath(model string) string {
+	return "/dev/shm/rlhub-" + strings.ReplaceAll(model, "/", "_")
+}

@@ -1,0 +1,139 @@
+//go:build linux
+
+package wsync
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// failoverCollector follows a Failover source in a goroutine.
+type failoverCollector struct {
+	f      *Failover
+	recv   *Receiver
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startFailoverCollector(t *testing.T, dialers ...Dialer) *failoverCollector {
+	t.Helper()
+	f, err := NewFailover(FailoverConfig{Dialers: dialers, Backoff: 10 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &failoverCollector{f: f, done: make(chan error, 1)}
+	c.recv, err = NewReceiver(ReceiverConfig{Source: f, Apply: func(s *store.Snapshot) error { return checkSnap(s) }, OnApplied: f.Running})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() { c.done <- c.recv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-c.done
+		f.Close()
+	})
+	return c
+}
+
+func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
+	h := startHub(t)
+	h.push(t, 1, 1000)
+	path := shmPath(t)
+	relay, err := NewRelay(RelayConfig{Upstream: dial(t, h.addr), Model: "m", ID: "relay-1", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	relayErr := make(chan error, 1)
+	go func() { defer wg.Done(); relayErr <- relay.Run(ctx) }()
+	defer wg.Wait()
+	waitFor(t, "relay at v1", func() bool { s := relay.Board().Newest(); return s != nil && s.Version == 1 })
+
+	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
+	shmC := startFailoverCollector(t,
+		ShmDialer("relay-shm", path),
+		PushDialer("upstream", upConn, "shm-collector", "m"))
+	streamC := startFailoverCollector(t,
+		PushDialer("relay-stream", relayConn, "stream-collector", "m"),
+		PushDialer("upstream", upConn, "stream-collector", "m"))
+	for _, c := range []*failoverCollector{shmC, streamC} {
+		waitFor(t, "collectors at v1 via the relay", func() bool { return c.recv.Version() == 1 })
+	}
+	if shmC.f.Current() != "relay-shm" || streamC.f.Current() != "relay-stream" {
+		t.Fatalf("sources: %q, %q; want the relay's", shmC.f.Current(), streamC.f.Current())
+	}
+
+	h.push(t, 2, 1000)
+	for _, c := range []*failoverCollector{shmC, streamC} {
+		waitFor(t, "collectors at v2 via the relay", func() bool { return c.recv.Version() == 2 })
+	}
+	// Upstream holds one stream for the host (the relay's) and sees the
+	// relay's collectors through forwarded reports.
+	waitFor(t, "forwarded report", func() bool {
+		st := h.svc.Lag(ctx, "m")
+		if len(st) != 1 {
+			return false
+		}
+		attached, forwarded := 0, false
+		for _, c := range st[0].Collectors {
+			if c.Attached {
+				attached++
+				if c.ID != "relay-1" {
+					t.Fatalf("collector %q attached upstream directly", c.ID)
+				}
+			}
+			if c.ID == "stream-collector" && c.Version == 2 && c.Via == "relay/push" {
+				forwarded = true
+			}
+		}
+		return attached == 1 && forwarded
+	})
+
+	// The relay dies: every collector falls back to the upstream and gets
+	// the next version from there.
+	cancel()
+	if err := <-relayErr; err != nil {
+		t.Fatalf("relay Run: %v", err)
+	}
+	h.push(t, 3, 1000)
+	for _, c := range []*failoverCollector{shmC, streamC} {
+		waitFor(t, "collectors at v3 via the upstream", func() bool { return c.recv.Version() == 3 })
+		if c.f.Current() != "upstream" {
+			t.Fatalf("after relay death the source is %q, want upstream", c.f.Current())
+		}
+	}
+}
+
+func TestFailoverRejectsEmptyAndReportsAllDown(t *testing.T) {
+	if _, err := NewFailover(FailoverConfig{}); err == nil {
+		t.Fatal("NewFailover without dialers succeeded")
+	}
+	down := Dialer{Name: "down", Dial: func(context.Context, uint64) (Source, io.Closer, error) {
+		return nil, nil, errors.New("refused")
+	}}
+	f, _ := NewFailover(FailoverConfig{Dialers: []Dialer{down, down}, Logger: quiet()})
+	defer f.Close()
+	ctx := context.Background()
+	if _, err := f.GetIfNewer(ctx, 0); err == nil {
+		t.Fatal("GetIfNewer with every source down succeeded")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := f.WaitNewer(cctx, 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitNewer with every source down = %v, want to keep trying until the deadline", err)
+	}
+}
