@@ -114,3 +114,29 @@ func TestOtherMessagesUseProto(t *testing.T) {
 		t.Error("empty pull response decoded without error")
 	}
 }
+
+// FuzzUnmarshal feeds arbitrary bytes, as a peer could send, to both
+// decoders: they must return an error or a message, never panic, and a
+// decoded chunk must hold exactly the bytes its prefix announced.
+func FuzzUnmarshal(f *testing.F) {
+	chunk, _ := proto.Marshal(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Chunk{Chunk: &rlhubv1.Chunk{Data: pattern(40)}}})
+	hdr, _ := proto.Marshal(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Header{Header: &rlhubv1.StorePullHeader{Blob: &rlhubv1.BlobInfo{Model: "m"}}}})
+	f.Add(chunk, 7)
+	f.Add(hdr, 1)
+	f.Add([]byte{0x12, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, 3)
+	f.Add([]byte{}, 1)
+	f.Fuzz(func(t *testing.T, b []byte, piece int) {
+		piece = max(1, piece%64+1)
+		c := codec{}
+		var p Pulled
+		if err := c.Unmarshal(split(b, piece), &p); err == nil {
+			n := p.ChunkLen()
+			got := 0
+			if err := p.WriteChunk(func(v []byte) error { got += len(v); return nil }); err != nil || got != n {
+				t.Fatalf("chunk of %d bytes wrote %d (%v)", n, got, err)
+			}
+		}
+		var push rlhubv1.StorePushRequest
+		_ = c.Unmarshal(split(b, piece), &push)
+	})
+}
