@@ -30,6 +30,7 @@ import (
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/wsync"
 )
 
 // DefaultListen is the default gRPC listen address.
@@ -170,6 +171,11 @@ func (h *Hub) builtinServices() ([]Service, error) {
 		return nil, errors.Join(err, agg.Close(), ss.Close())
 	}
 	out = append(out, arsSvc)
+	ws, err := wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})
+	if err != nil {
+		return nil, errors.Join(err, arsSvc.Close(), agg.Close(), ss.Close())
+	}
+	out = append(out, ws)
 	return out, nil
 }
 
