@@ -48,6 +48,10 @@ type Config struct {
 	PublishTimeout time.Duration
 	// ChunkBytes is the PullPolicy chunk size; 0 means 1 MiB.
 	ChunkBytes int
+	// InlineMax: a policy blob up to this size rides inside a lease for a
+	// worker that does not hold it (saving a PullPolicy round trip); 0
+	// means 1 MiB, negative means never.
+	InlineMax int
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means slog.Default().
@@ -75,6 +79,9 @@ func (c *Config) validate() error {
 	}
 	if c.ChunkBytes == 0 {
 		c.ChunkBytes = 1 << 20
+	}
+	if c.InlineMax == 0 {
+		c.InlineMax = 1 << 20
 	}
 	if c.LeaseTTL < 0 || c.StraggleAfter < 0 || c.MaxHolders < 1 || c.MaxWait < 0 || c.PublishTimeout < 0 || c.ChunkBytes < 1 {
 		return fmt.Errorf("arsrpc: negative duration or size in %+v", *c)
@@ -267,19 +274,14 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 			return nil, errs.ToStatus(errClosed)
 		}
 		now := s.cfg.Now()
-		r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), now)
+		resp, err := s.tryLeaseLocked(req, now)
 		if err != nil {
 			s.mu.Unlock()
 			return nil, errs.ToStatus(err)
 		}
-		if len(tasks) > 0 {
-			resp := &pb.ARSLeaseResponse{RunId: r.id, Spec: r.spec, Iteration: r.tr.Iter(), Model: r.model,
-				Version: r.version, LeaseMs: empty.LeaseMs}
-			for _, t := range tasks {
-				resp.Tasks = append(resp.Tasks, taskPB(t))
-			}
+		if resp != nil {
 			s.mu.Unlock()
-			return resp, nil
+			return resp, s.inline(ctx, req, resp)
 		}
 		ch := s.changed
 		next := s.c.nextEvent()
@@ -315,8 +317,53 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 	}
 }
 
+// tryLeaseLocked leases tasks without waiting: nil when there are none.
+// Caller holds mu.
+func (s *Service) tryLeaseLocked(req *pb.ARSLeaseRequest, now time.Time) (*pb.ARSLeaseResponse, error) {
+	r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), now)
+	if err != nil || len(tasks) == 0 {
+		return nil, err
+	}
+	resp := &pb.ARSLeaseResponse{RunId: r.id, Spec: r.spec, Iteration: r.tr.Iter(), Model: r.model,
+		Version: r.version, LeaseMs: uint32(s.cfg.LeaseTTL.Milliseconds())}
+	for _, t := range tasks {
+		resp.Tasks = append(resp.Tasks, taskPB(t))
+	}
+	return resp, nil
+}
+
+// inline attaches the lease's policy blob when the worker does not hold
+// that version and it is small. Called without mu: the store serves the
+// exact version (it was published before the lease could be made).
+func (s *Service) inline(ctx context.Context, req *pb.ARSLeaseRequest, resp *pb.ARSLeaseResponse) error {
+	if s.cfg.InlineMax < 0 || (req.HeldRunId == resp.RunId && req.HeldVersion == resp.Version) {
+		return nil
+	}
+	snap, err := s.cfg.Store.Get(ctx, resp.Model, resp.Version)
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	if len(snap.Blob) <= s.cfg.InlineMax {
+		resp.Policy = snap.Blob // immutable, shared: gRPC only reads it
+	}
+	return nil
+}
+
 // Report implements pb.ARSServer.
 func (s *Service) Report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARSReportResponse, error) {
+	resp, err := s.report(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Next != nil {
+		if err := s.inline(ctx, req.Next, resp.Next); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
+}
+
+func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
@@ -338,7 +385,15 @@ func (s *Service) Report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 		p := r.progress[len(r.progress)-1]
 		s.cfg.Logger.Debug("ars iteration", "run", r.id, "iteration", p.Iteration, "episodes", p.Episodes, "eval", p.EvalMean, "done", p.Done)
 	}
-	return &pb.ARSReportResponse{Accepted: uint32(out.accepted), Duplicates: uint32(out.duplicates), Stale: uint32(out.stale)}, nil
+	resp := &pb.ARSReportResponse{Accepted: uint32(out.accepted), Duplicates: uint32(out.duplicates), Stale: uint32(out.stale)}
+	if req.Next != nil && !s.closed {
+		next, err := s.tryLeaseLocked(req.Next, now)
+		if err != nil {
+			return nil, errs.ToStatus(err)
+		}
+		resp.Next = next
+	}
+	return resp, nil
 }
 
 // PullPolicy implements pb.ARSServer: the version comes from the store.

@@ -161,9 +161,9 @@ func localReference(t *testing.T, spec *pb.ARSRunSpec) *ars.Trainer {
 
 // distributed trains spec on a fresh hub with n workers and returns the
 // final policy and the progress.
-func distributed(t *testing.T, spec *pb.ARSRunSpec, n int) (*ars.Policy, []*pb.ARSProgress) {
+func distributed(t *testing.T, spec *pb.ARSRunSpec, n int, cfg Config) (*ars.Policy, []*pb.ARSProgress) {
 	t.Helper()
-	h := startHub(t, Config{})
+	h := startHub(t, cfg)
 	stop := workers(t, h.addr, n)
 	client := pb.NewARSClient(dial(t, h.addr))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -178,12 +178,13 @@ func distributed(t *testing.T, spec *pb.ARSRunSpec, n int) (*ars.Policy, []*pb.A
 		t.Fatal(err)
 	}
 	stats := stop()
-	var tasks int64
 	for i, s := range stats {
 		if n > 1 && s.Tasks == 0 {
 			t.Errorf("worker %d of %d ran no task", i, n)
 		}
-		tasks += s.Tasks
+		if inlined := cfg.InlineMax >= 0; inlined != (s.Pulls == 0) {
+			t.Errorf("worker %d pulled %d policies (inline limit %d)", i, s.Pulls, cfg.InlineMax)
+		}
 	}
 	// The store holds the same newest version.
 	snap, err := h.store.Get(ctx, start.Model, 0)
@@ -196,8 +197,9 @@ func distributed(t *testing.T, spec *pb.ARSRunSpec, n int) (*ars.Policy, []*pb.A
 func TestBitIdenticalWithOneAndTwoWorkers(t *testing.T) {
 	spec := runSpec()
 	ref := localReference(t, spec)
-	p1, prog1 := distributed(t, spec, 1)
-	p2, prog2 := distributed(t, spec, 2)
+	p1, prog1 := distributed(t, spec, 1, Config{})
+	// Two workers, policies pulled by PullPolicy instead of inlined.
+	p2, prog2 := distributed(t, spec, 2, Config{InlineMax: -1})
 	for name, p := range map[string]*ars.Policy{"1 worker": p1, "2 workers": p2} {
 		if !slices.Equal(p.Theta, ref.Theta()) || !slices.Equal(p.Stats.Mean, ref.Stats().Mean) ||
 			!slices.Equal(p.Stats.M2, ref.Stats().M2) || p.Stats.Count != ref.Stats().Count {

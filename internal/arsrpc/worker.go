@@ -65,7 +65,8 @@ func (c *WorkerConfig) validate() error {
 
 // WorkerStats counts what a worker did.
 type WorkerStats struct {
-	Tasks, Steps, Pulls int64
+	Tasks, Steps int64
+	Pulls        int64 // PullPolicy streams (policies not inlined in a lease)
 }
 
 // worker state: the policy it holds and the evaluator for its run.
@@ -137,7 +138,7 @@ func (w *workerLoop) loop(ctx context.Context) error {
 			w.id = resp.WorkerId
 		}
 		lctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+10*time.Second)
-		lease, err := w.client.Lease(lctx, &pb.ARSLeaseRequest{WorkerId: w.id, MaxTasks: uint32(w.cfg.MaxTasks), WaitMs: uint32(w.cfg.Wait.Milliseconds())})
+		lease, err := w.client.Lease(lctx, w.leaseRequest())
 		cancel()
 		if err != nil {
 			err = errs.FromStatus(err)
@@ -151,32 +152,39 @@ func (w *workerLoop) loop(ctx context.Context) error {
 			return fmt.Errorf("lease: %w", err)
 		}
 		failingSince = time.Time{}
-		if len(lease.Tasks) == 0 {
-			continue
-		}
-		if w.cfg.afterLease != nil {
-			w.cfg.afterLease(lease)
-		}
-		if err := w.serve(ctx, lease); err != nil {
-			if ctx.Err() != nil {
-				return nil
+		// Serve leases back to back while reports carry the next one.
+		for lease != nil && len(lease.Tasks) > 0 {
+			if w.cfg.afterLease != nil {
+				w.cfg.afterLease(lease)
 			}
-			if errors.Is(err, errs.ErrInvalid) {
-				return err // a bug or a version mismatch: do not spin
+			lease, err = w.serve(ctx, lease)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				if errors.Is(err, errs.ErrInvalid) {
+					return err // a bug or a version mismatch: do not spin
+				}
+				if !retry(err) {
+					return err
+				}
+				break
 			}
-			if retry(err) {
-				continue
-			}
-			return err
 		}
 	}
 	return nil
 }
 
-// serve runs one lease's tasks and reports them.
-func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) error {
+func (w *workerLoop) leaseRequest() *pb.ARSLeaseRequest {
+	return &pb.ARSLeaseRequest{WorkerId: w.id, MaxTasks: uint32(w.cfg.MaxTasks), WaitMs: uint32(w.cfg.Wait.Milliseconds()),
+		HeldRunId: w.runID, HeldVersion: w.version}
+}
+
+// serve runs one lease's tasks and reports them, asking for the next
+// lease in the same round trip; it returns that lease (possibly empty).
+func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) (*pb.ARSLeaseResponse, error) {
 	if err := w.ensurePolicy(ctx, lease); err != nil {
-		return err
+		return nil, err
 	}
 	req := &pb.ARSReportRequest{WorkerId: w.id, RunId: lease.RunId, Iteration: lease.Iteration}
 	for _, t := range lease.Tasks {
@@ -189,12 +197,14 @@ func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) erro
 		w.stats.Steps += res.Steps
 		req.Results = append(req.Results, toPB(res))
 	}
+	req.Next = w.leaseRequest()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := w.client.Report(rctx, req); err != nil {
-		return fmt.Errorf("report: %w", errs.FromStatus(err))
+	resp, err := w.client.Report(rctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("report: %w", errs.FromStatus(err))
 	}
-	return nil
+	return resp.Next, nil
 }
 
 // ensurePolicy pulls the lease's policy version unless it is held already.
@@ -202,11 +212,17 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 	if w.runID == lease.RunId && w.version == lease.Version && w.it != nil {
 		return nil
 	}
-	p, _, err := PullPolicy(ctx, w.client, lease.RunId, lease.Version)
+	var p *ars.Policy
+	var err error
+	if len(lease.Policy) > 0 {
+		p, err = ars.DecodePolicy(lease.Policy)
+	} else {
+		p, _, err = PullPolicy(ctx, w.client, lease.RunId, lease.Version)
+		w.stats.Pulls++
+	}
 	if err != nil {
 		return err
 	}
-	w.stats.Pulls++
 	if p.Iteration != lease.Iteration {
 		return fmt.Errorf("%w: policy version %d is iteration %d, lease is for iteration %d", errs.ErrInvalid, lease.Version, p.Iteration, lease.Iteration)
 	}

@@ -1,8 +1,9 @@
 // Distributed Augmented Random Search (see docs/ars.md).
 //
 // The hub runs each ARS run's state machine. Workers attach, then loop:
-// Lease (long poll) → pull the policy version named by the lease if they
-// do not hold it → run the tasks → Report. A lease expires after lease_ms;
+// Lease (long poll) → use the inlined policy, or pull the version named by
+// the lease if they do not hold it → run the tasks → Report (which may
+// carry the next lease). A lease expires after lease_ms;
 // an expired task, or one held longer than the hub's straggler threshold
 // while other workers idle, is handed out again. Results are keyed by
 // (run, iteration, task kind, index): the first one counts, later
@@ -745,10 +746,13 @@ func (x *ARSAttachResponse) GetLeaseMs() uint32 {
 }
 
 type ARSLeaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	MaxTasks      uint32                 `protobuf:"varint,2,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
-	WaitMs        uint32                 `protobuf:"varint,3,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	MaxTasks uint32                 `protobuf:"varint,2,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
+	WaitMs   uint32                 `protobuf:"varint,3,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	// The policy version the worker holds, so the hub can inline a newer one.
+	HeldRunId     string `protobuf:"bytes,4,opt,name=held_run_id,json=heldRunId,proto3" json:"held_run_id,omitempty"`
+	HeldVersion   uint64 `protobuf:"varint,5,opt,name=held_version,json=heldVersion,proto3" json:"held_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -800,6 +804,20 @@ func (x *ARSLeaseRequest) GetMaxTasks() uint32 {
 func (x *ARSLeaseRequest) GetWaitMs() uint32 {
 	if x != nil {
 		return x.WaitMs
+	}
+	return 0
+}
+
+func (x *ARSLeaseRequest) GetHeldRunId() string {
+	if x != nil {
+		return x.HeldRunId
+	}
+	return ""
+}
+
+func (x *ARSLeaseRequest) GetHeldVersion() uint64 {
+	if x != nil {
+		return x.HeldVersion
 	}
 	return 0
 }
@@ -863,9 +881,12 @@ type ARSLeaseResponse struct {
 	Iteration uint64                 `protobuf:"varint,3,opt,name=iteration,proto3" json:"iteration,omitempty"`
 	Model     string                 `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
 	// Policy version θ of this iteration (with its filter statistics).
-	Version       uint64     `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
-	Tasks         []*ARSTask `protobuf:"bytes,6,rep,name=tasks,proto3" json:"tasks,omitempty"`
-	LeaseMs       uint32     `protobuf:"varint,7,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	Version uint64     `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	Tasks   []*ARSTask `protobuf:"bytes,6,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	LeaseMs uint32     `protobuf:"varint,7,opt,name=lease_ms,json=leaseMs,proto3" json:"lease_ms,omitempty"`
+	// The safetensors blob of `version`, inlined when the worker does not
+	// hold it and it is small; empty otherwise (the worker has it, or pulls).
+	Policy        []byte `protobuf:"bytes,8,opt,name=policy,proto3" json:"policy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -947,6 +968,13 @@ func (x *ARSLeaseResponse) GetLeaseMs() uint32 {
 		return x.LeaseMs
 	}
 	return 0
+}
+
+func (x *ARSLeaseResponse) GetPolicy() []byte {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
 }
 
 // ARSFilterStats are the running statistics of the states a task saw.
@@ -1096,11 +1124,14 @@ func (x *ARSTaskResult) GetStats() *ARSFilterStats {
 }
 
 type ARSReportRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	RunId         string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Iteration     uint64                 `protobuf:"varint,3,opt,name=iteration,proto3" json:"iteration,omitempty"`
-	Results       []*ARSTaskResult       `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId  string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	RunId     string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Iteration uint64                 `protobuf:"varint,3,opt,name=iteration,proto3" json:"iteration,omitempty"`
+	Results   []*ARSTaskResult       `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
+	// When set, the response also carries the worker's next lease if tasks
+	// are available right now (it never waits): one round trip per share.
+	Next          *ARSLeaseRequest `protobuf:"bytes,5,opt,name=next,proto3" json:"next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1163,12 +1194,21 @@ func (x *ARSReportRequest) GetResults() []*ARSTaskResult {
 	return nil
 }
 
+func (x *ARSReportRequest) GetNext() *ARSLeaseRequest {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
 type ARSReportResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Accepted   uint32                 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	Duplicates uint32                 `protobuf:"varint,2,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
 	// Results for an iteration that already finished.
-	Stale         uint32 `protobuf:"varint,3,opt,name=stale,proto3" json:"stale,omitempty"`
+	Stale uint32 `protobuf:"varint,3,opt,name=stale,proto3" json:"stale,omitempty"`
+	// The next lease when requested and available (tasks empty otherwise).
+	Next          *ARSLeaseResponse `protobuf:"bytes,4,opt,name=next,proto3" json:"next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1222,6 +1262,13 @@ func (x *ARSReportResponse) GetStale() uint32 {
 		return x.Stale
 	}
 	return 0
+}
+
+func (x *ARSReportResponse) GetNext() *ARSLeaseResponse {
+	if x != nil {
+		return x.Next
+	}
+	return nil
 }
 
 type ARSDetachRequest struct {
@@ -1499,14 +1546,16 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"K\n" +
 	"\x11ARSAttachResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"d\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\xa7\x01\n" +
 	"\x0fARSLeaseRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmax_tasks\x18\x02 \x01(\rR\bmaxTasks\x12\x17\n" +
-	"\await_ms\x18\x03 \x01(\rR\x06waitMs\"J\n" +
+	"\await_ms\x18\x03 \x01(\rR\x06waitMs\x12\x1e\n" +
+	"\vheld_run_id\x18\x04 \x01(\tR\theldRunId\x12!\n" +
+	"\fheld_version\x18\x05 \x01(\x04R\vheldVersion\"J\n" +
 	"\aARSTask\x12)\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x15.rlhub.v1.ARSTaskKindR\x04kind\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\rR\x05index\"\xe5\x01\n" +
+	"\x05index\x18\x02 \x01(\rR\x05index\"\xfd\x01\n" +
 	"\x10ARSLeaseResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12(\n" +
 	"\x04spec\x18\x02 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\x12\x1c\n" +
@@ -1514,7 +1563,8 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x05model\x18\x04 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12'\n" +
 	"\x05tasks\x18\x06 \x03(\v2\x11.rlhub.v1.ARSTaskR\x05tasks\x12\x19\n" +
-	"\blease_ms\x18\a \x01(\rR\aleaseMs\"J\n" +
+	"\blease_ms\x18\a \x01(\rR\aleaseMs\x12\x16\n" +
+	"\x06policy\x18\b \x01(\fR\x06policy\"J\n" +
 	"\x0eARSFilterStats\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\x01R\x05count\x12\x12\n" +
 	"\x04mean\x18\x02 \x03(\x01R\x04mean\x12\x0e\n" +
@@ -1525,18 +1575,20 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\ar_minus\x18\x03 \x01(\x01R\x06rMinus\x12\x16\n" +
 	"\x06return\x18\x04 \x01(\x01R\x06return\x12\x14\n" +
 	"\x05steps\x18\x05 \x01(\x03R\x05steps\x12.\n" +
-	"\x05stats\x18\x06 \x01(\v2\x18.rlhub.v1.ARSFilterStatsR\x05stats\"\x97\x01\n" +
+	"\x05stats\x18\x06 \x01(\v2\x18.rlhub.v1.ARSFilterStatsR\x05stats\"\xc6\x01\n" +
 	"\x10ARSReportRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1c\n" +
 	"\titeration\x18\x03 \x01(\x04R\titeration\x121\n" +
-	"\aresults\x18\x04 \x03(\v2\x17.rlhub.v1.ARSTaskResultR\aresults\"e\n" +
+	"\aresults\x18\x04 \x03(\v2\x17.rlhub.v1.ARSTaskResultR\aresults\x12-\n" +
+	"\x04next\x18\x05 \x01(\v2\x19.rlhub.v1.ARSLeaseRequestR\x04next\"\x95\x01\n" +
 	"\x11ARSReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\rR\baccepted\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x02 \x01(\rR\n" +
 	"duplicates\x12\x14\n" +
-	"\x05stale\x18\x03 \x01(\rR\x05stale\"/\n" +
+	"\x05stale\x18\x03 \x01(\rR\x05stale\x12.\n" +
+	"\x04next\x18\x04 \x01(\v2\x1a.rlhub.v1.ARSLeaseResponseR\x04next\"/\n" +
 	"\x10ARSDetachRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"\x13\n" +
 	"\x11ARSDetachResponse\"G\n" +
@@ -1609,29 +1661,31 @@ var file_rlhub_v1_ars_proto_depIdxs = []int32{
 	11, // 4: rlhub.v1.ARSTaskResult.task:type_name -> rlhub.v1.ARSTask
 	13, // 5: rlhub.v1.ARSTaskResult.stats:type_name -> rlhub.v1.ARSFilterStats
 	14, // 6: rlhub.v1.ARSReportRequest.results:type_name -> rlhub.v1.ARSTaskResult
-	21, // 7: rlhub.v1.ARSPolicyPart.info:type_name -> rlhub.v1.BlobInfo
-	22, // 8: rlhub.v1.ARSPolicyPart.chunk:type_name -> rlhub.v1.Chunk
-	2,  // 9: rlhub.v1.ARS.StartRun:input_type -> rlhub.v1.ARSStartRunRequest
-	4,  // 10: rlhub.v1.ARS.WatchRun:input_type -> rlhub.v1.ARSWatchRunRequest
-	6,  // 11: rlhub.v1.ARS.StopRun:input_type -> rlhub.v1.ARSStopRunRequest
-	8,  // 12: rlhub.v1.ARS.Attach:input_type -> rlhub.v1.ARSAttachRequest
-	10, // 13: rlhub.v1.ARS.Lease:input_type -> rlhub.v1.ARSLeaseRequest
-	15, // 14: rlhub.v1.ARS.Report:input_type -> rlhub.v1.ARSReportRequest
-	17, // 15: rlhub.v1.ARS.Detach:input_type -> rlhub.v1.ARSDetachRequest
-	19, // 16: rlhub.v1.ARS.PullPolicy:input_type -> rlhub.v1.ARSPullPolicyRequest
-	3,  // 17: rlhub.v1.ARS.StartRun:output_type -> rlhub.v1.ARSStartRunResponse
-	5,  // 18: rlhub.v1.ARS.WatchRun:output_type -> rlhub.v1.ARSProgress
-	7,  // 19: rlhub.v1.ARS.StopRun:output_type -> rlhub.v1.ARSStopRunResponse
-	9,  // 20: rlhub.v1.ARS.Attach:output_type -> rlhub.v1.ARSAttachResponse
-	12, // 21: rlhub.v1.ARS.Lease:output_type -> rlhub.v1.ARSLeaseResponse
-	16, // 22: rlhub.v1.ARS.Report:output_type -> rlhub.v1.ARSReportResponse
-	18, // 23: rlhub.v1.ARS.Detach:output_type -> rlhub.v1.ARSDetachResponse
-	20, // 24: rlhub.v1.ARS.PullPolicy:output_type -> rlhub.v1.ARSPolicyPart
-	17, // [17:25] is the sub-list for method output_type
-	9,  // [9:17] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	10, // 7: rlhub.v1.ARSReportRequest.next:type_name -> rlhub.v1.ARSLeaseRequest
+	12, // 8: rlhub.v1.ARSReportResponse.next:type_name -> rlhub.v1.ARSLeaseResponse
+	21, // 9: rlhub.v1.ARSPolicyPart.info:type_name -> rlhub.v1.BlobInfo
+	22, // 10: rlhub.v1.ARSPolicyPart.chunk:type_name -> rlhub.v1.Chunk
+	2,  // 11: rlhub.v1.ARS.StartRun:input_type -> rlhub.v1.ARSStartRunRequest
+	4,  // 12: rlhub.v1.ARS.WatchRun:input_type -> rlhub.v1.ARSWatchRunRequest
+	6,  // 13: rlhub.v1.ARS.StopRun:input_type -> rlhub.v1.ARSStopRunRequest
+	8,  // 14: rlhub.v1.ARS.Attach:input_type -> rlhub.v1.ARSAttachRequest
+	10, // 15: rlhub.v1.ARS.Lease:input_type -> rlhub.v1.ARSLeaseRequest
+	15, // 16: rlhub.v1.ARS.Report:input_type -> rlhub.v1.ARSReportRequest
+	17, // 17: rlhub.v1.ARS.Detach:input_type -> rlhub.v1.ARSDetachRequest
+	19, // 18: rlhub.v1.ARS.PullPolicy:input_type -> rlhub.v1.ARSPullPolicyRequest
+	3,  // 19: rlhub.v1.ARS.StartRun:output_type -> rlhub.v1.ARSStartRunResponse
+	5,  // 20: rlhub.v1.ARS.WatchRun:output_type -> rlhub.v1.ARSProgress
+	7,  // 21: rlhub.v1.ARS.StopRun:output_type -> rlhub.v1.ARSStopRunResponse
+	9,  // 22: rlhub.v1.ARS.Attach:output_type -> rlhub.v1.ARSAttachResponse
+	12, // 23: rlhub.v1.ARS.Lease:output_type -> rlhub.v1.ARSLeaseResponse
+	16, // 24: rlhub.v1.ARS.Report:output_type -> rlhub.v1.ARSReportResponse
+	18, // 25: rlhub.v1.ARS.Detach:output_type -> rlhub.v1.ARSDetachResponse
+	20, // 26: rlhub.v1.ARS.PullPolicy:output_type -> rlhub.v1.ARSPolicyPart
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_ars_proto_init() }

@@ -1,8 +1,9 @@
 // Distributed Augmented Random Search (see docs/ars.md).
 //
 // The hub runs each ARS run's state machine. Workers attach, then loop:
-// Lease (long poll) → pull the policy version named by the lease if they
-// do not hold it → run the tasks → Report. A lease expires after lease_ms;
+// Lease (long poll) → use the inlined policy, or pull the version named by
+// the lease if they do not hold it → run the tasks → Report (which may
+// carry the next lease). A lease expires after lease_ms;
 // an expired task, or one held longer than the hub's straggler threshold
 // while other workers idle, is handed out again. Results are keyed by
 // (run, iteration, task kind, index): the first one counts, later

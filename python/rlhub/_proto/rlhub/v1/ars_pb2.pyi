@@ -134,14 +134,18 @@ class ARSAttachResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ARSLeaseRequest(_message.Message):
-    __slots__ = ("worker_id", "max_tasks", "wait_ms")
+    __slots__ = ("worker_id", "max_tasks", "wait_ms", "held_run_id", "held_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     max_tasks: int
     wait_ms: int
-    def __init__(self, worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    held_run_id: str
+    held_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., held_run_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
 
 class ARSTask(_message.Message):
     __slots__ = ("kind", "index")
@@ -152,7 +156,7 @@ class ARSTask(_message.Message):
     def __init__(self, kind: _Optional[_Union[ARSTaskKind, str]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ARSLeaseResponse(_message.Message):
-    __slots__ = ("run_id", "spec", "iteration", "model", "version", "tasks", "lease_ms")
+    __slots__ = ("run_id", "spec", "iteration", "model", "version", "tasks", "lease_ms", "policy")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +164,7 @@ class ARSLeaseResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     spec: ARSRunSpec
     iteration: int
@@ -167,7 +172,8 @@ class ARSLeaseResponse(_message.Message):
     version: int
     tasks: _containers.RepeatedCompositeFieldContainer[ARSTask]
     lease_ms: int
-    def __init__(self, run_id: _Optional[str] = ..., spec: _Optional[_Union[ARSRunSpec, _Mapping]] = ..., iteration: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[ARSTask, _Mapping]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    policy: bytes
+    def __init__(self, run_id: _Optional[str] = ..., spec: _Optional[_Union[ARSRunSpec, _Mapping]] = ..., iteration: _Optional[int] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[ARSTask, _Mapping]]] = ..., lease_ms: _Optional[int] = ..., policy: _Optional[bytes] = ...) -> None: ...
 
 class ARSFilterStats(_message.Message):
     __slots__ = ("count", "mean", "m2")
@@ -195,26 +201,30 @@ class ARSTaskResult(_message.Message):
     def __init__(self, task: _Optional[_Union[ARSTask, _Mapping]] = ..., r_plus: _Optional[float] = ..., r_minus: _Optional[float] = ..., steps: _Optional[int] = ..., stats: _Optional[_Union[ARSFilterStats, _Mapping]] = ..., **kwargs) -> None: ...
 
 class ARSReportRequest(_message.Message):
-    __slots__ = ("worker_id", "run_id", "iteration", "results")
+    __slots__ = ("worker_id", "run_id", "iteration", "results", "next")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     run_id: str
     iteration: int
     results: _containers.RepeatedCompositeFieldContainer[ARSTaskResult]
-    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ARSTaskResult, _Mapping]]] = ...) -> None: ...
+    next: ARSLeaseRequest
+    def __init__(self, worker_id: _Optional[str] = ..., run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ARSTaskResult, _Mapping]]] = ..., next: _Optional[_Union[ARSLeaseRequest, _Mapping]] = ...) -> None: ...
 
 class ARSReportResponse(_message.Message):
-    __slots__ = ("accepted", "duplicates", "stale")
+    __slots__ = ("accepted", "duplicates", "stale", "next")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     STALE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     duplicates: int
     stale: int
-    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., stale: _Optional[int] = ...) -> None: ...
+    next: ARSLeaseResponse
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., stale: _Optional[int] = ..., next: _Optional[_Union[ARSLeaseResponse, _Mapping]] = ...) -> None: ...
 
 class ARSDetachRequest(_message.Message):
     __slots__ = ("worker_id",)
