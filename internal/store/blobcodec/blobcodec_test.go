@@ -61,6 +61,9 @@ func TestChunkWireCompatible(t *testing.T) {
 		}
 		wire, _ := proto.Marshal(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Chunk{Chunk: &rlhubv1.Chunk{Data: data}}})
 		for _, piece := range []int{1, 3, 16384} {
+			if piece < 16 && n > 1<<14 {
+				continue // a million one-byte buffers only slows the race detector
+			}
 			var p Pulled
 			if err := c.Unmarshal(split(wire, piece), &p); err != nil {
 				t.Fatal(err)
