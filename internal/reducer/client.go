@@ -1,0 +1,279 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// ClientConfig configures a reducer client.
+type ClientConfig struct {
+	// Hub is the address of the hub hosting the primary; required.
+	Hub string
+	// ClientID names this client in (client id, seq); "" means a random id.
+	ClientID string
+	// Rand picks secondaries and jitters back-off; nil means a random seed.
+	Rand *rand.Rand
+	// MaxAttempts bounds tries per push (failover, full queues, a retry
+	// still being reduced elsewhere); 0 means until ctx ends.
+	MaxAttempts int
+	// Backoff is the first back-off after ResourceExhausted or Aborted;
+	// 0 means 1ms (doubling to 100ms, jittered).
+	Backoff time.Duration
+}
+
+// Client pushes gradients to a random live secondary, failing over to
+// another on Unavailable. Safe for concurrent use.
+type Client struct {
+	cfg ClientConfig
+	seq atomic.Uint64
+
+	mu      sync.Mutex // guards rnd, conns, targets
+	rnd     *rand.Rand
+	hub     *grpc.ClientConn
+	conns   map[string]*grpc.ClientConn
+	targets []target
+	dead    map[target]time.Time
+}
+
+type target struct{ addr, id string }
+
+// NewClient connects (lazily) to the hub.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if cfg.Hub == "" {
+		return nil, errors.New("reducer: ClientConfig.Hub is required")
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if cfg.ClientID == "" {
+		cfg.ClientID = fmt.Sprintf("c%016x", cfg.Rand.Uint64())
+	}
+	if cfg.Backoff == 0 {
+		cfg.Backoff = time.Millisecond
+	}
+	c := &Client{cfg: cfg, rnd: cfg.Rand, conns: map[string]*grpc.ClientConn{}, dead: map[target]time.Time{}}
+	conn, err := c.dial(cfg.Hub)
+	if err != nil {
+		return nil, err
+	}
+	c.hub = conn
+	return c, nil
+}
+
+func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
+	if conn, ok := c.conns[addr]; ok {
+		return conn, nil
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("reducer: dial %s: %w", addr, err)
+	}
+	c.conns[addr] = conn
+	return conn, nil
+}
+
+// ID returns the client id.
+func (c *Client) ID() string { return c.cfg.ClientID }
+
+// Close closes every connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []error
+	for _, conn := range c.conns {
+		out = append(out, conn.Close())
+	}
+	c.conns = map[string]*grpc.ClientConn{}
+	return errors.Join(out...)
+}
+
+// Register registers a model with the primary (see ModelConfig).
+func (c *Client) Register(ctx context.Context, mc ModelConfig) (version, restored uint64, err error) {
+	resp, err := rlhubv1.NewReducerClient(c.hub).Register(ctx, ModelConfigToProto(mc))
+	if err != nil {
+		return 0, 0, errs.FromStatus(err)
+	}
+	return resp.GetVersion(), resp.GetRestoredSteps(), nil
+}
+
+// Stats fetches the counters of the hub at addr ("" means the primary hub).
+func (c *Client) Stats(ctx context.Context, addr string) (*rlhubv1.ReducerStatsResponse, error) {
+	conn := c.hub
+	if addr != "" {
+		c.mu.Lock()
+		var err error
+		conn, err = c.dial(addr)
+		c.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
+	resp, err := rlhubv1.NewReducerClient(conn).Stats(ctx, &rlhubv1.ReducerStatsRequest{})
+	return resp, errs.FromStatus(err)
+}
+
+// refresh asks the primary for the live secondaries.
+func (c *Client) refresh(ctx context.Context) error {
+	resp, err := rlhubv1.NewReducerClient(c.hub).Secondaries(ctx, &rlhubv1.ReducerSecondariesRequest{})
+	if err != nil {
+		return errs.FromStatus(err)
+	}
+	var ts []target
+	for _, s := range resp.GetSecondaries() {
+		addr := s.GetAddr()
+		if addr == "" {
+			addr = c.cfg.Hub
+		}
+		ts = append(ts, target{addr, s.GetId()})
+	}
+	c.mu.Lock()
+	c.targets = ts
+	c.mu.Unlock()
+	return nil
+}
+
+// choose picks a random target not marked dead in the last second.
+func (c *Client) choose() (target, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var live []target
+	for _, t := range c.targets {
+		if at, ok := c.dead[t]; !ok || time.Since(at) > time.Second {
+			live = append(live, t)
+		}
+	}
+	if len(live) == 0 {
+		return target{}, false
+	}
+	return live[c.rnd.IntN(len(live))], true
+}
+
+// Receipt is what a successful client push returns.
+type Receipt struct {
+	Version uint64  // model version at admission
+	Weight  float32 // staleness weight
+	Seq     uint64  // the sequence number used
+	Addr    string  // secondary address and id that took it
+	ID      string
+}
+
+// PushGrad pushes grads (computed on baseVersion of model) with the next
+// sequence number, retrying the same (client id, seq) on other secondaries
+// when one is Unavailable, and backing off on ResourceExhausted or Aborted.
+// An ALREADY_EXISTS answer to a retry means an earlier attempt got through:
+// it is returned as an error matching errs.ErrExists.
+func (c *Client) PushGrad(ctx context.Context, model string, baseVersion uint64, grads *tensor.StateDict) (Receipt, error) {
+	return c.PushSeq(ctx, model, baseVersion, c.seq.Add(1), grads)
+}
+
+// PushSeq is PushGrad with an explicit sequence number.
+func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uint64, grads *tensor.StateDict) (Receipt, error) {
+	l, err := safetensors.Plan(grads, nil)
+	if err != nil {
+		return Receipt{}, err
+	}
+	backoff := c.cfg.Backoff
+	var last error
+	for attempt := 1; ; attempt++ {
+		if c.cfg.MaxAttempts > 0 && attempt > c.cfg.MaxAttempts {
+			return Receipt{}, last
+		}
+		if err := ctx.Err(); err != nil {
+			return Receipt{}, errors.Join(err, last)
+		}
+		t, ok := c.choose()
+		if !ok {
+			if err := c.refresh(ctx); err != nil {
+				last = err
+				if !sleepCtx(ctx, backoff) {
+					return Receipt{}, errors.Join(ctx.Err(), last)
+				}
+				backoff = min(2*backoff, 100*time.Millisecond)
+				continue
+			}
+			if t, ok = c.choose(); !ok {
+				last = fmt.Errorf("%w: no live secondary", errs.ErrUnavailable)
+				if !sleepCtx(ctx, backoff) {
+					return Receipt{}, errors.Join(ctx.Err(), last)
+				}
+				backoff = min(2*backoff, 100*time.Millisecond)
+				continue
+			}
+		}
+		res, err := c.pushOnce(ctx, t, model, baseVersion, seq, l)
+		if err == nil {
+			res.Seq, res.Addr, res.ID = seq, t.addr, t.id
+			return res, nil
+		}
+		last = err
+		switch {
+		case errors.Is(err, errs.ErrUnavailable) || isConnErr(err):
+			c.mu.Lock()
+			c.dead[t] = time.Now()
+			c.mu.Unlock()
+			_ = c.refresh(ctx) // best effort: the next choose skips the dead one
+		case errors.Is(err, errs.ErrFull) || errors.Is(err, errs.ErrAborted):
+			jit := time.Duration(c.jitter() * float64(backoff))
+			if !sleepCtx(ctx, backoff/2+jit/2) {
+				return Receipt{}, errors.Join(ctx.Err(), last)
+			}
+			backoff = min(2*backoff, 100*time.Millisecond)
+		default:
+			return Receipt{}, err
+		}
+	}
+}
+
+func (c *Client) jitter() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rnd.Float64()
+}
+
+func isConnErr(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne)
+}
+
+func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq uint64, l *safetensors.Layout) (Receipt, error) {
+	c.mu.Lock()
+	conn, err := c.dial(t.addr)
+	c.mu.Unlock()
+	if err != nil {
+		return Receipt{}, err
+	}
+	stream, err := rlhubv1.NewReducerClient(conn).Push(ctx)
+	if err != nil {
+		return Receipt{}, errs.FromStatus(err)
+	}
+	hdr := &rlhubv1.ReducerPushHeader{Blob: &rlhubv1.BlobInfo{Model: model, Version: base, TotalBytes: uint64(l.Size), ChunkBytes: 1 << 20},
+		ClientId: c.cfg.ClientID, Seq: seq, Secondary: t.id}
+	err = stream.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Header{Header: hdr}})
+	if err == nil {
+		err = sendStateDict(l, func(p []byte) error {
+			return stream.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: p}}})
+		})
+	}
+	resp, rerr := stream.CloseAndRecv()
+	if rerr != nil {
+		return Receipt{}, errs.FromStatus(rerr)
+	}
+	if err != nil {
+		return Receipt{}, fmt.Errorf("%w: push: %v", errs.ErrUnavailable, err)
+	}
+	return Receipt{Version: resp.GetVersion(), Weight: resp.GetWeight()}, nil
+}

@@ -1,0 +1,191 @@
+package reducer
+
+import (
+	"context"
+	"hash/fnv"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// applyRec is one published step as OnApply saw it.
+type applyRec struct {
+	version uint64
+	members []reduce.ID
+	weights []float32
+}
+
+// testEnv is a reducer Service behind a real gRPC server on 127.0.0.1:0,
+// over an in-memory store holding one model.
+type testEnv struct {
+	t     *testing.T
+	st    store.Store
+	svc   *Service
+	srv   *grpc.Server
+	addr  string
+	model string
+
+	mu      sync.Mutex
+	applied []applyRec
+}
+
+// testLayout is the model the tests train: two tensors.
+func testLayout(n int) *tensor.StateDict {
+	sd, _ := tensor.NewStateDict(tensor.NewF32("fc.weight", int64(n), 4), tensor.NewF32("fc.bias", 4))
+	return sd
+}
+
+// fill sets every element of sd from r (scaled).
+func fill(sd *tensor.StateDict, r *rand.Rand, scale float32) *tensor.StateDict {
+	for _, t := range sd.Tensors() {
+		f, _ := t.Float32s()
+		for i := range f {
+			f[i] = scale * float32(r.NormFloat64())
+		}
+	}
+	return sd
+}
+
+// gradFor is the deterministic gradient client c pushes with seq s.
+func gradFor(n int, c string, s uint64) *tensor.StateDict {
+	h := fnv.New64a()
+	h.Write([]byte(c))
+	return fill(testLayout(n), rand.New(rand.NewPCG(h.Sum64(), s)), 0.1)
+}
+
+func pushModel(t testing.TB, st store.Store, name string, sd *tensor.StateDict) {
+	t.Helper()
+	blob, err := safetensors.Encode(sd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Push(context.Background(), store.PushRequest{Name: name, Version: 1, Expect: 0, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newTestEnv starts a store with model "m" = init, a Service per cfg
+// (Store and OnApply filled in) and a gRPC server.
+func newTestEnv(t *testing.T, cfg Config, init *tensor.StateDict) *testEnv {
+	t.Helper()
+	st, err := store.NewMemory(store.Config{Retain: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &testEnv{t: t, st: st, model: "m"}
+	pushModel(t, st, "m", init)
+	if cfg.Store == nil {
+		cfg.Store = st
+	}
+	cfg.OnApply = func(model string, v uint64, members []reduce.ID, weights []float32) {
+		e.mu.Lock()
+		e.applied = append(e.applied, applyRec{v, members, weights})
+		e.mu.Unlock()
+	}
+	e.start(cfg)
+	t.Cleanup(e.stop)
+	return e
+}
+
+func (e *testEnv) start(cfg Config) {
+	svc, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.svc, e.addr = svc, lis.Addr().String()
+	e.srv = grpc.NewServer(grpc.MaxRecvMsgSize(4 << 20))
+	svc.Register(e.srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.srv.Serve(lis) }()
+	e.t.Cleanup(func() { <-done })
+}
+
+func (e *testEnv) stop() {
+	if e.srv == nil {
+		return
+	}
+	e.svc.Drain()
+	e.srv.GracefulStop()
+	_ = e.svc.Close()
+	e.srv = nil
+	_ = e.st.Close()
+}
+
+func (e *testEnv) client(id string, attempts int) *Client {
+	e.t.Helper()
+	c, err := NewClient(ClientConfig{Hub: e.addr, ClientID: id, MaxAttempts: attempts, Rand: rand.New(rand.NewPCG(uint64(len(id)), 7))})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (e *testEnv) register(mc ModelConfig) {
+	e.t.Helper()
+	mc.Model = e.model
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := e.svc.RegisterModel(ctx, mc); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *testEnv) newest() *store.Snapshot {
+	e.t.Helper()
+	snap, err := e.st.Get(context.Background(), e.model, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return snap
+}
+
+// waitSettled waits until nothing is in flight: pushed = applied + dropped.
+func (e *testEnv) waitSettled() Stats {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st := e.svc.Stats()
+		if st.Total.Pushed == st.Total.Applied+st.Total.DroppedTotal() && st.QueueDepth == 0 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("counters never settled: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitAttached waits until n secondaries are attached to the primary.
+func waitAttached(t *testing.T, p *Primary, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(p.Secondaries()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d secondaries attached", len(p.Secondaries()), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func f32(t testing.TB, sd *tensor.StateDict, name string) []float32 {
+	t.Helper()
+	f, err := sd.Get(name).Float32s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}

@@ -1,0 +1,576 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// ModelStore is what the primary needs of the model store: read the
+// initial weights and checkpoints, publish new versions.
+type ModelStore interface {
+	Get(ctx context.Context, name string, version uint64) (*store.Snapshot, error)
+	Push(ctx context.Context, req store.PushRequest) (store.Info, error)
+}
+
+var _ ModelStore = store.Store(nil)
+
+// OptimStateSuffix names where a model's optimizer state is checkpointed in
+// the store: "<model>" + OptimStateSuffix, at the model version it belongs
+// to (metadata "model.version").
+const OptimStateSuffix = "/optim-state"
+
+// ModelConfig is what Register needs to reduce gradients for one model.
+type ModelConfig struct {
+	// Model name; the model must be in the store.
+	Model string
+	// Optimizer run by the primary.
+	Optimizer optim.Config
+	// Reduction of each step's gradients; "" means reduce.Mean.
+	Reduction reduce.Reduction
+	// GradientMax clips the reduced gradient's global L2 norm; 0 disables.
+	GradientMax float64
+	// Staleness rule applied at admission.
+	Staleness reduce.Staleness
+	// CheckpointEvery: checkpoint the optimizer state every this many
+	// steps (and on Close); 0 means 100.
+	CheckpointEvery uint64
+}
+
+func (c *ModelConfig) validate() error {
+	if c.Model == "" {
+		return fmt.Errorf("%w: reducer: empty model name", errs.ErrInvalid)
+	}
+	if err := c.Optimizer.Validate(); err != nil {
+		return err
+	}
+	switch c.Reduction {
+	case "":
+		c.Reduction = reduce.Mean
+	case reduce.Mean, reduce.Sum:
+	default:
+		return fmt.Errorf("%w: reducer: reduction %q (want sum or mean)", errs.ErrInvalid, c.Reduction)
+	}
+	if c.GradientMax < 0 || c.GradientMax != c.GradientMax {
+		return fmt.Errorf("%w: reducer: gradient_max %v must be ≥ 0", errs.ErrInvalid, c.GradientMax)
+	}
+	if c.CheckpointEvery == 0 {
+		c.CheckpointEvery = 100
+	}
+	return c.Staleness.Validate()
+}
+
+// PrimaryConfig configures the primary reducer.
+type PrimaryConfig struct {
+	// Store holds the models; required.
+	Store ModelStore
+	// Epoch is the writer epoch (fencing token) of published versions; 0
+	// means the epoch of the version the model was registered at.
+	Epoch uint64
+	// LedgerWindow: (client, seq) ids remembered per client; 0 means 4096.
+	LedgerWindow int
+	// Clock; nil means the real clock.
+	Clock Clock
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// OnApply, when set, is called after each published step with the
+	// model, the new version and the members in reduction order (tests
+	// use it to replay the run). It runs with the model's step lock held.
+	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
+}
+
+func (c *PrimaryConfig) validate() error {
+	if c.Store == nil {
+		return errors.New("reducer: PrimaryConfig.Store is required")
+	}
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Primary owns each registered model's parameters and optimizer, applies
+// forwarded batches and publishes new versions. Safe for concurrent use.
+//
+// Lock order: pmodel.stepMu, then pmodel.mu, then Primary.mu (Forward and
+// Admit check the session while holding the model). Primary.mu guards sessions, the model
+// map and lost; pmodel.mu guards one model (its parameters, optimizer,
+// ledger, version, counters).
+type Primary struct {
+	cfg PrimaryConfig
+
+	mu       sync.Mutex
+	models   map[string]*pmodel
+	sessions map[uint64]Secondary // live sessions → who holds them
+	nextSess uint64
+	lost     reduce.Counters // claims released by ended sessions
+	closed   bool
+	lat      latencies
+}
+
+// Secondary names a secondary as clients reach it.
+type Secondary struct {
+	Addr string // "" for in-process secondaries without an address
+	ID   string
+}
+
+type pmodel struct {
+	cfg    ModelConfig
+	layout *tensor.StateDict
+	epoch  uint64
+
+	// stepMu serializes steps: it guards params and opt, and is held for a
+	// whole step (optimizer, encode, publish) so that admissions, which
+	// only need mu, never wait for a step.
+	stepMu sync.Mutex
+	params *tensor.StateDict // owned: the newest version's weights
+	opt    *optim.Optimizer
+
+	// mu guards the fields below; version is written with stepMu held
+	// too, so holding either is enough to read it.
+	mu       sync.Mutex
+	ledger   *reduce.Ledger
+	version  uint64
+	// publishing is true while version+1 is being published: it may
+	// already be visible in the store, so admissions accept it as a base.
+	publishing bool
+	counters   reduce.Counters
+	failed   error // a publish failed: the model refuses forwards
+}
+
+// NewPrimary returns a primary with no models.
+func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096)}, nil
+}
+
+// Register starts reducing for a model, from its newest version in the
+// store, restoring the optimizer state checkpointed at that version if
+// there is one. It returns the version it starts from and the restored
+// step count. A second Register with an equal config is a no-op; with a
+// different one it fails with errs.ErrExists.
+func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restored uint64, err error) {
+	if err := mc.validate(); err != nil {
+		return 0, 0, err
+	}
+	p.mu.Lock()
+	if m, ok := p.models[mc.Model]; ok {
+		p.mu.Unlock()
+		if m.cfg != mc {
+			return 0, 0, fmt.Errorf("%w: model %q is registered with another config", errs.ErrExists, mc.Model)
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.version, 0, nil
+	}
+	p.mu.Unlock()
+
+	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+	}
+	params := snap.Tensors.Clone()
+	for _, t := range params.Tensors() {
+		if t.DType != tensor.F32 {
+			return 0, 0, fmt.Errorf("%w: reducer: model %q tensor %q is %v; only F32 models are reduced", errs.ErrInvalid, mc.Model, t.Name, t.DType)
+		}
+	}
+	opt, err := optim.New(mc.Optimizer, params)
+	if err != nil {
+		return 0, 0, err
+	}
+	if st, err := p.cfg.Store.Get(ctx, mc.Model+OptimStateSuffix, 0); err == nil {
+		if st.Metadata["model.version"] == strconv.FormatUint(snap.Version, 10) {
+			if err := opt.Restore(st.Tensors, st.Metadata); err != nil {
+				return 0, 0, fmt.Errorf("reducer: register %q: restore optimizer: %w", mc.Model, err)
+			}
+		} else {
+			p.cfg.Logger.Warn("reducer: optimizer checkpoint is for another version; starting fresh",
+				"model", mc.Model, "checkpoint_of", st.Metadata["model.version"], "model_version", snap.Version)
+		}
+	} else if !errors.Is(err, errs.ErrNotFound) {
+		return 0, 0, fmt.Errorf("reducer: register %q: read optimizer checkpoint: %w", mc.Model, err)
+	}
+	epoch := p.cfg.Epoch
+	if epoch == 0 {
+		epoch = snap.Epoch
+	}
+	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt,
+		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, 0, fmt.Errorf("%w: reducer primary is closed", errs.ErrUnavailable)
+	}
+	if old, ok := p.models[mc.Model]; ok { // lost a race with another Register
+		if old.cfg != mc {
+			return 0, 0, fmt.Errorf("%w: model %q is registered with another config", errs.ErrExists, mc.Model)
+		}
+		return snap.Version, 0, nil
+	}
+	p.models[mc.Model] = m
+	return snap.Version, uint64(opt.Steps()), nil
+}
+
+func (p *Primary) model(name string) (*pmodel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.models[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: model %q is not registered with the reducer", errs.ErrNotFound, name)
+	}
+	return m, nil
+}
+
+// Attach opens a session for a secondary. In process a session is never
+// lost on its own (done is nil); it ends with Detach.
+func (p *Primary) Attach(_ context.Context, s Secondary) (session uint64, done <-chan struct{}, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, nil, fmt.Errorf("%w: reducer primary is closed", errs.ErrUnavailable)
+	}
+	p.nextSess++
+	p.sessions[p.nextSess] = s
+	return p.nextSess, nil, nil
+}
+
+// Detach ends a session: its unapplied claims are released (and counted
+// dropped as lost, since the secondary holding them is gone), and its later
+// forwards are refused. Safe to call for an ended session.
+func (p *Primary) Detach(session uint64) {
+	p.mu.Lock()
+	_, live := p.sessions[session]
+	delete(p.sessions, session)
+	models := slices.Collect(maps.Values(p.models))
+	p.mu.Unlock()
+	if !live {
+		return
+	}
+	var n uint64
+	for _, m := range models {
+		m.mu.Lock()
+		n += uint64(len(m.ledger.EndSession(session)))
+		m.mu.Unlock()
+	}
+	if n > 0 {
+		p.mu.Lock()
+		p.lost.Drop(reduce.ReasonLost, n)
+		p.mu.Unlock()
+		p.cfg.Logger.Warn("reducer: secondary session ended with gradients in flight", "session", session, "lost", n)
+	}
+}
+
+func (p *Primary) liveSession(session uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.sessions[session]; !ok {
+		return fmt.Errorf("%w: reducer session %d has ended", errs.ErrAborted, session)
+	}
+	return nil
+}
+
+// Secondaries lists the attached secondaries, sorted by address and id.
+func (p *Primary) Secondaries() []Secondary {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := slices.Collect(maps.Values(p.sessions))
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Addr != out[j].Addr {
+			return out[i].Addr < out[j].Addr
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Layout is a registered model's tensor layout and current version.
+type Layout struct {
+	Tensors *tensor.StateDict // names, dtypes, shapes; data must not be read
+	Version uint64
+}
+
+// Describe returns a model's layout (errs.ErrNotFound when unregistered).
+func (p *Primary) Describe(_ context.Context, model string) (Layout, error) {
+	m, err := p.model(model)
+	if err != nil {
+		return Layout{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Layout{Tensors: m.layout, Version: m.version}, nil
+}
+
+// Admit claims id for session and applies the staleness rule, returning the
+// gradient's weight and the current version.
+func (p *Primary) Admit(_ context.Context, session uint64, model string, id reduce.ID, base uint64) (float32, uint64, error) {
+	m, err := p.model(model)
+	if err != nil {
+		return 0, 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	// Checked with m.mu held, like Forward: Detach releases claims under
+	// m.mu after removing the session, so no claim outlives its session.
+	if err := p.liveSession(session); err != nil {
+		return 0, 0, err
+	}
+	cur := m.version
+	if m.publishing && base == cur+1 {
+		cur = base // a client already saw the version being published
+	}
+	w, err := m.cfg.Staleness.Weigh(model, base, cur, m.epoch)
+	if err != nil {
+		return 0, m.version, err
+	}
+	if err := m.ledger.Claim(id, session); err != nil {
+		return 0, m.version, err
+	}
+	return w, m.version, nil
+}
+
+// Release gives back session's claims on ids (gradients it will not
+// forward) and returns how many it released: the secondary counts those as
+// dropped; claims no longer pending under session were already released
+// (and counted lost) when the session ended.
+func (p *Primary) Release(_ context.Context, session uint64, model string, ids []reduce.ID) (int, error) {
+	m, err := p.model(model)
+	if err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if m.ledger.Release(id, session) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Batch is one reduced batch forwarded by a secondary.
+type Batch struct {
+	Session uint64
+	Model   string
+	Members []reduce.ID
+	Weights []float32
+	// Sum of the weighted gradients; the primary reads it during Forward
+	// and modifies it in place (mean, clipping), keeping no reference.
+	Sum *tensor.StateDict
+	// FirstAdmitted is when its first member was admitted (latency).
+	FirstAdmitted time.Time
+}
+
+// Forward applies a batch as one optimizer step and publishes version+1.
+// Before anything changes it checks that the session is live, every member
+// is pending under it, the sum matches the model and is finite; on failure
+// it returns an error and the model is unchanged. The members are settled
+// as applied before the step, so they can never be applied again even if
+// the publish fails (then they count as dropped, publish_failed, and the
+// model refuses further forwards until the reducer restarts).
+func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
+	m, err := p.model(b.Model)
+	if err != nil {
+		return 0, err
+	}
+	if len(b.Members) == 0 || len(b.Members) != len(b.Weights) {
+		return 0, fmt.Errorf("%w: batch of %d members and %d weights", errs.ErrInvalid, len(b.Members), len(b.Weights))
+	}
+	if _, err := reduce.CheckGradient(m.layout, b.Sum); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	if m.failed != nil {
+		m.mu.Unlock()
+		return 0, fmt.Errorf("%w: model %q: %v", errs.ErrUnavailable, b.Model, m.failed)
+	}
+	// Session liveness and the ledger are checked with m.mu held, and
+	// Detach takes m.mu to release claims: a batch is either settled here
+	// or its claims are released, never both.
+	if err := p.liveSession(b.Session); err != nil {
+		m.mu.Unlock()
+		return 0, err
+	}
+	if err := m.ledger.CheckPending(b.Members, b.Session); err != nil {
+		m.mu.Unlock()
+		return 0, err
+	}
+	m.ledger.MarkApplied(b.Members)
+	m.mu.Unlock()
+	n := uint64(len(b.Members))
+
+	m.stepMu.Lock()
+	defer m.stepMu.Unlock()
+	fail := func(err error) (uint64, error) {
+		m.mu.Lock()
+		m.counters.Drop(reduce.ReasonPublish, n)
+		if m.failed == nil {
+			m.failed = err
+		}
+		m.mu.Unlock()
+		p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", b.Model, "err", err)
+		return 0, fmt.Errorf("reducer: model %q: %w", b.Model, err)
+	}
+	if m.failed != nil { // an earlier step failed while this one waited
+		return fail(m.failed)
+	}
+	m.cfg.Reduction.Finish(b.Sum, len(b.Members))
+	reduce.Clip(b.Sum, m.cfg.GradientMax)
+	if err := m.opt.Step(m.params, b.Sum); err != nil {
+		return fail(err)
+	}
+	next := m.version + 1
+	blob, err := safetensors.Encode(m.params, nil)
+	if err == nil {
+		m.mu.Lock()
+		m.publishing = true
+		m.mu.Unlock()
+		_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob})
+		m.mu.Lock()
+		m.publishing = false
+		m.mu.Unlock()
+	}
+	if err != nil {
+		return fail(fmt.Errorf("publishing version %d failed: %w", next, err))
+	}
+	m.mu.Lock()
+	m.version = next
+	m.counters.Applied += n
+	m.counters.Steps++
+	m.mu.Unlock()
+	if !b.FirstAdmitted.IsZero() {
+		p.lat.add(p.cfg.Clock.Now().Sub(b.FirstAdmitted))
+	}
+	if p.cfg.OnApply != nil {
+		p.cfg.OnApply(b.Model, next, slices.Clone(b.Members), slices.Clone(b.Weights))
+	}
+	if uint64(m.opt.Steps())%m.cfg.CheckpointEvery == 0 {
+		if err := p.checkpointLocked(ctx, m); err != nil {
+			p.cfg.Logger.Warn("reducer: optimizer checkpoint failed", "model", b.Model, "err", err)
+		}
+	}
+	return next, nil
+}
+
+// checkpointLocked writes m's optimizer state to the store at m.version.
+// m.stepMu must be held.
+func (p *Primary) checkpointLocked(ctx context.Context, m *pmodel) error {
+	st, meta := m.opt.State()
+	meta["model.version"] = strconv.FormatUint(m.version, 10)
+	blob, err := safetensors.Encode(st, meta)
+	if err != nil {
+		return err
+	}
+	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: m.cfg.Model + OptimStateSuffix, Version: m.version, Expect: store.ExpectAny, Epoch: m.epoch, Blob: blob})
+	return err
+}
+
+// Checkpoint writes every model's optimizer state now.
+func (p *Primary) Checkpoint(ctx context.Context) error {
+	p.mu.Lock()
+	models := slices.Collect(maps.Values(p.models))
+	p.mu.Unlock()
+	var out []error
+	for _, m := range models {
+		m.stepMu.Lock()
+		m.mu.Lock()
+		failed := m.failed
+		m.mu.Unlock()
+		if failed == nil && m.opt.Steps() > 0 {
+			if err := p.checkpointLocked(ctx, m); err != nil && !errors.Is(err, errs.ErrStale) {
+				out = append(out, fmt.Errorf("checkpoint %q: %w", m.cfg.Model, err))
+			}
+		}
+		m.stepMu.Unlock()
+	}
+	return errors.Join(out...)
+}
+
+// Stats returns the primary's counters (applied, steps, drops it decided),
+// each model's version and the admitted→published latency p50/p99.
+func (p *Primary) Stats() (c reduce.Counters, versions map[string]uint64, p50, p99 time.Duration) {
+	p.mu.Lock()
+	c = p.lost.Clone()
+	models := slices.Collect(maps.Values(p.models))
+	p.mu.Unlock()
+	p50, p99 = p.lat.quantiles()
+	versions = map[string]uint64{}
+	for _, m := range models {
+		m.mu.Lock()
+		c.Merge(m.counters)
+		versions[m.cfg.Model] = m.version
+		m.mu.Unlock()
+	}
+	return c, versions, p50, p99
+}
+
+// Close checkpoints the optimizer states and refuses further sessions.
+// Safe to call twice.
+func (p *Primary) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return p.Checkpoint(ctx)
+}
+
+// latencies keeps the last n samples for quantiles; its own mutex guards
+// it.
+type latencies struct {
+	mu   sync.Mutex
+	buf  []time.Duration
+	next int
+	full bool
+}
+
+func newLatencies(n int) latencies { return latencies{buf: make([]time.Duration, n)} }
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf[l.next] = d
+	l.next++
+	if l.next == len(l.buf) {
+		l.next, l.full = 0, true
+	}
+}
+
+func (l *latencies) quantiles() (p50, p99 time.Duration) {
+	l.mu.Lock()
+	n := l.next
+	if l.full {
+		n = len(l.buf)
+	}
+	s := slices.Clone(l.buf[:n])
+	l.mu.Unlock()
+	if len(s) == 0 {
+		return 0, 0
+	}
+	slices.Sort(s)
+	return s[len(s)*50/100], s[min(len(s)-1, len(s)*99/100)]
+}

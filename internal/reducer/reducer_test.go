@@ -1,0 +1,511 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// replay recomputes a run sequentially with plain loops: for each applied
+// step in version order, sum the members' gradients in reduction order
+// (float32, starting from zero, each times its weight), apply the
+// reduction, clip by the float64 global norm, step the optimizer.
+func replay(t *testing.T, init *tensor.StateDict, mc ModelConfig, recs []applyRec, grad func(reduce.ID) *tensor.StateDict) *tensor.StateDict {
+	t.Helper()
+	mc.Model = "m"
+	if err := mc.validate(); err != nil {
+		t.Fatal(err)
+	}
+	params := init.Clone()
+	opt, err := optim.New(mc.Optimizer, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].version < recs[j].version })
+	for _, r := range recs {
+		sum := params.Clone()
+		for _, tn := range sum.Tensors() {
+			clear(f32(t, sum, tn.Name))
+		}
+		for i, id := range r.members {
+			g := grad(id)
+			for _, tn := range sum.Tensors() {
+				s, x := f32(t, sum, tn.Name), f32(t, g, tn.Name)
+				for j := range s {
+					s[j] += r.weights[i] * x[j]
+				}
+			}
+		}
+		var ss float64
+		for _, tn := range sum.Tensors() {
+			s := f32(t, sum, tn.Name)
+			if mc.Reduction == reduce.Mean {
+				k := float32(1 / float64(len(r.members)))
+				for j := range s {
+					s[j] *= k
+				}
+			}
+			for _, v := range s {
+				ss += float64(v) * float64(v)
+			}
+		}
+		if norm := math.Sqrt(ss); mc.GradientMax > 0 && norm > mc.GradientMax {
+			k := float32(mc.GradientMax / norm)
+			for _, tn := range sum.Tensors() {
+				s := f32(t, sum, tn.Name)
+				for j := range s {
+					s[j] *= k
+				}
+			}
+		}
+		if err := opt.Step(params, sum); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return params
+}
+
+// TestConcurrentClientsTwoSecondaries: 4 clients push 30 gradients each,
+// concurrently, through two secondaries. Every gradient is applied exactly
+// once; the final weights equal a sequential replay of the same batches in
+// the same order (tolerance: 1e-6 relative; the sums are bit-exact, only the
+// clip factor's float64 norm is summed in another order); the counters add
+// up.
+func TestConcurrentClientsTwoSecondaries(t *testing.T) {
+	const n, clients, pushes = 64, 4, 30
+	init := fill(testLayout(n), rand.New(rand.NewPCG(1, 2)), 1)
+	e := newTestEnv(t, Config{Secondaries: 2, BatchSize: 3, MaxWait: 2 * time.Millisecond, MaxQueue: 64}, init)
+	mc := ModelConfig{Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01}, Reduction: reduce.Mean, GradientMax: 0.5}
+	e.register(mc)
+	waitAttached(t, e.svc.Primary(), 2)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	used := make([]map[string]int, clients)
+	errc := make(chan error, clients)
+	for c := range clients {
+		id := fmt.Sprintf("client-%d", c)
+		cl := e.client(id, 0)
+		used[c] = map[string]int{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := uint64(1); s <= pushes; s++ {
+				base := e.newest().Version
+				rc, err := cl.PushGrad(ctx, "m", base, gradFor(n, id, s))
+				if err != nil {
+					errc <- fmt.Errorf("%s seq %d: %w", id, s, err)
+					return
+				}
+				if rc.Seq != s {
+					errc <- fmt.Errorf("%s: seq %d, want %d", id, rc.Seq, s)
+					return
+				}
+				used[c][rc.ID]++
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	st := e.waitSettled()
+
+	e.mu.Lock()
+	recs := slices.Clone(e.applied)
+	e.mu.Unlock()
+	seen := map[reduce.ID]int{}
+	for _, r := range recs {
+		for _, id := range r.members {
+			seen[id]++
+		}
+	}
+	if len(seen) != clients*pushes {
+		t.Fatalf("%d distinct gradients applied, want %d", len(seen), clients*pushes)
+	}
+	for id, k := range seen {
+		if k != 1 {
+			t.Fatalf("%v applied %d times", id, k)
+		}
+	}
+	for c := range clients {
+		if len(used[c]) != 2 {
+			t.Logf("client %d used secondaries %v (random choice)", c, used[c])
+		}
+	}
+	if st.Total.Pushed != clients*pushes || st.Total.Applied != clients*pushes || st.Total.DroppedTotal() != 0 {
+		t.Fatalf("counters: %+v", st.Total)
+	}
+	if st.Total.Reduced != st.Total.Applied || st.Total.Steps != uint64(len(recs)) {
+		t.Fatalf("reduced %d applied %d steps %d (%d applies seen)", st.Total.Reduced, st.Total.Applied, st.Total.Steps, len(recs))
+	}
+	for _, part := range []string{"secondary/s0", "secondary/s1"} {
+		if st.Parts[part].Pushed == 0 {
+			t.Errorf("%s took no pushes: %+v", part, st.Parts)
+		}
+	}
+
+	want := replay(t, init, mc, recs, func(id reduce.ID) *tensor.StateDict { return gradFor(n, id.Client, id.Seq) })
+	got := e.newest()
+	if got.Version != 1+uint64(len(recs)) {
+		t.Fatalf("store at version %d after %d steps from 1", got.Version, len(recs))
+	}
+	var maxRel float64
+	for _, name := range []string{"fc.weight", "fc.bias"} {
+		g, w := f32(t, got.Tensors, name), f32(t, want, name)
+		for i := range g {
+			d := math.Abs(float64(g[i]-w[i])) / math.Max(1e-3, math.Abs(float64(w[i])))
+			maxRel = max(maxRel, d)
+			if d > 1e-6 {
+				t.Fatalf("%s[%d] = %v, sequential reference %v", name, i, g[i], w[i])
+			}
+		}
+	}
+	t.Logf("%d steps over %d gradients; max relative difference to the sequential reference %.2g", len(recs), len(seen), maxRel)
+}
+
+// blockingStore holds every model push until release is closed.
+type blockingStore struct {
+	store.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingStore) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	select {
+	case b.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+		return store.Info{}, ctx.Err()
+	}
+	return b.Store.Push(ctx, req)
+}
+
+// TestRejections: each bad push is a clear gRPC error, counted under its
+// reason, and leaves the model unchanged.
+func TestRejections(t *testing.T) {
+	const n = 8
+	init := fill(testLayout(n), rand.New(rand.NewPCG(3, 4)), 1)
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, init)
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Staleness: reduce.Staleness{Policy: reduce.Drop, MaxLag: 1}})
+	waitAttached(t, e.svc.Primary(), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.client("rej", 1)
+
+	// One good push so version 2 exists and a duplicate can be tried.
+	if _, err := c.PushSeq(ctx, "m", 1, 1, gradFor(n, "rej", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSettled()
+	before := e.newest()
+	if before.Version != 2 {
+		t.Fatalf("version %d after one push", before.Version)
+	}
+	// Version 3, so base 1 is 2 behind (limit 1).
+	if _, err := c.PushSeq(ctx, "m", 2, 2, gradFor(n, "rej", 2)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSettled()
+	before = e.newest()
+
+	nan := gradFor(n, "rej", 9)
+	f32(t, nan, "fc.bias")[1] = float32(math.NaN())
+	inf := gradFor(n, "rej", 10)
+	f32(t, inf, "fc.weight")[3] = float32(math.Inf(1))
+	wrongShape, _ := tensor.NewStateDict(tensor.NewF32("fc.weight", 4, n), tensor.NewF32("fc.bias", 4))
+	wrongDType, _ := tensor.NewStateDict(tensor.NewF32("fc.weight", n, 4), &tensor.Tensor{Name: "fc.bias", DType: tensor.F16, Shape: []int64{4}, Data: make([]byte, 8)})
+	extra, _ := tensor.NewStateDict(tensor.NewF32("fc.weight", n, 4), tensor.NewF32("fc.bias", 4), tensor.NewF32("other", 1))
+
+	cases := []struct {
+		name   string
+		model  string
+		base   uint64
+		seq    uint64
+		g      *tensor.StateDict
+		code   codes.Code
+		is     error
+		reason reduce.Reason
+	}{
+		{"unknown model", "nope", 3, 20, gradFor(n, "rej", 20), codes.NotFound, errs.ErrNotFound, reduce.ReasonUnknownModel},
+		{"wrong shape", "m", 3, 21, wrongShape, codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonInvalid},
+		{"wrong dtype", "m", 3, 22, wrongDType, codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonInvalid},
+		{"extra tensor", "m", 3, 23, extra, codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonInvalid},
+		{"NaN", "m", 3, 24, nan, codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonNonFinite},
+		{"Inf", "m", 3, 25, inf, codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonNonFinite},
+		{"too stale", "m", 1, 26, gradFor(n, "rej", 26), codes.FailedPrecondition, errs.ErrStale, reduce.ReasonStale},
+		{"future version", "m", 9, 27, gradFor(n, "rej", 27), codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonInvalid},
+		{"duplicate", "m", 3, 2, gradFor(n, "rej", 2), codes.AlreadyExists, errs.ErrExists, reduce.ReasonDuplicate},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			prev := e.svc.Stats().Total
+			_, err := c.PushSeq(ctx, tc.model, tc.base, tc.seq, tc.g)
+			if errs.Code(err) != tc.code || !errors.Is(err, tc.is) {
+				t.Fatalf("got %v (code %v), want %v matching %v", err, errs.Code(err), tc.code, tc.is)
+			}
+			t.Logf("error: %v", err)
+			st := e.waitSettled().Total
+			if got := st.Dropped[tc.reason] - prev.Dropped[tc.reason]; got != 1 || st.Pushed != prev.Pushed+1 {
+				t.Fatalf("dropped[%s] +%d, pushed +%d; want +1, +1", tc.reason, got, st.Pushed-prev.Pushed)
+			}
+			after := e.newest()
+			if after.Version != before.Version || !slices.Equal(after.Blob, before.Blob) {
+				t.Fatalf("model changed: version %d → %d", before.Version, after.Version)
+			}
+		})
+	}
+	// The NaN push's claim was released: the same seq, fixed, is accepted.
+	if _, err := c.PushSeq(ctx, "m", 3, 24, gradFor(n, "rej", 24)); err != nil {
+		t.Fatalf("retry of a refused seq: %v", err)
+	}
+	e.waitSettled()
+	if v := e.newest().Version; v != before.Version+1 {
+		t.Fatalf("version %d after the fixed retry, want %d", v, before.Version+1)
+	}
+}
+
+// TestBoundedQueue: with the primary stuck publishing, a secondary holds at
+// most MaxQueue gradients and refuses the next with ResourceExhausted; once
+// the primary moves, everything held is applied.
+func TestBoundedQueue(t *testing.T) {
+	const n = 4
+	init := fill(testLayout(n), rand.New(rand.NewPCG(5, 6)), 1)
+	mem, _ := store.NewMemory(store.Config{})
+	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	pushModel(t, mem, "m", init)
+	e := newTestEnv(t, Config{Store: bs, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxQueue: 2}, init)
+	e.st = mem
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
+	waitAttached(t, e.svc.Primary(), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.client("q", 1)
+
+	if _, err := c.PushSeq(ctx, "m", 1, 1, gradFor(n, "q", 1)); err != nil {
+		t.Fatal(err)
+	}
+	<-bs.entered // batch 1 is stuck in the publish
+	if _, err := c.PushSeq(ctx, "m", 1, 2, gradFor(n, "q", 2)); err != nil {
+		t.Fatal(err) // held in the next batch
+	}
+	_, err := c.PushSeq(ctx, "m", 1, 3, gradFor(n, "q", 3))
+	if errs.Code(err) != codes.ResourceExhausted || !errors.Is(err, errs.ErrFull) {
+		t.Fatalf("third push: %v, want ResourceExhausted", err)
+	}
+	st := e.svc.Stats()
+	if st.QueueDepth != 2 || st.Total.Dropped[reduce.ReasonFull] != 1 {
+		t.Fatalf("queue depth %d, full drops %d", st.QueueDepth, st.Total.Dropped[reduce.ReasonFull])
+	}
+	if v := e.newest().Version; v != 1 {
+		t.Fatalf("model moved to %d while the publish was stuck", v)
+	}
+	close(bs.release)
+	st = e.waitSettled()
+	if st.Total.Applied != 2 || e.newest().Version != 3 {
+		t.Fatalf("after release: applied %d, version %d", st.Total.Applied, e.newest().Version)
+	}
+	// The refused seq can be pushed again now.
+	if _, err := c.PushSeq(ctx, "m", 3, 3, gradFor(n, "q", 3)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSettled()
+}
+
+// fakeClock fires timers only when advanced.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []fakeTimer
+}
+
+type fakeTimer struct {
+	at time.Time
+	c  chan time.Time
+}
+
+func (f *fakeClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fakeClock) At(t time.Time) (<-chan time.Time, func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := make(chan time.Time, 1)
+	if !t.After(f.now) {
+		c <- f.now
+	} else {
+		f.timers = append(f.timers, fakeTimer{t, c})
+	}
+	return c, func() {}
+}
+
+func (f *fakeClock) Advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+	keep := f.timers[:0]
+	for _, tm := range f.timers {
+		if !tm.at.After(f.now) {
+			tm.c <- f.now
+		} else {
+			keep = append(keep, tm)
+		}
+	}
+	f.timers = keep
+}
+
+// TestMaxWaitFlush: a batch short of reduce_batch_size is forwarded when
+// max_wait passes on the injected clock, and not before.
+func TestMaxWaitFlush(t *testing.T) {
+	const n = 4
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	init := fill(testLayout(n), rand.New(rand.NewPCG(7, 8)), 1)
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 3, MaxWait: time.Second, Clock: clk}, init)
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Reduction: reduce.Sum})
+	waitAttached(t, e.svc.Primary(), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.client("w", 1)
+	for s := uint64(1); s <= 2; s++ {
+		if _, err := c.PushSeq(ctx, "m", 1, s, gradFor(n, "w", s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(999 * time.Millisecond)
+	// Nothing may be published yet: the batch holds 2 of 3.
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	if snap, err := e.st.WaitNewer(short, "m", 1); err == nil {
+		t.Fatalf("version %d published before max_wait", snap.Version)
+	}
+	clk.Advance(time.Millisecond)
+	snap, err := e.st.WaitNewer(ctx, "m", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if snap.Version != 2 || len(e.applied) != 1 || len(e.applied[0].members) != 2 {
+		t.Fatalf("version %d, applies %+v", snap.Version, e.applied)
+	}
+}
+
+// TestStalenessDownWeight: a gradient one version behind is reduced with
+// weight 1/2, reported back to the client.
+func TestStalenessDownWeight(t *testing.T) {
+	const n = 4
+	init := fill(testLayout(n), rand.New(rand.NewPCG(9, 9)), 1)
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, init)
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 1}, Reduction: reduce.Sum, Staleness: reduce.Staleness{Policy: reduce.DownWeight}})
+	waitAttached(t, e.svc.Primary(), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.client("d", 1)
+	if _, err := c.PushSeq(ctx, "m", 1, 1, gradFor(n, "d", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSettled()
+	before := e.newest()
+	rc, err := c.PushSeq(ctx, "m", 1, 2, gradFor(n, "d", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Weight != 0.5 || rc.Version != 2 {
+		t.Fatalf("receipt %+v, want weight 0.5 at version 2", rc)
+	}
+	e.waitSettled()
+	after := e.newest()
+	g := gradFor(n, "d", 2)
+	for _, name := range []string{"fc.weight", "fc.bias"} {
+		p0, p1, x := f32(t, before.Tensors, name), f32(t, after.Tensors, name), f32(t, g, name)
+		for i := range p0 {
+			if want := p0[i] + float32(-1)*(0.5*x[i]); p1[i] != want {
+				t.Fatalf("%s[%d] = %v, want %v", name, i, p1[i], want)
+			}
+		}
+	}
+}
+
+// TestOptimizerCheckpointRestore: closing the reducer checkpoints the
+// optimizer state beside the model; a new reducer on the same store
+// restores it and continues exactly as an uninterrupted run.
+func TestOptimizerCheckpointRestore(t *testing.T) {
+	const n = 8
+	init := fill(testLayout(n), rand.New(rand.NewPCG(11, 12)), 1)
+	mc := ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.AdamW, LR: 0.01}, Reduction: reduce.Sum, CheckpointEvery: 1000}
+	st, _ := store.NewMemory(store.Config{})
+	defer st.Close()
+	pushModel(t, st, "m", init)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	run := func(p *Primary, sess uint64, from, to uint64) {
+		for s := from; s <= to; s++ {
+			id := reduce.ID{Client: "ck", Seq: s}
+			if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(n, "ck", s)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p1, _ := NewPrimary(PrimaryConfig{Store: st})
+	if _, _, err := p1.Register(ctx, mc); err != nil {
+		t.Fatal(err)
+	}
+	s1, _, _ := p1.Attach(ctx, Secondary{ID: "x"})
+	run(p1, s1, 1, 3)
+	if err := p1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2, _ := NewPrimary(PrimaryConfig{Store: st})
+	v, restored, err := p2.Register(ctx, mc)
+	if err != nil || v != 4 || restored != 3 {
+		t.Fatalf("re-register: version %d restored %d err %v", v, restored, err)
+	}
+	s2, _, _ := p2.Attach(ctx, Secondary{ID: "x"})
+	run(p2, s2, 4, 6)
+	defer p2.Close()
+
+	recs := make([]applyRec, 6)
+	for i := range recs {
+		recs[i] = applyRec{version: uint64(i + 2), members: []reduce.ID{{Client: "ck", Seq: uint64(i + 1)}}, weights: []float32{1}}
+	}
+	want := replay(t, init, mc, recs, func(id reduce.ID) *tensor.StateDict { return gradFor(n, id.Client, id.Seq) })
+	got, _ := st.Get(ctx, "m", 0)
+	for _, name := range []string{"fc.weight", "fc.bias"} {
+		if !slices.Equal(f32(t, got.Tensors, name), f32(t, want, name)) {
+			t.Fatalf("%s after restart differs from the uninterrupted replay", name)
+		}
+	}
+	// A different config for the same model is refused.
+	other := mc
+	other.Optimizer.LR = 0.5
+	if _, _, err := p2.Register(ctx, other); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("re-register with another config: %v", err)
+	}
+}

@@ -1,0 +1,172 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// RemotePrimary is an Upstream that reaches a primary over gRPC.
+type RemotePrimary struct {
+	c rlhubv1.ReducerPrimaryClient
+
+	mu       sync.Mutex
+	sessions map[uint64]*remoteSession
+}
+
+type remoteSession struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the reader goroutine ends
+}
+
+// NewRemotePrimary wraps a connection to a hub hosting the primary. The
+// caller owns conn and closes it after the secondaries using this.
+func NewRemotePrimary(conn grpc.ClientConnInterface) *RemotePrimary {
+	return &RemotePrimary{c: rlhubv1.NewReducerPrimaryClient(conn), sessions: map[uint64]*remoteSession{}}
+}
+
+var _ Upstream = (*RemotePrimary)(nil)
+var _ Upstream = (*Primary)(nil)
+
+// Attach opens the session stream; done closes when it breaks.
+func (r *RemotePrimary) Attach(ctx context.Context, s Secondary) (uint64, <-chan struct{}, error) {
+	sctx, cancel := context.WithCancel(context.Background())
+	stream, err := r.c.Attach(sctx, &rlhubv1.ReducerAttachRequest{Addr: s.Addr, Id: s.ID})
+	if err != nil {
+		cancel()
+		return 0, nil, errs.FromStatus(err)
+	}
+	first := make(chan error, 1)
+	var ev *rlhubv1.ReducerAttachEvent
+	go func() { // bounded by ctx below: cancel ends Recv
+		var err error
+		ev, err = stream.Recv()
+		first <- err
+	}()
+	select {
+	case err = <-first:
+	case <-ctx.Done():
+		cancel()
+		<-first
+		return 0, nil, ctx.Err()
+	}
+	if err != nil {
+		cancel()
+		return 0, nil, errs.FromStatus(err)
+	}
+	rs := &remoteSession{cancel: cancel, done: make(chan struct{})}
+	go func() { // owned by the session: ended by Detach (cancel) or a break
+		defer close(rs.done)
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	r.mu.Lock()
+	r.sessions[ev.GetSession()] = rs
+	r.mu.Unlock()
+	return ev.GetSession(), rs.done, nil
+}
+
+// Detach ends the session stream and waits for its reader.
+func (r *RemotePrimary) Detach(session uint64) {
+	r.mu.Lock()
+	rs := r.sessions[session]
+	delete(r.sessions, session)
+	r.mu.Unlock()
+	if rs != nil {
+		rs.cancel()
+		<-rs.done
+	}
+}
+
+func callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, 30*time.Second)
+}
+
+// Describe implements Upstream.
+func (r *RemotePrimary) Describe(ctx context.Context, model string) (Layout, error) {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
+	resp, err := r.c.Describe(ctx, &rlhubv1.ReducerDescribeRequest{Model: model})
+	if err != nil {
+		return Layout{}, errs.FromStatus(err)
+	}
+	sd, err := layoutFromProto(resp.GetTensors())
+	if err != nil {
+		return Layout{}, err
+	}
+	return Layout{Tensors: sd, Version: resp.GetVersion()}, nil
+}
+
+// Admit implements Upstream.
+func (r *RemotePrimary) Admit(ctx context.Context, session uint64, model string, id reduce.ID, base uint64) (float32, uint64, error) {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
+	resp, err := r.c.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: session, Model: model, ClientId: id.Client, Seq: id.Seq, BaseVersion: base})
+	if err != nil {
+		return 0, 0, errs.FromStatus(err)
+	}
+	return resp.GetWeight(), resp.GetVersion(), nil
+}
+
+// Release implements Upstream.
+func (r *RemotePrimary) Release(ctx context.Context, session uint64, model string, ids []reduce.ID) (int, error) {
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
+	resp, err := r.c.Release(ctx, &rlhubv1.ReducerReleaseRequest{Session: session, Model: model, Ids: idsToProto(ids)})
+	if err != nil {
+		return 0, errs.FromStatus(err)
+	}
+	return int(resp.GetReleased()), nil
+}
+
+// Forward implements Upstream: it streams the batch sum without copying it.
+func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
+	l, err := safetensors.Plan(b.Sum, nil)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := callCtx(ctx)
+	defer cancel()
+	stream, err := r.c.Forward(ctx)
+	if err != nil {
+		return 0, errs.FromStatus(err)
+	}
+	var first int64
+	if !b.FirstAdmitted.IsZero() {
+		first = b.FirstAdmitted.UnixNano()
+	}
+	hdr := &rlhubv1.ReducerForwardHeader{Session: b.Session, Ids: idsToProto(b.Members), Weights: b.Weights,
+		FirstAdmittedUnixNano: first,
+		Blob:                  &rlhubv1.BlobInfo{Model: b.Model, TotalBytes: uint64(l.Size)}}
+	err = stream.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Header{Header: hdr}})
+	if err == nil {
+		err = sendStateDict(l, func(p []byte) error {
+			return stream.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: p}}})
+		})
+	}
+	resp, rerr := stream.CloseAndRecv()
+	if rerr != nil {
+		return 0, errs.FromStatus(rerr)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: forward: %v", errs.ErrUnavailable, err)
+	}
+	return resp.GetVersion(), nil
+}
+
+var errNoHeader = errors.New("stream did not start with a header")

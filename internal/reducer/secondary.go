@@ -1,0 +1,473 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// Upstream is what a secondary needs of its primary: the in-process
+// *Primary or a gRPC client of a remote one (Dial).
+type Upstream interface {
+	// Attach opens a session. done is closed when the session is lost
+	// (nil: never, in process).
+	Attach(ctx context.Context, s Secondary) (session uint64, done <-chan struct{}, err error)
+	// Detach ends a session (its pending claims are released).
+	Detach(session uint64)
+	Describe(ctx context.Context, model string) (Layout, error)
+	Admit(ctx context.Context, session uint64, model string, id reduce.ID, base uint64) (weight float32, version uint64, err error)
+	// Release returns how many claims it released.
+	Release(ctx context.Context, session uint64, model string, ids []reduce.ID) (int, error)
+	Forward(ctx context.Context, b Batch) (version uint64, err error)
+}
+
+// SecondaryConfig configures one secondary reducer.
+type SecondaryConfig struct {
+	// ID names the secondary at its address; required.
+	ID string
+	// Addr returns the address clients reach it at; nil or "" means "the
+	// address the client asked the primary at" (in-process secondaries).
+	// While it returns "" for a remote primary, the secondary waits to
+	// attach.
+	Addr func() string
+	// Upstream is the primary; required.
+	Upstream Upstream
+	// BatchSize is reduce_batch_size: pushes per forwarded batch; 0 means 4.
+	BatchSize int
+	// MaxWait is max_wait: a batch is forwarded at most this long after its
+	// first push even if not full; 0 means 5ms.
+	MaxWait time.Duration
+	// MaxQueue is max_queue_size: gradients admitted or being received and
+	// not yet forwarded. A push beyond it fails with ResourceExhausted.
+	// 0 means 4×BatchSize.
+	MaxQueue int
+	// MaxGradBytes bounds one pushed blob; 0 means 1 GiB.
+	MaxGradBytes int64
+	// Clock; nil means the real clock.
+	Clock Clock
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *SecondaryConfig) validate() error {
+	if c.ID == "" {
+		return errors.New("reducer: SecondaryConfig.ID is required")
+	}
+	if c.Upstream == nil {
+		return errors.New("reducer: SecondaryConfig.Upstream is required")
+	}
+	if c.Addr == nil {
+		c.Addr = func() string { return "" }
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 4
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = 5 * time.Millisecond
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = 4 * c.BatchSize
+	}
+	if c.BatchSize < 1 || c.MaxWait < 0 || c.MaxQueue < 1 {
+		return fmt.Errorf("reducer: secondary %q: batch size %d, max wait %v, max queue %d must be positive", c.ID, c.BatchSize, c.MaxWait, c.MaxQueue)
+	}
+	if c.MaxGradBytes == 0 {
+		c.MaxGradBytes = 1 << 30
+	}
+	if c.Clock == nil {
+		c.Clock = realClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// SecondaryNode is one secondary reducer: it admits pushes, reduces them
+// into batches and forwards each batch to the primary. Each model it has
+// seen has one goroutine owning its batches; Close stops them all.
+type SecondaryNode struct {
+	cfg   SecondaryConfig
+	flush reduce.Flush
+	slots chan struct{} // the bounded queue: one token per gradient held
+
+	// Close cancels ctx (model loops and their forwards) and waits for
+	// wg, then cancels attachCtx and waits for attachWG, so that batches
+	// are settled before the session ends.
+	ctx          context.Context
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	attachCtx    context.Context
+	attachCancel context.CancelFunc
+	attachWG     sync.WaitGroup
+
+	mu       sync.Mutex
+	session  uint64 // 0 while not attached
+	models   map[string]*smodel
+	counters reduce.Counters
+	closed   bool
+}
+
+type smodel struct {
+	name   string
+	layout *tensor.StateDict
+	adds   chan addReq // to the owner loop
+}
+
+type addReq struct {
+	id     reduce.ID
+	grad   *tensor.StateDict
+	weight float32
+	at     time.Time
+	done   chan struct{} // closed once added
+}
+
+// NewSecondary starts a secondary: it attaches to its primary in the
+// background (retrying with backoff) and serves pushes once attached.
+func NewSecondary(cfg SecondaryConfig) (*SecondaryNode, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	actx, acancel := context.WithCancel(context.Background())
+	s := &SecondaryNode{cfg: cfg, flush: reduce.Flush{Size: cfg.BatchSize, MaxWait: cfg.MaxWait},
+		slots: make(chan struct{}, cfg.MaxQueue), ctx: ctx, cancel: cancel,
+		attachCtx: actx, attachCancel: acancel, models: map[string]*smodel{}}
+	s.attachWG.Add(1)
+	go func() { defer s.attachWG.Done(); s.attachLoop() }()
+	return s, nil
+}
+
+// ID returns the secondary's id.
+func (s *SecondaryNode) ID() string { return s.cfg.ID }
+
+// attachLoop keeps a session with the primary until Close.
+func (s *SecondaryNode) attachLoop() {
+	backoff := 10 * time.Millisecond
+	for s.attachCtx.Err() == nil {
+		addr := s.cfg.Addr()
+		_, remote := s.cfg.Upstream.(*RemotePrimary)
+		if addr == "" && remote {
+			if !sleepCtx(s.attachCtx, 10*time.Millisecond) {
+				return
+			}
+			continue
+		}
+		actx, cancel := context.WithTimeout(s.attachCtx, 5*time.Second)
+		sess, done, err := s.cfg.Upstream.Attach(actx, Secondary{Addr: addr, ID: s.cfg.ID})
+		cancel()
+		if err != nil {
+			s.cfg.Logger.Debug("reducer: secondary cannot attach", "id", s.cfg.ID, "err", err)
+			if !sleepCtx(s.attachCtx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		s.mu.Lock()
+		s.session = sess
+		s.mu.Unlock()
+		s.cfg.Logger.Debug("reducer: secondary attached", "id", s.cfg.ID, "session", sess)
+		select {
+		case <-done:
+			s.cfg.Logger.Warn("reducer: secondary lost its primary session", "id", s.cfg.ID, "session", sess)
+		case <-s.attachCtx.Done():
+		}
+		s.mu.Lock()
+		s.session = 0
+		s.mu.Unlock()
+		s.cfg.Upstream.Detach(sess)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Attached reports whether the secondary has a live primary session.
+func (s *SecondaryNode) Attached() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.session != 0
+}
+
+func (s *SecondaryNode) drop(r reduce.Reason) {
+	s.mu.Lock()
+	s.counters.Drop(r, 1)
+	s.mu.Unlock()
+}
+
+// PushHeader is what a push announces before its bytes.
+type PushHeader struct {
+	Model       string
+	BaseVersion uint64
+	ID          reduce.ID
+	TotalBytes  uint64
+}
+
+// PushResult is a push's outcome.
+type PushResult struct {
+	Version uint64  // the model's version at admission
+	Weight  float32 // the staleness weight
+}
+
+// Push admits one gradient. recv returns its safetensors bytes chunk by
+// chunk and io.EOF at the end. Every call counts one pushed gradient, and
+// a failure counts it dropped with the reason matching the error.
+func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv func() ([]byte, error)) (PushResult, error) {
+	s.mu.Lock()
+	s.counters.Pushed++
+	sess, closed := s.session, s.closed
+	s.mu.Unlock()
+	if closed {
+		s.drop(reduce.ReasonLost)
+		return PushResult{}, fmt.Errorf("%w: secondary %q is closed", errs.ErrUnavailable, s.cfg.ID)
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		s.drop(reduce.ReasonFull)
+		return PushResult{}, fmt.Errorf("%w: secondary %q queue is full (%d gradients)", errs.ErrFull, s.cfg.ID, s.cfg.MaxQueue)
+	}
+	held := true
+	defer func() {
+		if held {
+			<-s.slots
+		}
+	}()
+	if sess == 0 {
+		s.drop(reduce.ReasonLost)
+		return PushResult{}, fmt.Errorf("%w: secondary %q is not attached to a primary", errs.ErrUnavailable, s.cfg.ID)
+	}
+	if h.ID.Client == "" {
+		s.drop(reduce.ReasonInvalid)
+		return PushResult{}, fmt.Errorf("%w: push without a client id", errs.ErrInvalid)
+	}
+	m, err := s.model(ctx, h.Model)
+	if err != nil {
+		s.drop(reduce.ReasonOf(err))
+		return PushResult{}, err
+	}
+	weight, version, err := s.cfg.Upstream.Admit(ctx, sess, h.Model, h.ID, h.BaseVersion)
+	if err != nil {
+		s.drop(reduce.ReasonOf(err))
+		return PushResult{}, err
+	}
+	at := s.cfg.Clock.Now()
+	release := func(r reduce.Reason, err error) (PushResult, error) {
+		s.releaseAndCount(sess, h.Model, []reduce.ID{h.ID}, r)
+		return PushResult{}, err
+	}
+	g, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, recv)
+	if err != nil {
+		r := reduce.ReasonAborted
+		if errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrFull) {
+			r = reduce.ReasonInvalid
+		}
+		return release(r, err)
+	}
+	if nonFinite, err := reduce.CheckGradient(m.layout, g); err != nil {
+		r := reduce.ReasonInvalid
+		if nonFinite {
+			r = reduce.ReasonNonFinite
+		}
+		return release(r, err)
+	}
+	a := addReq{id: h.ID, grad: g, weight: weight, at: at, done: make(chan struct{})}
+	select {
+	case m.adds <- a:
+	case <-ctx.Done():
+		return release(reduce.ReasonAborted, ctx.Err())
+	case <-s.ctx.Done():
+		return release(reduce.ReasonLost, fmt.Errorf("%w: secondary %q is closing", errs.ErrUnavailable, s.cfg.ID))
+	}
+	<-a.done // the loop always answers an add it took
+	held = false // the slot now belongs to the batch
+	return PushResult{Version: version, Weight: weight}, nil
+}
+
+// model returns the model's state, fetching its layout from the primary and
+// starting its loop on first use.
+func (s *SecondaryNode) model(ctx context.Context, name string) (*smodel, error) {
+	s.mu.Lock()
+	m := s.models[name]
+	s.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	l, err := s.cfg.Upstream.Describe(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.models[name]; m != nil {
+		return m, nil
+	}
+	if s.closed {
+		return nil, fmt.Errorf("%w: secondary %q is closed", errs.ErrUnavailable, s.cfg.ID)
+	}
+	m = &smodel{name: name, layout: l.Tensors, adds: make(chan addReq)}
+	s.models[name] = m
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.loop(m) }()
+	return m, nil
+}
+
+type fwdResult struct {
+	b    *reduce.Batch
+	sess uint64
+	err  error
+}
+
+// loop owns m's batches: the one filling (cur) and at most one being
+// forwarded. It ends when the secondary closes, after its forward returns;
+// gradients still in cur are released and counted lost.
+func (s *SecondaryNode) loop(m *smodel) {
+	cur := reduce.NewBatch(m.layout)
+	var spare *reduce.Batch
+	inflight := false
+	fwdDone := make(chan fwdResult, 1)
+	var timerC <-chan time.Time
+	stopTimer := func() {}
+	start := func() {
+		stopTimer()
+		timerC, stopTimer = nil, func() {}
+		b := cur
+		if spare != nil {
+			cur, spare = spare, nil
+		} else {
+			cur = reduce.NewBatch(m.layout)
+		}
+		inflight = true
+		s.mu.Lock()
+		sess := s.session
+		s.mu.Unlock()
+		go func() { // waited for: the loop does not return while inflight
+			_, err := s.cfg.Upstream.Forward(s.ctx, Batch{Session: sess, Model: m.name,
+				Members: b.Members(), Weights: b.Weights(), Sum: b.Sum(), FirstAdmitted: b.First()})
+			fwdDone <- fwdResult{b, sess, err}
+		}()
+	}
+	finish := func(r fwdResult) {
+		inflight = false
+		n := r.b.Len()
+		if r.err != nil {
+			reason := reduce.ReasonLost
+			if errors.Is(r.err, errs.ErrInvalid) {
+				reason = reduce.ReasonNonFinite // members were checked: only an overflowing sum is invalid
+			}
+			s.cfg.Logger.Warn("reducer: forward failed", "secondary", s.cfg.ID, "model", m.name, "gradients", n, "err", r.err)
+			s.releaseAndCount(r.sess, m.name, r.b.Members(), reason)
+		} else {
+			s.mu.Lock()
+			s.counters.Reduced += uint64(n)
+			s.mu.Unlock()
+		}
+		for range n {
+			<-s.slots
+		}
+		r.b.Reset()
+		spare = r.b
+	}
+	for {
+		adds := m.adds
+		if cur.Len() >= s.flush.Size { // full and waiting for the forward
+			adds = nil
+		}
+		select {
+		case a := <-adds:
+			cur.Add(a.id, a.grad, a.weight, a.at)
+			close(a.done)
+			if cur.Len() == 1 {
+				d, _ := s.flush.Deadline(cur)
+				timerC, stopTimer = s.cfg.Clock.At(d)
+			}
+			if !inflight && s.flush.Due(cur, s.cfg.Clock.Now()) {
+				start()
+			}
+		case <-timerC:
+			timerC = nil
+			if !inflight && cur.Len() > 0 {
+				start()
+			}
+		case r := <-fwdDone:
+			finish(r)
+			if cur.Len() > 0 && s.flush.Due(cur, s.cfg.Clock.Now()) {
+				start()
+			}
+		case <-s.ctx.Done():
+			stopTimer()
+			if inflight {
+				finish(<-fwdDone)
+			}
+			if n := cur.Len(); n > 0 {
+				s.mu.Lock()
+				sess := s.session
+				s.mu.Unlock()
+				s.releaseAndCount(sess, m.name, cur.Members(), reduce.ReasonLost)
+				for range n {
+					<-s.slots
+				}
+			}
+			return
+		}
+	}
+}
+
+// releaseAndCount gives back session's claims on ids that will not be
+// applied and counts the ones released as dropped for r. Claims it cannot
+// release were already released and counted lost by the primary when the
+// session ended; counting them here too would count them twice.
+func (s *SecondaryNode) releaseAndCount(session uint64, model string, ids []reduce.ID, r reduce.Reason) {
+	if session == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, err := s.cfg.Upstream.Release(ctx, session, model, ids)
+	if err != nil {
+		s.cfg.Logger.Warn("reducer: release failed", "secondary", s.cfg.ID, "model", model, "err", err)
+	}
+	if n > 0 {
+		s.mu.Lock()
+		s.counters.Drop(r, uint64(n))
+		s.mu.Unlock()
+	}
+}
+
+// Stats returns the secondary's counters and its queue depth.
+func (s *SecondaryNode) Stats() (reduce.Counters, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counters.Clone(), len(s.slots)
+}
+
+// Close stops taking pushes, ends every model loop (gradients not yet
+// forwarded are released and counted lost), detaches and waits for all its
+// goroutines. Safe to call twice.
+func (s *SecondaryNode) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	s.attachCancel()
+	s.attachWG.Wait()
+	return nil
+}

@@ -1,0 +1,421 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Config configures the reducer service a hub hosts: the primary (unless
+// Primary names a remote one) and Secondaries secondaries.
+type Config struct {
+	// Primary is the address of a remote primary; "" hosts the primary
+	// here (then Store is required).
+	Primary string
+	// Store is the model store the hosted primary reads and publishes to.
+	Store ModelStore
+	// Secondaries is how many secondaries are hosted here; 0 means none
+	// (a primary-only hub). It must be ≥ 1 with a remote primary.
+	Secondaries int
+	// Addr returns the address clients reach this hub at (for secondaries
+	// of a remote primary); nil means "" (clients use the address they
+	// asked the primary at).
+	Addr func() string
+	// BatchSize, MaxWait, MaxQueue, MaxGradBytes: see SecondaryConfig.
+	BatchSize    int
+	MaxWait      time.Duration
+	MaxQueue     int
+	MaxGradBytes int64
+	// Clock; nil means the real clock.
+	Clock Clock
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// OnApply: see PrimaryConfig.
+	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
+}
+
+func (c *Config) validate() error {
+	if c.Secondaries < 0 || (c.Primary != "" && c.Secondaries == 0) {
+		return fmt.Errorf("reducer: %d secondaries (a remote primary needs at least one here)", c.Secondaries)
+	}
+	if c.Primary == "" && c.Store == nil {
+		return errors.New("reducer: hosting the primary needs a Store")
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Service is the reducer as a hub hosts it: the gRPC Reducer service (and
+// ReducerPrimary when the primary is here) over a Primary and
+// SecondaryNodes.
+type Service struct {
+	cfg         Config
+	primary     *Primary // nil with a remote primary
+	remoteConn  *grpc.ClientConn
+	secondaries []*SecondaryNode
+	byID        map[string]*SecondaryNode
+	closeOnce   sync.Once
+	closeErr    error
+
+	// sessions ends Attach streams on Drain/Close.
+	drainOnce sync.Once
+	drained   chan struct{}
+}
+
+// New opens the reducer: the primary (if hosted) and the secondaries,
+// which attach in the background.
+func New(cfg Config) (*Service, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, byID: map[string]*SecondaryNode{}, drained: make(chan struct{})}
+	var up Upstream
+	if cfg.Primary == "" {
+		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply})
+		if err != nil {
+			return nil, err
+		}
+		s.primary, up = p, p
+	} else {
+		conn, err := grpc.NewClient(cfg.Primary, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+		if err != nil {
+			return nil, fmt.Errorf("reducer: dial primary %s: %w", cfg.Primary, err)
+		}
+		s.remoteConn, up = conn, NewRemotePrimary(conn)
+	}
+	for i := range cfg.Secondaries {
+		id := "s" + strconv.Itoa(i)
+		sec, err := NewSecondary(SecondaryConfig{ID: id, Addr: cfg.Addr, Upstream: up,
+			BatchSize: cfg.BatchSize, MaxWait: cfg.MaxWait, MaxQueue: cfg.MaxQueue, MaxGradBytes: cfg.MaxGradBytes,
+			Clock: cfg.Clock, Logger: cfg.Logger})
+		if err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		s.secondaries = append(s.secondaries, sec)
+		s.byID[id] = sec
+	}
+	return s, nil
+}
+
+// Primary returns the hosted primary, or nil.
+func (s *Service) Primary() *Primary { return s.primary }
+
+// SecondaryNodes returns the hosted secondaries.
+func (s *Service) SecondaryNodes() []*SecondaryNode { return s.secondaries }
+
+// Register implements hub.Service.
+func (s *Service) Register(g *grpc.Server) {
+	rlhubv1.RegisterReducerServer(g, &reducerServer{s: s})
+	if s.primary != nil {
+		rlhubv1.RegisterReducerPrimaryServer(g, &primaryServer{p: s.primary, drained: s.drained})
+	}
+}
+
+// Drain ends the Attach streams so a graceful stop does not wait on them.
+func (s *Service) Drain() { s.drainOnce.Do(func() { close(s.drained) }) }
+
+// Close stops the secondaries (releasing what they hold), then the primary
+// (checkpointing optimizer states). Safe to call twice.
+func (s *Service) Close() error {
+	s.closeOnce.Do(func() {
+		s.Drain()
+		var out []error
+		for _, sec := range s.secondaries {
+			out = append(out, sec.Close())
+		}
+		if s.primary != nil {
+			out = append(out, s.primary.Close())
+		}
+		if s.remoteConn != nil {
+			out = append(out, s.remoteConn.Close())
+		}
+		s.closeErr = errors.Join(out...)
+	})
+	return s.closeErr
+}
+
+// Stats sums the counters of everything hosted here.
+type Stats struct {
+	Total      reduce.Counters
+	Parts      map[string]reduce.Counters
+	QueueDepth int
+	Versions   map[string]uint64
+	P50, P99   time.Duration // admitted → published, at the primary
+}
+
+// Stats returns the counters of the hosted primary and secondaries.
+func (s *Service) Stats() Stats {
+	st := Stats{Parts: map[string]reduce.Counters{}, Versions: map[string]uint64{}}
+	if s.primary != nil {
+		c, v, p50, p99 := s.primary.Stats()
+		st.Parts["primary"], st.Versions, st.P50, st.P99 = c, v, p50, p99
+		st.Total.Merge(c)
+	}
+	for _, sec := range s.secondaries {
+		c, q := sec.Stats()
+		st.Parts["secondary/"+sec.ID()] = c
+		st.Total.Merge(c)
+		st.QueueDepth += q
+	}
+	return st
+}
+
+func countersProto(c reduce.Counters, q int) *rlhubv1.ReducerCounters {
+	d := map[string]uint64{}
+	for r, n := range c.Dropped {
+		d[string(r)] = n
+	}
+	return &rlhubv1.ReducerCounters{Pushed: c.Pushed, Reduced: c.Reduced, Applied: c.Applied, Steps: c.Steps, Dropped: d, QueueDepth: int64(q)}
+}
+
+// reducerServer is the gRPC face of a Service.
+type reducerServer struct {
+	rlhubv1.UnimplementedReducerServer
+	s *Service
+}
+
+// Stats implements rlhubv1.ReducerServer.
+func (rs *reducerServer) Stats(context.Context, *rlhubv1.ReducerStatsRequest) (*rlhubv1.ReducerStatsResponse, error) {
+	s := rs.s
+	st := s.Stats()
+	resp := &rlhubv1.ReducerStatsResponse{Total: countersProto(st.Total, st.QueueDepth), Parts: map[string]*rlhubv1.ReducerCounters{},
+		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()), Versions: st.Versions}
+	for name, c := range st.Parts {
+		resp.Parts[name] = countersProto(c, 0)
+	}
+	for _, sec := range s.secondaries {
+		_, q := sec.Stats()
+		resp.Parts["secondary/"+sec.ID()].QueueDepth = int64(q)
+	}
+	return resp, nil
+}
+
+// RegisterModel is the Go form of the Register RPC.
+func (s *Service) RegisterModel(ctx context.Context, mc ModelConfig) (version, restored uint64, err error) {
+	if s.primary == nil {
+		return 0, 0, fmt.Errorf("%w: this hub's reducer primary is at %s", errs.ErrUnavailable, s.cfg.Primary)
+	}
+	return s.primary.Register(ctx, mc)
+}
+
+// ModelConfigFromProto converts a Register request.
+func ModelConfigFromProto(r *rlhubv1.ReducerRegisterRequest) ModelConfig {
+	o := r.GetOptimizer()
+	return ModelConfig{
+		Model: r.GetModel(),
+		Optimizer: optim.Config{Kind: optim.Kind(o.GetKind()), LR: o.GetLr(), WeightDecay: o.GetWeightDecay(),
+			Momentum: o.GetMomentum(), Dampening: o.GetDampening(), Nesterov: o.GetNesterov(),
+			Beta1: o.GetBeta1(), Beta2: o.GetBeta2(), Eps: o.GetEps(), Alpha: o.GetAlpha(), Centered: o.GetCentered(),
+			Schedule: optim.Schedule{Kind: optim.ScheduleKind(o.GetSchedule()), StepSize: o.GetStepSize(), Gamma: o.GetGamma(),
+				TMax: o.GetTMax(), MinLR: o.GetMinLr(), WarmupSteps: o.GetWarmupSteps(), WarmupStart: o.GetWarmupStart()}},
+		Reduction:       reduce.Reduction(r.GetReduction()),
+		GradientMax:     r.GetGradientMax(),
+		Staleness:       reduce.Staleness{Policy: reduce.Policy(r.GetStaleness()), MaxLag: r.GetMaxLag()},
+		CheckpointEvery: r.GetCheckpointEvery(),
+	}
+}
+
+// ModelConfigToProto is the inverse of ModelConfigFromProto.
+func ModelConfigToProto(mc ModelConfig) *rlhubv1.ReducerRegisterRequest {
+	o := mc.Optimizer
+	return &rlhubv1.ReducerRegisterRequest{
+		Model: mc.Model,
+		Optimizer: &rlhubv1.ReducerOptimizer{Kind: string(o.Kind), Lr: o.LR, WeightDecay: o.WeightDecay, Momentum: o.Momentum,
+			Dampening: o.Dampening, Nesterov: o.Nesterov, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, Alpha: o.Alpha,
+			Centered: o.Centered, Schedule: string(o.Schedule.Kind), StepSize: o.Schedule.StepSize, Gamma: o.Schedule.Gamma,
+			TMax: o.Schedule.TMax, MinLr: o.Schedule.MinLR, WarmupSteps: o.Schedule.WarmupSteps, WarmupStart: o.Schedule.WarmupStart},
+		Reduction: string(mc.Reduction), GradientMax: mc.GradientMax,
+		Staleness: string(mc.Staleness.Policy), MaxLag: mc.Staleness.MaxLag, CheckpointEvery: mc.CheckpointEvery,
+	}
+}
+
+// Register implements rlhubv1.ReducerServer.
+func (rs *reducerServer) Register(ctx context.Context, r *rlhubv1.ReducerRegisterRequest) (*rlhubv1.ReducerRegisterResponse, error) {
+	v, restored, err := rs.s.RegisterModel(ctx, ModelConfigFromProto(r))
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &rlhubv1.ReducerRegisterResponse{Version: v, RestoredSteps: restored}, nil
+}
+
+// Secondaries implements rlhubv1.ReducerServer.
+func (rs *reducerServer) Secondaries(context.Context, *rlhubv1.ReducerSecondariesRequest) (*rlhubv1.ReducerSecondariesResponse, error) {
+	p := rs.s.primary
+	if p == nil {
+		return nil, errs.ToStatus(fmt.Errorf("%w: this hub's reducer primary is at %s", errs.ErrUnavailable, rs.s.cfg.Primary))
+	}
+	resp := &rlhubv1.ReducerSecondariesResponse{}
+	for _, sec := range p.Secondaries() {
+		resp.Secondaries = append(resp.Secondaries, &rlhubv1.ReducerSecondary{Addr: sec.Addr, Id: sec.ID})
+	}
+	return resp, nil
+}
+
+// Push implements rlhubv1.ReducerServer.
+func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, err))
+	}
+	h := first.GetHeader()
+	if h == nil || h.GetBlob() == nil {
+		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, errNoHeader))
+	}
+	sec, err := rs.s.pick(h.GetSecondary())
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	recv := func() ([]byte, error) {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil, err // io.EOF at the end
+		}
+		c := m.GetChunk()
+		if c == nil {
+			return nil, fmt.Errorf("%w: push: a second header", errs.ErrInvalid)
+		}
+		return c.GetData(), nil
+	}
+	res, err := sec.Push(stream.Context(), PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
+		ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, recv)
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	return stream.SendAndClose(&rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight})
+}
+
+// pick returns the named secondary, or a random attached one for "".
+func (s *Service) pick(id string) (*SecondaryNode, error) {
+	if id != "" {
+		if sec, ok := s.byID[id]; ok {
+			return sec, nil
+		}
+		return nil, fmt.Errorf("%w: no secondary %q here", errs.ErrUnavailable, id)
+	}
+	var live []*SecondaryNode
+	for _, sec := range s.secondaries {
+		if sec.Attached() {
+			live = append(live, sec)
+		}
+	}
+	if len(live) == 0 {
+		return nil, fmt.Errorf("%w: no attached secondary here", errs.ErrUnavailable)
+	}
+	return live[rand.IntN(len(live))], nil
+}
+
+// primaryServer is the gRPC face of a hosted Primary.
+type primaryServer struct {
+	rlhubv1.UnimplementedReducerPrimaryServer
+	p       *Primary
+	drained <-chan struct{}
+}
+
+// Attach implements rlhubv1.ReducerPrimaryServer: the session lives as long
+// as the stream.
+func (ps *primaryServer) Attach(req *rlhubv1.ReducerAttachRequest, stream rlhubv1.ReducerPrimary_AttachServer) error {
+	if req.GetId() == "" {
+		return errs.ToStatus(fmt.Errorf("%w: attach without a secondary id", errs.ErrInvalid))
+	}
+	sess, _, err := ps.p.Attach(stream.Context(), Secondary{Addr: req.GetAddr(), ID: req.GetId()})
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	defer ps.p.Detach(sess)
+	if err := stream.Send(&rlhubv1.ReducerAttachEvent{Session: sess}); err != nil {
+		return err
+	}
+	select {
+	case <-stream.Context().Done():
+		return nil
+	case <-ps.drained:
+		return errs.ToStatus(fmt.Errorf("%w: reducer primary is stopping", errs.ErrUnavailable))
+	}
+}
+
+// Describe implements rlhubv1.ReducerPrimaryServer.
+func (ps *primaryServer) Describe(ctx context.Context, req *rlhubv1.ReducerDescribeRequest) (*rlhubv1.ReducerDescribeResponse, error) {
+	l, err := ps.p.Describe(ctx, req.GetModel())
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &rlhubv1.ReducerDescribeResponse{Tensors: layoutToProto(l.Tensors), Version: l.Version}, nil
+}
+
+// Admit implements rlhubv1.ReducerPrimaryServer.
+func (ps *primaryServer) Admit(ctx context.Context, req *rlhubv1.ReducerAdmitRequest) (*rlhubv1.ReducerAdmitResponse, error) {
+	w, v, err := ps.p.Admit(ctx, req.GetSession(), req.GetModel(), reduce.ID{Client: req.GetClientId(), Seq: req.GetSeq()}, req.GetBaseVersion())
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &rlhubv1.ReducerAdmitResponse{Weight: w, Version: v}, nil
+}
+
+// Release implements rlhubv1.ReducerPrimaryServer.
+func (ps *primaryServer) Release(ctx context.Context, req *rlhubv1.ReducerReleaseRequest) (*rlhubv1.ReducerReleaseResponse, error) {
+	n, err := ps.p.Release(ctx, req.GetSession(), req.GetModel(), idsFromProto(req.GetIds()))
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &rlhubv1.ReducerReleaseResponse{Released: uint32(n)}, nil
+}
+
+// Forward implements rlhubv1.ReducerPrimaryServer.
+func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, err))
+	}
+	h := first.GetHeader()
+	if h == nil || h.GetBlob() == nil {
+		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, errNoHeader))
+	}
+	l, err := ps.p.Describe(stream.Context(), h.GetBlob().GetModel())
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	sum, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), func() ([]byte, error) {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if m.GetChunk() == nil {
+			return nil, fmt.Errorf("%w: forward: a second header", errs.ErrInvalid)
+		}
+		return m.GetChunk().GetData(), nil
+	})
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w: forward stream broke: %v", errs.ErrAborted, err)
+		}
+		return errs.ToStatus(err)
+	}
+	var first0 time.Time
+	if ns := h.GetFirstAdmittedUnixNano(); ns != 0 {
+		first0 = time.Unix(0, ns)
+	}
+	v, err := ps.p.Forward(stream.Context(), Batch{Session: h.GetSession(), Model: h.GetBlob().GetModel(),
+		Members: idsFromProto(h.GetIds()), Weights: h.GetWeights(), Sum: sum, FirstAdmitted: first0})
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	return stream.SendAndClose(&rlhubv1.ReducerForwardResponse{Version: v})
+}
