@@ -145,14 +145,14 @@ type pmodel struct {
 
 	// mu guards the fields below; version is written with stepMu held
 	// too, so holding either is enough to read it.
-	mu       sync.Mutex
-	ledger   *reduce.Ledger
-	version  uint64
+	mu      sync.Mutex
+	ledger  *reduce.Ledger
+	version uint64
 	// publishing is true while version+1 is being published: it may
 	// already be visible in the store, so admissions accept it as a base.
 	publishing bool
 	counters   reduce.Counters
-	failed   error // a publish failed: the model refuses forwards
+	failed     error // a publish failed: the model refuses forwards
 }
 
 // NewPrimary returns a primary with no models.

@@ -296,7 +296,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv func() ([]b
 	case <-s.ctx.Done():
 		return release(reduce.ReasonLost, fmt.Errorf("%w: secondary %q is closing", errs.ErrUnavailable, s.cfg.ID))
 	}
-	<-a.done // the loop always answers an add it took
+	<-a.done     // the loop always answers an add it took
 	held = false // the slot now belongs to the batch
 	return PushResult{Version: version, Weight: weight}, nil
 }
