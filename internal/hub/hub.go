@@ -28,6 +28,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -47,6 +48,11 @@ type Config struct {
 	// Store configures the model store (retention, size and name limits);
 	// the zero value means the store's defaults.
 	Store store.Config
+	// Reducer configures the gradient reducer: where its primary is
+	// (Primary "" hosts it here, over this hub's store), how many
+	// secondaries run here (0 means 1), batching and queue bounds. Store
+	// and Addr are filled by the hub.
+	Reducer reducer.Config
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
@@ -176,6 +182,22 @@ func (h *Hub) builtinServices() ([]Service, error) {
 		return nil, errors.Join(err, arsSvc.Close(), agg.Close(), ss.Close())
 	}
 	out = append(out, ws)
+	rcfg := h.cfg.Reducer
+	rcfg.Store = h.store
+	rcfg.Addr = func() string {
+		if a := h.Addr(); a != nil {
+			return a.String()
+		}
+		return ""
+	}
+	if rcfg.Logger == nil {
+		rcfg.Logger = h.cfg.Logger
+	}
+	red, err := reducer.New(rcfg)
+	if err != nil {
+		return nil, errors.Join(err, ws.Close(), arsSvc.Close(), agg.Close(), ss.Close())
+	}
+	out = append(out, red)
 	return out, nil
 }
 

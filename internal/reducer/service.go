@@ -28,8 +28,9 @@ type Config struct {
 	Primary string
 	// Store is the model store the hosted primary reads and publishes to.
 	Store ModelStore
-	// Secondaries is how many secondaries are hosted here; 0 means none
-	// (a primary-only hub). It must be ≥ 1 with a remote primary.
+	// Secondaries is how many secondaries are hosted here; 0 means 1 and
+	// a negative number none (a primary-only hub). A remote primary needs
+	// at least one.
 	Secondaries int
 	// Addr returns the address clients reach this hub at (for secondaries
 	// of a remote primary); nil means "" (clients use the address they
@@ -49,8 +50,14 @@ type Config struct {
 }
 
 func (c *Config) validate() error {
-	if c.Secondaries < 0 || (c.Primary != "" && c.Secondaries == 0) {
-		return fmt.Errorf("reducer: %d secondaries (a remote primary needs at least one here)", c.Secondaries)
+	if c.Secondaries == 0 {
+		c.Secondaries = 1
+	}
+	if c.Secondaries < 0 {
+		if c.Primary != "" {
+			return fmt.Errorf("reducer: no secondaries: a remote primary needs at least one here")
+		}
+		c.Secondaries = 0
 	}
 	if c.Primary == "" && c.Store == nil {
 		return errors.New("reducer: hosting the primary needs a Store")
