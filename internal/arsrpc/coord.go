@@ -95,6 +95,9 @@ func normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	if s.Noise == 0 {
 		s.Noise = d.Hyper.Noise
 	}
+	if s.Shift == 0 {
+		s.Shift = d.Hyper.Shift // a zero shift is "unset" on the wire
+	}
 	if s.EvalEvery == 0 {
 		s.EvalEvery = uint32(d.EvalEvery)
 	}
