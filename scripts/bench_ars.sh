@@ -57,15 +57,17 @@ import json, sys, statistics, hashlib
 out, name, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 res, digests = {}, set()
 for w in (1, 2):
-    walls, steps = [], None
+    walls, cpus, hubs, steps = [], [], [], None
     for r in range(1, reps + 1):
         d = f"{out}/scale-{name}-w{w}-r{r}"
         s = json.load(open(f"{d}/summary.json"))
         walls.append(s["wall_seconds"]); steps = s["env_steps"]
+        cpus.append(s["worker_cpu_seconds"]); hubs.append(s["train_process_cpu_seconds"])
         digests.add(hashlib.sha256(open(f"{d}/policy.safetensors", "rb").read()).hexdigest())
-    res[w] = (statistics.median(walls), steps)
-for w, (wall, steps) in res.items():
-    print(f"{name}: {w} worker(s): {steps} steps in {wall:.3f} s median -> {steps / wall:,.0f} steps/s")
+    res[w] = (statistics.median(walls), steps, statistics.median(cpus), statistics.median(hubs))
+for w, (wall, steps, cpu, hub) in res.items():
+    print(f"{name}: {w} worker(s): {steps} steps in {wall:.3f} s median -> {steps / wall:,.0f} steps/s; "
+          f"worker CPU {cpu:.3f} s ({steps / cpu:,.0f} steps per worker-CPU-s), hub+client CPU {hub:.3f} s")
 print(f"{name}: speed-up {res[1][0] / res[2][0]:.2f}x; policy files identical across all runs: {len(digests) == 1}")
 PY
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -164,9 +165,14 @@ type trainSummary struct {
 	Steps          int64             `json:"env_steps"`
 	WallSeconds    float64           `json:"wall_seconds"`
 	StepsPerSecond float64           `json:"env_steps_per_second"`
-	FinalEvalMean  *float64          `json:"final_eval_mean,omitempty"`
-	FinalEvalStd   *float64          `json:"final_eval_std,omitempty"`
-	BestEvalMean   *float64          `json:"best_eval_mean,omitempty"`
+	// CPU time (user + system) of the worker processes started by this
+	// command, and of this process (the embedded hub and the client).
+	WorkerCPUSeconds        float64  `json:"worker_cpu_seconds"`
+	TrainCPUSeconds         float64  `json:"train_process_cpu_seconds"`
+	StepsPerWorkerCPUSecond float64  `json:"env_steps_per_worker_cpu_second"`
+	FinalEvalMean           *float64 `json:"final_eval_mean,omitempty"`
+	FinalEvalStd            *float64 `json:"final_eval_std,omitempty"`
+	BestEvalMean            *float64 `json:"best_eval_mean,omitempty"`
 	// LQRRelativeCost is J(M)/J* − 1 for a V1/V1-t policy on LQR: the
 	// exact average cost of the trained gain relative to the Riccati
 	// optimum.
@@ -230,12 +236,19 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	// Worker processes live until this function returns.
 	wctx, stopWorkers := context.WithCancel(context.Background())
 	var procs []*exec.Cmd
-	defer func() {
+	var workerCPU time.Duration
+	reap := func() {
 		stopWorkers()
 		for _, p := range procs {
 			p.Wait() // Cancel sends SIGINT; WaitDelay kills a straggler
+			if p.ProcessState != nil {
+				workerCPU += p.ProcessState.UserTime() + p.ProcessState.SystemTime()
+			}
 		}
-	}()
+		procs = nil
+	}
+	defer reap()
+	cpu0 := selfCPU()
 	self, err := selfCommand()
 	if err != nil {
 		return fmt.Errorf("locate own binary: %w", err)
@@ -283,7 +296,13 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if err != nil {
 		return errors.Join(werr, err)
 	}
+	hubCPU := selfCPU() - cpu0
+	reap()
 	sum := summarise(o, start, pol, rows)
+	sum.WorkerCPUSeconds, sum.TrainCPUSeconds = workerCPU.Seconds(), hubCPU.Seconds()
+	if workerCPU > 0 {
+		sum.StepsPerWorkerCPUSecond = float64(sum.Steps) / workerCPU.Seconds()
+	}
 	if err := writeOutputs(o.out, blob, rows, sum); err != nil {
 		return errors.Join(werr, err)
 	}
@@ -530,4 +549,13 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// selfCPU returns this process's CPU time so far (user + system).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
