@@ -2,10 +2,13 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storeclient"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
@@ -49,5 +52,48 @@ func TestHubStoreSurvivesRestartWithDataDir(t *testing.T) {
 	defer cancel()
 	if snap, err := h.Store().Get(ctx, "p", 0); err != nil || snap.Version != 3 {
 		t.Fatalf("after restart Get = %v, %v; want version 3", snap, err)
+	}
+}
+
+// A watch in progress must not hold up the hub's graceful stop: Close
+// drains it (the client sees Unavailable) instead of waiting for the
+// hard-stop timeout, set here far beyond the test's guard.
+func TestHubCloseDrainsWatches(t *testing.T) {
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), StopTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	storetest.MustPush(t, h.Store(), store.PushRequest{Name: "p", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	watching := make(chan struct{})
+	watchErr := make(chan error, 1)
+	go func() {
+		watchErr <- c.Watch(ctx, "p", 0, func(*store.Snapshot, uint64) error {
+			close(watching)
+			return nil
+		})
+	}()
+	<-watching
+	closed := make(chan error, 1)
+	go func() { closed <- h.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(30 * time.Second): // hang guard
+		t.Fatal("hub Close waited for an open watch")
+	}
+	if err := <-watchErr; !errors.Is(err, errs.ErrUnavailable) {
+		t.Fatalf("watch ended with %v, want Unavailable", err)
 	}
 }
