@@ -234,20 +234,8 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	}
 
 	// Worker processes live until this function returns.
-	wctx, stopWorkers := context.WithCancel(context.Background())
-	var procs []*exec.Cmd
-	var workerCPU time.Duration
-	reap := func() {
-		stopWorkers()
-		for _, p := range procs {
-			p.Wait() // Cancel sends SIGINT; WaitDelay kills a straggler
-			if p.ProcessState != nil {
-				workerCPU += p.ProcessState.UserTime() + p.ProcessState.SystemTime()
-			}
-		}
-		procs = nil
-	}
-	defer reap()
+	procs := newWorkerProcs()
+	defer procs.stop()
 	cpu0 := selfCPU()
 	self, err := selfCommand()
 	if err != nil {
@@ -255,14 +243,9 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	}
 	for i := range o.workers {
 		args := append(append([]string{}, self[1:]...), "--log-level", "warn", "worker", "ars", "--hub", addr, "--name", fmt.Sprintf("worker-%d", i))
-		p := exec.CommandContext(wctx, self[0], args...)
-		p.Stdout, p.Stderr = g.stderr, g.stderr
-		p.Cancel = func() error { return p.Process.Signal(os.Interrupt) }
-		p.WaitDelay = 5 * time.Second
-		if err := p.Start(); err != nil {
+		if err := procs.start(self[0], args, g.stderr); err != nil {
 			return fmt.Errorf("start worker %d: %w", i, err)
 		}
-		procs = append(procs, p)
 	}
 
 	conn, err := dialHub(addr)
@@ -280,7 +263,24 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	g.logger.Info("ars run", "run", start.RunId, "hub", addr, "workers", o.workers)
 	began := time.Now()
 
-	rows, werr := watchRun(ctx, g, client, start.RunId, o, began)
+	// Follow the run; give up if every worker process we started died
+	// (nobody would ever finish an iteration).
+	wctx, cancelWatch := context.WithCancel(ctx)
+	watchdog := make(chan bool, 1)
+	go func() {
+		select {
+		case <-procs.allExited():
+			cancelWatch()
+			watchdog <- o.workers > 0 && o.hubAddr == ""
+		case <-wctx.Done():
+			watchdog <- false
+		}
+	}()
+	rows, werr := watchRun(wctx, g, client, start.RunId, o, began)
+	cancelWatch()
+	if <-watchdog && werr != nil {
+		werr = errors.New("every worker process exited before the run ended")
+	}
 	if werr != nil {
 		// Interrupted or the stream broke: stop the run, keep what we have.
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -297,7 +297,7 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 		return errors.Join(werr, err)
 	}
 	hubCPU := selfCPU() - cpu0
-	reap()
+	workerCPU := procs.stop()
 	sum := summarise(o, start, pol, rows)
 	sum.WorkerCPUSeconds, sum.TrainCPUSeconds = workerCPU.Seconds(), hubCPU.Seconds()
 	if workerCPU > 0 {
@@ -558,4 +558,64 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// workerProcs owns the worker processes train starts: one goroutine per
+// process waits for it. stop interrupts them (SIGINT, then a kill after
+// WaitDelay) and returns only when every goroutine has ended.
+type workerProcs struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	done   chan struct{} // closed when the last started process exits
+
+	mu    sync.Mutex
+	alive int           // guarded by mu
+	cpu   time.Duration // user + system time of exited processes; guarded by mu
+}
+
+func newWorkerProcs() *workerProcs {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &workerProcs{ctx: ctx, cancel: cancel, done: make(chan struct{})}
+}
+
+func (w *workerProcs) start(exe string, args []string, out io.Writer) error {
+	p := exec.CommandContext(w.ctx, exe, args...)
+	p.Stdout, p.Stderr = out, out
+	p.Cancel = func() error { return p.Process.Signal(os.Interrupt) }
+	p.WaitDelay = 5 * time.Second
+	if err := p.Start(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.alive++
+	w.mu.Unlock()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		p.Wait()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if p.ProcessState != nil {
+			w.cpu += p.ProcessState.UserTime() + p.ProcessState.SystemTime()
+		}
+		if w.alive--; w.alive == 0 {
+			close(w.done)
+		}
+	}()
+	return nil
+}
+
+// allExited is closed once every started process has exited (never, if
+// none was started).
+func (w *workerProcs) allExited() <-chan struct{} { return w.done }
+
+// stop ends every process and returns their total CPU time. Safe to call
+// twice.
+func (w *workerProcs) stop() time.Duration {
+	w.cancel()
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cpu
 }

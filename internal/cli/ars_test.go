@@ -145,3 +145,19 @@ func TestTrainARSBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// When every worker process dies, train fails instead of waiting forever.
+func TestTrainARSFailsWhenWorkersDie(t *testing.T) {
+	old := selfCommand
+	selfCommand = func() ([]string, error) { return []string{"/bin/false"}, nil }
+	t.Cleanup(func() { selfCommand = old })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, _, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--env", "CartPole-v1", "--workers", "2", "--out", t.TempDir(), "--no-progress")
+	if code == 0 || !strings.Contains(errOut, "every worker process exited") {
+		t.Fatalf("code %d, stderr %q", code, errOut)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("train did not notice before the deadline")
+	}
+}
