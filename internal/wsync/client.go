@@ -34,6 +34,8 @@ type ClientConfig struct {
 	ChunkBytes uint32
 	// Limits bound what is accepted from the server.
 	Limits wire.Limits
+	// Now stamps received versions' Created; nil means time.Now.
+	Now func() time.Time
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -47,6 +49,9 @@ func (c *ClientConfig) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	return nil
 }
@@ -81,7 +86,7 @@ func Attach(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel) // ctx bounds only the opening
-	stream, err := rlhubv1.NewWeightSyncClient(cfg.Conn).Attach(sctx)
+	stream, err := rlhubv1.NewWeightSyncClient(cfg.Conn).Attach(sctx, grpc.CallContentSubtype(codecName))
 	if err == nil {
 		err = stream.Send(&rlhubv1.SyncClientMessage{Body: &rlhubv1.SyncClientMessage_Hello{Hello: &rlhubv1.SyncHello{
 			CollectorId: cfg.CollectorID, Model: cfg.Model, Version: cfg.Start, ChunkBytes: cfg.ChunkBytes,
@@ -114,12 +119,16 @@ func (c *Client) receive() {
 }
 
 func (c *Client) receiveLoop() error {
+	var m received
+	defer m.release()
 	for {
-		m, err := c.stream.Recv()
-		if err != nil {
+		if err := c.stream.RecvMsg(&m); err != nil {
 			return errs.FromStatus(err)
 		}
-		info := m.GetInfo()
+		info := m.info
+		if m.other {
+			continue // a message this client does not know
+		}
 		if info == nil {
 			return fmt.Errorf("%w: wsync: chunk without a version info", errs.ErrInvalid)
 		}
@@ -131,15 +140,13 @@ func (c *Client) receiveLoop() error {
 			return err
 		}
 		for uint64(asm.Received()) < info.TotalBytes {
-			m, err := c.stream.Recv()
-			if err != nil {
+			if err := c.stream.RecvMsg(&m); err != nil {
 				return errs.FromStatus(err)
 			}
-			ch := m.GetChunk()
-			if ch == nil {
+			if m.chunk == nil {
 				return fmt.Errorf("%w: wsync: version %d ended after %d of %d bytes", errs.ErrInvalid, info.Version, asm.Received(), info.TotalBytes)
 			}
-			if err := asm.Write(ch.Data); err != nil {
+			if err := m.writeTo(asm.Write); err != nil {
 				return err
 			}
 		}
@@ -148,7 +155,7 @@ func (c *Client) receiveLoop() error {
 			return err
 		}
 		snap := &store.Snapshot{Name: info.Model, Version: info.Version, Epoch: info.Epoch, Blob: blob,
-			Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Now()}
+			Tensors: f.Tensors, Metadata: f.Metadata, Created: c.cfg.Now()}
 		if err := c.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
 			return err
 		}

@@ -1,0 +1,321 @@
+//go:build linux
+
+package wsync_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wsync"
+)
+
+// BenchmarkDeliver measures time-to-all-collectors-have-it: from the
+// moment a version is published until every collector has applied it (holds
+// it whole in its own memory, or by pointer for in-process), for each
+// transport, model size and collector count. Each sub-benchmark also
+// measures, in the same run, a memcpy of the model and a plain TCP copy of
+// it over loopback, and reports its p50 against both.
+//
+//	GOEXPERIMENT=simd go test -run '^$' -bench Deliver -benchtime 20x ./internal/wsync/
+func BenchmarkDeliver(b *testing.B) {
+	for _, size := range []int{16 << 20, 128 << 20} {
+		blob := benchBlob(b, size)
+		memcpy, tcp := baselines(b, blob)
+		for _, tr := range []string{"inproc", "shm", "push", "storewatch", "relay-shm"} {
+			for _, n := range []int{1, 2, 8} {
+				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
+					d := deliver(b, tr, blob, n)
+					report(b, d, len(blob), memcpy, tcp)
+				})
+			}
+		}
+	}
+}
+
+// benchBlob is a safetensors blob of about size bytes (one F32 tensor).
+func benchBlob(b *testing.B, size int) []byte {
+	w := tensor.NewF32("w", int64(size/4))
+	for i := range w.Data {
+		w.Data[i] = byte(i * 7)
+	}
+	sd, _ := tensor.NewStateDict(w)
+	blob, err := safetensors.Encode(sd, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return blob
+}
+
+// baselines measures, now, the median of a memcpy of blob into warm memory
+// and of a plain TCP copy of it over loopback into a warm buffer.
+func baselines(b *testing.B, blob []byte) (memcpy, tcp time.Duration) {
+	dst := make([]byte, len(blob))
+	copy(dst, blob)
+	var ms []time.Duration
+	for range 7 {
+		t0 := time.Now()
+		copy(dst, blob)
+		ms = append(ms, time.Since(t0))
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lis.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		for range 5 {
+			if _, err := c.Write(blob); err != nil {
+				done <- err
+				return
+			}
+			var ack [1]byte
+			if _, err := io.ReadFull(c, ack[:]); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	var ts []time.Duration
+	for range 5 {
+		t0 := time.Now()
+		if _, err := io.ReadFull(c, dst); err != nil {
+			b.Fatal(err)
+		}
+		ts = append(ts, time.Since(t0))
+		c.Write([]byte{1})
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return median(ms), median(ts)
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func report(b *testing.B, d []time.Duration, size int, memcpy, tcp time.Duration) {
+	slices.Sort(d)
+	p50 := d[len(d)/2]
+	p99 := d[min(len(d)-1, (len(d)*99+99)/100-1)]
+	b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(memcpy.Microseconds())/1000, "memcpy-ms")
+	b.ReportMetric(float64(tcp.Microseconds())/1000, "tcp-ms")
+	b.ReportMetric(float64(p50)/float64(memcpy), "x-memcpy")
+	b.ReportMetric(100*float64(tcp)/float64(p50), "%tcp-rate")
+	b.ReportMetric(float64(size)/p50.Seconds()/1e9, "GB/s")
+}
+
+// fleet is n collectors, each a Receiver following its own Source in a
+// goroutine, signalling every applied version.
+type fleet struct {
+	applied chan uint64
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func startFleet(b *testing.B, sources []wsync.Source) *fleet {
+	f := &fleet{applied: make(chan uint64, 16*len(sources))}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	for _, src := range sources {
+		r, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: src, OnApplied: func(v uint64) { f.applied <- v }})
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.wg.Add(1)
+		go func() { defer f.wg.Done(); r.Run(ctx) }()
+	}
+	return f
+}
+
+// wait blocks until n collectors have applied version v.
+func (f *fleet) wait(b *testing.B, n int, v uint64) {
+	deadline := time.After(2 * time.Minute)
+	for got := 0; got < n; {
+		select {
+		case av := <-f.applied:
+			if av == v {
+				got++
+			}
+		case <-deadline:
+			b.Fatalf("collectors did not all get v%d", v)
+		}
+	}
+}
+
+func (f *fleet) stop() {
+	f.cancel()
+	f.wg.Wait()
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// deliver runs b.N deliveries over transport tr to n collectors and returns
+// each one's time-to-all-have-it. Version 1 warms every path up untimed.
+func deliver(b *testing.B, tr string, blob []byte, n int) []time.Duration {
+	ctx := context.Background()
+	var publish func(v uint64)
+	var sources []wsync.Source
+	var cleanup []func()
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i]()
+		}
+	}()
+	startHub := func() *hub.Hub {
+		h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quietLog(), Store: store.Config{MaxModelBytes: 1 << 30}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Start(); err != nil {
+			b.Fatal(err)
+		}
+		cleanup = append(cleanup, func() { h.Close() })
+		publish = func(v uint64) {
+			if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: blob}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return h
+	}
+	dialT := func(addr string) *grpc.ClientConn {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cleanup = append(cleanup, func() { conn.Close() })
+		return conn
+	}
+	snapOf := func(v uint64) *store.Snapshot {
+		f, err := safetensors.Decode(blob)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return &store.Snapshot{Name: "m", Version: v, Blob: blob, Tensors: f.Tensors}
+	}
+
+	switch tr {
+	case "inproc":
+		board := wsync.NewBoard("m")
+		publish = func(v uint64) { board.Publish(ctx, snapOf(v)) }
+		for range n {
+			sources = append(sources, board)
+		}
+	case "shm":
+		path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-%d", os.Getpid())
+		w, err := wsync.CreateShm(wsync.ShmConfig{Path: path, Name: "m", Capacity: int64(len(blob)), Replace: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		cleanup = append(cleanup, func() { w.Close() })
+		publish = func(v uint64) { w.Write(v, 0, blob) }
+		for range n {
+			r, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: path})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cleanup = append(cleanup, func() { r.Close() })
+			sources = append(sources, r)
+		}
+	case "push":
+		h := startHub()
+		for i := range n {
+			cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dialT(h.Addr().String()), CollectorID: fmt.Sprint("c", i), Model: "m"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cleanup = append(cleanup, func() { cl.Close() })
+			sources = append(sources, cl)
+		}
+	case "storewatch":
+		h := startHub()
+		for range n {
+			sc, err := storeclient.New(storeclient.Config{Conn: dialT(h.Addr().String())})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cleanup = append(cleanup, func() { sc.Close() })
+			sources = append(sources, wsync.StoreSource{Store: sc, Name: "m"})
+		}
+	case "relay-shm":
+		h := startHub()
+		path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-relay-%d", os.Getpid())
+		relay, err := wsync.NewRelay(wsync.RelayConfig{Upstream: dialT(h.Addr().String()), Model: "m", ShmPath: path, Logger: quietLog()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); relay.Run(rctx) }()
+		cleanup = append(cleanup, func() { cancel(); <-done })
+		publish(1) // the relay sizes its segment from the first version
+		for relay.Board().Newest() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		for range n {
+			var r *wsync.ShmReader
+			for r == nil {
+				if r, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: path}); err != nil {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			cleanup = append(cleanup, func() { r.Close() })
+			sources = append(sources, r)
+		}
+	default:
+		b.Fatalf("unknown transport %q", tr)
+	}
+
+	f := startFleet(b, sources)
+	cleanup = append(cleanup, f.stop)
+	v := uint64(1)
+	if tr == "relay-shm" {
+		v = 2 // v1 was published to size the segment
+	}
+	publish(v)
+	f.wait(b, n, v)
+	d := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		v++
+		t0 := time.Now()
+		publish(v)
+		f.wait(b, n, v)
+		d = append(d, time.Since(t0))
+	}
+	b.StopTimer()
+	return d
+}
