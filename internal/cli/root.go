@@ -74,12 +74,15 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newVersionCmd(g),
 		newServeCmd(g),
 		newPingCmd(g),
+		newReducerCmd(g),
 		newModelCmd(g),
 		newAggregatorCmd(g),
 		newLearnerCmd(g),
 		newTrainCmd(g),
 		newWorkerCmd(g),
 		newEvalCmd(g),
+		newSyncCmd(g),
+		newRelayCmd(g),
 	)
 	return root
 }

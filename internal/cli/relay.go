@@ -1,0 +1,61 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rlhub/rlhub/internal/wsync"
+)
+
+// newRelayCmd is `rlhub relay`: one upstream subscription per host,
+// serving the host's collectors from shared memory and a local stream.
+func newRelayCmd(g *globals) *cobra.Command {
+	var cfg wsync.RelayConfig
+	var upstream string
+	var noShm bool
+	cmd := &cobra.Command{
+		Use:   "relay --upstream ADDR --model NAME",
+		Short: "Relay a model's versions to this host's collectors (shared memory + stream)",
+		Long: "relay attaches once to the upstream hub's weight-sync stream and republishes\n" +
+			"every version to the collectors of this host: into a shared-memory segment\n" +
+			"(--shm, layout in docs/shm-layout.md) and on its own WeightSync stream\n" +
+			"(--listen). A version crosses the network once per host. Local collectors'\n" +
+			"version reports are forwarded upstream. Collectors that list the upstream as\n" +
+			"their fallback keep running when the relay dies. SIGINT/SIGTERM stops it and\n" +
+			"removes the segment.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			conn, err := dialHub(upstream)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			cfg.Upstream = conn
+			cfg.Logger = g.logger
+			if noShm {
+				cfg.ShmPath = ""
+			} else if cfg.ShmPath == "" {
+				cfg.ShmPath = wsync.DefaultShmPath(cfg.Model)
+			}
+			r, err := wsync.NewRelay(cfg)
+			if err != nil {
+				return err
+			}
+			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath)
+			fmt.Fprintf(g.stdout, "relay %s: listening on %s, shm %q\n", cfg.Model, r.Addr(), cfg.ShmPath)
+			return r.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&upstream, "upstream", "", "upstream hub address (required)")
+	f.StringVar(&cfg.Model, "model", "", "model to relay (required)")
+	f.StringVar(&cfg.ID, "id", "", "the relay's collector id upstream (default relay-<hostname>)")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7471", "where local collectors attach")
+	f.StringVar(&cfg.ShmPath, "shm", "", "shared-memory segment (default /dev/shm/rlhub-<model>)")
+	f.BoolVar(&noShm, "no-shm", false, "serve the stream only, no shared-memory segment")
+	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
+	cmd.MarkFlagRequired("upstream")
+	cmd.MarkFlagRequired("model")
+	return cmd
+}
