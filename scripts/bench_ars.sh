@@ -5,8 +5,9 @@
 #   2. LQR on seeds 1..5: the trained gain's exact average cost relative
 #      to the Riccati optimum;
 #   3. scaling: the same fixed-budget runs with 1 and 2 worker processes
-#      (REPS repetitions each, median wall time), checking that the policy
-#      files are byte-identical.
+#      (REPS repetitions each, median wall time and worker CPU time),
+#      checking that the policy files are byte-identical.
+# SCALE_ONLY=1 skips 1 and 2.
 # Output: a markdown-ish report on stdout; runs under runs/bench/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ out=runs/bench
 rm -rf "$out"; mkdir -p "$out"
 echo "load: $(uptime)"
 echo
+if [[ -z "${SCALE_ONLY:-}" ]]; then
 echo "### CartPole-v1, target 475, seeds 1..10, 2 worker processes"
 for s in $(seq 1 10); do
   d=$out/cartpole-$s
@@ -43,6 +45,7 @@ print(f"seed {s['seed']}: relative cost {s['lqr_relative_cost']:.4f} after {s['t
       f"{s['env_steps']} steps, {s['wall_seconds']:.3f} s")
 PY
 done
+fi
 echo
 echo "### Scaling 1 -> 2 worker processes (median of $REPS)"
 scale() { # name, args...
@@ -71,8 +74,11 @@ for w, (wall, steps, cpu, hub) in res.items():
 print(f"{name}: speed-up {res[1][0] / res[2][0]:.2f}x; policy files identical across all runs: {len(digests) == 1}")
 PY
 }
+# Defaults (small iterations: coordination-bound) and N = 256 directions
+# (about 0.1-0.25 M env steps per iteration: compute-bound).
 scale cartpole --env CartPole-v1 --seed 1 --max-episodes 8000 --eval-every 1000
+scale cartpole-n256 --env CartPole-v1 --seed 1 --directions 256 --top 128 --max-episodes 40960 --eval-every 1000
 scale lqr --env LQR --seed 1 --max-episodes 8000 --eval-every 1000
-scale lqr-n64 --env LQR --seed 1 --directions 64 --max-episodes 8000 --eval-every 1000
+scale lqr-n256 --env LQR --seed 1 --directions 256 --max-episodes 40960 --eval-every 1000
 echo
 echo "load: $(uptime)"
