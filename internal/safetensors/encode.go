@@ -53,8 +53,18 @@ func Plan(sd *tensor.StateDict, metadata map[string]string) (*Layout, error) {
 		return strings.Compare(a.Name, b.Name)
 	})
 
-	var js strings.Builder
-	js.WriteByte('{')
+	// Build the header in one buffer: 8 bytes of length prefix (filled in
+	// last), the JSON, then space padding. The size estimate makes one
+	// allocation the common case.
+	est := 8 + 64
+	for _, t := range order {
+		est += len(t.Name) + 80 + 12*len(t.Shape)
+	}
+	for k, v := range metadata {
+		est += len(k) + len(v) + 8
+	}
+	hdr := make([]byte, 8, est)
+	hdr = append(hdr, '{')
 	first := true
 	if len(metadata) > 0 {
 		keys := make([]string, 0, len(metadata))
@@ -62,52 +72,48 @@ func Plan(sd *tensor.StateDict, metadata map[string]string) (*Layout, error) {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
-		js.WriteString(quote(MetadataKey))
-		js.WriteString(":{")
+		hdr = appendQuoted(hdr, MetadataKey)
+		hdr = append(hdr, ":{"...)
 		for i, k := range keys {
 			if i > 0 {
-				js.WriteByte(',')
+				hdr = append(hdr, ',')
 			}
-			js.WriteString(quote(k))
-			js.WriteByte(':')
-			js.WriteString(quote(metadata[k]))
+			hdr = appendQuoted(hdr, k)
+			hdr = append(hdr, ':')
+			hdr = appendQuoted(hdr, metadata[k])
 		}
-		js.WriteByte('}')
+		hdr = append(hdr, '}')
 		first = false
 	}
 	var off int64
 	for _, t := range order {
 		if !first {
-			js.WriteByte(',')
+			hdr = append(hdr, ',')
 		}
 		first = false
-		js.WriteString(quote(t.Name))
-		js.WriteString(`:{"dtype":"`)
-		js.WriteString(t.DType.String())
-		js.WriteString(`","shape":[`)
+		hdr = appendQuoted(hdr, t.Name)
+		hdr = append(hdr, `:{"dtype":"`...)
+		hdr = append(hdr, t.DType.String()...)
+		hdr = append(hdr, `","shape":[`...)
 		for i, d := range t.Shape {
 			if i > 0 {
-				js.WriteByte(',')
+				hdr = append(hdr, ',')
 			}
-			js.WriteString(strconv.FormatInt(d, 10))
+			hdr = strconv.AppendInt(hdr, d, 10)
 		}
 		end := off + int64(len(t.Data))
-		js.WriteString(`],"data_offsets":[`)
-		js.WriteString(strconv.FormatInt(off, 10))
-		js.WriteByte(',')
-		js.WriteString(strconv.FormatInt(end, 10))
-		js.WriteString("]}")
+		hdr = append(hdr, `],"data_offsets":[`...)
+		hdr = strconv.AppendInt(hdr, off, 10)
+		hdr = append(hdr, ',')
+		hdr = strconv.AppendInt(hdr, end, 10)
+		hdr = append(hdr, "]}"...)
 		off = end
 	}
-	js.WriteByte('}')
-	n := js.Len()
-	pad := (8 - n%8) % 8
-	hdr := make([]byte, 8, 8+n+pad)
-	binary.LittleEndian.PutUint64(hdr, uint64(n+pad))
-	hdr = append(hdr, js.String()...)
-	for range pad {
+	hdr = append(hdr, '}')
+	for (len(hdr)-8)%8 != 0 {
 		hdr = append(hdr, ' ')
 	}
+	binary.LittleEndian.PutUint64(hdr, uint64(len(hdr)-8))
 	return &Layout{Header: hdr, Order: order, Size: int64(len(hdr)) + off}, nil
 }
 
@@ -153,14 +159,13 @@ func Encode(sd *tensor.StateDict, metadata map[string]string) ([]byte, error) {
 	return l.EncodeInto(tensor.AlignedBytes(int(l.Size))), nil
 }
 
-// quote writes s as a JSON string exactly as serde_json (the reference
-// library's serializer) does: only '"', '\\' and control characters are
-// escaped (\b \t \n \f \r short, others as \u00xx); everything else,
-// including non-ASCII, '<', '>', '&' and '/', is written raw. s must be
-// valid UTF-8.
-func quote(s string) string {
+// appendQuoted appends s as a JSON string exactly as serde_json (the
+// reference library's serializer) writes it: only '"', '\\' and control
+// characters are escaped (\b \t \n \f \r short, others as \u00xx);
+// everything else, including non-ASCII, '<', '>', '&' and '/', is written
+// raw. s must be valid UTF-8.
+func appendQuoted(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
-	b := make([]byte, 0, len(s)+2)
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -183,5 +188,5 @@ func quote(s string) string {
 			b = append(b, c)
 		}
 	}
-	return string(append(b, '"'))
+	return append(b, '"')
 }

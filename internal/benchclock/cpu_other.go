@@ -1,0 +1,9 @@
+//go:build !linux
+
+package benchclock
+
+import "time"
+
+const hasCPU = false
+
+func threadCPU() time.Duration { return 0 }
