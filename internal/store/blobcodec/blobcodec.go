@@ -12,8 +12,9 @@
 //     stock codec first copies the whole message into a new buffer).
 //   - Unmarshal into a *Pulled keeps the received chunk in gRPC's own
 //     buffers until the caller copies it once to its destination (the stock
-//     codec materializes the message, then copies the bytes field again).
-//   - Unmarshal of a StorePushRequest chunk copies once into a new slice.
+//     codec materializes the message, then copies the bytes field again,
+//     into a new allocation per chunk).
+//   - Unmarshal into a *Pushed does the same for a pushed chunk.
 //
 // Every other message goes through the stock proto codec unchanged.
 package blobcodec
@@ -21,13 +22,11 @@ package blobcodec
 import (
 	"errors"
 	"fmt"
-	"io"
 
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -78,30 +77,29 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.SliceBuffer(chunkPrefix(len(data))), mem.SliceBuffer(data)}, nil
 }
 
-// Pulled is one StorePullResponse received with the blob codec: either a
-// decoded Header or a Chunk still in gRPC's buffers.
-type Pulled struct {
-	Header *rlhubv1.StorePullHeader
-	chunk  *mem.Reader // holds references to the received buffers
+// Chunk holds a received chunk's bytes in gRPC's buffers, without a copy.
+// The zero value holds nothing.
+type Chunk struct {
+	r *mem.Reader // holds references to the received buffers
 }
 
-// ChunkLen is the number of chunk bytes held (0 for a header).
-func (p *Pulled) ChunkLen() int {
-	if p.chunk == nil {
+// ChunkLen is the number of chunk bytes held.
+func (c *Chunk) ChunkLen() int {
+	if c.r == nil {
 		return 0
 	}
-	return p.chunk.Remaining()
+	return c.r.Remaining()
 }
 
-// WriteChunk passes the held chunk bytes to write, in pieces that are views
-// of gRPC's buffers valid only during the call, then releases them. It is
-// a no-op for a header. Call it (or Release) exactly once per message.
-func (p *Pulled) WriteChunk(write func([]byte) error) error {
-	if p.chunk == nil {
+// WriteChunk passes the held bytes to write, in pieces that are views of
+// gRPC's buffers valid only during the call, then releases them. It is a
+// no-op when nothing is held.
+func (c *Chunk) WriteChunk(write func([]byte) error) error {
+	if c.r == nil {
 		return nil
 	}
-	defer p.Release()
-	views, err := p.chunk.Peek(p.chunk.Remaining(), nil)
+	defer c.Release()
+	views, err := c.r.Peek(c.r.Remaining(), nil)
 	if err != nil {
 		return err
 	}
@@ -113,6 +111,24 @@ func (p *Pulled) WriteChunk(write func([]byte) error) error {
 	return nil
 }
 
+// Release frees the held buffers. Safe to call twice.
+func (c *Chunk) Release() {
+	if c.r != nil {
+		c.r.Close()
+		c.r = nil
+	}
+}
+
+func (c *Chunk) hold(data []byte) { c.r = mem.BufferSlice{mem.SliceBuffer(data)}.Reader() }
+
+// Pulled is one StorePullResponse received with the blob codec: either a
+// decoded Header or a Chunk still in gRPC's buffers. Release it (or
+// consume it with WriteChunk) before reusing or dropping it.
+type Pulled struct {
+	Header *rlhubv1.StorePullHeader
+	Chunk
+}
+
 // Set makes p hold a decoded response (for a stream received with the
 // stock codec).
 func (p *Pulled) Set(resp *rlhubv1.StorePullResponse) error {
@@ -122,19 +138,34 @@ func (p *Pulled) Set(resp *rlhubv1.StorePullResponse) error {
 	case *rlhubv1.StorePullResponse_Header:
 		p.Header = b.Header
 	case *rlhubv1.StorePullResponse_Chunk:
-		p.chunk = mem.BufferSlice{mem.SliceBuffer(b.Chunk.GetData())}.Reader()
+		p.hold(b.Chunk.GetData())
 	default:
 		return fmt.Errorf("blobcodec: pull response with no body")
 	}
 	return nil
 }
 
-// Release frees the held buffers. Safe to call twice.
-func (p *Pulled) Release() {
-	if p.chunk != nil {
-		p.chunk.Close()
-		p.chunk = nil
+// Pushed is one StorePushRequest received with the blob codec: either a
+// decoded Header or a Chunk still in gRPC's buffers.
+type Pushed struct {
+	Header *rlhubv1.StorePushHeader
+	Chunk
+}
+
+// Set makes p hold a decoded request (for a stream received with the stock
+// codec).
+func (p *Pushed) Set(req *rlhubv1.StorePushRequest) error {
+	p.Release()
+	*p = Pushed{}
+	switch b := req.Body.(type) {
+	case *rlhubv1.StorePushRequest_Header:
+		p.Header = b.Header
+	case *rlhubv1.StorePushRequest_Chunk:
+		p.hold(b.Chunk.GetData())
+	default:
+		return fmt.Errorf("blobcodec: push request with no body")
 	}
+	return nil
 }
 
 var errMalformed = errors.New("blobcodec: malformed chunk message")
@@ -191,9 +222,8 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	case *Pulled:
 		m.Release()
 		*m = Pulled{}
-		r, _ := chunkReader(data)
-		if r != nil {
-			m.chunk = r
+		if r, _ := chunkReader(data); r != nil {
+			m.r = r
 			return nil
 		}
 		var resp rlhubv1.StorePullResponse
@@ -202,19 +232,18 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 		}
 		// An unusual but valid encoding of a chunk keeps its decoded bytes.
 		return m.Set(&resp)
-	case *rlhubv1.StorePushRequest:
-		r, _ := chunkReader(data)
-		if r == nil {
-			return stock().Unmarshal(data, v)
+	case *Pushed:
+		m.Release()
+		*m = Pushed{}
+		if r, _ := chunkReader(data); r != nil {
+			m.r = r
+			return nil
 		}
-		defer r.Close()
-		buf := make([]byte, r.Remaining())
-		if _, err := io.ReadFull(r, buf); err != nil {
+		var req rlhubv1.StorePushRequest
+		if err := stock().Unmarshal(data, &req); err != nil {
 			return err
 		}
-		proto.Reset(m)
-		m.Body = &rlhubv1.StorePushRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: buf}}
-		return nil
+		return m.Set(&req)
 	}
 	return stock().Unmarshal(data, v)
 }

@@ -78,11 +78,15 @@ func TestChunkWireCompatible(t *testing.T) {
 			if !bytes.Equal(got, data) {
 				t.Fatalf("pulled %d bytes in pieces of %d: data differs", n, piece)
 			}
-			var push rlhubv1.StorePushRequest
+			var push Pushed
 			if err := c.Unmarshal(split(wire, piece), &push); err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(push.GetChunk().GetData(), data) {
+			got = nil
+			if err := push.WriteChunk(func(b []byte) error { got = append(got, b...); return nil }); err != nil || push.Header != nil {
+				t.Fatal(err, push.Header)
+			}
+			if !bytes.Equal(got, data) {
 				t.Fatalf("push chunk of %d bytes in pieces of %d: data differs", n, piece)
 			}
 		}
@@ -139,7 +143,11 @@ func FuzzUnmarshal(f *testing.F) {
 				t.Fatalf("chunk of %d bytes wrote %d (%v)", n, got, err)
 			}
 		}
-		var push rlhubv1.StorePushRequest
-		_ = c.Unmarshal(split(b, piece), &push)
+		var push Pushed
+		if err := c.Unmarshal(split(b, piece), &push); err == nil {
+			push.Release()
+		}
+		var stockReq rlhubv1.StorePushRequest
+		_ = c.Unmarshal(split(b, piece), &stockReq)
 	})
 }

@@ -16,13 +16,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	_ "github.com/rlhub/rlhub/internal/store/blobcodec" // serves clients that ask for it
+	"github.com/rlhub/rlhub/internal/store/blobcodec"
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -113,16 +115,40 @@ func (s *Service) Push(stream rlhubv1.ModelStore_PushServer) error {
 	return stream.SendAndClose(&rlhubv1.StorePushResponse{Info: infoProto(info)})
 }
 
+// recvFunc returns how to receive one push message: straight into a
+// blobcodec.Pushed (chunk bytes left in gRPC's buffers until copied into
+// the assembler) when the client asked for the blob codec, else decoded by
+// the stock codec and wrapped.
+func recvFunc(stream rlhubv1.ModelStore_PushServer) func(*blobcodec.Pushed) error {
+	if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
+		for _, ct := range md.Get("content-type") {
+			if strings.HasSuffix(strings.ToLower(ct), "+"+blobcodec.Name) {
+				return func(p *blobcodec.Pushed) error { return stream.RecvMsg(p) }
+			}
+		}
+	}
+	return func(p *blobcodec.Pushed) error {
+		req, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		return p.Set(req)
+	}
+}
+
 func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error) {
 	ctx := stream.Context()
-	first, err := stream.Recv()
+	recv := recvFunc(stream)
+	var msg blobcodec.Pushed
+	defer msg.Release()
+	err := recv(&msg)
 	if err == io.EOF {
 		return store.Info{}, fmt.Errorf("%w: push stream ended before its header", errs.ErrInvalid)
 	}
 	if err != nil {
 		return store.Info{}, err
 	}
-	hdr := first.GetHeader()
+	hdr := msg.Header
 	if hdr == nil || hdr.Blob == nil {
 		return store.Info{}, fmt.Errorf("%w: push stream must start with a header carrying BlobInfo", errs.ErrInvalid)
 	}
@@ -139,18 +165,17 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 		return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
 	}
 	for {
-		msg, err := stream.Recv()
+		err := recv(&msg)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return store.Info{}, err
 		}
-		c := msg.GetChunk()
-		if c == nil {
+		if msg.Header != nil {
 			return store.Info{}, fmt.Errorf("%w: model %q: a second header after %d bytes", errs.ErrInvalid, b.Model, asm.Received())
 		}
-		if err := asm.Write(c.Data); err != nil {
+		if err := msg.WriteChunk(asm.Write); err != nil {
 			return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
 		}
 	}

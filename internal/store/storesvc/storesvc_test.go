@@ -12,10 +12,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/blobcodec"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -26,8 +28,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // harness is a real gRPC server on 127.0.0.1:0 over an in-memory store, and
 // a raw client of it, so tests can send streams no well-behaved client would.
 type harness struct {
-	mem *store.Memory
-	rpc rlhubv1.ModelStoreClient
+	mem  *store.Memory
+	rpc  rlhubv1.ModelStoreClient
+	opts []grpc.CallOption // per-call options (the codec)
 }
 
 func start(t *testing.T, cfg store.Config) *harness {
@@ -83,7 +86,7 @@ func chunk(b []byte) *rlhubv1.StorePushRequest {
 // rawPush sends msgs on one push stream and returns the final status.
 func rawPush(t *testing.T, h *harness, msgs ...*rlhubv1.StorePushRequest) error {
 	t.Helper()
-	stream, err := h.rpc.Push(ctxT(t))
+	stream, err := h.rpc.Push(ctxT(t), h.opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,8 +99,19 @@ func rawPush(t *testing.T, h *harness, msgs ...*rlhubv1.StorePushRequest) error 
 	return err
 }
 
+// Both receive paths: the stock proto codec (as from Python) and the blob
+// codec (as from the Go client).
 func TestBadPushStreamsLeaveStoreUnchanged(t *testing.T) {
-	h := start(t, store.Config{MaxModelBytes: 1 << 20})
+	for _, codec := range []string{grpcproto.Name, blobcodec.Name} {
+		t.Run(codec, func(t *testing.T) {
+			h := start(t, store.Config{MaxModelBytes: 1 << 20})
+			h.opts = []grpc.CallOption{grpc.CallContentSubtype(codec)}
+			testBadPushes(t, h)
+		})
+	}
+}
+
+func testBadPushes(t *testing.T, h *harness) {
 	storetest.MustPush(t, h.mem, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)})
 	before := storetest.Capture(t, h.mem)
 	good := storetest.Blob(t, 2, 64)
