@@ -62,6 +62,9 @@ func (c *Config) Validate() error {
 	if c.MaxEpisodes < 0 || c.MaxIterations < 0 || (c.MaxEpisodes == 0 && c.MaxIterations == 0) {
 		return fmt.Errorf("%w: need a budget: max episodes %d, max iterations %d", errs.ErrInvalid, c.MaxEpisodes, c.MaxIterations)
 	}
+	if c.MaxEpisodes > 0 && c.MaxEpisodes < int64(2*c.Hyper.Directions) {
+		return fmt.Errorf("%w: max episodes %d is below one iteration's 2N = %d", errs.ErrInvalid, c.MaxEpisodes, 2*c.Hyper.Directions)
+	}
 	a := c.Arch()
 	return a.Validate()
 }
