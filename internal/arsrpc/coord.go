@@ -344,11 +344,10 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		out.stale = len(in)
 		return out, nil
 	}
-	obsDim := r.tr.Config().Spec.ObsDim
 	res := make([]ars.Result, len(in))
 	for k, p := range in {
 		var err error
-		if res[k], err = fromPB(p, obsDim); err != nil {
+		if res[k], err = fromPB(p); err != nil {
 			return reportOutcome{}, err
 		}
 		if _, ok := r.pos[res[k].Task]; !ok {
@@ -380,7 +379,9 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 	return out, nil
 }
 
-func fromPB(p *pb.ARSTaskResult, obsDim int) (ars.Result, error) {
+// fromPB converts a result from the wire; Trainer.Check validates the
+// values (including the statistics' dimensions).
+func fromPB(p *pb.ARSTaskResult) (ars.Result, error) {
 	var r ars.Result
 	if p.GetTask() == nil {
 		return r, fmt.Errorf("%w: result without a task", errs.ErrInvalid)
@@ -401,7 +402,6 @@ func fromPB(p *pb.ARSTaskResult, obsDim int) (ars.Result, error) {
 	if s := p.GetStats(); s != nil {
 		r.Stats = &ars.Stats{Count: s.Count, Mean: s.Mean, M2: s.M2}
 	}
-	_ = obsDim // dimensions are checked by Trainer.Check
 	return r, nil
 }
 
