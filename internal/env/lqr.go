@@ -146,9 +146,9 @@ func (l *LQR) observe() []float64 {
 // It is used instead of rng.NormFloat64, whose ziggurat calls math.Exp on
 // ~1% of draws: under GOEXPERIMENT=simd on the project's machines Go's
 // assembly math.Exp intermittently costs microseconds (measured 2.8–5.9 µs
-// per call in long runs, against 20–33 ns
-// without the experiment); with NormFloat64 a profile of the LQR step
-// benchmark spent 64% of its time in math.Exp.
+// per call in long runs, against 20–33 ns without the experiment); with
+// NormFloat64 a profile of the LQR step benchmark spent 64% of its time in
+// math.Exp.
 func gaussian3(rng *rand.Rand, dst *[lqrN]float64) {
 	a, b := polarPair(rng)
 	c, _ := polarPair(rng)
