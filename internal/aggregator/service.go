@@ -149,6 +149,7 @@ type Service struct {
 	taskSeq  uint64
 	stats    stats
 	closed   bool
+	draining bool // set by Drain: no new Attach streams
 }
 
 type stats struct {
@@ -231,6 +232,24 @@ func (s *Service) Close() error {
 	return nil
 }
 
+// Drain ends every Attach stream with Unavailable and refuses new ones, so
+// a graceful server stop does not wait for learners (the hub calls it
+// before its graceful stop; learners re-attach to whichever hub serves
+// next). Coordinator calls in flight fail naming their learners. Close must
+// still be called.
+func (s *Service) Drain() {
+	s.mu.Lock()
+	s.draining = true
+	conns := make([]*learnerConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		s.remove(c, fmt.Errorf("%w: hub stopping", errs.ErrUnavailable))
+	}
+}
+
 // reap removes learners whose lease expired. It runs until Close.
 func (s *Service) reap() {
 	t := time.NewTicker(s.cfg.CheckEvery)
@@ -297,7 +316,7 @@ func (s *Service) Attach(stream grpc.BidiStreamingServer[rlhubv1.LearnerMessage,
 		pending: make(map[uint64]chan *rlhubv1.LearnerReply),
 	}
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.draining {
 		s.mu.Unlock()
 		return errs.ToStatus(fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable))
 	}
@@ -398,7 +417,7 @@ func (s *Service) register(c *learnerConn, h *rlhubv1.Hello) error {
 		return fmt.Errorf("%w: learner %q: send welcome: %v", errs.ErrUnavailable, c.id, err)
 	}
 	s.mu.Lock()
-	if c.isGone || s.closed {
+	if c.isGone || s.closed || s.draining {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable)
 	}

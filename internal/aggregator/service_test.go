@@ -357,3 +357,26 @@ func TestGracefulStopDoesNotWaitForAttachedLearners(t *testing.T) {
 	<-served
 	svc.Close()
 }
+
+// Drain (called by the hub before its graceful stop) ends every Attach
+// stream, whatever the learner's language, and refuses new ones.
+func TestDrainEndsAttachStreams(t *testing.T) {
+	h := newHarness(t, Config{})
+	s := rawAttach(t, h)
+	s.Send(hello("py"))
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	h.svc.Drain()
+	if code, msg := recvEnd(s); code != codes.Unavailable || !strings.Contains(msg, "stopping") {
+		t.Fatalf("drained stream ended with %v %q", code, msg)
+	}
+	late := rawAttach(t, h)
+	late.Send(hello("late"))
+	if code, _ := recvEnd(late); code != codes.Unavailable {
+		t.Fatalf("attach after Drain ended with %v, want Unavailable", code)
+	}
+	if ids := h.learnerIDs(t, ""); len(ids) != 0 {
+		t.Fatalf("learners after Drain: %v", ids)
+	}
+}
