@@ -17,9 +17,9 @@ The default DIR is internal/env/mjenv/testdata/mujoco-<MuJoCo version>.
 Needs: pip install 'gymnasium[mujoco]'. The files committed were made with
 Gymnasium 1.4.0 and two MuJoCo releases, each in its own virtualenv:
 
-    python3 -m venv --system-site-packages /tmp/mj231
-    /tmp/mj231/bin/pip install mujoco==2.3.1.post1
-    /tmp/mj231/bin/python scripts/mujoco_reference.py
+    python3 -m venv --system-site-packages /tmp/mj237
+    /tmp/mj237/bin/pip install mujoco==2.3.7
+    /tmp/mj237/bin/python scripts/mujoco_reference.py
     python3 scripts/mujoco_reference.py          # with mujoco 4.0.0
 """
 import argparse

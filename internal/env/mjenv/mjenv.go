@@ -276,7 +276,7 @@ func (e *Env) Step(action []float64) (obs []float64, reward float64, terminated,
 
 // forward runs mj_forward on a state just written, keeping qpos as
 // written. MuJoCo 2.2.2's mj_forward normalizes free-joint quaternions in
-// qpos in place; the MuJoCo releases Gymnasium runs on (2.3.1 and 4.0.0
+// qpos in place; the MuJoCo releases Gymnasium runs on (2.3.1 to 4.0.0
 // were checked) do not, so Gymnasium's reset observation of Ant and
 // Humanoid shows the noisy, unnormalized quaternion. Restoring qpos gives
 // the same observation; the dynamics use the normalized quaternion either

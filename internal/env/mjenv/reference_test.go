@@ -100,14 +100,15 @@ func replay(t *testing.T, e *Env, ref reference) []stepResult {
 const refTol = 1e-7
 
 // TestReferenceTrajectories replays trajectories recorded from Gymnasium
-// 1.4.0 on MuJoCo 2.3.1 (the pip release nearest Debian's 2.2.2 with a wheel
-// for Python 3.11): every observation value and reward must agree within
+// 1.4.0 on MuJoCo 2.3.7 (the last 2.x release; Gymnasium documents 2.3.3 as
+// v5's minimum, and Debian's 2.2.2 has the same physics on these models, see
+// docs/mujoco.md): every observation value and reward must agree within
 // refTol at every step, and termination and truncation exactly.
 func TestReferenceTrajectories(t *testing.T) {
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, name)
-			for _, ref := range loadReferences(t, "mujoco-2.3.1", name) {
+			for _, ref := range loadReferences(t, "mujoco-2.3.7", name) {
 				worst := 0.0
 				for k, r := range replay(t, e, ref) {
 					worst = max(worst, r.obsErr, r.rewErr)
