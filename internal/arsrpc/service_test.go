@@ -61,7 +61,7 @@ type testHub struct {
 	store store.Store
 }
 
-func startHub(t *testing.T, cfg Config) *testHub {
+func startHub(t testing.TB, cfg Config) *testHub {
 	t.Helper()
 	st, err := store.NewMemory(store.Config{})
 	if err != nil {
@@ -90,7 +90,7 @@ func startHub(t *testing.T, cfg Config) *testHub {
 	return &testHub{addr: lis.Addr().String(), svc: svc, store: st}
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+func dial(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -101,7 +101,7 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 }
 
 // workers runs n in-process workers until stop is called.
-func workers(t *testing.T, addr string, n int) (stop func() []WorkerStats) {
+func workers(t testing.TB, addr string, n int) (stop func() []WorkerStats) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	stats := make([]WorkerStats, n)
@@ -121,7 +121,7 @@ func workers(t *testing.T, addr string, n int) (stop func() []WorkerStats) {
 }
 
 // watch collects a run's progress until it ends.
-func watch(t *testing.T, ctx context.Context, client pb.ARSClient, runID string) []*pb.ARSProgress {
+func watch(t testing.TB, ctx context.Context, client pb.ARSClient, runID string) []*pb.ARSProgress {
 	t.Helper()
 	stream, err := client.WatchRun(ctx, &pb.ARSWatchRunRequest{RunId: runID})
 	if err != nil {
