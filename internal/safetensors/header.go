@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"strconv"
@@ -30,8 +31,12 @@ import (
 
 type scanner struct {
 	b    []byte
+	text string // one immutable copy of b that unescaped names slice
 	pos  int
 	dims []int64 // backing store of every entry's shape
+
+	start   int  // where the last rawStr's contents began in b
+	escaped bool // whether the last rawStr had escapes (result not in b)
 }
 
 // where names the part of the header being parsed, for error messages. It
@@ -85,10 +90,17 @@ func (s *scanner) expect(c byte, w where) error {
 	return nil
 }
 
-// str skips whitespace and parses a JSON string.
+// str skips whitespace and parses a JSON string. Without escapes the result
+// is a substring of s.text, so names cost no allocation of their own.
 func (s *scanner) str(w where) (string, error) {
 	b, err := s.rawStr(w)
-	return string(b), err
+	if err != nil {
+		return "", err
+	}
+	if !s.escaped {
+		return s.text[s.start : s.start+len(b)], nil
+	}
+	return string(b), nil
 }
 
 // rawStr skips whitespace and parses a JSON string, returning its decoded
@@ -99,6 +111,7 @@ func (s *scanner) rawStr(w where) ([]byte, error) {
 		return nil, err
 	}
 	start := s.pos
+	s.start, s.escaped = start, false
 	// Fast path: no escapes. The whole header is already known to be valid
 	// UTF-8, so only quotes, backslashes and control bytes matter here.
 	for s.pos < len(s.b) {
@@ -120,6 +133,7 @@ func (s *scanner) rawStr(w where) ([]byte, error) {
 
 // strSlow finishes a string that contains escapes, starting over at start.
 func (s *scanner) strSlow(start int, w where) ([]byte, error) {
+	s.escaped = true
 	out := make([]byte, 0, s.pos-start+16)
 	out = append(out, s.b[start:s.pos]...)
 	for s.pos < len(s.b) {
@@ -272,7 +286,7 @@ func parseHeader(raw []byte) (*header, error) {
 	if !utf8.Valid(raw) {
 		return nil, invalidf("header is not valid UTF-8")
 	}
-	s := &scanner{b: raw, dims: make([]int64, 0, 64)}
+	s := &scanner{b: raw, text: string(raw), dims: make([]int64, 0, 64)}
 	top := where{part: "header"}
 	if err := s.expect('{', top); err != nil {
 		return nil, err
@@ -310,9 +324,12 @@ func parseHeader(raw []byte) (*header, error) {
 		if key == "" {
 			return nil, invalidf("empty tensor name")
 		}
-		e, err := s.entry(key)
-		if err != nil {
-			return nil, err
+		s.ws()
+		e, ok := s.entryFast(key)
+		if !ok {
+			if e, err = s.entry(key); err != nil {
+				return nil, err
+			}
 		}
 		h.entries = append(h.entries, e)
 	}
@@ -456,4 +473,96 @@ func (s *scanner) entry(name string) (entry, error) {
 		return e, invalidf("%v: needs dtype, shape and data_offsets", w("entry"))
 	}
 	return e, nil
+}
+
+// entryFast parses an entry in the exact layout both writers (this package
+// and the reference library) produce: no whitespace, fields in the order
+// {"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}. On anything else —
+// other spacing or order, escapes, a bad number, an unknown dtype — it
+// returns ok=false having consumed nothing, and the general parser (entry)
+// takes over and reports any error. It exists because the header is parsed
+// on every pull and this layout is all but universal.
+func (s *scanner) entryFast(name string) (e entry, ok bool) {
+	b := s.b[s.pos:]
+	start := len(s.dims)
+	fail := func() (entry, bool) {
+		s.dims = s.dims[:start]
+		return entry{}, false
+	}
+	const pDtype, pShape, pOffsets = `{"dtype":"`, `","shape":[`, `,"data_offsets":[`
+	if !bytes.HasPrefix(b, []byte(pDtype)) {
+		return fail()
+	}
+	i := len(pDtype)
+	j := bytes.IndexByte(b[i:], '"')
+	if j < 0 {
+		return fail()
+	}
+	dt, found := dtypeOf(b[i : i+j])
+	if !found {
+		return fail()
+	}
+	i += j
+	if !bytes.HasPrefix(b[i:], []byte(pShape)) {
+		return fail()
+	}
+	i += len(pShape)
+	if i < len(b) && b[i] == ']' {
+		i++
+	} else {
+		for {
+			v, n := fastUint(b[i:])
+			if n == 0 {
+				return fail()
+			}
+			s.dims = append(s.dims, int64(v))
+			i += n
+			if i < len(b) && b[i] == ',' {
+				i++
+				continue
+			}
+			if i < len(b) && b[i] == ']' {
+				i++
+				break
+			}
+			return fail()
+		}
+	}
+	if !bytes.HasPrefix(b[i:], []byte(pOffsets)) {
+		return fail()
+	}
+	i += len(pOffsets)
+	begin, n := fastUint(b[i:])
+	if n == 0 || i+n >= len(b) || b[i+n] != ',' {
+		return fail()
+	}
+	i += n + 1
+	end, n := fastUint(b[i:])
+	if n == 0 || i+n+1 >= len(b) || b[i+n] != ']' || b[i+n+1] != '}' {
+		return fail()
+	}
+	i += n + 2
+	s.pos += i
+	return entry{name: name, dtype: dt, shape: s.dims[start:len(s.dims):len(s.dims)], begin: begin, end: end}, true
+}
+
+// fastUint parses a JSON non-negative integer ≤ 2^63-1 at the start of b
+// and returns it with its length, or n=0 if there is none or it is not
+// valid (leading zero, fraction, exponent, overflow).
+func fastUint(b []byte) (v uint64, n int) {
+	for n < len(b) && b[n] >= '0' && b[n] <= '9' {
+		d := uint64(b[n] - '0')
+		if v > (math.MaxInt64-d)/10 {
+			return 0, 0
+		}
+		v = v*10 + d
+		n++
+	}
+	if n == 0 || (n > 1 && b[0] == '0') {
+		return 0, 0
+	}
+	if n < len(b) && (b[n] == '.' || b[n] == 'e' || b[n] == 'E') {
+		return 0, 0
+	}
+	return v, n
 }
