@@ -1,12 +1,12 @@
 // Package wire moves safetensors blobs over gRPC streams in chunks, per the
 // transfer shape in proto/rlhub/v1/tensor.proto.
 //
-// Sending never copies tensor bytes on rlhub's side: each chunk is a slice of
-// the header or of one tensor's Data (chunks never span two tensors), and
-// the only copy is gRPC's marshalling into its frame buffer. Receiving
-// copies each chunk once, into one 8-byte-aligned buffer of the announced
-// size, checking size limits before allocating it and the header length as
-// soon as the first 8 bytes arrive.
+// Sending copies no tensor bytes on rlhub's side: each chunk is a slice of
+// the header or of one tensor's Data (chunks never span two tensors).
+// Receiving copies each chunk once, into one 8-byte-aligned buffer of the
+// announced size, checking size limits before allocating it and the header
+// length as soon as the first 8 bytes arrive. The copies grpc-go itself
+// makes on the way are listed, and measured, in docs/wire.md.
 package wire
 
 import (
