@@ -1,0 +1,160 @@
+package learner_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/aggregator"
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/learner"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// Data-parallel training end to end through one hub: a coordinator drives
+// three example learners through the aggregator; each computes the gradient
+// of its share on the model's newest version from the store and pushes it to
+// the reducer, whose primary steps (SGD on the summed gradient) and
+// publishes the next version. The weights converge to the generating ones.
+func TestDataParallelTrainingThroughTheHub(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet,
+		Reducer: reducer.Config{BatchSize: 3, MaxWait: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	addr := h.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	const model, rows, steps = "linreg", 48, 25
+	wTrue := []float32{1, -2, 0.5, 3}
+	blob, err := safetensors.Encode(mustSD(t, tensor.NewF32("w", int64(len(wTrue)))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: model, Version: 1, Expect: 0, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: "coordinator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	// Sum of the shares' gradient sums = the batch's; lr 0.5/rows halves
+	// the error per step for x ~ N(0, I).
+	if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: model, Reduction: reduce.Sum,
+		Optimizer: optim.Config{Kind: optim.SGD, LR: 0.5 / rows}}); err != nil {
+		t.Fatal(err)
+	}
+
+	lctx, lcancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { lcancel(); wg.Wait() }()
+	for i := range 3 {
+		ex := &learner.Example{ID: "l" + strconv.Itoa(i+1), BatchSize: rows / 3}
+		closeClients, err := ex.UseHub(addr, model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := ex.Config(addr)
+		cfg.Logger = quiet
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer closeClients()
+			learner.Run(lctx, cfg)
+		}()
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	agg := aggregator.NewClient(conn)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		ls, err := agg.Resources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ls) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d learners attached, want 3", len(ls))
+		}
+	}
+	if _, err := agg.Start(ctx, "train", nil); err != nil {
+		t.Fatal(err)
+	}
+	d, err := agg.GetDataDemand(ctx, "train")
+	if err != nil || d.Demand.BatchSize != rows {
+		t.Fatalf("demand %v, %v", d, err)
+	}
+
+	r := rand.New(rand.NewPCG(3, 4))
+	for step := uint64(1); step <= steps; step++ {
+		x := tensor.NewF32("x", rows, int64(len(wTrue)))
+		xs, _ := x.Float32s()
+		y := tensor.NewF32("y", rows)
+		ys, _ := y.Float32s()
+		for i := range ys {
+			for j, wj := range wTrue {
+				xs[i*len(wTrue)+j] = float32(r.NormFloat64())
+				ys[i] += xs[i*len(wTrue)+j] * wj
+			}
+		}
+		resp, err := agg.Learn(ctx, "train", mustSD(t, x, y), map[string]string{"step": strconv.FormatUint(step, 10)})
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		for _, v := range resp.Info.Fields["version"].GetListValue().GetValues() {
+			if uint64(v.GetNumberValue()) != step {
+				t.Fatalf("step %d: a learner computed on version %v", step, v.GetNumberValue())
+			}
+		}
+		if _, err := h.Store().WaitNewer(ctx, model, step); err != nil {
+			t.Fatalf("step %d: the reducer published no new version: %v", step, err)
+		}
+	}
+	snap, err := h.Store().Get(ctx, model, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Version != steps+1 {
+		t.Fatalf("model at version %d after %d steps", snap.Version, steps)
+	}
+	w, _ := snap.Tensors.Get("w").Float32s()
+	for j := range wTrue {
+		if math.Abs(float64(w[j]-wTrue[j])) > 1e-3 {
+			t.Fatalf("trained weights %v, generating weights %v", w, wTrue)
+		}
+	}
+}
+
+func mustSD(t *testing.T, ts ...*tensor.Tensor) *tensor.StateDict {
+	t.Helper()
+	sd, err := tensor.NewStateDict(ts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sd
+}
