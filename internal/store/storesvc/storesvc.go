@@ -110,8 +110,10 @@ var errDraining = fmt.Errorf("%w: model store service is stopping", errs.ErrUnav
 func (s *Service) Push(stream rlhubv1.ModelStore_PushServer) error {
 	info, err := s.push(stream)
 	if err != nil {
+		s.cfg.Logger.Debug("store: push refused", "err", err)
 		return errs.ToStatus(err)
 	}
+	s.cfg.Logger.Info("store: version landed", "model", info.Name, "version", info.Version, "epoch", info.Epoch, "bytes", info.Bytes)
 	return stream.SendAndClose(&rlhubv1.StorePushResponse{Info: infoProto(info)})
 }
 
