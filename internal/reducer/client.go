@@ -277,3 +277,18 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 	}
 	return Receipt{Version: resp.GetVersion(), Weight: resp.GetWeight()}, nil
 }
+
+// Secondaries lists the live secondaries the primary knows ("" addresses
+// resolved to the hub's).
+func (c *Client) Secondaries(ctx context.Context) ([]Secondary, error) {
+	if err := c.refresh(ctx); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Secondary, len(c.targets))
+	for i, t := range c.targets {
+		out[i] = Secondary{Addr: t.addr, ID: t.id}
+	}
+	return out, nil
+}
