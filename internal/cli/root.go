@@ -74,6 +74,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newVersionCmd(g),
 		newServeCmd(g),
 		newPingCmd(g),
+		newReducerCmd(g),
 		newModelCmd(g),
 		newAggregatorCmd(g),
 		newLearnerCmd(g),
