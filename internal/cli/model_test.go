@@ -15,8 +15,8 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
-// startHub runs an in-process hub with a file-backed store on 127.0.0.1:0.
-func startHub(t *testing.T) string {
+// startStoreHub runs an in-process hub with a file-backed store on 127.0.0.1:0.
+func startStoreHub(t *testing.T) string {
 	t.Helper()
 	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -30,7 +30,7 @@ func startHub(t *testing.T) string {
 }
 
 func TestModelPushPullLs(t *testing.T) {
-	addr := startHub(t)
+	addr := startStoreHub(t)
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.safetensors")
 	blob := storetest.Blob(t, 5, 3000)
@@ -77,7 +77,7 @@ func TestModelPythonFileRoundTrip(t *testing.T) {
 	if err := exec.Command("python3", "-c", "import numpy, safetensors.numpy").Run(); err != nil {
 		t.Skipf("python3 with numpy and safetensors is not installed (scripts/setup.sh installs it): %v", err)
 	}
-	addr := startHub(t)
+	addr := startStoreHub(t)
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "py.safetensors"), filepath.Join(dir, "back.safetensors")
 	script := `
