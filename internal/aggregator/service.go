@@ -902,8 +902,13 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 				sw = append(sw, weightOf[id])
 			}
 		}
-		if len(survivors) == 0 || sum(sw) == 0 {
+		if len(survivors) == 0 {
 			return nil, fmt.Errorf("%w: learn task %q: no learner left to re-split onto: %w", errs.ErrUnavailable, t.id, errors.Join(failures...))
+		}
+		if sum(sw) == 0 { // only learners that asked for nothing are left
+			for i := range sw {
+				sw[i] = 1
+			}
 		}
 		shares = nil
 		for _, sh := range retry {
