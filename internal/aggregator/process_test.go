@@ -244,3 +244,45 @@ func TestMembershipChangeBetweenDemandAndLearn(t *testing.T) {
 	}
 	checkExactlyOnce(t, resp, batch)
 }
+
+// Two of three learner processes SIGKILLed mid-Learn: both shares go to the
+// one left, and every row is still processed exactly once.
+func TestProcessTwoKilledMidLearnResplitOntoTheLast(t *testing.T) {
+	h := newHarness(t, Config{})
+	ps := h.startLearners(t, childOpts{batchSize: 8}, childOpts{batchSize: 16, delay: time.Hour}, childOpts{batchSize: 24, delay: time.Hour})
+	ctx := testCtx(t, 60*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	batch := regressionBatch(t, 48, 5)
+	type result struct {
+		resp *rlhubv1.LearnResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := h.client.Learn(testCtx(t, 30*time.Second), "t1", batch, map[string]string{"step": "1"})
+		done <- result{resp, err}
+	}()
+	ps[1].waitLine(t, "learn-begin")
+	ps[2].waitLine(t, "learn-begin")
+	ps[2].kill()
+	ps[1].kill()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Learn after two SIGKILLs: %v", r.err)
+	}
+	slices.Sort(r.resp.Failed)
+	if !slices.Equal(r.resp.Failed, []string{"L2", "L3"}) {
+		t.Fatalf("failed = %v", r.resp.Failed)
+	}
+	for _, s := range r.resp.Shares {
+		if s.LearnerId != "L1" {
+			t.Fatalf("share %v went to a dead learner", s)
+		}
+	}
+	checkExactlyOnce(t, r.resp, batch)
+}
