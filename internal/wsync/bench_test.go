@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -212,7 +213,12 @@ func deliver(b *testing.B, tr string, blob []byte, n int) []time.Duration {
 		return h
 	}
 	dialT := func(addr string) *grpc.ClientConn {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if w := os.Getenv("WSYNC_BENCH_WINDOW"); w != "" {
+			n, _ := strconv.Atoi(w)
+			opts = append(opts, grpc.WithInitialWindowSize(int32(n)), grpc.WithInitialConnWindowSize(int32(n)), grpc.WithReadBufferSize(1<<20))
+		}
+		conn, err := grpc.NewClient(addr, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}

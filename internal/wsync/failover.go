@@ -71,6 +71,8 @@ type Failover struct {
 	cur    Source
 	closer io.Closer
 	name   string
+	idx    int // index of cur's dialer
+	failed int // index of the dialer whose source failed last, -1: none
 	closed bool
 }
 
@@ -81,7 +83,7 @@ func NewFailover(cfg FailoverConfig) (*Failover, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Failover{cfg: cfg}, nil
+	return &Failover{cfg: cfg, failed: -1}, nil
 }
 
 // Current names the dialer in use ("" when none).
@@ -144,7 +146,9 @@ func (f *Failover) current() Source {
 	return f.cur
 }
 
-// ensure dials, most preferred first, when no source is held. Called with
+// ensure dials, most preferred first, when no source is held. The dialer
+// whose source just failed is tried last, so a source that opens but fails
+// at once (a dead relay's segment) cannot starve the others. Called with
 // callMu held.
 func (f *Failover) ensure(ctx context.Context, have uint64) error {
 	f.mu.Lock()
@@ -156,15 +160,25 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 	if cur != nil {
 		return nil
 	}
+	order := make([]int, 0, len(f.cfg.Dialers))
+	for i := range f.cfg.Dialers {
+		if i != f.failed {
+			order = append(order, i)
+		}
+	}
+	if f.failed >= 0 {
+		order = append(order, f.failed)
+	}
 	var failed []error
-	for _, d := range f.cfg.Dialers {
+	for _, i := range order {
+		d := f.cfg.Dialers[i]
 		src, closer, err := d.Dial(ctx, have)
 		if err != nil {
 			failed = append(failed, fmt.Errorf("%s: %w", d.Name, err))
 			continue
 		}
 		f.mu.Lock()
-		f.cur, f.closer, f.name = src, closer, d.Name
+		f.cur, f.closer, f.name, f.idx, f.failed = src, closer, d.Name, i, -1
 		f.mu.Unlock()
 		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
 		return nil
@@ -176,6 +190,7 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 func (f *Failover) drop(err error) {
 	f.mu.Lock()
 	closer, name := f.closer, f.name
+	f.failed = f.idx
 	f.cur, f.closer, f.name = nil, nil, ""
 	f.mu.Unlock()
 	f.cfg.Logger.Info("wsync: source failed, failing over", "source", name, "err", err)

@@ -278,12 +278,17 @@ func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*
 	return s.b.WaitNewer(ctx, after)
 }
 
-// ShmDialer is a Dialer that opens a segment (for Failover).
+// ShmDialer is a Dialer that opens a segment (for Failover). A segment
+// whose writer has closed it or died counts as unreachable.
 func ShmDialer(name, path string) Dialer {
 	return Dialer{Name: name, Dial: func(context.Context, uint64) (Source, io.Closer, error) {
 		r, err := OpenShm(ShmReaderConfig{Path: path})
 		if err != nil {
 			return nil, nil, err
+		}
+		if !r.WriterAlive() {
+			r.Close()
+			return nil, nil, fmt.Errorf("%w: wsync: the writer of %s is gone", errs.ErrUnavailable, path)
 		}
 		return r, r, nil
 	}}

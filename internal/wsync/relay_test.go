@@ -3,13 +3,21 @@
 package wsync
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/store"
 )
@@ -135,5 +143,90 @@ func TestFailoverRejectsEmptyAndReportsAllDown(t *testing.T) {
 	defer cancel()
 	if _, err := f.WaitNewer(cctx, 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitNewer with every source down = %v, want to keep trying until the deadline", err)
+	}
+}
+
+// runRelayChild is the relay process of TestRelayProcessKilled: it prints
+// its address and relays until it is killed (or a minute passes).
+func runRelayChild() int {
+	conn, err := grpc.NewClient(os.Getenv("RLHUB_WSYNC_UPSTREAM"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay child:", err)
+		return 1
+	}
+	r, err := NewRelay(RelayConfig{Upstream: conn, Model: "m", ID: "relay-proc", ShmPath: os.Getenv("RLHUB_WSYNC_SHM"), Logger: quiet()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay child:", err)
+		return 1
+	}
+	fmt.Println("addr", r.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r.Run(ctx)
+	return 0
+}
+
+// The relay is a separate process killed with SIGKILL: it cannot close its
+// segment or say goodbye. Its collectors notice (stream reset, writer pid
+// gone) and fall back to the upstream.
+func TestRelayProcessKilled(t *testing.T) {
+	h := startHub(t)
+	h.push(t, 1, 1000)
+	path := shmPath(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=relay", "RLHUB_WSYNC_UPSTREAM="+h.addr, "RLHUB_WSYNC_SHM="+path)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	kill := func() {
+		if !killed {
+			killed = true
+			cmd.Process.Kill()
+			cmd.Wait() // reaped: its pid no longer exists
+		}
+	}
+	defer kill()
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "addr ") {
+		t.Fatalf("relay process: %q %v", sc.Text(), sc.Err())
+	}
+	relayAddr := strings.TrimPrefix(sc.Text(), "addr ")
+	waitFor(t, "relay segment", func() bool {
+		r, err := OpenShm(ShmReaderConfig{Path: path})
+		if err != nil {
+			return false
+		}
+		defer r.Close()
+		return r.Published() == 1
+	})
+
+	upConn := dial(t, h.addr)
+	shmC := startFailoverCollector(t, ShmDialer("relay-shm", path), PushDialer("upstream", upConn, "shm-collector", "m"))
+	streamC := startFailoverCollector(t,
+		PushDialer("relay-stream", dial(t, relayAddr), "stream-collector", "m"),
+		PushDialer("upstream", upConn, "stream-collector", "m"))
+	for _, c := range []*failoverCollector{shmC, streamC} {
+		waitFor(t, "collectors at v1 via the relay", func() bool { return c.recv.Version() == 1 })
+	}
+	if shmC.f.Current() != "relay-shm" || streamC.f.Current() != "relay-stream" {
+		t.Fatalf("sources: %q, %q; want the relay's", shmC.f.Current(), streamC.f.Current())
+	}
+
+	kill()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("a killed relay cannot remove its segment, yet: %v", err)
+	}
+	h.push(t, 2, 1000)
+	for _, c := range []*failoverCollector{shmC, streamC} {
+		waitFor(t, "collectors at v2 via the upstream", func() bool { return c.recv.Version() == 2 })
+		if c.f.Current() != "upstream" {
+			t.Fatalf("after the relay was killed the source is %q, want upstream", c.f.Current())
+		}
 	}
 }

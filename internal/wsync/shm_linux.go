@@ -421,8 +421,15 @@ func (r *ShmReader) slot(i int) []byte {
 	return r.mem[r.geo.slotOff(i):][:r.geo.stride]
 }
 
-// writerAlive reports whether the segment is open and its writer process
+// WriterAlive reports whether the segment is open and its writer process
 // exists.
+func (r *ShmReader) WriterAlive() bool {
+	if r.mem == nil {
+		return false
+	}
+	return r.writerAlive()
+}
+
 func (r *ShmReader) writerAlive() bool {
 	if u32(r.mem, offState).Load() == stateClosed {
 		return false

@@ -43,6 +43,7 @@ func OpenShm(ShmReaderConfig) (*ShmReader, error)                 { return nil, 
 func (*ShmReader) Name() string                                   { return "" }
 func (*ShmReader) Stats() ShmStats                                { return ShmStats{} }
 func (*ShmReader) Published() uint64                              { return 0 }
+func (*ShmReader) WriterAlive() bool                              { return false }
 func (*ShmReader) Close() error                                   { return nil }
 func (*ShmReader) GetIfNewer(context.Context, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported

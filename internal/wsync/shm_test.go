@@ -315,10 +315,19 @@ func readAll(ctx context.Context, r *ShmReader, final uint64) (reads, aborts uin
 	return reads, aborts, nil
 }
 
-// runChild is a reader process of TestShmTornReads. It prints "ready",
-// reads to the final version, prints its counts and exits 0, or exits 1
-// on a torn or failed read.
+// runChild runs this test binary as a helper process: a shm reader of
+// TestShmTornReads or a relay of TestRelayProcessKilled.
 func runChild() int {
+	if os.Getenv(childEnv) == "relay" {
+		return runRelayChild()
+	}
+	return runShmReaderChild()
+}
+
+// runShmReaderChild is a reader process of TestShmTornReads. It prints
+// "ready", reads to the final version, prints its counts and exits 0, or
+// exits 1 on a torn or failed read.
+func runShmReaderChild() int {
 	final, _ := strconv.ParseUint(os.Getenv("RLHUB_WSYNC_FINAL"), 10, 64)
 	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), SkipVerify: os.Getenv("RLHUB_WSYNC_SKIPVERIFY") == "true"})
 	if err != nil {
