@@ -247,6 +247,7 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 			return fmt.Errorf("start worker %d: %w", i, err)
 		}
 	}
+	procs.seal()
 
 	conn, err := dialHub(addr)
 	if err != nil {
@@ -269,9 +270,9 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	watchdog := make(chan bool, 1)
 	go func() {
 		select {
-		case <-procs.allExited():
+		case <-procs.allExitedIf(o.workers > 0 && o.hubAddr == ""):
 			cancelWatch()
-			watchdog <- o.workers > 0 && o.hubAddr == ""
+			watchdog <- true
 		case <-wctx.Done():
 			watchdog <- false
 		}
@@ -569,9 +570,28 @@ type workerProcs struct {
 	wg     sync.WaitGroup
 	done   chan struct{} // closed when the last started process exits
 
-	mu    sync.Mutex
-	alive int           // guarded by mu
-	cpu   time.Duration // user + system time of exited processes; guarded by mu
+	mu     sync.Mutex
+	alive  int           // processes started and not yet exited; guarded by mu
+	sealed bool          // no more processes will start; guarded by mu
+	closed bool          // done is closed; guarded by mu
+	cpu    time.Duration // user + system time of exited processes; guarded by mu
+}
+
+// closeIfAllExitedLocked closes done once starting is over and nothing is
+// alive. Caller holds mu.
+func (w *workerProcs) closeIfAllExitedLocked() {
+	if w.sealed && w.alive == 0 && !w.closed {
+		w.closed = true
+		close(w.done)
+	}
+}
+
+// seal says every process has been started: from now on allExited can fire.
+func (w *workerProcs) seal() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sealed = true
+	w.closeIfAllExitedLocked()
 }
 
 func newWorkerProcs() *workerProcs {
@@ -599,16 +619,24 @@ func (w *workerProcs) start(exe string, args []string, out io.Writer) error {
 		if p.ProcessState != nil {
 			w.cpu += p.ProcessState.UserTime() + p.ProcessState.SystemTime()
 		}
-		if w.alive--; w.alive == 0 {
-			close(w.done)
-		}
+		w.alive--
+		w.closeIfAllExitedLocked()
 	}()
 	return nil
 }
 
-// allExited is closed once every started process has exited (never, if
-// none was started).
+// allExited is closed once seal was called and every started process has
+// exited (at seal, if none was started).
 func (w *workerProcs) allExited() <-chan struct{} { return w.done }
+
+// allExitedIf is allExited when cond holds, else a channel that never
+// fires.
+func (w *workerProcs) allExitedIf(cond bool) <-chan struct{} {
+	if cond {
+		return w.done
+	}
+	return nil
+}
 
 // stop ends every process and returns their total CPU time. Safe to call
 // twice.
