@@ -71,6 +71,9 @@ type Service struct {
 
 	ctx    context.Context // canceled by Drain/Close: ends every stream
 	cancel context.CancelFunc
+
+	mu     sync.Mutex     // orders wg.Add against Close's wg.Wait
+	closed bool           // guarded by mu
 	wg     sync.WaitGroup // report readers of Attach streams
 }
 
@@ -93,7 +96,23 @@ func (s *Service) Drain() { s.cancel() }
 // Close drains and waits for the service's goroutines. Safe to call twice.
 func (s *Service) Close() error {
 	s.cancel()
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	s.wg.Wait()
+	return nil
+}
+
+// maxIDBytes bounds collector ids, model names and via strings.
+const maxIDBytes = 256
+
+func checkIDs(id, model, via string) error {
+	switch {
+	case id == "" || model == "":
+		return fmt.Errorf("%w: collector_id and model are required", errs.ErrInvalid)
+	case len(id) > maxIDBytes || len(model) > maxIDBytes || len(via) > maxIDBytes:
+		return fmt.Errorf("%w: collector_id, model and via are limited to %d bytes", errs.ErrInvalid, maxIDBytes)
+	}
 	return nil
 }
 
@@ -126,8 +145,9 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	switch {
 	case hello == nil:
 		return errs.ToStatus(fmt.Errorf("%w: first Attach message must be a hello", errs.ErrInvalid))
-	case hello.CollectorId == "" || hello.Model == "":
-		return errs.ToStatus(fmt.Errorf("%w: hello needs collector_id and model", errs.ErrInvalid))
+	}
+	if err := checkIDs(hello.CollectorId, hello.Model, ""); err != nil {
+		return errs.ToStatus(fmt.Errorf("hello: %w", err))
 	}
 	id, model := hello.CollectorId, hello.Model
 	chunk := s.cfg.ChunkBytes
@@ -146,13 +166,19 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 	}
 
-	s.tracker.Report(id, model, "push", hello.Version)
-	s.tracker.SetAttached(id, model, true)
-	defer s.tracker.SetAttached(id, model, false)
 	// The collector's reports arrive on the same stream; a reader goroutine
 	// owned by the service records them. It ends when the stream does (the
 	// handler returning cancels the stream's context).
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+	}
 	s.wg.Add(1)
+	s.mu.Unlock()
+	s.tracker.Report(id, model, "push", hello.Version)
+	s.tracker.SetAttached(id, model, true)
+	defer s.tracker.SetAttached(id, model, false)
 	go func() {
 		defer s.wg.Done()
 		for {
@@ -205,11 +231,18 @@ func sendVersion(stream rlhubv1.WeightSync_AttachServer, name string, version, e
 	})
 }
 
-// Report implements rlhubv1.WeightSyncServer.
+// maxReports bounds one Report call.
+const maxReports = 10000
+
+// Report implements rlhubv1.WeightSyncServer. A batch with any bad report
+// is refused whole.
 func (s *Service) Report(_ context.Context, req *rlhubv1.SyncReportRequest) (*rlhubv1.SyncReportResponse, error) {
-	for _, r := range req.Reports {
-		if r.CollectorId == "" || r.Model == "" {
-			return nil, errs.ToStatus(fmt.Errorf("%w: report needs collector_id and model", errs.ErrInvalid))
+	if len(req.Reports) > maxReports {
+		return nil, errs.ToStatus(fmt.Errorf("%w: %d reports in one call, at most %d", errs.ErrInvalid, len(req.Reports), maxReports))
+	}
+	for i, r := range req.Reports {
+		if err := checkIDs(r.CollectorId, r.Model, r.Via); err != nil {
+			return nil, errs.ToStatus(fmt.Errorf("report %d: %w", i, err))
 		}
 	}
 	for _, r := range req.Reports {
