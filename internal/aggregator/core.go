@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
@@ -20,6 +21,36 @@ import (
 // DefaultHomogeneousKeys are the info keys every learner reports identically
 // (learner step, task id, buffer id); they merge to one value.
 var DefaultHomogeneousKeys = []string{"learner_step", "task_id", "buffer_id"}
+
+// FailurePolicy says what a task does when a learner fails during it.
+type FailurePolicy int
+
+const (
+	// PolicyResplit (the zero value) gives the failed learner's rows to the
+	// remaining learners of the task, in order, by their demand. The task
+	// fails only when no learner is left.
+	PolicyResplit FailurePolicy = iota
+	// PolicyFail fails the task with an error naming the learner.
+	PolicyFail
+)
+
+// ParseFailurePolicy parses "resplit" or "fail".
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	switch s {
+	case "resplit":
+		return PolicyResplit, nil
+	case "fail":
+		return PolicyFail, nil
+	}
+	return 0, fmt.Errorf("%w: failure policy %q: want resplit or fail", errs.ErrInvalid, s)
+}
+
+func (p FailurePolicy) String() string {
+	if p == PolicyFail {
+		return "fail"
+	}
+	return "resplit"
+}
 
 // Share is one learner's part of a batch: rows [Start, Start+Rows).
 type Share struct {
@@ -303,4 +334,155 @@ func show(v *structpb.Value) string {
 		return "a " + kindOf(v)
 	}
 	return string(b)
+}
+
+// Outcome is what became of one share sent to its learner: its info, or
+// the error that made it fail.
+type Outcome struct {
+	Info *structpb.Struct
+	Err  error
+}
+
+// Plan follows one learn task's shares through learner failures: the pure
+// part of Learn. The caller sends the Pending shares (a round), Reports
+// their outcomes in the same order, and repeats until Pending is empty;
+// then Result merges the infos. A Plan is not safe for concurrent use.
+type Plan struct {
+	rows     int64
+	order    []string
+	weight   map[string]int64
+	policy   FailurePolicy
+	pending  []Share
+	done     []InfoPart
+	shares   []Share // parallel to done
+	excluded map[string]bool
+	failed   []string
+	resplits int
+}
+
+// NewPlan splits rows over the learners in order by weight (see Split);
+// the first round holds every share with rows.
+func NewPlan(rows int64, order []string, weights []int64, policy FailurePolicy) (*Plan, error) {
+	shares, err := Split(rows, order, weights)
+	if err != nil {
+		return nil, err
+	}
+	p := &Plan{rows: rows, order: slices.Clone(order), weight: make(map[string]int64, len(order)),
+		policy: policy, excluded: make(map[string]bool)}
+	for i, id := range order {
+		p.weight[id] = weights[i]
+	}
+	p.pending = nonEmpty(shares)
+	return p, nil
+}
+
+func nonEmpty(shares []Share) []Share {
+	return slices.DeleteFunc(shares, func(s Share) bool { return s.Rows == 0 })
+}
+
+// Pending returns the shares of the current round; empty when the task is
+// complete. The slice is the Plan's own until the next Report.
+func (p *Plan) Pending() []Share { return p.pending }
+
+// Failed lists the learners excluded so far, in the order they failed.
+func (p *Plan) Failed() []string { return p.failed }
+
+// Resplits counts the failed shares re-split so far.
+func (p *Plan) Resplits() int { return p.resplits }
+
+// Report records the outcomes of the current round (one per Pending share,
+// in order). A failed share excludes its learner from the task; under
+// PolicyResplit its rows are re-split over the learners not excluded (by
+// weight, or equally if they all weigh 0) to form the next round. It fails
+// under PolicyFail, or when no learner is left, with the learners' errors.
+func (p *Plan) Report(outs []Outcome) error {
+	if len(outs) != len(p.pending) {
+		panic(fmt.Sprintf("aggregator: Plan.Report got %d outcomes for %d shares", len(outs), len(p.pending)))
+	}
+	var retry []Share
+	var failures []error
+	for i, sh := range p.pending {
+		if outs[i].Err == nil {
+			p.done = append(p.done, InfoPart{Learner: sh.Learner, Info: outs[i].Info})
+			p.shares = append(p.shares, sh)
+			continue
+		}
+		failures = append(failures, outs[i].Err)
+		retry = append(retry, sh)
+		if !p.excluded[sh.Learner] {
+			p.excluded[sh.Learner] = true
+			p.failed = append(p.failed, sh.Learner)
+		}
+	}
+	p.pending = nil
+	if len(retry) == 0 {
+		return nil
+	}
+	if p.policy == PolicyFail {
+		return fmt.Errorf("failed: %w", errors.Join(failures...))
+	}
+	var survivors []string
+	var w []int64
+	for _, id := range p.order {
+		if !p.excluded[id] {
+			survivors = append(survivors, id)
+			w = append(w, p.weight[id])
+		}
+	}
+	if len(survivors) == 0 {
+		return fmt.Errorf("%w: no learner left to re-split onto: %w", errs.ErrUnavailable, errors.Join(failures...))
+	}
+	var total int64
+	for _, x := range w {
+		total += x
+	}
+	if total == 0 { // only learners that asked for nothing are left
+		for i := range w {
+			w[i] = 1
+		}
+	}
+	for _, sh := range retry {
+		more, err := Resplit(sh, survivors, w)
+		if err != nil {
+			return err
+		}
+		p.pending = append(p.pending, nonEmpty(more)...)
+	}
+	p.resplits += len(retry)
+	return nil
+}
+
+// Result checks that the succeeded shares tile every row exactly once and
+// merges their infos in row order (see MergeInfo).
+func (p *Plan) Result(homogeneous map[string]bool) (*rlhubv1.LearnResponse, error) {
+	if len(p.pending) > 0 {
+		return nil, fmt.Errorf("aggregator: Plan.Result with %d shares pending", len(p.pending))
+	}
+	idx := make([]int, len(p.shares))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(p.shares[a].Start, p.shares[b].Start) })
+	resp := &rlhubv1.LearnResponse{Failed: slices.Clone(p.failed)}
+	parts := make([]InfoPart, len(idx))
+	var covered int64
+	for k, i := range idx {
+		sh := p.shares[i]
+		if sh.Start != covered {
+			// Split and Resplit tile the rows; this would be our bug.
+			return nil, fmt.Errorf("aggregator: internal error: rows [%d,%d) not covered", covered, sh.Start)
+		}
+		covered += sh.Rows
+		parts[k] = p.done[i]
+		resp.Shares = append(resp.Shares, &rlhubv1.Share{LearnerId: sh.Learner, RowStart: sh.Start, Rows: sh.Rows})
+	}
+	if covered != p.rows {
+		return nil, fmt.Errorf("aggregator: internal error: %d of %d rows covered", covered, p.rows)
+	}
+	info, err := MergeInfo(parts, homogeneous)
+	if err != nil {
+		return nil, err
+	}
+	resp.Info = info
+	return resp, nil
 }

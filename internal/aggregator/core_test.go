@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -262,5 +263,75 @@ func TestMergeInfoMalformed(t *testing.T) {
 				t.Errorf("%s: err %q does not mention %s", tc.name, err, w)
 			}
 		}
+	}
+}
+
+func ok(learner string) Outcome {
+	return Outcome{Info: &structpb.Struct{Fields: map[string]*structpb.Value{"who": structpb.NewStringValue(learner)}}}
+}
+
+var errGone = errors.New("gone")
+
+func TestPlanResplitsAcrossRounds(t *testing.T) {
+	p, err := NewPlan(48, []string{"a", "b", "c"}, []int64{8, 16, 24}, PolicyResplit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Round 1: b fails.
+	if err := p.Report([]Outcome{ok("a"), {Err: errGone}, ok("c")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.Pending(), []Share{{"a", 8, 4}, {"c", 12, 12}}; !slices.Equal(got, want) {
+		t.Fatalf("round 2 = %v, want %v", got, want)
+	}
+	// Round 2: c fails too; its piece goes to a.
+	if err := p.Report([]Outcome{ok("a"), {Err: errGone}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.Pending(), []Share{{"a", 12, 12}}; !slices.Equal(got, want) {
+		t.Fatalf("round 3 = %v, want %v", got, want)
+	}
+	if err := p.Report([]Outcome{ok("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Pending()) != 0 || p.Resplits() != 2 || !slices.Equal(p.Failed(), []string{"b", "c"}) {
+		t.Fatalf("pending %v resplits %d failed %v", p.Pending(), p.Resplits(), p.Failed())
+	}
+	resp, err := p.Result(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range resp.Shares {
+		got = append(got, fmt.Sprintf("%s[%d,%d)", s.LearnerId, s.RowStart, s.RowStart+s.Rows))
+	}
+	// c's original share [24,48) succeeded in round 1; row order.
+	if want := []string{"a[0,8)", "a[8,12)", "a[12,24)", "c[24,48)"}; !slices.Equal(got, want) {
+		t.Fatalf("shares %v, want %v", got, want)
+	}
+	if who := strs(resp.Info.Fields["who"]); !slices.Equal(who, []string{"a", "a", "a", "c"}) {
+		t.Fatalf("info in row order = %v", who)
+	}
+}
+
+func TestPlanFailures(t *testing.T) {
+	p, _ := NewPlan(10, []string{"a", "b"}, []int64{1, 1}, PolicyFail)
+	if err := p.Report([]Outcome{ok("a"), {Err: fmt.Errorf("learner %q: %w", "b", errGone)}}); !errors.Is(err, errGone) || !strings.Contains(err.Error(), `learner "b"`) {
+		t.Fatalf("fail policy: %v", err)
+	}
+	p, _ = NewPlan(10, []string{"a", "b"}, []int64{1, 1}, PolicyResplit)
+	if err := p.Report([]Outcome{{Err: errGone}, {Err: errGone}}); !errors.Is(err, errs.ErrUnavailable) || !errors.Is(err, errGone) {
+		t.Fatalf("no survivors: %v", err)
+	}
+	// Survivors that asked for nothing still take the rows.
+	p, _ = NewPlan(10, []string{"a", "b"}, []int64{1, 0}, PolicyResplit)
+	if got := p.Pending(); len(got) != 1 || got[0].Rows != 10 {
+		t.Fatalf("zero-weight learner got a share: %v", got)
+	}
+	if err := p.Report([]Outcome{{Err: errGone}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.Pending(), []Share{{"b", 0, 10}}; !slices.Equal(got, want) {
+		t.Fatalf("re-split onto a zero-weight survivor = %v, want %v", got, want)
 	}
 }

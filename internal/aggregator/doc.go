@@ -2,8 +2,9 @@
 // data-parallel learners that attach, fail and rejoin at any time.
 //
 // The pure core (core.go) splits a batch along its first dimension by each
-// learner's declared demand (Split, Resplit, SliceRows) and merges demands
-// (MergeDemand) and infos (MergeInfo); it has no goroutines or clocks. The
+// learner's declared demand (Split, Resplit, SliceRows), follows a task's
+// shares through learner failures (Plan), and merges demands (MergeDemand)
+// and infos (MergeInfo); it has no goroutines or clocks. The
 // Service (service.go) is the thin concurrent shell hosted by the hub:
 //
 //  1. Learners open the Attach stream, send a Hello and then anything

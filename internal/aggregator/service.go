@@ -23,36 +23,6 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// FailurePolicy says what a task does when a learner fails during it.
-type FailurePolicy int
-
-const (
-	// PolicyResplit (the zero value) gives the failed learner's rows to the
-	// remaining learners of the task, in order, by their demand. The task
-	// fails only when no learner is left.
-	PolicyResplit FailurePolicy = iota
-	// PolicyFail fails the task with an error naming the learner.
-	PolicyFail
-)
-
-// ParseFailurePolicy parses "resplit" or "fail".
-func ParseFailurePolicy(s string) (FailurePolicy, error) {
-	switch s {
-	case "resplit":
-		return PolicyResplit, nil
-	case "fail":
-		return PolicyFail, nil
-	}
-	return 0, fmt.Errorf("%w: failure policy %q: want resplit or fail", errs.ErrInvalid, s)
-}
-
-func (p FailurePolicy) String() string {
-	if p == PolicyFail {
-		return "fail"
-	}
-	return "resplit"
-}
-
 // Config configures a Service.
 type Config struct {
 	// Lease is how long a learner stays attached without sending anything
@@ -783,11 +753,6 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 	return stream.SendAndClose(resp)
 }
 
-type shareResult struct {
-	share Share
-	info  *structpb.Struct
-}
-
 // LearnBatch is Learn for an in-process batch: it splits batch among the
 // task's learners, fans the shares out, applies the failure policy and
 // merges the infos in row order. metadata is passed to every share.
@@ -851,99 +816,40 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 	if len(order) != recorded {
 		s.cfg.Logger.Info("aggregator: membership changed since demand; split recomputed", "task", t.id, "recorded", recorded, "now", order)
 	}
-	shares, err := Split(rows, order, weights)
+	plan, err := NewPlan(rows, order, weights, s.cfg.OnFailure)
 	if err != nil {
 		return nil, err
 	}
-	weightOf := make(map[string]int64, len(order))
-	for i, id := range order {
-		weightOf[id] = weights[i]
-	}
-
-	var done []shareResult
-	var failedIDs []string
-	excluded := make(map[string]bool)
-	for len(shares) > 0 {
-		shares = slices.DeleteFunc(shares, func(sh Share) bool { return sh.Rows == 0 })
-		infos := make([]*structpb.Struct, len(shares))
-		errsOut := fanOut(shares, func(i int, sh Share) error {
-			info, err := s.learnShare(ctx, byID[sh.Learner], t.id, batch, metadata, sh)
-			infos[i] = info
-			return err
+	for round := plan.Pending(); len(round) > 0; round = plan.Pending() {
+		outs := make([]Outcome, len(round))
+		fanOut(round, func(i int, sh Share) error {
+			outs[i].Info, outs[i].Err = s.learnShare(ctx, byID[sh.Learner], t.id, batch, metadata, sh)
+			return nil
 		})
-		var retry []Share
 		var failures []error
-		for i, sh := range shares {
-			if errsOut[i] == nil {
-				done = append(done, shareResult{share: sh, info: infos[i]})
-				continue
+		for _, o := range outs {
+			if o.Err != nil {
+				failures = append(failures, o.Err)
 			}
-			failures = append(failures, errsOut[i])
-			if !excluded[sh.Learner] {
-				excluded[sh.Learner] = true
-				failedIDs = append(failedIDs, sh.Learner)
-			}
-			retry = append(retry, sh)
 		}
-		if len(failures) == 0 {
-			break
-		}
-		if ctx.Err() != nil {
+		if len(failures) > 0 && ctx.Err() != nil {
 			return nil, fmt.Errorf("learn task %q: %w (learner failures: %w)", t.id, context.Cause(ctx), errors.Join(failures...))
 		}
-		if s.cfg.OnFailure == PolicyFail {
-			return nil, fmt.Errorf("learn task %q failed: %w", t.id, errors.Join(failures...))
+		resplits := plan.Resplits()
+		if err := plan.Report(outs); err != nil {
+			return nil, fmt.Errorf("learn task %q: %w", t.id, err)
 		}
-		var survivors []string
-		var sw []int64
-		for _, id := range order {
-			if !excluded[id] {
-				survivors = append(survivors, id)
-				sw = append(sw, weightOf[id])
-			}
+		if n := plan.Resplits() - resplits; n > 0 {
+			s.mu.Lock()
+			s.stats.resplits += uint64(n)
+			s.mu.Unlock()
+			s.cfg.Logger.Warn("aggregator: re-splitting failed shares", "task", t.id, "failed", plan.Failed(), "err", errors.Join(failures...))
 		}
-		if len(survivors) == 0 {
-			return nil, fmt.Errorf("%w: learn task %q: no learner left to re-split onto: %w", errs.ErrUnavailable, t.id, errors.Join(failures...))
-		}
-		if sum(sw) == 0 { // only learners that asked for nothing are left
-			for i := range sw {
-				sw[i] = 1
-			}
-		}
-		shares = nil
-		for _, sh := range retry {
-			more, err := Resplit(sh, survivors, sw)
-			if err != nil {
-				return nil, err
-			}
-			shares = append(shares, more...)
-		}
-		s.mu.Lock()
-		s.stats.resplits += uint64(len(retry))
-		s.mu.Unlock()
-		s.cfg.Logger.Warn("aggregator: re-splitting failed shares", "task", t.id, "failed", failedIDs, "onto", survivors, "err", errors.Join(failures...))
 	}
-	slices.SortFunc(done, func(a, b shareResult) int { return cmp.Compare(a.share.Start, b.share.Start) })
-	resp := &rlhubv1.LearnResponse{Failed: failedIDs}
-	parts := make([]InfoPart, len(done))
-	var covered int64
-	for i, d := range done {
-		if d.share.Start != covered {
-			// Split and Resplit tile the rows; this would be our bug.
-			return nil, fmt.Errorf("aggregator: internal error: rows [%d,%d) not covered", covered, d.share.Start)
-		}
-		covered += d.share.Rows
-		parts[i] = InfoPart{Learner: d.share.Learner, Info: d.info}
-		resp.Shares = append(resp.Shares, &rlhubv1.Share{LearnerId: d.share.Learner, RowStart: d.share.Start, Rows: d.share.Rows})
-	}
-	if covered != rows {
-		return nil, fmt.Errorf("aggregator: internal error: %d of %d rows covered", covered, rows)
-	}
-	info, err := MergeInfo(parts, s.homog)
+	resp, err := plan.Result(s.homog)
 	if err != nil {
 		return nil, fmt.Errorf("learn task %q: %w", t.id, err)
 	}
-	resp.Info = info
 	return resp, nil
 }
 
