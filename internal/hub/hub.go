@@ -53,6 +53,10 @@ type Config struct {
 	// secondaries run here (0 means 1), batching and queue bounds. Store
 	// and Addr are filled by the hub.
 	Reducer reducer.Config
+	// Aggregator configures the learner aggregator (lease, task timeout,
+	// failure policy, homogeneous info keys); the zero value means its
+	// defaults. A nil Logger means the hub's.
+	Aggregator aggregator.Config
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
@@ -167,7 +171,11 @@ func (h *Hub) builtinServices() ([]Service, error) {
 		return nil, err
 	}
 	out = append(out, ss)
-	agg, err := aggregator.New(aggregator.Config{Logger: h.cfg.Logger})
+	acfg := h.cfg.Aggregator
+	if acfg.Logger == nil {
+		acfg.Logger = h.cfg.Logger
+	}
+	agg, err := aggregator.New(acfg)
 	if err != nil {
 		return nil, errors.Join(err, ss.Close())
 	}
