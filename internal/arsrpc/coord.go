@@ -83,10 +83,14 @@ func normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	if s.Version == "" {
 		s.Version = d.Hyper.Version.String()
 	}
+	v, err := ars.ParseVersion(s.Version)
+	if err != nil {
+		return nil, ars.Config{}, err
+	}
 	if s.Directions == 0 {
 		s.Directions = uint32(d.Hyper.Directions)
-		if s.Top == 0 {
-			s.Top = uint32(d.Hyper.Top)
+		if s.Top == 0 && v.Truncates() {
+			s.Top = uint32(d.Hyper.Top) // 0 (all) when the default keeps all
 		}
 	}
 	if s.StepSize == 0 {
@@ -106,13 +110,6 @@ func normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	}
 	if s.MaxEpisodes == 0 && s.MaxIterations == 0 {
 		s.MaxEpisodes = d.MaxEpisodes
-	}
-	v, err := ars.ParseVersion(s.Version)
-	if err != nil {
-		return nil, ars.Config{}, err
-	}
-	if !v.Truncates() {
-		s.Top = 0
 	}
 	cfg := ars.Config{
 		Env: s.Env, Spec: e.Spec(), Seed: s.Seed,

@@ -150,12 +150,21 @@ func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
 	if s.Version != d.Hyper.Version.String() || int(s.Directions) != d.Hyper.Directions || int(s.Top) != d.Hyper.Top || cfg.MaxEpisodes != d.MaxEpisodes {
 		t.Fatalf("normalised %+v", s)
 	}
+	// Asking for V2 on an environment whose default is V2-t keeps every
+	// direction; V1-t without b keeps the default b.
+	if s, _, err := normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Version: "V2"}); err != nil || s.Top != s.Directions {
+		t.Fatalf("V2: %+v, %v", s, err)
+	}
+	if s, _, err := normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Version: "V1-t"}); err != nil || int(s.Top) != d.Hyper.Top {
+		t.Fatalf("V1-t: %+v, %v", s, err)
+	}
 	for name, spec := range map[string]*pb.ARSRunSpec{
 		"nil":     nil,
 		"env":     {Env: "NoSuchEnv-v0"},
 		"version": {Env: "CartPole-v1", Version: "V9"},
 		"top":     {Env: "CartPole-v1", Directions: 4, Top: 5},
 		"noise":   {Env: "CartPole-v1", Noise: -1},
+		"V2 top":  {Env: "CartPole-v1", Version: "V2", Directions: 8, Top: 4},
 	} {
 		if _, _, err := normalise(spec); !errors.Is(err, errs.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
