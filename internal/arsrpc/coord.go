@@ -63,9 +63,11 @@ func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinat
 		workers: map[string]*worker{}, runs: map[string]*run{}}
 }
 
-// normalise fills a spec's zero fields with the environment's defaults and
-// builds the trainer configuration. Errors wrap errs.ErrInvalid.
-func normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
+// Normalise fills a spec's zero fields with the environment's defaults
+// (ars.EnvDefaults) and builds the trainer configuration, exactly as the
+// hub does on StartRun; clients call it to fail early. Errors wrap
+// errs.ErrInvalid; in is not modified.
+func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	if in == nil {
 		return nil, ars.Config{}, fmt.Errorf("%w: missing run spec", errs.ErrInvalid)
 	}
@@ -133,7 +135,7 @@ func normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 // without adding it; the caller publishes the returned θ_0 blob and then
 // calls addRun (or discards the run when the name is taken).
 func (c *coordinator) prepareRun(spec *pb.ARSRunSpec, now time.Time) (*run, []byte, error) {
-	s, cfg, err := normalise(spec)
+	s, cfg, err := Normalise(spec)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -142,7 +142,7 @@ func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
 }
 
 func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
-	s, cfg, err := normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Seed: 1})
+	s, cfg, err := Normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,10 +152,10 @@ func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
 	}
 	// Asking for V2 on an environment whose default is V2-t keeps every
 	// direction; V1-t without b keeps the default b.
-	if s, _, err := normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Version: "V2"}); err != nil || s.Top != s.Directions {
+	if s, _, err := Normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Version: "V2"}); err != nil || s.Top != s.Directions {
 		t.Fatalf("V2: %+v, %v", s, err)
 	}
-	if s, _, err := normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Version: "V1-t"}); err != nil || int(s.Top) != d.Hyper.Top {
+	if s, _, err := Normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Version: "V1-t"}); err != nil || int(s.Top) != d.Hyper.Top {
 		t.Fatalf("V1-t: %+v, %v", s, err)
 	}
 	for name, spec := range map[string]*pb.ARSRunSpec{
@@ -166,7 +166,7 @@ func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
 		"noise":   {Env: "CartPole-v1", Noise: -1},
 		"V2 top":  {Env: "CartPole-v1", Version: "V2", Directions: 8, Top: 4},
 	} {
-		if _, _, err := normalise(spec); !errors.Is(err, errs.ErrInvalid) {
+		if _, _, err := Normalise(spec); !errors.Is(err, errs.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}

@@ -147,7 +147,7 @@ func runSpec() *pb.ARSRunSpec {
 
 func localReference(t *testing.T, spec *pb.ARSRunSpec) *ars.Trainer {
 	t.Helper()
-	_, cfg, err := normalise(spec)
+	_, cfg, err := Normalise(spec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -204,6 +204,9 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if _, err := env.Make(o.spec.Env); err != nil {
 		return fmt.Errorf("--env: %w", err)
 	}
+	if _, _, err := arsrpc.Normalise(&o.spec); err != nil {
+		return err // the hub would refuse the run: say so before starting anything
+	}
 	if o.workers < 0 || (o.workers == 0 && o.hubAddr == "") {
 		return fmt.Errorf("--workers %d: need at least one worker with an embedded hub", o.workers)
 	}

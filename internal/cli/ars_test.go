@@ -138,6 +138,8 @@ func TestTrainARSBadFlags(t *testing.T) {
 		{"train", "ars", "--env", "CartPole-v1"},
 		{"train", "ars", "--env", "CartPole-v1", "--workers", "0", "--out", t.TempDir()},
 		{"train", "ars", "--env", "CartPole-v1", "--hidden", "0", "--out", t.TempDir()},
+		{"train", "ars", "--env", "CartPole-v1", "--version", "V2", "--directions", "8", "--top", "4", "--out", t.TempDir()},
+		{"train", "ars", "--env", "CartPole-v1", "--max-episodes", "3", "--out", t.TempDir()},
 		{"eval", "--policy", filepath.Join(t.TempDir(), "missing.safetensors")},
 	} {
 		if code, _, _ := run(t, ctx, args...); code == 0 {
