@@ -164,28 +164,40 @@ func TestReferenceMuJoCo4(t *testing.T) {
 	}
 }
 
-// TestReferenceReport compares the Go environments with trajectories from
-// another MuJoCo release: record them with scripts/mujoco_reference.py
+// TestReferenceReport logs, for every directory of trajectories under
+// testdata (or only $RLHUB_MJ_REFDIR), how long each trajectory agrees with
+// the Go environments. It reports and never fails on divergence; use it to
+// compare another MuJoCo release: record with scripts/mujoco_reference.py
 // --out internal/env/mjenv/testdata/DIR and run with RLHUB_MJ_REFDIR=DIR.
-// It reports and never fails on divergence; without the variable it skips.
 func TestReferenceReport(t *testing.T) {
-	dir := os.Getenv("RLHUB_MJ_REFDIR")
-	if dir == "" {
-		t.Skip("set RLHUB_MJ_REFDIR to a directory under testdata to compare with")
+	dirs := []string{os.Getenv("RLHUB_MJ_REFDIR")}
+	if dirs[0] == "" {
+		entries, err := os.ReadDir("testdata")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirs = dirs[:0]
+		for _, en := range entries {
+			if en.IsDir() {
+				dirs = append(dirs, en.Name())
+			}
+		}
 	}
 	for _, name := range Names() {
 		e := newEnv(t, name)
-		for _, ref := range loadReferences(t, dir, name) {
-			first, worst := -1, 0.0
-			rs := replay(t, e, ref)
-			for k, r := range rs {
-				if first < 0 && (r.obsErr > refTol || r.rewErr > refTol || !r.flagsMatch) {
-					first = k
+		for _, dir := range dirs {
+			for _, ref := range loadReferences(t, dir, name) {
+				first, worst := -1, 0.0
+				rs := replay(t, e, ref)
+				for k, r := range rs {
+					if first < 0 && (r.obsErr > refTol || r.rewErr > refTol || !r.flagsMatch) {
+						first = k
+					}
+					worst = max(worst, r.obsErr, r.rewErr)
 				}
-				worst = max(worst, r.obsErr, r.rewErr)
+				t.Logf("MuJoCo %s %s scale %.1f: %d steps, first step beyond tolerance %d, worst error %.3g",
+					ref.MujocoVersion, name, ref.ActionScale, len(rs), first, worst)
 			}
-			t.Logf("MuJoCo %s %s scale %.1f: %d steps, first step beyond tolerance %d, worst error %.3g",
-				ref.MujocoVersion, name, ref.ActionScale, len(rs), first, worst)
 		}
 	}
 }
