@@ -310,7 +310,7 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if err := writeOutputs(o.out, blob, rows, sum); err != nil {
 		return errors.Join(werr, err)
 	}
-	fmt.Fprintf(g.stdout, "%s seed %d: %s after %d iterations, %d training episodes (policy from %d), %d env steps in %.2fs (%.0f steps/s)",
+	fmt.Fprintf(g.stdout, "%s seed %d: %s after %d iterations, %d training episodes (policy from %d), %d env steps in %.3fs (%.0f steps/s)",
 		sum.Env, sum.Seed, sum.Reason, sum.Iterations, sum.Episodes, sum.PolicyEpisodes, sum.Steps, sum.WallSeconds, sum.StepsPerSecond)
 	if sum.FinalEvalMean != nil {
 		fmt.Fprintf(g.stdout, "; eval return %.2f ± %.2f", *sum.FinalEvalMean, *sum.FinalEvalStd)
