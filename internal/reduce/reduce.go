@@ -64,6 +64,9 @@ type Batch struct {
 	members []ID
 	weights []float32
 	first   time.Time // when the first member was added
+	// dirty: the sum holds stale values from before Reset. The first Add
+	// overwrites instead of adding (saving a pass that zeroes it).
+	dirty bool
 }
 
 // NewBatch returns an empty batch for a model layout (F32 tensors only).
@@ -84,17 +87,25 @@ func NewBatch(layout *tensor.StateDict) *Batch {
 // CheckGradient against the batch's layout (a mismatch here is a bug and
 // panics). now is when it was added (the max-wait clock starts at the first).
 func (b *Batch) Add(id ID, g *tensor.StateDict, weight float32, now time.Time) {
+	overwrite := b.dirty && len(b.members) == 0
 	for i, lt := range b.layout.Tensors() {
 		x, err := g.Get(lt.Name).Float32s()
 		if err != nil {
 			panic(fmt.Sprintf("reduce: unchecked gradient: %v", err))
 		}
-		if weight == 1 {
+		switch {
+		case overwrite && weight == 1:
+			copy(b.views[i], x) // = 0 + x, up to the sign of zero
+		case overwrite:
+			clear(b.views[i])
+			kernels.AddScaled(b.views[i], weight, x)
+		case weight == 1:
 			kernels.Add(b.views[i], x)
-		} else {
+		default:
 			kernels.AddScaled(b.views[i], weight, x)
 		}
 	}
+	b.dirty = false
 	if len(b.members) == 0 {
 		b.first = now
 	}
@@ -118,11 +129,10 @@ func (b *Batch) Sum() *tensor.StateDict { return b.sum }
 // First is when the first member was added (zero when empty).
 func (b *Batch) First() time.Time { return b.first }
 
-// Reset empties the batch, zeroing the sum in place.
+// Reset empties the batch. The sum is not zeroed now: the next Add
+// overwrites it. Until then Sum must not be read.
 func (b *Batch) Reset() {
-	for _, v := range b.views {
-		clear(v)
-	}
+	b.dirty = true
 	b.members, b.weights, b.first = b.members[:0], b.weights[:0], time.Time{}
 }
 

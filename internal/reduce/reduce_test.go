@@ -64,12 +64,17 @@ func TestBatchSumMatchesPlainLoop(t *testing.T) {
 	if b.Len() != 0 {
 		t.Fatal("reset left members")
 	}
-	for _, tn := range b.Sum().Tensors() {
-		f, _ := tn.Float32s()
-		if slices.ContainsFunc(f, func(x float32) bool { return x != 0 }) {
-			t.Fatal("reset left a non-zero sum")
+	// After Reset the first Add overwrites, with or without a weight.
+	g0 := randGrad(r)
+	b.Add(ID{"c", 9}, g0, 0.5, t0)
+	w0, _ := b.Sum().Get("w").Float32s()
+	x0, _ := g0.Get("w").Float32s()
+	for j := range w0 {
+		if math.Abs(float64(w0[j]-0.5*x0[j])) > 1e-7 {
+			t.Fatalf("after reset w[%d] = %v, want %v", j, w0[j], 0.5*x0[j])
 		}
 	}
+	b.Reset()
 	// Weight-1 adds are exact.
 	g1, g2 := randGrad(r), randGrad(r)
 	b.Add(ID{"c", 10}, g1, 1, t0)

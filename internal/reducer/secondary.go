@@ -273,7 +273,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv func() ([]b
 		s.releaseAndCount(sess, h.Model, []reduce.ID{h.ID}, r)
 		return PushResult{}, err
 	}
-	g, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, recv)
+	g, buf, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, recv)
 	if err != nil {
 		r := reduce.ReasonAborted
 		if errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrFull) {
@@ -281,6 +281,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv func() ([]b
 		}
 		return release(r, err)
 	}
+	defer func() { putBuf(buf) }() // after the loop has added g (or refused it)
 	if nonFinite, err := reduce.CheckGradient(m.layout, g); err != nil {
 		r := reduce.ReasonInvalid
 		if nonFinite {

@@ -399,7 +399,7 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 	if err != nil {
 		return errs.ToStatus(err)
 	}
-	sum, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), func() ([]byte, error) {
+	sum, buf, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), func() ([]byte, error) {
 		m, err := stream.Recv()
 		if err != nil {
 			return nil, err
@@ -415,6 +415,7 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 		}
 		return errs.ToStatus(err)
 	}
+	defer putBuf(buf) // Forward keeps no reference to the sum
 	var first0 time.Time
 	if ns := h.GetFirstAdmittedUnixNano(); ns != 0 {
 		first0 = time.Unix(0, ns)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/reduce"
@@ -13,32 +14,78 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// receiveGradient assembles one safetensors blob of exactly total bytes
-// from recv (which returns io.EOF after the last chunk) and decodes it.
-// The returned tensors alias a fresh buffer the caller owns.
-func receiveGradient(total uint64, maxBytes int64, recv func() ([]byte, error)) (*tensor.StateDict, error) {
-	a, err := wire.NewAssembler(total, wire.Limits{MaxBytes: maxBytes})
-	if err != nil {
-		return nil, err
+// bufPool recycles gradient receive buffers by exact size (a model's
+// gradients are all the same size), saving an allocation and its zeroing
+// per push. Buffers are 8-byte aligned ([]uint64 backing).
+var bufPool sync.Map // int → *sync.Pool of []byte
+
+func getBuf(n int) []byte {
+	p, _ := bufPool.LoadOrStore(n, &sync.Pool{New: func() any { return tensor.AlignedBytes(n) }})
+	return p.(*sync.Pool).Get().([]byte)
+}
+
+// putBuf returns a buffer from getBuf; nothing may alias it afterwards.
+func putBuf(b []byte) {
+	if p, ok := bufPool.Load(len(b)); ok {
+		p.(*sync.Pool).Put(b) //nolint:staticcheck // a slice header is fine here
 	}
+}
+
+// receiveGradient assembles one safetensors blob of exactly total bytes
+// from recv (which returns io.EOF after the last chunk) and decodes it. It
+// checks the size limit before allocating and the header length as soon as
+// the first 8 bytes are in. The tensors alias buf, a pooled buffer the
+// caller owns and gives back with putBuf once nothing reads them.
+func receiveGradient(total uint64, maxBytes int64, recv func() ([]byte, error)) (sd *tensor.StateDict, buf []byte, err error) {
+	if total > uint64(maxBytes) {
+		return nil, nil, fmt.Errorf("%w: gradient of %d bytes exceeds the limit of %d", errs.ErrFull, total, maxBytes)
+	}
+	if total < 10 {
+		return nil, nil, fmt.Errorf("%w: blob of %d bytes is too small to be safetensors", errs.ErrInvalid, total)
+	}
+	buf = getBuf(int(total))
+	defer func() {
+		if err != nil {
+			putBuf(buf)
+			buf = nil
+		}
+	}()
+	n, checked := 0, false
 	for {
 		b, err := recv()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if err := a.Write(b); err != nil {
-			return nil, err
+		if len(b) > len(buf)-n {
+			return nil, nil, fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(buf))
+		}
+		n += copy(buf[n:], b)
+		if !checked && n >= 8 {
+			checked = true
+			h, err := safetensors.HeaderLen(buf[:8], maxHeaderBytes)
+			if err != nil {
+				return nil, nil, err
+			}
+			if h > uint64(len(buf)-8) {
+				return nil, nil, fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, h, len(buf))
+			}
 		}
 	}
-	f, _, err := a.Finish()
+	if n != len(buf) {
+		return nil, nil, fmt.Errorf("%w: stream ended after %d of %d announced bytes", errs.ErrInvalid, n, len(buf))
+	}
+	f, err := safetensors.DecodeOptions(buf, safetensors.Options{MaxHeaderBytes: maxHeaderBytes})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return f.Tensors, nil
+	return f.Tensors, buf, nil
 }
+
+// maxHeaderBytes bounds a pushed blob's JSON header (16 MiB).
+const maxHeaderBytes = 16 << 20
 
 // sendStateDict streams sd's safetensors encoding through send, one chunk
 // per call, without copying tensor bytes.

@@ -1,0 +1,230 @@
+package reducer_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// benchModel is a float32 model of about n parameters in 4 tensors.
+func benchModel(n int) *tensor.StateDict {
+	sd, _ := tensor.NewStateDict(
+		tensor.NewF32("l1.weight", int64(n/2/256), 256),
+		tensor.NewF32("l1.bias", 256),
+		tensor.NewF32("l2.weight", int64(n/2/256), 256),
+		tensor.NewF32("l2.bias", 256),
+	)
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, t := range sd.Tensors() {
+		f, _ := t.Float32s()
+		for i := range f {
+			f[i] = 0.01 * float32(r.NormFloat64())
+		}
+	}
+	return sd
+}
+
+// BenchmarkPushPull: 2 clients push gradients of a 1M- and a 25M-parameter
+// float32 model over loopback gRPC to a secondary, which forwards batches
+// to the primary (same hub process) that steps SGD and publishes each
+// version to the store. One op = one gradient pushed. Reported:
+// grads_applied/s, MB/s of gradient bytes pushed, push→new-version-visible
+// p50/p99 (from the client's call to the store publish that contains the
+// gradient), and a plain TCP copy of the same bytes over 2 loopback
+// connections in the same run (tcp_MB/s, ratio).
+func BenchmarkPushPull(b *testing.B) {
+	for _, n := range []int{1 << 20, 25 << 20} {
+		b.Run(fmt.Sprintf("params=%dM", n>>20), func(b *testing.B) { benchPushPull(b, n) })
+	}
+}
+
+func benchPushPull(b *testing.B, n int) {
+	var mu sync.Mutex
+	published := map[reduce.ID]time.Time{}
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Secondaries: 1, BatchSize: 2, MaxWait: time.Millisecond, MaxQueue: 8,
+		OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
+			now := time.Now()
+			mu.Lock()
+			for _, id := range members {
+				published[id] = now
+			}
+			mu.Unlock()
+		}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	addr := h.Addr().String()
+	model := benchModel(n)
+	blob, _ := safetensors.Encode(model, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "bench", Version: 1, Blob: blob}); err != nil {
+		b.Fatal(err)
+	}
+	admin, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: "admin"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer admin.Close()
+	if _, _, err := admin.Register(ctx, reducer.ModelConfig{Model: "bench", Optimizer: optim.Config{Kind: optim.SGD, LR: 1e-6}, Reduction: reduce.Mean}); err != nil {
+		b.Fatal(err)
+	}
+	waitSecondaries(&testing.T{}, admin, 1)
+	grad := benchModel(n) // the same bytes every push: the reducer does not care
+	gradBytes := grad.ByteSize()
+
+	const clients = 2
+	cls := make([]*reducer.Client, clients)
+	for i := range cls {
+		cls[i], err = reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: fmt.Sprintf("b%d", i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cls[i].Close()
+		if _, err := cls[i].PushGrad(ctx, "bench", 0, grad); err != nil { // warm up the connection
+			b.Fatal(err)
+		}
+	}
+	waitApplied(b, &mu, published, clients)
+
+	starts := make([]map[reduce.ID]time.Time, clients)
+	b.SetBytes(gradBytes)
+	b.ResetTimer()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	for i := range clients {
+		starts[i] = map[reduce.ID]time.Time{}
+		k := b.N / clients
+		if i < b.N%clients {
+			k++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range k {
+				st := time.Now()
+				rc, err := cls[i].PushGrad(ctx, "bench", 0, grad)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				starts[i][reduce.ID{Client: cls[i].ID(), Seq: rc.Seq}] = st
+			}
+		}()
+	}
+	wg.Wait()
+	waitApplied(b, &mu, published, clients+b.N)
+	elapsed := time.Since(t0)
+	b.StopTimer()
+
+	var lat []time.Duration
+	mu.Lock()
+	for i := range starts {
+		for id, st := range starts[i] {
+			lat = append(lat, published[id].Sub(st))
+		}
+	}
+	mu.Unlock()
+	slices.Sort(lat)
+	rate := float64(b.N) / elapsed.Seconds()
+	mbps := rate * float64(gradBytes) / 1e6
+	tcp := tcpCopyMBps(b, gradBytes, clients, max(4, min(b.N, 64)))
+	b.ReportMetric(rate, "grads_applied/s")
+	b.ReportMetric(mbps, "MB/s")
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
+	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99_ms")
+	b.ReportMetric(tcp, "tcp_MB/s")
+	b.ReportMetric(mbps/tcp, "ratio_vs_tcp")
+}
+
+func waitApplied(b *testing.B, mu *sync.Mutex, published map[reduce.ID]time.Time, n int) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		mu.Lock()
+		got := len(published)
+		mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d gradients applied", got, n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// tcpCopyMBps copies `count` blobs of size bytes over each of conns
+// loopback TCP connections at once (writer → reader that discards) and
+// returns the aggregate MB/s: the baseline for moving the same bytes.
+func tcpCopyMBps(b *testing.B, size int64, conns, count int) float64 {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lis.Close()
+	buf := make([]byte, size)
+	var wg sync.WaitGroup
+	accepted := make(chan net.Conn, conns)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range conns {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	var cs []net.Conn
+	for range conns {
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	wg.Wait()
+	t0 := time.Now()
+	for range conns {
+		s := <-accepted
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer s.Close()
+			_, _ = io.Copy(io.Discard, s)
+		}()
+	}
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range count {
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+			c.Close()
+		}()
+	}
+	wg.Wait()
+	return float64(conns) * float64(count) * float64(size) / 1e6 / time.Since(t0).Seconds()
+}
