@@ -281,7 +281,8 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 		}
 		if resp != nil {
 			s.mu.Unlock()
-			return resp, s.inline(ctx, req, resp)
+			s.inline(ctx, req, resp)
+			return resp, nil
 		}
 		ch := s.changed
 		next := s.c.nextEvent()
@@ -334,19 +335,17 @@ func (s *Service) tryLeaseLocked(req *pb.ARSLeaseRequest, now time.Time) (*pb.AR
 
 // inline attaches the lease's policy blob when the worker does not hold
 // that version and it is small. Called without mu: the store serves the
-// exact version (it was published before the lease could be made).
-func (s *Service) inline(ctx context.Context, req *pb.ARSLeaseRequest, resp *pb.ARSLeaseResponse) error {
+// exact version (it was published before the lease could be made). It is
+// an optimisation only: when the store cannot serve the version the lease
+// goes out without it and the worker's PullPolicy reports the problem.
+func (s *Service) inline(ctx context.Context, req *pb.ARSLeaseRequest, resp *pb.ARSLeaseResponse) {
 	if s.cfg.InlineMax < 0 || (req.HeldRunId == resp.RunId && req.HeldVersion == resp.Version) {
-		return nil
+		return
 	}
 	snap, err := s.cfg.Store.Get(ctx, resp.Model, resp.Version)
-	if err != nil {
-		return errs.ToStatus(err)
-	}
-	if len(snap.Blob) <= s.cfg.InlineMax {
+	if err == nil && len(snap.Blob) <= s.cfg.InlineMax {
 		resp.Policy = snap.Blob // immutable, shared: gRPC only reads it
 	}
-	return nil
 }
 
 // Report implements pb.ARSServer.
@@ -356,9 +355,7 @@ func (s *Service) Report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 		return nil, err
 	}
 	if resp.Next != nil {
-		if err := s.inline(ctx, req.Next, resp.Next); err != nil {
-			return nil, err
-		}
+		s.inline(ctx, req.Next, resp.Next)
 	}
 	return resp, nil
 }
