@@ -35,7 +35,7 @@ var gymAssets struct {
 func AssetsDir() (string, error) {
 	if dir := os.Getenv(AssetsEnvVar); dir != "" {
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return "", fmt.Errorf("mjenv: %s=%q is not a directory", AssetsEnvVar, dir)
+			return "", fmt.Errorf("mjenv: %s=%q is not a directory: %s", AssetsEnvVar, dir, assetsHint)
 		}
 		return dir, nil
 	}
