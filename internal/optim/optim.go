@@ -234,6 +234,17 @@ func (o *Optimizer) LR() float64 { return o.cfg.Schedule.LR(o.cfg.LR, o.steps) }
 // optimizer's layout (checked; errs.ErrInvalid and nothing changes when they
 // do not). The caller has already checked grads for NaN/Inf.
 func (o *Optimizer) Step(params, grads *tensor.StateDict) error {
+	return o.StepTo(params, params, grads)
+}
+
+// StepTo is Step writing the updated parameters into dst and only reading
+// params (dst may be params). It lets the reducer write a new version
+// straight into the buffer it publishes. Every tensor of dst must either be
+// params' tensor or not overlap it.
+func (o *Optimizer) StepTo(dst, params, grads *tensor.StateDict) error {
+	if err := dst.CheckLayout(o.layout); err != nil {
+		return fmt.Errorf("%w: optimizer destination: %v", errs.ErrInvalid, err)
+	}
 	if err := params.CheckLayout(o.layout); err != nil {
 		return fmt.Errorf("%w: optimizer params: %v", errs.ErrInvalid, err)
 	}
@@ -244,8 +255,12 @@ func (o *Optimizer) Step(params, grads *tensor.StateDict) error {
 	// be updated.
 	ps := make([][]float32, o.layout.Len())
 	gs := make([][]float32, o.layout.Len())
+	ds := make([][]float32, o.layout.Len())
 	for i, lt := range o.layout.Tensors() {
 		var err error
+		if ds[i], err = dst.Get(lt.Name).Float32s(); err != nil {
+			return fmt.Errorf("%w: optimizer destination: %v", errs.ErrInvalid, err)
+		}
 		if ps[i], err = params.Get(lt.Name).Float32s(); err != nil {
 			return fmt.Errorf("%w: optimizer params: %v", errs.ErrInvalid, err)
 		}
@@ -258,11 +273,11 @@ func (o *Optimizer) Step(params, grads *tensor.StateDict) error {
 	for i := range ps {
 		switch o.cfg.Kind {
 		case SGD:
-			o.sgd(i, ps[i], gs[i], lr)
+			o.sgd(i, ds[i], ps[i], gs[i], lr)
 		case Adam, AdamW:
-			o.adam(i, ps[i], gs[i], lr, step)
+			o.adam(i, ds[i], ps[i], gs[i], lr, step)
 		case RMSprop:
-			o.rmsprop(i, ps[i], gs[i], lr)
+			o.rmsprop(i, ds[i], ps[i], gs[i], lr)
 		}
 	}
 	o.steps = step
@@ -282,7 +297,8 @@ func (o *Optimizer) buf(slot string, i, n int) (b []float32, fresh bool) {
 }
 
 // sgd is torch.optim.SGD's _single_tensor_sgd.
-func (o *Optimizer) sgd(i int, p, g []float32, lr float64) {
+func (o *Optimizer) sgd(i int, dst, p, g []float32, lr float64) {
+	dst, g = dst[:len(p)], g[:len(p)]
 	wd, mom, damp := float32(o.cfg.WeightDecay), float32(o.cfg.Momentum), float32(1-o.cfg.Dampening)
 	nlr := float32(-lr)
 	if mom == 0 {
@@ -291,7 +307,7 @@ func (o *Optimizer) sgd(i int, p, g []float32, lr float64) {
 			if wd != 0 {
 				d += wd * p[j]
 			}
-			p[j] += nlr * d
+			dst[j] = p[j] + nlr*d
 		}
 		return
 	}
@@ -311,12 +327,13 @@ func (o *Optimizer) sgd(i int, p, g []float32, lr float64) {
 		} else {
 			d = b[j]
 		}
-		p[j] += nlr * d
+		dst[j] = p[j] + nlr*d
 	}
 }
 
 // adam is torch.optim.Adam's / AdamW's _single_tensor_adam (amsgrad off).
-func (o *Optimizer) adam(i int, p, g []float32, lr float64, step int64) {
+func (o *Optimizer) adam(i int, dst, p, g []float32, lr float64, step int64) {
+	dst, g = dst[:len(p)], g[:len(p)]
 	c := &o.cfg
 	m, _ := o.buf(slotExpAvg, i, len(p))
 	v, _ := o.buf(slotExpAvgSq, i, len(p))
@@ -331,21 +348,22 @@ func (o *Optimizer) adam(i int, p, g []float32, lr float64, step int64) {
 	wd := float32(c.WeightDecay)
 	decay := float32(1 - lr*c.WeightDecay)
 	for j := range p {
-		d := g[j]
+		d, pj := g[j], p[j]
 		if c.Kind == AdamW {
-			p[j] *= decay
+			pj *= decay
 		} else if wd != 0 {
-			d += wd * p[j]
+			d += wd * pj
 		}
 		m[j] = lerp(m[j], d, b1w)
 		v[j] = v[j]*b2 + b2c*d*d
 		den := float32(math.Sqrt(float64(v[j])))/bc2Sqrt + eps
-		p[j] += -stepSize * (m[j] / den)
+		dst[j] = pj + -stepSize*(m[j]/den)
 	}
 }
 
 // rmsprop is torch.optim.RMSprop's _single_tensor_rmsprop.
-func (o *Optimizer) rmsprop(i int, p, g []float32, lr float64) {
+func (o *Optimizer) rmsprop(i int, dst, p, g []float32, lr float64) {
+	dst, g = dst[:len(p)], g[:len(p)]
 	c := &o.cfg
 	sq, _ := o.buf(slotSquareAvg, i, len(p))
 	alpha, alphac := float32(c.Alpha), float32(1-c.Alpha)
@@ -374,9 +392,9 @@ func (o *Optimizer) rmsprop(i int, p, g []float32, lr float64) {
 		avg += eps
 		if mom > 0 {
 			mb[j] = mb[j]*mom + d/avg
-			p[j] += nlr * mb[j]
+			dst[j] = p[j] + nlr*mb[j]
 		} else {
-			p[j] += nlr * (d / avg)
+			dst[j] = p[j] + nlr*(d/avg)
 		}
 	}
 }

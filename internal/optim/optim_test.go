@@ -297,3 +297,44 @@ func ExampleOptimizer_Step() {
 	fmt.Println(f)
 	// Output: [0.95 2.1]
 }
+
+// TestStepToMatchesStep: writing the update elsewhere gives the same bits
+// as the in-place step and leaves the source untouched.
+func TestStepToMatchesStep(t *testing.T) {
+	for _, cfg := range []Config{{Kind: SGD, LR: 0.1, Momentum: 0.9, WeightDecay: 0.1}, {Kind: AdamW, LR: 0.01},
+		{Kind: Adam, LR: 0.01, WeightDecay: 0.1}, {Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, WeightDecay: 0.1}} {
+		r := rand.New(rand.NewPCG(9, 9))
+		p := randSD(r, 1)
+		inPlace, src := p.Clone(), p.Clone()
+		o1, _ := New(cfg, p)
+		o2, _ := New(cfg, p)
+		for range 3 {
+			g := randSD(r, 1)
+			_ = o1.Step(inPlace, g)
+			dst := src.Clone()
+			for _, tn := range dst.Tensors() {
+				f, _ := tn.Float32s()
+				clear(f)
+			}
+			before := src.Clone()
+			if err := o2.StepTo(dst, src, g); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []string{"a", "b"} {
+				x, _ := src.Get(n).Float32s()
+				y, _ := before.Get(n).Float32s()
+				if !slices.Equal(x, y) {
+					t.Fatalf("%s: StepTo modified its source", cfg.Kind)
+				}
+			}
+			src = dst
+		}
+		for _, n := range []string{"a", "b"} {
+			x, _ := inPlace.Get(n).Float32s()
+			y, _ := src.Get(n).Float32s()
+			if !slices.Equal(x, y) {
+				t.Fatalf("%s %s: StepTo %v, Step %v", cfg.Kind, n, y, x)
+			}
+		}
+	}
+}

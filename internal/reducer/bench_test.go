@@ -87,7 +87,7 @@ func benchPushPull(b *testing.B, n int) {
 	if _, _, err := admin.Register(ctx, reducer.ModelConfig{Model: "bench", Optimizer: optim.Config{Kind: optim.SGD, LR: 1e-6}, Reduction: reduce.Mean}); err != nil {
 		b.Fatal(err)
 	}
-	waitSecondaries(&testing.T{}, admin, 1)
+	waitSecondaries(b, admin, 1)
 	grad := benchModel(n) // the same bytes every push: the reducer does not care
 	gradBytes := grad.ByteSize()
 
@@ -147,6 +147,9 @@ func benchPushPull(b *testing.B, n int) {
 	rate := float64(b.N) / elapsed.Seconds()
 	mbps := rate * float64(gradBytes) / 1e6
 	tcp := tcpCopyMBps(b, gradBytes, clients, max(4, min(b.N, 64)))
+	if st, err := admin.Stats(ctx, ""); err == nil {
+		b.ReportMetric(st.GetPublishP50Us()/1000, "admit_publish_p50_ms")
+	}
 	b.ReportMetric(rate, "grads_applied/s")
 	b.ReportMetric(mbps, "MB/s")
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")

@@ -289,7 +289,7 @@ func TestKillSecondaryProcess(t *testing.T) {
 	}
 }
 
-func waitSecondaries(t *testing.T, c *reducer.Client, n int) {
+func waitSecondaries(t testing.TB, c *reducer.Client, n int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

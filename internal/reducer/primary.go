@@ -140,8 +140,12 @@ type pmodel struct {
 	// whole step (optimizer, encode, publish) so that admissions, which
 	// only need mu, never wait for a step.
 	stepMu sync.Mutex
-	params *tensor.StateDict // owned: the newest version's weights
+	// params are the newest version's weights, read-only: after the first
+	// step they alias the blob last published (owned by the store). Each
+	// step writes the next version straight into a fresh blob.
+	params *tensor.StateDict
 	opt    *optim.Optimizer
+	plan   *safetensors.Layout // header and tensor order of every blob
 
 	// mu guards the fields below; version is written with stepMu held
 	// too, so holding either is enough to read it.
@@ -214,7 +218,11 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 	if epoch == 0 {
 		epoch = snap.Epoch
 	}
-	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt,
+	plan, err := safetensors.Plan(params, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+	}
+	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
 		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -436,23 +444,22 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	}
 	m.cfg.Reduction.Finish(b.Sum, len(b.Members))
 	reduce.Clip(b.Sum, m.cfg.GradientMax)
-	if err := m.opt.Step(m.params, b.Sum); err != nil {
+	blob, dst := m.newBlob()
+	if err := m.opt.StepTo(dst, m.params, b.Sum); err != nil {
 		return fail(err)
 	}
 	next := m.version + 1
-	blob, err := safetensors.Encode(m.params, nil)
-	if err == nil {
-		m.mu.Lock()
-		m.publishing = true
-		m.mu.Unlock()
-		_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob})
-		m.mu.Lock()
-		m.publishing = false
-		m.mu.Unlock()
-	}
+	m.mu.Lock()
+	m.publishing = true
+	m.mu.Unlock()
+	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob})
+	m.mu.Lock()
+	m.publishing = false
+	m.mu.Unlock()
 	if err != nil {
 		return fail(fmt.Errorf("publishing version %d failed: %w", next, err))
 	}
+	m.params = dst
 	m.mu.Lock()
 	m.version = next
 	m.counters.Applied += n
@@ -470,6 +477,22 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		}
 	}
 	return next, nil
+}
+
+// newBlob allocates the next version's safetensors blob with its header
+// written and returns it with a state dict of views of its tensor bytes.
+func (m *pmodel) newBlob() ([]byte, *tensor.StateDict) {
+	blob := tensor.AlignedBytes(int(m.plan.Size))
+	off := copy(blob, m.plan.Header)
+	dst := &tensor.StateDict{}
+	for _, t := range m.plan.Order {
+		n := len(t.Data)
+		if err := dst.Add(&tensor.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: blob[off : off+n : off+n]}); err != nil {
+			panic(err) // the plan was valid
+		}
+		off += n
+	}
+	return blob, dst
 }
 
 // checkpointLocked writes m's optimizer state to the store at m.version.
