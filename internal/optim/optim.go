@@ -26,6 +26,7 @@ import (
 	"strconv"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/kernels"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -301,6 +302,15 @@ func (o *Optimizer) sgd(i int, dst, p, g []float32, lr float64) {
 	dst, g = dst[:len(p)], g[:len(p)]
 	wd, mom, damp := float32(o.cfg.WeightDecay), float32(o.cfg.Momentum), float32(1-o.cfg.Dampening)
 	nlr := float32(-lr)
+	if mom == 0 && wd == 0 {
+		// dst = p − lr·g with the SIMD axpy (it may fuse the multiply-add,
+		// as PyTorch's vectorized add_ may).
+		if len(p) > 0 && &dst[0] != &p[0] {
+			copy(dst, p)
+		}
+		kernels.AddScaled(dst, nlr, g)
+		return
+	}
 	if mom == 0 {
 		for j := range p {
 			d := g[j]

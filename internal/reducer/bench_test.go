@@ -40,22 +40,24 @@ func benchModel(n int) *tensor.StateDict {
 
 // BenchmarkPushPull: 2 clients push gradients of a 1M- and a 25M-parameter
 // float32 model over loopback gRPC to a secondary, which forwards batches
-// to the primary (same hub process) that steps SGD and publishes each
-// version to the store. One op = one gradient pushed. Reported:
+// of `batch` gradients (or what it has after 1ms) to the primary (same hub
+// process) that steps SGD and publishes each version to the store. One op = one gradient pushed. Reported:
 // grads_applied/s, MB/s of gradient bytes pushed, push→new-version-visible
 // p50/p99 (from the client's call to the store publish that contains the
 // gradient), and a plain TCP copy of the same bytes over 2 loopback
 // connections in the same run (tcp_MB/s, ratio).
 func BenchmarkPushPull(b *testing.B) {
 	for _, n := range []int{1 << 20, 25 << 20} {
-		b.Run(fmt.Sprintf("params=%dM", n>>20), func(b *testing.B) { benchPushPull(b, n) })
+		for _, batch := range []int{1, 2} {
+			b.Run(fmt.Sprintf("params=%dM/batch=%d", n>>20, batch), func(b *testing.B) { benchPushPull(b, n, batch) })
+		}
 	}
 }
 
-func benchPushPull(b *testing.B, n int) {
+func benchPushPull(b *testing.B, n, batch int) {
 	var mu sync.Mutex
 	published := map[reduce.ID]time.Time{}
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Secondaries: 1, BatchSize: 2, MaxWait: time.Millisecond, MaxQueue: 8,
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
 		OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
 			now := time.Now()
 			mu.Lock()
