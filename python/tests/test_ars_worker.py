@@ -1,0 +1,387 @@
+"""The Python ARS worker against the real hub, checked against the Go worker.
+
+* A run on CartPole-v1 served only by ``python -m rlhub.ars_worker``
+  (Gymnasium's CartPole) and started by ``rlhub train ars --workers 0``
+  reaches the target.
+* Bit-identity with the Go worker: Gymnasium resets episodes with its own
+  generator, so on Gymnasium's CartPole the two workers see different start
+  states. ``GoCartPole`` below is a line-by-line port of internal/env's
+  CartPole, PCG reset included; a Python worker on it must produce the same
+  policy bytes, curve and σ_R as a Go worker on the Go env, which checks the
+  noise, the filter statistics, their normalisation, the shift, evaluation
+  episodes and the update end to end.
+* A Python worker SIGKILLed while holding a lease: its tasks are handed to
+  another worker and the run ends with the undisturbed run's policy.
+* A worker started for another environment refuses the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import pathlib
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, List, Optional, Tuple
+
+import grpc
+import numpy as np
+import pytest
+
+gymnasium = pytest.importorskip("gymnasium")
+
+from rlhub import ars_worker, errors  # noqa: E402
+from rlhub._proto.rlhub.v1 import ars_pb2, ars_pb2_grpc  # noqa: E402
+
+from conftest import REPO, Hub  # noqa: E402
+
+PYENV = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+
+_M64 = (1 << 64) - 1
+
+
+# Go's math.Sin / math.Cos (src/math/sin.go, Cephes polynomials; pure Go on
+# amd64, no FMA at GOAMD64=v1) for |x| < 2²⁹: glibc's sin/cos differ from
+# them in the last bit now and then, enough to change a CartPole episode.
+_SIN = (1.58962301576546568060e-10, -2.50507477628578072866e-8, 2.75573136213857245213e-6,
+        -1.98412698295895385996e-4, 8.33333333332211858878e-3, -1.66666666666666307295e-1)
+_COS = (-1.13585365213876817300e-11, 2.08757008419747316778e-9, -2.75573141792967388112e-7,
+        2.48015872888517045348e-5, -1.38888888888730564116e-3, 4.16666666666665929218e-2)
+_PI4A, _PI4B, _PI4C = 7.85398125648498535156e-1, 3.77489470793079817668e-8, 2.69515142907905952645e-15
+_FOUR_OVER_PI = struct.unpack("<d", struct.pack("<Q", 0x3FF45F306DC9C883))[0]  # Go's exact 4/Pi rounded
+
+
+def _poly(c: Tuple[float, ...], zz: float) -> float:
+    return (((((c[0] * zz) + c[1]) * zz + c[2]) * zz + c[3]) * zz + c[4]) * zz + c[5]
+
+
+def _reduce(x: float) -> Tuple[int, float]:
+    assert x < 1 << 29, x
+    j = int(x * _FOUR_OVER_PI)
+    y = float(j)
+    if j & 1:
+        j += 1
+        y += 1
+    j &= 7
+    return j, ((x - y * _PI4A) - y * _PI4B) - y * _PI4C
+
+
+def go_sin(x: float) -> float:
+    if x == 0 or math.isnan(x):
+        return x
+    sign = x < 0
+    j, z = _reduce(abs(x))
+    if j > 3:
+        sign, j = not sign, j - 4
+    zz = z * z
+    y = 1.0 - 0.5 * zz + zz * zz * _poly(_COS, zz) if j in (1, 2) else z + z * zz * _poly(_SIN, zz)
+    return -y if sign else y
+
+
+def go_cos(x: float) -> float:
+    sign = False
+    j, z = _reduce(abs(x))
+    if j > 3:
+        j, sign = j - 4, not sign
+    if j > 1:
+        sign = not sign
+    zz = z * z
+    y = z + z * zz * _poly(_SIN, zz) if j in (1, 2) else 1.0 - 0.5 * zz + zz * zz * _poly(_COS, zz)
+    return -y if sign else y
+
+
+class GoPCG:
+    """Go's math/rand/v2 PCG (128-bit LCG, DXSM output) and Rand.Float64."""
+
+    _MUL = 2549297995355413924 << 64 | 4865540595714422341
+    _INC = 6364136223846793005 << 64 | 1442695040888963407
+
+    def __init__(self, seed1: int, seed2: int):
+        self.state = seed1 << 64 | seed2
+
+    def uint64(self) -> int:
+        self.state = (self.state * self._MUL + self._INC) & ((1 << 128) - 1)
+        hi, lo = self.state >> 64, self.state & _M64
+        hi ^= hi >> 32
+        hi = hi * 0xDA942042E4DD58B5 & _M64
+        hi ^= hi >> 48
+        return hi * (lo | 1) & _M64
+
+    def float64(self) -> float:
+        return float(self.uint64() & ((1 << 53) - 1)) / (1 << 53)
+
+
+class GoCartPole:
+    """internal/env/cartpole.go in Python, Gymnasium-shaped.
+
+    ``reset(seed=w1 + 2⁶⁴·w2)`` seeds a Go PCG with (w1, w2), as the Go
+    worker seeds its env; sin and cos are Go's (``go_sin``, ``go_cos``).
+    """
+
+    def __init__(self):
+        self.action_space = gymnasium.spaces.Discrete(2)
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+        self.gravity, self.masscart, self.masspole = 9.8, 1.0, 0.1
+        self.total_mass = self.masspole + self.masscart
+        self.length = 0.5
+        self.polemass_length = self.masspole * self.length
+        self.force_mag, self.tau = 10.0, 0.02
+        self.theta_threshold = 12 * 2 * math.pi / 360
+        self.x_threshold = 2.4
+        self.state = [0.0] * 4
+        self.steps = 0
+        self.beyond = -1
+
+    def _obs(self) -> np.ndarray:
+        return np.array(self.state, dtype=np.float32)
+
+    def reset(self, seed: Optional[int] = None) -> Tuple[np.ndarray, dict]:
+        rng = GoPCG(seed & _M64, seed >> 64)
+        self.state = [-0.05 + (0.05 - -0.05) * rng.float64() for _ in range(4)]
+        self.steps, self.beyond = 0, -1
+        return self._obs(), {}
+
+    def step(self, a: int):
+        assert a in (0, 1), a
+        self.steps += 1
+        truncated = self.steps >= 500
+        x, x_dot, theta, theta_dot = self.state
+        force = self.force_mag if a == 1 else -self.force_mag
+        costheta, sintheta = go_cos(theta), go_sin(theta)
+        temp = (force + self.polemass_length * (theta_dot * theta_dot) * sintheta) / self.total_mass
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * (costheta * costheta) / self.total_mass))
+        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        x = x + self.tau * x_dot
+        x_dot = x_dot + self.tau * xacc
+        theta = theta + self.tau * theta_dot
+        theta_dot = theta_dot + self.tau * thetaacc
+        self.state = [x, x_dot, theta, theta_dot]
+        terminated = (x < -self.x_threshold or x > self.x_threshold
+                      or theta < -self.theta_threshold or theta > self.theta_threshold)
+        reward = 1.0
+        if terminated:
+            if self.beyond < 0:
+                self.beyond = 0
+            else:
+                self.beyond += 1
+                reward = 0.0
+        return self._obs(), reward, terminated, truncated, {}
+
+
+def train(hub: Hub, out: pathlib.Path, *args: str) -> dict:
+    """`rlhub train ars --hub ... --workers 0` to the end; returns summary.json."""
+    r = subprocess.run([hub.binary, "train", "ars", "--hub", hub.addr, "--workers", "0", "--no-progress",
+                        "--out", str(out), *args], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return json.loads((out / "summary.json").read_text())
+
+
+def curve(out: pathlib.Path) -> List[List[str]]:
+    """curve.csv without the two timing columns (wall and hub seconds)."""
+    with open(out / "curve.csv") as f:
+        rows = list(csv.reader(f))
+    drop = {i for i, h in enumerate(rows[0]) if "second" in h or "wall" in h}
+    return [[v for i, v in enumerate(r) if i not in drop] for r in rows]
+
+
+class ThreadWorker:
+    """An in-process ARSWorker on its own thread."""
+
+    def __init__(self, addr: str, env_id: str, **kw: Any):
+        self.worker = ars_worker.ARSWorker(addr, env_id, wait=0.2, **kw)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as e:  # reported by stop()
+            self.error = e
+
+    def stop(self) -> ars_worker.WorkerStats:
+        self.worker.stop()
+        self.thread.join(timeout=30)
+        self.worker.close()
+        assert not self.thread.is_alive()
+        if self.error is not None:
+            raise self.error
+        return self.worker.stats
+
+
+def test_go_pcg_port_known_answers():
+    """Values printed by Go's math/rand/v2 (rand.New(rand.NewPCG(...)))."""
+    r = GoPCG(1, 2)
+    assert [r.uint64() for _ in range(3)] == [14192431797130687760, 11371241257079532652, 14470142590855381128]
+    r = GoPCG(0xDEADBEEFCAFEBABE, 0x0123456789ABCDEF)
+    assert [r.float64(), r.float64()] == [0.740586204785819, 0.8534896489441095]
+
+
+def test_go_sin_cos_port_known_answers():
+    """Bits printed by Go's math.Sin and math.Cos."""
+    want = {0.1: (0x3FB98EAECB8BCB2C, 0x3FEFD712F9A817C0), -0.2: (0xBFC96DFF233DD2BC, 0x3FEF5CB49577627A),
+            0.0123456789: (0x3F894886E168FFBA, 0x3FEFFF602EB7DE5E), 1.3: (0x3FEED577F9C51E4B, 0x3FD11EB3682A4C5F),
+            -2.9: (0xBFCE9FB8D64830E2, 0xBFEF1216DBA340C9), 5.5: (0xBFE693C94E0AB057, 0x3FE6AD6C3C07D448),
+            0.7853981: (0x3FE6A09E4E6E03C8, 0x3FE6A09E7E9073B8)}
+    bits = lambda v: struct.unpack("<Q", struct.pack("<d", v))[0]  # noqa: E731
+    for x, (s, c) in want.items():
+        assert (bits(go_sin(x)), bits(go_cos(x))) == (s, c), x
+
+
+def test_python_worker_alone_solves_cartpole(hub, tmp_path):
+    w = subprocess.Popen([sys.executable, "-m", "rlhub.ars_worker", "--hub", hub.addr, "--env", "CartPole-v1",
+                          "--name", "py-0"], env=PYENV, stderr=subprocess.PIPE, text=True)
+    try:
+        s = train(hub, tmp_path / "run", "--env", "CartPole-v1", "--seed", "1", "--target", "475")
+    finally:
+        w.send_signal(signal.SIGINT)
+        _, err = w.communicate(timeout=30)
+    assert w.returncode == 0, err
+    assert s["stop_reason"] == "target" and s["reached_target"], s
+    assert s["final_eval_mean"] >= 475, s
+    assert "tasks" in err and "policy pulls" in err, err
+
+
+def run_go_worker(hub: Hub, out: pathlib.Path, spec: List[str]) -> None:
+    w = subprocess.Popen([hub.binary, "worker", "ars", "--hub", hub.addr], stderr=subprocess.DEVNULL)
+    try:
+        train(hub, out, *spec)
+    finally:
+        w.send_signal(signal.SIGINT)
+        w.wait(timeout=30)
+
+
+SPEC = ["--env", "CartPole-v1", "--seed", "7", "--max-iterations", "6", "--eval-every", "2",
+        "--eval-episodes", "3", "--directions", "8", "--top", "4", "--shift", "0.5"]
+
+
+def test_bit_identical_to_go_worker(rlhub_bin, tmp_path):
+    """Go worker on the Go env vs Python worker on its port: same bytes."""
+    go_hub = Hub(rlhub_bin, (tmp_path / "go").mkdir() or tmp_path / "go")
+    try:
+        run_go_worker(go_hub, tmp_path / "go" / "run", SPEC)
+    finally:
+        go_hub.stop()
+    py_hub = Hub(rlhub_bin, (tmp_path / "py").mkdir() or tmp_path / "py")
+    try:
+        w = ThreadWorker(py_hub.addr, "CartPole-v1", make_env=GoCartPole)
+        try:
+            train(py_hub, tmp_path / "py" / "run", *SPEC)
+        finally:
+            st = w.stop()
+    finally:
+        py_hub.stop()
+    assert st.tasks > 0
+    go_curve, py_curve = curve(tmp_path / "go" / "run"), curve(tmp_path / "py" / "run")
+    assert py_curve == go_curve
+    go_blob = (tmp_path / "go" / "run" / "policy.safetensors").read_bytes()
+    py_blob = (tmp_path / "py" / "run" / "policy.safetensors").read_bytes()
+    p = ars_worker.decode_policy(py_blob)
+    assert p.iteration == 6 and p.count > 0 and np.any(p.theta != 0), p
+    assert py_blob == go_blob
+
+
+def test_killed_python_worker_tasks_are_reassigned(rlhub_bin, hub, tmp_path):
+    """SIGKILL a Python worker holding a lease; a second one finishes the run."""
+    spec = ["--env", "CartPole-v1", "--seed", "3", "--max-iterations", "3", "--eval-every", "3",
+            "--eval-episodes", "2", "--directions", "8", "--top", "4"]
+    # Reference: the same run served by one undisturbed Python worker.
+    ref_hub = Hub(rlhub_bin, (tmp_path / "ref").mkdir() or tmp_path / "ref")
+    try:
+        w = ThreadWorker(ref_hub.addr, "CartPole-v1")
+        try:
+            train(ref_hub, tmp_path / "ref" / "run", *spec)
+        finally:
+            w.stop()
+    finally:
+        ref_hub.stop()
+
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, hub.addr], env=PYENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen([hub.binary, "train", "ars", "--hub", hub.addr, "--workers", "0", "--no-progress",
+                                "--out", str(tmp_path / "run"), *spec], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    survivor = None
+    try:
+        line = child.stdout.readline().strip()
+        assert line.startswith("LEASED "), (line, child.stderr.read() if child.poll() is not None else "")
+        held = int(line.split()[1])
+        assert held > 0
+        child.kill()
+        child.wait(timeout=10)
+        survivor = ThreadWorker(hub.addr, "CartPole-v1")
+        out, err = trainer.communicate(timeout=120)
+        assert trainer.returncode == 0, err + out
+    finally:
+        for p in (child, trainer):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if survivor is not None:
+            st = survivor.stop()
+    # The survivor computed every task, the killed worker's included.
+    assert st.tasks >= 3 * 2 * 8 // 2, st
+    assert (tmp_path / "run" / "policy.safetensors").read_bytes() == \
+        (tmp_path / "ref" / "run" / "policy.safetensors").read_bytes()
+    assert curve(tmp_path / "run") == curve(tmp_path / "ref" / "run")
+
+
+# The child: a Python worker that prints LEASED <tasks> at its first lease
+# and then hangs holding it until killed.
+KILLED_CHILD = r"""
+import sys, time
+from rlhub import ars_worker
+def hold(lease):
+    print("LEASED", len(lease.tasks), flush=True)
+    time.sleep(3600)
+ars_worker.ARSWorker(sys.argv[1], "CartPole-v1", max_tasks=2, after_lease=hold).run()
+"""
+
+
+def test_worker_for_another_env_refuses(hub, tmp_path):
+    ch = grpc.insecure_channel(hub.addr)
+    client = ars_pb2_grpc.ARSStub(ch)
+    client.StartRun(ars_pb2.ARSStartRunRequest(spec=ars_pb2.ARSRunSpec(env="CartPole-v1", seed=1, max_iterations=1)))
+    r = subprocess.run([sys.executable, "-m", "rlhub.ars_worker", "--hub", hub.addr, "--env", "Acrobot-v1"],
+                       env=PYENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "trains env 'CartPole-v1'" in r.stderr and "--env CartPole-v1" in r.stderr, r.stderr
+    # It detached: a correct worker takes the tasks at once and ends the run.
+    w = ThreadWorker(hub.addr, "CartPole-v1")
+    try:
+        prog = list(client.WatchRun(ars_pb2.ARSWatchRunRequest(run_id="run-1"), timeout=60))
+    finally:
+        w.stop()
+        ch.close()
+    assert prog[-1].done, prog[-1]
+
+
+def test_decode_policy_rejects_bad_blobs():
+    from rlhub.tensors import save_bytes
+    meta = {"ars.env": "CartPole-v1", "ars.version": "V2-t", "ars.iteration": "0", "ars.seed": "1",
+            "ars.hidden": "", "ars.discrete": "2", "ars.obs_dim": "4", "ars.out_dim": "2",
+            "ars.directions": "8", "ars.top": "4", "ars.step_size": "0.02", "ars.noise": "0.03", "ars.shift": "0"}
+    good = {"policy.weight": np.zeros((2, 4)), "filter.count": np.zeros(1), "filter.mean": np.zeros(4),
+            "filter.m2": np.zeros(4)}
+    p = ars_worker.decode_policy(save_bytes(good, meta))
+    assert p.num_params == 8 and p.discrete
+    bad_cases = [
+        (dict(good, **{"policy.weight": np.zeros((4, 2))}), meta),
+        (dict(good, **{"policy.weight": np.full((2, 4), np.nan)}), meta),
+        (dict(good, **{"filter.m2": -np.ones(4)}), meta),
+        (dict(good, extra=np.zeros(1)), meta),
+        (good, dict(meta, **{"ars.version": "V3"})),
+        (good, dict(meta, **{"ars.discrete": "3"})),
+    ]
+    for sd, md in bad_cases:
+        with pytest.raises(errors.InvalidArgument):
+            ars_worker.decode_policy(save_bytes(sd, md))
+    with pytest.raises(errors.InvalidArgument):
+        ars_worker.decode_policy(b"\x00" * 7)
