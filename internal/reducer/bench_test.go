@@ -40,8 +40,11 @@ func benchModel(n int) *tensor.StateDict {
 
 // BenchmarkPushPull: 2 clients push gradients of a 1M- and a 25M-parameter
 // float32 model over loopback gRPC to a secondary, which forwards batches
-// of `batch` gradients (or what it has after 1ms) to the primary (same hub
-// process) that steps SGD and publishes each version to the store. One op = one gradient pushed. Reported:
+// of `batch` gradients (or what it has after 1ms) to the primary, which
+// steps SGD and publishes each version to the store. The secondary runs in
+// the primary's hub (in-hub: forwards are calls) or in a hub of its own
+// (own-hub: forwards cross loopback gRPC). Everything shares this process
+// and its 2 cores. One op = one gradient pushed. Reported:
 // grads_applied/s, MB/s of gradient bytes pushed, push→new-version-visible
 // p50/p99 (from the client's call to the store publish that contains the
 // gradient), and a plain TCP copy of the same bytes over 2 loopback
@@ -49,15 +52,25 @@ func benchModel(n int) *tensor.StateDict {
 func BenchmarkPushPull(b *testing.B) {
 	for _, n := range []int{1 << 20, 25 << 20} {
 		for _, batch := range []int{1, 2} {
-			b.Run(fmt.Sprintf("params=%dM/batch=%d", n>>20, batch), func(b *testing.B) { benchPushPull(b, n, batch) })
+			for _, remote := range []bool{false, true} {
+				topo := "secondary=in-hub"
+				if remote {
+					topo = "secondary=own-hub"
+				}
+				b.Run(fmt.Sprintf("params=%dM/batch=%d/%s", n>>20, batch, topo), func(b *testing.B) { benchPushPull(b, n, batch, remote) })
+			}
 		}
 	}
 }
 
-func benchPushPull(b *testing.B, n, batch int) {
+func benchPushPull(b *testing.B, n, batch int, remote bool) {
 	var mu sync.Mutex
 	published := map[reduce.ID]time.Time{}
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
+	secondaries := 1
+	if remote {
+		secondaries = -1
+	}
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Secondaries: secondaries, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
 		OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
 			now := time.Now()
 			mu.Lock()
@@ -88,6 +101,18 @@ func benchPushPull(b *testing.B, n, batch int) {
 	defer admin.Close()
 	if _, _, err := admin.Register(ctx, reducer.ModelConfig{Model: "bench", Optimizer: optim.Config{Kind: optim.SGD, LR: 1e-6}, Reduction: reduce.Mean}); err != nil {
 		b.Fatal(err)
+	}
+	if remote {
+		// The secondary in a hub of its own: it forwards to the primary
+		// over loopback gRPC too.
+		h2, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Primary: addr, Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h2.Start(); err != nil {
+			b.Fatal(err)
+		}
+		defer h2.Close()
 	}
 	waitSecondaries(b, admin, 1)
 	grad := benchModel(n) // the same bytes every push: the reducer does not care
