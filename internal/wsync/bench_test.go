@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -29,10 +28,10 @@ import (
 // BenchmarkDeliver measures time-to-all-collectors-have-it: from the
 // moment a version is published until every collector has applied it (holds
 // it whole in its own memory, or by pointer for in-process), for each
-// transport, model size and collector count. Before the sub-benchmarks of a
-// size, the same run measures a memcpy of the model and a plain TCP copy of
-// it over loopback (medians); every sub-benchmark reports its p50 against
-// both (x-memcpy, %tcp-rate).
+// transport, model size and collector count. Right before each
+// sub-benchmark the same run measures a memcpy of the model and a plain TCP
+// copy of it over loopback (medians), and the sub-benchmark reports its p50
+// against both (x-memcpy, %tcp-rate).
 //
 // Transports: inproc (Board.Publish → receivers adopt the pointer); shm and
 // shm-nocrc (ShmWriter.Write, CRC-32C by the writer, readers in goroutines
@@ -45,10 +44,11 @@ import (
 func BenchmarkDeliver(b *testing.B) {
 	for _, size := range []int{16 << 20, 128 << 20} {
 		blob := benchBlob(b, size)
-		memcpy, tcp := baselines(b, blob)
 		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "push", "storewatch", "relay-shm"} {
 			for _, n := range []int{1, 2, 8} {
 				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
+					// Baselines right before, under the same machine load.
+					memcpy, tcp := baselines(b, blob)
 					d := deliver(b, tr, blob, n)
 					report(b, d, len(blob), memcpy, tcp)
 				})
@@ -221,12 +221,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) []time.Duration {
 		return h
 	}
 	dialT := func(addr string) *grpc.ClientConn {
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-		if w := os.Getenv("WSYNC_BENCH_WINDOW"); w != "" {
-			n, _ := strconv.Atoi(w)
-			opts = append(opts, grpc.WithInitialWindowSize(int32(n)), grpc.WithInitialConnWindowSize(int32(n)), grpc.WithReadBufferSize(1<<20))
-		}
-		conn, err := grpc.NewClient(addr, opts...)
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			b.Fatal(err)
 		}
