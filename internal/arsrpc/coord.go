@@ -71,16 +71,16 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	if in == nil {
 		return nil, ars.Config{}, fmt.Errorf("%w: missing run spec", errs.ErrInvalid)
 	}
-	e, err := env.Make(in.Env)
+	espec, err := envSpec(in)
 	if err != nil {
-		return nil, ars.Config{}, fmt.Errorf("%w: %v", errs.ErrInvalid, err)
+		return nil, ars.Config{}, err
 	}
 	d := ars.EnvDefaults(in.Env)
 	s := &pb.ARSRunSpec{
 		Env: in.Env, Seed: in.Seed, Version: in.Version, Directions: in.Directions, Top: in.Top,
 		StepSize: in.StepSize, Noise: in.Noise, Shift: in.Shift, Hidden: in.Hidden,
 		EvalEvery: in.EvalEvery, EvalEpisodes: in.EvalEpisodes, UseTarget: in.UseTarget, Target: in.Target,
-		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations,
+		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations, EnvSpec: in.EnvSpec,
 	}
 	if s.Version == "" {
 		s.Version = d.Hyper.Version.String()
@@ -114,7 +114,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		s.MaxEpisodes = d.MaxEpisodes
 	}
 	cfg := ars.Config{
-		Env: s.Env, Spec: e.Spec(), Seed: s.Seed,
+		Env: s.Env, Spec: espec, Seed: s.Seed,
 		Hyper: ars.Hyper{Version: v, Directions: int(s.Directions), Top: int(s.Top),
 			StepSize: s.StepSize, Noise: s.Noise, Shift: s.Shift},
 		EvalEvery: int(s.EvalEvery), EvalEpisodes: int(s.EvalEpisodes),
@@ -129,6 +129,32 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	}
 	s.Top = uint32(cfg.Hyper.Top)
 	return s, cfg, nil
+}
+
+// envSpec returns the spaces of a run's environment: the built-in one's
+// (an env_spec given with it must match), or for an environment the hub
+// cannot make (served by Python workers on Gymnasium) the spec's env_spec.
+func envSpec(in *pb.ARSRunSpec) (env.Spec, error) {
+	x := in.GetEnvSpec()
+	e, err := env.Make(in.Env)
+	if err == nil {
+		s := e.Spec()
+		if x != nil && (int(x.ObsDim) != s.ObsDim || int(x.Discrete) != s.Discrete || int(x.ActDim) != s.ActDim) {
+			return env.Spec{}, fmt.Errorf("%w: env_spec (obs %d, discrete %d, act %d) does not match built-in %s (obs %d, discrete %d, act %d)",
+				errs.ErrInvalid, x.ObsDim, x.Discrete, x.ActDim, in.Env, s.ObsDim, s.Discrete, s.ActDim)
+		}
+		return s, nil
+	}
+	if x == nil {
+		return env.Spec{}, fmt.Errorf("%w: %v; an environment only Python workers run needs env_spec (its spaces)", errs.ErrInvalid, err)
+	}
+	const maxDim = 1 << 16 // as ars.PolicyFromStateDict
+	if in.Env == "" || x.ObsDim < 1 || x.ObsDim > maxDim || x.Discrete > maxDim || x.ActDim > maxDim ||
+		(x.Discrete > 0) == (x.ActDim > 0) {
+		return env.Spec{}, fmt.Errorf("%w: environment %q with env_spec obs %d, discrete %d, act %d: need a name, 1 ≤ obs ≤ %d and exactly one of discrete, act in [1, %d]",
+			errs.ErrInvalid, in.Env, x.ObsDim, x.Discrete, x.ActDim, maxDim, maxDim)
+	}
+	return env.Spec{Name: in.Env, ObsDim: int(x.ObsDim), Discrete: int(x.Discrete), ActDim: int(x.ActDim)}, nil
 }
 
 // prepareRun validates spec and builds a run named by the next run number,

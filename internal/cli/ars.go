@@ -96,6 +96,9 @@ type trainARSOptions struct {
 	hubAddr    string
 	out        string
 	noProgress bool
+	// envSpec: the spaces of an environment only Python workers run
+	// (--obs-dim with --discrete or --act-dim); zero for a built-in one.
+	envSpec pb.ARSEnvSpec
 }
 
 func newTrainARSCmd(g *globals) *cobra.Command {
@@ -135,6 +138,9 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 	f.StringVar(&o.hubAddr, "hub", "", "use a running hub at this address instead of an embedded one")
 	f.StringVar(&o.out, "out", "", "output directory")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar")
+	f.Uint32Var(&o.envSpec.ObsDim, "obs-dim", 0, "observation length of an --env the hub does not know (a Gymnasium env served by python -m rlhub.ars_worker; needs --hub and --workers 0)")
+	f.Uint32Var(&o.envSpec.Discrete, "discrete", 0, "with --obs-dim: number of discrete actions")
+	f.Uint32Var(&o.envSpec.ActDim, "act-dim", 0, "with --obs-dim: length of a continuous action")
 	cmd.MarkFlagRequired("env")
 	cmd.MarkFlagRequired("out")
 	return cmd
@@ -201,8 +207,15 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 		}
 		o.spec.Hidden = append(o.spec.Hidden, uint32(h))
 	}
-	if _, err := env.Make(o.spec.Env); err != nil {
-		return fmt.Errorf("--env: %w", err)
+	if o.envSpec.ObsDim > 0 || o.envSpec.Discrete > 0 || o.envSpec.ActDim > 0 {
+		// An environment only Python workers can run: no Go worker may be
+		// started for it.
+		if o.hubAddr == "" || o.workers != 0 {
+			return errors.New("--obs-dim/--discrete/--act-dim describe an env served by Python workers: use them with --hub and --workers 0")
+		}
+		o.spec.EnvSpec = &o.envSpec
+	} else if _, err := env.Make(o.spec.Env); err != nil {
+		return fmt.Errorf("--env: %w (for a Gymnasium env served by Python workers give its spaces: --obs-dim with --discrete or --act-dim)", err)
 	}
 	if _, _, err := arsrpc.Normalise(&o.spec); err != nil {
 		return err // the hub would refuse the run: say so before starting anything

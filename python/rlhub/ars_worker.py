@@ -309,6 +309,13 @@ class EnvAdapter:
                 f"ars worker: policy of env {p.env!r} has {p.obs_dim} observations and {p.out_dim} "
                 f"{kind(p.discrete)} outputs; this env has {self.obs_dim} and {self.out_dim} {kind(self.discrete)}")
 
+    def spec(self) -> ars_pb2.ARSEnvSpec:
+        """The env's spaces as a run spec's ``env_spec`` (for an env the hub
+        does not know; ``rlhub train ars --obs-dim … --discrete|--act-dim …``)."""
+        if self.discrete:
+            return ars_pb2.ARSEnvSpec(obs_dim=self.obs_dim, discrete=self.out_dim)
+        return ars_pb2.ARSEnvSpec(obs_dim=self.obs_dim, act_dim=self.out_dim)
+
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
         return np.asarray(obs, dtype=np.float64).reshape(-1)
@@ -601,10 +608,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--retry-for", type=float, default=30.0, help="seconds an unreachable hub is retried")
     ap.add_argument("--clip-actions", action="store_true", help="clip Box actions to the space's bounds")
     ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--print-env-spec", action="store_true",
+                    help="print the `rlhub train ars` flags describing --env's spaces and exit")
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     w = ARSWorker(a.hub, a.env, name=a.name, max_tasks=a.max_tasks, wait=a.wait,
                   retry_for=a.retry_for, clip_actions=a.clip_actions)
+    if a.print_env_spec:
+        sp = w.env().spec()
+        kind = f"--discrete {sp.discrete}" if sp.discrete else f"--act-dim {sp.act_dim}"
+        print(f"--env {a.env} --obs-dim {sp.obs_dim} {kind}")
+        w.close()
+        return 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: w.stop())
     try:

@@ -385,3 +385,51 @@ def test_decode_policy_rejects_bad_blobs():
             ars_worker.decode_policy(save_bytes(sd, md))
     with pytest.raises(errors.InvalidArgument):
         ars_worker.decode_policy(b"\x00" * 7)
+
+
+class Drift(gymnasium.Env):
+    """A Gymnasium env the hub has no implementation of: steer x to 0.
+
+    x₀ ~ U(−1, 1); x ← x + 0.2·clip(a, −1, 1); reward −x²; 20 steps.
+    """
+
+    def __init__(self):
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (1,), np.float64)
+        self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.x, self.t = 0.0, 0
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.x, self.t = float(self.np_random.uniform(-1, 1)), 0
+        return np.array([self.x]), {}
+
+    def step(self, action):
+        self.x += 0.2 * float(np.clip(action[0], -1, 1))
+        self.t += 1
+        return np.array([self.x]), -self.x * self.x, False, self.t >= 20, {}
+
+
+gymnasium.register("rlhubtest/Drift-v0", entry_point=Drift)
+
+
+def test_run_on_an_env_only_python_knows(hub, tmp_path):
+    """`train ars --obs-dim/--act-dim` starts a run on a user's Gymnasium env."""
+    r = hub.run_cli("train", "ars", "--hub", hub.addr, "--workers", "0", "--env", "rlhubtest/Drift-v0",
+                    "--out", str(tmp_path / "x"), check=False)
+    assert r.returncode != 0 and "--obs-dim" in r.stderr, r.stderr
+    sp = ars_worker.EnvAdapter(gymnasium.make("rlhubtest/Drift-v0")).spec()
+    assert (sp.obs_dim, sp.discrete, sp.act_dim) == (1, 0, 1)
+    w = ThreadWorker(hub.addr, "rlhubtest/Drift-v0")
+    try:
+        s = train(hub, tmp_path / "run", "--env", "rlhubtest/Drift-v0", "--obs-dim", "1", "--act-dim", "1",
+                  "--version", "V1", "--seed", "2", "--directions", "8", "--step-size", "0.5", "--noise", "0.5",
+                  "--max-iterations", "8", "--eval-every", "7", "--eval-episodes", "20")
+    finally:
+        st = w.stop()
+    assert st.tasks > 0 and s["stop_reason"] == "budget", s
+    evals = [float(r[-3]) for r in curve(tmp_path / "run")[1:] if r[-3]]  # eval_mean column
+    p = ars_worker.decode_policy((tmp_path / "run" / "policy.safetensors").read_bytes())
+    assert (p.env, p.obs_dim, p.out_dim, p.discrete) == ("rlhubtest/Drift-v0", 1, 1, False)
+    # θ₀ = 0 does nothing (return −Σx² ≈ −6.7); the learnt gain steers to 0.
+    assert p.theta[0] < -1, p.theta
+    assert evals[-1] > evals[0] + 2, evals

@@ -110,6 +110,10 @@ type ARSRunSpec struct {
 	Target        float64  `protobuf:"fixed64,13,opt,name=target,proto3" json:"target,omitempty"`
 	MaxEpisodes   int64    `protobuf:"varint,14,opt,name=max_episodes,json=maxEpisodes,proto3" json:"max_episodes,omitempty"`
 	MaxIterations uint32   `protobuf:"varint,15,opt,name=max_iterations,json=maxIterations,proto3" json:"max_iterations,omitempty"`
+	// The spaces of an environment the hub has no implementation of (say a
+	// user's Gymnasium env served by Python workers, docs/ars.md); unset for
+	// a built-in environment (when set for one, it must match its spaces).
+	EnvSpec       *ARSEnvSpec `protobuf:"bytes,16,opt,name=env_spec,json=envSpec,proto3" json:"env_spec,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -249,6 +253,76 @@ func (x *ARSRunSpec) GetMaxIterations() uint32 {
 	return 0
 }
 
+func (x *ARSRunSpec) GetEnvSpec() *ARSEnvSpec {
+	if x != nil {
+		return x.EnvSpec
+	}
+	return nil
+}
+
+// ARSEnvSpec describes an environment's spaces.
+type ARSEnvSpec struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ObsDim uint32                 `protobuf:"varint,1,opt,name=obs_dim,json=obsDim,proto3" json:"obs_dim,omitempty"`
+	// Number of actions of a discrete space; 0 for a continuous (Box) one.
+	Discrete uint32 `protobuf:"varint,2,opt,name=discrete,proto3" json:"discrete,omitempty"`
+	// Length of a continuous action; 0 when discrete > 0.
+	ActDim        uint32 `protobuf:"varint,3,opt,name=act_dim,json=actDim,proto3" json:"act_dim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ARSEnvSpec) Reset() {
+	*x = ARSEnvSpec{}
+	mi := &file_rlhub_v1_ars_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ARSEnvSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ARSEnvSpec) ProtoMessage() {}
+
+func (x *ARSEnvSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_ars_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ARSEnvSpec.ProtoReflect.Descriptor instead.
+func (*ARSEnvSpec) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ARSEnvSpec) GetObsDim() uint32 {
+	if x != nil {
+		return x.ObsDim
+	}
+	return 0
+}
+
+func (x *ARSEnvSpec) GetDiscrete() uint32 {
+	if x != nil {
+		return x.Discrete
+	}
+	return 0
+}
+
+func (x *ARSEnvSpec) GetActDim() uint32 {
+	if x != nil {
+		return x.ActDim
+	}
+	return 0
+}
+
 type ARSStartRunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Spec          *ARSRunSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -258,7 +332,7 @@ type ARSStartRunRequest struct {
 
 func (x *ARSStartRunRequest) Reset() {
 	*x = ARSStartRunRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[1]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +344,7 @@ func (x *ARSStartRunRequest) String() string {
 func (*ARSStartRunRequest) ProtoMessage() {}
 
 func (x *ARSStartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[1]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +357,7 @@ func (x *ARSStartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStartRunRequest.ProtoReflect.Descriptor instead.
 func (*ARSStartRunRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{1}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ARSStartRunRequest) GetSpec() *ARSRunSpec {
@@ -304,7 +378,7 @@ type ARSStartRunResponse struct {
 
 func (x *ARSStartRunResponse) Reset() {
 	*x = ARSStartRunResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +390,7 @@ func (x *ARSStartRunResponse) String() string {
 func (*ARSStartRunResponse) ProtoMessage() {}
 
 func (x *ARSStartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +403,7 @@ func (x *ARSStartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStartRunResponse.ProtoReflect.Descriptor instead.
 func (*ARSStartRunResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{2}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ARSStartRunResponse) GetRunId() string {
@@ -356,7 +430,7 @@ type ARSWatchRunRequest struct {
 
 func (x *ARSWatchRunRequest) Reset() {
 	*x = ARSWatchRunRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +442,7 @@ func (x *ARSWatchRunRequest) String() string {
 func (*ARSWatchRunRequest) ProtoMessage() {}
 
 func (x *ARSWatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +455,7 @@ func (x *ARSWatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSWatchRunRequest.ProtoReflect.Descriptor instead.
 func (*ARSWatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{3}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ARSWatchRunRequest) GetRunId() string {
@@ -428,7 +502,7 @@ type ARSProgress struct {
 
 func (x *ARSProgress) Reset() {
 	*x = ARSProgress{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +514,7 @@ func (x *ARSProgress) String() string {
 func (*ARSProgress) ProtoMessage() {}
 
 func (x *ARSProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +527,7 @@ func (x *ARSProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSProgress.ProtoReflect.Descriptor instead.
 func (*ARSProgress) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{4}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ARSProgress) GetRunId() string {
@@ -577,7 +651,7 @@ type ARSStopRunRequest struct {
 
 func (x *ARSStopRunRequest) Reset() {
 	*x = ARSStopRunRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +663,7 @@ func (x *ARSStopRunRequest) String() string {
 func (*ARSStopRunRequest) ProtoMessage() {}
 
 func (x *ARSStopRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +676,7 @@ func (x *ARSStopRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStopRunRequest.ProtoReflect.Descriptor instead.
 func (*ARSStopRunRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{5}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ARSStopRunRequest) GetRunId() string {
@@ -620,7 +694,7 @@ type ARSStopRunResponse struct {
 
 func (x *ARSStopRunResponse) Reset() {
 	*x = ARSStopRunResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +706,7 @@ func (x *ARSStopRunResponse) String() string {
 func (*ARSStopRunResponse) ProtoMessage() {}
 
 func (x *ARSStopRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +719,7 @@ func (x *ARSStopRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStopRunResponse.ProtoReflect.Descriptor instead.
 func (*ARSStopRunResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{6}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{7}
 }
 
 type ARSAttachRequest struct {
@@ -658,7 +732,7 @@ type ARSAttachRequest struct {
 
 func (x *ARSAttachRequest) Reset() {
 	*x = ARSAttachRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +744,7 @@ func (x *ARSAttachRequest) String() string {
 func (*ARSAttachRequest) ProtoMessage() {}
 
 func (x *ARSAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +757,7 @@ func (x *ARSAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSAttachRequest.ProtoReflect.Descriptor instead.
 func (*ARSAttachRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{7}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ARSAttachRequest) GetName() string {
@@ -703,7 +777,7 @@ type ARSAttachResponse struct {
 
 func (x *ARSAttachResponse) Reset() {
 	*x = ARSAttachResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +789,7 @@ func (x *ARSAttachResponse) String() string {
 func (*ARSAttachResponse) ProtoMessage() {}
 
 func (x *ARSAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +802,7 @@ func (x *ARSAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSAttachResponse.ProtoReflect.Descriptor instead.
 func (*ARSAttachResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{8}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ARSAttachResponse) GetWorkerId() string {
@@ -759,7 +833,7 @@ type ARSLeaseRequest struct {
 
 func (x *ARSLeaseRequest) Reset() {
 	*x = ARSLeaseRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +845,7 @@ func (x *ARSLeaseRequest) String() string {
 func (*ARSLeaseRequest) ProtoMessage() {}
 
 func (x *ARSLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +858,7 @@ func (x *ARSLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ARSLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{9}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ARSLeaseRequest) GetWorkerId() string {
@@ -832,7 +906,7 @@ type ARSTask struct {
 
 func (x *ARSTask) Reset() {
 	*x = ARSTask{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +918,7 @@ func (x *ARSTask) String() string {
 func (*ARSTask) ProtoMessage() {}
 
 func (x *ARSTask) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +931,7 @@ func (x *ARSTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSTask.ProtoReflect.Descriptor instead.
 func (*ARSTask) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{10}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ARSTask) GetKind() ARSTaskKind {
@@ -893,7 +967,7 @@ type ARSLeaseResponse struct {
 
 func (x *ARSLeaseResponse) Reset() {
 	*x = ARSLeaseResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +979,7 @@ func (x *ARSLeaseResponse) String() string {
 func (*ARSLeaseResponse) ProtoMessage() {}
 
 func (x *ARSLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +992,7 @@ func (x *ARSLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ARSLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{11}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ARSLeaseResponse) GetRunId() string {
@@ -989,7 +1063,7 @@ type ARSFilterStats struct {
 
 func (x *ARSFilterStats) Reset() {
 	*x = ARSFilterStats{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1075,7 @@ func (x *ARSFilterStats) String() string {
 func (*ARSFilterStats) ProtoMessage() {}
 
 func (x *ARSFilterStats) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1088,7 @@ func (x *ARSFilterStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSFilterStats.ProtoReflect.Descriptor instead.
 func (*ARSFilterStats) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{12}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ARSFilterStats) GetCount() float64 {
@@ -1053,7 +1127,7 @@ type ARSTaskResult struct {
 
 func (x *ARSTaskResult) Reset() {
 	*x = ARSTaskResult{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1139,7 @@ func (x *ARSTaskResult) String() string {
 func (*ARSTaskResult) ProtoMessage() {}
 
 func (x *ARSTaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1152,7 @@ func (x *ARSTaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSTaskResult.ProtoReflect.Descriptor instead.
 func (*ARSTaskResult) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{13}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ARSTaskResult) GetTask() *ARSTask {
@@ -1138,7 +1212,7 @@ type ARSReportRequest struct {
 
 func (x *ARSReportRequest) Reset() {
 	*x = ARSReportRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1224,7 @@ func (x *ARSReportRequest) String() string {
 func (*ARSReportRequest) ProtoMessage() {}
 
 func (x *ARSReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1237,7 @@ func (x *ARSReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSReportRequest.ProtoReflect.Descriptor instead.
 func (*ARSReportRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{14}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ARSReportRequest) GetWorkerId() string {
@@ -1215,7 +1289,7 @@ type ARSReportResponse struct {
 
 func (x *ARSReportResponse) Reset() {
 	*x = ARSReportResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1301,7 @@ func (x *ARSReportResponse) String() string {
 func (*ARSReportResponse) ProtoMessage() {}
 
 func (x *ARSReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1314,7 @@ func (x *ARSReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSReportResponse.ProtoReflect.Descriptor instead.
 func (*ARSReportResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{15}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ARSReportResponse) GetAccepted() uint32 {
@@ -1280,7 +1354,7 @@ type ARSDetachRequest struct {
 
 func (x *ARSDetachRequest) Reset() {
 	*x = ARSDetachRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1292,7 +1366,7 @@ func (x *ARSDetachRequest) String() string {
 func (*ARSDetachRequest) ProtoMessage() {}
 
 func (x *ARSDetachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1305,7 +1379,7 @@ func (x *ARSDetachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSDetachRequest.ProtoReflect.Descriptor instead.
 func (*ARSDetachRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{16}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ARSDetachRequest) GetWorkerId() string {
@@ -1323,7 +1397,7 @@ type ARSDetachResponse struct {
 
 func (x *ARSDetachResponse) Reset() {
 	*x = ARSDetachResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1409,7 @@ func (x *ARSDetachResponse) String() string {
 func (*ARSDetachResponse) ProtoMessage() {}
 
 func (x *ARSDetachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1422,7 @@ func (x *ARSDetachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSDetachResponse.ProtoReflect.Descriptor instead.
 func (*ARSDetachResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{17}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{18}
 }
 
 type ARSPullPolicyRequest struct {
@@ -1362,7 +1436,7 @@ type ARSPullPolicyRequest struct {
 
 func (x *ARSPullPolicyRequest) Reset() {
 	*x = ARSPullPolicyRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1448,7 @@ func (x *ARSPullPolicyRequest) String() string {
 func (*ARSPullPolicyRequest) ProtoMessage() {}
 
 func (x *ARSPullPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1461,7 @@ func (x *ARSPullPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSPullPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ARSPullPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{18}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ARSPullPolicyRequest) GetRunId() string {
@@ -1417,7 +1491,7 @@ type ARSPolicyPart struct {
 
 func (x *ARSPolicyPart) Reset() {
 	*x = ARSPolicyPart{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1503,7 @@ func (x *ARSPolicyPart) String() string {
 func (*ARSPolicyPart) ProtoMessage() {}
 
 func (x *ARSPolicyPart) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1516,7 @@ func (x *ARSPolicyPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSPolicyPart.ProtoReflect.Descriptor instead.
 func (*ARSPolicyPart) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{19}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ARSPolicyPart) GetPart() isARSPolicyPart_Part {
@@ -1490,7 +1564,7 @@ var File_rlhub_v1_ars_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\n" +
-	"\x12rlhub/v1/ars.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\xa4\x03\n" +
+	"\x12rlhub/v1/ars.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\xd5\x03\n" +
 	"\n" +
 	"ARSRunSpec\x12\x10\n" +
 	"\x03env\x18\x01 \x01(\tR\x03env\x12\x12\n" +
@@ -1512,7 +1586,13 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"use_target\x18\f \x01(\bR\tuseTarget\x12\x16\n" +
 	"\x06target\x18\r \x01(\x01R\x06target\x12!\n" +
 	"\fmax_episodes\x18\x0e \x01(\x03R\vmaxEpisodes\x12%\n" +
-	"\x0emax_iterations\x18\x0f \x01(\rR\rmaxIterations\">\n" +
+	"\x0emax_iterations\x18\x0f \x01(\rR\rmaxIterations\x12/\n" +
+	"\benv_spec\x18\x10 \x01(\v2\x14.rlhub.v1.ARSEnvSpecR\aenvSpec\"Z\n" +
+	"\n" +
+	"ARSEnvSpec\x12\x17\n" +
+	"\aobs_dim\x18\x01 \x01(\rR\x06obsDim\x12\x1a\n" +
+	"\bdiscrete\x18\x02 \x01(\rR\bdiscrete\x12\x17\n" +
+	"\aact_dim\x18\x03 \x01(\rR\x06actDim\">\n" +
 	"\x12ARSStartRunRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\"B\n" +
 	"\x13ARSStartRunResponse\x12\x15\n" +
@@ -1627,65 +1707,67 @@ func file_rlhub_v1_ars_proto_rawDescGZIP() []byte {
 }
 
 var file_rlhub_v1_ars_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_rlhub_v1_ars_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_rlhub_v1_ars_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_rlhub_v1_ars_proto_goTypes = []any{
 	(ARSTaskKind)(0),             // 0: rlhub.v1.ARSTaskKind
 	(*ARSRunSpec)(nil),           // 1: rlhub.v1.ARSRunSpec
-	(*ARSStartRunRequest)(nil),   // 2: rlhub.v1.ARSStartRunRequest
-	(*ARSStartRunResponse)(nil),  // 3: rlhub.v1.ARSStartRunResponse
-	(*ARSWatchRunRequest)(nil),   // 4: rlhub.v1.ARSWatchRunRequest
-	(*ARSProgress)(nil),          // 5: rlhub.v1.ARSProgress
-	(*ARSStopRunRequest)(nil),    // 6: rlhub.v1.ARSStopRunRequest
-	(*ARSStopRunResponse)(nil),   // 7: rlhub.v1.ARSStopRunResponse
-	(*ARSAttachRequest)(nil),     // 8: rlhub.v1.ARSAttachRequest
-	(*ARSAttachResponse)(nil),    // 9: rlhub.v1.ARSAttachResponse
-	(*ARSLeaseRequest)(nil),      // 10: rlhub.v1.ARSLeaseRequest
-	(*ARSTask)(nil),              // 11: rlhub.v1.ARSTask
-	(*ARSLeaseResponse)(nil),     // 12: rlhub.v1.ARSLeaseResponse
-	(*ARSFilterStats)(nil),       // 13: rlhub.v1.ARSFilterStats
-	(*ARSTaskResult)(nil),        // 14: rlhub.v1.ARSTaskResult
-	(*ARSReportRequest)(nil),     // 15: rlhub.v1.ARSReportRequest
-	(*ARSReportResponse)(nil),    // 16: rlhub.v1.ARSReportResponse
-	(*ARSDetachRequest)(nil),     // 17: rlhub.v1.ARSDetachRequest
-	(*ARSDetachResponse)(nil),    // 18: rlhub.v1.ARSDetachResponse
-	(*ARSPullPolicyRequest)(nil), // 19: rlhub.v1.ARSPullPolicyRequest
-	(*ARSPolicyPart)(nil),        // 20: rlhub.v1.ARSPolicyPart
-	(*BlobInfo)(nil),             // 21: rlhub.v1.BlobInfo
-	(*Chunk)(nil),                // 22: rlhub.v1.Chunk
+	(*ARSEnvSpec)(nil),           // 2: rlhub.v1.ARSEnvSpec
+	(*ARSStartRunRequest)(nil),   // 3: rlhub.v1.ARSStartRunRequest
+	(*ARSStartRunResponse)(nil),  // 4: rlhub.v1.ARSStartRunResponse
+	(*ARSWatchRunRequest)(nil),   // 5: rlhub.v1.ARSWatchRunRequest
+	(*ARSProgress)(nil),          // 6: rlhub.v1.ARSProgress
+	(*ARSStopRunRequest)(nil),    // 7: rlhub.v1.ARSStopRunRequest
+	(*ARSStopRunResponse)(nil),   // 8: rlhub.v1.ARSStopRunResponse
+	(*ARSAttachRequest)(nil),     // 9: rlhub.v1.ARSAttachRequest
+	(*ARSAttachResponse)(nil),    // 10: rlhub.v1.ARSAttachResponse
+	(*ARSLeaseRequest)(nil),      // 11: rlhub.v1.ARSLeaseRequest
+	(*ARSTask)(nil),              // 12: rlhub.v1.ARSTask
+	(*ARSLeaseResponse)(nil),     // 13: rlhub.v1.ARSLeaseResponse
+	(*ARSFilterStats)(nil),       // 14: rlhub.v1.ARSFilterStats
+	(*ARSTaskResult)(nil),        // 15: rlhub.v1.ARSTaskResult
+	(*ARSReportRequest)(nil),     // 16: rlhub.v1.ARSReportRequest
+	(*ARSReportResponse)(nil),    // 17: rlhub.v1.ARSReportResponse
+	(*ARSDetachRequest)(nil),     // 18: rlhub.v1.ARSDetachRequest
+	(*ARSDetachResponse)(nil),    // 19: rlhub.v1.ARSDetachResponse
+	(*ARSPullPolicyRequest)(nil), // 20: rlhub.v1.ARSPullPolicyRequest
+	(*ARSPolicyPart)(nil),        // 21: rlhub.v1.ARSPolicyPart
+	(*BlobInfo)(nil),             // 22: rlhub.v1.BlobInfo
+	(*Chunk)(nil),                // 23: rlhub.v1.Chunk
 }
 var file_rlhub_v1_ars_proto_depIdxs = []int32{
-	1,  // 0: rlhub.v1.ARSStartRunRequest.spec:type_name -> rlhub.v1.ARSRunSpec
-	0,  // 1: rlhub.v1.ARSTask.kind:type_name -> rlhub.v1.ARSTaskKind
-	1,  // 2: rlhub.v1.ARSLeaseResponse.spec:type_name -> rlhub.v1.ARSRunSpec
-	11, // 3: rlhub.v1.ARSLeaseResponse.tasks:type_name -> rlhub.v1.ARSTask
-	11, // 4: rlhub.v1.ARSTaskResult.task:type_name -> rlhub.v1.ARSTask
-	13, // 5: rlhub.v1.ARSTaskResult.stats:type_name -> rlhub.v1.ARSFilterStats
-	14, // 6: rlhub.v1.ARSReportRequest.results:type_name -> rlhub.v1.ARSTaskResult
-	10, // 7: rlhub.v1.ARSReportRequest.next:type_name -> rlhub.v1.ARSLeaseRequest
-	12, // 8: rlhub.v1.ARSReportResponse.next:type_name -> rlhub.v1.ARSLeaseResponse
-	21, // 9: rlhub.v1.ARSPolicyPart.info:type_name -> rlhub.v1.BlobInfo
-	22, // 10: rlhub.v1.ARSPolicyPart.chunk:type_name -> rlhub.v1.Chunk
-	2,  // 11: rlhub.v1.ARS.StartRun:input_type -> rlhub.v1.ARSStartRunRequest
-	4,  // 12: rlhub.v1.ARS.WatchRun:input_type -> rlhub.v1.ARSWatchRunRequest
-	6,  // 13: rlhub.v1.ARS.StopRun:input_type -> rlhub.v1.ARSStopRunRequest
-	8,  // 14: rlhub.v1.ARS.Attach:input_type -> rlhub.v1.ARSAttachRequest
-	10, // 15: rlhub.v1.ARS.Lease:input_type -> rlhub.v1.ARSLeaseRequest
-	15, // 16: rlhub.v1.ARS.Report:input_type -> rlhub.v1.ARSReportRequest
-	17, // 17: rlhub.v1.ARS.Detach:input_type -> rlhub.v1.ARSDetachRequest
-	19, // 18: rlhub.v1.ARS.PullPolicy:input_type -> rlhub.v1.ARSPullPolicyRequest
-	3,  // 19: rlhub.v1.ARS.StartRun:output_type -> rlhub.v1.ARSStartRunResponse
-	5,  // 20: rlhub.v1.ARS.WatchRun:output_type -> rlhub.v1.ARSProgress
-	7,  // 21: rlhub.v1.ARS.StopRun:output_type -> rlhub.v1.ARSStopRunResponse
-	9,  // 22: rlhub.v1.ARS.Attach:output_type -> rlhub.v1.ARSAttachResponse
-	12, // 23: rlhub.v1.ARS.Lease:output_type -> rlhub.v1.ARSLeaseResponse
-	16, // 24: rlhub.v1.ARS.Report:output_type -> rlhub.v1.ARSReportResponse
-	18, // 25: rlhub.v1.ARS.Detach:output_type -> rlhub.v1.ARSDetachResponse
-	20, // 26: rlhub.v1.ARS.PullPolicy:output_type -> rlhub.v1.ARSPolicyPart
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	2,  // 0: rlhub.v1.ARSRunSpec.env_spec:type_name -> rlhub.v1.ARSEnvSpec
+	1,  // 1: rlhub.v1.ARSStartRunRequest.spec:type_name -> rlhub.v1.ARSRunSpec
+	0,  // 2: rlhub.v1.ARSTask.kind:type_name -> rlhub.v1.ARSTaskKind
+	1,  // 3: rlhub.v1.ARSLeaseResponse.spec:type_name -> rlhub.v1.ARSRunSpec
+	12, // 4: rlhub.v1.ARSLeaseResponse.tasks:type_name -> rlhub.v1.ARSTask
+	12, // 5: rlhub.v1.ARSTaskResult.task:type_name -> rlhub.v1.ARSTask
+	14, // 6: rlhub.v1.ARSTaskResult.stats:type_name -> rlhub.v1.ARSFilterStats
+	15, // 7: rlhub.v1.ARSReportRequest.results:type_name -> rlhub.v1.ARSTaskResult
+	11, // 8: rlhub.v1.ARSReportRequest.next:type_name -> rlhub.v1.ARSLeaseRequest
+	13, // 9: rlhub.v1.ARSReportResponse.next:type_name -> rlhub.v1.ARSLeaseResponse
+	22, // 10: rlhub.v1.ARSPolicyPart.info:type_name -> rlhub.v1.BlobInfo
+	23, // 11: rlhub.v1.ARSPolicyPart.chunk:type_name -> rlhub.v1.Chunk
+	3,  // 12: rlhub.v1.ARS.StartRun:input_type -> rlhub.v1.ARSStartRunRequest
+	5,  // 13: rlhub.v1.ARS.WatchRun:input_type -> rlhub.v1.ARSWatchRunRequest
+	7,  // 14: rlhub.v1.ARS.StopRun:input_type -> rlhub.v1.ARSStopRunRequest
+	9,  // 15: rlhub.v1.ARS.Attach:input_type -> rlhub.v1.ARSAttachRequest
+	11, // 16: rlhub.v1.ARS.Lease:input_type -> rlhub.v1.ARSLeaseRequest
+	16, // 17: rlhub.v1.ARS.Report:input_type -> rlhub.v1.ARSReportRequest
+	18, // 18: rlhub.v1.ARS.Detach:input_type -> rlhub.v1.ARSDetachRequest
+	20, // 19: rlhub.v1.ARS.PullPolicy:input_type -> rlhub.v1.ARSPullPolicyRequest
+	4,  // 20: rlhub.v1.ARS.StartRun:output_type -> rlhub.v1.ARSStartRunResponse
+	6,  // 21: rlhub.v1.ARS.WatchRun:output_type -> rlhub.v1.ARSProgress
+	8,  // 22: rlhub.v1.ARS.StopRun:output_type -> rlhub.v1.ARSStopRunResponse
+	10, // 23: rlhub.v1.ARS.Attach:output_type -> rlhub.v1.ARSAttachResponse
+	13, // 24: rlhub.v1.ARS.Lease:output_type -> rlhub.v1.ARSLeaseResponse
+	17, // 25: rlhub.v1.ARS.Report:output_type -> rlhub.v1.ARSReportResponse
+	19, // 26: rlhub.v1.ARS.Detach:output_type -> rlhub.v1.ARSDetachResponse
+	21, // 27: rlhub.v1.ARS.PullPolicy:output_type -> rlhub.v1.ARSPolicyPart
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_ars_proto_init() }
@@ -1694,7 +1776,7 @@ func file_rlhub_v1_ars_proto_init() {
 		return
 	}
 	file_rlhub_v1_tensor_proto_init()
-	file_rlhub_v1_ars_proto_msgTypes[19].OneofWrappers = []any{
+	file_rlhub_v1_ars_proto_msgTypes[20].OneofWrappers = []any{
 		(*ARSPolicyPart_Info)(nil),
 		(*ARSPolicyPart_Chunk)(nil),
 	}
@@ -1704,7 +1786,7 @@ func file_rlhub_v1_ars_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_ars_proto_rawDesc), len(file_rlhub_v1_ars_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -18,7 +18,7 @@ ARS_TASK_KIND_DIRECTION: ARSTaskKind
 ARS_TASK_KIND_EVAL: ARSTaskKind
 
 class ARSRunSpec(_message.Message):
-    __slots__ = ("env", "seed", "version", "directions", "top", "step_size", "noise", "shift", "hidden", "eval_every", "eval_episodes", "use_target", "target", "max_episodes", "max_iterations")
+    __slots__ = ("env", "seed", "version", "directions", "top", "step_size", "noise", "shift", "hidden", "eval_every", "eval_episodes", "use_target", "target", "max_episodes", "max_iterations", "env_spec")
     ENV_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class ARSRunSpec(_message.Message):
     TARGET_FIELD_NUMBER: _ClassVar[int]
     MAX_EPISODES_FIELD_NUMBER: _ClassVar[int]
     MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     env: str
     seed: int
     version: str
@@ -49,7 +50,18 @@ class ARSRunSpec(_message.Message):
     target: float
     max_episodes: int
     max_iterations: int
-    def __init__(self, env: _Optional[str] = ..., seed: _Optional[int] = ..., version: _Optional[str] = ..., directions: _Optional[int] = ..., top: _Optional[int] = ..., step_size: _Optional[float] = ..., noise: _Optional[float] = ..., shift: _Optional[float] = ..., hidden: _Optional[_Iterable[int]] = ..., eval_every: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., use_target: _Optional[bool] = ..., target: _Optional[float] = ..., max_episodes: _Optional[int] = ..., max_iterations: _Optional[int] = ...) -> None: ...
+    env_spec: ARSEnvSpec
+    def __init__(self, env: _Optional[str] = ..., seed: _Optional[int] = ..., version: _Optional[str] = ..., directions: _Optional[int] = ..., top: _Optional[int] = ..., step_size: _Optional[float] = ..., noise: _Optional[float] = ..., shift: _Optional[float] = ..., hidden: _Optional[_Iterable[int]] = ..., eval_every: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., use_target: _Optional[bool] = ..., target: _Optional[float] = ..., max_episodes: _Optional[int] = ..., max_iterations: _Optional[int] = ..., env_spec: _Optional[_Union[ARSEnvSpec, _Mapping]] = ...) -> None: ...
+
+class ARSEnvSpec(_message.Message):
+    __slots__ = ("obs_dim", "discrete", "act_dim")
+    OBS_DIM_FIELD_NUMBER: _ClassVar[int]
+    DISCRETE_FIELD_NUMBER: _ClassVar[int]
+    ACT_DIM_FIELD_NUMBER: _ClassVar[int]
+    obs_dim: int
+    discrete: int
+    act_dim: int
+    def __init__(self, obs_dim: _Optional[int] = ..., discrete: _Optional[int] = ..., act_dim: _Optional[int] = ...) -> None: ...
 
 class ARSStartRunRequest(_message.Message):
     __slots__ = ("spec",)
