@@ -133,7 +133,9 @@ func (m *MountainCarContinuous) Step(action []float64) ([]float64, float64, bool
 	if terminated {
 		reward = 100.0
 	}
-	reward -= math.Pow(float64(a), 2) * 0.1
+	// math.pow(action[0], 2): the square of a float32 is exact in float64,
+	// so a plain product equals it.
+	reward -= float64(a) * float64(a) * 0.1
 
 	// self.state = np.array([position, velocity], dtype=np.float32)
 	m.pos, m.vel, m.f32 = float64(float32(pos)), float64(float32(vel)), true
