@@ -33,6 +33,12 @@ across languages only when the environment itself is (see
 python/tests/test_ars_worker.py, which checks exactly that with a port of the
 Go CartPole).
 
+An environment the hub has no Go implementation of (your own Gymnasium
+env) runs when the run spec carries its spaces (``env_spec``):
+
+    python -m rlhub.ars_worker --env MyEnv-v0 --print-env-spec   # the flags below
+    rlhub train ars --hub ADDR --workers 0 --env MyEnv-v0 --obs-dim 8 --discrete 4 --out runs/x
+
 gymnasium is imported lazily, only when no ``make_env`` is given.
 """
 
@@ -249,23 +255,22 @@ class Stats:
 
 
 class _Forward:
-    """``ars.Forward``: the policy's outputs for one observation."""
+    """``ars.Forward``: the outputs of policy θ for one observation."""
 
-    def __init__(self, p: ARSPolicy):
-        self.layers = p.layers()
-        self.discrete = p.discrete
+    def __init__(self, p: ARSPolicy, theta: np.ndarray):
+        self.layers = [(theta[w:w + n_in * n_out].reshape(n_out, n_in), theta[b:b + n_out] if b >= 0 else None)
+                       for n_in, n_out, w, b in p.layers()]
 
-    def outputs(self, theta: np.ndarray, mean: np.ndarray, inv_std: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    def outputs(self, mean: np.ndarray, inv_std: np.ndarray, obs: np.ndarray) -> np.ndarray:
         x = (obs - mean) * inv_std
         last = len(self.layers) - 1
-        for i, (n_in, n_out, w, b) in enumerate(self.layers):
-            prod = theta[w:w + n_in * n_out].reshape(n_out, n_in) * x
+        for i, (w, b) in enumerate(self.layers):
             # Go sums s = 0; s += w_k·x_k left to right: cumsum is that
             # sequential fold (np.sum would sum pairwise); + 0.0 makes an
             # all −0 row +0 as the fold from +0 does.
-            s = np.cumsum(prod, axis=1)[:, -1] + 0.0
-            if b >= 0:
-                s = s + theta[b:b + n_out]
+            s = np.cumsum(w * x, axis=1)[:, -1] + 0.0
+            if b is not None:
+                s = s + b
             if i < last:
                 s = np.tanh(s)  # libm tanh: MLPs are not bit-identical to Go
             x = s
@@ -348,15 +353,16 @@ def _eval_index(it: int, e: int) -> int:
     return (it << 32 | 1 << 31 | e) & 0xFFFFFFFFFFFFFFFF
 
 
-def _rollout(env: EnvAdapter, fw: _Forward, theta: np.ndarray, mean: np.ndarray, inv: np.ndarray,
+def _rollout(env: EnvAdapter, p: ARSPolicy, theta: np.ndarray, mean: np.ndarray, inv: np.ndarray,
              shift: float, seed: int, stats: Optional[Stats]) -> Tuple[float, int]:
-    """``ars.Rollout``: one episode; shifted return and steps."""
+    """``ars.Rollout``: one episode of θ; shifted return and steps."""
+    fw = _Forward(p, theta)
     obs = env.reset(seed)
     ret, steps = 0.0, 0
     while True:
         if stats is not None:
             stats.push(obs)
-        obs, r, term, trunc = env.step(fw.outputs(theta, mean, inv, obs))
+        obs, r, term, trunc = env.step(fw.outputs(mean, inv, obs))
         ret += r - shift
         steps += 1
         if term or trunc:
@@ -365,7 +371,6 @@ def _rollout(env: EnvAdapter, fw: _Forward, theta: np.ndarray, mean: np.ndarray,
 
 def run_task(p: ARSPolicy, env: EnvAdapter, kind: int, index: int) -> ars_pb2.ARSTaskResult:
     """Computes one task of iteration ``p.iteration`` (``ars.Evaluator.Run``)."""
-    fw = _Forward(p)
     mean, inv = p.filter()
     res = ars_pb2.ARSTaskResult(task=ars_pb2.ARSTask(kind=kind, index=index))
     if kind == _TASK_DIRECTION:
@@ -373,12 +378,12 @@ def run_task(p: ARSPolicy, env: EnvAdapter, kind: int, index: int) -> ars_pb2.AR
         scaled = p.noise * delta
         stats = Stats(p.obs_dim)
         seed = episode_seed(p.seed, _train_index(p.iteration, index))
-        rp, n1 = _rollout(env, fw, p.theta + scaled, mean, inv, p.shift, seed, stats)
-        rm, n2 = _rollout(env, fw, p.theta + -1.0 * scaled, mean, inv, p.shift, seed, stats)
+        rp, n1 = _rollout(env, p, p.theta + scaled, mean, inv, p.shift, seed, stats)
+        rm, n2 = _rollout(env, p, p.theta + -1.0 * scaled, mean, inv, p.shift, seed, stats)
         res.r_plus, res.r_minus, res.steps = rp, rm, n1 + n2
         res.stats.CopyFrom(stats.to_pb())
     elif kind == _TASK_EVAL:
-        ret, n = _rollout(env, fw, p.theta, mean, inv, 0.0,
+        ret, n = _rollout(env, p, p.theta, mean, inv, 0.0,
                           episode_seed(p.seed, _eval_index(p.iteration, index)), None)
         setattr(res, "return", ret)
         res.steps = n
