@@ -19,6 +19,7 @@ from rlhub.errors import (
 )
 from rlhub.tensors import load_bytes, save_bytes
 from rlhub.store import StoreClient, ModelVersion, ModelInfo
+from rlhub.ars_worker import ARSWorker
 
 __all__ = [
     "RlhubError",
@@ -38,4 +39,5 @@ __all__ = [
     "StoreClient",
     "ModelVersion",
     "ModelInfo",
+    "ARSWorker",
 ]
