@@ -27,19 +27,18 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from typing import Any, List, Optional, Tuple
 
 import grpc
 import numpy as np
 import pytest
 
-gymnasium = pytest.importorskip("gymnasium")
+import gymnasium  # python/requirements-dev.txt (the worker itself imports it lazily)
 
-from rlhub import ars_worker, errors  # noqa: E402
-from rlhub._proto.rlhub.v1 import ars_pb2, ars_pb2_grpc  # noqa: E402
+from rlhub import ars_worker, errors
+from rlhub._proto.rlhub.v1 import ars_pb2, ars_pb2_grpc
 
-from conftest import REPO, Hub  # noqa: E402
+from conftest import REPO, Hub
 
 PYENV = dict(os.environ, PYTHONPATH=str(REPO / "python"))
 
