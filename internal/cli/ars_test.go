@@ -140,6 +140,10 @@ func TestTrainARSBadFlags(t *testing.T) {
 		{"train", "ars", "--env", "CartPole-v1", "--hidden", "0", "--out", t.TempDir()},
 		{"train", "ars", "--env", "CartPole-v1", "--version", "V2", "--directions", "8", "--top", "4", "--out", t.TempDir()},
 		{"train", "ars", "--env", "CartPole-v1", "--max-episodes", "3", "--out", t.TempDir()},
+		// An env only Python workers run needs --hub and --workers 0, and
+		// one kind of action space.
+		{"train", "ars", "--env", "user/Grid-v0", "--obs-dim", "3", "--discrete", "2", "--out", t.TempDir()},
+		{"train", "ars", "--env", "user/Grid-v0", "--obs-dim", "3", "--discrete", "2", "--act-dim", "1", "--hub", "127.0.0.1:1", "--workers", "0", "--out", t.TempDir()},
 		{"eval", "--policy", filepath.Join(t.TempDir(), "missing.safetensors")},
 	} {
 		if code, _, _ := run(t, ctx, args...); code == 0 {
