@@ -1,0 +1,414 @@
+"""Client for the gradient reducer: register a model, push gradients, read counters.
+
+    with rlhub.GradClient("127.0.0.1:7470") as g:
+        g.register("policy", optimizer=torch.optim.Adam(model.parameters(), lr=3e-4),
+                   gradient_max=0.5)
+        loss.backward()
+        receipt = g.push("policy", base_version, model)   # the params' .grad
+        print(g.stats().total)
+
+What happens on the wire is described in docs/reducer.md. A push goes to
+one of the live secondaries the primary lists (``Reducer.Secondaries``),
+picked at random. The client retries the *same* ``(client id, seq)``:
+
+* ``UNAVAILABLE`` (secondary down or detached, broken connection): the
+  secondary is marked dead for ``dead_for`` seconds, the list is refreshed
+  and another one is tried;
+* ``RESOURCE_EXHAUSTED`` (queue full) or ``ABORTED`` (the same id is still
+  being reduced elsewhere): jittered back-off from ``backoff`` doubling to
+  ``max_backoff``;
+* ``ALREADY_EXISTS`` answering a *retry* means an earlier attempt got
+  through: the push succeeded (``Receipt.duplicate`` is True). On a first
+  attempt it means the sequence number was used before, and is raised.
+
+Every retry is bounded by ``max_attempts`` and ``deadline``; when they run
+out the last error is raised as its named exception (``QueueFull``,
+``Unavailable``...). Anything else (``InvalidArgument`` for wrong names,
+shapes, dtypes or NaN/Inf; ``NotFound`` for an unregistered model;
+``StaleVersion`` for a too stale base version) is raised at once.
+
+A successful push means the gradient is *admitted into a batch*, not yet
+applied; watch the model store for the version it produces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import grpc
+
+from rlhub import errors
+from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc, tensor_pb2
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_chunks
+from rlhub.tensors import save_bytes
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 << 20),
+    ("grpc.max_send_message_length", 8 << 20),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    """What a successful push returns."""
+
+    version: int
+    """Model version when the gradient was admitted (0 for a duplicate)."""
+    weight: float
+    """Staleness weight the gradient was admitted with."""
+    seq: int
+    """The sequence number used."""
+    addr: str
+    """Address and id of the secondary that took it."""
+    secondary: str
+    attempts: int
+    """Attempts it took (1 when the first one succeeded)."""
+    duplicate: bool = False
+    """True when a retry was answered ALREADY_EXISTS: an earlier attempt got through."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Counters:
+    """Reducer counters of one part (or the total). See docs/reducer.md."""
+
+    pushed: int
+    reduced: int
+    applied: int
+    steps: int
+    dropped: Dict[str, int]
+    queue_depth: int
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """``Reducer.Stats`` of one hub: ``total`` sums ``parts``
+    (``"primary"``, ``"secondary/<id>"``)."""
+
+    total: Counters
+    parts: Dict[str, Counters]
+    versions: Dict[str, int]
+    publish_p50_us: float
+    publish_p99_us: float
+
+    def accounted(self) -> bool:
+        """True when every pushed gradient is applied or dropped (nothing in flight)."""
+        return self.total.pushed == self.total.applied + self.total.dropped_total
+
+
+def _counters(c: reducer_pb2.ReducerCounters) -> Counters:
+    return Counters(c.pushed, c.reduced, c.applied, c.steps, dict(c.dropped), c.queue_depth)
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """What ``register`` returns."""
+
+    version: int
+    """The version the primary starts from."""
+    restored_steps: int
+    """Optimizer steps restored from a checkpoint (0 when fresh)."""
+
+
+_OPT_FIELDS = ("kind", "lr", "weight_decay", "momentum", "dampening", "nesterov", "beta1", "beta2",
+               "eps", "alpha", "centered")
+_SCHED_FIELDS = ("kind", "step_size", "gamma", "t_max", "min_lr", "warmup_steps", "warmup_start")
+
+
+def optimizer_config(optimizer: Any) -> Dict[str, Any]:
+    """Converts a ``torch.optim`` optimizer into the reducer's optimizer fields.
+
+    Supports SGD, Adam, AdamW and RMSprop with one set of hyper-parameters
+    (every param group equal). Options the reducer does not implement
+    (amsgrad, maximize, ...) raise ``ValueError`` rather than being ignored.
+    """
+    kind = type(optimizer).__name__.lower()
+    groups = optimizer.param_groups
+    if not groups:
+        raise ValueError("optimizer has no param groups")
+    keys = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "betas", "eps", "alpha", "centered",
+            "amsgrad", "maximize", "decoupled_weight_decay")
+    g = {k: groups[0][k] for k in keys if k in groups[0]}
+    for other in groups[1:]:
+        if any(other.get(k) != v for k, v in g.items()):
+            raise ValueError("param groups with different hyper-parameters cannot be reduced by one optimizer")
+    for flag in ("amsgrad", "maximize"):
+        if g.get(flag):
+            raise ValueError(f"{type(optimizer).__name__}({flag}=True) is not supported by the reducer")
+    lr = float(g["lr"])
+    wd = float(g.get("weight_decay", 0.0))
+    if kind == "adam" and g.get("decoupled_weight_decay"):
+        kind = "adamw"
+    if kind == "sgd":
+        return dict(kind="sgd", lr=lr, weight_decay=wd, momentum=float(g.get("momentum", 0)),
+                    dampening=float(g.get("dampening", 0)), nesterov=bool(g.get("nesterov", False)))
+    if kind in ("adam", "adamw"):
+        b1, b2 = (float(b) for b in g["betas"])
+        if b1 == 0 or b2 == 0:
+            # The wire treats 0 as "PyTorch's default", so a real 0 cannot travel.
+            raise ValueError(f"betas {g['betas']}: a beta of exactly 0 is not expressible (0 means the default)")
+        if kind == "adamw" and wd == 0:
+            kind = "adam"  # AdamW without decay is Adam; wd 0 on the wire would mean 0.01
+        return dict(kind=kind, lr=lr, weight_decay=wd, beta1=b1, beta2=b2, eps=float(g["eps"]))
+    if kind == "rmsprop":
+        return dict(kind="rmsprop", lr=lr, weight_decay=wd, momentum=float(g.get("momentum", 0)),
+                    alpha=float(g["alpha"]), eps=float(g["eps"]), centered=bool(g.get("centered", False)))
+    raise ValueError(f"optimizer {type(optimizer).__name__} is not supported (SGD, Adam, AdamW, RMSprop)")
+
+
+def _optimizer_proto(optimizer: Any, schedule: Optional[Mapping[str, Any]]) -> reducer_pb2.ReducerOptimizer:
+    if isinstance(optimizer, reducer_pb2.ReducerOptimizer):
+        o = reducer_pb2.ReducerOptimizer()
+        o.CopyFrom(optimizer)
+    else:
+        if isinstance(optimizer, str):
+            raise ValueError("optimizer must carry its lr: pass a torch optimizer or a dict like "
+                             "{'kind': 'adam', 'lr': 3e-4}")
+        cfg = dict(optimizer) if isinstance(optimizer, Mapping) else optimizer_config(optimizer)
+        unknown = set(cfg) - set(_OPT_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown optimizer fields {sorted(unknown)}; known: {_OPT_FIELDS}")
+        o = reducer_pb2.ReducerOptimizer(**cfg)
+    if schedule:
+        unknown = set(schedule) - set(_SCHED_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown schedule fields {sorted(unknown)}; known: {_SCHED_FIELDS}")
+        for k, v in schedule.items():
+            setattr(o, "schedule" if k == "kind" else k, v)
+    return o
+
+
+def gradient_dict(grads: Any) -> Dict[str, Any]:
+    """The gradient state dict of ``grads``.
+
+    ``grads`` is a dict of tensors/arrays (used as is) or a ``torch.nn.Module``:
+    then every entry of its ``state_dict`` is sent, named as there: a
+    parameter's ``.grad``, or zeros for a parameter without a gradient and
+    for buffers (the reducer wants exactly the model's tensors, and a zero
+    gradient leaves a buffer unchanged unless weight decay is on).
+    """
+    if isinstance(grads, Mapping):
+        return dict(grads)
+    if not hasattr(grads, "named_parameters") or not hasattr(grads, "state_dict"):
+        raise TypeError(f"grads must be a dict of tensors or a torch.nn.Module, not {type(grads).__name__}")
+    import torch
+
+    params = dict(grads.named_parameters(remove_duplicate=False))
+    out: Dict[str, Any] = {}
+    for name, t in grads.state_dict(keep_vars=True).items():
+        p = params.get(name)
+        g = p.grad if p is not None else None
+        out[name] = g.detach() if g is not None else torch.zeros_like(t.detach())
+    return out
+
+
+class GradClient:
+    """A reducer client. Thread-safe; close it (or use ``with``).
+
+    ``client_id`` names this client in every ``(client id, seq)``; the default
+    is a random id. Sequence numbers start at ``first_seq``: by default 1 for
+    a random id and the current Unix time in microseconds for an explicit
+    one, so a restarted process with the same id keeps growing past its
+    earlier pushes (the primary counts ids below its floor as applied).
+    """
+
+    def __init__(self, hub_addr: str, client_id: Optional[str] = None, *, timeout: float = 60.0,
+                 deadline: float = 120.0, max_attempts: int = 0, backoff: float = 0.001,
+                 max_backoff: float = 0.1, dead_for: float = 1.0, first_seq: Optional[int] = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: Optional[int] = None):
+        if not hub_addr:
+            raise ValueError("hub_addr is required")
+        self.hub_addr = hub_addr
+        self.client_id = client_id or f"py-{uuid.uuid4().hex[:16]}"
+        self.timeout = timeout
+        self.deadline = deadline
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.dead_for = dead_for
+        self.chunk_bytes = chunk_bytes
+        if first_seq is None:
+            first_seq = 1 if client_id is None else time.time_ns() // 1000
+        self._seq = itertools.count(first_seq)
+        self._mu = threading.Lock()  # guards _rnd, _channels, _targets, _dead, _seq
+        self._rnd = random.Random(seed)
+        self._channels: Dict[str, grpc.Channel] = {}
+        self._targets: List[Tuple[str, str]] = []
+        self._dead: Dict[Tuple[str, str], float] = {}
+        self._hub = reducer_pb2_grpc.ReducerStub(self._channel(hub_addr))
+
+    # -- connections -----------------------------------------------------
+
+    def _channel(self, addr: str) -> grpc.Channel:
+        with self._mu:
+            ch = self._channels.get(addr)
+            if ch is None:
+                ch = self._channels[addr] = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+            return ch
+
+    def close(self) -> None:
+        """Closes every channel. Safe to call twice."""
+        with self._mu:
+            chans, self._channels = list(self._channels.values()), {}
+        for ch in chans:
+            ch.close()
+
+    def __enter__(self) -> "GradClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- operator RPCs ---------------------------------------------------
+
+    def register(self, model: str, optimizer: Any, *, reduction: str = "mean", gradient_max: float = 0.0,
+                 staleness: str = "accept", max_lag: int = 0, checkpoint_every: int = 0,
+                 schedule: Optional[Mapping[str, Any]] = None) -> Registered:
+        """Starts reducing gradients for ``model`` (already in the store; its
+        newest version is the initial weights).
+
+        ``optimizer`` is a ``torch.optim`` SGD/Adam/AdamW/RMSprop (its
+        hyper-parameters are sent, not its state), or a dict of
+        ``ReducerOptimizer`` fields (``{"kind": "adam", "lr": 3e-4}``; a zero
+        field means PyTorch's default). ``schedule`` holds ``kind`` ("step",
+        "cosine"), ``step_size``, ``gamma``, ``t_max``, ``min_lr``,
+        ``warmup_steps``, ``warmup_start``. ``reduction`` is "mean" or "sum";
+        ``gradient_max`` a global-norm clip (0: none); ``staleness`` "accept",
+        "drop" or "downweight" with ``max_lag``. Registering again with the
+        same config is a no-op; another config raises ``AlreadyExists``.
+        """
+        req = reducer_pb2.ReducerRegisterRequest(
+            model=model, optimizer=_optimizer_proto(optimizer, schedule), reduction=reduction,
+            gradient_max=gradient_max, staleness=staleness, max_lag=max_lag, checkpoint_every=checkpoint_every)
+        try:
+            resp = self._hub.Register(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        return Registered(resp.version, resp.restored_steps)
+
+    def stats(self, addr: Optional[str] = None) -> Stats:
+        """Counters of the hub at ``addr`` (default: the primary's hub)."""
+        stub = self._hub if addr is None else reducer_pb2_grpc.ReducerStub(self._channel(addr))
+        try:
+            r = stub.Stats(reducer_pb2.ReducerStatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        return Stats(_counters(r.total), {k: _counters(v) for k, v in r.parts.items()}, dict(r.versions),
+                     r.publish_p50_us, r.publish_p99_us)
+
+    def secondaries(self) -> List[Tuple[str, str]]:
+        """Refreshes and returns the live secondaries as (addr, id)."""
+        self._refresh()
+        with self._mu:
+            return list(self._targets)
+
+    def _refresh(self) -> None:
+        try:
+            r = self._hub.Secondaries(reducer_pb2.ReducerSecondariesRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        ts = [(s.addr or self.hub_addr, s.id) for s in r.secondaries]
+        with self._mu:
+            self._targets = ts
+
+    def _choose(self) -> Optional[Tuple[str, str]]:
+        now = time.monotonic()
+        with self._mu:
+            live = [t for t in self._targets if now - self._dead.get(t, -1e18) > self.dead_for]
+            return self._rnd.choice(live) if live else None
+
+    # -- pushing ---------------------------------------------------------
+
+    def next_seq(self) -> int:
+        """Takes the next sequence number."""
+        with self._mu:
+            return next(self._seq)
+
+    def push(self, model: str, base_version: int, grads: Any, *, seq: Optional[int] = None) -> Receipt:
+        """Pushes the gradient of ``model`` computed on ``base_version``.
+
+        ``grads`` is a ``torch.nn.Module`` (its parameters' ``.grad``, named
+        like its ``state_dict``; see ``gradient_dict``) or a dict of torch
+        tensors / numpy arrays with exactly the model's names, shapes and
+        dtype (F32). ``seq`` defaults to the client's next sequence number.
+        Returns once the gradient is admitted into a batch.
+        """
+        blob = save_bytes(gradient_dict(grads))
+        if seq is None:
+            seq = self.next_seq()
+        header = reducer_pb2.ReducerPushHeader(
+            blob=tensor_pb2.BlobInfo(model=model, version=base_version, total_bytes=len(blob),
+                                     chunk_bytes=self.chunk_bytes),
+            client_id=self.client_id, seq=seq)
+        give_up = time.monotonic() + self.deadline
+        backoff = self.backoff
+        last: Optional[errors.RlhubError] = None
+        attempt = 0
+        while True:
+            attempt += 1
+            if (self.max_attempts and attempt > self.max_attempts) or (attempt > 1 and time.monotonic() > give_up):
+                assert last is not None
+                raise last
+            t = self._choose()
+            if t is None:
+                try:
+                    self._refresh()
+                    t = self._choose()
+                    if t is None:
+                        last = errors.Unavailable("no live reducer secondary")
+                except errors.Unavailable as e:
+                    last = e
+                if t is None:
+                    backoff = self._sleep(backoff)
+                    continue
+            try:
+                resp = self._push_once(t, header, blob)
+                return Receipt(resp.version, resp.weight, seq, t[0], t[1], attempt)
+            except grpc.RpcError as e:
+                code = e.code()
+                last = errors.from_rpc_error(e)
+            if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 1:
+                return Receipt(0, 0.0, seq, t[0], t[1], attempt, duplicate=True)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                with self._mu:
+                    self._dead[t] = time.monotonic()
+                try:
+                    self._refresh()
+                except errors.RlhubError:
+                    pass  # best effort: the next choice skips the dead one
+                continue
+            if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED):
+                backoff = self._sleep(backoff)
+                continue
+            raise last
+
+    def _push_once(self, t: Tuple[str, str], header: reducer_pb2.ReducerPushHeader,
+                   blob: bytes) -> reducer_pb2.ReducerPushResponse:
+        addr, sid = t
+        h = reducer_pb2.ReducerPushHeader()
+        h.CopyFrom(header)
+        h.secondary = sid
+
+        def requests():
+            yield reducer_pb2.ReducerPushRequest(header=h)
+            for c in iter_chunks(blob, self.chunk_bytes):
+                yield reducer_pb2.ReducerPushRequest(chunk=tensor_pb2.Chunk(data=c))
+
+        stub = reducer_pb2_grpc.ReducerStub(self._channel(addr))
+        return stub.Push(requests(), timeout=self.timeout)
+
+    def _sleep(self, backoff: float) -> float:
+        """Sleeps a jittered ``backoff`` (between half and all of it); returns the next one."""
+        with self._mu:
+            j = self._rnd.random()
+        time.sleep(backoff * (0.5 + 0.5 * j))
+        return min(2 * backoff, self.max_backoff)
