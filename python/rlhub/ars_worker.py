@@ -327,16 +327,24 @@ class EnvAdapter:
 
     def step(self, out: np.ndarray) -> Tuple[np.ndarray, float, bool, bool]:
         if self.discrete:
-            best = int(np.argmax(out))  # first maximum, as Go's strict >
-            if np.isnan(out[best]):
-                best = 0
-            action: Any = best + self.start
+            action: Any = _argmax_go(out) + self.start
         else:
             action = out.reshape(self.shape).astype(self.dtype)
             if self.clip:
                 action = np.clip(action, self.low, self.high)
         obs, r, term, trunc, _ = self.env.step(action)
         return np.asarray(obs, dtype=np.float64).reshape(-1), float(r), bool(term), bool(trunc)
+
+
+def _argmax_go(out: np.ndarray) -> int:
+    """Go's ``best = 0; if out[o] > out[best] { best = o }``: the first
+    maximum; a NaN is never greater, so NaN at 0 wins and later NaNs lose."""
+    nan = np.isnan(out)
+    if nan.any():
+        if nan[0]:
+            return 0
+        out = np.where(nan, -np.inf, out)
+    return int(np.argmax(out))
 
 
 def episode_seed(seed: int, index: int) -> int:

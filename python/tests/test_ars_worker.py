@@ -432,3 +432,11 @@ def test_run_on_an_env_only_python_knows(hub, tmp_path):
     # θ₀ = 0 does nothing (return −Σx² ≈ −6.7); the learnt gain steers to 0.
     assert p.theta[0] < -1, p.theta
     assert evals[-1] > evals[0] + 2, evals
+
+
+def test_discrete_action_is_gos_argmax():
+    """Ties go to the lowest index; NaN never wins unless it is output 0."""
+    cases = [([1.0, 1.0, 0.5], 0), ([0.0, 2.0, 2.0], 1), ([1.0, np.nan, 3.0], 2), ([np.nan, 5.0], 0),
+             ([-np.inf, np.nan], 0), ([-0.0, 0.0], 0)]
+    for out, want in cases:
+        assert ars_worker._argmax_go(np.array(out)) == want, out
