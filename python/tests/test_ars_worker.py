@@ -4,15 +4,17 @@
   (Gymnasium's CartPole) and started by ``rlhub train ars --workers 0``
   reaches the target.
 * Bit-identity with the Go worker: Gymnasium resets episodes with its own
-  generator, so on Gymnasium's CartPole the two workers see different start
-  states. ``GoCartPole`` below is a line-by-line port of internal/env's
-  CartPole, PCG reset included; a Python worker on it must produce the same
-  policy bytes, curve and σ_R as a Go worker on the Go env, which checks the
-  noise, the filter statistics, their normalisation, the shift, evaluation
-  episodes and the update end to end.
+  generator, so on Gymnasium's envs the two workers see different start
+  states. ``GoCartPole`` and ``GoPendulum`` below are line-by-line ports of
+  internal/env's envs (Go's PCG reset, Go's sin/cos); a Python worker on
+  them must produce the same policy bytes and curve (returns, σ_R,
+  evaluations) as a Go worker on the Go env, which checks the noise, the
+  filter statistics and normalisation, the shift, discrete and Box actions,
+  evaluation episodes and the update end to end.
 * A Python worker SIGKILLed while holding a lease: its tasks are handed to
   another worker and the run ends with the undisturbed run's policy.
 * A worker started for another environment refuses the run.
+* A Gymnasium env the hub has no implementation of runs (``--obs-dim``).
 """
 
 from __future__ import annotations
