@@ -1,0 +1,121 @@
+"""The coordinator's client for the hub's learner aggregator (docs/aggregator.md).
+
+    with rlhub.AggregatorClient("127.0.0.1:7470") as agg:
+        task = agg.start(info={"lr": 1e-3}).task_id
+        demand = agg.get_data_demand(task)          # merged: batch sizes add up
+        res = agg.learn(task, {"obs": obs, "act": act}, metadata={"step": "7"})
+        res.info["loss"]                            # one entry per learner, row order
+
+Errors are rlhub's named exceptions (``Unavailable`` "no learners attached",
+``FailedPrecondition`` as ``StaleVersion`` for a wrong task,
+``InvalidArgument`` for ragged batches or malformed info...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Mapping, Optional
+
+import grpc
+
+from rlhub import errors
+from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc, tensor_pb2
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_chunks
+from rlhub.learner import Demand, from_struct, to_struct
+from rlhub.tensors import save_bytes
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 << 20),
+    ("grpc.max_send_message_length", 8 << 20),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    task_id: str
+    learners: List[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class MergedDemand:
+    demand: Demand
+    learners: List[str]
+    """Learner order recorded with the task."""
+    batch_sizes: List[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    learner_id: str
+    row_start: int
+    rows: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Learned:
+    info: Dict[str, Any]
+    """Merged info: lists concatenated, scalars turned into lists, in row
+    order; homogeneous keys (learner_step, task_id, buffer_id) single."""
+    shares: List[Share]
+    failed: List[str]
+
+
+class AggregatorClient:
+    """Coordinator-side client. Thread-safe; close it (or use ``with``)."""
+
+    def __init__(self, addr: str, *, timeout: float = 120.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        self._channel = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+        self._stub = aggregator_pb2_grpc.LearnerAggregatorStub(self._channel)
+        self.timeout = timeout
+        self.chunk_bytes = chunk_bytes
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "AggregatorClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, fn, req):
+        try:
+            return fn(req, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    def resources(self) -> List[aggregator_pb2.LearnerInfo]:
+        return list(self._call(self._stub.Resources, aggregator_pb2.ResourcesRequest()).learners)
+
+    def status(self) -> aggregator_pb2.StatusResponse:
+        return self._call(self._stub.Status, aggregator_pb2.StatusRequest())
+
+    def start(self, task_id: str = "", info: Optional[Mapping[str, Any]] = None) -> Started:
+        """Starts a task on every attached learner ("" lets the hub name it)."""
+        r = self._call(self._stub.Start, aggregator_pb2.StartRequest(task_id=task_id, task_info=to_struct(info)))
+        return Started(r.task_id, list(r.learners))
+
+    def get_data_demand(self, task_id: str) -> MergedDemand:
+        r = self._call(self._stub.GetDataDemand, aggregator_pb2.DemandRequest(task_id=task_id))
+        d = Demand(r.demand.batch_size, from_struct(r.demand.fields))
+        return MergedDemand(d, list(r.learners), list(r.batch_sizes))
+
+    def learn(self, task_id: str, batch: Any, metadata: Optional[Mapping[str, str]] = None) -> Learned:
+        """Splits ``batch`` (a dict of arrays/tensors with equal first
+        dimension, or safetensors bytes) among the learners and merges their
+        info. ``metadata`` reaches every learner's share."""
+        blob = batch if isinstance(batch, (bytes, bytearray)) else save_bytes(batch, metadata)
+        header = aggregator_pb2.LearnHeader(
+            task_id=task_id, blob=tensor_pb2.BlobInfo(total_bytes=len(blob), chunk_bytes=self.chunk_bytes))
+
+        def requests():
+            yield aggregator_pb2.LearnRequest(header=header)
+            for c in iter_chunks(blob, self.chunk_bytes):
+                yield aggregator_pb2.LearnRequest(chunk=tensor_pb2.Chunk(data=c))
+
+        try:
+            r = self._stub.Learn(requests(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+        return Learned(from_struct(r.info), [Share(s.learner_id, s.row_start, s.rows) for s in r.shares],
+                       list(r.failed))

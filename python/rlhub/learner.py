@@ -1,0 +1,327 @@
+"""Python learners for the hub's learner aggregator (see docs/aggregator.md).
+
+A learner attaches to the hub with one long-lived stream, holds its lease
+with heartbeats and answers the coordinator's tasks. Override the hooks, or
+pass callables:
+
+    class MyLearner(rlhub.Learner):
+        def on_start(self, task_id, info): self.lr = info["lr"]
+        def on_demand(self, task_id): return rlhub.Demand(64, {"obs_dim": 4})
+        def on_learn(self, task):            # task.batch: this learner's rows
+            loss = train_on(task.batch)
+            return {"loss": loss, "rows": task.rows}
+
+    with MyLearner("127.0.0.1:7470", "l1", framework="torch"):
+        ...                                  # served on a background thread
+
+or ``MyLearner(...).run()`` to serve on the calling thread until ``stop()``.
+
+Contract:
+1. Hooks run one at a time on the serving thread. ``on_demand`` returns a
+   ``Demand``, an int (rows) or ``(rows, fields)``; ``on_learn`` returns a
+   dict that ``google.protobuf.Struct`` can hold (numpy/torch scalars and
+   arrays are converted to numbers and lists). A hook that raises refuses
+   or fails that task only (the learner stays attached; the error text
+   travels to the coordinator).
+2. Heartbeats go out every third of the lease from a thread owned by the
+   session; it is stopped and joined when the session ends, so a hook may
+   take longer than the lease.
+3. Any break of the stream (hub restart, drain, protocol error) ends the
+   session; ``run`` re-attaches after ``backoff`` seconds until ``stop()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from rlhub import errors
+from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc
+from rlhub._transfer import Assembler
+from rlhub.tensors import load_bytes, parse_header
+
+log = logging.getLogger("rlhub.learner")
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 << 20),
+    ("grpc.max_send_message_length", 8 << 20),
+]
+
+
+@dataclasses.dataclass
+class Demand:
+    """Rows of batch wanted per Learn, and other fields every learner of a
+    task must report equally."""
+
+    batch_size: int
+    fields: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class LearnTask:
+    """One learner's share of a batch: rows ``[row_start, row_start + rows)``."""
+
+    task_id: str
+    row_start: int
+    rows: int
+    batch: Dict[str, Any]
+    """The share's tensors: numpy arrays (read-only views) or torch tensors."""
+    metadata: Dict[str, str]
+    """The batch's safetensors metadata (the same on every share)."""
+
+
+def to_struct_value(v: Any) -> Any:
+    """Converts numpy/torch scalars and arrays (recursively) to plain Python."""
+    if isinstance(v, Mapping):
+        return {str(k): to_struct_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [to_struct_value(x) for x in v]
+    if isinstance(v, (str, bool, int, float)) or v is None:
+        return v
+    if hasattr(v, "tolist"):  # numpy arrays and scalars, torch tensors
+        if hasattr(v, "detach"):
+            v = v.detach().cpu()
+        return v.tolist()
+    raise TypeError(f"cannot put a {type(v).__name__} into info")
+
+
+def to_struct(d: Optional[Mapping[str, Any]]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    if d:
+        s.update(to_struct_value(d))
+    return s
+
+
+def from_struct(s: struct_pb2.Struct) -> Dict[str, Any]:
+    return json_format.MessageToDict(s)
+
+
+DemandLike = Union[Demand, int, Tuple[int, Mapping[str, Any]]]
+
+
+class Learner:
+    """A learner served from Python. Thread-safe ``start``/``stop``/``close``.
+
+    ``framework`` ("numpy" or "torch") decides how shares are decoded.
+    Hooks may be overridden in a subclass or given as callables (which take
+    precedence). ``resources`` are declared to the aggregator as is.
+    """
+
+    def __init__(self, hub_addr: str, learner_id: str, *, resources: Optional[Mapping[str, str]] = None,
+                 on_start: Optional[Callable[[str, Dict[str, Any]], None]] = None,
+                 on_demand: Optional[Callable[[str], DemandLike]] = None,
+                 on_learn: Optional[Callable[[LearnTask], Mapping[str, Any]]] = None,
+                 framework: str = "numpy", backoff: float = 0.2, welcome_timeout: float = 30.0,
+                 max_share_bytes: int = 2 << 30):
+        if not learner_id or " " in learner_id or len(learner_id) > 128:
+            raise ValueError(f"learner id {learner_id!r}: non-empty, no spaces, at most 128 bytes")
+        if framework not in ("numpy", "torch"):
+            raise ValueError(f"framework {framework!r}: want numpy or torch")
+        self.hub_addr = hub_addr
+        self.learner_id = learner_id
+        self.resources = dict(resources or {})
+        self.framework = framework
+        self.backoff = backoff
+        self.welcome_timeout = welcome_timeout
+        self.max_share_bytes = max_share_bytes
+        if on_start is not None:
+            self.on_start = on_start  # type: ignore[method-assign]
+        if on_demand is not None:
+            self.on_demand = on_demand  # type: ignore[method-assign]
+        if on_learn is not None:
+            self.on_learn = on_learn  # type: ignore[method-assign]
+        self.attached = threading.Event()
+        """Set while a session is attached (after the Welcome)."""
+        self.sessions = 0
+        """Sessions attached so far (re-attaches included)."""
+        self.lease_ms = 0
+        self._stop = threading.Event()
+        self._mu = threading.Lock()  # guards _call, _thread
+        self._call: Optional[grpc.Future] = None
+        self._thread: Optional[threading.Thread] = None
+        self._channel = grpc.insecure_channel(hub_addr, options=_CHANNEL_OPTIONS)
+        self._stub = aggregator_pb2_grpc.LearnerAggregatorStub(self._channel)
+
+    # -- hooks -------------------------------------------------------------
+
+    def on_start(self, task_id: str, info: Dict[str, Any]) -> None:
+        """Prepares for a task; raising refuses it. The default accepts."""
+
+    def on_demand(self, task_id: str) -> DemandLike:
+        """Returns this learner's demand for the task."""
+        raise NotImplementedError("override on_demand or pass on_demand=")
+
+    def on_learn(self, task: LearnTask) -> Mapping[str, Any]:
+        """Learns on one share and returns its info."""
+        raise NotImplementedError("override on_learn or pass on_learn=")
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "Learner":
+        """Serves on a background thread owned by this learner."""
+        with self._mu:
+            if self._thread is not None:
+                raise RuntimeError("learner already started")
+            self._thread = threading.Thread(target=self.run, name=f"rlhub-learner-{self.learner_id}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: Optional[float] = 30.0) -> None:
+        """Ends serving (the current hook finishes first) and joins the
+        serving thread. Safe to call twice."""
+        self._stop.set()
+        with self._mu:
+            call, th = self._call, self._thread
+        if call is not None:
+            call.cancel()
+        if th is not None and th is not threading.current_thread():
+            th.join(timeout)
+            if th.is_alive():
+                raise TimeoutError(f"learner {self.learner_id}: serving thread did not end in {timeout}s")
+
+    def close(self) -> None:
+        """Stops and closes the channel. Safe to call twice."""
+        self.stop()
+        self._channel.close()
+
+    def __enter__(self) -> "Learner":
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self) -> None:
+        """Attaches and serves until ``stop()``, re-attaching after each break."""
+        while not self._stop.is_set():
+            try:
+                self._session()
+            except Exception as e:  # noqa: BLE001 - any break: log and re-attach
+                if self._stop.is_set():
+                    break
+                log.warning("learner %s: detached (%s); re-attaching in %.1fs", self.learner_id, e, self.backoff)
+            self._stop.wait(self.backoff)
+
+    # -- one session -------------------------------------------------------
+
+    def _session(self) -> None:
+        out: "queue.Queue[Optional[aggregator_pb2.LearnerMessage]]" = queue.Queue()
+        out.put(aggregator_pb2.LearnerMessage(
+            hello=aggregator_pb2.Hello(learner_id=self.learner_id, resources=self.resources)))
+
+        def requests():
+            while True:
+                m = out.get()
+                if m is None:
+                    return
+                yield m
+
+        call = self._stub.Attach(requests(), wait_for_ready=True)
+        with self._mu:
+            self._call = call
+        done = threading.Event()
+        beat: Optional[threading.Thread] = None
+        # A hub that accepts the stream but never welcomes must not hold us.
+        no_welcome = threading.Timer(self.welcome_timeout, call.cancel)
+        no_welcome.daemon = True
+        no_welcome.start()
+        try:
+            if self._stop.is_set():
+                return
+            it = iter(call)
+            first = self._recv(it)
+            no_welcome.cancel()
+            if first is None or not first.HasField("welcome") or first.welcome.lease_ms == 0:
+                raise errors.InvalidArgument("first aggregator message is not a Welcome")
+            self.lease_ms = first.welcome.lease_ms
+            self.sessions += 1
+            self.attached.set()
+            log.info("learner %s: attached, lease %dms", self.learner_id, self.lease_ms)
+
+            def heartbeats():
+                period = max(self.lease_ms / 3000.0, 0.001)
+                while not done.wait(period):
+                    out.put(aggregator_pb2.LearnerMessage(heartbeat=aggregator_pb2.Heartbeat()))
+
+            beat = threading.Thread(target=heartbeats, name=f"rlhub-heartbeat-{self.learner_id}", daemon=True)
+            beat.start()
+            while True:
+                m = self._recv(it)
+                if m is None:
+                    raise errors.Unavailable("aggregator ended the stream")
+                reply = self._serve(m, it)
+                out.put(aggregator_pb2.LearnerMessage(reply=reply))
+        finally:
+            no_welcome.cancel()
+            self.attached.clear()
+            done.set()
+            if beat is not None:
+                beat.join()
+            out.put(None)
+            call.cancel()
+            with self._mu:
+                self._call = None
+
+    @staticmethod
+    def _recv(it) -> Optional[aggregator_pb2.AggregatorMessage]:
+        try:
+            return next(it, None)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    def _serve(self, m: aggregator_pb2.AggregatorMessage, it) -> aggregator_pb2.LearnerReply:
+        kind = m.WhichOneof("body")
+        if kind == "start":
+            reply = aggregator_pb2.LearnerReply(request_id=m.start.request_id)
+            try:
+                self.on_start(m.start.task_id, from_struct(m.start.task_info))
+            except Exception as e:  # noqa: BLE001 - refused: the error travels
+                reply.error = f"{type(e).__name__}: {e}"
+            return reply
+        if kind == "demand":
+            reply = aggregator_pb2.LearnerReply(request_id=m.demand.request_id)
+            try:
+                d = _as_demand(self.on_demand(m.demand.task_id))
+                reply.demand.CopyFrom(aggregator_pb2.Demand(batch_size=d.batch_size, fields=to_struct(d.fields)))
+            except Exception as e:  # noqa: BLE001
+                reply.error = f"{type(e).__name__}: {e}"
+            return reply
+        if kind == "learn":
+            lt = m.learn
+            total = lt.blob.total_bytes
+            asm = Assembler(total, max_bytes=self.max_share_bytes)
+            got = 0
+            while got < total:  # protocol errors raise: the stream is out of step
+                c = self._recv(it)
+                if c is None or not c.HasField("chunk"):
+                    raise errors.InvalidArgument(f"learn share ended after {got} of {total} bytes")
+                asm.write(c.chunk.data)
+                got += len(c.chunk.data)
+            blob = asm.finish()
+            reply = aggregator_pb2.LearnerReply(request_id=lt.request_id)
+            try:
+                _, _, md = parse_header(memoryview(blob))
+                task = LearnTask(lt.task_id, lt.row_start, lt.rows, load_bytes(blob, framework=self.framework),
+                                 dict(md))
+                reply.info.CopyFrom(to_struct(self.on_learn(task)))
+            except Exception as e:  # noqa: BLE001
+                reply.error = f"{type(e).__name__}: {e}"
+            return reply
+        raise errors.InvalidArgument(f"unexpected aggregator message {kind!r}")
+
+
+def _as_demand(d: DemandLike) -> Demand:
+    if isinstance(d, Demand):
+        return d
+    if isinstance(d, int):
+        return Demand(d)
+    if isinstance(d, tuple) and len(d) == 2:
+        return Demand(int(d[0]), dict(d[1]))
+    raise TypeError(f"on_demand returned {type(d).__name__}; want Demand, int or (rows, fields)")
