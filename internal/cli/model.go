@@ -37,7 +37,7 @@ func newModelCmd(g *globals) *cobra.Command {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		return c, ctx, func() { cancel(); c.Close() }, nil
 	}
-	cmd.AddCommand(newModelPushCmd(g, client), newModelPullCmd(g, client), newModelLsCmd(g, client))
+	cmd.AddCommand(newModelPushCmd(g, client), newModelPullCmd(g, client), newModelLsCmd(g, client), newModelBenchCmd(g, client))
 	return cmd
 }
 

@@ -48,7 +48,7 @@ func newSyncCmd(g *globals) *cobra.Command {
 	status.Flags().StringVar(&addr, "hub", "127.0.0.1:7470", "hub (or relay) address")
 	status.Flags().StringVar(&model, "model", "", "only this model")
 	status.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "deadline for the call")
-	cmd.AddCommand(status)
+	cmd.AddCommand(status, newShmWriterCmd(g))
 	return cmd
 }
 
