@@ -3,6 +3,7 @@ package arsrpc
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
@@ -279,9 +280,10 @@ var errNoWorker = fmt.Errorf("%w: unknown worker (attach again)", errs.ErrNotFou
 // lease hands worker id up to maxTasks tasks of the oldest run with work: first
 // tasks nobody holds, in task order; when none are left, tasks whose every
 // holder has had them longer than the straggler threshold (at most
-// maxHolders holders each). A share is at most ⌈tasks / (2·workers)⌉ so
+// maxHolders holders each). Runs named in skip are passed over. A share is
+// at most ⌈tasks / (2·workers)⌉ so
 // every live worker gets some. It returns nil when there is nothing to do.
-func (c *coordinator) lease(id string, maxTasks int, now time.Time) (*run, []ars.Task, error) {
+func (c *coordinator) lease(id string, maxTasks int, skip []string, now time.Time) (*run, []ars.Task, error) {
 	w, ok := c.workers[id]
 	if !ok {
 		return nil, nil, errNoWorker
@@ -292,7 +294,7 @@ func (c *coordinator) lease(id string, maxTasks int, now time.Time) (*run, []ars
 		maxTasks = 1
 	}
 	for _, r := range c.order {
-		if r.done {
+		if r.done || slices.Contains(skip, r.id) {
 			continue
 		}
 		share := (len(r.tasks) + 2*len(c.workers) - 1) / (2 * len(c.workers))

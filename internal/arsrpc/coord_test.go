@@ -46,8 +46,8 @@ func TestLeaseSharesExpiryAndStragglers(t *testing.T) {
 	r := newTestRun(t, c)
 	a, b := c.attach("a", t0), c.attach("b", t0)
 	// 6 tasks (4 directions, 2 evals), 2 workers: shares of ⌈6/4⌉ = 2.
-	_, ga, _ := c.lease(a.id, 8, t0)
-	_, gb, _ := c.lease(b.id, 8, t0)
+	_, ga, _ := c.lease(a.id, 8, nil, t0)
+	_, gb, _ := c.lease(b.id, 8, nil, t0)
 	if len(ga) != 2 || len(gb) != 2 || ga[0] != (ars.Task{Kind: ars.KindDirection, Index: 0}) || gb[0].Index != 2 {
 		t.Fatalf("leases %v / %v", ga, gb)
 	}
@@ -55,20 +55,20 @@ func TestLeaseSharesExpiryAndStragglers(t *testing.T) {
 	if out, err := c.report(b.id, r.id, 0, compute(t, r, gb), t0.Add(time.Second)); err != nil || out.accepted != 2 {
 		t.Fatalf("report: %+v %v", out, err)
 	}
-	_, gb2, _ := c.lease(b.id, 8, t0.Add(time.Second))
+	_, gb2, _ := c.lease(b.id, 8, nil, t0.Add(time.Second))
 	if len(gb2) != 2 || gb2[0].Kind != ars.KindEval {
 		t.Fatalf("second lease %v", gb2)
 	}
 	// Nothing unleased and a's lease is younger than the threshold: nothing.
-	if _, g, _ := c.lease(b.id, 8, t0.Add(1500*time.Millisecond)); g != nil {
+	if _, g, _ := c.lease(b.id, 8, nil, t0.Add(1500*time.Millisecond)); g != nil {
 		t.Fatalf("got %v before the straggler threshold", g)
 	}
 	// Past it, b gets duplicates of a's tasks (but never its own).
-	_, dup, _ := c.lease(b.id, 8, t0.Add(2500*time.Millisecond))
+	_, dup, _ := c.lease(b.id, 8, nil, t0.Add(2500*time.Millisecond))
 	if len(dup) != 2 || dup[0] != ga[0] || c.reassigned != 2 {
 		t.Fatalf("straggler lease %v, reassigned %d", dup, c.reassigned)
 	}
-	if _, g, _ := c.lease(b.id, 8, t0.Add(2600*time.Millisecond)); g != nil {
+	if _, g, _ := c.lease(b.id, 8, nil, t0.Add(2600*time.Millisecond)); g != nil {
 		t.Fatalf("a task went to a third holder or twice to b: %v", g)
 	}
 	// a reports late: its results win, b's copies become duplicates.
@@ -84,7 +84,7 @@ func TestLeaseSharesExpiryAndStragglers(t *testing.T) {
 	if _, ok := c.workers[a.id]; ok {
 		t.Fatal("silent worker kept")
 	}
-	if _, _, err := c.lease(a.id, 1, t0.Add(14*time.Second)); !errors.Is(err, errs.ErrNotFound) {
+	if _, _, err := c.lease(a.id, 1, nil, t0.Add(14*time.Second)); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("lease by a forgotten worker: %v", err)
 	}
 }
@@ -93,15 +93,15 @@ func TestExpiredLeaseIsReassigned(t *testing.T) {
 	c := newCoordinator(time.Second, time.Hour, 2)
 	r := newTestRun(t, c)
 	a := c.attach("a", t0)
-	_, ga, _ := c.lease(a.id, 3, t0)
+	_, ga, _ := c.lease(a.id, 3, nil, t0)
 	b := c.attach("b", t0.Add(500*time.Millisecond))
-	_, gb, _ := c.lease(b.id, 8, t0.Add(500*time.Millisecond))
-	_, gb2, _ := c.lease(b.id, 8, t0.Add(600*time.Millisecond))
+	_, gb, _ := c.lease(b.id, 8, nil, t0.Add(500*time.Millisecond))
+	_, gb2, _ := c.lease(b.id, 8, nil, t0.Add(600*time.Millisecond))
 	if len(ga)+len(gb)+len(gb2) != 6 {
 		t.Fatalf("leases %v %v %v", ga, gb, gb2)
 	}
 	// a dies; after the TTL its tasks go to b.
-	_, again, _ := c.lease(b.id, 8, t0.Add(1600*time.Millisecond))
+	_, again, _ := c.lease(b.id, 8, nil, t0.Add(1600*time.Millisecond))
 	if len(again) != 3 || again[0] != ga[0] {
 		t.Fatalf("after expiry b got %v, want %v", again, ga)
 	}
@@ -112,7 +112,7 @@ func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
 	c := newCoordinator(time.Second, time.Second, 2)
 	r := newTestRun(t, c)
 	w := c.attach("w", t0)
-	_, tasks, _ := c.lease(w.id, 8, t0)
+	_, tasks, _ := c.lease(w.id, 8, nil, t0)
 	good := compute(t, r, tasks)
 	for name, mutate := range map[string]func(*pb.ARSTaskResult){
 		"nan":       func(p *pb.ARSTaskResult) { p.RPlus = 0 / func() float64 { return 0 }() },
@@ -169,5 +169,17 @@ func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
 		if _, _, err := Normalise(spec); !errors.Is(err, errs.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
+	}
+}
+
+func TestLeaseSkipsRunsTheWorkerCannotServe(t *testing.T) {
+	c := newCoordinator(10*time.Second, 2*time.Second, 2)
+	first, second := newTestRun(t, c), newTestRun(t, c)
+	w := c.attach("w", t0)
+	if r, _, _ := c.lease(w.id, 2, []string{first.id}, t0); r != second {
+		t.Fatalf("leased from %v, want the second run", r)
+	}
+	if r, g, _ := c.lease(w.id, 2, []string{first.id, second.id}, t0); r != nil || g != nil {
+		t.Fatalf("leased %v from %v though both runs are skipped", g, r)
 	}
 }

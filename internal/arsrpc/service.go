@@ -321,7 +321,7 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 // tryLeaseLocked leases tasks without waiting: nil when there are none.
 // Caller holds mu.
 func (s *Service) tryLeaseLocked(req *pb.ARSLeaseRequest, now time.Time) (*pb.ARSLeaseResponse, error) {
-	r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), now)
+	r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), req.SkipRuns, now)
 	if err != nil || len(tasks) == 0 {
 		return nil, err
 	}

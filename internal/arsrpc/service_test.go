@@ -314,3 +314,44 @@ func TestServiceErrors(t *testing.T) {
 		t.Fatalf("stopped run progress %v", prog)
 	}
 }
+
+// A Go worker leased tasks of a run whose environment it cannot make
+// (served by Python workers) gives them back, skips that run and goes on
+// serving the others.
+func TestWorkerSkipsRunItCannotServe(t *testing.T) {
+	h := startHub(t, Config{})
+	client := pb.NewARSClient(dial(t, h.addr))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	foreign, err := client.StartRun(ctx, &pb.ARSStartRunRequest{Spec: &pb.ARSRunSpec{Env: "user/Grid-v0", Seed: 1,
+		MaxIterations: 2, EnvSpec: &pb.ARSEnvSpec{ObsDim: 4, Discrete: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := runSpec()
+	mine, err := client.StartRun(ctx, &pb.ARSStartRunRequest{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := workers(t, h.addr, 1) // fails the test if the worker returns an error
+	prog := watch(t, ctx, client, mine.RunId)
+	stop()
+	p, _, err := PullPolicy(ctx, client, mine.RunId, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref := localReference(t, spec); !slices.Equal(p.Theta, ref.Theta()) || !prog[len(prog)-1].Done {
+		t.Fatal("the built-in run differs from the single-process run")
+	}
+	// The foreign run is untouched: no iteration finished, its tasks free.
+	h.svc.mu.Lock()
+	r := h.svc.c.runs[foreign.RunId]
+	done, remaining, held := r.done, r.remaining, 0
+	for _, ls := range r.leases {
+		held += len(ls)
+	}
+	h.svc.mu.Unlock()
+	if done || remaining != len(r.tasks) || held != 0 {
+		t.Fatalf("foreign run: done %v, %d of %d tasks left, %d leases held", done, remaining, len(r.tasks), held)
+	}
+}

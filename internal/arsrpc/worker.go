@@ -81,7 +81,14 @@ type workerLoop struct {
 	envName string
 	it      *ars.Iteration
 	ev      *ars.Evaluator
+	// skip lists runs whose environment this process cannot make (say a
+	// Gymnasium env served by Python workers); the hub leases none of them.
+	skip []string
 }
+
+// errCannotServe marks a lease for a run whose environment this worker
+// has no implementation of.
+var errCannotServe = errors.New("cannot make the run's environment")
 
 // RunWorker attaches to the hub and runs leased tasks until ctx is done
 // (then it detaches and returns nil) or the hub stays unreachable for
@@ -158,6 +165,15 @@ func (w *workerLoop) loop(ctx context.Context) error {
 				w.cfg.afterLease(lease)
 			}
 			lease, err = w.serve(ctx, lease)
+			if errors.Is(err, errCannotServe) {
+				// Give the tasks back at once and ask for other runs only.
+				w.cfg.Logger.Warn("ars worker: skipping a run it cannot serve", "err", err)
+				dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				w.client.Detach(dctx, &pb.ARSDetachRequest{WorkerId: w.id})
+				cancel()
+				w.id = ""
+				break
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -177,7 +193,7 @@ func (w *workerLoop) loop(ctx context.Context) error {
 
 func (w *workerLoop) leaseRequest() *pb.ARSLeaseRequest {
 	return &pb.ARSLeaseRequest{WorkerId: w.id, MaxTasks: uint32(w.cfg.MaxTasks), WaitMs: uint32(w.cfg.Wait.Milliseconds()),
-		HeldRunId: w.runID, HeldVersion: w.version}
+		HeldRunId: w.runID, HeldVersion: w.version, SkipRuns: w.skip}
 }
 
 // serve runs one lease's tasks and reports them, asking for the next
@@ -229,7 +245,8 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 	if w.runID != lease.RunId || w.envName != lease.Spec.GetEnv() || w.ev == nil {
 		e, err := env.Make(lease.Spec.GetEnv())
 		if err != nil {
-			return fmt.Errorf("%w: %v", errs.ErrInvalid, err)
+			w.skip = append(w.skip, lease.RunId)
+			return fmt.Errorf("run %s: %w: %v", lease.RunId, errCannotServe, err)
 		}
 		arch := p.Arch
 		w.ev = ars.NewEvaluator(e, &arch)

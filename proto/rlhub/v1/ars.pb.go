@@ -825,8 +825,11 @@ type ARSLeaseRequest struct {
 	MaxTasks uint32                 `protobuf:"varint,2,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
 	WaitMs   uint32                 `protobuf:"varint,3,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	// The policy version the worker holds, so the hub can inline a newer one.
-	HeldRunId     string `protobuf:"bytes,4,opt,name=held_run_id,json=heldRunId,proto3" json:"held_run_id,omitempty"`
-	HeldVersion   uint64 `protobuf:"varint,5,opt,name=held_version,json=heldVersion,proto3" json:"held_version,omitempty"`
+	HeldRunId   string `protobuf:"bytes,4,opt,name=held_run_id,json=heldRunId,proto3" json:"held_run_id,omitempty"`
+	HeldVersion uint64 `protobuf:"varint,5,opt,name=held_version,json=heldVersion,proto3" json:"held_version,omitempty"`
+	// Runs this worker cannot serve (it has no implementation of their
+	// environment): the hub leases it no task of them.
+	SkipRuns      []string `protobuf:"bytes,6,rep,name=skip_runs,json=skipRuns,proto3" json:"skip_runs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -894,6 +897,13 @@ func (x *ARSLeaseRequest) GetHeldVersion() uint64 {
 		return x.HeldVersion
 	}
 	return 0
+}
+
+func (x *ARSLeaseRequest) GetSkipRuns() []string {
+	if x != nil {
+		return x.SkipRuns
+	}
+	return nil
 }
 
 type ARSTask struct {
@@ -1626,13 +1636,14 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"K\n" +
 	"\x11ARSAttachResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x19\n" +
-	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\xa7\x01\n" +
+	"\blease_ms\x18\x02 \x01(\rR\aleaseMs\"\xc4\x01\n" +
 	"\x0fARSLeaseRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmax_tasks\x18\x02 \x01(\rR\bmaxTasks\x12\x17\n" +
 	"\await_ms\x18\x03 \x01(\rR\x06waitMs\x12\x1e\n" +
 	"\vheld_run_id\x18\x04 \x01(\tR\theldRunId\x12!\n" +
-	"\fheld_version\x18\x05 \x01(\x04R\vheldVersion\"J\n" +
+	"\fheld_version\x18\x05 \x01(\x04R\vheldVersion\x12\x1b\n" +
+	"\tskip_runs\x18\x06 \x03(\tR\bskipRuns\"J\n" +
 	"\aARSTask\x12)\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x15.rlhub.v1.ARSTaskKindR\x04kind\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\"\xfd\x01\n" +

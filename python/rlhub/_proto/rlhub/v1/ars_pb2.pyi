@@ -146,18 +146,20 @@ class ARSAttachResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ARSLeaseRequest(_message.Message):
-    __slots__ = ("worker_id", "max_tasks", "wait_ms", "held_run_id", "held_version")
+    __slots__ = ("worker_id", "max_tasks", "wait_ms", "held_run_id", "held_version", "skip_runs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     HELD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HELD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SKIP_RUNS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     max_tasks: int
     wait_ms: int
     held_run_id: str
     held_version: int
-    def __init__(self, worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., held_run_id: _Optional[str] = ..., held_version: _Optional[int] = ...) -> None: ...
+    skip_runs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ..., held_run_id: _Optional[str] = ..., held_version: _Optional[int] = ..., skip_runs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ARSTask(_message.Message):
     __slots__ = ("kind", "index")
