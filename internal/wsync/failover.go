@@ -71,8 +71,9 @@ type Failover struct {
 	cur    Source
 	closer io.Closer
 	name   string
-	idx    int // index of cur's dialer
-	failed int // index of the dialer whose source failed last, -1: none
+	idx    int  // index of cur's dialer
+	served bool // cur has returned a version since it was dialed
+	failed int  // index of a dialer whose source failed before serving anything, -1: none
 	closed bool
 }
 
@@ -103,6 +104,9 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 			return nil, err
 		}
 		snap, err := f.current().GetIfNewer(ctx, than)
+		if snap != nil {
+			f.markServed()
+		}
 		if err == nil || ctx.Err() != nil {
 			return snap, err
 		}
@@ -131,6 +135,9 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 			continue
 		}
 		snap, err := f.current().WaitNewer(ctx, after)
+		if snap != nil {
+			f.markServed()
+		}
 		if err == nil || ctx.Err() != nil {
 			return snap, err
 		}
@@ -140,16 +147,22 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 
 var errFailoverClosed = errClosed("failover")
 
+func (f *Failover) markServed() {
+	f.mu.Lock()
+	f.served = true
+	f.mu.Unlock()
+}
+
 func (f *Failover) current() Source {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cur
 }
 
-// ensure dials, most preferred first, when no source is held. The dialer
-// whose source just failed is tried last, so a source that opens but fails
-// at once (a dead relay's segment) cannot starve the others. Called with
-// callMu held.
+// ensure dials, most preferred first, when no source is held. A dialer
+// whose source failed before serving any version is tried last, so a
+// source that opens but fails at once cannot starve the others. Called
+// with callMu held.
 func (f *Failover) ensure(ctx context.Context, have uint64) error {
 	f.mu.Lock()
 	closed, cur := f.closed, f.cur
@@ -178,7 +191,7 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 			continue
 		}
 		f.mu.Lock()
-		f.cur, f.closer, f.name, f.idx, f.failed = src, closer, d.Name, i, -1
+		f.cur, f.closer, f.name, f.idx, f.served, f.failed = src, closer, d.Name, i, false, -1
 		f.mu.Unlock()
 		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
 		return nil
@@ -190,7 +203,9 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 func (f *Failover) drop(err error) {
 	f.mu.Lock()
 	closer, name := f.closer, f.name
-	f.failed = f.idx
+	if !f.served {
+		f.failed = f.idx
+	}
 	f.cur, f.closer, f.name = nil, nil, ""
 	f.mu.Unlock()
 	f.cfg.Logger.Info("wsync: source failed, failing over", "source", name, "err", err)

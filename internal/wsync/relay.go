@@ -194,28 +194,39 @@ func (r *Relay) followOnce(ctx context.Context, have *uint64) error {
 }
 
 // apply publishes a version from upstream to local collectors: the board
-// (stream collectors start at once) then the segment.
+// (stream collectors start at once) then the segment. A version the board
+// already has (re-sent after a re-attach) is not an error, and a segment
+// that cannot take a version is logged, not fatal: stream collectors still
+// get it, and shm collectors see no newer version (their lag shows it).
 func (r *Relay) apply(snap *store.Snapshot) error {
-	if err := r.board.Publish(context.Background(), snap); err != nil {
+	if err := r.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
 		return err
 	}
 	if r.cfg.ShmPath == "" {
 		return nil
 	}
+	if err := r.publishShm(snap); err != nil {
+		r.cfg.Logger.Warn("wsync: relay could not publish to shared memory", "path", r.cfg.ShmPath, "version", snap.Version, "err", err)
+	}
+	return nil
+}
+
+func (r *Relay) publishShm(snap *store.Snapshot) error {
 	r.shmMu.Lock()
 	defer r.shmMu.Unlock()
 	if r.shm == nil || int64(len(snap.Blob)) > r.shm.Capacity() {
 		capacity := r.cfg.ShmCapacity
 		if r.shm != nil || capacity < int64(len(snap.Blob)) {
 			capacity = 2 * int64(len(snap.Blob))
-			if r.shm != nil {
-				r.shm.Close() // readers see it closed and re-open the new one
-			}
 		}
+		// The new segment atomically takes the path; then the old one is
+		// closed, so its readers re-open and find the new one.
 		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Replace: true})
 		if err != nil {
-			r.shm = nil
 			return err
+		}
+		if r.shm != nil {
+			r.shm.Close()
 		}
 		r.shm = w
 	}

@@ -63,12 +63,11 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	relayErr := make(chan error, 1)
 	go func() { defer wg.Done(); relayErr <- relay.Run(ctx) }()
-	defer wg.Wait()
+	defer func() { cancel(); wg.Wait() }()
 	waitFor(t, "relay at v1", func() bool { s := relay.Board().Newest(); return s != nil && s.Version == 1 })
 
 	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
@@ -111,15 +110,26 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 		return attached == 1 && forwarded
 	})
 
+	// A version that outgrows the relay's segment: the relay replaces the
+	// segment; its shm collector re-opens it (or takes the relay's stream)
+	// and stays on the relay.
+	h.push(t, 3, 8000)
+	for _, c := range []*failoverCollector{shmC, streamC} {
+		waitFor(t, "collectors at the bigger v3 via the relay", func() bool { return c.recv.Version() == 3 })
+		if cur := c.f.Current(); cur == "upstream" {
+			t.Fatalf("a segment resize sent a collector to the upstream")
+		}
+	}
+
 	// The relay dies: every collector falls back to the upstream and gets
 	// the next version from there.
 	cancel()
 	if err := <-relayErr; err != nil {
 		t.Fatalf("relay Run: %v", err)
 	}
-	h.push(t, 3, 1000)
+	h.push(t, 4, 1000)
 	for _, c := range []*failoverCollector{shmC, streamC} {
-		waitFor(t, "collectors at v3 via the upstream", func() bool { return c.recv.Version() == 3 })
+		waitFor(t, "collectors at v4 via the upstream", func() bool { return c.recv.Version() == 4 })
 		if c.f.Current() != "upstream" {
 			t.Fatalf("after relay death the source is %q, want upstream", c.f.Current())
 		}

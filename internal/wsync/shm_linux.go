@@ -74,6 +74,8 @@ type ShmWriter struct {
 	cfg ShmConfig
 	geo shmGeometry
 
+	file os.FileInfo // the segment's identity, so Close removes only its own file
+
 	mu        sync.Mutex // serializes writes; guards the fields below
 	mem       []byte     // the mapping; nil after Close
 	next      int        // slot the next version goes to
@@ -84,34 +86,42 @@ var _ Publisher = (*ShmWriter)(nil)
 
 // CreateShm creates, sizes, maps and pre-faults a segment (every page is
 // touched at creation, so publishing never pays for first-touch faults).
+// The segment is built under a temporary name and appears at Path only
+// once its header is complete, so readers never open a half-made segment;
+// with Replace it atomically takes the place of an existing file (whose
+// readers keep their mapping of the old one).
 func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	geo := shmGeometry{slots: cfg.Slots, capacity: roundPage(cfg.Capacity), name: cfg.Name}
 	geo.stride = shmPage + geo.capacity
-	if cfg.Replace {
-		if err := os.Remove(cfg.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("wsync: replace %s: %w", cfg.Path, err)
-		}
-	}
-	f, err := os.OpenFile(cfg.Path, os.O_RDWR|os.O_CREATE|os.O_EXCL, cfg.Mode)
-	if err != nil {
-		if errors.Is(err, os.ErrExist) {
+	if !cfg.Replace {
+		if _, err := os.Lstat(cfg.Path); err == nil {
 			return nil, fmt.Errorf("%w: wsync: shm segment %s", errs.ErrExists, cfg.Path)
 		}
+	}
+	tmp := fmt.Sprintf("%s.tmp-%d", cfg.Path, os.Getpid())
+	os.Remove(tmp) // a leftover of this pid's crashed predecessor
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, cfg.Mode)
+	if err != nil {
 		return nil, fmt.Errorf("wsync: create shm segment: %w", err)
 	}
 	defer f.Close() // the mapping outlives the descriptor
+	var mem []byte
 	fail := func(err error) (*ShmWriter, error) {
-		os.Remove(cfg.Path)
+		if mem != nil {
+			unix.Munmap(mem)
+		}
+		os.Remove(tmp)
 		return nil, err
 	}
 	if err := f.Truncate(geo.size()); err != nil {
 		return fail(fmt.Errorf("wsync: size shm segment to %d bytes: %w", geo.size(), err))
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(geo.size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err = unix.Mmap(int(f.Fd()), 0, int(geo.size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
+		mem = nil
 		return fail(fmt.Errorf("wsync: map shm segment: %w", err))
 	}
 	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
@@ -121,7 +131,22 @@ func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 		}
 	}
 	putShmHeader(mem, geo, os.Getpid())
-	return &ShmWriter{cfg: cfg, geo: geo, mem: mem}, nil
+	fi, err := f.Stat()
+	if err != nil {
+		return fail(fmt.Errorf("wsync: stat shm segment: %w", err))
+	}
+	if cfg.Replace {
+		err = os.Rename(tmp, cfg.Path)
+	} else if err = os.Link(tmp, cfg.Path); err == nil { // fails if Path exists
+		os.Remove(tmp)
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fail(fmt.Errorf("%w: wsync: shm segment %s", errs.ErrExists, cfg.Path))
+		}
+		return fail(fmt.Errorf("wsync: publish shm segment: %w", err))
+	}
+	return &ShmWriter{cfg: cfg, geo: geo, mem: mem, file: fi}, nil
 }
 
 // Path is the segment's file.
@@ -179,8 +204,8 @@ func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 
 // Close marks the segment closed (readers then fail with
 // errs.ErrUnavailable once they hold the newest version), wakes readers,
-// unmaps it and removes the file; processes that still map it keep their
-// mapping. Safe to call twice.
+// unmaps it and removes the file unless another segment has replaced it at
+// Path; processes that still map it keep their mapping. Safe to call twice.
 func (w *ShmWriter) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -192,8 +217,10 @@ func (w *ShmWriter) Close() error {
 	futexWake(u32(w.mem, offNotify))
 	err := unix.Munmap(w.mem)
 	w.mem = nil
-	if rerr := os.Remove(w.cfg.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-		err = errors.Join(err, rerr)
+	if fi, serr := os.Lstat(w.cfg.Path); serr == nil && os.SameFile(fi, w.file) {
+		if rerr := os.Remove(w.cfg.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
 	}
 	return err
 }
