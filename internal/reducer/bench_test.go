@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -70,7 +71,8 @@ func benchPushPull(b *testing.B, n, batch int, remote bool) {
 	if remote {
 		secondaries = -1
 	}
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Secondaries: secondaries, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet, Reducer: reducer.Config{Secondaries: secondaries, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
 		OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
 			now := time.Now()
 			mu.Lock()
@@ -105,7 +107,7 @@ func benchPushPull(b *testing.B, n, batch int, remote bool) {
 	if remote {
 		// The secondary in a hub of its own: it forwards to the primary
 		// over loopback gRPC too.
-		h2, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Reducer: reducer.Config{Primary: addr, Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8}})
+		h2, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet, Reducer: reducer.Config{Primary: addr, Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8}})
 		if err != nil {
 			b.Fatal(err)
 		}
