@@ -1,0 +1,289 @@
+"""Weight-sync receivers against the real binary: shared memory written by a
+Go writer publishing flat out (zero torn reads), the hub's push stream and the
+store, "only if newer", lag visible in `rlhub sync status`, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import rlhub
+import rlhub.wsync as ws
+from rlhub._crc32c import _serial, crc32c, crc32c_numpy
+
+
+def linear(i: int, o: int, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(i, o)
+
+
+def filled(module: torch.nn.Module, value: float) -> dict:
+    return {k: torch.full_like(t, value) for k, t in module.state_dict().items()}
+
+
+def sync_status(hub, model: str) -> str:
+    return hub.run_cli("sync", "status", "--hub", hub.addr, "--model", model).stdout
+
+
+def collector_row(text: str, cid: str) -> list:
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0] == cid:
+            return f  # COLLECTOR VERSION LAG VIA ATTACHED REPORTED...
+    raise AssertionError(f"collector {cid} not in status:\n{text}")
+
+
+# ---------------------------------------------------------------- CRC-32C
+
+def test_crc32c_known_vector_and_reference():
+    assert crc32c(b"123456789") == 0xE3069283
+    assert crc32c_numpy(b"123456789") == 0xE3069283
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 255, 256, 257, 4096 * 3 + 5, 70_001, (1 << 20) + 13):
+        b = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        want = _serial(0xFFFFFFFF, memoryview(b)) ^ 0xFFFFFFFF
+        assert crc32c_numpy(b) == want, n
+
+
+# ---------------------------------------------------------- shared memory
+
+VERSIONS = 6000
+TENSORS = "weight=256x256,bias=256"  # an nn.Linear(256, 256): 257 KiB a version
+
+READER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import rlhub.wsync as ws
+    path, last = sys.argv[1], int(sys.argv[2])
+    src = ws.ShmSource(path, verify=True)
+    have, reads, bad = 0, 0, []
+    print("open", flush=True)
+    while have < last:
+        wv = src.wait_newer(have, timeout=30)
+        if wv is None:
+            break
+        reads += 1
+        for name, a in wv.tensors().items():
+            if not (a == np.float32(wv.version)).all():
+                bad.append([wv.version, name])
+        have = wv.version
+    print(json.dumps({"reads": reads, "bad": bad, "last": have, "retries": src.stats["retries"]}), flush=True)
+""")
+
+
+def start_writer(rlhub_bin: str, path: str, versions: int, tensors: str = TENSORS) -> subprocess.Popen:
+    w = subprocess.Popen([rlhub_bin, "sync", "shm-writer", "--path", path, "--model", "m", "--tensors", tensors,
+                          "--versions", str(versions), "--wait-stdin"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = w.stdout.readline()
+    assert line.startswith("ready "), line
+    return w
+
+
+@pytest.fixture
+def shm_path():
+    p = f"/dev/shm/rlhub-pytest-{os.getpid()}-{time.monotonic_ns()}"
+    yield p
+    if os.path.exists(p):
+        os.unlink(p)
+
+
+def test_shm_reader_never_torn_against_go_writer_flat_out(rlhub_bin, shm_path):
+    """A Go writer publishes VERSIONS versions of an nn.Linear(256, 256) as
+    fast as it can into a double buffer; every element of version v is
+    float32(v). Two readers follow it: this process applies into a module
+    with the seqlock alone (verify=False), a second process reads with
+    CRC-32C verification. Every version either reader returns is checked in
+    full: zero torn reads."""
+    w = start_writer(rlhub_bin, shm_path, VERSIONS)
+    child = None
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        child = subprocess.Popen([sys.executable, "-c", READER, shm_path, str(VERSIONS)],
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        assert child.stdout.readline().strip() == "open"
+        src = ws.ShmSource(shm_path, model="m", verify=False)
+        m = torch.nn.Linear(256, 256)
+        r = ws.Receiver(m, src)
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        applied, torn = 0, []
+        while r.version < VERSIONS:
+            assert r.wait(timeout=30), f"no newer version after v{r.version}"
+            applied += 1
+            v = float(r.version)
+            # numpy checks: torch's intra-op threads crawl on a busy 2-core box.
+            if not ((m.weight.detach().numpy() == v).all() and (m.bias.detach().numpy() == v).all()):
+                torn.append(r.version)
+        done = w.stdout.readline().strip()
+        res = json.loads(child.stdout.readline())
+        child.wait(timeout=30)
+        print(f"writer: {done}; in-process reader (seqlock only): {applied} versions applied, "
+              f"{src.stats['retries']} torn copies caught and retried; "
+              f"child reader (CRC): {res['reads']} versions, {res['retries']} retries")
+        assert torn == [] and res["bad"] == []
+        assert r.version == VERSIONS and res["last"] == VERSIONS
+        assert applied >= 2 and res["reads"] >= 2
+        assert src.stats["reads"] == applied
+        src.close()
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+        w.stdin.close()
+        w.wait(timeout=30)
+    assert not os.path.exists(shm_path)  # closing removes the segment
+
+
+def test_shm_source_errors(rlhub_bin, shm_path):
+    with pytest.raises(rlhub.NotFound):
+        ws.ShmSource(shm_path)
+    with open(shm_path, "wb") as f:
+        f.write(b"NOTASEGM" + bytes(8192 - 8))
+    with pytest.raises(rlhub.InvalidArgument, match="magic"):
+        ws.ShmSource(shm_path)
+    os.unlink(shm_path)
+
+    w = start_writer(rlhub_bin, shm_path, 3, "w=8")
+    try:
+        with pytest.raises(rlhub.InvalidArgument, match="holds model 'm'"):
+            ws.ShmSource(shm_path, model="other")
+        src = ws.ShmSource(shm_path, model="m")
+        assert src.get_if_newer(0) is None  # nothing published yet
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        w.stdout.readline()
+        wv = src.get_if_newer(0)
+        assert (wv.version, wv.model, wv.via) == (3, "m", "shm")
+        np.testing.assert_array_equal(wv.tensors()["w"], np.full(8, 3, np.float32))
+        assert src.get_if_newer(3) is None
+        # A module of the wrong shape: a clear error, nothing copied.
+        bad = torch.nn.Linear(2, 2)
+        before = {k: t.clone() for k, t in bad.state_dict().items()}
+        r = ws.Receiver({"w": torch.zeros(9)}, src)
+        with pytest.raises(rlhub.InvalidArgument, match=r"'w': shape \[8\] in model 'm' v3, \[9\] in the module"):
+            r.apply(wv)
+        assert r.version == 0
+        for k, t in bad.state_dict().items():
+            assert torch.equal(t, before[k])
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
+    with pytest.raises(rlhub.Unavailable, match="gone"):
+        src.get_if_newer(3)  # the writer closed the segment
+    src.close()
+
+
+# ------------------------------------------------------- push and store
+
+def test_push_receiver_applies_newer_only_and_reports_on_the_stream(hub):
+    m = linear(8, 3)
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(m, 1.0), version=1)
+        with ws.Receiver(m, ws.PushSource(hub.addr, "pol", collector_id="py-push")) as r:
+            assert r.wait(timeout=30) and r.version == 1
+            assert torch.equal(m.weight, torch.ones(3, 8))
+            assert not r.wait(timeout=0.3)  # nothing newer: no-op
+            # The same version offered again changes nothing.
+            with torch.no_grad():
+                m.weight.fill_(7.0)
+            assert not r.apply(ws.WeightVersion("pol", 1, 0, bytearray(rlhub.save_bytes(filled(m, 1.0))), "push"))
+            assert torch.equal(m.weight, torch.full((3, 8), 7.0))
+            store.push("pol", filled(m, 2.0), version=2)
+            store.push("pol", filled(m, 3.0), version=3)
+            while r.version < 3:
+                assert r.wait(timeout=30)
+            assert torch.equal(m.weight, torch.full((3, 8), 3.0)) and torch.equal(m.bias, torch.full((3,), 3.0))
+            # The stream report lands asynchronously; poll status briefly.
+            for _ in range(100):
+                row = collector_row(sync_status(hub, "pol"), "py-push")
+                if row[1] == "3":
+                    break
+                time.sleep(0.05)
+            assert row[1:5] == ["3", "0", "push", "true"], row
+
+
+def test_store_receiver_polls_only_if_newer_and_lag_shows_on_the_hub(hub):
+    m = linear(4, 2)
+    with ws.Receiver(m, ws.StoreSource(hub.addr, "pol"), collector_id="py-pull", hub=hub.addr) as r:
+        assert not r.poll()  # no such model yet: nothing newer
+        with rlhub.StoreClient(hub.addr) as store:
+            store.push("pol", filled(m, 5.0), version=5)
+            assert r.poll() and r.version == 5
+            assert torch.equal(m.weight, torch.full((2, 4), 5.0))
+            with torch.no_grad():
+                m.weight.zero_()
+            assert not r.poll()  # same version: a no-op, module untouched
+            assert torch.equal(m.weight, torch.zeros(2, 4))
+            assert collector_row(sync_status(hub, "pol"), "py-pull")[1:5] == ["5", "0", "pull", "false"]
+
+            store.push("pol", filled(m, 6.0), version=6)
+            store.push("pol", filled(m, 7.0), version=7)
+            # Not applied yet: the hub sees this collector 2 versions behind.
+            assert collector_row(sync_status(hub, "pol"), "py-pull")[1:4] == ["5", "2", "pull"]
+            [st] = ws.status(hub.addr, "pol")
+            assert st.newest == 7 and [(c.collector_id, c.lag) for c in st.collectors] == [("py-pull", 2)]
+            assert r.wait(timeout=30) and r.version == 7  # skips to the newest
+            assert torch.equal(m.bias, torch.full((2,), 7.0))
+            assert collector_row(sync_status(hub, "pol"), "py-pull")[1:3] == ["7", "0"]
+            assert r.last_report_error is None
+
+
+def test_wrong_shape_or_dtype_is_a_clear_error_and_copies_nothing(hub):
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(linear(8, 3), 1.0), version=1)
+    m = linear(8, 4)
+    before = {k: t.clone() for k, t in m.state_dict().items()}
+    with ws.Receiver(m, ws.StoreSource(hub.addr, "pol")) as r:
+        with pytest.raises(rlhub.InvalidArgument) as ei:
+            r.poll()
+        msg = str(ei.value)
+        assert "'weight': shape [3, 8] in model 'pol' v1, [4, 8] in the module" in msg
+        assert "'bias': shape [3]" in msg
+        assert r.version == 0
+        for k, t in m.state_dict().items():
+            assert torch.equal(t, before[k])
+    m64 = linear(8, 3).double()
+    with ws.Receiver(m64, ws.StoreSource(hub.addr, "pol")) as r:
+        with pytest.raises(rlhub.InvalidArgument, match="dtype torch.float32 in model 'pol' v1, torch.float64"):
+            r.poll()
+    extra = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.BatchNorm1d(3))
+    with ws.Receiver(extra, ws.StoreSource(hub.addr, "pol")) as r:
+        with pytest.raises(rlhub.InvalidArgument, match="missing from model 'pol' v1: 0.bias, 0.weight, 1.bias"):
+            r.poll()
+
+
+def test_torchrl_shaped_updater(hub):
+    assert "torchrl" not in sys.modules  # importable without TorchRL
+    policy = linear(4, 2)
+
+    class Collector:  # what TorchRL's collectors hand to register_collector
+        def __init__(self, policy):
+            self.policy = policy
+
+    col = Collector(policy)
+    up = ws.RlhubWeightUpdater(source=ws.StoreSource(hub.addr, "pol"), hub=hub.addr, collector_id="trl-0")
+    up.register_collector(col)
+    assert up.collector is col and up.all_worker_ids() is None
+    hooks = []
+    up.register_post_hook(lambda: hooks.append(up.version))
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(policy, 2.0), version=2)
+    assert up() is True and up.version == 2  # collector.update_policy_weights_() calls this
+    assert torch.equal(policy.weight, torch.full((2, 4), 2.0))
+    assert up.update_weights() is False  # same version: no-op
+    # Explicit weights (a state dict or a module) are copied as given.
+    assert up.push_weights(filled(policy, 9.0)) is True
+    assert torch.equal(policy.bias, torch.full((2,), 9.0)) and up.version == 2
+    assert up(weights=linear(4, 2, seed=1)) is True
+    assert torch.equal(policy.weight, linear(4, 2, seed=1).weight)
+    assert hooks == [2, 2, 2, 2]
+    assert collector_row(sync_status(hub, "pol"), "trl-0")[1:4] == ["2", "0", "pull"]
+    up.close()
