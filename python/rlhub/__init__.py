@@ -20,6 +20,8 @@ from rlhub.errors import (
 from rlhub.tensors import load_bytes, save_bytes
 from rlhub.store import StoreClient, ModelVersion, ModelInfo
 from rlhub.ars_worker import ARSWorker
+from rlhub import wsync
+from rlhub.wsync import Receiver, RlhubWeightUpdater
 
 __all__ = [
     "RlhubError",
@@ -40,4 +42,7 @@ __all__ = [
     "ModelVersion",
     "ModelInfo",
     "ARSWorker",
+    "wsync",
+    "Receiver",
+    "RlhubWeightUpdater",
 ]
