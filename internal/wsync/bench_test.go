@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,8 +50,11 @@ func BenchmarkDeliver(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
 					// Baselines right before, under the same machine load.
 					memcpy, tcp := baselines(b, blob)
-					d := deliver(b, tr, blob, n)
+					d, cpu := deliver(b, tr, blob, n)
 					report(b, d, len(blob), memcpy, tcp)
+					// CPU time of this process (both ends) per delivery: the
+					// figure the shared machine's load disturbs least.
+					b.ReportMetric(float64(cpu.Microseconds())/1000/float64(len(d)), "cpu-ms/op")
 				})
 			}
 		}
@@ -74,6 +78,7 @@ func benchBlob(b *testing.B, size int) []byte {
 // baselines measures, now, the median of a memcpy of blob into warm memory
 // and of a plain TCP copy of it over loopback into a warm buffer.
 func baselines(b *testing.B, blob []byte) (memcpy, tcp time.Duration) {
+	b.Helper()
 	dst := make([]byte, len(blob))
 	copy(dst, blob)
 	var ms []time.Duration
@@ -114,6 +119,7 @@ func baselines(b *testing.B, blob []byte) (memcpy, tcp time.Duration) {
 	}
 	defer c.Close()
 	var ts []time.Duration
+	cpu0 := cpuTime()
 	for range 5 {
 		t0 := time.Now()
 		if _, err := io.ReadFull(c, dst); err != nil {
@@ -125,6 +131,8 @@ func baselines(b *testing.B, blob []byte) (memcpy, tcp time.Duration) {
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
+	// Both ends' CPU per copy (the ack round trips are negligible).
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/1000/5, "tcp-cpu-ms")
 	return median(ms), median(ts)
 }
 
@@ -194,7 +202,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 
 // deliver runs b.N deliveries over transport tr to n collectors and returns
 // each one's time-to-all-have-it. Version 1 warms every path up untimed.
-func deliver(b *testing.B, tr string, blob []byte, n int) []time.Duration {
+func deliver(b *testing.B, tr string, blob []byte, n int) ([]time.Duration, time.Duration) {
 	ctx := context.Background()
 	var publish func(v uint64)
 	var sources []wsync.Source
@@ -318,6 +326,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) []time.Duration {
 	f.wait(b, n, v)
 	d := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for range b.N {
 		v++
 		t0 := time.Now()
@@ -325,6 +334,14 @@ func deliver(b *testing.B, tr string, blob []byte, n int) []time.Duration {
 		f.wait(b, n, v)
 		d = append(d, time.Since(t0))
 	}
+	cpu := cpuTime() - cpu0
 	b.StopTimer()
-	return d
+	return d, cpu
+}
+
+// cpuTime is this process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

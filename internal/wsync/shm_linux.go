@@ -230,8 +230,8 @@ type ShmReaderConfig struct {
 	// Path of the segment. Required.
 	Path string
 	// SkipVerify skips computing the CRC-32C of each version read; the
-	// seqlock alone then guards against torn reads. false (verify) is the
-	// default.
+	// seqlock alone then guards against torn reads, which is sound on
+	// x86-64 (TSO); keep verifying on arm64. false (verify) is the default.
 	SkipVerify bool
 	// Tick bounds how long WaitNewer sleeps on the futex before checking
 	// ctx and the writer's liveness; 0 means 50ms.
