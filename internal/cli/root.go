@@ -83,6 +83,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newEvalCmd(g),
 		newSyncCmd(g),
 		newRelayCmd(g),
+		newBenchCmd(g),
 	)
 	return root
 }
