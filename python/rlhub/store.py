@@ -21,7 +21,7 @@ import grpc
 
 from rlhub import errors
 from rlhub._proto.rlhub.v1 import store_pb2, store_pb2_grpc, tensor_pb2
-from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, iter_chunks
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, RawChunk, chunk_messages, fast_decoder
 from rlhub.tensors import load_bytes, save_bytes
 
 EXPECT_ANY = object()
@@ -81,6 +81,17 @@ class StoreClient:
         self._own = channel_ is None
         self._channel = channel_ or channel(addr)
         self._stub = store_pb2_grpc.ModelStoreStub(self._channel)
+        # Push, Pull and Watch move chunks with the hand-made codec of
+        # rlhub._transfer (one copy per chunk each way); same wire bytes.
+        self._push = self._channel.stream_unary(
+            "/rlhub.v1.ModelStore/Push", request_serializer=bytes,
+            response_deserializer=store_pb2.StorePushResponse.FromString)
+        self._pull = self._channel.unary_stream(
+            "/rlhub.v1.ModelStore/Pull", request_serializer=store_pb2.StorePullRequest.SerializeToString,
+            response_deserializer=fast_decoder(store_pb2.StorePullResponse))
+        self._watch = self._channel.unary_stream(
+            "/rlhub.v1.ModelStore/Watch", request_serializer=store_pb2.StoreWatchRequest.SerializeToString,
+            response_deserializer=fast_decoder(store_pb2.StorePullResponse))
         self.timeout = timeout
         self.retries = retries
         self.chunk_bytes = chunk_bytes
@@ -123,11 +134,10 @@ class StoreClient:
         )
 
         def requests():
-            yield store_pb2.StorePushRequest(header=header)
-            for c in iter_chunks(blob, self.chunk_bytes):
-                yield store_pb2.StorePushRequest(chunk=tensor_pb2.Chunk(data=c))
+            yield store_pb2.StorePushRequest(header=header).SerializeToString()
+            yield from chunk_messages(blob, self.chunk_bytes)
 
-        resp = self._call(lambda: self._stub.Push(requests(), timeout=self.timeout))
+        resp = self._call(lambda: self._push(requests(), timeout=self.timeout))
         return _info(resp.info)
 
     def _read_version(self, it, framework: str) -> Optional[ModelVersion]:
@@ -135,7 +145,7 @@ class StoreClient:
         first = next(it, None)
         if first is None:
             return None
-        if not first.HasField("header"):
+        if isinstance(first, RawChunk) or not first.HasField("header"):
             raise errors.InvalidArgument("stream did not start with a header")
         h = first.header
         if h.not_modified:
@@ -144,10 +154,17 @@ class StoreClient:
         got = 0
         while got < h.blob.total_bytes:
             msg = next(it, None)
-            if msg is None or not msg.HasField("chunk"):
+            if msg is None:
                 raise errors.InvalidArgument(f"stream ended after {got} of {h.blob.total_bytes} bytes")
-            asm.write(msg.chunk.data)
-            got += len(msg.chunk.data)
+            if not isinstance(msg, RawChunk):
+                if not msg.HasField("chunk"):
+                    raise errors.InvalidArgument(f"a header arrived after {got} of {h.blob.total_bytes} bytes")
+                msg = msg.chunk
+            try:
+                asm.write(msg.data)
+            except ValueError as e:
+                raise errors.InvalidArgument(str(e)) from None
+            got += len(msg.data)
         return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, asm.finish(), dict(h.metadata),
                             h.created_unix_nano, h.skipped, framework)
 
@@ -160,7 +177,7 @@ class StoreClient:
             req.if_newer_than = if_newer_than
 
         def do():
-            it = iter(self._stub.Pull(req, timeout=self.timeout))
+            it = iter(self._pull(req, timeout=self.timeout))
             return self._read_version(it, framework)
 
         return self._call(do)
@@ -169,7 +186,7 @@ class StoreClient:
               timeout: Optional[float] = None) -> Iterator[ModelVersion]:
         """Yields each new version as it lands (skipping to the newest when
         the reader is slow; ``ModelVersion.skipped`` says how many)."""
-        call = self._stub.Watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
+        call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
                                 timeout=timeout)
         it = iter(call)
         try:

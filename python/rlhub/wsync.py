@@ -54,7 +54,7 @@ import numpy as np
 from rlhub import errors
 from rlhub._crc32c import crc32c
 from rlhub._proto.rlhub.v1 import sync_pb2, sync_pb2_grpc
-from rlhub._transfer import Assembler
+from rlhub._transfer import Assembler, RawChunk, fast_decoder
 from rlhub.store import StoreClient, channel as _channel
 from rlhub.tensors import load_bytes, parse_header
 
@@ -415,7 +415,10 @@ class PushSource:
         self._cond = threading.Condition()
         self._newest: Optional[WeightVersion] = None  # guarded by _cond
         self._ended: Optional[errors.RlhubError] = None  # guarded by _cond
-        self._call = sync_pb2_grpc.WeightSyncStub(self._channel).Attach(self._requests())
+        attach = self._channel.stream_stream(  # chunks decoded without protobuf copies
+            "/rlhub.v1.WeightSync/Attach", request_serializer=sync_pb2.SyncClientMessage.SerializeToString,
+            response_deserializer=fast_decoder(sync_pb2.SyncServerMessage))
+        self._call = attach(self._requests())
         self._thread = threading.Thread(target=self._receive, name=f"rlhub-push-{model}", daemon=True)
         self._thread.start()
 
@@ -431,7 +434,7 @@ class PushSource:
         try:
             it = iter(self._call)
             for msg in it:
-                if not msg.HasField("info"):
+                if isinstance(msg, RawChunk) or not msg.HasField("info"):
                     raise errors.InvalidArgument("push stream: chunk without a version info")
                 info = msg.info
                 if info.model != self.model:
@@ -440,11 +443,13 @@ class PushSource:
                 got = 0
                 while got < info.total_bytes:
                     c = next(it, None)
-                    if c is None or not c.HasField("chunk"):
+                    if c is not None and not isinstance(c, RawChunk):
+                        c = c.chunk if c.HasField("chunk") else None
+                    if c is None:
                         raise errors.InvalidArgument(
                             f"push stream: version {info.version} ended after {got} of {info.total_bytes} bytes")
-                    asm.write(c.chunk.data)
-                    got += len(c.chunk.data)
+                    asm.write(c.data)
+                    got += len(c.data)
                 blob = asm.finish()
                 try:
                     parse_header(memoryview(blob))
