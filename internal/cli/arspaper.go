@@ -68,7 +68,7 @@ func newBenchARSPaperCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringSliceVar(&o.tasks, "tasks", []string{"Swimmer-v5", "HalfCheetah-v5", "Hopper-v5"}, "tasks, in order: "+strings.Join(ars.PaperTasks, ","))
+	f.StringSliceVar(&o.tasks, "tasks", []string{"Swimmer-v5", "HalfCheetah-v5", "Hopper-v5"}, "tasks in order, each TASK or TASK:SEEDS (overrides --seeds); paper tasks: "+strings.Join(ars.PaperTasks, ","))
 	f.IntVar(&o.seeds, "seeds", 10, "seeds per task")
 	f.Uint64Var(&o.firstSeed, "first-seed", 1, "seeds are first-seed, first-seed+1, …")
 	f.IntVar(&o.workers, "workers", 2, "worker processes per run")
@@ -146,14 +146,23 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 		name   string
 		p      ars.Paper
 		budget int64
+		seeds  int
 	}
 	var plans []plan
-	for _, name := range o.tasks {
+	for _, t := range o.tasks {
+		name, seeds := t, o.seeds
+		if n, s, ok := strings.Cut(t, ":"); ok {
+			v, err := strconv.Atoi(s)
+			if err != nil || v < 1 {
+				return fmt.Errorf("--tasks %s: want TASK or TASK:SEEDS with SEEDS ≥ 1", t)
+			}
+			name, seeds = n, v
+		}
 		p, budget, err := o.paperTask(name)
 		if err != nil {
 			return err
 		}
-		plans = append(plans, plan{name, p, budget})
+		plans = append(plans, plan{name, p, budget, seeds})
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
@@ -165,7 +174,7 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 		if _, ok := ars.PaperFor(pl.name); ok {
 			res.PaperThreshold, res.PaperEpisodes = pl.p.Threshold, pl.p.Episodes
 		}
-		for i := range o.seeds {
+		for i := range pl.seeds {
 			if runErr != nil {
 				break
 			}

@@ -15,7 +15,7 @@ import (
 )
 
 // TestBenchARSPaperPlumbing runs the reproduction command on a tiny
-// configuration (CartPole-v1, 2 seeds, threshold 150, one worker process
+// configuration (CartPole-v1, 2 seeds given as TASK:SEEDS, threshold 150, one worker process
 // each), checks the report, then runs it again and checks that both seeds
 // are reused and give the same report.
 func TestBenchARSPaperPlumbing(t *testing.T) {
@@ -23,7 +23,7 @@ func TestBenchARSPaperPlumbing(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	args := []string{"--log-level", "warn", "bench", "ars-paper", "--tasks", "CartPole-v1", "--seeds", "2", "--workers", "1",
+	args := []string{"--log-level", "warn", "bench", "ars-paper", "--tasks", "CartPole-v1:2", "--seeds", "5", "--workers", "1",
 		"--threshold", "150", "--budget", "3000", "--out", dir}
 	code, out, errOut := run(t, ctx, args...)
 	if code != 0 {
