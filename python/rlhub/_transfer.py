@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+import numpy as np
+
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_BYTES = 4 << 30
 
@@ -116,24 +118,28 @@ class Assembler:
     def __init__(self, total_bytes: int, max_bytes: int = DEFAULT_MAX_BYTES):
         if total_bytes > max_bytes:
             raise ValueError(f"announced blob of {total_bytes} bytes exceeds the limit of {max_bytes}")
-        self._buf = bytearray(total_bytes)
+        # np.empty, not bytearray(n): a bytearray is zero-filled first, one
+        # more pass over fresh pages that costs as much as receiving them.
+        self._buf = memoryview(np.empty(total_bytes, np.uint8))
         self._n = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: Any) -> None:
         end = self._n + len(data)
         if end > len(self._buf):
             raise ValueError(f"chunks overrun the announced {len(self._buf)} bytes")
         self._buf[self._n:end] = data
         self._n = end
 
-    def finish(self) -> bytearray:
-        """Returns the whole blob; the caller owns it."""
+    def finish(self) -> memoryview:
+        """Returns the whole blob, a writable bytes-like memoryview the caller
+        owns (``bytes(blob)`` copies it, ``numpy.frombuffer`` and
+        ``torch.frombuffer`` view it)."""
         if self._n != len(self._buf):
             raise ValueError(f"stream ended after {self._n} of {len(self._buf)} announced bytes")
         return self._buf
 
 
-def assemble(total_bytes: int, chunks: Iterable[bytes]) -> bytearray:
+def assemble(total_bytes: int, chunks: Iterable[bytes]) -> memoryview:
     a = Assembler(total_bytes)
     for c in chunks:
         a.write(c)

@@ -44,7 +44,7 @@ class ModelVersion:
     name: str
     version: int
     epoch: int
-    blob: bytes
+    blob: Any  # safetensors bytes; a writable bytes-like memoryview when pulled
     metadata: Dict[str, str]
     created_unix_nano: int
     skipped: int = 0

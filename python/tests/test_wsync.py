@@ -287,3 +287,23 @@ def test_torchrl_shaped_updater(hub):
     assert hooks == [2, 2, 2, 2]
     assert collector_row(sync_status(hub, "pol"), "trl-0")[1:4] == ["2", "0", "pull"]
     up.close()
+
+
+def test_chunk_codec_matches_protobuf():
+    """The hand-made chunk codec (rlhub._transfer) writes the bytes protobuf
+    writes, and reads them back as a view."""
+    from rlhub._proto.rlhub.v1 import store_pb2, sync_pb2, tensor_pb2
+    from rlhub._transfer import chunk_message, fast_decoder, parse_chunk, RawChunk
+
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 127, 128, 16383, 16384, 1 << 20):
+        d = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        ref = store_pb2.StorePushRequest(chunk=tensor_pb2.Chunk(data=d)).SerializeToString()
+        assert chunk_message(d) == ref == sync_pb2.SyncServerMessage(chunk=tensor_pb2.Chunk(data=d)).SerializeToString()
+        assert bytes(parse_chunk(ref).data) == d
+    hdr = store_pb2.StorePullResponse(header=store_pb2.StorePullHeader(not_modified=True)).SerializeToString()
+    got = fast_decoder(store_pb2.StorePullResponse)(hdr)
+    assert not isinstance(got, RawChunk) and got.header.not_modified
+    # A chunk message with an extra field is left to protobuf.
+    odd = chunk_message(b"abc")[:1] + bytes([7]) + b"\x0a\x03abc\x10\x01"
+    assert parse_chunk(odd) is None
