@@ -307,3 +307,43 @@ def test_chunk_codec_matches_protobuf():
     # A chunk message with an extra field is left to protobuf.
     odd = chunk_message(b"abc")[:1] + bytes([7]) + b"\x0a\x03abc\x10\x01"
     assert parse_chunk(odd) is None
+
+
+def test_shm_source_reads_what_the_relay_writes_and_reports_via_shm(hub, shm_path):
+    """The real path on one host: hub → `rlhub relay` → shared memory →
+    Python collector, whose Report makes it show on the hub as via=shm."""
+    from conftest import free_port
+
+    m = linear(6, 2)
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(m, 1.0), version=1)
+        relay = subprocess.Popen([hub.binary, "relay", "--upstream", hub.addr, "--model", "pol", "--id", "relay-t",
+                                  "--listen", f"127.0.0.1:{free_port()}", "--shm", shm_path],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(600):  # the relay creates the segment on its first version
+                if os.path.exists(shm_path):
+                    break
+                time.sleep(0.05)
+            with ws.Receiver(m, ws.ShmSource(shm_path, model="pol"), collector_id="py-shm", hub=hub.addr) as r:
+                assert r.wait(timeout=30) and r.version == 1
+                store.push("pol", filled(m, 2.0), version=2)
+                assert r.wait(timeout=30) and r.version == 2
+                assert torch.equal(m.weight, torch.full((2, 6), 2.0))
+                assert collector_row(sync_status(hub, "pol"), "py-shm")[1:4] == ["2", "0", "shm"]
+        finally:
+            relay.terminate()
+            relay.wait(timeout=30)
+
+
+def test_push_source_ends_unavailable_when_the_hub_stops(hub):
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(linear(2, 2), 1.0), version=1)
+    src = ws.PushSource(hub.addr, "pol", collector_id="py-gone")
+    try:
+        assert src.wait_newer(0, timeout=30).version == 1
+        hub.stop()
+        with pytest.raises(rlhub.Unavailable):
+            src.wait_newer(1, timeout=30)
+    finally:
+        src.close()
