@@ -229,7 +229,7 @@ class ShmSource:
         self._map, self._mv, self._q, self._d = m, mv, q, d
         self.model, self.slots, self.capacity, self.stride = name, slots, cap, stride
         self._pid = q[_OFF_PID // 8]
-        self._ino = os.stat(self.path).st_ino if os.path.exists(self.path) else None
+        self._ino = st.st_ino  # of the file mapped, to notice a replaced segment
         self._notify_addr = np.frombuffer(m, dtype=np.uint8, count=1, offset=_OFF_NOTIFY).ctypes.data
 
     def _release(self) -> None:
