@@ -325,12 +325,21 @@ def test_shm_source_reads_what_the_relay_writes_and_reports_via_shm(hub, shm_pat
                 if os.path.exists(shm_path):
                     break
                 time.sleep(0.05)
-            with ws.Receiver(m, ws.ShmSource(shm_path, model="pol"), collector_id="py-shm", hub=hub.addr) as r:
+            src = ws.ShmSource(shm_path, model="pol")
+            with ws.Receiver(m, src, collector_id="py-shm", hub=hub.addr) as r:
                 assert r.wait(timeout=30) and r.version == 1
                 store.push("pol", filled(m, 2.0), version=2)
                 assert r.wait(timeout=30) and r.version == 2
                 assert torch.equal(m.weight, torch.full((2, 6), 2.0))
                 assert collector_row(sync_status(hub, "pol"), "py-shm")[1:4] == ["2", "0", "shm"]
+                # A version that outgrows the segment: the relay puts a bigger
+                # one at the path and closes the old; the source re-opens it.
+                big = {"w": np.full(100_000, 3.0, np.float32)}
+                store.push("pol", big, version=3)
+                wv = src.wait_newer(2, timeout=30)
+                assert wv is not None and wv.version == 3
+                np.testing.assert_array_equal(wv.tensors()["w"], big["w"])
+                assert src.capacity >= len(rlhub.save_bytes(big))
         finally:
             relay.terminate()
             relay.wait(timeout=30)
