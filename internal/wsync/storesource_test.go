@@ -1,0 +1,77 @@
+package wsync_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/wsync"
+)
+
+// Remote pull / watch: a collector follows a real hub's model store over
+// gRPC (storeclient), "only if newer".
+func TestStoreSourcePullAndWatchOverTheHub(t *testing.T) {
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	push := func(v uint64) {
+		t.Helper()
+		if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, v, 500)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var applied []uint64
+	r, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: wsync.StoreSource{Store: sc, Name: "m"}, Apply: func(s *store.Snapshot) error {
+		if s.Tensors == nil || s.Tensors.Len() == 0 {
+			t.Errorf("version %d arrived without tensors", s.Version)
+		}
+		applied = append(applied, s.Version)
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	push(1)
+	push(2)
+	if ok, err := r.Poll(ctx); !ok || err != nil || r.Version() != 2 {
+		t.Fatalf("Poll = %v, %v at v%d; want the newest, v2", ok, err, r.Version())
+	}
+	if ok, err := r.Poll(ctx); ok || err != nil {
+		t.Fatalf("second Poll = %v, %v; want not modified", ok, err)
+	}
+
+	// Watch: Run follows new versions as they land.
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	push(3)
+	for r.Version() < 3 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	rcancel()
+	if err := <-done; err != context.Canceled {
+		t.Fatalf("Run = %v, want context.Canceled", err)
+	}
+	if len(applied) != 2 || applied[0] != 2 || applied[1] != 3 {
+		t.Fatalf("applied %v, want [2 3]", applied)
+	}
+}
