@@ -850,6 +850,8 @@ class RlhubWeightUpdater:
         given, else the newest rlhub version if newer. Returns whether the
         policy changed."""
         w = weights if weights is not None else policy_or_weights
+        if w is None:  # older TorchRL collectors pass policy_weights=
+            w = kwargs.get("policy_weights")
         if w is None:
             w = self._get_server_weights()
         w = self._maybe_map_weights(w)
@@ -862,7 +864,7 @@ class RlhubWeightUpdater:
 
     def __call__(self, policy_or_weights: Any = None, *, weights: Any = None,
                  worker_ids: Any = None, **kwargs: Any) -> bool:
-        return self.push_weights(policy_or_weights, weights=weights, worker_ids=worker_ids)
+        return self.push_weights(policy_or_weights, weights=weights, worker_ids=worker_ids, **kwargs)
 
     def increment_version(self) -> None:
         """TorchRL bumps a local version counter here; rlhub versions come

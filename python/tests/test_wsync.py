@@ -284,7 +284,13 @@ def test_torchrl_shaped_updater(hub):
     assert torch.equal(policy.bias, torch.full((2,), 9.0)) and up.version == 2
     assert up(weights=linear(4, 2, seed=1)) is True
     assert torch.equal(policy.weight, linear(4, 2, seed=1).weight)
-    assert hooks == [2, 2, 2, 2]
+    assert up(policy_weights=filled(policy, 4.0)) is True  # older collectors' keyword
+    assert torch.equal(policy.weight, torch.full((2, 4), 4.0))
+    assert hooks == [2, 2, 2, 2, 2]
+    # Weights that do not fit the policy: the named error, policy unchanged.
+    with pytest.raises(rlhub.InvalidArgument, match="'weight': shape"):
+        up(weights=linear(4, 3).state_dict())
+    assert torch.equal(policy.weight, torch.full((2, 4), 4.0))
     assert collector_row(sync_status(hub, "pol"), "trl-0")[1:4] == ["2", "0", "pull"]
     up.close()
 
