@@ -99,33 +99,30 @@ def learner_main(hub: str, learner_id: str, h: Hyper, seed: int) -> None:
         lr.store.close()
 
 
-def collector_main(conn, hub: str, h: Hyper, seed: int) -> None:
+def collector_main(conn, hub: str, h: Hyper, seed: int, collector_id: str, sync: str = "pull") -> None:
     """Entry point of a collector process. For each request (the minimum
-    model version to run) it syncs weights from the hub — pull if newer,
-    then watch until the version is reached — collects a rollout and sends
-    it back with the episodes that finished and the version it ran."""
+    model version to run) it brings its policy up to date with an
+    ``rlhub.wsync.Receiver`` — over the store (``sync="pull"``: pull if
+    newer, then watch) or the hub's push fan-out (``sync="push"``) — which
+    applies only newer versions, in place, and reports the version run so
+    the lag shows on the hub. Then it collects a rollout and sends it back
+    with the episodes that finished and the version it ran."""
+    import rlhub.wsync as ws
+
     torch.set_num_threads(1)
     net = ActorCritic(hidden=h.hidden)
     roll = Rollouts(h.envs_per_collector, seed)
     gen = torch.Generator().manual_seed(seed)
-    version = 0
-    with rlhub.StoreClient(hub) as store:
+    src = ws.StoreSource(hub, MODEL) if sync == "pull" else ws.PushSource(hub, MODEL, collector_id=collector_id)
+    with ws.Receiver(net, src, collector_id=collector_id, hub=hub) as r:
         while True:
             want = conn.recv()
             if want is None:
                 break
-            v = store.pull(MODEL, if_newer_than=version, framework="torch")
-            if v is not None:
-                net.load_state_dict(v.tensors)
-                version = v.version
-            if version < want:
-                for v in store.watch(MODEL, after=version, framework="torch", timeout=60):
-                    net.load_state_dict(v.tensors)
-                    version = v.version
-                    if version >= want:
-                        break
-            if version < want:
-                raise RuntimeError(f"version {want} never arrived (have {version})")
+            r.poll()
+            while r.version < want:
+                if not r.wait(timeout=60):
+                    raise RuntimeError(f"version {want} never arrived (have {r.version})")
             data = roll.collect(net, h, gen)
-            conn.send((data, roll.take_finished(), version))
+            conn.send((data, roll.take_finished(), r.version))
     conn.close()

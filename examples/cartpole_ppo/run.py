@@ -9,7 +9,8 @@ collector processes, and drives them from this process (the coordinator):
     collectors --rollouts (multiprocessing pipe)--> coordinator
     coordinator --batch (aggregator Learn: split 50/50)--> 2 learners
     learners --gradients (GradClient.push)--> hub reducer (mean of 2, clip, Adam)
-    hub --> model store version v+1 --> learners (watch) and collectors (pull/watch)
+    hub --> model store version v+1 --> learners (watch) and collectors
+        (rlhub.wsync.Receiver over store pull/watch, or --sync push: the hub's push fan-out)
 
 It stops when the mean return of the last 20 finished training episodes is
 at least --target (475), then evaluates the greedy policy, prints the hub's
@@ -102,6 +103,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hub", help="use a running hub instead of starting one (needs --reduce-batch-size 2)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sync", choices=["pull", "push"], default="pull",
+                    help="collectors' weight sync: store pull/watch, or the hub's push fan-out")
     ap.add_argument("--target", type=float, default=475.0)
     ap.add_argument("--max-iters", type=int, default=400)
     ap.add_argument("--csv", default=str(REPO / "docs" / "img" / "cartpole_ppo.csv"))
@@ -133,7 +136,8 @@ def main() -> int:
             procs.append(p)
         for i in range(2):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=collector_main, args=(b, addr, h, args.seed * 1000 + 100 * (i + 1)), daemon=True)
+            p = ctx.Process(target=collector_main, args=(b, addr, h, args.seed * 1000 + 100 * (i + 1),
+                                                         f"collector-{i}", args.sync), daemon=True)
             p.start()
             procs.append(p)
             pipes.append(a)
@@ -198,6 +202,10 @@ def main() -> int:
         ok = t.pushed == t.applied + t.dropped_total
         print(f"every gradient accounted for (pushed = applied + dropped): {ok}; "
               f"publish latency p50 {st.publish_p50_us:.0f}µs p99 {st.publish_p99_us:.0f}µs")
+        import rlhub.wsync as ws
+        for m in ws.status(addr, MODEL):
+            lags = ", ".join(f"{c.collector_id} v{c.version} lag {c.lag} via {c.via}" for c in m.collectors)
+            print(f"weight sync: newest v{m.newest}; {lags}")
         agst = agg.status()
         print(f"aggregator: learn ok {agst.learn_ok} failed {agst.learn_failed} resplits {agst.resplits}")
 
