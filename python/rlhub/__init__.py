@@ -22,6 +22,9 @@ from rlhub.store import StoreClient, ModelVersion, ModelInfo
 from rlhub.ars_worker import ARSWorker
 from rlhub import wsync
 from rlhub.wsync import Receiver, RlhubWeightUpdater
+from rlhub.grads import GradClient
+from rlhub.learner import Demand, LearnTask, Learner
+from rlhub.aggregator import AggregatorClient
 
 __all__ = [
     "RlhubError",
@@ -45,4 +48,9 @@ __all__ = [
     "wsync",
     "Receiver",
     "RlhubWeightUpdater",
+    "GradClient",
+    "Learner",
+    "Demand",
+    "LearnTask",
+    "AggregatorClient",
 ]
