@@ -184,3 +184,54 @@ def test_reattaches_after_a_hub_restart_and_threads_are_owned(rlhub_bin, tmp_pat
         lr.close()
     names = [t.name for t in threading.enumerate()]
     assert not any(n.startswith(("rlhub-learner-", "rlhub-heartbeat-")) for n in names), names
+
+
+_SLOW_LEARNER = r'''
+import sys, time
+from rlhub.learner import Learner
+
+def on_learn(task):
+    print("learn-begin", task.row_start, task.rows, flush=True)
+    time.sleep(120)
+    return {}
+
+l = Learner(sys.argv[1], "k", on_demand=lambda t: (4, {"obs_dim": 2}), on_learn=on_learn)
+l.start()
+while not l.attached.is_set():
+    time.sleep(0.01)
+print("attached", flush=True)
+time.sleep(600)
+'''
+
+
+def test_learner_process_killed_mid_learn_is_excluded_and_its_rows_resplit(hub):
+    import os
+    import signal
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    k = subprocess.Popen([sys.executable, "-c", _SLOW_LEARNER, hub.addr], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert k.stdout.readline().strip() == "attached"
+        with AggregatorClient(hub.addr) as agg, RowLearner(hub.addr, "a", 4):
+            wait_attached(agg, 2)
+            agg.start("t", {})
+            d = agg.get_data_demand("t")
+            assert sorted(d.learners) == ["a", "k"] and d.demand.batch_size == 8
+            out = {}
+            th = threading.Thread(target=lambda: out.update(res=agg.learn("t", batch(8), metadata={"step": "1"})))
+            th.start()
+            assert k.stdout.readline().startswith("learn-begin")
+            k.send_signal(signal.SIGKILL)
+            th.join(60)
+            assert not th.is_alive()
+            res = out["res"]
+            assert res.failed == ["k"]
+            assert res.info["rows"] == list(range(8))  # k's rows were re-split onto a
+            assert set(res.info["learner"]) == {"a"} and sum(s.rows for s in res.shares) == 8
+            assert [r.learner_id for r in agg.resources()] == ["a"]
+            assert agg.status().resplits == 1
+    finally:
+        if k.poll() is None:
+            k.kill()
+        k.wait()
