@@ -235,3 +235,24 @@ def test_learner_process_killed_mid_learn_is_excluded_and_its_rows_resplit(hub):
         if k.poll() is None:
             k.kill()
         k.wait()
+
+
+def test_heartbeats_hold_the_lease_through_a_hook_longer_than_it(hub):
+    """The hook outlasts the lease; the heartbeat thread keeps the learner."""
+    slow = {"secs": 0.0}
+
+    def on_learn(task: LearnTask):
+        time.sleep(slow["secs"])
+        return {"rows": task.rows}
+
+    with AggregatorClient(hub.addr) as agg, Learner(hub.addr, "slow", on_demand=lambda t: 2, on_learn=on_learn) as lr:
+        wait_attached(agg, 1)
+        assert 0 < lr.lease_ms <= 20_000, "a lease this long would make the test slow"
+        # Past the lease plus the hub's check period (a quarter lease) and a margin.
+        slow["secs"] = lr.lease_ms / 1000 * 1.25 + 1.5
+        agg.start("t", {})
+        agg.get_data_demand("t")
+        res = agg.learn("t", batch(2), metadata={"step": "0"})
+        assert res.failed == [] and res.info["rows"] == [2.0]
+        st = agg.status()
+        assert [l.learner_id for l in st.learners] == ["slow"] and st.removed_total == 0 and lr.sessions == 1
