@@ -14,6 +14,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -86,7 +87,7 @@ func Attach(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	stop := context.AfterFunc(ctx, cancel) // ctx bounds only the opening
-	stream, err := rlhubv1.NewWeightSyncClient(cfg.Conn).Attach(sctx, grpc.CallContentSubtype(codecName))
+	stream, err := rlhubv1.NewWeightSyncClient(cfg.Conn).Attach(sctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err == nil {
 		err = stream.Send(&rlhubv1.SyncClientMessage{Body: &rlhubv1.SyncClientMessage_Hello{Hello: &rlhubv1.SyncHello{
 			CollectorId: cfg.CollectorID, Model: cfg.Model, Version: cfg.Start, ChunkBytes: cfg.ChunkBytes,
@@ -119,14 +120,16 @@ func (c *Client) receive() {
 }
 
 func (c *Client) receiveLoop() error {
-	var m received
-	defer m.release()
+	// With the chunk codec a chunk stays in gRPC's buffers until copied
+	// once into the version's assembler.
+	var m chunkcodec.Msg[*rlhubv1.SyncServerMessage]
+	defer m.Release()
 	for {
 		if err := c.stream.RecvMsg(&m); err != nil {
 			return errs.FromStatus(err)
 		}
-		info := m.info
-		if m.other {
+		info := m.Msg.GetInfo()
+		if m.Msg != nil && info == nil {
 			continue // a message this client does not know
 		}
 		if info == nil {
@@ -143,10 +146,10 @@ func (c *Client) receiveLoop() error {
 			if err := c.stream.RecvMsg(&m); err != nil {
 				return errs.FromStatus(err)
 			}
-			if m.chunk == nil {
+			if !m.Held() {
 				return fmt.Errorf("%w: wsync: version %d ended after %d of %d bytes", errs.ErrInvalid, info.Version, asm.Received(), info.TotalBytes)
 			}
-			if err := m.writeTo(asm.Write); err != nil {
+			if err := m.WriteChunk(asm.Write); err != nil {
 				return err
 			}
 		}

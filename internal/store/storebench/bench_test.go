@@ -137,7 +137,7 @@ func maxDur(ds []time.Duration) time.Duration {
 // moved, both ends included), and for 4 readers slowest_vs_single (the slowest
 // reader's rate over a lone reader's rate measured in the same iteration).
 // "codec=stock" runs one reader with gRPC's stock proto codec (as the
-// Python client does) to show what blobcodec saves.
+// Python client does) to show what chunkcodec saves.
 func BenchmarkPull(b *testing.B) {
 	for _, size := range []int{16 << 20, 256 << 20} {
 		blob := model(b, size)

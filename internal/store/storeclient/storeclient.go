@@ -30,8 +30,8 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/blobcodec"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -61,8 +61,8 @@ type Config struct {
 	// MaxModelBytes bounds a pulled blob; 0 means 4 GiB.
 	MaxModelBytes int64
 	// StockCodec makes the client use gRPC's stock proto codec, as clients
-	// in other languages do, instead of blobcodec (for interop tests and to
-	// measure what blobcodec saves). The bytes on the wire are the same.
+	// in other languages do, instead of the chunk codec (for interop tests and to
+	// measure what chunkcodec saves). The bytes on the wire are the same.
 	StockCodec bool
 }
 
@@ -296,6 +296,10 @@ func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest) (*stor
 	return snap, skipped, err
 }
 
+// pulled is one pull or watch response: a header, or a chunk still in
+// gRPC's buffers.
+type pulled = chunkcodec.Msg[*rlhubv1.StorePullResponse]
+
 var (
 	pullDesc  = &grpc.StreamDesc{StreamName: "Pull", ServerStreams: true}
 	watchDesc = &grpc.StreamDesc{StreamName: "Watch", ServerStreams: true}
@@ -304,7 +308,7 @@ var (
 // openRaw opens a server stream whose responses are received with the
 // blob codec (chunks stay in gRPC's buffers until copied once into the
 // assembler) and returns its receive function.
-func (c *Client) openRaw(ctx context.Context, desc *grpc.StreamDesc, method string, req any) (func(*blobcodec.Pulled) error, error) {
+func (c *Client) openRaw(ctx context.Context, desc *grpc.StreamDesc, method string, req any) (func(*pulled) error, error) {
 	cs, err := c.cc.NewStream(ctx, desc, method, c.codecOpt())
 	if err != nil {
 		return nil, err
@@ -315,16 +319,7 @@ func (c *Client) openRaw(ctx context.Context, desc *grpc.StreamDesc, method stri
 	if err := cs.CloseSend(); err != nil {
 		return nil, err
 	}
-	if c.cfg.StockCodec {
-		return func(p *blobcodec.Pulled) error {
-			var resp rlhubv1.StorePullResponse
-			if err := cs.RecvMsg(&resp); err != nil {
-				return err
-			}
-			return p.Set(&resp)
-		}, nil
-	}
-	return func(p *blobcodec.Pulled) error { return cs.RecvMsg(p) }, nil
+	return chunkcodec.Receiver[*rlhubv1.StorePullResponse](cs.RecvMsg, !c.cfg.StockCodec), nil
 }
 
 // codecOpt selects the codec of a call.
@@ -332,18 +327,18 @@ func (c *Client) codecOpt() grpc.CallOption {
 	if c.cfg.StockCodec {
 		return grpc.CallContentSubtype(grpcproto.Name)
 	}
-	return grpc.CallContentSubtype(blobcodec.Name)
+	return grpc.CallContentSubtype(chunkcodec.Name)
 }
 
 // recvVersion reads one version (header and chunks) from a pull or watch
 // stream. A not-modified header yields a nil snapshot.
-func (c *Client) recvVersion(recv func(*blobcodec.Pulled) error) (*store.Snapshot, uint64, error) {
-	var msg blobcodec.Pulled
+func (c *Client) recvVersion(recv func(*pulled) error) (*store.Snapshot, uint64, error) {
+	var msg pulled
 	defer msg.Release()
 	if err := recv(&msg); err != nil {
 		return nil, 0, err
 	}
-	hdr := msg.Header
+	hdr := msg.Msg.GetHeader()
 	if hdr == nil || hdr.Blob == nil {
 		return nil, 0, fmt.Errorf("storeclient: protocol: a version must start with a header carrying BlobInfo")
 	}
@@ -363,8 +358,8 @@ func (c *Client) recvVersion(recv func(*blobcodec.Pulled) error) (*store.Snapsho
 		if err != nil {
 			return nil, 0, err
 		}
-		if msg.Header != nil {
-			return nil, 0, fmt.Errorf("storeclient: protocol: header inside model %q version %d", b.Model, b.Version)
+		if !msg.Held() {
+			return nil, 0, fmt.Errorf("storeclient: protocol: a header or an empty message inside model %q version %d", b.Model, b.Version)
 		}
 		if err := msg.WriteChunk(asm.Write); err != nil {
 			return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)

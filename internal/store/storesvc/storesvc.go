@@ -16,16 +16,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/blobcodec"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -117,31 +115,13 @@ func (s *Service) Push(stream rlhubv1.ModelStore_PushServer) error {
 	return stream.SendAndClose(&rlhubv1.StorePushResponse{Info: infoProto(info)})
 }
 
-// recvFunc returns how to receive one push message: straight into a
-// blobcodec.Pushed (chunk bytes left in gRPC's buffers until copied into
-// the assembler) when the client asked for the blob codec, else decoded by
-// the stock codec and wrapped.
-func recvFunc(stream rlhubv1.ModelStore_PushServer) func(*blobcodec.Pushed) error {
-	if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
-		for _, ct := range md.Get("content-type") {
-			if strings.HasSuffix(strings.ToLower(ct), "+"+blobcodec.Name) {
-				return func(p *blobcodec.Pushed) error { return stream.RecvMsg(p) }
-			}
-		}
-	}
-	return func(p *blobcodec.Pushed) error {
-		req, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		return p.Set(req)
-	}
-}
-
 func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error) {
 	ctx := stream.Context()
-	recv := recvFunc(stream)
-	var msg blobcodec.Pushed
+	// With the chunk codec (the client asked for it), chunk bytes stay in
+	// gRPC's buffers until copied into the assembler; otherwise the stock
+	// codec decodes each message and it is wrapped.
+	recv := chunkcodec.Receiver[*rlhubv1.StorePushRequest](stream.RecvMsg, chunkcodec.Requested(ctx))
+	var msg chunkcodec.Msg[*rlhubv1.StorePushRequest]
 	defer msg.Release()
 	err := recv(&msg)
 	if err == io.EOF {
@@ -150,7 +130,7 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 	if err != nil {
 		return store.Info{}, err
 	}
-	hdr := msg.Header
+	hdr := msg.Msg.GetHeader()
 	if hdr == nil || hdr.Blob == nil {
 		return store.Info{}, fmt.Errorf("%w: push stream must start with a header carrying BlobInfo", errs.ErrInvalid)
 	}
@@ -174,8 +154,8 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 		if err != nil {
 			return store.Info{}, err
 		}
-		if msg.Header != nil {
-			return store.Info{}, fmt.Errorf("%w: model %q: a second header after %d bytes", errs.ErrInvalid, b.Model, asm.Received())
+		if !msg.Held() {
+			return store.Info{}, fmt.Errorf("%w: model %q: a header or an empty message after %d bytes", errs.ErrInvalid, b.Model, asm.Received())
 		}
 		if err := msg.WriteChunk(asm.Write); err != nil {
 			return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)

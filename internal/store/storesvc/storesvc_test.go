@@ -17,9 +17,9 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/blobcodec"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -102,7 +102,7 @@ func rawPush(t *testing.T, h *harness, msgs ...*rlhubv1.StorePushRequest) error 
 // Both receive paths: the stock proto codec (as from Python) and the blob
 // codec (as from the Go client).
 func TestBadPushStreamsLeaveStoreUnchanged(t *testing.T) {
-	for _, codec := range []string{grpcproto.Name, blobcodec.Name} {
+	for _, codec := range []string{grpcproto.Name, chunkcodec.Name} {
 		t.Run(codec, func(t *testing.T) {
 			h := start(t, store.Config{MaxModelBytes: 1 << 20})
 			h.opts = []grpc.CallOption{grpc.CallContentSubtype(codec)}
