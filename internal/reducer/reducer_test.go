@@ -406,6 +406,16 @@ func TestMaxWaitFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// OnApply runs after the publish that WaitNewer saw: wait for it.
+	e.waitSettled()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		e.mu.Lock()
+		n := len(e.applied)
+		e.mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if snap.Version != 2 || len(e.applied) != 1 || len(e.applied[0].members) != 2 {
