@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -260,7 +261,9 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 	if err != nil {
 		return Receipt{}, err
 	}
-	stream, err := rlhubv1.NewReducerClient(conn).Push(ctx)
+	// The chunk codec hands each chunk (a slice of the caller's tensors)
+	// to the transport without a marshal copy.
+	stream, err := rlhubv1.NewReducerClient(conn).Push(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
 		return Receipt{}, errs.FromStatus(err)
 	}

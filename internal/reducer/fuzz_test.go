@@ -26,14 +26,14 @@ func FuzzReceiveGradient(f *testing.F) {
 		}
 		k := int(step%64) + 1
 		rest := data
-		recv := func() ([]byte, error) {
+		recv := func(write func([]byte) error) error {
 			if len(rest) == 0 {
-				return nil, io.EOF
+				return io.EOF
 			}
 			n := min(k, len(rest))
 			b := rest[:n]
 			rest = rest[n:]
-			return b, nil
+			return write(b)
 		}
 		g, buf, err := receiveGradient(total, 1<<20, recv)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -142,7 +143,7 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	}
 	ctx, cancel := callCtx(ctx)
 	defer cancel()
-	stream, err := r.c.Forward(ctx)
+	stream, err := r.c.Forward(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
 		return 0, errs.FromStatus(err)
 	}

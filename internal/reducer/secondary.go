@@ -226,10 +226,12 @@ type PushResult struct {
 	Weight  float32 // the staleness weight
 }
 
-// Push admits one gradient. recv returns its safetensors bytes chunk by
-// chunk and io.EOF at the end. Every call counts one pushed gradient, and
-// a failure counts it dropped with the reason matching the error.
-func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv func() ([]byte, error)) (PushResult, error) {
+// Push admits one gradient. Each call of recv receives one chunk of its
+// safetensors bytes and passes it to write (in one or more pieces, valid
+// only during the call), and returns io.EOF at the end. Every call counts
+// one pushed gradient, and a failure counts it dropped with the reason
+// matching the error.
+func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv chunkRecv) (PushResult, error) {
 	s.mu.Lock()
 	s.counters.Pushed++
 	sess, closed := s.session, s.closed

@@ -17,6 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -278,11 +279,15 @@ func (rs *reducerServer) Secondaries(context.Context, *rlhubv1.ReducerSecondarie
 
 // Push implements rlhubv1.ReducerServer.
 func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
-	first, err := stream.Recv()
-	if err != nil {
+	// With the chunk codec (the Go client asks for it) a chunk stays in
+	// gRPC's buffers until copied once into the pooled receive buffer.
+	recvMsg := chunkcodec.Receiver[*rlhubv1.ReducerPushRequest](stream.RecvMsg, chunkcodec.Requested(stream.Context()))
+	var m chunkcodec.Msg[*rlhubv1.ReducerPushRequest]
+	defer m.Release()
+	if err := recvMsg(&m); err != nil {
 		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, err))
 	}
-	h := first.GetHeader()
+	h := m.Msg.GetHeader()
 	if h == nil || h.GetBlob() == nil {
 		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, errNoHeader))
 	}
@@ -290,17 +295,7 @@ func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
 	if err != nil {
 		return errs.ToStatus(err)
 	}
-	recv := func() ([]byte, error) {
-		m, err := stream.Recv()
-		if err != nil {
-			return nil, err // io.EOF at the end
-		}
-		c := m.GetChunk()
-		if c == nil {
-			return nil, fmt.Errorf("%w: push: a second header", errs.ErrInvalid)
-		}
-		return c.GetData(), nil
-	}
+	recv := streamRecv(recvMsg, &m, "push")
 	res, err := sec.Push(stream.Context(), PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
 		ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, recv)
 	if err != nil {
@@ -387,11 +382,13 @@ func (ps *primaryServer) Release(ctx context.Context, req *rlhubv1.ReducerReleas
 
 // Forward implements rlhubv1.ReducerPrimaryServer.
 func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) error {
-	first, err := stream.Recv()
-	if err != nil {
+	recvMsg := chunkcodec.Receiver[*rlhubv1.ReducerForwardRequest](stream.RecvMsg, chunkcodec.Requested(stream.Context()))
+	var m chunkcodec.Msg[*rlhubv1.ReducerForwardRequest]
+	defer m.Release()
+	if err := recvMsg(&m); err != nil {
 		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, err))
 	}
-	h := first.GetHeader()
+	h := m.Msg.GetHeader()
 	if h == nil || h.GetBlob() == nil {
 		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, errNoHeader))
 	}
@@ -399,16 +396,7 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 	if err != nil {
 		return errs.ToStatus(err)
 	}
-	sum, buf, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), func() ([]byte, error) {
-		m, err := stream.Recv()
-		if err != nil {
-			return nil, err
-		}
-		if m.GetChunk() == nil {
-			return nil, fmt.Errorf("%w: forward: a second header", errs.ErrInvalid)
-		}
-		return m.GetChunk().GetData(), nil
-	})
+	sum, buf, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), streamRecv(recvMsg, &m, "forward"))
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = fmt.Errorf("%w: forward stream broke: %v", errs.ErrAborted, err)

@@ -6,11 +6,14 @@ import (
 	"io"
 	"sync"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -31,12 +34,34 @@ func putBuf(b []byte) {
 	}
 }
 
+// chunkRecv receives one chunk of a stream and passes its bytes to write,
+// in one or more pieces that are valid only during the call (with the
+// chunk codec they are views of gRPC's receive buffers); it returns io.EOF
+// after the last chunk. Receiving this way lets receiveGradient copy each
+// byte once, from the transport's buffers into the pooled buffer.
+type chunkRecv func(write func([]byte) error) error
+
+// streamRecv adapts a Push or Forward stream to a chunkRecv: recvMsg
+// receives one message into m (which the caller releases when done); a
+// message that is not a chunk is refused as "a second header".
+func streamRecv[M proto.Message](recvMsg func(*chunkcodec.Msg[M]) error, m *chunkcodec.Msg[M], what string) chunkRecv {
+	return func(write func([]byte) error) error {
+		if err := recvMsg(m); err != nil {
+			return err // io.EOF at the end
+		}
+		if !m.Held() {
+			return fmt.Errorf("%w: %s: a second header", errs.ErrInvalid, what)
+		}
+		return m.WriteChunk(write)
+	}
+}
+
 // receiveGradient assembles one safetensors blob of exactly total bytes
-// from recv (which returns io.EOF after the last chunk) and decodes it. It
-// checks the size limit before allocating and the header length as soon as
-// the first 8 bytes are in. The tensors alias buf, a pooled buffer the
-// caller owns and gives back with putBuf once nothing reads them.
-func receiveGradient(total uint64, maxBytes int64, recv func() ([]byte, error)) (sd *tensor.StateDict, buf []byte, err error) {
+// from recv and decodes it. It checks the size limit before allocating and
+// the header length as soon as the first 8 bytes are in. The tensors alias
+// buf, a pooled buffer the caller owns and gives back with putBuf once
+// nothing reads them.
+func receiveGradient(total uint64, maxBytes int64, recv chunkRecv) (sd *tensor.StateDict, buf []byte, err error) {
 	if total > uint64(maxBytes) {
 		return nil, nil, fmt.Errorf("%w: gradient of %d bytes exceeds the limit of %d", errs.ErrFull, total, maxBytes)
 	}
@@ -51,27 +76,30 @@ func receiveGradient(total uint64, maxBytes int64, recv func() ([]byte, error)) 
 		}
 	}()
 	n, checked := 0, false
-	for {
-		b, err := recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, nil, err
-		}
+	write := func(b []byte) error {
 		if len(b) > len(buf)-n {
-			return nil, nil, fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(buf))
+			return fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(buf))
 		}
 		n += copy(buf[n:], b)
 		if !checked && n >= 8 {
 			checked = true
 			h, err := safetensors.HeaderLen(buf[:8], maxHeaderBytes)
 			if err != nil {
-				return nil, nil, err
+				return err
 			}
 			if h > uint64(len(buf)-8) {
-				return nil, nil, fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, h, len(buf))
+				return fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, h, len(buf))
 			}
+		}
+		return nil
+	}
+	for {
+		err := recv(write)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	if n != len(buf) {
@@ -88,7 +116,8 @@ func receiveGradient(total uint64, maxBytes int64, recv func() ([]byte, error)) 
 const maxHeaderBytes = 16 << 20
 
 // sendStateDict streams sd's safetensors encoding through send, one chunk
-// per call, without copying tensor bytes.
+// per call, without copying tensor bytes (with the chunk codec not even
+// into a marshal buffer: the tensors must not change until send returns).
 func sendStateDict(l *safetensors.Layout, send func([]byte) error) error {
 	return wire.Chunks(l, 0, send)
 }
