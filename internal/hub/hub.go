@@ -164,32 +164,36 @@ func (h *Hub) Store() store.Store { return h.store }
 
 // builtinServices opens the services every hub hosts. Each issue's service
 // is added here; h.cfg is validated and h.Store() is open.
-func (h *Hub) builtinServices() ([]Service, error) {
-	var out []Service
-	ss, err := storesvc.New(storesvc.Config{Store: h.store, Logger: h.cfg.Logger})
-	if err != nil {
+func (h *Hub) builtinServices() (out []Service, err error) {
+	// On any failure, close what was opened, newest first.
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, closeAll(out))
+			out = nil
+		}
+	}()
+	add := func(s Service, err error) error {
+		if err == nil {
+			out = append(out, s)
+		}
+		return err
+	}
+	if err := add(storesvc.New(storesvc.Config{Store: h.store, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
-	out = append(out, ss)
 	acfg := h.cfg.Aggregator
 	if acfg.Logger == nil {
 		acfg.Logger = h.cfg.Logger
 	}
-	agg, err := aggregator.New(acfg)
-	if err != nil {
-		return nil, errors.Join(err, ss.Close())
+	if err := add(aggregator.New(acfg)); err != nil {
+		return nil, err
 	}
-	out = append(out, agg)
-	arsSvc, err := arsrpc.New(arsrpc.Config{Store: h.store, Logger: h.cfg.Logger})
-	if err != nil {
-		return nil, errors.Join(err, agg.Close(), ss.Close())
+	if err := add(arsrpc.New(arsrpc.Config{Store: h.store, Logger: h.cfg.Logger})); err != nil {
+		return nil, err
 	}
-	out = append(out, arsSvc)
-	ws, err := wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})
-	if err != nil {
-		return nil, errors.Join(err, arsSvc.Close(), agg.Close(), ss.Close())
+	if err := add(wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})); err != nil {
+		return nil, err
 	}
-	out = append(out, ws)
 	rcfg := h.cfg.Reducer
 	rcfg.Store = h.store
 	rcfg.Addr = func() string {
@@ -201,12 +205,21 @@ func (h *Hub) builtinServices() ([]Service, error) {
 	if rcfg.Logger == nil {
 		rcfg.Logger = h.cfg.Logger
 	}
-	red, err := reducer.New(rcfg)
-	if err != nil {
-		return nil, errors.Join(err, ws.Close(), arsSvc.Close(), agg.Close(), ss.Close())
+	if err := add(reducer.New(rcfg)); err != nil {
+		return nil, err
 	}
-	out = append(out, red)
 	return out, nil
+}
+
+// closeAll closes services newest first and joins their errors.
+func closeAll(services []Service) error {
+	var errsOut []error
+	for i := len(services) - 1; i >= 0; i-- {
+		if err := services[i].Close(); err != nil {
+			errsOut = append(errsOut, err)
+		}
+	}
+	return errors.Join(errsOut...)
 }
 
 // Start listens and serves in the background. Addr is valid after it
@@ -287,10 +300,8 @@ func (h *Hub) Close() error {
 			errsOut = append(errsOut, err)
 		}
 	}
-	for i := len(h.services) - 1; i >= 0; i-- {
-		if err := h.services[i].Close(); err != nil {
-			errsOut = append(errsOut, err)
-		}
+	if err := closeAll(h.services); err != nil {
+		errsOut = append(errsOut, err)
 	}
 	if err := h.store.Close(); err != nil {
 		errsOut = append(errsOut, err)
