@@ -11,6 +11,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -60,7 +61,9 @@ func (c *Client) GetDataDemand(ctx context.Context, taskID string) (*rlhubv1.Dem
 
 // Learn sends a batch (every tensor with the same first dimension) and
 // returns the merged result. metadata travels to every learner's share.
-// The tensors' bytes are streamed without copying.
+// The tensors' bytes are streamed without copying (the chunk codec hands
+// them to the transport as they are): they must not change until Learn
+// returns.
 func (c *Client) Learn(ctx context.Context, taskID string, batch *tensor.StateDict, metadata map[string]string) (*rlhubv1.LearnResponse, error) {
 	layout, err := safetensors.Plan(batch, metadata)
 	if err != nil {
@@ -68,7 +71,7 @@ func (c *Client) Learn(ctx context.Context, taskID string, batch *tensor.StateDi
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.rpc.Learn(ctx)
+	stream, err := c.rpc.Learn(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
 		return nil, errs.FromStatus(err)
 	}

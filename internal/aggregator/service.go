@@ -20,6 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -717,11 +718,15 @@ func (s *Service) learnerInfos() []*rlhubv1.LearnerInfo {
 
 // Learn receives a batch, splits it, fans it out and merges the infos.
 func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, rlhubv1.LearnResponse]) error {
-	first, err := stream.Recv()
-	if err != nil {
+	// With the chunk codec (the Go client asks for it) a chunk stays in
+	// gRPC's buffers until copied once into the assembler.
+	recv := chunkcodec.Receiver[*rlhubv1.LearnRequest](stream.RecvMsg, chunkcodec.Requested(stream.Context()))
+	var m chunkcodec.Msg[*rlhubv1.LearnRequest]
+	defer m.Release()
+	if err := recv(&m); err != nil {
 		return errs.ToStatus(fmt.Errorf("%w: learn: no header: %v", errs.ErrInvalid, err))
 	}
-	h := first.GetHeader()
+	h := m.Msg.GetHeader()
 	if h == nil || h.Blob == nil {
 		return errs.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
 	}
@@ -730,15 +735,13 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 		return errs.ToStatus(fmt.Errorf("learn: %w", err))
 	}
 	for asm.Received() < int(h.Blob.TotalBytes) {
-		m, err := stream.Recv()
-		if err != nil {
+		if err := recv(&m); err != nil {
 			return errs.ToStatus(fmt.Errorf("%w: learn: batch stream ended after %d of %d bytes: %v", errs.ErrInvalid, asm.Received(), h.Blob.TotalBytes, err))
 		}
-		ch := m.GetChunk()
-		if ch == nil {
+		if !m.Held() {
 			return errs.ToStatus(fmt.Errorf("%w: learn: expected a chunk after the header", errs.ErrInvalid))
 		}
-		if err := asm.Write(ch.Data); err != nil {
+		if err := m.WriteChunk(asm.Write); err != nil {
 			return errs.ToStatus(fmt.Errorf("learn: %w", err))
 		}
 	}

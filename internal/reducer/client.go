@@ -180,7 +180,9 @@ type Receipt struct {
 // sequence number, retrying the same (client id, seq) on other secondaries
 // when one is Unavailable, and backing off on ResourceExhausted or Aborted.
 // An ALREADY_EXISTS answer to a retry means an earlier attempt got through:
-// it is returned as an error matching errs.ErrExists.
+// it is returned as an error matching errs.ErrExists. grads' bytes are
+// handed to the transport without a copy: they must not change until
+// PushGrad returns.
 func (c *Client) PushGrad(ctx context.Context, model string, baseVersion uint64, grads *tensor.StateDict) (Receipt, error) {
 	return c.PushSeq(ctx, model, baseVersion, c.seq.Add(1), grads)
 }
