@@ -231,10 +231,11 @@ func readSummary(dir string) (trainSummary, error) {
 
 // reusableSummary returns an earlier run's summary when it is the same
 // experiment and settles the outcome within budget: it reached the
-// threshold (at however many episodes), or it ran at least budget
-// episodes without reaching it. A run is determined by its seed whatever
-// the number of workers (docs/ars.md), so its outcome under a smaller
-// budget is read off it.
+// threshold (at however many episodes), or it ran out of its own budget
+// at a point where under this budget no further iteration would fit
+// either (a run stops once episodes + 2N would exceed the budget). A run
+// is determined by its seed whatever the number of workers (docs/ars.md),
+// so its outcome under another budget is read off it.
 func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (trainSummary, bool) {
 	sum, err := readSummary(dir)
 	if err != nil || sum.Env != name || sum.Seed != seed || sum.Target == nil || *sum.Target != p.Threshold {
@@ -246,7 +247,11 @@ func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (
 			return sum, false
 		}
 	}
-	return sum, sum.ReachedTarget || sum.Episodes >= budget
+	n, err := strconv.Atoi(sum.Hyper["directions"])
+	if err != nil {
+		return sum, false
+	}
+	return sum, sum.ReachedTarget || (sum.Reason == "budget" && sum.Episodes+int64(2*n) > budget)
 }
 
 func hyperStrings(h ars.Hyper) map[string]string {

@@ -103,10 +103,11 @@ func TestReusableSummary(t *testing.T) {
 		{"reached below budget", true, 150, 200, true},
 		{"reached above budget (a failure within it)", true, 300, 200, true},
 		{"budget spent, same budget", false, 200, 200, true},
-		{"budget spent, larger new budget", false, 200, 400, false},
+		{"budget spent, a budget the next iteration would still exceed", false, 200, 201, true},
+		{"budget spent, larger new budget", false, 200, 202, false},
 	} {
 		dir := t.TempDir()
-		sum := trainSummary{Env: "Swimmer-v5", Seed: 3, Target: &target, Hyper: hyperStrings(p.Hyper), ReachedTarget: c.reached,
+		sum := trainSummary{Env: "Swimmer-v5", Seed: 3, Target: &target, Hyper: hyperStrings(p.Hyper), ReachedTarget: c.reached, Reason: reason(c.reached),
 			Episodes: c.episodes, PolicyEpisodes: c.episodes}
 		b, _ := json.Marshal(sum)
 		os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)
@@ -120,4 +121,11 @@ func TestReusableSummary(t *testing.T) {
 			t.Errorf("%s: seed result %+v", c.name, r)
 		}
 	}
+}
+
+func reason(reached bool) string {
+	if reached {
+		return "target"
+	}
+	return "budget"
 }
