@@ -305,13 +305,9 @@ func parseHeader(raw []byte) (*header, error) {
 		if err != nil {
 			return nil, err
 		}
-		if seen == nil {
-			seen = make(map[string]struct{}, 16)
-		}
-		if _, dup := seen[key]; dup {
+		if h.seen(key, &seen) {
 			return nil, invalidf("duplicate key %q in header", key)
 		}
-		seen[key] = struct{}{}
 		if err := s.expect(':', where{tensor: key, part: "after the name"}); err != nil {
 			return nil, err
 		}
@@ -565,4 +561,36 @@ func fastUint(b []byte) (v uint64, n int) {
 		return 0, 0
 	}
 	return v, n
+}
+
+// seen reports whether key was already in the header, recording it. Small
+// headers are searched linearly (cheaper than a map at the sizes of most
+// models); past 32 keys a map takes over.
+func (h *header) seen(key string, m *map[string]struct{}) bool {
+	if key == MetadataKey {
+		if h.sawMetadata {
+			return true
+		}
+		h.sawMetadata = true
+		return false
+	}
+	if *m == nil && len(h.entries) < 32 {
+		for i := range h.entries {
+			if h.entries[i].name == key {
+				return true
+			}
+		}
+		return false
+	}
+	if *m == nil {
+		*m = make(map[string]struct{}, 2*len(h.entries))
+		for i := range h.entries {
+			(*m)[h.entries[i].name] = struct{}{}
+		}
+	}
+	if _, dup := (*m)[key]; dup {
+		return true
+	}
+	(*m)[key] = struct{}{}
+	return false
 }

@@ -163,6 +163,7 @@ type entry struct {
 }
 
 type header struct {
-	entries  []entry
-	metadata map[string]string
+	entries     []entry
+	metadata    map[string]string
+	sawMetadata bool
 }

@@ -2,7 +2,10 @@ package safetensors
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -68,5 +71,36 @@ func TestDecodeErrorsWrapInvalid(t *testing.T) {
 	_, err := Decode([]byte{1, 2, 3})
 	if !errors.Is(err, ErrInvalid) || !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("err = %v, want ErrInvalid", err)
+	}
+}
+
+// TestDuplicateNamesInLargeHeaders: the duplicate check switches from a
+// linear search to a map past 32 names; both must catch a repeat.
+func TestDuplicateNamesInLargeHeaders(t *testing.T) {
+	blobOf := func(names []string) []byte {
+		var js strings.Builder
+		js.WriteString("{")
+		for i, name := range names {
+			fmt.Fprintf(&js, `%q:{"dtype":"U8","shape":[1],"data_offsets":[%d,%d]},`, name, i, i+1)
+		}
+		js.WriteString(`"__metadata__":{"a":"b"}}`)
+		blob := make([]byte, 8+js.Len()+len(names))
+		binary.LittleEndian.PutUint64(blob, uint64(js.Len()))
+		copy(blob[8:], js.String())
+		return blob
+	}
+	for _, n := range []int{3, 31, 32, 33, 40, 100} {
+		names := make([]string, n)
+		for i := range names {
+			names[i] = fmt.Sprintf("t%03d", i)
+		}
+		if f, err := Decode(blobOf(names)); err != nil || f.Tensors.Len() != n {
+			t.Errorf("n=%d: unique names: %v", n, err)
+		}
+		names[n-1] = names[0] // repeat the first name last
+		_, err := Decode(blobOf(names))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `duplicate key "t000"`) {
+			t.Errorf("n=%d: err = %v, want duplicate key t000", n, err)
+		}
 	}
 }

@@ -11,7 +11,11 @@ import (
 // for concurrent mutation; concurrent reads are fine.
 type StateDict struct {
 	tensors []*Tensor
-	index   map[string]int
+	// index maps names to positions once there are more than smallDict
+	// tensors; smaller dicts are searched linearly, which is faster than
+	// building and hashing into a map (decoding a small model is dominated
+	// by per-tensor costs).
+	index map[string]int
 }
 
 // NewStateDict builds a state dict from tensors in the given order. It
@@ -29,7 +33,11 @@ func NewStateDict(ts ...*Tensor) (*StateDict, error) {
 // MakeStateDict returns an empty state dict with room for n tensors, so
 // that adding them does not grow its slice or index.
 func MakeStateDict(n int) *StateDict {
-	return &StateDict{tensors: make([]*Tensor, 0, n), index: make(map[string]int, n)}
+	sd := &StateDict{tensors: make([]*Tensor, 0, n)}
+	if n > smallDict {
+		sd.index = make(map[string]int, n)
+	}
+	return sd
 }
 
 // Add appends t. It fails on an empty or duplicate name or an invalid tensor.
@@ -37,16 +45,21 @@ func (sd *StateDict) Add(t *Tensor) error {
 	if t.Name == "" {
 		return fmt.Errorf("tensor: empty tensor name")
 	}
-	if _, dup := sd.index[t.Name]; dup {
+	if sd.indexOf(t.Name) >= 0 {
 		return fmt.Errorf("tensor: duplicate tensor name %q", t.Name)
 	}
 	if err := t.Validate(); err != nil {
 		return err
 	}
-	if sd.index == nil {
-		sd.index = make(map[string]int)
+	if sd.index == nil && len(sd.tensors) >= smallDict {
+		sd.index = make(map[string]int, 2*len(sd.tensors))
+		for i, u := range sd.tensors {
+			sd.index[u.Name] = i
+		}
 	}
-	sd.index[t.Name] = len(sd.tensors)
+	if sd.index != nil {
+		sd.index[t.Name] = len(sd.tensors)
+	}
 	sd.tensors = append(sd.tensors, t)
 	return nil
 }
@@ -59,11 +72,10 @@ func (sd *StateDict) At(i int) *Tensor { return sd.tensors[i] }
 
 // Get returns the tensor named name, or nil.
 func (sd *StateDict) Get(name string) *Tensor {
-	i, ok := sd.index[name]
-	if !ok {
-		return nil
+	if i := sd.indexOf(name); i >= 0 {
+		return sd.tensors[i]
 	}
-	return sd.tensors[i]
+	return nil
 }
 
 // Tensors returns the tensors in order. The slice is the state dict's own;
@@ -90,10 +102,15 @@ func (sd *StateDict) ByteSize() int64 {
 
 // Clone returns a deep copy with freshly allocated, aligned data.
 func (sd *StateDict) Clone() *StateDict {
-	c := &StateDict{tensors: make([]*Tensor, len(sd.tensors)), index: make(map[string]int, len(sd.tensors))}
+	c := &StateDict{tensors: make([]*Tensor, len(sd.tensors))}
+	if sd.index != nil {
+		c.index = make(map[string]int, len(sd.tensors))
+	}
 	for i, t := range sd.tensors {
 		c.tensors[i] = t.Clone()
-		c.index[t.Name] = i
+		if c.index != nil {
+			c.index[t.Name] = i
+		}
 	}
 	return c
 }
@@ -114,4 +131,23 @@ func (sd *StateDict) CheckLayout(want *StateDict) error {
 		}
 	}
 	return nil
+}
+
+// smallDict is the size up to which a state dict has no name index.
+const smallDict = 32
+
+// indexOf returns the position of the tensor named name, or -1.
+func (sd *StateDict) indexOf(name string) int {
+	if sd.index != nil {
+		if i, ok := sd.index[name]; ok {
+			return i
+		}
+		return -1
+	}
+	for i, t := range sd.tensors {
+		if t.Name == name {
+			return i
+		}
+	}
+	return -1
 }

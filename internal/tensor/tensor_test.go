@@ -1,6 +1,7 @@
 package tensor
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -87,5 +88,39 @@ func TestStateDictRules(t *testing.T) {
 	}
 	if err := c.CheckLayout(sd); err != nil {
 		t.Fatalf("CheckLayout of clone: %v", err)
+	}
+}
+
+// TestStateDictLargeAndSmall checks lookups and duplicate detection on both
+// sides of the size where the name index appears.
+func TestStateDictLargeAndSmall(t *testing.T) {
+	for _, n := range []int{1, smallDict - 1, smallDict, smallDict + 1, 100} {
+		for _, made := range []bool{false, true} {
+			sd := &StateDict{}
+			if made {
+				sd = MakeStateDict(n)
+			}
+			for i := range n {
+				if err := sd.Add(NewF32(fmt.Sprintf("t%03d", i), 1)); err != nil {
+					t.Fatalf("n=%d: add %d: %v", n, i, err)
+				}
+			}
+			for i := range n {
+				name := fmt.Sprintf("t%03d", i)
+				if got := sd.Get(name); got == nil || got.Name != name {
+					t.Fatalf("n=%d made=%v: Get(%s) = %v", n, made, name, got)
+				}
+				if err := sd.Add(NewF32(name, 1)); err == nil {
+					t.Fatalf("n=%d made=%v: duplicate %s accepted", n, made, name)
+				}
+			}
+			if sd.Get("missing") != nil || sd.Len() != n {
+				t.Fatalf("n=%d: Get(missing) found something or Len %d", n, sd.Len())
+			}
+			c := sd.Clone()
+			if c.Get(fmt.Sprintf("t%03d", n-1)) == nil {
+				t.Fatalf("n=%d: clone lost a name", n)
+			}
+		}
 	}
 }
