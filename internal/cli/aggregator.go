@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 func newAggregatorCmd(g *globals) *cobra.Command {
@@ -18,23 +20,19 @@ func newAggregatorCmd(g *globals) *cobra.Command {
 		Use:   "aggregator",
 		Short: "Inspect the learner aggregator",
 	}
-	var addr string
-	var timeout time.Duration
+	var hub hubFlags
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "List attached learners, their leases and task counts",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := dialHub(addr)
-			if err != nil {
+			var st *rlhubv1.StatusResponse
+			err := hub.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+				st, err = aggregator.NewClient(conn).Status(ctx)
 				return err
-			}
-			defer conn.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			st, err := aggregator.NewClient(conn).Status(ctx)
+			})
 			if err != nil {
-				return fmt.Errorf("aggregator status %s: %w", addr, err)
+				return fmt.Errorf("aggregator status %s: %w", hub.addr, err)
 			}
 			task := st.TaskId
 			if task == "" {
@@ -56,8 +54,7 @@ func newAggregatorCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	status.Flags().StringVar(&addr, "hub", "127.0.0.1:7470", "hub address")
-	status.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the hub")
+	hub.register(status, "hub address")
 	cmd.AddCommand(status)
 	return cmd
 }

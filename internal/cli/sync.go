@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -19,8 +20,8 @@ func newSyncCmd(g *globals) *cobra.Command {
 		Use:   "sync",
 		Short: "Weight sync: which version each collector runs",
 	}
-	var addr, model string
-	var timeout time.Duration
+	var hub hubFlags
+	var model string
 	status := &cobra.Command{
 		Use:   "status [--hub ADDR] [--model NAME]",
 		Short: "Show each collector's version and lag, and a lag histogram, per model",
@@ -30,24 +31,20 @@ func newSyncCmd(g *globals) *cobra.Command {
 			"histogram of collectors per lag bucket.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := dialHub(addr)
-			if err != nil {
+			var st []wsync.ModelStatus
+			err := hub.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+				st, err = wsync.Status(ctx, conn, model)
 				return err
-			}
-			defer conn.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			st, err := wsync.Status(ctx, conn, model)
+			})
 			if err != nil {
-				return fmt.Errorf("sync status %s: %w", addr, err)
+				return fmt.Errorf("sync status %s: %w", hub.addr, err)
 			}
 			printSyncStatus(g, st, time.Now())
 			return nil
 		},
 	}
-	status.Flags().StringVar(&addr, "hub", "127.0.0.1:7470", "hub (or relay) address")
+	hub.register(status, "hub (or relay) address")
 	status.Flags().StringVar(&model, "model", "", "only this model")
-	status.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "deadline for the call")
 	cmd.AddCommand(status, newShmWriterCmd(g))
 	return cmd
 }
