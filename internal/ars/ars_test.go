@@ -189,6 +189,24 @@ func TestFreezeIdentityAndConstantComponents(t *testing.T) {
 	}
 }
 
+// The authors' filter treats a component whose std is below 1e-7 as
+// constant (modestyachts/ARS filter.py sets it to +∞); rlhub must drop the
+// same components, not amplify them by up to 10⁸.
+func TestFreezeDropsComponentsBelowTheAuthorsMinStd(t *testing.T) {
+	s := NewStats(3)
+	s.Push([]float64{0, 0, 0})
+	s.Push([]float64{1e-7, 2e-7, 1e-9}) // sample std |a−b|/√2: 7.1e-8, 1.4e-7, 7.1e-10
+	f := s.Freeze()
+	for i, want := range []float64{0, math.Sqrt2 / 2e-7, 0} {
+		if math.Abs(f.InvStd[i]-want) > 1e-9*want {
+			t.Errorf("component %d: InvStd = %g, want %g", i, f.InvStd[i], want)
+		}
+	}
+	if MinStd != 1e-7 {
+		t.Errorf("MinStd = %g, want the authors' 1e-7", MinStd)
+	}
+}
+
 func cartpoleConfig(t *testing.T, seed uint64) Config {
 	t.Helper()
 	e, err := env.Make("CartPole-v1")

@@ -95,9 +95,13 @@ func (s *Stats) check(dim int) error {
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // MinStd is the standard deviation below which a component is treated as
-// constant: its normalised value is 0 (as the paper's reference code does by
-// setting such a std to +∞).
-const MinStd = 1e-8
+// constant: its normalised value is 0. The authors' filter
+// (modestyachts/ARS code/filter.py, MeanStdFilter.stats_increment) sets a
+// std below 1e-7 to +∞, so this is 1e-7 too; with 1e-8 a component with
+// σ in [1e-8, 1e-7) would be amplified up to 10⁸× instead of dropped.
+// (That filter also divides by σ + 1e-8 rather than σ, a relative
+// difference of at most 1e-8/σ ≤ 0.1 that rlhub does not copy.)
+const MinStd = 1e-7
 
 // Filter is the frozen normalisation x ↦ (x − μ) ⊘ σ that a V2 policy
 // applies within one iteration. The zero value of a component's InvStd

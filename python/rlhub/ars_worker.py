@@ -76,7 +76,7 @@ __all__ = [
 
 log = logging.getLogger("rlhub.ars_worker")
 
-MIN_STD = 1e-8  # ars.MinStd: a component with σ below this normalises to 0
+MIN_STD = 1e-7  # ars.MinStd: a component with σ below this normalises to 0
 _POLICY_MAX_BYTES = 256 << 20
 _VERSIONS = ("V1", "V2", "V1-t", "V2-t")
 _TASK_DIRECTION = ars_pb2.ARS_TASK_KIND_DIRECTION
