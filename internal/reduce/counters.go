@@ -2,6 +2,7 @@ package reduce
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -29,7 +30,10 @@ const (
 	// ReasonAborted: the push stream broke before the gradient was whole.
 	ReasonAborted Reason = "aborted"
 	// ReasonLost: the batch holding it could not reach or was refused by
-	// the primary (its session ended), or the reducer shut down.
+	// the primary (its session ended), or the reducer shut down. Counted
+	// by the primary when a session ends, it is provisional: a retry of
+	// the same (client id, seq) that is applied later takes it back
+	// (Ledger, Counters.Revive).
 	ReasonLost Reason = "lost"
 	// ReasonPublish: the optimizer step could not be published.
 	ReasonPublish Reason = "publish_failed"
@@ -66,12 +70,31 @@ type Counters struct {
 	Dropped map[Reason]uint64
 }
 
-// Drop counts n gradients dropped for r.
+// Drop counts n gradients dropped for r (nothing for n = 0).
 func (c *Counters) Drop(r Reason, n uint64) {
+	if n == 0 {
+		return
+	}
 	if c.Dropped == nil {
 		c.Dropped = map[Reason]uint64{}
 	}
 	c.Dropped[r] += n
+}
+
+// Revive takes back n gradients counted dropped for r (lost gradients that
+// were applied after all). It panics if fewer than n were counted: that is
+// a bug in the caller's bookkeeping.
+func (c *Counters) Revive(r Reason, n uint64) {
+	if n == 0 {
+		return
+	}
+	if c.Dropped[r] < n {
+		panic(fmt.Sprintf("reduce: reviving %d gradients dropped for %s, only %d counted", n, r, c.Dropped[r]))
+	}
+	c.Dropped[r] -= n
+	if c.Dropped[r] == 0 {
+		delete(c.Dropped, r)
+	}
 }
 
 // DroppedTotal sums Dropped.

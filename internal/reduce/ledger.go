@@ -16,8 +16,15 @@ import (
 // forward from the ended session (fencing), so the lost batch can never be
 // applied after all.
 //
+// Lost is provisional. EndSession reports each released id once, as lost,
+// and remembers it: a retry may claim it again (it is not applied), and
+// when that retry is applied MarkApplied reports it as revived, so a
+// caller counting lost can take it back. An id lost twice is reported
+// once. Per distinct id the ledger therefore settles on exactly one of
+// applied or lost (or stays pending).
+//
 // Per client the ledger remembers at least Window of the newest ids; older
-// settled ids collapse into a floor below which every seq counts as
+// applied ids collapse into a floor below which every seq counts as
 // applied. Not safe for concurrent use.
 type Ledger struct {
 	window  int
@@ -25,15 +32,23 @@ type Ledger struct {
 }
 
 type clientLog struct {
-	floor   uint64 // seqs ≤ floor are settled, unless pending in entries
+	floor   uint64 // seqs ≤ floor are applied, unless entries says otherwise
 	hasFlr  bool
 	entries map[uint64]claim
 }
 
+// claim is one id's state: pending under session (session ≠ 0, !applied),
+// applied, or lost (released by EndSession and not claimed since: session
+// 0, !applied, lost). lost stays set while a retry of a lost id is pending,
+// so that MarkApplied can report the revival and EndSession does not report
+// it lost a second time. Sessions are never 0.
 type claim struct {
 	applied bool
-	session uint64 // owner while pending
+	lost    bool   // reported lost by EndSession and not applied since
+	session uint64 // owner while pending; 0 when not pending
 }
+
+func (e claim) pending() bool { return !e.applied && e.session != 0 }
 
 // NewLedger returns an empty ledger remembering at least window ids per
 // client (window < 1 means 4096).
@@ -53,16 +68,16 @@ func (l *Ledger) Claim(id ID, session uint64) error {
 		c = &clientLog{entries: map[uint64]claim{}}
 		l.clients[id.Client] = c
 	}
-	if e, ok := c.entries[id.Seq]; ok {
-		if e.applied {
-			return fmt.Errorf("%w: duplicate push %v: already applied", errs.ErrExists, id)
-		}
+	e, ok := c.entries[id.Seq]
+	switch {
+	case ok && e.applied:
+		return fmt.Errorf("%w: duplicate push %v: already applied", errs.ErrExists, id)
+	case ok && e.pending():
 		return fmt.Errorf("%w: duplicate push %v: already being reduced", errs.ErrExists, id)
-	}
-	if c.hasFlr && id.Seq <= c.floor {
+	case !ok && c.hasFlr && id.Seq <= c.floor:
 		return fmt.Errorf("%w: duplicate push %v: at or below the settled sequence %d", errs.ErrExists, id, c.floor)
 	}
-	c.entries[id.Seq] = claim{session: session}
+	c.entries[id.Seq] = claim{session: session, lost: e.lost} // a lost id stays marked lost until applied
 	return nil
 }
 
@@ -73,11 +88,16 @@ func (l *Ledger) Release(id ID, session uint64) bool {
 	if c == nil {
 		return false
 	}
-	if e, ok := c.entries[id.Seq]; ok && !e.applied && e.session == session {
-		delete(c.entries, id.Seq)
-		return true
+	e, ok := c.entries[id.Seq]
+	if !ok || !e.pending() || e.session != session {
+		return false
 	}
-	return false
+	if e.lost {
+		c.entries[id.Seq] = claim{lost: true} // back to lost: it was counted so once
+	} else {
+		delete(c.entries, id.Seq)
+	}
+	return true
 }
 
 // CheckPending returns an error wrapping errs.ErrAborted unless every id is
@@ -90,32 +110,43 @@ func (l *Ledger) CheckPending(ids []ID, session uint64) error {
 		if c != nil {
 			e, ok = c.entries[id.Seq]
 		}
-		if !ok || e.applied || e.session != session {
+		if !ok || !e.pending() || e.session != session {
 			return fmt.Errorf("%w: %v is not pending in session %d", errs.ErrAborted, id, session)
 		}
 	}
 	return nil
 }
 
-// MarkApplied settles ids (which CheckPending accepted) as applied.
-func (l *Ledger) MarkApplied(ids []ID) {
+// MarkApplied settles ids (which CheckPending accepted) as applied. It
+// returns how many of them EndSession had reported lost before (retries
+// of lost gradients, now revived).
+func (l *Ledger) MarkApplied(ids []ID) (revived int) {
 	for _, id := range ids {
 		c := l.clients[id.Client]
+		if c.entries[id.Seq].lost {
+			revived++
+		}
 		c.entries[id.Seq] = claim{applied: true}
 		if len(c.entries) > 2*l.window {
 			c.compact(l.window)
 		}
 	}
+	return revived
 }
 
-// EndSession releases every claim pending under session and returns them.
+// EndSession releases every claim pending under session, so that retries
+// may claim them, and returns the ones it reports lost: those not reported
+// lost before (a retry of a lost id that is lost again is not reported
+// twice).
 func (l *Ledger) EndSession(session uint64) []ID {
 	var out []ID
 	for name, c := range l.clients {
 		for seq, e := range c.entries {
-			if !e.applied && e.session == session {
-				delete(c.entries, seq)
-				out = append(out, ID{Client: name, Seq: seq})
+			if e.pending() && e.session == session {
+				c.entries[seq] = claim{lost: true}
+				if !e.lost {
+					out = append(out, ID{Client: name, Seq: seq})
+				}
 			}
 		}
 	}
@@ -136,7 +167,7 @@ func (l *Ledger) Pending() int {
 	n := 0
 	for _, c := range l.clients {
 		for _, e := range c.entries {
-			if !e.applied {
+			if e.pending() {
 				n++
 			}
 		}
@@ -145,8 +176,8 @@ func (l *Ledger) Pending() int {
 }
 
 // compact drops the oldest applied entries until keep remain, raising the
-// floor to the largest dropped seq. Pending entries are kept whatever their
-// seq.
+// floor to the largest dropped seq. Pending and lost entries are kept
+// whatever their seq (entries override the floor).
 func (c *clientLog) compact(keep int) {
 	var applied []uint64
 	for seq, e := range c.entries {

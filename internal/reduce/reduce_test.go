@@ -229,6 +229,89 @@ func TestLedger(t *testing.T) {
 	}
 }
 
+// TestLedgerLostIsProvisional: an id lost with its session is reported lost
+// once, may be claimed again, and is reported revived when that retry is
+// applied; lost again before being applied, it is not reported twice.
+func TestLedgerLostIsProvisional(t *testing.T) {
+	l := NewLedger(2)
+	a, b, c := ID{"a", 1}, ID{"a", 2}, ID{"a", 3}
+	for _, id := range []ID{a, b, c} {
+		if err := l.Claim(id, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := l.EndSession(1); !slices.Equal(got, []ID{a, b, c}) {
+		t.Fatalf("EndSession(1) = %v, want all three lost", got)
+	}
+	if l.Pending() != 0 {
+		t.Fatalf("pending %d after the session ended", l.Pending())
+	}
+	// a: retried at session 2 and applied → revived.
+	// b: retried at session 2, whose session ends too → not lost twice.
+	// c: retried at session 2, released (push failed) → lost again, still once.
+	for _, id := range []ID{a, b, c} {
+		if err := l.Claim(id, 2); err != nil {
+			t.Fatalf("retry of lost %v: %v", id, err)
+		}
+	}
+	if err := l.Claim(a, 3); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("a retry pending at 2 claimed at 3: %v", err)
+	}
+	if err := l.CheckPending([]ID{a}, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.MarkApplied([]ID{a}); got != 1 {
+		t.Fatalf("MarkApplied of a lost retry revived %d, want 1", got)
+	}
+	if !l.Release(c, 2) {
+		t.Fatal("release of c")
+	}
+	if got := l.EndSession(2); len(got) != 0 {
+		t.Fatalf("EndSession(2) reported %v lost again", got)
+	}
+	// Applied once, never again; b and c can still be retried, and
+	// applying them revives each once.
+	if err := l.Claim(a, 4); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("claim of applied a: %v", err)
+	}
+	if got := l.MarkApplied(nil); got != 0 {
+		t.Fatal("revived from nothing")
+	}
+	_ = l.Claim(b, 4)
+	_ = l.Claim(c, 4)
+	if got := l.MarkApplied([]ID{b, c}); got != 2 {
+		t.Fatalf("revived %d, want 2", got)
+	}
+	// A fresh id applied normally is not a revival.
+	_ = l.Claim(ID{"a", 4}, 4)
+	if got := l.MarkApplied([]ID{{"a", 4}}); got != 0 {
+		t.Fatalf("revived %d, want 0", got)
+	}
+}
+
+func TestCountersRevive(t *testing.T) {
+	var c Counters
+	c.Drop(ReasonLost, 0)
+	if len(c.Dropped) != 0 {
+		t.Fatalf("Drop(0) made an entry: %v", c.Dropped)
+	}
+	c.Drop(ReasonLost, 3)
+	c.Revive(ReasonLost, 2)
+	if c.Dropped[ReasonLost] != 1 || c.DroppedTotal() != 1 {
+		t.Fatalf("after revive: %v", c.Dropped)
+	}
+	c.Revive(ReasonLost, 1)
+	if _, ok := c.Dropped[ReasonLost]; ok {
+		t.Fatalf("zero count kept: %v", c.Dropped)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("reviving more than was dropped did not panic")
+		}
+	}()
+	c.Revive(ReasonLost, 1)
+}
+
 func TestClipAndMean(t *testing.T) {
 	g, _ := tensor.NewStateDict(tensor.FromFloat32s("x", []int64{2}, []float32{3, 4}))
 	if n, c := Clip(g, 10); n != 5 || c {

@@ -110,9 +110,9 @@ func (c *PrimaryConfig) validate() error {
 // forwarded batches and publishes new versions. Safe for concurrent use.
 //
 // Lock order: pmodel.stepMu, then pmodel.mu, then Primary.mu (Forward and
-// Admit check the session while holding the model). Primary.mu guards sessions, the model
-// map and lost; pmodel.mu guards one model (its parameters, optimizer,
-// ledger, version, counters).
+// Admit check the session while holding the model). Primary.mu guards
+// sessions and the model map; pmodel.mu guards one model (its ledger,
+// version, counters).
 type Primary struct {
 	cfg PrimaryConfig
 
@@ -120,7 +120,6 @@ type Primary struct {
 	models   map[string]*pmodel
 	sessions map[uint64]Secondary // live sessions → who holds them
 	nextSess uint64
-	lost     reduce.Counters // claims released by ended sessions
 	closed   bool
 	lat      latencies
 }
@@ -263,8 +262,10 @@ func (p *Primary) Attach(_ context.Context, s Secondary) (session uint64, done <
 }
 
 // Detach ends a session: its unapplied claims are released (and counted
-// dropped as lost, since the secondary holding them is gone), and its later
-// forwards are refused. Safe to call for an ended session.
+// dropped as lost, since the secondary holding them is gone, unless they
+// were counted lost once already), and its later forwards are refused.
+// Lost is provisional: Forward takes a lost gradient back when a retry of
+// it is applied. Safe to call for an ended session.
 func (p *Primary) Detach(session uint64) {
 	p.mu.Lock()
 	_, live := p.sessions[session]
@@ -277,13 +278,12 @@ func (p *Primary) Detach(session uint64) {
 	var n uint64
 	for _, m := range models {
 		m.mu.Lock()
-		n += uint64(len(m.ledger.EndSession(session)))
+		k := uint64(len(m.ledger.EndSession(session)))
+		m.counters.Drop(reduce.ReasonLost, k)
 		m.mu.Unlock()
+		n += k
 	}
 	if n > 0 {
-		p.mu.Lock()
-		p.lost.Drop(reduce.ReasonLost, n)
-		p.mu.Unlock()
 		p.cfg.Logger.Warn("reducer: secondary session ended with gradients in flight", "session", session, "lost", n)
 	}
 }
@@ -423,7 +423,8 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		m.mu.Unlock()
 		return 0, err
 	}
-	m.ledger.MarkApplied(b.Members)
+	// A retry of a gradient counted lost is applied: it is not lost.
+	m.counters.Revive(reduce.ReasonLost, uint64(m.ledger.MarkApplied(b.Members)))
 	m.mu.Unlock()
 	n := uint64(len(b.Members))
 
@@ -533,7 +534,6 @@ func (p *Primary) Checkpoint(ctx context.Context) error {
 // each model's version and the admitted→published latency p50/p99.
 func (p *Primary) Stats() (c reduce.Counters, versions map[string]uint64, p50, p99 time.Duration) {
 	p.mu.Lock()
-	c = p.lost.Clone()
 	models := slices.Collect(maps.Values(p.models))
 	p.mu.Unlock()
 	p50, p99 = p.lat.quantiles()

@@ -519,3 +519,72 @@ func TestOptimizerCheckpointRestore(t *testing.T) {
 		t.Fatalf("re-register with another config: %v", err)
 	}
 }
+
+// TestLostRevivedWhenRetryApplied: a gradient pending at a secondary whose
+// session ends is counted lost; when a retry of the same (client, seq) is
+// admitted by another secondary and applied, the primary takes the lost
+// count back, so per distinct gradient it is applied or lost, never both.
+// A second gradient lost twice (its retry's session ends too) counts once.
+func TestLostRevivedWhenRetryApplied(t *testing.T) {
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pushModel(t, st, "m", testLayout(3))
+	p, err := NewPrimary(PrimaryConfig{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	lost := func() uint64 { c, _, _, _ := p.Stats(); return c.Dropped[reduce.ReasonLost] }
+	a, b := reduce.ID{Client: "c", Seq: 1}, reduce.ID{Client: "c", Seq: 2}
+
+	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
+	for _, id := range []reduce.ID{a, b} {
+		if _, _, err := p.Admit(ctx, s1, "m", id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Detach(s1) // the secondary died holding a and b
+	if got := lost(); got != 2 {
+		t.Fatalf("lost %d after the session ended, want 2", got)
+	}
+
+	s2, _, _ := p.Attach(ctx, Secondary{ID: "s2"})
+	for _, id := range []reduce.ID{a, b} {
+		if _, _, err := p.Admit(ctx, s2, "m", id, 0); err != nil {
+			t.Fatalf("retry of lost %v: %v", id, err)
+		}
+	}
+	if _, err := p.Forward(ctx, Batch{Session: s2, Model: "m", Members: []reduce.ID{a}, Weights: []float32{1},
+		Sum: gradFor(3, "c", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	c, _, _, _ := p.Stats()
+	if c.Applied != 1 || c.Dropped[reduce.ReasonLost] != 1 {
+		t.Fatalf("after the retry of a was applied: applied %d lost %d, want 1 and 1", c.Applied, c.Dropped[reduce.ReasonLost])
+	}
+	p.Detach(s2) // b's retry is lost too: still one lost gradient
+	if got := lost(); got != 1 {
+		t.Fatalf("lost %d after b was lost twice, want 1", got)
+	}
+	s3, _, _ := p.Attach(ctx, Secondary{ID: "s3"})
+	if _, _, err := p.Admit(ctx, s3, "m", b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Forward(ctx, Batch{Session: s3, Model: "m", Members: []reduce.ID{b}, Weights: []float32{1},
+		Sum: gradFor(3, "c", 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, _, _ := p.Stats(); c.Applied != 2 || c.DroppedTotal() != 0 {
+		t.Fatalf("both applied in the end: applied %d dropped %v, want 2 and none", c.Applied, c.Dropped)
+	}
+	if _, _, err := p.Admit(ctx, s3, "m", a, 0); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("a third attempt of applied a: %v", err)
+	}
+}
