@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -46,24 +47,24 @@ func newReducerCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// printReducerStats prints a hub's reducer counters, converted back to the
+// reducer.Stats the hub's Go API (hub.Hub.Reducer().Stats()) returns, so
+// both show the same numbers.
 func printReducerStats(g *globals, r *rlhubv1.ReducerStatsResponse) {
-	row := func(name string, c *rlhubv1.ReducerCounters) {
-		var dropped uint64
-		for _, n := range c.GetDropped() {
-			dropped += n
-		}
+	st := reducer.StatsFromProto(r)
+	row := func(name string, c reduce.Counters, queue int) {
 		fmt.Fprintf(g.stdout, "%-16s pushed %d  reduced %d  applied %d  steps %d  dropped %d  queue %d\n",
-			name, c.GetPushed(), c.GetReduced(), c.GetApplied(), c.GetSteps(), dropped, c.GetQueueDepth())
-		for _, reason := range slices.Sorted(maps.Keys(c.GetDropped())) {
-			fmt.Fprintf(g.stdout, "%-16s   dropped %-14s %d\n", "", reason, c.GetDropped()[reason])
+			name, c.Pushed, c.Reduced, c.Applied, c.Steps, c.DroppedTotal(), queue)
+		for _, reason := range slices.Sorted(maps.Keys(c.Dropped)) {
+			fmt.Fprintf(g.stdout, "%-16s   dropped %-14s %d\n", "", reason, c.Dropped[reason])
 		}
 	}
-	row("total", r.GetTotal())
-	for _, name := range slices.Sorted(maps.Keys(r.GetParts())) {
-		row(name, r.GetParts()[name])
+	row("total", st.Total, st.QueueDepth)
+	for _, name := range slices.Sorted(maps.Keys(st.Parts)) {
+		row(name, st.Parts[name], st.PartQueue[name])
 	}
-	for _, m := range slices.Sorted(maps.Keys(r.GetVersions())) {
-		fmt.Fprintf(g.stdout, "model %s at version %d\n", m, r.GetVersions()[m])
+	for _, m := range slices.Sorted(maps.Keys(st.Versions)) {
+		fmt.Fprintf(g.stdout, "model %s at version %d\n", m, st.Versions[m])
 	}
-	fmt.Fprintf(g.stdout, "admitted→published p50 %.0fµs p99 %.0fµs\n", r.GetPublishP50Us(), r.GetPublishP99Us())
+	fmt.Fprintf(g.stdout, "admitted→published p50 %dµs p99 %dµs\n", st.P50.Microseconds(), st.P99.Microseconds())
 }

@@ -111,6 +111,7 @@ type Hub struct {
 	grpc     *grpc.Server
 	health   *health.Server
 	services []Service
+	reducer  *reducer.Service // one of services
 
 	mu       sync.Mutex
 	lis      net.Listener
@@ -162,6 +163,11 @@ func openStore(cfg *Config) (store.Store, error) {
 // publishes models. It stays open until Close has stopped every service.
 func (h *Hub) Store() store.Store { return h.store }
 
+// Reducer is the hub's gradient reducer (its primary, unless
+// Config.Reducer.Primary names a remote one, and its secondaries): the Go
+// API of the counters `rlhub reducer stats` prints (Reducer().Stats()).
+func (h *Hub) Reducer() *reducer.Service { return h.reducer }
+
 // builtinServices opens the services every hub hosts. Each issue's service
 // is added here; h.cfg is validated and h.Store() is open.
 func (h *Hub) builtinServices() (out []Service, err error) {
@@ -205,9 +211,11 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if rcfg.Logger == nil {
 		rcfg.Logger = h.cfg.Logger
 	}
-	if err := add(reducer.New(rcfg)); err != nil {
+	red, err := reducer.New(rcfg)
+	if err := add(red, err); err != nil {
 		return nil, err
 	}
+	h.reducer = red
 	return out, nil
 }
 

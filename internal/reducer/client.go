@@ -115,6 +115,15 @@ func (c *Client) Register(ctx context.Context, mc ModelConfig) (version, restore
 	return resp.GetVersion(), resp.GetRestoredSteps(), nil
 }
 
+// HubStats is Stats converted to the Go form Service.Stats returns.
+func (c *Client) HubStats(ctx context.Context, addr string) (Stats, error) {
+	resp, err := c.Stats(ctx, addr)
+	if err != nil {
+		return Stats{}, err
+	}
+	return StatsFromProto(resp), nil
+}
+
 // Stats fetches the counters of the hub at addr ("" means the primary hub).
 func (c *Client) Stats(ctx context.Context, addr string) (*rlhubv1.ReducerStatsResponse, error) {
 	conn := c.hub

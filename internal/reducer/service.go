@@ -160,26 +160,39 @@ func (s *Service) Close() error {
 	return s.closeErr
 }
 
-// Stats sums the counters of everything hosted here.
+// Stats are the counters of everything a hub's reducer hosts. The Go API
+// (Service.Stats, hub.Hub.Reducer().Stats()), the Stats RPC and `rlhub
+// reducer stats` carry the same numbers: StatsToProto and StatsFromProto
+// convert without loss.
 type Stats struct {
-	Total      reduce.Counters
-	Parts      map[string]reduce.Counters
+	// Total sums Parts.
+	Total reduce.Counters
+	// Parts: "primary" and "secondary/<id>" for each one hosted here.
+	Parts map[string]reduce.Counters
+	// QueueDepth sums PartQueue: gradients held by the secondaries.
 	QueueDepth int
-	Versions   map[string]uint64
-	P50, P99   time.Duration // admitted → published, at the primary
+	// PartQueue is each secondary's queue depth, keyed like Parts.
+	PartQueue map[string]int
+	// Versions of the models registered with the primary hosted here.
+	Versions map[string]uint64
+	// P50, P99: admitted → published latency at the primary.
+	P50, P99 time.Duration
 }
 
-// Stats returns the counters of the hosted primary and secondaries.
+// Stats returns the counters of the hosted primary and secondaries, each
+// secondary sampled once.
 func (s *Service) Stats() Stats {
-	st := Stats{Parts: map[string]reduce.Counters{}, Versions: map[string]uint64{}}
+	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{}}
 	if s.primary != nil {
 		c, v, p50, p99 := s.primary.Stats()
 		st.Parts["primary"], st.Versions, st.P50, st.P99 = c, v, p50, p99
+		st.PartQueue["primary"] = 0
 		st.Total.Merge(c)
 	}
 	for _, sec := range s.secondaries {
 		c, q := sec.Stats()
-		st.Parts["secondary/"+sec.ID()] = c
+		name := "secondary/" + sec.ID()
+		st.Parts[name], st.PartQueue[name] = c, q
 		st.Total.Merge(c)
 		st.QueueDepth += q
 	}
@@ -194,6 +207,39 @@ func countersProto(c reduce.Counters, q int) *rlhubv1.ReducerCounters {
 	return &rlhubv1.ReducerCounters{Pushed: c.Pushed, Reduced: c.Reduced, Applied: c.Applied, Steps: c.Steps, Dropped: d, QueueDepth: int64(q)}
 }
 
+func countersFromProto(p *rlhubv1.ReducerCounters) (reduce.Counters, int) {
+	c := reduce.Counters{Pushed: p.GetPushed(), Reduced: p.GetReduced(), Applied: p.GetApplied(), Steps: p.GetSteps()}
+	for r, n := range p.GetDropped() {
+		c.Drop(reduce.Reason(r), n)
+	}
+	return c, int(p.GetQueueDepth())
+}
+
+// StatsToProto is the Stats RPC's response for st (latencies in whole
+// microseconds).
+func StatsToProto(st Stats) *rlhubv1.ReducerStatsResponse {
+	resp := &rlhubv1.ReducerStatsResponse{Total: countersProto(st.Total, st.QueueDepth), Parts: map[string]*rlhubv1.ReducerCounters{},
+		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()), Versions: st.Versions}
+	for name, c := range st.Parts {
+		resp.Parts[name] = countersProto(c, st.PartQueue[name])
+	}
+	return resp
+}
+
+// StatsFromProto is the inverse of StatsToProto.
+func StatsFromProto(r *rlhubv1.ReducerStatsResponse) Stats {
+	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{},
+		P50: time.Duration(r.GetPublishP50Us()) * time.Microsecond, P99: time.Duration(r.GetPublishP99Us()) * time.Microsecond}
+	st.Total, st.QueueDepth = countersFromProto(r.GetTotal())
+	for name, c := range r.GetParts() {
+		st.Parts[name], st.PartQueue[name] = countersFromProto(c)
+	}
+	for m, v := range r.GetVersions() {
+		st.Versions[m] = v
+	}
+	return st
+}
+
 // reducerServer is the gRPC face of a Service.
 type reducerServer struct {
 	rlhubv1.UnimplementedReducerServer
@@ -202,18 +248,7 @@ type reducerServer struct {
 
 // Stats implements rlhubv1.ReducerServer.
 func (rs *reducerServer) Stats(context.Context, *rlhubv1.ReducerStatsRequest) (*rlhubv1.ReducerStatsResponse, error) {
-	s := rs.s
-	st := s.Stats()
-	resp := &rlhubv1.ReducerStatsResponse{Total: countersProto(st.Total, st.QueueDepth), Parts: map[string]*rlhubv1.ReducerCounters{},
-		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()), Versions: st.Versions}
-	for name, c := range st.Parts {
-		resp.Parts[name] = countersProto(c, 0)
-	}
-	for _, sec := range s.secondaries {
-		_, q := sec.Stats()
-		resp.Parts["secondary/"+sec.ID()].QueueDepth = int64(q)
-	}
-	return resp, nil
+	return StatsToProto(rs.s.Stats()), nil
 }
 
 // RegisterModel is the Go form of the Register RPC.

@@ -1,0 +1,76 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// TestReducerStatsGoAPIMatchesRPC: Hub.Reducer().Stats() and the Stats RPC
+// (what `rlhub reducer stats` prints) report the same numbers.
+func TestReducerStatsGoAPIMatchesRPC(t *testing.T) {
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), Reducer: reducer.Config{Secondaries: 2, BatchSize: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	model, _ := tensor.NewStateDict(tensor.NewF32("w", 8))
+	blob, _ := safetensors.Encode(model, nil)
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := c.PushGrad(ctx, "m", 0, model); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad, _ := tensor.NewStateDict(tensor.NewF32("w", 9))
+	if _, err := c.PushGrad(ctx, "m", 0, bad); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("push of a wrong shape: %v", err)
+	}
+	var st reducer.Stats
+	for {
+		st = h.Reducer().Stats()
+		if st.Total.Applied == 3 && st.QueueDepth == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("never settled: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st.Total.Pushed != 4 || st.Total.Dropped[reduce.ReasonInvalid] != 1 || st.Versions["m"] != 4 {
+		t.Fatalf("Go API stats %+v: want 4 pushed, 1 invalid, version 4", st)
+	}
+	got, err := c.HubStats(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.P50, st.P99 = st.P50.Truncate(time.Microsecond), st.P99.Truncate(time.Microsecond) // the RPC carries µs
+	if !reflect.DeepEqual(got, st) {
+		t.Fatalf("RPC stats\n%+v\nGo API stats\n%+v", got, st)
+	}
+}
