@@ -40,6 +40,22 @@ func MakeStateDict(n int) *StateDict {
 	return sd
 }
 
+// NewStateDictUnchecked builds a state dict that takes ts (in that order)
+// as its own slice, without checking the tensors: the caller guarantees
+// that every tensor is valid and that names are non-empty and unique.
+// Decoders that have already checked all that use it to avoid checking
+// twice; everyone else uses NewStateDict or Add.
+func NewStateDictUnchecked(ts []*Tensor) *StateDict {
+	sd := &StateDict{tensors: ts}
+	if len(ts) > smallDict {
+		sd.index = make(map[string]int, len(ts))
+		for i, t := range ts {
+			sd.index[t.Name] = i
+		}
+	}
+	return sd
+}
+
 // Add appends t. It fails on an empty or duplicate name or an invalid tensor.
 func (sd *StateDict) Add(t *Tensor) error {
 	if t.Name == "" {

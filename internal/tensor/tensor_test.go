@@ -124,3 +124,35 @@ func TestStateDictLargeAndSmall(t *testing.T) {
 		}
 	}
 }
+
+// TestNewStateDictUnchecked: a dict built from a trusted slice keeps its
+// order and finds every name, with and without the name index, and then
+// still rejects duplicates added later.
+func TestNewStateDictUnchecked(t *testing.T) {
+	for _, n := range []int{0, 1, smallDict, smallDict + 1, 100} {
+		ts := make([]*Tensor, n)
+		for i := range ts {
+			ts[i] = NewF32(fmt.Sprintf("t%03d", n-i), 1)
+		}
+		sd := NewStateDictUnchecked(ts)
+		if sd.Len() != n {
+			t.Fatalf("n=%d: Len %d", n, sd.Len())
+		}
+		for i, want := range ts {
+			if sd.At(i) != want || sd.Get(want.Name) != want {
+				t.Fatalf("n=%d: tensor %d (%s) not at its place", n, i, want.Name)
+			}
+		}
+		if sd.Get("missing") != nil {
+			t.Fatalf("n=%d: Get(missing) found something", n)
+		}
+		if n > 0 {
+			if err := sd.Add(NewF32(ts[0].Name, 1)); err == nil {
+				t.Fatalf("n=%d: duplicate %s accepted after NewStateDictUnchecked", n, ts[0].Name)
+			}
+		}
+		if err := sd.Add(NewF32("new", 1)); err != nil || sd.Get("new") == nil || sd.Len() != n+1 {
+			t.Fatalf("n=%d: Add after NewStateDictUnchecked: %v", n, err)
+		}
+	}
+}
