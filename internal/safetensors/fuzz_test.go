@@ -95,7 +95,8 @@ func FuzzDecode(f *testing.F) {
 // FuzzHeaderParsers checks the hand-written header parser against the
 // encoding/json-based reference: they accept the same headers (except lone
 // surrogate escapes, which only the fast parser rejects) and agree on every
-// entry and metadata value.
+// entry and metadata value. It also checks parseHeader's fast path for the
+// writers' layout against its general parser (checkCanonical).
 func FuzzHeaderParsers(f *testing.F) {
 	for _, s := range seeds(f) {
 		if len(s) >= 8 {
@@ -104,6 +105,7 @@ func FuzzHeaderParsers(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
+		checkCanonical(t, raw)
 		got, err := parseHeader(raw)
 		want, refErr := parseHeaderRef(raw)
 		switch {

@@ -2,8 +2,10 @@ package safetensors
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -28,6 +30,12 @@ import (
 // valid UTF-8, and no lone UTF-16 surrogate escapes (the Rust reference
 // rejects those too). header_ref_test.go keeps an encoding/json-based parser
 // as the reference that fuzzing compares this one against.
+//
+// There are two parsers: parseCanonical (header_fast.go) takes only the
+// compact layout the writers produce, in one pass and without error
+// bookkeeping; parseGeneral (here) takes the whole grammar and words the
+// errors. parseHeader tries the first and falls back to the second, so
+// every header is accepted or rejected exactly as parseGeneral would.
 
 type scanner struct {
 	b    []byte
@@ -114,21 +122,53 @@ func (s *scanner) rawStr(w where) ([]byte, error) {
 	s.start, s.escaped = start, false
 	// Fast path: no escapes. The whole header is already known to be valid
 	// UTF-8, so only quotes, backslashes and control bytes matter here.
-	for s.pos < len(s.b) {
-		c := s.b[s.pos]
-		switch {
-		case c == '"':
-			v := s.b[start:s.pos:s.pos]
-			s.pos++
-			return v, nil
-		case c == '\\':
-			return s.strSlow(start, w)
-		case c < 0x20:
-			return nil, s.errorf(w, "control character %#02x in a string", c)
-		}
-		s.pos++
+	s.pos, _ = plainEnd(s.b, start, false)
+	if s.pos == len(s.b) {
+		return nil, s.errorf(w, "header ends inside a string")
 	}
-	return nil, s.errorf(w, "header ends inside a string")
+	switch c := s.b[s.pos]; c {
+	case '"':
+		v := s.b[start:s.pos:s.pos]
+		s.pos++
+		return v, nil
+	case '\\':
+		return s.strSlow(start, w)
+	default:
+		return nil, s.errorf(w, "control character %#02x in a string", c)
+	}
+}
+
+// SWAR constants: a 1 and a high bit in every byte of a word.
+const (
+	lsbs = 0x0101010101010101
+	msbs = 0x8080808080808080
+)
+
+// plainLen returns how many leading bytes of b are printable ASCII other
+// than '"' and '\\', which stand for themselves in a JSON string: it stops
+// at the first '"', '\\', control byte (< 0x20) or byte ≥ 0x80 (which the
+// caller checks as UTF-8), or returns len(b). It tests 8 bytes at a time:
+// (x - lsbs) &^ x & msbs flags the zero bytes of x, (w - 0x20*lsbs) &^ w &
+// msbs the bytes of w below 0x20, and w & msbs those ≥ 0x80; a borrow can
+// only flag extra bytes above a true one, so the lowest flagged byte is
+// exact.
+func plainLen(b []byte) int {
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		q := w ^ ('"' * lsbs)
+		e := w ^ ('\\' * lsbs)
+		m := ((q - lsbs) &^ q) | ((e - lsbs) &^ e) | ((w - 0x20*lsbs) &^ w) | w
+		if m &= msbs; m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 || c >= 0x80 {
+			return i
+		}
+	}
+	return i
 }
 
 // strSlow finishes a string that contains escapes, starting over at start.
@@ -198,13 +238,50 @@ func (s *scanner) strSlow(start int, w where) ([]byte, error) {
 
 // dtypeOf looks up a dtype name without allocating.
 func dtypeOf(name []byte) (tensor.DType, bool) {
+	k, ok := dtypeKey(name)
+	if !ok {
+		return tensor.Invalid, false
+	}
+	d := dtypeByKey(k)
+	return d, d.Valid()
+}
+
+// dtypeByKey returns the dtype whose name has dtypeKey k, or Invalid. Names
+// of up to 7 bytes are packed with their length into one word, so a lookup
+// is a few word compares; dtypeKeys is built from tensor's own names and so
+// cannot drift from them.
+func dtypeByKey(k uint64) tensor.DType {
 	for d := tensor.DType(1); d.Valid(); d++ {
-		if string(name) == d.String() {
-			return d, true
+		if dtypeKeys[d] == k {
+			return d
 		}
 	}
-	return tensor.Invalid, false
+	return tensor.Invalid
 }
+
+// dtypeKey packs a name of 1 to 7 bytes and its length into a word.
+func dtypeKey(name []byte) (uint64, bool) {
+	if len(name) == 0 || len(name) > 7 {
+		return 0, false
+	}
+	k := uint64(len(name)) << 56
+	for i, c := range name {
+		k |= uint64(c) << (8 * i)
+	}
+	return k, true
+}
+
+// dtypeKeys[d] is dtypeKey(d.String()) for every valid d.
+var dtypeKeys = func() (keys [256]uint64) {
+	for d := tensor.DType(1); d.Valid(); d++ {
+		k, ok := dtypeKey([]byte(d.String()))
+		if !ok {
+			panic("safetensors: dtype name " + d.String() + " is longer than 7 bytes")
+		}
+		keys[d] = k
+	}
+	return keys
+}()
 
 func (s *scanner) hex4() (rune, bool) {
 	if s.pos+4 > len(s.b) {
@@ -282,7 +359,22 @@ func (s *scanner) more(first bool, closing byte, w where) (bool, error) {
 
 // parseHeader parses and checks the JSON header. Tensor names must be
 // unique and non-empty; offsets and shapes are checked by the caller.
-func parseHeader(raw []byte) (*header, error) {
+// Headers in the writers' own layout take the fast path (parseCanonical);
+// anything else, including every invalid header, goes through the general
+// parser, which also words the error.
+func parseHeader(raw []byte) (header, error) {
+	if h, ok := parseCanonical(raw); ok {
+		return h, nil
+	}
+	h, err := parseGeneral(raw)
+	if err != nil {
+		return header{}, err
+	}
+	return *h, nil
+}
+
+// parseGeneral parses any header the grammar above allows.
+func parseGeneral(raw []byte) (*header, error) {
 	if !utf8.Valid(raw) {
 		return nil, invalidf("header is not valid UTF-8")
 	}
@@ -292,7 +384,7 @@ func parseHeader(raw []byte) (*header, error) {
 		return nil, err
 	}
 	h := &header{entries: make([]entry, 0, 16)}
-	var seen map[string]struct{}
+	var names nameSet
 	for first := true; ; first = false {
 		ok, err := s.more(first, '}', top)
 		if err != nil {
@@ -305,7 +397,7 @@ func parseHeader(raw []byte) (*header, error) {
 		if err != nil {
 			return nil, err
 		}
-		if h.seen(key, &seen) {
+		if h.seen(key, &names) {
 			return nil, invalidf("duplicate key %q in header", key)
 		}
 		if err := s.expect(':', where{tensor: key, part: "after the name"}); err != nil {
@@ -379,7 +471,7 @@ func (s *scanner) metadata() (map[string]string, error) {
 }
 
 func (s *scanner) entry(name string) (entry, error) {
-	e := entry{name: name}
+	e := entry{Tensor: tensor.Tensor{Name: name}}
 	w := func(part string) where { return where{tensor: name, part: part} }
 	if err := s.expect('{', w("entry")); err != nil {
 		return e, err
@@ -410,7 +502,7 @@ func (s *scanner) entry(name string) (entry, error) {
 			if err != nil {
 				return e, err
 			}
-			if e.dtype, ok = dtypeOf(d); !ok {
+			if e.DType, ok = dtypeOf(d); !ok {
 				return e, invalidf("%v: unknown dtype %q", w("entry"), d)
 			}
 		case "shape":
@@ -438,7 +530,7 @@ func (s *scanner) entry(name string) (entry, error) {
 				}
 				s.dims = append(s.dims, int64(d))
 			}
-			e.shape = s.dims[start:len(s.dims):len(s.dims)]
+			e.Shape = s.dims[start:len(s.dims):len(s.dims)]
 			s.pos++
 		case "data_offsets":
 			if haveOffsets {
@@ -486,7 +578,7 @@ func (s *scanner) entryFast(name string) (e entry, ok bool) {
 		return entry{}, false
 	}
 	const pDtype, pShape, pOffsets = `{"dtype":"`, `","shape":[`, `,"data_offsets":[`
-	if !bytes.HasPrefix(b, []byte(pDtype)) {
+	if len(b) < len(pDtype) || string(b[:len(pDtype)]) != pDtype {
 		return fail()
 	}
 	i := len(pDtype)
@@ -499,7 +591,7 @@ func (s *scanner) entryFast(name string) (e entry, ok bool) {
 		return fail()
 	}
 	i += j
-	if !bytes.HasPrefix(b[i:], []byte(pShape)) {
+	if len(b)-i < len(pShape) || string(b[i:i+len(pShape)]) != pShape {
 		return fail()
 	}
 	i += len(pShape)
@@ -524,7 +616,7 @@ func (s *scanner) entryFast(name string) (e entry, ok bool) {
 			return fail()
 		}
 	}
-	if !bytes.HasPrefix(b[i:], []byte(pOffsets)) {
+	if len(b)-i < len(pOffsets) || string(b[i:i+len(pOffsets)]) != pOffsets {
 		return fail()
 	}
 	i += len(pOffsets)
@@ -539,22 +631,35 @@ func (s *scanner) entryFast(name string) (e entry, ok bool) {
 	}
 	i += n + 2
 	s.pos += i
-	return entry{name: name, dtype: dt, shape: s.dims[start:len(s.dims):len(s.dims)], begin: begin, end: end}, true
+	return entry{Tensor: tensor.Tensor{Name: name, DType: dt, Shape: s.dims[start:len(s.dims):len(s.dims)]}, begin: begin, end: end}, true
 }
 
 // fastUint parses a JSON non-negative integer ≤ 2^63-1 at the start of b
 // and returns it with its length, or n=0 if there is none or it is not
 // valid (leading zero, fraction, exponent, overflow).
 func fastUint(b []byte) (v uint64, n int) {
-	for n < len(b) && b[n] >= '0' && b[n] <= '9' {
-		d := uint64(b[n] - '0')
-		if v > (math.MaxInt64-d)/10 {
-			return 0, 0
+	if len(b) >= 8 {
+		// Up to 8 digits at once (see eightDigits), then one at a time.
+		v, n = eightDigits(binary.LittleEndian.Uint64(b))
+		if n < 8 {
+			goto check
 		}
-		v = v*10 + d
+	}
+	for n < len(b) {
+		d := b[n] - '0'
+		if d > 9 {
+			break
+		}
+		v = v*10 + uint64(d) // cannot wrap before the 20th digit
 		n++
 	}
+check:
 	if n == 0 || (n > 1 && b[0] == '0') {
+		return 0, 0
+	}
+	// Without leading zeros, 20 or more digits are ≥ 10^19 > 2^63-1, and
+	// 19 digits are < 10^19 < 2^64, so v is exact there.
+	if n > 19 || v > math.MaxInt64 {
 		return 0, 0
 	}
 	if n < len(b) && (b[n] == '.' || b[n] == 'e' || b[n] == 'E') {
@@ -563,10 +668,31 @@ func fastUint(b []byte) (v uint64, n int) {
 	return v, n
 }
 
-// seen reports whether key was already in the header, recording it. Small
-// headers are searched linearly (cheaper than a map at the sizes of most
-// models); past 32 keys a map takes over.
-func (h *header) seen(key string, m *map[string]struct{}) bool {
+// eightDigits returns the value and count of the ASCII decimal digits that
+// begin w, 8 bytes of text loaded little-endian (first byte lowest).
+//
+// A byte x is a digit iff its high nibble is 3 and so is that of x+6. The
+// additions may carry into the next byte only from a byte ≥ 0xfa, which is
+// not a digit, so the lowest flagged byte is exact. Shifting the digits to
+// the top of the word puts zeros (leading zero digits) below them, and three
+// multiply-shift steps then combine pairs of digits, pairs of pairs and
+// pairs of those (the classic SWAR conversion, e.g. simdjson's).
+func eightDigits(w uint64) (v uint64, n int) {
+	const nibbles, threes, sixes = 0xf0f0f0f0f0f0f0f0, 0x3030303030303030, 0x0606060606060606
+	bad := ((w & nibbles) ^ threes) | (((w + sixes) & nibbles) ^ threes)
+	n = bits.TrailingZeros64(bad) / 8
+	if n == 0 {
+		return 0, 0
+	}
+	w = (w & 0x0f0f0f0f0f0f0f0f) << (64 - 8*n)
+	w = (w * (10<<8 + 1)) >> 8
+	w = ((w & 0x00ff00ff00ff00ff) * (100<<16 + 1)) >> 16
+	w = ((w & 0x0000ffff0000ffff) * (10000<<32 + 1)) >> 32
+	return w, n
+}
+
+// seen reports whether key was already in the header, recording it.
+func (h *header) seen(key string, names *nameSet) bool {
 	if key == MetadataKey {
 		if h.sawMetadata {
 			return true
@@ -574,23 +700,5 @@ func (h *header) seen(key string, m *map[string]struct{}) bool {
 		h.sawMetadata = true
 		return false
 	}
-	if *m == nil && len(h.entries) < 32 {
-		for i := range h.entries {
-			if h.entries[i].name == key {
-				return true
-			}
-		}
-		return false
-	}
-	if *m == nil {
-		*m = make(map[string]struct{}, 2*len(h.entries))
-		for i := range h.entries {
-			(*m)[h.entries[i].name] = struct{}{}
-		}
-	}
-	if _, dup := (*m)[key]; dup {
-		return true
-	}
-	(*m)[key] = struct{}{}
-	return false
+	return names.add(key, h.entries)
 }

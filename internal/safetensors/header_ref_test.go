@@ -144,7 +144,7 @@ func parseMetadataRef(dec *json.Decoder) (map[string]string, error) {
 }
 
 func parseEntryRef(dec *json.Decoder, name string) (entry, error) {
-	e := entry{name: name}
+	e := entry{Tensor: tensor.Tensor{Name: name}}
 	what := "tensor " + quoteRef(name)
 	if err := expectDelimRef(dec, '{', what); err != nil {
 		return e, err
@@ -165,7 +165,7 @@ func parseEntryRef(dec *json.Decoder, name string) (entry, error) {
 			if err != nil {
 				return e, err
 			}
-			if e.dtype, err = tensor.ParseDType(s); err != nil {
+			if e.DType, err = tensor.ParseDType(s); err != nil {
 				return e, invalidf("%s: unknown dtype %q", what, s)
 			}
 		case "shape":
@@ -176,13 +176,13 @@ func parseEntryRef(dec *json.Decoder, name string) (entry, error) {
 			if err := expectDelimRef(dec, '[', what+" shape"); err != nil {
 				return e, err
 			}
-			e.shape = []int64{}
+			e.Shape = []int64{}
 			for dec.More() {
 				d, err := uintTokenRef(dec, what+" shape")
 				if err != nil {
 					return e, err
 				}
-				e.shape = append(e.shape, int64(d))
+				e.Shape = append(e.Shape, int64(d))
 			}
 			if err := expectDelimRef(dec, ']', what+" shape"); err != nil {
 				return e, err

@@ -90,47 +90,45 @@ func DecodeOptions(buf []byte, opt Options) (*File, error) {
 	// Sort by (begin, end), keeping header order for ties; then the entries
 	// must tile data exactly. The end offset matters: a zero-size tensor may
 	// share its begin offset with the next non-empty tensor (the reference
-	// writer does this), and must sort before it.
-	slices.SortStableFunc(hdr.entries, func(a, b entry) int {
-		if c := cmp.Compare(a.begin, b.begin); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.end, b.end)
-	})
+	// writer does this), and must sort before it. Both writers list tensors
+	// in data order, so the sort is usually skipped.
+	if !offsetsSorted(hdr.entries) {
+		slices.SortStableFunc(hdr.entries, compareOffsets)
+	}
 	var pos uint64
-	sd := tensor.MakeStateDict(len(hdr.entries))
-	ts := make([]tensor.Tensor, len(hdr.entries)) // one allocation for all
+	ptrs := make([]*tensor.Tensor, len(hdr.entries))
 	for i := range hdr.entries {
 		e := &hdr.entries[i]
 		if e.begin != pos {
 			if e.begin < pos {
-				return nil, invalidf("tensor %q: data_offsets [%d,%d] overlap the previous tensor ending at %d", e.name, e.begin, e.end, pos)
+				return nil, invalidf("tensor %q: data_offsets [%d,%d] overlap the previous tensor ending at %d", e.Name, e.begin, e.end, pos)
 			}
-			return nil, invalidf("tensor %q: gap in data before offset %d (previous tensor ends at %d)", e.name, e.begin, pos)
+			return nil, invalidf("tensor %q: gap in data before offset %d (previous tensor ends at %d)", e.Name, e.begin, pos)
 		}
 		if e.end < e.begin {
-			return nil, invalidf("tensor %q: data_offsets [%d,%d] end before they begin", e.name, e.begin, e.end)
+			return nil, invalidf("tensor %q: data_offsets [%d,%d] end before they begin", e.Name, e.begin, e.end)
 		}
 		if e.end > uint64(len(data)) {
-			return nil, invalidf("tensor %q: data_offsets [%d,%d] beyond the %d data bytes", e.name, e.begin, e.end, len(data))
+			return nil, invalidf("tensor %q: data_offsets [%d,%d] beyond the %d data bytes", e.Name, e.begin, e.end, len(data))
 		}
-		want, ok := tensor.ByteLen(e.dtype, e.shape)
+		want, ok := tensor.ByteLen(e.DType, e.Shape)
 		if !ok {
-			return nil, invalidf("tensor %q: shape %v overflows", e.name, e.shape)
+			return nil, invalidf("tensor %q: shape %v overflows", e.Name, e.Shape)
 		}
 		if uint64(want) != e.end-e.begin {
-			return nil, invalidf("tensor %q: shape %v × %v is %d bytes but data_offsets [%d,%d] hold %d", e.name, e.shape, e.dtype, want, e.begin, e.end, e.end-e.begin)
+			return nil, invalidf("tensor %q: shape %v × %v is %d bytes but data_offsets [%d,%d] hold %d", e.Name, e.Shape, e.DType, want, e.begin, e.end, e.end-e.begin)
 		}
-		t := &ts[i]
-		*t = tensor.Tensor{Name: e.name, DType: e.dtype, Shape: e.shape, Data: data[e.begin:e.end:e.end]}
-		if err := sd.Add(t); err != nil {
-			return nil, invalidf("%v", err)
-		}
+		// The entries become the tensors: one allocation for all of them.
+		e.Data = data[e.begin:e.end:e.end]
+		ptrs[i] = &e.Tensor
 		pos = e.end
 	}
 	if pos != uint64(len(data)) {
 		return nil, invalidf("%d trailing data bytes after the last tensor", uint64(len(data))-pos)
 	}
+	// parseHeader has checked that names are unique and non-empty, and the
+	// loop above that every tensor is valid.
+	sd := tensor.NewStateDictUnchecked(ptrs)
 	return &File{Tensors: sd, Metadata: hdr.metadata, HeaderLen: int64(n)}, nil
 }
 
@@ -155,11 +153,30 @@ func HeaderLen(prefix []byte, maxHeader int64) (uint64, error) {
 	return n, nil
 }
 
+// entry is one tensor of the header: its name, dtype and shape, and its
+// data offsets. Decode fills in Data and hands out &entry.Tensor.
 type entry struct {
-	name       string
-	dtype      tensor.DType
-	shape      []int64
+	tensor.Tensor
 	begin, end uint64
+}
+
+// offsetsSorted reports whether es is in (begin, end) order.
+func offsetsSorted(es []entry) bool {
+	for i := 1; i < len(es); i++ {
+		a, b := &es[i-1], &es[i]
+		if a.begin > b.begin || (a.begin == b.begin && a.end > b.end) {
+			return false
+		}
+	}
+	return true
+}
+
+// compareOffsets orders entries by (begin, end).
+func compareOffsets(a, b entry) int {
+	if c := cmp.Compare(a.begin, b.begin); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.end, b.end)
 }
 
 type header struct {
