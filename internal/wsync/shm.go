@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"sync"
 
 	"github.com/rlhub/rlhub/internal/errs"
 )
@@ -135,6 +136,106 @@ func copyCRC(dst, src []byte) uint32 {
 		crc = crc32.Update(crc, castagnoli, dst[off:end])
 	}
 	return crc
+}
+
+// maxCopyWorkers bounds the goroutines one copy is split across.
+const maxCopyWorkers = 8
+
+// minCopyPart is the smallest part a copy is split into: below it the
+// goroutine hand-off costs more than the second core saves. A variable so
+// that the torn-read test can split its small versions too.
+var minCopyPart = 2 << 20
+
+// copyCRCParallel is copyCRC split into up to `workers` contiguous parts
+// (whole copyChunks, each at least minCopyPart) copied and checksummed by
+// that many goroutines at once; the calling goroutine does the first part
+// and waits for the others, then combines the parts' CRCs. On an idle
+// machine with several cores this takes the copy's wall time from one
+// core's memory bandwidth to several.
+func copyCRCParallel(dst, src []byte, workers int) uint32 {
+	n := min(workers, maxCopyWorkers, len(src)/minCopyPart)
+	if n <= 1 {
+		return copyCRC(dst, src)
+	}
+	part := (len(src)/n + copyChunk - 1) / copyChunk * copyChunk
+	bounds := func(i int) (lo, hi int) {
+		lo, hi = min(i*part, len(src)), min((i+1)*part, len(src))
+		if i == n-1 {
+			hi = len(src)
+		}
+		return lo, hi
+	}
+	var crcs [maxCopyWorkers]uint32
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		lo, hi := bounds(i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			crcs[i] = copyCRC(dst[lo:hi], src[lo:hi])
+		}()
+	}
+	_, hi := bounds(0)
+	crc := copyCRC(dst[:hi], src[:hi])
+	wg.Wait()
+	for i := 1; i < n; i++ {
+		lo, hi := bounds(i)
+		crc = crc32cCombine(crc, crcs[i], hi-lo)
+	}
+	return crc
+}
+
+// crc32cCombine returns the CRC-32C of A followed by B from crcA, crcB and
+// len(B) (zlib's crc32_combine: multiply crcA by x^(8·lenB) modulo the
+// polynomial with GF(2) 32×32 matrices, squaring for each bit of lenB).
+func crc32cCombine(crcA, crcB uint32, lenB int) uint32 {
+	if lenB <= 0 {
+		return crcA
+	}
+	var even, odd [32]uint32
+	odd[0] = crc32.Castagnoli // the operator for one zero bit
+	row := uint32(1)
+	for n := 1; n < 32; n++ {
+		odd[n] = row
+		row <<= 1
+	}
+	gf2Square(&even, &odd) // two zero bits
+	gf2Square(&odd, &even) // four zero bits
+	for {
+		gf2Square(&even, &odd) // first pass: one zero byte
+		if lenB&1 != 0 {
+			crcA = gf2Times(&even, crcA)
+		}
+		lenB >>= 1
+		if lenB == 0 {
+			break
+		}
+		gf2Square(&odd, &even)
+		if lenB&1 != 0 {
+			crcA = gf2Times(&odd, crcA)
+		}
+		lenB >>= 1
+		if lenB == 0 {
+			break
+		}
+	}
+	return crcA ^ crcB
+}
+
+func gf2Times(mat *[32]uint32, vec uint32) uint32 {
+	var sum uint32
+	for i := 0; vec != 0; i, vec = i+1, vec>>1 {
+		if vec&1 != 0 {
+			sum ^= mat[i]
+		}
+	}
+	return sum
+}
+
+func gf2Square(square, mat *[32]uint32) {
+	for n := range 32 {
+		square[n] = gf2Times(mat, mat[n])
+	}
 }
 
 func roundPage(n int64) int64 { return (n + shmPage - 1) / shmPage * shmPage }

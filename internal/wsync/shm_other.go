@@ -22,11 +22,13 @@ type ShmConfig struct {
 	Replace  bool
 	Mode     os.FileMode
 	Now      func() time.Time
+	// CopyWorkers as on Linux.
+	CopyWorkers int
 }
 type ShmWriter struct{}
 type ShmReaderConfig struct {
 	Path       string
-	SkipVerify bool
+	Verify     bool
 	Tick       time.Duration
 	MaxRetries int
 }

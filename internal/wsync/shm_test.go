@@ -4,9 +4,12 @@ package wsync
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -146,10 +149,19 @@ func TestShmReaderSkipsSlotBeingWritten(t *testing.T) {
 	if s, _ := r.GetIfNewer(ctx, 1); s != nil {
 		t.Fatalf("returned v%d from a slot being written", s.Version)
 	}
-	// "Finished" with the scribble still there: the CRC catches it.
+	// "Finished" with the scribble still there: a verifying reader's CRC
+	// catches it; a default reader (seqlock only) does not check bytes.
 	seq.Add(1)
-	if _, err := r.GetIfNewer(ctx, 1); !errors.Is(err, errs.ErrInvalid) {
+	vr, err := OpenShm(ShmReaderConfig{Path: path, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vr.Close()
+	if _, err := vr.GetIfNewer(ctx, 1); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("corrupt slot = %v, want CRC ErrInvalid", err)
+	}
+	if s, err := r.GetIfNewer(ctx, 1); seqlockAlone && (err != nil || s == nil || s.Version != 2) {
+		t.Fatalf("default reader on the finished slot: %v, %v; want v2 unverified", s, err)
 	}
 }
 
@@ -206,10 +218,22 @@ const (
 // TestShmTornReads: one writer publishes tornVersions versions as fast as
 // it can into a double buffer while reader goroutines and separate reader
 // processes read every version they can and check each one word by word
-// (and, for half of them, by CRC-32C); no read may be torn.
+// (and, for half of them, by CRC-32C; the other half rely on the seqlock
+// alone); no read may be torn. It runs once with the writer copying on one
+// goroutine and once with each version split across 3 copying goroutines.
 func TestShmTornReads(t *testing.T) {
+	t.Run("serial-writer", func(t *testing.T) { testShmTornReads(t, 1) })
+	t.Run("parallel-writer", func(t *testing.T) {
+		old := minCopyPart
+		minCopyPart = 64 << 10 // split the 256 KiB versions too
+		defer func() { minCopyPart = old }()
+		testShmTornReads(t, 3)
+	})
+}
+
+func testShmTornReads(t *testing.T, copyWorkers int) {
 	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4*tornWords + 4096})
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4*tornWords + 4096, CopyWorkers: copyWorkers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +250,7 @@ func TestShmTornReads(t *testing.T) {
 	for i := range tornProcesses {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), childEnv+"=shm", "RLHUB_WSYNC_SHM="+path,
-			"RLHUB_WSYNC_FINAL="+strconv.Itoa(tornVersions), "RLHUB_WSYNC_SKIPVERIFY="+strconv.FormatBool(i%2 == 1))
+			"RLHUB_WSYNC_FINAL="+strconv.Itoa(tornVersions), "RLHUB_WSYNC_VERIFY="+strconv.FormatBool(i%2 == 0))
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -249,7 +273,7 @@ func TestShmTornReads(t *testing.T) {
 	results := make([]result, tornGoroutines)
 	var wg sync.WaitGroup
 	for g := range tornGoroutines {
-		r, err := OpenShm(ShmReaderConfig{Path: path, SkipVerify: g%2 == 1})
+		r, err := OpenShm(ShmReaderConfig{Path: path, Verify: g%2 == 0})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +295,7 @@ func TestShmTornReads(t *testing.T) {
 	}
 	wg.Wait()
 	for g, res := range results {
-		t.Logf("goroutine reader %d: %d versions read whole, %d torn copies retried, %d reads aborted", g, res.reads, res.retries, res.aborts)
+		t.Logf("goroutine reader %d (verify=%v): %d versions read whole, %d torn copies retried, %d reads aborted", g, g%2 == 0, res.reads, res.retries, res.aborts)
 		if res.err != nil {
 			t.Errorf("goroutine reader %d: %v", g, res.err)
 		}
@@ -329,7 +353,7 @@ func runChild() int {
 // exits 1 on a torn or failed read.
 func runShmReaderChild() int {
 	final, _ := strconv.ParseUint(os.Getenv("RLHUB_WSYNC_FINAL"), 10, 64)
-	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), SkipVerify: os.Getenv("RLHUB_WSYNC_SKIPVERIFY") == "true"})
+	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Verify: os.Getenv("RLHUB_WSYNC_VERIFY") == "true"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
@@ -343,6 +367,38 @@ func runShmReaderChild() int {
 		fmt.Fprintln(os.Stderr, "child: torn or failed read:", err)
 		return 1
 	}
-	fmt.Printf("%d versions read whole, %d torn copies retried, %d reads aborted, verify=%v\n", reads, r.Stats().Retries, aborts, os.Getenv("RLHUB_WSYNC_SKIPVERIFY") != "true")
+	fmt.Printf("%d versions read whole, %d torn copies retried, %d reads aborted, verify=%v\n", reads, r.Stats().Retries, aborts, r.cfg.Verify)
 	return 0
+}
+
+// TestCopyCRCParallel checks the split copy and the CRC combination against
+// a plain copy and crc32.Checksum on random sizes and splits.
+func TestCopyCRCParallel(t *testing.T) {
+	old := minCopyPart
+	minCopyPart = 1 << 10
+	defer func() { minCopyPart = old }()
+	rng := rand.New(rand.NewPCG(5, 5))
+	src := make([]byte, 3*copyChunk+12345)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	for _, n := range []int{0, 1, 7, 4096, copyChunk - 1, copyChunk, copyChunk + 1, 2*copyChunk + 5, len(src)} {
+		for _, workers := range []int{1, 2, 3, 4, 8, 9} {
+			dst := make([]byte, n)
+			got := copyCRCParallel(dst, src[:n], workers)
+			if want := crc32.Checksum(src[:n], castagnoli); got != want {
+				t.Errorf("%d bytes, %d workers: CRC %08x, want %08x", n, workers, got, want)
+			}
+			if !bytes.Equal(dst, src[:n]) {
+				t.Errorf("%d bytes, %d workers: copy differs", n, workers)
+			}
+		}
+	}
+	for range 200 {
+		a, b := rng.IntN(5000), rng.IntN(70000)
+		ca, cb := crc32.Checksum(src[:a], castagnoli), crc32.Checksum(src[a:a+b], castagnoli)
+		if got, want := crc32cCombine(ca, cb, b), crc32.Checksum(src[:a+b], castagnoli); got != want {
+			t.Fatalf("combine(%d, %d bytes) = %08x, want %08x", a, b, got, want)
+		}
+	}
 }
