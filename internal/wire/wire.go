@@ -99,6 +99,16 @@ type Assembler struct {
 // with errs.ErrFull when total exceeds the limit and errs.ErrInvalid when it
 // cannot even hold a header, before allocating anything.
 func NewAssembler(total uint64, lim Limits) (*Assembler, error) {
+	a, err := newAssembler(total, lim)
+	if err != nil {
+		return nil, err
+	}
+	a.buf = tensor.AlignedBytes(int(total))
+	return a, nil
+}
+
+// newAssembler checks total against the limits; the caller sets buf.
+func newAssembler(total uint64, lim Limits) (*Assembler, error) {
 	lim = lim.withDefaults()
 	if total > uint64(lim.MaxBytes) {
 		return nil, fmt.Errorf("%w: blob of %d bytes exceeds the limit of %d", errs.ErrFull, total, lim.MaxBytes)
@@ -106,7 +116,24 @@ func NewAssembler(total uint64, lim Limits) (*Assembler, error) {
 	if total < 10 {
 		return nil, fmt.Errorf("%w: blob of %d bytes is too small to be safetensors", errs.ErrInvalid, total)
 	}
-	return &Assembler{lim: lim, buf: tensor.AlignedBytes(int(total))}, nil
+	return &Assembler{lim: lim}, nil
+}
+
+// NewAssemblerInto is NewAssembler receiving into buf[:total] instead of
+// fresh memory when cap(buf) ≥ total (else it allocates, as NewAssembler
+// does). The caller must not use buf until Finish hands it back, and buf's
+// old contents are overwritten; the limits are checked first either way.
+func NewAssemblerInto(buf []byte, total uint64, lim Limits) (*Assembler, error) {
+	a, err := newAssembler(total, lim)
+	if err != nil {
+		return nil, err
+	}
+	if uint64(cap(buf)) >= total {
+		a.buf = buf[:total]
+	} else {
+		a.buf = tensor.AlignedBytes(int(total))
+	}
+	return a, nil
 }
 
 // Write appends a chunk. It fails when the chunks overrun the announced size
