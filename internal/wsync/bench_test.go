@@ -37,10 +37,12 @@ import (
 // Transports: inproc (Board.Publish → receivers adopt the pointer); shm and
 // shm-nocrc (ShmWriter.Write: CRC-32C by the writer, copying with up to
 // min(GOMAXPROCS, 4) goroutines; readers in goroutines copy out, verifying
-// the CRC (shm) or relying on the seqlock, the default (shm-nocrc)); push (store.Push on a real hub →
-// WeightSync Attach streams, one connection per collector); storewatch
-// (store.Push → StoreSource over storeclient, the store service's watch);
-// relay-shm (store.Push → one relay over gRPC → its segment → readers).
+// the CRC (shm) or relying on the seqlock, the default (shm-nocrc)); push
+// (store.Push on a real hub → WeightSync Attach streams, one connection per
+// collector, clients reusing receive buffers as PushDialer's do);
+// storewatch (store.Push → StoreSource over storeclient, the store
+// service's watch); relay-shm (store.Push → one relay over gRPC → its
+// segment → readers).
 //
 //	GOEXPERIMENT=simd go test -run '^$' -bench Deliver -benchtime 20x ./internal/wsync/
 func BenchmarkDeliver(b *testing.B) {
@@ -284,7 +286,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 	case "push":
 		h := startHub()
 		for i := range n {
-			cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dialT(h.Addr().String()), CollectorID: fmt.Sprint("c", i), Model: "m"})
+			cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dialT(h.Addr().String()), CollectorID: fmt.Sprint("c", i), Model: "m", ReuseBuffers: true})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc"
 
@@ -35,6 +36,15 @@ type ClientConfig struct {
 	ChunkBytes uint32
 	// Limits bound what is accepted from the server.
 	Limits wire.Limits
+	// ReuseBuffers receives each version into the memory of a version the
+	// consumer has moved past instead of allocating (and faulting in) a
+	// new buffer per version: a few buffers serve every delivery. A
+	// snapshot then stays valid only until the consumer has taken two newer
+	// versions from this client (as with ShmReader), and the client serves
+	// one consumer. false: every version gets fresh memory and its snapshot
+	// stays valid forever, which a relay (it republishes snapshots by
+	// pointer) needs.
+	ReuseBuffers bool
 	// Now stamps received versions' Created; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means slog.Default().
@@ -59,7 +69,8 @@ func (c *ClientConfig) validate() error {
 
 // Client is the collector's end of the push fan-out: one Attach stream
 // whose versions land in a local Board. It is a Source (safe for
-// concurrent use); its snapshots are the client's own and stay valid.
+// concurrent use); its snapshots are the client's own and stay valid
+// (with ClientConfig.ReuseBuffers: until two newer ones have been taken).
 //
 // It does not reconnect: when the stream ends, its Source methods fail
 // with errs.ErrUnavailable once the newest received version has been
@@ -75,7 +86,18 @@ type Client struct {
 
 	errMu sync.Mutex
 	err   error // why the stream ended; guarded by errMu
+
+	// With ReuseBuffers: the receive goroutine picks the buffer for a
+	// version, and consumers take snapshots, under bufMu, so a buffer is
+	// never picked while a consumer may still use it.
+	bufMu sync.Mutex
+	taken [2]*byte // blobs of the last two snapshots taken, newest last
+	pool  [][]byte // buffers versions were received into, at most maxPooled
 }
+
+// maxPooled bounds a reusing client's buffers: two taken, the newest on the
+// board (not yet taken), and the one being received into.
+const maxPooled = 4
 
 var _ Source = (*Client)(nil)
 
@@ -138,7 +160,7 @@ func (c *Client) receiveLoop() error {
 		if info.Model != c.cfg.Model {
 			return fmt.Errorf("%w: wsync: server sent model %q on the stream of %q", errs.ErrInvalid, info.Model, c.cfg.Model)
 		}
-		asm, err := wire.NewAssembler(info.TotalBytes, c.cfg.Limits)
+		asm, err := wire.NewAssemblerInto(c.freeBuffer(info.TotalBytes), info.TotalBytes, c.cfg.Limits)
 		if err != nil {
 			return err
 		}
@@ -157,6 +179,7 @@ func (c *Client) receiveLoop() error {
 		if err != nil {
 			return err
 		}
+		c.keep(blob)
 		snap := &store.Snapshot{Name: info.Model, Version: info.Version, Epoch: info.Epoch, Blob: blob,
 			Tensors: f.Tensors, Metadata: f.Metadata, Created: c.cfg.Now()}
 		if err := c.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
@@ -177,9 +200,69 @@ func (c *Client) ended(err error) error {
 	return err
 }
 
+// freeBuffer returns a buffer of at least total bytes that no snapshot the
+// consumer may use lives in, or nil (allocate) when reuse is off or none
+// is free.
+func (c *Client) freeBuffer(total uint64) []byte {
+	if !c.cfg.ReuseBuffers {
+		return nil
+	}
+	c.bufMu.Lock()
+	defer c.bufMu.Unlock()
+	var newest *byte
+	if s := c.board.Newest(); s != nil {
+		newest = unsafe.SliceData(s.Blob)
+	}
+	for i, b := range c.pool {
+		p := unsafe.SliceData(b)
+		if p == newest || p == c.taken[0] || p == c.taken[1] {
+			continue
+		}
+		if uint64(cap(b)) >= total {
+			return b
+		}
+		// Free but too small (the model grew): forget it.
+		c.pool = append(c.pool[:i], c.pool[i+1:]...)
+		return nil
+	}
+	return nil
+}
+
+// keep adds a freshly allocated receive buffer to the pool.
+func (c *Client) keep(blob []byte) {
+	if !c.cfg.ReuseBuffers {
+		return
+	}
+	c.bufMu.Lock()
+	defer c.bufMu.Unlock()
+	p := unsafe.SliceData(blob)
+	for _, b := range c.pool {
+		if unsafe.SliceData(b) == p {
+			return
+		}
+	}
+	if len(c.pool) < maxPooled {
+		c.pool = append(c.pool, blob[:cap(blob)])
+	}
+}
+
+// took records that the consumer has taken s; called with bufMu held.
+func (c *Client) took(s *store.Snapshot) {
+	if p := unsafe.SliceData(s.Blob); p != c.taken[1] {
+		c.taken[0], c.taken[1] = c.taken[1], p
+	}
+}
+
 // GetIfNewer implements Source.
 func (c *Client) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	if c.cfg.ReuseBuffers {
+		c.bufMu.Lock()
+		defer c.bufMu.Unlock()
+	}
 	s, err := c.board.GetIfNewer(ctx, than)
+	if s != nil && c.cfg.ReuseBuffers {
+		c.took(s)
+	}
 	return s, c.ended(err)
 }
 
@@ -188,6 +271,15 @@ func (c *Client) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, 
 	s, err := c.board.WaitNewer(ctx, after)
 	if err != nil && ctx.Err() == nil {
 		err = c.ended(err)
+	}
+	if s != nil && c.cfg.ReuseBuffers {
+		// s's buffer may have been picked for a later version since the
+		// wait returned (s was no longer the newest); take the newest under
+		// bufMu instead, which cannot be.
+		c.bufMu.Lock()
+		s = c.board.Newest()
+		c.took(s)
+		c.bufMu.Unlock()
 	}
 	return s, err
 }

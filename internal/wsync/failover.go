@@ -61,7 +61,9 @@ func (c *FailoverConfig) validate() error {
 // source it keeps it: a relay that comes back is used after the current
 // source fails.
 //
-// It is meant for one Receiver: calls are serialized.
+// It is meant for one Receiver: calls are serialized. Its snapshots stay
+// valid as long as its current source's do; for ShmDialer and PushDialer
+// sources, until two newer versions have been taken.
 type Failover struct {
 	cfg FailoverConfig
 

@@ -306,9 +306,11 @@ func ShmDialer(name, path string) Dialer {
 }
 
 // PushDialer is a Dialer that attaches to a hub's or relay's push stream.
+// Its client reuses receive buffers (ClientConfig.ReuseBuffers): a
+// Failover's snapshots already live only as long as a ShmReader's.
 func PushDialer(name string, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
 	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
-		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have})
+		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have, ReuseBuffers: true})
 		if err != nil {
 			return nil, nil, err
 		}
