@@ -2,16 +2,20 @@ package cli
 
 import (
 	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/store"
 )
 
 func newServeCmd(g *globals) *cobra.Command {
 	var cfg hub.Config
-	var role string
+	var role, namePattern string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the hub: every rlhub service behind one gRPC server",
@@ -22,6 +26,13 @@ func newServeCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Logger = g.logger
+			if namePattern != store.DefaultNamePattern.String() {
+				re, err := regexp.Compile(namePattern)
+				if err != nil {
+					return fmt.Errorf("--name-pattern: %w", err)
+				}
+				cfg.Store.NamePattern = re
+			}
 			switch role {
 			case "all":
 				if cfg.Reducer.Primary != "" {
@@ -51,5 +62,49 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.Reducer.BatchSize, "reduce-batch-size", 4, "gradients per batch a secondary forwards")
 	f.DurationVar(&cfg.Reducer.MaxWait, "max-wait", 5*time.Millisecond, "longest a batch waits to fill before it is forwarded")
 	f.IntVar(&cfg.Reducer.MaxQueue, "max-queue-size", 0, "gradients a secondary holds before refusing pushes (0: 4 × batch size)")
+	// Model store limits: each flag is the store.Config field of the same
+	// name, with the store's default (docs/store.md, Limits).
+	cfg.Store.MaxModelBytes, cfg.Store.MaxHeaderBytes = 1<<30, 16<<20
+	f.IntVar(&cfg.Store.Retain, "store-retain", 3, "newest versions of each model the store keeps (in memory and under --data); older ones are dropped")
+	f.Var((*byteSize)(&cfg.Store.MaxModelBytes), "max-model-bytes", "largest model blob a push may carry (bytes, or with a KiB/MiB/GiB suffix); a larger push fails with ResourceExhausted")
+	f.Var((*byteSize)(&cfg.Store.MaxHeaderBytes), "max-header-bytes", "largest safetensors JSON header a pushed blob may have (bytes, or KiB/MiB/GiB)")
+	f.IntVar(&cfg.Store.MaxNameBytes, "max-name-bytes", 128, "longest model name, in bytes")
+	f.StringVar(&namePattern, "name-pattern", store.DefaultNamePattern.String(), "regular expression every model name must match")
 	return cmd
 }
+
+// byteSize is a flag value holding a byte count, written as an integer
+// with an optional binary suffix: 1073741824, 1GiB, 512MiB, 64KiB.
+type byteSize int64
+
+var sizeUnits = []struct {
+	suffix string
+	shift  uint
+}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+
+func (b *byteSize) String() string {
+	for _, u := range sizeUnits[:3] {
+		if n := int64(*b); n != 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(*b), 10)
+}
+
+func (b *byteSize) Set(s string) error {
+	num, shift := s, uint(0)
+	for _, u := range sizeUnits {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, shift = rest, u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)>>shift {
+		return fmt.Errorf("%q is not a byte size (an integer with an optional KiB, MiB or GiB suffix)", s)
+	}
+	*b = byteSize(n << shift)
+	return nil
+}
+
+func (*byteSize) Type() string { return "size" }
