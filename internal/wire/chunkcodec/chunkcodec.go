@@ -167,7 +167,8 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 // Chunk holds a received chunk's bytes in gRPC's buffers, without a copy.
 // The zero value holds nothing.
 type Chunk struct {
-	r *mem.Reader // holds references to the received buffers
+	r     *mem.Reader // holds references to the received buffers
+	views [][]byte    // WriteChunk's scratch, kept so a reused Msg does not allocate it per chunk
 }
 
 // Held reports whether a chunk (possibly empty) is held.
@@ -189,10 +190,12 @@ func (c *Chunk) WriteChunk(write func([]byte) error) error {
 		return nil
 	}
 	defer c.Release()
-	views, err := c.r.Peek(c.r.Remaining(), nil)
+	views, err := c.r.Peek(c.r.Remaining(), c.views[:0])
 	if err != nil {
 		return err
 	}
+	c.views = views
+	defer clear(views) // drop the views of buffers Release frees
 	for _, v := range views {
 		if err := write(v); err != nil {
 			return err
