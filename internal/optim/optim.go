@@ -305,10 +305,21 @@ func (o *Optimizer) sgd(i int, dst, p, g []float32, lr float64) {
 	if mom == 0 && wd == 0 {
 		// dst = p − lr·g with the SIMD axpy (it may fuse the multiply-add,
 		// as PyTorch's vectorized add_ may).
-		if len(p) > 0 && &dst[0] != &p[0] {
-			copy(dst, p)
+		if len(p) == 0 || &dst[0] == &p[0] {
+			kernels.AddScaled(dst, nlr, g)
+			return
 		}
-		kernels.AddScaled(dst, nlr, g)
+		// Into another buffer: copy and add block by block, so that the
+		// add finds the block it updates still in L1 (one pass over
+		// memory instead of two). The block is a multiple of the
+		// kernel's 32-element stride: every element is computed exactly
+		// as one AddScaled over the whole tensor would.
+		const block = 4096
+		for j := 0; j < len(p); j += block {
+			k := min(j+block, len(p))
+			copy(dst[j:k], p[j:k])
+			kernels.AddScaled(dst[j:k], nlr, g[j:k])
+		}
 		return
 	}
 	if mom == 0 {

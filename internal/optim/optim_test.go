@@ -301,7 +301,7 @@ func ExampleOptimizer_Step() {
 // TestStepToMatchesStep: writing the update elsewhere gives the same bits
 // as the in-place step and leaves the source untouched.
 func TestStepToMatchesStep(t *testing.T) {
-	for _, cfg := range []Config{{Kind: SGD, LR: 0.1, Momentum: 0.9, WeightDecay: 0.1}, {Kind: AdamW, LR: 0.01},
+	for _, cfg := range []Config{{Kind: SGD, LR: 0.1}, {Kind: SGD, LR: 0.1, Momentum: 0.9, WeightDecay: 0.1}, {Kind: AdamW, LR: 0.01},
 		{Kind: Adam, LR: 0.01, WeightDecay: 0.1}, {Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, WeightDecay: 0.1}} {
 		r := rand.New(rand.NewPCG(9, 9))
 		p := randSD(r, 1)
@@ -336,5 +336,36 @@ func TestStepToMatchesStep(t *testing.T) {
 				t.Fatalf("%s %s: StepTo %v, Step %v", cfg.Kind, n, y, x)
 			}
 		}
+	}
+}
+
+// TestPlainSGDStepToBlocks: plain SGD into another buffer (copied and
+// updated block by block) gives the same bits as the in-place step, for a
+// tensor spanning several blocks with a ragged tail.
+func TestPlainSGDStepToBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	mk := func() *tensor.StateDict {
+		tn := tensor.NewF32("w", 3*4096+37)
+		f, _ := tn.Float32s()
+		for i := range f {
+			f[i] = float32(r.NormFloat64())
+		}
+		sd, _ := tensor.NewStateDict(tn)
+		return sd
+	}
+	p, g := mk(), mk()
+	inPlace, dst := p.Clone(), mk()
+	o1, _ := New(Config{Kind: SGD, LR: 0.3}, p)
+	o2, _ := New(Config{Kind: SGD, LR: 0.3}, p)
+	if err := o1.Step(inPlace, g); err != nil {
+		t.Fatal(err)
+	}
+	if err := o2.StepTo(dst, p, g); err != nil {
+		t.Fatal(err)
+	}
+	x, _ := inPlace.Get("w").Float32s()
+	y, _ := dst.Get("w").Float32s()
+	if !slices.Equal(x, y) {
+		t.Fatal("StepTo into another buffer differs from the in-place step")
 	}
 }

@@ -6,7 +6,9 @@
 // Reduction order (the contract the correctness tests rely on):
 //  1. A secondary's batch sum starts at zero and adds each admitted
 //     gradient, multiplied by its staleness weight, element by element in
-//     the order the pushes completed (Batch.Add order). With weight 1 the
+//     the order the pushes completed (Batch.Add order; Batch.Adopt takes
+//     the first gradient itself as the sum, scaled by its weight: the same
+//     values as adding it to zero, up to the sign of zero). With weight 1 the
 //     add is exact IEEE float32 addition, so the sum equals a plain loop in
 //     the same order bit for bit.
 //  2. The primary applies one forwarded batch per optimizer step, in the
@@ -40,14 +42,11 @@ func (id ID) String() string { return fmt.Sprintf("(client %q, seq %d)", id.Clie
 // error wraps errs.ErrInvalid and names the first problem; nonFinite is true
 // when the problem is a NaN/Inf value (counted apart from layout errors).
 func CheckGradient(layout, g *tensor.StateDict) (nonFinite bool, err error) {
-	if err := g.CheckLayout(layout); err != nil {
-		return false, fmt.Errorf("%w: gradient does not match the model: %v", errs.ErrInvalid, err)
+	if err := CheckLayout(layout, g); err != nil {
+		return false, err
 	}
 	for _, t := range g.Tensors() {
-		f, err := t.Float32s()
-		if err != nil {
-			return false, fmt.Errorf("%w: gradient tensor %q: %v", errs.ErrInvalid, t.Name, err)
-		}
+		f, _ := t.Float32s() // CheckLayout viewed each
 		if i := kernels.FirstNonFinite(f); i >= 0 {
 			return true, fmt.Errorf("%w: gradient tensor %q holds %v at element %d", errs.ErrInvalid, t.Name, f[i], i)
 		}
@@ -55,39 +54,77 @@ func CheckGradient(layout, g *tensor.StateDict) (nonFinite bool, err error) {
 	return false, nil
 }
 
+// CheckLayout is CheckGradient without the NaN/Inf scan, for callers that
+// scanned the values already (or will, as the primary does with the norm):
+// exactly the model's names, dtypes and shapes, every tensor F32 and
+// viewable as []float32.
+func CheckLayout(layout, g *tensor.StateDict) error {
+	if err := g.CheckLayout(layout); err != nil {
+		return fmt.Errorf("%w: gradient does not match the model: %v", errs.ErrInvalid, err)
+	}
+	for _, t := range g.Tensors() {
+		if _, err := t.Float32s(); err != nil {
+			return fmt.Errorf("%w: gradient tensor %q: %v", errs.ErrInvalid, t.Name, err)
+		}
+	}
+	return nil
+}
+
 // Batch accumulates gradients into one running sum. It holds the sum only,
-// never a copy of each gradient. Not safe for concurrent use.
+// never a copy of each gradient. The sum is either the batch's own buffer
+// or, after Adopt, the first gradient itself. Not safe for concurrent use.
 type Batch struct {
 	layout  *tensor.StateDict
-	sum     *tensor.StateDict // F32, aligned, same layout as the model
+	own     *tensor.StateDict // the batch's own sum buffer; nil until first needed
+	sum     *tensor.StateDict // own, or the adopted gradient
 	views   [][]float32       // sum's data, layout order
+	adopted bool              // sum is a gradient handed over by Adopt
 	members []ID
 	weights []float32
 	first   time.Time // when the first member was added
-	// dirty: the sum holds stale values from before Reset. The first Add
+	// dirty: own holds stale values from before Reset. The first Add
 	// overwrites instead of adding (saving a pass that zeroes it).
 	dirty bool
 }
 
-// NewBatch returns an empty batch for a model layout (F32 tensors only).
+// NewBatch returns an empty batch for a model layout (F32 tensors only). It
+// allocates its own sum buffer on the first Add of an empty batch, never
+// when every batch starts with Adopt.
 func NewBatch(layout *tensor.StateDict) *Batch {
-	b := &Batch{layout: layout, sum: &tensor.StateDict{}}
-	for _, t := range layout.Tensors() {
-		z := tensor.NewF32(t.Name, t.Shape...)
-		f, _ := z.Float32s()
-		if err := b.sum.Add(z); err != nil {
-			panic(err) // layout is a valid state dict
+	return &Batch{layout: layout}
+}
+
+// setSum makes sd the running sum and caches its views in layout order.
+func (b *Batch) setSum(sd *tensor.StateDict) {
+	b.sum = sd
+	b.views = b.views[:0]
+	for _, lt := range b.layout.Tensors() {
+		f, err := sd.Get(lt.Name).Float32s()
+		if err != nil {
+			panic(fmt.Sprintf("reduce: unchecked gradient: %v", err))
 		}
 		b.views = append(b.views, f)
 	}
-	return b
 }
 
 // Add adds weight×g to the sum and records id. g must have passed
 // CheckGradient against the batch's layout (a mismatch here is a bug and
 // panics). now is when it was added (the max-wait clock starts at the first).
 func (b *Batch) Add(id ID, g *tensor.StateDict, weight float32, now time.Time) {
-	overwrite := b.dirty && len(b.members) == 0
+	overwrite := false
+	if len(b.members) == 0 {
+		if b.own == nil {
+			b.own = &tensor.StateDict{}
+			for _, t := range b.layout.Tensors() {
+				if err := b.own.Add(tensor.NewF32(t.Name, t.Shape...)); err != nil {
+					panic(err) // layout is a valid state dict
+				}
+			}
+			b.dirty = false
+		}
+		b.setSum(b.own)
+		overwrite = b.dirty
+	}
 	for i, lt := range b.layout.Tensors() {
 		x, err := g.Get(lt.Name).Float32s()
 		if err != nil {
@@ -105,7 +142,33 @@ func (b *Batch) Add(id ID, g *tensor.StateDict, weight float32, now time.Time) {
 			kernels.AddScaled(b.views[i], weight, x)
 		}
 	}
-	b.dirty = false
+	if b.sum == b.own {
+		b.dirty = false
+	}
+	b.record(id, weight, now)
+}
+
+// Adopt starts an empty batch with g itself as the running sum, scaled in
+// place by weight: the same values as Add into a zeroed sum (up to the sign
+// of zero), without a pass that copies g. The batch owns g from now on:
+// later Adds write into it, Sum returns it, and the caller must not use g
+// until Reset reports it was released. g must have passed CheckGradient
+// against the batch's layout. It panics if the batch is not empty.
+func (b *Batch) Adopt(id ID, g *tensor.StateDict, weight float32, now time.Time) {
+	if len(b.members) != 0 {
+		panic("reduce: Adopt into a non-empty batch")
+	}
+	b.setSum(g)
+	b.adopted = true
+	if weight != 1 {
+		for _, v := range b.views {
+			kernels.Scale(v, weight)
+		}
+	}
+	b.record(id, weight, now)
+}
+
+func (b *Batch) record(id ID, weight float32, now time.Time) {
 	if len(b.members) == 0 {
 		b.first = now
 	}
@@ -122,18 +185,24 @@ func (b *Batch) Members() []ID { return b.members }
 // Weights returns the staleness weights in Add order (the batch's own).
 func (b *Batch) Weights() []float32 { return b.weights }
 
-// Sum returns the running sum. The state dict is the batch's own: it is
-// valid until Reset.
+// Sum returns the running sum (nil while empty). The state dict is the
+// batch's own or the adopted gradient: it is valid until Reset.
 func (b *Batch) Sum() *tensor.StateDict { return b.sum }
 
 // First is when the first member was added (zero when empty).
 func (b *Batch) First() time.Time { return b.first }
 
-// Reset empties the batch. The sum is not zeroed now: the next Add
+// Reset empties the batch and reports whether it held an adopted gradient,
+// which the caller owns again. Its own sum is not zeroed now: the next Add
 // overwrites it. Until then Sum must not be read.
-func (b *Batch) Reset() {
-	b.dirty = true
+func (b *Batch) Reset() (releasedAdopted bool) {
+	released := b.adopted
+	if b.sum == b.own && b.own != nil {
+		b.dirty = true
+	}
+	b.sum, b.views, b.adopted = nil, b.views[:0], false
 	b.members, b.weights, b.first = b.members[:0], b.weights[:0], time.Time{}
+	return released
 }
 
 // Flush policy: a batch is due when it holds size gradients or maxWait has
@@ -201,13 +270,20 @@ func GlobalNorm(g *tensor.StateDict) float64 {
 // computes it up to its 1e-6 epsilon.
 func Clip(g *tensor.StateDict, max float64) (norm float64, clipped bool) {
 	norm = GlobalNorm(g)
+	return norm, ClipNorm(g, max, norm)
+}
+
+// ClipNorm is Clip for a caller that has computed norm = GlobalNorm(g)
+// already (the primary computes it once, as its NaN/Inf check of the
+// reduced gradient). It reports whether it scaled.
+func ClipNorm(g *tensor.StateDict, max, norm float64) bool {
 	if max <= 0 || norm <= max {
-		return norm, false
+		return false
 	}
 	s := float32(max / norm)
 	for _, t := range g.Tensors() {
 		f, _ := t.Float32s()
 		kernels.Scale(f, s)
 	}
-	return norm, true
+	return true
 }

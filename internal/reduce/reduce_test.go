@@ -89,6 +89,60 @@ func TestBatchSumMatchesPlainLoop(t *testing.T) {
 	}
 }
 
+// TestBatchAdopt: a batch started with Adopt holds the same sum, bit for
+// bit, as one started with Add into zeros, writes into the adopted
+// gradient, and hands it back on Reset; the batch then works from its own
+// buffer again.
+func TestBatchAdopt(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	t0 := time.Unix(100, 0)
+	for _, w0 := range []float32{1, 0.5} {
+		g0, g1, g2 := randGrad(r), randGrad(r), randGrad(r)
+		ref := NewBatch(layout())
+		ref.Add(ID{"c", 0}, g0, w0, t0)
+		ref.Add(ID{"c", 1}, g1, 1, t0)
+		ref.Add(ID{"c", 2}, g2, 0.25, t0)
+
+		adopted := g0.Clone()
+		b := NewBatch(layout())
+		b.Adopt(ID{"c", 0}, adopted, w0, t0)
+		b.Add(ID{"c", 1}, g1, 1, t0.Add(time.Second))
+		b.Add(ID{"c", 2}, g2, 0.25, t0.Add(2*time.Second))
+		if b.Sum() != adopted || b.Len() != 3 || !b.First().Equal(t0) {
+			t.Fatalf("adopted batch: sum is the gradient %v, len %d, first %v", b.Sum() == adopted, b.Len(), b.First())
+		}
+		for _, name := range []string{"w", "b"} {
+			got, _ := b.Sum().Get(name).Float32s()
+			want, _ := ref.Sum().Get(name).Float32s()
+			for j := range got {
+				if got[j] != want[j] {
+					t.Fatalf("weight %v: %s[%d] = %v, Add from zero gives %v", w0, name, j, got[j], want[j])
+				}
+			}
+		}
+		if !b.Reset() {
+			t.Fatal("Reset did not hand the adopted gradient back")
+		}
+		b.Add(ID{"c", 3}, g1, 1, t0)
+		if b.Sum() == adopted {
+			t.Fatal("Add after Reset wrote into the released gradient")
+		}
+		got, _ := b.Sum().Get("w").Float32s()
+		x1, _ := g1.Get("w").Float32s()
+		if !slices.Equal(got, x1) || b.Reset() {
+			t.Fatal("own-buffer batch after an adopted one")
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Adopt into a non-empty batch did not panic")
+		}
+	}()
+	b := NewBatch(layout())
+	b.Add(ID{"c", 0}, randGrad(r), 1, t0)
+	b.Adopt(ID{"c", 1}, randGrad(r), 1, t0)
+}
+
 func TestFlushDue(t *testing.T) {
 	f := Flush{Size: 3, MaxWait: 10 * time.Millisecond}
 	b := NewBatch(layout())

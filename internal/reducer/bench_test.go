@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,8 +49,14 @@ func benchModel(n int) *tensor.StateDict {
 // and its 2 cores. One op = one gradient pushed. Reported:
 // grads_applied/s, MB/s of gradient bytes pushed, push→new-version-visible
 // p50/p99 (from the client's call to the store publish that contains the
-// gradient), and a plain TCP copy of the same bytes over 2 loopback
-// connections in the same run (tcp_MB/s, ratio).
+// gradient), for two client loops: loop=push pushes back to back (the
+// pipeline saturated: p50 is mostly queueing, about 2 clients ÷ rate), and
+// loop=pushpull pushes the next gradient only once the version holding the
+// previous one is visible (the push-pull loop of a learner; wakes on the
+// publish hook, i.e. when the store's WaitNewer/Watch would return it), the process's CPU time per gradient (cpu_ms/grad: clients and
+// hubs together, the figure to compare when the machine is loaded), and a
+// plain TCP copy of the same bytes over 2 loopback connections in the same
+// run (tcp_MB/s, ratio).
 func BenchmarkPushPull(b *testing.B) {
 	for _, n := range []int{1 << 20, 25 << 20} {
 		for _, batch := range []int{1, 2} {
@@ -58,15 +65,22 @@ func BenchmarkPushPull(b *testing.B) {
 				if remote {
 					topo = "secondary=own-hub"
 				}
-				b.Run(fmt.Sprintf("params=%dM/batch=%d/%s", n>>20, batch, topo), func(b *testing.B) { benchPushPull(b, n, batch, remote) })
+				for _, wait := range []bool{false, true} {
+					loop := "loop=push"
+					if wait {
+						loop = "loop=pushpull"
+					}
+					b.Run(fmt.Sprintf("params=%dM/batch=%d/%s/%s", n>>20, batch, topo, loop), func(b *testing.B) { benchPushPull(b, n, batch, remote, wait) })
+				}
 			}
 		}
 	}
 }
 
-func benchPushPull(b *testing.B, n, batch int, remote bool) {
+func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	var mu sync.Mutex
 	published := map[reduce.ID]time.Time{}
+	visible := sync.NewCond(&mu) // broadcast when published changes
 	secondaries := 1
 	if remote {
 		secondaries = -1
@@ -79,6 +93,7 @@ func benchPushPull(b *testing.B, n, batch int, remote bool) {
 			for _, id := range members {
 				published[id] = now
 			}
+			visible.Broadcast()
 			mu.Unlock()
 		}}})
 	if err != nil {
@@ -137,6 +152,7 @@ func benchPushPull(b *testing.B, n, batch int, remote bool) {
 	starts := make([]map[reduce.ID]time.Time, clients)
 	b.SetBytes(gradBytes)
 	b.ResetTimer()
+	cpu0 := processCPU()
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for i := range clients {
@@ -148,20 +164,29 @@ func benchPushPull(b *testing.B, n, batch int, remote bool) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range k {
+			for j := range k {
 				st := time.Now()
-				rc, err := cls[i].PushGrad(ctx, "bench", 0, grad)
-				if err != nil {
+				seq := uint64(1000 + j) // above the warm-up push's seq
+				id := reduce.ID{Client: cls[i].ID(), Seq: seq}
+				if _, err := cls[i].PushSeq(ctx, "bench", 0, seq, grad); err != nil {
 					b.Error(err)
 					return
 				}
-				starts[i][reduce.ID{Client: cls[i].ID(), Seq: rc.Seq}] = st
+				starts[i][id] = st
+				if wait { // the push-pull loop: next push once this one is visible
+					mu.Lock()
+					for published[id].IsZero() {
+						visible.Wait()
+					}
+					mu.Unlock()
+				}
 			}
 		}()
 	}
 	wg.Wait()
 	waitApplied(b, &mu, published, clients+b.N)
 	elapsed := time.Since(t0)
+	cpu := processCPU() - cpu0
 	b.StopTimer()
 
 	var lat []time.Duration
@@ -183,8 +208,21 @@ func benchPushPull(b *testing.B, n, batch int, remote bool) {
 	b.ReportMetric(mbps, "MB/s")
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99_ms")
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu_ms/grad")
 	b.ReportMetric(tcp, "tcp_MB/s")
 	b.ReportMetric(mbps/tcp, "ratio_vs_tcp")
+}
+
+// processCPU is the CPU time (user + system) of every thread of this
+// process so far: clients, hubs and the runtime, all of it the push path's
+// work in these benchmarks. Per gradient it stays comparable when other
+// processes load the machine, unlike the wall clock.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func waitApplied(b *testing.B, mu *sync.Mutex, published map[reduce.ID]time.Time, n int) {

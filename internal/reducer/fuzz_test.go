@@ -3,6 +3,7 @@ package reducer
 import (
 	"errors"
 	"io"
+	"math"
 	"testing"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -13,12 +14,18 @@ import (
 // FuzzReceiveGradient feeds arbitrary bytes, in arbitrary chunks and with
 // an arbitrary announced size, through the secondary's receive and check
 // path: it must never panic, and must fail with an errs sentinel unless the
-// bytes are a gradient of the model's exact layout.
+// bytes are a gradient of the model's exact layout; a gradient the receive
+// scan calls clean has no NaN/Inf.
 func FuzzReceiveGradient(f *testing.F) {
 	good, _ := safetensors.Encode(testLayout(2), nil)
 	f.Add(good, uint64(len(good)), uint8(7))
 	f.Add(good[:len(good)-1], uint64(len(good)), uint8(3))
 	f.Add([]byte("\xff\xff\xff\xff\xff\xff\xff\x7f{}"), uint64(10), uint8(1))
+	nan := testLayout(2)
+	w, _ := nan.Get("fc.weight").Float32s()
+	w[5] = float32(math.NaN())
+	bad, _ := safetensors.Encode(nan, nil)
+	f.Add(bad, uint64(len(bad)), uint8(5))
 	layout := testLayout(2)
 	f.Fuzz(func(t *testing.T, data []byte, total uint64, step uint8) {
 		if total > 1<<20 {
@@ -35,7 +42,7 @@ func FuzzReceiveGradient(f *testing.F) {
 			rest = rest[n:]
 			return write(b)
 		}
-		g, buf, err := receiveGradient(total, 1<<20, recv)
+		g, buf, clean, err := receiveGradient(total, 1<<20, true, recv)
 		if err != nil {
 			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrFull) {
 				t.Fatalf("error %v wraps no sentinel", err)
@@ -43,8 +50,12 @@ func FuzzReceiveGradient(f *testing.F) {
 			return
 		}
 		defer putBuf(buf)
-		if _, err := reduce.CheckGradient(layout, g); err != nil && !errors.Is(err, errs.ErrInvalid) {
+		nonFinite, err := reduce.CheckGradient(layout, g)
+		if err != nil && !errors.Is(err, errs.ErrInvalid) {
 			t.Fatalf("check error %v wraps no sentinel", err)
+		}
+		if clean && nonFinite {
+			t.Fatalf("receive scan called a gradient with NaN/Inf clean: %v", err)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -387,12 +388,19 @@ type Batch struct {
 	Sum *tensor.StateDict
 	// FirstAdmitted is when its first member was admitted (latency).
 	FirstAdmitted time.Time
+	// SumFinite: the sender knows every element of Sum is finite (an
+	// in-process secondary forwarding one gradient it checked: its
+	// weight is at most 1). The primary then skips its own NaN/Inf pass
+	// unless it clips (the clipping norm is that check anyway). Never set
+	// from the network.
+	SumFinite bool
 }
 
 // Forward applies a batch as one optimizer step and publishes version+1.
-// Before anything changes it checks that the session is live, every member
-// is pending under it, the sum matches the model and is finite; on failure
-// it returns an error and the model is unchanged. The members are settled
+// Before anything changes it checks that the sum matches the model and is
+// finite, the session is live and every member is pending under it; on
+// failure it returns an error and the model is unchanged (b.Sum may have
+// been scaled by the reduction). The members are settled
 // as applied before the step, so they can never be applied again even if
 // the publish fails (then they count as dropped, publish_failed, and the
 // model refuses further forwards until the reducer restarts).
@@ -404,7 +412,25 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	if len(b.Members) == 0 || len(b.Members) != len(b.Weights) {
 		return 0, fmt.Errorf("%w: batch of %d members and %d weights", errs.ErrInvalid, len(b.Members), len(b.Weights))
 	}
-	if _, err := reduce.CheckGradient(m.layout, b.Sum); err != nil {
+	if err := reduce.CheckLayout(m.layout, b.Sum); err != nil {
+		return 0, err
+	}
+	// The reduction and the global norm need only the batch (its sum is
+	// ours to modify), so they run before the model is touched. One pass
+	// computes the norm for clipping and checks the sum is finite: the sum
+	// of squares of finite float32s cannot overflow a float64, so a NaN or
+	// Inf norm means a NaN or Inf element (an overflowing sum). Without
+	// clipping, a sum its in-process sender vouches for needs no pass.
+	m.cfg.Reduction.Finish(b.Sum, len(b.Members))
+	var norm float64
+	if m.cfg.GradientMax > 0 || !b.SumFinite {
+		norm = reduce.GlobalNorm(b.Sum)
+	}
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		_, err := reduce.CheckGradient(m.layout, b.Sum) // names the element
+		if err == nil {
+			err = fmt.Errorf("%w: reduced batch has norm %v", errs.ErrInvalid, norm)
+		}
 		return 0, err
 	}
 	m.mu.Lock()
@@ -443,8 +469,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	if m.failed != nil { // an earlier step failed while this one waited
 		return fail(m.failed)
 	}
-	m.cfg.Reduction.Finish(b.Sum, len(b.Members))
-	reduce.Clip(b.Sum, m.cfg.GradientMax)
+	reduce.ClipNorm(b.Sum, m.cfg.GradientMax, norm)
 	blob, dst := m.newBlob()
 	if err := m.opt.StepTo(dst, m.params, b.Sum); err != nil {
 		return fail(err)

@@ -588,3 +588,48 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 		t.Fatalf("a third attempt of applied a: %v", err)
 	}
 }
+
+// TestForwardRefusesNonFiniteSum: a forwarded sum that overflowed to Inf
+// (or holds NaN) is refused with InvalidArgument before anything changes,
+// with or without clipping (the clipping norm is the check then), and the
+// batch's members stay pending, so the same batch, finite, is applied.
+func TestForwardRefusesNonFiniteSum(t *testing.T) {
+	for _, clip := range []float64{0, 1} {
+		st, err := store.NewMemory(store.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		pushModel(t, st, "m", testLayout(3))
+		p, err := NewPrimary(PrimaryConfig{Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		ctx := context.Background()
+		if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, GradientMax: clip, Reduction: reduce.Sum}); err != nil {
+			t.Fatal(err)
+		}
+		sess, _, _ := p.Attach(ctx, Secondary{ID: "s"})
+		ids := []reduce.ID{{Client: "c", Seq: 1}, {Client: "c", Seq: 2}}
+		for _, id := range ids {
+			if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, bad := range []float32{float32(math.Inf(1)), float32(math.NaN())} {
+			sum := gradFor(3, "c", 1)
+			f32(t, sum, "fc.weight")[5] = bad
+			_, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: ids, Weights: []float32{1, 1}, Sum: sum})
+			if !errors.Is(err, errs.ErrInvalid) {
+				t.Fatalf("clip %v: forward of a sum holding %v: %v", clip, bad, err)
+			}
+		}
+		if v, _ := st.Get(ctx, "m", 0); v.Version != 1 {
+			t.Fatalf("clip %v: version %d after refused forwards", clip, v.Version)
+		}
+		if v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: ids, Weights: []float32{1, 1}, Sum: gradFor(3, "c", 1)}); err != nil || v != 2 {
+			t.Fatalf("clip %v: finite forward of the same batch: version %d, %v", clip, v, err)
+		}
+	}
+}

@@ -124,9 +124,13 @@ type smodel struct {
 type addReq struct {
 	id     reduce.ID
 	grad   *tensor.StateDict
+	buf    []byte // the pooled receive buffer grad aliases
 	weight float32
 	at     time.Time
-	done   chan struct{} // closed once added
+	// done receives whether the loop adopted grad as its batch sum (it
+	// then owns buf and gives it back to the pool after the forward) or
+	// added it (the pusher gives buf back). Buffered: the loop never waits.
+	done chan bool
 }
 
 // NewSecondary starts a secondary: it attaches to its primary in the
@@ -275,7 +279,8 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv chunkRecv) 
 		s.releaseAndCount(sess, h.Model, []reduce.ID{h.ID}, r)
 		return PushResult{}, err
 	}
-	g, buf, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, recv)
+	// The NaN/Inf scan runs piece by piece while the bytes arrive.
+	g, buf, clean, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, true, recv)
 	if err != nil {
 		r := reduce.ReasonAborted
 		if errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrFull) {
@@ -283,15 +288,25 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv chunkRecv) 
 		}
 		return release(r, err)
 	}
-	defer func() { putBuf(buf) }() // after the loop has added g (or refused it)
-	if nonFinite, err := reduce.CheckGradient(m.layout, g); err != nil {
+	owned := true // buf is ours to give back (until the loop adopts it)
+	defer func() {
+		if owned {
+			putBuf(buf)
+		}
+	}()
+	checkErr := reduce.CheckLayout(m.layout, g)
+	nonFinite := false
+	if checkErr == nil && !clean {
+		nonFinite, checkErr = reduce.CheckGradient(m.layout, g)
+	}
+	if checkErr != nil {
 		r := reduce.ReasonInvalid
 		if nonFinite {
 			r = reduce.ReasonNonFinite
 		}
-		return release(r, err)
+		return release(r, checkErr)
 	}
-	a := addReq{id: h.ID, grad: g, weight: weight, at: at, done: make(chan struct{})}
+	a := addReq{id: h.ID, grad: g, buf: buf, weight: weight, at: at, done: make(chan bool, 1)}
 	select {
 	case m.adds <- a:
 	case <-ctx.Done():
@@ -299,7 +314,9 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv chunkRecv) 
 	case <-s.ctx.Done():
 		return release(reduce.ReasonLost, fmt.Errorf("%w: secondary %q is closing", errs.ErrUnavailable, s.cfg.ID))
 	}
-	<-a.done     // the loop always answers an add it took
+	if <-a.done { // the loop always answers an add it took
+		owned = false // the batch adopted buf as its sum
+	}
 	held = false // the slot now belongs to the batch
 	return PushResult{Version: version, Weight: weight}, nil
 }
@@ -332,8 +349,24 @@ func (s *SecondaryNode) model(ctx context.Context, name string) (*smodel, error)
 	return m, nil
 }
 
+// sbatch is a batch and the pooled receive buffer of the gradient it
+// adopted as its sum (nil when it adds into its own buffer).
+type sbatch struct {
+	*reduce.Batch
+	buf []byte
+}
+
+// reset empties the batch and gives its adopted buffer back to the pool:
+// nothing reads the sum any more (its forward has returned).
+func (b *sbatch) reset() {
+	if b.Reset() {
+		putBuf(b.buf)
+	}
+	b.buf = nil
+}
+
 type fwdResult struct {
-	b    *reduce.Batch
+	b    *sbatch
 	sess uint64
 	err  error
 }
@@ -341,9 +374,12 @@ type fwdResult struct {
 // loop owns m's batches: the one filling (cur) and at most one being
 // forwarded. It ends when the secondary closes, after its forward returns;
 // gradients still in cur are released and counted lost.
+//
+// The first gradient of a batch is adopted as its sum (its receive buffer
+// becomes the batch's, no copy); later ones are added into it.
 func (s *SecondaryNode) loop(m *smodel) {
-	cur := reduce.NewBatch(m.layout)
-	var spare *reduce.Batch
+	cur := &sbatch{Batch: reduce.NewBatch(m.layout)}
+	var spare *sbatch
 	inflight := false
 	fwdDone := make(chan fwdResult, 1)
 	var timerC <-chan time.Time
@@ -355,15 +391,18 @@ func (s *SecondaryNode) loop(m *smodel) {
 		if spare != nil {
 			cur, spare = spare, nil
 		} else {
-			cur = reduce.NewBatch(m.layout)
+			cur = &sbatch{Batch: reduce.NewBatch(m.layout)}
 		}
 		inflight = true
 		s.mu.Lock()
 		sess := s.session
 		s.mu.Unlock()
 		go func() { // waited for: the loop does not return while inflight
+			// One gradient, checked finite on receipt and scaled by a
+			// weight ≤ 1, is finite; a sum of more may overflow.
 			_, err := s.cfg.Upstream.Forward(s.ctx, Batch{Session: sess, Model: m.name,
-				Members: b.Members(), Weights: b.Weights(), Sum: b.Sum(), FirstAdmitted: b.First()})
+				Members: b.Members(), Weights: b.Weights(), Sum: b.Sum(), FirstAdmitted: b.First(),
+				SumFinite: b.Len() == 1})
 			fwdDone <- fwdResult{b, sess, err}
 		}()
 	}
@@ -385,7 +424,7 @@ func (s *SecondaryNode) loop(m *smodel) {
 		for range n {
 			<-s.slots
 		}
-		r.b.Reset()
+		r.b.reset()
 		spare = r.b
 	}
 	for {
@@ -395,13 +434,19 @@ func (s *SecondaryNode) loop(m *smodel) {
 		}
 		select {
 		case a := <-adds:
-			cur.Add(a.id, a.grad, a.weight, a.at)
-			close(a.done)
+			adopted := cur.Len() == 0
+			if adopted {
+				cur.Adopt(a.id, a.grad, a.weight, a.at)
+				cur.buf = a.buf
+			} else {
+				cur.Add(a.id, a.grad, a.weight, a.at)
+			}
+			a.done <- adopted
 			if cur.Len() == 1 {
-				d, _ := s.flush.Deadline(cur)
+				d, _ := s.flush.Deadline(cur.Batch)
 				timerC, stopTimer = s.cfg.Clock.At(d)
 			}
-			if !inflight && s.flush.Due(cur, s.cfg.Clock.Now()) {
+			if !inflight && s.flush.Due(cur.Batch, s.cfg.Clock.Now()) {
 				start()
 			}
 		case <-timerC:
@@ -411,7 +456,7 @@ func (s *SecondaryNode) loop(m *smodel) {
 			}
 		case r := <-fwdDone:
 			finish(r)
-			if cur.Len() > 0 && s.flush.Due(cur, s.cfg.Clock.Now()) {
+			if cur.Len() > 0 && s.flush.Due(cur.Batch, s.cfg.Clock.Now()) {
 				start()
 			}
 		case <-s.ctx.Done():
@@ -428,6 +473,7 @@ func (s *SecondaryNode) loop(m *smodel) {
 					<-s.slots
 				}
 			}
+			cur.reset()
 			return
 		}
 	}

@@ -431,7 +431,8 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 	if err != nil {
 		return errs.ToStatus(err)
 	}
-	sum, buf, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), streamRecv(recvMsg, &m, "forward"))
+	// No NaN/Inf scan here: Forward's norm pass over the sum is that check.
+	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), false, streamRecv(recvMsg, &m, "forward"))
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = fmt.Errorf("%w: forward stream broke: %v", errs.ErrAborted, err)

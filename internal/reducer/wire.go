@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/kernels"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -61,12 +62,20 @@ func streamRecv[M proto.Message](recvMsg func(*chunkcodec.Msg[M]) error, m *chun
 // the header length as soon as the first 8 bytes are in. The tensors alias
 // buf, a pooled buffer the caller owns and gives back with putBuf once
 // nothing reads them.
-func receiveGradient(total uint64, maxBytes int64, recv chunkRecv) (sd *tensor.StateDict, buf []byte, err error) {
+//
+// With scan set, it also looks for NaN/Inf in the data section (read as
+// float32s from its start) piece by piece right after copying each piece,
+// while it is still in cache, instead of in a separate pass over the
+// whole gradient: clean is true when it found none. That is exact for a
+// gradient whose tensors are all F32 (the only kind the reducer accepts,
+// checked after decoding); a false alarm from other bytes only costs the
+// caller a full check.
+func receiveGradient(total uint64, maxBytes int64, scan bool, recv chunkRecv) (sd *tensor.StateDict, buf []byte, clean bool, err error) {
 	if total > uint64(maxBytes) {
-		return nil, nil, fmt.Errorf("%w: gradient of %d bytes exceeds the limit of %d", errs.ErrFull, total, maxBytes)
+		return nil, nil, false, fmt.Errorf("%w: gradient of %d bytes exceeds the limit of %d", errs.ErrFull, total, maxBytes)
 	}
 	if total < 10 {
-		return nil, nil, fmt.Errorf("%w: blob of %d bytes is too small to be safetensors", errs.ErrInvalid, total)
+		return nil, nil, false, fmt.Errorf("%w: blob of %d bytes is too small to be safetensors", errs.ErrInvalid, total)
 	}
 	buf = getBuf(int(total))
 	defer func() {
@@ -76,6 +85,9 @@ func receiveGradient(total uint64, maxBytes int64, recv chunkRecv) (sd *tensor.S
 		}
 	}()
 	n, checked := 0, false
+	// scanned: the data section is scanned up to here; 0 until the header
+	// length is known. dirty: a NaN/Inf was seen.
+	scanned, dirty := 0, false
 	write := func(b []byte) error {
 		if len(b) > len(buf)-n {
 			return fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(buf))
@@ -90,6 +102,14 @@ func receiveGradient(total uint64, maxBytes int64, recv chunkRecv) (sd *tensor.S
 			if h > uint64(len(buf)-8) {
 				return fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, h, len(buf))
 			}
+			scanned = 8 + int(h)
+		}
+		if scan && checked && !dirty && n-scanned >= 4 {
+			end := scanned + (n-scanned)&^3
+			if f, err := tensor.BytesAsFloat32s(buf[scanned:end]); err != nil || kernels.HasNonFinite(f) {
+				dirty = true // or misaligned: let the full check decide
+			}
+			scanned = end
 		}
 		return nil
 	}
@@ -99,17 +119,17 @@ func receiveGradient(total uint64, maxBytes int64, recv chunkRecv) (sd *tensor.S
 			break
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 	}
 	if n != len(buf) {
-		return nil, nil, fmt.Errorf("%w: stream ended after %d of %d announced bytes", errs.ErrInvalid, n, len(buf))
+		return nil, nil, false, fmt.Errorf("%w: stream ended after %d of %d announced bytes", errs.ErrInvalid, n, len(buf))
 	}
 	f, err := safetensors.DecodeOptions(buf, safetensors.Options{MaxHeaderBytes: maxHeaderBytes})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return f.Tensors, buf, nil
+	return f.Tensors, buf, scan && !dirty && scanned == n, nil
 }
 
 // maxHeaderBytes bounds a pushed blob's JSON header (16 MiB).
