@@ -158,7 +158,8 @@ class ShmSource:
     Args:
         path: the segment file; default ``/dev/shm/rlhub-<model>``.
         model: the model name (checked against the segment header when given).
-        verify: check each version's CRC-32C (the default, as in Go). Without
+        verify: check each version's CRC-32C (the default here; Go's reader
+            checks it on x86-64 only with ``ShmReaderConfig.Verify``). Without
             ``google-crc32c`` installed the check runs in numpy at tens to a few
             hundred MB/s; ``verify=False`` relies on the seqlock alone.
         max_retries: consecutive torn copies before giving up with
