@@ -18,13 +18,17 @@ type Defaults struct {
 // competitive approach to reinforcement learning", arXiv:1803.07055) give
 // for a MuJoCo locomotion task: the hyperparameters of their appendix
 // tables (Table 9 for V2-t; Swimmer is the V1 row) and Table 1's reward
-// threshold with the median number of episodes ARS needed to reach it.
+// threshold with the mean number of episodes ARS needed to reach it.
 // Those runs used Gym's v1 tasks on MuJoCo 1.31; rlhub runs Gymnasium's v5
 // successors, which docs/mujoco.md compares.
 type Paper struct {
 	Hyper     Hyper
 	Threshold float64
-	Episodes  int64 // Table 1: median episodes to Threshold (3 seeds)
+	// Episodes is Table 1's count: the mean over the authors' 3 seeds of the
+	// training episodes when an evaluation (every 10 iterations) first
+	// reached Threshold. Each value × 3 is a multiple of 10·2N (e.g.
+	// HalfCheetah 3 × 1707 ≈ 8 × 640), so it is a mean, not a median.
+	Episodes int64
 }
 
 // PaperTasks lists the paper's six locomotion tasks in its order.
