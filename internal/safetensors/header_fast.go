@@ -2,7 +2,9 @@ package safetensors
 
 import (
 	"bytes"
+	"encoding/binary"
 	"hash/maphash"
+	"math/bits"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -36,15 +38,18 @@ func parseCanonical(raw []byte) (h header, ok bool) {
 	// bounds the number of entries (the second bound keeps a header of
 	// '{'s inside names from reserving more than it could hold).
 	maxEntries := min(bytes.Count(b, []byte{'{'})-1, n/minEntryLen)
+	if maxEntries > 0 && bytes.HasPrefix(b, []byte(`{"`+MetadataKey+`":{`)) {
+		maxEntries-- // where the writers put metadata
+	}
 	h.entries = make([]entry, 0, maxEntries)
-	dims := make([]int64, 0, 3*maxEntries)
+	dims := make([]int64, 0, 2*maxEntries)
 	// Names and metadata are copied into one arena; names are usually
 	// well under a third of the header.
 	arena := make([]byte, 0, n/3)
 	// The name table lives on the stack unless the header is large.
-	var small [64]nameSlot
+	var small [32]nameSlot
 	names := nameSet{slots: small[:]}
-	if 2*maxEntries > len(small) {
+	if !names.fits(maxEntries) {
 		names.slots = makeSlots(maxEntries)
 	}
 	high := false // whether some string has a byte ≥ 0x80
@@ -141,15 +146,18 @@ func canonicalEntry(b []byte, i int, dims []int64, e *entry) (int, []int64, bool
 		return i, dims, false
 	}
 	i += len(pDtype)
-	// The dtype name, packed as dtypeKey does, up to its closing quote.
-	k, j := uint64(0), 0
-	for ; j < 8 && i+j < len(b) && b[i+j] != '"'; j++ {
-		k |= uint64(b[i+j]) << (8 * j)
+	// The dtype name, packed as dtypeKey does, up to its closing quote
+	// (found as in plainLen). A valid entry has more than 8 bytes left.
+	if len(b)-i < 8 {
+		return i, dims, false
 	}
+	w := binary.LittleEndian.Uint64(b[i:])
+	q := w ^ ('"' * lsbs)
+	j := bits.TrailingZeros64((q-lsbs)&^q&msbs) / 8
 	if j == 0 || j > 7 {
 		return i, dims, false
 	}
-	e.DType = dtypeByKey(k | uint64(j)<<56)
+	e.DType = dtypeByKey(w&(1<<(8*j)-1) | uint64(j)<<56)
 	if !e.DType.Valid() {
 		return i, dims, false
 	}
@@ -163,7 +171,7 @@ func canonicalEntry(b []byte, i int, dims []int64, e *entry) (int, []int64, bool
 		i++
 	} else {
 		for {
-			v, m := fastUint(b[i:])
+			v, m := canonicalUint(b, i)
 			if m == 0 {
 				return i, dims, false
 			}
@@ -188,14 +196,30 @@ func canonicalEntry(b []byte, i int, dims []int64, e *entry) (int, []int64, bool
 	}
 	i += len(pOffsets)
 	var m int
-	if e.begin, m = fastUint(b[i:]); m == 0 || i+m >= len(b) || b[i+m] != ',' {
+	if e.begin, m = canonicalUint(b, i); m == 0 || i+m >= len(b) || b[i+m] != ',' {
 		return i, dims, false
 	}
 	i += m + 1
-	if e.end, m = fastUint(b[i:]); m == 0 || i+m+1 >= len(b) || b[i+m] != ']' || b[i+m+1] != '}' {
+	if e.end, m = canonicalUint(b, i); m == 0 || i+m+1 >= len(b) || b[i+m] != ']' || b[i+m+1] != '}' {
 		return i, dims, false
 	}
 	return i + m + 2, dims, true
+}
+
+// canonicalUint is fastUint(b[i:]) for the fast path, whose callers then
+// require ',' or ']': so it needs no check for a fraction or exponent, and
+// numbers of up to 7 digits take one eightDigits and no overflow check.
+func canonicalUint(b []byte, i int) (uint64, int) {
+	if len(b)-i >= 8 {
+		v, m := eightDigits(binary.LittleEndian.Uint64(b[i:]))
+		if m == 0 || (m > 1 && b[i] == '0') {
+			return 0, 0
+		}
+		if m < 8 {
+			return v, m
+		}
+	}
+	return fastUint(b[i:])
 }
 
 // canonicalMetadata parses {"k":"v",...} (plain strings, unique keys) at
@@ -267,11 +291,12 @@ func intern(arena, s []byte) (string, []byte) {
 }
 
 // nameSet finds duplicate tensor names. It is an open-addressing table of
-// 64-bit name hashes pointing into the entries; names are compared only
-// when their hashes are equal, so checking n names costs n hashes and
-// about n word compares instead of n²/2 string compares.
+// name hashes pointing into the entries; names are compared only when
+// their hashes match, so checking n names costs n hashes and about n word
+// compares instead of n²/2 string compares. The hash is maphash's, seeded
+// per process, so crafted names cannot make them collide.
 type nameSet struct {
-	slots []nameSlot // a power of two long, at most half full
+	slots []nameSlot // a power of two long, at most 3/4 full
 	n     int
 }
 
@@ -282,10 +307,14 @@ type nameSlot struct {
 
 var nameSeed = maphash.MakeSeed()
 
-// makeSlots returns a table for about n names.
+// fits reports whether the table can hold n names, at most 3/4 full.
+func (s *nameSet) fits(n int) bool { return 4*n <= 3*len(s.slots) }
+
+// makeSlots returns a table for n names (a power of two long, at least
+// 16, at most 3/4 full).
 func makeSlots(n int) []nameSlot {
 	size := 16
-	for size < 2*n {
+	for 4*n > 3*size {
 		size *= 2
 	}
 	return make([]nameSlot, size)
@@ -295,7 +324,7 @@ func makeSlots(n int) []nameSlot {
 // and otherwise records it as the name of entries[len(entries)], the entry
 // about to be appended.
 func (s *nameSet) add(name string, entries []entry) (dup bool) {
-	if 2*(s.n+1) > len(s.slots) {
+	if !s.fits(s.n + 1) {
 		s.grow(entries)
 	}
 	h := maphash.String(nameSeed, name)
@@ -316,16 +345,17 @@ func (s *nameSet) add(name string, entries []entry) (dup bool) {
 // grow doubles the table, rehashing the names of entries it holds.
 func (s *nameSet) grow(entries []entry) {
 	old := s.slots
-	s.slots = makeSlots(max(8, len(old)))
+	s.slots = makeSlots(len(old))
 	mask := len(s.slots) - 1
 	for _, sl := range old {
 		if sl.idx == 0 {
 			continue
 		}
-		i := int(maphash.String(nameSeed, entries[sl.idx-1].Name)) & mask
+		h := maphash.String(nameSeed, entries[sl.idx-1].Name)
+		i := int(h) & mask
 		for s.slots[i].idx != 0 {
 			i = (i + 1) & mask
 		}
-		s.slots[i] = sl
+		s.slots[i] = nameSlot{tag: uint32(h >> 32), idx: sl.idx}
 	}
 }
