@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -33,6 +34,11 @@ func model(b testing.TB, size int) []byte {
 	return blob
 }
 
+// sockBuf is the socket buffer the TCP baseline asks for on both ends
+// (the kernel caps it at net.core.[rw]mem_max): a large buffer is what a
+// well-written bulk copy uses.
+const sockBuf = 4 << 20
+
 // tcpSource serves blob to every connection, as fast as the kernel takes it.
 type tcpSource struct {
 	lis net.Listener
@@ -53,6 +59,7 @@ func newTCPSource(b testing.TB, blob []byte) *tcpSource {
 			}
 			s.wg.Go(func() {
 				defer c.Close()
+				c.(*net.TCPConn).SetWriteBuffer(sockBuf)
 				c.Write(blob)
 			})
 		}
@@ -62,9 +69,12 @@ func newTCPSource(b testing.TB, blob []byte) *tcpSource {
 
 func (s *tcpSource) close() { s.lis.Close(); s.wg.Wait() }
 
-// tcpCopy has readers connections each read the whole blob into its own
-// preallocated buffer; it returns each reader's duration.
-func tcpCopy(b testing.TB, addr string, bufs [][]byte) []time.Duration {
+// tcpCopy has len(bufs) connections each read the whole blob (size bytes)
+// into a buffer; it returns each reader's duration. A nil bufs[i] means
+// reader i allocates a fresh 8-byte-aligned buffer (tensor.AlignedBytes,
+// as wire.Assembler does for a pull) inside its timed span; otherwise it
+// reads into bufs[i], which must be size bytes.
+func tcpCopy(b testing.TB, addr string, size int, bufs [][]byte) []time.Duration {
 	out := make([]time.Duration, len(bufs))
 	var wg sync.WaitGroup
 	for i := range bufs {
@@ -76,7 +86,12 @@ func tcpCopy(b testing.TB, addr string, bufs [][]byte) []time.Duration {
 				return
 			}
 			defer c.Close()
-			if _, err := io.ReadFull(c, bufs[i]); err != nil {
+			c.(*net.TCPConn).SetReadBuffer(sockBuf)
+			dst := bufs[i]
+			if dst == nil {
+				dst = tensor.AlignedBytes(size)
+			}
+			if _, err := io.ReadFull(c, dst); err != nil {
 				b.Error(err)
 			}
 			out[i] = time.Since(start)
@@ -128,16 +143,51 @@ func maxDur(ds []time.Duration) time.Duration {
 	return m
 }
 
+// median of xs (the mean of the middle two for an even count); xs is
+// sorted in place.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	n := len(xs)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
 // BenchmarkPull pulls a model through the real hub to 1 and 4 concurrent
-// readers, each with its own connection, and in every iteration first
-// copies the same bytes over plain TCP to the same number of readers (timer
-// stopped). Reported: MB/s (aggregate, from SetBytes), tcp_MB/s,
-// ratio_vs_tcp (aggregate gRPC rate / aggregate TCP rate),
-// slowest_reader_MB/s, cpu-s/GB and tcp_cpu-s/GB (process CPU per GB
-// moved, both ends included), and for 4 readers slowest_vs_single (the slowest
-// reader's rate over a lone reader's rate measured in the same iteration).
-// "codec=stock" runs one reader with gRPC's stock proto codec (as the
-// Python client does) to show what chunkcodec saves.
+// readers, each with its own connection, and compares it with a plain TCP
+// copy of the same bytes to the same number of readers, measured in the
+// same iteration.
+//
+// Both sides do the same thing with the bytes: a pull returns a new
+// snapshot that the caller owns, so its blob is freshly allocated
+// (wire.Assembler); the TCP baseline likewise reads each copy into a
+// freshly allocated aligned buffer (tcp_*). A second baseline reads into
+// buffers allocated once and reused (tcp_warm_*): the stricter reference,
+// free of the allocation, zeroing and page faults that a pull returning a
+// new snapshot must pay. The TCP copies use 4 MiB socket buffers and one
+// write of the whole blob.
+//
+// Every iteration runs the gRPC pull and both TCP copies back to back, in
+// an order that rotates from one iteration to the next, and takes the
+// ratio of each pair: neighbours in time see the same load on a shared
+// machine. (No runtime.GC() between transfers: it would empty grpc-go's
+// buffer pools, which are sync.Pools, and charge their refill to every
+// pull.) Reported: MB/s (aggregate gRPC rate, from SetBytes),
+// tcp_MB/s, tcp_warm_MB/s, ratio_vs_tcp (median over iterations of
+// TCP time / gRPC time, the slowest reader on each side) with
+// ratio_min/ratio_max, ratio_vs_tcp_warm (median), slowest_reader_MB/s,
+// cpu-s/GB and tcp_cpu-s/GB (process CPU, both ends, per GB delivered),
+// and for 4 readers slowest_vs_single (median over iterations of the
+// slowest reader's rate over a lone reader's rate pulled in the same
+// iteration; the issue asks ≥ 1/4). "codec=stock" runs one reader with
+// gRPC's stock proto codec (as the Python client does) to show what
+// chunkcodec saves.
+//
+//	GOEXPERIMENT=simd go test -run '^$' -bench 'Pull/size=(16|256)MiB/readers=./codec=blob' -benchtime 10x ./internal/store/storebench/
 func BenchmarkPull(b *testing.B) {
 	for _, size := range []int{16 << 20, 256 << 20} {
 		blob := model(b, size)
@@ -182,31 +232,53 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 	lone, clients := clients[:1], clients[1:]
 	src := newTCPSource(b, blob)
 	defer src.close()
-	bufs := make([][]byte, readers)
-	for i := range bufs {
-		bufs[i] = make([]byte, len(blob))
+	addr := src.lis.Addr().String()
+	fresh := make([][]byte, readers) // nil: allocate per copy
+	warm := make([][]byte, readers)
+	for i := range warm {
+		warm[i] = make([]byte, len(blob))
 	}
-	pullAll(b, clients, len(blob)) // warm connections and windows
-	pullAll(b, lone, len(blob))
-	tcpCopy(b, src.lis.Addr().String(), bufs)
 
-	var tcpTotal, slowest, loneTotal, tcpCPU, grpcCPU time.Duration
+	// The same warm-up for every transfer: connections, windows, buffers.
+	pullAll(b, clients, len(blob))
+	pullAll(b, lone, len(blob))
+	tcpCopy(b, addr, len(blob), fresh)
+	tcpCopy(b, addr, len(blob), warm)
+
+	var grpcTotal, tcpTotal, warmTotal, grpcCPU, tcpCPU time.Duration
+	var ratios, warmRatios, singles []float64
 	b.SetBytes(int64(len(blob) * readers))
 	b.ResetTimer()
-	for range b.N {
-		b.StopTimer()
-		c0 := cpuTime()
-		tcpTotal += maxDur(tcpCopy(b, src.lis.Addr().String(), bufs))
-		tcpCPU += cpuTime() - c0
-		if readers > 1 {
-			loneTotal += pullAll(b, lone, len(blob))[0]
-		}
-		b.StartTimer()
-		c0 = cpuTime()
-		slowest += maxDur(pullAll(b, clients, len(blob)))
-		grpcCPU += cpuTime() - c0
-	}
 	b.StopTimer()
+	for i := range b.N {
+		var g, t, w time.Duration
+		phases := []func(){
+			func() {
+				c0 := cpuTime()
+				b.StartTimer()
+				g = maxDur(pullAll(b, clients, len(blob)))
+				b.StopTimer()
+				grpcCPU += cpuTime() - c0
+			},
+			func() {
+				c0 := cpuTime()
+				t = maxDur(tcpCopy(b, addr, len(blob), fresh))
+				tcpCPU += cpuTime() - c0
+			},
+			func() { w = maxDur(tcpCopy(b, addr, len(blob), warm)) },
+		}
+		for k := range phases {
+			phases[(i+k)%len(phases)]()
+		}
+		grpcTotal += g
+		tcpTotal += t
+		warmTotal += w
+		ratios = append(ratios, t.Seconds()/g.Seconds())
+		warmRatios = append(warmRatios, w.Seconds()/g.Seconds())
+		if readers > 1 {
+			singles = append(singles, pullAll(b, lone, len(blob))[0].Seconds()/g.Seconds())
+		}
+	}
 	mb := float64(len(blob)) * float64(b.N) / 1e6
 	gb := mb * float64(readers) / 1e3
 	// CPU per GB moved (both ends are in this process) is the figure least
@@ -214,9 +286,13 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 	b.ReportMetric(grpcCPU.Seconds()/gb, "cpu-s/GB")
 	b.ReportMetric(tcpCPU.Seconds()/gb, "tcp_cpu-s/GB")
 	b.ReportMetric(mb*float64(readers)/tcpTotal.Seconds(), "tcp_MB/s")
-	b.ReportMetric(tcpTotal.Seconds()/slowest.Seconds(), "ratio_vs_tcp")
-	b.ReportMetric(mb/slowest.Seconds(), "slowest_reader_MB/s")
+	b.ReportMetric(mb*float64(readers)/warmTotal.Seconds(), "tcp_warm_MB/s")
+	b.ReportMetric(median(ratios), "ratio_vs_tcp") // sorts ratios
+	b.ReportMetric(ratios[0], "ratio_min")
+	b.ReportMetric(ratios[len(ratios)-1], "ratio_max")
+	b.ReportMetric(median(warmRatios), "ratio_vs_tcp_warm")
+	b.ReportMetric(mb/grpcTotal.Seconds(), "slowest_reader_MB/s")
 	if readers > 1 {
-		b.ReportMetric(loneTotal.Seconds()/slowest.Seconds(), "slowest_vs_single")
+		b.ReportMetric(median(singles), "slowest_vs_single")
 	}
 }

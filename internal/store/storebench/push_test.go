@@ -68,7 +68,7 @@ func benchPush(b *testing.B, blob []byte, file bool) {
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
-		tcpTotal += tcpCopy(b, src.lis.Addr().String(), bufs)[0]
+		tcpTotal += tcpCopy(b, src.lis.Addr().String(), len(blob), bufs)[0]
 		if file {
 			fsyncTotal += writeSync(b, filepath.Join(dir, "baseline"), blob)
 		}
