@@ -186,56 +186,50 @@ func copyCRCParallel(dst, src []byte, workers int) uint32 {
 }
 
 // crc32cCombine returns the CRC-32C of A followed by B from crcA, crcB and
-// len(B) (zlib's crc32_combine: multiply crcA by x^(8·lenB) modulo the
-// polynomial with GF(2) 32×32 matrices, squaring for each bit of lenB).
+// len(B): crcA times x^(8·lenB) modulo the polynomial, plus crcB (zlib's
+// crc32_combine, with its table of x^(2^k)).
 func crc32cCombine(crcA, crcB uint32, lenB int) uint32 {
-	if lenB <= 0 {
-		return crcA
-	}
-	var even, odd [32]uint32
-	odd[0] = crc32.Castagnoli // the operator for one zero bit
-	row := uint32(1)
-	for n := 1; n < 32; n++ {
-		odd[n] = row
-		row <<= 1
-	}
-	gf2Square(&even, &odd) // two zero bits
-	gf2Square(&odd, &even) // four zero bits
+	return multModP(x2nModP(uint64(lenB), 3), crcA) ^ crcB
+}
+
+// multModP multiplies a and b modulo the reflected Castagnoli polynomial.
+func multModP(a, b uint32) uint32 {
+	m, p := uint32(1)<<31, uint32(0)
 	for {
-		gf2Square(&even, &odd) // first pass: one zero byte
-		if lenB&1 != 0 {
-			crcA = gf2Times(&even, crcA)
+		if a&m != 0 {
+			p ^= b
+			if a&(m-1) == 0 {
+				return p
+			}
 		}
-		lenB >>= 1
-		if lenB == 0 {
-			break
-		}
-		gf2Square(&odd, &even)
-		if lenB&1 != 0 {
-			crcA = gf2Times(&odd, crcA)
-		}
-		lenB >>= 1
-		if lenB == 0 {
-			break
+		m >>= 1
+		if b&1 != 0 {
+			b = b>>1 ^ crc32.Castagnoli
+		} else {
+			b >>= 1
 		}
 	}
-	return crcA ^ crcB
 }
 
-func gf2Times(mat *[32]uint32, vec uint32) uint32 {
-	var sum uint32
-	for i := 0; vec != 0; i, vec = i+1, vec>>1 {
-		if vec&1 != 0 {
-			sum ^= mat[i]
+// x2nModP is x^(n·2^k) modulo the polynomial.
+func x2nModP(n uint64, k uint) uint32 {
+	p := uint32(1) << 31 // x^0
+	for ; n != 0; n, k = n>>1, k+1 {
+		if n&1 != 0 {
+			p = multModP(x2nTable[k&31], p)
 		}
 	}
-	return sum
+	return p
 }
 
-func gf2Square(square, mat *[32]uint32) {
-	for n := range 32 {
-		square[n] = gf2Times(mat, mat[n])
+// x2nTable[k] is x^(2^k) modulo the polynomial.
+var x2nTable = func() (t [32]uint32) {
+	p := uint32(1) << 30 // x^1
+	for k := range t {
+		t[k] = p
+		p = multModP(p, p)
 	}
-}
+	return t
+}()
 
 func roundPage(n int64) int64 { return (n + shmPage - 1) / shmPage * shmPage }
