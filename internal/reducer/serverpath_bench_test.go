@@ -1,0 +1,95 @@
+package reducer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+// BenchmarkServerPath is the reducer's own per-gradient work without the
+// transport: a gradient's safetensors bytes are fed to an in-process
+// secondary's Push in 16 KiB pieces (as gRPC's frame buffers hand them
+// over), then reduced, forwarded to the in-process primary, stepped (plain
+// SGD) and published to an in-memory store; one push at a time, each
+// waiting for its version. It isolates what this package controls from
+// gRPC and the kernel, so its CPU time per gradient (cpu_ms/grad) is the
+// figure to compare between builds on a loaded machine.
+func BenchmarkServerPath(b *testing.B) {
+	for _, n := range []int{1 << 20, 25 << 20} {
+		for _, clip := range []float64{0, 1e9} {
+			b.Run(fmt.Sprintf("params=%dM/clip=%v", n>>20, clip > 0), func(b *testing.B) { benchServerPath(b, n, clip) })
+		}
+	}
+}
+
+func benchServerPath(b *testing.B, n int, clip float64) {
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	model := testLayout(n / 4)
+	pushModel(b, st, "m", model)
+	applied := make(chan struct{}, 1)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, err := NewPrimary(PrimaryConfig{Store: st, Logger: quiet, OnApply: func(string, uint64, []reduce.ID, []float32) { applied <- struct{}{} }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 1e-6}, GradientMax: clip, CheckpointEvery: 1 << 40}); err != nil {
+		b.Fatal(err)
+	}
+	s, err := NewSecondary(SecondaryConfig{ID: "s", Upstream: p, BatchSize: 1, MaxWait: time.Second, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for !s.Attached() {
+		time.Sleep(time.Millisecond)
+	}
+	g := gradFor(n/4, "c", 1)
+	blob, _ := safetensors.Encode(g, nil)
+	const piece = 16 << 10
+	b.SetBytes(int64(len(blob)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPUTime()
+	for i := range b.N {
+		off := 0
+		recv := func(write func([]byte) error) error {
+			if off == len(blob) {
+				return io.EOF
+			}
+			k := min(piece, len(blob)-off)
+			err := write(blob[off : off+k])
+			off += k
+			return err
+		}
+		if _, err := s.Push(ctx, PushHeader{Model: "m", ID: reduce.ID{Client: "c", Seq: uint64(i + 1)}, TotalBytes: uint64(len(blob))}, recv); err != nil {
+			b.Fatal(err)
+		}
+		<-applied
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((processCPUTime()-cpu0).Microseconds())/1000/float64(b.N), "cpu_ms/grad")
+}
+
+// processCPUTime is this process's CPU time (user + system, all threads).
+func processCPUTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
