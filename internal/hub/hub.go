@@ -31,6 +31,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
@@ -131,10 +132,10 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		return nil, err
 	}
 	h.store = st
-	h.grpc = grpc.NewServer(
+	h.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
-	)
+	}, chunkcodec.ServerOptions()...)...)
 	h.health = health.NewServer()
 	healthpb.RegisterHealthServer(h.grpc, h.health)
 	reflection.Register(h.grpc)

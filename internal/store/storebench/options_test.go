@@ -15,6 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storeclient"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
 
 // transportVariant is one set of gRPC transport options tried on both ends
@@ -44,6 +45,7 @@ var transportVariants = []transportVariant{
 		server: []grpc.ServerOption{grpc.InitialWindowSize(16 << 20), grpc.InitialConnWindowSize(16 << 20)},
 		dial:   []grpc.DialOption{grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(16 << 20)}},
 	{name: "chunk4m", chunk: 4 << 20},
+	{name: "dirtypool", server: chunkcodec.ServerOptions(), dial: chunkcodec.DialOptions()},
 }
 
 // BenchmarkPullOptions pulls a 64 MiB model with each transportVariant, one

@@ -101,14 +101,16 @@ func (c *Config) validate() error {
 }
 
 // DialOptions are the options the client dials with: insecure loopback
-// credentials and message limits above the 1 MiB chunks. Flow-control
-// windows and buffers are gRPC's defaults, which measured best on loopback
-// (docs/benchmarks.md, model store).
+// credentials, message limits above the 1 MiB chunks and the chunk codec's
+// transport options (chunkcodec.DialOptions: a buffer pool that does not
+// zero). Flow-control windows and buffer sizes are gRPC's defaults: none of
+// the alternatives measured better on loopback (docs/benchmarks.md, model
+// store).
 func DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+	return append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
-	}
+	}, chunkcodec.DialOptions()...)
 }
 
 // Client talks to one hub's model store. Safe for concurrent use.

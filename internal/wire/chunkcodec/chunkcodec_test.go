@@ -245,3 +245,42 @@ func TestReusedMsgWriteChunkAllocs(t *testing.T) {
 		t.Errorf("receive + WriteChunk of a 1 MiB chunk in 64 frames: %v allocations, want at most 1 (the mem.Reader)", got)
 	}
 }
+
+func TestDirtyPool(t *testing.T) {
+	p := newDirtyPool(4<<10, 16<<10)
+	for _, tc := range []struct{ n, wantCap int }{
+		{1, 4 << 10}, {4 << 10, 4 << 10}, {4<<10 + 1, 16 << 10}, {16 << 10, 16 << 10}, {16<<10 + 1, 16<<10 + 1},
+	} {
+		b := p.Get(tc.n)
+		if len(*b) != tc.n || cap(*b) != tc.wantCap {
+			t.Errorf("Get(%d): len %d cap %d, want len %d cap %d", tc.n, len(*b), cap(*b), tc.n, tc.wantCap)
+		}
+		p.Put(b)
+	}
+	// A buffer put back is handed out again, resized, without a copy or a
+	// clear (sync.Pool may drop it, so retry a few times).
+	reused := false
+	for range 100 {
+		b := p.Get(16 << 10)
+		(*b)[0] = 42
+		p.Put(b)
+		if c := p.Get(5000); len(*c) == 5000 && &(*c)[0] == &(*b)[0] {
+			reused = true
+			if (*c)[0] != 42 {
+				t.Fatalf("reused buffer was modified: first byte %d", (*c)[0])
+			}
+			break
+		}
+	}
+	if !reused {
+		t.Error("a 16 KiB buffer put back was never handed out again")
+	}
+	// Capacities the pool does not keep are dropped, not mixed into a tier.
+	odd := make([]byte, 5000)
+	p.Put(&odd)
+	for range 10 {
+		if b := p.Get(5000); cap(*b) != 16<<10 {
+			t.Fatalf("Get(5000) returned cap %d, want a 16 KiB tier buffer", cap(*b))
+		}
+	}
+}
