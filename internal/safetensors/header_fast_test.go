@@ -300,3 +300,43 @@ func TestCanonicalBoundsEntries(t *testing.T) {
 		t.Errorf("reserved %d entries for a %d-byte header", c, len(raw))
 	}
 }
+
+// TestNamesDoNotAliasTheBuffer: names and metadata survive the caller
+// overwriting the buffer, on both paths, including names long enough to
+// outgrow the fast path's first arena.
+func TestNamesDoNotAliasTheBuffer(t *testing.T) {
+	sd := &tensor.StateDict{}
+	for i := range 10 {
+		name := fmt.Sprintf("%d.%s", i, strings.Repeat("long name é ", 20*(i+1)))
+		if err := sd.Add(tensor.NewF32(name, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blob, err := Encode(sd, map[string]string{"format": "pt", "note": strings.Repeat("m", 500)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !checkCanonical(t, headerOf(blob)) {
+		t.Fatal("fast path rejected Encode's header")
+	}
+	spaced := bytes.Replace(blob, []byte(`":{"dtype"`), []byte(`": {"dtype"`), 1)
+	binary.LittleEndian.PutUint64(spaced, uint64(len(headerOf(blob))+1))
+	for _, in := range [][]byte{blob, spaced} {
+		in = bytes.Clone(in)
+		f, err := Decode(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range in {
+			in[i] = 'X'
+		}
+		for i, tn := range f.Tensors.Tensors() {
+			if want := sd.At(i).Name; tn.Name != want {
+				t.Fatalf("name %d became %q after the buffer changed, want %q", i, tn.Name, want)
+			}
+		}
+		if f.Metadata["format"] != "pt" || f.Metadata["note"] != strings.Repeat("m", 500) {
+			t.Fatalf("metadata became %q after the buffer changed", f.Metadata)
+		}
+	}
+}

@@ -13,7 +13,8 @@
 // Decode treats its input as untrusted: it validates the header length, the
 // JSON, every offset and shape, and returns an error wrapping ErrInvalid
 // instead of panicking. Decoded tensors alias the input buffer: no tensor
-// bytes are copied.
+// bytes are copied. Names and metadata are copied, so they stay valid when
+// the caller reuses the buffer.
 //
 // The format is small and a library would cost a copy, so it is written here
 // directly.
