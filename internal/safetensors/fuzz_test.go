@@ -25,6 +25,8 @@ func seeds(f *testing.F) [][]byte {
 		blob(`{}`, nil),
 		blob(`{"__metadata__":{"a":"\u00e9"},"x":{"dtype":"BF16","shape":[2,1],"data_offsets":[0,4]}}`, make([]byte, 4)),
 		blob(`{"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}`, []byte{1}),
+		// Once accepted by the fast path as if "{}" did not close the object.
+		blob(`{}"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}`, []byte{1}),
 	)
 	return out
 }

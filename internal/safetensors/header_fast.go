@@ -42,7 +42,7 @@ func parseCanonical(raw []byte) (h header, ok bool) {
 		maxEntries-- // where the writers put metadata
 	}
 	h.entries = make([]entry, 0, maxEntries)
-	dims := make([]int64, 0, 2*maxEntries)
+	dims := make([]int64, 0, 2*maxEntries+2)
 	// Names and metadata are copied into one arena; names are usually
 	// well under a third of the header.
 	arena := make([]byte, 0, n/3)
@@ -53,10 +53,10 @@ func parseCanonical(raw []byte) (h header, ok bool) {
 		names.slots = makeSlots(maxEntries)
 	}
 	high := false // whether some string has a byte ≥ 0x80
-	i := 1
-	if b[i] == '}' {
-		i++
+	if n == 2 {
+		return h, true // "{}"
 	}
+	i := 1
 	for i < n {
 		// A member: a plain string key, ':', then an entry or metadata.
 		if b[i] != '"' {
@@ -167,59 +167,63 @@ func canonicalEntry(b []byte, i int, dims []int64, e *entry) (int, []int64, bool
 	}
 	i += len(pShape)
 	start := len(dims)
-	if i < len(b) && b[i] == ']' {
-		i++
-	} else {
-		for {
-			v, m := canonicalUint(b, i)
-			if m == 0 {
-				return i, dims, false
-			}
-			dims = append(dims, int64(v))
-			i += m
-			if i < len(b) && b[i] == ',' {
-				i++
-				continue
-			}
-			if i < len(b) && b[i] == ']' {
-				i++
-				break
-			}
-			return i, dims, false
-		}
+	var ok bool
+	if i, dims, ok = canonicalNums(b, i, dims); !ok {
+		return i, dims, false
 	}
 	// Shapes share one growing slab; each is capped so that appending to
 	// one can never write into another.
 	e.Shape = dims[start:len(dims):len(dims)]
-	if len(b)-i < len(pOffsets) || string(b[i:i+len(pOffsets)]) != pOffsets {
+	// (Compared as 16 bytes and one: longer constants cost a call.)
+	if len(b)-i < len(pOffsets) || string(b[i:i+16]) != pOffsets[:16] || b[i+16] != pOffsets[16] {
 		return i, dims, false
 	}
 	i += len(pOffsets)
-	var m int
-	if e.begin, m = canonicalUint(b, i); m == 0 || i+m >= len(b) || b[i+m] != ',' {
+	// The offsets go through the slab too, and are taken back off it.
+	k := len(dims)
+	if i, dims, ok = canonicalNums(b, i, dims); !ok || len(dims)-k != 2 || i >= len(b) || b[i] != '}' {
 		return i, dims, false
 	}
-	i += m + 1
-	if e.end, m = canonicalUint(b, i); m == 0 || i+m+1 >= len(b) || b[i+m] != ']' || b[i+m+1] != '}' {
-		return i, dims, false
-	}
-	return i + m + 2, dims, true
+	e.begin, e.end = uint64(dims[k]), uint64(dims[k+1])
+	return i + 1, dims[:k], true
 }
 
-// canonicalUint is fastUint(b[i:]) for the fast path, whose callers then
-// require ',' or ']': so it needs no check for a fraction or exponent, and
-// numbers of up to 7 digits take one eightDigits and no overflow check.
-func canonicalUint(b []byte, i int) (uint64, int) {
-	if len(b)-i >= 8 {
-		v, m := eightDigits(binary.LittleEndian.Uint64(b[i:]))
-		if m == 0 || (m > 1 && b[i] == '0') {
-			return 0, 0
+// canonicalNums parses the rest of an array of integers after its '[',
+// "]" or "n,n,...,n]", appending the numbers to dst; it returns the
+// position after the ']', or ok=false. Numbers are read as in fastUint,
+// numbers of up to 7 digits with one eightDigits; as a ',' or ']' must
+// follow each, no fraction or exponent can.
+func canonicalNums(b []byte, i int, dst []int64) (int, []int64, bool) {
+	if i < len(b) && b[i] == ']' {
+		return i + 1, dst, true
+	}
+	for {
+		var v uint64
+		var m int
+		if len(b)-i >= 8 {
+			v, m = eightDigits(binary.LittleEndian.Uint64(b[i:]))
+			if m == 0 || (m > 1 && b[i] == '0') {
+				return i, dst, false
+			}
 		}
-		if m < 8 {
-			return v, m
+		if m == 0 || m == 8 {
+			if v, m = fastUint(b[i:]); m == 0 {
+				return i, dst, false
+			}
+		}
+		dst = append(dst, int64(v))
+		if i += m; i >= len(b) {
+			return i, dst, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+		case ']':
+			return i + 1, dst, true
+		default:
+			return i, dst, false
 		}
 	}
-	return fastUint(b[i:])
 }
 
 // canonicalMetadata parses {"k":"v",...} (plain strings, unique keys) at
