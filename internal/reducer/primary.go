@@ -454,6 +454,11 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.mu.Unlock()
 	n := uint64(len(b.Members))
 
+	// The members are settled: the step is committed to and must not be
+	// abandoned because the forwarding secondary went away (its Forward
+	// stream's context ends when its process dies), or the model would
+	// stop taking gradients from every other secondary.
+	ctx = context.WithoutCancel(ctx)
 	m.stepMu.Lock()
 	defer m.stepMu.Unlock()
 	fail := func(err error) (uint64, error) {
