@@ -21,13 +21,15 @@ const (
 	ReasonNonFinite Reason = "nonfinite"
 	// ReasonStale: refused by the staleness rule.
 	ReasonStale Reason = "stale"
-	// ReasonDuplicate: the (client, seq) was already applied or pending.
+	// ReasonDuplicate: the (client, seq) was already applied.
 	ReasonDuplicate Reason = "duplicate"
 	// ReasonFull: the secondary's bounded queue was full.
 	ReasonFull Reason = "queue_full"
 	// ReasonUnknownModel: no model of that name is registered.
 	ReasonUnknownModel Reason = "unknown_model"
-	// ReasonAborted: the push stream broke before the gradient was whole.
+	// ReasonAborted: the push stream broke before the gradient was whole,
+	// or its (client, seq) was still being reduced by another attempt
+	// (the client retries later).
 	ReasonAborted Reason = "aborted"
 	// ReasonLost: the batch holding it could not reach or was refused by
 	// the primary (its session ended), or the reducer shut down. Counted

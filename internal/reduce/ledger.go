@@ -60,8 +60,10 @@ func NewLedger(window int) *Ledger {
 }
 
 // Claim marks id pending under session. It fails with an error wrapping
-// errs.ErrExists when id was already applied (or is below the floor) or is
-// pending, in any session.
+// errs.ErrExists when id was already applied (or is below the floor), and
+// errs.ErrAborted while it is pending, in any session: that attempt may
+// still be lost, so the caller should retry later rather than take it as
+// applied.
 func (l *Ledger) Claim(id ID, session uint64) error {
 	c := l.clients[id.Client]
 	if c == nil {
@@ -73,7 +75,9 @@ func (l *Ledger) Claim(id ID, session uint64) error {
 	case ok && e.applied:
 		return fmt.Errorf("%w: duplicate push %v: already applied", errs.ErrExists, id)
 	case ok && e.pending():
-		return fmt.Errorf("%w: duplicate push %v: already being reduced", errs.ErrExists, id)
+		// Not ErrExists: that tells a client an earlier attempt got
+		// through, and this one may yet be lost with its secondary.
+		return fmt.Errorf("%w: push %v is being reduced by another attempt; retry later", errs.ErrAborted, id)
 	case !ok && c.hasFlr && id.Seq <= c.floor:
 		return fmt.Errorf("%w: duplicate push %v: at or below the settled sequence %d", errs.ErrExists, id, c.floor)
 	}

@@ -235,8 +235,8 @@ func TestLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A retry at another secondary (session 2) while pending: refused.
-	if err := l.Claim(a1, 2); !errors.Is(err, errs.ErrExists) {
-		t.Fatalf("claim pending elsewhere: %v", err)
+	if err := l.Claim(a1, 2); !errors.Is(err, errs.ErrAborted) {
+		t.Fatalf("claim pending elsewhere: %v, want ErrAborted (retry later)", err)
 	}
 	// The batch is forwarded by session 2 wrongly: refused.
 	if err := l.CheckPending([]ID{a1}, 2); !errors.Is(err, errs.ErrAborted) {
@@ -308,7 +308,7 @@ func TestLedgerLostIsProvisional(t *testing.T) {
 			t.Fatalf("retry of lost %v: %v", id, err)
 		}
 	}
-	if err := l.Claim(a, 3); !errors.Is(err, errs.ErrExists) {
+	if err := l.Claim(a, 3); !errors.Is(err, errs.ErrAborted) {
 		t.Fatalf("a retry pending at 2 claimed at 3: %v", err)
 	}
 	if err := l.CheckPending([]ID{a}, 2); err != nil {

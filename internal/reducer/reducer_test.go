@@ -550,6 +550,14 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A retry while a is pending at s1 must be told to retry later, not
+	// ALREADY_EXISTS, which clients take as "an earlier attempt got
+	// through": s1 may yet lose it.
+	sx, _, _ := p.Attach(ctx, Secondary{ID: "sx"})
+	if _, _, err := p.Admit(ctx, sx, "m", a, 0); !errors.Is(err, errs.ErrAborted) || errs.Code(err) != codes.Aborted {
+		t.Fatalf("retry of a pending elsewhere: %v, want Aborted", err)
+	}
+	p.Detach(sx)
 	p.Detach(s1) // the secondary died holding a and b
 	if got := lost(); got != 2 {
 		t.Fatalf("lost %d after the session ended, want 2", got)
@@ -631,5 +639,57 @@ func TestForwardRefusesNonFiniteSum(t *testing.T) {
 		if v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: ids, Weights: []float32{1, 1}, Sum: gradFor(3, "c", 1)}); err != nil || v != 2 {
 			t.Fatalf("clip %v: finite forward of the same batch: version %d, %v", clip, v, err)
 		}
+	}
+}
+
+// TestForwardPublishOutlivesItsSender: a secondary that dies (its Forward
+// context ends) while the primary publishes its batch does not fail the
+// step: the members were settled as applied, the version is published,
+// and the model keeps taking batches from other secondaries.
+func TestForwardPublishOutlivesItsSender(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	pushModel(t, mem, "m", testLayout(3))
+	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p, err := NewPrimary(PrimaryConfig{Store: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
+	a := reduce.ID{Client: "c", Seq: 1}
+	if _, _, err := p.Admit(ctx, s1, "m", a, 0); err != nil {
+		t.Fatal(err)
+	}
+	fctx, die := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Forward(fctx, Batch{Session: s1, Model: "m", Members: []reduce.ID{a}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})
+		done <- err
+	}()
+	<-bs.entered // publishing
+	die()        // the sender's stream ends mid-publish
+	p.Detach(s1)
+	close(bs.release)
+	if err := <-done; err != nil {
+		t.Fatalf("forward whose sender died mid-publish: %v", err)
+	}
+	s2, _, _ := p.Attach(ctx, Secondary{ID: "s2"})
+	b := reduce.ID{Client: "c", Seq: 2}
+	if _, _, err := p.Admit(ctx, s2, "m", b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := p.Forward(ctx, Batch{Session: s2, Model: "m", Members: []reduce.ID{b}, Weights: []float32{1}, Sum: gradFor(3, "c", 2)}); err != nil || v != 3 {
+		t.Fatalf("next forward: version %d, %v; want 3", v, err)
+	}
+	if c, _, _, _ := p.Stats(); c.Applied != 2 || c.DroppedTotal() != 0 {
+		t.Fatalf("applied %d, dropped %v; want 2 and none", c.Applied, c.Dropped)
 	}
 }
