@@ -102,8 +102,11 @@ func tcpCopy(b testing.TB, addr string, size int, bufs [][]byte) []time.Duration
 }
 
 // pullAll has every client pull the newest "m" concurrently; it returns
-// each reader's duration.
-func pullAll(b testing.TB, clients []*storeclient.Client, size int) []time.Duration {
+// each reader's duration. With bufs nil each pull returns a fresh blob
+// (Get); otherwise client i pulls into bufs[i] (GetInto) and bufs[i]
+// becomes the blob it pulled, so from the second pull on every reader
+// receives into the memory of its previous pull.
+func pullAll(b testing.TB, clients []*storeclient.Client, size int, bufs [][]byte) []time.Duration {
 	out := make([]time.Duration, len(clients))
 	var wg sync.WaitGroup
 	for i, c := range clients {
@@ -111,7 +114,13 @@ func pullAll(b testing.TB, clients []*storeclient.Client, size int) []time.Durat
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			start := time.Now()
-			snap, err := c.Get(ctx, "m", 0)
+			var snap *store.Snapshot
+			var err error
+			if bufs == nil {
+				snap, err = c.Get(ctx, "m", 0)
+			} else {
+				snap, err = c.GetInto(ctx, "m", 0, bufs[i])
+			}
 			if err != nil {
 				b.Error(err)
 				return
@@ -119,6 +128,12 @@ func pullAll(b testing.TB, clients []*storeclient.Client, size int) []time.Durat
 			out[i] = time.Since(start)
 			if len(snap.Blob) != size {
 				b.Errorf("pulled %d bytes, want %d", len(snap.Blob), size)
+			}
+			if bufs != nil {
+				if cap(bufs[i]) >= size && &snap.Blob[0] != &bufs[i][:1][0] {
+					b.Errorf("reader %d: the pull did not reuse its buffer", i)
+				}
+				bufs[i] = snap.Blob
 			}
 		})
 	}
@@ -187,6 +202,13 @@ func median(xs []float64) float64 {
 // gRPC's stock proto codec (as the Python client does) to show what
 // chunkcodec saves.
 //
+// "dst=reused" (one reader, chunk codec) pulls with GetInto into the blob
+// of its previous pull, as a collector that reuses the memory of a version
+// it has finished with: no allocation, zeroing or page faults on either
+// side, so its figure is ratio_vs_tcp_warm (warm against warm), and it
+// also reports tcp_warm_cpu-s/GB. The cells without dst pull into fresh
+// memory.
+//
 //	GOEXPERIMENT=simd go test -run '^$' -bench 'Pull/size=(16|256)MiB/readers=./codec=blob' -benchtime 10x ./internal/store/storebench/
 func BenchmarkPull(b *testing.B) {
 	for _, size := range []int{16 << 20, 256 << 20} {
@@ -194,19 +216,25 @@ func BenchmarkPull(b *testing.B) {
 		for _, tc := range []struct {
 			readers int
 			stock   bool
-		}{{1, false}, {4, false}, {1, true}} {
-			codec := "blob"
+			reuse   bool
+		}{{1, false, false}, {4, false, false}, {1, true, false}, {1, false, true}} {
+			name := fmt.Sprintf("size=%dMiB/readers=%d/codec=blob", size>>20, tc.readers)
 			if tc.stock {
-				codec = "stock"
+				name = fmt.Sprintf("size=%dMiB/readers=%d/codec=stock", size>>20, tc.readers)
 			}
-			b.Run(fmt.Sprintf("size=%dMiB/readers=%d/codec=%s", size>>20, tc.readers, codec), func(b *testing.B) {
-				benchPull(b, blob, tc.readers, tc.stock)
+			if tc.reuse {
+				name += "/dst=reused"
+			}
+			b.Run(name, func(b *testing.B) {
+				benchPull(b, blob, tc.readers, tc.stock, tc.reuse)
 			})
 		}
 	}
 }
 
-func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
+// benchPull runs one cell of BenchmarkPull; with reuse every reader pulls
+// into the memory of its previous pull.
+func benchPull(b *testing.B, blob []byte, readers int, stock, reuse bool) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet})
 	if err != nil {
@@ -239,13 +267,18 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 		warm[i] = make([]byte, len(blob))
 	}
 
+	var dsts [][]byte // nil: Get into fresh memory
+	if reuse {
+		dsts = make([][]byte, readers) // filled by the warm-up pull
+	}
+
 	// The same warm-up for every transfer: connections, windows, buffers.
-	pullAll(b, clients, len(blob))
-	pullAll(b, lone, len(blob))
+	pullAll(b, clients, len(blob), dsts)
+	pullAll(b, lone, len(blob), nil)
 	tcpCopy(b, addr, len(blob), fresh)
 	tcpCopy(b, addr, len(blob), warm)
 
-	var grpcTotal, tcpTotal, warmTotal, grpcCPU, tcpCPU time.Duration
+	var grpcTotal, tcpTotal, warmTotal, grpcCPU, tcpCPU, warmCPU time.Duration
 	var ratios, warmRatios, singles []float64
 	b.SetBytes(int64(len(blob) * readers))
 	b.ResetTimer()
@@ -256,7 +289,7 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 			func() {
 				c0 := cpuTime()
 				b.StartTimer()
-				g = maxDur(pullAll(b, clients, len(blob)))
+				g = maxDur(pullAll(b, clients, len(blob), dsts))
 				b.StopTimer()
 				grpcCPU += cpuTime() - c0
 			},
@@ -265,7 +298,11 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 				t = maxDur(tcpCopy(b, addr, len(blob), fresh))
 				tcpCPU += cpuTime() - c0
 			},
-			func() { w = maxDur(tcpCopy(b, addr, len(blob), warm)) },
+			func() {
+				c0 := cpuTime()
+				w = maxDur(tcpCopy(b, addr, len(blob), warm))
+				warmCPU += cpuTime() - c0
+			},
 		}
 		for k := range phases {
 			phases[(i+k)%len(phases)]()
@@ -276,7 +313,7 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 		ratios = append(ratios, t.Seconds()/g.Seconds())
 		warmRatios = append(warmRatios, w.Seconds()/g.Seconds())
 		if readers > 1 {
-			singles = append(singles, pullAll(b, lone, len(blob))[0].Seconds()/g.Seconds())
+			singles = append(singles, pullAll(b, lone, len(blob), nil)[0].Seconds()/g.Seconds())
 		}
 	}
 	mb := float64(len(blob)) * float64(b.N) / 1e6
@@ -285,6 +322,9 @@ func benchPull(b *testing.B, blob []byte, readers int, stock bool) {
 	// disturbed by other load on the shared machine.
 	b.ReportMetric(grpcCPU.Seconds()/gb, "cpu-s/GB")
 	b.ReportMetric(tcpCPU.Seconds()/gb, "tcp_cpu-s/GB")
+	if reuse {
+		b.ReportMetric(warmCPU.Seconds()/gb, "tcp_warm_cpu-s/GB")
+	}
 	b.ReportMetric(mb*float64(readers)/tcpTotal.Seconds(), "tcp_MB/s")
 	b.ReportMetric(mb*float64(readers)/warmTotal.Seconds(), "tcp_warm_MB/s")
 	b.ReportMetric(median(ratios), "ratio_vs_tcp") // sorts ratios

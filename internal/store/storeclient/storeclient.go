@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -270,19 +271,52 @@ func (c *Client) Push(ctx context.Context, req store.PushRequest) (store.Info, e
 // Get implements store.Store by pulling; the returned snapshot is the
 // caller's own copy (Seq is 0: unknown over the network).
 func (c *Client) Get(ctx context.Context, name string, version uint64) (*store.Snapshot, error) {
-	snap, _, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, Version: version})
-	return snap, err
+	return c.GetInto(ctx, name, version, nil)
 }
 
 // GetIfNewer implements store.Store: (nil, nil) when the hub's newest is
 // not newer than `than`, after a single small reply.
 func (c *Client) GetIfNewer(ctx context.Context, name string, than uint64) (*store.Snapshot, error) {
-	snap, _, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, IfNewerThan: &than})
+	return c.GetIfNewerInto(ctx, name, than, nil)
+}
+
+// GetInto is Get receiving the blob into buf's memory instead of a fresh
+// buffer, saving the allocation, zeroing and page faults of a new blob:
+// for a caller that pulls version after version and is finished with an
+// older snapshot, pass that snapshot's Blob.
+//
+// When cap(buf) holds the blob and buf starts 8-byte aligned (as every
+// slice from make of 8 bytes or more and every Snapshot.Blob does), the
+// returned snapshot's Blob is buf[:n] and its Tensors alias it; otherwise
+// the blob is freshly allocated, as by Get, and buf is not written. Every
+// check of Get applies unchanged (the size limit is decided from the
+// announced size before buf is touched). On error there is no snapshot and
+// buf's contents are unspecified: chunks received before the failure may
+// have overwritten it, also across retried attempts.
+//
+// buf belongs to the call until it returns, and then to the returned
+// snapshot: the caller must not write buf, or pass it to another pull,
+// while it still uses a snapshot whose Blob aliases it — nor pass the Blob
+// of a snapshot it still uses, since a failed pull may overwrite it too.
+func (c *Client) GetInto(ctx context.Context, name string, version uint64, buf []byte) (*store.Snapshot, error) {
+	snap, _, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, Version: version}, buf)
 	return snap, err
 }
 
-func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest) (*store.Snapshot, uint64, error) {
+// GetIfNewerInto is GetIfNewer receiving into buf, on the terms of
+// GetInto. A "not modified" reply ((nil, nil)) leaves buf untouched.
+func (c *Client) GetIfNewerInto(ctx context.Context, name string, than uint64, buf []byte) (*store.Snapshot, error) {
+	snap, _, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, IfNewerThan: &than}, buf)
+	return snap, err
+}
+
+// pull runs one Pull call, receiving into buf when it is usable (see
+// GetInto); buf may be nil.
+func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []byte) (*store.Snapshot, uint64, error) {
 	req.ChunkBytes = uint32(c.cfg.ChunkBytes)
+	if uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%8 != 0 {
+		buf = nil // tensors need aligned data for zero-copy views
+	}
 	var snap *store.Snapshot
 	var skipped uint64
 	err := c.do(ctx, func(ctx context.Context) error {
@@ -292,7 +326,7 @@ func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest) (*stor
 		if err != nil {
 			return err
 		}
-		snap, skipped, err = c.recvVersion(recv)
+		snap, skipped, err = c.recvVersion(recv, buf)
 		return err
 	})
 	return snap, skipped, err
@@ -333,8 +367,9 @@ func (c *Client) codecOpt() grpc.CallOption {
 }
 
 // recvVersion reads one version (header and chunks) from a pull or watch
-// stream. A not-modified header yields a nil snapshot.
-func (c *Client) recvVersion(recv func(*pulled) error) (*store.Snapshot, uint64, error) {
+// stream into buf when cap(buf) holds it, else into fresh memory; buf must
+// be nil or 8-byte aligned. A not-modified header yields a nil snapshot.
+func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snapshot, uint64, error) {
 	var msg pulled
 	defer msg.Release()
 	if err := recv(&msg); err != nil {
@@ -348,7 +383,7 @@ func (c *Client) recvVersion(recv func(*pulled) error) (*store.Snapshot, uint64,
 		return nil, 0, nil
 	}
 	b := hdr.Blob
-	asm, err := wire.NewAssembler(b.TotalBytes, wire.Limits{MaxBytes: c.cfg.MaxModelBytes})
+	asm, err := wire.NewAssemblerInto(buf, b.TotalBytes, wire.Limits{MaxBytes: c.cfg.MaxModelBytes})
 	if err != nil {
 		return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
 	}
@@ -441,7 +476,7 @@ func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, fail
 		return err
 	}
 	for {
-		snap, skipped, err := c.recvVersion(recv)
+		snap, skipped, err := c.recvVersion(recv, nil)
 		if err == nil && snap == nil {
 			err = fmt.Errorf("storeclient: protocol: not-modified header on a watch")
 		}
