@@ -202,7 +202,7 @@ func median(xs []float64) float64 {
 // gRPC's stock proto codec (as the Python client does) to show what
 // chunkcodec saves.
 //
-// "dst=reused" (one reader, chunk codec) pulls with GetInto into the blob
+// "readers=1/dst=reused/codec=blob" pulls with GetInto into the blob
 // of its previous pull, as a collector that reuses the memory of a version
 // it has finished with: no allocation, zeroing or page faults on either
 // side, so its figure is ratio_vs_tcp_warm (warm against warm), and it
@@ -218,13 +218,16 @@ func BenchmarkPull(b *testing.B) {
 			stock   bool
 			reuse   bool
 		}{{1, false, false}, {4, false, false}, {1, true, false}, {1, false, true}} {
-			name := fmt.Sprintf("size=%dMiB/readers=%d/codec=blob", size>>20, tc.readers)
+			codec := "codec=blob"
 			if tc.stock {
-				name = fmt.Sprintf("size=%dMiB/readers=%d/codec=stock", size>>20, tc.readers)
+				codec = "codec=stock"
 			}
 			if tc.reuse {
-				name += "/dst=reused"
+				// Before codec, so that a pattern naming the codec
+				// (".../codec=blob") selects only the fresh cells.
+				codec = "dst=reused/" + codec
 			}
+			name := fmt.Sprintf("size=%dMiB/readers=%d/%s", size>>20, tc.readers, codec)
 			b.Run(name, func(b *testing.B) {
 				benchPull(b, blob, tc.readers, tc.stock, tc.reuse)
 			})
