@@ -206,10 +206,11 @@ func median(xs []float64) float64 {
 // of its previous pull, as a collector that reuses the memory of a version
 // it has finished with: no allocation, zeroing or page faults on either
 // side, so its figure is ratio_vs_tcp_warm (warm against warm), and it
-// also reports tcp_warm_cpu-s/GB. The cells without dst pull into fresh
-// memory.
+// also reports that ratio's spread (warm_ratio_min, warm_ratio_max) and
+// tcp_warm_cpu-s/GB. The cells without dst pull into fresh memory.
 //
 //	GOEXPERIMENT=simd go test -run '^$' -bench 'Pull/size=(16|256)MiB/readers=./codec=blob' -benchtime 10x ./internal/store/storebench/
+//	GOEXPERIMENT=simd go test -run '^$' -bench 'Pull/size=(16|256)MiB/readers=1' -benchtime 10x ./internal/store/storebench/
 func BenchmarkPull(b *testing.B) {
 	for _, size := range []int{16 << 20, 256 << 20} {
 		blob := model(b, size)
@@ -333,7 +334,11 @@ func benchPull(b *testing.B, blob []byte, readers int, stock, reuse bool) {
 	b.ReportMetric(median(ratios), "ratio_vs_tcp") // sorts ratios
 	b.ReportMetric(ratios[0], "ratio_min")
 	b.ReportMetric(ratios[len(ratios)-1], "ratio_max")
-	b.ReportMetric(median(warmRatios), "ratio_vs_tcp_warm")
+	b.ReportMetric(median(warmRatios), "ratio_vs_tcp_warm") // sorts warmRatios
+	if reuse {
+		b.ReportMetric(warmRatios[0], "warm_ratio_min")
+		b.ReportMetric(warmRatios[len(warmRatios)-1], "warm_ratio_max")
+	}
 	b.ReportMetric(mb/grpcTotal.Seconds(), "slowest_reader_MB/s")
 	if readers > 1 {
 		b.ReportMetric(median(singles), "slowest_vs_single")
