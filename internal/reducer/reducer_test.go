@@ -520,27 +520,37 @@ func TestOptimizerCheckpointRestore(t *testing.T) {
 	}
 }
 
+// newSGDPrimary is a primary over an in-memory store holding model "m"
+// (testLayout(3), version 1), registered with cfg and SGD at lr 0.1. Both
+// close when the test ends.
+func newSGDPrimary(t *testing.T, cfg ModelConfig) (store.Store, *Primary) {
+	t.Helper()
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	pushModel(t, st, "m", testLayout(3))
+	p, err := NewPrimary(PrimaryConfig{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg.Model, cfg.Optimizer = "m", optim.Config{Kind: optim.SGD, LR: 0.1}
+	if _, _, err := p.Register(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return st, p
+}
+
 // TestLostRevivedWhenRetryApplied: a gradient pending at a secondary whose
 // session ends is counted lost; when a retry of the same (client, seq) is
 // admitted by another secondary and applied, the primary takes the lost
 // count back, so per distinct gradient it is applied or lost, never both.
 // A second gradient lost twice (its retry's session ends too) counts once.
 func TestLostRevivedWhenRetryApplied(t *testing.T) {
-	st, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	pushModel(t, st, "m", testLayout(3))
-	p, err := NewPrimary(PrimaryConfig{Store: st})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	_, p := newSGDPrimary(t, ModelConfig{})
 	ctx := context.Background()
-	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-		t.Fatal(err)
-	}
 	lost := func() uint64 { c, _, _, _ := p.Stats(); return c.Dropped[reduce.ReasonLost] }
 	a, b := reduce.ID{Client: "c", Seq: 1}, reduce.ID{Client: "c", Seq: 2}
 
@@ -603,21 +613,8 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 // batch's members stay pending, so the same batch, finite, is applied.
 func TestForwardRefusesNonFiniteSum(t *testing.T) {
 	for _, clip := range []float64{0, 1} {
-		st, err := store.NewMemory(store.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
-		pushModel(t, st, "m", testLayout(3))
-		p, err := NewPrimary(PrimaryConfig{Store: st})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer p.Close()
+		st, p := newSGDPrimary(t, ModelConfig{GradientMax: clip, Reduction: reduce.Sum})
 		ctx := context.Background()
-		if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, GradientMax: clip, Reduction: reduce.Sum}); err != nil {
-			t.Fatal(err)
-		}
 		sess, _, _ := p.Attach(ctx, Secondary{ID: "s"})
 		ids := []reduce.ID{{Client: "c", Seq: 1}, {Client: "c", Seq: 2}}
 		for _, id := range ids {
