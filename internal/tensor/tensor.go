@@ -151,6 +151,12 @@ func (t *Tensor) Clone() *Tensor {
 	return c
 }
 
+// Aligned reports whether b starts 8-byte aligned (as AlignedBytes makes
+// it), so that any dtype can be viewed in place.
+func Aligned(b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%8 == 0
+}
+
 // AlignedBytes allocates n zeroed bytes whose start is 8-byte aligned, so any
 // dtype can be viewed in place.
 func AlignedBytes(n int) []byte {

@@ -12,8 +12,8 @@ import (
 )
 
 // NewAssemblerInto receives into the caller's buffer when it is big enough
-// (same memory, no allocation), allocates when it is not, and checks the
-// limits before either.
+// and 8-byte aligned (same memory, no allocation), allocates when it is
+// not, and checks the limits before either.
 func TestNewAssemblerIntoReusesTheBuffer(t *testing.T) {
 	blob, err := safetensors.Encode(testDict(t), nil)
 	if err != nil {
@@ -27,7 +27,7 @@ func TestNewAssemblerIntoReusesTheBuffer(t *testing.T) {
 		name string
 		buf  []byte
 		same bool
-	}{{"big enough", buf, true}, {"exact", buf[:len(blob):len(blob)], true}, {"too small", buf[: len(blob)-1 : len(blob)-1], false}, {"nil", nil, false}} {
+	}{{"big enough", buf, true}, {"exact", buf[:len(blob):len(blob)], true}, {"too small", buf[: len(blob)-1 : len(blob)-1], false}, {"unaligned", buf[1:], false}, {"nil", nil, false}} {
 		a, err := NewAssemblerInto(tc.buf, uint64(len(blob)), Limits{})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -41,7 +41,7 @@ func TestNewAssemblerIntoReusesTheBuffer(t *testing.T) {
 		if err != nil || !bytes.Equal(got, blob) || f.Tensors.Len() != 6 {
 			t.Fatalf("%s: Finish = %v, equal %v", tc.name, err, bytes.Equal(got, blob))
 		}
-		if same := unsafe.SliceData(got) == unsafe.SliceData(buf); same != tc.same {
+		if same := unsafe.SliceData(got) == unsafe.SliceData(tc.buf); same != tc.same {
 			t.Errorf("%s: received into the given buffer = %v, want %v", tc.name, same, tc.same)
 		}
 	}

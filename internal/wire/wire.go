@@ -120,15 +120,17 @@ func newAssembler(total uint64, lim Limits) (*Assembler, error) {
 }
 
 // NewAssemblerInto is NewAssembler receiving into buf[:total] instead of
-// fresh memory when cap(buf) ≥ total (else it allocates, as NewAssembler
-// does). The caller must not use buf until Finish hands it back, and buf's
-// old contents are overwritten; the limits are checked first either way.
+// fresh memory when cap(buf) ≥ total and buf starts 8-byte aligned, as the
+// decoder's zero-copy tensor views need (else it allocates, as NewAssembler
+// does, and leaves buf alone). The caller must not use buf until Finish
+// hands it back, and buf's old contents are overwritten; the limits are
+// checked first either way.
 func NewAssemblerInto(buf []byte, total uint64, lim Limits) (*Assembler, error) {
 	a, err := newAssembler(total, lim)
 	if err != nil {
 		return nil, err
 	}
-	if uint64(cap(buf)) >= total {
+	if uint64(cap(buf)) >= total && tensor.Aligned(buf) {
 		a.buf = buf[:total]
 	} else {
 		a.buf = tensor.AlignedBytes(int(total))

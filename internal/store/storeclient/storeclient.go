@@ -21,7 +21,6 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
-	"unsafe"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -314,9 +313,6 @@ func (c *Client) GetIfNewerInto(ctx context.Context, name string, than uint64, b
 // GetInto); buf may be nil.
 func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []byte) (*store.Snapshot, uint64, error) {
 	req.ChunkBytes = uint32(c.cfg.ChunkBytes)
-	if uintptr(unsafe.Pointer(unsafe.SliceData(buf)))%8 != 0 {
-		buf = nil // tensors need aligned data for zero-copy views
-	}
 	var snap *store.Snapshot
 	var skipped uint64
 	err := c.do(ctx, func(ctx context.Context) error {
@@ -367,8 +363,8 @@ func (c *Client) codecOpt() grpc.CallOption {
 }
 
 // recvVersion reads one version (header and chunks) from a pull or watch
-// stream into buf when cap(buf) holds it, else into fresh memory; buf must
-// be nil or 8-byte aligned. A not-modified header yields a nil snapshot.
+// stream into buf when it can hold it (wire.NewAssemblerInto), else into
+// fresh memory. A not-modified header yields a nil snapshot.
 func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snapshot, uint64, error) {
 	var msg pulled
 	defer msg.Release()
