@@ -12,20 +12,14 @@ import (
 	"testing"
 
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
 // startStoreHub runs an in-process hub with a file-backed store on 127.0.0.1:0.
 func startStoreHub(t *testing.T) string {
 	t.Helper()
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Close() })
+	h := hubtest.Start(t, hub.Config{DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	return h.Addr().String()
 }
 

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -22,14 +23,7 @@ import (
 )
 
 func TestSyncStatusAndRelay(t *testing.T) {
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := hubtest.Start(t, hub.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	addr := h.Addr().String()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

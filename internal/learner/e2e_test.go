@@ -16,6 +16,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/learner"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
@@ -32,15 +33,8 @@ import (
 // publishes the next version. The weights converge to the generating ones.
 func TestDataParallelTrainingThroughTheHub(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet,
+	h := hubtest.Start(t, hub.Config{Logger: quiet,
 		Reducer: reducer.Config{BatchSize: 3, MaxWait: time.Minute}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
 	addr := h.Addr().String()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

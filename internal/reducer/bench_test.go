@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -86,7 +87,7 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 		secondaries = -1
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet, Reducer: reducer.Config{Secondaries: secondaries, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
+	h := hubtest.Start(b, hub.Config{Logger: quiet, Reducer: reducer.Config{Secondaries: secondaries, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
 		OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
 			now := time.Now()
 			mu.Lock()
@@ -96,13 +97,6 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 			visible.Broadcast()
 			mu.Unlock()
 		}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close()
 	addr := h.Addr().String()
 	model := benchModel(n)
 	blob, _ := safetensors.Encode(model, nil)
@@ -121,15 +115,8 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	}
 	if remote {
 		// The secondary in a hub of its own: it forwards to the primary
-		// over loopback gRPC too.
-		h2, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet, Reducer: reducer.Config{Primary: addr, Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := h2.Start(); err != nil {
-			b.Fatal(err)
-		}
-		defer h2.Close()
+		// over loopback gRPC too. It closes when the benchmark ends.
+		hubtest.Start(b, hub.Config{Logger: quiet, Reducer: reducer.Config{Primary: addr, Secondaries: 1, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8}})
 	}
 	waitSecondaries(b, admin, 1)
 	grad := benchModel(n) // the same bytes every push: the reducer does not care

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -119,7 +120,7 @@ func TestKillSecondaryProcess(t *testing.T) {
 	var recs []rec
 	// Retain enough versions to read back exactly the one the recorded
 	// steps produced (see the replay below).
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Store: store.Config{Retain: 256}, Reducer: reducer.Config{Secondaries: -1,
+	h := hubtest.Start(t, hub.Config{Store: store.Config{Retain: 256}, Reducer: reducer.Config{Secondaries: -1,
 		OnApply: func(_ string, v uint64, members []reduce.ID, _ []float32) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -128,13 +129,6 @@ func TestKillSecondaryProcess(t *testing.T) {
 				applied[id]++
 			}
 		}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
 	addr := h.Addr().String()
 
 	init := gradFor(n, "init", 0)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storeclient"
 	"github.com/rlhub/rlhub/internal/store/storetest"
@@ -17,14 +18,7 @@ import (
 // Remote pull / watch: a collector follows a real hub's model store over
 // gRPC (storeclient), "only if newer".
 func TestStoreSourcePullAndWatchOverTheHub(t *testing.T) {
-	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := hubtest.Start(t, hub.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
