@@ -25,7 +25,14 @@ import (
 //	  44 u32     notify: futex word, +1 after every publish
 //	  48 u64     published: newest complete version (0: none yet)
 //	  56 u32     name length N (≤ 256)
+//	  60 u32     lease entries L (S − 2 from writers that know leases; 0
+//	             from older ones, whose readers then always copy)
 //	  64 [N]byte model name (UTF-8)
+//	  512        lease table: L entries of 32 bytes, each
+//	               0  u64 owner: 0 free, else pid<<32 | per-process counter
+//	               8  u64 slot index + 1 the owner reads in place (0: none)
+//	               16 u64 that slot's seq when leased (diagnostic)
+//	               24 u64 reserved, 0
 //	slot i at offset 4096 + i*stride, a header page then C bytes of data:
 //	  0  u64 seq: 0 never written, odd while being written, even when whole
 //	  8  u64 version
@@ -50,7 +57,17 @@ const (
 	offNotify    = 44
 	offPublished = 48
 	offNameLen   = 56
+	offLeases    = 60
 	offName      = 64
+
+	// The lease table (docs/shm-layout.md, "Slot leases"): a layout 1
+	// extension in the header page's unused tail, which older writers
+	// leave zero (no entries).
+	offLeaseTable = 512
+	leaseEntry    = 32
+	leaseOwner    = 0
+	leaseSlot     = 8
+	leaseSeq      = 16
 
 	slotSeq     = 0
 	slotVersion = 8
@@ -75,10 +92,17 @@ type shmGeometry struct {
 	capacity int64
 	stride   int64
 	name     string
+	// leases is the lease table's entry count L: at most slots − 2, so
+	// that the writer always has a slot that neither holds the newest
+	// version nor is leased.
+	leases int
 }
 
 func (g shmGeometry) size() int64         { return shmPage + int64(g.slots)*g.stride }
 func (g shmGeometry) slotOff(i int) int64 { return shmPage + int64(i)*g.stride }
+
+// leaseOff is the offset of lease entry e in the header page.
+func leaseOff(e int) int { return offLeaseTable + e*leaseEntry }
 
 // parseShmHeader checks a mapped segment's header against its size. Every
 // failure wraps errs.ErrInvalid.
@@ -97,6 +121,7 @@ func parseShmHeader(b []byte) (shmGeometry, error) {
 	capacity := binary.LittleEndian.Uint64(b[offCapacity:])
 	stride := binary.LittleEndian.Uint64(b[offStride:])
 	nameLen := binary.LittleEndian.Uint32(b[offNameLen:])
+	leases := binary.LittleEndian.Uint32(b[offLeases:])
 	switch {
 	case slots < 2 || slots > 64:
 		return g, fmt.Errorf("%w: shm slot count %d outside [2, 64]", errs.ErrInvalid, slots)
@@ -106,8 +131,14 @@ func parseShmHeader(b []byte) (shmGeometry, error) {
 		return g, fmt.Errorf("%w: shm slot stride %d, want %d", errs.ErrInvalid, stride, shmPage+capacity)
 	case nameLen > shmMaxName:
 		return g, fmt.Errorf("%w: shm name length %d exceeds %d", errs.ErrInvalid, nameLen, shmMaxName)
+	case leases > slots-2:
+		// More entries than S − 2 could lease every slot but the newest
+		// and leave the writer nowhere to write.
+		return g, fmt.Errorf("%w: shm lease table of %d entries for %d slots (at most %d)", errs.ErrInvalid, leases, slots, slots-2)
+	case offLeaseTable+int(leases)*leaseEntry > shmPage:
+		return g, fmt.Errorf("%w: shm lease table of %d entries runs past the header page", errs.ErrInvalid, leases)
 	}
-	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen])}
+	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen]), leases: int(leases)}
 	if g.size() != int64(len(b)) {
 		return g, fmt.Errorf("%w: shm segment is %d bytes, its header describes %d", errs.ErrInvalid, len(b), g.size())
 	}
@@ -123,6 +154,7 @@ func putShmHeader(b []byte, g shmGeometry, pid int) {
 	binary.LittleEndian.PutUint64(b[offStride:], uint64(g.stride))
 	binary.LittleEndian.PutUint64(b[offPID:], uint64(pid))
 	binary.LittleEndian.PutUint32(b[offNameLen:], uint32(len(g.name)))
+	binary.LittleEndian.PutUint32(b[offLeases:], uint32(g.leases))
 	copy(b[offName:], g.name)
 }
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"os"
 	"runtime"
@@ -34,7 +35,9 @@ type ShmConfig struct {
 	Capacity int64
 	// Slots is the number of version slots (double buffer = 2); 0 means 2.
 	// More slots give a reader more time to copy a version before the
-	// writer comes back to its slot.
+	// writer comes back to its slot, and S − 2 of them can be leased by
+	// readers that read in place (ShmReaderConfig.Lease): the segment has
+	// a lease entry for each, so 2 + n slots let n readers lease.
 	Slots int
 	// Replace removes an existing file at Path first; false makes
 	// CreateShm fail with errs.ErrExists when one exists.
@@ -88,7 +91,8 @@ type ShmWriter struct {
 
 	mu        sync.Mutex // serializes writes; guards the fields below
 	mem       []byte     // the mapping; nil after Close
-	next      int        // slot the next version goes to
+	next      int        // slot the round robin tries first for the next version
+	newest    int        // slot holding the newest version; -1 before the first
 	published uint64
 }
 
@@ -104,7 +108,7 @@ func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	geo := shmGeometry{slots: cfg.Slots, capacity: roundPage(cfg.Capacity), name: cfg.Name}
+	geo := shmGeometry{slots: cfg.Slots, capacity: roundPage(cfg.Capacity), name: cfg.Name, leases: cfg.Slots - 2}
 	geo.stride = shmPage + geo.capacity
 	if !cfg.Replace {
 		if _, err := os.Lstat(cfg.Path); err == nil {
@@ -156,7 +160,7 @@ func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 		}
 		return fail(fmt.Errorf("wsync: publish shm segment: %w", err))
 	}
-	return &ShmWriter{cfg: cfg, geo: geo, mem: mem, file: fi}, nil
+	return &ShmWriter{cfg: cfg, geo: geo, mem: mem, file: fi, newest: -1}, nil
 }
 
 // Path is the segment's file.
@@ -181,6 +185,9 @@ func (w *ShmWriter) Publish(_ context.Context, snap *store.Snapshot) error {
 // written, the CRC-32C is stored, seq becomes even, then `published` and
 // the futex word move and waiters are woken. The bytes are copied and
 // checksummed in one pass, by up to CopyWorkers goroutines (ShmConfig).
+// The slot is the next one round robin that holds neither the newest
+// version nor a reader's lease (claimSlot); one always exists, so readers
+// never make Write wait.
 func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -193,10 +200,15 @@ func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 	if int64(len(blob)) > w.geo.capacity {
 		return fmt.Errorf("%w: wsync: blob of %d bytes exceeds the shm slot capacity %d", errs.ErrFull, len(blob), w.geo.capacity)
 	}
-	slot := w.mem[w.geo.slotOff(w.next):][:w.geo.stride]
+	i, s, ok := w.claimSlot()
+	if !ok {
+		// Unreachable while the table has at most S − 2 entries (checked
+		// at creation): at most S − 2 slots are leased, one holds the
+		// newest version, so one is free.
+		return fmt.Errorf("%w: wsync: every shm slot of %s is leased or holds the newest version", errs.ErrAborted, w.cfg.Path)
+	}
+	slot := w.slot(i)
 	seq := u64(slot, slotSeq)
-	s := seq.Load()
-	seq.Store(s + 1)
 	u64(slot, slotVersion).Store(version)
 	u64(slot, slotEpoch).Store(epoch)
 	u64(slot, slotLength).Store(uint64(len(blob)))
@@ -206,11 +218,57 @@ func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 	seq.Store(s + 2)
 
 	w.published = version
+	w.newest = i
 	u64(w.mem, offPublished).Store(version)
 	u32(w.mem, offNotify).Add(1)
 	futexWake(u32(w.mem, offNotify))
-	w.next = (w.next + 1) % w.geo.slots
+	w.next = (i + 1) % w.geo.slots
 	return nil
+}
+
+// claimSlot picks the slot the next version goes to and makes its seq odd
+// (s+1, returning s): the first slot round robin from w.next that does not
+// hold the newest version and that no lease entry names.
+//
+// Leases and the writer meet like Dekker's two flags: the writer stores
+// seq odd, then loads the lease table; a reader stores its lease, then
+// loads seq. Go's atomics are sequentially consistent (an amd64 Store is
+// an XCHG, a full fence), so at least one side sees the other's store:
+// either the writer sees the lease and restores seq to s — it wrote
+// nothing, so copy readers that saw s are still right — and tries the next
+// slot, or the reader sees seq moved and leases another slot. A slot that
+// is already leased is skipped without touching its seq, which spares
+// copy readers a retry.
+func (w *ShmWriter) claimSlot() (int, uint64, bool) {
+	for k := range w.geo.slots {
+		i := (w.next + k) % w.geo.slots
+		if i == w.newest || w.leased(i) {
+			continue
+		}
+		seq := u64(w.slot(i), slotSeq)
+		s := seq.Load()
+		seq.Store(s + 1)
+		if !w.leased(i) {
+			return i, s, true
+		}
+		seq.Store(s)
+	}
+	return -1, 0, false
+}
+
+// leased reports whether a lease entry names slot i. Entries naming no
+// slot or a slot out of range (a confused reader) name nothing.
+func (w *ShmWriter) leased(i int) bool {
+	for e := range w.geo.leases {
+		if u64(w.mem, leaseOff(e)+leaseSlot).Load() == uint64(i)+1 {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *ShmWriter) slot(i int) []byte {
+	return w.mem[w.geo.slotOff(i):][:w.geo.stride]
 }
 
 // Close marks the segment closed (readers then fail with
@@ -246,12 +304,23 @@ type ShmReaderConfig struct {
 	// not reordered with loads (x86-64); on other architectures the reader
 	// verifies regardless. Verifying costs about 0.6 of a memcpy per read.
 	Verify bool
+	// Lease makes the reader read versions in place instead of copying
+	// them: it claims an entry of the segment's lease table when it
+	// opens, and while it holds a version the writer leaves that version's
+	// slot alone (docs/shm-layout.md, "Slot leases"). Its snapshots are
+	// views of the read-only mapping and stay valid only until the next
+	// call that finds a newer version, or Close (see ShmReader). The reader
+	// falls back to copying, for its whole life, when the segment has no
+	// free entry (more leasing readers than slots − 2, or a writer that
+	// predates leases) or the file is not writable by this process.
+	Lease bool
 	// Tick bounds how long WaitNewer sleeps on the futex before checking
 	// ctx and the writer's liveness; 0 means 50ms.
 	Tick time.Duration
 	// MaxRetries bounds how often one read restarts because the writer
-	// overwrote the slot being copied; 0 means 1000. Past it the read
-	// fails with errs.ErrAborted.
+	// overwrote the slot being copied (or, leasing, took the slot before
+	// the lease did); 0 means 1000. Past it the read fails with
+	// errs.ErrAborted.
 	MaxRetries int
 }
 
@@ -284,22 +353,37 @@ type ShmStats struct {
 	// Reads is the number of whole versions read.
 	Reads uint64
 	// Retries is the number of copies restarted because the writer
-	// overwrote the slot meanwhile (a torn read caught by the seqlock).
+	// overwrote the slot meanwhile (a torn read caught by the seqlock), or
+	// of leases that lost the slot to the writer and were moved.
 	Retries uint64
+	// InPlace is how many of Reads were leased and read in place, not
+	// copied.
+	InPlace uint64
 }
 
-// ShmReader reads whole versions from a segment into its own memory. It
-// is a Source for one goroutine: it is NOT safe for concurrent use.
+// ShmReader reads whole versions from a segment. It is a Source for one
+// goroutine: it is NOT safe for concurrent use.
 //
-// It copies each version into one of two private buffers, alternating, so
-// a returned Snapshot stays valid until the second call after the one that
-// returned it starts (the next call writes the other buffer). Appliers that
-// keep weights longer copy them (CopyInto).
+// By default it copies each version into one of two private buffers,
+// alternating, so a returned Snapshot stays valid until the second call
+// after the one that returned it starts (the next call writes the other
+// buffer).
+//
+// A reader that leases (ShmReaderConfig.Lease and Leasing) copies nothing:
+// a returned Snapshot's Blob and tensors are views of the segment's slot,
+// which is mapped read-only (writing to it faults). It stays valid until
+// the next GetIfNewer or WaitNewer call that finds a newer version (that
+// call moves the lease, whether or not it then returns the version), or
+// Close, which unmaps the segment. Appliers that keep weights longer copy
+// them (CopyInto).
 type ShmReader struct {
 	cfg ShmReaderConfig
 	geo shmGeometry
-	mem []byte // read-only mapping; nil after Close
+	mem []byte // the mapping, read-only but for a leasing reader's header page; nil after Close
 	pid int
+
+	// entry is the lease entry this reader owns, -1 when it copies.
+	entry int
 
 	bufs  [2][]byte
 	which int
@@ -308,14 +392,32 @@ type ShmReader struct {
 
 var _ Source = (*ShmReader)(nil)
 
+// leaseTokens numbers the lease entries this process claims, so that
+// several readers in one process own distinct owner values.
+var leaseTokens atomic.Uint32
+
 // OpenShm maps an existing segment read-only and checks its header
 // (errs.ErrInvalid for a file that is not a valid segment, errs.ErrNotFound
-// when there is none).
+// when there is none). With cfg.Lease it also claims a lease entry: a free
+// one, or one whose owner process is gone.
 func OpenShm(cfg ShmReaderConfig) (*ShmReader, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(cfg.Path)
+	// Copying needs only read access; leasing writes the lease table, and
+	// a leaser without write access copies.
+	writable := cfg.Lease
+	var f *os.File
+	var err error
+	if writable {
+		f, err = os.OpenFile(cfg.Path, os.O_RDWR, 0)
+		if errors.Is(err, os.ErrPermission) || errors.Is(err, unix.EROFS) {
+			writable = false
+		}
+	}
+	if !writable {
+		f, err = os.Open(cfg.Path)
+	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("%w: wsync: shm segment %s", errs.ErrNotFound, cfg.Path)
@@ -340,7 +442,54 @@ func OpenShm(cfg ShmReaderConfig) (*ShmReader, error) {
 		return nil, fmt.Errorf("wsync: %s: %w", cfg.Path, err)
 	}
 	pid := int(u64(mem, offPID).Load())
-	return &ShmReader{cfg: cfg, geo: geo, mem: mem, pid: pid}, nil
+	r := &ShmReader{cfg: cfg, geo: geo, mem: mem, pid: pid, entry: -1}
+	if writable && geo.leases > 0 {
+		// Only the header page becomes writable: the slots stay read-only,
+		// so a collector that writes to a leased snapshot faults instead
+		// of corrupting what other readers see.
+		if err := unix.Mprotect(mem[:shmPage], unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			unix.Munmap(mem)
+			return nil, fmt.Errorf("wsync: make the lease table of %s writable: %w", cfg.Path, err)
+		}
+		r.entry = r.claimLease()
+	}
+	return r, nil
+}
+
+// claimLease takes a lease entry for this reader: a free one (owner 0) or
+// one whose owner process no longer exists, by compare-and-swap on the
+// owner so two readers never take the same entry. It returns the entry,
+// or -1 when every entry is owned by a live process.
+func (r *ShmReader) claimLease() int {
+	self := os.Getpid()
+	token := uint64(uint32(self))<<32 | uint64(leaseTokens.Add(1))
+	for e := range r.geo.leases {
+		owner := u64(r.mem, leaseOff(e)+leaseOwner)
+		o := owner.Load()
+		if o != 0 && !leaseOwnerGone(o, self) {
+			continue
+		}
+		if owner.CompareAndSwap(o, token) {
+			// A dead owner's slot is released only now: until here the
+			// writer kept avoiding it, which cost it nothing but a slot.
+			u64(r.mem, leaseOff(e)+leaseSlot).Store(0)
+			u64(r.mem, leaseOff(e)+leaseSeq).Store(0)
+			return e
+		}
+	}
+	return -1
+}
+
+// leaseOwnerGone reports whether the process that owns a lease entry has
+// exited. Entries of this process belong to its open readers, and a pid
+// that exists (or that this process may not signal) is alive; a pid reused
+// by an unrelated process therefore keeps its entry until that one exits.
+func leaseOwnerGone(owner uint64, self int) bool {
+	pid := int(owner >> 32)
+	if pid == self {
+		return false
+	}
+	return pid <= 0 || unix.Kill(pid, 0) == unix.ESRCH
 }
 
 // Name is the model name in the segment header.
@@ -348,6 +497,10 @@ func (r *ShmReader) Name() string { return r.geo.name }
 
 // Stats returns the reader's counters.
 func (r *ShmReader) Stats() ShmStats { return r.stats }
+
+// Leasing reports whether the reader holds a lease entry, i.e. reads in
+// place; false means it copies (see ShmReaderConfig.Lease).
+func (r *ShmReader) Leasing() bool { return r.mem != nil && r.entry >= 0 }
 
 // Published is the newest complete version in the segment (0: none).
 func (r *ShmReader) Published() uint64 { return u64(r.mem, offPublished).Load() }
@@ -389,8 +542,9 @@ func (r *ShmReader) WaitNewer(ctx context.Context, after uint64) (*store.Snapsho
 	}
 }
 
-// read copies the newest whole version newer than `than`, retrying when
-// the writer overwrites the slot during the copy.
+// read returns the newest whole version newer than `than`: leased and
+// read in place when the reader holds a lease entry, else copied,
+// retrying when the writer overwrites the slot during the copy.
 func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > r.cfg.MaxRetries {
@@ -416,6 +570,19 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 			return nil, nil
 		}
 		slot := r.slot(best)
+		if r.entry >= 0 {
+			// Lease the slot, then check the writer has not started on it
+			// since we saw it whole (claimSlot explains why one of the two
+			// sides always sees the other). This store also releases the
+			// slot of the snapshot returned before.
+			u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(uint64(best) + 1)
+			u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(bestSeq)
+			if u64(slot, slotSeq).Load() != bestSeq {
+				r.stats.Retries++ // the writer got there first: pick again
+				continue
+			}
+			return r.leasedSnapshot(slot, best, bestVer)
+		}
 		epoch := u64(slot, slotEpoch).Load()
 		length := u64(slot, slotLength).Load()
 		crc := u32(slot, slotCRC).Load()
@@ -425,7 +592,7 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 				r.stats.Retries++
 				continue
 			}
-			return nil, fmt.Errorf("%w: wsync: %s slot %d claims %d bytes, capacity %d", errs.ErrInvalid, r.cfg.Path, best, length, r.geo.capacity)
+			return nil, r.errLength(best, length)
 		}
 		buf := r.buffer(int(length))
 		src := slot[shmPage : shmPage+int(length)]
@@ -440,19 +607,62 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 			continue
 		}
 		if r.cfg.Verify && got != crc {
-			return nil, fmt.Errorf("%w: wsync: %s version %d: CRC-32C %08x, header says %08x", errs.ErrInvalid, r.cfg.Path, bestVer, got, crc)
+			return nil, r.errCRC(bestVer, got, crc)
 		}
-		f, err := safetensors.Decode(buf)
-		if err != nil {
-			return nil, fmt.Errorf("wsync: %s version %d: %w", r.cfg.Path, bestVer, err)
+		snap, err := r.decode(buf, bestVer, epoch, created)
+		if err == nil {
+			r.which ^= 1
 		}
-		r.which ^= 1
-		r.stats.Reads++
-		return &store.Snapshot{
-			Name: r.geo.name, Version: bestVer, Epoch: epoch, Blob: buf,
-			Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, created),
-		}, nil
+		return snap, err
 	}
+}
+
+// leasedSnapshot returns the version in a slot the reader has leased, in place:
+// the writer does not touch the slot while the lease names it, so every
+// field and byte read here is the version's.
+func (r *ShmReader) leasedSnapshot(slot []byte, i int, version uint64) (*store.Snapshot, error) {
+	epoch := u64(slot, slotEpoch).Load()
+	length := u64(slot, slotLength).Load()
+	crc := u32(slot, slotCRC).Load()
+	created := int64(u64(slot, slotCreated).Load())
+	if length > uint64(r.geo.capacity) {
+		return nil, r.errLength(i, length)
+	}
+	// A full slice expression: appending to the blob copies it rather
+	// than writing to the read-only mapping.
+	blob := slot[shmPage : shmPage+int(length) : shmPage+int(length)]
+	if r.cfg.Verify {
+		if got := crc32.Checksum(blob, castagnoli); got != crc {
+			return nil, r.errCRC(version, got, crc)
+		}
+	}
+	snap, err := r.decode(blob, version, epoch, created)
+	if err == nil {
+		r.stats.InPlace++
+	}
+	return snap, err
+}
+
+// decode parses a whole version's blob (a private copy or a leased slot);
+// the snapshot's tensors alias it.
+func (r *ShmReader) decode(blob []byte, version, epoch uint64, created int64) (*store.Snapshot, error) {
+	f, err := safetensors.Decode(blob)
+	if err != nil {
+		return nil, fmt.Errorf("wsync: %s version %d: %w", r.cfg.Path, version, err)
+	}
+	r.stats.Reads++
+	return &store.Snapshot{
+		Name: r.geo.name, Version: version, Epoch: epoch, Blob: blob,
+		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, created),
+	}, nil
+}
+
+func (r *ShmReader) errLength(slot int, length uint64) error {
+	return fmt.Errorf("%w: wsync: %s slot %d claims %d bytes, capacity %d", errs.ErrInvalid, r.cfg.Path, slot, length, r.geo.capacity)
+}
+
+func (r *ShmReader) errCRC(version uint64, got, want uint32) error {
+	return fmt.Errorf("%w: wsync: %s version %d: CRC-32C %08x, header says %08x", errs.ErrInvalid, r.cfg.Path, version, got, want)
 }
 
 // buffer returns the private buffer the next read goes to, n bytes long.
@@ -497,10 +707,20 @@ func (r *ShmReader) writerAlive() bool {
 	return unix.Kill(r.pid, 0) != unix.ESRCH
 }
 
-// Close unmaps the segment. Safe to call twice.
+// Close releases the reader's lease entry, if it has one, and unmaps the
+// segment (snapshots it returned in place are gone with it). Safe to call
+// twice.
 func (r *ShmReader) Close() error {
 	if r.mem == nil {
 		return nil
+	}
+	if r.entry >= 0 {
+		// Drop the lease first, then free the entry: a reader claiming it
+		// finds no slot named.
+		u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(0)
+		u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(0)
+		u64(r.mem, leaseOff(r.entry)+leaseOwner).Store(0)
+		r.entry = -1
 	}
 	err := unix.Munmap(r.mem)
 	r.mem = nil

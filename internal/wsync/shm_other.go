@@ -29,10 +29,11 @@ type ShmWriter struct{}
 type ShmReaderConfig struct {
 	Path       string
 	Verify     bool
+	Lease      bool
 	Tick       time.Duration
 	MaxRetries int
 }
-type ShmStats struct{ Reads, Retries uint64 }
+type ShmStats struct{ Reads, Retries, InPlace uint64 }
 type ShmReader struct{}
 
 func CreateShm(ShmConfig) (*ShmWriter, error)                     { return nil, errors.ErrUnsupported }
@@ -46,6 +47,7 @@ func (*ShmReader) Name() string                                   { return "" }
 func (*ShmReader) Stats() ShmStats                                { return ShmStats{} }
 func (*ShmReader) Published() uint64                              { return 0 }
 func (*ShmReader) WriterAlive() bool                              { return false }
+func (*ShmReader) Leasing() bool                                  { return false }
 func (*ShmReader) Close() error                                   { return nil }
 func (*ShmReader) GetIfNewer(context.Context, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported

@@ -187,6 +187,10 @@ func TestOpenShmRejectsBadSegments(t *testing.T) {
 		{"capacity", func(b []byte) []byte { b[offCapacity] = 1; return b }},
 		{"truncated", func(b []byte) []byte { return b[:len(b)-shmPage] }},
 		{"name", func(b []byte) []byte { b[offNameLen+1] = 9; return b }},
+		// 2 slots leave no room for a lease: the writer needs one slot
+		// for the newest version and one to write.
+		{"leases", func(b []byte) []byte { b[offLeases] = 1; return b }},
+		{"lease-table", func(b []byte) []byte { b[offLeases] = 113; return b }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.mutil(append([]byte(nil), good...))
@@ -208,32 +212,80 @@ func TestOpenShmRejectsBadSegments(t *testing.T) {
 
 // Torn-read test parameters: a fixed number of versions written flat out.
 const (
-	tornVersions   = 1500
-	tornWords      = 64 << 10 // 256 KiB per version
-	tornGoroutines = 3
-	tornProcesses  = 2
-	childEnv       = "RLHUB_WSYNC_CHILD"
+	tornVersions = 1500
+	tornWords    = 64 << 10 // 256 KiB per version
+	childEnv     = "RLHUB_WSYNC_CHILD"
+	// leaseHoldVersions is how many more versions the writer must have
+	// published before a leasing reader re-checks the snapshot it holds.
+	leaseHoldVersions = 3
 )
 
+// tornReader is one reader of TestShmTornReads: whether it verifies CRCs,
+// asks for a lease, and whether it must get one (false: it must find the
+// lease table full and fall back to copying).
+type tornReader struct{ verify, lease, wantLease bool }
+
+// tornSetup is one run of TestShmTornReads.
+type tornSetup struct {
+	copyWorkers int
+	slots       int
+	// processes are opened first, in order, then goroutines, so which
+	// leasing readers get an entry is fixed.
+	processes, goroutines []tornReader
+}
+
+// copyReaders is the original mix: 3 reader goroutines and 2 reader
+// processes, half of them verifying CRCs, all copying.
+var copyReaders = tornSetup{
+	slots:      2,
+	processes:  []tornReader{{verify: true}, {}},
+	goroutines: []tornReader{{verify: true}, {}, {verify: true}},
+}
+
 // TestShmTornReads: one writer publishes tornVersions versions as fast as
-// it can into a double buffer while reader goroutines and separate reader
-// processes read every version they can and check each one word by word
-// (and, for half of them, by CRC-32C; the other half rely on the seqlock
-// alone); no read may be torn. It runs once with the writer copying on one
-// goroutine and once with each version split across 3 copying goroutines.
+// it can while reader goroutines and separate reader processes read every
+// version they can and check each one word by word (and, for some of them,
+// by CRC-32C; the others rely on the seqlock alone); no read may be torn.
+// It runs with copying readers on a double buffer, once with the writer
+// copying on one goroutine and once with each version split across 3
+// copying goroutines; then with leasing readers (3 lease entries, in 5
+// slots) next to copying ones: each leasing reader holds every snapshot it
+// gets until the writer has published leaseHoldVersions more, and checks
+// its bytes and CRC again, which fails if the writer ever wrote a leased
+// slot; one more leasing reader than there are entries falls back to
+// copying.
 func TestShmTornReads(t *testing.T) {
-	t.Run("serial-writer", func(t *testing.T) { testShmTornReads(t, 1) })
+	t.Run("serial-writer", func(t *testing.T) {
+		setup := copyReaders
+		setup.copyWorkers = 1
+		testShmTornReads(t, setup)
+	})
 	t.Run("parallel-writer", func(t *testing.T) {
 		old := minCopyPart
 		minCopyPart = 64 << 10 // split the 256 KiB versions too
 		defer func() { minCopyPart = old }()
-		testShmTornReads(t, 3)
+		setup := copyReaders
+		setup.copyWorkers = 3
+		testShmTornReads(t, setup)
+	})
+	t.Run("leasing-readers", func(t *testing.T) {
+		testShmTornReads(t, tornSetup{
+			copyWorkers: 1,
+			slots:       5,
+			processes:   []tornReader{{verify: true, lease: true, wantLease: true}, {}},
+			goroutines: []tornReader{
+				{verify: true, lease: true, wantLease: true},
+				{lease: true, wantLease: true},
+				{verify: true, lease: true}, // the table is full: copies
+				{},
+			},
+		})
 	})
 }
 
-func testShmTornReads(t *testing.T, copyWorkers int) {
+func testShmTornReads(t *testing.T, setup tornSetup) {
 	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4*tornWords + 4096, CopyWorkers: copyWorkers})
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4*tornWords + 4096, CopyWorkers: setup.copyWorkers, Slots: setup.slots})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,10 +299,11 @@ func testShmTornReads(t *testing.T, copyWorkers int) {
 		out *bufio.Scanner
 	}
 	var children []child
-	for i := range tornProcesses {
+	for i, rd := range setup.processes {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), childEnv+"=shm", "RLHUB_WSYNC_SHM="+path,
-			"RLHUB_WSYNC_FINAL="+strconv.Itoa(tornVersions), "RLHUB_WSYNC_VERIFY="+strconv.FormatBool(i%2 == 0))
+			"RLHUB_WSYNC_FINAL="+strconv.Itoa(tornVersions), "RLHUB_WSYNC_VERIFY="+strconv.FormatBool(rd.verify),
+			"RLHUB_WSYNC_LEASE="+strconv.FormatBool(rd.lease))
 		cmd.Stderr = os.Stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -261,21 +314,24 @@ func testShmTornReads(t *testing.T, copyWorkers int) {
 		}
 		sc := bufio.NewScanner(stdout)
 		children = append(children, child{cmd, sc})
-		if !sc.Scan() || sc.Text() != "ready" {
-			t.Fatalf("reader process %d did not get ready: %q %v", i, sc.Text(), sc.Err())
+		if want := fmt.Sprintf("ready leasing=%v", rd.wantLease); !sc.Scan() || sc.Text() != want {
+			t.Fatalf("reader process %d: got %q (%v), want %q", i, sc.Text(), sc.Err(), want)
 		}
 	}
 
 	type result struct {
-		reads, retries, aborts uint64
-		err                    error
+		reads, retries, aborts, inPlace uint64
+		err                             error
 	}
-	results := make([]result, tornGoroutines)
+	results := make([]result, len(setup.goroutines))
 	var wg sync.WaitGroup
-	for g := range tornGoroutines {
-		r, err := OpenShm(ShmReaderConfig{Path: path, Verify: g%2 == 0})
+	for g, rd := range setup.goroutines {
+		r, err := OpenShm(ShmReaderConfig{Path: path, Verify: rd.verify, Lease: rd.lease})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if r.Leasing() != rd.wantLease {
+			t.Fatalf("goroutine reader %d: Leasing() = %v, want %v", g, r.Leasing(), rd.wantLease)
 		}
 		wg.Add(1)
 		go func() {
@@ -283,7 +339,7 @@ func testShmTornReads(t *testing.T, copyWorkers int) {
 			defer r.Close()
 			res := &results[g]
 			res.reads, res.aborts, res.err = readAll(ctx, r, tornVersions)
-			res.retries = r.Stats().Retries
+			res.retries, res.inPlace = r.Stats().Retries, r.Stats().InPlace
 		}()
 	}
 
@@ -295,9 +351,14 @@ func testShmTornReads(t *testing.T, copyWorkers int) {
 	}
 	wg.Wait()
 	for g, res := range results {
-		t.Logf("goroutine reader %d (verify=%v): %d versions read whole, %d torn copies retried, %d reads aborted", g, g%2 == 0, res.reads, res.retries, res.aborts)
+		rd := setup.goroutines[g]
+		t.Logf("goroutine reader %d (verify=%v lease=%v): %d versions read whole, %d in place, %d torn copies or lost leases retried, %d reads aborted",
+			g, rd.verify, rd.wantLease, res.reads, res.inPlace, res.retries, res.aborts)
 		if res.err != nil {
 			t.Errorf("goroutine reader %d: %v", g, res.err)
+		}
+		if want := map[bool]uint64{true: res.reads, false: 0}[rd.wantLease]; res.inPlace != want {
+			t.Errorf("goroutine reader %d read %d of %d versions in place, want %d", g, res.inPlace, res.reads, want)
 		}
 	}
 	for i, c := range children {
@@ -314,8 +375,11 @@ func testShmTornReads(t *testing.T, copyWorkers int) {
 }
 
 // readAll reads until it has version final, checking every version read.
-// It returns the number of whole versions read and of aborted reads, and
-// the first torn or failed read.
+// A leasing reader also holds each snapshot until the writer has published
+// leaseHoldVersions more (or the final one) and checks it again: a slot
+// the writer wrote while leased shows up as changed bytes or CRC. It
+// returns the number of whole versions read and of aborted reads, and the
+// first torn or failed read.
 func readAll(ctx context.Context, r *ShmReader, final uint64) (reads, aborts uint64, err error) {
 	var have uint64
 	for have < final {
@@ -333,33 +397,62 @@ func readAll(ctx context.Context, r *ShmReader, final uint64) (reads, aborts uin
 		if s.Version <= have {
 			return reads, aborts, fmt.Errorf("version went from %d to %d", have, s.Version)
 		}
+		if r.Leasing() {
+			if err := holdLeased(ctx, r, s, min(s.Version+leaseHoldVersions, final)); err != nil {
+				return reads, aborts, err
+			}
+		}
 		have = s.Version
 		reads++
 	}
 	return reads, aborts, nil
 }
 
+// holdLeased keeps the leased snapshot s while the writer publishes up to
+// version `until`, then checks that its bytes are still version s's.
+func holdLeased(ctx context.Context, r *ShmReader, s *store.Snapshot, until uint64) error {
+	crc := crc32.Checksum(s.Blob, castagnoli)
+	for r.Published() < until {
+		if ctx.Err() != nil {
+			return fmt.Errorf("holding v%d until v%d is published: %w", s.Version, until, ctx.Err())
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	if got := crc32.Checksum(s.Blob, castagnoli); got != crc {
+		return fmt.Errorf("leased version %d changed while held: CRC-32C %08x, was %08x (the writer wrote a leased slot)", s.Version, got, crc)
+	}
+	if err := checkSnap(s); err != nil {
+		return fmt.Errorf("leased version %d changed while held: %w", s.Version, err)
+	}
+	return nil
+}
+
 // runChild runs this test binary as a helper process: a shm reader of
-// TestShmTornReads or a relay of TestRelayProcessKilled.
+// TestShmTornReads, a lease holder of TestShmLeaseOfDeadReader, or a relay
+// of TestRelayProcessKilled.
 func runChild() int {
-	if os.Getenv(childEnv) == "relay" {
+	switch os.Getenv(childEnv) {
+	case "relay":
 		return runRelayChild()
+	case "shm-lease-hold":
+		return runLeaseHolderChild()
 	}
 	return runShmReaderChild()
 }
 
 // runShmReaderChild is a reader process of TestShmTornReads. It prints
-// "ready", reads to the final version, prints its counts and exits 0, or
-// exits 1 on a torn or failed read.
+// "ready leasing=<bool>", reads to the final version, prints its counts
+// and exits 0, or exits 1 on a torn or failed read.
 func runShmReaderChild() int {
 	final, _ := strconv.ParseUint(os.Getenv("RLHUB_WSYNC_FINAL"), 10, 64)
-	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Verify: os.Getenv("RLHUB_WSYNC_VERIFY") == "true"})
+	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Verify: os.Getenv("RLHUB_WSYNC_VERIFY") == "true",
+		Lease: os.Getenv("RLHUB_WSYNC_LEASE") == "true"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
 	}
 	defer r.Close()
-	fmt.Println("ready")
+	fmt.Printf("ready leasing=%v\n", r.Leasing())
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	reads, aborts, err := readAll(ctx, r, final)
@@ -367,7 +460,8 @@ func runShmReaderChild() int {
 		fmt.Fprintln(os.Stderr, "child: torn or failed read:", err)
 		return 1
 	}
-	fmt.Printf("%d versions read whole, %d torn copies retried, %d reads aborted, verify=%v\n", reads, r.Stats().Retries, aborts, r.cfg.Verify)
+	fmt.Printf("%d versions read whole (%d in place), %d torn copies or lost leases retried, %d reads aborted, verify=%v lease=%v\n",
+		reads, r.Stats().InPlace, r.Stats().Retries, aborts, r.cfg.Verify, r.Leasing())
 	return 0
 }
 

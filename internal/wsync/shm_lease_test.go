@@ -1,0 +1,325 @@
+//go:build linux
+
+package wsync
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+// inMapping reports whether b's bytes lie inside the reader's mapping of
+// the segment (a leased, in-place snapshot) rather than in private memory.
+func inMapping(r *ShmReader, b []byte) bool {
+	if len(b) == 0 || len(r.mem) == 0 {
+		return false
+	}
+	p, lo := uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&r.mem[0]))
+	return p >= lo && p < lo+uintptr(len(r.mem))
+}
+
+// publishRange publishes versions from..to of model "m", n floats each.
+func publishRange(t *testing.T, w *ShmWriter, from, to uint64, n int) {
+	t.Helper()
+	for v := from; v <= to; v++ {
+		if err := w.Publish(context.Background(), makeSnap(t, "m", v, n)); err != nil {
+			t.Fatalf("publish v%d: %v", v, err)
+		}
+	}
+}
+
+// slotOf returns the slot holding version v in the writer's segment, or -1.
+func slotOf(w *ShmWriter, v uint64) int {
+	for i := range w.geo.slots {
+		slot := w.slot(i)
+		if s := u64(slot, slotSeq).Load(); s != 0 && s%2 == 0 && u64(slot, slotVersion).Load() == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// A leasing reader returns versions in place, read-only; the writer keeps
+// writing around the leased slot, so the held snapshot never changes; the
+// lease moves only when a newer version is returned; Close frees the entry.
+func TestShmLeaseReadsInPlace(t *testing.T) {
+	ctx := context.Background()
+	path := shmPath(t)
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Leasing() {
+		t.Fatal("a reader of a 3-slot segment with a free entry does not lease")
+	}
+	publishRange(t, w, 1, 1, 1000)
+	s1, err := r.GetIfNewer(ctx, 0)
+	if err != nil || s1 == nil || s1.Version != 1 {
+		t.Fatalf("GetIfNewer = %v, %v", s1, err)
+	}
+	if !inMapping(r, s1.Blob) || !inMapping(r, s1.Tensors.Get("w").Data) {
+		t.Fatal("a leased snapshot's blob or tensor is not a view of the segment")
+	}
+	leasedSlot := slotOf(w, 1)
+	if got := u64(w.mem, leaseOff(0)+leaseSlot).Load(); got != uint64(leasedSlot)+1 {
+		t.Fatalf("lease entry names slot %d-1, want %d (which holds v1)", got, leasedSlot)
+	}
+
+	// With one slot leased and one holding the newest, the writer has one
+	// slot left: it writes every version there, and never the leased one.
+	publishRange(t, w, 2, 12, 1000)
+	if err := checkSnap(s1); err != nil {
+		t.Fatalf("the leased v1 changed while the writer published 11 more: %v", err)
+	}
+	if slotOf(w, 1) != leasedSlot {
+		t.Fatal("the leased slot no longer holds v1")
+	}
+	// Nothing newer: the lease stays put.
+	if s, err := r.GetIfNewer(ctx, 12); s != nil || err != nil {
+		t.Fatalf("GetIfNewer(12) = %v, %v", s, err)
+	}
+	if err := checkSnap(s1); err != nil {
+		t.Fatalf("a call that found nothing newer released v1: %v", err)
+	}
+
+	// The leased memory is read-only: a write faults.
+	func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if recover() == nil {
+				t.Error("writing to a leased snapshot did not fault")
+			}
+		}()
+		s1.Blob[len(s1.Blob)-1] ^= 1
+	}()
+
+	s12, err := r.GetIfNewer(ctx, 1)
+	if err != nil || s12 == nil || s12.Version != 12 || checkSnap(s12) != nil {
+		t.Fatalf("GetIfNewer(1) = %v, %v; want whole v12", s12, err)
+	}
+	if st := r.Stats(); st.Reads != 2 || st.InPlace != 2 {
+		t.Fatalf("stats %+v, want 2 reads, both in place", st)
+	}
+	// v1's slot is free again: two more versions, and one of them lands
+	// there.
+	publishRange(t, w, 13, 14, 1000)
+	if slotOf(w, 1) >= 0 {
+		t.Fatal("the writer never reused the slot the lease moved away from")
+	}
+	if err := checkSnap(s12); err != nil {
+		t.Fatalf("the leased v12 changed: %v", err)
+	}
+
+	// Close frees the entry for the next reader.
+	r.Close()
+	if got := u64(w.mem, leaseOff(0)+leaseOwner).Load(); got != 0 {
+		t.Fatalf("entry owner after Close = %#x, want 0", got)
+	}
+	r2, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if !r2.Leasing() {
+		t.Fatal("the entry a closed reader freed was not claimed")
+	}
+}
+
+// Readers that cannot lease copy, and still read whole versions: one more
+// leasing reader than the table has entries, a reader of a segment whose
+// writer predates leases (L = 0), and a double buffer (no room for
+// leases).
+func TestShmLeaseFallsBackToCopying(t *testing.T) {
+	ctx := context.Background()
+	path := shmPath(t)
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var readers []*ShmReader
+	for range 3 {
+		r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		readers = append(readers, r)
+	}
+	if !readers[0].Leasing() || !readers[1].Leasing() || readers[2].Leasing() {
+		t.Fatalf("leasing: %v %v %v; want the 2 entries of 4 slots taken by the first two readers",
+			readers[0].Leasing(), readers[1].Leasing(), readers[2].Leasing())
+	}
+	// An older writer's segment: L = 0 in the header.
+	old := shmPath(t)
+	ow, err := CreateShm(ShmConfig{Path: old, Name: "m", Capacity: 64 << 10, Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ow.Close()
+	u32(ow.mem, offLeases).Store(0)
+	or, err := OpenShm(ShmReaderConfig{Path: old, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer or.Close()
+	double := shmPath(t)
+	dw, err := CreateShm(ShmConfig{Path: double, Name: "m", Capacity: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dw.Close()
+	dr, err := OpenShm(ShmReaderConfig{Path: double, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dr.Close()
+	if or.Leasing() || dr.Leasing() {
+		t.Fatalf("leasing with L = 0: %v (older writer), %v (double buffer)", or.Leasing(), dr.Leasing())
+	}
+
+	held := make([]*store.Snapshot, len(readers))
+	for v := uint64(1); v <= 6; v++ {
+		publishRange(t, w, v, v, 1000)
+		publishRange(t, ow, v, v, 1000)
+		publishRange(t, dw, v, v, 1000)
+		for i, r := range append(readers, or, dr) {
+			s, err := r.GetIfNewer(ctx, v-1)
+			if err != nil || s == nil || s.Version != v || checkSnap(s) != nil {
+				t.Fatalf("reader %d, v%d: got %v, %v", i, v, s, err)
+			}
+			if inMapping(r, s.Blob) != r.Leasing() {
+				t.Fatalf("reader %d (leasing %v): snapshot in the mapping = %v", i, r.Leasing(), inMapping(r, s.Blob))
+			}
+			if i < len(held) {
+				held[i] = s
+			}
+		}
+		// Both leases name the newest slot; the copying reader copied.
+		for i, s := range held {
+			if err := checkSnap(s); err != nil {
+				t.Fatalf("reader %d's v%d changed: %v", i, v, err)
+			}
+		}
+	}
+	if st := readers[2].Stats(); st.InPlace != 0 || st.Reads != 6 {
+		t.Fatalf("fallback reader stats %+v, want 6 copied reads", st)
+	}
+}
+
+// A reader process killed while it holds a lease does not block the writer
+// (the slot it held is avoided, another is always free), and the next
+// leasing reader takes over its entry, releasing the slot.
+func TestShmLeaseOfDeadReader(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	path := shmPath(t)
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	publishRange(t, w, 1, 1, 1000)
+
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=shm-lease-hold", "RLHUB_WSYNC_SHM="+path)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || sc.Text() != "leased v1" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("lease holder said %q (%v), want \"leased v1\"", sc.Text(), sc.Err())
+	}
+	owner := u64(w.mem, leaseOff(0)+leaseOwner).Load()
+	if int(owner>>32) != cmd.Process.Pid {
+		t.Fatalf("entry 0 owner %#x, want the holder's pid %d", owner, cmd.Process.Pid)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait() // killed: the error is expected; the pid is gone once reaped
+
+	// The dead reader's lease still names v1's slot: the writer goes
+	// around it, without waiting.
+	leased := slotOf(w, 1)
+	t0 := time.Now()
+	publishRange(t, w, 2, 20, 1000)
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("19 publishes took %v next to a dead lease", d)
+	}
+	if slotOf(w, 1) != leased {
+		t.Fatal("the writer wrote the slot a dead reader leased before anyone released it")
+	}
+
+	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Leasing() || r.entry != 0 {
+		t.Fatalf("new reader: leasing %v, entry %d; want the dead reader's entry 0", r.Leasing(), r.entry)
+	}
+	if got := u64(w.mem, leaseOff(0)+leaseOwner).Load(); int(got>>32) != os.Getpid() {
+		t.Fatalf("entry 0 owner %#x after the take-over, want pid %d", got, os.Getpid())
+	}
+	s, err := r.GetIfNewer(ctx, 0)
+	if err != nil || s == nil || s.Version != 20 || checkSnap(s) != nil {
+		t.Fatalf("GetIfNewer = %v, %v; want whole v20", s, err)
+	}
+	// v1's slot is released: the writer gets it back within two versions.
+	publishRange(t, w, 21, 22, 1000)
+	if slotOf(w, 1) >= 0 {
+		t.Fatal("the dead reader's slot was never reused after the take-over")
+	}
+	if err := checkSnap(s); err != nil {
+		t.Fatalf("the new reader's leased v20 changed: %v", err)
+	}
+}
+
+// runLeaseHolderChild is the reader process of TestShmLeaseOfDeadReader:
+// it leases the newest version, prints "leased v<N>" and waits for stdin
+// to end (the parent kills it first).
+func runLeaseHolderChild() int {
+	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Lease: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lease holder:", err)
+		return 1
+	}
+	defer r.Close()
+	s, err := r.GetIfNewer(context.Background(), 0)
+	if err != nil || s == nil || !r.Leasing() {
+		fmt.Fprintln(os.Stderr, "lease holder: no lease:", s, err, r.Leasing())
+		return 1
+	}
+	fmt.Println("leased v" + strconv.FormatUint(s.Version, 10))
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
