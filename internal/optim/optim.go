@@ -241,7 +241,9 @@ func (o *Optimizer) Step(params, grads *tensor.StateDict) error {
 // StepTo is Step writing the updated parameters into dst and only reading
 // params (dst may be params). It lets the reducer write a new version
 // straight into the buffer it publishes. Every tensor of dst must either be
-// params' tensor or not overlap it.
+// params' tensor or not overlap it. A successful StepTo writes every element
+// of dst (the reducer steps into buffers it has not zeroed; a test pins
+// this); on error dst is untouched.
 func (o *Optimizer) StepTo(dst, params, grads *tensor.StateDict) error {
 	if err := dst.CheckLayout(o.layout); err != nil {
 		return fmt.Errorf("%w: optimizer destination: %v", errs.ErrInvalid, err)

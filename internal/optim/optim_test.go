@@ -369,3 +369,51 @@ func TestPlainSGDStepToBlocks(t *testing.T) {
 		t.Fatal("StepTo into another buffer differs from the in-place step")
 	}
 }
+
+// TestStepToWritesEveryElement: StepTo sets every element of dst, on the
+// first step (fresh state) and later ones, for every kind. The reducer
+// relies on it: it steps into blobs it does not zero first, so an element
+// left unwritten would publish stale memory. dst is poisoned with NaN.
+func TestStepToWritesEveryElement(t *testing.T) {
+	for _, cfg := range []Config{{Kind: SGD, LR: 0.1}, {Kind: SGD, LR: 0.1, WeightDecay: 0.1},
+		{Kind: SGD, LR: 0.1, Momentum: 0.9, Nesterov: true}, {Kind: SGD, LR: 0.1, Momentum: 0.9, Dampening: 0.5},
+		{Kind: Adam, LR: 0.01}, {Kind: Adam, LR: 0.01, WeightDecay: 0.1}, {Kind: AdamW, LR: 0.01},
+		{Kind: RMSprop, LR: 0.01}, {Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, WeightDecay: 0.1}} {
+		r := rand.New(rand.NewPCG(5, 5))
+		mk := func() *tensor.StateDict {
+			sd := &tensor.StateDict{}
+			for i, n := range []int64{3*4096 + 37, 8, 1, 0, 45} {
+				tn := tensor.NewF32(fmt.Sprintf("t%d", i), n)
+				f, _ := tn.Float32s()
+				for j := range f {
+					f[j] = float32(r.NormFloat64())
+				}
+				_ = sd.Add(tn)
+			}
+			return sd
+		}
+		src := mk()
+		o, _ := New(cfg, src)
+		for step := range 3 {
+			dst := mk()
+			for _, tn := range dst.Tensors() {
+				f, _ := tn.Float32s()
+				for j := range f {
+					f[j] = float32(math.NaN())
+				}
+			}
+			if err := o.StepTo(dst, src, mk()); err != nil {
+				t.Fatal(err)
+			}
+			for _, tn := range dst.Tensors() {
+				f, _ := tn.Float32s()
+				for j, v := range f {
+					if v != v {
+						t.Fatalf("%+v step %d: %s[%d] left unwritten", cfg, step, tn.Name, j)
+					}
+				}
+			}
+			src = dst
+		}
+	}
+}
