@@ -1,0 +1,518 @@
+// Package bulk is rlhub's data plane: a plain TCP protocol for requests
+// whose body is a large byte string (a pushed gradient), served on the
+// same port as gRPC and answered with gRPC statuses.
+//
+// Why not gRPC for these bytes: grpc-go cuts every message into 16 KiB
+// HTTP/2 frames, copies it into its write buffer on the way out and out of
+// its read buffer on the way in, and runs flow control per frame. For a
+// 4 MiB gradient that is over half the CPU of a push (docs/benchmarks.md,
+// issue 4). Here the client hands the tensors' memory to writev and the
+// server reads the body straight from the socket into the buffer that
+// becomes the gradient: the kernel's two copies are the only ones, as with
+// a plain TCP copy. Control stays on gRPC; only bodies move here.
+//
+// # Protocol (docs/wire.md is the normative description)
+//
+// A connection starts with the client sending Magic; the server answers
+// Magic (a server that does not speak the protocol, such as a bare gRPC
+// server, answers anything else or closes, and the client falls back to
+// gRPC). Then any number of requests, one at a time:
+//
+//	client: u8 1 (request) | u16 method length | method | u32 header length | header (protobuf)
+//	server: u8 2 (continue)                                 — send the body now
+//	     or u8 3 (final) | u32 length | google.rpc.Status   — the answer; no body is sent
+//	client, after continue: exactly the body's announced bytes
+//	server: u8 3 (final) | u32 length | google.rpc.Status
+//
+// The header message announces the body's length (the method defines
+// where). A final status with code OK carries the method's response
+// message as its first detail. The server decides before the body is sent
+// whether it wants it, so a refused request (a full queue, an unknown
+// model) costs no transfer. All integers are little-endian.
+package bulk
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// Magic opens a data-plane connection, from the client and, as the
+// acknowledgement, from the server. gRPC connections start with the HTTP/2
+// preface "PRI * HTTP/2.0…", so the first 8 bytes tell the two apart.
+const Magic = "RLHUBDP1"
+
+// Frame kinds.
+const (
+	kindRequest  = 1
+	kindContinue = 2
+	kindFinal    = 3
+)
+
+// Limits on a request's frame (not its body, which its handler bounds).
+const (
+	MaxMethodBytes = 255
+	MaxHeaderBytes = 1 << 20
+	maxStatusBytes = 4 << 20
+)
+
+// sniffTimeout bounds how long a new connection may take to send its first
+// 8 bytes before it is dropped.
+const sniffTimeout = 10 * time.Second
+
+// Request is one request as its handler sees it.
+type Request struct {
+	// Method names the handler, e.g. "rlhub.v1.Reducer/Push".
+	Method string
+	// Header is the method's header message, protobuf-encoded.
+	Header []byte
+
+	conn      *serverConn
+	continued bool
+	remaining int64 // body bytes the client will still send
+}
+
+// Body tells the client to send the body, which the caller has decided
+// to take and whose announced length is n, and returns a reader of exactly
+// those n bytes. Reads go straight from the socket into the caller's
+// buffer when it is at least 64 KiB. Call it at most once; bytes the
+// handler leaves unread are read and discarded before the answer is sent.
+func (r *Request) Body(n int64) (io.Reader, error) {
+	if r.continued {
+		return nil, errors.New("bulk: Body called twice")
+	}
+	if n < 0 {
+		return nil, fmt.Errorf("%w: negative body length %d", errs.ErrInvalid, n)
+	}
+	r.continued = true
+	r.remaining = n
+	if err := r.conn.writeFrame([]byte{kindContinue}); err != nil {
+		return nil, fmt.Errorf("%w: bulk: ask for the body: %v", errs.ErrUnavailable, err)
+	}
+	return bodyReader{r}, nil
+}
+
+type bodyReader struct{ r *Request }
+
+func (b bodyReader) Read(p []byte) (int, error) {
+	if b.r.remaining <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.r.remaining {
+		p = p[:b.r.remaining]
+	}
+	n, err := b.r.conn.br.Read(p)
+	b.r.remaining -= int64(n)
+	if err == io.EOF && b.r.remaining > 0 {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// Handler serves one method. It returns the response message, or an error
+// converted with errs.ToStatus, like a gRPC handler. ctx ends when the
+// server is closed.
+type Handler func(ctx context.Context, r *Request) (proto.Message, error)
+
+// Server serves the data plane beside a gRPC server on one listener.
+// Register handlers with Handle, then call Listen; Shutdown or Close stops
+// it.
+type Server struct {
+	handlers map[string]Handler
+	ctx      context.Context
+	cancel   context.CancelFunc
+
+	wg       sync.WaitGroup // the accept loop and every connection's goroutine
+	mu       sync.Mutex     // guards the fields below
+	lis      net.Listener
+	grpcSide *grpcListener
+	conns    map[*serverConn]struct{}
+	sniffing map[net.Conn]struct{} // new connections not yet routed
+	closing  bool
+	requests uint64 // requests served (answered), any outcome
+}
+
+// NewServer returns a server with no handlers.
+func NewServer() *Server {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
+		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}}
+}
+
+// Handle registers h for method; it must be called before Listen.
+func (s *Server) Handle(method string, h Handler) {
+	if len(method) == 0 || len(method) > MaxMethodBytes {
+		panic(fmt.Sprintf("bulk: method name %q must be 1..%d bytes", method, MaxMethodBytes))
+	}
+	s.handlers[method] = h
+}
+
+// Listen takes over lis: connections that open with Magic are served
+// here, every other one is passed to the returned listener, which the
+// gRPC server serves. The server owns lis and closes it on Shutdown or
+// Close; closing the returned listener (as grpc.Server.Stop does) only
+// stops handing connections to gRPC.
+func (s *Server) Listen(lis net.Listener) net.Listener {
+	g := &grpcListener{addr: lis.Addr(), conns: make(chan net.Conn), done: make(chan struct{})}
+	s.mu.Lock()
+	s.lis, s.grpcSide = lis, g
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.acceptLoop(lis, g)
+	return g
+}
+
+func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := lis.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() { // like net/http: EMFILE and friends pass
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-s.ctx.Done():
+				}
+			}
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if !closing {
+				// The listener failed: so does gRPC's side of it. When
+				// Shutdown closed it, gRPC's side stays open until the gRPC
+				// server closes it, so that its Serve returns nil.
+				g.fail(err)
+			}
+			return
+		}
+		backoff = 0
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.sniff(c, g)
+		}()
+	}
+}
+
+// sniff reads a new connection's first 8 bytes and routes it.
+func (s *Server) sniff(c net.Conn, g *grpcListener) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	s.sniffing[c] = struct{}{}
+	s.mu.Unlock()
+	var head [len(Magic)]byte
+	_ = c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	n, err := io.ReadFull(c, head[:])
+	_ = c.SetReadDeadline(time.Time{})
+	s.mu.Lock()
+	delete(s.sniffing, c)
+	closing := s.closing
+	s.mu.Unlock()
+	if closing {
+		c.Close()
+		return
+	}
+	if err == nil && string(head[:]) == Magic {
+		s.serve(c)
+		return
+	}
+	if n == 0 {
+		c.Close()
+		return
+	}
+	// Not ours: gRPC reads the bytes taken here first, then the socket.
+	pc := &prefixConn{Conn: c, prefix: append([]byte(nil), head[:n]...)}
+	select {
+	case g.conns <- pc:
+	case <-g.done:
+		c.Close()
+	case <-s.ctx.Done():
+		c.Close()
+	}
+}
+
+// serverConn is one data-plane connection.
+type serverConn struct {
+	net.Conn
+	br   *bufio.Reader
+	busy bool // a request is being served (guarded by Server.mu)
+}
+
+func (c *serverConn) writeFrame(b []byte) error {
+	_, err := c.Write(b)
+	return err
+}
+
+// serve runs one connection's requests until it breaks or the server
+// closes.
+func (s *Server) serve(c net.Conn) {
+	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10)}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	s.conns[sc] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, sc)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	if err := sc.writeFrame([]byte(Magic)); err != nil {
+		return
+	}
+	for {
+		req, err := readRequest(sc)
+		if err != nil {
+			if st, ok := err.(frameError); ok { // a malformed frame: answer, then hang up
+				_ = writeFinal(sc, status.New(codes.InvalidArgument, st.Error()).Proto())
+			}
+			return
+		}
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			_ = writeFinal(sc, status.New(codes.Unavailable, "bulk: server is shutting down").Proto())
+			return
+		}
+		sc.busy = true
+		s.mu.Unlock()
+		ok := s.handle(sc, req)
+		s.mu.Lock()
+		sc.busy = false
+		closing := s.closing
+		s.mu.Unlock()
+		if !ok || closing {
+			return
+		}
+	}
+}
+
+// Requests is the number of requests this server has answered (or was
+// about to answer when the connection broke).
+func (s *Server) Requests() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests
+}
+
+// handle serves one request and reports whether the connection is still
+// in step (every body byte read, the answer written).
+func (s *Server) handle(sc *serverConn, req *Request) bool {
+	var st *spb.Status
+	h, ok := s.handlers[req.Method]
+	if !ok {
+		st = status.Newf(codes.Unimplemented, "bulk: unknown method %q", req.Method).Proto()
+	} else {
+		resp, err := h(s.ctx, req)
+		st = toStatus(resp, err)
+	}
+	if req.remaining > 0 { // keep the stream in step: drop what the handler did not read
+		if _, err := io.CopyN(io.Discard, sc.br, req.remaining); err != nil {
+			return false
+		}
+	}
+	s.mu.Lock()
+	s.requests++ // before the answer leaves, so a client that has it sees the count
+	s.mu.Unlock()
+	return writeFinal(sc, st) == nil
+}
+
+func toStatus(resp proto.Message, err error) *spb.Status {
+	if err != nil {
+		st, _ := status.FromError(errs.ToStatus(err))
+		return st.Proto()
+	}
+	p := &spb.Status{Code: int32(codes.OK)}
+	if resp != nil {
+		a, aerr := anypb.New(resp)
+		if aerr != nil {
+			return status.Newf(codes.Internal, "bulk: encode response: %v", aerr).Proto()
+		}
+		p.Details = []*anypb.Any{a}
+	}
+	return p
+}
+
+// frameError is a malformed request frame.
+type frameError struct{ msg string }
+
+func (e frameError) Error() string { return e.msg }
+
+func readRequest(sc *serverConn) (*Request, error) {
+	kind, err := sc.br.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	if kind != kindRequest {
+		return nil, frameError{fmt.Sprintf("bulk: frame kind %d, want a request (1)", kind)}
+	}
+	var n [4]byte
+	if _, err := io.ReadFull(sc.br, n[:2]); err != nil {
+		return nil, err
+	}
+	ml := int(binary.LittleEndian.Uint16(n[:2]))
+	if ml == 0 || ml > MaxMethodBytes {
+		return nil, frameError{fmt.Sprintf("bulk: method name of %d bytes (1..%d)", ml, MaxMethodBytes)}
+	}
+	method := make([]byte, ml)
+	if _, err := io.ReadFull(sc.br, method); err != nil {
+		return nil, err
+	}
+	if _, err := io.ReadFull(sc.br, n[:]); err != nil {
+		return nil, err
+	}
+	hl := binary.LittleEndian.Uint32(n[:])
+	if hl > MaxHeaderBytes {
+		return nil, frameError{fmt.Sprintf("bulk: header of %d bytes exceeds %d", hl, MaxHeaderBytes)}
+	}
+	header := make([]byte, hl)
+	if _, err := io.ReadFull(sc.br, header); err != nil {
+		return nil, err
+	}
+	return &Request{Method: string(method), Header: header, conn: sc}, nil
+}
+
+func writeFinal(w io.Writer, st *spb.Status) error {
+	b, err := proto.Marshal(st)
+	if err != nil {
+		return err
+	}
+	frame := make([]byte, 5, 5+len(b))
+	frame[0] = kindFinal
+	binary.LittleEndian.PutUint32(frame[1:], uint32(len(b)))
+	_, err = w.Write(append(frame, b...))
+	return err
+}
+
+// Shutdown stops accepting connections and requests, lets requests in
+// progress finish until ctx ends, then closes every connection and waits
+// for all goroutines. Idle connections close at once (their clients
+// reconnect or fall back).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	lis := s.lis
+	for c := range s.conns {
+		if !c.busy {
+			_ = c.SetReadDeadline(time.Unix(1, 0)) // wake its read of the next request
+		}
+	}
+	for c := range s.sniffing {
+		c.Close()
+	}
+	s.mu.Unlock()
+	if lis != nil {
+		lis.Close()
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close closes the listener and every connection at once and waits for
+// all goroutines. Safe to call more than once.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closing = true
+	lis := s.lis
+	for c := range s.conns {
+		c.Close()
+	}
+	for c := range s.sniffing {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	if lis != nil {
+		lis.Close()
+	}
+	s.wg.Wait()
+}
+
+// grpcListener is the listener the gRPC server serves: the connections the
+// sniffer did not take.
+type grpcListener struct {
+	addr  net.Addr
+	conns chan net.Conn
+
+	once sync.Once
+	done chan struct{}
+	mu   sync.Mutex
+	err  error
+}
+
+func (g *grpcListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.conns:
+		return c, nil
+	case <-g.done:
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return nil, g.err
+	}
+}
+
+// fail ends Accept with err (the underlying listener's).
+func (g *grpcListener) fail(err error) {
+	g.once.Do(func() {
+		g.mu.Lock()
+		g.err = err
+		g.mu.Unlock()
+		close(g.done)
+	})
+}
+
+func (g *grpcListener) Close() error {
+	g.fail(net.ErrClosed)
+	return nil
+}
+
+func (g *grpcListener) Addr() net.Addr { return g.addr }
+
+// prefixConn replays bytes already read from a connection.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}

@@ -1,0 +1,426 @@
+package bulk_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The test methods. "sum": header UInt64Value n announces an n-byte body;
+// the answer is the sum of its bytes. "refuse": fails before the body.
+// "half": reads half the body, then fails. "block": waits for release.
+type env struct {
+	srv     *bulk.Server
+	grpc    *grpc.Server
+	addr    string
+	release chan struct{}
+	entered chan struct{}
+	served  chan struct{}
+}
+
+func start(t *testing.T) *env {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{srv: bulk.NewServer(), grpc: grpc.NewServer(), addr: lis.Addr().String(),
+		release: make(chan struct{}), entered: make(chan struct{}, 8), served: make(chan struct{})}
+	healthpb.RegisterHealthServer(e.grpc, health.NewServer())
+	e.srv.Handle("sum", func(_ context.Context, r *bulk.Request) (proto.Message, error) {
+		n, err := announced(r)
+		if err != nil {
+			return nil, err
+		}
+		if n > 64<<20 {
+			return nil, fmt.Errorf("%w: body of %d bytes", errs.ErrFull, n)
+		}
+		body, err := r.Body(int64(n))
+		if err != nil {
+			return nil, err
+		}
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, err
+		}
+		var sum uint64
+		for _, b := range buf {
+			sum += uint64(b)
+		}
+		return wrapperspb.UInt64(sum), nil
+	})
+	e.srv.Handle("refuse", func(context.Context, *bulk.Request) (proto.Message, error) {
+		return nil, &errs.StaleError{Model: "m", CurrentVersion: 7, Reason: "too old"}
+	})
+	e.srv.Handle("half", func(_ context.Context, r *bulk.Request) (proto.Message, error) {
+		n, err := announced(r)
+		if err != nil {
+			return nil, err
+		}
+		body, err := r.Body(int64(n))
+		if err != nil {
+			return nil, err
+		}
+		if _, err := io.ReadFull(body, make([]byte, n/2)); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: NaN in the second half", errs.ErrInvalid)
+	})
+	e.srv.Handle("block", func(ctx context.Context, r *bulk.Request) (proto.Message, error) {
+		e.entered <- struct{}{}
+		select {
+		case <-e.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return wrapperspb.UInt64(1), nil
+	})
+	g := e.srv.Listen(lis)
+	go func() { defer close(e.served); _ = e.grpc.Serve(g) }()
+	t.Cleanup(func() {
+		e.grpc.Stop()
+		e.srv.Close()
+		<-e.served
+	})
+	return e
+}
+
+func announced(r *bulk.Request) (uint64, error) {
+	var h wrapperspb.UInt64Value
+	if err := proto.Unmarshal(r.Header, &h); err != nil {
+		return 0, fmt.Errorf("%w: header: %v", errs.ErrInvalid, err)
+	}
+	return h.GetValue(), nil
+}
+
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i>>9)
+	}
+	return b
+}
+
+func byteSum(b []byte) (s uint64) {
+	for _, x := range b {
+		s += uint64(x)
+	}
+	return s
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// A body in several slices arrives whole, calls reuse one connection, and
+// gRPC is served on the same port.
+func TestCallAndGRPCShareThePort(t *testing.T) {
+	e := start(t)
+	c := bulk.NewClient()
+	defer c.Close()
+	a, b := pattern(3<<20+5), pattern(1000)
+	for range 3 {
+		var resp wrapperspb.UInt64Value
+		if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(uint64(len(a)+len(b))), net.Buffers{a, b}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if want := byteSum(a) + byteSum(b); resp.GetValue() != want {
+			t.Fatalf("sum %d, want %d", resp.GetValue(), want)
+		}
+	}
+	if n := e.srv.Requests(); n != 3 {
+		t.Fatalf("server answered %d requests, want 3", n)
+	}
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hr, err := healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{})
+	if err != nil || hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("gRPC beside the data plane: %v, %v", hr, err)
+	}
+}
+
+// Errors arrive as the same sentinels (and StaleError fields) a gRPC call
+// gives; a refusal before the body moves no body bytes, and a handler that
+// stops reading midway leaves the connection usable.
+func TestErrorsKeepTheConnectionInStep(t *testing.T) {
+	e := start(t)
+	c := bulk.NewClient()
+	defer c.Close()
+	body := net.Buffers{pattern(1 << 20)}
+
+	err := c.Call(ctx(t), e.addr, "refuse", wrapperspb.UInt64(1<<20), body, nil)
+	var se *errs.StaleError
+	if !errors.As(err, &se) || se.CurrentVersion != 7 || errs.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("refuse: %v, want a StaleError at version 7", err)
+	}
+	err = c.Call(ctx(t), e.addr, "half", wrapperspb.UInt64(1<<20), body, nil)
+	if !errors.Is(err, errs.ErrInvalid) || errs.Code(err) != codes.InvalidArgument {
+		t.Fatalf("half: %v, want InvalidArgument", err)
+	}
+	err = c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(65<<20), nil, nil)
+	if !errors.Is(err, errs.ErrFull) {
+		t.Fatalf("oversize: %v, want ResourceExhausted", err)
+	}
+	err = c.Call(ctx(t), e.addr, "nope", wrapperspb.UInt64(1), nil, nil)
+	if errs.Code(err) != codes.Unimplemented {
+		t.Fatalf("unknown method: %v, want Unimplemented", err)
+	}
+	var resp wrapperspb.UInt64Value
+	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(1<<20), body, &resp); err != nil || resp.GetValue() != byteSum(body[0]) {
+		t.Fatalf("after the errors: %v, %d", err, resp.GetValue())
+	}
+}
+
+// rawConn opens a data-plane connection by hand.
+func rawConn(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := conn.Write([]byte(bulk.Magic)); err != nil {
+		t.Fatal(err)
+	}
+	ack := make([]byte, len(bulk.Magic))
+	if _, err := io.ReadFull(conn, ack); err != nil || string(ack) != bulk.Magic {
+		t.Fatalf("ack %q, %v", ack, err)
+	}
+	return conn
+}
+
+// readFinal reads a final frame's status code and message, then expects
+// the server to hang up.
+func readFinal(t *testing.T, conn net.Conn) (codes.Code, string) {
+	t.Helper()
+	head := make([]byte, 5)
+	if _, err := io.ReadFull(conn, head); err != nil {
+		t.Fatal(err)
+	}
+	if head[0] != 3 {
+		t.Fatalf("frame kind %d, want final (3)", head[0])
+	}
+	b := make([]byte, binary.LittleEndian.Uint32(head[1:]))
+	if _, err := io.ReadFull(conn, b); err != nil {
+		t.Fatal(err)
+	}
+	code, msg := parseStatus(t, b)
+	if n, err := conn.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("the server kept the connection open after a malformed frame (%d, %v)", n, err)
+	}
+	return code, msg
+}
+
+// parseStatus decodes google.rpc.Status by hand (field 1 code, field 2
+// message), so the test does not share the server's decoding.
+func parseStatus(t *testing.T, b []byte) (codes.Code, string) {
+	t.Helper()
+	var code codes.Code
+	var msg string
+	for len(b) > 0 {
+		key, n := binary.Uvarint(b)
+		b = b[n:]
+		switch key {
+		case 1<<3 | 0:
+			v, n := binary.Uvarint(b)
+			code, b = codes.Code(v), b[n:]
+		case 2<<3 | 2:
+			l, n := binary.Uvarint(b)
+			msg, b = string(b[n:n+int(l)]), b[n+int(l):]
+		default:
+			t.Fatalf("unexpected status field key %d", key)
+		}
+	}
+	return code, msg
+}
+
+// Malformed frames get InvalidArgument and a closed connection; the
+// server goes on serving others.
+func TestMalformedFrames(t *testing.T) {
+	e := start(t)
+	cases := map[string][]byte{
+		"wrong kind":      {9},
+		"empty method":    {1, 0, 0},
+		"oversize header": append([]byte{1, 3, 0, 's', 'u', 'm'}, binary.LittleEndian.AppendUint32(nil, bulk.MaxHeaderBytes+1)...),
+	}
+	for name, frame := range cases {
+		t.Run(name, func(t *testing.T) {
+			conn := rawConn(t, e.addr)
+			if _, err := conn.Write(frame); err != nil {
+				t.Fatal(err)
+			}
+			if code, msg := readFinal(t, conn); code != codes.InvalidArgument {
+				t.Fatalf("code %v (%s), want InvalidArgument", code, msg)
+			}
+		})
+	}
+	c := bulk.NewClient()
+	defer c.Close()
+	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(4), net.Buffers{{1, 2, 3, 4}}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A client that dies mid-body leaves the server running; a client whose
+// context ends mid-call returns the context's error promptly.
+func TestBrokenClients(t *testing.T) {
+	e := start(t)
+	conn := rawConn(t, e.addr)
+	frame := []byte{1, 3, 0, 's', 'u', 'm'}
+	h, _ := proto.Marshal(wrapperspb.UInt64(1 << 20))
+	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(h)))
+	frame = append(frame, h...)
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	k := make([]byte, 1)
+	if _, err := io.ReadFull(conn, k); err != nil || k[0] != 2 {
+		t.Fatalf("want continue (2), got %v, %v", k, err)
+	}
+	if _, err := conn.Write(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close() // 1000 of 1 MiB
+
+	c := bulk.NewClient()
+	defer c.Close()
+	cctx, cancel := context.WithCancel(ctx(t))
+	errc := make(chan error, 1)
+	go func() { errc <- c.Call(cctx, e.addr, "block", wrapperspb.UInt64(0), nil, nil) }()
+	<-e.entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	close(e.release)
+	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(3), net.Buffers{{1, 1, 1}}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A bare gRPC server does not speak the data plane: Call says so, and the
+// client stops trying that address for a while.
+func TestNotSupported(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	defer func() { srv.Stop(); <-done }()
+	c := bulk.NewClient()
+	defer c.Close()
+	addr := lis.Addr().String()
+	if !c.Supported(addr) {
+		t.Fatal("an untried address is not Supported")
+	}
+	if err := c.Call(ctx(t), addr, "sum", wrapperspb.UInt64(1), net.Buffers{{1}}, nil); !errors.Is(err, bulk.ErrNotSupported) {
+		t.Fatalf("call to a gRPC server: %v, want ErrNotSupported", err)
+	}
+	if c.Supported(addr) {
+		t.Fatal("still Supported after the failed handshake")
+	}
+}
+
+// An idle connection the server has closed (a restart on the same
+// address) is replaced without failing the call.
+func TestStaleIdleConnectionIsReplaced(t *testing.T) {
+	e := start(t)
+	c := bulk.NewClient()
+	defer c.Close()
+	call := func() error {
+		return c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(2), net.Buffers{{1, 2}}, nil)
+	}
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	// Shut the server down (closing the idle connection the client holds)
+	// and serve again on the same port.
+	if err := e.srv.Shutdown(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	e.grpc.Stop()
+	<-e.served
+	lis, err := net.Listen("tcp", e.addr)
+	if err != nil {
+		t.Fatalf("listen on %s again: %v", e.addr, err)
+	}
+	srv2 := bulk.NewServer()
+	srv2.Handle("sum", func(_ context.Context, r *bulk.Request) (proto.Message, error) {
+		body, err := r.Body(2)
+		if err != nil {
+			return nil, err
+		}
+		_, err = io.ReadFull(body, make([]byte, 2))
+		return nil, err
+	})
+	g := srv2.Listen(lis)
+	defer func() { g.Close(); srv2.Close() }()
+	if err := call(); err != nil {
+		t.Fatalf("call after the restart: %v", err)
+	}
+	if srv2.Requests() != 1 {
+		t.Fatalf("the new server answered %d requests", srv2.Requests())
+	}
+}
+
+// Shutdown lets a request in progress finish, then stops.
+func TestShutdownFinishesRequestsInProgress(t *testing.T) {
+	e := start(t)
+	c := bulk.NewClient()
+	defer c.Close()
+	var wg sync.WaitGroup
+	var callErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var resp wrapperspb.UInt64Value
+		callErr = c.Call(ctx(t), e.addr, "block", wrapperspb.UInt64(0), nil, &resp)
+	}()
+	<-e.entered
+	shut := make(chan error, 1)
+	go func() { shut <- e.srv.Shutdown(ctx(t)) }()
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) while a request was in progress", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(e.release)
+	wg.Wait()
+	if callErr != nil {
+		t.Fatalf("the request in progress failed: %v", callErr)
+	}
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(1), net.Buffers{{1}}, nil); !errors.Is(err, errs.ErrUnavailable) {
+		t.Fatalf("call after Shutdown: %v, want Unavailable", err)
+	}
+}

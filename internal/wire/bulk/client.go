@@ -1,0 +1,273 @@
+package bulk
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// ErrNotSupported is returned by Client.Call when the server at an address
+// does not speak the data plane (it did not answer Magic); the caller uses
+// gRPC instead. The client remembers it for NotSupportedFor.
+var ErrNotSupported = errors.New("bulk: the server does not speak the data plane")
+
+// NotSupportedFor is how long a client keeps using gRPC for an address
+// that did not speak the data plane before it tries again.
+const NotSupportedFor = time.Minute
+
+// maxIdlePerAddr bounds the idle connections a client keeps per address.
+const maxIdlePerAddr = 8
+
+// Client makes data-plane calls, keeping idle connections per address for
+// reuse (one call at a time on a connection). Safe for concurrent use.
+type Client struct {
+	dialer net.Dialer
+
+	mu     sync.Mutex // guards the fields below
+	idle   map[string][]*clientConn
+	noBulk map[string]time.Time
+	closed bool
+}
+
+// NewClient returns a client with no connections yet.
+func NewClient() *Client {
+	return &Client{idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
+}
+
+type clientConn struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+// Supported reports whether addr is worth trying: false for NotSupportedFor
+// after it failed to answer Magic.
+func (c *Client) Supported(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.noBulk[addr]
+	return !ok || time.Since(at) > NotSupportedFor
+}
+
+// Call sends one request: header (the method's header message), then, if
+// the server asks for it, body (written with writev straight from the
+// slices' memory, which must not change until Call returns). On success
+// the server's response message is unmarshalled into resp.
+//
+// Errors: the server's answer as an errs sentinel (errs.FromStatus, as a
+// gRPC call would return it); ErrNotSupported when addr does not speak
+// the data plane; ctx's error when it ended first; otherwise a broken
+// connection, which matches errs.ErrUnavailable (the request may or may
+// not have been served).
+func (c *Client) Call(ctx context.Context, addr, method string, header proto.Message, body net.Buffers, resp proto.Message) error {
+	if len(method) == 0 || len(method) > MaxMethodBytes {
+		return fmt.Errorf("%w: bulk: method name %q", errs.ErrInvalid, method)
+	}
+	hb, err := proto.Marshal(header)
+	if err != nil {
+		return fmt.Errorf("%w: bulk: encode header: %v", errs.ErrInvalid, err)
+	}
+	if len(hb) > MaxHeaderBytes {
+		return fmt.Errorf("%w: bulk: header of %d bytes exceeds %d", errs.ErrInvalid, len(hb), MaxHeaderBytes)
+	}
+	var st *spb.Status
+	for fresh := false; ; fresh = true {
+		cc, reused, err := c.get(ctx, addr, fresh)
+		if err != nil {
+			return err
+		}
+		// The context's deadline and cancellation reach the connection as
+		// a deadline in the past, which fails the read or write in progress.
+		if dl, ok := ctx.Deadline(); ok {
+			_ = cc.SetDeadline(dl)
+		}
+		stop := context.AfterFunc(ctx, func() { _ = cc.SetDeadline(time.Unix(1, 0)) })
+		var answered bool
+		st, answered, err = exchange(cc, method, hb, body)
+		if stopped := stop(); err == nil && stopped {
+			_ = cc.SetDeadline(time.Time{})
+			c.put(addr, cc)
+			break
+		}
+		cc.Close()
+		if ctx.Err() != nil {
+			return errors.Join(ctx.Err(), err)
+		}
+		if reused && !answered {
+			// An idle connection the server has since closed (it restarted,
+			// or shut idle ones down): nothing was served, try a new one.
+			continue
+		}
+		return fmt.Errorf("%w: bulk: %s to %s: %v", errs.ErrUnavailable, method, addr, err)
+	}
+	if codes.Code(st.GetCode()) != codes.OK {
+		return errs.FromStatus(status.ErrorProto(st))
+	}
+	if resp != nil {
+		if len(st.GetDetails()) == 0 {
+			return fmt.Errorf("bulk: %s answered OK without a response", method)
+		}
+		if err := st.GetDetails()[0].UnmarshalTo(resp); err != nil {
+			return fmt.Errorf("bulk: %s response: %w", method, err)
+		}
+	}
+	return nil
+}
+
+// exchange runs one request on cc and returns the final status, or an
+// error when the connection broke (cc is then out of step); answered
+// reports whether the server sent anything for this request.
+func exchange(cc *clientConn, method string, header []byte, body net.Buffers) (st *spb.Status, answered bool, err error) {
+	frame := make([]byte, 0, 7+len(method)+len(header))
+	frame = append(frame, kindRequest)
+	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
+	frame = append(frame, method...)
+	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(header)))
+	frame = append(frame, header...)
+	if _, err := cc.Write(frame); err != nil {
+		return nil, answered, err
+	}
+	kind, err := cc.br.ReadByte()
+	if err != nil {
+		return nil, answered, err
+	}
+	answered = true
+	if kind == kindContinue {
+		bufs := append(net.Buffers(nil), body...) // WriteTo consumes its receiver
+		if _, err := bufs.WriteTo(cc.Conn); err != nil {
+			return nil, answered, err
+		}
+		if kind, err = cc.br.ReadByte(); err != nil {
+			return nil, answered, err
+		}
+	}
+	if kind != kindFinal {
+		return nil, answered, fmt.Errorf("frame kind %d, want a final status (3)", kind)
+	}
+	var n [4]byte
+	if _, err := io.ReadFull(cc.br, n[:]); err != nil {
+		return nil, answered, err
+	}
+	sl := binary.LittleEndian.Uint32(n[:])
+	if sl > maxStatusBytes {
+		return nil, answered, fmt.Errorf("status of %d bytes exceeds %d", sl, maxStatusBytes)
+	}
+	b := make([]byte, sl)
+	if _, err := io.ReadFull(cc.br, b); err != nil {
+		return nil, answered, err
+	}
+	st = &spb.Status{}
+	if err := proto.Unmarshal(b, st); err != nil {
+		return nil, answered, fmt.Errorf("decode status: %v", err)
+	}
+	return st, answered, nil
+}
+
+// get returns an idle connection to addr (reused), unless fresh, or dials
+// one.
+func (c *Client) get(ctx context.Context, addr string, fresh bool) (cc *clientConn, reused bool, err error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: bulk: client is closed", errs.ErrUnavailable)
+	}
+	if l := c.idle[addr]; len(l) > 0 && !fresh {
+		cc := l[len(l)-1]
+		c.idle[addr] = l[:len(l)-1]
+		c.mu.Unlock()
+		return cc, true, nil
+	}
+	c.mu.Unlock()
+	cc, err = c.dial(ctx, addr)
+	return cc, false, err
+}
+
+// dial opens a connection to addr and exchanges Magic.
+func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
+	conn, err := c.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: bulk: dial %s: %v", errs.ErrUnavailable, addr, err)
+	}
+	cc := &clientConn{Conn: conn, br: bufio.NewReaderSize(conn, 4096)}
+	if err := handshake(ctx, cc); err != nil {
+		conn.Close()
+		if errors.Is(err, ErrNotSupported) {
+			c.mu.Lock()
+			c.noBulk[addr] = time.Now()
+			c.mu.Unlock()
+			return nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: bulk: handshake with %s: %v", errs.ErrUnavailable, addr, err)
+	}
+	return cc, nil
+}
+
+// handshakeTimeout bounds the wait for the server's Magic.
+const handshakeTimeout = 10 * time.Second
+
+func handshake(ctx context.Context, cc *clientConn) error {
+	dl := time.Now().Add(handshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	_ = cc.SetDeadline(dl)
+	defer cc.SetDeadline(time.Time{})
+	if _, err := cc.Write([]byte(Magic)); err != nil {
+		return err
+	}
+	var got [len(Magic)]byte
+	n, err := io.ReadFull(cc.br, got[:])
+	switch {
+	case err == nil && string(got[:]) == Magic:
+		return nil
+	case n > 0 || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		// Something else answered (a gRPC server sends its SETTINGS
+		// frame, or hangs up on a bad preface).
+		return ErrNotSupported
+	default:
+		return err
+	}
+}
+
+func (c *Client) put(addr string, cc *clientConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || len(c.idle[addr]) >= maxIdlePerAddr {
+		cc.Close()
+		return
+	}
+	c.idle[addr] = append(c.idle[addr], cc)
+}
+
+// Close closes the idle connections; calls in progress finish on theirs,
+// which are then closed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for addr, l := range c.idle {
+		for _, cc := range l {
+			cc.Close()
+		}
+		delete(c.idle, addr)
+	}
+	return nil
+}
