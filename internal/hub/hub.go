@@ -31,6 +31,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -97,6 +98,13 @@ type Service interface {
 	Close() error
 }
 
+// BulkService is implemented by services that also take requests on the
+// hub's data plane (package bulk: plain TCP on the gRPC port for large
+// bodies, such as the reducer's gradient pushes).
+type BulkService interface {
+	RegisterBulk(*bulk.Server)
+}
+
 // Drainer is implemented by services with long-lived streams (watches).
 // Close calls Drain before the graceful stop, and the service then ends
 // those streams (clients see Unavailable and reconnect elsewhere), so the
@@ -113,6 +121,8 @@ type Hub struct {
 	health   *health.Server
 	services []Service
 	reducer  *reducer.Service // one of services
+
+	bulk *bulk.Server // the data plane beside grpc on the same port
 
 	mu       sync.Mutex
 	lis      net.Listener
@@ -145,8 +155,12 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		return nil, errors.Join(err, st.Close())
 	}
 	h.services = append(services, extra...)
+	h.bulk = bulk.NewServer()
 	for _, s := range h.services {
 		s.Register(h.grpc)
+		if b, ok := s.(BulkService); ok {
+			b.RegisterBulk(h.bulk)
+		}
 	}
 	return h, nil
 }
@@ -246,7 +260,8 @@ func (h *Hub) Start() error {
 	h.lis = lis
 	h.serveErr = make(chan error, 1)
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	go func() { h.serveErr <- h.grpc.Serve(lis) }()
+	grpcLis := h.bulk.Listen(lis) // data-plane connections stay with h.bulk
+	go func() { h.serveErr <- h.grpc.Serve(grpcLis) }()
 	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir)
 	return nil
 }
@@ -296,13 +311,20 @@ func (h *Hub) Close() error {
 	}
 	done := make(chan struct{})
 	go func() { h.grpc.GracefulStop(); close(done) }()
+	// The data plane stops at the same time: no new requests, those in
+	// progress finish (or are cut at the same hard-stop deadline).
+	stopCtx, cancel := context.WithTimeout(context.Background(), h.cfg.StopTimeout)
+	bulkDone := make(chan struct{})
+	go func() { _ = h.bulk.Shutdown(stopCtx); close(bulkDone) }()
 	select {
 	case <-done:
-	case <-time.After(h.cfg.StopTimeout):
+	case <-stopCtx.Done():
 		h.cfg.Logger.Warn("hub: graceful stop timed out, stopping hard")
 		h.grpc.Stop()
 		<-done
 	}
+	<-bulkDone
+	cancel()
 	var errsOut []error
 	if started {
 		if err := <-h.serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {

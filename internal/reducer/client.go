@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -34,13 +35,26 @@ type ClientConfig struct {
 	// Backoff is the first back-off after ResourceExhausted or Aborted;
 	// 0 means 1ms (doubling to 100ms, jittered).
 	Backoff time.Duration
+	// Transport carries the gradient bytes: TransportAuto (the default)
+	// uses the hub's data plane (package bulk: plain TCP on the same
+	// port) and gRPC for a hub that does not speak it; TransportGRPC
+	// always uses gRPC. Both give the same checks, counters and errors.
+	Transport string
 }
+
+// Transports for ClientConfig.Transport.
+const (
+	TransportAuto = ""
+	TransportGRPC = "grpc"
+)
 
 // Client pushes gradients to a random live secondary, failing over to
 // another on Unavailable. Safe for concurrent use.
 type Client struct {
 	cfg ClientConfig
 	seq atomic.Uint64
+
+	bulk *bulk.Client // nil with TransportGRPC
 
 	mu      sync.Mutex // guards rnd, conns, targets
 	rnd     *rand.Rand
@@ -67,6 +81,13 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		cfg.Backoff = time.Millisecond
 	}
 	c := &Client{cfg: cfg, rnd: cfg.Rand, conns: map[string]*grpc.ClientConn{}, dead: map[target]time.Time{}}
+	switch cfg.Transport {
+	case TransportAuto:
+		c.bulk = bulk.NewClient()
+	case TransportGRPC:
+	default:
+		return nil, fmt.Errorf("%w: reducer: ClientConfig.Transport %q (want %q or %q)", errs.ErrInvalid, cfg.Transport, TransportAuto, TransportGRPC)
+	}
 	conn, err := c.dial(cfg.Hub)
 	if err != nil {
 		return nil, err
@@ -99,6 +120,9 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []error
+	if c.bulk != nil {
+		out = append(out, c.bulk.Close())
+	}
 	for _, conn := range c.conns {
 		out = append(out, conn.Close())
 	}
@@ -266,6 +290,26 @@ func isConnErr(err error) bool {
 }
 
 func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq uint64, l *safetensors.Layout) (Receipt, error) {
+	hdr := &rlhubv1.ReducerPushHeader{Blob: &rlhubv1.BlobInfo{Model: model, Version: base, TotalBytes: uint64(l.Size), ChunkBytes: 1 << 20},
+		ClientId: c.cfg.ClientID, Seq: seq, Secondary: t.id}
+	if c.bulk != nil && c.bulk.Supported(t.addr) {
+		// The data plane: the header, then (if the secondary admits the
+		// gradient) the safetensors header and the tensors' own memory
+		// in one writev.
+		body := make(net.Buffers, 0, 1+len(l.Order))
+		body = append(body, l.Header)
+		for _, t := range l.Order {
+			body = append(body, t.Data)
+		}
+		var resp rlhubv1.ReducerPushResponse
+		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, body, &resp)
+		if !errors.Is(err, bulk.ErrNotSupported) {
+			if err != nil {
+				return Receipt{}, err
+			}
+			return Receipt{Version: resp.GetVersion(), Weight: resp.GetWeight()}, nil
+		}
+	}
 	c.mu.Lock()
 	conn, err := c.dial(t.addr)
 	c.mu.Unlock()
@@ -278,8 +322,6 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 	if err != nil {
 		return Receipt{}, errs.FromStatus(err)
 	}
-	hdr := &rlhubv1.ReducerPushHeader{Blob: &rlhubv1.BlobInfo{Model: model, Version: base, TotalBytes: uint64(l.Size), ChunkBytes: 1 << 20},
-		ClientId: c.cfg.ClientID, Seq: seq, Secondary: t.id}
 	err = stream.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Header{Header: hdr}})
 	if err == nil {
 		err = sendStateDict(l, func(p []byte) error {

@@ -42,7 +42,7 @@ func FuzzReceiveGradient(f *testing.F) {
 			rest = rest[n:]
 			return write(b)
 		}
-		g, buf, clean, err := receiveGradient(total, 1<<20, true, recv)
+		g, buf, clean, err := receiveGradient(total, 1<<20, true, chunks(recv))
 		if err != nil {
 			if !errors.Is(err, errs.ErrInvalid) && !errors.Is(err, errs.ErrFull) {
 				t.Fatalf("error %v wraps no sentinel", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
 // applyRec is one published step as OnApply saw it.
@@ -31,8 +32,11 @@ type testEnv struct {
 	st    store.Store
 	svc   *Service
 	srv   *grpc.Server
+	bulk  *bulk.Server // the data plane on the same port, as a hub serves it
 	addr  string
 	model string
+	// transport is the clients' ClientConfig.Transport.
+	transport string
 
 	mu      sync.Mutex
 	applied []applyRec
@@ -107,10 +111,37 @@ func (e *testEnv) start(cfg Config) {
 	}
 	e.svc, e.addr = svc, lis.Addr().String()
 	e.srv = grpc.NewServer(grpc.MaxRecvMsgSize(4 << 20))
+	e.bulk = bulk.NewServer()
 	svc.Register(e.srv)
+	svc.RegisterBulk(e.bulk)
+	grpcLis := e.bulk.Listen(lis)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = e.srv.Serve(lis) }()
+	go func() { defer close(done); _ = e.srv.Serve(grpcLis) }()
 	e.t.Cleanup(func() { <-done })
+}
+
+// forTransports runs body once per client transport, as subtests.
+func forTransports(t *testing.T, body func(t *testing.T, transport string)) {
+	for _, tr := range []string{TransportAuto, TransportGRPC} {
+		name := "transport=" + tr
+		if tr == TransportAuto {
+			name = "transport=bulk"
+		}
+		t.Run(name, func(t *testing.T) { body(t, tr) })
+	}
+}
+
+// checkTransport fails the test unless the pushes went where e.transport
+// says: some over the data plane for TransportAuto, none for gRPC.
+func (e *testEnv) checkTransport() {
+	e.t.Helper()
+	n := e.bulk.Requests()
+	if e.transport == TransportGRPC && n != 0 {
+		e.t.Fatalf("%d requests on the data plane with TransportGRPC", n)
+	}
+	if e.transport == TransportAuto && n == 0 {
+		e.t.Fatal("no request went over the data plane")
+	}
 }
 
 func (e *testEnv) stop() {
@@ -119,6 +150,7 @@ func (e *testEnv) stop() {
 	}
 	e.svc.Drain()
 	e.srv.GracefulStop()
+	_ = e.bulk.Shutdown(context.Background())
 	_ = e.svc.Close()
 	e.srv = nil
 	_ = e.st.Close()
@@ -126,7 +158,7 @@ func (e *testEnv) stop() {
 
 func (e *testEnv) client(id string, attempts int) *Client {
 	e.t.Helper()
-	c, err := NewClient(ClientConfig{Hub: e.addr, ClientID: id, MaxAttempts: attempts, Rand: rand.New(rand.NewPCG(uint64(len(id)), 7))})
+	c, err := NewClient(ClientConfig{Hub: e.addr, ClientID: id, MaxAttempts: attempts, Rand: rand.New(rand.NewPCG(uint64(len(id)), 7)), Transport: e.transport})
 	if err != nil {
 		e.t.Fatal(err)
 	}

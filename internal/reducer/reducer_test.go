@@ -87,9 +87,15 @@ func replay(t *testing.T, init *tensor.StateDict, mc ModelConfig, recs []applyRe
 // clip factor's float64 norm is summed in another order); the counters add
 // up.
 func TestConcurrentClientsTwoSecondaries(t *testing.T) {
+	forTransports(t, testConcurrentClientsTwoSecondaries)
+}
+
+func testConcurrentClientsTwoSecondaries(t *testing.T, transport string) {
 	const n, clients, pushes = 64, 4, 30
 	init := fill(testLayout(n), rand.New(rand.NewPCG(1, 2)), 1)
 	e := newTestEnv(t, Config{Secondaries: 2, BatchSize: 3, MaxWait: 2 * time.Millisecond, MaxQueue: 64}, init)
+	e.transport = transport
+	defer e.checkTransport()
 	mc := ModelConfig{Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01}, Reduction: reduce.Mean, GradientMax: 0.5}
 	e.register(mc)
 	waitAttached(t, e.svc.Primary(), 2)
@@ -203,10 +209,14 @@ func (b *blockingStore) Push(ctx context.Context, req store.PushRequest) (store.
 
 // TestRejections: each bad push is a clear gRPC error, counted under its
 // reason, and leaves the model unchanged.
-func TestRejections(t *testing.T) {
+func TestRejections(t *testing.T) { forTransports(t, testRejections) }
+
+func testRejections(t *testing.T, transport string) {
 	const n = 8
 	init := fill(testLayout(n), rand.New(rand.NewPCG(3, 4)), 1)
 	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, init)
+	e.transport = transport
+	defer e.checkTransport()
 	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Staleness: reduce.Staleness{Policy: reduce.Drop, MaxLag: 1}})
 	waitAttached(t, e.svc.Primary(), 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -288,13 +298,17 @@ func TestRejections(t *testing.T) {
 // TestBoundedQueue: with the primary stuck publishing, a secondary holds at
 // most MaxQueue gradients and refuses the next with ResourceExhausted; once
 // the primary moves, everything held is applied.
-func TestBoundedQueue(t *testing.T) {
+func TestBoundedQueue(t *testing.T) { forTransports(t, testBoundedQueue) }
+
+func testBoundedQueue(t *testing.T, transport string) {
 	const n = 4
 	init := fill(testLayout(n), rand.New(rand.NewPCG(5, 6)), 1)
 	mem, _ := store.NewMemory(store.Config{})
 	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
 	pushModel(t, mem, "m", init)
 	e := newTestEnv(t, Config{Store: bs, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxQueue: 2}, init)
+	e.transport = transport
+	defer e.checkTransport()
 	e.st = mem
 	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
 	waitAttached(t, e.svc.Primary(), 1)

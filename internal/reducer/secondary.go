@@ -230,12 +230,12 @@ type PushResult struct {
 	Weight  float32 // the staleness weight
 }
 
-// Push admits one gradient. Each call of recv receives one chunk of its
-// safetensors bytes and passes it to write (in one or more pieces, valid
-// only during the call), and returns io.EOF at the end. Every call counts
-// one pushed gradient, and a failure counts it dropped with the reason
-// matching the error.
-func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv chunkRecv) (PushResult, error) {
+// Push admits one gradient, whose safetensors bytes body delivers (it is
+// asked for them only once the gradient is admitted and its size is within
+// the limit, so a refused push moves no bytes on the data plane). Every
+// call counts one pushed gradient, and a failure counts it dropped with the
+// reason matching the error.
+func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (PushResult, error) {
 	s.mu.Lock()
 	s.counters.Pushed++
 	sess, closed := s.session, s.closed
@@ -280,7 +280,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, recv chunkRecv) 
 		return PushResult{}, err
 	}
 	// The NaN/Inf scan runs piece by piece while the bytes arrive.
-	g, buf, clean, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, true, recv)
+	g, buf, clean, err := receiveGradient(h.TotalBytes, s.cfg.MaxGradBytes, true, body)
 	if err != nil {
 		r := reduce.ReasonAborted
 		if errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrFull) {

@@ -76,7 +76,7 @@ func benchServerPath(b *testing.B, n int, clip float64) {
 			off += k
 			return err
 		}
-		if _, err := s.Push(ctx, PushHeader{Model: "m", ID: reduce.ID{Client: "c", Seq: uint64(i + 1)}, TotalBytes: uint64(len(blob))}, recv); err != nil {
+		if _, err := s.Push(ctx, PushHeader{Model: "m", ID: reduce.ID{Client: "c", Seq: uint64(i + 1)}, TotalBytes: uint64(len(blob))}, chunks(recv)); err != nil {
 			b.Fatal(err)
 		}
 		<-applied

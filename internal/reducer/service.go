@@ -13,10 +13,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -330,13 +332,43 @@ func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
 	if err != nil {
 		return errs.ToStatus(err)
 	}
-	recv := streamRecv(recvMsg, &m, "push")
+	recv := chunks(streamRecv(recvMsg, &m, "push"))
 	res, err := sec.Push(stream.Context(), PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
 		ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, recv)
 	if err != nil {
 		return errs.ToStatus(err)
 	}
 	return stream.SendAndClose(&rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight})
+}
+
+// BulkPushMethod is the data-plane method of a gradient push: header
+// ReducerPushHeader (blob.total_bytes announces the body), body the
+// gradient's safetensors bytes, response ReducerPushResponse.
+const BulkPushMethod = "rlhub.v1.Reducer/Push"
+
+// RegisterBulk serves pushes on the hub's data plane (package bulk) as
+// well as over gRPC: the same secondaries, checks, counters and errors,
+// with the gradient read from the socket straight into its buffer.
+func (s *Service) RegisterBulk(b *bulk.Server) {
+	b.Handle(BulkPushMethod, func(ctx context.Context, r *bulk.Request) (proto.Message, error) {
+		h := &rlhubv1.ReducerPushHeader{}
+		if err := proto.Unmarshal(r.Header, h); err != nil {
+			return nil, fmt.Errorf("%w: push header: %v", errs.ErrInvalid, err)
+		}
+		if h.GetBlob() == nil {
+			return nil, fmt.Errorf("%w: push: %v", errs.ErrInvalid, errNoHeader)
+		}
+		sec, err := s.pick(h.GetSecondary())
+		if err != nil {
+			return nil, err
+		}
+		res, err := sec.Push(ctx, PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
+			ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, fromReader(r.Body))
+		if err != nil {
+			return nil, err
+		}
+		return &rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight}, nil
+	})
 }
 
 // pick returns the named secondary, or a random attached one for "".
@@ -432,7 +464,7 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 		return errs.ToStatus(err)
 	}
 	// No NaN/Inf scan here: Forward's norm pass over the sum is that check.
-	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), false, streamRecv(recvMsg, &m, "forward"))
+	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), false, chunks(streamRecv(recvMsg, &m, "forward")))
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = fmt.Errorf("%w: forward stream broke: %v", errs.ErrAborted, err)

@@ -18,29 +18,99 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// bufPool recycles gradient receive buffers by exact size (a model's
-// gradients are all the same size), saving an allocation and its zeroing
-// per push. Buffers are 8-byte aligned ([]uint64 backing).
-var bufPool sync.Map // int → *sync.Pool of []byte
+// Gradient receive buffers are recycled by exact size (a model's
+// gradients are all the same size), saving an allocation and the
+// runtime's zeroing of it per push. A free list rather than a sync.Pool:
+// the pool is emptied by every other garbage collection, and a reducer
+// allocating a fresh 4 MiB model version per step collects every few
+// steps, so the pool was mostly empty when a push needed a buffer. The
+// list keeps at most freeBytes of buffers per size (and at least 2).
+// Buffers are 8-byte aligned ([]uint64 backing).
+var (
+	freeMu    sync.Mutex
+	freeLists = map[int][][]byte{}
+)
+
+const freeBytes = 256 << 20
 
 func getBuf(n int) []byte {
-	p, _ := bufPool.LoadOrStore(n, &sync.Pool{New: func() any { return tensor.AlignedBytes(n) }})
-	return p.(*sync.Pool).Get().([]byte)
+	freeMu.Lock()
+	if l := freeLists[n]; len(l) > 0 {
+		b := l[len(l)-1]
+		freeLists[n] = l[:len(l)-1]
+		freeMu.Unlock()
+		return b
+	}
+	freeMu.Unlock()
+	return tensor.AlignedBytes(n)
 }
 
 // putBuf returns a buffer from getBuf; nothing may alias it afterwards.
 func putBuf(b []byte) {
-	if p, ok := bufPool.Load(len(b)); ok {
-		p.(*sync.Pool).Put(b) //nolint:staticcheck // a slice header is fine here
+	freeMu.Lock()
+	defer freeMu.Unlock()
+	if l := freeLists[len(b)]; len(l) < max(2, freeBytes/max(len(b), 1)) {
+		freeLists[len(b)] = append(l, b)
 	}
 }
+
+// gradBody delivers a pushed gradient's bytes into an assembly: from a
+// gRPC chunk stream (chunks) or straight from the data plane's socket
+// (fromReader).
+type gradBody func(a *assembly) error
 
 // chunkRecv receives one chunk of a stream and passes its bytes to write,
 // in one or more pieces that are valid only during the call (with the
 // chunk codec they are views of gRPC's receive buffers); it returns io.EOF
-// after the last chunk. Receiving this way lets receiveGradient copy each
+// after the last chunk. Receiving this way lets the assembly copy each
 // byte once, from the transport's buffers into the pooled buffer.
 type chunkRecv func(write func([]byte) error) error
+
+// chunks is the gradBody of a chunk stream.
+func chunks(recv chunkRecv) gradBody {
+	return func(a *assembly) error {
+		for {
+			err := recv(a.write)
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// readPiece is how much fromReader asks the socket for at once: the
+// NaN/Inf scan of each piece then reads bytes still in cache.
+const readPiece = 256 << 10
+
+// fromReader is the gradBody of a reader that yields exactly the blob's
+// bytes (the data plane's body): the kernel copies them from the socket
+// into the assembly's buffer, the only copy on this side.
+func fromReader(open func(n int64) (io.Reader, error)) gradBody {
+	return func(a *assembly) error {
+		r, err := open(int64(len(a.buf)))
+		if err != nil {
+			return err
+		}
+		for a.n < len(a.buf) {
+			k, err := r.Read(a.buf[a.n:min(a.n+readPiece, len(a.buf))])
+			if k > 0 {
+				if gerr := a.grew(k); gerr != nil {
+					return gerr
+				}
+			}
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				return err
+			}
+		}
+		return nil
+	}
+}
 
 // streamRecv adapts a Push or Forward stream to a chunkRecv: recvMsg
 // receives one message into m (which the caller releases when done); a
@@ -57,20 +127,64 @@ func streamRecv[M proto.Message](recvMsg func(*chunkcodec.Msg[M]) error, m *chun
 	}
 }
 
+// assembly is one blob being received into buf: n bytes are in. It checks
+// the safetensors header length as soon as the first 8 bytes are in and,
+// with scan set, looks for NaN/Inf in the data section (read as float32s
+// from its start) piece by piece as the bytes arrive, while they are
+// still in cache, instead of in a separate pass over the whole gradient.
+type assembly struct {
+	buf     []byte
+	n       int
+	scan    bool
+	checked bool // the header length is known and fits
+	scanned int  // the data section is scanned up to here (0 until checked)
+	dirty   bool // a NaN/Inf (or a misaligned section) was seen
+}
+
+// write copies b into the buffer.
+func (a *assembly) write(b []byte) error {
+	if len(b) > len(a.buf)-a.n {
+		return fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(a.buf))
+	}
+	copy(a.buf[a.n:], b)
+	return a.grew(len(b))
+}
+
+// grew takes note of k more bytes in the buffer.
+func (a *assembly) grew(k int) error {
+	a.n += k
+	if !a.checked && a.n >= 8 {
+		a.checked = true
+		h, err := safetensors.HeaderLen(a.buf[:8], maxHeaderBytes)
+		if err != nil {
+			return err
+		}
+		if h > uint64(len(a.buf)-8) {
+			return fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, h, len(a.buf))
+		}
+		a.scanned = 8 + int(h)
+	}
+	if a.scan && a.checked && !a.dirty && a.n-a.scanned >= 4 {
+		end := a.scanned + (a.n-a.scanned)&^3
+		if f, err := tensor.BytesAsFloat32s(a.buf[a.scanned:end]); err != nil || kernels.HasNonFinite(f) {
+			a.dirty = true // or misaligned: let the full check decide
+		}
+		a.scanned = end
+	}
+	return nil
+}
+
 // receiveGradient assembles one safetensors blob of exactly total bytes
-// from recv and decodes it. It checks the size limit before allocating and
-// the header length as soon as the first 8 bytes are in. The tensors alias
-// buf, a pooled buffer the caller owns and gives back with putBuf once
-// nothing reads them.
+// from body and decodes it. It checks the size limit before allocating
+// (and before body is asked for any byte). The tensors alias buf, a
+// pooled buffer the caller owns and gives back with putBuf once nothing
+// reads them.
 //
-// With scan set, it also looks for NaN/Inf in the data section (read as
-// float32s from its start) piece by piece right after copying each piece,
-// while it is still in cache, instead of in a separate pass over the
-// whole gradient: clean is true when it found none. That is exact for a
-// gradient whose tensors are all F32 (the only kind the reducer accepts,
-// checked after decoding); a false alarm from other bytes only costs the
-// caller a full check.
-func receiveGradient(total uint64, maxBytes int64, scan bool, recv chunkRecv) (sd *tensor.StateDict, buf []byte, clean bool, err error) {
+// With scan set, clean is true when the scan while receiving (assembly)
+// found no NaN/Inf. That is exact for a gradient whose tensors are all
+// F32 (the only kind the reducer accepts, checked after decoding); a
+// false alarm from other bytes only costs the caller a full check.
+func receiveGradient(total uint64, maxBytes int64, scan bool, body gradBody) (sd *tensor.StateDict, buf []byte, clean bool, err error) {
 	if total > uint64(maxBytes) {
 		return nil, nil, false, fmt.Errorf("%w: gradient of %d bytes exceeds the limit of %d", errs.ErrFull, total, maxBytes)
 	}
@@ -84,52 +198,18 @@ func receiveGradient(total uint64, maxBytes int64, scan bool, recv chunkRecv) (s
 			buf = nil
 		}
 	}()
-	n, checked := 0, false
-	// scanned: the data section is scanned up to here; 0 until the header
-	// length is known. dirty: a NaN/Inf was seen.
-	scanned, dirty := 0, false
-	write := func(b []byte) error {
-		if len(b) > len(buf)-n {
-			return fmt.Errorf("%w: chunks overrun the announced %d bytes", errs.ErrInvalid, len(buf))
-		}
-		n += copy(buf[n:], b)
-		if !checked && n >= 8 {
-			checked = true
-			h, err := safetensors.HeaderLen(buf[:8], maxHeaderBytes)
-			if err != nil {
-				return err
-			}
-			if h > uint64(len(buf)-8) {
-				return fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, h, len(buf))
-			}
-			scanned = 8 + int(h)
-		}
-		if scan && checked && !dirty && n-scanned >= 4 {
-			end := scanned + (n-scanned)&^3
-			if f, err := tensor.BytesAsFloat32s(buf[scanned:end]); err != nil || kernels.HasNonFinite(f) {
-				dirty = true // or misaligned: let the full check decide
-			}
-			scanned = end
-		}
-		return nil
+	a := &assembly{buf: buf, scan: scan}
+	if err := body(a); err != nil {
+		return nil, nil, false, err
 	}
-	for {
-		err := recv(write)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, nil, false, err
-		}
-	}
-	if n != len(buf) {
-		return nil, nil, false, fmt.Errorf("%w: stream ended after %d of %d announced bytes", errs.ErrInvalid, n, len(buf))
+	if a.n != len(buf) {
+		return nil, nil, false, fmt.Errorf("%w: stream ended after %d of %d announced bytes", errs.ErrInvalid, a.n, len(buf))
 	}
 	f, err := safetensors.DecodeOptions(buf, safetensors.Options{MaxHeaderBytes: maxHeaderBytes})
 	if err != nil {
 		return nil, nil, false, err
 	}
-	return f.Tensors, buf, scan && !dirty && scanned == n, nil
+	return f.Tensors, buf, scan && !a.dirty && a.scanned == a.n, nil
 }
 
 // maxHeaderBytes bounds a pushed blob's JSON header (16 MiB).
