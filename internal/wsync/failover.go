@@ -63,7 +63,12 @@ func (c *FailoverConfig) validate() error {
 //
 // It is meant for one Receiver: calls are serialized. Its snapshots stay
 // valid as long as its current source's do; for ShmDialer and PushDialer
-// sources, until two newer versions have been taken.
+// sources, until two newer versions have been taken; for a leasing shm
+// reader (ShmReaderDialer with ShmReaderConfig.Lease), until a newer
+// version has been taken. A source that fails after serving a version is
+// closed only once a newer version has been taken from its successor (or
+// at Close), so the version the Receiver holds outlives the failure even
+// when it is a view of a leased segment, which Close unmaps.
 type Failover struct {
 	cfg FailoverConfig
 
@@ -77,6 +82,10 @@ type Failover struct {
 	served bool // cur has returned a version since it was dialed
 	failed int  // index of a dialer whose source failed before serving anything, -1: none
 	closed bool
+	// retired is the last source that failed after serving a version; it
+	// stays open until a newer version has been taken (or Close), since
+	// the Receiver may still hold its snapshot.
+	retired io.Closer
 }
 
 var _ Source = (*Failover)(nil)
@@ -149,10 +158,17 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 
 var errFailoverClosed = errClosed("failover")
 
+// markServed records that the current source returned a version: the
+// Receiver moves past any retired source's snapshot, which is closed now.
 func (f *Failover) markServed() {
 	f.mu.Lock()
 	f.served = true
+	retired := f.retired
+	f.retired = nil
 	f.mu.Unlock()
+	if retired != nil {
+		retired.Close()
+	}
 }
 
 func (f *Failover) current() Source {
@@ -201,11 +217,15 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 	return fmt.Errorf("%w: wsync: no source reachable: %w", errs.ErrUnavailable, errors.Join(failed...))
 }
 
-// drop closes the failed source. Called with callMu held.
+// drop lets go of the failed source: it closes it at once if it never
+// served a version, else retires it (closing the source retired before,
+// whose snapshots it superseded). Called with callMu held.
 func (f *Failover) drop(err error) {
 	f.mu.Lock()
 	closer, name := f.closer, f.name
-	if !f.served {
+	if f.served {
+		closer, f.retired = f.retired, closer
+	} else {
 		f.failed = f.idx
 	}
 	f.cur, f.closer, f.name = nil, nil, ""
@@ -224,10 +244,12 @@ func (f *Failover) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
-	if f.closer != nil {
-		f.closer.Close()
+	for _, c := range []io.Closer{f.closer, f.retired} {
+		if c != nil {
+			c.Close()
+		}
 	}
-	f.cur, f.closer, f.name = nil, nil, ""
+	f.cur, f.closer, f.retired, f.name = nil, nil, nil, ""
 	return nil
 }
 

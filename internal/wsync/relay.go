@@ -32,6 +32,10 @@ type RelayConfig struct {
 	// ShmPath is the shared-memory segment to publish into; "" means no
 	// segment (stream only).
 	ShmPath string
+	// ShmSlots is the segment's slot count (ShmConfig.Slots); 0 means 2, a
+	// double buffer. 2 + n slots let n local collectors lease versions and
+	// use them in place (ShmReaderConfig.Lease) instead of copying them.
+	ShmSlots int
 	// ShmCapacity is the segment's slot size; 0 sizes it from the first
 	// version (twice its size). A version that does not fit makes the relay
 	// replace the segment with one twice as big: readers of the old one see
@@ -55,6 +59,8 @@ func (c *RelayConfig) validate() error {
 		return fmt.Errorf("%w: wsync: RelayConfig.Model is empty", errs.ErrInvalid)
 	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0:
 		return fmt.Errorf("%w: wsync: negative RelayConfig duration or capacity", errs.ErrInvalid)
+	case c.ShmSlots < 0 || c.ShmSlots == 1 || c.ShmSlots > 64:
+		return fmt.Errorf("%w: wsync: RelayConfig.ShmSlots %d outside [2, 64]", errs.ErrInvalid, c.ShmSlots)
 	}
 	if c.ID == "" {
 		host, _ := os.Hostname()
@@ -221,7 +227,7 @@ func (r *Relay) publishShm(snap *store.Snapshot) error {
 		}
 		// The new segment atomically takes the path; then the old one is
 		// closed, so its readers re-open and find the new one.
-		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Replace: true})
+		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Replace: true})
 		if err != nil {
 			return err
 		}
@@ -289,17 +295,26 @@ func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*
 	return s.b.WaitNewer(ctx, after)
 }
 
-// ShmDialer is a Dialer that opens a segment (for Failover). A segment
-// whose writer has closed it or died counts as unreachable.
+// ShmDialer is a Dialer that opens a segment (for Failover) with a copying
+// reader. A segment whose writer has closed it or died counts as
+// unreachable.
 func ShmDialer(name, path string) Dialer {
+	return ShmReaderDialer(name, ShmReaderConfig{Path: path})
+}
+
+// ShmReaderDialer is ShmDialer with a reader configured by cfg, e.g. one
+// that leases (cfg.Lease) so collectors use versions in place: its
+// snapshots then stay valid until a newer version is taken from the
+// Failover (which keeps a failed leasing source mapped until then).
+func ShmReaderDialer(name string, cfg ShmReaderConfig) Dialer {
 	return Dialer{Name: name, Dial: func(context.Context, uint64) (Source, io.Closer, error) {
-		r, err := OpenShm(ShmReaderConfig{Path: path})
+		r, err := OpenShm(cfg)
 		if err != nil {
 			return nil, nil, err
 		}
 		if !r.WriterAlive() {
 			r.Close()
-			return nil, nil, fmt.Errorf("%w: wsync: the writer of %s is gone", errs.ErrUnavailable, path)
+			return nil, nil, fmt.Errorf("%w: wsync: the writer of %s is gone", errs.ErrUnavailable, cfg.Path)
 		}
 		return r, r, nil
 	}}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,12 +35,19 @@ type failoverCollector struct {
 
 func startFailoverCollector(t *testing.T, dialers ...Dialer) *failoverCollector {
 	t.Helper()
+	return startFailoverCollectorApply(t, checkSnap, dialers...)
+}
+
+// startFailoverCollectorApply is startFailoverCollector with the
+// collector's ApplyFunc.
+func startFailoverCollectorApply(t *testing.T, apply ApplyFunc, dialers ...Dialer) *failoverCollector {
+	t.Helper()
 	f, err := NewFailover(FailoverConfig{Dialers: dialers, Backoff: 10 * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &failoverCollector{f: f, done: make(chan error, 1)}
-	c.recv, err = NewReceiver(ReceiverConfig{Source: f, Apply: func(s *store.Snapshot) error { return checkSnap(s) }, OnApplied: f.Running})
+	c.recv, err = NewReceiver(ReceiverConfig{Source: f, Apply: apply, OnApplied: f.Running})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +66,8 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 1000)
 	path := shmPath(t)
-	relay, err := NewRelay(RelayConfig{Upstream: dial(t, h.addr), Model: "m", ID: "relay-1", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
+	// 3 slots: one lease entry, for leaseC.
+	relay, err := NewRelay(RelayConfig{Upstream: dial(t, h.addr), Model: "m", ID: "relay-1", ShmPath: path, ShmSlots: 3, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,15 +86,33 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	streamC := startFailoverCollector(t,
 		PushDialer("relay-stream", relayConn, "stream-collector", "m"),
 		PushDialer("upstream", upConn, "stream-collector", "m"))
-	for _, c := range []*failoverCollector{shmC, streamC} {
+	// The leasing collector counts the versions it got in place: views of
+	// the segment its current reader maps.
+	var leaseReader atomic.Pointer[ShmReader]
+	leasing := ShmReaderDialer("relay-shm", ShmReaderConfig{Path: path, Lease: true})
+	var leased atomic.Uint64
+	leaseC := startFailoverCollectorApply(t, func(s *store.Snapshot) error {
+		if r := leaseReader.Load(); r != nil && inMapping(r, s.Blob) {
+			leased.Add(1)
+		}
+		return checkSnap(s)
+	}, Dialer{Name: "relay-shm", Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+		src, closer, err := leasing.Dial(ctx, have)
+		if err == nil {
+			leaseReader.Store(src.(*ShmReader))
+		}
+		return src, closer, err
+	}}, PushDialer("upstream", upConn, "lease-collector", "m"))
+	all := []*failoverCollector{shmC, streamC, leaseC}
+	for _, c := range all {
 		waitFor(t, "collectors at v1 via the relay", func() bool { return c.recv.Version() == 1 })
 	}
-	if shmC.f.Current() != "relay-shm" || streamC.f.Current() != "relay-stream" {
-		t.Fatalf("sources: %q, %q; want the relay's", shmC.f.Current(), streamC.f.Current())
+	if shmC.f.Current() != "relay-shm" || streamC.f.Current() != "relay-stream" || leaseC.f.Current() != "relay-shm" {
+		t.Fatalf("sources: %q, %q, %q; want the relay's", shmC.f.Current(), streamC.f.Current(), leaseC.f.Current())
 	}
 
 	h.push(t, 2, 1000)
-	for _, c := range []*failoverCollector{shmC, streamC} {
+	for _, c := range all {
 		waitFor(t, "collectors at v2 via the relay", func() bool { return c.recv.Version() == 2 })
 	}
 	// Upstream holds one stream for the host (the relay's) and sees the
@@ -114,7 +141,7 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	// segment; its shm collector re-opens it (or takes the relay's stream)
 	// and stays on the relay.
 	h.push(t, 3, 8000)
-	for _, c := range []*failoverCollector{shmC, streamC} {
+	for _, c := range all {
 		waitFor(t, "collectors at the bigger v3 via the relay", func() bool { return c.recv.Version() == 3 })
 		if cur := c.f.Current(); cur == "upstream" {
 			t.Fatalf("a segment resize sent a collector to the upstream")
@@ -127,8 +154,11 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	if err := <-relayErr; err != nil {
 		t.Fatalf("relay Run: %v", err)
 	}
+	if n := leased.Load(); n == 0 {
+		t.Fatal("the leasing collector never got a version in place from the relay's segment")
+	}
 	h.push(t, 4, 1000)
-	for _, c := range []*failoverCollector{shmC, streamC} {
+	for _, c := range all {
 		waitFor(t, "collectors at v4 via the upstream", func() bool { return c.recv.Version() == 4 })
 		if c.f.Current() != "upstream" {
 			t.Fatalf("after relay death the source is %q, want upstream", c.f.Current())

@@ -323,3 +323,64 @@ func runLeaseHolderChild() int {
 	io.Copy(io.Discard, os.Stdin)
 	return 0
 }
+
+// A Failover whose leasing shm source fails keeps the segment mapped until
+// a newer version has been taken from the next source: the version the
+// Receiver holds is a view of that mapping.
+func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
+	ctx := context.Background()
+	path := shmPath(t)
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	publishRange(t, w, 1, 1, 1000)
+	board := NewBoard("m")
+	var shm *ShmReader
+	leasing := ShmReaderDialer("shm", ShmReaderConfig{Path: path, Lease: true})
+	f, err := NewFailover(FailoverConfig{Dialers: []Dialer{
+		{Name: "shm", Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+			src, closer, err := leasing.Dial(ctx, have)
+			if err == nil {
+				shm = src.(*ShmReader)
+			}
+			return src, closer, err
+		}},
+		{Name: "board", Dial: func(context.Context, uint64) (Source, io.Closer, error) { return board, io.NopCloser(nil), nil }},
+	}, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s1, err := f.GetIfNewer(ctx, 0)
+	if err != nil || s1 == nil || s1.Version != 1 || !shm.Leasing() || !inMapping(shm, s1.Blob) {
+		t.Fatalf("GetIfNewer(0) = %v, %v; want v1 leased in place", s1, err)
+	}
+	// The writer goes away; the board has nothing newer yet.
+	w.Close()
+	if s, err := f.GetIfNewer(ctx, 1); s != nil || err != nil || f.Current() != "board" {
+		t.Fatalf("after the writer closed: %v, %v, source %q; want nothing newer from the board", s, err, f.Current())
+	}
+	func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("reading the held v1 after failing over faulted: %v", p)
+			}
+		}()
+		if err := checkSnap(s1); err != nil {
+			t.Fatalf("the held v1 after failing over: %v", err)
+		}
+	}()
+	if !shm.Leasing() {
+		t.Fatal("the failed leasing reader was closed before a newer version was taken")
+	}
+	board.Publish(ctx, makeSnap(t, "m", 2, 1000))
+	if s, err := f.GetIfNewer(ctx, 1); err != nil || s == nil || s.Version != 2 {
+		t.Fatalf("GetIfNewer(1) from the board = %v, %v", s, err)
+	}
+	if shm.Leasing() {
+		t.Fatal("the failed leasing reader is still open after a newer version was taken")
+	}
+}
