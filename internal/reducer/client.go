@@ -296,13 +296,8 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 		// The data plane: the header, then (if the secondary admits the
 		// gradient) the safetensors header and the tensors' own memory
 		// in one writev.
-		body := make(net.Buffers, 0, 1+len(l.Order))
-		body = append(body, l.Header)
-		for _, t := range l.Order {
-			body = append(body, t.Data)
-		}
 		var resp rlhubv1.ReducerPushResponse
-		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, body, &resp)
+		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, layoutBuffers(l), &resp)
 		if !errors.Is(err, bulk.ErrNotSupported) {
 			if err != nil {
 				return Receipt{}, err

@@ -101,15 +101,20 @@ func newTestEnv(t *testing.T, cfg Config, init *tensor.StateDict) *testEnv {
 }
 
 func (e *testEnv) start(cfg Config) {
-	svc, err := New(cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.svc, e.addr = svc, lis.Addr().String()
+	e.addr = lis.Addr().String()
+	if cfg.Addr == nil {
+		cfg.Addr = func() string { return e.addr }
+	}
+	svc, err := New(cfg)
+	if err != nil {
+		lis.Close()
+		e.t.Fatal(err)
+	}
+	e.svc = svc
 	e.srv = grpc.NewServer(grpc.MaxRecvMsgSize(4 << 20))
 	e.bulk = bulk.NewServer()
 	svc.Register(e.srv)

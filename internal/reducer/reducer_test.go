@@ -704,3 +704,52 @@ func TestForwardPublishOutlivesItsSender(t *testing.T) {
 		t.Fatalf("applied %d, dropped %v; want 2 and none", c.Applied, c.Dropped)
 	}
 }
+
+// TestRemoteSecondaryUsesTheDataPlane: with the secondary in a service of
+// its own (as `rlhub serve --role reducer` runs it), a client's pushes reach
+// it on its data plane and its batch sums reach the primary on the
+// primary's; the result equals the same pushes and forwards through gRPC.
+func TestRemoteSecondaryUsesTheDataPlane(t *testing.T) {
+	const n, pushes = 32, 6
+	init := fill(testLayout(n), rand.New(rand.NewPCG(8, 9)), 1)
+	final := map[string][]byte{}
+	for _, transport := range []string{TransportAuto, TransportGRPC} {
+		e := newTestEnv(t, Config{Secondaries: -1}, init) // the primary only
+		e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1, Momentum: 0.9}})
+		sec := &testEnv{t: t, st: e.st, model: "m"}
+		sec.start(Config{Primary: e.addr, ForwardTransport: transport, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond})
+		t.Cleanup(sec.stop)
+		waitAttached(t, e.svc.Primary(), 1)
+		sec.transport, e.transport = transport, transport
+		c := e.client("remote", 0)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		for s := uint64(1); s <= pushes; s++ { // one at a time: a fixed order of steps
+			rc, err := c.PushSeq(ctx, "m", 0, s, gradFor(n, "remote", s))
+			if err != nil {
+				cancel()
+				t.Fatalf("%s: push %d: %v", transport, s, err)
+			}
+			if rc.Addr != sec.addr {
+				t.Fatalf("pushed to %s, want the remote secondary %s", rc.Addr, sec.addr)
+			}
+			for e.newest().Version != 1+s {
+				if ctx.Err() != nil {
+					t.Fatalf("%s: version %d never appeared", transport, 1+s)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		cancel()
+		pushed, forwarded := sec.bulk.Requests(), e.bulk.Requests()
+		if transport == TransportAuto && (pushed != pushes || forwarded != pushes) {
+			t.Fatalf("data plane: %d pushes at the secondary, %d forwards at the primary; want %d each", pushed, forwarded, pushes)
+		}
+		if transport == TransportGRPC && pushed+forwarded != 0 {
+			t.Fatalf("TransportGRPC: %d pushes and %d forwards on the data plane", pushed, forwarded)
+		}
+		final[transport] = e.newest().Blob
+	}
+	if !slices.Equal(final[TransportAuto], final[TransportGRPC]) {
+		t.Fatal("the model after the same pushes differs between the data plane and gRPC")
+	}
+}

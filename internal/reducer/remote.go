@@ -12,13 +12,17 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// RemotePrimary is an Upstream that reaches a primary over gRPC.
+// RemotePrimary is an Upstream that reaches a primary over gRPC, and
+// forwards batch sums on the primary hub's data plane when it has one.
 type RemotePrimary struct {
-	c rlhubv1.ReducerPrimaryClient
+	c    rlhubv1.ReducerPrimaryClient
+	addr string       // the primary hub's address, for the data plane
+	bulk *bulk.Client // nil without addr
 
 	mu       sync.Mutex
 	sessions map[uint64]*remoteSession
@@ -30,9 +34,23 @@ type remoteSession struct {
 }
 
 // NewRemotePrimary wraps a connection to a hub hosting the primary. The
-// caller owns conn and closes it after the secondaries using this.
-func NewRemotePrimary(conn grpc.ClientConnInterface) *RemotePrimary {
-	return &RemotePrimary{c: rlhubv1.NewReducerPrimaryClient(conn), sessions: map[uint64]*remoteSession{}}
+// caller owns conn and closes it after the secondaries using this, and
+// Close. addr, if not "", is that hub's address: batch sums then travel
+// on its data plane (package bulk), or over conn if it has none.
+func NewRemotePrimary(conn grpc.ClientConnInterface, addr string) *RemotePrimary {
+	r := &RemotePrimary{c: rlhubv1.NewReducerPrimaryClient(conn), addr: addr, sessions: map[uint64]*remoteSession{}}
+	if addr != "" {
+		r.bulk = bulk.NewClient()
+	}
+	return r
+}
+
+// Close closes the data-plane connections.
+func (r *RemotePrimary) Close() error {
+	if r.bulk != nil {
+		return r.bulk.Close()
+	}
+	return nil
 }
 
 var _ Upstream = (*RemotePrimary)(nil)
@@ -143,10 +161,6 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	}
 	ctx, cancel := callCtx(ctx)
 	defer cancel()
-	stream, err := r.c.Forward(ctx, grpc.CallContentSubtype(chunkcodec.Name))
-	if err != nil {
-		return 0, errs.FromStatus(err)
-	}
 	var first int64
 	if !b.FirstAdmitted.IsZero() {
 		first = b.FirstAdmitted.UnixNano()
@@ -154,6 +168,17 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	hdr := &rlhubv1.ReducerForwardHeader{Session: b.Session, Ids: idsToProto(b.Members), Weights: b.Weights,
 		FirstAdmittedUnixNano: first,
 		Blob:                  &rlhubv1.BlobInfo{Model: b.Model, TotalBytes: uint64(l.Size)}}
+	if r.bulk != nil && r.bulk.Supported(r.addr) {
+		var resp rlhubv1.ReducerForwardResponse
+		err := r.bulk.Call(ctx, r.addr, BulkForwardMethod, hdr, layoutBuffers(l), &resp)
+		if !errors.Is(err, bulk.ErrNotSupported) {
+			return resp.GetVersion(), err
+		}
+	}
+	stream, err := r.c.Forward(ctx, grpc.CallContentSubtype(chunkcodec.Name))
+	if err != nil {
+		return 0, errs.FromStatus(err)
+	}
 	err = stream.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Header{Header: hdr}})
 	if err == nil {
 		err = sendStateDict(l, func(p []byte) error {

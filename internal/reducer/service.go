@@ -29,6 +29,10 @@ type Config struct {
 	// Primary is the address of a remote primary; "" hosts the primary
 	// here (then Store is required).
 	Primary string
+	// ForwardTransport carries batch sums to a remote primary:
+	// TransportAuto (its hub's data plane, gRPC if it has none) or
+	// TransportGRPC.
+	ForwardTransport string
 	// Store is the model store the hosted primary reads and publishes to.
 	Store ModelStore
 	// Secondaries is how many secondaries are hosted here; 0 means 1 and
@@ -65,6 +69,9 @@ func (c *Config) validate() error {
 	if c.Primary == "" && c.Store == nil {
 		return errors.New("reducer: hosting the primary needs a Store")
 	}
+	if c.ForwardTransport != TransportAuto && c.ForwardTransport != TransportGRPC {
+		return fmt.Errorf("%w: reducer: ForwardTransport %q (want %q or %q)", errs.ErrInvalid, c.ForwardTransport, TransportAuto, TransportGRPC)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -78,6 +85,7 @@ type Service struct {
 	cfg         Config
 	primary     *Primary // nil with a remote primary
 	remoteConn  *grpc.ClientConn
+	remote      *RemotePrimary // the Upstream over remoteConn
 	secondaries []*SecondaryNode
 	byID        map[string]*SecondaryNode
 	closeOnce   sync.Once
@@ -108,7 +116,12 @@ func New(cfg Config) (*Service, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reducer: dial primary %s: %w", cfg.Primary, err)
 		}
-		s.remoteConn, up = conn, NewRemotePrimary(conn)
+		dataAddr := cfg.Primary
+		if cfg.ForwardTransport == TransportGRPC {
+			dataAddr = ""
+		}
+		s.remote = NewRemotePrimary(conn, dataAddr)
+		s.remoteConn, up = conn, s.remote
 	}
 	for i := range cfg.Secondaries {
 		id := "s" + strconv.Itoa(i)
@@ -155,7 +168,7 @@ func (s *Service) Close() error {
 			out = append(out, s.primary.Close())
 		}
 		if s.remoteConn != nil {
-			out = append(out, s.remoteConn.Close())
+			out = append(out, s.remote.Close(), s.remoteConn.Close())
 		}
 		s.closeErr = errors.Join(out...)
 	})
@@ -341,10 +354,16 @@ func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
 	return stream.SendAndClose(&rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight})
 }
 
-// BulkPushMethod is the data-plane method of a gradient push: header
+// Data-plane methods. BulkPushMethod, a gradient push: header
 // ReducerPushHeader (blob.total_bytes announces the body), body the
 // gradient's safetensors bytes, response ReducerPushResponse.
-const BulkPushMethod = "rlhub.v1.Reducer/Push"
+// BulkForwardMethod, a secondary's batch sum to the primary: header
+// ReducerForwardHeader, body the sum's safetensors bytes, response
+// ReducerForwardResponse.
+const (
+	BulkPushMethod    = "rlhub.v1.Reducer/Push"
+	BulkForwardMethod = "rlhub.v1.ReducerPrimary/Forward"
+)
 
 // RegisterBulk serves pushes on the hub's data plane (package bulk) as
 // well as over gRPC: the same secondaries, checks, counters and errors,
@@ -368,6 +387,20 @@ func (s *Service) RegisterBulk(b *bulk.Server) {
 			return nil, err
 		}
 		return &rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight}, nil
+	})
+	if s.primary == nil {
+		return
+	}
+	b.Handle(BulkForwardMethod, func(ctx context.Context, r *bulk.Request) (proto.Message, error) {
+		h := &rlhubv1.ReducerForwardHeader{}
+		if err := proto.Unmarshal(r.Header, h); err != nil {
+			return nil, fmt.Errorf("%w: forward header: %v", errs.ErrInvalid, err)
+		}
+		v, err := forward(ctx, s.primary, h, fromReader(r.Body))
+		if err != nil {
+			return nil, err
+		}
+		return &rlhubv1.ReducerForwardResponse{Version: v}, nil
 	})
 }
 
@@ -455,31 +488,36 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 	if err := recvMsg(&m); err != nil {
 		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, err))
 	}
-	h := m.Msg.GetHeader()
-	if h == nil || h.GetBlob() == nil {
-		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, errNoHeader))
-	}
-	l, err := ps.p.Describe(stream.Context(), h.GetBlob().GetModel())
+	v, err := forward(stream.Context(), ps.p, m.Msg.GetHeader(), chunks(streamRecv(recvMsg, &m, "forward")))
 	if err != nil {
 		return errs.ToStatus(err)
 	}
+	return stream.SendAndClose(&rlhubv1.ReducerForwardResponse{Version: v})
+}
+
+// forward receives a batch sum a secondary forwards (over gRPC or the data
+// plane) and hands it to the primary.
+func forward(ctx context.Context, p *Primary, h *rlhubv1.ReducerForwardHeader, body gradBody) (uint64, error) {
+	if h == nil || h.GetBlob() == nil {
+		return 0, fmt.Errorf("%w: forward: %v", errs.ErrInvalid, errNoHeader)
+	}
+	l, err := p.Describe(ctx, h.GetBlob().GetModel())
+	if err != nil {
+		return 0, err
+	}
 	// No NaN/Inf scan here: Forward's norm pass over the sum is that check.
-	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), false, chunks(streamRecv(recvMsg, &m, "forward")))
+	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), false, body)
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = fmt.Errorf("%w: forward stream broke: %v", errs.ErrAborted, err)
 		}
-		return errs.ToStatus(err)
+		return 0, err
 	}
 	defer putBuf(buf) // Forward keeps no reference to the sum
 	var first0 time.Time
 	if ns := h.GetFirstAdmittedUnixNano(); ns != 0 {
 		first0 = time.Unix(0, ns)
 	}
-	v, err := ps.p.Forward(stream.Context(), Batch{Session: h.GetSession(), Model: h.GetBlob().GetModel(),
+	return p.Forward(ctx, Batch{Session: h.GetSession(), Model: h.GetBlob().GetModel(),
 		Members: idsFromProto(h.GetIds()), Weights: h.GetWeights(), Sum: sum, FirstAdmitted: first0})
-	if err != nil {
-		return errs.ToStatus(err)
-	}
-	return stream.SendAndClose(&rlhubv1.ReducerForwardResponse{Version: v})
 }
