@@ -324,110 +324,54 @@ func (o *Optimizer) sgd(i int, dst, p, g []float32, lr float64) {
 		}
 		return
 	}
-	if mom == 0 {
-		for j := range p {
-			d := g[j]
-			if wd != 0 {
-				d += wd * p[j]
-			}
-			dst[j] = p[j] + nlr*d
-		}
-		return
+	h := sgdHyper{wd: wd, mom: mom, damp: damp, nlr: nlr, hasWD: wd != 0, momentum: mom != 0, nesterov: o.cfg.Nesterov}
+	var b []float32
+	if h.momentum {
+		b, h.fresh = o.buf(slotMomentum, i, len(p))
 	}
-	b, fresh := o.buf(slotMomentum, i, len(p))
-	for j := range p {
-		d := g[j]
-		if wd != 0 {
-			d += wd * p[j]
-		}
-		if fresh {
-			b[j] = d
-		} else {
-			b[j] = mom*b[j] + damp*d
-		}
-		if o.cfg.Nesterov {
-			d += mom * b[j]
-		} else {
-			d = b[j]
-		}
-		dst[j] = p[j] + nlr*d
-	}
+	activeLoops.sgd(dst, p, g, b, &h)
 }
 
 // adam is torch.optim.Adam's / AdamW's _single_tensor_adam (amsgrad off).
 func (o *Optimizer) adam(i int, dst, p, g []float32, lr float64, step int64) {
-	dst, g = dst[:len(p)], g[:len(p)]
 	c := &o.cfg
 	m, _ := o.buf(slotExpAvg, i, len(p))
 	v, _ := o.buf(slotExpAvgSq, i, len(p))
-	b1w := float32(1 - c.Beta1) // lerp weight
-	b2 := float32(c.Beta2)
-	b2c := float32(1 - c.Beta2)
 	bc1 := 1 - math.Pow(c.Beta1, float64(step))
 	bc2 := 1 - math.Pow(c.Beta2, float64(step))
-	stepSize := float32(lr / bc1)
-	bc2Sqrt := float32(math.Sqrt(bc2))
-	eps := float32(c.Eps)
-	wd := float32(c.WeightDecay)
-	decay := float32(1 - lr*c.WeightDecay)
-	for j := range p {
-		d, pj := g[j], p[j]
-		if c.Kind == AdamW {
-			pj *= decay
-		} else if wd != 0 {
-			d += wd * pj
-		}
-		m[j] = lerp(m[j], d, b1w)
-		v[j] = v[j]*b2 + b2c*d*d
-		den := float32(math.Sqrt(float64(v[j])))/bc2Sqrt + eps
-		dst[j] = pj + -stepSize*(m[j]/den)
+	h := adamHyper{
+		b1w:       float32(1 - c.Beta1),
+		b2:        float32(c.Beta2),
+		b2c:       float32(1 - c.Beta2),
+		nstep:     -float32(lr / bc1),
+		bc2Sqrt:   float32(math.Sqrt(bc2)),
+		eps:       float32(c.Eps),
+		wd:        float32(c.WeightDecay),
+		decay:     float32(1 - lr*c.WeightDecay),
+		decoupled: c.Kind == AdamW,
 	}
+	h.hasWD, h.lerpLo = h.wd != 0, h.b1w < 0.5
+	activeLoops.adam(dst, p, g, m, v, &h)
 }
 
 // rmsprop is torch.optim.RMSprop's _single_tensor_rmsprop.
 func (o *Optimizer) rmsprop(i int, dst, p, g []float32, lr float64) {
-	dst, g = dst[:len(p)], g[:len(p)]
 	c := &o.cfg
 	sq, _ := o.buf(slotSquareAvg, i, len(p))
-	alpha, alphac := float32(c.Alpha), float32(1-c.Alpha)
-	wd, eps, mom := float32(c.WeightDecay), float32(c.Eps), float32(c.Momentum)
-	nlr := float32(-lr)
+	h := rmspropHyper{
+		alpha: float32(c.Alpha), alphac: float32(1 - c.Alpha),
+		wd: float32(c.WeightDecay), eps: float32(c.Eps), mom: float32(c.Momentum),
+		nlr: float32(-lr), centered: c.Centered, momentum: c.Momentum > 0,
+	}
+	h.hasWD, h.lerpLo = h.wd != 0, h.alphac < 0.5
 	var ga, mb []float32
-	if c.Centered {
+	if h.centered {
 		ga, _ = o.buf(slotGradAvg, i, len(p))
 	}
-	if mom > 0 {
+	if h.momentum {
 		mb, _ = o.buf(slotMomentum, i, len(p))
 	}
-	for j := range p {
-		d := g[j]
-		if wd != 0 {
-			d += wd * p[j]
-		}
-		sq[j] = sq[j]*alpha + alphac*d*d
-		var avg float32
-		if c.Centered {
-			ga[j] = lerp(ga[j], d, alphac)
-			avg = float32(math.Sqrt(float64(sq[j] - ga[j]*ga[j])))
-		} else {
-			avg = float32(math.Sqrt(float64(sq[j])))
-		}
-		avg += eps
-		if mom > 0 {
-			mb[j] = mb[j]*mom + d/avg
-			dst[j] = p[j] + nlr*mb[j]
-		} else {
-			dst[j] = p[j] + nlr*(d/avg)
-		}
-	}
-}
-
-// lerp is PyTorch's CPU lerp: it picks the formula by weight for accuracy.
-func lerp(a, b, w float32) float32 {
-	if w < 0.5 {
-		return a + w*(b-a)
-	}
-	return b - (b-a)*(1-w)
+	activeLoops.rmsprop(dst, p, g, sq, ga, mb, &h)
 }
 
 // State returns the optimizer's state as a state dict of F32 tensors named
