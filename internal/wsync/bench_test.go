@@ -35,9 +35,14 @@ import (
 // against both (x-memcpy, %tcp-rate).
 //
 // Transports: inproc (Board.Publish → receivers adopt the pointer); shm and
-// shm-nocrc (ShmWriter.Write: CRC-32C by the writer, copying with up to
-// min(GOMAXPROCS, 4) goroutines; readers in goroutines copy out, verifying
-// the CRC (shm) or relying on the seqlock, the default (shm-nocrc)); push
+// shm-nocrc (ShmWriter.Write into a double buffer: CRC-32C by the writer,
+// copying with up to min(GOMAXPROCS, 4) goroutines; readers in goroutines
+// copy the slot out into private memory, verifying the CRC (shm) or
+// relying on the seqlock, the default (shm-nocrc)); shm-lease (the same
+// writer with 2 + n slots, so each of the n readers gets a lease entry;
+// readers lease the newest slot and decode it in place, seqlock only, no
+// copy: "applied" means the Receiver has adopted the leased snapshot, as
+// for inproc); push
 // (store.Push on a real hub → WeightSync Attach streams, one connection per
 // collector, clients reusing receive buffers as PushDialer's do);
 // storewatch (store.Push → StoreSource over storeclient, the store
@@ -48,7 +53,7 @@ import (
 func BenchmarkDeliver(b *testing.B) {
 	for _, size := range []int{16 << 20, 128 << 20} {
 		blob := benchBlob(b, size)
-		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "push", "storewatch", "relay-shm"} {
+		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "push", "storewatch", "relay-shm"} {
 			for _, n := range []int{1, 2, 8} {
 				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
 					// Baselines right before, under the same machine load.
@@ -267,18 +272,30 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		for range n {
 			sources = append(sources, board)
 		}
-	case "shm", "shm-nocrc":
+	case "shm", "shm-nocrc", "shm-lease":
 		path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-%d", os.Getpid())
-		w, err := wsync.CreateShm(wsync.ShmConfig{Path: path, Name: "m", Capacity: int64(len(blob)), Replace: true})
+		lease := tr == "shm-lease"
+		slots := 2
+		if lease {
+			slots = 2 + n // a lease entry per collector
+		}
+		w, err := wsync.CreateShm(wsync.ShmConfig{Path: path, Name: "m", Capacity: int64(len(blob)), Slots: slots, Replace: true})
 		if err != nil {
 			b.Fatal(err)
 		}
 		cleanup = append(cleanup, func() { w.Close() })
-		publish = func(v uint64) { w.Write(v, 0, blob) }
+		publish = func(v uint64) {
+			if err := w.Write(v, 0, blob); err != nil {
+				b.Fatal(err)
+			}
+		}
 		for range n {
-			r, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Verify: tr == "shm"})
+			r, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Verify: tr == "shm", Lease: lease})
 			if err != nil {
 				b.Fatal(err)
+			}
+			if r.Leasing() != lease {
+				b.Fatalf("reader leasing = %v, want %v", r.Leasing(), lease)
 			}
 			cleanup = append(cleanup, func() { r.Close() })
 			sources = append(sources, r)
