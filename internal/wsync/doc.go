@@ -12,8 +12,10 @@
 //   - Board: in-process; readers get the publisher's *store.Snapshot, no
 //     byte is copied per reader.
 //   - Shm (ShmWriter / ShmReader): a same-host segment in /dev/shm, a
-//     double buffer of seqlocked slots with a CRC-32C per version, layout in
-//     docs/shm-layout.md, readable from Python with numpy.
+//     double buffer (or more slots) of seqlocked slots with a CRC-32C per
+//     version, layout in docs/shm-layout.md, readable from Python with
+//     numpy. Readers copy a version out, or lease its slot and use it in
+//     place (ShmReaderConfig.Lease) while the writer writes around it.
 //   - StoreSource: pull / watch a store.Store (in process, or a client of
 //     the store service that has the same methods).
 //   - Service + Client: the hub's push fan-out (proto/rlhub/v1/sync.proto);

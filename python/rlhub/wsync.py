@@ -151,6 +151,11 @@ _FUTEX_WAIT = _futex_fn()
 class ShmSource:
     """Reads whole versions from a shared-memory segment written by Go.
 
+    It copies every version out of its slot and never leases one (the lease
+    table of docs/shm-layout.md, "Slot leases", is for Go readers that use
+    versions in place). It reads segments in which such readers hold slots
+    like any other: the writer just writes around the leased slots.
+
     Not thread-safe: one reader thread per ``ShmSource``. ``stats`` counts
     ``reads`` (whole versions returned) and ``retries`` (copies restarted
     because the writer overwrote the slot meanwhile: torn reads caught).

@@ -5,7 +5,9 @@ store, "only if newer", lag visible in `rlhub sync status`, clear errors."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -79,9 +81,9 @@ READER = textwrap.dedent("""
 """)
 
 
-def start_writer(rlhub_bin: str, path: str, versions: int, tensors: str = TENSORS) -> subprocess.Popen:
+def start_writer(rlhub_bin: str, path: str, versions: int, tensors: str = TENSORS, slots: int = 2) -> subprocess.Popen:
     w = subprocess.Popen([rlhub_bin, "sync", "shm-writer", "--path", path, "--model", "m", "--tensors", tensors,
-                          "--versions", str(versions), "--wait-stdin"],
+                          "--versions", str(versions), "--slots", str(slots), "--wait-stdin"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = w.stdout.readline()
     assert line.startswith("ready "), line
@@ -140,6 +142,50 @@ def test_shm_reader_never_torn_against_go_writer_flat_out(rlhub_bin, shm_path):
         w.stdin.close()
         w.wait(timeout=30)
     assert not os.path.exists(shm_path)  # closing removes the segment
+
+
+def test_shm_reader_reads_around_slots_leased_by_other_readers(rlhub_bin, shm_path):
+    """Slot leases (docs/shm-layout.md): a Go writer with 4 slots has 2
+    lease entries. Before it publishes, this test fills both as a Go
+    leasing reader in this process would, naming slots 0 and 2; the writer
+    then publishes flat out through slots 1 and 3 only, and the Python
+    reader, which never leases, reads every version it gets whole."""
+    versions = 2000
+    w = start_writer(rlhub_bin, shm_path, versions, slots=4)
+    try:
+        fd = os.open(shm_path, os.O_RDWR)
+        try:
+            seg = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        slots, cap, stride = struct.unpack_from("<IQQ", seg, 12)
+        (leases,) = struct.unpack_from("<I", seg, 60)
+        assert (slots, leases) == (4, 2)
+        for e, slot in enumerate((0, 2)):
+            struct.pack_into("<QQ", seg, 512 + 32 * e, os.getpid() << 32 | (e + 1), slot + 1)
+        src = ws.ShmSource(shm_path, model="m", verify=True)
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        have, reads, torn = 0, 0, []
+        while have < versions:
+            wv = src.wait_newer(have, timeout=30)
+            assert wv is not None, f"no newer version after v{have}"
+            reads += 1
+            for name, a in wv.tensors().items():
+                if not (a == np.float32(wv.version)).all():
+                    torn.append((wv.version, name))
+            have = wv.version
+        assert w.stdout.readline().startswith("done ")
+        seqs = [struct.unpack_from("<Q", seg, 4096 + i * stride)[0] for i in range(slots)]
+        print(f"python reader: {reads} versions whole, {src.stats['retries']} retries; slot seqs {seqs}")
+        assert torn == [] and have == versions and reads >= 2
+        assert seqs[0] == 0 and seqs[2] == 0, f"the writer wrote a leased slot: seqs {seqs}"
+        assert seqs[1] > 0 and seqs[3] > 0
+        src.close()
+        seg.close()
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
 
 
 def test_shm_source_errors(rlhub_bin, shm_path):
