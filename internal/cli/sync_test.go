@@ -44,7 +44,7 @@ func TestSyncStatusAndRelay(t *testing.T) {
 	rctx, rcancel := context.WithCancel(ctx)
 	relayDone := make(chan int, 1)
 	go func() {
-		code, _, _ := run(t, rctx, "relay", "--upstream", addr, "--model", "m", "--id", "relay-a", "--listen", relayAddr, "--shm", shm)
+		code, _, _ := run(t, rctx, "relay", "--upstream", addr, "--model", "m", "--id", "relay-a", "--listen", relayAddr, "--shm", shm, "--shm-slots", "3")
 		relayDone <- code
 	}()
 	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -66,12 +66,16 @@ func TestSyncStatusAndRelay(t *testing.T) {
 		t.Fatalf("via relay: %v, %v", snap, err)
 	}
 	cl.Close()
-	rs, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: shm})
+	// --shm-slots 3: one collector may lease and read in place.
+	rs, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: shm, Lease: true})
 	if err != nil {
 		t.Fatalf("relay's segment: %v", err)
 	}
 	if s, err := rs.GetIfNewer(ctx, 0); err != nil || s == nil || s.Version != 1 {
 		t.Fatalf("relay's segment holds %v, %v; want v1", s, err)
+	}
+	if !rs.Leasing() || rs.Stats().InPlace != 1 {
+		t.Fatalf("a leasing reader of a 3-slot segment: leasing %v, stats %+v", rs.Leasing(), rs.Stats())
 	}
 	rs.Close()
 
