@@ -93,30 +93,46 @@ _BY_CODE = {
 }
 
 
+_CODE_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
 def _stale_details(err: grpc.RpcError) -> dict:
     """Reads the ErrorInfo detail the Go side attaches to stale errors."""
+    return _stale_metadata(_status_of(err))
+
+
+def _status_of(err: grpc.RpcError):
+    """The ``google.rpc.Status`` a failed call carries in its trailers, or None."""
     try:
-        from google.rpc import error_details_pb2, status_pb2  # type: ignore
+        from google.rpc import status_pb2  # type: ignore
     except ImportError:  # googleapis-common-protos not installed
-        return {}
+        return None
     for key, value in (err.trailing_metadata() or ()):
-        if key != "grpc-status-details-bin":
-            continue
-        st = status_pb2.Status.FromString(value)
-        for d in st.details:
-            info = error_details_pb2.ErrorInfo()
-            if d.Unpack(info) and info.reason == "STALE_VERSION":
-                return dict(info.metadata)
+        if key == "grpc-status-details-bin":
+            return status_pb2.Status.FromString(value)
+    return None
+
+
+def _stale_metadata(st) -> dict:
+    """The metadata of a ``google.rpc.Status``'s STALE_VERSION ErrorInfo detail."""
+    if st is None:
+        return {}
+    try:
+        from google.rpc import error_details_pb2  # type: ignore
+    except ImportError:
+        return {}
+    for d in st.details:
+        info = error_details_pb2.ErrorInfo()
+        if d.Unpack(info) and info.reason == "STALE_VERSION":
+            return dict(info.metadata)
     return {}
 
 
-def from_rpc_error(err: grpc.RpcError) -> RlhubError:
-    """Converts a ``grpc.RpcError`` into the matching named exception."""
-    code = err.code()
-    message = err.details() or str(code)
+def _make(code: grpc.StatusCode, message: str, st) -> RlhubError:
+    """The named exception for ``code``; ``st`` is the full status (or None)."""
     cls = _BY_CODE.get(code, RlhubError)
     if cls is StaleVersion:
-        md = _stale_details(err)
+        md = _stale_metadata(st)
         return StaleVersion(
             message,
             model=md.get("model", ""),
@@ -124,3 +140,18 @@ def from_rpc_error(err: grpc.RpcError) -> RlhubError:
             current_epoch=int(md["current_epoch"]) if "current_epoch" in md else None,
         )
     return cls(message, code)
+
+
+def from_rpc_error(err: grpc.RpcError) -> RlhubError:
+    """Converts a ``grpc.RpcError`` into the matching named exception."""
+    code = err.code()
+    message = err.details() or str(code)
+    return _make(code, message, _status_of(err) if _BY_CODE.get(code) is StaleVersion else None)
+
+
+def from_status(st) -> RlhubError:
+    """Converts a non-OK ``google.rpc.Status`` (as the hub's data plane
+    answers, with the same code, message and details a gRPC call would
+    carry) into the same named exception ``from_rpc_error`` gives."""
+    code = _CODE_BY_NUMBER.get(st.code, grpc.StatusCode.UNKNOWN)
+    return _make(code, st.message or str(code), st)
