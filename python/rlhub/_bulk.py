@@ -1,0 +1,356 @@
+"""Client side of the hub's data plane (docs/wire.md, internal/wire/bulk).
+
+A hub serves, on its gRPC port, a small TCP protocol for request bodies
+that are large byte strings (a pushed gradient). gRPC (grpcio) would cut
+the body into messages, copy each into protobuf bytes and again into
+HTTP/2 frames; here the safetensors header and the tensors' own memory go
+to the kernel in ``socket.sendmsg`` calls (a writev), with no copy in
+Python. Control stays on gRPC.
+
+Protocol (little-endian)::
+
+    client → server   b"RLHUBDP1"                   once per connection
+    server → client   b"RLHUBDP1"                   acknowledgement
+    client → server   u8 1 | u16 len | method | u32 len | header (protobuf)
+    server → client   u8 2                          continue: send the body
+                  or  u8 3 | u32 len | google.rpc.Status   final, no body sent
+    client → server   exactly the body's announced bytes  (after continue)
+    server → client   u8 3 | u32 len | google.rpc.Status   final
+
+A final status with code OK carries the response message as its first
+detail; any other code is exactly what the gRPC method would have returned,
+converted here by :func:`rlhub.errors.from_status` into the same named
+exception. A server that does not answer the magic (a bare gRPC server
+answers its SETTINGS frame) raises :class:`NotSupported` and is not tried
+again for ``NOT_SUPPORTED_FOR`` seconds: the caller uses gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from rlhub import errors
+from rlhub.tensors import _DTYPES, _as_entry
+
+MAGIC = b"RLHUBDP1"
+PUSH_METHOD = "rlhub.v1.Reducer/Push"
+
+NOT_SUPPORTED_FOR = 60.0
+"""Seconds an address that did not speak the data plane is left to gRPC."""
+HANDSHAKE_TIMEOUT = 10.0
+MAX_IDLE_PER_ADDR = 8
+MAX_METHOD_BYTES = 255
+MAX_HEADER_BYTES = 1 << 20
+_MAX_STATUS_BYTES = 4 << 20
+
+_KIND_REQUEST, _KIND_CONTINUE, _KIND_FINAL = 1, 2, 3
+
+try:
+    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):
+    _IOV_MAX = 1024
+
+
+def safetensors_parts(state_dict: Mapping[str, Any]) -> Tuple[bytes, List[memoryview]]:
+    """The safetensors encoding of ``state_dict`` as pieces: the header
+    (length prefix, JSON, padding) and each tensor's bytes, a memoryview of
+    the tensor's own CPU memory where it is contiguous (no copy).
+
+    ``header + b"".join(tensors)`` is byte for byte ``tensors.save_bytes``
+    (same order: dtype rank, largest first, then name; same padded JSON),
+    which tests/test_grads_bulk.py checks. The views are only valid while
+    the tensors are unchanged.
+    """
+    entries = []
+    for name, value in state_dict.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"bad tensor name {name!r}")
+        dt, shape, raw = _as_entry(name, value)
+        entries.append((name, dt, shape, raw))
+    entries.sort(key=lambda e: (-_DTYPES[e[1]][0], e[0]))
+    header: Dict[str, Any] = {}
+    off = 0
+    for name, dt, shape, raw in entries:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + raw.nbytes]}
+        off += raw.nbytes
+    hj = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    hj += b" " * ((8 - len(hj) % 8) % 8)
+    return struct.pack("<Q", len(hj)) + hj, [e[3] for e in entries]
+
+
+def parts_size(head: bytes, bufs: Sequence[memoryview]) -> int:
+    return len(head) + sum(b.nbytes for b in bufs)
+
+
+def iter_part_chunks(head: bytes, bufs: Sequence[memoryview], chunk_bytes: int):
+    """Yields the concatenation of ``head`` and ``bufs`` as bytes of exactly
+    ``chunk_bytes`` (the last one shorter): the same pieces as
+    ``_transfer.iter_chunks`` of the joined blob, each copied once."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes {chunk_bytes} must be positive")
+    pending: List[memoryview] = []
+    room = chunk_bytes
+    for b in (memoryview(head), *bufs):
+        while b.nbytes:
+            take = b[:room]
+            pending.append(take)
+            room -= take.nbytes
+            b = b[take.nbytes:]
+            if room == 0:
+                yield b"".join(pending)
+                pending, room = [], chunk_bytes
+    if pending:
+        yield b"".join(pending)
+
+
+class NotSupported(Exception):
+    """The server at an address does not speak the data plane: use gRPC."""
+
+
+class _Broken(Exception):
+    """The connection broke; ``answered`` says whether the server had sent
+    anything for the request."""
+
+    def __init__(self, msg: str, answered: bool):
+        super().__init__(msg)
+        self.answered = answered
+
+
+class _Deadline(Exception):
+    pass
+
+
+def _split_addr(addr: str) -> Tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or "/" in addr:
+        raise ValueError(addr)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _settimeout(sock: socket.socket, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _Deadline()
+    sock.settimeout(left)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray(n)
+    mv = memoryview(buf)
+    got = 0
+    while got < n:
+        _settimeout(sock, deadline)
+        k = sock.recv_into(mv[got:])
+        if k == 0:
+            raise EOFError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float) -> None:
+    """Writes every buffer in order with sendmsg (writev), resuming after
+    partial writes; at most IOV_MAX buffers per call."""
+    views = [v for v in (memoryview(b).cast("B") for b in bufs) if v.nbytes]
+    i = 0
+    while i < len(views):
+        _settimeout(sock, deadline)
+        n = sock.sendmsg(views[i:i + _IOV_MAX])
+        while n > 0:
+            size = views[i].nbytes
+            if n >= size:
+                n -= size
+                i += 1
+            else:
+                views[i] = views[i][n:]
+                n = 0
+
+
+class Client:
+    """Data-plane calls with idle connections kept per address for reuse
+    (one request at a time on a connection). Safe for concurrent use."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()  # guards the fields below
+        self._idle: Dict[str, List[socket.socket]] = {}
+        self._no_bulk: Dict[str, float] = {}
+        self._closed = False
+        self.dials = 0
+        """Connections opened (handshake done)."""
+
+    def supported(self, addr: str) -> bool:
+        """False for NOT_SUPPORTED_FOR seconds after ``addr`` did not answer the magic."""
+        with self._mu:
+            at = self._no_bulk.get(addr)
+        return at is None or time.monotonic() - at > NOT_SUPPORTED_FOR
+
+    def _not_supported(self, addr: str, why: str) -> NotSupported:
+        with self._mu:
+            self._no_bulk[addr] = time.monotonic()
+        return NotSupported(f"{addr} does not speak the data plane: {why}")
+
+    def call(self, addr: str, method: str, header: bytes, body: Sequence[Any], resp: Any,
+             timeout: float) -> None:
+        """Sends one request: ``header`` (the method's serialized header
+        message), then, if the server asks for it, the ``body`` buffers in
+        order, straight from their memory. On success ``resp`` (a protobuf
+        message) is filled from the answer.
+
+        Raises the server's answer as a named exception
+        (``errors.from_status``); ``NotSupported`` when ``addr`` does not
+        speak the data plane; ``DeadlineExceeded`` when ``timeout`` seconds
+        ran out; ``Unavailable`` for a broken connection (the request may or
+        may not have been served).
+        """
+        m = method.encode()
+        if not 0 < len(m) <= MAX_METHOD_BYTES:
+            raise errors.InvalidArgument(f"bulk: method name {method!r}")
+        if len(header) > MAX_HEADER_BYTES:
+            raise errors.InvalidArgument(f"bulk: header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+        frame = struct.pack("<BH", _KIND_REQUEST, len(m)) + m + struct.pack("<I", len(header)) + bytes(header)
+        deadline = time.monotonic() + timeout
+        fresh = False
+        while True:
+            sock, reused = self._get(addr, fresh, deadline)
+            try:
+                st = _exchange(sock, frame, body, deadline)
+            except _Deadline:
+                sock.close()
+                raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded") from None
+            except _Broken as e:
+                sock.close()
+                if reused and not e.answered:
+                    # An idle connection the server has since closed (it
+                    # restarted, or shut idle ones down): nothing was served.
+                    fresh = True
+                    continue
+                raise errors.Unavailable(f"bulk: {method} to {addr}: {e}") from None
+            except BaseException:
+                sock.close()
+                raise
+            self._put(addr, sock)
+            break
+        if st.code != 0:
+            raise errors.from_status(st)
+        if resp is not None:
+            if not st.details:
+                raise errors.RlhubError(f"bulk: {method} answered OK without a response")
+            if not st.details[0].Unpack(resp):
+                raise errors.RlhubError(f"bulk: {method} answered with a {st.details[0].type_url}")
+
+    def _get(self, addr: str, fresh: bool, deadline: float) -> Tuple[socket.socket, bool]:
+        with self._mu:
+            if self._closed:
+                raise errors.Unavailable("bulk: client is closed")
+            idle = self._idle.get(addr)
+            if idle and not fresh:
+                return idle.pop(), True
+        return self._dial(addr, deadline), False
+
+    def _dial(self, addr: str, deadline: float) -> socket.socket:
+        try:
+            host, port = _split_addr(addr)
+        except ValueError:
+            raise self._not_supported(addr, "not a host:port address") from None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise errors.DeadlineExceeded(f"bulk: dial {addr}: deadline exceeded")
+        try:
+            sock = socket.create_connection((host, port), timeout=min(left, HANDSHAKE_TIMEOUT))
+        except socket.timeout:
+            if time.monotonic() >= deadline:
+                raise errors.DeadlineExceeded(f"bulk: dial {addr}: deadline exceeded") from None
+            raise errors.Unavailable(f"bulk: dial {addr}: timed out") from None
+        except OSError as e:
+            raise errors.Unavailable(f"bulk: dial {addr}: {e}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hs = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
+            _settimeout(sock, hs)
+            sock.sendall(MAGIC)
+            got = b""
+            while len(got) < len(MAGIC):
+                _settimeout(sock, hs)
+                b = sock.recv(len(MAGIC) - len(got))
+                if not b:
+                    break
+                got += b
+                if not MAGIC.startswith(got):
+                    break
+        except _Deadline:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded") from None
+            raise errors.Unavailable(f"bulk: handshake with {addr}: timed out") from None
+        except socket.timeout:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded") from None
+            raise errors.Unavailable(f"bulk: handshake with {addr}: timed out") from None
+        except (ConnectionResetError, BrokenPipeError) as e:
+            # The peer took the connection and hung up on our magic.
+            sock.close()
+            raise self._not_supported(addr, str(e)) from None
+        except OSError as e:
+            sock.close()
+            raise errors.Unavailable(f"bulk: handshake with {addr}: {e}") from None
+        if got != MAGIC:
+            sock.close()
+            raise self._not_supported(addr, f"answered {got[:16]!r}")
+        with self._mu:
+            self.dials += 1
+        return sock
+
+    def _put(self, addr: str, sock: socket.socket) -> None:
+        with self._mu:
+            idle = self._idle.setdefault(addr, [])
+            if not self._closed and len(idle) < MAX_IDLE_PER_ADDR:
+                idle.append(sock)
+                return
+        sock.close()
+
+    def close(self) -> None:
+        """Closes the idle connections; calls in progress close theirs when done."""
+        with self._mu:
+            self._closed = True
+            socks = [s for l in self._idle.values() for s in l]
+            self._idle = {}
+        for s in socks:
+            s.close()
+
+
+def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float):
+    """Runs one request; returns the final google.rpc.Status or raises
+    ``_Broken`` / ``_Deadline`` (the connection is then out of step)."""
+    from google.rpc import status_pb2  # type: ignore
+
+    answered = False
+    try:
+        _settimeout(sock, deadline)
+        sock.sendall(frame)
+        kind = _recv_exact(sock, 1, deadline)[0]
+        answered = True
+        if kind == _KIND_CONTINUE:
+            _sendmsg_all(sock, body, deadline)
+            kind = _recv_exact(sock, 1, deadline)[0]
+        if kind != _KIND_FINAL:
+            raise _Broken(f"frame kind {kind}, want a final status (3)", answered)
+        (n,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
+        if n > _MAX_STATUS_BYTES:
+            raise _Broken(f"status of {n} bytes exceeds {_MAX_STATUS_BYTES}", answered)
+        raw = _recv_exact(sock, n, deadline)
+    except socket.timeout:
+        raise _Deadline() from None
+    except (OSError, EOFError) as e:
+        raise _Broken(str(e) or type(e).__name__, answered) from None
+    try:
+        return status_pb2.Status.FromString(raw)
+    except Exception as e:  # noqa: BLE001 - a garbled answer is a broken connection
+        raise _Broken(f"decode status: {e}", answered) from None
