@@ -9,7 +9,13 @@
 
 What happens on the wire is described in docs/reducer.md. A push goes to
 one of the live secondaries the primary lists (``Reducer.Secondaries``),
-picked at random. The client retries the *same* ``(client id, seq)``:
+picked at random. With ``transport="auto"`` (the default) the gradient
+travels on the hub's data plane (docs/wire.md): the header first, then, once
+the secondary has admitted it, the safetensors header and the tensors' own
+memory in ``sendmsg`` calls, with no copy in Python. A secondary that does
+not speak the data plane is pushed to over gRPC for a minute, as is every
+push with ``transport="grpc"``; the bytes, answers and exceptions are the
+same on both. The client retries the *same* ``(client id, seq)``:
 
 * ``UNAVAILABLE`` (secondary down or detached, broken connection): the
   secondary is marked dead for ``dead_for`` seconds, the list is refreshed
@@ -43,10 +49,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import grpc
 
-from rlhub import errors
+from rlhub import _bulk, errors
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc, tensor_pb2
-from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_chunks
-from rlhub.tensors import save_bytes
+from rlhub._transfer import DEFAULT_CHUNK_BYTES
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
@@ -219,14 +224,22 @@ class GradClient:
     a random id and the current Unix time in microseconds for an explicit
     one, so a restarted process with the same id keeps growing past its
     earlier pushes (the primary counts ids below its floor as applied).
+
+    ``transport`` carries the gradients: "auto" (the data plane, with gRPC
+    for a hub that does not speak it) or "grpc". ``timeout`` bounds each
+    attempt on either. ``transport_stats`` counts which one pushes took.
     """
 
     def __init__(self, hub_addr: str, client_id: Optional[str] = None, *, timeout: float = 60.0,
                  deadline: float = 120.0, max_attempts: int = 0, backoff: float = 0.001,
                  max_backoff: float = 0.1, dead_for: float = 1.0, first_seq: Optional[int] = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: Optional[int] = None):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: Optional[int] = None,
+                 transport: str = "auto"):
         if not hub_addr:
             raise ValueError("hub_addr is required")
+        if transport not in ("auto", "grpc"):
+            raise ValueError(f"transport {transport!r}: want 'auto' or 'grpc'")
+        self.transport = transport
         self.hub_addr = hub_addr
         self.client_id = client_id or f"py-{uuid.uuid4().hex[:16]}"
         self.timeout = timeout
@@ -239,7 +252,9 @@ class GradClient:
         if first_seq is None:
             first_seq = 1 if client_id is None else time.time_ns() // 1000
         self._seq = itertools.count(first_seq)
-        self._mu = threading.Lock()  # guards _rnd, _channels, _targets, _dead, _seq
+        self._mu = threading.Lock()  # guards _rnd, _channels, _targets, _dead, _seq, _counts
+        self._bulk = _bulk.Client() if transport == "auto" else None
+        self._counts = {"bulk": 0, "grpc": 0, "fallback": 0}
         self._rnd = random.Random(seed)
         self._channels: Dict[str, grpc.Channel] = {}
         self._targets: List[Tuple[str, str]] = []
@@ -256,11 +271,28 @@ class GradClient:
             return ch
 
     def close(self) -> None:
-        """Closes every channel. Safe to call twice."""
+        """Closes every channel and idle data-plane connection. Safe to call twice."""
         with self._mu:
             chans, self._channels = list(self._channels.values()), {}
         for ch in chans:
             ch.close()
+        if self._bulk is not None:
+            self._bulk.close()
+
+    def transport_stats(self) -> Dict[str, int]:
+        """Push attempts so far by transport: ``bulk`` (answered or broken on
+        the data plane), ``grpc``, and ``fallback`` (attempts that found the
+        secondary not speaking the data plane and went over gRPC; also
+        counted in ``grpc``); ``bulk_dials``: data-plane connections opened
+        (the rest of ``bulk`` reused an idle one)."""
+        with self._mu:
+            out = dict(self._counts)
+        out["bulk_dials"] = self._bulk.dials if self._bulk is not None else 0
+        return out
+
+    def _count(self, key: str) -> None:
+        with self._mu:
+            self._counts[key] += 1
 
     def __enter__(self) -> "GradClient":
         return self
@@ -340,13 +372,15 @@ class GradClient:
         like its ``state_dict``; see ``gradient_dict``) or a dict of torch
         tensors / numpy arrays with exactly the model's names, shapes and
         dtype (F32). ``seq`` defaults to the client's next sequence number.
-        Returns once the gradient is admitted into a batch.
+        Returns once the gradient is admitted into a batch. The tensors'
+        memory is sent as it is while the call runs (contiguous CPU tensors
+        are not copied): do not change them until it returns.
         """
-        blob = save_bytes(gradient_dict(grads))
+        body = _bulk.safetensors_parts(gradient_dict(grads))
         if seq is None:
             seq = self.next_seq()
         header = reducer_pb2.ReducerPushHeader(
-            blob=tensor_pb2.BlobInfo(model=model, version=base_version, total_bytes=len(blob),
+            blob=tensor_pb2.BlobInfo(model=model, version=base_version, total_bytes=_bulk.parts_size(*body),
                                      chunk_bytes=self.chunk_bytes),
             client_id=self.client_id, seq=seq)
         give_up = time.monotonic() + self.deadline
@@ -371,11 +405,11 @@ class GradClient:
                     backoff = self._sleep(backoff)
                     continue
             try:
-                resp = self._push_once(t, header, blob)
+                resp = self._push_once(t, header, body)
                 return Receipt(resp.version, resp.weight, seq, t[0], t[1], attempt)
-            except grpc.RpcError as e:
-                code = e.code()
-                last = errors.from_rpc_error(e)
+            except errors.RlhubError as e:
+                code = e.code
+                last = e
             if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 1:
                 return Receipt(0, 0.0, seq, t[0], t[1], attempt, duplicate=True)
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -392,19 +426,37 @@ class GradClient:
             raise last
 
     def _push_once(self, t: Tuple[str, str], header: reducer_pb2.ReducerPushHeader,
-                   blob: bytes) -> reducer_pb2.ReducerPushResponse:
+                   body: Tuple[bytes, List[memoryview]]) -> reducer_pb2.ReducerPushResponse:
+        """One attempt; raises the answer as an ``errors.RlhubError``."""
         addr, sid = t
         h = reducer_pb2.ReducerPushHeader()
         h.CopyFrom(header)
         h.secondary = sid
+        if self._bulk is not None and self._bulk.supported(addr):
+            resp = reducer_pb2.ReducerPushResponse()
+            try:
+                self._bulk.call(addr, _bulk.PUSH_METHOD, h.SerializeToString(), [body[0], *body[1]], resp,
+                                timeout=self.timeout)
+            except _bulk.NotSupported:
+                self._count("fallback")  # and over gRPC below
+            except BaseException:
+                self._count("bulk")
+                raise
+            else:
+                self._count("bulk")
+                return resp
+        self._count("grpc")
 
         def requests():
             yield reducer_pb2.ReducerPushRequest(header=h)
-            for c in iter_chunks(blob, self.chunk_bytes):
+            for c in _bulk.iter_part_chunks(body[0], body[1], self.chunk_bytes):
                 yield reducer_pb2.ReducerPushRequest(chunk=tensor_pb2.Chunk(data=c))
 
         stub = reducer_pb2_grpc.ReducerStub(self._channel(addr))
-        return stub.Push(requests(), timeout=self.timeout)
+        try:
+            return stub.Push(requests(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
 
     def _sleep(self, backoff: float) -> float:
         """Sleeps a jittered ``backoff`` (between half and all of it); returns the next one."""
