@@ -11,11 +11,13 @@ import "math"
 // otherwise fuse x*y + z (it does on arm64, and on amd64 with GOAMD64=v3),
 // and the two paths would round differently.
 //
-// The flags in the hyper-parameter structs (hasWD, lerpLo) are computed
-// once by the caller: the SIMD loops must not compare floats themselves, as
-// the compiler may re-evaluate such a comparison inside the loop with a
-// legacy SSE instruction, and mixing those with dirty AVX state costs a
-// state transition per iteration (measured 20× slower).
+// The flags and derived constants in the hyper-parameter structs (hasWD,
+// lerpLo, b1w1, alphac1) are computed once by the caller: the SIMD loops must
+// not do scalar float arithmetic or comparisons themselves, as the compiler
+// may emit them as legacy SSE instructions, inside the loop even (it
+// re-evaluates comparisons there), and each switch from dirty AVX state to
+// SSE code costs ~150 ns on this project's VM (the first version, with
+// `wd != 0` in the loop, ran 20× slower than the scalar code).
 //
 // Each loop writes every element of dst and may run with dst == p (the
 // in-place Step): element j of p is read before dst[j] is written. The
@@ -32,7 +34,8 @@ type sgdHyper struct {
 
 // adamHyper holds the per-step constants of adamLoop.
 type adamHyper struct {
-	b1w, b2, b2c     float32 // lerp weight 1−β1; β2; 1−β2
+	b1w, b1w1        float32 // lerp weight 1−β1, and 1 − that weight
+	b2, b2c          float32 // β2; 1−β2
 	nstep            float32 // −lr / (1 − β1^t)
 	bc2Sqrt, eps, wd float32
 	decay            float32 // AdamW: 1 − lr·wd
@@ -44,6 +47,7 @@ type adamHyper struct {
 // rmspropHyper holds the per-step constants of rmspropLoop.
 type rmspropHyper struct {
 	alpha, alphac, wd, eps, mom, nlr float32
+	alphac1                          float32 // 1 − alphac (lerp)
 	centered, momentum               bool
 	hasWD                            bool // wd != 0
 	lerpLo                           bool // alphac < 0.5: lerp's first formula

@@ -350,7 +350,7 @@ func (o *Optimizer) adam(i int, dst, p, g []float32, lr float64, step int64) {
 		decay:     float32(1 - lr*c.WeightDecay),
 		decoupled: c.Kind == AdamW,
 	}
-	h.hasWD, h.lerpLo = h.wd != 0, h.b1w < 0.5
+	h.b1w1, h.hasWD, h.lerpLo = 1-h.b1w, h.wd != 0, h.b1w < 0.5
 	activeLoops.adam(dst, p, g, m, v, &h)
 }
 
@@ -363,7 +363,7 @@ func (o *Optimizer) rmsprop(i int, dst, p, g []float32, lr float64) {
 		wd: float32(c.WeightDecay), eps: float32(c.Eps), mom: float32(c.Momentum),
 		nlr: float32(-lr), centered: c.Centered, momentum: c.Momentum > 0,
 	}
-	h.hasWD, h.lerpLo = h.wd != 0, h.alphac < 0.5
+	h.alphac1, h.hasWD, h.lerpLo = 1-h.alphac, h.wd != 0, h.alphac < 0.5
 	var ga, mb []float32
 	if h.centered {
 		ga, _ = o.buf(slotGradAvg, i, len(p))

@@ -73,7 +73,7 @@ func sgdAVX2(dst, p, g, b []float32, h *sgdHyper) {
 func adamAVX2(dst, p, g, m, v []float32, h *adamHyper) {
 	n := len(p)
 	dst, g, m, v = dst[:n], g[:n], m[:n], v[:n]
-	w, w1 := bcast(h.b1w), bcast(1-h.b1w)
+	w, w1 := bcast(h.b1w), bcast(h.b1w1)
 	b2, b2c, nstep := bcast(h.b2), bcast(h.b2c), bcast(h.nstep)
 	bc2Sqrt, eps, wd, decay := bcast(h.bc2Sqrt), bcast(h.eps), bcast(h.wd), bcast(h.decay)
 	i := 0
@@ -109,7 +109,7 @@ func rmspropAVX2(dst, p, g, sq, ga, mb []float32, h *rmspropHyper) {
 	}
 	alpha, alphac, wd, eps := bcast(h.alpha), bcast(h.alphac), bcast(h.wd), bcast(h.eps)
 	mom, nlr := bcast(h.mom), bcast(h.nlr)
-	w1 := bcast(1 - h.alphac)
+	w1 := bcast(h.alphac1)
 	i := 0
 	for ; i+8 <= n; i += 8 {
 		pj := archsimd.LoadFloat32x8Slice(p[i:])
