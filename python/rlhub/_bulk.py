@@ -175,13 +175,20 @@ def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float) -> N
 
 class Client:
     """Data-plane calls with idle connections kept per address for reuse
-    (one request at a time on a connection). Safe for concurrent use."""
+    (one request at a time on a connection). Safe for concurrent use.
+
+    ``close`` closes the idle connections; a call after it opens new ones,
+    as ``GradClient``'s gRPC channels are re-created after its ``close``.
+    A forked child never reuses its parent's connections (their bytes
+    would interleave on the same TCP stream).
+    """
 
     def __init__(self) -> None:
         self._mu = threading.Lock()  # guards the fields below
         self._idle: Dict[str, List[socket.socket]] = {}
         self._no_bulk: Dict[str, float] = {}
-        self._closed = False
+        self._gen = 0  # bumped by close: connections taken before it are not kept
+        self._pid = os.getpid()
         self.dials = 0
         """Connections opened (handshake done)."""
 
@@ -218,7 +225,7 @@ class Client:
         deadline = time.monotonic() + timeout
         fresh = False
         while True:
-            sock, reused = self._get(addr, fresh, deadline)
+            sock, reused, gen = self._get(addr, fresh, deadline)
             try:
                 st = _exchange(sock, frame, body, deadline)
             except _Deadline:
@@ -235,7 +242,7 @@ class Client:
             except BaseException:
                 sock.close()
                 raise
-            self._put(addr, sock)
+            self._put(addr, sock, gen)
             break
         if st.code != 0:
             raise errors.from_status(st)
@@ -245,14 +252,22 @@ class Client:
             if not st.details[0].Unpack(resp):
                 raise errors.RlhubError(f"bulk: {method} answered with a {st.details[0].type_url}")
 
-    def _get(self, addr: str, fresh: bool, deadline: float) -> Tuple[socket.socket, bool]:
+    def _get(self, addr: str, fresh: bool, deadline: float) -> Tuple[socket.socket, bool, int]:
         with self._mu:
-            if self._closed:
-                raise errors.Unavailable("bulk: client is closed")
+            if os.getpid() != self._pid:  # a forked child: the idle sockets are the parent's too
+                stale = [s for l in self._idle.values() for s in l]
+                self._idle, self._pid = {}, os.getpid()
+                self._gen += 1
+            else:
+                stale = []
+            gen = self._gen
             idle = self._idle.get(addr)
-            if idle and not fresh:
-                return idle.pop(), True
-        return self._dial(addr, deadline), False
+            sock = idle.pop() if idle and not fresh else None
+        for s in stale:
+            s.close()  # this process's descriptor only: the parent's connection stays up
+        if sock is not None:
+            return sock, True, gen
+        return self._dial(addr, deadline), False, gen
 
     def _dial(self, addr: str, deadline: float) -> socket.socket:
         try:
@@ -308,10 +323,10 @@ class Client:
             self.dials += 1
         return sock
 
-    def _put(self, addr: str, sock: socket.socket) -> None:
+    def _put(self, addr: str, sock: socket.socket, gen: int) -> None:
         with self._mu:
             idle = self._idle.setdefault(addr, [])
-            if not self._closed and len(idle) < MAX_IDLE_PER_ADDR:
+            if gen == self._gen and len(idle) < MAX_IDLE_PER_ADDR:
                 idle.append(sock)
                 return
         sock.close()
@@ -319,7 +334,7 @@ class Client:
     def close(self) -> None:
         """Closes the idle connections; calls in progress close theirs when done."""
         with self._mu:
-            self._closed = True
+            self._gen += 1
             socks = [s for l in self._idle.values() for s in l]
             self._idle = {}
         for s in socks:

@@ -4,6 +4,7 @@ not speak it; the protocol's connection handling against a scripted server."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -431,3 +432,68 @@ def test_a_silent_handshake_or_closed_port_is_unavailable_not_unsupported():
     with pytest.raises(_bulk.NotSupported):
         cl.call("unix:/tmp/x.sock", "m", b"", [], None, timeout=2)
     assert not cl.supported("unix:/tmp/x.sock")
+
+
+def echo_server():
+    """Answers every request OK with the body's length as the version."""
+    def serve(c):
+        handshake(c)
+        while True:
+            _, header = read_request(c)
+            c.sendall(b"\x02")
+            (n,) = struct.unpack("<Q", header)
+            final(c, ok_status(len(recv_exact(c, n))))
+
+    return Listener(serve)
+
+
+def call_echo(cl, addr, n):
+    resp = reducer_pb2.ReducerPushResponse()
+    cl.call(addr, "m", struct.pack("<Q", n), [b"y" * n], resp, timeout=5)
+    return resp.version
+
+
+def test_close_drops_idle_connections_and_later_calls_reconnect():
+    lis = echo_server()
+    cl = _bulk.Client()
+    try:
+        assert call_echo(cl, lis.addr, 5) == 5
+        cl.close()
+        assert call_echo(cl, lis.addr, 6) == 6  # as GradClient re-creates gRPC channels after close
+        assert cl.dials == 2
+    finally:
+        cl.close()
+        lis.close()
+
+
+def test_a_forked_child_does_not_share_the_parents_connections():
+    lis = echo_server()
+    cl = _bulk.Client()
+    try:
+        assert call_echo(cl, lis.addr, 7) == 7
+        pid = os.fork()
+        if pid == 0:  # the child: its own connection, or the bytes would interleave
+            ok = call_echo(cl, lis.addr, 8) == 8 and cl.dials == 2
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert call_echo(cl, lis.addr, 9) == 9  # the parent's connection still works
+        assert cl.dials == 1 and lis.conns == 2
+    finally:
+        cl.close()
+        lis.close()
+
+
+def test_push_after_close_still_works(hub):
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    fill_grads(net, 0)
+    g = GradClient(hub.addr)
+    try:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+        g.push("pol", 1, net)
+        g.close()
+        assert g.push("pol", 1, net).attempts == 1
+        assert g.transport_stats() == {"bulk": 2, "grpc": 0, "fallback": 0, "bulk_dials": 2}
+    finally:
+        g.close()
