@@ -96,11 +96,6 @@ _BY_CODE = {
 _CODE_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def _stale_details(err: grpc.RpcError) -> dict:
-    """Reads the ErrorInfo detail the Go side attaches to stale errors."""
-    return _stale_metadata(_status_of(err))
-
-
 def _status_of(err: grpc.RpcError):
     """The ``google.rpc.Status`` a failed call carries in its trailers, or None."""
     try:

@@ -497,3 +497,33 @@ def test_push_after_close_still_works(hub):
         assert g.transport_stats() == {"bulk": 2, "grpc": 0, "fallback": 0, "bulk_dials": 2}
     finally:
         g.close()
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, st: status_pb2.Status):
+        self._st = st
+
+    def code(self):
+        return {c.value[0]: c for c in grpc.StatusCode}[self._st.code]
+
+    def details(self):
+        return self._st.message
+
+    def trailing_metadata(self):
+        return (("grpc-status-details-bin", self._st.SerializeToString()),)
+
+
+def test_from_status_is_from_rpc_error_for_every_code():
+    info = error_details_pb2.ErrorInfo(reason="STALE_VERSION", metadata={"model": "m", "current_version": "4",
+                                                                          "current_epoch": "2"})
+    a = any_pb2.Any()
+    a.Pack(info)
+    for code in grpc.StatusCode:
+        if code == grpc.StatusCode.OK:
+            continue
+        st = status_pb2.Status(code=code.value[0], message=f"m{code.value[0]}", details=[a])
+        x, y = rlhub.errors.from_status(st), rlhub.from_rpc_error(_RpcError(st))
+        assert (type(x), x.code, x.message) == (type(y), y.code, y.message) == (type(x), code, st.message)
+        if isinstance(x, rlhub.StaleVersion):
+            assert (x.model, x.current_version, x.current_epoch) == (y.model, y.current_version, y.current_epoch) \
+                == ("m", 4, 2)
