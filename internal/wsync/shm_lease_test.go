@@ -384,3 +384,44 @@ func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
 		t.Fatal("the failed leasing reader is still open after a newer version was taken")
 	}
 }
+
+// A leased read that fails (here a version whose bytes are not
+// safetensors) keeps the snapshot held before leased: the writer goes on
+// around its slot, so the collector's current weights stay whole.
+func TestShmLeaseFailedReadKeepsHeldSnapshot(t *testing.T) {
+	ctx := context.Background()
+	path := shmPath(t)
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	publishRange(t, w, 1, 1, 1000)
+	s1, err := r.GetIfNewer(ctx, 0)
+	if err != nil || s1 == nil || s1.Version != 1 || !r.Leasing() {
+		t.Fatalf("GetIfNewer = %v, %v (leasing %v)", s1, err, r.Leasing())
+	}
+	held := slotOf(w, 1)
+	if err := w.Write(2, 0, []byte("this is not safetensors at all")); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.GetIfNewer(ctx, 1); err == nil {
+		t.Fatalf("reading a corrupt version: %v, want an error", s)
+	}
+	if got := u64(w.mem, leaseOff(0)+leaseSlot).Load(); got != uint64(held)+1 {
+		t.Fatalf("after the failed read the lease names slot %d-1, want v1's slot %d", got, held)
+	}
+	publishRange(t, w, 3, 10, 1000)
+	if err := checkSnap(s1); err != nil {
+		t.Fatalf("v1 changed after a failed read and 8 more versions: %v", err)
+	}
+	s10, err := r.GetIfNewer(ctx, 1)
+	if err != nil || s10 == nil || s10.Version != 10 {
+		t.Fatalf("GetIfNewer after the writer moved on = %v, %v", s10, err)
+	}
+}

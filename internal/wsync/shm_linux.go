@@ -309,7 +309,7 @@ type ShmReaderConfig struct {
 	// opens, and while it holds a version the writer leaves that version's
 	// slot alone (docs/shm-layout.md, "Slot leases"). Its snapshots are
 	// views of the read-only mapping and stay valid only until the next
-	// call that finds a newer version, or Close (see ShmReader). The reader
+	// call that returns a newer version, or Close (see ShmReader). The reader
 	// falls back to copying, for its whole life, when the segment has no
 	// free entry (more leasing readers than slots − 2, or a writer that
 	// predates leases) or the file is not writable by this process.
@@ -372,9 +372,10 @@ type ShmStats struct {
 // A reader that leases (ShmReaderConfig.Lease and Leasing) copies nothing:
 // a returned Snapshot's Blob and tensors are views of the segment's slot,
 // which is mapped read-only (writing to it faults). It stays valid until
-// the next GetIfNewer or WaitNewer call that finds a newer version (that
-// call moves the lease, whether or not it then returns the version), or
-// Close, which unmaps the segment. Appliers that keep weights longer copy
+// the next GetIfNewer or WaitNewer call that returns a newer version (a
+// call that fails on a bad version keeps it leased; only one that gives up
+// after MaxRetries races with the writer may have released it), or Close,
+// which unmaps the segment. Appliers that keep weights longer copy
 // them (CopyInto).
 type ShmReader struct {
 	cfg ShmReaderConfig
@@ -571,17 +572,12 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 		}
 		slot := r.slot(best)
 		if r.entry >= 0 {
-			// Lease the slot, then check the writer has not started on it
-			// since we saw it whole (claimSlot explains why one of the two
-			// sides always sees the other). This store also releases the
-			// slot of the snapshot returned before.
-			u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(uint64(best) + 1)
-			u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(bestSeq)
-			if u64(slot, slotSeq).Load() != bestSeq {
-				r.stats.Retries++ // the writer got there first: pick again
+			snap, retry, err := r.leaseRead(slot, best, bestSeq, bestVer)
+			if retry {
+				r.stats.Retries++
 				continue
 			}
-			return r.leasedSnapshot(slot, best, bestVer)
+			return snap, err
 		}
 		epoch := u64(slot, slotEpoch).Load()
 		length := u64(slot, slotLength).Load()
@@ -612,35 +608,75 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 		snap, err := r.decode(buf, bestVer, epoch, created)
 		if err == nil {
 			r.which ^= 1
+			r.stats.Reads++
 		}
 		return snap, err
 	}
 }
 
-// leasedSnapshot returns the version in a slot the reader has leased, in place:
-// the writer does not touch the slot while the lease names it, so every
-// field and byte read here is the version's.
-func (r *ShmReader) leasedSnapshot(slot []byte, i int, version uint64) (*store.Snapshot, error) {
+// leaseRead reads the version in slot i (seq s when picked) in place and
+// leases it. It validates first, like a copying reader, but without the
+// copy: it parses the slot where it is and checks that seq has not moved
+// meanwhile (retry when it has). Only a version found good takes the
+// lease, and taking it releases the slot of the version returned before, so
+// a read that fails on a bad version (length, CRC, parse) leaves the
+// collector's current snapshot leased. Then the lease is checked: if the
+// writer claimed the slot between the validation and the lease (claimSlot
+// explains why one of the two sides always sees the other), the caller
+// picks again, almost surely finding the newer version the writer is
+// making.
+func (r *ShmReader) leaseRead(slot []byte, i int, s, version uint64) (snap *store.Snapshot, retry bool, err error) {
+	seq := u64(slot, slotSeq)
 	epoch := u64(slot, slotEpoch).Load()
 	length := u64(slot, slotLength).Load()
 	crc := u32(slot, slotCRC).Load()
 	created := int64(u64(slot, slotCreated).Load())
 	if length > uint64(r.geo.capacity) {
-		return nil, r.errLength(i, length)
+		if seq.Load() != s {
+			return nil, true, nil
+		}
+		return nil, false, r.errLength(i, length)
 	}
 	// A full slice expression: appending to the blob copies it rather
 	// than writing to the read-only mapping.
 	blob := slot[shmPage : shmPage+int(length) : shmPage+int(length)]
+	var got uint32
 	if r.cfg.Verify {
-		if got := crc32.Checksum(blob, castagnoli); got != crc {
-			return nil, r.errCRC(version, got, crc)
+		got = crc32.Checksum(blob, castagnoli)
+	}
+	snap, err = decodeRacing(func() (*store.Snapshot, error) { return r.decode(blob, version, epoch, created) })
+	if seq.Load() != s {
+		return nil, true, nil // the writer was rewriting the slot: whatever we parsed is void
+	}
+	if r.cfg.Verify && got != crc {
+		return nil, false, r.errCRC(version, got, crc)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(uint64(i) + 1) // releases the previous version's slot
+	u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(s)
+	if seq.Load() != s {
+		return nil, true, nil
+	}
+	r.stats.InPlace++
+	r.stats.Reads++
+	return snap, false, nil
+}
+
+// decodeRacing runs decode on bytes the writer may be rewriting (the
+// caller checks the seqlock afterwards and discards the result if so).
+// The decoder checks every offset it derives and is fuzzed on arbitrary
+// bytes, so torn input gives an error, not a crash; a panic is caught
+// anyway and returned as an error, which the seqlock check then voids or
+// reports.
+func decodeRacing(decode func() (*store.Snapshot, error)) (snap *store.Snapshot, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			snap, err = nil, fmt.Errorf("%w: wsync: decoding a slot: %v", errs.ErrInvalid, p)
 		}
-	}
-	snap, err := r.decode(blob, version, epoch, created)
-	if err == nil {
-		r.stats.InPlace++
-	}
-	return snap, err
+	}()
+	return decode()
 }
 
 // decode parses a whole version's blob (a private copy or a leased slot);
@@ -650,7 +686,6 @@ func (r *ShmReader) decode(blob []byte, version, epoch uint64, created int64) (*
 	if err != nil {
 		return nil, fmt.Errorf("wsync: %s version %d: %w", r.cfg.Path, version, err)
 	}
-	r.stats.Reads++
 	return &store.Snapshot{
 		Name: r.geo.name, Version: version, Epoch: epoch, Blob: blob,
 		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, created),

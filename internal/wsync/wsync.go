@@ -90,7 +90,7 @@ func (r *Receiver) Version() uint64 { return r.version.Load() }
 
 // Current is the last applied snapshot, or nil. With a ShmReader source it
 // is valid only as long as ShmReader documents (a leasing reader's: until
-// the source's next call that finds a newer version, or its Close).
+// the source's next call that returns a newer version, or its Close).
 func (r *Receiver) Current() *store.Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
