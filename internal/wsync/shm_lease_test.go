@@ -28,6 +28,19 @@ func inMapping(r *ShmReader, b []byte) bool {
 	return p >= lo && p < lo+uintptr(len(r.mem))
 }
 
+// leaseSegment creates a segment of model "m" with 64 KiB slots, closed
+// when the test ends.
+func leaseSegment(t *testing.T, slots int) (*ShmWriter, string) {
+	t.Helper()
+	path := shmPath(t)
+	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: slots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w, path
+}
+
 // publishRange publishes versions from..to of model "m", n floats each.
 func publishRange(t *testing.T, w *ShmWriter, from, to uint64, n int) {
 	t.Helper()
@@ -54,12 +67,7 @@ func slotOf(w *ShmWriter, v uint64) int {
 // lease moves only when a newer version is returned; Close frees the entry.
 func TestShmLeaseReadsInPlace(t *testing.T) {
 	ctx := context.Background()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := leaseSegment(t, 3)
 	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true, Verify: true})
 	if err != nil {
 		t.Fatal(err)
@@ -147,12 +155,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 // leases).
 func TestShmLeaseFallsBackToCopying(t *testing.T) {
 	ctx := context.Background()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := leaseSegment(t, 4)
 	var readers []*ShmReader
 	for range 3 {
 		r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
@@ -229,12 +232,7 @@ func TestShmLeaseFallsBackToCopying(t *testing.T) {
 func TestShmLeaseOfDeadReader(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := leaseSegment(t, 3)
 	publishRange(t, w, 1, 1, 1000)
 
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
@@ -329,12 +327,7 @@ func runLeaseHolderChild() int {
 // Receiver holds is a view of that mapping.
 func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
 	ctx := context.Background()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := leaseSegment(t, 3)
 	publishRange(t, w, 1, 1, 1000)
 	board := NewBoard("m")
 	var shm *ShmReader
@@ -390,12 +383,7 @@ func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
 // around its slot, so the collector's current weights stay whole.
 func TestShmLeaseFailedReadKeepsHeldSnapshot(t *testing.T) {
 	ctx := context.Background()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := leaseSegment(t, 3)
 	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
 	if err != nil {
 		t.Fatal(err)
