@@ -23,7 +23,7 @@ import "math"
 // in-place Step): element j of p is read before dst[j] is written. The
 // state buffers (b, m, v, sq, ga, mb) are updated in place.
 
-// sgdHyper holds the per-step constants of sgdLoop.
+// sgdHyper holds the per-step constants of the SGD loops.
 type sgdHyper struct {
 	wd, mom, damp, nlr float32 // nlr = −lr; damp = 1 − dampening
 	hasWD              bool    // wd != 0
@@ -32,7 +32,7 @@ type sgdHyper struct {
 	nesterov           bool
 }
 
-// adamHyper holds the per-step constants of adamLoop.
+// adamHyper holds the per-step constants of the Adam/AdamW loops.
 type adamHyper struct {
 	b1w, b1w1        float32 // lerp weight 1−β1, and 1 − that weight
 	b2, b2c          float32 // β2; 1−β2
@@ -44,7 +44,7 @@ type adamHyper struct {
 	lerpLo           bool    // b1w < 0.5: lerp's first formula
 }
 
-// rmspropHyper holds the per-step constants of rmspropLoop.
+// rmspropHyper holds the per-step constants of the RMSprop loops.
 type rmspropHyper struct {
 	alpha, alphac, wd, eps, mom, nlr float32
 	alphac1                          float32 // 1 − alphac (lerp)
