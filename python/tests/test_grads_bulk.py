@@ -176,6 +176,7 @@ class FakeReducer(reducer_pb2_grpc.ReducerServicer):
 
     def __init__(self):
         self.bodies = []
+        self.headers = []
 
     def Secondaries(self, request, context):
         return reducer_pb2.ReducerSecondariesResponse(secondaries=[reducer_pb2.ReducerSecondary(id="fake")])
@@ -185,6 +186,7 @@ class FakeReducer(reducer_pb2_grpc.ReducerServicer):
         body = b"".join(m.chunk.data for m in request_iterator)
         assert len(body) == first.header.blob.total_bytes
         self.bodies.append(body)
+        self.headers.append(first.header)
         return reducer_pb2.ReducerPushResponse(version=42, weight=0.5)
 
 
@@ -527,3 +529,43 @@ def test_from_status_is_from_rpc_error_for_every_code():
         if isinstance(x, rlhub.StaleVersion):
             assert (x.model, x.current_version, x.current_epoch) == (y.model, y.current_version, y.current_epoch) \
                 == ("m", 4, 2)
+
+
+def test_the_data_plane_sends_what_grpc_sends():
+    """The same push over each transport: the same header message and the
+    same body bytes (tensors.save_bytes of the gradient)."""
+    got = []
+
+    def serve(c):
+        handshake(c)
+        method, header = read_request(c)
+        h = reducer_pb2.ReducerPushHeader.FromString(header)
+        c.sendall(b"\x02")
+        got.append((method, h, recv_exact(c, h.blob.total_bytes)))
+        final(c, ok_status(42))
+
+    lis = Listener(serve)
+    fake = FakeReducer()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    reducer_pb2_grpc.add_ReducerServicer_to_server(fake, server)
+    fake_addr = "127.0.0.1:%d" % server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    net = make_net()
+    fill_grads(net, 3)
+    try:
+        with GradClient("127.0.0.1:1", "same-id", chunk_bytes=100) as gb, \
+                GradClient(fake_addr, "same-id", chunk_bytes=100, transport="grpc") as gg:
+            gb._targets = [(lis.addr, "sid")]  # no gRPC call: the listed secondary is the scripted server
+            gg._targets = [(fake_addr, "sid")]
+            assert gb.push("pol", 3, net, seq=77).version == 42
+            assert gg.push("pol", 3, net, seq=77).version == 42
+            assert gb.transport_stats()["bulk"] == 1 and gg.transport_stats()["grpc"] == 1
+        ((method, hb, body),) = got
+        assert method == "rlhub.v1.Reducer/Push"
+        assert hb.SerializeToString() == fake.headers[0].SerializeToString()
+        assert (hb.blob.model, hb.blob.version, hb.blob.chunk_bytes, hb.client_id, hb.seq, hb.secondary) == \
+            ("pol", 3, 100, "same-id", 77, "sid")
+        assert body == fake.bodies[0] == save_bytes(gradient_dict(net))
+    finally:
+        lis.close()
+        server.stop(None)
