@@ -280,11 +280,11 @@ class GradClient:
             self._bulk.close()
 
     def transport_stats(self) -> Dict[str, int]:
-        """Push attempts so far by transport: ``bulk`` (answered or broken on
-        the data plane), ``grpc``, and ``fallback`` (attempts that found the
-        secondary not speaking the data plane and went over gRPC; also
-        counted in ``grpc``); ``bulk_dials``: data-plane connections opened
-        (the rest of ``bulk`` reused an idle one)."""
+        """Push attempts so far by transport: ``bulk`` (made on the data
+        plane, whatever their outcome), ``grpc``, and ``fallback`` (attempts
+        that found the secondary not speaking the data plane and went over
+        gRPC; also counted in ``grpc``); ``bulk_dials``: data-plane
+        connections opened (the rest of ``bulk`` reused an idle one)."""
         with self._mu:
             out = dict(self._counts)
         out["bulk_dials"] = self._bulk.dials if self._bulk is not None else 0

@@ -569,3 +569,33 @@ def test_the_data_plane_sends_what_grpc_sends():
     finally:
         lis.close()
         server.stop(None)
+
+
+def test_threads_share_the_connection_pool(hub):
+    """GradClient is thread-safe: concurrent pushes each take their own
+    connection from the pool (at most one per thread), all over the data plane."""
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    fill_grads(net, 0)
+    grads = {k: v.clone() for k, v in gradient_dict(net).items()}
+    receipts, failures = [], []
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 1e-3})
+        g.secondaries()
+
+        def pusher():
+            try:
+                for _ in range(10):
+                    receipts.append(g.push("pol", 1, grads))
+            except Exception as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+
+        ts = [threading.Thread(target=pusher) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert failures == [] and len(receipts) == 40
+        st = g.transport_stats()
+        assert st["grpc"] == 0 and st["bulk"] == sum(r.attempts for r in receipts)
+        assert 1 <= st["bulk_dials"] <= 4, st
