@@ -24,6 +24,8 @@ from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc
 from rlhub._transfer import iter_chunks
 from rlhub.grads import GradClient, gradient_dict
 from rlhub.tensors import save_bytes
+import conftest
+from conftest import Hub
 from test_grads import fill_grads, make_net, setup_model, wait_version
 
 
@@ -599,3 +601,33 @@ def test_threads_share_the_connection_pool(hub):
         st = g.transport_stats()
         assert st["grpc"] == 0 and st["bulk"] == sum(r.attempts for r in receipts)
         assert 1 <= st["bulk_dials"] <= 4, st
+
+
+
+def test_idle_connection_to_a_restarted_hub_is_replaced(rlhub_bin, tmp_path, monkeypatch):
+    """The hub closes idle data-plane connections when it stops; after a
+    restart on the same address the next push replaces the dead idle
+    connection without a failed attempt."""
+    net = make_net()
+    fill_grads(net, 0)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    h = Hub(rlhub_bin, tmp_path / "a")
+    with GradClient(h.addr) as g:
+        try:
+            setup_model(h.addr, "pol", net)
+            g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+            assert g.push("pol", 1, net).attempts == 1
+        finally:
+            h.stop()
+        monkeypatch.setattr(conftest, "free_port", lambda: int(h.addr.rsplit(":", 1)[1]))
+        h2 = Hub(rlhub_bin, tmp_path / "b")  # the same address
+        try:
+            assert h2.addr == h.addr
+            setup_model(h2.addr, "pol", net)
+            g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+            r = g.push("pol", 1, net)
+            assert r.attempts == 1 and r.version == 1
+            assert g.transport_stats() == {"bulk": 2, "grpc": 0, "fallback": 0, "bulk_dials": 2}
+        finally:
+            h2.stop()
