@@ -22,8 +22,6 @@ import (
 //	GB/s         the kernel's memory traffic (bytes read + written) per
 //	             wall-clock second
 //	copyGB/s     the same for copy(dst, x) (Go's memmove), interleaved
-//	             (AddScaledTo, CopyAddScaled and CopyAddScaled-blocked count
-//	             the same useful traffic, 3× the size, so their GB/s compare)
 //	x_copy       GB/s over copyGB/s; x_copy_cpu the same ratio in CPU time
 //	CGB/s, x_C   (float32 add only) the C -O3 loop (package cref),
 //	             interleaved, and the kernel's GB/s over it; x_C_cpu likewise
@@ -51,7 +49,7 @@ func BenchmarkKernels(b *testing.B) {
 	for _, sz := range benchSizes {
 		n := sz.bytes / 4
 		// Touch every page before timing: first-touch faults are not kernel work.
-		dst, x, y := filled(n, 1), filled(n, 2), filled(n, 3)
+		dst, x := filled(n, 1), filled(n, 2)
 		d64, x64 := make([]float64, n/2), make([]float64, n/2)
 		half := make([]byte, 2*n)
 		for i := range half {
@@ -99,18 +97,6 @@ func BenchmarkKernels(b *testing.B) {
 		run("Add", 3*sz.bytes, cref.Available, func() { Add(dst, x) })
 		run("Add-generic", 3*sz.bytes, cref.Available, func() { addGeneric(dst, x) })
 		run("AddScaled", 3*sz.bytes, false, func() { AddScaled(dst, 1e-3, x) })
-		// dst = x + a·y fused, against the two passes it replaces (whole,
-		// and blocked in 4096-element pieces as optim's SGD did): the same
-		// 3× bytes of useful traffic, so GB/s compares directly.
-		run("AddScaledTo", 3*sz.bytes, false, func() { AddScaledTo(dst, x, 1e-3, y) })
-		run("CopyAddScaled", 3*sz.bytes, false, func() { copy(dst, x); AddScaled(dst, 1e-3, y) })
-		run("CopyAddScaled-blocked", 3*sz.bytes, false, func() {
-			for j := 0; j < n; j += 4096 {
-				k := min(j+4096, n)
-				copy(dst[j:k], x[j:k])
-				AddScaled(dst[j:k], 1e-3, y[j:k])
-			}
-		})
 		run("Scale", 2*sz.bytes, false, func() { Scale(dst, 0.999) })
 		run("SumSquares", sz.bytes, false, func() { _ = SumSquares(x) })
 		run("FirstNonFinite", sz.bytes, false, func() { _ = FirstNonFinite(x) })

@@ -19,16 +19,6 @@ func addScaledGeneric(dst []float32, a float32, x []float32) {
 	}
 }
 
-// addScaledToGeneric computes each element with the expression of
-// addScaledGeneric (x + a·y, the same operands in the same order), so it
-// rounds as copy+addScaledGeneric does.
-func addScaledToGeneric(dst, x []float32, a float32, y []float32) {
-	x, y = x[:len(dst)], y[:len(dst)]
-	for i := range dst {
-		dst[i] = x[i] + a*y[i]
-	}
-}
-
 func scaleGeneric(dst []float32, a float32) {
 	for i := range dst {
 		dst[i] *= a

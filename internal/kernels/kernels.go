@@ -9,8 +9,8 @@
 //     they reach a kernel.
 //   - Results equal the plain loops in generic.go up to floating-point
 //     reassociation: element-wise kernels (Add, AddScaled, Scale, AddBF16,
-//     AddF16, AddF64) are exact (AddScaled and AddScaledTo may fuse the
-//     multiply-add, i.e. round once instead of twice, and fuse it alike); SumSquares accumulates in float64 in a
+//     AddF16, AddF64) are exact (AddScaled may fuse the multiply-add, i.e.
+//     round once instead of twice); SumSquares accumulates in float64 in a
 //     different order.
 //
 // On amd64 built with GOEXPERIMENT=simd the kernels use AVX2/FMA through
@@ -27,7 +27,6 @@ type impl struct {
 	name           string
 	add            func(dst, x []float32)
 	addScaled      func(dst []float32, a float32, x []float32)
-	addScaledTo    func(dst, x []float32, a float32, y []float32)
 	scale          func(dst []float32, a float32)
 	sumSquares     func(x []float32) float64
 	firstNonFinite func(x []float32) int
@@ -39,7 +38,6 @@ var generic = impl{
 	name:           "generic",
 	add:            addGeneric,
 	addScaled:      addScaledGeneric,
-	addScaledTo:    addScaledToGeneric,
 	scale:          scaleGeneric,
 	sumSquares:     sumSquaresGeneric,
 	firstNonFinite: firstNonFiniteGeneric,
@@ -75,17 +73,6 @@ func Add(dst, x []float32) {
 func AddScaled(dst []float32, a float32, x []float32) {
 	checkLen("AddScaled", len(dst), len(x))
 	active.addScaled(dst, a, x)
-}
-
-// AddScaledTo sets dst[i] = x[i] + a*y[i]: copy(dst, x) then
-// AddScaled(dst, a, y) in one pass, with bit-identical results (the same
-// multiply-add, fused or not as AddScaled fuses it). dst may be x or y
-// (the same slice); it must not otherwise overlap them. It panics if the
-// lengths differ.
-func AddScaledTo(dst, x []float32, a float32, y []float32) {
-	checkLen("AddScaledTo", len(dst), len(x))
-	checkLen("AddScaledTo", len(dst), len(y))
-	active.addScaledTo(dst, x, a, y)
 }
 
 // Scale sets dst[i] *= a.

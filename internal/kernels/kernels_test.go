@@ -89,66 +89,6 @@ func TestAddScaledMatchesNaive(t *testing.T) {
 	})
 }
 
-// TestAddScaledToMatchesCopyAddScaled pins AddScaledTo to what it replaces:
-// on every path, every length and alignment, and with dst aliasing x or y,
-// each element is bit-identical to copy(dst, x) then AddScaled(dst, a, y)
-// on that path, and within one rounding per operation of the exact value.
-func TestAddScaledToMatchesCopyAddScaled(t *testing.T) {
-	forEachPath(t, func(t *testing.T) {
-		r := rand.New(rand.NewPCG(9, 10))
-		for _, n := range lengths() {
-			for _, off := range offsets {
-				a := float32(r.NormFloat64())
-				x := randFloats(r, n+off)[off:]
-				y := randFloats(r, n+off+3)[off+3:]
-				want := make([]float32, n)
-				copy(want, x)
-				AddScaled(want, a, y)
-				check := func(how string, got []float32) {
-					t.Helper()
-					for i := range want {
-						exact := float64(x[i]) + float64(a)*float64(y[i])
-						scale := math.Abs(float64(x[i])) + math.Abs(float64(a)*float64(y[i]))
-						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-							t.Fatalf("%s n=%d off=%d: dst[%d] = %v, copy+AddScaled gives %v", how, n, off, i, got[i], want[i])
-						}
-						if d := math.Abs(float64(got[i]) - exact); d > 0x1p-23*scale {
-							t.Fatalf("%s n=%d off=%d: dst[%d] = %v, exact %v (|diff| %g)", how, n, off, i, got[i], exact, d)
-						}
-					}
-				}
-				// Into a separate buffer, also unaligned and pre-filled
-				// with NaN so an element left unwritten shows.
-				dst := make([]float32, n+off+1)[off+1:]
-				for i := range dst {
-					dst[i] = float32(math.NaN())
-				}
-				AddScaledTo(dst, x, a, y)
-				check("separate", dst)
-				// In place over x (dst == x) and over y (dst == y).
-				xs, ys := append([]float32(nil), x...), append([]float32(nil), y...)
-				AddScaledTo(xs, xs, a, y)
-				check("dst==x", xs)
-				AddScaledTo(ys, x, a, ys)
-				check("dst==y", ys)
-			}
-		}
-		// Non-finite values propagate as in copy+AddScaled.
-		inf, nan := float32(math.Inf(1)), float32(math.NaN())
-		x := []float32{inf, 1, nan, 1, 2, 3, 4, 5, inf, 1, 0, 0, 0, 0, 0, 0, 0}
-		y := []float32{1, nan, 1, inf, 2, 3, 4, 5, -inf, 1, 0, 0, 0, 0, 0, 0, inf}
-		want := append([]float32(nil), x...)
-		AddScaled(want, 2, y)
-		got := make([]float32, len(x))
-		AddScaledTo(got, x, 2, y)
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
-				t.Fatalf("non-finite: dst[%d] = %v, want %v", i, got[i], want[i])
-			}
-		}
-	})
-}
-
 func TestScaleMatchesNaive(t *testing.T) {
 	forEachPath(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(5, 6))
@@ -397,7 +337,6 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 		for name, f := range map[string]func(){
 			"Add":                func() { Add(dst, x) },
 			"AddScaled":          func() { AddScaled(dst, 0.5, x) },
-			"AddScaledTo":        func() { AddScaledTo(dst, x, 0.5, x) },
 			"Scale":              func() { Scale(dst, 0.5) },
 			"SumSquares":         func() { _ = SumSquares(x) },
 			"FirstNonFinite":     func() { _ = FirstNonFinite(x) },
@@ -418,15 +357,9 @@ func TestLengthMismatchPanics(t *testing.T) {
 	for name, f := range map[string]func(){
 		"Add":       func() { Add(make([]float32, 3), make([]float32, 4)) },
 		"AddScaled": func() { AddScaled(make([]float32, 4), 1, make([]float32, 3)) },
-		"AddScaledTo/x": func() {
-			AddScaledTo(make([]float32, 4), make([]float32, 3), 1, make([]float32, 4))
-		},
-		"AddScaledTo/y": func() {
-			AddScaledTo(make([]float32, 4), make([]float32, 4), 1, make([]float32, 5))
-		},
-		"AddF64":  func() { AddF64(make([]float64, 1), nil) },
-		"AddBF16": func() { AddBF16(make([]float32, 2), make([]byte, 3)) },
-		"AddF16":  func() { AddF16(make([]float32, 2), make([]byte, 5)) },
+		"AddF64":    func() { AddF64(make([]float64, 1), nil) },
+		"AddBF16":   func() { AddBF16(make([]float32, 2), make([]byte, 3)) },
+		"AddF16":    func() { AddF16(make([]float32, 2), make([]byte, 5)) },
 	} {
 		func() {
 			defer func() {

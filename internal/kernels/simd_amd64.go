@@ -20,7 +20,6 @@ var avx2 = impl{
 	name:           "avx2",
 	add:            addAVX2,
 	addScaled:      addScaledAVX2,
-	addScaledTo:    addScaledToAVX2,
 	scale:          scaleAVX2,
 	sumSquares:     sumSquaresAVX2,
 	firstNonFinite: firstNonFiniteAVX2,
@@ -71,34 +70,6 @@ func addScaledAVX2(dst []float32, a float32, x []float32) {
 	}
 	archsimd.ClearAVXUpperBits()
 	addScaledGeneric(dst[i:], a, x[i:])
-}
-
-// addScaledToAVX2 is addScaledAVX2 reading its addend from x instead of
-// dst: the same FMA (y·a + x, rounded once) per element, so the result is
-// bit-identical to copy(dst, x) then addScaledAVX2(dst, a, y), in one pass
-// over memory. Each block is loaded in full before it is stored, so dst may
-// be x or y.
-func addScaledToAVX2(dst, x []float32, a float32, y []float32) {
-	n := len(dst)
-	x, y = x[:n], y[:n]
-	va := archsimd.BroadcastFloat32x8(a)
-	i := 0
-	for ; i+32 <= n; i += 32 {
-		d, s, t := dst[i:i+32:i+32], x[i:i+32:i+32], y[i:i+32:i+32]
-		a0 := archsimd.LoadFloat32x8Slice(t[0:]).MulAdd(va, archsimd.LoadFloat32x8Slice(s[0:]))
-		a1 := archsimd.LoadFloat32x8Slice(t[8:]).MulAdd(va, archsimd.LoadFloat32x8Slice(s[8:]))
-		a2 := archsimd.LoadFloat32x8Slice(t[16:]).MulAdd(va, archsimd.LoadFloat32x8Slice(s[16:]))
-		a3 := archsimd.LoadFloat32x8Slice(t[24:]).MulAdd(va, archsimd.LoadFloat32x8Slice(s[24:]))
-		a0.StoreSlice(d[0:])
-		a1.StoreSlice(d[8:])
-		a2.StoreSlice(d[16:])
-		a3.StoreSlice(d[24:])
-	}
-	for ; i+8 <= n; i += 8 {
-		archsimd.LoadFloat32x8Slice(y[i:]).MulAdd(va, archsimd.LoadFloat32x8Slice(x[i:])).StoreSlice(dst[i:])
-	}
-	archsimd.ClearAVXUpperBits()
-	addScaledToGeneric(dst[i:], x[i:], a, y[i:])
 }
 
 func scaleAVX2(dst []float32, a float32) {

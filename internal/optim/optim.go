@@ -315,11 +315,7 @@ func (o *Optimizer) sgd(i int, dst, p, g []float32, lr float64) {
 		// add finds the block it updates still in L1 (one pass over
 		// memory instead of two). The block is a multiple of the
 		// kernel's 32-element stride: every element is computed exactly
-		// as one AddScaled over the whole tensor would. The fused
-		// one-pass kernels.AddScaledTo gives the same bits but measured
-		// no faster here (BenchmarkKernels AddScaledTo vs
-		// CopyAddScaled-blocked; BenchmarkServerPath alike): memmove
-		// fills dst with REP MOVS, and the add then works in L1.
+		// as one AddScaled over the whole tensor would.
 		const block = 4096
 		for j := 0; j < len(p); j += block {
 			k := min(j+block, len(p))
