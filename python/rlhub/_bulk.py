@@ -27,7 +27,6 @@ again for ``NOT_SUPPORTED_FOR`` seconds: the caller uses gRPC.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import struct
@@ -36,7 +35,7 @@ import time
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from rlhub import errors
-from rlhub.tensors import _DTYPES, _as_entry
+from rlhub.tensors import save_parts
 
 MAGIC = b"RLHUBDP1"
 PUSH_METHOD = "rlhub.v1.Reducer/Push"
@@ -58,30 +57,9 @@ except (AttributeError, ValueError, OSError):
 
 
 def safetensors_parts(state_dict: Mapping[str, Any]) -> Tuple[bytes, List[memoryview]]:
-    """The safetensors encoding of ``state_dict`` as pieces: the header
-    (length prefix, JSON, padding) and each tensor's bytes, a memoryview of
-    the tensor's own CPU memory where it is contiguous (no copy).
-
-    ``header + b"".join(tensors)`` is byte for byte ``tensors.save_bytes``
-    (same order: dtype rank, largest first, then name; same padded JSON),
-    which tests/test_grads_bulk.py checks. The views are only valid while
-    the tensors are unchanged.
-    """
-    entries = []
-    for name, value in state_dict.items():
-        if not isinstance(name, str) or not name or name == "__metadata__":
-            raise ValueError(f"bad tensor name {name!r}")
-        dt, shape, raw = _as_entry(name, value)
-        entries.append((name, dt, shape, raw))
-    entries.sort(key=lambda e: (-_DTYPES[e[1]][0], e[0]))
-    header: Dict[str, Any] = {}
-    off = 0
-    for name, dt, shape, raw in entries:
-        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + raw.nbytes]}
-        off += raw.nbytes
-    hj = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    return struct.pack("<Q", len(hj)) + hj, [e[3] for e in entries]
+    """The gradient's safetensors encoding as pieces (``tensors.save_parts``,
+    no metadata): what ``save_bytes`` would return, without joining it."""
+    return save_parts(state_dict)
 
 
 def parts_size(head: bytes, bufs: Sequence[memoryview]) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -84,8 +84,13 @@ def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
     return name_dt, shape, memoryview(a.reshape(-1).view(np.uint8))
 
 
-def save_bytes(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> bytes:
-    """Encodes a dict of numpy arrays / torch tensors as safetensors bytes."""
+def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> Tuple[bytes, List[memoryview]]:
+    """The safetensors encoding of ``state_dict`` as pieces: the header
+    (length prefix, JSON, padding) and each tensor's bytes in file order
+    (dtype rank, largest first, then name), a memoryview of the tensor's own
+    CPU memory where it is contiguous (no copy). The views are only valid
+    while the tensors are unchanged. ``save_bytes`` joins them; the gradient
+    client sends them as they are (one ``sendmsg``)."""
     entries = []
     for name, value in state_dict.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
@@ -102,11 +107,16 @@ def save_bytes(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
         off += raw.nbytes
     hj = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     hj += b" " * ((8 - len(hj) % 8) % 8)
-    out = bytearray(8 + len(hj) + off)
-    out[:8] = struct.pack("<Q", len(hj))
-    out[8:8 + len(hj)] = hj
-    p = 8 + len(hj)
-    for _, _, _, raw in entries:
+    return struct.pack("<Q", len(hj)) + hj, [e[3] for e in entries]
+
+
+def save_bytes(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> bytes:
+    """Encodes a dict of numpy arrays / torch tensors as safetensors bytes."""
+    head, bufs = save_parts(state_dict, metadata)
+    out = bytearray(len(head) + sum(b.nbytes for b in bufs))
+    out[:len(head)] = head
+    p = len(head)
+    for raw in bufs:
         out[p:p + raw.nbytes] = raw
         p += raw.nbytes
     return bytes(out)
