@@ -55,7 +55,9 @@ func benchModel(n int) *tensor.StateDict {
 // loop=pushpull pushes the next gradient only once the version holding the
 // previous one is visible (the push-pull loop of a learner; wakes on the
 // publish hook, i.e. when the store's WaitNewer/Watch would return it), the process's CPU time per gradient (cpu_ms/grad: clients and
-// hubs together, the figure to compare when the machine is loaded), and a
+// hubs together, the figure to compare when the machine is loaded), its
+// page faults per gradient (faults/grad: fresh memory the runtime had
+// returned to the OS and hands out again), and a
 // plain TCP copy of the same bytes over 2 loopback connections in the same
 // run (tcp_MB/s: the median of one copy before and two after the pushes;
 // tcp_spread: their max ÷ min; ratio_vs_tcp).
@@ -146,7 +148,7 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	starts := make([]map[reduce.ID]time.Time, clients)
 	b.SetBytes(gradBytes)
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0, faults0 := processCPU(), minorFaults()
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for i := range clients {
@@ -180,7 +182,7 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	wg.Wait()
 	waitApplied(b, &mu, published, clients+b.N)
 	elapsed := time.Since(t0)
-	cpu := processCPU() - cpu0
+	cpu, faults := processCPU()-cpu0, minorFaults()-faults0
 	b.StopTimer()
 
 	var lat []time.Duration
@@ -205,6 +207,7 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Microseconds())/1000, "p99_ms")
 	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu_ms/grad")
+	b.ReportMetric(float64(faults)/float64(b.N), "faults/grad")
 	b.ReportMetric(tcp, "tcp_MB/s")
 	b.ReportMetric(tcps[2]/tcps[0], "tcp_spread")
 	b.ReportMetric(mbps/tcp, "ratio_vs_tcp")
@@ -220,6 +223,17 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// minorFaults is the number of page faults this process has taken that
+// needed no I/O: touching memory the OS had not mapped yet, e.g. heap
+// pages the Go runtime returned to it and allocates again.
+func minorFaults() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Minflt
 }
 
 func waitApplied(b *testing.B, mu *sync.Mutex, published map[reduce.ID]time.Time, n int) {
