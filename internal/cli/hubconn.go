@@ -8,11 +8,16 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
 
 // dialHub opens a client connection to a hub address.
 func dialHub(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The unzeroed receive-buffer pool, as every rlhub client uses: the
+	// relay and collectors behind this connection receive whole models.
+	opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -112,8 +114,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	conn := cfg.Conn
 	if conn == nil {
-		cc, err := grpc.NewClient(cfg.Hub, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+		cc, err := grpc.NewClient(cfg.Hub, opts...)
 		if err != nil {
 			return fmt.Errorf("learner: dial %s: %w", cfg.Hub, err)
 		}

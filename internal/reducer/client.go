@@ -102,9 +102,10 @@ func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 	}
 	// Gradients are large: bigger write buffers and windows than gRPC's
 	// defaults (32 KiB, 64 KiB) cut the frames and window updates per MiB.
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
 		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20))
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("reducer: dial %s: %w", addr, err)
 	}

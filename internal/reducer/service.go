@@ -111,8 +111,9 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.primary, up = p, p
 	} else {
-		conn, err := grpc.NewClient(cfg.Primary, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+		conn, err := grpc.NewClient(cfg.Primary, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("reducer: dial primary %s: %w", cfg.Primary, err)
 		}
