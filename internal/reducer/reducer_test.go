@@ -214,7 +214,7 @@ func TestRejections(t *testing.T) { forTransports(t, testRejections) }
 func testRejections(t *testing.T, transport string) {
 	const n = 8
 	init := fill(testLayout(n), rand.New(rand.NewPCG(3, 4)), 1)
-	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, init)
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxGradBytes: 4 << 10}, init)
 	e.transport = transport
 	defer e.checkTransport()
 	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Staleness: reduce.Staleness{Policy: reduce.Drop, MaxLag: 1}})
@@ -266,6 +266,7 @@ func testRejections(t *testing.T, transport string) {
 		{"too stale", "m", 1, 26, gradFor(n, "rej", 26), codes.FailedPrecondition, errs.ErrStale, reduce.ReasonStale},
 		{"future version", "m", 9, 27, gradFor(n, "rej", 27), codes.InvalidArgument, errs.ErrInvalid, reduce.ReasonInvalid},
 		{"duplicate", "m", 3, 2, gradFor(n, "rej", 2), codes.AlreadyExists, errs.ErrExists, reduce.ReasonDuplicate},
+		{"oversize", "m", 3, 28, gradFor(400, "rej", 28), codes.ResourceExhausted, errs.ErrFull, reduce.ReasonInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

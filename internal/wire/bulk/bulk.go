@@ -115,6 +115,9 @@ func (b bodyReader) Read(p []byte) (int, error) {
 	if int64(len(p)) > b.r.remaining {
 		p = p[:b.r.remaining]
 	}
+	// A client that stops sending midway must not hold what the handler
+	// holds (a reducer's queue slot) for ever.
+	_ = b.r.conn.SetReadDeadline(time.Now().Add(b.r.conn.idle))
 	n, err := b.r.conn.br.Read(p)
 	b.r.remaining -= int64(n)
 	if err == io.EOF && b.r.remaining > 0 {
@@ -132,6 +135,12 @@ type Handler func(ctx context.Context, r *Request) (proto.Message, error)
 // Register handlers with Handle, then call Listen; Shutdown or Close stops
 // it.
 type Server struct {
+	// BodyIdleTimeout bounds how long a body read may wait for the next
+	// bytes; a client silent for longer fails its request (the handler's
+	// read returns a timeout) and loses the connection. NewServer sets
+	// DefaultBodyIdleTimeout; change it before Listen.
+	BodyIdleTimeout time.Duration
+
 	handlers map[string]Handler
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -146,10 +155,13 @@ type Server struct {
 	requests uint64 // requests served (answered), any outcome
 }
 
+// DefaultBodyIdleTimeout is Server.BodyIdleTimeout's default.
+const DefaultBodyIdleTimeout = 30 * time.Second
+
 // NewServer returns a server with no handlers.
 func NewServer() *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
+	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
 		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}}
 }
 
@@ -256,7 +268,8 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 type serverConn struct {
 	net.Conn
 	br   *bufio.Reader
-	busy bool // a request is being served (guarded by Server.mu)
+	idle time.Duration // Server.BodyIdleTimeout
+	busy bool          // a request is being served (guarded by Server.mu)
 }
 
 func (c *serverConn) writeFrame(b []byte) error {
@@ -267,7 +280,7 @@ func (c *serverConn) writeFrame(b []byte) error {
 // serve runs one connection's requests until it breaks or the server
 // closes.
 func (s *Server) serve(c net.Conn) {
-	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10)}
+	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -332,10 +345,11 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 		st = toStatus(resp, err)
 	}
 	if req.remaining > 0 { // keep the stream in step: drop what the handler did not read
-		if _, err := io.CopyN(io.Discard, sc.br, req.remaining); err != nil {
+		if _, err := io.CopyN(io.Discard, bodyReader{req}, req.remaining); err != nil {
 			return false
 		}
 	}
+	_ = sc.SetReadDeadline(time.Time{}) // an idle connection may wait for its next request
 	s.mu.Lock()
 	s.requests++ // before the answer leaves, so a client that has it sees the count
 	s.mu.Unlock()

@@ -38,7 +38,7 @@ type env struct {
 	served  chan struct{}
 }
 
-func start(t *testing.T) *env {
+func start(t *testing.T, configure ...func(*bulk.Server)) *env {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -95,6 +95,9 @@ func start(t *testing.T) *env {
 		}
 		return wrapperspb.UInt64(1), nil
 	})
+	for _, f := range configure {
+		f(e.srv)
+	}
 	g := e.srv.Listen(lis)
 	go func() { defer close(e.served); _ = e.grpc.Serve(g) }()
 	t.Cleanup(func() {
@@ -422,5 +425,57 @@ func TestShutdownFinishesRequestsInProgress(t *testing.T) {
 	}
 	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(1), net.Buffers{{1}}, nil); !errors.Is(err, errs.ErrUnavailable) {
 		t.Fatalf("call after Shutdown: %v, want Unavailable", err)
+	}
+}
+
+// A client that goes silent midway through a body loses its request after
+// BodyIdleTimeout: the handler's read fails (so it lets go of what it
+// holds), the connection closes, and others are served meanwhile.
+func TestSilentClientTimesOut(t *testing.T) {
+	handlerErr := make(chan error, 1)
+	e := start(t, func(s *bulk.Server) {
+		s.BodyIdleTimeout = 100 * time.Millisecond
+		s.Handle("hold", func(_ context.Context, r *bulk.Request) (proto.Message, error) {
+			body, err := r.Body(1 << 20)
+			if err != nil {
+				return nil, err
+			}
+			_, err = io.ReadFull(body, make([]byte, 1<<20))
+			handlerErr <- err
+			return nil, err
+		})
+	})
+	conn := rawConn(t, e.addr)
+	frame := []byte{1, 4, 0, 'h', 'o', 'l', 'd'}
+	frame = binary.LittleEndian.AppendUint32(frame, 0)
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	k := make([]byte, 1)
+	if _, err := io.ReadFull(conn, k); err != nil || k[0] != 2 {
+		t.Fatalf("want continue (2), got %v, %v", k, err)
+	}
+	if _, err := conn.Write(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	// Silent from here on.
+	select {
+	case err := <-handlerErr:
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("the handler's read ended with %v, want a timeout", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's read never gave up on a silent client")
+	}
+	// The server hangs up (after its answer, if the socket takes it).
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, conn); err != nil {
+		t.Fatalf("the server did not close the silent client's connection: %v", err)
+	}
+	c := bulk.NewClient()
+	defer c.Close()
+	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(2), net.Buffers{{1, 2}}, nil); err != nil {
+		t.Fatal(err)
 	}
 }
