@@ -64,9 +64,16 @@ type StaleError struct {
 	CurrentVersion uint64
 	CurrentEpoch   uint64
 	Reason         string
+
+	remote string // the whole message, for one received over gRPC
 }
 
 func (e *StaleError) Error() string {
+	if e.remote != "" {
+		// The server's message already says all of the above (and what
+		// it was doing); saying it again doubled it.
+		return e.remote
+	}
 	return fmt.Sprintf("stale version: model %q is at version %d (epoch %d): %s", e.Model, e.CurrentVersion, e.CurrentEpoch, e.Reason)
 }
 
@@ -118,6 +125,7 @@ func ToStatus(err error) error {
 				"model":           se.Model,
 				"current_version": strconv.FormatUint(se.CurrentVersion, 10),
 				"current_epoch":   strconv.FormatUint(se.CurrentEpoch, 10),
+				"reason":          se.Reason,
 			},
 		}); derr == nil {
 			st = d
@@ -151,7 +159,11 @@ func FromStatus(err error) error {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason == "STALE_VERSION" && info.Domain == domain {
 			v, _ := strconv.ParseUint(info.Metadata["current_version"], 10, 64)
 			ep, _ := strconv.ParseUint(info.Metadata["current_epoch"], 10, 64)
-			return &StaleError{Model: info.Metadata["model"], CurrentVersion: v, CurrentEpoch: ep, Reason: st.Message()}
+			reason, ok := info.Metadata["reason"]
+			if !ok { // from a server before the reason travelled
+				reason = st.Message()
+			}
+			return &StaleError{Model: info.Metadata["model"], CurrentVersion: v, CurrentEpoch: ep, Reason: reason, remote: st.Message()}
 		}
 	}
 	switch st.Code() {

@@ -50,8 +50,11 @@ func TestRoundTripKeepsSentinelsAndStaleFields(t *testing.T) {
 	if !errors.As(back, &se) || !errors.Is(back, ErrStale) {
 		t.Fatalf("stale error lost on the wire: %v", back)
 	}
-	if se.Model != "pol" || se.CurrentVersion != 7 || se.CurrentEpoch != 2 {
-		t.Fatalf("stale fields = %+v, want pol/7/2", se)
+	if se.Model != "pol" || se.CurrentVersion != 7 || se.CurrentEpoch != 2 || se.Reason != "expected 5" {
+		t.Fatalf("stale fields = %+v, want pol/7/2/expected 5", se)
+	}
+	if want := `push: stale version: model "pol" is at version 7 (epoch 2): expected 5`; back.Error() != want {
+		t.Fatalf("stale error reads %q after the wire, want the server's %q", back.Error(), want)
 	}
 	if !errors.Is(FromStatus(status.Error(codes.DeadlineExceeded, "late")), context.DeadlineExceeded) {
 		t.Error("DeadlineExceeded did not map back to context.DeadlineExceeded")
