@@ -194,8 +194,10 @@ func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
 	for {
 		c, err := lis.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() { // like net/http: EMFILE and friends pass
+			// Running out of file descriptors (EMFILE) and the like pass:
+			// back off and accept again, as grpc-go's and net/http's
+			// accept loops do.
+			if te, ok := err.(interface{ Temporary() bool }); ok && te.Temporary() {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				select {
 				case <-time.After(backoff):

@@ -479,3 +479,67 @@ func TestSilentClientTimesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// flakyListener fails its first Accepts with a temporary error, as a
+// listener out of file descriptors does.
+type flakyListener struct {
+	net.Listener
+	mu    sync.Mutex
+	fails int
+}
+
+type temporaryErr struct{}
+
+func (temporaryErr) Error() string   { return "accept: too many open files" }
+func (temporaryErr) Temporary() bool { return true }
+func (temporaryErr) Timeout() bool   { return false }
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	fail := l.fails > 0
+	if fail {
+		l.fails--
+	}
+	l.mu.Unlock()
+	if fail {
+		return nil, temporaryErr{}
+	}
+	return l.Listener.Accept()
+}
+
+// A temporary accept error (EMFILE) does not stop the server: it backs
+// off and accepts again, for the data plane and for gRPC.
+func TestTemporaryAcceptErrorsPass(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := bulk.NewServer()
+	srv.Handle("sum", func(_ context.Context, r *bulk.Request) (proto.Message, error) {
+		body, err := r.Body(1)
+		if err != nil {
+			return nil, err
+		}
+		_, err = io.ReadFull(body, make([]byte, 1))
+		return nil, err
+	})
+	g := srv.Listen(&flakyListener{Listener: lis, fails: 3})
+	gs := grpc.NewServer()
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(g) }()
+	defer func() { gs.Stop(); srv.Close(); <-served }()
+	c := bulk.NewClient()
+	defer c.Close()
+	if err := c.Call(ctx(t), lis.Addr().String(), "sum", wrapperspb.UInt64(1), net.Buffers{{7}}, nil); err != nil {
+		t.Fatalf("data plane after temporary accept errors: %v", err)
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("gRPC after temporary accept errors: %v", err)
+	}
+}
