@@ -452,15 +452,29 @@ func OpenShm(cfg ShmReaderConfig) (*ShmReader, error) {
 			unix.Munmap(mem)
 			return nil, fmt.Errorf("wsync: make the lease table of %s writable: %w", cfg.Path, err)
 		}
+		// Claimers take an exclusive flock on the file, so that readers
+		// without atomic compare-and-swap (the Python reader) can claim
+		// entries beside Go's. It must be unlocked explicitly: the mapping
+		// keeps the open file, and with it the lock, alive after f closes.
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			unix.Munmap(mem)
+			return nil, fmt.Errorf("wsync: lock the lease table of %s: %w", cfg.Path, err)
+		}
 		r.entry = r.claimLease()
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_UN); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("wsync: unlock the lease table of %s: %w", cfg.Path, err)
+		}
 	}
 	return r, nil
 }
 
 // claimLease takes a lease entry for this reader: a free one (owner 0) or
-// one whose owner process no longer exists, by compare-and-swap on the
-// owner so two readers never take the same entry. It returns the entry,
-// or -1 when every entry is owned by a live process.
+// one whose owner process no longer exists. The caller holds the file's
+// flock, which every claimer takes, so two readers never take the same
+// entry; the compare-and-swap on the owner also guards against one that
+// does not. It returns the entry, or -1 when every entry is owned by a
+// live process.
 func (r *ShmReader) claimLease() int {
 	self := os.Getpid()
 	token := uint64(uint32(self))<<32 | uint64(leaseTokens.Add(1))

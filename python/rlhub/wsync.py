@@ -73,8 +73,10 @@ class WeightVersion:
     ``blob`` is its safetensors bytes. A :class:`ShmSource` reuses two private
     buffers, so its versions' blobs stay valid only until the second
     ``get_if_newer``/``wait_newer`` call after the one that returned them
-    (copy, or apply with a :class:`Receiver`, to keep them longer); other
-    sources' blobs are the caller's.
+    (copy, or apply with a :class:`Receiver`, to keep them longer); a leasing
+    one's blob is a read-only view of the shared memory, whole until the
+    source returns a newer version or closes. Other sources' blobs are the
+    caller's.
     """
 
     model: str
@@ -118,6 +120,9 @@ _OFF_STATE, _OFF_NOTIFY, _OFF_PUBLISHED, _OFF_NAMELEN, _OFF_NAME = 40, 44, 48, 5
 _SLOT_SEQ, _SLOT_VERSION, _SLOT_EPOCH, _SLOT_LENGTH, _SLOT_CRC = 0, 8, 16, 24, 32
 _STATE_CLOSED = 1
 _COPY_CHUNK = 256 << 10
+# The lease table ("Slot leases" in docs/shm-layout.md).
+_OFF_LEASES, _OFF_LEASE_TABLE, _LEASE_ENTRY = 60, 512, 32
+_LEASE_OWNER, _LEASE_SLOT, _LEASE_SEQ = 0, 8, 16
 
 
 def _futex_fn() -> Optional[Callable[[int, int, float], None]]:
@@ -148,13 +153,86 @@ def _futex_fn() -> Optional[Callable[[int, int, float], None]]:
 _FUTEX_WAIT = _futex_fn()
 
 
+def _fence_fn() -> Optional[Callable[[], None]]:
+    """A full memory barrier on this thread, or None where there is none.
+
+    A lease is a Dekker handshake with the writer: store the lease, then
+    load the slot's seq, with a full fence between (docs/shm-layout.md). An
+    x86-64 store may pass a later load, and CPython has no fence of its
+    own; ``membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`` issues one on the
+    calling thread (the kernel's smp_mb() at entry and exit) for about half
+    a microsecond. It needs the process registered once, which this does.
+    """
+    nr = {"x86_64": 324, "aarch64": 283, "arm64": 283}.get(platform.machine())
+    if sys.platform != "linux" or nr is None:
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    register, expedited = 1 << 4, 1 << 3  # MEMBARRIER_CMD_(REGISTER_)PRIVATE_EXPEDITED
+    if syscall(ctypes.c_long(nr), ctypes.c_int(register), ctypes.c_uint(0), ctypes.c_int(0)) != 0:
+        return None
+
+    def fence() -> None:
+        if syscall(ctypes.c_long(nr), ctypes.c_int(expedited), ctypes.c_uint(0), ctypes.c_int(0)) != 0:
+            raise OSError(ctypes.get_errno(), "membarrier failed")
+
+    return fence
+
+
+_FENCE: Optional[Callable[[], None]] = None
+_FENCE_TRIED = False
+
+
+def _fence() -> Optional[Callable[[], None]]:
+    global _FENCE, _FENCE_TRIED
+    if not _FENCE_TRIED:
+        _FENCE, _FENCE_TRIED = _fence_fn(), True
+    return _FENCE
+
+
+_lease_counter = 0
+_lease_lock = threading.Lock()
+
+
+def _lease_token() -> int:
+    """pid << 32 | a per-process counter, as the Go reader's owner tokens."""
+    global _lease_counter
+    with _lease_lock:
+        _lease_counter = (_lease_counter + 1) & 0xFFFFFFFF
+        return (os.getpid() & 0xFFFFFFFF) << 32 | _lease_counter
+
+
+def _owner_gone(owner: int) -> bool:
+    pid = owner >> 32
+    if pid == os.getpid():
+        return False
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class ShmSource:
     """Reads whole versions from a shared-memory segment written by Go.
 
-    It copies every version out of its slot and never leases one (the lease
-    table of docs/shm-layout.md, "Slot leases", is for Go readers that use
-    versions in place). It reads segments in which such readers hold slots
-    like any other: the writer just writes around the leased slots.
+    By default it copies every version out of its slot. With ``lease=True``
+    it **leases** the slot instead (docs/shm-layout.md, "Slot leases"): a
+    version's ``blob`` is a read-only view of the shared memory, and its
+    numpy tensors are read-only views too (no copy); the writer leaves the
+    slot alone until this source returns a newer version or closes, so the
+    views stay whole until then. Leasing needs a segment with a free lease
+    entry (a relay started with ``--shm-slots 2+n``), write access to the
+    file, and ``membarrier(2)`` (Linux); without them the source copies,
+    as ``leasing`` reports. Closing a leasing source releases its lease:
+    views still held afterwards may then change under you.
 
     Not thread-safe: one reader thread per ``ShmSource``. ``stats`` counts
     ``reads`` (whole versions returned) and ``retries`` (copies restarted
@@ -170,12 +248,13 @@ class ShmSource:
         max_retries: consecutive torn copies before giving up with
             :class:`rlhub.Aborted`.
         tick: longest sleep of ``wait_newer`` between liveness checks.
+        lease: read versions in place under a lease (see above).
     """
 
     via = "shm"
 
     def __init__(self, path: Optional[str] = None, model: Optional[str] = None, *, verify: bool = True,
-                 max_retries: int = 1000, tick: float = 0.05):
+                 max_retries: int = 1000, tick: float = 0.05, lease: bool = False):
         if path is None:
             if not model:
                 raise ValueError("ShmSource needs a path or a model")
@@ -186,10 +265,13 @@ class ShmSource:
         self.verify = verify
         self.max_retries = max_retries
         self.tick = tick
-        self.stats = {"reads": 0, "retries": 0}
+        self.stats = {"reads": 0, "retries": 0, "in_place": 0}
         self._bufs: List[bytearray] = [bytearray(), bytearray()]
         self._which = 0
         self._map = None
+        self._lease = lease
+        self._entry = -1  # the lease entry this source owns; -1 when it copies
+        self._hmap = None  # writable mapping of the header page (leasing only)
         self._open()
         if model is not None and model != self.model:
             name = self.model
@@ -197,8 +279,16 @@ class ShmSource:
             raise errors.InvalidArgument(f"shm segment {path} holds model {name!r}, not {model!r}")
 
     def _open(self) -> None:
+        writable = self._lease and _fence() is not None
+        fd = -1
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            if writable:
+                try:
+                    fd = os.open(self.path, os.O_RDWR)
+                except PermissionError:
+                    writable = False
+            if fd < 0:
+                fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             raise errors.NotFound(f"shm segment {self.path} does not exist") from None
         try:
@@ -206,9 +296,17 @@ class ShmSource:
             if st.st_size < _PAGE or st.st_size % 8:
                 raise errors.InvalidArgument(f"shm segment {self.path} has {st.st_size} bytes")
             m = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            try:
+                self._open_checked(m, st, fd if writable else -1)
+            except BaseException:
+                m.close()
+                raise
         finally:
             os.close(fd)
+
+    def _open_checked(self, m: mmap.mmap, st: os.stat_result, rw_fd: int) -> None:
         mv = memoryview(m)
+        q = d = None
         try:
             if mv[0:8] != _MAGIC:
                 raise errors.InvalidArgument(f"shm segment {self.path}: magic {bytes(mv[0:8])!r}, want {_MAGIC!r}")
@@ -226,24 +324,81 @@ class ShmSource:
                 raise errors.InvalidArgument(
                     f"shm segment {self.path} is {len(mv)} bytes, its header describes {_PAGE + slots * stride}")
             name = bytes(mv[_OFF_NAME:_OFF_NAME + name_len]).decode("utf-8", "replace")
+            leases = d[_OFF_LEASES // 4]
+            if leases > slots - 2 or _OFF_LEASE_TABLE + leases * _LEASE_ENTRY > _PAGE:
+                raise errors.InvalidArgument(
+                    f"shm segment {self.path}: lease table of {leases} entries for {slots} slots (at most {slots - 2})")
         except BaseException:
-            for v in (locals().get("q"), locals().get("d"), mv):
+            for v in (q, d, mv):
                 if v is not None:
                     v.release()
-            m.close()
             raise
         self._map, self._mv, self._q, self._d = m, mv, q, d
         self.model, self.slots, self.capacity, self.stride = name, slots, cap, stride
         self._pid = q[_OFF_PID // 8]
         self._ino = st.st_ino  # of the file mapped, to notice a replaced segment
         self._notify_addr = np.frombuffer(m, dtype=np.uint8, count=1, offset=_OFF_NOTIFY).ctypes.data
+        self.leases = leases
+        if rw_fd >= 0 and leases > 0:
+            try:
+                self._claim(rw_fd)
+            except OSError as e:  # no lease after all: copy
+                log.warning("shm segment %s: cannot lease (%s); copying", self.path, e)
+
+    def _claim(self, fd: int) -> None:
+        """Takes a free lease entry, or one whose owner process is gone,
+        under the exclusive flock every claimer takes (docs/shm-layout.md).
+        Only the header page is mapped writable."""
+        import fcntl
+
+        hmap = mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        hq = np.frombuffer(hmap, dtype=np.uint64)  # aligned 8-byte loads and stores
+        token = _lease_token()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            for e in range(self.leases):
+                base = (_OFF_LEASE_TABLE + e * _LEASE_ENTRY) // 8
+                owner = int(hq[base + _LEASE_OWNER // 8])
+                if owner != 0 and not _owner_gone(owner):
+                    continue
+                hq[base + _LEASE_OWNER // 8] = token
+                hq[base + _LEASE_SLOT // 8] = 0  # a dead owner's slot is released only now
+                hq[base + _LEASE_SEQ // 8] = 0
+                self._entry, self._hmap, self._hq = e, hmap, hq
+                return
+        finally:
+            # Explicitly: the mapping keeps the open file, and the lock,
+            # alive after the descriptor closes.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        del hq
+        hmap.close()
+
+    @property
+    def leasing(self) -> bool:
+        """Whether this source holds a lease entry (reads in place)."""
+        return self._entry >= 0
+
+    def _lease_word(self, field: int) -> int:
+        return (_OFF_LEASE_TABLE + self._entry * _LEASE_ENTRY + field) // 8
 
     def _release(self) -> None:
         if self._map is None:
             return
+        if self._entry >= 0:
+            hq = self._hq
+            hq[self._lease_word(_LEASE_SLOT)] = 0
+            hq[self._lease_word(_LEASE_SEQ)] = 0
+            hq[self._lease_word(_LEASE_OWNER)] = 0
+            self._entry, self._hq = -1, None
+            del hq
+            self._hmap.close()
+            self._hmap = None
         for v in (self._q, self._d, self._mv):
             v.release()
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # leased versions still viewed by the caller: unmapped when the last goes
         self._map = None
 
     def close(self) -> None:
@@ -315,6 +470,12 @@ class ShmSource:
                     continue
                 raise errors.InvalidArgument(
                     f"shm segment {self.path} slot {best} claims {length} bytes, capacity {self.capacity}")
+            if self._entry >= 0:
+                wv = self._lease_read(best, best_seq, best_ver, epoch, length, crc)
+                if wv is None:
+                    self.stats["retries"] += 1
+                    continue
+                return wv
             buf = self._buffer(length)
             out = memoryview(buf)[:length]
             out[:] = self._mv[off + _PAGE:off + _PAGE + length]  # the private copy (one memcpy)
@@ -337,6 +498,42 @@ class ShmSource:
             self.stats["reads"] += 1
             return WeightVersion(self.model, best_ver, epoch, out, self.via)
         raise errors.Aborted(f"{self.max_retries + 1} reads of {self.path} in a row raced the writer")
+
+    def _lease_read(self, best: int, s: int, version: int, epoch: int, length: int,
+                    crc: int) -> Optional[WeightVersion]:
+        """Validates the version in slot ``best`` in place under the seqlock,
+        then leases it (Dekker with the writer: store the lease, fence, load
+        seq). None when the writer got there first: the caller picks again.
+        A bad version raises and leaves the current lease where it was."""
+        q = self._q
+        off = _PAGE + best * self.stride
+        base = off // 8
+        view = self._mv[off + _PAGE:off + _PAGE + length]
+        try:
+            got = crc32c(view) if self.verify else crc
+            parse_header(view)
+            bad = None
+        except ValueError as e:
+            bad = e
+        if q[base] != s:
+            view.release()
+            return None  # the writer was rewriting it: whatever we read is void
+        if got != crc:
+            view.release()
+            raise errors.InvalidArgument(
+                f"shm segment {self.path} version {version}: CRC-32C {got:08x}, header says {crc:08x}")
+        if bad is not None:
+            view.release()
+            raise errors.InvalidArgument(f"shm segment {self.path} version {version}: {bad}") from None
+        self._hq[self._lease_word(_LEASE_SLOT)] = best + 1  # releases the previous version's slot
+        self._hq[self._lease_word(_LEASE_SEQ)] = s
+        _FENCE()
+        if q[base] != s:
+            view.release()
+            return None
+        self.stats["reads"] += 1
+        self.stats["in_place"] += 1
+        return WeightVersion(self.model, version, epoch, view, self.via)
 
     def get_if_newer(self, than: int) -> Optional[WeightVersion]:
         """The newest whole version if newer than ``than``; None if there is

@@ -408,3 +408,128 @@ def test_push_source_ends_unavailable_when_the_hub_stops(hub):
             src.wait_newer(1, timeout=30)
     finally:
         src.close()
+
+
+LEASE_READER = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import rlhub.wsync as ws
+    path, last = sys.argv[1], int(sys.argv[2])
+    src = ws.ShmSource(path, verify=False, lease=True)
+    print("open", src.leasing, flush=True)
+    have, reads, bad, held_ok = 0, 0, [], 0
+    while have < last:
+        wv = src.wait_newer(have, timeout=30)
+        if wv is None:
+            break
+        reads += 1
+        ts = wv.tensors()
+        for name, a in ts.items():
+            if not (a == np.float32(wv.version)).all():
+                bad.append([wv.version, name])
+        if reads % 50 == 0 and wv.version + 3 <= last:
+            # Hold this version while the writer publishes 3 more: the
+            # lease keeps its slot untouched.
+            while src.published < wv.version + 3:
+                time.sleep(0.0005)
+            for name, a in ts.items():
+                if not (a == np.float32(wv.version)).all():
+                    bad.append([wv.version, name, "changed while held"])
+            held_ok += 1
+        have = wv.version
+    print(json.dumps({"reads": reads, "bad": bad, "last": have, "held": held_ok,
+                      "in_place": src.stats["in_place"], "retries": src.stats["retries"]}), flush=True)
+""")
+
+
+def test_shm_leasing_readers_never_torn_against_go_writer_flat_out(rlhub_bin, shm_path):
+    """Leasing Python readers (docs/shm-layout.md, "Slot leases"): a Go
+    writer with 4 slots (2 lease entries) publishes flat out; one leasing
+    reader in this process and one in a child read every version in place
+    (read-only numpy views, no copy) and check it whole, and every 50th
+    version they hold while the writer publishes 3 more, then check it
+    again: the writer never wrote a leased slot. A third leasing reader
+    finds no free entry and copies."""
+    versions = 3000
+    w = start_writer(rlhub_bin, shm_path, versions, slots=4)
+    child = None
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        child = subprocess.Popen([sys.executable, "-c", LEASE_READER, shm_path, str(versions)],
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        assert child.stdout.readline().split() == ["open", "True"]
+        src = ws.ShmSource(shm_path, model="m", verify=False, lease=True)
+        third = ws.ShmSource(shm_path, model="m", lease=True)
+        assert src.leasing and not third.leasing
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        have, reads, bad, held = 0, 0, [], 0
+        while have < versions:
+            wv = src.wait_newer(have, timeout=30)
+            assert wv is not None, f"no newer version after v{have}"
+            reads += 1
+            ts = wv.tensors()
+            assert not ts["weight"].flags.writeable  # a view of the read-only mapping
+            for name, a in ts.items():
+                if not (a == np.float32(wv.version)).all():
+                    bad.append((wv.version, name))
+            if reads % 50 == 0 and wv.version + 3 <= versions:
+                while src.published < wv.version + 3:
+                    time.sleep(0.0005)
+                for name, a in ts.items():
+                    if not (a == np.float32(wv.version)).all():
+                        bad.append((wv.version, name, "changed while held"))
+                held += 1
+            have = wv.version
+        last3 = third.get_if_newer(0)
+        assert w.stdout.readline().startswith("done ")
+        res = json.loads(child.stdout.readline())
+        child.wait(timeout=30)
+        print(f"in-process leasing reader: {reads} versions in place ({src.stats}), {held} held through 3 more; "
+              f"child: {res}")
+        assert bad == [] and res["bad"] == []
+        assert have == versions and res["last"] == versions
+        assert src.stats["in_place"] == reads and res["in_place"] == res["reads"]
+        assert held >= 1 and res["held"] >= 1
+        assert last3 is not None and last3.version == versions and third.stats["in_place"] == 0
+        third.close()
+        src.close()
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+        w.stdin.close()
+        w.wait(timeout=30)
+
+
+def test_shm_lease_of_a_killed_python_reader_is_reclaimed(rlhub_bin, shm_path):
+    """A leasing reader killed with SIGKILL leaves its entry owned by a
+    dead pid; the writer goes on around its slot, and the next leasing
+    reader takes the entry over."""
+    w = start_writer(rlhub_bin, shm_path, 40, "w=8", slots=3)  # 1 lease entry
+    try:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline().startswith("done ")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+            import sys, time
+            import rlhub.wsync as ws
+            src = ws.ShmSource(sys.argv[1], lease=True)
+            wv = src.get_if_newer(0)
+            print(src.leasing, wv.version, flush=True)
+            time.sleep(60)
+        """), shm_path], stdout=subprocess.PIPE, text=True, env=env)
+        assert holder.stdout.readline().split() == ["True", "40"]
+        busy = ws.ShmSource(shm_path, lease=True)
+        assert not busy.leasing  # the only entry is the live holder's
+        busy.close()
+        holder.kill()
+        holder.wait(timeout=30)
+        src = ws.ShmSource(shm_path, lease=True)
+        assert src.leasing
+        wv = src.get_if_newer(0)
+        assert wv.version == 40 and (wv.tensors()["w"] == np.float32(40)).all()
+        src.close()
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
