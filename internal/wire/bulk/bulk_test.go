@@ -218,6 +218,32 @@ func rawConn(t *testing.T, addr string) net.Conn {
 	return conn
 }
 
+// partialBody opens a data-plane connection by hand, sends a request for
+// method with header, waits for "continue" and sends only n body bytes.
+func partialBody(t *testing.T, addr, method string, header proto.Message, n int) net.Conn {
+	t.Helper()
+	conn := rawConn(t, addr)
+	h, err := proto.Marshal(header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len(method)))
+	frame = append(frame, method...)
+	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(h)))
+	frame = append(frame, h...)
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	k := make([]byte, 1)
+	if _, err := io.ReadFull(conn, k); err != nil || k[0] != 2 {
+		t.Fatalf("want continue (2), got %v, %v", k, err)
+	}
+	if _, err := conn.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // readFinal reads a final frame's status code and message, then expects
 // the server to hang up.
 func readFinal(t *testing.T, conn net.Conn) (codes.Code, string) {
@@ -294,21 +320,7 @@ func TestMalformedFrames(t *testing.T) {
 // context ends mid-call returns the context's error promptly.
 func TestBrokenClients(t *testing.T) {
 	e := start(t)
-	conn := rawConn(t, e.addr)
-	frame := []byte{1, 3, 0, 's', 'u', 'm'}
-	h, _ := proto.Marshal(wrapperspb.UInt64(1 << 20))
-	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(h)))
-	frame = append(frame, h...)
-	if _, err := conn.Write(frame); err != nil {
-		t.Fatal(err)
-	}
-	k := make([]byte, 1)
-	if _, err := io.ReadFull(conn, k); err != nil || k[0] != 2 {
-		t.Fatalf("want continue (2), got %v, %v", k, err)
-	}
-	if _, err := conn.Write(make([]byte, 1000)); err != nil {
-		t.Fatal(err)
-	}
+	conn := partialBody(t, e.addr, "sum", wrapperspb.UInt64(1<<20), 1000)
 	conn.Close() // 1000 of 1 MiB
 
 	c := bulk.NewClient()
@@ -445,19 +457,7 @@ func TestSilentClientTimesOut(t *testing.T) {
 			return nil, err
 		})
 	})
-	conn := rawConn(t, e.addr)
-	frame := []byte{1, 4, 0, 'h', 'o', 'l', 'd'}
-	frame = binary.LittleEndian.AppendUint32(frame, 0)
-	if _, err := conn.Write(frame); err != nil {
-		t.Fatal(err)
-	}
-	k := make([]byte, 1)
-	if _, err := io.ReadFull(conn, k); err != nil || k[0] != 2 {
-		t.Fatalf("want continue (2), got %v, %v", k, err)
-	}
-	if _, err := conn.Write(make([]byte, 1000)); err != nil {
-		t.Fatal(err)
-	}
+	conn := partialBody(t, e.addr, "hold", wrapperspb.UInt64(0), 1000)
 	// Silent from here on.
 	select {
 	case err := <-handlerErr:
