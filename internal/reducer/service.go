@@ -338,21 +338,29 @@ func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
 	if err := recvMsg(&m); err != nil {
 		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, err))
 	}
-	h := m.Msg.GetHeader()
+	resp, err := rs.s.push(stream.Context(), m.Msg.GetHeader(), chunks(streamRecv(recvMsg, &m, "push")))
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	return stream.SendAndClose(resp)
+}
+
+// push hands a gradient pushed over gRPC or the data plane to the named
+// (or a random) secondary.
+func (s *Service) push(ctx context.Context, h *rlhubv1.ReducerPushHeader, body gradBody) (*rlhubv1.ReducerPushResponse, error) {
 	if h == nil || h.GetBlob() == nil {
-		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, errNoHeader))
+		return nil, fmt.Errorf("%w: push: %v", errs.ErrInvalid, errNoHeader)
 	}
-	sec, err := rs.s.pick(h.GetSecondary())
+	sec, err := s.pick(h.GetSecondary())
 	if err != nil {
-		return errs.ToStatus(err)
+		return nil, err
 	}
-	recv := chunks(streamRecv(recvMsg, &m, "push"))
-	res, err := sec.Push(stream.Context(), PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
-		ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, recv)
+	res, err := sec.Push(ctx, PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
+		ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, body)
 	if err != nil {
-		return errs.ToStatus(err)
+		return nil, err
 	}
-	return stream.SendAndClose(&rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight})
+	return &rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight}, nil
 }
 
 // Data-plane methods. BulkPushMethod, a gradient push: header
@@ -375,19 +383,7 @@ func (s *Service) RegisterBulk(b *bulk.Server) {
 		if err := proto.Unmarshal(r.Header, h); err != nil {
 			return nil, fmt.Errorf("%w: push header: %v", errs.ErrInvalid, err)
 		}
-		if h.GetBlob() == nil {
-			return nil, fmt.Errorf("%w: push: %v", errs.ErrInvalid, errNoHeader)
-		}
-		sec, err := s.pick(h.GetSecondary())
-		if err != nil {
-			return nil, err
-		}
-		res, err := sec.Push(ctx, PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
-			ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, fromReader(r.Body))
-		if err != nil {
-			return nil, err
-		}
-		return &rlhubv1.ReducerPushResponse{Version: res.Version, Weight: res.Weight}, nil
+		return s.push(ctx, h, fromReader(r.Body))
 	})
 	if s.primary == nil {
 		return
