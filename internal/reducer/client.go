@@ -298,7 +298,7 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 		// gradient) the safetensors header and the tensors' own memory
 		// in one writev.
 		var resp rlhubv1.ReducerPushResponse
-		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, layoutBuffers(l), &resp)
+		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, l.Buffers(), &resp)
 		if !errors.Is(err, bulk.ErrNotSupported) {
 			if err != nil {
 				return Receipt{}, err

@@ -170,7 +170,7 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		Blob:                  &rlhubv1.BlobInfo{Model: b.Model, TotalBytes: uint64(l.Size)}}
 	if r.bulk != nil && r.bulk.Supported(r.addr) {
 		var resp rlhubv1.ReducerForwardResponse
-		err := r.bulk.Call(ctx, r.addr, BulkForwardMethod, hdr, layoutBuffers(l), &resp)
+		err := r.bulk.Call(ctx, r.addr, BulkForwardMethod, hdr, l.Buffers(), &resp)
 		if !errors.Is(err, bulk.ErrNotSupported) {
 			return resp.GetVersion(), err
 		}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 
 	"google.golang.org/protobuf/proto"
@@ -215,17 +214,6 @@ func receiveGradient(total uint64, maxBytes int64, scan bool, body gradBody) (sd
 
 // maxHeaderBytes bounds a pushed blob's JSON header (16 MiB).
 const maxHeaderBytes = 16 << 20
-
-// layoutBuffers is l's safetensors encoding as the data plane sends it:
-// the header, then each tensor's own memory, for one writev.
-func layoutBuffers(l *safetensors.Layout) net.Buffers {
-	body := make(net.Buffers, 0, 1+len(l.Order))
-	body = append(body, l.Header)
-	for _, t := range l.Order {
-		body = append(body, t.Data)
-	}
-	return body
-}
 
 // sendStateDict streams sd's safetensors encoding through send, one chunk
 // per call, without copying tensor bytes (with the chunk codec not even

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,23 +118,24 @@ func Plan(sd *tensor.StateDict, metadata map[string]string) (*Layout, error) {
 	return &Layout{Header: hdr, Order: order, Size: int64(len(hdr)) + off}, nil
 }
 
-// WriteTo writes the encoding to w: the header, then each tensor's bytes
-// directly from its Data.
-func (l *Layout) WriteTo(w io.Writer) (int64, error) {
-	var total int64
-	n, err := w.Write(l.Header)
-	total += int64(n)
-	if err != nil {
-		return total, err
-	}
+// Buffers is the encoding as pieces: the header, then each tensor's Data
+// in file order, without copying. Writing them to a TCP connection
+// (net.Buffers.WriteTo) is one writev; the tensors must not change until
+// the write returns.
+func (l *Layout) Buffers() net.Buffers {
+	bufs := make(net.Buffers, 0, 1+len(l.Order))
+	bufs = append(bufs, l.Header)
 	for _, t := range l.Order {
-		n, err := w.Write(t.Data)
-		total += int64(n)
-		if err != nil {
-			return total, err
-		}
+		bufs = append(bufs, t.Data)
 	}
-	return total, nil
+	return bufs
+}
+
+// WriteTo writes the encoding to w: the header, then each tensor's bytes
+// directly from its Data (Buffers).
+func (l *Layout) WriteTo(w io.Writer) (int64, error) {
+	bufs := l.Buffers()
+	return bufs.WriteTo(w)
 }
 
 // EncodeInto writes the encoding into dst, which must be at least l.Size
