@@ -49,6 +49,18 @@ func TestRoundTripAndReferenceOrder(t *testing.T) {
 	if !bytes.Equal(again, blob) {
 		t.Fatal("re-encoding a decoded blob changed its bytes")
 	}
+	// The pieces a writer sends (Buffers, WriteTo) are the same bytes.
+	l, err := Plan(sd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if joined := bytes.Join(l.Buffers(), nil); !bytes.Equal(joined, blob) {
+		t.Fatal("Layout.Buffers joined differ from Encode")
+	}
+	var w bytes.Buffer
+	if n, err := l.WriteTo(&w); err != nil || n != int64(len(blob)) || !bytes.Equal(w.Bytes(), blob) {
+		t.Fatalf("Layout.WriteTo wrote %d bytes (%v), not Encode's %d", n, err, len(blob))
+	}
 }
 
 func TestMetadataSortedAndDecoded(t *testing.T) {
