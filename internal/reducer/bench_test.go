@@ -9,7 +9,6 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -148,7 +147,7 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	starts := make([]map[reduce.ID]time.Time, clients)
 	b.SetBytes(gradBytes)
 	b.ResetTimer()
-	cpu0, faults0 := processCPU(), minorFaults()
+	cpu0, faults0 := reducer.ProcessUsage()
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for i := range clients {
@@ -182,7 +181,8 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	wg.Wait()
 	waitApplied(b, &mu, published, clients+b.N)
 	elapsed := time.Since(t0)
-	cpu, faults := processCPU()-cpu0, minorFaults()-faults0
+	cpu1, faults1 := reducer.ProcessUsage()
+	cpu, faults := cpu1-cpu0, faults1-faults0
 	b.StopTimer()
 
 	var lat []time.Duration
@@ -211,29 +211,6 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	b.ReportMetric(tcp, "tcp_MB/s")
 	b.ReportMetric(tcps[2]/tcps[0], "tcp_spread")
 	b.ReportMetric(mbps/tcp, "ratio_vs_tcp")
-}
-
-// processCPU is the CPU time (user + system) of every thread of this
-// process so far: clients, hubs and the runtime, all of it the push path's
-// work in these benchmarks. Per gradient it stays comparable when other
-// processes load the machine, unlike the wall clock.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// minorFaults is the number of page faults this process has taken that
-// needed no I/O: touching memory the OS had not mapped yet, e.g. heap
-// pages the Go runtime returned to it and allocates again.
-func minorFaults() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Minflt
 }
 
 func waitApplied(b *testing.B, mu *sync.Mutex, published map[reduce.ID]time.Time, n int) {
