@@ -306,6 +306,15 @@ def handshake(c):
     c.sendall(_bulk.MAGIC)
 
 
+def read_body(c) -> bytes:
+    """One request of the scripted servers: its header is a little-endian
+    u64 body length; answers continue and returns the body."""
+    _, header = read_request(c)
+    c.sendall(b"\x02")
+    (n,) = struct.unpack("<Q", header)
+    return recv_exact(c, n)
+
+
 def test_idle_connection_closed_by_the_server_is_replaced():
     """The server serves one request per connection and hangs up: the
     reused idle connection fails unanswered and a fresh one takes over."""
@@ -313,10 +322,7 @@ def test_idle_connection_closed_by_the_server_is_replaced():
 
     def one_request(c):
         handshake(c)
-        _, header = read_request(c)
-        c.sendall(b"\x02")
-        (n,) = struct.unpack("<Q", header)
-        bodies.append(recv_exact(c, n))
+        bodies.append(read_body(c))
         final(c, ok_status())
 
     lis = Listener(one_request)
@@ -342,10 +348,7 @@ def test_many_buffers_and_partial_writes_arrive_in_order():
     def serve(c):
         handshake(c)
         while True:
-            _, header = read_request(c)
-            c.sendall(b"\x02")
-            (n,) = struct.unpack("<Q", header)
-            got.append(recv_exact(c, n))
+            got.append(read_body(c))
             final(c, ok_status())
 
     lis = Listener(serve)
@@ -443,10 +446,7 @@ def echo_server():
     def serve(c):
         handshake(c)
         while True:
-            _, header = read_request(c)
-            c.sendall(b"\x02")
-            (n,) = struct.unpack("<Q", header)
-            final(c, ok_status(len(recv_exact(c, n))))
+            final(c, ok_status(len(read_body(c))))
 
     return Listener(serve)
 
