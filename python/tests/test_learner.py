@@ -246,7 +246,10 @@ def test_heartbeats_hold_the_lease_through_a_hook_longer_than_it(hub):
         return {"rows": task.rows}
 
     with AggregatorClient(hub.addr) as agg, Learner(hub.addr, "slow", on_demand=lambda t: 2, on_learn=on_learn) as lr:
+        # The hub lists the learner before its Welcome reaches the learner's
+        # thread, so wait for the learner's side of the attach as well.
         wait_attached(agg, 1)
+        assert lr.attached.wait(20)
         assert 0 < lr.lease_ms <= 20_000, "a lease this long would make the test slow"
         # Past the lease plus the hub's check period (a quarter lease) and a margin.
         slow["secs"] = lr.lease_ms / 1000 * 1.25 + 1.5
