@@ -413,3 +413,49 @@ func TestShmLeaseFailedReadKeepsHeldSnapshot(t *testing.T) {
 		t.Fatalf("GetIfNewer after the writer moved on = %v, %v", s10, err)
 	}
 }
+
+// TestShmClaimSurvivesALeaseMovingMidPass: with 4 slots and 2 leases, a
+// reader that moves its lease from a slot the writer's pass already
+// skipped to the one it visits last makes that pass find every slot taken,
+// though one is free at every instant (CI met this with leasing readers
+// against a writer running flat out). The writer passes again and claims
+// the slot the lease left. A table that stays full (impossible with real
+// readers) ends in a bounded number of passes instead of hanging.
+func TestShmClaimSurvivesALeaseMovingMidPass(t *testing.T) {
+	w, _ := leaseSegment(t, 4)
+	publishRange(t, w, 1, 3, 16)
+	var order []int // the candidates in the order a pass visits them
+	for k := range w.geo.slots {
+		if i := (w.next + k) % w.geo.slots; i != w.newest {
+			order = append(order, i)
+		}
+	}
+	if len(order) != 3 {
+		t.Fatalf("%d candidate slots, want 3", len(order))
+	}
+	a, b := order[0], order[1] // the two readers' leases
+	moved := false
+	leased := func(i int) bool {
+		hit := i == a || i == b
+		if i == order[0] && !moved { // reader A moves on once the pass is past its slot
+			a, moved = order[2], true
+		}
+		return hit
+	}
+	w.mu.Lock()
+	i, s, ok := w.claimSlotWith(leased)
+	if ok {
+		u64(w.slot(i), slotSeq).Store(s) // leave the segment as it was
+	}
+	w.mu.Unlock()
+	if !ok || i != order[0] {
+		t.Fatalf("claim: slot %d ok=%v; want slot %d, the one reader A left", i, ok, order[0])
+	}
+
+	w.mu.Lock()
+	_, _, ok = w.claimSlotWith(func(int) bool { return true })
+	w.mu.Unlock()
+	if ok {
+		t.Fatal("claimed a slot from a table where every slot stays leased")
+	}
+}

@@ -202,9 +202,11 @@ func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 	}
 	i, s, ok := w.claimSlot()
 	if !ok {
-		// Unreachable while the table has at most S − 2 entries (checked
-		// at creation): at most S − 2 slots are leased, one holds the
-		// newest version, so one is free.
+		// Unreachable in practice while the table has at most S − 2
+		// entries (checked at creation): at most S − 2 slots are leased
+		// and one holds the newest version, so one is free at every
+		// instant; only readers moving leases through claimPasses passes
+		// in a row get here.
 		return fmt.Errorf("%w: wsync: every shm slot of %s is leased or holds the newest version", errs.ErrAborted, w.cfg.Path)
 	}
 	slot := w.slot(i)
@@ -239,19 +241,36 @@ func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 // slot, or the reader sees seq moved and leases another slot. A slot that
 // is already leased is skipped without touching its seq, which spares
 // copy readers a retry.
-func (w *ShmWriter) claimSlot() (int, uint64, bool) {
-	for k := range w.geo.slots {
-		i := (w.next + k) % w.geo.slots
-		if i == w.newest || w.leased(i) {
-			continue
+//
+// A free slot exists at every instant, but one pass over the slots is not
+// an instant: a reader moving its lease from a slot the pass already
+// skipped to one it has yet to visit can make it find none (CI met it with 4 slots, 2
+// leasing readers and a writer running flat out). So the passes repeat;
+// each failed one needs a lease to move while it ran, which readers do
+// once per version read, so a bounded number suffices.
+func (w *ShmWriter) claimSlot() (int, uint64, bool) { return w.claimSlotWith(w.leased) }
+
+// claimPasses bounds claimSlot's passes over the slots.
+const claimPasses = 1000
+
+func (w *ShmWriter) claimSlotWith(leased func(int) bool) (int, uint64, bool) {
+	for pass := range claimPasses {
+		if pass > 0 {
+			runtime.Gosched() // let an in-process reader finish its move
 		}
-		seq := u64(w.slot(i), slotSeq)
-		s := seq.Load()
-		seq.Store(s + 1)
-		if !w.leased(i) {
-			return i, s, true
+		for k := range w.geo.slots {
+			i := (w.next + k) % w.geo.slots
+			if i == w.newest || leased(i) {
+				continue
+			}
+			seq := u64(w.slot(i), slotSeq)
+			s := seq.Load()
+			seq.Store(s + 1)
+			if !leased(i) {
+				return i, s, true
+			}
+			seq.Store(s)
 		}
-		seq.Store(s)
 	}
 	return -1, 0, false
 }
