@@ -164,6 +164,7 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 		Tensors:  f.Tensors,
 		Metadata: f.Metadata,
 		Created:  c.cfg.Now().Round(0), // wall clock only: it is persisted and compared
+		recycle:  req.Recycle,
 	}
 	if cur != nil {
 		snap.Seq = cur.Seq + 1
@@ -174,22 +175,48 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 		}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.publishLocked(m, snap)
-	return m.infoLocked(), nil
+	back := c.publishLocked(m, snap)
+	info := m.infoLocked()
+	c.mu.Unlock()
+	giveBack(back)
+	return info, nil
 }
 
 // publishLocked appends snap as the newest version, trims retention and
-// wakes watchers. c.mu must be held.
-func (c *core) publishLocked(m *model, snap *Snapshot) {
+// wakes watchers. It returns the dropped versions that go back to their
+// writers (rule 5), for giveBack once c.mu is released. c.mu must be held.
+func (c *core) publishLocked(m *model, snap *Snapshot) (back []*Snapshot) {
 	m.versions = append(m.versions, snap)
 	if over := len(m.versions) - c.cfg.Retain; over > 0 {
+		for _, old := range m.versions[:over] {
+			if old.recycle != nil && !old.taken {
+				back = append(back, old)
+			}
+		}
 		clear(m.versions[:over]) // drop references so old blobs can be freed
 		m.versions = slices.Clone(m.versions[over:])
 	}
 	m.epoch = max(m.epoch, snap.Epoch)
 	close(m.changed)
 	m.changed = make(chan struct{})
+	return back
+}
+
+// giveBack hands each snapshot's blob back to its writer. Nothing else
+// references them: they left the store untaken.
+func giveBack(snaps []*Snapshot) {
+	for _, s := range snaps {
+		s.recycle(s.Blob)
+	}
+}
+
+// take marks s as handed to a reader, which may keep it for good: its blob
+// never goes back to the writer. c.mu must be held. It returns s.
+func take(s *Snapshot) *Snapshot {
+	if s != nil {
+		s.taken = true
+	}
+	return s
 }
 
 // infoLocked describes m. core.mu must be held and m must have a version.
@@ -217,7 +244,7 @@ func (c *core) get(name string, version uint64) (*Snapshot, error) {
 		return nil, notFound(name)
 	}
 	if version == 0 {
-		return m.newest(), nil
+		return take(m.newest()), nil
 	}
 	i, ok := slices.BinarySearchFunc(m.versions, version, func(s *Snapshot, v uint64) int {
 		switch {
@@ -231,15 +258,23 @@ func (c *core) get(name string, version uint64) (*Snapshot, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: model %q version %d (retained: %v)", errs.ErrNotFound, name, version, m.infoLocked().Retained)
 	}
-	return m.versions[i], nil
+	return take(m.versions[i]), nil
 }
 
 func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
-	s, err := c.get(name, 0)
-	if err != nil || s.Version <= than {
-		return nil, err
+	if c.closed() {
+		return nil, errClosed
 	}
-	return s, nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.models[name]
+	if m == nil || len(m.versions) == 0 {
+		return nil, notFound(name)
+	}
+	if n := m.newest(); n.Version > than {
+		return take(n), nil // only a version handed out is taken
+	}
+	return nil, nil
 }
 
 func (c *core) waitNewer(ctx context.Context, name string, after uint64) (*Snapshot, error) {
@@ -253,10 +288,12 @@ func (c *core) waitNewer(ctx context.Context, name string, after uint64) (*Snaps
 		c.mu.Lock()
 		m := c.modelLocked(name)
 		n, changed := m.newest(), m.changed
-		c.mu.Unlock()
 		if n != nil && n.Version > after {
+			take(n)
+			c.mu.Unlock()
 			return n, nil
 		}
+		c.mu.Unlock()
 		select {
 		case <-changed:
 		case <-ctx.Done():

@@ -15,6 +15,12 @@
 //     are never copied per reader nor modified.
 //  4. WaitNewer never blocks writers; a slow reader simply gets the newest
 //     version when it asks again (it skips what it missed).
+//  5. A version that no reader ever took (by Get, GetIfNewer or WaitNewer)
+//     is, once no longer retained, handed back to its writer if the push
+//     asked for it (PushRequest.Recycle), so that a writer publishing a
+//     version per step can write the next ones into memory it already
+//     has. A version any reader took is never handed back: rule 3 holds
+//     for every snapshot a reader can have.
 package store
 
 import (
@@ -40,8 +46,17 @@ type PushRequest struct {
 	// Epoch is the writer's fencing token; 0 is the lowest.
 	Epoch uint64
 	// Blob is the safetensors encoding of the state dict. The store takes
-	// ownership: the caller must not modify it afterwards.
+	// ownership: the caller must not modify it afterwards (until Recycle
+	// gives it back).
 	Blob []byte
+	// Recycle, when set, is called at most once with Blob when the store
+	// no longer retains this version and no reader ever took it (rule 5):
+	// from then on the caller owns Blob again and may write a later
+	// version into it. It is called without the store's locks held, from
+	// the goroutine of the push that dropped the version; it
+	// must be quick and must not block. Stores that cannot tell (a remote
+	// store) never call it.
+	Recycle func(blob []byte)
 }
 
 // Snapshot is one immutable stored version of a model, shared by all
@@ -59,6 +74,11 @@ type Snapshot struct {
 	Tensors  *tensor.StateDict // decoded view over Blob
 	Metadata map[string]string // safetensors __metadata__
 	Created  time.Time
+
+	// recycle is the push's Recycle (nil: none) and taken whether a
+	// reader was ever handed this snapshot; both guarded by core.mu.
+	recycle func([]byte)
+	taken   bool
 }
 
 // Info describes a model's newest version and what is retained.

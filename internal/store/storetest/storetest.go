@@ -158,6 +158,7 @@ func run(t *testing.T, o Opener, remote bool) {
 	t.Run("GetIfNewer", func(t *testing.T) { testGetIfNewer(t, o) })
 	if !remote {
 		t.Run("SnapshotsShared", func(t *testing.T) { testShared(t, o) })
+		t.Run("UntakenVersionsGoBack", func(t *testing.T) { testRecycle(t, o) })
 	}
 	t.Run("ConcurrentWritersOneWins", func(t *testing.T) { testRace(t, o) })
 	t.Run("WatchersUnderFastWriter", func(t *testing.T) { testWatchers(t, o, remote) })
@@ -563,4 +564,66 @@ func testClose(t *testing.T, o Opener) {
 	if _, err := s.Push(ctx(t), store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: Blob(t, 2, 4)}); !errors.Is(err, errs.ErrUnavailable) {
 		t.Errorf("Push after Close = %v, want ErrUnavailable", err)
 	}
+}
+
+// testRecycle: rule 5. With Retain 2, a version dropped from the store goes
+// back to its writer (the very blob it pushed) only if no reader took it:
+// Get, GetIfNewer that returns it and WaitNewer take a version; a
+// GetIfNewer that answers "not modified" does not. Recycle runs without
+// the store's locks (it calls List).
+func testRecycle(t *testing.T, o Opener) {
+	s := open(t, o, store.Config{Retain: 2})
+	var back []uint64
+	pushed := map[uint64][]byte{}
+	push := func(v uint64) {
+		t.Helper()
+		blob := Blob(t, v, 256)
+		pushed[v] = blob
+		MustPush(t, s, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: blob, Recycle: func(b []byte) {
+			if &b[0] != &pushed[v][0] {
+				t.Errorf("v%d: recycled a blob that is not the one pushed", v)
+			}
+			if _, err := s.List(context.Background()); err != nil { // deadlocks if a lock is held
+				t.Errorf("List inside Recycle: %v", err)
+			}
+			back = append(back, v)
+		}})
+	}
+	want := func(vs ...uint64) {
+		t.Helper()
+		if fmt.Sprint(back) != fmt.Sprint(vs) {
+			t.Fatalf("versions given back %v, want %v", back, vs)
+		}
+	}
+	push(1)
+	push(2)
+	want()
+	push(3) // drops v1, untaken
+	want(1)
+	if _, err := s.Get(ctx(t), "m", 2); err != nil { // takes v2
+		t.Fatal(err)
+	}
+	if snap, err := s.GetIfNewer(ctx(t), "m", 3); err != nil || snap != nil { // not modified: takes nothing
+		t.Fatalf("GetIfNewer(3) = %v, %v", snap, err)
+	}
+	push(4) // drops v2, taken
+	want(1)
+	push(5) // drops v3, untaken: the not-modified answer did not take it
+	want(1, 3)
+	if snap, err := s.WaitNewer(ctx(t), "m", 4); err != nil || snap.Version != 5 { // takes v5
+		t.Fatalf("WaitNewer(4) = %v, %v", snap, err)
+	}
+	if snap, err := s.GetIfNewer(ctx(t), "m", 0); err != nil || snap.Version != 5 {
+		t.Fatalf("GetIfNewer(0) = %v, %v", snap, err)
+	}
+	push(6) // drops v4, untaken
+	want(1, 3, 4)
+	push(7) // drops v5, taken
+	want(1, 3, 4)
+	if _, err := s.Get(ctx(t), "m", 0); err != nil { // the newest, v7: taken
+		t.Fatal(err)
+	}
+	push(8) // drops v6
+	push(9) // drops v7, taken
+	want(1, 3, 4, 6)
 }
