@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -144,10 +145,23 @@ type pmodel struct {
 	stepMu sync.Mutex
 	// params are the newest version's weights, read-only: after the first
 	// step they alias the blob last published (owned by the store). Each
-	// step writes the next version straight into a fresh blob.
+	// step writes the next version straight into a blob: a spare one the
+	// store gave back, else a fresh one.
 	params *tensor.StateDict
 	opt    *optim.Optimizer
 	plan   *safetensors.Layout // header and tensor order of every blob
+	// paramsBlob is the blob params view once a step has published one
+	// (guarded by stepMu).
+	paramsBlob []byte
+
+	// spare holds version blobs the store gave back (PushRequest.Recycle:
+	// dropped from retention, never taken by a reader), newest last; the
+	// next steps write into them instead of fresh memory, which costs more
+	// than the step itself (docs/benchmarks.md, issue 4, session 4).
+	// Guarded by spareMu: Recycle runs in whichever push drops a version.
+	spareMu sync.Mutex
+	spare   [][]byte
+	reused  atomic.Uint64 // steps written into a spare blob
 
 	// mu guards the fields below; version is written with stepMu held
 	// too, so holding either is enough to read it.
@@ -485,14 +499,14 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.mu.Lock()
 	m.publishing = true
 	m.mu.Unlock()
-	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob})
+	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare})
 	m.mu.Lock()
 	m.publishing = false
 	m.mu.Unlock()
 	if err != nil {
 		return fail(fmt.Errorf("publishing version %d failed: %w", next, err))
 	}
-	m.params = dst
+	m.params, m.paramsBlob = dst, blob
 	m.mu.Lock()
 	m.version = next
 	m.counters.Applied += n
@@ -517,7 +531,10 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 // The tensor bytes are not zeroed (see blobBytes): the caller must write
 // every one of them, as StepTo does, before the blob is published.
 func (m *pmodel) newBlob() ([]byte, *tensor.StateDict) {
-	blob := blobBytes(int(m.plan.Size), m.plan.Header)
+	blob := m.takeSpare()
+	if blob == nil {
+		blob = blobBytes(int(m.plan.Size), m.plan.Header)
+	}
 	off := len(m.plan.Header)
 	dst := &tensor.StateDict{}
 	for _, t := range m.plan.Order {
@@ -533,6 +550,40 @@ func (m *pmodel) newBlob() ([]byte, *tensor.StateDict) {
 		panic(fmt.Sprintf("reducer: blob plan covers %d of %d bytes", off, len(blob)))
 	}
 	return blob, dst
+}
+
+// maxSpare bounds the blobs a model keeps for reuse: the store gives back
+// at most one per step, and the step takes one.
+const maxSpare = 4
+
+// giveSpare is the PushRequest.Recycle of the model's versions: blob left
+// the store untaken and is the model's again.
+func (m *pmodel) giveSpare(blob []byte) {
+	m.spareMu.Lock()
+	defer m.spareMu.Unlock()
+	if int64(len(blob)) == m.plan.Size && len(m.spare) < maxSpare {
+		m.spare = append(m.spare, blob)
+	}
+}
+
+// takeSpare returns the most recently given back blob (warmest in cache)
+// with the plan's header rewritten, or nil. It never returns the blob
+// params view: a push from another writer could have dropped that one
+// from the store. m.stepMu must be held.
+func (m *pmodel) takeSpare() []byte {
+	m.spareMu.Lock()
+	defer m.spareMu.Unlock()
+	for i := len(m.spare) - 1; i >= 0; i-- {
+		b := m.spare[i]
+		if len(m.paramsBlob) > 0 && &b[0] == &m.paramsBlob[0] {
+			continue
+		}
+		m.spare = slices.Delete(m.spare, i, i+1)
+		copy(b, m.plan.Header)
+		m.reused.Add(1)
+		return b
+	}
+	return nil
 }
 
 // blobBytes returns n bytes, 8-byte aligned, starting with header (len(header)
@@ -612,6 +663,19 @@ func (p *Primary) Stats() (c reduce.Counters, versions map[string]uint64, p50, p
 		m.mu.Unlock()
 	}
 	return c, versions, p50, p99
+}
+
+// BlobsReused returns how many of model's steps wrote the new version into
+// a blob the store gave back (a version no reader took) instead of fresh
+// memory. Unknown models have 0.
+func (p *Primary) BlobsReused(model string) uint64 {
+	p.mu.Lock()
+	m := p.models[model]
+	p.mu.Unlock()
+	if m == nil {
+		return 0
+	}
+	return m.reused.Load()
 }
 
 // Close checkpoints the optimizer states and refuses further sessions.
