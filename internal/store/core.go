@@ -189,7 +189,11 @@ func (c *core) publishLocked(m *model, snap *Snapshot) (back []*Snapshot) {
 	m.versions = append(m.versions, snap)
 	if over := len(m.versions) - c.cfg.Retain; over > 0 {
 		for _, old := range m.versions[:over] {
-			if old.recycle != nil && !old.taken {
+			switch {
+			case old.recycle == nil || old.taken:
+			case old.lent > 0:
+				old.dropped = true // goes back with its last loan
+			default:
 				back = append(back, old)
 			}
 		}
@@ -239,12 +243,18 @@ func (c *core) get(name string, version uint64) (*Snapshot, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	s, err := c.findLocked(name, version)
+	return take(s), err
+}
+
+// findLocked returns version of name (0: the newest). c.mu must be held.
+func (c *core) findLocked(name string, version uint64) (*Snapshot, error) {
 	m := c.models[name]
 	if m == nil || len(m.versions) == 0 {
 		return nil, notFound(name)
 	}
 	if version == 0 {
-		return take(m.newest()), nil
+		return m.newest(), nil
 	}
 	i, ok := slices.BinarySearchFunc(m.versions, version, func(s *Snapshot, v uint64) int {
 		switch {
@@ -258,7 +268,41 @@ func (c *core) get(name string, version uint64) (*Snapshot, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: model %q version %d (retained: %v)", errs.ErrNotFound, name, version, m.infoLocked().Retained)
 	}
-	return take(m.versions[i]), nil
+	return m.versions[i], nil
+}
+
+// lendLocked lends s (see Lender) and returns its release. c.mu must be
+// held.
+func (c *core) lendLocked(s *Snapshot) func() {
+	s.lent++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			s.lent--
+			back := s.lent == 0 && s.dropped
+			if back {
+				s.dropped = false
+			}
+			c.mu.Unlock()
+			if back {
+				giveBack([]*Snapshot{s})
+			}
+		})
+	}
+}
+
+func (c *core) lend(name string, version uint64) (*Snapshot, func(), error) {
+	if c.closed() {
+		return nil, nil, errClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, err := c.findLocked(name, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, c.lendLocked(s), nil
 }
 
 func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
@@ -278,28 +322,44 @@ func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
 }
 
 func (c *core) waitNewer(ctx context.Context, name string, after uint64) (*Snapshot, error) {
+	s, _, err := c.awaitNewer(ctx, name, after, false)
+	return s, err
+}
+
+func (c *core) lendNewer(ctx context.Context, name string, after uint64) (*Snapshot, func(), error) {
+	return c.awaitNewer(ctx, name, after, true)
+}
+
+// awaitNewer waits for a version newer than after and returns the newest,
+// taken, or lent with its release.
+func (c *core) awaitNewer(ctx context.Context, name string, after uint64, lend bool) (*Snapshot, func(), error) {
 	if err := c.cfg.checkName(name); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for {
 		if c.closed() {
-			return nil, errClosed
+			return nil, nil, errClosed
 		}
 		c.mu.Lock()
 		m := c.modelLocked(name)
 		n, changed := m.newest(), m.changed
 		if n != nil && n.Version > after {
-			take(n)
+			var release func()
+			if lend {
+				release = c.lendLocked(n)
+			} else {
+				take(n)
+			}
 			c.mu.Unlock()
-			return n, nil
+			return n, release, nil
 		}
 		c.mu.Unlock()
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-c.done:
-			return nil, errClosed
+			return nil, nil, errClosed
 		}
 	}
 }

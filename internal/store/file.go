@@ -405,6 +405,16 @@ func (f *File) WaitNewer(ctx context.Context, name string, after uint64) (*Snaps
 	return f.c.waitNewer(ctx, name, after)
 }
 
+// Lend implements Lender.
+func (f *File) Lend(_ context.Context, name string, version uint64) (*Snapshot, func(), error) {
+	return f.c.lend(name, version)
+}
+
+// LendNewer implements Lender.
+func (f *File) LendNewer(ctx context.Context, name string, after uint64) (*Snapshot, func(), error) {
+	return f.c.lendNewer(ctx, name, after)
+}
+
 // List implements Store.
 func (f *File) List(ctx context.Context) ([]Info, error) { return f.c.list() }
 

@@ -41,6 +41,16 @@ func (s *Memory) WaitNewer(ctx context.Context, name string, after uint64) (*Sna
 	return s.c.waitNewer(ctx, name, after)
 }
 
+// Lend implements Lender.
+func (s *Memory) Lend(_ context.Context, name string, version uint64) (*Snapshot, func(), error) {
+	return s.c.lend(name, version)
+}
+
+// LendNewer implements Lender.
+func (s *Memory) LendNewer(ctx context.Context, name string, after uint64) (*Snapshot, func(), error) {
+	return s.c.lendNewer(ctx, name, after)
+}
+
 // List implements Store.
 func (s *Memory) List(ctx context.Context) ([]Info, error) { return s.c.list() }
 

@@ -16,11 +16,12 @@
 //  4. WaitNewer never blocks writers; a slow reader simply gets the newest
 //     version when it asks again (it skips what it missed).
 //  5. A version that no reader ever took (by Get, GetIfNewer or WaitNewer)
-//     is, once no longer retained, handed back to its writer if the push
-//     asked for it (PushRequest.Recycle), so that a writer publishing a
-//     version per step can write the next ones into memory it already
-//     has. A version any reader took is never handed back: rule 3 holds
-//     for every snapshot a reader can have.
+//     is, once no longer retained and every loan of it (Lender) returned,
+//     handed back to its writer if the push asked for it
+//     (PushRequest.Recycle), so that a writer publishing a version per
+//     step can write the next ones into memory it already has. A version
+//     any reader took is never handed back: rule 3 holds for every
+//     snapshot a reader can have.
 package store
 
 import (
@@ -50,10 +51,12 @@ type PushRequest struct {
 	// gives it back).
 	Blob []byte
 	// Recycle, when set, is called at most once with Blob when the store
-	// no longer retains this version and no reader ever took it (rule 5):
+	// no longer retains this version, no reader ever took it and every
+	// loan of it is returned (rule 5):
 	// from then on the caller owns Blob again and may write a later
 	// version into it. It is called without the store's locks held, from
-	// the goroutine of the push that dropped the version; it
+	// the goroutine of the push that dropped the version or of the last
+	// release; it
 	// must be quick and must not block. Stores that cannot tell (a remote
 	// store) never call it.
 	Recycle func(blob []byte)
@@ -75,10 +78,27 @@ type Snapshot struct {
 	Metadata map[string]string // safetensors __metadata__
 	Created  time.Time
 
-	// recycle is the push's Recycle (nil: none) and taken whether a
-	// reader was ever handed this snapshot; both guarded by core.mu.
+	// recycle is the push's Recycle (nil: none); taken: a reader was
+	// handed this snapshot for good; lent: loans not yet returned;
+	// dropped: out of retention while lent. Guarded by core.mu.
 	recycle func([]byte)
 	taken   bool
+	lent    int
+	dropped bool
+}
+
+// Lender is implemented by stores that can lend a version rather than hand
+// it over (Memory and File do): the borrower reads the snapshot until it
+// calls release, exactly once, and never after. A version that was only
+// ever lent still goes back to its writer (rule 5) once it is dropped and
+// every loan is returned. The store's pull and watch streams borrow this
+// way, so that learners pulling each new version do not keep the reducer
+// from reusing its blobs.
+type Lender interface {
+	// Lend is Get, lent.
+	Lend(ctx context.Context, name string, version uint64) (snap *Snapshot, release func(), err error)
+	// LendNewer is WaitNewer, lent.
+	LendNewer(ctx context.Context, name string, after uint64) (snap *Snapshot, release func(), err error)
 }
 
 // Info describes a model's newest version and what is retained.
@@ -112,3 +132,8 @@ type Store interface {
 	// Close releases the store. Safe to call twice.
 	Close() error
 }
+
+var (
+	_ Lender = (*Memory)(nil)
+	_ Lender = (*File)(nil)
+)

@@ -179,10 +179,11 @@ func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_
 		if req.Version != 0 {
 			return errs.ToStatus(fmt.Errorf("%w: if_newer_than with an exact version %d", errs.ErrInvalid, req.Version))
 		}
-		snap, err := s.cfg.Store.Get(ctx, req.Model, 0)
+		snap, done, err := s.lend(ctx, req.Model, 0)
 		if err != nil {
 			return errs.ToStatus(err)
 		}
+		defer done()
 		if snap.Version <= *req.IfNewerThan {
 			return stream.Send(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Header{Header: &rlhubv1.StorePullHeader{
 				Blob:        &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch},
@@ -191,11 +192,46 @@ func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_
 		}
 		return s.send(stream, snap, 0, req.ChunkBytes)
 	}
-	snap, err := s.cfg.Store.Get(ctx, req.Model, req.Version)
+	snap, done, err := s.lend(ctx, req.Model, req.Version)
 	if err != nil {
 		return errs.ToStatus(err)
 	}
+	defer done()
 	return s.send(stream, snap, 0, req.ChunkBytes)
+}
+
+// lend gets a version for a stream to send. From a store that lends
+// (store.Lender) it borrows it, and lends the blob on to the chunk codec,
+// so the store gets it back only when gRPC has written the bytes: pulling
+// a version then does not keep its writer (the reducer) from reusing the
+// blob once the store drops it. done ends the loan: call it once the
+// stream sends nothing more from the snapshot. Other stores hand the
+// version over (Get).
+func (s *Service) lend(ctx context.Context, model string, version uint64) (*store.Snapshot, func(), error) {
+	l, ok := s.cfg.Store.(store.Lender)
+	if !ok {
+		snap, err := s.cfg.Store.Get(ctx, model, version)
+		return snap, func() {}, err
+	}
+	snap, release, err := l.Lend(ctx, model, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	return snap, chunkcodec.Lend(snap.Blob, release), nil
+}
+
+// lendNewer is lend for WaitNewer.
+func (s *Service) lendNewer(ctx context.Context, model string, after uint64) (*store.Snapshot, func(), error) {
+	l, ok := s.cfg.Store.(store.Lender)
+	if !ok {
+		snap, err := s.cfg.Store.WaitNewer(ctx, model, after)
+		return snap, func() {}, err
+	}
+	snap, release, err := l.LendNewer(ctx, model, after)
+	if err != nil {
+		return nil, nil, err
+	}
+	return snap, chunkcodec.Lend(snap.Blob, release), nil
 }
 
 // Watch implements ModelStoreServer.
@@ -206,7 +242,7 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 	defer stop()
 	after, lastSeq := req.After, uint64(0)
 	for {
-		snap, err := s.cfg.Store.WaitNewer(ctx, req.Model, after)
+		snap, done, err := s.lendNewer(ctx, req.Model, after)
 		if err != nil {
 			if s.drainCtx.Err() != nil && stream.Context().Err() == nil {
 				err = errDraining
@@ -217,7 +253,9 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 		if lastSeq != 0 && snap.Seq > lastSeq {
 			skipped = snap.Seq - lastSeq - 1
 		}
-		if err := s.send(stream, snap, skipped, req.ChunkBytes); err != nil {
+		err = s.send(stream, snap, skipped, req.ChunkBytes)
+		done()
+		if err != nil {
 			return err
 		}
 		after, lastSeq = snap.Version, snap.Seq

@@ -159,6 +159,7 @@ func run(t *testing.T, o Opener, remote bool) {
 	if !remote {
 		t.Run("SnapshotsShared", func(t *testing.T) { testShared(t, o) })
 		t.Run("UntakenVersionsGoBack", func(t *testing.T) { testRecycle(t, o) })
+		t.Run("LentVersionsGoBackWhenReturned", func(t *testing.T) { testLend(t, o) })
 	}
 	t.Run("ConcurrentWritersOneWins", func(t *testing.T) { testRace(t, o) })
 	t.Run("WatchersUnderFastWriter", func(t *testing.T) { testWatchers(t, o, remote) })
@@ -626,4 +627,77 @@ func testRecycle(t *testing.T, o Opener) {
 	push(8) // drops v6
 	push(9) // drops v7, taken
 	want(1, 3, 4, 6)
+}
+
+// testLend: a lent version (store.Lender) is not taken: once dropped it
+// goes back to its writer when its last loan is returned, not before, and
+// a second call of a release changes nothing. A version lent and also
+// taken never goes back. LendNewer waits like WaitNewer.
+func testLend(t *testing.T, o Opener) {
+	s := open(t, o, store.Config{Retain: 1})
+	l, ok := s.(store.Lender)
+	if !ok {
+		t.Fatalf("%T does not lend", s)
+	}
+	var back []uint64
+	push := func(v uint64) {
+		t.Helper()
+		MustPush(t, s, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: Blob(t, v, 256),
+			Recycle: func([]byte) { back = append(back, v) }})
+	}
+	want := func(vs ...uint64) {
+		t.Helper()
+		if fmt.Sprint(back) != fmt.Sprint(vs) {
+			t.Fatalf("versions given back %v, want %v", back, vs)
+		}
+	}
+	push(1)
+	a, relA, err := l.Lend(ctx(t), "m", 1)
+	if err != nil || a.Version != 1 {
+		t.Fatalf("Lend(1) = %v, %v", a, err)
+	}
+	b, relB, err := l.Lend(ctx(t), "m", 0)
+	if err != nil || b != a {
+		t.Fatalf("Lend(newest) = %v, %v; want the same snapshot", b, err)
+	}
+	push(2) // drops v1, lent twice
+	want()
+	relA()
+	relA() // a second call is a no-op
+	want()
+	relB()
+	want(1)
+
+	got := make(chan *store.Snapshot, 1)
+	var relC func()
+	go func() {
+		c, rel, err := l.LendNewer(ctx(t), "m", 2)
+		if err != nil {
+			t.Error(err)
+		}
+		relC = rel
+		got <- c
+	}()
+	push(3) // drops v2, untaken
+	want(1, 2)
+	c := <-got
+	if c == nil || c.Version != 3 {
+		t.Fatalf("LendNewer(2) = %v", c)
+	}
+	if _, err := s.Get(ctx(t), "m", 3); err != nil { // taken as well
+		t.Fatal(err)
+	}
+	relC()
+	push(4) // drops v3: lent and taken
+	want(1, 2)
+	if _, _, err := l.Lend(ctx(t), "m", 3); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("Lend of a dropped version: %v, want not found", err)
+	}
+	d, relD, err := l.LendNewer(ctx(t), "m", 0)
+	if err != nil || d.Version != 4 {
+		t.Fatalf("LendNewer(0) = %v, %v", d, err)
+	}
+	relD() // returned before it is dropped
+	push(5)
+	want(1, 2, 4)
 }

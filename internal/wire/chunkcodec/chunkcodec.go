@@ -13,8 +13,10 @@
 //     with the codec its client asked for; Requested tells a server which).
 //  2. Send chunk messages as usual. Marshal hands the chunk's bytes to the
 //     transport behind a few bytes of protobuf prefix, so the only copy
-//     before the socket is gRPC's into its write buffer. The sender must
-//     not change those bytes until SendMsg has returned.
+//     before the socket is gRPC's into its write buffer. That copy can
+//     happen after SendMsg returns: the sender must not change those bytes
+//     until the call is over (a client stream's response received), or
+//     must lend them (Lend), which tells it when gRPC has let go.
 //  3. Receive into a *Msg[M] (M the generated message pointer type), for
 //     example through Receiver. A chunk stays in gRPC's buffers until
 //     WriteChunk passes it, once, to its destination; any other message is
@@ -146,9 +148,11 @@ func (codec) Marshal(v any) (mem.BufferSlice, error) {
 		// An empty chunk takes the stock path: proto3 omits empty bytes.
 		if data, ok := onlyChunk(m); ok && len(data) > 0 {
 			field := chunkField(m.ProtoReflect().Descriptor()).Number()
-			// SliceBuffers are not pooled: freeing them is a no-op, and the
-			// caller keeps data unchanged until SendMsg returns.
-			return mem.BufferSlice{mem.SliceBuffer(prefix(field, len(data))), mem.SliceBuffer(data)}, nil
+			// gRPC may still hold data after SendMsg returns (until its
+			// writer has framed it): the sender keeps data unchanged until
+			// the stream is done, or lends it (Lend) to learn when gRPC
+			// has let go.
+			return mem.BufferSlice{mem.SliceBuffer(prefix(field, len(data))), lentBuffer(data)}, nil
 		}
 	}
 	return stock().Marshal(v)
