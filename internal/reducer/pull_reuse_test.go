@@ -1,0 +1,251 @@
+package reducer_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// TestLearnerPullsDoNotStopBlobReuse: a learner loop through a real hub —
+// push a gradient, wait for its version, pull the newest over gRPC (with
+// the chunk codec and with the stock codec, as Python does) — while the
+// primary writes its steps into blobs the store gives back. Pulls borrow
+// versions (store.Lender, chunkcodec.Lend), so the primary still reuses
+// blobs; and every pulled version is byte for byte the model the same
+// steps give computed apart, so no version was written while a pull was
+// sending it.
+func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
+	const pushes = 48
+	var mu sync.Mutex
+	applied := map[uint64]bool{} // versions published
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := hubtest.Start(t, hub.Config{Logger: quiet, Reducer: reducer.Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond,
+		OnApply: func(_ string, v uint64, _ []reduce.ID, _ []float32) {
+			mu.Lock()
+			applied[v] = true
+			mu.Unlock()
+		}}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	model := benchModel(1 << 16)
+	blob, err := safetensors.Encode(model, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "learner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	cfg := optim.Config{Kind: optim.SGD, LR: 0.01, Momentum: 0.9}
+	if _, _, err := cl.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	waitSecondaries(t, cl, 1)
+	pullers := map[bool]*storeclient.Client{}
+	for _, stock := range []bool{false, true} {
+		sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), StockCodec: stock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sc.Close()
+		pullers[stock] = sc
+	}
+
+	grad := reuseGrad
+	pulled := map[uint64][]byte{}
+	for s := uint64(1); s <= pushes; s++ {
+		if _, err := cl.PushSeq(ctx, "m", 0, s, grad(s)); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			mu.Lock()
+			ok := applied[1+s]
+			mu.Unlock()
+			if ok {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("version %d never published", 1+s)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		snap, err := pullers[s%2 == 0].Get(ctx, "m", 0) // every version
+		if err != nil {
+			t.Fatal(err)
+		}
+		pulled[snap.Version] = snap.Blob
+	}
+
+	// Pulls that took their versions (Get on the store) would leave none
+	// to reuse; lent ones come back once dropped from retention (3).
+	reused := h.Reducer().Primary().BlobsReused("m")
+	if reused < pushes/2 {
+		t.Fatalf("%d of %d steps reused a blob while the learner pulled every version", reused, pushes)
+	}
+	ref := benchModel(1 << 16)
+	opt, err := optim.New(cfg, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := uint64(1); s <= pushes; s++ {
+		if err := opt.Step(ref, grad(s)); err != nil {
+			t.Fatal(err)
+		}
+		got := pulled[1+s]
+		want, err := safetensors.Encode(ref, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("pulled version %d differs from the steps computed apart", 1+s)
+		}
+	}
+	if len(pulled) != pushes {
+		t.Fatalf("%d versions pulled, want %d", len(pulled), pushes)
+	}
+	t.Logf("%d versions pulled, %d of %d steps reused a blob", len(pulled), reused, pushes)
+}
+
+// reuseGrad is gradient s of the reuse tests: benchModel's values scaled.
+func reuseGrad(s uint64) *tensor.StateDict {
+	g := benchModel(1 << 16)
+	for _, tn := range g.Tensors() {
+		f, _ := tn.Float32s()
+		for i := range f {
+			f[i] *= float32(s%5) - 2
+		}
+	}
+	return g
+}
+
+// TestWatchersSeeWholeVersionsWhileBlobsAreReused: the store keeps only
+// the newest version, a learner pushes flat out, and two watchers (chunk
+// codec in 16 KiB chunks, and stock codec), one of them slow, stream
+// versions that are dropped while they are being sent. The blob of a
+// version being sent must not be written by a later step until gRPC has
+// let go of it: every version a watcher receives is byte for byte the
+// model after that many steps, computed apart, while the primary reuses
+// blobs throughout.
+func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
+	const pushes = 80
+	var mu sync.Mutex
+	applied := 0
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := hubtest.Start(t, hub.Config{Logger: quiet, Store: store.Config{Retain: 1},
+		Reducer: reducer.Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxQueue: 4,
+			OnApply: func(string, uint64, []reduce.ID, []float32) { mu.Lock(); applied++; mu.Unlock() }}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	blob, err := safetensors.Encode(benchModel(1<<16), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "learner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	cfg := optim.Config{Kind: optim.Adam, LR: 0.01}
+	if _, _, err := cl.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	waitSecondaries(t, cl, 1)
+
+	var wmu sync.Mutex
+	seen := map[uint64][]byte{}
+	wctx, stopWatch := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, stock := range []bool{false, true} {
+		sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), StockCodec: stock, ChunkBytes: 16 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sc.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = sc.Watch(wctx, "m", 1, func(snap *store.Snapshot, _ uint64) error {
+				wmu.Lock()
+				seen[snap.Version] = snap.Blob
+				wmu.Unlock()
+				if !stock {
+					time.Sleep(2 * time.Millisecond) // slow: the server blocks mid-version
+				}
+				return nil
+			})
+		}()
+	}
+	for s := uint64(1); s <= pushes; s++ {
+		if _, err := cl.PushSeq(ctx, "m", 0, s, reuseGrad(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		mu.Lock()
+		n := applied
+		mu.Unlock()
+		if n == pushes {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d applied", n, pushes)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let the watchers take the last versions
+	stopWatch()
+	wg.Wait()
+
+	reused := h.Reducer().Primary().BlobsReused("m")
+	if reused == 0 {
+		t.Fatal("no step reused a blob")
+	}
+	ref := benchModel(1 << 16)
+	opt, err := optim.New(cfg, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for s := uint64(1); s <= pushes; s++ {
+		if err := opt.Step(ref, reuseGrad(s)); err != nil {
+			t.Fatal(err)
+		}
+		got, ok := seen[1+s]
+		if !ok {
+			continue
+		}
+		want, err := safetensors.Encode(ref, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("watched version %d differs from the model after %d steps", 1+s, s)
+		}
+		checked++
+	}
+	if checked < 10 {
+		t.Fatalf("only %d versions watched", checked)
+	}
+	t.Logf("%d versions watched whole, %d of %d steps reused a blob", checked, reused, pushes)
+}
