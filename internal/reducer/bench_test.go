@@ -3,6 +3,7 @@ package reducer_test
 import (
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/store/storeclient"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -53,7 +54,11 @@ func benchModel(n int) *tensor.StateDict {
 // pipeline saturated: p50 is mostly queueing, about 2 clients ÷ rate), and
 // loop=pushpull pushes the next gradient only once the version holding the
 // previous one is visible (the push-pull loop of a learner; wakes on the
-// publish hook, i.e. when the store's WaitNewer/Watch would return it), the process's CPU time per gradient (cpu_ms/grad: clients and
+// publish hook, i.e. when the store's WaitNewer/Watch would return it);
+// loop=learner (1M, in-hub only) then also pulls the newest version over
+// gRPC before the next push, as a learner does (MB/s and ratio_vs_tcp
+// still count pushed bytes only). Also reported: the process's CPU time
+// per gradient (cpu_ms/grad: clients and
 // hubs together, the figure to compare when the machine is loaded), its
 // page faults per gradient (faults/grad: fresh memory the runtime had
 // returned to the OS and hands out again), and a
@@ -68,19 +73,26 @@ func BenchmarkPushPull(b *testing.B) {
 				if remote {
 					topo = "secondary=own-hub"
 				}
-				for _, wait := range []bool{false, true} {
-					loop := "loop=push"
-					if wait {
-						loop = "loop=pushpull"
+				for _, loop := range []string{loopPush, loopPushPull, loopLearner} {
+					if loop == loopLearner && (remote || n > 1<<20) {
+						continue // one learner cell: 1M, secondary in the hub
 					}
-					b.Run(fmt.Sprintf("params=%dM/batch=%d/%s/%s", n>>20, batch, topo, loop), func(b *testing.B) { benchPushPull(b, n, batch, remote, wait) })
+					b.Run(fmt.Sprintf("params=%dM/batch=%d/%s/loop=%s", n>>20, batch, topo, loop), func(b *testing.B) { benchPushPull(b, n, batch, remote, loop) })
 				}
 			}
 		}
 	}
 }
 
-func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
+// The client loops of BenchmarkPushPull.
+const (
+	loopPush     = "push"
+	loopPushPull = "pushpull"
+	loopLearner  = "learner"
+)
+
+func benchPushPull(b *testing.B, n, batch int, remote bool, loop string) {
+	wait := loop != loopPush
 	var mu sync.Mutex
 	published := map[reduce.ID]time.Time{}
 	visible := sync.NewCond(&mu) // broadcast when published changes
@@ -125,6 +137,15 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 	gradBytes := grad.ByteSize()
 
 	const clients = 2
+	pullers := make([]*storeclient.Client, clients)
+	if loop == loopLearner {
+		for i := range pullers {
+			if pullers[i], err = storeclient.New(storeclient.Config{Addr: addr}); err != nil {
+				b.Fatal(err)
+			}
+			defer pullers[i].Close()
+		}
+	}
 	cls := make([]*reducer.Client, clients)
 	for i := range cls {
 		cls[i], err = reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: fmt.Sprintf("b%d", i)})
@@ -174,6 +195,12 @@ func benchPushPull(b *testing.B, n, batch int, remote, wait bool) {
 						visible.Wait()
 					}
 					mu.Unlock()
+				}
+				if loop == loopLearner { // and pull it, as a learner does
+					if _, err := pullers[i].Get(ctx, "bench", 0); err != nil {
+						b.Error(err)
+						return
+					}
 				}
 			}
 		}()
