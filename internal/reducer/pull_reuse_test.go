@@ -20,29 +20,28 @@ import (
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
-// TestLearnerPullsDoNotStopBlobReuse: a learner loop through a real hub —
-// push a gradient, wait for its version, pull the newest over gRPC (with
-// the chunk codec and with the stock codec, as Python does) — while the
-// primary writes its steps into blobs the store gives back. Pulls borrow
-// versions (store.Lender, chunkcodec.Lend), so the primary still reuses
-// blobs; and every pulled version is byte for byte the model the same
-// steps give computed apart, so no version was written while a pull was
-// sending it.
-func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
-	const pushes = 48
-	var mu sync.Mutex
-	applied := map[uint64]bool{} // versions published
+// reuseGrad is gradient s of the reuse tests: benchModel's values scaled.
+func reuseGrad(s uint64) *tensor.StateDict {
+	g := benchModel(1 << 16)
+	for _, tn := range g.Tensors() {
+		f, _ := tn.Float32s()
+		for i := range f {
+			f[i] *= float32(s%5) - 2
+		}
+	}
+	return g
+}
+
+// reuseHub starts a hub with one in-hub secondary (batch 1) and the store
+// config st, publishes benchModel(1<<16) as version 1 of "m", registers it
+// with cfg, and returns the hub and a client; onApply sees each step.
+func reuseHub(t *testing.T, ctx context.Context, st store.Config, cfg optim.Config, onApply func(v uint64)) (*hub.Hub, *reducer.Client) {
+	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := hubtest.Start(t, hub.Config{Logger: quiet, Reducer: reducer.Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond,
-		OnApply: func(_ string, v uint64, _ []reduce.ID, _ []float32) {
-			mu.Lock()
-			applied[v] = true
-			mu.Unlock()
-		}}})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	model := benchModel(1 << 16)
-	blob, err := safetensors.Encode(model, nil)
+	h := hubtest.Start(t, hub.Config{Logger: quiet, Store: st,
+		Reducer: reducer.Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxQueue: 4,
+			OnApply: func(_ string, v uint64, _ []reduce.ID, _ []float32) { onApply(v) }}})
+	blob, err := safetensors.Encode(benchModel(1<<16), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,12 +52,60 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	cfg := optim.Config{Kind: optim.SGD, LR: 0.01, Momentum: 0.9}
+	t.Cleanup(func() { cl.Close() })
 	if _, _, err := cl.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: cfg}); err != nil {
 		t.Fatal(err)
 	}
 	waitSecondaries(t, cl, 1)
+	return h, cl
+}
+
+// checkVersions requires every got[v] to be byte for byte the model after
+// v−1 steps of cfg over reuseGrad(1), reuseGrad(2), …, computed apart, and
+// returns how many it checked.
+func checkVersions(t *testing.T, cfg optim.Config, steps uint64, got map[uint64][]byte) int {
+	t.Helper()
+	ref := benchModel(1 << 16)
+	opt, err := optim.New(cfg, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for s := uint64(1); s <= steps; s++ {
+		if err := opt.Step(ref, reuseGrad(s)); err != nil {
+			t.Fatal(err)
+		}
+		b, ok := got[1+s]
+		if !ok {
+			continue
+		}
+		want, err := safetensors.Encode(ref, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(b, want) {
+			t.Fatalf("version %d as received differs from the model after %d steps computed apart", 1+s, s)
+		}
+		checked++
+	}
+	return checked
+}
+
+// TestLearnerPullsDoNotStopBlobReuse: a learner loop through a real hub —
+// push a gradient, wait for its version, pull the newest over gRPC (with
+// the chunk codec and with the stock codec, as Python does) — while the
+// primary writes its steps into blobs the store gives back. Pulls borrow
+// versions (store.Lender, chunkcodec.Lend), so the primary still reuses
+// blobs (pulls that took versions would leave none); and every pulled
+// version is byte for byte the model computed apart.
+func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
+	const pushes = 48
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	applied := map[uint64]bool{}
+	cfg := optim.Config{Kind: optim.SGD, LR: 0.01, Momentum: 0.9}
+	h, cl := reuseHub(t, ctx, store.Config{}, cfg, func(v uint64) { mu.Lock(); applied[v] = true; mu.Unlock() })
 	pullers := map[bool]*storeclient.Client{}
 	for _, stock := range []bool{false, true} {
 		sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), StockCodec: stock})
@@ -69,10 +116,9 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 		pullers[stock] = sc
 	}
 
-	grad := reuseGrad
 	pulled := map[uint64][]byte{}
 	for s := uint64(1); s <= pushes; s++ {
-		if _, err := cl.PushSeq(ctx, "m", 0, s, grad(s)); err != nil {
+		if _, err := cl.PushSeq(ctx, "m", 0, s, reuseGrad(s)); err != nil {
 			t.Fatal(err)
 		}
 		for {
@@ -94,46 +140,15 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 		pulled[snap.Version] = snap.Blob
 	}
 
-	// Pulls that took their versions (Get on the store) would leave none
-	// to reuse; lent ones come back once dropped from retention (3).
+	// Lent versions come back once dropped from retention (3).
 	reused := h.Reducer().Primary().BlobsReused("m")
 	if reused < pushes/2 {
 		t.Fatalf("%d of %d steps reused a blob while the learner pulled every version", reused, pushes)
 	}
-	ref := benchModel(1 << 16)
-	opt, err := optim.New(cfg, ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for s := uint64(1); s <= pushes; s++ {
-		if err := opt.Step(ref, grad(s)); err != nil {
-			t.Fatal(err)
-		}
-		got := pulled[1+s]
-		want, err := safetensors.Encode(ref, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("pulled version %d differs from the steps computed apart", 1+s)
-		}
-	}
-	if len(pulled) != pushes {
-		t.Fatalf("%d versions pulled, want %d", len(pulled), pushes)
+	if n := checkVersions(t, cfg, pushes, pulled); n != pushes {
+		t.Fatalf("%d versions pulled, want %d", n, pushes)
 	}
 	t.Logf("%d versions pulled, %d of %d steps reused a blob", len(pulled), reused, pushes)
-}
-
-// reuseGrad is gradient s of the reuse tests: benchModel's values scaled.
-func reuseGrad(s uint64) *tensor.StateDict {
-	g := benchModel(1 << 16)
-	for _, tn := range g.Tensors() {
-		f, _ := tn.Float32s()
-		for i := range f {
-			f[i] *= float32(s%5) - 2
-		}
-	}
-	return g
 }
 
 // TestWatchersSeeWholeVersionsWhileBlobsAreReused: the store keeps only
@@ -141,36 +156,17 @@ func reuseGrad(s uint64) *tensor.StateDict {
 // codec in 16 KiB chunks, and stock codec), one of them slow, stream
 // versions that are dropped while they are being sent. The blob of a
 // version being sent must not be written by a later step until gRPC has
-// let go of it: every version a watcher receives is byte for byte the
-// model after that many steps, computed apart, while the primary reuses
-// blobs throughout.
+// let go of it (grpc-go frames queued chunks after SendMsg returns):
+// every version a watcher receives is byte for byte the model after that
+// many steps, computed apart, while the primary reuses blobs throughout.
 func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 	const pushes = 80
-	var mu sync.Mutex
-	applied := 0
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := hubtest.Start(t, hub.Config{Logger: quiet, Store: store.Config{Retain: 1},
-		Reducer: reducer.Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxQueue: 4,
-			OnApply: func(string, uint64, []reduce.ID, []float32) { mu.Lock(); applied++; mu.Unlock() }}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	blob, err := safetensors.Encode(benchModel(1<<16), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "learner"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	var mu sync.Mutex
+	applied := 0
 	cfg := optim.Config{Kind: optim.Adam, LR: 0.01}
-	if _, _, err := cl.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	waitSecondaries(t, cl, 1)
+	h, cl := reuseHub(t, ctx, store.Config{Retain: 1}, cfg, func(uint64) { mu.Lock(); applied++; mu.Unlock() })
 
 	var wmu sync.Mutex
 	seen := map[uint64][]byte{}
@@ -221,29 +217,7 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 	if reused == 0 {
 		t.Fatal("no step reused a blob")
 	}
-	ref := benchModel(1 << 16)
-	opt, err := optim.New(cfg, ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := 0
-	for s := uint64(1); s <= pushes; s++ {
-		if err := opt.Step(ref, reuseGrad(s)); err != nil {
-			t.Fatal(err)
-		}
-		got, ok := seen[1+s]
-		if !ok {
-			continue
-		}
-		want, err := safetensors.Encode(ref, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("watched version %d differs from the model after %d steps", 1+s, s)
-		}
-		checked++
-	}
+	checked := checkVersions(t, cfg, pushes, seen)
 	if checked < 10 {
 		t.Fatalf("only %d versions watched", checked)
 	}
