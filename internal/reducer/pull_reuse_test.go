@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/optim"
@@ -18,6 +21,8 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storeclient"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
+	"github.com/rlhub/rlhub/internal/wsync"
 )
 
 // reuseGrad is gradient s of the reuse tests: benchModel's values scaled.
@@ -152,9 +157,10 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 }
 
 // TestWatchersSeeWholeVersionsWhileBlobsAreReused: the store keeps only
-// the newest version, a learner pushes flat out, and two watchers (chunk
-// codec in 16 KiB chunks, and stock codec), one of them slow, stream
-// versions that are dropped while they are being sent. The blob of a
+// the newest version, a learner pushes flat out, and two store watchers
+// (chunk codec in 16 KiB chunks, and stock codec), one of them slow, and a
+// weight-sync push collector stream versions that are dropped while they
+// are being sent. The blob of a
 // version being sent must not be written by a later step until gRPC has
 // let go of it (grpc-go frames queued chunks after SendMsg returns):
 // every version a watcher receives is byte for byte the model after that
@@ -192,6 +198,30 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 			})
 		}()
 	}
+	conn, err := grpc.NewClient(h.Addr().String(), append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	collector, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: "c", Model: "m", Start: 1, ChunkBytes: 16 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer collector.Close()
+	pushed := map[uint64][]byte{}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for v := uint64(1); ; {
+			snap, err := collector.WaitNewer(wctx, v)
+			if err != nil {
+				return
+			}
+			pushed[snap.Version], v = snap.Blob, snap.Version
+			time.Sleep(time.Millisecond) // slowish: the hub blocks mid-version
+		}
+	}()
+
 	for s := uint64(1); s <= pushes; s++ {
 		if _, err := cl.PushSeq(ctx, "m", 0, s, reuseGrad(s)); err != nil {
 			t.Fatal(err)
@@ -221,5 +251,9 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 	if checked < 10 {
 		t.Fatalf("only %d versions watched", checked)
 	}
-	t.Logf("%d versions watched whole, %d of %d steps reused a blob", checked, reused, pushes)
+	collected := checkVersions(t, cfg, pushes, pushed)
+	if collected < 10 {
+		t.Fatalf("only %d versions pushed to the collector", collected)
+	}
+	t.Logf("%d versions watched and %d pushed whole, %d of %d steps reused a blob", checked, collected, reused, pushes)
 }

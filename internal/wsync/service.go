@@ -12,7 +12,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -194,7 +196,10 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 
 	sent := hello.Version
 	for {
-		snap, err := s.cfg.Versions.WaitNewer(ctx, model, sent)
+		// Borrowed, and lent on to the chunk codec: from a hub's store the
+		// version then goes back to the reducer once dropped and written
+		// to every collector (docs/store.md, "Lending").
+		snap, release, err := store.BorrowNewer(ctx, s.cfg.Versions, model, sent)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
@@ -205,7 +210,10 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 			return errs.ToStatus(err)
 		}
 		s.tracker.SawVersion(model, snap.Version)
-		if err := sendVersion(stream, snap.Name, snap.Version, snap.Epoch, snap.Blob, chunk); err != nil {
+		done := chunkcodec.Lend(snap.Blob, release)
+		err = sendVersion(stream, snap.Name, snap.Version, snap.Epoch, snap.Blob, chunk)
+		done()
+		if err != nil {
 			if s.ctx.Err() != nil {
 				return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 			}

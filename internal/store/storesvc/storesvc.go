@@ -200,20 +200,14 @@ func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_
 	return s.send(stream, snap, 0, req.ChunkBytes)
 }
 
-// lend gets a version for a stream to send. From a store that lends
-// (store.Lender) it borrows it, and lends the blob on to the chunk codec,
-// so the store gets it back only when gRPC has written the bytes: pulling
-// a version then does not keep its writer (the reducer) from reusing the
-// blob once the store drops it. done ends the loan: call it once the
-// stream sends nothing more from the snapshot. Other stores hand the
-// version over (Get).
+// lend gets a version for a stream to send: borrowed from the store
+// (store.Borrow) and lent on to the chunk codec, so that a store that lends
+// gets it back only when gRPC has written the bytes. Pulling a version
+// then does not keep its writer (the reducer) from reusing the blob once
+// the store drops it. done ends the loan: call it once the stream sends
+// nothing more from the snapshot.
 func (s *Service) lend(ctx context.Context, model string, version uint64) (*store.Snapshot, func(), error) {
-	l, ok := s.cfg.Store.(store.Lender)
-	if !ok {
-		snap, err := s.cfg.Store.Get(ctx, model, version)
-		return snap, func() {}, err
-	}
-	snap, release, err := l.Lend(ctx, model, version)
+	snap, release, err := store.Borrow(ctx, s.cfg.Store, model, version)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -222,12 +216,7 @@ func (s *Service) lend(ctx context.Context, model string, version uint64) (*stor
 
 // lendNewer is lend for WaitNewer.
 func (s *Service) lendNewer(ctx context.Context, model string, after uint64) (*store.Snapshot, func(), error) {
-	l, ok := s.cfg.Store.(store.Lender)
-	if !ok {
-		snap, err := s.cfg.Store.WaitNewer(ctx, model, after)
-		return snap, func() {}, err
-	}
-	snap, release, err := l.LendNewer(ctx, model, after)
+	snap, release, err := store.BorrowNewer(ctx, s.cfg.Store, model, after)
 	if err != nil {
 		return nil, nil, err
 	}
