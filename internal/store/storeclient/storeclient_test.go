@@ -135,7 +135,7 @@ func TestWatchReportsSkippedVersions(t *testing.T) {
 			t.Errorf("Watch returned %v, want the callback's error", err)
 		}
 	})
-	if g := <-got; g != [2]uint64{1, 0} {
+	if g := recvWithin(t, got); g != [2]uint64{1, 0} {
 		t.Fatalf("first delivery %v, want version 1, 0 skipped", g)
 	}
 	for v := uint64(2); v <= 10; v++ {
@@ -285,7 +285,7 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 			return nil
 		})
 	})
-	if v := <-got; v != 1 {
+	if v := recvWithin(t, got); v != 1 {
 		t.Fatalf("first version %d", v)
 	}
 	svc1.Drain()
@@ -302,8 +302,22 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	wg.Go(func() { _ = g2.Serve(lis2) })
 	defer func() { svc2.Drain(); g2.GracefulStop(); wg.Wait() }()
 	storetest.MustPush(t, mem, store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: storetest.Blob(t, 2, 4)})
-	if v := <-got; v != 2 {
+	if v := recvWithin(t, got); v != 2 {
 		t.Fatalf("after reconnect got version %d, want 2 (and not 1 again)", v)
 	}
 	ww.Wait()
+}
+
+// recvWithin returns the next value from ch, failing the test rather than
+// hanging it until the binary's timeout when none arrives within 30 s (a
+// watcher that gave up sends nothing more).
+func recvWithin[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing arrived within 30 s")
+	}
+	panic("unreachable")
 }
