@@ -52,13 +52,11 @@ type PushRequest struct {
 	Blob []byte
 	// Recycle, when set, is called at most once with Blob when the store
 	// no longer retains this version, no reader ever took it and every
-	// loan of it is returned (rule 5):
-	// from then on the caller owns Blob again and may write a later
-	// version into it. It is called without the store's locks held, from
-	// the goroutine of the push that dropped the version or of the last
-	// release; it
-	// must be quick and must not block. Stores that cannot tell (a remote
-	// store) never call it.
+	// loan of it is returned (rule 5): from then on the caller owns Blob
+	// again and may write a later version into it. It is called without
+	// the store's locks held, from the goroutine of the push that dropped
+	// the version or of the last release; it must be quick and must not
+	// block. Stores that cannot tell (a remote store) never call it.
 	Recycle func(blob []byte)
 }
 
