@@ -64,7 +64,7 @@ func printReducerStats(g *globals, r *rlhubv1.ReducerStatsResponse) {
 		row(name, st.Parts[name], st.PartQueue[name])
 	}
 	for _, m := range slices.Sorted(maps.Keys(st.Versions)) {
-		fmt.Fprintf(g.stdout, "model %s at version %d\n", m, st.Versions[m])
+		fmt.Fprintf(g.stdout, "model %s at version %d (%d steps into reused blobs)\n", m, st.Versions[m], st.BlobsReused[m])
 	}
 	fmt.Fprintf(g.stdout, "admitted→published p50 %dµs p99 %dµs\n", st.P50.Microseconds(), st.P99.Microseconds())
 }

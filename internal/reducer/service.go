@@ -191,6 +191,9 @@ type Stats struct {
 	PartQueue map[string]int
 	// Versions of the models registered with the primary hosted here.
 	Versions map[string]uint64
+	// BlobsReused: each of those models' steps written into the blob of
+	// an old version the store gave back (Primary.BlobsReused).
+	BlobsReused map[string]uint64
 	// P50, P99: admitted → published latency at the primary.
 	P50, P99 time.Duration
 }
@@ -198,10 +201,13 @@ type Stats struct {
 // Stats returns the counters of the hosted primary and secondaries, each
 // secondary sampled once.
 func (s *Service) Stats() Stats {
-	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{}}
+	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{}, BlobsReused: map[string]uint64{}}
 	if s.primary != nil {
 		c, v, p50, p99 := s.primary.Stats()
 		st.Parts["primary"], st.Versions, st.P50, st.P99 = c, v, p50, p99
+		for m := range v {
+			st.BlobsReused[m] = s.primary.BlobsReused(m)
+		}
 		st.PartQueue["primary"] = 0
 		st.Total.Merge(c)
 	}
@@ -235,7 +241,7 @@ func countersFromProto(p *rlhubv1.ReducerCounters) (reduce.Counters, int) {
 // microseconds).
 func StatsToProto(st Stats) *rlhubv1.ReducerStatsResponse {
 	resp := &rlhubv1.ReducerStatsResponse{Total: countersProto(st.Total, st.QueueDepth), Parts: map[string]*rlhubv1.ReducerCounters{},
-		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()), Versions: st.Versions}
+		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()), Versions: st.Versions, BlobsReused: st.BlobsReused}
 	for name, c := range st.Parts {
 		resp.Parts[name] = countersProto(c, st.PartQueue[name])
 	}
@@ -244,7 +250,7 @@ func StatsToProto(st Stats) *rlhubv1.ReducerStatsResponse {
 
 // StatsFromProto is the inverse of StatsToProto.
 func StatsFromProto(r *rlhubv1.ReducerStatsResponse) Stats {
-	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{},
+	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{}, BlobsReused: map[string]uint64{},
 		P50: time.Duration(r.GetPublishP50Us()) * time.Microsecond, P99: time.Duration(r.GetPublishP99Us()) * time.Microsecond}
 	st.Total, st.QueueDepth = countersFromProto(r.GetTotal())
 	for name, c := range r.GetParts() {
@@ -252,6 +258,9 @@ func StatsFromProto(r *rlhubv1.ReducerStatsResponse) Stats {
 	}
 	for m, v := range r.GetVersions() {
 		st.Versions[m] = v
+	}
+	for m, n := range r.GetBlobsReused() {
+		st.BlobsReused[m] = n
 	}
 	return st
 }

@@ -838,7 +838,11 @@ type ReducerStatsResponse struct {
 	PublishP50Us float64 `protobuf:"fixed64,3,opt,name=publish_p50_us,json=publishP50Us,proto3" json:"publish_p50_us,omitempty"`
 	PublishP99Us float64 `protobuf:"fixed64,4,opt,name=publish_p99_us,json=publishP99Us,proto3" json:"publish_p99_us,omitempty"`
 	// Model versions at the primary.
-	Versions      map[string]uint64 `protobuf:"bytes,5,rep,name=versions,proto3" json:"versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Versions map[string]uint64 `protobuf:"bytes,5,rep,name=versions,proto3" json:"versions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Steps per model at the primary that wrote the new version into the
+	// blob of an old one the store gave back (no reader took it) instead of
+	// fresh memory (docs/reducer.md).
+	BlobsReused   map[string]uint64 `protobuf:"bytes,6,rep,name=blobs_reused,json=blobsReused,proto3" json:"blobs_reused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -904,6 +908,13 @@ func (x *ReducerStatsResponse) GetPublishP99Us() float64 {
 func (x *ReducerStatsResponse) GetVersions() map[string]uint64 {
 	if x != nil {
 		return x.Versions
+	}
+	return nil
+}
+
+func (x *ReducerStatsResponse) GetBlobsReused() map[string]uint64 {
+	if x != nil {
+		return x.BlobsReused
 	}
 	return nil
 }
@@ -1717,18 +1728,22 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"queueDepth\x1a:\n" +
 	"\fDroppedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb0\x03\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc4\x04\n" +
 	"\x14ReducerStatsResponse\x12/\n" +
 	"\x05total\x18\x01 \x01(\v2\x19.rlhub.v1.ReducerCountersR\x05total\x12?\n" +
 	"\x05parts\x18\x02 \x03(\v2).rlhub.v1.ReducerStatsResponse.PartsEntryR\x05parts\x12$\n" +
 	"\x0epublish_p50_us\x18\x03 \x01(\x01R\fpublishP50Us\x12$\n" +
 	"\x0epublish_p99_us\x18\x04 \x01(\x01R\fpublishP99Us\x12H\n" +
-	"\bversions\x18\x05 \x03(\v2,.rlhub.v1.ReducerStatsResponse.VersionsEntryR\bversions\x1aS\n" +
+	"\bversions\x18\x05 \x03(\v2,.rlhub.v1.ReducerStatsResponse.VersionsEntryR\bversions\x12R\n" +
+	"\fblobs_reused\x18\x06 \x03(\v2/.rlhub.v1.ReducerStatsResponse.BlobsReusedEntryR\vblobsReused\x1aS\n" +
 	"\n" +
 	"PartsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
 	"\x05value\x18\x02 \x01(\v2\x19.rlhub.v1.ReducerCountersR\x05value:\x028\x01\x1a;\n" +
 	"\rVersionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1a>\n" +
+	"\x10BlobsReusedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\":\n" +
 	"\x14ReducerAttachRequest\x12\x12\n" +
@@ -1799,7 +1814,7 @@ func file_rlhub_v1_reducer_proto_rawDescGZIP() []byte {
 	return file_rlhub_v1_reducer_proto_rawDescData
 }
 
-var file_rlhub_v1_reducer_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_rlhub_v1_reducer_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_rlhub_v1_reducer_proto_goTypes = []any{
 	(*ReducerOptimizer)(nil),           // 0: rlhub.v1.ReducerOptimizer
 	(*ReducerRegisterRequest)(nil),     // 1: rlhub.v1.ReducerRegisterRequest
@@ -1829,49 +1844,51 @@ var file_rlhub_v1_reducer_proto_goTypes = []any{
 	nil,                                // 25: rlhub.v1.ReducerCounters.DroppedEntry
 	nil,                                // 26: rlhub.v1.ReducerStatsResponse.PartsEntry
 	nil,                                // 27: rlhub.v1.ReducerStatsResponse.VersionsEntry
-	(*Chunk)(nil),                      // 28: rlhub.v1.Chunk
-	(*BlobInfo)(nil),                   // 29: rlhub.v1.BlobInfo
+	nil,                                // 28: rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
+	(*Chunk)(nil),                      // 29: rlhub.v1.Chunk
+	(*BlobInfo)(nil),                   // 30: rlhub.v1.BlobInfo
 }
 var file_rlhub_v1_reducer_proto_depIdxs = []int32{
 	0,  // 0: rlhub.v1.ReducerRegisterRequest.optimizer:type_name -> rlhub.v1.ReducerOptimizer
 	4,  // 1: rlhub.v1.ReducerSecondariesResponse.secondaries:type_name -> rlhub.v1.ReducerSecondary
 	7,  // 2: rlhub.v1.ReducerPushRequest.header:type_name -> rlhub.v1.ReducerPushHeader
-	28, // 3: rlhub.v1.ReducerPushRequest.chunk:type_name -> rlhub.v1.Chunk
-	29, // 4: rlhub.v1.ReducerPushHeader.blob:type_name -> rlhub.v1.BlobInfo
+	29, // 3: rlhub.v1.ReducerPushRequest.chunk:type_name -> rlhub.v1.Chunk
+	30, // 4: rlhub.v1.ReducerPushHeader.blob:type_name -> rlhub.v1.BlobInfo
 	25, // 5: rlhub.v1.ReducerCounters.dropped:type_name -> rlhub.v1.ReducerCounters.DroppedEntry
 	10, // 6: rlhub.v1.ReducerStatsResponse.total:type_name -> rlhub.v1.ReducerCounters
 	26, // 7: rlhub.v1.ReducerStatsResponse.parts:type_name -> rlhub.v1.ReducerStatsResponse.PartsEntry
 	27, // 8: rlhub.v1.ReducerStatsResponse.versions:type_name -> rlhub.v1.ReducerStatsResponse.VersionsEntry
-	15, // 9: rlhub.v1.ReducerDescribeResponse.tensors:type_name -> rlhub.v1.ReducerTensorSpec
-	19, // 10: rlhub.v1.ReducerReleaseRequest.ids:type_name -> rlhub.v1.ReducerGradientID
-	23, // 11: rlhub.v1.ReducerForwardRequest.header:type_name -> rlhub.v1.ReducerForwardHeader
-	28, // 12: rlhub.v1.ReducerForwardRequest.chunk:type_name -> rlhub.v1.Chunk
-	29, // 13: rlhub.v1.ReducerForwardHeader.blob:type_name -> rlhub.v1.BlobInfo
-	19, // 14: rlhub.v1.ReducerForwardHeader.ids:type_name -> rlhub.v1.ReducerGradientID
-	10, // 15: rlhub.v1.ReducerStatsResponse.PartsEntry.value:type_name -> rlhub.v1.ReducerCounters
-	1,  // 16: rlhub.v1.Reducer.Register:input_type -> rlhub.v1.ReducerRegisterRequest
-	3,  // 17: rlhub.v1.Reducer.Secondaries:input_type -> rlhub.v1.ReducerSecondariesRequest
-	6,  // 18: rlhub.v1.Reducer.Push:input_type -> rlhub.v1.ReducerPushRequest
-	9,  // 19: rlhub.v1.Reducer.Stats:input_type -> rlhub.v1.ReducerStatsRequest
-	12, // 20: rlhub.v1.ReducerPrimary.Attach:input_type -> rlhub.v1.ReducerAttachRequest
-	14, // 21: rlhub.v1.ReducerPrimary.Describe:input_type -> rlhub.v1.ReducerDescribeRequest
-	17, // 22: rlhub.v1.ReducerPrimary.Admit:input_type -> rlhub.v1.ReducerAdmitRequest
-	20, // 23: rlhub.v1.ReducerPrimary.Release:input_type -> rlhub.v1.ReducerReleaseRequest
-	22, // 24: rlhub.v1.ReducerPrimary.Forward:input_type -> rlhub.v1.ReducerForwardRequest
-	2,  // 25: rlhub.v1.Reducer.Register:output_type -> rlhub.v1.ReducerRegisterResponse
-	5,  // 26: rlhub.v1.Reducer.Secondaries:output_type -> rlhub.v1.ReducerSecondariesResponse
-	8,  // 27: rlhub.v1.Reducer.Push:output_type -> rlhub.v1.ReducerPushResponse
-	11, // 28: rlhub.v1.Reducer.Stats:output_type -> rlhub.v1.ReducerStatsResponse
-	13, // 29: rlhub.v1.ReducerPrimary.Attach:output_type -> rlhub.v1.ReducerAttachEvent
-	16, // 30: rlhub.v1.ReducerPrimary.Describe:output_type -> rlhub.v1.ReducerDescribeResponse
-	18, // 31: rlhub.v1.ReducerPrimary.Admit:output_type -> rlhub.v1.ReducerAdmitResponse
-	21, // 32: rlhub.v1.ReducerPrimary.Release:output_type -> rlhub.v1.ReducerReleaseResponse
-	24, // 33: rlhub.v1.ReducerPrimary.Forward:output_type -> rlhub.v1.ReducerForwardResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	28, // 9: rlhub.v1.ReducerStatsResponse.blobs_reused:type_name -> rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
+	15, // 10: rlhub.v1.ReducerDescribeResponse.tensors:type_name -> rlhub.v1.ReducerTensorSpec
+	19, // 11: rlhub.v1.ReducerReleaseRequest.ids:type_name -> rlhub.v1.ReducerGradientID
+	23, // 12: rlhub.v1.ReducerForwardRequest.header:type_name -> rlhub.v1.ReducerForwardHeader
+	29, // 13: rlhub.v1.ReducerForwardRequest.chunk:type_name -> rlhub.v1.Chunk
+	30, // 14: rlhub.v1.ReducerForwardHeader.blob:type_name -> rlhub.v1.BlobInfo
+	19, // 15: rlhub.v1.ReducerForwardHeader.ids:type_name -> rlhub.v1.ReducerGradientID
+	10, // 16: rlhub.v1.ReducerStatsResponse.PartsEntry.value:type_name -> rlhub.v1.ReducerCounters
+	1,  // 17: rlhub.v1.Reducer.Register:input_type -> rlhub.v1.ReducerRegisterRequest
+	3,  // 18: rlhub.v1.Reducer.Secondaries:input_type -> rlhub.v1.ReducerSecondariesRequest
+	6,  // 19: rlhub.v1.Reducer.Push:input_type -> rlhub.v1.ReducerPushRequest
+	9,  // 20: rlhub.v1.Reducer.Stats:input_type -> rlhub.v1.ReducerStatsRequest
+	12, // 21: rlhub.v1.ReducerPrimary.Attach:input_type -> rlhub.v1.ReducerAttachRequest
+	14, // 22: rlhub.v1.ReducerPrimary.Describe:input_type -> rlhub.v1.ReducerDescribeRequest
+	17, // 23: rlhub.v1.ReducerPrimary.Admit:input_type -> rlhub.v1.ReducerAdmitRequest
+	20, // 24: rlhub.v1.ReducerPrimary.Release:input_type -> rlhub.v1.ReducerReleaseRequest
+	22, // 25: rlhub.v1.ReducerPrimary.Forward:input_type -> rlhub.v1.ReducerForwardRequest
+	2,  // 26: rlhub.v1.Reducer.Register:output_type -> rlhub.v1.ReducerRegisterResponse
+	5,  // 27: rlhub.v1.Reducer.Secondaries:output_type -> rlhub.v1.ReducerSecondariesResponse
+	8,  // 28: rlhub.v1.Reducer.Push:output_type -> rlhub.v1.ReducerPushResponse
+	11, // 29: rlhub.v1.Reducer.Stats:output_type -> rlhub.v1.ReducerStatsResponse
+	13, // 30: rlhub.v1.ReducerPrimary.Attach:output_type -> rlhub.v1.ReducerAttachEvent
+	16, // 31: rlhub.v1.ReducerPrimary.Describe:output_type -> rlhub.v1.ReducerDescribeResponse
+	18, // 32: rlhub.v1.ReducerPrimary.Admit:output_type -> rlhub.v1.ReducerAdmitResponse
+	21, // 33: rlhub.v1.ReducerPrimary.Release:output_type -> rlhub.v1.ReducerReleaseResponse
+	24, // 34: rlhub.v1.ReducerPrimary.Forward:output_type -> rlhub.v1.ReducerForwardResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_reducer_proto_init() }
@@ -1894,7 +1911,7 @@ func file_rlhub_v1_reducer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_reducer_proto_rawDesc), len(file_rlhub_v1_reducer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
