@@ -269,7 +269,9 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = g1.Serve(lis) })
 
-	c := newClient(t, storeclient.Config{Addr: addr, BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 50})
+	// Retries enough to outlast a slow restart on a loaded machine (about
+	// 20 s at the 20 ms cap): a watcher that gives up would end the test.
+	c := newClient(t, storeclient.Config{Addr: addr, BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 1000})
 	defer c.Close()
 	storetest.MustPush(t, mem, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)})
 	got := make(chan uint64, 8)
