@@ -66,12 +66,20 @@ func TestSyncStatusAndRelay(t *testing.T) {
 		t.Fatalf("via relay: %v, %v", snap, err)
 	}
 	cl.Close()
-	// --shm-slots 3: one collector may lease and read in place.
-	rs, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: shm, Lease: true})
-	if err != nil {
-		t.Fatalf("relay's segment: %v", err)
+	// --shm-slots 3: one collector may lease and read in place. The relay
+	// publishes to its stream's board before its segment, so the segment
+	// can still be missing, or empty, just after a stream collector got v1.
+	var rs *wsync.ShmReader
+	for rs == nil {
+		if rs, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: shm, Lease: true}); err != nil {
+			if ctx.Err() != nil {
+				t.Fatalf("relay's segment: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
-	if s, err := rs.GetIfNewer(ctx, 0); err != nil || s == nil || s.Version != 1 {
+	s, err := rs.WaitNewer(ctx, 0)
+	if err != nil || s.Version != 1 {
 		t.Fatalf("relay's segment holds %v, %v; want v1", s, err)
 	}
 	if !rs.Leasing() || rs.Stats().InPlace != 1 {
