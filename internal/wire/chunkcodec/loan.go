@@ -76,23 +76,32 @@ func Lend(b []byte, release func()) (done func()) {
 
 // lentBuffer returns the buffer Marshal hands gRPC for data: a counted one
 // when data lies in a lent range, else data itself.
+//
+// The count is taken under the registry's lock. Two streams may lend the
+// same bytes (two pulls of one version) and the lookup may find the other
+// stream's loan; done removes a loan under the write lock before its last
+// decrement, so a loan found here has not been released yet, and the count
+// taken keeps it from being released until gRPC frees this buffer.
 func lentBuffer(data []byte) mem.Buffer {
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(data)))
-	loans.mu.RLock()
+	small := mem.IsBelowBufferPoolingThreshold(cap(data))
 	var l *loan
+	loans.mu.RLock()
 	for _, x := range loans.list {
 		if p >= x.lo && p < x.hi {
 			l = x
 			break
 		}
 	}
+	if l != nil && !small {
+		l.n.Add(1)
+	}
 	loans.mu.RUnlock()
 	switch {
 	case l == nil:
 		return mem.SliceBuffer(data)
-	case mem.IsBelowBufferPoolingThreshold(cap(data)):
+	case small:
 		return mem.SliceBuffer(slices.Clone(data)) // not reported freed: copy
 	}
-	l.n.Add(1) // Lend's done has not run: the sender is still sending
 	return mem.NewBuffer(&data, l)
 }

@@ -88,3 +88,29 @@ func TestLendReleasesWhenGRPCHasLetGo(t *testing.T) {
 		t.Fatalf("%d loans still registered after done", left)
 	}
 }
+
+// TestTwoLoansOfTheSameBytes: two streams lend the same bytes (two pulls of
+// one version). A buffer Marshal makes for either may count on either
+// loan, so a loan's release can wait for the other stream's buffers, never
+// the reverse: neither is released while a buffer over the bytes is held
+// and counted on it, and both are once every buffer is freed.
+func TestTwoLoansOfTheSameBytes(t *testing.T) {
+	c := encoding.GetCodecV2(Name)
+	b := pattern(128 << 10)
+	var ra, rb int
+	doneA := Lend(b, func() { ra++ })
+	doneB := Lend(b, func() { rb++ })
+	buf, err := c.Marshal(pull(b[:64<<10 : 64<<10])) // stream B's chunk
+	if err != nil {
+		t.Fatal(err)
+	}
+	doneB()
+	doneA()
+	if ra+rb != 1 {
+		t.Fatalf("released %d + %d loans while a chunk over both is held; want exactly the one it is not counted on", ra, rb)
+	}
+	buf.Free()
+	if ra != 1 || rb != 1 {
+		t.Fatalf("released %d and %d times after every buffer was freed, want once each", ra, rb)
+	}
+}
