@@ -100,7 +100,7 @@ func TestTwoLoansOfTheSameBytes(t *testing.T) {
 	var ra, rb int
 	doneA := Lend(b, func() { ra++ })
 	doneB := Lend(b, func() { rb++ })
-	buf, err := c.Marshal(pull(b[:64<<10 : 64<<10])) // stream B's chunk
+	buf, err := c.Marshal(pull(b[: 64<<10 : 64<<10])) // stream B's chunk
 	if err != nil {
 		t.Fatal(err)
 	}
