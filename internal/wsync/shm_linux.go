@@ -604,27 +604,24 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 			return nil, nil
 		}
 		slot := r.slot(best)
+		h, retry, err := r.slotHeader(slot, best, bestSeq)
+		if retry {
+			r.stats.Retries++
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
 		if r.entry >= 0 {
-			snap, retry, err := r.leaseRead(slot, best, bestSeq, bestVer)
+			snap, retry, err := r.leaseRead(slot, best, bestSeq, bestVer, h)
 			if retry {
 				r.stats.Retries++
 				continue
 			}
 			return snap, err
 		}
-		epoch := u64(slot, slotEpoch).Load()
-		length := u64(slot, slotLength).Load()
-		crc := u32(slot, slotCRC).Load()
-		created := int64(u64(slot, slotCreated).Load())
-		if length > uint64(r.geo.capacity) {
-			if u64(slot, slotSeq).Load() != bestSeq {
-				r.stats.Retries++
-				continue
-			}
-			return nil, r.errLength(best, length)
-		}
-		buf := r.buffer(int(length))
-		src := slot[shmPage : shmPage+int(length)]
+		buf := r.buffer(int(h.length))
+		src := slot[shmPage : shmPage+int(h.length)]
 		var got uint32
 		if r.cfg.Verify {
 			got = copyCRC(buf, src)
@@ -635,10 +632,10 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 			r.stats.Retries++ // the writer came back to this slot: torn, retry
 			continue
 		}
-		if r.cfg.Verify && got != crc {
-			return nil, r.errCRC(bestVer, got, crc)
+		if r.cfg.Verify && got != h.crc {
+			return nil, r.errCRC(bestVer, got, h.crc)
 		}
-		snap, err := r.decode(buf, bestVer, epoch, created)
+		snap, err := r.decode(buf, bestVer, h)
 		if err == nil {
 			r.which ^= 1
 			r.stats.Reads++
@@ -658,31 +655,21 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 // explains why one of the two sides always sees the other), the caller
 // picks again, almost surely finding the newer version the writer is
 // making.
-func (r *ShmReader) leaseRead(slot []byte, i int, s, version uint64) (snap *store.Snapshot, retry bool, err error) {
+func (r *ShmReader) leaseRead(slot []byte, i int, s, version uint64, h slotHeader) (snap *store.Snapshot, retry bool, err error) {
 	seq := u64(slot, slotSeq)
-	epoch := u64(slot, slotEpoch).Load()
-	length := u64(slot, slotLength).Load()
-	crc := u32(slot, slotCRC).Load()
-	created := int64(u64(slot, slotCreated).Load())
-	if length > uint64(r.geo.capacity) {
-		if seq.Load() != s {
-			return nil, true, nil
-		}
-		return nil, false, r.errLength(i, length)
-	}
 	// A full slice expression: appending to the blob copies it rather
 	// than writing to the read-only mapping.
-	blob := slot[shmPage : shmPage+int(length) : shmPage+int(length)]
+	blob := slot[shmPage : shmPage+int(h.length) : shmPage+int(h.length)]
 	var got uint32
 	if r.cfg.Verify {
 		got = crc32.Checksum(blob, castagnoli)
 	}
-	snap, err = decodeRacing(func() (*store.Snapshot, error) { return r.decode(blob, version, epoch, created) })
+	snap, err = decodeRacing(func() (*store.Snapshot, error) { return r.decode(blob, version, h) })
 	if seq.Load() != s {
 		return nil, true, nil // the writer was rewriting the slot: whatever we parsed is void
 	}
-	if r.cfg.Verify && got != crc {
-		return nil, false, r.errCRC(version, got, crc)
+	if r.cfg.Verify && got != h.crc {
+		return nil, false, r.errCRC(version, got, h.crc)
 	}
 	if err != nil {
 		return nil, false, err
@@ -695,6 +682,33 @@ func (r *ShmReader) leaseRead(slot []byte, i int, s, version uint64) (snap *stor
 	r.stats.InPlace++
 	r.stats.Reads++
 	return snap, false, nil
+}
+
+// slotHeader is a slot's fields besides seq and version, loaded while its
+// seq was s (the caller re-checks seq once it has read the bytes).
+type slotHeader struct {
+	epoch, length uint64
+	crc           uint32
+	created       int64
+}
+
+// slotHeader loads slot i's header (seq s when picked) for a copying or a
+// leasing read. A length over the capacity is torn (retry) when seq has
+// moved, else the writer's error.
+func (r *ShmReader) slotHeader(slot []byte, i int, s uint64) (h slotHeader, retry bool, err error) {
+	h = slotHeader{
+		epoch:   u64(slot, slotEpoch).Load(),
+		length:  u64(slot, slotLength).Load(),
+		crc:     u32(slot, slotCRC).Load(),
+		created: int64(u64(slot, slotCreated).Load()),
+	}
+	if h.length > uint64(r.geo.capacity) {
+		if u64(slot, slotSeq).Load() != s {
+			return h, true, nil
+		}
+		return h, false, r.errLength(i, h.length)
+	}
+	return h, false, nil
 }
 
 // decodeRacing runs decode on bytes the writer may be rewriting (the
@@ -714,14 +728,14 @@ func decodeRacing(decode func() (*store.Snapshot, error)) (snap *store.Snapshot,
 
 // decode parses a whole version's blob (a private copy or a leased slot);
 // the snapshot's tensors alias it.
-func (r *ShmReader) decode(blob []byte, version, epoch uint64, created int64) (*store.Snapshot, error) {
+func (r *ShmReader) decode(blob []byte, version uint64, h slotHeader) (*store.Snapshot, error) {
 	f, err := safetensors.Decode(blob)
 	if err != nil {
 		return nil, fmt.Errorf("wsync: %s version %d: %w", r.cfg.Path, version, err)
 	}
 	return &store.Snapshot{
-		Name: r.geo.name, Version: version, Epoch: epoch, Blob: blob,
-		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, created),
+		Name: r.geo.name, Version: version, Epoch: h.epoch, Blob: blob,
+		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, h.created),
 	}, nil
 }
 
