@@ -605,8 +605,10 @@ func blobBytes(n int, header []byte) []byte {
 		s := sb.String()
 		p := unsafe.StringData(s)
 		sb.WriteByte(0) // overwritten by the step
-		if unsafe.StringData(sb.String()) == p && sb.Cap() >= n && uintptr(unsafe.Pointer(p))%8 == 0 {
-			return unsafe.Slice(p, n)
+		if unsafe.StringData(sb.String()) == p && sb.Cap() >= n {
+			if b := unsafe.Slice(p, n); tensor.Aligned(b) {
+				return b
+			}
 		}
 	}
 	blob := tensor.AlignedBytes(n)
