@@ -26,8 +26,6 @@ import argparse
 import json
 import os
 import pathlib
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,16 +38,9 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-import grpc  # noqa: E402
-
 import rlhub  # noqa: E402
+from benchhub import Hub  # noqa: E402  (scripts/, this script's directory)
 import torch  # noqa: E402,F401  (imported before timing: pull → torch must not pay for it)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def state_dict(mib: int) -> Dict[str, np.ndarray]:
@@ -66,12 +57,10 @@ def main() -> None:
     ap.add_argument("--chunk-bytes", type=int, default=0, help="Python client chunk size (0: the client's default)")
     args = ap.parse_args()
 
-    addr = f"127.0.0.1:{free_port()}"
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="rlhub-bench-py-"))
-    hub = subprocess.Popen([args.bin, "serve", "--listen", addr, "--data", ""],
-                           stdout=open(tmp / "hub.log", "wb"), stderr=subprocess.STDOUT)
+    hub = Hub(args.bin, log=tmp / "hub.log")
+    addr = hub.addr
     try:
-        grpc.channel_ready_future(grpc.insecure_channel(addr)).result(timeout=30)
         kw = {"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}
         client = rlhub.StoreClient(addr, timeout=300, **kw)
         print(f"# hub {addr}, load average {os.getloadavg()[0]:.2f}, reps {args.reps}, "
@@ -127,11 +116,7 @@ def main() -> None:
         print(f"\n# load average after: {os.getloadavg()[0]:.2f}")
         client.close()
     finally:
-        hub.send_signal(signal.SIGINT)
-        try:
-            hub.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            hub.kill()
+        hub.stop()
         for p in tmp.iterdir():
             p.unlink()
         tmp.rmdir()

@@ -24,12 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -40,12 +36,7 @@ import torch  # noqa: E402
 
 import rlhub  # noqa: E402
 from rlhub.grads import GradClient  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchhub import Hub  # noqa: E402  (scripts/, this script's directory)
 
 
 def main() -> None:
@@ -57,14 +48,9 @@ def main() -> None:
     ap.add_argument("--hub-args", default="", help="extra `rlhub serve` flags, space separated")
     args = ap.parse_args()
 
-    addr = f"127.0.0.1:{free_port()}"
-    logf = tempfile.NamedTemporaryFile(prefix="rlhub-bench-", suffix=".log", delete=False)
-    hub = subprocess.Popen([args.bin, "serve", "--listen", addr, "--data", "", *args.hub_args.split()],
-                           stdout=logf, stderr=subprocess.STDOUT)
+    hub = Hub(args.bin, *args.hub_args.split())
+    addr = hub.addr
     try:
-        ch = grpc.insecure_channel(addr)
-        grpc.channel_ready_future(ch).result(timeout=30)
-        ch.close()
         per = args.params // 4
         zeros = {f"layer{i}.weight": torch.zeros(per) for i in range(4)}
         with rlhub.StoreClient(addr) as s:
@@ -94,12 +80,7 @@ def main() -> None:
         for c in clients.values():
             c.close()
     finally:
-        hub.send_signal(signal.SIGINT)
-        try:
-            hub.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            hub.kill()
-        logf.close()
+        hub.stop()
 
     print(f"{args.params:,} float32 params ({nbytes / 1e6:.1f} MB per push), {args.pushes} pushes × "
           f"{args.reps} reps per transport, {t_start} UTC, 1-min load {load0:.1f} → {load1:.1f}, "
