@@ -32,10 +32,9 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from rlhub import errors
-from rlhub.tensors import save_parts
 
 MAGIC = b"RLHUBDP1"
 PUSH_METHOD = "rlhub.v1.Reducer/Push"
@@ -54,37 +53,6 @@ try:
     _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
 except (AttributeError, ValueError, OSError):
     _IOV_MAX = 1024
-
-
-def safetensors_parts(state_dict: Mapping[str, Any]) -> Tuple[bytes, List[memoryview]]:
-    """The gradient's safetensors encoding as pieces (``tensors.save_parts``,
-    no metadata): what ``save_bytes`` would return, without joining it."""
-    return save_parts(state_dict)
-
-
-def parts_size(head: bytes, bufs: Sequence[memoryview]) -> int:
-    return len(head) + sum(b.nbytes for b in bufs)
-
-
-def iter_part_chunks(head: bytes, bufs: Sequence[memoryview], chunk_bytes: int):
-    """Yields the concatenation of ``head`` and ``bufs`` as bytes of exactly
-    ``chunk_bytes`` (the last one shorter): the same pieces as
-    ``_transfer.iter_chunks`` of the joined blob, each copied once."""
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes {chunk_bytes} must be positive")
-    pending: List[memoryview] = []
-    room = chunk_bytes
-    for b in (memoryview(head), *bufs):
-        while b.nbytes:
-            take = b[:room]
-            pending.append(take)
-            room -= take.nbytes
-            b = b[take.nbytes:]
-            if room == 0:
-                yield b"".join(pending)
-                pending, room = [], chunk_bytes
-    if pending:
-        yield b"".join(pending)
 
 
 class NotSupported(Exception):

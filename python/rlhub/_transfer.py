@@ -16,7 +16,7 @@ through the generated protobuf classes; the bytes on the wire are the same.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -29,6 +29,27 @@ def iter_chunks(blob: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator
     mv = memoryview(blob)
     for off in range(0, len(mv), chunk_bytes):
         yield mv[off:off + chunk_bytes].tobytes()
+
+
+def iter_part_chunks(head: bytes, bufs: Sequence[memoryview], chunk_bytes: int):
+    """Yields the concatenation of ``head`` and ``bufs`` as bytes of exactly
+    ``chunk_bytes`` (the last one shorter): the same pieces as
+    ``iter_chunks`` of the joined blob, each copied once."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes {chunk_bytes} must be positive")
+    pending: List[memoryview] = []
+    room = chunk_bytes
+    for b in (memoryview(head), *bufs):
+        while b.nbytes:
+            take = b[:room]
+            pending.append(take)
+            room -= take.nbytes
+            b = b[take.nbytes:]
+            if room == 0:
+                yield b"".join(pending)
+                pending, room = [], chunk_bytes
+    if pending:
+        yield b"".join(pending)
 
 
 def _varint(n: int) -> bytes:

@@ -51,7 +51,8 @@ import grpc
 
 from rlhub import _bulk, errors
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc, tensor_pb2
-from rlhub._transfer import DEFAULT_CHUNK_BYTES
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_part_chunks
+from rlhub.tensors import parts_size, save_parts
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
@@ -376,11 +377,11 @@ class GradClient:
         memory is sent as it is while the call runs (contiguous CPU tensors
         are not copied): do not change them until it returns.
         """
-        body = _bulk.safetensors_parts(gradient_dict(grads))
+        body = save_parts(gradient_dict(grads))
         if seq is None:
             seq = self.next_seq()
         header = reducer_pb2.ReducerPushHeader(
-            blob=tensor_pb2.BlobInfo(model=model, version=base_version, total_bytes=_bulk.parts_size(*body),
+            blob=tensor_pb2.BlobInfo(model=model, version=base_version, total_bytes=parts_size(*body),
                                      chunk_bytes=self.chunk_bytes),
             client_id=self.client_id, seq=seq)
         give_up = time.monotonic() + self.deadline
@@ -449,7 +450,7 @@ class GradClient:
 
         def requests():
             yield reducer_pb2.ReducerPushRequest(header=h)
-            for c in _bulk.iter_part_chunks(body[0], body[1], self.chunk_bytes):
+            for c in iter_part_chunks(body[0], body[1], self.chunk_bytes):
                 yield reducer_pb2.ReducerPushRequest(chunk=tensor_pb2.Chunk(data=c))
 
         stub = reducer_pb2_grpc.ReducerStub(self._channel(addr))

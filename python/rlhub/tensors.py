@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -110,10 +110,15 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
     return struct.pack("<Q", len(hj)) + hj, [e[3] for e in entries]
 
 
+def parts_size(head: bytes, bufs: Sequence[memoryview]) -> int:
+    """The encoded size of ``save_parts``' pieces."""
+    return len(head) + sum(b.nbytes for b in bufs)
+
+
 def save_bytes(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> bytes:
     """Encodes a dict of numpy arrays / torch tensors as safetensors bytes."""
     head, bufs = save_parts(state_dict, metadata)
-    out = bytearray(len(head) + sum(b.nbytes for b in bufs))
+    out = bytearray(parts_size(head, bufs))
     out[:len(head)] = head
     p = len(head)
     for raw in bufs:

@@ -21,9 +21,9 @@ from google.rpc import error_details_pb2, status_pb2
 import rlhub
 from rlhub import _bulk
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc
-from rlhub._transfer import iter_chunks
+from rlhub._transfer import iter_chunks, iter_part_chunks
 from rlhub.grads import GradClient, gradient_dict
-from rlhub.tensors import save_bytes
+from rlhub.tensors import parts_size, save_bytes, save_parts
 import conftest
 from conftest import Hub
 from test_grads import fill_grads, make_net, setup_model, wait_version
@@ -42,17 +42,17 @@ def sample_dicts():
 
 @pytest.mark.parametrize("d", list(sample_dicts()))
 def test_parts_are_save_bytes_and_chunk_alike(d):
-    head, bufs = _bulk.safetensors_parts(d)
+    head, bufs = save_parts(d)
     blob = save_bytes(d)
     assert head + b"".join(bufs) == blob
-    assert _bulk.parts_size(head, bufs) == len(blob)
+    assert parts_size(head, bufs) == len(blob)
     for cb in (1, 7, 64, 100, len(blob), 1 << 20):
-        assert list(_bulk.iter_part_chunks(head, bufs, cb)) == list(iter_chunks(blob, cb)), cb
+        assert list(iter_part_chunks(head, bufs, cb)) == list(iter_chunks(blob, cb)), cb
 
 
 def test_parts_view_contiguous_tensors_without_copying():
     t = torch.zeros(1000)
-    _, (raw,) = _bulk.safetensors_parts({"w": t})
+    _, (raw,) = save_parts({"w": t})
     t[0] = 1.0  # the view is the tensor's memory
     assert np.frombuffer(raw, np.float32)[0] == 1.0
 
@@ -152,9 +152,9 @@ def test_bulk_client_against_the_hub_directly(hub):
     with GradClient(hub.addr) as g:
         g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
         sid = g.secondaries()[0][1]
-    head, bufs = _bulk.safetensors_parts(gradient_dict(net))
+    head, bufs = save_parts(gradient_dict(net))
     h = reducer_pb2.ReducerPushHeader(client_id="direct", seq=1, secondary=sid)
-    h.blob.model, h.blob.version, h.blob.total_bytes = "pol", 1, _bulk.parts_size(head, bufs)
+    h.blob.model, h.blob.version, h.blob.total_bytes = "pol", 1, parts_size(head, bufs)
     c = _bulk.Client()
     try:
         resp = reducer_pb2.ReducerPushResponse()
