@@ -33,3 +33,11 @@ python3 -c 'import torch' 2>/dev/null || {
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -r python/requirements-torch.txt
 }
 go mod download
+
+# Each component that needs more (a Debian package, a Python package, a
+# server for its tests) adds one file here, so that set-up stays one
+# command and components do not edit each other's lines.
+for part in scripts/setup.d/*.sh; do
+  [[ -e "$part" ]] || continue
+  source "$part"
+done

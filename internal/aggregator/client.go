@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
@@ -31,7 +32,7 @@ func NewClient(conn grpc.ClientConnInterface) *Client {
 func (c *Client) Resources(ctx context.Context) ([]*rlhubv1.LearnerInfo, error) {
 	r, err := c.rpc.Resources(ctx, &rlhubv1.ResourcesRequest{})
 	if err != nil {
-		return nil, errs.FromStatus(err)
+		return nil, grpcerr.FromStatus(err)
 	}
 	return r.Learners, nil
 }
@@ -39,7 +40,7 @@ func (c *Client) Resources(ctx context.Context) ([]*rlhubv1.LearnerInfo, error) 
 // Status returns learners, leases and counters.
 func (c *Client) Status(ctx context.Context) (*rlhubv1.StatusResponse, error) {
 	r, err := c.rpc.Status(ctx, &rlhubv1.StatusRequest{})
-	return r, errs.FromStatus(err)
+	return r, grpcerr.FromStatus(err)
 }
 
 // Start starts a task on every attached learner; taskID "" lets the
@@ -50,13 +51,13 @@ func (c *Client) Start(ctx context.Context, taskID string, info map[string]any) 
 		return nil, fmt.Errorf("%w: task info: %v", errs.ErrInvalid, err)
 	}
 	r, err := c.rpc.Start(ctx, &rlhubv1.StartRequest{TaskId: taskID, TaskInfo: st})
-	return r, errs.FromStatus(err)
+	return r, grpcerr.FromStatus(err)
 }
 
 // GetDataDemand returns the merged demand and records the learner order.
 func (c *Client) GetDataDemand(ctx context.Context, taskID string) (*rlhubv1.DemandResponse, error) {
 	r, err := c.rpc.GetDataDemand(ctx, &rlhubv1.DemandRequest{TaskId: taskID})
-	return r, errs.FromStatus(err)
+	return r, grpcerr.FromStatus(err)
 }
 
 // Learn sends a batch (every tensor with the same first dimension) and
@@ -73,7 +74,7 @@ func (c *Client) Learn(ctx context.Context, taskID string, batch *tensor.StateDi
 	defer cancel()
 	stream, err := c.rpc.Learn(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
-		return nil, errs.FromStatus(err)
+		return nil, grpcerr.FromStatus(err)
 	}
 	err = stream.Send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Header{Header: &rlhubv1.LearnHeader{
 		TaskId: taskID,
@@ -88,10 +89,10 @@ func (c *Client) Learn(ctx context.Context, taskID string, batch *tensor.StateDi
 	// returns its status.
 	resp, rerr := stream.CloseAndRecv()
 	if rerr != nil {
-		return nil, errs.FromStatus(rerr)
+		return nil, grpcerr.FromStatus(rerr)
 	}
 	if err != nil {
-		return nil, errs.FromStatus(err)
+		return nil, grpcerr.FromStatus(err)
 	}
 	return resp, nil
 }

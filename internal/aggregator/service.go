@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
@@ -289,7 +290,7 @@ func (s *Service) Attach(stream grpc.BidiStreamingServer[rlhubv1.LearnerMessage,
 	s.mu.Lock()
 	if s.closed || s.draining {
 		s.mu.Unlock()
-		return errs.ToStatus(fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable))
+		return grpcerr.ToStatus(fmt.Errorf("%w: aggregator closing", errs.ErrUnavailable))
 	}
 	c.leaseUntil = s.cfg.Now().Add(s.cfg.Lease) // the Hello must come within a lease
 	s.conns[c] = struct{}{}
@@ -306,7 +307,7 @@ func (s *Service) Attach(stream grpc.BidiStreamingServer[rlhubv1.LearnerMessage,
 	s.mu.Lock()
 	err := c.goneErr
 	s.mu.Unlock()
-	return errs.ToStatus(err)
+	return grpcerr.ToStatus(err)
 }
 
 func (s *Service) recvLoop(c *learnerConn) {
@@ -554,7 +555,7 @@ func fanOut[T any](items []T, f func(int, T) error) []error {
 // Start starts a task on every attached learner.
 func (s *Service) Start(ctx context.Context, req *rlhubv1.StartRequest) (*rlhubv1.StartResponse, error) {
 	resp, err := s.start(ctx, req.TaskId, req.TaskInfo)
-	return resp, errs.ToStatus(err)
+	return resp, grpcerr.ToStatus(err)
 }
 
 func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struct) (*rlhubv1.StartResponse, error) {
@@ -604,7 +605,7 @@ func (s *Service) currentTask(taskID string) (*taskState, error) {
 // GetDataDemand asks every started learner for its demand.
 func (s *Service) GetDataDemand(ctx context.Context, req *rlhubv1.DemandRequest) (*rlhubv1.DemandResponse, error) {
 	resp, err := s.demand(ctx, req.TaskId)
-	return resp, errs.ToStatus(err)
+	return resp, grpcerr.ToStatus(err)
 }
 
 func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandResponse, error) {
@@ -724,34 +725,34 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 	var m chunkcodec.Msg[*rlhubv1.LearnRequest]
 	defer m.Release()
 	if err := recv(&m); err != nil {
-		return errs.ToStatus(fmt.Errorf("%w: learn: no header: %v", errs.ErrInvalid, err))
+		return grpcerr.ToStatus(fmt.Errorf("%w: learn: no header: %v", errs.ErrInvalid, err))
 	}
 	h := m.Msg.GetHeader()
 	if h == nil || h.Blob == nil {
-		return errs.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
+		return grpcerr.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
 	}
 	asm, err := wire.NewAssembler(h.Blob.TotalBytes, wire.Limits{MaxBytes: s.cfg.MaxBatchBytes})
 	if err != nil {
-		return errs.ToStatus(fmt.Errorf("learn: %w", err))
+		return grpcerr.ToStatus(fmt.Errorf("learn: %w", err))
 	}
 	for asm.Received() < int(h.Blob.TotalBytes) {
 		if err := recv(&m); err != nil {
-			return errs.ToStatus(fmt.Errorf("%w: learn: batch stream ended after %d of %d bytes: %v", errs.ErrInvalid, asm.Received(), h.Blob.TotalBytes, err))
+			return grpcerr.ToStatus(fmt.Errorf("%w: learn: batch stream ended after %d of %d bytes: %v", errs.ErrInvalid, asm.Received(), h.Blob.TotalBytes, err))
 		}
 		if !m.Held() {
-			return errs.ToStatus(fmt.Errorf("%w: learn: expected a chunk after the header", errs.ErrInvalid))
+			return grpcerr.ToStatus(fmt.Errorf("%w: learn: expected a chunk after the header", errs.ErrInvalid))
 		}
 		if err := m.WriteChunk(asm.Write); err != nil {
-			return errs.ToStatus(fmt.Errorf("learn: %w", err))
+			return grpcerr.ToStatus(fmt.Errorf("learn: %w", err))
 		}
 	}
 	f, _, err := asm.Finish()
 	if err != nil {
-		return errs.ToStatus(fmt.Errorf("learn: %w", err))
+		return grpcerr.ToStatus(fmt.Errorf("learn: %w", err))
 	}
 	resp, err := s.LearnBatch(stream.Context(), h.TaskId, f.Tensors, f.Metadata)
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	return stream.SendAndClose(resp)
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -169,26 +170,26 @@ func (s *Service) StartRun(ctx context.Context, req *pb.ARSStartRunRequest) (*pb
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errs.ToStatus(errClosed)
+		return nil, grpcerr.ToStatus(errClosed)
 	}
 	for attempt := 0; attempt < 1000; attempt++ {
 		r, blob, err := s.c.prepareRun(req.GetSpec(), s.cfg.Now())
 		if err != nil {
-			return nil, errs.ToStatus(err)
+			return nil, grpcerr.ToStatus(err)
 		}
 		err = s.pushLocked(&publish{model: r.model, version: 1, blob: blob})
 		if errors.Is(err, errs.ErrStale) {
 			continue // the name is taken (a store that outlived a hub): next run number
 		}
 		if err != nil {
-			return nil, errs.ToStatus(fmt.Errorf("publish %s v1: %w", r.model, err))
+			return nil, grpcerr.ToStatus(fmt.Errorf("publish %s v1: %w", r.model, err))
 		}
 		s.c.addRun(r)
 		s.broadcastLocked()
 		s.cfg.Logger.Info("ars run started", "run", r.id, "model", r.model, "env", r.spec.Env, "seed", r.spec.Seed, "version", r.spec.Version, "directions", r.spec.Directions, "top", r.spec.Top)
 		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil
 	}
-	return nil, errs.ToStatus(fmt.Errorf("%w: no free run name", errs.ErrExists))
+	return nil, grpcerr.ToStatus(fmt.Errorf("%w: no free run name", errs.ErrExists))
 }
 
 // StopRun implements pb.ARSServer.
@@ -197,7 +198,7 @@ func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.A
 	defer s.mu.Unlock()
 	r, ok := s.c.runs[req.RunId]
 	if !ok {
-		return nil, errs.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
 	}
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
 	s.broadcastLocked()
@@ -212,7 +213,7 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 		r, ok := s.c.runs[req.RunId]
 		if !ok {
 			s.mu.Unlock()
-			return errs.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+			return grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
 		}
 		batch := r.progress[sent:] // entries are immutable once appended
 		ch := s.changed
@@ -231,9 +232,9 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 		select {
 		case <-ch:
 		case <-stream.Context().Done():
-			return errs.ToStatus(stream.Context().Err())
+			return grpcerr.ToStatus(stream.Context().Err())
 		case <-s.quit:
-			return errs.ToStatus(errClosed)
+			return grpcerr.ToStatus(errClosed)
 		}
 	}
 }
@@ -243,7 +244,7 @@ func (s *Service) Attach(ctx context.Context, req *pb.ARSAttachRequest) (*pb.ARS
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return nil, errs.ToStatus(errClosed)
+		return nil, grpcerr.ToStatus(errClosed)
 	}
 	w := s.c.attach(req.Name, s.cfg.Now())
 	s.cfg.Logger.Debug("ars worker attached", "worker", w.id, "name", w.name)
@@ -271,13 +272,13 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, errs.ToStatus(errClosed)
+			return nil, grpcerr.ToStatus(errClosed)
 		}
 		now := s.cfg.Now()
 		resp, err := s.tryLeaseLocked(req, now)
 		if err != nil {
 			s.mu.Unlock()
-			return nil, errs.ToStatus(err)
+			return nil, grpcerr.ToStatus(err)
 		}
 		if resp != nil {
 			s.mu.Unlock()
@@ -302,9 +303,9 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 		case <-give.C:
 			gaveUp = true
 		case <-ctx.Done():
-			stop = errs.ToStatus(ctx.Err())
+			stop = grpcerr.ToStatus(ctx.Err())
 		case <-s.quit:
-			stop = errs.ToStatus(errClosed)
+			stop = grpcerr.ToStatus(errClosed)
 		}
 		if timer != nil {
 			timer.Stop()
@@ -366,7 +367,7 @@ func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error
 	now := s.cfg.Now()
 	out, err := s.c.report(req.WorkerId, req.RunId, req.Iteration, req.Results, now)
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcerr.ToStatus(err)
 	}
 	if out.pub != nil {
 		if err := s.pushLocked(out.pub); err != nil {
@@ -386,7 +387,7 @@ func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error
 	if req.Next != nil && !s.closed {
 		next, err := s.tryLeaseLocked(req.Next, now)
 		if err != nil {
-			return nil, errs.ToStatus(err)
+			return nil, grpcerr.ToStatus(err)
 		}
 		resp.Next = next
 	}
@@ -403,11 +404,11 @@ func (s *Service) PullPolicy(req *pb.ARSPullPolicyRequest, stream grpc.ServerStr
 	}
 	s.mu.Unlock()
 	if !ok {
-		return errs.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		return grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
 	}
 	snap, err := s.cfg.Store.Get(stream.Context(), model, req.Version)
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	info := &pb.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob)), ChunkBytes: uint32(s.cfg.ChunkBytes)}
 	if err := stream.Send(&pb.ARSPolicyPart{Part: &pb.ARSPolicyPart_Info{Info: info}}); err != nil {

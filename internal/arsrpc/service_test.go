@@ -22,6 +22,7 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -282,11 +283,11 @@ func TestServiceErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, err := client.StartRun(ctx, &pb.ARSStartRunRequest{Spec: &pb.ARSRunSpec{Env: "Nope-v0"}})
-	if !errors.Is(errs.FromStatus(err), errs.ErrInvalid) {
+	if !errors.Is(grpcerr.FromStatus(err), errs.ErrInvalid) {
 		t.Errorf("bad env: %v", err)
 	}
 	_, err = client.Lease(ctx, &pb.ARSLeaseRequest{WorkerId: "ghost"})
-	if !errors.Is(errs.FromStatus(err), errs.ErrNotFound) {
+	if !errors.Is(grpcerr.FromStatus(err), errs.ErrNotFound) {
 		t.Errorf("unknown worker: %v", err)
 	}
 	if _, _, err := PullPolicy(ctx, client, "run-404", 0); !errors.Is(err, errs.ErrNotFound) {

@@ -13,6 +13,7 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/wire"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -140,7 +141,7 @@ func (w *workerLoop) loop(ctx context.Context) error {
 				if retry(err) {
 					continue
 				}
-				return fmt.Errorf("attach: %w", errs.FromStatus(err))
+				return fmt.Errorf("attach: %w", grpcerr.FromStatus(err))
 			}
 			w.id = resp.WorkerId
 		}
@@ -148,7 +149,7 @@ func (w *workerLoop) loop(ctx context.Context) error {
 		lease, err := w.client.Lease(lctx, w.leaseRequest())
 		cancel()
 		if err != nil {
-			err = errs.FromStatus(err)
+			err = grpcerr.FromStatus(err)
 			if errors.Is(err, errs.ErrNotFound) {
 				w.id = "" // the hub forgot us (restart or expiry): attach again
 				continue
@@ -218,7 +219,7 @@ func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) (*pb
 	defer cancel()
 	resp, err := w.client.Report(rctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("report: %w", errs.FromStatus(err))
+		return nil, fmt.Errorf("report: %w", grpcerr.FromStatus(err))
 	}
 	return resp.Next, nil
 }
@@ -265,11 +266,11 @@ func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version 
 	defer cancel()
 	stream, err := client.PullPolicy(pctx, &pb.ARSPullPolicyRequest{RunId: runID, Version: version})
 	if err != nil {
-		return nil, nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+		return nil, nil, fmt.Errorf("pull policy: %w", grpcerr.FromStatus(err))
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return nil, nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+		return nil, nil, fmt.Errorf("pull policy: %w", grpcerr.FromStatus(err))
 	}
 	info := first.GetInfo()
 	if info == nil {
@@ -285,7 +286,7 @@ func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version 
 			break
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("pull policy: %w", errs.FromStatus(err))
+			return nil, nil, fmt.Errorf("pull policy: %w", grpcerr.FromStatus(err))
 		}
 		c := part.GetChunk()
 		if c == nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/hub"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -275,7 +276,7 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	start, err := client.StartRun(sctx, &pb.ARSStartRunRequest{Spec: &o.spec}, grpc.WaitForReady(true))
 	cancel()
 	if err != nil {
-		return fmt.Errorf("start run: %w", errs.FromStatus(err))
+		return fmt.Errorf("start run: %w", grpcerr.FromStatus(err))
 	}
 	g.logger.Info("ars run", "run", start.RunId, "hub", addr, "workers", o.workers)
 	began := time.Now()
@@ -345,7 +346,7 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 func watchRun(ctx context.Context, g *globals, client pb.ARSClient, runID string, o *trainARSOptions, began time.Time) ([]curveRow, error) {
 	stream, err := client.WatchRun(ctx, &pb.ARSWatchRunRequest{RunId: runID})
 	if err != nil {
-		return nil, errs.FromStatus(err)
+		return nil, grpcerr.FromStatus(err)
 	}
 	total := int64(-1)
 	if o.spec.MaxEpisodes > 0 {
@@ -372,7 +373,7 @@ func watchRun(ctx context.Context, g *globals, client pb.ARSClient, runID string
 			break
 		}
 		if err != nil {
-			return rows, errs.FromStatus(err)
+			return rows, grpcerr.FromStatus(err)
 		}
 		wall := time.Since(began).Seconds()
 		rows = append(rows, curveRow{p: p, wall: wall})

@@ -24,8 +24,10 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -165,7 +167,7 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 	m, err := stream.Recv()
 	stopWait.Stop()
 	if err != nil {
-		return errs.FromStatus(err)
+		return grpcerr.FromStatus(err)
 	}
 	w := m.GetWelcome()
 	if w == nil || w.LeaseMs == 0 {
@@ -221,7 +223,7 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
-			return errs.FromStatus(err)
+			return grpcerr.FromStatus(err)
 		}
 		var reply *rlhubv1.LearnerReply
 		switch b := m.Body.(type) {
@@ -271,7 +273,7 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 	for asm.Received() < int(lt.Blob.TotalBytes) {
 		m, err := stream.Recv()
 		if err != nil {
-			return nil, errs.FromStatus(err)
+			return nil, grpcerr.FromStatus(err)
 		}
 		ch := m.GetChunk()
 		if ch == nil {

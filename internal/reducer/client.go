@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -135,7 +136,7 @@ func (c *Client) Close() error {
 func (c *Client) Register(ctx context.Context, mc ModelConfig) (version, restored uint64, err error) {
 	resp, err := rlhubv1.NewReducerClient(c.hub).Register(ctx, ModelConfigToProto(mc))
 	if err != nil {
-		return 0, 0, errs.FromStatus(err)
+		return 0, 0, grpcerr.FromStatus(err)
 	}
 	return resp.GetVersion(), resp.GetRestoredSteps(), nil
 }
@@ -162,14 +163,14 @@ func (c *Client) Stats(ctx context.Context, addr string) (*rlhubv1.ReducerStatsR
 		}
 	}
 	resp, err := rlhubv1.NewReducerClient(conn).Stats(ctx, &rlhubv1.ReducerStatsRequest{})
-	return resp, errs.FromStatus(err)
+	return resp, grpcerr.FromStatus(err)
 }
 
 // refresh asks the primary for the live secondaries.
 func (c *Client) refresh(ctx context.Context) error {
 	resp, err := rlhubv1.NewReducerClient(c.hub).Secondaries(ctx, &rlhubv1.ReducerSecondariesRequest{})
 	if err != nil {
-		return errs.FromStatus(err)
+		return grpcerr.FromStatus(err)
 	}
 	var ts []target
 	for _, s := range resp.GetSecondaries() {
@@ -298,7 +299,7 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 		// gradient) the safetensors header and the tensors' own memory
 		// in one writev.
 		var resp rlhubv1.ReducerPushResponse
-		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, l.Buffers(), &resp)
+		err := c.bulk.Call(ctx, t.addr, BulkPushMethod, hdr, net.Buffers(l.Buffers()), &resp)
 		if !errors.Is(err, bulk.ErrNotSupported) {
 			if err != nil {
 				return Receipt{}, err
@@ -316,7 +317,7 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 	// to the transport without a marshal copy.
 	stream, err := rlhubv1.NewReducerClient(conn).Push(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
-		return Receipt{}, errs.FromStatus(err)
+		return Receipt{}, grpcerr.FromStatus(err)
 	}
 	err = stream.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Header{Header: hdr}})
 	if err == nil {
@@ -326,7 +327,7 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq
 	}
 	resp, rerr := stream.CloseAndRecv()
 	if rerr != nil {
-		return Receipt{}, errs.FromStatus(rerr)
+		return Receipt{}, grpcerr.FromStatus(rerr)
 	}
 	if err != nil {
 		return Receipt{}, fmt.Errorf("%w: push: %v", errs.ErrUnavailable, err)

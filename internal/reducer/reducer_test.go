@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/store"
@@ -273,8 +274,8 @@ func testRejections(t *testing.T, transport string) {
 		t.Run(tc.name, func(t *testing.T) {
 			prev := e.svc.Stats().Total
 			_, err := c.PushSeq(ctx, tc.model, tc.base, tc.seq, tc.g)
-			if errs.Code(err) != tc.code || !errors.Is(err, tc.is) {
-				t.Fatalf("got %v (code %v), want %v matching %v", err, errs.Code(err), tc.code, tc.is)
+			if grpcerr.Code(err) != tc.code || !errors.Is(err, tc.is) {
+				t.Fatalf("got %v (code %v), want %v matching %v", err, grpcerr.Code(err), tc.code, tc.is)
 			}
 			t.Logf("error: %v", err)
 			st := e.waitSettled().Total
@@ -326,7 +327,7 @@ func testBoundedQueue(t *testing.T, transport string) {
 		t.Fatal(err) // held in the next batch
 	}
 	_, err := c.PushSeq(ctx, "m", 1, 3, gradFor(n, "q", 3))
-	if errs.Code(err) != codes.ResourceExhausted || !errors.Is(err, errs.ErrFull) {
+	if grpcerr.Code(err) != codes.ResourceExhausted || !errors.Is(err, errs.ErrFull) {
 		t.Fatalf("third push: %v, want ResourceExhausted", err)
 	}
 	st := e.svc.Stats()
@@ -580,7 +581,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 	// ALREADY_EXISTS, which clients take as "an earlier attempt got
 	// through": s1 may yet lose it.
 	sx, _, _ := p.Attach(ctx, Secondary{ID: "sx"})
-	if _, _, err := p.Admit(ctx, sx, "m", a, 0); !errors.Is(err, errs.ErrAborted) || errs.Code(err) != codes.Aborted {
+	if _, _, err := p.Admit(ctx, sx, "m", a, 0); !errors.Is(err, errs.ErrAborted) || grpcerr.Code(err) != codes.Aborted {
 		t.Fatalf("retry of a pending elsewhere: %v, want Aborted", err)
 	}
 	p.Detach(sx)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -62,7 +64,7 @@ func (r *RemotePrimary) Attach(ctx context.Context, s Secondary) (uint64, <-chan
 	stream, err := r.c.Attach(sctx, &rlhubv1.ReducerAttachRequest{Addr: s.Addr, Id: s.ID})
 	if err != nil {
 		cancel()
-		return 0, nil, errs.FromStatus(err)
+		return 0, nil, grpcerr.FromStatus(err)
 	}
 	first := make(chan error, 1)
 	var ev *rlhubv1.ReducerAttachEvent
@@ -80,7 +82,7 @@ func (r *RemotePrimary) Attach(ctx context.Context, s Secondary) (uint64, <-chan
 	}
 	if err != nil {
 		cancel()
-		return 0, nil, errs.FromStatus(err)
+		return 0, nil, grpcerr.FromStatus(err)
 	}
 	rs := &remoteSession{cancel: cancel, done: make(chan struct{})}
 	go func() { // owned by the session: ended by Detach (cancel) or a break
@@ -122,7 +124,7 @@ func (r *RemotePrimary) Describe(ctx context.Context, model string) (Layout, err
 	defer cancel()
 	resp, err := r.c.Describe(ctx, &rlhubv1.ReducerDescribeRequest{Model: model})
 	if err != nil {
-		return Layout{}, errs.FromStatus(err)
+		return Layout{}, grpcerr.FromStatus(err)
 	}
 	sd, err := layoutFromProto(resp.GetTensors())
 	if err != nil {
@@ -137,7 +139,7 @@ func (r *RemotePrimary) Admit(ctx context.Context, session uint64, model string,
 	defer cancel()
 	resp, err := r.c.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: session, Model: model, ClientId: id.Client, Seq: id.Seq, BaseVersion: base})
 	if err != nil {
-		return 0, 0, errs.FromStatus(err)
+		return 0, 0, grpcerr.FromStatus(err)
 	}
 	return resp.GetWeight(), resp.GetVersion(), nil
 }
@@ -148,7 +150,7 @@ func (r *RemotePrimary) Release(ctx context.Context, session uint64, model strin
 	defer cancel()
 	resp, err := r.c.Release(ctx, &rlhubv1.ReducerReleaseRequest{Session: session, Model: model, Ids: idsToProto(ids)})
 	if err != nil {
-		return 0, errs.FromStatus(err)
+		return 0, grpcerr.FromStatus(err)
 	}
 	return int(resp.GetReleased()), nil
 }
@@ -170,14 +172,14 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		Blob:                  &rlhubv1.BlobInfo{Model: b.Model, TotalBytes: uint64(l.Size)}}
 	if r.bulk != nil && r.bulk.Supported(r.addr) {
 		var resp rlhubv1.ReducerForwardResponse
-		err := r.bulk.Call(ctx, r.addr, BulkForwardMethod, hdr, l.Buffers(), &resp)
+		err := r.bulk.Call(ctx, r.addr, BulkForwardMethod, hdr, net.Buffers(l.Buffers()), &resp)
 		if !errors.Is(err, bulk.ErrNotSupported) {
 			return resp.GetVersion(), err
 		}
 	}
 	stream, err := r.c.Forward(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
-		return 0, errs.FromStatus(err)
+		return 0, grpcerr.FromStatus(err)
 	}
 	err = stream.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Header{Header: hdr}})
 	if err == nil {
@@ -187,7 +189,7 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	}
 	resp, rerr := stream.CloseAndRecv()
 	if rerr != nil {
-		return 0, errs.FromStatus(rerr)
+		return 0, grpcerr.FromStatus(rerr)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("%w: forward: %v", errs.ErrUnavailable, err)

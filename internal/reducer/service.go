@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -319,7 +320,7 @@ func ModelConfigToProto(mc ModelConfig) *rlhubv1.ReducerRegisterRequest {
 func (rs *reducerServer) Register(ctx context.Context, r *rlhubv1.ReducerRegisterRequest) (*rlhubv1.ReducerRegisterResponse, error) {
 	v, restored, err := rs.s.RegisterModel(ctx, ModelConfigFromProto(r))
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcerr.ToStatus(err)
 	}
 	return &rlhubv1.ReducerRegisterResponse{Version: v, RestoredSteps: restored}, nil
 }
@@ -328,7 +329,7 @@ func (rs *reducerServer) Register(ctx context.Context, r *rlhubv1.ReducerRegiste
 func (rs *reducerServer) Secondaries(context.Context, *rlhubv1.ReducerSecondariesRequest) (*rlhubv1.ReducerSecondariesResponse, error) {
 	p := rs.s.primary
 	if p == nil {
-		return nil, errs.ToStatus(fmt.Errorf("%w: this hub's reducer primary is at %s", errs.ErrUnavailable, rs.s.cfg.Primary))
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: this hub's reducer primary is at %s", errs.ErrUnavailable, rs.s.cfg.Primary))
 	}
 	resp := &rlhubv1.ReducerSecondariesResponse{}
 	for _, sec := range p.Secondaries() {
@@ -345,11 +346,11 @@ func (rs *reducerServer) Push(stream rlhubv1.Reducer_PushServer) error {
 	var m chunkcodec.Msg[*rlhubv1.ReducerPushRequest]
 	defer m.Release()
 	if err := recvMsg(&m); err != nil {
-		return errs.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, err))
+		return grpcerr.ToStatus(fmt.Errorf("%w: push: %v", errs.ErrInvalid, err))
 	}
 	resp, err := rs.s.push(stream.Context(), m.Msg.GetHeader(), chunks(streamRecv(recvMsg, &m, "push")))
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	return stream.SendAndClose(resp)
 }
@@ -441,11 +442,11 @@ type primaryServer struct {
 // as the stream.
 func (ps *primaryServer) Attach(req *rlhubv1.ReducerAttachRequest, stream rlhubv1.ReducerPrimary_AttachServer) error {
 	if req.GetId() == "" {
-		return errs.ToStatus(fmt.Errorf("%w: attach without a secondary id", errs.ErrInvalid))
+		return grpcerr.ToStatus(fmt.Errorf("%w: attach without a secondary id", errs.ErrInvalid))
 	}
 	sess, _, err := ps.p.Attach(stream.Context(), Secondary{Addr: req.GetAddr(), ID: req.GetId()})
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	defer ps.p.Detach(sess)
 	if err := stream.Send(&rlhubv1.ReducerAttachEvent{Session: sess}); err != nil {
@@ -455,7 +456,7 @@ func (ps *primaryServer) Attach(req *rlhubv1.ReducerAttachRequest, stream rlhubv
 	case <-stream.Context().Done():
 		return nil
 	case <-ps.drained:
-		return errs.ToStatus(fmt.Errorf("%w: reducer primary is stopping", errs.ErrUnavailable))
+		return grpcerr.ToStatus(fmt.Errorf("%w: reducer primary is stopping", errs.ErrUnavailable))
 	}
 }
 
@@ -463,7 +464,7 @@ func (ps *primaryServer) Attach(req *rlhubv1.ReducerAttachRequest, stream rlhubv
 func (ps *primaryServer) Describe(ctx context.Context, req *rlhubv1.ReducerDescribeRequest) (*rlhubv1.ReducerDescribeResponse, error) {
 	l, err := ps.p.Describe(ctx, req.GetModel())
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcerr.ToStatus(err)
 	}
 	return &rlhubv1.ReducerDescribeResponse{Tensors: layoutToProto(l.Tensors), Version: l.Version}, nil
 }
@@ -472,7 +473,7 @@ func (ps *primaryServer) Describe(ctx context.Context, req *rlhubv1.ReducerDescr
 func (ps *primaryServer) Admit(ctx context.Context, req *rlhubv1.ReducerAdmitRequest) (*rlhubv1.ReducerAdmitResponse, error) {
 	w, v, err := ps.p.Admit(ctx, req.GetSession(), req.GetModel(), reduce.ID{Client: req.GetClientId(), Seq: req.GetSeq()}, req.GetBaseVersion())
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcerr.ToStatus(err)
 	}
 	return &rlhubv1.ReducerAdmitResponse{Weight: w, Version: v}, nil
 }
@@ -481,7 +482,7 @@ func (ps *primaryServer) Admit(ctx context.Context, req *rlhubv1.ReducerAdmitReq
 func (ps *primaryServer) Release(ctx context.Context, req *rlhubv1.ReducerReleaseRequest) (*rlhubv1.ReducerReleaseResponse, error) {
 	n, err := ps.p.Release(ctx, req.GetSession(), req.GetModel(), idsFromProto(req.GetIds()))
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcerr.ToStatus(err)
 	}
 	return &rlhubv1.ReducerReleaseResponse{Released: uint32(n)}, nil
 }
@@ -492,11 +493,11 @@ func (ps *primaryServer) Forward(stream rlhubv1.ReducerPrimary_ForwardServer) er
 	var m chunkcodec.Msg[*rlhubv1.ReducerForwardRequest]
 	defer m.Release()
 	if err := recvMsg(&m); err != nil {
-		return errs.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, err))
+		return grpcerr.ToStatus(fmt.Errorf("%w: forward: %v", errs.ErrInvalid, err))
 	}
 	v, err := forward(stream.Context(), ps.p, m.Msg.GetHeader(), chunks(streamRecv(recvMsg, &m, "forward")))
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	return stream.SendAndClose(&rlhubv1.ReducerForwardResponse{Version: v})
 }

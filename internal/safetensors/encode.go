@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,11 +118,11 @@ func Plan(sd *tensor.StateDict, metadata map[string]string) (*Layout, error) {
 }
 
 // Buffers is the encoding as pieces: the header, then each tensor's Data
-// in file order, without copying. Writing them to a TCP connection
-// (net.Buffers.WriteTo) is one writev; the tensors must not change until
-// the write returns.
-func (l *Layout) Buffers() net.Buffers {
-	bufs := make(net.Buffers, 0, 1+len(l.Order))
+// in file order, without copying. Writing them to a TCP connection as
+// net.Buffers is one writev (the transport converts; this package stays
+// free of net); the tensors must not change until the write returns.
+func (l *Layout) Buffers() [][]byte {
+	bufs := make([][]byte, 0, 1+len(l.Order))
 	bufs = append(bufs, l.Header)
 	for _, t := range l.Order {
 		bufs = append(bufs, t.Data)
@@ -134,8 +133,15 @@ func (l *Layout) Buffers() net.Buffers {
 // WriteTo writes the encoding to w: the header, then each tensor's bytes
 // directly from its Data (Buffers).
 func (l *Layout) WriteTo(w io.Writer) (int64, error) {
-	bufs := l.Buffers()
-	return bufs.WriteTo(w)
+	var n int64
+	for _, b := range l.Buffers() {
+		m, err := w.Write(b)
+		n += int64(m)
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // EncodeInto writes the encoding into dst, which must be at least l.Size

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -55,7 +55,7 @@ var blobService = grpc.ServiceDesc{
 			}
 			a, err := NewAssembler(info.TotalBytes, Limits{MaxBytes: 1 << 30})
 			if err != nil {
-				return errs.ToStatus(err)
+				return grpcerr.ToStatus(err)
 			}
 			c := new(rlhubv1.Chunk)
 			for {
@@ -67,12 +67,12 @@ var blobService = grpc.ServiceDesc{
 					return err
 				}
 				if err := a.Write(c.Data); err != nil {
-					return errs.ToStatus(err)
+					return grpcerr.ToStatus(err)
 				}
 			}
 			f, blob, err := a.Finish()
 			if err != nil {
-				return errs.ToStatus(err)
+				return grpcerr.ToStatus(err)
 			}
 			return stream.SendMsg(&rlhubv1.BlobInfo{TotalBytes: uint64(len(blob)), Version: uint64(f.Tensors.Len())})
 		},
@@ -263,7 +263,7 @@ func startGRPCPeer(b *testing.B, l *safetensors.Layout, srvOpts []grpc.ServerOpt
 		}
 		reply := new(rlhubv1.BlobInfo)
 		if err := cs.RecvMsg(reply); err != nil {
-			return errs.FromStatus(err)
+			return grpcerr.FromStatus(err)
 		}
 		if reply.TotalBytes != uint64(l.Size) || reply.Version != uint64(len(l.Order)) {
 			return fmt.Errorf("server assembled %d bytes / %d tensors, sent %d / %d", reply.TotalBytes, reply.Version, l.Size, len(l.Order))

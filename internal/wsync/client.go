@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
@@ -123,7 +124,7 @@ func Attach(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		if err == nil {
 			err = ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: wsync: attach to %s: %w", errs.ErrUnavailable, cfg.Model, errs.FromStatus(err))
+		return nil, fmt.Errorf("%w: wsync: attach to %s: %w", errs.ErrUnavailable, cfg.Model, grpcerr.FromStatus(err))
 	}
 	c := &Client{cfg: cfg, board: NewBoard(cfg.Model), cancel: cancel, done: make(chan struct{}), stream: stream}
 	go c.receive()
@@ -148,7 +149,7 @@ func (c *Client) receiveLoop() error {
 	defer m.Release()
 	for {
 		if err := c.stream.RecvMsg(&m); err != nil {
-			return errs.FromStatus(err)
+			return grpcerr.FromStatus(err)
 		}
 		info := m.Msg.GetInfo()
 		if m.Msg != nil && info == nil {
@@ -166,7 +167,7 @@ func (c *Client) receiveLoop() error {
 		}
 		for uint64(asm.Received()) < info.TotalBytes {
 			if err := c.stream.RecvMsg(&m); err != nil {
-				return errs.FromStatus(err)
+				return grpcerr.FromStatus(err)
 			}
 			if !m.Held() {
 				return fmt.Errorf("%w: wsync: version %d ended after %d of %d bytes", errs.ErrInvalid, info.Version, asm.Received(), info.TotalBytes)
@@ -305,14 +306,14 @@ func (c *Client) Close() error {
 // by the push stream (shared memory, relay, in process) to a hub.
 func Report(ctx context.Context, conn grpc.ClientConnInterface, reports ...*rlhubv1.CollectorReport) error {
 	_, err := rlhubv1.NewWeightSyncClient(conn).Report(ctx, &rlhubv1.SyncReportRequest{Reports: reports})
-	return errs.FromStatus(err)
+	return grpcerr.FromStatus(err)
 }
 
 // Status asks a hub for the lag picture of model ("" for all).
 func Status(ctx context.Context, conn grpc.ClientConnInterface, model string) ([]ModelStatus, error) {
 	resp, err := rlhubv1.NewWeightSyncClient(conn).Status(ctx, &rlhubv1.SyncStatusRequest{Model: model})
 	if err != nil {
-		return nil, errs.FromStatus(err)
+		return nil, grpcerr.FromStatus(err)
 	}
 	return StatusFromProto(resp), nil
 }

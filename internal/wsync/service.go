@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
@@ -146,10 +147,10 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	hello := first.GetHello()
 	switch {
 	case hello == nil:
-		return errs.ToStatus(fmt.Errorf("%w: first Attach message must be a hello", errs.ErrInvalid))
+		return grpcerr.ToStatus(fmt.Errorf("%w: first Attach message must be a hello", errs.ErrInvalid))
 	}
 	if err := checkIDs(hello.CollectorId, hello.Model, ""); err != nil {
-		return errs.ToStatus(fmt.Errorf("hello: %w", err))
+		return grpcerr.ToStatus(fmt.Errorf("hello: %w", err))
 	}
 	id, model := hello.CollectorId, hello.Model
 	chunk := s.cfg.ChunkBytes
@@ -157,7 +158,7 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		chunk = int(hello.ChunkBytes)
 	}
 	if hello.ChunkBytes > 0 && hello.ChunkBytes < 4<<10 {
-		return errs.ToStatus(fmt.Errorf("%w: chunk_bytes %d below 4 KiB", errs.ErrInvalid, hello.ChunkBytes))
+		return grpcerr.ToStatus(fmt.Errorf("%w: chunk_bytes %d below 4 KiB", errs.ErrInvalid, hello.ChunkBytes))
 	}
 
 	ctx, cancel := context.WithCancel(stream.Context())
@@ -165,7 +166,7 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
 	if s.ctx.Err() != nil {
-		return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+		return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 	}
 
 	// The collector's reports arrive on the same stream; a reader goroutine
@@ -174,7 +175,7 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+		return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -202,12 +203,12 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		snap, release, err := store.BorrowNewer(ctx, s.cfg.Versions, model, sent)
 		if err != nil {
 			if s.ctx.Err() != nil {
-				return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+				return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 			}
 			if stream.Context().Err() != nil {
 				return nil // the collector left
 			}
-			return errs.ToStatus(err)
+			return grpcerr.ToStatus(err)
 		}
 		s.tracker.SawVersion(model, snap.Version)
 		done := chunkcodec.Lend(snap.Blob, release)
@@ -215,7 +216,7 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		done()
 		if err != nil {
 			if s.ctx.Err() != nil {
-				return errs.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+				return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 			}
 			return err
 		}
@@ -246,11 +247,11 @@ const maxReports = 10000
 // is refused whole.
 func (s *Service) Report(_ context.Context, req *rlhubv1.SyncReportRequest) (*rlhubv1.SyncReportResponse, error) {
 	if len(req.Reports) > maxReports {
-		return nil, errs.ToStatus(fmt.Errorf("%w: %d reports in one call, at most %d", errs.ErrInvalid, len(req.Reports), maxReports))
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: %d reports in one call, at most %d", errs.ErrInvalid, len(req.Reports), maxReports))
 	}
 	for i, r := range req.Reports {
 		if err := checkIDs(r.CollectorId, r.Model, r.Via); err != nil {
-			return nil, errs.ToStatus(fmt.Errorf("report %d: %w", i, err))
+			return nil, grpcerr.ToStatus(fmt.Errorf("report %d: %w", i, err))
 		}
 	}
 	for _, r := range req.Reports {

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
@@ -221,7 +222,7 @@ func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) err
 			return errClosed
 		}
 		if !retryable(err) || attempt >= c.cfg.MaxAttempts || !sleep(ctx, c.backoff(attempt)) {
-			return errs.FromStatus(err)
+			return grpcerr.FromStatus(err)
 		}
 	}
 }
@@ -450,7 +451,7 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64, fn func(s
 			return errClosed
 		}
 		if !retryable(err) || failures >= c.cfg.MaxAttempts || !sleep(ctx, c.backoff(failures)) {
-			return errs.FromStatus(err)
+			return grpcerr.FromStatus(err)
 		}
 	}
 }

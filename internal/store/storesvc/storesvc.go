@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
@@ -109,7 +110,7 @@ func (s *Service) Push(stream rlhubv1.ModelStore_PushServer) error {
 	info, err := s.push(stream)
 	if err != nil {
 		s.cfg.Logger.Debug("store: push refused", "err", err)
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	s.cfg.Logger.Info("store: version landed", "model", info.Name, "version", info.Version, "epoch", info.Epoch, "bytes", info.Bytes)
 	return stream.SendAndClose(&rlhubv1.StorePushResponse{Info: infoProto(info)})
@@ -177,11 +178,11 @@ func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_
 	ctx := stream.Context()
 	if req.IfNewerThan != nil {
 		if req.Version != 0 {
-			return errs.ToStatus(fmt.Errorf("%w: if_newer_than with an exact version %d", errs.ErrInvalid, req.Version))
+			return grpcerr.ToStatus(fmt.Errorf("%w: if_newer_than with an exact version %d", errs.ErrInvalid, req.Version))
 		}
 		snap, done, err := s.lend(ctx, req.Model, 0)
 		if err != nil {
-			return errs.ToStatus(err)
+			return grpcerr.ToStatus(err)
 		}
 		defer done()
 		if snap.Version <= *req.IfNewerThan {
@@ -194,7 +195,7 @@ func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_
 	}
 	snap, done, err := s.lend(ctx, req.Model, req.Version)
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcerr.ToStatus(err)
 	}
 	defer done()
 	return s.send(stream, snap, 0, req.ChunkBytes)
@@ -236,7 +237,7 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 			if s.drainCtx.Err() != nil && stream.Context().Err() == nil {
 				err = errDraining
 			}
-			return errs.ToStatus(err)
+			return grpcerr.ToStatus(err)
 		}
 		var skipped uint64
 		if lastSeq != 0 && snap.Seq > lastSeq {
@@ -285,7 +286,7 @@ func (s *Service) send(stream pullStream, snap *store.Snapshot, skipped uint64, 
 func (s *Service) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
 	infos, err := s.cfg.Store.List(ctx)
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcerr.ToStatus(err)
 	}
 	out := &rlhubv1.StoreListResponse{}
 	for _, in := range infos {

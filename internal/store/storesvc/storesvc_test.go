@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
@@ -148,7 +149,7 @@ func testBadPushes(t *testing.T, h *harness) {
 	// The stale error carries the current version across the wire.
 	err := rawPush(t, h, header("m", 2, 7, n), chunk(good))
 	var se *errs.StaleError
-	if !errors.As(errs.FromStatus(err), &se) || se.CurrentVersion != 1 {
+	if !errors.As(grpcerr.FromStatus(err), &se) || se.CurrentVersion != 1 {
 		t.Errorf("stale push: %v, want StaleError at version 1", err)
 	}
 	// And the good push still lands.

@@ -49,6 +49,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 )
 
 // Magic opens a data-plane connection, from the client and, as the
@@ -360,7 +361,7 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 
 func toStatus(resp proto.Message, err error) *spb.Status {
 	if err != nil {
-		st, _ := status.FromError(errs.ToStatus(err))
+		st, _ := status.FromError(grpcerr.ToStatus(err))
 		return st.Proto()
 	}
 	p := &spb.Status{Code: int32(codes.OK)}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
@@ -178,11 +179,11 @@ func TestErrorsKeepTheConnectionInStep(t *testing.T) {
 
 	err := c.Call(ctx(t), e.addr, "refuse", wrapperspb.UInt64(1<<20), body, nil)
 	var se *errs.StaleError
-	if !errors.As(err, &se) || se.CurrentVersion != 7 || errs.Code(err) != codes.FailedPrecondition {
+	if !errors.As(err, &se) || se.CurrentVersion != 7 || grpcerr.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("refuse: %v, want a StaleError at version 7", err)
 	}
 	err = c.Call(ctx(t), e.addr, "half", wrapperspb.UInt64(1<<20), body, nil)
-	if !errors.Is(err, errs.ErrInvalid) || errs.Code(err) != codes.InvalidArgument {
+	if !errors.Is(err, errs.ErrInvalid) || grpcerr.Code(err) != codes.InvalidArgument {
 		t.Fatalf("half: %v, want InvalidArgument", err)
 	}
 	err = c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(65<<20), nil, nil)
@@ -190,7 +191,7 @@ func TestErrorsKeepTheConnectionInStep(t *testing.T) {
 		t.Fatalf("oversize: %v, want ResourceExhausted", err)
 	}
 	err = c.Call(ctx(t), e.addr, "nope", wrapperspb.UInt64(1), nil, nil)
-	if errs.Code(err) != codes.Unimplemented {
+	if grpcerr.Code(err) != codes.Unimplemented {
 		t.Fatalf("unknown method: %v, want Unimplemented", err)
 	}
 	var resp wrapperspb.UInt64Value

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 )
 
 // ErrNotSupported is returned by Client.Call when the server at an address
@@ -113,7 +114,7 @@ func (c *Client) Call(ctx context.Context, addr, method string, header proto.Mes
 		return fmt.Errorf("%w: bulk: %s to %s: %v", errs.ErrUnavailable, method, addr, err)
 	}
 	if codes.Code(st.GetCode()) != codes.OK {
-		return errs.FromStatus(status.ErrorProto(st))
+		return grpcerr.FromStatus(status.ErrorProto(st))
 	}
 	if resp != nil {
 		if len(st.GetDetails()) == 0 {

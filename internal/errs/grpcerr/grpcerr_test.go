@@ -1,10 +1,12 @@
-package errs
+package grpcerr
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/rlhub/rlhub/internal/errs"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -16,13 +18,13 @@ func TestCodeTable(t *testing.T) {
 		want codes.Code
 	}{
 		{nil, codes.OK},
-		{fmt.Errorf("%w: tensor x", ErrInvalid), codes.InvalidArgument},
-		{fmt.Errorf("%w: model m", ErrNotFound), codes.NotFound},
-		{&StaleError{Model: "m", CurrentVersion: 3}, codes.FailedPrecondition},
-		{fmt.Errorf("wrapped: %w", ErrFull), codes.ResourceExhausted},
-		{ErrUnauthenticated, codes.Unauthenticated},
-		{ErrPermission, codes.PermissionDenied},
-		{ErrUnavailable, codes.Unavailable},
+		{fmt.Errorf("%w: tensor x", errs.ErrInvalid), codes.InvalidArgument},
+		{fmt.Errorf("%w: model m", errs.ErrNotFound), codes.NotFound},
+		{&errs.StaleError{Model: "m", CurrentVersion: 3}, codes.FailedPrecondition},
+		{fmt.Errorf("wrapped: %w", errs.ErrFull), codes.ResourceExhausted},
+		{errs.ErrUnauthenticated, codes.Unauthenticated},
+		{errs.ErrPermission, codes.PermissionDenied},
+		{errs.ErrUnavailable, codes.Unavailable},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{context.Canceled, codes.Canceled},
 		{errors.New("boom"), codes.Internal},
@@ -39,15 +41,15 @@ func TestCodeTable(t *testing.T) {
 }
 
 func TestRoundTripKeepsSentinelsAndStaleFields(t *testing.T) {
-	for _, s := range []error{ErrInvalid, ErrNotFound, ErrFull, ErrUnauthenticated, ErrPermission, ErrUnavailable, ErrAborted, ErrExists} {
+	for _, s := range []error{errs.ErrInvalid, errs.ErrNotFound, errs.ErrFull, errs.ErrUnauthenticated, errs.ErrPermission, errs.ErrUnavailable, errs.ErrAborted, errs.ErrExists} {
 		back := FromStatus(ToStatus(fmt.Errorf("%w: detail", s)))
 		if !errors.Is(back, s) {
 			t.Errorf("FromStatus(ToStatus(%v)) = %v, does not match", s, back)
 		}
 	}
-	back := FromStatus(ToStatus(fmt.Errorf("push: %w", &StaleError{Model: "pol", CurrentVersion: 7, CurrentEpoch: 2, Reason: "expected 5"})))
-	var se *StaleError
-	if !errors.As(back, &se) || !errors.Is(back, ErrStale) {
+	back := FromStatus(ToStatus(fmt.Errorf("push: %w", &errs.StaleError{Model: "pol", CurrentVersion: 7, CurrentEpoch: 2, Reason: "expected 5"})))
+	var se *errs.StaleError
+	if !errors.As(back, &se) || !errors.Is(back, errs.ErrStale) {
 		t.Fatalf("stale error lost on the wire: %v", back)
 	}
 	if se.Model != "pol" || se.CurrentVersion != 7 || se.CurrentEpoch != 2 || se.Reason != "expected 5" {
