@@ -13,3 +13,12 @@ if compgen -G "python/tests/test_*.py" >/dev/null; then
   # The tests import this checkout's client, not an installed one.
   PYTHONPATH="$PWD/python" RLHUB_BIN="$PWD/bin/rlhub" python3 -m pytest -q python/tests
 fi
+
+# Further suites (a wheel in a fresh venv, type checks, a browser test's
+# set-up …) add one file each here, run in name order after pytest, so
+# components do not edit each other's lines.
+for part in scripts/test.d/*.sh; do
+  [[ -e "$part" ]] || continue
+  echo "test: $part"
+  bash "$part"
+done
