@@ -54,6 +54,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", hub.DefaultListen, "gRPC listen address")
+	f.StringVar(&cfg.AddrFile, "addr-file", "", "write the bound address here once listening (with --listen 127.0.0.1:0)")
 	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk)")
 	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop")
 	f.StringVar(&role, "role", "all", "all: host every service, the reducer primary included; reducer: host secondary reducers of the primary at --primary")

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -44,6 +45,11 @@ type Config struct {
 	// Listen is the TCP address to serve on; "" means DefaultListen. Use
 	// "127.0.0.1:0" for a free port.
 	Listen string
+	// AddrFile, when not "", is a file the hub writes its bound address
+	// to once it listens (written to a temporary name, then renamed, so a
+	// reader never sees part of it): how a process that started the hub
+	// on port 0 learns the port without racing for a free one.
+	AddrFile string
 	// DataDir is where services keep checkpoints; "" means nothing is
 	// persisted (an in-memory hub, for tests and throwaway runs).
 	DataDir string
@@ -257,12 +263,33 @@ func (h *Hub) Start() error {
 	if err != nil {
 		return fmt.Errorf("hub: listen: %w", err)
 	}
+	// The listener queues connections from here on, so the address may
+	// be published before Serve starts.
+	if h.cfg.AddrFile != "" {
+		if err := writeAddrFile(h.cfg.AddrFile, lis.Addr().String()); err != nil {
+			lis.Close()
+			return fmt.Errorf("hub: %w", err)
+		}
+	}
 	h.lis = lis
 	h.serveErr = make(chan error, 1)
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	grpcLis := h.bulk.Listen(lis) // data-plane connections stay with h.bulk
 	go func() { h.serveErr <- h.grpc.Serve(grpcLis) }()
 	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir)
+	return nil
+}
+
+// writeAddrFile writes addr to path through a temporary file and a rename.
+func writeAddrFile(path, addr string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
+		return fmt.Errorf("address file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("address file: %w", err)
+	}
 	return nil
 }
 

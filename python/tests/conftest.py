@@ -31,23 +31,41 @@ def rlhub_bin(tmp_path_factory) -> str:
 
 
 def free_port() -> int:
+    """A loopback port nothing listens on at the moment of the call: for an
+    address that must refuse connections. A server the tests start binds
+    port 0 itself instead (Hub does), since another process may take this
+    port before the server binds it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class Hub:
-    """A running `rlhub serve` process on a free loopback port."""
+    """A running `rlhub serve` process on loopback. Without addr it binds
+    port 0 and reports the port it got through --addr-file; with addr (a
+    restart on the address of an earlier hub) it listens there."""
 
-    def __init__(self, binary: str, data_dir: pathlib.Path, extra=()):
+    def __init__(self, binary: str, data_dir: pathlib.Path, extra=(), addr: str | None = None):
         self.binary = binary
         self.data_dir = data_dir
-        self.addr = f"127.0.0.1:{free_port()}"
         self.log = open(data_dir / "hub.log", "wb")
+        addr_file = data_dir / "hub.addr"
+        addr_file.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            [binary, "serve", "--listen", self.addr, "--data", str(data_dir / "data"), *extra],
+            [binary, "serve", "--listen", addr or "127.0.0.1:0", "--addr-file", str(addr_file),
+             "--data", str(data_dir / "data"), *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
+        self.addr = self._read_addr(addr_file)
         self._wait_ready()
+
+    def _read_addr(self, path: pathlib.Path, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"hub did not start: {(self.data_dir / 'hub.log').read_text()}")
+            time.sleep(0.01)
+        return path.read_text().strip()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
         ch = grpc.insecure_channel(self.addr)

@@ -24,7 +24,6 @@ from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc
 from rlhub._transfer import iter_chunks, iter_part_chunks
 from rlhub.grads import GradClient, gradient_dict
 from rlhub.tensors import parts_size, save_bytes, save_parts
-import conftest
 from conftest import Hub
 from test_grads import fill_grads, make_net, setup_model, wait_version
 
@@ -608,7 +607,7 @@ def test_threads_share_the_connection_pool(hub):
 
 
 
-def test_idle_connection_to_a_restarted_hub_is_replaced(rlhub_bin, tmp_path, monkeypatch):
+def test_idle_connection_to_a_restarted_hub_is_replaced(rlhub_bin, tmp_path):
     """The hub closes idle data-plane connections when it stops; after a
     restart on the same address the next push replaces the dead idle
     connection without a failed attempt."""
@@ -624,8 +623,7 @@ def test_idle_connection_to_a_restarted_hub_is_replaced(rlhub_bin, tmp_path, mon
             assert g.push("pol", 1, net).attempts == 1
         finally:
             h.stop()
-        monkeypatch.setattr(conftest, "free_port", lambda: int(h.addr.rsplit(":", 1)[1]))
-        h2 = Hub(rlhub_bin, tmp_path / "b")  # the same address
+        h2 = Hub(rlhub_bin, tmp_path / "b", addr=h.addr)  # the same address
         try:
             assert h2.addr == h.addr
             setup_model(h2.addr, "pol", net)
