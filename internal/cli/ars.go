@@ -527,7 +527,7 @@ func newEvalCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&path, "policy", "", "policy.safetensors written by `rlhub train ars`")
+	f.StringVar(&path, "policy", "", "policy.safetensors written by rlhub train ars")
 	f.StringVar(&envName, "env", "", "environment (default: the one the policy was trained on)")
 	f.IntVar(&episodes, "episodes", 100, "episodes to run")
 	f.Uint64Var(&seed, "seed", 0, "seed of the evaluation episodes")

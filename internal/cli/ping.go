@@ -19,7 +19,10 @@ func newPingCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return hub.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				start := time.Now()
-				resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+				// Not WaitForReady: a hub that refuses the connection is an
+				// answer (Unavailable at once), not a reason to wait out
+				// --timeout.
+				resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
 				if err != nil {
 					return fmt.Errorf("health check %s: %w", hub.addr, err)
 				}

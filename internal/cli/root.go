@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rlhub/rlhub/internal/buildinfo"
 )
 
 // Run executes the command line args and returns the process exit code.
@@ -53,6 +55,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:           "rlhub",
 		Short:         "Backbone for distributed reinforcement-learning training",
 		Long:          "rlhub keeps many processes on many machines training one policy together:\nan ordered model store, a push-pull gradient server, weight sync, a learner\naggregator and distributed ARS, in one binary.",
+		Version:       buildinfo.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -65,6 +68,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 			return nil
 		},
 	}
+	root.SetVersionTemplate("{{.Version}}\n") // --version prints what `rlhub version` does
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
