@@ -1,6 +1,8 @@
 package safetensors
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"testing"
@@ -154,5 +156,39 @@ func BenchmarkDecode1MiB(b *testing.B) {
 		if _, err := Decode(blob); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkHeaderLayout decodes the same 256-tensor header in the writers'
+// compact layout (the fast path) and spaced as json.dumps writes it by
+// default (the general parser), and compact but with one escaped name
+// (the general parser again): what a header that is not canonical costs.
+func BenchmarkHeaderLayout(b *testing.B) {
+	blob, err := Encode(mlpDict(1<<16, 256), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := binary.LittleEndian.Uint64(blob)
+	compact := blob[8 : 8+n]
+	spaced := bytes.ReplaceAll(bytes.ReplaceAll(bytes.TrimRight(compact, " "), []byte(`,"`), []byte(`, "`)), []byte(`":`), []byte(`": `))
+	// A name with an escape sends a compact header to the general parser
+	// too (the fast path takes no escapes).
+	escaped := bytes.Replace(compact, []byte(`{"`), []byte(`{"\u00e9`), 1)
+	for _, c := range []struct {
+		name string
+		raw  []byte
+	}{{"compact", compact}, {"spaced", spaced}, {"escaped", escaped}} {
+		b.Run("layout="+c.name, func(b *testing.B) {
+			if _, err := parseHeader(c.raw); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(c.raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := parseHeader(c.raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -1,7 +1,6 @@
 package safetensors
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -413,11 +412,9 @@ func parseGeneral(raw []byte) (*header, error) {
 			return nil, invalidf("empty tensor name")
 		}
 		s.ws()
-		e, ok := s.entryFast(key)
-		if !ok {
-			if e, err = s.entry(key); err != nil {
-				return nil, err
-			}
+		e, err := s.entry(key)
+		if err != nil {
+			return nil, err
 		}
 		h.entries = append(h.entries, e)
 	}
@@ -561,77 +558,6 @@ func (s *scanner) entry(name string) (entry, error) {
 		return e, invalidf("%v: needs dtype, shape and data_offsets", w("entry"))
 	}
 	return e, nil
-}
-
-// entryFast parses an entry in the exact layout both writers (this package
-// and the reference library) produce: no whitespace, fields in the order
-// {"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}. On anything else —
-// other spacing or order, escapes, a bad number, an unknown dtype — it
-// returns ok=false having consumed nothing, and the general parser (entry)
-// takes over and reports any error. It exists because the header is parsed
-// on every pull and this layout is all but universal.
-func (s *scanner) entryFast(name string) (e entry, ok bool) {
-	b := s.b[s.pos:]
-	start := len(s.dims)
-	fail := func() (entry, bool) {
-		s.dims = s.dims[:start]
-		return entry{}, false
-	}
-	const pDtype, pShape, pOffsets = `{"dtype":"`, `","shape":[`, `,"data_offsets":[`
-	if len(b) < len(pDtype) || string(b[:len(pDtype)]) != pDtype {
-		return fail()
-	}
-	i := len(pDtype)
-	j := bytes.IndexByte(b[i:], '"')
-	if j < 0 {
-		return fail()
-	}
-	dt, found := dtypeOf(b[i : i+j])
-	if !found {
-		return fail()
-	}
-	i += j
-	if len(b)-i < len(pShape) || string(b[i:i+len(pShape)]) != pShape {
-		return fail()
-	}
-	i += len(pShape)
-	if i < len(b) && b[i] == ']' {
-		i++
-	} else {
-		for {
-			v, n := fastUint(b[i:])
-			if n == 0 {
-				return fail()
-			}
-			s.dims = append(s.dims, int64(v))
-			i += n
-			if i < len(b) && b[i] == ',' {
-				i++
-				continue
-			}
-			if i < len(b) && b[i] == ']' {
-				i++
-				break
-			}
-			return fail()
-		}
-	}
-	if len(b)-i < len(pOffsets) || string(b[i:i+len(pOffsets)]) != pOffsets {
-		return fail()
-	}
-	i += len(pOffsets)
-	begin, n := fastUint(b[i:])
-	if n == 0 || i+n >= len(b) || b[i+n] != ',' {
-		return fail()
-	}
-	i += n + 1
-	end, n := fastUint(b[i:])
-	if n == 0 || i+n+1 >= len(b) || b[i+n] != ']' || b[i+n+1] != '}' {
-		return fail()
-	}
-	i += n + 2
-	s.pos += i
-	return entry{Tensor: tensor.Tensor{Name: name, DType: dt, Shape: s.dims[start:len(s.dims):len(s.dims)]}, begin: begin, end: end}, true
 }
 
 // fastUint parses a JSON non-negative integer ≤ 2^63-1 at the start of b
