@@ -7,7 +7,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -tags=mujoco)
 endif
 endif
 
-.PHONY: demo test check proto build bench fuzz
+.PHONY: demo test check proto build bench benchref fuzz
 
 # The main job: a complete distributed training run on the embedded hub.
 demo: build
@@ -28,3 +28,7 @@ build:
 
 bench:
 	go test -run '^$$' -bench . -benchmem ./...
+
+# docs/benchmarks.md: one table of current figures per component.
+benchref:
+	python3 scripts/benchref.py

@@ -6,7 +6,7 @@ one worker, policies.py, filter.py; Mania, Guy & Recht 2018, Algorithm 2)
 step by step, in one process, with numpy and gymnasium only, deterministic
 given the seed. It counts training episodes to the paper's threshold with
 the evaluation rule of `rlhub bench ars-paper`, so its per-seed table can be
-set next to rlhub's (docs/benchmarks.md, "2026-11-30 session 2").
+set next to rlhub's (docs/benchlog/2026-11-30-sessions-1-4.md, "2026-11-30 session 2").
 
 What it does per iteration j (θ is the linear policy, zero at start):
 

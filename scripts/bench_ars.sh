@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ARS results for docs/benchmarks.md (issue 7). Builds bin/rlhub and runs:
+# ARS results for docs/benchlog/2026-11-30-sessions-1-4.md (issue 7). Builds bin/rlhub and runs:
 #   1. CartPole-v1 to a 475 evaluation return on seeds 1..10 (2 worker
 #      processes), then `rlhub eval` of each policy on 100 fresh episodes;
 #   2. LQR on seeds 1..5: the trained gain's exact average cost relative

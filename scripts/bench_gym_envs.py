@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gymnasium's own steps per second (wall and CPU time) for the classic-control environments
 that internal/env ports, as the baseline for BenchmarkStep in
-docs/benchmarks.md. Same protocol as the Go benchmark: gymnasium.make (with
+docs/benchlog/2026-11-30-sessions-1-4.md. Same protocol as the Go benchmark: gymnasium.make (with
 its wrappers), random valid actions from a fixed table, reset when an
 episode ends (included in the time), one process, one thread.
 

@@ -67,7 +67,7 @@ func PaperFor(name string) (p Paper, ok bool) {
 // every 5% of the paper's episode count, so the episodes-to-threshold a run
 // reports overshoot by at most that. The classic-control and LQR values were
 // chosen on rlhub's environments and recorded with their results in
-// docs/ars.md and docs/benchmarks.md. LQR uses V1 (the raw state), as the
+// docs/ars.md and docs/benchlog/2026-11-30-sessions-1-4.md. LQR uses V1 (the raw state), as the
 // paper does for it (Section 4.3), so the policy is the gain u = M·x
 // compared with the Riccati optimum.
 func EnvDefaults(name string) Defaults {

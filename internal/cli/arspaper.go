@@ -357,7 +357,7 @@ func writePaperReport(dir string, rep *paperReport) error {
 	})
 }
 
-// paperMarkdown renders the report as the table docs/benchmarks.md shows.
+// paperMarkdown renders the report as the table docs/benchlog/2026-11-30-sessions-1-4.md shows.
 func paperMarkdown(rep *paperReport) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| task | version, N, b, α, ν, shift | threshold | paper: episodes | rlhub: episodes median (min–max) | reached within budget | budget | best eval, median | wall time | env steps/s | per worker CPU-s |\n")

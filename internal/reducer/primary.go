@@ -157,7 +157,7 @@ type pmodel struct {
 	// spare holds version blobs the store gave back (PushRequest.Recycle:
 	// dropped from retention, never taken by a reader), newest last; the
 	// next steps write into them instead of fresh memory, which costs more
-	// than the step itself (docs/benchmarks.md, issue 4, session 4).
+	// than the step itself (docs/benchlog/2026-11-30-sessions-1-4.md, issue 4, session 4).
 	// Guarded by spareMu: Recycle runs in whichever push drops a version.
 	spareMu sync.Mutex
 	spare   [][]byte

@@ -55,7 +55,7 @@ var transportVariants = []transportVariant{
 // over iterations of process CPU per GB (<variant>_cpu-s/GB, both ends;
 // the figure to decide on when the machine is shared) and of the pull's
 // rate (<variant>_MB/s). ns/op covers all variants. The hub uses the
-// defaults (docs/benchmarks.md, model store, has the figures).
+// defaults (docs/benchlog/2026-11-30-sessions-1-4.md, model store, has the figures).
 //
 //	GOEXPERIMENT=simd go test -run '^$' -bench PullOptions -benchtime 30x ./internal/store/storebench/
 func BenchmarkPullOptions(b *testing.B) {

@@ -105,7 +105,7 @@ func (c *Config) validate() error {
 // credentials, message limits above the 1 MiB chunks and the chunk codec's
 // transport options (chunkcodec.DialOptions: a buffer pool that does not
 // zero). Flow-control windows and buffer sizes are gRPC's defaults: none of
-// the alternatives measured better on loopback (docs/benchmarks.md, model
+// the alternatives measured better on loopback (docs/benchlog/2026-11-30-sessions-1-4.md, model
 // store).
 func DialOptions() []grpc.DialOption {
 	return append([]grpc.DialOption{

@@ -5,7 +5,7 @@
 // Why not gRPC for these bytes: grpc-go cuts every message into 16 KiB
 // HTTP/2 frames, copies it into its write buffer on the way out and out of
 // its read buffer on the way in, and runs flow control per frame. For a
-// 4 MiB gradient that is over half the CPU of a push (docs/benchmarks.md,
+// 4 MiB gradient that is over half the CPU of a push (docs/benchlog/2026-11-30-sessions-1-4.md,
 // issue 4). Here the client hands the tensors' memory to writev and the
 // server reads the body straight from the socket into the buffer that
 // becomes the gradient: the kernel's two copies are the only ones, as with

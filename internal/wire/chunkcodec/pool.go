@@ -28,7 +28,7 @@ func DialOptions() []grpc.DialOption {
 // (frame reads, message marshalling, receive-buffer compaction; its own
 // read-buffer and ALTS pools are unzeroed for the same reason), so zeroing
 // only cost a pass over every received byte, about 5% of a pull's CPU
-// (docs/benchmarks.md, model store). A buffer's old contents are always
+// (docs/benchlog/2026-11-30-sessions-1-4.md, model store). A buffer's old contents are always
 // overwritten before anything reads them.
 var BufferPool mem.BufferPool = newDirtyPool(4<<10, 16<<10, 32<<10, 1<<20)
 

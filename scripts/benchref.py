@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Regenerates docs/benchmarks.md: one table of current figures per component.
+
+    make benchref            # or: python3 scripts/benchref.py [--out docs/benchmarks.md] [--only store,reducer]
+
+Every row is one benchmark cell run now, on this machine, with the baseline
+the benchmark measures in the same run (memcpy, a C loop, plain TCP, the Go
+client …) and the ratio between them. The dated history of how each figure
+got here is in docs/benchlog/; this file only says where things stand.
+
+The cells are listed in CELLS below: a component, the Go package, the
+benchmark (an anchored -test.bench pattern), how many iterations, and which
+of the metrics it reports are the figure, the baseline and the ratio. The
+Python client's figures come from its own benchmark scripts, whose Markdown
+tables are embedded as printed. Test binaries are built once per package
+with GOEXPERIMENT=simd (and -tags=mujoco where MuJoCo is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Cell:
+    component: str
+    pkg: str          # ./internal/...
+    bench: str        # the -test.bench pattern, anchored by the caller
+    benchtime: str
+    label: str        # what the row measures
+    figure: Tuple[str, str]              # (metric unit as reported, how to show it)
+    baseline: Optional[Tuple[str, str]]  # (metric, what the baseline is)
+    ratio: Optional[Tuple[str, str]]     # (metric, how to read it)
+    extra: List[Tuple[str, str]] = field(default_factory=list)  # more (metric, name) columns folded into the figure
+
+
+CELLS: List[Cell] = [
+    Cell("Kernels", "./internal/kernels", "Kernels/size=16MiB/Add$", "200x", "float32 add, 16 MiB",
+         ("GB/s", "GB/s"), ("CGB/s", "C -O3 loop GB/s"), ("x_C_cpu", "× C loop (CPU clock)")),
+    Cell("Kernels", "./internal/kernels", "Kernels/size=256MiB/Add$", "10x", "float32 add, 256 MiB",
+         ("GB/s", "GB/s"), ("CGB/s", "C -O3 loop GB/s"), ("x_C_cpu", "× C loop (CPU clock)")),
+    Cell("Safetensors", "./internal/safetensors", "Safetensors/size=16MiB/decode$", "200x", "decode 16 MiB (zero-copy views)",
+         ("GB/s", "GB/s"), ("copyGB/s", "memcpy GB/s"), ("x_copy_cpu", "× memcpy (CPU clock)")),
+    Cell("Safetensors", "./internal/safetensors", "Safetensors/size=16MiB/encode-into$", "200x", "encode 16 MiB into a buffer",
+         ("GB/s", "GB/s"), ("copyGB/s", "memcpy GB/s"), ("x_copy_cpu", "× memcpy (CPU clock)")),
+    Cell("Model store", "./internal/store/storebench", "Pull/size=16MiB/readers=1/codec=blob$", "20x", "pull 16 MiB over gRPC",
+         ("MB/s", "MB/s"), ("tcp_MB/s", "plain TCP MB/s"), ("ratio_vs_tcp", "× TCP (median of per-rep ratios)")),
+    Cell("Model store", "./internal/store/storebench", "Pull/size=16MiB/readers=1/dst=reused/codec=blob$", "20x", "pull 16 MiB into a reused buffer",
+         ("MB/s", "MB/s"), ("tcp_warm_MB/s", "TCP into a warm buffer MB/s"), ("ratio_vs_tcp_warm", "× warm TCP")),
+    Cell("Model store", "./internal/store/storebench", "Pull/size=256MiB/readers=1/codec=blob$", "5x", "pull 256 MiB over gRPC",
+         ("MB/s", "MB/s"), ("tcp_MB/s", "plain TCP MB/s"), ("ratio_vs_tcp", "× TCP")),
+    Cell("Gradient server", "./internal/reducer", "PushPull/params=1M/batch=1/secondary=in-hub/loop=pushpull$", "300x",
+         "1M params, push + pull loop, 2 clients", ("grads_applied/s", "gradients/s"), ("tcp_MB/s", "plain TCP MB/s"),
+         ("ratio_vs_tcp", "× TCP"), [("p50_ms", "p50 push→visible ms"), ("p99_ms", "p99 ms")]),
+    Cell("Gradient server", "./internal/reducer", "PushPull/params=1M/batch=1/secondary=in-hub/loop=push$", "300x",
+         "1M params, saturated push, 2 clients", ("grads_applied/s", "gradients/s"), ("tcp_MB/s", "plain TCP MB/s"),
+         ("ratio_vs_tcp", "× TCP"), [("p50_ms", "p50 push→visible ms")]),
+    Cell("Wire", "./internal/wire", "Send/size=16MiB/grpc-stream$", "10x", "one gRPC stream, 16 MiB chunks",
+         ("GB/s", "GB/s"), ("tcpGB/s", "plain TCP GB/s"), ("x_tcp", "× TCP")),
+    Cell("Weight sync", "./internal/wsync", "Deliver/shm-lease/128MiB/2collectors$", "10x", "128 MiB to 2 collectors, shm leases",
+         ("p50-ms", "p50 ms"), ("memcpy-ms", "memcpy ms"), ("x-memcpy", "× memcpy time")),
+    Cell("Weight sync", "./internal/wsync", "Deliver/shm/128MiB/2collectors$", "10x", "128 MiB to 2 collectors, shm copy + CRC",
+         ("p50-ms", "p50 ms"), ("memcpy-ms", "memcpy ms"), ("x-memcpy", "× memcpy time")),
+    Cell("Weight sync", "./internal/wsync", "Deliver/push/128MiB/2collectors$", "10x", "128 MiB to 2 collectors, push streams",
+         ("p50-ms", "p50 ms"), ("tcp-ms", "plain TCP ms"), ("%tcp-rate", "% of TCP rate")),
+    Cell("Weight sync", "./internal/wsync", "Deliver/relay-shm/128MiB/2collectors$", "10x", "128 MiB, hub → relay → shm, 2 collectors",
+         ("p50-ms", "p50 ms"), ("tcp-ms", "plain TCP ms"), ("%tcp-rate", "% of TCP rate")),
+    Cell("Learner aggregator", "./internal/aggregator", "LearnRoundTrip/learners=2$", "20x", "learn task round trip, 2 learners",
+         ("p50_ms", "p50 ms"), ("upload_p50_ms", "upload alone p50 ms"), ("x_upload_p50", "× upload")),
+    Cell("ARS", "./internal/arsrpc", "Iteration/directions=256/workers=2$", "5x", "one iteration, 256 directions, LQR, 2 workers",
+         ("env-steps/s", "env steps/s"), None, None),
+    Cell("Environments", "./internal/env", "Step/CartPole-v1$", "200000x", "CartPole-v1 step",
+         ("steps/s", "steps/s"), None, None),
+]
+
+PYTHON = [
+    ("Python client", "store push/pull, Python vs Go client, same hub", ["scripts/bench_python_client.py", "--sizes", "16", "--reps", "5"]),
+    ("Python client", "gradient pushes, data plane vs gRPC", ["scripts/bench_python_grads.py"]),
+]
+
+LINE = re.compile(r"^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$")
+
+
+def parse_metrics(text: str) -> Dict[str, float]:
+    """The metrics of the one benchmark line in text: {unit: value}."""
+    for line in text.splitlines():
+        m = LINE.match(line.strip())
+        if not m:
+            continue
+        parts = m.group(3).split()
+        out = {}
+        for i in range(0, len(parts) - 1, 2):
+            try:
+                out[parts[i + 1]] = float(parts[i])
+            except ValueError:
+                pass
+        return out
+    raise ValueError("no benchmark line in output:\n" + text[-2000:])
+
+
+def fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def go_env() -> Dict[str, str]:
+    env = dict(os.environ, GOEXPERIMENT="simd")
+    if pathlib.Path("/usr/include/mujoco/mujoco.h").exists() and "-tags" not in env.get("GOFLAGS", ""):
+        env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -tags=mujoco").strip()
+    return env
+
+
+def load() -> str:
+    a, b, c = os.getloadavg()
+    return f"{a:.2f} {b:.2f} {c:.2f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    ap.add_argument("--only", default="", help="comma-separated components (default: all)")
+    ap.add_argument("--no-python", action="store_true", help="skip the Python client's scripts")
+    args = ap.parse_args()
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    env = go_env()
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    start = datetime.datetime.now(datetime.timezone.utc)
+    load_before = load()
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="rlhub-benchref-"))
+    binaries: Dict[str, pathlib.Path] = {}
+    rows: Dict[str, List[str]] = {}
+    for cell in CELLS:
+        if only and cell.component not in only:
+            continue
+        if cell.pkg not in binaries:
+            out = tmp / (cell.pkg.strip("./").replace("/", "_") + ".test")
+            print(f"benchref: building {cell.pkg}", file=sys.stderr)
+            subprocess.run(["go", "test", "-c", "-o", str(out), cell.pkg], cwd=REPO, env=env, check=True)
+            binaries[cell.pkg] = out
+        pattern = "^Benchmark" + cell.bench.split("/")[0] + "$/" + "/".join("^" + p + ("" if p.endswith("$") else "$") for p in cell.bench.split("/")[1:])
+        cmd = [str(binaries[cell.pkg]), "-test.run", "^$", "-test.bench", pattern, "-test.benchtime", cell.benchtime]
+        print(f"benchref: {cell.component}: {cell.label}", file=sys.stderr)
+        res = subprocess.run(cmd, cwd=REPO / cell.pkg, env=env, capture_output=True, text=True, timeout=1800)
+        shown = f"`go test -run '^$' -bench '{cell.bench}' -benchtime {cell.benchtime} {cell.pkg}`"
+        try:
+            m = parse_metrics(res.stdout)
+        except ValueError as e:
+            rows.setdefault(cell.component, []).append(f"| {cell.label} | failed: exit {res.returncode} | | | {shown} |")
+            print(f"benchref: {cell.label}: {e}\n{res.stderr[-2000:]}", file=sys.stderr)
+            continue
+        fig = f"{fmt(m[cell.figure[0]])} {cell.figure[1]}" if cell.figure[0] in m else "—"
+        for unit, name in cell.extra:
+            if unit in m:
+                fig += f"; {fmt(m[unit])} {name}"
+        base = f"{fmt(m[cell.baseline[0]])} {cell.baseline[1]}" if cell.baseline and cell.baseline[0] in m else "—"
+        ratio = f"**{fmt(m[cell.ratio[0]])}** {cell.ratio[1]}" if cell.ratio and cell.ratio[0] in m else "—"
+        rows.setdefault(cell.component, []).append(f"| {cell.label} | {fig} | {base} | {ratio} | {shown} |")
+
+    py_sections: List[Tuple[str, str, str, str]] = []
+    if not args.no_python and (not only or "Python client" in only):
+        binp = tmp / "rlhub"
+        subprocess.run(["go", "build", "-o", str(binp), "./cmd/rlhub"], cwd=REPO, env=env, check=True)
+        penv = dict(env, PYTHONPATH=str(REPO / "python"), RLHUB_BIN=str(binp))
+        for comp, what, argv in PYTHON:
+            print(f"benchref: {comp}: {what}", file=sys.stderr)
+            full = [sys.executable, *argv]
+            if "--bin" in subprocess.run([sys.executable, argv[0], "--help"], cwd=REPO, env=penv, capture_output=True, text=True).stdout:
+                full += ["--bin", str(binp)]
+            res = subprocess.run(full, cwd=REPO, env=penv, capture_output=True, text=True, timeout=1800)
+            table = "\n".join(l for l in res.stdout.splitlines() if l.startswith("|")) or f"failed: exit {res.returncode}\n\n```\n{res.stderr[-1500:]}\n```"
+            py_sections.append((comp, what, " ".join(shlex.quote(a) for a in ["python3", *argv]), table))
+
+    end = datetime.datetime.now(datetime.timezone.utc)
+    lines = [
+        "# Benchmarks: current figures",
+        "",
+        "Generated by `make benchref` (`python3 scripts/benchref.py`); do not edit by hand.",
+        "Each row is one benchmark run at the commit below, with the baseline that",
+        "benchmark measures in the same run and the ratio between them. How each figure",
+        "got here, and the runs behind earlier decisions, are in [benchlog/](benchlog/).",
+        "",
+        f"- commit `{commit}`{' (with uncommitted changes)' if dirty else ''}",
+        f"- run {start:%Y-%m-%d %H:%M}–{end:%H:%M} UTC on {os.cpu_count()} cores",
+        f"- load average (1, 5, 15 min) before: {load_before}; after: {load()}",
+        "",
+        "Under load the absolute figures drop; the ratios, taken against a baseline",
+        "measured rep by rep beside them, are the figures to read.",
+        "",
+    ]
+    order = []
+    for cell in CELLS:
+        if cell.component in rows and cell.component not in order:
+            order.append(cell.component)
+    for comp in order:
+        lines += [f"## {comp}", "", "| cell | figure | baseline | ratio | command |", "| --- | --- | --- | --- | --- |", *rows[comp], ""]
+    for comp, what, cmd, table in py_sections:
+        lines += [f"## {comp}: {what}", "", f"`{cmd}`", "", table, ""]
+    pathlib.Path(args.out).write_text("\n".join(lines))
+    print(f"benchref: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
