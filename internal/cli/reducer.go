@@ -63,8 +63,12 @@ func printReducerStats(g *globals, r *rlhubv1.ReducerStatsResponse) {
 	for _, name := range slices.Sorted(maps.Keys(st.Parts)) {
 		row(name, st.Parts[name], st.PartQueue[name])
 	}
-	for _, m := range slices.Sorted(maps.Keys(st.Versions)) {
-		fmt.Fprintf(g.stdout, "model %s at version %d (%d steps into reused blobs)\n", m, st.Versions[m], st.BlobsReused[m])
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
+		m := st.Models[name]
+		fmt.Fprintf(g.stdout, "model %s at version %d, optimizer step %d (%d steps into reused blobs)\n", name, m.Version, m.OptimizerSteps, m.BlobsReused)
+		if m.StateError != "" {
+			fmt.Fprintf(g.stdout, "model %s: OPTIMIZER STATE NOT RECOVERED: %s\n", name, m.StateError)
+		}
 	}
 	fmt.Fprintf(g.stdout, "admitted→published p50 %dµs p99 %dµs\n", st.P50.Microseconds(), st.P99.Microseconds())
 }

@@ -62,7 +62,7 @@ func TestReducerStatsGoAPIMatchesRPC(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if st.Total.Pushed != 4 || st.Total.Dropped[reduce.ReasonInvalid] != 1 || st.Versions["m"] != 4 {
+	if st.Total.Pushed != 4 || st.Total.Dropped[reduce.ReasonInvalid] != 1 || st.Models["m"].Version != 4 || st.Models["m"].Counters.Applied != 3 {
 		t.Fatalf("Go API stats %+v: want 4 pushed, 1 invalid, version 4", st)
 	}
 	got, err := c.HubStats(ctx, "")

@@ -119,8 +119,13 @@ func (c *Counters) Merge(o Counters) {
 	}
 }
 
-// Clone returns a deep copy.
+// Clone returns a deep copy (with a nil Dropped when nothing is dropped,
+// so that equal counts compare equal).
 func (c Counters) Clone() Counters {
-	c.Dropped = maps.Clone(c.Dropped)
+	if len(c.Dropped) == 0 {
+		c.Dropped = nil
+	} else {
+		c.Dropped = maps.Clone(c.Dropped)
+	}
 	return c
 }

@@ -173,6 +173,10 @@ type pmodel struct {
 	publishing bool
 	counters   reduce.Counters
 	failed     error // a publish failed: the model refuses forwards
+	// steps mirrors opt.Steps() for Stats (opt is guarded by stepMu).
+	steps uint64
+	// stateErr: why the optimizer state was not recovered ("" if it was).
+	stateErr string
 }
 
 // NewPrimary returns a primary with no models.
@@ -239,7 +243,7 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
 	}
 	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
-		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}
+		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch, steps: uint64(opt.Steps())}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -511,6 +515,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.version = next
 	m.counters.Applied += n
 	m.counters.Steps++
+	m.steps = uint64(m.opt.Steps())
 	m.mu.Unlock()
 	if !b.FirstAdmitted.IsZero() {
 		p.lat.add(p.cfg.Clock.Now().Sub(b.FirstAdmitted))
@@ -650,21 +655,52 @@ func (p *Primary) Checkpoint(ctx context.Context) error {
 	return errors.Join(out...)
 }
 
-// Stats returns the primary's counters (applied, steps, drops it decided),
-// each model's version and the admitted→published latency p50/p99.
-func (p *Primary) Stats() (c reduce.Counters, versions map[string]uint64, p50, p99 time.Duration) {
+// ModelStats is one model registered with the primary.
+type ModelStats struct {
+	// Version is the newest version the primary published (or started
+	// from).
+	Version uint64
+	// Counters the primary keeps for this model: applied, steps, and the
+	// drops it decided (lost, publish_failed).
+	Counters reduce.Counters
+	// BlobsReused: steps written into the blob of an old version the store
+	// gave back instead of fresh memory (Primary.BlobsReused).
+	BlobsReused uint64
+	// OptimizerSteps is the optimizer's step count (schedule position).
+	OptimizerSteps uint64
+	// StateError says why the optimizer state could not be recovered when
+	// the registration was restored ("" when it was, or was new).
+	StateError string
+}
+
+// PrimaryStats is what Primary.Stats reports.
+type PrimaryStats struct {
+	// Counters sums Models' counters.
+	Counters reduce.Counters
+	// Models by name.
+	Models map[string]ModelStats
+	// P50, P99: admitted → published latency over the recent window.
+	P50, P99 time.Duration
+}
+
+// Stats returns the primary's counters, per model and summed, and the
+// admitted→published latency p50/p99. Each model is sampled once.
+func (p *Primary) Stats() PrimaryStats {
 	p.mu.Lock()
 	models := slices.Collect(maps.Values(p.models))
 	p.mu.Unlock()
-	p50, p99 = p.lat.quantiles()
-	versions = map[string]uint64{}
+	st := PrimaryStats{Models: make(map[string]ModelStats, len(models))}
+	st.P50, st.P99 = p.lat.quantiles()
 	for _, m := range models {
+		ms := ModelStats{BlobsReused: m.reused.Load()}
 		m.mu.Lock()
-		c.Merge(m.counters)
-		versions[m.cfg.Model] = m.version
+		ms.Version, ms.Counters, ms.OptimizerSteps = m.version, m.counters.Clone(), m.steps
+		ms.StateError = m.stateErr
 		m.mu.Unlock()
+		st.Counters.Merge(ms.Counters)
+		st.Models[m.cfg.Model] = ms
 	}
-	return c, versions, p50, p99
+	return st
 }
 
 // BlobsReused returns how many of model's steps wrote the new version into

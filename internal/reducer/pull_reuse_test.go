@@ -150,8 +150,8 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 	if reused < pushes/2 {
 		t.Fatalf("%d of %d steps reused a blob while the learner pulled every version", reused, pushes)
 	}
-	if st, err := cl.HubStats(ctx, ""); err != nil || st.BlobsReused["m"] != reused {
-		t.Fatalf("the Stats RPC says %v steps reused a blob (%v), the primary %d", st.BlobsReused, err, reused)
+	if st, err := cl.HubStats(ctx, ""); err != nil || st.Models["m"].BlobsReused != reused {
+		t.Fatalf("the Stats RPC says %v steps reused a blob (%v), the primary %d", st.Models, err, reused)
 	}
 	if n := checkVersions(t, cfg, pushes, pulled); n != pushes {
 		t.Fatalf("%d versions pulled, want %d", n, pushes)

@@ -568,7 +568,7 @@ func newSGDPrimary(t *testing.T, cfg ModelConfig) (store.Store, *Primary) {
 func TestLostRevivedWhenRetryApplied(t *testing.T) {
 	_, p := newSGDPrimary(t, ModelConfig{})
 	ctx := context.Background()
-	lost := func() uint64 { c, _, _, _ := p.Stats(); return c.Dropped[reduce.ReasonLost] }
+	lost := func() uint64 { return p.Stats().Counters.Dropped[reduce.ReasonLost] }
 	a, b := reduce.ID{Client: "c", Seq: 1}, reduce.ID{Client: "c", Seq: 2}
 
 	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
@@ -600,7 +600,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 		Sum: gradFor(3, "c", 1)}); err != nil {
 		t.Fatal(err)
 	}
-	c, _, _, _ := p.Stats()
+	c := p.Stats().Counters
 	if c.Applied != 1 || c.Dropped[reduce.ReasonLost] != 1 {
 		t.Fatalf("after the retry of a was applied: applied %d lost %d, want 1 and 1", c.Applied, c.Dropped[reduce.ReasonLost])
 	}
@@ -616,7 +616,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 		Sum: gradFor(3, "c", 2)}); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _, _ := p.Stats(); c.Applied != 2 || c.DroppedTotal() != 0 {
+	if c := p.Stats().Counters; c.Applied != 2 || c.DroppedTotal() != 0 {
 		t.Fatalf("both applied in the end: applied %d dropped %v, want 2 and none", c.Applied, c.Dropped)
 	}
 	if _, _, err := p.Admit(ctx, s3, "m", a, 0); !errors.Is(err, errs.ErrExists) {
@@ -703,7 +703,7 @@ func TestForwardPublishOutlivesItsSender(t *testing.T) {
 	if v, err := p.Forward(ctx, Batch{Session: s2, Model: "m", Members: []reduce.ID{b}, Weights: []float32{1}, Sum: gradFor(3, "c", 2)}); err != nil || v != 3 {
 		t.Fatalf("next forward: version %d, %v; want 3", v, err)
 	}
-	if c, _, _, _ := p.Stats(); c.Applied != 2 || c.DroppedTotal() != 0 {
+	if c := p.Stats().Counters; c.Applied != 2 || c.DroppedTotal() != 0 {
 		t.Fatalf("applied %d, dropped %v; want 2 and none", c.Applied, c.Dropped)
 	}
 }

@@ -500,11 +500,23 @@ func (s *SecondaryNode) releaseAndCount(session uint64, model string, ids []redu
 	}
 }
 
+// SecondaryStats is what SecondaryNode.Stats reports.
+type SecondaryStats struct {
+	// ID of the secondary at its hub.
+	ID string
+	// Counters: pushed, reduced (forwarded and applied) and the drops
+	// this secondary decided.
+	Counters reduce.Counters
+	// QueueDepth: gradients admitted or being received and not yet
+	// settled by a forward.
+	QueueDepth int
+}
+
 // Stats returns the secondary's counters and its queue depth.
-func (s *SecondaryNode) Stats() (reduce.Counters, int) {
+func (s *SecondaryNode) Stats() SecondaryStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.counters.Clone(), len(s.slots)
+	return SecondaryStats{ID: s.cfg.ID, Counters: s.counters.Clone(), QueueDepth: len(s.slots)}
 }
 
 // Close stops taking pushes, ends every model loop (gradients not yet

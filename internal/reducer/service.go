@@ -177,7 +177,8 @@ func (s *Service) Close() error {
 	return s.closeErr
 }
 
-// Stats are the counters of everything a hub's reducer hosts. The Go API
+// Stats are the counters of everything a hub's reducer hosts, composed of
+// the PrimaryStats and SecondaryStats of its parts. The Go API
 // (Service.Stats, hub.Hub.Reducer().Stats()), the Stats RPC and `rlhub
 // reducer stats` carry the same numbers: StatsToProto and StatsFromProto
 // convert without loss.
@@ -190,34 +191,28 @@ type Stats struct {
 	QueueDepth int
 	// PartQueue is each secondary's queue depth, keyed like Parts.
 	PartQueue map[string]int
-	// Versions of the models registered with the primary hosted here.
-	Versions map[string]uint64
-	// BlobsReused: each of those models' steps written into the blob of
-	// an old version the store gave back (Primary.BlobsReused).
-	BlobsReused map[string]uint64
+	// Models registered with the primary hosted here (PrimaryStats.Models).
+	Models map[string]ModelStats
 	// P50, P99: admitted → published latency at the primary.
 	P50, P99 time.Duration
 }
 
 // Stats returns the counters of the hosted primary and secondaries, each
-// secondary sampled once.
+// sampled once.
 func (s *Service) Stats() Stats {
-	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{}, BlobsReused: map[string]uint64{}}
+	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Models: map[string]ModelStats{}}
 	if s.primary != nil {
-		c, v, p50, p99 := s.primary.Stats()
-		st.Parts["primary"], st.Versions, st.P50, st.P99 = c, v, p50, p99
-		for m := range v {
-			st.BlobsReused[m] = s.primary.BlobsReused(m)
-		}
+		ps := s.primary.Stats()
+		st.Parts["primary"], st.Models, st.P50, st.P99 = ps.Counters, ps.Models, ps.P50, ps.P99
 		st.PartQueue["primary"] = 0
-		st.Total.Merge(c)
+		st.Total.Merge(ps.Counters)
 	}
 	for _, sec := range s.secondaries {
-		c, q := sec.Stats()
-		name := "secondary/" + sec.ID()
-		st.Parts[name], st.PartQueue[name] = c, q
-		st.Total.Merge(c)
-		st.QueueDepth += q
+		ss := sec.Stats()
+		name := "secondary/" + ss.ID
+		st.Parts[name], st.PartQueue[name] = ss.Counters, ss.QueueDepth
+		st.Total.Merge(ss.Counters)
+		st.QueueDepth += ss.QueueDepth
 	}
 	return st
 }
@@ -242,26 +237,36 @@ func countersFromProto(p *rlhubv1.ReducerCounters) (reduce.Counters, int) {
 // microseconds).
 func StatsToProto(st Stats) *rlhubv1.ReducerStatsResponse {
 	resp := &rlhubv1.ReducerStatsResponse{Total: countersProto(st.Total, st.QueueDepth), Parts: map[string]*rlhubv1.ReducerCounters{},
-		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()), Versions: st.Versions, BlobsReused: st.BlobsReused}
+		PublishP50Us: float64(st.P50.Microseconds()), PublishP99Us: float64(st.P99.Microseconds()),
+		Versions: map[string]uint64{}, BlobsReused: map[string]uint64{}, Models: map[string]*rlhubv1.ReducerModelStats{}}
 	for name, c := range st.Parts {
 		resp.Parts[name] = countersProto(c, st.PartQueue[name])
+	}
+	for name, m := range st.Models {
+		resp.Versions[name], resp.BlobsReused[name] = m.Version, m.BlobsReused
+		resp.Models[name] = &rlhubv1.ReducerModelStats{Version: m.Version, Counters: countersProto(m.Counters, 0),
+			BlobsReused: m.BlobsReused, OptimizerSteps: m.OptimizerSteps, StateError: m.StateError}
 	}
 	return resp
 }
 
-// StatsFromProto is the inverse of StatsToProto.
+// StatsFromProto is the inverse of StatsToProto. A response of a hub that
+// predates ReducerStatsResponse.models gives Models with only Version and
+// BlobsReused.
 func StatsFromProto(r *rlhubv1.ReducerStatsResponse) Stats {
-	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Versions: map[string]uint64{}, BlobsReused: map[string]uint64{},
+	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Models: map[string]ModelStats{},
 		P50: time.Duration(r.GetPublishP50Us()) * time.Microsecond, P99: time.Duration(r.GetPublishP99Us()) * time.Microsecond}
 	st.Total, st.QueueDepth = countersFromProto(r.GetTotal())
 	for name, c := range r.GetParts() {
 		st.Parts[name], st.PartQueue[name] = countersFromProto(c)
 	}
-	for m, v := range r.GetVersions() {
-		st.Versions[m] = v
+	for name, v := range r.GetVersions() {
+		st.Models[name] = ModelStats{Version: v, BlobsReused: r.GetBlobsReused()[name]}
 	}
-	for m, n := range r.GetBlobsReused() {
-		st.BlobsReused[m] = n
+	for name, m := range r.GetModels() {
+		c, _ := countersFromProto(m.GetCounters())
+		st.Models[name] = ModelStats{Version: m.GetVersion(), Counters: c, BlobsReused: m.GetBlobsReused(),
+			OptimizerSteps: m.GetOptimizerSteps(), StateError: m.GetStateError()}
 	}
 	return st
 }

@@ -842,7 +842,10 @@ type ReducerStatsResponse struct {
 	// Steps per model at the primary that wrote the new version into the
 	// blob of an old one the store gave back (no reader took it) instead of
 	// fresh memory (docs/reducer.md).
-	BlobsReused   map[string]uint64 `protobuf:"bytes,6,rep,name=blobs_reused,json=blobsReused,proto3" json:"blobs_reused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	BlobsReused map[string]uint64 `protobuf:"bytes,6,rep,name=blobs_reused,json=blobsReused,proto3" json:"blobs_reused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Each model registered with the primary hosted here (versions and
+	// blobs_reused repeat two of its fields for older clients).
+	Models        map[string]*ReducerModelStats `protobuf:"bytes,7,rep,name=models,proto3" json:"models,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -919,6 +922,94 @@ func (x *ReducerStatsResponse) GetBlobsReused() map[string]uint64 {
 	return nil
 }
 
+func (x *ReducerStatsResponse) GetModels() map[string]*ReducerModelStats {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+// One model at the primary (reducer.ModelStats).
+type ReducerModelStats struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// Applied, steps and the drops the primary decided for this model.
+	Counters    *ReducerCounters `protobuf:"bytes,2,opt,name=counters,proto3" json:"counters,omitempty"`
+	BlobsReused uint64           `protobuf:"varint,3,opt,name=blobs_reused,json=blobsReused,proto3" json:"blobs_reused,omitempty"`
+	// The optimizer's step count (its schedule position).
+	OptimizerSteps uint64 `protobuf:"varint,4,opt,name=optimizer_steps,json=optimizerSteps,proto3" json:"optimizer_steps,omitempty"`
+	// Why the optimizer state could not be recovered when the registration
+	// was restored; "" when it was (or the registration is new).
+	StateError    string `protobuf:"bytes,5,opt,name=state_error,json=stateError,proto3" json:"state_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReducerModelStats) Reset() {
+	*x = ReducerModelStats{}
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReducerModelStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReducerModelStats) ProtoMessage() {}
+
+func (x *ReducerModelStats) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReducerModelStats.ProtoReflect.Descriptor instead.
+func (*ReducerModelStats) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReducerModelStats) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ReducerModelStats) GetCounters() *ReducerCounters {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+func (x *ReducerModelStats) GetBlobsReused() uint64 {
+	if x != nil {
+		return x.BlobsReused
+	}
+	return 0
+}
+
+func (x *ReducerModelStats) GetOptimizerSteps() uint64 {
+	if x != nil {
+		return x.OptimizerSteps
+	}
+	return 0
+}
+
+func (x *ReducerModelStats) GetStateError() string {
+	if x != nil {
+		return x.StateError
+	}
+	return ""
+}
+
 type ReducerAttachRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Address clients reach this secondary at, and its id there.
@@ -930,7 +1021,7 @@ type ReducerAttachRequest struct {
 
 func (x *ReducerAttachRequest) Reset() {
 	*x = ReducerAttachRequest{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[12]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1033,7 @@ func (x *ReducerAttachRequest) String() string {
 func (*ReducerAttachRequest) ProtoMessage() {}
 
 func (x *ReducerAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[12]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1046,7 @@ func (x *ReducerAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerAttachRequest.ProtoReflect.Descriptor instead.
 func (*ReducerAttachRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{12}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReducerAttachRequest) GetAddr() string {
@@ -981,7 +1072,7 @@ type ReducerAttachEvent struct {
 
 func (x *ReducerAttachEvent) Reset() {
 	*x = ReducerAttachEvent{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[13]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1084,7 @@ func (x *ReducerAttachEvent) String() string {
 func (*ReducerAttachEvent) ProtoMessage() {}
 
 func (x *ReducerAttachEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[13]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1097,7 @@ func (x *ReducerAttachEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerAttachEvent.ProtoReflect.Descriptor instead.
 func (*ReducerAttachEvent) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{13}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReducerAttachEvent) GetSession() uint64 {
@@ -1025,7 +1116,7 @@ type ReducerDescribeRequest struct {
 
 func (x *ReducerDescribeRequest) Reset() {
 	*x = ReducerDescribeRequest{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[14]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1128,7 @@ func (x *ReducerDescribeRequest) String() string {
 func (*ReducerDescribeRequest) ProtoMessage() {}
 
 func (x *ReducerDescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[14]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1141,7 @@ func (x *ReducerDescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerDescribeRequest.ProtoReflect.Descriptor instead.
 func (*ReducerDescribeRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{14}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReducerDescribeRequest) GetModel() string {
@@ -1071,7 +1162,7 @@ type ReducerTensorSpec struct {
 
 func (x *ReducerTensorSpec) Reset() {
 	*x = ReducerTensorSpec{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[15]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1174,7 @@ func (x *ReducerTensorSpec) String() string {
 func (*ReducerTensorSpec) ProtoMessage() {}
 
 func (x *ReducerTensorSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[15]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1187,7 @@ func (x *ReducerTensorSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerTensorSpec.ProtoReflect.Descriptor instead.
 func (*ReducerTensorSpec) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{15}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReducerTensorSpec) GetName() string {
@@ -1130,7 +1221,7 @@ type ReducerDescribeResponse struct {
 
 func (x *ReducerDescribeResponse) Reset() {
 	*x = ReducerDescribeResponse{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[16]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1233,7 @@ func (x *ReducerDescribeResponse) String() string {
 func (*ReducerDescribeResponse) ProtoMessage() {}
 
 func (x *ReducerDescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[16]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1246,7 @@ func (x *ReducerDescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerDescribeResponse.ProtoReflect.Descriptor instead.
 func (*ReducerDescribeResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{16}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReducerDescribeResponse) GetTensors() []*ReducerTensorSpec {
@@ -1185,7 +1276,7 @@ type ReducerAdmitRequest struct {
 
 func (x *ReducerAdmitRequest) Reset() {
 	*x = ReducerAdmitRequest{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[17]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1288,7 @@ func (x *ReducerAdmitRequest) String() string {
 func (*ReducerAdmitRequest) ProtoMessage() {}
 
 func (x *ReducerAdmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[17]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1301,7 @@ func (x *ReducerAdmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerAdmitRequest.ProtoReflect.Descriptor instead.
 func (*ReducerAdmitRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{17}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReducerAdmitRequest) GetSession() uint64 {
@@ -1258,7 +1349,7 @@ type ReducerAdmitResponse struct {
 
 func (x *ReducerAdmitResponse) Reset() {
 	*x = ReducerAdmitResponse{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[18]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1361,7 @@ func (x *ReducerAdmitResponse) String() string {
 func (*ReducerAdmitResponse) ProtoMessage() {}
 
 func (x *ReducerAdmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[18]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1374,7 @@ func (x *ReducerAdmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerAdmitResponse.ProtoReflect.Descriptor instead.
 func (*ReducerAdmitResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{18}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReducerAdmitResponse) GetWeight() float32 {
@@ -1310,7 +1401,7 @@ type ReducerGradientID struct {
 
 func (x *ReducerGradientID) Reset() {
 	*x = ReducerGradientID{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[19]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1413,7 @@ func (x *ReducerGradientID) String() string {
 func (*ReducerGradientID) ProtoMessage() {}
 
 func (x *ReducerGradientID) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[19]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1426,7 @@ func (x *ReducerGradientID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerGradientID.ProtoReflect.Descriptor instead.
 func (*ReducerGradientID) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{19}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReducerGradientID) GetClientId() string {
@@ -1363,7 +1454,7 @@ type ReducerReleaseRequest struct {
 
 func (x *ReducerReleaseRequest) Reset() {
 	*x = ReducerReleaseRequest{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[20]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1375,7 +1466,7 @@ func (x *ReducerReleaseRequest) String() string {
 func (*ReducerReleaseRequest) ProtoMessage() {}
 
 func (x *ReducerReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[20]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1388,7 +1479,7 @@ func (x *ReducerReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReducerReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{20}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReducerReleaseRequest) GetSession() uint64 {
@@ -1422,7 +1513,7 @@ type ReducerReleaseResponse struct {
 
 func (x *ReducerReleaseResponse) Reset() {
 	*x = ReducerReleaseResponse{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[21]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1525,7 @@ func (x *ReducerReleaseResponse) String() string {
 func (*ReducerReleaseResponse) ProtoMessage() {}
 
 func (x *ReducerReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[21]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1538,7 @@ func (x *ReducerReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReducerReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{21}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReducerReleaseResponse) GetReleased() uint32 {
@@ -1470,7 +1561,7 @@ type ReducerForwardRequest struct {
 
 func (x *ReducerForwardRequest) Reset() {
 	*x = ReducerForwardRequest{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[22]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1573,7 @@ func (x *ReducerForwardRequest) String() string {
 func (*ReducerForwardRequest) ProtoMessage() {}
 
 func (x *ReducerForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[22]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1586,7 @@ func (x *ReducerForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerForwardRequest.ProtoReflect.Descriptor instead.
 func (*ReducerForwardRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{22}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReducerForwardRequest) GetBody() isReducerForwardRequest_Body {
@@ -1555,7 +1646,7 @@ type ReducerForwardHeader struct {
 
 func (x *ReducerForwardHeader) Reset() {
 	*x = ReducerForwardHeader{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[23]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1658,7 @@ func (x *ReducerForwardHeader) String() string {
 func (*ReducerForwardHeader) ProtoMessage() {}
 
 func (x *ReducerForwardHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[23]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1671,7 @@ func (x *ReducerForwardHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerForwardHeader.ProtoReflect.Descriptor instead.
 func (*ReducerForwardHeader) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{23}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReducerForwardHeader) GetSession() uint64 {
@@ -1628,7 +1719,7 @@ type ReducerForwardResponse struct {
 
 func (x *ReducerForwardResponse) Reset() {
 	*x = ReducerForwardResponse{}
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[24]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1731,7 @@ func (x *ReducerForwardResponse) String() string {
 func (*ReducerForwardResponse) ProtoMessage() {}
 
 func (x *ReducerForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_reducer_proto_msgTypes[24]
+	mi := &file_rlhub_v1_reducer_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1744,7 @@ func (x *ReducerForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReducerForwardResponse.ProtoReflect.Descriptor instead.
 func (*ReducerForwardResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{24}
+	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReducerForwardResponse) GetVersion() uint64 {
@@ -1728,14 +1819,15 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"queueDepth\x1a:\n" +
 	"\fDroppedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc4\x04\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xe0\x05\n" +
 	"\x14ReducerStatsResponse\x12/\n" +
 	"\x05total\x18\x01 \x01(\v2\x19.rlhub.v1.ReducerCountersR\x05total\x12?\n" +
 	"\x05parts\x18\x02 \x03(\v2).rlhub.v1.ReducerStatsResponse.PartsEntryR\x05parts\x12$\n" +
 	"\x0epublish_p50_us\x18\x03 \x01(\x01R\fpublishP50Us\x12$\n" +
 	"\x0epublish_p99_us\x18\x04 \x01(\x01R\fpublishP99Us\x12H\n" +
 	"\bversions\x18\x05 \x03(\v2,.rlhub.v1.ReducerStatsResponse.VersionsEntryR\bversions\x12R\n" +
-	"\fblobs_reused\x18\x06 \x03(\v2/.rlhub.v1.ReducerStatsResponse.BlobsReusedEntryR\vblobsReused\x1aS\n" +
+	"\fblobs_reused\x18\x06 \x03(\v2/.rlhub.v1.ReducerStatsResponse.BlobsReusedEntryR\vblobsReused\x12B\n" +
+	"\x06models\x18\a \x03(\v2*.rlhub.v1.ReducerStatsResponse.ModelsEntryR\x06models\x1aS\n" +
 	"\n" +
 	"PartsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1745,7 +1837,17 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1a>\n" +
 	"\x10BlobsReusedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\":\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aV\n" +
+	"\vModelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x121\n" +
+	"\x05value\x18\x02 \x01(\v2\x1b.rlhub.v1.ReducerModelStatsR\x05value:\x028\x01\"\xd1\x01\n" +
+	"\x11ReducerModelStats\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x125\n" +
+	"\bcounters\x18\x02 \x01(\v2\x19.rlhub.v1.ReducerCountersR\bcounters\x12!\n" +
+	"\fblobs_reused\x18\x03 \x01(\x04R\vblobsReused\x12'\n" +
+	"\x0foptimizer_steps\x18\x04 \x01(\x04R\x0eoptimizerSteps\x12\x1f\n" +
+	"\vstate_error\x18\x05 \x01(\tR\n" +
+	"stateError\":\n" +
 	"\x14ReducerAttachRequest\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\".\n" +
@@ -1814,7 +1916,7 @@ func file_rlhub_v1_reducer_proto_rawDescGZIP() []byte {
 	return file_rlhub_v1_reducer_proto_rawDescData
 }
 
-var file_rlhub_v1_reducer_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_rlhub_v1_reducer_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_rlhub_v1_reducer_proto_goTypes = []any{
 	(*ReducerOptimizer)(nil),           // 0: rlhub.v1.ReducerOptimizer
 	(*ReducerRegisterRequest)(nil),     // 1: rlhub.v1.ReducerRegisterRequest
@@ -1828,67 +1930,72 @@ var file_rlhub_v1_reducer_proto_goTypes = []any{
 	(*ReducerStatsRequest)(nil),        // 9: rlhub.v1.ReducerStatsRequest
 	(*ReducerCounters)(nil),            // 10: rlhub.v1.ReducerCounters
 	(*ReducerStatsResponse)(nil),       // 11: rlhub.v1.ReducerStatsResponse
-	(*ReducerAttachRequest)(nil),       // 12: rlhub.v1.ReducerAttachRequest
-	(*ReducerAttachEvent)(nil),         // 13: rlhub.v1.ReducerAttachEvent
-	(*ReducerDescribeRequest)(nil),     // 14: rlhub.v1.ReducerDescribeRequest
-	(*ReducerTensorSpec)(nil),          // 15: rlhub.v1.ReducerTensorSpec
-	(*ReducerDescribeResponse)(nil),    // 16: rlhub.v1.ReducerDescribeResponse
-	(*ReducerAdmitRequest)(nil),        // 17: rlhub.v1.ReducerAdmitRequest
-	(*ReducerAdmitResponse)(nil),       // 18: rlhub.v1.ReducerAdmitResponse
-	(*ReducerGradientID)(nil),          // 19: rlhub.v1.ReducerGradientID
-	(*ReducerReleaseRequest)(nil),      // 20: rlhub.v1.ReducerReleaseRequest
-	(*ReducerReleaseResponse)(nil),     // 21: rlhub.v1.ReducerReleaseResponse
-	(*ReducerForwardRequest)(nil),      // 22: rlhub.v1.ReducerForwardRequest
-	(*ReducerForwardHeader)(nil),       // 23: rlhub.v1.ReducerForwardHeader
-	(*ReducerForwardResponse)(nil),     // 24: rlhub.v1.ReducerForwardResponse
-	nil,                                // 25: rlhub.v1.ReducerCounters.DroppedEntry
-	nil,                                // 26: rlhub.v1.ReducerStatsResponse.PartsEntry
-	nil,                                // 27: rlhub.v1.ReducerStatsResponse.VersionsEntry
-	nil,                                // 28: rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
-	(*Chunk)(nil),                      // 29: rlhub.v1.Chunk
-	(*BlobInfo)(nil),                   // 30: rlhub.v1.BlobInfo
+	(*ReducerModelStats)(nil),          // 12: rlhub.v1.ReducerModelStats
+	(*ReducerAttachRequest)(nil),       // 13: rlhub.v1.ReducerAttachRequest
+	(*ReducerAttachEvent)(nil),         // 14: rlhub.v1.ReducerAttachEvent
+	(*ReducerDescribeRequest)(nil),     // 15: rlhub.v1.ReducerDescribeRequest
+	(*ReducerTensorSpec)(nil),          // 16: rlhub.v1.ReducerTensorSpec
+	(*ReducerDescribeResponse)(nil),    // 17: rlhub.v1.ReducerDescribeResponse
+	(*ReducerAdmitRequest)(nil),        // 18: rlhub.v1.ReducerAdmitRequest
+	(*ReducerAdmitResponse)(nil),       // 19: rlhub.v1.ReducerAdmitResponse
+	(*ReducerGradientID)(nil),          // 20: rlhub.v1.ReducerGradientID
+	(*ReducerReleaseRequest)(nil),      // 21: rlhub.v1.ReducerReleaseRequest
+	(*ReducerReleaseResponse)(nil),     // 22: rlhub.v1.ReducerReleaseResponse
+	(*ReducerForwardRequest)(nil),      // 23: rlhub.v1.ReducerForwardRequest
+	(*ReducerForwardHeader)(nil),       // 24: rlhub.v1.ReducerForwardHeader
+	(*ReducerForwardResponse)(nil),     // 25: rlhub.v1.ReducerForwardResponse
+	nil,                                // 26: rlhub.v1.ReducerCounters.DroppedEntry
+	nil,                                // 27: rlhub.v1.ReducerStatsResponse.PartsEntry
+	nil,                                // 28: rlhub.v1.ReducerStatsResponse.VersionsEntry
+	nil,                                // 29: rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
+	nil,                                // 30: rlhub.v1.ReducerStatsResponse.ModelsEntry
+	(*Chunk)(nil),                      // 31: rlhub.v1.Chunk
+	(*BlobInfo)(nil),                   // 32: rlhub.v1.BlobInfo
 }
 var file_rlhub_v1_reducer_proto_depIdxs = []int32{
 	0,  // 0: rlhub.v1.ReducerRegisterRequest.optimizer:type_name -> rlhub.v1.ReducerOptimizer
 	4,  // 1: rlhub.v1.ReducerSecondariesResponse.secondaries:type_name -> rlhub.v1.ReducerSecondary
 	7,  // 2: rlhub.v1.ReducerPushRequest.header:type_name -> rlhub.v1.ReducerPushHeader
-	29, // 3: rlhub.v1.ReducerPushRequest.chunk:type_name -> rlhub.v1.Chunk
-	30, // 4: rlhub.v1.ReducerPushHeader.blob:type_name -> rlhub.v1.BlobInfo
-	25, // 5: rlhub.v1.ReducerCounters.dropped:type_name -> rlhub.v1.ReducerCounters.DroppedEntry
+	31, // 3: rlhub.v1.ReducerPushRequest.chunk:type_name -> rlhub.v1.Chunk
+	32, // 4: rlhub.v1.ReducerPushHeader.blob:type_name -> rlhub.v1.BlobInfo
+	26, // 5: rlhub.v1.ReducerCounters.dropped:type_name -> rlhub.v1.ReducerCounters.DroppedEntry
 	10, // 6: rlhub.v1.ReducerStatsResponse.total:type_name -> rlhub.v1.ReducerCounters
-	26, // 7: rlhub.v1.ReducerStatsResponse.parts:type_name -> rlhub.v1.ReducerStatsResponse.PartsEntry
-	27, // 8: rlhub.v1.ReducerStatsResponse.versions:type_name -> rlhub.v1.ReducerStatsResponse.VersionsEntry
-	28, // 9: rlhub.v1.ReducerStatsResponse.blobs_reused:type_name -> rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
-	15, // 10: rlhub.v1.ReducerDescribeResponse.tensors:type_name -> rlhub.v1.ReducerTensorSpec
-	19, // 11: rlhub.v1.ReducerReleaseRequest.ids:type_name -> rlhub.v1.ReducerGradientID
-	23, // 12: rlhub.v1.ReducerForwardRequest.header:type_name -> rlhub.v1.ReducerForwardHeader
-	29, // 13: rlhub.v1.ReducerForwardRequest.chunk:type_name -> rlhub.v1.Chunk
-	30, // 14: rlhub.v1.ReducerForwardHeader.blob:type_name -> rlhub.v1.BlobInfo
-	19, // 15: rlhub.v1.ReducerForwardHeader.ids:type_name -> rlhub.v1.ReducerGradientID
-	10, // 16: rlhub.v1.ReducerStatsResponse.PartsEntry.value:type_name -> rlhub.v1.ReducerCounters
-	1,  // 17: rlhub.v1.Reducer.Register:input_type -> rlhub.v1.ReducerRegisterRequest
-	3,  // 18: rlhub.v1.Reducer.Secondaries:input_type -> rlhub.v1.ReducerSecondariesRequest
-	6,  // 19: rlhub.v1.Reducer.Push:input_type -> rlhub.v1.ReducerPushRequest
-	9,  // 20: rlhub.v1.Reducer.Stats:input_type -> rlhub.v1.ReducerStatsRequest
-	12, // 21: rlhub.v1.ReducerPrimary.Attach:input_type -> rlhub.v1.ReducerAttachRequest
-	14, // 22: rlhub.v1.ReducerPrimary.Describe:input_type -> rlhub.v1.ReducerDescribeRequest
-	17, // 23: rlhub.v1.ReducerPrimary.Admit:input_type -> rlhub.v1.ReducerAdmitRequest
-	20, // 24: rlhub.v1.ReducerPrimary.Release:input_type -> rlhub.v1.ReducerReleaseRequest
-	22, // 25: rlhub.v1.ReducerPrimary.Forward:input_type -> rlhub.v1.ReducerForwardRequest
-	2,  // 26: rlhub.v1.Reducer.Register:output_type -> rlhub.v1.ReducerRegisterResponse
-	5,  // 27: rlhub.v1.Reducer.Secondaries:output_type -> rlhub.v1.ReducerSecondariesResponse
-	8,  // 28: rlhub.v1.Reducer.Push:output_type -> rlhub.v1.ReducerPushResponse
-	11, // 29: rlhub.v1.Reducer.Stats:output_type -> rlhub.v1.ReducerStatsResponse
-	13, // 30: rlhub.v1.ReducerPrimary.Attach:output_type -> rlhub.v1.ReducerAttachEvent
-	16, // 31: rlhub.v1.ReducerPrimary.Describe:output_type -> rlhub.v1.ReducerDescribeResponse
-	18, // 32: rlhub.v1.ReducerPrimary.Admit:output_type -> rlhub.v1.ReducerAdmitResponse
-	21, // 33: rlhub.v1.ReducerPrimary.Release:output_type -> rlhub.v1.ReducerReleaseResponse
-	24, // 34: rlhub.v1.ReducerPrimary.Forward:output_type -> rlhub.v1.ReducerForwardResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	27, // 7: rlhub.v1.ReducerStatsResponse.parts:type_name -> rlhub.v1.ReducerStatsResponse.PartsEntry
+	28, // 8: rlhub.v1.ReducerStatsResponse.versions:type_name -> rlhub.v1.ReducerStatsResponse.VersionsEntry
+	29, // 9: rlhub.v1.ReducerStatsResponse.blobs_reused:type_name -> rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
+	30, // 10: rlhub.v1.ReducerStatsResponse.models:type_name -> rlhub.v1.ReducerStatsResponse.ModelsEntry
+	10, // 11: rlhub.v1.ReducerModelStats.counters:type_name -> rlhub.v1.ReducerCounters
+	16, // 12: rlhub.v1.ReducerDescribeResponse.tensors:type_name -> rlhub.v1.ReducerTensorSpec
+	20, // 13: rlhub.v1.ReducerReleaseRequest.ids:type_name -> rlhub.v1.ReducerGradientID
+	24, // 14: rlhub.v1.ReducerForwardRequest.header:type_name -> rlhub.v1.ReducerForwardHeader
+	31, // 15: rlhub.v1.ReducerForwardRequest.chunk:type_name -> rlhub.v1.Chunk
+	32, // 16: rlhub.v1.ReducerForwardHeader.blob:type_name -> rlhub.v1.BlobInfo
+	20, // 17: rlhub.v1.ReducerForwardHeader.ids:type_name -> rlhub.v1.ReducerGradientID
+	10, // 18: rlhub.v1.ReducerStatsResponse.PartsEntry.value:type_name -> rlhub.v1.ReducerCounters
+	12, // 19: rlhub.v1.ReducerStatsResponse.ModelsEntry.value:type_name -> rlhub.v1.ReducerModelStats
+	1,  // 20: rlhub.v1.Reducer.Register:input_type -> rlhub.v1.ReducerRegisterRequest
+	3,  // 21: rlhub.v1.Reducer.Secondaries:input_type -> rlhub.v1.ReducerSecondariesRequest
+	6,  // 22: rlhub.v1.Reducer.Push:input_type -> rlhub.v1.ReducerPushRequest
+	9,  // 23: rlhub.v1.Reducer.Stats:input_type -> rlhub.v1.ReducerStatsRequest
+	13, // 24: rlhub.v1.ReducerPrimary.Attach:input_type -> rlhub.v1.ReducerAttachRequest
+	15, // 25: rlhub.v1.ReducerPrimary.Describe:input_type -> rlhub.v1.ReducerDescribeRequest
+	18, // 26: rlhub.v1.ReducerPrimary.Admit:input_type -> rlhub.v1.ReducerAdmitRequest
+	21, // 27: rlhub.v1.ReducerPrimary.Release:input_type -> rlhub.v1.ReducerReleaseRequest
+	23, // 28: rlhub.v1.ReducerPrimary.Forward:input_type -> rlhub.v1.ReducerForwardRequest
+	2,  // 29: rlhub.v1.Reducer.Register:output_type -> rlhub.v1.ReducerRegisterResponse
+	5,  // 30: rlhub.v1.Reducer.Secondaries:output_type -> rlhub.v1.ReducerSecondariesResponse
+	8,  // 31: rlhub.v1.Reducer.Push:output_type -> rlhub.v1.ReducerPushResponse
+	11, // 32: rlhub.v1.Reducer.Stats:output_type -> rlhub.v1.ReducerStatsResponse
+	14, // 33: rlhub.v1.ReducerPrimary.Attach:output_type -> rlhub.v1.ReducerAttachEvent
+	17, // 34: rlhub.v1.ReducerPrimary.Describe:output_type -> rlhub.v1.ReducerDescribeResponse
+	19, // 35: rlhub.v1.ReducerPrimary.Admit:output_type -> rlhub.v1.ReducerAdmitResponse
+	22, // 36: rlhub.v1.ReducerPrimary.Release:output_type -> rlhub.v1.ReducerReleaseResponse
+	25, // 37: rlhub.v1.ReducerPrimary.Forward:output_type -> rlhub.v1.ReducerForwardResponse
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_reducer_proto_init() }
@@ -1901,7 +2008,7 @@ func file_rlhub_v1_reducer_proto_init() {
 		(*ReducerPushRequest_Header)(nil),
 		(*ReducerPushRequest_Chunk)(nil),
 	}
-	file_rlhub_v1_reducer_proto_msgTypes[22].OneofWrappers = []any{
+	file_rlhub_v1_reducer_proto_msgTypes[23].OneofWrappers = []any{
 		(*ReducerForwardRequest_Header)(nil),
 		(*ReducerForwardRequest_Chunk)(nil),
 	}
@@ -1911,7 +2018,7 @@ func file_rlhub_v1_reducer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_reducer_proto_rawDesc), len(file_rlhub_v1_reducer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

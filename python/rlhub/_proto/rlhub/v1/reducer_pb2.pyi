@@ -147,7 +147,7 @@ class ReducerCounters(_message.Message):
     def __init__(self, pushed: _Optional[int] = ..., reduced: _Optional[int] = ..., applied: _Optional[int] = ..., steps: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., queue_depth: _Optional[int] = ...) -> None: ...
 
 class ReducerStatsResponse(_message.Message):
-    __slots__ = ("total", "parts", "publish_p50_us", "publish_p99_us", "versions", "blobs_reused")
+    __slots__ = ("total", "parts", "publish_p50_us", "publish_p99_us", "versions", "blobs_reused", "models")
     class PartsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -169,19 +169,42 @@ class ReducerStatsResponse(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ModelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: ReducerModelStats
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ReducerModelStats, _Mapping]] = ...) -> None: ...
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     PUBLISH_P50_US_FIELD_NUMBER: _ClassVar[int]
     PUBLISH_P99_US_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BLOBS_REUSED_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     total: ReducerCounters
     parts: _containers.MessageMap[str, ReducerCounters]
     publish_p50_us: float
     publish_p99_us: float
     versions: _containers.ScalarMap[str, int]
     blobs_reused: _containers.ScalarMap[str, int]
-    def __init__(self, total: _Optional[_Union[ReducerCounters, _Mapping]] = ..., parts: _Optional[_Mapping[str, ReducerCounters]] = ..., publish_p50_us: _Optional[float] = ..., publish_p99_us: _Optional[float] = ..., versions: _Optional[_Mapping[str, int]] = ..., blobs_reused: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    models: _containers.MessageMap[str, ReducerModelStats]
+    def __init__(self, total: _Optional[_Union[ReducerCounters, _Mapping]] = ..., parts: _Optional[_Mapping[str, ReducerCounters]] = ..., publish_p50_us: _Optional[float] = ..., publish_p99_us: _Optional[float] = ..., versions: _Optional[_Mapping[str, int]] = ..., blobs_reused: _Optional[_Mapping[str, int]] = ..., models: _Optional[_Mapping[str, ReducerModelStats]] = ...) -> None: ...
+
+class ReducerModelStats(_message.Message):
+    __slots__ = ("version", "counters", "blobs_reused", "optimizer_steps", "state_error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_REUSED_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STATE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    counters: ReducerCounters
+    blobs_reused: int
+    optimizer_steps: int
+    state_error: str
+    def __init__(self, version: _Optional[int] = ..., counters: _Optional[_Union[ReducerCounters, _Mapping]] = ..., blobs_reused: _Optional[int] = ..., optimizer_steps: _Optional[int] = ..., state_error: _Optional[str] = ...) -> None: ...
 
 class ReducerAttachRequest(_message.Message):
     __slots__ = ("addr", "id")
