@@ -674,45 +674,12 @@ func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandRes
 
 // Resources lists the attached learners.
 func (s *Service) Resources(ctx context.Context, _ *rlhubv1.ResourcesRequest) (*rlhubv1.ResourcesResponse, error) {
-	return &rlhubv1.ResourcesResponse{Learners: s.learnerInfos()}, nil
+	return &rlhubv1.ResourcesResponse{Learners: StatsToProto(s.Stats()).Learners}, nil
 }
 
-// Status reports learners, leases and counters.
+// Status reports learners, leases and counters (Stats).
 func (s *Service) Status(ctx context.Context, _ *rlhubv1.StatusRequest) (*rlhubv1.StatusResponse, error) {
-	infos := s.learnerInfos()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	resp := &rlhubv1.StatusResponse{
-		Learners:      infos,
-		AttachedTotal: s.stats.attached,
-		RemovedTotal:  s.stats.removed,
-		LearnOk:       s.stats.learnOK,
-		LearnFailed:   s.stats.learnFailed,
-		Resplits:      s.stats.resplits,
-	}
-	if s.task != nil {
-		resp.TaskId = s.task.id
-	}
-	return resp, nil
-}
-
-func (s *Service) learnerInfos() []*rlhubv1.LearnerInfo {
-	conns := s.attached(nil)
-	now := s.cfg.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]*rlhubv1.LearnerInfo, 0, len(conns))
-	for _, c := range conns {
-		out = append(out, &rlhubv1.LearnerInfo{
-			LearnerId:        c.id,
-			Resources:        c.resources,
-			LeaseRemainingMs: c.leaseUntil.Sub(now).Milliseconds(),
-			StartedTask:      c.started,
-			TasksDone:        c.done,
-			TasksFailed:      c.failed,
-		})
-	}
-	return out
+	return StatsToProto(s.Stats()), nil
 }
 
 // ---- Learn ----

@@ -57,6 +57,9 @@ type run struct {
 	leasedOnce []bool    // per task: leased at least once
 
 	progress []*pb.ARSProgress // one per finished iteration
+	// trainMeans: each finished iteration's mean shifted ±δ return
+	// (iterations without directions add none); read by Stats.
+	trainMeans []float64
 }
 
 func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinator {
@@ -458,6 +461,9 @@ func (r *run) finish(now time.Time) (*publish, error) {
 	rep, err := r.tr.Finish(r.results)
 	if err != nil {
 		return nil, err
+	}
+	if m, ok := trainMean(r.results); ok {
+		r.trainMeans = append(r.trainMeans, m)
 	}
 	var pub *publish
 	if rep.Updated {

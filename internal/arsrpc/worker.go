@@ -31,6 +31,9 @@ type WorkerConfig struct {
 	// RetryFor is how long an unreachable hub is retried before RunWorker
 	// gives up; 0 means 30s.
 	RetryFor time.Duration
+	// Live, when set, is updated as the worker goes (tasks, steps, pulls,
+	// iteration) for a metrics endpoint to read; nil means no live counts.
+	Live *WorkerCounters
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 
@@ -212,6 +215,11 @@ func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) (*pb
 		res := w.ev.Run(w.it, task)
 		w.stats.Tasks++
 		w.stats.Steps += res.Steps
+		if l := w.cfg.Live; l != nil {
+			l.Tasks.Add(1)
+			l.Steps.Add(res.Steps)
+			l.Iteration.Store(lease.Iteration)
+		}
 		req.Results = append(req.Results, toPB(res))
 	}
 	req.Next = w.leaseRequest()
@@ -236,6 +244,9 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 	} else {
 		p, _, err = PullPolicy(ctx, w.client, lease.RunId, lease.Version)
 		w.stats.Pulls++
+		if l := w.cfg.Live; l != nil {
+			l.Pulls.Add(1)
+		}
 	}
 	if err != nil {
 		return err

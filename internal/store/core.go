@@ -46,6 +46,7 @@ type model struct {
 	versions []*Snapshot   // retained, ascending by version; empty until the first push
 	epoch    uint64        // highest epoch that has landed
 	changed  chan struct{} // closed and replaced when a version lands
+	count    modelCounters // see Stats
 }
 
 func newCore(cfg Config) *core {
@@ -150,6 +151,9 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 	cur, epoch := m.newest(), m.epoch
 	c.mu.Unlock()
 	if err := decide(&req, cur, epoch); err != nil {
+		c.mu.Lock()
+		m.count.refused++
+		c.mu.Unlock()
 		return Info{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -176,6 +180,7 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 	}
 	c.mu.Lock()
 	back := c.publishLocked(m, snap)
+	m.count.pushes++
 	info := m.infoLocked()
 	c.mu.Unlock()
 	giveBack(back)
@@ -244,6 +249,7 @@ func (c *core) get(name string, version uint64) (*Snapshot, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, err := c.findLocked(name, version)
+	c.countReadLocked(s)
 	return take(s), err
 }
 
@@ -302,6 +308,7 @@ func (c *core) lend(name string, version uint64) (*Snapshot, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	c.countReadLocked(s)
 	return s, c.lendLocked(s), nil
 }
 
@@ -316,6 +323,7 @@ func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
 		return nil, notFound(name)
 	}
 	if n := m.newest(); n.Version > than {
+		c.countReadLocked(n)
 		return take(n), nil // only a version handed out is taken
 	}
 	return nil, nil
@@ -344,6 +352,7 @@ func (c *core) awaitNewer(ctx context.Context, name string, after uint64, lend b
 		m := c.modelLocked(name)
 		n, changed := m.newest(), m.changed
 		if n != nil && n.Version > after {
+			c.countReadLocked(n)
 			var release func()
 			if lend {
 				release = c.lendLocked(n)

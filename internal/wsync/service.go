@@ -71,6 +71,7 @@ type Service struct {
 	rlhubv1.UnimplementedWeightSyncServer
 	cfg     ServiceConfig
 	tracker *Tracker
+	count   serviceCounters // see Stats
 
 	ctx    context.Context // canceled by Drain/Close: ends every stream
 	cancel context.CancelFunc
@@ -182,6 +183,8 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	s.tracker.Report(id, model, "push", hello.Version)
 	s.tracker.SetAttached(id, model, true)
 	defer s.tracker.SetAttached(id, model, false)
+	s.count.streams.Add(1)
+	defer s.count.streams.Add(-1)
 	go func() {
 		defer s.wg.Done()
 		for {
@@ -190,6 +193,7 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 				return
 			}
 			if r := m.GetRunning(); r != nil {
+				s.count.reports.Add(1)
 				s.tracker.Report(id, model, "", r.Version)
 			}
 		}
@@ -221,6 +225,8 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 			return err
 		}
 		sent = snap.Version
+		s.count.versionsSent.Add(1)
+		s.count.bytesSent.Add(uint64(len(snap.Blob)))
 	}
 }
 
@@ -257,6 +263,7 @@ func (s *Service) Report(_ context.Context, req *rlhubv1.SyncReportRequest) (*rl
 	for _, r := range req.Reports {
 		s.tracker.Report(r.CollectorId, r.Model, r.Via, r.Version)
 	}
+	s.count.reports.Add(uint64(len(req.Reports)))
 	return &rlhubv1.SyncReportResponse{}, nil
 }
 

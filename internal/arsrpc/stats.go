@@ -1,0 +1,122 @@
+package arsrpc
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/ars"
+)
+
+// Stats is the ARS coordinator's one picture: every run with its progress
+// and evaluation curve, and the workers attached. The metrics adapter and
+// the dashboard read it.
+type Stats struct {
+	// Runs in start order.
+	Runs []RunStats
+	// Workers attached now.
+	Workers int
+	// Reassigned counts leases of a task someone else held before.
+	Reassigned int64
+}
+
+// RunStats is one run.
+type RunStats struct {
+	ID, Env, Model string
+	// Iteration is the number of finished iterations; Version the store
+	// version of the current policy.
+	Iteration, Version uint64
+	// Episodes (training), EvalEpisodes and Steps (environment steps,
+	// training and evaluation) so far.
+	Episodes, EvalEpisodes, Steps int64
+	// Elapsed is hub time since the run started (until it ended, for a
+	// finished run).
+	Elapsed time.Duration
+	// HasEval tells whether EvalMean/EvalStd hold the last evaluation.
+	HasEval           bool
+	EvalMean, EvalStd float64
+	// TrainMean is the mean shifted return of the last iteration's ±δ
+	// episodes (ars.Result.RPlus and RMinus); HasTrain says there is one.
+	HasTrain  bool
+	TrainMean float64
+	// Done and Reason: the run ended and why.
+	Done   bool
+	Reason string
+	// Curve holds the evaluations, oldest first: at most MaxCurvePoints,
+	// the newest kept.
+	Curve []CurvePoint
+}
+
+// CurvePoint is one evaluation of a run's policy.
+type CurvePoint struct {
+	Iteration uint64
+	Episodes  int64 // training episodes that produced the evaluated policy
+	Steps     int64
+	Elapsed   time.Duration
+	EvalMean  float64
+	EvalStd   float64
+}
+
+// MaxCurvePoints bounds RunStats.Curve.
+const MaxCurvePoints = 2000
+
+// Stats returns every run's progress and curve.
+func (s *Service) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.c
+	st := Stats{Workers: len(c.workers), Reassigned: c.reassigned, Runs: make([]RunStats, 0, len(c.order))}
+	for _, r := range c.order {
+		rs := RunStats{ID: r.id, Env: r.spec.GetEnv(), Model: r.model, Version: r.version}
+		if n := len(r.progress); n > 0 {
+			p := r.progress[n-1]
+			rs.Iteration = p.Iteration + 1
+			rs.Episodes, rs.EvalEpisodes, rs.Steps = p.Episodes, p.EvalEpisodes, p.Steps
+			rs.Elapsed = time.Duration(p.ElapsedSeconds * float64(time.Second))
+			rs.Done, rs.Reason = p.Done, p.Reason
+		}
+		if !rs.Done {
+			rs.Elapsed = s.cfg.Now().Sub(r.started)
+		}
+		if n := len(r.trainMeans); n > 0 {
+			rs.HasTrain, rs.TrainMean = true, r.trainMeans[n-1]
+		}
+		for _, p := range r.progress {
+			if !p.HasEval {
+				continue
+			}
+			rs.HasEval, rs.EvalMean, rs.EvalStd = true, p.EvalMean, p.EvalStd
+			rs.Curve = append(rs.Curve, CurvePoint{Iteration: p.Iteration, Episodes: p.PolicyEpisodes, Steps: p.Steps,
+				Elapsed: time.Duration(p.ElapsedSeconds * float64(time.Second)), EvalMean: p.EvalMean, EvalStd: p.EvalStd})
+		}
+		if over := len(rs.Curve) - MaxCurvePoints; over > 0 {
+			rs.Curve = rs.Curve[over:]
+		}
+		st.Runs = append(st.Runs, rs)
+	}
+	return st
+}
+
+// trainMean is the mean of the direction tasks' shifted returns, and
+// whether there were any.
+func trainMean(results []ars.Result) (float64, bool) {
+	var sum float64
+	n := 0
+	for _, r := range results {
+		if r.Kind == ars.KindDirection {
+			sum += r.RPlus + r.RMinus
+			n += 2
+		}
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return sum / float64(n), true
+}
+
+// WorkerCounters are a worker's counters while it runs (WorkerConfig.Live):
+// atomics the metrics adapter reads at scrape time.
+type WorkerCounters struct {
+	Tasks, Steps, Pulls atomic.Int64
+	// Iteration is the iteration of the last lease.
+	Iteration atomic.Uint64
+}
