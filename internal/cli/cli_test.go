@@ -113,4 +113,10 @@ func TestPingNoHubFails(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "health check") || !strings.Contains(errOut, "Unavailable") {
 		t.Fatalf("code %d, stderr %q; want an Unavailable health check", code, errOut)
 	}
+	// --wait waits for a hub that is starting: against none it is the
+	// deadline that ends it.
+	code, _, errOut = run(t, context.Background(), "ping", "--wait", "--hub", freeAddr(t), "--timeout", "300ms")
+	if code == 0 || !strings.Contains(errOut, "DeadlineExceeded") {
+		t.Fatalf("ping --wait: code %d, stderr %q; want DeadlineExceeded", code, errOut)
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 func newPingCmd(g *globals) *cobra.Command {
 	var hub hubFlags
+	var wait bool
 	cmd := &cobra.Command{
 		Use:   "ping",
 		Short: "Check that a hub is up (gRPC health round trip)",
@@ -19,10 +20,10 @@ func newPingCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return hub.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				start := time.Now()
-				// Not WaitForReady: a hub that refuses the connection is an
-				// answer (Unavailable at once), not a reason to wait out
-				// --timeout.
-				resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+				// Without --wait a hub that refuses the connection is an
+				// answer (Unavailable at once), not a reason to sit out
+				// --timeout, as every other command fails.
+				resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(wait))
 				if err != nil {
 					return fmt.Errorf("health check %s: %w", hub.addr, err)
 				}
@@ -35,5 +36,6 @@ func newPingCmd(g *globals) *cobra.Command {
 		},
 	}
 	hub.register(cmd, "hub address")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait up to --timeout for a hub that is starting, instead of failing at once")
 	return cmd
 }

@@ -40,7 +40,7 @@ func serveInProcess(t *testing.T, args ...string) *storeclient.Client {
 			t.Errorf("serve %v did not stop", args)
 		}
 	})
-	if code, _, errOut := run(t, context.Background(), "ping", "--hub", addr, "--timeout", "20s"); code != 0 {
+	if code, _, errOut := run(t, context.Background(), "ping", "--wait", "--hub", addr, "--timeout", "20s"); code != 0 {
 		t.Fatalf("serve %v never became healthy: %s", args, errOut)
 	}
 	c, err := storeclient.New(storeclient.Config{Addr: addr, MaxAttempts: 1})
