@@ -88,6 +88,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newSyncCmd(g),
 		newRelayCmd(g),
 		newBenchCmd(g),
+		newClusterCmd(g),
 	)
 	return root
 }

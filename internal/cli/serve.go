@@ -16,6 +16,7 @@ import (
 func newServeCmd(g *globals) *cobra.Command {
 	var cfg hub.Config
 	var role, namePattern string
+	var cl clusterFlags
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the hub: every rlhub service behind one gRPC server",
@@ -49,6 +50,9 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if cl.etcd != "" || cl.embedded != "" {
+				return runClustered(cmd.Context(), h, &cl, g.logger)
+			}
 			return h.Run(cmd.Context())
 		},
 	}
@@ -71,6 +75,13 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Var((*byteSize)(&cfg.Store.MaxHeaderBytes), "max-header-bytes", "largest safetensors JSON header a pushed blob may have (bytes, or KiB/MiB/GiB)")
 	f.IntVar(&cfg.Store.MaxNameBytes, "max-name-bytes", 128, "longest model name, in bytes")
 	f.StringVar(&namePattern, "name-pattern", store.DefaultNamePattern.String(), "regular expression every model name must match")
+	// Cluster membership (experimental: election, membership and epochs;
+	// standbys do not yet replicate or refuse writes — docs/cluster.md).
+	cl.register(cmd)
+	f.DurationVar(&cl.leaseTTL, "lease-ttl", 2*time.Second, "with --etcd: how long this hub's lease outlives its last keep-alive (whole seconds)")
+	f.StringVar(&cl.id, "member-id", "", "with --etcd: this hub's member id (default HOSTNAME-PORT)")
+	f.StringVar(&cl.embedded, "embedded-etcd", "", "run a single-node etcd in this process with its data in DIR (a local cluster without an etcd to run)")
+	f.StringVar(&cl.embedURL, "embedded-etcd-url", "http://127.0.0.1:2379", "client URL of the embedded etcd")
 	return cmd
 }
 

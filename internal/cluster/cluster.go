@@ -1,0 +1,393 @@
+// Package cluster is rlhub's membership and primary election, on etcd.
+//
+// Every hub of a cluster named C joins it by registering
+// /rlhub/C/members/ID under a lease (an etcd session whose keep-alives the
+// member sends); a hub that dies or stalls past the lease's TTL drops out
+// by itself. Hubs campaign in one election (go.etcd.io/etcd/client/v3/
+// concurrency); the winner is the primary and the others are standbys.
+//
+// The epoch of a term is the creation revision of the winner's election
+// key. etcd revisions only grow, so every later term has a larger epoch:
+// that is the fencing token a primary's writes carry (the store refuses a
+// write whose epoch is older than one it has seen). A primary that loses
+// its lease — killed, partitioned, or SIGSTOPped past the TTL — sees its
+// term's Lost channel close once it runs again, and must stop writing; any
+// write it attempts before it notices carries an epoch older than the new
+// primary's and is refused by whoever has seen the newer one.
+//
+// Use:
+//  1. Join(ctx, Config) registers the member (and holds its lease).
+//  2. Campaign(ctx) blocks until this member is primary and returns its
+//     Term; Term.Lost closes when the lease is gone. Standbys stay in
+//     Campaign.
+//  3. Leader and Status read the current primary and the members; any
+//     process with the etcd endpoints can call Read for the same without
+//     joining.
+//  4. Close resigns (if primary), revokes the lease and closes the client.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// ErrDeposed: this member's term ended (its lease is gone or another
+// member holds the election). Matches errs.ErrUnavailable.
+var ErrDeposed = fmt.Errorf("%w: no longer the primary", errs.ErrUnavailable)
+
+// ErrNoLeader: the cluster has no primary at the moment.
+var ErrNoLeader = fmt.Errorf("%w: the cluster has no primary", errs.ErrUnavailable)
+
+// Config configures a member.
+type Config struct {
+	// Endpoints are etcd client URLs (http://127.0.0.1:2379, …); required.
+	Endpoints []string
+	// Cluster names the cluster; its keys live under /rlhub/Cluster/.
+	// Required: letters, digits, '.', '_' and '-', at most 64 bytes.
+	Cluster string
+	// ID names this member; "" means hostname-pid. Same rule as Cluster.
+	ID string
+	// Addr is the address clients and other hubs reach this member at;
+	// required for Join (it is what Leader reports).
+	Addr string
+	// LeaseTTL is how long the member's lease outlives its last
+	// keep-alive; 0 means 2s. etcd counts whole seconds: it is rounded
+	// up, at least 1s. A primary that stalls longer is replaced.
+	LeaseTTL time.Duration
+	// DialTimeout bounds connecting to etcd; 0 means 5s.
+	DialTimeout time.Duration
+	// Logger receives membership changes; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+func (c *Config) validate(join bool) error {
+	if len(c.Endpoints) == 0 {
+		return fmt.Errorf("%w: cluster: no etcd endpoints", errs.ErrInvalid)
+	}
+	if !namePattern.MatchString(c.Cluster) {
+		return fmt.Errorf("%w: cluster: name must match %s", errs.ErrInvalid, namePattern)
+	}
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		c.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if !namePattern.MatchString(c.ID) {
+		return fmt.Errorf("%w: cluster: member id must match %s", errs.ErrInvalid, namePattern)
+	}
+	if join && c.Addr == "" {
+		return fmt.Errorf("%w: cluster: a member needs the address it serves on", errs.ErrInvalid)
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = 2 * time.Second
+	}
+	if c.LeaseTTL < 0 {
+		return fmt.Errorf("%w: cluster: negative lease TTL", errs.ErrInvalid)
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+func (c *Config) prefix() string { return path.Join("/rlhub", c.Cluster) }
+
+func (c *Config) ttlSeconds() int {
+	return max(1, int((c.LeaseTTL+time.Second-1)/time.Second))
+}
+
+// MemberInfo is what a member registers and what Status lists.
+type MemberInfo struct {
+	ID      string    `json:"id"`
+	Addr    string    `json:"addr"`
+	Started time.Time `json:"started"`
+}
+
+// Leader is the current primary: who, where, and the epoch of its term.
+type Leader struct {
+	ID    string
+	Addr  string
+	Epoch uint64
+}
+
+// Status is a snapshot of the cluster.
+type Status struct {
+	Members []MemberInfo // by ID
+	Primary *Leader      // nil when there is none
+}
+
+func dial(cfg *Config) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   cfg.Endpoints,
+		DialTimeout: cfg.DialTimeout,
+		Logger:      zap.NewNop(),
+		// Keep-alives on the connection itself, so a dead etcd is noticed
+		// even by a member that is only waiting.
+		DialKeepAliveTime:    cfg.LeaseTTL,
+		DialKeepAliveTimeout: cfg.LeaseTTL,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: cluster: etcd %v: %v", errs.ErrUnavailable, cfg.Endpoints, err)
+	}
+	return cli, nil
+}
+
+// Member is one hub's place in the cluster. Its methods are safe for
+// concurrent use.
+type Member struct {
+	cfg      Config
+	cli      *clientv3.Client
+	sess     *concurrency.Session
+	elec     *concurrency.Election
+	info     MemberInfo
+	mu       sync.Mutex
+	term     *Term // while primary
+	closed   bool
+	closeErr error
+}
+
+// Join connects to etcd and registers the member under a fresh lease.
+func Join(ctx context.Context, cfg Config) (*Member, error) {
+	if err := cfg.validate(true); err != nil {
+		return nil, err
+	}
+	cli, err := dial(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
+	}
+	m := &Member{cfg: cfg, cli: cli, sess: sess, elec: concurrency.NewElection(sess, path.Join(cfg.prefix(), "election")),
+		info: MemberInfo{ID: cfg.ID, Addr: cfg.Addr, Started: time.Now().UTC()}}
+	val, _ := json.Marshal(m.info)
+	// A member id is taken while its lease lives: two hubs with one id
+	// would each believe the other's registration is theirs.
+	key := path.Join(cfg.prefix(), "members", cfg.ID)
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(sess.Lease()))).
+		Commit()
+	if err == nil && !resp.Succeeded {
+		err = fmt.Errorf("%w: member id %q is registered by a live member", errs.ErrExists, cfg.ID)
+	}
+	if err != nil {
+		m.Close()
+		if errors.Is(err, errs.ErrExists) {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+		return nil, fmt.Errorf("%w: cluster: register: %v", errs.ErrUnavailable, err)
+	}
+	cfg.Logger.Info("cluster: joined", "cluster", cfg.Cluster, "id", cfg.ID, "addr", cfg.Addr, "lease_ttl_s", cfg.ttlSeconds())
+	return m, nil
+}
+
+// ID is the member's id.
+func (m *Member) ID() string { return m.cfg.ID }
+
+// Lost closes when the member's lease is gone: it is no longer a member
+// and must rejoin (Join) to take part again.
+func (m *Member) Lost() <-chan struct{} { return m.sess.Done() }
+
+// Term is one member's time as primary.
+type Term struct {
+	// Epoch is the term's fencing token: larger than every earlier term's.
+	Epoch uint64
+	m     *Member
+	key   string
+}
+
+// Lost closes when the term may have ended (the lease is gone).
+func (t *Term) Lost() <-chan struct{} { return t.m.sess.Done() }
+
+// Check asks etcd whether this term still holds the election: nil if so,
+// ErrDeposed if another key leads or this one is gone, ErrUnavailable if
+// etcd cannot answer (treat that as "do not write").
+func (t *Term) Check(ctx context.Context) error {
+	select {
+	case <-t.m.sess.Done():
+		return ErrDeposed
+	default:
+	}
+	resp, err := t.m.cli.Get(ctx, t.key)
+	if err != nil {
+		return fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+	}
+	if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != t.Epoch {
+		return ErrDeposed
+	}
+	l, err := t.m.elec.Leader(ctx)
+	if err != nil {
+		if errors.Is(err, concurrency.ErrElectionNoLeader) {
+			return ErrDeposed
+		}
+		return fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+	}
+	if string(l.Kvs[0].Key) != t.key {
+		return ErrDeposed
+	}
+	return nil
+}
+
+// Campaign blocks until this member is the primary (or ctx ends, or the
+// lease is lost) and returns its term.
+func (m *Member) Campaign(ctx context.Context) (*Term, error) {
+	val, _ := json.Marshal(m.info)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { // a lost lease ends the wait too
+		select {
+		case <-m.sess.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	if err := m.elec.Campaign(ctx, string(val)); err != nil {
+		select {
+		case <-m.sess.Done():
+			return nil, fmt.Errorf("cluster: campaign: %w", ErrDeposed)
+		default:
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("cluster: campaign: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: cluster: campaign: %v", errs.ErrUnavailable, err)
+	}
+	t := &Term{Epoch: uint64(m.elec.Rev()), m: m, key: m.elec.Key()}
+	m.mu.Lock()
+	m.term = t
+	m.mu.Unlock()
+	m.cfg.Logger.Info("cluster: elected primary", "cluster", m.cfg.Cluster, "id", m.cfg.ID, "epoch", t.Epoch)
+	return t, nil
+}
+
+// Resign gives up the election if this member holds it.
+func (m *Member) Resign(ctx context.Context) error {
+	m.mu.Lock()
+	t := m.term
+	m.term = nil
+	m.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	if err := m.elec.Resign(ctx); err != nil {
+		return fmt.Errorf("%w: cluster: resign: %v", errs.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Close resigns, revokes the lease (so the others need not wait out the
+// TTL) and closes the etcd client. Safe to call more than once.
+func (m *Member) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return m.closeErr
+	}
+	m.closed = true
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.DialTimeout)
+	defer cancel()
+	err := m.Resign(ctx)
+	if m.sess != nil {
+		// Close revokes the lease; a lease that is already gone is fine.
+		if cerr := m.sess.Close(); cerr != nil {
+			select {
+			case <-m.sess.Done():
+			default:
+				err = errors.Join(err, cerr)
+			}
+		}
+	}
+	err = errors.Join(err, m.cli.Close())
+	m.mu.Lock()
+	m.closeErr = err
+	m.mu.Unlock()
+	return err
+}
+
+// Status reads the members and the primary.
+func (m *Member) Status(ctx context.Context) (Status, error) { return status(ctx, m.cli, &m.cfg) }
+
+// Read connects to etcd with cfg (Addr and ID unused), reads the status
+// and disconnects: for `rlhub cluster status` and clients that only need
+// to find the primary.
+func Read(ctx context.Context, cfg Config) (Status, error) {
+	if err := cfg.validate(false); err != nil {
+		return Status{}, err
+	}
+	cli, err := dial(&cfg)
+	if err != nil {
+		return Status{}, err
+	}
+	defer cli.Close()
+	return status(ctx, cli, &cfg)
+}
+
+func status(ctx context.Context, cli *clientv3.Client, cfg *Config) (Status, error) {
+	var st Status
+	resp, err := cli.Get(ctx, path.Join(cfg.prefix(), "members")+"/", clientv3.WithPrefix())
+	if err != nil {
+		return st, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+	}
+	for _, kv := range resp.Kvs {
+		var mi MemberInfo
+		if json.Unmarshal(kv.Value, &mi) == nil {
+			st.Members = append(st.Members, mi)
+		}
+	}
+	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].ID < st.Members[j].ID })
+	// The election's leader is its key with the lowest creation revision.
+	lr, err := cli.Get(ctx, path.Join(cfg.prefix(), "election")+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return st, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+	}
+	if len(lr.Kvs) > 0 {
+		var mi MemberInfo
+		if err := json.Unmarshal(lr.Kvs[0].Value, &mi); err == nil {
+			st.Primary = &Leader{ID: mi.ID, Addr: mi.Addr, Epoch: uint64(lr.Kvs[0].CreateRevision)}
+		}
+	}
+	return st, nil
+}
+
+// Leader is the current primary, or ErrNoLeader.
+func (m *Member) Leader(ctx context.Context) (Leader, error) {
+	st, err := m.Status(ctx)
+	if err != nil {
+		return Leader{}, err
+	}
+	if st.Primary == nil {
+		return Leader{}, ErrNoLeader
+	}
+	return *st.Primary, nil
+}
+
+// String renders a leader for logs and the CLI.
+func (l Leader) String() string {
+	return l.ID + "@" + l.Addr + " epoch " + strconv.FormatUint(l.Epoch, 10)
+}
