@@ -39,6 +39,14 @@ import (
 // DefaultListen is the default gRPC listen address.
 const DefaultListen = "127.0.0.1:7470"
 
+// The owners the hub's in-process services write the store as (store
+// rule 6): a model the reducer reduces, or an ARS run's policy, takes
+// pushes only from its owner.
+const (
+	OwnerReducer = "reducer"
+	OwnerARS     = "ars"
+)
+
 // Config configures a hub.
 type Config struct {
 	// Listen is the TCP address to serve on; "" means DefaultListen. Use
@@ -209,14 +217,17 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if err := add(aggregator.New(acfg)); err != nil {
 		return nil, err
 	}
-	if err := add(arsrpc.New(arsrpc.Config{Store: h.store, Logger: h.cfg.Logger})); err != nil {
+	// The ARS coordinator and the reducer write through owner views of the
+	// store: the models they manage take no other writer's pushes (store
+	// rule 6). Remote store pushes are anonymous and are refused there.
+	if err := add(arsrpc.New(arsrpc.Config{Store: store.Owned{Store: h.store, Owner: OwnerARS}, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	if err := add(wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	rcfg := h.cfg.Reducer
-	rcfg.Store = h.store
+	rcfg.Store = store.Owned{Store: h.store, Owner: OwnerReducer}
 	rcfg.Addr = func() string {
 		if a := h.Addr(); a != nil {
 			return a.String()
