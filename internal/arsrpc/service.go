@@ -215,7 +215,7 @@ func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.A
 	defer s.mu.Unlock()
 	r, ok := s.c.runs[req.RunId]
 	if !ok {
-		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 	}
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
 	s.broadcastLocked()
@@ -230,7 +230,7 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 		r, ok := s.c.runs[req.RunId]
 		if !ok {
 			s.mu.Unlock()
-			return grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+			return grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 		}
 		batch := r.progress[sent:] // entries are immutable once appended
 		ch := s.changed
@@ -421,7 +421,7 @@ func (s *Service) PullPolicy(req *pb.ARSPullPolicyRequest, stream grpc.ServerStr
 	}
 	s.mu.Unlock()
 	if !ok {
-		return grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		return grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 	}
 	snap, err := s.cfg.Store.Get(stream.Context(), model, req.Version)
 	if err != nil {

@@ -6,11 +6,15 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/optim"
@@ -124,4 +128,54 @@ func TestOversizeGradientRefusedFromHeader(t *testing.T) {
 	if _, err := c.PushGrad(ctx, "m", 0, model); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestErrorTextBoundsClientInput is issue 16's last abuse: a 10 KB learner
+// id used to come back whole in the error (and trip gRPC's header limit).
+// Every service refuses such input with a short error naming what is
+// wrong: the learner aggregator's Attach, the store's Pull, and ARS.
+func TestErrorTextBoundsClientInput(t *testing.T) {
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient(h.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	huge := strings.Repeat("x", 10<<10)
+	check := func(what string, err error, want codes.Code) {
+		t.Helper()
+		st, _ := status.FromError(err)
+		if st.Code() != want || len(st.Message()) > 512 || !strings.Contains(st.Message(), "10240 bytes") {
+			t.Fatalf("%s with a 10 KB id: code %v, message of %d bytes %.200q; want %v, short, saying how long the id was",
+				what, st.Code(), len(st.Message()), st.Message(), want)
+		}
+	}
+
+	stream, err := rlhubv1.NewLearnerAggregatorClient(conn).Attach(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Hello{Hello: &rlhubv1.Hello{LearnerId: huge}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	check("Attach", err, codes.InvalidArgument)
+
+	pull, err := rlhubv1.NewModelStoreClient(conn).Pull(ctx, &rlhubv1.StorePullRequest{Model: huge})
+	if err == nil {
+		_, err = pull.Recv()
+	}
+	check("store Pull", err, codes.NotFound)
+
+	_, err = rlhubv1.NewARSClient(conn).StopRun(ctx, &rlhubv1.ARSStopRunRequest{RunId: huge})
+	check("ARS StopRun", err, codes.NotFound)
 }

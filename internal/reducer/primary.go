@@ -217,13 +217,13 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 	if c, ok := p.cfg.Store.(modelClaimer); ok {
 		for _, name := range []string{mc.Model, mc.Model + OptimStateSuffix} {
 			if err := c.Claim(ctx, name); err != nil {
-				return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+				return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 			}
 		}
 	}
 	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
 	if err != nil {
-		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 	}
 	params := snap.Tensors.Clone()
 	for _, t := range params.Tensors() {
@@ -253,7 +253,7 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 	}
 	plan, err := safetensors.Plan(params, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 	}
 	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
 		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}
@@ -277,7 +277,7 @@ func (p *Primary) model(name string) (*pmodel, error) {
 	defer p.mu.Unlock()
 	m, ok := p.models[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: model %q is not registered with the reducer", errs.ErrNotFound, name)
+		return nil, fmt.Errorf("%w: model %s is not registered with the reducer", errs.ErrNotFound, errs.Quote(name))
 	}
 	return m, nil
 }

@@ -417,7 +417,7 @@ func (s *Service) pick(id string) (*SecondaryNode, error) {
 		if sec, ok := s.byID[id]; ok {
 			return sec, nil
 		}
-		return nil, fmt.Errorf("%w: no secondary %q here", errs.ErrUnavailable, id)
+		return nil, fmt.Errorf("%w: no secondary %s here", errs.ErrUnavailable, errs.Quote(id))
 	}
 	var live []*SecondaryNode
 	for _, sec := range s.secondaries {

@@ -248,7 +248,7 @@ func (m *model) infoLocked() Info {
 }
 
 func notFound(name string) error {
-	return fmt.Errorf("%w: model %q", errs.ErrNotFound, name)
+	return fmt.Errorf("%w: model %s", errs.ErrNotFound, errs.Quote(name))
 }
 
 func (c *core) get(name string, version uint64) (*Snapshot, error) {
@@ -280,7 +280,7 @@ func (c *core) findLocked(name string, version uint64) (*Snapshot, error) {
 		return 0
 	})
 	if !ok {
-		return nil, fmt.Errorf("%w: model %q version %d (retained: %v)", errs.ErrNotFound, name, version, m.infoLocked().Retained)
+		return nil, fmt.Errorf("%w: model %s version %d (retained: %v)", errs.ErrNotFound, errs.Quote(name), version, m.infoLocked().Retained)
 	}
 	return m.versions[i], nil
 }
