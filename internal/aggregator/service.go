@@ -361,7 +361,7 @@ func (s *Service) recvLoop(c *learnerConn) {
 
 func validID(id string) error {
 	if id == "" || len(id) > 128 {
-		return fmt.Errorf("%w: learner id %q must be 1..128 characters", errs.ErrInvalid, id)
+		return fmt.Errorf("%w: learner id %s must be 1..128 characters", errs.ErrInvalid, errs.Quote(id))
 	}
 	for _, r := range id {
 		if !unicode.IsPrint(r) || unicode.IsSpace(r) {

@@ -18,6 +18,7 @@ import (
 type coordinator struct {
 	leaseTTL, straggle time.Duration
 	maxHolders         int
+	maxParams          int64 // bound on a run's policy parameters; 0: none
 
 	workers    map[string]*worker
 	runs       map[string]*run
@@ -60,6 +61,35 @@ type run struct {
 	// trainMeans: each finished iteration's mean shifted ±δ return
 	// (iterations without directions add none); read by Stats.
 	trainMeans []float64
+}
+
+// withMaxParams bounds the policy size of every later run (0: none).
+func (c *coordinator) withMaxParams(n int64) *coordinator {
+	c.maxParams = n
+	return c
+}
+
+// policyParams counts the parameters of cfg's policy: a weight matrix and
+// a bias per layer, obs → hidden… → outputs (an upper bound for a policy
+// without biases). It saturates instead of overflowing.
+func policyParams(cfg ars.Config) int64 {
+	out := cfg.Spec.ActDim
+	if cfg.Spec.Discrete > 0 {
+		out = cfg.Spec.Discrete
+	}
+	dims := append(append([]int{cfg.Spec.ObsDim}, cfg.Hidden...), out)
+	var n int64
+	for i := 1; i < len(dims); i++ {
+		a, b := int64(max(dims[i-1], 0)), int64(max(dims[i], 0))
+		if a > 1<<31 || b > 1<<31 {
+			return math.MaxInt64
+		}
+		n += a*b + b
+		if n < 0 || n > 1<<62 {
+			return math.MaxInt64
+		}
+	}
+	return n
 }
 
 func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinator {
@@ -169,6 +199,10 @@ func (c *coordinator) prepareRun(spec *pb.ARSRunSpec, now time.Time) (*run, []by
 	if err != nil {
 		return nil, nil, err
 	}
+	if n := policyParams(cfg); c.maxParams > 0 && n > c.maxParams {
+		return nil, nil, fmt.Errorf("%w: a policy of %d parameters (obs %d, hidden %v) exceeds this hub's limit of %d (rlhub serve --max-policy-params)",
+			errs.ErrInvalid, n, cfg.Spec.ObsDim, cfg.Hidden, c.maxParams)
+	}
 	tr, err := ars.NewTrainer(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -188,6 +222,19 @@ func (c *coordinator) addRun(r *run) {
 	c.order = append(c.order, r)
 	r.startIteration()
 }
+
+// end marks r done and drops what only a live run needs: its trainer (θ,
+// the observation statistics, the noise) and the iteration's tasks and
+// results. What stays is the spec, the progress log and the store's
+// versions, so a stopped run holds no policy-sized memory.
+func (r *run) end() {
+	r.done = true
+	r.tr = nil
+	r.tasks, r.pos, r.results, r.have, r.leases, r.leasedOnce = nil, nil, nil, nil, nil, nil
+}
+
+// released reports whether end dropped r's trainer (tests).
+func (r *run) released() bool { return r.tr == nil }
 
 func (r *run) startIteration() {
 	r.tasks = r.tr.Tasks()
@@ -482,8 +529,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		PolicyEpisodes: rep.PolicyEpisodes,
 	})
 	if rep.Done {
-		r.done = true
-		r.tasks, r.leases = nil, nil
+		r.end()
 		return pub, nil
 	}
 	r.startIteration()
@@ -495,11 +541,10 @@ func (c *coordinator) fail(r *run, err error, now time.Time) {
 	if r.done {
 		return
 	}
-	r.done = true
-	r.tasks, r.leases = nil, nil
-	last := r.tr.Last()
+	last, iter := r.tr.Last(), r.tr.Iter()
+	r.end()
 	r.progress = append(r.progress, &pb.ARSProgress{
-		RunId: r.id, Iteration: r.tr.Iter(), Version: r.version, Episodes: last.Episodes,
+		RunId: r.id, Iteration: iter, Version: r.version, Episodes: last.Episodes,
 		EvalEpisodes: last.EvalEpisodes, Steps: last.Steps, Done: true, Reason: err.Error(),
 		Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
 	})

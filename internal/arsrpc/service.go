@@ -53,11 +53,22 @@ type Config struct {
 	// worker that does not hold it (saving a PullPolicy round trip); 0
 	// means 1 MiB, negative means never.
 	InlineMax int
+	// MaxPolicyParams bounds the parameters of one run's policy (weights
+	// and biases of every layer, obs → hidden… → actions); 0 means
+	// DefaultMaxPolicyParams. A StartRun over it is refused with
+	// InvalidArgument before anything is allocated (`rlhub serve
+	// --max-policy-params`).
+	MaxPolicyParams int64
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultMaxPolicyParams is Config.MaxPolicyParams' default: 4M
+// parameters, a policy of 32 MiB in float64, far above the paper's linear
+// policies (HalfCheetah's is 102) and a few hidden layers of hundreds.
+const DefaultMaxPolicyParams = 4 << 20
 
 func (c *Config) validate() error {
 	if c.Store == nil {
@@ -83,6 +94,12 @@ func (c *Config) validate() error {
 	}
 	if c.InlineMax == 0 {
 		c.InlineMax = 1 << 20
+	}
+	if c.MaxPolicyParams == 0 {
+		c.MaxPolicyParams = DefaultMaxPolicyParams
+	}
+	if c.MaxPolicyParams < 0 {
+		return fmt.Errorf("arsrpc: negative MaxPolicyParams %d", c.MaxPolicyParams)
 	}
 	if c.LeaseTTL < 0 || c.StraggleAfter < 0 || c.MaxHolders < 1 || c.MaxWait < 0 || c.PublishTimeout < 0 || c.ChunkBytes < 1 {
 		return fmt.Errorf("arsrpc: negative duration or size in %+v", *c)
@@ -120,7 +137,7 @@ func New(cfg Config) (*Service, error) {
 	return &Service{
 		cfg:     cfg,
 		quit:    make(chan struct{}),
-		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders),
+		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders).withMaxParams(cfg.MaxPolicyParams),
 		changed: make(chan struct{}),
 	}, nil
 }
@@ -198,7 +215,7 @@ func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.A
 	defer s.mu.Unlock()
 	r, ok := s.c.runs[req.RunId]
 	if !ok {
-		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 	}
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
 	s.broadcastLocked()
@@ -213,7 +230,7 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 		r, ok := s.c.runs[req.RunId]
 		if !ok {
 			s.mu.Unlock()
-			return grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+			return grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 		}
 		batch := r.progress[sent:] // entries are immutable once appended
 		ch := s.changed
@@ -404,7 +421,7 @@ func (s *Service) PullPolicy(req *pb.ARSPullPolicyRequest, stream grpc.ServerStr
 	}
 	s.mu.Unlock()
 	if !ok {
-		return grpcerr.ToStatus(fmt.Errorf("%w: run %q", errs.ErrNotFound, req.RunId))
+		return grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 	}
 	snap, err := s.cfg.Store.Get(stream.Context(), model, req.Version)
 	if err != nil {

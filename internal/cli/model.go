@@ -18,7 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
-// newModelCmd is `rlhub model push|pull|ls`: the model store from the
+// newModelCmd is `rlhub model push|pull|ls|rm`: the model store from the
 // command line.
 func newModelCmd(g *globals) *cobra.Command {
 	var addr string
@@ -37,7 +37,7 @@ func newModelCmd(g *globals) *cobra.Command {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		return c, ctx, func() { cancel(); c.Close() }, nil
 	}
-	cmd.AddCommand(newModelPushCmd(g, client), newModelPullCmd(g, client), newModelLsCmd(g, client), newModelBenchCmd(g, client))
+	cmd.AddCommand(newModelPushCmd(g, client), newModelPullCmd(g, client), newModelLsCmd(g, client), newModelRmCmd(g, client), newModelBenchCmd(g, client))
 	return cmd
 }
 
@@ -138,18 +138,53 @@ func newModelLsCmd(g *globals, client clientFunc) *cobra.Command {
 				return fmt.Errorf("list: %w", err)
 			}
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tVERSION\tEPOCH\tBYTES\tCREATED\tRETAINED")
+			fmt.Fprintln(tw, "NAME\tVERSION\tEPOCH\tBYTES\tCREATED\tRETAINED\tOWNER")
 			for _, in := range infos {
 				ret := make([]string, len(in.Retained))
 				for i, v := range in.Retained {
 					ret[i] = fmt.Sprint(v)
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", in.Name, in.Version, in.Epoch, in.Bytes,
-					in.Created.UTC().Format(time.RFC3339), strings.Join(ret, ","))
+				owner := in.Owner
+				if owner == "" {
+					owner = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", in.Name, in.Version, in.Epoch, in.Bytes,
+					in.Created.UTC().Format(time.RFC3339), strings.Join(ret, ","), owner)
 			}
 			return tw.Flush()
 		},
 	}
+}
+
+// newModelRmCmd is `rlhub model rm`: the store's Delete.
+//
+// TODO(sec-auth): an administrator's operation; the role table must allow
+// the Delete RPC to the admin role only.
+func newModelRmCmd(g *globals, client clientFunc) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "rm --name NAME",
+		Short: "Delete a model: every version, its epoch and its owner (an administrator's operation)",
+		Long: "rm removes model NAME from the hub's store, in memory and on disk, whoever owns it\n" +
+			"(a model the reducer reduces stops taking gradients: its next step cannot publish).\n" +
+			"A later push of version 1 creates the model afresh.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer done()
+			if err := c.Delete(ctx, name); err != nil {
+				return fmt.Errorf("rm %s: %w", name, err)
+			}
+			fmt.Fprintf(g.stdout, "deleted %s\n", name)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "model name (required)")
+	cmd.MarkFlagRequired("name")
+	return cmd
 }
 
 // readAligned reads a whole file into an 8-byte-aligned buffer, so the

@@ -64,6 +64,37 @@ func TestModelPushPullLs(t *testing.T) {
 	}
 }
 
+// TestModelRm: `model rm` deletes a model on a file-backed hub, from the
+// listing and the pull, and the name takes a fresh version 1 afterwards;
+// an unknown model is a clear failure.
+func TestModelRm(t *testing.T) {
+	addr := startStoreHub(t)
+	in := filepath.Join(t.TempDir(), "in.safetensors")
+	if err := os.WriteFile(in, storetest.Blob(t, 5, 30), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, name := range []string{"doomed", "kept"} {
+		if code, _, errOut := run(t, ctx, "model", "push", "--hub", addr, "--name", name, "--version", "9", in); code != 0 {
+			t.Fatalf("push %s: %s", name, errOut)
+		}
+	}
+	code, out, errOut := run(t, ctx, "model", "rm", "--hub", addr, "--name", "doomed")
+	if code != 0 || !strings.Contains(out, "deleted doomed") {
+		t.Fatalf("rm: code %d, out %q, err %q", code, out, errOut)
+	}
+	code, out, _ = run(t, ctx, "model", "ls", "--hub", addr)
+	if code != 0 || strings.Contains(out, "doomed") || !strings.Contains(out, "kept") {
+		t.Fatalf("ls after rm: code %d, out %q", code, out)
+	}
+	if code, _, errOut = run(t, ctx, "model", "rm", "--hub", addr, "--name", "doomed"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("second rm: code %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut = run(t, ctx, "model", "push", "--hub", addr, "--name", "doomed", "--version", "1", "--expect", "0", in); code != 0 {
+		t.Fatalf("push after rm: %s", errOut)
+	}
+}
+
 // TestModelPythonFileRoundTrip pushes a file written by the reference
 // Python library and checks the pulled file is byte-identical and loads in
 // Python with the same values.

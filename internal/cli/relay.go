@@ -55,6 +55,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.ShmPath, "shm", "", "shared-memory segment (default /dev/shm/rlhub-<model>)")
 	f.BoolVar(&noShm, "no-shm", false, "serve the stream only, no shared-memory segment")
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
+	f.StringVar(&cfg.ShmGroup, "shm-group", "", "group (name or id) the segment belongs to, mode 0660; default 0600, this user only")
 	f.IntVar(&cfg.ShmSlots, "shm-slots", 2, "segment slots: 2 + n let n local collectors lease versions and use them in place instead of copying")
 	cmd.MarkFlagRequired("upstream")
 	cmd.MarkFlagRequired("model")

@@ -9,8 +9,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -74,6 +76,10 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.Var((*byteSize)(&cfg.Store.MaxModelBytes), "max-model-bytes", "largest model blob a push may carry (bytes, or with a KiB/MiB/GiB suffix); a larger push fails with ResourceExhausted")
 	f.Var((*byteSize)(&cfg.Store.MaxHeaderBytes), "max-header-bytes", "largest safetensors JSON header a pushed blob may have (bytes, or KiB/MiB/GiB)")
 	f.IntVar(&cfg.Store.MaxNameBytes, "max-name-bytes", 128, "longest model name, in bytes")
+	f.DurationVar(&cfg.Limits.FrameTimeout, "frame-timeout", bulk.DefaultFrameTimeout, "a connection's first bytes and the rest of a started data-plane request must arrive within this; slower connections are closed")
+	f.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", bulk.DefaultIdleTimeout, "a data-plane connection with no request in progress is closed after this")
+	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap)")
+	f.Int64Var(&cfg.Limits.MaxPolicyParams, "max-policy-params", arsrpc.DefaultMaxPolicyParams, "largest ARS policy (parameters, every layer's weights and biases) a StartRun may ask for")
 	f.StringVar(&namePattern, "name-pattern", store.DefaultNamePattern.String(), "regular expression every model name must match")
 	// Cluster membership (experimental: election, membership and epochs;
 	// standbys do not yet replicate or refuse writes — docs/cluster.md).

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
@@ -39,6 +40,14 @@ import (
 
 // DefaultListen is the default gRPC listen address.
 const DefaultListen = "127.0.0.1:7470"
+
+// The owners the hub's in-process services write the store as (store
+// rule 6): a model the reducer reduces, or an ARS run's policy, takes
+// pushes only from its owner.
+const (
+	OwnerReducer = "reducer"
+	OwnerARS     = "ars"
+)
 
 // Config configures a hub.
 type Config struct {
@@ -71,6 +80,70 @@ type Config struct {
 	StopTimeout time.Duration
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Limits bounds what a client can make the hub hold: half-open
+	// connections, connections per peer, policy sizes. The zero value
+	// means the defaults noted on each field (docs/security.md, Limits).
+	Limits Limits
+}
+
+// Limits are the hub's bounds on client-held resources.
+type Limits struct {
+	// FrameTimeout: a connection's first 8 bytes, the rest of a
+	// data-plane request frame once it started, and every data-plane
+	// write must complete within it; 0 means bulk.DefaultFrameTimeout
+	// (10s). `rlhub serve --frame-timeout`.
+	FrameTimeout time.Duration
+	// IdleTimeout: a data-plane connection with no request in progress
+	// is closed after it; 0 means bulk.DefaultIdleTimeout (2m).
+	// `--idle-timeout`.
+	IdleTimeout time.Duration
+	// MaxConnsPerPeer caps the open connections (gRPC and data plane) of
+	// one peer IP; 0 means bulk.DefaultMaxConnsPerPeer (256), negative no
+	// cap. `--max-conns-per-peer`.
+	MaxConnsPerPeer int
+	// HandshakeTimeout bounds a gRPC connection's HTTP/2 handshake
+	// (grpc.ConnectionTimeout); 0 means 10s.
+	HandshakeTimeout time.Duration
+	// KeepaliveTime is how long a gRPC connection may be silent before the
+	// hub pings it, and KeepaliveTimeout how long it then waits for the
+	// ack before closing the connection (a peer that vanished, a half-open
+	// connection); 0 means 1m and 20s. The hub accepts client pings every
+	// 10s or slower, even without a call in progress.
+	KeepaliveTime, KeepaliveTimeout time.Duration
+	// MaxPolicyParams bounds one ARS run's policy; 0 means
+	// arsrpc.DefaultMaxPolicyParams. `--max-policy-params`.
+	MaxPolicyParams int64
+}
+
+// MinClientPingInterval is the shortest interval between a client's
+// keepalive pings the hub accepts; a client that pings more often is
+// disconnected (GOAWAY too_many_pings), so clients' keepalive time must be
+// at least this.
+const MinClientPingInterval = 10 * time.Second
+
+func (l *Limits) validate() error {
+	if l.FrameTimeout == 0 {
+		l.FrameTimeout = bulk.DefaultFrameTimeout
+	}
+	if l.IdleTimeout == 0 {
+		l.IdleTimeout = bulk.DefaultIdleTimeout
+	}
+	if l.MaxConnsPerPeer == 0 {
+		l.MaxConnsPerPeer = bulk.DefaultMaxConnsPerPeer
+	}
+	if l.HandshakeTimeout == 0 {
+		l.HandshakeTimeout = 10 * time.Second
+	}
+	if l.KeepaliveTime == 0 {
+		l.KeepaliveTime = time.Minute
+	}
+	if l.KeepaliveTimeout == 0 {
+		l.KeepaliveTimeout = 20 * time.Second
+	}
+	if l.FrameTimeout < 0 || l.IdleTimeout < 0 || l.HandshakeTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0 || l.MaxPolicyParams < 0 {
+		return fmt.Errorf("hub: negative limit in %+v", *l)
+	}
+	return nil
 }
 
 func (c *Config) validate() error {
@@ -92,7 +165,7 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return nil
+	return c.Limits.validate()
 }
 
 // Service is one gRPC service hosted by the hub.
@@ -148,9 +221,15 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		return nil, err
 	}
 	h.store = st
+	lim := h.cfg.Limits
 	h.grpc = grpc.NewServer(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
+		// Half-open and vanished peers: the handshake is bounded, and a
+		// silent connection is pinged and closed without an ack.
+		grpc.ConnectionTimeout(lim.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: lim.KeepaliveTime, Timeout: lim.KeepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinClientPingInterval, PermitWithoutStream: true}),
 	}, chunkcodec.ServerOptions()...)...)
 	h.health = health.NewServer()
 	healthpb.RegisterHealthServer(h.grpc, h.health)
@@ -162,6 +241,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	}
 	h.services = append(services, extra...)
 	h.bulk = bulk.NewServer()
+	h.bulk.FrameTimeout, h.bulk.IdleTimeout, h.bulk.MaxConnsPerPeer = lim.FrameTimeout, lim.IdleTimeout, lim.MaxConnsPerPeer
 	for _, s := range h.services {
 		s.Register(h.grpc)
 		if b, ok := s.(BulkService); ok {
@@ -215,14 +295,17 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if err := add(aggregator.New(acfg)); err != nil {
 		return nil, err
 	}
-	if err := add(arsrpc.New(arsrpc.Config{Store: h.store, Logger: h.cfg.Logger})); err != nil {
+	// The ARS coordinator and the reducer write through owner views of the
+	// store: the models they manage take no other writer's pushes (store
+	// rule 6). Remote store pushes are anonymous and are refused there.
+	if err := add(arsrpc.New(arsrpc.Config{Store: store.Owned{Store: h.store, Owner: OwnerARS}, MaxPolicyParams: h.cfg.Limits.MaxPolicyParams, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	if err := add(wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	rcfg := h.cfg.Reducer
-	rcfg.Store = h.store
+	rcfg.Store = store.Owned{Store: h.store, Owner: OwnerReducer}
 	rcfg.Addr = func() string {
 		if a := h.Addr(); a != nil {
 			return a.String()

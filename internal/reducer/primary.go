@@ -33,6 +33,16 @@ type ModelStore interface {
 
 var _ ModelStore = store.Store(nil)
 
+// modelClaimer is implemented by a ModelStore that records owners
+// (store.Owned, the view the hub gives its reducer): Register claims each
+// model it reduces, and its optimizer checkpoint, so that no other
+// writer's push can land on them and stop the reducer's steps.
+type modelClaimer interface {
+	Claim(ctx context.Context, name string) error
+}
+
+var _ modelClaimer = store.Owned{}
+
 // OptimStateSuffix names where a model's optimizer state is checkpointed in
 // the store: "<model>" + OptimStateSuffix, at the model version it belongs
 // to (metadata "model.version").
@@ -208,9 +218,16 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 	}
 	p.mu.Unlock()
 
+	if c, ok := p.cfg.Store.(modelClaimer); ok {
+		for _, name := range []string{mc.Model, mc.Model + OptimStateSuffix} {
+			if err := c.Claim(ctx, name); err != nil {
+				return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
+			}
+		}
+	}
 	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
 	if err != nil {
-		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 	}
 	params := snap.Tensors.Clone()
 	for _, t := range params.Tensors() {
@@ -240,7 +257,7 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 	}
 	plan, err := safetensors.Plan(params, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
+		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 	}
 	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
 		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch, steps: uint64(opt.Steps())}
@@ -264,7 +281,7 @@ func (p *Primary) model(name string) (*pmodel, error) {
 	defer p.mu.Unlock()
 	m, ok := p.models[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: model %q is not registered with the reducer", errs.ErrNotFound, name)
+		return nil, fmt.Errorf("%w: model %s is not registered with the reducer", errs.ErrNotFound, errs.Quote(name))
 	}
 	return m, nil
 }

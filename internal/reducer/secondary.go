@@ -269,6 +269,11 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 		s.drop(reduce.ReasonOf(err))
 		return PushResult{}, err
 	}
+	// Capped by what it claims to be, before it is admitted or read.
+	if err := checkGradSize(h.Model, h.TotalBytes, m.layout); err != nil {
+		s.drop(reduce.ReasonInvalid)
+		return PushResult{}, err
+	}
 	weight, version, err := s.cfg.Upstream.Admit(ctx, sess, h.Model, h.ID, h.BaseVersion)
 	if err != nil {
 		s.drop(reduce.ReasonOf(err))

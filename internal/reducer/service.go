@@ -422,7 +422,7 @@ func (s *Service) pick(id string) (*SecondaryNode, error) {
 		if sec, ok := s.byID[id]; ok {
 			return sec, nil
 		}
-		return nil, fmt.Errorf("%w: no secondary %q here", errs.ErrUnavailable, id)
+		return nil, fmt.Errorf("%w: no secondary %s here", errs.ErrUnavailable, errs.Quote(id))
 	}
 	var live []*SecondaryNode
 	for _, sec := range s.secondaries {
@@ -517,8 +517,11 @@ func forward(ctx context.Context, p *Primary, h *rlhubv1.ReducerForwardHeader, b
 	if err != nil {
 		return 0, err
 	}
+	if err := checkGradSize(h.GetBlob().GetModel(), h.GetBlob().GetTotalBytes(), l.Tensors); err != nil {
+		return 0, err
+	}
 	// No NaN/Inf scan here: Forward's norm pass over the sum is that check.
-	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), l.Tensors.ByteSize()+(16<<20), false, body)
+	sum, buf, _, err := receiveGradient(h.GetBlob().GetTotalBytes(), MaxGradBytesFor(l.Tensors), false, body)
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = fmt.Errorf("%w: forward stream broke: %v", errs.ErrAborted, err)

@@ -215,6 +215,38 @@ func receiveGradient(total uint64, maxBytes int64, scan bool, body gradBody) (sd
 // maxHeaderBytes bounds a pushed blob's JSON header (16 MiB).
 const maxHeaderBytes = 16 << 20
 
+// GradHeaderSlack is how many bytes beyond its tensor data a gradient of
+// layout's model may have: the 8-byte length, room for a JSON header that
+// names every tensor with worst-case escaping, and 64 KiB for metadata and
+// padding. A gradient is a state dict of exactly layout's tensors, so a
+// body that announces more than MaxGradBytesFor(layout) cannot be one and
+// is refused from its header, before any of it is read.
+func GradHeaderSlack(layout *tensor.StateDict) uint64 {
+	n := uint64(8 + 64<<10)
+	for _, t := range layout.Tensors() {
+		// "name":{"dtype":"F32","shape":[…],"data_offsets":[a,b]}, a name
+		// byte escaped as \u00XX at worst, a dimension up to 20 digits.
+		n += 6*uint64(len(t.Name)) + 80 + 21*uint64(len(t.Shape))
+	}
+	return min(n, maxHeaderBytes+8)
+}
+
+// MaxGradBytesFor is the largest body a gradient of layout's model may
+// announce: its tensor bytes plus GradHeaderSlack.
+func MaxGradBytesFor(layout *tensor.StateDict) int64 {
+	return layout.ByteSize() + int64(GradHeaderSlack(layout))
+}
+
+// checkGradSize refuses a gradient that announces more bytes than a
+// gradient of layout's model can have (errs.ErrInvalid, not ErrFull: a
+// client must not retry it as it would a full queue).
+func checkGradSize(model string, total uint64, layout *tensor.StateDict) error {
+	if limit := MaxGradBytesFor(layout); total > uint64(limit) {
+		return fmt.Errorf("%w: a body of %d bytes cannot be a gradient of model %s (at most %d bytes)", errs.ErrInvalid, total, errs.Quote(model), limit)
+	}
+	return nil
+}
+
 // sendStateDict streams sd's safetensors encoding through send, one chunk
 // per call, without copying tensor bytes (with the chunk codec not even
 // into a marshal buffer: the tensors must not change until send returns).

@@ -76,7 +76,7 @@ func (c *Config) checkName(name string) error {
 		return fmt.Errorf("%w: model name of %d bytes exceeds the limit of %d", errs.ErrInvalid, len(name), c.MaxNameBytes)
 	}
 	if !c.NamePattern.MatchString(name) {
-		return fmt.Errorf("%w: model name %q does not match %s", errs.ErrInvalid, name, c.NamePattern)
+		return fmt.Errorf("%w: model name %s does not match %s", errs.ErrInvalid, errs.Quote(name), c.NamePattern)
 	}
 	return nil
 }

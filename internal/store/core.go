@@ -45,6 +45,7 @@ type model struct {
 	wsem     chan struct{} // capacity 1: held by the one push in progress
 	versions []*Snapshot   // retained, ascending by version; empty until the first push
 	epoch    uint64        // highest epoch that has landed
+	owner    string        // the only writer whose pushes land; "" for any (rule 6)
 	changed  chan struct{} // closed and replaced when a version lands
 	count    modelCounters // see Stats
 }
@@ -94,10 +95,11 @@ func (c *core) Precheck(name string, totalBytes uint64) error {
 	return nil
 }
 
-// decide applies the version rules to req against the current state and
-// returns nil when the push may land. It is pure: cur is the newest
-// snapshot (nil for a model with no versions) and epoch the highest landed.
-func decide(req *PushRequest, cur *Snapshot, epoch uint64) error {
+// decide applies the version, epoch and owner rules to req against the
+// current state and returns nil when the push may land. It is pure: cur is
+// the newest snapshot (nil for a model with no versions), epoch the highest
+// landed and owner the model's owner ("" for none).
+func decide(req *PushRequest, cur *Snapshot, epoch uint64, owner string) error {
 	var curV uint64
 	if cur != nil {
 		curV = cur.Version
@@ -106,6 +108,14 @@ func decide(req *PushRequest, cur *Snapshot, epoch uint64) error {
 		return &errs.StaleError{Model: req.Name, CurrentVersion: curV, CurrentEpoch: epoch, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
+	case req.Version > MaxVersion || req.Epoch > MaxVersion:
+		return fmt.Errorf("%w: model %q: version %d epoch %d: versions and epochs are at most 2^62", errs.ErrInvalid, req.Name, req.Version, req.Epoch)
+	case req.Version > curV && req.Version-curV > MaxStep:
+		return fmt.Errorf("%w: model %q: version %d is more than 2^32 past the current version %d", errs.ErrInvalid, req.Name, req.Version, curV)
+	case req.Epoch > epoch && req.Epoch-epoch > MaxStep:
+		return fmt.Errorf("%w: model %q: epoch %d is more than 2^32 past the highest landed epoch %d", errs.ErrInvalid, req.Name, req.Epoch, epoch)
+	case owner != "" && req.Owner != owner:
+		return fmt.Errorf("%w: model %q is managed by %s; only it may write the model (delete the model to take it back)", errs.ErrPermission, req.Name, owner)
 	case req.Epoch < epoch:
 		return stale("push of version %d with epoch %d is fenced off by epoch %d", req.Version, req.Epoch, epoch)
 	case req.Expect != ExpectAny && req.Expect != curV:
@@ -118,9 +128,9 @@ func decide(req *PushRequest, cur *Snapshot, epoch uint64) error {
 
 // push validates req, applies the rules and publishes the new version.
 // persist, when non-nil, runs after the checks pass and before the version
-// becomes visible, with the model's write slot held; if it fails nothing
-// changes.
-func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot) error) (Info, error) {
+// becomes visible, with the model's write slot held, and is told the
+// model's owner once the push lands; if it fails nothing changes.
+func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Snapshot, owner string) error) (Info, error) {
 	if c.closed() {
 		return Info{}, errClosed
 	}
@@ -148,13 +158,16 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 	defer func() { <-m.wsem }()
 
 	c.mu.Lock()
-	cur, epoch := m.newest(), m.epoch
+	cur, epoch, owner := m.newest(), m.epoch, m.owner
 	c.mu.Unlock()
-	if err := decide(&req, cur, epoch); err != nil {
+	if err := decide(&req, cur, epoch, owner); err != nil {
 		c.mu.Lock()
 		m.count.refused++
 		c.mu.Unlock()
 		return Info{}, err
+	}
+	if owner == "" && req.Claim && req.Owner != "" {
+		owner = req.Owner
 	}
 	if err := ctx.Err(); err != nil {
 		return Info{}, err
@@ -174,11 +187,12 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(*Snapshot
 		snap.Seq = cur.Seq + 1
 	}
 	if persist != nil {
-		if err := persist(snap); err != nil {
+		if err := persist(snap, owner); err != nil {
 			return Info{}, err
 		}
 	}
 	c.mu.Lock()
+	m.owner = owner
 	back := c.publishLocked(m, snap)
 	m.count.pushes++
 	info := m.infoLocked()
@@ -231,7 +245,7 @@ func take(s *Snapshot) *Snapshot {
 // infoLocked describes m. core.mu must be held and m must have a version.
 func (m *model) infoLocked() Info {
 	n := m.newest()
-	info := Info{Name: n.Name, Version: n.Version, Epoch: m.epoch, Bytes: int64(len(n.Blob)), Created: n.Created}
+	info := Info{Name: n.Name, Version: n.Version, Epoch: m.epoch, Bytes: int64(len(n.Blob)), Created: n.Created, Owner: m.owner}
 	for _, s := range m.versions {
 		info.Retained = append(info.Retained, s.Version)
 	}
@@ -239,7 +253,7 @@ func (m *model) infoLocked() Info {
 }
 
 func notFound(name string) error {
-	return fmt.Errorf("%w: model %q", errs.ErrNotFound, name)
+	return fmt.Errorf("%w: model %s", errs.ErrNotFound, errs.Quote(name))
 }
 
 func (c *core) get(name string, version uint64) (*Snapshot, error) {
@@ -272,7 +286,7 @@ func (c *core) findLocked(name string, version uint64) (*Snapshot, error) {
 		return 0
 	})
 	if !ok {
-		return nil, fmt.Errorf("%w: model %q version %d (retained: %v)", errs.ErrNotFound, name, version, m.infoLocked().Retained)
+		return nil, fmt.Errorf("%w: model %s version %d (retained: %v)", errs.ErrNotFound, errs.Quote(name), version, m.infoLocked().Retained)
 	}
 	return m.versions[i], nil
 }
@@ -387,4 +401,94 @@ func (c *core) list() ([]Info, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// holdWrite takes name's write slot (waiting behind a push in progress)
+// and returns the model with a function that gives the slot back.
+func (c *core) holdWrite(ctx context.Context, name string) (*model, func(), error) {
+	if c.closed() {
+		return nil, nil, errClosed
+	}
+	if err := c.cfg.checkName(name); err != nil {
+		return nil, nil, err
+	}
+	c.mu.Lock()
+	m := c.modelLocked(name)
+	c.mu.Unlock()
+	select {
+	case m.wsem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	case <-c.done:
+		return nil, nil, errClosed
+	}
+	return m, func() { <-m.wsem }, nil
+}
+
+// setOwner implements Claimer.Claim (claim) and Claimer.Release (!claim).
+// persist, when non-nil, records the new owner durably (with the model's
+// write slot held) before it takes effect.
+func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, persist func(name, owner string) error) error {
+	if owner == "" {
+		return fmt.Errorf("%w: an owner must be named", errs.ErrInvalid)
+	}
+	m, done, err := c.holdWrite(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	c.mu.Lock()
+	cur := m.owner
+	c.mu.Unlock()
+	next := owner
+	switch {
+	case claim && cur == owner, !claim && cur == "":
+		return nil
+	case cur != "" && cur != owner:
+		return fmt.Errorf("%w: model %q is managed by %s", errs.ErrPermission, name, cur)
+	case !claim:
+		next = ""
+	}
+	if persist != nil {
+		if err := persist(name, next); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	m.owner = next
+	c.mu.Unlock()
+	return nil
+}
+
+// delete implements Deleter.Delete. persist, when non-nil, removes the
+// model durably (with its write slot held) before it goes from memory.
+func (c *core) delete(ctx context.Context, name string, persist func(name string) error) error {
+	m, done, err := c.holdWrite(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	c.mu.Lock()
+	empty := len(m.versions) == 0 && m.owner == ""
+	c.mu.Unlock()
+	if empty {
+		return notFound(name)
+	}
+	if persist != nil {
+		if err := persist(name); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	for _, s := range m.versions {
+		// A deleted version never goes back to its writer: the writer
+		// may still believe the model exists, and a loan still out
+		// returns into nothing.
+		s.recycle, s.dropped = nil, false
+	}
+	// The entry stays (watchers hold its channel, a pusher may be queued
+	// on wsem), emptied: the next push starts the model afresh.
+	m.versions, m.epoch, m.owner = nil, 0, ""
+	c.mu.Unlock()
+	return nil
 }

@@ -78,6 +78,9 @@ const (
 	manifestName   = "MANIFEST.json"
 	manifestFormat = 1
 	tmpSuffix      = ".tmp"
+	// trashPrefix names a deleted model's directory between the rename
+	// that commits a Delete and the removal that finishes it.
+	trashPrefix = ".deleted-"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -86,8 +89,9 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 type manifest struct {
 	Format   int             `json:"format"`
 	Name     string          `json:"name"`
-	Epoch    uint64          `json:"epoch"` // highest epoch landed
-	Versions []manifestEntry `json:"versions"`
+	Epoch    uint64          `json:"epoch"`           // highest epoch landed
+	Owner    string          `json:"owner,omitempty"` // the model's owner (rule 6); "" for none
+	Versions []manifestEntry `json:"versions"`        // empty only for a claimed model never pushed
 }
 
 type manifestEntry struct {
@@ -158,6 +162,14 @@ func (f *File) recover() error {
 			continue
 		}
 		dir := filepath.Join(f.cfg.Dir, e.Name())
+		if strings.HasPrefix(e.Name(), trashPrefix) {
+			// A Delete committed (renamed) but not finished: no model
+			// directory starts with '.', escapeName sees to that.
+			if err := os.RemoveAll(dir); err != nil {
+				f.cfg.Logger.Warn("store: cannot remove a deleted model", "dir", dir, "err", err)
+			}
+			continue
+		}
 		m, snaps, err := f.loadModel(dir)
 		if err != nil {
 			return fmt.Errorf("store: recover %s: %w", dir, err)
@@ -170,8 +182,13 @@ func (f *File) recover() error {
 		mod := f.c.modelLocked(m.Name)
 		mod.versions = snaps
 		mod.epoch = m.Epoch
+		mod.owner = m.Owner
 		f.c.mu.Unlock()
-		f.cfg.Logger.Info("store: recovered model", "name", m.Name, "version", snaps[len(snaps)-1].Version, "retained", len(snaps))
+		if len(snaps) == 0 {
+			f.cfg.Logger.Info("store: recovered a claimed model with no versions", "name", m.Name, "owner", m.Owner)
+			continue
+		}
+		f.cfg.Logger.Info("store: recovered model", "name", m.Name, "version", snaps[len(snaps)-1].Version, "retained", len(snaps), "owner", m.Owner)
 	}
 	return nil
 }
@@ -195,7 +212,7 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 	if err := f.cfg.Store.checkName(m.Name); err != nil || escapeName(m.Name) != filepath.Base(dir) {
 		return nil, nil, fmt.Errorf("%s: model name %q does not belong in this directory (%v)", manifestName, m.Name, err)
 	}
-	if len(m.Versions) == 0 {
+	if len(m.Versions) == 0 && m.Owner == "" {
 		return nil, nil, fmt.Errorf("%s: no versions", manifestName)
 	}
 	keep := map[string]bool{manifestName: true}
@@ -326,21 +343,89 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// persist checkpoints snap and commits it in the model's manifest. It runs
-// with the model's write slot held, so the model's manifest entry is ours.
-func (f *File) persist(snap *Snapshot) error {
-	dir := filepath.Join(f.cfg.Dir, escapeName(snap.Name))
+// modelDir returns name's directory and its committed manifest, creating
+// the directory (and an empty manifest in memory) for a model with none.
+// The model's write slot must be held.
+func (f *File) modelDir(name string) (string, *manifest, error) {
+	dir := filepath.Join(f.cfg.Dir, escapeName(name))
 	f.mu.Lock()
-	old := f.manifests[snap.Name]
+	old := f.manifests[name]
 	f.mu.Unlock()
 	if old == nil {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("store: checkpoint %q: %w", snap.Name, err)
+			return "", nil, fmt.Errorf("store: checkpoint %q: %w", name, err)
 		}
 		if err := syncDir(f.cfg.Dir); err != nil {
-			return fmt.Errorf("store: checkpoint %q: %w", snap.Name, err)
+			return "", nil, fmt.Errorf("store: checkpoint %q: %w", name, err)
 		}
-		old = &manifest{Format: manifestFormat, Name: snap.Name}
+		old = &manifest{Format: manifestFormat, Name: name}
+	}
+	return dir, old, nil
+}
+
+// commitManifest writes m as its model's manifest (the commit point) and
+// records it. The model's write slot must be held.
+func (f *File) commitManifest(dir string, m *manifest) error {
+	raw, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := f.writeAtomic(dir, manifestName, append(raw, '\n'), "manifest"); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.manifests[m.Name] = m
+	f.mu.Unlock()
+	return nil
+}
+
+// persistOwner records a model's new owner in its manifest (Claim,
+// Release). It runs with the model's write slot held.
+func (f *File) persistOwner(name, owner string) error {
+	dir, old, err := f.modelDir(name)
+	if err != nil {
+		return err
+	}
+	next := *old
+	next.Owner = owner
+	next.Versions = slices.Clone(old.Versions)
+	if err := f.commitManifest(dir, &next); err != nil {
+		return fmt.Errorf("store: record the owner of %q: %w", name, err)
+	}
+	return nil
+}
+
+// persistDelete removes a model's directory: renamed to a trash name (the
+// commit point: recovery finishes the removal of any trash directory),
+// the parent fsynced, then removed. It runs with the write slot held.
+func (f *File) persistDelete(name string) error {
+	dir := filepath.Join(f.cfg.Dir, escapeName(name))
+	trash := filepath.Join(f.cfg.Dir, fmt.Sprintf("%s%d", trashPrefix, time.Now().UnixNano()))
+	if err := os.Rename(dir, trash); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store: delete %q: %w", name, err)
+	}
+	if err := syncDir(f.cfg.Dir); err != nil {
+		return fmt.Errorf("store: delete %q: %w", name, err)
+	}
+	f.mu.Lock()
+	delete(f.manifests, name)
+	f.mu.Unlock()
+	if f.cfg.hook != nil {
+		f.cfg.hook("delete-renamed")
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		f.cfg.Logger.Warn("store: cannot remove a deleted model's files (removed at the next start)", "dir", trash, "err", err)
+	}
+	return nil
+}
+
+// persist checkpoints snap and commits it in the model's manifest, with
+// the model's owner once it lands. It runs with the model's write slot
+// held, so the model's manifest entry is ours.
+func (f *File) persist(snap *Snapshot, owner string) error {
+	dir, old, err := f.modelDir(snap.Name)
+	if err != nil {
+		return err
 	}
 	entry := manifestEntry{
 		Version: snap.Version, Epoch: snap.Epoch, Seq: snap.Seq,
@@ -350,23 +435,16 @@ func (f *File) persist(snap *Snapshot) error {
 	if err := f.writeAtomic(dir, entry.File, snap.Blob, "blob"); err != nil {
 		return fmt.Errorf("store: checkpoint %q version %d: %w", snap.Name, snap.Version, err)
 	}
-	next := &manifest{Format: manifestFormat, Name: snap.Name, Epoch: max(old.Epoch, snap.Epoch)}
+	next := &manifest{Format: manifestFormat, Name: snap.Name, Epoch: max(old.Epoch, snap.Epoch), Owner: owner}
 	next.Versions = append(slices.Clone(old.Versions), entry)
 	var dropped []manifestEntry
 	if over := len(next.Versions) - f.cfg.Store.Retain; over > 0 {
 		dropped = next.Versions[:over]
 		next.Versions = next.Versions[over:]
 	}
-	raw, err := json.MarshalIndent(next, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := f.writeAtomic(dir, manifestName, append(raw, '\n'), "manifest"); err != nil {
+	if err := f.commitManifest(dir, next); err != nil {
 		return fmt.Errorf("store: commit %q version %d: %w", snap.Name, snap.Version, err)
 	}
-	f.mu.Lock()
-	f.manifests[snap.Name] = next
-	f.mu.Unlock()
 	for _, d := range dropped {
 		if err := os.Remove(filepath.Join(dir, d.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			f.cfg.Logger.Warn("store: cannot remove an old checkpoint", "file", d.File, "err", err)
@@ -420,6 +498,36 @@ func (f *File) List(ctx context.Context) ([]Info, error) { return f.c.list() }
 
 // Precheck implements Prechecker.
 func (f *File) Precheck(name string, totalBytes uint64) error { return f.c.Precheck(name, totalBytes) }
+
+// Claim implements Claimer: the owner is committed in the model's
+// manifest before Claim returns.
+func (f *File) Claim(ctx context.Context, name, owner string) error {
+	return f.writeOp(func() error { return f.c.setOwner(ctx, name, owner, true, f.persistOwner) })
+}
+
+// Release implements Claimer, committed like Claim.
+func (f *File) Release(ctx context.Context, name, owner string) error {
+	return f.writeOp(func() error { return f.c.setOwner(ctx, name, owner, false, f.persistOwner) })
+}
+
+// Delete implements Deleter: the model's directory is gone (or renamed to
+// a trash name that the next start removes) before Delete returns.
+func (f *File) Delete(ctx context.Context, name string) error {
+	return f.writeOp(func() error { return f.c.delete(ctx, name, f.persistDelete) })
+}
+
+// writeOp runs op as a disk write that Close waits for.
+func (f *File) writeOp(op func() error) error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return errClosed
+	}
+	f.inflight.Add(1)
+	f.mu.Unlock()
+	defer f.inflight.Done()
+	return op()
+}
 
 // Close wakes watchers, waits for checkpoint writes in flight and releases
 // the directory lock. Safe to call twice.

@@ -179,7 +179,7 @@ func crashChild() {
 	var start uint64
 	cfg := store.FileConfig{Dir: dir, Store: store.Config{Retain: 2}, Logger: quiet()}
 	store.SetFileHook(&cfg, func(s string) {
-		if s == stage && pushing == start+2 {
+		if s == stage && (pushing == start+2 || strings.HasPrefix(s, "delete")) {
 			say("at %s", s)
 			select {} // hang here until killed
 		}
@@ -191,6 +191,22 @@ func crashChild() {
 	}
 	if snap, err := s.Get(context.Background(), "crash", 0); err == nil {
 		start = snap.Version
+	}
+	if strings.HasPrefix(stage, "delete") {
+		// Delete mode: one model, claimed, then deleted; the hook hangs
+		// after the rename that commits the delete.
+		if _, err := s.Push(context.Background(), store.PushRequest{Name: "doomed", Version: 1, Blob: storetest.Blob(nopTB{}, 1, 4)}); err != nil {
+			say("error %v", err)
+			os.Exit(2)
+		}
+		if err := s.Claim(context.Background(), "doomed", "reducer"); err != nil {
+			say("error %v", err)
+			os.Exit(2)
+		}
+		say("pushed 1")
+		err := s.Delete(context.Background(), "doomed")
+		say("error delete returned %v", err)
+		os.Exit(2)
 	}
 	for pushing = start + 1; ; pushing++ {
 		blob := storetest.Blob(nopTB{}, pushing, crashFloats)
@@ -341,4 +357,63 @@ func TestFileKill9MidCheckpoint(t *testing.T) {
 			checkRecovered(t, dir, last, last+1)
 		}
 	})
+}
+
+// TestFileKill9MidDelete: a Delete killed after its commit (the rename of
+// the model's directory) leaves the model gone and its files removed at the
+// next start; the owner recorded by Claim survived restarts until then.
+func TestFileKill9MidDelete(t *testing.T) {
+	dir := t.TempDir()
+	lines, kill := runChild(t, dir, "delete-renamed")
+	var last uint64
+	await(t, lines, "at delete-renamed", &last)
+	kill()
+	s := openFile(t, dir, store.Config{})
+	defer s.Close()
+	if _, err := s.Get(bg(t), "doomed", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("after a kill mid-delete: Get = %v, want ErrNotFound", err)
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.Name() != "LOCK" {
+			t.Errorf("left on disk after recovery: %s", e.Name())
+		}
+	}
+	// A fresh model of that name takes anyone's push: the owner went too.
+	if _, err := s.Push(bg(t), store.PushRequest{Name: "doomed", Version: 1, Blob: storetest.Blob(t, 1, 4)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFileOwnerAndDeleteSurviveRestart: owners are in the manifest, a
+// claim of a model never pushed included, and a Delete is on disk.
+func TestFileOwnerAndDeleteSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := openFile(t, dir, store.Config{})
+	storetest.MustPush(t, s, store.PushRequest{Name: "m", Version: 1, Blob: storetest.Blob(t, 1, 4)})
+	storetest.MustPush(t, s, store.PushRequest{Name: "gone", Version: 1, Blob: storetest.Blob(t, 1, 4)})
+	if err := s.Claim(bg(t), "m", "reducer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Claim(bg(t), "reserved", "ars"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(bg(t), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = openFile(t, dir, store.Config{})
+	defer s.Close()
+	for name, owner := range map[string]string{"m": "reducer", "reserved": "ars"} {
+		_, err := s.Push(bg(t), store.PushRequest{Name: name, Version: 2, Expect: store.ExpectAny, Blob: storetest.Blob(t, 2, 4)})
+		if !errors.Is(err, errs.ErrPermission) {
+			t.Fatalf("after restart an anonymous push to %s (owned by %s): %v", name, owner, err)
+		}
+		if _, err := s.Push(bg(t), store.PushRequest{Name: name, Version: 2, Expect: store.ExpectAny, Owner: owner, Blob: storetest.Blob(t, 2, 4)}); err != nil {
+			t.Fatalf("after restart %s's push to %s: %v", owner, name, err)
+		}
+	}
+	if _, err := s.Get(bg(t), "gone", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("deleted model after restart: %v", err)
+	}
 }

@@ -59,6 +59,21 @@ func (s *Memory) Precheck(name string, totalBytes uint64) error {
 	return s.c.Precheck(name, totalBytes)
 }
 
+// Claim implements Claimer.
+func (s *Memory) Claim(ctx context.Context, name, owner string) error {
+	return s.c.setOwner(ctx, name, owner, true, nil)
+}
+
+// Release implements Claimer.
+func (s *Memory) Release(ctx context.Context, name, owner string) error {
+	return s.c.setOwner(ctx, name, owner, false, nil)
+}
+
+// Delete implements Deleter.
+func (s *Memory) Delete(ctx context.Context, name string) error {
+	return s.c.delete(ctx, name, nil)
+}
+
 // Close wakes every waiting watcher with an error wrapping
 // errs.ErrUnavailable; later calls fail the same way. Safe to call twice.
 func (s *Memory) Close() error {

@@ -22,6 +22,15 @@
 //     step can write the next ones into memory it already has. A version
 //     any reader took is never handed back: rule 3 holds for every
 //     snapshot a reader can have.
+//  6. A model may have an owner (Claimer): the reducer for the models it
+//     reduces, an ARS run for its policy. Once owned, only pushes that
+//     carry the owner's identity (PushRequest.Owner) land; any other push
+//     fails with errs.ErrPermission and changes nothing. Deleting a model
+//     (Deleter) clears its owner with it.
+//  7. Versions and epochs are bounded: at most MaxVersion, and a push may
+//     move either at most MaxStep past the model's current one; beyond
+//     that it fails with errs.ErrInvalid (a version of 2^64-1 would make
+//     the model unwritable for good).
 package store
 
 import (
@@ -35,6 +44,17 @@ import (
 // version and epoch rules still hold).
 const ExpectAny = ^uint64(0)
 
+const (
+	// MaxVersion is the highest version and the highest epoch a push may
+	// carry (2^62: far below 2^63, so that every signed conversion and
+	// every "+1" on either side of the wire stays exact).
+	MaxVersion = uint64(1) << 62
+	// MaxStep is how far past the model's current version (and highest
+	// landed epoch) one push may move it (2^32: a writer that publishes a
+	// million versions a second takes more than an hour to use one step).
+	MaxStep = uint64(1) << 32
+)
+
 // PushRequest writes one version of a model.
 type PushRequest struct {
 	// Name of the model; must satisfy the store's name rules.
@@ -46,6 +66,16 @@ type PushRequest struct {
 	Expect uint64
 	// Epoch is the writer's fencing token; 0 is the lowest.
 	Epoch uint64
+	// Owner is the writer's identity: "" for an anonymous writer (every
+	// remote push today), or the name of an in-process owner ("reducer",
+	// "ars"). A push to a model that has an owner lands only when Owner
+	// is that owner (rule 6).
+	Owner string
+	// Claim, with a non-empty Owner, makes the push claim the model for
+	// Owner when it lands on a model with no owner (a model it creates,
+	// say): the creation and the claim are one step, so no other writer
+	// can slip in between.
+	Claim bool
 	// Blob is the safetensors encoding of the state dict. The store takes
 	// ownership: the caller must not modify it afterwards (until Recycle
 	// gives it back).
@@ -107,6 +137,38 @@ type Info struct {
 	Bytes    int64
 	Created  time.Time
 	Retained []uint64 // versions held, ascending
+	// Owner is the model's owner ("" when it has none): only pushes from
+	// it land (rule 6).
+	Owner string
+}
+
+// Claimer is implemented by stores that record model owners (Memory and
+// File do; the File store persists the owner in the model's manifest).
+type Claimer interface {
+	// Claim makes owner (non-empty) the model's owner, whether or not the
+	// model has versions yet: from then on only pushes with
+	// PushRequest.Owner == owner land. Claiming a model one already owns
+	// is a no-op; a model owned by another fails with errs.ErrPermission.
+	Claim(ctx context.Context, name, owner string) error
+	// Release gives up owner's claim: the model takes any writer's pushes
+	// again. Releasing a model one does not own fails with
+	// errs.ErrPermission; a model with no owner is a no-op.
+	Release(ctx context.Context, name, owner string) error
+}
+
+// Deleter is implemented by stores that can remove a model (Memory, File
+// and the gRPC client). Deleting is an administrator's operation: it
+// ignores the model's owner.
+type Deleter interface {
+	// Delete removes every retained version of a model, its epoch and its
+	// owner, as if it had never been pushed: a later push of version 1
+	// with Expect 0 creates it afresh. Readers that already hold a
+	// snapshot keep it; watchers waiting for a newer version keep waiting
+	// (for the model to be pushed again). errs.ErrNotFound for a model
+	// with no versions and no owner. On the File store the removal is committed on
+	// disk before Delete returns (a crash leaves the model either whole
+	// or gone).
+	Delete(ctx context.Context, name string) error
 }
 
 // Store is the model store. All methods are safe for concurrent use.
@@ -132,6 +194,45 @@ type Store interface {
 }
 
 var (
-	_ Lender = (*Memory)(nil)
-	_ Lender = (*File)(nil)
+	_ Lender  = (*Memory)(nil)
+	_ Lender  = (*File)(nil)
+	_ Claimer = (*Memory)(nil)
+	_ Claimer = (*File)(nil)
+	_ Deleter = (*Memory)(nil)
+	_ Deleter = (*File)(nil)
 )
+
+// Owned is the view of a store that an in-process owner writes through:
+// every push carries Owner and claims the model it lands on (PushRequest
+// Owner and Claim), and Claim and Release act for Owner. The hub gives the
+// reducer and the ARS coordinator such views, so the models they manage
+// take no other writer's pushes. Reads pass through to the store.
+type Owned struct {
+	Store
+	// Owner is the identity recorded on the models this view claims.
+	Owner string
+}
+
+// Push implements Store: req is pushed as Owner's, claiming the model.
+func (o Owned) Push(ctx context.Context, req PushRequest) (Info, error) {
+	req.Owner, req.Claim = o.Owner, true
+	return o.Store.Push(ctx, req)
+}
+
+// Claim claims name for Owner (Claimer.Claim); a store that records no
+// owners (a remote one) ignores it.
+func (o Owned) Claim(ctx context.Context, name string) error {
+	if c, ok := o.Store.(Claimer); ok {
+		return c.Claim(ctx, name, o.Owner)
+	}
+	return nil
+}
+
+// Release releases Owner's claim on name (Claimer.Release); a store that
+// records no owners ignores it.
+func (o Owned) Release(ctx context.Context, name string) error {
+	if c, ok := o.Store.(Claimer); ok {
+		return c.Release(ctx, name, o.Owner)
+	}
+	return nil
+}

@@ -36,6 +36,9 @@ type RelayConfig struct {
 	// double buffer. 2 + n slots let n local collectors lease versions and
 	// use them in place (ShmReaderConfig.Lease) instead of copying them.
 	ShmSlots int
+	// ShmGroup is the segment's group (ShmConfig.Group): "" leaves it
+	// 0600, readable by this user only; a group makes it 0660.
+	ShmGroup string
 	// ShmCapacity is the segment's slot size; 0 sizes it from the first
 	// version (twice its size). A version that does not fit makes the relay
 	// replace the segment with one twice as big: readers of the old one see
@@ -227,7 +230,7 @@ func (r *Relay) publishShm(snap *store.Snapshot) error {
 		}
 		// The new segment atomically takes the path; then the old one is
 		// closed, so its readers re-open and find the new one.
-		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Replace: true})
+		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Group: r.cfg.ShmGroup, Replace: true})
 		if err != nil {
 			return err
 		}

@@ -9,7 +9,9 @@ import (
 	"hash/crc32"
 	"math"
 	"os"
+	"os/user"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,8 +44,15 @@ type ShmConfig struct {
 	// Replace removes an existing file at Path first; false makes
 	// CreateShm fail with errs.ErrExists when one exists.
 	Replace bool
-	// Mode is the file mode; 0 means 0600.
+	// Mode is the file mode; 0 means 0600 (0660 with Group). It is set
+	// exactly, whatever the umask; a mode that grants anything to others
+	// (world-readable or writable) is refused: the segment holds the
+	// policy's weights.
 	Mode os.FileMode
+	// Group, when set, is the group (a name or a numeric id) the segment
+	// belongs to, so that collectors of another user in that group can
+	// read it; "" leaves the creator's group.
+	Group string
 	// Now stamps versions; nil means time.Now.
 	Now func() time.Time
 	// CopyWorkers is how many goroutines copy (and checksum) a version
@@ -73,6 +82,12 @@ func (c *ShmConfig) validate() error {
 	}
 	if c.Mode == 0 {
 		c.Mode = 0o600
+		if c.Group != "" {
+			c.Mode = 0o660
+		}
+	}
+	if c.Mode&^os.ModePerm != 0 || c.Mode&0o007 != 0 {
+		return fmt.Errorf("%w: wsync: shm mode %#o grants access to every user; use 0600, or 0660 with a group", errs.ErrInvalid, uint32(c.Mode))
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -129,6 +144,9 @@ func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 		}
 		os.Remove(tmp)
 		return nil, err
+	}
+	if err := setShmAccess(f, cfg.Mode, cfg.Group); err != nil {
+		return fail(err)
 	}
 	if err := f.Truncate(geo.size()); err != nil {
 		return fail(fmt.Errorf("wsync: size shm segment to %d bytes: %w", geo.size(), err))
@@ -834,4 +852,26 @@ func futexWait(w *atomic.Uint32, val uint32, d time.Duration) {
 // futexWake wakes every process sleeping on w.
 func futexWake(w *atomic.Uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, uintptr(math.MaxInt32), 0, 0, 0)
+}
+
+// setShmAccess gives a new segment its group (if named) and exactly mode,
+// before it appears at its path or holds any bytes.
+func setShmAccess(f *os.File, mode os.FileMode, group string) error {
+	if group != "" {
+		gid, err := strconv.Atoi(group)
+		if err != nil {
+			g, lerr := user.LookupGroup(group)
+			if lerr != nil {
+				return fmt.Errorf("%w: wsync: shm group: %v", errs.ErrInvalid, lerr)
+			}
+			gid, _ = strconv.Atoi(g.Gid)
+		}
+		if err := f.Chown(-1, gid); err != nil {
+			return fmt.Errorf("wsync: give the shm segment to group %s: %w", group, err)
+		}
+	}
+	if err := f.Chmod(mode); err != nil { // the umask may have taken bits; the mode is exact
+		return fmt.Errorf("wsync: shm segment mode: %w", err)
+	}
+	return nil
 }

@@ -21,6 +21,7 @@ type ShmConfig struct {
 	Slots    int
 	Replace  bool
 	Mode     os.FileMode
+	Group    string
 	Now      func() time.Time
 	// CopyWorkers as on Linux.
 	CopyWorkers int

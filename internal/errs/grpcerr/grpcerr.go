@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -58,6 +59,25 @@ func Code(err error) codes.Code {
 	return codes.Internal
 }
 
+// MaxMessageBytes bounds the message of a status ToStatus makes: the
+// message travels in a response header (grpc-message), which peers limit
+// to 8-16 KiB with every other header, so an error that quoted a huge
+// client input must not reach it whole. Errors that format client input
+// use errs.Quote; this is the backstop.
+const MaxMessageBytes = 2 << 10
+
+// boundMessage cuts msg to MaxMessageBytes at a rune boundary.
+func boundMessage(msg string) string {
+	if len(msg) <= MaxMessageBytes {
+		return msg
+	}
+	cut := MaxMessageBytes
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…(truncated)"
+}
+
 // ToStatus converts err into a gRPC status error for a service to return.
 // A errs.StaleError carries its current version in an ErrorInfo detail.
 func ToStatus(err error) error {
@@ -67,7 +87,7 @@ func ToStatus(err error) error {
 	if _, ok := err.(interface{ GRPCStatus() *status.Status }); ok && Code(err) == status.Code(err) {
 		return err
 	}
-	st := status.New(Code(err), err.Error())
+	st := status.New(Code(err), boundMessage(err.Error()))
 	var se *errs.StaleError
 	if errors.As(err, &se) {
 		if d, derr := st.WithDetails(&errdetails.ErrorInfo{

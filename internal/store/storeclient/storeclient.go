@@ -506,6 +506,17 @@ func (c *Client) List(ctx context.Context) ([]store.Info, error) {
 	return out, err
 }
 
+// Delete implements store.Deleter over the hub's Delete RPC. A retry
+// after a lost reply of a Delete that landed fails with errs.ErrNotFound.
+func (c *Client) Delete(ctx context.Context, name string) error {
+	return c.do(ctx, func(ctx context.Context) error {
+		_, err := c.rpc.Delete(ctx, &rlhubv1.StoreDeleteRequest{Model: name})
+		return err
+	})
+}
+
+var _ store.Deleter = (*Client)(nil)
+
 func infoFromProto(m *rlhubv1.StoreModelInfo) store.Info {
 	if m == nil {
 		return store.Info{}
@@ -517,5 +528,6 @@ func infoFromProto(m *rlhubv1.StoreModelInfo) store.Info {
 		Bytes:    int64(m.Bytes),
 		Created:  time.Unix(0, m.CreatedUnixNano),
 		Retained: m.Retained,
+		Owner:    m.Owner,
 	}
 }

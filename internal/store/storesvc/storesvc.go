@@ -19,6 +19,8 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
@@ -303,5 +305,23 @@ func infoProto(in store.Info) *rlhubv1.StoreModelInfo {
 		Bytes:           uint64(in.Bytes),
 		CreatedUnixNano: in.Created.UnixNano(),
 		Retained:        in.Retained,
+		Owner:           in.Owner,
 	}
+}
+
+// Delete implements ModelStoreServer: store.Deleter.Delete on the hub's
+// store (Unimplemented when it cannot delete).
+//
+// TODO(sec-auth): Delete is an administrator's operation; the role table
+// must allow it to the admin role only.
+func (s *Service) Delete(ctx context.Context, req *rlhubv1.StoreDeleteRequest) (*rlhubv1.StoreDeleteResponse, error) {
+	d, ok := s.cfg.Store.(store.Deleter)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this hub's store cannot delete models")
+	}
+	if err := d.Delete(ctx, req.GetModel()); err != nil {
+		return nil, grpcerr.ToStatus(err)
+	}
+	s.cfg.Logger.Info("store: model deleted", "model", req.GetModel())
+	return &rlhubv1.StoreDeleteResponse{}, nil
 }

@@ -111,7 +111,7 @@ func (a State) Diff(b State) string {
 	for i := 0; same && i < len(a.Infos); i++ {
 		x, y := a.Infos[i], b.Infos[i]
 		same = x.Name == y.Name && x.Version == y.Version && x.Epoch == y.Epoch && x.Bytes == y.Bytes &&
-			x.Created.Equal(y.Created) && fmt.Sprint(x.Retained) == fmt.Sprint(y.Retained)
+			x.Created.Equal(y.Created) && fmt.Sprint(x.Retained) == fmt.Sprint(y.Retained) && x.Owner == y.Owner
 	}
 	if !same {
 		return fmt.Sprintf("infos differ:\n  %v\n  %v", a.Infos, b.Infos)
@@ -165,6 +165,8 @@ func run(t *testing.T, o Opener, remote bool) {
 	t.Run("WatchersUnderFastWriter", func(t *testing.T) { testWatchers(t, o, remote) })
 	t.Run("WaitForNewModel", func(t *testing.T) { testWaitNew(t, o) })
 	t.Run("List", func(t *testing.T) { testList(t, o) })
+	t.Run("Ownership", func(t *testing.T) { testOwnership(t, o) })
+	t.Run("Delete", func(t *testing.T) { testDelete(t, o) })
 	t.Run("Close", func(t *testing.T) { testClose(t, o) })
 }
 
@@ -296,6 +298,11 @@ func testBadInput(t *testing.T, o Opener) {
 		{"truncated blob", store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: good[:len(good)-3]}, errs.ErrInvalid},
 		{"empty blob", store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: nil}, errs.ErrInvalid},
 		{"oversize", store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: Blob(t, 2, 2000)}, errs.ErrFull},
+		{"version 2^64-1", store.PushRequest{Name: "m", Version: ^uint64(0), Expect: store.ExpectAny, Blob: Blob(t, 2, 4)}, errs.ErrInvalid},
+		{"epoch 2^64-1", store.PushRequest{Name: "m", Version: 2, Expect: 1, Epoch: ^uint64(0), Blob: Blob(t, 2, 4)}, errs.ErrInvalid},
+		{"version over MaxVersion", store.PushRequest{Name: "m", Version: store.MaxVersion + 1, Expect: store.ExpectAny, Blob: Blob(t, 2, 4)}, errs.ErrInvalid},
+		{"version jump over MaxStep", store.PushRequest{Name: "m", Version: 1 + store.MaxStep + 1, Expect: 1, Blob: Blob(t, 2, 4)}, errs.ErrInvalid},
+		{"epoch jump over MaxStep", store.PushRequest{Name: "m", Version: 2, Expect: 1, Epoch: store.MaxStep + 1, Blob: Blob(t, 2, 4)}, errs.ErrInvalid},
 	} {
 		_, err := s.Push(ctx(t), tc.req)
 		if !errors.Is(err, tc.want) {
@@ -315,6 +322,99 @@ func testBadInput(t *testing.T, o Opener) {
 		if err := p.Precheck("m", 4096); err != nil {
 			t.Errorf("Precheck at the limit = %v", err)
 		}
+	}
+	// The bounds are inclusive: a jump of exactly MaxStep lands.
+	MustPush(t, s, store.PushRequest{Name: "m", Version: 1 + store.MaxStep, Expect: 1, Epoch: store.MaxStep, Blob: Blob(t, 2, 4)})
+}
+
+// testOwnership checks rule 6 on a store that records owners.
+func testOwnership(t *testing.T, o Opener) {
+	s := open(t, o, store.Config{})
+	c, ok := s.(store.Claimer)
+	if !ok {
+		t.Skip("store records no owners")
+	}
+	MustPush(t, s, store.PushRequest{Name: "m", Version: 1, Blob: Blob(t, 1, 4)})
+	if err := c.Claim(ctx(t), "m", "reducer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Claim(ctx(t), "m", "reducer"); err != nil {
+		t.Fatalf("second claim by the owner: %v", err)
+	}
+	if err := c.Claim(ctx(t), "m", "ars"); !errors.Is(err, errs.ErrPermission) {
+		t.Fatalf("claim of an owned model by another: %v, want ErrPermission", err)
+	}
+	before := Capture(t, s)
+	for _, owner := range []string{"", "ars"} {
+		_, err := s.Push(ctx(t), store.PushRequest{Name: "m", Version: 2, Expect: store.ExpectAny, Owner: owner, Claim: true, Blob: Blob(t, 2, 4)})
+		if !errors.Is(err, errs.ErrPermission) {
+			t.Fatalf("push by %q over a model owned by reducer: %v, want ErrPermission", owner, err)
+		}
+		if d := Capture(t, s).Diff(before); d != "" {
+			t.Fatalf("a refused push changed the store: %s", d)
+		}
+	}
+	info := MustPush(t, s, store.PushRequest{Name: "m", Version: 2, Expect: 1, Owner: "reducer", Blob: Blob(t, 2, 4)})
+	if info.Owner != "reducer" {
+		t.Fatalf("Info.Owner = %q", info.Owner)
+	}
+	if err := c.Release(ctx(t), "m", "ars"); !errors.Is(err, errs.ErrPermission) {
+		t.Fatalf("release by a non-owner: %v", err)
+	}
+	if err := c.Release(ctx(t), "m", "reducer"); err != nil {
+		t.Fatal(err)
+	}
+	MustPush(t, s, store.PushRequest{Name: "m", Version: 3, Expect: 2, Blob: Blob(t, 3, 4)})
+
+	// A push that creates a model and claims it is one step.
+	MustPush(t, s, store.PushRequest{Name: "run", Version: 1, Owner: "ars", Claim: true, Blob: Blob(t, 1, 4)})
+	if _, err := s.Push(ctx(t), store.PushRequest{Name: "run", Version: 2, Expect: 1, Blob: Blob(t, 2, 4)}); !errors.Is(err, errs.ErrPermission) {
+		t.Fatalf("anonymous push over a claimed run: %v", err)
+	}
+	// A claim of a model with no versions yet reserves the name.
+	if err := c.Claim(ctx(t), "later", "reducer"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Push(ctx(t), store.PushRequest{Name: "later", Version: 1, Blob: Blob(t, 1, 4)}); !errors.Is(err, errs.ErrPermission) {
+		t.Fatalf("anonymous push to a reserved name: %v", err)
+	}
+	MustPush(t, s, store.PushRequest{Name: "later", Version: 1, Owner: "reducer", Blob: Blob(t, 1, 4)})
+}
+
+// testDelete checks Deleter on a store that has it.
+func testDelete(t *testing.T, o Opener) {
+	s := open(t, o, store.Config{})
+	d, ok := s.(store.Deleter)
+	if !ok {
+		t.Skip("store cannot delete")
+	}
+	if err := d.Delete(ctx(t), "nope"); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("Delete unknown = %v, want ErrNotFound", err)
+	}
+	if err := d.Delete(ctx(t), "../x"); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("Delete bad name = %v, want ErrInvalid", err)
+	}
+	MustPush(t, s, store.PushRequest{Name: "m", Version: 7, Epoch: 5, Blob: Blob(t, 1, 4)})
+	MustPush(t, s, store.PushRequest{Name: "keep", Version: 1, Blob: Blob(t, 1, 4)})
+	if c, ok := s.(store.Claimer); ok {
+		if err := c.Claim(ctx(t), "m", "reducer"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Delete(ctx(t), "m"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx(t), "m", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("Get after Delete = %v, want ErrNotFound", err)
+	}
+	infos, err := s.List(ctx(t))
+	if err != nil || len(infos) != 1 || infos[0].Name != "keep" {
+		t.Fatalf("List after Delete = %v, %v; want only keep", infos, err)
+	}
+	// Gone with its epoch and owner: version 1 at epoch 0 creates it anew.
+	info := MustPush(t, s, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: Blob(t, 2, 4)})
+	if info.Version != 1 || info.Epoch != 0 || info.Owner != "" {
+		t.Fatalf("push after Delete: %+v", info)
 	}
 }
 

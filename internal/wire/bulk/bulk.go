@@ -71,9 +71,15 @@ const (
 	maxStatusBytes = 4 << 20
 )
 
-// sniffTimeout bounds how long a new connection may take to send its first
-// 8 bytes before it is dropped.
-const sniffTimeout = 10 * time.Second
+// Defaults of the Server's limits (docs/security.md, Limits).
+const (
+	// DefaultFrameTimeout is Server.FrameTimeout's default.
+	DefaultFrameTimeout = 10 * time.Second
+	// DefaultIdleTimeout is Server.IdleTimeout's default.
+	DefaultIdleTimeout = 2 * time.Minute
+	// DefaultMaxConnsPerPeer is Server.MaxConnsPerPeer's default.
+	DefaultMaxConnsPerPeer = 256
+)
 
 // Request is one request as its handler sees it.
 type Request struct {
@@ -141,6 +147,22 @@ type Server struct {
 	// read returns a timeout) and loses the connection. NewServer sets
 	// DefaultBodyIdleTimeout; change it before Listen.
 	BodyIdleTimeout time.Duration
+	// FrameTimeout bounds every partial frame: a new connection's first 8
+	// bytes (the sniff), the rest of a request frame once its first byte
+	// arrived, and every write to the client. A connection that sends the
+	// magic and part of a request, then stops, is closed once it passes.
+	// NewServer sets DefaultFrameTimeout; change it before Listen.
+	FrameTimeout time.Duration
+	// IdleTimeout bounds how long a data-plane connection may wait for
+	// the first byte of its next request (or its first one after the
+	// magic); an idle connection is then closed, and its client redials
+	// on its next call. NewServer sets DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxConnsPerPeer caps the connections one peer IP may hold open on
+	// the listener at once, gRPC and data plane alike, counted from
+	// accept to close; a connection over the cap is closed at accept.
+	// NewServer sets DefaultMaxConnsPerPeer; negative means no cap.
+	MaxConnsPerPeer int
 
 	handlers map[string]Handler
 	ctx      context.Context
@@ -154,6 +176,12 @@ type Server struct {
 	sniffing map[net.Conn]struct{} // new connections not yet routed
 	closing  bool
 	requests uint64 // requests served (answered), any outcome
+
+	// peersMu guards peers and refused. It is taken apart from mu because
+	// connections are closed (and so uncounted) with mu held.
+	peersMu sync.Mutex
+	peers   map[string]int // open connections per peer IP
+	refused uint64         // connections closed at accept, over MaxConnsPerPeer
 }
 
 // DefaultBodyIdleTimeout is Server.BodyIdleTimeout's default.
@@ -162,8 +190,9 @@ const DefaultBodyIdleTimeout = 30 * time.Second
 // NewServer returns a server with no handlers.
 func NewServer() *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
-		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}}
+	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, FrameTimeout: DefaultFrameTimeout, IdleTimeout: DefaultIdleTimeout,
+		MaxConnsPerPeer: DefaultMaxConnsPerPeer, handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
+		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}, peers: map[string]int{}}
 }
 
 // Handle registers h for method; it must be called before Listen.
@@ -218,12 +247,69 @@ func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
 			return
 		}
 		backoff = 0
+		c, ok := s.admitPeer(c)
+		if !ok {
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.sniff(c, g)
 		}()
 	}
+}
+
+// peerIP is the address a connection counts against in MaxConnsPerPeer.
+func peerIP(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
+}
+
+// admitPeer counts c against its peer's cap and returns it wrapped so
+// that closing it, by whoever ends up owning it (the data plane or gRPC),
+// uncounts it; over the cap it closes c and returns false.
+func (s *Server) admitPeer(c net.Conn) (net.Conn, bool) {
+	ip := peerIP(c)
+	s.peersMu.Lock()
+	if s.MaxConnsPerPeer >= 0 && s.peers[ip] >= s.MaxConnsPerPeer {
+		s.refused++
+		s.peersMu.Unlock()
+		c.Close()
+		return nil, false
+	}
+	s.peers[ip]++
+	s.peersMu.Unlock()
+	return &peerConn{Conn: c, release: func() {
+		s.peersMu.Lock()
+		if s.peers[ip]--; s.peers[ip] <= 0 {
+			delete(s.peers, ip)
+		}
+		s.peersMu.Unlock()
+	}}, true
+}
+
+// peerConn is an accepted connection counted against its peer's cap
+// until it is closed.
+type peerConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *peerConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// PeerConns returns how many connections peer IP ip holds open, and how
+// many connections were closed at accept for being over the cap.
+func (s *Server) PeerConns(ip string) (open int, refused uint64) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	return s.peers[ip], s.refused
 }
 
 // sniff reads a new connection's first 8 bytes and routes it.
@@ -237,7 +323,7 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 	s.sniffing[c] = struct{}{}
 	s.mu.Unlock()
 	var head [len(Magic)]byte
-	_ = c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(s.FrameTimeout))
 	n, err := io.ReadFull(c, head[:])
 	_ = c.SetReadDeadline(time.Time{})
 	s.mu.Lock()
@@ -252,7 +338,10 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 		s.serve(c)
 		return
 	}
-	if n == 0 {
+	if ne, ok := err.(net.Error); n == 0 || (ok && ne.Timeout()) {
+		// Nothing, or fewer than 8 bytes in FrameTimeout: no client of
+		// either protocol is that slow with its first bytes (gRPC's
+		// preface is 24 bytes in one write).
 		c.Close()
 		return
 	}
@@ -270,9 +359,17 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 // serverConn is one data-plane connection.
 type serverConn struct {
 	net.Conn
-	br   *bufio.Reader
-	idle time.Duration // Server.BodyIdleTimeout
-	busy bool          // a request is being served (guarded by Server.mu)
+	br    *bufio.Reader
+	idle  time.Duration // Server.BodyIdleTimeout
+	frame time.Duration // Server.FrameTimeout
+	busy  bool          // a request is being served (guarded by Server.mu)
+}
+
+// Write writes to the client within FrameTimeout: a client that stops
+// reading cannot hold the connection (and what its handler holds).
+func (c *serverConn) Write(b []byte) (int, error) {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(c.frame))
+	return c.Conn.Write(b)
 }
 
 func (c *serverConn) writeFrame(b []byte) error {
@@ -283,7 +380,7 @@ func (c *serverConn) writeFrame(b []byte) error {
 // serve runs one connection's requests until it breaks or the server
 // closes.
 func (s *Server) serve(c net.Conn) {
-	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout}
+	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout, frame: s.FrameTimeout}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -302,6 +399,9 @@ func (s *Server) serve(c net.Conn) {
 		return
 	}
 	for {
+		if !s.awaitRequest(sc) {
+			return
+		}
 		req, err := readRequest(sc)
 		if err != nil {
 			if st, ok := err.(frameError); ok { // a malformed frame: answer, then hang up
@@ -328,6 +428,19 @@ func (s *Server) serve(c net.Conn) {
 	}
 }
 
+// awaitRequest arms the deadline for the next request's first byte
+// (IdleTimeout), unless the server is closing. It holds s.mu, as Shutdown
+// does when it wakes idle connections, so the two cannot cross.
+func (s *Server) awaitRequest(sc *serverConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	_ = sc.SetReadDeadline(time.Now().Add(s.IdleTimeout))
+	return true
+}
+
 // Requests is the number of requests this server has answered (or was
 // about to answer when the connection broke).
 func (s *Server) Requests() uint64 {
@@ -352,7 +465,6 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 			return false
 		}
 	}
-	_ = sc.SetReadDeadline(time.Time{}) // an idle connection may wait for its next request
 	s.mu.Lock()
 	s.requests++ // before the answer leaves, so a client that has it sees the count
 	s.mu.Unlock()
@@ -388,6 +500,9 @@ func readRequest(sc *serverConn) (*Request, error) {
 	if kind != kindRequest {
 		return nil, frameError{fmt.Sprintf("bulk: frame kind %d, want a request (1)", kind)}
 	}
+	// The rest of the frame is due within FrameTimeout: a client that
+	// sends part of a request and stops is cut off.
+	_ = sc.SetReadDeadline(time.Now().Add(sc.frame))
 	var n [4]byte
 	if _, err := io.ReadFull(sc.br, n[:2]); err != nil {
 		return nil, err

@@ -611,7 +611,10 @@ type StoreModelInfo struct {
 	Bytes           uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	CreatedUnixNano int64                  `protobuf:"varint,5,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
 	// Versions readable by exact version, ascending.
-	Retained      []uint64 `protobuf:"varint,6,rep,packed,name=retained,proto3" json:"retained,omitempty"`
+	Retained []uint64 `protobuf:"varint,6,rep,packed,name=retained,proto3" json:"retained,omitempty"`
+	// The model's owner ("reducer", "ars"; empty for none): only its pushes
+	// land.
+	Owner         string `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -688,6 +691,93 @@ func (x *StoreModelInfo) GetRetained() []uint64 {
 	return nil
 }
 
+func (x *StoreModelInfo) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type StoreDeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreDeleteRequest) Reset() {
+	*x = StoreDeleteRequest{}
+	mi := &file_rlhub_v1_store_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreDeleteRequest) ProtoMessage() {}
+
+func (x *StoreDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_store_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreDeleteRequest.ProtoReflect.Descriptor instead.
+func (*StoreDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_store_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *StoreDeleteRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+type StoreDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreDeleteResponse) Reset() {
+	*x = StoreDeleteResponse{}
+	mi := &file_rlhub_v1_store_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreDeleteResponse) ProtoMessage() {}
+
+func (x *StoreDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_store_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreDeleteResponse.ProtoReflect.Descriptor instead.
+func (*StoreDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_store_proto_rawDescGZIP(), []int{11}
+}
+
 var File_rlhub_v1_store_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_store_proto_rawDesc = "" +
@@ -731,20 +821,25 @@ const file_rlhub_v1_store_proto_rawDesc = "" +
 	"chunkBytes\"\x12\n" +
 	"\x10StoreListRequest\"E\n" +
 	"\x11StoreListResponse\x120\n" +
-	"\x06models\x18\x01 \x03(\v2\x18.rlhub.v1.StoreModelInfoR\x06models\"\xb2\x01\n" +
+	"\x06models\x18\x01 \x03(\v2\x18.rlhub.v1.StoreModelInfoR\x06models\"\xc8\x01\n" +
 	"\x0eStoreModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12*\n" +
 	"\x11created_unix_nano\x18\x05 \x01(\x03R\x0fcreatedUnixNano\x12\x1a\n" +
-	"\bretained\x18\x06 \x03(\x04R\bretained2\x98\x02\n" +
+	"\bretained\x18\x06 \x03(\x04R\bretained\x12\x14\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"*\n" +
+	"\x12StoreDeleteRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\"\x15\n" +
+	"\x13StoreDeleteResponse2\xdf\x02\n" +
 	"\n" +
 	"ModelStore\x12A\n" +
 	"\x04Push\x12\x1a.rlhub.v1.StorePushRequest\x1a\x1b.rlhub.v1.StorePushResponse(\x01\x12A\n" +
 	"\x04Pull\x12\x1a.rlhub.v1.StorePullRequest\x1a\x1b.rlhub.v1.StorePullResponse0\x01\x12C\n" +
 	"\x05Watch\x12\x1b.rlhub.v1.StoreWatchRequest\x1a\x1b.rlhub.v1.StorePullResponse0\x01\x12?\n" +
-	"\x04List\x12\x1a.rlhub.v1.StoreListRequest\x1a\x1b.rlhub.v1.StoreListResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3"
+	"\x04List\x12\x1a.rlhub.v1.StoreListRequest\x1a\x1b.rlhub.v1.StoreListResponse\x12E\n" +
+	"\x06Delete\x12\x1c.rlhub.v1.StoreDeleteRequest\x1a\x1d.rlhub.v1.StoreDeleteResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3"
 
 var (
 	file_rlhub_v1_store_proto_rawDescOnce sync.Once
@@ -758,42 +853,46 @@ func file_rlhub_v1_store_proto_rawDescGZIP() []byte {
 	return file_rlhub_v1_store_proto_rawDescData
 }
 
-var file_rlhub_v1_store_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_rlhub_v1_store_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_rlhub_v1_store_proto_goTypes = []any{
-	(*StorePushRequest)(nil),  // 0: rlhub.v1.StorePushRequest
-	(*StorePushHeader)(nil),   // 1: rlhub.v1.StorePushHeader
-	(*StorePushResponse)(nil), // 2: rlhub.v1.StorePushResponse
-	(*StorePullRequest)(nil),  // 3: rlhub.v1.StorePullRequest
-	(*StorePullResponse)(nil), // 4: rlhub.v1.StorePullResponse
-	(*StorePullHeader)(nil),   // 5: rlhub.v1.StorePullHeader
-	(*StoreWatchRequest)(nil), // 6: rlhub.v1.StoreWatchRequest
-	(*StoreListRequest)(nil),  // 7: rlhub.v1.StoreListRequest
-	(*StoreListResponse)(nil), // 8: rlhub.v1.StoreListResponse
-	(*StoreModelInfo)(nil),    // 9: rlhub.v1.StoreModelInfo
-	nil,                       // 10: rlhub.v1.StorePullHeader.MetadataEntry
-	(*Chunk)(nil),             // 11: rlhub.v1.Chunk
-	(*BlobInfo)(nil),          // 12: rlhub.v1.BlobInfo
+	(*StorePushRequest)(nil),    // 0: rlhub.v1.StorePushRequest
+	(*StorePushHeader)(nil),     // 1: rlhub.v1.StorePushHeader
+	(*StorePushResponse)(nil),   // 2: rlhub.v1.StorePushResponse
+	(*StorePullRequest)(nil),    // 3: rlhub.v1.StorePullRequest
+	(*StorePullResponse)(nil),   // 4: rlhub.v1.StorePullResponse
+	(*StorePullHeader)(nil),     // 5: rlhub.v1.StorePullHeader
+	(*StoreWatchRequest)(nil),   // 6: rlhub.v1.StoreWatchRequest
+	(*StoreListRequest)(nil),    // 7: rlhub.v1.StoreListRequest
+	(*StoreListResponse)(nil),   // 8: rlhub.v1.StoreListResponse
+	(*StoreModelInfo)(nil),      // 9: rlhub.v1.StoreModelInfo
+	(*StoreDeleteRequest)(nil),  // 10: rlhub.v1.StoreDeleteRequest
+	(*StoreDeleteResponse)(nil), // 11: rlhub.v1.StoreDeleteResponse
+	nil,                         // 12: rlhub.v1.StorePullHeader.MetadataEntry
+	(*Chunk)(nil),               // 13: rlhub.v1.Chunk
+	(*BlobInfo)(nil),            // 14: rlhub.v1.BlobInfo
 }
 var file_rlhub_v1_store_proto_depIdxs = []int32{
 	1,  // 0: rlhub.v1.StorePushRequest.header:type_name -> rlhub.v1.StorePushHeader
-	11, // 1: rlhub.v1.StorePushRequest.chunk:type_name -> rlhub.v1.Chunk
-	12, // 2: rlhub.v1.StorePushHeader.blob:type_name -> rlhub.v1.BlobInfo
+	13, // 1: rlhub.v1.StorePushRequest.chunk:type_name -> rlhub.v1.Chunk
+	14, // 2: rlhub.v1.StorePushHeader.blob:type_name -> rlhub.v1.BlobInfo
 	9,  // 3: rlhub.v1.StorePushResponse.info:type_name -> rlhub.v1.StoreModelInfo
 	5,  // 4: rlhub.v1.StorePullResponse.header:type_name -> rlhub.v1.StorePullHeader
-	11, // 5: rlhub.v1.StorePullResponse.chunk:type_name -> rlhub.v1.Chunk
-	12, // 6: rlhub.v1.StorePullHeader.blob:type_name -> rlhub.v1.BlobInfo
-	10, // 7: rlhub.v1.StorePullHeader.metadata:type_name -> rlhub.v1.StorePullHeader.MetadataEntry
+	13, // 5: rlhub.v1.StorePullResponse.chunk:type_name -> rlhub.v1.Chunk
+	14, // 6: rlhub.v1.StorePullHeader.blob:type_name -> rlhub.v1.BlobInfo
+	12, // 7: rlhub.v1.StorePullHeader.metadata:type_name -> rlhub.v1.StorePullHeader.MetadataEntry
 	9,  // 8: rlhub.v1.StoreListResponse.models:type_name -> rlhub.v1.StoreModelInfo
 	0,  // 9: rlhub.v1.ModelStore.Push:input_type -> rlhub.v1.StorePushRequest
 	3,  // 10: rlhub.v1.ModelStore.Pull:input_type -> rlhub.v1.StorePullRequest
 	6,  // 11: rlhub.v1.ModelStore.Watch:input_type -> rlhub.v1.StoreWatchRequest
 	7,  // 12: rlhub.v1.ModelStore.List:input_type -> rlhub.v1.StoreListRequest
-	2,  // 13: rlhub.v1.ModelStore.Push:output_type -> rlhub.v1.StorePushResponse
-	4,  // 14: rlhub.v1.ModelStore.Pull:output_type -> rlhub.v1.StorePullResponse
-	4,  // 15: rlhub.v1.ModelStore.Watch:output_type -> rlhub.v1.StorePullResponse
-	8,  // 16: rlhub.v1.ModelStore.List:output_type -> rlhub.v1.StoreListResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
+	10, // 13: rlhub.v1.ModelStore.Delete:input_type -> rlhub.v1.StoreDeleteRequest
+	2,  // 14: rlhub.v1.ModelStore.Push:output_type -> rlhub.v1.StorePushResponse
+	4,  // 15: rlhub.v1.ModelStore.Pull:output_type -> rlhub.v1.StorePullResponse
+	4,  // 16: rlhub.v1.ModelStore.Watch:output_type -> rlhub.v1.StorePullResponse
+	8,  // 17: rlhub.v1.ModelStore.List:output_type -> rlhub.v1.StoreListResponse
+	11, // 18: rlhub.v1.ModelStore.Delete:output_type -> rlhub.v1.StoreDeleteResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -820,7 +919,7 @@ func file_rlhub_v1_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_store_proto_rawDesc), len(file_rlhub_v1_store_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,10 +29,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ModelStore_Push_FullMethodName  = "/rlhub.v1.ModelStore/Push"
-	ModelStore_Pull_FullMethodName  = "/rlhub.v1.ModelStore/Pull"
-	ModelStore_Watch_FullMethodName = "/rlhub.v1.ModelStore/Watch"
-	ModelStore_List_FullMethodName  = "/rlhub.v1.ModelStore/List"
+	ModelStore_Push_FullMethodName   = "/rlhub.v1.ModelStore/Push"
+	ModelStore_Pull_FullMethodName   = "/rlhub.v1.ModelStore/Pull"
+	ModelStore_Watch_FullMethodName  = "/rlhub.v1.ModelStore/Watch"
+	ModelStore_List_FullMethodName   = "/rlhub.v1.ModelStore/List"
+	ModelStore_Delete_FullMethodName = "/rlhub.v1.ModelStore/Delete"
 )
 
 // ModelStoreClient is the client API for ModelStore service.
@@ -54,6 +55,10 @@ type ModelStoreClient interface {
 	Watch(ctx context.Context, in *StoreWatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StorePullResponse], error)
 	// List describes every model.
 	List(ctx context.Context, in *StoreListRequest, opts ...grpc.CallOption) (*StoreListResponse, error)
+	// Delete removes a model: every retained version, its epoch and its
+	// owner (docs/store.md). An administrator's operation: it ignores the
+	// model's owner. NOT_FOUND for a model with no versions.
+	Delete(ctx context.Context, in *StoreDeleteRequest, opts ...grpc.CallOption) (*StoreDeleteResponse, error)
 }
 
 type modelStoreClient struct {
@@ -125,6 +130,16 @@ func (c *modelStoreClient) List(ctx context.Context, in *StoreListRequest, opts 
 	return out, nil
 }
 
+func (c *modelStoreClient) Delete(ctx context.Context, in *StoreDeleteRequest, opts ...grpc.CallOption) (*StoreDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StoreDeleteResponse)
+	err := c.cc.Invoke(ctx, ModelStore_Delete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ModelStoreServer is the server API for ModelStore service.
 // All implementations must embed UnimplementedModelStoreServer
 // for forward compatibility.
@@ -144,6 +159,10 @@ type ModelStoreServer interface {
 	Watch(*StoreWatchRequest, grpc.ServerStreamingServer[StorePullResponse]) error
 	// List describes every model.
 	List(context.Context, *StoreListRequest) (*StoreListResponse, error)
+	// Delete removes a model: every retained version, its epoch and its
+	// owner (docs/store.md). An administrator's operation: it ignores the
+	// model's owner. NOT_FOUND for a model with no versions.
+	Delete(context.Context, *StoreDeleteRequest) (*StoreDeleteResponse, error)
 	mustEmbedUnimplementedModelStoreServer()
 }
 
@@ -165,6 +184,9 @@ func (UnimplementedModelStoreServer) Watch(*StoreWatchRequest, grpc.ServerStream
 }
 func (UnimplementedModelStoreServer) List(context.Context, *StoreListRequest) (*StoreListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedModelStoreServer) Delete(context.Context, *StoreDeleteRequest) (*StoreDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Delete not implemented")
 }
 func (UnimplementedModelStoreServer) mustEmbedUnimplementedModelStoreServer() {}
 func (UnimplementedModelStoreServer) testEmbeddedByValue()                    {}
@@ -234,6 +256,24 @@ func _ModelStore_List_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ModelStore_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StoreDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ModelStoreServer).Delete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ModelStore_Delete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ModelStoreServer).Delete(ctx, req.(*StoreDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ModelStore_ServiceDesc is the grpc.ServiceDesc for ModelStore service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +284,10 @@ var ModelStore_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _ModelStore_List_Handler,
+		},
+		{
+			MethodName: "Delete",
+			Handler:    _ModelStore_Delete_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

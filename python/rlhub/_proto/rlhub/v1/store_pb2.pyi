@@ -93,17 +93,29 @@ class StoreListResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[StoreModelInfo, _Mapping]]] = ...) -> None: ...
 
 class StoreModelInfo(_message.Message):
-    __slots__ = ("name", "version", "epoch", "bytes", "created_unix_nano", "retained")
+    __slots__ = ("name", "version", "epoch", "bytes", "created_unix_nano", "retained", "owner")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NANO_FIELD_NUMBER: _ClassVar[int]
     RETAINED_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     epoch: int
     bytes: int
     created_unix_nano: int
     retained: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., created_unix_nano: _Optional[int] = ..., retained: _Optional[_Iterable[int]] = ...) -> None: ...
+    owner: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., bytes: _Optional[int] = ..., created_unix_nano: _Optional[int] = ..., retained: _Optional[_Iterable[int]] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class StoreDeleteRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class StoreDeleteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -55,6 +55,11 @@ class ModelStoreStub:
                 request_serializer=rlhub_dot_v1_dot_store__pb2.StoreListRequest.SerializeToString,
                 response_deserializer=rlhub_dot_v1_dot_store__pb2.StoreListResponse.FromString,
                 _registered_method=True)
+        self.Delete = channel.unary_unary(
+                '/rlhub.v1.ModelStore/Delete',
+                request_serializer=rlhub_dot_v1_dot_store__pb2.StoreDeleteRequest.SerializeToString,
+                response_deserializer=rlhub_dot_v1_dot_store__pb2.StoreDeleteResponse.FromString,
+                _registered_method=True)
 
 
 class ModelStoreServicer:
@@ -94,6 +99,15 @@ class ModelStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Delete(self, request, context):
+        """Delete removes a model: every retained version, its epoch and its
+        owner (docs/store.md). An administrator's operation: it ignores the
+        model's owner. NOT_FOUND for a model with no versions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +130,11 @@ def add_ModelStoreServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=rlhub_dot_v1_dot_store__pb2.StoreListRequest.FromString,
                     response_serializer=rlhub_dot_v1_dot_store__pb2.StoreListResponse.SerializeToString,
+            ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=rlhub_dot_v1_dot_store__pb2.StoreDeleteRequest.FromString,
+                    response_serializer=rlhub_dot_v1_dot_store__pb2.StoreDeleteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -227,6 +246,33 @@ class ModelStore:
             '/rlhub.v1.ModelStore/List',
             rlhub_dot_v1_dot_store__pb2.StoreListRequest.SerializeToString,
             rlhub_dot_v1_dot_store__pb2.StoreListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlhub.v1.ModelStore/Delete',
+            rlhub_dot_v1_dot_store__pb2.StoreDeleteRequest.SerializeToString,
+            rlhub_dot_v1_dot_store__pb2.StoreDeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,

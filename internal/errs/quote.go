@@ -1,0 +1,26 @@
+package errs
+
+import (
+	"strconv"
+	"unicode/utf8"
+)
+
+// MaxQuotedBytes is how many bytes of a client-supplied string Quote keeps.
+const MaxQuotedBytes = 64
+
+// Quote is %q for a string a client sent (a learner id, a model or
+// client name): strings longer than MaxQuotedBytes are cut at a rune
+// boundary and say how long they were, so error text, which goes back to
+// the client in gRPC's status (a header, limited to 8-16 KiB by most
+// peers) and into logs, never echoes unbounded input. Use it, with %s,
+// wherever an error formats a string that came off the network.
+func Quote(s string) string {
+	if len(s) <= MaxQuotedBytes {
+		return strconv.Quote(s)
+	}
+	cut := MaxQuotedBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return strconv.Quote(s[:cut]) + "…(" + strconv.Itoa(len(s)) + " bytes)"
+}
