@@ -55,6 +55,10 @@ type Config struct {
 	Logger *slog.Logger
 	// OnApply: see PrimaryConfig.
 	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
+	// StateDir: where the hosted primary keeps registrations, its ledger
+	// and optimizer state (PrimaryConfig.StateDir; the hub uses
+	// <--data>/reducer). "" keeps them in memory only.
+	StateDir string
 }
 
 func (c *Config) validate() error {
@@ -106,7 +110,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, byID: map[string]*SecondaryNode{}, drained: make(chan struct{})}
 	var up Upstream
 	if cfg.Primary == "" {
-		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply})
+		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir})
 		if err != nil {
 			return nil, err
 		}
@@ -158,7 +162,7 @@ func (s *Service) Register(g *grpc.Server) {
 func (s *Service) Drain() { s.drainOnce.Do(func() { close(s.drained) }) }
 
 // Close stops the secondaries (releasing what they hold), then the primary
-// (checkpointing optimizer states). Safe to call twice.
+// (closing its durable state). Safe to call twice.
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		s.Drain()
