@@ -361,4 +361,3 @@ func TestKillPrimaryHubDuringAdam(t *testing.T) {
 	t.Logf("%d gradients pushed over %d kills: %d applied in %d steps (%d retries found theirs applied), %d lost in flight, %d dropped",
 		len(outcomes), kills, len(applied), len(journal), nExists, lost, nDropped)
 }
-
