@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -360,4 +362,97 @@ func TestKillPrimaryHubDuringAdam(t *testing.T) {
 	}
 	t.Logf("%d gradients pushed over %d kills: %d applied in %d steps (%d retries found theirs applied), %d lost in flight, %d dropped",
 		len(outcomes), kills, len(applied), len(journal), nExists, lost, nDropped)
+}
+
+// TestRestartedSecondaryGetsPushes: clients running before a secondary
+// process is SIGKILLed and started again (at a new address) push to it
+// once it is back: they re-list secondaries periodically, not only after
+// a failure (the other secondary keeps taking their pushes meanwhile).
+func TestRestartedSecondaryGetsPushes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n = 256
+	h := hubtest.Start(t, hub.Config{Reducer: reducer.Config{Secondaries: -1}})
+	addr := h.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	blob, _ := safetensors.Encode(gradFor(n, "init", 0), nil)
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, _, err := admin.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
+		t.Fatal(err)
+	}
+	secondary := func() (*proc, string) {
+		p := startProc(t, "serve", "--role", "reducer", "--primary", addr, "--listen", "127.0.0.1:0", "--data", "",
+			"--reduce-batch-size", "2", "--max-wait", "1ms", "--log-level", "info")
+		return p, p.serving(t)
+	}
+	attached := func(a string) func() bool {
+		return func() bool {
+			secs, err := admin.Secondaries(ctx)
+			return err == nil && slices.ContainsFunc(secs, func(s reducer.Secondary) bool { return s.Addr == a })
+		}
+	}
+	_, stayAddr := secondary()
+	victim, victimAddr := secondary()
+	testkit.Eventually(t, 30*time.Second, "both secondaries attached", func() bool { return attached(stayAddr)() && attached(victimAddr)() })
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	for c := range 2 {
+		id := fmt.Sprintf("r%d", c)
+		cl, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: id, RefreshEvery: 200 * time.Millisecond,
+			Rand: rand.New(rand.NewPCG(uint64(c), 3))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := uint64(1); ; s++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := cl.PushSeq(ctx, "m", 0, s, gradFor(n, id, s)); err != nil && !errors.Is(err, errs.ErrExists) {
+					errc <- fmt.Errorf("%s seq %d: %w", id, s, err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	pushedAt := func(a string) uint64 {
+		st, err := admin.HubStats(ctx, a)
+		if err != nil {
+			return 0
+		}
+		return st.Total.Pushed
+	}
+	testkit.Eventually(t, 30*time.Second, "pushes at the victim before the kill", func() bool { return pushedAt(victimAddr) > 0 })
+	victim.kill()
+	testkit.Eventually(t, 30*time.Second, "the victim's session to end", func() bool { return !attached(victimAddr)() })
+	_, backAddr := secondary()
+	testkit.Eventually(t, 30*time.Second, "the restarted secondary attached", attached(backAddr))
+	testkit.Eventually(t, 30*time.Second, "pushes from the running clients at the restarted secondary", func() bool {
+		select {
+		case err := <-errc:
+			t.Fatal(err)
+		default:
+		}
+		return pushedAt(backAddr) > 0
+	})
 }
