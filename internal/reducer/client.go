@@ -288,6 +288,8 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 	backoff := c.cfg.Backoff
 	var last error
 	var unreachableSince time.Time // first of the current run of unavailable answers
+	var stick target               // where the last attempt was refused for back-pressure
+	sticky := false
 	c.maybeRefresh(ctx)
 	for attempt := 1; ; attempt++ {
 		if c.cfg.MaxAttempts > 0 && attempt > c.cfg.MaxAttempts {
@@ -300,6 +302,12 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 			return Receipt{}, fmt.Errorf("reducer: no secondary reachable for %v: %w", w, last)
 		}
 		t, ok := c.choose(false)
+		if sticky {
+			// A gradient refused for back-pressure is retried where it
+			// was refused: that secondary counts it once (docs/reducer.md,
+			// Counters), and its queue drains first anyway.
+			t, ok = stick, true
+		}
 		if !ok {
 			if unreachableSince.IsZero() {
 				unreachableSince = time.Now()
@@ -321,6 +329,7 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 				continue
 			}
 		}
+		sticky = false
 		res, err := c.pushOnce(ctx, t, model, baseVersion, seq, l)
 		if err == nil {
 			res.Seq, res.Addr, res.ID = seq, t.addr, t.id
@@ -338,6 +347,7 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 			_ = c.refresh(ctx) // best effort: the next choose skips the dead one
 		case errors.Is(err, errs.ErrFull) || errors.Is(err, errs.ErrAborted):
 			unreachableSince = time.Time{}
+			stick, sticky = t, true
 			jit := time.Duration(c.jitter() * float64(backoff))
 			if !sleepCtx(ctx, backoff/2+jit/2) {
 				return Receipt{}, errors.Join(ctx.Err(), last)

@@ -89,6 +89,8 @@ class Counters:
     steps: int
     dropped: Dict[str, int]
     queue_depth: int
+    attempts: int = 0
+    """Push attempts, retries included (``pushed`` counts each gradient once)."""
 
     @property
     def dropped_total(self) -> int:
@@ -112,7 +114,7 @@ class Stats:
 
 
 def _counters(c: reducer_pb2.ReducerCounters) -> Counters:
-    return Counters(c.pushed, c.reduced, c.applied, c.steps, dict(c.dropped), c.queue_depth)
+    return Counters(c.pushed, c.reduced, c.applied, c.steps, dict(c.dropped), c.queue_depth, c.attempts)
 
 
 @dataclasses.dataclass(frozen=True)
