@@ -22,12 +22,12 @@ import (
 )
 
 // TestCountersPerGradientUnderBackPressure: N gradients pushed by clients
-// that back off up to 30 (or 3) times on full queues, through a secondary in the
-// primary's hub and one in another process. One Stats call to the
-// primary's hub then shows pushed = N and applied + dropped (lost
-// included) = N exactly: a gradient refused 30 times is one drop, its
-// attempts are counted apart; the drops are exactly the gradients whose
-// clients gave up.
+// that try up to 30 (or, half of them, 2) times on full queues, through a
+// secondary in the primary's hub and one in another process. One Stats
+// call to the primary's hub then shows pushed = N and applied + dropped
+// (lost included) = N exactly: a gradient refused many times and then
+// admitted is no drop, one given up is one drop, and its attempts are
+// counted apart; the drops are exactly the gradients whose clients gave up.
 func TestCountersPerGradientUnderBackPressure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -70,7 +70,7 @@ func TestCountersPerGradientUnderBackPressure(t *testing.T) {
 		// dropped after several refusals.
 		attempts := 30
 		if c%2 == 1 {
-			attempts = 3
+			attempts = 2
 		}
 		cl, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: id, MaxAttempts: attempts, Rand: rand.New(rand.NewPCG(uint64(c), 9))})
 		if err != nil {
