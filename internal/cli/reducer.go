@@ -53,8 +53,8 @@ func newReducerCmd(g *globals) *cobra.Command {
 func printReducerStats(g *globals, r *rlhubv1.ReducerStatsResponse) {
 	st := reducer.StatsFromProto(r)
 	row := func(name string, c reduce.Counters, queue int) {
-		fmt.Fprintf(g.stdout, "%-16s pushed %d  reduced %d  applied %d  steps %d  dropped %d  queue %d\n",
-			name, c.Pushed, c.Reduced, c.Applied, c.Steps, c.DroppedTotal(), queue)
+		fmt.Fprintf(g.stdout, "%-16s pushed %d  reduced %d  applied %d  steps %d  dropped %d  queue %d  attempts %d\n",
+			name, c.Pushed, c.Reduced, c.Applied, c.Steps, c.DroppedTotal(), queue, c.Attempts)
 		for _, reason := range slices.Sorted(maps.Keys(c.Dropped)) {
 			fmt.Fprintf(g.stdout, "%-16s   dropped %-14s %d\n", "", reason, c.Dropped[reason])
 		}
@@ -71,4 +71,7 @@ func printReducerStats(g *globals, r *rlhubv1.ReducerStatsResponse) {
 		}
 	}
 	fmt.Fprintf(g.stdout, "admitted→published p50 %dµs p99 %dµs\n", st.P50.Microseconds(), st.P99.Microseconds())
+	for _, a := range slices.Sorted(maps.Keys(st.Unreachable)) {
+		fmt.Fprintf(g.stdout, "secondary hub %s UNREACHABLE (its counters are missing from the total): %s\n", a, st.Unreachable[a])
+	}
 }

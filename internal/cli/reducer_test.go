@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // TestReducerStatsAndRoleFlags: `rlhub reducer stats` prints the counters
@@ -40,5 +42,25 @@ func TestReducerStatsAndRoleFlags(t *testing.T) {
 			t.Fatalf("reducer stats: code %d, stderr %q", code, errOut)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestReducerStatsShowsLostStateAndUnreachableHubs: a model whose optimizer
+// state was not recovered and a secondary hub that did not answer are
+// spelled out, not hidden in the totals.
+func TestReducerStatsShowsLostStateAndUnreachableHubs(t *testing.T) {
+	var out strings.Builder
+	g := &globals{stdout: &out}
+	printReducerStats(g, &rlhubv1.ReducerStatsResponse{
+		Total: &rlhubv1.ReducerCounters{Pushed: 3, Attempts: 7, Applied: 3},
+		Models: map[string]*rlhubv1.ReducerModelStats{"m": {Version: 9, OptimizerSteps: 2,
+			StateError: "no optimizer state for version 9"}},
+		Unreachable: map[string]string{"127.0.0.1:7480": "deadline exceeded"},
+	})
+	for _, want := range []string{"attempts 7", "model m at version 9, optimizer step 2",
+		"OPTIMIZER STATE NOT RECOVERED: no optimizer state for version 9", "127.0.0.1:7480 UNREACHABLE"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -59,7 +59,9 @@ type Config struct {
 	// reader never sees part of it): how a process that started the hub
 	// on port 0 learns the port without racing for a free one.
 	AddrFile string
-	// DataDir is where services keep checkpoints; "" means nothing is
+	// DataDir is where services keep checkpoints (the store in
+	// DataDir/store, the reducer's registrations, ledger and optimizer
+	// state in DataDir/reducer: docs/durability.md); "" means nothing is
 	// persisted (an in-memory hub, for tests and throwaway runs).
 	DataDir string
 	// Store configures the model store (retention, size and name limits);
@@ -306,6 +308,9 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	}
 	rcfg := h.cfg.Reducer
 	rcfg.Store = store.Owned{Store: h.store, Owner: OwnerReducer}
+	if rcfg.StateDir == "" && rcfg.Primary == "" && h.cfg.DataDir != "" {
+		rcfg.StateDir = filepath.Join(h.cfg.DataDir, "reducer")
+	}
 	rcfg.Addr = func() string {
 		if a := h.Addr(); a != nil {
 			return a.String()

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -116,8 +117,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	conn := cfg.Conn
 	if conn == nil {
+		// A restarted hub is back within a second or two: reconnect from
+		// 50ms backing off to 1s (gRPC's defaults, 1s to 120s, would leave
+		// the learner detached long after the hub is back).
 		opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
+			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
+				Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
 		cc, err := grpc.NewClient(cfg.Hub, opts...)
 		if err != nil {
 			return fmt.Errorf("learner: dial %s: %w", cfg.Hub, err)

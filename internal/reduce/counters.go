@@ -64,9 +64,13 @@ func ReasonOf(err error) Reason {
 // publish). Summed over a primary and all its secondaries, once nothing is
 // in flight: Pushed = Applied + DroppedTotal().
 type Counters struct {
-	Pushed  uint64
-	Reduced uint64
-	Applied uint64
+	// Pushed counts gradients (distinct (client, seq) ids a secondary
+	// saw; a retry of one it refused is not counted again).
+	Pushed uint64
+	// Attempts counts push attempts, retries included.
+	Attempts uint64
+	Reduced  uint64
+	Applied  uint64
 	// Steps is optimizer steps (versions published).
 	Steps   uint64
 	Dropped map[Reason]uint64
@@ -111,6 +115,7 @@ func (c *Counters) DroppedTotal() uint64 {
 // Merge adds o into c.
 func (c *Counters) Merge(o Counters) {
 	c.Pushed += o.Pushed
+	c.Attempts += o.Attempts
 	c.Reduced += o.Reduced
 	c.Applied += o.Applied
 	c.Steps += o.Steps

@@ -200,3 +200,69 @@ func (c *clientLog) compact(keep int) {
 		}
 	}
 }
+
+// AppliedSeqs is one client's applied ids as a ledger snapshot records
+// them: every seq ≤ Floor (when HasFloor) and each of Seqs.
+type AppliedSeqs struct {
+	Floor    uint64   `json:"floor,omitempty"`
+	HasFloor bool     `json:"has_floor,omitempty"`
+	Seqs     []uint64 `json:"seqs,omitempty"`
+}
+
+// AddApplied records ids as applied without a claim: the primary rebuilding
+// its ledger from a durable journal of applied steps. It overrides any
+// claim on them.
+func (l *Ledger) AddApplied(ids []ID) {
+	for _, id := range ids {
+		c := l.clients[id.Client]
+		if c == nil {
+			c = &clientLog{entries: map[uint64]claim{}}
+			l.clients[id.Client] = c
+		}
+		c.entries[id.Seq] = claim{applied: true}
+		if len(c.entries) > 2*l.window {
+			c.compact(l.window)
+		}
+	}
+}
+
+// Applied returns the applied ids per client (sorted seqs): what a restart
+// must remember. Pending and lost claims are not included: a restart ends
+// every session.
+func (l *Ledger) Applied() map[string]AppliedSeqs {
+	out := make(map[string]AppliedSeqs, len(l.clients))
+	for name, c := range l.clients {
+		a := AppliedSeqs{Floor: c.floor, HasFloor: c.hasFlr}
+		for seq, e := range c.entries {
+			if e.applied {
+				a.Seqs = append(a.Seqs, seq)
+			}
+		}
+		slices.Sort(a.Seqs)
+		if a.HasFloor || len(a.Seqs) > 0 {
+			out[name] = a
+		}
+	}
+	return out
+}
+
+// RestoreApplied adds a snapshot Applied returned (after a round trip
+// through a journal) to the ledger.
+func (l *Ledger) RestoreApplied(snap map[string]AppliedSeqs) {
+	for name, a := range snap {
+		c := l.clients[name]
+		if c == nil {
+			c = &clientLog{entries: map[uint64]claim{}}
+			l.clients[name] = c
+		}
+		if a.HasFloor && (!c.hasFlr || a.Floor > c.floor) {
+			c.floor, c.hasFlr = a.Floor, true
+		}
+		for _, seq := range a.Seqs {
+			c.entries[seq] = claim{applied: true}
+		}
+		if len(c.entries) > 2*l.window {
+			c.compact(l.window)
+		}
+	}
+}

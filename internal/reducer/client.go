@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -41,6 +42,17 @@ type ClientConfig struct {
 	// port) and gRPC for a hub that does not speak it; TransportGRPC
 	// always uses gRPC. Both give the same checks, counters and errors.
 	Transport string
+	// RefreshEvery: the list of live secondaries is asked of the primary
+	// again when it is older than this, so secondaries that start or
+	// restart (at a new address) get pushes from clients already running,
+	// not only after a failure. 0 means 2s; negative refreshes only on a
+	// failure.
+	RefreshEvery time.Duration
+	// ReconnectWindow bounds how long a push keeps retrying while no
+	// secondary (nor the primary hub, to list them) takes it: a hub being
+	// restarted is ridden out within the window, then the push fails with
+	// the last Unavailable error. 0 means until the push's context ends.
+	ReconnectWindow time.Duration
 }
 
 // Transports for ClientConfig.Transport.
@@ -57,12 +69,16 @@ type Client struct {
 
 	bulk *bulk.Client // nil with TransportGRPC
 
-	mu      sync.Mutex // guards rnd, conns, targets
-	rnd     *rand.Rand
-	hub     *grpc.ClientConn
-	conns   map[string]*grpc.ClientConn
-	targets []target
-	dead    map[target]time.Time
+	mu        sync.Mutex // guards rnd, conns, targets, refreshed
+	rnd       *rand.Rand
+	hub       *grpc.ClientConn
+	conns     map[string]*grpc.ClientConn
+	targets   []target
+	dead      map[target]time.Time
+	refreshed time.Time // when targets were last listed
+	// refreshing is set while one push refreshes a stale list (the
+	// others carry on with the old one).
+	refreshing atomic.Bool
 }
 
 type target struct{ addr, id string }
@@ -81,6 +97,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	if cfg.Backoff == 0 {
 		cfg.Backoff = time.Millisecond
 	}
+	if cfg.RefreshEvery == 0 {
+		cfg.RefreshEvery = 2 * time.Second
+	}
+	if cfg.ReconnectWindow < 0 {
+		return nil, fmt.Errorf("%w: reducer: negative ReconnectWindow %v", errs.ErrInvalid, cfg.ReconnectWindow)
+	}
 	c := &Client{cfg: cfg, rnd: cfg.Rand, conns: map[string]*grpc.ClientConn{}, dead: map[target]time.Time{}}
 	switch cfg.Transport {
 	case TransportAuto:
@@ -97,6 +119,14 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	return c, nil
 }
 
+// reconnectParams: a hub that restarts is back within a second or two, so
+// reconnect attempts start at 50ms and back off to 1s (gRPC's defaults, 1s
+// to 120s, would leave a client idle long after the hub is back).
+var reconnectParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 	if conn, ok := c.conns[addr]; ok {
 		return conn, nil
@@ -105,7 +135,8 @@ func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 	// defaults (32 KiB, 64 KiB) cut the frames and window updates per MiB.
 	opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
-		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20))
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20),
+		grpc.WithConnectParams(reconnectParams))
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("reducer: dial %s: %w", addr, err)
@@ -181,18 +212,44 @@ func (c *Client) refresh(ctx context.Context) error {
 		ts = append(ts, target{addr, s.GetId()})
 	}
 	c.mu.Lock()
-	c.targets = ts
+	c.targets, c.refreshed = ts, time.Now()
 	c.mu.Unlock()
 	return nil
 }
 
-// choose picks a random target not marked dead in the last second.
-func (c *Client) choose() (target, bool) {
+// maybeRefresh refreshes the list when it is older than RefreshEvery; one
+// caller at a time does, the others go on with the list they have. A
+// failed refresh keeps the old list.
+func (c *Client) maybeRefresh(ctx context.Context) {
+	if c.cfg.RefreshEvery < 0 {
+		return
+	}
+	c.mu.Lock()
+	stale := !c.refreshed.IsZero() && time.Since(c.refreshed) > c.cfg.RefreshEvery
+	c.mu.Unlock()
+	if !stale || !c.refreshing.CompareAndSwap(false, true) {
+		return
+	}
+	defer c.refreshing.Store(false)
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := c.refresh(rctx); err != nil {
+		c.mu.Lock()
+		c.refreshed = time.Now() // try again in RefreshEvery, not on every push
+		c.mu.Unlock()
+	}
+}
+
+// choose picks a random target not marked dead in the last second (any
+// listed target with anyListed: when the primary, asked just now, lists
+// only targets marked dead, such as a hub's own secondary after the hub
+// restarted, trying one beats waiting out the mark).
+func (c *Client) choose(anyListed bool) (target, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var live []target
 	for _, t := range c.targets {
-		if at, ok := c.dead[t]; !ok || time.Since(at) > time.Second {
+		if at, ok := c.dead[t]; !ok || time.Since(at) > time.Second || anyListed {
 			live = append(live, t)
 		}
 	}
@@ -230,6 +287,10 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 	}
 	backoff := c.cfg.Backoff
 	var last error
+	var unreachableSince time.Time // first of the current run of unavailable answers
+	var stick target               // where the last attempt was refused for back-pressure
+	sticky := false
+	c.maybeRefresh(ctx)
 	for attempt := 1; ; attempt++ {
 		if c.cfg.MaxAttempts > 0 && attempt > c.cfg.MaxAttempts {
 			return Receipt{}, last
@@ -237,8 +298,20 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 		if err := ctx.Err(); err != nil {
 			return Receipt{}, errors.Join(err, last)
 		}
-		t, ok := c.choose()
+		if w := c.cfg.ReconnectWindow; w > 0 && !unreachableSince.IsZero() && time.Since(unreachableSince) > w {
+			return Receipt{}, fmt.Errorf("reducer: no secondary reachable for %v: %w", w, last)
+		}
+		t, ok := c.choose(false)
+		if sticky {
+			// A gradient refused for back-pressure is retried where it
+			// was refused: that secondary counts it once (docs/reducer.md,
+			// Counters), and its queue drains first anyway.
+			t, ok = stick, true
+		}
 		if !ok {
+			if unreachableSince.IsZero() {
+				unreachableSince = time.Now()
+			}
 			if err := c.refresh(ctx); err != nil {
 				last = err
 				if !sleepCtx(ctx, backoff) {
@@ -247,7 +320,7 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 				backoff = min(2*backoff, 100*time.Millisecond)
 				continue
 			}
-			if t, ok = c.choose(); !ok {
+			if t, ok = c.choose(true); !ok {
 				last = fmt.Errorf("%w: no live secondary", errs.ErrUnavailable)
 				if !sleepCtx(ctx, backoff) {
 					return Receipt{}, errors.Join(ctx.Err(), last)
@@ -256,6 +329,7 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 				continue
 			}
 		}
+		sticky = false
 		res, err := c.pushOnce(ctx, t, model, baseVersion, seq, l)
 		if err == nil {
 			res.Seq, res.Addr, res.ID = seq, t.addr, t.id
@@ -264,11 +338,16 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 		last = err
 		switch {
 		case errors.Is(err, errs.ErrUnavailable) || isConnErr(err):
+			if unreachableSince.IsZero() {
+				unreachableSince = time.Now()
+			}
 			c.mu.Lock()
 			c.dead[t] = time.Now()
 			c.mu.Unlock()
 			_ = c.refresh(ctx) // best effort: the next choose skips the dead one
 		case errors.Is(err, errs.ErrFull) || errors.Is(err, errs.ErrAborted):
+			unreachableSince = time.Time{}
+			stick, sticky = t, true
 			jit := time.Duration(c.jitter() * float64(backoff))
 			if !sleepCtx(ctx, backoff/2+jit/2) {
 				return Receipt{}, errors.Join(ctx.Err(), last)

@@ -9,7 +9,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,18 +34,13 @@ var _ ModelStore = store.Store(nil)
 
 // modelClaimer is implemented by a ModelStore that records owners
 // (store.Owned, the view the hub gives its reducer): Register claims each
-// model it reduces, and its optimizer checkpoint, so that no other
-// writer's push can land on them and stop the reducer's steps.
+// model it reduces, so that no other writer's push can land on it and
+// stop the reducer's steps.
 type modelClaimer interface {
 	Claim(ctx context.Context, name string) error
 }
 
 var _ modelClaimer = store.Owned{}
-
-// OptimStateSuffix names where a model's optimizer state is checkpointed in
-// the store: "<model>" + OptimStateSuffix, at the model version it belongs
-// to (metadata "model.version").
-const OptimStateSuffix = "/optim-state"
 
 // ModelConfig is what Register needs to reduce gradients for one model.
 type ModelConfig struct {
@@ -60,8 +54,10 @@ type ModelConfig struct {
 	GradientMax float64
 	// Staleness rule applied at admission.
 	Staleness reduce.Staleness
-	// CheckpointEvery: checkpoint the optimizer state every this many
-	// steps (and on Close); 0 means 100.
+	// CheckpointEvery is kept for compatibility with older clients and
+	// ignored: with a PrimaryConfig.StateDir the optimizer state is written
+	// with every version (docs/durability.md); without one it is kept in
+	// memory only. 0 means 100.
 	CheckpointEvery uint64
 }
 
@@ -105,6 +101,16 @@ type PrimaryConfig struct {
 	// model, the new version and the members in reduction order (tests
 	// use it to replay the run). It runs with the model's step lock held.
 	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
+	// StateDir, when set, makes registrations, the exactly-once ledger
+	// and optimizer state durable there (docs/durability.md): each step is
+	// journaled and its optimizer state written before its version is
+	// published, and NewPrimary restores every registration at the
+	// store's newest version. "" keeps them in memory only.
+	StateDir string
+	// JournalCompactBytes: a model's journal is rewritten as one snapshot
+	// of the ledger once it grows past this; 0 means 16 MiB, negative
+	// never.
+	JournalCompactBytes int64
 }
 
 func (c *PrimaryConfig) validate() error {
@@ -116,6 +122,9 @@ func (c *PrimaryConfig) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.JournalCompactBytes == 0 {
+		c.JournalCompactBytes = 16 << 20
 	}
 	return nil
 }
@@ -130,12 +139,15 @@ func (c *PrimaryConfig) validate() error {
 type Primary struct {
 	cfg PrimaryConfig
 
+	regMu sync.Mutex // serializes the durable part of Register
+
 	mu       sync.Mutex
 	models   map[string]*pmodel
 	sessions map[uint64]Secondary // live sessions → who holds them
 	nextSess uint64
 	closed   bool
 	lat      latencies
+	state    *stateDir // nil without StateDir
 }
 
 // Secondary names a secondary as clients reach it.
@@ -186,70 +198,121 @@ type pmodel struct {
 	// steps mirrors opt.Steps() for Stats (opt is guarded by stepMu).
 	steps uint64
 	// stateErr: why the optimizer state was not recovered ("" if it was).
+	// Set before the model is visible, never changed.
 	stateErr string
+	// files are the model's durable state (nil without StateDir); used
+	// with stepMu held.
+	files *modelFiles
 }
 
-// NewPrimary returns a primary with no models.
+// NewPrimary returns a primary. With a StateDir it restores every
+// registration found there at the store's newest version of its model
+// (restoreAll); without one it starts with no models.
 func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096)}, nil
+	p := &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096)}
+	if cfg.StateDir != "" {
+		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		p.state = d
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := p.restoreAll(ctx); err != nil {
+			_ = p.Close()
+			return nil, err
+		}
+	}
+	return p, nil
 }
 
 // Register starts reducing for a model, from its newest version in the
-// store, restoring the optimizer state checkpointed at that version if
-// there is one. It returns the version it starts from and the restored
-// step count. A second Register with an equal config is a no-op; with a
-// different one it fails with errs.ErrExists.
-func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restored uint64, err error) {
+// store, with a fresh optimizer. With a StateDir the registration is on
+// disk before Register returns, and a restarted primary restores it by
+// itself (NewPrimary). It returns the version it starts from and the
+// optimizer's step count (0 for a new registration). A second Register
+// with an equal config is a no-op returning the current version and step
+// count (so a client re-registering after a hub restart carries on); with
+// a different one it fails with errs.ErrExists.
+func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, steps uint64, err error) {
 	if err := mc.validate(); err != nil {
 		return 0, 0, err
 	}
-	p.mu.Lock()
-	if m, ok := p.models[mc.Model]; ok {
-		p.mu.Unlock()
-		if m.cfg != mc {
-			return 0, 0, fmt.Errorf("%w: model %q is registered with another config", errs.ErrExists, mc.Model)
-		}
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.version, 0, nil
+	if m, ok, err := p.registered(mc); ok || err != nil {
+		return m.version, m.steps, err
 	}
-	p.mu.Unlock()
-
 	if c, ok := p.cfg.Store.(modelClaimer); ok {
-		for _, name := range []string{mc.Model, mc.Model + OptimStateSuffix} {
-			if err := c.Claim(ctx, name); err != nil {
-				return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
-			}
+		if err := c.Claim(ctx, mc.Model); err != nil {
+			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 		}
 	}
 	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
 	if err != nil {
 		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 	}
+	m, err := p.newModel(mc, snap)
+	if err != nil {
+		return 0, 0, err
+	}
+	// Registrations of one model are serialized by regMu so two racing
+	// ones cannot both write the model's files.
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	if m, ok, err := p.registered(mc); ok || err != nil {
+		return m.version, m.steps, err
+	}
+	if p.state != nil {
+		reg := registration{Format: registrationFmt, Model: mc.Model, Config: mc, StartVersion: snap.Version, Registered: time.Now().UTC()}
+		if m.files, err = p.state.create(reg, p.cfg.LedgerWindow); err != nil {
+			return 0, 0, err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		if m.files != nil {
+			_ = m.files.close()
+		}
+		return 0, 0, fmt.Errorf("%w: reducer primary is closed", errs.ErrUnavailable)
+	}
+	p.models[mc.Model] = m
+	return snap.Version, 0, nil
+}
+
+// registered returns the model registered as mc.Model (its version and
+// steps), ok false when there is none; errs.ErrExists when its config
+// differs.
+func (p *Primary) registered(mc ModelConfig) (struct{ version, steps uint64 }, bool, error) {
+	var out struct{ version, steps uint64 }
+	p.mu.Lock()
+	m, ok := p.models[mc.Model]
+	p.mu.Unlock()
+	if !ok {
+		return out, false, nil
+	}
+	if m.cfg != mc {
+		return out, true, fmt.Errorf("%w: model %q is registered with another config", errs.ErrExists, mc.Model)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out.version, out.steps = m.version, m.steps
+	return out, true, nil
+}
+
+// newModel builds a model's state at snap with a fresh optimizer.
+func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error) {
 	params := snap.Tensors.Clone()
 	for _, t := range params.Tensors() {
 		if t.DType != tensor.F32 {
-			return 0, 0, fmt.Errorf("%w: reducer: model %q tensor %q is %v; only F32 models are reduced", errs.ErrInvalid, mc.Model, t.Name, t.DType)
+			return nil, fmt.Errorf("%w: reducer: model %q tensor %q is %v; only F32 models are reduced", errs.ErrInvalid, mc.Model, t.Name, t.DType)
 		}
 	}
 	opt, err := optim.New(mc.Optimizer, params)
 	if err != nil {
-		return 0, 0, err
-	}
-	if st, err := p.cfg.Store.Get(ctx, mc.Model+OptimStateSuffix, 0); err == nil {
-		if st.Metadata["model.version"] == strconv.FormatUint(snap.Version, 10) {
-			if err := opt.Restore(st.Tensors, st.Metadata); err != nil {
-				return 0, 0, fmt.Errorf("reducer: register %q: restore optimizer: %w", mc.Model, err)
-			}
-		} else {
-			p.cfg.Logger.Warn("reducer: optimizer checkpoint is for another version; starting fresh",
-				"model", mc.Model, "checkpoint_of", st.Metadata["model.version"], "model_version", snap.Version)
-		}
-	} else if !errors.Is(err, errs.ErrNotFound) {
-		return 0, 0, fmt.Errorf("reducer: register %q: read optimizer checkpoint: %w", mc.Model, err)
+		return nil, err
 	}
 	epoch := p.cfg.Epoch
 	if epoch == 0 {
@@ -257,23 +320,82 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, restor
 	}
 	plan, err := safetensors.Plan(params, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
+		return nil, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
 	}
-	m := &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
-		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch, steps: uint64(opt.Steps())}
+	return &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
+		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}, nil
+}
+
+// restoreAll restores every registration in the state directory. A
+// registration that cannot be restored at all (its model is not in the
+// store, its file is unreadable) is logged at ERROR and left on disk; the
+// model answers NOT_FOUND until it is registered again. One whose
+// optimizer state cannot be recovered is restored with a fresh optimizer
+// and its StateError set (reducer stats, and the log at ERROR).
+func (p *Primary) restoreAll(ctx context.Context) error {
+	dirs, err := p.state.registrations()
+	if err != nil {
+		return err
+	}
+	for _, dir := range dirs {
+		if err := p.restoreOne(ctx, dir); err != nil {
+			p.cfg.Logger.Error("reducer: registration not restored; push its model again or register it again", "dir", dir, "err", err)
+		}
+	}
+	return nil
+}
+
+func (p *Primary) restoreOne(ctx context.Context, dir string) error {
+	reg, err := readRegistration(dir)
+	if err != nil {
+		return err
+	}
+	mc := reg.Config
+	if err := mc.validate(); err != nil {
+		return fmt.Errorf("registration of %q: %w", reg.Model, err)
+	}
+	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
+	if err != nil {
+		return fmt.Errorf("registration of %q: %w", reg.Model, err)
+	}
+	m, err := p.newModel(mc, snap)
+	if err != nil {
+		return err
+	}
+	r, err := p.state.restore(dir, reg, snap.Version, p.cfg.LedgerWindow)
+	if err != nil {
+		return fmt.Errorf("registration of %q: %w", reg.Model, err)
+	}
+	m.files, m.ledger = r.files, r.ledger
+	problems := r.problems
+	switch {
+	case r.meta != nil:
+		if err := m.opt.Restore(r.state, r.meta); err != nil {
+			problems = append(problems, fmt.Sprintf("optimizer state of version %d does not fit the registration: %v", snap.Version, err))
+			m.opt, _ = optim.New(mc.Optimizer, m.params)
+		} else if prev := r.meta["reducer.state_error"]; prev != "" {
+			problems = append(problems, "earlier: "+prev)
+		}
+	case snap.Version == reg.StartVersion && r.steps == 0:
+		// No step since the registration: a fresh optimizer is exact.
+	default:
+		problems = append(problems, fmt.Sprintf("no optimizer state for version %d, the store's newest", snap.Version))
+	}
+	m.steps = uint64(m.opt.Steps())
+	if len(problems) > 0 {
+		m.stateErr = truncate(strings.Join(problems, "; "), 2048)
+		if m.opt.Steps() == 0 && snap.Version != reg.StartVersion {
+			m.stateErr += "; the optimizer restarted from step 0"
+		}
+		p.cfg.Logger.Error("reducer: optimizer state of a restored registration is not exact", "model", mc.Model,
+			"version", snap.Version, "problem", m.stateErr)
+	} else {
+		p.cfg.Logger.Info("reducer: registration restored", "model", mc.Model, "version", snap.Version, "optimizer_steps", m.steps)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return 0, 0, fmt.Errorf("%w: reducer primary is closed", errs.ErrUnavailable)
-	}
-	if old, ok := p.models[mc.Model]; ok { // lost a race with another Register
-		if old.cfg != mc {
-			return 0, 0, fmt.Errorf("%w: model %q is registered with another config", errs.ErrExists, mc.Model)
-		}
-		return snap.Version, 0, nil
-	}
 	p.models[mc.Model] = m
-	return snap.Version, uint64(opt.Steps()), nil
+	return nil
 }
 
 func (p *Primary) model(name string) (*pmodel, error) {
@@ -517,6 +639,13 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		return fail(err)
 	}
 	next := m.version + 1
+	if m.files != nil {
+		// Durable before it is published: a kill after the push finds
+		// the state that produced next on disk.
+		if err := m.files.commit(next, b.Members, b.Weights, m.opt, m.stateErr); err != nil {
+			return fail(fmt.Errorf("persisting step %d failed: %w", next, err))
+		}
+	}
 	m.mu.Lock()
 	m.publishing = true
 	m.mu.Unlock()
@@ -537,13 +666,11 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	if !b.FirstAdmitted.IsZero() {
 		p.lat.add(p.cfg.Clock.Now().Sub(b.FirstAdmitted))
 	}
+	if m.files != nil {
+		m.files.published(next, uint64(m.opt.Steps()))
+	}
 	if p.cfg.OnApply != nil {
 		p.cfg.OnApply(b.Model, next, slices.Clone(b.Members), slices.Clone(b.Weights))
-	}
-	if uint64(m.opt.Steps())%m.cfg.CheckpointEvery == 0 {
-		if err := p.checkpointLocked(ctx, m); err != nil {
-			p.cfg.Logger.Warn("reducer: optimizer checkpoint failed", "model", b.Model, "err", err)
-		}
 	}
 	return next, nil
 }
@@ -638,40 +765,6 @@ func blobBytes(n int, header []byte) []byte {
 	return blob
 }
 
-// checkpointLocked writes m's optimizer state to the store at m.version.
-// m.stepMu must be held.
-func (p *Primary) checkpointLocked(ctx context.Context, m *pmodel) error {
-	st, meta := m.opt.State()
-	meta["model.version"] = strconv.FormatUint(m.version, 10)
-	blob, err := safetensors.Encode(st, meta)
-	if err != nil {
-		return err
-	}
-	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: m.cfg.Model + OptimStateSuffix, Version: m.version, Expect: store.ExpectAny, Epoch: m.epoch, Blob: blob})
-	return err
-}
-
-// Checkpoint writes every model's optimizer state now.
-func (p *Primary) Checkpoint(ctx context.Context) error {
-	p.mu.Lock()
-	models := slices.Collect(maps.Values(p.models))
-	p.mu.Unlock()
-	var out []error
-	for _, m := range models {
-		m.stepMu.Lock()
-		m.mu.Lock()
-		failed := m.failed
-		m.mu.Unlock()
-		if failed == nil && m.opt.Steps() > 0 {
-			if err := p.checkpointLocked(ctx, m); err != nil && !errors.Is(err, errs.ErrStale) {
-				out = append(out, fmt.Errorf("checkpoint %q: %w", m.cfg.Model, err))
-			}
-		}
-		m.stepMu.Unlock()
-	}
-	return errors.Join(out...)
-}
-
 // ModelStats is one model registered with the primary.
 type ModelStats struct {
 	// Version is the newest version the primary published (or started
@@ -733,8 +826,9 @@ func (p *Primary) BlobsReused(model string) uint64 {
 	return m.reused.Load()
 }
 
-// Close checkpoints the optimizer states and refuses further sessions.
-// Safe to call twice.
+// Close refuses further sessions and registrations and closes the
+// durable state (everything acknowledged is on disk already). Steps in
+// progress finish first. Safe to call twice.
 func (p *Primary) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -742,10 +836,20 @@ func (p *Primary) Close() error {
 		return nil
 	}
 	p.closed = true
+	models := slices.Collect(maps.Values(p.models))
 	p.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return p.Checkpoint(ctx)
+	var out []error
+	for _, m := range models {
+		m.stepMu.Lock()
+		if m.files != nil {
+			out = append(out, m.files.close())
+		}
+		m.stepMu.Unlock()
+	}
+	if p.state != nil {
+		out = append(out, p.state.close())
+	}
+	return errors.Join(out...)
 }
 
 // latencies keeps the last n samples for quantiles; its own mutex guards

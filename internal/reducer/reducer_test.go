@@ -476,67 +476,6 @@ func TestStalenessDownWeight(t *testing.T) {
 	}
 }
 
-// TestOptimizerCheckpointRestore: closing the reducer checkpoints the
-// optimizer state beside the model; a new reducer on the same store
-// restores it and continues exactly as an uninterrupted run.
-func TestOptimizerCheckpointRestore(t *testing.T) {
-	const n = 8
-	init := fill(testLayout(n), rand.New(rand.NewPCG(11, 12)), 1)
-	mc := ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.AdamW, LR: 0.01}, Reduction: reduce.Sum, CheckpointEvery: 1000}
-	st, _ := store.NewMemory(store.Config{})
-	defer st.Close()
-	pushModel(t, st, "m", init)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-
-	run := func(p *Primary, sess uint64, from, to uint64) {
-		for s := from; s <= to; s++ {
-			id := reduce.ID{Client: "ck", Seq: s}
-			if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(n, "ck", s)}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	p1, _ := NewPrimary(PrimaryConfig{Store: st})
-	if _, _, err := p1.Register(ctx, mc); err != nil {
-		t.Fatal(err)
-	}
-	s1, _, _ := p1.Attach(ctx, Secondary{ID: "x"})
-	run(p1, s1, 1, 3)
-	if err := p1.Close(); err != nil {
-		t.Fatal(err)
-	}
-	p2, _ := NewPrimary(PrimaryConfig{Store: st})
-	v, restored, err := p2.Register(ctx, mc)
-	if err != nil || v != 4 || restored != 3 {
-		t.Fatalf("re-register: version %d restored %d err %v", v, restored, err)
-	}
-	s2, _, _ := p2.Attach(ctx, Secondary{ID: "x"})
-	run(p2, s2, 4, 6)
-	defer p2.Close()
-
-	recs := make([]applyRec, 6)
-	for i := range recs {
-		recs[i] = applyRec{version: uint64(i + 2), members: []reduce.ID{{Client: "ck", Seq: uint64(i + 1)}}, weights: []float32{1}}
-	}
-	want := replay(t, init, mc, recs, func(id reduce.ID) *tensor.StateDict { return gradFor(n, id.Client, id.Seq) })
-	got, _ := st.Get(ctx, "m", 0)
-	for _, name := range []string{"fc.weight", "fc.bias"} {
-		if !slices.Equal(f32(t, got.Tensors, name), f32(t, want, name)) {
-			t.Fatalf("%s after restart differs from the uninterrupted replay", name)
-		}
-	}
-	// A different config for the same model is refused.
-	other := mc
-	other.Optimizer.LR = 0.5
-	if _, _, err := p2.Register(ctx, other); !errors.Is(err, errs.ErrExists) {
-		t.Fatalf("re-register with another config: %v", err)
-	}
-}
-
 // newSGDPrimary is a primary over an in-memory store holding model "m"
 // (testLayout(3), version 1), registered with cfg and SGD at lr 0.1. Both
 // close when the test ends.

@@ -112,6 +112,9 @@ type SecondaryNode struct {
 	session  uint64 // 0 while not attached
 	models   map[string]*smodel
 	counters reduce.Counters
+	// retrying: gradients refused for a retryable reason and not seen
+	// since (see settle).
+	retrying map[reduce.ID]reduce.Reason
 	closed   bool
 }
 
@@ -143,7 +146,7 @@ func NewSecondary(cfg SecondaryConfig) (*SecondaryNode, error) {
 	actx, acancel := context.WithCancel(context.Background())
 	s := &SecondaryNode{cfg: cfg, flush: reduce.Flush{Size: cfg.BatchSize, MaxWait: cfg.MaxWait},
 		slots: make(chan struct{}, cfg.MaxQueue), ctx: ctx, cancel: cancel,
-		attachCtx: actx, attachCancel: acancel, models: map[string]*smodel{}}
+		attachCtx: actx, attachCancel: acancel, models: map[string]*smodel{}, retrying: map[reduce.ID]reduce.Reason{}}
 	s.attachWG.Add(1)
 	go func() { defer s.attachWG.Done(); s.attachLoop() }()
 	return s, nil
@@ -210,10 +213,52 @@ func (s *SecondaryNode) Attached() bool {
 	return s.session != 0
 }
 
-func (s *SecondaryNode) drop(r reduce.Reason) {
+// maxRetrying bounds the gradients a secondary remembers as refused for a
+// reason their clients retry. One forgotten and retried is counted pushed
+// again (and its first refusal stays counted), so the identity pushed =
+// applied + dropped still holds; only the count of distinct gradients is
+// off.
+const maxRetrying = 1 << 16
+
+// retryable reports whether a client retries a gradient refused for r
+// (back-pressure, an attempt still pending elsewhere, a secondary without
+// a primary), so that its refusal is provisional.
+func retryable(r reduce.Reason) bool {
+	return r == reduce.ReasonFull || r == reduce.ReasonAborted || r == reduce.ReasonLost
+}
+
+// attempt counts one push attempt of id, and the gradient as pushed when
+// this secondary has not seen it refused before (a retry).
+func (s *SecondaryNode) attempt(id reduce.ID) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counters.Attempts++
+	if _, retry := s.retrying[id]; !retry || id.Client == "" {
+		s.counters.Pushed++
+	}
+}
+
+// settle gives gradient id its fate at this secondary: dropped for r, or
+// admitted (r ""). A retry's earlier refusal, counted dropped
+// provisionally, is taken back, so each gradient is counted once, by its
+// latest fate. A retryable refusal is remembered (provisional).
+func (s *SecondaryNode) settle(id reduce.ID, r reduce.Reason) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.retrying[id]; ok && id.Client != "" {
+		s.counters.Revive(prev, 1)
+		delete(s.retrying, id)
+	}
+	if r == "" {
+		return
+	}
 	s.counters.Drop(r, 1)
-	s.mu.Unlock()
+	if retryable(r) && id.Client != "" {
+		if len(s.retrying) >= maxRetrying {
+			clear(s.retrying) // forget them all: see maxRetrying
+		}
+		s.retrying[id] = r
+	}
 }
 
 // PushHeader is what a push announces before its bytes.
@@ -236,18 +281,18 @@ type PushResult struct {
 // call counts one pushed gradient, and a failure counts it dropped with the
 // reason matching the error.
 func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (PushResult, error) {
+	s.attempt(h.ID)
 	s.mu.Lock()
-	s.counters.Pushed++
 	sess, closed := s.session, s.closed
 	s.mu.Unlock()
 	if closed {
-		s.drop(reduce.ReasonLost)
+		s.settle(h.ID, reduce.ReasonLost)
 		return PushResult{}, fmt.Errorf("%w: secondary %q is closed", errs.ErrUnavailable, s.cfg.ID)
 	}
 	select {
 	case s.slots <- struct{}{}:
 	default:
-		s.drop(reduce.ReasonFull)
+		s.settle(h.ID, reduce.ReasonFull)
 		return PushResult{}, fmt.Errorf("%w: secondary %q queue is full (%d gradients)", errs.ErrFull, s.cfg.ID, s.cfg.MaxQueue)
 	}
 	held := true
@@ -257,31 +302,34 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 		}
 	}()
 	if sess == 0 {
-		s.drop(reduce.ReasonLost)
+		s.settle(h.ID, reduce.ReasonLost)
 		return PushResult{}, fmt.Errorf("%w: secondary %q is not attached to a primary", errs.ErrUnavailable, s.cfg.ID)
 	}
 	if h.ID.Client == "" {
-		s.drop(reduce.ReasonInvalid)
+		s.settle(h.ID, reduce.ReasonInvalid)
 		return PushResult{}, fmt.Errorf("%w: push without a client id", errs.ErrInvalid)
 	}
 	m, err := s.model(ctx, h.Model)
 	if err != nil {
-		s.drop(reduce.ReasonOf(err))
+		s.settle(h.ID, reduce.ReasonOf(err))
 		return PushResult{}, err
 	}
 	// Capped by what it claims to be, before it is admitted or read.
 	if err := checkGradSize(h.Model, h.TotalBytes, m.layout); err != nil {
-		s.drop(reduce.ReasonInvalid)
+		s.settle(h.ID, reduce.ReasonInvalid)
 		return PushResult{}, err
 	}
 	weight, version, err := s.cfg.Upstream.Admit(ctx, sess, h.Model, h.ID, h.BaseVersion)
 	if err != nil {
-		s.drop(reduce.ReasonOf(err))
+		s.settle(h.ID, reduce.ReasonOf(err))
 		return PushResult{}, err
 	}
+	s.settle(h.ID, "") // admitted: an earlier refusal of it is taken back
 	at := s.cfg.Clock.Now()
 	release := func(r reduce.Reason, err error) (PushResult, error) {
-		s.releaseAndCount(sess, h.Model, []reduce.ID{h.ID}, r)
+		if s.release(sess, h.Model, []reduce.ID{h.ID}) > 0 {
+			s.settle(h.ID, r)
+		}
 		return PushResult{}, err
 	}
 	// The NaN/Inf scan runs piece by piece while the bytes arrive.
@@ -489,8 +537,18 @@ func (s *SecondaryNode) loop(m *smodel) {
 // release were already released and counted lost by the primary when the
 // session ended; counting them here too would count them twice.
 func (s *SecondaryNode) releaseAndCount(session uint64, model string, ids []reduce.ID, r reduce.Reason) {
+	if n := s.release(session, model, ids); n > 0 {
+		s.mu.Lock()
+		s.counters.Drop(r, uint64(n))
+		s.mu.Unlock()
+	}
+}
+
+// release gives back session's claims on ids and returns how many it
+// released.
+func (s *SecondaryNode) release(session uint64, model string, ids []reduce.ID) int {
 	if session == 0 {
-		return
+		return 0
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -498,11 +556,7 @@ func (s *SecondaryNode) releaseAndCount(session uint64, model string, ids []redu
 	if err != nil {
 		s.cfg.Logger.Warn("reducer: release failed", "secondary", s.cfg.ID, "model", model, "err", err)
 	}
-	if n > 0 {
-		s.mu.Lock()
-		s.counters.Drop(r, uint64(n))
-		s.mu.Unlock()
-	}
+	return n
 }
 
 // SecondaryStats is what SecondaryNode.Stats reports.

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +58,10 @@ type Config struct {
 	Logger *slog.Logger
 	// OnApply: see PrimaryConfig.
 	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
+	// StateDir: where the hosted primary keeps registrations, its ledger
+	// and optimizer state (PrimaryConfig.StateDir; the hub uses
+	// <--data>/reducer). "" keeps them in memory only.
+	StateDir string
 }
 
 func (c *Config) validate() error {
@@ -92,6 +99,10 @@ type Service struct {
 	closeOnce   sync.Once
 	closeErr    error
 
+	// peers are connections to other hubs' reducers (ClusterStats).
+	peersMu sync.Mutex
+	peers   map[string]*grpc.ClientConn
+
 	// sessions ends Attach streams on Drain/Close.
 	drainOnce sync.Once
 	drained   chan struct{}
@@ -103,10 +114,10 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, byID: map[string]*SecondaryNode{}, drained: make(chan struct{})}
+	s := &Service{cfg: cfg, byID: map[string]*SecondaryNode{}, drained: make(chan struct{}), peers: map[string]*grpc.ClientConn{}}
 	var up Upstream
 	if cfg.Primary == "" {
-		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply})
+		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir})
 		if err != nil {
 			return nil, err
 		}
@@ -158,7 +169,7 @@ func (s *Service) Register(g *grpc.Server) {
 func (s *Service) Drain() { s.drainOnce.Do(func() { close(s.drained) }) }
 
 // Close stops the secondaries (releasing what they hold), then the primary
-// (checkpointing optimizer states). Safe to call twice.
+// (closing its durable state). Safe to call twice.
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		s.Drain()
@@ -172,6 +183,12 @@ func (s *Service) Close() error {
 		if s.remoteConn != nil {
 			out = append(out, s.remote.Close(), s.remoteConn.Close())
 		}
+		s.peersMu.Lock()
+		for _, c := range s.peers {
+			out = append(out, c.Close())
+		}
+		s.peers = map[string]*grpc.ClientConn{}
+		s.peersMu.Unlock()
 		s.closeErr = errors.Join(out...)
 	})
 	return s.closeErr
@@ -195,6 +212,9 @@ type Stats struct {
 	Models map[string]ModelStats
 	// P50, P99: admitted → published latency at the primary.
 	P50, P99 time.Duration
+	// Unreachable: secondaries in other processes ClusterStats could not
+	// read (address → error); nil from Stats.
+	Unreachable map[string]string
 }
 
 // Stats returns the counters of the hosted primary and secondaries, each
@@ -217,16 +237,83 @@ func (s *Service) Stats() Stats {
 	return st
 }
 
+// ClusterStats is Stats plus, at the primary's hub, the counters of every
+// attached secondary in another process (parts "secondary/<addr>/<id>",
+// merged into Total and QueueDepth): the one place where, once nothing is
+// in flight, Total.Pushed = Total.Applied + Total.DroppedTotal() holds for
+// the whole reducer. Each remote hub is asked once (its local Stats), with
+// a deadline; one that does not answer is listed in Unreachable.
+func (s *Service) ClusterStats(ctx context.Context) Stats {
+	st := s.Stats()
+	if s.primary == nil {
+		return st
+	}
+	self := ""
+	if s.cfg.Addr != nil {
+		self = s.cfg.Addr()
+	}
+	addrs := map[string]bool{}
+	for _, sec := range s.primary.Secondaries() {
+		if sec.Addr != "" && sec.Addr != self {
+			addrs[sec.Addr] = true
+		}
+	}
+	for _, addr := range slices.Sorted(maps.Keys(addrs)) {
+		rst, err := s.remoteStats(ctx, addr)
+		if err != nil {
+			if st.Unreachable == nil {
+				st.Unreachable = map[string]string{}
+			}
+			st.Unreachable[addr] = truncate(err.Error(), 256)
+			continue
+		}
+		for name, c := range rst.Parts {
+			id, ok := strings.CutPrefix(name, "secondary/")
+			if !ok {
+				continue
+			}
+			key := "secondary/" + addr + "/" + id
+			st.Parts[key], st.PartQueue[key] = c, rst.PartQueue[name]
+			st.Total.Merge(c)
+			st.QueueDepth += rst.PartQueue[name]
+		}
+	}
+	return st
+}
+
+// remoteStats asks the hub at addr for its local reducer stats.
+func (s *Service) remoteStats(ctx context.Context, addr string) (Stats, error) {
+	s.peersMu.Lock()
+	conn, ok := s.peers[addr]
+	if !ok {
+		var err error
+		conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			s.peersMu.Unlock()
+			return Stats{}, err
+		}
+		s.peers[addr] = conn
+	}
+	s.peersMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := rlhubv1.NewReducerClient(conn).Stats(ctx, &rlhubv1.ReducerStatsRequest{Local: true})
+	if err != nil {
+		return Stats{}, grpcerr.FromStatus(err)
+	}
+	return StatsFromProto(resp), nil
+}
+
 func countersProto(c reduce.Counters, q int) *rlhubv1.ReducerCounters {
 	d := map[string]uint64{}
 	for r, n := range c.Dropped {
 		d[string(r)] = n
 	}
-	return &rlhubv1.ReducerCounters{Pushed: c.Pushed, Reduced: c.Reduced, Applied: c.Applied, Steps: c.Steps, Dropped: d, QueueDepth: int64(q)}
+	return &rlhubv1.ReducerCounters{Pushed: c.Pushed, Attempts: c.Attempts, Reduced: c.Reduced, Applied: c.Applied, Steps: c.Steps, Dropped: d, QueueDepth: int64(q)}
 }
 
 func countersFromProto(p *rlhubv1.ReducerCounters) (reduce.Counters, int) {
-	c := reduce.Counters{Pushed: p.GetPushed(), Reduced: p.GetReduced(), Applied: p.GetApplied(), Steps: p.GetSteps()}
+	c := reduce.Counters{Pushed: p.GetPushed(), Attempts: p.GetAttempts(), Reduced: p.GetReduced(), Applied: p.GetApplied(), Steps: p.GetSteps()}
 	for r, n := range p.GetDropped() {
 		c.Drop(reduce.Reason(r), n)
 	}
@@ -241,6 +328,9 @@ func StatsToProto(st Stats) *rlhubv1.ReducerStatsResponse {
 		Versions: map[string]uint64{}, BlobsReused: map[string]uint64{}, Models: map[string]*rlhubv1.ReducerModelStats{}}
 	for name, c := range st.Parts {
 		resp.Parts[name] = countersProto(c, st.PartQueue[name])
+	}
+	if len(st.Unreachable) > 0 {
+		resp.Unreachable = maps.Clone(st.Unreachable)
 	}
 	for name, m := range st.Models {
 		resp.Versions[name], resp.BlobsReused[name] = m.Version, m.BlobsReused
@@ -257,6 +347,9 @@ func StatsFromProto(r *rlhubv1.ReducerStatsResponse) Stats {
 	st := Stats{Parts: map[string]reduce.Counters{}, PartQueue: map[string]int{}, Models: map[string]ModelStats{},
 		P50: time.Duration(r.GetPublishP50Us()) * time.Microsecond, P99: time.Duration(r.GetPublishP99Us()) * time.Microsecond}
 	st.Total, st.QueueDepth = countersFromProto(r.GetTotal())
+	if len(r.GetUnreachable()) > 0 {
+		st.Unreachable = maps.Clone(r.GetUnreachable())
+	}
 	for name, c := range r.GetParts() {
 		st.Parts[name], st.PartQueue[name] = countersFromProto(c)
 	}
@@ -277,9 +370,13 @@ type reducerServer struct {
 	s *Service
 }
 
-// Stats implements rlhubv1.ReducerServer.
-func (rs *reducerServer) Stats(context.Context, *rlhubv1.ReducerStatsRequest) (*rlhubv1.ReducerStatsResponse, error) {
-	return StatsToProto(rs.s.Stats()), nil
+// Stats implements rlhubv1.ReducerServer: ClusterStats, or Stats when
+// the request asks for this hub's parts only.
+func (rs *reducerServer) Stats(ctx context.Context, r *rlhubv1.ReducerStatsRequest) (*rlhubv1.ReducerStatsResponse, error) {
+	if r.GetLocal() {
+		return StatsToProto(rs.s.Stats()), nil
+	}
+	return StatsToProto(rs.s.ClusterStats(ctx)), nil
 }
 
 // RegisterModel is the Go form of the Register RPC.

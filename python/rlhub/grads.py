@@ -22,10 +22,16 @@ same on both. The client retries the *same* ``(client id, seq)``:
   and another one is tried;
 * ``RESOURCE_EXHAUSTED`` (queue full) or ``ABORTED`` (the same id is still
   being reduced elsewhere): jittered back-off from ``backoff`` doubling to
-  ``max_backoff``;
+  ``max_backoff``, then a retry at the same secondary (which then counts the
+  gradient once: docs/reducer.md, Counters);
 * ``ALREADY_EXISTS`` answering a *retry* means an earlier attempt got
   through: the push succeeded (``Receipt.duplicate`` is True). On a first
   attempt it means the sequence number was used before, and is raised.
+
+The list of secondaries is also asked again every ``refresh_every`` seconds,
+so secondaries that start or restart (at a new address) get pushes from
+clients already running, not only after a failure. A hub being restarted is
+ridden out: ``deadline`` is the window a push keeps retrying in.
 
 Every retry is bounded by ``max_attempts`` and ``deadline``; when they run
 out the last error is raised as its named exception (``QueueFull``,
@@ -57,6 +63,12 @@ from rlhub.tensors import parts_size, save_parts
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 8 << 20),
+    # A restarted hub is back within a second or two: reconnect from 50ms
+    # backing off to 1s (gRPC's defaults, 1s to 120s, leave a client idle
+    # long after the hub is back).
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -89,6 +101,8 @@ class Counters:
     steps: int
     dropped: Dict[str, int]
     queue_depth: int
+    attempts: int = 0
+    """Push attempts, retries included (``pushed`` counts each gradient once)."""
 
     @property
     def dropped_total(self) -> int:
@@ -105,6 +119,8 @@ class Stats:
     versions: Dict[str, int]
     publish_p50_us: float
     publish_p99_us: float
+    unreachable: Dict[str, str] = dataclasses.field(default_factory=dict)
+    """Secondary hubs the primary's hub could not read (address → error)."""
 
     def accounted(self) -> bool:
         """True when every pushed gradient is applied or dropped (nothing in flight)."""
@@ -112,7 +128,7 @@ class Stats:
 
 
 def _counters(c: reducer_pb2.ReducerCounters) -> Counters:
-    return Counters(c.pushed, c.reduced, c.applied, c.steps, dict(c.dropped), c.queue_depth)
+    return Counters(c.pushed, c.reduced, c.applied, c.steps, dict(c.dropped), c.queue_depth, c.attempts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +251,7 @@ class GradClient:
                  deadline: float = 120.0, max_attempts: int = 0, backoff: float = 0.001,
                  max_backoff: float = 0.1, dead_for: float = 1.0, first_seq: Optional[int] = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: Optional[int] = None,
-                 transport: str = "auto"):
+                 transport: str = "auto", refresh_every: float = 2.0):
         if not hub_addr:
             raise ValueError("hub_addr is required")
         if transport not in ("auto", "grpc"):
@@ -249,6 +265,8 @@ class GradClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.dead_for = dead_for
+        self.refresh_every = refresh_every
+        self._refreshed = 0.0  # monotonic time of the last listing (0: never)
         self.chunk_bytes = chunk_bytes
         if first_seq is None:
             first_seq = 1 if client_id is None else time.time_ns() // 1000
@@ -336,7 +354,7 @@ class GradClient:
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
         return Stats(_counters(r.total), {k: _counters(v) for k, v in r.parts.items()}, dict(r.versions),
-                     r.publish_p50_us, r.publish_p99_us)
+                     r.publish_p50_us, r.publish_p99_us, dict(r.unreachable))
 
     def secondaries(self) -> List[Tuple[str, str]]:
         """Refreshes and returns the live secondaries as (addr, id)."""
@@ -352,11 +370,30 @@ class GradClient:
         ts = [(s.addr or self.hub_addr, s.id) for s in r.secondaries]
         with self._mu:
             self._targets = ts
+            self._refreshed = time.monotonic()
 
-    def _choose(self) -> Optional[Tuple[str, str]]:
+    def _maybe_refresh(self) -> None:
+        """Lists the secondaries again when the list is older than
+        ``refresh_every`` (a failure keeps the old list)."""
+        if self.refresh_every <= 0:
+            return
+        with self._mu:
+            stale = self._refreshed and time.monotonic() - self._refreshed > self.refresh_every
+            if stale:
+                self._refreshed = time.monotonic()  # one caller refreshes; retry in refresh_every
+        if stale:
+            try:
+                self._refresh()
+            except errors.RlhubError:
+                pass
+
+    def _choose(self, any_listed: bool = False) -> Optional[Tuple[str, str]]:
+        """A random secondary not marked dead; with ``any_listed`` any
+        listed one (the primary, asked just now, lists only ones marked
+        dead, such as a restarted hub's own)."""
         now = time.monotonic()
         with self._mu:
-            live = [t for t in self._targets if now - self._dead.get(t, -1e18) > self.dead_for]
+            live = [t for t in self._targets if any_listed or now - self._dead.get(t, -1e18) > self.dead_for]
             return self._rnd.choice(live) if live else None
 
     # -- pushing ---------------------------------------------------------
@@ -388,16 +425,18 @@ class GradClient:
         backoff = self.backoff
         last: Optional[errors.RlhubError] = None
         attempt = 0
+        stick: Optional[Tuple[str, str]] = None  # where back-pressure refused the last attempt
+        self._maybe_refresh()
         while True:
             attempt += 1
             if (self.max_attempts and attempt > self.max_attempts) or (attempt > 1 and time.monotonic() > give_up):
                 assert last is not None
                 raise last
-            t = self._choose()
+            t, stick = stick or self._choose(), None
             if t is None:
                 try:
                     self._refresh()
-                    t = self._choose()
+                    t = self._choose(any_listed=True)
                     if t is None:
                         last = errors.Unavailable("no live reducer secondary")
                 except errors.Unavailable as e:
@@ -423,6 +462,7 @@ class GradClient:
                 continue
             if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED):
                 backoff = self._sleep(backoff)
+                stick = t
                 continue
             raise last
 

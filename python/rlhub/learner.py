@@ -51,6 +51,11 @@ log = logging.getLogger("rlhub.learner")
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 8 << 20),
+    # Re-attach soon after a hub restart: reconnect from 50ms backing off to
+    # 1s (gRPC's defaults, 1s to 120s, leave the learner detached long after).
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 

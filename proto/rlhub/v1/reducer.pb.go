@@ -707,7 +707,11 @@ func (x *ReducerPushResponse) GetWeight() float32 {
 }
 
 type ReducerStatsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the parts hosted at this hub. By default the primary's hub also
+	// asks every attached secondary in another process for its counters
+	// (parts "secondary/<addr>/<id>"), so that its total covers them all.
+	Local         bool `protobuf:"varint,1,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -742,15 +746,26 @@ func (*ReducerStatsRequest) Descriptor() ([]byte, []int) {
 	return file_rlhub_v1_reducer_proto_rawDescGZIP(), []int{9}
 }
 
+func (x *ReducerStatsRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
 type ReducerCounters struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Pushed  uint64                 `protobuf:"varint,1,opt,name=pushed,proto3" json:"pushed,omitempty"`
-	Reduced uint64                 `protobuf:"varint,2,opt,name=reduced,proto3" json:"reduced,omitempty"`
-	Applied uint64                 `protobuf:"varint,3,opt,name=applied,proto3" json:"applied,omitempty"`
-	Steps   uint64                 `protobuf:"varint,4,opt,name=steps,proto3" json:"steps,omitempty"`
-	Dropped map[string]uint64      `protobuf:"bytes,5,rep,name=dropped,proto3" json:"dropped,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Gradients: distinct (client id, seq) a secondary saw (a retry of one it
+	// refused is counted once, under its latest fate).
+	Pushed  uint64            `protobuf:"varint,1,opt,name=pushed,proto3" json:"pushed,omitempty"`
+	Reduced uint64            `protobuf:"varint,2,opt,name=reduced,proto3" json:"reduced,omitempty"`
+	Applied uint64            `protobuf:"varint,3,opt,name=applied,proto3" json:"applied,omitempty"`
+	Steps   uint64            `protobuf:"varint,4,opt,name=steps,proto3" json:"steps,omitempty"`
+	Dropped map[string]uint64 `protobuf:"bytes,5,rep,name=dropped,proto3" json:"dropped,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Gradients admitted but not yet forwarded (secondaries).
-	QueueDepth    int64 `protobuf:"varint,6,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	QueueDepth int64 `protobuf:"varint,6,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	// Push attempts, retries included.
+	Attempts      uint64 `protobuf:"varint,7,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -827,6 +842,13 @@ func (x *ReducerCounters) GetQueueDepth() int64 {
 	return 0
 }
 
+func (x *ReducerCounters) GetAttempts() uint64 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
 type ReducerStatsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sum over everything below.
@@ -845,7 +867,10 @@ type ReducerStatsResponse struct {
 	BlobsReused map[string]uint64 `protobuf:"bytes,6,rep,name=blobs_reused,json=blobsReused,proto3" json:"blobs_reused,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Each model registered with the primary hosted here (versions and
 	// blobs_reused repeat two of its fields for older clients).
-	Models        map[string]*ReducerModelStats `protobuf:"bytes,7,rep,name=models,proto3" json:"models,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Models map[string]*ReducerModelStats `protobuf:"bytes,7,rep,name=models,proto3" json:"models,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Attached secondaries in other processes whose counters could not be
+	// read (address → error); their parts are missing from the total.
+	Unreachable   map[string]string `protobuf:"bytes,8,rep,name=unreachable,proto3" json:"unreachable,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -925,6 +950,13 @@ func (x *ReducerStatsResponse) GetBlobsReused() map[string]uint64 {
 func (x *ReducerStatsResponse) GetModels() map[string]*ReducerModelStats {
 	if x != nil {
 		return x.Models
+	}
+	return nil
+}
+
+func (x *ReducerStatsResponse) GetUnreachable() map[string]string {
+	if x != nil {
+		return x.Unreachable
 	}
 	return nil
 }
@@ -1807,8 +1839,9 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\tsecondary\x18\x04 \x01(\tR\tsecondary\"G\n" +
 	"\x13ReducerPushResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
-	"\x06weight\x18\x02 \x01(\x02R\x06weight\"\x15\n" +
-	"\x13ReducerStatsRequest\"\x92\x02\n" +
+	"\x06weight\x18\x02 \x01(\x02R\x06weight\"+\n" +
+	"\x13ReducerStatsRequest\x12\x14\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\"\xae\x02\n" +
 	"\x0fReducerCounters\x12\x16\n" +
 	"\x06pushed\x18\x01 \x01(\x04R\x06pushed\x12\x18\n" +
 	"\areduced\x18\x02 \x01(\x04R\areduced\x12\x18\n" +
@@ -1816,10 +1849,11 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\x05steps\x18\x04 \x01(\x04R\x05steps\x12@\n" +
 	"\adropped\x18\x05 \x03(\v2&.rlhub.v1.ReducerCounters.DroppedEntryR\adropped\x12\x1f\n" +
 	"\vqueue_depth\x18\x06 \x01(\x03R\n" +
-	"queueDepth\x1a:\n" +
+	"queueDepth\x12\x1a\n" +
+	"\battempts\x18\a \x01(\x04R\battempts\x1a:\n" +
 	"\fDroppedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xe0\x05\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xf3\x06\n" +
 	"\x14ReducerStatsResponse\x12/\n" +
 	"\x05total\x18\x01 \x01(\v2\x19.rlhub.v1.ReducerCountersR\x05total\x12?\n" +
 	"\x05parts\x18\x02 \x03(\v2).rlhub.v1.ReducerStatsResponse.PartsEntryR\x05parts\x12$\n" +
@@ -1827,7 +1861,8 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\x0epublish_p99_us\x18\x04 \x01(\x01R\fpublishP99Us\x12H\n" +
 	"\bversions\x18\x05 \x03(\v2,.rlhub.v1.ReducerStatsResponse.VersionsEntryR\bversions\x12R\n" +
 	"\fblobs_reused\x18\x06 \x03(\v2/.rlhub.v1.ReducerStatsResponse.BlobsReusedEntryR\vblobsReused\x12B\n" +
-	"\x06models\x18\a \x03(\v2*.rlhub.v1.ReducerStatsResponse.ModelsEntryR\x06models\x1aS\n" +
+	"\x06models\x18\a \x03(\v2*.rlhub.v1.ReducerStatsResponse.ModelsEntryR\x06models\x12Q\n" +
+	"\vunreachable\x18\b \x03(\v2/.rlhub.v1.ReducerStatsResponse.UnreachableEntryR\vunreachable\x1aS\n" +
 	"\n" +
 	"PartsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
@@ -1840,7 +1875,10 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1aV\n" +
 	"\vModelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x121\n" +
-	"\x05value\x18\x02 \x01(\v2\x1b.rlhub.v1.ReducerModelStatsR\x05value:\x028\x01\"\xd1\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x1b.rlhub.v1.ReducerModelStatsR\x05value:\x028\x01\x1a>\n" +
+	"\x10UnreachableEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x01\n" +
 	"\x11ReducerModelStats\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x125\n" +
 	"\bcounters\x18\x02 \x01(\v2\x19.rlhub.v1.ReducerCountersR\bcounters\x12!\n" +
@@ -1916,7 +1954,7 @@ func file_rlhub_v1_reducer_proto_rawDescGZIP() []byte {
 	return file_rlhub_v1_reducer_proto_rawDescData
 }
 
-var file_rlhub_v1_reducer_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_rlhub_v1_reducer_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_rlhub_v1_reducer_proto_goTypes = []any{
 	(*ReducerOptimizer)(nil),           // 0: rlhub.v1.ReducerOptimizer
 	(*ReducerRegisterRequest)(nil),     // 1: rlhub.v1.ReducerRegisterRequest
@@ -1949,53 +1987,55 @@ var file_rlhub_v1_reducer_proto_goTypes = []any{
 	nil,                                // 28: rlhub.v1.ReducerStatsResponse.VersionsEntry
 	nil,                                // 29: rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
 	nil,                                // 30: rlhub.v1.ReducerStatsResponse.ModelsEntry
-	(*Chunk)(nil),                      // 31: rlhub.v1.Chunk
-	(*BlobInfo)(nil),                   // 32: rlhub.v1.BlobInfo
+	nil,                                // 31: rlhub.v1.ReducerStatsResponse.UnreachableEntry
+	(*Chunk)(nil),                      // 32: rlhub.v1.Chunk
+	(*BlobInfo)(nil),                   // 33: rlhub.v1.BlobInfo
 }
 var file_rlhub_v1_reducer_proto_depIdxs = []int32{
 	0,  // 0: rlhub.v1.ReducerRegisterRequest.optimizer:type_name -> rlhub.v1.ReducerOptimizer
 	4,  // 1: rlhub.v1.ReducerSecondariesResponse.secondaries:type_name -> rlhub.v1.ReducerSecondary
 	7,  // 2: rlhub.v1.ReducerPushRequest.header:type_name -> rlhub.v1.ReducerPushHeader
-	31, // 3: rlhub.v1.ReducerPushRequest.chunk:type_name -> rlhub.v1.Chunk
-	32, // 4: rlhub.v1.ReducerPushHeader.blob:type_name -> rlhub.v1.BlobInfo
+	32, // 3: rlhub.v1.ReducerPushRequest.chunk:type_name -> rlhub.v1.Chunk
+	33, // 4: rlhub.v1.ReducerPushHeader.blob:type_name -> rlhub.v1.BlobInfo
 	26, // 5: rlhub.v1.ReducerCounters.dropped:type_name -> rlhub.v1.ReducerCounters.DroppedEntry
 	10, // 6: rlhub.v1.ReducerStatsResponse.total:type_name -> rlhub.v1.ReducerCounters
 	27, // 7: rlhub.v1.ReducerStatsResponse.parts:type_name -> rlhub.v1.ReducerStatsResponse.PartsEntry
 	28, // 8: rlhub.v1.ReducerStatsResponse.versions:type_name -> rlhub.v1.ReducerStatsResponse.VersionsEntry
 	29, // 9: rlhub.v1.ReducerStatsResponse.blobs_reused:type_name -> rlhub.v1.ReducerStatsResponse.BlobsReusedEntry
 	30, // 10: rlhub.v1.ReducerStatsResponse.models:type_name -> rlhub.v1.ReducerStatsResponse.ModelsEntry
-	10, // 11: rlhub.v1.ReducerModelStats.counters:type_name -> rlhub.v1.ReducerCounters
-	16, // 12: rlhub.v1.ReducerDescribeResponse.tensors:type_name -> rlhub.v1.ReducerTensorSpec
-	20, // 13: rlhub.v1.ReducerReleaseRequest.ids:type_name -> rlhub.v1.ReducerGradientID
-	24, // 14: rlhub.v1.ReducerForwardRequest.header:type_name -> rlhub.v1.ReducerForwardHeader
-	31, // 15: rlhub.v1.ReducerForwardRequest.chunk:type_name -> rlhub.v1.Chunk
-	32, // 16: rlhub.v1.ReducerForwardHeader.blob:type_name -> rlhub.v1.BlobInfo
-	20, // 17: rlhub.v1.ReducerForwardHeader.ids:type_name -> rlhub.v1.ReducerGradientID
-	10, // 18: rlhub.v1.ReducerStatsResponse.PartsEntry.value:type_name -> rlhub.v1.ReducerCounters
-	12, // 19: rlhub.v1.ReducerStatsResponse.ModelsEntry.value:type_name -> rlhub.v1.ReducerModelStats
-	1,  // 20: rlhub.v1.Reducer.Register:input_type -> rlhub.v1.ReducerRegisterRequest
-	3,  // 21: rlhub.v1.Reducer.Secondaries:input_type -> rlhub.v1.ReducerSecondariesRequest
-	6,  // 22: rlhub.v1.Reducer.Push:input_type -> rlhub.v1.ReducerPushRequest
-	9,  // 23: rlhub.v1.Reducer.Stats:input_type -> rlhub.v1.ReducerStatsRequest
-	13, // 24: rlhub.v1.ReducerPrimary.Attach:input_type -> rlhub.v1.ReducerAttachRequest
-	15, // 25: rlhub.v1.ReducerPrimary.Describe:input_type -> rlhub.v1.ReducerDescribeRequest
-	18, // 26: rlhub.v1.ReducerPrimary.Admit:input_type -> rlhub.v1.ReducerAdmitRequest
-	21, // 27: rlhub.v1.ReducerPrimary.Release:input_type -> rlhub.v1.ReducerReleaseRequest
-	23, // 28: rlhub.v1.ReducerPrimary.Forward:input_type -> rlhub.v1.ReducerForwardRequest
-	2,  // 29: rlhub.v1.Reducer.Register:output_type -> rlhub.v1.ReducerRegisterResponse
-	5,  // 30: rlhub.v1.Reducer.Secondaries:output_type -> rlhub.v1.ReducerSecondariesResponse
-	8,  // 31: rlhub.v1.Reducer.Push:output_type -> rlhub.v1.ReducerPushResponse
-	11, // 32: rlhub.v1.Reducer.Stats:output_type -> rlhub.v1.ReducerStatsResponse
-	14, // 33: rlhub.v1.ReducerPrimary.Attach:output_type -> rlhub.v1.ReducerAttachEvent
-	17, // 34: rlhub.v1.ReducerPrimary.Describe:output_type -> rlhub.v1.ReducerDescribeResponse
-	19, // 35: rlhub.v1.ReducerPrimary.Admit:output_type -> rlhub.v1.ReducerAdmitResponse
-	22, // 36: rlhub.v1.ReducerPrimary.Release:output_type -> rlhub.v1.ReducerReleaseResponse
-	25, // 37: rlhub.v1.ReducerPrimary.Forward:output_type -> rlhub.v1.ReducerForwardResponse
-	29, // [29:38] is the sub-list for method output_type
-	20, // [20:29] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	31, // 11: rlhub.v1.ReducerStatsResponse.unreachable:type_name -> rlhub.v1.ReducerStatsResponse.UnreachableEntry
+	10, // 12: rlhub.v1.ReducerModelStats.counters:type_name -> rlhub.v1.ReducerCounters
+	16, // 13: rlhub.v1.ReducerDescribeResponse.tensors:type_name -> rlhub.v1.ReducerTensorSpec
+	20, // 14: rlhub.v1.ReducerReleaseRequest.ids:type_name -> rlhub.v1.ReducerGradientID
+	24, // 15: rlhub.v1.ReducerForwardRequest.header:type_name -> rlhub.v1.ReducerForwardHeader
+	32, // 16: rlhub.v1.ReducerForwardRequest.chunk:type_name -> rlhub.v1.Chunk
+	33, // 17: rlhub.v1.ReducerForwardHeader.blob:type_name -> rlhub.v1.BlobInfo
+	20, // 18: rlhub.v1.ReducerForwardHeader.ids:type_name -> rlhub.v1.ReducerGradientID
+	10, // 19: rlhub.v1.ReducerStatsResponse.PartsEntry.value:type_name -> rlhub.v1.ReducerCounters
+	12, // 20: rlhub.v1.ReducerStatsResponse.ModelsEntry.value:type_name -> rlhub.v1.ReducerModelStats
+	1,  // 21: rlhub.v1.Reducer.Register:input_type -> rlhub.v1.ReducerRegisterRequest
+	3,  // 22: rlhub.v1.Reducer.Secondaries:input_type -> rlhub.v1.ReducerSecondariesRequest
+	6,  // 23: rlhub.v1.Reducer.Push:input_type -> rlhub.v1.ReducerPushRequest
+	9,  // 24: rlhub.v1.Reducer.Stats:input_type -> rlhub.v1.ReducerStatsRequest
+	13, // 25: rlhub.v1.ReducerPrimary.Attach:input_type -> rlhub.v1.ReducerAttachRequest
+	15, // 26: rlhub.v1.ReducerPrimary.Describe:input_type -> rlhub.v1.ReducerDescribeRequest
+	18, // 27: rlhub.v1.ReducerPrimary.Admit:input_type -> rlhub.v1.ReducerAdmitRequest
+	21, // 28: rlhub.v1.ReducerPrimary.Release:input_type -> rlhub.v1.ReducerReleaseRequest
+	23, // 29: rlhub.v1.ReducerPrimary.Forward:input_type -> rlhub.v1.ReducerForwardRequest
+	2,  // 30: rlhub.v1.Reducer.Register:output_type -> rlhub.v1.ReducerRegisterResponse
+	5,  // 31: rlhub.v1.Reducer.Secondaries:output_type -> rlhub.v1.ReducerSecondariesResponse
+	8,  // 32: rlhub.v1.Reducer.Push:output_type -> rlhub.v1.ReducerPushResponse
+	11, // 33: rlhub.v1.Reducer.Stats:output_type -> rlhub.v1.ReducerStatsResponse
+	14, // 34: rlhub.v1.ReducerPrimary.Attach:output_type -> rlhub.v1.ReducerAttachEvent
+	17, // 35: rlhub.v1.ReducerPrimary.Describe:output_type -> rlhub.v1.ReducerDescribeResponse
+	19, // 36: rlhub.v1.ReducerPrimary.Admit:output_type -> rlhub.v1.ReducerAdmitResponse
+	22, // 37: rlhub.v1.ReducerPrimary.Release:output_type -> rlhub.v1.ReducerReleaseResponse
+	25, // 38: rlhub.v1.ReducerPrimary.Forward:output_type -> rlhub.v1.ReducerForwardResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_reducer_proto_init() }
@@ -2018,7 +2058,7 @@ func file_rlhub_v1_reducer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_reducer_proto_rawDesc), len(file_rlhub_v1_reducer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -120,11 +120,13 @@ class ReducerPushResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ReducerStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("local",)
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    local: bool
+    def __init__(self, local: _Optional[bool] = ...) -> None: ...
 
 class ReducerCounters(_message.Message):
-    __slots__ = ("pushed", "reduced", "applied", "steps", "dropped", "queue_depth")
+    __slots__ = ("pushed", "reduced", "applied", "steps", "dropped", "queue_depth", "attempts")
     class DroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -138,16 +140,18 @@ class ReducerCounters(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     pushed: int
     reduced: int
     applied: int
     steps: int
     dropped: _containers.ScalarMap[str, int]
     queue_depth: int
-    def __init__(self, pushed: _Optional[int] = ..., reduced: _Optional[int] = ..., applied: _Optional[int] = ..., steps: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+    attempts: int
+    def __init__(self, pushed: _Optional[int] = ..., reduced: _Optional[int] = ..., applied: _Optional[int] = ..., steps: _Optional[int] = ..., dropped: _Optional[_Mapping[str, int]] = ..., queue_depth: _Optional[int] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class ReducerStatsResponse(_message.Message):
-    __slots__ = ("total", "parts", "publish_p50_us", "publish_p99_us", "versions", "blobs_reused", "models")
+    __slots__ = ("total", "parts", "publish_p50_us", "publish_p99_us", "versions", "blobs_reused", "models", "unreachable")
     class PartsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +180,13 @@ class ReducerStatsResponse(_message.Message):
         key: str
         value: ReducerModelStats
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ReducerModelStats, _Mapping]] = ...) -> None: ...
+    class UnreachableEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
     PUBLISH_P50_US_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +194,7 @@ class ReducerStatsResponse(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BLOBS_REUSED_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     total: ReducerCounters
     parts: _containers.MessageMap[str, ReducerCounters]
     publish_p50_us: float
@@ -190,7 +202,8 @@ class ReducerStatsResponse(_message.Message):
     versions: _containers.ScalarMap[str, int]
     blobs_reused: _containers.ScalarMap[str, int]
     models: _containers.MessageMap[str, ReducerModelStats]
-    def __init__(self, total: _Optional[_Union[ReducerCounters, _Mapping]] = ..., parts: _Optional[_Mapping[str, ReducerCounters]] = ..., publish_p50_us: _Optional[float] = ..., publish_p99_us: _Optional[float] = ..., versions: _Optional[_Mapping[str, int]] = ..., blobs_reused: _Optional[_Mapping[str, int]] = ..., models: _Optional[_Mapping[str, ReducerModelStats]] = ...) -> None: ...
+    unreachable: _containers.ScalarMap[str, str]
+    def __init__(self, total: _Optional[_Union[ReducerCounters, _Mapping]] = ..., parts: _Optional[_Mapping[str, ReducerCounters]] = ..., publish_p50_us: _Optional[float] = ..., publish_p99_us: _Optional[float] = ..., versions: _Optional[_Mapping[str, int]] = ..., blobs_reused: _Optional[_Mapping[str, int]] = ..., models: _Optional[_Mapping[str, ReducerModelStats]] = ..., unreachable: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ReducerModelStats(_message.Message):
     __slots__ = ("version", "counters", "blobs_reused", "optimizer_steps", "state_error")

@@ -1,0 +1,597 @@
+package reducer
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// The primary's durable state (PrimaryConfig.StateDir), docs/durability.md:
+//
+//	DIR/LOCK                                  flock held while open
+//	DIR/<escaped model>/registration.json     the ModelConfig and start version
+//	DIR/<escaped model>/journal.log           one CRC-framed record per step
+//	DIR/<escaped model>/optim-v<20 digits>.safetensors
+//	                                          optimizer state at that version
+//
+// A step of version V is made durable before the store publishes V: its
+// journal record (V, members, weights) is appended and fsynced, then the
+// optimizer state that produced V is written to a temp file, fsynced,
+// renamed into place and the directory fsynced. Only then is V pushed to the
+// store. So whatever moment the process dies at, the store's newest version
+// S has its optimizer state on disk and its members in the journal; journal
+// records and state files past S belong to a step that never published and
+// are removed at restore (their gradients were not applied: they count as
+// lost, at most once). Once V is published the state file of V-1 is removed.
+const (
+	stateLockName    = "LOCK"
+	registrationName = "registration.json"
+	journalName      = "journal.log"
+	registrationFmt  = 1
+	stateTmpSuffix   = ".tmp"
+	// journalRecordMax bounds one journal record (a step of a batch of a
+	// few thousand members is a few hundred KiB; a ledger snapshot of many
+	// clients more).
+	journalRecordMax = 256 << 20
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+func stateFileName(version uint64) string { return fmt.Sprintf("optim-v%020d.safetensors", version) }
+
+// parseStateFileName returns the version a state file name holds.
+func parseStateFileName(name string) (uint64, bool) {
+	s, ok := strings.CutPrefix(name, "optim-v")
+	if !ok {
+		return 0, false
+	}
+	s, ok = strings.CutSuffix(s, ".safetensors")
+	if !ok || len(s) != 20 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	return v, err == nil
+}
+
+// escapeModel maps a model name to one directory name: bytes outside
+// [A-Za-z0-9_-] and '.' (except a leading one) become %XX, so '/' never
+// nests and no name can escape the state directory (the store's rule).
+func escapeModel(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		ch := name[i]
+		switch {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '_', ch == '-', ch == '.' && i > 0:
+			b.WriteByte(ch)
+		default:
+			fmt.Fprintf(&b, "%%%02X", ch)
+		}
+	}
+	return b.String()
+}
+
+// registration is a model's registration.json.
+type registration struct {
+	Format int         `json:"format"`
+	Model  string      `json:"model"`
+	Config ModelConfig `json:"config"`
+	// StartVersion is the model version the registration started from: a
+	// restore at that version with an empty journal starts a fresh
+	// optimizer, as the registration did.
+	StartVersion uint64    `json:"start_version"`
+	Registered   time.Time `json:"registered"`
+}
+
+// journalID is a gradient id in a journal record: [client, seq].
+type journalID struct {
+	Client string
+	Seq    uint64
+}
+
+func (j journalID) MarshalJSON() ([]byte, error) { return json.Marshal([]any{j.Client, j.Seq}) }
+
+func (j *journalID) UnmarshalJSON(b []byte) error {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil || len(raw) != 2 {
+		return fmt.Errorf("journal id %s: want [client, seq]", truncate(string(b), 64))
+	}
+	if err := json.Unmarshal(raw[0], &j.Client); err != nil {
+		return err
+	}
+	return json.Unmarshal(raw[1], &j.Seq)
+}
+
+// journalRecord is one journal entry: a published step (Members), or a
+// snapshot of the ledger's applied ids up to Version (Ledger) that replaces
+// every record before it when the journal is compacted.
+type journalRecord struct {
+	Version uint64                        `json:"v"`
+	Steps   uint64                        `json:"steps"`
+	Members []journalID                   `json:"m,omitempty"`
+	Weights []float32                     `json:"w,omitempty"`
+	Ledger  map[string]reduce.AppliedSeqs `json:"ledger,omitempty"`
+}
+
+func (r *journalRecord) ids() []reduce.ID {
+	out := make([]reduce.ID, len(r.Members))
+	for i, m := range r.Members {
+		out[i] = reduce.ID{Client: m.Client, Seq: m.Seq}
+	}
+	return out
+}
+
+// appendFrame frames payload: 4-byte little-endian length, 4-byte CRC-32C
+// of the payload, the payload.
+func appendFrame(dst, payload []byte) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(payload)))
+	dst = binary.LittleEndian.AppendUint32(dst, crc32.Checksum(payload, crcTable))
+	return append(dst, payload...)
+}
+
+// readJournal reads the records of a journal up to its first torn or
+// corrupt frame, and returns them with the byte offset just past each.
+func readJournal(r io.Reader) (recs []journalRecord, ends []int64, err error) {
+	br := bufio.NewReaderSize(r, 1<<16)
+	var off int64
+	var hdr [8]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			return recs, ends, nil // end, or a torn frame header
+		}
+		n := binary.LittleEndian.Uint32(hdr[:4])
+		if n == 0 || n > journalRecordMax {
+			return recs, ends, nil
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(br, payload); err != nil {
+			return recs, ends, nil
+		}
+		if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(hdr[4:]) {
+			return recs, ends, nil
+		}
+		var rec journalRecord
+		if err := json.Unmarshal(payload, &rec); err != nil {
+			// A checksummed record that does not parse is not a torn
+			// write: the journal is damaged.
+			return recs, ends, fmt.Errorf("journal record at byte %d: %v", off, err)
+		}
+		off += 8 + int64(n)
+		recs = append(recs, rec)
+		ends = append(ends, off)
+	}
+}
+
+// ReadJournal returns the published steps recorded in a model's journal
+// under a primary's state directory (PrimaryConfig.StateDir), oldest first:
+// version, optimizer step count, members and weights. A compacted journal
+// starts with its snapshot (no members). For tests and inspection.
+func ReadJournal(stateDir, model string) ([]JournalStep, error) {
+	f, err := os.Open(filepath.Join(stateDir, escapeModel(model), journalName))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	recs, _, err := readJournal(f)
+	out := make([]JournalStep, len(recs))
+	for i, r := range recs {
+		out[i] = JournalStep{Version: r.Version, Steps: r.Steps, Members: r.ids(), Weights: r.Weights, Snapshot: r.Ledger != nil}
+	}
+	return out, err
+}
+
+// JournalStep is one record of a model's journal (ReadJournal).
+type JournalStep struct {
+	Version  uint64
+	Steps    uint64
+	Members  []reduce.ID
+	Weights  []float32
+	Snapshot bool // a compaction snapshot, not a step
+}
+
+// ReadOptimizerState reads the optimizer state a primary's state directory
+// holds for model at version (the state that produced it): tensors named
+// "<slot>/<param>" and metadata (optim.steps, optim.kind, model.version).
+// For tests and inspection.
+func ReadOptimizerState(stateDir, model string, version uint64) (*tensor.StateDict, map[string]string, error) {
+	raw, err := os.ReadFile(filepath.Join(stateDir, escapeModel(model), stateFileName(version)))
+	if err != nil {
+		return nil, nil, err
+	}
+	return decodeState(raw, version)
+}
+
+func decodeState(raw []byte, version uint64) (*tensor.StateDict, map[string]string, error) {
+	f, err := safetensors.Decode(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	if v := f.Metadata["model.version"]; v != strconv.FormatUint(version, 10) {
+		return nil, nil, fmt.Errorf("optimizer state file of version %d says model.version %q", version, truncate(v, 32))
+	}
+	var crc uint32
+	for _, t := range f.Tensors.Tensors() {
+		crc = crc32.Update(crc, crcTable, t.Data)
+	}
+	if want := f.Metadata["reducer.crc32c"]; want != strconv.FormatUint(uint64(crc), 10) {
+		return nil, nil, fmt.Errorf("optimizer state of version %d: checksum %d, recorded %q", version, crc, truncate(want, 16))
+	}
+	return f.Tensors, f.Metadata, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// stateDir is an open StateDir: locked against a second process.
+type stateDir struct {
+	dir          string
+	lock         *os.File
+	compactBytes int64
+	logger       *slog.Logger
+}
+
+func openStateDir(dir string, compactBytes int64, logger *slog.Logger) (*stateDir, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("reducer: state dir: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, stateLockName), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("reducer: state dir: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("reducer: state dir %s is in use by another process: %w", dir, err)
+	}
+	return &stateDir{dir: dir, lock: lock, compactBytes: compactBytes, logger: logger}, nil
+}
+
+func (d *stateDir) close() error { return d.lock.Close() }
+
+// registrations lists the model directories holding a registration.
+func (d *stateDir) registrations() ([]string, error) {
+	ents, err := os.ReadDir(d.dir)
+	if err != nil {
+		return nil, fmt.Errorf("reducer: state dir: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d.dir, e.Name(), registrationName)); err == nil {
+			out = append(out, filepath.Join(d.dir, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+func readRegistration(dir string) (registration, error) {
+	var reg registration
+	raw, err := os.ReadFile(filepath.Join(dir, registrationName))
+	if err != nil {
+		return reg, err
+	}
+	if err := json.Unmarshal(raw, &reg); err != nil {
+		return reg, fmt.Errorf("%s: %v", registrationName, err)
+	}
+	if reg.Format != registrationFmt {
+		return reg, fmt.Errorf("%s: format %d (this build reads %d)", registrationName, reg.Format, registrationFmt)
+	}
+	if reg.Model == "" || reg.Config.Model != reg.Model || escapeModel(reg.Model) != filepath.Base(dir) {
+		return reg, fmt.Errorf("%s: names model %q in directory %q", registrationName, truncate(reg.Model, 64), filepath.Base(dir))
+	}
+	return reg, nil
+}
+
+// modelFiles is one model's durable files. Its methods run with the
+// model's stepMu held (or before the model is visible).
+type modelFiles struct {
+	d       *stateDir
+	dir     string
+	journal *os.File
+	size    int64 // journal bytes
+	// applied mirrors the ledger's applied ids as journaled (the live
+	// ledger also holds ids settled for steps not yet journaled): the
+	// compaction snapshot is taken from it.
+	applied *reduce.Ledger
+	// stateVersion is the version whose optimizer state file is on disk
+	// and published (0: none).
+	stateVersion uint64
+	// pending is the version whose state file commit wrote and whose
+	// publish has not been confirmed (0: none).
+	pending uint64
+}
+
+// create starts a model's files afresh for a new registration: any earlier
+// files of the name are removed.
+func (d *stateDir) create(reg registration, window int) (*modelFiles, error) {
+	dir := filepath.Join(d.dir, escapeModel(reg.Model))
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
+	}
+	if err := syncDir(d.dir); err != nil {
+		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
+	}
+	j, err := os.OpenFile(filepath.Join(dir, journalName), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
+	}
+	raw, err := json.MarshalIndent(reg, "", "  ")
+	if err == nil {
+		// The registration is committed last: a directory without it is
+		// debris of a registration that never completed.
+		err = writeFileAtomic(dir, registrationName, [][]byte{raw, {'\n'}})
+	}
+	if err != nil {
+		j.Close()
+		return nil, fmt.Errorf("reducer: persist registration of %q: %w", reg.Model, err)
+	}
+	return &modelFiles{d: d, dir: dir, journal: j, applied: reduce.NewLedger(window)}, nil
+}
+
+// restored is what a model's files hold at the store's newest version.
+type restored struct {
+	files    *modelFiles
+	ledger   *reduce.Ledger // applied ids through the newest version
+	steps    uint64         // optimizer steps recorded for the newest version
+	state    *tensor.StateDict
+	meta     map[string]string // the state file's metadata (nil: no state file)
+	problems []string          // why state or ledger may be incomplete
+}
+
+// restore opens a model's files at newest, the store's newest version:
+// journal records past it are cut off (a step that never published), its
+// optimizer state is read, other state files are removed.
+func (d *stateDir) restore(dir string, reg registration, newest uint64, window int) (*restored, error) {
+	jpath := filepath.Join(dir, journalName)
+	j, err := os.OpenFile(jpath, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	recs, ends, jerr := readJournal(j)
+	out := &restored{ledger: reduce.NewLedger(window)}
+	applied := reduce.NewLedger(window)
+	keep := int64(0)
+	last := reg.StartVersion
+	for i, r := range recs {
+		if r.Version > newest {
+			break
+		}
+		if r.Ledger != nil {
+			out.ledger.RestoreApplied(r.Ledger)
+			applied.RestoreApplied(r.Ledger)
+		} else {
+			if r.Version != last+1 {
+				out.problems = append(out.problems, fmt.Sprintf("journal skips from version %d to %d", last, r.Version))
+			}
+			ids := r.ids()
+			out.ledger.AddApplied(ids)
+			applied.AddApplied(ids)
+		}
+		last, out.steps, keep = r.Version, r.Steps, ends[i]
+	}
+	if jerr != nil {
+		out.problems = append(out.problems, jerr.Error())
+	}
+	if st, err := j.Stat(); err == nil && st.Size() > keep {
+		d.logger.Info("reducer: journal cut back to the newest published version", "model", reg.Model,
+			"version", newest, "bytes_removed", st.Size()-keep)
+		if err := j.Truncate(keep); err != nil {
+			j.Close()
+			return nil, err
+		}
+		if err := j.Sync(); err != nil {
+			j.Close()
+			return nil, err
+		}
+	}
+	if _, err := j.Seek(keep, io.SeekStart); err != nil {
+		j.Close()
+		return nil, err
+	}
+	if last != newest {
+		out.problems = append(out.problems, fmt.Sprintf("the journal ends at version %d, the store's newest is %d (published by another writer, or the journal was lost): gradients applied in between may be accepted again", last, newest))
+	}
+	out.files = &modelFiles{d: d, dir: dir, journal: j, size: keep, applied: applied}
+
+	// The state file of newest; any other is debris of a step that never
+	// published or of one whose successor did.
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		j.Close()
+		return nil, err
+	}
+	for _, e := range ents {
+		name := e.Name()
+		v, isState := parseStateFileName(name)
+		switch {
+		case isState && v == newest:
+			raw, err := os.ReadFile(filepath.Join(dir, name))
+			if err == nil {
+				out.state, out.meta, err = decodeState(raw, newest)
+			}
+			if err != nil {
+				out.problems = append(out.problems, fmt.Sprintf("optimizer state of version %d unreadable: %v", newest, err))
+				out.state, out.meta = nil, nil
+				continue
+			}
+			out.files.stateVersion = newest
+		case isState, strings.HasSuffix(name, stateTmpSuffix):
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				d.logger.Warn("reducer: cannot remove stale optimizer state", "file", filepath.Join(dir, name), "err", err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// commit makes the step that produced version durable before it is
+// published: the journal record, then the optimizer state. stateErr, when
+// set, is carried in the state's metadata so that a state lost once stays
+// reported after later restarts.
+func (f *modelFiles) commit(version uint64, members []reduce.ID, weights []float32, opt *optim.Optimizer, stateErr string) error {
+	rec := journalRecord{Version: version, Steps: uint64(opt.Steps()), Members: make([]journalID, len(members)), Weights: weights}
+	for i, id := range members {
+		rec.Members[i] = journalID{id.Client, id.Seq}
+	}
+	payload, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := f.appendJournal(payload); err != nil {
+		return err
+	}
+	f.applied.AddApplied(members)
+	st, meta := opt.State()
+	meta["model.version"] = strconv.FormatUint(version, 10)
+	if stateErr != "" {
+		meta["reducer.state_error"] = stateErr
+	}
+	var crc uint32
+	plan, err := safetensors.Plan(st, nil)
+	if err != nil {
+		return err
+	}
+	for _, t := range plan.Order {
+		crc = crc32.Update(crc, crcTable, t.Data)
+	}
+	meta["reducer.crc32c"] = strconv.FormatUint(uint64(crc), 10)
+	if plan, err = safetensors.Plan(st, meta); err != nil {
+		return err
+	}
+	if err := writeFileAtomic(f.dir, stateFileName(version), plan.Buffers()); err != nil {
+		return fmt.Errorf("optimizer state of version %d: %w", version, err)
+	}
+	f.pending = version
+	return nil
+}
+
+func (f *modelFiles) appendJournal(payload []byte) error {
+	frame := appendFrame(make([]byte, 0, 8+len(payload)), payload)
+	n, err := f.journal.Write(frame)
+	if err == nil {
+		err = f.journal.Sync()
+	}
+	if err != nil {
+		// Cut a partial frame off so the next append starts on a frame
+		// boundary (a reader would stop at it anyway).
+		if n > 0 {
+			_ = f.journal.Truncate(f.size)
+			_, _ = f.journal.Seek(f.size, io.SeekStart)
+		}
+		return fmt.Errorf("journal: %w", err)
+	}
+	f.size += int64(n)
+	return nil
+}
+
+// published records that version (committed) is in the store: the state
+// file of the version before it is removed, and the journal compacted when
+// it has grown past the threshold. Failures here cost disk space, not
+// correctness; they are logged.
+func (f *modelFiles) published(version, steps uint64) {
+	if f.stateVersion != 0 && f.stateVersion != version {
+		if err := os.Remove(filepath.Join(f.dir, stateFileName(f.stateVersion))); err != nil && !errors.Is(err, os.ErrNotExist) {
+			f.d.logger.Warn("reducer: cannot remove an old optimizer state", "dir", f.dir, "version", f.stateVersion, "err", err)
+		}
+	}
+	f.stateVersion, f.pending = version, 0
+	if f.d.compactBytes > 0 && f.size > f.d.compactBytes {
+		if err := f.compact(version, steps); err != nil {
+			f.d.logger.Warn("reducer: journal compaction failed; the journal keeps growing", "dir", f.dir, "err", err)
+		}
+	}
+}
+
+// compact replaces the journal by one snapshot record of the applied ids
+// through version.
+func (f *modelFiles) compact(version, steps uint64) error {
+	payload, err := json.Marshal(journalRecord{Version: version, Steps: steps, Ledger: f.applied.Applied()})
+	if err != nil {
+		return err
+	}
+	frame := appendFrame(nil, payload)
+	if err := writeFileAtomic(f.dir, journalName, [][]byte{frame}); err != nil {
+		return err
+	}
+	j, err := os.OpenFile(filepath.Join(f.dir, journalName), os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = j.Seek(int64(len(frame)), io.SeekStart)
+	}
+	if err != nil {
+		// The compacted journal is in place; without a handle on it the
+		// next step's append fails and the model stops, loudly.
+		if j != nil {
+			j.Close()
+		}
+		return err
+	}
+	f.journal.Close()
+	f.journal, f.size = j, int64(len(frame))
+	return nil
+}
+
+func (f *modelFiles) close() error { return f.journal.Close() }
+
+// writeFileAtomic writes the pieces to dir/name via a temp file: write,
+// fsync, rename, fsync dir. A crash leaves the old file or the new one
+// (and perhaps a temp file that restore removes).
+func writeFileAtomic(dir, name string, pieces [][]byte) error {
+	tmp := filepath.Join(dir, name+stateTmpSuffix)
+	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	for _, p := range pieces {
+		if _, err = fh.Write(p); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = fh.Sync()
+	}
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, name))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,393 @@
+package reducer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// durableEnv is a file-backed store and a reducer state directory that
+// outlive the primaries a test opens on them one after another.
+type durableEnv struct {
+	t        *testing.T
+	storeDir string
+	stateDir string
+	init     *tensor.StateDict
+	mc       ModelConfig
+	logs     *syncBuffer
+
+	st store.Store
+	p  *Primary
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+const durableN = 8
+
+func newDurableEnv(t *testing.T) *durableEnv {
+	t.Helper()
+	root := t.TempDir()
+	e := &durableEnv{t: t, storeDir: filepath.Join(root, "store"), stateDir: filepath.Join(root, "reducer"),
+		init: fill(testLayout(durableN), rand.New(rand.NewPCG(11, 12)), 1), logs: &syncBuffer{},
+		mc: ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01,
+			Schedule: optim.Schedule{Kind: optim.Cosine, TMax: 50, WarmupSteps: 3}}, Reduction: reduce.Sum}}
+	e.openStore()
+	pushModel(t, e.st, "m", e.init)
+	t.Cleanup(e.close)
+	return e
+}
+
+func (e *durableEnv) openStore() {
+	st, err := store.OpenFile(store.FileConfig{Dir: e.storeDir, Store: store.Config{Retain: 64}, Logger: slog.New(slog.NewTextHandler(e.logs, nil))})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.st = st
+}
+
+// open starts a primary on the store and state directory.
+func (e *durableEnv) open(cfg PrimaryConfig) *Primary {
+	e.t.Helper()
+	cfg.Store, cfg.StateDir = e.st, e.stateDir
+	cfg.Logger = slog.New(slog.NewTextHandler(e.logs, nil))
+	p, err := NewPrimary(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.p = p
+	return p
+}
+
+// restart closes the primary and the store and opens both again, as a
+// restarted hub does.
+func (e *durableEnv) restart(cfg PrimaryConfig) *Primary {
+	e.t.Helper()
+	e.close()
+	e.openStore()
+	return e.open(cfg)
+}
+
+func (e *durableEnv) close() {
+	if e.p != nil {
+		if err := e.p.Close(); err != nil {
+			e.t.Error(err)
+		}
+		e.p = nil
+	}
+	if e.st != nil {
+		e.st.Close()
+		e.st = nil
+	}
+}
+
+// steps applies one gradient per step, client "ck", seqs from..to.
+func (e *durableEnv) steps(p *Primary, from, to uint64) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer p.Detach(sess)
+	for s := from; s <= to; s++ {
+		id := reduce.ID{Client: "ck", Seq: s}
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+			e.t.Fatalf("admit seq %d: %v", s, err)
+		}
+		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", s)}); err != nil {
+			e.t.Fatalf("forward seq %d: %v", s, err)
+		}
+	}
+}
+
+// checkReplay: the store's newest version equals a replay of seqs 1..n,
+// one per step, with one uninterrupted optimizer.
+func (e *durableEnv) checkReplay(n uint64) {
+	e.t.Helper()
+	var recs []applyRec
+	for s := uint64(1); s <= n; s++ {
+		recs = append(recs, applyRec{version: s + 1, members: []reduce.ID{{Client: "ck", Seq: s}}, weights: []float32{1}})
+	}
+	want := replay(e.t, e.init, e.mc, recs, func(id reduce.ID) *tensor.StateDict { return gradFor(durableN, id.Client, id.Seq) })
+	got, err := e.st.Get(context.Background(), "m", 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if got.Version != n+1 {
+		e.t.Fatalf("newest version %d, want %d", got.Version, n+1)
+	}
+	for _, name := range []string{"fc.weight", "fc.bias"} {
+		if !slices.Equal(f32(e.t, got.Tensors, name), f32(e.t, want, name)) {
+			e.t.Fatalf("%s at version %d differs from an uninterrupted replay of %d steps", name, got.Version, n)
+		}
+	}
+}
+
+func (e *durableEnv) model(p *Primary) ModelStats {
+	e.t.Helper()
+	ms, ok := p.Stats().Models["m"]
+	if !ok {
+		e.t.Fatalf("model m is not registered after the restart (logs:\n%s)", e.logs.String())
+	}
+	return ms
+}
+
+// TestDurableRegistrationAndOptimizerResume: a restarted primary restores
+// the registration by itself (pushes apply without Register), resumes the
+// optimizer state (Adam moments, step count, schedule) of the newest
+// version exactly, and remembers which gradients it applied.
+func TestDurableRegistrationAndOptimizerResume(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	ctx := context.Background()
+	if v, steps, err := p.Register(ctx, e.mc); err != nil || v != 1 || steps != 0 {
+		t.Fatalf("register: version %d steps %d err %v", v, steps, err)
+	}
+	e.steps(p, 1, 3)
+
+	p = e.restart(PrimaryConfig{})
+	if ms := e.model(p); ms.Version != 4 || ms.OptimizerSteps != 3 || ms.StateError != "" {
+		t.Fatalf("restored model: %+v", ms)
+	}
+	e.steps(p, 4, 6) // no Register
+	e.checkReplay(6)
+	// Registering again with the same config carries on; another config
+	// is refused.
+	if v, steps, err := p.Register(ctx, e.mc); err != nil || v != 7 || steps != 6 {
+		t.Fatalf("re-register: version %d steps %d err %v", v, steps, err)
+	}
+	other := e.mc
+	other.Optimizer.LR = 0.5
+	if _, _, err := p.Register(ctx, other); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("re-register with another config: %v", err)
+	}
+
+	// The ledger survived: a retry of an applied gradient is refused.
+	p = e.restart(PrimaryConfig{})
+	sess, _, _ := p.Attach(ctx, Secondary{ID: "y"})
+	if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: 2}, 0); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("admit of a gradient applied before the restart: %v", err)
+	}
+	p.Detach(sess)
+	if strings.Contains(e.logs.String(), "level=ERROR") {
+		t.Fatalf("clean restarts logged an error:\n%s", e.logs.String())
+	}
+	// Only the newest version's state is kept.
+	ents, _ := os.ReadDir(filepath.Join(e.stateDir, "m"))
+	var states []string
+	for _, en := range ents {
+		if _, ok := parseStateFileName(en.Name()); ok {
+			states = append(states, en.Name())
+		}
+	}
+	if !slices.Equal(states, []string{stateFileName(7)}) {
+		t.Fatalf("state files %v, want only version 7's", states)
+	}
+}
+
+// TestDurableRegistrationWithoutSteps: a registration that never stepped
+// is restored with a fresh optimizer and no error.
+func TestDurableRegistrationWithoutSteps(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	p = e.restart(PrimaryConfig{})
+	if ms := e.model(p); ms.Version != 1 || ms.OptimizerSteps != 0 || ms.StateError != "" {
+		t.Fatalf("restored model: %+v", ms)
+	}
+	e.steps(p, 1, 2)
+	e.checkReplay(2)
+}
+
+// failingStore fails the model's pushes from version failAt on, as a
+// process killed after the step was persisted and before the version was
+// published would have left it.
+type failingStore struct {
+	store.Store
+	failAt uint64
+}
+
+func (f *failingStore) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	if req.Name == "m" && req.Version >= f.failAt {
+		return store.Info{}, errors.New("injected: killed before the publish")
+	}
+	return f.Store.Push(ctx, req)
+}
+
+// TestDurableStepPersistedButNotPublished: a step whose journal record and
+// optimizer state reached the disk but whose version never published is
+// undone at restore: the state of the newest published version is
+// restored, and the step's gradient is not counted applied (a retry is
+// accepted and applied once).
+func TestDurableStepPersistedButNotPublished(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, 3)
+	p.cfg.Store = &failingStore{Store: e.st, failAt: 5}
+	sess, _, _ := p.Attach(ctx, Secondary{ID: "x"})
+	id := reduce.ID{Client: "ck", Seq: 4}
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", 4)}); err == nil {
+		t.Fatal("the injected publish failure was not reported")
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "m", stateFileName(5))); err != nil {
+		t.Fatalf("the unpublished step's state was not written before the publish: %v", err)
+	}
+	steps, _ := ReadJournal(e.stateDir, "m")
+	if len(steps) != 4 || steps[3].Version != 5 {
+		t.Fatalf("journal before the restart: %+v", steps)
+	}
+
+	p = e.restart(PrimaryConfig{})
+	if ms := e.model(p); ms.Version != 4 || ms.OptimizerSteps != 3 || ms.StateError != "" {
+		t.Fatalf("restored model: %+v", ms)
+	}
+	if steps, _ := ReadJournal(e.stateDir, "m"); len(steps) != 3 || steps[2].Version != 4 {
+		t.Fatalf("journal after the restart still holds the unpublished step: %+v", steps)
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "m", stateFileName(5))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the unpublished step's state is still there: %v", err)
+	}
+	e.steps(p, 4, 5) // seq 4 again: it was never applied
+	e.checkReplay(5)
+}
+
+// TestDurableLostStateIsReported: when the newest version's optimizer
+// state is gone, the registration is restored with a fresh optimizer, the
+// loss is logged at ERROR and shown in the model's stats, and it stays
+// shown after later restarts.
+func TestDurableLostStateIsReported(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, 3)
+	e.close()
+	if err := os.Remove(filepath.Join(e.stateDir, "m", stateFileName(4))); err != nil {
+		t.Fatal(err)
+	}
+	e.openStore()
+	p = e.open(PrimaryConfig{})
+	ms := e.model(p)
+	if !strings.Contains(ms.StateError, "no optimizer state for version 4") || ms.OptimizerSteps != 0 {
+		t.Fatalf("a lost optimizer state is not reported: %+v", ms)
+	}
+	if !strings.Contains(e.logs.String(), "level=ERROR") || !strings.Contains(e.logs.String(), "no optimizer state for version 4") {
+		t.Fatalf("no ERROR log of the lost state:\n%s", e.logs.String())
+	}
+	e.steps(p, 4, 4) // it still trains
+	p = e.restart(PrimaryConfig{})
+	if ms := e.model(p); !strings.Contains(ms.StateError, "earlier: no optimizer state for version 4") || ms.OptimizerSteps != 1 {
+		t.Fatalf("after a further restart the earlier loss is not reported: %+v", ms)
+	}
+}
+
+// TestDurableTornJournalTail: a journal ending in half a frame (a kill
+// mid-append) is cut back to its last whole record and appended to again.
+func TestDurableTornJournalTail(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, 2)
+	e.close()
+	jp := filepath.Join(e.stateDir, "m", journalName)
+	before, _ := os.Stat(jp)
+	f, _ := os.OpenFile(jp, os.O_APPEND|os.O_WRONLY, 0)
+	frame := appendFrame(nil, []byte(`{"v":4,"steps":3,"m":[["ck",3]],"w":[1]}`))
+	f.Write(frame[:len(frame)-5])
+	f.Close()
+	e.openStore()
+	p = e.open(PrimaryConfig{})
+	if ms := e.model(p); ms.Version != 3 || ms.StateError != "" {
+		t.Fatalf("restored model: %+v", ms)
+	}
+	if after, _ := os.Stat(jp); after.Size() != before.Size() {
+		t.Fatalf("journal is %d bytes after the restore, %d before the torn append", after.Size(), before.Size())
+	}
+	e.steps(p, 3, 4)
+	p = e.restart(PrimaryConfig{})
+	if steps, err := ReadJournal(e.stateDir, "m"); err != nil || len(steps) != 4 {
+		t.Fatalf("journal after appending past the cut: %d records, %v", len(steps), err)
+	}
+	e.checkReplay(4)
+}
+
+// TestDurableJournalCompaction: a journal past its threshold is replaced
+// by a snapshot of the ledger; the restored ledger still refuses applied
+// gradients.
+func TestDurableJournalCompaction(t *testing.T) {
+	e := newDurableEnv(t)
+	cfg := PrimaryConfig{JournalCompactBytes: 300, LedgerWindow: 4}
+	p := e.open(cfg)
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, 12)
+	steps, err := ReadJournal(e.stateDir, "m")
+	if err != nil || len(steps) == 0 || !steps[0].Snapshot || len(steps) > 6 {
+		t.Fatalf("journal after 12 steps with a 300-byte threshold: %+v, %v", steps, err)
+	}
+	p = e.restart(cfg)
+	sess, _, _ := p.Attach(ctx, Secondary{ID: "y"})
+	for _, s := range []uint64{1, 5, 12} {
+		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: s}, 0); !errors.Is(err, errs.ErrExists) {
+			t.Fatalf("seq %d applied before the compaction and the restart: admit says %v", s, err)
+		}
+	}
+	p.Detach(sess)
+	e.steps(p, 13, 14)
+	e.checkReplay(14)
+}
+
+// TestDurableStateDirLocked: a second primary cannot open a state
+// directory in use.
+func TestDurableStateDirLocked(t *testing.T) {
+	e := newDurableEnv(t)
+	e.open(PrimaryConfig{})
+	if _, err := NewPrimary(PrimaryConfig{Store: e.st, StateDir: e.stateDir}); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("second primary on the same state dir: %v", err)
+	}
+}
