@@ -7,6 +7,12 @@ import (
 	"runtime/debug"
 )
 
+// Release is the rlhub release this source tree is, shared with the
+// Python client: python/rlhub/_version.py's __version__ must equal it
+// (TestReleaseMatchesPython). String reports it when neither -ldflags nor
+// the module's build information name a version.
+const Release = "0.1.0"
+
 // Version is set at link time with -ldflags "-X
 // github.com/rlhub/rlhub/internal/buildinfo.Version=v1.2.3"; otherwise it
 // is derived from the module's build information.
@@ -27,7 +33,7 @@ func String() string {
 		}
 	}
 	if v == "" || v == "(devel)" {
-		v = "dev"
+		v = Release + "-dev"
 	}
 	if rev != "" {
 		v += "+" + rev

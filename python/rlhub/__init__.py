@@ -1,7 +1,14 @@
 """rlhub: Python client for the rlhub distributed RL backbone.
 
 The public surface is curated here; everything else is internal.
+``rlhub.torchrl`` and ``rlhub.ray`` are imported on demand (they need
+TorchRL or Ray); ``ARSWorker`` is loaded lazily so that
+``python -m rlhub.ars_worker`` runs its module once.
 """
+
+from typing import TYPE_CHECKING, Any
+
+from rlhub._version import __version__
 
 from rlhub.errors import (
     RlhubError,
@@ -19,14 +26,14 @@ from rlhub.errors import (
 )
 from rlhub.tensors import load_bytes, save_bytes
 from rlhub.store import StoreClient, ModelVersion, ModelInfo
-from rlhub.ars_worker import ARSWorker
 from rlhub import wsync
-from rlhub.wsync import Receiver, RlhubWeightUpdater
+from rlhub.wsync import Receiver
 from rlhub.grads import GradClient
 from rlhub.learner import Demand, LearnTask, Learner
 from rlhub.aggregator import AggregatorClient
 
 __all__ = [
+    "__version__",
     "RlhubError",
     "InvalidArgument",
     "NotFound",
@@ -54,3 +61,19 @@ __all__ = [
     "LearnTask",
     "AggregatorClient",
 ]
+
+if TYPE_CHECKING:
+    from rlhub.ars_worker import ARSWorker
+    from rlhub.torchrl import RlhubWeightUpdater
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ARSWorker":
+        from rlhub.ars_worker import ARSWorker
+
+        return ARSWorker
+    if name == "RlhubWeightUpdater":  # needs torchrl: imported on first use
+        from rlhub.torchrl import RlhubWeightUpdater
+
+        return RlhubWeightUpdater
+    raise AttributeError(f"module 'rlhub' has no attribute {name!r}")

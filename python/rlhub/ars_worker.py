@@ -612,7 +612,7 @@ def pull_policy(client: ars_pb2_grpc.ARSStub, run_id: str, version: int = 0, tim
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m rlhub.ars_worker``: serve ARS tasks until SIGINT/SIGTERM."""
-    ap = argparse.ArgumentParser(prog="python -m rlhub.ars_worker", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="rlhub-ars-worker", description=__doc__.splitlines()[0])
     ap.add_argument("--hub", default="127.0.0.1:7470", help="hub address")
     ap.add_argument("--env", required=True, help="Gymnasium environment id (must be the run's env)")
     ap.add_argument("--name", default="py-worker", help="worker name in the hub's logs")

@@ -29,7 +29,8 @@ module runs (so the same version twice is a no-op), checks every name, dtype
 and shape first (:class:`rlhub.InvalidArgument`, nothing copied), copies into
 the module's parameters and buffers in place under ``torch.no_grad()``, and
 reports the version to the hub so lag shows in ``rlhub sync status``.
-:class:`RlhubWeightUpdater` gives it the shape of TorchRL's weight updater.
+:mod:`rlhub.torchrl` puts it inside TorchRL collectors (a ``WeightSyncScheme``,
+and ``RlhubWeightUpdater`` for the older API, still importable from here).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import sys
 import threading
 import time
 import uuid
-import weakref
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Tuple
 
 import grpc
@@ -62,7 +62,7 @@ log = logging.getLogger("rlhub.wsync")
 
 __all__ = [
     "WeightVersion", "Source", "ShmSource", "PushSource", "StoreSource", "Receiver",
-    "RlhubWeightUpdater", "default_shm_path", "report", "status",
+    "default_shm_path", "report", "status",
 ]
 
 
@@ -969,137 +969,12 @@ class Receiver:
 
 
 # --------------------------------------------------------------------------
-# TorchRL
+# TorchRL: RlhubWeightUpdater lives in rlhub.torchrl (it subclasses torchrl's
+# WeightUpdaterBase, so it needs torchrl); the old import path still works.
 
-class RlhubWeightUpdater:
-    """rlhub as a TorchRL weight updater (the shape of
-    ``torchrl.collectors.WeightUpdaterBase``), importable without TorchRL.
+def __getattr__(name: str) -> Any:
+    if name == "RlhubWeightUpdater":
+        from rlhub.torchrl import RlhubWeightUpdater
 
-        updater = RlhubWeightUpdater(source=ws.ShmSource(model="policy"),
-                                     hub="127.0.0.1:7470", collector_id="actor-0")
-        collector = SyncDataCollector(env, policy, ..., weight_updater=updater)
-        collector.update_policy_weights_()     # -> updater(): newest rlhub version if newer
-
-    Called with no weights it pulls from its rlhub source and applies the
-    newest version to the policy only if newer (returns whether it did);
-    called with weights (a state dict, a module or a TensorDict) it copies
-    those into the policy. The policy is the one given, or the registered
-    collector's ``policy``. When TorchRL is already imported the class is
-    registered as a virtual subclass of its ``WeightUpdaterBase``.
-    """
-
-    def __init__(self, receiver: Optional[Receiver] = None, *, source: Optional[Source] = None,
-                 policy: Any = None, hub: Any = None, collector_id: Optional[str] = None,
-                 model: Optional[str] = None, timeout: Optional[float] = None):
-        if receiver is None:
-            if source is None:
-                raise ValueError("RlhubWeightUpdater needs a receiver or a source")
-            receiver = Receiver(policy, source, collector_id=collector_id, model=model, hub=hub)
-        self.receiver = receiver
-        self.timeout = timeout
-        self._collector_wr: Optional[weakref.ReferenceType] = None
-        self._post_hooks: List[Callable[[], Any]] = []
-        _register_with_torchrl()
-
-    # TorchRL's public surface.
-    def register_collector(self, collector: Any) -> None:
-        """Remembers the collector (weakly); its ``policy`` is the target
-        unless one was given."""
-        self._collector_wr = weakref.ref(collector)
-        if self.receiver.target is None:
-            self.receiver.target = getattr(collector, "policy", None)
-
-    @property
-    def collector(self) -> Any:
-        return self._collector_wr() if self._collector_wr is not None else None
-
-    @property
-    def post_hooks(self) -> List[Callable[[], Any]]:
-        return self._post_hooks
-
-    def register_post_hook(self, hook: Callable[[], Any]) -> None:
-        """Runs ``hook()`` after every push."""
-        self._post_hooks.append(hook)
-
-    def all_worker_ids(self) -> Optional[List[Any]]:
-        """One local policy: no worker ids."""
-        return None
-
-    @property
-    def version(self) -> int:
-        """The rlhub version the policy runs."""
-        return self.receiver.version
-
-    def _get_server_weights(self) -> Optional[WeightVersion]:
-        src = self.receiver.source
-        if self.timeout:
-            return src.wait_newer(self.receiver.version, self.timeout)
-        return src.get_if_newer(self.receiver.version)
-
-    def _maybe_map_weights(self, server_weights: Any) -> Any:
-        return server_weights
-
-    def _sync_weights_with_worker(self, *, worker_id: Any = None, server_weights: Any) -> bool:
-        if server_weights is None:
-            return False
-        if isinstance(server_weights, WeightVersion):
-            return self.receiver.apply(server_weights)
-        copy_into(self.receiver.target, _as_state_dict(server_weights), strict=self.receiver.strict)
-        return True
-
-    def push_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
-                     worker_ids: Any = None, **kwargs: Any) -> bool:
-        """Updates the policy: from ``policy_or_weights``/``weights`` when
-        given, else the newest rlhub version if newer. Returns whether the
-        policy changed."""
-        w = weights if weights is not None else policy_or_weights
-        if w is None:  # older TorchRL collectors pass policy_weights=
-            w = kwargs.get("policy_weights")
-        if w is None:
-            w = self._get_server_weights()
-        w = self._maybe_map_weights(w)
-        changed = self._sync_weights_with_worker(worker_id=None, server_weights=w)
-        for hook in self._post_hooks:
-            hook()
-        return changed
-
-    update_weights = push_weights
-
-    def __call__(self, policy_or_weights: Any = None, *, weights: Any = None,
-                 worker_ids: Any = None, **kwargs: Any) -> bool:
-        return self.push_weights(policy_or_weights, weights=weights, worker_ids=worker_ids, **kwargs)
-
-    def increment_version(self) -> None:
-        """TorchRL bumps a local version counter here; rlhub versions come
-        from the hub, so this does nothing."""
-
-    def close(self) -> None:
-        self.receiver.close()
-
-
-def _as_state_dict(w: Any) -> Any:
-    """A state dict (bytes for copy_into) from a dict, module or TensorDict."""
-    from rlhub.tensors import save_bytes
-
-    if hasattr(w, "flatten_keys") and hasattr(w, "to_dict"):  # TensorDict
-        w = w.flatten_keys(".").to_dict()
-    elif hasattr(w, "state_dict") and callable(w.state_dict):
-        w = w.state_dict()
-    if isinstance(w, (bytes, bytearray, memoryview)):
-        return w
-    return bytearray(save_bytes(w))
-
-
-def _register_with_torchrl() -> None:
-    """Registers RlhubWeightUpdater as a virtual WeightUpdaterBase when
-    TorchRL has been imported (never imports it)."""
-    if "torchrl" not in sys.modules:
-        return
-    try:
-        from torchrl.collectors import WeightUpdaterBase  # type: ignore
-    except ImportError:
-        return
-    try:
-        WeightUpdaterBase.register(RlhubWeightUpdater)
-    except AttributeError:
-        pass
+        return RlhubWeightUpdater
+    raise AttributeError(f"module 'rlhub.wsync' has no attribute {name!r}")

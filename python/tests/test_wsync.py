@@ -306,41 +306,6 @@ def test_wrong_shape_or_dtype_is_a_clear_error_and_copies_nothing(hub):
             r.poll()
 
 
-def test_torchrl_shaped_updater(hub):
-    assert "torchrl" not in sys.modules  # importable without TorchRL
-    policy = linear(4, 2)
-
-    class Collector:  # what TorchRL's collectors hand to register_collector
-        def __init__(self, policy):
-            self.policy = policy
-
-    col = Collector(policy)
-    up = ws.RlhubWeightUpdater(source=ws.StoreSource(hub.addr, "pol"), hub=hub.addr, collector_id="trl-0")
-    up.register_collector(col)
-    assert up.collector is col and up.all_worker_ids() is None
-    hooks = []
-    up.register_post_hook(lambda: hooks.append(up.version))
-    with rlhub.StoreClient(hub.addr) as store:
-        store.push("pol", filled(policy, 2.0), version=2)
-    assert up() is True and up.version == 2  # collector.update_policy_weights_() calls this
-    assert torch.equal(policy.weight, torch.full((2, 4), 2.0))
-    assert up.update_weights() is False  # same version: no-op
-    # Explicit weights (a state dict or a module) are copied as given.
-    assert up.push_weights(filled(policy, 9.0)) is True
-    assert torch.equal(policy.bias, torch.full((2,), 9.0)) and up.version == 2
-    assert up(weights=linear(4, 2, seed=1)) is True
-    assert torch.equal(policy.weight, linear(4, 2, seed=1).weight)
-    assert up(policy_weights=filled(policy, 4.0)) is True  # older collectors' keyword
-    assert torch.equal(policy.weight, torch.full((2, 4), 4.0))
-    assert hooks == [2, 2, 2, 2, 2]
-    # Weights that do not fit the policy: the named error, policy unchanged.
-    with pytest.raises(rlhub.InvalidArgument, match="'weight': shape"):
-        up(weights=linear(4, 3).state_dict())
-    assert torch.equal(policy.weight, torch.full((2, 4), 4.0))
-    assert collector_row(sync_status(hub, "pol"), "trl-0")[1:4] == ["2", "0", "pull"]
-    up.close()
-
-
 def test_chunk_codec_matches_protobuf():
     """The hand-made chunk codec (rlhub._transfer) writes the bytes protobuf
     writes, and reads them back as a view."""

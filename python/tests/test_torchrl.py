@@ -1,0 +1,260 @@
+"""rlhub.torchrl inside real torchrl 0.14 collectors on CartPole-v1.
+
+The policy's network has zero weights and bias [v, -v] at rlhub version v,
+so every frame's ``action_value`` tells which version chose its action; each
+test checks that it equals the version stamped into the frame
+(``("next", "policy_version")``), for every frame of every batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchrl")
+pytest.importorskip("gymnasium")
+
+# torchrl warns about its own deprecated classes while importing them: import
+# everything before a test turns warnings into errors.
+import torchrl.collectors  # noqa: E402
+from tensordict.nn import TensorDictModule, TensorDictSequential  # noqa: E402
+from torchrl.collectors import Collector, MultiSyncCollector, WeightUpdaterBase  # noqa: E402
+from torchrl.envs import GymEnv, TransformedEnv  # noqa: E402
+
+import rlhub  # noqa: E402
+import rlhub.wsync as ws  # noqa: E402
+from rlhub.torchrl import RlhubWeightSyncScheme, RlhubWeightUpdater  # noqa: E402
+
+MODEL = "cartpole"
+PREFIX = "module.0.module."  # TensorDictSequential -> TensorDictModule -> the net
+
+
+def net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 2))
+
+
+def weights(v: int) -> dict:
+    """The trainer's state dict of version v: the hub's names (``0.weight``)."""
+    return {"0.weight": torch.zeros(2, 4), "0.bias": torch.tensor([float(v), -float(v)])}
+
+
+def make_env() -> GymEnv:
+    return GymEnv("CartPole-v1")
+
+
+def make_stamped_env(stamp) -> TransformedEnv:
+    return TransformedEnv(GymEnv("CartPole-v1"), stamp)
+
+
+class Greedy(torch.nn.Module):
+    """One-hot argmax: CartPole's action from the action values."""
+
+    def forward(self, av: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(av.argmax(-1), av.shape[-1]).to(torch.int64)
+
+
+def make_policy(env=None) -> TensorDictSequential:
+    return TensorDictSequential(TensorDictModule(net(), in_keys=["observation"], out_keys=["action_value"]),
+                                TensorDictModule(Greedy(), in_keys=["action_value"], out_keys=["action"]))
+
+
+def ran_and_stamped(batch):
+    ran = batch["action_value"][..., 0]
+    stamped = batch["next", "policy_version"]
+    return ran, stamped
+
+
+def check_batch(batch) -> set:
+    ran, stamped = ran_and_stamped(batch)
+    assert torch.equal(ran, stamped.to(ran.dtype)), (
+        f"frames ran versions {ran.unique().tolist()} but were stamped {stamped.unique().tolist()}")
+    return set(int(v) for v in stamped.unique())
+
+
+@pytest.fixture
+def store(hub):
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push(MODEL, weights(1), version=1, expect=0)
+        yield s
+
+
+@pytest.mark.parametrize("via", ["store", "push"])
+def test_scheme_collector(hub, store, via):
+    """A single Collector receives every version through the scheme at
+    rollout starts; no deprecation warning on this path."""
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via=via, collector_id=f"c-{via}", strip_prefix=PREFIX)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = Collector(make_env(), make_policy(), frames_per_batch=16, total_frames=-1, auto_register_policy_transforms=False,
+                        track_policy_version=True, weight_recv_schemes={"policy": scheme})
+        try:
+            for i, batch in enumerate(col):
+                seen.append(check_batch(batch))
+                if i == 0:
+                    assert seen[0] == {1}
+                top = max(max(s) for s in seen)
+                if top >= 5:
+                    break
+                if store.list()[0].version == top:  # the trainer: one version per batch it has seen
+                    store.push(MODEL, weights(top + 1), version=top + 1, expect=top)
+                if i > 200:
+                    pytest.fail(f"versions stuck at {seen[-1]}")
+        finally:
+            col.shutdown()
+            scheme.shutdown()
+    flat = [v for s in seen for v in sorted(s)]
+    assert flat == sorted(flat) and flat[-1] == 5 and all(len(s) == 1 for s in seen)
+    # The hub's lag table names the collector and the version it runs.
+    rows = {c.collector_id: c for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+    assert rows[f"c-{via}"].version == 5
+
+
+def test_scheme_multisync(hub, store):
+    """MultiSyncCollector with 2 workers: the parent is the sender (its
+    update_policy_weights_ pushes a version to rlhub), each worker a receiver."""
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via="store", collector_id="ms", strip_prefix=PREFIX)
+    trainer = make_policy()
+    with torch.no_grad():
+        trainer[0].module[0].weight.zero_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1, auto_register_policy_transforms=False,
+                                 track_policy_version=True, weight_sync_schemes={"policy": scheme})
+        seen = []
+        try:
+            for i, batch in enumerate(col):
+                assert batch["next", "policy_version"].shape[0] == 2  # both workers' frames
+                seen.append(check_batch(batch))
+                if len(seen) == 6:
+                    break
+                v = max(seen[-1]) + 1
+                with torch.no_grad():
+                    trainer[0].module[0].bias.copy_(torch.tensor([float(v), -float(v)]))
+                col.update_policy_weights_(trainer)  # -> scheme.send: version v in rlhub
+                assert scheme.last_sent == v
+        finally:
+            col.shutdown()
+            scheme.shutdown()
+    # Workers apply at their next rollout start: one version per batch.
+    assert seen == [{1}, {2}, {3}, {4}, {5}, {6}]
+    assert store.pull(MODEL).version == 6
+    rows = {c.collector_id: c.version for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+    assert rows.get("ms-0") == 6 and rows.get("ms-1") == 6, rows
+
+
+def test_scheme_sender_on_trainer(hub, store):
+    """The scheme's sender alone, on a trainer with no collector."""
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, strip_prefix=PREFIX)
+    policy = make_policy()
+    scheme.init_on_sender(model_id="policy", model=policy)
+    with torch.no_grad():
+        policy[0].module[0].bias.fill_(7.0)
+    assert scheme.push() == 2
+    got = store.pull(MODEL, framework="torch")
+    assert got.version == 2 and sorted(got.tensors) == ["0.bias", "0.weight"]
+    assert torch.equal(got.tensors["0.bias"], torch.full((2,), 7.0))
+    # A second trainer's push in between: compare-and-set refuses to overwrite.
+    store.push(MODEL, weights(9), version=3, expect=2)
+    with pytest.raises(rlhub.StaleVersion):
+        scheme.push()
+    scheme.shutdown()
+
+
+def test_legacy_updater_collector(hub, store):
+    up = RlhubWeightUpdater(source=ws.StoreSource(hub.addr, MODEL), hub=hub.addr, collector_id="legacy",
+                            strip_prefix=PREFIX)
+    assert isinstance(up, WeightUpdaterBase) and up.from_policy(make_policy()) is None
+    env = make_stamped_env(up.version_transform())
+    with pytest.warns(DeprecationWarning, match="WeightUpdaterBase is deprecated"):  # torchrl's own
+        col = Collector(env, make_policy(env), frames_per_batch=16, total_frames=-1, auto_register_policy_transforms=False, weight_updater=up)
+    col.init_updater()
+    assert up.collector is col and up.collectors == [col]
+    seen = []
+    try:
+        for i, batch in enumerate(col):
+            if i == 0:  # before the first update: the policy's own (random) weights, stamp 0
+                assert int(batch["next", "policy_version"].max()) == 0
+            else:
+                seen.append(check_batch(batch))
+            if i == 6:
+                break
+            if i >= 1:
+                v = max(seen[-1]) + 1
+                store.push(MODEL, weights(v), version=v, expect=v - 1)
+            col.update_policy_weights_()
+            assert up.last_update and up.version == (1 if i == 0 else v)
+    finally:
+        col.shutdown()
+        up.close()
+    assert seen == [{1}, {2}, {3}, {4}, {5}, {6}]
+
+
+def test_legacy_updater_multisync(hub, store):
+    up = RlhubWeightUpdater(source=ws.StoreSource(hub.addr, MODEL), hub=hub.addr, collector_id="legacy-ms",
+                            strip_prefix=PREFIX)
+    envs = [functools.partial(make_stamped_env, up.version_transform()) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy API is deprecated in torchrl
+        col = MultiSyncCollector(envs, make_policy(), frames_per_batch=32, total_frames=-1, auto_register_policy_transforms=False, weight_updater=up)
+    seen = []
+    try:
+        col.update_policy_weights_()
+        assert up.version == 1
+        for i, batch in enumerate(col):
+            assert batch["next", "policy_version"].shape[0] == 2
+            seen.append(check_batch(batch))
+            if i == 4:
+                break
+            v = max(seen[-1]) + 1
+            store.push(MODEL, weights(v), version=v, expect=v - 1)
+            col.update_policy_weights_()  # workers are idle between batches: applied whole
+    finally:
+        col.shutdown()
+        up.close()
+    assert seen == [{1}, {2}, {3}, {4}, {5}]
+
+
+IMPORT_ORDER = textwrap.dedent("""
+    import sys, warnings
+    order = sys.argv[1]
+    if order == "rlhub-first":
+        import rlhub.wsync as ws
+        up = ws.RlhubWeightUpdater(source=ws.StoreSource(sys.argv[2], "m"), hub=sys.argv[2])
+        assert "torchrl" in sys.modules  # the updater is torchrl's own subclass: importing it imports torchrl
+    import torchrl.collectors
+    from torchrl.collectors import Collector, WeightUpdaterBase
+    from torchrl.envs import GymEnv
+    from tensordict.nn import TensorDictModule
+    import torch
+    if order == "torchrl-first":
+        from rlhub import RlhubWeightUpdater
+        import rlhub.wsync as ws
+        up = RlhubWeightUpdater(source=ws.StoreSource(sys.argv[2], "m"), hub=sys.argv[2])
+    assert isinstance(up, WeightUpdaterBase) and type(up).__mro__[1] is WeightUpdaterBase
+    env = GymEnv("CartPole-v1")
+    policy = TensorDictModule(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        col = Collector(env, policy, frames_per_batch=8, total_frames=8, auto_register_policy_transforms=False, weight_updater=up)
+    assert col.weight_updater is up  # not called as a factory
+    col.init_updater()
+    assert up.collector is col
+    col.shutdown()
+    print("ok", order)
+""")
+
+
+@pytest.mark.parametrize("order", ["rlhub-first", "torchrl-first"])
+def test_import_order(hub, order):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", IMPORT_ORDER, order, hub.addr], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and f"ok {order}" in r.stdout, r.stderr[-3000:]

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The Python package as pip users get it (issue 20): build the sdist and
+# wheel, check their metadata with twine, install the wheel into a fresh
+# venv at the lowest protobuf/grpcio/googleapis-common-protos that
+# pyproject.toml allows, and run the store, gradient and weight-sync client
+# tests from that venv against the real hub binary. The venv sees the
+# machine's torch/pytest/safetensors (--system-site-packages; its own
+# site-packages win), so it costs pip three small wheels, not PyTorch.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$PWD
+work=$(mktemp -d /tmp/rlhub-wheel.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# Build from a copy so the checkout gets no build/ or egg-info.
+cp -r python "$work/src"
+rm -rf "$work/src/tests"
+python3 -m build --no-isolation --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1 ||
+  { cat "$work/build.log"; exit 1; }
+python3 -m twine check --strict "$work"/dist/*
+
+python3 -m venv --system-site-packages "$work/venv"
+py="$work/venv/bin/python"
+pip=("$py" -m pip install -q --disable-pip-version-check)
+# The lower bounds, read from the wheel's own metadata.
+lows=$("$py" - "$work"/dist/*.whl <<'PY'
+import re, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
+want = {"grpcio", "protobuf", "googleapis-common-protos"}
+for line in meta.splitlines():
+    m = re.match(r"Requires-Dist: ([\w-]+)\s*[<>=!,\d.\s]*?>=\s*([\d.]+)", line)
+    if m and m.group(1) in want and "extra ==" not in line:
+        print(f"{m.group(1)}=={m.group(2)}")
+PY
+)
+[[ $(wc -w <<<"$lows") == 3 ]] || { echo "wheel: cannot read the lower bounds: $lows"; exit 1; }
+echo "wheel: installing at $lows"
+# shellcheck disable=SC2086
+"${pip[@]}" --force-reinstall --no-deps $lows
+"${pip[@]}" "$work"/dist/*.whl $lows
+"$py" -m pip check
+
+# Tests run from a copy of the test files, without PYTHONPATH: `import
+# rlhub` must find the installed wheel.
+mkdir "$work/tests"
+cp python/tests/conftest.py python/tests/test_store.py python/tests/test_grads.py python/tests/test_wsync.py "$work/tests/"
+cd "$work/tests"
+env -u PYTHONPATH "$py" - <<'PY'
+import importlib.metadata as md, sys
+import google.protobuf, grpc, rlhub, rlhub.torchrl
+assert "/venv/" in rlhub.__file__, rlhub.__file__
+assert rlhub.__version__ == md.version("rlhub"), (rlhub.__version__, md.version("rlhub"))
+print(f"wheel: rlhub {rlhub.__version__} from {rlhub.__file__}; protobuf {google.protobuf.__version__}, grpcio {grpc.__version__}")
+PY
+test -x "$work/venv/bin/rlhub-ars-worker"
+env -u PYTHONPATH "$work/venv/bin/rlhub-ars-worker" --help >/dev/null
+env -u PYTHONPATH RLHUB_BIN="$repo/bin/rlhub" "$py" -W error::RuntimeWarning -m pytest -q -p no:cacheprovider .
