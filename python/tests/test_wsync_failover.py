@@ -1,0 +1,83 @@
+"""A Python collector fed by a real `rlhub relay` process fails over like a
+Go one: relay SIGKILLed -> the upstream hub, relay restarted -> back to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rlhub  # noqa: E402
+import rlhub.wsync as ws  # noqa: E402
+from conftest import free_port  # noqa: E402
+
+
+def weights(v: float) -> dict:
+    return {"weight": torch.full((2, 4), float(v)), "bias": torch.full((2,), float(v))}
+
+
+def start_relay(hub, shm: str, listen: str) -> subprocess.Popen:
+    return subprocess.Popen([hub.binary, "relay", "--upstream", hub.addr, "--model", "pol", "--id", "relay-fo",
+                             "--listen", listen, "--shm", shm],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_collector_fails_over_to_upstream_and_returns_to_the_relay(hub):
+    shm = f"/dev/shm/rlhub-fo-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    listen = f"127.0.0.1:{free_port()}"
+    policy = torch.nn.Linear(4, 2)
+    store = rlhub.StoreClient(hub.addr)
+    store.push("pol", weights(1), version=1)
+    relay = start_relay(hub, shm, listen)
+    src = r = None
+    try:
+        wait_for(lambda: os.path.exists(shm), 30, "the relay's segment")
+        src = ws.FailoverSource([
+            ("relay-shm", lambda: ws.ShmSource(shm, model="pol")),
+            ("relay", lambda: ws.PushSource(listen, "pol", collector_id="py-fo")),
+            ("upstream", lambda: ws.PushSource(hub.addr, "pol", collector_id="py-fo")),
+        ], model="pol", collector_id="py-fo", hub=hub.addr, probe_every=0.2)
+        r = ws.Receiver(policy, src, collector_id="py-fo", hub=hub.addr)
+        assert r.wait(timeout=30) and r.version == 1 and src.current == "relay-shm"
+
+        relay.send_signal(signal.SIGKILL)
+        relay.wait(timeout=30)
+        for v in (2, 3):  # the relay is gone: versions keep coming from the upstream
+            store.push("pol", weights(v), version=v)
+            wait_for(lambda: r.wait(timeout=0.5) or r.version >= v, 30, f"v{v} after the relay died")
+            assert r.version == v and src.current == "upstream", (r.version, src.current)
+            assert torch.equal(policy.weight, torch.full((2, 4), float(v)))
+        rows = {c.collector_id: c for m in ws.status(hub.addr, "pol") for c in m.collectors}
+        assert rows["py-fo"].version == 3
+
+        relay = start_relay(hub, shm, listen)  # back: the collector returns to its segment
+        wait_for(lambda: (r.wait(timeout=0.2), src.current)[1] == "relay-shm", 30, "the return to the relay")
+        store.push("pol", weights(4), version=4)
+        wait_for(lambda: r.wait(timeout=0.5) or r.version >= 4, 30, "v4 through the restarted relay")
+        assert r.version == 4 and src.current == "relay-shm"
+        assert torch.equal(policy.bias, torch.full((2,), 4.0))
+    finally:
+        if r is not None:
+            r.close()
+        elif src is not None:
+            src.close()
+        store.close()
+        if relay.poll() is None:
+            relay.terminate()
+            relay.wait(timeout=30)
+        if os.path.exists(shm):
+            os.unlink(shm)
