@@ -1,0 +1,126 @@
+"""rlhub.ray on a local two-node Ray cluster (loopback only, small object
+stores): actors on both nodes receive versions from a real hub through
+rlhub, and an ARS CartPole run is served by Ray-actor workers. One cluster
+for the module: Ray's start-up is the expensive part."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+
+import pytest
+
+# Ray on Linux resolves 127.0.0.1 to the host's outward address; with this
+# set (before ray is imported) every node, driver and worker stays on
+# loopback.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+torch = pytest.importorskip("torch")
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+
+import rlhub.ray as rr  # noqa: E402
+import rlhub.wsync as ws  # noqa: E402
+
+NODE = {"num_cpus": 2, "object_store_memory": 80 << 20, "node_ip_address": "127.0.0.1"}
+
+
+def start_cluster() -> Cluster:
+    c = Cluster(initialize_head=True, head_node_args=dict(NODE, include_dashboard=False))
+    try:
+        c.add_node(**NODE)
+    except Exception:
+        c.shutdown()
+        raise
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # Ray gives a node 30 s (fixed) to register; on a loaded 2-core machine
+    # the second raylet sometimes needs longer: try the cluster up to 3 times.
+    for attempt in range(3):
+        try:
+            c = start_cluster()
+            break
+        except Exception:
+            if attempt == 2:
+                raise
+    ray.init(address=c.address, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    try:
+        c.wait_for_nodes()
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        assert len(nodes) == 2, ray.nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def pinned(nodes, cpus=1):
+    return [{"num_cpus": cpus, "scheduling_strategy": NodeAffinitySchedulingStrategy(n, soft=False)} for n in nodes]
+
+
+def filled(v: float) -> dict:
+    return {"weight": torch.full((2, 4), v), "bias": torch.full((2,), v)}
+
+
+@pytest.mark.parametrize("via", ["store", "push"])
+def test_actors_on_two_nodes_receive_versions_through_rlhub(cluster, hub, via):
+    make = functools.partial(torch.nn.Linear, 4, 2)  # pickles by reference: workers import torch
+    actors = rr.start_receivers(2, rr.ReceiverActor, hub.addr, "pol", make, via=via,
+                                actor_options=pinned(cluster))
+    up = rr.RlhubRayWeightUpdater(actors, hub=hub.addr, model="pol")
+    try:
+        assert sorted(ray.get([a.node_id.remote() for a in actors])) == sorted(cluster)  # one per node
+        for v in (1, 2, 3):
+            assert up.push_weights(filled(float(v))) == [v, v]
+            for sums in ray.get([a.sums.remote() for a in actors]):
+                assert sums == {"weight": 8.0 * v, "bias": 2.0 * v}
+        assert up.push_weights() == [3, 3]  # nothing newer: each actor stays at 3
+        # Each actor reported the version it runs to the hub.
+        ids = ray.get([a.sync.remote() for a in actors]) and [
+            c.collector_id for m in ws.status(hub.addr, "pol") for c in m.collectors if c.version == 3]
+        assert len([i for i in ids if i.startswith("ray-")]) == 2, ids
+    finally:
+        up.close()
+        ray.get([a.close.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
+
+
+def test_max_interval_skips_workers(cluster, hub):
+    make = functools.partial(torch.nn.Linear, 4, 2)
+    actors = rr.start_receivers(2, rr.ReceiverActor, hub.addr, "pol", make, actor_options=pinned(cluster))
+    up = rr.RlhubRayWeightUpdater(actors, hub=hub.addr, model="pol", max_interval=1)
+    try:
+        assert up.push_weights(filled(1.0)) == [None, None]  # first call: within the interval
+        assert up.push_weights(filled(2.0)) == [2, 2]
+        assert ray.get([a.version.remote() for a in actors]) == [2, 2]
+    finally:
+        up.close()
+        for a in actors:
+            ray.kill(a)
+
+
+def test_ars_cartpole_with_ray_actor_workers(cluster, hub, tmp_path):
+    workers = rr.start_ars_workers(2, hub.addr, "CartPole-v1", wait=0.2, name="ray-ars",
+                                   actor_options=pinned(cluster))
+    out = tmp_path / "run"
+    try:
+        r = subprocess.run([hub.binary, "train", "ars", "--hub", hub.addr, "--workers", "0", "--no-progress",
+                            "--env", "CartPole-v1", "--seed", "1", "--target", "475", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        stats = rr.stop_ars_workers(workers)
+        for w in workers:
+            ray.kill(w)
+    assert r.returncode == 0, r.stderr + r.stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert s["reached_target"] and s["final_eval_mean"] >= 475, s
+    assert sorted(st["node"] for st in stats) == sorted(cluster)
+    assert all(st["tasks"] > 0 for st in stats), stats  # both nodes' workers served the run

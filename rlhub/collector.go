@@ -1,0 +1,164 @@
+package rlhub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/wsync"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Ways a Collector gets versions (CollectorConfig.Via).
+const (
+	ViaPush  = "push"  // the hub's (or a relay's) push stream; reports ride on it
+	ViaStore = "store" // pulls "only if newer" and watches; reports by RPC
+)
+
+// CollectorConfig configures a Collector.
+type CollectorConfig struct {
+	// Hub is the hub's (or, with ViaPush, a relay's) address; required.
+	Hub string
+	// Model to follow; required.
+	Model string
+	// CollectorID names the collector in `rlhub sync status`; "" means
+	// go-<pid>-<time>.
+	CollectorID string
+	// Via is ViaPush or ViaStore; "" means ViaPush.
+	Via string
+	// Weights receives each version in place (names, dtypes and shapes
+	// must match, or the version is refused and Weights left as they
+	// were); nil means the collector only keeps the snapshot (Current).
+	Weights *StateDict
+	// Logger; nil means one that discards.
+	Logger *slog.Logger
+}
+
+func (c *CollectorConfig) validate() error {
+	if c.Hub == "" || c.Model == "" {
+		return errors.New("rlhub: CollectorConfig needs Hub and Model")
+	}
+	if c.CollectorID == "" {
+		c.CollectorID = fmt.Sprintf("go-%d-%d", os.Getpid(), time.Now().UnixNano())
+	}
+	switch c.Via {
+	case "":
+		c.Via = ViaPush
+	case ViaPush, ViaStore:
+	default:
+		return fmt.Errorf("rlhub: CollectorConfig.Via %q (want %q or %q)", c.Via, ViaPush, ViaStore)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Collector keeps a collector's weights at the newest version of a model
+// and reports the version it runs. Poll and Run may be called from any
+// goroutine (applies are serialized); Close ends it.
+type Collector struct {
+	cfg    CollectorConfig
+	conn   *grpc.ClientConn
+	push   *wsync.Client         // ViaPush
+	store  *storeclient.Client   // ViaStore
+	recv   *wsync.Receiver
+	mu     sync.Mutex // guards closed
+	closed bool
+}
+
+// NewCollector connects to the hub (ViaPush: opens the stream, bounded by
+// ctx) and returns a collector running no version yet.
+func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(cfg.Hub, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("rlhub: dial %s: %w", cfg.Hub, err)
+	}
+	c := &Collector{cfg: cfg, conn: conn}
+	var src wsync.Source
+	var onApplied func(uint64)
+	switch cfg.Via {
+	case ViaPush:
+		c.push, err = wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
+			Model: cfg.Model, Logger: cfg.Logger})
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		src = c.push
+		onApplied = func(v uint64) { _ = c.push.Running(v) }
+	case ViaStore:
+		c.store, err = storeclient.New(storeclient.Config{Conn: conn})
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		src = wsync.StoreSource{Store: c.store, Name: cfg.Model}
+		onApplied = c.report
+	}
+	var apply wsync.ApplyFunc
+	if cfg.Weights != nil {
+		apply = wsync.CopyInto(cfg.Weights)
+	}
+	c.recv, err = wsync.NewReceiver(wsync.ReceiverConfig{Source: src, Apply: apply, OnApplied: onApplied})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// report tells the hub the version a store-fed collector runs; a failed
+// report is logged and the next apply reports again.
+func (c *Collector) report(v uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := wsync.Report(ctx, c.conn, &rlhubv1.CollectorReport{CollectorId: c.cfg.CollectorID,
+		Model: c.cfg.Model, Version: v, Via: "pull"})
+	if err != nil {
+		c.cfg.Logger.Warn("rlhub: version report failed", "model", c.cfg.Model, "version", v, "err", err)
+	}
+}
+
+// Poll applies the newest version if it is newer than the one running;
+// it reports whether it applied one.
+func (c *Collector) Poll(ctx context.Context) (bool, error) { return c.recv.Poll(ctx) }
+
+// Run applies every newer version as it arrives until ctx ends.
+func (c *Collector) Run(ctx context.Context) error { return c.recv.Run(ctx) }
+
+// Version is the version the collector runs (0: none yet).
+func (c *Collector) Version() uint64 { return c.recv.Version() }
+
+// Current is the snapshot of the running version (nil: none yet).
+func (c *Collector) Current() *Snapshot { return c.recv.Current() }
+
+// Close ends the stream and the connection; safe to call twice.
+func (c *Collector) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	var out []error
+	if c.push != nil {
+		out = append(out, c.push.Close())
+	}
+	if c.store != nil {
+		out = append(out, c.store.Close())
+	}
+	out = append(out, c.conn.Close())
+	return errors.Join(out...)
+}
