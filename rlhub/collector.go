@@ -68,8 +68,8 @@ func (c *CollectorConfig) validate() error {
 type Collector struct {
 	cfg    CollectorConfig
 	conn   *grpc.ClientConn
-	push   *wsync.Client         // ViaPush
-	store  *storeclient.Client   // ViaStore
+	push   *wsync.Client       // ViaPush
+	store  *storeclient.Client // ViaStore
 	recv   *wsync.Receiver
 	mu     sync.Mutex // guards closed
 	closed bool
