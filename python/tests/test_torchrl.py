@@ -85,11 +85,37 @@ def store(hub):
         yield s
 
 
-@pytest.mark.parametrize("via", ["store", "push"])
-def test_scheme_collector(hub, store, via):
+@pytest.fixture
+def relay(hub):
+    """A real `rlhub relay` writing the model into a segment of its own."""
+    import time
+    import uuid
+
+    from conftest import free_port
+
+    shm = f"/dev/shm/rlhub-trl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    p = subprocess.Popen([hub.binary, "relay", "--upstream", hub.addr, "--model", MODEL, "--id", "relay-trl",
+                          "--listen", f"127.0.0.1:{free_port()}", "--shm", shm],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(shm):  # created with the relay's first version
+            assert time.monotonic() < deadline and p.poll() is None, "the relay made no segment"
+            time.sleep(0.02)
+        yield shm
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("via", ["store", "push", "shm"])
+def test_scheme_collector(hub, store, via, request):
     """A single Collector receives every version through the scheme at
-    rollout starts; no deprecation warning on this path."""
-    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via=via, collector_id=f"c-{via}", strip_prefix=PREFIX)
+    rollout starts (store pulls, the push stream, a relay's shared memory);
+    no deprecation warning on this path."""
+    shm = request.getfixturevalue("relay") if via == "shm" else None
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via=via, shm_path=shm, collector_id=f"c-{via}",
+                                   strip_prefix=PREFIX)
     seen = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")
