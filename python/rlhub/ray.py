@@ -78,7 +78,7 @@ class ReceiverActor:
                  collector_id: Optional[str] = None, shm_path: Optional[str] = None,
                  report_hub: Optional[str] = None, strict: bool = True):
         ctx = ray.get_runtime_context()
-        self.collector_id = collector_id or f"ray-{ctx.get_actor_id()[:12]}"
+        self.collector_id = collector_id or f"ray-{(ctx.get_actor_id() or 'driver')[:12]}"
         self.module = make_module()
         src = source_for(via, hub, model, self.collector_id, shm_path)
         self.receiver = Receiver(self.module, src, collector_id=self.collector_id, model=model,
@@ -163,7 +163,7 @@ def start_receivers(n: int, cls: type = ReceiverActor, *args: Any, actor_options
     """Starts ``n`` actors of ``cls`` (a :class:`ReceiverActor` subclass)
     with ``cls(*args, **kwargs)``; ``actor_options[i]`` are the i-th actor's
     Ray options (``num_cpus``, ``scheduling_strategy`` …)."""
-    remote = ray.remote(cls)
+    remote: Any = ray.remote(cls)
     opts = list(actor_options) if actor_options is not None else _spread(n, None)
     if len(opts) != n:
         raise ValueError(f"actor_options has {len(opts)} entries for {n} actors")

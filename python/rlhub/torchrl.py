@@ -67,10 +67,10 @@ import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
-from tensordict import TensorDictBase
-from torchrl.collectors import WeightUpdaterBase
-from torchrl.envs.transforms import Transform
-from torchrl.weight_update import WeightSyncScheme
+from tensordict import TensorDictBase  # type: ignore[import-untyped]
+from torchrl.collectors import WeightUpdaterBase  # type: ignore[import-untyped]
+from torchrl.envs.transforms import Transform  # type: ignore[import-untyped]
+from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-untyped]
 
 from rlhub import errors
 from rlhub.store import StoreClient
@@ -201,7 +201,7 @@ class _NoTransport:
         return None
 
 
-class RlhubWeightSyncScheme(WeightSyncScheme):
+class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl ships no types
     """One model's weights through rlhub, as a torchrl ``WeightSyncScheme``.
 
     Args:
@@ -261,7 +261,7 @@ class RlhubWeightSyncScheme(WeightSyncScheme):
         self.last_sent: Optional[int] = None
 
     def __getstate__(self) -> Dict[str, Any]:
-        state = super().__getstate__()
+        state: Dict[str, Any] = super().__getstate__()
         for k in ("_receiver", "_store", "_send_lock", "_hooked", "_applied_to"):
             state.pop(k, None)
         state["_sent_version"] = 0
@@ -274,13 +274,13 @@ class RlhubWeightSyncScheme(WeightSyncScheme):
     # torchrl may initialise and connect a worker's receiver before the
     # worker's collector exists, and set the collector as the context later:
     # hook its rollouts (and stamp the version) whenever it arrives.
-    @property  # type: ignore[override]
+    @property
     def context(self) -> Any:
-        return WeightSyncScheme.context.fget(self)  # type: ignore[attr-defined]
+        return WeightSyncScheme.context.fget(self)
 
     @context.setter
     def context(self, context: Any) -> None:
-        WeightSyncScheme.context.fset(self, context)  # type: ignore[attr-defined]
+        WeightSyncScheme.context.fset(self, context)
         if context is not None and self.synchronized_on_receiver:
             self._hook(context)
             if self.version:
@@ -411,7 +411,7 @@ class RlhubWeightSyncScheme(WeightSyncScheme):
         """The rlhub version the receiver's policy runs (0: none yet)."""
         return self._receiver.version if self._receiver is not None else 0
 
-    def receive(self, timeout: Optional[float] = None) -> Optional[WeightVersion]:  # type: ignore[override]
+    def receive(self, timeout: Optional[float] = None) -> Optional[WeightVersion]:
         """Applies the newest rlhub version if it is newer (waiting up to
         ``timeout`` for one when given), stamps it into the collector's
         ``PolicyVersion`` tracker and returns it; None when nothing newer."""
@@ -489,7 +489,7 @@ class SharedCounter:
                 pass
 
 
-class RlhubVersionTransform(Transform):
+class RlhubVersionTransform(Transform):  # type: ignore[misc]
     """Writes ``policy_version`` (int64) into every step from a counter in
     shared memory, which a :class:`RlhubWeightUpdater` sets to the rlhub
     version it applied. Made by :meth:`RlhubWeightUpdater.version_transform`;
@@ -514,7 +514,7 @@ class RlhubVersionTransform(Transform):
         return self._stamp(tensordict_reset)
 
     def transform_observation_spec(self, observation_spec: Any) -> Any:
-        from torchrl.data import Unbounded
+        from torchrl.data import Unbounded  # type: ignore[import-untyped]
 
         observation_spec[self.key] = Unbounded(shape=observation_spec.shape, dtype=torch.int64,
                                                device=observation_spec.device)
@@ -527,7 +527,7 @@ with warnings.catch_warnings():
     # whoever merely imports rlhub.torchrl.
     warnings.simplefilter("ignore", DeprecationWarning)
 
-    class RlhubWeightUpdater(WeightUpdaterBase):
+    class RlhubWeightUpdater(WeightUpdaterBase):  # type: ignore[misc]
         """rlhub as a torchrl ``WeightUpdaterBase`` (the older API).
 
             updater = RlhubWeightUpdater(source=ws.StoreSource(hub, "policy"), hub=hub,
