@@ -129,13 +129,16 @@ type Report struct {
 	EvalEpisodes   int64 // evaluation episodes so far
 	Steps          int64 // environment steps so far (training and evaluation)
 	IterSteps      int64 // steps of this iteration
-	HasEval        bool
-	EvalMean       float64
-	EvalStd        float64
-	Update         StepInfo
-	Updated        bool // θ moved to a new version
-	Done           bool
-	Reason         string // why the run ended: "target" or "budget"
+	// TrainMean is the mean of the iteration's 2N shifted training returns
+	// (0 for an evaluation-only iteration).
+	TrainMean float64
+	HasEval   bool
+	EvalMean  float64
+	EvalStd   float64
+	Update    StepInfo
+	Updated   bool // θ moved to a new version
+	Done      bool
+	Reason    string // why the run ended: "target" or "budget"
 }
 
 // Trainer is the pure ARS run state machine the coordinator drives: it
@@ -287,15 +290,18 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	rep := t.rep
 	rep.Iteration = t.iter
-	rep.HasEval, rep.Updated, rep.Update, rep.IterSteps = false, false, StepInfo{}, 0
+	rep.HasEval, rep.Updated, rep.Update, rep.IterSteps, rep.TrainMean = false, false, StepInfo{}, 0, 0
 	n := t.cfg.Hyper.Directions
 	var rplus, rminus []float64
 	if !t.evalOnly {
 		rplus, rminus = make([]float64, n), make([]float64, n)
+		var sum float64
 		for _, r := range results[:n] {
 			rplus[r.Index], rminus[r.Index] = r.RPlus, r.RMinus
 			rep.IterSteps += r.Steps
+			sum += r.RPlus + r.RMinus
 		}
+		rep.TrainMean = sum / float64(2*n)
 		rep.Episodes += int64(2 * n)
 	}
 	if t.evaluates() {
@@ -341,4 +347,54 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	t.rep = rep
 	return rep, nil
+}
+
+// TrainerState is everything a Trainer holds between iterations: with the
+// Config it was made from, RestoreTrainer rebuilds a trainer that
+// continues exactly as this one would (the filter is derived from Stats).
+// The slices are copies owned by whoever holds the state.
+type TrainerState struct {
+	Iter     uint64    `json:"iter"`
+	Theta    []float64 `json:"theta"`
+	Stats    *Stats    `json:"stats"`
+	EvalOnly bool      `json:"eval_only"`
+	Last     Report    `json:"last"`
+}
+
+// State returns a copy of the trainer's state after its last finished
+// iteration (before any results of the current one).
+func (t *Trainer) State() TrainerState {
+	return TrainerState{Iter: t.iter, Theta: append([]float64(nil), t.theta...), Stats: t.stats.Clone(), EvalOnly: t.evalOnly, Last: t.rep}
+}
+
+// RestoreTrainer rebuilds a trainer from cfg and a State taken from a
+// trainer made with the same cfg. It validates the state's shapes and
+// values (it may come from a file) and wraps errs.ErrInvalid.
+func RestoreTrainer(cfg Config, st TrainerState) (*Trainer, error) {
+	t, err := NewTrainer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if len(st.Theta) != len(t.theta) {
+		return nil, fmt.Errorf("%w: restored θ has %d parameters, the run's architecture %d", errs.ErrInvalid, len(st.Theta), len(t.theta))
+	}
+	for i, v := range st.Theta {
+		if !finite(v) {
+			return nil, fmt.Errorf("%w: restored θ[%d] = %v", errs.ErrInvalid, i, v)
+		}
+	}
+	if st.Stats == nil {
+		return nil, fmt.Errorf("%w: restored state without filter statistics", errs.ErrInvalid)
+	}
+	if err := st.Stats.check(cfg.Spec.ObsDim); err != nil {
+		return nil, err
+	}
+	if st.Last.Episodes < 0 || st.Last.Steps < 0 || st.Last.EvalEpisodes < 0 {
+		return nil, fmt.Errorf("%w: restored counters are negative", errs.ErrInvalid)
+	}
+	t.iter, t.evalOnly, t.rep = st.Iter, st.EvalOnly, st.Last
+	copy(t.theta, st.Theta)
+	t.stats = st.Stats.Clone()
+	t.freeze()
+	return t, nil
 }

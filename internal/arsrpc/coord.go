@@ -97,6 +97,31 @@ func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinat
 		workers: map[string]*worker{}, runs: map[string]*run{}}
 }
 
+// Evaluation protocols (ARSRunSpec.protocol).
+const (
+	// ProtocolPaper evaluates every PaperEvalEvery iterations over
+	// PaperEvalEpisodes episodes (filter frozen, shift 0), as Mania, Guy &
+	// Recht's code does; the default.
+	ProtocolPaper = "paper"
+	// ProtocolFast takes ars.EnvDefaults' evaluation cadence: fewer,
+	// smaller evaluations, an optimistic stopping rule.
+	ProtocolFast = "fast"
+
+	PaperEvalEvery    = 10
+	PaperEvalEpisodes = 100
+	// DefaultConfirmEpisodes is the size of the re-evaluation on fresh
+	// episodes after a run stops at its target.
+	DefaultConfirmEpisodes = 100
+)
+
+// truncate bounds text from the network before it goes into an error.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 // Normalise fills a spec's zero fields with the environment's defaults
 // (ars.EnvDefaults) and builds the trainer configuration, exactly as the
 // hub does on StartRun; clients call it to fail early. Errors wrap
@@ -115,6 +140,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		StepSize: in.StepSize, Noise: in.Noise, Shift: in.Shift, Hidden: in.Hidden,
 		EvalEvery: in.EvalEvery, EvalEpisodes: in.EvalEpisodes, UseTarget: in.UseTarget, Target: in.Target,
 		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations, EnvSpec: in.EnvSpec,
+		Protocol: in.Protocol, ConfirmEpisodes: in.ConfirmEpisodes,
 	}
 	if s.Version == "" {
 		s.Version = d.Hyper.Version.String()
@@ -138,11 +164,30 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	if s.Shift == 0 {
 		s.Shift = d.Hyper.Shift // a zero shift is "unset" on the wire
 	}
+	// The evaluation protocol: the paper's (every 10 iterations, 100
+	// episodes, as the ARS authors' code) unless "fast" asks for the
+	// per-environment defaults; explicit values override either.
+	every, episodes := uint32(PaperEvalEvery), uint32(PaperEvalEpisodes)
+	switch s.Protocol {
+	case "":
+		s.Protocol = ProtocolPaper
+	case ProtocolPaper:
+	case ProtocolFast:
+		every, episodes = uint32(d.EvalEvery), uint32(d.EvalEpisodes)
+	default:
+		return nil, ars.Config{}, fmt.Errorf("%w: evaluation protocol %q: want %q or %q", errs.ErrInvalid, truncate(s.Protocol, 32), ProtocolPaper, ProtocolFast)
+	}
 	if s.EvalEvery == 0 {
-		s.EvalEvery = uint32(d.EvalEvery)
+		s.EvalEvery = every
 	}
 	if s.EvalEpisodes == 0 {
-		s.EvalEpisodes = uint32(d.EvalEpisodes)
+		s.EvalEpisodes = episodes
+	}
+	if s.ConfirmEpisodes == 0 {
+		s.ConfirmEpisodes = DefaultConfirmEpisodes
+	}
+	if s.ConfirmEpisodes > 1<<20 {
+		return nil, ars.Config{}, fmt.Errorf("%w: confirm episodes %d above 2^20", errs.ErrInvalid, s.ConfirmEpisodes)
 	}
 	if s.MaxEpisodes == 0 && s.MaxIterations == 0 {
 		s.MaxEpisodes = d.MaxEpisodes
@@ -526,7 +571,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		EvalEpisodes: rep.EvalEpisodes, Steps: rep.Steps, IterationSteps: rep.IterSteps,
 		HasEval: rep.HasEval, EvalMean: rep.EvalMean, EvalStd: rep.EvalStd, SigmaR: rep.Update.SigmaR,
 		Done: rep.Done, Reason: rep.Reason, Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
-		PolicyEpisodes: rep.PolicyEpisodes,
+		PolicyEpisodes: rep.PolicyEpisodes, TrainReturn: rep.TrainMean,
 	})
 	if rep.Done {
 		r.end()

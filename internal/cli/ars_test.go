@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
 const helperEnv = "RLHUB_CLI_TEST_HELPER_PROCESS"
@@ -63,7 +64,7 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	if !strings.Contains(out, "CartPole-v1 seed 2: target") || !strings.Contains(errOut, "eval") {
 		t.Errorf("stdout %q, stderr (progress) %q", out, errOut)
 	}
-	var sum trainSummary
+	var sum arsrun.Summary
 	raw, err := os.ReadFile(filepath.Join(dir, "summary.json"))
 	if err != nil {
 		t.Fatal(err)

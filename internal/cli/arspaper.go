@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -200,33 +200,24 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 }
 
 // runPaperSeed runs (or reuses) one seed's training.
-func runPaperSeed(ctx context.Context, g *globals, o *arsPaperOptions, name string, p ars.Paper, budget int64, seed uint64, dir string) (trainSummary, bool, error) {
+func runPaperSeed(ctx context.Context, g *globals, o *arsPaperOptions, name string, p ars.Paper, budget int64, seed uint64, dir string) (arsrun.Summary, bool, error) {
 	if sum, ok := reusableSummary(dir, name, p, budget, seed); ok {
 		fmt.Fprintf(g.stdout, "%s seed %d: reusing %s (%s after %d episodes)\n", name, seed, dir, sum.Reason, sum.PolicyEpisodes)
 		return sum, true, nil
 	}
 	os.RemoveAll(dir)
 	h := p.Hyper
-	to := trainARSOptions{workers: o.workers, out: dir, noProgress: true, version: h.Version.String()}
+	to := trainARSOptions{workers: o.workers, out: dir, noProgress: true, overwrite: true, reconnect: 2 * time.Minute, version: h.Version.String()}
 	to.spec.Env, to.spec.Seed = name, seed
 	to.spec.Directions, to.spec.Top = uint32(h.Directions), uint32(h.Top)
 	to.spec.StepSize, to.spec.Noise, to.spec.Shift = h.StepSize, h.Noise, h.Shift
 	to.spec.UseTarget, to.spec.Target = true, p.Threshold
 	to.spec.MaxEpisodes = budget
 	if err := trainARS(ctx, g, &to); err != nil {
-		return trainSummary{}, false, err
+		return arsrun.Summary{}, false, err
 	}
-	sum, err := readSummary(dir)
+	sum, err := arsrun.ReadSummary(dir)
 	return sum, false, err
-}
-
-func readSummary(dir string) (trainSummary, error) {
-	var sum trainSummary
-	raw, err := os.ReadFile(filepath.Join(dir, "summary.json"))
-	if err != nil {
-		return sum, err
-	}
-	return sum, json.Unmarshal(raw, &sum)
 }
 
 // reusableSummary returns an earlier run's summary when it is the same
@@ -236,8 +227,8 @@ func readSummary(dir string) (trainSummary, error) {
 // either (a run stops once episodes + 2N would exceed the budget). A run
 // is determined by its seed whatever the number of workers (docs/ars.md),
 // so its outcome under another budget is read off it.
-func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (trainSummary, bool) {
-	sum, err := readSummary(dir)
+func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (arsrun.Summary, bool) {
+	sum, err := arsrun.ReadSummary(dir)
 	if err != nil || sum.Env != name || sum.Seed != seed || sum.Target == nil || *sum.Target != p.Threshold {
 		return sum, false
 	}
@@ -269,7 +260,7 @@ func hyperStrings(h ars.Hyper) map[string]string {
 	}
 }
 
-func seedResult(sum trainSummary, budget int64, reused bool) paperSeedResult {
+func seedResult(sum arsrun.Summary, budget int64, reused bool) paperSeedResult {
 	r := paperSeedResult{Seed: sum.Seed, WallSeconds: sum.WallSeconds, EnvSteps: sum.Steps, WorkerCPU: sum.WorkerCPUSeconds, Reused: reused}
 	r.Reached = sum.ReachedTarget && sum.PolicyEpisodes <= budget
 	r.Episodes = sum.Episodes
@@ -351,10 +342,7 @@ func writePaperReport(dir string, rep *paperReport) error {
 	if err := os.WriteFile(filepath.Join(dir, "ars-paper.json"), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
-	return writeFileFrom(filepath.Join(dir, "ars-paper.md"), func(w io.Writer) (int64, error) {
-		n, err := io.WriteString(w, paperMarkdown(rep))
-		return int64(n), err
-	})
+	return os.WriteFile(filepath.Join(dir, "ars-paper.md"), []byte(paperMarkdown(rep)), 0o644)
 }
 
 // paperMarkdown renders the report as the table docs/benchlog/2026-11-30-sessions-1-4.md shows.
