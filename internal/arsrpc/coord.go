@@ -22,9 +22,13 @@ type coordinator struct {
 
 	workers    map[string]*worker
 	runs       map[string]*run
-	order      []*run // runs in start order: leases serve the oldest first
+	byRequest  map[string]*run // StartRun idempotency keys
+	order      []*run          // runs in start order: leases serve the oldest first
 	nextWorker uint64
 	nextRun    uint64
+	// boot tells this coordinator's worker ids from an earlier hub
+	// process's (a worker that outlived a restart must attach again).
+	boot string
 	// reassigned counts leases of a task someone else held before (after
 	// its lease expired or its worker left, or as a straggler duplicate).
 	reassigned int64
@@ -43,6 +47,7 @@ type lease struct {
 type run struct {
 	id, model string
 	spec      *pb.ARSRunSpec // normalised: every default filled in
+	requestID string         // the StartRun idempotency key ("" for none)
 	tr        *ars.Trainer
 	started   time.Time
 	version   uint64 // store version of the current θ
@@ -58,6 +63,7 @@ type run struct {
 	leasedOnce []bool    // per task: leased at least once
 
 	progress []*pb.ARSProgress // one per finished iteration
+	logged   int               // progress entries already on disk (persister)
 	// trainMeans: each finished iteration's mean shifted ±δ return
 	// (iterations without directions add none); read by Stats.
 	trainMeans []float64
@@ -92,9 +98,9 @@ func policyParams(cfg ars.Config) int64 {
 	return n
 }
 
-func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinator {
-	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders,
-		workers: map[string]*worker{}, runs: map[string]*run{}}
+func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int, boot string) *coordinator {
+	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders, boot: boot,
+		workers: map[string]*worker{}, runs: map[string]*run{}, byRequest: map[string]*run{}}
 }
 
 // Evaluation protocols (ARSRunSpec.protocol).
@@ -264,6 +270,9 @@ func (c *coordinator) prepareRun(spec *pb.ARSRunSpec, now time.Time) (*run, []by
 
 func (c *coordinator) addRun(r *run) {
 	c.runs[r.id] = r
+	if r.requestID != "" {
+		c.byRequest[r.requestID] = r
+	}
 	c.order = append(c.order, r)
 	r.startIteration()
 }
@@ -296,7 +305,7 @@ func (r *run) startIteration() {
 
 func (c *coordinator) attach(name string, now time.Time) *worker {
 	c.nextWorker++
-	w := &worker{id: fmt.Sprintf("w%d", c.nextWorker), name: name, seen: now}
+	w := &worker{id: fmt.Sprintf("w%d%s", c.nextWorker, c.boot), name: name, seen: now}
 	c.workers[w.id] = w
 	return w
 }

@@ -2,6 +2,8 @@ package run
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
@@ -113,14 +116,25 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 	} else {
 		// Fail fast: a hub that refuses connections is an error now, not
 		// after a long wait (no WaitForReady).
-		sctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
-		start, err := r.client.StartRun(sctx, &pb.ARSStartRunRequest{Spec: cfg.Spec})
+		hctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+		_, err := healthpb.NewHealthClient(conn).Check(hctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err != nil {
-			err = grpcerr.FromStatus(err)
-			if errors.Is(err, errs.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-				return Summary{}, fmt.Errorf("start run on %s: %w: %w", addr, ErrUnreachable, err)
-			}
+			return Summary{}, fmt.Errorf("hub %s: %w: %w", addr, ErrUnreachable, grpcerr.FromStatus(err))
+		}
+		// The hub answered: from here a broken call (the hub restarting)
+		// is retried within the window, with one idempotency key so the
+		// run starts once.
+		var key [16]byte
+		rand.Read(key[:])
+		req := &pb.ARSStartRunRequest{Spec: cfg.Spec, RequestId: hex.EncodeToString(key[:])}
+		var start *pb.ARSStartRunResponse
+		err = r.retry(ctx, "start run", func(ctx context.Context) error {
+			var err error
+			start, err = r.client.StartRun(ctx, req)
+			return grpcerr.FromStatus(err)
+		})
+		if err != nil {
 			return Summary{}, fmt.Errorf("start run: %w", err)
 		}
 		r.runID, model = start.RunId, start.Model

@@ -346,8 +346,12 @@ func (x *ARSEnvSpec) GetActDim() uint32 {
 }
 
 type ARSStartRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *ARSRunSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Spec  *ARSRunSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Idempotency key chosen by the client (at most 128 bytes): a retried
+	// StartRun with the same key (say after the hub restarted mid-call)
+	// returns the run the first call started instead of a second one.
+	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +391,13 @@ func (x *ARSStartRunRequest) GetSpec() *ARSRunSpec {
 		return x.Spec
 	}
 	return nil
+}
+
+func (x *ARSStartRunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type ARSStartRunResponse struct {
@@ -1646,9 +1657,11 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"ARSEnvSpec\x12\x17\n" +
 	"\aobs_dim\x18\x01 \x01(\rR\x06obsDim\x12\x1a\n" +
 	"\bdiscrete\x18\x02 \x01(\rR\bdiscrete\x12\x17\n" +
-	"\aact_dim\x18\x03 \x01(\rR\x06actDim\">\n" +
+	"\aact_dim\x18\x03 \x01(\rR\x06actDim\"]\n" +
 	"\x12ARSStartRunRequest\x12(\n" +
-	"\x04spec\x18\x01 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\"B\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"B\n" +
 	"\x13ARSStartRunResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\"R\n" +

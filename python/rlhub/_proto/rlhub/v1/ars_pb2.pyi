@@ -68,10 +68,12 @@ class ARSEnvSpec(_message.Message):
     def __init__(self, obs_dim: _Optional[int] = ..., discrete: _Optional[int] = ..., act_dim: _Optional[int] = ...) -> None: ...
 
 class ARSStartRunRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     spec: ARSRunSpec
-    def __init__(self, spec: _Optional[_Union[ARSRunSpec, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[ARSRunSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ARSStartRunResponse(_message.Message):
     __slots__ = ("run_id", "model")
