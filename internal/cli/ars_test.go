@@ -134,6 +134,14 @@ func TestTrainARSSameResultWithOneAndTwoWorkerProcesses(t *testing.T) {
 
 func TestTrainARSBadFlags(t *testing.T) {
 	ctx := context.Background()
+	used := t.TempDir()
+	if err := os.WriteFile(filepath.Join(used, "summary.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, ctx, "train", "ars", "--env", "CartPole-v1", "--out", used)
+	if b, _ := os.ReadFile(filepath.Join(used, "summary.json")); code == 0 || string(b) != "{}" || !strings.Contains(errOut, "--overwrite") {
+		t.Errorf("train into a used --out: code %d, %q, summary %q", code, errOut, b)
+	}
 	for _, args := range [][]string{
 		{"train", "ars", "--env", "Nope-v0", "--out", t.TempDir()},
 		{"train", "ars", "--env", "CartPole-v1"},
@@ -146,6 +154,8 @@ func TestTrainARSBadFlags(t *testing.T) {
 		{"train", "ars", "--env", "user/Grid-v0", "--obs-dim", "3", "--discrete", "2", "--out", t.TempDir()},
 		{"train", "ars", "--env", "user/Grid-v0", "--obs-dim", "3", "--discrete", "2", "--act-dim", "1", "--hub", "127.0.0.1:1", "--workers", "0", "--out", t.TempDir()},
 		{"eval", "--policy", filepath.Join(t.TempDir(), "missing.safetensors")},
+		{"train", "ars", "--env", "CartPole-v1", "--out", t.TempDir(), "--resume", "--overwrite"},
+		{"train", "ars", "--env", "CartPole-v1", "--out", t.TempDir(), "--resume"},
 	} {
 		if code, _, _ := run(t, ctx, args...); code == 0 {
 			t.Errorf("%v succeeded", args)

@@ -174,8 +174,11 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 		werr = errors.New("every worker process exited before the run ended")
 	}
 	r.prog.finish()
-	if werr != nil && !errors.Is(werr, ErrUnreachable) {
+	interrupted := ctx.Err() != nil
+	if werr != nil && !errors.Is(werr, ErrUnreachable) && !(interrupted && cfg.Hub == "") {
 		// Interrupted or the stream broke: stop the run, keep what we have.
+		// (An interrupted run on the embedded hub is left as it is on
+		// disk, so OutResume can continue it.)
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		r.client.StopRun(sctx, &pb.ARSStopRunRequest{RunId: r.runID})
 		cancel()

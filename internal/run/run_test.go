@@ -234,3 +234,46 @@ func TestRunConfigRejectsNonsense(t *testing.T) {
 		}
 	}
 }
+
+// A run on the embedded hub interrupted after a few iterations continues
+// with OutResume (the hub reopened on OUT/hub) and ends with the policy
+// and curve an uninterrupted run of the same spec produces.
+func TestRunResumeAfterInterrupt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	ref := t.TempDir()
+	refSum, err := Run(ctx, Config{Spec: cartPole(7, 8), Workers: 1, WorkerCommand: workerCommand(t), Out: ref, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ictx, stop := context.WithCancel(ctx)
+	_, err = Run(ictx, Config{Spec: cartPole(7, 8), Workers: 1, WorkerCommand: workerCommand(t), Out: dir, Logger: testkit.Logger(),
+		Observer: ObserverFunc(func(it Iteration) {
+			if it.Iteration == 2 {
+				stop()
+			}
+		})})
+	stop()
+	if err == nil {
+		t.Fatal("interrupted run returned no error")
+	}
+	if _, err := Run(ctx, Config{Spec: cartPole(7, 8), Workers: 1, WorkerCommand: workerCommand(t), Out: dir, Logger: testkit.Logger()}); err == nil {
+		t.Fatal("a fresh run into the interrupted run's directory was accepted")
+	}
+	sum, err := Run(ctx, Config{Spec: cartPole(7, 8), Workers: 1, WorkerCommand: workerCommand(t), Out: dir, OutMode: OutResume, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Iterations != refSum.Iterations || sum.RunID != refSum.RunID {
+		t.Fatalf("resumed %+v, reference %+v", sum, refSum)
+	}
+	a, _ := os.ReadFile(filepath.Join(ref, "policy.safetensors"))
+	b, _ := os.ReadFile(filepath.Join(dir, "policy.safetensors"))
+	if len(a) == 0 || !bytes.Equal(a, b) {
+		t.Fatal("resumed policy differs from the uninterrupted run's")
+	}
+	if recs := readCurve(t, dir); uint64(len(recs)) != refSum.Iterations+1 {
+		t.Fatalf("curve.csv has %d rows, want header + %d", len(recs), refSum.Iterations)
+	}
+}
