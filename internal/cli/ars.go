@@ -93,6 +93,7 @@ type trainARSOptions struct {
 	overwrite  bool
 	resume     bool
 	reconnect  time.Duration
+	config     string
 	// envSpec: the spaces of an environment only Python workers run
 	// (--obs-dim with --discrete or --act-dim); zero for a built-in one.
 	envSpec pb.ARSEnvSpec
@@ -120,10 +121,23 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.spec.UseTarget = cmd.Flags().Changed("target")
 			o.spec.Target = o.target
+			if o.config != "" {
+				rf, err := arsrun.LoadFile(o.config)
+				if err != nil {
+					return err
+				}
+				o.applyFile(rf, cmd.Flags().Changed)
+			}
+			if o.spec.Env == "" || o.out == "" {
+				return errors.New("need --env and --out (as flags or in the --config file; out only as a flag)")
+			}
 			return trainARS(cmd.Context(), g, &o)
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&o.config, "config", "", "run file (YAML; keys are these flags' names with _ for -; OUT/config.yaml of a run replays it); flags given override it")
+	f.StringVar(&o.spec.Protocol, "protocol", "", "evaluation protocol: paper (default: every 10 iterations over 100 episodes, as the ARS authors' code) or fast (the per-env defaults, fewer and smaller evaluations); --eval-every/--eval-episodes override either")
+	f.Uint32Var(&o.spec.ConfirmEpisodes, "confirm-episodes", 0, "fresh episodes of the re-evaluation after a stop at --target (default 100)")
 	f.StringVar(&o.spec.Env, "env", "", "environment: "+fmt.Sprint(env.Names()))
 	f.IntVar(&o.workers, "workers", 2, "worker processes to start (0: rely on workers already attached to --hub)")
 	f.Uint64Var(&o.spec.Seed, "seed", 1, "run seed (noise directions, episode seeds)")
@@ -148,9 +162,56 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 	f.Uint32Var(&o.envSpec.ObsDim, "obs-dim", 0, "observation length of an --env the hub does not know (a Gymnasium env served by python -m rlhub.ars_worker; needs --hub and --workers 0)")
 	f.Uint32Var(&o.envSpec.Discrete, "discrete", 0, "with --obs-dim: number of discrete actions")
 	f.Uint32Var(&o.envSpec.ActDim, "act-dim", 0, "with --obs-dim: length of a continuous action")
-	cmd.MarkFlagRequired("env")
-	cmd.MarkFlagRequired("out")
 	return cmd
+}
+
+// applyFile takes every setting of a run file whose flag was not given.
+func (o *trainARSOptions) applyFile(rf *arsrun.File, changed func(string) bool) {
+	sp := rf.Spec()
+	set := func(flag string, apply func()) {
+		if !changed(flag) {
+			apply()
+		}
+	}
+	set("env", func() { o.spec.Env = sp.Env })
+	set("seed", func() {
+		if rf.Seed != nil {
+			o.spec.Seed = sp.Seed
+		}
+	})
+	set("version", func() { o.version = sp.Version })
+	set("directions", func() { o.spec.Directions = sp.Directions })
+	set("top", func() { o.spec.Top = sp.Top })
+	set("step-size", func() { o.spec.StepSize = sp.StepSize })
+	set("noise", func() { o.spec.Noise = sp.Noise })
+	set("shift", func() { o.spec.Shift = sp.Shift })
+	set("hidden", func() {
+		o.hidden = nil
+		for _, h := range sp.Hidden {
+			o.hidden = append(o.hidden, int(h))
+		}
+	})
+	set("protocol", func() { o.spec.Protocol = sp.Protocol })
+	set("eval-every", func() { o.spec.EvalEvery = sp.EvalEvery })
+	set("eval-episodes", func() { o.spec.EvalEpisodes = sp.EvalEpisodes })
+	set("confirm-episodes", func() { o.spec.ConfirmEpisodes = sp.ConfirmEpisodes })
+	set("target", func() { o.spec.UseTarget, o.spec.Target = sp.UseTarget, sp.Target })
+	set("max-episodes", func() { o.spec.MaxEpisodes = sp.MaxEpisodes })
+	set("max-iterations", func() { o.spec.MaxIterations = sp.MaxIterations })
+	set("obs-dim", func() { o.envSpec.ObsDim = rf.ObsDim })
+	set("discrete", func() { o.envSpec.Discrete = rf.Discrete })
+	set("act-dim", func() { o.envSpec.ActDim = rf.ActDim })
+	set("workers", func() {
+		if rf.Workers != nil {
+			o.workers = *rf.Workers
+		}
+	})
+	set("hub", func() { o.hubAddr = rf.Hub })
+	set("reconnect-window", func() {
+		if d, err := time.ParseDuration(rf.ReconnectWindow); err == nil && rf.ReconnectWindow != "" {
+			o.reconnect = d // LoadFile validated it
+		}
+	})
 }
 
 // runConfig maps the flags to a arsrun.Config.

@@ -178,3 +178,54 @@ func TestTrainARSFailsWhenWorkersDie(t *testing.T) {
 		t.Fatal("train did not notice before the deadline")
 	}
 }
+
+// Every run writes its resolved configuration; `--config OUT/config.yaml`
+// replays it to a byte-identical policy; flags override the file; unknown
+// keys are refused with a clear error.
+func TestTrainARSRunFileReplays(t *testing.T) {
+	useHelperWorkers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	first := t.TempDir()
+	cfgPath := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(cfgPath, []byte("env: CartPole-v1\nseed: 4\nmax_iterations: 3\neval_every: 2\neval_episodes: 3\nworkers: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--config", cfgPath, "--directions", "6", "--out", first, "--no-progress")
+	if code != 0 {
+		t.Fatalf("train: code %d %q %q", code, out, errOut)
+	}
+	resolved, err := os.ReadFile(filepath.Join(first, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"env: CartPole-v1", "seed: 4", "directions: 6", "protocol: paper", "eval_every: 2", "workers: 1", "version: V2-t"} {
+		if !strings.Contains(string(resolved), want+"\n") {
+			t.Errorf("config.yaml lacks %q:\n%s", want, resolved)
+		}
+	}
+	second := t.TempDir()
+	code, out, errOut = run(t, ctx, "--log-level", "warn", "train", "ars", "--config", filepath.Join(first, "config.yaml"), "--out", second, "--no-progress")
+	if code != 0 {
+		t.Fatalf("replay: code %d %q %q", code, out, errOut)
+	}
+	a, _ := os.ReadFile(filepath.Join(first, "policy.safetensors"))
+	b, _ := os.ReadFile(filepath.Join(second, "policy.safetensors"))
+	if len(a) == 0 || !bytes.Equal(a, b) {
+		t.Fatal("the replayed run's policy differs")
+	}
+	if again, _ := os.ReadFile(filepath.Join(second, "config.yaml")); !bytes.Equal(again, resolved) {
+		t.Errorf("replay resolved to\n%s\nnot\n%s", again, resolved)
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("env: CartPole-v1\nstep_szie: 0.1\n"), 0o644)
+	dir := t.TempDir()
+	code, _, errOut = run(t, ctx, "train", "ars", "--config", bad, "--out", dir)
+	if code == 0 || !strings.Contains(errOut, "step_szie") || !strings.Contains(errOut, "not found") {
+		t.Fatalf("unknown key: code %d, %q", code, errOut)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("a refused run file wrote %d files", len(ents))
+	}
+}

@@ -301,14 +301,14 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if err := add(aggregator.New(acfg)); err != nil {
 		return nil, err
 	}
-<<<<<<< HEAD
 	// The ARS coordinator and the reducer write through owner views of the
 	// store: the models they manage take no other writer's pushes (store
 	// rule 6). Remote store pushes are anonymous and are refused there.
-	if err := add(arsrpc.New(arsrpc.Config{Store: store.Owned{Store: h.store, Owner: OwnerARS}, MaxPolicyParams: h.cfg.Limits.MaxPolicyParams, Logger: h.cfg.Logger})); err != nil {
-=======
 	arscfg := h.cfg.ARS
-	arscfg.Store = h.store
+	arscfg.Store = store.Owned{Store: h.store, Owner: OwnerARS}
+	if arscfg.MaxPolicyParams == 0 {
+		arscfg.MaxPolicyParams = h.cfg.Limits.MaxPolicyParams
+	}
 	if h.cfg.DataDir != "" {
 		arscfg.DataDir = filepath.Join(h.cfg.DataDir, "ars")
 	}
@@ -316,7 +316,6 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		arscfg.Logger = h.cfg.Logger
 	}
 	if err := add(arsrpc.New(arscfg)); err != nil {
->>>>>>> 0a6482e (ars: every run's state is durable under --data/ars (state.json by temp+fsync+rename, a CRC-checked progress log); a restarted hub resumes unfinished runs; train ars, Go and Python workers reconnect with backoff; StartRun takes an idempotency key; test SIGKILLs a real rlhub serve at six points)
 		return nil, err
 	}
 	if err := add(wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})); err != nil {

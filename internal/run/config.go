@@ -74,9 +74,6 @@ type Config struct {
 	// StartTimeout bounds starting the run on the hub; a hub that refuses
 	// connections fails at once. 0 means 10s.
 	StartTimeout time.Duration
-	// ConfigYAML, when not nil, is written to Out/config.yaml as the run's
-	// fully resolved configuration (the CLI renders it).
-	ConfigYAML []byte
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }

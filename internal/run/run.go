@@ -144,10 +144,14 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 		}
 		cfg.Logger.Info("ars run", "run", r.runID, "hub", addr, "workers", cfg.Workers)
 	}
-	if cfg.ConfigYAML != nil {
-		if err := writeFileAtomic(filepath.Join(cfg.Out, "config.yaml"), cfg.ConfigYAML); err != nil {
-			return Summary{}, err
-		}
+	// The fully resolved configuration: `--config OUT/config.yaml`
+	// replays the run.
+	yml, err := resolvedFile(r.spec, cfg).Marshal()
+	if err != nil {
+		return Summary{}, err
+	}
+	if err := writeFileAtomic(filepath.Join(cfg.Out, "config.yaml"), yml); err != nil {
+		return Summary{}, err
 	}
 	if r.curve, err = createCurve(filepath.Join(cfg.Out, "curve.csv")); err != nil {
 		return Summary{}, err
