@@ -203,7 +203,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		Hyper: ars.Hyper{Version: v, Directions: int(s.Directions), Top: int(s.Top),
 			StepSize: s.StepSize, Noise: s.Noise, Shift: s.Shift},
 		EvalEvery: int(s.EvalEvery), EvalEpisodes: int(s.EvalEpisodes),
-		UseTarget: s.UseTarget, Target: s.Target,
+		UseTarget: s.UseTarget, Target: s.Target, ConfirmEpisodes: int(s.ConfirmEpisodes),
 		MaxEpisodes: s.MaxEpisodes, MaxIterations: int(s.MaxIterations),
 	}
 	for _, h := range s.Hidden {
@@ -475,18 +475,25 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		out.stale = len(in)
 		return out, nil
 	}
-	res := make([]ars.Result, len(in))
-	for k, p := range in {
-		var err error
-		if res[k], err = fromPB(p); err != nil {
+	res := make([]ars.Result, 0, len(in))
+	for _, p := range in {
+		x, err := fromPB(p)
+		if err != nil {
 			return reportOutcome{}, err
 		}
-		if _, ok := r.pos[res[k].Task]; !ok {
-			return reportOutcome{}, fmt.Errorf("%w: iteration %d has no task %v %d", errs.ErrInvalid, iter, res[k].Kind, res[k].Index)
+		if _, ok := r.pos[x.Task]; !ok {
+			if r.tr.Confirming() && x.Index < ars.ConfirmBase {
+				// A late result of the iteration the re-evaluation
+				// confirms (it has the same number).
+				out.stale++
+				continue
+			}
+			return reportOutcome{}, fmt.Errorf("%w: iteration %d has no task %v %d", errs.ErrInvalid, iter, x.Kind, x.Index)
 		}
-		if err := r.tr.Check(&res[k]); err != nil {
+		if err := r.tr.Check(&x); err != nil {
 			return reportOutcome{}, err
 		}
+		res = append(res, x)
 	}
 	for _, x := range res {
 		i := r.pos[x.Task]
@@ -580,7 +587,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		EvalEpisodes: rep.EvalEpisodes, Steps: rep.Steps, IterationSteps: rep.IterSteps,
 		HasEval: rep.HasEval, EvalMean: rep.EvalMean, EvalStd: rep.EvalStd, SigmaR: rep.Update.SigmaR,
 		Done: rep.Done, Reason: rep.Reason, Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
-		PolicyEpisodes: rep.PolicyEpisodes, TrainReturn: rep.TrainMean,
+		PolicyEpisodes: rep.PolicyEpisodes, TrainReturn: rep.TrainMean, Confirm: rep.Confirm,
 	})
 	if rep.Done {
 		r.end()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/testkit"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -275,5 +276,48 @@ func TestRunResumeAfterInterrupt(t *testing.T) {
 	}
 	if recs := readCurve(t, dir); uint64(len(recs)) != refSum.Iterations+1 {
 		t.Fatalf("curve.csv has %d rows, want header + %d", len(recs), refSum.Iterations)
+	}
+}
+
+// A run that stops at its target re-evaluates θ on ConfirmEpisodes (100)
+// fresh episodes in the same run, and that is the number the summary
+// reports: recomputed here from the policy file on the same episodes.
+func TestRunReEvaluatesOnFreshEpisodesAtTarget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	spec := &pb.ARSRunSpec{Env: "CartPole-v1", Seed: 2, EvalEvery: 2, EvalEpisodes: 5, UseTarget: true, Target: 150, MaxEpisodes: 20000}
+	sum, err := Run(ctx, Config{Spec: spec, Workers: 2, WorkerCommand: workerCommand(t), Out: dir, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sum.ReachedTarget || sum.TargetHeld == nil || sum.ConfirmEpisodes != 100 || sum.FinalEvalMean == nil {
+		t.Fatalf("summary %+v", sum)
+	}
+	recs := readCurve(t, dir)
+	last := recs[len(recs)-1]
+	if last[len(last)-1] != "true" || last[8] != formatG(*sum.FinalEvalMean) {
+		t.Fatalf("last curve row %v, summary eval %v", last, *sum.FinalEvalMean)
+	}
+	blob, err := os.ReadFile(filepath.Join(dir, "policy.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ars.DecodePolicy(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := env.Make("CartPole-v1")
+	ev := ars.NewEvaluator(e, &p.Arch)
+	it := &ars.Iteration{Seed: p.Seed, Iteration: p.Iteration, Hyper: p.Hyper, Theta: p.Theta, Filter: p.Filter()}
+	var total float64
+	for i := range 100 {
+		total += ev.Run(it, ars.Task{Kind: ars.KindEval, Index: ars.ConfirmBase + i}).Return
+	}
+	if mean := total / 100; mean != *sum.FinalEvalMean {
+		t.Fatalf("100 fresh episodes of the policy give %v, the summary reports %v", mean, *sum.FinalEvalMean)
+	}
+	if held := *sum.FinalEvalMean >= 150; held != *sum.TargetHeld {
+		t.Fatalf("target_held %v for %v", *sum.TargetHeld, *sum.FinalEvalMean)
 	}
 }
