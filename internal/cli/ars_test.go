@@ -72,7 +72,7 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	if err := json.Unmarshal(raw, &sum); err != nil {
 		t.Fatal(err)
 	}
-	if !sum.ReachedTarget || sum.FinalEvalMean == nil || *sum.FinalEvalMean < 475 || sum.Workers != 2 || sum.Steps == 0 {
+	if !sum.ReachedTarget || sum.TargetHeld == nil || sum.FinalEvalMean == nil || *sum.FinalEvalMean < 475 != !*sum.TargetHeld || sum.Workers != 2 || sum.Steps == 0 || sum.Protocol != "paper" {
 		t.Fatalf("summary %s", raw)
 	}
 	f, err := os.Open(filepath.Join(dir, "curve.csv"))
@@ -81,7 +81,8 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	}
 	recs, err := csv.NewReader(f).ReadAll()
 	f.Close()
-	if err != nil || len(recs) != int(sum.Iterations)+1 || recs[0][0] != "iteration" {
+	// header, one row per iteration, the re-evaluation on fresh episodes
+	if err != nil || len(recs) != int(sum.Iterations)+2 || recs[0][0] != "iteration" || recs[len(recs)-1][len(recs[0])-1] != "true" {
 		t.Fatalf("curve.csv: %v, %d rows for %d iterations", err, len(recs), sum.Iterations)
 	}
 	png, err := os.ReadFile(filepath.Join(dir, "curve.png"))
