@@ -355,6 +355,9 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	rep.Steps += rep.IterSteps
 	rep.PolicyEpisodes = t.rep.Episodes
+	if t.confirming {
+		rep.PolicyEpisodes = t.rep.PolicyEpisodes // the same θ as the evaluation it confirms
+	}
 
 	switch {
 	case t.confirming:

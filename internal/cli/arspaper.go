@@ -96,8 +96,8 @@ type paperTaskResult struct {
 	Reached        int      `json:"reached"`
 	// Held: reached seeds whose re-evaluation on fresh episodes also
 	// reached the threshold.
-	Held int `json:"held"`
-	SuccessRate    float64  `json:"success_rate"`
+	Held        int     `json:"held"`
+	SuccessRate float64 `json:"success_rate"`
 	// Training episodes (evaluation episodes not counted, as in the paper)
 	// that produced the first policy evaluated at or above the threshold,
 	// over the seeds that reached it within the budget.

@@ -39,7 +39,7 @@ func (p *progress) line(it Iteration) string {
 	if it.HasEval {
 		eval = fmt.Sprintf("eval %.1f ± %.1f", it.EvalReturn, it.EvalStd)
 		if it.Confirm {
-			eval = fmt.Sprintf("re-eval on %d fresh episodes %.1f ± %.1f", it.EvalEpisodes, it.EvalReturn, it.EvalStd)
+			eval = fmt.Sprintf("re-evaluation on fresh episodes %.1f ± %.1f", it.EvalReturn, it.EvalStd)
 		}
 	}
 	train := ""

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -296,7 +297,9 @@ func TestRunReEvaluatesOnFreshEpisodesAtTarget(t *testing.T) {
 	}
 	recs := readCurve(t, dir)
 	last := recs[len(recs)-1]
-	if last[len(last)-1] != "true" || last[8] != formatG(*sum.FinalEvalMean) {
+	reached := recs[len(recs)-2]
+	if last[len(last)-1] != "true" || last[8] != formatG(*sum.FinalEvalMean) || last[2] != reached[2] || last[0] != reached[0] ||
+		strconv.FormatInt(sum.PolicyEpisodes, 10) != reached[2] {
 		t.Fatalf("last curve row %v, summary eval %v", last, *sum.FinalEvalMean)
 	}
 	blob, err := os.ReadFile(filepath.Join(dir, "policy.safetensors"))
