@@ -121,7 +121,7 @@ func startWorkers(t *testing.T, bin, addr string, n int) {
 }
 
 func durableSpec() *pb.ARSRunSpec {
-	return &pb.ARSRunSpec{Env: "CartPole-v1", Seed: 11, Directions: 8, Top: 4, MaxIterations: 14, EvalEvery: 3, EvalEpisodes: 4}
+	return &pb.ARSRunSpec{Env: "CartPole-v1", Seed: 11, Directions: 8, Top: 4, MaxIterations: 40, EvalEvery: 3, EvalEpisodes: 8}
 }
 
 // The hub process is SIGKILLed at named points of an ARS run — results
