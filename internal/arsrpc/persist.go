@@ -48,16 +48,17 @@ const stateFormat = 1
 
 // diskState is state.json.
 type diskState struct {
-	Format   int             `json:"format"`
-	ID       string          `json:"id"`
-	Model    string          `json:"model"`
-	Request  string          `json:"request_id,omitempty"`
-	Spec     json.RawMessage `json:"spec"` // protojson of the normalised spec
-	Version  uint64          `json:"version"`
-	Started  int64           `json:"started_unix_nano"`
-	Done     bool            `json:"done"`
-	Trainer  ars.TrainerState
-	Progress int `json:"progress_entries"`
+	Format  int             `json:"format"`
+	ID      string          `json:"id"`
+	Model   string          `json:"model"`
+	Request string          `json:"request_id,omitempty"`
+	Spec    json.RawMessage `json:"spec"` // protojson of the normalised spec
+	Version uint64          `json:"version"`
+	Started int64           `json:"started_unix_nano"`
+	Done    bool            `json:"done"`
+	// Trainer is nil for a run that ended (its trainer is dropped).
+	Trainer  *ars.TrainerState `json:"trainer,omitempty"`
+	Progress int               `json:"progress_entries"`
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -174,7 +175,11 @@ func (p *persister) save(r *run) error {
 		return err
 	}
 	st := diskState{Format: stateFormat, ID: r.id, Model: r.model, Request: r.requestID, Spec: spec, Version: r.version,
-		Started: r.started.UnixNano(), Done: r.done, Trainer: r.tr.State(), Progress: len(r.progress)}
+		Started: r.started.UnixNano(), Done: r.done, Progress: len(r.progress)}
+	if r.tr != nil {
+		ts := r.tr.State()
+		st.Trainer = &ts
+	}
 	b, err := json.Marshal(&st)
 	if err != nil {
 		return err
@@ -274,9 +279,14 @@ func (p *persister) loadRun(name string) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr, err := ars.RestoreTrainer(cfg, st.Trainer)
-	if err != nil {
-		return nil, err
+	var tr *ars.Trainer
+	switch {
+	case st.Trainer != nil && !st.Done:
+		if tr, err = ars.RestoreTrainer(cfg, *st.Trainer); err != nil {
+			return nil, err
+		}
+	case !st.Done:
+		return nil, errors.New("state.json: an unfinished run without trainer state")
 	}
 	progress, err := readProgress(filepath.Join(rd, "progress.log"), st.Progress)
 	if err != nil {

@@ -221,6 +221,9 @@ func (s *Service) reconcileStore(r *run) error {
 	if have+1 != r.version {
 		return fmt.Errorf("the store holds version %d of %s, the run's state version %d", have, r.model, r.version)
 	}
+	if r.tr == nil {
+		return fmt.Errorf("the store holds version %d of %s, the ended run's state version %d", have, r.model, r.version)
+	}
 	blob, err := r.tr.PolicyOf().Encode()
 	if err != nil {
 		return err
