@@ -28,6 +28,10 @@ type Config struct {
 	// used only when UseTarget.
 	Target    float64
 	UseTarget bool
+	// ConfirmEpisodes: once an evaluation reaches Target, θ is evaluated
+	// once more on this many fresh episodes (ConfirmBase + e) in a final
+	// iteration, and that is the result the run reports; 0 means none.
+	ConfirmEpisodes int
 	// MaxEpisodes bounds training episodes (2N per iteration); 0 means no
 	// episode bound.
 	MaxEpisodes int64
@@ -55,6 +59,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EvalEvery < 1 || c.EvalEpisodes < 1 || c.EvalEpisodes > 1<<20 {
 		return fmt.Errorf("%w: eval every %d iterations over %d episodes", errs.ErrInvalid, c.EvalEvery, c.EvalEpisodes)
+	}
+	if c.ConfirmEpisodes < 0 || c.ConfirmEpisodes > 1<<20 {
+		return fmt.Errorf("%w: confirm episodes %d", errs.ErrInvalid, c.ConfirmEpisodes)
 	}
 	if c.UseTarget && !finite(c.Target) {
 		return fmt.Errorf("%w: target %v", errs.ErrInvalid, c.Target)
@@ -89,6 +96,11 @@ const (
 	// KindEval: evaluation episode e of θ (shift 0, filter frozen).
 	KindEval
 )
+
+// ConfirmBase offsets the evaluation episodes of the re-evaluation after a
+// stop at the target: task (KindEval, ConfirmBase + e) runs on episode
+// seeds no regular evaluation uses.
+const ConfirmBase = 1 << 30
 
 // Task is one unit of work within an iteration.
 type Task struct {
@@ -129,13 +141,19 @@ type Report struct {
 	EvalEpisodes   int64 // evaluation episodes so far
 	Steps          int64 // environment steps so far (training and evaluation)
 	IterSteps      int64 // steps of this iteration
-	HasEval        bool
-	EvalMean       float64
-	EvalStd        float64
-	Update         StepInfo
-	Updated        bool // θ moved to a new version
-	Done           bool
-	Reason         string // why the run ended: "target" or "budget"
+	// TrainMean is the mean of the iteration's 2N shifted training returns
+	// (0 for an evaluation-only iteration).
+	TrainMean float64
+	HasEval   bool
+	EvalMean  float64
+	EvalStd   float64
+	Update    StepInfo
+	Updated   bool // θ moved to a new version
+	Done      bool
+	Reason    string // why the run ended: "target" or "budget"
+	// Confirm: this iteration was the re-evaluation on fresh episodes
+	// after the target was reached; EvalMean/EvalStd are its result.
+	Confirm bool
 }
 
 // Trainer is the pure ARS run state machine the coordinator drives: it
@@ -149,8 +167,11 @@ type Trainer struct {
 	theta    []float64
 	stats    *Stats
 	evalOnly bool // the current iteration only evaluates (the final one)
-	rep      Report
-	filter   Filter
+	// confirming: the current iteration re-evaluates θ on ConfirmEpisodes
+	// fresh episodes after an evaluation reached the target.
+	confirming bool
+	rep        Report
+	filter     Filter
 }
 
 // NewTrainer starts a run at iteration 0 with θ_0 and empty statistics.
@@ -201,8 +222,25 @@ func (t *Trainer) Theta() []float64 { return t.theta }
 func (t *Trainer) Stats() *Stats { return t.stats }
 
 func (t *Trainer) evaluates() bool {
-	return t.evalOnly || t.iter%uint64(t.cfg.EvalEvery) == 0
+	return t.confirming || t.evalOnly || t.iter%uint64(t.cfg.EvalEvery) == 0
 }
+
+// evalTasks is the current iteration's evaluation episodes: their count
+// and the first task index.
+func (t *Trainer) evalTasks() (n, base int) {
+	switch {
+	case t.confirming:
+		return t.cfg.ConfirmEpisodes, ConfirmBase
+	case t.evaluates():
+		return t.cfg.EvalEpisodes, 0
+	}
+	return 0, 0
+}
+
+// Confirming reports whether the current iteration is the re-evaluation
+// after the target was reached (results of the iteration before it, same
+// number, are then stale, not invalid).
+func (t *Trainer) Confirming() bool { return t.confirming }
 
 // Tasks lists the current iteration's tasks: directions 0..N−1 (unless this
 // is the final evaluation-only iteration), then evaluation episodes
@@ -212,15 +250,14 @@ func (t *Trainer) Tasks() []Task {
 		return nil
 	}
 	var ts []Task
-	if !t.evalOnly {
+	if !t.evalOnly && !t.confirming {
 		for d := 0; d < t.cfg.Hyper.Directions; d++ {
 			ts = append(ts, Task{KindDirection, d})
 		}
 	}
-	if t.evaluates() {
-		for e := 0; e < t.cfg.EvalEpisodes; e++ {
-			ts = append(ts, Task{KindEval, e})
-		}
+	n, base := t.evalTasks()
+	for e := 0; e < n; e++ {
+		ts = append(ts, Task{KindEval, base + e})
 	}
 	return ts
 }
@@ -231,7 +268,7 @@ func (t *Trainer) Tasks() []Task {
 func (t *Trainer) Check(r *Result) error {
 	switch r.Kind {
 	case KindDirection:
-		if t.evalOnly || r.Index < 0 || r.Index >= t.cfg.Hyper.Directions {
+		if t.evalOnly || t.confirming || r.Index < 0 || r.Index >= t.cfg.Hyper.Directions {
 			return fmt.Errorf("%w: no direction %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
 		if !finite(r.RPlus) || !finite(r.RMinus) {
@@ -247,7 +284,7 @@ func (t *Trainer) Check(r *Result) error {
 			return fmt.Errorf("%w: direction %d saw %v states in %d steps", errs.ErrInvalid, r.Index, r.Stats.Count, r.Steps)
 		}
 	case KindEval:
-		if !t.evaluates() || r.Index < 0 || r.Index >= t.cfg.EvalEpisodes {
+		if n, base := t.evalTasks(); r.Index < base || r.Index >= base+n {
 			return fmt.Errorf("%w: no evaluation episode %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
 		if !finite(r.Return) {
@@ -287,19 +324,22 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	rep := t.rep
 	rep.Iteration = t.iter
-	rep.HasEval, rep.Updated, rep.Update, rep.IterSteps = false, false, StepInfo{}, 0
+	rep.HasEval, rep.Updated, rep.Update, rep.IterSteps, rep.TrainMean, rep.Confirm = false, false, StepInfo{}, 0, 0, t.confirming
 	n := t.cfg.Hyper.Directions
 	var rplus, rminus []float64
-	if !t.evalOnly {
+	if !t.evalOnly && !t.confirming {
 		rplus, rminus = make([]float64, n), make([]float64, n)
+		var sum float64
 		for _, r := range results[:n] {
 			rplus[r.Index], rminus[r.Index] = r.RPlus, r.RMinus
 			rep.IterSteps += r.Steps
+			sum += r.RPlus + r.RMinus
 		}
+		rep.TrainMean = sum / float64(2*n)
 		rep.Episodes += int64(2 * n)
 	}
-	if t.evaluates() {
-		evals := results[len(results)-t.cfg.EvalEpisodes:]
+	if ne, _ := t.evalTasks(); ne > 0 {
+		evals := results[len(results)-ne:]
 		var sum float64
 		for _, r := range evals {
 			sum += r.Return
@@ -315,8 +355,18 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	rep.Steps += rep.IterSteps
 	rep.PolicyEpisodes = t.rep.Episodes
+	if t.confirming {
+		rep.PolicyEpisodes = t.rep.PolicyEpisodes // the same θ as the evaluation it confirms
+	}
 
 	switch {
+	case t.confirming:
+		// The re-evaluation is the result, whatever it says.
+		rep.Done, rep.Reason = true, "target"
+	case rep.HasEval && t.cfg.UseTarget && rep.EvalMean >= t.cfg.Target && t.cfg.ConfirmEpisodes > 0:
+		// Stop training; θ (unchanged) is evaluated once more on fresh
+		// episodes under the same iteration number.
+		t.confirming = true
 	case rep.HasEval && t.cfg.UseTarget && rep.EvalMean >= t.cfg.Target:
 		rep.Done, rep.Reason = true, "target"
 	case t.evalOnly:
@@ -341,4 +391,55 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	t.rep = rep
 	return rep, nil
+}
+
+// TrainerState is everything a Trainer holds between iterations: with the
+// Config it was made from, RestoreTrainer rebuilds a trainer that
+// continues exactly as this one would (the filter is derived from Stats).
+// The slices are copies owned by whoever holds the state.
+type TrainerState struct {
+	Iter     uint64    `json:"iter"`
+	Theta    []float64 `json:"theta"`
+	Stats    *Stats    `json:"stats"`
+	EvalOnly bool      `json:"eval_only"`
+	Confirm  bool      `json:"confirming,omitempty"`
+	Last     Report    `json:"last"`
+}
+
+// State returns a copy of the trainer's state after its last finished
+// iteration (before any results of the current one).
+func (t *Trainer) State() TrainerState {
+	return TrainerState{Iter: t.iter, Theta: append([]float64(nil), t.theta...), Stats: t.stats.Clone(), EvalOnly: t.evalOnly, Confirm: t.confirming, Last: t.rep}
+}
+
+// RestoreTrainer rebuilds a trainer from cfg and a State taken from a
+// trainer made with the same cfg. It validates the state's shapes and
+// values (it may come from a file) and wraps errs.ErrInvalid.
+func RestoreTrainer(cfg Config, st TrainerState) (*Trainer, error) {
+	t, err := NewTrainer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if len(st.Theta) != len(t.theta) {
+		return nil, fmt.Errorf("%w: restored θ has %d parameters, the run's architecture %d", errs.ErrInvalid, len(st.Theta), len(t.theta))
+	}
+	for i, v := range st.Theta {
+		if !finite(v) {
+			return nil, fmt.Errorf("%w: restored θ[%d] = %v", errs.ErrInvalid, i, v)
+		}
+	}
+	if st.Stats == nil {
+		return nil, fmt.Errorf("%w: restored state without filter statistics", errs.ErrInvalid)
+	}
+	if err := st.Stats.check(cfg.Spec.ObsDim); err != nil {
+		return nil, err
+	}
+	if st.Last.Episodes < 0 || st.Last.Steps < 0 || st.Last.EvalEpisodes < 0 {
+		return nil, fmt.Errorf("%w: restored counters are negative", errs.ErrInvalid)
+	}
+	t.iter, t.evalOnly, t.confirming, t.rep = st.Iter, st.EvalOnly, st.Confirm, st.Last
+	copy(t.theta, st.Theta)
+	t.stats = st.Stats.Clone()
+	t.freeze()
+	return t, nil
 }

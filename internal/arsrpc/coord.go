@@ -22,9 +22,13 @@ type coordinator struct {
 
 	workers    map[string]*worker
 	runs       map[string]*run
-	order      []*run // runs in start order: leases serve the oldest first
+	byRequest  map[string]*run // StartRun idempotency keys
+	order      []*run          // runs in start order: leases serve the oldest first
 	nextWorker uint64
 	nextRun    uint64
+	// boot tells this coordinator's worker ids from an earlier hub
+	// process's (a worker that outlived a restart must attach again).
+	boot string
 	// reassigned counts leases of a task someone else held before (after
 	// its lease expired or its worker left, or as a straggler duplicate).
 	reassigned int64
@@ -43,6 +47,7 @@ type lease struct {
 type run struct {
 	id, model string
 	spec      *pb.ARSRunSpec // normalised: every default filled in
+	requestID string         // the StartRun idempotency key ("" for none)
 	tr        *ars.Trainer
 	started   time.Time
 	version   uint64 // store version of the current θ
@@ -58,6 +63,7 @@ type run struct {
 	leasedOnce []bool    // per task: leased at least once
 
 	progress []*pb.ARSProgress // one per finished iteration
+	logged   int               // progress entries already on disk (persister)
 	// trainMeans: each finished iteration's mean shifted ±δ return
 	// (iterations without directions add none); read by Stats.
 	trainMeans []float64
@@ -92,9 +98,34 @@ func policyParams(cfg ars.Config) int64 {
 	return n
 }
 
-func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int) *coordinator {
-	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders,
-		workers: map[string]*worker{}, runs: map[string]*run{}}
+func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int, boot string) *coordinator {
+	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders, boot: boot,
+		workers: map[string]*worker{}, runs: map[string]*run{}, byRequest: map[string]*run{}}
+}
+
+// Evaluation protocols (ARSRunSpec.protocol).
+const (
+	// ProtocolPaper evaluates every PaperEvalEvery iterations over
+	// PaperEvalEpisodes episodes (filter frozen, shift 0), as Mania, Guy &
+	// Recht's code does; the default.
+	ProtocolPaper = "paper"
+	// ProtocolFast takes ars.EnvDefaults' evaluation cadence: fewer,
+	// smaller evaluations, an optimistic stopping rule.
+	ProtocolFast = "fast"
+
+	PaperEvalEvery    = 10
+	PaperEvalEpisodes = 100
+	// DefaultConfirmEpisodes is the size of the re-evaluation on fresh
+	// episodes after a run stops at its target.
+	DefaultConfirmEpisodes = 100
+)
+
+// truncate bounds text from the network before it goes into an error.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // Normalise fills a spec's zero fields with the environment's defaults
@@ -115,6 +146,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		StepSize: in.StepSize, Noise: in.Noise, Shift: in.Shift, Hidden: in.Hidden,
 		EvalEvery: in.EvalEvery, EvalEpisodes: in.EvalEpisodes, UseTarget: in.UseTarget, Target: in.Target,
 		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations, EnvSpec: in.EnvSpec,
+		Protocol: in.Protocol, ConfirmEpisodes: in.ConfirmEpisodes,
 	}
 	if s.Version == "" {
 		s.Version = d.Hyper.Version.String()
@@ -138,11 +170,30 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 	if s.Shift == 0 {
 		s.Shift = d.Hyper.Shift // a zero shift is "unset" on the wire
 	}
+	// The evaluation protocol: the paper's (every 10 iterations, 100
+	// episodes, as the ARS authors' code) unless "fast" asks for the
+	// per-environment defaults; explicit values override either.
+	every, episodes := uint32(PaperEvalEvery), uint32(PaperEvalEpisodes)
+	switch s.Protocol {
+	case "":
+		s.Protocol = ProtocolPaper
+	case ProtocolPaper:
+	case ProtocolFast:
+		every, episodes = uint32(d.EvalEvery), uint32(d.EvalEpisodes)
+	default:
+		return nil, ars.Config{}, fmt.Errorf("%w: evaluation protocol %q: want %q or %q", errs.ErrInvalid, truncate(s.Protocol, 32), ProtocolPaper, ProtocolFast)
+	}
 	if s.EvalEvery == 0 {
-		s.EvalEvery = uint32(d.EvalEvery)
+		s.EvalEvery = every
 	}
 	if s.EvalEpisodes == 0 {
-		s.EvalEpisodes = uint32(d.EvalEpisodes)
+		s.EvalEpisodes = episodes
+	}
+	if s.ConfirmEpisodes == 0 {
+		s.ConfirmEpisodes = DefaultConfirmEpisodes
+	}
+	if s.ConfirmEpisodes > 1<<20 {
+		return nil, ars.Config{}, fmt.Errorf("%w: confirm episodes %d above 2^20", errs.ErrInvalid, s.ConfirmEpisodes)
 	}
 	if s.MaxEpisodes == 0 && s.MaxIterations == 0 {
 		s.MaxEpisodes = d.MaxEpisodes
@@ -152,7 +203,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		Hyper: ars.Hyper{Version: v, Directions: int(s.Directions), Top: int(s.Top),
 			StepSize: s.StepSize, Noise: s.Noise, Shift: s.Shift},
 		EvalEvery: int(s.EvalEvery), EvalEpisodes: int(s.EvalEpisodes),
-		UseTarget: s.UseTarget, Target: s.Target,
+		UseTarget: s.UseTarget, Target: s.Target, ConfirmEpisodes: int(s.ConfirmEpisodes),
 		MaxEpisodes: s.MaxEpisodes, MaxIterations: int(s.MaxIterations),
 	}
 	for _, h := range s.Hidden {
@@ -219,6 +270,9 @@ func (c *coordinator) prepareRun(spec *pb.ARSRunSpec, now time.Time) (*run, []by
 
 func (c *coordinator) addRun(r *run) {
 	c.runs[r.id] = r
+	if r.requestID != "" {
+		c.byRequest[r.requestID] = r
+	}
 	c.order = append(c.order, r)
 	r.startIteration()
 }
@@ -251,7 +305,7 @@ func (r *run) startIteration() {
 
 func (c *coordinator) attach(name string, now time.Time) *worker {
 	c.nextWorker++
-	w := &worker{id: fmt.Sprintf("w%d", c.nextWorker), name: name, seen: now}
+	w := &worker{id: fmt.Sprintf("w%d%s", c.nextWorker, c.boot), name: name, seen: now}
 	c.workers[w.id] = w
 	return w
 }
@@ -421,18 +475,25 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		out.stale = len(in)
 		return out, nil
 	}
-	res := make([]ars.Result, len(in))
-	for k, p := range in {
-		var err error
-		if res[k], err = fromPB(p); err != nil {
+	res := make([]ars.Result, 0, len(in))
+	for _, p := range in {
+		x, err := fromPB(p)
+		if err != nil {
 			return reportOutcome{}, err
 		}
-		if _, ok := r.pos[res[k].Task]; !ok {
-			return reportOutcome{}, fmt.Errorf("%w: iteration %d has no task %v %d", errs.ErrInvalid, iter, res[k].Kind, res[k].Index)
+		if _, ok := r.pos[x.Task]; !ok {
+			if r.tr.Confirming() && x.Index < ars.ConfirmBase {
+				// A late result of the iteration the re-evaluation
+				// confirms (it has the same number).
+				out.stale++
+				continue
+			}
+			return reportOutcome{}, fmt.Errorf("%w: iteration %d has no task %v %d", errs.ErrInvalid, iter, x.Kind, x.Index)
 		}
-		if err := r.tr.Check(&res[k]); err != nil {
+		if err := r.tr.Check(&x); err != nil {
 			return reportOutcome{}, err
 		}
+		res = append(res, x)
 	}
 	for _, x := range res {
 		i := r.pos[x.Task]
@@ -526,7 +587,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		EvalEpisodes: rep.EvalEpisodes, Steps: rep.Steps, IterationSteps: rep.IterSteps,
 		HasEval: rep.HasEval, EvalMean: rep.EvalMean, EvalStd: rep.EvalStd, SigmaR: rep.Update.SigmaR,
 		Done: rep.Done, Reason: rep.Reason, Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),
-		PolicyEpisodes: rep.PolicyEpisodes,
+		PolicyEpisodes: rep.PolicyEpisodes, TrainReturn: rep.TrainMean, Confirm: rep.Confirm,
 	})
 	if rep.Done {
 		r.end()

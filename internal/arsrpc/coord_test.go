@@ -42,7 +42,7 @@ func compute(t *testing.T, r *run, tasks []ars.Task) []*pb.ARSTaskResult {
 }
 
 func TestLeaseSharesExpiryAndStragglers(t *testing.T) {
-	c := newCoordinator(10*time.Second, 2*time.Second, 2)
+	c := newCoordinator(10*time.Second, 2*time.Second, 2, "")
 	r := newTestRun(t, c)
 	a, b := c.attach("a", t0), c.attach("b", t0)
 	// 6 tasks (4 directions, 2 evals), 2 workers: shares of ⌈6/4⌉ = 2.
@@ -90,7 +90,7 @@ func TestLeaseSharesExpiryAndStragglers(t *testing.T) {
 }
 
 func TestExpiredLeaseIsReassigned(t *testing.T) {
-	c := newCoordinator(time.Second, time.Hour, 2)
+	c := newCoordinator(time.Second, time.Hour, 2, "")
 	r := newTestRun(t, c)
 	a := c.attach("a", t0)
 	_, ga, _ := c.lease(a.id, 3, nil, t0)
@@ -109,7 +109,7 @@ func TestExpiredLeaseIsReassigned(t *testing.T) {
 }
 
 func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
-	c := newCoordinator(time.Second, time.Second, 2)
+	c := newCoordinator(time.Second, time.Second, 2, "")
 	r := newTestRun(t, c)
 	w := c.attach("w", t0)
 	_, tasks, _ := c.lease(w.id, 8, nil, t0)
@@ -173,7 +173,7 @@ func TestNormaliseFillsDefaultsAndRejects(t *testing.T) {
 }
 
 func TestLeaseSkipsRunsTheWorkerCannotServe(t *testing.T) {
-	c := newCoordinator(10*time.Second, 2*time.Second, 2)
+	c := newCoordinator(10*time.Second, 2*time.Second, 2, "")
 	first, second := newTestRun(t, c), newTestRun(t, c)
 	w := c.attach("w", t0)
 	if r, _, _ := c.lease(w.id, 2, []string{first.id}, t0); r != second {

@@ -13,6 +13,7 @@ package arsrpc
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +60,18 @@ type Config struct {
 	// InvalidArgument before anything is allocated (`rlhub serve
 	// --max-policy-params`).
 	MaxPolicyParams int64
+	// DataDir is where every run's state is kept crash-safely (the hub's
+	// --data/ars; persist.go documents the files); a restarted service
+	// resumes every unfinished run from its last finished iteration. ""
+	// keeps nothing (runs die with the process).
+	DataDir string
+	// CrashAt (tests only) SIGKILLs the process at a named point of the
+	// state writes: "report" (results accepted mid-iteration),
+	// "eval-report" (evaluation results accepted mid-iteration),
+	// "snapshot" (state.json half written, not renamed), "publish" (state
+	// on disk, version not yet in the store), "iteration" (an iteration
+	// fully recorded, before anyone is told); "point:N" for the Nth time.
+	CrashAt string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means slog.Default().
@@ -125,6 +138,8 @@ type Service struct {
 
 	mu      sync.Mutex
 	c       *coordinator  // guarded by mu
+	persist *persister    // nil without DataDir; guarded by mu
+	crash   *crashHook    // guarded by mu
 	changed chan struct{} // closed and replaced on every state change; guarded by mu
 	closed  bool          // guarded by mu
 }
@@ -134,12 +149,87 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Service{
+	var boot [4]byte
+	rand.Read(boot[:])
+	s := &Service{
 		cfg:     cfg,
 		quit:    make(chan struct{}),
-		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders).withMaxParams(cfg.MaxPolicyParams),
+		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders, fmt.Sprintf("-%x", boot)).withMaxParams(cfg.MaxPolicyParams),
 		changed: make(chan struct{}),
-	}, nil
+		crash:   parseCrash(cfg.CrashAt),
+	}
+	if cfg.DataDir != "" {
+		p, err := newPersister(cfg.DataDir, s.crash)
+		if err != nil {
+			return nil, err
+		}
+		s.persist = p
+		if err := s.restore(); err != nil {
+			return nil, errors.Join(err, p.close())
+		}
+	}
+	return s, nil
+}
+
+// restore loads every run kept under DataDir. An unfinished run resumes
+// at its last finished iteration; if the store missed that iteration's
+// version (a crash between the state write and the publish), it is
+// published again from the restored θ.
+func (s *Service) restore() error {
+	runs, maxNum, bad := s.persist.load()
+	for _, err := range bad {
+		s.cfg.Logger.Error("ars run state unreadable: run not resumed", "err", err)
+	}
+	s.c.nextRun = maxNum
+	for _, l := range runs {
+		r := l.r
+		if err := s.reconcileStore(r); err != nil {
+			s.cfg.Logger.Error("ars run cannot resume", "run", r.id, "err", err)
+			s.c.fail(r, fmt.Errorf("resume: %w", err), s.cfg.Now())
+			if err := s.persist.save(r); err != nil {
+				s.cfg.Logger.Error("ars state write", "run", r.id, "err", err)
+			}
+		}
+		s.c.runs[r.id] = r
+		s.c.order = append(s.c.order, r)
+		if r.requestID != "" {
+			s.c.byRequest[r.requestID] = r
+		}
+		if !r.done {
+			r.startIteration()
+			s.cfg.Logger.Info("ars run resumed", "run", r.id, "iteration", r.tr.Iter(), "version", r.version)
+		}
+	}
+	return nil
+}
+
+// reconcileStore makes the store's newest version of r's model r.version.
+func (s *Service) reconcileStore(r *run) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+	defer cancel()
+	var have uint64
+	snap, err := s.cfg.Store.Get(ctx, r.model, 0)
+	switch {
+	case err == nil:
+		have = snap.Version
+	case !errors.Is(err, errs.ErrNotFound):
+		return err
+	}
+	if have == r.version {
+		return nil
+	}
+	if have+1 != r.version {
+		return fmt.Errorf("the store holds version %d of %s, the run's state version %d", have, r.model, r.version)
+	}
+	if r.tr == nil {
+		return fmt.Errorf("the store holds version %d of %s, the ended run's state version %d", have, r.model, r.version)
+	}
+	blob, err := r.tr.PolicyOf().Encode()
+	if err != nil {
+		return err
+	}
+	s.cfg.Logger.Info("ars run: republishing the version a crash kept from the store", "run", r.id, "version", r.version)
+	return s.pushLocked(&publish{model: r.model, version: r.version, blob: blob})
 }
 
 // Register attaches the handlers (hub.Service).
@@ -161,6 +251,11 @@ func (s *Service) Drain() {
 // starts no goroutines of its own.
 func (s *Service) Close() error {
 	s.Drain()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.persist != nil {
+		return s.persist.close()
+	}
 	return nil
 }
 
@@ -189,11 +284,18 @@ func (s *Service) StartRun(ctx context.Context, req *pb.ARSStartRunRequest) (*pb
 	if s.closed {
 		return nil, grpcerr.ToStatus(errClosed)
 	}
+	if len(req.RequestId) > 128 {
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: request id of %d bytes (at most 128)", errs.ErrInvalid, len(req.RequestId)))
+	}
+	if r, ok := s.c.byRequest[req.RequestId]; ok && req.RequestId != "" {
+		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil // a retry
+	}
 	for attempt := 0; attempt < 1000; attempt++ {
 		r, blob, err := s.c.prepareRun(req.GetSpec(), s.cfg.Now())
 		if err != nil {
 			return nil, grpcerr.ToStatus(err)
 		}
+		r.requestID = req.RequestId
 		err = s.pushLocked(&publish{model: r.model, version: 1, blob: blob})
 		if errors.Is(err, errs.ErrStale) {
 			continue // the name is taken (a store that outlived a hub): next run number
@@ -201,12 +303,26 @@ func (s *Service) StartRun(ctx context.Context, req *pb.ARSStartRunRequest) (*pb
 		if err != nil {
 			return nil, grpcerr.ToStatus(fmt.Errorf("publish %s v1: %w", r.model, err))
 		}
+		if err := s.persist.save(r); err != nil {
+			return nil, grpcerr.ToStatus(fmt.Errorf("%w: write run state: %v", errs.ErrUnavailable, err))
+		}
 		s.c.addRun(r)
 		s.broadcastLocked()
 		s.cfg.Logger.Info("ars run started", "run", r.id, "model", r.model, "env", r.spec.Env, "seed", r.spec.Seed, "version", r.spec.Version, "directions", r.spec.Directions, "top", r.spec.Top)
 		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil
 	}
 	return nil, grpcerr.ToStatus(fmt.Errorf("%w: no free run name", errs.ErrExists))
+}
+
+// saveLocked writes r's state; a failed write ends the run (its progress
+// could not survive a restart) and is logged at ERROR. Caller holds mu.
+func (s *Service) saveLocked(r *run) error {
+	err := s.persist.save(r)
+	if err != nil {
+		s.cfg.Logger.Error("ars state write failed: run stopped", "run", r.id, "err", err)
+		s.c.fail(r, fmt.Errorf("write run state: %w", err), s.cfg.Now())
+	}
+	return err
 }
 
 // StopRun implements pb.ARSServer.
@@ -218,6 +334,7 @@ func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.A
 		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 	}
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
+	s.saveLocked(r)
 	s.broadcastLocked()
 	return &pb.ARSStopRunResponse{}, nil
 }
@@ -386,17 +503,36 @@ func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error
 	if err != nil {
 		return nil, grpcerr.ToStatus(err)
 	}
+	r := s.c.runs[req.RunId]
+	if out.finished {
+		// Durable before anyone sees the iteration or its version.
+		if err := s.saveLocked(r); err != nil && out.pub != nil {
+			out.pub = nil // never let the store run ahead of the state
+		}
+		s.crash.at("publish")
+	} else if out.accepted > 0 {
+		s.crash.at("report")
+		for _, x := range req.Results {
+			if x.GetTask().GetKind() == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
+				s.crash.at("eval-report")
+				break
+			}
+		}
+	}
 	if out.pub != nil {
 		if err := s.pushLocked(out.pub); err != nil {
 			s.c.fail(s.c.runs[req.RunId], fmt.Errorf("publish %s v%d: %w", out.pub.model, out.pub.version, err), now)
 			s.cfg.Logger.Error("ars publish failed", "run", req.RunId, "err", err)
+			s.saveLocked(r)
 		}
+	}
+	if out.finished {
+		s.crash.at("iteration")
 	}
 	if out.finished || out.accepted > 0 {
 		s.broadcastLocked()
 	}
 	if out.finished {
-		r := s.c.runs[req.RunId]
 		p := r.progress[len(r.progress)-1]
 		s.cfg.Logger.Debug("ars iteration", "run", r.id, "iteration", p.Iteration, "episodes", p.Episodes, "eval", p.EvalMean, "done", p.Done)
 	}

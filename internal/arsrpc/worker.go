@@ -117,22 +117,28 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) (WorkerStats, error) {
 
 func (w *workerLoop) loop(ctx context.Context) error {
 	var failingSince time.Time
-	// retry reports whether err is worth retrying and sleeps a little.
+	backoff := 50 * time.Millisecond
+	// retry reports whether err is worth retrying (within RetryFor of the
+	// first failure) and backs off from 50ms to 2s: a hub restarting on
+	// its --data keeps the run, and the worker carries on.
 	retry := func(err error) bool {
 		if ctx.Err() != nil {
 			return false
 		}
 		if failingSince.IsZero() {
-			failingSince = time.Now()
+			failingSince, backoff = time.Now(), 50*time.Millisecond
 		}
 		if time.Since(failingSince) > w.cfg.RetryFor {
 			return false
 		}
-		w.cfg.Logger.Debug("ars worker: retrying", "err", err)
+		w.cfg.Logger.Debug("ars worker: retrying", "in", backoff, "err", err)
+		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
+		case <-t.C:
 		}
+		t.Stop()
+		backoff = min(2*backoff, 2*time.Second)
 		return true
 	}
 	for ctx.Err() == nil {

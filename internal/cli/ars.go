@@ -2,30 +2,23 @@ package cli
 
 import (
 	"context"
-	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
-	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/hub"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -97,6 +90,10 @@ type trainARSOptions struct {
 	hubAddr    string
 	out        string
 	noProgress bool
+	overwrite  bool
+	resume     bool
+	reconnect  time.Duration
+	config     string
 	// envSpec: the spaces of an environment only Python workers run
 	// (--obs-dim with --discrete or --act-dim); zero for a built-in one.
 	envSpec pb.ARSEnvSpec
@@ -110,17 +107,37 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 		Long: "train ars starts an embedded hub on 127.0.0.1 (or uses --hub) and --workers\n" +
 			"worker processes, runs ARS (Mania, Guy & Recht 2018, Algorithm 2) until the\n" +
 			"evaluation return reaches --target or the episode budget is spent, and writes\n" +
-			"OUT/curve.csv, OUT/curve.png, OUT/policy.safetensors and OUT/summary.json.\n" +
+			"OUT/curve.csv, OUT/curve.png, OUT/policy.safetensors and OUT/summary.json\n" +
+			"(with OUT/run.json, and the embedded hub's state in OUT/hub).\n" +
 			"Hyperparameters left at 0 take the environment's defaults (docs/ars.md).\n" +
-			"The same --seed gives the same policy whatever the number of workers.",
+			"The same --seed gives the same policy whatever the number of workers.\n\n" +
+			"--out is never overwritten silently: a directory that holds an earlier run\n" +
+			"is refused unless --resume (continue that run where its hub left it) or\n" +
+			"--overwrite (delete it and start afresh) is given.\n" +
+			"A hub that restarts on its --data keeps the run: train ars reconnects with\n" +
+			"backoff for --reconnect-window and carries on; a hub that refuses\n" +
+			"connections before the run started fails at once.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.spec.UseTarget = cmd.Flags().Changed("target")
 			o.spec.Target = o.target
+			if o.config != "" {
+				rf, err := arsrun.LoadFile(o.config)
+				if err != nil {
+					return err
+				}
+				o.applyFile(rf, cmd.Flags().Changed)
+			}
+			if o.spec.Env == "" || o.out == "" {
+				return errors.New("need --env and --out (as flags or in the --config file; out only as a flag)")
+			}
 			return trainARS(cmd.Context(), g, &o)
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&o.config, "config", "", "run file (YAML; keys are these flags' names with _ for -; OUT/config.yaml of a run replays it); flags given override it")
+	f.StringVar(&o.spec.Protocol, "protocol", "", "evaluation protocol: paper (default: every 10 iterations over 100 episodes, as the ARS authors' code) or fast (the per-env defaults, fewer and smaller evaluations); --eval-every/--eval-episodes override either")
+	f.Uint32Var(&o.spec.ConfirmEpisodes, "confirm-episodes", 0, "fresh episodes of the re-evaluation after a stop at --target (default 100)")
 	f.StringVar(&o.spec.Env, "env", "", "environment: "+fmt.Sprint(env.Names()))
 	f.IntVar(&o.workers, "workers", 2, "worker processes to start (0: rely on workers already attached to --hub)")
 	f.Uint64Var(&o.spec.Seed, "seed", 1, "run seed (noise directions, episode seeds)")
@@ -137,339 +154,153 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 	f.Int64Var(&o.spec.MaxEpisodes, "max-episodes", 0, "training episode budget (default per env)")
 	f.Uint32Var(&o.spec.MaxIterations, "max-iterations", 0, "iteration budget (0: none)")
 	f.StringVar(&o.hubAddr, "hub", "", "use a running hub at this address instead of an embedded one")
-	f.StringVar(&o.out, "out", "", "output directory")
-	f.BoolVar(&o.noProgress, "no-progress", false, "no progress bar")
+	f.StringVar(&o.out, "out", "", "output directory (refused if it holds an earlier run, unless --resume or --overwrite)")
+	f.BoolVar(&o.overwrite, "overwrite", false, "delete an earlier run in --out and start a new one")
+	f.BoolVar(&o.resume, "resume", false, "continue the run recorded in --out (OUT/run.json) instead of starting one")
+	f.DurationVar(&o.reconnect, "reconnect-window", 2*time.Minute, "how long to retry a hub that became unreachable after the run started (workers started here get the same)")
+	f.BoolVar(&o.noProgress, "no-progress", false, "no progress display (one line per iteration when stderr is not a terminal)")
 	f.Uint32Var(&o.envSpec.ObsDim, "obs-dim", 0, "observation length of an --env the hub does not know (a Gymnasium env served by python -m rlhub.ars_worker; needs --hub and --workers 0)")
 	f.Uint32Var(&o.envSpec.Discrete, "discrete", 0, "with --obs-dim: number of discrete actions")
 	f.Uint32Var(&o.envSpec.ActDim, "act-dim", 0, "with --obs-dim: length of a continuous action")
-	cmd.MarkFlagRequired("env")
-	cmd.MarkFlagRequired("out")
 	return cmd
 }
 
-// curveRow is one finished iteration as the CLI saw it.
-type curveRow struct {
-	p    *pb.ARSProgress
-	wall float64 // seconds since the run started, on this machine
-}
-
-// trainSummary is OUT/summary.json.
-type trainSummary struct {
-	Env            string            `json:"env"`
-	Seed           uint64            `json:"seed"`
-	Workers        int               `json:"workers"`
-	RunID          string            `json:"run_id"`
-	Model          string            `json:"model"`
-	PolicyVersion  uint64            `json:"policy_version"`
-	Hyper          map[string]string `json:"hyperparameters"`
-	Reason         string            `json:"stop_reason"`
-	ReachedTarget  bool              `json:"reached_target"`
-	Target         *float64          `json:"target,omitempty"`
-	Iterations     uint64            `json:"iterations"`
-	Episodes       int64             `json:"training_episodes"`
-	PolicyEpisodes int64             `json:"policy_training_episodes"`
-	EvalEpisodes   int64             `json:"eval_episodes"`
-	Steps          int64             `json:"env_steps"`
-	WallSeconds    float64           `json:"wall_seconds"`
-	StepsPerSecond float64           `json:"env_steps_per_second"`
-	// CPU time (user + system) of the worker processes started by this
-	// command, and of this process (the embedded hub and the client).
-	WorkerCPUSeconds        float64  `json:"worker_cpu_seconds"`
-	TrainCPUSeconds         float64  `json:"train_process_cpu_seconds"`
-	StepsPerWorkerCPUSecond float64  `json:"env_steps_per_worker_cpu_second"`
-	FinalEvalMean           *float64 `json:"final_eval_mean,omitempty"`
-	FinalEvalStd            *float64 `json:"final_eval_std,omitempty"`
-	BestEvalMean            *float64 `json:"best_eval_mean,omitempty"`
-	// LQRRelativeCost is J(M)/J* − 1 for a V1/V1-t policy on LQR: the
-	// exact average cost of the trained gain relative to the Riccati
-	// optimum.
-	LQRRelativeCost *float64 `json:"lqr_relative_cost,omitempty"`
-}
-
-// lqrRelativeCost returns J(M)/J* − 1 for a linear policy on the raw LQR
-// state (V1, V1-t), or nil when it does not apply.
-func lqrRelativeCost(p *ars.Policy) (*float64, error) {
-	if p.Env != "LQR" || !p.Arch.Linear() || p.Version.Normalises() {
-		return nil, nil
+// applyFile takes every setting of a run file whose flag was not given.
+func (o *trainARSOptions) applyFile(rf *arsrun.File, changed func(string) bool) {
+	sp := rf.Spec()
+	set := func(flag string, apply func()) {
+		if !changed(flag) {
+			apply()
+		}
 	}
-	c, err := env.LQRAverageCost(p.Theta)
-	if err != nil {
-		return nil, err
-	}
-	r := c/env.LQROptimalCost() - 1
-	return &r, nil
+	set("env", func() { o.spec.Env = sp.Env })
+	set("seed", func() {
+		if rf.Seed != nil {
+			o.spec.Seed = sp.Seed
+		}
+	})
+	set("version", func() { o.version = sp.Version })
+	set("directions", func() { o.spec.Directions = sp.Directions })
+	set("top", func() { o.spec.Top = sp.Top })
+	set("step-size", func() { o.spec.StepSize = sp.StepSize })
+	set("noise", func() { o.spec.Noise = sp.Noise })
+	set("shift", func() { o.spec.Shift = sp.Shift })
+	set("hidden", func() {
+		o.hidden = nil
+		for _, h := range sp.Hidden {
+			o.hidden = append(o.hidden, int(h))
+		}
+	})
+	set("protocol", func() { o.spec.Protocol = sp.Protocol })
+	set("eval-every", func() { o.spec.EvalEvery = sp.EvalEvery })
+	set("eval-episodes", func() { o.spec.EvalEpisodes = sp.EvalEpisodes })
+	set("confirm-episodes", func() { o.spec.ConfirmEpisodes = sp.ConfirmEpisodes })
+	set("target", func() { o.spec.UseTarget, o.spec.Target = sp.UseTarget, sp.Target })
+	set("max-episodes", func() { o.spec.MaxEpisodes = sp.MaxEpisodes })
+	set("max-iterations", func() { o.spec.MaxIterations = sp.MaxIterations })
+	set("obs-dim", func() { o.envSpec.ObsDim = rf.ObsDim })
+	set("discrete", func() { o.envSpec.Discrete = rf.Discrete })
+	set("act-dim", func() { o.envSpec.ActDim = rf.ActDim })
+	set("workers", func() {
+		if rf.Workers != nil {
+			o.workers = *rf.Workers
+		}
+	})
+	set("hub", func() { o.hubAddr = rf.Hub })
+	set("reconnect-window", func() {
+		if d, err := time.ParseDuration(rf.ReconnectWindow); err == nil && rf.ReconnectWindow != "" {
+			o.reconnect = d // LoadFile validated it
+		}
+	})
 }
 
-func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
+// runConfig maps the flags to a arsrun.Config.
+func (o *trainARSOptions) runConfig(g *globals) (arsrun.Config, error) {
 	o.spec.Version = o.version
+	o.spec.Hidden = nil
 	for _, h := range o.hidden {
 		if h < 1 {
-			return fmt.Errorf("--hidden %v: widths must be ≥ 1", o.hidden)
+			return arsrun.Config{}, fmt.Errorf("--hidden %v: widths must be ≥ 1", o.hidden)
 		}
 		o.spec.Hidden = append(o.spec.Hidden, uint32(h))
 	}
 	if o.envSpec.ObsDim > 0 || o.envSpec.Discrete > 0 || o.envSpec.ActDim > 0 {
-		// An environment only Python workers can run: no Go worker may be
-		// started for it.
-		if o.hubAddr == "" || o.workers != 0 {
-			return errors.New("--obs-dim/--discrete/--act-dim describe an env served by Python workers: use them with --hub and --workers 0")
-		}
 		o.spec.EnvSpec = &o.envSpec
-	} else if _, err := env.Make(o.spec.Env); err != nil {
-		return fmt.Errorf("--env: %w (for a Gymnasium env served by Python workers give its spaces: --obs-dim with --discrete or --act-dim)", err)
 	}
-	if _, _, err := arsrpc.Normalise(&o.spec); err != nil {
-		return err // the hub would refuse the run: say so before starting anything
+	if o.overwrite && o.resume {
+		return arsrun.Config{}, errors.New("--overwrite and --resume exclude each other")
 	}
-	if o.workers < 0 || (o.workers == 0 && o.hubAddr == "") {
-		return fmt.Errorf("--workers %d: need at least one worker with an embedded hub", o.workers)
+	cfg := arsrun.Config{
+		Spec: &o.spec, Hub: o.hubAddr, Workers: o.workers, Out: o.out,
+		ReconnectWindow: o.reconnect, Logger: g.logger, WorkerOutput: g.stderr,
 	}
-	if err := os.MkdirAll(o.out, 0o755); err != nil {
-		return err
+	if o.reconnect <= 0 {
+		return arsrun.Config{}, fmt.Errorf("--reconnect-window %v: must be positive", o.reconnect)
 	}
+	switch {
+	case o.overwrite:
+		cfg.OutMode = arsrun.OutOverwrite
+	case o.resume:
+		cfg.OutMode = arsrun.OutResume
+	}
+	if cmd := selfCommand; cmd != nil && o.workers > 0 {
+		self, err := cmd()
+		if err != nil {
+			return arsrun.Config{}, fmt.Errorf("locate own binary: %w", err)
+		}
+		cfg.WorkerCommand = self
+	}
+	if !o.noProgress {
+		cfg.Progress, cfg.Terminal = g.stderr, isTerminal(g.rawStderr())
+	}
+	return cfg, nil
+}
 
-	// Worker output, the progress bar and the logs share stderr from
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
+	// Worker output, the progress display and the logs share stderr from
 	// several goroutines: serialise them.
 	errw := &lockedWriter{w: g.stderr}
 	logger, err := newLogger(errw, g.logLevel, g.logFormat)
 	if err != nil {
 		return err
 	}
-	g = &globals{stdout: g.stdout, stderr: errw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat}
-
-	addr := o.hubAddr
-	if addr == "" {
-		h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: g.logger.With("role", "hub")})
-		if err != nil {
-			return err
-		}
-		if err := h.Start(); err != nil {
-			return errors.Join(err, h.Close())
-		}
-		defer h.Close()
-		addr = h.Addr().String()
-	}
-
-	// Worker processes live until this function returns.
-	procs := newWorkerProcs()
-	defer procs.stop()
-	cpu0 := selfCPU()
-	self, err := selfCommand()
-	if err != nil {
-		return fmt.Errorf("locate own binary: %w", err)
-	}
-	for i := range o.workers {
-		args := append(append([]string{}, self[1:]...), "--log-level", "warn", "worker", "ars", "--hub", addr, "--name", fmt.Sprintf("worker-%d", i))
-		if err := procs.start(self[0], args, g.stderr); err != nil {
-			return fmt.Errorf("start worker %d: %w", i, err)
-		}
-	}
-	procs.seal()
-
-	conn, err := dialHub(addr)
+	raw := g.rawStderr()
+	g = &globals{stdout: g.stdout, stderr: errw, raw: raw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat}
+	cfg, err := o.runConfig(g)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	client := pb.NewARSClient(conn)
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	start, err := client.StartRun(sctx, &pb.ARSStartRunRequest{Spec: &o.spec}, grpc.WaitForReady(true))
-	cancel()
-	if err != nil {
-		return fmt.Errorf("start run: %w", grpcerr.FromStatus(err))
+	sum, err := arsrun.Run(ctx, cfg)
+	if sum.RunID == "" {
+		return err
 	}
-	g.logger.Info("ars run", "run", start.RunId, "hub", addr, "workers", o.workers)
-	began := time.Now()
-
-	// Follow the run; give up if every worker process we started died
-	// (nobody would ever finish an iteration).
-	wctx, cancelWatch := context.WithCancel(ctx)
-	watchdog := make(chan bool, 1)
-	go func() {
-		select {
-		case <-procs.allExitedIf(o.workers > 0 && o.hubAddr == ""):
-			cancelWatch()
-			watchdog <- true
-		case <-wctx.Done():
-			watchdog <- false
-		}
-	}()
-	rows, werr := watchRun(wctx, g, client, start.RunId, o, began)
-	cancelWatch()
-	if <-watchdog && werr != nil {
-		werr = errors.New("every worker process exited before the run ended")
-	}
-	if werr != nil {
-		// Interrupted or the stream broke: stop the run, keep what we have.
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		client.StopRun(sctx, &pb.ARSStopRunRequest{RunId: start.RunId})
-		cancel()
-	}
-	if len(rows) == 0 {
-		return errors.Join(werr, errors.New("no iteration finished"))
-	}
-	pctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pol, blob, err := arsrpc.PullPolicy(pctx, client, start.RunId, 0)
-	if err != nil {
-		return errors.Join(werr, err)
-	}
-	hubCPU := selfCPU() - cpu0
-	workerCPU := procs.stop()
-	sum := summarise(o, start, pol, rows)
-	sum.WorkerCPUSeconds, sum.TrainCPUSeconds = workerCPU.Seconds(), hubCPU.Seconds()
-	if workerCPU > 0 {
-		sum.StepsPerWorkerCPUSecond = float64(sum.Steps) / workerCPU.Seconds()
-	}
-	if err := writeOutputs(o.out, blob, rows, sum); err != nil {
-		return errors.Join(werr, err)
-	}
-	fmt.Fprintf(g.stdout, "%s seed %d: %s after %d iterations, %d training episodes (policy from %d), %d env steps in %.3fs (%.0f steps/s)",
-		sum.Env, sum.Seed, sum.Reason, sum.Iterations, sum.Episodes, sum.PolicyEpisodes, sum.Steps, sum.WallSeconds, sum.StepsPerSecond)
+	fmt.Fprintf(g.stdout, "%s seed %d: %s after %d iterations, %d training episodes (policy from %d), %d env steps in %.3fs (%.0f steps/s), %s protocol",
+		sum.Env, sum.Seed, sum.Reason, sum.Iterations, sum.Episodes, sum.PolicyEpisodes, sum.Steps, sum.WallSeconds, sum.StepsPerSecond, sum.Protocol)
 	if sum.FinalEvalMean != nil {
-		fmt.Fprintf(g.stdout, "; eval return %.2f ± %.2f", *sum.FinalEvalMean, *sum.FinalEvalStd)
+		if sum.TargetHeld != nil {
+			fmt.Fprintf(g.stdout, "; re-evaluated on %d fresh episodes: %.2f ± %.2f", sum.ConfirmEpisodes, *sum.FinalEvalMean, *sum.FinalEvalStd)
+			if !*sum.TargetHeld {
+				fmt.Fprint(g.stdout, " (below the target)")
+			}
+		} else {
+			fmt.Fprintf(g.stdout, "; eval return %.2f ± %.2f", *sum.FinalEvalMean, *sum.FinalEvalStd)
+		}
 	}
 	if sum.LQRRelativeCost != nil {
 		fmt.Fprintf(g.stdout, "; LQR cost %.4f above the Riccati optimum", *sum.LQRRelativeCost)
 	}
 	fmt.Fprintf(g.stdout, "\nwrote %s\n", filepath.Join(o.out, "{curve.csv,curve.png,policy.safetensors,summary.json}"))
-	if werr != nil {
-		return werr
-	}
-	if last := rows[len(rows)-1].p; last.Reason != "target" && last.Reason != "budget" {
-		return fmt.Errorf("run ended: %s", last.Reason)
-	}
-	return nil
-}
-
-// watchRun follows the run's progress, drawing the bar, until it ends.
-func watchRun(ctx context.Context, g *globals, client pb.ARSClient, runID string, o *trainARSOptions, began time.Time) ([]curveRow, error) {
-	stream, err := client.WatchRun(ctx, &pb.ARSWatchRunRequest{RunId: runID})
-	if err != nil {
-		return nil, grpcerr.FromStatus(err)
-	}
-	total := int64(-1)
-	if o.spec.MaxEpisodes > 0 {
-		total = o.spec.MaxEpisodes
-	} else if o.spec.MaxIterations == 0 {
-		total = ars.EnvDefaults(o.spec.Env).MaxEpisodes
-	}
-	var bar *progressbar.ProgressBar
-	if !o.noProgress {
-		bar = progressbar.NewOptions64(total,
-			progressbar.OptionSetWriter(g.stderr),
-			progressbar.OptionSetDescription("ars"),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetItsString("episodes"),
-			progressbar.OptionThrottle(0),
-			progressbar.OptionSetWidth(20),
-		)
-	}
-	var rows []curveRow
-	lastEval := math.NaN()
-	for {
-		p, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return rows, grpcerr.FromStatus(err)
-		}
-		wall := time.Since(began).Seconds()
-		rows = append(rows, curveRow{p: p, wall: wall})
-		if p.HasEval {
-			lastEval = p.EvalMean
-		}
-		if bar != nil {
-			bar.Describe(fmt.Sprintf("it %d | ep %d | %.0f steps/s | eval %.1f", p.Iteration, p.Episodes, float64(p.Steps)/max(wall, 1e-9), lastEval))
-			if total > 0 {
-				bar.Set64(min(p.Episodes, total))
-			} else {
-				bar.Set64(p.Episodes)
-			}
-		}
-		if p.Done {
-			break
-		}
-	}
-	if bar != nil {
-		bar.Exit()
-		fmt.Fprintln(g.stderr)
-	}
-	return rows, nil
-}
-
-func summarise(o *trainARSOptions, start *pb.ARSStartRunResponse, pol *ars.Policy, rows []curveRow) trainSummary {
-	last := rows[len(rows)-1]
-	s := trainSummary{
-		Env: o.spec.Env, Seed: o.spec.Seed, Workers: o.workers, RunID: start.RunId, Model: start.Model,
-		PolicyVersion: last.p.Version, Reason: last.p.Reason, ReachedTarget: last.p.Reason == "target",
-		Iterations: last.p.Iteration + 1, Episodes: last.p.Episodes, EvalEpisodes: last.p.EvalEpisodes,
-		PolicyEpisodes: last.p.PolicyEpisodes,
-		Steps:          last.p.Steps, WallSeconds: last.wall,
-		Hyper: map[string]string{
-			"version":    pol.Version.String(),
-			"directions": strconv.Itoa(pol.Hyper.Directions),
-			"top":        strconv.Itoa(pol.Hyper.Top),
-			"step_size":  strconv.FormatFloat(pol.Hyper.StepSize, 'g', -1, 64),
-			"noise":      strconv.FormatFloat(pol.Hyper.Noise, 'g', -1, 64),
-			"shift":      strconv.FormatFloat(pol.Hyper.Shift, 'g', -1, 64),
-			"hidden":     fmt.Sprint(pol.Arch.Hidden),
-		},
-	}
-	if o.spec.UseTarget {
-		t := o.spec.Target
-		s.Target = &t
-	}
-	if last.wall > 0 {
-		s.StepsPerSecond = float64(last.p.Steps) / last.wall
-	}
-	s.LQRRelativeCost, _ = lqrRelativeCost(pol) // nil for an unstable gain
-	for _, r := range rows {
-		if r.p.HasEval {
-			m, sd := r.p.EvalMean, r.p.EvalStd
-			s.FinalEvalMean, s.FinalEvalStd = &m, &sd
-			if s.BestEvalMean == nil || m > *s.BestEvalMean {
-				b := m
-				s.BestEvalMean = &b
-			}
-		}
-	}
-	return s
-}
-
-func writeOutputs(dir string, blob []byte, rows []curveRow, sum trainSummary) error {
-	if err := os.WriteFile(filepath.Join(dir, "policy.safetensors"), blob, 0o644); err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(dir, "curve.csv"))
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write([]string{"iteration", "policy_version", "policy_training_episodes", "training_episodes", "eval_episodes", "env_steps", "wall_seconds", "hub_seconds", "eval_mean", "eval_std", "sigma_r"})
-	g := func(v float64) string { return strconv.FormatFloat(v, 'g', 10, 64) }
-	for _, r := range rows {
-		p := r.p
-		em, es := "", ""
-		if p.HasEval {
-			em, es = g(p.EvalMean), g(p.EvalStd)
-		}
-		w.Write([]string{strconv.FormatUint(p.Iteration, 10), strconv.FormatUint(p.Version, 10), strconv.FormatInt(p.PolicyEpisodes, 10), strconv.FormatInt(p.Episodes, 10),
-			strconv.FormatInt(p.EvalEpisodes, 10), strconv.FormatInt(p.Steps, 10), g(r.wall), g(p.ElapsedSeconds), em, es, g(p.SigmaR)})
-	}
-	w.Flush()
-	if err := errors.Join(w.Error(), f.Close()); err != nil {
-		return err
-	}
-	if err := plotCurve(filepath.Join(dir, "curve.png"), rows, sum); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(sum, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "summary.json"), append(b, '\n'), 0o644)
+	return err
 }
 
 func newEvalCmd(g *globals) *cobra.Command {
@@ -515,7 +346,7 @@ func newEvalCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(g.stdout, "%s: return %.2f ± %.2f over %d episodes (min %.2f, max %.2f)\n", envName, mean, math.Sqrt(ss/float64(len(rets))), len(rets), lo, hi)
 			if envName == "LQR" {
-				rel, err := lqrRelativeCost(pol)
+				rel, err := arsrun.LQRRelativeCost(pol)
 				switch {
 				case err != nil:
 					fmt.Fprintf(g.stdout, "LQR: the gain is not stabilising: %v\n", err)
@@ -547,16 +378,6 @@ func checkPolicyFits(p *ars.Policy, spec env.Spec) error {
 	return nil
 }
 
-// writeFileFrom creates path and fills it with write.
-func writeFileFrom(path string, write func(io.Writer) (int64, error)) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	_, err = write(f)
-	return errors.Join(err, f.Close())
-}
-
 // lockedWriter serialises writes from several goroutines.
 type lockedWriter struct {
 	mu sync.Mutex
@@ -567,100 +388,4 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
-}
-
-// selfCPU returns this process's CPU time so far (user + system).
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// workerProcs owns the worker processes train starts: one goroutine per
-// process waits for it. stop interrupts them (SIGINT, then a kill after
-// WaitDelay) and returns only when every goroutine has ended.
-type workerProcs struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	done   chan struct{} // closed when the last started process exits
-
-	mu     sync.Mutex
-	alive  int           // processes started and not yet exited; guarded by mu
-	sealed bool          // no more processes will start; guarded by mu
-	closed bool          // done is closed; guarded by mu
-	cpu    time.Duration // user + system time of exited processes; guarded by mu
-}
-
-// closeIfAllExitedLocked closes done once starting is over and nothing is
-// alive. Caller holds mu.
-func (w *workerProcs) closeIfAllExitedLocked() {
-	if w.sealed && w.alive == 0 && !w.closed {
-		w.closed = true
-		close(w.done)
-	}
-}
-
-// seal says every process has been started: from now on allExited can fire.
-func (w *workerProcs) seal() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.sealed = true
-	w.closeIfAllExitedLocked()
-}
-
-func newWorkerProcs() *workerProcs {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &workerProcs{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-}
-
-func (w *workerProcs) start(exe string, args []string, out io.Writer) error {
-	p := exec.CommandContext(w.ctx, exe, args...)
-	p.Stdout, p.Stderr = out, out
-	p.Cancel = func() error { return p.Process.Signal(os.Interrupt) }
-	p.WaitDelay = 5 * time.Second
-	if err := p.Start(); err != nil {
-		return err
-	}
-	w.mu.Lock()
-	w.alive++
-	w.mu.Unlock()
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		p.Wait()
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if p.ProcessState != nil {
-			w.cpu += p.ProcessState.UserTime() + p.ProcessState.SystemTime()
-		}
-		w.alive--
-		w.closeIfAllExitedLocked()
-	}()
-	return nil
-}
-
-// allExited is closed once seal was called and every started process has
-// exited (at seal, if none was started).
-func (w *workerProcs) allExited() <-chan struct{} { return w.done }
-
-// allExitedIf is allExited when cond holds, else a channel that never
-// fires.
-func (w *workerProcs) allExitedIf(cond bool) <-chan struct{} {
-	if cond {
-		return w.done
-	}
-	return nil
-}
-
-// stop ends every process and returns their total CPU time. Safe to call
-// twice.
-func (w *workerProcs) stop() time.Duration {
-	w.cancel()
-	w.wg.Wait()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.cpu
 }

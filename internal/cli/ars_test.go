@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
 const helperEnv = "RLHUB_CLI_TEST_HELPER_PROCESS"
@@ -63,7 +64,7 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	if !strings.Contains(out, "CartPole-v1 seed 2: target") || !strings.Contains(errOut, "eval") {
 		t.Errorf("stdout %q, stderr (progress) %q", out, errOut)
 	}
-	var sum trainSummary
+	var sum arsrun.Summary
 	raw, err := os.ReadFile(filepath.Join(dir, "summary.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	if err := json.Unmarshal(raw, &sum); err != nil {
 		t.Fatal(err)
 	}
-	if !sum.ReachedTarget || sum.FinalEvalMean == nil || *sum.FinalEvalMean < 475 || sum.Workers != 2 || sum.Steps == 0 {
+	if !sum.ReachedTarget || sum.TargetHeld == nil || sum.FinalEvalMean == nil || *sum.FinalEvalMean < 475 != !*sum.TargetHeld || sum.Workers != 2 || sum.Steps == 0 || sum.Protocol != "paper" {
 		t.Fatalf("summary %s", raw)
 	}
 	f, err := os.Open(filepath.Join(dir, "curve.csv"))
@@ -80,7 +81,8 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	}
 	recs, err := csv.NewReader(f).ReadAll()
 	f.Close()
-	if err != nil || len(recs) != int(sum.Iterations)+1 || recs[0][0] != "iteration" {
+	// header, one row per iteration, the re-evaluation on fresh episodes
+	if err != nil || len(recs) != int(sum.Iterations)+2 || recs[0][0] != "iteration" || recs[len(recs)-1][len(recs[0])-1] != "true" {
 		t.Fatalf("curve.csv: %v, %d rows for %d iterations", err, len(recs), sum.Iterations)
 	}
 	png, err := os.ReadFile(filepath.Join(dir, "curve.png"))
@@ -133,6 +135,14 @@ func TestTrainARSSameResultWithOneAndTwoWorkerProcesses(t *testing.T) {
 
 func TestTrainARSBadFlags(t *testing.T) {
 	ctx := context.Background()
+	used := t.TempDir()
+	if err := os.WriteFile(filepath.Join(used, "summary.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := run(t, ctx, "train", "ars", "--env", "CartPole-v1", "--out", used)
+	if b, _ := os.ReadFile(filepath.Join(used, "summary.json")); code == 0 || string(b) != "{}" || !strings.Contains(errOut, "--overwrite") {
+		t.Errorf("train into a used --out: code %d, %q, summary %q", code, errOut, b)
+	}
 	for _, args := range [][]string{
 		{"train", "ars", "--env", "Nope-v0", "--out", t.TempDir()},
 		{"train", "ars", "--env", "CartPole-v1"},
@@ -145,6 +155,8 @@ func TestTrainARSBadFlags(t *testing.T) {
 		{"train", "ars", "--env", "user/Grid-v0", "--obs-dim", "3", "--discrete", "2", "--out", t.TempDir()},
 		{"train", "ars", "--env", "user/Grid-v0", "--obs-dim", "3", "--discrete", "2", "--act-dim", "1", "--hub", "127.0.0.1:1", "--workers", "0", "--out", t.TempDir()},
 		{"eval", "--policy", filepath.Join(t.TempDir(), "missing.safetensors")},
+		{"train", "ars", "--env", "CartPole-v1", "--out", t.TempDir(), "--resume", "--overwrite"},
+		{"train", "ars", "--env", "CartPole-v1", "--out", t.TempDir(), "--resume"},
 	} {
 		if code, _, _ := run(t, ctx, args...); code == 0 {
 			t.Errorf("%v succeeded", args)
@@ -165,5 +177,56 @@ func TestTrainARSFailsWhenWorkersDie(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("train did not notice before the deadline")
+	}
+}
+
+// Every run writes its resolved configuration; `--config OUT/config.yaml`
+// replays it to a byte-identical policy; flags override the file; unknown
+// keys are refused with a clear error.
+func TestTrainARSRunFileReplays(t *testing.T) {
+	useHelperWorkers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	first := t.TempDir()
+	cfgPath := filepath.Join(t.TempDir(), "run.yaml")
+	if err := os.WriteFile(cfgPath, []byte("env: CartPole-v1\nseed: 4\nmax_iterations: 3\neval_every: 2\neval_episodes: 3\nworkers: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--config", cfgPath, "--directions", "6", "--out", first, "--no-progress")
+	if code != 0 {
+		t.Fatalf("train: code %d %q %q", code, out, errOut)
+	}
+	resolved, err := os.ReadFile(filepath.Join(first, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"env: CartPole-v1", "seed: 4", "directions: 6", "protocol: paper", "eval_every: 2", "workers: 1", "version: V2-t"} {
+		if !strings.Contains(string(resolved), want+"\n") {
+			t.Errorf("config.yaml lacks %q:\n%s", want, resolved)
+		}
+	}
+	second := t.TempDir()
+	code, out, errOut = run(t, ctx, "--log-level", "warn", "train", "ars", "--config", filepath.Join(first, "config.yaml"), "--out", second, "--no-progress")
+	if code != 0 {
+		t.Fatalf("replay: code %d %q %q", code, out, errOut)
+	}
+	a, _ := os.ReadFile(filepath.Join(first, "policy.safetensors"))
+	b, _ := os.ReadFile(filepath.Join(second, "policy.safetensors"))
+	if len(a) == 0 || !bytes.Equal(a, b) {
+		t.Fatal("the replayed run's policy differs")
+	}
+	if again, _ := os.ReadFile(filepath.Join(second, "config.yaml")); !bytes.Equal(again, resolved) {
+		t.Errorf("replay resolved to\n%s\nnot\n%s", again, resolved)
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("env: CartPole-v1\nstep_szie: 0.1\n"), 0o644)
+	dir := t.TempDir()
+	code, _, errOut = run(t, ctx, "train", "ars", "--config", bad, "--out", dir)
+	if code == 0 || !strings.Contains(errOut, "step_szie") || !strings.Contains(errOut, "not found") {
+		t.Fatalf("unknown key: code %d, %q", code, errOut)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("a refused run file wrote %d files", len(ents))
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/arsrpc"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -40,6 +41,7 @@ type arsPaperOptions struct {
 	// command's own tests run CartPole-v1 with them).
 	threshold float64
 	budget    int64
+	protocol  string
 }
 
 func newBenchARSPaperCmd(g *globals) *cobra.Command {
@@ -74,6 +76,7 @@ func newBenchARSPaperCmd(g *globals) *cobra.Command {
 	f.IntVar(&o.workers, "workers", 2, "worker processes per run")
 	f.Float64Var(&o.budgetFactor, "budget-factor", 2, "episode budget per run, as a multiple of the paper's episodes to threshold")
 	f.StringVar(&o.out, "out", "", "output directory")
+	f.StringVar(&o.protocol, "protocol", "paper", "evaluation protocol of every run: paper (every 10 iterations over 100 episodes) or fast (the per-env defaults); the report says which")
 	f.Float64Var(&o.threshold, "threshold", 0, "threshold for a task the paper does not tune (all such tasks)")
 	f.Int64Var(&o.budget, "budget", 0, "episode budget for a task the paper does not tune")
 	cmd.MarkFlagRequired("out")
@@ -91,7 +94,10 @@ type paperTaskResult struct {
 	Budget         int64    `json:"budget_episodes"`
 	Seeds          []uint64 `json:"seeds"`
 	Reached        int      `json:"reached"`
-	SuccessRate    float64  `json:"success_rate"`
+	// Held: reached seeds whose re-evaluation on fresh episodes also
+	// reached the threshold.
+	Held        int     `json:"held"`
+	SuccessRate float64 `json:"success_rate"`
 	// Training episodes (evaluation episodes not counted, as in the paper)
 	// that produced the first policy evaluated at or above the threshold,
 	// over the seeds that reached it within the budget.
@@ -107,22 +113,29 @@ type paperTaskResult struct {
 }
 
 type paperSeedResult struct {
-	Seed        uint64  `json:"seed"`
-	Reached     bool    `json:"reached"`
-	Episodes    int64   `json:"episodes"` // to threshold if reached, else training episodes run
-	BestEval    float64 `json:"best_eval"`
-	WallSeconds float64 `json:"wall_seconds"`
-	EnvSteps    int64   `json:"env_steps"`
-	WorkerCPU   float64 `json:"worker_cpu_seconds"`
-	Reused      bool    `json:"reused,omitempty"`
+	Seed    uint64 `json:"seed"`
+	Reached bool   `json:"reached"`
+	// ConfirmEval is the reached policy's mean return on the fresh
+	// episodes of the re-evaluation after the stop; Held says whether it
+	// reached the threshold too.
+	ConfirmEval *float64 `json:"confirm_eval,omitempty"`
+	Held        *bool    `json:"held,omitempty"`
+	Episodes    int64    `json:"episodes"` // to threshold if reached, else training episodes run
+	BestEval    float64  `json:"best_eval"`
+	WallSeconds float64  `json:"wall_seconds"`
+	EnvSteps    int64    `json:"env_steps"`
+	WorkerCPU   float64  `json:"worker_cpu_seconds"`
+	Reused      bool     `json:"reused,omitempty"`
 }
 
 type paperReport struct {
-	Command string            `json:"command"`
-	Workers int               `json:"workers"`
-	Started string            `json:"started"`
-	Load    string            `json:"load_average_at_end"`
-	Tasks   []paperTaskResult `json:"tasks"`
+	Command string `json:"command"`
+	// Protocol is the evaluation protocol of every run in the report.
+	Protocol string            `json:"protocol"`
+	Workers  int               `json:"workers"`
+	Started  string            `json:"started"`
+	Load     string            `json:"load_average_at_end"`
+	Tasks    []paperTaskResult `json:"tasks"`
 }
 
 // paperTask resolves a task's hyperparameters, threshold and budget.
@@ -167,7 +180,10 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
-	rep := paperReport{Command: "rlhub " + strings.Join(os.Args[1:], " "), Workers: o.workers, Started: time.Now().UTC().Format(time.RFC3339)}
+	if o.protocol != arsrpc.ProtocolPaper && o.protocol != arsrpc.ProtocolFast {
+		return fmt.Errorf("--protocol %q: want paper or fast", o.protocol)
+	}
+	rep := paperReport{Command: "rlhub " + strings.Join(os.Args[1:], " "), Protocol: o.protocol, Workers: o.workers, Started: time.Now().UTC().Format(time.RFC3339)}
 	var runErr error
 	for _, pl := range plans {
 		res := paperTaskResult{Task: pl.name, Hyper: hyperStrings(pl.p.Hyper), Threshold: pl.p.Threshold, Budget: pl.budget}
@@ -200,33 +216,25 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 }
 
 // runPaperSeed runs (or reuses) one seed's training.
-func runPaperSeed(ctx context.Context, g *globals, o *arsPaperOptions, name string, p ars.Paper, budget int64, seed uint64, dir string) (trainSummary, bool, error) {
-	if sum, ok := reusableSummary(dir, name, p, budget, seed); ok {
+func runPaperSeed(ctx context.Context, g *globals, o *arsPaperOptions, name string, p ars.Paper, budget int64, seed uint64, dir string) (arsrun.Summary, bool, error) {
+	if sum, ok := reusableSummary(dir, name, p, budget, seed); ok && sum.Protocol == o.protocol {
 		fmt.Fprintf(g.stdout, "%s seed %d: reusing %s (%s after %d episodes)\n", name, seed, dir, sum.Reason, sum.PolicyEpisodes)
 		return sum, true, nil
 	}
 	os.RemoveAll(dir)
 	h := p.Hyper
-	to := trainARSOptions{workers: o.workers, out: dir, noProgress: true, version: h.Version.String()}
+	to := trainARSOptions{workers: o.workers, out: dir, noProgress: true, overwrite: true, reconnect: 2 * time.Minute, version: h.Version.String()}
 	to.spec.Env, to.spec.Seed = name, seed
 	to.spec.Directions, to.spec.Top = uint32(h.Directions), uint32(h.Top)
 	to.spec.StepSize, to.spec.Noise, to.spec.Shift = h.StepSize, h.Noise, h.Shift
 	to.spec.UseTarget, to.spec.Target = true, p.Threshold
 	to.spec.MaxEpisodes = budget
+	to.spec.Protocol = o.protocol
 	if err := trainARS(ctx, g, &to); err != nil {
-		return trainSummary{}, false, err
+		return arsrun.Summary{}, false, err
 	}
-	sum, err := readSummary(dir)
+	sum, err := arsrun.ReadSummary(dir)
 	return sum, false, err
-}
-
-func readSummary(dir string) (trainSummary, error) {
-	var sum trainSummary
-	raw, err := os.ReadFile(filepath.Join(dir, "summary.json"))
-	if err != nil {
-		return sum, err
-	}
-	return sum, json.Unmarshal(raw, &sum)
 }
 
 // reusableSummary returns an earlier run's summary when it is the same
@@ -236,8 +244,8 @@ func readSummary(dir string) (trainSummary, error) {
 // either (a run stops once episodes + 2N would exceed the budget). A run
 // is determined by its seed whatever the number of workers (docs/ars.md),
 // so its outcome under another budget is read off it.
-func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (trainSummary, bool) {
-	sum, err := readSummary(dir)
+func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (arsrun.Summary, bool) {
+	sum, err := arsrun.ReadSummary(dir)
 	if err != nil || sum.Env != name || sum.Seed != seed || sum.Target == nil || *sum.Target != p.Threshold {
 		return sum, false
 	}
@@ -269,7 +277,7 @@ func hyperStrings(h ars.Hyper) map[string]string {
 	}
 }
 
-func seedResult(sum trainSummary, budget int64, reused bool) paperSeedResult {
+func seedResult(sum arsrun.Summary, budget int64, reused bool) paperSeedResult {
 	r := paperSeedResult{Seed: sum.Seed, WallSeconds: sum.WallSeconds, EnvSteps: sum.Steps, WorkerCPU: sum.WorkerCPUSeconds, Reused: reused}
 	r.Reached = sum.ReachedTarget && sum.PolicyEpisodes <= budget
 	r.Episodes = sum.Episodes
@@ -278,6 +286,10 @@ func seedResult(sum trainSummary, budget int64, reused bool) paperSeedResult {
 	}
 	if sum.BestEvalMean != nil {
 		r.BestEval = *sum.BestEvalMean
+	}
+	if r.Reached && sum.TargetHeld != nil && sum.FinalEvalMean != nil {
+		m, h := *sum.FinalEvalMean, *sum.TargetHeld
+		r.ConfirmEval, r.Held = &m, &h
 	}
 	return r
 }
@@ -294,6 +306,9 @@ func finishTask(res *paperTaskResult) {
 		best = append(best, s.BestEval)
 		if s.Reached {
 			eps = append(eps, s.Episodes)
+		}
+		if s.Held != nil && *s.Held {
+			res.Held++
 		}
 	}
 	if cpu > 0 {
@@ -351,17 +366,25 @@ func writePaperReport(dir string, rep *paperReport) error {
 	if err := os.WriteFile(filepath.Join(dir, "ars-paper.json"), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
-	return writeFileFrom(filepath.Join(dir, "ars-paper.md"), func(w io.Writer) (int64, error) {
-		n, err := io.WriteString(w, paperMarkdown(rep))
-		return int64(n), err
-	})
+	return os.WriteFile(filepath.Join(dir, "ars-paper.md"), []byte(paperMarkdown(rep)), 0o644)
+}
+
+func protocolText(p string) string {
+	switch p {
+	case arsrpc.ProtocolPaper:
+		return "paper (every 10 iterations over 100 episodes, filter frozen, shift 0; training episodes counted; a reached policy re-evaluated on 100 fresh episodes)"
+	case arsrpc.ProtocolFast:
+		return "fast (rlhub's per-environment evaluation cadence, 10 episodes; optimistic)"
+	}
+	return p
 }
 
 // paperMarkdown renders the report as the table docs/benchlog/2026-11-30-sessions-1-4.md shows.
 func paperMarkdown(rep *paperReport) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| task | version, N, b, α, ν, shift | threshold | paper: episodes | rlhub: episodes median (min–max) | reached within budget | budget | best eval, median | wall time | env steps/s | per worker CPU-s |\n")
-	fmt.Fprintf(&b, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "Evaluation protocol: %s.\n\n", protocolText(rep.Protocol))
+	fmt.Fprintf(&b, "| task | version, N, b, α, ν, shift | threshold | paper: episodes | rlhub: episodes median (min–max) | reached within budget | held on fresh episodes | budget | best eval, median | wall time | env steps/s | per worker CPU-s |\n")
+	fmt.Fprintf(&b, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, t := range rep.Tasks {
 		h := t.Hyper
 		hyper := fmt.Sprintf("%s, %s, %s, %s, %s, %s", h["version"], h["directions"], h["top"], h["step_size"], h["noise"], h["shift"])
@@ -373,8 +396,8 @@ func paperMarkdown(rep *paperReport) string {
 		if t.EpisodesMedian != nil {
 			eps = fmt.Sprintf("%.0f (%d–%d)", *t.EpisodesMedian, *t.EpisodesMin, *t.EpisodesMax)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %g | %s | %s | %d/%d | %d | %.0f | %.0f s | %.0f | %.0f |\n",
-			t.Task, hyper, t.Threshold, paper, eps, t.Reached, len(t.PerSeed), t.Budget, t.BestEvalMedian, t.WallSeconds, t.StepsPerSecond, t.StepsPerCPU)
+		fmt.Fprintf(&b, "| %s | %s | %g | %s | %s | %d/%d | %d/%d | %d | %.0f | %.0f s | %.0f | %.0f |\n",
+			t.Task, hyper, t.Threshold, paper, eps, t.Reached, len(t.PerSeed), t.Held, t.Reached, t.Budget, t.BestEvalMedian, t.WallSeconds, t.StepsPerSecond, t.StepsPerCPU)
 	}
 	return b.String()
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
 // TestBenchARSPaperPlumbing runs the reproduction command on a tiny
@@ -107,7 +108,7 @@ func TestReusableSummary(t *testing.T) {
 		{"budget spent, larger new budget", false, 200, 202, false},
 	} {
 		dir := t.TempDir()
-		sum := trainSummary{Env: "Swimmer-v5", Seed: 3, Target: &target, Hyper: hyperStrings(p.Hyper), ReachedTarget: c.reached, Reason: reason(c.reached),
+		sum := arsrun.Summary{Env: "Swimmer-v5", Seed: 3, Target: &target, Hyper: hyperStrings(p.Hyper), ReachedTarget: c.reached, Reason: reason(c.reached),
 			Episodes: c.episodes, PolicyEpisodes: c.episodes}
 		b, _ := json.Marshal(sum)
 		os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)

@@ -46,7 +46,18 @@ type globals struct {
 	logFormat string
 	stdout    io.Writer
 	stderr    io.Writer
-	logger    *slog.Logger
+	// raw is the stderr given to Run when stderr was wrapped (a
+	// lockedWriter); nil when stderr is it.
+	raw    io.Writer
+	logger *slog.Logger
+}
+
+// rawStderr is the stderr Run was given (a terminal check looks at it).
+func (g *globals) rawStderr() io.Writer {
+	if g.raw != nil {
+		return g.raw
+	}
+	return g.stderr
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {

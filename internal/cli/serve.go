@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -48,6 +49,9 @@ func newServeCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("--role %q: want all or reducer", role)
 			}
+			// A test-only hook: SIGKILL the hub at a named point of the ARS
+			// state writes (arsrpc.Config.CrashAt).
+			cfg.ARS.CrashAt = os.Getenv("RLHUB_TEST_ARS_CRASH")
 			h, err := hub.New(cfg)
 			if err != nil {
 				return err

@@ -76,6 +76,10 @@ type Config struct {
 	// failure policy, homogeneous info keys); the zero value means its
 	// defaults. A nil Logger means the hub's.
 	Aggregator aggregator.Config
+	// ARS configures the ARS coordinator (leases, long polls, the test
+	// crash hook); Store is the hub's, DataDir is DataDir/ars when the hub
+	// has one (runs survive a restart), a nil Logger means the hub's.
+	ARS arsrpc.Config
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
@@ -300,7 +304,18 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	// The ARS coordinator and the reducer write through owner views of the
 	// store: the models they manage take no other writer's pushes (store
 	// rule 6). Remote store pushes are anonymous and are refused there.
-	if err := add(arsrpc.New(arsrpc.Config{Store: store.Owned{Store: h.store, Owner: OwnerARS}, MaxPolicyParams: h.cfg.Limits.MaxPolicyParams, Logger: h.cfg.Logger})); err != nil {
+	arscfg := h.cfg.ARS
+	arscfg.Store = store.Owned{Store: h.store, Owner: OwnerARS}
+	if arscfg.MaxPolicyParams == 0 {
+		arscfg.MaxPolicyParams = h.cfg.Limits.MaxPolicyParams
+	}
+	if h.cfg.DataDir != "" {
+		arscfg.DataDir = filepath.Join(h.cfg.DataDir, "ars")
+	}
+	if arscfg.Logger == nil {
+		arscfg.Logger = h.cfg.Logger
+	}
+	if err := add(arsrpc.New(arscfg)); err != nil {
 		return nil, err
 	}
 	if err := add(wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})); err != nil {

@@ -503,18 +503,22 @@ class ARSWorker:
 
     def _loop(self) -> None:
         failing_since: Optional[float] = None
+        backoff = 0.05
 
         def retry(err: errors.RlhubError) -> bool:
-            nonlocal failing_since
+            # Retry within retry_for of the first failure, backing off from
+            # 50 ms to 2 s (a hub restarting on its --data keeps the run).
+            nonlocal failing_since, backoff
             if self._stop.is_set():
                 return False
             now = time.monotonic()
             if failing_since is None:
-                failing_since = now
+                failing_since, backoff = now, 0.05
             if now - failing_since > self.retry_for:
                 return False
-            log.debug("ars worker: retrying: %s", err)
-            self._stop.wait(0.1)
+            log.debug("ars worker: retrying in %.2fs: %s", backoff, err)
+            self._stop.wait(backoff)
+            backoff = min(2 * backoff, 2.0)
             return True
 
         while not self._stop.is_set():

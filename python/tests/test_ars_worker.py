@@ -480,7 +480,9 @@ def test_run_on_an_env_only_python_knows(hub, tmp_path):
     finally:
         st = w.stop()
     assert st.tasks > 0 and s["stop_reason"] == "budget", s
-    evals = [float(r[-3]) for r in curve(tmp_path / "run")[1:] if r[-3]]  # eval_mean column
+    rows = curve(tmp_path / "run")
+    col = rows[0].index("eval_mean")
+    evals = [float(r[col]) for r in rows[1:] if r[col]]
     p = ars_worker.decode_policy((tmp_path / "run" / "policy.safetensors").read_bytes())
     assert (p.env, p.obs_dim, p.out_dim, p.discrete) == ("rlhubtest/Drift-v0", 1, 1, False)
     # θ₀ = 0 does nothing (return −Σx² ≈ −6.7); the learnt gain steers to 0.
@@ -494,3 +496,46 @@ def test_discrete_action_is_gos_argmax():
              ([-np.inf, np.nan], 0), ([-0.0, 0.0], 0)]
     for out, want in cases:
         assert ars_worker._argmax_go(np.array(out)) == want, out
+
+
+def test_worker_and_train_ride_out_a_hub_kill(rlhub_bin, tmp_path, monkeypatch):
+    """The hub is SIGKILLed right after an iteration is recorded and restarted
+    on the same --data and address: the Python worker and `train ars --hub`
+    reconnect, and the policy is byte-identical to an undisturbed run's."""
+    spec = ["--env", "CartPole-v1", "--seed", "3", "--directions", "8", "--top", "4",
+            "--max-iterations", "6", "--eval-every", "3", "--eval-episodes", "4"]
+    (tmp_path / "ref").mkdir()
+    ref = Hub(rlhub_bin, tmp_path / "ref")
+    w = ThreadWorker(ref.addr, "CartPole-v1")
+    try:
+        train(ref, tmp_path / "a", *spec)
+    finally:
+        w.stop()
+        ref.stop()
+
+    d = tmp_path / "dur"
+    d.mkdir()
+    monkeypatch.setenv("RLHUB_TEST_ARS_CRASH", "iteration:2")
+    h = Hub(rlhub_bin, d)
+    monkeypatch.delenv("RLHUB_TEST_ARS_CRASH")
+    w = ThreadWorker(h.addr, "CartPole-v1", retry_for=60.0)
+    p = subprocess.Popen([rlhub_bin, "train", "ars", "--hub", h.addr, "--workers", "0", "--no-progress",
+                          "--out", str(tmp_path / "b"), *spec], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    h2 = None
+    try:
+        assert h.proc.wait(timeout=120) == -signal.SIGKILL
+        h.log.close()
+        h2 = Hub(rlhub_bin, d, addr=h.addr)
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, out + err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        w.stop()
+        if h2 is not None:
+            h2.stop()
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert s["hub_reconnects"] >= 1, s
+    assert (tmp_path / "a" / "policy.safetensors").read_bytes() == (tmp_path / "b" / "policy.safetensors").read_bytes()
+    assert [r[0] for r in curve(tmp_path / "b")[1:]] == [str(i) for i in range(7)]

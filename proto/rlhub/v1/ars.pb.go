@@ -113,9 +113,17 @@ type ARSRunSpec struct {
 	// The spaces of an environment the hub has no implementation of (say a
 	// user's Gymnasium env served by Python workers, docs/ars.md); unset for
 	// a built-in environment (when set for one, it must match its spaces).
-	EnvSpec       *ARSEnvSpec `protobuf:"bytes,16,opt,name=env_spec,json=envSpec,proto3" json:"env_spec,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EnvSpec *ARSEnvSpec `protobuf:"bytes,16,opt,name=env_spec,json=envSpec,proto3" json:"env_spec,omitempty"`
+	// Evaluation protocol: "paper" (the default when empty: evaluate every 10
+	// iterations over 100 episodes, as the ARS authors' code) or "fast" (the
+	// per-environment defaults of ars.EnvDefaults: fewer, smaller
+	// evaluations). eval_every and eval_episodes override either.
+	Protocol string `protobuf:"bytes,17,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Episodes of the re-evaluation that follows a stop at the target, on
+	// fresh episode seeds; 0 means 100.
+	ConfirmEpisodes uint32 `protobuf:"varint,18,opt,name=confirm_episodes,json=confirmEpisodes,proto3" json:"confirm_episodes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ARSRunSpec) Reset() {
@@ -260,6 +268,20 @@ func (x *ARSRunSpec) GetEnvSpec() *ARSEnvSpec {
 	return nil
 }
 
+func (x *ARSRunSpec) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *ARSRunSpec) GetConfirmEpisodes() uint32 {
+	if x != nil {
+		return x.ConfirmEpisodes
+	}
+	return 0
+}
+
 // ARSEnvSpec describes an environment's spaces.
 type ARSEnvSpec struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -324,8 +346,12 @@ func (x *ARSEnvSpec) GetActDim() uint32 {
 }
 
 type ARSStartRunRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Spec          *ARSRunSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Spec  *ARSRunSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Idempotency key chosen by the client (at most 128 bytes): a retried
+	// StartRun with the same key (say after the hub restarted mid-call)
+	// returns the run the first call started instead of a second one.
+	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -365,6 +391,13 @@ func (x *ARSStartRunRequest) GetSpec() *ARSRunSpec {
 		return x.Spec
 	}
 	return nil
+}
+
+func (x *ARSStartRunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type ARSStartRunResponse struct {
@@ -496,8 +529,14 @@ type ARSProgress struct {
 	// Training episodes that produced the policy evaluated in this iteration
 	// (episodes before this iteration's directions).
 	PolicyEpisodes int64 `protobuf:"varint,16,opt,name=policy_episodes,json=policyEpisodes,proto3" json:"policy_episodes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Mean of this iteration's 2N shifted training returns (0 when it ran no
+	// directions).
+	TrainReturn float64 `protobuf:"fixed64,17,opt,name=train_return,json=trainReturn,proto3" json:"train_return,omitempty"`
+	// This iteration is the re-evaluation on fresh episodes after the run
+	// reached its target; eval_mean/eval_std are its result.
+	Confirm       bool `protobuf:"varint,18,opt,name=confirm,proto3" json:"confirm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ARSProgress) Reset() {
@@ -640,6 +679,20 @@ func (x *ARSProgress) GetPolicyEpisodes() int64 {
 		return x.PolicyEpisodes
 	}
 	return 0
+}
+
+func (x *ARSProgress) GetTrainReturn() float64 {
+	if x != nil {
+		return x.TrainReturn
+	}
+	return 0
+}
+
+func (x *ARSProgress) GetConfirm() bool {
+	if x != nil {
+		return x.Confirm
+	}
+	return false
 }
 
 type ARSStopRunRequest struct {
@@ -1574,7 +1627,7 @@ var File_rlhub_v1_ars_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\n" +
-	"\x12rlhub/v1/ars.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\xd5\x03\n" +
+	"\x12rlhub/v1/ars.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\x9c\x04\n" +
 	"\n" +
 	"ARSRunSpec\x12\x10\n" +
 	"\x03env\x18\x01 \x01(\tR\x03env\x12\x12\n" +
@@ -1597,20 +1650,24 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x06target\x18\r \x01(\x01R\x06target\x12!\n" +
 	"\fmax_episodes\x18\x0e \x01(\x03R\vmaxEpisodes\x12%\n" +
 	"\x0emax_iterations\x18\x0f \x01(\rR\rmaxIterations\x12/\n" +
-	"\benv_spec\x18\x10 \x01(\v2\x14.rlhub.v1.ARSEnvSpecR\aenvSpec\"Z\n" +
+	"\benv_spec\x18\x10 \x01(\v2\x14.rlhub.v1.ARSEnvSpecR\aenvSpec\x12\x1a\n" +
+	"\bprotocol\x18\x11 \x01(\tR\bprotocol\x12)\n" +
+	"\x10confirm_episodes\x18\x12 \x01(\rR\x0fconfirmEpisodes\"Z\n" +
 	"\n" +
 	"ARSEnvSpec\x12\x17\n" +
 	"\aobs_dim\x18\x01 \x01(\rR\x06obsDim\x12\x1a\n" +
 	"\bdiscrete\x18\x02 \x01(\rR\bdiscrete\x12\x17\n" +
-	"\aact_dim\x18\x03 \x01(\rR\x06actDim\">\n" +
+	"\aact_dim\x18\x03 \x01(\rR\x06actDim\"]\n" +
 	"\x12ARSStartRunRequest\x12(\n" +
-	"\x04spec\x18\x01 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\"B\n" +
+	"\x04spec\x18\x01 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"B\n" +
 	"\x13ARSStartRunResponse\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\"R\n" +
 	"\x12ARSWatchRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12%\n" +
-	"\x0efrom_iteration\x18\x02 \x01(\x04R\rfromIteration\"\xdc\x03\n" +
+	"\x0efrom_iteration\x18\x02 \x01(\x04R\rfromIteration\"\x99\x04\n" +
 	"\vARSProgress\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1c\n" +
 	"\titeration\x18\x02 \x01(\x04R\titeration\x12\x18\n" +
@@ -1628,7 +1685,9 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x06reason\x18\r \x01(\tR\x06reason\x12\x14\n" +
 	"\x05model\x18\x0e \x01(\tR\x05model\x12'\n" +
 	"\x0felapsed_seconds\x18\x0f \x01(\x01R\x0eelapsedSeconds\x12'\n" +
-	"\x0fpolicy_episodes\x18\x10 \x01(\x03R\x0epolicyEpisodes\"*\n" +
+	"\x0fpolicy_episodes\x18\x10 \x01(\x03R\x0epolicyEpisodes\x12!\n" +
+	"\ftrain_return\x18\x11 \x01(\x01R\vtrainReturn\x12\x18\n" +
+	"\aconfirm\x18\x12 \x01(\bR\aconfirm\"*\n" +
 	"\x11ARSStopRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"\x14\n" +
 	"\x12ARSStopRunResponse\"&\n" +

@@ -18,7 +18,7 @@ ARS_TASK_KIND_DIRECTION: ARSTaskKind
 ARS_TASK_KIND_EVAL: ARSTaskKind
 
 class ARSRunSpec(_message.Message):
-    __slots__ = ("env", "seed", "version", "directions", "top", "step_size", "noise", "shift", "hidden", "eval_every", "eval_episodes", "use_target", "target", "max_episodes", "max_iterations", "env_spec")
+    __slots__ = ("env", "seed", "version", "directions", "top", "step_size", "noise", "shift", "hidden", "eval_every", "eval_episodes", "use_target", "target", "max_episodes", "max_iterations", "env_spec", "protocol", "confirm_episodes")
     ENV_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,8 @@ class ARSRunSpec(_message.Message):
     MAX_EPISODES_FIELD_NUMBER: _ClassVar[int]
     MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_EPISODES_FIELD_NUMBER: _ClassVar[int]
     env: str
     seed: int
     version: str
@@ -51,7 +53,9 @@ class ARSRunSpec(_message.Message):
     max_episodes: int
     max_iterations: int
     env_spec: ARSEnvSpec
-    def __init__(self, env: _Optional[str] = ..., seed: _Optional[int] = ..., version: _Optional[str] = ..., directions: _Optional[int] = ..., top: _Optional[int] = ..., step_size: _Optional[float] = ..., noise: _Optional[float] = ..., shift: _Optional[float] = ..., hidden: _Optional[_Iterable[int]] = ..., eval_every: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., use_target: _Optional[bool] = ..., target: _Optional[float] = ..., max_episodes: _Optional[int] = ..., max_iterations: _Optional[int] = ..., env_spec: _Optional[_Union[ARSEnvSpec, _Mapping]] = ...) -> None: ...
+    protocol: str
+    confirm_episodes: int
+    def __init__(self, env: _Optional[str] = ..., seed: _Optional[int] = ..., version: _Optional[str] = ..., directions: _Optional[int] = ..., top: _Optional[int] = ..., step_size: _Optional[float] = ..., noise: _Optional[float] = ..., shift: _Optional[float] = ..., hidden: _Optional[_Iterable[int]] = ..., eval_every: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., use_target: _Optional[bool] = ..., target: _Optional[float] = ..., max_episodes: _Optional[int] = ..., max_iterations: _Optional[int] = ..., env_spec: _Optional[_Union[ARSEnvSpec, _Mapping]] = ..., protocol: _Optional[str] = ..., confirm_episodes: _Optional[int] = ...) -> None: ...
 
 class ARSEnvSpec(_message.Message):
     __slots__ = ("obs_dim", "discrete", "act_dim")
@@ -64,10 +68,12 @@ class ARSEnvSpec(_message.Message):
     def __init__(self, obs_dim: _Optional[int] = ..., discrete: _Optional[int] = ..., act_dim: _Optional[int] = ...) -> None: ...
 
 class ARSStartRunRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     spec: ARSRunSpec
-    def __init__(self, spec: _Optional[_Union[ARSRunSpec, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[ARSRunSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ARSStartRunResponse(_message.Message):
     __slots__ = ("run_id", "model")
@@ -86,7 +92,7 @@ class ARSWatchRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., from_iteration: _Optional[int] = ...) -> None: ...
 
 class ARSProgress(_message.Message):
-    __slots__ = ("run_id", "iteration", "version", "episodes", "eval_episodes", "steps", "iteration_steps", "has_eval", "eval_mean", "eval_std", "sigma_r", "done", "reason", "model", "elapsed_seconds", "policy_episodes")
+    __slots__ = ("run_id", "iteration", "version", "episodes", "eval_episodes", "steps", "iteration_steps", "has_eval", "eval_mean", "eval_std", "sigma_r", "done", "reason", "model", "elapsed_seconds", "policy_episodes", "train_return", "confirm")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +109,8 @@ class ARSProgress(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: int
     version: int
@@ -119,7 +127,9 @@ class ARSProgress(_message.Message):
     model: str
     elapsed_seconds: float
     policy_episodes: int
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., version: _Optional[int] = ..., episodes: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., steps: _Optional[int] = ..., iteration_steps: _Optional[int] = ..., has_eval: _Optional[bool] = ..., eval_mean: _Optional[float] = ..., eval_std: _Optional[float] = ..., sigma_r: _Optional[float] = ..., done: _Optional[bool] = ..., reason: _Optional[str] = ..., model: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., policy_episodes: _Optional[int] = ...) -> None: ...
+    train_return: float
+    confirm: bool
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[int] = ..., version: _Optional[int] = ..., episodes: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., steps: _Optional[int] = ..., iteration_steps: _Optional[int] = ..., has_eval: _Optional[bool] = ..., eval_mean: _Optional[float] = ..., eval_std: _Optional[float] = ..., sigma_r: _Optional[float] = ..., done: _Optional[bool] = ..., reason: _Optional[str] = ..., model: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., policy_episodes: _Optional[int] = ..., train_return: _Optional[float] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class ARSStopRunRequest(_message.Message):
     __slots__ = ("run_id",)

@@ -1,4 +1,4 @@
-package cli
+package run
 
 import (
 	"fmt"
@@ -12,16 +12,16 @@ import (
 
 // plotCurve draws the evaluation return against training episodes (left)
 // and against wall time (right), with ±1 std bars, into a PNG.
-func plotCurve(path string, rows []curveRow, sum trainSummary) error {
+func plotCurve(path string, rows []Row, sum Summary) error {
 	var byEp, byWall plotter.XYs
 	var errs plotter.YErrors
 	for _, r := range rows {
-		if !r.p.HasEval {
+		if !r.P.HasEval {
 			continue
 		}
-		byEp = append(byEp, plotter.XY{X: float64(r.p.PolicyEpisodes), Y: r.p.EvalMean})
-		byWall = append(byWall, plotter.XY{X: r.wall, Y: r.p.EvalMean})
-		errs = append(errs, struct{ Low, High float64 }{r.p.EvalStd, r.p.EvalStd})
+		byEp = append(byEp, plotter.XY{X: float64(r.P.PolicyEpisodes), Y: r.P.EvalMean})
+		byWall = append(byWall, plotter.XY{X: r.Wall, Y: r.P.EvalMean})
+		errs = append(errs, struct{ Low, High float64 }{r.P.EvalStd, r.P.EvalStd})
 	}
 	title := fmt.Sprintf("ARS on %s (seed %d, %d workers)", sum.Env, sum.Seed, sum.Workers)
 	mk := func(xlabel string, pts plotter.XYs) (*plot.Plot, error) {

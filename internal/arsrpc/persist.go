@@ -1,0 +1,352 @@
+package arsrpc
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/rlhub/rlhub/internal/ars"
+	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// A run's durable state lives in DIR/RUN/ (DIR is Config.DataDir, the
+// hub's --data/ars):
+//
+//	state.json    the run after its last finished iteration: spec, policy
+//	              version, trainer state (iteration, θ, filter statistics,
+//	              counters, seed state = spec seed + iteration), done and
+//	              reason, and how many progress entries belong to it.
+//	              Replaced whole: temp file, fsync, rename, fsync DIR/RUN.
+//	progress.log  one line per finished iteration (the curve):
+//	              "CRC32C-hex JSON\n", appended and fsynced before
+//	              state.json moves on. Lines beyond state.json's count (a
+//	              crash between the two writes) or with a bad checksum (a
+//	              torn tail) are dropped on load.
+//
+// Order of one iteration's writes (under the Service mutex, before anyone
+// is told): append the progress line, replace state.json, then publish the
+// new policy version to the store. So the store is never ahead of
+// state.json, and a restart that finds the store one version behind
+// republishes it from the restored θ. Leases and the current iteration's
+// results are not kept: a restart redoes the unfinished iteration, and
+// since every task is a deterministic function of (seed, iteration, task)
+// the run ends exactly as it would have.
+
+const stateFormat = 1
+
+// diskState is state.json.
+type diskState struct {
+	Format  int             `json:"format"`
+	ID      string          `json:"id"`
+	Model   string          `json:"model"`
+	Request string          `json:"request_id,omitempty"`
+	Spec    json.RawMessage `json:"spec"` // protojson of the normalised spec
+	Version uint64          `json:"version"`
+	Started int64           `json:"started_unix_nano"`
+	Done    bool            `json:"done"`
+	// Trainer is nil for a run that ended (its trainer is dropped).
+	Trainer  *ars.TrainerState `json:"trainer,omitempty"`
+	Progress int               `json:"progress_entries"`
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var runDirName = regexp.MustCompile(`^run-([0-9]{1,18})$`)
+
+// crashHook kills the process at a named point (tests only: the hub's
+// RLHUB_TEST_ARS_CRASH, "point" or "point:N" for the Nth time).
+type crashHook struct {
+	point string
+	n     int
+	hits  int
+}
+
+func parseCrash(s string) *crashHook {
+	if s == "" {
+		return nil
+	}
+	h := &crashHook{point: s, n: 1}
+	if p, n, ok := strings.Cut(s, ":"); ok {
+		h.point = p
+		if v, err := strconv.Atoi(n); err == nil && v > 0 {
+			h.n = v
+		}
+	}
+	return h
+}
+
+// hit counts one arrival at point and reports whether it is the Nth.
+func (h *crashHook) hit(point string) bool {
+	if h == nil || h.point != point {
+		return false
+	}
+	h.hits++
+	return h.hits == h.n
+}
+
+// at SIGKILLs this process the Nth time point is reached.
+func (h *crashHook) at(point string) {
+	if h.hit(point) {
+		kill()
+	}
+}
+
+func kill() {
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
+
+// persister writes runs' state under dir; the Service mutex serialises it.
+type persister struct {
+	dir   string
+	crash *crashHook
+	// logs holds each run's open progress.log.
+	logs map[string]*os.File
+}
+
+func newPersister(dir string, crash *crashHook) (*persister, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("ars state: %w", err)
+	}
+	return &persister{dir: dir, crash: crash, logs: map[string]*os.File{}}, nil
+}
+
+func (p *persister) close() error {
+	var out []error
+	for id, f := range p.logs {
+		out = append(out, f.Close())
+		delete(p.logs, id)
+	}
+	return errors.Join(out...)
+}
+
+// save makes r's state durable: the progress entries not yet logged, then
+// state.json.
+func (p *persister) save(r *run) error {
+	if p == nil {
+		return nil
+	}
+	rd := filepath.Join(p.dir, r.id)
+	f := p.logs[r.id]
+	if f == nil {
+		if err := os.MkdirAll(rd, 0o755); err != nil {
+			return err
+		}
+		var err error
+		f, err = os.OpenFile(filepath.Join(rd, "progress.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		p.logs[r.id] = f
+		if err := syncDir(p.dir); err != nil {
+			return err
+		}
+	}
+	if r.logged < len(r.progress) {
+		var buf bytes.Buffer
+		for _, e := range r.progress[r.logged:] {
+			b, err := protojson.Marshal(e)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&buf, "%08x %s\n", crc32.Checksum(b, castagnoli), b)
+		}
+		if _, err := f.Write(buf.Bytes()); err != nil {
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+	}
+	spec, err := protojson.Marshal(r.spec)
+	if err != nil {
+		return err
+	}
+	st := diskState{Format: stateFormat, ID: r.id, Model: r.model, Request: r.requestID, Spec: spec, Version: r.version,
+		Started: r.started.UnixNano(), Done: r.done, Progress: len(r.progress)}
+	if r.tr != nil {
+		ts := r.tr.State()
+		st.Trainer = &ts
+	}
+	b, err := json.Marshal(&st)
+	if err != nil {
+		return err
+	}
+	if err := p.writeAtomic(filepath.Join(rd, "state.json"), b); err != nil {
+		return err
+	}
+	r.logged = len(r.progress)
+	return nil
+}
+
+// writeAtomic replaces path with b: temp file, fsync, rename, fsync dir.
+func (p *persister) writeAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if p.crash.hit("snapshot") {
+		f.Write(b[:len(b)/2]) // a torn temp file, as a crash mid-write leaves
+		f.Sync()
+		kill()
+	}
+	_, err = f.Write(b)
+	if err = errors.Join(err, f.Sync(), f.Close()); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
+
+// loaded is one run read back from disk.
+type loaded struct {
+	r   *run
+	num uint64 // N of run-N
+}
+
+// load reads every run under dir, oldest first. A run whose state cannot
+// be read is skipped with its error (the caller logs it at ERROR); its
+// number is still taken so no new run reuses its name.
+func (p *persister) load() (runs []loaded, maxNum uint64, bad []error) {
+	ents, err := os.ReadDir(p.dir)
+	if err != nil {
+		return nil, 0, []error{err}
+	}
+	for _, e := range ents {
+		m := runDirName.FindStringSubmatch(e.Name())
+		if m == nil || !e.IsDir() {
+			continue
+		}
+		num, _ := strconv.ParseUint(m[1], 10, 64)
+		maxNum = max(maxNum, num)
+		r, err := p.loadRun(e.Name())
+		if err != nil {
+			bad = append(bad, fmt.Errorf("ars run %s: %w", e.Name(), err))
+			continue
+		}
+		runs = append(runs, loaded{r, num})
+	}
+	for i := 1; i < len(runs); i++ { // insertion sort by run number
+		for j := i; j > 0 && runs[j].num < runs[j-1].num; j-- {
+			runs[j], runs[j-1] = runs[j-1], runs[j]
+		}
+	}
+	return runs, maxNum, bad
+}
+
+func (p *persister) loadRun(name string) (*run, error) {
+	rd := filepath.Join(p.dir, name)
+	raw, err := os.ReadFile(filepath.Join(rd, "state.json"))
+	if err != nil {
+		return nil, err
+	}
+	var st diskState
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return nil, fmt.Errorf("state.json: %w", err)
+	}
+	if st.Format != stateFormat || st.ID != name || st.Progress < 0 {
+		return nil, fmt.Errorf("state.json: format %d, id %q", st.Format, truncate(st.ID, 64))
+	}
+	var spec pb.ARSRunSpec
+	if err := protojson.Unmarshal(st.Spec, &spec); err != nil {
+		return nil, fmt.Errorf("state.json spec: %w", err)
+	}
+	s, cfg, err := Normalise(&spec)
+	if err != nil {
+		return nil, err
+	}
+	var tr *ars.Trainer
+	switch {
+	case st.Trainer != nil && !st.Done:
+		if tr, err = ars.RestoreTrainer(cfg, *st.Trainer); err != nil {
+			return nil, err
+		}
+	case !st.Done:
+		return nil, errors.New("state.json: an unfinished run without trainer state")
+	}
+	progress, err := readProgress(filepath.Join(rd, "progress.log"), st.Progress)
+	if err != nil {
+		return nil, err
+	}
+	r := &run{id: st.ID, model: st.Model, requestID: st.Request, spec: s, tr: tr, started: time.Unix(0, st.Started), version: st.Version,
+		done: st.Done, progress: progress, logged: len(progress)}
+	for _, e := range progress {
+		if e.Episodes > e.PolicyEpisodes {
+			r.trainMeans = append(r.trainMeans, e.TrainReturn)
+		}
+	}
+	// Rewrite the log without anything beyond state.json (a crash between
+	// the two writes): appends then continue a clean file.
+	if err := p.rewriteProgress(rd, progress); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// readProgress reads the first n valid entries of a progress log.
+func readProgress(path string, n int) ([]*pb.ARSProgress, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) && n == 0 {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []*pb.ARSProgress
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for len(out) < n && sc.Scan() {
+		line := sc.Bytes()
+		sum, body, ok := bytes.Cut(line, []byte(" "))
+		want, err := strconv.ParseUint(string(sum), 16, 32)
+		if !ok || err != nil || crc32.Checksum(body, castagnoli) != uint32(want) {
+			break // a torn tail
+		}
+		var e pb.ARSProgress
+		if err := protojson.Unmarshal(body, &e); err != nil {
+			break
+		}
+		out = append(out, &e)
+	}
+	if len(out) != n {
+		return nil, fmt.Errorf("progress.log holds %d valid entries, state.json needs %d", len(out), n)
+	}
+	return out, nil
+}
+
+func (p *persister) rewriteProgress(rd string, entries []*pb.ARSProgress) error {
+	var buf bytes.Buffer
+	for _, e := range entries {
+		b, err := protojson.Marshal(e)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&buf, "%08x %s\n", crc32.Checksum(b, castagnoli), b)
+	}
+	return p.writeAtomic(filepath.Join(rd, "progress.log"), buf.Bytes())
+}
