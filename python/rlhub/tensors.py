@@ -192,7 +192,7 @@ def load_bytes(blob: Any, framework: str = "numpy") -> Dict[str, Any]:
     return out
 
 
-def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
+def _torch_dtype(dt: str):
     import torch
 
     by_name = {
@@ -207,6 +207,97 @@ def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
             by_name[name] = getattr(torch, attr)
     if dt not in by_name:
         raise TypeError(f"dtype {dt} unsupported by this torch")
+    return by_name[dt]
+
+
+def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
+    import torch
+
+    tdt = _torch_dtype(dt)
     if len(raw) == 0:
-        return torch.empty(shape, dtype=by_name[dt])
-    return torch.frombuffer(bytearray(raw), dtype=by_name[dt]).reshape(shape)
+        return torch.empty(shape, dtype=tdt)
+    return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape)
+
+
+def _byte_view(name: str, value: Any):
+    """(dtype name, shape, writable uint8 numpy view of the memory) for a
+    CPU contiguous tensor or array, or (dtype, shape, None) when its bytes
+    cannot be viewed (a GPU or non-contiguous tensor: copied through torch)."""
+    if type(value).__module__.startswith("torch"):
+        import torch
+
+        t = value.detach()
+        dt = _torch_dtype_name(t)
+        if t.device.type == "cpu" and t.is_contiguous():
+            return dt, tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy()
+        return dt, tuple(t.shape), None
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"tensor {name!r}: a {type(value).__name__}, want a torch tensor or numpy array")
+    key = value.dtype
+    dt = _NP_TO_NAME.get(np.dtype(key)) if key.byteorder != ">" else None
+    if dt is None:
+        raise TypeError(f"tensor {name!r}: unsupported numpy dtype {value.dtype}")
+    if not value.flags.writeable:
+        raise ValueError(f"tensor {name!r}: numpy array is read-only")
+    if not value.flags.c_contiguous:
+        raise ValueError(f"tensor {name!r}: numpy array is not C-contiguous")
+    return dt, tuple(int(d) for d in value.shape), value.reshape(-1).view(np.uint8)
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 64 else name[:61] + "..."
+
+
+class Target:
+    """Tensors a version is written into in place: an ``nn.Module`` (its
+    ``state_dict()``, whose tensors share the parameters' memory) or a dict
+    of torch tensors / writable numpy arrays."""
+
+    def __init__(self, target: Any):
+        sd = target.state_dict() if callable(getattr(target, "state_dict", None)) else target
+        if not isinstance(sd, Mapping):
+            raise TypeError(f"pull_into target: a {type(target).__name__}, want an nn.Module or a dict of tensors")
+        self._tensors = dict(sd)
+        self._views = {k: _byte_view(k, v) for k, v in self._tensors.items()}
+
+    def write(self, blob: Any, *, what: str = "version") -> None:
+        """Checks that ``blob`` (safetensors) has exactly the target's names,
+        dtypes and shapes, then copies every tensor in; on a mismatch raises
+        ``errors.InvalidArgument`` naming it and writes nothing."""
+        from rlhub import errors
+
+        buf = memoryview(blob).cast("B")
+        try:
+            start, header, _ = parse_header(buf)
+        except ValueError as e:
+            raise errors.InvalidArgument(f"{what}: {e}") from None
+        diffs = []
+        for k in header.keys() - self._views.keys():
+            diffs.append(f"{_short(k)!r} is not in the target")
+        for k in self._views.keys() - header.keys():
+            diffs.append(f"target's {_short(k)!r} is missing")
+        for k, (dt, shape, _) in self._views.items():
+            info = header.get(k)
+            if info is not None and (info["dtype"] != dt or tuple(info["shape"]) != shape):
+                diffs.append(f"{_short(k)!r} is {info['dtype']}{list(info['shape'])[:8]}, "
+                             f"the target's {dt}{list(shape)[:8]}")
+        if diffs:
+            more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+            raise errors.InvalidArgument(f"{what} does not fit the target: {'; '.join(sorted(diffs)[:3])}{more}")
+        src = np.frombuffer(buf, np.uint8)
+        for k, (dt, shape, view) in self._views.items():
+            b, e = header[k]["data_offsets"]
+            if view is not None:
+                view[:] = src[start + b:start + e]
+            else:  # GPU or strided: through torch
+                t = self._tensors[k]
+                t.detach().copy_(_to_torch_view(src[start + b:start + e], dt, shape))
+
+
+def _to_torch_view(raw: np.ndarray, dt: str, shape: Tuple[int, ...]):
+    """A torch view (no copy) of little-endian bytes as dtype ``dt``."""
+    import torch
+
+    if raw.size == 0:
+        return torch.empty(shape, dtype=_torch_dtype(dt))
+    return torch.from_numpy(raw).view(_torch_dtype(dt)).reshape(shape)
