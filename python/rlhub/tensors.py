@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,22 +45,30 @@ _NP_TO_NAME = {v[1]: k for k, v in _DTYPES.items() if v[1] is not None}
 MAX_HEADER_BYTES = 100_000_000
 
 
-def _torch_dtype_name(t: Any) -> str:
-    import torch
+_TORCH_NAMES: Optional[Dict[Any, str]] = None
 
-    names = {
-        torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
-        torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
-        torch.float32: "F32", torch.float64: "F64", torch.int64: "I64",
-    }
-    for attr, name in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
-                       ("float8_e5m2", "F8_E5M2"), ("float8_e4m3fn", "F8_E4M3"),
-                       ("complex64", "C64")):
-        if hasattr(torch, attr):
-            names[getattr(torch, attr)] = name
-    if t.dtype not in names:
+
+def _torch_dtype_name(t: Any) -> str:
+    global _TORCH_NAMES
+    names = _TORCH_NAMES
+    if names is None:
+        import torch
+
+        names = {
+            torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
+            torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
+            torch.float32: "F32", torch.float64: "F64", torch.int64: "I64",
+        }
+        for attr, name in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
+                           ("float8_e5m2", "F8_E5M2"), ("float8_e4m3fn", "F8_E4M3"),
+                           ("complex64", "C64")):
+            if hasattr(torch, attr):
+                names[getattr(torch, attr)] = name
+        _TORCH_NAMES = names
+    name = names.get(t.dtype)
+    if name is None:
         raise TypeError(f"unsupported torch dtype {t.dtype}")
-    return names[t.dtype]
+    return name
 
 
 def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
@@ -98,6 +107,26 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
         dt, shape, raw = _as_entry(name, value)
         entries.append((name, dt, shape, raw))
     entries.sort(key=lambda e: (-_DTYPES[e[1]][0], e[0]))
+    key = (tuple((e[0], e[1], e[2]) for e in entries),
+           tuple(sorted((k, str(v)) for k, v in metadata.items())) if metadata else ())
+    head = _HEADERS.get(key)
+    if head is None:
+        head = _encode_header(entries, metadata)
+        with _HEADERS_MU:
+            if len(_HEADERS) >= _MAX_HEADERS:
+                _HEADERS.clear()
+            _HEADERS[key] = head
+    return head, [e[3] for e in entries]
+
+
+# Encoded headers by (names, dtypes, shapes, metadata): a learner pushing
+# gradients of one model encodes its header once, not on every push.
+_HEADERS: Dict[Any, bytes] = {}
+_HEADERS_MU = threading.Lock()
+_MAX_HEADERS = 64
+
+
+def _encode_header(entries, metadata: Optional[Mapping[str, str]]) -> bytes:
     header: Dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = {k: str(metadata[k]) for k in sorted(metadata)}
@@ -107,7 +136,7 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
         off += raw.nbytes
     hj = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     hj += b" " * ((8 - len(hj) % 8) % 8)
-    return struct.pack("<Q", len(hj)) + hj, [e[3] for e in entries]
+    return struct.pack("<Q", len(hj)) + hj
 
 
 def parts_size(head: bytes, bufs: Sequence[memoryview]) -> int:
