@@ -373,7 +373,8 @@ class StoreClient:
         written. The bytes are received into a buffer this client keeps and
         reuses, checked whole, then copied into the tensors: a transfer that
         breaks midway changes nothing, and no version allocates memory of
-        the model's size."""
+        the model's size. Calls on one client share that buffer and run
+        one at a time (``watch_into`` has its own)."""
         t = Target(target)
         with self._stage_mu:
             v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc)
