@@ -32,6 +32,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			}
 			defer conn.Close()
 			cfg.Upstream = conn
+			cfg.UpstreamAddr = upstream
 			cfg.Logger = g.logger
 			if noShm {
 				cfg.ShmPath = ""

@@ -100,6 +100,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newRelayCmd(g),
 		newBenchCmd(g),
 		newClusterCmd(g),
+		newLoopBenchCmd(g),
 	)
 	return root
 }

@@ -80,6 +80,10 @@ type Config struct {
 	// crash hook); Store is the hub's, DataDir is DataDir/ars when the hub
 	// has one (runs survive a restart), a nil Logger means the hub's.
 	ARS arsrpc.Config
+	// StoreNoDataPlane keeps model-store pulls and watches off the data
+	// plane (gRPC only, as on a hub that predates them); the zero value
+	// serves them there too.
+	StoreNoDataPlane bool
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
@@ -291,7 +295,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		}
 		return err
 	}
-	if err := add(storesvc.New(storesvc.Config{Store: h.store, Logger: h.cfg.Logger})); err != nil {
+	if err := add(storesvc.New(storesvc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator

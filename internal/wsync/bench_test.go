@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -47,13 +48,16 @@ import (
 // collector, clients reusing receive buffers as PushDialer's do);
 // storewatch (store.Push → StoreSource over storeclient, the store
 // service's watch); relay-shm (store.Push → one relay over gRPC → its
-// segment → readers).
+// segment → readers); relay-dp-shm / relay-dp-lease (the relay follows the
+// store's data-plane watch, receiving each version straight into its next
+// slot; copying / leasing readers); 2relays-dp-lease (two relays, two
+// "hosts", each with n/2 leasing readers).
 //
 //	GOEXPERIMENT=simd go test -run '^$' -bench Deliver -benchtime 20x ./internal/wsync/
 func BenchmarkDeliver(b *testing.B) {
 	for _, size := range []int{16 << 20, 128 << 20} {
 		blob := benchBlob(b, size)
-		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "push", "storewatch", "relay-shm"} {
+		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "push", "storewatch", "relay-shm", "relay-dp-shm", "relay-dp-lease", "2relays-dp-lease"} {
 			for _, n := range []int{1, 2, 8} {
 				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
 					// Baselines right before, under the same machine load.
@@ -320,31 +324,56 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 			cleanup = append(cleanup, func() { sc.Close() })
 			sources = append(sources, wsync.StoreSource{Store: sc, Name: "m"})
 		}
-	case "relay-shm":
+	case "relay-shm", "relay-dp-shm", "relay-dp-lease", "2relays-dp-lease":
+		// relay-shm: the relay follows the WeightSync push stream (gRPC);
+		// relay-dp-*: the store's data-plane watch, cut-through into its
+		// segment; *-lease: 2 + k slots and leasing readers; 2relays: two
+		// relays (two "hosts"), each serving n/2 collectors.
 		h := startHub()
-		path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-relay-%d", os.Getpid())
-		relay, err := wsync.NewRelay(wsync.RelayConfig{Upstream: dialT(h.Addr().String()), Model: "m", ShmPath: path, Logger: quietLog()})
-		if err != nil {
-			b.Fatal(err)
+		relays := 1
+		if tr == "2relays-dp-lease" {
+			relays = 2
 		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); relay.Run(rctx) }()
-		cleanup = append(cleanup, func() { cancel(); <-done })
-		publish(1) // the relay sizes its segment from the first version
-		for relay.Board().Newest() == nil {
-			time.Sleep(time.Millisecond)
-		}
-		for range n {
-			var r *wsync.ShmReader
-			for r == nil {
-				if r, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: path}); err != nil {
-					time.Sleep(time.Millisecond)
-				}
+		lease := tr == "relay-dp-lease" || tr == "2relays-dp-lease"
+		per := max(n/relays, 1)
+		for ri := range relays {
+			path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-relay-%d-%d", os.Getpid(), ri)
+			cfg := wsync.RelayConfig{Upstream: dialT(h.Addr().String()), Model: "m", ID: fmt.Sprint("relay-", ri), ShmPath: path, Logger: quietLog()}
+			if tr != "relay-shm" {
+				cfg.UpstreamAddr = h.Addr().String()
 			}
-			cleanup = append(cleanup, func() { r.Close() })
-			sources = append(sources, r)
+			if lease {
+				cfg.ShmSlots = 2 + per
+			}
+			relay, err := wsync.NewRelay(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); relay.Run(rctx) }()
+			cleanup = append(cleanup, func() { cancel(); <-done })
+			if ri == 0 {
+				publish(1) // the relay sizes its segment from the first version
+			}
+			for relay.Board().Newest() == nil {
+				time.Sleep(time.Millisecond)
+			}
+			for range per {
+				var r *wsync.ShmReader
+				for r == nil {
+					if r, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Lease: lease}); err != nil {
+						time.Sleep(time.Millisecond)
+					}
+				}
+				if r.Leasing() != lease {
+					b.Fatalf("reader leasing = %v, want %v", r.Leasing(), lease)
+				}
+				cleanup = append(cleanup, func() { r.Close() })
+				sources = append(sources, r)
+			}
 		}
+		n = len(sources)
 	default:
 		b.Fatalf("unknown transport %q", tr)
 	}
@@ -352,7 +381,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 	f := startFleet(b, sources)
 	cleanup = append(cleanup, f.stop)
 	v := uint64(0)
-	if tr == "relay-shm" {
+	if strings.Contains(tr, "relay") {
 		v = 1 // v1 was published to size the segment
 	}
 	// Untimed warm-up: enough versions that every collector has filled

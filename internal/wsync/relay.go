@@ -10,12 +10,14 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -50,6 +52,19 @@ type RelayConfig struct {
 	// Backoff is the pause before re-attaching to a failed upstream; 0
 	// means 200ms.
 	Backoff time.Duration
+	// UpstreamAddr is Upstream's address ("host:port"). When set, the
+	// relay follows the upstream store's data-plane watch (plain TCP on the
+	// hub's port, docs/wire.md), receiving each version straight into its
+	// next shared-memory slot (cut-through), and falls back to the
+	// WeightSync push stream over Upstream when the hub does not serve it.
+	// "" means the push stream only.
+	UpstreamAddr string
+	// PollTimeout bounds one data-plane poll beyond the hub's wait
+	// (storesvc.BulkWatchWait); 0 means 30s.
+	PollTimeout time.Duration
+	// MaxModelBytes bounds a version received on the data plane; 0 means
+	// 4 GiB.
+	MaxModelBytes int64
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -60,7 +75,7 @@ func (c *RelayConfig) validate() error {
 		return fmt.Errorf("%w: wsync: RelayConfig.Upstream is nil", errs.ErrInvalid)
 	case c.Model == "":
 		return fmt.Errorf("%w: wsync: RelayConfig.Model is empty", errs.ErrInvalid)
-	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0:
+	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0 || c.PollTimeout < 0 || c.MaxModelBytes < 0:
 		return fmt.Errorf("%w: wsync: negative RelayConfig duration or capacity", errs.ErrInvalid)
 	case c.ShmSlots < 0 || c.ShmSlots == 1 || c.ShmSlots > 64:
 		return fmt.Errorf("%w: wsync: RelayConfig.ShmSlots %d outside [2, 64]", errs.ErrInvalid, c.ShmSlots)
@@ -77,6 +92,12 @@ func (c *RelayConfig) validate() error {
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 200 * time.Millisecond
+	}
+	if c.PollTimeout == 0 {
+		c.PollTimeout = 30 * time.Second
+	}
+	if c.MaxModelBytes == 0 {
+		c.MaxModelBytes = 4 << 30
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -100,6 +121,10 @@ type Relay struct {
 
 	shmMu sync.Mutex // guards shm
 	shm   *ShmWriter
+
+	bulk   *bulk.Client  // data-plane client for UpstreamAddr; nil without it
+	noBulk bool          // the upstream has no data-plane watch (follow's goroutine only)
+	have   atomic.Uint64 // newest version followed on the data plane, reported upstream
 }
 
 // NewRelay listens and prepares the relay's service.
@@ -108,6 +133,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, err
 	}
 	r := &Relay{cfg: cfg, board: NewBoard(cfg.Model)}
+	if cfg.UpstreamAddr != "" {
+		r.bulk = bulk.NewClient()
+	}
 	svc, err := NewService(ServiceConfig{Versions: boardStore{r.board}, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -164,6 +192,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		err = errors.Join(err, r.shm.Close())
 	}
 	r.shmMu.Unlock()
+	if r.bulk != nil {
+		r.bulk.Close()
+	}
 	return errors.Join(err, r.svc.Close())
 }
 
@@ -172,7 +203,16 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) follow(ctx context.Context) {
 	have := uint64(0)
 	for ctx.Err() == nil {
-		err := r.followOnce(ctx, &have)
+		var err error
+		if r.bulk != nil && !r.noBulk {
+			if err = r.followBulk(ctx, &have); errors.Is(err, errNoBulk) {
+				r.cfg.Logger.Info("wsync: upstream has no data-plane watch, following its push stream", "upstream", r.cfg.UpstreamAddr)
+				r.noBulk = true
+				continue
+			}
+		} else {
+			err = r.followOnce(ctx, &have)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -223,23 +263,34 @@ func (r *Relay) apply(snap *store.Snapshot) error {
 func (r *Relay) publishShm(snap *store.Snapshot) error {
 	r.shmMu.Lock()
 	defer r.shmMu.Unlock()
-	if r.shm == nil || int64(len(snap.Blob)) > r.shm.Capacity() {
-		capacity := r.cfg.ShmCapacity
-		if r.shm != nil || capacity < int64(len(snap.Blob)) {
-			capacity = 2 * int64(len(snap.Blob))
-		}
-		// The new segment atomically takes the path; then the old one is
-		// closed, so its readers re-open and find the new one.
-		w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Group: r.cfg.ShmGroup, Replace: true})
-		if err != nil {
-			return err
-		}
-		if r.shm != nil {
-			r.shm.Close()
-		}
-		r.shm = w
+	if err := r.ensureShm(int64(len(snap.Blob))); err != nil {
+		return err
 	}
 	return r.shm.Publish(context.Background(), snap)
+}
+
+// ensureShm makes sure the segment exists and holds n bytes: the first
+// one is sized from ShmCapacity or twice n, and one too small is replaced
+// by one twice n. Called with shmMu held.
+func (r *Relay) ensureShm(n int64) error {
+	if r.shm != nil && n <= r.shm.Capacity() {
+		return nil
+	}
+	capacity := r.cfg.ShmCapacity
+	if r.shm != nil || capacity < n {
+		capacity = 2 * n
+	}
+	// The new segment atomically takes the path; then the old one is
+	// closed, so its readers re-open and find the new one.
+	w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Group: r.cfg.ShmGroup, Replace: true})
+	if err != nil {
+		return err
+	}
+	if r.shm != nil {
+		r.shm.Close()
+	}
+	r.shm = w
+	return nil
 }
 
 // forwardReports sends local collectors' versions upstream every
@@ -254,6 +305,9 @@ func (r *Relay) forwardReports(ctx context.Context) {
 		case <-t.C:
 		}
 		var reports []*rlhubv1.CollectorReport
+		if v := r.have.Load(); v != 0 { // following the data plane: no push stream reports for us
+			reports = append(reports, &rlhubv1.CollectorReport{CollectorId: r.cfg.ID, Model: r.cfg.Model, Version: v, Via: "relay/data-plane"})
+		}
 		for _, ms := range r.svc.Tracker().Status(r.cfg.Model) {
 			for _, c := range ms.Collectors {
 				via := "relay"

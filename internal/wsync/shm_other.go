@@ -56,3 +56,11 @@ func (*ShmReader) GetIfNewer(context.Context, uint64) (*store.Snapshot, error) {
 func (*ShmReader) WaitNewer(context.Context, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported
 }
+
+// ShmWrite is unsupported off Linux.
+type ShmWrite struct{}
+
+func (*ShmWriter) Begin(uint64, uint64, int) (*ShmWrite, error) { return nil, errors.ErrUnsupported }
+func (*ShmWrite) Buf() []byte                                   { return nil }
+func (*ShmWrite) Commit(uint32) error                           { return errors.ErrUnsupported }
+func (*ShmWrite) Abort()                                        {}

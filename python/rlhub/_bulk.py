@@ -15,7 +15,14 @@ Protocol (little-endian)::
     server → client   u8 2                          continue: send the body
                   or  u8 3 | u32 len | google.rpc.Status   final, no body sent
     client → server   exactly the body's announced bytes  (after continue)
+    server → client   u8 4 | u32 len | header | u64 n | n bytes   data (pulls), then
     server → client   u8 3 | u32 len | google.rpc.Status   final
+
+A data frame (the store's pulls and watches) is read with ``recv_into``
+straight into a buffer the caller picks once it has seen the frame's
+header (:meth:`Client.fetch`); it counts only once the final status that
+follows is OK, so a connection that breaks mid-body is an error, never a
+short answer.
 
 A final status with code OK carries the response message as its first
 detail; any other code is exactly what the gRPC method would have returned,
@@ -32,7 +39,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rlhub import errors
 
@@ -47,7 +54,8 @@ MAX_METHOD_BYTES = 255
 MAX_HEADER_BYTES = 1 << 20
 _MAX_STATUS_BYTES = 4 << 20
 
-_KIND_REQUEST, _KIND_CONTINUE, _KIND_FINAL = 1, 2, 3
+_KIND_REQUEST, _KIND_CONTINUE, _KIND_FINAL, _KIND_DATA = 1, 2, 3, 4
+MAX_DATA_HEADER_BYTES = 1 << 20
 
 try:
     _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
@@ -70,6 +78,11 @@ class _Broken(Exception):
 
 class _Deadline(Exception):
     pass
+
+
+class _Refused(Exception):
+    """The caller's ``alloc`` refused a data frame (its exception is
+    ``__cause__``); the connection is out of step and is closed."""
 
 
 def _split_addr(addr: str) -> Tuple[str, int]:
@@ -149,8 +162,22 @@ class Client:
             self._no_bulk[addr] = time.monotonic()
         return NotSupported(f"{addr} does not speak the data plane: {why}")
 
+    def fetch(self, addr: str, method: str, header: bytes, alloc: Callable[[bytes, int], Any],
+              timeout: float) -> Tuple[Optional[bytes], Any]:
+        """A request whose answer is a data frame: ``alloc(frame_header,
+        n)`` returns a writable buffer of at least ``n`` bytes (or raises,
+        which fails the call with that exception), the body is received
+        into it with ``recv_into``, and ``(frame_header, buffer)`` is
+        returned once the final status is OK (``(None, None)`` for an OK
+        answer without a data frame). Errors as :meth:`call`; what was
+        written into the buffer of a failed call is garbage."""
+        out: List[Any] = [None, None]
+        self.call(addr, method, header, (), None, timeout, _alloc=alloc, _out=out)
+        return out[0], out[1]
+
     def call(self, addr: str, method: str, header: bytes, body: Sequence[Any], resp: Any,
-             timeout: float) -> None:
+             timeout: float, *, _alloc: Optional[Callable[[bytes, int], Any]] = None,
+             _out: Optional[List[Any]] = None) -> None:
         """Sends one request: ``header`` (the method's serialized header
         message), then, if the server asks for it, the ``body`` buffers in
         order, straight from their memory. On success ``resp`` (a protobuf
@@ -173,7 +200,10 @@ class Client:
         while True:
             sock, reused, gen = self._get(addr, fresh, deadline)
             try:
-                st = _exchange(sock, frame, body, deadline)
+                st = _exchange(sock, frame, body, deadline, _alloc, _out)
+            except _Refused as e:
+                sock.close()
+                raise e.__cause__ from None
             except _Deadline:
                 sock.close()
                 raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded") from None
@@ -287,9 +317,42 @@ class Client:
             s.close()
 
 
-def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float):
+def _recv_into(sock: socket.socket, mv: memoryview, deadline: float) -> None:
+    """Fills ``mv`` from the socket (``recv_into``, no copy in Python)."""
+    got, n = 0, mv.nbytes
+    while got < n:
+        _settimeout(sock, deadline)
+        k = sock.recv_into(mv[got:] if got else mv)
+        if k == 0:
+            raise EOFError(f"connection closed after {got} of {n} body bytes")
+        got += k
+
+
+def _read_data(sock: socket.socket, deadline: float, alloc, out) -> None:
+    (hl,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
+    if hl > MAX_DATA_HEADER_BYTES:
+        raise EOFError(f"data header of {hl} bytes exceeds {MAX_DATA_HEADER_BYTES}")
+    hdr = _recv_exact(sock, hl, deadline) if hl else b""
+    (n,) = struct.unpack("<Q", _recv_exact(sock, 8, deadline))
+    if alloc is None:
+        raise EOFError("a data frame for a call that expects none")
+    try:
+        buf = alloc(hdr, n)
+        mv = memoryview(buf).cast("B")
+        if mv.nbytes < n or mv.readonly:
+            raise ValueError(f"receive buffer of {mv.nbytes} bytes for a {n}-byte body")
+    except Exception as e:  # noqa: BLE001 - the caller's refusal, raised as it is
+        raise _Refused() from e
+    if n:
+        _recv_into(sock, mv[:n], deadline)
+    out[0], out[1] = hdr, buf
+
+
+def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float,
+              alloc=None, out=None):
     """Runs one request; returns the final google.rpc.Status or raises
-    ``_Broken`` / ``_Deadline`` (the connection is then out of step)."""
+    ``_Broken`` / ``_Deadline`` / ``_Refused`` (the connection is then out
+    of step)."""
     from google.rpc import status_pb2  # type: ignore
 
     answered = False
@@ -300,6 +363,9 @@ def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: 
         answered = True
         if kind == _KIND_CONTINUE:
             _sendmsg_all(sock, body, deadline)
+            kind = _recv_exact(sock, 1, deadline)[0]
+        if kind == _KIND_DATA:
+            _read_data(sock, deadline, alloc, out)
             kind = _recv_exact(sock, 1, deadline)[0]
         if kind != _KIND_FINAL:
             raise _Broken(f"frame kind {kind}, want a final status (3)", answered)

@@ -5,6 +5,13 @@
         v = store.pull("policy", framework="torch")
         for v in store.watch("policy", after=v.version):
             model.load_state_dict(v.tensors)
+        # or, writing each version straight into the module's tensors:
+        for version in store.watch_into("policy", model, after=v.version):
+            ...
+
+Pulls and watches use the hub's data plane (plain TCP on the gRPC port,
+received with ``recv_into``; docs/wire.md) when the hub serves them, and
+gRPC otherwise (``transport="grpc"`` forces gRPC).
 
 State dicts travel as safetensors bytes (no pickle). A stale or
 conflicting push raises ``rlhub.StaleVersion`` with the current version.
@@ -14,15 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import grpc
 
-from rlhub import errors
+import numpy as np
+
+from rlhub import _bulk, errors
 from rlhub._proto.rlhub.v1 import store_pb2, store_pb2_grpc, tensor_pb2
-from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, RawChunk, chunk_messages, fast_decoder
-from rlhub.tensors import load_bytes, save_bytes
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_BYTES, RawChunk, chunk_messages, fast_decoder
+from rlhub.tensors import Target, load_bytes, save_bytes
+
+PULL_METHOD = "rlhub.v1.ModelStore/Pull"
+WATCH_METHOD = "rlhub.v1.ModelStore/Watch"
 
 EXPECT_ANY = object()
 
@@ -77,7 +90,18 @@ class StoreClient:
     """A model-store client. Thread-safe; close it (or use ``with``)."""
 
     def __init__(self, addr: str, *, timeout: float = 60.0, retries: int = 4,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, channel_: Optional[grpc.Channel] = None):
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, channel_: Optional[grpc.Channel] = None,
+                 transport: str = "auto", max_bytes: int = DEFAULT_MAX_BYTES):
+        if transport not in ("auto", "grpc"):
+            raise ValueError(f"transport {transport!r}: want 'auto' or 'grpc'")
+        self.addr = addr
+        self.max_bytes = max_bytes
+        self._bulk = _bulk.Client() if transport == "auto" else None
+        self._bulk_off_at: Optional[float] = None  # the hub answered Unimplemented then
+        self._stage = np.empty(0, np.uint8)  # pull_into's receive buffer, reused
+        self._stage_mu = threading.Lock()  # one pull_into at a time uses _stage
+        self.stats = {"bulk": 0, "grpc": 0, "fallback": 0}
+        """Pulls and watch answers by transport; ``fallback``: data-plane attempts that went to gRPC."""
         self._own = channel_ is None
         self._channel = channel_ or channel(addr)
         self._stub = store_pb2_grpc.ModelStoreStub(self._channel)
@@ -97,6 +121,8 @@ class StoreClient:
         self.chunk_bytes = chunk_bytes
 
     def close(self) -> None:
+        if self._bulk is not None:
+            self._bulk.close()
         if self._own:
             self._channel.close()
 
@@ -168,31 +194,156 @@ class StoreClient:
         return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, asm.finish(), dict(h.metadata),
                             h.created_unix_nano, h.skipped, framework)
 
-    def pull(self, name: str, version: int = 0, *, if_newer_than: Optional[int] = None,
-             framework: str = "numpy") -> Optional[ModelVersion]:
-        """Pulls the newest version (or an exact one). With ``if_newer_than``
-        returns None when the newest is not newer ("not modified")."""
+    # --- reads -----------------------------------------------------------
+
+    def _use_bulk(self) -> bool:
+        if self._bulk is None or not self._bulk.supported(self.addr):
+            return False
+        off = self._bulk_off_at
+        return off is None or time.monotonic() - off > _bulk.NOT_SUPPORTED_FOR
+
+    def _bulk_read(self, method: str, header: bytes, alloc, timeout: float):
+        """One data-plane read with retries on Unavailable; returns
+        ``(StorePullHeader, buffer)`` (buffer None when not modified), or
+        None when this hub does not serve it (then use gRPC)."""
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            h = store_pb2.StorePullHeader()
+
+            def take(hb: bytes, n: int):
+                h.ParseFromString(hb)
+                if h.not_modified:
+                    if n:
+                        raise errors.InvalidArgument(f"a not-modified answer with {n} body bytes")
+                    return bytearray(0)
+                if n != h.blob.total_bytes:
+                    raise errors.InvalidArgument(f"data frame of {n} bytes for a {h.blob.total_bytes}-byte version")
+                if n > self.max_bytes:
+                    raise errors.QueueFull(f"version of {n} bytes exceeds the client's max_bytes {self.max_bytes}")
+                return alloc(n)
+
+            try:
+                hb, buf = self._bulk.fetch(self.addr, method, header, take, timeout)
+            except _bulk.NotSupported:
+                self.stats["fallback"] += 1
+                return None
+            except errors.RlhubError as e:
+                if e.code == grpc.StatusCode.UNIMPLEMENTED:  # a hub without store pulls on its data plane
+                    self._bulk_off_at = time.monotonic()
+                    self.stats["fallback"] += 1
+                    return None
+                if e.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise
+            if hb is None:
+                raise errors.RlhubError(f"bulk: {method} answered without a data frame")
+            self.stats["bulk"] += 1
+            return h, (None if h.not_modified else buf)
+        raise AssertionError("unreachable")
+
+    def _read_version(self, it, framework: str, alloc=None) -> Optional[ModelVersion]:
+        """Reads one header + its chunks from a pull/watch stream into
+        ``alloc(n)`` (default: a fresh buffer of exactly n bytes)."""
+        first = next(it, None)
+        if first is None:
+            return None
+        if isinstance(first, RawChunk) or not first.HasField("header"):
+            raise errors.InvalidArgument("stream did not start with a header")
+        h = first.header
+        if h.not_modified:
+            return None
+        total = h.blob.total_bytes
+        if total > self.max_bytes:
+            raise errors.QueueFull(f"version of {total} bytes exceeds the client's max_bytes {self.max_bytes}")
+        # np.empty, not bytearray(n): a bytearray is zero-filled first, one
+        # more pass over fresh pages that costs as much as receiving them.
+        buf = memoryview(alloc(total) if alloc is not None else np.empty(total, np.uint8)).cast("B")
+        got = 0
+        while got < total:
+            msg = next(it, None)
+            if msg is None:
+                raise errors.InvalidArgument(f"stream ended after {got} of {total} bytes")
+            if not isinstance(msg, RawChunk):
+                if not msg.HasField("chunk"):
+                    raise errors.InvalidArgument(f"a header arrived after {got} of {total} bytes")
+                msg = msg.chunk
+            n = len(msg.data)
+            if got + n > total:
+                raise errors.InvalidArgument(f"chunks overrun the announced {total} bytes")
+            buf[got:got + n] = msg.data
+            got += n
+        self.stats["grpc"] += 1
+        return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, buf[:total], dict(h.metadata),
+                            h.created_unix_nano, h.skipped, framework)
+
+    @staticmethod
+    def _version(h, buf, framework: str) -> ModelVersion:
+        return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, buf, dict(h.metadata),
+                            h.created_unix_nano, h.skipped, framework)
+
+    def _pull_raw(self, name: str, version: int, if_newer_than: Optional[int], framework: str,
+                  alloc=None) -> Optional[ModelVersion]:
         req = store_pb2.StorePullRequest(model=name, version=version, chunk_bytes=self.chunk_bytes)
         if if_newer_than is not None:
             req.if_newer_than = if_newer_than
+        if self._use_bulk():
+            got = self._bulk_read(PULL_METHOD, req.SerializeToString(),
+                                  alloc or (lambda n: np.empty(n, np.uint8)), self.timeout)
+            if got is not None:
+                h, buf = got
+                if buf is None:
+                    return None
+                return self._version(h, memoryview(buf).cast("B")[:h.blob.total_bytes], framework)
 
         def do():
             it = iter(self._pull(req, timeout=self.timeout))
-            return self._read_version(it, framework)
+            return self._read_version(it, framework, alloc)
 
         return self._call(do)
+
+    def pull(self, name: str, version: int = 0, *, if_newer_than: Optional[int] = None,
+             framework: str = "numpy") -> Optional[ModelVersion]:
+        """Pulls the newest version (or an exact one). With ``if_newer_than``
+        returns None when the newest is not newer ("not modified"). The
+        version's ``blob`` is a fresh buffer the caller owns."""
+        return self._pull_raw(name, version, if_newer_than, framework)
 
     def watch(self, name: str, after: int = 0, *, framework: str = "numpy",
               timeout: Optional[float] = None) -> Iterator[ModelVersion]:
         """Yields each new version as it lands (skipping to the newest when
-        the reader is slow; ``ModelVersion.skipped`` says how many)."""
+        the reader is slow; over gRPC ``ModelVersion.skipped`` says how
+        many, over the data plane it is 0). ``timeout`` bounds the whole
+        watch (``DeadlineExceeded`` then)."""
+        yield from self._watch_raw(name, after, framework, timeout, None)
+
+    def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
+                   alloc) -> Iterator[ModelVersion]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._use_bulk():
+            left = self.timeout if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise errors.DeadlineExceeded(f"watch of {name!r}: deadline exceeded")
+            req = store_pb2.StoreWatchRequest(model=name, after=after)
+            got = self._bulk_read(WATCH_METHOD, req.SerializeToString(),
+                                  alloc or (lambda n: np.empty(n, np.uint8)),
+                                  max(min(left, self.timeout), 0.001))
+            if got is None:
+                break  # the hub has no data-plane watch: gRPC below
+            h, buf = got
+            if buf is None:
+                continue  # nothing new within the server's poll: ask again
+            v = self._version(h, memoryview(buf).cast("B")[:h.blob.total_bytes], framework)
+            after = v.version
+            yield v
         call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
-                                timeout=timeout)
+                           timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
         it = iter(call)
         try:
             while True:
                 try:
-                    v = self._read_version(it, framework)
+                    v = self._read_version(it, framework, alloc)
                 except grpc.RpcError as e:
                     raise errors.from_rpc_error(e) from None
                 if v is None:
@@ -200,6 +351,55 @@ class StoreClient:
                 yield v
         finally:
             call.cancel()
+
+    # --- in place -----------------------------------------------------------
+
+    def _stage_alloc(self, n: int):
+        """The reused receive buffer, grown (once) to at least n bytes."""
+        if self._stage.nbytes < n:
+            self._stage = np.empty(n, np.uint8)
+        return self._stage
+
+    def pull_into(self, name: str, target: Any, *, version: int = 0,
+                  if_newer_than: Optional[int] = None) -> Optional[int]:
+        """Pulls a version (the newest, an exact one, or with
+        ``if_newer_than`` only a newer one) and writes it straight into
+        ``target``'s tensors: an ``nn.Module`` (its ``state_dict()``) or a
+        dict of torch tensors / writable numpy arrays. Returns the version
+        written, or None when not modified.
+
+        The version must have exactly the target's names, dtypes and shapes;
+        otherwise ``InvalidArgument`` says which differ and nothing is
+        written. The bytes are received into a buffer this client keeps and
+        reuses, checked whole, then copied into the tensors: a transfer that
+        breaks midway changes nothing, and no version allocates memory of
+        the model's size. Calls on one client share that buffer and run
+        one at a time (``watch_into`` has its own)."""
+        t = Target(target)
+        with self._stage_mu:
+            v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc)
+            if v is None:
+                return None
+            t.write(v.blob, what=f"model {name!r} version {v.version}")
+            return v.version
+
+    def watch_into(self, name: str, target: Any, after: int = 0, *,
+                   timeout: Optional[float] = None) -> Iterator[int]:
+        """Like :meth:`watch`, but writes each new version into ``target``
+        (as :meth:`pull_into`) before yielding its number. A version that
+        does not fit the target raises ``InvalidArgument`` (target
+        unchanged) and ends the watch."""
+        t = Target(target)
+        stage = [np.empty(0, np.uint8)]  # this watch's own receive buffer, reused
+
+        def alloc(n: int):
+            if stage[0].nbytes < n:
+                stage[0] = np.empty(n, np.uint8)
+            return stage[0]
+
+        for v in self._watch_raw(name, after, "numpy", timeout, alloc):
+            t.write(v.blob, what=f"model {name!r} version {v.version}")
+            yield v.version
 
     def list(self) -> List[ModelInfo]:
         resp = self._call(lambda: self._stub.List(store_pb2.StoreListRequest(), timeout=self.timeout))

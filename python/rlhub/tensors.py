@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -44,22 +45,30 @@ _NP_TO_NAME = {v[1]: k for k, v in _DTYPES.items() if v[1] is not None}
 MAX_HEADER_BYTES = 100_000_000
 
 
-def _torch_dtype_name(t: Any) -> str:
-    import torch
+_TORCH_NAMES: Optional[Dict[Any, str]] = None
 
-    names = {
-        torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
-        torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
-        torch.float32: "F32", torch.float64: "F64", torch.int64: "I64",
-    }
-    for attr, name in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
-                       ("float8_e5m2", "F8_E5M2"), ("float8_e4m3fn", "F8_E4M3"),
-                       ("complex64", "C64")):
-        if hasattr(torch, attr):
-            names[getattr(torch, attr)] = name
-    if t.dtype not in names:
+
+def _torch_dtype_name(t: Any) -> str:
+    global _TORCH_NAMES
+    names = _TORCH_NAMES
+    if names is None:
+        import torch
+
+        names = {
+            torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16",
+            torch.float16: "F16", torch.bfloat16: "BF16", torch.int32: "I32",
+            torch.float32: "F32", torch.float64: "F64", torch.int64: "I64",
+        }
+        for attr, name in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
+                           ("float8_e5m2", "F8_E5M2"), ("float8_e4m3fn", "F8_E4M3"),
+                           ("complex64", "C64")):
+            if hasattr(torch, attr):
+                names[getattr(torch, attr)] = name
+        _TORCH_NAMES = names
+    name = names.get(t.dtype)
+    if name is None:
         raise TypeError(f"unsupported torch dtype {t.dtype}")
-    return names[t.dtype]
+    return name
 
 
 def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
@@ -98,6 +107,26 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
         dt, shape, raw = _as_entry(name, value)
         entries.append((name, dt, shape, raw))
     entries.sort(key=lambda e: (-_DTYPES[e[1]][0], e[0]))
+    key = (tuple((e[0], e[1], e[2]) for e in entries),
+           tuple(sorted((k, str(v)) for k, v in metadata.items())) if metadata else ())
+    head = _HEADERS.get(key)
+    if head is None:
+        head = _encode_header(entries, metadata)
+        with _HEADERS_MU:
+            if len(_HEADERS) >= _MAX_HEADERS:
+                _HEADERS.clear()
+            _HEADERS[key] = head
+    return head, [e[3] for e in entries]
+
+
+# Encoded headers by (names, dtypes, shapes, metadata): a learner pushing
+# gradients of one model encodes its header once, not on every push.
+_HEADERS: Dict[Any, bytes] = {}
+_HEADERS_MU = threading.Lock()
+_MAX_HEADERS = 64
+
+
+def _encode_header(entries, metadata: Optional[Mapping[str, str]]) -> bytes:
     header: Dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = {k: str(metadata[k]) for k in sorted(metadata)}
@@ -107,7 +136,7 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
         off += raw.nbytes
     hj = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     hj += b" " * ((8 - len(hj) % 8) % 8)
-    return struct.pack("<Q", len(hj)) + hj, [e[3] for e in entries]
+    return struct.pack("<Q", len(hj)) + hj
 
 
 def parts_size(head: bytes, bufs: Sequence[memoryview]) -> int:
@@ -192,7 +221,7 @@ def load_bytes(blob: Any, framework: str = "numpy") -> Dict[str, Any]:
     return out
 
 
-def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
+def _torch_dtype(dt: str):
     import torch
 
     by_name = {
@@ -207,6 +236,97 @@ def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
             by_name[name] = getattr(torch, attr)
     if dt not in by_name:
         raise TypeError(f"dtype {dt} unsupported by this torch")
+    return by_name[dt]
+
+
+def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
+    import torch
+
+    tdt = _torch_dtype(dt)
     if len(raw) == 0:
-        return torch.empty(shape, dtype=by_name[dt])
-    return torch.frombuffer(bytearray(raw), dtype=by_name[dt]).reshape(shape)
+        return torch.empty(shape, dtype=tdt)
+    return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape)
+
+
+def _byte_view(name: str, value: Any):
+    """(dtype name, shape, writable uint8 numpy view of the memory) for a
+    CPU contiguous tensor or array, or (dtype, shape, None) when its bytes
+    cannot be viewed (a GPU or non-contiguous tensor: copied through torch)."""
+    if type(value).__module__.startswith("torch"):
+        import torch
+
+        t = value.detach()
+        dt = _torch_dtype_name(t)
+        if t.device.type == "cpu" and t.is_contiguous():
+            return dt, tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy()
+        return dt, tuple(t.shape), None
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"tensor {name!r}: a {type(value).__name__}, want a torch tensor or numpy array")
+    key = value.dtype
+    dt = _NP_TO_NAME.get(np.dtype(key)) if key.byteorder != ">" else None
+    if dt is None:
+        raise TypeError(f"tensor {name!r}: unsupported numpy dtype {value.dtype}")
+    if not value.flags.writeable:
+        raise ValueError(f"tensor {name!r}: numpy array is read-only")
+    if not value.flags.c_contiguous:
+        raise ValueError(f"tensor {name!r}: numpy array is not C-contiguous")
+    return dt, tuple(int(d) for d in value.shape), value.reshape(-1).view(np.uint8)
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 64 else name[:61] + "..."
+
+
+class Target:
+    """Tensors a version is written into in place: an ``nn.Module`` (its
+    ``state_dict()``, whose tensors share the parameters' memory) or a dict
+    of torch tensors / writable numpy arrays."""
+
+    def __init__(self, target: Any):
+        sd = target.state_dict() if callable(getattr(target, "state_dict", None)) else target
+        if not isinstance(sd, Mapping):
+            raise TypeError(f"pull_into target: a {type(target).__name__}, want an nn.Module or a dict of tensors")
+        self._tensors = dict(sd)
+        self._views = {k: _byte_view(k, v) for k, v in self._tensors.items()}
+
+    def write(self, blob: Any, *, what: str = "version") -> None:
+        """Checks that ``blob`` (safetensors) has exactly the target's names,
+        dtypes and shapes, then copies every tensor in; on a mismatch raises
+        ``errors.InvalidArgument`` naming it and writes nothing."""
+        from rlhub import errors
+
+        buf = memoryview(blob).cast("B")
+        try:
+            start, header, _ = parse_header(buf)
+        except ValueError as e:
+            raise errors.InvalidArgument(f"{what}: {e}") from None
+        diffs = []
+        for k in header.keys() - self._views.keys():
+            diffs.append(f"{_short(k)!r} is not in the target")
+        for k in self._views.keys() - header.keys():
+            diffs.append(f"target's {_short(k)!r} is missing")
+        for k, (dt, shape, _) in self._views.items():
+            info = header.get(k)
+            if info is not None and (info["dtype"] != dt or tuple(info["shape"]) != shape):
+                diffs.append(f"{_short(k)!r} is {info['dtype']}{list(info['shape'])[:8]}, "
+                             f"the target's {dt}{list(shape)[:8]}")
+        if diffs:
+            more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+            raise errors.InvalidArgument(f"{what} does not fit the target: {'; '.join(sorted(diffs)[:3])}{more}")
+        src = np.frombuffer(buf, np.uint8)
+        for k, (dt, shape, view) in self._views.items():
+            b, e = header[k]["data_offsets"]
+            if view is not None:
+                view[:] = src[start + b:start + e]
+            else:  # GPU or strided: through torch
+                t = self._tensors[k]
+                t.detach().copy_(_to_torch_view(src[start + b:start + e], dt, shape))
+
+
+def _to_torch_view(raw: np.ndarray, dt: str, shape: Tuple[int, ...]):
+    """A torch view (no copy) of little-endian bytes as dtype ``dt``."""
+    import torch
+
+    if raw.size == 0:
+        return torch.empty(shape, dtype=_torch_dtype(dt))
+    return torch.from_numpy(raw).view(_torch_dtype(dt)).reshape(shape)

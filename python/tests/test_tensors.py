@@ -64,3 +64,34 @@ def test_torch_round_trip_including_bf16():
         assert torch.equal(back[k], v)
     # torch and numpy inputs of the same values encode the same bytes
     assert rlhub.save_bytes({"w": sd["w"]}) == rlhub.save_bytes({"w": sd["w"].numpy()})
+
+
+def test_save_parts_reuses_the_header_only_while_names_and_shapes_match():
+    from rlhub.tensors import load_bytes, save_bytes, save_parts
+
+    a = {"w": np.ones((3, 4), np.float32), "b": np.zeros(4, np.float32)}
+    h1, _ = save_parts(a)
+    h2, _ = save_parts({"w": np.full((3, 4), 2, np.float32), "b": np.ones(4, np.float32)})
+    assert h1 is h2  # encoded once
+    h3, _ = save_parts({"w": np.ones((4, 3), np.float32), "b": np.zeros(4, np.float32)})
+    h4, _ = save_parts({"w": np.ones((3, 4), np.float64), "b": np.zeros(4, np.float32)})
+    h5, _ = save_parts(a, {"k": "v"})
+    assert len({h1, h3, h4, h5}) == 4
+    for d in ({"w": np.ones((4, 3), np.float32), "b": np.zeros(4, np.float32)},
+              {"w": np.ones((3, 4), np.float64), "b": np.zeros(4, np.float32)}):
+        got = load_bytes(save_bytes(d))
+        assert all(got[k].shape == d[k].shape and got[k].dtype == d[k].dtype for k in d)
+
+
+def test_crc32c_without_the_native_library_warns_once_and_stays_correct(monkeypatch):
+    import warnings
+
+    from rlhub import _crc32c
+
+    monkeypatch.setattr(_crc32c, "_FAST", None)
+    monkeypatch.setattr(_crc32c, "_warned", False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert _crc32c.crc32c(b"123456789") == 0xE3069283
+        assert _crc32c.crc32c(b"123456789") == 0xE3069283
+    assert len([x for x in w if "google-crc32c" in str(x.message)]) == 1

@@ -42,6 +42,10 @@ type Config struct {
 	MaxModelBytes int64
 	// MaxHeaderBytes bounds a pushed blob's JSON header; 0 means 16 MiB.
 	MaxHeaderBytes int64
+	// NoBulk leaves pulls and watches off the hub's data plane
+	// (RegisterBulk registers nothing): clients then use gRPC, as against
+	// a hub that predates them. The zero value serves them.
+	NoBulk bool
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }

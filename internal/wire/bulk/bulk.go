@@ -91,6 +91,8 @@ type Request struct {
 	conn      *serverConn
 	continued bool
 	remaining int64 // body bytes the client will still send
+	replied   bool  // Reply was called (data.go)
+	broken    bool  // a Reply write failed: the connection is out of step
 }
 
 // Body tells the client to send the body, which the caller has decided
@@ -459,6 +461,9 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	} else {
 		resp, err := h(s.ctx, req)
 		st = toStatus(resp, err)
+	}
+	if req.broken {
+		return false
 	}
 	if req.remaining > 0 { // keep the stream in step: drop what the handler did not read
 		if _, err := io.CopyN(io.Discard, bodyReader{req}, req.remaining); err != nil {

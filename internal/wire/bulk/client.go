@@ -73,6 +73,15 @@ func (c *Client) Supported(addr string) bool {
 // connection, which matches errs.ErrUnavailable (the request may or may
 // not have been served).
 func (c *Client) Call(ctx context.Context, addr, method string, header proto.Message, body net.Buffers, resp proto.Message) error {
+	return c.CallRecv(ctx, addr, method, header, body, nil, resp)
+}
+
+// CallRecv is Call for a method whose answer may carry a data frame
+// (data.go): recv takes its body straight from the socket. recv runs at
+// most once per call; a call whose final status is not OK, or whose
+// connection breaks after recv ran, returns an error, and what recv wrote
+// is then not a valid answer.
+func (c *Client) CallRecv(ctx context.Context, addr, method string, header proto.Message, body net.Buffers, recv RecvFunc, resp proto.Message) error {
 	if len(method) == 0 || len(method) > MaxMethodBytes {
 		return fmt.Errorf("%w: bulk: method name %q", errs.ErrInvalid, method)
 	}
@@ -96,7 +105,7 @@ func (c *Client) Call(ctx context.Context, addr, method string, header proto.Mes
 		}
 		stop := context.AfterFunc(ctx, func() { _ = cc.SetDeadline(time.Unix(1, 0)) })
 		var answered bool
-		st, answered, err = exchange(cc, method, hb, body)
+		st, answered, err = exchange(cc, method, hb, body, recv)
 		if stopped := stop(); err == nil && stopped {
 			_ = cc.SetDeadline(time.Time{})
 			c.put(addr, cc)
@@ -105,6 +114,9 @@ func (c *Client) Call(ctx context.Context, addr, method string, header proto.Mes
 		cc.Close()
 		if ctx.Err() != nil {
 			return errors.Join(ctx.Err(), err)
+		}
+		if re := (recvError{}); errors.As(err, &re) {
+			return re.err
 		}
 		if reused && !answered {
 			// An idle connection the server has since closed (it restarted,
@@ -130,7 +142,7 @@ func (c *Client) Call(ctx context.Context, addr, method string, header proto.Mes
 // exchange runs one request on cc and returns the final status, or an
 // error when the connection broke (cc is then out of step); answered
 // reports whether the server sent anything for this request.
-func exchange(cc *clientConn, method string, header []byte, body net.Buffers) (st *spb.Status, answered bool, err error) {
+func exchange(cc *clientConn, method string, header []byte, body net.Buffers, recv RecvFunc) (st *spb.Status, answered bool, err error) {
 	frame := make([]byte, 0, 7+len(method)+len(header))
 	frame = append(frame, kindRequest)
 	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
@@ -148,6 +160,14 @@ func exchange(cc *clientConn, method string, header []byte, body net.Buffers) (s
 	if kind == kindContinue {
 		bufs := append(net.Buffers(nil), body...) // WriteTo consumes its receiver
 		if _, err := bufs.WriteTo(cc.Conn); err != nil {
+			return nil, answered, err
+		}
+		if kind, err = cc.br.ReadByte(); err != nil {
+			return nil, answered, err
+		}
+	}
+	if kind == kindData {
+		if err := readData(cc, recv); err != nil {
 			return nil, answered, err
 		}
 		if kind, err = cc.br.ReadByte(); err != nil {

@@ -1,0 +1,165 @@
+package wsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// errNoBulk: the upstream does not serve the store's data-plane watch;
+// the relay follows it over the WeightSync push stream instead.
+var errNoBulk = errors.New("wsync: upstream has no data-plane watch")
+
+// relayPiece is how much of a version the relay reads from the socket
+// before checksumming it (while it is in cache).
+const relayPiece = 256 << 10
+
+// followBulk follows the upstream store's data-plane watch (long polls,
+// storesvc.BulkWatchMethod): each version's bytes go from the socket
+// straight into the relay's next shared-memory slot as they arrive
+// (cut-through, CRC-32C computed piece by piece), and the slot is
+// published only once the whole version has arrived, parsed as valid
+// safetensors, and the upstream's final status said OK. A version cut off
+// mid-stream, or invalid, is never published (the slot is aborted). Stream
+// collectors get a copy on the relay's board afterwards.
+func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
+	for ctx.Err() == nil {
+		v, err := r.pollBulk(ctx, *have)
+		if err != nil {
+			if grpcerr.Code(err) == codes.Unimplemented || errors.Is(err, bulk.ErrNotSupported) {
+				return errNoBulk
+			}
+			return err
+		}
+		if v != 0 {
+			*have = v
+			r.have.Store(v)
+		}
+	}
+	return ctx.Err()
+}
+
+// pollBulk runs one long poll for a version newer than after; it returns
+// the version published, or 0 when nothing newer landed.
+func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, storesvc.BulkWatchWait+r.cfg.PollTimeout)
+	defer cancel()
+	var (
+		hdr  rlhubv1.StorePullHeader
+		txn  *ShmWrite // the slot being filled, when publishing to shared memory
+		blob []byte    // where the version was received
+		crc  uint32
+		file *safetensors.File
+	)
+	defer func() {
+		if txn != nil {
+			txn.Abort() // not committed below: the version is not published
+			r.shmMu.Unlock()
+		}
+	}()
+	err := r.bulk.CallRecv(cctx, r.cfg.UpstreamAddr, storesvc.BulkWatchMethod,
+		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
+		func(hb []byte, n int64, body io.Reader) error {
+			if err := proto.Unmarshal(hb, &hdr); err != nil {
+				return fmt.Errorf("%w: wsync: upstream watch header: %v", errs.ErrInvalid, err)
+			}
+			if hdr.NotModified {
+				return nil
+			}
+			b := hdr.GetBlob()
+			switch {
+			case b.GetModel() != r.cfg.Model:
+				return fmt.Errorf("%w: wsync: upstream sent model %q for %q", errs.ErrInvalid, b.GetModel(), r.cfg.Model)
+			case uint64(n) != b.GetTotalBytes():
+				return fmt.Errorf("%w: wsync: upstream sent %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
+			case n > r.cfg.MaxModelBytes:
+				return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, r.cfg.MaxModelBytes)
+			case b.GetVersion() <= after:
+				return fmt.Errorf("%w: wsync: upstream sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
+			}
+			if r.cfg.ShmPath != "" {
+				t, err := r.beginShm(b.GetVersion(), b.GetEpoch(), int(n))
+				if err != nil {
+					r.cfg.Logger.Warn("wsync: relay could not publish to shared memory", "path", r.cfg.ShmPath, "version", b.GetVersion(), "err", err)
+				} else {
+					txn = t
+					blob = t.Buf()
+				}
+			}
+			if blob == nil {
+				blob = make([]byte, n)
+			}
+			for off := 0; off < len(blob); {
+				end := min(off+relayPiece, len(blob))
+				if _, err := io.ReadFull(body, blob[off:end]); err != nil {
+					return err
+				}
+				crc = crc32.Update(crc, castagnoli, blob[off:end])
+				off = end
+			}
+			f, err := safetensors.Decode(blob)
+			if err != nil {
+				return fmt.Errorf("wsync: upstream version %d: %w", b.GetVersion(), err)
+			}
+			file = f
+			return nil
+		}, nil)
+	if err != nil {
+		return 0, err
+	}
+	if hdr.NotModified || file == nil {
+		return 0, nil
+	}
+	b := hdr.GetBlob()
+	if txn != nil {
+		if err := txn.Commit(crc); err != nil {
+			return 0, err
+		}
+		txn = nil
+		// The board keeps its own immutable copy: the slot is rewritten
+		// two versions from now.
+		blob = append(make([]byte, 0, len(blob)), blob...)
+		r.shmMu.Unlock()
+		if file, err = safetensors.Decode(blob); err != nil {
+			return 0, err
+		}
+	}
+	snap := &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
+		Tensors: file.Tensors, Metadata: file.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}
+	if err := r.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
+		return 0, err
+	}
+	return b.GetVersion(), nil
+}
+
+// beginShm opens an in-place write of a version of n bytes into the
+// relay's segment, creating or growing the segment first as publishShm
+// does. On success shmMu stays locked until the write is committed or
+// aborted.
+func (r *Relay) beginShm(version, epoch uint64, n int) (*ShmWrite, error) {
+	r.shmMu.Lock()
+	if err := r.ensureShm(int64(n)); err != nil {
+		r.shmMu.Unlock()
+		return nil, err
+	}
+	t, err := r.shm.Begin(version, epoch, n)
+	if err != nil {
+		r.shmMu.Unlock()
+		return nil, err
+	}
+	return t, nil
+}

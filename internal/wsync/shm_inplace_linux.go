@@ -1,0 +1,94 @@
+package wsync
+
+import (
+	"fmt"
+
+	"github.com/rlhub/rlhub/internal/errs"
+)
+
+// ShmWrite is a version being written into a slot in place (Begin): the
+// caller fills Buf (from a socket, say) and then commits it with its
+// CRC-32C, or aborts. Until then the slot's seq is odd and the writer's
+// lock is held, so nothing else is published; readers keep reading the
+// newest version, which lives in another slot.
+type ShmWrite struct {
+	w              *ShmWriter
+	i              int
+	s              uint64
+	version, epoch uint64
+	n              int
+	done           bool
+}
+
+// Begin claims a slot for version (newer than the last written, else
+// *errs.StaleError) of n bytes (at most Capacity, else errs.ErrFull) and
+// returns it for writing in place. Exactly one of Commit or Abort must
+// follow; until then every other call on w waits.
+func (w *ShmWriter) Begin(version, epoch uint64, n int) (*ShmWrite, error) {
+	w.mu.Lock()
+	fail := func(err error) (*ShmWrite, error) {
+		w.mu.Unlock()
+		return nil, err
+	}
+	if w.mem == nil {
+		return fail(errClosed("shm writer"))
+	}
+	if version <= w.published {
+		return fail(staleErr(w.cfg.Name, w.published, version))
+	}
+	if n < 0 || int64(n) > w.geo.capacity {
+		return fail(fmt.Errorf("%w: wsync: blob of %d bytes exceeds the shm slot capacity %d", errs.ErrFull, n, w.geo.capacity))
+	}
+	i, s, ok := w.claimSlot()
+	if !ok {
+		return fail(fmt.Errorf("%w: wsync: every shm slot of %s is leased or holds the newest version", errs.ErrAborted, w.cfg.Path))
+	}
+	return &ShmWrite{w: w, i: i, s: s, version: version, epoch: epoch, n: n}, nil
+}
+
+// Buf is the slot's memory for the version's n bytes, valid until Commit
+// or Abort (after Commit it holds the published version until the writer
+// writes another).
+func (t *ShmWrite) Buf() []byte { return t.w.slot(t.i)[shmPage : shmPage+t.n] }
+
+// Commit publishes the bytes written into Buf as the version, with crc
+// their CRC-32C (Castagnoli), and wakes readers, as Write does.
+func (t *ShmWrite) Commit(crc uint32) error {
+	if t.done {
+		return fmt.Errorf("wsync: shm write of version %d already ended", t.version)
+	}
+	t.done = true
+	w := t.w
+	defer w.mu.Unlock()
+	slot := w.slot(t.i)
+	u64(slot, slotVersion).Store(t.version)
+	u64(slot, slotEpoch).Store(t.epoch)
+	u64(slot, slotLength).Store(uint64(t.n))
+	u32(slot, slotCRC).Store(crc)
+	u64(slot, slotCreated).Store(uint64(w.cfg.Now().UnixNano()))
+	u64(slot, slotSeq).Store(t.s + 2)
+	w.published = t.version
+	w.newest = t.i
+	u64(w.mem, offPublished).Store(t.version)
+	u32(w.mem, offNotify).Add(1)
+	futexWake(u32(w.mem, offNotify))
+	w.next = (t.i + 1) % w.geo.slots
+	return nil
+}
+
+// Abort ends the write without publishing: the slot is marked empty
+// (version and length 0, seq moved on, so a reader that was copying its
+// old version retries) and nothing else changes. Safe after Commit (it
+// does nothing).
+func (t *ShmWrite) Abort() {
+	if t.done {
+		return
+	}
+	t.done = true
+	w := t.w
+	defer w.mu.Unlock()
+	slot := w.slot(t.i)
+	u64(slot, slotVersion).Store(0)
+	u64(slot, slotLength).Store(0)
+	u64(slot, slotSeq).Store(t.s + 2)
+}

@@ -1,0 +1,253 @@
+"""Store pulls and watches on the hub's data plane, and in-place updates
+(StoreClient.pull_into / watch_into), against the real binary."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+
+import rlhub
+from rlhub import _bulk
+from rlhub.tensors import save_bytes
+
+from conftest import Hub
+
+
+@pytest.fixture
+def hub_no_dp(rlhub_bin, tmp_path):
+    h = Hub(rlhub_bin, tmp_path, extra=("--no-store-data-plane",))
+    yield h
+    h.stop()
+
+
+def _all_dtypes():
+    """One tensor of every dtype the store takes that this torch has."""
+    g = torch.Generator().manual_seed(3)
+    out = {
+        "bool": torch.rand(5, generator=g) > 0.5,
+        "u8": torch.randint(0, 255, (3, 4), dtype=torch.uint8, generator=g),
+        "i8": torch.randint(-128, 127, (7,), dtype=torch.int8, generator=g),
+        "i16": torch.randint(-30000, 30000, (2, 3), dtype=torch.int16, generator=g),
+        "i32": torch.randint(-2**31, 2**31 - 1, (4,), dtype=torch.int32, generator=g),
+        "i64": torch.randint(-2**62, 2**62, (2, 2), dtype=torch.int64, generator=g),
+        "f16": torch.randn(3, 3, generator=g).half(),
+        "bf16": torch.randn(5, generator=g).bfloat16(),
+        "f32": torch.randn(4, 2, generator=g),
+        "f64": torch.randn(3, generator=g).double(),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+    }
+    for attr in ("uint16", "uint32", "uint64"):
+        if hasattr(torch, attr):
+            out[attr] = torch.randint(0, 200, (3,), dtype=torch.int64, generator=g).to(getattr(torch, attr))
+    for attr in ("float8_e5m2", "float8_e4m3fn"):
+        if hasattr(torch, attr):
+            out[attr] = torch.randn(6, generator=g).to(getattr(torch, attr))
+    if hasattr(torch, "complex64"):
+        out["c64"] = torch.randn(3, dtype=torch.complex64, generator=g)
+    return out
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-store-data-plane",)], ids=["data-plane", "grpc-fallback"])
+def test_pull_into_round_trips_every_dtype(rlhub_bin, tmp_path, extra):
+    h = Hub(rlhub_bin, tmp_path, extra=extra)
+    try:
+        src = _all_dtypes()
+        with rlhub.StoreClient(h.addr, retries=1) as sc:
+            sc.push("all", src, version=1, expect=0)
+            dst = {k: torch.zeros_like(v) for k, v in src.items()}
+            ptrs = {k: v.data_ptr() for k, v in dst.items()}
+            assert sc.pull_into("all", dst) == 1
+            for k in src:
+                assert dst[k].data_ptr() == ptrs[k], f"{k} was replaced, not written into"
+                assert _raw(dst[k]) == _raw(src[k]), k
+            # numpy targets too (the dtypes numpy has)
+            npd = {k: np.zeros(tuple(v.shape), v.numpy().dtype) for k, v in src.items()
+                   if v.dtype not in (torch.bfloat16,) and not str(v.dtype).startswith("torch.float8")}
+            sub = {k: src[k] for k in npd}
+            sc.push("np", sub, version=1, expect=0)
+            assert sc.pull_into("np", npd) == 1
+            for k in npd:
+                assert npd[k].tobytes() == _raw(src[k]), k
+            if extra:
+                assert sc.stats["grpc"] >= 2 and sc.stats["fallback"] >= 1, sc.stats
+            else:
+                assert sc.stats["bulk"] >= 2 and sc.stats["grpc"] == 0, sc.stats
+    finally:
+        h.stop()
+
+
+def test_pull_into_a_module_and_not_modified(hub):
+    torch.manual_seed(0)
+    src, dst = torch.nn.Linear(30, 20), torch.nn.Linear(30, 20)
+    with rlhub.StoreClient(hub.addr) as sc:
+        sc.push("lin", src.state_dict(), version=4, expect=0)
+        w = dst.weight
+        assert sc.pull_into("lin", dst) == 4
+        assert dst.weight is w and torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)
+        assert sc.pull_into("lin", dst, if_newer_than=4) is None
+        with pytest.raises(rlhub.NotFound):
+            sc.pull_into("nope", dst)
+
+
+@pytest.mark.parametrize("change", ["name", "shape", "dtype", "extra", "missing"])
+def test_pull_into_refuses_a_version_that_does_not_fit(hub, change):
+    torch.manual_seed(1)
+    target = torch.nn.Linear(8, 4)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    good = {"weight": torch.randn(4, 8), "bias": torch.randn(4)}
+    bad = dict(good)
+    if change == "name":
+        bad["bias2"] = bad.pop("bias")
+    elif change == "shape":
+        bad["weight"] = torch.randn(8, 4)
+    elif change == "dtype":
+        bad["weight"] = bad["weight"].double()
+    elif change == "extra":
+        bad["other"] = torch.randn(2)
+    else:
+        del bad["bias"]
+    with rlhub.StoreClient(hub.addr) as sc:
+        sc.push("m", bad, version=1, expect=0)
+        with pytest.raises(rlhub.InvalidArgument, match="does not fit the target") as ei:
+            sc.pull_into("m", target)
+        assert "version 1" in str(ei.value)
+        for k, v in target.state_dict().items():
+            assert torch.equal(v, before[k]), f"{k} changed by a refused version"
+        sc.push("m", good, version=2)
+        assert sc.pull_into("m", target) == 2
+        assert torch.equal(target.weight, good["weight"])
+
+
+def test_pull_falls_back_to_grpc_against_a_hub_without_the_op(hub_no_dp):
+    blob = save_bytes({"w": np.arange(100_000, dtype=np.float32)})
+    with rlhub.StoreClient(hub_no_dp.addr) as sc:
+        sc.push("m", blob, version=1, expect=0)
+        v = sc.pull("m")
+        assert bytes(v.blob) == blob
+        v2 = sc.pull("m")
+        assert bytes(v2.blob) == blob
+        # One Unimplemented answer, then gRPC without asking again.
+        assert sc.stats == {"bulk": 0, "grpc": 2, "fallback": 1}, sc.stats
+        got = next(sc.watch("m", after=0, timeout=30))
+        assert got.version == 1 and bytes(got.blob) == blob
+
+
+def test_pull_and_watch_on_the_data_plane_match_grpc(hub):
+    blob = save_bytes({"w": np.arange(300_000, dtype=np.float32), "b": np.ones(3, np.int64)},
+                      metadata={"k": "v"})
+    with rlhub.StoreClient(hub.addr) as dp, rlhub.StoreClient(hub.addr, transport="grpc") as g:
+        dp.push("m", blob, version=1, expect=0)
+        a, b = dp.pull("m"), g.pull("m")
+        assert bytes(a.blob) == bytes(b.blob) == blob
+        assert (a.name, a.version, a.epoch, a.metadata, a.created_unix_nano) == \
+            (b.name, b.version, b.epoch, b.metadata, b.created_unix_nano)
+        assert dp.pull("m", if_newer_than=1) is None
+        assert dp.stats["bulk"] == 2 and dp.stats["grpc"] == 0 and g.stats["bulk"] == 0
+        w = dp.watch("m", after=1, timeout=60)
+        blob2 = save_bytes({"w": np.zeros(300_000, np.float32), "b": np.ones(3, np.int64)})
+        threading.Timer(0.2, lambda: g.push("m", blob2, version=2)).start()
+        v = next(w)
+        assert v.version == 2 and bytes(v.blob) == blob2
+        w.close()
+
+
+def test_watch_into_writes_each_version_in_place(hub):
+    target = {"w": torch.zeros(1000)}
+    ptr = target["w"].data_ptr()
+    with rlhub.StoreClient(hub.addr) as sc:
+        sc.push("m", {"w": torch.full((1000,), 1.0)}, version=1, expect=0)
+        w = sc.watch_into("m", target, after=0, timeout=60)
+        assert next(w) == 1 and float(target["w"][0]) == 1.0
+        sc.push("m", {"w": torch.full((1000,), 2.0)}, version=2)
+        assert next(w) == 2 and float(target["w"][7]) == 2.0
+        assert target["w"].data_ptr() == ptr
+        w.close()
+
+
+def _truncating_server(n: int, send: int):
+    """A fake data-plane server: answers every request with a data frame
+    announcing n body bytes, sends only ``send`` of them and hangs up."""
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(8)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = lis.accept()
+            except OSError:
+                return
+            with c:
+                try:
+                    c.recv(8)
+                    c.sendall(_bulk.MAGIC)
+                    c.recv(1 << 16)  # the request frame
+                    hdr = rlhub._proto.rlhub.v1.store_pb2.StorePullHeader()
+                    hdr.blob.model, hdr.blob.version, hdr.blob.total_bytes = "m", 9, n
+                    hb = hdr.SerializeToString()
+                    c.sendall(struct.pack("<BI", 4, len(hb)) + hb + struct.pack("<Q", n) + b"\x07" * send)
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+
+    def close():
+        stop.set()
+        lis.close()
+        t.join(10)
+
+    return f"127.0.0.1:{lis.getsockname()[1]}", close
+
+
+@pytest.mark.parametrize("send", [0, 500_000, 1_000_000], ids=["no-body", "mid-body", "no-final"])
+def test_a_truncated_data_plane_answer_is_an_error_never_a_partial_update(send):
+    import rlhub._proto.rlhub.v1.store_pb2  # noqa: F401  (used by the fake server)
+
+    addr, close = _truncating_server(1_000_000, send)
+    try:
+        target = {"w": np.full(250_000, 3.0, np.float32)}
+        with rlhub.StoreClient(addr, retries=1, timeout=20) as sc:
+            with pytest.raises(rlhub.Unavailable):
+                sc.pull_into("m", target)
+            assert (target["w"] == 3.0).all(), "a truncated answer changed the target"
+            with pytest.raises(rlhub.Unavailable):
+                sc.pull("m")
+    finally:
+        close()
+
+
+def test_pull_into_allocates_nothing_per_version_at_25m_parameters(hub):
+    n = 25_000_000
+    src = {"w": torch.arange(n, dtype=torch.float32)}
+    target = {"w": torch.zeros(n)}
+    with rlhub.StoreClient(hub.addr) as sc:
+        sc.push("big", src, version=1, expect=0)
+        assert sc.pull_into("big", target) == 1  # the receive buffer is allocated here, once
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            for _ in range(3):
+                assert sc.pull_into("big", target) == 1
+            cur, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert torch.equal(target["w"], src["w"])
+        assert sc.stats["bulk"] == 4
+        # A version is 100 MB; what a pull_into allocates is a few small
+        # objects (the header, numpy views), freed again.
+        assert peak - base < 1 << 20, f"peak {peak - base} bytes above the start over 3 pulls"
+        assert cur - base < 64 << 10, f"{cur - base} bytes still held after 3 pulls"
