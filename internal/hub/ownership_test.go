@@ -82,8 +82,8 @@ func TestHostileStorePushCannotStopReducer(t *testing.T) {
 				return st.Total.Applied == n && st.QueueDepth == 0
 			})
 			st := h.Reducer().Stats()
-			if st.Versions["m"] != 1+n {
-				t.Fatalf("model at version %d after %d applied gradients, want %d", st.Versions["m"], n, 1+n)
+			if st.Models["m"].Version != 1+n {
+				t.Fatalf("model at version %d after %d applied gradients, want %d", st.Models["m"].Version, n, 1+n)
 			}
 		})
 	}
