@@ -26,6 +26,10 @@ proto:
 build:
 	go build -o bin/rlhub ./cmd/rlhub
 
+# Every fuzz target in the repo, 10 s each (FUZZTIME=5m for longer); not in CI.
+fuzz:
+	scripts/fuzz.sh
+
 bench:
 	go test -run '^$$' -bench . -benchmem ./...
 
