@@ -683,8 +683,11 @@ func TestRemoteSecondaryUsesTheDataPlane(t *testing.T) {
 		}
 		cancel()
 		pushed, forwarded := sec.bulk.Requests(), e.bulk.Requests()
-		if transport == TransportAuto && (pushed != pushes || forwarded != pushes) {
-			t.Fatalf("data plane: %d pushes at the secondary, %d forwards at the primary; want %d each", pushed, forwarded, pushes)
+		// A push the client retried (a back-pressure refusal on a loaded
+		// machine) reaches the secondary's data plane twice; every step is
+		// forwarded once.
+		if transport == TransportAuto && (pushed < pushes || forwarded != pushes) {
+			t.Fatalf("data plane: %d pushes at the secondary, %d forwards at the primary; want at least %d and exactly %d", pushed, forwarded, pushes, pushes)
 		}
 		if transport == TransportGRPC && pushed+forwarded != 0 {
 			t.Fatalf("TransportGRPC: %d pushes and %d forwards on the data plane", pushed, forwarded)
