@@ -57,7 +57,7 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 			"state statistics. SIGINT/SIGTERM detaches and exits.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := dialHub(addr)
+			conn, err := dialHub(cmd.Context(), addr)
 			if err != nil {
 				return err
 			}
@@ -260,13 +260,14 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	}
 	for i := range o.workers {
 		args := append(append([]string{}, self[1:]...), "--log-level", "warn", "worker", "ars", "--hub", addr, "--name", fmt.Sprintf("worker-%d", i))
+		args = append(args, g.conn.args()...)
 		if err := procs.start(self[0], args, g.stderr); err != nil {
 			return fmt.Errorf("start worker %d: %w", i, err)
 		}
 	}
 	procs.seal()
 
-	conn, err := dialHub(addr)
+	conn, err := dialHub(ctx, addr)
 	if err != nil {
 		return err
 	}

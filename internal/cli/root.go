@@ -47,6 +47,7 @@ type globals struct {
 	stdout    io.Writer
 	stderr    io.Writer
 	logger    *slog.Logger
+	conn      connFlags // how clients reach a hub (TLS, token)
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -65,6 +66,11 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 			}
 			g.logger = l
 			slog.SetDefault(l)
+			dc, err := g.conn.load()
+			if err != nil {
+				return err
+			}
+			cmd.SetContext(withDial(cmd.Context(), dc))
 			return nil
 		},
 	}
@@ -73,6 +79,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
+	g.conn.register(root.PersistentFlags())
 
 	root.AddCommand(
 		newVersionCmd(g),

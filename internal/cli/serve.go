@@ -48,6 +48,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			default:
 				return fmt.Errorf("--role %q: want all or reducer", role)
 			}
+			cfg.Reducer.Dial = dialConfig(cmd.Context()) // the link to a remote --primary
 			h, err := hub.New(cfg)
 			if err != nil {
 				return err

@@ -17,6 +17,7 @@ from rlhub.errors import (
     DeadlineExceeded,
     from_rpc_error,
 )
+from rlhub._channel import Security, configure
 from rlhub.tensors import load_bytes, save_bytes
 from rlhub.store import StoreClient, ModelVersion, ModelInfo
 from rlhub.ars_worker import ARSWorker
@@ -39,6 +40,8 @@ __all__ = [
     "Aborted",
     "DeadlineExceeded",
     "from_rpc_error",
+    "Security",
+    "configure",
     "load_bytes",
     "save_bytes",
     "StoreClient",

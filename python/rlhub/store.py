@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import grpc
 
-from rlhub import errors
+from rlhub import _channel, errors
 from rlhub._proto.rlhub.v1 import store_pb2, store_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, RawChunk, chunk_messages, fast_decoder
 from rlhub.tensors import load_bytes, save_bytes
@@ -33,8 +33,9 @@ _CHANNEL_OPTIONS = [
 
 
 def channel(addr: str) -> grpc.Channel:
-    """Opens an insecure channel with rlhub's message-size options."""
-    return grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+    """Opens a channel with rlhub's message-size options (TLS and token per
+    ``rlhub._channel.default_security()``)."""
+    return _channel.channel(addr, options=_CHANNEL_OPTIONS)
 
 
 @dataclasses.dataclass
