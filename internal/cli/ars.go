@@ -235,7 +235,7 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if err != nil {
 		return err
 	}
-	g = &globals{stdout: g.stdout, stderr: errw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat}
+	g = &globals{stdout: g.stdout, stderr: errw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat, conn: g.conn}
 
 	addr := o.hubAddr
 	if addr == "" {

@@ -96,6 +96,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newRelayCmd(g),
 		newBenchCmd(g),
 		newClusterCmd(g),
+		newCertCmd(g),
+		newTokenCmd(g),
 	)
 	return root
 }

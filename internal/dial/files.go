@@ -118,3 +118,25 @@ func HostOf(addr string) string {
 	}
 	return addr
 }
+
+// ServerTLS is the server side of TLS for a hub: its certificate and key,
+// and, when clientCA is set, mutual TLS (every client must present a
+// certificate signed by clientCA).
+func ServerTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("dial: a TLS hub needs both --tls-cert and --tls-key")
+	}
+	kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("dial: server certificate: %w", err)
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{kp}}
+	if clientCA != "" {
+		pool, err := LoadCertPool(clientCA)
+		if err != nil {
+			return nil, err
+		}
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return c, nil
+}
