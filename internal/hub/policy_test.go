@@ -19,6 +19,8 @@ import (
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -320,5 +322,66 @@ func enforce(t *testing.T, pk pki, cs []caller, addr string) {
 				}
 			}
 		})
+	}
+}
+
+// A TLS hub closes plaintext connections on both planes, and a stream's
+// first message is checked on the chunk codec's zero-copy path too (the
+// Go reducer client's gRPC push), with the refusal kept as it is.
+func TestTLSHubRefusesPlaintextAndChecksZeroCopyStreams(t *testing.T) {
+	pk := newPKI(t)
+	srvTLS, err := dial.ServerTLS(pk.path("server.pem"), pk.path("server-key.pem"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, hash, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := auth.NewVerifier(map[string]auth.Principal{hash: {Name: "scoped", Role: auth.Admin, Scopes: []string{"other/"}}})
+	h, err := New(Config{Listen: "127.0.0.1:0", TLS: srvTLS, Auth: v, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	addr := h.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	plain, err := dial.Config{Token: tok}.GRPC(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	rule, _ := auth.Lookup(auth.GRPC, "/rlhub.v1.ModelStore/List")
+	if got := call(ctx, dial.Config{Token: tok}, plain, addr, rule); got != codes.Unavailable {
+		t.Fatalf("plaintext gRPC to a TLS hub: %v, want Unavailable", got)
+	}
+	bc := dial.Config{Token: tok}.Bulk()
+	defer bc.Close()
+	if err := bc.Call(ctx, addr, "rlhub.v1.Reducer/Push", requestFor(auth.Rule{Plane: auth.DataPlane, Header: "rlhub.v1.ReducerPushHeader"}), nil, nil); err == nil ||
+		errors.Is(err, errs.ErrPermission) || errors.Is(err, errs.ErrUnauthenticated) {
+		t.Fatalf("plaintext data plane to a TLS hub: %v", err)
+	}
+
+	cfg, err := dial.Files{CA: pk.path("ca.pem"), Token: tok}.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, Dial: cfg, Transport: reducer.TransportGRPC, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	g, err := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{2}, []float32{1, 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = rc.PushGrad(ctx, "t/m", 1, g)
+	if !errors.Is(err, errs.ErrPermission) || !strings.Contains(err.Error(), "does not cover model") {
+		t.Fatalf("zero-copy gRPC push out of scope: %v", err)
 	}
 }
