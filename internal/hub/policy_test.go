@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,7 +20,11 @@ import (
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -384,4 +389,80 @@ func TestTLSHubRefusesPlaintextAndChecksZeroCopyStreams(t *testing.T) {
 	if !errors.Is(err, errs.ErrPermission) || !strings.Contains(err.Error(), "does not cover model") {
 		t.Fatalf("zero-copy gRPC push out of scope: %v", err)
 	}
+}
+
+// A secondary reducer in a hub of its own links to the primary's hub over
+// TLS with an unscoped trainer token (the hub-to-hub seam), and a client
+// with a scoped trainer token gets its gradients applied through it.
+func TestSecondaryHubLinksOverTLSWithToken(t *testing.T) {
+	pk := newPKI(t)
+	srvTLS, err := dial.ServerTLS(pk.path("server.pem"), pk.path("server-key.pem"), pk.path("ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	link, linkHash, _ := auth.NewToken()
+	user, userHash, _ := auth.NewToken()
+	admin, adminHash, _ := auth.NewToken()
+	v := auth.NewVerifier(map[string]auth.Principal{
+		linkHash:  {Name: "hub-link", Role: auth.Trainer, Scopes: []string{""}},
+		userHash:  {Name: "learner", Role: auth.Trainer, Scopes: []string{"t/"}},
+		adminHash: {Name: "admin", Role: auth.Admin, Scopes: []string{""}},
+	})
+	as := func(tok string) dial.Config {
+		c, err := dial.Files{CA: pk.path("ca.pem"), Cert: pk.path("client.pem"), Key: pk.path("client-key.pem"), Token: tok}.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	var applied atomic.Int64
+	primary, err := New(Config{Listen: "127.0.0.1:0", TLS: srvTLS, Auth: v, Logger: testkit.Logger(),
+		Reducer: reducer.Config{Secondaries: -1, OnApply: func(_ string, _ uint64, m []reduce.ID, _ []float32) { applied.Add(int64(len(m))) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := primary.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close()
+	paddr := primary.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{2}, []float32{1, 2}))
+	blob, _ := safetensors.Encode(g, nil)
+	if _, err := primary.Store().Push(ctx, store.PushRequest{Name: "t/m", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	ac, err := reducer.NewClient(reducer.ClientConfig{Hub: paddr, Dial: as(admin)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ac.Close()
+	if _, _, err := ac.Register(ctx, reducer.ModelConfig{Model: "t/m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Reduction: reduce.Sum}); err != nil {
+		t.Fatal(err)
+	}
+	secondary, err := New(Config{Listen: "127.0.0.1:0", TLS: srvTLS, Auth: v, Logger: testkit.Logger(),
+		Reducer: reducer.Config{Primary: paddr, Dial: as(link), Secondaries: 1, BatchSize: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := secondary.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer secondary.Close()
+	testkit.Eventually(t, 30*time.Second, "the secondary hub to attach over TLS", func() bool {
+		secs, err := ac.Secondaries(ctx)
+		return err == nil && len(secs) == 1
+	})
+	uc, err := reducer.NewClient(reducer.ClientConfig{Hub: paddr, Dial: as(user), ClientID: "learner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	for range 3 {
+		if _, err := uc.PushGrad(ctx, "t/m", 1, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.Eventually(t, 30*time.Second, "3 gradients applied via the secondary hub", func() bool { return applied.Load() == 3 })
 }
