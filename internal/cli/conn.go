@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 
 	"github.com/rlhub/rlhub/internal/dial"
 )
@@ -18,7 +18,9 @@ type connFlags struct {
 	files dial.Files
 }
 
-func (f *connFlags) register(fs *pflag.FlagSet) {
+// register adds the flags to root as persistent flags.
+func (f *connFlags) register(root *cobra.Command) {
+	fs := root.PersistentFlags()
 	fs.StringVar(&f.files.CA, "tls-ca", "", "PEM file of the CA that signs the hub's certificate: connect with TLS (env RLHUB_TLS_CA)")
 	fs.StringVar(&f.files.Cert, "tls-cert", "", "PEM certificate: a client's for mutual TLS; for serve, the hub's own (env RLHUB_TLS_CERT)")
 	fs.StringVar(&f.files.Key, "tls-key", "", "PEM private key of --tls-cert (env RLHUB_TLS_KEY)")

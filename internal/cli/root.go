@@ -79,7 +79,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
-	g.conn.register(root.PersistentFlags())
+	g.conn.register(root)
 
 	root.AddCommand(
 		newVersionCmd(g),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +30,9 @@ import (
 // primary (SGD step, publish); reported grads_applied/s (one op = one
 // gradient pushed; the clock stops when every one is applied). op=pull:
 // one Go store client pulls a 4M-parameter (16 MiB) model over gRPC;
-// MB/s. Everything shares this process and its cores.
+// MB/s. Also cpu_ms/op: the process's CPU time (clients and hub together)
+// per op, the figure to compare on a loaded machine. Everything shares
+// this process and its cores.
 //
 //	go test ./internal/hub -run '^$' -bench SecurityCost -benchtime 200x -count 3
 func BenchmarkSecurityCost(b *testing.B) {
@@ -103,11 +106,13 @@ func benchSecurity(b *testing.B, op, mode string) {
 		}
 		b.SetBytes(int64(len(blob)))
 		b.ResetTimer()
+		cpu0 := procCPU()
 		for range b.N {
 			if _, err := sc.Get(ctx, "bench/m", 0); err != nil {
 				b.Fatal(err)
 			}
 		}
+		b.ReportMetric(float64((procCPU()-cpu0).Microseconds())/1e3/float64(b.N), "cpu_ms/op")
 		return
 	}
 
@@ -134,7 +139,7 @@ func benchSecurity(b *testing.B, op, mode string) {
 	applied.Store(0)
 	b.SetBytes(model.ByteSize())
 	b.ResetTimer()
-	start := time.Now()
+	start, cpu0 := time.Now(), procCPU()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errc := make(chan error, clients)
@@ -158,6 +163,16 @@ func benchSecurity(b *testing.B, op, mode string) {
 	testkit.Eventually(b, time.Minute, "every gradient applied", func() bool { return applied.Load() >= int64(b.N) })
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "grads_applied/s")
+	b.ReportMetric(float64((procCPU()-cpu0).Microseconds())/1e3/float64(b.N), "cpu_ms/op")
+}
+
+// procCPU is the process's user + system CPU time so far.
+func procCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // benchStateDict is a float32 model of n parameters in 2 tensors.
