@@ -25,7 +25,7 @@ type serveSecurity struct {
 
 func (s *serveSecurity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.StringVar(&s.tokens, "auth-tokens", "", "token file (hashes, roles, scopes; `rlhub token new` prints its lines): every call then needs a token")
+	f.StringVar(&s.tokens, "auth-tokens", "", "token `FILE` of hashes, roles and scopes (lines printed by rlhub token new): every call then needs a token")
 	f.StringVar(&s.clientCA, "tls-client-ca", "", "with --tls-cert: require client certificates signed by this CA (mutual TLS)")
 	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen without TLS and tokens: plaintext, and anyone who reaches the port may do anything")
 }
