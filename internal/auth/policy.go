@@ -151,6 +151,7 @@ var Policy = []Rule{
 	{Method: "/rlhub.v1.ModelStore/Pull", Role: Reader, Model: field("model")},
 	{Method: "/rlhub.v1.ModelStore/Watch", Role: Reader, Model: field("model")},
 	{Method: "/rlhub.v1.ModelStore/List", Role: Reader},
+	{Method: "/rlhub.v1.ModelStore/Delete", Role: Admin, Model: field("model")},
 
 	// Gradient reducer: clients.
 	{Method: "/rlhub.v1.Reducer/Register", Role: Admin, Model: field("model")},

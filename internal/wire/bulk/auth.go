@@ -61,6 +61,13 @@ func ServerTLS(cfg *tls.Config) *tls.Config {
 	return c
 }
 
+// Hello is what a client sends to open a data-plane connection: Magic,
+// then the token's u16 length and bytes ("" for none).
+func Hello(token string) []byte {
+	b := append([]byte(Magic), byte(len(token)), byte(len(token)>>8))
+	return append(b, token...)
+}
+
 // readToken reads the handshake's token: u16 length, then the bytes.
 func readToken(r io.Reader) (string, error) {
 	var n [2]byte

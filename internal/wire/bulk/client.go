@@ -280,8 +280,7 @@ func handshake(ctx context.Context, cc *clientConn, token string) error {
 	if len(token) > MaxTokenBytes {
 		return fmt.Errorf("token of %d bytes exceeds %d", len(token), MaxTokenBytes)
 	}
-	hello := append([]byte(Magic), byte(len(token)), byte(len(token)>>8))
-	if _, err := cc.Write(append(hello, token...)); err != nil {
+	if _, err := cc.Write(Hello(token)); err != nil {
 		return err
 	}
 	var got [len(Magic)]byte
