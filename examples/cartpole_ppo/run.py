@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import rlhub  # noqa: E402
+from rlhub import _channel  # noqa: E402
 from rlhub.aggregator import AggregatorClient  # noqa: E402
 from rlhub.grads import GradClient  # noqa: E402
 
@@ -77,7 +78,7 @@ def start_hub(data: pathlib.Path) -> tuple[subprocess.Popen, str]:
                           "--reduce-batch-size", "2", "--max-wait", "200ms"],
                          stdout=open(data / "hub.log", "wb"), stderr=subprocess.STDOUT)
     import grpc
-    ch = grpc.insecure_channel(addr)
+    ch = _channel.channel(addr)
     grpc.channel_ready_future(ch).result(timeout=30)
     ch.close()
     return p, addr

@@ -50,7 +50,7 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 			"state statistics. SIGINT/SIGTERM detaches and exits.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := dialHub(addr)
+			conn, err := dialHub(cmd.Context(), addr)
 			if err != nil {
 				return err
 			}
@@ -275,8 +275,9 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 		return err
 	}
 	raw := g.rawStderr()
-	g = &globals{stdout: g.stdout, stderr: errw, raw: raw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat}
+	g = &globals{stdout: g.stdout, stderr: errw, raw: raw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat, conn: g.conn}
 	cfg, err := o.runConfig(g)
+	cfg.Dial, cfg.WorkerArgs = dialConfig(ctx), g.conn.args() // TLS and token, for the run and its workers
 	if err != nil {
 		return err
 	}

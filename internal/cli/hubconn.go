@@ -2,27 +2,14 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
 
-// dialHub opens a client connection to a hub address.
-func dialHub(addr string) (*grpc.ClientConn, error) {
-	// The unzeroed receive-buffer pool, as every rlhub client uses: the
-	// relay and collectors behind this connection receive whole models.
-	opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	conn, err := grpc.NewClient(addr, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	return conn, nil
-}
+// grpcClientConn is what dialHub returns.
+type grpcClientConn = grpc.ClientConn
 
 // hubFlags are the --hub and --timeout flags of a one-shot command that
 // asks a hub something and prints the answer.
@@ -39,7 +26,7 @@ func (f *hubFlags) register(cmd *cobra.Command, what string) {
 // call dials the hub, runs fn under the command's context with the
 // --timeout deadline, and closes the connection.
 func (f *hubFlags) call(cmd *cobra.Command, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
-	conn, err := dialHub(f.addr)
+	conn, err := dialHub(cmd.Context(), f.addr)
 	if err != nil {
 		return err
 	}

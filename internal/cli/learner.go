@@ -33,6 +33,7 @@ func newLearnerCmd(g *globals) *cobra.Command {
 				ex.ID = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
 			ex.Events = g.stdout
+			ex.Dial = dialConfig(cmd.Context())
 			if model != "" {
 				closeClients, err := ex.UseHub(addr, model)
 				if err != nil {

@@ -98,7 +98,7 @@ func TestHalfOpenDataPlaneConnectionsDoNotLockOut(t *testing.T) {
 		}
 	}()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: 10 * time.Second}
-	frame := append([]byte(bulk.Magic), 1, 20, 0) // a request whose 20-byte method never comes
+	frame := append(bulk.Hello(""), 1, 20, 0) // a request whose 20-byte method never comes
 	frame = append(frame, "rlhub.v1"...)
 	for range n {
 		c, err := d.Dial("tcp", addr)
@@ -132,7 +132,7 @@ func TestHalfOpenDataPlaneConnectionsDoNotLockOut(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := c.Write([]byte(bulk.Magic)); err != nil {
+	if _, err := c.Write(bulk.Hello("")); err != nil {
 		t.Fatal(err)
 	}
 	magic := make([]byte, len(bulk.Magic))

@@ -30,7 +30,7 @@ func newModelCmd(g *globals) *cobra.Command {
 	cmd.PersistentFlags().StringVar(&addr, "hub", "127.0.0.1:7470", "hub address")
 	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 2*time.Minute, "deadline for the whole operation")
 	client := func(ctx context.Context) (*storeclient.Client, context.Context, context.CancelFunc, error) {
-		c, err := storeclient.New(storeclient.Config{Addr: addr})
+		c, err := storeclient.New(storeclient.Config{Addr: addr, Dial: dialConfig(ctx)})
 		if err != nil {
 			return nil, nil, nil, err
 		}

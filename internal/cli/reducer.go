@@ -26,7 +26,7 @@ func newReducerCmd(g *globals) *cobra.Command {
 		Short: "Print the reducer counters of a hub (pushed, reduced, applied, dropped by reason)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := reducer.NewClient(reducer.ClientConfig{Hub: addr})
+			c, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, Dial: dialConfig(cmd.Context())})
 			if err != nil {
 				return err
 			}

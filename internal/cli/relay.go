@@ -26,7 +26,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			"removes the segment.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			conn, err := dialHub(upstream)
+			conn, err := dialHub(cmd.Context(), upstream)
 			if err != nil {
 				return err
 			}

@@ -50,6 +50,7 @@ type globals struct {
 	// lockedWriter); nil when stderr is it.
 	raw    io.Writer
 	logger *slog.Logger
+	conn   connFlags // how clients reach a hub (TLS, token)
 }
 
 // rawStderr is the stderr Run was given (a terminal check looks at it).
@@ -76,6 +77,11 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 			}
 			g.logger = l
 			slog.SetDefault(l)
+			dc, err := g.conn.load()
+			if err != nil {
+				return err
+			}
+			cmd.SetContext(withDial(cmd.Context(), dc))
 			return nil
 		},
 	}
@@ -84,6 +90,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
+	g.conn.register(root)
 
 	root.AddCommand(
 		newVersionCmd(g),
@@ -101,6 +108,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newBenchCmd(g),
 		newClusterCmd(g),
 		newLoopBenchCmd(g),
+		newCertCmd(g),
+		newTokenCmd(g),
 	)
 	return root
 }

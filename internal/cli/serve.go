@@ -20,6 +20,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	var cfg hub.Config
 	var role, namePattern string
 	var cl clusterFlags
+	var sec serveSecurity
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the hub: every rlhub service behind one gRPC server",
@@ -52,6 +53,10 @@ func newServeCmd(g *globals) *cobra.Command {
 			// A test-only hook: SIGKILL the hub at a named point of the ARS
 			// state writes (arsrpc.Config.CrashAt).
 			cfg.ARS.CrashAt = os.Getenv("RLHUB_TEST_ARS_CRASH")
+			cfg.Reducer.Dial = dialConfig(cmd.Context()) // the link to a remote --primary
+			if err := sec.apply(g, &cfg); err != nil {
+				return err
+			}
 			h, err := hub.New(cfg)
 			if err != nil {
 				return err
@@ -63,7 +68,8 @@ func newServeCmd(g *globals) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Listen, "listen", hub.DefaultListen, "gRPC listen address")
+	sec.register(cmd)
+	f.StringVar(&cfg.Listen, "listen", hub.DefaultListen, "gRPC listen address (not loopback: needs TLS and --auth-tokens, or --insecure)")
 	f.StringVar(&cfg.AddrFile, "addr-file", "", "write the bound address here once listening (with --listen 127.0.0.1:0)")
 	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk)")
 	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop")

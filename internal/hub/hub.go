@@ -13,12 +13,14 @@ package hub
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync"
 	"time"
 
@@ -30,6 +32,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
@@ -86,6 +89,13 @@ type Config struct {
 	StoreNoDataPlane bool
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
+	// TLS, when set, is the server side of TLS for both planes on the
+	// listener (certificate; ClientCAs + ClientAuth for mutual TLS); nil
+	// serves plaintext. NextProtos is set by the hub.
+	TLS *tls.Config
+	// Auth checks every call's token against the policy table
+	// (internal/auth); nil admits every call (the loopback default).
+	Auth *auth.Verifier
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
 	StopTimeout time.Duration
 	// Logger receives the hub's logs; nil means slog.Default().
@@ -232,7 +242,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	}
 	h.store = st
 	lim := h.cfg.Limits
-	h.grpc = grpc.NewServer(append([]grpc.ServerOption{
+	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
 		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
 		// Half-open and vanished peers: the handshake is bounded, and a
@@ -240,7 +250,16 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		grpc.ConnectionTimeout(lim.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: lim.KeepaliveTime, Timeout: lim.KeepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinClientPingInterval, PermitWithoutStream: true}),
-	}, chunkcodec.ServerOptions()...)...)
+	}, chunkcodec.ServerOptions()...)
+	if cfg.Auth != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(cfg.Auth.StreamInterceptor()))
+	}
+	if cfg.TLS != nil {
+		// The data plane's listener does the TLS handshake for both planes.
+		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
+	}
+	h.grpc = grpc.NewServer(opts...)
 	h.health = health.NewServer()
 	healthpb.RegisterHealthServer(h.grpc, h.health)
 	reflection.Register(h.grpc)
@@ -252,6 +271,12 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	h.services = append(services, extra...)
 	h.bulk = bulk.NewServer()
 	h.bulk.FrameTimeout, h.bulk.IdleTimeout, h.bulk.MaxConnsPerPeer = lim.FrameTimeout, lim.IdleTimeout, lim.MaxConnsPerPeer
+	if cfg.TLS != nil {
+		h.bulk.TLS = bulk.ServerTLS(cfg.TLS)
+	}
+	if cfg.Auth != nil {
+		h.bulk.Guard = cfg.Auth
+	}
 	for _, s := range h.services {
 		s.Register(h.grpc)
 		if b, ok := s.(BulkService); ok {
@@ -383,7 +408,7 @@ func (h *Hub) Start() error {
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	grpcLis := h.bulk.Listen(lis) // data-plane connections stay with h.bulk
 	go func() { h.serveErr <- h.grpc.Serve(grpcLis) }()
-	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir)
+	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir, "tls", h.cfg.TLS != nil, "tokens", h.cfg.Auth != nil)
 	return nil
 }
 
@@ -398,6 +423,19 @@ func writeAddrFile(path, addr string) error {
 		return fmt.Errorf("address file: %w", err)
 	}
 	return nil
+}
+
+// Methods lists what the hub serves: every gRPC full method of every
+// registered service and every data-plane method (the policy test checks
+// each is in auth.Policy).
+func (h *Hub) Methods() (grpcMethods, bulkMethods []string) {
+	for name, info := range h.grpc.GetServiceInfo() {
+		for _, m := range info.Methods {
+			grpcMethods = append(grpcMethods, "/"+name+"/"+m.Name)
+		}
+	}
+	sort.Strings(grpcMethods)
+	return grpcMethods, h.bulk.Methods()
 }
 
 // Addr is the address the hub listens on, or nil before Start.

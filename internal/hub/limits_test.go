@@ -40,7 +40,7 @@ func rawBulkRequest(t *testing.T, addr, method string, header []byte) (kind byte
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(20 * time.Second)) // a hang guard, not a measurement
-	frame := []byte(bulk.Magic)
+	frame := bulk.Hello("")
 	frame = append(frame, 1)
 	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
 	frame = append(frame, method...)

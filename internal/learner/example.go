@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
@@ -29,6 +30,9 @@ import (
 type Example struct {
 	// ID is reported in the info.
 	ID string
+	// Dial is how Config and UseHub connect to the hub (TLS, token); the
+	// zero value is plaintext.
+	Dial dial.Config
 	// BatchSize is the demand; 0 means 32.
 	BatchSize int64
 	// Delay is slept (ctx-aware) before each learn.
@@ -55,7 +59,7 @@ type Example struct {
 
 // Config returns a learner Config that serves this example.
 func (e *Example) Config(hub string) Config {
-	return Config{Hub: hub, ID: e.ID, Resources: map[string]string{"kind": "example"},
+	return Config{Hub: hub, Dial: e.Dial, ID: e.ID, Resources: map[string]string{"kind": "example"},
 		OnStart: e.OnStart, OnDemand: e.OnDemand, OnLearn: e.OnLearn}
 }
 

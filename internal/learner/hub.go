@@ -22,11 +22,11 @@ func (e *Example) UseHub(hub, model string) (close func() error, err error) {
 	if model == "" {
 		return nil, fmt.Errorf("%w: learner: empty model name", errs.ErrInvalid)
 	}
-	sc, err := storeclient.New(storeclient.Config{Addr: hub})
+	sc, err := storeclient.New(storeclient.Config{Addr: hub, Dial: e.Dial})
 	if err != nil {
 		return nil, err
 	}
-	rc, err := reducer.NewClient(reducer.ClientConfig{Hub: hub, ClientID: e.ID})
+	rc, err := reducer.NewClient(reducer.ClientConfig{Hub: hub, Dial: e.Dial, ClientID: e.ID})
 	if err != nil {
 		return nil, errors.Join(err, sc.Close())
 	}

@@ -23,12 +23,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
-	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -61,6 +60,9 @@ type LearnTask struct {
 type Config struct {
 	// Hub is the hub address; ignored when Conn is set.
 	Hub string
+	// Dial is how to connect to Hub (TLS, token); the zero value is
+	// plaintext.
+	Dial dial.Config
 	// Conn is an existing connection to the hub; nil means dial Hub.
 	Conn grpc.ClientConnInterface
 	// ID is the learner's unique id (required).
@@ -120,11 +122,9 @@ func Run(ctx context.Context, cfg Config) error {
 		// A restarted hub is back within a second or two: reconnect from
 		// 50ms backing off to 1s (gRPC's defaults, 1s to 120s, would leave
 		// the learner detached long after the hub is back).
-		opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
+		cc, err := cfg.Dial.GRPC(cfg.Hub, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)),
 			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
 				Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
-		cc, err := grpc.NewClient(cfg.Hub, opts...)
 		if err != nil {
 			return fmt.Errorf("learner: dial %s: %w", cfg.Hub, err)
 		}

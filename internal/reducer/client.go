@@ -12,8 +12,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -27,6 +27,8 @@ import (
 type ClientConfig struct {
 	// Hub is the address of the hub hosting the primary; required.
 	Hub string
+	// Dial is how to connect (TLS, token); the zero value is plaintext.
+	Dial dial.Config
 	// ClientID names this client in (client id, seq); "" means a random id.
 	ClientID string
 	// Rand picks secondaries and jitters back-off; nil means a random seed.
@@ -106,7 +108,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	c := &Client{cfg: cfg, rnd: cfg.Rand, conns: map[string]*grpc.ClientConn{}, dead: map[target]time.Time{}}
 	switch cfg.Transport {
 	case TransportAuto:
-		c.bulk = bulk.NewClient()
+		c.bulk = cfg.Dial.Bulk()
 	case TransportGRPC:
 	default:
 		return nil, fmt.Errorf("%w: reducer: ClientConfig.Transport %q (want %q or %q)", errs.ErrInvalid, cfg.Transport, TransportAuto, TransportGRPC)
@@ -133,11 +135,9 @@ func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 	}
 	// Gradients are large: bigger write buffers and windows than gRPC's
 	// defaults (32 KiB, 64 KiB) cut the frames and window updates per MiB.
-	opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
+	conn, err := c.cfg.Dial.GRPC(addr, grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
 		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20),
 		grpc.WithConnectParams(reconnectParams))
-	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("reducer: dial %s: %w", addr, err)
 	}

@@ -42,7 +42,7 @@ type remoteSession struct {
 func NewRemotePrimary(conn grpc.ClientConnInterface, addr string) *RemotePrimary {
 	r := &RemotePrimary{c: rlhubv1.NewReducerPrimaryClient(conn), addr: addr, sessions: map[uint64]*remoteSession{}}
 	if addr != "" {
-		r.bulk = bulk.NewClient()
+		r.bulk = bulk.NewClient() // replaced by the caller's dial.Config's (service.go)
 	}
 	return r
 }

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/optim"
@@ -33,6 +33,9 @@ type Config struct {
 	// Primary is the address of a remote primary; "" hosts the primary
 	// here (then Store is required).
 	Primary string
+	// Dial is how to connect to a remote Primary (TLS, token); the zero
+	// value is plaintext.
+	Dial dial.Config
 	// ForwardTransport carries batch sums to a remote primary:
 	// TransportAuto (its hub's data plane, gRPC if it has none) or
 	// TransportGRPC.
@@ -123,9 +126,7 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.primary, up = p, p
 	} else {
-		opts := append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
-		conn, err := grpc.NewClient(cfg.Primary, opts...)
+		conn, err := cfg.Dial.GRPC(cfg.Primary)
 		if err != nil {
 			return nil, fmt.Errorf("reducer: dial primary %s: %w", cfg.Primary, err)
 		}
@@ -134,6 +135,9 @@ func New(cfg Config) (*Service, error) {
 			dataAddr = ""
 		}
 		s.remote = NewRemotePrimary(conn, dataAddr)
+		if s.remote.bulk != nil {
+			s.remote.bulk = cfg.Dial.Bulk()
+		}
 		s.remoteConn, up = conn, s.remote
 	}
 	for i := range cfg.Secondaries {
@@ -287,7 +291,7 @@ func (s *Service) remoteStats(ctx context.Context, addr string) (Stats, error) {
 	conn, ok := s.peers[addr]
 	if !ok {
 		var err error
-		conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err = s.cfg.Dial.GRPC(addr) // the same seam as the link to the primary
 		if err != nil {
 			s.peersMu.Unlock()
 			return Stats{}, err

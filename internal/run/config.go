@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/env"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -76,6 +77,12 @@ type Config struct {
 	StartTimeout time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Dial is how Run reaches the hub (TLS, token); the zero value dials
+	// plaintext, as on loopback.
+	Dial dial.Config
+	// WorkerArgs are extra flags for each worker process Run starts (the
+	// connection flags that reproduce Dial on its command line).
+	WorkerArgs []string
 }
 
 func (c *Config) validate() (*pb.ARSRunSpec, error) {

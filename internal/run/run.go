@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/rlhub/rlhub/internal/ars"
@@ -20,7 +18,6 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/hub"
-	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -95,13 +92,14 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 		w := cfg.WorkerCommand
 		args := append(append([]string{}, w[1:]...), "--log-level", "warn", "worker", "ars", "--hub", addr,
 			"--name", fmt.Sprintf("worker-%d", i), "--retry-for", cfg.ReconnectWindow.String())
+		args = append(args, cfg.WorkerArgs...)
 		if err := procs.start(w[0], args, cfg.WorkerOutput); err != nil {
 			return Summary{}, fmt.Errorf("start worker %d: %w", i, err)
 		}
 	}
 	procs.seal()
 
-	conn, err := grpc.NewClient(addr, append(chunkcodec.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	conn, err := cfg.Dial.GRPC(addr)
 	if err != nil {
 		return Summary{}, fmt.Errorf("dial %s: %w", addr, err)
 	}

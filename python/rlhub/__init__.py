@@ -24,6 +24,7 @@ from rlhub.errors import (
     DeadlineExceeded,
     from_rpc_error,
 )
+from rlhub._channel import Security, configure
 from rlhub.tensors import load_bytes, save_bytes
 from rlhub.store import StoreClient, ModelVersion, ModelInfo
 from rlhub import wsync
@@ -46,6 +47,8 @@ __all__ = [
     "Aborted",
     "DeadlineExceeded",
     "from_rpc_error",
+    "Security",
+    "configure",
     "load_bytes",
     "save_bytes",
     "StoreClient",

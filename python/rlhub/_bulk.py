@@ -9,8 +9,9 @@ Python. Control stays on gRPC.
 
 Protocol (little-endian)::
 
-    client → server   b"RLHUBDP1"                   once per connection
-    server → client   b"RLHUBDP1"                   acknowledgement
+    (TLS first when the hub has it, ALPN "rlhub-dp/2")
+    client → server   b"RLHUBDP2" | u16 len | token once per connection
+    server → client   b"RLHUBDP2"                   acknowledgement
     client → server   u8 1 | u16 len | method | u32 len | header (protobuf)
     server → client   u8 2                          continue: send the body
                   or  u8 3 | u32 len | google.rpc.Status   final, no body sent
@@ -36,14 +37,15 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import struct
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rlhub import errors
+from rlhub import _channel, errors
 
-MAGIC = b"RLHUBDP1"
+MAGIC = b"RLHUBDP2"
 PUSH_METHOD = "rlhub.v1.Reducer/Push"
 
 NOT_SUPPORTED_FOR = 60.0
@@ -52,6 +54,7 @@ HANDSHAKE_TIMEOUT = 10.0
 MAX_IDLE_PER_ADDR = 8
 MAX_METHOD_BYTES = 255
 MAX_HEADER_BYTES = 1 << 20
+MAX_TOKEN_BYTES = 1024
 _MAX_STATUS_BYTES = 4 << 20
 
 _KIND_REQUEST, _KIND_CONTINUE, _KIND_FINAL, _KIND_DATA = 1, 2, 3, 4
@@ -118,6 +121,11 @@ def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float) -> N
     """Writes every buffer in order with sendmsg (writev), resuming after
     partial writes; at most IOV_MAX buffers per call."""
     views = [v for v in (memoryview(b).cast("B") for b in bufs) if v.nbytes]
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS: one encrypted write per buffer
+        for v in views:
+            _settimeout(sock, deadline)
+            sock.sendall(v)
+        return
     i = 0
     while i < len(views):
         _settimeout(sock, deadline)
@@ -142,7 +150,10 @@ class Client:
     would interleave on the same TCP stream).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, security: "Optional[_channel.Security]" = None) -> None:
+        # TLS settings and token: ``security``, else the process default
+        # read at each dial (rlhub._channel.default_security).
+        self._security = security
         self._mu = threading.Lock()  # guards the fields below
         self._idle: Dict[str, List[socket.socket]] = {}
         self._no_bulk: Dict[str, float] = {}
@@ -261,11 +272,25 @@ class Client:
             raise errors.Unavailable(f"bulk: dial {addr}: timed out") from None
         except OSError as e:
             raise errors.Unavailable(f"bulk: dial {addr}: {e}") from None
+        sec = self._security if self._security is not None else _channel.default_security()
+        tok = (sec.token or "").encode()
+        if len(tok) > MAX_TOKEN_BYTES:
+            sock.close()
+            raise errors.InvalidArgument(f"bulk: token of {len(tok)} bytes exceeds {MAX_TOKEN_BYTES}")
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hs = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
             _settimeout(sock, hs)
-            sock.sendall(MAGIC)
+            if sec.tls:
+                try:
+                    sock = sec.bulk_context().wrap_socket(sock, server_hostname=sec.server_name or host)
+                except ssl.SSLError as e:
+                    sock.close()
+                    raise errors.Unavailable(f"bulk: TLS with {addr}: {e}") from None
+                if sock.selected_alpn_protocol() != _channel.BULK_ALPN:
+                    sock.close()
+                    raise self._not_supported(addr, "TLS without the data plane's ALPN")
+            sock.sendall(MAGIC + struct.pack("<H", len(tok)) + tok)
             got = b""
             while len(got) < len(MAGIC):
                 _settimeout(sock, hs)

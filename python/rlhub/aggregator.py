@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import grpc
 
-from rlhub import errors
+from rlhub import _channel, errors
 from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_chunks
 from rlhub.learner import Demand, from_struct, to_struct
@@ -64,7 +64,7 @@ class AggregatorClient:
     """Coordinator-side client. Thread-safe; close it (or use ``with``)."""
 
     def __init__(self, addr: str, *, timeout: float = 120.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
-        self._channel = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+        self._channel = _channel.channel(addr, options=_CHANNEL_OPTIONS)
         self._stub = aggregator_pb2_grpc.LearnerAggregatorStub(self._channel)
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes

@@ -55,7 +55,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import grpc
 
-from rlhub import _bulk, errors
+from rlhub import _bulk, _channel, errors
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_part_chunks
 from rlhub.tensors import parts_size, save_parts
@@ -286,7 +286,7 @@ class GradClient:
         with self._mu:
             ch = self._channels.get(addr)
             if ch is None:
-                ch = self._channels[addr] = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+                ch = self._channels[addr] = _channel.channel(addr, options=_CHANNEL_OPTIONS)
             return ch
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from rlhub import errors
+from rlhub import _channel, errors
 from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc
 from rlhub._transfer import Assembler
 from rlhub.tensors import load_bytes, parse_header
@@ -150,7 +150,7 @@ class Learner:
         self._mu = threading.Lock()  # guards _call, _thread
         self._call: Optional[grpc.Future] = None
         self._thread: Optional[threading.Thread] = None
-        self._channel = grpc.insecure_channel(hub_addr, options=_CHANNEL_OPTIONS)
+        self._channel = _channel.channel(hub_addr, options=_CHANNEL_OPTIONS)
         self._stub = aggregator_pb2_grpc.LearnerAggregatorStub(self._channel)
 
     # -- hooks -------------------------------------------------------------

@@ -29,7 +29,7 @@ import grpc
 
 import numpy as np
 
-from rlhub import _bulk, errors
+from rlhub import _bulk, _channel, errors
 from rlhub._proto.rlhub.v1 import store_pb2, store_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_BYTES, RawChunk, chunk_messages, fast_decoder
 from rlhub.tensors import Target, load_bytes, save_bytes
@@ -46,8 +46,9 @@ _CHANNEL_OPTIONS = [
 
 
 def channel(addr: str) -> grpc.Channel:
-    """Opens an insecure channel with rlhub's message-size options."""
-    return grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+    """Opens a channel with rlhub's message-size options (TLS and token per
+    ``rlhub._channel.default_security()``)."""
+    return _channel.channel(addr, options=_CHANNEL_OPTIONS)
 
 
 @dataclasses.dataclass

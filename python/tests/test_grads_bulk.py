@@ -302,6 +302,8 @@ def ok_status(version=3):
 
 def handshake(c):
     assert recv_exact(c, 8) == _bulk.MAGIC
+    (n,) = struct.unpack("<H", recv_exact(c, 2))  # the token's length, then the token
+    recv_exact(c, n)
     c.sendall(_bulk.MAGIC)
 
 

@@ -24,10 +24,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/status"
 
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
@@ -40,6 +40,9 @@ import (
 type Config struct {
 	// Addr is the hub's address ("127.0.0.1:7470"); used when Conn is nil.
 	Addr string
+	// Dial is how to connect to Addr (TLS, token); the zero value is
+	// plaintext.
+	Dial dial.Config
 	// Conn, when set, is used instead of dialing Addr; the caller keeps
 	// ownership and Close leaves it open.
 	Conn grpc.ClientConnInterface
@@ -101,18 +104,11 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// DialOptions are the options the client dials with: insecure loopback
-// credentials, message limits above the 1 MiB chunks and the chunk codec's
-// transport options (chunkcodec.DialOptions: a buffer pool that does not
-// zero). Flow-control windows and buffer sizes are gRPC's defaults: none of
+// The client dials with dial.Config's options: message limits of 16 MiB
+// (above the 1 MiB chunks) and the chunk codec's buffer pool that does not
+// zero. Flow-control windows and buffer sizes are gRPC's defaults: none of
 // the alternatives measured better on loopback (docs/benchlog/2026-11-30-sessions-1-4.md, model
 // store).
-func DialOptions() []grpc.DialOption {
-	return append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
-	}, chunkcodec.DialOptions()...)
-}
 
 // Client talks to one hub's model store. Safe for concurrent use.
 type Client struct {
@@ -138,7 +134,7 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg}
 	conn := cfg.Conn
 	if conn == nil {
-		cc, err := grpc.NewClient(cfg.Addr, DialOptions()...)
+		cc, err := cfg.Dial.GRPC(cfg.Addr)
 		if err != nil {
 			return nil, fmt.Errorf("storeclient: dial %s: %w", cfg.Addr, err)
 		}

@@ -13,9 +13,12 @@
 //
 // # Protocol (docs/wire.md is the normative description)
 //
-// A connection starts with the client sending Magic; the server answers
-// Magic (a server that does not speak the protocol, such as a bare gRPC
-// server, answers anything else or closes, and the client falls back to
+// On a hub with TLS every connection is TLS first, and the ALPN name
+// ALPN picks the data plane (anything else is gRPC). A connection then
+// starts with the client sending Magic and its token (u16 length, bytes;
+// length 0 means none); the server answers Magic (a server that does not
+// speak the protocol, such as a bare gRPC server or one of an older
+// version, answers anything else or closes, and the client falls back to
 // gRPC). Then any number of requests, one at a time:
 //
 //	client: u8 1 (request) | u16 method length | method | u32 header length | header (protobuf)
@@ -34,11 +37,13 @@ package bulk
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"sort"
 	"sync"
 	"time"
 
@@ -55,7 +60,10 @@ import (
 // Magic opens a data-plane connection, from the client and, as the
 // acknowledgement, from the server. gRPC connections start with the HTTP/2
 // preface "PRI * HTTP/2.0…", so the first 8 bytes tell the two apart.
-const Magic = "RLHUBDP1"
+// Version 2 ("…DP2") added the token after the client's magic; a version-1
+// client reaching this server is handed to gRPC, fails there, and falls
+// back to gRPC.
+const Magic = "RLHUBDP2"
 
 // Frame kinds.
 const (
@@ -165,6 +173,15 @@ type Server struct {
 	// accept to close; a connection over the cap is closed at accept.
 	// NewServer sets DefaultMaxConnsPerPeer; negative means no cap.
 	MaxConnsPerPeer int
+	// TLS, when set, makes every connection on the listener TLS (both
+	// planes): the data plane is chosen by ALPN, every other connection
+	// goes to gRPC already handshaken (serve gRPC with TLSCredentials).
+	// Set before Listen.
+	TLS *tls.Config
+	// Guard, when set, checks every request before its handler runs
+	// (package auth: the token from the handshake, the method, the header).
+	// Set before Listen.
+	Guard Guard
 
 	handlers map[string]Handler
 	ctx      context.Context
@@ -203,6 +220,17 @@ func (s *Server) Handle(method string, h Handler) {
 		panic(fmt.Sprintf("bulk: method name %q must be 1..%d bytes", method, MaxMethodBytes))
 	}
 	s.handlers[method] = h
+}
+
+// Methods lists the registered methods, sorted (the policy test walks
+// them).
+func (s *Server) Methods() []string {
+	out := make([]string, 0, len(s.handlers))
+	for m := range s.handlers {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Listen takes over lis: connections that open with Magic are served
@@ -324,20 +352,52 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 	}
 	s.sniffing[c] = struct{}{}
 	s.mu.Unlock()
+	// The sniff, a TLS handshake and the data-plane handshake all finish
+	// within FrameTimeout (reads and the handshake's writes).
+	_ = c.SetDeadline(time.Now().Add(s.FrameTimeout))
+	raw := c
+	if s.TLS != nil {
+		tc, dataPlane, err := s.handshakeTLS(c)
+		if err != nil || !dataPlane {
+			_ = raw.SetDeadline(time.Time{})
+			s.mu.Lock()
+			delete(s.sniffing, raw)
+			closing := s.closing
+			s.mu.Unlock()
+			if err != nil || closing {
+				raw.Close()
+				return
+			}
+			s.toGRPC(tc, g)
+			return
+		}
+		c = tc
+	}
 	var head [len(Magic)]byte
-	_ = c.SetReadDeadline(time.Now().Add(s.FrameTimeout))
 	n, err := io.ReadFull(c, head[:])
-	_ = c.SetReadDeadline(time.Time{})
+	var token string
+	if err == nil && string(head[:]) == Magic {
+		token, err = readToken(c)
+	}
+	_ = raw.SetDeadline(time.Time{})
 	s.mu.Lock()
-	delete(s.sniffing, c)
+	delete(s.sniffing, raw)
 	closing := s.closing
 	s.mu.Unlock()
 	if closing {
 		c.Close()
 		return
 	}
-	if err == nil && string(head[:]) == Magic {
-		s.serve(c)
+	if string(head[:]) == Magic {
+		if err != nil {
+			c.Close()
+			return
+		}
+		s.serve(c, token)
+		return
+	}
+	if s.TLS != nil { // a TLS connection that chose the data plane must speak it
+		c.Close()
 		return
 	}
 	if ne, ok := err.(net.Error); n == 0 || (ok && ne.Timeout()) {
@@ -348,9 +408,13 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 		return
 	}
 	// Not ours: gRPC reads the bytes taken here first, then the socket.
-	pc := &prefixConn{Conn: c, prefix: append([]byte(nil), head[:n]...)}
+	s.toGRPC(&prefixConn{Conn: c, prefix: append([]byte(nil), head[:n]...)}, g)
+}
+
+// toGRPC hands c to the gRPC server.
+func (s *Server) toGRPC(c net.Conn, g *grpcListener) {
 	select {
-	case g.conns <- pc:
+	case g.conns <- c:
 	case <-g.done:
 		c.Close()
 	case <-s.ctx.Done():
@@ -365,6 +429,7 @@ type serverConn struct {
 	idle  time.Duration // Server.BodyIdleTimeout
 	frame time.Duration // Server.FrameTimeout
 	busy  bool          // a request is being served (guarded by Server.mu)
+	token string        // from the handshake; "" when none was sent
 }
 
 // Write writes to the client within FrameTimeout: a client that stops
@@ -381,8 +446,8 @@ func (c *serverConn) writeFrame(b []byte) error {
 
 // serve runs one connection's requests until it breaks or the server
 // closes.
-func (s *Server) serve(c net.Conn) {
-	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout, frame: s.FrameTimeout}
+func (s *Server) serve(c net.Conn, token string) {
+	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout, frame: s.FrameTimeout, token: token}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -458,8 +523,10 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	h, ok := s.handlers[req.Method]
 	if !ok {
 		st = status.Newf(codes.Unimplemented, "bulk: unknown method %q", req.Method).Proto()
+	} else if ctx, err := s.guard(sc, req); err != nil {
+		st = toStatus(nil, err)
 	} else {
-		resp, err := h(s.ctx, req)
+		resp, err := h(ctx, req)
 		st = toStatus(resp, err)
 	}
 	if req.broken {

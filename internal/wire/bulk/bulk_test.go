@@ -209,7 +209,7 @@ func rawConn(t *testing.T, addr string) net.Conn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := conn.Write([]byte(bulk.Magic)); err != nil {
+	if _, err := conn.Write(bulk.Hello("")); err != nil {
 		t.Fatal(err)
 	}
 	ack := make([]byte, len(bulk.Magic))

@@ -3,6 +3,7 @@ package bulk
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -36,6 +37,7 @@ const maxIdlePerAddr = 8
 // reuse (one call at a time on a connection). Safe for concurrent use.
 type Client struct {
 	dialer net.Dialer
+	cfg    ClientConfig
 
 	mu     sync.Mutex // guards the fields below
 	idle   map[string][]*clientConn
@@ -43,9 +45,23 @@ type Client struct {
 	closed bool
 }
 
-// NewClient returns a client with no connections yet.
-func NewClient() *Client {
-	return &Client{idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
+// ClientConfig is how a client connects; the zero value is plaintext with
+// no token. internal/dial builds it from the one connection Config.
+type ClientConfig struct {
+	// TLS, when set, makes every connection TLS with ALPN (its NextProtos
+	// are replaced; an empty ServerName means the dialed host).
+	TLS *tls.Config
+	// Token is sent in every connection's handshake ("" sends none).
+	Token string
+}
+
+// NewClient returns a plaintext client with no token and no connections
+// yet.
+func NewClient() *Client { return NewClientConfig(ClientConfig{}) }
+
+// NewClientConfig returns a client that connects as cfg says.
+func NewClientConfig(cfg ClientConfig) *Client {
+	return &Client{cfg: cfg, idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
 }
 
 type clientConn struct {
@@ -224,8 +240,38 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 		}
 		return nil, fmt.Errorf("%w: bulk: dial %s: %v", errs.ErrUnavailable, addr, err)
 	}
+	if c.cfg.TLS != nil {
+		tc := c.cfg.TLS.Clone()
+		tc.NextProtos = []string{ALPN}
+		if tc.ServerName == "" {
+			if h, _, err := net.SplitHostPort(addr); err == nil {
+				tc.ServerName = h
+			}
+		}
+		tconn := tls.Client(conn, tc)
+		hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+		err := tconn.HandshakeContext(hctx)
+		cancel()
+		if err == nil && tconn.ConnectionState().NegotiatedProtocol != ALPN {
+			err = ErrNotSupported
+		}
+		if err != nil {
+			conn.Close()
+			if errors.Is(err, ErrNotSupported) {
+				c.mu.Lock()
+				c.noBulk[addr] = time.Now()
+				c.mu.Unlock()
+				return nil, err
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: bulk: TLS with %s: %v", errs.ErrUnavailable, addr, err)
+		}
+		conn = tconn
+	}
 	cc := &clientConn{Conn: conn, br: bufio.NewReaderSize(conn, 4096)}
-	if err := handshake(ctx, cc); err != nil {
+	if err := handshake(ctx, cc, c.cfg.Token); err != nil {
 		conn.Close()
 		if errors.Is(err, ErrNotSupported) {
 			c.mu.Lock()
@@ -244,14 +290,17 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 // handshakeTimeout bounds the wait for the server's Magic.
 const handshakeTimeout = 10 * time.Second
 
-func handshake(ctx context.Context, cc *clientConn) error {
+func handshake(ctx context.Context, cc *clientConn, token string) error {
 	dl := time.Now().Add(handshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
 	_ = cc.SetDeadline(dl)
 	defer cc.SetDeadline(time.Time{})
-	if _, err := cc.Write([]byte(Magic)); err != nil {
+	if len(token) > MaxTokenBytes {
+		return fmt.Errorf("token of %d bytes exceeds %d", len(token), MaxTokenBytes)
+	}
+	if _, err := cc.Write(Hello(token)); err != nil {
 		return err
 	}
 	var got [len(Magic)]byte

@@ -41,7 +41,7 @@ func closedByServer(c net.Conn, guard time.Duration) bool {
 // never the rest.
 func halfRequest(t *testing.T, c net.Conn) {
 	t.Helper()
-	frame := append([]byte(bulk.Magic), 1)
+	frame := append(bulk.Hello(""), 1)
 	frame = binary.LittleEndian.AppendUint16(frame, 3)
 	frame = append(frame, "su"...) // the method name is cut short
 	if _, err := c.Write(frame); err != nil {
@@ -61,7 +61,7 @@ func TestPartialFramesAreCutOff(t *testing.T) {
 	half := dialFrom(t, "127.0.0.1", e.addr)
 	halfRequest(t, half)
 	magicOnly := dialFrom(t, "127.0.0.1", e.addr)
-	if _, err := magicOnly.Write([]byte(bulk.Magic)); err != nil {
+	if _, err := magicOnly.Write(bulk.Hello("")); err != nil {
 		t.Fatal(err)
 	}
 	sniff := dialFrom(t, "127.0.0.1", e.addr)
@@ -90,7 +90,7 @@ func TestConnectionCapPerPeer(t *testing.T) {
 	var held []net.Conn
 	for range limit {
 		c := dialFrom(t, "127.0.0.2", e.addr)
-		if _, err := c.Write([]byte(bulk.Magic)); err != nil {
+		if _, err := c.Write(bulk.Hello("")); err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)

@@ -1,0 +1,113 @@
+package bulk
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"google.golang.org/grpc/credentials"
+)
+
+// ALPN is the TLS application protocol name of the data plane. On a TLS
+// listener a connection that negotiates it is the data plane; gRPC's "h2"
+// (or none) goes to the gRPC server.
+const ALPN = "rlhub-dp/2"
+
+// MaxTokenBytes bounds the token a client sends in the handshake.
+const MaxTokenBytes = 1024
+
+// Guard decides whether a request may run, before its body is asked for.
+// token is the one the client sent in its handshake ("" for none), tls is
+// the connection's TLS state (nil on plaintext), header the request's
+// header bytes. It returns the context the handler runs with (carrying the
+// caller's identity), or an error that becomes the final status
+// (errs.ErrUnauthenticated, errs.ErrPermission).
+type Guard interface {
+	Check(ctx context.Context, token string, tls *tls.ConnectionState, method string, header []byte) (context.Context, error)
+}
+
+func (s *Server) guard(sc *serverConn, req *Request) (context.Context, error) {
+	if s.Guard == nil {
+		return s.ctx, nil
+	}
+	var st *tls.ConnectionState
+	if tc, ok := sc.Conn.(*tls.Conn); ok {
+		cs := tc.ConnectionState()
+		st = &cs
+	}
+	return s.Guard.Check(s.ctx, sc.token, st, req.Method, req.Header)
+}
+
+// handshakeTLS runs the server side of TLS on a new connection (under the
+// caller's read deadline) and reports whether it chose the data plane.
+func (s *Server) handshakeTLS(c net.Conn) (*tls.Conn, bool, error) {
+	tc := tls.Server(c, s.TLS)
+	if err := tc.Handshake(); err != nil {
+		return nil, false, err
+	}
+	return tc, tc.ConnectionState().NegotiatedProtocol == ALPN, nil
+}
+
+// ServerTLS returns cfg prepared for a hub's listener: a clone offering
+// both planes' ALPN names ("h2" first, so gRPC clients that offer both
+// get gRPC).
+func ServerTLS(cfg *tls.Config) *tls.Config {
+	c := cfg.Clone()
+	c.NextProtos = []string{"h2", ALPN}
+	return c
+}
+
+// Hello is what a client sends to open a data-plane connection: Magic,
+// then the token's u16 length and bytes ("" for none).
+func Hello(token string) []byte {
+	b := append([]byte(Magic), byte(len(token)), byte(len(token)>>8))
+	return append(b, token...)
+}
+
+// readToken reads the handshake's token: u16 length, then the bytes.
+func readToken(r io.Reader) (string, error) {
+	var n [2]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return "", err
+	}
+	l := int(binary.LittleEndian.Uint16(n[:]))
+	if l > MaxTokenBytes {
+		return "", fmt.Errorf("bulk: token of %d bytes exceeds %d", l, MaxTokenBytes)
+	}
+	b := make([]byte, l)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// TLSCredentials are the gRPC server credentials for a Server with TLS:
+// the connections it hands to gRPC have finished their TLS handshake, so
+// the credentials only report the TLS state (for peer.AuthInfo: client
+// certificates) and never handshake again.
+func TLSCredentials() credentials.TransportCredentials { return handshaken{} }
+
+type handshaken struct{}
+
+func (handshaken) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("bulk: TLSCredentials are server-side only")
+}
+
+func (handshaken) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	tc, ok := c.(*tls.Conn)
+	if !ok {
+		return nil, nil, errors.New("bulk: a plaintext connection reached a TLS gRPC server")
+	}
+	return c, credentials.TLSInfo{State: tc.ConnectionState(),
+		CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
+}
+
+func (handshaken) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2"}
+}
+func (h handshaken) Clone() credentials.TransportCredentials { return h }
+func (handshaken) OverrideServerName(string) error           { return nil }
