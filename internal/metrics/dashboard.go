@@ -217,7 +217,7 @@ func (d *dashboard) state(ctx context.Context) State {
 }
 
 // The curve's SVG viewBox (the page's JS uses the same numbers).
-const curveW, curveH = 600, 160
+const curveW, curveH, curveL = 600, 160, 56 // curveL: the y labels' margin
 
 // polyline maps points onto a w×h box (y up) as SVG polyline points. It is
 // the server-side twin of the page's plot() in web/app.js.
@@ -240,7 +240,7 @@ func polyline(pts [][2]float64, w, h float64) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		fmt.Fprintf(&b, "%.1f,%.1f", 4+(p[0]-x0)/(x1-x0)*(w-8), h-4-(p[1]-y0)/(y1-y0)*(h-8))
+		fmt.Fprintf(&b, "%.1f,%.1f", curveL+(p[0]-x0)/(x1-x0)*(w-curveL-4), h-14-(p[1]-y0)/(y1-y0)*(h-22))
 	}
 	return b.String()
 }

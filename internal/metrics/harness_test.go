@@ -47,7 +47,11 @@ type rig struct {
 
 const rigModel = "policy"
 
-func startRig(t *testing.T) *rig {
+func startRig(t *testing.T) *rig { return startRigWith(t, true) }
+
+// startRigWith starts the rig; without withWorker no ARS worker runs (the
+// test starts one with startWorker when it wants runs to progress).
+func startRigWith(t *testing.T, withWorker bool) *rig {
 	t.Helper()
 	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger(), MetricsListen: "127.0.0.1:0",
 		Reducer: reducer.Config{BatchSize: 2, MaxWait: time.Millisecond}})
@@ -91,25 +95,36 @@ func startRig(t *testing.T) *rig {
 	wg.Add(1)
 	go func() { defer wg.Done(); learner.Run(lctx, lcfg) }()
 
-	// One ARS worker with live counters behind its own endpoint.
+	t.Cleanup(func() { lcancel(); wg.Wait() })
+	if withWorker {
+		r.startWorker(t)
+	}
+	testkit.Eventually(t, 30*time.Second, "the learner attaches", func() bool {
+		st, err := r.agg.HubStats(ctx)
+		return err == nil && len(st.Learners) == 1
+	})
+	return r
+}
+
+// startWorker runs one ARS worker with live counters behind its own
+// metrics endpoint (r.workerAddr) until the test ends.
+func (r *rig) startWorker(t *testing.T) {
+	t.Helper()
 	live := &arsrpc.WorkerCounters{}
 	ws, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Role: "ars worker", Sources: metrics.Sources{Worker: live}, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.workerAddr = ws.Addr()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); ws.Run(lctx) }()
+	go func() { defer wg.Done(); ws.Run(ctx) }()
 	go func() {
 		defer wg.Done()
-		arsrpc.RunWorker(lctx, arsrpc.WorkerConfig{Conn: r.conn, Name: "w0", Live: live, Logger: testkit.Logger()})
+		arsrpc.RunWorker(ctx, arsrpc.WorkerConfig{Conn: r.conn, Name: "w0", Live: live, Logger: testkit.Logger()})
 	}()
-	t.Cleanup(func() { lcancel(); wg.Wait() })
-	testkit.Eventually(t, 30*time.Second, "the learner attaches", func() bool {
-		st, err := r.agg.HubStats(ctx)
-		return err == nil && len(st.Learners) == 1
-	})
-	return r
+	t.Cleanup(func() { cancel(); wg.Wait() })
 }
 
 // pushGrads pushes n gradients computed on the model's current version
@@ -167,16 +182,13 @@ func (r *rig) report(t *testing.T, id string, version uint64) {
 	}
 }
 
-// startARS starts an LQR run of iterations iterations (0: a long one),
-// evaluating every iteration.
+// startARS starts an LQR run of the given iterations, evaluating every
+// iteration.
 func (r *rig) startARS(t *testing.T, iterations uint32) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	spec := &pb.ARSRunSpec{Env: "LQR", Seed: 1, Directions: 4, EvalEvery: 1, EvalEpisodes: 1, MaxIterations: iterations}
-	if iterations == 0 {
-		spec.MaxIterations = 100000
-	}
 	start, err := r.ars.StartRun(ctx, &pb.ARSStartRunRequest{Spec: spec})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,7 @@
 // rlhub dashboard: polls /api/state every second and redraws the panels.
 // No build step, no libraries. The markup mirrors index.html.
 "use strict";
-const W = 600, H = 160;
+const W = 600, H = 160, L = 56; // viewBox; L: the y labels' margin
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const num = (v) => (v === undefined || v === null ? "–" : v.toFixed(1));
 function bytes(n) {
@@ -18,10 +18,12 @@ function plot(pts) {
   let x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) y1 = y0 + 1;
-  const xy = pts.map((p) => [4 + (p[0] - x0) / (x1 - x0) * (W - 8), H - 4 - (p[1] - y0) / (y1 - y0) * (H - 8)]);
+  const xy = pts.map((p) => [L + (p[0] - x0) / (x1 - x0) * (W - L - 4), H - 14 - (p[1] - y0) / (y1 - y0) * (H - 22)]);
   return `<polyline points="${xy.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" ")}"/>` +
     xy.map((p) => `<circle cx="${p[0].toFixed(1)}" cy="${p[1].toFixed(1)}" r="2.5"/>`).join("") +
-    `<text x="8" y="14" font-size="11" fill="#667">${y1.toFixed(1)}</text><text x="8" y="${H - 8}" font-size="11" fill="#667">${y0.toFixed(1)}</text>`;
+    `<text x="${L - 4}" y="12" font-size="11" fill="#667" text-anchor="end">${y1.toFixed(1)}</text>` +
+    `<text x="${L - 4}" y="${H - 12}" font-size="11" fill="#667" text-anchor="end">${y0.toFixed(1)}</text>` +
+    `<text x="${L}" y="${H - 2}" font-size="10" fill="#667">${x0}</text><text x="${W - 4}" y="${H - 2}" font-size="10" fill="#667" text-anchor="end">${x1} training episodes</text>`;
 }
 function draw(s) {
   document.getElementById("updated").textContent = s.time.slice(11, 19) + " UTC";
@@ -42,7 +44,7 @@ function draw(s) {
   document.getElementById("runlist").innerHTML = s.runs.length ? s.runs.map((u) =>
     `<div class="run" data-run="${esc(u.id)}"><h3>${esc(u.id)} · ${esc(u.env)} <span class="state">${u.done ? "done: " + esc(u.reason) : "running"}</span></h3>` +
     `<p>iteration <b class="iteration">${u.iteration}</b> · version ${u.version} · ${u.episodes} episodes · ${u.steps_per_s.toFixed(0)} steps/s · ` +
-    `eval <b class="eval">${num(u.eval)}</b> · train ${num(u.train)}</p>` +
+    `eval <b class="eval">${num(u.eval)}</b> · train ${num(u.train)}</p><p class="caption">evaluation return by training episodes</p>` +
     `<svg viewBox="0 0 ${W} ${H}" class="curve" data-points="${u.curve.length}">${plot(u.curve)}</svg></div>`).join("") : `<p class="none">no ARS runs</p>`;
   const w = s.worker, wl = document.getElementById("workerline");
   if (w && wl) wl.textContent = `iteration ${w.iteration} · ${w.tasks} tasks · ${w.steps} env steps · ${w.pulls} policy pulls`;
