@@ -23,9 +23,10 @@ import (
 
 // BenchmarkMetricsOverhead measures gradients applied/s and pull
 // throughput on a hub without a metrics endpoint ("off") and with one
-// scraped every second ("on"; ScrapeEvery below), in the same run: the
-// sub-benchmarks alternate, so -count N interleaves off and on. It reports
-// figures, never asserts them (docs/benchlog/2026-12-01-obs.md).
+// scraped every second ("on"; ScrapeEvery below), in the same run. -count
+// repeats each sub-benchmark in place, so loop the test binary to
+// interleave off and on. It reports figures, never asserts them
+// (docs/benchlog/2026-12-01-obs.md).
 func BenchmarkMetricsOverhead(b *testing.B) {
 	for _, mode := range []string{"off", "on"} {
 		b.Run("apply/"+mode, func(b *testing.B) { benchApply(b, mode == "on") })
