@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,6 +127,7 @@ func benchApply(b *testing.B, metricsOn bool) {
 	base := h.Reducer().Stats().Total
 	b.SetBytes(int64(grad.ByteSize()))
 	b.ResetTimer()
+	cpu0 := processCPU()
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	for i := range clients {
@@ -148,6 +150,7 @@ func benchApply(b *testing.B, metricsOn bool) {
 	settled(base.Applied + base.DroppedTotal() + uint64(b.N))
 	el := time.Since(t0)
 	b.StopTimer()
+	reportCPU(b, cpu0)
 	t := h.Reducer().Stats().Total
 	b.ReportMetric(float64(t.Applied-base.Applied)/el.Seconds(), "applied/s")
 	b.ReportMetric(float64(scrapes()), "scrapes")
@@ -175,6 +178,7 @@ func benchPull(b *testing.B, metricsOn bool) {
 	}
 	b.SetBytes(size)
 	b.ResetTimer()
+	cpu0 := processCPU()
 	var wg sync.WaitGroup
 	for i := range clients {
 		k := b.N / clients
@@ -194,5 +198,21 @@ func benchPull(b *testing.B, metricsOn bool) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	reportCPU(b, cpu0)
 	b.ReportMetric(float64(scrapes()), "scrapes")
+}
+
+// processCPU is this process's user + system CPU time: hub, clients and
+// scraper all run here, so CPU per operation shows what metrics cost even
+// when other work on the machine moves the wall-clock figures.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func reportCPU(b *testing.B, since time.Duration) {
+	b.ReportMetric(float64((processCPU()-since).Microseconds())/float64(b.N), "cpu-µs/op")
 }
