@@ -3,6 +3,7 @@ package metrics
 import (
 	"cmp"
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -126,6 +127,16 @@ func (c *statsCollector) collectReducer(ch chan<- prometheus.Metric) {
 		if r != reduce.ReasonLost && !slices.Contains(dropReasons, r) {
 			c.emit(ch, fReducerDropped, float64(n), string(r)) // a reason added later
 		}
+	}
+	names := slices.Sorted(maps.Keys(st.Models))
+	if len(names) > c.max {
+		names = names[:c.max] // registered models are few; keep by name
+	}
+	for _, name := range names {
+		m := st.Models[name]
+		c.emit(ch, fReducerModelVer, float64(m.Version), name)
+		c.emit(ch, fReducerModelApp, float64(m.Counters.Applied), name)
+		c.emit(ch, fReducerModelOpt, float64(m.OptimizerSteps), name)
 	}
 	var h reducer.LatencyHistogram
 	if c.src.ReducerLatency != nil {

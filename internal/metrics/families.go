@@ -21,6 +21,9 @@ var (
 	fReducerSteps    = Family{"rlhub_reducer_steps_total", "counter", nil, "Optimizer steps (versions published) by the primary hosted here."}
 	fReducerQueue    = Family{"rlhub_reducer_queue_depth", "gauge", nil, "Gradients held in the secondaries' bounded queues."}
 	fReducerLatency  = Family{"rlhub_reducer_publish_latency_seconds", "histogram", nil, "Time from a batch's first gradient admitted to its step published, at the primary."}
+	fReducerModelVer = Family{"rlhub_reducer_model_version", "gauge", []string{"model"}, "Newest version the primary published of each model it manages."}
+	fReducerModelApp = Family{"rlhub_reducer_model_applied_total", "counter", []string{"model"}, "Gradients applied to each model by the primary."}
+	fReducerModelOpt = Family{"rlhub_reducer_model_optimizer_steps", "gauge", []string{"model"}, "Each model's optimizer step count (its schedule position; restored with the registration)."}
 	fStoreVersion    = Family{"rlhub_store_model_version", "gauge", []string{"model"}, "Newest version of each model in the store."}
 	fStoreBytes      = Family{"rlhub_store_model_bytes", "gauge", []string{"model"}, "Size of each model's newest version (safetensors bytes)."}
 	fStoreRetained   = Family{"rlhub_store_retained_bytes", "gauge", []string{"model"}, "Bytes of every retained version of each model."}
@@ -69,7 +72,7 @@ var grpcFamilies = []Family{
 }
 
 var (
-	reducerFamilies    = []Family{fReducerPushed, fReducerReduced, fReducerApplied, fReducerDropped, fReducerLost, fReducerSteps, fReducerQueue, fReducerLatency}
+	reducerFamilies    = []Family{fReducerPushed, fReducerReduced, fReducerApplied, fReducerDropped, fReducerLost, fReducerSteps, fReducerQueue, fReducerLatency, fReducerModelVer, fReducerModelApp, fReducerModelOpt}
 	storeFamilies      = []Family{fStoreVersion, fStoreBytes, fStoreRetained, fStorePushes, fStoreRefused, fStoreReads, fStoreReadBytes}
 	syncFamilies       = []Family{fSyncNewest, fSyncCollectors, fSyncVersion, fSyncLag, fSyncLagHist, fSyncStreams, fSyncSent, fSyncSentBytes, fSyncReports}
 	aggregatorFamilies = []Family{fAggLearners, fAggAttached, fAggRemoved, fAggLearn, fAggResplits, fAggLearnerTasks}

@@ -68,6 +68,9 @@ func TestScrapeCountsWhatTheHubDid(t *testing.T) {
 	if d := delta("rlhub_reducer_gradients_applied_total"); d != n {
 		t.Errorf("applied rose by %v, want %d", d, n)
 	}
+	if d := delta("rlhub_reducer_model_applied_total", "model="+rigModel); d != n {
+		t.Errorf("applied to %s rose by %v, want %d", rigModel, d, n)
+	}
 	steps := delta("rlhub_reducer_steps_total")
 	if steps < 1 {
 		t.Errorf("no optimizer step counted")
@@ -86,6 +89,9 @@ func TestScrapeCountsWhatTheHubDid(t *testing.T) {
 	}
 	if v, _ := value(after, "rlhub_store_model_bytes", "model="+rigModel); v != float64(len(snap.Blob)) {
 		t.Errorf("store bytes %v, want %d", v, len(snap.Blob))
+	}
+	if v, _ := value(after, "rlhub_reducer_model_version", "model="+rigModel); v != float64(snap.Version) {
+		t.Errorf("reducer's version of %s %v, store has %d", rigModel, v, snap.Version)
 	}
 	if d := delta("rlhub_store_pushes_total", "model="+rigModel); d != steps {
 		t.Errorf("store pushes rose by %v, want %v", d, steps)
