@@ -3,7 +3,7 @@ module github.com/rlhub/rlhub
 go 1.26.8
 
 require (
-	github.com/chromedp/chromedp v0.23.1
+	github.com/chromedp/chromedp v0.23.0
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.1
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
