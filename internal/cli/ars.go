@@ -18,8 +18,8 @@ import (
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
-	arsrun "github.com/rlhub/rlhub/internal/run"
 	"github.com/rlhub/rlhub/internal/metrics"
+	arsrun "github.com/rlhub/rlhub/internal/run"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
