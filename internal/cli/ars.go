@@ -18,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/metrics"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -42,6 +43,7 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 	var addr, name string
 	var maxTasks int
 	var retry time.Duration
+	var metricsListen string
 	cmd := &cobra.Command{
 		Use:   "ars",
 		Short: "Evaluate ARS directions leased by a hub until interrupted",
@@ -59,7 +61,24 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 				h, _ := os.Hostname()
 				name = fmt.Sprintf("%s/%d", h, os.Getpid())
 			}
-			st, err := arsrpc.RunWorker(cmd.Context(), arsrpc.WorkerConfig{Conn: conn, Name: name, MaxTasks: maxTasks, RetryFor: retry, Logger: g.logger})
+			wcfg := arsrpc.WorkerConfig{Conn: conn, Name: name, MaxTasks: maxTasks, RetryFor: retry, Logger: g.logger}
+			var st arsrpc.WorkerStats
+			work := func(ctx context.Context) (err error) {
+				st, err = arsrpc.RunWorker(ctx, wcfg)
+				return err
+			}
+			if metricsListen != "" {
+				wcfg.Live = &arsrpc.WorkerCounters{}
+				ms, err := metrics.New(metrics.Config{Listen: metricsListen, Role: "ars worker " + name, Logger: g.logger,
+					Sources: metrics.Sources{Worker: wcfg.Live}})
+				if err != nil {
+					return err
+				}
+				err = runBoth(cmd.Context(), work, ms.Run)
+				g.logger.Info("ars worker done", "tasks", st.Tasks, "steps", st.Steps, "pulls", st.Pulls)
+				return err
+			}
+			err = work(cmd.Context())
 			g.logger.Info("ars worker done", "tasks", st.Tasks, "steps", st.Steps, "pulls", st.Pulls)
 			return err
 		},
@@ -69,6 +88,7 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 	f.StringVar(&name, "name", "", "worker name in the hub's logs (default host/pid)")
 	f.IntVar(&maxTasks, "max-tasks", 8, "most tasks in one lease")
 	f.DurationVar(&retry, "retry-for", 30*time.Second, "how long to retry an unreachable hub before giving up")
+	f.StringVar(&metricsListen, "metrics-listen", "", "serve this worker's Prometheus /metrics over HTTP on this address (default off)")
 	return cmd
 }
 

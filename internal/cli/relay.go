@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
@@ -14,6 +15,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	var cfg wsync.RelayConfig
 	var upstream string
 	var noShm bool
+	var metricsListen string
 	cmd := &cobra.Command{
 		Use:   "relay --upstream ADDR --model NAME",
 		Short: "Relay a model's versions to this host's collectors (shared memory + stream)",
@@ -39,9 +41,22 @@ func newRelayCmd(g *globals) *cobra.Command {
 			} else if cfg.ShmPath == "" {
 				cfg.ShmPath = wsync.DefaultShmPath(cfg.Model)
 			}
+			var gm *metrics.GRPCServerMetrics
+			if metricsListen != "" {
+				gm = metrics.NewGRPCServerMetrics()
+				cfg.ServerOptions = gm.ServerOptions()
+			}
 			r, err := wsync.NewRelay(cfg)
 			if err != nil {
 				return err
+			}
+			if metricsListen != "" {
+				ms, err := metrics.New(metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
+					Sources: metrics.Sources{Sync: r.Service().Stats}})
+				if err != nil {
+					return err
+				}
+				return runBoth(cmd.Context(), r.Run, ms.Run)
 			}
 			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath)
 			fmt.Fprintf(g.stdout, "relay %s: listening on %s, shm %q\n", cfg.Model, r.Addr(), cfg.ShmPath)
@@ -58,6 +73,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
 	f.StringVar(&cfg.ShmGroup, "shm-group", "", "group (name or id) the segment belongs to, mode 0660; default 0600, this user only")
 	f.IntVar(&cfg.ShmSlots, "shm-slots", 2, "segment slots: 2 + n let n local collectors lease versions and use them in place instead of copying")
+	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the dashboard over HTTP on this address (default off)")
 	cmd.MarkFlagRequired("upstream")
 	cmd.MarkFlagRequired("model")
 	return cmd

@@ -47,6 +47,7 @@ func newServeCmd(g *globals) *cobra.Command {
 				if cfg.Reducer.Primary == "" {
 					return fmt.Errorf("--role reducer needs --primary ADDR")
 				}
+				cfg.MetricsRole = "reducer (secondary)"
 			default:
 				return fmt.Errorf("--role %q: want all or reducer", role)
 			}
@@ -73,6 +74,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.AddrFile, "addr-file", "", "write the bound address here once listening (with --listen 127.0.0.1:0)")
 	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk)")
 	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop")
+	f.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics and the live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9470 (default off)")
 	f.StringVar(&role, "role", "all", "all: host every service, the reducer primary included; reducer: host secondary reducers of the primary at --primary")
 	f.StringVar(&cfg.Reducer.Primary, "primary", "", "address of the hub hosting the reducer primary (with --role reducer)")
 	f.IntVar(&cfg.Reducer.Secondaries, "reducer-secondaries", 1, "secondary reducers hosted here (-1: none)")

@@ -33,6 +33,7 @@ import (
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storesvc"
@@ -98,6 +99,12 @@ type Config struct {
 	Auth *auth.Verifier
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
 	StopTimeout time.Duration
+	// MetricsListen, when set, serves Prometheus metrics (/metrics) and the
+	// dashboard (/) over HTTP on this address (package metrics), and adds
+	// gRPC server metrics; "" (the default) means no endpoint and no cost.
+	MetricsListen string
+	// MetricsRole names the hub on the dashboard; "" means "hub".
+	MetricsRole string
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Limits bounds what a client can make the hub hold: half-open
@@ -219,7 +226,11 @@ type Hub struct {
 	grpc     *grpc.Server
 	health   *health.Server
 	services []Service
-	reducer  *reducer.Service // one of services
+	reducer  *reducer.Service    // one of services
+	sync     *wsync.Service      // one of services
+	agg      *aggregator.Service // one of services
+	ars      *arsrpc.Service     // one of services
+	metrics  *metrics.Server     // nil without MetricsListen
 
 	bulk *bulk.Server // the data plane beside grpc on the same port
 
@@ -251,6 +262,12 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: lim.KeepaliveTime, Timeout: lim.KeepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinClientPingInterval, PermitWithoutStream: true}),
 	}, chunkcodec.ServerOptions()...)
+	// Metrics first, so refused calls are counted too.
+	var grpcMetrics *metrics.GRPCServerMetrics
+	if cfg.MetricsListen != "" {
+		grpcMetrics = metrics.NewGRPCServerMetrics()
+		opts = append(opts, grpcMetrics.ServerOptions()...)
+	}
 	if cfg.Auth != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(cfg.Auth.StreamInterceptor()))
@@ -269,6 +286,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		return nil, errors.Join(err, st.Close())
 	}
 	h.services = append(services, extra...)
+	if cfg.MetricsListen != "" {
+		if h.metrics, err = h.newMetrics(grpcMetrics); err != nil {
+			return nil, errors.Join(err, closeAll(h.services), st.Close())
+		}
+	}
 	h.bulk = bulk.NewServer()
 	h.bulk.FrameTimeout, h.bulk.IdleTimeout, h.bulk.MaxConnsPerPeer = lim.FrameTimeout, lim.IdleTimeout, lim.MaxConnsPerPeer
 	if cfg.TLS != nil {
@@ -327,9 +349,11 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if acfg.Logger == nil {
 		acfg.Logger = h.cfg.Logger
 	}
-	if err := add(aggregator.New(acfg)); err != nil {
+	agg, err := aggregator.New(acfg)
+	if err := add(agg, err); err != nil {
 		return nil, err
 	}
+	h.agg = agg
 	// The ARS coordinator and the reducer write through owner views of the
 	// store: the models they manage take no other writer's pushes (store
 	// rule 6). Remote store pushes are anonymous and are refused there.
@@ -344,12 +368,16 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if arscfg.Logger == nil {
 		arscfg.Logger = h.cfg.Logger
 	}
-	if err := add(arsrpc.New(arscfg)); err != nil {
+	arsSvc, err := arsrpc.New(arscfg)
+	if err := add(arsSvc, err); err != nil {
 		return nil, err
 	}
-	if err := add(wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})); err != nil {
+	h.ars = arsSvc
+	syncSvc, err := wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})
+	if err := add(syncSvc, err); err != nil {
 		return nil, err
 	}
+	h.sync = syncSvc
 	rcfg := h.cfg.Reducer
 	rcfg.Store = store.Owned{Store: h.store, Owner: OwnerReducer}
 	if rcfg.StateDir == "" && rcfg.Primary == "" && h.cfg.DataDir != "" {
@@ -408,6 +436,9 @@ func (h *Hub) Start() error {
 	h.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	grpcLis := h.bulk.Listen(lis) // data-plane connections stay with h.bulk
 	go func() { h.serveErr <- h.grpc.Serve(grpcLis) }()
+	if h.metrics != nil {
+		h.metrics.Start()
+	}
 	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir, "tls", h.cfg.TLS != nil, "tokens", h.cfg.Auth != nil)
 	return nil
 }
@@ -476,6 +507,12 @@ func (h *Hub) Close() error {
 	h.mu.Unlock()
 
 	h.health.Shutdown()
+	var errsOut []error
+	if h.metrics != nil {
+		if err := h.metrics.Close(); err != nil {
+			errsOut = append(errsOut, err)
+		}
+	}
 	for _, s := range h.services {
 		if d, ok := s.(Drainer); ok {
 			d.Drain()
@@ -497,7 +534,6 @@ func (h *Hub) Close() error {
 	}
 	<-bulkDone
 	cancel()
-	var errsOut []error
 	if started {
 		if err := <-h.serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			errsOut = append(errsOut, err)
@@ -511,4 +547,34 @@ func (h *Hub) Close() error {
 	}
 	h.cfg.Logger.Info("hub stopped")
 	return errors.Join(errsOut...)
+}
+
+// newMetrics builds the metrics endpoint over every hosted service's
+// Stats. It listens at once (so MetricsAddr is known after New) and serves
+// from Start until Close.
+func (h *Hub) newMetrics(g *metrics.GRPCServerMetrics) (*metrics.Server, error) {
+	role := h.cfg.MetricsRole
+	if role == "" {
+		role = "hub"
+	}
+	src := metrics.Sources{
+		Reducer:        h.reducer.Stats,
+		ReducerLatency: h.reducer.PublishLatency,
+		Sync:           h.sync.Stats,
+		Aggregator:     h.agg.Stats,
+		ARS:            h.ars.Stats,
+	}
+	if sr, ok := h.store.(store.StatsReader); ok {
+		src.Store = sr.Stats
+	}
+	return metrics.New(metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger})
+}
+
+// MetricsAddr is the metrics endpoint's address, or "" without
+// Config.MetricsListen.
+func (h *Hub) MetricsAddr() string {
+	if h.metrics == nil {
+		return ""
+	}
+	return h.metrics.Addr()
 }

@@ -859,6 +859,7 @@ type latencies struct {
 	buf  []time.Duration
 	next int
 	full bool
+	hist latencyHist // every sample since start (PublishLatency)
 }
 
 func newLatencies(n int) latencies { return latencies{buf: make([]time.Duration, n)} }
@@ -866,6 +867,7 @@ func newLatencies(n int) latencies { return latencies{buf: make([]time.Duration,
 func (l *latencies) add(d time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.hist.observe(d)
 	l.buf[l.next] = d
 	l.next++
 	if l.next == len(l.buf) {

@@ -65,6 +65,9 @@ type RelayConfig struct {
 	// MaxModelBytes bounds a version received on the data plane; 0 means
 	// 4 GiB.
 	MaxModelBytes int64
+	// ServerOptions are added to the relay's gRPC server (metrics
+	// interceptors); nil means none.
+	ServerOptions []grpc.ServerOption
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -146,7 +149,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("wsync: relay listen: %w", err)
 	}
 	r.lis = lis
-	r.srv = grpc.NewServer(grpc.MaxRecvMsgSize(4<<20), grpc.MaxSendMsgSize(4<<20))
+	r.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20)}, cfg.ServerOptions...)...)
 	svc.Register(r.srv)
 	return r, nil
 }

@@ -1,0 +1,293 @@
+package metrics
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rlhub/rlhub/internal/aggregator"
+	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wsync"
+)
+
+// Sources are the Stats functions of the services one process hosts; a nil
+// field leaves that source's metrics (and dashboard panel) out. Each is
+// called once per scrape or dashboard poll, from the HTTP handler's
+// goroutine, so it must be safe for concurrent use (every Stats() is).
+type Sources struct {
+	Reducer        func() reducer.Stats
+	ReducerLatency func() reducer.LatencyHistogram
+	Store          func() store.Stats
+	Sync           func(context.Context) wsync.Stats
+	Aggregator     func() aggregator.Stats
+	ARS            func() arsrpc.Stats
+	// Worker is an ARS worker's live counters (arsrpc.WorkerConfig.Live).
+	Worker *arsrpc.WorkerCounters
+}
+
+// OtherLabel is the label value shared by the collectors, learners, runs
+// or models past Config.MaxLabelValues.
+const OtherLabel = "other"
+
+// statsCollector is a prometheus.Collector that reads Sources at scrape
+// time; it holds no counts of its own.
+type statsCollector struct {
+	src     Sources
+	max     int           // label values kept per capped label (the rest: "other")
+	timeout time.Duration // bounds Sources.Sync's store look-ups
+	descs   map[string]*prometheus.Desc
+	fams    []Family
+}
+
+func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *statsCollector {
+	c := &statsCollector{src: src, max: maxLabels, timeout: timeout, descs: map[string]*prometheus.Desc{}}
+	add := func(on bool, fs []Family) {
+		if on {
+			c.fams = append(c.fams, fs...)
+		}
+	}
+	add(src.Reducer != nil, reducerFamilies)
+	add(src.Store != nil, storeFamilies)
+	add(src.Sync != nil, syncFamilies)
+	add(src.Aggregator != nil, aggregatorFamilies)
+	add(src.ARS != nil, arsFamilies)
+	add(src.Worker != nil, workerFamilies)
+	for _, f := range c.fams {
+		c.descs[f.Name] = f.desc()
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, f := range c.fams {
+		ch <- c.descs[f.Name]
+	}
+}
+
+// emit sends one sample of family f.
+func (c *statsCollector) emit(ch chan<- prometheus.Metric, f Family, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(c.descs[f.Name], f.valueType(), v, labels...)
+}
+
+// Collect implements prometheus.Collector.
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.src.Reducer != nil {
+		c.collectReducer(ch)
+	}
+	if c.src.Store != nil {
+		c.collectStore(ch, c.src.Store())
+	}
+	if c.src.Sync != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+		st := c.src.Sync(ctx)
+		cancel()
+		c.collectSync(ch, st)
+	}
+	if c.src.Aggregator != nil {
+		c.collectAggregator(ch, c.src.Aggregator())
+	}
+	if c.src.ARS != nil {
+		c.collectARS(ch, c.src.ARS())
+	}
+	if w := c.src.Worker; w != nil {
+		c.emit(ch, fWorkerTasks, float64(w.Tasks.Load()))
+		c.emit(ch, fWorkerSteps, float64(w.Steps.Load()))
+		c.emit(ch, fWorkerPulls, float64(w.Pulls.Load()))
+		c.emit(ch, fWorkerIteration, float64(w.Iteration.Load()))
+	}
+}
+
+// dropReasons are the reasons always exported (0 until one happens), so
+// rate() works from the first scrape; lost is exported on its own.
+var dropReasons = []reduce.Reason{reduce.ReasonInvalid, reduce.ReasonNonFinite, reduce.ReasonStale, reduce.ReasonDuplicate,
+	reduce.ReasonFull, reduce.ReasonUnknownModel, reduce.ReasonAborted, reduce.ReasonPublish}
+
+func (c *statsCollector) collectReducer(ch chan<- prometheus.Metric) {
+	st := c.src.Reducer()
+	t := st.Total
+	c.emit(ch, fReducerPushed, float64(t.Pushed))
+	c.emit(ch, fReducerReduced, float64(t.Reduced))
+	c.emit(ch, fReducerApplied, float64(t.Applied))
+	c.emit(ch, fReducerSteps, float64(t.Steps))
+	c.emit(ch, fReducerQueue, float64(st.QueueDepth))
+	c.emit(ch, fReducerLost, float64(t.Dropped[reduce.ReasonLost]))
+	for _, r := range dropReasons {
+		c.emit(ch, fReducerDropped, float64(t.Dropped[r]), string(r))
+	}
+	for r, n := range t.Dropped {
+		if r != reduce.ReasonLost && !slices.Contains(dropReasons, r) {
+			c.emit(ch, fReducerDropped, float64(n), string(r)) // a reason added later
+		}
+	}
+	names := slices.Sorted(maps.Keys(st.Models))
+	if len(names) > c.max {
+		names = names[:c.max] // registered models are few; keep by name
+	}
+	for _, name := range names {
+		m := st.Models[name]
+		c.emit(ch, fReducerModelVer, float64(m.Version), name)
+		c.emit(ch, fReducerModelApp, float64(m.Counters.Applied), name)
+		c.emit(ch, fReducerModelOpt, float64(m.OptimizerSteps), name)
+	}
+	var h reducer.LatencyHistogram
+	if c.src.ReducerLatency != nil {
+		h = c.src.ReducerLatency()
+	}
+	buckets := make(map[float64]uint64, len(reducer.LatencyBuckets))
+	for i, b := range reducer.LatencyBuckets {
+		if i < len(h.Counts) {
+			buckets[b] = h.Counts[i]
+		} else {
+			buckets[b] = 0
+		}
+	}
+	ch <- prometheus.MustNewConstHistogram(c.descs[fReducerLatency.Name], h.Count, h.Sum.Seconds(), buckets)
+}
+
+func (c *statsCollector) collectStore(ch chan<- prometheus.Metric, st store.Stats) {
+	models := st.Models
+	var other *store.ModelStats
+	if len(models) > c.max { // the newest-pushed are not known here: keep by name
+		o := store.ModelStats{Name: OtherLabel}
+		for _, m := range models[c.max:] {
+			o.Version = max(o.Version, m.Version)
+			o.Bytes += m.Bytes
+			o.RetainedBytes += m.RetainedBytes
+			o.Pushes += m.Pushes
+			o.Refused += m.Refused
+			o.Reads += m.Reads
+			o.ReadBytes += m.ReadBytes
+		}
+		models, other = models[:c.max], &o
+	}
+	if other != nil {
+		models = append(slices.Clone(models), *other)
+	}
+	for _, m := range models {
+		c.emit(ch, fStoreVersion, float64(m.Version), m.Name)
+		c.emit(ch, fStoreBytes, float64(m.Bytes), m.Name)
+		c.emit(ch, fStoreRetained, float64(m.RetainedBytes), m.Name)
+		c.emit(ch, fStorePushes, float64(m.Pushes), m.Name)
+		c.emit(ch, fStoreRefused, float64(m.Refused), m.Name)
+		c.emit(ch, fStoreReads, float64(m.Reads), m.Name)
+		c.emit(ch, fStoreReadBytes, float64(m.ReadBytes), m.Name)
+	}
+}
+
+// cappedCollectors returns the max collectors with the largest lag (ties
+// by id) and, when there are more, one "other" entry with the lowest
+// version and the largest lag of the rest.
+func cappedCollectors(cs []wsync.CollectorLag, maxN int) []wsync.CollectorLag {
+	s := slices.Clone(cs)
+	slices.SortFunc(s, func(a, b wsync.CollectorLag) int {
+		if c := cmp.Compare(b.Lag, a.Lag); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	if len(s) <= maxN {
+		return s
+	}
+	o := wsync.CollectorLag{ID: OtherLabel, Version: s[maxN].Version, Lag: s[maxN].Lag}
+	for _, c := range s[maxN:] {
+		o.Version = min(o.Version, c.Version)
+		o.Lag = max(o.Lag, c.Lag)
+	}
+	return append(s[:maxN], o)
+}
+
+func (c *statsCollector) collectSync(ch chan<- prometheus.Metric, st wsync.Stats) {
+	c.emit(ch, fSyncStreams, float64(st.Streams))
+	c.emit(ch, fSyncSent, float64(st.VersionsSent))
+	c.emit(ch, fSyncSentBytes, float64(st.BytesSent))
+	c.emit(ch, fSyncReports, float64(st.Reports))
+	models := st.Models
+	if len(models) > c.max {
+		models = models[:c.max] // sorted by name; models are few in practice
+	}
+	for _, m := range models {
+		c.emit(ch, fSyncNewest, float64(m.Newest), m.Model)
+		c.emit(ch, fSyncCollectors, float64(len(m.Collectors)), m.Model)
+		for _, cl := range cappedCollectors(m.Collectors, c.max) {
+			c.emit(ch, fSyncVersion, float64(cl.Version), m.Model, cl.ID)
+			c.emit(ch, fSyncLag, float64(cl.Lag), m.Model, cl.ID)
+		}
+		buckets := map[float64]uint64{}
+		var cum, sum uint64
+		for i, b := range m.Histogram {
+			cum += b.Count
+			if i < len(m.Histogram)-1 { // the last bucket is +Inf
+				buckets[float64(b.Max)] = cum
+			}
+		}
+		for _, cl := range m.Collectors {
+			sum += cl.Lag
+		}
+		ch <- prometheus.MustNewConstHistogram(c.descs[fSyncLagHist.Name], uint64(len(m.Collectors)), float64(sum), buckets, m.Model)
+	}
+}
+
+func (c *statsCollector) collectAggregator(ch chan<- prometheus.Metric, st aggregator.Stats) {
+	c.emit(ch, fAggLearners, float64(len(st.Learners)))
+	c.emit(ch, fAggAttached, float64(st.Attached))
+	c.emit(ch, fAggRemoved, float64(st.Removed))
+	c.emit(ch, fAggLearn, float64(st.LearnOK), "ok")
+	c.emit(ch, fAggLearn, float64(st.LearnFailed), "failed")
+	c.emit(ch, fAggResplits, float64(st.Resplits))
+	ls := slices.Clone(st.Learners)
+	slices.SortFunc(ls, func(a, b aggregator.LearnerStats) int { return strings.Compare(a.ID, b.ID) })
+	if len(ls) > c.max {
+		o := aggregator.LearnerStats{ID: OtherLabel}
+		for _, l := range ls[c.max:] {
+			o.TasksDone += l.TasksDone
+			o.TasksFailed += l.TasksFailed
+		}
+		ls = append(ls[:c.max], o)
+	}
+	for _, l := range ls {
+		c.emit(ch, fAggLearnerTasks, float64(l.TasksDone), l.ID, "done")
+		c.emit(ch, fAggLearnerTasks, float64(l.TasksFailed), l.ID, "failed")
+	}
+}
+
+func (c *statsCollector) collectARS(ch chan<- prometheus.Metric, st arsrpc.Stats) {
+	var running, done int
+	for _, r := range st.Runs {
+		if r.Done {
+			done++
+		} else {
+			running++
+		}
+	}
+	c.emit(ch, fARSRuns, float64(running), "running")
+	c.emit(ch, fARSRuns, float64(done), "done")
+	c.emit(ch, fARSWorkers, float64(st.Workers))
+	c.emit(ch, fARSReassigned, float64(st.Reassigned))
+	runs := st.Runs
+	if len(runs) > c.max { // the newest runs: start order, so the tail
+		runs = runs[len(runs)-c.max:]
+	}
+	for _, r := range runs {
+		c.emit(ch, fARSIteration, float64(r.Iteration), r.ID, r.Env)
+		c.emit(ch, fARSEpisodes, float64(r.Episodes), r.ID, r.Env)
+		c.emit(ch, fARSSteps, float64(r.Steps), r.ID, r.Env)
+		if s := r.Elapsed.Seconds(); s > 0 {
+			c.emit(ch, fARSStepsRate, float64(r.Steps)/s, r.ID, r.Env)
+		}
+		if r.HasEval {
+			c.emit(ch, fARSEval, r.EvalMean, r.ID, r.Env)
+		}
+		if r.HasTrain {
+			c.emit(ch, fARSTrain, r.TrainMean, r.ID, r.Env)
+		}
+	}
+}

@@ -1,0 +1,273 @@
+package metrics
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/wsync"
+)
+
+//go:embed web
+var webFS embed.FS
+
+// State is the dashboard's JSON (/api/state): what each panel shows. Every
+// list is bounded (Config.MaxLabelValues collectors per model, learners
+// and runs; MaxCurvePoints per curve).
+type State struct {
+	Role       string           `json:"role"`
+	Time       time.Time        `json:"time"`
+	Models     []ModelState     `json:"models"`
+	Reducer    *ReducerState    `json:"reducer,omitempty"`
+	Collectors []CollectorState `json:"collectors"`
+	Learners   []LearnerState   `json:"learners"`
+	Runs       []RunState       `json:"runs"`
+	Worker     *WorkerState     `json:"worker,omitempty"`
+}
+
+// ModelState is one stored model.
+type ModelState struct {
+	Name    string `json:"name"`
+	Version uint64 `json:"version"`
+	Bytes   int64  `json:"bytes"`
+	Pushes  uint64 `json:"pushes"`
+	Reads   uint64 `json:"reads"`
+}
+
+// ReducerState is the gradient flow: pushed → applied, dropped or lost.
+type ReducerState struct {
+	Pushed  uint64            `json:"pushed"`
+	Reduced uint64            `json:"reduced"`
+	Applied uint64            `json:"applied"`
+	Dropped map[string]uint64 `json:"dropped"` // by reason, lost excluded
+	Lost    uint64            `json:"lost"`
+	Steps   uint64            `json:"steps"`
+	Queue   int               `json:"queue"`
+	P50ms   float64           `json:"p50_ms"`
+	P99ms   float64           `json:"p99_ms"`
+}
+
+// CollectorState is one collector (or the "other" bucket).
+type CollectorState struct {
+	Model    string `json:"model"`
+	ID       string `json:"id"`
+	Version  uint64 `json:"version"`
+	Newest   uint64 `json:"newest"`
+	Lag      uint64 `json:"lag"`
+	Via      string `json:"via"`
+	Attached bool   `json:"attached"`
+}
+
+// LearnerState is one attached learner.
+type LearnerState struct {
+	ID          string `json:"id"`
+	LeaseLeftMs int64  `json:"lease_left_ms"`
+	Task        string `json:"task"`
+	Done        uint64 `json:"done"`
+	Failed      uint64 `json:"failed"`
+}
+
+// RunState is one ARS run with its evaluation curve.
+type RunState struct {
+	ID         string       `json:"id"`
+	Env        string       `json:"env"`
+	Model      string       `json:"model"`
+	Iteration  uint64       `json:"iteration"`
+	Version    uint64       `json:"version"`
+	Episodes   int64        `json:"episodes"`
+	Steps      int64        `json:"steps"`
+	StepsPerS  float64      `json:"steps_per_s"`
+	Eval       *float64     `json:"eval,omitempty"`
+	Train      *float64     `json:"train,omitempty"`
+	Done       bool         `json:"done"`
+	Reason     string       `json:"reason"`
+	Curve      [][2]float64 `json:"curve"` // (training episodes, eval mean)
+	CurvePoint string       `json:"-"`     // SVG polyline points for the page's first render
+}
+
+// WorkerState is an ARS worker's own counters.
+type WorkerState struct {
+	Tasks     int64  `json:"tasks"`
+	Steps     int64  `json:"steps"`
+	Pulls     int64  `json:"pulls"`
+	Iteration uint64 `json:"iteration"`
+}
+
+type dashboard struct {
+	cfg  Config
+	page *template.Template
+}
+
+func newDashboard(cfg Config) *dashboard {
+	page := template.Must(template.New("index.html").Funcs(template.FuncMap{
+		"bytes": humanBytes,
+		"ms":    func(f float64) string { return fmt.Sprintf("%.1f", f) },
+		"num":   func(p *float64) string { return fmtOpt(p) },
+	}).ParseFS(webFS, "web/index.html"))
+	return &dashboard{cfg: cfg, page: page}
+}
+
+func (d *dashboard) register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /{$}", d.index)
+	mux.HandleFunc("GET /api/state", d.api)
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(mustSub(webFS, "web"))))
+}
+
+func (d *dashboard) index(w http.ResponseWriter, r *http.Request) {
+	st := d.state(r.Context())
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := d.page.Execute(w, st); err != nil {
+		d.cfg.Logger.Warn("metrics: dashboard page", "err", err)
+	}
+}
+
+func (d *dashboard) api(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := json.NewEncoder(w).Encode(d.state(r.Context())); err != nil {
+		d.cfg.Logger.Debug("metrics: dashboard state", "err", err)
+	}
+}
+
+// state reads every source once.
+func (d *dashboard) state(ctx context.Context) State {
+	src, maxN := d.cfg.Sources, d.cfg.MaxLabelValues
+	st := State{Role: d.cfg.Role, Time: time.Now().UTC(), Models: []ModelState{}, Collectors: []CollectorState{}, Learners: []LearnerState{}, Runs: []RunState{}}
+	if src.Store != nil {
+		for _, m := range src.Store().Models {
+			st.Models = append(st.Models, ModelState{Name: m.Name, Version: m.Version, Bytes: m.Bytes, Pushes: m.Pushes, Reads: m.Reads})
+		}
+		if len(st.Models) > maxN {
+			st.Models = st.Models[:maxN]
+		}
+	}
+	if src.Reducer != nil {
+		rs := src.Reducer()
+		t := rs.Total
+		red := &ReducerState{Pushed: t.Pushed, Reduced: t.Reduced, Applied: t.Applied, Steps: t.Steps, Queue: rs.QueueDepth,
+			Lost: t.Dropped[reduce.ReasonLost], Dropped: map[string]uint64{},
+			P50ms: float64(rs.P50) / float64(time.Millisecond), P99ms: float64(rs.P99) / float64(time.Millisecond)}
+		for r, n := range t.Dropped {
+			if r != reduce.ReasonLost && n > 0 {
+				red.Dropped[string(r)] = n
+			}
+		}
+		st.Reducer = red
+	}
+	if src.Sync != nil {
+		sctx, cancel := context.WithTimeout(ctx, d.cfg.StatsTimeout)
+		ss := src.Sync(sctx)
+		cancel()
+		for _, m := range ss.Models {
+			cs := cappedCollectors(m.Collectors, maxN)
+			slices.SortStableFunc(cs, func(a, b wsync.CollectorLag) int { return strings.Compare(a.ID, b.ID) })
+			for _, c := range cs {
+				st.Collectors = append(st.Collectors, CollectorState{Model: m.Model, ID: c.ID, Version: c.Version, Newest: m.Newest, Lag: c.Lag, Via: c.Via, Attached: c.Attached})
+			}
+		}
+	}
+	if src.Aggregator != nil {
+		for i, l := range src.Aggregator().Learners {
+			if i == maxN {
+				break
+			}
+			st.Learners = append(st.Learners, LearnerState{ID: l.ID, LeaseLeftMs: l.LeaseLeft.Milliseconds(), Task: l.StartedTask, Done: l.TasksDone, Failed: l.TasksFailed})
+		}
+	}
+	if src.ARS != nil {
+		runs := src.ARS().Runs
+		if len(runs) > maxN {
+			runs = runs[len(runs)-maxN:]
+		}
+		for i := len(runs) - 1; i >= 0; i-- { // newest first
+			r := runs[i]
+			rs := RunState{ID: r.ID, Env: r.Env, Model: r.Model, Iteration: r.Iteration, Version: r.Version, Episodes: r.Episodes,
+				Steps: r.Steps, Done: r.Done, Reason: r.Reason, Curve: make([][2]float64, 0, len(r.Curve))}
+			if s := r.Elapsed.Seconds(); s > 0 {
+				rs.StepsPerS = float64(r.Steps) / s
+			}
+			if r.HasEval {
+				v := r.EvalMean
+				rs.Eval = &v
+			}
+			if r.HasTrain {
+				v := r.TrainMean
+				rs.Train = &v
+			}
+			for _, p := range r.Curve {
+				rs.Curve = append(rs.Curve, [2]float64{float64(p.Episodes), p.EvalMean})
+			}
+			rs.CurvePoint = polyline(rs.Curve, curveW, curveH)
+			st.Runs = append(st.Runs, rs)
+		}
+	}
+	if w := src.Worker; w != nil {
+		st.Worker = &WorkerState{Tasks: w.Tasks.Load(), Steps: w.Steps.Load(), Pulls: w.Pulls.Load(), Iteration: w.Iteration.Load()}
+	}
+	return st
+}
+
+// The curve's SVG viewBox (the page's JS uses the same numbers).
+const curveW, curveH, curveL = 600, 160, 56 // curveL: the y labels' margin
+
+// polyline maps points onto a w×h box (y up) as SVG polyline points. It is
+// the server-side twin of the page's plot() in web/app.js.
+func polyline(pts [][2]float64, w, h float64) string {
+	if len(pts) == 0 {
+		return ""
+	}
+	x0, x1, y0, y1 := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	for _, p := range pts {
+		x0, x1, y0, y1 = min(x0, p[0]), max(x1, p[0]), min(y0, p[1]), max(y1, p[1])
+	}
+	if x1 == x0 {
+		x1 = x0 + 1
+	}
+	if y1 == y0 {
+		y1 = y0 + 1
+	}
+	var b strings.Builder
+	for i, p := range pts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%.1f,%.1f", curveL+(p[0]-x0)/(x1-x0)*(w-curveL-4), h-14-(p[1]-y0)/(y1-y0)*(h-22))
+	}
+	return b.String()
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func fmtOpt(p *float64) string {
+	if p == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", *p)
+}
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err) // dir is embedded: cannot fail
+	}
+	return sub
+}

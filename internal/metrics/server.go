@@ -1,0 +1,185 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+)
+
+// GRPCServerMetrics counts a gRPC server's RPCs (go-grpc-middleware's
+// providers/prometheus, names rlhub_grpc_server_*). Create one only when
+// the endpoint is on: its interceptors are the one cost metrics add to
+// each RPC.
+type GRPCServerMetrics struct {
+	m *grpcprom.ServerMetrics
+}
+
+// NewGRPCServerMetrics returns server metrics with a handling-time
+// histogram.
+func NewGRPCServerMetrics() *GRPCServerMetrics {
+	return &GRPCServerMetrics{m: grpcprom.NewServerMetrics(
+		grpcprom.WithServerCounterOptions(grpcprom.WithNamespace("rlhub")),
+		grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramNamespace("rlhub"),
+			grpcprom.WithHistogramBuckets([]float64{0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300})),
+	)}
+}
+
+// ServerOptions are the interceptors to pass to grpc.NewServer.
+func (g *GRPCServerMetrics) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(g.m.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(g.m.StreamServerInterceptor()),
+	}
+}
+
+// Config configures a metrics endpoint.
+type Config struct {
+	// Listen is the HTTP address (host:port; port 0 picks one). Required.
+	Listen string
+	// Sources are the Stats the endpoint reads.
+	Sources Sources
+	// GRPC, when set, adds the gRPC server metrics of the server it
+	// intercepts.
+	GRPC *GRPCServerMetrics
+	// Role names the process on the dashboard ("hub", "relay",
+	// "reducer", "ars worker"); "" means "rlhub".
+	Role string
+	// MaxLabelValues caps the collectors per model, learners, runs and
+	// models exported with their own label value (the rest share
+	// OtherLabel); 0 means 50.
+	MaxLabelValues int
+	// StatsTimeout bounds the store look-ups of one weight-sync Stats
+	// call; 0 means 2s.
+	StatsTimeout time.Duration
+	// ShutdownTimeout bounds the HTTP server's graceful stop; 0 means 2s.
+	ShutdownTimeout time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) validate() error {
+	if c.Listen == "" {
+		return errors.New("metrics: Config.Listen is required")
+	}
+	if c.Role == "" {
+		c.Role = "rlhub"
+	}
+	if c.MaxLabelValues == 0 {
+		c.MaxLabelValues = 50
+	}
+	if c.StatsTimeout == 0 {
+		c.StatsTimeout = 2 * time.Second
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 2 * time.Second
+	}
+	if c.MaxLabelValues < 1 || c.StatsTimeout < 0 || c.ShutdownTimeout < 0 {
+		return fmt.Errorf("metrics: MaxLabelValues %d must be ≥ 1 and timeouts non-negative", c.MaxLabelValues)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Server is the HTTP endpoint: /metrics (Prometheus text format), / (the
+// dashboard) and /api/state (the dashboard's JSON).
+type Server struct {
+	cfg  Config
+	reg  *prometheus.Registry
+	lis  net.Listener
+	srv  *http.Server
+	dash *dashboard
+
+	stop   func()    // set by Start
+	once   sync.Once // guards Close
+	runErr error     // Run's result, written before stop returns
+}
+
+// New registers the collectors and listens on cfg.Listen.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newStatsCollector(cfg.Sources, cfg.MaxLabelValues, cfg.StatsTimeout),
+	)
+	if cfg.GRPC != nil {
+		reg.MustRegister(cfg.GRPC.m)
+	}
+	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg)}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}))
+	s.dash.register(mux)
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen: %w", err)
+	}
+	s.lis = lis
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	return s, nil
+}
+
+// Addr is the address the endpoint listens on.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Registry is the endpoint's registry (tests gather from it directly).
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Run serves until ctx is done, then shuts down gracefully (bounded by
+// ShutdownTimeout) and returns. Call it once.
+func (s *Server) Run(ctx context.Context) error {
+	s.cfg.Logger.Info("metrics serving", "addr", "http://"+s.Addr(), "role", s.cfg.Role)
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.lis) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		errc <- err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if e := s.srv.Shutdown(sctx); e != nil {
+		s.srv.Close()
+	}
+	if e := <-errc; !errors.Is(e, http.ErrServerClosed) {
+		err = errors.Join(err, e)
+	}
+	return err
+}
+
+// Start serves in the background until Close: for owners (the hub) that
+// have no Run loop of their own.
+func (s *Server) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.stop = func() { cancel(); <-done }
+	go func() { defer close(done); s.runErr = s.Run(ctx) }()
+}
+
+// Close stops a Start-ed server and waits for it; safe to call twice.
+func (s *Server) Close() error {
+	s.once.Do(func() {
+		if s.stop != nil {
+			s.stop()
+		} else {
+			s.lis.Close()
+		}
+	})
+	return s.runErr
+}

@@ -1,0 +1,74 @@
+"""rlhub.tensorboard: event files that tensorboard's own reader reads back,
+and a hub's reducer counters and collector lag logged from a real hub."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+import rlhub
+from rlhub import tensorboard, wsync
+from rlhub.grads import GradClient
+
+# Imported, not importorskip'd: a missing tensorboard fails the suite
+# (scripts/setup.sh installs python/requirements-dev.txt, which pins it).
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def read(logdir: str) -> dict:
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_reads_what_the_writer_wrote(tmp_path):
+    with tensorboard.EventWriter(str(tmp_path)) as tb:
+        for step in range(20):
+            tb.add_scalars(step * 5, {"eval/return": -50 + 3.5 * step, "train/lag": step % 3})
+        tb.add_scalar("big/step", math.e, 1 << 40)
+    got = read(str(tmp_path))
+    assert set(got) == {"eval/return", "train/lag", "big/step"}
+    assert got["eval/return"] == [(s * 5, pytest.approx(-50 + 3.5 * s)) for s in range(20)]
+    assert got["train/lag"] == [(s * 5, float(s % 3)) for s in range(20)]
+    assert got["big/step"] == [(1 << 40, pytest.approx(math.e, rel=1e-6))]
+    with pytest.raises(ValueError):
+        tb.add_scalar("late", 1.0, 1)
+    with tensorboard.EventWriter(str(tmp_path / "bad")) as tb, pytest.raises(ValueError):
+        tb.add_scalar("", 1.0, 1)
+
+
+def test_hub_scalars_log_gradients_applied_and_lag(hub, tmp_path):
+    w = {"w": np.zeros(4, np.float32)}
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("pol", w, version=1, expect=0)
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+        for i in range(6):
+            g.push("pol", 1, {"w": np.full(4, i, np.float32)})
+        deadline = time.monotonic() + 30
+        while not g.stats().accounted() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        st = g.stats()
+        assert st.accounted(), st
+    with rlhub.StoreClient(hub.addr) as s:
+        newest = s.pull("pol").version
+    wsync.report(hub.addr, "slow", "pol", 1, "shm")
+    wsync.report(hub.addr, "fresh", "pol", newest, "push")
+
+    with tensorboard.EventWriter(str(tmp_path)) as tb:
+        with tensorboard.HubScalars(hub.addr, tb, model="pol") as h:
+            logged = h.log(7)
+    got = read(str(tmp_path))
+    assert got["reducer/gradients_pushed"] == [(7, 6.0)]
+    assert got["reducer/gradients_applied"] == [(7, float(st.total.applied))]
+    assert got["reducer/gradients_applied"][0][1] + got["reducer/gradients_dropped"][0][1] + \
+        got["reducer/gradients_lost"][0][1] == 6.0
+    assert got["reducer/steps"] == [(7, float(newest - 1))]
+    assert got["sync/pol/lag/slow"] == [(7, float(newest - 1))]
+    assert got["sync/pol/lag/fresh"] == [(7, 0.0)]
+    assert got["sync/pol/max_lag"] == [(7, float(newest - 1))]
+    assert logged["sync/pol/lag/slow"] == newest - 1
+
