@@ -106,6 +106,8 @@ type Service struct {
 	// sessions ends Attach streams on Drain/Close.
 	drainOnce sync.Once
 	drained   chan struct{}
+	// hosts tracks the optimizer hosts' receive loops (external.go).
+	hosts sync.WaitGroup
 }
 
 // New opens the reducer: the primary (if hosted) and the secondaries,
@@ -162,6 +164,7 @@ func (s *Service) Register(g *grpc.Server) {
 	rlhubv1.RegisterReducerServer(g, &reducerServer{s: s})
 	if s.primary != nil {
 		rlhubv1.RegisterReducerPrimaryServer(g, &primaryServer{p: s.primary, drained: s.drained})
+		registerHostServer(g, s.primary, s.drained, &s.hosts) // external.go
 	}
 }
 
@@ -189,6 +192,7 @@ func (s *Service) Close() error {
 		}
 		s.peers = map[string]*grpc.ClientConn{}
 		s.peersMu.Unlock()
+		s.hosts.Wait() // their streams ended with the server
 		s.closeErr = errors.Join(out...)
 	})
 	return s.closeErr

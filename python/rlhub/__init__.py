@@ -31,6 +31,7 @@ from rlhub.wsync import Receiver
 from rlhub.grads import GradClient
 from rlhub.learner import Demand, LearnTask, Learner
 from rlhub.aggregator import AggregatorClient
+from rlhub.opthost import OptimizerHost
 
 __all__ = [
     "__version__",
@@ -56,6 +57,7 @@ __all__ = [
     "Receiver",
     "RlhubWeightUpdater",
     "GradClient",
+    "OptimizerHost",
     "Learner",
     "Demand",
     "LearnTask",
