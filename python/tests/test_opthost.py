@@ -16,16 +16,27 @@ import torch
 import rlhub
 from rlhub.grads import GradClient
 from rlhub.opthost import decode_state, encode_state
-from test_grads import assert_close_to, fill_grads, setup_model, wait_version
+from test_grads import assert_close_to, fill_grads, setup_model
 from opthost_proc import make_case, make_net
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def spawn_host(hub, case: str) -> subprocess.Popen:
+def spawn_host(hub, case: str, log) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..")] + sys.path))
     return subprocess.Popen([sys.executable, os.path.join(HERE, "opthost_proc.py"), hub.addr, "pol", case],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def wait_published(s: rlhub.StoreClient, after: int) -> rlhub.ModelVersion:
+    """The next version; bounded generously: a host process starting
+    (importing torch) on a loaded machine can take tens of seconds."""
+    v = s.pull("pol", if_newer_than=after, framework="torch")
+    if v is not None:
+        return v
+    for v in s.watch("pol", after=after, framework="torch", timeout=180):
+        return v
+    raise AssertionError(f"no version after {after}")
 
 
 def kill(p: subprocess.Popen) -> None:
@@ -33,14 +44,15 @@ def kill(p: subprocess.Popen) -> None:
     p.wait(timeout=30)
 
 
-def run(hub, case: str, steps: int, kill_after=()):
+def run(hub, tmp_path, case: str, steps: int, kill_after=()):
     """Pushes one gradient per version (so each reduced batch is that
     gradient) and checks every published version against torch itself."""
     ref = make_net()
     setup_model(hub.addr, "pol", ref)
     ref_opt, ref_sched = make_case(case, ref)
     learner = make_net(seed=99)  # only its .grad travels
-    hosts = [spawn_host(hub, case)]
+    log = open(tmp_path / "hosts.log", "ab")
+    hosts = [spawn_host(hub, case, log)]
     kills = 0
     try:
         with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
@@ -54,8 +66,8 @@ def run(hub, case: str, steps: int, kill_after=()):
                     # yet sent: whichever, a new host must finish it right.
                     kill(hosts[-1])
                     kills += 1
-                    hosts.append(spawn_host(hub, case))
-                v = wait_version(s, "pol", version)
+                    hosts.append(spawn_host(hub, case, log))
+                v = wait_published(s, version)
                 assert v.version == version + 1
                 for p, q in zip(ref.parameters(), learner.parameters()):
                     p.grad = q.grad.clone()
@@ -71,28 +83,33 @@ def run(hub, case: str, steps: int, kill_after=()):
             hs = s.pull("pol/host-state", version=version, framework="torch")
             state = decode_state(hs.tensors, hs.metadata["host.state"])
             assert state["optimizer"]["param_groups"][0]["lr"] == ref_opt.param_groups[0]["lr"]
+    except BaseException:
+        log.flush()
+        print((tmp_path / "hosts.log").read_text(errors="replace")[-4000:])
+        raise
     finally:
         for p in hosts:
             if p.poll() is None:
                 kill(p)
+        log.close()
     assert kills == len(kill_after)
 
 
-def test_adam_with_onecycle_matches_torch(hub):
-    run(hub, "adam_onecycle", steps=8)
+def test_adam_with_onecycle_matches_torch(hub, tmp_path):
+    run(hub, tmp_path, "adam_onecycle", steps=8)
 
 
-def test_rprop_which_rlhub_has_no_builtin_for_matches_torch(hub):
-    run(hub, "rprop", steps=8)
+def test_rprop_which_rlhub_has_no_builtin_for_matches_torch(hub, tmp_path):
+    run(hub, tmp_path, "rprop", steps=8)
 
 
 @pytest.mark.skipif(not hasattr(torch.optim, "Adafactor"), reason="torch without Adafactor")
-def test_adafactor_with_steplr_matches_torch(hub):
-    run(hub, "adafactor", steps=6)
+def test_adafactor_with_steplr_matches_torch(hub, tmp_path):
+    run(hub, tmp_path, "adafactor", steps=6)
 
 
-def test_sigkilled_host_resumes_with_its_optimizer_state(hub):
-    run(hub, "adam_onecycle", steps=12, kill_after=(3, 7))
+def test_sigkilled_host_resumes_with_its_optimizer_state(hub, tmp_path):
+    run(hub, tmp_path, "adam_onecycle", steps=12, kill_after=(3, 7))
 
 
 def test_state_codec_round_trips_torch_state_dicts():
