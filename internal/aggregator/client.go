@@ -37,6 +37,16 @@ func (c *Client) Resources(ctx context.Context) ([]*rlhubv1.LearnerInfo, error) 
 	return r.Learners, nil
 }
 
+// Resource is DI-engine's resource task: {"gpu": world_size}, world_size
+// being the number of attached learners (one per device).
+func (c *Client) Resource(ctx context.Context) (map[string]int64, error) {
+	r, err := c.rpc.Resources(ctx, &rlhubv1.ResourcesRequest{})
+	if err != nil {
+		return nil, grpcerr.FromStatus(err)
+	}
+	return map[string]int64{"gpu": r.WorldSize}, nil
+}
+
 // Status returns learners, leases and counters.
 func (c *Client) Status(ctx context.Context) (*rlhubv1.StatusResponse, error) {
 	r, err := c.rpc.Status(ctx, &rlhubv1.StatusRequest{})
@@ -46,11 +56,17 @@ func (c *Client) Status(ctx context.Context) (*rlhubv1.StatusResponse, error) {
 // Start starts a task on every attached learner; taskID "" lets the
 // aggregator choose. info is converted with structpb.NewStruct.
 func (c *Client) Start(ctx context.Context, taskID string, info map[string]any) (*rlhubv1.StartResponse, error) {
+	return c.StartWith(ctx, taskID, info, nil)
+}
+
+// StartWith is Start with the task's merge options (nil: the hub's rule
+// and homogeneous keys).
+func (c *Client) StartWith(ctx context.Context, taskID string, info map[string]any, merge *rlhubv1.MergeOptions) (*rlhubv1.StartResponse, error) {
 	st, err := structpb.NewStruct(info)
 	if err != nil {
 		return nil, fmt.Errorf("%w: task info: %v", errs.ErrInvalid, err)
 	}
-	r, err := c.rpc.Start(ctx, &rlhubv1.StartRequest{TaskId: taskID, TaskInfo: st})
+	r, err := c.rpc.Start(ctx, &rlhubv1.StartRequest{TaskId: taskID, TaskInfo: st, Merge: merge})
 	return r, grpcerr.FromStatus(err)
 }
 

@@ -18,9 +18,9 @@ import (
 // This file is the pure core: split, slice and merge. No goroutines, no
 // clocks; everything is a function of its arguments.
 
-// DefaultHomogeneousKeys are the info keys every learner reports identically
-// (learner step, task id, buffer id); they merge to one value.
-var DefaultHomogeneousKeys = []string{"learner_step", "task_id", "buffer_id"}
+// DefaultHomogeneousKeys are DI-engine's homogeneous info keys: every
+// learner reports them identically and they merge to one value.
+var DefaultHomogeneousKeys = []string{"learner_step", "buffer_id", "task_id", "learner_done"}
 
 // FailurePolicy says what a task does when a learner fails during it.
 type FailurePolicy int
@@ -235,111 +235,10 @@ func firstDifference(a, b *structpb.Struct) (string, bool) {
 	return "", false
 }
 
-// InfoPart is one learner's info for one share.
-type InfoPart struct {
-	Learner string
-	Info    *structpb.Struct
-}
-
-// MergeInfo merges infos given in row order. Every part must report the
-// same keys. A key in homogeneous must have the same value in every part
-// and stays single. Any other key: lists concatenate, and any other value
-// (number, string, bool, struct, null) becomes one list element; its kind
-// must be the same in every part (a list in one and a number in another is
-// malformed). Errors wrap errs.ErrInvalid and name the learner and key.
-func MergeInfo(parts []InfoPart, homogeneous map[string]bool) (*structpb.Struct, error) {
-	if len(parts) == 0 {
-		return nil, fmt.Errorf("%w: no info to merge", errs.ErrInvalid)
-	}
-	infos := make([]*structpb.Struct, len(parts))
-	for i, p := range parts {
-		infos[i] = orEmpty(p.Info)
-	}
-	first := infos[0]
-	keys := make([]string, 0, len(first.Fields))
-	for k := range first.Fields {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for i, p := range parts {
-		info := infos[i]
-		for k, v := range info.Fields {
-			if _, ok := first.Fields[k]; !ok {
-				return nil, fmt.Errorf("%w: learner %q info has key %q that learner %q lacks", errs.ErrInvalid, p.Learner, k, parts[0].Learner)
-			}
-			if kindOf(v) == "" {
-				return nil, fmt.Errorf("%w: learner %q info key %q has no value", errs.ErrInvalid, p.Learner, k)
-			}
-		}
-		for _, k := range keys {
-			if _, ok := info.Fields[k]; !ok {
-				return nil, fmt.Errorf("%w: learner %q info lacks key %q that learner %q reports", errs.ErrInvalid, p.Learner, k, parts[0].Learner)
-			}
-		}
-	}
-	out := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(keys))}
-	for _, k := range keys {
-		v0 := first.Fields[k]
-		if homogeneous[k] {
-			for i, p := range parts {
-				if !proto.Equal(infos[i].Fields[k], v0) {
-					return nil, fmt.Errorf("%w: homogeneous info key %q is %s on learner %q but %s on learner %q",
-						errs.ErrInvalid, k, show(infos[i].Fields[k]), p.Learner, show(v0), parts[0].Learner)
-				}
-			}
-			out.Fields[k] = proto.Clone(v0).(*structpb.Value)
-			continue
-		}
-		var list []*structpb.Value
-		for i, p := range parts {
-			v := infos[i].Fields[k]
-			if kindOf(v) != kindOf(v0) {
-				return nil, fmt.Errorf("%w: info key %q is a %s on learner %q but a %s on learner %q",
-					errs.ErrInvalid, k, kindOf(v), p.Learner, kindOf(v0), parts[0].Learner)
-			}
-			if l, ok := v.Kind.(*structpb.Value_ListValue); ok {
-				for _, e := range l.ListValue.GetValues() {
-					list = append(list, proto.Clone(e).(*structpb.Value))
-				}
-			} else {
-				list = append(list, proto.Clone(v).(*structpb.Value))
-			}
-		}
-		out.Fields[k] = structpb.NewListValue(&structpb.ListValue{Values: list})
-	}
-	return out, nil
-}
-
-func kindOf(v *structpb.Value) string {
-	switch v.GetKind().(type) {
-	case *structpb.Value_NullValue:
-		return "null"
-	case *structpb.Value_NumberValue:
-		return "number"
-	case *structpb.Value_StringValue:
-		return "string"
-	case *structpb.Value_BoolValue:
-		return "bool"
-	case *structpb.Value_StructValue:
-		return "struct"
-	case *structpb.Value_ListValue:
-		return "list"
-	}
-	return ""
-}
-
-func show(v *structpb.Value) string {
-	b, err := v.MarshalJSON()
-	if err != nil || len(b) > 64 {
-		return "a " + kindOf(v)
-	}
-	return string(b)
-}
-
 // Outcome is what became of one share sent to its learner: its info, or
 // the error that made it fail.
 type Outcome struct {
-	Info *structpb.Struct
+	Info *rlhubv1.Value
 	Err  error
 }
 
@@ -454,7 +353,7 @@ func (p *Plan) Report(outs []Outcome) error {
 
 // Result checks that the succeeded shares tile every row exactly once and
 // merges their infos in row order (see MergeInfo).
-func (p *Plan) Result(homogeneous map[string]bool) (*rlhubv1.LearnResponse, error) {
+func (p *Plan) Result(m Merge) (*rlhubv1.LearnResponse, error) {
 	if len(p.pending) > 0 {
 		return nil, fmt.Errorf("aggregator: Plan.Result with %d shares pending", len(p.pending))
 	}
@@ -479,7 +378,7 @@ func (p *Plan) Result(homogeneous map[string]bool) (*rlhubv1.LearnResponse, erro
 	if covered != p.rows {
 		return nil, fmt.Errorf("aggregator: internal error: %d of %d rows covered", covered, p.rows)
 	}
-	info, err := MergeInfo(parts, homogeneous)
+	info, err := MergeInfo(parts, m)
 	if err != nil {
 		return nil, err
 	}

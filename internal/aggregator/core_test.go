@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/infoval"
 	"github.com/rlhub/rlhub/internal/tensor"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -206,38 +207,49 @@ func TestMergeDemand(t *testing.T) {
 
 var homog = map[string]bool{"learner_step": true, "task_id": true, "buffer_id": true}
 
-func TestMergeInfo(t *testing.T) {
-	parts := []InfoPart{
-		{"a", mustStruct(t, map[string]any{"loss": 1.5, "prio": []any{0.1, 0.2}, "learner_step": 7, "task_id": "t1", "ok": true, "sub": map[string]any{"k": 1}})},
-		{"b", mustStruct(t, map[string]any{"loss": 2.5, "prio": []any{0.3}, "learner_step": 7, "task_id": "t1", "ok": false, "sub": map[string]any{"k": 2}})},
-		{"c", mustStruct(t, map[string]any{"loss": 3.5, "prio": []any{}, "learner_step": 7, "task_id": "t1", "ok": true, "sub": map[string]any{"k": 3}})},
-	}
-	got, err := MergeInfo(parts, homog)
+var strict = Merge{Rule: RuleStrict, Homogeneous: homog}
+
+func val(t *testing.T, v any) *rlhubv1.Value {
+	t.Helper()
+	out, err := infoval.From(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := mustStruct(t, map[string]any{
+	return out
+}
+
+func TestMergeInfoStrict(t *testing.T) {
+	parts := []InfoPart{
+		{"a", val(t, map[string]any{"loss": 1.5, "prio": []any{0.1, 0.2}, "learner_step": 7, "task_id": "t1", "ok": true, "sub": map[string]any{"k": 1}})},
+		{"b", val(t, map[string]any{"loss": 2.5, "prio": []any{0.3}, "learner_step": 7, "task_id": "t1", "ok": false, "sub": map[string]any{"k": 2}})},
+		{"c", val(t, map[string]any{"loss": 3.5, "prio": []any{}, "learner_step": 7, "task_id": "t1", "ok": true, "sub": map[string]any{"k": 3}})},
+	}
+	got, err := MergeInfo(parts, strict)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := val(t, map[string]any{
 		"loss": []any{1.5, 2.5, 3.5}, "prio": []any{0.1, 0.2, 0.3}, "learner_step": 7, "task_id": "t1",
 		"ok": []any{true, false, true}, "sub": []any{map[string]any{"k": 1}, map[string]any{"k": 2}, map[string]any{"k": 3}},
 	})
 	if !proto.Equal(got, want) {
-		t.Fatalf("merged info =\n%v\nwant\n%v", got.AsMap(), want.AsMap())
+		t.Fatalf("merged info =\n%v\nwant\n%v", infoval.To(got), infoval.To(want))
 	}
 	// One learner: scalars still become lists, so the shape does not depend
 	// on how many learners there were.
-	one, err := MergeInfo(parts[:1], homog)
-	if err != nil || len(one.Fields["loss"].GetListValue().GetValues()) != 1 {
+	one, err := MergeInfo(parts[:1], strict)
+	if err != nil || len(one.GetMapValue().GetFields()["loss"].GetListValue().GetValues()) != 1 {
 		t.Fatalf("one learner: %v, %v", one, err)
 	}
 }
 
-func TestMergeInfoMalformed(t *testing.T) {
+func TestMergeInfoStrictMalformed(t *testing.T) {
 	base := func() map[string]any { return map[string]any{"loss": 1.0, "learner_step": 7, "task_id": "t1"} }
 	for _, tc := range []struct {
 		name   string
 		edit   func(m map[string]any)
 		wants  []string
-		direct *structpb.Struct
+		direct *rlhubv1.Value
 	}{
 		{"homogeneous differs", func(m map[string]any) { m["learner_step"] = 8 }, []string{`"learner_step"`, `learner "b"`, "8"}, nil},
 		{"kind differs", func(m map[string]any) { m["loss"] = "oops" }, []string{`"loss"`, `learner "b"`, "string"}, nil},
@@ -245,15 +257,17 @@ func TestMergeInfoMalformed(t *testing.T) {
 		{"missing key", func(m map[string]any) { delete(m, "loss") }, []string{`lacks key "loss"`, `learner "b"`}, nil},
 		{"extra key", func(m map[string]any) { m["extra"] = 1 }, []string{`key "extra"`, `learner "b"`}, nil},
 		{"value without kind", nil, []string{`"loss"`, "no value"},
-			&structpb.Struct{Fields: map[string]*structpb.Value{"loss": {}, "learner_step": structpb.NewNumberValue(7), "task_id": structpb.NewStringValue("t1")}}},
+			&rlhubv1.Value{Kind: &rlhubv1.Value_MapValue{MapValue: &rlhubv1.ValueMap{Fields: map[string]*rlhubv1.Value{
+				"loss": {}, "learner_step": infoval.Int(7), "task_id": infoval.String("t1")}}}}},
+		{"not a map", nil, []string{`learner "b"`, "wants a map"}, infoval.Int(3)},
 	} {
 		b := tc.direct
 		if b == nil {
 			m := base()
 			tc.edit(m)
-			b = mustStruct(t, m)
+			b = val(t, m)
 		}
-		_, err := MergeInfo([]InfoPart{{"a", mustStruct(t, base())}, {"b", b}}, homog)
+		_, err := MergeInfo([]InfoPart{{"a", val(t, base())}, {"b", b}}, strict)
 		if !errors.Is(err, errs.ErrInvalid) {
 			t.Errorf("%s: err = %v, want ErrInvalid", tc.name, err)
 			continue
@@ -266,8 +280,80 @@ func TestMergeInfoMalformed(t *testing.T) {
 	}
 }
 
+// DI-engine's rule, case by case (python/tests/test_aggregator_merge.py
+// checks it against a Python reference through the real hub).
+func TestMergeInfoDIEngine(t *testing.T) {
+	di := NewMerge(RuleDIEngine, DefaultHomogeneousKeys)
+	parts := []InfoPart{
+		{"a", val(t, map[string]any{"n": 1, "x": 0.5, "s": "a", "b": true, "z": nil, "l": []any{1, 2}, "learner_step": 3, "learner_done": false,
+			"d": map[string]any{"k": 1, "buffer_id": "b0", "deep": map[string]any{"v": []any{"p"}}}})},
+		{"b", val(t, map[string]any{"n": 2, "x": 1.5, "s": "b", "b": false, "z": nil, "l": []any{3}, "learner_step": 4, "learner_done": true,
+			"d": map[string]any{"k": 2, "buffer_id": "b1", "deep": map[string]any{"v": []any{}}}, "only_b": 1})},
+		{"c", val(t, map[string]any{"n": "mixed", "x": 2, "s": "c", "b": true, "z": 5, "l": []any{}, "learner_step": 5, "learner_done": false,
+			"d": map[string]any{"k": 3, "buffer_id": "b2", "deep": map[string]any{"v": []any{"q", "r"}}}})},
+	}
+	got, err := MergeInfo(parts, di)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := val(t, map[string]any{
+		"n": []any{1, 2, "mixed"}, "x": []any{0.5, 1.5, 2}, "s": []any{"a", "b", "c"}, "b": []any{true, false, true},
+		"z": []any{nil, nil, 5}, "l": []any{1, 2, 3}, "learner_step": 3, "learner_done": false,
+		"d": map[string]any{"k": []any{1, 2, 3}, "buffer_id": "b0", "deep": map[string]any{"v": []any{"p", "q", "r"}}},
+	})
+	if !proto.Equal(got, want) {
+		t.Fatalf("merged info =\n%v\nwant\n%v", infoval.To(got), infoval.To(want))
+	}
+	if _, ok := got.GetMapValue().GetFields()["n"].GetListValue().GetValues()[0].GetKind().(*rlhubv1.Value_IntValue); !ok {
+		t.Fatal("an int came back as something else")
+	}
+	// Top-level values that are not maps follow the same rule.
+	top, err := MergeInfo([]InfoPart{{"a", val(t, []any{1})}, {"b", val(t, []any{2, 3})}}, di)
+	if err != nil || !proto.Equal(top, val(t, []any{1, 2, 3})) {
+		t.Fatalf("top-level lists: %v, %v", infoval.To(top), err)
+	}
+	for _, tc := range []struct {
+		name  string
+		a, b  any
+		wants []string
+	}{
+		{"list then scalar", map[string]any{"l": []any{1}}, map[string]any{"l": 2}, []string{`"l"`, `learner "b"`, "concatenate"}},
+		{"map then scalar", map[string]any{"d": map[string]any{"k": 1}}, map[string]any{"d": 2}, []string{`"d"`, `learner "b"`, "map"}},
+		{"missing key", map[string]any{"d": map[string]any{"k": 1}}, map[string]any{"d": map[string]any{}}, []string{`"d"`, `lacks key "k"`, `learner "b"`}},
+		{"no kind", map[string]any{"k": 1}, map[string]any{"k": &rlhubv1.Value{}}, []string{`"k"`, "no value"}},
+	} {
+		_, err := MergeInfo([]InfoPart{{"a", val(t, tc.a)}, {"b", val(t, tc.b)}}, di)
+		if !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", tc.name, err)
+			continue
+		}
+		for _, w := range tc.wants {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: err %q does not mention %s", tc.name, err, w)
+			}
+		}
+	}
+}
+
+func TestMergeWithOptions(t *testing.T) {
+	hub := NewMerge(RuleDIEngine, DefaultHomogeneousKeys)
+	m, err := hub.With(&rlhubv1.MergeOptions{Rule: "strict", SetHomogeneousKeys: true, HomogeneousKeys: []string{"epoch"}})
+	if err != nil || m.Rule != RuleStrict || !slices.Equal(m.Keys(), []string{"epoch"}) {
+		t.Fatalf("With = %v, %v", m, err)
+	}
+	if m, _ := hub.With(&rlhubv1.MergeOptions{}); m.Rule != RuleDIEngine || len(m.Keys()) != 4 {
+		t.Fatalf("empty options changed the merge: %v", m)
+	}
+	if _, err := hub.With(&rlhubv1.MergeOptions{Rule: "bogus"}); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("bad rule: %v", err)
+	}
+	if _, err := hub.With(&rlhubv1.MergeOptions{SetHomogeneousKeys: true, HomogeneousKeys: []string{""}}); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
+
 func ok(learner string) Outcome {
-	return Outcome{Info: &structpb.Struct{Fields: map[string]*structpb.Value{"who": structpb.NewStringValue(learner)}}}
+	return Outcome{Info: &rlhubv1.Value{Kind: &rlhubv1.Value_MapValue{MapValue: &rlhubv1.ValueMap{Fields: map[string]*rlhubv1.Value{"who": infoval.String(learner)}}}}}
 }
 
 var errGone = errors.New("gone")
@@ -297,7 +383,7 @@ func TestPlanResplitsAcrossRounds(t *testing.T) {
 	if len(p.Pending()) != 0 || p.Resplits() != 2 || !slices.Equal(p.Failed(), []string{"b", "c"}) {
 		t.Fatalf("pending %v resplits %d failed %v", p.Pending(), p.Resplits(), p.Failed())
 	}
-	resp, err := p.Result(nil)
+	resp, err := p.Result(Merge{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +395,7 @@ func TestPlanResplitsAcrossRounds(t *testing.T) {
 	if want := []string{"a[0,8)", "a[8,12)", "a[12,24)", "c[24,48)"}; !slices.Equal(got, want) {
 		t.Fatalf("shares %v, want %v", got, want)
 	}
-	if who := strs(resp.Info.Fields["who"]); !slices.Equal(who, []string{"a", "a", "a", "c"}) {
+	if who := strs(field(resp.Info, "who")); !slices.Equal(who, []string{"a", "a", "a", "c"}) {
 		t.Fatalf("info in row order = %v", who)
 	}
 }

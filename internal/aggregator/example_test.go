@@ -3,9 +3,8 @@ package aggregator_test
 import (
 	"fmt"
 
-	"google.golang.org/protobuf/types/known/structpb"
-
 	"github.com/rlhub/rlhub/internal/aggregator"
+	"github.com/rlhub/rlhub/internal/infoval"
 )
 
 // A batch of 10 rows over three learners that each asked for 4: the shares
@@ -24,17 +23,18 @@ func ExampleSplit() {
 	// c rows [7,10)
 }
 
-// Lists concatenate, scalars become lists, homogeneous keys stay single.
+// DI-engine's rule: scalars become lists, lists concatenate, maps merge
+// key by key, homogeneous keys take the first learner's value.
 func ExampleMergeInfo() {
-	a, _ := structpb.NewStruct(map[string]any{"loss": 0.5, "priority": []any{1, 2}, "learner_step": 7})
-	b, _ := structpb.NewStruct(map[string]any{"loss": 0.25, "priority": []any{3}, "learner_step": 7})
+	a, _ := infoval.From(map[string]any{"loss": 0.5, "priority": []any{1, 2}, "learner_step": 7, "stats": map[string]any{"n": 4}})
+	b, _ := infoval.From(map[string]any{"loss": 0.25, "priority": []any{3}, "learner_step": 8, "stats": map[string]any{"n": 6}})
 	merged, err := aggregator.MergeInfo(
 		[]aggregator.InfoPart{{Learner: "a", Info: a}, {Learner: "b", Info: b}},
-		map[string]bool{"learner_step": true})
+		aggregator.NewMerge(aggregator.RuleDIEngine, aggregator.DefaultHomogeneousKeys))
 	if err != nil {
 		panic(err)
 	}
-	m := merged.AsMap()
-	fmt.Println(m["loss"], m["priority"], m["learner_step"])
-	// Output: [0.5 0.25] [1 2 3] 7
+	m := infoval.To(merged).(map[string]any)
+	fmt.Println(m["loss"], m["priority"], m["learner_step"], m["stats"])
+	// Output: [0.5 0.25] [1 2 3] 7 map[n:[4 6]]
 }

@@ -21,7 +21,6 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/learner"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -284,16 +283,26 @@ func regressionBatch(t testing.TB, rows int64, seed uint64) *tensor.StateDict {
 	return sd
 }
 
-func numbers(t testing.TB, v *structpb.Value) []float64 {
+// numbers reads a list of ints and floats as float64s.
+func numbers(t testing.TB, v *rlhubv1.Value) []float64 {
 	t.Helper()
 	var out []float64
 	for _, e := range v.GetListValue().GetValues() {
-		out = append(out, e.GetNumberValue())
+		switch k := e.GetKind().(type) {
+		case *rlhubv1.Value_IntValue:
+			out = append(out, float64(k.IntValue))
+		case *rlhubv1.Value_FloatValue:
+			out = append(out, k.FloatValue)
+		default:
+			t.Fatalf("list element %v is not a number", e)
+		}
 	}
 	return out
 }
 
-func strs(v *structpb.Value) []string {
+func field(v *rlhubv1.Value, k string) *rlhubv1.Value { return v.GetMapValue().GetFields()[k] }
+
+func strs(v *rlhubv1.Value) []string {
 	var out []string
 	for _, e := range v.GetListValue().GetValues() {
 		out = append(out, e.GetStringValue())
@@ -306,7 +315,7 @@ func strs(v *structpb.Value) []string {
 func checkExactlyOnce(t testing.TB, resp *rlhubv1.LearnResponse, batch *tensor.StateDict) {
 	t.Helper()
 	rows, _ := BatchRows(batch)
-	got := numbers(t, resp.Info.Fields["rows"])
+	got := numbers(t, field(resp.Info, "rows"))
 	if int64(len(got)) != rows {
 		t.Fatalf("merged info has %d row ids, batch has %d rows", len(got), rows)
 	}
@@ -323,7 +332,7 @@ func checkExactlyOnce(t testing.TB, resp *rlhubv1.LearnResponse, batch *tensor.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := numbers(t, resp.Info.Fields["grad"])
+	g := numbers(t, field(resp.Info, "grad"))
 	if len(g) != len(w)*len(resp.Shares) {
 		t.Fatalf("grad has %d numbers for %d shares of dimension %d", len(g), len(resp.Shares), len(w))
 	}
@@ -337,7 +346,7 @@ func checkExactlyOnce(t testing.TB, resp *rlhubv1.LearnResponse, batch *tensor.S
 		}
 	}
 	var loss float64
-	for _, l := range numbers(t, resp.Info.Fields["loss_sum"]) {
+	for _, l := range numbers(t, field(resp.Info, "loss_sum")) {
 		loss += l
 	}
 	if math.Abs(loss-wantLoss) > 1e-6*(1+wantLoss) {

@@ -59,13 +59,13 @@ func TestProcessesDemandSplitAndInfo(t *testing.T) {
 			t.Fatalf("rows %d: shares %v %v, want L1,L2,L3 %v", rows, ids, sizes, wantSizes)
 		}
 		checkExactlyOnce(t, resp, batch)
-		if got := strs(resp.Info.Fields["learner"]); !slices.Equal(got, []string{"L1", "L2", "L3"}) {
+		if got := strs(field(resp.Info, "learner")); !slices.Equal(got, []string{"L1", "L2", "L3"}) {
 			t.Fatalf("info learner = %v", got)
 		}
-		if v := resp.Info.Fields["learner_step"]; v.GetNumberValue() != 7 {
+		if v := field(resp.Info, "learner_step"); v.GetIntValue() != 7 { // an int, as the learners sent it
 			t.Fatalf("homogeneous learner_step = %v, want single 7", v)
 		}
-		if v := resp.Info.Fields["task_id"]; v.GetStringValue() != "t1" {
+		if v := field(resp.Info, "task_id"); v.GetStringValue() != "t1" {
 			t.Fatalf("homogeneous task_id = %v, want single t1", v)
 		}
 		if len(resp.Failed) != 0 {
@@ -181,8 +181,10 @@ func TestProcessKilledMidLearnFailsClearly(t *testing.T) {
 
 // A learner process returning malformed info fails the task with an error
 // naming it and the key; nothing hangs and the learners stay usable.
+// Under the strict rule a string among numbers is malformed (DI-engine's
+// rule would list them as they are).
 func TestProcessMalformedInfo(t *testing.T) {
-	h := newHarness(t, Config{})
+	h := newHarness(t, Config{MergeRule: RuleStrict})
 	h.startLearners(t, childOpts{batchSize: 8}, childOpts{batchSize: 8, badInfo: true}, childOpts{batchSize: 8})
 	ctx := testCtx(t, 60*time.Second)
 	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {

@@ -38,8 +38,12 @@ type Config struct {
 	TaskTimeout time.Duration
 	// OnFailure is the failure policy; the zero value is PolicyResplit.
 	OnFailure FailurePolicy
+	// MergeRule is the hub's info merge rule; the zero value is
+	// RuleDIEngine. A task's StartRequest.merge may override it.
+	MergeRule MergeRule
 	// HomogeneousKeys are the info keys every learner reports identically;
 	// nil means DefaultHomogeneousKeys, an empty non-nil slice means none.
+	// A task's StartRequest.merge may replace them.
 	HomogeneousKeys []string
 	// ChunkBytes is the largest chunk sent to a learner; 0 means
 	// wire.DefaultChunkBytes.
@@ -74,6 +78,9 @@ func (c *Config) validate() error {
 	if c.OnFailure != PolicyResplit && c.OnFailure != PolicyFail {
 		return fmt.Errorf("aggregator: unknown failure policy %d", c.OnFailure)
 	}
+	if c.MergeRule != RuleDIEngine && c.MergeRule != RuleStrict {
+		return fmt.Errorf("aggregator: unknown merge rule %d", c.MergeRule)
+	}
 	if c.HomogeneousKeys == nil {
 		c.HomogeneousKeys = DefaultHomogeneousKeys
 	}
@@ -104,7 +111,7 @@ type Service struct {
 	rlhubv1.UnimplementedLearnerAggregatorServer
 
 	cfg   Config
-	homog map[string]bool
+	merge Merge         // the hub's rule and homogeneous keys
 	ops   chan struct{} // one coordinator operation at a time (semaphore)
 	done  chan struct{} // closed by Close
 	wg    sync.WaitGroup
@@ -133,6 +140,8 @@ type taskState struct {
 	seq  uint64 // Start order
 	id   string
 	info *structpb.Struct
+	// merge is the hub's merge with the task's options applied.
+	merge Merge
 	// order and sizes are recorded by GetDataDemand; nil before it.
 	order []string
 	sizes []int64
@@ -165,15 +174,12 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		cfg:      cfg,
-		homog:    make(map[string]bool),
 		ops:      make(chan struct{}, 1),
 		done:     make(chan struct{}),
 		conns:    make(map[*learnerConn]struct{}),
 		learners: make(map[string]*learnerConn),
 	}
-	for _, k := range cfg.HomogeneousKeys {
-		s.homog[k] = true
-	}
+	s.merge = NewMerge(cfg.MergeRule, cfg.HomogeneousKeys)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.reap() }()
@@ -554,11 +560,15 @@ func fanOut[T any](items []T, f func(int, T) error) []error {
 
 // Start starts a task on every attached learner.
 func (s *Service) Start(ctx context.Context, req *rlhubv1.StartRequest) (*rlhubv1.StartResponse, error) {
-	resp, err := s.start(ctx, req.TaskId, req.TaskInfo)
+	resp, err := s.start(ctx, req.TaskId, req.TaskInfo, req.Merge)
 	return resp, grpcerr.ToStatus(err)
 }
 
-func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struct) (*rlhubv1.StartResponse, error) {
+func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struct, mo *rlhubv1.MergeOptions) (*rlhubv1.StartResponse, error) {
+	merge, err := s.merge.With(mo)
+	if err != nil {
+		return nil, err
+	}
 	release, err := s.acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -569,7 +579,7 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	if taskID == "" {
 		taskID = "task-" + strconv.FormatUint(s.taskSeq, 10)
 	}
-	t := &taskState{seq: s.taskSeq, id: taskID, info: orEmpty(info)}
+	t := &taskState{seq: s.taskSeq, id: taskID, info: orEmpty(info), merge: merge}
 	s.mu.Unlock()
 	conns := s.attached(nil)
 	if len(conns) == 0 {
@@ -674,7 +684,8 @@ func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandRes
 
 // Resources lists the attached learners.
 func (s *Service) Resources(ctx context.Context, _ *rlhubv1.ResourcesRequest) (*rlhubv1.ResourcesResponse, error) {
-	return &rlhubv1.ResourcesResponse{Learners: StatsToProto(s.Stats()).Learners}, nil
+	ls := StatsToProto(s.Stats()).Learners
+	return &rlhubv1.ResourcesResponse{Learners: ls, WorldSize: int64(len(ls))}, nil
 }
 
 // Status reports learners, leases and counters (Stats).
@@ -817,7 +828,7 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 			s.cfg.Logger.Warn("aggregator: re-splitting failed shares", "task", t.id, "failed", plan.Failed(), "err", errors.Join(failures...))
 		}
 	}
-	resp, err := plan.Result(s.homog)
+	resp, err := plan.Result(t.merge)
 	if err != nil {
 		return nil, fmt.Errorf("learn task %q: %w", t.id, err)
 	}
@@ -833,7 +844,7 @@ func sum(w []int64) int64 {
 }
 
 // learnShare sends one share to its learner and waits for the info.
-func (s *Service) learnShare(ctx context.Context, c *learnerConn, taskID string, batch *tensor.StateDict, metadata map[string]string, sh Share) (*structpb.Struct, error) {
+func (s *Service) learnShare(ctx context.Context, c *learnerConn, taskID string, batch *tensor.StateDict, metadata map[string]string, sh Share) (*rlhubv1.Value, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: learner %q is gone", errs.ErrUnavailable, sh.Learner)
 	}

@@ -169,6 +169,8 @@ var Policy = []Rule{
 
 	// Weight sync: collectors attach and report; status is reading.
 	{Method: "/rlhub.v1.WeightSync/Attach", Role: Worker, Model: field("hello.model")},
+	// An optimizer host computes the model's new weights: the trainer of it.
+	{Method: "/rlhub.v1.OptimizerHost/Attach", Role: Trainer, Model: field("hello.model")},
 	{Method: "/rlhub.v1.WeightSync/Report", Role: Worker, Model: field("reports.model")},
 	{Method: "/rlhub.v1.WeightSync/Status", Role: Reader, Model: field("model")},
 

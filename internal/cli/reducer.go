@@ -43,7 +43,7 @@ func newReducerCmd(g *globals) *cobra.Command {
 	}
 	stats.Flags().StringVar(&addr, "hub", "127.0.0.1:7470", "hub address")
 	stats.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "deadline for the call")
-	cmd.AddCommand(stats)
+	cmd.AddCommand(stats, newReducerRegisterCmd(g))
 	return cmd
 }
 

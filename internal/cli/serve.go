@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
@@ -18,7 +19,7 @@ import (
 
 func newServeCmd(g *globals) *cobra.Command {
 	var cfg hub.Config
-	var role, namePattern string
+	var role, namePattern, mergeRule, homogKeys string
 	var cl clusterFlags
 	var sec serveSecurity
 	cmd := &cobra.Command{
@@ -37,6 +38,17 @@ func newServeCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--name-pattern: %w", err)
 				}
 				cfg.Store.NamePattern = re
+			}
+			rule, err := aggregator.ParseMergeRule(mergeRule)
+			if err != nil {
+				return fmt.Errorf("--aggregator-merge: %w", err)
+			}
+			cfg.Aggregator.MergeRule = rule
+			cfg.Aggregator.HomogeneousKeys = []string{}
+			for _, k := range strings.Split(homogKeys, ",") {
+				if k = strings.TrimSpace(k); k != "" {
+					cfg.Aggregator.HomogeneousKeys = append(cfg.Aggregator.HomogeneousKeys, k)
+				}
 			}
 			switch role {
 			case "all":
@@ -93,6 +105,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", bulk.DefaultIdleTimeout, "a data-plane connection with no request in progress is closed after this")
 	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap)")
 	f.Int64Var(&cfg.Limits.MaxPolicyParams, "max-policy-params", arsrpc.DefaultMaxPolicyParams, "largest ARS policy (parameters, every layer's weights and biases) a StartRun may ask for")
+	f.StringVar(&mergeRule, "aggregator-merge", "di-engine", "how learners' infos merge: di-engine (DI-engine's merge_info) or strict (same keys everywhere, homogeneous keys equal); a task's Start may choose its own")
+	f.StringVar(&homogKeys, "aggregator-homogeneous-keys", strings.Join(aggregator.DefaultHomogeneousKeys, ","), "comma-separated info keys that merge to the first learner's value (\"\": none); a task's Start may choose its own")
 	f.StringVar(&namePattern, "name-pattern", store.DefaultNamePattern.String(), "regular expression every model name must match")
 	// Cluster membership (experimental: election, membership and epochs;
 	// standbys do not yet replicate or refuse writes — docs/cluster.md).

@@ -120,9 +120,9 @@ func TestDataParallelTrainingThroughTheHub(t *testing.T) {
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
-		for _, v := range resp.Info.Fields["version"].GetListValue().GetValues() {
-			if uint64(v.GetNumberValue()) != step {
-				t.Fatalf("step %d: a learner computed on version %v", step, v.GetNumberValue())
+		for _, v := range resp.Info.GetMapValue().GetFields()["version"].GetListValue().GetValues() {
+			if uint64(v.GetIntValue()) != step {
+				t.Fatalf("step %d: a learner computed on version %v", step, v)
 			}
 		}
 		if _, err := h.Store().WaitNewer(ctx, model, step); err != nil {

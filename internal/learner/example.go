@@ -169,7 +169,7 @@ func (e *Example) OnLearn(ctx context.Context, t *LearnTask) (map[string]any, er
 	for i, x := range grad {
 		g[i] = x
 	}
-	step, _ := strconv.ParseFloat(t.Metadata["step"], 64)
+	step, _ := strconv.ParseInt(t.Metadata["step"], 10, 64) // an integer: it comes back as one
 	var lossVal any = loss
 	if e.BadInfo {
 		lossVal = "not-a-number"
@@ -180,7 +180,7 @@ func (e *Example) OnLearn(ctx context.Context, t *LearnTask) (map[string]any, er
 		"learner_step": step, "task_id": t.TaskID,
 	}
 	if e.Push != nil {
-		info["pushed"], info["version"] = true, float64(version)
+		info["pushed"], info["version"] = true, int64(version)
 	}
 	return info, nil
 }

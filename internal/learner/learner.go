@@ -30,6 +30,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/infoval"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -74,7 +75,7 @@ type Config struct {
 	// OnDemand reports the learner's demand (required).
 	OnDemand func(ctx context.Context, taskID string) (Demand, error)
 	// OnLearn learns on one share and returns its info, which must be
-	// structpb-convertible (required).
+	// infoval-convertible: integers stay integers (required).
 	OnLearn func(ctx context.Context, t *LearnTask) (map[string]any, error)
 	// OnAttach, when set, is called after each successful attach.
 	OnAttach func()
@@ -296,7 +297,7 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 	reply := &rlhubv1.LearnerReply{RequestId: lt.RequestId}
 	info, err := cfg.OnLearn(ctx, &LearnTask{TaskID: lt.TaskId, RowStart: lt.RowStart, Rows: lt.Rows, Batch: f.Tensors, Metadata: f.Metadata})
 	if err == nil {
-		reply.Info, err = structpb.NewStruct(info)
+		reply.Info, err = infoval.Map(info)
 	}
 	if err != nil {
 		reply.Error = err.Error()

@@ -116,7 +116,7 @@ func TestExamplePushesGradientOnItsVersion(t *testing.T) {
 	if pushedVersion != 9 || len(pushed) != 2 || pushed[0] != -10 || pushed[1] != -15 {
 		t.Fatalf("pushed %v on version %d, want [-10 -15] on 9", pushed, pushedVersion)
 	}
-	if info["pushed"] != true || info["version"] != 9.0 {
+	if info["pushed"] != true || info["version"] != int64(9) {
 		t.Fatalf("info %v", info)
 	}
 	ex.Push = func(ctx context.Context, v uint64, g *tensor.StateDict) error { return errs.ErrFull }

@@ -39,6 +39,10 @@ const (
 	Adam    Kind = "adam"
 	AdamW   Kind = "adamw"
 	RMSprop Kind = "rmsprop"
+	Adagrad Kind = "adagrad"
+	Adamax  Kind = "adamax"
+	NAdam   Kind = "nadam"
+	RAdam   Kind = "radam"
 )
 
 // Config configures an optimizer. Fields that do not apply to Kind must be
@@ -58,11 +62,21 @@ type Config struct {
 	Dampening float64 `json:"dampening,omitempty"`
 	// Nesterov momentum (SGD); needs Momentum > 0 and Dampening = 0.
 	Nesterov bool `json:"nesterov,omitempty"`
-	// Beta1, Beta2 (Adam, AdamW); 0 means 0.9 and 0.999.
+	// Beta1, Beta2 (Adam, AdamW, Adamax, NAdam, RAdam); 0 means 0.9 and
+	// 0.999.
 	Beta1 float64 `json:"beta1,omitempty"`
 	Beta2 float64 `json:"beta2,omitempty"`
-	// Eps (Adam, AdamW, RMSprop); 0 means 1e-8.
+	// Eps (every kind but SGD); 0 means 1e-8 (Adagrad: 1e-10).
 	Eps float64 `json:"eps,omitempty"`
+	// LRDecay (Adagrad): the rate at step t is lr / (1 + (t−1)·lr_decay).
+	LRDecay float64 `json:"lr_decay,omitempty"`
+	// InitialAccumulatorValue (Adagrad): the sum of squares starts here.
+	InitialAccumulatorValue float64 `json:"initial_accumulator_value,omitempty"`
+	// MomentumDecay (NAdam); 0 means 0.004.
+	MomentumDecay float64 `json:"momentum_decay,omitempty"`
+	// DecoupledWeightDecay (NAdam, RAdam): decay the weights as AdamW does
+	// instead of adding the L2 term to the gradient.
+	DecoupledWeightDecay bool `json:"decoupled_weight_decay,omitempty"`
 	// Alpha, the square-average decay (RMSprop); 0 means 0.99.
 	Alpha float64 `json:"alpha,omitempty"`
 	// Centered RMSprop (normalise by the estimated variance).
@@ -83,7 +97,8 @@ func (c *Config) Validate() error {
 		return nil
 	}
 	for name, v := range map[string]float64{"lr": c.LR, "weight_decay": c.WeightDecay, "momentum": c.Momentum,
-		"dampening": c.Dampening, "beta1": c.Beta1, "beta2": c.Beta2, "eps": c.Eps, "alpha": c.Alpha} {
+		"dampening": c.Dampening, "beta1": c.Beta1, "beta2": c.Beta2, "eps": c.Eps, "alpha": c.Alpha,
+		"lr_decay": c.LRDecay, "initial_accumulator_value": c.InitialAccumulatorValue, "momentum_decay": c.MomentumDecay} {
 		if err := finite(name, v); err != nil {
 			return err
 		}
@@ -91,8 +106,9 @@ func (c *Config) Validate() error {
 	if c.LR <= 0 {
 		return bad("lr %v must be > 0", c.LR)
 	}
-	if c.WeightDecay < 0 || c.Momentum < 0 || c.Dampening < 0 || c.Eps < 0 {
-		return bad("weight_decay, momentum, dampening and eps must be ≥ 0")
+	if c.WeightDecay < 0 || c.Momentum < 0 || c.Dampening < 0 || c.Eps < 0 ||
+		c.LRDecay < 0 || c.InitialAccumulatorValue < 0 || c.MomentumDecay < 0 {
+		return bad("weight_decay, momentum, dampening, eps, lr_decay, initial_accumulator_value and momentum_decay must be ≥ 0")
 	}
 	notFor := func(fields ...struct {
 		name string
@@ -108,6 +124,22 @@ func (c *Config) Validate() error {
 	type f = struct {
 		name string
 		set  bool
+	}
+	// The fields only the newer kinds take.
+	if c.Kind != Adagrad {
+		if err := notFor(f{"lr_decay", c.LRDecay != 0}, f{"initial_accumulator_value", c.InitialAccumulatorValue != 0}); err != nil {
+			return err
+		}
+	}
+	if c.Kind != NAdam {
+		if err := notFor(f{"momentum_decay", c.MomentumDecay != 0}); err != nil {
+			return err
+		}
+	}
+	if c.Kind != NAdam && c.Kind != RAdam {
+		if err := notFor(f{"decoupled_weight_decay", c.DecoupledWeightDecay}); err != nil {
+			return err
+		}
 	}
 	switch c.Kind {
 	case SGD:
@@ -152,8 +184,35 @@ func (c *Config) Validate() error {
 		if c.Alpha < 0 || c.Alpha >= 1 {
 			return bad("alpha %v must be in [0, 1)", c.Alpha)
 		}
+	case Adagrad:
+		if err := notFor(f{"momentum", c.Momentum != 0}, f{"dampening", c.Dampening != 0}, f{"nesterov", c.Nesterov},
+			f{"beta1", c.Beta1 != 0}, f{"beta2", c.Beta2 != 0}, f{"alpha", c.Alpha != 0}, f{"centered", c.Centered}); err != nil {
+			return err
+		}
+		if c.Eps == 0 {
+			c.Eps = 1e-10
+		}
+	case Adamax, NAdam, RAdam:
+		if err := notFor(f{"momentum", c.Momentum != 0}, f{"dampening", c.Dampening != 0}, f{"nesterov", c.Nesterov}, f{"alpha", c.Alpha != 0}, f{"centered", c.Centered}); err != nil {
+			return err
+		}
+		if c.Beta1 == 0 {
+			c.Beta1 = 0.9
+		}
+		if c.Beta2 == 0 {
+			c.Beta2 = 0.999
+		}
+		if c.Eps == 0 {
+			c.Eps = 1e-8
+		}
+		if c.Kind == NAdam && c.MomentumDecay == 0 {
+			c.MomentumDecay = 4e-3
+		}
+		if c.Beta1 < 0 || c.Beta1 >= 1 || c.Beta2 < 0 || c.Beta2 >= 1 {
+			return bad("betas (%v, %v) must be in [0, 1)", c.Beta1, c.Beta2)
+		}
 	default:
-		return fmt.Errorf("%w: unknown optimizer %q (want sgd, adam, adamw or rmsprop)", errs.ErrInvalid, c.Kind)
+		return fmt.Errorf("%w: unknown optimizer %q (want sgd, adam, adamw, rmsprop, adagrad, adamax, nadam or radam)", errs.ErrInvalid, truncate(string(c.Kind)))
 	}
 	return c.Schedule.Validate()
 }
@@ -165,6 +224,8 @@ const (
 	slotExpAvgSq  = "exp_avg_sq"
 	slotSquareAvg = "square_avg"
 	slotGradAvg   = "grad_avg"
+	slotSum       = "sum"
+	slotExpInf    = "exp_inf"
 )
 
 // slots lists the state buffers a Config keeps per parameter.
@@ -175,6 +236,14 @@ func (c *Config) slots() []string {
 			return []string{slotMomentum}
 		}
 	case Adam, AdamW:
+		return []string{slotExpAvg, slotExpAvgSq}
+	case Adagrad:
+		return []string{slotSum}
+	case Adamax:
+		return []string{slotExpAvg, slotExpInf}
+	case NAdam:
+		return []string{slotExpAvg, slotExpAvgSq}
+	case RAdam:
 		return []string{slotExpAvg, slotExpAvgSq}
 	case RMSprop:
 		s := []string{slotSquareAvg}
@@ -198,6 +267,11 @@ type Optimizer struct {
 	// buffer is nil until its first step, as in PyTorch (SGD's momentum
 	// buffer starts as a copy of the first gradient).
 	state map[string][][]float32
+	// sched follows the learning-rate schedule; see Optimizer.LR.
+	sched schedCursor
+	// muProd is NAdam's mu_product after muStep steps (0: not computed).
+	muProd float32
+	muStep int64
 }
 
 // New builds an optimizer for parameters with params' layout (names, shapes;
@@ -228,8 +302,18 @@ func (o *Optimizer) Config() Config { return o.cfg }
 // Steps returns the number of completed steps.
 func (o *Optimizer) Steps() int64 { return o.steps }
 
-// LR returns the learning rate the next step will use.
-func (o *Optimizer) LR() float64 { return o.cfg.Schedule.LR(o.cfg.LR, o.steps) }
+// LR returns the learning rate the next step will use: Schedule.LR of the
+// step count, followed step by step (a restore replays it once).
+func (o *Optimizer) LR() float64 {
+	s := &o.cfg.Schedule
+	if !o.sched.valid || o.sched.k > o.steps {
+		o.sched = s.begin(o.cfg.LR)
+	}
+	for o.sched.k < o.steps {
+		s.advance(o.cfg.LR, &o.sched)
+	}
+	return o.sched.lr
+}
 
 // Step applies one update to params in place from grads. Both must have the
 // optimizer's layout (checked; errs.ErrInvalid and nothing changes when they
@@ -281,6 +365,14 @@ func (o *Optimizer) StepTo(dst, params, grads *tensor.StateDict) error {
 			o.adam(i, ds[i], ps[i], gs[i], lr, step)
 		case RMSprop:
 			o.rmsprop(i, ds[i], ps[i], gs[i], lr)
+		case Adagrad:
+			o.adagrad(i, ds[i], ps[i], gs[i], lr, step)
+		case Adamax:
+			o.adamax(i, ds[i], ps[i], gs[i], lr, step)
+		case NAdam:
+			o.nadam(i, ds[i], ps[i], gs[i], lr, step)
+		case RAdam:
+			o.radam(i, ds[i], ps[i], gs[i], lr, step)
 		}
 	}
 	o.steps = step

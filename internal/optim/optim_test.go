@@ -29,9 +29,17 @@ type vectorCase struct {
 	LRs    []float64               `json:"lrs"`
 }
 
+type scheduleCase struct {
+	Name     string    `json:"name"`
+	LR       float64   `json:"lr"`
+	Schedule Schedule  `json:"schedule"`
+	LRs      []float64 `json:"lrs"`
+}
+
 type vectors struct {
-	Torch string       `json:"torch"`
-	Cases []vectorCase `json:"cases"`
+	Torch     string         `json:"torch"`
+	Cases     []vectorCase   `json:"cases"`
+	Schedules []scheduleCase `json:"schedules"`
 }
 
 // order fixes the tensor order of the vectors' state dicts.
@@ -113,6 +121,67 @@ func TestMatchesTorch(t *testing.T) {
 	}
 }
 
+// ulps is the distance between a and b in float32 units in the last place.
+func ulps(a, b float32) int64 {
+	ord := func(f float32) int64 {
+		i := int64(int32(math.Float32bits(f)))
+		if i < 0 {
+			i = math.MinInt32 - i
+		}
+		return i
+	}
+	d := ord(a) - ord(b)
+	if d < 0 {
+		d = -d
+	}
+	return d
+}
+
+// TestSchedulesMatchTorch replays torch's scheduler objects (LinearLR,
+// StepLR, CosineAnnealingLR, ChainedScheduler of LinearLR with each) over
+// 300 steps: every rate within 1 ulp of float32, through Schedule.LR and
+// through an optimizer that follows the schedule step by step.
+func TestSchedulesMatchTorch(t *testing.T) {
+	v := loadVectors(t)
+	if len(v.Schedules) < 10 {
+		t.Fatalf("%d schedule vectors, want every kind alone and with warm-up", len(v.Schedules))
+	}
+	params := tensor.NewF32("w", 1)
+	sd, _ := tensor.NewStateDict(params)
+	for _, c := range v.Schedules {
+		t.Run(c.Name, func(t *testing.T) {
+			if len(c.LRs) < 200 {
+				t.Fatalf("%d steps, want ≥ 200", len(c.LRs))
+			}
+			s := c.Schedule
+			if err := s.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			o, err := New(Config{Kind: SGD, LR: c.LR, Schedule: c.Schedule}, sd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			grad, _ := tensor.NewStateDict(tensor.NewF32("w", 1))
+			worst := int64(0)
+			for k, want := range c.LRs {
+				got := s.LR(c.LR, int64(k))
+				if d := ulps(float32(got), float32(want)); d > 1 {
+					t.Fatalf("step %d: lr %v, torch %v (%d ulps of float32)", k, got, want, d)
+				} else if d > worst {
+					worst = d
+				}
+				if ol := o.LR(); ol != got {
+					t.Fatalf("step %d: optimizer lr %v, Schedule.LR %v", k, ol, got)
+				}
+				if err := o.Step(sd, grad); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Logf("%d steps, worst %d ulp", len(c.LRs), worst)
+		})
+	}
+}
+
 func randSD(r *rand.Rand, scale float32) *tensor.StateDict {
 	sd := &tensor.StateDict{}
 	for _, s := range []struct {
@@ -138,6 +207,10 @@ func TestCheckpointRestore(t *testing.T) {
 		{Kind: Adam, LR: 0.01, Schedule: Schedule{Kind: Cosine, TMax: 5}},
 		{Kind: AdamW, LR: 0.01},
 		{Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, Schedule: Schedule{WarmupSteps: 3}},
+		{Kind: Adagrad, LR: 0.1, InitialAccumulatorValue: 0.1, LRDecay: 0.01},
+		{Kind: Adamax, LR: 0.01},
+		{Kind: NAdam, LR: 0.01, Schedule: Schedule{Kind: Cosine, TMax: 4, MinLR: 0.001, WarmupSteps: 2}},
+		{Kind: RAdam, LR: 0.01, Beta2: 0.9},
 	}
 	for _, cfg := range cfgs {
 		t.Run(string(cfg.Kind), func(t *testing.T) {
@@ -254,6 +327,13 @@ func TestConfigValidate(t *testing.T) {
 		{Kind: SGD, LR: 1, Schedule: Schedule{Kind: Cosine}},
 		{Kind: SGD, LR: 1, Schedule: Schedule{Kind: "exp"}},
 		{Kind: SGD, LR: 1, Schedule: Schedule{WarmupSteps: 2, WarmupStart: 2}},
+		{Kind: Adam, LR: 1, LRDecay: 0.1},
+		{Kind: Adagrad, LR: 1, Beta1: 0.9},
+		{Kind: Adagrad, LR: 1, InitialAccumulatorValue: -1},
+		{Kind: Adamax, LR: 1, MomentumDecay: 0.1},
+		{Kind: Adam, LR: 1, DecoupledWeightDecay: true},
+		{Kind: NAdam, LR: 1, Beta2: 1},
+		{Kind: RAdam, LR: 1, Momentum: 0.9},
 	}
 	for i, c := range bad {
 		if err := c.Validate(); !errors.Is(err, errs.ErrInvalid) {
@@ -269,7 +349,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestWarmupTimesCosine checks the documented product of warm-up and curve.
+// TestWarmupTimesCosine: without a floor, warm-up and cosine multiply.
 func TestWarmupTimesCosine(t *testing.T) {
 	s := Schedule{Kind: Cosine, TMax: 10, WarmupSteps: 4, WarmupStart: 0.2}
 	if err := s.Validate(); err != nil {
@@ -378,7 +458,9 @@ func TestStepToWritesEveryElement(t *testing.T) {
 	for _, cfg := range []Config{{Kind: SGD, LR: 0.1}, {Kind: SGD, LR: 0.1, WeightDecay: 0.1},
 		{Kind: SGD, LR: 0.1, Momentum: 0.9, Nesterov: true}, {Kind: SGD, LR: 0.1, Momentum: 0.9, Dampening: 0.5},
 		{Kind: Adam, LR: 0.01}, {Kind: Adam, LR: 0.01, WeightDecay: 0.1}, {Kind: AdamW, LR: 0.01},
-		{Kind: RMSprop, LR: 0.01}, {Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, WeightDecay: 0.1}} {
+		{Kind: RMSprop, LR: 0.01}, {Kind: RMSprop, LR: 0.01, Momentum: 0.5, Centered: true, WeightDecay: 0.1},
+		{Kind: Adagrad, LR: 0.01, WeightDecay: 0.1}, {Kind: Adamax, LR: 0.01}, {Kind: NAdam, LR: 0.01, WeightDecay: 0.1, DecoupledWeightDecay: true},
+		{Kind: RAdam, LR: 0.01, Beta2: 0.9}} {
 		r := rand.New(rand.NewPCG(5, 5))
 		mk := func() *tensor.StateDict {
 			sd := &tensor.StateDict{}

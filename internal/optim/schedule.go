@@ -18,8 +18,8 @@ const (
 	// (torch.optim.lr_scheduler.StepLR).
 	StepDecay ScheduleKind = "step"
 	// Cosine anneals from the base rate to MinLR over TMax steps
-	// (torch.optim.lr_scheduler.CosineAnnealingLR, closed form), then
-	// follows the cosine on, as PyTorch does.
+	// (torch.optim.lr_scheduler.CosineAnnealingLR, its recursive form),
+	// then follows the cosine on, as PyTorch does.
 	Cosine ScheduleKind = "cosine"
 )
 
@@ -27,10 +27,24 @@ const (
 // index, so it needs no state of its own: restoring the optimizer's step
 // count restores the schedule.
 //
-// The rate at step k is base(k) × warm(k), where base is the Kind's curve and
-// warm is the linear warm-up factor: WarmupStart + (1 − WarmupStart)·k/
-// WarmupSteps for k < WarmupSteps, then 1
-// (torch.optim.lr_scheduler.LinearLR with end_factor 1).
+// The rate is exactly what torch's scheduler objects give, in torch's own
+// (recursive, float64) arithmetic, with the pattern `opt.step();
+// sched.step()`:
+//
+//	constant            no scheduler
+//	step                StepLR(step_size, gamma)
+//	cosine              CosineAnnealingLR(T_max, eta_min=min_lr)
+//	warm-up alone       LinearLR(start_factor=warmup_start, end_factor=1, total_iters=warmup_steps)
+//	warm-up + step      ChainedScheduler([LinearLR(...), StepLR(...)])
+//	warm-up + cosine    ChainedScheduler([LinearLR(...), CosineAnnealingLR(...)])
+//
+// ChainedScheduler (both curves run from step 0, each scaling the rate the
+// other left) is the torch composition of rlhub's semantics: the warm-up
+// ramps whatever the base curve gives. Without a floor (min_lr 0) and for
+// step decay the rate is base(k)·warm(k); with a cosine floor it is not: the
+// cosine's recurrence lr ← eta_min + r_k·(lr − eta_min) is applied to the
+// warmed-up rate, as torch does. SequentialLR (the cosine starting after
+// the warm-up) is a different schedule; it is not offered.
 type Schedule struct {
 	// Kind of the base curve; "" is constant.
 	Kind ScheduleKind `json:"kind,omitempty"`
@@ -101,16 +115,58 @@ func (s *Schedule) Validate() error {
 	return nil
 }
 
-// LR returns the learning rate of step k (0-based) for base rate lr.
-func (s *Schedule) LR(lr float64, k int64) float64 {
+// schedCursor is the chained schedulers' rate after k scheduler steps.
+type schedCursor struct {
+	k     int64
+	lr    float64
+	valid bool
+}
+
+// begin is the schedulers' construction: LinearLR's initial step scales the
+// rate by start_factor; StepLR's and CosineAnnealingLR's leave it.
+func (s *Schedule) begin(base float64) schedCursor {
+	lr := base
+	if s.WarmupSteps > 0 {
+		lr = float64(lr * s.WarmupStart)
+	}
+	return schedCursor{lr: lr, valid: true}
+}
+
+// advance is one ChainedScheduler.step(): LinearLR's get_lr, then the base
+// curve's, each on the rate the previous left. Products are pinned with
+// float64 conversions so that Go never fuses them into a multiply-add
+// (Python does not).
+func (s *Schedule) advance(base float64, c *schedCursor) {
+	t := c.k + 1
+	lr := c.lr
+	if s.WarmupSteps > 0 && t <= s.WarmupSteps {
+		start, end := s.WarmupStart, 1.0
+		lr = float64(lr * (1.0 + (end-start)/(float64(float64(s.WarmupSteps)*start)+float64(float64(t-1)*(end-start)))))
+	}
 	switch s.Kind {
 	case StepDecay:
-		lr *= math.Pow(s.Gamma, float64(k/s.StepSize))
+		if t%s.StepSize == 0 {
+			lr = float64(lr * s.Gamma)
+		}
 	case Cosine:
-		lr = s.MinLR + (lr-s.MinLR)*(1+math.Cos(math.Pi*float64(k)/float64(s.TMax)))/2
+		T := s.TMax
+		if m := 2 * T; ((t-1-T)%m+m)%m == 0 {
+			lr = lr + float64(float64((base-s.MinLR)*(1-math.Cos(math.Pi/float64(T))))/2)
+		} else {
+			r := (1 + math.Cos(math.Pi*float64(t)/float64(T))) / (1 + math.Cos(math.Pi*float64(t-1)/float64(T)))
+			lr = float64(r*(lr-s.MinLR)) + s.MinLR
+		}
 	}
-	if k < s.WarmupSteps {
-		lr *= s.WarmupStart + (1-s.WarmupStart)*float64(k)/float64(s.WarmupSteps)
+	c.k, c.lr = t, lr
+}
+
+// LR returns the learning rate of step k (0-based) for base rate lr. It
+// replays the k scheduler steps (O(k)); Optimizer.LR follows them
+// incrementally.
+func (s *Schedule) LR(lr float64, k int64) float64 {
+	c := s.begin(lr)
+	for c.k < k {
+		s.advance(lr, &c)
 	}
-	return lr
+	return c.lr
 }

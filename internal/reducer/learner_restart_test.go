@@ -104,7 +104,7 @@ func TestLearnerReattachesToRestartedHub(t *testing.T) {
 	if err != nil {
 		t.Fatalf("retried Learn after the restart: %v", err)
 	}
-	if got := resp.GetInfo().GetFields()["rows"]; got == nil {
+	if got := resp.GetInfo().GetMapValue().GetFields()["rows"]; got == nil {
 		t.Fatalf("merged info of the retried task: %v", resp.GetInfo())
 	}
 }

@@ -65,7 +65,11 @@ func (c *ModelConfig) validate() error {
 	if c.Model == "" {
 		return fmt.Errorf("%w: reducer: empty model name", errs.ErrInvalid)
 	}
-	if err := c.Optimizer.Validate(); err != nil {
+	if c.Optimizer.Kind == External { // stepped by an attached host (external.go)
+		if err := validateExternal(c.Optimizer); err != nil {
+			return err
+		}
+	} else if err := c.Optimizer.Validate(); err != nil {
 		return err
 	}
 	switch c.Reduction {
@@ -170,7 +174,8 @@ type pmodel struct {
 	// step writes the next version straight into a blob: a spare one the
 	// store gave back, else a fresh one.
 	params *tensor.StateDict
-	opt    *optim.Optimizer
+	opt    *optim.Optimizer    // nil for an External model
+	ext    *extModel           // its host; nil unless External
 	plan   *safetensors.Layout // header and tensor order of every blob
 	// paramsBlob is the blob params view once a step has published one
 	// (guarded by stepMu).
@@ -264,7 +269,7 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, steps 
 	if m, ok, err := p.registered(mc); ok || err != nil {
 		return m.version, m.steps, err
 	}
-	if p.state != nil {
+	if p.state != nil && m.ext == nil { // an external model's state is its host's (external.go)
 		reg := registration{Format: registrationFmt, Model: mc.Model, Config: mc, StartVersion: snap.Version, Registered: time.Now().UTC()}
 		if m.files, err = p.state.create(reg, p.cfg.LedgerWindow); err != nil {
 			return 0, 0, err
@@ -310,9 +315,15 @@ func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error
 			return nil, fmt.Errorf("%w: reducer: model %q tensor %q is %v; only F32 models are reduced", errs.ErrInvalid, mc.Model, t.Name, t.DType)
 		}
 	}
-	opt, err := optim.New(mc.Optimizer, params)
-	if err != nil {
-		return nil, err
+	var opt *optim.Optimizer
+	var ext *extModel
+	if mc.Optimizer.Kind == External { // stepped by an attached host (external.go)
+		ext = newExtModel()
+	} else {
+		var err error
+		if opt, err = optim.New(mc.Optimizer, params); err != nil {
+			return nil, err
+		}
 	}
 	epoch := p.cfg.Epoch
 	if epoch == 0 {
@@ -322,7 +333,7 @@ func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error
 	if err != nil {
 		return nil, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
 	}
-	return &pmodel{cfg: mc, layout: params, params: params, opt: opt, plan: plan,
+	return &pmodel{cfg: mc, layout: params, params: params, opt: opt, ext: ext, plan: plan,
 		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}, nil
 }
 
@@ -634,9 +645,17 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		return fail(m.failed)
 	}
 	reduce.ClipNorm(b.Sum, m.cfg.GradientMax, norm)
-	blob, dst := m.newBlob()
-	if err := m.opt.StepTo(dst, m.params, b.Sum); err != nil {
-		return fail(err)
+	var blob []byte
+	var dst *tensor.StateDict
+	if m.ext != nil {
+		if blob, dst, err = p.externalStep(ctx, m, m.version, m.steps, b.Sum); err != nil {
+			return fail(err)
+		}
+	} else {
+		blob, dst = m.newBlob()
+		if err := m.opt.StepTo(dst, m.params, b.Sum); err != nil {
+			return fail(err)
+		}
 	}
 	next := m.version + 1
 	if m.files != nil {
@@ -661,7 +680,11 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.version = next
 	m.counters.Applied += n
 	m.counters.Steps++
-	m.steps = uint64(m.opt.Steps())
+	if m.opt != nil {
+		m.steps = uint64(m.opt.Steps())
+	} else {
+		m.steps++ // the host's step
+	}
 	m.mu.Unlock()
 	if !b.FirstAdmitted.IsZero() {
 		p.lat.add(p.cfg.Clock.Now().Sub(b.FirstAdmitted))
@@ -837,6 +860,7 @@ func (p *Primary) Close() error {
 	}
 	p.closed = true
 	models := slices.Collect(maps.Values(p.models))
+	p.stopExternalLocked()
 	p.mu.Unlock()
 	var out []error
 	for _, m := range models {

@@ -109,6 +109,8 @@ type Service struct {
 	// sessions ends Attach streams on Drain/Close.
 	drainOnce sync.Once
 	drained   chan struct{}
+	// hosts tracks the optimizer hosts' receive loops (external.go).
+	hosts sync.WaitGroup
 }
 
 // New opens the reducer: the primary (if hosted) and the secondaries,
@@ -166,6 +168,7 @@ func (s *Service) Register(g *grpc.Server) {
 	rlhubv1.RegisterReducerServer(g, &reducerServer{s: s})
 	if s.primary != nil {
 		rlhubv1.RegisterReducerPrimaryServer(g, &primaryServer{p: s.primary, drained: s.drained})
+		registerHostServer(g, s.primary, s.drained, &s.hosts) // external.go
 	}
 }
 
@@ -193,6 +196,7 @@ func (s *Service) Close() error {
 		}
 		s.peers = map[string]*grpc.ClientConn{}
 		s.peersMu.Unlock()
+		s.hosts.Wait() // their streams ended with the server
 		s.closeErr = errors.Join(out...)
 	})
 	return s.closeErr
@@ -399,6 +403,8 @@ func ModelConfigFromProto(r *rlhubv1.ReducerRegisterRequest) ModelConfig {
 		Optimizer: optim.Config{Kind: optim.Kind(o.GetKind()), LR: o.GetLr(), WeightDecay: o.GetWeightDecay(),
 			Momentum: o.GetMomentum(), Dampening: o.GetDampening(), Nesterov: o.GetNesterov(),
 			Beta1: o.GetBeta1(), Beta2: o.GetBeta2(), Eps: o.GetEps(), Alpha: o.GetAlpha(), Centered: o.GetCentered(),
+			LRDecay: o.GetLrDecay(), InitialAccumulatorValue: o.GetInitialAccumulatorValue(),
+			MomentumDecay: o.GetMomentumDecay(), DecoupledWeightDecay: o.GetDecoupledWeightDecay(),
 			Schedule: optim.Schedule{Kind: optim.ScheduleKind(o.GetSchedule()), StepSize: o.GetStepSize(), Gamma: o.GetGamma(),
 				TMax: o.GetTMax(), MinLR: o.GetMinLr(), WarmupSteps: o.GetWarmupSteps(), WarmupStart: o.GetWarmupStart()}},
 		Reduction:       reduce.Reduction(r.GetReduction()),
@@ -416,7 +422,9 @@ func ModelConfigToProto(mc ModelConfig) *rlhubv1.ReducerRegisterRequest {
 		Optimizer: &rlhubv1.ReducerOptimizer{Kind: string(o.Kind), Lr: o.LR, WeightDecay: o.WeightDecay, Momentum: o.Momentum,
 			Dampening: o.Dampening, Nesterov: o.Nesterov, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, Alpha: o.Alpha,
 			Centered: o.Centered, Schedule: string(o.Schedule.Kind), StepSize: o.Schedule.StepSize, Gamma: o.Schedule.Gamma,
-			TMax: o.Schedule.TMax, MinLr: o.Schedule.MinLR, WarmupSteps: o.Schedule.WarmupSteps, WarmupStart: o.Schedule.WarmupStart},
+			TMax: o.Schedule.TMax, MinLr: o.Schedule.MinLR, WarmupSteps: o.Schedule.WarmupSteps, WarmupStart: o.Schedule.WarmupStart,
+			LrDecay: o.LRDecay, InitialAccumulatorValue: o.InitialAccumulatorValue, MomentumDecay: o.MomentumDecay,
+			DecoupledWeightDecay: o.DecoupledWeightDecay},
 		Reduction: string(mc.Reduction), GradientMax: mc.GradientMax,
 		Staleness: string(mc.Staleness.Policy), MaxLag: mc.Staleness.MaxLag, CheckpointEvery: mc.CheckpointEvery,
 	}

@@ -32,6 +32,7 @@ from rlhub.wsync import Receiver
 from rlhub.grads import GradClient
 from rlhub.learner import Demand, LearnTask, Learner
 from rlhub.aggregator import AggregatorClient
+from rlhub.opthost import OptimizerHost
 
 __all__ = [
     "__version__",
@@ -59,6 +60,7 @@ __all__ = [
     "Receiver",
     "RlhubWeightUpdater",
     "GradClient",
+    "OptimizerHost",
     "Learner",
     "Demand",
     "LearnTask",

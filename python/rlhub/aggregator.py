@@ -5,6 +5,11 @@
         demand = agg.get_data_demand(task)          # merged: batch sizes add up
         res = agg.learn(task, {"obs": obs, "act": act}, metadata={"step": "7"})
         res.info["loss"]                            # one entry per learner, row order
+        agg.resource()                              # DI-engine's resource task: {"gpu": world_size}
+
+Infos merge by DI-engine's ``merge_info`` rule unless the hub (``rlhub serve
+--aggregator-merge``) or the task (``start(merge="strict",
+homogeneous_keys=[...])``) says otherwise; integers stay integers.
 
 Errors are rlhub's named exceptions (``Unavailable`` "no learners attached",
 ``FailedPrecondition`` as ``StaleVersion`` for a wrong task,
@@ -21,7 +26,7 @@ import grpc
 from rlhub import _channel, errors
 from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_chunks
-from rlhub.learner import Demand, from_struct, to_struct
+from rlhub.learner import Demand, from_struct, from_value, to_struct
 from rlhub.tensors import save_bytes
 
 _CHANNEL_OPTIONS = [
@@ -53,9 +58,12 @@ class Share:
 
 @dataclasses.dataclass(frozen=True)
 class Learned:
-    info: Dict[str, Any]
-    """Merged info: lists concatenated, scalars turned into lists, in row
-    order; homogeneous keys (learner_step, task_id, buffer_id) single."""
+    info: Any
+    """Merged info, in row order, by the task's rule (docs/aggregator.md):
+    by default DI-engine's -- scalars become the list of the learners'
+    values, lists concatenate, dicts merge key by key and homogeneous keys
+    (learner_step, buffer_id, task_id, learner_done) take the first
+    learner's value."""
     shares: List[Share]
     failed: List[str]
 
@@ -87,12 +95,27 @@ class AggregatorClient:
     def resources(self) -> List[aggregator_pb2.LearnerInfo]:
         return list(self._call(self._stub.Resources, aggregator_pb2.ResourcesRequest()).learners)
 
+    def resource(self) -> Dict[str, int]:
+        """DI-engine's resource task: ``{"gpu": world_size}``, world_size
+        being the number of attached learners."""
+        r = self._call(self._stub.Resources, aggregator_pb2.ResourcesRequest())
+        return {"gpu": int(r.world_size)}
+
     def status(self) -> aggregator_pb2.StatusResponse:
         return self._call(self._stub.Status, aggregator_pb2.StatusRequest())
 
-    def start(self, task_id: str = "", info: Optional[Mapping[str, Any]] = None) -> Started:
-        """Starts a task on every attached learner ("" lets the hub name it)."""
-        r = self._call(self._stub.Start, aggregator_pb2.StartRequest(task_id=task_id, task_info=to_struct(info)))
+    def start(self, task_id: str = "", info: Optional[Mapping[str, Any]] = None, *,
+              merge: str = "", homogeneous_keys: Optional[List[str]] = None) -> Started:
+        """Starts a task on every attached learner ("" lets the hub name it).
+
+        ``merge`` ("di-engine" or "strict"; "" the hub's) and
+        ``homogeneous_keys`` (None: the hub's; [] none) choose how this
+        task's infos merge."""
+        mo = aggregator_pb2.MergeOptions(rule=merge)
+        if homogeneous_keys is not None:
+            mo.set_homogeneous_keys = True
+            mo.homogeneous_keys.extend(homogeneous_keys)
+        r = self._call(self._stub.Start, aggregator_pb2.StartRequest(task_id=task_id, task_info=to_struct(info), merge=mo))
         return Started(r.task_id, list(r.learners))
 
     def get_data_demand(self, task_id: str) -> MergedDemand:
@@ -117,5 +140,5 @@ class AggregatorClient:
             r = self._stub.Learn(requests(), timeout=self.timeout)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
-        return Learned(from_struct(r.info), [Share(s.learner_id, s.row_start, s.rows) for s in r.shares],
+        return Learned(from_value(r.info), [Share(s.learner_id, s.row_start, s.rows) for s in r.shares],
                        list(r.failed))

@@ -142,23 +142,32 @@ class Registered:
 
 
 _OPT_FIELDS = ("kind", "lr", "weight_decay", "momentum", "dampening", "nesterov", "beta1", "beta2",
-               "eps", "alpha", "centered")
+               "eps", "alpha", "centered", "lr_decay", "initial_accumulator_value", "momentum_decay",
+               "decoupled_weight_decay")
 _SCHED_FIELDS = ("kind", "step_size", "gamma", "t_max", "min_lr", "warmup_steps", "warmup_start")
 
 
 def optimizer_config(optimizer: Any) -> Dict[str, Any]:
     """Converts a ``torch.optim`` optimizer into the reducer's optimizer fields.
 
-    Supports SGD, Adam, AdamW and RMSprop with one set of hyper-parameters
-    (every param group equal). Options the reducer does not implement
-    (amsgrad, maximize, ...) raise ``ValueError`` rather than being ignored.
+    Supports SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam and RAdam
+    with one set of hyper-parameters (every param group equal). Options the
+    reducer does not implement (amsgrad, maximize, ...) raise ``ValueError``
+    rather than being ignored.
+
+    The learning rate is the group's ``initial_lr`` when a
+    ``torch.optim.lr_scheduler`` has been attached (it scales ``lr`` at
+    once, e.g. ``LinearLR`` by its start factor: reading ``lr`` would apply
+    the warm-up twice), else ``lr``. The schedule itself travels as
+    ``register(schedule=...)``.
     """
     kind = type(optimizer).__name__.lower()
     groups = optimizer.param_groups
     if not groups:
         raise ValueError("optimizer has no param groups")
-    keys = ("lr", "momentum", "dampening", "nesterov", "weight_decay", "betas", "eps", "alpha", "centered",
-            "amsgrad", "maximize", "decoupled_weight_decay")
+    keys = ("lr", "initial_lr", "momentum", "dampening", "nesterov", "weight_decay", "betas", "eps", "alpha",
+            "centered", "amsgrad", "maximize", "decoupled_weight_decay", "lr_decay", "initial_accumulator_value",
+            "momentum_decay")
     g = {k: groups[0][k] for k in keys if k in groups[0]}
     for other in groups[1:]:
         if any(other.get(k) != v for k, v in g.items()):
@@ -166,7 +175,7 @@ def optimizer_config(optimizer: Any) -> Dict[str, Any]:
     for flag in ("amsgrad", "maximize"):
         if g.get(flag):
             raise ValueError(f"{type(optimizer).__name__}({flag}=True) is not supported by the reducer")
-    lr = float(g["lr"])
+    lr = float(g["initial_lr"] if "initial_lr" in g else g["lr"])
     wd = float(g.get("weight_decay", 0.0))
     if kind == "adam" and g.get("decoupled_weight_decay"):
         kind = "adamw"
@@ -184,7 +193,24 @@ def optimizer_config(optimizer: Any) -> Dict[str, Any]:
     if kind == "rmsprop":
         return dict(kind="rmsprop", lr=lr, weight_decay=wd, momentum=float(g.get("momentum", 0)),
                     alpha=float(g["alpha"]), eps=float(g["eps"]), centered=bool(g.get("centered", False)))
-    raise ValueError(f"optimizer {type(optimizer).__name__} is not supported (SGD, Adam, AdamW, RMSprop)")
+    if kind == "adagrad":
+        return dict(kind="adagrad", lr=lr, weight_decay=wd, lr_decay=float(g.get("lr_decay", 0)),
+                    initial_accumulator_value=float(g.get("initial_accumulator_value", 0)), eps=float(g["eps"]))
+    if kind in ("adamax", "nadam", "radam"):
+        b1, b2 = (float(b) for b in g["betas"])
+        if b1 == 0 or b2 == 0:
+            raise ValueError(f"betas {g['betas']}: a beta of exactly 0 is not expressible (0 means the default)")
+        out = dict(kind=kind, lr=lr, weight_decay=wd, beta1=b1, beta2=b2, eps=float(g["eps"]))
+        if kind == "nadam":
+            md = float(g.get("momentum_decay", 4e-3))
+            if md == 0:
+                raise ValueError("momentum_decay 0 is not expressible (0 means the default 0.004)")
+            out["momentum_decay"] = md
+        if kind in ("nadam", "radam"):
+            out["decoupled_weight_decay"] = bool(g.get("decoupled_weight_decay", False))
+        return out
+    raise ValueError(f"optimizer {type(optimizer).__name__} is not supported "
+                     "(SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, NAdam, RAdam; any other through rlhub.OptimizerHost)")
 
 
 def _optimizer_proto(optimizer: Any, schedule: Optional[Mapping[str, Any]]) -> reducer_pb2.ReducerOptimizer:
@@ -327,8 +353,9 @@ class GradClient:
         """Starts reducing gradients for ``model`` (already in the store; its
         newest version is the initial weights).
 
-        ``optimizer`` is a ``torch.optim`` SGD/Adam/AdamW/RMSprop (its
-        hyper-parameters are sent, not its state), or a dict of
+        ``optimizer`` is a ``torch.optim`` SGD/Adam/AdamW/RMSprop/Adagrad/
+        Adamax/NAdam/RAdam (its hyper-parameters are sent, not its state; the
+        lr is ``initial_lr`` when a scheduler is attached), or a dict of
         ``ReducerOptimizer`` fields (``{"kind": "adam", "lr": 3e-4}``; a zero
         field means PyTorch's default). ``schedule`` holds ``kind`` ("step",
         "cosine"), ``step_size``, ``gamma``, ``t_max``, ``min_lr``,

@@ -18,9 +18,10 @@ or ``MyLearner(...).run()`` to serve on the calling thread until ``stop()``.
 
 Contract:
 1. Hooks run one at a time on the serving thread. ``on_demand`` returns a
-   ``Demand``, an int (rows) or ``(rows, fields)``; ``on_learn`` returns a
-   dict that ``google.protobuf.Struct`` can hold (numpy/torch scalars and
-   arrays are converted to numbers and lists). A hook that raises refuses
+   ``Demand``, an int (rows) or ``(rows, fields)``; ``on_learn`` returns
+   info: None, bool, int, float, str, lists/tuples and str-keyed dicts of
+   these (numpy/torch scalars and arrays are converted to numbers and
+   lists); integers reach the coordinator as integers. A hook that raises refuses
    or fails that task only (the learner stays attached; the error text
    travels to the coordinator).
 2. Heartbeats go out every third of the lease from a thread owned by the
@@ -105,6 +106,62 @@ def to_struct(d: Optional[Mapping[str, Any]]) -> struct_pb2.Struct:
 
 def from_struct(s: struct_pb2.Struct) -> Dict[str, Any]:
     return json_format.MessageToDict(s)
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def to_value(v: Any, _depth: int = 0) -> aggregator_pb2.Value:
+    """Converts info to the wire's ``Value`` (integers stay integers)."""
+    if _depth > 64:
+        raise TypeError("info nested deeper than 64")
+    out = aggregator_pb2.Value()
+    if v is None:
+        out.null_value = True
+    elif isinstance(v, bool):
+        out.bool_value = v
+    elif isinstance(v, int):
+        if not _INT64[0] <= v <= _INT64[1]:
+            raise TypeError(f"integer {v} does not fit in int64")
+        out.int_value = v
+    elif isinstance(v, float):
+        out.float_value = v
+    elif isinstance(v, str):
+        out.string_value = v
+    elif isinstance(v, Mapping):
+        out.map_value.SetInParent()
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise TypeError(f"info dict key {k!r} is a {type(k).__name__}, not a str")
+            out.map_value.fields[k].CopyFrom(to_value(x, _depth + 1))
+    elif isinstance(v, (list, tuple)):
+        out.list_value.SetInParent()
+        out.list_value.values.extend(to_value(x, _depth + 1) for x in v)
+    elif hasattr(v, "tolist"):  # numpy arrays and scalars, torch tensors
+        if hasattr(v, "detach"):
+            v = v.detach().cpu()
+        return to_value(v.tolist(), _depth)
+    else:
+        raise TypeError(f"cannot put a {type(v).__name__} into info")
+    return out
+
+
+def from_value(v: aggregator_pb2.Value) -> Any:
+    """Converts a wire ``Value`` back to None/bool/int/float/str/list/dict."""
+    kind = v.WhichOneof("kind")
+    if kind == "int_value":
+        return v.int_value
+    if kind == "float_value":
+        return v.float_value
+    if kind == "string_value":
+        return v.string_value
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "list_value":
+        return [from_value(x) for x in v.list_value.values]
+    if kind == "map_value":
+        return {k: from_value(x) for k, x in v.map_value.fields.items()}
+    return None
 
 
 DemandLike = Union[Demand, int, Tuple[int, Mapping[str, Any]]]
@@ -315,7 +372,7 @@ class Learner:
                 _, _, md = parse_header(memoryview(blob))
                 task = LearnTask(lt.task_id, lt.row_start, lt.rows, load_bytes(blob, framework=self.framework),
                                  dict(md))
-                reply.info.CopyFrom(to_struct(self.on_learn(task)))
+                reply.info.CopyFrom(to_value(self.on_learn(task)))
             except Exception as e:  # noqa: BLE001
                 reply.error = f"{type(e).__name__}: {e}"
             return reply

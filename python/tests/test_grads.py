@@ -51,14 +51,21 @@ def setup_model(hub_addr: str, name: str, net: torch.nn.Module) -> None:
         s.push(name, net.state_dict(), version=1, expect=0)
 
 
-@pytest.mark.parametrize("kind", ["adam", "sgd"])
+MAKE_OPT = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, betas=(0.8, 0.99), eps=1e-7, weight_decay=1e-3),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.05, lr_decay=0.01, initial_accumulator_value=0.1),
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=0.01, weight_decay=1e-3),
+    "nadam": lambda ps: torch.optim.NAdam(ps, lr=0.01, momentum_decay=0.01, weight_decay=0.01, decoupled_weight_decay=True),
+    "radam": lambda ps: torch.optim.RAdam(ps, lr=0.01, betas=(0.9, 0.9)),  # rectified from step 3
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MAKE_OPT))
 def test_steps_match_torch_optim_on_the_same_grads(hub, kind):
     ref = make_net()
     setup_model(hub.addr, "pol", ref)
-    if kind == "adam":
-        opt = torch.optim.Adam(ref.parameters(), lr=1e-2, betas=(0.8, 0.99), eps=1e-7, weight_decay=1e-3)
-    else:
-        opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    opt = MAKE_OPT[kind](ref.parameters())
     learner = make_net(seed=99)  # different weights: only its .grad travels
     with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
         reg = g.register("pol", optimizer=opt)
@@ -67,7 +74,8 @@ def test_steps_match_torch_optim_on_the_same_grads(hub, kind):
         with pytest.raises(rlhub.AlreadyExists):
             g.register("pol", optimizer={"kind": "sgd", "lr": 0.5})
         version = 1
-        for step in range(3):
+        steps = 3 if kind in ("adam", "sgd") else 5
+        for step in range(steps):
             fill_grads(learner, seed=step)
             r = g.push("pol", version, learner)
             assert (r.version, r.weight, r.seq, r.duplicate) == (version, 1.0, step + 1, False)
@@ -80,8 +88,35 @@ def test_steps_match_torch_optim_on_the_same_grads(hub, kind):
             assert_close_to(v.tensors, ref)
             version = v.version
         st = g.stats()
-        assert (st.total.pushed, st.total.applied, st.total.steps, st.total.dropped_total) == (3, 3, 3, 0)
-        assert st.versions["pol"] == 4 and st.accounted()
+        assert (st.total.pushed, st.total.applied, st.total.steps, st.total.dropped_total) == (steps, steps, steps, 0)
+        assert st.versions["pol"] == steps + 1 and st.accounted()
+
+
+def test_register_reads_initial_lr_under_a_torch_linear_warmup(hub):
+    """A LinearLR made before register has already scaled group["lr"] by its
+    start factor; register must send the base rate (initial_lr), or the
+    hub's warm-up would apply the factor twice. The hub's steps then equal
+    torch's Adam stepped under the same LinearLR."""
+    ref = make_net()
+    setup_model(hub.addr, "pol", ref)
+    opt = torch.optim.Adam(ref.parameters(), lr=0.02)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=1.0, total_iters=3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.005)  # already scaled
+    assert optimizer_config(opt)["lr"] == 0.02
+    learner = make_net(seed=99)
+    with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+        g.register("pol", optimizer=opt, schedule={"warmup_steps": 3, "warmup_start": 0.25})
+        version = 1
+        for step in range(5):
+            fill_grads(learner, seed=step)
+            g.push("pol", version, learner)
+            v = wait_version(s, "pol", version)
+            for p, q in zip(ref.parameters(), learner.parameters()):
+                p.grad = q.grad.clone()
+            opt.step()
+            sched.step()
+            assert_close_to(v.tensors, ref)
+            version = v.version
 
 
 def test_mean_of_a_batch_and_global_clip_match_torch(rlhub_bin, tmp_path):
@@ -168,7 +203,7 @@ def test_optimizer_config_refuses_what_the_reducer_cannot_do():
     assert optimizer_config(torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))["kind"] == "adam"
     assert optimizer_config(torch.optim.RMSprop(p, lr=1e-3, centered=True))["centered"] is True
     for bad in (torch.optim.Adam(p, amsgrad=True), torch.optim.SGD(p, lr=1, maximize=True),
-                torch.optim.Adam(p, betas=(0.0, 0.9)), torch.optim.Adagrad(p)):
+                torch.optim.Adam(p, betas=(0.0, 0.9)), torch.optim.Rprop(p), torch.optim.NAdam(p, momentum_decay=0.0)):
         with pytest.raises(ValueError):
             optimizer_config(bad)
 

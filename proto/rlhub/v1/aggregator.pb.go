@@ -235,8 +235,8 @@ type LearnerReply struct {
 	RequestId uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Non-empty when the learner refused or failed the task.
 	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	// Info returned by Start and Learn.
-	Info *structpb.Struct `protobuf:"bytes,3,opt,name=info,proto3" json:"info,omitempty"`
+	// Info returned by Learn (any Value; usually a map).
+	Info *Value `protobuf:"bytes,5,opt,name=info,proto3" json:"info,omitempty"`
 	// Demand returned by a DemandTask.
 	Demand        *Demand `protobuf:"bytes,4,opt,name=demand,proto3" json:"demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -287,7 +287,7 @@ func (x *LearnerReply) GetError() string {
 	return ""
 }
 
-func (x *LearnerReply) GetInfo() *structpb.Struct {
+func (x *LearnerReply) GetInfo() *Value {
 	if x != nil {
 		return x.Info
 	}
@@ -760,8 +760,11 @@ func (*ResourcesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ResourcesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Learners      []*LearnerInfo         `protobuf:"bytes,1,rep,name=learners,proto3" json:"learners,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Learners []*LearnerInfo         `protobuf:"bytes,1,rep,name=learners,proto3" json:"learners,omitempty"`
+	// Attached learners: DI-engine's resource task answers
+	// {"gpu": world_size}, one learner per device.
+	WorldSize     int64 `protobuf:"varint,2,opt,name=world_size,json=worldSize,proto3" json:"world_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -801,6 +804,13 @@ func (x *ResourcesResponse) GetLearners() []*LearnerInfo {
 		return x.Learners
 	}
 	return nil
+}
+
+func (x *ResourcesResponse) GetWorldSize() int64 {
+	if x != nil {
+		return x.WorldSize
+	}
+	return 0
 }
 
 type LearnerInfo struct {
@@ -892,8 +902,10 @@ func (x *LearnerInfo) GetTasksFailed() uint64 {
 type StartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Task id; "" lets the aggregator choose one.
-	TaskId        string           `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	TaskInfo      *structpb.Struct `protobuf:"bytes,2,opt,name=task_info,json=taskInfo,proto3" json:"task_info,omitempty"`
+	TaskId   string           `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	TaskInfo *structpb.Struct `protobuf:"bytes,2,opt,name=task_info,json=taskInfo,proto3" json:"task_info,omitempty"`
+	// How this task's Learn infos merge; unset fields take the hub's.
+	Merge         *MergeOptions `protobuf:"bytes,3,opt,name=merge,proto3" json:"merge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -942,6 +954,330 @@ func (x *StartRequest) GetTaskInfo() *structpb.Struct {
 	return nil
 }
 
+func (x *StartRequest) GetMerge() *MergeOptions {
+	if x != nil {
+		return x.Merge
+	}
+	return nil
+}
+
+// MergeOptions choose how learners' infos merge for one task.
+type MergeOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "" (the hub's rule), "di-engine" (DI-engine's LearnerAggregator
+	// merge_info, the hub's default) or "strict".
+	Rule string `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// When set_homogeneous_keys, homogeneous_keys replace the hub's set
+	// (empty means none); otherwise the hub's set applies.
+	SetHomogeneousKeys bool     `protobuf:"varint,2,opt,name=set_homogeneous_keys,json=setHomogeneousKeys,proto3" json:"set_homogeneous_keys,omitempty"`
+	HomogeneousKeys    []string `protobuf:"bytes,3,rep,name=homogeneous_keys,json=homogeneousKeys,proto3" json:"homogeneous_keys,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *MergeOptions) Reset() {
+	*x = MergeOptions{}
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MergeOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MergeOptions) ProtoMessage() {}
+
+func (x *MergeOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MergeOptions.ProtoReflect.Descriptor instead.
+func (*MergeOptions) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *MergeOptions) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *MergeOptions) GetSetHomogeneousKeys() bool {
+	if x != nil {
+		return x.SetHomogeneousKeys
+	}
+	return false
+}
+
+func (x *MergeOptions) GetHomogeneousKeys() []string {
+	if x != nil {
+		return x.HomogeneousKeys
+	}
+	return nil
+}
+
+// Value is a JSON-like value that keeps integers apart from floats, so
+// that a learner's step count comes back as the integer it sent.
+type Value struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*Value_NullValue
+	//	*Value_IntValue
+	//	*Value_FloatValue
+	//	*Value_StringValue
+	//	*Value_BoolValue
+	//	*Value_ListValue
+	//	*Value_MapValue
+	Kind          isValue_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Value) Reset() {
+	*x = Value{}
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Value) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Value) ProtoMessage() {}
+
+func (x *Value) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Value.ProtoReflect.Descriptor instead.
+func (*Value) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Value) GetKind() isValue_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *Value) GetNullValue() bool {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_NullValue); ok {
+			return x.NullValue
+		}
+	}
+	return false
+}
+
+func (x *Value) GetIntValue() int64 {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_IntValue); ok {
+			return x.IntValue
+		}
+	}
+	return 0
+}
+
+func (x *Value) GetFloatValue() float64 {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_FloatValue); ok {
+			return x.FloatValue
+		}
+	}
+	return 0
+}
+
+func (x *Value) GetStringValue() string {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_StringValue); ok {
+			return x.StringValue
+		}
+	}
+	return ""
+}
+
+func (x *Value) GetBoolValue() bool {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_BoolValue); ok {
+			return x.BoolValue
+		}
+	}
+	return false
+}
+
+func (x *Value) GetListValue() *ValueList {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_ListValue); ok {
+			return x.ListValue
+		}
+	}
+	return nil
+}
+
+func (x *Value) GetMapValue() *ValueMap {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_MapValue); ok {
+			return x.MapValue
+		}
+	}
+	return nil
+}
+
+type isValue_Kind interface {
+	isValue_Kind()
+}
+
+type Value_NullValue struct {
+	NullValue bool `protobuf:"varint,1,opt,name=null_value,json=nullValue,proto3,oneof"` // None / nil; the bool's value is ignored
+}
+
+type Value_IntValue struct {
+	IntValue int64 `protobuf:"varint,2,opt,name=int_value,json=intValue,proto3,oneof"`
+}
+
+type Value_FloatValue struct {
+	FloatValue float64 `protobuf:"fixed64,3,opt,name=float_value,json=floatValue,proto3,oneof"`
+}
+
+type Value_StringValue struct {
+	StringValue string `protobuf:"bytes,4,opt,name=string_value,json=stringValue,proto3,oneof"`
+}
+
+type Value_BoolValue struct {
+	BoolValue bool `protobuf:"varint,5,opt,name=bool_value,json=boolValue,proto3,oneof"`
+}
+
+type Value_ListValue struct {
+	ListValue *ValueList `protobuf:"bytes,6,opt,name=list_value,json=listValue,proto3,oneof"` // lists and tuples
+}
+
+type Value_MapValue struct {
+	MapValue *ValueMap `protobuf:"bytes,7,opt,name=map_value,json=mapValue,proto3,oneof"`
+}
+
+func (*Value_NullValue) isValue_Kind() {}
+
+func (*Value_IntValue) isValue_Kind() {}
+
+func (*Value_FloatValue) isValue_Kind() {}
+
+func (*Value_StringValue) isValue_Kind() {}
+
+func (*Value_BoolValue) isValue_Kind() {}
+
+func (*Value_ListValue) isValue_Kind() {}
+
+func (*Value_MapValue) isValue_Kind() {}
+
+type ValueList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []*Value               `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValueList) Reset() {
+	*x = ValueList{}
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValueList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValueList) ProtoMessage() {}
+
+func (x *ValueList) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValueList.ProtoReflect.Descriptor instead.
+func (*ValueList) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ValueList) GetValues() []*Value {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+type ValueMap struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fields        map[string]*Value      `protobuf:"bytes,1,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValueMap) Reset() {
+	*x = ValueMap{}
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValueMap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValueMap) ProtoMessage() {}
+
+func (x *ValueMap) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValueMap.ProtoReflect.Descriptor instead.
+func (*ValueMap) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ValueMap) GetFields() map[string]*Value {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
 type StartResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
@@ -953,7 +1289,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[14]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1301,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[14]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1314,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{14}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StartResponse) GetTaskId() string {
@@ -1004,7 +1340,7 @@ type DemandRequest struct {
 
 func (x *DemandRequest) Reset() {
 	*x = DemandRequest{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[15]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1352,7 @@ func (x *DemandRequest) String() string {
 func (*DemandRequest) ProtoMessage() {}
 
 func (x *DemandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[15]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1365,7 @@ func (x *DemandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemandRequest.ProtoReflect.Descriptor instead.
 func (*DemandRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{15}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DemandRequest) GetTaskId() string {
@@ -1051,7 +1387,7 @@ type DemandResponse struct {
 
 func (x *DemandResponse) Reset() {
 	*x = DemandResponse{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[16]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1399,7 @@ func (x *DemandResponse) String() string {
 func (*DemandResponse) ProtoMessage() {}
 
 func (x *DemandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[16]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1412,7 @@ func (x *DemandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemandResponse.ProtoReflect.Descriptor instead.
 func (*DemandResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{16}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DemandResponse) GetDemand() *Demand {
@@ -1113,7 +1449,7 @@ type LearnRequest struct {
 
 func (x *LearnRequest) Reset() {
 	*x = LearnRequest{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[17]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1461,7 @@ func (x *LearnRequest) String() string {
 func (*LearnRequest) ProtoMessage() {}
 
 func (x *LearnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[17]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1474,7 @@ func (x *LearnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LearnRequest.ProtoReflect.Descriptor instead.
 func (*LearnRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{17}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LearnRequest) GetBody() isLearnRequest_Body {
@@ -1194,7 +1530,7 @@ type LearnHeader struct {
 
 func (x *LearnHeader) Reset() {
 	*x = LearnHeader{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[18]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1542,7 @@ func (x *LearnHeader) String() string {
 func (*LearnHeader) ProtoMessage() {}
 
 func (x *LearnHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[18]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1555,7 @@ func (x *LearnHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LearnHeader.ProtoReflect.Descriptor instead.
 func (*LearnHeader) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{18}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LearnHeader) GetTaskId() string {
@@ -1238,9 +1574,8 @@ func (x *LearnHeader) GetBlob() *BlobInfo {
 
 type LearnResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Merged info: lists concatenated and scalars turned into lists, in row
-	// order; homogeneous keys single.
-	Info *structpb.Struct `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+	// Merged info, in row order, by the task's merge rule (MergeOptions).
+	Info *Value `protobuf:"bytes,4,opt,name=info,proto3" json:"info,omitempty"`
 	// How the batch was split in the end (after any re-split), in row order.
 	Shares []*Share `protobuf:"bytes,2,rep,name=shares,proto3" json:"shares,omitempty"`
 	// Learners that failed during this task and were excluded.
@@ -1251,7 +1586,7 @@ type LearnResponse struct {
 
 func (x *LearnResponse) Reset() {
 	*x = LearnResponse{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[19]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1598,7 @@ func (x *LearnResponse) String() string {
 func (*LearnResponse) ProtoMessage() {}
 
 func (x *LearnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[19]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,10 +1611,10 @@ func (x *LearnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LearnResponse.ProtoReflect.Descriptor instead.
 func (*LearnResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{19}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{23}
 }
 
-func (x *LearnResponse) GetInfo() *structpb.Struct {
+func (x *LearnResponse) GetInfo() *Value {
 	if x != nil {
 		return x.Info
 	}
@@ -1311,7 +1646,7 @@ type Share struct {
 
 func (x *Share) Reset() {
 	*x = Share{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[20]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1323,7 +1658,7 @@ func (x *Share) String() string {
 func (*Share) ProtoMessage() {}
 
 func (x *Share) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[20]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1336,7 +1671,7 @@ func (x *Share) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Share.ProtoReflect.Descriptor instead.
 func (*Share) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{20}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Share) GetLearnerId() string {
@@ -1368,7 +1703,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[21]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1715,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[21]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1728,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{21}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{25}
 }
 
 type StatusResponse struct {
@@ -1411,7 +1746,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[22]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1758,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_aggregator_proto_msgTypes[22]
+	mi := &file_rlhub_v1_aggregator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1771,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{22}
+	return file_rlhub_v1_aggregator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatusResponse) GetLearners() []*LearnerInfo {
@@ -1505,13 +1840,13 @@ const file_rlhub_v1_aggregator_proto_rawDesc = "" +
 	"\x0eResourcesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\v\n" +
-	"\tHeartbeat\"\x9a\x01\n" +
+	"\tHeartbeat\"\x98\x01\n" +
 	"\fLearnerReply\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\x12+\n" +
-	"\x04info\x18\x03 \x01(\v2\x17.google.protobuf.StructR\x04info\x12(\n" +
-	"\x06demand\x18\x04 \x01(\v2\x10.rlhub.v1.DemandR\x06demand\"X\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12#\n" +
+	"\x04info\x18\x05 \x01(\v2\x0f.rlhub.v1.ValueR\x04info\x12(\n" +
+	"\x06demand\x18\x04 \x01(\v2\x10.rlhub.v1.DemandR\x06demandJ\x04\b\x03\x10\x04\"X\n" +
 	"\x06Demand\x12\x1d\n" +
 	"\n" +
 	"batch_size\x18\x01 \x01(\x03R\tbatchSize\x12/\n" +
@@ -1542,9 +1877,11 @@ const file_rlhub_v1_aggregator_proto_rawDesc = "" +
 	"\trow_start\x18\x03 \x01(\x03R\browStart\x12\x12\n" +
 	"\x04rows\x18\x04 \x01(\x03R\x04rows\x12&\n" +
 	"\x04blob\x18\x05 \x01(\v2\x12.rlhub.v1.BlobInfoR\x04blob\"\x12\n" +
-	"\x10ResourcesRequest\"F\n" +
+	"\x10ResourcesRequest\"e\n" +
 	"\x11ResourcesResponse\x121\n" +
-	"\blearners\x18\x01 \x03(\v2\x15.rlhub.v1.LearnerInfoR\blearners\"\xc1\x02\n" +
+	"\blearners\x18\x01 \x03(\v2\x15.rlhub.v1.LearnerInfoR\blearners\x12\x1d\n" +
+	"\n" +
+	"world_size\x18\x02 \x01(\x03R\tworldSize\"\xc1\x02\n" +
 	"\vLearnerInfo\x12\x1d\n" +
 	"\n" +
 	"learner_id\x18\x01 \x01(\tR\tlearnerId\x12B\n" +
@@ -1556,10 +1893,35 @@ const file_rlhub_v1_aggregator_proto_rawDesc = "" +
 	"\ftasks_failed\x18\x06 \x01(\x04R\vtasksFailed\x1a<\n" +
 	"\x0eResourcesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
 	"\fStartRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x124\n" +
-	"\ttask_info\x18\x02 \x01(\v2\x17.google.protobuf.StructR\btaskInfo\"D\n" +
+	"\ttask_info\x18\x02 \x01(\v2\x17.google.protobuf.StructR\btaskInfo\x12,\n" +
+	"\x05merge\x18\x03 \x01(\v2\x16.rlhub.v1.MergeOptionsR\x05merge\"\x7f\n" +
+	"\fMergeOptions\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x120\n" +
+	"\x14set_homogeneous_keys\x18\x02 \x01(\bR\x12setHomogeneousKeys\x12)\n" +
+	"\x10homogeneous_keys\x18\x03 \x03(\tR\x0fhomogeneousKeys\"\xa1\x02\n" +
+	"\x05Value\x12\x1f\n" +
+	"\n" +
+	"null_value\x18\x01 \x01(\bH\x00R\tnullValue\x12\x1d\n" +
+	"\tint_value\x18\x02 \x01(\x03H\x00R\bintValue\x12!\n" +
+	"\vfloat_value\x18\x03 \x01(\x01H\x00R\n" +
+	"floatValue\x12#\n" +
+	"\fstring_value\x18\x04 \x01(\tH\x00R\vstringValue\x12\x1f\n" +
+	"\n" +
+	"bool_value\x18\x05 \x01(\bH\x00R\tboolValue\x124\n" +
+	"\n" +
+	"list_value\x18\x06 \x01(\v2\x13.rlhub.v1.ValueListH\x00R\tlistValue\x121\n" +
+	"\tmap_value\x18\a \x01(\v2\x12.rlhub.v1.ValueMapH\x00R\bmapValueB\x06\n" +
+	"\x04kind\"4\n" +
+	"\tValueList\x12'\n" +
+	"\x06values\x18\x01 \x03(\v2\x0f.rlhub.v1.ValueR\x06values\"\x8e\x01\n" +
+	"\bValueMap\x126\n" +
+	"\x06fields\x18\x01 \x03(\v2\x1e.rlhub.v1.ValueMap.FieldsEntryR\x06fields\x1aJ\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x05value\x18\x02 \x01(\v2\x0f.rlhub.v1.ValueR\x05value:\x028\x01\"D\n" +
 	"\rStartResponse\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\blearners\x18\x02 \x03(\tR\blearners\"(\n" +
@@ -1576,11 +1938,11 @@ const file_rlhub_v1_aggregator_proto_rawDesc = "" +
 	"\x04body\"N\n" +
 	"\vLearnHeader\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12&\n" +
-	"\x04blob\x18\x02 \x01(\v2\x12.rlhub.v1.BlobInfoR\x04blob\"}\n" +
-	"\rLearnResponse\x12+\n" +
-	"\x04info\x18\x01 \x01(\v2\x17.google.protobuf.StructR\x04info\x12'\n" +
+	"\x04blob\x18\x02 \x01(\v2\x12.rlhub.v1.BlobInfoR\x04blob\"{\n" +
+	"\rLearnResponse\x12#\n" +
+	"\x04info\x18\x04 \x01(\v2\x0f.rlhub.v1.ValueR\x04info\x12'\n" +
 	"\x06shares\x18\x02 \x03(\v2\x0f.rlhub.v1.ShareR\x06shares\x12\x16\n" +
-	"\x06failed\x18\x03 \x03(\tR\x06failed\"W\n" +
+	"\x06failed\x18\x03 \x03(\tR\x06failedJ\x04\b\x01\x10\x02\"W\n" +
 	"\x05Share\x12\x1d\n" +
 	"\n" +
 	"learner_id\x18\x01 \x01(\tR\tlearnerId\x12\x1b\n" +
@@ -1615,7 +1977,7 @@ func file_rlhub_v1_aggregator_proto_rawDescGZIP() []byte {
 	return file_rlhub_v1_aggregator_proto_rawDescData
 }
 
-var file_rlhub_v1_aggregator_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_rlhub_v1_aggregator_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_rlhub_v1_aggregator_proto_goTypes = []any{
 	(*LearnerMessage)(nil),    // 0: rlhub.v1.LearnerMessage
 	(*Hello)(nil),             // 1: rlhub.v1.Hello
@@ -1631,63 +1993,74 @@ var file_rlhub_v1_aggregator_proto_goTypes = []any{
 	(*ResourcesResponse)(nil), // 11: rlhub.v1.ResourcesResponse
 	(*LearnerInfo)(nil),       // 12: rlhub.v1.LearnerInfo
 	(*StartRequest)(nil),      // 13: rlhub.v1.StartRequest
-	(*StartResponse)(nil),     // 14: rlhub.v1.StartResponse
-	(*DemandRequest)(nil),     // 15: rlhub.v1.DemandRequest
-	(*DemandResponse)(nil),    // 16: rlhub.v1.DemandResponse
-	(*LearnRequest)(nil),      // 17: rlhub.v1.LearnRequest
-	(*LearnHeader)(nil),       // 18: rlhub.v1.LearnHeader
-	(*LearnResponse)(nil),     // 19: rlhub.v1.LearnResponse
-	(*Share)(nil),             // 20: rlhub.v1.Share
-	(*StatusRequest)(nil),     // 21: rlhub.v1.StatusRequest
-	(*StatusResponse)(nil),    // 22: rlhub.v1.StatusResponse
-	nil,                       // 23: rlhub.v1.Hello.ResourcesEntry
-	nil,                       // 24: rlhub.v1.LearnerInfo.ResourcesEntry
-	(*structpb.Struct)(nil),   // 25: google.protobuf.Struct
-	(*Chunk)(nil),             // 26: rlhub.v1.Chunk
-	(*BlobInfo)(nil),          // 27: rlhub.v1.BlobInfo
+	(*MergeOptions)(nil),      // 14: rlhub.v1.MergeOptions
+	(*Value)(nil),             // 15: rlhub.v1.Value
+	(*ValueList)(nil),         // 16: rlhub.v1.ValueList
+	(*ValueMap)(nil),          // 17: rlhub.v1.ValueMap
+	(*StartResponse)(nil),     // 18: rlhub.v1.StartResponse
+	(*DemandRequest)(nil),     // 19: rlhub.v1.DemandRequest
+	(*DemandResponse)(nil),    // 20: rlhub.v1.DemandResponse
+	(*LearnRequest)(nil),      // 21: rlhub.v1.LearnRequest
+	(*LearnHeader)(nil),       // 22: rlhub.v1.LearnHeader
+	(*LearnResponse)(nil),     // 23: rlhub.v1.LearnResponse
+	(*Share)(nil),             // 24: rlhub.v1.Share
+	(*StatusRequest)(nil),     // 25: rlhub.v1.StatusRequest
+	(*StatusResponse)(nil),    // 26: rlhub.v1.StatusResponse
+	nil,                       // 27: rlhub.v1.Hello.ResourcesEntry
+	nil,                       // 28: rlhub.v1.LearnerInfo.ResourcesEntry
+	nil,                       // 29: rlhub.v1.ValueMap.FieldsEntry
+	(*structpb.Struct)(nil),   // 30: google.protobuf.Struct
+	(*Chunk)(nil),             // 31: rlhub.v1.Chunk
+	(*BlobInfo)(nil),          // 32: rlhub.v1.BlobInfo
 }
 var file_rlhub_v1_aggregator_proto_depIdxs = []int32{
 	1,  // 0: rlhub.v1.LearnerMessage.hello:type_name -> rlhub.v1.Hello
 	2,  // 1: rlhub.v1.LearnerMessage.heartbeat:type_name -> rlhub.v1.Heartbeat
 	3,  // 2: rlhub.v1.LearnerMessage.reply:type_name -> rlhub.v1.LearnerReply
-	23, // 3: rlhub.v1.Hello.resources:type_name -> rlhub.v1.Hello.ResourcesEntry
-	25, // 4: rlhub.v1.LearnerReply.info:type_name -> google.protobuf.Struct
+	27, // 3: rlhub.v1.Hello.resources:type_name -> rlhub.v1.Hello.ResourcesEntry
+	15, // 4: rlhub.v1.LearnerReply.info:type_name -> rlhub.v1.Value
 	4,  // 5: rlhub.v1.LearnerReply.demand:type_name -> rlhub.v1.Demand
-	25, // 6: rlhub.v1.Demand.fields:type_name -> google.protobuf.Struct
+	30, // 6: rlhub.v1.Demand.fields:type_name -> google.protobuf.Struct
 	6,  // 7: rlhub.v1.AggregatorMessage.welcome:type_name -> rlhub.v1.Welcome
 	7,  // 8: rlhub.v1.AggregatorMessage.start:type_name -> rlhub.v1.StartTask
 	8,  // 9: rlhub.v1.AggregatorMessage.demand:type_name -> rlhub.v1.DemandTask
 	9,  // 10: rlhub.v1.AggregatorMessage.learn:type_name -> rlhub.v1.LearnTask
-	26, // 11: rlhub.v1.AggregatorMessage.chunk:type_name -> rlhub.v1.Chunk
-	25, // 12: rlhub.v1.StartTask.task_info:type_name -> google.protobuf.Struct
-	27, // 13: rlhub.v1.LearnTask.blob:type_name -> rlhub.v1.BlobInfo
+	31, // 11: rlhub.v1.AggregatorMessage.chunk:type_name -> rlhub.v1.Chunk
+	30, // 12: rlhub.v1.StartTask.task_info:type_name -> google.protobuf.Struct
+	32, // 13: rlhub.v1.LearnTask.blob:type_name -> rlhub.v1.BlobInfo
 	12, // 14: rlhub.v1.ResourcesResponse.learners:type_name -> rlhub.v1.LearnerInfo
-	24, // 15: rlhub.v1.LearnerInfo.resources:type_name -> rlhub.v1.LearnerInfo.ResourcesEntry
-	25, // 16: rlhub.v1.StartRequest.task_info:type_name -> google.protobuf.Struct
-	4,  // 17: rlhub.v1.DemandResponse.demand:type_name -> rlhub.v1.Demand
-	18, // 18: rlhub.v1.LearnRequest.header:type_name -> rlhub.v1.LearnHeader
-	26, // 19: rlhub.v1.LearnRequest.chunk:type_name -> rlhub.v1.Chunk
-	27, // 20: rlhub.v1.LearnHeader.blob:type_name -> rlhub.v1.BlobInfo
-	25, // 21: rlhub.v1.LearnResponse.info:type_name -> google.protobuf.Struct
-	20, // 22: rlhub.v1.LearnResponse.shares:type_name -> rlhub.v1.Share
-	12, // 23: rlhub.v1.StatusResponse.learners:type_name -> rlhub.v1.LearnerInfo
-	0,  // 24: rlhub.v1.LearnerAggregator.Attach:input_type -> rlhub.v1.LearnerMessage
-	10, // 25: rlhub.v1.LearnerAggregator.Resources:input_type -> rlhub.v1.ResourcesRequest
-	13, // 26: rlhub.v1.LearnerAggregator.Start:input_type -> rlhub.v1.StartRequest
-	15, // 27: rlhub.v1.LearnerAggregator.GetDataDemand:input_type -> rlhub.v1.DemandRequest
-	17, // 28: rlhub.v1.LearnerAggregator.Learn:input_type -> rlhub.v1.LearnRequest
-	21, // 29: rlhub.v1.LearnerAggregator.Status:input_type -> rlhub.v1.StatusRequest
-	5,  // 30: rlhub.v1.LearnerAggregator.Attach:output_type -> rlhub.v1.AggregatorMessage
-	11, // 31: rlhub.v1.LearnerAggregator.Resources:output_type -> rlhub.v1.ResourcesResponse
-	14, // 32: rlhub.v1.LearnerAggregator.Start:output_type -> rlhub.v1.StartResponse
-	16, // 33: rlhub.v1.LearnerAggregator.GetDataDemand:output_type -> rlhub.v1.DemandResponse
-	19, // 34: rlhub.v1.LearnerAggregator.Learn:output_type -> rlhub.v1.LearnResponse
-	22, // 35: rlhub.v1.LearnerAggregator.Status:output_type -> rlhub.v1.StatusResponse
-	30, // [30:36] is the sub-list for method output_type
-	24, // [24:30] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	28, // 15: rlhub.v1.LearnerInfo.resources:type_name -> rlhub.v1.LearnerInfo.ResourcesEntry
+	30, // 16: rlhub.v1.StartRequest.task_info:type_name -> google.protobuf.Struct
+	14, // 17: rlhub.v1.StartRequest.merge:type_name -> rlhub.v1.MergeOptions
+	16, // 18: rlhub.v1.Value.list_value:type_name -> rlhub.v1.ValueList
+	17, // 19: rlhub.v1.Value.map_value:type_name -> rlhub.v1.ValueMap
+	15, // 20: rlhub.v1.ValueList.values:type_name -> rlhub.v1.Value
+	29, // 21: rlhub.v1.ValueMap.fields:type_name -> rlhub.v1.ValueMap.FieldsEntry
+	4,  // 22: rlhub.v1.DemandResponse.demand:type_name -> rlhub.v1.Demand
+	22, // 23: rlhub.v1.LearnRequest.header:type_name -> rlhub.v1.LearnHeader
+	31, // 24: rlhub.v1.LearnRequest.chunk:type_name -> rlhub.v1.Chunk
+	32, // 25: rlhub.v1.LearnHeader.blob:type_name -> rlhub.v1.BlobInfo
+	15, // 26: rlhub.v1.LearnResponse.info:type_name -> rlhub.v1.Value
+	24, // 27: rlhub.v1.LearnResponse.shares:type_name -> rlhub.v1.Share
+	12, // 28: rlhub.v1.StatusResponse.learners:type_name -> rlhub.v1.LearnerInfo
+	15, // 29: rlhub.v1.ValueMap.FieldsEntry.value:type_name -> rlhub.v1.Value
+	0,  // 30: rlhub.v1.LearnerAggregator.Attach:input_type -> rlhub.v1.LearnerMessage
+	10, // 31: rlhub.v1.LearnerAggregator.Resources:input_type -> rlhub.v1.ResourcesRequest
+	13, // 32: rlhub.v1.LearnerAggregator.Start:input_type -> rlhub.v1.StartRequest
+	19, // 33: rlhub.v1.LearnerAggregator.GetDataDemand:input_type -> rlhub.v1.DemandRequest
+	21, // 34: rlhub.v1.LearnerAggregator.Learn:input_type -> rlhub.v1.LearnRequest
+	25, // 35: rlhub.v1.LearnerAggregator.Status:input_type -> rlhub.v1.StatusRequest
+	5,  // 36: rlhub.v1.LearnerAggregator.Attach:output_type -> rlhub.v1.AggregatorMessage
+	11, // 37: rlhub.v1.LearnerAggregator.Resources:output_type -> rlhub.v1.ResourcesResponse
+	18, // 38: rlhub.v1.LearnerAggregator.Start:output_type -> rlhub.v1.StartResponse
+	20, // 39: rlhub.v1.LearnerAggregator.GetDataDemand:output_type -> rlhub.v1.DemandResponse
+	23, // 40: rlhub.v1.LearnerAggregator.Learn:output_type -> rlhub.v1.LearnResponse
+	26, // 41: rlhub.v1.LearnerAggregator.Status:output_type -> rlhub.v1.StatusResponse
+	36, // [36:42] is the sub-list for method output_type
+	30, // [30:36] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_aggregator_proto_init() }
@@ -1708,7 +2081,16 @@ func file_rlhub_v1_aggregator_proto_init() {
 		(*AggregatorMessage_Learn)(nil),
 		(*AggregatorMessage_Chunk)(nil),
 	}
-	file_rlhub_v1_aggregator_proto_msgTypes[17].OneofWrappers = []any{
+	file_rlhub_v1_aggregator_proto_msgTypes[15].OneofWrappers = []any{
+		(*Value_NullValue)(nil),
+		(*Value_IntValue)(nil),
+		(*Value_FloatValue)(nil),
+		(*Value_StringValue)(nil),
+		(*Value_BoolValue)(nil),
+		(*Value_ListValue)(nil),
+		(*Value_MapValue)(nil),
+	}
+	file_rlhub_v1_aggregator_proto_msgTypes[21].OneofWrappers = []any{
 		(*LearnRequest_Header)(nil),
 		(*LearnRequest_Chunk)(nil),
 	}
@@ -1718,7 +2100,7 @@ func file_rlhub_v1_aggregator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_aggregator_proto_rawDesc), len(file_rlhub_v1_aggregator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

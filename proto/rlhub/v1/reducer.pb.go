@@ -37,7 +37,8 @@ const (
 
 type ReducerOptimizer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "sgd", "adam", "adamw" or "rmsprop".
+	// "sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam" or
+	// "radam" (internal/optim, torch.optim's update rules).
 	Kind        string  `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Lr          float64 `protobuf:"fixed64,2,opt,name=lr,proto3" json:"lr,omitempty"`
 	WeightDecay float64 `protobuf:"fixed64,3,opt,name=weight_decay,json=weightDecay,proto3" json:"weight_decay,omitempty"`
@@ -50,15 +51,22 @@ type ReducerOptimizer struct {
 	Alpha       float64 `protobuf:"fixed64,10,opt,name=alpha,proto3" json:"alpha,omitempty"`
 	Centered    bool    `protobuf:"varint,11,opt,name=centered,proto3" json:"centered,omitempty"`
 	// Schedule: "" (constant), "step" or "cosine".
-	Schedule      string  `protobuf:"bytes,12,opt,name=schedule,proto3" json:"schedule,omitempty"`
-	StepSize      int64   `protobuf:"varint,13,opt,name=step_size,json=stepSize,proto3" json:"step_size,omitempty"`
-	Gamma         float64 `protobuf:"fixed64,14,opt,name=gamma,proto3" json:"gamma,omitempty"`
-	TMax          int64   `protobuf:"varint,15,opt,name=t_max,json=tMax,proto3" json:"t_max,omitempty"`
-	MinLr         float64 `protobuf:"fixed64,16,opt,name=min_lr,json=minLr,proto3" json:"min_lr,omitempty"`
-	WarmupSteps   int64   `protobuf:"varint,17,opt,name=warmup_steps,json=warmupSteps,proto3" json:"warmup_steps,omitempty"`
-	WarmupStart   float64 `protobuf:"fixed64,18,opt,name=warmup_start,json=warmupStart,proto3" json:"warmup_start,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Schedule    string  `protobuf:"bytes,12,opt,name=schedule,proto3" json:"schedule,omitempty"`
+	StepSize    int64   `protobuf:"varint,13,opt,name=step_size,json=stepSize,proto3" json:"step_size,omitempty"`
+	Gamma       float64 `protobuf:"fixed64,14,opt,name=gamma,proto3" json:"gamma,omitempty"`
+	TMax        int64   `protobuf:"varint,15,opt,name=t_max,json=tMax,proto3" json:"t_max,omitempty"`
+	MinLr       float64 `protobuf:"fixed64,16,opt,name=min_lr,json=minLr,proto3" json:"min_lr,omitempty"`
+	WarmupSteps int64   `protobuf:"varint,17,opt,name=warmup_steps,json=warmupSteps,proto3" json:"warmup_steps,omitempty"`
+	WarmupStart float64 `protobuf:"fixed64,18,opt,name=warmup_start,json=warmupStart,proto3" json:"warmup_start,omitempty"`
+	// Adagrad.
+	LrDecay                 float64 `protobuf:"fixed64,19,opt,name=lr_decay,json=lrDecay,proto3" json:"lr_decay,omitempty"`
+	InitialAccumulatorValue float64 `protobuf:"fixed64,20,opt,name=initial_accumulator_value,json=initialAccumulatorValue,proto3" json:"initial_accumulator_value,omitempty"`
+	// NAdam (0 means 0.004).
+	MomentumDecay float64 `protobuf:"fixed64,21,opt,name=momentum_decay,json=momentumDecay,proto3" json:"momentum_decay,omitempty"`
+	// NAdam, RAdam: AdamW-style decoupled weight decay.
+	DecoupledWeightDecay bool `protobuf:"varint,22,opt,name=decoupled_weight_decay,json=decoupledWeightDecay,proto3" json:"decoupled_weight_decay,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ReducerOptimizer) Reset() {
@@ -215,6 +223,34 @@ func (x *ReducerOptimizer) GetWarmupStart() float64 {
 		return x.WarmupStart
 	}
 	return 0
+}
+
+func (x *ReducerOptimizer) GetLrDecay() float64 {
+	if x != nil {
+		return x.LrDecay
+	}
+	return 0
+}
+
+func (x *ReducerOptimizer) GetInitialAccumulatorValue() float64 {
+	if x != nil {
+		return x.InitialAccumulatorValue
+	}
+	return 0
+}
+
+func (x *ReducerOptimizer) GetMomentumDecay() float64 {
+	if x != nil {
+		return x.MomentumDecay
+	}
+	return 0
+}
+
+func (x *ReducerOptimizer) GetDecoupledWeightDecay() bool {
+	if x != nil {
+		return x.DecoupledWeightDecay
+	}
+	return false
 }
 
 type ReducerRegisterRequest struct {
@@ -1790,7 +1826,7 @@ var File_rlhub_v1_reducer_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\n" +
-	"\x16rlhub/v1/reducer.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\xe0\x03\n" +
+	"\x16rlhub/v1/reducer.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\x94\x05\n" +
 	"\x10ReducerOptimizer\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02lr\x18\x02 \x01(\x01R\x02lr\x12!\n" +
@@ -1810,7 +1846,11 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\x05t_max\x18\x0f \x01(\x03R\x04tMax\x12\x15\n" +
 	"\x06min_lr\x18\x10 \x01(\x01R\x05minLr\x12!\n" +
 	"\fwarmup_steps\x18\x11 \x01(\x03R\vwarmupSteps\x12!\n" +
-	"\fwarmup_start\x18\x12 \x01(\x01R\vwarmupStart\"\x8b\x02\n" +
+	"\fwarmup_start\x18\x12 \x01(\x01R\vwarmupStart\x12\x19\n" +
+	"\blr_decay\x18\x13 \x01(\x01R\alrDecay\x12:\n" +
+	"\x19initial_accumulator_value\x18\x14 \x01(\x01R\x17initialAccumulatorValue\x12%\n" +
+	"\x0emomentum_decay\x18\x15 \x01(\x01R\rmomentumDecay\x124\n" +
+	"\x16decoupled_weight_decay\x18\x16 \x01(\bR\x14decoupledWeightDecay\"\x8b\x02\n" +
 	"\x16ReducerRegisterRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x128\n" +
 	"\toptimizer\x18\x02 \x01(\v2\x1a.rlhub.v1.ReducerOptimizerR\toptimizer\x12\x1c\n" +

@@ -45,9 +45,9 @@ class LearnerReply(_message.Message):
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: str
-    info: _struct_pb2.Struct
+    info: Value
     demand: Demand
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., demand: _Optional[_Union[Demand, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[str] = ..., info: _Optional[_Union[Value, _Mapping]] = ..., demand: _Optional[_Union[Demand, _Mapping]] = ...) -> None: ...
 
 class Demand(_message.Message):
     __slots__ = ("batch_size", "fields")
@@ -114,10 +114,12 @@ class ResourcesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ResourcesResponse(_message.Message):
-    __slots__ = ("learners",)
+    __slots__ = ("learners", "world_size")
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     learners: _containers.RepeatedCompositeFieldContainer[LearnerInfo]
-    def __init__(self, learners: _Optional[_Iterable[_Union[LearnerInfo, _Mapping]]] = ...) -> None: ...
+    world_size: int
+    def __init__(self, learners: _Optional[_Iterable[_Union[LearnerInfo, _Mapping]]] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class LearnerInfo(_message.Message):
     __slots__ = ("learner_id", "resources", "lease_remaining_ms", "started_task", "tasks_done", "tasks_failed")
@@ -143,12 +145,61 @@ class LearnerInfo(_message.Message):
     def __init__(self, learner_id: _Optional[str] = ..., resources: _Optional[_Mapping[str, str]] = ..., lease_remaining_ms: _Optional[int] = ..., started_task: _Optional[str] = ..., tasks_done: _Optional[int] = ..., tasks_failed: _Optional[int] = ...) -> None: ...
 
 class StartRequest(_message.Message):
-    __slots__ = ("task_id", "task_info")
+    __slots__ = ("task_id", "task_info", "merge")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INFO_FIELD_NUMBER: _ClassVar[int]
+    MERGE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     task_info: _struct_pb2.Struct
-    def __init__(self, task_id: _Optional[str] = ..., task_info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    merge: MergeOptions
+    def __init__(self, task_id: _Optional[str] = ..., task_info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., merge: _Optional[_Union[MergeOptions, _Mapping]] = ...) -> None: ...
+
+class MergeOptions(_message.Message):
+    __slots__ = ("rule", "set_homogeneous_keys", "homogeneous_keys")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SET_HOMOGENEOUS_KEYS_FIELD_NUMBER: _ClassVar[int]
+    HOMOGENEOUS_KEYS_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    set_homogeneous_keys: bool
+    homogeneous_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rule: _Optional[str] = ..., set_homogeneous_keys: _Optional[bool] = ..., homogeneous_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("null_value", "int_value", "float_value", "string_value", "bool_value", "list_value", "map_value")
+    NULL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    LIST_VALUE_FIELD_NUMBER: _ClassVar[int]
+    MAP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    null_value: bool
+    int_value: int
+    float_value: float
+    string_value: str
+    bool_value: bool
+    list_value: ValueList
+    map_value: ValueMap
+    def __init__(self, null_value: _Optional[bool] = ..., int_value: _Optional[int] = ..., float_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bool_value: _Optional[bool] = ..., list_value: _Optional[_Union[ValueList, _Mapping]] = ..., map_value: _Optional[_Union[ValueMap, _Mapping]] = ...) -> None: ...
+
+class ValueList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class ValueMap(_message.Message):
+    __slots__ = ("fields",)
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    fields: _containers.MessageMap[str, Value]
+    def __init__(self, fields: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class StartResponse(_message.Message):
     __slots__ = ("task_id", "learners")
@@ -195,10 +246,10 @@ class LearnResponse(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
-    info: _struct_pb2.Struct
+    info: Value
     shares: _containers.RepeatedCompositeFieldContainer[Share]
     failed: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., failed: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, info: _Optional[_Union[Value, _Mapping]] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., failed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Share(_message.Message):
     __slots__ = ("learner_id", "row_start", "rows")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ReducerOptimizer(_message.Message):
-    __slots__ = ("kind", "lr", "weight_decay", "momentum", "dampening", "nesterov", "beta1", "beta2", "eps", "alpha", "centered", "schedule", "step_size", "gamma", "t_max", "min_lr", "warmup_steps", "warmup_start")
+    __slots__ = ("kind", "lr", "weight_decay", "momentum", "dampening", "nesterov", "beta1", "beta2", "eps", "alpha", "centered", "schedule", "step_size", "gamma", "t_max", "min_lr", "warmup_steps", "warmup_start", "lr_decay", "initial_accumulator_value", "momentum_decay", "decoupled_weight_decay")
     KIND_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,10 @@ class ReducerOptimizer(_message.Message):
     MIN_LR_FIELD_NUMBER: _ClassVar[int]
     WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
     WARMUP_START_FIELD_NUMBER: _ClassVar[int]
+    LR_DECAY_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_ACCUMULATOR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_DECAY_FIELD_NUMBER: _ClassVar[int]
+    DECOUPLED_WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
     kind: str
     lr: float
     weight_decay: float
@@ -45,7 +49,11 @@ class ReducerOptimizer(_message.Message):
     min_lr: float
     warmup_steps: int
     warmup_start: float
-    def __init__(self, kind: _Optional[str] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., momentum: _Optional[float] = ..., dampening: _Optional[float] = ..., nesterov: _Optional[bool] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., alpha: _Optional[float] = ..., centered: _Optional[bool] = ..., schedule: _Optional[str] = ..., step_size: _Optional[int] = ..., gamma: _Optional[float] = ..., t_max: _Optional[int] = ..., min_lr: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., warmup_start: _Optional[float] = ...) -> None: ...
+    lr_decay: float
+    initial_accumulator_value: float
+    momentum_decay: float
+    decoupled_weight_decay: bool
+    def __init__(self, kind: _Optional[str] = ..., lr: _Optional[float] = ..., weight_decay: _Optional[float] = ..., momentum: _Optional[float] = ..., dampening: _Optional[float] = ..., nesterov: _Optional[bool] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., eps: _Optional[float] = ..., alpha: _Optional[float] = ..., centered: _Optional[bool] = ..., schedule: _Optional[str] = ..., step_size: _Optional[int] = ..., gamma: _Optional[float] = ..., t_max: _Optional[int] = ..., min_lr: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., warmup_start: _Optional[float] = ..., lr_decay: _Optional[float] = ..., initial_accumulator_value: _Optional[float] = ..., momentum_decay: _Optional[float] = ..., decoupled_weight_decay: _Optional[bool] = ...) -> None: ...
 
 class ReducerRegisterRequest(_message.Message):
     __slots__ = ("model", "optimizer", "reduction", "gradient_max", "staleness", "max_lag", "checkpoint_every")

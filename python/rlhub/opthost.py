@@ -1,0 +1,306 @@
+"""Bring your own optimizer: an optimizer host for the hub's reducer.
+
+A model registered with optimizer kind ``"external"`` is reduced by the hub
+as any other -- secondaries admit and batch the gradients, the primary
+applies the exactly-once ledger, reduces, clips, counts and publishes every
+version -- but each step is performed here, by any ``torch.optim`` optimizer
+and any ``torch.optim.lr_scheduler`` (Machin's PushPullGradServer primary):
+
+    net = make_net()                                  # same weights as the store's
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=1000)
+    GradClient(hub).register("policy", optimizer={"kind": "external"})
+    with rlhub.OptimizerHost(hub, "policy", opt, lr_scheduler=sched, module=net):
+        ...                                           # learners push gradients as usual
+
+Contract (docs/optimizer-host.md):
+1. The host attaches to the primary's hub and is welcomed with the model's
+   newest version V. It loads the weights of V from the store into
+   ``module`` and its own checkpointed optimizer and scheduler state of V
+   (or keeps the fresh ones it was given when no host state exists yet).
+2. For each reduced batch the primary sends (gradient, V): the host sets
+   every parameter's ``.grad``, calls ``optimizer.step()`` then
+   ``lr_scheduler.step()``, checkpoints ``optimizer.state_dict()`` and
+   ``lr_scheduler.state_dict()`` to the store as model
+   ``"<model>/host-state"`` at version V+1 (tensors in safetensors, the rest
+   as JSON in its metadata: no pickle), and replies with the new weights
+   (``module.state_dict()``), which the primary publishes as V+1.
+3. A host killed at any point loses nothing: the primary re-sends the step
+   in flight to the next host, which resumes from the state of V.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import grpc
+
+from rlhub import _channel, errors
+from rlhub._proto.rlhub.v1 import opthost_pb2, opthost_pb2_grpc, tensor_pb2
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, iter_chunks
+from rlhub.store import StoreClient
+from rlhub.tensors import load_bytes, save_bytes
+
+log = logging.getLogger("rlhub.opthost")
+
+HOST_STATE_SUFFIX = "/host-state"
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 << 20),
+    ("grpc.max_send_message_length", 8 << 20),
+]
+
+
+def encode_state(obj: Any) -> Tuple[Dict[str, Any], str]:
+    """Splits a (nested) state dict into its tensors and a JSON string for
+    the rest; ``decode_state`` inverts it. Dict keys keep their type (torch's
+    optimizer state is keyed by int), tuples stay tuples."""
+    tensors: Dict[str, Any] = {}
+
+    def enc(v: Any) -> Any:
+        import torch
+
+        if isinstance(v, torch.Tensor):
+            name = f"t{len(tensors)}"
+            tensors[name] = v.detach().cpu().contiguous()
+            return {"__tensor__": name}
+        if isinstance(v, dict):
+            return {"__dict__": [[enc(k), enc(x)] for k, x in v.items()]}
+        if isinstance(v, tuple):
+            return {"__tuple__": [enc(x) for x in v]}
+        if isinstance(v, list):
+            return [enc(x) for x in v]
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        raise TypeError(f"cannot checkpoint a {type(v).__name__} in an optimizer or scheduler state")
+
+    return tensors, json.dumps(enc(obj))
+
+
+def decode_state(tensors: Dict[str, Any], text: str) -> Any:
+    def dec(v: Any) -> Any:
+        if isinstance(v, dict):
+            if "__tensor__" in v:
+                return tensors[v["__tensor__"]].clone()
+            if "__dict__" in v:
+                return {dec(k): dec(x) for k, x in v["__dict__"]}
+            if "__tuple__" in v:
+                return tuple(dec(x) for x in v["__tuple__"])
+        if isinstance(v, list):
+            return [dec(x) for x in v]
+        return v
+
+    return dec(json.loads(text))
+
+
+class OptimizerHost:
+    """Performs the reducer's steps for one ``"external"`` model.
+
+    ``module`` is the torch module whose ``state_dict()`` is exactly the
+    store model's tensors and whose parameters ``optimizer`` updates.
+    ``run()`` serves on the calling thread until ``stop()``; ``start()`` (or
+    ``with``) on a background thread. After any break it re-attaches after
+    ``backoff`` seconds. ``steps`` counts the steps this object performed.
+    """
+
+    def __init__(self, hub_addr: str, model: str, optimizer: Any, lr_scheduler: Any = None, *, module: Any,
+                 backoff: float = 0.2, timeout: float = 60.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        if module is None:
+            raise ValueError("module is required: the torch module the optimizer's parameters belong to")
+        self.hub_addr, self.model = hub_addr, model
+        self.optimizer, self.lr_scheduler, self.module = optimizer, lr_scheduler, module
+        self.backoff, self.timeout, self.chunk_bytes = backoff, timeout, chunk_bytes
+        self.state_model = model + HOST_STATE_SUFFIX
+        self.version = 0  # the version module holds
+        self.steps = 0
+        self.attached = threading.Event()
+        self._stop = threading.Event()
+        self._mu = threading.Lock()  # guards _call, _thread
+        self._call: Optional[Any] = None
+        self._thread: Optional[threading.Thread] = None
+        self._channel = _channel.channel(hub_addr, options=_CHANNEL_OPTIONS)  # TLS and token as configured
+        self._stub = opthost_pb2_grpc.OptimizerHostStub(self._channel)
+        self._store = StoreClient(hub_addr, timeout=timeout)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "OptimizerHost":
+        with self._mu:
+            if self._thread is not None:
+                raise RuntimeError("optimizer host already started")
+            self._thread = threading.Thread(target=self.run, name=f"rlhub-opthost-{self.model}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: Optional[float] = 30.0) -> None:
+        """Ends serving (a step in progress finishes first) and joins the
+        serving thread. Safe to call twice."""
+        self._stop.set()
+        with self._mu:
+            call, th = self._call, self._thread
+        if call is not None:
+            call.cancel()
+        if th is not None and th is not threading.current_thread():
+            th.join(timeout)
+            if th.is_alive():
+                raise TimeoutError(f"optimizer host {self.model}: serving thread did not end in {timeout}s")
+
+    def close(self) -> None:
+        self.stop()
+        self._store.close()
+        self._channel.close()
+
+    def __enter__(self) -> "OptimizerHost":
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._session()
+            except Exception as e:  # noqa: BLE001 - any break: log and re-attach
+                if self._stop.is_set():
+                    break
+                log.warning("optimizer host %s: detached (%s); re-attaching in %.1fs", self.model, e, self.backoff)
+            self._stop.wait(self.backoff)
+
+    # -- state -------------------------------------------------------------
+
+    def load(self, version: int) -> None:
+        """Loads the weights of ``version`` into the module and the host
+        state checkpointed at it (none yet: the optimizer and scheduler stay
+        as given)."""
+        import torch
+
+        v = self._store.pull(self.model, version=version, framework="torch")
+        if v is None:
+            raise errors.NotFound(f"model {self.model!r} version {version}")
+        with torch.no_grad():
+            own = self.module.state_dict()
+            if set(own) != set(v.tensors):
+                raise ValueError(f"module tensors {sorted(own)[:8]} differ from the model's {sorted(v.tensors)[:8]}")
+            for name, t in own.items():
+                t.copy_(v.tensors[name])
+        try:
+            st = self._store.pull(self.state_model, version=version, framework="torch")
+        except errors.NotFound:
+            st = None
+        if st is not None:
+            state = decode_state(st.tensors, st.metadata["host.state"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+                self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            log.info("optimizer host %s: resumed at version %d", self.model, version)
+        else:
+            newest = None
+            try:
+                newest = self._store.pull(self.state_model)
+            except errors.NotFound:
+                pass
+            if newest is not None and newest.version < version:
+                raise errors.NotFound(f"host state of {self.model!r} at version {version} is missing "
+                                      f"(newest is {newest.version}): the optimizer state is lost")
+        self.version = version
+
+    def _checkpoint(self, version: int) -> None:
+        state = {"optimizer": self.optimizer.state_dict(),
+                 "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None}
+        tensors, text = encode_state(state)
+        try:
+            self._store.push(self.state_model, tensors, version=version,
+                             metadata={"host.state": text, "model.version": str(version)})
+        except errors.StaleVersion:
+            # A predecessor killed after checkpointing this very step (the
+            # same state from the same gradient) before it replied.
+            pass
+
+    def _step(self, version: int, grad: Dict[str, Any]) -> bytes:
+        if version != self.version:
+            self.load(version)  # another host stepped in between
+        for name, p in self.module.named_parameters():
+            g = grad.get(name)
+            if g is None:
+                raise ValueError(f"gradient lacks parameter {name!r}")
+            p.grad = g.to(dtype=p.dtype).clone()
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self._checkpoint(version + 1)
+        self.version = version + 1
+        self.steps += 1
+        return save_bytes({k: v.detach().cpu() for k, v in self.module.state_dict().items()})
+
+    # -- one session -------------------------------------------------------
+
+    def _session(self) -> None:
+        out: "queue.Queue[Optional[opthost_pb2.HostMessage]]" = queue.Queue()
+        out.put(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model=self.model)))
+
+        def requests():
+            while True:
+                m = out.get()
+                if m is None:
+                    return
+                yield m
+
+        call = self._stub.Attach(requests(), wait_for_ready=True)
+        with self._mu:
+            self._call = call
+        try:
+            it = iter(call)
+            first = self._recv(it)
+            if first is None or not first.HasField("welcome"):
+                raise errors.InvalidArgument("first primary message is not a Welcome")
+            self.load(first.welcome.version)
+            self.attached.set()
+            log.info("optimizer host %s: attached at version %d", self.model, self.version)
+            while not self._stop.is_set():
+                m = self._recv(it)
+                if m is None:
+                    raise errors.Unavailable("primary ended the stream")
+                if not m.HasField("step"):
+                    raise errors.InvalidArgument(f"unexpected primary message {m.WhichOneof('body')!r}")
+                st = m.step
+                asm = Assembler(st.grad.total_bytes)
+                got = 0
+                while got < st.grad.total_bytes:
+                    c = self._recv(it)
+                    if c is None or not c.HasField("chunk"):
+                        raise errors.InvalidArgument(f"step gradient ended after {got} of {st.grad.total_bytes} bytes")
+                    asm.write(c.chunk.data)
+                    got += len(c.chunk.data)
+                res = opthost_pb2.HostResult(step_id=st.step_id)
+                try:
+                    blob = self._step(st.version, load_bytes(asm.finish(), framework="torch"))
+                except Exception as e:  # noqa: BLE001 - the step fails, the primary says so
+                    res.error = f"{type(e).__name__}: {e}"
+                    out.put(opthost_pb2.HostMessage(result=res))
+                    raise
+                res.params.CopyFrom(tensor_pb2.BlobInfo(model=self.model, version=st.version + 1,
+                                                        total_bytes=len(blob), chunk_bytes=self.chunk_bytes))
+                out.put(opthost_pb2.HostMessage(result=res))
+                for c in iter_chunks(blob, self.chunk_bytes):
+                    out.put(opthost_pb2.HostMessage(chunk=tensor_pb2.Chunk(data=c)))
+        finally:
+            self.attached.clear()
+            out.put(None)
+            call.cancel()
+            with self._mu:
+                self._call = None
+
+    @staticmethod
+    def _recv(it):
+        try:
+            return next(it)
+        except StopIteration:
+            return None
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None

@@ -1,0 +1,137 @@
+"""rlhub.OptimizerHost against the real hub: a model registered with the
+"external" optimizer is stepped by a host process running any torch
+optimizer and lr scheduler; the published weights equal a single-process
+torch run on the same reduced gradients, also across a SIGKILL of the host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import rlhub
+from rlhub.grads import GradClient
+from rlhub.opthost import decode_state, encode_state
+from test_grads import assert_close_to, fill_grads, setup_model
+from opthost_proc import make_case, make_net
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def spawn_host(hub, case: str, log) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..")] + sys.path))
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "opthost_proc.py"), hub.addr, "pol", case],
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def wait_published(s: rlhub.StoreClient, after: int) -> rlhub.ModelVersion:
+    """The next version; bounded generously: a host process starting
+    (importing torch) on a loaded machine can take tens of seconds."""
+    v = s.pull("pol", if_newer_than=after, framework="torch")
+    if v is not None:
+        return v
+    for v in s.watch("pol", after=after, framework="torch", timeout=180):
+        return v
+    raise AssertionError(f"no version after {after}")
+
+
+def kill(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+
+
+def run(hub, tmp_path, case: str, steps: int, kill_after=()):
+    """Pushes one gradient per version (so each reduced batch is that
+    gradient) and checks every published version against torch itself."""
+    ref = make_net()
+    setup_model(hub.addr, "pol", ref)
+    ref_opt, ref_sched = make_case(case, ref)
+    learner = make_net(seed=99)  # only its .grad travels
+    log = open(tmp_path / "hosts.log", "ab")
+    hosts = [spawn_host(hub, case, log)]
+    kills = 0
+    try:
+        with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+            version = 1
+            for step in range(steps):
+                fill_grads(learner, seed=step)
+                g.push("pol", version, learner)
+                if step in kill_after:
+                    # The step may be in flight in the host, done, or not
+                    # yet sent: whichever, a new host must finish it right.
+                    kill(hosts[-1])
+                    kills += 1
+                    hosts.append(spawn_host(hub, case, log))
+                v = wait_published(s, version)
+                assert v.version == version + 1
+                for p, q in zip(ref.parameters(), learner.parameters()):
+                    p.grad = q.grad.clone()
+                ref_opt.step()
+                if ref_sched is not None:
+                    ref_sched.step()
+                assert_close_to(v.tensors, ref)
+                version = v.version
+            st = g.stats()
+            assert (st.total.pushed, st.total.applied, st.total.steps) == (steps, steps, steps)
+            assert st.accounted()
+            # The host's state is checkpointed with every version.
+            hs = s.pull("pol/host-state", version=version, framework="torch")
+            state = decode_state(hs.tensors, hs.metadata["host.state"])
+            assert state["optimizer"]["param_groups"][0]["lr"] == ref_opt.param_groups[0]["lr"]
+    except BaseException:
+        log.flush()
+        print((tmp_path / "hosts.log").read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        for p in hosts:
+            if p.poll() is None:
+                kill(p)
+        log.close()
+    assert kills == len(kill_after)
+
+
+def test_adam_with_onecycle_matches_torch(hub, tmp_path):
+    run(hub, tmp_path, "adam_onecycle", steps=8)
+
+
+def test_rprop_which_rlhub_has_no_builtin_for_matches_torch(hub, tmp_path):
+    run(hub, tmp_path, "rprop", steps=8)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Adafactor"), reason="torch without Adafactor")
+def test_adafactor_with_steplr_matches_torch(hub, tmp_path):
+    run(hub, tmp_path, "adafactor", steps=6)
+
+
+def test_sigkilled_host_resumes_with_its_optimizer_state(hub, tmp_path):
+    run(hub, tmp_path, "adam_onecycle", steps=12, kill_after=(3, 7))
+
+
+def test_state_codec_round_trips_torch_state_dicts():
+    net = make_net()
+    opt, sched = make_case("adam_onecycle", net)
+    fill_grads(net, 0)
+    opt.step()
+    sched.step()
+    state = {"optimizer": opt.state_dict(), "lr_scheduler": sched.state_dict()}
+    tensors, text = encode_state(state)
+    back = decode_state(tensors, text)
+    assert back["lr_scheduler"] == sched.state_dict()
+    assert set(back["optimizer"]["state"]) == {0, 1, 2, 3}  # int keys stay ints
+    assert isinstance(back["optimizer"]["param_groups"][0]["betas"], tuple)
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(back["optimizer"]["state"][0][k], v)
+    with pytest.raises(TypeError, match="cannot checkpoint"):
+        encode_state({"f": lambda: 0})
+
+
+def test_external_registration_is_checked(hub):
+    setup_model(hub.addr, "pol", make_net())
+    with GradClient(hub.addr) as g:
+        with pytest.raises(rlhub.InvalidArgument, match="external"):
+            g.register("pol", optimizer={"kind": "external", "lr": 0.1})
