@@ -20,6 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/metrics"
 	arsrun "github.com/rlhub/rlhub/internal/run"
+	"github.com/rlhub/rlhub/internal/tblog"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -102,18 +103,19 @@ func newTrainCmd(g *globals) *cobra.Command {
 }
 
 type trainARSOptions struct {
-	spec       pb.ARSRunSpec
-	version    string
-	hidden     []int
-	target     float64
-	workers    int
-	hubAddr    string
-	out        string
-	noProgress bool
-	overwrite  bool
-	resume     bool
-	reconnect  time.Duration
-	config     string
+	tensorboard string // --tensorboard DIR: event files beside curve.csv's rows
+	spec        pb.ARSRunSpec
+	version     string
+	hidden      []int
+	target      float64
+	workers     int
+	hubAddr     string
+	out         string
+	noProgress  bool
+	overwrite   bool
+	resume      bool
+	reconnect   time.Duration
+	config      string
 	// envSpec: the spaces of an environment only Python workers run
 	// (--obs-dim with --discrete or --act-dim); zero for a built-in one.
 	envSpec pb.ARSEnvSpec
@@ -178,6 +180,7 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 	f.BoolVar(&o.overwrite, "overwrite", false, "delete an earlier run in --out and start a new one")
 	f.BoolVar(&o.resume, "resume", false, "continue the run recorded in --out (OUT/run.json) instead of starting one")
 	f.DurationVar(&o.reconnect, "reconnect-window", 2*time.Minute, "how long to retry a hub that became unreachable after the run started (workers started here get the same)")
+	f.StringVar(&o.tensorboard, "tensorboard", "", "also write TensorBoard scalars (eval and train return, steps/s, episodes; step = iteration) to an event file in this directory")
 	f.BoolVar(&o.noProgress, "no-progress", false, "no progress display (one line per iteration when stderr is not a terminal)")
 	f.Uint32Var(&o.envSpec.ObsDim, "obs-dim", 0, "observation length of an --env the hub does not know (a Gymnasium env served by python -m rlhub.ars_worker; needs --hub and --workers 0)")
 	f.Uint32Var(&o.envSpec.Discrete, "discrete", 0, "with --obs-dim: number of discrete actions")
@@ -297,9 +300,21 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	raw := g.rawStderr()
 	g = &globals{stdout: g.stdout, stderr: errw, raw: raw, logger: logger, logLevel: g.logLevel, logFormat: g.logFormat, conn: g.conn}
 	cfg, err := o.runConfig(g)
-	cfg.Dial, cfg.WorkerArgs = dialConfig(ctx), g.conn.args() // TLS and token, for the run and its workers
 	if err != nil {
 		return err
+	}
+	cfg.Dial, cfg.WorkerArgs = dialConfig(ctx), g.conn.args() // TLS and token, for the run and its workers
+	if o.tensorboard != "" {
+		tb, err := tblog.Create(o.tensorboard, tblog.Config{})
+		if err != nil {
+			return fmt.Errorf("--tensorboard: %w", err)
+		}
+		defer func() {
+			if err := tb.Close(); err != nil {
+				g.logger.Warn("tensorboard: closing the event file", "err", err)
+			}
+		}()
+		cfg.Observer = arsrun.Observers{cfg.Observer, &tensorBoardObserver{w: tb, log: g.logger}}
 	}
 	sum, err := arsrun.Run(ctx, cfg)
 	if sum.RunID == "" {

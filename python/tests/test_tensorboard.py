@@ -72,3 +72,34 @@ def test_hub_scalars_log_gradients_applied_and_lag(hub, tmp_path):
     assert got["sync/pol/max_lag"] == [(7, float(newest - 1))]
     assert logged["sync/pol/lag/slow"] == newest - 1
 
+
+
+def test_train_ars_tensorboard_matches_curve_csv(rlhub_bin, tmp_path):
+    """`train ars --tensorboard DIR` during a short run: tensorboard's own
+    reader finds one point per curve.csv row, at step = iteration, with the
+    row's values."""
+    import csv
+    import subprocess
+
+    out, tb = tmp_path / "run", tmp_path / "tb"
+    res = subprocess.run([rlhub_bin, "train", "ars", "--env", "CartPole-v1", "--workers", "1", "--seed", "3",
+                          "--max-iterations", "12", "--eval-every", "4", "--eval-episodes", "5",
+                          "--out", str(out), "--tensorboard", str(tb), "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    rows = list(csv.DictReader(open(out / "curve.csv")))
+    assert rows, "curve.csv is empty"
+    got = read(str(tb))
+    rows = [r for r in rows if r["confirm"] != "true"]  # a re-evaluation has its own tag
+    # An iteration trained when it ran episodes past those behind its policy
+    # (the last, evaluation-only row did not: no train_return point).
+    train = [(int(r["iteration"]), float(r["train_return"])) for r in rows
+             if int(r["training_episodes"]) > int(r["policy_training_episodes"])]
+    evals = [(int(r["iteration"]), float(r["eval_mean"])) for r in rows if r["eval_mean"]]
+    episodes = [(int(r["iteration"]), float(r["training_episodes"])) for r in rows]
+    assert len(evals) >= 2 and len(train) >= 10
+    for tag, want in (("ars/train_return", train), ("ars/eval_return", evals), ("ars/training_episodes", episodes)):
+        have = got.get(tag, [])
+        assert [s for s, _ in have] == [s for s, _ in want], f"{tag}: steps {have} vs curve.csv {want}"
+        for (_, h), (_, w) in zip(have, want):
+            assert math.isclose(h, w, rel_tol=1e-5, abs_tol=1e-4), f"{tag}: {h} vs curve.csv {w}"
