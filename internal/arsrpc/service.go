@@ -67,7 +67,7 @@ type Config struct {
 	DataDir string
 	// CrashAt (tests only) SIGKILLs the process at a named point of the
 	// state writes: "report" (results accepted mid-iteration),
-	// "eval-report" (evaluation results accepted mid-iteration),
+	// "eval-report" (evaluation results accepted, not yet durable),
 	// "snapshot" (state.json half written, not renamed), "publish" (state
 	// on disk, version not yet in the store), "iteration" (an iteration
 	// fully recorded, before anyone is told); "point:N" for the Nth time.
@@ -504,6 +504,17 @@ func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error
 		return nil, grpcerr.ToStatus(err)
 	}
 	r := s.c.runs[req.RunId]
+	if out.accepted > 0 || out.finished {
+		// Evaluation results taken in, not yet durable — whether or not
+		// they finish the iteration (which of a worker's reports finishes
+		// it is a matter of timing; the hook must not be).
+		for _, x := range req.Results {
+			if x.GetTask().GetKind() == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
+				s.crash.at("eval-report")
+				break
+			}
+		}
+	}
 	if out.finished {
 		// Durable before anyone sees the iteration or its version.
 		if err := s.saveLocked(r); err != nil && out.pub != nil {
@@ -512,12 +523,6 @@ func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error
 		s.crash.at("publish")
 	} else if out.accepted > 0 {
 		s.crash.at("report")
-		for _, x := range req.Results {
-			if x.GetTask().GetKind() == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
-				s.crash.at("eval-report")
-				break
-			}
-		}
 	}
 	if out.pub != nil {
 		if err := s.pushLocked(out.pub); err != nil {
