@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -150,7 +151,7 @@ func (p *persister) save(r *run) error {
 			return err
 		}
 		p.logs[r.id] = f
-		if err := syncDir(p.dir); err != nil {
+		if err := atomicfile.SyncDir(p.dir); err != nil {
 			return err
 		}
 	}
@@ -211,15 +212,7 @@ func (p *persister) writeAtomic(path string, b []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
+	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // loaded is one run read back from disk.

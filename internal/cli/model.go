@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storeclient"
@@ -106,7 +106,7 @@ func newModelPullCmd(g *globals, client clientFunc) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("pull %s: %w", name, err)
 			}
-			if err := writeFileAtomic(out, snap.Blob); err != nil {
+			if err := atomicfile.Write(out, snap.Blob); err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "pulled %s v%d (epoch %d, %d bytes) to %s\n", snap.Name, snap.Version, snap.Epoch, len(snap.Blob), out)
@@ -204,28 +204,4 @@ func readAligned(path string) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return buf, nil
-}
-
-// writeFileAtomic writes data to path through a temp file in the same
-// directory, so a reader never sees half a model.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

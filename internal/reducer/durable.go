@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -44,7 +45,7 @@ const (
 	registrationName = "registration.json"
 	journalName      = "journal.log"
 	registrationFmt  = 1
-	stateTmpSuffix   = ".tmp"
+	stateTmpSuffix   = atomicfile.TmpSuffix
 	// journalRecordMax bounds one journal record (a step of a batch of a
 	// few thousand members is a few hundred KiB; a ledger snapshot of many
 	// clients more).
@@ -331,7 +332,7 @@ func (d *stateDir) create(reg registration, window int) (*modelFiles, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
 	}
-	if err := syncDir(d.dir); err != nil {
+	if err := atomicfile.SyncDir(d.dir); err != nil {
 		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
 	}
 	j, err := os.OpenFile(filepath.Join(dir, journalName), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
@@ -342,7 +343,7 @@ func (d *stateDir) create(reg registration, window int) (*modelFiles, error) {
 	if err == nil {
 		// The registration is committed last: a directory without it is
 		// debris of a registration that never completed.
-		err = writeFileAtomic(dir, registrationName, [][]byte{raw, {'\n'}})
+		err = atomicfile.Write(filepath.Join(dir, registrationName), raw, []byte{'\n'})
 	}
 	if err != nil {
 		j.Close()
@@ -481,7 +482,7 @@ func (f *modelFiles) commit(version uint64, members []reduce.ID, weights []float
 	if plan, err = safetensors.Plan(st, meta); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(f.dir, stateFileName(version), plan.Buffers()); err != nil {
+	if err := atomicfile.Write(filepath.Join(f.dir, stateFileName(version)), plan.Buffers()...); err != nil {
 		return fmt.Errorf("optimizer state of version %d: %w", version, err)
 	}
 	f.pending = version
@@ -533,7 +534,7 @@ func (f *modelFiles) compact(version, steps uint64) error {
 		return err
 	}
 	frame := appendFrame(nil, payload)
-	if err := writeFileAtomic(f.dir, journalName, [][]byte{frame}); err != nil {
+	if err := atomicfile.Write(filepath.Join(f.dir, journalName), frame); err != nil {
 		return err
 	}
 	j, err := os.OpenFile(filepath.Join(f.dir, journalName), os.O_WRONLY, 0o644)
@@ -554,44 +555,3 @@ func (f *modelFiles) compact(version, steps uint64) error {
 }
 
 func (f *modelFiles) close() error { return f.journal.Close() }
-
-// writeFileAtomic writes the pieces to dir/name via a temp file: write,
-// fsync, rename, fsync dir. A crash leaves the old file or the new one
-// (and perhaps a temp file that restore removes).
-func writeFileAtomic(dir, name string, pieces [][]byte) error {
-	tmp := filepath.Join(dir, name+stateTmpSuffix)
-	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	for _, p := range pieces {
-		if _, err = fh.Write(p); err != nil {
-			break
-		}
-	}
-	if err == nil {
-		err = fh.Sync()
-	}
-	if cerr := fh.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, name))
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}

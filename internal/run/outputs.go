@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/env"
 )
 
@@ -195,7 +196,7 @@ func (c *curveFile) close() error {
 }
 
 func writeOutputs(dir string, blob []byte, rows []Row, sum Summary) error {
-	if err := writeFileAtomic(filepath.Join(dir, "policy.safetensors"), blob); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, "policy.safetensors"), blob); err != nil {
 		return err
 	}
 	if err := plotCurve(filepath.Join(dir, "curve.png"), rows, sum); err != nil {
@@ -205,7 +206,7 @@ func writeOutputs(dir string, blob []byte, rows []Row, sum Summary) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, "summary.json"), append(b, '\n'))
+	return atomicfile.Write(filepath.Join(dir, "summary.json"), append(b, '\n'))
 }
 
 // writeFileFrom creates path and fills it with write.
@@ -216,22 +217,6 @@ func writeFileFrom(path string, write func(io.Writer) (int64, error)) error {
 	}
 	_, err = write(f)
 	return errors.Join(err, f.Close())
-}
-
-// writeFileAtomic writes path through a temporary file, fsync and rename,
-// so a reader sees the old file or the whole new one.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err = errors.Join(err, f.Sync(), f.Close()); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // outputNames are the files a run writes into OUT (and OUT/hub, its
@@ -253,7 +238,7 @@ func writeRunRecord(dir string, rec *runRecord) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, "run.json"), append(b, '\n'))
+	return atomicfile.Write(filepath.Join(dir, "run.json"), append(b, '\n'))
 }
 
 // prepareOut makes Out ready for cfg.OutMode and returns the record of

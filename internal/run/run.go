@@ -15,6 +15,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/hub"
@@ -148,7 +149,7 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
-	if err := writeFileAtomic(filepath.Join(cfg.Out, "config.yaml"), yml); err != nil {
+	if err := atomicfile.Write(filepath.Join(cfg.Out, "config.yaml"), yml); err != nil {
 		return Summary{}, err
 	}
 	if r.curve, err = createCurve(filepath.Join(cfg.Out, "curve.csv")); err != nil {

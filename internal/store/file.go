@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
@@ -322,7 +323,7 @@ func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
 		err = os.Rename(tmp, filepath.Join(dir, name))
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = atomicfile.SyncDir(dir)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -332,15 +333,6 @@ func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
 		f.cfg.hook(stage + "-renamed")
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // modelDir returns name's directory and its committed manifest, creating
@@ -355,7 +347,7 @@ func (f *File) modelDir(name string) (string, *manifest, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return "", nil, fmt.Errorf("store: checkpoint %q: %w", name, err)
 		}
-		if err := syncDir(f.cfg.Dir); err != nil {
+		if err := atomicfile.SyncDir(f.cfg.Dir); err != nil {
 			return "", nil, fmt.Errorf("store: checkpoint %q: %w", name, err)
 		}
 		old = &manifest{Format: manifestFormat, Name: name}
@@ -404,7 +396,7 @@ func (f *File) persistDelete(name string) error {
 	if err := os.Rename(dir, trash); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("store: delete %q: %w", name, err)
 	}
-	if err := syncDir(f.cfg.Dir); err != nil {
+	if err := atomicfile.SyncDir(f.cfg.Dir); err != nil {
 		return fmt.Errorf("store: delete %q: %w", name, err)
 	}
 	f.mu.Lock()

@@ -1,0 +1,52 @@
+// Package atomicfile replaces files so that a crash at any moment leaves
+// either the old file or the whole new one: write a temporary file beside
+// it, fsync it, rename it over the target, fsync the directory (without
+// that last step the rename itself may not survive a power cut).
+//
+// The store, the reducer's state, ARS runs and run outputs all need this;
+// it lives once, here.
+package atomicfile
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+)
+
+// TmpSuffix ends the temporary file's name (path + TmpSuffix). A reader
+// that finds one at start-up may remove it: it is a write that never
+// completed.
+const TmpSuffix = ".tmp"
+
+// Write replaces path with the concatenation of pieces.
+func Write(path string, pieces ...[]byte) error {
+	tmp := path + TmpSuffix
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	for _, p := range pieces {
+		if _, err = f.Write(p); err != nil {
+			break
+		}
+	}
+	if err = errors.Join(err, f.Sync(), f.Close()); err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = SyncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+// SyncDir fsyncs a directory, making renames and removals in it durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}

@@ -1,0 +1,44 @@
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestWriteReplacesWholeAndLeavesNoTemp(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, []byte("old contents"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(path, []byte("new "), []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "new one" {
+		t.Fatalf("file holds %q, want %q", b, "new one")
+	}
+	if _, err := os.Stat(path + TmpSuffix); !os.IsNotExist(err) {
+		t.Fatalf("temporary file left: %v", err)
+	}
+}
+
+func TestWriteFailureKeepsTheOldFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A directory where the temporary file must go makes the write fail.
+	if err := os.Mkdir(path+TmpSuffix, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(path, []byte("new")); err == nil {
+		t.Fatal("Write over an unwritable temporary name succeeded")
+	}
+	if b, _ := os.ReadFile(path); string(b) != "old" {
+		t.Fatalf("a failed write changed the file to %q", b)
+	}
+	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("SyncDir of a missing directory succeeded")
+	}
+}
