@@ -170,8 +170,15 @@ func readWatchRequest(conn net.Conn) (uint64, bool) {
 	if _, err := io.ReadFull(conn, head[:1]); err != nil {
 		return 0, false
 	}
-	if head[0] == 'R' { // the magic, once per connection
+	if head[0] == 'R' { // the hello (magic + u16-length token), once per connection
 		if _, err := io.ReadFull(conn, head[1:]); err != nil {
+			return 0, false
+		}
+		var tl [2]byte
+		if _, err := io.ReadFull(conn, tl[:]); err != nil {
+			return 0, false
+		}
+		if _, err := io.ReadFull(conn, make([]byte, binary.LittleEndian.Uint16(tl[:]))); err != nil {
 			return 0, false
 		}
 		if _, err := conn.Write([]byte(bulk.Magic)); err != nil {

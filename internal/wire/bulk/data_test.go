@@ -123,8 +123,9 @@ func TestTruncatedDataIsAnError(t *testing.T) {
 // fakeServer answers one request on conn with a data frame announcing n
 // body bytes of which it sends send, then hangs up.
 func fakeServer(t *testing.T, conn net.Conn, n, send int) {
-	magic := make([]byte, len(bulk.Magic))
-	if _, err := io.ReadFull(conn, magic); err != nil {
+	// The client's hello: the magic, then a u16-length token (none here).
+	hello := make([]byte, len(bulk.Hello("")))
+	if _, err := io.ReadFull(conn, hello); err != nil {
 		return
 	}
 	if _, err := conn.Write([]byte(bulk.Magic)); err != nil {
