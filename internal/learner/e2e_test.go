@@ -2,11 +2,13 @@ package learner_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/learner"
@@ -24,6 +27,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // Data-parallel training end to end through one hub: a coordinator drives
@@ -151,4 +155,20 @@ func mustSD(t *testing.T, ts ...*tensor.Tensor) *tensor.StateDict {
 		t.Fatal(err)
 	}
 	return sd
+}
+
+// A learner whose attach is refused for good (here an id the hub does not
+// take) returns the error instead of re-attaching forever.
+func TestRunReturnsAPermanentRefusal(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	ex := &learner.Example{ID: "a b"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := learner.Run(ctx, ex.Config(h.Addr().String()))
+	if !errors.Is(err, errs.ErrInvalid) || ctx.Err() != nil {
+		t.Fatalf("Run with a refused id = %v (context %v), want InvalidArgument before the deadline", err, ctx.Err())
+	}
+	if strings.Contains(err.Error(), "context") {
+		t.Fatalf("Run waited out its context: %v", err)
+	}
 }
