@@ -604,7 +604,9 @@ func (s *Service) currentTask(taskID string) (*taskState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.task == nil {
-		return nil, fmt.Errorf("%w: no task started (call Start first)", errs.ErrStale)
+		// Not a stale version: there is no task at all (NotFound, the
+		// Python client's NotFound), which Start makes.
+		return nil, fmt.Errorf("%w: no task started (call Start first)", errs.ErrNotFound)
 	}
 	if taskID != "" && taskID != s.task.id {
 		return nil, fmt.Errorf("%w: task %q is not the current task %q", errs.ErrStale, taskID, s.task.id)

@@ -190,8 +190,8 @@ func TestStartRefusalNamesTheLearner(t *testing.T) {
 	if !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), `learner "b"`) || !strings.Contains(err.Error(), "out of GPU memory") {
 		t.Fatalf("Start with a refusing learner: %v", err)
 	}
-	if _, err := h.client.GetDataDemand(ctx, ""); !errors.Is(err, errs.ErrStale) {
-		t.Fatalf("demand after a failed Start: %v, want ErrStale (no task)", err)
+	if _, err := h.client.GetDataDemand(ctx, ""); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("demand after a failed Start: %v, want ErrNotFound (no task)", err)
 	}
 	// A learner refusing for a bad task info (the example needs "w").
 	if _, err := h.client.Start(ctx, "t2", map[string]any{}); err == nil {
@@ -203,6 +203,10 @@ func TestBadBatchChangesNothing(t *testing.T) {
 	h := newHarness(t, Config{})
 	runLearners(t, h, exampleCfg("a", 4), exampleCfg("b", 4))
 	ctx := testCtx(t, 30*time.Second)
+	// Before any Start there is no task: NotFound, not a stale version.
+	if _, err := h.client.Learn(ctx, "", regressionBatch(t, 8, 1), nil); !errors.Is(err, errs.ErrNotFound) || errors.Is(err, errs.ErrStale) {
+		t.Fatalf("learn with no task started: %v, want NotFound", err)
+	}
 	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
 		t.Fatal(err)
 	}
