@@ -669,14 +669,18 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.publishing = true
 	m.mu.Unlock()
 	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare})
-	m.mu.Lock()
-	m.publishing = false
-	m.mu.Unlock()
 	if err != nil {
+		m.mu.Lock()
+		m.publishing = false
+		m.mu.Unlock()
 		return fail(fmt.Errorf("publishing version %d failed: %w", next, err))
 	}
 	m.params, m.paramsBlob = dst, blob
 	m.mu.Lock()
+	// publishing ends and version moves in one critical section: between
+	// the two, a client that already pulled next would be admitted against
+	// next-1 (seen in CI as a push answered with the version before).
+	m.publishing = false
 	m.version = next
 	m.counters.Applied += n
 	m.counters.Steps++
