@@ -62,14 +62,18 @@ func startHub(t *testing.T, bin, listen, data, crash string) (*hubProc, string) 
 	t.Cleanup(func() { h.kill() })
 	var addr string
 	testkit.Eventually(t, 30*time.Second, "the hub's address file", func() bool {
+		// The file first: a hub may listen and reach its crash point (a
+		// worker reporting at once) before this poll comes round.
+		if b, err := os.ReadFile(addrFile); err == nil && strings.TrimSpace(string(b)) != "" {
+			addr = strings.TrimSpace(string(b))
+			return true
+		}
 		select {
 		case <-h.done:
 			t.Fatalf("hub exited before listening: %s", h.out.String())
 		default:
 		}
-		b, err := os.ReadFile(addrFile)
-		addr = strings.TrimSpace(string(b))
-		return err == nil && addr != ""
+		return false
 	})
 	return h, addr
 }
