@@ -22,7 +22,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -46,7 +46,7 @@ import (
 // for inproc); push
 // (store.Push on a real hub → WeightSync Attach streams, one connection per
 // collector, clients reusing receive buffers as PushDialer's do);
-// storewatch (store.Push → StoreSource over storeclient, the store
+// storewatch (store.Push → StoreSource over storerpc.Client, the store
 // service's watch); relay-shm (store.Push → one relay over gRPC → its
 // segment → readers); relay-dp-shm / relay-dp-lease (the relay follows the
 // store's data-plane watch, receiving each version straight into its next
@@ -317,7 +317,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 	case "storewatch":
 		h := startHub()
 		for range n {
-			sc, err := storeclient.New(storeclient.Config{Conn: dialT(h.Addr().String())})
+			sc, err := storerpc.NewClient(storerpc.ClientConfig{Conn: dialT(h.Addr().String())})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -60,7 +60,7 @@ type RelayConfig struct {
 	// "" means the push stream only.
 	UpstreamAddr string
 	// PollTimeout bounds one data-plane poll beyond the hub's wait
-	// (storesvc.BulkWatchWait); 0 means 30s.
+	// (storerpc.BulkWatchWait); 0 means 30s.
 	PollTimeout time.Duration
 	// MaxModelBytes bounds a version received on the data plane; 0 means
 	// 4 GiB.

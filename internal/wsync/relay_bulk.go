@@ -15,7 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -29,7 +29,7 @@ var errNoBulk = errors.New("wsync: upstream has no data-plane watch")
 const relayPiece = 256 << 10
 
 // followBulk follows the upstream store's data-plane watch (long polls,
-// storesvc.BulkWatchMethod): each version's bytes go from the socket
+// storerpc.BulkWatchMethod): each version's bytes go from the socket
 // straight into the relay's next shared-memory slot as they arrive
 // (cut-through, CRC-32C computed piece by piece), and the slot is
 // published only once the whole version has arrived, parsed as valid
@@ -56,7 +56,7 @@ func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 // pollBulk runs one long poll for a version newer than after; it returns
 // the version published, or 0 when nothing newer landed.
 func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
-	cctx, cancel := context.WithTimeout(ctx, storesvc.BulkWatchWait+r.cfg.PollTimeout)
+	cctx, cancel := context.WithTimeout(ctx, storerpc.BulkWatchWait+r.cfg.PollTimeout)
 	defer cancel()
 	var (
 		hdr  rlhubv1.StorePullHeader
@@ -71,7 +71,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			r.shmMu.Unlock()
 		}
 	}()
-	err := r.bulk.CallRecv(cctx, r.cfg.UpstreamAddr, storesvc.BulkWatchMethod,
+	err := r.bulk.CallRecv(cctx, r.cfg.UpstreamAddr, storerpc.BulkWatchMethod,
 		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
 		func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {

@@ -17,17 +17,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// dataPlaneHub serves a store's data-plane pulls and watches (storesvc on
+// dataPlaneHub serves a store's data-plane pulls and watches (storerpc on
 // a bulk.Server) and weight sync's gRPC methods (for reports) on one port.
 func dataPlaneHub(t *testing.T, st store.Store) string {
 	t.Helper()
-	ss, err := storesvc.New(storesvc.Config{Store: st, Logger: testkit.Logger()})
+	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
