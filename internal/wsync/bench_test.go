@@ -5,6 +5,7 @@ package wsync_test
 import (
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"io"
 	"log/slog"
 	"net"
@@ -36,7 +37,7 @@ import (
 // against both (x-memcpy, %tcp-rate).
 //
 // Transports: inproc (Board.Publish → receivers adopt the pointer); shm and
-// shm-nocrc (ShmWriter.Write into a double buffer: CRC-32C by the writer,
+// shm-nocrc (shm.Writer.Write into a double buffer: CRC-32C by the writer,
 // copying with up to min(GOMAXPROCS, 4) goroutines; readers in goroutines
 // copy the slot out into private memory, verifying the CRC (shm) or
 // relying on the seqlock, the default (shm-nocrc)); shm-lease (the same
@@ -283,7 +284,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		if lease {
 			slots = 2 + n // a lease entry per collector
 		}
-		w, err := wsync.CreateShm(wsync.ShmConfig{Path: path, Name: "m", Capacity: int64(len(blob)), Slots: slots, Replace: true})
+		w, err := shm.Create(shm.Config{Path: path, Name: "m", Capacity: int64(len(blob)), Slots: slots, Replace: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -294,7 +295,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 			}
 		}
 		for range n {
-			r, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Verify: tr == "shm", Lease: lease})
+			r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: tr == "shm", Lease: lease})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -360,9 +361,9 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 				time.Sleep(time.Millisecond)
 			}
 			for range per {
-				var r *wsync.ShmReader
+				var r *shm.Reader
 				for r == nil {
-					if r, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Lease: lease}); err != nil {
+					if r, err = shm.Open(shm.ReaderConfig{Path: path, Lease: lease}); err != nil {
 						time.Sleep(time.Millisecond)
 					}
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"hash/crc32"
 	"io"
 	"time"
@@ -19,6 +20,9 @@ import (
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
+
+// castagnoli is the CRC-32C table of the shm layout's per-version checksum.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // errNoBulk: the upstream does not serve the store's data-plane watch;
 // the relay follows it over the WeightSync push stream instead.
@@ -60,8 +64,8 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 	defer cancel()
 	var (
 		hdr  rlhubv1.StorePullHeader
-		txn  *ShmWrite // the slot being filled, when publishing to shared memory
-		blob []byte    // where the version was received
+		txn  *shm.Write // the slot being filled, when publishing to shared memory
+		blob []byte     // where the version was received
 		crc  uint32
 		file *safetensors.File
 	)
@@ -150,7 +154,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 // relay's segment, creating or growing the segment first as publishShm
 // does. On success shmMu stays locked until the write is committed or
 // aborted.
-func (r *Relay) beginShm(version, epoch uint64, n int) (*ShmWrite, error) {
+func (r *Relay) beginShm(version, epoch uint64, n int) (*shm.Write, error) {
 	r.shmMu.Lock()
 	if err := r.ensureShm(int64(n)); err != nil {
 		r.shmMu.Unlock()
