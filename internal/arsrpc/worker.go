@@ -120,9 +120,10 @@ func (w *workerLoop) loop(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	// retry reports whether err is worth retrying (within RetryFor of the
 	// first failure) and backs off from 50ms to 2s: a hub restarting on
-	// its --data keeps the run, and the worker carries on.
+	// its --data keeps the run, and the worker carries on. A permanent
+	// refusal (a bad request, missing or insufficient credentials) is not.
 	retry := func(err error) bool {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || grpcerr.Permanent(err) {
 			return false
 		}
 		if failingSince.IsZero() {

@@ -60,3 +60,13 @@ func (e *StaleError) Error() string {
 
 // Is makes errors.Is(e, ErrStale) true.
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+// Permanent reports whether err is a refusal that a retry of the same
+// request cannot change: the request is invalid (ErrInvalid) or the
+// caller's credentials are missing or lack the right (ErrUnauthenticated,
+// ErrPermission). Every retry loop gives these back to its caller at once
+// (python/rlhub/errors.py's is_permanent is the same rule). An error from
+// the wire is classified with grpcerr.Permanent.
+func Permanent(err error) bool {
+	return errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrPermission)
+}

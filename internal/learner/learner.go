@@ -138,7 +138,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if permanent(err) {
+		if grpcerr.Permanent(err) {
 			return fmt.Errorf("learner %s: %w (not retried: re-attaching cannot fix it)", errs.Quote(cfg.ID), err)
 		}
 		cfg.Logger.Warn("learner: detached; re-attaching", "learner", cfg.ID, "err", err, "after", cfg.Backoff)
@@ -306,11 +306,4 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 		reply.Error = err.Error()
 	}
 	return reply, nil
-}
-
-// permanent reports whether an attach failed for a reason a retry cannot
-// change: a refused id or request, or missing or insufficient credentials.
-func permanent(err error) bool {
-	err = grpcerr.FromStatus(err)
-	return errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrUnauthenticated) || errors.Is(err, errs.ErrPermission)
 }

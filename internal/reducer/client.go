@@ -313,6 +313,9 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 				unreachableSince = time.Now()
 			}
 			if err := c.refresh(ctx); err != nil {
+				if grpcerr.Permanent(err) {
+					return Receipt{}, err // refused (credentials, request): a retry cannot change it
+				}
 				last = err
 				if !sleepCtx(ctx, backoff) {
 					return Receipt{}, errors.Join(ctx.Err(), last)

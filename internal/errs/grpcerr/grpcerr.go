@@ -151,3 +151,7 @@ func FromStatus(err error) error {
 	}
 	return err
 }
+
+// Permanent is errs.Permanent for an error a gRPC call returned (a status
+// or an error already converted by FromStatus).
+func Permanent(err error) bool { return errs.Permanent(FromStatus(err)) }

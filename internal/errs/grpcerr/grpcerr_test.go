@@ -66,3 +66,29 @@ func TestRoundTripKeepsSentinelsAndStaleFields(t *testing.T) {
 		t.Error("non-status error was changed")
 	}
 }
+
+// TestPermanent: the refusals a retry cannot change are permanent whether
+// they come from the wire or in process; the retryable ones are not.
+func TestPermanent(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{status.Error(codes.InvalidArgument, "bad id"), true},
+		{status.Error(codes.Unauthenticated, "no token"), true},
+		{status.Error(codes.PermissionDenied, "reader"), true},
+		{fmt.Errorf("attach: %w", errs.ErrPermission), true},
+		{ToStatus(fmt.Errorf("%w: x", errs.ErrInvalid)), true},
+		{status.Error(codes.Unavailable, "down"), false},
+		{status.Error(codes.ResourceExhausted, "full"), false},
+		{status.Error(codes.Aborted, "claimed"), false},
+		{status.Error(codes.NotFound, "gone"), false},
+		{status.Error(codes.DeadlineExceeded, "slow"), false},
+		{errors.New("connection reset"), false},
+		{nil, false},
+	} {
+		if got := Permanent(tc.err); got != tc.want {
+			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
