@@ -17,6 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // serve starts a real gRPC server on 127.0.0.1:0 hosting a store service
@@ -27,24 +28,15 @@ func serve(t *testing.T, st store.Store, extra ...func(*grpc.Server)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	svc.Register(g)
-	for _, f := range extra {
-		f(g)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Serve(lis) })
-	t.Cleanup(func() {
-		svc.Drain()
-		g.GracefulStop()
-		wg.Wait()
-		svc.Close()
+	t.Cleanup(func() { svc.Close() })
+	addr := testkit.ServeGRPC(t, nil, func(g *grpc.Server) {
+		svc.Register(g)
+		for _, f := range extra {
+			f(g)
+		}
 	})
-	return lis.Addr().String()
+	t.Cleanup(svc.Drain) // runs first: ends the watches so the graceful stop returns
+	return addr
 }
 
 func newClient(t *testing.T, cfg storerpc.ClientConfig) *storerpc.Client {
@@ -190,17 +182,9 @@ func TestRetriesUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.UnaryInterceptor(f.intercept), grpc.StreamInterceptor(f.stream))
-	svc.Register(g)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Serve(lis) })
-	defer func() { g.Stop(); wg.Wait() }()
+	addr := testkit.ServeGRPC(t, nil, svc.Register, grpc.UnaryInterceptor(f.intercept), grpc.StreamInterceptor(f.stream))
 
-	c := newClient(t, storerpc.ClientConfig{Addr: lis.Addr().String(), MaxAttempts: 3, BaseBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+	c := newClient(t, storerpc.ClientConfig{Addr: addr, MaxAttempts: 3, BaseBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 	defer c.Close()
 	f.n = 2 // two failures, third attempt succeeds
 	if _, err := c.Push(ctxT(t), store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)}); err != nil {

@@ -5,10 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -17,6 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -139,16 +138,7 @@ func (s *badPull) Pull(_ *rlhubv1.StorePullRequest, ss grpc.ServerStreamingServe
 
 func serveBad(t *testing.T, srv *badPull) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	rlhubv1.RegisterModelStoreServer(g, srv)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Serve(lis) })
-	t.Cleanup(func() { g.Stop(); wg.Wait() })
-	return lis.Addr().String()
+	return testkit.ServeGRPC(t, nil, func(g *grpc.Server) { rlhubv1.RegisterModelStoreServer(g, srv) })
 }
 
 // TestGetIntoFailures checks that a pull into a buffer fails exactly as a

@@ -3,8 +3,6 @@ package storerpc_test
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -44,26 +43,14 @@ func start(t *testing.T, cfg store.Config) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	t.Cleanup(func() { svc.Close(); mem.Close() })
+	addr := testkit.ServeGRPC(t, nil, svc.Register)
+	t.Cleanup(svc.Drain) // before the graceful stop: ends the watches
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	svc.Register(g)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Serve(lis) })
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		svc.Drain()
-		g.GracefulStop()
-		wg.Wait()
-		svc.Close()
-		mem.Close()
-	})
+	t.Cleanup(func() { conn.Close() })
 	return &harness{mem: mem, rpc: rlhubv1.NewModelStoreClient(conn)}
 }
 
