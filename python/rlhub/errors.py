@@ -96,6 +96,27 @@ _BY_CODE = {
 _CODE_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 
 
+PERMANENT_CODES = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+})
+"""Codes a retry of the same request cannot change: the request or the
+caller's identity is refused (the Go side's ``grpcerr.Permanent``). Retry
+loops give these back to their caller instead of trying again."""
+
+
+def is_permanent(err: BaseException) -> bool:
+    """Whether ``err`` (a named rlhub exception or a ``grpc.RpcError``)
+    carries one of :data:`PERMANENT_CODES`."""
+    if isinstance(err, RlhubError):
+        return err.code in PERMANENT_CODES
+    if isinstance(err, grpc.RpcError):
+        code = getattr(err, "code", None)
+        return callable(code) and code() in PERMANENT_CODES
+    return False
+
+
 def _status_of(err: grpc.RpcError):
     """The ``google.rpc.Status`` a failed call carries in its trailers, or None."""
     try:

@@ -29,6 +29,9 @@ Contract:
    take longer than the lease.
 3. Any break of the stream (hub restart, drain, protocol error) ends the
    session; ``run`` re-attaches after ``backoff`` seconds until ``stop()``.
+   A permanent refusal (a learner id or request the hub refuses, missing
+   or insufficient credentials: :func:`rlhub.errors.is_permanent`) is not
+   retried: ``run`` raises it and ``error`` holds it (rlhub._attach).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from rlhub import _channel, errors
+from rlhub._attach import AttachLoop
 from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc
 from rlhub._transfer import Assembler
 from rlhub.tensors import load_bytes, parse_header
@@ -167,7 +171,7 @@ def from_value(v: aggregator_pb2.Value) -> Any:
 DemandLike = Union[Demand, int, Tuple[int, Mapping[str, Any]]]
 
 
-class Learner:
+class Learner(AttachLoop):
     """A learner served from Python. Thread-safe ``start``/``stop``/``close``.
 
     ``framework`` ("numpy" or "torch") decides how shares are decoded.
@@ -203,10 +207,7 @@ class Learner:
         self.sessions = 0
         """Sessions attached so far (re-attaches included)."""
         self.lease_ms = 0
-        self._stop = threading.Event()
-        self._mu = threading.Lock()  # guards _call, _thread
-        self._call: Optional[grpc.Future] = None
-        self._thread: Optional[threading.Thread] = None
+        self._init_loop(f"learner {learner_id}", f"rlhub-learner-{learner_id}", log, backoff)
         self._channel = _channel.channel(hub_addr, options=_CHANNEL_OPTIONS)
         self._stub = aggregator_pb2_grpc.LearnerAggregatorStub(self._channel)
 
@@ -225,51 +226,10 @@ class Learner:
 
     # -- lifecycle ---------------------------------------------------------
 
-    def start(self) -> "Learner":
-        """Serves on a background thread owned by this learner."""
-        with self._mu:
-            if self._thread is not None:
-                raise RuntimeError("learner already started")
-            self._thread = threading.Thread(target=self.run, name=f"rlhub-learner-{self.learner_id}", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: Optional[float] = 30.0) -> None:
-        """Ends serving (the current hook finishes first) and joins the
-        serving thread. Safe to call twice."""
-        self._stop.set()
-        with self._mu:
-            call, th = self._call, self._thread
-        if call is not None:
-            call.cancel()
-        if th is not None and th is not threading.current_thread():
-            th.join(timeout)
-            if th.is_alive():
-                raise TimeoutError(f"learner {self.learner_id}: serving thread did not end in {timeout}s")
-
     def close(self) -> None:
         """Stops and closes the channel. Safe to call twice."""
         self.stop()
         self._channel.close()
-
-    def __enter__(self) -> "Learner":
-        if self._thread is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def run(self) -> None:
-        """Attaches and serves until ``stop()``, re-attaching after each break."""
-        while not self._stop.is_set():
-            try:
-                self._session()
-            except Exception as e:  # noqa: BLE001 - any break: log and re-attach
-                if self._stop.is_set():
-                    break
-                log.warning("learner %s: detached (%s); re-attaching in %.1fs", self.learner_id, e, self.backoff)
-            self._stop.wait(self.backoff)
 
     # -- one session -------------------------------------------------------
 

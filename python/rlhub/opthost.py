@@ -40,6 +40,7 @@ from typing import Any, Dict, Optional, Tuple
 import grpc
 
 from rlhub import _channel, errors
+from rlhub._attach import AttachLoop
 from rlhub._proto.rlhub.v1 import opthost_pb2, opthost_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, iter_chunks
 from rlhub.store import StoreClient
@@ -97,14 +98,16 @@ def decode_state(tensors: Dict[str, Any], text: str) -> Any:
     return dec(json.loads(text))
 
 
-class OptimizerHost:
+class OptimizerHost(AttachLoop):
     """Performs the reducer's steps for one ``"external"`` model.
 
     ``module`` is the torch module whose ``state_dict()`` is exactly the
     store model's tensors and whose parameters ``optimizer`` updates.
     ``run()`` serves on the calling thread until ``stop()``; ``start()`` (or
     ``with``) on a background thread. After any break it re-attaches after
-    ``backoff`` seconds. ``steps`` counts the steps this object performed.
+    ``backoff`` seconds, except a permanent refusal (a model not registered
+    as external, missing credentials), which ``run()`` raises and ``error``
+    holds. ``steps`` counts the steps this object performed.
     """
 
     def __init__(self, hub_addr: str, model: str, optimizer: Any, lr_scheduler: Any = None, *, module: Any,
@@ -118,59 +121,17 @@ class OptimizerHost:
         self.version = 0  # the version module holds
         self.steps = 0
         self.attached = threading.Event()
-        self._stop = threading.Event()
-        self._mu = threading.Lock()  # guards _call, _thread
-        self._call: Optional[Any] = None
-        self._thread: Optional[threading.Thread] = None
+        self._init_loop(f"optimizer host {model}", f"rlhub-opthost-{model}", log, backoff)
         self._channel = _channel.channel(hub_addr, options=_CHANNEL_OPTIONS)  # TLS and token as configured
         self._stub = opthost_pb2_grpc.OptimizerHostStub(self._channel)
         self._store = StoreClient(hub_addr, timeout=timeout)
 
     # -- lifecycle ---------------------------------------------------------
 
-    def start(self) -> "OptimizerHost":
-        with self._mu:
-            if self._thread is not None:
-                raise RuntimeError("optimizer host already started")
-            self._thread = threading.Thread(target=self.run, name=f"rlhub-opthost-{self.model}", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: Optional[float] = 30.0) -> None:
-        """Ends serving (a step in progress finishes first) and joins the
-        serving thread. Safe to call twice."""
-        self._stop.set()
-        with self._mu:
-            call, th = self._call, self._thread
-        if call is not None:
-            call.cancel()
-        if th is not None and th is not threading.current_thread():
-            th.join(timeout)
-            if th.is_alive():
-                raise TimeoutError(f"optimizer host {self.model}: serving thread did not end in {timeout}s")
-
     def close(self) -> None:
         self.stop()
         self._store.close()
         self._channel.close()
-
-    def __enter__(self) -> "OptimizerHost":
-        if self._thread is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._session()
-            except Exception as e:  # noqa: BLE001 - any break: log and re-attach
-                if self._stop.is_set():
-                    break
-                log.warning("optimizer host %s: detached (%s); re-attaching in %.1fs", self.model, e, self.backoff)
-            self._stop.wait(self.backoff)
 
     # -- state -------------------------------------------------------------
 

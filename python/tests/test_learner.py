@@ -259,3 +259,23 @@ def test_heartbeats_hold_the_lease_through_a_hook_longer_than_it(hub):
         assert res.failed == [] and res.info["rows"] == [2.0]
         st = agg.status()
         assert [l.learner_id for l in st.learners] == ["slow"] and st.removed_total == 0 and lr.sessions == 1
+
+
+def test_a_permanent_refusal_is_not_retried(hub):
+    """The hub refuses a learner id with an unprintable character
+    (InvalidArgument): no re-attach can change it, so run() raises it and a
+    started learner's thread ends, instead of retrying every backoff."""
+    def learner():
+        return Learner(hub.addr, "a\tb", on_demand=lambda t: 1, on_learn=lambda t: {}, backoff=0.05)
+
+    with learner() as lr:  # served on its own thread
+        lr._thread.join(60)
+        assert not lr._thread.is_alive(), "the learner kept re-attaching after a permanent refusal"
+        assert isinstance(lr.error, rlhub.InvalidArgument) and lr.sessions == 0
+    lr = learner()
+    try:
+        with pytest.raises(rlhub.InvalidArgument, match="unprintable"):
+            lr.run()
+        assert lr.error is not None
+    finally:
+        lr.close()

@@ -135,3 +135,29 @@ def test_external_registration_is_checked(hub):
     with GradClient(hub.addr) as g:
         with pytest.raises(rlhub.InvalidArgument, match="external"):
             g.register("pol", optimizer={"kind": "external", "lr": 0.1})
+
+
+def test_host_for_a_model_that_is_not_external_is_refused_not_retried(hub):
+    """A host attaching for a model the reducer steps itself is refused with
+    InvalidArgument; re-attaching cannot change that, so the host stops and
+    says why instead of retrying every backoff forever."""
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+
+    def host():
+        return rlhub.OptimizerHost(hub.addr, "pol", torch.optim.SGD(net.parameters(), lr=0.1), module=net,
+                                   backoff=0.05)
+
+    with host() as h:  # served on its own thread
+        h._thread.join(60)
+        assert not h._thread.is_alive(), "the host kept re-attaching after a permanent refusal"
+        assert isinstance(h.error, rlhub.InvalidArgument) and h.steps == 0
+    h = host()
+    try:
+        with pytest.raises(rlhub.InvalidArgument, match="not \"external\""):
+            h.run()
+        assert h.error is not None
+    finally:
+        h.close()
