@@ -507,9 +507,10 @@ class ARSWorker:
 
         def retry(err: errors.RlhubError) -> bool:
             # Retry within retry_for of the first failure, backing off from
-            # 50 ms to 2 s (a hub restarting on its --data keeps the run).
+            # 50 ms to 2 s (a hub restarting on its --data keeps the run);
+            # never a permanent refusal (errors.is_permanent).
             nonlocal failing_since, backoff
-            if self._stop.is_set():
+            if self._stop.is_set() or errors.is_permanent(err):
                 return False
             now = time.monotonic()
             if failing_since is None:

@@ -539,3 +539,53 @@ def test_worker_and_train_ride_out_a_hub_kill(rlhub_bin, tmp_path, monkeypatch):
     assert s["hub_reconnects"] >= 1, s
     assert (tmp_path / "a" / "policy.safetensors").read_bytes() == (tmp_path / "b" / "policy.safetensors").read_bytes()
     assert [r[0] for r in curve(tmp_path / "b")[1:]] == [str(i) for i in range(7)]
+
+
+class _RefusingARS:
+    """A hub's ARS service answering every Attach with one code, counting them."""
+
+    def __init__(self, code: grpc.StatusCode):
+        self.code, self.attachs = code, 0
+
+    def Attach(self, request, context):
+        self.attachs += 1
+        context.abort(self.code, "refused by the test")
+
+
+def _serve_refusing(code: grpc.StatusCode):
+    from concurrent import futures
+
+    svc = _RefusingARS(code)
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.method_handlers_generic_handler("rlhub.v1.ARS", {
+        "Attach": grpc.unary_unary_rpc_method_handler(
+            svc.Attach,
+            request_deserializer=ars_worker.ars_pb2.ARSAttachRequest.FromString,
+            response_serializer=ars_worker.ars_pb2.ARSAttachResponse.SerializeToString),
+    })
+    srv.add_generic_rpc_handlers((handler,))
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    return svc, srv, f"127.0.0.1:{port}"
+
+
+def test_worker_does_not_retry_a_permanent_refusal():
+    """A worker whose credentials lack the right gets PermissionDenied once
+    and raises it, instead of retrying it for retry_for (60 s here); an
+    Unavailable hub is retried."""
+    svc, srv, addr = _serve_refusing(grpc.StatusCode.PERMISSION_DENIED)
+    try:
+        with ars_worker.ARSWorker(addr, "CartPole-v1", retry_for=60.0) as w:
+            with pytest.raises(errors.PermissionDenied):
+                w.run()
+        assert svc.attachs == 1
+    finally:
+        srv.stop(None)
+    svc, srv, addr = _serve_refusing(grpc.StatusCode.UNAVAILABLE)
+    try:
+        with ars_worker.ARSWorker(addr, "CartPole-v1", retry_for=1.0) as w:
+            with pytest.raises(errors.Unavailable):
+                w.run()
+        assert svc.attachs > 1
+    finally:
+        srv.stop(None)
