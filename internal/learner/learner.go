@@ -212,17 +212,21 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 	if cc, ok := conn.(*grpc.ClientConn); ok {
 		// A hub stopping gracefully sends GOAWAY and waits for open
 		// streams; leaving at once lets it stop without waiting out its
-		// timeout. We re-attach when it (or its successor) is back.
+		// timeout. We re-attach when it (or its successor) is back. The
+		// Welcome came over this connection, so it was READY: any other
+		// state, even the first one seen (the GOAWAY may come before this
+		// goroutine runs), means it left.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for st := cc.GetState(); cc.WaitForStateChange(ctx, st); {
-				next := cc.GetState()
-				if st == connectivity.Ready && next != connectivity.Ready {
-					cancel(fmt.Errorf("connection to the hub left READY (%v): the hub is draining or gone", next))
+			for st := cc.GetState(); ; st = cc.GetState() {
+				if st != connectivity.Ready {
+					cancel(fmt.Errorf("connection to the hub left READY (%v): the hub is draining or gone", st))
 					return
 				}
-				st = next
+				if !cc.WaitForStateChange(ctx, st) {
+					return
+				}
 			}
 		}()
 	}
