@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/learner"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -170,54 +170,29 @@ type harness struct {
 	client *Client
 }
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 func newHarness(t testing.TB, cfg Config) *harness {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = quietLogger()
+		cfg.Logger = testkit.Logger()
 	}
 	svc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := testkit.ServeGRPC(t, nil, svc.Register)
+	t.Cleanup(func() { svc.Close() }) // before the stop: detaches learners, so their streams end
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
-	svc.Register(srv)
-	served := make(chan struct{})
-	go func() { defer close(served); srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		svc.Close() // detaches learners, so their streams end
-		srv.Stop()
-		<-served
-	})
-	return &harness{svc: svc, addr: lis.Addr().String(), client: NewClient(conn)}
+	t.Cleanup(func() { conn.Close() })
+	return &harness{svc: svc, addr: addr, client: NewClient(conn)}
 }
 
 func testCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitFor polls cond (bounded) until it holds.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // learnerIDs lists the attached learners; with task set, those started on it.
@@ -237,7 +212,7 @@ func (h *harness) learnerIDs(t testing.TB, task string) []string {
 
 func (h *harness) waitAttached(t testing.TB, task string, ids ...string) {
 	t.Helper()
-	waitFor(t, "learners "+strings.Join(ids, ",")+" attached", func() bool {
+	testkit.Eventually(t, 60*time.Second, "learners "+strings.Join(ids, ",")+" attached", func() bool {
 		return strings.Join(h.learnerIDs(t, task), ",") == strings.Join(ids, ",")
 	})
 }

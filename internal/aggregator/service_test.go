@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/learner"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -95,7 +95,7 @@ func TestLeaseRenewedByMessagesAndExpiry(t *testing.T) {
 	if err := s.Send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Heartbeat{Heartbeat: &rlhubv1.Heartbeat{}}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the heartbeat to renew the lease", func() bool { return lease() == 10000 })
+	testkit.Eventually(t, 60*time.Second, "the heartbeat to renew the lease", func() bool { return lease() == 10000 })
 	clk.Advance(10*time.Second + time.Millisecond)
 	code, msg := recvEnd(s)
 	if code != codes.Unavailable || !strings.Contains(msg, "lease") || !strings.Contains(msg, `"a"`) {
@@ -130,7 +130,7 @@ func TestProtocolMisuseIsRefused(t *testing.T) {
 			t.Errorf("%s: stream ended with %v %q, want InvalidArgument mentioning %q", tc.name, code, msg, tc.want)
 		}
 	}
-	waitFor(t, "no learner left attached", func() bool { return len(h.learnerIDs(t, "")) == 0 })
+	testkit.Eventually(t, 60*time.Second, "no learner left attached", func() bool { return len(h.learnerIDs(t, "")) == 0 })
 }
 
 func TestSameIDReplacesTheOldStream(t *testing.T) {
@@ -164,7 +164,7 @@ func runLearners(t *testing.T, h *harness, cfgs ...learner.Config) {
 	for _, cfg := range cfgs {
 		cfg.Hub = h.addr
 		cfg.Backoff = 20 * time.Millisecond
-		cfg.Logger = quietLogger()
+		cfg.Logger = testkit.Logger()
 		ids = append(ids, cfg.ID)
 		wg.Add(1)
 		go func() { defer wg.Done(); learner.Run(ctx, cfg) }()
@@ -313,7 +313,7 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := ParseFailurePolicy("retry"); !errors.Is(err, errs.ErrInvalid) {
 		t.Errorf("ParseFailurePolicy(retry) = %v", err)
 	}
-	s, err := New(Config{Logger: quietLogger()})
+	s, err := New(Config{Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,14 +326,11 @@ func TestConfigValidate(t *testing.T) {
 // Attached Go learners leave on the server's GOAWAY, so GracefulStop does
 // not wait for the learners to be stopped.
 func TestGracefulStopDoesNotWaitForAttachedLearners(t *testing.T) {
-	svc, err := New(Config{Logger: quietLogger()})
+	svc, err := New(Config{Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	lis := testkit.Listen(t) // its own server: the test is of GracefulStop itself
 	srv := grpc.NewServer()
 	svc.Register(srv)
 	served := make(chan struct{})
@@ -344,11 +341,11 @@ func TestGracefulStopDoesNotWaitForAttachedLearners(t *testing.T) {
 	defer func() { cancel(); wg.Wait() }()
 	for _, id := range []string{"a", "b"} {
 		cfg := exampleCfg(id, 4)
-		cfg.Hub, cfg.Logger = h.addr, quietLogger()
+		cfg.Hub, cfg.Logger = h.addr, testkit.Logger()
 		wg.Add(1)
 		go func() { defer wg.Done(); learner.Run(ctx, cfg) }()
 	}
-	waitFor(t, "two learners attached", func() bool { return len(h.learnerIDs(t, "")) == 2 })
+	testkit.Eventually(t, 60*time.Second, "two learners attached", func() bool { return len(h.learnerIDs(t, "")) == 2 })
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	select {
