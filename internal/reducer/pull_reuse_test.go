@@ -3,9 +3,11 @@ package reducer_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -126,18 +129,11 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 		if _, err := cl.PushSeq(ctx, "m", 0, s, reuseGrad(s)); err != nil {
 			t.Fatal(err)
 		}
-		for {
+		testkit.Eventually(t, time.Minute, fmt.Sprintf("version %d to be published", 1+s), func() bool {
 			mu.Lock()
-			ok := applied[1+s]
-			mu.Unlock()
-			if ok {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("version %d never published", 1+s)
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
+			defer mu.Unlock()
+			return applied[1+s]
+		})
 		snap, err := pullers[s%2 == 0].Get(ctx, "m", 0) // every version
 		if err != nil {
 			t.Fatal(err)
@@ -177,11 +173,13 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 	cfg := optim.Config{Kind: optim.Adam, LR: 0.01}
 	h, cl := reuseHub(t, ctx, store.Config{Retain: 1}, cfg, func(uint64) { mu.Lock(); applied++; mu.Unlock() })
 
-	var wmu sync.Mutex
+	var wmu sync.Mutex // guards seen, latest
 	seen := map[uint64][]byte{}
+	var latest [2]uint64         // the newest version each watcher took
+	var collLatest atomic.Uint64 // the newest version the collector took
 	wctx, stopWatch := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for _, stock := range []bool{false, true} {
+	for watcher, stock := range []bool{false, true} {
 		sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String(), StockCodec: stock, ChunkBytes: 16 << 10})
 		if err != nil {
 			t.Fatal(err)
@@ -193,6 +191,7 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 			_ = sc.Watch(wctx, "m", 1, func(snap *store.Snapshot, _ uint64) error {
 				wmu.Lock()
 				seen[snap.Version] = snap.Blob
+				latest[watcher] = max(latest[watcher], snap.Version)
 				wmu.Unlock()
 				if !stock {
 					time.Sleep(2 * time.Millisecond) // slow: the server blocks mid-version
@@ -221,6 +220,7 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 				return
 			}
 			pushed[snap.Version], v = snap.Blob, snap.Version
+			collLatest.Store(v)
 			time.Sleep(time.Millisecond) // slowish: the hub blocks mid-version
 		}
 	}()
@@ -230,19 +230,18 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for {
+	testkit.Eventually(t, time.Minute, fmt.Sprint(pushes, " steps applied"), func() bool {
 		mu.Lock()
-		n := applied
-		mu.Unlock()
-		if n == pushes {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d of %d applied", n, pushes)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond) // let the watchers take the last versions
+		defer mu.Unlock()
+		return applied == pushes
+	})
+	// Each watcher and the collector skip to the newest version, so each
+	// takes the last one, 1+pushes, before they are stopped.
+	testkit.Eventually(t, time.Minute, "the watchers and the collector to take the last version", func() bool {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return latest[0] == 1+pushes && latest[1] == 1+pushes && collLatest.Load() == 1+pushes
+	})
 	stopWatch()
 	wg.Wait()
 
