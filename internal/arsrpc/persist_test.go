@@ -11,6 +11,7 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/testkit"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -20,7 +21,7 @@ func persistSpec() *pb.ARSRunSpec {
 
 func newSvc(t *testing.T, st store.Store, dir string) *Service {
 	t.Helper()
-	s, err := New(Config{Store: st, DataDir: dir, Logger: quiet()})
+	s, err := New(Config{Store: st, DataDir: dir, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/testkit"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -43,7 +43,7 @@ func hangingWorker(addr string) int {
 	if err != nil {
 		return 2
 	}
-	_, err = RunWorker(context.Background(), WorkerConfig{Conn: conn, Name: "doomed", MaxTasks: 4, Logger: quiet(),
+	_, err = RunWorker(context.Background(), WorkerConfig{Conn: conn, Name: "doomed", MaxTasks: 4, Logger: testkit.Logger(),
 		afterLease: func(l *pb.ARSLeaseResponse) {
 			os.Stdout.WriteString("LEASED\n")
 			select {} // hold the lease until killed
@@ -53,8 +53,6 @@ func hangingWorker(addr string) int {
 	}
 	return 0
 }
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 type testHub struct {
 	addr  string
@@ -68,7 +66,7 @@ func startHub(t testing.TB, cfg Config) *testHub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Store, cfg.Logger = st, quiet()
+	cfg.Store, cfg.Logger = st, testkit.Logger()
 	svc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +109,7 @@ func workers(t testing.TB, addr string, n int) (stop func() []WorkerStats) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := RunWorker(ctx, WorkerConfig{Conn: conn, Name: "w", MaxTasks: 3, Logger: quiet()})
+			s, err := RunWorker(ctx, WorkerConfig{Conn: conn, Name: "w", MaxTasks: 3, Logger: testkit.Logger()})
 			if err != nil {
 				t.Errorf("worker %d: %v", i, err)
 			}

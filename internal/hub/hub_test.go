@@ -2,8 +2,6 @@ package hub
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -11,14 +9,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 func TestHubServesHealthAndStops(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger()})
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +49,7 @@ func TestHubServesHealthAndStops(t *testing.T) {
 }
 
 func TestRunStopsOnCancel(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger()})
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +79,7 @@ func TestConfigRejectsNonsense(t *testing.T) {
 }
 
 func TestListenErrorIsReported(t *testing.T) {
-	h, err := New(Config{Listen: "256.0.0.1:1", Logger: quietLogger()})
+	h, err := New(Config{Listen: "256.0.0.1:1", Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,12 +14,13 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // TestReducerStatsGoAPIMatchesRPC: Hub.Reducer().Stats() and the Stats RPC
 // (what `rlhub reducer stats` prints) report the same numbers.
 func TestReducerStatsGoAPIMatchesRPC(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), Reducer: reducer.Config{Secondaries: 2, BatchSize: 1}})
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Reducer: reducer.Config{Secondaries: 2, BatchSize: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,10 +10,11 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 func TestHubOpensStoreForServices(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), Store: store.Config{Retain: 1}})
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Store: store.Config{Retain: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func TestHubOpensStoreForServices(t *testing.T) {
 
 func TestHubStoreSurvivesRestartWithDataDir(t *testing.T) {
 	dir := t.TempDir()
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), DataDir: dir})
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func TestHubStoreSurvivesRestartWithDataDir(t *testing.T) {
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	h, err = New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), DataDir: dir})
+	h, err = New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), DataDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestHubStoreSurvivesRestartWithDataDir(t *testing.T) {
 // drains it (the client sees Unavailable) instead of waiting for the
 // hard-stop timeout, set here far beyond the test's guard.
 func TestHubCloseDrainsWatches(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: quietLogger(), StopTimeout: time.Hour})
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), StopTimeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

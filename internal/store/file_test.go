@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,13 +20,12 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func openFile(t testing.TB, dir string, cfg store.Config) *store.File {
 	t.Helper()
-	f, err := store.OpenFile(store.FileConfig{Dir: dir, Store: cfg, Logger: quiet()})
+	f, err := store.OpenFile(store.FileConfig{Dir: dir, Store: cfg, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatalf("OpenFile(%s): %v", dir, err)
 	}
@@ -106,7 +103,7 @@ func TestFileRestartWithSmallerRetain(t *testing.T) {
 func TestFileDirectoryLocked(t *testing.T) {
 	dir := t.TempDir()
 	s := openFile(t, dir, store.Config{})
-	if _, err := store.OpenFile(store.FileConfig{Dir: dir, Logger: quiet()}); err == nil {
+	if _, err := store.OpenFile(store.FileConfig{Dir: dir, Logger: testkit.Logger()}); err == nil {
 		t.Fatal("second OpenFile of a directory in use succeeded")
 	}
 	s.Close()
@@ -139,7 +136,7 @@ func TestFileCorruptionFailsOpen(t *testing.T) {
 			storetest.MustPush(t, s, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 8)})
 			s.Close()
 			tc.damage(t, filepath.Join(dir, "m"))
-			if s, err := store.OpenFile(store.FileConfig{Dir: dir, Logger: quiet()}); err == nil {
+			if s, err := store.OpenFile(store.FileConfig{Dir: dir, Logger: testkit.Logger()}); err == nil {
 				s.Close()
 				t.Fatal("OpenFile over a damaged checkpoint succeeded")
 			}
@@ -177,7 +174,7 @@ func crashChild() {
 	}
 	var pushing uint64
 	var start uint64
-	cfg := store.FileConfig{Dir: dir, Store: store.Config{Retain: 2}, Logger: quiet()}
+	cfg := store.FileConfig{Dir: dir, Store: store.Config{Retain: 2}, Logger: testkit.Logger()}
 	store.SetFileHook(&cfg, func(s string) {
 		if s == stage && (pushing == start+2 || strings.HasPrefix(s, "delete")) {
 			say("at %s", s)
