@@ -19,15 +19,32 @@ import (
 const TmpSuffix = ".tmp"
 
 // Write replaces path with the concatenation of pieces.
-func Write(path string, pieces ...[]byte) error {
+func Write(path string, pieces ...[]byte) error { return WriteWith(path, Hooks{}, pieces...) }
+
+// Hooks are called at points of a write, so a test can stop it there as a
+// crash would. Nil hooks are skipped.
+type Hooks struct {
+	// Written is called after piece i is written to the temporary file
+	// (not yet fsynced or renamed).
+	Written func(i int)
+	// Renamed is called once the new file has replaced path and the
+	// directory is fsynced.
+	Renamed func()
+}
+
+// WriteWith is Write with hooks.
+func WriteWith(path string, h Hooks, pieces ...[]byte) error {
 	tmp := path + TmpSuffix
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	for _, p := range pieces {
+	for i, p := range pieces {
 		if _, err = f.Write(p); err != nil {
 			break
+		}
+		if h.Written != nil {
+			h.Written(i)
 		}
 	}
 	if err = errors.Join(err, f.Sync(), f.Close()); err == nil {
@@ -38,8 +55,12 @@ func Write(path string, pieces ...[]byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
+		return err
 	}
-	return err
+	if h.Renamed != nil {
+		h.Renamed()
+	}
+	return nil
 }
 
 // SyncDir fsyncs a directory, making renames and removals in it durable.

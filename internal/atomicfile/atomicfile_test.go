@@ -1,8 +1,10 @@
 package atomicfile
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -40,5 +42,33 @@ func TestWriteFailureKeepsTheOldFile(t *testing.T) {
 	}
 	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
 		t.Fatal("SyncDir of a missing directory succeeded")
+	}
+}
+
+// TestWriteWithHooks: Written runs after each piece, before the rename
+// (the target still holds the old contents), and Renamed once the new
+// file is in place.
+func TestWriteWithHooks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	h := Hooks{
+		Written: func(i int) {
+			b, _ := os.ReadFile(path)
+			seen = append(seen, fmt.Sprintf("written %d, target %q", i, b))
+		},
+		Renamed: func() {
+			b, _ := os.ReadFile(path)
+			seen = append(seen, fmt.Sprintf("renamed, target %q", b))
+		},
+	}
+	if err := WriteWith(path, h, []byte("ne"), []byte("w")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`written 0, target "old"`, `written 1, target "old"`, `renamed, target "new"`}
+	if !slices.Equal(seen, want) {
+		t.Fatalf("hooks saw %q, want %q", seen, want)
 	}
 }

@@ -78,7 +78,6 @@ var (
 const (
 	manifestName   = "MANIFEST.json"
 	manifestFormat = 1
-	tmpSuffix      = ".tmp"
 	// trashPrefix names a deleted model's directory between the rename
 	// that commits a Delete and the removal that finishes it.
 	trashPrefix = ".deleted-"
@@ -298,41 +297,19 @@ func (f *File) removeDebris(dir string, keep map[string]bool) {
 // rename, fsync dir. A crash leaves either the old file or the new one,
 // plus perhaps a temp file that recovery removes.
 func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
-	tmp := filepath.Join(dir, name+tmpSuffix)
-	fh, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
+	var h atomicfile.Hooks
+	if hook := f.cfg.hook; hook != nil {
+		h.Written = func(i int) {
+			if i == 0 {
+				hook(stage + "-partial")
+			}
+		}
+		h.Renamed = func() { hook(stage + "-renamed") }
 	}
-	// Written in pieces so the test hook can stop it half-way, as a crash
-	// would.
+	// Written in two pieces so the test hook can stop it half-way, as a
+	// crash would.
 	half := len(data) / 2
-	_, err = fh.Write(data[:half])
-	if err == nil && f.cfg.hook != nil {
-		f.cfg.hook(stage + "-partial")
-	}
-	if err == nil {
-		_, err = fh.Write(data[half:])
-	}
-	if err == nil {
-		err = fh.Sync()
-	}
-	if cerr := fh.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, name))
-	}
-	if err == nil {
-		err = atomicfile.SyncDir(dir)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if f.cfg.hook != nil {
-		f.cfg.hook(stage + "-renamed")
-	}
-	return nil
+	return atomicfile.WriteWith(filepath.Join(dir, name), h, data[:half], data[half:])
 }
 
 // modelDir returns name's directory and its committed manifest, creating
