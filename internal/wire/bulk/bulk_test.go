@@ -22,6 +22,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
@@ -343,17 +344,9 @@ func TestBrokenClients(t *testing.T) {
 // A bare gRPC server does not speak the data plane: Call says so, and the
 // client stops trying that address for a while.
 func TestNotSupported(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(lis) }()
-	defer func() { srv.Stop(); <-done }()
+	addr := testkit.ServeGRPC(t, nil, func(*grpc.Server) {}) // serves nothing: not a data plane
 	c := bulk.NewClient()
 	defer c.Close()
-	addr := lis.Addr().String()
 	if !c.Supported(addr) {
 		t.Fatal("an untried address is not Supported")
 	}
