@@ -17,10 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
-	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -82,29 +80,11 @@ func rawBulkRequest(t *testing.T, addr, method string, header []byte) (kind byte
 // gets a final InvalidArgument answer to its request frame, never a
 // "continue": the server read the request frame and nothing more.
 func TestOversizeGradientRefusedFromHeader(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Reducer: reducer.Config{BatchSize: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	model, _ := tensor.NewStateDict(tensor.NewF32("w", 1024)) // 4 KiB
+	h, c := startWithSGDModel(t, ctx, Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Reducer: reducer.Config{BatchSize: 1}}, model)
 	blob, _ := safetensors.Encode(model, nil)
-	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, _, err := c.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
 		name  string
 		bytes uint64

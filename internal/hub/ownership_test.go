@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
-	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
@@ -29,29 +28,10 @@ func TestHostileStorePushCannotStopReducer(t *testing.T) {
 			if dir != "" {
 				cfg.DataDir = t.TempDir()
 			}
-			h, err := New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := h.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer h.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			model, _ := tensor.NewStateDict(tensor.NewF32("w", 8))
-			blob, _ := safetensors.Encode(model, nil)
-			if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
-				t.Fatal(err)
-			}
-			c, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "c"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			if _, _, err := c.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-				t.Fatal(err)
-			}
+			h, c := startWithSGDModel(t, ctx, cfg, model)
 
 			sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String()})
 			if err != nil {

@@ -8,11 +8,8 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
-	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
-	"github.com/rlhub/rlhub/internal/safetensors"
-	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -20,29 +17,10 @@ import (
 // TestReducerStatsGoAPIMatchesRPC: Hub.Reducer().Stats() and the Stats RPC
 // (what `rlhub reducer stats` prints) report the same numbers.
 func TestReducerStatsGoAPIMatchesRPC(t *testing.T) {
-	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Reducer: reducer.Config{Secondaries: 2, BatchSize: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	model, _ := tensor.NewStateDict(tensor.NewF32("w", 8))
-	blob, _ := safetensors.Encode(model, nil)
-	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := reducer.NewClient(reducer.ClientConfig{Hub: h.Addr().String(), ClientID: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, _, err := c.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-		t.Fatal(err)
-	}
+	h, c := startWithSGDModel(t, ctx, Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Reducer: reducer.Config{Secondaries: 2, BatchSize: 1}}, model)
 	for range 3 {
 		if _, err := c.PushGrad(ctx, "m", 0, model); err != nil {
 			t.Fatal(err)
