@@ -1,19 +1,13 @@
 package reducer_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,58 +41,11 @@ func gradFor(n int, c string, s uint64) *tensor.StateDict {
 	return sd
 }
 
-// child is a secondary reducer process: this test binary re-executed as
-// `rlhub serve --role reducer --primary ADDR`.
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	out  *strings.Builder
-	mu   *sync.Mutex
-}
-
-func startChild(t *testing.T, primary string) *child {
-	t.Helper()
-	args := []string{"serve", "--role", "reducer", "--primary", primary, "--listen", "127.0.0.1:0", "--data", "",
-		"--reduce-batch-size", "2", "--max-wait", "2ms", "--log-level", "warn"}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"))
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, done: make(chan struct{}), out: &strings.Builder{}, mu: &sync.Mutex{}}
-	copied := make(chan struct{})
-	go func() { // ends when the pipe closes below
-		defer close(copied)
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			c.mu.Lock()
-			c.out.WriteString(sc.Text() + "\n")
-			c.mu.Unlock()
-		}
-	}()
-	go func() {
-		_ = cmd.Wait()
-		pw.Close()
-		<-copied
-		close(c.done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-c.done
-		}
-		if t.Failed() {
-			c.mu.Lock()
-			t.Logf("child %d output:\n%s", cmd.Process.Pid, c.out.String())
-			c.mu.Unlock()
-		}
-	})
-	return c
+// startSecondary starts a secondary reducer process (startProc) for the
+// primary at addr.
+func startSecondary(t *testing.T, primary string) *proc {
+	return startProc(t, "serve", "--role", "reducer", "--primary", primary, "--listen", "127.0.0.1:0", "--data", "",
+		"--reduce-batch-size", "2", "--max-wait", "2ms", "--log-level", "warn")
 }
 
 // TestKillSecondaryProcess: a primary hub and two secondary reducer
@@ -148,8 +95,8 @@ func TestKillSecondaryProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	victim := startChild(t, addr)
-	startChild(t, addr)
+	victim := startSecondary(t, addr)
+	startSecondary(t, addr)
 	waitSecondaries(t, admin, 2)
 
 	var pushedOK atomic.Int64
