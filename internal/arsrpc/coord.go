@@ -9,6 +9,7 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim/optimpb"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -146,7 +147,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		StepSize: in.StepSize, Noise: in.Noise, Shift: in.Shift, Hidden: in.Hidden,
 		EvalEvery: in.EvalEvery, EvalEpisodes: in.EvalEpisodes, UseTarget: in.UseTarget, Target: in.Target,
 		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations, EnvSpec: in.EnvSpec,
-		Protocol: in.Protocol, ConfirmEpisodes: in.ConfirmEpisodes,
+		Protocol: in.Protocol, ConfirmEpisodes: in.ConfirmEpisodes, GradientMax: in.GradientMax,
 	}
 	if s.Version == "" {
 		s.Version = d.Hyper.Version.String()
@@ -205,6 +206,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		EvalEvery: int(s.EvalEvery), EvalEpisodes: int(s.EvalEpisodes),
 		UseTarget: s.UseTarget, Target: s.Target, ConfirmEpisodes: int(s.ConfirmEpisodes),
 		MaxEpisodes: s.MaxEpisodes, MaxIterations: int(s.MaxIterations),
+		Update: ars.Update{Optimizer: optimpb.FromProto(in.Optimizer), GradientMax: in.GradientMax},
 	}
 	for _, h := range s.Hidden {
 		cfg.Hidden = append(cfg.Hidden, int(h))
@@ -213,6 +215,11 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		return nil, ars.Config{}, err
 	}
 	s.Top = uint32(cfg.Hyper.Top)
+	// The optimizer with its defaults filled in; lr stays 0 on the wire
+	// (step_size is the learning rate).
+	o := cfg.Update.Optimizer
+	o.LR = 0
+	s.Optimizer = optimpb.ToProto(o)
 	return s, cfg, nil
 }
 
