@@ -55,6 +55,9 @@ func (c *Config) Validate() error {
 	if c.Spec.ObsDim < 1 {
 		return fmt.Errorf("%w: environment %q has observation dimension %d", errs.ErrInvalid, c.Env, c.Spec.ObsDim)
 	}
+	if err := ValidateObsKeys(c.Spec.ObsKeys, c.Spec.ObsDim); err != nil {
+		return err
+	}
 	if c.Spec.Discrete == 0 && c.Spec.ActDim < 1 {
 		return fmt.Errorf("%w: environment %q has no actions", errs.ErrInvalid, c.Env)
 	}

@@ -131,6 +131,12 @@ func summarise(r *runner, model string, pol *ars.Policy) Summary {
 		t := r.spec.Target
 		s.Target = &t
 	}
+	if len(pol.ObsKeys) > 0 {
+		s.Filters = map[string]KeyFilter{}
+		for _, k := range pol.Stats.ByKey(pol.ObsKeys) {
+			s.Filters[k.Name] = KeyFilter{Count: k.Count, Mean: k.Mean, Std: k.Std()}
+		}
+	}
 	if last.Wall > 0 {
 		s.StepsPerSecond = float64(last.P.Steps) / last.Wall
 	}
