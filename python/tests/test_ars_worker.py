@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -539,3 +540,117 @@ def test_worker_and_train_ride_out_a_hub_kill(rlhub_bin, tmp_path, monkeypatch):
     assert s["hub_reconnects"] >= 1, s
     assert (tmp_path / "a" / "policy.safetensors").read_bytes() == (tmp_path / "b" / "policy.safetensors").read_bytes()
     assert [r[0] for r in curve(tmp_path / "b")[1:]] == [str(i) for i in range(7)]
+
+
+# ---------------------------------------------------------------------------
+# Dict observation spaces (issue 19: Machin's per-key MeanStdFilter)
+
+
+class GoDictReach(gymnasium.Env):
+    """internal/env/dictreach in Python with a Gymnasium ``Dict`` observation
+    space {goal, position, velocity} and Go's PCG reset: a Python worker on it
+    must give the Go worker's bytes on the Go env."""
+
+    def __init__(self):
+        box = lambda: gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float64)  # noqa: E731
+        # A plain dict: Gymnasium sorts its keys, the order it flattens in.
+        self.observation_space = gymnasium.spaces.Dict({"velocity": box(), "goal": box(), "position": box()})
+        self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float64)
+        self.goal, self.pos, self.vel, self.t = [0.0] * 2, [0.0] * 2, [0.0] * 2, 0
+
+    def _obs(self) -> dict:
+        return {"goal": np.array(self.goal), "position": np.array(self.pos), "velocity": np.array(self.vel)}
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        rng = GoPCG(seed & _M64, seed >> 64)
+        self.goal = [-3 + 6 * rng.float64() for _ in range(2)]
+        self.pos = [-0.5 + 1.0 * rng.float64() for _ in range(2)]
+        self.vel, self.t = [0.0, 0.0], 0
+        return self._obs(), {}
+
+    def step(self, action):
+        cost = 0.0
+        for i in range(2):
+            a = max(-1.0, min(1.0, float(action[i])))
+            cost += 0.01 * a * a
+            self.vel[i] = max(-2.0, min(2.0, self.vel[i] + 0.2 * a))
+            self.pos[i] += 0.1 * self.vel[i]
+        dx, dy = self.pos[0] - self.goal[0], self.pos[1] - self.goal[1]
+        self.t += 1
+        return self._obs(), -0.1 * math.sqrt(dx * dx + dy * dy) - cost, False, self.t >= 100, {}
+
+
+gymnasium.register("rlhubtest/DictReach-v0", entry_point=GoDictReach)
+
+DICT_KEYS = (("goal", 2), ("position", 2), ("velocity", 2))
+DICT_SPEC = ["--seed", "3", "--version", "V2", "--directions", "6", "--step-size", "0.05", "--noise", "0.05",
+             "--max-iterations", "10", "--eval-every", "5", "--eval-episodes", "8"]
+
+
+def test_dict_env_bit_identical_to_go_worker(rlhub_bin, tmp_path):
+    """Go worker on DictReach-v0 vs Python worker on its Gymnasium Dict port,
+    with Adam and clipping: same policy bytes (per-key filters included)."""
+    spec = ["--env", "DictReach-v0", *DICT_SPEC, "--optimizer", "adam", "--gradient-max", "0.5"]
+    go_hub = Hub(rlhub_bin, (tmp_path / "go").mkdir() or tmp_path / "go")
+    try:
+        run_go_worker(go_hub, tmp_path / "go" / "run", spec)
+    finally:
+        go_hub.stop()
+    py_hub = Hub(rlhub_bin, (tmp_path / "py").mkdir() or tmp_path / "py")
+    try:
+        w = ThreadWorker(py_hub.addr, "DictReach-v0", make_env=GoDictReach)
+        try:
+            s = train(py_hub, tmp_path / "py" / "run", *spec)
+        finally:
+            st = w.stop()
+    finally:
+        py_hub.stop()
+    assert st.tasks > 0
+    assert curve(tmp_path / "py" / "run") == curve(tmp_path / "go" / "run")
+    py_blob = (tmp_path / "py" / "run" / "policy.safetensors").read_bytes()
+    assert py_blob == (tmp_path / "go" / "run" / "policy.safetensors").read_bytes()
+    p = ars_worker.decode_policy(py_blob)
+    assert p.obs_keys == DICT_KEYS and p.count > 0, p.obs_keys
+    assert s["optimizer"]["kind"] == "adam" and s["gradient_max"] == 0.5, s
+    assert sorted(s["filters"]) == ["goal", "position", "velocity"], s
+
+
+def test_dict_env_filters_identical_across_python_worker_counts(hub, rlhub_bin, tmp_path):
+    """A Gymnasium Dict env the hub does not know (``--obs-keys``) trains from
+    1, 2 and 3 Python workers to byte-identical policies, and each key's
+    filter in summary.json is the policy's statistics for that key."""
+    sp = ars_worker.EnvAdapter(gymnasium.make("rlhubtest/DictReach-v0")).spec()
+    assert [(k.name, k.dim) for k in sp.obs_keys] == list(DICT_KEYS) and sp.obs_dim == 6
+    blobs, sums = [], []
+    for n in (1, 2, 3):
+        h = Hub(rlhub_bin, (tmp_path / f"h{n}").mkdir() or tmp_path / f"h{n}")
+        try:
+            ws = [ThreadWorker(h.addr, "rlhubtest/DictReach-v0") for _ in range(n)]
+            try:
+                sums.append(train(h, tmp_path / f"run{n}", "--env", "rlhubtest/DictReach-v0", "--obs-dim", "6",
+                                  "--act-dim", "2", "--obs-keys", "goal:2,position:2,velocity:2", *DICT_SPEC))
+            finally:
+                stats = [w.stop() for w in ws]
+        finally:
+            h.stop()
+        assert all(s.tasks > 0 for s in stats) or n == 1, [s.tasks for s in stats]
+        blobs.append((tmp_path / f"run{n}" / "policy.safetensors").read_bytes())
+    assert blobs[0] == blobs[1] == blobs[2]
+    rows = curve(tmp_path / "run1")
+    col = rows[0].index("eval_mean")
+    evals = [float(r[col]) for r in rows[1:] if r[col]]
+    assert evals[-1] > evals[0] + 2, evals  # θ₀ = 0 stays put (≈ −22); it learns to reach
+    p = ars_worker.decode_policy(blobs[0])
+    assert p.obs_keys == DICT_KEYS
+    for name, (count, mean, m2) in p.filters_by_key().items():
+        f = sums[0]["filters"][name]
+        assert f["count"] == count and f["mean"] == list(mean), (name, f)
+        assert np.allclose(f["std"], np.sqrt(m2 / (count - 1)), rtol=0, atol=0), name
+    # The keys' scales differ, so their filters do: the goal spreads over
+    # [-3, 3], the velocity starts at rest.
+    by = sums[0]["filters"]
+    assert by["goal"]["std"][0] > 2 * by["velocity"]["std"][0], by
+    # A layout that disagrees with the env's is refused by the worker.
+    bad = dataclasses.replace(p, obs_keys=(("position", 2), ("goal", 2), ("velocity", 2)))
+    with pytest.raises(errors.InvalidArgument, match="observation keys"):
+        ars_worker.EnvAdapter(gymnasium.make("rlhubtest/DictReach-v0")).check(bad)
