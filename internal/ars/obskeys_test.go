@@ -54,4 +54,3 @@ func TestObsKeysRoundTripAndSplit(t *testing.T) {
 		t.Errorf("keys summing to 2 of 4: %v", err)
 	}
 }
-

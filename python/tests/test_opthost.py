@@ -135,3 +135,78 @@ def test_external_registration_is_checked(hub):
     with GradClient(hub.addr) as g:
         with pytest.raises(rlhub.InvalidArgument, match="external"):
             g.register("pol", optimizer={"kind": "external", "lr": 0.1})
+
+
+def test_external_registration_survives_hub_sigkills(rlhub_bin, tmp_path):
+    """The hub is SIGKILLed mid-run (a step in flight in the host, or just
+    published) and restarted on its --data and address, twice. The external
+    registration is restored by the hub (nobody registers again), the same
+    host process re-attaches by itself, and training continues from the
+    newest version: every published version equals a single-process torch
+    run over the gradients that were applied, each applied once."""
+    from conftest import Hub
+
+    steps, kill_after = 10, (2, 6)
+    hub = Hub(rlhub_bin, tmp_path)
+    addr = hub.addr
+    ref = make_net()
+    setup_model(addr, "pol", ref)
+    ref_opt, ref_sched = make_case("adam_onecycle", ref)
+    learner = make_net(seed=99)
+    log = open(tmp_path / "hosts.log", "ab")
+    host = spawn_host(hub, "adam_onecycle", log)
+    kills = lost = 0
+    pending = set(kill_after)
+    try:
+        with GradClient(addr, deadline=120.0) as g:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+        version = 1
+        for step in range(steps):
+            fill_grads(learner, seed=step)
+            applied = False
+            while not applied:
+                # A fresh client per push: its pushes ride out the restart.
+                with GradClient(addr, deadline=120.0) as g, rlhub.StoreClient(addr) as s:
+                    g.push("pol", version, learner)
+                    if step in pending:
+                        pending.discard(step)
+                        hub.proc.send_signal(signal.SIGKILL)
+                        hub.proc.wait(timeout=30)
+                        hub.log.close()
+                        kills += 1
+                        hub = Hub(rlhub_bin, tmp_path, addr=addr)
+                        newest = s.pull("pol", framework="torch")
+                        if newest.version == version:
+                            lost += 1  # admitted, never published: counted lost; push it again
+                            continue
+                        v = newest
+                    else:
+                        v = wait_published(s, version)
+                applied = True
+            assert v.version == version + 1, (v.version, version)
+            for p, q in zip(ref.parameters(), learner.parameters()):
+                p.grad = q.grad.clone()
+            ref_opt.step()
+            ref_sched.step()
+            assert_close_to(v.tensors, ref)
+            version = v.version
+        with GradClient(addr) as g:
+            st = g.stats()
+        # Counters restart with the hub; after the last restart every push
+        # was applied exactly once, and the versions count every step.
+        assert st.accounted(), st
+        assert version == 1 + steps
+        assert host.poll() is None, "the host process died"
+        r = hub.run_cli("reducer", "stats", "--hub", addr)
+        assert "NOT RECOVERED" not in r.stdout, r.stdout
+    except BaseException:
+        log.flush()
+        print((tmp_path / "hosts.log").read_text(errors="replace")[-4000:])
+        print((tmp_path / "hub.log").read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        if host.poll() is None:
+            kill(host)
+        log.close()
+        hub.stop()
+    assert kills == len(kill_after)
