@@ -654,3 +654,61 @@ def test_dict_env_filters_identical_across_python_worker_counts(hub, rlhub_bin, 
     bad = dataclasses.replace(p, obs_keys=(("position", 2), ("goal", 2), ("velocity", 2)))
     with pytest.raises(errors.InvalidArgument, match="observation keys"):
         ars_worker.EnvAdapter(gymnasium.make("rlhubtest/DictReach-v0")).check(bad)
+
+
+def test_per_key_filters_equal_machins_running_stats():
+    """A direction task's statistics, split by key, are Machin's per-key
+    filter statistics (one RunningStat per state key, pushed every state the
+    policy acts on) over the same states, in torch float64."""
+    import torch
+    from rlhub.tensors import save_bytes
+
+    class Recording(GoDictReach):
+        def __init__(self):
+            super().__init__()
+            self.episodes: List[List[dict]] = []
+
+        def reset(self, **kw):
+            obs, info = super().reset(**kw)
+            self.episodes.append([obs])
+            return obs, info
+
+        def step(self, action):
+            out = super().step(action)
+            self.episodes[-1].append(out[0])
+            return out
+
+    meta = {"ars.env": "DictReach-v0", "ars.version": "V2", "ars.iteration": "0", "ars.seed": "9", "ars.hidden": "",
+            "ars.discrete": "0", "ars.obs_dim": "6", "ars.out_dim": "2", "ars.directions": "4", "ars.top": "4",
+            "ars.step_size": "0.02", "ars.noise": "0.5", "ars.shift": "0",
+            "ars.obs_keys": json.dumps([{"name": n, "dim": d} for n, d in DICT_KEYS])}
+    rng = np.random.default_rng(1)
+    blob = save_bytes({"policy.weight": rng.normal(0, 0.5, (2, 6)), "filter.count": np.zeros(1),
+                       "filter.mean": np.zeros(6), "filter.m2": np.zeros(6)}, meta)
+    p = ars_worker.decode_policy(blob)
+    env = Recording()
+    res = ars_worker.run_task(p, ars_worker.EnvAdapter(env), 1, 2)
+    # Machin's RunningStat, restated: n, M (mean), S (variance·(n − 1));
+    # the first state sets M, later ones add δ/n to M and δ²·(n−1)/n to S.
+    machin = {}
+    for episode in env.episodes:
+        for obs in episode[:-1]:  # the final state is never acted on
+            for k, v in obs.items():
+                x = torch.tensor(v, dtype=torch.float64)
+                n, m, s = machin.get(k, (0, torch.zeros_like(x), torch.zeros_like(x)))
+                n += 1
+                if n == 1:
+                    m = x.clone()
+                else:
+                    d = x - m
+                    m = m + d / n
+                    s = s + d * d * (n - 1) / n
+                machin[k] = (n, m, s)
+    got = dataclasses.replace(p, count=res.stats.count, mean=np.array(res.stats.mean), m2=np.array(res.stats.m2))
+    by = got.filters_by_key()
+    assert list(by) == [k for k, _ in DICT_KEYS] == sorted(machin)
+    for k, (count, mean, m2) in by.items():
+        n, m, s = machin[k]
+        assert count == n == res.steps, (k, count, n)
+        np.testing.assert_allclose(mean, m.numpy(), rtol=1e-12, atol=1e-15, err_msg=k)
+        np.testing.assert_allclose(m2, s.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)
