@@ -695,7 +695,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.print_env_spec:
         sp = w.env().spec()
         kind = f"--discrete {sp.discrete}" if sp.discrete else f"--act-dim {sp.act_dim}"
-        print(f"--env {a.env} --obs-dim {sp.obs_dim} {kind}")
+        keys = ",".join(f"{k.name}:{k.dim}" for k in sp.obs_keys)
+        print(f"--env {a.env} --obs-dim {sp.obs_dim} {kind}" + (f" --obs-keys {keys}" if keys else ""))
         w.close()
         return 0
     for sig in (signal.SIGINT, signal.SIGTERM):

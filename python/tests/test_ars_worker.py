@@ -621,6 +621,11 @@ def test_dict_env_filters_identical_across_python_worker_counts(hub, rlhub_bin, 
     filter in summary.json is the policy's statistics for that key."""
     sp = ars_worker.EnvAdapter(gymnasium.make("rlhubtest/DictReach-v0")).spec()
     assert [(k.name, k.dim) for k in sp.obs_keys] == list(DICT_KEYS) and sp.obs_dim == 6
+    r = subprocess.run([sys.executable, "-c", "import test_ars_worker, sys; from rlhub import ars_worker; "
+                        "sys.exit(ars_worker.main(['--env', 'rlhubtest/DictReach-v0', '--print-env-spec']))"],
+                       env=dict(PYENV, PYTHONPATH=str(REPO / "python") + os.pathsep + str(REPO / "python" / "tests")),
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().endswith("--obs-dim 6 --act-dim 2 --obs-keys goal:2,position:2,velocity:2"), r.stdout + r.stderr
     blobs, sums = [], []
     for n in (1, 2, 3):
         h = Hub(rlhub_bin, (tmp_path / f"h{n}").mkdir() or tmp_path / f"h{n}")
