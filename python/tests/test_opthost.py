@@ -210,3 +210,41 @@ def test_external_registration_survives_hub_sigkills(rlhub_bin, tmp_path):
         log.close()
         hub.stop()
     assert kills == len(kill_after)
+
+
+def test_checkpoint_of_a_step_the_hub_lost_is_refused(hub, tmp_path):
+    """A checkpoint at V+1 whose weights never published (the hub died
+    between the host's checkpoint and the publish, and another batch was
+    stepped since) is not loaded as V+1's optimizer state: the host refuses
+    it by the digest of the weights it was taken with."""
+    from rlhub.opthost import OptimizerHost, encode_state
+
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "external"})
+    opt, sched = make_case("adam_onecycle", net)
+    # The orphan: a checkpoint at version 2 from a step that never published.
+    tensors, text = encode_state({"optimizer": opt.state_dict(), "lr_scheduler": sched.state_dict()})
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("pol/host-state", tensors, version=2,
+               metadata={"host.state": text, "model.version": "2", "host.weights_sha256": "0" * 64})
+    host = OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net).start()
+    try:
+        learner = make_net(seed=99)
+        fill_grads(learner, seed=0)
+        with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+            g.push("pol", 1, learner)
+            v = wait_published(s, 1)
+        assert v.version == 2 and host.steps == 1
+    finally:
+        host.close()
+    net2 = make_net()
+    opt2, sched2 = make_case("adam_onecycle", net2)
+    again = OptimizerHost(hub.addr, "pol", opt2, lr_scheduler=sched2, module=net2)
+    try:
+        with pytest.raises(rlhub.NotFound, match="never published"):
+            again.load(2)
+        again.load(1)  # the state of version 1 (none: the fresh optimizer) is fine
+    finally:
+        again.close()
