@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -28,7 +29,8 @@ import (
 // Metadata (strings): ars.env, ars.version, ars.iteration, ars.seed,
 // ars.hidden ("64,64" or ""), ars.discrete (number of actions, 0 for a
 // continuous space), ars.obs_dim, ars.out_dim, ars.directions, ars.top,
-// ars.step_size, ars.noise, ars.shift.
+// ars.step_size, ars.noise, ars.shift; ars.obs_keys for a Dict observation
+// space (obskeys.go).
 //
 // To act: x̃ = (x − mean)/σ with σ² = m2/(count−1) (components with
 // σ < MinStd become 0; identity while count < 2), only when ars.version is
@@ -42,6 +44,10 @@ type Policy struct {
 	Arch      Arch
 	Theta     []float64
 	Stats     *Stats
+	// ObsKeys: the Dict observation space's keys the observation is
+	// flattened from (metadata ars.obs_keys, a JSON list of {name, dim});
+	// empty for a flat observation.
+	ObsKeys []env.ObsKey
 }
 
 // Filter returns the frozen filter the policy acts with.
@@ -56,7 +62,7 @@ func (p *Policy) Filter() Filter {
 // encode it before the next Finish).
 func (t *Trainer) PolicyOf() *Policy {
 	return &Policy{Env: t.cfg.Env, Version: t.cfg.Hyper.Version, Iteration: t.iter, Seed: t.cfg.Seed,
-		Hyper: t.cfg.Hyper, Arch: t.arch, Theta: t.theta, Stats: t.stats}
+		Hyper: t.cfg.Hyper, Arch: t.arch, Theta: t.theta, Stats: t.stats, ObsKeys: t.cfg.Spec.ObsKeys}
 }
 
 func f64Tensor(name string, shape []int64, v []float64) *tensor.Tensor {
@@ -119,6 +125,9 @@ func (p *Policy) Encode() ([]byte, error) {
 		"ars.step_size":  g(p.Hyper.StepSize),
 		"ars.noise":      g(p.Hyper.Noise),
 		"ars.shift":      g(p.Hyper.Shift),
+	}
+	if len(p.ObsKeys) > 0 {
+		meta["ars.obs_keys"] = encodeObsKeys(p.ObsKeys)
 	}
 	return safetensors.Encode(sd, meta)
 }
@@ -246,6 +255,9 @@ func PolicyFromStateDict(sd *tensor.StateDict, meta map[string]string) (*Policy,
 		return nil, err
 	}
 	if err := p.Stats.check(p.Arch.ObsDim); err != nil {
+		return nil, err
+	}
+	if p.ObsKeys, err = decodeObsKeys(meta["ars.obs_keys"], p.Arch.ObsDim); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -6,6 +6,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
 )
 
 // Config describes one ARS run. Given the same Config a run produces
@@ -17,6 +18,9 @@ type Config struct {
 	// Seed selects the noise directions, episode seeds and MLP init.
 	Seed  uint64
 	Hyper Hyper
+	// Update is how θ moves: the paper's step (the zero value) or an
+	// optimizer on Machin's ARS gradient, an lr schedule, clipping.
+	Update Update
 	// Hidden are MLP hidden widths; empty means the paper's linear policy.
 	Hidden []int
 	// EvalEvery is K: the current policy is evaluated at iterations
@@ -45,8 +49,14 @@ func (c *Config) Validate() error {
 	if err := c.Hyper.Validate(); err != nil {
 		return err
 	}
+	if err := c.Update.validate(c.Hyper.StepSize); err != nil {
+		return err
+	}
 	if c.Spec.ObsDim < 1 {
 		return fmt.Errorf("%w: environment %q has observation dimension %d", errs.ErrInvalid, c.Env, c.Spec.ObsDim)
+	}
+	if err := ValidateObsKeys(c.Spec.ObsKeys, c.Spec.ObsDim); err != nil {
+		return err
 	}
 	if c.Spec.Discrete == 0 && c.Spec.ActDim < 1 {
 		return fmt.Errorf("%w: environment %q has no actions", errs.ErrInvalid, c.Env)
@@ -172,6 +182,9 @@ type Trainer struct {
 	confirming bool
 	rep        Report
 	filter     Filter
+	// opt is the optimizer of a non-plain Update (nil for the paper's
+	// step); it has taken exactly iter steps.
+	opt *optim.Optimizer
 }
 
 // NewTrainer starts a run at iteration 0 with θ_0 and empty statistics.
@@ -182,6 +195,10 @@ func NewTrainer(cfg Config) (*Trainer, error) {
 	t := &Trainer{cfg: cfg, arch: cfg.Arch()}
 	t.theta = t.arch.InitParams(cfg.Seed)
 	t.stats = NewStats(cfg.Spec.ObsDim)
+	var err error
+	if t.opt, err = t.cfg.Update.newOptimizer(len(t.theta)); err != nil {
+		return nil, err
+	}
 	t.freeze()
 	return t, nil
 }
@@ -372,8 +389,7 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	case t.evalOnly:
 		rep.Done, rep.Reason = true, "budget"
 	default:
-		seed, base := t.cfg.Seed, t.iter*uint64(n)
-		rep.Update = Step(t.theta, &t.cfg.Hyper, rplus, rminus, func(d int, dst []float64) { Direction(dst, seed, base+uint64(d)) })
+		rep.Update = t.update(rplus, rminus, int64(t.iter))
 		rep.Updated = true
 		for _, r := range results[:n] {
 			if err := t.stats.Merge(r.Stats); err != nil {
@@ -404,12 +420,15 @@ type TrainerState struct {
 	EvalOnly bool      `json:"eval_only"`
 	Confirm  bool      `json:"confirming,omitempty"`
 	Last     Report    `json:"last"`
+	// Optim is the optimizer's state (nil for the paper's step): it has
+	// taken Iter steps.
+	Optim *OptimState `json:"optim,omitempty"`
 }
 
 // State returns a copy of the trainer's state after its last finished
 // iteration (before any results of the current one).
 func (t *Trainer) State() TrainerState {
-	return TrainerState{Iter: t.iter, Theta: append([]float64(nil), t.theta...), Stats: t.stats.Clone(), EvalOnly: t.evalOnly, Confirm: t.confirming, Last: t.rep}
+	return TrainerState{Iter: t.iter, Theta: append([]float64(nil), t.theta...), Stats: t.stats.Clone(), EvalOnly: t.evalOnly, Confirm: t.confirming, Last: t.rep, Optim: optimState(t.opt)}
 }
 
 // RestoreTrainer rebuilds a trainer from cfg and a State taken from a
@@ -436,6 +455,19 @@ func RestoreTrainer(cfg Config, st TrainerState) (*Trainer, error) {
 	}
 	if st.Last.Episodes < 0 || st.Last.Steps < 0 || st.Last.EvalEpisodes < 0 {
 		return nil, fmt.Errorf("%w: restored counters are negative", errs.ErrInvalid)
+	}
+	switch {
+	case t.opt == nil && st.Optim != nil:
+		return nil, fmt.Errorf("%w: restored state holds an optimizer; the run takes the paper's step", errs.ErrInvalid)
+	case t.opt != nil && st.Optim == nil && st.Iter > 0:
+		return nil, fmt.Errorf("%w: restored state at iteration %d has no optimizer state for %s", errs.ErrInvalid, st.Iter, t.cfg.Update.Optimizer.Kind)
+	case t.opt != nil && st.Optim != nil:
+		if err := restoreOptim(t.opt, st.Optim, len(t.theta)); err != nil {
+			return nil, err
+		}
+		if uint64(t.opt.Steps()) != st.Iter {
+			return nil, fmt.Errorf("%w: restored optimizer took %d steps, the run is at iteration %d", errs.ErrInvalid, t.opt.Steps(), st.Iter)
+		}
 	}
 	t.iter, t.evalOnly, t.confirming, t.rep = st.Iter, st.EvalOnly, st.Confirm, st.Last
 	copy(t.theta, st.Theta)

@@ -120,7 +120,10 @@ func TopB(rplus, rminus []float64, b int) []int {
 type StepInfo struct {
 	Selected []int   // directions used, in TopB order
 	SigmaR   float64 // population std of the 2b rewards used
-	Scale    float64 // α/(b·σ_R), 0 when σ_R = 0
+	Scale    float64 // α/(b·σ_R), 0 when σ_R = 0 (the paper's step)
+	// Grad describes the ARS gradient when Config.Update is not the
+	// default (only LR otherwise).
+	Grad GradInfo
 }
 
 // Step performs Algorithm 2's update in place:
@@ -135,20 +138,7 @@ type StepInfo struct {
 // validate what arrives from workers).
 func Step(theta []float64, h *Hyper, rplus, rminus []float64, direction func(d int, dst []float64)) StepInfo {
 	sel := TopB(rplus, rminus, h.Top)
-	var mean float64
-	for _, d := range sel {
-		mean += rplus[d]
-		mean += rminus[d]
-	}
-	n := float64(2 * len(sel))
-	mean /= n
-	var ss float64
-	for _, d := range sel {
-		a, b := rplus[d]-mean, rminus[d]-mean
-		ss += float64(a * a)
-		ss += float64(b * b)
-	}
-	info := StepInfo{Selected: sel, SigmaR: math.Sqrt(ss / n)}
+	info := StepInfo{Selected: sel, SigmaR: sigmaR(rplus, rminus, sel)}
 	if info.SigmaR == 0 {
 		return info
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim/optimpb"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -146,7 +147,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		StepSize: in.StepSize, Noise: in.Noise, Shift: in.Shift, Hidden: in.Hidden,
 		EvalEvery: in.EvalEvery, EvalEpisodes: in.EvalEpisodes, UseTarget: in.UseTarget, Target: in.Target,
 		MaxEpisodes: in.MaxEpisodes, MaxIterations: in.MaxIterations, EnvSpec: in.EnvSpec,
-		Protocol: in.Protocol, ConfirmEpisodes: in.ConfirmEpisodes,
+		Protocol: in.Protocol, ConfirmEpisodes: in.ConfirmEpisodes, GradientMax: in.GradientMax,
 	}
 	if s.Version == "" {
 		s.Version = d.Hyper.Version.String()
@@ -205,6 +206,7 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		EvalEvery: int(s.EvalEvery), EvalEpisodes: int(s.EvalEpisodes),
 		UseTarget: s.UseTarget, Target: s.Target, ConfirmEpisodes: int(s.ConfirmEpisodes),
 		MaxEpisodes: s.MaxEpisodes, MaxIterations: int(s.MaxIterations),
+		Update: ars.Update{Optimizer: optimpb.FromProto(in.Optimizer), GradientMax: in.GradientMax},
 	}
 	for _, h := range s.Hidden {
 		cfg.Hidden = append(cfg.Hidden, int(h))
@@ -213,6 +215,11 @@ func Normalise(in *pb.ARSRunSpec) (*pb.ARSRunSpec, ars.Config, error) {
 		return nil, ars.Config{}, err
 	}
 	s.Top = uint32(cfg.Hyper.Top)
+	// The optimizer with its defaults filled in; lr stays 0 on the wire
+	// (step_size is the learning rate).
+	o := cfg.Update.Optimizer
+	o.LR = 0
+	s.Optimizer = optimpb.ToProto(o)
 	return s, cfg, nil
 }
 
@@ -224,6 +231,9 @@ func envSpec(in *pb.ARSRunSpec) (env.Spec, error) {
 	e, err := env.Make(in.Env)
 	if err == nil {
 		s := e.Spec()
+		if x != nil && len(x.ObsKeys) > 0 && !ars.SameObsKeys(obsKeys(x), s.ObsKeys) {
+			return env.Spec{}, fmt.Errorf("%w: env_spec's observation keys do not match built-in %s's %v", errs.ErrInvalid, in.Env, s.ObsKeys)
+		}
 		if x != nil && (int(x.ObsDim) != s.ObsDim || int(x.Discrete) != s.Discrete || int(x.ActDim) != s.ActDim) {
 			return env.Spec{}, fmt.Errorf("%w: env_spec (obs %d, discrete %d, act %d) does not match built-in %s (obs %d, discrete %d, act %d)",
 				errs.ErrInvalid, x.ObsDim, x.Discrete, x.ActDim, in.Env, s.ObsDim, s.Discrete, s.ActDim)
@@ -239,7 +249,23 @@ func envSpec(in *pb.ARSRunSpec) (env.Spec, error) {
 		return env.Spec{}, fmt.Errorf("%w: environment %q with env_spec obs %d, discrete %d, act %d: need a name, 1 ≤ obs ≤ %d and exactly one of discrete, act in [1, %d]",
 			errs.ErrInvalid, in.Env, x.ObsDim, x.Discrete, x.ActDim, maxDim, maxDim)
 	}
-	return env.Spec{Name: in.Env, ObsDim: int(x.ObsDim), Discrete: int(x.Discrete), ActDim: int(x.ActDim)}, nil
+	if len(x.ObsKeys) > ars.MaxObsKeys {
+		return env.Spec{}, fmt.Errorf("%w: env_spec has %d observation keys, at most %d", errs.ErrInvalid, len(x.ObsKeys), ars.MaxObsKeys)
+	}
+	keys := obsKeys(x)
+	if err := ars.ValidateObsKeys(keys, int(x.ObsDim)); err != nil {
+		return env.Spec{}, err
+	}
+	return env.Spec{Name: in.Env, ObsDim: int(x.ObsDim), Discrete: int(x.Discrete), ActDim: int(x.ActDim), ObsKeys: keys}, nil
+}
+
+// obsKeys converts a Dict space's keys from the wire.
+func obsKeys(x *pb.ARSEnvSpec) []env.ObsKey {
+	var out []env.ObsKey
+	for _, k := range x.GetObsKeys() {
+		out = append(out, env.ObsKey{Name: k.GetName(), Dim: int(k.GetDim())})
+	}
+	return out
 }
 
 // prepareRun validates spec and builds a run named by the next run number,

@@ -267,6 +267,13 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 			w.skip = append(w.skip, lease.RunId)
 			return fmt.Errorf("run %s: %w: %v", lease.RunId, errCannotServe, err)
 		}
+		if sp := e.Spec(); sp.ObsDim != p.Arch.ObsDim || !ars.SameObsKeys(sp.ObsKeys, p.ObsKeys) {
+			// A Dict space flattened to another layout would feed the
+			// policy (and the per-key filters) the wrong components.
+			w.skip = append(w.skip, lease.RunId)
+			return fmt.Errorf("run %s: %w: the policy takes %d observations with keys %v, this %s has %d with keys %v",
+				lease.RunId, errCannotServe, p.Arch.ObsDim, p.ObsKeys, sp.Name, sp.ObsDim, sp.ObsKeys)
+		}
 		arch := p.Arch
 		w.ev = ars.NewEvaluator(e, &arch)
 		w.envName = lease.Spec.GetEnv()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
@@ -119,6 +120,9 @@ type trainARSOptions struct {
 	// envSpec: the spaces of an environment only Python workers run
 	// (--obs-dim with --discrete or --act-dim); zero for a built-in one.
 	envSpec pb.ARSEnvSpec
+	obsKeys []string
+	// opt: --optimizer and its flags; gradientMax: --gradient-max.
+	opt pb.ReducerOptimizer
 }
 
 func newTrainARSCmd(g *globals) *cobra.Command {
@@ -185,6 +189,21 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 	f.Uint32Var(&o.envSpec.ObsDim, "obs-dim", 0, "observation length of an --env the hub does not know (a Gymnasium env served by python -m rlhub.ars_worker; needs --hub and --workers 0)")
 	f.Uint32Var(&o.envSpec.Discrete, "discrete", 0, "with --obs-dim: number of discrete actions")
 	f.Uint32Var(&o.envSpec.ActDim, "act-dim", 0, "with --obs-dim: length of a continuous action")
+	f.StringSliceVar(&o.obsKeys, "obs-keys", nil, "with --obs-dim, for a Gymnasium Dict observation space: its keys in the space's order as NAME:DIM,… (each key gets its own mean/std filter)")
+	f.StringVar(&o.opt.Kind, "optimizer", "step", "how θ moves: step (the paper's update) or sgd, adam, adamw, rmsprop, adagrad, adamax, nadam, radam on Machin's ARS gradient (learning rate --step-size; docs/ars.md)")
+	f.Float64Var(&o.opt.Momentum, "momentum", 0, "momentum (--optimizer sgd, rmsprop)")
+	f.Float64Var(&o.opt.WeightDecay, "weight-decay", 0, "weight decay (an --optimizer; adamw: 0 means 0.01)")
+	f.Float64Var(&o.opt.Beta1, "beta1", 0, "β1 (--optimizer adam, adamw, adamax, nadam, radam; 0 means 0.9)")
+	f.Float64Var(&o.opt.Beta2, "beta2", 0, "β2 (0 means 0.999)")
+	f.Float64Var(&o.opt.Eps, "eps", 0, "ε of an --optimizer (0 means torch's default)")
+	f.StringVar(&o.opt.Schedule, "lr-schedule", "", "step-size schedule: \"\" (constant), step (StepLR) or cosine (CosineAnnealingLR); with --lr-warmup-steps chained after LinearLR")
+	f.Int64Var(&o.opt.StepSize, "lr-step-every", 0, "updates between decays (--lr-schedule step)")
+	f.Float64Var(&o.opt.Gamma, "lr-gamma", 0, "decay factor (--lr-schedule step; 0 means 0.1)")
+	f.Int64Var(&o.opt.TMax, "lr-t-max", 0, "half period in updates (--lr-schedule cosine)")
+	f.Float64Var(&o.opt.MinLr, "lr-min", 0, "floor eta_min (--lr-schedule cosine)")
+	f.Int64Var(&o.opt.WarmupSteps, "lr-warmup-steps", 0, "updates of linear warm-up")
+	f.Float64Var(&o.opt.WarmupStart, "lr-warmup-start", 0, "warm-up's first factor (0 means 1/3)")
+	f.Float64Var(&o.spec.GradientMax, "gradient-max", 0, "clip the ARS gradient's global L2 norm to this, as torch's clip_grad_norm_ (0: none; Machin's gradient_max)")
 	return cmd
 }
 
@@ -224,6 +243,27 @@ func (o *trainARSOptions) applyFile(rf *arsrun.File, changed func(string) bool) 
 	set("obs-dim", func() { o.envSpec.ObsDim = rf.ObsDim })
 	set("discrete", func() { o.envSpec.Discrete = rf.Discrete })
 	set("act-dim", func() { o.envSpec.ActDim = rf.ActDim })
+	set("obs-keys", func() { o.obsKeys = rf.ObsKeys })
+	set("gradient-max", func() { o.spec.GradientMax = rf.GradientMax })
+	if fo := rf.Optimizer.Proto(); fo != nil {
+		// The file's optimizer, each flag given overriding its field.
+		mine := proto.Clone(&o.opt).(*pb.ReducerOptimizer)
+		proto.Reset(&o.opt)
+		proto.Merge(&o.opt, fo)
+		for flag, copyMine := range map[string]func(){
+			"optimizer": func() { o.opt.Kind = mine.Kind }, "momentum": func() { o.opt.Momentum = mine.Momentum },
+			"weight-decay": func() { o.opt.WeightDecay = mine.WeightDecay }, "beta1": func() { o.opt.Beta1 = mine.Beta1 },
+			"beta2": func() { o.opt.Beta2 = mine.Beta2 }, "eps": func() { o.opt.Eps = mine.Eps },
+			"lr-schedule": func() { o.opt.Schedule = mine.Schedule }, "lr-step-every": func() { o.opt.StepSize = mine.StepSize },
+			"lr-gamma": func() { o.opt.Gamma = mine.Gamma }, "lr-t-max": func() { o.opt.TMax = mine.TMax },
+			"lr-min": func() { o.opt.MinLr = mine.MinLr }, "lr-warmup-steps": func() { o.opt.WarmupSteps = mine.WarmupSteps },
+			"lr-warmup-start": func() { o.opt.WarmupStart = mine.WarmupStart },
+		} {
+			if changed(flag) {
+				copyMine()
+			}
+		}
+	}
 	set("workers", func() {
 		if rf.Workers != nil {
 			o.workers = *rf.Workers
@@ -247,9 +287,15 @@ func (o *trainARSOptions) runConfig(g *globals) (arsrun.Config, error) {
 		}
 		o.spec.Hidden = append(o.spec.Hidden, uint32(h))
 	}
-	if o.envSpec.ObsDim > 0 || o.envSpec.Discrete > 0 || o.envSpec.ActDim > 0 {
+	keys, err := arsrun.ParseObsKeys(o.obsKeys)
+	if err != nil {
+		return arsrun.Config{}, fmt.Errorf("--obs-keys: %w", err)
+	}
+	o.envSpec.ObsKeys = keys
+	if o.envSpec.ObsDim > 0 || o.envSpec.Discrete > 0 || o.envSpec.ActDim > 0 || len(keys) > 0 {
 		o.spec.EnvSpec = &o.envSpec
 	}
+	o.spec.Optimizer = &o.opt
 	if o.overwrite && o.resume {
 		return arsrun.Config{}, errors.New("--overwrite and --resume exclude each other")
 	}

@@ -230,3 +230,57 @@ func TestTrainARSRunFileReplays(t *testing.T) {
 		t.Fatalf("a refused run file wrote %d files", len(ents))
 	}
 }
+
+// --optimizer, its hyper-parameters, --lr-schedule and --gradient-max reach
+// the run, OUT/config.yaml and summary.json, and the replay is
+// byte-identical; a flag given with --config overrides the file's field.
+func TestTrainARSOptimizerFlagsReplay(t *testing.T) {
+	useHelperWorkers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	first := t.TempDir()
+	code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--env", "CartPole-v1", "--seed", "4", "--max-iterations", "3",
+		"--eval-every", "2", "--eval-episodes", "3", "--workers", "1", "--optimizer", "adam", "--beta1", "0.8",
+		"--lr-schedule", "cosine", "--lr-t-max", "4", "--lr-warmup-steps", "1", "--gradient-max", "0.5", "--out", first, "--no-progress")
+	if code != 0 {
+		t.Fatalf("train: code %d %q %q", code, out, errOut)
+	}
+	resolved, err := os.ReadFile(filepath.Join(first, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kind: adam", "beta1: 0.8", "beta2: 0.999", "schedule: cosine", "t_max: 4", "warmup_steps: 1", "gradient_max: 0.5"} {
+		if !strings.Contains(string(resolved), want+"\n") {
+			t.Errorf("config.yaml lacks %q:\n%s", want, resolved)
+		}
+	}
+	sum, err := arsrun.ReadSummary(first)
+	if err != nil || sum.Optimizer == nil || sum.Optimizer.Kind != "adam" || sum.Optimizer.Beta1 != 0.8 || sum.GradientMax != 0.5 {
+		t.Fatalf("summary optimizer %+v (%v)", sum.Optimizer, err)
+	}
+	second := t.TempDir()
+	if code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--config", filepath.Join(first, "config.yaml"), "--out", second, "--no-progress"); code != 0 {
+		t.Fatalf("replay: code %d %q %q", code, out, errOut)
+	}
+	a, _ := os.ReadFile(filepath.Join(first, "policy.safetensors"))
+	b, _ := os.ReadFile(filepath.Join(second, "policy.safetensors"))
+	if len(a) == 0 || !bytes.Equal(a, b) {
+		t.Fatal("the replayed run's policy differs")
+	}
+	third := t.TempDir()
+	if code, out, errOut := run(t, ctx, "--log-level", "warn", "train", "ars", "--config", filepath.Join(first, "config.yaml"), "--beta1", "0.5", "--out", third, "--no-progress"); code != 0 {
+		t.Fatalf("override: code %d %q %q", code, out, errOut)
+	}
+	if again, _ := os.ReadFile(filepath.Join(third, "config.yaml")); !strings.Contains(string(again), "beta1: 0.5\n") || !strings.Contains(string(again), "kind: adam\n") {
+		t.Errorf("--beta1 over the file resolved to\n%s", again)
+	}
+	for _, args := range [][]string{
+		{"--optimizer", "lion"}, {"--optimizer", "step", "--momentum", "0.9"}, {"--gradient-max", "-1"},
+		{"--lr-schedule", "cosine"}, {"--optimizer", "adam", "--momentum", "0.9"},
+	} {
+		argv := append([]string{"train", "ars", "--env", "CartPole-v1", "--out", t.TempDir()}, args...)
+		if code, _, _ := run(t, ctx, argv...); code == 0 {
+			t.Errorf("%v succeeded", args)
+		}
+	}
+}

@@ -22,6 +22,18 @@ type Spec struct {
 	ActLow, ActHigh []float64
 	// MaxEpisodeSteps is the time limit; reaching it truncates an episode.
 	MaxEpisodeSteps int
+	// ObsKeys describes a Dict observation space (Gymnasium spaces.Dict):
+	// its keys in the space's order with their flattened lengths. The
+	// observation is their concatenation in that order (what Gymnasium's
+	// spaces.flatten gives), so the lengths sum to ObsDim. Empty for a flat
+	// (Box) observation.
+	ObsKeys []ObsKey
+}
+
+// ObsKey is one key of a Dict observation space.
+type ObsKey struct {
+	Name string
+	Dim  int
 }
 
 // Env is one environment instance. It is not safe for concurrent use; run

@@ -449,11 +449,13 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 }
 
 // commit makes the step that produced version durable before it is
-// published: the journal record, then the optimizer state. stateErr, when
-// set, is carried in the state's metadata so that a state lost once stays
-// reported after later restarts.
-func (f *modelFiles) commit(version uint64, members []reduce.ID, weights []float32, opt *optim.Optimizer, stateErr string) error {
-	rec := journalRecord{Version: version, Steps: uint64(opt.Steps()), Members: make([]journalID, len(members)), Weights: weights}
+// published: the journal record, then the optimizer state. steps is the
+// optimizer's step count after the step; opt is nil for an external model
+// (its host checkpoints its own state in the store), which writes only the
+// journal record. stateErr, when set, is carried in the state's metadata
+// so that a state lost once stays reported after later restarts.
+func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights []float32, opt *optim.Optimizer, stateErr string) error {
+	rec := journalRecord{Version: version, Steps: steps, Members: make([]journalID, len(members)), Weights: weights}
 	for i, id := range members {
 		rec.Members[i] = journalID{id.Client, id.Seq}
 	}
@@ -465,6 +467,10 @@ func (f *modelFiles) commit(version uint64, members []reduce.ID, weights []float
 		return err
 	}
 	f.applied.AddApplied(members)
+	if opt == nil {
+		f.pending = version
+		return nil
+	}
 	st, meta := opt.State()
 	meta["model.version"] = strconv.FormatUint(version, 10)
 	if stateErr != "" {

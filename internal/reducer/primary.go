@@ -269,7 +269,7 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, steps 
 	if m, ok, err := p.registered(mc); ok || err != nil {
 		return m.version, m.steps, err
 	}
-	if p.state != nil && m.ext == nil { // an external model's state is its host's (external.go)
+	if p.state != nil { // an external model's optimizer state is its host's; its registration and journal are here
 		reg := registration{Format: registrationFmt, Model: mc.Model, Config: mc, StartVersion: snap.Version, Registered: time.Now().UTC()}
 		if m.files, err = p.state.create(reg, p.cfg.LedgerWindow); err != nil {
 			return 0, 0, err
@@ -380,6 +380,13 @@ func (p *Primary) restoreOne(ctx context.Context, dir string) error {
 	m.files, m.ledger = r.files, r.ledger
 	problems := r.problems
 	switch {
+	case m.ext != nil:
+		// The host keeps its optimizer state in the store (external.go);
+		// the journal has the host steps published so far.
+		m.steps = r.steps
+		if snap.Version != reg.StartVersion && m.steps == 0 {
+			problems = append(problems, fmt.Sprintf("the journal has no host step for version %d", snap.Version))
+		}
 	case r.meta != nil:
 		if err := m.opt.Restore(r.state, r.meta); err != nil {
 			problems = append(problems, fmt.Sprintf("optimizer state of version %d does not fit the registration: %v", snap.Version, err))
@@ -392,10 +399,12 @@ func (p *Primary) restoreOne(ctx context.Context, dir string) error {
 	default:
 		problems = append(problems, fmt.Sprintf("no optimizer state for version %d, the store's newest", snap.Version))
 	}
-	m.steps = uint64(m.opt.Steps())
+	if m.opt != nil {
+		m.steps = uint64(m.opt.Steps())
+	}
 	if len(problems) > 0 {
 		m.stateErr = truncate(strings.Join(problems, "; "), 2048)
-		if m.opt.Steps() == 0 && snap.Version != reg.StartVersion {
+		if m.opt != nil && m.opt.Steps() == 0 && snap.Version != reg.StartVersion {
 			m.stateErr += "; the optimizer restarted from step 0"
 		}
 		p.cfg.Logger.Error("reducer: optimizer state of a restored registration is not exact", "model", mc.Model,
@@ -661,7 +670,11 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	if m.files != nil {
 		// Durable before it is published: a kill after the push finds
 		// the state that produced next on disk.
-		if err := m.files.commit(next, b.Members, b.Weights, m.opt, m.stateErr); err != nil {
+		steps := m.steps + 1 // the host's step
+		if m.opt != nil {
+			steps = uint64(m.opt.Steps())
+		}
+		if err := m.files.commit(next, steps, b.Members, b.Weights, m.opt, m.stateErr); err != nil {
 			return fail(fmt.Errorf("persisting step %d failed: %w", next, err))
 		}
 	}
@@ -694,7 +707,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		p.lat.add(p.cfg.Clock.Now().Sub(b.FirstAdmitted))
 	}
 	if m.files != nil {
-		m.files.published(next, uint64(m.opt.Steps()))
+		m.files.published(next, m.steps)
 	}
 	if p.cfg.OnApply != nil {
 		p.cfg.OnApply(b.Model, next, slices.Clone(b.Members), slices.Clone(b.Weights))

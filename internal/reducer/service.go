@@ -20,7 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
-	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/optim/optimpb"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
@@ -397,16 +397,9 @@ func (s *Service) RegisterModel(ctx context.Context, mc ModelConfig) (version, r
 
 // ModelConfigFromProto converts a Register request.
 func ModelConfigFromProto(r *rlhubv1.ReducerRegisterRequest) ModelConfig {
-	o := r.GetOptimizer()
 	return ModelConfig{
-		Model: r.GetModel(),
-		Optimizer: optim.Config{Kind: optim.Kind(o.GetKind()), LR: o.GetLr(), WeightDecay: o.GetWeightDecay(),
-			Momentum: o.GetMomentum(), Dampening: o.GetDampening(), Nesterov: o.GetNesterov(),
-			Beta1: o.GetBeta1(), Beta2: o.GetBeta2(), Eps: o.GetEps(), Alpha: o.GetAlpha(), Centered: o.GetCentered(),
-			LRDecay: o.GetLrDecay(), InitialAccumulatorValue: o.GetInitialAccumulatorValue(),
-			MomentumDecay: o.GetMomentumDecay(), DecoupledWeightDecay: o.GetDecoupledWeightDecay(),
-			Schedule: optim.Schedule{Kind: optim.ScheduleKind(o.GetSchedule()), StepSize: o.GetStepSize(), Gamma: o.GetGamma(),
-				TMax: o.GetTMax(), MinLR: o.GetMinLr(), WarmupSteps: o.GetWarmupSteps(), WarmupStart: o.GetWarmupStart()}},
+		Model:           r.GetModel(),
+		Optimizer:       optimpb.FromProto(r.GetOptimizer()),
 		Reduction:       reduce.Reduction(r.GetReduction()),
 		GradientMax:     r.GetGradientMax(),
 		Staleness:       reduce.Staleness{Policy: reduce.Policy(r.GetStaleness()), MaxLag: r.GetMaxLag()},
@@ -416,15 +409,9 @@ func ModelConfigFromProto(r *rlhubv1.ReducerRegisterRequest) ModelConfig {
 
 // ModelConfigToProto is the inverse of ModelConfigFromProto.
 func ModelConfigToProto(mc ModelConfig) *rlhubv1.ReducerRegisterRequest {
-	o := mc.Optimizer
 	return &rlhubv1.ReducerRegisterRequest{
-		Model: mc.Model,
-		Optimizer: &rlhubv1.ReducerOptimizer{Kind: string(o.Kind), Lr: o.LR, WeightDecay: o.WeightDecay, Momentum: o.Momentum,
-			Dampening: o.Dampening, Nesterov: o.Nesterov, Beta1: o.Beta1, Beta2: o.Beta2, Eps: o.Eps, Alpha: o.Alpha,
-			Centered: o.Centered, Schedule: string(o.Schedule.Kind), StepSize: o.Schedule.StepSize, Gamma: o.Schedule.Gamma,
-			TMax: o.Schedule.TMax, MinLr: o.Schedule.MinLR, WarmupSteps: o.Schedule.WarmupSteps, WarmupStart: o.Schedule.WarmupStart,
-			LrDecay: o.LRDecay, InitialAccumulatorValue: o.InitialAccumulatorValue, MomentumDecay: o.MomentumDecay,
-			DecoupledWeightDecay: o.DecoupledWeightDecay},
+		Model:     mc.Model,
+		Optimizer: optimpb.ToProto(mc.Optimizer),
 		Reduction: string(mc.Reduction), GradientMax: mc.GradientMax,
 		Staleness: string(mc.Staleness.Policy), MaxLag: mc.Staleness.MaxLag, CheckpointEvery: mc.CheckpointEvery,
 	}

@@ -137,6 +137,27 @@ func durableSpec() *pb.ARSRunSpec {
 // a policy byte-identical to an undisturbed run's and a curve with every
 // iteration exactly once.
 func TestRunSurvivesHubKills(t *testing.T) {
+	survivesHubKills(t, durableSpec, []string{"report:2", "eval-report:1", "snapshot:3", "publish:2", "iteration:2", "report:5"})
+}
+
+// The same with Adam, a warm-up + cosine schedule and clipping: a restart
+// resumes with the optimizer's state (moments, step count, schedule
+// position) from state.json, so the policy is still byte-identical.
+func TestOptimizerRunSurvivesHubKills(t *testing.T) {
+	spec := func() *pb.ARSRunSpec {
+		s := durableSpec()
+		s.MaxIterations = 20
+		s.Optimizer = &pb.ReducerOptimizer{Kind: "adam", Schedule: "cosine", TMax: 12, WarmupSteps: 3}
+		s.GradientMax = 0.5
+		return s
+	}
+	sum := survivesHubKills(t, spec, []string{"report:2", "snapshot:3", "publish:2", "iteration:4"})
+	if sum.Optimizer == nil || sum.Optimizer.Kind != "adam" || sum.Optimizer.Schedule != "cosine" || sum.GradientMax != 0.5 {
+		t.Fatalf("summary optimizer %+v, gradient max %v", sum.Optimizer, sum.GradientMax)
+	}
+}
+
+func survivesHubKills(t *testing.T, durableSpec func() *pb.ARSRunSpec, crashes []string) Summary {
 	bin := rlhubBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -153,7 +174,6 @@ func TestRunSurvivesHubKills(t *testing.T) {
 	}
 
 	data := t.TempDir()
-	crashes := []string{"report:2", "eval-report:1", "snapshot:3", "publish:2", "iteration:2", "report:5"}
 	h, addr := startHub(t, bin, "127.0.0.1:0", data, crashes[0])
 	startWorkers(t, bin, addr, 2)
 
@@ -247,4 +267,5 @@ func TestRunSurvivesHubKills(t *testing.T) {
 			t.Fatalf("observer saw iterations %v", seen)
 		}
 	}
+	return r.sum
 }

@@ -65,6 +65,21 @@ type Summary struct {
 	// exact average cost of the trained gain relative to the Riccati
 	// optimum.
 	LQRRelativeCost *float64 `json:"lqr_relative_cost,omitempty"`
+	// Optimizer is how θ moved (the run spec's optimizer with its
+	// defaults: kind "step" is the paper's update) and GradientMax its
+	// clipping (0: none).
+	Optimizer   *OptimizerFile `json:"optimizer"`
+	GradientMax float64        `json:"gradient_max"`
+	// Filters: the final filter statistics of each key of a Dict
+	// observation space (absent for a flat one).
+	Filters map[string]KeyFilter `json:"filters,omitempty"`
+}
+
+// KeyFilter is one observation key's mean/std filter in summary.json.
+type KeyFilter struct {
+	Count float64   `json:"count"`
+	Mean  []float64 `json:"mean"`
+	Std   []float64 `json:"std"`
 }
 
 // ReadSummary reads DIR/summary.json.
@@ -110,10 +125,17 @@ func summarise(r *runner, model string, pol *ars.Policy) Summary {
 			"shift":      strconv.FormatFloat(pol.Hyper.Shift, 'g', -1, 64),
 			"hidden":     fmt.Sprint(pol.Arch.Hidden),
 		},
+		Optimizer: optimizerFile(r.spec.Optimizer), GradientMax: r.spec.GradientMax,
 	}
 	if r.spec.UseTarget {
 		t := r.spec.Target
 		s.Target = &t
+	}
+	if len(pol.ObsKeys) > 0 {
+		s.Filters = map[string]KeyFilter{}
+		for _, k := range pol.Stats.ByKey(pol.ObsKeys) {
+			s.Filters[k.Name] = KeyFilter{Count: k.Count, Mean: k.Mean, Std: k.Std()}
+		}
 	}
 	if last.Wall > 0 {
 		s.StepsPerSecond = float64(last.P.Steps) / last.Wall

@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -112,6 +113,17 @@ class ARSPolicy:
     count: float
     mean: np.ndarray
     m2: np.ndarray
+    #: Keys of a Dict observation space, ``(name, flattened length)`` in the
+    #: space's order (metadata ``ars.obs_keys``); empty for a flat one.
+    obs_keys: Tuple[Tuple[str, int], ...] = ()
+
+    def filters_by_key(self) -> Dict[str, Tuple[float, np.ndarray, np.ndarray]]:
+        """Each key's filter statistics ``(count, mean, m2)`` (``ars.Stats.ByKey``)."""
+        out, off = {}, 0
+        for name, dim in self.obs_keys:
+            out[name] = (self.count, self.mean[off:off + dim].copy(), self.m2[off:off + dim].copy())
+            off += dim
+        return out
 
     def layers(self) -> List[Tuple[int, int, int, int]]:
         """(in, out, weight offset, bias offset or -1) of each affine map."""
@@ -227,7 +239,25 @@ def decode_policy(blob: Any) -> ARSPolicy:
         raise bad(f"filter count {p.count} is not a whole number ≥ 0")
     if not (np.all(np.isfinite(p.mean)) and np.all(np.isfinite(p.m2)) and np.all(p.m2 >= 0)):
         raise bad("filter statistics are not finite or have a negative M2")
+    p.obs_keys = _decode_obs_keys(meta.get("ars.obs_keys", ""), obs_dim, bad)
     return p
+
+
+def _decode_obs_keys(raw: str, obs_dim: int, bad: Callable[[str], Exception]) -> Tuple[Tuple[str, int], ...]:
+    """``ars.obs_keys`` as ``internal/ars/obskeys.go`` validates it."""
+    if not raw:
+        return ()
+    try:
+        items = json.loads(raw)
+        keys = tuple((str(k["name"]), int(k["dim"])) for k in items)
+        assert all(isinstance(k["name"], str) and isinstance(k["dim"], int) for k in items)
+    except (ValueError, TypeError, KeyError, AssertionError):
+        raise bad("metadata ars.obs_keys is not a JSON list of {name, dim}") from None
+    names = [n for n, _ in keys]
+    if (len(keys) > 256 or len(set(names)) != len(names) or any(not n or len(n.encode()) > 128 for n in names)
+            or any(not 1 <= d <= 1 << 16 for _, d in keys) or sum(d for _, d in keys) != obs_dim):
+        raise bad(f"observation keys do not describe {obs_dim} observations")
+    return keys
 
 
 # ---------------------------------------------------------------------------
@@ -303,8 +333,18 @@ class EnvAdapter:
             self.low, self.high = np.asarray(space.low), np.asarray(space.high)
         else:
             raise errors.InvalidArgument(f"ars worker: action space {space} is neither Discrete nor Box")
-        self.obs_dim = int(np.prod(env.observation_space.shape)) if getattr(
-            env.observation_space, "shape", None) else 0
+        ospace = env.observation_space
+        self.obs_keys: Tuple[Tuple[str, int], ...] = ()
+        self._dict_space: Any = None
+        if _is_dict_space(ospace):
+            # A Dict space: flattened in its key order, as
+            # gymnasium.spaces.flatten does; one filter per key.
+            from gymnasium import spaces as gs
+            self._dict_space = ospace
+            self.obs_keys = tuple((str(k), int(gs.flatdim(sub))) for k, sub in ospace.spaces.items())
+            self.obs_dim = sum(d for _, d in self.obs_keys)
+        else:
+            self.obs_dim = int(np.prod(ospace.shape)) if getattr(ospace, "shape", None) else 0
 
     def check(self, p: ARSPolicy) -> None:
         """Refuses a policy whose spaces do not fit this env."""
@@ -313,17 +353,30 @@ class EnvAdapter:
             raise errors.InvalidArgument(
                 f"ars worker: policy of env {p.env!r} has {p.obs_dim} observations and {p.out_dim} "
                 f"{kind(p.discrete)} outputs; this env has {self.obs_dim} and {self.out_dim} {kind(self.discrete)}")
+        if tuple(p.obs_keys) != self.obs_keys:
+            # Another flatten layout would feed the per-key filters (and
+            # the policy) the wrong components.
+            raise errors.InvalidArgument(
+                f"ars worker: policy of env {p.env!r} takes observation keys {list(p.obs_keys)}; "
+                f"this env's are {list(self.obs_keys)}")
 
     def spec(self) -> ars_pb2.ARSEnvSpec:
         """The env's spaces as a run spec's ``env_spec`` (for an env the hub
         does not know; ``rlhub train ars --obs-dim … --discrete|--act-dim …``)."""
+        keys = [ars_pb2.ARSObsKey(name=n, dim=d) for n, d in self.obs_keys]
         if self.discrete:
-            return ars_pb2.ARSEnvSpec(obs_dim=self.obs_dim, discrete=self.out_dim)
-        return ars_pb2.ARSEnvSpec(obs_dim=self.obs_dim, act_dim=self.out_dim)
+            return ars_pb2.ARSEnvSpec(obs_dim=self.obs_dim, discrete=self.out_dim, obs_keys=keys)
+        return ars_pb2.ARSEnvSpec(obs_dim=self.obs_dim, act_dim=self.out_dim, obs_keys=keys)
+
+    def _flat(self, obs: Any) -> np.ndarray:
+        if self._dict_space is not None:
+            from gymnasium import spaces as gs
+            obs = gs.flatten(self._dict_space, obs)
+        return np.asarray(obs, dtype=np.float64).reshape(-1)
 
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self.env.reset(seed=seed)
-        return np.asarray(obs, dtype=np.float64).reshape(-1)
+        return self._flat(obs)
 
     def step(self, out: np.ndarray) -> Tuple[np.ndarray, float, bool, bool]:
         if self.discrete:
@@ -333,7 +386,15 @@ class EnvAdapter:
             if self.clip:
                 action = np.clip(action, self.low, self.high)
         obs, r, term, trunc, _ = self.env.step(action)
-        return np.asarray(obs, dtype=np.float64).reshape(-1), float(r), bool(term), bool(trunc)
+        return self._flat(obs), float(r), bool(term), bool(trunc)
+
+
+def _is_dict_space(space: Any) -> bool:
+    try:
+        from gymnasium import spaces as gs
+    except ImportError:
+        return False
+    return isinstance(space, gs.Dict)
 
 
 def _argmax_go(out: np.ndarray) -> int:
@@ -635,7 +696,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.print_env_spec:
         sp = w.env().spec()
         kind = f"--discrete {sp.discrete}" if sp.discrete else f"--act-dim {sp.act_dim}"
-        print(f"--env {a.env} --obs-dim {sp.obs_dim} {kind}")
+        keys = ",".join(f"{k.name}:{k.dim}" for k in sp.obs_keys)
+        print(f"--env {a.env} --obs-dim {sp.obs_dim} {kind}" + (f" --obs-keys {keys}" if keys else ""))
         w.close()
         return 0
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -82,6 +82,22 @@ def encode_state(obj: Any) -> Tuple[Dict[str, Any], str]:
     return tensors, json.dumps(enc(obj))
 
 
+def weights_digest(tensors: Dict[str, Any]) -> str:
+    """SHA-256 over a state dict's names, dtypes, shapes and bytes (sorted
+    by name): recorded with a checkpoint, it names the weights the step
+    produced, so a checkpoint of a step that never published is told apart."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = torch.as_tensor(tensors[name]).detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def decode_state(tensors: Dict[str, Any], text: str) -> Any:
     def dec(v: Any) -> Any:
         if isinstance(v, dict):
@@ -154,6 +170,13 @@ class OptimizerHost(AttachLoop):
             st = self._store.pull(self.state_model, version=version, framework="torch")
         except errors.NotFound:
             st = None
+        want = st.metadata.get("host.weights_sha256") if st is not None else None
+        if want is not None and want != weights_digest(v.tensors):
+            # Checkpointed by a step whose version never published (the hub
+            # died between the checkpoint and the publish, and a different
+            # batch was stepped since): not the state of these weights.
+            raise errors.NotFound(f"host state of {self.model!r} at version {version} belongs to weights that were "
+                                  "never published (a hub restart lost that step): the optimizer state is lost")
         if st is not None:
             state = decode_state(st.tensors, st.metadata["host.state"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -171,17 +194,27 @@ class OptimizerHost(AttachLoop):
                                       f"(newest is {newest.version}): the optimizer state is lost")
         self.version = version
 
-    def _checkpoint(self, version: int) -> None:
+    def _checkpoint(self, version: int, weights: Dict[str, Any]) -> None:
         state = {"optimizer": self.optimizer.state_dict(),
                  "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None}
         tensors, text = encode_state(state)
+        digest = weights_digest(weights)
         try:
             self._store.push(self.state_model, tensors, version=version,
-                             metadata={"host.state": text, "model.version": str(version)})
+                             metadata={"host.state": text, "model.version": str(version),
+                                       "host.weights_sha256": digest})
         except errors.StaleVersion:
             # A predecessor killed after checkpointing this very step (the
-            # same state from the same gradient) before it replied.
-            pass
+            # same state from the same gradient) before it replied. If it
+            # is another step's (the hub lost that batch), the checkpoint
+            # cannot be replaced; load refuses it by its weights digest.
+            try:
+                old = self._store.pull(self.state_model, version=version)
+            except errors.NotFound:
+                old = None
+            if old is not None and old.metadata.get("host.weights_sha256", digest) != digest:
+                log.error("optimizer host %s: the checkpoint at version %d is of a step the hub lost; it cannot be "
+                          "replaced, so a host restarted at version %d will refuse it", self.model, version, version)
 
     def _step(self, version: int, grad: Dict[str, Any]) -> bytes:
         if version != self.version:
@@ -194,10 +227,11 @@ class OptimizerHost(AttachLoop):
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-        self._checkpoint(version + 1)
+        weights = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        self._checkpoint(version + 1, weights)
         self.version = version + 1
         self.steps += 1
-        return save_bytes({k: v.detach().cpu() for k, v in self.module.state_dict().items()})
+        return save_bytes(weights)
 
     # -- one session -------------------------------------------------------
 

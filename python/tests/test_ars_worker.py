@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -589,3 +590,178 @@ def test_worker_does_not_retry_a_permanent_refusal():
         assert svc.attachs > 1
     finally:
         srv.stop(None)
+# ---------------------------------------------------------------------------
+# Dict observation spaces (issue 19: Machin's per-key MeanStdFilter)
+
+
+class GoDictReach(gymnasium.Env):
+    """internal/env/dictreach in Python with a Gymnasium ``Dict`` observation
+    space {goal, position, velocity} and Go's PCG reset: a Python worker on it
+    must give the Go worker's bytes on the Go env."""
+
+    def __init__(self):
+        box = lambda: gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float64)  # noqa: E731
+        # A plain dict: Gymnasium sorts its keys, the order it flattens in.
+        self.observation_space = gymnasium.spaces.Dict({"velocity": box(), "goal": box(), "position": box()})
+        self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float64)
+        self.goal, self.pos, self.vel, self.t = [0.0] * 2, [0.0] * 2, [0.0] * 2, 0
+
+    def _obs(self) -> dict:
+        return {"goal": np.array(self.goal), "position": np.array(self.pos), "velocity": np.array(self.vel)}
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        rng = GoPCG(seed & _M64, seed >> 64)
+        self.goal = [-3 + 6 * rng.float64() for _ in range(2)]
+        self.pos = [-0.5 + 1.0 * rng.float64() for _ in range(2)]
+        self.vel, self.t = [0.0, 0.0], 0
+        return self._obs(), {}
+
+    def step(self, action):
+        cost = 0.0
+        for i in range(2):
+            a = max(-1.0, min(1.0, float(action[i])))
+            cost += 0.01 * a * a
+            self.vel[i] = max(-2.0, min(2.0, self.vel[i] + 0.2 * a))
+            self.pos[i] += 0.1 * self.vel[i]
+        dx, dy = self.pos[0] - self.goal[0], self.pos[1] - self.goal[1]
+        self.t += 1
+        return self._obs(), -0.1 * math.sqrt(dx * dx + dy * dy) - cost, False, self.t >= 100, {}
+
+
+gymnasium.register("rlhubtest/DictReach-v0", entry_point=GoDictReach)
+
+DICT_KEYS = (("goal", 2), ("position", 2), ("velocity", 2))
+DICT_SPEC = ["--seed", "3", "--version", "V2", "--directions", "6", "--step-size", "0.05", "--noise", "0.05",
+             "--max-iterations", "10", "--eval-every", "5", "--eval-episodes", "8"]
+
+
+def test_dict_env_bit_identical_to_go_worker(rlhub_bin, tmp_path):
+    """Go worker on DictReach-v0 vs Python worker on its Gymnasium Dict port,
+    with Adam and clipping: same policy bytes (per-key filters included)."""
+    spec = ["--env", "DictReach-v0", *DICT_SPEC, "--optimizer", "adam", "--gradient-max", "0.5"]
+    go_hub = Hub(rlhub_bin, (tmp_path / "go").mkdir() or tmp_path / "go")
+    try:
+        run_go_worker(go_hub, tmp_path / "go" / "run", spec)
+    finally:
+        go_hub.stop()
+    py_hub = Hub(rlhub_bin, (tmp_path / "py").mkdir() or tmp_path / "py")
+    try:
+        w = ThreadWorker(py_hub.addr, "DictReach-v0", make_env=GoDictReach)
+        try:
+            s = train(py_hub, tmp_path / "py" / "run", *spec)
+        finally:
+            st = w.stop()
+    finally:
+        py_hub.stop()
+    assert st.tasks > 0
+    assert curve(tmp_path / "py" / "run") == curve(tmp_path / "go" / "run")
+    py_blob = (tmp_path / "py" / "run" / "policy.safetensors").read_bytes()
+    assert py_blob == (tmp_path / "go" / "run" / "policy.safetensors").read_bytes()
+    p = ars_worker.decode_policy(py_blob)
+    assert p.obs_keys == DICT_KEYS and p.count > 0, p.obs_keys
+    assert s["optimizer"]["kind"] == "adam" and s["gradient_max"] == 0.5, s
+    assert sorted(s["filters"]) == ["goal", "position", "velocity"], s
+
+
+def test_dict_env_filters_identical_across_python_worker_counts(hub, rlhub_bin, tmp_path):
+    """A Gymnasium Dict env the hub does not know (``--obs-keys``) trains from
+    1, 2 and 3 Python workers to byte-identical policies, and each key's
+    filter in summary.json is the policy's statistics for that key."""
+    sp = ars_worker.EnvAdapter(gymnasium.make("rlhubtest/DictReach-v0")).spec()
+    assert [(k.name, k.dim) for k in sp.obs_keys] == list(DICT_KEYS) and sp.obs_dim == 6
+    r = subprocess.run([sys.executable, "-c", "import test_ars_worker, sys; from rlhub import ars_worker; "
+                        "sys.exit(ars_worker.main(['--env', 'rlhubtest/DictReach-v0', '--print-env-spec']))"],
+                       env=dict(PYENV, PYTHONPATH=str(REPO / "python") + os.pathsep + str(REPO / "python" / "tests")),
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip().endswith("--obs-dim 6 --act-dim 2 --obs-keys goal:2,position:2,velocity:2"), r.stdout + r.stderr
+    blobs, sums = [], []
+    for n in (1, 2, 3):
+        h = Hub(rlhub_bin, (tmp_path / f"h{n}").mkdir() or tmp_path / f"h{n}")
+        try:
+            ws = [ThreadWorker(h.addr, "rlhubtest/DictReach-v0") for _ in range(n)]
+            try:
+                sums.append(train(h, tmp_path / f"run{n}", "--env", "rlhubtest/DictReach-v0", "--obs-dim", "6",
+                                  "--act-dim", "2", "--obs-keys", "goal:2,position:2,velocity:2", *DICT_SPEC))
+            finally:
+                stats = [w.stop() for w in ws]
+        finally:
+            h.stop()
+        assert all(s.tasks > 0 for s in stats) or n == 1, [s.tasks for s in stats]
+        blobs.append((tmp_path / f"run{n}" / "policy.safetensors").read_bytes())
+    assert blobs[0] == blobs[1] == blobs[2]
+    rows = curve(tmp_path / "run1")
+    col = rows[0].index("eval_mean")
+    evals = [float(r[col]) for r in rows[1:] if r[col]]
+    assert evals[-1] > evals[0] + 2, evals  # θ₀ = 0 stays put (≈ −22); it learns to reach
+    p = ars_worker.decode_policy(blobs[0])
+    assert p.obs_keys == DICT_KEYS
+    for name, (count, mean, m2) in p.filters_by_key().items():
+        f = sums[0]["filters"][name]
+        assert f["count"] == count and f["mean"] == list(mean), (name, f)
+        assert np.allclose(f["std"], np.sqrt(m2 / (count - 1)), rtol=0, atol=0), name
+    # The keys' scales differ, so their filters do: the goal spreads over
+    # [-3, 3], the velocity starts at rest.
+    by = sums[0]["filters"]
+    assert by["goal"]["std"][0] > 2 * by["velocity"]["std"][0], by
+    # A layout that disagrees with the env's is refused by the worker.
+    bad = dataclasses.replace(p, obs_keys=(("position", 2), ("goal", 2), ("velocity", 2)))
+    with pytest.raises(errors.InvalidArgument, match="observation keys"):
+        ars_worker.EnvAdapter(gymnasium.make("rlhubtest/DictReach-v0")).check(bad)
+
+
+def test_per_key_filters_equal_machins_running_stats():
+    """A direction task's statistics, split by key, are Machin's per-key
+    filter statistics (one RunningStat per state key, pushed every state the
+    policy acts on) over the same states, in torch float64."""
+    import torch
+    from rlhub.tensors import save_bytes
+
+    class Recording(GoDictReach):
+        def __init__(self):
+            super().__init__()
+            self.episodes: List[List[dict]] = []
+
+        def reset(self, **kw):
+            obs, info = super().reset(**kw)
+            self.episodes.append([obs])
+            return obs, info
+
+        def step(self, action):
+            out = super().step(action)
+            self.episodes[-1].append(out[0])
+            return out
+
+    meta = {"ars.env": "DictReach-v0", "ars.version": "V2", "ars.iteration": "0", "ars.seed": "9", "ars.hidden": "",
+            "ars.discrete": "0", "ars.obs_dim": "6", "ars.out_dim": "2", "ars.directions": "4", "ars.top": "4",
+            "ars.step_size": "0.02", "ars.noise": "0.5", "ars.shift": "0",
+            "ars.obs_keys": json.dumps([{"name": n, "dim": d} for n, d in DICT_KEYS])}
+    rng = np.random.default_rng(1)
+    blob = save_bytes({"policy.weight": rng.normal(0, 0.5, (2, 6)), "filter.count": np.zeros(1),
+                       "filter.mean": np.zeros(6), "filter.m2": np.zeros(6)}, meta)
+    p = ars_worker.decode_policy(blob)
+    env = Recording()
+    res = ars_worker.run_task(p, ars_worker.EnvAdapter(env), 1, 2)
+    # Machin's RunningStat, restated: n, M (mean), S (variance·(n − 1));
+    # the first state sets M, later ones add δ/n to M and δ²·(n−1)/n to S.
+    machin = {}
+    for episode in env.episodes:
+        for obs in episode[:-1]:  # the final state is never acted on
+            for k, v in obs.items():
+                x = torch.tensor(v, dtype=torch.float64)
+                n, m, s = machin.get(k, (0, torch.zeros_like(x), torch.zeros_like(x)))
+                n += 1
+                if n == 1:
+                    m = x.clone()
+                else:
+                    d = x - m
+                    m = m + d / n
+                    s = s + d * d * (n - 1) / n
+                machin[k] = (n, m, s)
+    got = dataclasses.replace(p, count=res.stats.count, mean=np.array(res.stats.mean), m2=np.array(res.stats.m2))
+    by = got.filters_by_key()
+    assert list(by) == [k for k, _ in DICT_KEYS] == sorted(machin)
+    for k, (count, mean, m2) in by.items():
+        n, m, s = machin[k]
+        assert count == n == res.steps, (k, count, n)
+        np.testing.assert_allclose(mean, m.numpy(), rtol=1e-12, atol=1e-15, err_msg=k)
+        np.testing.assert_allclose(m2, s.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)

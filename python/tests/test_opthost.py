@@ -161,3 +161,114 @@ def test_host_for_a_model_that_is_not_external_is_refused_not_retried(hub):
         assert h.error is not None
     finally:
         h.close()
+def test_external_registration_survives_hub_sigkills(rlhub_bin, tmp_path):
+    """The hub is SIGKILLed mid-run (a step in flight in the host, or just
+    published) and restarted on its --data and address, twice. The external
+    registration is restored by the hub (nobody registers again), the same
+    host process re-attaches by itself, and training continues from the
+    newest version: every published version equals a single-process torch
+    run over the gradients that were applied, each applied once."""
+    from conftest import Hub
+
+    steps, kill_after = 10, (2, 6)
+    hub = Hub(rlhub_bin, tmp_path)
+    addr = hub.addr
+    ref = make_net()
+    setup_model(addr, "pol", ref)
+    ref_opt, ref_sched = make_case("adam_onecycle", ref)
+    learner = make_net(seed=99)
+    log = open(tmp_path / "hosts.log", "ab")
+    host = spawn_host(hub, "adam_onecycle", log)
+    kills = lost = 0
+    pending = set(kill_after)
+    try:
+        with GradClient(addr, deadline=120.0) as g:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+        version = 1
+        for step in range(steps):
+            fill_grads(learner, seed=step)
+            applied = False
+            while not applied:
+                # A fresh client per push: its pushes ride out the restart.
+                with GradClient(addr, deadline=120.0) as g, rlhub.StoreClient(addr) as s:
+                    g.push("pol", version, learner)
+                    if step in pending:
+                        pending.discard(step)
+                        hub.proc.send_signal(signal.SIGKILL)
+                        hub.proc.wait(timeout=30)
+                        hub.log.close()
+                        kills += 1
+                        hub = Hub(rlhub_bin, tmp_path, addr=addr)
+                        newest = s.pull("pol", framework="torch")
+                        if newest.version == version:
+                            lost += 1  # admitted, never published: counted lost; push it again
+                            continue
+                        v = newest
+                    else:
+                        v = wait_published(s, version)
+                applied = True
+            assert v.version == version + 1, (v.version, version)
+            for p, q in zip(ref.parameters(), learner.parameters()):
+                p.grad = q.grad.clone()
+            ref_opt.step()
+            ref_sched.step()
+            assert_close_to(v.tensors, ref)
+            version = v.version
+        with GradClient(addr) as g:
+            st = g.stats()
+        # Counters restart with the hub; after the last restart every push
+        # was applied exactly once, and the versions count every step.
+        assert st.accounted(), st
+        assert version == 1 + steps
+        assert host.poll() is None, "the host process died"
+        r = hub.run_cli("reducer", "stats", "--hub", addr)
+        assert "NOT RECOVERED" not in r.stdout, r.stdout
+    except BaseException:
+        log.flush()
+        print((tmp_path / "hosts.log").read_text(errors="replace")[-4000:])
+        print((tmp_path / "hub.log").read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        if host.poll() is None:
+            kill(host)
+        log.close()
+        hub.stop()
+    assert kills == len(kill_after)
+
+
+def test_checkpoint_of_a_step_the_hub_lost_is_refused(hub, tmp_path):
+    """A checkpoint at V+1 whose weights never published (the hub died
+    between the host's checkpoint and the publish, and another batch was
+    stepped since) is not loaded as V+1's optimizer state: the host refuses
+    it by the digest of the weights it was taken with."""
+    from rlhub.opthost import OptimizerHost, encode_state
+
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "external"})
+    opt, sched = make_case("adam_onecycle", net)
+    # The orphan: a checkpoint at version 2 from a step that never published.
+    tensors, text = encode_state({"optimizer": opt.state_dict(), "lr_scheduler": sched.state_dict()})
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("pol/host-state", tensors, version=2,
+               metadata={"host.state": text, "model.version": "2", "host.weights_sha256": "0" * 64})
+    host = OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net).start()
+    try:
+        learner = make_net(seed=99)
+        fill_grads(learner, seed=0)
+        with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+            g.push("pol", 1, learner)
+            v = wait_published(s, 1)
+        assert v.version == 2 and host.steps == 1
+    finally:
+        host.close()
+    net2 = make_net()
+    opt2, sched2 = make_case("adam_onecycle", net2)
+    again = OptimizerHost(hub.addr, "pol", opt2, lr_scheduler=sched2, module=net2)
+    try:
+        with pytest.raises(rlhub.NotFound, match="never published"):
+            again.load(2)
+        again.load(1)  # the state of version 1 (none: the fresh optimizer) is fine
+    finally:
+        again.close()

@@ -122,8 +122,17 @@ type ARSRunSpec struct {
 	// Episodes of the re-evaluation that follows a stop at the target, on
 	// fresh episode seeds; 0 means 100.
 	ConfirmEpisodes uint32 `protobuf:"varint,18,opt,name=confirm_episodes,json=confirmEpisodes,proto3" json:"confirm_episodes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How θ moves (docs/ars.md, Update options): unset or kind "" / "step" is
+	// the paper's step; otherwise one of the reducer's optimizer kinds
+	// ("sgd", "adam", …) applied to Machin's ARS gradient, as Machin's ARS
+	// takes a torch optimizer. lr must be 0: step_size is the learning rate.
+	// The schedule fields scale the step size in both cases.
+	Optimizer *ReducerOptimizer `protobuf:"bytes,19,opt,name=optimizer,proto3" json:"optimizer,omitempty"`
+	// Clip the ARS gradient's global L2 norm to this, as
+	// torch.nn.utils.clip_grad_norm_; 0 means no clipping.
+	GradientMax   float64 `protobuf:"fixed64,20,opt,name=gradient_max,json=gradientMax,proto3" json:"gradient_max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ARSRunSpec) Reset() {
@@ -282,6 +291,20 @@ func (x *ARSRunSpec) GetConfirmEpisodes() uint32 {
 	return 0
 }
 
+func (x *ARSRunSpec) GetOptimizer() *ReducerOptimizer {
+	if x != nil {
+		return x.Optimizer
+	}
+	return nil
+}
+
+func (x *ARSRunSpec) GetGradientMax() float64 {
+	if x != nil {
+		return x.GradientMax
+	}
+	return 0
+}
+
 // ARSEnvSpec describes an environment's spaces.
 type ARSEnvSpec struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -289,7 +312,11 @@ type ARSEnvSpec struct {
 	// Number of actions of a discrete space; 0 for a continuous (Box) one.
 	Discrete uint32 `protobuf:"varint,2,opt,name=discrete,proto3" json:"discrete,omitempty"`
 	// Length of a continuous action; 0 when discrete > 0.
-	ActDim        uint32 `protobuf:"varint,3,opt,name=act_dim,json=actDim,proto3" json:"act_dim,omitempty"`
+	ActDim uint32 `protobuf:"varint,3,opt,name=act_dim,json=actDim,proto3" json:"act_dim,omitempty"`
+	// For a Gymnasium Dict observation space: its keys in the space's order
+	// (Gymnasium flattens a Dict in that order) with each key's flattened
+	// length; they sum to obs_dim. Each key has its own mean/std filter.
+	ObsKeys       []*ARSObsKey `protobuf:"bytes,4,rep,name=obs_keys,json=obsKeys,proto3" json:"obs_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -345,6 +372,66 @@ func (x *ARSEnvSpec) GetActDim() uint32 {
 	return 0
 }
 
+func (x *ARSEnvSpec) GetObsKeys() []*ARSObsKey {
+	if x != nil {
+		return x.ObsKeys
+	}
+	return nil
+}
+
+// ARSObsKey is one key of a Dict observation space.
+type ARSObsKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Dim           uint32                 `protobuf:"varint,2,opt,name=dim,proto3" json:"dim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ARSObsKey) Reset() {
+	*x = ARSObsKey{}
+	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ARSObsKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ARSObsKey) ProtoMessage() {}
+
+func (x *ARSObsKey) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ARSObsKey.ProtoReflect.Descriptor instead.
+func (*ARSObsKey) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ARSObsKey) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ARSObsKey) GetDim() uint32 {
+	if x != nil {
+		return x.Dim
+	}
+	return 0
+}
+
 type ARSStartRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Spec  *ARSRunSpec            `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
@@ -358,7 +445,7 @@ type ARSStartRunRequest struct {
 
 func (x *ARSStartRunRequest) Reset() {
 	*x = ARSStartRunRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +457,7 @@ func (x *ARSStartRunRequest) String() string {
 func (*ARSStartRunRequest) ProtoMessage() {}
 
 func (x *ARSStartRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[2]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +470,7 @@ func (x *ARSStartRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStartRunRequest.ProtoReflect.Descriptor instead.
 func (*ARSStartRunRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{2}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ARSStartRunRequest) GetSpec() *ARSRunSpec {
@@ -411,7 +498,7 @@ type ARSStartRunResponse struct {
 
 func (x *ARSStartRunResponse) Reset() {
 	*x = ARSStartRunResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +510,7 @@ func (x *ARSStartRunResponse) String() string {
 func (*ARSStartRunResponse) ProtoMessage() {}
 
 func (x *ARSStartRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[3]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +523,7 @@ func (x *ARSStartRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStartRunResponse.ProtoReflect.Descriptor instead.
 func (*ARSStartRunResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{3}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ARSStartRunResponse) GetRunId() string {
@@ -463,7 +550,7 @@ type ARSWatchRunRequest struct {
 
 func (x *ARSWatchRunRequest) Reset() {
 	*x = ARSWatchRunRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +562,7 @@ func (x *ARSWatchRunRequest) String() string {
 func (*ARSWatchRunRequest) ProtoMessage() {}
 
 func (x *ARSWatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[4]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +575,7 @@ func (x *ARSWatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSWatchRunRequest.ProtoReflect.Descriptor instead.
 func (*ARSWatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{4}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ARSWatchRunRequest) GetRunId() string {
@@ -541,7 +628,7 @@ type ARSProgress struct {
 
 func (x *ARSProgress) Reset() {
 	*x = ARSProgress{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +640,7 @@ func (x *ARSProgress) String() string {
 func (*ARSProgress) ProtoMessage() {}
 
 func (x *ARSProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[5]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +653,7 @@ func (x *ARSProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSProgress.ProtoReflect.Descriptor instead.
 func (*ARSProgress) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{5}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ARSProgress) GetRunId() string {
@@ -704,7 +791,7 @@ type ARSStopRunRequest struct {
 
 func (x *ARSStopRunRequest) Reset() {
 	*x = ARSStopRunRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +803,7 @@ func (x *ARSStopRunRequest) String() string {
 func (*ARSStopRunRequest) ProtoMessage() {}
 
 func (x *ARSStopRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[6]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +816,7 @@ func (x *ARSStopRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStopRunRequest.ProtoReflect.Descriptor instead.
 func (*ARSStopRunRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{6}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ARSStopRunRequest) GetRunId() string {
@@ -747,7 +834,7 @@ type ARSStopRunResponse struct {
 
 func (x *ARSStopRunResponse) Reset() {
 	*x = ARSStopRunResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +846,7 @@ func (x *ARSStopRunResponse) String() string {
 func (*ARSStopRunResponse) ProtoMessage() {}
 
 func (x *ARSStopRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[7]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +859,7 @@ func (x *ARSStopRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSStopRunResponse.ProtoReflect.Descriptor instead.
 func (*ARSStopRunResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{7}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{8}
 }
 
 type ARSAttachRequest struct {
@@ -785,7 +872,7 @@ type ARSAttachRequest struct {
 
 func (x *ARSAttachRequest) Reset() {
 	*x = ARSAttachRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +884,7 @@ func (x *ARSAttachRequest) String() string {
 func (*ARSAttachRequest) ProtoMessage() {}
 
 func (x *ARSAttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[8]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +897,7 @@ func (x *ARSAttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSAttachRequest.ProtoReflect.Descriptor instead.
 func (*ARSAttachRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{8}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ARSAttachRequest) GetName() string {
@@ -830,7 +917,7 @@ type ARSAttachResponse struct {
 
 func (x *ARSAttachResponse) Reset() {
 	*x = ARSAttachResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +929,7 @@ func (x *ARSAttachResponse) String() string {
 func (*ARSAttachResponse) ProtoMessage() {}
 
 func (x *ARSAttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[9]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +942,7 @@ func (x *ARSAttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSAttachResponse.ProtoReflect.Descriptor instead.
 func (*ARSAttachResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{9}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ARSAttachResponse) GetWorkerId() string {
@@ -889,7 +976,7 @@ type ARSLeaseRequest struct {
 
 func (x *ARSLeaseRequest) Reset() {
 	*x = ARSLeaseRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +988,7 @@ func (x *ARSLeaseRequest) String() string {
 func (*ARSLeaseRequest) ProtoMessage() {}
 
 func (x *ARSLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[10]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1001,7 @@ func (x *ARSLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ARSLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{10}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ARSLeaseRequest) GetWorkerId() string {
@@ -969,7 +1056,7 @@ type ARSTask struct {
 
 func (x *ARSTask) Reset() {
 	*x = ARSTask{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1068,7 @@ func (x *ARSTask) String() string {
 func (*ARSTask) ProtoMessage() {}
 
 func (x *ARSTask) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[11]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1081,7 @@ func (x *ARSTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSTask.ProtoReflect.Descriptor instead.
 func (*ARSTask) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{11}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ARSTask) GetKind() ARSTaskKind {
@@ -1030,7 +1117,7 @@ type ARSLeaseResponse struct {
 
 func (x *ARSLeaseResponse) Reset() {
 	*x = ARSLeaseResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1129,7 @@ func (x *ARSLeaseResponse) String() string {
 func (*ARSLeaseResponse) ProtoMessage() {}
 
 func (x *ARSLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[12]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1142,7 @@ func (x *ARSLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ARSLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{12}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ARSLeaseResponse) GetRunId() string {
@@ -1126,7 +1213,7 @@ type ARSFilterStats struct {
 
 func (x *ARSFilterStats) Reset() {
 	*x = ARSFilterStats{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1225,7 @@ func (x *ARSFilterStats) String() string {
 func (*ARSFilterStats) ProtoMessage() {}
 
 func (x *ARSFilterStats) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[13]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1238,7 @@ func (x *ARSFilterStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSFilterStats.ProtoReflect.Descriptor instead.
 func (*ARSFilterStats) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{13}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ARSFilterStats) GetCount() float64 {
@@ -1190,7 +1277,7 @@ type ARSTaskResult struct {
 
 func (x *ARSTaskResult) Reset() {
 	*x = ARSTaskResult{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1289,7 @@ func (x *ARSTaskResult) String() string {
 func (*ARSTaskResult) ProtoMessage() {}
 
 func (x *ARSTaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[14]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1302,7 @@ func (x *ARSTaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSTaskResult.ProtoReflect.Descriptor instead.
 func (*ARSTaskResult) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{14}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ARSTaskResult) GetTask() *ARSTask {
@@ -1275,7 +1362,7 @@ type ARSReportRequest struct {
 
 func (x *ARSReportRequest) Reset() {
 	*x = ARSReportRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1374,7 @@ func (x *ARSReportRequest) String() string {
 func (*ARSReportRequest) ProtoMessage() {}
 
 func (x *ARSReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[15]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1387,7 @@ func (x *ARSReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSReportRequest.ProtoReflect.Descriptor instead.
 func (*ARSReportRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{15}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ARSReportRequest) GetWorkerId() string {
@@ -1352,7 +1439,7 @@ type ARSReportResponse struct {
 
 func (x *ARSReportResponse) Reset() {
 	*x = ARSReportResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1451,7 @@ func (x *ARSReportResponse) String() string {
 func (*ARSReportResponse) ProtoMessage() {}
 
 func (x *ARSReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[16]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1464,7 @@ func (x *ARSReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSReportResponse.ProtoReflect.Descriptor instead.
 func (*ARSReportResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{16}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ARSReportResponse) GetAccepted() uint32 {
@@ -1417,7 +1504,7 @@ type ARSDetachRequest struct {
 
 func (x *ARSDetachRequest) Reset() {
 	*x = ARSDetachRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1516,7 @@ func (x *ARSDetachRequest) String() string {
 func (*ARSDetachRequest) ProtoMessage() {}
 
 func (x *ARSDetachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[17]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1529,7 @@ func (x *ARSDetachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSDetachRequest.ProtoReflect.Descriptor instead.
 func (*ARSDetachRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{17}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ARSDetachRequest) GetWorkerId() string {
@@ -1460,7 +1547,7 @@ type ARSDetachResponse struct {
 
 func (x *ARSDetachResponse) Reset() {
 	*x = ARSDetachResponse{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1559,7 @@ func (x *ARSDetachResponse) String() string {
 func (*ARSDetachResponse) ProtoMessage() {}
 
 func (x *ARSDetachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[18]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1572,7 @@ func (x *ARSDetachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSDetachResponse.ProtoReflect.Descriptor instead.
 func (*ARSDetachResponse) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{18}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{19}
 }
 
 type ARSPullPolicyRequest struct {
@@ -1499,7 +1586,7 @@ type ARSPullPolicyRequest struct {
 
 func (x *ARSPullPolicyRequest) Reset() {
 	*x = ARSPullPolicyRequest{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1598,7 @@ func (x *ARSPullPolicyRequest) String() string {
 func (*ARSPullPolicyRequest) ProtoMessage() {}
 
 func (x *ARSPullPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[19]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1611,7 @@ func (x *ARSPullPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSPullPolicyRequest.ProtoReflect.Descriptor instead.
 func (*ARSPullPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{19}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ARSPullPolicyRequest) GetRunId() string {
@@ -1554,7 +1641,7 @@ type ARSPolicyPart struct {
 
 func (x *ARSPolicyPart) Reset() {
 	*x = ARSPolicyPart{}
-	mi := &file_rlhub_v1_ars_proto_msgTypes[20]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1653,7 @@ func (x *ARSPolicyPart) String() string {
 func (*ARSPolicyPart) ProtoMessage() {}
 
 func (x *ARSPolicyPart) ProtoReflect() protoreflect.Message {
-	mi := &file_rlhub_v1_ars_proto_msgTypes[20]
+	mi := &file_rlhub_v1_ars_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1666,7 @@ func (x *ARSPolicyPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ARSPolicyPart.ProtoReflect.Descriptor instead.
 func (*ARSPolicyPart) Descriptor() ([]byte, []int) {
-	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{20}
+	return file_rlhub_v1_ars_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ARSPolicyPart) GetPart() isARSPolicyPart_Part {
@@ -1627,7 +1714,7 @@ var File_rlhub_v1_ars_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\n" +
-	"\x12rlhub/v1/ars.proto\x12\brlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\x9c\x04\n" +
+	"\x12rlhub/v1/ars.proto\x12\brlhub.v1\x1a\x16rlhub/v1/reducer.proto\x1a\x15rlhub/v1/tensor.proto\"\xf9\x04\n" +
 	"\n" +
 	"ARSRunSpec\x12\x10\n" +
 	"\x03env\x18\x01 \x01(\tR\x03env\x12\x12\n" +
@@ -1652,12 +1739,18 @@ const file_rlhub_v1_ars_proto_rawDesc = "" +
 	"\x0emax_iterations\x18\x0f \x01(\rR\rmaxIterations\x12/\n" +
 	"\benv_spec\x18\x10 \x01(\v2\x14.rlhub.v1.ARSEnvSpecR\aenvSpec\x12\x1a\n" +
 	"\bprotocol\x18\x11 \x01(\tR\bprotocol\x12)\n" +
-	"\x10confirm_episodes\x18\x12 \x01(\rR\x0fconfirmEpisodes\"Z\n" +
+	"\x10confirm_episodes\x18\x12 \x01(\rR\x0fconfirmEpisodes\x128\n" +
+	"\toptimizer\x18\x13 \x01(\v2\x1a.rlhub.v1.ReducerOptimizerR\toptimizer\x12!\n" +
+	"\fgradient_max\x18\x14 \x01(\x01R\vgradientMax\"\x8a\x01\n" +
 	"\n" +
 	"ARSEnvSpec\x12\x17\n" +
 	"\aobs_dim\x18\x01 \x01(\rR\x06obsDim\x12\x1a\n" +
 	"\bdiscrete\x18\x02 \x01(\rR\bdiscrete\x12\x17\n" +
-	"\aact_dim\x18\x03 \x01(\rR\x06actDim\"]\n" +
+	"\aact_dim\x18\x03 \x01(\rR\x06actDim\x12.\n" +
+	"\bobs_keys\x18\x04 \x03(\v2\x13.rlhub.v1.ARSObsKeyR\aobsKeys\"1\n" +
+	"\tARSObsKey\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03dim\x18\x02 \x01(\rR\x03dim\"]\n" +
 	"\x12ARSStartRunRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.rlhub.v1.ARSRunSpecR\x04spec\x12\x1d\n" +
 	"\n" +
@@ -1777,67 +1870,71 @@ func file_rlhub_v1_ars_proto_rawDescGZIP() []byte {
 }
 
 var file_rlhub_v1_ars_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_rlhub_v1_ars_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_rlhub_v1_ars_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_rlhub_v1_ars_proto_goTypes = []any{
 	(ARSTaskKind)(0),             // 0: rlhub.v1.ARSTaskKind
 	(*ARSRunSpec)(nil),           // 1: rlhub.v1.ARSRunSpec
 	(*ARSEnvSpec)(nil),           // 2: rlhub.v1.ARSEnvSpec
-	(*ARSStartRunRequest)(nil),   // 3: rlhub.v1.ARSStartRunRequest
-	(*ARSStartRunResponse)(nil),  // 4: rlhub.v1.ARSStartRunResponse
-	(*ARSWatchRunRequest)(nil),   // 5: rlhub.v1.ARSWatchRunRequest
-	(*ARSProgress)(nil),          // 6: rlhub.v1.ARSProgress
-	(*ARSStopRunRequest)(nil),    // 7: rlhub.v1.ARSStopRunRequest
-	(*ARSStopRunResponse)(nil),   // 8: rlhub.v1.ARSStopRunResponse
-	(*ARSAttachRequest)(nil),     // 9: rlhub.v1.ARSAttachRequest
-	(*ARSAttachResponse)(nil),    // 10: rlhub.v1.ARSAttachResponse
-	(*ARSLeaseRequest)(nil),      // 11: rlhub.v1.ARSLeaseRequest
-	(*ARSTask)(nil),              // 12: rlhub.v1.ARSTask
-	(*ARSLeaseResponse)(nil),     // 13: rlhub.v1.ARSLeaseResponse
-	(*ARSFilterStats)(nil),       // 14: rlhub.v1.ARSFilterStats
-	(*ARSTaskResult)(nil),        // 15: rlhub.v1.ARSTaskResult
-	(*ARSReportRequest)(nil),     // 16: rlhub.v1.ARSReportRequest
-	(*ARSReportResponse)(nil),    // 17: rlhub.v1.ARSReportResponse
-	(*ARSDetachRequest)(nil),     // 18: rlhub.v1.ARSDetachRequest
-	(*ARSDetachResponse)(nil),    // 19: rlhub.v1.ARSDetachResponse
-	(*ARSPullPolicyRequest)(nil), // 20: rlhub.v1.ARSPullPolicyRequest
-	(*ARSPolicyPart)(nil),        // 21: rlhub.v1.ARSPolicyPart
-	(*BlobInfo)(nil),             // 22: rlhub.v1.BlobInfo
-	(*Chunk)(nil),                // 23: rlhub.v1.Chunk
+	(*ARSObsKey)(nil),            // 3: rlhub.v1.ARSObsKey
+	(*ARSStartRunRequest)(nil),   // 4: rlhub.v1.ARSStartRunRequest
+	(*ARSStartRunResponse)(nil),  // 5: rlhub.v1.ARSStartRunResponse
+	(*ARSWatchRunRequest)(nil),   // 6: rlhub.v1.ARSWatchRunRequest
+	(*ARSProgress)(nil),          // 7: rlhub.v1.ARSProgress
+	(*ARSStopRunRequest)(nil),    // 8: rlhub.v1.ARSStopRunRequest
+	(*ARSStopRunResponse)(nil),   // 9: rlhub.v1.ARSStopRunResponse
+	(*ARSAttachRequest)(nil),     // 10: rlhub.v1.ARSAttachRequest
+	(*ARSAttachResponse)(nil),    // 11: rlhub.v1.ARSAttachResponse
+	(*ARSLeaseRequest)(nil),      // 12: rlhub.v1.ARSLeaseRequest
+	(*ARSTask)(nil),              // 13: rlhub.v1.ARSTask
+	(*ARSLeaseResponse)(nil),     // 14: rlhub.v1.ARSLeaseResponse
+	(*ARSFilterStats)(nil),       // 15: rlhub.v1.ARSFilterStats
+	(*ARSTaskResult)(nil),        // 16: rlhub.v1.ARSTaskResult
+	(*ARSReportRequest)(nil),     // 17: rlhub.v1.ARSReportRequest
+	(*ARSReportResponse)(nil),    // 18: rlhub.v1.ARSReportResponse
+	(*ARSDetachRequest)(nil),     // 19: rlhub.v1.ARSDetachRequest
+	(*ARSDetachResponse)(nil),    // 20: rlhub.v1.ARSDetachResponse
+	(*ARSPullPolicyRequest)(nil), // 21: rlhub.v1.ARSPullPolicyRequest
+	(*ARSPolicyPart)(nil),        // 22: rlhub.v1.ARSPolicyPart
+	(*ReducerOptimizer)(nil),     // 23: rlhub.v1.ReducerOptimizer
+	(*BlobInfo)(nil),             // 24: rlhub.v1.BlobInfo
+	(*Chunk)(nil),                // 25: rlhub.v1.Chunk
 }
 var file_rlhub_v1_ars_proto_depIdxs = []int32{
 	2,  // 0: rlhub.v1.ARSRunSpec.env_spec:type_name -> rlhub.v1.ARSEnvSpec
-	1,  // 1: rlhub.v1.ARSStartRunRequest.spec:type_name -> rlhub.v1.ARSRunSpec
-	0,  // 2: rlhub.v1.ARSTask.kind:type_name -> rlhub.v1.ARSTaskKind
-	1,  // 3: rlhub.v1.ARSLeaseResponse.spec:type_name -> rlhub.v1.ARSRunSpec
-	12, // 4: rlhub.v1.ARSLeaseResponse.tasks:type_name -> rlhub.v1.ARSTask
-	12, // 5: rlhub.v1.ARSTaskResult.task:type_name -> rlhub.v1.ARSTask
-	14, // 6: rlhub.v1.ARSTaskResult.stats:type_name -> rlhub.v1.ARSFilterStats
-	15, // 7: rlhub.v1.ARSReportRequest.results:type_name -> rlhub.v1.ARSTaskResult
-	11, // 8: rlhub.v1.ARSReportRequest.next:type_name -> rlhub.v1.ARSLeaseRequest
-	13, // 9: rlhub.v1.ARSReportResponse.next:type_name -> rlhub.v1.ARSLeaseResponse
-	22, // 10: rlhub.v1.ARSPolicyPart.info:type_name -> rlhub.v1.BlobInfo
-	23, // 11: rlhub.v1.ARSPolicyPart.chunk:type_name -> rlhub.v1.Chunk
-	3,  // 12: rlhub.v1.ARS.StartRun:input_type -> rlhub.v1.ARSStartRunRequest
-	5,  // 13: rlhub.v1.ARS.WatchRun:input_type -> rlhub.v1.ARSWatchRunRequest
-	7,  // 14: rlhub.v1.ARS.StopRun:input_type -> rlhub.v1.ARSStopRunRequest
-	9,  // 15: rlhub.v1.ARS.Attach:input_type -> rlhub.v1.ARSAttachRequest
-	11, // 16: rlhub.v1.ARS.Lease:input_type -> rlhub.v1.ARSLeaseRequest
-	16, // 17: rlhub.v1.ARS.Report:input_type -> rlhub.v1.ARSReportRequest
-	18, // 18: rlhub.v1.ARS.Detach:input_type -> rlhub.v1.ARSDetachRequest
-	20, // 19: rlhub.v1.ARS.PullPolicy:input_type -> rlhub.v1.ARSPullPolicyRequest
-	4,  // 20: rlhub.v1.ARS.StartRun:output_type -> rlhub.v1.ARSStartRunResponse
-	6,  // 21: rlhub.v1.ARS.WatchRun:output_type -> rlhub.v1.ARSProgress
-	8,  // 22: rlhub.v1.ARS.StopRun:output_type -> rlhub.v1.ARSStopRunResponse
-	10, // 23: rlhub.v1.ARS.Attach:output_type -> rlhub.v1.ARSAttachResponse
-	13, // 24: rlhub.v1.ARS.Lease:output_type -> rlhub.v1.ARSLeaseResponse
-	17, // 25: rlhub.v1.ARS.Report:output_type -> rlhub.v1.ARSReportResponse
-	19, // 26: rlhub.v1.ARS.Detach:output_type -> rlhub.v1.ARSDetachResponse
-	21, // 27: rlhub.v1.ARS.PullPolicy:output_type -> rlhub.v1.ARSPolicyPart
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	23, // 1: rlhub.v1.ARSRunSpec.optimizer:type_name -> rlhub.v1.ReducerOptimizer
+	3,  // 2: rlhub.v1.ARSEnvSpec.obs_keys:type_name -> rlhub.v1.ARSObsKey
+	1,  // 3: rlhub.v1.ARSStartRunRequest.spec:type_name -> rlhub.v1.ARSRunSpec
+	0,  // 4: rlhub.v1.ARSTask.kind:type_name -> rlhub.v1.ARSTaskKind
+	1,  // 5: rlhub.v1.ARSLeaseResponse.spec:type_name -> rlhub.v1.ARSRunSpec
+	13, // 6: rlhub.v1.ARSLeaseResponse.tasks:type_name -> rlhub.v1.ARSTask
+	13, // 7: rlhub.v1.ARSTaskResult.task:type_name -> rlhub.v1.ARSTask
+	15, // 8: rlhub.v1.ARSTaskResult.stats:type_name -> rlhub.v1.ARSFilterStats
+	16, // 9: rlhub.v1.ARSReportRequest.results:type_name -> rlhub.v1.ARSTaskResult
+	12, // 10: rlhub.v1.ARSReportRequest.next:type_name -> rlhub.v1.ARSLeaseRequest
+	14, // 11: rlhub.v1.ARSReportResponse.next:type_name -> rlhub.v1.ARSLeaseResponse
+	24, // 12: rlhub.v1.ARSPolicyPart.info:type_name -> rlhub.v1.BlobInfo
+	25, // 13: rlhub.v1.ARSPolicyPart.chunk:type_name -> rlhub.v1.Chunk
+	4,  // 14: rlhub.v1.ARS.StartRun:input_type -> rlhub.v1.ARSStartRunRequest
+	6,  // 15: rlhub.v1.ARS.WatchRun:input_type -> rlhub.v1.ARSWatchRunRequest
+	8,  // 16: rlhub.v1.ARS.StopRun:input_type -> rlhub.v1.ARSStopRunRequest
+	10, // 17: rlhub.v1.ARS.Attach:input_type -> rlhub.v1.ARSAttachRequest
+	12, // 18: rlhub.v1.ARS.Lease:input_type -> rlhub.v1.ARSLeaseRequest
+	17, // 19: rlhub.v1.ARS.Report:input_type -> rlhub.v1.ARSReportRequest
+	19, // 20: rlhub.v1.ARS.Detach:input_type -> rlhub.v1.ARSDetachRequest
+	21, // 21: rlhub.v1.ARS.PullPolicy:input_type -> rlhub.v1.ARSPullPolicyRequest
+	5,  // 22: rlhub.v1.ARS.StartRun:output_type -> rlhub.v1.ARSStartRunResponse
+	7,  // 23: rlhub.v1.ARS.WatchRun:output_type -> rlhub.v1.ARSProgress
+	9,  // 24: rlhub.v1.ARS.StopRun:output_type -> rlhub.v1.ARSStopRunResponse
+	11, // 25: rlhub.v1.ARS.Attach:output_type -> rlhub.v1.ARSAttachResponse
+	14, // 26: rlhub.v1.ARS.Lease:output_type -> rlhub.v1.ARSLeaseResponse
+	18, // 27: rlhub.v1.ARS.Report:output_type -> rlhub.v1.ARSReportResponse
+	20, // 28: rlhub.v1.ARS.Detach:output_type -> rlhub.v1.ARSDetachResponse
+	22, // 29: rlhub.v1.ARS.PullPolicy:output_type -> rlhub.v1.ARSPolicyPart
+	22, // [22:30] is the sub-list for method output_type
+	14, // [14:22] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_ars_proto_init() }
@@ -1845,8 +1942,9 @@ func file_rlhub_v1_ars_proto_init() {
 	if File_rlhub_v1_ars_proto != nil {
 		return
 	}
+	file_rlhub_v1_reducer_proto_init()
 	file_rlhub_v1_tensor_proto_init()
-	file_rlhub_v1_ars_proto_msgTypes[20].OneofWrappers = []any{
+	file_rlhub_v1_ars_proto_msgTypes[21].OneofWrappers = []any{
 		(*ARSPolicyPart_Info)(nil),
 		(*ARSPolicyPart_Chunk)(nil),
 	}
@@ -1856,7 +1954,7 @@ func file_rlhub_v1_ars_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_ars_proto_rawDesc), len(file_rlhub_v1_ars_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

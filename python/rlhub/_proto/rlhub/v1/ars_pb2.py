@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from rlhub._proto.rlhub.v1 import reducer_pb2 as rlhub_dot_v1_dot_reducer__pb2
 from rlhub._proto.rlhub.v1 import tensor_pb2 as rlhub_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12rlhub/v1/ars.proto\x12\x08rlhub.v1\x1a\x15rlhub/v1/tensor.proto\"\xeb\x02\n\nARSRunSpec\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\ndirections\x18\x04 \x01(\r\x12\x0b\n\x03top\x18\x05 \x01(\r\x12\x11\n\tstep_size\x18\x06 \x01(\x01\x12\r\n\x05noise\x18\x07 \x01(\x01\x12\r\n\x05shift\x18\x08 \x01(\x01\x12\x0e\n\x06hidden\x18\t \x03(\r\x12\x12\n\neval_every\x18\n \x01(\r\x12\x15\n\reval_episodes\x18\x0b \x01(\r\x12\x12\n\nuse_target\x18\x0c \x01(\x08\x12\x0e\n\x06target\x18\r \x01(\x01\x12\x14\n\x0cmax_episodes\x18\x0e \x01(\x03\x12\x16\n\x0emax_iterations\x18\x0f \x01(\r\x12&\n\x08\x65nv_spec\x18\x10 \x01(\x0b\x32\x14.rlhub.v1.ARSEnvSpec\x12\x10\n\x08protocol\x18\x11 \x01(\t\x12\x18\n\x10\x63onfirm_episodes\x18\x12 \x01(\r\"@\n\nARSEnvSpec\x12\x0f\n\x07obs_dim\x18\x01 \x01(\r\x12\x10\n\x08\x64iscrete\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x63t_dim\x18\x03 \x01(\r\"L\n\x12\x41RSStartRunRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.rlhub.v1.ARSRunSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"4\n\x13\x41RSStartRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"<\n\x12\x41RSWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66rom_iteration\x18\x02 \x01(\x04\"\xe0\x02\n\x0b\x41RSProgress\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x04 \x01(\x03\x12\x15\n\reval_episodes\x18\x05 \x01(\x03\x12\r\n\x05steps\x18\x06 \x01(\x03\x12\x17\n\x0fiteration_steps\x18\x07 \x01(\x03\x12\x10\n\x08has_eval\x18\x08 \x01(\x08\x12\x11\n\teval_mean\x18\t \x01(\x01\x12\x10\n\x08\x65val_std\x18\n \x01(\x01\x12\x0f\n\x07sigma_r\x18\x0b \x01(\x01\x12\x0c\n\x04\x64one\x18\x0c \x01(\x08\x12\x0e\n\x06reason\x18\r \x01(\t\x12\r\n\x05model\x18\x0e \x01(\t\x12\x17\n\x0f\x65lapsed_seconds\x18\x0f \x01(\x01\x12\x17\n\x0fpolicy_episodes\x18\x10 \x01(\x03\x12\x14\n\x0ctrain_return\x18\x11 \x01(\x01\x12\x0f\n\x07\x63onfirm\x18\x12 \x01(\x08\"#\n\x11\x41RSStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x14\n\x12\x41RSStopRunResponse\" \n\x10\x41RSAttachRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x11\x41RSAttachResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"\x86\x01\n\x0f\x41RSLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tmax_tasks\x18\x02 \x01(\r\x12\x0f\n\x07wait_ms\x18\x03 \x01(\r\x12\x13\n\x0bheld_run_id\x18\x04 \x01(\t\x12\x14\n\x0cheld_version\x18\x05 \x01(\x04\x12\x11\n\tskip_runs\x18\x06 \x03(\t\"=\n\x07\x41RSTask\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.rlhub.v1.ARSTaskKind\x12\r\n\x05index\x18\x02 \x01(\r\"\xbd\x01\n\x10\x41RSLeaseResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.rlhub.v1.ARSRunSpec\x12\x11\n\titeration\x18\x03 \x01(\x04\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12 \n\x05tasks\x18\x06 \x03(\x0b\x32\x11.rlhub.v1.ARSTask\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\x12\x0e\n\x06policy\x18\x08 \x01(\x0c\"9\n\x0e\x41RSFilterStats\x12\r\n\x05\x63ount\x18\x01 \x01(\x01\x12\x0c\n\x04mean\x18\x02 \x03(\x01\x12\n\n\x02m2\x18\x03 \x03(\x01\"\x99\x01\n\rARSTaskResult\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.rlhub.v1.ARSTask\x12\x0e\n\x06r_plus\x18\x02 \x01(\x01\x12\x0f\n\x07r_minus\x18\x03 \x01(\x01\x12\x0e\n\x06return\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x01(\x03\x12\'\n\x05stats\x18\x06 \x01(\x0b\x32\x18.rlhub.v1.ARSFilterStats\"\x9b\x01\n\x10\x41RSReportRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\titeration\x18\x03 \x01(\x04\x12(\n\x07results\x18\x04 \x03(\x0b\x32\x17.rlhub.v1.ARSTaskResult\x12\'\n\x04next\x18\x05 \x01(\x0b\x32\x19.rlhub.v1.ARSLeaseRequest\"r\n\x11\x41RSReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\r\n\x05stale\x18\x03 \x01(\r\x12(\n\x04next\x18\x04 \x01(\x0b\x32\x1a.rlhub.v1.ARSLeaseResponse\"%\n\x10\x41RSDetachRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x13\n\x11\x41RSDetachResponse\"7\n\x14\x41RSPullPolicyRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"]\n\rARSPolicyPart\x12\"\n\x04info\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfoH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04part*a\n\x0b\x41RSTaskKind\x12\x1d\n\x19\x41RS_TASK_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41RS_TASK_KIND_DIRECTION\x10\x01\x12\x16\n\x12\x41RS_TASK_KIND_EVAL\x10\x02\x32\xa9\x04\n\x03\x41RS\x12G\n\x08StartRun\x12\x1c.rlhub.v1.ARSStartRunRequest\x1a\x1d.rlhub.v1.ARSStartRunResponse\x12\x41\n\x08WatchRun\x12\x1c.rlhub.v1.ARSWatchRunRequest\x1a\x15.rlhub.v1.ARSProgress0\x01\x12\x44\n\x07StopRun\x12\x1b.rlhub.v1.ARSStopRunRequest\x1a\x1c.rlhub.v1.ARSStopRunResponse\x12\x41\n\x06\x41ttach\x12\x1a.rlhub.v1.ARSAttachRequest\x1a\x1b.rlhub.v1.ARSAttachResponse\x12>\n\x05Lease\x12\x19.rlhub.v1.ARSLeaseRequest\x1a\x1a.rlhub.v1.ARSLeaseResponse\x12\x41\n\x06Report\x12\x1a.rlhub.v1.ARSReportRequest\x1a\x1b.rlhub.v1.ARSReportResponse\x12\x41\n\x06\x44\x65tach\x12\x1a.rlhub.v1.ARSDetachRequest\x1a\x1b.rlhub.v1.ARSDetachResponse\x12G\n\nPullPolicy\x12\x1e.rlhub.v1.ARSPullPolicyRequest\x1a\x17.rlhub.v1.ARSPolicyPart0\x01\x42/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12rlhub/v1/ars.proto\x12\x08rlhub.v1\x1a\x16rlhub/v1/reducer.proto\x1a\x15rlhub/v1/tensor.proto\"\xb0\x03\n\nARSRunSpec\x12\x0b\n\x03\x65nv\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\ndirections\x18\x04 \x01(\r\x12\x0b\n\x03top\x18\x05 \x01(\r\x12\x11\n\tstep_size\x18\x06 \x01(\x01\x12\r\n\x05noise\x18\x07 \x01(\x01\x12\r\n\x05shift\x18\x08 \x01(\x01\x12\x0e\n\x06hidden\x18\t \x03(\r\x12\x12\n\neval_every\x18\n \x01(\r\x12\x15\n\reval_episodes\x18\x0b \x01(\r\x12\x12\n\nuse_target\x18\x0c \x01(\x08\x12\x0e\n\x06target\x18\r \x01(\x01\x12\x14\n\x0cmax_episodes\x18\x0e \x01(\x03\x12\x16\n\x0emax_iterations\x18\x0f \x01(\r\x12&\n\x08\x65nv_spec\x18\x10 \x01(\x0b\x32\x14.rlhub.v1.ARSEnvSpec\x12\x10\n\x08protocol\x18\x11 \x01(\t\x12\x18\n\x10\x63onfirm_episodes\x18\x12 \x01(\r\x12-\n\toptimizer\x18\x13 \x01(\x0b\x32\x1a.rlhub.v1.ReducerOptimizer\x12\x14\n\x0cgradient_max\x18\x14 \x01(\x01\"g\n\nARSEnvSpec\x12\x0f\n\x07obs_dim\x18\x01 \x01(\r\x12\x10\n\x08\x64iscrete\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x63t_dim\x18\x03 \x01(\r\x12%\n\x08obs_keys\x18\x04 \x03(\x0b\x32\x13.rlhub.v1.ARSObsKey\"&\n\tARSObsKey\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"L\n\x12\x41RSStartRunRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.rlhub.v1.ARSRunSpec\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"4\n\x13\x41RSStartRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\"<\n\x12\x41RSWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66rom_iteration\x18\x02 \x01(\x04\"\xe0\x02\n\x0b\x41RSProgress\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x04 \x01(\x03\x12\x15\n\reval_episodes\x18\x05 \x01(\x03\x12\r\n\x05steps\x18\x06 \x01(\x03\x12\x17\n\x0fiteration_steps\x18\x07 \x01(\x03\x12\x10\n\x08has_eval\x18\x08 \x01(\x08\x12\x11\n\teval_mean\x18\t \x01(\x01\x12\x10\n\x08\x65val_std\x18\n \x01(\x01\x12\x0f\n\x07sigma_r\x18\x0b \x01(\x01\x12\x0c\n\x04\x64one\x18\x0c \x01(\x08\x12\x0e\n\x06reason\x18\r \x01(\t\x12\r\n\x05model\x18\x0e \x01(\t\x12\x17\n\x0f\x65lapsed_seconds\x18\x0f \x01(\x01\x12\x17\n\x0fpolicy_episodes\x18\x10 \x01(\x03\x12\x14\n\x0ctrain_return\x18\x11 \x01(\x01\x12\x0f\n\x07\x63onfirm\x18\x12 \x01(\x08\"#\n\x11\x41RSStopRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x14\n\x12\x41RSStopRunResponse\" \n\x10\x41RSAttachRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"8\n\x11\x41RSAttachResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"\x86\x01\n\x0f\x41RSLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tmax_tasks\x18\x02 \x01(\r\x12\x0f\n\x07wait_ms\x18\x03 \x01(\r\x12\x13\n\x0bheld_run_id\x18\x04 \x01(\t\x12\x14\n\x0cheld_version\x18\x05 \x01(\x04\x12\x11\n\tskip_runs\x18\x06 \x03(\t\"=\n\x07\x41RSTask\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.rlhub.v1.ARSTaskKind\x12\r\n\x05index\x18\x02 \x01(\r\"\xbd\x01\n\x10\x41RSLeaseResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.rlhub.v1.ARSRunSpec\x12\x11\n\titeration\x18\x03 \x01(\x04\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12 \n\x05tasks\x18\x06 \x03(\x0b\x32\x11.rlhub.v1.ARSTask\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\x12\x0e\n\x06policy\x18\x08 \x01(\x0c\"9\n\x0e\x41RSFilterStats\x12\r\n\x05\x63ount\x18\x01 \x01(\x01\x12\x0c\n\x04mean\x18\x02 \x03(\x01\x12\n\n\x02m2\x18\x03 \x03(\x01\"\x99\x01\n\rARSTaskResult\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.rlhub.v1.ARSTask\x12\x0e\n\x06r_plus\x18\x02 \x01(\x01\x12\x0f\n\x07r_minus\x18\x03 \x01(\x01\x12\x0e\n\x06return\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x01(\x03\x12\'\n\x05stats\x18\x06 \x01(\x0b\x32\x18.rlhub.v1.ARSFilterStats\"\x9b\x01\n\x10\x41RSReportRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x11\n\titeration\x18\x03 \x01(\x04\x12(\n\x07results\x18\x04 \x03(\x0b\x32\x17.rlhub.v1.ARSTaskResult\x12\'\n\x04next\x18\x05 \x01(\x0b\x32\x19.rlhub.v1.ARSLeaseRequest\"r\n\x11\x41RSReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\r\n\x05stale\x18\x03 \x01(\r\x12(\n\x04next\x18\x04 \x01(\x0b\x32\x1a.rlhub.v1.ARSLeaseResponse\"%\n\x10\x41RSDetachRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x13\n\x11\x41RSDetachResponse\"7\n\x14\x41RSPullPolicyRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"]\n\rARSPolicyPart\x12\"\n\x04info\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfoH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04part*a\n\x0b\x41RSTaskKind\x12\x1d\n\x19\x41RS_TASK_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x41RS_TASK_KIND_DIRECTION\x10\x01\x12\x16\n\x12\x41RS_TASK_KIND_EVAL\x10\x02\x32\xa9\x04\n\x03\x41RS\x12G\n\x08StartRun\x12\x1c.rlhub.v1.ARSStartRunRequest\x1a\x1d.rlhub.v1.ARSStartRunResponse\x12\x41\n\x08WatchRun\x12\x1c.rlhub.v1.ARSWatchRunRequest\x1a\x15.rlhub.v1.ARSProgress0\x01\x12\x44\n\x07StopRun\x12\x1b.rlhub.v1.ARSStopRunRequest\x1a\x1c.rlhub.v1.ARSStopRunResponse\x12\x41\n\x06\x41ttach\x12\x1a.rlhub.v1.ARSAttachRequest\x1a\x1b.rlhub.v1.ARSAttachResponse\x12>\n\x05Lease\x12\x19.rlhub.v1.ARSLeaseRequest\x1a\x1a.rlhub.v1.ARSLeaseResponse\x12\x41\n\x06Report\x12\x1a.rlhub.v1.ARSReportRequest\x1a\x1b.rlhub.v1.ARSReportResponse\x12\x41\n\x06\x44\x65tach\x12\x1a.rlhub.v1.ARSDetachRequest\x1a\x1b.rlhub.v1.ARSDetachResponse\x12G\n\nPullPolicy\x12\x1e.rlhub.v1.ARSPullPolicyRequest\x1a\x17.rlhub.v1.ARSPolicyPart0\x01\x42/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,50 +34,52 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlhub.v1.ars_pb2', _globals
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1'
-  _globals['_ARSTASKKIND']._serialized_start=2280
-  _globals['_ARSTASKKIND']._serialized_end=2377
-  _globals['_ARSRUNSPEC']._serialized_start=56
-  _globals['_ARSRUNSPEC']._serialized_end=419
-  _globals['_ARSENVSPEC']._serialized_start=421
-  _globals['_ARSENVSPEC']._serialized_end=485
-  _globals['_ARSSTARTRUNREQUEST']._serialized_start=487
-  _globals['_ARSSTARTRUNREQUEST']._serialized_end=563
-  _globals['_ARSSTARTRUNRESPONSE']._serialized_start=565
-  _globals['_ARSSTARTRUNRESPONSE']._serialized_end=617
-  _globals['_ARSWATCHRUNREQUEST']._serialized_start=619
-  _globals['_ARSWATCHRUNREQUEST']._serialized_end=679
-  _globals['_ARSPROGRESS']._serialized_start=682
-  _globals['_ARSPROGRESS']._serialized_end=1034
-  _globals['_ARSSTOPRUNREQUEST']._serialized_start=1036
-  _globals['_ARSSTOPRUNREQUEST']._serialized_end=1071
-  _globals['_ARSSTOPRUNRESPONSE']._serialized_start=1073
-  _globals['_ARSSTOPRUNRESPONSE']._serialized_end=1093
-  _globals['_ARSATTACHREQUEST']._serialized_start=1095
-  _globals['_ARSATTACHREQUEST']._serialized_end=1127
-  _globals['_ARSATTACHRESPONSE']._serialized_start=1129
-  _globals['_ARSATTACHRESPONSE']._serialized_end=1185
-  _globals['_ARSLEASEREQUEST']._serialized_start=1188
-  _globals['_ARSLEASEREQUEST']._serialized_end=1322
-  _globals['_ARSTASK']._serialized_start=1324
-  _globals['_ARSTASK']._serialized_end=1385
-  _globals['_ARSLEASERESPONSE']._serialized_start=1388
-  _globals['_ARSLEASERESPONSE']._serialized_end=1577
-  _globals['_ARSFILTERSTATS']._serialized_start=1579
-  _globals['_ARSFILTERSTATS']._serialized_end=1636
-  _globals['_ARSTASKRESULT']._serialized_start=1639
-  _globals['_ARSTASKRESULT']._serialized_end=1792
-  _globals['_ARSREPORTREQUEST']._serialized_start=1795
-  _globals['_ARSREPORTREQUEST']._serialized_end=1950
-  _globals['_ARSREPORTRESPONSE']._serialized_start=1952
-  _globals['_ARSREPORTRESPONSE']._serialized_end=2066
-  _globals['_ARSDETACHREQUEST']._serialized_start=2068
-  _globals['_ARSDETACHREQUEST']._serialized_end=2105
-  _globals['_ARSDETACHRESPONSE']._serialized_start=2107
-  _globals['_ARSDETACHRESPONSE']._serialized_end=2126
-  _globals['_ARSPULLPOLICYREQUEST']._serialized_start=2128
-  _globals['_ARSPULLPOLICYREQUEST']._serialized_end=2183
-  _globals['_ARSPOLICYPART']._serialized_start=2185
-  _globals['_ARSPOLICYPART']._serialized_end=2278
-  _globals['_ARS']._serialized_start=2380
-  _globals['_ARS']._serialized_end=2933
+  _globals['_ARSTASKKIND']._serialized_start=2452
+  _globals['_ARSTASKKIND']._serialized_end=2549
+  _globals['_ARSRUNSPEC']._serialized_start=80
+  _globals['_ARSRUNSPEC']._serialized_end=512
+  _globals['_ARSENVSPEC']._serialized_start=514
+  _globals['_ARSENVSPEC']._serialized_end=617
+  _globals['_ARSOBSKEY']._serialized_start=619
+  _globals['_ARSOBSKEY']._serialized_end=657
+  _globals['_ARSSTARTRUNREQUEST']._serialized_start=659
+  _globals['_ARSSTARTRUNREQUEST']._serialized_end=735
+  _globals['_ARSSTARTRUNRESPONSE']._serialized_start=737
+  _globals['_ARSSTARTRUNRESPONSE']._serialized_end=789
+  _globals['_ARSWATCHRUNREQUEST']._serialized_start=791
+  _globals['_ARSWATCHRUNREQUEST']._serialized_end=851
+  _globals['_ARSPROGRESS']._serialized_start=854
+  _globals['_ARSPROGRESS']._serialized_end=1206
+  _globals['_ARSSTOPRUNREQUEST']._serialized_start=1208
+  _globals['_ARSSTOPRUNREQUEST']._serialized_end=1243
+  _globals['_ARSSTOPRUNRESPONSE']._serialized_start=1245
+  _globals['_ARSSTOPRUNRESPONSE']._serialized_end=1265
+  _globals['_ARSATTACHREQUEST']._serialized_start=1267
+  _globals['_ARSATTACHREQUEST']._serialized_end=1299
+  _globals['_ARSATTACHRESPONSE']._serialized_start=1301
+  _globals['_ARSATTACHRESPONSE']._serialized_end=1357
+  _globals['_ARSLEASEREQUEST']._serialized_start=1360
+  _globals['_ARSLEASEREQUEST']._serialized_end=1494
+  _globals['_ARSTASK']._serialized_start=1496
+  _globals['_ARSTASK']._serialized_end=1557
+  _globals['_ARSLEASERESPONSE']._serialized_start=1560
+  _globals['_ARSLEASERESPONSE']._serialized_end=1749
+  _globals['_ARSFILTERSTATS']._serialized_start=1751
+  _globals['_ARSFILTERSTATS']._serialized_end=1808
+  _globals['_ARSTASKRESULT']._serialized_start=1811
+  _globals['_ARSTASKRESULT']._serialized_end=1964
+  _globals['_ARSREPORTREQUEST']._serialized_start=1967
+  _globals['_ARSREPORTREQUEST']._serialized_end=2122
+  _globals['_ARSREPORTRESPONSE']._serialized_start=2124
+  _globals['_ARSREPORTRESPONSE']._serialized_end=2238
+  _globals['_ARSDETACHREQUEST']._serialized_start=2240
+  _globals['_ARSDETACHREQUEST']._serialized_end=2277
+  _globals['_ARSDETACHRESPONSE']._serialized_start=2279
+  _globals['_ARSDETACHRESPONSE']._serialized_end=2298
+  _globals['_ARSPULLPOLICYREQUEST']._serialized_start=2300
+  _globals['_ARSPULLPOLICYREQUEST']._serialized_end=2355
+  _globals['_ARSPOLICYPART']._serialized_start=2357
+  _globals['_ARSPOLICYPART']._serialized_end=2450
+  _globals['_ARS']._serialized_start=2552
+  _globals['_ARS']._serialized_end=3105
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from rlhub._proto.rlhub.v1 import reducer_pb2 as _reducer_pb2
 from rlhub._proto.rlhub.v1 import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -18,7 +19,7 @@ ARS_TASK_KIND_DIRECTION: ARSTaskKind
 ARS_TASK_KIND_EVAL: ARSTaskKind
 
 class ARSRunSpec(_message.Message):
-    __slots__ = ("env", "seed", "version", "directions", "top", "step_size", "noise", "shift", "hidden", "eval_every", "eval_episodes", "use_target", "target", "max_episodes", "max_iterations", "env_spec", "protocol", "confirm_episodes")
+    __slots__ = ("env", "seed", "version", "directions", "top", "step_size", "noise", "shift", "hidden", "eval_every", "eval_episodes", "use_target", "target", "max_episodes", "max_iterations", "env_spec", "protocol", "confirm_episodes", "optimizer", "gradient_max")
     ENV_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +38,8 @@ class ARSRunSpec(_message.Message):
     ENV_SPEC_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_MAX_FIELD_NUMBER: _ClassVar[int]
     env: str
     seed: int
     version: str
@@ -55,17 +58,29 @@ class ARSRunSpec(_message.Message):
     env_spec: ARSEnvSpec
     protocol: str
     confirm_episodes: int
-    def __init__(self, env: _Optional[str] = ..., seed: _Optional[int] = ..., version: _Optional[str] = ..., directions: _Optional[int] = ..., top: _Optional[int] = ..., step_size: _Optional[float] = ..., noise: _Optional[float] = ..., shift: _Optional[float] = ..., hidden: _Optional[_Iterable[int]] = ..., eval_every: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., use_target: _Optional[bool] = ..., target: _Optional[float] = ..., max_episodes: _Optional[int] = ..., max_iterations: _Optional[int] = ..., env_spec: _Optional[_Union[ARSEnvSpec, _Mapping]] = ..., protocol: _Optional[str] = ..., confirm_episodes: _Optional[int] = ...) -> None: ...
+    optimizer: _reducer_pb2.ReducerOptimizer
+    gradient_max: float
+    def __init__(self, env: _Optional[str] = ..., seed: _Optional[int] = ..., version: _Optional[str] = ..., directions: _Optional[int] = ..., top: _Optional[int] = ..., step_size: _Optional[float] = ..., noise: _Optional[float] = ..., shift: _Optional[float] = ..., hidden: _Optional[_Iterable[int]] = ..., eval_every: _Optional[int] = ..., eval_episodes: _Optional[int] = ..., use_target: _Optional[bool] = ..., target: _Optional[float] = ..., max_episodes: _Optional[int] = ..., max_iterations: _Optional[int] = ..., env_spec: _Optional[_Union[ARSEnvSpec, _Mapping]] = ..., protocol: _Optional[str] = ..., confirm_episodes: _Optional[int] = ..., optimizer: _Optional[_Union[_reducer_pb2.ReducerOptimizer, _Mapping]] = ..., gradient_max: _Optional[float] = ...) -> None: ...
 
 class ARSEnvSpec(_message.Message):
-    __slots__ = ("obs_dim", "discrete", "act_dim")
+    __slots__ = ("obs_dim", "discrete", "act_dim", "obs_keys")
     OBS_DIM_FIELD_NUMBER: _ClassVar[int]
     DISCRETE_FIELD_NUMBER: _ClassVar[int]
     ACT_DIM_FIELD_NUMBER: _ClassVar[int]
+    OBS_KEYS_FIELD_NUMBER: _ClassVar[int]
     obs_dim: int
     discrete: int
     act_dim: int
-    def __init__(self, obs_dim: _Optional[int] = ..., discrete: _Optional[int] = ..., act_dim: _Optional[int] = ...) -> None: ...
+    obs_keys: _containers.RepeatedCompositeFieldContainer[ARSObsKey]
+    def __init__(self, obs_dim: _Optional[int] = ..., discrete: _Optional[int] = ..., act_dim: _Optional[int] = ..., obs_keys: _Optional[_Iterable[_Union[ARSObsKey, _Mapping]]] = ...) -> None: ...
+
+class ARSObsKey(_message.Message):
+    __slots__ = ("name", "dim")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class ARSStartRunRequest(_message.Message):
     __slots__ = ("spec", "request_id")
