@@ -18,6 +18,7 @@ type reference struct {
 	GymnasiumVersion string      `json:"gymnasium_version"`
 	MujocoVersion    string      `json:"mujoco_version"`
 	ActionScale      float64     `json:"action_scale"`
+	Episode          int         `json:"episode"` // scripts/mujoco_longcheck.py's records
 	Qpos             []float64   `json:"qpos"`
 	Qvel             []float64   `json:"qvel"`
 	Obs0             []float64   `json:"obs0"`
