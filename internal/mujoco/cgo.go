@@ -182,6 +182,14 @@ func (d *Data) QFrcActuator() []float64 { return d.qfrcActuator }
 // exactly (Gymnasium's set_state leaves it alone).
 func (d *Data) QAccWarmstart() []float64 { return d.qaccWarmstart }
 
+// NCon is the number of contacts the last collision pass found.
+func (d *Data) NCon() int {
+	d.live()
+	n := int(d.d.ncon)
+	runtime.KeepAlive(d)
+	return n
+}
+
 // Reset restores the reference state (mj_resetData).
 func (d *Data) Reset() {
 	d.live()
