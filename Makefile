@@ -7,7 +7,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -tags=mujoco)
 endif
 endif
 
-.PHONY: demo test check proto build bench benchref fuzz
+.PHONY: demo test check proto build bench benchref fuzz mujoco-check
 
 # The main job: a complete distributed training run on the embedded hub.
 demo: build
@@ -25,6 +25,11 @@ proto:
 
 build:
 	go build -o bin/rlhub ./cmd/rlhub
+
+# The Go MuJoCo tasks against Gymnasium's own v5 envs, 5000 steps each
+# (STEPS=N to change); needs pip (makes a virtualenv with mujoco 2.3.7).
+mujoco-check:
+	scripts/mujoco_check.sh
 
 # Every fuzz target in the repo, 10 s each (FUZZTIME=5m for longer); not in CI.
 fuzz:

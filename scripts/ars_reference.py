@@ -139,7 +139,7 @@ def rollout(env, w, flt, shift, reset_seed=None):
             return total, steps
 
 
-def run_seed(task, seed, budget_factor, table_size, frozen_mean, crn):
+def run_seed(task, seed, budget_factor, table_size, frozen_mean, crn, progress=False):
     import gymnasium as gym
 
     t0, c0 = time.time(), time.process_time()
@@ -202,6 +202,10 @@ def run_seed(task, seed, budget_factor, table_size, frozen_mean, crn):
         w += alpha * (g / len(keep)).reshape(w.shape)
         flt.sync()
         j += 1
+        if progress:
+            print(f"{task} seed {seed} iteration {j}: {episodes} episodes, {train_steps} steps,"
+                  f" train mean {rewards.mean():.2f}, last eval {curve[-1][1]}, {time.time() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
     return {
         "task": task, "seed": seed, "reached": reached is not None, "episodes": reached,
         "best_eval": round(best, 2), "final_eval": curve[-1][1], "iterations": j,
@@ -235,13 +239,14 @@ def main():
     ap.add_argument("--frozen-mean", action="store_true", help="freeze the filter mean with the std (Algorithm 2 as written)")
     ap.add_argument("--crn", action="store_true", help="start both rollouts of a direction from the same state (common random numbers, as rlhub)")
     ap.add_argument("--procs", type=int, default=1, help="seeds run in parallel processes")
+    ap.add_argument("--progress", action="store_true", help="one line per iteration on stderr")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     import gymnasium
     import mujoco
 
     seeds = parse_seeds(a.seeds)
-    jobs = [(a.task, s, a.budget_factor, a.table, a.frozen_mean, a.crn) for s in seeds]
+    jobs = [(a.task, s, a.budget_factor, a.table, a.frozen_mean, a.crn, a.progress) for s in seeds]
     t0 = time.time()
     results = []
     p = PAPER[a.task]

@@ -102,7 +102,7 @@ type Data struct {
 	d       *C.mjData
 	cleanup runtime.Cleanup
 
-	qpos, qvel, act, ctrl, xpos, xipos, cinert, cvel, cfrcExt, qfrcActuator []float64
+	qpos, qvel, act, ctrl, xpos, xipos, cinert, cvel, cfrcExt, qfrcActuator, qaccWarmstart []float64
 }
 
 // NewData makes simulation data for m in its reference state (as
@@ -128,6 +128,7 @@ func NewData(m *Model) (*Data, error) {
 	dd.cvel = view(d.cvel, 6*nb)
 	dd.cfrcExt = view(d.cfrc_ext, 6*nb)
 	dd.qfrcActuator = view(d.qfrc_actuator, m.Nv)
+	dd.qaccWarmstart = view(d.qacc_warmstart, m.Nv)
 	return dd, nil
 }
 
@@ -140,7 +141,7 @@ func (d *Data) Close() {
 	d.cleanup.Stop()
 	C.mj_deleteData(d.d)
 	d.d = nil
-	d.qpos, d.qvel, d.act, d.ctrl, d.xpos, d.xipos, d.cinert, d.cvel, d.cfrcExt, d.qfrcActuator = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+	d.qpos, d.qvel, d.act, d.ctrl, d.xpos, d.xipos, d.cinert, d.cvel, d.cfrcExt, d.qfrcActuator, d.qaccWarmstart = nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 }
 
 // QPos is the generalized position (Nq).
@@ -174,6 +175,20 @@ func (d *Data) CFrcExt() []float64 { return d.cfrcExt }
 
 // QFrcActuator is the actuator force in generalized coordinates (Nv).
 func (d *Data) QFrcActuator() []float64 { return d.qfrcActuator }
+
+// QAccWarmstart is the constraint solver's warm start (Nv): the
+// acceleration of the last step, which the next step's solver starts from.
+// Writing it with the state reproduces another simulation's next step
+// exactly (Gymnasium's set_state leaves it alone).
+func (d *Data) QAccWarmstart() []float64 { return d.qaccWarmstart }
+
+// NCon is the number of contacts the last collision pass found.
+func (d *Data) NCon() int {
+	d.live()
+	n := int(d.d.ncon)
+	runtime.KeepAlive(d)
+	return n
+}
 
 // Reset restores the reference state (mj_resetData).
 func (d *Data) Reset() {

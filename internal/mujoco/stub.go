@@ -46,6 +46,8 @@ func (d *Data) CInert() []float64              { return nil }
 func (d *Data) CVel() []float64                { return nil }
 func (d *Data) CFrcExt() []float64             { return nil }
 func (d *Data) QFrcActuator() []float64        { return nil }
+func (d *Data) QAccWarmstart() []float64       { return nil }
+func (d *Data) NCon() int                      { return 0 }
 func (d *Data) Reset()                         {}
 func (d *Data) Forward()                       {}
 func (d *Data) Step(n int)                     {}
