@@ -35,7 +35,7 @@ import json
 import logging
 import queue
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import grpc
 
@@ -159,7 +159,7 @@ class OptimizerHost:
             self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def run(self) -> None:
@@ -244,7 +244,7 @@ class OptimizerHost:
         out: "queue.Queue[Optional[opthost_pb2.HostMessage]]" = queue.Queue()
         out.put(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model=self.model)))
 
-        def requests():
+        def requests() -> Iterator[opthost_pb2.HostMessage]:
             while True:
                 m = out.get()
                 if m is None:
@@ -287,8 +287,8 @@ class OptimizerHost:
                 res.params.CopyFrom(tensor_pb2.BlobInfo(model=self.model, version=st.version + 1,
                                                         total_bytes=len(blob), chunk_bytes=self.chunk_bytes))
                 out.put(opthost_pb2.HostMessage(result=res))
-                for c in iter_chunks(blob, self.chunk_bytes):
-                    out.put(opthost_pb2.HostMessage(chunk=tensor_pb2.Chunk(data=c)))
+                for piece in iter_chunks(blob, self.chunk_bytes):
+                    out.put(opthost_pb2.HostMessage(chunk=tensor_pb2.Chunk(data=piece)))
         finally:
             self.attached.clear()
             out.put(None)
@@ -297,7 +297,7 @@ class OptimizerHost:
                 self._call = None
 
     @staticmethod
-    def _recv(it):
+    def _recv(it: Iterator[opthost_pb2.PrimaryMessage]) -> Optional[opthost_pb2.PrimaryMessage]:
         try:
             return next(it)
         except StopIteration:
