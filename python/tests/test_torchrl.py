@@ -25,8 +25,11 @@ pytest.importorskip("gymnasium")
 # everything before a test turns warnings into errors.
 import torchrl.collectors  # noqa: E402
 from tensordict.nn import TensorDictModule, TensorDictSequential  # noqa: E402
-from torchrl.collectors import Collector, MultiSyncCollector, WeightUpdaterBase  # noqa: E402
+from torchrl.collectors import (Collector, MultiAsyncCollector, MultiSyncCollector,  # noqa: E402
+                                 WeightUpdaterBase)
+from torchrl.data import Unbounded  # noqa: E402
 from torchrl.envs import GymEnv, TransformedEnv  # noqa: E402
+from torchrl.envs.transforms import Transform  # noqa: E402
 
 import rlhub  # noqa: E402
 import rlhub.wsync as ws  # noqa: E402
@@ -174,6 +177,78 @@ def test_scheme_multisync(hub, store):
     assert store.pull(MODEL).version == 6
     rows = {c.collector_id: c.version for m in ws.status(hub.addr, MODEL) for c in m.collectors}
     assert rows.get("ms-0") == 6 and rows.get("ms-1") == 6, rows
+
+
+class WorkerTag(Transform):
+    """Writes ``worker`` = i into every step: which worker of a
+    MultiAsyncCollector a batch came from."""
+
+    def __init__(self, i: int):
+        super().__init__(in_keys=[], out_keys=["worker"])
+        self.i = i
+
+    def _tag(self, td):
+        td.set("worker", torch.full(td.shape, self.i, dtype=torch.int64))
+        return td
+
+    def _step(self, tensordict, next_tensordict):
+        return self._tag(next_tensordict)
+
+    def _reset(self, tensordict, tensordict_reset):
+        return self._tag(tensordict_reset)
+
+    def transform_observation_spec(self, observation_spec):
+        observation_spec["worker"] = Unbounded(shape=observation_spec.shape, dtype=torch.int64,
+                                               device=observation_spec.device)
+        return observation_spec
+
+
+def make_tagged_env(i: int) -> TransformedEnv:
+    return TransformedEnv(GymEnv("CartPole-v1"), WorkerTag(i))
+
+
+def test_scheme_multiasync(hub, store):
+    """MultiAsyncCollector with 3 workers over the push stream: batches
+    arrive from whichever worker is done, each stamped with the version its
+    worker ran; the parent pushes a new version whenever the newest one has
+    come back in a batch, and every worker ends on the newest (6)."""
+    workers, newest = 3, 6
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via="push", collector_id="ma", strip_prefix=PREFIX)
+    trainer = make_policy()
+    with torch.no_grad():
+        trainer[0].module[0].weight.zero_()
+    per_worker = {i: [] for i in range(workers)}
+    pushed = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = MultiAsyncCollector([functools.partial(make_tagged_env, i) for i in range(workers)], make_policy(),
+                                  frames_per_batch=16, total_frames=-1, auto_register_policy_transforms=False,
+                                  track_policy_version=True, weight_sync_schemes={"policy": scheme})
+        try:
+            for i, batch in enumerate(col):
+                w = batch["worker"].unique().tolist()
+                assert len(w) == 1, f"a batch mixes workers {w}"
+                got = check_batch(batch)
+                assert len(got) == 1, f"worker {w[0]} changed weights inside a batch: {sorted(got)}"
+                per_worker[w[0]].append(got.pop())
+                if all(vs and vs[-1] == newest for vs in per_worker.values()):
+                    break
+                if pushed < newest and max(max(vs, default=0) for vs in per_worker.values()) == pushed:
+                    pushed += 1
+                    with torch.no_grad():
+                        trainer[0].module[0].bias.copy_(torch.tensor([float(pushed), -float(pushed)]))
+                    col.update_policy_weights_(trainer)  # -> scheme.send: version `pushed` in rlhub
+                    assert scheme.last_sent == pushed
+                if i > 600:
+                    pytest.fail(f"workers stuck at {per_worker}")
+        finally:
+            col.shutdown()
+            scheme.shutdown()
+    for w, vs in per_worker.items():  # each worker only moves forward
+        assert vs == sorted(vs) and vs[-1] == newest, (w, vs)
+    assert store.pull(MODEL).version == newest
+    rows = {c.collector_id: c.version for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+    assert all(rows.get(f"ma-{i}") == newest for i in range(workers)), rows
 
 
 def test_scheme_sender_on_trainer(hub, store):
