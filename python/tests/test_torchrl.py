@@ -251,6 +251,86 @@ def test_scheme_multiasync(hub, store):
     assert all(rows.get(f"ma-{i}") == newest for i in range(workers)), rows
 
 
+def test_scheme_failover_when_the_relay_is_killed(hub, store):
+    """via="failover" in MultiSyncCollector workers fed by a real relay's
+    segment: the relay SIGKILLed, the workers' next rollouts run versions
+    from the upstream hub; the relay restarted, they return to its segment.
+    The hub's lag table shows which way each worker's version came."""
+    from relayproc import Relay
+
+    relay = Relay(hub.binary, hub.addr, MODEL).start()
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via="failover", relay=relay.listen, shm_path=relay.shm,
+                                   collector_id="fo", strip_prefix=PREFIX, probe_every=0.2)
+    assert [s.name for s in scheme.failover] == ["relay-shm", "relay", "upstream"]
+
+    def lag():
+        return {c.collector_id: (c.version, c.via) for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+
+    seen, rows = [], [[], []]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1,
+                                 auto_register_policy_transforms=False, track_policy_version=True,
+                                 weight_sync_schemes={"policy": scheme})
+        it = iter(col)
+
+        def until(cond, what, batches=300):
+            for _ in range(batches):
+                batch = next(it)
+                seen.append(check_batch(batch))
+                for w in range(2):  # each worker applies at its own rollout start
+                    rows[w].append(check_batch(batch[w]))
+                if cond():
+                    return
+            pytest.fail(f"{what}: after {batches} batches, seen {seen[-5:]}, lag {lag()}")
+
+        try:
+            until(lambda: seen[-1] == {1}, "v1")
+            assert all(lag().get(f"fo-{i}") == (1, "shm") for i in range(2)), lag()
+
+            relay.kill()
+            for v in (2, 3):  # only the upstream can deliver these now
+                store.push(MODEL, weights(v), version=v, expect=v - 1)
+                until(lambda: seen[-1] == {v}, f"v{v} with the relay dead")
+            assert all(lag().get(f"fo-{i}") == (3, "push") for i in range(2)), lag()
+
+            # Back: the workers probe it at rollout starts and return. A
+            # worker that switches back reports with its next version (a
+            # version may still come from the upstream before its probe).
+            relay.start()
+            v = 3
+            while not all(lag().get(f"fo-{i}") == (v, "shm") for i in range(2)):
+                assert v < 10, f"the workers did not return to the relay's segment: {lag()}"
+                v += 1
+                store.push(MODEL, weights(v), version=v, expect=v - 1)
+                until(lambda: seen[-1] == {v}, f"v{v} after the relay's restart")
+        finally:
+            col.shutdown()
+            scheme.shutdown()
+            relay.stop()
+    for w, got in enumerate(rows):  # one version per worker's rollout, only moving forward
+        assert all(len(g) == 1 for g in got), (w, got)
+        flat = [g.pop() for g in got]
+        assert flat == sorted(flat) and flat[-1] == v, (w, flat)
+
+
+def test_scheme_failover_options_are_checked_and_pickle():
+    import pickle
+
+    from rlhub.torchrl import SourceSpec
+
+    with pytest.raises(ValueError, match="needs a relay"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover")
+    with pytest.raises(ValueError, match="via must be one of"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[("a", "carrier-pigeon", "x")])
+    with pytest.raises(ValueError, match="needs an address"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[("a", "push", "")])
+    with pytest.raises(ValueError, match="empty"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[])
+    s = RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[("up", "store", "127.0.0.1:2")])
+    assert pickle.loads(pickle.dumps(s)).failover == [SourceSpec("up", "store", "127.0.0.1:2")]
+
+
 def test_scheme_sender_on_trainer(hub, store):
     """The scheme's sender alone, on a trainer with no collector."""
     scheme = RlhubWeightSyncScheme(hub.addr, MODEL, strip_prefix=PREFIX)
