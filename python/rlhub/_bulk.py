@@ -41,7 +41,10 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from google.rpc import status_pb2
 
 from rlhub import _channel, errors
 
@@ -214,7 +217,7 @@ class Client:
                 st = _exchange(sock, frame, body, deadline, _alloc, _out)
             except _Refused as e:
                 sock.close()
-                raise e.__cause__ from None
+                raise (e.__cause__ or e) from None  # the cause is always set (_read_data)
             except _Deadline:
                 sock.close()
                 raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded") from None
@@ -353,13 +356,17 @@ def _recv_into(sock: socket.socket, mv: memoryview, deadline: float) -> None:
         got += k
 
 
-def _read_data(sock: socket.socket, deadline: float, alloc, out) -> None:
+_Alloc = Callable[[bytes, int], Any]
+"""alloc(data header, n): a writable buffer of at least n bytes for the body."""
+
+
+def _read_data(sock: socket.socket, deadline: float, alloc: Optional[_Alloc], out: Optional[List[Any]]) -> None:
     (hl,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
     if hl > MAX_DATA_HEADER_BYTES:
         raise EOFError(f"data header of {hl} bytes exceeds {MAX_DATA_HEADER_BYTES}")
     hdr = _recv_exact(sock, hl, deadline) if hl else b""
     (n,) = struct.unpack("<Q", _recv_exact(sock, 8, deadline))
-    if alloc is None:
+    if alloc is None or out is None:
         raise EOFError("a data frame for a call that expects none")
     try:
         buf = alloc(hdr, n)
@@ -374,11 +381,11 @@ def _read_data(sock: socket.socket, deadline: float, alloc, out) -> None:
 
 
 def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float,
-              alloc=None, out=None):
+              alloc: Optional[_Alloc] = None, out: Optional[List[Any]] = None) -> "status_pb2.Status":
     """Runs one request; returns the final google.rpc.Status or raises
     ``_Broken`` / ``_Deadline`` / ``_Refused`` (the connection is then out
     of step)."""
-    from google.rpc import status_pb2  # type: ignore
+    from google.rpc import status_pb2
 
     answered = False
     try:

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import ssl
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 
@@ -132,8 +132,13 @@ def channel(addr: str, options: Optional[Sequence[Tuple[str, Any]]] = None,
     return ch
 
 
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+_Metadata = Tuple[Tuple[str, Union[str, bytes]], ...]
+
+
 class _Details(grpc.ClientCallDetails):
-    def __init__(self, d: grpc.ClientCallDetails, metadata: Sequence[Tuple[str, str]]):
+    def __init__(self, d: grpc.ClientCallDetails, metadata: _Metadata):
         self.method = d.method
         self.timeout = d.timeout
         self.metadata = metadata
@@ -151,16 +156,22 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
         self._md = ("authorization", "Bearer " + token)
 
     def _details(self, d: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        return _Details(d, list(d.metadata or ()) + [self._md])
+        return _Details(d, tuple(d.metadata or ()) + (self._md,))
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):
+    def intercept_unary_unary(self, continuation: Callable[[grpc.ClientCallDetails, _Req], _Resp],
+                              client_call_details: grpc.ClientCallDetails, request: _Req) -> _Resp:
         return continuation(self._details(client_call_details), request)
 
-    def intercept_unary_stream(self, continuation, client_call_details, request):
+    def intercept_unary_stream(self, continuation: Callable[[grpc.ClientCallDetails, _Req], _Resp],
+                               client_call_details: grpc.ClientCallDetails, request: _Req) -> _Resp:
         return continuation(self._details(client_call_details), request)
 
-    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+    def intercept_stream_unary(self, continuation: Callable[[grpc.ClientCallDetails, Iterator[_Req]], _Resp],
+                               client_call_details: grpc.ClientCallDetails,
+                               request_iterator: Iterator[_Req]) -> _Resp:
         return continuation(self._details(client_call_details), request_iterator)
 
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+    def intercept_stream_stream(self, continuation: Callable[[grpc.ClientCallDetails, Iterator[_Req]], _Resp],
+                                client_call_details: grpc.ClientCallDetails,
+                                request_iterator: Iterator[_Req]) -> _Resp:
         return continuation(self._details(client_call_details), request_iterator)

@@ -97,7 +97,7 @@ def _by_chunks(extend: Callable[[int, bytes], int], data: Any) -> int:
 
 def _accelerated() -> Optional[Callable[[Any], int]]:
     try:
-        import google_crc32c  # type: ignore
+        import google_crc32c
     except ImportError:
         return None
     # Its pure-Python fallback is far slower than the numpy one here.

@@ -16,7 +16,7 @@ through the generated protobuf classes; the bytes on the wire are the same.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -24,14 +24,14 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_BYTES = 4 << 30
 
 
-def iter_chunks(blob: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+def iter_chunks(blob: Union[bytes, bytearray, memoryview], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
     """Yields consecutive pieces of ``blob`` of at most ``chunk_bytes``."""
     mv = memoryview(blob)
     for off in range(0, len(mv), chunk_bytes):
         yield mv[off:off + chunk_bytes].tobytes()
 
 
-def iter_part_chunks(head: bytes, bufs: Sequence[memoryview], chunk_bytes: int):
+def iter_part_chunks(head: bytes, bufs: Sequence[memoryview], chunk_bytes: int) -> Iterator[bytes]:
     """Yields the concatenation of ``head`` and ``bufs`` as bytes of exactly
     ``chunk_bytes`` (the last one shorter): the same pieces as
     ``iter_chunks`` of the joined blob, each copied once."""
@@ -141,7 +141,7 @@ class Assembler:
             raise ValueError(f"announced blob of {total_bytes} bytes exceeds the limit of {max_bytes}")
         # np.empty, not bytearray(n): a bytearray is zero-filled first, one
         # more pass over fresh pages that costs as much as receiving them.
-        self._buf = memoryview(np.empty(total_bytes, np.uint8))
+        self._buf = np.empty(total_bytes, np.uint8).data
         self._n = 0
 
     def write(self, data: Any) -> None:

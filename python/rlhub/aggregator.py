@@ -19,7 +19,7 @@ Errors are rlhub's named exceptions (``Unavailable`` "no learners attached",
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import grpc
 
@@ -83,10 +83,11 @@ class AggregatorClient:
     def __enter__(self) -> "AggregatorClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, fn, req):
+    def _call(self, fn: Callable[..., Any], req: Any) -> Any:
+        """``fn(req)`` (a generated stub method, untyped) with the named errors."""
         try:
             return fn(req, timeout=self.timeout)
         except grpc.RpcError as e:
@@ -102,7 +103,8 @@ class AggregatorClient:
         return {"gpu": int(r.world_size)}
 
     def status(self) -> aggregator_pb2.StatusResponse:
-        return self._call(self._stub.Status, aggregator_pb2.StatusRequest())
+        st: aggregator_pb2.StatusResponse = self._call(self._stub.Status, aggregator_pb2.StatusRequest())
+        return st
 
     def start(self, task_id: str = "", info: Optional[Mapping[str, Any]] = None, *,
               merge: str = "", homogeneous_keys: Optional[List[str]] = None) -> Started:
@@ -131,7 +133,7 @@ class AggregatorClient:
         header = aggregator_pb2.LearnHeader(
             task_id=task_id, blob=tensor_pb2.BlobInfo(total_bytes=len(blob), chunk_bytes=self.chunk_bytes))
 
-        def requests():
+        def requests() -> Iterator[aggregator_pb2.LearnRequest]:
             yield aggregator_pb2.LearnRequest(header=header)
             for c in iter_chunks(blob, self.chunk_bytes):
                 yield aggregator_pb2.LearnRequest(chunk=tensor_pb2.Chunk(data=c))

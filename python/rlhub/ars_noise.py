@@ -10,7 +10,10 @@ the vectors both languages check.
 
 from __future__ import annotations
 
+from typing import Sequence, Tuple
+
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "TAG_DIRECTION",
@@ -40,7 +43,7 @@ _LOG_TERMS = 12
 _TRIG_TERMS = 12
 
 
-def philox4x32(ctr, key):
+def philox4x32(ctr: "npt.ArrayLike", key: Sequence[int]) -> np.ndarray:
     """Philox4x32-10 on arrays of counters.
 
     ctr: uint32-valued array of shape (..., 4); key: two uint32 words.
@@ -58,7 +61,8 @@ def philox4x32(ctr, key):
         hi0, lo0 = p0 >> np.uint64(32), p0 & _MASK32
         hi1, lo1 = p1 >> np.uint64(32), p1 & _MASK32
         c0, c1, c2, c3 = hi1 ^ c1 ^ np.uint64(k0), lo1, hi0 ^ c3 ^ np.uint64(k1), lo0
-    return np.stack([c0, c1, c2, c3], axis=-1)
+    out: np.ndarray = np.stack([c0, c1, c2, c3], axis=-1)
+    return out
 
 
 def _log_unit(u: np.ndarray) -> np.ndarray:
@@ -71,10 +75,11 @@ def _log_unit(u: np.ndarray) -> np.ndarray:
     p = np.full_like(s, 1.0 / float(2 * _LOG_TERMS - 1))
     for k in range(_LOG_TERMS - 2, -1, -1):
         p = p * s2 + 1.0 / float(2 * k + 1)
-    return e * _LN2 + (2.0 * s) * p
+    out: np.ndarray = e * _LN2 + (2.0 * s) * p
+    return out
 
 
-def _sin_cos_quarter(phi: np.ndarray):
+def _sin_cos_quarter(phi: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     x2 = phi * phi
     s = np.ones_like(phi)
     c = np.ones_like(phi)
@@ -84,7 +89,7 @@ def _sin_cos_quarter(phi: np.ndarray):
     return phi * s, c
 
 
-def _box_muller(a: np.ndarray, b: np.ndarray):
+def _box_muller(a: np.ndarray, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     u1 = (a.astype(np.float64) + 0.5) / _TWO32
     r = np.sqrt(-2.0 * _log_unit(u1))
     t = b.astype(np.float64) / _TWO32 * 4.0
@@ -97,7 +102,7 @@ def _box_muller(a: np.ndarray, b: np.ndarray):
     return r * cs, r * sn
 
 
-def _key(seed: int):
+def _key(seed: int) -> Tuple[int, int]:
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     return seed & 0xFFFFFFFF, seed >> 32
 

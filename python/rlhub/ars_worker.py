@@ -304,7 +304,8 @@ class _Forward:
             if i < last:
                 s = np.tanh(s)  # libm tanh: MLPs are not bit-identical to Go
             x = s
-        return x
+        out: np.ndarray = x
+        return out
 
 
 # ---------------------------------------------------------------------------
@@ -349,7 +350,9 @@ class EnvAdapter:
     def check(self, p: ARSPolicy) -> None:
         """Refuses a policy whose spaces do not fit this env."""
         if p.discrete != self.discrete or p.out_dim != self.out_dim or p.obs_dim != self.obs_dim:
-            kind = lambda d: "discrete" if d else "continuous"  # noqa: E731
+            def kind(discrete: bool) -> str:
+                return "discrete" if discrete else "continuous"
+
             raise errors.InvalidArgument(
                 f"ars worker: policy of env {p.env!r} has {p.obs_dim} observations and {p.out_dim} "
                 f"{kind(p.discrete)} outputs; this env has {self.obs_dim} and {self.out_dim} {kind(self.discrete)}")
@@ -438,7 +441,7 @@ def _rollout(env: EnvAdapter, p: ARSPolicy, theta: np.ndarray, mean: np.ndarray,
             return ret, steps
 
 
-def run_task(p: ARSPolicy, env: EnvAdapter, kind: int, index: int) -> ars_pb2.ARSTaskResult:
+def run_task(p: ARSPolicy, env: EnvAdapter, kind: ars_pb2.ARSTaskKind, index: int) -> ars_pb2.ARSTaskResult:
     """Computes one task of iteration ``p.iteration`` (``ars.Evaluator.Run``)."""
     mean, inv = p.filter()
     res = ars_pb2.ARSTaskResult(task=ars_pb2.ARSTask(kind=kind, index=index))
@@ -521,7 +524,7 @@ class ARSWorker:
     def __enter__(self) -> "ARSWorker":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def env(self) -> EnvAdapter:

@@ -7,9 +7,12 @@ The Go side maps its error conditions to gRPC status codes in one table
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple, Union, cast
 
 import grpc
+
+if TYPE_CHECKING:
+    from google.rpc import status_pb2
 
 
 class RlhubError(Exception):
@@ -45,7 +48,7 @@ class StaleVersion(RlhubError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 
-    def __init__(self, message: str, code=None, *, model: str = "",
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None, *, model: str = "",
                  current_version: Optional[int] = None,
                  current_epoch: Optional[int] = None):
         super().__init__(message, code)
@@ -117,24 +120,27 @@ def is_permanent(err: BaseException) -> bool:
     return False
 
 
-def _status_of(err: grpc.RpcError):
+def _status_of(err: grpc.RpcError) -> Optional["status_pb2.Status"]:
     """The ``google.rpc.Status`` a failed call carries in its trailers, or None."""
     try:
-        from google.rpc import status_pb2  # type: ignore
+        from google.rpc import status_pb2
     except ImportError:  # googleapis-common-protos not installed
         return None
-    for key, value in (err.trailing_metadata() or ()):
-        if key == "grpc-status-details-bin":
+    # grpc's trailers are (key, value) named tuples; types-grpcio calls them
+    # _Metadatum, which it does not let unpack.
+    trailers = cast("Iterable[Tuple[str, Union[str, bytes]]]", err.trailing_metadata() or ())
+    for key, value in trailers:
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
             return status_pb2.Status.FromString(value)
     return None
 
 
-def _stale_metadata(st) -> dict:
+def _stale_metadata(st: Optional["status_pb2.Status"]) -> Dict[str, str]:
     """The metadata of a ``google.rpc.Status``'s STALE_VERSION ErrorInfo detail."""
     if st is None:
         return {}
     try:
-        from google.rpc import error_details_pb2  # type: ignore
+        from google.rpc import error_details_pb2
     except ImportError:
         return {}
     for d in st.details:
@@ -144,7 +150,7 @@ def _stale_metadata(st) -> dict:
     return {}
 
 
-def _make(code: grpc.StatusCode, message: str, st) -> RlhubError:
+def _make(code: grpc.StatusCode, message: str, st: Optional["status_pb2.Status"]) -> RlhubError:
     """The named exception for ``code``; ``st`` is the full status (or None)."""
     cls = _BY_CODE.get(code, RlhubError)
     if cls is StaleVersion:
@@ -165,7 +171,7 @@ def from_rpc_error(err: grpc.RpcError) -> RlhubError:
     return _make(code, message, _status_of(err) if _BY_CODE.get(code) is StaleVersion else None)
 
 
-def from_status(st) -> RlhubError:
+def from_status(st: "status_pb2.Status") -> RlhubError:
     """Converts a non-OK ``google.rpc.Status`` (as the hub's data plane
     answers, with the same code, message and details a gRPC call would
     carry) into the same named exception ``from_rpc_error`` gives."""

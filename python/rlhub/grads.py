@@ -51,7 +51,7 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import grpc
 
@@ -342,7 +342,7 @@ class GradClient:
     def __enter__(self) -> "GradClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- operator RPCs ---------------------------------------------------
@@ -515,14 +515,15 @@ class GradClient:
                 return resp
         self._count("grpc")
 
-        def requests():
+        def requests() -> Iterator[reducer_pb2.ReducerPushRequest]:
             yield reducer_pb2.ReducerPushRequest(header=h)
             for c in iter_part_chunks(body[0], body[1], self.chunk_bytes):
                 yield reducer_pb2.ReducerPushRequest(chunk=tensor_pb2.Chunk(data=c))
 
         stub = reducer_pb2_grpc.ReducerStub(self._channel(addr))
         try:
-            return stub.Push(requests(), timeout=self.timeout)
+            got: reducer_pb2.ReducerPushResponse = stub.Push(requests(), timeout=self.timeout)
+            return got
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 

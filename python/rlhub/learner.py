@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import grpc
 from google.protobuf import json_format, struct_pb2
@@ -197,11 +197,11 @@ class Learner(AttachLoop):
         self.welcome_timeout = welcome_timeout
         self.max_share_bytes = max_share_bytes
         if on_start is not None:
-            self.on_start = on_start  # type: ignore[method-assign]
+            self.on_start = on_start  # type: ignore[method-assign, assignment]  # a per-instance callback
         if on_demand is not None:
-            self.on_demand = on_demand  # type: ignore[method-assign]
+            self.on_demand = on_demand  # type: ignore[method-assign, assignment]
         if on_learn is not None:
-            self.on_learn = on_learn  # type: ignore[method-assign]
+            self.on_learn = on_learn  # type: ignore[method-assign, assignment]
         self.attached = threading.Event()
         """Set while a session is attached (after the Welcome)."""
         self.sessions = 0
@@ -238,7 +238,7 @@ class Learner(AttachLoop):
         out.put(aggregator_pb2.LearnerMessage(
             hello=aggregator_pb2.Hello(learner_id=self.learner_id, resources=self.resources)))
 
-        def requests():
+        def requests() -> Iterator[aggregator_pb2.LearnerMessage]:
             while True:
                 m = out.get()
                 if m is None:
@@ -267,7 +267,7 @@ class Learner(AttachLoop):
             self.attached.set()
             log.info("learner %s: attached, lease %dms", self.learner_id, self.lease_ms)
 
-            def heartbeats():
+            def heartbeats() -> None:
                 period = max(self.lease_ms / 3000.0, 0.001)
                 while not done.wait(period):
                     out.put(aggregator_pb2.LearnerMessage(heartbeat=aggregator_pb2.Heartbeat()))
@@ -292,13 +292,14 @@ class Learner(AttachLoop):
                 self._call = None
 
     @staticmethod
-    def _recv(it) -> Optional[aggregator_pb2.AggregatorMessage]:
+    def _recv(it: Iterator[aggregator_pb2.AggregatorMessage]) -> Optional[aggregator_pb2.AggregatorMessage]:
         try:
             return next(it, None)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
-    def _serve(self, m: aggregator_pb2.AggregatorMessage, it) -> aggregator_pb2.LearnerReply:
+    def _serve(self, m: aggregator_pb2.AggregatorMessage,
+               it: Iterator[aggregator_pb2.AggregatorMessage]) -> aggregator_pb2.LearnerReply:
         kind = m.WhichOneof("body")
         if kind == "start":
             reply = aggregator_pb2.LearnerReply(request_id=m.start.request_id)

@@ -35,7 +35,7 @@ import json
 import logging
 import queue
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import grpc
 
@@ -239,7 +239,7 @@ class OptimizerHost(AttachLoop):
         out: "queue.Queue[Optional[opthost_pb2.HostMessage]]" = queue.Queue()
         out.put(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model=self.model)))
 
-        def requests():
+        def requests() -> Iterator[opthost_pb2.HostMessage]:
             while True:
                 m = out.get()
                 if m is None:
@@ -282,8 +282,8 @@ class OptimizerHost(AttachLoop):
                 res.params.CopyFrom(tensor_pb2.BlobInfo(model=self.model, version=st.version + 1,
                                                         total_bytes=len(blob), chunk_bytes=self.chunk_bytes))
                 out.put(opthost_pb2.HostMessage(result=res))
-                for c in iter_chunks(blob, self.chunk_bytes):
-                    out.put(opthost_pb2.HostMessage(chunk=tensor_pb2.Chunk(data=c)))
+                for piece in iter_chunks(blob, self.chunk_bytes):
+                    out.put(opthost_pb2.HostMessage(chunk=tensor_pb2.Chunk(data=piece)))
         finally:
             self.attached.clear()
             out.put(None)
@@ -292,7 +292,7 @@ class OptimizerHost(AttachLoop):
                 self._call = None
 
     @staticmethod
-    def _recv(it):
+    def _recv(it: Iterator[opthost_pb2.PrimaryMessage]) -> Optional[opthost_pb2.PrimaryMessage]:
         try:
             return next(it)
         except StopIteration:

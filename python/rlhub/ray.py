@@ -39,23 +39,23 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import ray
 
 from rlhub import errors
+from rlhub._sources import SourceSpec, failover_specs, open_source
 from rlhub.store import StoreClient
 from rlhub.tensors import save_bytes
-from rlhub.wsync import PushSource, Receiver, ShmSource, Source, StoreSource
+from rlhub.wsync import Receiver, Source
 
 __all__ = ["ReceiverActor", "ARSWorkerActor", "RlhubRayWeightUpdater", "start_receivers",
-           "start_ars_workers", "stop_ars_workers", "source_for"]
+           "start_ars_workers", "stop_ars_workers", "source_for", "SourceSpec", "failover_specs"]
 
 
-def source_for(via: str, hub: str, model: str, collector_id: str, shm_path: Optional[str] = None) -> Source:
-    """An rlhub source inside an actor: ``store``, ``push`` or ``shm``."""
-    if via == "store":
-        return StoreSource(hub, model)
-    if via == "push":
-        return PushSource(hub, model, collector_id=collector_id)
-    if via == "shm":
-        return ShmSource(shm_path, model=model)
-    raise ValueError("via must be store, push or shm")
+def source_for(via: str, hub: str, model: str, collector_id: str, shm_path: Optional[str] = None, *,
+               relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,
+               probe_every: float = 1.0) -> Source:
+    """An rlhub source inside an actor: ``store``, ``push``, ``shm`` or
+    ``failover`` (the relay's segment ``shm_path`` and stream ``relay``,
+    then the upstream ``hub``; or the ``failover`` list)."""
+    return open_source(via, hub, model, collector_id=collector_id, shm_path=shm_path, relay=relay,
+                       failover=failover, probe_every=probe_every)
 
 
 class ReceiverActor:
@@ -66,8 +66,11 @@ class ReceiverActor:
         model: the model's name in rlhub.
         make_module: builds the ``torch.nn.Module`` (or dict of tensors)
             the weights are copied into; it must pickle (Ray ships it).
-        via: ``store``, ``push`` or ``shm`` (a relay's segment on the
-            actor's node, ``shm_path``).
+        via: ``store``, ``push``, ``shm`` (a relay's segment on the
+            actor's node, ``shm_path``) or ``failover`` (that segment and/or
+            the stream of the relay at ``relay``, falling over to ``hub``
+            when the relay dies and back when it returns; ``failover``, a
+            list of :class:`SourceSpec`, to choose the order).
         collector_id: the id the actor reports under (default
             ``ray-<actor id>``).
         report_hub: where reports go when not ``hub`` (a push stream
@@ -76,13 +79,26 @@ class ReceiverActor:
 
     def __init__(self, hub: str, model: str, make_module: Callable[[], Any], *, via: str = "store",
                  collector_id: Optional[str] = None, shm_path: Optional[str] = None,
-                 report_hub: Optional[str] = None, strict: bool = True):
+                 report_hub: Optional[str] = None, strict: bool = True, relay: Optional[str] = None,
+                 failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0):
         ctx = ray.get_runtime_context()
         self.collector_id = collector_id or f"ray-{(ctx.get_actor_id() or 'driver')[:12]}"
         self.module = make_module()
-        src = source_for(via, hub, model, self.collector_id, shm_path)
+        if via == "failover" and failover is None:
+            failover = failover_specs(hub, relay=relay, relay_shm=shm_path)
+        # A failover source reports itself, to report_hub while on a segment.
+        src = source_for(via, (report_hub or hub) if via == "failover" else hub, model,
+                         self.collector_id, shm_path, relay=relay, failover=failover,
+                         probe_every=probe_every)
         self.receiver = Receiver(self.module, src, collector_id=self.collector_id, model=model,
-                                 hub=None if via == "push" else (report_hub or hub), strict=strict)
+                                 hub=None if via in ("push", "failover") else (report_hub or hub),
+                                 strict=strict)
+
+    def source(self) -> Optional[str]:
+        """The source in use: a failover source's current dialer
+        (``relay-shm``, ``relay``, ``upstream``), else the ``via``."""
+        src = self.receiver.source
+        return getattr(src, "current", None) or getattr(src, "via", None)
 
     def sync(self, timeout: Optional[float] = None, at_least: int = 0) -> int:
         """Applies the newest version if newer (waiting up to ``timeout``

@@ -23,7 +23,7 @@ import dataclasses
 import random
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
 
 import grpc
 
@@ -38,6 +38,10 @@ PULL_METHOD = "rlhub.v1.ModelStore/Pull"
 WATCH_METHOD = "rlhub.v1.ModelStore/Watch"
 
 EXPECT_ANY = object()
+
+_T = TypeVar("_T")
+_Alloc = Callable[[int], Any]
+"""alloc(n): a writable buffer of at least n bytes to receive a version into."""
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
@@ -130,10 +134,10 @@ class StoreClient:
     def __enter__(self) -> "StoreClient":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, fn):
+    def _call(self, fn: Callable[[], _T]) -> _T:
         """Runs fn, retrying with backoff on Unavailable; maps errors."""
         delay = 0.05
         for attempt in range(self.retries + 1):
@@ -160,40 +164,12 @@ class StoreClient:
             expect_any=expect is EXPECT_ANY,
         )
 
-        def requests():
+        def requests() -> Iterator[bytes]:
             yield store_pb2.StorePushRequest(header=header).SerializeToString()
             yield from chunk_messages(blob, self.chunk_bytes)
 
-        resp = self._call(lambda: self._push(requests(), timeout=self.timeout))
+        resp: store_pb2.StorePushResponse = self._call(lambda: self._push(requests(), timeout=self.timeout))
         return _info(resp.info)
-
-    def _read_version(self, it, framework: str) -> Optional[ModelVersion]:
-        """Reads one header + its chunks from a pull/watch stream."""
-        first = next(it, None)
-        if first is None:
-            return None
-        if isinstance(first, RawChunk) or not first.HasField("header"):
-            raise errors.InvalidArgument("stream did not start with a header")
-        h = first.header
-        if h.not_modified:
-            return None
-        asm = Assembler(h.blob.total_bytes)
-        got = 0
-        while got < h.blob.total_bytes:
-            msg = next(it, None)
-            if msg is None:
-                raise errors.InvalidArgument(f"stream ended after {got} of {h.blob.total_bytes} bytes")
-            if not isinstance(msg, RawChunk):
-                if not msg.HasField("chunk"):
-                    raise errors.InvalidArgument(f"a header arrived after {got} of {h.blob.total_bytes} bytes")
-                msg = msg.chunk
-            try:
-                asm.write(msg.data)
-            except ValueError as e:
-                raise errors.InvalidArgument(str(e)) from None
-            got += len(msg.data)
-        return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, asm.finish(), dict(h.metadata),
-                            h.created_unix_nano, h.skipped, framework)
 
     # --- reads -----------------------------------------------------------
 
@@ -203,7 +179,8 @@ class StoreClient:
         off = self._bulk_off_at
         return off is None or time.monotonic() - off > _bulk.NOT_SUPPORTED_FOR
 
-    def _bulk_read(self, method: str, header: bytes, alloc, timeout: float):
+    def _bulk_read(self, method: str, header: bytes, alloc: _Alloc,
+                   timeout: float) -> Optional[Tuple[store_pb2.StorePullHeader, Any]]:
         """One data-plane read with retries on Unavailable; returns
         ``(StorePullHeader, buffer)`` (buffer None when not modified), or
         None when this hub does not serve it (then use gRPC)."""
@@ -211,7 +188,7 @@ class StoreClient:
         for attempt in range(self.retries + 1):
             h = store_pb2.StorePullHeader()
 
-            def take(hb: bytes, n: int):
+            def take(hb: bytes, n: int) -> Any:
                 h.ParseFromString(hb)
                 if h.not_modified:
                     if n:
@@ -223,6 +200,7 @@ class StoreClient:
                     raise errors.QueueFull(f"version of {n} bytes exceeds the client's max_bytes {self.max_bytes}")
                 return alloc(n)
 
+            assert self._bulk is not None  # _use_bulk() said so
             try:
                 hb, buf = self._bulk.fetch(self.addr, method, header, take, timeout)
             except _bulk.NotSupported:
@@ -244,7 +222,8 @@ class StoreClient:
             return h, (None if h.not_modified else buf)
         raise AssertionError("unreachable")
 
-    def _read_version(self, it, framework: str, alloc=None) -> Optional[ModelVersion]:
+    def _read_version(self, it: Iterator[Any], framework: str,
+                      alloc: Optional[_Alloc] = None) -> Optional[ModelVersion]:
         """Reads one header + its chunks from a pull/watch stream into
         ``alloc(n)`` (default: a fresh buffer of exactly n bytes)."""
         first = next(it, None)
@@ -260,7 +239,7 @@ class StoreClient:
             raise errors.QueueFull(f"version of {total} bytes exceeds the client's max_bytes {self.max_bytes}")
         # np.empty, not bytearray(n): a bytearray is zero-filled first, one
         # more pass over fresh pages that costs as much as receiving them.
-        buf = memoryview(alloc(total) if alloc is not None else np.empty(total, np.uint8)).cast("B")
+        buf = (memoryview(alloc(total)) if alloc is not None else np.empty(total, np.uint8).data).cast("B")
         got = 0
         while got < total:
             msg = next(it, None)
@@ -280,12 +259,12 @@ class StoreClient:
                             h.created_unix_nano, h.skipped, framework)
 
     @staticmethod
-    def _version(h, buf, framework: str) -> ModelVersion:
+    def _version(h: store_pb2.StorePullHeader, buf: Any, framework: str) -> ModelVersion:
         return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, buf, dict(h.metadata),
                             h.created_unix_nano, h.skipped, framework)
 
     def _pull_raw(self, name: str, version: int, if_newer_than: Optional[int], framework: str,
-                  alloc=None) -> Optional[ModelVersion]:
+                  alloc: Optional[_Alloc] = None) -> Optional[ModelVersion]:
         req = store_pb2.StorePullRequest(model=name, version=version, chunk_bytes=self.chunk_bytes)
         if if_newer_than is not None:
             req.if_newer_than = if_newer_than
@@ -298,7 +277,7 @@ class StoreClient:
                     return None
                 return self._version(h, memoryview(buf).cast("B")[:h.blob.total_bytes], framework)
 
-        def do():
+        def do() -> Optional[ModelVersion]:
             it = iter(self._pull(req, timeout=self.timeout))
             return self._read_version(it, framework, alloc)
 
@@ -320,7 +299,7 @@ class StoreClient:
         yield from self._watch_raw(name, after, framework, timeout, None)
 
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
-                   alloc) -> Iterator[ModelVersion]:
+                   alloc: Optional[_Alloc]) -> Iterator[ModelVersion]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._use_bulk():
             left = self.timeout if deadline is None else deadline - time.monotonic()
@@ -344,18 +323,18 @@ class StoreClient:
         try:
             while True:
                 try:
-                    v = self._read_version(it, framework, alloc)
+                    mv = self._read_version(it, framework, alloc)
                 except grpc.RpcError as e:
                     raise errors.from_rpc_error(e) from None
-                if v is None:
+                if mv is None:
                     return
-                yield v
+                yield mv
         finally:
             call.cancel()
 
     # --- in place -----------------------------------------------------------
 
-    def _stage_alloc(self, n: int):
+    def _stage_alloc(self, n: int) -> np.ndarray:
         """The reused receive buffer, grown (once) to at least n bytes."""
         if self._stage.nbytes < n:
             self._stage = np.empty(n, np.uint8)
@@ -393,7 +372,7 @@ class StoreClient:
         t = Target(target)
         stage = [np.empty(0, np.uint8)]  # this watch's own receive buffer, reused
 
-        def alloc(n: int):
+        def alloc(n: int) -> np.ndarray:
             if stage[0].nbytes < n:
                 stage[0] = np.empty(n, np.uint8)
             return stage[0]
@@ -403,5 +382,6 @@ class StoreClient:
             yield v.version
 
     def list(self) -> List[ModelInfo]:
-        resp = self._call(lambda: self._stub.List(store_pb2.StoreListRequest(), timeout=self.timeout))
+        resp: store_pb2.StoreListResponse = self._call(
+            lambda: self._stub.List(store_pb2.StoreListRequest(), timeout=self.timeout))
         return [_info(m) for m in resp.models]

@@ -14,9 +14,12 @@ from __future__ import annotations
 import json
 import struct
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:  # torch is optional at run time: imported where used
+    import torch
 
 # safetensors dtype name -> (rank in the reference ordering, numpy dtype or None)
 _DTYPES: Dict[str, Tuple[int, Optional[np.dtype]]] = {
@@ -47,6 +50,9 @@ MAX_HEADER_BYTES = 100_000_000
 
 _TORCH_NAMES: Optional[Dict[Any, str]] = None
 
+_Entry = Tuple[str, str, Tuple[int, ...], memoryview]
+"""(tensor name, dtype name, shape, little-endian bytes)."""
+
 
 def _torch_dtype_name(t: Any) -> str:
     global _TORCH_NAMES
@@ -65,10 +71,10 @@ def _torch_dtype_name(t: Any) -> str:
             if hasattr(torch, attr):
                 names[getattr(torch, attr)] = name
         _TORCH_NAMES = names
-    name = names.get(t.dtype)
-    if name is None:
+    found = names.get(t.dtype)
+    if found is None:
         raise TypeError(f"unsupported torch dtype {t.dtype}")
-    return name
+    return found
 
 
 def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
@@ -80,7 +86,7 @@ def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
         t = t.contiguous()
         dt = _torch_dtype_name(t)
         raw = t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
-        return dt, tuple(t.shape), memoryview(raw).cast("B")
+        return dt, tuple(t.shape), raw.data.cast("B")
     a = np.asarray(value)
     key = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
     if a.dtype.byteorder == ">":
@@ -90,7 +96,7 @@ def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
         raise TypeError(f"tensor {name!r}: unsupported numpy dtype {a.dtype}")
     shape = tuple(int(d) for d in a.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
     a = np.ascontiguousarray(a)
-    return name_dt, shape, memoryview(a.reshape(-1).view(np.uint8))
+    return name_dt, shape, a.reshape(-1).view(np.uint8).data
 
 
 def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> Tuple[bytes, List[memoryview]]:
@@ -100,7 +106,7 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
     CPU memory where it is contiguous (no copy). The views are only valid
     while the tensors are unchanged. ``save_bytes`` joins them; the gradient
     client sends them as they are (one ``sendmsg``)."""
-    entries = []
+    entries: List[_Entry] = []
     for name, value in state_dict.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
             raise ValueError(f"bad tensor name {name!r}")
@@ -126,7 +132,7 @@ _HEADERS_MU = threading.Lock()
 _MAX_HEADERS = 64
 
 
-def _encode_header(entries, metadata: Optional[Mapping[str, str]]) -> bytes:
+def _encode_header(entries: Sequence[_Entry], metadata: Optional[Mapping[str, str]]) -> bytes:
     header: Dict[str, Any] = {}
     if metadata:
         header["__metadata__"] = {k: str(metadata[k]) for k in sorted(metadata)}
@@ -165,8 +171,8 @@ def parse_header(buf: memoryview) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
         raise ValueError(f"safetensors: header length {n} out of bounds")
     try:
         header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"safetensors: malformed header: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"safetensors: malformed header: {err}") from None
     if not isinstance(header, dict):
         raise ValueError("safetensors: header is not an object")
     metadata = header.pop("__metadata__", None) or {}
@@ -221,7 +227,7 @@ def load_bytes(blob: Any, framework: str = "numpy") -> Dict[str, Any]:
     return out
 
 
-def _torch_dtype(dt: str):
+def _torch_dtype(dt: str) -> "torch.dtype":
     import torch
 
     by_name = {
@@ -239,7 +245,7 @@ def _torch_dtype(dt: str):
     return by_name[dt]
 
 
-def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
+def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]) -> "torch.Tensor":
     import torch
 
     tdt = _torch_dtype(dt)
@@ -248,7 +254,7 @@ def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]):
     return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape)
 
 
-def _byte_view(name: str, value: Any):
+def _byte_view(name: str, value: Any) -> Tuple[str, Tuple[int, ...], Optional[np.ndarray]]:
     """(dtype name, shape, writable uint8 numpy view of the memory) for a
     CPU contiguous tensor or array, or (dtype, shape, None) when its bytes
     cannot be viewed (a GPU or non-contiguous tensor: copied through torch)."""
@@ -263,14 +269,14 @@ def _byte_view(name: str, value: Any):
     if not isinstance(value, np.ndarray):
         raise TypeError(f"tensor {name!r}: a {type(value).__name__}, want a torch tensor or numpy array")
     key = value.dtype
-    dt = _NP_TO_NAME.get(np.dtype(key)) if key.byteorder != ">" else None
-    if dt is None:
+    npdt = _NP_TO_NAME.get(np.dtype(key)) if key.byteorder != ">" else None
+    if npdt is None:
         raise TypeError(f"tensor {name!r}: unsupported numpy dtype {value.dtype}")
     if not value.flags.writeable:
         raise ValueError(f"tensor {name!r}: numpy array is read-only")
     if not value.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: numpy array is not C-contiguous")
-    return dt, tuple(int(d) for d in value.shape), value.reshape(-1).view(np.uint8)
+    return npdt, tuple(int(d) for d in value.shape), value.reshape(-1).view(np.uint8)
 
 
 def _short(name: str) -> str:
@@ -298,8 +304,8 @@ class Target:
         buf = memoryview(blob).cast("B")
         try:
             start, header, _ = parse_header(buf)
-        except ValueError as e:
-            raise errors.InvalidArgument(f"{what}: {e}") from None
+        except ValueError as err:
+            raise errors.InvalidArgument(f"{what}: {err}") from None
         diffs = []
         for k in header.keys() - self._views.keys():
             diffs.append(f"{_short(k)!r} is not in the target")
@@ -323,7 +329,7 @@ class Target:
                 t.detach().copy_(_to_torch_view(src[start + b:start + e], dt, shape))
 
 
-def _to_torch_view(raw: np.ndarray, dt: str, shape: Tuple[int, ...]):
+def _to_torch_view(raw: np.ndarray, dt: str, shape: Tuple[int, ...]) -> "torch.Tensor":
     """A torch view (no copy) of little-endian bytes as dtype ``dt``."""
     import torch
 

@@ -27,6 +27,13 @@ thread) and so never change weights in the middle of a batch::
         ...
         col.update_policy_weights_(trained_policy)   # MultiSync: push a new version (optional)
 
+**Failover.** ``via="failover"`` with ``relay=`` (the relay's address)
+and/or ``shm_path=`` (its segment) gives each receiver a
+:class:`rlhub.wsync.FailoverSource`: relay segment, relay stream, then the
+upstream ``hub``. A receiver whose relay dies takes the next rollout's
+version from the upstream and goes back to the relay once it serves again
+(checked at most every ``probe_every`` seconds, at rollout starts).
+
 **The version stamp.** With ``track_policy_version=True`` the collector's
 ``PolicyVersion`` transform writes ``("next", "policy_version")`` into every
 frame; the receiver sets it to the *rlhub* version the policy runs (not
@@ -64,7 +71,7 @@ import threading
 import uuid
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from tensordict import TensorDictBase  # type: ignore[import-untyped]
@@ -73,21 +80,18 @@ from torchrl.envs.transforms import Transform  # type: ignore[import-untyped]
 from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-untyped]
 
 from rlhub import errors
+from rlhub._sources import VIAS, SourceSpec, check_specs, failover_specs, open_source
 from rlhub.store import StoreClient
 from rlhub.tensors import save_bytes
-from rlhub.wsync import (PushSource, Receiver, ShmSource, Source, StoreSource, WeightVersion,
-                         copy_into)
+from rlhub.wsync import Receiver, Source, WeightVersion, copy_into
 
 log = logging.getLogger("rlhub.torchrl")
 
 __all__ = ["RlhubWeightSyncScheme", "RlhubWeightUpdater", "RlhubVersionTransform", "NameMap",
-           "PrefixMap", "make_name_map", "make_source", "VIAS"]
+           "PrefixMap", "make_name_map", "make_source", "VIAS", "SourceSpec", "failover_specs"]
 
 NameMap = Callable[[str], Optional[str]]
 """Maps a collector-side tensor name to the hub's name (None: not synced)."""
-
-VIAS = ("store", "push", "shm")
-
 
 class PrefixMap:
     """Collector name -> hub name: drop ``strip`` (names without it are
@@ -118,17 +122,16 @@ def make_name_map(strip_prefix: str = "", add_prefix: str = "",
 
 
 def make_source(via: str, hub: str, model: str, *, collector_id: str,
-                shm_path: Optional[str] = None, lease: bool = False) -> Source:
+                shm_path: Optional[str] = None, lease: bool = False, relay: Optional[str] = None,
+                failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0) -> Source:
     """An rlhub source: ``store`` (pull/watch), ``push`` (the hub's or a
-    relay's push stream at ``hub``) or ``shm`` (a relay's segment on this
-    host; default path ``/dev/shm/rlhub-<model>``)."""
-    if via == "store":
-        return StoreSource(hub, model)
-    if via == "push":
-        return PushSource(hub, model, collector_id=collector_id)
-    if via == "shm":
-        return ShmSource(shm_path, model=model, lease=lease)
-    raise ValueError(f"via must be one of {', '.join(VIAS)}")
+    relay's push stream at ``hub``), ``shm`` (a relay's segment on this
+    host; default path ``/dev/shm/rlhub-<model>``) or ``failover``: the
+    relay's segment (``shm_path``) and stream (``relay``), then the
+    upstream ``hub``, or the ``failover`` list, as a
+    :class:`rlhub.wsync.FailoverSource`."""
+    return open_source(via, hub, model, collector_id=collector_id, shm_path=shm_path, lease=lease,
+                       relay=relay, failover=failover, probe_every=probe_every)
 
 
 class _MappedTarget:
@@ -209,10 +212,19 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             the push stream for ``via="push"``, a relay's address works
             too). Reports of the version each receiver runs go here.
         model: the model's name in rlhub.
-        via: how receivers get versions: ``"store"``, ``"push"`` or
-            ``"shm"`` (a relay's segment on the receiver's host).
-        shm_path: the segment for ``via="shm"`` (default
-            ``/dev/shm/rlhub-<model>``).
+        via: how receivers get versions: ``"store"``, ``"push"``,
+            ``"shm"`` (a relay's segment on the receiver's host) or
+            ``"failover"`` (a relay's segment and/or stream, falling over to
+            the upstream ``hub`` when the relay dies and going back when it
+            serves again: :class:`rlhub.wsync.FailoverSource`).
+        shm_path: the segment for ``via="shm"`` or ``"failover"`` (default
+            for shm ``/dev/shm/rlhub-<model>``).
+        relay: the relay's address for ``via="failover"``.
+        failover: for ``via="failover"``, the sources in order of
+            preference (:class:`SourceSpec`, plain data that pickles into
+            workers) instead of relay segment, relay stream, ``hub``.
+        probe_every: how often, in seconds, a failover receiver on a less
+            preferred source tries the more preferred ones again.
         collector_id: the id receivers report under; worker ``i`` reports
             as ``<collector_id>-<i>``. Default ``torchrl-<pid>-<random>``.
         strip_prefix, add_prefix, name_map: see the module doc.
@@ -235,7 +247,9 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
     def __init__(self, hub: str, model: str, *, via: str = "store", shm_path: Optional[str] = None,
                  lease: bool = False, collector_id: Optional[str] = None, strip_prefix: str = "",
                  add_prefix: str = "", name_map: Optional[NameMap] = None, strict: bool = True,
-                 initial_timeout: float = 60.0, report_hub: Optional[str] = None):
+                 initial_timeout: float = 60.0, report_hub: Optional[str] = None,
+                 relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,
+                 probe_every: float = 1.0):
         super().__init__()  # torchrl's strategy is unused: rlhub copies the tensors
         if via not in VIAS:
             raise ValueError(f"via must be one of {', '.join(VIAS)}")
@@ -243,6 +257,11 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             raise ValueError("RlhubWeightSyncScheme needs a model name")
         self.hub, self.rlhub_model, self.via = hub, model, via
         self.shm_path, self.lease = shm_path, lease
+        self.relay, self.probe_every = relay, probe_every
+        self.failover: Optional[List[SourceSpec]] = None
+        if via == "failover":  # checked here, in the parent, not in each worker
+            self.failover = check_specs(failover) if failover is not None else \
+                failover_specs(hub, relay=relay, relay_shm=shm_path)
         self.collector_id = collector_id or f"torchrl-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.names = make_name_map(strip_prefix, add_prefix, name_map)
         self.strict = strict
@@ -366,11 +385,16 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
     def _open_receiver(self) -> Receiver:
         if self._receiver is None:
             cid = self.collector_id if self._worker_idx is None else f"{self.collector_id}-{self._worker_idx}"
-            src = make_source(self.via, self.hub, self.rlhub_model, collector_id=cid,
-                              shm_path=self.shm_path, lease=self.lease)
+            # (For failover the upstream is in self.failover already; the
+            # hub argument is where the source reports from a segment.)
+            src = make_source(self.via, self.report_hub if self.via == "failover" else self.hub,
+                              self.rlhub_model, collector_id=cid, shm_path=self.shm_path,
+                              lease=self.lease, failover=self.failover, probe_every=self.probe_every)
             target = _MappedTarget(self._current_model, self.names, self._device)
+            # A push stream, or a failover source, reports on its own.
+            own_reports = self.via in ("push", "failover")
             self._receiver = Receiver(target, src, collector_id=cid, model=self.rlhub_model,
-                                      hub=None if self.via == "push" else self.report_hub, strict=self.strict)
+                                      hub=None if own_reports else self.report_hub, strict=self.strict)
         return self._receiver
 
     def _current_model(self) -> Any:

@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
+import rlhub  # noqa: E402
 import rlhub.ray as rr  # noqa: E402
 import rlhub.wsync as ws  # noqa: E402
 
@@ -124,3 +125,48 @@ def test_ars_cartpole_with_ray_actor_workers(cluster, hub, tmp_path):
     assert s["reached_target"] and s["final_eval_mean"] >= 475, s
     assert sorted(st["node"] for st in stats) == sorted(cluster)
     assert all(st["tasks"] > 0 for st in stats), stats  # both nodes' workers served the run
+
+
+def test_failover_actors_follow_the_upstream_when_the_relay_is_killed(cluster, hub):
+    """via="failover": actors on both nodes read a real relay's segment; the
+    relay SIGKILLed, they sync to new versions from the upstream hub; the
+    relay restarted, they go back to its segment."""
+    import time
+
+    from relayproc import Relay
+
+    make = functools.partial(torch.nn.Linear, 4, 2)
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(1.0), version=1, expect=0)
+    relay = Relay(hub.binary, hub.addr, "pol").start()
+    actors = rr.start_receivers(2, rr.ReceiverActor, hub.addr, "pol", make, via="failover", relay=relay.listen,
+                                shm_path=relay.shm, probe_every=0.2, actor_options=pinned(cluster))
+    up = rr.RlhubRayWeightUpdater(actors, hub=hub.addr, model="pol")
+
+    def sources():
+        return ray.get([a.source.remote() for a in actors])
+
+    try:
+        assert up.push_weights() == [1, 1] and sources() == ["relay-shm", "relay-shm"]
+        relay.kill()
+        for v in (2, 3):  # only the upstream can deliver these now
+            assert up.push_weights(filled(float(v))) == [v, v]
+            assert sources() == ["upstream", "upstream"]
+        for sums in ray.get([a.sums.remote() for a in actors]):
+            assert sums == {"weight": 24.0, "bias": 6.0}
+
+        relay.start()
+        deadline = time.monotonic() + 60
+        while sources() != ["relay-shm", "relay-shm"]:
+            assert time.monotonic() < deadline, f"the actors did not return to the relay: {sources()}"
+            up.push_weights()  # each sync probes the relay at most every probe_every
+            time.sleep(0.1)
+        assert up.push_weights(filled(4.0)) == [4, 4] and sources() == ["relay-shm", "relay-shm"]
+        rows = {c.collector_id: (c.version, c.via) for m in ws.status(hub.addr, "pol") for c in m.collectors}
+        assert sorted(r for k, r in rows.items() if k.startswith("ray-")) == [(4, "shm"), (4, "shm")], rows
+    finally:
+        up.close()
+        ray.get([a.close.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
+        relay.stop()

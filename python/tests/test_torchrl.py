@@ -25,8 +25,11 @@ pytest.importorskip("gymnasium")
 # everything before a test turns warnings into errors.
 import torchrl.collectors  # noqa: E402
 from tensordict.nn import TensorDictModule, TensorDictSequential  # noqa: E402
-from torchrl.collectors import Collector, MultiSyncCollector, WeightUpdaterBase  # noqa: E402
+from torchrl.collectors import (Collector, MultiAsyncCollector, MultiSyncCollector,  # noqa: E402
+                                 WeightUpdaterBase)
+from torchrl.data import Unbounded  # noqa: E402
 from torchrl.envs import GymEnv, TransformedEnv  # noqa: E402
+from torchrl.envs.transforms import Transform  # noqa: E402
 
 import rlhub  # noqa: E402
 import rlhub.wsync as ws  # noqa: E402
@@ -174,6 +177,158 @@ def test_scheme_multisync(hub, store):
     assert store.pull(MODEL).version == 6
     rows = {c.collector_id: c.version for m in ws.status(hub.addr, MODEL) for c in m.collectors}
     assert rows.get("ms-0") == 6 and rows.get("ms-1") == 6, rows
+
+
+class WorkerTag(Transform):
+    """Writes ``worker`` = i into every step: which worker of a
+    MultiAsyncCollector a batch came from."""
+
+    def __init__(self, i: int):
+        super().__init__(in_keys=[], out_keys=["worker"])
+        self.i = i
+
+    def _tag(self, td):
+        td.set("worker", torch.full(td.shape, self.i, dtype=torch.int64))
+        return td
+
+    def _step(self, tensordict, next_tensordict):
+        return self._tag(next_tensordict)
+
+    def _reset(self, tensordict, tensordict_reset):
+        return self._tag(tensordict_reset)
+
+    def transform_observation_spec(self, observation_spec):
+        observation_spec["worker"] = Unbounded(shape=observation_spec.shape, dtype=torch.int64,
+                                               device=observation_spec.device)
+        return observation_spec
+
+
+def make_tagged_env(i: int) -> TransformedEnv:
+    return TransformedEnv(GymEnv("CartPole-v1"), WorkerTag(i))
+
+
+def test_scheme_multiasync(hub, store):
+    """MultiAsyncCollector with 3 workers over the push stream: batches
+    arrive from whichever worker is done, each stamped with the version its
+    worker ran; the parent pushes a new version whenever the newest one has
+    come back in a batch, and every worker ends on the newest (6)."""
+    workers, newest = 3, 6
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via="push", collector_id="ma", strip_prefix=PREFIX)
+    trainer = make_policy()
+    with torch.no_grad():
+        trainer[0].module[0].weight.zero_()
+    per_worker = {i: [] for i in range(workers)}
+    pushed = 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = MultiAsyncCollector([functools.partial(make_tagged_env, i) for i in range(workers)], make_policy(),
+                                  frames_per_batch=16, total_frames=-1, auto_register_policy_transforms=False,
+                                  track_policy_version=True, weight_sync_schemes={"policy": scheme})
+        try:
+            for i, batch in enumerate(col):
+                w = batch["worker"].unique().tolist()
+                assert len(w) == 1, f"a batch mixes workers {w}"
+                got = check_batch(batch)
+                assert len(got) == 1, f"worker {w[0]} changed weights inside a batch: {sorted(got)}"
+                per_worker[w[0]].append(got.pop())
+                if all(vs and vs[-1] == newest for vs in per_worker.values()):
+                    break
+                if pushed < newest and max(max(vs, default=0) for vs in per_worker.values()) == pushed:
+                    pushed += 1
+                    with torch.no_grad():
+                        trainer[0].module[0].bias.copy_(torch.tensor([float(pushed), -float(pushed)]))
+                    col.update_policy_weights_(trainer)  # -> scheme.send: version `pushed` in rlhub
+                    assert scheme.last_sent == pushed
+                if i > 600:
+                    pytest.fail(f"workers stuck at {per_worker}")
+        finally:
+            col.shutdown()
+            scheme.shutdown()
+    for w, vs in per_worker.items():  # each worker only moves forward
+        assert vs == sorted(vs) and vs[-1] == newest, (w, vs)
+    assert store.pull(MODEL).version == newest
+    rows = {c.collector_id: c.version for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+    assert all(rows.get(f"ma-{i}") == newest for i in range(workers)), rows
+
+
+def test_scheme_failover_when_the_relay_is_killed(hub, store):
+    """via="failover" in MultiSyncCollector workers fed by a real relay's
+    segment: the relay SIGKILLed, the workers' next rollouts run versions
+    from the upstream hub; the relay restarted, they return to its segment.
+    The hub's lag table shows which way each worker's version came."""
+    from relayproc import Relay
+
+    relay = Relay(hub.binary, hub.addr, MODEL).start()
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via="failover", relay=relay.listen, shm_path=relay.shm,
+                                   collector_id="fo", strip_prefix=PREFIX, probe_every=0.2)
+    assert [s.name for s in scheme.failover] == ["relay-shm", "relay", "upstream"]
+
+    def lag():
+        return {c.collector_id: (c.version, c.via) for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+
+    seen, rows = [], [[], []]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        col = MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1,
+                                 auto_register_policy_transforms=False, track_policy_version=True,
+                                 weight_sync_schemes={"policy": scheme})
+        it = iter(col)
+
+        def until(cond, what, batches=300):
+            for _ in range(batches):
+                batch = next(it)
+                seen.append(check_batch(batch))
+                for w in range(2):  # each worker applies at its own rollout start
+                    rows[w].append(check_batch(batch[w]))
+                if cond():
+                    return
+            pytest.fail(f"{what}: after {batches} batches, seen {seen[-5:]}, lag {lag()}")
+
+        try:
+            until(lambda: seen[-1] == {1}, "v1")
+            assert all(lag().get(f"fo-{i}") == (1, "shm") for i in range(2)), lag()
+
+            relay.kill()
+            for v in (2, 3):  # only the upstream can deliver these now
+                store.push(MODEL, weights(v), version=v, expect=v - 1)
+                until(lambda: seen[-1] == {v}, f"v{v} with the relay dead")
+            assert all(lag().get(f"fo-{i}") == (3, "push") for i in range(2)), lag()
+
+            # Back: the workers probe it at rollout starts and return. A
+            # worker that switches back reports with its next version (a
+            # version may still come from the upstream before its probe).
+            relay.start()
+            v = 3
+            while not all(lag().get(f"fo-{i}") == (v, "shm") for i in range(2)):
+                assert v < 10, f"the workers did not return to the relay's segment: {lag()}"
+                v += 1
+                store.push(MODEL, weights(v), version=v, expect=v - 1)
+                until(lambda: seen[-1] == {v}, f"v{v} after the relay's restart")
+        finally:
+            col.shutdown()
+            scheme.shutdown()
+            relay.stop()
+    for w, got in enumerate(rows):  # one version per worker's rollout, only moving forward
+        assert all(len(g) == 1 for g in got), (w, got)
+        flat = [g.pop() for g in got]
+        assert flat == sorted(flat) and flat[-1] == v, (w, flat)
+
+
+def test_scheme_failover_options_are_checked_and_pickle():
+    import pickle
+
+    from rlhub.torchrl import SourceSpec
+
+    with pytest.raises(ValueError, match="needs a relay"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover")
+    with pytest.raises(ValueError, match="via must be one of"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[("a", "carrier-pigeon", "x")])
+    with pytest.raises(ValueError, match="needs an address"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[("a", "push", "")])
+    with pytest.raises(ValueError, match="empty"):
+        RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[])
+    s = RlhubWeightSyncScheme("127.0.0.1:1", MODEL, via="failover", failover=[("up", "store", "127.0.0.1:2")])
+    assert pickle.loads(pickle.dumps(s)).failover == [SourceSpec("up", "store", "127.0.0.1:2")]
 
 
 def test_scheme_sender_on_trainer(hub, store):

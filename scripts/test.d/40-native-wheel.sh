@@ -18,6 +18,24 @@ rm -rf "$work/src/tests"
 python3 -m build --no-isolation --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1 ||
   { cat "$work/build.log"; exit 1; }
 python3 -m twine check --strict "$work"/dist/*
+# The licence: python/LICENSE is the root LICENSE, and both the wheel and
+# the sdist carry it with the SPDX expression in their metadata.
+cmp -s LICENSE python/LICENSE || { echo "wheel: python/LICENSE differs from LICENSE"; exit 1; }
+python3 - "$work"/dist/*.whl "$work"/dist/*.tar.gz <<'PY'
+import sys, tarfile, zipfile
+whl, sdist = sys.argv[1], sys.argv[2]
+lic = open("LICENSE", "rb").read()
+z = zipfile.ZipFile(whl)
+meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+assert "License-Expression: Apache-2.0" in meta.splitlines(), "wheel: no License-Expression: Apache-2.0"
+assert "License-File: LICENSE" in meta.splitlines(), "wheel: no License-File"
+lics = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+assert lics and z.read(lics[0]) == lic, f"wheel: licence text missing or different ({lics})"
+with tarfile.open(sdist) as t:
+    names = [m for m in t.getnames() if m.count("/") == 1 and m.endswith("/LICENSE")]
+    assert names and t.extractfile(names[0]).read() == lic, f"sdist: licence text missing ({names})"
+print(f"wheel: Apache-2.0 in the metadata; LICENSE in {whl.rsplit('/', 1)[-1]} and the sdist")
+PY
 
 python3 -m venv --system-site-packages "$work/venv"
 py="$work/venv/bin/python"

@@ -159,10 +159,17 @@ class FailoverSource:
                 if wv.version > than:
                     return self._took(wv)
             try:
-                return self._took(self._cur.get_if_newer(than))  # type: ignore[union-attr]
+                return self._took(self._in_use().get_if_newer(than))
             except errors.RlhubError as e:
                 self._drop_current(e)
         raise errors.Unavailable(f"every source of model {self.model!r} failed")
+
+    def _in_use(self) -> Source:
+        """The source in use (there is one after ``_ensure``)."""
+        cur = self._cur
+        if cur is None:
+            raise errors.Unavailable(f"no source of model {self.model!r} is in use")
+        return cur
 
     def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
         """Waits for a version newer than ``after``, failing over as needed;
@@ -180,7 +187,7 @@ class FailoverSource:
                 step = left if left is not None else self.probe_every
                 if self._idx > 0:
                     step = min(step, max(self._next_probe - time.monotonic(), 0.01))
-                return_wv = self._cur.wait_newer(after, step)  # type: ignore[union-attr]
+                return_wv = self._in_use().wait_newer(after, step)
                 if return_wv is not None:
                     return self._took(return_wv)
             except errors.RlhubError as e:

@@ -39,7 +39,11 @@ class PushSource:
         self.model = model
         self.collector_id = collector_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._own = channel_ is None
-        self._channel = channel_ or _channel(addr)
+        if channel_ is None:
+            if not addr:
+                raise ValueError("PushSource needs an address or a channel")
+            channel_ = _channel(addr)
+        self._channel = channel_
         self._max_bytes = max_bytes
         self._out: "queue.Queue[Optional[sync_pb2.SyncClientMessage]]" = queue.Queue()
         self._out.put(sync_pb2.SyncClientMessage(hello=sync_pb2.SyncHello(

@@ -9,6 +9,7 @@ import uuid
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from rlhub import errors
 from rlhub.store import channel as _channel
@@ -32,7 +33,7 @@ def _torch_dtypes() -> Dict[str, Any]:
 
 
 # safetensors dtypes numpy can copy (all but BF16 and the F8s).
-_NUMPY = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": "<i2", "U16": "<u2", "F16": "<f2",
+_NUMPY: Dict[str, "npt.DTypeLike"] = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": "<i2", "U16": "<u2", "F16": "<f2",
           "I32": "<i4", "U32": "<u4", "F32": "<f4", "C64": "<c8", "F64": "<f8", "I64": "<i8", "U64": "<u8"}
 
 
@@ -61,8 +62,8 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
     buf = memoryview(blob).cast("B")
     try:
         start, header, _ = parse_header(buf)
-    except ValueError as e:
-        raise errors.InvalidArgument(f"{what}: {e}") from None
+    except ValueError as err:
+        raise errors.InvalidArgument(f"{what}: {err}") from None
     dtypes = _torch_dtypes()
     problems: List[str] = []
     if strict:
@@ -104,9 +105,9 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
                 np.copyto(dst.detach().numpy().reshape(-1), np.frombuffer(raw, dtype=npdt))
                 torch.autograd.graph.increment_version(dst)
                 continue
-            if not writable:  # torch.frombuffer wants a writable buffer
-                raw = bytearray(raw)
-            dst.copy_(torch.frombuffer(raw, dtype=dt).view(dst.shape))
+            # torch.frombuffer wants a writable buffer
+            src = raw if writable else bytearray(raw)
+            dst.copy_(torch.frombuffer(src, dtype=dt).view(dst.shape))
 
 
 class Receiver:

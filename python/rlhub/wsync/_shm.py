@@ -435,7 +435,9 @@ class ShmSource:
             raise errors.InvalidArgument(f"shm segment {self.path} version {version}: {bad}") from None
         self._hq[self._lease_word(_LEASE_SLOT)] = best + 1  # releases the previous version's slot
         self._hq[self._lease_word(_LEASE_SEQ)] = s
-        _FENCE()
+        fence = _FENCE
+        assert fence is not None  # a source leases only when there is a fence (__init__)
+        fence()
         if q[base] != s:
             view.release()
             return None

@@ -34,7 +34,10 @@ class WeightVersion:
 class Source(Protocol):
     """Where a receiver gets versions (the Go ``wsync.Source``)."""
 
-    via: str
+    @property
+    def via(self) -> str:
+        """How versions arrive (``shm``, ``push``, ``pull`` …: the lag
+        table's ``via``); a class attribute or a property."""
 
     def get_if_newer(self, than: int) -> Optional[WeightVersion]:
         """The newest version if newer than ``than``, else None (never blocks)."""
