@@ -158,6 +158,7 @@ def test_python_clients_follow_the_primary_across_sigkill(rlhub_bin, tmp_path):
                         time.sleep(0.01)
                 st = grads.stats(hubs[pid].addr)
                 assert (st.total.pushed, st.total.applied) == (n, n), (rnd, st.total)
+                assert grads.unknown() == 0
                 if rnd < 2:
                     hubs[pid].proc.send_signal(signal.SIGKILL)
                     hubs[pid].proc.wait()
