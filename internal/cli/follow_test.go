@@ -1,14 +1,13 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -39,27 +38,23 @@ func startServeProc(t *testing.T, args string) *serveProc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The address file is written once the hub listens, primary or
+	// standby alike.
+	addrFile := filepath.Join(t.TempDir(), "addr")
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+args)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cmd.Env = append(os.Environ(), serveChildEnv+"="+args+" --addr-file "+addrFile)
+	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addrCh := make(chan string, 1)
-	go func() { // ends when the child dies (its stderr closes)
-		re := regexp.MustCompile(`hub serving" addr=(\S+)`)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addrCh <- m[1]
-			}
-		}
-	}()
-	return &serveProc{addr: testkit.Recv(t, addrCh, 60*time.Second, "rlhub serve to say where it listens"), cmd: cmd}
+	var addr string
+	testkit.Eventually(t, 60*time.Second, "rlhub serve to write its address file", func() bool {
+		b, err := os.ReadFile(addrFile)
+		addr = strings.TrimSpace(string(b))
+		return err == nil && addr != ""
+	})
+	return &serveProc{addr: addr, cmd: cmd}
 }
 
 func (p *serveProc) kill() { p.cmd.Process.Kill(); p.cmd.Wait() }
