@@ -170,12 +170,17 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 				return err == nil && s.Version == snap.Version+1
 			})
 		}
-		st, err := rc.HubStats(ctx, l.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The counters settle just after the version is visible.
+		var st reducer.Stats
+		testkit.Eventually(t, 30*time.Second, "the primary's counters to show every gradient", func() bool {
+			st, err = rc.HubStats(ctx, l.Addr)
+			return err == nil && st.Total.Applied >= n
+		})
 		if st.Total.Applied != n || st.Total.Pushed != n {
 			t.Fatalf("round %d: primary %s counted pushed %d applied %d, want %d each", round, l.ID, st.Total.Pushed, st.Total.Applied, n)
+		}
+		if snap, err := sc.Get(ctx, model, 0); err != nil || snap.Version != n+1 {
+			t.Fatalf("round %d: %s at version %v (%v), want %d: one version per gradient", round, model, snap, err, n+1)
 		}
 		if rc.Unknown() != 0 {
 			t.Fatalf("round %d: %d pushes of unknown outcome", round, rc.Unknown())
