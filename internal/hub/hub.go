@@ -33,6 +33,7 @@ import (
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
@@ -107,6 +108,15 @@ type Config struct {
 	MetricsRole string
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// WrapStore, when set, wraps the opened store before any service sees
+	// it: a cluster primary's fencing and replication (replica.Fenced).
+	// Close still closes the store it wrapped.
+	WrapStore func(store.Store) store.Store
+	// Gate, when set, is asked before every call on both planes except
+	// health checks, reflection and rlhub.v1.Cluster: a non-nil refusal
+	// (a primary that learnt it is deposed) is the answer, with its
+	// trailers (internal/cluster, the standby refusal).
+	Gate func() *cluster.Refusal
 	// Limits bounds what a client can make the hub hold: half-open
 	// connections, connections per peer, policy sizes. The zero value
 	// means the defaults noted on each field (docs/security.md, Limits).
@@ -222,7 +232,8 @@ type Drainer interface {
 // Hub is a running set of services behind one gRPC server.
 type Hub struct {
 	cfg      Config
-	store    store.Store // opened first, closed last
+	store    store.Store // opened first, closed last (wrapped by WrapStore)
+	opened   store.Store // what openStore returned: the one Close closes
 	grpc     *grpc.Server
 	health   *health.Server
 	services []Service
@@ -251,7 +262,10 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
-	h.store = st
+	h.store, h.opened = st, st
+	if cfg.WrapStore != nil {
+		h.store = cfg.WrapStore(st)
+	}
 	lim := h.cfg.Limits
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
@@ -267,6 +281,9 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if cfg.MetricsListen != "" {
 		grpcMetrics = metrics.NewGRPCServerMetrics()
 		opts = append(opts, grpcMetrics.ServerOptions()...)
+	}
+	if cfg.Gate != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(gateUnary(cfg.Gate)), grpc.ChainStreamInterceptor(gateStream(cfg.Gate)))
 	}
 	if cfg.Auth != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
@@ -298,6 +315,9 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	}
 	if cfg.Auth != nil {
 		h.bulk.Guard = cfg.Auth
+	}
+	if cfg.Gate != nil {
+		h.bulk.Guard = gateGuard{gate: cfg.Gate, next: h.bulk.Guard}
 	}
 	for _, s := range h.services {
 		s.Register(h.grpc)
@@ -542,7 +562,7 @@ func (h *Hub) Close() error {
 	if err := closeAll(h.services); err != nil {
 		errsOut = append(errsOut, err)
 	}
-	if err := h.store.Close(); err != nil {
+	if err := h.opened.Close(); err != nil {
 		errsOut = append(errsOut, err)
 	}
 	h.cfg.Logger.Info("hub stopped")
