@@ -54,6 +54,9 @@ func (f *Fenced) refused() error {
 func (f *Fenced) acknowledge(ctx context.Context) error {
 	if f.Source != nil {
 		if err := f.Source.Sync(ctx); err != nil {
+			if r := f.refused(); r != nil {
+				return r // deposed while waiting
+			}
 			return err
 		}
 	}

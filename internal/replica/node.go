@@ -294,7 +294,7 @@ func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 		case err != nil:
 		case l.ID != m.ID():
 			n.setLeader(&l)
-			err = n.follower.Follow(ctx, l)
+			err = n.followWhileLeading(ctx, m, l)
 			if ctx.Err() == nil {
 				n.cfg.Logger.Info("replica: stream from the primary ended", "primary", l.String(), "err", err)
 			}
@@ -304,6 +304,31 @@ func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// followWhileLeading follows l until its stream ends or etcd names
+// another primary (a stream from a primary that is stopped, not dead,
+// would otherwise hang until TCP gives up).
+func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l cluster.Leader) error {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			cur, err := m.Leader(fctx)
+			if errors.Is(err, cluster.ErrNoLeader) || err == nil && (cur.ID != l.ID || cur.Epoch != l.Epoch) {
+				cancel()
+				return
+			}
+		}
+	})
+	return n.follower.Follow(fctx, l)
 }
 
 // primaryTerm serves as primary for term: the hub opened on the data
@@ -316,11 +341,15 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	}
 	deposed := make(chan struct{})
 	var once sync.Once
+	var src *Source
 	depose := func() {
 		once.Do(func() {
 			n.mu.Lock()
 			n.deposed = true
 			n.mu.Unlock()
+			if src != nil {
+				src.Stop() // publishes waiting for acks fail now
+			}
 			close(deposed)
 		})
 	}
@@ -329,6 +358,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	n.terms++
 	n.promoted = time.Now()
 	n.mu.Unlock()
+	var err error
 	gate := func() *cluster.Refusal {
 		n.mu.Lock()
 		d := n.deposed
@@ -338,7 +368,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		}
 		return nil
 	}
-	src, err := NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout,
+	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout,
 		Logger: n.cfg.Logger, Standbys: func(ctx context.Context) ([]string, error) {
 			st, err := m.Status(ctx)
 			if err != nil {

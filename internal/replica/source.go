@@ -131,6 +131,16 @@ func (s *Source) Close() error {
 	return nil
 }
 
+// Stop makes every publish waiting in Sync, and every later one, fail at
+// once (a primary that learnt it is deposed); the streams end too. Close
+// still waits for them.
+func (s *Source) Stop() {
+	s.mu.Lock()
+	s.closed = true
+	s.bump()
+	s.mu.Unlock()
+}
+
 // bump wakes everyone waiting on a change; s.mu is held.
 func (s *Source) bump() {
 	close(s.changed)
@@ -151,6 +161,10 @@ func (s *Source) Commit(f func() error) error {
 func (s *Source) Sync(ctx context.Context) error {
 	if s.cfg.Acks == 0 {
 		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
+		}
 		s.unit++
 		s.bump()
 		s.mu.Unlock()
