@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -32,6 +33,11 @@ type Fenced struct {
 	Deposed func()
 }
 
+// etcdTimeout bounds each etcd read a write makes (the standbys before
+// it, the term check after): with etcd unreachable the write fails
+// within it instead of waiting for etcd.
+const etcdTimeout = 2 * time.Second
+
 var (
 	_ store.Lender      = (*Fenced)(nil)
 	_ store.Claimer     = (*Fenced)(nil)
@@ -49,11 +55,45 @@ func (f *Fenced) refused() error {
 	return nil
 }
 
+// prepare is the common head of every write: refuse when deposed, and
+// read (from etcd) the standbys the write will wait for, which fails
+// before anything changes when etcd is unreachable or the term is gone.
+func (f *Fenced) prepare(ctx context.Context) ([]string, error) {
+	if r := f.refused(); r != nil {
+		return nil, r
+	}
+	if f.Source == nil {
+		return nil, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	standbys, err := f.Source.Prepare(pctx)
+	if err != nil {
+		return nil, f.termError(err, "before writing")
+	}
+	return standbys, nil
+}
+
+// termError turns a failed etcd read or term check into the write's
+// error: the refusal when deposed, Unavailable otherwise.
+func (f *Fenced) termError(err error, when string) error {
+	if errors.Is(err, cluster.ErrDeposed) {
+		if f.Deposed != nil {
+			f.Deposed()
+		}
+		if r := f.refused(); r != nil {
+			return r
+		}
+		return cluster.NewRefusal(nil)
+	}
+	return fmt.Errorf("%w: cluster: etcd cannot confirm this hub's term %s (nothing is acknowledged): %v", errs.ErrUnavailable, when, err)
+}
+
 // acknowledge is the common tail of every write: replicate, then check
 // the term.
-func (f *Fenced) acknowledge(ctx context.Context) error {
+func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
 	if f.Source != nil {
-		if err := f.Source.Sync(ctx); err != nil {
+		if err := f.Source.Sync(ctx, standbys); err != nil {
 			if r := f.refused(); r != nil {
 				return r // deposed while waiting
 			}
@@ -63,17 +103,10 @@ func (f *Fenced) acknowledge(ctx context.Context) error {
 	if f.Check == nil {
 		return nil
 	}
-	if err := f.Check(ctx); err != nil {
-		if errors.Is(err, cluster.ErrDeposed) {
-			if f.Deposed != nil {
-				f.Deposed()
-			}
-			if r := f.refused(); r != nil {
-				return r
-			}
-			return cluster.NewRefusal(nil)
-		}
-		return fmt.Errorf("%w: term check before acknowledging: %v", errs.ErrUnavailable, err)
+	cctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	if err := f.Check(cctx); err != nil {
+		return f.termError(err, "before acknowledging")
 	}
 	return nil
 }
@@ -88,12 +121,13 @@ func (f *Fenced) commit(fn func() error) error {
 // Push writes req at the term's epoch (a client's own epoch is replaced:
 // in a cluster the term is the fencing token).
 func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
-	if r := f.refused(); r != nil {
-		return store.Info{}, r
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return store.Info{}, err
 	}
 	req.Epoch = f.Epoch
 	var info store.Info
-	err := f.commit(func() error {
+	err = f.commit(func() error {
 		var err error
 		info, err = f.Store.Push(ctx, req)
 		return err
@@ -101,7 +135,7 @@ func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, e
 	if err != nil {
 		return info, err
 	}
-	return info, f.acknowledge(ctx)
+	return info, f.acknowledge(ctx, standbys)
 }
 
 // Claim implements store.Claimer (replicated like a push).
@@ -110,13 +144,14 @@ func (f *Fenced) Claim(ctx context.Context, name, owner string) error {
 	if !ok {
 		return nil
 	}
-	if r := f.refused(); r != nil {
-		return r
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
 	}
 	if err := f.commit(func() error { return c.Claim(ctx, name, owner) }); err != nil {
 		return err
 	}
-	return f.acknowledge(ctx)
+	return f.acknowledge(ctx, standbys)
 }
 
 // Release implements store.Claimer.
@@ -125,13 +160,14 @@ func (f *Fenced) Release(ctx context.Context, name, owner string) error {
 	if !ok {
 		return nil
 	}
-	if r := f.refused(); r != nil {
-		return r
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
 	}
 	if err := f.commit(func() error { return c.Release(ctx, name, owner) }); err != nil {
 		return err
 	}
-	return f.acknowledge(ctx)
+	return f.acknowledge(ctx, standbys)
 }
 
 // Delete implements store.Deleter.
@@ -140,13 +176,14 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 	if !ok {
 		return fmt.Errorf("%w: this store cannot delete", errs.ErrInvalid)
 	}
-	if r := f.refused(); r != nil {
-		return r
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
 	}
 	if err := f.commit(func() error { return d.Delete(ctx, name) }); err != nil {
 		return err
 	}
-	return f.acknowledge(ctx)
+	return f.acknowledge(ctx, standbys)
 }
 
 // Lend implements store.Lender.

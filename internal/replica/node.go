@@ -134,7 +134,7 @@ func (n *Node) Run(ctx context.Context) error {
 	n.mu.Lock()
 	n.addr = addr
 	n.mu.Unlock()
-	n.cfg.Hub.Listen = addr // every role binds the same address
+	n.cfg.Hub.Listen = addr     // every role binds the same address
 	if n.cfg.Cluster.ID == "" { // unique per listening hub: hostname and port
 		host, _ := os.Hostname()
 		_, port, _ := net.SplitHostPort(addr)
@@ -373,6 +373,9 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 			st, err := m.Status(ctx)
 			if err != nil {
 				return nil, err
+			}
+			if st.Primary == nil || st.Primary.ID != m.ID() || st.Primary.Epoch != term.Epoch {
+				return nil, cluster.ErrDeposed
 			}
 			var out []string
 			for _, mi := range st.Members {

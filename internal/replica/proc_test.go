@@ -106,7 +106,11 @@ type testCluster struct {
 }
 
 func newCluster(t *testing.T, etcd string, n int, extra ...string) *testCluster {
-	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d", os.Getpid()), leaseTTL: "1s"}
+	return newClusterTTL(t, etcd, n, "1s", extra...)
+}
+
+func newClusterTTL(t *testing.T, etcd string, n int, ttl string, extra ...string) *testCluster {
+	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d", os.Getpid()), leaseTTL: ttl}
 	for i := range n {
 		h := &hubProc{t: t, id: fmt.Sprintf("h%d", i), data: t.TempDir(), args: extra}
 		c.hubs = append(c.hubs, h)

@@ -36,7 +36,9 @@ type SourceConfig struct {
 	// (at most N; fewer when fewer are registered).
 	Acks int
 	// Standbys lists the member ids of the standbys registered now (the
-	// cluster's members but this one); nil means none.
+	// cluster's members but this one); nil means none. It is read before
+	// every commit: an error (etcd unreachable, cluster.ErrDeposed) fails
+	// the publish before it changes anything.
 	Standbys func(ctx context.Context) ([]string, error)
 	// AckTimeout bounds a publish's wait for acknowledgements; 0 means 10s.
 	// A publish that times out fails with Unavailable (the version is in
@@ -155,10 +157,24 @@ func (s *Source) Commit(f func() error) error {
 	return f()
 }
 
+// Prepare reads, before a commit, which standbys the publish will wait
+// for (SourceConfig.Standbys: one etcd read, which also fails when etcd
+// is unreachable or the term is gone, so a publish that cannot be
+// acknowledged changes nothing).
+func (s *Source) Prepare(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
+	defer cancel()
+	standbys, err := s.cfg.Standbys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return standbys, nil
+}
+
 // Sync asks for a unit covering everything committed so far and waits
-// until enough standbys applied it (SourceConfig.Acks). With no standby
-// to wait for it returns at once.
-func (s *Source) Sync(ctx context.Context) error {
+// until enough of standbys (from Prepare) applied it (SourceConfig.Acks).
+// With no standby to wait for it returns at once.
+func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	if s.cfg.Acks == 0 {
 		s.mu.Lock()
 		if s.closed {
@@ -172,10 +188,6 @@ func (s *Source) Sync(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
 	defer cancel()
-	standbys, err := s.cfg.Standbys(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: replica: listing standbys: %v", errs.ErrUnavailable, err)
-	}
 	need := len(standbys)
 	if s.cfg.Acks > 0 {
 		need = min(need, s.cfg.Acks)
