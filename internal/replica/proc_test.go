@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,6 +30,8 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
 	)
 }
+
+var clusterSeq atomic.Int64
 
 var (
 	binOnce sync.Once
@@ -110,7 +113,7 @@ func newCluster(t *testing.T, etcd string, n int, extra ...string) *testCluster 
 }
 
 func newClusterTTL(t *testing.T, etcd string, n int, ttl string, extra ...string) *testCluster {
-	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d", os.Getpid()), leaseTTL: ttl}
+	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d-%d", os.Getpid(), clusterSeq.Add(1)), leaseTTL: ttl}
 	for i := range n {
 		h := &hubProc{t: t, id: fmt.Sprintf("h%d", i), data: t.TempDir(), args: extra}
 		c.hubs = append(c.hubs, h)
