@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/hub"
 )
 
@@ -125,6 +126,8 @@ func runClustered(ctx context.Context, h *hub.Hub, f *clusterFlags, logger *slog
 	if err != nil {
 		return err
 	}
+	// Cluster/Primary now answers with the election's leader.
+	h.Cluster().SetSource(clusterrpc.FromMember(m, f.name))
 	var wg sync.WaitGroup
 	cctx, cancel := context.WithCancel(ctx)
 	wg.Go(func() { campaignLoop(cctx, m, logger) })
