@@ -202,19 +202,19 @@ var refusalText = regexp.MustCompile(`this hub is a standby; the primary is (unk
 // idempotent lists the unary methods a follower may send again after a
 // connection died with the call in flight: reads, which change nothing.
 var idempotent = map[string]bool{
-	"/rlhub.v1.Cluster/Primary":                   true,
-	"/rlhub.v1.ModelStore/Pull":                   true,
-	"/rlhub.v1.ModelStore/List":                   true,
-	"/rlhub.v1.Reducer/Secondaries":               true,
-	"/rlhub.v1.Reducer/Stats":                     true,
-	"/rlhub.v1.ReducerPrimary/Describe":           true,
-	"/rlhub.v1.WeightSync/Status":                 true,
-	"/rlhub.v1.LearnerAggregator/Resources":       true,
-	"/rlhub.v1.LearnerAggregator/Status":          true,
-	"/rlhub.v1.LearnerAggregator/GetDataDemand":   true,
-	"/rlhub.v1.ARS/PullPolicy":                    true,
-	"/grpc.health.v1.Health/Check":                true,
-	"/grpc.health.v1.Health/List":                 true,
+	"/rlhub.v1.Cluster/Primary":                 true,
+	"/rlhub.v1.ModelStore/Pull":                 true,
+	"/rlhub.v1.ModelStore/List":                 true,
+	"/rlhub.v1.Reducer/Secondaries":             true,
+	"/rlhub.v1.Reducer/Stats":                   true,
+	"/rlhub.v1.ReducerPrimary/Describe":         true,
+	"/rlhub.v1.WeightSync/Status":               true,
+	"/rlhub.v1.LearnerAggregator/Resources":     true,
+	"/rlhub.v1.LearnerAggregator/Status":        true,
+	"/rlhub.v1.LearnerAggregator/GetDataDemand": true,
+	"/rlhub.v1.ARS/PullPolicy":                  true,
+	"/grpc.health.v1.Health/Check":              true,
+	"/grpc.health.v1.Health/List":               true,
 }
 
 // Idempotent reports whether a unary method may be sent again after its
