@@ -185,16 +185,35 @@ func Refusal(err error, trailer metadata.MD) (Primary, bool) {
 		}
 		return p, true
 	}
-	// Without the trailer (the data plane carries only the text): the
-	// contract's message.
-	if m := refusalText.FindStringSubmatch(st.Message()); m != nil {
-		if m[1] == "" {
-			return Primary{}, true
-		}
-		ep, _ := strconv.ParseUint(m[3], 10, 64)
-		return Primary{Addr: m[2], Epoch: ep}, true
+	// Without the trailer: the contract's message.
+	return RefusalText(st.Message())
+}
+
+// RefusalText reads a standby's refusal from its message (the data plane
+// carries only the text): the primary named (Addr "" when unknown), or
+// false when msg is not a refusal.
+func RefusalText(msg string) (Primary, bool) {
+	m := refusalText.FindStringSubmatch(msg)
+	if m == nil {
+		return Primary{}, false
 	}
-	return Primary{}, false
+	if m[1] == "unknown" {
+		return Primary{}, true
+	}
+	ep, _ := strconv.ParseUint(m[3], 10, 64)
+	return Primary{Addr: m[2], Epoch: ep}, true
+}
+
+// Offer tells the connection conn (from Config.GRPC on a cluster target)
+// of a standby's refusal seen elsewhere (on the data plane): it follows
+// the primary named, or resolves again when p.Addr is "". A plain
+// connection ignores it.
+func Offer(conn interface{ Target() string }, p Primary) {
+	if ep, ok := strings.CutPrefix(conn.Target(), followSchemeName+":///"); ok {
+		if f, ok := followers.Load(ep); ok {
+			f.(*follower).hint(p)
+		}
+	}
 }
 
 var refusalText = regexp.MustCompile(`this hub is a standby; the primary is (unknown|([^\s]+) \(epoch (\d+)\))`)
