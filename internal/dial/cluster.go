@@ -209,10 +209,8 @@ func RefusalText(msg string) (Primary, bool) {
 // the primary named, or resolves again when p.Addr is "". A plain
 // connection ignores it.
 func Offer(conn interface{ Target() string }, p Primary) {
-	if ep, ok := strings.CutPrefix(conn.Target(), followSchemeName+":///"); ok {
-		if f, ok := followers.Load(ep); ok {
-			f.(*follower).hint(p)
-		}
+	if f := followerOf(conn); f != nil {
+		f.hint(p)
 	}
 }
 
@@ -245,18 +243,22 @@ var followerSeq atomic.Uint64
 
 // CurrentPrimary is the primary a connection from Config.GRPC on a
 // cluster target follows now (for the data plane, which dials addresses
-// itself), or the one address of a plain target; false when conn was not
-// made by GRPC or no primary is known yet.
+// itself); false for any other connection, and while no primary is known.
 func CurrentPrimary(conn interface{ Target() string }) (Primary, bool) {
-	tgt := conn.Target()
-	if ep, ok := strings.CutPrefix(tgt, followSchemeName+":///"); ok {
-		if f, ok := followers.Load(ep); ok {
-			p := f.(*follower).current()
-			return p, p.Addr != ""
-		}
-		return Primary{}, false
+	if f := followerOf(conn); f != nil {
+		p := f.current()
+		return p, p.Addr != ""
 	}
-	return Primary{Addr: tgt}, tgt != ""
+	return Primary{}, false
+}
+
+func followerOf(conn interface{ Target() string }) *follower {
+	if ep, ok := strings.CutPrefix(conn.Target(), followSchemeName+":///"); ok {
+		if f, ok := followers.Load(ep); ok {
+			return f.(*follower)
+		}
+	}
+	return nil
 }
 
 // follow opens a connection that follows t's primary.
