@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/store/storeclient"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -40,6 +39,8 @@ type CollectorConfig struct {
 	Weights *StateDict
 	// Logger; nil means one that discards.
 	Logger *slog.Logger
+	// Security is TLS and the token; the zero value is plaintext.
+	Security Security
 }
 
 func (c *CollectorConfig) validate() error {
@@ -81,7 +82,7 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(cfg.Hub, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := cfg.Security.dial().GRPC(cfg.Hub)
 	if err != nil {
 		return nil, fmt.Errorf("rlhub: dial %s: %w", cfg.Hub, err)
 	}

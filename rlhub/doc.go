@@ -26,6 +26,13 @@
 //  4. Serves the aggregator's learn tasks with RunLearner, or the hub's
 //     ARS run with RunARSWorker.
 //
+// Every Config has a Security field (TLS, mutual TLS, a bearer token:
+// LoadSecurity, SecurityFromEnv), and every client connects through the
+// same seam as the rlhub binary. Every hub address may name a cluster
+// instead ("h1:p1,h2:p2", or ClusterTarget for etcd): the client then
+// finds the primary and follows it across failovers (docs/cluster.md,
+// Clients).
+//
 // Errors match the sentinels below with errors.Is (ErrStaleVersion,
 // ErrNotFound, …), whichever transport carried them.
 package rlhub

@@ -46,6 +46,8 @@ type GradConfig struct {
 	ClientID string
 	// MaxAttempts bounds tries per push; 0 means until the context ends.
 	MaxAttempts int
+	// Security is TLS and the token; the zero value is plaintext.
+	Security Security
 }
 
 // GradClient pushes gradients to the hub's reducer, failing over between
@@ -57,7 +59,7 @@ func DialGrads(cfg GradConfig) (*GradClient, error) {
 	if cfg.Hub == "" {
 		return nil, errors.New("rlhub: GradConfig.Hub is required")
 	}
-	c, err := reducer.NewClient(reducer.ClientConfig{Hub: cfg.Hub, ClientID: cfg.ClientID, MaxAttempts: cfg.MaxAttempts})
+	c, err := reducer.NewClient(reducer.ClientConfig{Hub: cfg.Hub, Dial: cfg.Security.dial(), ClientID: cfg.ClientID, MaxAttempts: cfg.MaxAttempts})
 	if err != nil {
 		return nil, err
 	}

@@ -11,7 +11,8 @@ import (
 
 // StoreConfig configures a StoreClient.
 type StoreConfig struct {
-	// Addr is the hub's address ("127.0.0.1:7470"); required.
+	// Addr is the hub's address ("127.0.0.1:7470"), or a cluster's
+	// (ClusterTarget, or "h1:p1,h2:p2"); required.
 	Addr string
 	// CallTimeout bounds a call whose context has no deadline; 0 means 2
 	// minutes (waits for a newer version are exempt).
@@ -21,6 +22,8 @@ type StoreConfig struct {
 	MaxAttempts int
 	// MaxModelBytes bounds a pulled version; 0 means 4 GiB.
 	MaxModelBytes int64
+	// Security is TLS and the token; the zero value is plaintext.
+	Security Security
 }
 
 func (c *StoreConfig) validate() error {
@@ -38,7 +41,7 @@ func DialStore(cfg StoreConfig) (*StoreClient, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c, err := storeclient.New(storeclient.Config{Addr: cfg.Addr, CallTimeout: cfg.CallTimeout,
+	c, err := storeclient.New(storeclient.Config{Addr: cfg.Addr, Dial: cfg.Security.dial(), CallTimeout: cfg.CallTimeout,
 		MaxAttempts: cfg.MaxAttempts, MaxModelBytes: cfg.MaxModelBytes})
 	if err != nil {
 		return nil, err

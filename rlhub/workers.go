@@ -7,9 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/learner"
 )
@@ -37,6 +34,8 @@ type LearnerConfig struct {
 	OnLearn func(ctx context.Context, t *LearnTask) (map[string]any, error)
 	// Logger; nil means one that discards.
 	Logger *slog.Logger
+	// Security is TLS and the token; the zero value is plaintext.
+	Security Security
 }
 
 // RunLearner attaches to the hub's aggregator and serves learn tasks until
@@ -49,7 +48,7 @@ func RunLearner(ctx context.Context, cfg LearnerConfig) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return learner.Run(ctx, learner.Config{Hub: cfg.Hub, ID: cfg.ID, Resources: cfg.Resources,
+	return learner.Run(ctx, learner.Config{Hub: cfg.Hub, Dial: cfg.Security.dial(), ID: cfg.ID, Resources: cfg.Resources,
 		OnDemand: cfg.OnDemand, OnLearn: cfg.OnLearn, Logger: cfg.Logger})
 }
 
@@ -67,6 +66,8 @@ type ARSWorkerConfig struct {
 	RetryFor time.Duration
 	// Logger; nil means one that discards.
 	Logger *slog.Logger
+	// Security is TLS and the token; the zero value is plaintext.
+	Security Security
 }
 
 // ARSWorkerStats counts what an ARS worker did.
@@ -82,7 +83,7 @@ func RunARSWorker(ctx context.Context, cfg ARSWorkerConfig) (ARSWorkerStats, err
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	conn, err := grpc.NewClient(cfg.Hub, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := cfg.Security.dial().GRPC(cfg.Hub)
 	if err != nil {
 		return ARSWorkerStats{}, fmt.Errorf("rlhub: dial %s: %w", cfg.Hub, err)
 	}

@@ -146,6 +146,9 @@ var Policy = []Rule{
 	{Method: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Role: Reader},
 	{Method: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Role: Reader},
 
+	// Where the primary is: every hub answers (internal/clusterrpc).
+	{Method: "/rlhub.v1.Cluster/Primary", Role: Reader},
+
 	// Model store.
 	{Method: "/rlhub.v1.ModelStore/Push", Role: Trainer, Model: field("header.blob.model")},
 	{Method: "/rlhub.v1.ModelStore/Pull", Role: Reader, Model: field("model")},

@@ -128,7 +128,7 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 	if err != nil {
 		return err
 	}
-	return node.Run(ctx)
+	return node.Run(ctx) // Cluster/Primary answers with the election in every role
 }
 
 func parseAcks(s string) (int, error) {

@@ -82,7 +82,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 				return err
 			}
 			cmd.SetContext(withDial(cmd.Context(), dc))
-			return nil
+			return applyClusterTarget(cmd)
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n") // --version prints what `rlhub version` does
@@ -111,6 +111,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newCertCmd(g),
 		newTokenCmd(g),
 	)
+	addClusterTargetFlags(root)
 	return root
 }
 

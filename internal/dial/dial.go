@@ -12,12 +12,19 @@
 //     (a component's tuned window sizes) come after the seam's own.
 //  3. cfg.Bulk() returns a data-plane client (package bulk) with the same
 //     TLS settings and token.
+//
+// An address may name a cluster instead of one hub ("h1:p1,h2:p2" or
+// "etcd://E/NAME", cluster.go): the connection then finds the primary
+// (Cluster/Primary, or etcd), follows it across failovers, and retries
+// only calls that provably were not applied or are reads; CurrentPrimary
+// tells the data plane where to dial.
 package dial
 
 import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -58,6 +65,10 @@ type Config struct {
 	// unanswered ping); 0 means DefaultKeepaliveTime, negative disables
 	// pings. The hub permits pings every 10 s (internal/hub).
 	KeepaliveTime time.Duration
+	// FollowTimeout bounds a unary call on a cluster target whose context
+	// has no deadline (it waits for a primary); 0 means
+	// DefaultFollowTimeout. Plain addresses are not affected.
+	FollowTimeout time.Duration
 }
 
 // Secure reports whether the configuration uses TLS.
@@ -92,7 +103,20 @@ func (c Config) Options() []grpc.DialOption {
 // GRPC opens a client connection to addr (lazily, as grpc.NewClient
 // does). extra options are applied after c's own, so a component may
 // raise window sizes or limits for its traffic.
+//
+// addr may be a cluster target (cluster.go: "h1:p1,h2:p2" or
+// "etcd://E/NAME"): the connection then follows the cluster's primary.
 func (c Config) GRPC(addr string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if strings.Contains(addr, ",") || strings.HasPrefix(addr, "etcd://") {
+		t, err := ParseTarget(addr)
+		if err != nil {
+			return nil, err
+		}
+		if t.Clustered() {
+			return c.follow(t, extra)
+		}
+		addr = t.Hubs[0]
+	}
 	conn, err := grpc.NewClient(addr, append(c.Options(), extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)

@@ -34,6 +34,7 @@ import (
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
@@ -241,6 +242,7 @@ type Hub struct {
 	sync     *wsync.Service      // one of services
 	agg      *aggregator.Service // one of services
 	ars      *arsrpc.Service     // one of services
+	cluster  *clusterrpc.Service // one of services: Cluster/Primary
 	metrics  *metrics.Server     // nil without MetricsListen
 
 	bulk *bulk.Server // the data plane beside grpc on the same port
@@ -417,8 +419,19 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		return nil, err
 	}
 	h.reducer = red
+	// Cluster/Primary: this hub answers itself until a cluster member
+	// sets the election as its source (rlhub serve --etcd).
+	csvc, err := clusterrpc.New(clusterrpc.Config{Self: rcfg.Addr})
+	if err := add(csvc, err); err != nil {
+		return nil, err
+	}
+	h.cluster = csvc
 	return out, nil
 }
+
+// Cluster is the hub's Cluster/Primary service; a clustered hub sets its
+// Source to the election (clusterrpc.FromMember).
+func (h *Hub) Cluster() *clusterrpc.Service { return h.cluster }
 
 // closeAll closes services newest first and joins their errors.
 func closeAll(services []Service) error {

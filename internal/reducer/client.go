@@ -25,7 +25,13 @@ import (
 
 // ClientConfig configures a reducer client.
 type ClientConfig struct {
-	// Hub is the address of the hub hosting the primary; required.
+	// Hub is the address of the hub hosting the primary; required. A
+	// cluster target ("h1,h2" or "etcd://E/NAME", internal/dial) follows
+	// the cluster's primary: a push refused by a standby is sent again to
+	// the primary, and a push whose outcome is unknown (the connection
+	// died after it was sent) is never sent to a different primary than
+	// the one that may have applied it: it fails with ErrOutcomeUnknown
+	// and is counted in Unknown (at most once: the caller counts it lost).
 	Hub string
 	// Dial is how to connect (TLS, token); the zero value is plaintext.
 	Dial dial.Config
@@ -81,9 +87,19 @@ type Client struct {
 	// refreshing is set while one push refreshes a stale list (the
 	// others carry on with the old one).
 	refreshing atomic.Bool
+	unknown    atomic.Uint64
 }
 
 type target struct{ addr, id string }
+
+// ErrOutcomeUnknown: a push's connection broke after it was sent and the
+// primary changed before it could be asked again; it may or may not have
+// been applied, and it is not sent again (at most once). Matches
+// errs.ErrUnavailable.
+var ErrOutcomeUnknown = fmt.Errorf("%w: reducer: the push's outcome is unknown (the primary changed): counted lost, not resent", errs.ErrUnavailable)
+
+// Unknown counts the pushes that failed with ErrOutcomeUnknown.
+func (c *Client) Unknown() uint64 { return c.unknown.Load() }
 
 // NewClient connects (lazily) to the hub.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -206,8 +222,8 @@ func (c *Client) refresh(ctx context.Context) error {
 	var ts []target
 	for _, s := range resp.GetSecondaries() {
 		addr := s.GetAddr()
-		if addr == "" {
-			addr = c.cfg.Hub
+		if addr == "" { // the primary hub's own secondary
+			addr = c.hubAddr()
 		}
 		ts = append(ts, target{addr, s.GetId()})
 	}
@@ -215,6 +231,22 @@ func (c *Client) refresh(ctx context.Context) error {
 	c.targets, c.refreshed = ts, time.Now()
 	c.mu.Unlock()
 	return nil
+}
+
+// hubAddr is the address of the primary's hub now: Hub itself, or the
+// primary a cluster target follows.
+func (c *Client) hubAddr() string {
+	if p, ok := dial.CurrentPrimary(c.hub); ok {
+		return p.Addr
+	}
+	return c.cfg.Hub
+}
+
+// epoch is the primary's term as the hub connection sees it (0 for a
+// plain address).
+func (c *Client) epoch() uint64 {
+	p, _ := dial.CurrentPrimary(c.hub)
+	return p.Epoch
 }
 
 // maybeRefresh refreshes the list when it is older than RefreshEvery; one
@@ -291,7 +323,13 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 	var stick target               // where the last attempt was refused for back-pressure
 	sticky := false
 	c.maybeRefresh(ctx)
+	epoch := c.epoch() // the primary this push is for
+	unknown := false   // an attempt may have been applied
 	for attempt := 1; ; attempt++ {
+		if unknown && c.epoch() != epoch {
+			c.unknown.Add(1)
+			return Receipt{}, fmt.Errorf("%w (epoch %d, now %d): %v", ErrOutcomeUnknown, epoch, c.epoch(), last)
+		}
 		if c.cfg.MaxAttempts > 0 && attempt > c.cfg.MaxAttempts {
 			return Receipt{}, last
 		}
@@ -337,7 +375,23 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 		}
 		last = err
 		switch {
+		case isRefusal(err):
+			// A standby: not applied. Follow the primary it names.
+			if p, ok := dial.Refusal(err, nil); ok {
+				dial.Offer(c.hub, p)
+			}
+			c.mu.Lock()
+			c.dead[t] = time.Now()
+			c.mu.Unlock()
+			_ = c.refresh(ctx)
+			if !sleepCtx(ctx, backoff) {
+				return Receipt{}, errors.Join(ctx.Err(), last)
+			}
+			backoff = min(2*backoff, 100*time.Millisecond)
 		case errors.Is(err, errs.ErrUnavailable) || isConnErr(err):
+			if !isDialErr(err) {
+				unknown = true // it may have reached the secondary
+			}
 			if unreachableSince.IsZero() {
 				unreachableSince = time.Now()
 			}
@@ -368,6 +422,22 @@ func (c *Client) jitter() float64 {
 func isConnErr(err error) bool {
 	var ne *net.OpError
 	return errors.As(err, &ne)
+}
+
+// isDialErr: the connection was never made, so nothing was sent.
+func isDialErr(err error) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) && ne.Op == "dial"
+}
+
+// isRefusal: a standby refused the push (gRPC or the data plane's error
+// frame, which carries the same text).
+func isRefusal(err error) bool {
+	if _, ok := dial.Refusal(err, nil); ok {
+		return true
+	}
+	_, ok := dial.RefusalText(err.Error())
+	return ok
 }
 
 func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq uint64, l *safetensors.Layout) (Receipt, error) {

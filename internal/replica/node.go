@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
@@ -221,7 +222,12 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) 
 		for i, s := range n.cfg.Extra {
 			extra[i] = s
 		}
-		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, extra)
+		csvc, err := clusterrpc.New(clusterrpc.Config{Self: n.Addr})
+		if err != nil {
+			return lis, err
+		}
+		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
+		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, append(extra, csvc))
 		term, err := n.standby(ctx, m)
 		sberr := sb.stop() // closes lis
 		lis = nil
@@ -401,6 +407,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		_ = m.Resign(rctx)
 		return nil
 	}
+	h.Cluster().SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
 	var startErr error
 	for range 50 { // the standby server just let go of the address
 		if startErr = h.Start(); startErr == nil {

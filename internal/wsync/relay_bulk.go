@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	hubdial "github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -71,7 +72,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			r.shmMu.Unlock()
 		}
 	}()
-	err := r.bulk.CallRecv(cctx, r.cfg.UpstreamAddr, storesvc.BulkWatchMethod,
+	err := r.bulk.CallRecv(cctx, r.upstreamAddr(), storesvc.BulkWatchMethod,
 		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
 		func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
@@ -162,4 +163,16 @@ func (r *Relay) beginShm(version, epoch uint64, n int) (*ShmWrite, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// upstreamAddr is where the data-plane watch dials: the primary that
+// Upstream follows when it is a cluster target (internal/dial), else
+// UpstreamAddr.
+func (r *Relay) upstreamAddr() string {
+	if c, ok := r.cfg.Upstream.(interface{ Target() string }); ok {
+		if p, ok := hubdial.CurrentPrimary(c); ok {
+			return p.Addr
+		}
+	}
+	return r.cfg.UpstreamAddr
 }

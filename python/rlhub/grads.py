@@ -394,7 +394,8 @@ class GradClient:
             r = self._hub.Secondaries(reducer_pb2.ReducerSecondariesRequest(), timeout=self.timeout)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
-        ts = [(s.addr or self.hub_addr, s.id) for s in r.secondaries]
+        hub = _channel.primary_addr(self._channel(self.hub_addr), self.hub_addr)  # a cluster's primary
+        ts = [(s.addr or hub, s.id) for s in r.secondaries]
         with self._mu:
             self._targets = ts
             self._refreshed = time.monotonic()

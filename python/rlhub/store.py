@@ -197,8 +197,13 @@ class StoreClient:
 
     # --- reads -----------------------------------------------------------
 
+    def _dp_addr(self) -> str:
+        """Where the data plane dials: the primary a cluster address
+        follows now, else the address."""
+        return _channel.primary_addr(self._channel, self.addr)
+
     def _use_bulk(self) -> bool:
-        if self._bulk is None or not self._bulk.supported(self.addr):
+        if self._bulk is None or not self._bulk.supported(self._dp_addr()):
             return False
         off = self._bulk_off_at
         return off is None or time.monotonic() - off > _bulk.NOT_SUPPORTED_FOR
@@ -224,7 +229,7 @@ class StoreClient:
                 return alloc(n)
 
             try:
-                hb, buf = self._bulk.fetch(self.addr, method, header, take, timeout)
+                hb, buf = self._bulk.fetch(self._dp_addr(), method, header, take, timeout)
             except _bulk.NotSupported:
                 self.stats["fallback"] += 1
                 return None

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rlhub/rlhub/internal/dial"
+)
+
+// hubFlagNames are the flags that name the hub a client command talks to.
+// Each takes a cluster target too (internal/dial): "h1:p1,h2:p2" or
+// "etcd://E/NAME".
+var hubFlagNames = []string{"hub", "upstream"}
+
+// addClusterTargetFlags gives every client command (one with a hub flag;
+// not serve, whose --etcd joins a cluster) --etcd and --cluster: the
+// primary is then read from etcd and followed, as if the hub flag were
+// dial.EtcdTarget(etcd, cluster).
+func addClusterTargetFlags(root *cobra.Command) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+		if c.Name() == "serve" || c.Flags().Lookup("etcd") != nil || hubFlag(c) == "" {
+			return
+		}
+		c.Flags().String("etcd", "", "etcd endpoints (comma-separated): follow the primary of --cluster, read from etcd, instead of --"+hubFlag(c))
+		c.Flags().String("cluster", "rlhub", "cluster name, with --etcd")
+	}
+	walk(root)
+}
+
+// hubFlag is the name of c's hub flag, or "".
+func hubFlag(c *cobra.Command) string {
+	for _, n := range hubFlagNames {
+		if c.LocalFlags().Lookup(n) != nil || c.InheritedFlags().Lookup(n) != nil {
+			return n
+		}
+	}
+	return ""
+}
+
+// applyClusterTarget turns --etcd/--cluster into the hub flag's value.
+func applyClusterTarget(cmd *cobra.Command) error {
+	if cmd.Name() == "serve" {
+		return nil
+	}
+	ef := cmd.Flags().Lookup("etcd")
+	name := hubFlag(cmd)
+	if ef == nil || name == "" || ef.Value.String() == "" {
+		return nil
+	}
+	if cmd.Flags().Changed(name) {
+		return fmt.Errorf("give --%s or --etcd, not both", name)
+	}
+	target := dial.EtcdTarget(ef.Value.String(), cmd.Flags().Lookup("cluster").Value.String())
+	if _, err := dial.ParseTarget(target); err != nil {
+		return fmt.Errorf("--etcd/--cluster: %w", err)
+	}
+	return cmd.Flags().Set(name, target)
+}

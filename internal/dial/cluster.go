@@ -1,0 +1,594 @@
+package dial
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/errs"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// A cluster target is an address string that names a cluster of hubs
+// instead of one hub; Config.GRPC given one returns a connection that
+// follows the cluster's primary:
+//
+//	host:port                 one hub (no following: today's behaviour)
+//	h1:p1,h2:p2,...           any of these hubs answers Cluster/Primary
+//	etcd://e1:2379,e2/NAME    read the primary of cluster NAME from etcd
+//
+// Every client that takes a hub address therefore takes a cluster too
+// (`--hub a,b,c`, or `--etcd E --cluster N`, which the CLI turns into the
+// etcd form with EtcdTarget).
+//
+// Following, as the connection does it (docs/cluster.md, Clients):
+//   - The primary is resolved before the first call, and again when a
+//     connection to it fails or is lost, and at once when a hub refuses a
+//     call as a standby (its trailer names the primary: that one is used).
+//     An answer whose epoch is older than one already seen is ignored.
+//   - Unary calls wait for a connection to the primary (gRPC's
+//     wait-for-ready) within their deadline, so a call made while there is
+//     none is sent once there is one: never sent, never applied.
+//   - A unary call refused as a standby was not applied: it is retried on
+//     the primary named, up to MaxFollowAttempts times. A unary call whose
+//     connection died after it was sent is retried only when idempotent
+//     (reads: pulls, lists, status); any other is returned to the caller
+//     (its outcome is unknown; a gradient push is counted lost).
+//   - Streams are not retried here (their messages are the caller's); a
+//     stream that fails makes the next resolve happen at once, so the
+//     caller's reconnect lands on the new primary.
+//   - A unary call whose context has no deadline gets FollowTimeout.
+
+// Metadata the hubs put in a standby's refusal (HELPERS contract; the hub
+// side is internal/cluster).
+const (
+	PrimaryTrailer = "rlhub-primary"
+	EpochTrailer   = "rlhub-epoch"
+)
+
+// Defaults of the cluster target's settings.
+const (
+	DefaultFollowTimeout   = 2 * time.Minute
+	DefaultResolveTimeout  = 3 * time.Second
+	MaxFollowAttempts      = 8
+	maxTargetBytes         = 4096
+	followBackoffBase      = 50 * time.Millisecond
+	followBackoffMax       = time.Second
+	resolveMinInterval     = 50 * time.Millisecond
+	followSchemeName       = "rlhub-cluster"
+	defaultEtcdClusterName = "rlhub"
+)
+
+// Target is a parsed address string.
+type Target struct {
+	// Hubs are the hub addresses given (one for a plain address).
+	Hubs []string
+	// Etcd are etcd client URLs (http://host:port); with Cluster, the
+	// primary is read from etcd.
+	Etcd    []string
+	Cluster string
+}
+
+// Clustered reports whether t follows a primary (more than one hub, or
+// etcd) rather than dialing one address.
+func (t Target) Clustered() bool { return len(t.Hubs) > 1 || len(t.Etcd) > 0 }
+
+// String renders t in the syntax ParseTarget reads.
+func (t Target) String() string {
+	if len(t.Etcd) > 0 {
+		eps := make([]string, len(t.Etcd))
+		for i, e := range t.Etcd {
+			eps[i] = strings.TrimPrefix(e, "http://")
+		}
+		return "etcd://" + strings.Join(eps, ",") + "/" + t.Cluster
+	}
+	return strings.Join(t.Hubs, ",")
+}
+
+var clusterName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// ParseTarget reads an address string (see the syntax above). Errors
+// quote the input bounded (errs.Quote).
+func ParseTarget(s string) (Target, error) {
+	if len(s) > maxTargetBytes {
+		return Target{}, fmt.Errorf("%w: dial: address of %d bytes is too long", errs.ErrInvalid, len(s))
+	}
+	if rest, ok := strings.CutPrefix(s, "etcd://"); ok {
+		// The name follows the last '/' (endpoints may be URLs).
+		eps, name := rest, defaultEtcdClusterName
+		if i := strings.LastIndex(rest, "/"); i >= 0 && !strings.HasSuffix(rest[:i], ":/") {
+			eps, name = rest[:i], rest[i+1:]
+		}
+		if !clusterName.MatchString(name) {
+			return Target{}, fmt.Errorf("%w: dial: cluster name %s must match %s", errs.ErrInvalid, errs.Quote(name), clusterName)
+		}
+		t := Target{Cluster: name}
+		for _, e := range strings.Split(eps, ",") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			if !strings.Contains(e, "://") {
+				e = "http://" + e
+			}
+			t.Etcd = append(t.Etcd, e)
+		}
+		if len(t.Etcd) == 0 {
+			return Target{}, fmt.Errorf("%w: dial: %s names no etcd endpoint", errs.ErrInvalid, errs.Quote(s))
+		}
+		return t, nil
+	}
+	var t Target
+	for _, h := range strings.Split(s, ",") {
+		if h = strings.TrimSpace(h); h == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(h); err != nil && strings.Contains(s, ",") {
+			return Target{}, fmt.Errorf("%w: dial: hub address %s in a list must be host:port", errs.ErrInvalid, errs.Quote(h))
+		}
+		t.Hubs = append(t.Hubs, h)
+	}
+	if len(t.Hubs) == 0 {
+		return Target{}, fmt.Errorf("%w: dial: empty hub address", errs.ErrInvalid)
+	}
+	return t, nil
+}
+
+// EtcdTarget is the address string of cluster name read from etcd
+// endpoints (comma-separated host:port or URLs): what --etcd and
+// --cluster become.
+func EtcdTarget(endpoints, name string) string {
+	if name == "" {
+		name = defaultEtcdClusterName
+	}
+	var eps []string
+	for _, e := range strings.Split(endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, strings.TrimPrefix(e, "http://"))
+		}
+	}
+	return "etcd://" + strings.Join(eps, ",") + "/" + name
+}
+
+// Primary is where a followed cluster's primary is, as a client saw it.
+type Primary struct {
+	Addr  string
+	Epoch uint64
+}
+
+// Refusal reads a standby's refusal from a call's error and trailer: the
+// primary it names (Addr "" when the standby does not know one) and true,
+// or false when err is not a standby refusal.
+func Refusal(err error, trailer metadata.MD) (Primary, bool) {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return Primary{}, false
+	}
+	if v := trailer.Get(PrimaryTrailer); len(v) > 0 {
+		p := Primary{Addr: v[0]}
+		if e := trailer.Get(EpochTrailer); len(e) > 0 {
+			p.Epoch, _ = strconv.ParseUint(e[0], 10, 64)
+		}
+		return p, true
+	}
+	// Without the trailer: the contract's message.
+	return RefusalText(st.Message())
+}
+
+// RefusalText reads a standby's refusal from its message (the data plane
+// carries only the text): the primary named (Addr "" when unknown), or
+// false when msg is not a refusal.
+func RefusalText(msg string) (Primary, bool) {
+	m := refusalText.FindStringSubmatch(msg)
+	if m == nil {
+		return Primary{}, false
+	}
+	if m[1] == "unknown" {
+		return Primary{}, true
+	}
+	ep, _ := strconv.ParseUint(m[3], 10, 64)
+	return Primary{Addr: m[2], Epoch: ep}, true
+}
+
+// Offer tells the connection conn (from Config.GRPC on a cluster target)
+// of a standby's refusal seen elsewhere (on the data plane): it follows
+// the primary named, or resolves again when p.Addr is "". A plain
+// connection ignores it.
+func Offer(conn interface{ Target() string }, p Primary) {
+	if f := followerOf(conn); f != nil {
+		f.hint(p)
+	}
+}
+
+var refusalText = regexp.MustCompile(`this hub is a standby; the primary is (unknown|([^\s]+) \(epoch (\d+)\))`)
+
+// idempotent lists the unary methods a follower may send again after a
+// connection died with the call in flight: reads, which change nothing.
+var idempotent = map[string]bool{
+	"/rlhub.v1.Cluster/Primary":                 true,
+	"/rlhub.v1.ModelStore/Pull":                 true,
+	"/rlhub.v1.ModelStore/List":                 true,
+	"/rlhub.v1.Reducer/Secondaries":             true,
+	"/rlhub.v1.Reducer/Stats":                   true,
+	"/rlhub.v1.ReducerPrimary/Describe":         true,
+	"/rlhub.v1.WeightSync/Status":               true,
+	"/rlhub.v1.LearnerAggregator/Resources":     true,
+	"/rlhub.v1.LearnerAggregator/Status":        true,
+	"/rlhub.v1.LearnerAggregator/GetDataDemand": true,
+	"/rlhub.v1.ARS/PullPolicy":                  true,
+	"/grpc.health.v1.Health/Check":              true,
+	"/grpc.health.v1.Health/List":               true,
+}
+
+// Idempotent reports whether a unary method may be sent again after its
+// outcome became unknown.
+func Idempotent(method string) bool { return idempotent[method] }
+
+var followers sync.Map // endpoint → *follower, while its connection is open
+var followerSeq atomic.Uint64
+
+// CurrentPrimary is the primary a connection from Config.GRPC on a
+// cluster target follows now (for the data plane, which dials addresses
+// itself); false for any other connection, and while no primary is known.
+func CurrentPrimary(conn interface{ Target() string }) (Primary, bool) {
+	if f := followerOf(conn); f != nil {
+		p := f.current()
+		return p, p.Addr != ""
+	}
+	return Primary{}, false
+}
+
+func followerOf(conn interface{ Target() string }) *follower {
+	if ep, ok := strings.CutPrefix(conn.Target(), followSchemeName+":///"); ok {
+		if f, ok := followers.Load(ep); ok {
+			return f.(*follower)
+		}
+	}
+	return nil
+}
+
+// follow opens a connection that follows t's primary.
+func (c Config) follow(t Target, extra []grpc.DialOption) (*grpc.ClientConn, error) {
+	f := &follower{cfg: c, t: t, seeds: map[string]*grpc.ClientConn{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	f.base, f.stopBase = context.WithCancel(context.Background())
+	f.timeout = c.FollowTimeout
+	if f.timeout <= 0 {
+		f.timeout = DefaultFollowTimeout
+	}
+	if len(t.Etcd) > 0 {
+		r, err := cluster.OpenReader(cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, DialTimeout: DefaultResolveTimeout})
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", t, err)
+		}
+		f.etcd = r
+	}
+	f.endpoint = strconv.FormatUint(followerSeq.Add(1), 10)
+	followers.Store(f.endpoint, f)
+	opts := append(c.Options(),
+		grpc.WithResolvers(f),
+		// The resolver is built once and closed with the connection.
+		grpc.WithIdleTimeout(0),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: followBackoffBase, Multiplier: 1.6, Jitter: 0.2, MaxDelay: followBackoffMax},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		grpc.WithChainUnaryInterceptor(f.unary),
+		grpc.WithChainStreamInterceptor(f.stream),
+	)
+	conn, err := grpc.NewClient(followSchemeName+":///"+f.endpoint, append(opts, extra...)...)
+	if err != nil {
+		f.shutdown()
+		return nil, fmt.Errorf("dial %s: %w", t, err)
+	}
+	conn.Connect() // build the resolver now: the first lookup starts at once
+	return conn, nil
+}
+
+// follower is one connection's resolver (resolver.Builder and
+// resolver.Resolver) and its interceptors. Its goroutine is started by
+// Build and stopped by Close, which gRPC calls when the connection closes.
+type follower struct {
+	cfg      Config
+	t        Target
+	endpoint string
+	timeout  time.Duration
+	etcd     *cluster.Reader
+
+	mu      sync.Mutex
+	cur     Primary
+	lastErr error
+	cc      resolver.ClientConn
+	seeds   map[string]*grpc.ClientConn // Cluster/Primary connections, by hub address
+
+	kick     chan struct{}
+	done     chan struct{}
+	base     context.Context // ends with done: bounds every lookup
+	stopBase context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+}
+
+func (f *follower) Scheme() string { return followSchemeName }
+
+func (f *follower) Build(_ resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	f.mu.Lock()
+	f.cc = cc
+	f.mu.Unlock()
+	f.wg.Go(f.loop)
+	f.ResolveNow(resolver.ResolveNowOptions{})
+	return f, nil
+}
+
+// ResolveNow asks the loop to resolve (gRPC calls it on every failed
+// connection attempt and lost connection).
+func (f *follower) ResolveNow(resolver.ResolveNowOptions) {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Close stops the loop and closes the seed connections and etcd.
+func (f *follower) Close() { f.shutdown() }
+
+func (f *follower) shutdown() {
+	f.stopOnce.Do(func() {
+		close(f.done)
+		f.stopBase()
+		f.wg.Wait()
+		followers.Delete(f.endpoint)
+		f.mu.Lock()
+		for _, c := range f.seeds {
+			c.Close()
+		}
+		f.seeds = nil
+		f.mu.Unlock()
+		if f.etcd != nil {
+			f.etcd.Close()
+		}
+	})
+}
+
+func (f *follower) current() Primary {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cur
+}
+
+// loop resolves on each kick until it has an answer, backing off while
+// none comes; kicks closer than resolveMinInterval are merged.
+func (f *follower) loop() {
+	wait := followBackoffBase
+	for {
+		select {
+		case <-f.done:
+			return
+		case <-f.kick:
+		}
+		for {
+			ctx, cancel := context.WithTimeout(f.base, DefaultResolveTimeout)
+			p, err := f.resolve(ctx)
+			cancel()
+			if err == nil {
+				f.offer(p)
+				wait = followBackoffBase
+				break
+			}
+			f.mu.Lock()
+			f.lastErr = err
+			cc, known := f.cc, f.cur.Addr != ""
+			f.mu.Unlock()
+			if !known && cc != nil {
+				cc.ReportError(err)
+			}
+			select {
+			case <-f.done:
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, followBackoffMax)
+		}
+		select {
+		case <-f.done:
+			return
+		case <-time.After(resolveMinInterval):
+		}
+	}
+}
+
+// offer makes p the primary unless an answer with a newer epoch was seen.
+func (f *follower) offer(p Primary) {
+	if p.Addr == "" {
+		return
+	}
+	f.mu.Lock()
+	if p.Epoch < f.cur.Epoch || p == f.cur {
+		f.mu.Unlock()
+		return
+	}
+	f.cur, f.lastErr = p, nil
+	cc := f.cc
+	f.mu.Unlock()
+	if cc != nil {
+		_ = cc.UpdateState(resolver.State{Addresses: []resolver.Address{{Addr: p.Addr, ServerName: HostOf(p.Addr)}}})
+	}
+}
+
+// resolve asks etcd, or every seed hub at once, where the primary is; of
+// the hubs' answers the one with the largest epoch wins.
+func (f *follower) resolve(ctx context.Context) (Primary, error) {
+	if f.etcd != nil {
+		l, err := f.etcd.Leader(ctx)
+		if err != nil {
+			return Primary{}, err
+		}
+		return Primary{Addr: l.Addr, Epoch: l.Epoch}, nil
+	}
+	type answer struct {
+		p   Primary
+		err error
+	}
+	answers := make(chan answer, len(f.t.Hubs))
+	for _, h := range f.t.Hubs {
+		conn, err := f.seed(h)
+		if err != nil {
+			answers <- answer{err: err}
+			continue
+		}
+		go func() {
+			r, err := rlhubv1.NewClusterClient(conn).Primary(ctx, &rlhubv1.PrimaryRequest{})
+			if err != nil {
+				answers <- answer{err: fmt.Errorf("%s: %w", h, err)}
+				return
+			}
+			answers <- answer{p: Primary{Addr: r.GetAddress(), Epoch: r.GetEpoch()}}
+		}()
+	}
+	var best Primary
+	var errsOut []error
+	for range f.t.Hubs {
+		a := <-answers
+		if a.err != nil {
+			errsOut = append(errsOut, a.err)
+			continue
+		}
+		if a.p.Addr != "" && (best.Addr == "" || a.p.Epoch > best.Epoch) {
+			best = a.p
+		}
+	}
+	if best.Addr == "" {
+		if len(errsOut) == 0 {
+			return Primary{}, fmt.Errorf("%w: no hub of %s knows a primary (an election is running)", errs.ErrUnavailable, f.t)
+		}
+		return Primary{}, fmt.Errorf("%w: no hub of %s answered where the primary is: %w", errs.ErrUnavailable, f.t, errors.Join(errsOut...))
+	}
+	return best, nil
+}
+
+func (f *follower) seed(addr string) (*grpc.ClientConn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seeds == nil {
+		return nil, errors.New("dial: connection closed")
+	}
+	if c, ok := f.seeds[addr]; ok {
+		return c, nil
+	}
+	c, err := f.cfg.GRPC(addr, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: followBackoffBase, Multiplier: 1.6, Jitter: 0.2, MaxDelay: followBackoffMax}}))
+	if err != nil {
+		return nil, err
+	}
+	f.seeds[addr] = c
+	return c, nil
+}
+
+// hint acts on a standby's refusal: use the primary it names, or resolve
+// again when it names none.
+func (f *follower) hint(p Primary) {
+	if p.Addr == "" {
+		f.ResolveNow(resolver.ResolveNowOptions{})
+		return
+	}
+	f.offer(p)
+}
+
+// noPrimary is the error of a call that never found a primary in time.
+func (f *follower) noPrimary(err error) error {
+	f.mu.Lock()
+	cur, last := f.cur, f.lastErr
+	f.mu.Unlock()
+	where := "no primary found yet"
+	if cur.Addr != "" {
+		where = fmt.Sprintf("last primary %s (epoch %d) not reachable", cur.Addr, cur.Epoch)
+	}
+	if last != nil {
+		return status.Errorf(status.Code(err), "rlhub: cluster %s: %s; last lookup: %v", f.t, where, last)
+	}
+	return status.Errorf(status.Code(err), "rlhub: cluster %s: %s: %v", f.t, where, status.Convert(err).Message())
+}
+
+func (f *follower) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+	}
+	wait := followBackoffBase
+	for attempt := 1; ; attempt++ {
+		var tr metadata.MD
+		err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Trailer(&tr)}, opts...)...)
+		if err == nil {
+			return nil
+		}
+		code := status.Code(err)
+		if code == codes.DeadlineExceeded && ctx.Err() != nil {
+			return f.noPrimary(err)
+		}
+		if code != codes.Unavailable {
+			return err
+		}
+		if p, ok := Refusal(err, tr); ok {
+			f.hint(p) // not applied: safe to send again
+		} else {
+			f.ResolveNow(resolver.ResolveNowOptions{})
+			if !Idempotent(method) {
+				return err // sent, outcome unknown: the caller decides
+			}
+		}
+		if attempt >= MaxFollowAttempts {
+			return f.noPrimary(err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return f.noPrimary(err)
+		case <-t.C:
+		}
+		wait = min(2*wait, followBackoffMax)
+	}
+}
+
+func (f *follower) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		if status.Code(err) == codes.Unavailable {
+			f.ResolveNow(resolver.ResolveNowOptions{})
+		}
+		return nil, err
+	}
+	return &followedStream{ClientStream: s, f: f}, nil
+}
+
+// followedStream notices a refusal or a dead connection on a stream.
+type followedStream struct {
+	grpc.ClientStream
+	f *follower
+}
+
+func (s *followedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil && status.Code(err) == codes.Unavailable {
+		if p, ok := Refusal(err, s.ClientStream.Trailer()); ok {
+			s.f.hint(p)
+		} else {
+			s.f.ResolveNow(resolver.ResolveNowOptions{})
+		}
+	}
+	return err
+}

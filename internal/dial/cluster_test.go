@@ -1,0 +1,327 @@
+package dial_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/clusterrpc"
+	"github.com/rlhub/rlhub/internal/dial"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/hub/hubtest"
+	"github.com/rlhub/rlhub/internal/testkit"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// etcd's client keeps a resolver goroutine per process.
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"))
+}
+
+func TestParseTarget(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:7470":                 "127.0.0.1:7470",
+		"a:1, b:2,":                      "a:1,b:2",
+		"etcd://127.0.0.1:2379/demo":     "etcd://127.0.0.1:2379/demo",
+		"etcd://e1:1,http://e2:2/c.1":    "etcd://e1:1,e2:2/c.1",
+		"etcd://127.0.0.1:2379":          "etcd://127.0.0.1:2379/rlhub",
+		dial.EtcdTarget("e:1, e:2", "x"): "etcd://e:1,e:2/x",
+	} {
+		got, err := dial.ParseTarget(in)
+		if err != nil || got.String() != want {
+			t.Errorf("ParseTarget(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	if tg, _ := dial.ParseTarget("a:1"); tg.Clustered() {
+		t.Error("one address is not a cluster target")
+	}
+	for _, bad := range []string{"", ",", "a:1,nocolon", "etcd:///c", "etcd://e:1/bad name", strings.Repeat("a:1,", 2000)} {
+		_, err := dial.ParseTarget(bad)
+		if !errors.Is(err, errs.ErrInvalid) || len(err.Error()) > 400 {
+			t.Errorf("ParseTarget(%.40q): %v, want a short ErrInvalid", bad, err)
+		}
+		if _, err := (dial.Config{}).GRPC(bad); bad != "" && err == nil {
+			t.Errorf("GRPC(%.40q) dialed", bad)
+		}
+	}
+}
+
+// standby is a scripted hub speaking the standby contract (HELPERS,
+// internal/cluster refusal): it names a primary on Cluster/Primary and
+// refuses every other call with Unavailable and the rlhub-primary /
+// rlhub-epoch trailer. The client side is what is under test here; real
+// standbys are in the cluster tests.
+type standby struct {
+	rlhubv1.UnimplementedClusterServer
+	self    string
+	primary atomic.Pointer[string]
+	epoch   atomic.Uint64
+	calls   atomic.Int64 // refused calls
+	// die, when set, stops the server while a Register is in flight (its
+	// outcome is then unknown to the client).
+	die func()
+}
+
+func (s *standby) Primary(context.Context, *rlhubv1.PrimaryRequest) (*rlhubv1.PrimaryResponse, error) {
+	p := *s.primary.Load()
+	return &rlhubv1.PrimaryResponse{Address: p, Epoch: s.epoch.Load(), Self: p == s.self}, nil
+}
+
+func (s *standby) refuse(ctx context.Context) error {
+	s.calls.Add(1)
+	p, ep := *s.primary.Load(), s.epoch.Load()
+	grpc.SetTrailer(ctx, metadata.Pairs(dial.PrimaryTrailer, p, dial.EpochTrailer, fmt.Sprint(ep)))
+	return status.Errorf(codes.Unavailable, "rlhub: this hub is a standby; the primary is %s (epoch %d)", p, ep)
+}
+
+type standbyStore struct {
+	rlhubv1.UnimplementedModelStoreServer
+	*standby
+}
+
+type standbyReducer struct {
+	rlhubv1.UnimplementedReducerServer
+	*standby
+}
+
+func (s standbyStore) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
+	return nil, s.refuse(ctx)
+}
+
+func (s standbyReducer) Register(ctx context.Context, _ *rlhubv1.ReducerRegisterRequest) (*rlhubv1.ReducerRegisterResponse, error) {
+	if s.die != nil {
+		s.calls.Add(1)
+		go s.die()
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return nil, s.refuse(ctx)
+}
+
+func startStandby(t *testing.T, primary string, epoch uint64) *standby {
+	t.Helper()
+	lis := testkit.Listen(t)
+	s := &standby{self: lis.Addr().String()}
+	s.primary.Store(&primary)
+	s.epoch.Store(epoch)
+	testkit.ServeGRPC(t, lis, func(g *grpc.Server) {
+		rlhubv1.RegisterClusterServer(g, s)
+		rlhubv1.RegisterModelStoreServer(g, standbyStore{standby: s})
+		rlhubv1.RegisterReducerServer(g, standbyReducer{standby: s})
+	})
+	return s
+}
+
+// clustered makes h answer Cluster/Primary as the primary of epoch ep.
+func clustered(h *hub.Hub, ep uint64) {
+	addr := h.Addr().String()
+	h.Cluster().SetSource(func(context.Context) (clusterrpc.Info, error) {
+		return clusterrpc.Info{Addr: addr, Epoch: ep, Self: true, Cluster: "c"}, nil
+	})
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// A write refused by a standby was not applied: the connection moves to
+// the primary the refusal names and sends it there, once.
+func TestRefusedCallIsSentToThePrimaryNamed(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	clustered(h, 8)
+	// The standby claims to be primary at epoch 7 (what a deposed primary
+	// believes), so the client starts there, then refuses naming h at 8.
+	sb := startStandby(t, "", 7)
+	*sb.primary.Load() = sb.self
+	conn, err := dial.Config{}.GRPC(sb.self + "," + sb.self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if p, ok := dial.CurrentPrimary(conn); ok {
+		t.Logf("before any call the primary is already %v", p)
+	}
+	testkit.Eventually(t, 10*time.Second, "the first lookup", func() bool {
+		p, ok := dial.CurrentPrimary(conn)
+		return ok && p.Addr == sb.self
+	})
+	hubAddr := h.Addr().String()
+	sb.primary.Store(&hubAddr)
+	sb.epoch.Store(8)
+	red := rlhubv1.NewReducerClient(conn)
+	// The registration has no learning rate: the primary's reducer's own
+	// answer (InvalidArgument) shows the call reached it.
+	_, err = red.Register(ctx(t), &rlhubv1.ReducerRegisterRequest{Model: "m"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "lr 0") {
+		t.Fatalf("Register through a standby: %v, want the primary reducer's InvalidArgument", err)
+	}
+	if n := sb.calls.Load(); n != 1 {
+		t.Fatalf("the standby saw %d calls, want the 1 it refused", n)
+	}
+	if p, _ := dial.CurrentPrimary(conn); p.Addr != hubAddr || p.Epoch != 8 {
+		t.Fatalf("following %v, want %s epoch 8", p, hubAddr)
+	}
+	// An answer from an older epoch is not followed back.
+	old := sb.self
+	sb.primary.Store(&old)
+	sb.epoch.Store(7)
+	if _, err := rlhubv1.NewModelStoreClient(conn).List(ctx(t), &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := dial.CurrentPrimary(conn); p.Addr != hubAddr {
+		t.Fatalf("followed an older epoch to %v", p)
+	}
+}
+
+// A write whose connection died after it was sent has an unknown outcome:
+// it comes back to the caller, never sent again; a read is sent again and
+// lands on the new primary.
+func TestUnknownOutcomeIsNotResent(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	lis := testkit.Listen(t)
+	self := lis.Addr().String()
+	sb := &standby{self: self}
+	sb.primary.Store(&self)
+	sb.epoch.Store(3)
+	srv := grpc.NewServer()
+	rlhubv1.RegisterClusterServer(srv, sb)
+	rlhubv1.RegisterReducerServer(srv, standbyReducer{standby: sb})
+	rlhubv1.RegisterModelStoreServer(srv, standbyStore{standby: sb})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	defer srv.Stop()
+	sb.die = func() {
+		// The primary dies with the call in flight; h is elected.
+		clustered(h, 4)
+		srv.Stop()
+	}
+	conn, err := dial.Config{}.GRPC(self + "," + h.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = rlhubv1.NewReducerClient(conn).Register(ctx(t), &rlhubv1.ReducerRegisterRequest{Model: "m"})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Register whose server died: %v, want Unavailable", err)
+	}
+	if n := sb.calls.Load(); n != 1 {
+		t.Fatalf("the dead primary saw %d Registers, want 1 (never resent)", n)
+	}
+	testkit.Recv(t, served, 10*time.Second, "the dead primary's Serve")
+	// The next call finds the new primary.
+	if _, err := rlhubv1.NewModelStoreClient(conn).List(ctx(t), &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatalf("List after failover: %v", err)
+	}
+	if p, _ := dial.CurrentPrimary(conn); p.Addr != h.Addr().String() || p.Epoch != 4 {
+		t.Fatalf("following %v, want %s epoch 4", p, h.Addr())
+	}
+}
+
+// With no hub answering, a call waits within its deadline and fails with
+// an error that says what was tried.
+func TestNoPrimaryIsAClearError(t *testing.T) {
+	dead := [2]string{}
+	for i := range dead {
+		l := testkit.Listen(t)
+		dead[i] = l.Addr().String()
+		l.Close()
+	}
+	conn, err := dial.Config{}.GRPC(dead[0] + "," + dead[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = rlhubv1.NewModelStoreClient(conn).List(c, &rlhubv1.StoreListRequest{})
+	if c := status.Code(err); (c != codes.DeadlineExceeded && c != codes.Unavailable) || !strings.Contains(err.Error(), "no hub of "+dead[0]) {
+		t.Fatalf("List with no hub: %v", err)
+	}
+}
+
+func TestRefusalParsesTheContract(t *testing.T) {
+	st := status.Error(codes.Unavailable, "rlhub: this hub is a standby; the primary is 10.0.0.1:7470 (epoch 42)")
+	if p, ok := dial.Refusal(st, nil); !ok || p.Addr != "10.0.0.1:7470" || p.Epoch != 42 {
+		t.Fatalf("from the text: %v %v", p, ok)
+	}
+	st = status.Error(codes.Unavailable, "rlhub: this hub is a standby; the primary is unknown")
+	if p, ok := dial.Refusal(st, nil); !ok || p.Addr != "" {
+		t.Fatalf("unknown primary: %v %v", p, ok)
+	}
+	if _, ok := dial.Refusal(status.Error(codes.Unavailable, "connection refused"), nil); ok {
+		t.Fatal("a dead connection is not a refusal")
+	}
+	md := metadata.Pairs(dial.PrimaryTrailer, "h:1", dial.EpochTrailer, "9")
+	if p, ok := dial.Refusal(status.Error(codes.Unavailable, "x"), md); !ok || p != (dial.Primary{Addr: "h:1", Epoch: 9}) {
+		t.Fatalf("from the trailer: %v %v", p, ok)
+	}
+}
+
+// With etcd as the target, the client reads the election: after the
+// primary dies and a standby is elected, its next call lands on the new
+// primary at the new epoch.
+func TestEtcdTargetFollowsTheElection(t *testing.T) {
+	e := clustertest.Start(t)
+	c := ctx(t)
+	var hubs [2]*hub.Hub
+	var members [2]*cluster.Member
+	for i := range hubs {
+		hubs[i] = hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+		m, err := cluster.Join(c, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: "c", ID: fmt.Sprint("m", i),
+			Addr: hubs[i].Addr().String(), LeaseTTL: time.Second, Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		members[i] = m
+	}
+	t0, err := members[0].Campaign(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	won := make(chan *cluster.Term, 1)
+	go func() {
+		t1, _ := members[1].Campaign(c)
+		won <- t1
+	}()
+	conn, err := dial.Config{}.GRPC(dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), "c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	store := rlhubv1.NewModelStoreClient(conn)
+	if _, err := store.List(c, &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := dial.CurrentPrimary(conn); p.Addr != hubs[0].Addr().String() || p.Epoch != t0.Epoch {
+		t.Fatalf("following %v, want hub 0 at epoch %d", p, t0.Epoch)
+	}
+	hubs[0].Close()
+	members[0].Close()
+	t1 := testkit.Recv(t, won, 20*time.Second, "the standby's election")
+	if t1 == nil {
+		t.Fatal("the standby was not elected")
+	}
+	if _, err := store.List(c, &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatalf("List after the failover: %v", err)
+	}
+	if p, _ := dial.CurrentPrimary(conn); p.Addr != hubs[1].Addr().String() || p.Epoch != t1.Epoch || t1.Epoch <= t0.Epoch {
+		t.Fatalf("following %v, want hub 1 at epoch %d (> %d)", p, t1.Epoch, t0.Epoch)
+	}
+}

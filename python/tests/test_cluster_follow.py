@@ -1,0 +1,170 @@
+"""Python clients follow a cluster's primary (issue 15, the client half).
+
+One real etcd and three real `rlhub serve --etcd` processes; the primary
+is SIGKILLed twice. A store client given the hub list and a gradient
+client given ``etcd://`` write to the newly elected primary each time
+without being told, and only there; every gradient pushed is applied
+there exactly once. Without replication (the server half) a new primary
+starts empty, so each round seeds its own model.
+"""
+
+from __future__ import annotations
+
+import grpc
+import base64
+import json
+import pathlib
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import rlhub
+from rlhub import _channel
+from rlhub.grads import GradClient
+from conftest import Hub, free_port
+
+pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
+                                reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
+
+CLUSTER = "pyfollow"
+
+
+class Etcd:
+    def __init__(self, tmp: pathlib.Path):
+        self.url = f"http://127.0.0.1:{free_port()}"
+        peer = f"http://127.0.0.1:{free_port()}"
+        self.log = open(tmp / "etcd.log", "wb")
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir", str(tmp / "etcd"), "--listen-client-urls", self.url,
+             "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", "t=" + peer, "--log-level", "error"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(urllib.request.Request(self.url + "/v3/kv/range", data=b'{"key":"eA=="}'),
+                                       timeout=1).read()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("etcd did not start")
+                time.sleep(0.05)
+
+    def leader(self) -> tuple[str, int] | None:
+        """(member id, epoch) of the election's holder, from etcd itself."""
+        prefix = f"/rlhub/{CLUSTER}/election/".encode()
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        body = json.dumps({"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode(),
+                           "sort_order": "ASCEND", "sort_target": "CREATE", "limit": 1}).encode()
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/v3/kv/range", data=body), timeout=5) as r:
+            kvs = json.loads(r.read()).get("kvs") or []
+        if not kvs:
+            return None
+        return json.loads(base64.b64decode(kvs[0]["value"]))["id"], int(kvs[0]["create_revision"])
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
+def test_target_syntax():
+    assert str(_channel.parse_target("a:1, b:2,")) == "a:1,b:2"
+    assert str(_channel.parse_target("etcd://e1:1,http://e2:2/c.1")) == "etcd://e1:1,e2:2/c.1"
+    assert _channel.etcd_target("e:1, e:2", "x") == "etcd://e:1,e:2/x"
+    assert not _channel.parse_target("a:1").clustered
+    for bad in ["", ",", "a:1,nocolon", "etcd:///c", "etcd://e:1/bad name", "a:1," * 2000]:
+        with pytest.raises(ValueError) as ei:
+            _channel.parse_target(bad)
+        assert len(str(ei.value)) < 300
+    assert _channel.refusal("rlhub: this hub is a standby; the primary is 10.0.0.1:7470 (epoch 42)") == ("10.0.0.1:7470", 42)
+    assert _channel.refusal("rlhub: this hub is a standby; the primary is unknown") == ("", 0)
+    assert _channel.refusal("connection refused") is None
+
+
+def test_a_hub_without_cluster_answers_itself(hub):
+    ch = _channel.channel(hub.addr + "," + hub.addr)
+    try:
+        assert isinstance(ch, _channel.FollowingChannel)
+        assert ch.resolve() == (hub.addr, 0)
+    finally:
+        ch.close()
+
+
+def test_no_primary_is_a_clear_error():
+    dead = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    s = rlhub.StoreClient(dead, timeout=1.0, retries=0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rlhub.errors.RlhubError) as ei:
+            s.list()
+        assert time.monotonic() - t0 < 30  # bounded by the call's own timeout (a hang guard)
+        assert ei.value.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        assert "no hub of " + dead in str(ei.value) and "Connection refused" in str(ei.value)
+    finally:
+        s.close()
+
+
+def test_python_clients_follow_the_primary_across_sigkill(rlhub_bin, tmp_path):
+    etcd = Etcd(tmp_path)
+    hubs: dict[str, Hub] = {}
+    try:
+        for i in range(3):
+            d = tmp_path / f"h{i}"
+            d.mkdir()
+            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
+                                                     "--member-id", f"h{i}", "--reduce-batch-size", "1"])
+        listed = ",".join(h.addr for h in hubs.values())
+        store = rlhub.StoreClient(listed, timeout=30.0)
+        grads = GradClient(_channel.etcd_target(etcd.url, CLUSTER), "py", timeout=30.0)
+        last_epoch = 0
+        try:
+            for rnd in range(3):
+                deadline = time.monotonic() + 30
+                while True:
+                    lead = etcd.leader()
+                    if lead is not None and hubs[lead[0]].proc.poll() is None:
+                        break
+                    assert time.monotonic() < deadline, "no live primary elected within 30 s"
+                    time.sleep(0.05)
+                pid, epoch = lead
+                assert epoch > last_epoch
+                last_epoch = epoch
+                model = f"m{rnd}"
+                w = {"w": np.array([1.0, -1.0], dtype=np.float32)}
+                store.push(model, w, version=1, expect=0)
+                # It landed on the elected primary and on no other live hub.
+                for hid, h in hubs.items():
+                    if h.proc.poll() is not None:
+                        continue
+                    with rlhub.StoreClient(h.addr, timeout=5.0, retries=0) as direct:
+                        names = [m.name for m in direct.list()]
+                    assert (model in names) == (hid == pid), (rnd, hid, pid, names)
+                assert store._channel.primary() == (hubs[pid].addr, epoch)
+                grads.register(model, {"kind": "sgd", "lr": 0.5})
+                n = 5
+                for i in range(n):
+                    v = store.pull(model).version
+                    grads.push(model, v, {"w": np.array([1.0, 1.0], dtype=np.float32)})
+                    t_end = time.monotonic() + 30
+                    while store.pull(model).version != v + 1:
+                        assert time.monotonic() < t_end, f"gradient {i} of round {rnd} not applied"
+                        time.sleep(0.01)
+                st = grads.stats(hubs[pid].addr)
+                assert (st.total.pushed, st.total.applied) == (n, n), (rnd, st.total)
+                if rnd < 2:
+                    hubs[pid].proc.send_signal(signal.SIGKILL)
+                    hubs[pid].proc.wait()
+        finally:
+            store.close()
+            grads.close()
+    finally:
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
