@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster"
@@ -31,6 +32,9 @@ type Fenced struct {
 	Refusal func() *cluster.Refusal
 	// Deposed is called when a check finds the term gone.
 	Deposed func()
+
+	visOnce sync.Once
+	v       *visibility
 }
 
 // etcdTimeout bounds each etcd read a write makes (the standbys before
@@ -126,6 +130,8 @@ func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, e
 		return store.Info{}, err
 	}
 	req.Epoch = f.Epoch
+	v := f.vis()
+	v.hold(req.Name, req.Version) // hidden from readers until acknowledged
 	var info store.Info
 	err = f.commit(func() error {
 		var err error
@@ -133,9 +139,14 @@ func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, e
 		return err
 	})
 	if err != nil {
+		v.settle(req.Name, req.Version, false)
 		return info, err
 	}
-	return info, f.acknowledge(ctx, standbys)
+	err = f.acknowledge(ctx, standbys)
+	if err == nil {
+		v.settle(req.Name, req.Version, true)
+	}
+	return info, err
 }
 
 // Claim implements store.Claimer (replicated like a push).
@@ -186,14 +197,203 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 	return f.acknowledge(ctx, standbys)
 }
 
-// Lend implements store.Lender.
-func (f *Fenced) Lend(ctx context.Context, name string, version uint64) (*store.Snapshot, func(), error) {
-	return store.Borrow(ctx, f.Store, name, version)
+// Readers see only acknowledged versions: a version is hidden from
+// Get, GetIfNewer, WaitNewer, List and the loans from the moment its push
+// starts until the push is acknowledged (replicated and the term
+// checked), so no reader ever holds a version that a failover could take
+// back. A version whose acknowledgement failed stays hidden until a later
+// version of the model is acknowledged (a later unit carries it too).
+
+// visibility is Fenced's record of versions not yet acknowledged.
+type visibility struct {
+	mu      sync.Mutex
+	pending map[string]map[uint64]bool
+	changed chan struct{}
 }
 
-// LendNewer implements store.Lender.
+func (f *Fenced) vis() *visibility {
+	f.visOnce.Do(func() {
+		f.v = &visibility{pending: map[string]map[uint64]bool{}, changed: make(chan struct{})}
+	})
+	return f.v
+}
+
+func (v *visibility) hold(name string, version uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.pending[name] == nil {
+		v.pending[name] = map[uint64]bool{}
+	}
+	v.pending[name][version] = true
+}
+
+// settle ends version's hold: acknowledged (it and every version below
+// it become visible) or refused before it landed (only it goes).
+func (v *visibility) settle(name string, version uint64, acked bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for p := range v.pending[name] {
+		if p == version || acked && p < version {
+			delete(v.pending[name], p)
+		}
+	}
+	if len(v.pending[name]) == 0 {
+		delete(v.pending, name)
+	}
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// bound is the lowest hidden version of name (0: none) and the channel
+// that closes when holds change.
+func (v *visibility) bound(name string) (uint64, <-chan struct{}) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	low := uint64(0)
+	for p := range v.pending[name] {
+		if low == 0 || p < low {
+			low = p
+		}
+	}
+	return low, v.changed
+}
+
+// visible returns the newest visible version of name at or below snap
+// (snap itself when it is visible), releasing snap's loan when it is
+// not; nil when no retained version is visible.
+func (f *Fenced) visible(ctx context.Context, name string, snap *store.Snapshot, release func()) (*store.Snapshot, func(), error) {
+	low, _ := f.vis().bound(name)
+	if low == 0 || snap.Version < low {
+		return snap, release, nil
+	}
+	release()
+	infos, err := f.Store.List(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, in := range infos {
+		if in.Name != name {
+			continue
+		}
+		for i := len(in.Retained) - 1; i >= 0; i-- {
+			if in.Retained[i] < low {
+				return store.Borrow(ctx, f.Store, name, in.Retained[i])
+			}
+		}
+	}
+	return nil, func() {}, nil
+}
+
+// Lend implements store.Lender (acknowledged versions only).
+func (f *Fenced) Lend(ctx context.Context, name string, version uint64) (*store.Snapshot, func(), error) {
+	snap, release, err := store.Borrow(ctx, f.Store, name, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	if low, _ := f.vis().bound(name); low != 0 && snap.Version >= low {
+		if version != 0 {
+			release()
+			return nil, nil, fmt.Errorf("%w: model %s version %d is not acknowledged yet", errs.ErrNotFound, errs.Quote(name), version)
+		}
+		snap, release, err = f.visible(ctx, name, snap, release)
+		if err == nil && snap == nil {
+			err = fmt.Errorf("%w: model %s has no acknowledged version", errs.ErrNotFound, errs.Quote(name))
+		}
+	}
+	return snap, release, err
+}
+
+// LendNewer implements store.Lender: it waits for an acknowledged version
+// newer than after.
 func (f *Fenced) LendNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, func(), error) {
-	return store.BorrowNewer(ctx, f.Store, name, after)
+	for {
+		snap, release, err := store.BorrowNewer(ctx, f.Store, name, after)
+		if err != nil {
+			return nil, nil, err
+		}
+		_, changed := f.vis().bound(name)
+		snap, release, err = f.visible(ctx, name, snap, release)
+		if err != nil {
+			return nil, nil, err
+		}
+		if snap != nil && snap.Version > after {
+			return snap, release, nil
+		}
+		if snap != nil {
+			release()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// Get implements store.Store (acknowledged versions only).
+func (f *Fenced) Get(ctx context.Context, name string, version uint64) (*store.Snapshot, error) {
+	snap, release, err := f.Lend(ctx, name, version)
+	if err != nil {
+		return nil, err
+	}
+	release()
+	return f.Store.Get(ctx, name, snap.Version)
+}
+
+// GetIfNewer implements store.Store (acknowledged versions only).
+func (f *Fenced) GetIfNewer(ctx context.Context, name string, than uint64) (*store.Snapshot, error) {
+	snap, err := f.Store.GetIfNewer(ctx, name, than)
+	if err != nil || snap == nil {
+		return snap, err
+	}
+	vs, release, err := f.visible(ctx, name, snap, func() {})
+	if err != nil || vs == nil || vs.Version <= than {
+		return nil, err
+	}
+	release()
+	return vs, nil
+}
+
+// WaitNewer implements store.Store (acknowledged versions only).
+func (f *Fenced) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
+	snap, release, err := f.LendNewer(ctx, name, after)
+	if err != nil {
+		return nil, err
+	}
+	release()
+	return f.Store.Get(ctx, name, snap.Version)
+}
+
+// List implements store.Store: each model at its newest acknowledged
+// version.
+func (f *Fenced) List(ctx context.Context) ([]store.Info, error) {
+	infos, err := f.Store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := infos[:0]
+	for _, in := range infos {
+		low, _ := f.vis().bound(in.Name)
+		if low != 0 {
+			kept := in.Retained[:0:0]
+			for _, r := range in.Retained {
+				if r < low {
+					kept = append(kept, r)
+				}
+			}
+			in.Retained = kept
+			if len(kept) == 0 {
+				if in.Owner == "" {
+					continue
+				}
+				in.Version = 0
+			} else {
+				in.Version = kept[len(kept)-1]
+			}
+		}
+		out = append(out, in)
+	}
+	return out, nil
 }
 
 // Precheck implements store.Prechecker.

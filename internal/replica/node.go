@@ -147,6 +147,10 @@ func (n *Node) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	// The line `rlhub serve` has always logged once it listens (tests and
+	// scripts read the address from it); the hub logs it again when
+	// this node becomes the primary.
+	n.cfg.Logger.Info("hub serving", "addr", addr, "role", "cluster member", "data", n.cfg.Hub.DataDir)
 	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Logger: n.cfg.Logger})
 	if err != nil {
 		lis.Close()
