@@ -198,7 +198,7 @@ var Policy = []Rule{
 
 	// Cluster replication (internal/replica): a standby copies the
 	// primary's whole data directory, every model and run: admin only.
-	{Method: "/rlhub.replica.v1.Replica/Follow", Role: Admin},
+	{Method: "/rlhub.v1.Replica/Follow", Role: Admin},
 
 	// Data plane (internal/wire/bulk): the model comes from the header.
 	{Method: "rlhub.v1.Reducer/Push", Plane: DataPlane, Role: Trainer, Header: "rlhub.v1.ReducerPushHeader", Model: field("blob.model")},

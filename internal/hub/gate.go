@@ -6,10 +6,25 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
+
+// replicaStub is rlhub.v1.Replica on a hub that is not a cluster primary.
+type replicaStub struct {
+	rlhubv1.UnimplementedReplicaServer
+}
+
+func (replicaStub) Register(g *grpc.Server) { rlhubv1.RegisterReplicaServer(g, replicaStub{}) }
+func (replicaStub) Close() error            { return nil }
+func (replicaStub) Follow(grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapperspb.BytesValue]) error {
+	return status.Error(codes.FailedPrecondition, "rlhub: this hub is not a cluster primary: nothing to follow")
+}
 
 // ungated reports whether a gRPC method is answered whatever the hub's
 // role: health checks, reflection, and the cluster's own service (which

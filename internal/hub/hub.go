@@ -118,6 +118,10 @@ type Config struct {
 	// (a primary that learnt it is deposed) is the answer, with its
 	// trailers (internal/cluster, the standby refusal).
 	Gate func() *cluster.Refusal
+	// Replication, when set, serves rlhub.v1.Replica (a cluster primary's
+	// replica.Source); nil serves a stub that answers FailedPrecondition
+	// (this hub is not a cluster primary). It is closed with the others.
+	Replication Service
 	// Limits bounds what a client can make the hub hold: half-open
 	// connections, connections per peer, policy sizes. The zero value
 	// means the defaults noted on each field (docs/security.md, Limits).
@@ -304,7 +308,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if err != nil {
 		return nil, errors.Join(err, st.Close())
 	}
-	h.services = append(services, extra...)
+	repl := cfg.Replication
+	if repl == nil {
+		repl = replicaStub{}
+	}
+	h.services = append(append(services, repl), extra...)
 	if cfg.MetricsListen != "" {
 		if h.metrics, err = h.newMetrics(grpcMetrics); err != nil {
 			return nil, errors.Join(err, closeAll(h.services), st.Close())

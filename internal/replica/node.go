@@ -403,9 +403,10 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Check: term.Check, Refusal: gate, Deposed: depose}
 	}
 	hcfg.Gate = gate
+	hcfg.Replication = src
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	h, err := hub.New(hcfg, append(append([]hub.Service(nil), n.cfg.Extra...), src)...)
+	h, err := hub.New(hcfg, n.cfg.Extra...)
 	if err != nil {
 		n.cfg.Logger.Error("cluster: elected, but the hub cannot open its data; resigning", "err", err)
 		_ = m.Resign(rctx)

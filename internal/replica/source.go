@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // AcksAll, as SourceConfig.Acks, waits for every standby registered in the
@@ -85,6 +86,7 @@ func (c *SourceConfig) validate() error {
 // step's state written and not yet published, which issue 14's restart
 // path recovers from).
 type Source struct {
+	rlhubv1.UnimplementedReplicaServer
 	cfg SourceConfig
 
 	freeze sync.RWMutex // store commits hold it shared, scans exclusively
@@ -113,13 +115,11 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 }
 
 // Register attaches the replication stream to s (hub.Service).
-func (s *Source) Register(g *grpc.Server) {
-	g.RegisterService(&grpc.ServiceDesc{
-		ServiceName: ServiceName,
-		HandlerType: (*any)(nil),
-		Streams: []grpc.StreamDesc{{StreamName: streamDesc.StreamName, ServerStreams: true, ClientStreams: true,
-			Handler: func(_ any, ss grpc.ServerStream) error { return s.serve(ss) }}},
-	}, s)
+func (s *Source) Register(g *grpc.Server) { rlhubv1.RegisterReplicaServer(g, s) }
+
+// Follow implements rlhubv1.ReplicaServer.
+func (s *Source) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapperspb.BytesValue]) error {
+	return s.serve(ss)
 }
 
 // Close ends every follower's stream and waits for them (hub.Service:

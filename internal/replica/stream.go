@@ -8,12 +8,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // The replication stream is one bidirectional gRPC stream,
-// /rlhub.replica.v1.Replica/Follow, whose messages are
-// google.protobuf.BytesValue frames (no .proto of its own: the frames are
-// this package's, and only hubs of one build speak them). The first byte
+// /rlhub.v1.Replica/Follow (proto/rlhub/v1/replica.proto), whose messages
+// are google.protobuf.BytesValue frames: the frames are this package's,
+// and only hubs of one build speak them. The first byte
 // of a frame is its kind:
 //
 //	follower → primary:  H hello (JSON), then A ack (uvarint unit)
@@ -34,8 +36,8 @@ const (
 
 // ServiceName and FollowMethod name the replication stream.
 const (
-	ServiceName  = "rlhub.replica.v1.Replica"
-	FollowMethod = "/" + ServiceName + "/Follow"
+	ServiceName  = "rlhub.v1.Replica"
+	FollowMethod = rlhubv1.Replica_Follow_FullMethodName
 )
 
 // chunkBytes bounds one data frame (the hub's messages are ≤ 4 MiB).
