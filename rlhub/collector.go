@@ -11,7 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wsync"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -69,8 +69,8 @@ func (c *CollectorConfig) validate() error {
 type Collector struct {
 	cfg    CollectorConfig
 	conn   *grpc.ClientConn
-	push   *wsync.Client       // ViaPush
-	store  *storeclient.Client // ViaStore
+	push   *wsync.Client    // ViaPush
+	store  *storerpc.Client // ViaStore
 	recv   *wsync.Receiver
 	mu     sync.Mutex // guards closed
 	closed bool
@@ -100,7 +100,7 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 		src = c.push
 		onApplied = func(v uint64) { _ = c.push.Running(v) }
 	case ViaStore:
-		c.store, err = storeclient.New(storeclient.Config{Conn: conn})
+		c.store, err = storerpc.NewClient(storerpc.ClientConfig{Conn: conn})
 		if err != nil {
 			conn.Close()
 			return nil, err

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 )
 
 // StoreConfig configures a StoreClient.
@@ -34,14 +34,14 @@ func (c *StoreConfig) validate() error {
 }
 
 // StoreClient pushes and pulls model versions. Safe for concurrent use.
-type StoreClient struct{ c *storeclient.Client }
+type StoreClient struct{ c *storerpc.Client }
 
 // DialStore connects (lazily) to the hub's model store.
 func DialStore(cfg StoreConfig) (*StoreClient, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c, err := storeclient.New(storeclient.Config{Addr: cfg.Addr, Dial: cfg.Security.dial(), CallTimeout: cfg.CallTimeout,
+	c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: cfg.Addr, Dial: cfg.Security.dial(), CallTimeout: cfg.CallTimeout,
 		MaxAttempts: cfg.MaxAttempts, MaxModelBytes: cfg.MaxModelBytes})
 	if err != nil {
 		return nil, err

@@ -10,7 +10,7 @@ gradients and the sync mode below stays in lockstep), a model of one
 `nn.Linear(1000, 1000)` (1,001,000 float32 parameters, 4.0 MB) registered
 with SGD and sum reduction, and 2 learner processes. Each rep runs, for the
 Python client (`GradClient` + `StoreClient.pull_into`), the Go client
-(`rlhub bench-loop`: `reducer.Client` + `storeclient`) and plain TCP of the
+(`rlhub bench-loop`: `reducer.Client` + `storerpc.Client`) and plain TCP of the
 same bytes (Python sockets, `sendall` / `recv_into`, to a sink process that
 answers each 4 MB with 4 MB), interleaved rep by rep, three modes:
 

@@ -21,7 +21,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -114,7 +114,7 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 		return l
 	}
 
-	sc, err := storeclient.New(storeclient.Config{Addr: strings.Join(list, ",")})
+	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: strings.Join(list, ",")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +124,8 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rc.Close()
-	direct := func(addr string) *storeclient.Client {
-		c, err := storeclient.New(storeclient.Config{Addr: addr, MaxAttempts: 1})
+	direct := func(addr string) *storerpc.Client {
+		c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

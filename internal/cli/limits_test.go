@@ -18,7 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
@@ -145,7 +145,7 @@ func TestHalfOpenDataPlaneConnectionsDoNotLockOut(t *testing.T) {
 // and pushes gradients to it (over the data plane when the hub speaks it).
 func useHub(t *testing.T, ctx context.Context, addr, name string) {
 	t.Helper()
-	sc, err := storeclient.New(storeclient.Config{Addr: addr})
+	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rlhub/rlhub/internal/reducer"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -43,7 +43,7 @@ func newLoopBenchCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer rc.Close()
-			sc, err := storeclient.New(storeclient.Config{Addr: hubAddr})
+			sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: hubAddr})
 			if err != nil {
 				return err
 			}

@@ -14,7 +14,7 @@ import (
 	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -29,8 +29,8 @@ func newModelCmd(g *globals) *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&addr, "hub", "127.0.0.1:7470", "hub address")
 	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 2*time.Minute, "deadline for the whole operation")
-	client := func(ctx context.Context) (*storeclient.Client, context.Context, context.CancelFunc, error) {
-		c, err := storeclient.New(storeclient.Config{Addr: addr, Dial: dialConfig(ctx)})
+	client := func(ctx context.Context) (*storerpc.Client, context.Context, context.CancelFunc, error) {
+		c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, Dial: dialConfig(ctx)})
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -41,7 +41,7 @@ func newModelCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-type clientFunc func(ctx context.Context) (*storeclient.Client, context.Context, context.CancelFunc, error)
+type clientFunc func(ctx context.Context) (*storerpc.Client, context.Context, context.CancelFunc, error)
 
 func newModelPushCmd(g *globals, client clientFunc) *cobra.Command {
 	var name string

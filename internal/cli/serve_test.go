@@ -13,14 +13,14 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
 // serveInProcess runs `rlhub serve` with args on a free port, in memory,
 // waits until it answers health checks and returns a store client for it.
 // Cleanup stops the server (as SIGINT would) and checks it exited 0.
-func serveInProcess(t *testing.T, args ...string) *storeclient.Client {
+func serveInProcess(t *testing.T, args ...string) *storerpc.Client {
 	t.Helper()
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -43,7 +43,7 @@ func serveInProcess(t *testing.T, args ...string) *storeclient.Client {
 	if code, _, errOut := run(t, context.Background(), "ping", "--wait", "--hub", addr, "--timeout", "20s"); code != 0 {
 		t.Fatalf("serve %v never became healthy: %s", args, errOut)
 	}
-	c, err := storeclient.New(storeclient.Config{Addr: addr, MaxAttempts: 1})
+	c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func serveInProcess(t *testing.T, args ...string) *storeclient.Client {
 	return c
 }
 
-func push(c *storeclient.Client, name string, version uint64, blob []byte) error {
+func push(c *storerpc.Client, name string, version uint64, blob []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, err := c.Push(ctx, store.PushRequest{Name: name, Version: version, Expect: store.ExpectAny, Blob: blob})

@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"io"
 	"strconv"
 	"strings"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
-	"github.com/rlhub/rlhub/internal/wsync"
 )
 
 // newShmWriterCmd is the hidden `rlhub sync shm-writer`: a shared-memory
@@ -52,7 +52,7 @@ func newShmWriterCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w, err := wsync.CreateShm(wsync.ShmConfig{Path: path, Name: model, Capacity: int64(len(blob)), Slots: slots, Replace: true})
+			w, err := shm.Create(shm.Config{Path: path, Name: model, Capacity: int64(len(blob)), Slots: slots, Replace: true})
 			if err != nil {
 				return err
 			}

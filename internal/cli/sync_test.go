@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"io"
 	"log/slog"
 	"os"
@@ -37,14 +38,14 @@ func TestSyncStatusAndRelay(t *testing.T) {
 
 	// A relay on this host, via the CLI.
 	relayAddr := freeAddr(t)
-	shm := filepath.Join(t.TempDir(), "seg")
+	seg := filepath.Join(t.TempDir(), "seg")
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
-		shm = fmt.Sprintf("/dev/shm/rlhub-cli-test-%d", os.Getpid())
+		seg = fmt.Sprintf("/dev/shm/rlhub-cli-test-%d", os.Getpid())
 	}
 	rctx, rcancel := context.WithCancel(ctx)
 	relayDone := make(chan int, 1)
 	go func() {
-		code, _, _ := run(t, rctx, "relay", "--upstream", addr, "--model", "m", "--id", "relay-a", "--listen", relayAddr, "--shm", shm, "--shm-slots", "3")
+		code, _, _ := run(t, rctx, "relay", "--upstream", addr, "--model", "m", "--id", "relay-a", "--listen", relayAddr, "--shm", seg, "--shm-slots", "3")
 		relayDone <- code
 	}()
 	conn, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -69,9 +70,9 @@ func TestSyncStatusAndRelay(t *testing.T) {
 	// --shm-slots 3: one collector may lease and read in place. The relay
 	// publishes to its stream's board before its segment, so the segment
 	// can still be missing, or empty, just after a stream collector got v1.
-	var rs *wsync.ShmReader
+	var rs *shm.Reader
 	for rs == nil {
-		if rs, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: shm, Lease: true}); err != nil {
+		if rs, err = shm.Open(shm.ReaderConfig{Path: seg, Lease: true}); err != nil {
 			if ctx.Err() != nil {
 				t.Fatalf("relay's segment: %v", err)
 			}
@@ -131,7 +132,7 @@ func TestSyncStatusAndRelay(t *testing.T) {
 	if code := <-relayDone; code != 0 {
 		t.Fatalf("relay exited %d", code)
 	}
-	if _, err := os.Stat(shm); !os.IsNotExist(err) {
+	if _, err := os.Stat(seg); !os.IsNotExist(err) {
 		t.Fatalf("relay left its segment: %v", err)
 	}
 	if code, _, errOut := run(t, ctx, "relay", "--model", "m"); code == 0 || !strings.Contains(errOut, "upstream") {

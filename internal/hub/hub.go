@@ -38,7 +38,7 @@ import (
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -372,7 +372,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		}
 		return err
 	}
-	if err := add(storesvc.New(storesvc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Logger: h.cfg.Logger})); err != nil {
+	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator

@@ -11,7 +11,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -53,7 +53,7 @@ func TestHostileStorePushCannotStopReducer(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String()})
+			sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,7 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -96,7 +96,7 @@ func benchSecurity(b *testing.B, op, mode string) {
 	}
 
 	if op == "pull" {
-		sc, err := storeclient.New(storeclient.Config{Addr: addr, Dial: dc})
+		sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, Dial: dc})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -70,7 +70,7 @@ func TestStoreOnTheDataPlane(t *testing.T) {
 		{&rlhubv1.StorePullRequest{Model: "p", IfNewerThan: proto.Uint64(1)}, b2, 2},
 		{&rlhubv1.StorePullRequest{Model: "p", IfNewerThan: proto.Uint64(2)}, nil, 2},
 	} {
-		hdr, body, err := bulkPull(ctx, c, addr, storesvc.BulkPullMethod, tc.req)
+		hdr, body, err := bulkPull(ctx, c, addr, storerpc.BulkPullMethod, tc.req)
 		if err != nil {
 			t.Fatalf("%v: %v", tc.req, err)
 		}
@@ -81,16 +81,16 @@ func TestStoreOnTheDataPlane(t *testing.T) {
 			t.Fatalf("total_bytes %d, want %d", hdr.Blob.GetTotalBytes(), len(tc.want))
 		}
 	}
-	if _, _, err := bulkPull(ctx, c, addr, storesvc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "nope"}); !errors.Is(err, errs.ErrNotFound) {
+	if _, _, err := bulkPull(ctx, c, addr, storerpc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "nope"}); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("unknown model: %v, want NotFound", err)
 	}
-	if _, _, err := bulkPull(ctx, c, addr, storesvc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "p", Version: 1, IfNewerThan: proto.Uint64(0)}); !errors.Is(err, errs.ErrInvalid) {
+	if _, _, err := bulkPull(ctx, c, addr, storerpc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "p", Version: 1, IfNewerThan: proto.Uint64(0)}); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("exact version with if_newer_than: %v, want InvalidArgument", err)
 	}
 
 	// Watch: a version already newer comes at once; otherwise the poll
 	// waits and answers the version pushed meanwhile.
-	hdr, body, err := bulkPull(ctx, c, addr, storesvc.BulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: "p", After: 1})
+	hdr, body, err := bulkPull(ctx, c, addr, storerpc.BulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: "p", After: 1})
 	if err != nil || hdr.Blob.GetVersion() != 2 || !bytes.Equal(body, b2) {
 		t.Fatalf("watch after 1: version %d, %v", hdr.Blob.GetVersion(), err)
 	}
@@ -102,7 +102,7 @@ func TestStoreOnTheDataPlane(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		hdr, body, err := bulkPull(ctx, c, addr, storesvc.BulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: "p", After: 2})
+		hdr, body, err := bulkPull(ctx, c, addr, storerpc.BulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: "p", After: 2})
 		got <- result{hdr, body, err}
 	}()
 	storetest.MustPush(t, h.Store(), store.PushRequest{Name: "p", Version: 3, Expect: 2, Blob: b3})
@@ -134,7 +134,7 @@ func TestStoreDataPlaneCanBeTurnedOff(t *testing.T) {
 	defer cancel()
 	c := bulk.NewClient()
 	defer c.Close()
-	_, _, err = bulkPull(ctx, c, h.Addr().String(), storesvc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "p"})
+	_, _, err = bulkPull(ctx, c, h.Addr().String(), storerpc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "p"})
 	if grpcerr.Code(err) != codes.Unimplemented {
 		t.Fatalf("got %v, want Unimplemented", err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
@@ -66,7 +66,7 @@ func TestHubCloseDrainsWatches(t *testing.T) {
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), MaxAttempts: 1})
+	c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String(), MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

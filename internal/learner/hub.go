@@ -7,7 +7,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/reducer"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -22,7 +22,7 @@ func (e *Example) UseHub(hub, model string) (close func() error, err error) {
 	if model == "" {
 		return nil, fmt.Errorf("%w: learner: empty model name", errs.ErrInvalid)
 	}
-	sc, err := storeclient.New(storeclient.Config{Addr: hub, Dial: e.Dial})
+	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: hub, Dial: e.Dial})
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -162,11 +162,11 @@ func benchPull(b *testing.B, metricsOn bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const clients = 2
-	cls := make([]*storeclient.Client, clients)
+	cls := make([]*storerpc.Client, clients)
 	var size int64
 	for i := range cls {
 		var err error
-		if cls[i], err = storeclient.New(storeclient.Config{Addr: addr}); err != nil {
+		if cls[i], err = storerpc.NewClient(storerpc.ClientConfig{Addr: addr}); err != nil {
 			b.Fatal(err)
 		}
 		defer cls[i].Close()

@@ -3,7 +3,7 @@ package reducer_test
 import (
 	"context"
 	"fmt"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -137,10 +137,10 @@ func benchPushPull(b *testing.B, n, batch int, remote bool, loop string) {
 	gradBytes := grad.ByteSize()
 
 	const clients = 2
-	pullers := make([]*storeclient.Client, clients)
+	pullers := make([]*storerpc.Client, clients)
 	if loop == loopLearner {
 		for i := range pullers {
-			if pullers[i], err = storeclient.New(storeclient.Config{Addr: addr}); err != nil {
+			if pullers[i], err = storerpc.NewClient(storerpc.ClientConfig{Addr: addr}); err != nil {
 				b.Fatal(err)
 			}
 			defer pullers[i].Close()

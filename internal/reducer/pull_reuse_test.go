@@ -19,7 +19,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -111,9 +111,9 @@ func TestLearnerPullsDoNotStopBlobReuse(t *testing.T) {
 	applied := map[uint64]bool{}
 	cfg := optim.Config{Kind: optim.SGD, LR: 0.01, Momentum: 0.9}
 	h, cl := reuseHub(t, ctx, store.Config{}, cfg, func(v uint64) { mu.Lock(); applied[v] = true; mu.Unlock() })
-	pullers := map[bool]*storeclient.Client{}
+	pullers := map[bool]*storerpc.Client{}
 	for _, stock := range []bool{false, true} {
-		sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), StockCodec: stock})
+		sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String(), StockCodec: stock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +182,7 @@ func TestWatchersSeeWholeVersionsWhileBlobsAreReused(t *testing.T) {
 	wctx, stopWatch := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for _, stock := range []bool{false, true} {
-		sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), StockCodec: stock, ChunkBytes: 16 << 10})
+		sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String(), StockCodec: stock, ChunkBytes: 16 << 10})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -56,7 +56,7 @@ func TestFailoverTimes(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 				continue
 			}
-			cl, _ := storeclient.New(storeclient.Config{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 3 * time.Second})
+			cl, _ := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 3 * time.Second})
 			for {
 				select {
 				case <-stop:
@@ -142,7 +142,7 @@ func TestReplicationCost(t *testing.T) {
 	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0")
 	lAsync, _ := async.leader(0)
 	measure := func(addr string) (pushes, pulls float64) {
-		cl, err := storeclient.New(storeclient.Config{Addr: addr, MaxAttempts: 1})
+		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,8 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -39,7 +38,7 @@ func checkRefuses(t *testing.T, c *testCluster, h *hubProc, leader cluster.Leade
 	if !errors.Is(err, errs.ErrUnavailable) || !strings.Contains(err.Error(), "rlhub: this hub is a standby; the primary is "+leader.Addr) {
 		t.Fatalf("standby %s push: %v", h.id, err)
 	}
-	err = dial.Config{}.Bulk().Call(ctx, h.addr, storesvc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "pol"}, nil, nil)
+	err = dial.Config{}.Bulk().Call(ctx, h.addr, storerpc.BulkPullMethod, &rlhubv1.StorePullRequest{Model: "pol"}, nil, nil)
 	if r, ok := cluster.AsRefusal(err, nil); !ok || r.Primary != leader.Addr {
 		t.Fatalf("standby %s data-plane pull: %v, want the refusal naming %s", h.id, err, leader.Addr)
 	}
@@ -174,9 +173,9 @@ func TestEtcdRestartPausesWritesWithoutSplitBrain(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		clients := make([]*storeclient.Client, len(c.hubs))
+		clients := make([]*storerpc.Client, len(c.hubs))
 		for i, h := range c.hubs {
-			clients[i], _ = storeclient.New(storeclient.Config{Addr: h.addr, MaxAttempts: 1, CallTimeout: time.Second})
+			clients[i], _ = storerpc.NewClient(storerpc.ClientConfig{Addr: h.addr, MaxAttempts: 1, CallTimeout: time.Second})
 			defer clients[i].Close()
 		}
 		for {

@@ -17,7 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -46,7 +46,7 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	}
 	c.push(model, 1, 0, blob)
 	target := dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), c.name)
-	sc, err := storeclient.New(storeclient.Config{Addr: target})
+	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: target})
 	if err != nil {
 		t.Fatal(err)
 	}

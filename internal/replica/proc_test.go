@@ -20,7 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -199,9 +199,9 @@ func (c *testCluster) leader(after uint64) (cluster.Leader, *hubProc) {
 	return l, nil
 }
 
-func (c *testCluster) client(addr string) *storeclient.Client {
+func (c *testCluster) client(addr string) *storerpc.Client {
 	c.t.Helper()
-	cl, err := storeclient.New(storeclient.Config{Addr: addr, MaxAttempts: 1, CallTimeout: 20 * time.Second})
+	cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1, CallTimeout: 20 * time.Second})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func (c *testCluster) push(name string, version, expect uint64, blob []byte) sto
 	for ctx.Err() == nil {
 		st, err := c.status()
 		if err == nil && st.Primary != nil {
-			cl, cerr := storeclient.New(storeclient.Config{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 15 * time.Second})
+			cl, cerr := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 15 * time.Second})
 			if cerr != nil {
 				c.t.Fatal(cerr)
 			}
@@ -253,7 +253,7 @@ func (c *testCluster) newest(name string) *store.Snapshot {
 		if err != nil || st.Primary == nil {
 			return false
 		}
-		cl, err := storeclient.New(storeclient.Config{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 10 * time.Second})
+		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 10 * time.Second})
 		if err != nil {
 			return false
 		}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/reducer"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
@@ -35,7 +35,7 @@ type standbyServer struct {
 
 // bulkMethods are the hub's data-plane methods, each refused by a standby
 // with the contract's status (an unknown method would be Unimplemented).
-var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storesvc.BulkPullMethod, storesvc.BulkWatchMethod}
+var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod}
 
 func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.Refusal, extra []Registrar) *standbyServer {
 	opts := append([]grpc.ServerOption{

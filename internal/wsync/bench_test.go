@@ -5,6 +5,7 @@ package wsync_test
 import (
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"io"
 	"log/slog"
 	"net"
@@ -22,7 +23,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -36,7 +37,7 @@ import (
 // against both (x-memcpy, %tcp-rate).
 //
 // Transports: inproc (Board.Publish → receivers adopt the pointer); shm and
-// shm-nocrc (ShmWriter.Write into a double buffer: CRC-32C by the writer,
+// shm-nocrc (shm.Writer.Write into a double buffer: CRC-32C by the writer,
 // copying with up to min(GOMAXPROCS, 4) goroutines; readers in goroutines
 // copy the slot out into private memory, verifying the CRC (shm) or
 // relying on the seqlock, the default (shm-nocrc)); shm-lease (the same
@@ -46,7 +47,7 @@ import (
 // for inproc); push
 // (store.Push on a real hub → WeightSync Attach streams, one connection per
 // collector, clients reusing receive buffers as PushDialer's do);
-// storewatch (store.Push → StoreSource over storeclient, the store
+// storewatch (store.Push → StoreSource over storerpc.Client, the store
 // service's watch); relay-shm (store.Push → one relay over gRPC → its
 // segment → readers); relay-dp-shm / relay-dp-lease (the relay follows the
 // store's data-plane watch, receiving each version straight into its next
@@ -283,7 +284,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		if lease {
 			slots = 2 + n // a lease entry per collector
 		}
-		w, err := wsync.CreateShm(wsync.ShmConfig{Path: path, Name: "m", Capacity: int64(len(blob)), Slots: slots, Replace: true})
+		w, err := shm.Create(shm.Config{Path: path, Name: "m", Capacity: int64(len(blob)), Slots: slots, Replace: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -294,7 +295,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 			}
 		}
 		for range n {
-			r, err := wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Verify: tr == "shm", Lease: lease})
+			r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: tr == "shm", Lease: lease})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -317,7 +318,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 	case "storewatch":
 		h := startHub()
 		for range n {
-			sc, err := storeclient.New(storeclient.Config{Conn: dialT(h.Addr().String())})
+			sc, err := storerpc.NewClient(storerpc.ClientConfig{Conn: dialT(h.Addr().String())})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -360,9 +361,9 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 				time.Sleep(time.Millisecond)
 			}
 			for range per {
-				var r *wsync.ShmReader
+				var r *shm.Reader
 				for r == nil {
-					if r, err = wsync.OpenShm(wsync.ShmReaderConfig{Path: path, Lease: lease}); err != nil {
+					if r, err = shm.Open(shm.ReaderConfig{Path: path, Lease: lease}); err != nil {
 						time.Sleep(time.Millisecond)
 					}
 				}

@@ -41,7 +41,7 @@ type ClientConfig struct {
 	// consumer has moved past instead of allocating (and faulting in) a
 	// new buffer per version: a few buffers serve every delivery. A
 	// snapshot then stays valid only until the consumer has taken two newer
-	// versions from this client (as with ShmReader), and the client serves
+	// versions from this client (as with shm.Reader), and the client serves
 	// one consumer. false: every version gets fresh memory and its snapshot
 	// stays valid forever, which a relay (it republishes snapshots by
 	// pointer) needs.

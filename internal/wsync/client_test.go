@@ -2,6 +2,7 @@ package wsync
 
 import (
 	"context"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"testing"
 	"time"
 	"unsafe"
@@ -35,13 +36,13 @@ func TestClientReusesOnlyBuffersTheConsumerMovedPast(t *testing.T) {
 			buffers[unsafe.SliceData(s.Blob)] = true
 			// The contract: valid until two newer ones are taken.
 			for _, h := range held[max(0, len(held)-2):] {
-				if err := checkSnap(h); err != nil {
+				if err := wsynctest.Check(h); err != nil {
 					t.Fatalf("reuse=%v, after taking v%d: %v", reuse, v, err)
 				}
 			}
 			if !reuse { // without reuse, forever
 				for _, h := range held {
-					if err := checkSnap(h); err != nil {
+					if err := wsynctest.Check(h); err != nil {
 						t.Fatalf("after taking v%d: %v", v, err)
 					}
 				}
@@ -63,7 +64,7 @@ func TestClientReusesOnlyBuffersTheConsumerMovedPast(t *testing.T) {
 				return n != nil && n.Version == v
 			})
 			for _, h := range held[len(held)-2:] {
-				if err := checkSnap(h); err != nil {
+				if err := wsynctest.Check(h); err != nil {
 					t.Fatalf("reuse=%v, consumer stalled, v%d arrived: %v", reuse, v, err)
 				}
 			}

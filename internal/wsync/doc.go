@@ -11,11 +11,11 @@
 //
 //   - Board: in-process; readers get the publisher's *store.Snapshot, no
 //     byte is copied per reader.
-//   - Shm (ShmWriter / ShmReader): a same-host segment in /dev/shm, a
+//   - Shm (package wsync/shm: shm.Writer / shm.Reader): a same-host segment in /dev/shm, a
 //     double buffer (or more slots) of seqlocked slots with a CRC-32C per
 //     version, layout in docs/shm-layout.md, readable from Python with
 //     numpy. Readers copy a version out, or lease its slot and use it in
-//     place (ShmReaderConfig.Lease) while the writer writes around it.
+//     place (shm.ReaderConfig.Lease) while the writer writes around it.
 //   - StoreSource: pull / watch a store.Store (in process, or a client of
 //     the store service that has the same methods).
 //   - Service + Client: the hub's push fan-out (proto/rlhub/v1/sync.proto);
@@ -27,7 +27,7 @@
 //     collectors fall back to the upstream when the relay dies.
 //
 // To receive:
-//  1. Build a Source for the transport (NewBoard, OpenShm, StoreSource,
+//  1. Build a Source for the transport (NewBoard, shm.Open, StoreSource,
 //     Dial, NewFailover).
 //  2. NewReceiver(ReceiverConfig{Source: src, Apply: ...}).
 //  3. Call Poll between episodes, or run Run(ctx) in a goroutine you own.

@@ -64,7 +64,7 @@ func (c *FailoverConfig) validate() error {
 // It is meant for one Receiver: calls are serialized. Its snapshots stay
 // valid as long as its current source's do; for ShmDialer and PushDialer
 // sources, until two newer versions have been taken; for a leasing shm
-// reader (ShmReaderDialer with ShmReaderConfig.Lease), until a newer
+// reader (ShmReaderDialer with shm.ReaderConfig.Lease), until a newer
 // version has been taken. A source that fails after serving a version is
 // closed only once a newer version has been taken from its successor (or
 // at Close), so the version the Receiver holds outlives the failure even

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"io"
 	"log/slog"
 	"net"
@@ -34,11 +35,11 @@ type RelayConfig struct {
 	// ShmPath is the shared-memory segment to publish into; "" means no
 	// segment (stream only).
 	ShmPath string
-	// ShmSlots is the segment's slot count (ShmConfig.Slots); 0 means 2, a
+	// ShmSlots is the segment's slot count (shm.Config.Slots); 0 means 2, a
 	// double buffer. 2 + n slots let n local collectors lease versions and
-	// use them in place (ShmReaderConfig.Lease) instead of copying them.
+	// use them in place (shm.ReaderConfig.Lease) instead of copying them.
 	ShmSlots int
-	// ShmGroup is the segment's group (ShmConfig.Group): "" leaves it
+	// ShmGroup is the segment's group (shm.Config.Group): "" leaves it
 	// 0600, readable by this user only; a group makes it 0660.
 	ShmGroup string
 	// ShmCapacity is the segment's slot size; 0 sizes it from the first
@@ -60,7 +61,7 @@ type RelayConfig struct {
 	// "" means the push stream only.
 	UpstreamAddr string
 	// PollTimeout bounds one data-plane poll beyond the hub's wait
-	// (storesvc.BulkWatchWait); 0 means 30s.
+	// (storerpc.BulkWatchWait); 0 means 30s.
 	PollTimeout time.Duration
 	// MaxModelBytes bounds a version received on the data plane; 0 means
 	// 4 GiB.
@@ -123,7 +124,7 @@ type Relay struct {
 	lis   net.Listener
 
 	shmMu sync.Mutex // guards shm
-	shm   *ShmWriter
+	shm   *shm.Writer
 
 	bulk   *bulk.Client  // data-plane client for UpstreamAddr; nil without it
 	noBulk bool          // the upstream has no data-plane watch (follow's goroutine only)
@@ -285,7 +286,7 @@ func (r *Relay) ensureShm(n int64) error {
 	}
 	// The new segment atomically takes the path; then the old one is
 	// closed, so its readers re-open and find the new one.
-	w, err := CreateShm(ShmConfig{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Group: r.cfg.ShmGroup, Replace: true})
+	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Group: r.cfg.ShmGroup, Replace: true})
 	if err != nil {
 		return err
 	}
@@ -359,16 +360,23 @@ func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*
 // reader. A segment whose writer has closed it or died counts as
 // unreachable.
 func ShmDialer(name, path string) Dialer {
-	return ShmReaderDialer(name, ShmReaderConfig{Path: path})
+	return ShmReaderDialer(name, shm.ReaderConfig{Path: path})
 }
+
+// The shm transport's writer publishes and its reader is a Source, like
+// every other transport's.
+var (
+	_ Publisher = (*shm.Writer)(nil)
+	_ Source    = (*shm.Reader)(nil)
+)
 
 // ShmReaderDialer is ShmDialer with a reader configured by cfg, e.g. one
 // that leases (cfg.Lease) so collectors use versions in place: its
 // snapshots then stay valid until a newer version is taken from the
 // Failover (which keeps a failed leasing source mapped until then).
-func ShmReaderDialer(name string, cfg ShmReaderConfig) Dialer {
+func ShmReaderDialer(name string, cfg shm.ReaderConfig) Dialer {
 	return Dialer{Name: name, Dial: func(context.Context, uint64) (Source, io.Closer, error) {
-		r, err := OpenShm(cfg)
+		r, err := shm.Open(cfg)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -382,7 +390,7 @@ func ShmReaderDialer(name string, cfg ShmReaderConfig) Dialer {
 
 // PushDialer is a Dialer that attaches to a hub's or relay's push stream.
 // Its client reuses receive buffers (ClientConfig.ReuseBuffers): a
-// Failover's snapshots already live only as long as a ShmReader's.
+// Failover's snapshots already live only as long as a shm.Reader's.
 func PushDialer(name string, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
 	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
 		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have, ReuseBuffers: true})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"hash/crc32"
 	"io"
 	"time"
@@ -16,10 +17,13 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
+
+// castagnoli is the CRC-32C table of the shm layout's per-version checksum.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // errNoBulk: the upstream does not serve the store's data-plane watch;
 // the relay follows it over the WeightSync push stream instead.
@@ -30,7 +34,7 @@ var errNoBulk = errors.New("wsync: upstream has no data-plane watch")
 const relayPiece = 256 << 10
 
 // followBulk follows the upstream store's data-plane watch (long polls,
-// storesvc.BulkWatchMethod): each version's bytes go from the socket
+// storerpc.BulkWatchMethod): each version's bytes go from the socket
 // straight into the relay's next shared-memory slot as they arrive
 // (cut-through, CRC-32C computed piece by piece), and the slot is
 // published only once the whole version has arrived, parsed as valid
@@ -57,12 +61,12 @@ func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 // pollBulk runs one long poll for a version newer than after; it returns
 // the version published, or 0 when nothing newer landed.
 func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
-	cctx, cancel := context.WithTimeout(ctx, storesvc.BulkWatchWait+r.cfg.PollTimeout)
+	cctx, cancel := context.WithTimeout(ctx, storerpc.BulkWatchWait+r.cfg.PollTimeout)
 	defer cancel()
 	var (
 		hdr  rlhubv1.StorePullHeader
-		txn  *ShmWrite // the slot being filled, when publishing to shared memory
-		blob []byte    // where the version was received
+		txn  *shm.Write // the slot being filled, when publishing to shared memory
+		blob []byte     // where the version was received
 		crc  uint32
 		file *safetensors.File
 	)
@@ -72,7 +76,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			r.shmMu.Unlock()
 		}
 	}()
-	err := r.bulk.CallRecv(cctx, r.upstreamAddr(), storesvc.BulkWatchMethod,
+	err := r.bulk.CallRecv(cctx, r.upstreamAddr(), storerpc.BulkWatchMethod,
 		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
 		func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
@@ -151,7 +155,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 // relay's segment, creating or growing the segment first as publishShm
 // does. On success shmMu stays locked until the write is committed or
 // aborted.
-func (r *Relay) beginShm(version, epoch uint64, n int) (*ShmWrite, error) {
+func (r *Relay) beginShm(version, epoch uint64, n int) (*shm.Write, error) {
 	r.shmMu.Lock()
 	if err := r.ensureShm(int64(n)); err != nil {
 		r.shmMu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"io"
 	"net"
 	"sync"
@@ -17,17 +19,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// dataPlaneHub serves a store's data-plane pulls and watches (storesvc on
+// dataPlaneHub serves a store's data-plane pulls and watches (storerpc on
 // a bulk.Server) and weight sync's gRPC methods (for reports) on one port.
 func dataPlaneHub(t *testing.T, st store.Store) string {
 	t.Helper()
-	ss, err := storesvc.New(storesvc.Config{Store: st, Logger: testkit.Logger()})
+	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,16 +68,16 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 	}
 	defer st.Close()
 	addr := dataPlaneHub(t, st)
-	path := shmPath(t)
+	path := wsynctest.ShmPath(t)
 	relay := runRelay(t, RelayConfig{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-dp",
 		ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	for v := uint64(1); v <= 4; v++ {
-		snap := makeSnap(t, "m", v, 100_000+int(v))
+		snap := wsynctest.Snap(t, "m", v, 100_000+int(v))
 		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "the relay's board at the new version", func() bool { s := relay.Board().Newest(); return s != nil && s.Version == v })
-		r, err := OpenShm(ShmReaderConfig{Path: path, Verify: true})
+		r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +86,7 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 		if err != nil || got == nil || got.Version != v || !bytes.Equal(got.Blob, snap.Blob) {
 			t.Fatalf("segment: %v, %v; want version %d whole", got, err, v)
 		}
-		if err := checkSnap(relay.Board().Newest()); err != nil {
+		if err := wsynctest.Check(relay.Board().Newest()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,7 +101,7 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 	lis := testkit.Listen(t)
 	const n = 300_000
-	snaps := map[uint64]*store.Snapshot{1: makeSnap(t, "m", 1, n), 2: makeSnap(t, "m", 2, n), 3: makeSnap(t, "m", 3, n)}
+	snaps := map[uint64]*store.Snapshot{1: wsynctest.Snap(t, "m", 1, n), 2: wsynctest.Snap(t, "m", 2, n), 3: wsynctest.Snap(t, "m", 3, n)}
 	afters := make(chan uint64, 16)
 	cut := make(chan struct{}, 1)
 	var wg sync.WaitGroup
@@ -138,7 +140,7 @@ func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 			})
 		}
 	})
-	path := shmPath(t)
+	path := wsynctest.ShmPath(t)
 	relay := runRelay(t, RelayConfig{Upstream: dial(t, lis.Addr().String()), UpstreamAddr: lis.Addr().String(), Model: "m",
 		ShmPath: path, Backoff: time.Millisecond, Logger: quiet()})
 	if a := testkit.Recv(t, afters, 20*time.Second, "first poll"); a != 0 {
@@ -152,7 +154,7 @@ func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 		t.Fatalf("after the cut the relay asked for versions after %d, want 1 (version 2 must not count as had)", a)
 	}
 	waitFor(t, "version 3 on the board", func() bool { s := relay.Board().Newest(); return s != nil && s.Version == 3 })
-	r, err := OpenShm(ShmReaderConfig{Path: path, Verify: true})
+	r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}

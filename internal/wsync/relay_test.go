@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"io"
 	"log/slog"
 	"os"
@@ -35,7 +37,7 @@ type failoverCollector struct {
 
 func startFailoverCollector(t *testing.T, dialers ...Dialer) *failoverCollector {
 	t.Helper()
-	return startFailoverCollectorApply(t, checkSnap, dialers...)
+	return startFailoverCollectorApply(t, wsynctest.Check, dialers...)
 }
 
 // startFailoverCollectorApply is startFailoverCollector with the
@@ -65,7 +67,7 @@ func startFailoverCollectorApply(t *testing.T, apply ApplyFunc, dialers ...Diale
 func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 1000)
-	path := shmPath(t)
+	path := wsynctest.ShmPath(t)
 	// 3 slots: one lease entry, for leaseC.
 	relay, err := NewRelay(RelayConfig{Upstream: dial(t, h.addr), Model: "m", ID: "relay-1", ShmPath: path, ShmSlots: 3, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	if err != nil {
@@ -88,18 +90,18 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 		PushDialer("upstream", upConn, "stream-collector", "m"))
 	// The leasing collector counts the versions it got in place: views of
 	// the segment its current reader maps.
-	var leaseReader atomic.Pointer[ShmReader]
-	leasing := ShmReaderDialer("relay-shm", ShmReaderConfig{Path: path, Lease: true})
+	var leaseReader atomic.Pointer[shm.Reader]
+	leasing := ShmReaderDialer("relay-shm", shm.ReaderConfig{Path: path, Lease: true})
 	var leased atomic.Uint64
 	leaseC := startFailoverCollectorApply(t, func(s *store.Snapshot) error {
-		if r := leaseReader.Load(); r != nil && inMapping(r, s.Blob) {
+		if r := leaseReader.Load(); r != nil && r.InMapping(s.Blob) {
 			leased.Add(1)
 		}
-		return checkSnap(s)
+		return wsynctest.Check(s)
 	}, Dialer{Name: "relay-shm", Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
 		src, closer, err := leasing.Dial(ctx, have)
 		if err == nil {
-			leaseReader.Store(src.(*ShmReader))
+			leaseReader.Store(src.(*shm.Reader))
 		}
 		return src, closer, err
 	}}, PushDialer("upstream", upConn, "lease-collector", "m"))
@@ -212,7 +214,7 @@ func runRelayChild() int {
 func TestRelayProcessKilled(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 1000)
-	path := shmPath(t)
+	path := wsynctest.ShmPath(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=relay", "RLHUB_WSYNC_UPSTREAM="+h.addr, "RLHUB_WSYNC_SHM="+path)
 	cmd.Stderr = os.Stderr
@@ -238,7 +240,7 @@ func TestRelayProcessKilled(t *testing.T) {
 	}
 	relayAddr := strings.TrimPrefix(sc.Text(), "addr ")
 	waitFor(t, "relay segment", func() bool {
-		r, err := OpenShm(ShmReaderConfig{Path: path})
+		r, err := shm.Open(shm.ReaderConfig{Path: path})
 		if err != nil {
 			return false
 		}

@@ -3,6 +3,7 @@ package wsync
 import (
 	"context"
 	"errors"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"net"
 	"slices"
 	"sync"
@@ -62,7 +63,7 @@ func (h *hubFixture) stop() {
 
 func (h *hubFixture) push(t testing.TB, v uint64, words int) {
 	t.Helper()
-	snap := makeSnap(t, "m", v, words)
+	snap := wsynctest.Snap(t, "m", v, words)
 	if _, err := h.st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func startCollector(t testing.TB, addr, id string, start uint64) *collector {
 	c := &collector{client: cl, done: make(chan error, 1)}
 	c.recv, err = NewReceiver(ReceiverConfig{Source: cl, Start: start,
 		Apply: func(s *store.Snapshot) error {
-			if err := checkSnap(s); err != nil {
+			if err := wsynctest.Check(s); err != nil {
 				return err
 			}
 			c.mu.Lock()

@@ -10,16 +10,16 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
 // Remote pull / watch: a collector follows a real hub's model store over
-// gRPC (storeclient), "only if newer".
+// gRPC (storerpc.Client), "only if newer".
 func TestStoreSourcePullAndWatchOverTheHub(t *testing.T) {
 	h := hubtest.Start(t, hub.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	sc, err := storeclient.New(storeclient.Config{Addr: h.Addr().String()})
+	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}

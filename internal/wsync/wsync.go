@@ -16,7 +16,7 @@ import (
 // for concurrent use unless it says otherwise.
 //
 // A returned Snapshot is immutable. Unless the Source documents otherwise
-// it stays valid forever; ShmReader reuses memory and documents for how
+// it stays valid forever; shm.Reader reuses memory and documents for how
 // long its snapshots stay valid.
 type Source interface {
 	// GetIfNewer returns the newest version if it is newer than `than`,
@@ -88,8 +88,8 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 // Version is the version the collector runs (0 before the first).
 func (r *Receiver) Version() uint64 { return r.version.Load() }
 
-// Current is the last applied snapshot, or nil. With a ShmReader source it
-// is valid only as long as ShmReader documents (a leasing reader's: until
+// Current is the last applied snapshot, or nil. With a shm.Reader source it
+// is valid only as long as shm.Reader documents (a leasing reader's: until
 // the source's next call that returns a newer version, or its Close).
 func (r *Receiver) Current() *store.Snapshot {
 	r.mu.Lock()

@@ -3,6 +3,7 @@ package wsync
 import (
 	"context"
 	"errors"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"sync"
 	"testing"
 	"time"
@@ -26,7 +27,7 @@ func TestReceiverAppliesOnlyNewer(t *testing.T) {
 	if ok, err := r.Poll(ctx); ok || err != nil {
 		t.Fatalf("Poll on empty board = %v, %v; want false, nil", ok, err)
 	}
-	s3 := makeSnap(t, "m", 3, 4)
+	s3 := wsynctest.Snap(t, "m", 3, 4)
 	if err := b.Publish(ctx, s3); err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func TestReceiverAppliesOnlyNewer(t *testing.T) {
 		t.Fatalf("Poll = %v, %v; want true, nil", ok, err)
 	}
 	// The same version twice, then an older one: no-ops.
-	for _, s := range []*store.Snapshot{s3, makeSnap(t, "m", 2, 4)} {
+	for _, s := range []*store.Snapshot{s3, wsynctest.Snap(t, "m", 2, 4)} {
 		if ok, err := r.Offer(s); ok || err != nil {
 			t.Fatalf("Offer(v%d) = %v, %v; want no-op", s.Version, ok, err)
 		}
@@ -56,7 +57,7 @@ func TestReceiverAppliesOnlyNewer(t *testing.T) {
 func TestReceiverApplyErrorKeepsVersion(t *testing.T) {
 	boom := errors.New("boom")
 	r, _ := NewReceiver(ReceiverConfig{Source: NewBoard(""), Start: 5, Apply: func(*store.Snapshot) error { return boom }})
-	if _, err := r.Offer(makeSnap(t, "m", 6, 4)); !errors.Is(err, boom) {
+	if _, err := r.Offer(wsynctest.Snap(t, "m", 6, 4)); !errors.Is(err, boom) {
 		t.Fatalf("Offer error = %v, want boom", err)
 	}
 	if r.Version() != 5 {
@@ -71,14 +72,14 @@ func TestCopyIntoRefusesOtherLayout(t *testing.T) {
 	dst := tensor.NewF32("w", 4)
 	sd, _ := tensor.NewStateDict(dst)
 	apply := CopyInto(sd)
-	if err := apply(makeSnap(t, "m", 1, 4)); err != nil {
+	if err := apply(wsynctest.Snap(t, "m", 1, 4)); err != nil {
 		t.Fatal(err)
 	}
-	if err := checkSnap(&store.Snapshot{Version: 1, Tensors: sd, Metadata: map[string]string{"version": "1"}}); err != nil {
+	if err := wsynctest.Check(&store.Snapshot{Version: 1, Tensors: sd, Metadata: map[string]string{"version": "1"}}); err != nil {
 		t.Fatalf("copied weights: %v", err)
 	}
 	before := append([]byte(nil), dst.Data...)
-	if err := apply(makeSnap(t, "m", 2, 8)); !errors.Is(err, errs.ErrInvalid) {
+	if err := apply(wsynctest.Snap(t, "m", 2, 8)); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("apply of another shape = %v, want ErrInvalid", err)
 	}
 	if string(before) != string(dst.Data) {
@@ -89,14 +90,14 @@ func TestCopyIntoRefusesOtherLayout(t *testing.T) {
 func TestBoardRules(t *testing.T) {
 	ctx := context.Background()
 	b := NewBoard("m")
-	if err := b.Publish(ctx, makeSnap(t, "m", 2, 1)); err != nil {
+	if err := b.Publish(ctx, wsynctest.Snap(t, "m", 2, 1)); err != nil {
 		t.Fatal(err)
 	}
 	var se *errs.StaleError
-	if err := b.Publish(ctx, makeSnap(t, "m", 2, 1)); !errors.As(err, &se) || se.CurrentVersion != 2 {
+	if err := b.Publish(ctx, wsynctest.Snap(t, "m", 2, 1)); !errors.As(err, &se) || se.CurrentVersion != 2 {
 		t.Fatalf("republish v2 = %v, want StaleError at 2", err)
 	}
-	if err := b.Publish(ctx, makeSnap(t, "other", 3, 1)); !errors.Is(err, errs.ErrInvalid) {
+	if err := b.Publish(ctx, wsynctest.Snap(t, "other", 3, 1)); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("wrong model = %v, want ErrInvalid", err)
 	}
 	if b.Newest().Version != 2 {
@@ -116,7 +117,7 @@ func TestBoardRules(t *testing.T) {
 		}
 		got <- s.Version
 	}()
-	if err := b.Publish(ctx, makeSnap(t, "m", 3, 1)); err != nil {
+	if err := b.Publish(ctx, wsynctest.Snap(t, "m", 3, 1)); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
@@ -149,7 +150,7 @@ func TestReceiverRunFollowsBoard(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	for v := uint64(1); v <= 3; v++ {
-		if err := b.Publish(ctx, makeSnap(t, "m", v, 1)); err != nil {
+		if err := b.Publish(ctx, wsynctest.Snap(t, "m", v, 1)); err != nil {
 			t.Fatal(err)
 		}
 		for r.Version() < v {

@@ -15,7 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -106,7 +106,7 @@ func tcpCopy(b testing.TB, addr string, size int, bufs [][]byte) []time.Duration
 // (Get); otherwise client i pulls into bufs[i] (GetInto) and bufs[i]
 // becomes the blob it pulled, so from the second pull on every reader
 // receives into the memory of its previous pull.
-func pullAll(b testing.TB, clients []*storeclient.Client, size int, bufs [][]byte) []time.Duration {
+func pullAll(b testing.TB, clients []*storerpc.Client, size int, bufs [][]byte) []time.Duration {
 	out := make([]time.Duration, len(clients))
 	var wg sync.WaitGroup
 	for i, c := range clients {
@@ -252,9 +252,9 @@ func benchPull(b *testing.B, blob []byte, readers int, stock, reuse bool) {
 	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: blob}); err != nil {
 		b.Fatal(err)
 	}
-	var clients []*storeclient.Client
+	var clients []*storerpc.Client
 	for range readers + 1 { // the extra one measures a lone reader
-		c, err := storeclient.New(storeclient.Config{Addr: h.Addr().String(), StockCodec: stock})
+		c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String(), StockCodec: stock})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,8 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
 
@@ -72,7 +71,7 @@ func BenchmarkPullOptions(b *testing.B) {
 		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
 			b.Fatal(err)
 		}
-		svc, err := storesvc.New(storesvc.Config{Store: st, ChunkBytes: v.chunk, Logger: quiet})
+		svc, err := storerpc.New(storerpc.Config{Store: st, ChunkBytes: v.chunk, Logger: quiet})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -93,7 +92,7 @@ func BenchmarkPullOptions(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer cc.Close()
-		c, err := storeclient.New(storeclient.Config{Conn: cc, ChunkBytes: v.chunk})
+		c, err := storerpc.NewClient(storerpc.ClientConfig{Conn: cc, ChunkBytes: v.chunk})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 )
 
 // BenchmarkPush pushes consecutive versions of a model through the real
@@ -46,7 +46,7 @@ func benchPush(b *testing.B, blob []byte, file bool) {
 	if err := h.Start(); err != nil {
 		b.Fatal(err)
 	}
-	c, err := storeclient.New(storeclient.Config{Addr: h.Addr().String()})
+	c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String()})
 	if err != nil {
 		b.Fatal(err)
 	}

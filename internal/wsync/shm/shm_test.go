@@ -1,6 +1,6 @@
 //go:build linux
 
-package wsync
+package shm
 
 import (
 	"bufio"
@@ -8,11 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,31 +23,18 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 )
 
-// shmPath returns a fresh segment path in /dev/shm, removed after the test.
-func shmPath(t testing.TB) string {
-	t.Helper()
-	dir := "/dev/shm"
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		dir = t.TempDir()
-	}
-	p := filepath.Join(dir, fmt.Sprintf("rlhub-wsync-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_")))
-	os.Remove(p)
-	t.Cleanup(func() { os.Remove(p) })
-	return p
-}
-
 func TestShmRoundTripAndRules(t *testing.T) {
 	ctx := context.Background()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10})
+	path := wsynctest.ShmPath(t)
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 64 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if _, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 1}); !errors.Is(err, errs.ErrExists) {
-		t.Fatalf("second CreateShm = %v, want ErrExists", err)
+	if _, err := Create(Config{Path: path, Name: "m", Capacity: 1}); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("second Create = %v, want ErrExists", err)
 	}
-	r, err := OpenShm(ShmReaderConfig{Path: path})
+	r, err := Open(ReaderConfig{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,14 +42,14 @@ func TestShmRoundTripAndRules(t *testing.T) {
 	if s, err := r.GetIfNewer(ctx, 0); s != nil || err != nil {
 		t.Fatalf("empty segment: %v, %v", s, err)
 	}
-	if err := w.Publish(ctx, makeSnap(t, "m", 1, 100)); err != nil {
+	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 1, 100)); err != nil {
 		t.Fatal(err)
 	}
 	s, err := r.GetIfNewer(ctx, 0)
 	if err != nil || s == nil {
 		t.Fatalf("GetIfNewer: %v, %v", s, err)
 	}
-	if err := checkSnap(s); err != nil {
+	if err := wsynctest.Check(s); err != nil {
 		t.Fatal(err)
 	}
 	if s, _ := r.GetIfNewer(ctx, 1); s != nil {
@@ -70,13 +57,13 @@ func TestShmRoundTripAndRules(t *testing.T) {
 	}
 
 	var se *errs.StaleError
-	if err := w.Publish(ctx, makeSnap(t, "m", 1, 100)); !errors.As(err, &se) {
+	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 1, 100)); !errors.As(err, &se) {
 		t.Fatalf("republish = %v, want StaleError", err)
 	}
-	if err := w.Publish(ctx, makeSnap(t, "m", 2, 20<<10)); !errors.Is(err, errs.ErrFull) {
+	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 2, 20<<10)); !errors.Is(err, errs.ErrFull) {
 		t.Fatalf("oversized = %v, want ErrFull", err)
 	}
-	if err := w.Publish(ctx, makeSnap(t, "x", 2, 1)); !errors.Is(err, errs.ErrInvalid) {
+	if err := w.Publish(ctx, wsynctest.Snap(t, "x", 2, 1)); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("other model = %v, want ErrInvalid", err)
 	}
 	if r.Published() != 1 {
@@ -97,11 +84,11 @@ func TestShmRoundTripAndRules(t *testing.T) {
 		}
 		got <- s
 	}()
-	if err := w.Publish(ctx, makeSnap(t, "m", 5, 100)); err != nil {
+	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 5, 100)); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	if s := <-got; s == nil || s.Version != 5 || checkSnap(s) != nil {
+	if s := <-got; s == nil || s.Version != 5 || wsynctest.Check(s) != nil {
 		t.Fatalf("WaitNewer got %+v", s)
 	}
 
@@ -120,18 +107,18 @@ func TestShmRoundTripAndRules(t *testing.T) {
 // previous whole version instead.
 func TestShmReaderSkipsSlotBeingWritten(t *testing.T) {
 	ctx := context.Background()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4096})
+	path := wsynctest.ShmPath(t)
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
 	for v := uint64(1); v <= 2; v++ {
-		if err := w.Publish(ctx, makeSnap(t, "m", v, 64)); err != nil {
+		if err := w.Publish(ctx, wsynctest.Snap(t, "m", v, 64)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r, err := OpenShm(ShmReaderConfig{Path: path})
+	r, err := Open(ReaderConfig{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +130,7 @@ func TestShmReaderSkipsSlotBeingWritten(t *testing.T) {
 	seq.Add(1)
 	slot[shmPage+200] ^= 0xff
 	s, err := r.GetIfNewer(ctx, 0)
-	if err != nil || s == nil || s.Version != 1 || checkSnap(s) != nil {
+	if err != nil || s == nil || s.Version != 1 || wsynctest.Check(s) != nil {
 		t.Fatalf("with slot 1 mid-write got %v (err %v), want whole version 1", s, err)
 	}
 	if s, _ := r.GetIfNewer(ctx, 1); s != nil {
@@ -152,7 +139,7 @@ func TestShmReaderSkipsSlotBeingWritten(t *testing.T) {
 	// "Finished" with the scribble still there: a verifying reader's CRC
 	// catches it; a default reader (seqlock only) does not check bytes.
 	seq.Add(1)
-	vr, err := OpenShm(ShmReaderConfig{Path: path, Verify: true})
+	vr, err := Open(ReaderConfig{Path: path, Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,11 +153,11 @@ func TestShmReaderSkipsSlotBeingWritten(t *testing.T) {
 }
 
 func TestOpenShmRejectsBadSegments(t *testing.T) {
-	path := shmPath(t)
-	if _, err := OpenShm(ShmReaderConfig{Path: path}); !errors.Is(err, errs.ErrNotFound) {
+	path := wsynctest.ShmPath(t)
+	if _, err := Open(ReaderConfig{Path: path}); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("missing = %v, want ErrNotFound", err)
 	}
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4096})
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,18 +181,18 @@ func TestOpenShmRejectsBadSegments(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.mutil(append([]byte(nil), good...))
-			p := shmPath(t)
+			p := wsynctest.ShmPath(t)
 			if err := os.WriteFile(p, b, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := OpenShm(ShmReaderConfig{Path: p}); !errors.Is(err, errs.ErrInvalid) {
-				t.Fatalf("OpenShm = %v, want ErrInvalid", err)
+			if _, err := Open(ReaderConfig{Path: p}); !errors.Is(err, errs.ErrInvalid) {
+				t.Fatalf("Open = %v, want ErrInvalid", err)
 			}
 		})
 	}
-	for _, cfg := range []ShmConfig{{Name: "m", Capacity: 1}, {Path: path, Capacity: 1}, {Path: path, Name: "m"}, {Path: path, Name: "m", Capacity: 1, Slots: 1}} {
-		if _, err := CreateShm(cfg); !errors.Is(err, errs.ErrInvalid) {
-			t.Errorf("CreateShm(%+v) = %v, want ErrInvalid", cfg, err)
+	for _, cfg := range []Config{{Name: "m", Capacity: 1}, {Path: path, Capacity: 1}, {Path: path, Name: "m"}, {Path: path, Name: "m", Capacity: 1, Slots: 1}} {
+		if _, err := Create(cfg); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("Create(%+v) = %v, want ErrInvalid", cfg, err)
 		}
 	}
 }
@@ -284,8 +271,8 @@ func TestShmTornReads(t *testing.T) {
 }
 
 func testShmTornReads(t *testing.T, setup tornSetup) {
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4*tornWords + 4096, CopyWorkers: setup.copyWorkers, Slots: setup.slots})
+	path := wsynctest.ShmPath(t)
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 4*tornWords + 4096, CopyWorkers: setup.copyWorkers, Slots: setup.slots})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +313,7 @@ func testShmTornReads(t *testing.T, setup tornSetup) {
 	results := make([]result, len(setup.goroutines))
 	var wg sync.WaitGroup
 	for g, rd := range setup.goroutines {
-		r, err := OpenShm(ShmReaderConfig{Path: path, Verify: rd.verify, Lease: rd.lease})
+		r, err := Open(ReaderConfig{Path: path, Verify: rd.verify, Lease: rd.lease})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -344,7 +331,7 @@ func testShmTornReads(t *testing.T, setup tornSetup) {
 	}
 
 	for v := uint64(1); v <= tornVersions; v++ {
-		snap := makeSnap(t, "m", v, tornWords)
+		snap := wsynctest.Snap(t, "m", v, tornWords)
 		if err := w.Write(v, 0, snap.Blob); err != nil {
 			t.Fatal(err)
 		}
@@ -380,7 +367,7 @@ func testShmTornReads(t *testing.T, setup tornSetup) {
 // the writer wrote while leased shows up as changed bytes or CRC. It
 // returns the number of whole versions read and of aborted reads, and the
 // first torn or failed read.
-func readAll(ctx context.Context, r *ShmReader, final uint64) (reads, aborts uint64, err error) {
+func readAll(ctx context.Context, r *Reader, final uint64) (reads, aborts uint64, err error) {
 	var have uint64
 	for have < final {
 		s, err := r.WaitNewer(ctx, have)
@@ -391,7 +378,7 @@ func readAll(ctx context.Context, r *ShmReader, final uint64) (reads, aborts uin
 		if err != nil {
 			return reads, aborts, fmt.Errorf("after v%d: %w", have, err)
 		}
-		if err := checkSnap(s); err != nil {
+		if err := wsynctest.Check(s); err != nil {
 			return reads, aborts, err
 		}
 		if s.Version <= have {
@@ -410,7 +397,7 @@ func readAll(ctx context.Context, r *ShmReader, final uint64) (reads, aborts uin
 
 // holdLeased keeps the leased snapshot s while the writer publishes up to
 // version `until`, then checks that its bytes are still version s's.
-func holdLeased(ctx context.Context, r *ShmReader, s *store.Snapshot, until uint64) error {
+func holdLeased(ctx context.Context, r *Reader, s *store.Snapshot, until uint64) error {
 	crc := crc32.Checksum(s.Blob, castagnoli)
 	for r.Published() < until {
 		if ctx.Err() != nil {
@@ -421,19 +408,16 @@ func holdLeased(ctx context.Context, r *ShmReader, s *store.Snapshot, until uint
 	if got := crc32.Checksum(s.Blob, castagnoli); got != crc {
 		return fmt.Errorf("leased version %d changed while held: CRC-32C %08x, was %08x (the writer wrote a leased slot)", s.Version, got, crc)
 	}
-	if err := checkSnap(s); err != nil {
+	if err := wsynctest.Check(s); err != nil {
 		return fmt.Errorf("leased version %d changed while held: %w", s.Version, err)
 	}
 	return nil
 }
 
 // runChild runs this test binary as a helper process: a shm reader of
-// TestShmTornReads, a lease holder of TestShmLeaseOfDeadReader, or a relay
-// of TestRelayProcessKilled.
+// TestShmTornReads or a lease holder of TestShmLeaseOfDeadReader.
 func runChild() int {
 	switch os.Getenv(childEnv) {
-	case "relay":
-		return runRelayChild()
 	case "shm-lease-hold":
 		return runLeaseHolderChild()
 	}
@@ -445,7 +429,7 @@ func runChild() int {
 // and exits 0, or exits 1 on a torn or failed read.
 func runShmReaderChild() int {
 	final, _ := strconv.ParseUint(os.Getenv("RLHUB_WSYNC_FINAL"), 10, 64)
-	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Verify: os.Getenv("RLHUB_WSYNC_VERIFY") == "true",
+	r, err := Open(ReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Verify: os.Getenv("RLHUB_WSYNC_VERIFY") == "true",
 		Lease: os.Getenv("RLHUB_WSYNC_LEASE") == "true"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

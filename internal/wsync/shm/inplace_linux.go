@@ -1,4 +1,4 @@
-package wsync
+package shm
 
 import (
 	"fmt"
@@ -6,13 +6,13 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 )
 
-// ShmWrite is a version being written into a slot in place (Begin): the
+// Write is a version being written into a slot in place (Begin): the
 // caller fills Buf (from a socket, say) and then commits it with its
 // CRC-32C, or aborts. Until then the slot's seq is odd and the writer's
 // lock is held, so nothing else is published; readers keep reading the
 // newest version, which lives in another slot.
-type ShmWrite struct {
-	w              *ShmWriter
+type Write struct {
+	w              *Writer
 	i              int
 	s              uint64
 	version, epoch uint64
@@ -24,9 +24,9 @@ type ShmWrite struct {
 // *errs.StaleError) of n bytes (at most Capacity, else errs.ErrFull) and
 // returns it for writing in place. Exactly one of Commit or Abort must
 // follow; until then every other call on w waits.
-func (w *ShmWriter) Begin(version, epoch uint64, n int) (*ShmWrite, error) {
+func (w *Writer) Begin(version, epoch uint64, n int) (*Write, error) {
 	w.mu.Lock()
-	fail := func(err error) (*ShmWrite, error) {
+	fail := func(err error) (*Write, error) {
 		w.mu.Unlock()
 		return nil, err
 	}
@@ -43,17 +43,17 @@ func (w *ShmWriter) Begin(version, epoch uint64, n int) (*ShmWrite, error) {
 	if !ok {
 		return fail(fmt.Errorf("%w: wsync: every shm slot of %s is leased or holds the newest version", errs.ErrAborted, w.cfg.Path))
 	}
-	return &ShmWrite{w: w, i: i, s: s, version: version, epoch: epoch, n: n}, nil
+	return &Write{w: w, i: i, s: s, version: version, epoch: epoch, n: n}, nil
 }
 
 // Buf is the slot's memory for the version's n bytes, valid until Commit
 // or Abort (after Commit it holds the published version until the writer
 // writes another).
-func (t *ShmWrite) Buf() []byte { return t.w.slot(t.i)[shmPage : shmPage+t.n] }
+func (t *Write) Buf() []byte { return t.w.slot(t.i)[shmPage : shmPage+t.n] }
 
 // Commit publishes the bytes written into Buf as the version, with crc
 // their CRC-32C (Castagnoli), and wakes readers, as Write does.
-func (t *ShmWrite) Commit(crc uint32) error {
+func (t *Write) Commit(crc uint32) error {
 	if t.done {
 		return fmt.Errorf("wsync: shm write of version %d already ended", t.version)
 	}
@@ -80,7 +80,7 @@ func (t *ShmWrite) Commit(crc uint32) error {
 // (version and length 0, seq moved on, so a reader that was copying its
 // old version retries) and nothing else changes. Safe after Commit (it
 // does nothing).
-func (t *ShmWrite) Abort() {
+func (t *Write) Abort() {
 	if t.done {
 		return
 	}

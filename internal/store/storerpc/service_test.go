@@ -1,4 +1,4 @@
-package storesvc_test
+package storerpc_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -40,7 +40,7 @@ func start(t *testing.T, cfg store.Config) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := storesvc.New(storesvc.Config{Store: mem})
+	svc, err := storerpc.New(storerpc.Config{Store: mem})
 	if err != nil {
 		t.Fatal(err)
 	}

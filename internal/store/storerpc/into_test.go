@@ -1,4 +1,4 @@
-package storeclient_test
+package storerpc_test
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -63,7 +63,7 @@ func TestGetIntoMatchesGet(t *testing.T) {
 	storetest.MustPush(t, mem, store.PushRequest{Name: "m", Version: 3, Expect: 0, Epoch: 2, Blob: blob})
 	for _, stock := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stock=%v", stock), func(t *testing.T) {
-			c := newClient(t, storeclient.Config{Addr: addr, ChunkBytes: 4096, StockCodec: stock})
+			c := newClient(t, storerpc.ClientConfig{Addr: addr, ChunkBytes: 4096, StockCodec: stock})
 			defer c.Close()
 			want, err := c.Get(ctxT(t), "m", 0)
 			if err != nil {
@@ -178,7 +178,7 @@ func TestGetIntoFailures(t *testing.T) {
 		{"over the client's limit", &badPull{total: n, data: blob}, int64(n - 1), errs.ErrFull, fmt.Sprintf("blob of %d bytes exceeds the limit of %d", n, n-1), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newClient(t, storeclient.Config{Addr: serveBad(t, tc.srv), MaxModelBytes: tc.maxBytes, MaxAttempts: 1})
+			c := newClient(t, storerpc.ClientConfig{Addr: serveBad(t, tc.srv), MaxModelBytes: tc.maxBytes, MaxAttempts: 1})
 			defer c.Close()
 			_, plainErr := c.Get(ctxT(t), "m", 0)
 			buf := garbage(int(n)+64, int(n)+64)
@@ -211,7 +211,7 @@ func TestGetIntoFailures(t *testing.T) {
 func TestGetIfNewerIntoReuse(t *testing.T) {
 	mem, _ := store.NewMemory(store.Config{})
 	defer mem.Close()
-	c := newClient(t, storeclient.Config{Addr: serve(t, mem), ChunkBytes: 4096})
+	c := newClient(t, storerpc.ClientConfig{Addr: serve(t, mem), ChunkBytes: 4096})
 	defer c.Close()
 	const floats = 20_000
 	blobs := map[uint64][]byte{}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package wsync
+package shm
 
 import (
 	"encoding/binary"

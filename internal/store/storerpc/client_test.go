@@ -1,4 +1,4 @@
-package storeclient_test
+package storerpc_test
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -16,18 +15,15 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storeclient"
-	"github.com/rlhub/rlhub/internal/store/storesvc"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // serve starts a real gRPC server on 127.0.0.1:0 hosting a store service
 // over st, stopped at cleanup. It returns the address.
 func serve(t *testing.T, st store.Store, extra ...func(*grpc.Server)) string {
 	t.Helper()
-	svc, err := storesvc.New(storesvc.Config{Store: st})
+	svc, err := storerpc.New(storerpc.Config{Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +47,9 @@ func serve(t *testing.T, st store.Store, extra ...func(*grpc.Server)) string {
 	return lis.Addr().String()
 }
 
-func newClient(t *testing.T, cfg storeclient.Config) *storeclient.Client {
+func newClient(t *testing.T, cfg storerpc.ClientConfig) *storerpc.Client {
 	t.Helper()
-	c, err := storeclient.New(cfg)
+	c, err := storerpc.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +67,7 @@ func TestSuiteOverGRPC(t *testing.T) {
 		}
 		t.Cleanup(func() { mem.Close() })
 		addr := serve(t, mem)
-		return newClient(t, storeclient.Config{Addr: addr, ChunkBytes: 4096})
+		return newClient(t, storerpc.ClientConfig{Addr: addr, ChunkBytes: 4096})
 	})
 }
 
@@ -85,14 +81,8 @@ func TestSuiteOverGRPCStockCodec(t *testing.T) {
 		}
 		t.Cleanup(func() { mem.Close() })
 		addr := serve(t, mem)
-		return newClient(t, storeclient.Config{Addr: addr, ChunkBytes: 4096, StockCodec: true})
+		return newClient(t, storerpc.ClientConfig{Addr: addr, ChunkBytes: 4096, StockCodec: true})
 	})
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func TestWatchReportsSkippedVersions(t *testing.T) {
@@ -106,7 +96,7 @@ func TestWatchReportsSkippedVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	c := newClient(t, storeclient.Config{Conn: conn})
+	c := newClient(t, storerpc.ClientConfig{Conn: conn})
 	defer c.Close()
 	const floats = 256 << 10
 	storetest.MustPush(t, mem, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, floats)})
@@ -196,7 +186,7 @@ func TestRetriesUnavailable(t *testing.T) {
 	mem, _ := store.NewMemory(store.Config{})
 	defer mem.Close()
 	f := &flaky{}
-	svc, err := storesvc.New(storesvc.Config{Store: mem})
+	svc, err := storerpc.New(storerpc.Config{Store: mem})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +200,7 @@ func TestRetriesUnavailable(t *testing.T) {
 	wg.Go(func() { _ = g.Serve(lis) })
 	defer func() { g.Stop(); wg.Wait() }()
 
-	c := newClient(t, storeclient.Config{Addr: lis.Addr().String(), MaxAttempts: 3, BaseBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
+	c := newClient(t, storerpc.ClientConfig{Addr: lis.Addr().String(), MaxAttempts: 3, BaseBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 	defer c.Close()
 	f.n = 2 // two failures, third attempt succeeds
 	if _, err := c.Push(ctxT(t), store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)}); err != nil {
@@ -241,7 +231,7 @@ func TestRetriesUnavailable(t *testing.T) {
 func TestDeadlineApplied(t *testing.T) {
 	mem, _ := store.NewMemory(store.Config{})
 	defer mem.Close()
-	c := newClient(t, storeclient.Config{Addr: serve(t, mem), CallTimeout: 50 * time.Millisecond})
+	c := newClient(t, storerpc.ClientConfig{Addr: serve(t, mem), CallTimeout: 50 * time.Millisecond})
 	defer c.Close()
 	// WaitNewer on a model that never appears ends only by deadline: the
 	// caller's here, since WaitNewer is a watch (no default deadline).
@@ -258,7 +248,7 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	// after the last delivered version.
 	mem, _ := store.NewMemory(store.Config{})
 	defer mem.Close()
-	svc1, _ := storesvc.New(storesvc.Config{Store: mem})
+	svc1, _ := storerpc.New(storerpc.Config{Store: mem})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -271,7 +261,7 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 
 	// Retries enough to outlast a slow restart on a loaded machine (about
 	// 20 s at the 20 ms cap): a watcher that gives up would end the test.
-	c := newClient(t, storeclient.Config{Addr: addr, BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 1000})
+	c := newClient(t, storerpc.ClientConfig{Addr: addr, BaseBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 1000})
 	defer c.Close()
 	storetest.MustPush(t, mem, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 4)})
 	got := make(chan uint64, 8)
@@ -298,7 +288,7 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc2, _ := storesvc.New(storesvc.Config{Store: mem})
+	svc2, _ := storerpc.New(storerpc.Config{Store: mem})
 	g2 := grpc.NewServer()
 	svc2.Register(g2)
 	wg.Go(func() { _ = g2.Serve(lis2) })

@@ -1,6 +1,6 @@
 //go:build linux
 
-package wsync
+package shm
 
 import (
 	"context"
@@ -25,8 +25,8 @@ import (
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
-// ShmConfig configures a shared-memory segment writer.
-type ShmConfig struct {
+// Config configures a shared-memory segment writer.
+type Config struct {
 	// Path of the segment, normally under /dev/shm. Required.
 	Path string
 	// Name is the model name recorded in the header; Publish refuses
@@ -38,11 +38,11 @@ type ShmConfig struct {
 	// Slots is the number of version slots (double buffer = 2); 0 means 2.
 	// More slots give a reader more time to copy a version before the
 	// writer comes back to its slot, and S − 2 of them can be leased by
-	// readers that read in place (ShmReaderConfig.Lease): the segment has
+	// readers that read in place (ReaderConfig.Lease): the segment has
 	// a lease entry for each, so 2 + n slots let n readers lease.
 	Slots int
 	// Replace removes an existing file at Path first; false makes
-	// CreateShm fail with errs.ErrExists when one exists.
+	// Create fail with errs.ErrExists when one exists.
 	Replace bool
 	// Mode is the file mode; 0 means 0600 (0660 with Group). It is set
 	// exactly, whatever the umask; a mode that grants anything to others
@@ -61,18 +61,18 @@ type ShmConfig struct {
 	CopyWorkers int
 }
 
-func (c *ShmConfig) validate() error {
+func (c *Config) validate() error {
 	switch {
 	case c.Path == "":
-		return fmt.Errorf("%w: wsync: ShmConfig.Path is empty", errs.ErrInvalid)
+		return fmt.Errorf("%w: wsync: Config.Path is empty", errs.ErrInvalid)
 	case c.Name == "" || len(c.Name) > shmMaxName:
-		return fmt.Errorf("%w: wsync: ShmConfig.Name %q must be 1..%d bytes", errs.ErrInvalid, c.Name, shmMaxName)
+		return fmt.Errorf("%w: wsync: Config.Name %q must be 1..%d bytes", errs.ErrInvalid, c.Name, shmMaxName)
 	case c.Capacity <= 0 || c.Capacity > 1<<40:
-		return fmt.Errorf("%w: wsync: ShmConfig.Capacity %d outside (0, 1 TiB]", errs.ErrInvalid, c.Capacity)
+		return fmt.Errorf("%w: wsync: Config.Capacity %d outside (0, 1 TiB]", errs.ErrInvalid, c.Capacity)
 	case c.Slots < 0 || c.Slots == 1 || c.Slots > 64:
-		return fmt.Errorf("%w: wsync: ShmConfig.Slots %d outside [2, 64]", errs.ErrInvalid, c.Slots)
+		return fmt.Errorf("%w: wsync: Config.Slots %d outside [2, 64]", errs.ErrInvalid, c.Slots)
 	case c.CopyWorkers < 0:
-		return fmt.Errorf("%w: wsync: ShmConfig.CopyWorkers %d is negative", errs.ErrInvalid, c.CopyWorkers)
+		return fmt.Errorf("%w: wsync: Config.CopyWorkers %d is negative", errs.ErrInvalid, c.CopyWorkers)
 	}
 	if c.CopyWorkers == 0 {
 		c.CopyWorkers = min(runtime.GOMAXPROCS(0), 4)
@@ -95,11 +95,11 @@ func (c *ShmConfig) validate() error {
 	return nil
 }
 
-// ShmWriter publishes versions of one model into a shared-memory segment.
+// Writer publishes versions of one model into a shared-memory segment.
 // It is the only writer of its segment. Publish and Close are safe for
 // concurrent use.
-type ShmWriter struct {
-	cfg ShmConfig
+type Writer struct {
+	cfg Config
 	geo shmGeometry
 
 	file os.FileInfo // the segment's identity, so Close removes only its own file
@@ -111,15 +111,13 @@ type ShmWriter struct {
 	published uint64
 }
 
-var _ Publisher = (*ShmWriter)(nil)
-
-// CreateShm creates, sizes, maps and pre-faults a segment (every page is
+// Create creates, sizes, maps and pre-faults a segment (every page is
 // touched at creation, so publishing never pays for first-touch faults).
 // The segment is built under a temporary name and appears at Path only
 // once its header is complete, so readers never open a half-made segment;
 // with Replace it atomically takes the place of an existing file (whose
 // readers keep their mapping of the old one).
-func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
+func Create(cfg Config) (*Writer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -138,7 +136,7 @@ func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 	}
 	defer f.Close() // the mapping outlives the descriptor
 	var mem []byte
-	fail := func(err error) (*ShmWriter, error) {
+	fail := func(err error) (*Writer, error) {
 		if mem != nil {
 			unix.Munmap(mem)
 		}
@@ -178,17 +176,17 @@ func CreateShm(cfg ShmConfig) (*ShmWriter, error) {
 		}
 		return fail(fmt.Errorf("wsync: publish shm segment: %w", err))
 	}
-	return &ShmWriter{cfg: cfg, geo: geo, mem: mem, file: fi, newest: -1}, nil
+	return &Writer{cfg: cfg, geo: geo, mem: mem, file: fi, newest: -1}, nil
 }
 
 // Path is the segment's file.
-func (w *ShmWriter) Path() string { return w.cfg.Path }
+func (w *Writer) Path() string { return w.cfg.Path }
 
 // Capacity is the largest blob the segment holds.
-func (w *ShmWriter) Capacity() int64 { return w.geo.capacity }
+func (w *Writer) Capacity() int64 { return w.geo.capacity }
 
 // Publish implements Publisher: it writes snap.Blob as a new version.
-func (w *ShmWriter) Publish(_ context.Context, snap *store.Snapshot) error {
+func (w *Writer) Publish(_ context.Context, snap *store.Snapshot) error {
 	if snap.Name != w.cfg.Name {
 		return errWrongModel(w.cfg.Name, snap.Name)
 	}
@@ -202,11 +200,11 @@ func (w *ShmWriter) Publish(_ context.Context, snap *store.Snapshot) error {
 // The seqlock: the slot's seq becomes odd, the fields and bytes are
 // written, the CRC-32C is stored, seq becomes even, then `published` and
 // the futex word move and waiters are woken. The bytes are copied and
-// checksummed in one pass, by up to CopyWorkers goroutines (ShmConfig).
+// checksummed in one pass, by up to CopyWorkers goroutines (Config).
 // The slot is the next one round robin that holds neither the newest
 // version nor a reader's lease (claimSlot); one always exists, so readers
 // never make Write wait.
-func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
+func (w *Writer) Write(version, epoch uint64, blob []byte) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mem == nil {
@@ -266,12 +264,12 @@ func (w *ShmWriter) Write(version, epoch uint64, blob []byte) error {
 // leasing readers and a writer running flat out). So the passes repeat;
 // each failed one needs a lease to move while it ran, which readers do
 // once per version read, so a bounded number suffices.
-func (w *ShmWriter) claimSlot() (int, uint64, bool) { return w.claimSlotWith(w.leased) }
+func (w *Writer) claimSlot() (int, uint64, bool) { return w.claimSlotWith(w.leased) }
 
 // claimPasses bounds claimSlot's passes over the slots.
 const claimPasses = 1000
 
-func (w *ShmWriter) claimSlotWith(leased func(int) bool) (int, uint64, bool) {
+func (w *Writer) claimSlotWith(leased func(int) bool) (int, uint64, bool) {
 	for pass := range claimPasses {
 		if pass > 0 {
 			runtime.Gosched() // let an in-process reader finish its move
@@ -295,7 +293,7 @@ func (w *ShmWriter) claimSlotWith(leased func(int) bool) (int, uint64, bool) {
 
 // leased reports whether a lease entry names slot i. Entries naming no
 // slot or a slot out of range (a confused reader) name nothing.
-func (w *ShmWriter) leased(i int) bool {
+func (w *Writer) leased(i int) bool {
 	for e := range w.geo.leases {
 		if u64(w.mem, leaseOff(e)+leaseSlot).Load() == uint64(i)+1 {
 			return true
@@ -304,7 +302,7 @@ func (w *ShmWriter) leased(i int) bool {
 	return false
 }
 
-func (w *ShmWriter) slot(i int) []byte {
+func (w *Writer) slot(i int) []byte {
 	return w.mem[w.geo.slotOff(i):][:w.geo.stride]
 }
 
@@ -312,7 +310,7 @@ func (w *ShmWriter) slot(i int) []byte {
 // errs.ErrUnavailable once they hold the newest version), wakes readers,
 // unmaps it and removes the file unless another segment has replaced it at
 // Path; processes that still map it keep their mapping. Safe to call twice.
-func (w *ShmWriter) Close() error {
+func (w *Writer) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mem == nil {
@@ -331,8 +329,8 @@ func (w *ShmWriter) Close() error {
 	return err
 }
 
-// ShmReaderConfig configures a reader of a segment.
-type ShmReaderConfig struct {
+// ReaderConfig configures a reader of a segment.
+type ReaderConfig struct {
 	// Path of the segment. Required.
 	Path string
 	// Verify computes the CRC-32C of every version read and compares it
@@ -346,7 +344,7 @@ type ShmReaderConfig struct {
 	// opens, and while it holds a version the writer leaves that version's
 	// slot alone (docs/shm-layout.md, "Slot leases"). Its snapshots are
 	// views of the read-only mapping and stay valid only until the next
-	// call that returns a newer version, or Close (see ShmReader). The reader
+	// call that returns a newer version, or Close (see Reader). The reader
 	// falls back to copying, for its whole life, when the segment has no
 	// free entry (more leasing readers than slots − 2, or a writer that
 	// predates leases) or the file is not writable by this process.
@@ -361,9 +359,9 @@ type ShmReaderConfig struct {
 	MaxRetries int
 }
 
-func (c *ShmReaderConfig) validate() error {
+func (c *ReaderConfig) validate() error {
 	if c.Path == "" {
-		return fmt.Errorf("%w: wsync: ShmReaderConfig.Path is empty", errs.ErrInvalid)
+		return fmt.Errorf("%w: wsync: ReaderConfig.Path is empty", errs.ErrInvalid)
 	}
 	if c.Tick < 0 || c.MaxRetries < 0 {
 		return fmt.Errorf("%w: wsync: negative Tick or MaxRetries", errs.ErrInvalid)
@@ -385,8 +383,8 @@ func (c *ShmReaderConfig) validate() error {
 // loads), so verifying the CRC is optional.
 const seqlockAlone = runtime.GOARCH == "amd64" || runtime.GOARCH == "386"
 
-// ShmStats counts a reader's work.
-type ShmStats struct {
+// Stats counts a reader's work.
+type Stats struct {
 	// Reads is the number of whole versions read.
 	Reads uint64
 	// Retries is the number of copies restarted because the writer
@@ -398,7 +396,7 @@ type ShmStats struct {
 	InPlace uint64
 }
 
-// ShmReader reads whole versions from a segment. It is a Source for one
+// Reader reads whole versions from a segment. It is a Source for one
 // goroutine: it is NOT safe for concurrent use.
 //
 // By default it copies each version into one of two private buffers,
@@ -406,7 +404,7 @@ type ShmStats struct {
 // after the one that returned it starts (the next call writes the other
 // buffer).
 //
-// A reader that leases (ShmReaderConfig.Lease and Leasing) copies nothing:
+// A reader that leases (ReaderConfig.Lease and Leasing) copies nothing:
 // a returned Snapshot's Blob and tensors are views of the segment's slot,
 // which is mapped read-only (writing to it faults). It stays valid until
 // the next GetIfNewer or WaitNewer call that returns a newer version (a
@@ -414,8 +412,8 @@ type ShmStats struct {
 // after MaxRetries races with the writer may have released it), or Close,
 // which unmaps the segment. Appliers that keep weights longer copy
 // them (CopyInto).
-type ShmReader struct {
-	cfg ShmReaderConfig
+type Reader struct {
+	cfg ReaderConfig
 	geo shmGeometry
 	mem []byte // the mapping, read-only but for a leasing reader's header page; nil after Close
 	pid int
@@ -425,20 +423,18 @@ type ShmReader struct {
 
 	bufs  [2][]byte
 	which int
-	stats ShmStats
+	stats Stats
 }
-
-var _ Source = (*ShmReader)(nil)
 
 // leaseTokens numbers the lease entries this process claims, so that
 // several readers in one process own distinct owner values.
 var leaseTokens atomic.Uint32
 
-// OpenShm maps an existing segment read-only and checks its header
+// Open maps an existing segment read-only and checks its header
 // (errs.ErrInvalid for a file that is not a valid segment, errs.ErrNotFound
 // when there is none). With cfg.Lease it also claims a lease entry: a free
 // one, or one whose owner process is gone.
-func OpenShm(cfg ShmReaderConfig) (*ShmReader, error) {
+func Open(cfg ReaderConfig) (*Reader, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -480,7 +476,7 @@ func OpenShm(cfg ShmReaderConfig) (*ShmReader, error) {
 		return nil, fmt.Errorf("wsync: %s: %w", cfg.Path, err)
 	}
 	pid := int(u64(mem, offPID).Load())
-	r := &ShmReader{cfg: cfg, geo: geo, mem: mem, pid: pid, entry: -1}
+	r := &Reader{cfg: cfg, geo: geo, mem: mem, pid: pid, entry: -1}
 	if writable && geo.leases > 0 {
 		// Only the header page becomes writable: the slots stay read-only,
 		// so a collector that writes to a leased snapshot faults instead
@@ -512,7 +508,7 @@ func OpenShm(cfg ShmReaderConfig) (*ShmReader, error) {
 // entry; the compare-and-swap on the owner also guards against one that
 // does not. It returns the entry, or -1 when every entry is owned by a
 // live process.
-func (r *ShmReader) claimLease() int {
+func (r *Reader) claimLease() int {
 	self := os.Getpid()
 	token := uint64(uint32(self))<<32 | uint64(leaseTokens.Add(1))
 	for e := range r.geo.leases {
@@ -545,22 +541,22 @@ func leaseOwnerGone(owner uint64, self int) bool {
 }
 
 // Name is the model name in the segment header.
-func (r *ShmReader) Name() string { return r.geo.name }
+func (r *Reader) Name() string { return r.geo.name }
 
 // Stats returns the reader's counters.
-func (r *ShmReader) Stats() ShmStats { return r.stats }
+func (r *Reader) Stats() Stats { return r.stats }
 
 // Leasing reports whether the reader holds a lease entry, i.e. reads in
-// place; false means it copies (see ShmReaderConfig.Lease).
-func (r *ShmReader) Leasing() bool { return r.mem != nil && r.entry >= 0 }
+// place; false means it copies (see ReaderConfig.Lease).
+func (r *Reader) Leasing() bool { return r.mem != nil && r.entry >= 0 }
 
 // Published is the newest complete version in the segment (0: none).
-func (r *ShmReader) Published() uint64 { return u64(r.mem, offPublished).Load() }
+func (r *Reader) Published() uint64 { return u64(r.mem, offPublished).Load() }
 
 // GetIfNewer implements Source: the newest whole version if newer than
 // `than`, else (nil, nil). A segment whose writer closed it or died fails
 // with errs.ErrUnavailable once it holds nothing newer.
-func (r *ShmReader) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+func (r *Reader) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
 	if r.mem == nil {
 		return nil, errClosed("shm reader")
 	}
@@ -575,7 +571,7 @@ func (r *ShmReader) GetIfNewer(ctx context.Context, than uint64) (*store.Snapsho
 }
 
 // WaitNewer implements Source, sleeping on the segment's futex word.
-func (r *ShmReader) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+func (r *Reader) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
 	if r.mem == nil {
 		return nil, errClosed("shm reader")
 	}
@@ -597,7 +593,7 @@ func (r *ShmReader) WaitNewer(ctx context.Context, after uint64) (*store.Snapsho
 // read returns the newest whole version newer than `than`: leased and
 // read in place when the reader holds a lease entry, else copied,
 // retrying when the writer overwrites the slot during the copy.
-func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
+func (r *Reader) read(than uint64) (*store.Snapshot, error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > r.cfg.MaxRetries {
 			return nil, fmt.Errorf("%w: wsync: %d reads of %s in a row raced the writer", errs.ErrAborted, attempt, r.cfg.Path)
@@ -673,7 +669,7 @@ func (r *ShmReader) read(than uint64) (*store.Snapshot, error) {
 // explains why one of the two sides always sees the other), the caller
 // picks again, almost surely finding the newer version the writer is
 // making.
-func (r *ShmReader) leaseRead(slot []byte, i int, s, version uint64, h slotHeader) (snap *store.Snapshot, retry bool, err error) {
+func (r *Reader) leaseRead(slot []byte, i int, s, version uint64, h slotHeader) (snap *store.Snapshot, retry bool, err error) {
 	seq := u64(slot, slotSeq)
 	// A full slice expression: appending to the blob copies it rather
 	// than writing to the read-only mapping.
@@ -713,7 +709,7 @@ type slotHeader struct {
 // slotHeader loads slot i's header (seq s when picked) for a copying or a
 // leasing read. A length over the capacity is torn (retry) when seq has
 // moved, else the writer's error.
-func (r *ShmReader) slotHeader(slot []byte, i int, s uint64) (h slotHeader, retry bool, err error) {
+func (r *Reader) slotHeader(slot []byte, i int, s uint64) (h slotHeader, retry bool, err error) {
 	h = slotHeader{
 		epoch:   u64(slot, slotEpoch).Load(),
 		length:  u64(slot, slotLength).Load(),
@@ -746,7 +742,7 @@ func decodeRacing(decode func() (*store.Snapshot, error)) (snap *store.Snapshot,
 
 // decode parses a whole version's blob (a private copy or a leased slot);
 // the snapshot's tensors alias it.
-func (r *ShmReader) decode(blob []byte, version uint64, h slotHeader) (*store.Snapshot, error) {
+func (r *Reader) decode(blob []byte, version uint64, h slotHeader) (*store.Snapshot, error) {
 	f, err := safetensors.Decode(blob)
 	if err != nil {
 		return nil, fmt.Errorf("wsync: %s version %d: %w", r.cfg.Path, version, err)
@@ -757,11 +753,11 @@ func (r *ShmReader) decode(blob []byte, version uint64, h slotHeader) (*store.Sn
 	}, nil
 }
 
-func (r *ShmReader) errLength(slot int, length uint64) error {
+func (r *Reader) errLength(slot int, length uint64) error {
 	return fmt.Errorf("%w: wsync: %s slot %d claims %d bytes, capacity %d", errs.ErrInvalid, r.cfg.Path, slot, length, r.geo.capacity)
 }
 
-func (r *ShmReader) errCRC(version uint64, got, want uint32) error {
+func (r *Reader) errCRC(version uint64, got, want uint32) error {
 	return fmt.Errorf("%w: wsync: %s version %d: CRC-32C %08x, header says %08x", errs.ErrInvalid, r.cfg.Path, version, got, want)
 }
 
@@ -769,7 +765,7 @@ func (r *ShmReader) errCRC(version uint64, got, want uint32) error {
 // When it must allocate it allocates both buffers, pre-faulted, so the next
 // read neither allocates nor faults; memory a returned snapshot still uses
 // is never written, only replaced.
-func (r *ShmReader) buffer(n int) []byte {
+func (r *Reader) buffer(n int) []byte {
 	if cap(r.bufs[r.which]) < n {
 		for i := range r.bufs {
 			if cap(r.bufs[i]) < n {
@@ -784,20 +780,20 @@ func (r *ShmReader) buffer(n int) []byte {
 	return r.bufs[r.which][:n]
 }
 
-func (r *ShmReader) slot(i int) []byte {
+func (r *Reader) slot(i int) []byte {
 	return r.mem[r.geo.slotOff(i):][:r.geo.stride]
 }
 
 // WriterAlive reports whether the segment is open and its writer process
 // exists.
-func (r *ShmReader) WriterAlive() bool {
+func (r *Reader) WriterAlive() bool {
 	if r.mem == nil {
 		return false
 	}
 	return r.writerAlive()
 }
 
-func (r *ShmReader) writerAlive() bool {
+func (r *Reader) writerAlive() bool {
 	if u32(r.mem, offState).Load() == stateClosed {
 		return false
 	}
@@ -810,7 +806,7 @@ func (r *ShmReader) writerAlive() bool {
 // Close releases the reader's lease entry, if it has one, and unmaps the
 // segment (snapshots it returned in place are gone with it). Safe to call
 // twice.
-func (r *ShmReader) Close() error {
+func (r *Reader) Close() error {
 	if r.mem == nil {
 		return nil
 	}
@@ -874,4 +870,15 @@ func setShmAccess(f *os.File, mode os.FileMode, group string) error {
 		return fmt.Errorf("wsync: shm segment mode: %w", err)
 	}
 	return nil
+}
+
+// InMapping reports whether b's bytes lie inside the reader's mapping of
+// the segment: a leased, in-place snapshot's blob does, a copied one's
+// does not.
+func (r *Reader) InMapping(b []byte) bool {
+	if len(b) == 0 || len(r.mem) == 0 {
+		return false
+	}
+	p, lo := uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&r.mem[0]))
+	return p >= lo && p < lo+uintptr(len(r.mem))
 }

@@ -1,17 +1,4 @@
-// Package storeclient is the Go client of the model store's gRPC service.
-// A *Client implements store.Store, so code written against the store runs
-// unchanged against a remote hub (the storetest suite checks exactly that).
-//
-// Every call runs under a deadline (the caller's, or Config.CallTimeout
-// when the caller set none). Calls that fail with Unavailable are retried
-// with jittered exponential backoff up to Config.MaxAttempts; Watch
-// reconnects and resumes after the last version it delivered. Errors come
-// back through errs.FromStatus, so errors.Is(err, errs.ErrNotFound) and
-// errors.As(err, &*errs.StaleError) work as they do in-process.
-//
-// A retried Push whose first attempt landed but whose reply was lost fails
-// with a *errs.StaleError whose CurrentVersion is the pushed version.
-package storeclient
+package storerpc
 
 import (
 	"context"
@@ -36,8 +23,8 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// Config configures a client.
-type Config struct {
+// ClientConfig configures a client.
+type ClientConfig struct {
 	// Addr is the hub's address ("127.0.0.1:7470"); used when Conn is nil.
 	Addr string
 	// Dial is how to connect to Addr (TLS, token); the zero value is
@@ -70,9 +57,9 @@ type Config struct {
 	StockCodec bool
 }
 
-func (c *Config) validate() error {
+func (c *ClientConfig) validate() error {
 	if c.Conn == nil && c.Addr == "" {
-		return errors.New("storeclient: Config needs Addr or Conn")
+		return errors.New("storerpc: ClientConfig needs Addr or Conn")
 	}
 	if c.CallTimeout == 0 {
 		c.CallTimeout = 2 * time.Minute
@@ -87,7 +74,7 @@ func (c *Config) validate() error {
 		c.MaxBackoff = 2 * time.Second
 	}
 	if c.CallTimeout < 0 || c.MaxAttempts < 0 || c.BaseBackoff < 0 || c.MaxBackoff < c.BaseBackoff {
-		return fmt.Errorf("storeclient: nonsense timing %v/%d/%v/%v", c.CallTimeout, c.MaxAttempts, c.BaseBackoff, c.MaxBackoff)
+		return fmt.Errorf("storerpc: nonsense timing %v/%d/%v/%v", c.CallTimeout, c.MaxAttempts, c.BaseBackoff, c.MaxBackoff)
 	}
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
@@ -96,7 +83,7 @@ func (c *Config) validate() error {
 		c.ChunkBytes = wire.DefaultChunkBytes
 	}
 	if c.ChunkBytes < 1024 {
-		return fmt.Errorf("storeclient: ChunkBytes %d is below 1 KiB", c.ChunkBytes)
+		return fmt.Errorf("storerpc: ChunkBytes %d is below 1 KiB", c.ChunkBytes)
 	}
 	if c.MaxModelBytes == 0 {
 		c.MaxModelBytes = 4 << 30
@@ -112,10 +99,10 @@ func (c *Config) validate() error {
 
 // Client talks to one hub's model store. Safe for concurrent use.
 type Client struct {
-	cfg  Config
+	cfg  ClientConfig
 	cc   grpc.ClientConnInterface
 	rpc  rlhubv1.ModelStoreClient
-	conn *grpc.ClientConn // ours to close; nil when Config.Conn was given
+	conn *grpc.ClientConn // ours to close; nil when ClientConfig.Conn was given
 
 	closeCtx context.Context // done once Close is called
 	closeFn  context.CancelFunc
@@ -126,8 +113,8 @@ type Client struct {
 
 var _ store.Store = (*Client)(nil)
 
-// New returns a client. Dialing is lazy: New does not wait for the hub.
-func New(cfg Config) (*Client, error) {
+// NewClient returns a client. Dialing is lazy: NewClient does not wait for the hub.
+func NewClient(cfg ClientConfig) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -136,7 +123,7 @@ func New(cfg Config) (*Client, error) {
 	if conn == nil {
 		cc, err := cfg.Dial.GRPC(cfg.Addr)
 		if err != nil {
-			return nil, fmt.Errorf("storeclient: dial %s: %w", cfg.Addr, err)
+			return nil, fmt.Errorf("storerpc: dial %s: %w", cfg.Addr, err)
 		}
 		c.conn, conn = cc, cc
 	}
@@ -164,7 +151,7 @@ func (c *Client) Close() error {
 func (c *Client) closed() bool { return c.closeCtx.Err() != nil }
 
 // callCtx derives the context of one call: ctx, also ended by Close, with
-// Config.CallTimeout when ctx has no deadline (unless long is set).
+// ClientConfig.CallTimeout when ctx has no deadline (unless long is set).
 func (c *Client) callCtx(ctx context.Context, long bool) (context.Context, context.CancelFunc) {
 	var cancel context.CancelFunc
 	if _, ok := ctx.Deadline(); !ok && !long {
@@ -370,7 +357,7 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 	}
 	hdr := msg.Msg.GetHeader()
 	if hdr == nil || hdr.Blob == nil {
-		return nil, 0, fmt.Errorf("storeclient: protocol: a version must start with a header carrying BlobInfo")
+		return nil, 0, fmt.Errorf("storerpc: protocol: a version must start with a header carrying BlobInfo")
 	}
 	if hdr.NotModified {
 		return nil, 0, nil
@@ -378,7 +365,7 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 	b := hdr.Blob
 	asm, err := wire.NewAssemblerInto(buf, b.TotalBytes, wire.Limits{MaxBytes: c.cfg.MaxModelBytes})
 	if err != nil {
-		return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
+		return nil, 0, fmt.Errorf("storerpc: model %q version %d: %w", b.Model, b.Version, err)
 	}
 	for uint64(asm.Received()) < b.TotalBytes {
 		err := recv(&msg)
@@ -389,15 +376,15 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 			return nil, 0, err
 		}
 		if !msg.Held() {
-			return nil, 0, fmt.Errorf("storeclient: protocol: a header or an empty message inside model %q version %d", b.Model, b.Version)
+			return nil, 0, fmt.Errorf("storerpc: protocol: a header or an empty message inside model %q version %d", b.Model, b.Version)
 		}
 		if err := msg.WriteChunk(asm.Write); err != nil {
-			return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
+			return nil, 0, fmt.Errorf("storerpc: model %q version %d: %w", b.Model, b.Version, err)
 		}
 	}
 	f, blob, err := asm.Finish()
 	if err != nil {
-		return nil, 0, fmt.Errorf("storeclient: model %q version %d: %w", b.Model, b.Version, err)
+		return nil, 0, fmt.Errorf("storerpc: model %q version %d: %w", b.Model, b.Version, err)
 	}
 	return &store.Snapshot{
 		Name:     b.Model,
@@ -471,7 +458,7 @@ func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, fail
 	for {
 		snap, skipped, err := c.recvVersion(recv, nil)
 		if err == nil && snap == nil {
-			err = fmt.Errorf("storeclient: protocol: not-modified header on a watch")
+			err = fmt.Errorf("storerpc: protocol: not-modified header on a watch")
 		}
 		if err != nil {
 			*failures++

@@ -1,4 +1,4 @@
-package wsync
+package shm
 
 import (
 	"encoding/binary"

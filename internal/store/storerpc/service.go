@@ -1,14 +1,4 @@
-// Package storesvc serves a store.Store over gRPC (the ModelStore service
-// in proto/rlhub/v1/store.proto) and is hosted by the hub.
-//
-// Pulls and watches stream the stored snapshot's bytes with
-// wire.ChunksOf: every chunk is a slice of the shared immutable
-// Snapshot.Blob, so no reader causes a copy or re-encode on rlhub's side
-// (gRPC's marshalling into its frame buffer is the one copy). Pushes are
-// checked for name and announced size before any receive buffer is
-// allocated, then assembled with wire.Assembler and handed to the store,
-// which decides; a truncated or malformed stream changes nothing.
-package storesvc
+package storerpc
 
 import (
 	"context"
@@ -52,19 +42,19 @@ type Config struct {
 
 func (c *Config) validate() error {
 	if c.Store == nil {
-		return errors.New("storesvc: Config.Store is required")
+		return errors.New("storerpc: Config.Store is required")
 	}
 	if c.ChunkBytes == 0 {
 		c.ChunkBytes = wire.DefaultChunkBytes
 	}
 	if c.ChunkBytes < 1024 {
-		return fmt.Errorf("storesvc: ChunkBytes %d is below 1 KiB", c.ChunkBytes)
+		return fmt.Errorf("storerpc: ChunkBytes %d is below 1 KiB", c.ChunkBytes)
 	}
 	if c.MaxModelBytes == 0 {
 		c.MaxModelBytes = 1 << 30
 	}
 	if c.MaxModelBytes < 16 {
-		return fmt.Errorf("storesvc: MaxModelBytes %d is too small", c.MaxModelBytes)
+		return fmt.Errorf("storerpc: MaxModelBytes %d is too small", c.MaxModelBytes)
 	}
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = 16 << 20

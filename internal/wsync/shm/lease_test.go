@@ -1,11 +1,12 @@
 //go:build linux
 
-package wsync
+package shm
 
 import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"io"
 	"os"
 	"os/exec"
@@ -13,27 +14,16 @@ import (
 	"strconv"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/rlhub/rlhub/internal/store"
 )
 
-// inMapping reports whether b's bytes lie inside the reader's mapping of
-// the segment (a leased, in-place snapshot) rather than in private memory.
-func inMapping(r *ShmReader, b []byte) bool {
-	if len(b) == 0 || len(r.mem) == 0 {
-		return false
-	}
-	p, lo := uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&r.mem[0]))
-	return p >= lo && p < lo+uintptr(len(r.mem))
-}
-
 // leaseSegment creates a segment of model "m" with 64 KiB slots, closed
 // when the test ends.
-func leaseSegment(t *testing.T, slots int) (*ShmWriter, string) {
+func leaseSegment(t *testing.T, slots int) (*Writer, string) {
 	t.Helper()
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 64 << 10, Slots: slots})
+	path := wsynctest.ShmPath(t)
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 64 << 10, Slots: slots})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,17 +32,17 @@ func leaseSegment(t *testing.T, slots int) (*ShmWriter, string) {
 }
 
 // publishRange publishes versions from..to of model "m", n floats each.
-func publishRange(t *testing.T, w *ShmWriter, from, to uint64, n int) {
+func publishRange(t *testing.T, w *Writer, from, to uint64, n int) {
 	t.Helper()
 	for v := from; v <= to; v++ {
-		if err := w.Publish(context.Background(), makeSnap(t, "m", v, n)); err != nil {
+		if err := w.Publish(context.Background(), wsynctest.Snap(t, "m", v, n)); err != nil {
 			t.Fatalf("publish v%d: %v", v, err)
 		}
 	}
 }
 
 // slotOf returns the slot holding version v in the writer's segment, or -1.
-func slotOf(w *ShmWriter, v uint64) int {
+func slotOf(w *Writer, v uint64) int {
 	for i := range w.geo.slots {
 		slot := w.slot(i)
 		if s := u64(slot, slotSeq).Load(); s != 0 && s%2 == 0 && u64(slot, slotVersion).Load() == v {
@@ -68,7 +58,7 @@ func slotOf(w *ShmWriter, v uint64) int {
 func TestShmLeaseReadsInPlace(t *testing.T) {
 	ctx := context.Background()
 	w, path := leaseSegment(t, 3)
-	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true, Verify: true})
+	r, err := Open(ReaderConfig{Path: path, Lease: true, Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +71,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 	if err != nil || s1 == nil || s1.Version != 1 {
 		t.Fatalf("GetIfNewer = %v, %v", s1, err)
 	}
-	if !inMapping(r, s1.Blob) || !inMapping(r, s1.Tensors.Get("w").Data) {
+	if !r.InMapping(s1.Blob) || !r.InMapping(s1.Tensors.Get("w").Data) {
 		t.Fatal("a leased snapshot's blob or tensor is not a view of the segment")
 	}
 	leasedSlot := slotOf(w, 1)
@@ -92,7 +82,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 	// With one slot leased and one holding the newest, the writer has one
 	// slot left: it writes every version there, and never the leased one.
 	publishRange(t, w, 2, 12, 1000)
-	if err := checkSnap(s1); err != nil {
+	if err := wsynctest.Check(s1); err != nil {
 		t.Fatalf("the leased v1 changed while the writer published 11 more: %v", err)
 	}
 	if slotOf(w, 1) != leasedSlot {
@@ -102,7 +92,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 	if s, err := r.GetIfNewer(ctx, 12); s != nil || err != nil {
 		t.Fatalf("GetIfNewer(12) = %v, %v", s, err)
 	}
-	if err := checkSnap(s1); err != nil {
+	if err := wsynctest.Check(s1); err != nil {
 		t.Fatalf("a call that found nothing newer released v1: %v", err)
 	}
 
@@ -118,7 +108,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 	}()
 
 	s12, err := r.GetIfNewer(ctx, 1)
-	if err != nil || s12 == nil || s12.Version != 12 || checkSnap(s12) != nil {
+	if err != nil || s12 == nil || s12.Version != 12 || wsynctest.Check(s12) != nil {
 		t.Fatalf("GetIfNewer(1) = %v, %v; want whole v12", s12, err)
 	}
 	if st := r.Stats(); st.Reads != 2 || st.InPlace != 2 {
@@ -130,7 +120,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 	if slotOf(w, 1) >= 0 {
 		t.Fatal("the writer never reused the slot the lease moved away from")
 	}
-	if err := checkSnap(s12); err != nil {
+	if err := wsynctest.Check(s12); err != nil {
 		t.Fatalf("the leased v12 changed: %v", err)
 	}
 
@@ -139,7 +129,7 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 	if got := u64(w.mem, leaseOff(0)+leaseOwner).Load(); got != 0 {
 		t.Fatalf("entry owner after Close = %#x, want 0", got)
 	}
-	r2, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+	r2, err := Open(ReaderConfig{Path: path, Lease: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,9 +146,9 @@ func TestShmLeaseReadsInPlace(t *testing.T) {
 func TestShmLeaseFallsBackToCopying(t *testing.T) {
 	ctx := context.Background()
 	w, path := leaseSegment(t, 4)
-	var readers []*ShmReader
+	var readers []*Reader
 	for range 3 {
-		r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+		r, err := Open(ReaderConfig{Path: path, Lease: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,25 +160,25 @@ func TestShmLeaseFallsBackToCopying(t *testing.T) {
 			readers[0].Leasing(), readers[1].Leasing(), readers[2].Leasing())
 	}
 	// An older writer's segment: L = 0 in the header.
-	old := shmPath(t)
-	ow, err := CreateShm(ShmConfig{Path: old, Name: "m", Capacity: 64 << 10, Slots: 4})
+	old := wsynctest.ShmPath(t)
+	ow, err := Create(Config{Path: old, Name: "m", Capacity: 64 << 10, Slots: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ow.Close()
 	u32(ow.mem, offLeases).Store(0)
-	or, err := OpenShm(ShmReaderConfig{Path: old, Lease: true})
+	or, err := Open(ReaderConfig{Path: old, Lease: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer or.Close()
-	double := shmPath(t)
-	dw, err := CreateShm(ShmConfig{Path: double, Name: "m", Capacity: 64 << 10})
+	double := wsynctest.ShmPath(t)
+	dw, err := Create(Config{Path: double, Name: "m", Capacity: 64 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dw.Close()
-	dr, err := OpenShm(ShmReaderConfig{Path: double, Lease: true})
+	dr, err := Open(ReaderConfig{Path: double, Lease: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,11 +194,11 @@ func TestShmLeaseFallsBackToCopying(t *testing.T) {
 		publishRange(t, dw, v, v, 1000)
 		for i, r := range append(readers, or, dr) {
 			s, err := r.GetIfNewer(ctx, v-1)
-			if err != nil || s == nil || s.Version != v || checkSnap(s) != nil {
+			if err != nil || s == nil || s.Version != v || wsynctest.Check(s) != nil {
 				t.Fatalf("reader %d, v%d: got %v, %v", i, v, s, err)
 			}
-			if inMapping(r, s.Blob) != r.Leasing() {
-				t.Fatalf("reader %d (leasing %v): snapshot in the mapping = %v", i, r.Leasing(), inMapping(r, s.Blob))
+			if r.InMapping(s.Blob) != r.Leasing() {
+				t.Fatalf("reader %d (leasing %v): snapshot in the mapping = %v", i, r.Leasing(), r.InMapping(s.Blob))
 			}
 			if i < len(held) {
 				held[i] = s
@@ -216,7 +206,7 @@ func TestShmLeaseFallsBackToCopying(t *testing.T) {
 		}
 		// Both leases name the newest slot; the copying reader copied.
 		for i, s := range held {
-			if err := checkSnap(s); err != nil {
+			if err := wsynctest.Check(s); err != nil {
 				t.Fatalf("reader %d's v%d changed: %v", i, v, err)
 			}
 		}
@@ -274,7 +264,7 @@ func TestShmLeaseOfDeadReader(t *testing.T) {
 		t.Fatal("the writer wrote the slot a dead reader leased before anyone released it")
 	}
 
-	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+	r, err := Open(ReaderConfig{Path: path, Lease: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +276,7 @@ func TestShmLeaseOfDeadReader(t *testing.T) {
 		t.Fatalf("entry 0 owner %#x after the take-over, want pid %d", got, os.Getpid())
 	}
 	s, err := r.GetIfNewer(ctx, 0)
-	if err != nil || s == nil || s.Version != 20 || checkSnap(s) != nil {
+	if err != nil || s == nil || s.Version != 20 || wsynctest.Check(s) != nil {
 		t.Fatalf("GetIfNewer = %v, %v; want whole v20", s, err)
 	}
 	// v1's slot is released: the writer gets it back within two versions.
@@ -294,7 +284,7 @@ func TestShmLeaseOfDeadReader(t *testing.T) {
 	if slotOf(w, 1) >= 0 {
 		t.Fatal("the dead reader's slot was never reused after the take-over")
 	}
-	if err := checkSnap(s); err != nil {
+	if err := wsynctest.Check(s); err != nil {
 		t.Fatalf("the new reader's leased v20 changed: %v", err)
 	}
 }
@@ -303,7 +293,7 @@ func TestShmLeaseOfDeadReader(t *testing.T) {
 // it leases the newest version, prints "leased v<N>" and waits for stdin
 // to end (the parent kills it first).
 func runLeaseHolderChild() int {
-	r, err := OpenShm(ShmReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Lease: true})
+	r, err := Open(ReaderConfig{Path: os.Getenv("RLHUB_WSYNC_SHM"), Lease: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lease holder:", err)
 		return 1
@@ -319,69 +309,13 @@ func runLeaseHolderChild() int {
 	return 0
 }
 
-// A Failover whose leasing shm source fails keeps the segment mapped until
-// a newer version has been taken from the next source: the version the
-// Receiver holds is a view of that mapping.
-func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
-	ctx := context.Background()
-	w, path := leaseSegment(t, 3)
-	publishRange(t, w, 1, 1, 1000)
-	board := NewBoard("m")
-	var shm *ShmReader
-	leasing := ShmReaderDialer("shm", ShmReaderConfig{Path: path, Lease: true})
-	f, err := NewFailover(FailoverConfig{Dialers: []Dialer{
-		{Name: "shm", Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
-			src, closer, err := leasing.Dial(ctx, have)
-			if err == nil {
-				shm = src.(*ShmReader)
-			}
-			return src, closer, err
-		}},
-		{Name: "board", Dial: func(context.Context, uint64) (Source, io.Closer, error) { return board, io.NopCloser(nil), nil }},
-	}, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	s1, err := f.GetIfNewer(ctx, 0)
-	if err != nil || s1 == nil || s1.Version != 1 || !shm.Leasing() || !inMapping(shm, s1.Blob) {
-		t.Fatalf("GetIfNewer(0) = %v, %v; want v1 leased in place", s1, err)
-	}
-	// The writer goes away; the board has nothing newer yet.
-	w.Close()
-	if s, err := f.GetIfNewer(ctx, 1); s != nil || err != nil || f.Current() != "board" {
-		t.Fatalf("after the writer closed: %v, %v, source %q; want nothing newer from the board", s, err, f.Current())
-	}
-	func() {
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("reading the held v1 after failing over faulted: %v", p)
-			}
-		}()
-		if err := checkSnap(s1); err != nil {
-			t.Fatalf("the held v1 after failing over: %v", err)
-		}
-	}()
-	if !shm.Leasing() {
-		t.Fatal("the failed leasing reader was closed before a newer version was taken")
-	}
-	board.Publish(ctx, makeSnap(t, "m", 2, 1000))
-	if s, err := f.GetIfNewer(ctx, 1); err != nil || s == nil || s.Version != 2 {
-		t.Fatalf("GetIfNewer(1) from the board = %v, %v", s, err)
-	}
-	if shm.Leasing() {
-		t.Fatal("the failed leasing reader is still open after a newer version was taken")
-	}
-}
-
 // A leased read that fails (here a version whose bytes are not
 // safetensors) keeps the snapshot held before leased: the writer goes on
 // around its slot, so the collector's current weights stay whole.
 func TestShmLeaseFailedReadKeepsHeldSnapshot(t *testing.T) {
 	ctx := context.Background()
 	w, path := leaseSegment(t, 3)
-	r, err := OpenShm(ShmReaderConfig{Path: path, Lease: true})
+	r, err := Open(ReaderConfig{Path: path, Lease: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +336,7 @@ func TestShmLeaseFailedReadKeepsHeldSnapshot(t *testing.T) {
 		t.Fatalf("after the failed read the lease names slot %d-1, want v1's slot %d", got, held)
 	}
 	publishRange(t, w, 3, 10, 1000)
-	if err := checkSnap(s1); err != nil {
+	if err := wsynctest.Check(s1); err != nil {
 		t.Fatalf("v1 changed after a failed read and 8 more versions: %v", err)
 	}
 	s10, err := r.GetIfNewer(ctx, 1)

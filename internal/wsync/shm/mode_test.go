@@ -1,9 +1,10 @@
 //go:build linux
 
-package wsync
+package shm
 
 import (
 	"errors"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"os"
 	"strconv"
 	"syscall"
@@ -26,8 +27,8 @@ func TestShmSegmentMode(t *testing.T) {
 		}
 		return fi.Mode().Perm(), fi.Sys().(*syscall.Stat_t).Gid
 	}
-	path := shmPath(t)
-	w, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4096})
+	path := wsynctest.ShmPath(t)
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +38,8 @@ func TestShmSegmentMode(t *testing.T) {
 	w.Close()
 
 	gid := os.Getgid()
-	path = shmPath(t)
-	w, err = CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4096, Group: strconv.Itoa(gid)})
+	path = wsynctest.ShmPath(t)
+	w, err = Create(Config{Path: path, Name: "m", Capacity: 4096, Group: strconv.Itoa(gid)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,15 +49,15 @@ func TestShmSegmentMode(t *testing.T) {
 	w.Close()
 
 	for _, mode := range []os.FileMode{0o644, 0o666, 0o604, 0o601} {
-		path = shmPath(t)
-		if _, err := CreateShm(ShmConfig{Path: path, Name: "m", Capacity: 4096, Mode: mode}); !errors.Is(err, errs.ErrInvalid) {
+		path = wsynctest.ShmPath(t)
+		if _, err := Create(Config{Path: path, Name: "m", Capacity: 4096, Mode: mode}); !errors.Is(err, errs.ErrInvalid) {
 			t.Fatalf("mode %#o: %v, want ErrInvalid", mode, err)
 		}
 		if _, err := os.Stat(path); !os.IsNotExist(err) {
 			t.Fatalf("a refused mode %#o left a segment", mode)
 		}
 	}
-	if _, err := CreateShm(ShmConfig{Path: shmPath(t), Name: "m", Capacity: 4096, Group: "no-such-group-rlhub"}); !errors.Is(err, errs.ErrInvalid) {
+	if _, err := Create(Config{Path: wsynctest.ShmPath(t), Name: "m", Capacity: 4096, Group: "no-such-group-rlhub"}); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("unknown group: %v, want ErrInvalid", err)
 	}
 }

@@ -1,4 +1,4 @@
-package storesvc
+package storerpc
 
 import (
 	"context"

@@ -1,0 +1,100 @@
+// Package wsynctest builds and checks the versions weight-sync tests
+// publish: one float32 tensor whose bytes follow a per-version pattern, so
+// a torn or mislabelled version is detected byte for byte. The wsync
+// transports' tests (wsync, wsync/shm) share it.
+package wsynctest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// Fill fills b with version v's pattern: the 8-byte word
+// v*0x9E3779B97F4A7C15 repeated, so any mix of two versions differs from
+// both. It doubles with copy, which stays fast under the race detector.
+func Fill(b []byte, v uint64) {
+	if len(b) == 0 {
+		return
+	}
+	var w [8]byte
+	binary.LittleEndian.PutUint64(w[:], v*0x9E3779B97F4A7C15)
+	n := copy(b, w[:])
+	for n < len(b) {
+		n += copy(b[n:], b[:n])
+	}
+}
+
+// Snap builds version v of model name: one tensor "w" of n float32s
+// whose bytes follow Fill.
+func Snap(t testing.TB, name string, v uint64, n int) *store.Snapshot {
+	t.Helper()
+	snap, err := Build(name, v, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// Build is Snap for callers without a testing.TB (helper processes).
+func Build(name string, v uint64, n int) (*store.Snapshot, error) {
+	w := tensor.NewF32("w", int64(n))
+	Fill(w.Data, v)
+	sd, err := tensor.NewStateDict(w)
+	if err != nil {
+		return nil, err
+	}
+	blob, err := safetensors.Encode(sd, map[string]string{"version": fmt.Sprint(v)})
+	if err != nil {
+		return nil, err
+	}
+	f, err := safetensors.Decode(blob)
+	if err != nil {
+		return nil, err
+	}
+	return &store.Snapshot{Name: name, Version: v, Blob: blob, Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, 0)}, nil
+}
+
+// Check returns an error unless every word of snap follows the
+// pattern of snap.Version (a torn or mislabelled version).
+func Check(snap *store.Snapshot) error {
+	w := snap.Tensors.Get("w")
+	if w == nil {
+		return fmt.Errorf("version %d has no tensor w", snap.Version)
+	}
+	if snap.Metadata["version"] != fmt.Sprint(snap.Version) {
+		return fmt.Errorf("version %d carries metadata version %q", snap.Version, snap.Metadata["version"])
+	}
+	want := make([]byte, len(w.Data))
+	Fill(want, snap.Version)
+	if !bytes.Equal(w.Data, want) {
+		i := 0
+		for w.Data[i] == want[i] {
+			i++
+		}
+		return fmt.Errorf("version %d differs from its pattern at byte %d (torn)", snap.Version, i)
+	}
+	return nil
+}
+
+// ShmPath returns a fresh segment path in /dev/shm, removed after the test.
+func ShmPath(t testing.TB) string {
+	t.Helper()
+	dir := "/dev/shm"
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		dir = t.TempDir()
+	}
+	p := filepath.Join(dir, fmt.Sprintf("rlhub-wsync-test-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "_")))
+	os.Remove(p)
+	t.Cleanup(func() { os.Remove(p) })
+	return p
+}

@@ -1,0 +1,218 @@
+"""Failover over sources (the Go wsync.Failover, plus a way back). Part of :mod:`rlhub.wsync`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable, List, Optional, Tuple
+
+import grpc
+
+from rlhub import errors
+from rlhub.store import channel as _channel
+from rlhub.wsync._report import report
+from rlhub.wsync._source import Source, WeightVersion
+
+log = logging.getLogger("rlhub.wsync")
+
+Dialer = Tuple[str, Callable[[], "Source"]]
+"""A named way to open a source, e.g. ``("relay-shm", lambda: ShmSource(path))``."""
+
+
+class FailoverSource:
+    """A :class:`Source` over dialers in order of preference: a relay's
+    shared memory, the relay's stream, the upstream hub.
+
+    It uses the first dialer whose source works. When that source fails
+    (:class:`rlhub.RlhubError` from it: the relay's stream ended, its writer
+    is gone) it lets go of it and dials again, most preferred first, so a
+    collector of a dead relay continues from the upstream at the version it
+    runs. Unlike the Go ``Failover`` it also goes **back**: while it is on a
+    less preferred source it probes the more preferred ones at most every
+    ``probe_every`` seconds (from inside ``get_if_newer``/``wait_newer``,
+    each probe waiting up to ``probe_timeout`` for a first version) and
+    switches to one that serves a version at least as new as the one the
+    collector runs, e.g. a relay that has been restarted.
+
+    A failed source is closed only after a newer version has been taken
+    from its successor (its last blob may be a leased view the caller still
+    uses). ``current`` names the source in use, ``switches`` counts changes.
+    :meth:`running` reports the version the collector runs: on the current
+    source's stream if it has one, else with the ``Report`` RPC to ``hub``.
+    Use from one thread, as a :class:`Receiver` does.
+    """
+
+    def __init__(self, dialers: List[Dialer], *, model: str, collector_id: Optional[str] = None,
+                 hub: Any = None, probe_every: float = 1.0, probe_timeout: float = 0.5,
+                 backoff: float = 0.1):
+        if not dialers:
+            raise ValueError("FailoverSource needs at least one dialer")
+        self.dialers = list(dialers)
+        self.model = model
+        self.collector_id = collector_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.probe_every, self.probe_timeout, self.backoff = probe_every, probe_timeout, backoff
+        self._hub = _channel(hub) if isinstance(hub, str) else hub
+        self._own_hub = isinstance(hub, str)
+        self._cur: Optional[Source] = None
+        self._idx = -1
+        self._retired: List[Source] = []
+        self._pending: Optional[WeightVersion] = None  # a probe's first version, served next
+        self._next_probe = 0.0
+        self._have = 0  # newest version handed out
+        self._served = False  # the source in use has returned a version
+        self._unserved: List[int] = []  # dialers whose sources failed before serving: tried last
+        self.current: Optional[str] = None
+        self.switches = 0
+        self._closed = False
+
+    @property
+    def via(self) -> str:
+        return getattr(self._cur, "via", "failover")
+
+    def _dial(self, idx: int) -> Optional[Source]:
+        name, dial = self.dialers[idx]
+        try:
+            return dial()
+        except (errors.RlhubError, OSError, grpc.RpcError) as e:
+            log.info("rlhub: %s: cannot use %s (%s)", self.model, name, e)
+            return None
+
+    def _use(self, idx: int, src: Source) -> None:
+        if self._cur is not None:
+            self._retired.append(self._cur)
+        self._cur, self._idx, self.current = src, idx, self.dialers[idx][0]
+        self._served = False
+        self.switches += 1
+        self._next_probe = time.monotonic() + self.probe_every
+        log.info("rlhub: %s now from %s", self.model, self.current)
+
+    def _drop_current(self, why: Exception) -> None:
+        log.warning("rlhub: %s: %s failed (%s); failing over", self.model, self.current, why)
+        if self._cur is not None:
+            self._retired.append(self._cur)
+        # A source that failed before serving anything (a dead relay's
+        # leftover segment) must not keep the collector from the others.
+        if self._served:
+            self._unserved.clear()
+        elif self._idx not in self._unserved:
+            self._unserved.append(self._idx)
+        self._cur, self._idx, self.current = None, -1, None
+
+    def _ensure(self) -> bool:
+        if self._closed:
+            raise errors.Unavailable("failover source is closed")
+        if self._cur is not None:
+            return True
+        order = [i for i in range(len(self.dialers)) if i not in self._unserved] + self._unserved
+        for i in order:
+            src = self._dial(i)
+            if src is not None:
+                self._use(i, src)
+                return True
+        return False
+
+    def _probe(self, than: int) -> None:
+        """Goes back to a more preferred source that serves a version at
+        least as new as ``than``."""
+        if self._idx <= 0 or time.monotonic() < self._next_probe:
+            return
+        self._next_probe = time.monotonic() + self.probe_every
+        for i in range(self._idx):
+            src = self._dial(i)
+            if src is None:
+                continue
+            try:
+                alive = getattr(src, "writer_alive", None)
+                wv = src.wait_newer(0, self.probe_timeout) if alive is None or alive() else None
+            except errors.RlhubError:
+                wv = None
+            if wv is None or wv.version < than:
+                src.close()
+                continue
+            self._use(i, src)
+            self._pending = wv
+            return
+
+    def _took(self, wv: Optional[WeightVersion]) -> Optional[WeightVersion]:
+        if wv is not None:
+            self._served = True
+            self._unserved.clear()
+        if wv is not None and wv.version > self._have:
+            self._have = wv.version
+            for old in self._retired:  # a newer version is out: the old blobs are not needed
+                old.close()
+            self._retired.clear()
+        return wv
+
+    def get_if_newer(self, than: int) -> Optional[WeightVersion]:
+        """The newest version if newer than ``than`` from the source in use
+        (failing over, or going back, first when needed); None when nothing
+        newer. Raises :class:`rlhub.Unavailable` when no dialer works."""
+        for _ in range(2 * len(self.dialers) + 1):
+            if not self._ensure():
+                raise errors.Unavailable(f"no source of model {self.model!r} works")
+            self._probe(than)
+            if self._pending is not None:
+                wv, self._pending = self._pending, None
+                if wv.version > than:
+                    return self._took(wv)
+            try:
+                return self._took(self._cur.get_if_newer(than))  # type: ignore[union-attr]
+            except errors.RlhubError as e:
+                self._drop_current(e)
+        raise errors.Unavailable(f"every source of model {self.model!r} failed")
+
+    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
+        """Waits for a version newer than ``after``, failing over as needed;
+        None when ``timeout`` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                wv = self.get_if_newer(after)
+                if wv is not None:
+                    return wv
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                # Wait on the source in use, but wake up to probe preferred ones.
+                step = left if left is not None else self.probe_every
+                if self._idx > 0:
+                    step = min(step, max(self._next_probe - time.monotonic(), 0.01))
+                return_wv = self._cur.wait_newer(after, step)  # type: ignore[union-attr]
+                if return_wv is not None:
+                    return self._took(return_wv)
+            except errors.RlhubError as e:
+                if self._cur is not None:
+                    self._drop_current(e)
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                time.sleep(self.backoff if left is None else min(self.backoff, left))
+
+    def running(self, version: int) -> None:
+        """Reports the version the collector runs (see the class doc)."""
+        fn = getattr(self._cur, "running", None)
+        if fn is not None:
+            fn(version)
+        elif self._hub is not None:
+            report(self._hub, self.collector_id, self.model, version, self.via)
+
+    def close(self) -> None:
+        """Closes every source it opened and its hub channel. Safe twice."""
+        self._closed = True
+        for s in self._retired + ([self._cur] if self._cur is not None else []):
+            s.close()
+        self._retired.clear()
+        self._cur = None
+        if self._own_hub and self._hub is not None:
+            self._hub.close()
+            self._own_hub = False
+
+    def __enter__(self) -> "FailoverSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

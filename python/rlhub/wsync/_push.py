@@ -1,0 +1,153 @@
+"""The push fan-out's collector side (WeightSync.Attach). Part of :mod:`rlhub.wsync`."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Optional
+
+import grpc
+
+from rlhub import errors
+from rlhub._proto.rlhub.v1 import sync_pb2
+from rlhub._transfer import Assembler, RawChunk, fast_decoder
+from rlhub.store import channel as _channel
+from rlhub.tensors import parse_header
+from rlhub.wsync._source import WeightVersion
+
+class PushSource:
+    """A collector attached to the hub's (or a relay's) push stream.
+
+    A background thread assembles each version the server sends and keeps
+    the newest (a slow reader skips versions, as the server does).
+    :meth:`running` reports the version the collector runs on the same
+    stream; a :class:`Receiver` calls it after each apply. The source does
+    not reconnect: once the stream has ended and the newest version has been
+    taken, the source raises :class:`rlhub.Unavailable`.
+    """
+
+    via = "push"
+
+    def __init__(self, addr: Optional[str], model: str, *, collector_id: Optional[str] = None,
+                 start: int = 0, chunk_bytes: int = 0, channel_: Optional[grpc.Channel] = None,
+                 max_bytes: int = 4 << 30):
+        if not model:
+            raise ValueError("PushSource needs a model")
+        self.model = model
+        self.collector_id = collector_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._own = channel_ is None
+        self._channel = channel_ or _channel(addr)
+        self._max_bytes = max_bytes
+        self._out: "queue.Queue[Optional[sync_pb2.SyncClientMessage]]" = queue.Queue()
+        self._out.put(sync_pb2.SyncClientMessage(hello=sync_pb2.SyncHello(
+            collector_id=self.collector_id, model=model, version=start, chunk_bytes=chunk_bytes)))
+        self._cond = threading.Condition()
+        self._newest: Optional[WeightVersion] = None  # guarded by _cond
+        self._ended: Optional[errors.RlhubError] = None  # guarded by _cond
+        attach = self._channel.stream_stream(  # chunks decoded without protobuf copies
+            "/rlhub.v1.WeightSync/Attach", request_serializer=sync_pb2.SyncClientMessage.SerializeToString,
+            response_deserializer=fast_decoder(sync_pb2.SyncServerMessage))
+        self._call = attach(self._requests())
+        self._thread = threading.Thread(target=self._receive, name=f"rlhub-push-{model}", daemon=True)
+        self._thread.start()
+
+    def _requests(self) -> Iterator[sync_pb2.SyncClientMessage]:
+        while True:
+            m = self._out.get()
+            if m is None:
+                return
+            yield m
+
+    def _receive(self) -> None:
+        err: errors.RlhubError
+        try:
+            it = iter(self._call)
+            for msg in it:
+                if isinstance(msg, RawChunk) or not msg.HasField("info"):
+                    raise errors.InvalidArgument("push stream: chunk without a version info")
+                info = msg.info
+                if info.model != self.model:
+                    raise errors.InvalidArgument(f"push stream sent model {info.model!r} on the stream of {self.model!r}")
+                asm = Assembler(info.total_bytes, self._max_bytes)
+                got = 0
+                while got < info.total_bytes:
+                    c = next(it, None)
+                    if c is not None and not isinstance(c, RawChunk):
+                        c = c.chunk if c.HasField("chunk") else None
+                    if c is None:
+                        raise errors.InvalidArgument(
+                            f"push stream: version {info.version} ended after {got} of {info.total_bytes} bytes")
+                    asm.write(c.data)
+                    got += len(c.data)
+                blob = asm.finish()
+                try:
+                    parse_header(memoryview(blob))
+                except ValueError as e:
+                    raise errors.InvalidArgument(f"push stream version {info.version}: {e}") from None
+                wv = WeightVersion(info.model, info.version, info.epoch, blob, self.via)
+                with self._cond:
+                    if self._newest is None or wv.version > self._newest.version:
+                        self._newest = wv
+                    self._cond.notify_all()
+            err = errors.Unavailable(f"push stream of {self.model!r} ended")
+        except grpc.RpcError as e:
+            err = errors.from_rpc_error(e)
+            if isinstance(err, errors.RlhubError) and e.code() == grpc.StatusCode.CANCELLED:
+                err = errors.Unavailable(f"push stream of {self.model!r} closed")
+        except errors.RlhubError as e:
+            err = e
+            self._call.cancel()
+        except ValueError as e:  # the Assembler's limits
+            err = errors.InvalidArgument(f"push stream: {e}")
+            self._call.cancel()
+        with self._cond:
+            self._ended = err
+            self._cond.notify_all()
+
+    def _take(self, than: int) -> Optional[WeightVersion]:
+        # Called with _cond held.
+        if self._newest is not None and self._newest.version > than:
+            return self._newest
+        if self._ended is not None:
+            raise type(self._ended)(f"{self._ended.message}", self._ended.code)
+        return None
+
+    def get_if_newer(self, than: int) -> Optional[WeightVersion]:
+        """The newest received version if newer than ``than``, else None."""
+        with self._cond:
+            return self._take(than)
+
+    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
+        """Blocks until a version newer than ``after`` has arrived."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                wv = self._take(after)
+                if wv is not None:
+                    return wv
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def running(self, version: int) -> None:
+        """Reports on the stream that the collector now runs ``version``."""
+        self._out.put(sync_pb2.SyncClientMessage(running=sync_pb2.SyncRunning(version=version)))
+
+    def close(self) -> None:
+        """Ends the stream and waits for the receive thread. Safe to call twice."""
+        self._out.put(None)
+        self._call.cancel()
+        self._thread.join()
+        if self._own:
+            self._channel.close()
+            self._own = False
+
+    def __enter__(self) -> "PushSource":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,51 @@
+"""WeightVersion, the Source protocol and the conventional segment path. Part of :mod:`rlhub.wsync`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Protocol
+
+from rlhub.tensors import load_bytes
+
+@dataclasses.dataclass
+class WeightVersion:
+    """One whole version of a model as a source delivered it.
+
+    ``blob`` is its safetensors bytes. A :class:`ShmSource` reuses two private
+    buffers, so its versions' blobs stay valid only until the second
+    ``get_if_newer``/``wait_newer`` call after the one that returned them
+    (copy, or apply with a :class:`Receiver`, to keep them longer); a leasing
+    one's blob is a read-only view of the shared memory, whole until the
+    source returns a newer version or closes. Other sources' blobs are the
+    caller's.
+    """
+
+    model: str
+    version: int
+    epoch: int
+    blob: Any
+    via: str
+
+    def tensors(self, framework: str = "numpy") -> Dict[str, Any]:
+        """The state dict (numpy views over ``blob``, or torch tensors)."""
+        return load_bytes(self.blob, framework=framework)
+
+
+class Source(Protocol):
+    """Where a receiver gets versions (the Go ``wsync.Source``)."""
+
+    via: str
+
+    def get_if_newer(self, than: int) -> Optional[WeightVersion]:
+        """The newest version if newer than ``than``, else None (never blocks)."""
+
+    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
+        """Blocks until a version newer than ``after`` exists (None on timeout)."""
+
+    def close(self) -> None:
+        """Releases the source. Safe to call twice."""
+
+
+def default_shm_path(model: str) -> str:
+    """The conventional segment of a model on this host (as ``rlhub relay``)."""
+    return "/dev/shm/rlhub-" + model.replace("/", "_")
