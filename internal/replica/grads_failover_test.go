@@ -3,6 +3,9 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +23,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 )
 
 // TestGradientsAcrossTwoFailovers: two gradient clients given only etcd
@@ -28,7 +32,9 @@ import (
 // primary's journal (replicated across both failovers) holds no gradient
 // twice and only gradients the clients sent; every push is counted:
 // applied (in the journal) or lost at a kill (answered, then in flight on
-// the dead primary, or of unknown outcome), and nothing else.
+// the dead primary, or of unknown outcome), and nothing else. A weight-sync
+// relay given only etcd ends with the final version in its shared-memory
+// segment.
 func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three hubs and two failovers")
@@ -63,6 +69,19 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	if _, _, err := clients["a"].Register(ctx, reducer.ModelConfig{Model: model, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
 		t.Fatal(err)
 	}
+
+	// A relay (a collector's local source): follows the primary, fills shm.
+	segment := fmt.Sprintf("/dev/shm/rlhub-replica-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	relay := exec.Command(rlhubBinary(t), "--log-level", "warn", "relay", "--etcd", e.Endpoint, "--cluster", c.name,
+		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment)
+	var rout syncBuffer
+	relay.Stdout, relay.Stderr = &rout, &rout
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rdone := make(chan struct{})
+	go func() { relay.Wait(); close(rdone) }()
+	t.Cleanup(func() { relay.Process.Kill(); <-rdone; os.Remove(segment) })
 
 	// The watcher: versions only grow, across both failovers.
 	var mu sync.Mutex
@@ -152,6 +171,23 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	testkit.Eventually(t, time.Minute, "the watcher on the final version", func() bool { return newest() == final.Version })
 	wcancel()
 	wg.Wait()
+	var rd *shm.Reader
+	testkit.Eventually(t, time.Minute, "the relay's segment on the final version", func() bool {
+		select {
+		case <-rdone:
+			t.Fatalf("the relay exited:\n%s", rout.String())
+		default:
+		}
+		if rd == nil {
+			var err error
+			if rd, err = shm.Open(shm.ReaderConfig{Path: segment}); err != nil {
+				rd = nil
+				return false
+			}
+		}
+		return rd.Published() == final.Version
+	})
+	rd.Close()
 
 	mu.Lock()
 	for i := 1; i < len(seen); i++ {
