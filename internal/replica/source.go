@@ -295,8 +295,9 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	}()
 	err := s.ship(ctx, ss, p, h.Have)
 	cancel()
-	if aerr := <-ackErr; err == nil || ctx.Err() != nil && !errors.Is(aerr, io.EOF) {
-		err = errors.Join(err, aerr)
+	aerr := <-ackErr
+	if err == nil || errors.Is(err, context.Canceled) {
+		err = aerr // the follower went away (or broke the stream): its reason
 	}
 	s.cfg.Logger.Info("replica: standby left", "member", h.Member, "err", err)
 	return err
@@ -341,11 +342,9 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 			return status.Error(codes.Unavailable, "replica: primary closing")
 		}
 		if full || u > sent {
-			n, err := s.sendUnit(ss, u, full, shipped, have)
-			if err != nil {
+			if err := s.sendUnit(ss, u, full, shipped, have); err != nil {
 				return err
 			}
-			_ = n
 			full, sent, have = false, u, nil
 			continue
 		}
@@ -355,11 +354,9 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 		case <-ch:
 		case <-tick.C:
 			// Changes no publish announced: ship them if there are any.
-			n, err := s.sendUnitIfChanged(ss, u, shipped)
-			if err != nil {
+			if err := s.sendUnitIfChanged(ss, u, shipped); err != nil {
 				return err
 			}
-			_ = n
 		}
 	}
 }
@@ -436,27 +433,27 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 	return files, gone, nil
 }
 
-func (s *Source) sendUnitIfChanged(ss grpc.ServerStream, u uint64, shipped map[string]stamp) (int, error) {
+func (s *Source) sendUnitIfChanged(ss grpc.ServerStream, u uint64, shipped map[string]stamp) error {
 	files, gone, err := s.cut(shipped, nil, false)
 	if err != nil {
-		return 0, status.Error(codes.Internal, err.Error())
+		return status.Error(codes.Internal, err.Error())
 	}
 	if len(files) == 0 && len(gone) == 0 {
-		return 0, nil
+		return nil
 	}
 	return s.send(ss, u, false, files, gone, shipped)
 }
 
-func (s *Source) sendUnit(ss grpc.ServerStream, u uint64, full bool, shipped map[string]stamp, have map[string]int64) (int, error) {
+func (s *Source) sendUnit(ss grpc.ServerStream, u uint64, full bool, shipped map[string]stamp, have map[string]int64) error {
 	files, gone, err := s.cut(shipped, have, full)
 	if err != nil {
-		return 0, status.Error(codes.Internal, err.Error())
+		return status.Error(codes.Internal, err.Error())
 	}
 	return s.send(ss, u, full, files, gone, shipped)
 }
 
 // send writes one unit and records what the follower now holds.
-func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp) (int, error) {
+func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp) error {
 	defer func() {
 		for _, o := range files {
 			if o.f != nil {
@@ -465,13 +462,13 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 		}
 	}()
 	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: u, Full: full, Epoch: s.cfg.Epoch})); err != nil {
-		return 0, err
+		return err
 	}
 	buf := make([]byte, chunkBytes)
 	for _, o := range files {
 		if o.keep {
 			if err := ss.SendMsg(pathFrame(kindKeep, o.rel, 0)); err != nil {
-				return 0, err
+				return err
 			}
 			shipped[o.rel] = o.st
 			continue
@@ -480,27 +477,27 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 		if o.f != nil {
 			fi, err := o.f.Stat()
 			if err != nil {
-				return 0, status.Error(codes.Internal, err.Error())
+				return status.Error(codes.Internal, err.Error())
 			}
 			size = fi.Size()
 		}
 		if err := ss.SendMsg(pathFrame(kindFile, o.rel, size)); err != nil {
-			return 0, err
+			return err
 		}
 		if o.f == nil {
 			for off := 0; off < len(o.data); off += chunkBytes {
 				if err := ss.SendMsg(frame(kindData, o.data[off:min(off+chunkBytes, len(o.data))])); err != nil {
-					return 0, err
+					return err
 				}
 			}
 		} else {
 			for left := size; left > 0; {
 				n, err := io.ReadFull(o.f, buf[:min(int64(len(buf)), left)])
 				if err != nil {
-					return 0, status.Errorf(codes.Internal, "replica: read %s: %v", o.rel, err)
+					return status.Errorf(codes.Internal, "replica: read %s: %v", o.rel, err)
 				}
 				if err := ss.SendMsg(frame(kindData, buf[:n])); err != nil {
-					return 0, err
+					return err
 				}
 				left -= int64(n)
 			}
@@ -509,12 +506,12 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 	}
 	for _, rel := range gone {
 		if err := ss.SendMsg(pathFrame(kindDelete, rel, 0)); err != nil {
-			return 0, err
+			return err
 		}
 		delete(shipped, rel)
 	}
 	if err := ss.SendMsg(uvarintFrame(kindEnd, u)); err != nil {
-		return 0, err
+		return err
 	}
-	return len(files) + len(gone), nil
+	return nil
 }
