@@ -1,10 +1,16 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/dial"
 )
 
@@ -60,4 +66,31 @@ func applyClusterTarget(cmd *cobra.Command) error {
 		return fmt.Errorf("--etcd/--cluster: %w", err)
 	}
 	return cmd.Flags().Set(name, target)
+}
+
+// announce registers this process in etcd as a service of kind (a relay)
+// when the command was given --etcd, so clients find it there
+// (cluster.Reader.Services); the returned func withdraws it. Without
+// --etcd it does nothing.
+func announce(cmd *cobra.Command, logger *slog.Logger, info cluster.ServiceInfo) (func(), error) {
+	ef := cmd.Flags().Lookup("etcd")
+	if ef == nil || ef.Value.String() == "" {
+		return func() {}, nil
+	}
+	t, err := dial.ParseTarget(dial.EtcdTarget(ef.Value.String(), cmd.Flags().Lookup("cluster").Value.String()))
+	if err != nil {
+		return nil, err
+	}
+	if info.ID == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(info.Addr)
+		info.ID = host + "-" + port
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+	defer cancel()
+	a, err := cluster.Announce(ctx, cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, Logger: logger}, info)
+	if err != nil {
+		return nil, fmt.Errorf("announce the %s in etcd: %w", info.Kind, err)
+	}
+	return func() { a.Close() }, nil
 }

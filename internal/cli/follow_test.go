@@ -1,14 +1,13 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/rlhub"
 )
 
 // serveProc is `rlhub serve ARGS` in a child process (the test binary,
@@ -39,27 +39,23 @@ func startServeProc(t *testing.T, args string) *serveProc {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The address file is written once the hub listens, primary or
+	// standby alike.
+	addrFile := filepath.Join(t.TempDir(), "addr")
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+args)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cmd.Env = append(os.Environ(), serveChildEnv+"="+args+" --addr-file "+addrFile)
+	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addrCh := make(chan string, 1)
-	go func() { // ends when the child dies (its stderr closes)
-		re := regexp.MustCompile(`hub serving" addr=(\S+)`)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addrCh <- m[1]
-			}
-		}
-	}()
-	return &serveProc{addr: testkit.Recv(t, addrCh, 60*time.Second, "rlhub serve to say where it listens"), cmd: cmd}
+	var addr string
+	testkit.Eventually(t, 60*time.Second, "rlhub serve to write its address file", func() bool {
+		b, err := os.ReadFile(addrFile)
+		addr = strings.TrimSpace(string(b))
+		return err == nil && addr != ""
+	})
+	return &serveProc{addr: addr, cmd: cmd}
 }
 
 func (p *serveProc) kill() { p.cmd.Process.Kill(); p.cmd.Wait() }
@@ -175,12 +171,17 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 				return err == nil && s.Version == snap.Version+1
 			})
 		}
-		st, err := rc.HubStats(ctx, l.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The counters settle just after the version is visible.
+		var st reducer.Stats
+		testkit.Eventually(t, 30*time.Second, "the primary's counters to show every gradient", func() bool {
+			st, err = rc.HubStats(ctx, l.Addr)
+			return err == nil && st.Total.Applied >= n
+		})
 		if st.Total.Applied != n || st.Total.Pushed != n {
 			t.Fatalf("round %d: primary %s counted pushed %d applied %d, want %d each", round, l.ID, st.Total.Pushed, st.Total.Applied, n)
+		}
+		if snap, err := sc.Get(ctx, model, 0); err != nil || snap.Version != n+1 {
+			t.Fatalf("round %d: %s at version %v (%v), want %d: one version per gradient", round, model, snap, err, n+1)
 		}
 		if rc.Unknown() != 0 {
 			t.Fatalf("round %d: %d pushes of unknown outcome", round, rc.Unknown())
@@ -207,4 +208,87 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 	if !strings.Contains(err.Error(), "cluster") {
 		t.Fatalf("the error does not say what was tried: %v", err)
 	}
+}
+
+// TestRelayOnEtcdIsAnnouncedAndFollows: `relay --etcd` finds its upstream
+// (the primary) in etcd and announces itself there; a collector found
+// through etcd gets versions from it, and after the primary is SIGKILLed
+// the relay follows the new primary and delivers its next version.
+func TestRelayOnEtcdIsAnnouncedAndFollows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and two hub processes")
+	}
+	e := clustertest.Start(t)
+	const name = "relayfollow"
+	var procs []*serveProc
+	for i := range 2 {
+		procs = append(procs, startServeProc(t, fmt.Sprintf("serve --listen 127.0.0.1:0 --data %s --etcd %s --cluster %s --lease-ttl 1s --member-id r%d",
+			filepath.Join(t.TempDir(), "d"), e.Endpoint, name, i)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	etcdAddr := strings.TrimPrefix(e.Endpoint, "http://")
+	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: dial.EtcdTarget(etcdAddr, name)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if _, err := sc.Push(ctx, store.PushRequest{Name: "pol", Version: 1, Blob: weightsBlob(t, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	relayDone := make(chan int, 1)
+	go func() {
+		code, _, _ := run(t, rctx, "relay", "--etcd", e.Endpoint, "--cluster", name, "--model", "pol", "--id", "relay-a",
+			"--listen", "127.0.0.1:0", "--no-shm", "--log-level", "error")
+		relayDone <- code
+	}()
+	defer func() { rcancel(); testkit.Recv(t, relayDone, 30*time.Second, "the relay to stop") }()
+	rd, err := cluster.OpenReader(cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	var relay cluster.ServiceInfo
+	testkit.Eventually(t, 30*time.Second, "the relay to be announced in etcd", func() bool {
+		ss, err := rd.Services(ctx, cluster.KindRelay, "pol")
+		if err != nil || len(ss) != 1 {
+			return false
+		}
+		relay = ss[0]
+		return true
+	})
+	if relay.ID != "relay-a" || relay.Addr == "" {
+		t.Fatalf("announced %+v", relay)
+	}
+	col, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: relay.Addr, Model: "pol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer col.Close()
+	waitVersion := func(v uint64) {
+		t.Helper()
+		testkit.Eventually(t, 60*time.Second, fmt.Sprintf("the collector to run version %d", v), func() bool {
+			pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer pcancel()
+			_, _ = col.Poll(pctx)
+			return col.Version() >= v
+		})
+	}
+	waitVersion(1)
+	st, err := rd.Status(ctx)
+	if err != nil || st.Primary == nil {
+		t.Fatalf("status: %v %v", st, err)
+	}
+	for _, p := range procs {
+		if p.addr == st.Primary.Addr {
+			p.kill()
+		}
+	}
+	// The new primary takes version 2 (ExpectAny: without replication it
+	// may start empty); the relay follows it there.
+	if _, err := sc.Push(ctx, store.PushRequest{Name: "pol", Version: 2, Expect: store.ExpectAny, Blob: weightsBlob(t, 2)}); err != nil {
+		t.Fatalf("push after the failover: %v", err)
+	}
+	waitVersion(2)
 }

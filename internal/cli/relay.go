@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -58,6 +60,16 @@ func newRelayCmd(g *globals) *cobra.Command {
 				}
 				return runBoth(cmd.Context(), r.Run, ms.Run)
 			}
+			// With --etcd the relay is announced in etcd for collectors
+			// to find (docs/cluster.md, Clients).
+			withdraw, err := announce(cmd, g.logger, cluster.ServiceInfo{Kind: cluster.KindRelay, ID: cfg.ID, Addr: r.Addr(), Model: cfg.Model})
+			if err != nil {
+				done, stop := context.WithCancel(cmd.Context())
+				stop()
+				_ = r.Run(done) // releases the listener and segment
+				return err
+			}
+			defer withdraw()
 			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath)
 			fmt.Fprintf(g.stdout, "relay %s: listening on %s, shm %q\n", cfg.Model, r.Addr(), cfg.ShmPath)
 			return r.Run(cmd.Context())

@@ -2,10 +2,15 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"path"
+	"sort"
 	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/rlhub/rlhub/internal/errs"
 )
@@ -61,4 +66,111 @@ func (r *Reader) Close() error {
 		}
 	})
 	return r.err
+}
+
+// ServiceInfo is a relay (or another helper process: a secondary reducer)
+// announced in etcd under /rlhub/CLUSTER/services/KIND/ID, for the clients
+// that use it to find (Reader.Services).
+type ServiceInfo struct {
+	Kind  string `json:"kind"`
+	ID    string `json:"id"`
+	Addr  string `json:"addr"`
+	Model string `json:"model,omitempty"`
+}
+
+// Service kinds.
+const (
+	KindRelay     = "relay"
+	KindSecondary = "secondary"
+)
+
+// Announcement is a service's registration: it lives as long as its lease
+// (kept alive until Close, or until the process dies and the lease's TTL
+// passes).
+type Announcement struct {
+	cli  *clientv3.Client
+	sess *concurrency.Session
+	once sync.Once
+	err  error
+}
+
+// Announce registers info under a fresh lease of cfg.LeaseTTL (cfg's
+// Endpoints, Cluster, LeaseTTL and DialTimeout are used; ID and Addr are
+// info's). A live announcement with the same kind and id is refused
+// (errs.ErrExists).
+func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement, error) {
+	cfg.ID, cfg.Addr = info.ID, info.Addr
+	if err := cfg.validate(true); err != nil {
+		return nil, err
+	}
+	if !namePattern.MatchString(info.Kind) {
+		return nil, fmt.Errorf("%w: cluster: service kind must match %s", errs.ErrInvalid, namePattern)
+	}
+	cli, err := dial(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
+	}
+	a := &Announcement{cli: cli, sess: sess}
+	val, _ := json.Marshal(info)
+	key := path.Join(cfg.prefix(), "services", info.Kind, info.ID)
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(sess.Lease()))).
+		Commit()
+	if err == nil && !resp.Succeeded {
+		err = fmt.Errorf("%w: cluster: %s %q is announced by a live process", errs.ErrExists, info.Kind, info.ID)
+	} else if err != nil {
+		err = fmt.Errorf("%w: cluster: announce: %v", errs.ErrUnavailable, err)
+	}
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	cfg.Logger.Info("cluster: announced", "kind", info.Kind, "id", info.ID, "addr", info.Addr, "model", info.Model)
+	return a, nil
+}
+
+// Lost closes when the announcement's lease is gone.
+func (a *Announcement) Lost() <-chan struct{} { return a.sess.Done() }
+
+// Close revokes the lease (the entry goes at once) and closes the etcd
+// client. Safe to call more than once.
+func (a *Announcement) Close() error {
+	a.once.Do(func() {
+		err := a.sess.Close()
+		select {
+		case <-a.sess.Done():
+			err = nil // revoked, or already gone
+		default:
+		}
+		a.err = errors.Join(err, a.cli.Close())
+	})
+	return a.err
+}
+
+// Services lists the live announcements of kind ("" every kind) for model
+// ("" any model), by id.
+func (r *Reader) Services(ctx context.Context, kind, model string) ([]ServiceInfo, error) {
+	p := path.Join(r.cfg.prefix(), "services") + "/"
+	if kind != "" {
+		p = path.Join(p, kind) + "/"
+	}
+	resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+	}
+	var out []ServiceInfo
+	for _, kv := range resp.Kvs {
+		var s ServiceInfo
+		if json.Unmarshal(kv.Value, &s) == nil && (model == "" || s.Model == model) {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Kind+"/"+out[i].ID < out[j].Kind+"/"+out[j].ID })
+	return out, nil
 }

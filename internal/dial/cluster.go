@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
@@ -49,7 +50,9 @@ import (
 //     connection died after it was sent is retried only when idempotent
 //     (reads: pulls, lists, status); any other is returned to the caller
 //     (its outcome is unknown; a gradient push is counted lost).
-//   - Streams are not retried here (their messages are the caller's); a
+//   - A stream is opened only once there is a ready connection to the
+//     primary (waiting within its context and at most FollowTimeout).
+//     Streams are not retried here (their messages are the caller's); a
 //     stream that fails makes the next resolve happen at once, so the
 //     caller's reconnect lands on the new primary.
 //   - A unary call whose context has no deadline gets FollowTimeout.
@@ -564,7 +567,34 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 	}
 }
 
+// waitReady waits until cc has a ready connection to the primary, within
+// ctx and at most FollowTimeout: a stream is opened only then, so one
+// opened while there is no primary waits for one (bounded) and was never
+// sent.
+func (f *follower) waitReady(ctx context.Context, cc *grpc.ClientConn) error {
+	wctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	for {
+		st := cc.GetState()
+		if st == connectivity.Ready {
+			return nil
+		}
+		if st == connectivity.Idle {
+			cc.Connect()
+		}
+		if !cc.WaitForStateChange(wctx, st) {
+			if err := ctx.Err(); err != nil {
+				return status.FromContextError(err).Err()
+			}
+			return f.noPrimary(status.Error(codes.Unavailable, "no connection to a primary"))
+		}
+	}
+}
+
 func (f *follower) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if err := f.waitReady(ctx, cc); err != nil {
+		return nil, err
+	}
 	s, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
 		if status.Code(err) == codes.Unavailable {

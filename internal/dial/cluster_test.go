@@ -247,10 +247,10 @@ func TestNoPrimaryIsAClearError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	c, cancel := context.WithTimeout(context.Background(), time.Second)
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	_, err = rlhubv1.NewModelStoreClient(conn).List(c, &rlhubv1.StoreListRequest{})
-	if c := status.Code(err); (c != codes.DeadlineExceeded && c != codes.Unavailable) || !strings.Contains(err.Error(), "no hub of "+dead[0]) {
+	if c := status.Code(err); (c != codes.DeadlineExceeded && c != codes.Unavailable) || !strings.Contains(err.Error(), "rlhub: cluster "+dead[0]) {
 		t.Fatalf("List with no hub: %v", err)
 	}
 }

@@ -109,6 +109,12 @@ class Counters:
         return sum(self.dropped.values())
 
 
+class OutcomeUnknown(errors.Unavailable):
+    """A push whose connection broke after it was sent, with the cluster's
+    primary changed since: it may or may not have been applied and is not
+    sent again (at most once); count it lost."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Stats:
     """``Reducer.Stats`` of one hub: ``total`` sums ``parts``
@@ -300,6 +306,7 @@ class GradClient:
         self._mu = threading.Lock()  # guards _rnd, _channels, _targets, _dead, _seq, _counts
         self._bulk = _bulk.Client() if transport == "auto" else None
         self._counts = {"bulk": 0, "grpc": 0, "fallback": 0}
+        self._unknown = 0  # pushes raised as OutcomeUnknown
         self._rnd = random.Random(seed)
         self._channels: Dict[str, grpc.Channel] = {}
         self._targets: List[Tuple[str, str]] = []
@@ -334,6 +341,11 @@ class GradClient:
             out = dict(self._counts)
         out["bulk_dials"] = self._bulk.dials if self._bulk is not None else 0
         return out
+
+    def unknown(self) -> int:
+        """Pushes raised as :class:`OutcomeUnknown` (counted lost)."""
+        with self._mu:
+            return self._unknown
 
     def _count(self, key: str) -> None:
         with self._mu:
@@ -455,8 +467,17 @@ class GradClient:
         attempt = 0
         stick: Optional[Tuple[str, str]] = None  # where back-pressure refused the last attempt
         self._maybe_refresh()
+        epoch = self._epoch()  # the primary this push is for (0 for one hub)
+        unknown = False  # an attempt may have been applied
         while True:
             attempt += 1
+            if unknown and self._epoch() != epoch:
+                # Never resent to a primary other than the one that may
+                # have applied it: at most once (docs/cluster.md, Clients).
+                with self._mu:
+                    self._unknown += 1
+                raise OutcomeUnknown(f"rlhub: push {self.client_id}/{seq}: its outcome is unknown and the primary "
+                                     f"changed (epoch {epoch} → {self._epoch()}): counted lost, not resent; last: {last}")
             if (self.max_attempts and attempt > self.max_attempts) or (attempt > 1 and time.monotonic() > give_up):
                 assert last is not None
                 raise last
@@ -481,6 +502,12 @@ class GradClient:
             if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 1:
                 return Receipt(0, 0.0, seq, t[0], t[1], attempt, duplicate=True)
             if code == grpc.StatusCode.UNAVAILABLE:
+                hub = self._channel(self.hub_addr)
+                ref = _channel.refusal(last)
+                if ref is not None and isinstance(hub, _channel.FollowingChannel):
+                    hub.offer(*ref)  # a standby: not applied; follow the primary it names
+                elif ref is None and not str(last).startswith("bulk: dial"):
+                    unknown = True  # it may have reached the secondary
                 with self._mu:
                     self._dead[t] = time.monotonic()
                 try:
@@ -493,6 +520,11 @@ class GradClient:
                 stick = t
                 continue
             raise last
+
+    def _epoch(self) -> int:
+        ch = self._channel(self.hub_addr)
+        p = ch.primary() if isinstance(ch, _channel.FollowingChannel) else None
+        return p[1] if p is not None else 0
 
     def _push_once(self, t: Tuple[str, str], header: reducer_pb2.ReducerPushHeader,
                    body: Tuple[bytes, List[memoryview]]) -> reducer_pb2.ReducerPushResponse:

@@ -1,0 +1,75 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// Relays announced in etcd are listed by kind and model while they live: a
+// duplicate id is refused, Close removes one at once, and one whose
+// process stopped sending keep-alives drops out after its lease's TTL.
+func TestAnnouncedServicesAreListedWhileTheyLive(t *testing.T) {
+	e := clustertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := Config{Endpoints: []string{e.Endpoint}, Cluster: "reg", LeaseTTL: time.Second, Logger: testkit.Logger()}
+	announce := func(info ServiceInfo) *Announcement {
+		t.Helper()
+		a, err := Announce(ctx, cfg, info)
+		if err != nil {
+			t.Fatalf("announce %v: %v", info, err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return a
+	}
+	r1 := announce(ServiceInfo{Kind: KindRelay, ID: "r1", Addr: "127.0.0.1:1", Model: "m"})
+	r2 := announce(ServiceInfo{Kind: KindRelay, ID: "r2", Addr: "127.0.0.1:2", Model: "m"})
+	announce(ServiceInfo{Kind: KindRelay, ID: "r3", Addr: "127.0.0.1:3", Model: "other"})
+	announce(ServiceInfo{Kind: KindSecondary, ID: "s1", Addr: "127.0.0.1:4"})
+	if _, err := Announce(ctx, cfg, ServiceInfo{Kind: KindRelay, ID: "r1", Addr: "127.0.0.1:9", Model: "m"}); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("a second r1: %v, want ErrExists", err)
+	}
+	for _, bad := range []ServiceInfo{{Kind: "relay", ID: "a b", Addr: "x:1"}, {Kind: "", ID: "a", Addr: "x:1"}, {Kind: "relay", ID: "a"}} {
+		if _, err := Announce(ctx, cfg, bad); !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("announce %+v: %v, want ErrInvalid", bad, err)
+		}
+	}
+	rd, err := OpenReader(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ids := func(kind, model string) []string {
+		t.Helper()
+		ss, err := rd.Services(ctx, kind, model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.ID)
+		}
+		return out
+	}
+	if got := ids(KindRelay, "m"); len(got) != 2 || got[0] != "r1" || got[1] != "r2" {
+		t.Fatalf("relays of m: %v", got)
+	}
+	if got := ids("", ""); len(got) != 4 {
+		t.Fatalf("every service: %v", got)
+	}
+	if err := r1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(KindRelay, "m"); len(got) != 1 || got[0] != "r2" {
+		t.Fatalf("after r1 closed: %v", got)
+	}
+	// r2's process "dies": its etcd client goes, no keep-alive follows.
+	r2.cli.Close()
+	testkit.Eventually(t, 15*time.Second, "r2 to drop out after its TTL", func() bool { return len(ids(KindRelay, "m")) == 0 })
+}
