@@ -26,7 +26,7 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -281,7 +281,8 @@ def refusal(err: Any) -> Optional[Tuple[str, int]]:
         try:
             if err.code() != grpc.StatusCode.UNAVAILABLE:
                 return None
-            md = dict(err.trailing_metadata() or ())
+            tm: Any = err.trailing_metadata() or ()
+            md: Dict[str, Any] = {str(k): v for k, v in tm}
             if PRIMARY_TRAILER in md:
                 try:
                     ep = int(md.get(EPOCH_TRAILER, "0"))
@@ -365,7 +366,7 @@ class FollowingChannel(grpc.Channel):
                 self._retired.append(old)  # calls in flight on it finish there
             self._cv.notify_all()
 
-    def _watcher(self, ch: grpc.Channel):
+    def _watcher(self, ch: grpc.Channel) -> Callable[[grpc.ChannelConnectivity], None]:
         def on(state: grpc.ChannelConnectivity) -> None:
             with self._cv:
                 if ch is self._ch:
@@ -392,7 +393,7 @@ class FollowingChannel(grpc.Channel):
         from rlhub._proto.rlhub.v1 import cluster_pb2, cluster_pb2_grpc
         calls = []
         for h in self.target.hubs:
-            stub = cluster_pb2_grpc.ClusterStub(self._seed(h))
+            stub = cluster_pb2_grpc.ClusterStub(self._seed(h))  # type: ignore[no-untyped-call]
             calls.append((h, stub.Primary.future(cluster_pb2.PrimaryRequest(), timeout=timeout)))
         best: Tuple[str, int] = ("", 0)
         problems = []
@@ -469,23 +470,27 @@ class FollowingChannel(grpc.Channel):
         return False
 
     # -- grpc.Channel
-    def unary_unary(self, method, request_serializer=None, response_deserializer=None, **kw):
+    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                    **kw: Any) -> Any:
         return _FollowUnary(self, method, request_serializer, response_deserializer, kw)
 
-    def unary_stream(self, method, request_serializer=None, response_deserializer=None, **kw):
+    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     **kw: Any) -> Any:
         return _FollowStream(self, "unary_stream", method, request_serializer, response_deserializer, kw)
 
-    def stream_unary(self, method, request_serializer=None, response_deserializer=None, **kw):
+    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     **kw: Any) -> Any:
         return _FollowStream(self, "stream_unary", method, request_serializer, response_deserializer, kw)
 
-    def stream_stream(self, method, request_serializer=None, response_deserializer=None, **kw):
+    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                      **kw: Any) -> Any:
         return _FollowStream(self, "stream_stream", method, request_serializer, response_deserializer, kw)
 
-    def subscribe(self, callback, try_to_connect=False):
+    def subscribe(self, callback: Any, try_to_connect: bool = False) -> None:
         ch = self._ready(time.monotonic() + FOLLOW_TIMEOUT)
         ch.subscribe(callback, try_to_connect=try_to_connect)
 
-    def unsubscribe(self, callback):
+    def unsubscribe(self, callback: Any) -> None:
         with self._cv:
             chans = [c for c in [self._ch, *self._retired] if c is not None]
         for c in chans:
@@ -504,23 +509,22 @@ class FollowingChannel(grpc.Channel):
         for c in chans:
             c.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "FollowingChannel":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
-        return False
 
 
 class _FollowUnary:
-    def __init__(self, fc: FollowingChannel, method, ser, deser, kw):
+    def __init__(self, fc: FollowingChannel, method: str, ser: Any, deser: Any, kw: Dict[str, Any]):
         self._fc, self._method, self._ser, self._deser, self._kw = fc, method, ser, deser, kw
 
-    def _mc(self, ch: grpc.Channel):
+    def _mc(self, ch: grpc.Channel) -> Any:
         return ch.unary_unary(self._method, self._ser, self._deser, **self._kw)
 
-    def _invoke(self, with_call: bool, request, timeout=None, metadata=None, credentials=None,
-                wait_for_ready=None, compression=None):
+    def _invoke(self, with_call: bool, request: Any, timeout: Optional[float] = None, metadata: Any = None,
+                credentials: Any = None, wait_for_ready: Any = None, compression: Any = None) -> Any:
         fc = self._fc
         deadline = time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT)
         wait = _BACKOFF0
@@ -536,7 +540,8 @@ class _FollowUnary:
                           wait_for_ready=wait_for_ready, compression=compression)
             except grpc.RpcError as e:
                 if not fc._failed(e):
-                    if e.code() != grpc.StatusCode.UNAVAILABLE or self._method not in IDEMPOTENT:
+                    code: grpc.StatusCode = e.code()
+                    if code != grpc.StatusCode.UNAVAILABLE or self._method not in IDEMPOTENT:
                         raise  # sent; its outcome is the caller's to judge
                 if attempt == MAX_FOLLOW_ATTEMPTS or time.monotonic() + wait >= deadline:
                     raise fc.no_primary(e.code(), e.details() or "") from e
@@ -544,13 +549,13 @@ class _FollowUnary:
                 wait = min(2 * wait, _BACKOFF_MAX)
         raise AssertionError("unreachable")
 
-    def __call__(self, request, **kw):
+    def __call__(self, request: Any, **kw: Any) -> Any:
         return self._invoke(False, request, **kw)
 
-    def with_call(self, request, **kw):
+    def with_call(self, request: Any, **kw: Any) -> Any:
         return self._invoke(True, request, **kw)
 
-    def future(self, request, timeout=None, **kw):
+    def future(self, request: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
         ch = self._fc._ready(time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT))
         return self._mc(ch).future(request, timeout=timeout, **kw)
 
@@ -559,14 +564,14 @@ class _FollowStream:
     """A streaming call goes to the primary once (streams are not resent);
     its failure makes the next call look the primary up again."""
 
-    def __init__(self, fc: FollowingChannel, kind: str, method, ser, deser, kw):
+    def __init__(self, fc: FollowingChannel, kind: str, method: str, ser: Any, deser: Any, kw: Dict[str, Any]):
         self._fc, self._kind, self._method, self._ser, self._deser, self._kw = fc, kind, method, ser, deser, kw
 
-    def _mc(self, timeout):
+    def _mc(self, timeout: Optional[float]) -> Any:
         ch = self._fc._ready(time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT))
         return getattr(ch, self._kind)(self._method, self._ser, self._deser, **self._kw)
 
-    def __call__(self, request_or_iterator, timeout=None, **kw):
+    def __call__(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
         mc = self._mc(timeout)
         try:
             out = mc(request_or_iterator, timeout=timeout, **kw)
@@ -577,7 +582,7 @@ class _FollowStream:
             return out
         return _WatchedIterator(out, self._fc)
 
-    def with_call(self, request_or_iterator, timeout=None, **kw):
+    def with_call(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
         mc = self._mc(timeout)
         try:
             return mc.with_call(request_or_iterator, timeout=timeout, **kw)
@@ -585,27 +590,27 @@ class _FollowStream:
             self._fc._failed(e)
             raise
 
-    def future(self, request_or_iterator, timeout=None, **kw):
+    def future(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
         return self._mc(timeout).future(request_or_iterator, timeout=timeout, **kw)
 
 
 class _WatchedIterator:
     """A response stream that tells its channel when it fails."""
 
-    def __init__(self, call, fc: FollowingChannel):
+    def __init__(self, call: Any, fc: FollowingChannel):
         self._call, self._fc = call, fc
 
-    def __iter__(self):
+    def __iter__(self) -> "_WatchedIterator":
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         try:
             return next(self._call)
         except grpc.RpcError as e:
             self._fc._failed(e)
             raise
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._call, name)
 
 
