@@ -196,6 +196,10 @@ var Policy = []Rule{
 	{Method: "/rlhub.v1.ARS/Detach", Role: Worker},
 	{Method: "/rlhub.v1.ARS/PullPolicy", Role: Reader, Model: arsRun("run_id")},
 
+	// Cluster replication (internal/replica): a standby copies the
+	// primary's whole data directory, every model and run: admin only.
+	{Method: "/rlhub.v1.Replica/Follow", Role: Admin},
+
 	// Data plane (internal/wire/bulk): the model comes from the header.
 	{Method: "rlhub.v1.Reducer/Push", Plane: DataPlane, Role: Trainer, Header: "rlhub.v1.ReducerPushHeader", Model: field("blob.model")},
 	{Method: "rlhub.v1.ReducerPrimary/Forward", Plane: DataPlane, Role: Trainer, Header: "rlhub.v1.ReducerForwardHeader", Model: field("blob.model")},

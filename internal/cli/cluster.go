@@ -5,18 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"os"
+	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/cluster"
-	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/replica"
 )
 
 // clusterFlags are --etcd and --cluster, shared by serve and cluster status.
@@ -27,6 +26,9 @@ type clusterFlags struct {
 	embedded string
 	embedURL string
 	id       string
+	// acks and ackTimeout: --replica-acks, --replica-ack-timeout.
+	acks       string
+	ackTimeout time.Duration
 }
 
 func (f *clusterFlags) endpoints() []string {
@@ -43,7 +45,7 @@ func (f *clusterFlags) endpoints() []string {
 }
 
 func (f *clusterFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (host:port or URL); with serve: join that cluster (experimental: election and membership only, see docs/cluster.md)")
+	cmd.Flags().StringVar(&f.etcd, "etcd", "", "etcd endpoints, comma-separated (host:port or URL); with serve: join that cluster (standbys follow the primary and take over: docs/cluster.md)")
 	cmd.Flags().StringVar(&f.name, "cluster", "rlhub", "cluster name (keys under /rlhub/NAME/)")
 }
 
@@ -91,14 +93,15 @@ func newClusterCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// runClustered serves h as a member of the cluster: it starts an embedded
-// etcd first if asked, joins once the hub listens (advertising its bound
-// address), campaigns, and leaves the cluster before the hub closes.
-//
-// The hub's behaviour does not change with its role yet: the election,
-// membership and epochs are in place, replication and write gating on
-// standbys are not (docs/cluster.md).
-func runClustered(ctx context.Context, h *hub.Hub, f *clusterFlags, logger *slog.Logger) error {
+// runClustered serves cfg's hub as a member of the cluster
+// (internal/replica): a standby that follows the primary into --data and
+// refuses writes until it is elected, then the primary, opened on that
+// data; an embedded etcd is started first if asked.
+func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *slog.Logger) error {
+	acks, err := parseAcks(f.acks)
+	if err != nil {
+		return err
+	}
 	endpoints := f.endpoints()
 	if f.embedded != "" {
 		emb, err := cluster.StartEmbedded(cluster.EmbeddedConfig{Dir: f.embedded, ClientURL: f.embedURL})
@@ -111,60 +114,30 @@ func runClustered(ctx context.Context, h *hub.Hub, f *clusterFlags, logger *slog
 			endpoints = []string{emb.Endpoint()}
 		}
 	}
-	if err := h.Start(); err != nil {
-		return err
-	}
-	defer h.Close()
-	id := f.id
-	if id == "" { // unique per listening hub: hostname and port
-		host, _ := os.Hostname()
-		_, port, _ := net.SplitHostPort(h.Addr().String())
-		id = host + "-" + port
-	}
-	m, err := cluster.Join(ctx, cluster.Config{Endpoints: endpoints, Cluster: f.name, ID: id, Addr: h.Addr().String(),
-		LeaseTTL: f.leaseTTL, Logger: logger})
+	dc := dialConfig(ctx)
+	node, err := replica.NewNode(replica.NodeConfig{
+		Hub:        cfg,
+		Cluster:    cluster.Config{Endpoints: endpoints, Cluster: f.name, ID: f.id, LeaseTTL: f.leaseTTL},
+		Acks:       acks,
+		AckTimeout: f.ackTimeout,
+		Dial: func(_ context.Context, addr string) (*grpc.ClientConn, error) {
+			return dc.GRPC(addr)
+		},
+		Logger: logger,
+	})
 	if err != nil {
 		return err
 	}
-	// Cluster/Primary now answers with the election's leader.
-	h.Cluster().SetSource(clusterrpc.FromMember(m, f.name))
-	var wg sync.WaitGroup
-	cctx, cancel := context.WithCancel(ctx)
-	wg.Go(func() { campaignLoop(cctx, m, logger) })
-	<-ctx.Done()
-	cancel()
-	wg.Wait()
-	return errors.Join(m.Close(), h.Close())
+	return node.Run(ctx) // Cluster/Primary answers with the election in every role
 }
 
-// campaignLoop keeps the member in the election until ctx ends: it
-// campaigns, holds the term until its lease is lost, and campaigns again
-// after a pause when etcd is unreachable.
-func campaignLoop(ctx context.Context, m *cluster.Member, logger *slog.Logger) {
-	for ctx.Err() == nil {
-		term, err := m.Campaign(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			logger.Warn("cluster: campaign failed; retrying", "err", err)
-			if errors.Is(err, cluster.ErrDeposed) {
-				logger.Error("cluster: this hub's lease is gone; restart it to rejoin")
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-term.Lost():
-			logger.Error("cluster: lost the primary's lease; stepping down", "epoch", term.Epoch)
-			return
-		}
+func parseAcks(s string) (int, error) {
+	if s == "all" {
+		return replica.AcksAll, nil
 	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("--replica-acks %q: want all, 0 or a positive count", s)
+	}
+	return n, nil
 }

@@ -27,7 +27,7 @@ func TestServeJoinsClusterAndStandbyTakesOver(t *testing.T) {
 		s := &served{cancel: cancel, done: make(chan struct{})}
 		go func() {
 			defer close(s.done)
-			s.code, _, _ = run(t, ctx, "serve", "--listen", "127.0.0.1:0", "--data", "", "--etcd", e.Endpoint,
+			s.code, _, _ = run(t, ctx, "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--etcd", e.Endpoint,
 				"--cluster", "t1", "--lease-ttl", "1s", "--log-level", "error")
 		}()
 		t.Cleanup(func() {

@@ -70,12 +70,15 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err := sec.apply(g, &cfg); err != nil {
 				return err
 			}
+			if cl.etcd != "" || cl.embedded != "" {
+				if role != "all" {
+					return fmt.Errorf("--etcd/--embedded-etcd need --role all (secondary reducers do not join the election)")
+				}
+				return runClustered(cmd.Context(), cfg, &cl, g.logger)
+			}
 			h, err := hub.New(cfg)
 			if err != nil {
 				return err
-			}
-			if cl.etcd != "" || cl.embedded != "" {
-				return runClustered(cmd.Context(), h, &cl, g.logger)
 			}
 			return h.Run(cmd.Context())
 		},
@@ -108,9 +111,10 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&mergeRule, "aggregator-merge", "di-engine", "how learners' infos merge: di-engine (DI-engine's merge_info) or strict (same keys everywhere, homogeneous keys equal); a task's Start may choose its own")
 	f.StringVar(&homogKeys, "aggregator-homogeneous-keys", strings.Join(aggregator.DefaultHomogeneousKeys, ","), "comma-separated info keys that merge to the first learner's value (\"\": none); a task's Start may choose its own")
 	f.StringVar(&namePattern, "name-pattern", store.DefaultNamePattern.String(), "regular expression every model name must match")
-	// Cluster membership (experimental: election, membership and epochs;
-	// standbys do not yet replicate or refuse writes — docs/cluster.md).
+	// Cluster membership, replication and failover (docs/cluster.md).
 	cl.register(cmd)
+	f.StringVar(&cl.acks, "replica-acks", "all", "with --etcd: standbys that must have applied a publish before it is acknowledged: all (every registered standby), 0 (asynchronous: failover may lose recent publishes), or N")
+	f.DurationVar(&cl.ackTimeout, "replica-ack-timeout", 10*time.Second, "with --etcd: how long a publish waits for the standbys' acknowledgements before it fails with Unavailable")
 	f.DurationVar(&cl.leaseTTL, "lease-ttl", 2*time.Second, "with --etcd: how long this hub's lease outlives its last keep-alive (whole seconds)")
 	f.StringVar(&cl.id, "member-id", "", "with --etcd: this hub's member id (default HOSTNAME-PORT)")
 	f.StringVar(&cl.embedded, "embedded-etcd", "", "run a single-node etcd in this process with its data in DIR (a local cluster without an etcd to run)")

@@ -33,6 +33,7 @@ import (
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -108,6 +109,19 @@ type Config struct {
 	MetricsRole string
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// WrapStore, when set, wraps the opened store before any service sees
+	// it: a cluster primary's fencing and replication (replica.Fenced).
+	// Close still closes the store it wrapped.
+	WrapStore func(store.Store) store.Store
+	// Gate, when set, is asked before every call on both planes except
+	// health checks, reflection and rlhub.v1.Cluster: a non-nil refusal
+	// (a primary that learnt it is deposed) is the answer, with its
+	// trailers (internal/cluster, the standby refusal).
+	Gate func() *cluster.Refusal
+	// Replication, when set, serves rlhub.v1.Replica (a cluster primary's
+	// replica.Source); nil serves a stub that answers FailedPrecondition
+	// (this hub is not a cluster primary). It is closed with the others.
+	Replication Service
 	// Limits bounds what a client can make the hub hold: half-open
 	// connections, connections per peer, policy sizes. The zero value
 	// means the defaults noted on each field (docs/security.md, Limits).
@@ -223,7 +237,8 @@ type Drainer interface {
 // Hub is a running set of services behind one gRPC server.
 type Hub struct {
 	cfg      Config
-	store    store.Store // opened first, closed last
+	store    store.Store // opened first, closed last (wrapped by WrapStore)
+	opened   store.Store // what openStore returned: the one Close closes
 	grpc     *grpc.Server
 	health   *health.Server
 	services []Service
@@ -253,7 +268,10 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
-	h.store = st
+	h.store, h.opened = st, st
+	if cfg.WrapStore != nil {
+		h.store = cfg.WrapStore(st)
+	}
 	lim := h.cfg.Limits
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
@@ -269,6 +287,9 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if cfg.MetricsListen != "" {
 		grpcMetrics = metrics.NewGRPCServerMetrics()
 		opts = append(opts, grpcMetrics.ServerOptions()...)
+	}
+	if cfg.Gate != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(gateUnary(cfg.Gate)), grpc.ChainStreamInterceptor(gateStream(cfg.Gate)))
 	}
 	if cfg.Auth != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
@@ -287,7 +308,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if err != nil {
 		return nil, errors.Join(err, st.Close())
 	}
-	h.services = append(services, extra...)
+	repl := cfg.Replication
+	if repl == nil {
+		repl = replicaStub{}
+	}
+	h.services = append(append(services, repl), extra...)
 	if cfg.MetricsListen != "" {
 		if h.metrics, err = h.newMetrics(grpcMetrics); err != nil {
 			return nil, errors.Join(err, closeAll(h.services), st.Close())
@@ -300,6 +325,9 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	}
 	if cfg.Auth != nil {
 		h.bulk.Guard = cfg.Auth
+	}
+	if cfg.Gate != nil {
+		h.bulk.Guard = gateGuard{gate: cfg.Gate, next: h.bulk.Guard}
 	}
 	for _, s := range h.services {
 		s.Register(h.grpc)
@@ -555,7 +583,7 @@ func (h *Hub) Close() error {
 	if err := closeAll(h.services); err != nil {
 		errsOut = append(errsOut, err)
 	}
-	if err := h.store.Close(); err != nil {
+	if err := h.opened.Close(); err != nil {
 		errsOut = append(errsOut, err)
 	}
 	h.cfg.Logger.Info("hub stopped")

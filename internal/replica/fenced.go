@@ -1,0 +1,416 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+// Fenced is the primary's store as every writer on the hub sees it (the
+// hub's Config.WrapStore): each push carries the term's epoch as its
+// writer epoch, commits with scans held off, waits for the standbys'
+// acknowledgements (Source.Sync) and then checks the term in etcd before
+// it is acknowledged. A push on a deposed primary, or one whose term
+// check fails, returns an error (the refusal, or Unavailable when etcd
+// cannot answer): it is never acknowledged.
+type Fenced struct {
+	store.Store
+	// Epoch is the term's epoch.
+	Epoch uint64
+	// Source replicates; nil means no replication (Sync skipped).
+	Source *Source
+	// Check asks etcd whether the term still holds (cluster.Term.Check).
+	Check func(ctx context.Context) error
+	// Refusal is the answer once deposed (the node fills in the new
+	// primary when it knows it); nil while this hub is the primary.
+	Refusal func() *cluster.Refusal
+	// Deposed is called when a check finds the term gone.
+	Deposed func()
+
+	visOnce sync.Once
+	v       *visibility
+}
+
+// etcdTimeout bounds each etcd read a write makes (the standbys before
+// it, the term check after): with etcd unreachable the write fails
+// within it instead of waiting for etcd.
+const etcdTimeout = 2 * time.Second
+
+var (
+	_ store.Lender      = (*Fenced)(nil)
+	_ store.Claimer     = (*Fenced)(nil)
+	_ store.Deleter     = (*Fenced)(nil)
+	_ store.Prechecker  = (*Fenced)(nil)
+	_ store.StatsReader = (*Fenced)(nil)
+)
+
+func (f *Fenced) refused() error {
+	if f.Refusal != nil {
+		if r := f.Refusal(); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+// prepare is the common head of every write: refuse when deposed, and
+// read (from etcd) the standbys the write will wait for, which fails
+// before anything changes when etcd is unreachable or the term is gone.
+func (f *Fenced) prepare(ctx context.Context) ([]string, error) {
+	if r := f.refused(); r != nil {
+		return nil, r
+	}
+	if f.Source == nil {
+		return nil, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	standbys, err := f.Source.Prepare(pctx)
+	if err != nil {
+		return nil, f.termError(err, "before writing")
+	}
+	return standbys, nil
+}
+
+// termError turns a failed etcd read or term check into the write's
+// error: the refusal when deposed, Unavailable otherwise.
+func (f *Fenced) termError(err error, when string) error {
+	if errors.Is(err, cluster.ErrDeposed) {
+		if f.Deposed != nil {
+			f.Deposed()
+		}
+		if r := f.refused(); r != nil {
+			return r
+		}
+		return cluster.NewRefusal(nil)
+	}
+	return fmt.Errorf("%w: cluster: etcd cannot confirm this hub's term %s (nothing is acknowledged): %v", errs.ErrUnavailable, when, err)
+}
+
+// acknowledge is the common tail of every write: replicate, then check
+// the term.
+func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
+	if f.Source != nil {
+		if err := f.Source.Sync(ctx, standbys); err != nil {
+			if r := f.refused(); r != nil {
+				return r // deposed while waiting
+			}
+			return err
+		}
+	}
+	if f.Check == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	if err := f.Check(cctx); err != nil {
+		return f.termError(err, "before acknowledging")
+	}
+	return nil
+}
+
+func (f *Fenced) commit(fn func() error) error {
+	if f.Source == nil {
+		return fn()
+	}
+	return f.Source.Commit(fn)
+}
+
+// Push writes req at the term's epoch (a client's own epoch is replaced:
+// in a cluster the term is the fencing token).
+func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return store.Info{}, err
+	}
+	req.Epoch = f.Epoch
+	v := f.vis()
+	v.hold(req.Name, req.Version) // hidden from readers until acknowledged
+	var info store.Info
+	err = f.commit(func() error {
+		var err error
+		info, err = f.Store.Push(ctx, req)
+		return err
+	})
+	if err != nil {
+		v.settle(req.Name, req.Version, false)
+		return info, err
+	}
+	err = f.acknowledge(ctx, standbys)
+	if err == nil {
+		v.settle(req.Name, req.Version, true)
+	}
+	return info, err
+}
+
+// Claim implements store.Claimer (replicated like a push).
+func (f *Fenced) Claim(ctx context.Context, name, owner string) error {
+	c, ok := f.Store.(store.Claimer)
+	if !ok {
+		return nil
+	}
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	if err := f.commit(func() error { return c.Claim(ctx, name, owner) }); err != nil {
+		return err
+	}
+	return f.acknowledge(ctx, standbys)
+}
+
+// Release implements store.Claimer.
+func (f *Fenced) Release(ctx context.Context, name, owner string) error {
+	c, ok := f.Store.(store.Claimer)
+	if !ok {
+		return nil
+	}
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	if err := f.commit(func() error { return c.Release(ctx, name, owner) }); err != nil {
+		return err
+	}
+	return f.acknowledge(ctx, standbys)
+}
+
+// Delete implements store.Deleter.
+func (f *Fenced) Delete(ctx context.Context, name string) error {
+	d, ok := f.Store.(store.Deleter)
+	if !ok {
+		return fmt.Errorf("%w: this store cannot delete", errs.ErrInvalid)
+	}
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	if err := f.commit(func() error { return d.Delete(ctx, name) }); err != nil {
+		return err
+	}
+	return f.acknowledge(ctx, standbys)
+}
+
+// Readers see only acknowledged versions: a version is hidden from
+// Get, GetIfNewer, WaitNewer, List and the loans from the moment its push
+// starts until the push is acknowledged (replicated and the term
+// checked), so no reader ever holds a version that a failover could take
+// back. A version whose acknowledgement failed stays hidden until a later
+// version of the model is acknowledged (a later unit carries it too).
+
+// visibility is Fenced's record of versions not yet acknowledged.
+type visibility struct {
+	mu      sync.Mutex
+	pending map[string]map[uint64]bool
+	changed chan struct{}
+}
+
+func (f *Fenced) vis() *visibility {
+	f.visOnce.Do(func() {
+		f.v = &visibility{pending: map[string]map[uint64]bool{}, changed: make(chan struct{})}
+	})
+	return f.v
+}
+
+func (v *visibility) hold(name string, version uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.pending[name] == nil {
+		v.pending[name] = map[uint64]bool{}
+	}
+	v.pending[name][version] = true
+}
+
+// settle ends version's hold: acknowledged (it and every version below
+// it become visible) or refused before it landed (only it goes).
+func (v *visibility) settle(name string, version uint64, acked bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for p := range v.pending[name] {
+		if p == version || acked && p < version {
+			delete(v.pending[name], p)
+		}
+	}
+	if len(v.pending[name]) == 0 {
+		delete(v.pending, name)
+	}
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// bound is the lowest hidden version of name (0: none) and the channel
+// that closes when holds change.
+func (v *visibility) bound(name string) (uint64, <-chan struct{}) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	low := uint64(0)
+	for p := range v.pending[name] {
+		if low == 0 || p < low {
+			low = p
+		}
+	}
+	return low, v.changed
+}
+
+// visible returns the newest visible version of name at or below snap
+// (snap itself when it is visible), releasing snap's loan when it is
+// not; nil when no retained version is visible.
+func (f *Fenced) visible(ctx context.Context, name string, snap *store.Snapshot, release func()) (*store.Snapshot, func(), error) {
+	low, _ := f.vis().bound(name)
+	if low == 0 || snap.Version < low {
+		return snap, release, nil
+	}
+	release()
+	infos, err := f.Store.List(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, in := range infos {
+		if in.Name != name {
+			continue
+		}
+		for i := len(in.Retained) - 1; i >= 0; i-- {
+			if in.Retained[i] < low {
+				return store.Borrow(ctx, f.Store, name, in.Retained[i])
+			}
+		}
+	}
+	return nil, func() {}, nil
+}
+
+// Lend implements store.Lender (acknowledged versions only).
+func (f *Fenced) Lend(ctx context.Context, name string, version uint64) (*store.Snapshot, func(), error) {
+	snap, release, err := store.Borrow(ctx, f.Store, name, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	if low, _ := f.vis().bound(name); low != 0 && snap.Version >= low {
+		if version != 0 {
+			release()
+			return nil, nil, fmt.Errorf("%w: model %s version %d is not acknowledged yet", errs.ErrNotFound, errs.Quote(name), version)
+		}
+		snap, release, err = f.visible(ctx, name, snap, release)
+		if err == nil && snap == nil {
+			err = fmt.Errorf("%w: model %s has no acknowledged version", errs.ErrNotFound, errs.Quote(name))
+		}
+	}
+	return snap, release, err
+}
+
+// LendNewer implements store.Lender: it waits for an acknowledged version
+// newer than after.
+func (f *Fenced) LendNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, func(), error) {
+	for {
+		snap, release, err := store.BorrowNewer(ctx, f.Store, name, after)
+		if err != nil {
+			return nil, nil, err
+		}
+		_, changed := f.vis().bound(name)
+		snap, release, err = f.visible(ctx, name, snap, release)
+		if err != nil {
+			return nil, nil, err
+		}
+		if snap != nil && snap.Version > after {
+			return snap, release, nil
+		}
+		if snap != nil {
+			release()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// Get implements store.Store (acknowledged versions only).
+func (f *Fenced) Get(ctx context.Context, name string, version uint64) (*store.Snapshot, error) {
+	snap, release, err := f.Lend(ctx, name, version)
+	if err != nil {
+		return nil, err
+	}
+	release()
+	return f.Store.Get(ctx, name, snap.Version)
+}
+
+// GetIfNewer implements store.Store (acknowledged versions only).
+func (f *Fenced) GetIfNewer(ctx context.Context, name string, than uint64) (*store.Snapshot, error) {
+	snap, err := f.Store.GetIfNewer(ctx, name, than)
+	if err != nil || snap == nil {
+		return snap, err
+	}
+	vs, release, err := f.visible(ctx, name, snap, func() {})
+	if err != nil || vs == nil || vs.Version <= than {
+		return nil, err
+	}
+	release()
+	return vs, nil
+}
+
+// WaitNewer implements store.Store (acknowledged versions only).
+func (f *Fenced) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
+	snap, release, err := f.LendNewer(ctx, name, after)
+	if err != nil {
+		return nil, err
+	}
+	release()
+	return f.Store.Get(ctx, name, snap.Version)
+}
+
+// List implements store.Store: each model at its newest acknowledged
+// version.
+func (f *Fenced) List(ctx context.Context) ([]store.Info, error) {
+	infos, err := f.Store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := infos[:0]
+	for _, in := range infos {
+		low, _ := f.vis().bound(in.Name)
+		if low != 0 {
+			kept := in.Retained[:0:0]
+			for _, r := range in.Retained {
+				if r < low {
+					kept = append(kept, r)
+				}
+			}
+			in.Retained = kept
+			if len(kept) == 0 {
+				if in.Owner == "" {
+					continue
+				}
+				in.Version = 0
+			} else {
+				in.Version = kept[len(kept)-1]
+			}
+		}
+		out = append(out, in)
+	}
+	return out, nil
+}
+
+// Precheck implements store.Prechecker.
+func (f *Fenced) Precheck(name string, totalBytes uint64) error {
+	if r := f.refused(); r != nil {
+		return r
+	}
+	if p, ok := f.Store.(store.Prechecker); ok {
+		return p.Precheck(name, totalBytes)
+	}
+	return nil
+}
+
+// Stats implements store.StatsReader.
+func (f *Fenced) Stats() store.Stats {
+	if s, ok := f.Store.(store.StatsReader); ok {
+		return s.Stats()
+	}
+	return store.Stats{}
+}

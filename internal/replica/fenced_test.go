@@ -1,0 +1,93 @@
+package replica_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/replica"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+)
+
+// A version whose acknowledgement has not come is invisible to every
+// read, and stays so when it fails; the next acknowledged version makes
+// both visible, at the term's epoch whatever the writer asked for.
+func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	var standbys atomic.Value
+	standbys.Store([]string{"s1"}) // registered, never following: no ack comes
+	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Acks: replica.AcksAll, AckTimeout: 300 * time.Millisecond,
+		Standbys: func(context.Context) ([]string, error) { return standbys.Load().([]string), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	f := &replica.Fenced{Store: mem, Epoch: 7, Source: src}
+	ctx := context.Background()
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: 0, Epoch: 99, Blob: storetest.Blob(t, 1, 8)})
+		done <- err
+	}()
+	// While the push waits, and after it failed, no read shows v1.
+	deadline := time.After(10 * time.Second)
+	for waiting := true; waiting; {
+		select {
+		case err := <-done:
+			if !errors.Is(err, errs.ErrUnavailable) {
+				t.Fatalf("unacknowledged push: %v, want Unavailable", err)
+			}
+			waiting = false
+		case <-deadline:
+			t.Fatal("the push neither failed nor was acknowledged")
+		default:
+		}
+		if _, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
+			t.Fatalf("Get of an unacknowledged version: %v, want NotFound", err)
+		}
+		if s, err := f.GetIfNewer(ctx, "m", 0); s != nil || err != nil && !errors.Is(err, errs.ErrNotFound) {
+			t.Fatalf("GetIfNewer of an unacknowledged version: %v %v", s, err)
+		}
+		if infos, _ := f.List(ctx); len(infos) != 0 {
+			t.Fatalf("List shows %+v", infos)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := f.WaitNewer(wctx, "m", 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitNewer returned a hidden version: %v", err)
+	}
+
+	standbys.Store([]string(nil)) // the standby left: nothing to wait for
+	got := make(chan *store.Snapshot, 1)
+	go func() {
+		s, err := f.WaitNewer(ctx, "m", 0)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- s
+	}()
+	if _, err := f.Push(ctx, store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: storetest.Blob(t, 2, 8)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s.Version != 2 || s.Epoch != 7 {
+			t.Fatalf("watcher got v%d epoch %d, want v2 at the term's epoch 7", s.Version, s.Epoch)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watcher never saw the acknowledged version")
+	}
+	if s, err := f.Get(ctx, "m", 1); err != nil || s.Version != 1 {
+		t.Fatalf("v1 after v2 was acknowledged: %v %v", s, err)
+	}
+}

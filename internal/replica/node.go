@@ -1,0 +1,498 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/clusterrpc"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+// NodeConfig configures one hub of a cluster (`rlhub serve --etcd`).
+type NodeConfig struct {
+	// Hub is the hub this node runs while primary; Listen is bound once
+	// and kept for every role, DataDir is required (a standby's copy).
+	Hub hub.Config
+	// Cluster is the membership (Endpoints, Cluster, ID, LeaseTTL,
+	// DialTimeout); Addr and Logger are filled by the node.
+	Cluster cluster.Config
+	// Acks, AckTimeout: SourceConfig's, for every term this node holds.
+	Acks       int
+	AckTimeout time.Duration
+	// Dial connects to another hub (the primary a standby follows);
+	// required.
+	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
+	// Extra services are served in every role (the cluster's Primary
+	// service); a standby calls only their Register.
+	Extra []hub.Service
+	// Logger; nil means Hub.Logger, then slog.Default().
+	Logger *slog.Logger
+}
+
+// Node is one hub's life in a cluster: a standby that follows the primary
+// into its data directory and refuses writes, until it is elected; then a
+// primary: the hub opened on that directory (issue 14's restart path),
+// fenced and replicating; then, when its term ends, a standby again.
+type Node struct {
+	cfg      NodeConfig
+	follower *Follower
+	addr     string
+
+	mu       sync.Mutex
+	leader   *cluster.Leader // newest primary seen (nil: unknown)
+	primary  bool
+	deposed  bool
+	terms    int
+	promoted time.Time
+}
+
+// NewNode validates cfg.
+func NewNode(cfg NodeConfig) (*Node, error) {
+	if cfg.Hub.DataDir == "" {
+		return nil, fmt.Errorf("%w: a cluster hub needs --data (a standby keeps the primary's copy there)", errs.ErrInvalid)
+	}
+	if cfg.Dial == nil {
+		return nil, fmt.Errorf("%w: replica: NodeConfig.Dial is required", errs.ErrInvalid)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = cfg.Hub.Logger
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Hub.Logger == nil {
+		cfg.Hub.Logger = cfg.Logger
+	}
+	cfg.Cluster.Logger = cfg.Logger
+	if cfg.Hub.Listen == "" {
+		cfg.Hub.Listen = hub.DefaultListen
+	}
+	return &Node{cfg: cfg}, nil
+}
+
+// Primary is the newest primary this node knows of and whether it is this
+// node: what rlhub.v1.Cluster/Primary answers. ok is false while unknown.
+func (n *Node) Primary() (l cluster.Leader, self, ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.leader == nil {
+		return cluster.Leader{}, false, false
+	}
+	return *n.leader, n.primary && !n.deposed, true
+}
+
+// Addr is the address the node serves on (after Run began listening).
+func (n *Node) Addr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.addr
+}
+
+func (n *Node) setLeader(l *cluster.Leader) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if l == nil {
+		n.leader = nil
+		return
+	}
+	if n.leader == nil || l.Epoch >= n.leader.Epoch {
+		c := *l
+		n.leader = &c
+	}
+}
+
+// refusal is the standby's answer now.
+func (n *Node) refusal() *cluster.Refusal {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.leader != nil && n.leader.Addr == n.addr {
+		return cluster.NewRefusal(nil) // that was us: an election runs
+	}
+	return cluster.NewRefusal(n.leader)
+}
+
+var errMemberLost = errors.New("replica: this hub's membership lease is gone")
+
+// Run serves until ctx ends: it binds the address, joins the cluster and
+// cycles through the roles, rejoining whenever its lease is lost.
+func (n *Node) Run(ctx context.Context) error {
+	lis, err := net.Listen("tcp", n.cfg.Hub.Listen)
+	if err != nil {
+		return fmt.Errorf("hub: listen: %w", err)
+	}
+	addr := lis.Addr().String()
+	n.mu.Lock()
+	n.addr = addr
+	n.mu.Unlock()
+	n.cfg.Hub.Listen = addr     // every role binds the same address
+	if n.cfg.Cluster.ID == "" { // unique per listening hub: hostname and port
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(addr)
+		n.cfg.Cluster.ID = host + "-" + port
+	}
+	if n.cfg.Hub.AddrFile != "" {
+		if err := writeAddrFile(n.cfg.Hub.AddrFile, addr); err != nil {
+			lis.Close()
+			return err
+		}
+	}
+	// The line `rlhub serve` has always logged once it listens (tests and
+	// scripts read the address from it); the hub logs it again when
+	// this node becomes the primary.
+	n.cfg.Logger.Info("hub serving", "addr", addr, "role", "cluster member", "data", n.cfg.Hub.DataDir)
+	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Logger: n.cfg.Logger})
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	for ctx.Err() == nil {
+		ccfg := n.cfg.Cluster
+		ccfg.Addr = addr
+		m, err := cluster.Join(ctx, ccfg)
+		if err != nil {
+			n.cfg.Logger.Warn("cluster: join failed; retrying", "err", err)
+			if lis == nil {
+				// Keep answering (with the refusal) while etcd is away.
+				if lis, err = listen(ctx, addr); err != nil {
+					return err
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
+		n.follower.cfg.Member = m.ID()
+		lis, err = n.member(ctx, m, lis)
+		cerr := m.Close()
+		if err != nil && !errors.Is(err, errMemberLost) && ctx.Err() == nil {
+			n.cfg.Logger.Error("cluster: leaving after an error", "err", err)
+			if lis != nil {
+				lis.Close()
+			}
+			return errors.Join(err, cerr)
+		}
+		if ctx.Err() == nil {
+			n.cfg.Logger.Warn("cluster: membership lost; rejoining")
+		}
+	}
+	if lis != nil {
+		lis.Close()
+	}
+	return nil
+}
+
+// listen binds addr again (the previous role just closed it), retrying
+// briefly.
+func listen(ctx context.Context, addr string) (net.Listener, error) {
+	var err error
+	for range 50 {
+		var lis net.Listener
+		if lis, err = net.Listen("tcp", addr); err == nil {
+			return lis, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("hub: listen %s again: %w", addr, err)
+}
+
+// member cycles standby → primary → standby while m's lease lives. It
+// returns the listener it holds (nil if none) for the next membership.
+func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) (net.Listener, error) {
+	for {
+		if lis == nil {
+			var err error
+			if lis, err = listen(ctx, n.Addr()); err != nil {
+				return nil, err
+			}
+		}
+		extra := make([]Registrar, len(n.cfg.Extra))
+		for i, s := range n.cfg.Extra {
+			extra[i] = s
+		}
+		csvc, err := clusterrpc.New(clusterrpc.Config{Self: n.Addr})
+		if err != nil {
+			return lis, err
+		}
+		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
+		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, append(extra, csvc))
+		term, err := n.standby(ctx, m)
+		sberr := sb.stop() // closes lis
+		lis = nil
+		if sberr != nil {
+			n.cfg.Logger.Warn("cluster: standby server stop", "err", sberr)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := n.primaryTerm(ctx, m, term); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// standby follows the primary and campaigns (once a full sync from it
+// completed, or at once when there is no primary) until elected.
+func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, error) {
+	n.mu.Lock()
+	n.primary, n.deposed = false, false
+	n.mu.Unlock()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { n.followLoop(sctx, m) })
+	for {
+		l, err := m.Leader(sctx)
+		if errors.Is(err, cluster.ErrNoLeader) || err == nil && (l.ID == m.ID() || n.follower.Synced()) {
+			break
+		}
+		select {
+		case <-sctx.Done():
+			return nil, ctx.Err()
+		case <-m.Lost():
+			return nil, errMemberLost
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for {
+		term, err := m.Campaign(sctx)
+		if err == nil {
+			return term, nil
+		}
+		if errors.Is(err, cluster.ErrDeposed) {
+			return nil, errMemberLost
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		n.cfg.Logger.Warn("cluster: campaign failed; retrying", "err", err)
+		select {
+		case <-sctx.Done():
+			return nil, ctx.Err()
+		case <-m.Lost():
+			return nil, errMemberLost
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// followLoop follows whichever hub leads, until ctx ends.
+func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
+	for ctx.Err() == nil {
+		l, err := m.Leader(ctx)
+		switch {
+		case errors.Is(err, cluster.ErrNoLeader):
+			n.setLeader(nil)
+		case err != nil:
+		case l.ID != m.ID():
+			n.setLeader(&l)
+			err = n.followWhileLeading(ctx, m, l)
+			if ctx.Err() == nil {
+				n.cfg.Logger.Info("replica: stream from the primary ended", "primary", l.String(), "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// followWhileLeading follows l until its stream ends or etcd names
+// another primary (a stream from a primary that is stopped, not dead,
+// would otherwise hang until TCP gives up).
+func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l cluster.Leader) error {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			cur, err := m.Leader(fctx)
+			if errors.Is(err, cluster.ErrNoLeader) || err == nil && (cur.ID != l.ID || cur.Epoch != l.Epoch) {
+				cancel()
+				return
+			}
+		}
+	})
+	return n.follower.Follow(fctx, l)
+}
+
+// primaryTerm serves as primary for term: the hub opened on the data
+// directory the follower kept, with the store fenced and replicating,
+// until the term is lost (or found deposed) or ctx ends. The hub is closed
+// and the election resigned before it returns.
+func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster.Term) error {
+	if err := n.follower.ObserveEpoch(term.Epoch); err != nil {
+		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
+	}
+	deposed := make(chan struct{})
+	var once sync.Once
+	var src *Source
+	depose := func() {
+		once.Do(func() {
+			n.mu.Lock()
+			n.deposed = true
+			n.mu.Unlock()
+			if src != nil {
+				src.Stop() // publishes waiting for acks fail now
+			}
+			close(deposed)
+		})
+	}
+	n.mu.Lock()
+	n.primary, n.deposed, n.leader = true, false, &cluster.Leader{ID: m.ID(), Addr: n.addr, Epoch: term.Epoch}
+	n.terms++
+	n.promoted = time.Now()
+	n.mu.Unlock()
+	var err error
+	gate := func() *cluster.Refusal {
+		n.mu.Lock()
+		d := n.deposed
+		n.mu.Unlock()
+		if d {
+			return n.refusal()
+		}
+		return nil
+	}
+	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout,
+		Logger: n.cfg.Logger, Standbys: func(ctx context.Context) ([]string, error) {
+			st, err := m.Status(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if st.Primary == nil || st.Primary.ID != m.ID() || st.Primary.Epoch != term.Epoch {
+				return nil, cluster.ErrDeposed
+			}
+			var out []string
+			for _, mi := range st.Members {
+				if mi.ID != m.ID() {
+					out = append(out, mi.ID)
+				}
+			}
+			return out, nil
+		}})
+	if err != nil {
+		return err
+	}
+	hcfg := n.cfg.Hub
+	hcfg.WrapStore = func(s store.Store) store.Store {
+		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Check: term.Check, Refusal: gate, Deposed: depose}
+	}
+	hcfg.Gate = gate
+	hcfg.Replication = src
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	h, err := hub.New(hcfg, n.cfg.Extra...)
+	if err != nil {
+		n.cfg.Logger.Error("cluster: elected, but the hub cannot open its data; resigning", "err", err)
+		_ = m.Resign(rctx)
+		return nil
+	}
+	h.Cluster().SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
+	var startErr error
+	for range 50 { // the standby server just let go of the address
+		if startErr = h.Start(); startErr == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if startErr != nil {
+		h.Close()
+		_ = m.Resign(rctx)
+		return startErr
+	}
+	n.cfg.Logger.Info("cluster: serving as primary", "epoch", term.Epoch, "addr", n.addr)
+	// Watch the term even when nothing publishes.
+	var wg sync.WaitGroup
+	wctx, wcancel := context.WithCancel(ctx)
+	wg.Go(func() {
+		every := max(n.cfg.Cluster.LeaseTTL/4, 100*time.Millisecond)
+		if n.cfg.Cluster.LeaseTTL == 0 {
+			every = 500 * time.Millisecond
+		}
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-time.After(every):
+			}
+			cctx, ccancel := context.WithTimeout(wctx, every)
+			err := term.Check(cctx)
+			ccancel()
+			if errors.Is(err, cluster.ErrDeposed) {
+				depose()
+				return
+			}
+		}
+	})
+	var out error
+	select {
+	case <-ctx.Done():
+	case <-term.Lost():
+		out = errMemberLost
+	case <-deposed:
+	}
+	depose() // from here on every call is refused
+	wcancel()
+	wg.Wait()
+	if ctx.Err() == nil {
+		n.cfg.Logger.Error("cluster: this hub is no longer the primary; stepping down", "epoch", term.Epoch)
+		if l, err := m.Leader(rctx); err == nil && l.Epoch > term.Epoch {
+			n.setLeader(&l)
+		}
+	}
+	herr := h.Close()
+	_ = m.Resign(rctx)
+	if herr != nil {
+		n.cfg.Logger.Warn("cluster: hub close", "err", herr)
+	}
+	select {
+	case <-m.Lost():
+		out = errMemberLost
+	default:
+	}
+	return out
+}
+
+// Terms counts the terms this node has served as primary.
+func (n *Node) Terms() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.terms
+}
+
+func writeAddrFile(path, addr string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
+		return fmt.Errorf("address file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("address file: %w", err)
+	}
+	return nil
+}

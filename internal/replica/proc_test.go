@@ -1,0 +1,265 @@
+package replica_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// etcd's client keeps a resolver goroutine per process.
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+	)
+}
+
+var clusterSeq atomic.Int64
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// rlhubBinary is the binary under test: $RLHUB_BIN, or one built from this
+// module once per test process.
+func rlhubBinary(t *testing.T) string {
+	t.Helper()
+	if b := os.Getenv("RLHUB_BIN"); b != "" {
+		return b
+	}
+	binOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			binErr = fmt.Errorf("go env GOMOD: %v", err)
+			return
+		}
+		root := filepath.Dir(strings.TrimSpace(string(out)))
+		dir, err := os.MkdirTemp("", "rlhub-replica-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "rlhub")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/rlhub")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// hubProc is one `rlhub serve --etcd` process.
+type hubProc struct {
+	t        *testing.T
+	id, data string
+	args     []string
+	cmd      *exec.Cmd
+	out      *syncBuffer
+	done     chan struct{}
+	addr     string
+}
+
+// cluster is one etcd and the hubs of one cluster.
+type testCluster struct {
+	t        *testing.T
+	etcd     string
+	name     string
+	leaseTTL string
+	hubs     []*hubProc
+}
+
+func newCluster(t *testing.T, etcd string, n int, extra ...string) *testCluster {
+	return newClusterTTL(t, etcd, n, "1s", extra...)
+}
+
+func newClusterTTL(t *testing.T, etcd string, n int, ttl string, extra ...string) *testCluster {
+	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d-%d", os.Getpid(), clusterSeq.Add(1)), leaseTTL: ttl}
+	for i := range n {
+		h := &hubProc{t: t, id: fmt.Sprintf("h%d", i), data: t.TempDir(), args: extra}
+		c.hubs = append(c.hubs, h)
+		c.start(h)
+	}
+	return c
+}
+
+func (c *testCluster) start(h *hubProc) {
+	t := c.t
+	t.Helper()
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	args := append([]string{"--log-level", "info", "serve", "--listen", "127.0.0.1:0", "--data", h.data, "--addr-file", addrFile,
+		"--etcd", c.etcd, "--cluster", c.name, "--lease-ttl", c.leaseTTL, "--member-id", h.id}, h.args...)
+	h.cmd = exec.Command(rlhubBinary(t), args...)
+	h.out = &syncBuffer{}
+	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h.done = make(chan struct{})
+	cmd, done := h.cmd, h.done
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { h.kill() })
+	testkit.Eventually(t, 60*time.Second, "hub "+h.id+" to write its address", func() bool {
+		b, err := os.ReadFile(addrFile)
+		if err == nil && strings.HasSuffix(string(b), "\n") {
+			h.addr = strings.TrimSpace(string(b))
+			return true
+		}
+		select {
+		case <-done:
+			t.Fatalf("hub %s exited:\n%s", h.id, h.out)
+		default:
+		}
+		return false
+	})
+}
+
+func (h *hubProc) kill() {
+	select {
+	case <-h.done:
+		return
+	default:
+	}
+	_ = h.cmd.Process.Signal(syscall.SIGCONT)
+	_ = h.cmd.Process.Kill()
+	<-h.done
+}
+
+func (h *hubProc) signal(s syscall.Signal) {
+	h.t.Helper()
+	if err := h.cmd.Process.Signal(s); err != nil {
+		h.t.Fatalf("signal %v to %s: %v", s, h.id, err)
+	}
+}
+
+func (c *testCluster) status() (cluster.Status, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	return cluster.Read(ctx, cluster.Config{Endpoints: []string{c.etcd}, Cluster: c.name, DialTimeout: 2 * time.Second})
+}
+
+// leader waits for a primary elected after epoch `after` and returns it
+// with its process.
+func (c *testCluster) leader(after uint64) (cluster.Leader, *hubProc) {
+	c.t.Helper()
+	var l cluster.Leader
+	testkit.Eventually(c.t, 60*time.Second, fmt.Sprintf("a primary with an epoch above %d", after), func() bool {
+		st, err := c.status()
+		if err != nil || st.Primary == nil || st.Primary.Epoch <= after {
+			return false
+		}
+		l = *st.Primary
+		return true
+	})
+	for _, h := range c.hubs {
+		if h.id == l.ID {
+			return l, h
+		}
+	}
+	c.t.Fatalf("primary %s is none of the test's hubs", l)
+	return l, nil
+}
+
+func (c *testCluster) client(addr string) *storerpc.Client {
+	c.t.Helper()
+	cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1, CallTimeout: 20 * time.Second})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// push writes one version through whichever hub is the primary now,
+// following it through refusals and a hub that is down, as a following
+// client does. A version that landed before an answer was lost shows as
+// stale at that version and counts as pushed.
+func (c *testCluster) push(name string, version, expect uint64, blob []byte) store.Info {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var lastErr error
+	for ctx.Err() == nil {
+		st, err := c.status()
+		if err == nil && st.Primary != nil {
+			cl, cerr := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 15 * time.Second})
+			if cerr != nil {
+				c.t.Fatal(cerr)
+			}
+			info, err := cl.Push(ctx, store.PushRequest{Name: name, Version: version, Expect: expect, Blob: blob})
+			cl.Close()
+			var se *errs.StaleError
+			switch {
+			case err == nil:
+				return info
+			case errors.As(err, &se) && se.CurrentVersion == version:
+				return store.Info{Name: name, Version: version, Epoch: se.CurrentEpoch}
+			case !errors.Is(err, errs.ErrUnavailable):
+				c.t.Fatalf("push %s v%d to %s: %v", name, version, st.Primary, err)
+			}
+			lastErr = err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("push %s v%d: no primary took it within 60s: %v", name, version, lastErr)
+	return store.Info{}
+}
+
+// newest reads a model's newest version from the primary, following it.
+func (c *testCluster) newest(name string) *store.Snapshot {
+	c.t.Helper()
+	var snap *store.Snapshot
+	testkit.Eventually(c.t, 60*time.Second, "the primary to answer a pull of "+name, func() bool {
+		st, err := c.status()
+		if err != nil || st.Primary == nil {
+			return false
+		}
+		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 10 * time.Second})
+		if err != nil {
+			return false
+		}
+		defer cl.Close()
+		snap, err = cl.Get(context.Background(), name, 0)
+		return err == nil
+	})
+	return snap
+}

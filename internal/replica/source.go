@@ -1,0 +1,517 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// AcksAll, as SourceConfig.Acks, waits for every standby registered in the
+// cluster.
+const AcksAll = -1
+
+// SourceConfig configures the primary's side of replication.
+type SourceConfig struct {
+	// DataDir is the primary's --data; required.
+	DataDir string
+	// Epoch is the primary's term; a follower that names another is
+	// refused.
+	Epoch uint64
+	// Acks is how many standbys must have applied a publish before it is
+	// acknowledged: AcksAll (every standby registered in the cluster when
+	// the publish is made; the default), 0 (none: asynchronous), or N
+	// (at most N; fewer when fewer are registered).
+	Acks int
+	// Standbys lists the member ids of the standbys registered now (the
+	// cluster's members but this one); nil means none. It is read before
+	// every commit: an error (etcd unreachable, cluster.ErrDeposed) fails
+	// the publish before it changes anything.
+	Standbys func(ctx context.Context) ([]string, error)
+	// AckTimeout bounds a publish's wait for acknowledgements; 0 means 10s.
+	// A publish that times out fails with Unavailable (the version is in
+	// the primary's store, not acknowledged).
+	AckTimeout time.Duration
+	// Interval is how often each follower's tree is scanned for changes
+	// that no publish announced (ARS reports, registrations); 0 means
+	// 100ms.
+	Interval time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *SourceConfig) validate() error {
+	if c.DataDir == "" {
+		return fmt.Errorf("%w: replica: a primary needs its data directory", errs.ErrInvalid)
+	}
+	if c.Acks < AcksAll {
+		return fmt.Errorf("%w: replica: acks %d", errs.ErrInvalid, c.Acks)
+	}
+	if c.Standbys == nil {
+		c.Standbys = func(context.Context) ([]string, error) { return nil, nil }
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = 10 * time.Second
+	}
+	if c.Interval == 0 {
+		c.Interval = 100 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Source is the primary's side: it serves the replication stream to each
+// standby and makes publishes wait for their acknowledgements.
+//
+// Consistency: a unit is a cut of the primary's data directory taken with
+// store commits held off (Freeze): the store's files are read first, then
+// the reducer's and ARS's, with no version committed in between. Their
+// state is written before the version it produced is published, so the
+// cut is a state the primary's own disk passed through (or one with one
+// step's state written and not yet published, which issue 14's restart
+// path recovers from).
+type Source struct {
+	rlhubv1.UnimplementedReplicaServer
+	cfg SourceConfig
+
+	freeze sync.RWMutex // store commits hold it shared, scans exclusively
+
+	mu        sync.Mutex
+	changed   chan struct{} // closed and replaced when unit moves on
+	unit      uint64        // the newest unit a publish asked for
+	followers map[*peer]struct{}
+	closed    bool
+	streams   sync.WaitGroup
+}
+
+// peer is one follower's stream.
+type peer struct {
+	member string
+	acked  uint64 // guarded by Source.mu
+}
+
+// NewSource builds the primary's side; Register it on the hub's gRPC
+// server.
+func NewSource(cfg SourceConfig) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Source{cfg: cfg, changed: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
+}
+
+// Register attaches the replication stream to s (hub.Service).
+func (s *Source) Register(g *grpc.Server) { rlhubv1.RegisterReplicaServer(g, s) }
+
+// Follow implements rlhubv1.ReplicaServer.
+func (s *Source) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapperspb.BytesValue]) error {
+	return s.serve(ss)
+}
+
+// Close ends every follower's stream and waits for them (hub.Service:
+// called after the gRPC server stopped).
+func (s *Source) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.bump()
+	s.mu.Unlock()
+	s.streams.Wait()
+	return nil
+}
+
+// Stop makes every publish waiting in Sync, and every later one, fail at
+// once (a primary that learnt it is deposed); the streams end too. Close
+// still waits for them.
+func (s *Source) Stop() {
+	s.mu.Lock()
+	s.closed = true
+	s.bump()
+	s.mu.Unlock()
+}
+
+// bump wakes everyone waiting on a change; s.mu is held.
+func (s *Source) bump() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Commit runs one store commit with scans held off (the push's local
+// write); the store wrapper calls it.
+func (s *Source) Commit(f func() error) error {
+	s.freeze.RLock()
+	defer s.freeze.RUnlock()
+	return f()
+}
+
+// Prepare reads, before a commit, which standbys the publish will wait
+// for (SourceConfig.Standbys: one etcd read, which also fails when etcd
+// is unreachable or the term is gone, so a publish that cannot be
+// acknowledged changes nothing).
+func (s *Source) Prepare(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
+	defer cancel()
+	standbys, err := s.cfg.Standbys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return standbys, nil
+}
+
+// Sync asks for a unit covering everything committed so far and waits
+// until enough of standbys (from Prepare) applied it (SourceConfig.Acks).
+// With no standby to wait for it returns at once.
+func (s *Source) Sync(ctx context.Context, standbys []string) error {
+	if s.cfg.Acks == 0 {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
+		}
+		s.unit++
+		s.bump()
+		s.mu.Unlock()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
+	defer cancel()
+	need := len(standbys)
+	if s.cfg.Acks > 0 {
+		need = min(need, s.cfg.Acks)
+	}
+	s.mu.Lock()
+	s.unit++
+	want := s.unit
+	s.bump()
+	for {
+		if s.closed {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
+		}
+		if s.ackedBy(standbys, want) >= need {
+			s.mu.Unlock()
+			return nil
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			s.mu.Lock()
+			got := s.ackedBy(standbys, want)
+			s.mu.Unlock()
+			return fmt.Errorf("%w: replica: %d of %d standbys acknowledged the publish within %v (it is not acknowledged)",
+				errs.ErrUnavailable, got, need, s.cfg.AckTimeout)
+		}
+		s.mu.Lock()
+	}
+}
+
+// ackedBy counts the registered standbys whose stream applied unit u;
+// s.mu is held.
+func (s *Source) ackedBy(standbys []string, u uint64) int {
+	seen := map[string]bool{}
+	for p := range s.followers {
+		if p.acked >= u {
+			seen[p.member] = true
+		}
+	}
+	n := 0
+	for _, id := range standbys {
+		if seen[id] {
+			n++
+		}
+	}
+	return n
+}
+
+// Followers reports each connected follower's member id and newest
+// acknowledged unit, and the newest unit asked for.
+func (s *Source) Followers() (acked map[string]uint64, unit uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	acked = map[string]uint64{}
+	for p := range s.followers {
+		acked[p.member] = max(acked[p.member], p.acked)
+	}
+	return acked, s.unit
+}
+
+func (s *Source) serve(ss grpc.ServerStream) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, "replica: primary closing")
+	}
+	s.streams.Add(1)
+	s.mu.Unlock()
+	defer s.streams.Done()
+	var m wrapperspb.BytesValue
+	if err := ss.RecvMsg(&m); err != nil {
+		return err
+	}
+	b := m.GetValue()
+	var h hello
+	if len(b) == 0 || b[0] != kindHello {
+		return status.Error(codes.InvalidArgument, "replica: stream must open with a hello")
+	}
+	if err := parseJSON(b[1:], &h); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if h.Epoch != s.cfg.Epoch {
+		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
+	}
+	p := &peer{member: h.Member}
+	s.mu.Lock()
+	s.followers[p] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.followers, p)
+		s.bump()
+		s.mu.Unlock()
+	}()
+	s.cfg.Logger.Info("replica: standby following", "member", h.Member, "epoch", h.Epoch)
+
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	ackErr := make(chan error, 1)
+	go func() { // the owner: serve waits for it below
+		ackErr <- s.readAcks(ss, p)
+		cancel()
+	}()
+	err := s.ship(ctx, ss, p, h.Have)
+	cancel()
+	aerr := <-ackErr
+	if err == nil || errors.Is(err, context.Canceled) {
+		err = aerr // the follower went away (or broke the stream): its reason
+	}
+	s.cfg.Logger.Info("replica: standby left", "member", h.Member, "err", err)
+	return err
+}
+
+func (s *Source) readAcks(ss grpc.ServerStream, p *peer) error {
+	for {
+		var m wrapperspb.BytesValue
+		if err := ss.RecvMsg(&m); err != nil {
+			return err
+		}
+		b := m.GetValue()
+		if len(b) == 0 || b[0] != kindAck {
+			return status.Error(codes.InvalidArgument, "replica: follower sent a frame that is not an ack")
+		}
+		u, _, err := parseUvarint(b[1:])
+		if err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+		s.mu.Lock()
+		if u > p.acked {
+			p.acked = u
+			s.bump()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// ship sends a full sync, then a unit whenever a publish asks for one or
+// the interval passes with something changed.
+func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have map[string]int64) error {
+	shipped := map[string]stamp{}
+	full := true
+	var sent uint64
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		u, ch, closed := s.unit, s.changed, s.closed
+		s.mu.Unlock()
+		if closed {
+			return status.Error(codes.Unavailable, "replica: primary closing")
+		}
+		if full || u > sent {
+			if err := s.sendUnit(ss, u, full, shipped, have); err != nil {
+				return err
+			}
+			full, sent, have = false, u, nil
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		case <-tick.C:
+			// Changes no publish announced: ship them if there are any.
+			if err := s.sendUnitIfChanged(ss, u, shipped); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// opened is one file of a unit: its content read (mutable files) or an
+// open descriptor (immutable ones, read after the freeze).
+type opened struct {
+	rel  string
+	st   stamp
+	data []byte
+	f    *os.File
+	keep bool
+}
+
+// cut takes the unit's files: the store's first, then ARS's and the
+// reducer's, with commits held off throughout.
+func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool) (files []opened, gone []string, err error) {
+	s.freeze.Lock()
+	defer s.freeze.Unlock()
+	defer func() {
+		if err != nil {
+			for _, o := range files {
+				if o.f != nil {
+					o.f.Close()
+				}
+			}
+			files = nil
+		}
+	}()
+	var all []entry
+	for _, dirs := range [][]string{{"store"}, stateDirs} {
+		es, err := walk(s.cfg.DataDir, dirs)
+		if err != nil {
+			return files, nil, err
+		}
+		for _, e := range es {
+			all = append(all, e)
+			if old, ok := shipped[e.rel]; ok && old == e.st && !full {
+				continue
+			}
+			if full && immutable(e.rel) {
+				if sz, ok := have[e.rel]; ok && sz == e.st.size {
+					files = append(files, opened{rel: e.rel, st: e.st, keep: true})
+					continue
+				}
+			}
+			o := opened{rel: e.rel, st: e.st}
+			path := filepath.Join(s.cfg.DataDir, e.rel)
+			if immutable(e.rel) {
+				o.f, err = os.Open(path)
+			} else {
+				o.data, err = os.ReadFile(path)
+			}
+			if errors.Is(err, os.ErrNotExist) {
+				continue // removed since the walk; its absence ships next time
+			}
+			if err != nil {
+				return files, nil, fmt.Errorf("replica: read %s: %w", e.rel, err)
+			}
+			files = append(files, o)
+		}
+	}
+	if !full {
+		present := make(map[string]bool, len(all))
+		for _, e := range all {
+			present[e.rel] = true
+		}
+		for rel := range shipped {
+			if !present[rel] {
+				gone = append(gone, rel)
+			}
+		}
+	}
+	return files, gone, nil
+}
+
+func (s *Source) sendUnitIfChanged(ss grpc.ServerStream, u uint64, shipped map[string]stamp) error {
+	files, gone, err := s.cut(shipped, nil, false)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	if len(files) == 0 && len(gone) == 0 {
+		return nil
+	}
+	return s.send(ss, u, false, files, gone, shipped)
+}
+
+func (s *Source) sendUnit(ss grpc.ServerStream, u uint64, full bool, shipped map[string]stamp, have map[string]int64) error {
+	files, gone, err := s.cut(shipped, have, full)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	return s.send(ss, u, full, files, gone, shipped)
+}
+
+// send writes one unit and records what the follower now holds.
+func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp) error {
+	defer func() {
+		for _, o := range files {
+			if o.f != nil {
+				o.f.Close()
+			}
+		}
+	}()
+	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: u, Full: full, Epoch: s.cfg.Epoch})); err != nil {
+		return err
+	}
+	buf := make([]byte, chunkBytes)
+	for _, o := range files {
+		if o.keep {
+			if err := ss.SendMsg(pathFrame(kindKeep, o.rel, 0)); err != nil {
+				return err
+			}
+			shipped[o.rel] = o.st
+			continue
+		}
+		size := int64(len(o.data))
+		if o.f != nil {
+			fi, err := o.f.Stat()
+			if err != nil {
+				return status.Error(codes.Internal, err.Error())
+			}
+			size = fi.Size()
+		}
+		if err := ss.SendMsg(pathFrame(kindFile, o.rel, size)); err != nil {
+			return err
+		}
+		if o.f == nil {
+			for off := 0; off < len(o.data); off += chunkBytes {
+				if err := ss.SendMsg(frame(kindData, o.data[off:min(off+chunkBytes, len(o.data))])); err != nil {
+					return err
+				}
+			}
+		} else {
+			for left := size; left > 0; {
+				n, err := io.ReadFull(o.f, buf[:min(int64(len(buf)), left)])
+				if err != nil {
+					return status.Errorf(codes.Internal, "replica: read %s: %v", o.rel, err)
+				}
+				if err := ss.SendMsg(frame(kindData, buf[:n])); err != nil {
+					return err
+				}
+				left -= int64(n)
+			}
+		}
+		shipped[o.rel] = o.st
+	}
+	for _, rel := range gone {
+		if err := ss.SendMsg(pathFrame(kindDelete, rel, 0)); err != nil {
+			return err
+		}
+		delete(shipped, rel)
+	}
+	if err := ss.SendMsg(uvarintFrame(kindEnd, u)); err != nil {
+		return err
+	}
+	return nil
+}

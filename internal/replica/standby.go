@@ -1,0 +1,81 @@
+package replica
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
+)
+
+// Registrar attaches a service that a standby serves too (the cluster's
+// Primary service: every hub answers who the primary is).
+type Registrar interface {
+	Register(*grpc.Server)
+}
+
+// standbyServer is what a standby hub serves on its address: health,
+// the registrars, and the refusal for every other call on both planes.
+type standbyServer struct {
+	grpc    *grpc.Server
+	bulk    *bulk.Server
+	serveCh chan error
+}
+
+// bulkMethods are the hub's data-plane methods, each refused by a standby
+// with the contract's status (an unknown method would be Unimplemented).
+var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod}
+
+func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.Refusal, extra []Registrar) *standbyServer {
+	opts := append([]grpc.ServerOption{
+		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+			return cluster.RefuseStream(ss, refusal())
+		}),
+	}, chunkcodec.ServerOptions()...)
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
+	}
+	s := &standbyServer{grpc: grpc.NewServer(opts...), bulk: bulk.NewServer(), serveCh: make(chan error, 1)}
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s.grpc, hs)
+	for _, r := range extra {
+		r.Register(s.grpc)
+	}
+	if tlsCfg != nil {
+		s.bulk.TLS = bulk.ServerTLS(tlsCfg)
+	}
+	for _, m := range bulkMethods {
+		s.bulk.Handle(m, func(context.Context, *bulk.Request) (proto.Message, error) { return nil, refusal() })
+	}
+	g := s.bulk.Listen(lis)
+	go func() { s.serveCh <- s.grpc.Serve(g) }()
+	return s
+}
+
+// stop closes the standby's listener and connections and waits for its
+// goroutines; the address is free for the hub that takes over.
+func (s *standbyServer) stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { _ = s.bulk.Shutdown(ctx); close(done) }()
+	s.grpc.Stop() // streams (watches) end at once: the clients go elsewhere
+	<-done
+	err := <-s.serveCh
+	if errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,139 @@
+package replica
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// The replication stream is one bidirectional gRPC stream,
+// /rlhub.v1.Replica/Follow (proto/rlhub/v1/replica.proto), whose messages
+// are google.protobuf.BytesValue frames: the frames are this package's,
+// and only hubs of one build speak them. The first byte
+// of a frame is its kind:
+//
+//	follower → primary:  H hello (JSON), then A ack (uvarint unit)
+//	primary → follower:  B begin unit (JSON), then per file
+//	                     F path + size, D data… (size bytes in all),
+//	                     K keep path (full sync: you hold it already),
+//	                     X delete path, then E end (uvarint unit)
+const (
+	kindHello  = 'H'
+	kindAck    = 'A'
+	kindBegin  = 'B'
+	kindFile   = 'F'
+	kindData   = 'D'
+	kindKeep   = 'K'
+	kindDelete = 'X'
+	kindEnd    = 'E'
+)
+
+// ServiceName and FollowMethod name the replication stream.
+const (
+	ServiceName  = "rlhub.v1.Replica"
+	FollowMethod = rlhubv1.Replica_Follow_FullMethodName
+)
+
+// chunkBytes bounds one data frame (the hub's messages are ≤ 4 MiB).
+const chunkBytes = 1 << 20
+
+// maxControlBytes bounds a hello or begin frame.
+const maxControlBytes = 16 << 20
+
+type hello struct {
+	// Member is the follower's member id (what the primary counts acks by).
+	Member string `json:"member"`
+	// Epoch is the term the follower believes the primary holds.
+	Epoch uint64 `json:"epoch"`
+	// Have lists the follower's immutable files and their sizes.
+	Have map[string]int64 `json:"have"`
+}
+
+type begin struct {
+	Unit uint64 `json:"unit"`
+	Full bool   `json:"full"`
+	// Epoch is the primary's term, checked again by the follower.
+	Epoch uint64 `json:"epoch"`
+}
+
+var streamDesc = grpc.StreamDesc{StreamName: "Follow", ServerStreams: true, ClientStreams: true}
+
+func frame(kind byte, payload ...[]byte) *wrapperspb.BytesValue {
+	n := 1
+	for _, p := range payload {
+		n += len(p)
+	}
+	b := make([]byte, 1, n)
+	b[0] = kind
+	for _, p := range payload {
+		b = append(b, p...)
+	}
+	return &wrapperspb.BytesValue{Value: b}
+}
+
+func jsonFrame(kind byte, v any) *wrapperspb.BytesValue {
+	b, _ := json.Marshal(v)
+	return frame(kind, b)
+}
+
+func uvarintFrame(kind byte, n uint64) *wrapperspb.BytesValue {
+	return frame(kind, binary.AppendUvarint(nil, n))
+}
+
+func pathFrame(kind byte, rel string, size int64) *wrapperspb.BytesValue {
+	b := binary.AppendUvarint(nil, uint64(len(rel)))
+	b = append(b, rel...)
+	if kind == kindFile {
+		b = binary.AppendUvarint(b, uint64(size))
+	}
+	return frame(kind, b)
+}
+
+var errFrame = errors.New("replica: malformed frame")
+
+func parseUvarint(b []byte) (uint64, []byte, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return 0, nil, errFrame
+	}
+	return n, b[k:], nil
+}
+
+// parsePath reads a path (and, for F, a size) frame's payload.
+func parsePath(kind byte, b []byte) (string, int64, error) {
+	n, rest, err := parseUvarint(b)
+	if err != nil || n > uint64(len(rest)) {
+		return "", 0, errFrame
+	}
+	rel := string(rest[:n])
+	rest = rest[n:]
+	var size uint64
+	if kind == kindFile {
+		if size, rest, err = parseUvarint(rest); err != nil || size > 1<<40 {
+			return "", 0, errFrame
+		}
+	}
+	if len(rest) != 0 {
+		return "", 0, errFrame
+	}
+	if err := safeRel(rel); err != nil {
+		return "", 0, err
+	}
+	return rel, int64(size), nil
+}
+
+func parseJSON(b []byte, v any) error {
+	if len(b) > maxControlBytes {
+		return fmt.Errorf("replica: control frame of %d bytes", len(b))
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%w: %v", errFrame, err)
+	}
+	return nil
+}

@@ -1,0 +1,144 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+
+	"github.com/rlhub/rlhub/internal/atomicfile"
+)
+
+// The mirrored part of a data directory: the durable state issue 14's
+// restart path recovers from. Everything else (locks, temporaries, a
+// deleted model's trash, the replica's own bookkeeping) stays local.
+var mirroredDirs = []string{"ars", "reducer", "store"}
+
+// stateDirs are read before the store in a scan (see scan).
+var stateDirs = []string{"ars", "reducer"}
+
+// localOnly reports whether a file under a mirrored directory is never
+// replicated.
+func localOnly(rel string) bool {
+	base := filepath.Base(rel)
+	if base == "LOCK" || strings.HasSuffix(base, atomicfile.TmpSuffix) {
+		return true
+	}
+	for _, part := range strings.Split(rel, string(filepath.Separator)) {
+		if strings.HasPrefix(part, ".") { // .deleted-*, .replica
+			return true
+		}
+	}
+	return false
+}
+
+// immutable reports whether a file, once at its name, never changes:
+// model versions and optimizer states are named by version. A follower
+// that already holds one at the same size is not sent it again.
+func immutable(rel string) bool { return strings.HasSuffix(rel, ".safetensors") }
+
+// stamp identifies one content of a file on the primary.
+type stamp struct {
+	size  int64
+	mtime int64
+	ino   uint64
+}
+
+func stampOf(fi fs.FileInfo) stamp {
+	s := stamp{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		s.ino = st.Ino
+	}
+	return s
+}
+
+// entry is one mirrored file as found by a walk.
+type entry struct {
+	rel string
+	st  stamp
+}
+
+// walk lists the mirrored files under dirs of root, sorted by path.
+func walk(root string, dirs []string) ([]entry, error) {
+	var out []entry
+	for _, d := range dirs {
+		base := filepath.Join(root, d)
+		err := filepath.WalkDir(base, func(p string, de fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil // a directory removed under the walk, or never made
+				}
+				return err
+			}
+			rel, _ := filepath.Rel(root, p)
+			if de.IsDir() {
+				if p != base && strings.HasPrefix(de.Name(), ".") {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			if !de.Type().IsRegular() || localOnly(rel) {
+				return nil
+			}
+			fi, err := de.Info()
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			out = append(out, entry{rel: rel, st: stampOf(fi)})
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("replica: walk %s: %w", d, err)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].rel < out[j].rel })
+	return out, nil
+}
+
+// safeRel checks a path a primary sent: relative, clean, inside one of the
+// mirrored directories, and not a local-only file.
+func safeRel(rel string) error {
+	if rel == "" || len(rel) > 1024 || filepath.IsAbs(rel) || filepath.Clean(rel) != rel || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("replica: bad path in stream (%d bytes)", len(rel))
+	}
+	top, _, _ := strings.Cut(rel, string(filepath.Separator))
+	for _, d := range mirroredDirs {
+		if top == d && rel != d && !localOnly(rel) {
+			return nil
+		}
+	}
+	return fmt.Errorf("replica: path outside the mirrored directories")
+}
+
+// inventory lists a follower's immutable files and their sizes: what a
+// full sync need not send again.
+func inventory(root string) (map[string]int64, error) {
+	es, err := walk(root, mirroredDirs)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, e := range es {
+		if immutable(e.rel) {
+			out[e.rel] = e.st.size
+		}
+	}
+	return out, nil
+}
+
+// install moves a staged file into place (one rename, then the directory
+// fsynced by the caller).
+func install(root, staged, rel string) error {
+	dst := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.Rename(staged, dst)
+}
