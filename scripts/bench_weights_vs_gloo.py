@@ -24,7 +24,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CELLS = ["push", "relay-shm", "relay-dp-shm", "relay-dp-lease", "shm", "shm-nocrc", "shm-lease"]
+CELLS = ["push", "push-dp", "relay-shm", "relay-dp-shm", "relay-dp-lease", "shm", "shm-nocrc", "shm-lease"]
 
 
 def gloo_worker(rank: int, world: int, port: int, nbytes: int, out) -> None:
