@@ -126,6 +126,8 @@ def _cutting_server(blobs: dict, cut_at: int):
                         afters.append(hello.version)
                         step[0] += 1
                         v = step[0]
+                        if v not in blobs:
+                            break
                         blob = blobs[v]
                         hdr = store_pb2.StorePullHeader()
                         hdr.blob.model, hdr.blob.version, hdr.blob.total_bytes = "m", v, len(blob)
