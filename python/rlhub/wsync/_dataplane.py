@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import grpc
 import numpy as np
@@ -71,7 +71,7 @@ class DataPlaneSource:
         self._bulk = bulk_client or _bulk.Client()
         self._bufs: List[Optional[np.ndarray]] = [None] * _BUFFERS
         self._taken = [-1, -1]  # indices of the last two versions taken, newest last
-        self._fallback: Any = None  # a PushSource once the hub lacked the method
+        self._fallback: Optional[PushSource] = None  # once the hub lacked the method
         self._closed = False
         self.stats: Dict[str, int] = {"polls": 0, "versions": 0, "skipped": 0, "fallback": 0}
 
@@ -83,11 +83,9 @@ class DataPlaneSource:
     def _free(self) -> int:
         return next(i for i in range(_BUFFERS) if i not in self._taken)
 
-    def _poll(self, after: int, wait_ms: int):
+    def _poll(self, after: int, wait_ms: int) -> Union[WeightVersion, None, str]:
         """One poll: a WeightVersion newer than ``after``, None ("not
         modified"), or the string "fallback" when the hub lacks the method."""
-        from rlhub.wsync import WeightVersion
-
         if self._closed:
             raise errors.Unavailable("data-plane source is closed")
         hello = sync_pb2.SyncHello(collector_id=self.collector_id, model=self.model, version=after,
@@ -95,7 +93,7 @@ class DataPlaneSource:
         h = store_pb2.StorePullHeader()
         idx = self._free()
 
-        def alloc(hb: bytes, n: int):
+        def alloc(hb: bytes, n: int) -> Any:
             h.ParseFromString(hb)
             if h.not_modified:
                 if n:
@@ -141,21 +139,21 @@ class DataPlaneSource:
         self.stats["skipped"] += h.skipped
         return WeightVersion(h.blob.model, h.blob.version, h.blob.epoch, blob, self.via)
 
-    def _use_fallback(self, after: int) -> None:
+    def _use_fallback(self, after: int) -> PushSource:
         if not self._allow_fallback:
             raise errors.Unavailable(f"{self.addr} serves no data-plane watch (fallback off)")
         self._fallback = PushSource(self.addr, self.model, collector_id=self.collector_id, start=after,
                                     max_bytes=self._max_bytes)
         self.stats["fallback"] = 1
+        return self._fallback
 
     def get_if_newer(self, than: int) -> Any:
         """The newest version if newer than ``than`` (a 1 ms poll), else None."""
         if self._fallback is not None:
             return self._fallback.get_if_newer(than)
         got = self._poll(than, 1)
-        if got == "fallback":
-            self._use_fallback(than)
-            return self._fallback.get_if_newer(than)
+        if isinstance(got, str):
+            return self._use_fallback(than).get_if_newer(than)
         return got
 
     def wait_newer(self, after: int, timeout: Optional[float] = None) -> Any:
@@ -170,7 +168,7 @@ class DataPlaneSource:
             if deadline is not None:
                 wait_ms = int(min(max(deadline - time.monotonic(), 0.001), WAIT_MS / 1000) * 1000) or 1
             got = self._poll(after, wait_ms)
-            if got == "fallback":
+            if isinstance(got, str):
                 self._use_fallback(after)
                 continue
             if got is not None:
