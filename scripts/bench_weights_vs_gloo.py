@@ -7,9 +7,11 @@ gloo broadcast of the same bytes to the same number of receivers, one run.
 gloo: world = 1 + n processes on 127.0.0.1, rank 0 broadcasts a float32
 tensor of --mib MiB; one delivery = broadcast + a 1-element all-reduce
 (every receiver has it), timed at rank 0, 10 deliveries after 2 warm-ups,
-median. rlhub: `go test -bench Deliver/<cell>` (internal/wsync, 10
-deliveries per cell) for the transports below, run between two gloo
-measurements; each round alternates. Reported, never asserted.
+median, and the CPU time of every rank per delivery. rlhub: `go test
+-bench Deliver/<cell>` (internal/wsync, 10 deliveries per cell; CPU ms/op
+is the test process's, hub and collectors together) for the transports
+below, run between two gloo measurements; each round alternates.
+Reported, never asserted.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CELLS = ["push", "relay-shm", "relay-dp-shm", "relay-dp-lease", "shm", "shm-nocrc", "shm-lease"]
+CELLS = ["push", "push-dp", "relay-shm", "relay-dp-shm", "relay-dp-lease", "shm", "shm-nocrc", "shm-lease"]
 
 
 def gloo_worker(rank: int, world: int, port: int, nbytes: int, out) -> None:
@@ -33,22 +35,31 @@ def gloo_worker(rank: int, world: int, port: int, nbytes: int, out) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    import resource
+
     t = torch.ones(nbytes // 4) if rank == 0 else torch.empty(nbytes // 4)
     ack = torch.zeros(1)
     ts = []
+    cpu = 0.0
     for i in range(12):
         dist.barrier()
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         dist.broadcast(t, 0)
         dist.all_reduce(ack)
         if i >= 2:
             ts.append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    out.put(("cpu", cpu / len(ts) * 1e3))
     if rank == 0:
-        out.put(statistics.median(ts) * 1e3)
+        out.put(("p50", statistics.median(ts) * 1e3))
     dist.destroy_process_group()
 
 
-def gloo(n: int, nbytes: int) -> float:
+def gloo(n: int, nbytes: int) -> "tuple[float, float]":
+    """gloo's p50 ms per delivery and its CPU ms per delivery (every rank's
+    user + system time over the timed deliveries, summed)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -61,10 +72,16 @@ def gloo(n: int, nbytes: int) -> float:
     procs = [ctx.Process(target=gloo_worker, args=(r, n + 1, port, nbytes, q)) for r in range(n + 1)]
     for p in procs:
         p.start()
-    v = q.get(timeout=600)
+    p50, cpu = 0.0, 0.0
+    for _ in range(n + 2):
+        kind, v = q.get(timeout=600)
+        if kind == "p50":
+            p50 = v
+        else:
+            cpu += v
     for p in procs:
         p.join(60)
-    return v
+    return p50, cpu
 
 
 def go_cells(mib: int, n: int) -> dict:
@@ -98,16 +115,18 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, {args.mib} MiB, 1-min load {os.getloadavg()[0]:.1f}")
     for n in (int(x) for x in args.collectors.split(",")):
         for rnd in range(args.rounds):
-            g1 = gloo(n, nbytes)
+            (g1, c1) = gloo(n, nbytes)
             cells = go_cells(args.mib, n)
-            g2 = gloo(n, nbytes)
-            g = (g1 + g2) / 2
-            print(f"\n{n} collectors, round {rnd + 1}: gloo broadcast p50 {g1:.1f} / {g2:.1f} ms "
-                  f"(load {os.getloadavg()[0]:.1f})")
-            print("| transport | p50 ms | p99 ms | CPU ms/op | gloo p50 ÷ p50 (≥ 1: faster than gloo) |")
-            print("| --- | ---: | ---: | ---: | ---: |")
+            (g2, c2) = gloo(n, nbytes)
+            g, gc = (g1 + g2) / 2, (c1 + c2) / 2
+            print(f"\n{n} collectors, round {rnd + 1}: gloo broadcast p50 {g1:.1f} / {g2:.1f} ms, "
+                  f"CPU {c1:.1f} / {c2:.1f} ms per delivery, all ranks (load {os.getloadavg()[0]:.1f})")
+            print("| transport | p50 ms | p99 ms | CPU ms/op | gloo p50 ÷ p50 (≥ 1: faster than gloo) | gloo CPU ÷ CPU |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: |")
+            print(f"| gloo broadcast | {g:.1f} | – | {gc:.1f} | 1 | 1 |")
             for name, m in cells.items():
-                print(f"| {name} | {m['p50-ms']:.1f} | {m['p99-ms']:.1f} | {m['cpu-ms/op']:.1f} | {g / m['p50-ms']:.2f} |")
+                print(f"| {name} | {m['p50-ms']:.1f} | {m['p99-ms']:.1f} | {m['cpu-ms/op']:.1f} | {g / m['p50-ms']:.2f} | "
+                      f"{gc / m['cpu-ms/op']:.2f} |")
     sys.stdout.flush()
 
 

@@ -75,6 +75,8 @@ CELLS: List[Cell] = [
          ("p50-ms", "p50 ms"), ("memcpy-ms", "memcpy ms"), ("x-memcpy", "× memcpy time")),
     Cell("Weight sync", "./internal/wsync", "Deliver/push/128MiB/2collectors$", "10x", "128 MiB to 2 collectors, push streams",
          ("p50-ms", "p50 ms"), ("tcp-ms", "plain TCP ms"), ("%tcp-rate", "% of TCP rate")),
+    Cell("Weight sync", "./internal/wsync", "Deliver/push-dp/128MiB/2collectors$", "10x", "128 MiB to 2 collectors, push on the data plane",
+         ("p50-ms", "p50 ms"), ("tcp-ms", "plain TCP ms"), ("%tcp-rate", "% of TCP rate")),
     Cell("Weight sync", "./internal/wsync", "Deliver/relay-shm/128MiB/2collectors$", "10x", "128 MiB, hub → relay → shm, 2 collectors",
          ("p50-ms", "p50 ms"), ("tcp-ms", "plain TCP ms"), ("%tcp-rate", "% of TCP rate")),
     Cell("Learner aggregator", "./internal/aggregator", "LearnRoundTrip/learners=2$", "20x", "learn task round trip, 2 learners",
@@ -85,9 +87,17 @@ CELLS: List[Cell] = [
          ("steps/s", "steps/s"), None, None),
 ]
 
+# The Python client's scripts, and the two speed scripts that compare
+# rlhub with another system in one run: the learner loop (Python vs Go vs
+# plain TCP, one hub) and weights to collectors (BenchmarkDeliver vs
+# torch.distributed gloo broadcast). "tables" embeds the Markdown tables
+# the script prints; "text" its whole report (captions with the date and
+# load of each table), without the per-rep JSON.
 PYTHON = [
-    ("Python client", "store push/pull, Python vs Go client, same hub", ["scripts/bench_python_client.py", "--sizes", "16", "--reps", "5"]),
-    ("Python client", "gradient pushes, data plane vs gRPC", ["scripts/bench_python_grads.py"]),
+    ("Python client", "store push/pull, Python vs Go client, same hub", ["scripts/bench_python_client.py", "--sizes", "16", "--reps", "5"], "tables"),
+    ("Python client", "gradient pushes, data plane vs gRPC", ["scripts/bench_python_grads.py"], "tables"),
+    ("Python client", "the learner loop, Python vs Go client vs plain TCP, one hub", ["scripts/bench_learner_loop.py", "--reps", "5", "--iters", "200"], "text"),
+    ("Weight sync", "128 MiB to 2 and 8 collectors vs torch.distributed gloo broadcast", ["scripts/bench_weights_vs_gloo.py", "--mib", "128", "--collectors", "2,8", "--rounds", "1"], "text"),
 ]
 
 LINE = re.compile(r"^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$")
@@ -174,17 +184,24 @@ def main() -> int:
         rows.setdefault(cell.component, []).append(f"| {cell.label} | {fig} | {base} | {ratio} | {shown} |")
 
     py_sections: List[Tuple[str, str, str, str]] = []
-    if not args.no_python and (not only or "Python client" in only):
+    if not args.no_python and (not only or any(p[0] in only for p in PYTHON)):
         binp = tmp / "rlhub"
         subprocess.run(["go", "build", "-o", str(binp), "./cmd/rlhub"], cwd=REPO, env=env, check=True)
         penv = dict(env, PYTHONPATH=str(REPO / "python"), RLHUB_BIN=str(binp))
-        for comp, what, argv in PYTHON:
+        for comp, what, argv, keep in PYTHON:
+            if only and comp not in only:
+                continue
             print(f"benchref: {comp}: {what}", file=sys.stderr)
             full = [sys.executable, *argv]
             if "--bin" in subprocess.run([sys.executable, argv[0], "--help"], cwd=REPO, env=penv, capture_output=True, text=True).stdout:
                 full += ["--bin", str(binp)]
             res = subprocess.run(full, cwd=REPO, env=penv, capture_output=True, text=True, timeout=1800)
-            table = "\n".join(l for l in res.stdout.splitlines() if l.startswith("|")) or f"failed: exit {res.returncode}\n\n```\n{res.stderr[-1500:]}\n```"
+            if keep == "text":
+                shown_lines = [l for l in res.stdout.splitlines() if not l.startswith("per rep:")]
+            else:
+                shown_lines = [l for l in res.stdout.splitlines() if l.startswith("|")]
+            table = "\n".join(shown_lines).strip() if res.returncode == 0 else ""
+            table = table or f"failed: exit {res.returncode}\n\n```\n{res.stderr[-1500:]}\n```"
             py_sections.append((comp, what, " ".join(shlex.quote(a) for a in ["python3", *argv]), table))
 
     end = datetime.datetime.now(datetime.timezone.utc)

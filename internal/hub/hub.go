@@ -86,9 +86,9 @@ type Config struct {
 	// crash hook); Store is the hub's, DataDir is DataDir/ars when the hub
 	// has one (runs survive a restart), a nil Logger means the hub's.
 	ARS arsrpc.Config
-	// StoreNoDataPlane keeps model-store pulls and watches off the data
-	// plane (gRPC only, as on a hub that predates them); the zero value
-	// serves them there too.
+	// StoreNoDataPlane keeps model-store pulls and watches, and the
+	// weight-sync data-plane watch, off the data plane (gRPC only, as on a
+	// hub that predates them); the zero value serves them there too.
 	StoreNoDataPlane bool
 	// MaxMsgBytes bounds one gRPC message; 0 means 4 MiB (chunks are 1 MiB).
 	MaxMsgBytes int
@@ -403,7 +403,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		return nil, err
 	}
 	h.ars = arsSvc
-	syncSvc, err := wsync.NewService(wsync.ServiceConfig{Versions: h.store, Logger: h.cfg.Logger})
+	syncSvc, err := wsync.NewService(wsync.ServiceConfig{Versions: h.store, NoDataPlane: h.cfg.StoreNoDataPlane, Logger: h.cfg.Logger})
 	if err := add(syncSvc, err); err != nil {
 		return nil, err
 	}

@@ -46,7 +46,10 @@ import (
 // copy: "applied" means the Receiver has adopted the leased snapshot, as
 // for inproc); push
 // (store.Push on a real hub → WeightSync Attach streams, one connection per
-// collector, clients reusing receive buffers as PushDialer's do);
+// collector, clients reusing receive buffers as PushDialer's do); push-dp
+// (store.Push on a real hub → DataPlaneClients long-polling the hub's
+// weight-sync data-plane watch, each version written with writev from the
+// store's snapshot once per connection, read into reused buffers);
 // storewatch (store.Push → StoreSource over storerpc.Client, the store
 // service's watch); relay-shm (store.Push → one relay over gRPC → its
 // segment → readers); relay-dp-shm / relay-dp-lease (the relay follows the
@@ -58,7 +61,7 @@ import (
 func BenchmarkDeliver(b *testing.B) {
 	for _, size := range []int{16 << 20, 128 << 20} {
 		blob := benchBlob(b, size)
-		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "push", "storewatch", "relay-shm", "relay-dp-shm", "relay-dp-lease", "2relays-dp-lease"} {
+		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "push", "push-dp", "storewatch", "relay-shm", "relay-dp-shm", "relay-dp-lease", "2relays-dp-lease"} {
 			for _, n := range []int{1, 2, 8} {
 				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
 					// Baselines right before, under the same machine load.
@@ -309,6 +312,16 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		h := startHub()
 		for i := range n {
 			cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dialT(h.Addr().String()), CollectorID: fmt.Sprint("c", i), Model: "m", ReuseBuffers: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cleanup = append(cleanup, func() { cl.Close() })
+			sources = append(sources, cl)
+		}
+	case "push-dp":
+		h := startHub()
+		for i := range n {
+			cl, err := wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: h.Addr().String(), CollectorID: fmt.Sprint("c", i), Model: "m", Logger: quietLog()})
 			if err != nil {
 				b.Fatal(err)
 			}

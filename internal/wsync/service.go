@@ -30,6 +30,10 @@ type ServiceConfig struct {
 	// Forget drops detached collectors that have not reported for this
 	// long from status; 0 means 10 minutes.
 	Forget time.Duration
+	// NoDataPlane leaves the data-plane watch (DataPlaneWatchMethod)
+	// unregistered: collectors then use the push stream, as against a hub
+	// that predates it.
+	NoDataPlane bool
 	// Now is the clock for report times; nil means time.Now.
 	Now func() time.Time
 	// Logger; nil means slog.Default().

@@ -156,10 +156,12 @@ def test_pull_and_watch_on_the_data_plane_match_grpc(hub):
         assert dp.stats["bulk"] == 2 and dp.stats["grpc"] == 0 and g.stats["bulk"] == 0
         w = dp.watch("m", after=1, timeout=60)
         blob2 = save_bytes({"w": np.zeros(300_000, np.float32), "b": np.ones(3, np.int64)})
-        threading.Timer(0.2, lambda: g.push("m", blob2, version=2)).start()
+        pusher = threading.Timer(0.2, lambda: g.push("m", blob2, version=2))
+        pusher.start()
         v = next(w)
         assert v.version == 2 and bytes(v.blob) == blob2
         w.close()
+        pusher.join(60)  # its answer may still be on the way: g stays open until then
 
 
 def test_watch_into_writes_each_version_in_place(hub):

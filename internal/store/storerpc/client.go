@@ -19,6 +19,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -51,6 +52,11 @@ type ClientConfig struct {
 	ChunkBytes int
 	// MaxModelBytes bounds a pulled blob; 0 means 4 GiB.
 	MaxModelBytes int64
+	// Transport is "" (or "auto"): pulls and WaitNewer on the hub's data
+	// plane when Addr is dialed (Conn nil), gRPC otherwise and as the
+	// fallback; "grpc": gRPC only. Push, Watch, List and Delete always use
+	// gRPC.
+	Transport string
 	// StockCodec makes the client use gRPC's stock proto codec, as clients
 	// in other languages do, instead of the chunk codec (for interop tests and to
 	// measure what chunkcodec saves). The bytes on the wire are the same.
@@ -88,6 +94,11 @@ func (c *ClientConfig) validate() error {
 	if c.MaxModelBytes == 0 {
 		c.MaxModelBytes = 4 << 30
 	}
+	switch c.Transport {
+	case "", "auto", "grpc":
+	default:
+		return fmt.Errorf("storerpc: Transport %q: want auto or grpc", c.Transport)
+	}
 	return nil
 }
 
@@ -109,6 +120,10 @@ type Client struct {
 	once     sync.Once
 
 	randMu sync.Mutex // guards cfg.Rand
+
+	bulk      *bulk.Client // the data plane; nil: gRPC only
+	bulkMu    sync.Mutex   // guards bulkOffAt
+	bulkOffAt time.Time    // when the hub answered UNIMPLEMENTED (gRPC for bulk.NotSupportedFor)
 }
 
 var _ store.Store = (*Client)(nil)
@@ -129,6 +144,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	c.cc = conn
 	c.rpc = rlhubv1.NewModelStoreClient(conn)
+	if cfg.Conn == nil && cfg.Transport != "grpc" {
+		c.bulk = cfg.Dial.Bulk()
+	}
 	c.closeCtx, c.closeFn = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -141,6 +159,9 @@ func (c *Client) Close() error {
 	var err error
 	c.once.Do(func() {
 		c.closeFn()
+		if c.bulk != nil {
+			c.bulk.Close()
+		}
 		if c.conn != nil {
 			err = c.conn.Close()
 		}
@@ -189,7 +210,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // retryable reports whether err is worth another attempt.
-func retryable(err error) bool { return status.Code(err) == codes.Unavailable }
+// A data-plane call's broken connection is errs.ErrUnavailable without a
+// gRPC status.
+func retryable(err error) bool {
+	return status.Code(err) == codes.Unavailable || errors.Is(err, errs.ErrUnavailable)
+}
 
 // do runs op under one call context, retrying on Unavailable. It returns
 // op's last error converted by errs.FromStatus.
@@ -297,6 +322,9 @@ func (c *Client) GetIfNewerInto(ctx context.Context, name string, than uint64, b
 // GetInto); buf may be nil.
 func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []byte) (*store.Snapshot, uint64, error) {
 	req.ChunkBytes = uint32(c.cfg.ChunkBytes)
+	if snap, err, ok := c.bulkRead(ctx, bulkPullMethod, req, buf); ok {
+		return snap, 0, err
+	}
 	var snap *store.Snapshot
 	var skipped uint64
 	err := c.do(ctx, func(ctx context.Context) error {
@@ -400,6 +428,20 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 // WaitNewer implements store.Store with a watch that ends after its first
 // version.
 func (c *Client) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
+	// On the data plane: long polls, each up to the hub's wait, until a
+	// version newer than after arrives.
+	for ctx.Err() == nil {
+		snap, err, ok := c.bulkRead(ctx, bulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: name, After: after}, nil)
+		if !ok {
+			break // gRPC below
+		}
+		if err != nil || snap != nil {
+			return snap, err
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
 	var got *store.Snapshot
 	err := c.Watch(ctx, name, after, func(s *store.Snapshot, _ uint64) error {
 		got = s

@@ -29,4 +29,12 @@
 //
 // A retried Push whose first attempt landed but whose reply was lost fails
 // with a *errs.StaleError whose CurrentVersion is the pushed version.
+//
+// Pulls (Get, GetIfNewer, their Into forms) and WaitNewer go over the
+// hub's data plane when the client dialed ClientConfig.Addr itself
+// (docs/wire.md, "Pulls on the data plane"): the version is read from the
+// socket straight into its destination, and a connection that breaks
+// inside it is errs.ErrUnavailable (retried), never a short snapshot.
+// Against a hub without the data plane, or without the methods, they use
+// gRPC. ClientConfig.Transport "grpc" forces gRPC.
 package storerpc

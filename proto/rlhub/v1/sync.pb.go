@@ -121,7 +121,12 @@ type SyncHello struct {
 	// Version the collector already runs (0: none); only newer ones are sent.
 	Version uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// Largest chunk the collector wants; 0 means 1 MiB.
-	ChunkBytes    uint32 `protobuf:"varint,4,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	ChunkBytes uint32 `protobuf:"varint,4,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	// Data-plane watch (rlhub.v1.WeightSync/Watch) only: how long the hub
+	// waits for a newer version before answering "not modified", in
+	// milliseconds; 0 means 5 s, more than 5 s is taken as 5 s. Ignored by
+	// Attach.
+	WaitMs        uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -180,6 +185,13 @@ func (x *SyncHello) GetVersion() uint64 {
 func (x *SyncHello) GetChunkBytes() uint32 {
 	if x != nil {
 		return x.ChunkBytes
+	}
+	return 0
+}
+
+func (x *SyncHello) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
 	}
 	return 0
 }
@@ -772,13 +784,14 @@ const file_rlhub_v1_sync_proto_rawDesc = "" +
 	"\x11SyncClientMessage\x12+\n" +
 	"\x05hello\x18\x01 \x01(\v2\x13.rlhub.v1.SyncHelloH\x00R\x05hello\x121\n" +
 	"\arunning\x18\x02 \x01(\v2\x15.rlhub.v1.SyncRunningH\x00R\arunningB\x06\n" +
-	"\x04body\"\x7f\n" +
+	"\x04body\"\x98\x01\n" +
 	"\tSyncHello\x12!\n" +
 	"\fcollector_id\x18\x01 \x01(\tR\vcollectorId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1f\n" +
 	"\vchunk_bytes\x18\x04 \x01(\rR\n" +
-	"chunkBytes\"'\n" +
+	"chunkBytes\x12\x17\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"'\n" +
 	"\vSyncRunning\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"n\n" +
 	"\x11SyncServerMessage\x12(\n" +

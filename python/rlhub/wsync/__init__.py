@@ -20,7 +20,10 @@ the Go side's ``wsync.Source`` (docs/weight-sync.md):
   never returns a torn version: either the newest whole one or, while that is
   being written, the previous whole one.
 * :class:`PushSource` attaches to the hub's (or relay's) push fan-out as a
-  collector and reports the version it runs on the same stream.
+  collector and reports the version it runs on the same stream;
+  :class:`DataPlaneSource` follows the hub's push fan-out on its data plane
+  (each version read with ``recv_into`` into reused buffers; the push
+  stream against a hub without it).
 * :class:`StoreSource` pulls "only if newer" from the model store and
   watches it.
 
@@ -45,6 +48,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhub._crc32c import crc32c as crc32c  # scripts/bench_python_shm.py reports its backend
+from rlhub.wsync._dataplane import DataPlaneSource
 from rlhub.wsync._failover import Dialer, FailoverSource
 from rlhub.wsync._push import PushSource
 from rlhub.wsync._receiver import Receiver
@@ -56,7 +60,7 @@ from rlhub.wsync._source import Source, WeightVersion, default_shm_path
 from rlhub.wsync._storesource import StoreSource
 
 __all__ = [
-    "WeightVersion", "Source", "ShmSource", "PushSource", "StoreSource", "FailoverSource", "Dialer",
+    "WeightVersion", "Source", "ShmSource", "PushSource", "DataPlaneSource", "StoreSource", "FailoverSource", "Dialer",
     "Receiver",
     "default_shm_path", "report", "status",
 ]

@@ -16,16 +16,18 @@ class SyncClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[SyncHello, _Mapping]] = ..., running: _Optional[_Union[SyncRunning, _Mapping]] = ...) -> None: ...
 
 class SyncHello(_message.Message):
-    __slots__ = ("collector_id", "model", "version", "chunk_bytes")
+    __slots__ = ("collector_id", "model", "version", "chunk_bytes", "wait_ms")
     COLLECTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     collector_id: str
     model: str
     version: int
     chunk_bytes: int
-    def __init__(self, collector_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, collector_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class SyncRunning(_message.Message):
     __slots__ = ("version",)

@@ -1,0 +1,108 @@
+package storerpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// The client's names for the store's data-plane methods (bulk.go).
+const (
+	bulkPullMethod  = BulkPullMethod
+	bulkWatchMethod = BulkWatchMethod
+)
+
+// useBulk reports whether the data plane is worth trying now.
+func (c *Client) useBulk() bool {
+	if c.bulk == nil || !c.bulk.Supported(c.cfg.Addr) {
+		return false
+	}
+	c.bulkMu.Lock()
+	defer c.bulkMu.Unlock()
+	return c.bulkOffAt.IsZero() || time.Since(c.bulkOffAt) > bulk.NotSupportedFor
+}
+
+// bulkRead runs one pull or watch request on the data plane, with the
+// retries of do, receiving the version into buf when it holds it (8-byte
+// aligned, as GetInto says) or into fresh aligned memory. ok is false when
+// the data plane is off or the hub does not serve the method (the caller
+// uses gRPC); a "not modified" answer is (nil, nil, true). The snapshot is
+// returned only after the hub's final status was OK and the bytes parsed
+// as valid safetensors.
+func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message, buf []byte) (snap *store.Snapshot, err error, ok bool) {
+	if !c.useBulk() {
+		return nil, nil, false
+	}
+	var noBulk bool
+	err = c.do(ctx, func(ctx context.Context) error {
+		var hdr rlhubv1.StorePullHeader
+		var blob []byte
+		err := c.bulk.CallRecv(ctx, c.cfg.Addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+			if err := proto.Unmarshal(hb, &hdr); err != nil {
+				return fmt.Errorf("%w: storerpc: pull header: %v", errs.ErrInvalid, err)
+			}
+			if hdr.NotModified {
+				if n != 0 {
+					return fmt.Errorf("%w: storerpc: a not-modified answer with %d body bytes", errs.ErrInvalid, n)
+				}
+				return nil
+			}
+			b := hdr.GetBlob()
+			switch {
+			case uint64(n) != b.GetTotalBytes():
+				return fmt.Errorf("%w: storerpc: %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
+			case n > c.cfg.MaxModelBytes:
+				return fmt.Errorf("%w: storerpc: model %s version %d: %d bytes exceed the client's limit of %d",
+					errs.ErrFull, errs.Quote(b.GetModel()), b.GetVersion(), n, c.cfg.MaxModelBytes)
+			case n < 10:
+				return fmt.Errorf("%w: storerpc: a version of %d bytes", errs.ErrInvalid, n)
+			}
+			if int64(cap(buf)) >= n && tensor.Aligned(buf) {
+				blob = buf[:n]
+			} else {
+				blob = tensor.AlignedBytes(int(n))
+			}
+			_, err := io.ReadFull(body, blob)
+			return err
+		}, nil)
+		if err != nil {
+			if errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented {
+				noBulk = true
+				return nil
+			}
+			return err
+		}
+		if hdr.NotModified || blob == nil {
+			snap = nil
+			return nil
+		}
+		b := hdr.GetBlob()
+		f, err := safetensors.Decode(blob)
+		if err != nil {
+			return fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.GetModel()), b.GetVersion(), err)
+		}
+		snap = &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
+			Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}
+		return nil
+	})
+	if noBulk {
+		c.bulkMu.Lock()
+		c.bulkOffAt = time.Now()
+		c.bulkMu.Unlock()
+		return nil, nil, false
+	}
+	return snap, err, true
+}

@@ -1,0 +1,473 @@
+package wsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// Push fan-out on the data plane (docs/weight-sync.md, "Push fan-out on
+// the data plane"): a collector attached to the hub long-polls
+// DataPlaneWatchMethod; each answer is the newest version as a data frame
+// written with writev straight from the store's snapshot, so each
+// version's bytes are written once per connection with no per-collector
+// copy (the gRPC push stream copies them into HTTP/2 frames per stream).
+const (
+	// DataPlaneWatchMethod: header SyncHello (collector_id, model,
+	// version = the version the collector runs: only newer ones are sent,
+	// wait_ms; chunk_bytes is ignored). The hub records the version as the
+	// collector's report (via ViaDataPlane), waits up to wait_ms (0 or more
+	// than DataPlaneWait: DataPlaneWait) for
+	// a version newer than it and answers it as a data frame whose header
+	// is a StorePullHeader (body: the version's safetensors bytes;
+	// skipped: version numbers between the one asked after and the one
+	// sent), or "not modified" (the collector asks again).
+	DataPlaneWatchMethod = "rlhub.v1.WeightSync/Watch"
+	// ViaDataPlane is how data-plane collectors show in status.
+	ViaDataPlane = "push-dp"
+)
+
+// DataPlaneWait is how long one data-plane watch waits for a newer version
+// before it answers "not modified".
+const DataPlaneWait = 5 * time.Second
+
+// RegisterBulk implements hub.BulkService: the data-plane watch, unless
+// ServiceConfig.NoDataPlane.
+func (s *Service) RegisterBulk(b *bulk.Server) {
+	if s.cfg.NoDataPlane {
+		return
+	}
+	b.Handle(DataPlaneWatchMethod, s.bulkWatch)
+}
+
+func (s *Service) bulkWatch(ctx context.Context, r *bulk.Request) (proto.Message, error) {
+	hello := &rlhubv1.SyncHello{}
+	if err := proto.Unmarshal(r.Header, hello); err != nil {
+		return nil, fmt.Errorf("%w: watch header: %v", errs.ErrInvalid, err)
+	}
+	if err := checkIDs(hello.CollectorId, hello.Model, ""); err != nil {
+		return nil, fmt.Errorf("watch: %w", err)
+	}
+	if s.ctx.Err() != nil {
+		return nil, fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable)
+	}
+	id, model, after := hello.CollectorId, hello.Model, hello.Version
+	s.count.reports.Add(1)
+	s.tracker.Report(id, model, ViaDataPlane, after)
+	wait := DataPlaneWait
+	if w := time.Duration(hello.WaitMs) * time.Millisecond; w > 0 && w < wait {
+		wait = w
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	snap, release, err := store.BorrowNewer(wctx, s.cfg.Versions, model, after)
+	if err != nil {
+		switch {
+		case s.ctx.Err() != nil:
+			return nil, fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable)
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			h, err := proto.Marshal(&rlhubv1.StorePullHeader{Blob: &rlhubv1.BlobInfo{Model: model, Version: after}, NotModified: true})
+			if err != nil {
+				return nil, err
+			}
+			return nil, r.Reply(h)
+		}
+		return nil, err
+	}
+	// Borrowed until Reply returns, when the kernel has taken every byte:
+	// a hub's store can then hand the blob back to the reducer.
+	defer release()
+	s.tracker.SawVersion(model, snap.Version)
+	h, err := proto.Marshal(&rlhubv1.StorePullHeader{
+		Blob:            &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob))},
+		Metadata:        snap.Metadata,
+		CreatedUnixNano: snap.Created.UnixNano(),
+		Skipped:         skipped(after, snap.Version),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Reply(h, snap.Blob); err != nil {
+		return nil, err
+	}
+	s.count.versionsSent.Add(1)
+	s.count.bytesSent.Add(uint64(len(snap.Blob)))
+	return nil, nil
+}
+
+// skipped is how many version numbers lie between after and sent; a
+// collector that had none (after 0) skipped nothing.
+func skipped(after, sent uint64) uint64 {
+	if after == 0 || sent <= after+1 {
+		return 0
+	}
+	return sent - after - 1
+}
+
+// DataPlaneConfig configures a DataPlaneClient.
+type DataPlaneConfig struct {
+	// Addr is the hub's address (its data plane shares the gRPC port).
+	// Required.
+	Addr string
+	// Bulk makes the data-plane calls (internal/dial builds one with the
+	// connection's TLS and token); nil means a plaintext client of its
+	// own, closed by Close.
+	Bulk *bulk.Client
+	// Conn, when set, is the fallback: against a hub without the
+	// data-plane watch (UNIMPLEMENTED, or no data plane) the client
+	// attaches to its gRPC push stream instead (Attach with ReuseBuffers),
+	// for its whole life. nil: such a hub fails the call with
+	// errs.ErrUnavailable.
+	Conn grpc.ClientConnInterface
+	// CollectorID names this collector (reported with every poll).
+	// Required.
+	CollectorID string
+	// Model to follow. Required.
+	Model string
+	// Start is the version the collector already runs (0: none).
+	Start uint64
+	// Limits bound what is accepted (MaxBytes: the largest version; 0
+	// means wire's default).
+	Limits wire.Limits
+	// PollSlack is added to DataPlaneWait for each poll's deadline; 0
+	// means 10 s.
+	PollSlack time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *DataPlaneConfig) validate() error {
+	switch {
+	case c.Addr == "":
+		return fmt.Errorf("%w: wsync: DataPlaneConfig.Addr is empty", errs.ErrInvalid)
+	case c.CollectorID == "" || c.Model == "":
+		return fmt.Errorf("%w: wsync: DataPlaneConfig needs CollectorID and Model", errs.ErrInvalid)
+	case len(c.CollectorID) > maxIDBytes || len(c.Model) > maxIDBytes:
+		return fmt.Errorf("%w: wsync: collector id and model are limited to %d bytes", errs.ErrInvalid, maxIDBytes)
+	case c.PollSlack < 0:
+		return fmt.Errorf("%w: wsync: negative PollSlack", errs.ErrInvalid)
+	}
+	if c.Limits.MaxBytes <= 0 {
+		c.Limits.MaxBytes = 4 << 30 // wire.Limits' default
+	}
+	if c.PollSlack == 0 {
+		c.PollSlack = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// dpBuffers is how many receive buffers a DataPlaneClient cycles through:
+// the last two snapshots taken stay whole while a third is received.
+const dpBuffers = 3
+
+// DataPlaneClient is a collector following a hub over the data plane: a
+// Source whose WaitNewer long-polls DataPlaneWatchMethod and reads each
+// version from the socket straight into a reused receive buffer
+// (io.ReadFull, no intermediate copy), and whose GetIfNewer is the same
+// poll with a 1 ms wait. A version is returned only once its
+// final status was OK and it parsed as valid safetensors: a connection
+// that breaks mid-version is errs.ErrUnavailable and nothing is returned
+// (the buffer it was read into holds no snapshot taken).
+//
+// Snapshots stay valid until two newer versions have been taken from the
+// client (as PushDialer's). The hub learns the version the collector runs
+// from each poll (the after it asks for), so Running is needed only on the
+// gRPC fallback. Calls are serialized: one Receiver per client. Against a
+// hub without the data-plane watch it attaches to the push stream (see
+// DataPlaneConfig.Conn); Transport tells which it uses.
+type DataPlaneClient struct {
+	cfg     DataPlaneConfig
+	bulk    *bulk.Client
+	ownBulk bool
+
+	callMu sync.Mutex // serializes calls; guards the fields below it
+	bufs   [dpBuffers][]byte
+	taken  [2]int // indices into bufs of the last two snapshots taken, newest last; -1: none
+
+	mu       sync.Mutex // guards the fields below; held only briefly
+	fallback *Client    // set once
+	closed   bool
+	cancel   context.CancelFunc // ends the call in progress (Close)
+	nskipped uint64             // skipped, for Skipped
+}
+
+var _ Source = (*DataPlaneClient)(nil)
+
+// NewDataPlaneClient returns a client; it connects on its first call.
+func NewDataPlaneClient(cfg DataPlaneConfig) (*DataPlaneClient, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &DataPlaneClient{cfg: cfg, bulk: cfg.Bulk, taken: [2]int{-1, -1}}
+	if c.bulk == nil {
+		c.bulk, c.ownBulk = bulk.NewClient(), true
+	}
+	return c, nil
+}
+
+// Transport is "dataplane", or "grpc" once the client fell back to the
+// push stream.
+func (c *DataPlaneClient) Transport() string {
+	if c.current() != nil {
+		return "grpc"
+	}
+	return "dataplane"
+}
+
+// current is the fallback client, nil while on the data plane.
+func (c *DataPlaneClient) current() *Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fallback
+}
+
+// Skipped counts the version numbers the hub reported skipped (newer
+// versions landed while the collector was not polling; it gets the
+// newest).
+func (c *DataPlaneClient) Skipped() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nskipped
+}
+
+// GetIfNewer implements Source: the newest version if newer than than;
+// nil, nil when it is not, or when the model has no version yet.
+func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
+	if err := c.usable(); err != nil {
+		return nil, err
+	}
+	if f := c.current(); f != nil {
+		return f.GetIfNewer(ctx, than)
+	}
+	hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: than, WaitMs: 1}
+	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than)
+	if errors.Is(err, errs.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil && c.noDataPlane(err) {
+		if err := c.fallBack(ctx, than); err != nil {
+			return nil, err
+		}
+		return c.current().GetIfNewer(ctx, than)
+	}
+	return snap, err
+}
+
+// WaitNewer implements Source: long polls until a version newer than after
+// arrives, ctx ends, or a poll fails.
+func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
+	for {
+		if err := c.usable(); err != nil {
+			return nil, err
+		}
+		if f := c.current(); f != nil {
+			return f.WaitNewer(ctx, after)
+		}
+		hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: after}
+		snap, err := c.call(ctx, DataPlaneWatchMethod, hello, after)
+		switch {
+		case err != nil && c.noDataPlane(err):
+			if err := c.fallBack(ctx, after); err != nil {
+				return nil, err
+			}
+		case err != nil:
+			return nil, err
+		case snap != nil:
+			return snap, nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Running implements the report a Receiver's OnApplied makes: on the data
+// plane the next poll carries it; on the fallback stream it is sent.
+func (c *DataPlaneClient) Running(version uint64) error {
+	if f := c.current(); f != nil {
+		return f.Running(version)
+	}
+	return nil
+}
+
+// Close ends a call in progress (it fails with errs.ErrUnavailable) and
+// releases the client and its fallback stream. Safe to call twice.
+func (c *DataPlaneClient) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	if c.cancel != nil {
+		c.cancel()
+	}
+	f := c.fallback
+	c.mu.Unlock()
+	if f != nil {
+		f.Close()
+	}
+	// Wait for the call in progress, so nothing uses the bulk client after.
+	c.callMu.Lock()
+	defer c.callMu.Unlock()
+	if c.ownBulk {
+		c.bulk.Close()
+	}
+	return nil
+}
+
+func (c *DataPlaneClient) usable() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("%w: wsync: data-plane client is closed", errs.ErrUnavailable)
+	}
+	return nil
+}
+
+// noDataPlane reports whether err says the hub does not serve the method.
+func (c *DataPlaneClient) noDataPlane(err error) bool {
+	return errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented
+}
+
+// fallBack attaches to the gRPC push stream, for the client's whole life.
+func (c *DataPlaneClient) fallBack(ctx context.Context, have uint64) error {
+	if c.cfg.Conn == nil {
+		return fmt.Errorf("%w: wsync: %s serves no data-plane watch and no fallback is configured", errs.ErrUnavailable, c.cfg.Addr)
+	}
+	cl, err := Attach(ctx, ClientConfig{Conn: c.cfg.Conn, CollectorID: c.cfg.CollectorID, Model: c.cfg.Model,
+		Start: have, Limits: c.cfg.Limits, ReuseBuffers: true, Logger: c.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		cl.Close()
+		return fmt.Errorf("%w: wsync: data-plane client is closed", errs.ErrUnavailable)
+	}
+	c.cfg.Logger.Info("wsync: hub has no data-plane watch; following its push stream", "addr", c.cfg.Addr, "model", c.cfg.Model)
+	c.fallback = cl
+	return nil
+}
+
+// freeBuffer is the index of a buffer holding neither of the last two
+// snapshots taken. Called with callMu held.
+func (c *DataPlaneClient) freeBuffer() int {
+	for i := range c.bufs {
+		if i != c.taken[0] && i != c.taken[1] {
+			return i
+		}
+	}
+	panic("unreachable: dpBuffers > 2")
+}
+
+// call makes one data-plane request whose answer is a version newer than
+// after or "not modified" (nil, nil). Called with callMu held.
+func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Message, after uint64) (*store.Snapshot, error) {
+	cctx, cancel := context.WithTimeout(ctx, DataPlaneWait+c.cfg.PollSlack)
+	defer cancel()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: wsync: data-plane client is closed", errs.ErrUnavailable)
+	}
+	c.cancel = cancel
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.cancel = nil
+		c.mu.Unlock()
+	}()
+	var (
+		hdr  rlhubv1.StorePullHeader
+		idx  = c.freeBuffer()
+		blob []byte
+	)
+	err := c.bulk.CallRecv(cctx, c.cfg.Addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+		if err := proto.Unmarshal(hb, &hdr); err != nil {
+			return fmt.Errorf("%w: wsync: watch header: %v", errs.ErrInvalid, err)
+		}
+		if hdr.NotModified {
+			if n != 0 {
+				return fmt.Errorf("%w: wsync: a not-modified answer with %d body bytes", errs.ErrInvalid, n)
+			}
+			return nil
+		}
+		b := hdr.GetBlob()
+		switch {
+		case b.GetModel() != c.cfg.Model:
+			return fmt.Errorf("%w: wsync: hub sent model %s for %s", errs.ErrInvalid, errs.Quote(b.GetModel()), errs.Quote(c.cfg.Model))
+		case uint64(n) != b.GetTotalBytes():
+			return fmt.Errorf("%w: wsync: hub sent %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
+		case n > c.cfg.Limits.MaxBytes:
+			return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, c.cfg.Limits.MaxBytes)
+		case b.GetVersion() <= after:
+			return fmt.Errorf("%w: wsync: hub sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
+		}
+		if int64(cap(c.bufs[idx])) < n {
+			c.bufs[idx] = nil // the model grew: let the old one go first
+			c.bufs[idx] = make([]byte, n)
+		}
+		blob = c.bufs[idx][:n]
+		_, err := io.ReadFull(body, blob)
+		return err
+	}, nil)
+	if err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil && c.usable() != nil {
+			return nil, fmt.Errorf("%w: wsync: data-plane client is closed", errs.ErrUnavailable)
+		}
+		return nil, err
+	}
+	if hdr.NotModified || blob == nil {
+		return nil, nil
+	}
+	f, err := safetensors.Decode(blob)
+	if err != nil {
+		return nil, fmt.Errorf("wsync: version %d from %s: %w", hdr.GetBlob().GetVersion(), c.cfg.Addr, err)
+	}
+	c.taken[0], c.taken[1] = c.taken[1], idx
+	c.mu.Lock()
+	c.nskipped += hdr.Skipped
+	c.mu.Unlock()
+	b := hdr.GetBlob()
+	return &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
+		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, nil
+}
+
+// DataPlaneDialer is a Dialer (for Failover) that follows a hub over the
+// data plane, falling back to its push stream over conn (nil: none).
+// Its snapshots live as PushDialer's.
+func DataPlaneDialer(name, addr string, bc *bulk.Client, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
+	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+		c, err := NewDataPlaneClient(DataPlaneConfig{Addr: addr, Bulk: bc, Conn: conn, CollectorID: collectorID, Model: model, Start: have})
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, c, nil
+	}}
+}
