@@ -1,15 +1,18 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/hub"
@@ -19,6 +22,7 @@ import (
 // and key are the shared --tls-cert/--tls-key.
 type serveSecurity struct {
 	tokens   string
+	reload   time.Duration
 	clientCA string
 	insecure bool
 }
@@ -26,6 +30,7 @@ type serveSecurity struct {
 func (s *serveSecurity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&s.tokens, "auth-tokens", "", "token `FILE` of hashes, roles and scopes (lines printed by rlhub token new): every call then needs a token")
+	f.DurationVar(&s.reload, "auth-reload", auth.DefaultReloadInterval, "how often the hub looks at --auth-tokens for changes and reloads it (SIGHUP reloads at once; -1s: only on SIGHUP)")
 	f.StringVar(&s.clientCA, "tls-client-ca", "", "with --tls-cert: require client certificates signed by this CA (mutual TLS)")
 	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen without TLS and tokens: plaintext, and anyone who reaches the port may do anything")
 }
@@ -49,6 +54,7 @@ func (s *serveSecurity) apply(g *globals, cfg *hub.Config) error {
 			return err
 		}
 		cfg.Auth = v
+		cfg.AuthFile, cfg.AuthReloadInterval, cfg.AuthReloadOnSIGHUP = s.tokens, s.reload, true
 	}
 	if isLoopback(cfg.Listen) || (cfg.TLS != nil && cfg.Auth != nil) {
 		return nil
@@ -159,10 +165,12 @@ func newCertCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// newTokenCmd is `rlhub token new`.
+// newTokenCmd is `rlhub token`: new, ls, revoke.
 func newTokenCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "token", Short: "Issue tokens for a hub's --auth-tokens file"}
-	var role, scope, name, out, appendTo string
+	cmd := &cobra.Command{Use: "token", Short: "Issue, list and revoke tokens of a hub's --auth-tokens file"}
+	var role, scope, name, out, appendTo, maxBytes string
+	var expires time.Duration
+	var maxModels int
 	newCmd := &cobra.Command{
 		Use:   "new --role ROLE --scope PREFIX",
 		Short: "Print a new token and the line to add to the hub's token file",
@@ -171,7 +179,8 @@ func newTokenCmd(g *globals) *cobra.Command {
 			"--scope's comma-separated prefixes (\"*\": every model). It prints the token\n" +
 			"(give it to the client: --token-file) and the token file line, which holds only\n" +
 			"its SHA-256 hash. --out writes the token to a 0600 file; --append adds the line\n" +
-			"to a token file (created 0600). The hub reads the file at start.",
+			"to a token file (created 0600). A serving hub picks the change up by itself\n" +
+			"(serve --auth-reload, or SIGHUP).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := auth.ParseRole(role)
@@ -188,11 +197,23 @@ func newTokenCmd(g *globals) *cobra.Command {
 			if strings.ContainsAny(name, " \t\n=") {
 				return fmt.Errorf("--name %q: no white space or '='", name)
 			}
+			p := auth.Principal{Name: name, Role: r, Scopes: scopes, Quota: auth.Quota{Models: maxModels}}
+			if expires < 0 || maxModels < 0 {
+				return fmt.Errorf("--expires and --max-models must not be negative")
+			}
+			if expires > 0 {
+				p.Expires = time.Now().Add(expires).UTC().Truncate(time.Second)
+			}
+			if maxBytes != "" {
+				if p.Quota.Bytes, err = auth.ParseBytes(maxBytes); err != nil {
+					return fmt.Errorf("--max-bytes: %w", err)
+				}
+			}
 			tok, hash, err := auth.NewToken()
 			if err != nil {
 				return err
 			}
-			line := auth.Line(hash, auth.Principal{Name: name, Role: r, Scopes: scopes})
+			line := auth.Line(hash, p)
 			if out != "" {
 				if err := writeNew(out, tok+"\n"); err != nil {
 					return err
@@ -223,13 +244,131 @@ func newTokenCmd(g *globals) *cobra.Command {
 	f := newCmd.Flags()
 	f.StringVar(&role, "role", "", "reader, worker, trainer or admin (required)")
 	f.StringVar(&scope, "scope", "", "comma-separated model-name prefixes, \"*\" for every model (required)")
-	f.StringVar(&name, "name", "", "name of the token in the hub's logs and errors (default: the role)")
+	f.StringVar(&name, "name", "", "name of the token in the hub's logs and errors, and the owner of the models its pushes create (default: the role)")
 	f.StringVar(&out, "out", "", "write the token to this new file (0600) instead of printing it")
 	f.StringVar(&appendTo, "append", "", "append the line to this token file (created 0600)")
+	f.DurationVar(&expires, "expires", 0, "the token is refused this long from now (0: never)")
+	f.IntVar(&maxModels, "max-models", 0, "most models the token's pushes may create and own (0: no bound)")
+	f.StringVar(&maxBytes, "max-bytes", "", "most bytes the newest versions of the token's models may hold together (bytes, or KiB/MiB/GiB; default no bound)")
 	newCmd.MarkFlagRequired("role")
 	newCmd.MarkFlagRequired("scope")
 	cmd.AddCommand(newCmd)
+
+	var file string
+	lsCmd := &cobra.Command{
+		Use:   "ls --file FILE",
+		Short: "List a token file's tokens: name, role, scopes, expiry, quotas (never a secret)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tokens, err := auth.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			ps := make([]auth.Principal, 0, len(tokens))
+			for _, p := range tokens {
+				ps = append(ps, p)
+			}
+			sort.Slice(ps, func(i, j int) bool { return ps[i].Name < ps[j].Name })
+			now := time.Now()
+			fmt.Fprintf(g.stdout, "%-20s %-8s %-24s %-28s %s\n", "NAME", "ROLE", "SCOPE", "EXPIRES", "QUOTA")
+			for _, p := range ps {
+				exp := "never"
+				if !p.Expires.IsZero() {
+					exp = p.Expires.UTC().Format(time.RFC3339)
+					if !now.Before(p.Expires) {
+						exp += " (expired)"
+					}
+				}
+				q := "-"
+				if p.Quota != (auth.Quota{}) {
+					q = fmt.Sprintf("models=%d bytes=%d", p.Quota.Models, p.Quota.Bytes)
+				}
+				sc := make([]string, len(p.Scopes))
+				for i, s := range p.Scopes {
+					if s == "" {
+						s = "*"
+					}
+					sc[i] = s
+				}
+				fmt.Fprintf(g.stdout, "%-20s %-8s %-24s %-28s %s\n", p.Name, p.Role, strings.Join(sc, ","), exp, q)
+			}
+			return nil
+		},
+	}
+	lsCmd.Flags().StringVar(&file, "file", "", "the hub's token file (required)")
+	lsCmd.MarkFlagRequired("file")
+	cmd.AddCommand(lsCmd)
+
+	var revokeName, revokeFile string
+	revokeCmd := &cobra.Command{
+		Use:   "revoke --file FILE --name NAME",
+		Short: "Remove every token named NAME from a token file (a serving hub cuts its calls on reload)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := revokeTokens(revokeFile, revokeName)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "revoked %d token(s) named %s in %s; a hub serving it refuses them from its next reload (serve --auth-reload, or SIGHUP)\n", n, revokeName, revokeFile)
+			return nil
+		},
+	}
+	revokeCmd.Flags().StringVar(&revokeFile, "file", "", "the hub's token file (required)")
+	revokeCmd.Flags().StringVar(&revokeName, "name", "", "name of the token(s) to remove (required)")
+	revokeCmd.MarkFlagRequired("file")
+	revokeCmd.MarkFlagRequired("name")
+	cmd.AddCommand(revokeCmd)
 	return cmd
+}
+
+// revokeTokens rewrites a token file without the lines of tokens named
+// name (comments and other lines kept as they are), through a 0600
+// temporary file and a rename, so a hub reloading it sees the old file or
+// the new one. It fails, changing nothing, when no token has that name or
+// the file does not parse.
+func revokeTokens(path, name string) (int, error) {
+	if _, err := auth.ReadFile(path); err != nil {
+		return 0, err
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	var keep []string
+	n := 0
+	for _, line := range strings.SplitAfter(string(raw), "\n") {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
+			ps, err := auth.ParseFile(strings.NewReader(t))
+			if err != nil {
+				return 0, err
+			}
+			named := false
+			for _, p := range ps { // one line: one principal
+				named = p.Name == name
+			}
+			if named {
+				n++
+				continue
+			}
+		}
+		keep = append(keep, line)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("token revoke: no token named %q in %s", name, path)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tokens-*") // mode 0600
+	if err != nil {
+		return 0, err
+	}
+	_, err = tmp.WriteString(strings.Join(keep, ""))
+	if err = errors.Join(err, tmp.Sync(), tmp.Close()); err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return 0, err
+	}
+	return n, atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // writeNew writes data to a new file of mode 0600.

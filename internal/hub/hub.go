@@ -19,9 +19,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -97,6 +99,16 @@ type Config struct {
 	// Auth checks every call's token against the policy table
 	// (internal/auth); nil admits every call (the loopback default).
 	Auth *auth.Verifier
+	// AuthFile, with Auth, is the token file Auth was loaded from: the hub
+	// reloads it while it serves (auth.Verifier.WatchFile), when its
+	// identity, size or modification time changes (looked at every
+	// AuthReloadInterval; 0 means auth.DefaultReloadInterval, negative
+	// never) and on SIGHUP when AuthReloadOnSIGHUP. A revoked, changed or
+	// expired token is refused from the next call, and its calls in
+	// progress are cut. "" never reloads.
+	AuthFile           string
+	AuthReloadInterval time.Duration
+	AuthReloadOnSIGHUP bool
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
 	StopTimeout time.Duration
 	// MetricsListen, when set, serves Prometheus metrics (/metrics) and the
@@ -192,6 +204,9 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.AuthFile != "" && c.Auth == nil {
+		return errors.New("hub: AuthFile needs Auth (the verifier loaded from it)")
+	}
 	return c.Limits.validate()
 }
 
@@ -238,6 +253,13 @@ type Hub struct {
 	lis      net.Listener
 	serveErr chan error
 	closed   bool
+
+	// The token file's watcher (Config.AuthFile): started by Start,
+	// stopped and waited for by Close.
+	authStop   context.CancelFunc
+	authDone   chan struct{}
+	authReload chan struct{}
+	hup        chan os.Signal
 }
 
 // New builds a hub and opens its services. extra services are hosted beside
@@ -439,6 +461,7 @@ func (h *Hub) Start() error {
 	if h.metrics != nil {
 		h.metrics.Start()
 	}
+	h.startAuthWatch()
 	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir, "tls", h.cfg.TLS != nil, "tokens", h.cfg.Auth != nil)
 	return nil
 }
@@ -506,6 +529,7 @@ func (h *Hub) Close() error {
 	started := h.lis != nil
 	h.mu.Unlock()
 
+	h.stopAuthWatch()
 	h.health.Shutdown()
 	var errsOut []error
 	if h.metrics != nil {
@@ -577,4 +601,76 @@ func (h *Hub) MetricsAddr() string {
 		return ""
 	}
 	return h.metrics.Addr()
+}
+
+// startAuthWatch starts the token file's watcher (Config.AuthFile); h.mu
+// is held.
+func (h *Hub) startAuthWatch() {
+	if h.cfg.AuthFile == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.authStop, h.authDone = cancel, make(chan struct{})
+	h.authReload = make(chan struct{}, 1)
+	var hup chan os.Signal
+	if h.cfg.AuthReloadOnSIGHUP {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		h.hup = hup
+	}
+	go func() {
+		defer close(h.authDone)
+		fwd := make(chan struct{})
+		// SIGHUP and ReloadAuth both ask the watcher for a reload.
+		go func() {
+			defer close(fwd)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+				case <-h.authReload:
+				}
+				select {
+				case fwd <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+		h.cfg.Auth.WatchFile(ctx, h.cfg.AuthFile, h.cfg.AuthReloadInterval, fwd, h.cfg.Logger)
+		for range fwd { // until the forwarder has ended
+		}
+	}()
+}
+
+// stopAuthWatch stops the watcher and waits for it.
+func (h *Hub) stopAuthWatch() {
+	h.mu.Lock()
+	stop, done, hup := h.authStop, h.authDone, h.hup
+	h.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	if hup != nil {
+		signal.Stop(hup)
+	}
+	stop()
+	<-done
+}
+
+// ReloadAuth asks the hub to reload its token file now (what SIGHUP does
+// with Config.AuthReloadOnSIGHUP); the reload happens in the background.
+// It is a no-op without Config.AuthFile or before Start.
+func (h *Hub) ReloadAuth() {
+	h.mu.Lock()
+	ch := h.authReload
+	h.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- struct{}{}:
+	default: // one is already pending
+	}
 }
