@@ -3,8 +3,8 @@ package auth
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
