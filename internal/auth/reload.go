@@ -15,8 +15,10 @@ import (
 func (v *Verifier) ReloadFile(path string) (tokens, cut int, err error) {
 	t, err := ReadFile(path)
 	if err != nil {
+		v.stats.reloadFailures.Add(1)
 		return 0, 0, err
 	}
+	v.stats.reloads.Add(1)
 	return len(t), v.Replace(t), nil
 }
 

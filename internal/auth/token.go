@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rlhub/rlhub/internal/store"
 )
 
 // Role is what a token may do. Roles are ordered: each includes every
@@ -78,11 +80,7 @@ type Quota struct {
 // Owner is the store owner identity of a principal's pushes (store rule
 // 6): "token:" and the token's name, so a token reissued under the same
 // name keeps its models.
-func (p Principal) Owner() string { return TokenOwnerPrefix + p.Name }
-
-// TokenOwnerPrefix starts the store owner of every model a token's push
-// created; in-process owners (the reducer, ARS) have none.
-const TokenOwnerPrefix = "token:"
+func (p Principal) Owner() string { return store.TokenOwnerPrefix + p.Name }
 
 // equal reports whether p and q grant the same (a reload that leaves a
 // token's line alone keeps its open streams).

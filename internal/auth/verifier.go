@@ -41,6 +41,9 @@ type Verifier struct {
 	mu     sync.RWMutex
 	tokens map[string]Principal // by Hash(token)
 	live   map[*liveCall]struct{}
+	quota  quotaBook
+
+	stats counters
 }
 
 // liveCall is a call in progress under a token (tracked for revocation).
@@ -79,6 +82,7 @@ func (v *Verifier) Replace(tokens map[string]Principal) (cut int) {
 		delete(v.live, c)
 		cut++
 	}
+	v.stats.cut.Add(uint64(cut))
 	return cut
 }
 
@@ -120,6 +124,7 @@ func (v *Verifier) track(ctx context.Context, hash string, p Principal) (context
 	stopTimer := func() bool { return true }
 	if !p.Expires.IsZero() {
 		t := time.AfterFunc(p.Expires.Sub(v.now()), func() {
+			v.stats.cut.Add(1)
 			cancel(fmt.Errorf("%w: token %q expired at %s", errs.ErrUnauthenticated, clip(p.Name), p.Expires.UTC().Format(time.RFC3339)))
 		})
 		stopTimer = t.Stop

@@ -364,7 +364,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		}
 		return err
 	}
-	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Logger: h.cfg.Logger})); err != nil {
+	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Auth: h.cfg.Auth, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator
@@ -378,7 +378,8 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	h.agg = agg
 	// The ARS coordinator and the reducer write through owner views of the
 	// store: the models they manage take no other writer's pushes (store
-	// rule 6). Remote store pushes are anonymous and are refused there.
+	// rule 6). Remote store pushes carry their token's identity
+	// (storerpc) and are refused there.
 	arscfg := h.cfg.ARS
 	arscfg.Store = store.Owned{Store: h.store, Owner: OwnerARS}
 	if arscfg.MaxPolicyParams == 0 {

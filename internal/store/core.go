@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -114,7 +115,7 @@ func decide(req *PushRequest, cur *Snapshot, epoch uint64, owner string) error {
 		return fmt.Errorf("%w: model %q: version %d is more than 2^32 past the current version %d", errs.ErrInvalid, req.Name, req.Version, curV)
 	case req.Epoch > epoch && req.Epoch-epoch > MaxStep:
 		return fmt.Errorf("%w: model %q: epoch %d is more than 2^32 past the highest landed epoch %d", errs.ErrInvalid, req.Name, req.Epoch, epoch)
-	case owner != "" && req.Owner != owner:
+	case owner != "" && req.Owner != owner && !(req.Admin && strings.HasPrefix(owner, TokenOwnerPrefix)):
 		return fmt.Errorf("%w: model %q is managed by %s; only it may write the model (delete the model to take it back)", errs.ErrPermission, req.Name, owner)
 	case req.Epoch < epoch:
 		return stale("push of version %d with epoch %d is fenced off by epoch %d", req.Version, req.Epoch, epoch)
@@ -444,6 +445,9 @@ func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, per
 	switch {
 	case claim && cur == owner, !claim && cur == "":
 		return nil
+	case claim && strings.HasPrefix(cur, TokenOwnerPrefix) && !strings.HasPrefix(owner, TokenOwnerPrefix):
+		// An in-process owner takes a token's model (an admin registered
+		// it with the reducer): next = owner.
 	case cur != "" && cur != owner:
 		return fmt.Errorf("%w: model %q is managed by %s", errs.ErrPermission, name, cur)
 	case !claim:
