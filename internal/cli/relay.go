@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -16,6 +19,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	var upstream string
 	var noShm bool
 	var metricsListen string
+	var sec serveSecurity
 	cmd := &cobra.Command{
 		Use:   "relay --upstream ADDR --model NAME",
 		Short: "Relay a model's versions to this host's collectors (shared memory + stream)",
@@ -25,7 +29,10 @@ func newRelayCmd(g *globals) *cobra.Command {
 			"(--listen). A version crosses the network once per host. Local collectors'\n" +
 			"version reports are forwarded upstream. Collectors that list the upstream as\n" +
 			"their fallback keep running when the relay dies. SIGINT/SIGTERM stops it and\n" +
-			"removes the segment.",
+			"removes the segment. The local stream takes the hub's server flags: --tls-cert\n" +
+			"and --tls-key (also the relay's client certificate upstream), --tls-client-ca,\n" +
+			"--auth-tokens (reloaded on SIGHUP and when it changes); off loopback it needs\n" +
+			"TLS and tokens, or --insecure.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			conn, err := dialHub(cmd.Context(), upstream)
@@ -41,33 +48,54 @@ func newRelayCmd(g *globals) *cobra.Command {
 			} else if cfg.ShmPath == "" {
 				cfg.ShmPath = wsync.DefaultShmPath(cfg.Model)
 			}
+			tc, v, err := sec.resolve(g, "relay", cfg.Listen)
+			if err != nil {
+				return err
+			}
 			var gm *metrics.GRPCServerMetrics
-			if metricsListen != "" {
+			if metricsListen != "" { // metrics first, so refused calls are counted
 				gm = metrics.NewGRPCServerMetrics()
 				cfg.ServerOptions = gm.ServerOptions()
+			}
+			if tc != nil {
+				cfg.ServerOptions = append(cfg.ServerOptions, grpc.Creds(credentials.NewTLS(tc)))
+			}
+			if v != nil {
+				cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(v.UnaryInterceptor()), grpc.ChainStreamInterceptor(v.StreamInterceptor()))
 			}
 			r, err := wsync.NewRelay(cfg)
 			if err != nil {
 				return err
 			}
+			run := r.Run
+			if v != nil {
+				run = func(ctx context.Context) error {
+					return runBoth(ctx, r.Run, func(ctx context.Context) error { return sec.watchTokens(ctx, v, g) })
+				}
+			}
+			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath, "tls", tc != nil, "tokens", v != nil)
+			fmt.Fprintf(g.stdout, "relay %s: listening on %s, shm %q\n", cfg.Model, r.Addr(), cfg.ShmPath)
 			if metricsListen != "" {
-				ms, err := metrics.New(metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
-					Sources: metrics.Sources{Sync: r.Service().Stats}})
+				mcfg := metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
+					Sources: metrics.Sources{Sync: r.Service().Stats}, TLS: tc, Auth: v, Insecure: sec.insecure}
+				if v != nil {
+					mcfg.Sources.Auth = v.Stats
+				}
+				ms, err := metrics.New(mcfg)
 				if err != nil {
 					return err
 				}
-				return runBoth(cmd.Context(), r.Run, ms.Run)
+				return runBoth(cmd.Context(), run, ms.Run)
 			}
-			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath)
-			fmt.Fprintf(g.stdout, "relay %s: listening on %s, shm %q\n", cfg.Model, r.Addr(), cfg.ShmPath)
-			return r.Run(cmd.Context())
+			return run(cmd.Context())
 		},
 	}
 	f := cmd.Flags()
+	sec.register(cmd)
 	f.StringVar(&upstream, "upstream", "", "upstream hub address (required)")
 	f.StringVar(&cfg.Model, "model", "", "model to relay (required)")
 	f.StringVar(&cfg.ID, "id", "", "the relay's collector id upstream (default relay-<hostname>)")
-	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7471", "where local collectors attach")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7471", "where local collectors attach (not loopback: needs TLS and --auth-tokens, or --insecure)")
 	f.StringVar(&cfg.ShmPath, "shm", "", "shared-memory segment (default /dev/shm/rlhub-<model>)")
 	f.BoolVar(&noShm, "no-shm", false, "serve the stream only, no shared-memory segment")
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")

@@ -1,13 +1,17 @@
 package cli
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -38,42 +42,83 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 // apply fills cfg's TLS and Auth from the flags and refuses an exposed
 // listener without both (docs/security.md, secure by default).
 func (s *serveSecurity) apply(g *globals, cfg *hub.Config) error {
-	files := g.conn.files // already resolved against the environment
-	if files.Cert != "" || files.Key != "" {
-		tc, err := dial.ServerTLS(files.Cert, files.Key, s.clientCA)
-		if err != nil {
-			return err
-		}
-		cfg.TLS = tc
-	} else if s.clientCA != "" {
-		return fmt.Errorf("--tls-client-ca needs --tls-cert and --tls-key")
+	tc, v, err := s.resolve(g, "serve", cfg.Listen)
+	if err != nil {
+		return err
 	}
-	if s.tokens != "" {
-		v, err := auth.LoadFile(s.tokens)
-		if err != nil {
-			return err
-		}
-		cfg.Auth = v
+	cfg.TLS, cfg.Auth, cfg.MetricsInsecure = tc, v, s.insecure
+	if v != nil {
 		cfg.AuthFile, cfg.AuthReloadInterval, cfg.AuthReloadOnSIGHUP = s.tokens, s.reload, true
 	}
-	if isLoopback(cfg.Listen) || (cfg.TLS != nil && cfg.Auth != nil) {
-		return nil
+	return nil
+}
+
+// resolve loads the server side of a listener (serve's, the relay's): TLS
+// from the shared --tls-cert/--tls-key (and --tls-client-ca), tokens from
+// --auth-tokens; a listen address off loopback without both is refused
+// (exit code 2) unless --insecure, which lets it through loudly.
+func (s *serveSecurity) resolve(g *globals, cmd, listen string) (*tls.Config, *auth.Verifier, error) {
+	files := g.conn.files // already resolved against the environment
+	var tc *tls.Config
+	var v *auth.Verifier
+	if files.Cert != "" || files.Key != "" {
+		var err error
+		if tc, err = dial.ServerTLS(files.Cert, files.Key, s.clientCA); err != nil {
+			return nil, nil, err
+		}
+	} else if s.clientCA != "" {
+		return nil, nil, fmt.Errorf("--tls-client-ca needs --tls-cert and --tls-key")
+	}
+	if s.tokens != "" {
+		var err error
+		if v, err = auth.LoadFile(s.tokens); err != nil {
+			return nil, nil, err
+		}
+	}
+	if isLoopback(listen) || (tc != nil && v != nil) {
+		return tc, v, nil
 	}
 	var missing []string
-	if cfg.TLS == nil {
+	if tc == nil {
 		missing = append(missing, "--tls-cert FILE --tls-key FILE")
 	}
-	if cfg.Auth == nil {
+	if v == nil {
 		missing = append(missing, "--auth-tokens FILE")
 	}
 	if !s.insecure {
-		return &exitError{code: 2, err: fmt.Errorf("serve: --listen %s is not a loopback address and the hub would be open to anyone who reaches it: pass %s (make them with `rlhub cert` and `rlhub token new`; docs/security.md), or --insecure to serve it anyway",
-			cfg.Listen, strings.Join(missing, " and "))}
+		return nil, nil, &exitError{code: 2, err: fmt.Errorf("%s: --listen %s is not a loopback address and it would be open to anyone who reaches it: pass %s (make them with `rlhub cert` and `rlhub token new`; docs/security.md), or --insecure to serve it anyway",
+			cmd, listen, strings.Join(missing, " and "))}
 	}
 	g.logger.Warn("INSECURE: serving a non-loopback address without "+strings.Join(missing, " and ")+
-		": traffic is readable and anyone who reaches the port may read, overwrite or delete any model", "listen", cfg.Listen)
-	fmt.Fprintf(g.stderr, "rlhub: WARNING: --insecure: %s is served without %s\n", cfg.Listen, strings.Join(missing, " and "))
-	return nil
+		": traffic is readable and anyone who reaches the port may read, overwrite or delete any model", "listen", listen)
+	fmt.Fprintf(g.stderr, "rlhub: WARNING: --insecure: %s is served without %s\n", listen, strings.Join(missing, " and "))
+	return tc, v, nil
+}
+
+// watchTokens reloads the relay's token file on SIGHUP and when it
+// changes (--auth-reload), until ctx is done.
+func (s *serveSecurity) watchTokens(ctx context.Context, v *auth.Verifier, g *globals) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reload := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.WatchFile(ctx, s.tokens, s.reload, reload, g.logger)
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			<-done
+			return nil
+		case <-hup:
+			select {
+			case reload <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+	}
 }
 
 // isLoopback reports whether a listen address only accepts connections

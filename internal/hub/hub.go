@@ -117,6 +117,10 @@ type Config struct {
 	MetricsListen string
 	// MetricsRole names the hub on the dashboard; "" means "hub".
 	MetricsRole string
+	// The metrics endpoint is served with the hub's TLS and tokens (a
+	// reader token on every request) when the hub has them; off loopback
+	// it needs both unless MetricsInsecure (serve --insecure).
+	MetricsInsecure bool
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Limits bounds what a client can make the hub hold: half-open
@@ -592,7 +596,13 @@ func (h *Hub) newMetrics(g *metrics.GRPCServerMetrics) (*metrics.Server, error) 
 	if sr, ok := h.store.(store.StatsReader); ok {
 		src.Store = sr.Stats
 	}
-	return metrics.New(metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger})
+	mcfg := metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger,
+		TLS: h.cfg.TLS, Insecure: h.cfg.MetricsInsecure}
+	if h.cfg.Auth != nil {
+		mcfg.Auth = h.cfg.Auth
+		mcfg.Sources.Auth = h.cfg.Auth.Stats
+	}
+	return metrics.New(mcfg)
 }
 
 // MetricsAddr is the metrics endpoint's address, or "" without
