@@ -404,6 +404,25 @@ func (c *core) list() ([]Info, error) {
 	return out, nil
 }
 
+// ownerUsage implements UsageReader: one pass over the models under mu,
+// allocating nothing.
+func (c *core) ownerUsage(owner, name string) (models int, bytes int64, owns bool, nameBytes int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n, m := range c.models {
+		if m.owner != owner || len(m.versions) == 0 {
+			continue
+		}
+		b := int64(len(m.newest().Blob))
+		models++
+		bytes += b
+		if n == name {
+			owns, nameBytes = true, b
+		}
+	}
+	return models, bytes, owns, nameBytes
+}
+
 // holdWrite takes name's write slot (waiting behind a push in progress)
 // and returns the model with a function that gives the slot back.
 func (c *core) holdWrite(ctx context.Context, name string) (*model, func(), error) {

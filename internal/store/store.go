@@ -169,6 +169,16 @@ type Claimer interface {
 	Release(ctx context.Context, name, owner string) error
 }
 
+// UsageReader is implemented by stores that record owners (Memory, File):
+// what one owner holds, for per-token quotas (internal/auth), without
+// listing the store.
+type UsageReader interface {
+	// OwnerUsage returns how many models with at least one version owner
+	// owns, the bytes of their newest versions, and whether it owns name
+	// and the bytes of name's newest version.
+	OwnerUsage(owner, name string) (models int, bytes int64, owns bool, nameBytes int64)
+}
+
 // Deleter is implemented by stores that can remove a model (Memory, File
 // and the gRPC client). Deleting is an administrator's operation: it
 // ignores the model's owner.
@@ -213,6 +223,9 @@ var (
 	_ Claimer = (*File)(nil)
 	_ Deleter = (*Memory)(nil)
 	_ Deleter = (*File)(nil)
+
+	_ UsageReader = (*Memory)(nil)
+	_ UsageReader = (*File)(nil)
 )
 
 // Owned is the view of a store that an in-process owner writes through:

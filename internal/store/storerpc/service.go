@@ -196,6 +196,11 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 // usage is what owner holds in the store (its quota's measure): the
 // models it owns, their newest versions' bytes, and model's share.
 func (s *Service) usage(ctx context.Context, owner, model string) (auth.Usage, error) {
+	if ur, ok := s.cfg.Store.(store.UsageReader); ok {
+		var u auth.Usage
+		u.Models, u.Bytes, u.Owns, u.ModelBytes = ur.OwnerUsage(owner, model)
+		return u, nil
+	}
 	infos, err := s.cfg.Store.List(ctx)
 	if err != nil {
 		return auth.Usage{}, err
