@@ -121,3 +121,18 @@ func TestWatchFileReloads(t *testing.T) {
 		t.Fatalf("a bad file changed the tokens: %v", err)
 	}
 }
+
+// A call tracked after its token was removed (a reload between its
+// authentication and its tracking) is cut at once.
+func TestTrackAfterRevocationCutsAtOnce(t *testing.T) {
+	p := Principal{Name: "late", Role: Reader, Scopes: []string{""}}
+	v := NewVerifier(map[string]Principal{})
+	ctx, done := v.track(context.Background(), "h", p)
+	defer done()
+	if c := cutCause(ctx); c == nil || !strings.Contains(c.Error(), "revoked") {
+		t.Fatalf("cause %v", c)
+	}
+	if v.LiveCalls() != 0 {
+		t.Fatal("a cut call is tracked")
+	}
+}

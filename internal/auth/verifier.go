@@ -131,7 +131,13 @@ func (v *Verifier) track(ctx context.Context, hash string, p Principal) (context
 	}
 	c := &liveCall{hash: hash, p: p, cancel: cancel}
 	v.mu.Lock()
-	v.live[c] = struct{}{}
+	// A Replace between authenticate and here has not seen this call:
+	// judge it against the tokens now.
+	if q, ok := v.tokens[hash]; !ok || !q.equal(p) {
+		cancel(fmt.Errorf("%w: token %q was revoked or changed", errs.ErrUnauthenticated, clip(p.Name)))
+	} else {
+		v.live[c] = struct{}{}
+	}
 	v.mu.Unlock()
 	return ctx, func() {
 		stopTimer()
