@@ -2,7 +2,11 @@ package auth
 
 import (
 	"fmt"
+	"math"
+	"sync"
 	"sync/atomic"
+
+	"golang.org/x/time/rate"
 
 	"github.com/rlhub/rlhub/internal/errs"
 )
@@ -94,10 +98,42 @@ type Stats struct {
 	CallsCut        uint64 // calls ended by a revocation, a changed line or an expiry
 	QuotaModelsFull uint64 // pushes refused by max-models
 	QuotaBytesFull  uint64 // pushes refused by max-bytes
+	QuotaRateFull   uint64 // requests refused by max-rps
 }
 
 type counters struct {
-	reloads, reloadFailures, cut, quotaModels, quotaBytes atomic.Uint64
+	reloads, reloadFailures, cut, quotaModels, quotaBytes, quotaRate atomic.Uint64
+}
+
+// rates holds each rate-limited token's bucket, by token name (the
+// identity: tokens reissued under one name share it). Replace empties it.
+type rates struct {
+	mu      sync.Mutex
+	buckets map[string]*rate.Limiter
+}
+
+// allowRate takes one request from p's bucket (Quota.Rate); past it the
+// request fails with errs.ErrFull.
+func (v *Verifier) allowRate(p Principal) error {
+	r := p.Quota.Rate
+	if r <= 0 {
+		return nil
+	}
+	v.rates.mu.Lock()
+	if v.rates.buckets == nil {
+		v.rates.buckets = map[string]*rate.Limiter{}
+	}
+	b := v.rates.buckets[p.Name]
+	if b == nil {
+		b = rate.NewLimiter(rate.Limit(r), max(1, int(math.Ceil(r))))
+		v.rates.buckets[p.Name] = b
+	}
+	v.rates.mu.Unlock()
+	if b.AllowN(v.now(), 1) {
+		return nil
+	}
+	v.stats.quotaRate.Add(1)
+	return fmt.Errorf("%w: token %q is over its rate of %g requests per second (max-rps): slow down and retry", errs.ErrFull, clip(p.Name), r)
 }
 
 // Stats returns the counters now; a nil verifier has none.
@@ -109,6 +145,6 @@ func (v *Verifier) Stats() Stats {
 	s := Stats{Tokens: len(v.tokens), LiveCalls: len(v.live)}
 	v.mu.RUnlock()
 	s.Reloads, s.ReloadFailures, s.CallsCut = v.stats.reloads.Load(), v.stats.reloadFailures.Load(), v.stats.cut.Load()
-	s.QuotaModelsFull, s.QuotaBytesFull = v.stats.quotaModels.Load(), v.stats.quotaBytes.Load()
+	s.QuotaModelsFull, s.QuotaBytesFull, s.QuotaRateFull = v.stats.quotaModels.Load(), v.stats.quotaBytes.Load(), v.stats.quotaRate.Load()
 	return s
 }

@@ -19,7 +19,7 @@ func TestExpiryAndQuotaRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Principal{Name: "a", Role: Trainer, Scopes: []string{"ppo/"}, Expires: t0.Add(time.Hour), Quota: Quota{Models: 3, Bytes: 5 << 20}}
+	want := Principal{Name: "a", Role: Trainer, Scopes: []string{"ppo/"}, Expires: t0.Add(time.Hour), Quota: Quota{Models: 3, Bytes: 5 << 20, Rate: 0.5}}
 	got, err := ParseFile(strings.NewReader(Line(hash, want)))
 	if err != nil || !got[hash].equal(want) {
 		t.Fatalf("round trip: %+v, %v; want %+v", got[hash], err, want)
@@ -44,7 +44,7 @@ func TestExpiryAndQuotaRoundTrip(t *testing.T) {
 			t.Errorf("ParseBytes(%q) accepted", bad)
 		}
 	}
-	for _, line := range []string{hash + " role=admin scope=* expires=tomorrow", hash + " role=admin scope=* max-models=-2", hash + " role=admin scope=* max-bytes=lots"} {
+	for _, line := range []string{hash + " role=admin scope=* max-rps=-1", hash + " role=admin scope=* max-rps=NaN", hash + " role=admin scope=* expires=tomorrow", hash + " role=admin scope=* max-models=-2", hash + " role=admin scope=* max-bytes=lots"} {
 		if _, err := ParseFile(strings.NewReader(line)); err == nil {
 			t.Errorf("%q accepted", line)
 		}
@@ -134,5 +134,36 @@ func TestTrackAfterRevocationCutsAtOnce(t *testing.T) {
 	}
 	if v.LiveCalls() != 0 {
 		t.Fatal("a cut call is tracked")
+	}
+}
+
+// A token with max-rps gets a bucket of ⌈rate⌉ requests refilled at the
+// rate (by the verifier's clock); past it: ErrFull, counted.
+func TestRateQuota(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 13, 0, 0, 0, time.UTC)
+	now := t0
+	p := Principal{Name: "r", Role: Reader, Scopes: []string{""}, Quota: Quota{Rate: 2}}
+	free := Principal{Name: "f", Role: Reader, Scopes: []string{""}}
+	v := NewVerifier(map[string]Principal{"r": p, "f": free})
+	v.SetClock(func() time.Time { return now })
+	for i := range 2 {
+		if err := v.allowRate(p); err != nil {
+			t.Fatalf("request %d within the burst: %v", i, err)
+		}
+	}
+	if err := v.allowRate(p); !errors.Is(err, errs.ErrFull) || !strings.Contains(err.Error(), "max-rps") {
+		t.Fatalf("past the burst: %v", err)
+	}
+	for range 100 {
+		if err := v.allowRate(free); err != nil {
+			t.Fatalf("a token without a rate: %v", err)
+		}
+	}
+	now = t0.Add(500 * time.Millisecond) // one request refilled
+	if err := v.allowRate(p); err != nil {
+		t.Fatalf("after a refill: %v", err)
+	}
+	if got := v.Stats().QuotaRateFull; got != 1 {
+		t.Fatalf("rate refusals %d, want 1", got)
 	}
 }

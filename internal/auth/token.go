@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -72,9 +73,14 @@ type Principal struct {
 // created by its pushes, store rule 6): how many, and the bytes of their
 // newest versions together. Zero means no bound. Pushes past a bound fail
 // with errs.ErrFull (ResourceExhausted) before their body is read.
+//
+// Rate bounds the token's requests per second, gRPC calls and data-plane
+// requests together (a token bucket holding max(1, ⌈Rate⌉) requests):
+// past it a request fails with errs.ErrFull before its handler runs.
 type Quota struct {
-	Models int   // token file max-models=
-	Bytes  int64 // token file max-bytes= (bytes, or with a KiB/MiB/GiB suffix)
+	Models int     // token file max-models=
+	Bytes  int64   // token file max-bytes= (bytes, or with a KiB/MiB/GiB suffix)
+	Rate   float64 // token file max-rps=
 }
 
 // Owner is the store owner identity of a principal's pushes (store rule
@@ -138,6 +144,9 @@ func Line(hash string, p Principal) string {
 	}
 	if p.Quota.Bytes > 0 {
 		line += " max-bytes=" + strconv.FormatInt(p.Quota.Bytes, 10)
+	}
+	if p.Quota.Rate > 0 {
+		line += " max-rps=" + strconv.FormatFloat(p.Quota.Rate, 'g', -1, 64)
 	}
 	return line
 }
@@ -227,6 +236,11 @@ func ParseFile(r io.Reader) (map[string]Principal, error) {
 				}
 			case "max-bytes":
 				p.Quota.Bytes, err = ParseBytes(v)
+			case "max-rps":
+				p.Quota.Rate, err = strconv.ParseFloat(v, 64)
+				if err != nil || !(p.Quota.Rate >= 0) || math.IsInf(p.Quota.Rate, 0) {
+					err = fmt.Errorf("max-rps=%q: want requests per second (0.5, 100)", clip(v))
+				}
 			default:
 				err = fmt.Errorf("unknown key %q", clip(k))
 			}

@@ -43,6 +43,7 @@ type Verifier struct {
 	live   map[*liveCall]struct{}
 	quota  quotaBook
 
+	rates rates
 	stats counters
 }
 
@@ -69,6 +70,9 @@ func (v *Verifier) Replace(tokens map[string]Principal) (cut int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.tokens = tokens
+	v.rates.mu.Lock()
+	v.rates.buckets = nil // rates may have changed
+	v.rates.mu.Unlock()
 	for c := range v.live {
 		q, ok := tokens[c.hash]
 		switch {
@@ -224,7 +228,10 @@ func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string)
 	if err != nil {
 		return r, p, "", err
 	}
-	return r, p, hash, Allow(p, r, nil)
+	if err := Allow(p, r, nil); err != nil {
+		return r, p, "", err
+	}
+	return r, p, hash, v.allowRate(p)
 }
 
 func tokenOf(ctx context.Context) string {

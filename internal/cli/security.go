@@ -216,6 +216,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	var role, scope, name, out, appendTo, maxBytes string
 	var expires time.Duration
 	var maxModels int
+	var maxRPS float64
 	newCmd := &cobra.Command{
 		Use:   "new --role ROLE --scope PREFIX",
 		Short: "Print a new token and the line to add to the hub's token file",
@@ -242,9 +243,9 @@ func newTokenCmd(g *globals) *cobra.Command {
 			if strings.ContainsAny(name, " \t\n=") {
 				return fmt.Errorf("--name %q: no white space or '='", name)
 			}
-			p := auth.Principal{Name: name, Role: r, Scopes: scopes, Quota: auth.Quota{Models: maxModels}}
-			if expires < 0 || maxModels < 0 {
-				return fmt.Errorf("--expires and --max-models must not be negative")
+			p := auth.Principal{Name: name, Role: r, Scopes: scopes, Quota: auth.Quota{Models: maxModels, Rate: maxRPS}}
+			if expires < 0 || maxModels < 0 || maxRPS < 0 {
+				return fmt.Errorf("--expires, --max-models and --max-rps must not be negative")
 			}
 			if expires > 0 {
 				p.Expires = time.Now().Add(expires).UTC().Truncate(time.Second)
@@ -294,6 +295,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	f.StringVar(&appendTo, "append", "", "append the line to this token file (created 0600)")
 	f.DurationVar(&expires, "expires", 0, "the token is refused this long from now (0: never)")
 	f.IntVar(&maxModels, "max-models", 0, "most models the token's pushes may create and own (0: no bound)")
+	f.Float64Var(&maxRPS, "max-rps", 0, "most requests per second the token may make, gRPC and data plane together (0: no bound)")
 	f.StringVar(&maxBytes, "max-bytes", "", "most bytes the newest versions of the token's models may hold together (bytes, or KiB/MiB/GiB; default no bound)")
 	newCmd.MarkFlagRequired("role")
 	newCmd.MarkFlagRequired("scope")
@@ -326,7 +328,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 				}
 				q := "-"
 				if p.Quota != (auth.Quota{}) {
-					q = fmt.Sprintf("models=%d bytes=%d", p.Quota.Models, p.Quota.Bytes)
+					q = fmt.Sprintf("models=%d bytes=%d rps=%g", p.Quota.Models, p.Quota.Bytes, p.Quota.Rate)
 				}
 				sc := make([]string, len(p.Scopes))
 				for i, s := range p.Scopes {

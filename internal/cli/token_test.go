@@ -29,7 +29,7 @@ func TestTokenNewListRevoke(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "tokens")
 	for _, args := range [][]string{
-		{"--role", "trainer", "--scope", "ppo/", "--name", "ppo", "--expires", "1h", "--max-models", "2", "--max-bytes", "1MiB", "--out", filepath.Join(dir, "ppo.token")},
+		{"--role", "trainer", "--scope", "ppo/", "--name", "ppo", "--expires", "1h", "--max-models", "2", "--max-bytes", "1MiB", "--max-rps", "2.5", "--out", filepath.Join(dir, "ppo.token")},
 		{"--role", "reader", "--scope", "*", "--name", "watcher", "--out", filepath.Join(dir, "watcher.token")},
 	} {
 		if code, out, errOut := run(t, ctx, append([]string{"token", "new", "--append", file}, args...)...); code != 0 {
@@ -38,7 +38,7 @@ func TestTokenNewListRevoke(t *testing.T) {
 	}
 	code, out, errOut := run(t, ctx, "token", "ls", "--file", file)
 	secret, _ := os.ReadFile(filepath.Join(dir, "ppo.token"))
-	if code != 0 || !regexp.MustCompile(`ppo\s+trainer\s+ppo/\s+20\d\d-\d\d-\d\dT\S+Z\s+models=2 bytes=1048576`).MatchString(out) ||
+	if code != 0 || !regexp.MustCompile(`ppo\s+trainer\s+ppo/\s+20\d\d-\d\d-\d\dT\S+Z\s+models=2 bytes=1048576 rps=2.5`).MatchString(out) ||
 		!regexp.MustCompile(`watcher\s+reader\s+\*\s+never\s+-`).MatchString(out) || strings.Contains(out, strings.TrimSpace(string(secret))) {
 		t.Fatalf("token ls: %d %q %q", code, out, errOut)
 	}

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -16,6 +19,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 func storeAs(t testing.TB, addr, token string) *storerpc.Client {
@@ -165,5 +169,41 @@ func TestTokenQuotas(t *testing.T) {
 	}
 	if _, err := qc.Push(ctx, store.PushRequest{Name: "q3", Version: 1, Expect: store.ExpectAny, Blob: small}); err != nil {
 		t.Fatalf("after a delete made room: %v", err)
+	}
+}
+
+// TestTokenRateQuota: a token with max-rps has a bucket of one request
+// that refills every 100 s here: its second request — a gRPC call or a
+// data-plane request — fails with ResourceExhausted; another token is
+// not slowed.
+func TestTokenRateQuota(t *testing.T) {
+	f := newTokenFile(t)
+	slow := f.add(t, auth.Principal{Name: "slow", Role: auth.Reader, Scopes: []string{""}, Quota: auth.Quota{Rate: 0.01}})
+	fast := f.add(t, auth.Principal{Name: "fast", Role: auth.Reader, Scopes: []string{""}})
+	h := startTokenHub(t, f, nil)
+	addr := h.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	scfg, sconn := dialToken(t, addr, slow)
+	_, fconn := dialToken(t, addr, fast)
+	if _, err := rlhubv1.NewModelStoreClient(sconn).List(ctx, &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatalf("the first request: %v", err)
+	}
+	_, err := rlhubv1.NewModelStoreClient(sconn).List(ctx, &rlhubv1.StoreListRequest{})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "max-rps") {
+		t.Fatalf("the second request: %v, want ResourceExhausted naming max-rps", err)
+	}
+	bc := scfg.Bulk()
+	defer bc.Close()
+	if err := bc.Call(ctx, addr, "rlhub.v1.ModelStore/Pull", &rlhubv1.StorePullRequest{Model: "none"}, nil, nil); !errors.Is(err, errs.ErrFull) {
+		t.Fatalf("a data-plane request past the rate: %v", err)
+	}
+	for range 20 {
+		if _, err := rlhubv1.NewModelStoreClient(fconn).List(ctx, &rlhubv1.StoreListRequest{}); err != nil {
+			t.Fatalf("a token without a rate: %v", err)
+		}
+	}
+	if got := h.cfg.Auth.Stats().QuotaRateFull; got != 2 {
+		t.Fatalf("rate refusals %d, want 2", got)
 	}
 }

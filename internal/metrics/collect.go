@@ -117,6 +117,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, fAuthCut, float64(a.CallsCut))
 		c.emit(ch, fAuthQuota, float64(a.QuotaModelsFull), "models")
 		c.emit(ch, fAuthQuota, float64(a.QuotaBytesFull), "bytes")
+		c.emit(ch, fAuthQuota, float64(a.QuotaRateFull), "rate")
 	}
 }
 

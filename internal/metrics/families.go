@@ -63,7 +63,7 @@ var (
 	fAuthLive        = Family{"rlhub_auth_live_calls", "gauge", nil, "Calls in progress under a token (cut when it is revoked or expires)."}
 	fAuthReloads     = Family{"rlhub_auth_reloads_total", "counter", []string{"outcome"}, "Token file reloads by outcome (ok, failed: the old tokens stayed)."}
 	fAuthCut         = Family{"rlhub_auth_calls_cut_total", "counter", nil, "Calls ended because their token was revoked, changed or expired."}
-	fAuthQuota       = Family{"rlhub_auth_quota_refusals_total", "counter", []string{"quota"}, "Pushes refused by a token's quota (models: max-models, bytes: max-bytes)."}
+	fAuthQuota       = Family{"rlhub_auth_quota_refusals_total", "counter", []string{"quota"}, "Pushes refused by a token's quota (models: max-models, bytes: max-bytes, rate: max-rps)."}
 )
 
 // grpcFamilies are the gRPC server metrics (go-grpc-middleware's
