@@ -80,3 +80,19 @@ func BenchmarkReserveQuota(b *testing.B) {
 		release()
 	}
 }
+
+// A max-rps check per request (the bucket of one token), against a token
+// without a rate (the baseline: one comparison).
+func BenchmarkRateCheck(b *testing.B) {
+	v := NewVerifier(map[string]Principal{})
+	for _, r := range []float64{0, 1e12} {
+		p := Principal{Name: "r", Quota: Quota{Rate: r}}
+		b.Run(fmt.Sprintf("rate=%g", r), func(b *testing.B) {
+			for b.Loop() {
+				if err := v.allowRate(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
