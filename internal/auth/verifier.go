@@ -34,7 +34,8 @@ const TokenHeader = "authorization"
 // line changes, and the call then ends with Unauthenticated (streams such
 // as watches and attaches within the moment of the swap or the expiry).
 // Data-plane requests are checked one by one, so the next request on an
-// open connection is refused.
+// open connection is refused, and each is tracked like a call while it
+// runs (Check ties it to the request's context).
 type Verifier struct {
 	now func() time.Time
 
@@ -346,12 +347,15 @@ func (s *checkedStream) RecvMsg(m any) error {
 // Check is the data plane's bulk.Guard: the handshake's token, the
 // method's role, the header's model.
 func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionState, method string, header []byte) (context.Context, error) {
-	r, p, _, err := v.admit(ctx, DataPlane, method, token)
+	r, p, hash, err := v.admit(ctx, DataPlane, method, token)
 	if err != nil {
 		return nil, err
 	}
-	if r.Model.Kind == NoModel || r.Role == Public {
-		return WithPrincipal(ctx, p), nil
+	if r.Role == Public {
+		return ctx, nil
+	}
+	if r.Model.Kind == NoModel {
+		return v.trackRequest(ctx, hash, p), nil
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(r.Header)
 	if err != nil {
@@ -364,7 +368,16 @@ func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionSta
 	if err := Allow(p, r, r.Model.Models(msg)); err != nil {
 		return nil, err
 	}
-	return WithPrincipal(ctx, p), nil
+	return v.trackRequest(ctx, hash, p), nil
+}
+
+// trackRequest tracks a data-plane request (a long-poll watch, a body
+// being read) like a gRPC call: a revocation or expiry cuts it. The
+// tracking ends with the request's context (bulk cancels it at the end).
+func (v *Verifier) trackRequest(ctx context.Context, hash string, p Principal) context.Context {
+	tctx, done := v.track(ctx, hash, p)
+	context.AfterFunc(ctx, done)
+	return WithPrincipal(tctx, p)
 }
 
 var _ bulk.Guard = (*Verifier)(nil)

@@ -122,8 +122,8 @@ func wantCode(t testing.TB, what string, err error, code codes.Code, text string
 // TestRevokedTokenIsCutWithoutRestart: a token removed from the token
 // file while the hub serves is refused on the next gRPC call and the next
 // data-plane request of a connection it opened before, and its open
-// streams (a watch) and long polls (an ARS lease) end with
-// Unauthenticated; a token file that no longer parses changes nothing.
+// streams (a watch) and long polls (an ARS lease, a data-plane watch)
+// end with Unauthenticated; a token file that no longer parses changes nothing.
 func TestRevokedTokenIsCutWithoutRestart(t *testing.T) {
 	f := newTokenFile(t)
 	victim := f.add(t, auth.Principal{Name: "victim", Role: auth.Worker, Scopes: []string{""}})
@@ -154,7 +154,15 @@ func TestRevokedTokenIsCutWithoutRestart(t *testing.T) {
 		_, err := ars.Lease(ctx, &rlhubv1.ARSLeaseRequest{WorkerId: att.WorkerId, MaxTasks: 1, WaitMs: 60_000})
 		leaseEnd <- err
 	}()
-	testkit.Eventually(t, 10*time.Second, "the watch and the lease to be in the hub", func() bool { return h.cfg.Auth.LiveCalls() >= 2 })
+	// A data-plane watch: a long poll of up to storerpc.BulkWatchWait that
+	// would answer "not modified" (no error) if it were not cut.
+	bc2 := vcfg.Bulk()
+	defer bc2.Close()
+	dpEnd := make(chan error, 1)
+	go func() {
+		dpEnd <- bc2.Call(ctx, addr, "rlhub.v1.ModelStore/Watch", &rlhubv1.StoreWatchRequest{Model: "t/none"}, nil, nil)
+	}()
+	testkit.Eventually(t, 10*time.Second, "the watches and the lease to be in the hub", func() bool { return h.cfg.Auth.LiveCalls() >= 3 })
 
 	// A broken file is not loaded: every token keeps working.
 	if err := os.WriteFile(f.path+".new", []byte("sha256:nothex role=admin scope=*\n"), 0o600); err != nil {
@@ -171,6 +179,9 @@ func TestRevokedTokenIsCutWithoutRestart(t *testing.T) {
 	delete(f.lines, "victim")
 	f.write(t)
 	wantCode(t, "the open watch", testkit.Recv(t, watchEnd, 10*time.Second, "the watch to be cut"), codes.Unauthenticated, `token "victim" was revoked`)
+	if err := testkit.Recv(t, dpEnd, 10*time.Second, "the data-plane watch to be cut"); !errors.Is(err, errs.ErrUnauthenticated) || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("the data-plane watch in progress: %v, want unauthenticated (revoked)", err)
+	}
 	wantCode(t, "the ARS lease long poll", testkit.Recv(t, leaseEnd, 10*time.Second, "the lease to be cut"), codes.Unauthenticated, "revoked")
 	_, err = rlhubv1.NewModelStoreClient(vconn).List(ctx, &rlhubv1.StoreListRequest{})
 	wantCode(t, "the next unary call", err, codes.Unauthenticated, "unknown token")
@@ -180,9 +191,7 @@ func TestRevokedTokenIsCutWithoutRestart(t *testing.T) {
 	if _, err := rlhubv1.NewModelStoreClient(aconn).List(ctx, &rlhubv1.StoreListRequest{}); err != nil {
 		t.Fatalf("the admin token, still in the file: %v", err)
 	}
-	if n := h.cfg.Auth.LiveCalls(); n != 0 {
-		t.Fatalf("%d calls still tracked after the cut", n)
-	}
+	testkit.Eventually(t, 10*time.Second, "no call tracked after the cut", func() bool { return h.cfg.Auth.LiveCalls() == 0 })
 }
 
 // TestExpiredTokenIsRefusedAndItsStreamsEnd: a token past its expires= is
