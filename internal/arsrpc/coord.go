@@ -38,6 +38,9 @@ type coordinator struct {
 type worker struct {
 	id, name string
 	seen     time.Time
+	// owner is the name of the token that attached it ("" without
+	// tokens): only that token may lease, report or detach as it.
+	owner string
 }
 
 type lease struct {

@@ -17,11 +17,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
@@ -381,6 +383,9 @@ func (s *Service) Attach(ctx context.Context, req *pb.ARSAttachRequest) (*pb.ARS
 		return nil, grpcerr.ToStatus(errClosed)
 	}
 	w := s.c.attach(req.Name, s.cfg.Now())
+	if p, ok := auth.FromContext(ctx); ok {
+		w.owner = p.Name
+	}
 	s.cfg.Logger.Debug("ars worker attached", "worker", w.id, "name", w.name)
 	return &pb.ARSAttachResponse{WorkerId: w.id, LeaseMs: uint32(s.cfg.LeaseTTL.Milliseconds())}, nil
 }
@@ -389,6 +394,9 @@ func (s *Service) Attach(ctx context.Context, req *pb.ARSAttachRequest) (*pb.ARS
 func (s *Service) Detach(ctx context.Context, req *pb.ARSDetachRequest) (*pb.ARSDetachResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkWorkerLocked(ctx, req.WorkerId); err != nil {
+		return nil, grpcerr.ToStatus(err)
+	}
 	s.c.detach(req.WorkerId)
 	s.broadcastLocked()
 	return &pb.ARSDetachResponse{}, nil
@@ -409,7 +417,7 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 			return nil, grpcerr.ToStatus(errClosed)
 		}
 		now := s.cfg.Now()
-		resp, err := s.tryLeaseLocked(req, now)
+		resp, err := s.tryLeaseLocked(ctx, req, now)
 		if err != nil {
 			s.mu.Unlock()
 			return nil, grpcerr.ToStatus(err)
@@ -455,8 +463,11 @@ func (s *Service) Lease(ctx context.Context, req *pb.ARSLeaseRequest) (*pb.ARSLe
 
 // tryLeaseLocked leases tasks without waiting: nil when there are none.
 // Caller holds mu.
-func (s *Service) tryLeaseLocked(req *pb.ARSLeaseRequest, now time.Time) (*pb.ARSLeaseResponse, error) {
-	r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), req.SkipRuns, now)
+func (s *Service) tryLeaseLocked(ctx context.Context, req *pb.ARSLeaseRequest, now time.Time) (*pb.ARSLeaseResponse, error) {
+	if err := s.checkWorkerLocked(ctx, req.WorkerId); err != nil {
+		return nil, err
+	}
+	r, tasks, err := s.c.lease(req.WorkerId, int(req.MaxTasks), s.skipLocked(ctx, req.SkipRuns), now)
 	if err != nil || len(tasks) == 0 {
 		return nil, err
 	}
@@ -466,6 +477,38 @@ func (s *Service) tryLeaseLocked(req *pb.ARSLeaseRequest, now time.Time) (*pb.AR
 		resp.Tasks = append(resp.Tasks, taskPB(t))
 	}
 	return resp, nil
+}
+
+// checkWorkerLocked refuses a call as worker id by a token other than the
+// one that attached it (PermissionDenied): a worker id is not a
+// credential. An unknown id passes (the coordinator answers it). Caller
+// holds mu.
+func (s *Service) checkWorkerLocked(ctx context.Context, id string) error {
+	w, ok := s.c.workers[id]
+	if !ok || w.owner == "" {
+		return nil
+	}
+	if p, ok := auth.FromContext(ctx); !ok || p.Name != w.owner {
+		return fmt.Errorf("%w: ARS worker %s was attached by another token", errs.ErrPermission, errs.Quote(id))
+	}
+	return nil
+}
+
+// skipLocked is skip plus every run the caller's token does not cover (a
+// worker token scoped to ars/A never leases, so never sees, run B). Caller
+// holds mu.
+func (s *Service) skipLocked(ctx context.Context, skip []string) []string {
+	p, ok := auth.FromContext(ctx)
+	if !ok || p.Covers(auth.ARSModelPrefix) {
+		return skip
+	}
+	out := slices.Clone(skip)
+	for id := range s.c.runs {
+		if !p.Covers(auth.ARSModelPrefix + id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // inline attaches the lease's policy blob when the worker does not hold
@@ -485,7 +528,7 @@ func (s *Service) inline(ctx context.Context, req *pb.ARSLeaseRequest, resp *pb.
 
 // Report implements pb.ARSServer.
 func (s *Service) Report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARSReportResponse, error) {
-	resp, err := s.report(req)
+	resp, err := s.report(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -495,9 +538,12 @@ func (s *Service) Report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 	return resp, nil
 }
 
-func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error) {
+func (s *Service) report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARSReportResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkWorkerLocked(ctx, req.WorkerId); err != nil {
+		return nil, grpcerr.ToStatus(err)
+	}
 	now := s.cfg.Now()
 	out, err := s.c.report(req.WorkerId, req.RunId, req.Iteration, req.Results, now)
 	if err != nil {
@@ -543,7 +589,7 @@ func (s *Service) report(req *pb.ARSReportRequest) (*pb.ARSReportResponse, error
 	}
 	resp := &pb.ARSReportResponse{Accepted: uint32(out.accepted), Duplicates: uint32(out.duplicates), Stale: uint32(out.stale)}
 	if req.Next != nil && !s.closed {
-		next, err := s.tryLeaseLocked(req.Next, now)
+		next, err := s.tryLeaseLocked(ctx, req.Next, now)
 		if err != nil {
 			return nil, grpcerr.ToStatus(err)
 		}

@@ -47,6 +47,10 @@ const (
 	// Namespace: the call touches every model under Prefix ("" is every
 	// model): the token must cover all of them.
 	Namespace
+	// Filtered: the call names no model; its handler answers only with
+	// models under Prefix the token covers (an ARS lease hands out tasks
+	// of the runs the token's scopes cover, and of no other).
+	Filtered
 )
 
 // Source says where a call's model name comes from.
@@ -60,6 +64,7 @@ type Source struct {
 func none() Source                  { return Source{} }
 func field(path string) Source      { return Source{Kind: Field, Path: path} }
 func namespace(p string) Source     { return Source{Kind: Namespace, Prefix: p} }
+func filtered(p string) Source      { return Source{Kind: Filtered, Prefix: p} }
 func arsRun(path string) Source     { return Source{Kind: RunID, Path: path, Prefix: ARSModelPrefix} }
 func (s Source) needsMessage() bool { return s.Kind == Field || s.Kind == RunID }
 
@@ -79,6 +84,8 @@ func (s Source) String() string {
 			return "every model (unscoped token)"
 		}
 		return "every model under `" + s.Prefix + "`"
+	case Filtered:
+		return "answers only with models under `" + s.Prefix + "` the token covers"
 	}
 	return "—"
 }
@@ -185,13 +192,14 @@ var Policy = []Rule{
 	{Method: "/rlhub.v1.LearnerAggregator/Learn", Role: Trainer},
 	{Method: "/rlhub.v1.LearnerAggregator/Status", Role: Reader},
 
-	// ARS: runs are started and stopped by an admin; workers lease any
-	// run's tasks and report to the run they leased.
+	// ARS: runs are started and stopped by an admin; workers lease the
+	// tasks of the runs their token covers and report to the run they
+	// leased; a worker id answers only to the token that attached it.
 	{Method: "/rlhub.v1.ARS/StartRun", Role: Admin, Model: namespace(ARSModelPrefix)},
 	{Method: "/rlhub.v1.ARS/WatchRun", Role: Reader, Model: arsRun("run_id")},
 	{Method: "/rlhub.v1.ARS/StopRun", Role: Admin, Model: arsRun("run_id")},
 	{Method: "/rlhub.v1.ARS/Attach", Role: Worker},
-	{Method: "/rlhub.v1.ARS/Lease", Role: Worker},
+	{Method: "/rlhub.v1.ARS/Lease", Role: Worker, Model: filtered(ARSModelPrefix)},
 	{Method: "/rlhub.v1.ARS/Report", Role: Worker, Model: arsRun("run_id")},
 	{Method: "/rlhub.v1.ARS/Detach", Role: Worker},
 	{Method: "/rlhub.v1.ARS/PullPolicy", Role: Reader, Model: arsRun("run_id")},

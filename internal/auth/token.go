@@ -9,8 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/store"
 )
 
 // Role is what a token may do. Roles are ordered: each includes every
@@ -55,6 +61,37 @@ type Principal struct {
 	// Scopes are the model-name prefixes it may touch; "" covers every
 	// model.
 	Scopes []string
+	// Expires is when the token stops being accepted (the token file's
+	// expires=, RFC 3339); the zero time means never.
+	Expires time.Time
+	// Quota bounds what the token's pushes may make the store hold; the
+	// zero value means no bound.
+	Quota Quota
+}
+
+// Quota bounds the models a token's identity owns in the store (models
+// created by its pushes, store rule 6): how many, and the bytes of their
+// newest versions together. Zero means no bound. Pushes past a bound fail
+// with errs.ErrFull (ResourceExhausted) before their body is read.
+//
+// Rate bounds the token's requests per second, gRPC calls and data-plane
+// requests together (a token bucket holding max(1, ⌈Rate⌉) requests):
+// past it a request fails with errs.ErrFull before its handler runs.
+type Quota struct {
+	Models int     // token file max-models=
+	Bytes  int64   // token file max-bytes= (bytes, or with a KiB/MiB/GiB suffix)
+	Rate   float64 // token file max-rps=
+}
+
+// Owner is the store owner identity of a principal's pushes (store rule
+// 6): "token:" and the token's name, so a token reissued under the same
+// name keeps its models.
+func (p Principal) Owner() string { return store.TokenOwnerPrefix + p.Name }
+
+// equal reports whether p and q grant the same (a reload that leaves a
+// token's line alone keeps its open streams).
+func (p Principal) equal(q Principal) bool {
+	return p.Name == q.Name && p.Role == q.Role && slices.Equal(p.Scopes, q.Scopes) && p.Expires.Equal(q.Expires) && p.Quota == q.Quota
 }
 
 // Covers reports whether p may touch model name m (a name, or a
@@ -98,7 +135,37 @@ func Line(hash string, p Principal) string {
 		}
 		scopes[i] = s
 	}
-	return fmt.Sprintf("%s role=%s scope=%s name=%s", hash, p.Role, strings.Join(scopes, ","), p.Name)
+	line := fmt.Sprintf("%s role=%s scope=%s name=%s", hash, p.Role, strings.Join(scopes, ","), p.Name)
+	if !p.Expires.IsZero() {
+		line += " expires=" + p.Expires.UTC().Format(time.RFC3339)
+	}
+	if p.Quota.Models > 0 {
+		line += " max-models=" + strconv.Itoa(p.Quota.Models)
+	}
+	if p.Quota.Bytes > 0 {
+		line += " max-bytes=" + strconv.FormatInt(p.Quota.Bytes, 10)
+	}
+	if p.Quota.Rate > 0 {
+		line += " max-rps=" + strconv.FormatFloat(p.Quota.Rate, 'g', -1, 64)
+	}
+	return line
+}
+
+// ParseBytes reads a byte count: digits, optionally followed by KiB, MiB,
+// GiB or TiB.
+func ParseBytes(s string) (int64, error) {
+	mult := int64(1)
+	for i, suf := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if t, ok := strings.CutSuffix(s, suf); ok {
+			s, mult = t, int64(1)<<(10*(i+1))
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("auth: %q is not a byte count (digits, optionally KiB/MiB/GiB/TiB)", clip(s))
+	}
+	return n * mult, nil
 }
 
 // ParseScopes reads a comma-separated scope list; "*" (or "") is every
@@ -120,7 +187,7 @@ func ParseScopes(s string) ([]string, error) {
 
 // ParseFile reads a token file: one token a line,
 //
-//	sha256:HEX role=ROLE scope=PREFIX[,PREFIX...] name=NAME
+//	sha256:HEX role=ROLE scope=PREFIX[,PREFIX...] name=NAME [expires=RFC3339] [max-models=N] [max-bytes=SIZE]
 //
 // blank lines and lines starting with # ignored. It returns the
 // principals by hash.
@@ -157,6 +224,23 @@ func ParseFile(r io.Reader) (map[string]Principal, error) {
 				haveScope = true
 			case "name":
 				p.Name = v
+			case "expires":
+				p.Expires, err = time.Parse(time.RFC3339, v)
+				if err != nil {
+					err = fmt.Errorf("expires=%q: want an RFC 3339 time (2026-12-31T23:00:00Z)", clip(v))
+				}
+			case "max-models":
+				p.Quota.Models, err = strconv.Atoi(v)
+				if err != nil || p.Quota.Models < 0 {
+					err = fmt.Errorf("max-models=%q: want a count", clip(v))
+				}
+			case "max-bytes":
+				p.Quota.Bytes, err = ParseBytes(v)
+			case "max-rps":
+				p.Quota.Rate, err = strconv.ParseFloat(v, 64)
+				if err != nil || !(p.Quota.Rate >= 0) || math.IsInf(p.Quota.Rate, 0) {
+					err = fmt.Errorf("max-rps=%q: want requests per second (0.5, 100)", clip(v))
+				}
 			default:
 				err = fmt.Errorf("unknown key %q", clip(k))
 			}
@@ -179,8 +263,18 @@ func ParseFile(r io.Reader) (map[string]Principal, error) {
 }
 
 // LoadFile reads a token file into a Verifier. A file other users may
-// read or write is refused: it decides who may do what.
+// write is refused: it decides who may do what.
 func LoadFile(path string) (*Verifier, error) {
+	tokens, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return NewVerifier(tokens), nil
+}
+
+// ReadFile reads and checks a token file (the checks of LoadFile) and
+// returns its principals by hash.
+func ReadFile(path string) (map[string]Principal, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
@@ -200,7 +294,7 @@ func LoadFile(path string) (*Verifier, error) {
 	if len(tokens) == 0 {
 		return nil, errors.New("auth: token file " + path + " holds no token")
 	}
-	return NewVerifier(tokens), nil
+	return tokens, nil
 }
 
 // clip bounds client-supplied text quoted in an error.

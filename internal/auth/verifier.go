@@ -3,9 +3,11 @@ package auth
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -24,36 +26,148 @@ const TokenHeader = "authorization"
 // Verifier checks tokens against the token file's hashes and calls
 // against Policy. Safe for concurrent use; a nil *Verifier admits every
 // call.
+//
+// Tokens change without a restart: Replace (or ReloadFile, WatchFile)
+// swaps the set, and a token past its Expires is refused. Both reach calls
+// already admitted: every call the interceptors admitted runs under a
+// context that is cancelled when its token expires, is removed, or its
+// line changes, and the call then ends with Unauthenticated (streams such
+// as watches and attaches within the moment of the swap or the expiry).
+// Data-plane requests are checked one by one, so the next request on an
+// open connection is refused, and each is tracked like a call while it
+// runs (Check ties it to the request's context).
 type Verifier struct {
+	now func() time.Time
+
 	mu     sync.RWMutex
 	tokens map[string]Principal // by Hash(token)
+	live   map[*liveCall]struct{}
+	quota  quotaBook
+
+	rates rates
+	stats counters
+}
+
+// liveCall is a call in progress under a token (tracked for revocation).
+type liveCall struct {
+	hash   string
+	p      Principal
+	cancel context.CancelCauseFunc
 }
 
 // NewVerifier returns a verifier for tokens (by Hash).
 func NewVerifier(tokens map[string]Principal) *Verifier {
-	return &Verifier{tokens: tokens}
+	return &Verifier{now: time.Now, tokens: tokens, live: map[*liveCall]struct{}{}}
 }
 
-// Replace swaps in a new set of tokens (a reloaded file); calls already
-// admitted are not affected.
-func (v *Verifier) Replace(tokens map[string]Principal) {
+// SetClock replaces the clock expiry is judged by (tests); call it before
+// the verifier is used.
+func (v *Verifier) SetClock(now func() time.Time) { v.now = now }
+
+// Replace swaps in a new set of tokens (a reloaded file). Calls in
+// progress under a token that is gone, or whose line changed, are
+// cancelled and end with Unauthenticated; it returns how many.
+func (v *Verifier) Replace(tokens map[string]Principal) (cut int) {
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	v.tokens = tokens
-	v.mu.Unlock()
+	v.rates.mu.Lock()
+	v.rates.buckets = nil // rates may have changed
+	v.rates.mu.Unlock()
+	for c := range v.live {
+		q, ok := tokens[c.hash]
+		switch {
+		case !ok:
+			c.cancel(fmt.Errorf("%w: token %q was revoked", errs.ErrUnauthenticated, clip(c.p.Name)))
+		case !q.equal(c.p):
+			c.cancel(fmt.Errorf("%w: token %q was changed in the token file: call again", errs.ErrUnauthenticated, clip(c.p.Name)))
+		default:
+			continue
+		}
+		delete(v.live, c)
+		cut++
+	}
+	v.stats.cut.Add(uint64(cut))
+	return cut
+}
+
+// Len is the number of tokens the verifier knows.
+func (v *Verifier) Len() int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return len(v.tokens)
 }
 
 // Authenticate returns the principal holding token.
 func (v *Verifier) Authenticate(token string) (Principal, error) {
+	p, _, err := v.authenticate(token)
+	return p, err
+}
+
+func (v *Verifier) authenticate(token string) (Principal, string, error) {
 	if token == "" {
-		return Principal{}, fmt.Errorf("%w: no token: this hub needs one (--token-file, RLHUB_TOKEN_FILE)", errs.ErrUnauthenticated)
+		return Principal{}, "", fmt.Errorf("%w: no token: this hub needs one (--token-file, RLHUB_TOKEN_FILE)", errs.ErrUnauthenticated)
 	}
+	hash := Hash(token)
 	v.mu.RLock()
-	p, ok := v.tokens[Hash(token)]
+	p, ok := v.tokens[hash]
 	v.mu.RUnlock()
 	if !ok {
-		return Principal{}, fmt.Errorf("%w: unknown token", errs.ErrUnauthenticated)
+		return Principal{}, "", fmt.Errorf("%w: unknown token", errs.ErrUnauthenticated)
 	}
-	return p, nil
+	if !p.Expires.IsZero() && !v.now().Before(p.Expires) {
+		return Principal{}, "", fmt.Errorf("%w: token %q expired at %s", errs.ErrUnauthenticated, clip(p.Name), p.Expires.UTC().Format(time.RFC3339))
+	}
+	return p, hash, nil
+}
+
+// track runs a call admitted for p (token hash) under a context that is
+// cancelled, with an Unauthenticated cause, when the token expires or is
+// revoked or changed (Replace). done must be called when the call ends.
+func (v *Verifier) track(ctx context.Context, hash string, p Principal) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stopTimer := func() bool { return true }
+	if !p.Expires.IsZero() {
+		t := time.AfterFunc(p.Expires.Sub(v.now()), func() {
+			v.stats.cut.Add(1)
+			cancel(fmt.Errorf("%w: token %q expired at %s", errs.ErrUnauthenticated, clip(p.Name), p.Expires.UTC().Format(time.RFC3339)))
+		})
+		stopTimer = t.Stop
+	}
+	c := &liveCall{hash: hash, p: p, cancel: cancel}
+	v.mu.Lock()
+	// A Replace between authenticate and here has not seen this call:
+	// judge it against the tokens now.
+	if q, ok := v.tokens[hash]; !ok || !q.equal(p) {
+		cancel(fmt.Errorf("%w: token %q was revoked or changed", errs.ErrUnauthenticated, clip(p.Name)))
+	} else {
+		v.live[c] = struct{}{}
+	}
+	v.mu.Unlock()
+	return ctx, func() {
+		stopTimer()
+		v.mu.Lock()
+		delete(v.live, c)
+		v.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// cutCause is the Unauthenticated cause a tracked call was cancelled
+// with, or nil when it was not.
+func cutCause(ctx context.Context) error {
+	if c := context.Cause(ctx); c != nil && errors.Is(c, errs.ErrUnauthenticated) {
+		return c
+	}
+	return nil
+}
+
+// LiveCalls is the number of calls in progress under a token (tests and
+// metrics).
+func (v *Verifier) LiveCalls() int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return len(v.live)
 }
 
 // Allow checks that p may call r touching models.
@@ -101,20 +215,24 @@ func WithPrincipal(ctx context.Context, p Principal) context.Context {
 }
 
 // admit runs the checks that need no request message: the rule exists,
-// the token is known (unless the method is public) and its role suffices.
-func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string) (Rule, Principal, error) {
+// the token is known and unexpired (unless the method is public) and its
+// role suffices. hash is the token's (for track).
+func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string) (Rule, Principal, string, error) {
 	r, ok := Lookup(plane, method)
 	if !ok {
-		return r, Principal{}, fmt.Errorf("%w: %s is not in the policy table", errs.ErrPermission, clip(method))
+		return r, Principal{}, "", fmt.Errorf("%w: %s is not in the policy table", errs.ErrPermission, clip(method))
 	}
 	if r.Role == Public {
-		return r, Principal{}, nil
+		return r, Principal{}, "", nil
 	}
-	p, err := v.Authenticate(token)
+	p, hash, err := v.authenticate(token)
 	if err != nil {
-		return r, p, err
+		return r, p, "", err
 	}
-	return r, p, Allow(p, r, nil)
+	if err := Allow(p, r, nil); err != nil {
+		return r, p, "", err
+	}
+	return r, p, hash, v.allowRate(p)
 }
 
 func tokenOf(ctx context.Context) string {
@@ -133,7 +251,7 @@ func (v *Verifier) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if v == nil {
 			return handler(ctx, req)
 		}
-		r, p, err := v.admit(ctx, GRPC, info.FullMethod, tokenOf(ctx))
+		r, p, hash, err := v.admit(ctx, GRPC, info.FullMethod, tokenOf(ctx))
 		if err != nil {
 			return nil, grpcerr.ToStatus(err)
 		}
@@ -145,7 +263,14 @@ func (v *Verifier) UnaryInterceptor() grpc.UnaryServerInterceptor {
 				return nil, grpcerr.ToStatus(err)
 			}
 		}
-		return handler(WithPrincipal(ctx, p), req)
+		// Long polls (ARS leases, learner tasks) end when the token goes.
+		tctx, done := v.track(ctx, hash, p)
+		defer done()
+		resp, err := handler(WithPrincipal(tctx, p), req)
+		if cause := cutCause(tctx); cause != nil && err != nil {
+			return nil, grpcerr.ToStatus(cause)
+		}
+		return resp, err
 	}
 }
 
@@ -157,20 +282,26 @@ func (v *Verifier) StreamInterceptor() grpc.StreamServerInterceptor {
 			return handler(srv, ss)
 		}
 		ctx := ss.Context()
-		r, p, err := v.admit(ctx, GRPC, info.FullMethod, tokenOf(ctx))
+		r, p, hash, err := v.admit(ctx, GRPC, info.FullMethod, tokenOf(ctx))
 		if err != nil {
 			return grpcerr.ToStatus(err)
 		}
 		if r.Role == Public {
 			return handler(srv, ss)
 		}
-		cs := &checkedStream{ServerStream: ss, ctx: WithPrincipal(ctx, p), p: p, r: r, check: r.Model.Kind != NoModel}
+		// The stream runs until the token expires or is revoked.
+		tctx, done := v.track(ctx, hash, p)
+		defer done()
+		cs := &checkedStream{ServerStream: ss, ctx: WithPrincipal(tctx, p), p: p, r: r, check: r.Model.Kind != NoModel}
 		err = handler(srv, cs)
 		if cs.denied != nil {
 			// Handlers wrap a failed first receive in their own words
 			// ("push: …" as InvalidArgument); the caller must see the
 			// refusal as it is.
 			return cs.denied
+		}
+		if cause := cutCause(tctx); cause != nil {
+			return grpcerr.ToStatus(cause)
 		}
 		return err
 	}
@@ -216,12 +347,15 @@ func (s *checkedStream) RecvMsg(m any) error {
 // Check is the data plane's bulk.Guard: the handshake's token, the
 // method's role, the header's model.
 func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionState, method string, header []byte) (context.Context, error) {
-	r, p, err := v.admit(ctx, DataPlane, method, token)
+	r, p, hash, err := v.admit(ctx, DataPlane, method, token)
 	if err != nil {
 		return nil, err
 	}
-	if r.Model.Kind == NoModel || r.Role == Public {
-		return WithPrincipal(ctx, p), nil
+	if r.Role == Public {
+		return ctx, nil
+	}
+	if r.Model.Kind == NoModel {
+		return v.trackRequest(ctx, hash, p), nil
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(r.Header)
 	if err != nil {
@@ -234,7 +368,16 @@ func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionSta
 	if err := Allow(p, r, r.Model.Models(msg)); err != nil {
 		return nil, err
 	}
-	return WithPrincipal(ctx, p), nil
+	return v.trackRequest(ctx, hash, p), nil
+}
+
+// trackRequest tracks a data-plane request (a long-poll watch, a body
+// being read) like a gRPC call: a revocation or expiry cuts it. The
+// tracking ends with the request's context (bulk cancels it at the end).
+func (v *Verifier) trackRequest(ctx context.Context, hash string, p Principal) context.Context {
+	tctx, done := v.track(ctx, hash, p)
+	context.AfterFunc(ctx, done)
+	return WithPrincipal(tctx, p)
 }
 
 var _ bulk.Guard = (*Verifier)(nil)

@@ -46,6 +46,7 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 	var maxTasks int
 	var retry time.Duration
 	var metricsListen string
+	var metricsInsecure bool
 	cmd := &cobra.Command{
 		Use:   "ars",
 		Short: "Evaluate ARS directions leased by a hub until interrupted",
@@ -71,7 +72,7 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 			}
 			if metricsListen != "" {
 				wcfg.Live = &arsrpc.WorkerCounters{}
-				ms, err := metrics.New(metrics.Config{Listen: metricsListen, Role: "ars worker " + name, Logger: g.logger,
+				ms, err := metrics.New(metrics.Config{Listen: metricsListen, Insecure: metricsInsecure, Role: "ars worker " + name, Logger: g.logger,
 					Sources: metrics.Sources{Worker: wcfg.Live}})
 				if err != nil {
 					return err
@@ -90,7 +91,8 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 	f.StringVar(&name, "name", "", "worker name in the hub's logs (default host/pid)")
 	f.IntVar(&maxTasks, "max-tasks", 8, "most tasks in one lease")
 	f.DurationVar(&retry, "retry-for", 30*time.Second, "how long to retry an unreachable hub before giving up")
-	f.StringVar(&metricsListen, "metrics-listen", "", "serve this worker's Prometheus /metrics over HTTP on this address (default off)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "serve this worker's Prometheus /metrics over HTTP on this address (default off; loopback only unless --metrics-insecure)")
+	f.BoolVar(&metricsInsecure, "metrics-insecure", false, "allow a non-loopback --metrics-listen: plain HTTP, no token")
 	return cmd
 }
 

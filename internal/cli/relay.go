@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/metrics"
@@ -18,6 +20,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	var upstream string
 	var noShm bool
 	var metricsListen string
+	var sec serveSecurity
 	cmd := &cobra.Command{
 		Use:   "relay --upstream ADDR --model NAME",
 		Short: "Relay a model's versions to this host's collectors (shared memory + stream)",
@@ -27,7 +30,10 @@ func newRelayCmd(g *globals) *cobra.Command {
 			"(--listen). A version crosses the network once per host. Local collectors'\n" +
 			"version reports are forwarded upstream. Collectors that list the upstream as\n" +
 			"their fallback keep running when the relay dies. SIGINT/SIGTERM stops it and\n" +
-			"removes the segment.",
+			"removes the segment. The local stream takes the hub's server flags: --tls-cert\n" +
+			"and --tls-key (also the relay's client certificate upstream), --tls-client-ca,\n" +
+			"--auth-tokens (reloaded on SIGHUP and when it changes); off loopback it needs\n" +
+			"TLS and tokens, or --insecure.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			conn, err := dialHub(cmd.Context(), upstream)
@@ -43,43 +49,68 @@ func newRelayCmd(g *globals) *cobra.Command {
 			} else if cfg.ShmPath == "" {
 				cfg.ShmPath = wsync.DefaultShmPath(cfg.Model)
 			}
+			tc, v, err := sec.resolve(g, "relay", cfg.Listen)
+			if err != nil {
+				return err
+			}
 			var gm *metrics.GRPCServerMetrics
-			if metricsListen != "" {
+			if metricsListen != "" { // metrics first, so refused calls are counted
 				gm = metrics.NewGRPCServerMetrics()
 				cfg.ServerOptions = gm.ServerOptions()
+			}
+			if tc != nil {
+				cfg.ServerOptions = append(cfg.ServerOptions, grpc.Creds(credentials.NewTLS(tc)))
+			}
+			if v != nil {
+				cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(v.UnaryInterceptor()), grpc.ChainStreamInterceptor(v.StreamInterceptor()))
 			}
 			r, err := wsync.NewRelay(cfg)
 			if err != nil {
 				return err
 			}
+			run := r.Run
+			if v != nil {
+				run = func(ctx context.Context) error {
+					return runBoth(ctx, r.Run, func(ctx context.Context) error { return sec.watchTokens(ctx, v, g) })
+				}
+			}
+			var ms *metrics.Server
 			if metricsListen != "" {
-				ms, err := metrics.New(metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
-					Sources: metrics.Sources{Sync: r.Service().Stats}})
-				if err != nil {
+				mcfg := metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
+					Sources: metrics.Sources{Sync: r.Service().Stats}, TLS: tc, Auth: v, Insecure: sec.insecure}
+				if v != nil {
+					mcfg.Sources.Auth = v.Stats
+				}
+				if ms, err = metrics.New(mcfg); err != nil {
+					closeRelay(cmd.Context(), r)
 					return err
 				}
-				return runBoth(cmd.Context(), r.Run, ms.Run)
 			}
 			// With --etcd the relay is announced in etcd for collectors
 			// to find (docs/cluster.md, Clients).
 			withdraw, err := announce(cmd, g.logger, cluster.ServiceInfo{Kind: cluster.KindRelay, ID: cfg.ID, Addr: r.Addr(), Model: cfg.Model})
 			if err != nil {
-				done, stop := context.WithCancel(cmd.Context())
-				stop()
-				_ = r.Run(done) // releases the listener and segment
+				if ms != nil {
+					_ = ms.Close()
+				}
+				closeRelay(cmd.Context(), r)
 				return err
 			}
 			defer withdraw()
-			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath)
+			g.logger.Info("relay serving", "model", cfg.Model, "upstream", upstream, "listen", r.Addr(), "shm", cfg.ShmPath, "tls", tc != nil, "tokens", v != nil)
 			fmt.Fprintf(g.stdout, "relay %s: listening on %s, shm %q\n", cfg.Model, r.Addr(), cfg.ShmPath)
-			return r.Run(cmd.Context())
+			if ms != nil {
+				return runBoth(cmd.Context(), run, ms.Run)
+			}
+			return run(cmd.Context())
 		},
 	}
 	f := cmd.Flags()
+	sec.register(cmd)
 	f.StringVar(&upstream, "upstream", "", "upstream hub address (required)")
 	f.StringVar(&cfg.Model, "model", "", "model to relay (required)")
 	f.StringVar(&cfg.ID, "id", "", "the relay's collector id upstream (default relay-<hostname>)")
-	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7471", "where local collectors attach")
+	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7471", "where local collectors attach (not loopback: needs TLS and --auth-tokens, or --insecure)")
 	f.StringVar(&cfg.ShmPath, "shm", "", "shared-memory segment (default /dev/shm/rlhub-<model>)")
 	f.BoolVar(&noShm, "no-shm", false, "serve the stream only, no shared-memory segment")
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
@@ -89,4 +120,12 @@ func newRelayCmd(g *globals) *cobra.Command {
 	cmd.MarkFlagRequired("upstream")
 	cmd.MarkFlagRequired("model")
 	return cmd
+}
+
+// closeRelay releases a relay that will not run (its listener and segment):
+// Run on a context already cancelled returns at once.
+func closeRelay(parent context.Context, r *wsync.Relay) {
+	done, stop := context.WithCancel(parent)
+	stop()
+	_ = r.Run(done)
 }

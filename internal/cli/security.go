@@ -1,15 +1,22 @@
 package cli
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/hub"
@@ -19,6 +26,7 @@ import (
 // and key are the shared --tls-cert/--tls-key.
 type serveSecurity struct {
 	tokens   string
+	reload   time.Duration
 	clientCA string
 	insecure bool
 }
@@ -26,6 +34,7 @@ type serveSecurity struct {
 func (s *serveSecurity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&s.tokens, "auth-tokens", "", "token `FILE` of hashes, roles and scopes (lines printed by rlhub token new): every call then needs a token")
+	f.DurationVar(&s.reload, "auth-reload", auth.DefaultReloadInterval, "how often the hub looks at --auth-tokens for changes and reloads it (SIGHUP reloads at once; -1s: only on SIGHUP)")
 	f.StringVar(&s.clientCA, "tls-client-ca", "", "with --tls-cert: require client certificates signed by this CA (mutual TLS)")
 	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen without TLS and tokens: plaintext, and anyone who reaches the port may do anything")
 }
@@ -33,41 +42,83 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 // apply fills cfg's TLS and Auth from the flags and refuses an exposed
 // listener without both (docs/security.md, secure by default).
 func (s *serveSecurity) apply(g *globals, cfg *hub.Config) error {
+	tc, v, err := s.resolve(g, "serve", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	cfg.TLS, cfg.Auth, cfg.MetricsInsecure = tc, v, s.insecure
+	if v != nil {
+		cfg.AuthFile, cfg.AuthReloadInterval, cfg.AuthReloadOnSIGHUP = s.tokens, s.reload, true
+	}
+	return nil
+}
+
+// resolve loads the server side of a listener (serve's, the relay's): TLS
+// from the shared --tls-cert/--tls-key (and --tls-client-ca), tokens from
+// --auth-tokens; a listen address off loopback without both is refused
+// (exit code 2) unless --insecure, which lets it through loudly.
+func (s *serveSecurity) resolve(g *globals, cmd, listen string) (*tls.Config, *auth.Verifier, error) {
 	files := g.conn.files // already resolved against the environment
+	var tc *tls.Config
+	var v *auth.Verifier
 	if files.Cert != "" || files.Key != "" {
-		tc, err := dial.ServerTLS(files.Cert, files.Key, s.clientCA)
-		if err != nil {
-			return err
+		var err error
+		if tc, err = dial.ServerTLS(files.Cert, files.Key, s.clientCA); err != nil {
+			return nil, nil, err
 		}
-		cfg.TLS = tc
 	} else if s.clientCA != "" {
-		return fmt.Errorf("--tls-client-ca needs --tls-cert and --tls-key")
+		return nil, nil, fmt.Errorf("--tls-client-ca needs --tls-cert and --tls-key")
 	}
 	if s.tokens != "" {
-		v, err := auth.LoadFile(s.tokens)
-		if err != nil {
-			return err
+		var err error
+		if v, err = auth.LoadFile(s.tokens); err != nil {
+			return nil, nil, err
 		}
-		cfg.Auth = v
 	}
-	if isLoopback(cfg.Listen) || (cfg.TLS != nil && cfg.Auth != nil) {
-		return nil
+	if isLoopback(listen) || (tc != nil && v != nil) {
+		return tc, v, nil
 	}
 	var missing []string
-	if cfg.TLS == nil {
+	if tc == nil {
 		missing = append(missing, "--tls-cert FILE --tls-key FILE")
 	}
-	if cfg.Auth == nil {
+	if v == nil {
 		missing = append(missing, "--auth-tokens FILE")
 	}
 	if !s.insecure {
-		return &exitError{code: 2, err: fmt.Errorf("serve: --listen %s is not a loopback address and the hub would be open to anyone who reaches it: pass %s (make them with `rlhub cert` and `rlhub token new`; docs/security.md), or --insecure to serve it anyway",
-			cfg.Listen, strings.Join(missing, " and "))}
+		return nil, nil, &exitError{code: 2, err: fmt.Errorf("%s: --listen %s is not a loopback address and it would be open to anyone who reaches it: pass %s (make them with `rlhub cert` and `rlhub token new`; docs/security.md), or --insecure to serve it anyway",
+			cmd, listen, strings.Join(missing, " and "))}
 	}
 	g.logger.Warn("INSECURE: serving a non-loopback address without "+strings.Join(missing, " and ")+
-		": traffic is readable and anyone who reaches the port may read, overwrite or delete any model", "listen", cfg.Listen)
-	fmt.Fprintf(g.stderr, "rlhub: WARNING: --insecure: %s is served without %s\n", cfg.Listen, strings.Join(missing, " and "))
-	return nil
+		": traffic is readable and anyone who reaches the port may read, overwrite or delete any model", "listen", listen)
+	fmt.Fprintf(g.stderr, "rlhub: WARNING: --insecure: %s is served without %s\n", listen, strings.Join(missing, " and "))
+	return tc, v, nil
+}
+
+// watchTokens reloads the relay's token file on SIGHUP and when it
+// changes (--auth-reload), until ctx is done.
+func (s *serveSecurity) watchTokens(ctx context.Context, v *auth.Verifier, g *globals) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reload := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.WatchFile(ctx, s.tokens, s.reload, reload, g.logger)
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			<-done
+			return nil
+		case <-hup:
+			select {
+			case reload <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+	}
 }
 
 // isLoopback reports whether a listen address only accepts connections
@@ -159,10 +210,13 @@ func newCertCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// newTokenCmd is `rlhub token new`.
+// newTokenCmd is `rlhub token`: new, ls, revoke.
 func newTokenCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{Use: "token", Short: "Issue tokens for a hub's --auth-tokens file"}
-	var role, scope, name, out, appendTo string
+	cmd := &cobra.Command{Use: "token", Short: "Issue, list and revoke tokens of a hub's --auth-tokens file"}
+	var role, scope, name, out, appendTo, maxBytes string
+	var expires time.Duration
+	var maxModels int
+	var maxRPS float64
 	newCmd := &cobra.Command{
 		Use:   "new --role ROLE --scope PREFIX",
 		Short: "Print a new token and the line to add to the hub's token file",
@@ -171,7 +225,8 @@ func newTokenCmd(g *globals) *cobra.Command {
 			"--scope's comma-separated prefixes (\"*\": every model). It prints the token\n" +
 			"(give it to the client: --token-file) and the token file line, which holds only\n" +
 			"its SHA-256 hash. --out writes the token to a 0600 file; --append adds the line\n" +
-			"to a token file (created 0600). The hub reads the file at start.",
+			"to a token file (created 0600). A serving hub picks the change up by itself\n" +
+			"(serve --auth-reload, or SIGHUP).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r, err := auth.ParseRole(role)
@@ -188,11 +243,23 @@ func newTokenCmd(g *globals) *cobra.Command {
 			if strings.ContainsAny(name, " \t\n=") {
 				return fmt.Errorf("--name %q: no white space or '='", name)
 			}
+			p := auth.Principal{Name: name, Role: r, Scopes: scopes, Quota: auth.Quota{Models: maxModels, Rate: maxRPS}}
+			if expires < 0 || maxModels < 0 || maxRPS < 0 {
+				return fmt.Errorf("--expires, --max-models and --max-rps must not be negative")
+			}
+			if expires > 0 {
+				p.Expires = time.Now().Add(expires).UTC().Truncate(time.Second)
+			}
+			if maxBytes != "" {
+				if p.Quota.Bytes, err = auth.ParseBytes(maxBytes); err != nil {
+					return fmt.Errorf("--max-bytes: %w", err)
+				}
+			}
 			tok, hash, err := auth.NewToken()
 			if err != nil {
 				return err
 			}
-			line := auth.Line(hash, auth.Principal{Name: name, Role: r, Scopes: scopes})
+			line := auth.Line(hash, p)
 			if out != "" {
 				if err := writeNew(out, tok+"\n"); err != nil {
 					return err
@@ -223,13 +290,132 @@ func newTokenCmd(g *globals) *cobra.Command {
 	f := newCmd.Flags()
 	f.StringVar(&role, "role", "", "reader, worker, trainer or admin (required)")
 	f.StringVar(&scope, "scope", "", "comma-separated model-name prefixes, \"*\" for every model (required)")
-	f.StringVar(&name, "name", "", "name of the token in the hub's logs and errors (default: the role)")
+	f.StringVar(&name, "name", "", "name of the token in the hub's logs and errors, and the owner of the models its pushes create (default: the role)")
 	f.StringVar(&out, "out", "", "write the token to this new file (0600) instead of printing it")
 	f.StringVar(&appendTo, "append", "", "append the line to this token file (created 0600)")
+	f.DurationVar(&expires, "expires", 0, "the token is refused this long from now (0: never)")
+	f.IntVar(&maxModels, "max-models", 0, "most models the token's pushes may create and own (0: no bound)")
+	f.Float64Var(&maxRPS, "max-rps", 0, "most requests per second the token may make, gRPC and data plane together (0: no bound)")
+	f.StringVar(&maxBytes, "max-bytes", "", "most bytes the newest versions of the token's models may hold together (bytes, or KiB/MiB/GiB; default no bound)")
 	newCmd.MarkFlagRequired("role")
 	newCmd.MarkFlagRequired("scope")
 	cmd.AddCommand(newCmd)
+
+	var file string
+	lsCmd := &cobra.Command{
+		Use:   "ls --file FILE",
+		Short: "List a token file's tokens: name, role, scopes, expiry, quotas (never a secret)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tokens, err := auth.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			ps := make([]auth.Principal, 0, len(tokens))
+			for _, p := range tokens {
+				ps = append(ps, p)
+			}
+			sort.Slice(ps, func(i, j int) bool { return ps[i].Name < ps[j].Name })
+			now := time.Now()
+			fmt.Fprintf(g.stdout, "%-20s %-8s %-24s %-28s %s\n", "NAME", "ROLE", "SCOPE", "EXPIRES", "QUOTA")
+			for _, p := range ps {
+				exp := "never"
+				if !p.Expires.IsZero() {
+					exp = p.Expires.UTC().Format(time.RFC3339)
+					if !now.Before(p.Expires) {
+						exp += " (expired)"
+					}
+				}
+				q := "-"
+				if p.Quota != (auth.Quota{}) {
+					q = fmt.Sprintf("models=%d bytes=%d rps=%g", p.Quota.Models, p.Quota.Bytes, p.Quota.Rate)
+				}
+				sc := make([]string, len(p.Scopes))
+				for i, s := range p.Scopes {
+					if s == "" {
+						s = "*"
+					}
+					sc[i] = s
+				}
+				fmt.Fprintf(g.stdout, "%-20s %-8s %-24s %-28s %s\n", p.Name, p.Role, strings.Join(sc, ","), exp, q)
+			}
+			return nil
+		},
+	}
+	lsCmd.Flags().StringVar(&file, "file", "", "the hub's token file (required)")
+	lsCmd.MarkFlagRequired("file")
+	cmd.AddCommand(lsCmd)
+
+	var revokeName, revokeFile string
+	revokeCmd := &cobra.Command{
+		Use:   "revoke --file FILE --name NAME",
+		Short: "Remove every token named NAME from a token file (a serving hub cuts its calls on reload)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := revokeTokens(revokeFile, revokeName)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "revoked %d token(s) named %s in %s; a hub serving it refuses them from its next reload (serve --auth-reload, or SIGHUP)\n", n, revokeName, revokeFile)
+			return nil
+		},
+	}
+	revokeCmd.Flags().StringVar(&revokeFile, "file", "", "the hub's token file (required)")
+	revokeCmd.Flags().StringVar(&revokeName, "name", "", "name of the token(s) to remove (required)")
+	revokeCmd.MarkFlagRequired("file")
+	revokeCmd.MarkFlagRequired("name")
+	cmd.AddCommand(revokeCmd)
 	return cmd
+}
+
+// revokeTokens rewrites a token file without the lines of tokens named
+// name (comments and other lines kept as they are), through a 0600
+// temporary file and a rename, so a hub reloading it sees the old file or
+// the new one. It fails, changing nothing, when no token has that name or
+// the file does not parse.
+func revokeTokens(path, name string) (int, error) {
+	if _, err := auth.ReadFile(path); err != nil {
+		return 0, err
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	var keep []string
+	n := 0
+	for _, line := range strings.SplitAfter(string(raw), "\n") {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "#") {
+			ps, err := auth.ParseFile(strings.NewReader(t))
+			if err != nil {
+				return 0, err
+			}
+			named := false
+			for _, p := range ps { // one line: one principal
+				named = p.Name == name
+			}
+			if named {
+				n++
+				continue
+			}
+		}
+		keep = append(keep, line)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("token revoke: no token named %q in %s", name, path)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tokens-*") // mode 0600
+	if err != nil {
+		return 0, err
+	}
+	_, err = tmp.WriteString(strings.Join(keep, ""))
+	if err = errors.Join(err, tmp.Sync(), tmp.Close()); err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return 0, err
+	}
+	return n, atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // writeNew writes data to a new file of mode 0600.

@@ -19,9 +19,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -99,6 +101,16 @@ type Config struct {
 	// Auth checks every call's token against the policy table
 	// (internal/auth); nil admits every call (the loopback default).
 	Auth *auth.Verifier
+	// AuthFile, with Auth, is the token file Auth was loaded from: the hub
+	// reloads it while it serves (auth.Verifier.WatchFile), when its
+	// identity, size or modification time changes (looked at every
+	// AuthReloadInterval; 0 means auth.DefaultReloadInterval, negative
+	// never) and on SIGHUP when AuthReloadOnSIGHUP. A revoked, changed or
+	// expired token is refused from the next call, and its calls in
+	// progress are cut. "" never reloads.
+	AuthFile           string
+	AuthReloadInterval time.Duration
+	AuthReloadOnSIGHUP bool
 	// StopTimeout bounds the graceful stop before a hard stop; 0 means 5s.
 	StopTimeout time.Duration
 	// MetricsListen, when set, serves Prometheus metrics (/metrics) and the
@@ -107,6 +119,10 @@ type Config struct {
 	MetricsListen string
 	// MetricsRole names the hub on the dashboard; "" means "hub".
 	MetricsRole string
+	// The metrics endpoint is served with the hub's TLS and tokens (a
+	// reader token on every request) when the hub has them; off loopback
+	// it needs both unless MetricsInsecure (serve --insecure).
+	MetricsInsecure bool
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// WrapStore, when set, wraps the opened store before any service sees
@@ -207,6 +223,9 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.AuthFile != "" && c.Auth == nil {
+		return errors.New("hub: AuthFile needs Auth (the verifier loaded from it)")
+	}
 	return c.Limits.validate()
 }
 
@@ -255,6 +274,13 @@ type Hub struct {
 	lis      net.Listener
 	serveErr chan error
 	closed   bool
+
+	// The token file's watcher (Config.AuthFile): started by Start,
+	// stopped and waited for by Close.
+	authStop   context.CancelFunc
+	authDone   chan struct{}
+	authReload chan struct{}
+	hup        chan os.Signal
 }
 
 // New builds a hub and opens its services. extra services are hosted beside
@@ -372,7 +398,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		}
 		return err
 	}
-	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Logger: h.cfg.Logger})); err != nil {
+	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Auth: h.cfg.Auth, Logger: h.cfg.Logger})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator
@@ -386,7 +412,8 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	h.agg = agg
 	// The ARS coordinator and the reducer write through owner views of the
 	// store: the models they manage take no other writer's pushes (store
-	// rule 6). Remote store pushes are anonymous and are refused there.
+	// rule 6). Remote store pushes carry their token's identity
+	// (storerpc) and are refused there.
 	arscfg := h.cfg.ARS
 	arscfg.Store = store.Owned{Store: h.store, Owner: OwnerARS}
 	if arscfg.MaxPolicyParams == 0 {
@@ -480,6 +507,7 @@ func (h *Hub) Start() error {
 	if h.metrics != nil {
 		h.metrics.Start()
 	}
+	h.startAuthWatch()
 	h.cfg.Logger.Info("hub serving", "addr", lis.Addr().String(), "data", h.cfg.DataDir, "tls", h.cfg.TLS != nil, "tokens", h.cfg.Auth != nil)
 	return nil
 }
@@ -547,6 +575,7 @@ func (h *Hub) Close() error {
 	started := h.lis != nil
 	h.mu.Unlock()
 
+	h.stopAuthWatch()
 	h.health.Shutdown()
 	var errsOut []error
 	if h.metrics != nil {
@@ -608,7 +637,13 @@ func (h *Hub) newMetrics(g *metrics.GRPCServerMetrics) (*metrics.Server, error) 
 	if sr, ok := h.store.(store.StatsReader); ok {
 		src.Store = sr.Stats
 	}
-	return metrics.New(metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger})
+	mcfg := metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger,
+		TLS: h.cfg.TLS, Insecure: h.cfg.MetricsInsecure}
+	if h.cfg.Auth != nil {
+		mcfg.Auth = h.cfg.Auth
+		mcfg.Sources.Auth = h.cfg.Auth.Stats
+	}
+	return metrics.New(mcfg)
 }
 
 // MetricsAddr is the metrics endpoint's address, or "" without
@@ -618,4 +653,76 @@ func (h *Hub) MetricsAddr() string {
 		return ""
 	}
 	return h.metrics.Addr()
+}
+
+// startAuthWatch starts the token file's watcher (Config.AuthFile); h.mu
+// is held.
+func (h *Hub) startAuthWatch() {
+	if h.cfg.AuthFile == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.authStop, h.authDone = cancel, make(chan struct{})
+	h.authReload = make(chan struct{}, 1)
+	var hup chan os.Signal
+	if h.cfg.AuthReloadOnSIGHUP {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		h.hup = hup
+	}
+	go func() {
+		defer close(h.authDone)
+		fwd := make(chan struct{})
+		// SIGHUP and ReloadAuth both ask the watcher for a reload.
+		go func() {
+			defer close(fwd)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+				case <-h.authReload:
+				}
+				select {
+				case fwd <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+		h.cfg.Auth.WatchFile(ctx, h.cfg.AuthFile, h.cfg.AuthReloadInterval, fwd, h.cfg.Logger)
+		for range fwd { // until the forwarder has ended
+		}
+	}()
+}
+
+// stopAuthWatch stops the watcher and waits for it.
+func (h *Hub) stopAuthWatch() {
+	h.mu.Lock()
+	stop, done, hup := h.authStop, h.authDone, h.hup
+	h.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	if hup != nil {
+		signal.Stop(hup)
+	}
+	stop()
+	<-done
+}
+
+// ReloadAuth asks the hub to reload its token file now (what SIGHUP does
+// with Config.AuthReloadOnSIGHUP); the reload happens in the background.
+// It is a no-op without Config.AuthFile or before Start.
+func (h *Hub) ReloadAuth() {
+	h.mu.Lock()
+	ch := h.authReload
+	h.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- struct{}{}:
+	default: // one is already pending
+	}
 }

@@ -32,13 +32,19 @@ import (
 // mean the server asked for the body.
 func rawBulkRequest(t *testing.T, addr, method string, header []byte) (kind byte, st *spb.Status) {
 	t.Helper()
+	return rawBulkRequestAs(t, addr, "", method, header)
+}
+
+// rawBulkRequestAs is rawBulkRequest with token in the handshake.
+func rawBulkRequestAs(t *testing.T, addr, token, method string, header []byte) (kind byte, st *spb.Status) {
+	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(20 * time.Second)) // a hang guard, not a measurement
-	frame := bulk.Hello("")
+	frame := bulk.Hello(token)
 	frame = append(frame, 1)
 	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
 	frame = append(frame, method...)

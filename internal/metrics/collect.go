@@ -12,6 +12,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
@@ -31,6 +32,8 @@ type Sources struct {
 	ARS            func() arsrpc.Stats
 	// Worker is an ARS worker's live counters (arsrpc.WorkerConfig.Live).
 	Worker *arsrpc.WorkerCounters
+	// Auth is the token verifier's counters (a hub with tokens).
+	Auth func() auth.Stats
 }
 
 // OtherLabel is the label value shared by the collectors, learners, runs
@@ -60,6 +63,7 @@ func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *stats
 	add(src.Aggregator != nil, aggregatorFamilies)
 	add(src.ARS != nil, arsFamilies)
 	add(src.Worker != nil, workerFamilies)
+	add(src.Auth != nil, authFamilies)
 	for _, f := range c.fams {
 		c.descs[f.Name] = f.desc()
 	}
@@ -103,6 +107,17 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, fWorkerSteps, float64(w.Steps.Load()))
 		c.emit(ch, fWorkerPulls, float64(w.Pulls.Load()))
 		c.emit(ch, fWorkerIteration, float64(w.Iteration.Load()))
+	}
+	if c.src.Auth != nil {
+		a := c.src.Auth()
+		c.emit(ch, fAuthTokens, float64(a.Tokens))
+		c.emit(ch, fAuthLive, float64(a.LiveCalls))
+		c.emit(ch, fAuthReloads, float64(a.Reloads), "ok")
+		c.emit(ch, fAuthReloads, float64(a.ReloadFailures), "failed")
+		c.emit(ch, fAuthCut, float64(a.CallsCut))
+		c.emit(ch, fAuthQuota, float64(a.QuotaModelsFull), "models")
+		c.emit(ch, fAuthQuota, float64(a.QuotaBytesFull), "bytes")
+		c.emit(ch, fAuthQuota, float64(a.QuotaRateFull), "rate")
 	}
 }
 

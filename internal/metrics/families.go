@@ -59,6 +59,11 @@ var (
 	fWorkerSteps     = Family{"rlhub_ars_worker_env_steps_total", "counter", nil, "Environment steps this ARS worker took (rate() is its steps/s)."}
 	fWorkerPulls     = Family{"rlhub_ars_worker_policy_pulls_total", "counter", nil, "Policies this ARS worker pulled (not inlined in a lease)."}
 	fWorkerIteration = Family{"rlhub_ars_worker_iteration", "gauge", nil, "Iteration of the ARS worker's last lease."}
+	fAuthTokens      = Family{"rlhub_auth_tokens", "gauge", nil, "Tokens loaded from the token file."}
+	fAuthLive        = Family{"rlhub_auth_live_calls", "gauge", nil, "Calls in progress under a token (cut when it is revoked or expires)."}
+	fAuthReloads     = Family{"rlhub_auth_reloads_total", "counter", []string{"outcome"}, "Token file reloads by outcome (ok, failed: the old tokens stayed)."}
+	fAuthCut         = Family{"rlhub_auth_calls_cut_total", "counter", nil, "Calls ended because their token was revoked, changed or expired."}
+	fAuthQuota       = Family{"rlhub_auth_quota_refusals_total", "counter", []string{"quota"}, "Pushes refused by a token's quota (models: max-models, bytes: max-bytes, rate: max-rps)."}
 )
 
 // grpcFamilies are the gRPC server metrics (go-grpc-middleware's
@@ -78,13 +83,14 @@ var (
 	aggregatorFamilies = []Family{fAggLearners, fAggAttached, fAggRemoved, fAggLearn, fAggResplits, fAggLearnerTasks}
 	arsFamilies        = []Family{fARSRuns, fARSWorkers, fARSReassigned, fARSIteration, fARSEval, fARSTrain, fARSEpisodes, fARSSteps, fARSStepsRate}
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
+	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
 )
 
 // Families lists every rlhub_* metric family this package can export, in
 // the docs table's order.
 func Families() []Family {
 	var out []Family
-	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, grpcFamilies} {
+	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, grpcFamilies} {
 		out = append(out, g...)
 	}
 	return out

@@ -2,11 +2,13 @@ package metrics
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/auth"
 )
 
 // GRPCServerMetrics counts a gRPC server's RPCs (go-grpc-middleware's
@@ -64,6 +68,17 @@ type Config struct {
 	StatsTimeout time.Duration
 	// ShutdownTimeout bounds the HTTP server's graceful stop; 0 means 2s.
 	ShutdownTimeout time.Duration
+	// TLS, when set, serves HTTPS with it (a ClientCAs pool with
+	// RequireAndVerifyClientCert makes it mutual TLS); nil serves HTTP.
+	TLS *tls.Config
+	// Auth, when set, requires a known, unexpired token of role reader or
+	// above on every request: "Authorization: Bearer TOKEN", or HTTP basic
+	// authentication with the token as the password (what a browser
+	// prompts for on the dashboard). Without it, 401. nil: no token.
+	Auth *auth.Verifier
+	// Insecure allows a Listen address off loopback without both TLS and
+	// Auth; without it New refuses one (secure by default, as serve).
+	Insecure bool
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -90,7 +105,47 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if !c.Insecure && !loopback(c.Listen) && (c.TLS == nil || c.Auth == nil) {
+		return fmt.Errorf("metrics: --metrics-listen %s is not a loopback address and the endpoint would be open to anyone who reaches it: serve it with TLS and tokens (serve, relay: --tls-cert, --tls-key and --auth-tokens), or allow it anyway (serve, relay: --insecure; worker ars: --metrics-insecure)", c.Listen)
+	}
 	return nil
+}
+
+// loopback reports whether a listen address only accepts connections
+// from this machine.
+func loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		host = listen
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// guard refuses requests without a reader token (Config.Auth).
+func guard(v *auth.Verifier, next http.Handler) http.Handler {
+	if v == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			_, tok, _ = r.BasicAuth()
+		}
+		p, err := v.Authenticate(strings.TrimSpace(tok))
+		if err == nil && p.Role < auth.Reader {
+			err = errors.New("the metrics endpoint needs role reader")
+		}
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Basic realm="rlhub metrics", charset="UTF-8"`)
+			http.Error(w, "rlhub metrics: a reader token is required (Authorization: Bearer TOKEN, or the token as the basic-auth password)", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Server is the HTTP endpoint: /metrics (Prometheus text format), / (the
@@ -129,8 +184,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: listen: %w", err)
 	}
+	if cfg.TLS != nil {
+		tc := cfg.TLS.Clone()
+		tc.NextProtos = []string{"http/1.1"}
+		lis = tls.NewListener(lis, tc)
+	}
 	s.lis = lis
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	s.srv = &http.Server{Handler: guard(cfg.Auth, mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
 	return s, nil
 }
 
@@ -143,7 +203,11 @@ func (s *Server) Registry() *prometheus.Registry { return s.reg }
 // Run serves until ctx is done, then shuts down gracefully (bounded by
 // ShutdownTimeout) and returns. Call it once.
 func (s *Server) Run(ctx context.Context) error {
-	s.cfg.Logger.Info("metrics serving", "addr", "http://"+s.Addr(), "role", s.cfg.Role)
+	scheme := "http://"
+	if s.cfg.TLS != nil {
+		scheme = "https://"
+	}
+	s.cfg.Logger.Info("metrics serving", "addr", scheme+s.Addr(), "role", s.cfg.Role, "tokens", s.cfg.Auth != nil)
 	errc := make(chan error, 1)
 	go func() { errc <- s.srv.Serve(s.lis) }()
 	var err error

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -114,7 +115,7 @@ func decide(req *PushRequest, cur *Snapshot, epoch uint64, owner string) error {
 		return fmt.Errorf("%w: model %q: version %d is more than 2^32 past the current version %d", errs.ErrInvalid, req.Name, req.Version, curV)
 	case req.Epoch > epoch && req.Epoch-epoch > MaxStep:
 		return fmt.Errorf("%w: model %q: epoch %d is more than 2^32 past the highest landed epoch %d", errs.ErrInvalid, req.Name, req.Epoch, epoch)
-	case owner != "" && req.Owner != owner:
+	case owner != "" && req.Owner != owner && !(req.Admin && strings.HasPrefix(owner, TokenOwnerPrefix)):
 		return fmt.Errorf("%w: model %q is managed by %s; only it may write the model (delete the model to take it back)", errs.ErrPermission, req.Name, owner)
 	case req.Epoch < epoch:
 		return stale("push of version %d with epoch %d is fenced off by epoch %d", req.Version, req.Epoch, epoch)
@@ -403,6 +404,25 @@ func (c *core) list() ([]Info, error) {
 	return out, nil
 }
 
+// ownerUsage implements UsageReader: one pass over the models under mu,
+// allocating nothing.
+func (c *core) ownerUsage(owner, name string) (models int, bytes int64, owns bool, nameBytes int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n, m := range c.models {
+		if m.owner != owner || len(m.versions) == 0 {
+			continue
+		}
+		b := int64(len(m.newest().Blob))
+		models++
+		bytes += b
+		if n == name {
+			owns, nameBytes = true, b
+		}
+	}
+	return models, bytes, owns, nameBytes
+}
+
 // holdWrite takes name's write slot (waiting behind a push in progress)
 // and returns the model with a function that gives the slot back.
 func (c *core) holdWrite(ctx context.Context, name string) (*model, func(), error) {
@@ -444,6 +464,9 @@ func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, per
 	switch {
 	case claim && cur == owner, !claim && cur == "":
 		return nil
+	case claim && strings.HasPrefix(cur, TokenOwnerPrefix) && !strings.HasPrefix(owner, TokenOwnerPrefix):
+		// An in-process owner takes a token's model (an admin registered
+		// it with the reducer): next = owner.
 	case cur != "" && cur != owner:
 		return fmt.Errorf("%w: model %q is managed by %s", errs.ErrPermission, name, cur)
 	case !claim:

@@ -465,6 +465,11 @@ func (f *File) LendNewer(ctx context.Context, name string, after uint64) (*Snaps
 // List implements Store.
 func (f *File) List(ctx context.Context) ([]Info, error) { return f.c.list() }
 
+// OwnerUsage implements UsageReader.
+func (f *File) OwnerUsage(owner, name string) (int, int64, bool, int64) {
+	return f.c.ownerUsage(owner, name)
+}
+
 // Precheck implements Prechecker.
 func (f *File) Precheck(name string, totalBytes uint64) error { return f.c.Precheck(name, totalBytes) }
 

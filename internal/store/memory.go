@@ -54,6 +54,11 @@ func (s *Memory) LendNewer(ctx context.Context, name string, after uint64) (*Sna
 // List implements Store.
 func (s *Memory) List(ctx context.Context) ([]Info, error) { return s.c.list() }
 
+// OwnerUsage implements UsageReader.
+func (s *Memory) OwnerUsage(owner, name string) (int, int64, bool, int64) {
+	return s.c.ownerUsage(owner, name)
+}
+
 // Precheck implements Prechecker.
 func (s *Memory) Precheck(name string, totalBytes uint64) error {
 	return s.c.Precheck(name, totalBytes)

@@ -76,6 +76,11 @@ type PushRequest struct {
 	// say): the creation and the claim are one step, so no other writer
 	// can slip in between.
 	Claim bool
+	// Admin marks a writer that may write over a model a token owns (an
+	// owner starting with TokenOwnerPrefix), leaving its owner as it is;
+	// models of in-process owners (the reducer, ARS) still refuse it
+	// (delete the model to take it back).
+	Admin bool
 	// Blob is the safetensors encoding of the state dict. The store takes
 	// ownership: the caller must not modify it afterwards (until Recycle
 	// gives it back).
@@ -142,18 +147,36 @@ type Info struct {
 	Owner string
 }
 
+// TokenOwnerPrefix starts the owner of a model a remote push created
+// under a token ("token:" + the token's name, internal/auth). Such a model
+// takes an admin's pushes too (PushRequest.Admin), and an in-process owner
+// (the reducer registering it, say) may claim it from the token.
+const TokenOwnerPrefix = "token:"
+
 // Claimer is implemented by stores that record model owners (Memory and
 // File do; the File store persists the owner in the model's manifest).
 type Claimer interface {
 	// Claim makes owner (non-empty) the model's owner, whether or not the
 	// model has versions yet: from then on only pushes with
 	// PushRequest.Owner == owner land. Claiming a model one already owns
-	// is a no-op; a model owned by another fails with errs.ErrPermission.
+	// is a no-op; a model owned by another fails with errs.ErrPermission,
+	// except that an owner not starting with TokenOwnerPrefix takes a
+	// model from a token owner.
 	Claim(ctx context.Context, name, owner string) error
 	// Release gives up owner's claim: the model takes any writer's pushes
 	// again. Releasing a model one does not own fails with
 	// errs.ErrPermission; a model with no owner is a no-op.
 	Release(ctx context.Context, name, owner string) error
+}
+
+// UsageReader is implemented by stores that record owners (Memory, File):
+// what one owner holds, for per-token quotas (internal/auth), without
+// listing the store.
+type UsageReader interface {
+	// OwnerUsage returns how many models with at least one version owner
+	// owns, the bytes of their newest versions, and whether it owns name
+	// and the bytes of name's newest version.
+	OwnerUsage(owner, name string) (models int, bytes int64, owns bool, nameBytes int64)
 }
 
 // Deleter is implemented by stores that can remove a model (Memory, File
@@ -200,6 +223,9 @@ var (
 	_ Claimer = (*File)(nil)
 	_ Deleter = (*Memory)(nil)
 	_ Deleter = (*File)(nil)
+
+	_ UsageReader = (*Memory)(nil)
+	_ UsageReader = (*File)(nil)
 )
 
 // Owned is the view of a store that an in-process owner writes through:

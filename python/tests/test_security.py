@@ -202,3 +202,52 @@ def test_ppo_example_over_mtls(secure_hub, tmp_path):
     assert m, log[-4000:]
     assert int(m.group(2)) > 0, log[-4000:]
     assert "every gradient accounted for (pushed = applied + dropped): True" in log, log[-4000:]
+
+
+def test_owner_quota_and_revocation_from_python(secure_hub):
+    """A model is its pushing token's: another trainer token gets
+    PermissionDenied; a token past max-models gets the ResourceExhausted
+    exception (QueueFull) before anything lands; a token revoked with
+    `rlhub token revoke` is refused without a hub restart."""
+    d = secure_hub.dir
+    secure_hub._cli("token", "new", "--role", "trainer", "--scope", "t/", "--name", "other",
+                    "--out", str(d / "other.token"), "--append", str(d / "tokens"))
+    secure_hub._cli("token", "new", "--role", "trainer", "--scope", "t/", "--name", "capped", "--max-models", "1",
+                    "--out", str(d / "capped.token"), "--append", str(d / "tokens"))
+    secure_hub.proc.send_signal(signal.SIGHUP)
+
+    def retry(fn, exc=rlhub.Unauthenticated):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return fn()
+            except exc:
+                assert time.monotonic() < deadline, "the hub never reloaded its token file"
+                time.sleep(0.05)
+
+    rlhub.configure(secure_hub.security("trainer"))
+    with rlhub.StoreClient(secure_hub.addr) as s:
+        s.push("t/owned", weights(), version=1, expect=0)
+    rlhub.configure(secure_hub.security("other"))
+    with rlhub.StoreClient(secure_hub.addr) as s:
+        retry(s.list)
+        with pytest.raises(rlhub.PermissionDenied, match="token:trainer"):
+            s.push("t/owned", weights(), version=2, expect=1)
+    rlhub.configure(secure_hub.security("capped"))
+    with rlhub.StoreClient(secure_hub.addr) as s:
+        s.push("t/c1", weights(), version=1, expect=0)
+        with pytest.raises(rlhub.RlhubError, match="max-models") as e:
+            s.push("t/c2", weights(), version=1, expect=0)
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert [m.name for m in s.list()].count("t/c2") == 0
+    secure_hub._cli("token", "revoke", "--file", str(d / "tokens"), "--name", "capped")
+    secure_hub.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    with rlhub.StoreClient(secure_hub.addr) as s:
+        while True:
+            try:
+                s.list()
+            except rlhub.Unauthenticated:
+                break
+            assert time.monotonic() < deadline, "the revoked token is still accepted"
+            time.sleep(0.05)

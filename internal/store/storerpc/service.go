@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
@@ -36,6 +37,12 @@ type Config struct {
 	// (RegisterBulk registers nothing): clients then use gRPC, as against
 	// a hub that predates them. The zero value serves them.
 	NoBulk bool
+	// Auth, when set, holds the tokens' quotas (auth.Verifier.ReserveQuota):
+	// a push past its token's max-models or max-bytes fails with
+	// ResourceExhausted before its body is read. nil means no quotas. The
+	// owner of a pushed model comes from the call's token either way
+	// (auth.FromContext; docs/security.md, Owners).
+	Auth *auth.Verifier
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -132,6 +139,23 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 		return store.Info{}, fmt.Errorf("%w: push stream must start with a header carrying BlobInfo", errs.ErrInvalid)
 	}
 	b := hdr.Blob
+	// The token's identity owns what it creates (store rule 6), and its
+	// quota is checked from the header, before any body byte is read.
+	req := store.PushRequest{Name: b.Model, Version: b.Version, Epoch: b.Epoch}
+	if p, ok := auth.FromContext(ctx); ok {
+		req.Owner, req.Claim, req.Admin = p.Owner(), true, p.Role >= auth.Admin
+		if s.cfg.Auth != nil && p.Quota != (auth.Quota{}) {
+			u, err := s.usage(ctx, req.Owner, b.Model)
+			if err != nil {
+				return store.Info{}, err
+			}
+			release, err := s.cfg.Auth.ReserveQuota(p, b.Model, int64(min(b.TotalBytes, 1<<62)), u)
+			if err != nil {
+				return store.Info{}, err
+			}
+			defer release()
+		}
+	}
 	maxBytes := s.cfg.MaxModelBytes
 	if p, ok := s.cfg.Store.(store.Prechecker); ok {
 		if err := p.Precheck(b.Model, b.TotalBytes); err != nil {
@@ -162,11 +186,37 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 	if err != nil {
 		return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
 	}
-	expect := hdr.Expect
+	req.Expect, req.Blob = hdr.Expect, blob
 	if hdr.ExpectAny {
-		expect = store.ExpectAny
+		req.Expect = store.ExpectAny
 	}
-	return s.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: b.Version, Expect: expect, Epoch: b.Epoch, Blob: blob})
+	return s.cfg.Store.Push(ctx, req)
+}
+
+// usage is what owner holds in the store (its quota's measure): the
+// models it owns, their newest versions' bytes, and model's share.
+func (s *Service) usage(ctx context.Context, owner, model string) (auth.Usage, error) {
+	if ur, ok := s.cfg.Store.(store.UsageReader); ok {
+		var u auth.Usage
+		u.Models, u.Bytes, u.Owns, u.ModelBytes = ur.OwnerUsage(owner, model)
+		return u, nil
+	}
+	infos, err := s.cfg.Store.List(ctx)
+	if err != nil {
+		return auth.Usage{}, err
+	}
+	var u auth.Usage
+	for _, in := range infos {
+		if in.Owner != owner {
+			continue
+		}
+		u.Models++
+		u.Bytes += in.Bytes
+		if in.Name == model {
+			u.Owns, u.ModelBytes = true, in.Bytes
+		}
+	}
+	return u, nil
 }
 
 // Pull implements ModelStoreServer.

@@ -25,21 +25,41 @@ const MaxTokenBytes = 1024
 // the connection's TLS state (nil on plaintext), header the request's
 // header bytes. It returns the context the handler runs with (carrying the
 // caller's identity), or an error that becomes the final status
-// (errs.ErrUnauthenticated, errs.ErrPermission).
+// (errs.ErrUnauthenticated, errs.ErrPermission). ctx is the request's own:
+// it is cancelled when the request ends, so a Guard may tie per-request
+// state to it (context.AfterFunc). A handler that fails under a context
+// the Guard cancelled with a cause (a revoked token) answers with that
+// cause.
 type Guard interface {
 	Check(ctx context.Context, token string, tls *tls.ConnectionState, method string, header []byte) (context.Context, error)
 }
 
-func (s *Server) guard(sc *serverConn, req *Request) (context.Context, error) {
+// guard runs the Guard for req; done must be called when the request
+// ends (it cancels the request's context).
+func (s *Server) guard(sc *serverConn, req *Request) (ctx context.Context, done func(), err error) {
 	if s.Guard == nil {
-		return s.ctx, nil
+		return s.ctx, func() {}, nil
 	}
 	var st *tls.ConnectionState
 	if tc, ok := sc.Conn.(*tls.Conn); ok {
 		cs := tc.ConnectionState()
 		st = &cs
 	}
-	return s.Guard.Check(s.ctx, sc.token, st, req.Method, req.Header)
+	rctx, cancel := context.WithCancel(s.ctx)
+	ctx, err = s.Guard.Check(rctx, sc.token, st, req.Method, req.Header)
+	return ctx, cancel, err
+}
+
+// causeOf is the cause a Guard cancelled ctx with, in place of the
+// handler's err, when there is one.
+func causeOf(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	if c := context.Cause(ctx); c != nil && c != ctx.Err() {
+		return c
+	}
+	return err
 }
 
 // handshakeTLS runs the server side of TLS on a new connection (under the

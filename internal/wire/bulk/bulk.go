@@ -523,11 +523,13 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	h, ok := s.handlers[req.Method]
 	if !ok {
 		st = status.Newf(codes.Unimplemented, "bulk: unknown method %q", req.Method).Proto()
-	} else if ctx, err := s.guard(sc, req); err != nil {
+	} else if ctx, done, err := s.guard(sc, req); err != nil {
+		done()
 		st = toStatus(nil, err)
 	} else {
 		resp, err := h(ctx, req)
-		st = toStatus(resp, err)
+		st = toStatus(resp, causeOf(ctx, err))
+		done()
 	}
 	if req.broken {
 		return false

@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/dial"
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/internal/wsync"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// issueToken runs `rlhub token new` into file and returns the token's path.
+func issueToken(t *testing.T, ctx context.Context, dir, file, role, scope, name string) string {
+	t.Helper()
+	out := filepath.Join(dir, name+".token")
+	if code, o, e := run(t, ctx, "token", "new", "--append", file, "--role", role, "--scope", scope, "--name", name, "--out", out); code != 0 {
+		t.Fatalf("token new %s: %d %s %s", name, code, o, e)
+	}
+	return out
+}
+
+// TestRelayListenTLSAndTokens: `rlhub relay` serves its local stream with
+// the hub's server flags. Over TLS with a token a collector gets the
+// hub's version through it; no token is Unauthenticated, a token of
+// another scope PermissionDenied, plaintext fails; its metrics endpoint
+// is HTTPS and wants a reader token; and off loopback without them the
+// relay refuses to start.
+func TestRelayListenTLSAndTokens(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "certs")
+	if code, o, e := run(t, ctx, "cert", "--dir", certs); code != 0 {
+		t.Fatalf("cert: %d %s %s", code, o, e)
+	}
+	ca, srvCert, srvKey := filepath.Join(certs, "ca.pem"), filepath.Join(certs, "server.pem"), filepath.Join(certs, "server-key.pem")
+	hubTokens, relayTokens := filepath.Join(dir, "hub-tokens"), filepath.Join(dir, "relay-tokens")
+	relayTok := issueToken(t, ctx, dir, hubTokens, "worker", "m", "relay")
+	collTok := issueToken(t, ctx, dir, relayTokens, "worker", "m", "collector")
+	otherTok := issueToken(t, ctx, dir, relayTokens, "worker", "x/", "other")
+
+	srvTLS, err := dial.ServerTLS(srvCert, srvKey, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := auth.LoadFile(hubTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", TLS: srvTLS, Auth: v, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: store.ExpectAny, Blob: storetest.Blob(t, 1, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Off loopback without TLS and tokens: refused, exit 2.
+	if code, _, e := run(t, ctx, "relay", "--upstream", h.Addr().String(), "--model", "m", "--no-shm", "--listen", "0.0.0.0:0"); code != 2 || !strings.Contains(e, "--auth-tokens FILE") {
+		t.Fatalf("exposed plaintext relay: code %d, %q", code, e)
+	}
+
+	relayAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	rctx, rcancel := context.WithCancel(ctx)
+	relayDone := make(chan int, 1)
+	go func() {
+		code, _, _ := run(t, rctx, "relay", "--upstream", h.Addr().String(), "--model", "m", "--no-shm", "--listen", relayAddr,
+			"--tls-ca", ca, "--tls-cert", srvCert, "--tls-key", srvKey, "--token-file", relayTok,
+			"--auth-tokens", relayTokens, "--metrics-listen", metricsAddr)
+		relayDone <- code
+	}()
+	defer func() {
+		rcancel()
+		if code := testkit.Recv(t, relayDone, 30*time.Second, "the relay to stop"); code != 0 {
+			t.Errorf("relay exited %d", code)
+		}
+	}()
+
+	conn := func(token string) *grpc.ClientConn {
+		cfg, err := dial.Files{CA: ca, TokenFile: token}.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := cfg.GRPC(relayAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	good := conn(collTok)
+	var cl *wsync.Client
+	testkit.Eventually(t, 30*time.Second, "a collector to attach to the relay over TLS", func() bool {
+		cl, err = wsync.Attach(ctx, wsync.ClientConfig{Conn: good, CollectorID: "c1", Model: "m"})
+		return err == nil
+	})
+	snap, err := cl.WaitNewer(ctx, 0)
+	cl.Close()
+	if err != nil || snap.Version != 1 {
+		t.Fatalf("version through the relay: %v, %v", snap, err)
+	}
+	status1 := func(c *grpc.ClientConn) error {
+		_, err := rlhubv1.NewWeightSyncClient(c).Status(ctx, &rlhubv1.SyncStatusRequest{Model: "m"})
+		return err
+	}
+	if err := status1(good); err != nil {
+		t.Fatalf("status with the collector token: %v", err)
+	}
+	if err := status1(conn("")); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("no token: %v", err)
+	}
+	if err := status1(conn(otherTok)); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("another scope: %v", err)
+	}
+	plain, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := status1(plain); err == nil {
+		t.Fatal("a plaintext call to a TLS relay succeeded")
+	}
+
+	// The metrics endpoint: HTTPS, a reader token.
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: 10 * time.Second}
+	tok, _ := os.ReadFile(collTok)
+	scrape := func(token string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "https://"+metricsAddr+"/metrics", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := scrape(strings.TrimSpace(string(tok))); code != http.StatusOK || !strings.Contains(body, "rlhub_sync_streams") || !strings.Contains(body, "rlhub_auth_tokens 2") {
+		t.Fatalf("scrape with a token: %d %.300q", code, body)
+	}
+	if code, _ := scrape(""); code != http.StatusUnauthorized {
+		t.Fatalf("scrape without a token: %d, want 401", code)
+	}
+	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "rlhub_") {
+			t.Fatal("the metrics endpoint answered plain HTTP")
+		}
+	}
+}

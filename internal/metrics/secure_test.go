@@ -1,0 +1,74 @@
+package metrics_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/metrics"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// Off loopback the endpoint needs TLS and tokens, or Insecure; with
+// tokens every path wants a reader token, as a bearer token or as the
+// basic-auth password (what a browser sends for the dashboard).
+func TestEndpointSecureByDefault(t *testing.T) {
+	if _, err := metrics.New(metrics.Config{Listen: "0.0.0.0:0", Logger: testkit.Logger()}); err == nil || !strings.Contains(err.Error(), "not a loopback address") {
+		t.Fatalf("exposed plaintext endpoint: %v", err)
+	}
+	ms, err := metrics.New(metrics.Config{Listen: "0.0.0.0:0", Insecure: true, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatalf("with Insecure: %v", err)
+	}
+	ms.Close()
+
+	tok, hash, _ := auth.NewToken()
+	v := auth.NewVerifier(map[string]auth.Principal{hash: {Name: "prom", Role: auth.Reader, Scopes: []string{""}}})
+	ms, err = metrics.New(metrics.Config{Listen: "127.0.0.1:0", Auth: v, Sources: metrics.Sources{Auth: v.Stats}, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms.Start()
+	defer ms.Close()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	get := func(path string, set func(*http.Request)) int {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://"+ms.Addr()+path, nil)
+		set(req)
+		var resp *http.Response
+		testkit.Eventually(t, 10*time.Second, "the endpoint to answer", func() bool {
+			resp, err = hc.Do(req)
+			return err == nil
+		})
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 && path == "/metrics" {
+			for _, f := range []string{"rlhub_auth_tokens 1", "rlhub_auth_live_calls 0", `rlhub_auth_quota_refusals_total{quota="bytes"} 0`} {
+				if !strings.Contains(string(b), f) {
+					t.Errorf("/metrics has no %s", f)
+				}
+			}
+		}
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		what string
+		path string
+		set  func(*http.Request)
+		want int
+	}{
+		{"no token", "/metrics", func(*http.Request) {}, 401},
+		{"unknown token", "/metrics", func(r *http.Request) { r.Header.Set("Authorization", "Bearer rlh_nope") }, 401},
+		{"bearer", "/metrics", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+tok) }, 200},
+		{"basic", "/", func(r *http.Request) { r.SetBasicAuth("any", tok) }, 200},
+		{"basic, no token", "/api/state", func(r *http.Request) { r.SetBasicAuth("any", "") }, 401},
+	} {
+		if got := get(c.path, c.set); got != c.want {
+			t.Errorf("%s %s: %d, want %d", c.what, c.path, got, c.want)
+		}
+	}
+}
