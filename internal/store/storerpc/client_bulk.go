@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -25,9 +26,26 @@ const (
 	bulkWatchMethod = BulkWatchMethod
 )
 
+// bulkAddr is where the data plane dials: Addr itself, or the primary a
+// cluster target (a hub list, etcd://…) follows now; false while a
+// cluster target knows no primary yet (gRPC then waits for one).
+func (c *Client) bulkAddr() (string, bool) {
+	if c.conn == nil {
+		return c.cfg.Addr, true
+	}
+	if p, ok := dial.CurrentPrimary(c.conn); ok {
+		return p.Addr, true
+	}
+	if t, err := dial.ParseTarget(c.cfg.Addr); err == nil && t.Clustered() {
+		return "", false
+	}
+	return c.cfg.Addr, true
+}
+
 // useBulk reports whether the data plane is worth trying now.
 func (c *Client) useBulk() bool {
-	if c.bulk == nil || !c.bulk.Supported(c.cfg.Addr) {
+	addr, ok := c.bulkAddr()
+	if c.bulk == nil || !ok || !c.bulk.Supported(addr) {
 		return false
 	}
 	c.bulkMu.Lock()
@@ -50,7 +68,11 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 	err = c.do(ctx, func(ctx context.Context) error {
 		var hdr rlhubv1.StorePullHeader
 		var blob []byte
-		err := c.bulk.CallRecv(ctx, c.cfg.Addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+		addr, ok := c.bulkAddr()
+		if !ok { // the primary went away since useBulk: retried as Unavailable
+			return fmt.Errorf("%w: storerpc: no primary known for %s yet", errs.ErrUnavailable, errs.Quote(c.cfg.Addr))
+		}
+		err := c.bulk.CallRecv(ctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
 				return fmt.Errorf("%w: storerpc: pull header: %v", errs.ErrInvalid, err)
 			}
