@@ -503,9 +503,9 @@ class _Reader:
 
 
 def _exchange_plain(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float,
-                    alloc=None, out=None):
+                    alloc: Optional[_Alloc] = None, out: Optional[List[Any]] = None) -> "status_pb2.Status":
     """_exchange on a plaintext socket (see above)."""
-    from google.rpc import status_pb2  # type: ignore
+    from google.rpc import status_pb2
 
     answered = False
     try:
@@ -536,7 +536,7 @@ def _exchange_plain(sock: socket.socket, frame: bytes, body: Sequence[Any], dead
                 raise EOFError(f"data header of {hl} bytes exceeds {MAX_DATA_HEADER_BYTES}")
             hdr = rd.take(hl) if hl else b""
             (n,) = struct.unpack("<Q", rd.take(8))
-            if alloc is None:
+            if alloc is None or out is None:
                 raise EOFError("a data frame for a call that expects none")
             try:
                 buf = alloc(hdr, n)
