@@ -48,6 +48,7 @@ func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 			if grpcerr.Code(err) == codes.Unimplemented || errors.Is(err, bulk.ErrNotSupported) {
 				return errNoBulk
 			}
+			r.upstreamFailed(err)
 			return err
 		}
 		if v != 0 {
@@ -179,4 +180,17 @@ func (r *Relay) upstreamAddr() string {
 		}
 	}
 	return r.cfg.UpstreamAddr
+}
+
+// upstreamFailed tells a cluster target's connection what the data plane
+// saw, since the watch makes no gRPC call the follower would learn from: a
+// standby's refusal names the primary to follow, any other failure asks
+// for the primary to be resolved again (a plain address ignores both).
+func (r *Relay) upstreamFailed(err error) {
+	c, ok := r.cfg.Upstream.(interface{ Target() string })
+	if !ok {
+		return
+	}
+	p, _ := hubdial.RefusalText(err.Error())
+	hubdial.Offer(c, p)
 }
