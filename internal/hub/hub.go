@@ -34,6 +34,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
@@ -494,7 +495,7 @@ func (h *Hub) Start() error {
 	// The listener queues connections from here on, so the address may
 	// be published before Serve starts.
 	if h.cfg.AddrFile != "" {
-		if err := writeAddrFile(h.cfg.AddrFile, lis.Addr().String()); err != nil {
+		if err := WriteAddrFile(h.cfg.AddrFile, lis.Addr().String()); err != nil {
 			lis.Close()
 			return fmt.Errorf("hub: %w", err)
 		}
@@ -512,14 +513,11 @@ func (h *Hub) Start() error {
 	return nil
 }
 
-// writeAddrFile writes addr to path through a temporary file and a rename.
-func writeAddrFile(path, addr string) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
-		return fmt.Errorf("address file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+// WriteAddrFile publishes addr at path for whoever started the process
+// (`serve --addr-file`): a reader sees no file or the whole address, never
+// a part (atomicfile's temporary file and rename).
+func WriteAddrFile(path, addr string) error {
+	if err := atomicfile.Write(path, []byte(addr+"\n")); err != nil {
 		return fmt.Errorf("address file: %w", err)
 	}
 	return nil

@@ -142,7 +142,7 @@ func (n *Node) Run(ctx context.Context) error {
 		n.cfg.Cluster.ID = host + "-" + port
 	}
 	if n.cfg.Hub.AddrFile != "" {
-		if err := writeAddrFile(n.cfg.Hub.AddrFile, addr); err != nil {
+		if err := hub.WriteAddrFile(n.cfg.Hub.AddrFile, addr); err != nil {
 			lis.Close()
 			return err
 		}
@@ -483,16 +483,4 @@ func (n *Node) Terms() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.terms
-}
-
-func writeAddrFile(path, addr string) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
-		return fmt.Errorf("address file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("address file: %w", err)
-	}
-	return nil
 }
