@@ -120,9 +120,12 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
-def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float) -> None:
+def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float, rearm: bool = True) -> None:
     """Writes every buffer in order with sendmsg (writev), resuming after
-    partial writes; at most IOV_MAX buffers per call."""
+    partial writes; at most IOV_MAX buffers per call. Each write re-arms the
+    socket's timeout to the deadline; with ``rearm`` False (the plaintext
+    path, whose socket timeout was set once for the call) the deadline is
+    only checked between writes, saving a syscall per write."""
     views = [v for v in (memoryview(b).cast("B") for b in bufs) if v.nbytes]
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS: one encrypted write per buffer
         for v in views:
@@ -131,7 +134,10 @@ def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float) -> N
         return
     i = 0
     while i < len(views):
-        _settimeout(sock, deadline)
+        if rearm:
+            _settimeout(sock, deadline)
+        elif time.monotonic() > deadline:
+            raise _Deadline()
         n = sock.sendmsg(views[i:i + _IOV_MAX])
         while n > 0:
             size = views[i].nbytes
@@ -361,12 +367,16 @@ _Alloc = Callable[[bytes, int], Any]
 """alloc(data header, n): a writable buffer of at least n bytes for the body."""
 
 
-def _read_data(sock: socket.socket, deadline: float, alloc: Optional[_Alloc], out: Optional[List[Any]]) -> None:
-    (hl,) = struct.unpack("<I", _recv_exact(sock, 4, deadline))
+def _read_data(take: Callable[[int], bytes], into: Callable[[memoryview], None],
+               alloc: Optional[_Alloc], out: Optional[List[Any]]) -> None:
+    """Reads one data frame's header and body (its kind byte already read)
+    with ``take(n)`` (exactly n bytes) and ``into(view)`` (fills view), into
+    the buffer ``alloc`` gives; ``out`` receives (header, buffer)."""
+    (hl,) = struct.unpack("<I", take(4))
     if hl > MAX_DATA_HEADER_BYTES:
         raise EOFError(f"data header of {hl} bytes exceeds {MAX_DATA_HEADER_BYTES}")
-    hdr = _recv_exact(sock, hl, deadline) if hl else b""
-    (n,) = struct.unpack("<Q", _recv_exact(sock, 8, deadline))
+    hdr = take(hl) if hl else b""
+    (n,) = struct.unpack("<Q", take(8))
     if alloc is None or out is None:
         raise EOFError("a data frame for a call that expects none")
     try:
@@ -377,7 +387,7 @@ def _read_data(sock: socket.socket, deadline: float, alloc: Optional[_Alloc], ou
     except Exception as e:  # noqa: BLE001 - the caller's refusal, raised as it is
         raise _Refused() from e
     if n:
-        _recv_into(sock, mv[:n], deadline)
+        into(mv[:n])
     out[0], out[1] = hdr, buf
 
 
@@ -398,7 +408,7 @@ def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: 
             _sendmsg_all(sock, body, deadline)
             kind = _recv_exact(sock, 1, deadline)[0]
         if kind == _KIND_DATA:
-            _read_data(sock, deadline, alloc, out)
+            _read_data(lambda k: _recv_exact(sock, k, deadline), lambda v: _recv_into(sock, v, deadline), alloc, out)
             kind = _recv_exact(sock, 1, deadline)[0]
         if kind != _KIND_FINAL:
             raise _Broken(f"frame kind {kind}, want a final status (3)", answered)
@@ -515,39 +525,10 @@ def _exchange_plain(sock: socket.socket, frame: bytes, body: Sequence[Any], dead
         kind = rd.take(1)[0]
         answered = True
         if kind == _KIND_CONTINUE:
-            views = [v for v in (memoryview(b).cast("B") for b in body) if v.nbytes]
-            i = 0
-            while i < len(views):
-                if time.monotonic() > deadline:
-                    raise _Deadline()
-                n = sock.sendmsg(views[i:i + _IOV_MAX])
-                while n > 0:
-                    size = views[i].nbytes
-                    if n >= size:
-                        n -= size
-                        i += 1
-                    else:
-                        views[i] = views[i][n:]
-                        n = 0
+            _sendmsg_all(sock, body, deadline, rearm=False)
             kind = rd.take(1)[0]
         if kind == _KIND_DATA:
-            (hl,) = struct.unpack("<I", rd.take(4))
-            if hl > MAX_DATA_HEADER_BYTES:
-                raise EOFError(f"data header of {hl} bytes exceeds {MAX_DATA_HEADER_BYTES}")
-            hdr = rd.take(hl) if hl else b""
-            (n,) = struct.unpack("<Q", rd.take(8))
-            if alloc is None or out is None:
-                raise EOFError("a data frame for a call that expects none")
-            try:
-                buf = alloc(hdr, n)
-                mv = memoryview(buf).cast("B")
-                if mv.nbytes < n or mv.readonly:
-                    raise ValueError(f"receive buffer of {mv.nbytes} bytes for a {n}-byte body")
-            except Exception as e:  # noqa: BLE001 - the caller's refusal, raised as it is
-                raise _Refused() from e
-            if n:
-                rd.into(mv[:n])
-            out[0], out[1] = hdr, buf
+            _read_data(rd.take, rd.into, alloc, out)
             kind = rd.take(1)[0]
         if kind != _KIND_FINAL:
             raise _Broken(f"frame kind {kind}, want a final status (3)", answered)
