@@ -17,12 +17,33 @@ Contract:
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Tuple, TypeVar
 
 import grpc
 
 from rlhub import errors
+
+
+_M = TypeVar("_M")
+
+
+def outbox(first: _M) -> "Tuple[queue.Queue[Optional[_M]], Iterator[_M]]":
+    """A session's outgoing messages: a queue whose first message is
+    ``first``, and the request iterator a stream call reads from it; putting
+    None ends the requests (the client's half-close)."""
+    out: "queue.Queue[Optional[_M]]" = queue.Queue()
+    out.put(first)
+
+    def requests() -> Iterator[_M]:
+        while True:
+            m = out.get()
+            if m is None:
+                return
+            yield m
+
+    return out, requests()
 
 
 class AttachLoop:

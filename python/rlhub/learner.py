@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union
 
@@ -46,7 +45,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from rlhub import _channel, errors
-from rlhub._attach import AttachLoop
+from rlhub._attach import AttachLoop, outbox
 from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc
 from rlhub._transfer import Assembler
 from rlhub.tensors import load_bytes, parse_header
@@ -234,18 +233,10 @@ class Learner(AttachLoop):
     # -- one session -------------------------------------------------------
 
     def _session(self) -> None:
-        out: "queue.Queue[Optional[aggregator_pb2.LearnerMessage]]" = queue.Queue()
-        out.put(aggregator_pb2.LearnerMessage(
+        out, requests = outbox(aggregator_pb2.LearnerMessage(
             hello=aggregator_pb2.Hello(learner_id=self.learner_id, resources=self.resources)))
 
-        def requests() -> Iterator[aggregator_pb2.LearnerMessage]:
-            while True:
-                m = out.get()
-                if m is None:
-                    return
-                yield m
-
-        call = self._stub.Attach(requests(), wait_for_ready=True)
+        call = self._stub.Attach(requests, wait_for_ready=True)
         with self._mu:
             self._call = call
         done = threading.Event()

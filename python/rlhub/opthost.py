@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import grpc
 
 from rlhub import _channel, errors
-from rlhub._attach import AttachLoop
+from rlhub._attach import AttachLoop, outbox
 from rlhub._proto.rlhub.v1 import opthost_pb2, opthost_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, Assembler, iter_chunks
 from rlhub.store import StoreClient
@@ -236,17 +235,9 @@ class OptimizerHost(AttachLoop):
     # -- one session -------------------------------------------------------
 
     def _session(self) -> None:
-        out: "queue.Queue[Optional[opthost_pb2.HostMessage]]" = queue.Queue()
-        out.put(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model=self.model)))
+        out, requests = outbox(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model=self.model)))
 
-        def requests() -> Iterator[opthost_pb2.HostMessage]:
-            while True:
-                m = out.get()
-                if m is None:
-                    return
-                yield m
-
-        call = self._stub.Attach(requests(), wait_for_ready=True)
+        call = self._stub.Attach(requests, wait_for_ready=True)
         with self._mu:
             self._call = call
         try:
