@@ -11,12 +11,13 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/relay"
 )
 
 // newRelayCmd is `rlhub relay`: one upstream subscription per host,
 // serving the host's collectors from shared memory and a local stream.
 func newRelayCmd(g *globals) *cobra.Command {
-	var cfg wsync.RelayConfig
+	var cfg relay.Config
 	var upstream string
 	var noShm bool
 	var metricsListen string
@@ -64,7 +65,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			if v != nil {
 				cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(v.UnaryInterceptor()), grpc.ChainStreamInterceptor(v.StreamInterceptor()))
 			}
-			r, err := wsync.NewRelay(cfg)
+			r, err := relay.New(cfg)
 			if err != nil {
 				return err
 			}
@@ -124,7 +125,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 
 // closeRelay releases a relay that will not run (its listener and segment):
 // Run on a context already cancelled returns at once.
-func closeRelay(parent context.Context, r *wsync.Relay) {
+func closeRelay(parent context.Context, r *relay.Relay) {
 	done, stop := context.WithCancel(parent)
 	stop()
 	_ = r.Run(done)

@@ -26,6 +26,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/relay"
 )
 
 // BenchmarkDeliver measures time-to-all-collectors-have-it: from the
@@ -352,25 +353,25 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		per := max(n/relays, 1)
 		for ri := range relays {
 			path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-relay-%d-%d", os.Getpid(), ri)
-			cfg := wsync.RelayConfig{Upstream: dialT(h.Addr().String()), Model: "m", ID: fmt.Sprint("relay-", ri), ShmPath: path, Logger: quietLog()}
+			cfg := relay.Config{Upstream: dialT(h.Addr().String()), Model: "m", ID: fmt.Sprint("relay-", ri), ShmPath: path, Logger: quietLog()}
 			if tr != "relay-shm" {
 				cfg.UpstreamAddr = h.Addr().String()
 			}
 			if lease {
 				cfg.ShmSlots = 2 + per
 			}
-			relay, err := wsync.NewRelay(cfg)
+			rl, err := relay.New(cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
 			rctx, cancel := context.WithCancel(ctx)
 			done := make(chan struct{})
-			go func() { defer close(done); relay.Run(rctx) }()
+			go func() { defer close(done); rl.Run(rctx) }()
 			cleanup = append(cleanup, func() { cancel(); <-done })
 			if ri == 0 {
 				publish(1) // the relay sizes its segment from the first version
 			}
-			for relay.Board().Newest() == nil {
+			for rl.Board().Newest() == nil {
 				time.Sleep(time.Millisecond)
 			}
 			for range per {

@@ -22,7 +22,7 @@
 //     one goroutine per attached collector, each sends the newest version
 //     when it is ready, so a slow collector skips versions and never delays
 //     the others.
-//   - Relay: subscribes to an upstream hub once and serves the host's
+//   - Relay (package wsync/relay): subscribes to an upstream hub once and serves the host's
 //     collectors from shared memory and its own stream; Failover makes
 //     collectors fall back to the upstream when the relay dies.
 //

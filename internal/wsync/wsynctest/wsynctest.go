@@ -1,22 +1,29 @@
 // Package wsynctest builds and checks the versions weight-sync tests
 // publish: one float32 tensor whose bytes follow a per-version pattern, so
 // a torn or mislabelled version is detected byte for byte. The wsync
-// transports' tests (wsync, wsync/shm) share it.
+// transports' tests (wsync, wsync/shm, wsync/relay) share it;
+// WriteVersion answers a data-plane request with a whole or cut-off
+// version.
 package wsynctest
 
 import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // Fill fills b with version v's pattern: the 8-byte word
@@ -97,4 +104,21 @@ func ShmPath(t testing.TB) string {
 	os.Remove(p)
 	t.Cleanup(func() { os.Remove(p) })
 	return p
+}
+
+// WriteVersion answers a data-plane pull or watch (docs/wire.md) with
+// snap's data frame, of which only send body
+// bytes are written, and the final OK status when final.
+func WriteVersion(conn io.Writer, snap *store.Snapshot, send int, final bool) {
+	hb, _ := proto.Marshal(&rlhubv1.StorePullHeader{Blob: &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, TotalBytes: uint64(len(snap.Blob))}})
+	frame := binary.LittleEndian.AppendUint32([]byte{4}, uint32(len(hb)))
+	frame = append(frame, hb...)
+	frame = binary.LittleEndian.AppendUint64(frame, uint64(len(snap.Blob)))
+	frame = append(frame, snap.Blob[:send]...)
+	if final {
+		st, _ := proto.Marshal(&spb.Status{})
+		frame = binary.LittleEndian.AppendUint32(append(frame, 3), uint32(len(st)))
+		frame = append(frame, st...)
+	}
+	_, _ = conn.Write(frame)
 }

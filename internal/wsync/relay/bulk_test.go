@@ -1,20 +1,17 @@
 //go:build linux
 
-package wsync
+package relay
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"github.com/rlhub/rlhub/internal/wsync/shm"
-	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"io"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
@@ -22,6 +19,9 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -33,7 +33,7 @@ func dataPlaneHub(t *testing.T, st store.Store) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws, err := NewService(ServiceConfig{Versions: st, Logger: testkit.Logger()})
+	ws, err := wsync.NewService(wsync.ServiceConfig{Versions: st, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,9 +45,9 @@ func dataPlaneHub(t *testing.T, st store.Store) string {
 	return addr
 }
 
-func runRelay(t *testing.T, cfg RelayConfig) *Relay {
+func runRelay(t *testing.T, cfg Config) *Relay {
 	t.Helper()
-	relay, err := NewRelay(cfg)
+	relay, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 	defer st.Close()
 	addr := dataPlaneHub(t, st)
 	path := wsynctest.ShmPath(t)
-	relay := runRelay(t, RelayConfig{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-dp",
+	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-dp",
 		ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	for v := uint64(1); v <= 4; v++ {
 		snap := wsynctest.Snap(t, "m", v, 100_000+int(v))
@@ -125,13 +125,13 @@ func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 					afters <- after
 					switch step++; step {
 					case 1:
-						writeVersion(conn, snaps[1], len(snaps[1].Blob), true)
+						wsynctest.WriteVersion(conn, snaps[1], len(snaps[1].Blob), true)
 					case 2:
-						writeVersion(conn, snaps[2], len(snaps[2].Blob)/2, false) // cut off
+						wsynctest.WriteVersion(conn, snaps[2], len(snaps[2].Blob)/2, false) // cut off
 						cut <- struct{}{}
 						return
 					case 3:
-						writeVersion(conn, snaps[3], len(snaps[3].Blob), true)
+						wsynctest.WriteVersion(conn, snaps[3], len(snaps[3].Blob), true)
 					default:
 						<-ctx.Done()
 						return
@@ -141,7 +141,7 @@ func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 		}
 	})
 	path := wsynctest.ShmPath(t)
-	relay := runRelay(t, RelayConfig{Upstream: dial(t, lis.Addr().String()), UpstreamAddr: lis.Addr().String(), Model: "m",
+	relay := runRelay(t, Config{Upstream: dial(t, lis.Addr().String()), UpstreamAddr: lis.Addr().String(), Model: "m",
 		ShmPath: path, Backoff: time.Millisecond, Logger: quiet()})
 	if a := testkit.Recv(t, afters, 20*time.Second, "first poll"); a != 0 {
 		t.Fatalf("first poll after %d, want 0", a)
@@ -209,20 +209,4 @@ func readWatchRequest(conn net.Conn) (uint64, bool) {
 		return 0, false
 	}
 	return req.After, true
-}
-
-// writeVersion answers with snap's data frame, of which only send body
-// bytes are written, and the final OK status when final.
-func writeVersion(conn net.Conn, snap *store.Snapshot, send int, final bool) {
-	hb, _ := proto.Marshal(&rlhubv1.StorePullHeader{Blob: &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, TotalBytes: uint64(len(snap.Blob))}})
-	frame := binary.LittleEndian.AppendUint32([]byte{4}, uint32(len(hb)))
-	frame = append(frame, hb...)
-	frame = binary.LittleEndian.AppendUint64(frame, uint64(len(snap.Blob)))
-	frame = append(frame, snap.Blob[:send]...)
-	if final {
-		st, _ := proto.Marshal(&spb.Status{})
-		frame = binary.LittleEndian.AppendUint32(append(frame, 3), uint32(len(st)))
-		frame = append(frame, st...)
-	}
-	_, _ = conn.Write(frame)
 }

@@ -1,15 +1,18 @@
-package wsync
+// Package relay is weight sync's per-host relay: it subscribes to an
+// upstream hub once (its data-plane watch, or the WeightSync push stream)
+// and serves the host's collectors from a shared-memory segment and its own
+// WeightSync stream, so a version crosses the network once per host.
+// Local collectors' version reports are forwarded upstream. Collectors
+// fall back to the upstream when the relay dies (wsync.Failover).
+package relay
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rlhub/rlhub/internal/wsync/shm"
-	"io"
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,11 +22,13 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// RelayConfig configures a relay.
-type RelayConfig struct {
+// Config configures a relay.
+type Config struct {
 	// Upstream reaches the hub (or another relay). Required.
 	Upstream grpc.ClientConnInterface
 	// Model to relay. Required.
@@ -73,16 +78,16 @@ type RelayConfig struct {
 	Logger *slog.Logger
 }
 
-func (c *RelayConfig) validate() error {
+func (c *Config) validate() error {
 	switch {
 	case c.Upstream == nil:
-		return fmt.Errorf("%w: wsync: RelayConfig.Upstream is nil", errs.ErrInvalid)
+		return fmt.Errorf("%w: relay: Config.Upstream is nil", errs.ErrInvalid)
 	case c.Model == "":
-		return fmt.Errorf("%w: wsync: RelayConfig.Model is empty", errs.ErrInvalid)
+		return fmt.Errorf("%w: relay: Config.Model is empty", errs.ErrInvalid)
 	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0 || c.PollTimeout < 0 || c.MaxModelBytes < 0:
-		return fmt.Errorf("%w: wsync: negative RelayConfig duration or capacity", errs.ErrInvalid)
+		return fmt.Errorf("%w: relay: negative Config duration or capacity", errs.ErrInvalid)
 	case c.ShmSlots < 0 || c.ShmSlots == 1 || c.ShmSlots > 64:
-		return fmt.Errorf("%w: wsync: RelayConfig.ShmSlots %d outside [2, 64]", errs.ErrInvalid, c.ShmSlots)
+		return fmt.Errorf("%w: relay: Config.ShmSlots %d outside [2, 64]", errs.ErrInvalid, c.ShmSlots)
 	}
 	if c.ID == "" {
 		host, _ := os.Hostname()
@@ -114,12 +119,12 @@ func (c *RelayConfig) validate() error {
 // crosses the network once per host. Local collectors' version reports
 // are forwarded upstream.
 //
-// Use: NewRelay, then Run(ctx) (it serves until ctx is done, then stops
-// and removes the segment). Addr is valid after NewRelay.
+// Use: New, then Run(ctx) (it serves until ctx is done, then stops
+// and removes the segment). Addr is valid after New.
 type Relay struct {
-	cfg   RelayConfig
-	board *Board
-	svc   *Service
+	cfg   Config
+	board *wsync.Board
+	svc   *wsync.Service
 	srv   *grpc.Server
 	lis   net.Listener
 
@@ -131,16 +136,16 @@ type Relay struct {
 	have   atomic.Uint64 // newest version followed on the data plane, reported upstream
 }
 
-// NewRelay listens and prepares the relay's service.
-func NewRelay(cfg RelayConfig) (*Relay, error) {
+// New listens and prepares the relay's service.
+func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, board: NewBoard(cfg.Model)}
+	r := &Relay{cfg: cfg, board: wsync.NewBoard(cfg.Model)}
 	if cfg.UpstreamAddr != "" {
 		r.bulk = bulk.NewClient()
 	}
-	svc, err := NewService(ServiceConfig{Versions: boardStore{r.board}, Logger: cfg.Logger})
+	svc, err := wsync.NewService(wsync.ServiceConfig{Versions: boardStore{b: r.board, name: cfg.Model}, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -159,11 +164,11 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 func (r *Relay) Addr() string { return r.lis.Addr().String() }
 
 // Board is the relay's in-process copy of the newest version.
-func (r *Relay) Board() *Board { return r.board }
+func (r *Relay) Board() *wsync.Board { return r.board }
 
 // Service is the relay's WeightSync service (its Lag shows local
 // collectors).
-func (r *Relay) Service() *Service { return r.svc }
+func (r *Relay) Service() *wsync.Service { return r.svc }
 
 // Run serves until ctx is done, re-attaching upstream after failures.
 // On return the server is stopped, the segment closed and removed.
@@ -231,12 +236,12 @@ func (r *Relay) follow(ctx context.Context) {
 }
 
 func (r *Relay) followOnce(ctx context.Context, have *uint64) error {
-	cl, err := Attach(ctx, ClientConfig{Conn: r.cfg.Upstream, CollectorID: r.cfg.ID, Model: r.cfg.Model, Start: *have, Logger: r.cfg.Logger})
+	cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: r.cfg.Upstream, CollectorID: r.cfg.ID, Model: r.cfg.Model, Start: *have, Logger: r.cfg.Logger})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	recv, err := NewReceiver(ReceiverConfig{Source: cl, Start: *have, Apply: r.apply, OnApplied: func(v uint64) {
+	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: cl, Start: *have, Apply: r.apply, OnApplied: func(v uint64) {
 		*have = v
 		cl.Running(v)
 	}})
@@ -325,7 +330,7 @@ func (r *Relay) forwardReports(ctx context.Context) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.ReportEvery)
-		if err := Report(rctx, r.cfg.Upstream, reports...); err != nil && ctx.Err() == nil {
+		if err := wsync.Report(rctx, r.cfg.Upstream, reports...); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Debug("wsync: relay could not forward reports", "err", err)
 		}
 		cancel()
@@ -333,11 +338,14 @@ func (r *Relay) forwardReports(ctx context.Context) {
 }
 
 // boardStore serves one board as a StoreReader for a relay's Service.
-type boardStore struct{ b *Board }
+type boardStore struct {
+	b    *wsync.Board
+	name string // the board's model (NewBoard's name)
+}
 
 func (s boardStore) check(name string) error {
-	if s.b.name != name {
-		return fmt.Errorf("%w: this relay carries model %q, not %q", errs.ErrNotFound, s.b.name, name)
+	if s.name != name {
+		return fmt.Errorf("%w: this relay carries model %q, not %q", errs.ErrNotFound, s.name, name)
 	}
 	return nil
 }
@@ -354,54 +362,4 @@ func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*
 		return nil, err
 	}
 	return s.b.WaitNewer(ctx, after)
-}
-
-// ShmDialer is a Dialer that opens a segment (for Failover) with a copying
-// reader. A segment whose writer has closed it or died counts as
-// unreachable.
-func ShmDialer(name, path string) Dialer {
-	return ShmReaderDialer(name, shm.ReaderConfig{Path: path})
-}
-
-// The shm transport's writer publishes and its reader is a Source, like
-// every other transport's.
-var (
-	_ Publisher = (*shm.Writer)(nil)
-	_ Source    = (*shm.Reader)(nil)
-)
-
-// ShmReaderDialer is ShmDialer with a reader configured by cfg, e.g. one
-// that leases (cfg.Lease) so collectors use versions in place: its
-// snapshots then stay valid until a newer version is taken from the
-// Failover (which keeps a failed leasing source mapped until then).
-func ShmReaderDialer(name string, cfg shm.ReaderConfig) Dialer {
-	return Dialer{Name: name, Dial: func(context.Context, uint64) (Source, io.Closer, error) {
-		r, err := shm.Open(cfg)
-		if err != nil {
-			return nil, nil, err
-		}
-		if !r.WriterAlive() {
-			r.Close()
-			return nil, nil, fmt.Errorf("%w: wsync: the writer of %s is gone", errs.ErrUnavailable, cfg.Path)
-		}
-		return r, r, nil
-	}}
-}
-
-// PushDialer is a Dialer that attaches to a hub's or relay's push stream.
-// Its client reuses receive buffers (ClientConfig.ReuseBuffers): a
-// Failover's snapshots already live only as long as a shm.Reader's.
-func PushDialer(name string, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
-	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
-		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have, ReuseBuffers: true})
-		if err != nil {
-			return nil, nil, err
-		}
-		return c, c, nil
-	}}
-}
-
-// DefaultShmPath is the conventional segment of a model on this host.
-func DefaultShmPath(model string) string {
-	return "/dev/shm/rlhub-" + strings.ReplaceAll(model, "/", "_")
 }

@@ -1,16 +1,12 @@
 //go:build linux
 
-package wsync
+package relay
 
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"github.com/rlhub/rlhub/internal/wsync/shm"
-	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -23,53 +19,17 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
-// failoverCollector follows a Failover source in a goroutine.
-type failoverCollector struct {
-	f      *Failover
-	recv   *Receiver
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func startFailoverCollector(t *testing.T, dialers ...Dialer) *failoverCollector {
-	t.Helper()
-	return startFailoverCollectorApply(t, wsynctest.Check, dialers...)
-}
-
-// startFailoverCollectorApply is startFailoverCollector with the
-// collector's ApplyFunc.
-func startFailoverCollectorApply(t *testing.T, apply ApplyFunc, dialers ...Dialer) *failoverCollector {
-	t.Helper()
-	f, err := NewFailover(FailoverConfig{Dialers: dialers, Backoff: 10 * time.Millisecond, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &failoverCollector{f: f, done: make(chan error, 1)}
-	c.recv, err = NewReceiver(ReceiverConfig{Source: f, Apply: apply, OnApplied: f.Running})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	go func() { c.done <- c.recv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-c.done
-		f.Close()
-	})
-	return c
-}
 
 func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 1000)
 	path := wsynctest.ShmPath(t)
 	// 3 slots: one lease entry, for leaseC.
-	relay, err := NewRelay(RelayConfig{Upstream: dial(t, h.addr), Model: "m", ID: "relay-1", ShmPath: path, ShmSlots: 3, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
+	relay, err := New(Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-1", ShmPath: path, ShmSlots: 3, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,28 +55,28 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 
 	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
 	shmC := startFailoverCollector(t,
-		ShmDialer("relay-shm", path),
-		PushDialer("upstream", upConn, "shm-collector", "m"))
+		wsync.ShmDialer("relay-shm", path),
+		wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	streamC := startFailoverCollector(t,
-		PushDialer("relay-stream", relayConn, "stream-collector", "m"),
-		PushDialer("upstream", upConn, "stream-collector", "m"))
+		wsync.PushDialer("relay-stream", relayConn, "stream-collector", "m"),
+		wsync.PushDialer("upstream", upConn, "stream-collector", "m"))
 	// The leasing collector counts the versions it got in place: views of
 	// the segment its current reader maps.
 	var leaseReader atomic.Pointer[shm.Reader]
-	leasing := ShmReaderDialer("relay-shm", shm.ReaderConfig{Path: path, Lease: true})
+	leasing := wsync.ShmReaderDialer("relay-shm", shm.ReaderConfig{Path: path, Lease: true})
 	var leased atomic.Uint64
 	leaseC := startFailoverCollectorApply(t, func(s *store.Snapshot) error {
 		if r := leaseReader.Load(); r != nil && r.InMapping(s.Blob) {
 			leased.Add(1)
 		}
 		return wsynctest.Check(s)
-	}, Dialer{Name: "relay-shm", Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+	}, wsync.Dialer{Name: "relay-shm", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
 		src, closer, err := leasing.Dial(ctx, have)
 		if err == nil {
 			leaseReader.Store(src.(*shm.Reader))
 		}
 		return src, closer, err
-	}}, PushDialer("upstream", upConn, "lease-collector", "m"))
+	}}, wsync.PushDialer("upstream", upConn, "lease-collector", "m"))
 	all := []*failoverCollector{shmC, streamC, leaseC}
 	for _, c := range all {
 		waitFor(t, "collectors at v1 via the relay", func() bool { return c.recv.Version() == 1 })
@@ -180,26 +140,6 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	}
 }
 
-func TestFailoverRejectsEmptyAndReportsAllDown(t *testing.T) {
-	if _, err := NewFailover(FailoverConfig{}); err == nil {
-		t.Fatal("NewFailover without dialers succeeded")
-	}
-	down := Dialer{Name: "down", Dial: func(context.Context, uint64) (Source, io.Closer, error) {
-		return nil, nil, errors.New("refused")
-	}}
-	f, _ := NewFailover(FailoverConfig{Dialers: []Dialer{down, down}, Logger: quiet()})
-	defer f.Close()
-	ctx := context.Background()
-	if _, err := f.GetIfNewer(ctx, 0); err == nil {
-		t.Fatal("GetIfNewer with every source down succeeded")
-	}
-	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	defer cancel()
-	if _, err := f.WaitNewer(cctx, 0); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("WaitNewer with every source down = %v, want to keep trying until the deadline", err)
-	}
-}
-
 // runRelayChild is the relay process of TestRelayProcessKilled: it prints
 // its address and relays until it is killed (or a minute passes).
 func runRelayChild() int {
@@ -208,7 +148,7 @@ func runRelayChild() int {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		return 1
 	}
-	r, err := NewRelay(RelayConfig{Upstream: conn, Model: "m", ID: "relay-proc", ShmPath: os.Getenv("RLHUB_WSYNC_SHM"), Logger: quiet()})
+	r, err := New(Config{Upstream: conn, Model: "m", ID: "relay-proc", ShmPath: os.Getenv("RLHUB_WSYNC_SHM"), Logger: quiet()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		return 1
@@ -261,10 +201,10 @@ func TestRelayProcessKilled(t *testing.T) {
 	})
 
 	upConn := dial(t, h.addr)
-	shmC := startFailoverCollector(t, ShmDialer("relay-shm", path), PushDialer("upstream", upConn, "shm-collector", "m"))
+	shmC := startFailoverCollector(t, wsync.ShmDialer("relay-shm", path), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	streamC := startFailoverCollector(t,
-		PushDialer("relay-stream", dial(t, relayAddr), "stream-collector", "m"),
-		PushDialer("upstream", upConn, "stream-collector", "m"))
+		wsync.PushDialer("relay-stream", dial(t, relayAddr), "stream-collector", "m"),
+		wsync.PushDialer("upstream", upConn, "stream-collector", "m"))
 	for _, c := range []*failoverCollector{shmC, streamC} {
 		waitFor(t, "collectors at v1 via the relay", func() bool { return c.recv.Version() == 1 })
 	}

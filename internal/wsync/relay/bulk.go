@@ -1,10 +1,9 @@
-package wsync
+package relay
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"hash/crc32"
 	"io"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 

@@ -1,0 +1,63 @@
+package wsync
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
+)
+
+// ShmDialer is a Dialer that opens a segment (for Failover) with a copying
+// reader. A segment whose writer has closed it or died counts as
+// unreachable.
+func ShmDialer(name, path string) Dialer {
+	return ShmReaderDialer(name, shm.ReaderConfig{Path: path})
+}
+
+// The shm transport's writer publishes and its reader is a Source, like
+// every other transport's.
+var (
+	_ Publisher = (*shm.Writer)(nil)
+	_ Source    = (*shm.Reader)(nil)
+)
+
+// ShmReaderDialer is ShmDialer with a reader configured by cfg, e.g. one
+// that leases (cfg.Lease) so collectors use versions in place: its
+// snapshots then stay valid until a newer version is taken from the
+// Failover (which keeps a failed leasing source mapped until then).
+func ShmReaderDialer(name string, cfg shm.ReaderConfig) Dialer {
+	return Dialer{Name: name, Dial: func(context.Context, uint64) (Source, io.Closer, error) {
+		r, err := shm.Open(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !r.WriterAlive() {
+			r.Close()
+			return nil, nil, fmt.Errorf("%w: wsync: the writer of %s is gone", errs.ErrUnavailable, cfg.Path)
+		}
+		return r, r, nil
+	}}
+}
+
+// PushDialer is a Dialer that attaches to a hub's or relay's push stream.
+// Its client reuses receive buffers (ClientConfig.ReuseBuffers): a
+// Failover's snapshots already live only as long as a shm.Reader's.
+func PushDialer(name string, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
+	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have, ReuseBuffers: true})
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, c, nil
+	}}
+}
+
+// DefaultShmPath is the conventional segment of a model on this host.
+func DefaultShmPath(model string) string {
+	return "/dev/shm/rlhub-" + strings.ReplaceAll(model, "/", "_")
+}
