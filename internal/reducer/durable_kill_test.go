@@ -1,20 +1,15 @@
 package reducer_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,83 +24,15 @@ import (
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// proc is an `rlhub` process: this test binary re-executed (childEnv).
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited and its output is read
-	mu   sync.Mutex
-	out  strings.Builder
-	addr chan string // the address of the first "hub serving" line
-}
-
-var servingRE = regexp.MustCompile(`msg="hub serving" addr=(\S+)`)
-
-func startProc(t *testing.T, args ...string) *proc {
+// startProc starts `rlhub ARGS… --addr-file F` as this test binary
+// re-executed (childEnv), so the hub runs under this binary's race
+// detector, and waits for it to listen (args end with serve's flags).
+func startProc(t *testing.T, args ...string) *testkit.Proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"))
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, done: make(chan struct{}), addr: make(chan string, 1)}
-	copied := make(chan struct{})
-	go func() { // ends when the pipe closes below
-		defer close(copied)
-		sc := bufio.NewScanner(pr)
-		sent := false
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.out.WriteString(line + "\n")
-			p.mu.Unlock()
-			if m := servingRE.FindStringSubmatch(line); m != nil && !sent {
-				p.addr <- m[1]
-				sent = true
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	go func() {
-		_ = cmd.Wait()
-		pw.Close()
-		<-copied
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("process %d output:\n%s", cmd.Process.Pid, p.output())
-		}
-	})
-	return p
-}
-
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
-
-// kill SIGKILLs the process and waits for it.
-func (p *proc) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// serving waits for the process to listen and returns its address.
-func (p *proc) serving(t *testing.T) string {
-	t.Helper()
-	select {
-	case a := <-p.addr:
-		return a
-	case <-p.done:
-		t.Fatalf("the hub exited before serving:\n%s", p.output())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the hub is not serving after 30s:\n%s", p.output())
-	}
-	return ""
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	args = append(args, "--addr-file", addrFile)
+	return testkit.StartProc(t, testkit.ProcConfig{Name: "rlhub " + args[0], Path: os.Args[0],
+		Env: []string{childEnv + "=" + strings.Join(args, "\x1f")}, AddrFile: addrFile, StartTimeout: 30 * time.Second})
 }
 
 // TestKillPrimaryHubDuringAdam: a real `rlhub serve` on a --data
@@ -145,12 +72,12 @@ func TestKillPrimaryHubDuringAdam(t *testing.T) {
 		}
 		st.Close()
 	}
-	serve := func(listen string) *proc {
+	serve := func(listen string) *testkit.Proc {
 		return startProc(t, "serve", "--listen", listen, "--data", data, "--store-retain", "4",
 			"--reduce-batch-size", "2", "--max-wait", "1ms", "--log-level", "info")
 	}
 	hubProc := serve("127.0.0.1:0")
-	addr := hubProc.serving(t)
+	addr := hubProc.Addr()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -240,13 +167,12 @@ func TestKillPrimaryHubDuringAdam(t *testing.T) {
 			return ok && now.Version > ms.Version
 		})
 		time.Sleep(time.Duration(rnd.IntN(150)) * time.Millisecond)
-		hubProc.kill()
+		hubProc.Kill()
 		restartAt := time.Now()
 		hubProc = serve(addr)
-		hubProc.serving(t)
 		restored, ok := version()
 		if !ok {
-			t.Fatalf("kill %d: the restarted hub does not know model m:\n%s", k, hubProc.output())
+			t.Fatalf("kill %d: the restarted hub does not know model m:\n%s", k, hubProc.Output())
 		}
 		if restored.StateError != "" || restored.OptimizerSteps != restored.Version-1 {
 			t.Fatalf("kill %d: restored %+v: want no state error and optimizer step = version-1", k, restored)
@@ -271,7 +197,7 @@ func TestKillPrimaryHubDuringAdam(t *testing.T) {
 		st, err := admin.HubStats(ctx, "")
 		return err == nil && st.QueueDepth == 0
 	})
-	hubProc.kill()
+	hubProc.Kill()
 
 	journal, err := reducer.ReadJournal(filepath.Join(data, "reducer"), "m")
 	if err != nil {
@@ -401,10 +327,10 @@ func TestRestartedSecondaryGetsPushes(t *testing.T) {
 	if _, _, err := admin.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
 		t.Fatal(err)
 	}
-	secondary := func() (*proc, string) {
+	secondary := func() (*testkit.Proc, string) {
 		p := startProc(t, "serve", "--role", "reducer", "--primary", addr, "--listen", "127.0.0.1:0", "--data", "",
 			"--reduce-batch-size", "2", "--max-wait", "1ms", "--log-level", "info")
-		return p, p.serving(t)
+		return p, p.Addr()
 	}
 	attached := func(a string) func() bool {
 		return func() bool {
@@ -455,7 +381,7 @@ func TestRestartedSecondaryGetsPushes(t *testing.T) {
 		return st.Total.Pushed
 	}
 	testkit.Eventually(t, 30*time.Second, "pushes at the victim before the kill", func() bool { return pushedAt(victimAddr) > 0 })
-	victim.kill()
+	victim.Kill()
 	testkit.Eventually(t, 30*time.Second, "the victim's session to end", func() bool { return !attached(victimAddr)() })
 	_, backAddr := secondary()
 	testkit.Eventually(t, 30*time.Second, "the restarted secondary attached", attached(backAddr))

@@ -1,7 +1,6 @@
 package reducer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // durableEnv is a file-backed store and a reducer state directory that
@@ -29,27 +28,10 @@ type durableEnv struct {
 	stateDir string
 	init     *tensor.StateDict
 	mc       ModelConfig
-	logs     *syncBuffer
+	logs     *testkit.Buffer
 
 	st store.Store
 	p  *Primary
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 const durableN = 8
@@ -58,7 +40,7 @@ func newDurableEnv(t *testing.T) *durableEnv {
 	t.Helper()
 	root := t.TempDir()
 	e := &durableEnv{t: t, storeDir: filepath.Join(root, "store"), stateDir: filepath.Join(root, "reducer"),
-		init: fill(testLayout(durableN), rand.New(rand.NewPCG(11, 12)), 1), logs: &syncBuffer{},
+		init: fill(testLayout(durableN), rand.New(rand.NewPCG(11, 12)), 1), logs: &testkit.Buffer{},
 		mc: ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01,
 			Schedule: optim.Schedule{Kind: optim.Cosine, TMax: 50, WarmupSteps: 3}}, Reduction: reduce.Sum}}
 	e.openStore()

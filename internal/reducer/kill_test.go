@@ -20,6 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 func layout(n int) *tensor.StateDict {
@@ -43,7 +44,7 @@ func gradFor(n int, c string, s uint64) *tensor.StateDict {
 
 // startSecondary starts a secondary reducer process (startProc) for the
 // primary at addr.
-func startSecondary(t *testing.T, primary string) *proc {
+func startSecondary(t *testing.T, primary string) *testkit.Proc {
 	return startProc(t, "serve", "--role", "reducer", "--primary", primary, "--listen", "127.0.0.1:0", "--data", "",
 		"--reduce-batch-size", "2", "--max-wait", "2ms", "--log-level", "warn")
 }
@@ -131,7 +132,7 @@ func TestKillSecondaryProcess(t *testing.T) {
 					if snap, err := h.Store().Get(ctx, "m", 0); err == nil {
 						versionAtKill.Store(snap.Version)
 					}
-					_ = victim.cmd.Process.Kill()
+					victim.Kill()
 					close(killed)
 				}
 			}
@@ -147,7 +148,7 @@ func TestKillSecondaryProcess(t *testing.T) {
 	default:
 		t.Fatal("the secondary was never killed")
 	}
-	<-victim.done
+	<-victim.Done()
 
 	// Every seq was either applied or acknowledged by the victim and lost
 	// with it (counted lost by the primary when its session ended). A seq

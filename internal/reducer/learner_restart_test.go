@@ -32,11 +32,11 @@ func TestLearnerReattachesToRestartedHub(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	data := t.TempDir()
-	serve := func(listen string) *proc {
+	serve := func(listen string) *testkit.Proc {
 		return startProc(t, "serve", "--listen", listen, "--data", data, "--log-level", "info")
 	}
 	hubProc := serve("127.0.0.1:0")
-	addr := hubProc.serving(t)
+	addr := hubProc.Addr()
 
 	inLearn := make(chan struct{}, 16)
 	release := make(chan struct{})
@@ -83,7 +83,7 @@ func TestLearnerReattachesToRestartedHub(t *testing.T) {
 		learnErr <- err
 	}()
 	testkit.Recv(t, inLearn, 30*time.Second, "the task to reach the learner")
-	hubProc.kill()
+	hubProc.Kill()
 	err = testkit.Recv(t, learnErr, 30*time.Second, "the in-flight Learn to fail after the kill")
 	if !errors.Is(err, errs.ErrUnavailable) {
 		t.Fatalf("Learn across a hub kill: %v, want Unavailable", err)
@@ -91,7 +91,6 @@ func TestLearnerReattachesToRestartedHub(t *testing.T) {
 	close(release) // the learner's callback returns; its reply has nowhere to go
 
 	hubProc = serve(addr)
-	hubProc.serving(t)
 	if n := testkit.Recv(t, attached, 30*time.Second, "the learner to re-attach by itself"); n < 2 {
 		t.Fatalf("attach count %d after the restart", n)
 	}

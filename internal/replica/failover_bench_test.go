@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -183,18 +181,6 @@ func startEtcd(t *testing.T) string {
 func startPlainHub(t *testing.T) string {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
-	cmd := exec.Command(rlhubBinary(t), "--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-done })
-	var addr string
-	testkit.Eventually(t, 60*time.Second, "the plain hub's address", func() bool {
-		b, err := os.ReadFile(addrFile)
-		addr = strings.TrimSpace(string(b))
-		return err == nil && strings.HasSuffix(string(b), "\n")
-	})
-	return addr
+	return testkit.StartProc(t, testkit.ProcConfig{Name: "plain hub", AddrFile: addrFile,
+		Args: []string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}}).Addr()
 }

@@ -1,15 +1,11 @@
 package replica_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -25,7 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(testkit.Main(m),
 		// etcd's client keeps a resolver goroutine per process.
 		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
 	)
@@ -33,69 +29,21 @@ func TestMain(m *testing.M) {
 
 var clusterSeq atomic.Int64
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
+// rlhubBinary is the binary under test (testkit.Binary).
+func rlhubBinary(t *testing.T) string { return testkit.Binary(t) }
 
-// rlhubBinary is the binary under test: $RLHUB_BIN, or one built from this
-// module once per test process.
-func rlhubBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("RLHUB_BIN"); b != "" {
-		return b
-	}
-	binOnce.Do(func() {
-		out, err := exec.Command("go", "env", "GOMOD").Output()
-		if err != nil {
-			binErr = fmt.Errorf("go env GOMOD: %v", err)
-			return
-		}
-		root := filepath.Dir(strings.TrimSpace(string(out)))
-		dir, err := os.MkdirTemp("", "rlhub-replica-bin-")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "rlhub")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/rlhub")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
+// syncBuffer is kept for tests that still wire a process's output by
+// hand; new ones use testkit.StartProc.
+type syncBuffer = testkit.Buffer
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// hubProc is one `rlhub serve --etcd` process.
+// hubProc is one `rlhub serve --etcd` process; start replaces proc, out
+// and addr on each (re)start.
 type hubProc struct {
 	t        *testing.T
 	id, data string
 	args     []string
-	cmd      *exec.Cmd
-	out      *syncBuffer
-	done     chan struct{}
+	proc     *testkit.Proc
+	out      *testkit.Buffer
 	addr     string
 }
 
@@ -128,47 +76,16 @@ func (c *testCluster) start(h *hubProc) {
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	args := append([]string{"--log-level", "info", "serve", "--listen", "127.0.0.1:0", "--data", h.data, "--addr-file", addrFile,
 		"--etcd", c.etcd, "--cluster", c.name, "--lease-ttl", c.leaseTTL, "--member-id", h.id}, h.args...)
-	h.cmd = exec.Command(rlhubBinary(t), args...)
-	h.out = &syncBuffer{}
-	h.cmd.Stdout, h.cmd.Stderr = h.out, h.out
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	h.done = make(chan struct{})
-	cmd, done := h.cmd, h.done
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() { h.kill() })
-	testkit.Eventually(t, 60*time.Second, "hub "+h.id+" to write its address", func() bool {
-		b, err := os.ReadFile(addrFile)
-		if err == nil && strings.HasSuffix(string(b), "\n") {
-			h.addr = strings.TrimSpace(string(b))
-			return true
-		}
-		select {
-		case <-done:
-			t.Fatalf("hub %s exited:\n%s", h.id, h.out)
-		default:
-		}
-		return false
-	})
+	h.proc = testkit.StartProc(t, testkit.ProcConfig{Name: "hub " + h.id, Args: args, AddrFile: addrFile})
+	h.out, h.addr = h.proc.Out(), h.proc.Addr()
 }
 
-func (h *hubProc) kill() {
-	select {
-	case <-h.done:
-		return
-	default:
-	}
-	_ = h.cmd.Process.Signal(syscall.SIGCONT)
-	_ = h.cmd.Process.Kill()
-	<-h.done
-}
+// kill SIGKILLs the hub and waits for it (nothing if it has ended).
+func (h *hubProc) kill() { h.proc.Kill() }
 
 func (h *hubProc) signal(s syscall.Signal) {
 	h.t.Helper()
-	if err := h.cmd.Process.Signal(s); err != nil {
-		h.t.Fatalf("signal %v to %s: %v", s, h.id, err)
-	}
+	h.proc.Signal(h.t, s)
 }
 
 func (c *testCluster) status() (cluster.Status, error) {

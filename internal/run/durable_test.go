@@ -5,12 +5,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,107 +15,42 @@ import (
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// rlhubBinary returns the rlhub binary under test: $RLHUB_BIN, or one
-// built from this module into a temporary directory.
-func rlhubBinary(t *testing.T) string {
-	t.Helper()
-	if b := os.Getenv("RLHUB_BIN"); b != "" {
-		return b
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatalf("go env GOMOD: %v", err)
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	bin := filepath.Join(t.TempDir(), "rlhub")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/rlhub")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// hubProc is a real `rlhub serve` process.
-type hubProc struct {
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{} // closed when the process has exited
-}
-
 // startHub runs `rlhub serve` on listen with data dir data; crash, when
-// not "", is the RLHUB_TEST_ARS_CRASH point. It returns the bound address.
-func startHub(t *testing.T, bin, listen, data, crash string) (*hubProc, string) {
+// not "", is the RLHUB_TEST_ARS_CRASH point. It returns once the hub has
+// written its address (the file is read before the exit is checked: a
+// hub may listen and reach its crash point at once).
+func startHub(t *testing.T, listen, data, crash string) *testkit.Proc {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
-	cmd := exec.Command(bin, "--log-level", "warn", "serve", "--listen", listen, "--data", data, "--addr-file", addrFile)
-	cmd.Env = append(os.Environ(), "RLHUB_TEST_ARS_CRASH="+crash)
-	h := &hubProc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = h.out, h.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { cmd.Wait(); close(h.done) }()
-	t.Cleanup(func() { h.kill() })
-	var addr string
-	testkit.Eventually(t, 30*time.Second, "the hub's address file", func() bool {
-		// The file first: a hub may listen and reach its crash point (a
-		// worker reporting at once) before this poll comes round.
-		if b, err := os.ReadFile(addrFile); err == nil && strings.TrimSpace(string(b)) != "" {
-			addr = strings.TrimSpace(string(b))
-			return true
-		}
-		select {
-		case <-h.done:
-			t.Fatalf("hub exited before listening: %s", h.out.String())
-		default:
-		}
-		return false
-	})
-	return h, addr
-}
-
-func (h *hubProc) kill() {
-	h.cmd.Process.Signal(syscall.SIGKILL)
-	<-h.done
+	return testkit.StartProc(t, testkit.ProcConfig{Name: "hub", AddrFile: addrFile, StartTimeout: 30 * time.Second,
+		Args: []string{"--log-level", "warn", "serve", "--listen", listen, "--data", data, "--addr-file", addrFile},
+		Env:  []string{"RLHUB_TEST_ARS_CRASH=" + crash}})
 }
 
 // killedBy reports how the process ended ("" while it runs).
-func (h *hubProc) killedBy() string {
-	select {
-	case <-h.done:
-	default:
+func killedBy(h *testkit.Proc) string {
+	st := h.State()
+	if st == nil {
 		return ""
 	}
-	if ws, ok := h.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return ws.Signal().String()
+	if sig, ok := h.KilledBy(); ok {
+		return sig.String()
 	}
-	return h.cmd.ProcessState.String()
+	return st.String()
 }
 
 // startWorkers runs n `rlhub worker ars` processes against addr; they stop
-// (SIGINT) at cleanup.
-func startWorkers(t *testing.T, bin, addr string, n int) {
+// (SIGINT, then SIGKILL after 10s) at cleanup, and one that exited with
+// an error fails the test.
+func startWorkers(t *testing.T, addr string, n int) {
 	t.Helper()
 	for i := range n {
-		cmd := exec.Command(bin, "--log-level", "warn", "worker", "ars", "--hub", addr, "--name", fmt.Sprintf("ext-%d", i), "--retry-for", "60s")
-		var out syncBuffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		w := testkit.StartProc(t, testkit.ProcConfig{Name: fmt.Sprintf("worker %d", i),
+			Args: []string{"--log-level", "warn", "worker", "ars", "--hub", addr, "--name", fmt.Sprintf("ext-%d", i), "--retry-for", "60s"}})
 		t.Cleanup(func() {
-			cmd.Process.Signal(os.Interrupt)
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				cmd.Process.Kill()
-				<-done
-			}
-			if st := cmd.ProcessState; st != nil && st.ExitCode() > 0 {
-				t.Errorf("worker %d: %v\n%s", i, cmd.ProcessState, out.String())
+			w.Stop(os.Interrupt, 10*time.Second)
+			if st := w.State(); st.ExitCode() > 0 {
+				t.Errorf("worker %d: %v\n%s", i, st, w.Output())
 			}
 		})
 	}
@@ -158,7 +90,7 @@ func TestOptimizerRunSurvivesHubKills(t *testing.T) {
 }
 
 func survivesHubKills(t *testing.T, durableSpec func() *pb.ARSRunSpec, crashes []string) Summary {
-	bin := rlhubBinary(t)
+	bin := testkit.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -174,8 +106,9 @@ func survivesHubKills(t *testing.T, durableSpec func() *pb.ARSRunSpec, crashes [
 	}
 
 	data := t.TempDir()
-	h, addr := startHub(t, bin, "127.0.0.1:0", data, crashes[0])
-	startWorkers(t, bin, addr, 2)
+	h := startHub(t, "127.0.0.1:0", data, crashes[0])
+	addr := h.Addr()
+	startWorkers(t, addr, 2)
 
 	var mu sync.Mutex
 	var seen []uint64
@@ -202,25 +135,25 @@ func survivesHubKills(t *testing.T, durableSpec func() *pb.ARSRunSpec, crashes [
 
 	for i := range crashes {
 		select {
-		case <-h.done:
+		case <-h.Done():
 		case r := <-done:
-			t.Fatalf("the run ended (%v) before the hub crashed at %q: %s", r.err, crashes[i], h.out.String())
+			t.Fatalf("the run ended (%v) before the hub crashed at %q: %s", r.err, crashes[i], h.Output())
 		case <-ctx.Done():
 			t.Fatalf("hub never reached crash point %q", crashes[i])
 		}
-		if how := h.killedBy(); how != "killed" {
-			t.Fatalf("hub with crash point %q ended by %q, want SIGKILL: %s", crashes[i], how, h.out.String())
+		if how := killedBy(h); how != "killed" {
+			t.Fatalf("hub with crash point %q ended by %q, want SIGKILL: %s", crashes[i], how, h.Output())
 		}
 		next := ""
 		if i+1 < len(crashes) {
 			next = crashes[i+1]
 		}
-		h, _ = startHub(t, bin, addr, data, next)
+		h = startHub(t, addr, data, next)
 	}
 	// One more kill from outside, just after an iteration arrived.
 	testkit.Recv(t, iterCh, 2*time.Minute, "an iteration after the last crash point")
-	h.kill()
-	h, _ = startHub(t, bin, addr, data, "")
+	h.Kill()
+	h = startHub(t, addr, data, "")
 
 	var r result
 	select {
@@ -229,7 +162,7 @@ func survivesHubKills(t *testing.T, durableSpec func() *pb.ARSRunSpec, crashes [
 		t.Fatal("the run did not finish")
 	}
 	if r.err != nil {
-		t.Fatalf("run: %v\nhub: %s", r.err, h.out.String())
+		t.Fatalf("run: %v\nhub: %s", r.err, h.Output())
 	}
 	got, err := os.ReadFile(filepath.Join(out, "policy.safetensors"))
 	if err != nil {

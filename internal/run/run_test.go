@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,7 +36,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(workerEnv) == "1" {
 		os.Exit(workerMain())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(testkit.Main(m))
 }
 
 func workerMain() int {
@@ -80,24 +79,6 @@ func workerCommand(t *testing.T) []string {
 	return []string{exe, "-test.run=^$", "--", "--log-level", "warn"}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func cartPole(seed uint64, iters uint32) *pb.ARSRunSpec {
 	return &pb.ARSRunSpec{Env: "CartPole-v1", Seed: seed, MaxIterations: iters, EvalEvery: 2, EvalEpisodes: 3}
 }
@@ -122,7 +103,7 @@ func readCurve(t *testing.T, dir string) [][]string {
 func TestRunOutputsObserverAndProgressLines(t *testing.T) {
 	dir := t.TempDir()
 	var seen []Iteration
-	var prog syncBuffer
+	var prog testkit.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sum, err := Run(ctx, Config{Spec: cartPole(3, 4), Workers: 2, WorkerCommand: workerCommand(t), Out: dir,

@@ -3,6 +3,7 @@ package testkit
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(childMain(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(Main(m))
+}
 
 // recorder is a testing.TB that records a failure instead of ending the
 // test, so the helpers' own failures can be checked.
