@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -71,22 +70,11 @@ func startHub(t testing.TB, cfg Config) *testHub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	svc.Register(g)
-	done := make(chan struct{})
-	go func() { g.Serve(lis); close(done) }()
-	t.Cleanup(func() {
-		svc.Drain()
-		g.GracefulStop()
-		<-done
-		svc.Close()
-		st.Close()
-	})
-	return &testHub{addr: lis.Addr().String(), svc: svc, store: st}
+	// Cleanups run last first: drain, stop the server, close.
+	t.Cleanup(func() { svc.Close(); st.Close() })
+	addr := testkit.ServeGRPC(t, nil, svc.Register)
+	t.Cleanup(svc.Drain)
+	return &testHub{addr: addr, svc: svc, store: st}
 }
 
 func dial(t testing.TB, addr string) *grpc.ClientConn {

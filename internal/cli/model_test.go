@@ -3,8 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,12 +12,13 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // startStoreHub runs an in-process hub with a file-backed store on 127.0.0.1:0.
 func startStoreHub(t *testing.T) string {
 	t.Helper()
-	h := hubtest.Start(t, hub.Config{DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h := hubtest.Start(t, hub.Config{DataDir: t.TempDir(), Logger: testkit.Logger()})
 	return h.Addr().String()
 }
 

@@ -3,9 +3,8 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +23,7 @@ import (
 )
 
 func TestSyncStatusAndRelay(t *testing.T) {
-	h := hubtest.Start(t, hub.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
 	addr := h.Addr().String()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -1,13 +1,11 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -186,47 +184,40 @@ func childMember() int {
 // newer one.)
 func TestStalledPrimaryIsReplacedAndStepsDown(t *testing.T) {
 	e := clustertest.Start(t)
-	cmd := exec.Command(os.Args[0], "-test.run", "^$")
-	cmd.Env = append(os.Environ(), "RLHUB_CLUSTER_CHILD=old", "RLHUB_CLUSTER_ETCD="+e.Endpoint)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	child := testkit.StartProc(t, testkit.ProcConfig{Name: "member old", Path: os.Args[0], Args: []string{"-test.run", "^$"},
+		Env: []string{"RLHUB_CLUSTER_CHILD=old", "RLHUB_CLUSTER_ETCD=" + e.Endpoint}})
+	// line waits for the child's n-th line of output.
+	line := func(n int, what string) string {
+		t.Helper()
+		var l string
+		testkit.Eventually(t, 30*time.Second, what, func() bool {
+			lines := strings.SplitAfter(child.Output(), "\n")
+			if len(lines) <= n || !strings.HasSuffix(lines[n], "\n") {
+				return false
+			}
+			l = strings.TrimSuffix(lines[n], "\n")
+			return true
+		})
+		return l
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	lines := make(chan string, 4)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	first := testkit.Recv(t, lines, 30*time.Second, "the child to be elected")
+	first := line(0, "the child to be elected")
 	oldEpoch, err := strconv.ParseUint(strings.TrimPrefix(first, "elected "), 10, 64)
 	if err != nil {
 		t.Fatalf("child said %q", first)
 	}
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	child.Signal(t, syscall.SIGSTOP)
 	standby := join(t, e.Endpoint, "fence", "new", time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	term, err := standby.Campaign(ctx) // returns once the stopped child's lease lapses
 	if err != nil {
-		cmd.Process.Signal(syscall.SIGCONT)
-		t.Fatal(err)
+		t.Fatal(err) // the child is continued and killed at cleanup
 	}
 	if term.Epoch <= oldEpoch {
 		t.Fatalf("new primary's epoch %d is not above the stalled one's %d", term.Epoch, oldEpoch)
 	}
-	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	if got := testkit.Recv(t, lines, 30*time.Second, "the resumed child to find itself deposed"); got != "deposed" {
+	child.Signal(t, syscall.SIGCONT)
+	if got := line(1, "the resumed child to find itself deposed"); got != "deposed" {
 		t.Fatalf("resumed child said %q, want deposed", got)
 	}
 	if err := term.Check(ctx); err != nil {

@@ -3,8 +3,6 @@ package learner_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -36,7 +34,7 @@ import (
 // the reducer, whose primary steps (SGD on the summed gradient) and
 // publishes the next version. The weights converge to the generating ones.
 func TestDataParallelTrainingThroughTheHub(t *testing.T) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := testkit.Logger()
 	h := hubtest.Start(t, hub.Config{Logger: quiet,
 		Reducer: reducer.Config{BatchSize: 3, MaxWait: time.Minute}})
 	addr := h.Addr().String()
@@ -88,18 +86,13 @@ func TestDataParallelTrainingThroughTheHub(t *testing.T) {
 	}
 	defer conn.Close()
 	agg := aggregator.NewClient(conn)
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+	testkit.Eventually(t, time.Minute, "3 learners attached", func() bool {
 		ls, err := agg.Resources(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ls) == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d learners attached, want 3", len(ls))
-		}
-	}
+		return len(ls) == 3
+	})
 	if _, err := agg.Start(ctx, "train", nil); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -35,12 +35,9 @@ func TestConfigValidate(t *testing.T) {
 // Run keeps trying to attach to a hub that is not there and returns ctx's
 // cause when ctx ends.
 func TestRunStopsWithContextWithoutHub(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testkit.Listen(t)
 	addr := l.Addr().String()
-	l.Close()
+	l.Close() // nothing listens there now
 	ex := &Example{ID: "a"}
 	cause := errors.New("test over")
 	ctx, cancel := context.WithCancelCause(context.Background())

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -21,6 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // benchModel is a float32 model of about n parameters in 4 tensors.
@@ -100,7 +100,7 @@ func benchPushPull(b *testing.B, n, batch int, remote bool, loop string) {
 	if remote {
 		secondaries = -1
 	}
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := testkit.Logger()
 	h := hubtest.Start(b, hub.Config{Logger: quiet, Reducer: reducer.Config{Secondaries: secondaries, BatchSize: batch, MaxWait: time.Millisecond, MaxQueue: 8,
 		OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
 			now := time.Now()
@@ -265,10 +265,7 @@ func waitApplied(b *testing.B, mu *sync.Mutex, published map[reduce.ID]time.Time
 // bytes must: the plainest fast copy, not one that reads into a small
 // scratch buffer and throws it away.
 func tcpCopyMBps(b *testing.B, size int64, conns, count int) float64 {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	lis := testkit.Listen(b)
 	defer lis.Close()
 	buf := make([]byte, size)
 	var wg sync.WaitGroup

@@ -3,8 +3,6 @@ package reducer
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"path/filepath"
 	"testing"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // BenchmarkDurableSteps: gradients applied per second by the primary over
@@ -26,7 +25,7 @@ func BenchmarkDurableSteps(b *testing.B) {
 		for _, durable := range []bool{false, true} {
 			b.Run(fmt.Sprintf("floats=%d/durable=%v", n, durable), func(b *testing.B) {
 				dir := b.TempDir()
-				logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+				logger := testkit.Logger()
 				st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(dir, "store"), Logger: logger})
 				if err != nil {
 					b.Fatal(err)

@@ -2,9 +2,9 @@ package reducer
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
@@ -101,28 +102,22 @@ func newTestEnv(t *testing.T, cfg Config, init *tensor.StateDict) *testEnv {
 }
 
 func (e *testEnv) start(cfg Config) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	lis := testkit.Listen(e.t)
 	e.addr = lis.Addr().String()
 	if cfg.Addr == nil {
 		cfg.Addr = func() string { return e.addr }
 	}
 	svc, err := New(cfg)
 	if err != nil {
-		lis.Close()
 		e.t.Fatal(err)
 	}
 	e.svc = svc
-	e.srv = grpc.NewServer(grpc.MaxRecvMsgSize(4 << 20))
 	e.bulk = bulk.NewServer()
-	svc.Register(e.srv)
 	svc.RegisterBulk(e.bulk)
-	grpcLis := e.bulk.Listen(lis)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = e.srv.Serve(grpcLis) }()
-	e.t.Cleanup(func() { <-done })
+	testkit.ServeGRPC(e.t, e.bulk.Listen(lis), func(s *grpc.Server) {
+		e.srv = s
+		svc.Register(s)
+	}, grpc.MaxRecvMsgSize(4<<20))
 }
 
 // forTransports runs body once per client transport, as subtests.
@@ -193,29 +188,18 @@ func (e *testEnv) newest() *store.Snapshot {
 // waitSettled waits until nothing is in flight: pushed = applied + dropped.
 func (e *testEnv) waitSettled() Stats {
 	e.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st := e.svc.Stats()
-		if st.Total.Pushed == st.Total.Applied+st.Total.DroppedTotal() && st.QueueDepth == 0 {
-			return st
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("counters never settled: %+v", st)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	var st Stats
+	testkit.Eventually(e.t, 20*time.Second, "the counters to settle (pushed = applied + dropped, queue empty)", func() bool {
+		st = e.svc.Stats()
+		return st.Total.Pushed == st.Total.Applied+st.Total.DroppedTotal() && st.QueueDepth == 0
+	})
+	return st
 }
 
 // waitAttached waits until n secondaries are attached to the primary.
 func waitAttached(t *testing.T, p *Primary, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for len(p.Secondaries()) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d secondaries attached", len(p.Secondaries()), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%d secondaries attached", n), func() bool { return len(p.Secondaries()) >= n })
 }
 
 func f32(t testing.TB, sd *tensor.StateDict, name string) []float32 {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,7 +43,7 @@ func reuseGrad(s uint64) *tensor.StateDict {
 // with cfg, and returns the hub and a client; onApply sees each step.
 func reuseHub(t *testing.T, ctx context.Context, st store.Config, cfg optim.Config, onApply func(v uint64)) (*hub.Hub, *reducer.Client) {
 	t.Helper()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := testkit.Logger()
 	h := hubtest.Start(t, hub.Config{Logger: quiet, Store: st,
 		Reducer: reducer.Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, MaxQueue: 4,
 			OnApply: func(_ string, v uint64, _ []reduce.ID, _ []float32) { onApply(v) }}})

@@ -21,6 +21,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // replay recomputes a run sequentially with plain loops: for each applied
@@ -425,14 +426,11 @@ func TestMaxWaitFlush(t *testing.T) {
 	}
 	// OnApply runs after the publish that WaitNewer saw: wait for it.
 	e.waitSettled()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+	testkit.Eventually(t, 20*time.Second, "OnApply", func() bool {
 		e.mu.Lock()
-		n := len(e.applied)
-		e.mu.Unlock()
-		if n > 0 || time.Now().After(deadline) {
-			break
-		}
-	}
+		defer e.mu.Unlock()
+		return len(e.applied) > 0
+	})
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if snap.Version != 2 || len(e.applied) != 1 || len(e.applied[0].members) != 2 {
@@ -674,12 +672,7 @@ func TestRemoteSecondaryUsesTheDataPlane(t *testing.T) {
 			if rc.Addr != sec.addr {
 				t.Fatalf("pushed to %s, want the remote secondary %s", rc.Addr, sec.addr)
 			}
-			for e.newest().Version != 1+s {
-				if ctx.Err() != nil {
-					t.Fatalf("%s: version %d never appeared", transport, 1+s)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%s: version %d", transport, 1+s), func() bool { return e.newest().Version == 1+s })
 		}
 		cancel()
 		pushed, forwarded := sec.bulk.Requests(), e.bulk.Requests()

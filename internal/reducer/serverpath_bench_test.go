@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // BenchmarkServerPath is the reducer's own per-gradient work without the
@@ -40,7 +40,7 @@ func benchServerPath(b *testing.B, n int, clip float64) {
 	model := testLayout(n / 4)
 	pushModel(b, st, "m", model)
 	applied := make(chan struct{}, 1)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := testkit.Logger()
 	p, err := NewPrimary(PrimaryConfig{Store: st, Logger: quiet, OnApply: func(string, uint64, []reduce.ID, []float32) { applied <- struct{}{} }})
 	if err != nil {
 		b.Fatal(err)

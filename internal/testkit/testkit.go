@@ -23,7 +23,14 @@ func Logger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil
 // Listen opens a TCP listener on 127.0.0.1:0, closed at cleanup.
 func Listen(tb testing.TB) net.Listener {
 	tb.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	return ListenAt(tb, "127.0.0.1:0")
+}
+
+// ListenAt opens a TCP listener on addr, closed at cleanup: a server
+// restarted at the address its clients know (addr from an earlier Listen).
+func ListenAt(tb testing.TB, addr string) net.Listener {
+	tb.Helper()
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -172,10 +173,7 @@ type peer struct {
 // preallocated buffer and acknowledges with one byte. No user-space copy on
 // either side.
 func startTCPPeer(b *testing.B, l *safetensors.Layout) peer {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	ln := testkit.Listen(b)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -227,18 +225,10 @@ func startTCPPeer(b *testing.B, l *safetensors.Layout) peer {
 }
 
 func startGRPCPeer(b *testing.B, l *safetensors.Layout, srvOpts []grpc.ServerOption, dialOpts []grpc.DialOption) peer {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// The server stops at b's cleanup.
+	addr := testkit.ServeGRPC(b, nil, func(s *grpc.Server) { s.RegisterService(&blobService, struct{}{}) }, srvOpts...)
+	conn, err := grpc.NewClient(addr, append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
-		b.Fatal(err)
-	}
-	srv := grpc.NewServer(srvOpts...)
-	srv.RegisterService(&blobService, struct{}{})
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ln) }()
-	conn, err := grpc.NewClient(ln.Addr().String(), append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		srv.Stop()
-		<-done
 		b.Fatal(err)
 	}
 	send := func() error {
@@ -270,5 +260,5 @@ func startGRPCPeer(b *testing.B, l *safetensors.Layout, srvOpts []grpc.ServerOpt
 		}
 		return nil
 	}
-	return peer{send: send, stop: func() { conn.Close(); srv.Stop(); <-done }}
+	return peer{send: send, stop: func() { conn.Close() }}
 }

@@ -5,9 +5,9 @@ package wsync_test
 import (
 	"context"
 	"fmt"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -116,10 +116,7 @@ func baselines(b *testing.B, blob []byte) (memcpy, tcp, tcpCPU time.Duration) {
 		copy(dst, blob)
 		ms = append(ms, time.Since(t0))
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	lis := testkit.Listen(b)
 	defer lis.Close()
 	done := make(chan error, 1)
 	go func() {
@@ -226,8 +223,6 @@ func (f *fleet) stop() {
 	f.wg.Wait()
 }
 
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 // deliver runs b.N deliveries over transport tr to n collectors and returns
 // each one's time-to-all-have-it, the time its publish call took, and the
 // process's CPU time over all of them. Four versions warm every path up
@@ -243,7 +238,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		}
 	}()
 	startHub := func() *hub.Hub {
-		h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quietLog(), Store: store.Config{MaxModelBytes: 1 << 30}})
+		h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Store: store.Config{MaxModelBytes: 1 << 30}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -322,7 +317,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 	case "push-dp":
 		h := startHub()
 		for i := range n {
-			cl, err := wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: h.Addr().String(), CollectorID: fmt.Sprint("c", i), Model: "m", Logger: quietLog()})
+			cl, err := wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: h.Addr().String(), CollectorID: fmt.Sprint("c", i), Model: "m", Logger: testkit.Logger()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -353,7 +348,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		per := max(n/relays, 1)
 		for ri := range relays {
 			path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-relay-%d-%d", os.Getpid(), ri)
-			cfg := relay.Config{Upstream: dialT(h.Addr().String()), Model: "m", ID: fmt.Sprint("relay-", ri), ShmPath: path, Logger: quietLog()}
+			cfg := relay.Config{Upstream: dialT(h.Addr().String()), Model: "m", ID: fmt.Sprint("relay-", ri), ShmPath: path, Logger: testkit.Logger()}
 			if tr != "relay-shm" {
 				cfg.UpstreamAddr = h.Addr().String()
 			}

@@ -3,8 +3,6 @@ package wsync
 import (
 	"context"
 	"errors"
-	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -17,6 +15,8 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -27,7 +27,6 @@ type hubFixture struct {
 	svc  *Service
 	srv  *grpc.Server
 	addr string
-	done chan struct{}
 }
 
 func startHub(t testing.TB) *hubFixture {
@@ -40,14 +39,12 @@ func startHub(t testing.TB) *hubFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &hubFixture{st: st, svc: svc, srv: grpc.NewServer(), addr: lis.Addr().String(), done: make(chan struct{})}
-	svc.Register(h.srv)
-	go func() { defer close(h.done); h.srv.Serve(lis) }()
-	t.Cleanup(h.stop)
+	h := &hubFixture{st: st, svc: svc}
+	h.addr = testkit.ServeGRPC(t, nil, func(s *grpc.Server) {
+		h.srv = s
+		svc.Register(s)
+	})
+	t.Cleanup(h.stop) // before ServeGRPC's: drains the streams first
 	return h
 }
 
@@ -56,7 +53,6 @@ func startHub(t testing.TB) *hubFixture {
 func (h *hubFixture) stop() {
 	h.svc.Drain()
 	h.srv.GracefulStop()
-	<-h.done
 	h.svc.Close()
 	h.st.Close()
 }
@@ -133,16 +129,10 @@ func (c *collector) versions() []uint64 {
 	return slices.Clone(c.applied)
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds, for up to 20s.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.Eventually(t, 20*time.Second, what, cond)
 }
 
 func TestPushFanOutAndLag(t *testing.T) {

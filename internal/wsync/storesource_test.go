@@ -2,8 +2,7 @@ package wsync_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,13 +11,14 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
 // Remote pull / watch: a collector follows a real hub's model store over
 // gRPC (storerpc.Client), "only if newer".
 func TestStoreSourcePullAndWatchOverTheHub(t *testing.T) {
-	h := hubtest.Start(t, hub.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
 	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
@@ -57,12 +57,11 @@ func TestStoreSourcePullAndWatchOverTheHub(t *testing.T) {
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
+	stopRun := sync.OnceValue(func() error { rcancel(); return <-done })
+	t.Cleanup(func() { stopRun() })
 	push(3)
-	for r.Version() < 3 && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
-	rcancel()
-	if err := <-done; err != context.Canceled {
+	testkit.Eventually(t, 20*time.Second, "the store source to follow to v3", func() bool { return r.Version() >= 3 })
+	if err := stopRun(); err != context.Canceled {
 		t.Fatalf("Run = %v, want context.Canceled", err)
 	}
 	if len(applied) != 2 || applied[0] != 2 || applied[1] != 3 {

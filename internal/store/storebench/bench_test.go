@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"slices"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // model returns a safetensors blob of about size bytes (one F32 tensor).
@@ -239,7 +239,7 @@ func BenchmarkPull(b *testing.B) {
 // benchPull runs one cell of BenchmarkPull; with reuse every reader pulls
 // into the memory of its previous pull.
 func benchPull(b *testing.B, blob []byte, readers int, stock, reuse bool) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := testkit.Logger()
 	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: quiet})
 	if err != nil {
 		b.Fatal(err)

@@ -2,8 +2,6 @@ package storebench
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
 
@@ -59,7 +58,7 @@ var transportVariants = []transportVariant{
 //	GOEXPERIMENT=simd go test -run '^$' -bench PullOptions -benchtime 30x ./internal/store/storebench/
 func BenchmarkPullOptions(b *testing.B) {
 	blob := model(b, 64<<20)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	quiet := testkit.Logger()
 	limit := 64 << 20
 	pulls := make([]func() error, len(transportVariants))
 	for i, v := range transportVariants {

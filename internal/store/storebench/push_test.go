@@ -3,8 +3,6 @@ package storebench
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,6 +11,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // BenchmarkPush pushes consecutive versions of a model through the real
@@ -33,7 +32,7 @@ func BenchmarkPush(b *testing.B) {
 }
 
 func benchPush(b *testing.B, blob []byte, file bool) {
-	cfg := hub.Config{Listen: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Store: store.Config{Retain: 1}}
+	cfg := hub.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Store: store.Config{Retain: 1}}
 	dir := b.TempDir()
 	if file {
 		cfg.DataDir = dir

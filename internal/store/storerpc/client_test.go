@@ -3,7 +3,6 @@ package storerpc_test
 import (
 	"context"
 	"errors"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -231,17 +230,10 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	// reconnects to the replacement server at the same address and resumes
 	// after the last delivered version.
 	mem, _ := store.NewMemory(store.Config{})
-	defer mem.Close()
+	t.Cleanup(func() { mem.Close() }) // after the servers have stopped
 	svc1, _ := storerpc.New(storerpc.Config{Store: mem})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	g1 := grpc.NewServer()
-	svc1.Register(g1)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g1.Serve(lis) })
+	var g1 *grpc.Server
+	addr := testkit.ServeGRPC(t, nil, func(s *grpc.Server) { g1 = s; svc1.Register(s) })
 
 	// Retries enough to outlast a slow restart on a loaded machine (about
 	// 20 s at the 20 ms cap): a watcher that gives up would end the test.
@@ -266,17 +258,10 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 	}
 	svc1.Drain()
 	g1.GracefulStop() // returns because Drain ended the watch
-	wg.Wait()
 
-	lis2, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	svc2, _ := storerpc.New(storerpc.Config{Store: mem})
-	g2 := grpc.NewServer()
-	svc2.Register(g2)
-	wg.Go(func() { _ = g2.Serve(lis2) })
-	defer func() { svc2.Drain(); g2.GracefulStop(); wg.Wait() }()
+	testkit.ServeGRPC(t, testkit.ListenAt(t, addr), svc2.Register)
+	t.Cleanup(svc2.Drain) // before ServeGRPC's stop: ends open watches
 	storetest.MustPush(t, mem, store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: storetest.Blob(t, 2, 4)})
 	if v := recvWithin(t, got); v != 2 {
 		t.Fatalf("after reconnect got version %d, want 2 (and not 1 again)", v)
@@ -289,11 +274,5 @@ func TestWatchResumesAfterDrain(t *testing.T) {
 // watcher that gave up sends nothing more).
 func recvWithin[T any](t *testing.T, ch <-chan T) T {
 	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(30 * time.Second):
-		t.Fatal("nothing arrived within 30 s")
-	}
-	panic("unreachable")
+	return testkit.Recv(t, ch, 30*time.Second, "the next value")
 }
