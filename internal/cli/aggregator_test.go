@@ -5,19 +5,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // The example learner attaches to a served hub and `aggregator status`
 // lists it.
 func TestAggregatorStatusListsExampleLearner(t *testing.T) {
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	serveDone := make(chan int, 1)
-	go func() {
-		code, _, _ := run(t, ctx, "serve", "--listen", addr, "--data", "")
-		serveDone <- code
-	}()
+	addr := serveCLI(t)
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
 	type res struct {
@@ -30,14 +25,10 @@ func TestAggregatorStatusListsExampleLearner(t *testing.T) {
 		learnerDone <- res{code, out}
 	}()
 	var out string
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(out, "ex1") {
-		if time.Now().After(deadline) {
-			t.Fatalf("status never listed the learner; last output %q", out)
-		}
-		time.Sleep(20 * time.Millisecond)
+	testkit.Eventually(t, 60*time.Second, "aggregator status to list the learner ex1", func() bool {
 		_, out, _ = run(t, context.Background(), "aggregator", "status", "--hub", addr, "--timeout", "20s")
-	}
+		return strings.Contains(out, "ex1")
+	})
 	if !strings.Contains(out, "LEASE LEFT") || !strings.Contains(out, "kind=example") || !strings.Contains(out, "learners attached 1") {
 		t.Errorf("status output %q", out)
 	}
@@ -45,10 +36,6 @@ func TestAggregatorStatusListsExampleLearner(t *testing.T) {
 	r := <-learnerDone
 	if r.code != 0 || !strings.Contains(r.out, "attached ex1") {
 		t.Errorf("learner exited %d with output %q", r.code, r.out)
-	}
-	cancel()
-	if code := <-serveDone; code != 0 {
-		t.Fatalf("serve exited %d", code)
 	}
 }
 

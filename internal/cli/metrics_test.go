@@ -29,25 +29,20 @@ func get(addr, path string) string {
 // own families (and the hub's dashboard).
 func TestMetricsListenFlags(t *testing.T) {
 	hubMetrics, relayMetrics, workerMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
-	serveInProcess(t, "--metrics-listen", hubMetrics)
-	// serveInProcess's hub address is not returned; start the others
-	// against a second hub we know the address of.
-	addr := freeAddr(t)
+	addr := serveCLI(t, "--metrics-listen", hubMetrics)
+	if code, _, errOut := run(t, context.Background(), "ping", "--wait", "--hub", addr, "--timeout", "20s"); code != 0 {
+		t.Fatalf("hub never healthy: %s", errOut)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, 3)
+	done := make(chan struct{}, 2)
 	start := func(args ...string) {
 		go func() { run(t, ctx, args...); done <- struct{}{} }()
-	}
-	start("serve", "--listen", addr, "--data", "")
-	if code, _, errOut := run(t, context.Background(), "ping", "--wait", "--hub", addr, "--timeout", "20s"); code != 0 {
-		cancel()
-		t.Fatalf("hub never healthy: %s", errOut)
 	}
 	start("relay", "--upstream", addr, "--model", "m", "--no-shm", "--listen", "127.0.0.1:0", "--metrics-listen", relayMetrics)
 	start("worker", "ars", "--hub", addr, "--metrics-listen", workerMetrics)
 	defer func() {
 		cancel()
-		for range 3 {
+		for range 2 {
 			testkit.Recv(t, done, 30*time.Second, "a process started by the test stops")
 		}
 	}()

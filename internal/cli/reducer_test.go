@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -16,32 +17,17 @@ func TestReducerStatsAndRoleFlags(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "--primary") {
 		t.Fatalf("serve --role reducer without --primary: code %d, stderr %q", code, errOut)
 	}
-	addr := freeAddr(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := run(t, ctx, "serve", "--listen", addr, "--data", "", "--reducer-secondaries", "2")
-		done <- code
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		code, out, errOut := run(t, context.Background(), "reducer", "stats", "--hub", addr, "--timeout", "2s")
-		if code == 0 {
-			for _, want := range []string{"total", "primary", "secondary/s0", "secondary/s1", "pushed 0"} {
-				if !strings.Contains(out, want) {
-					t.Fatalf("stats output lacks %q:\n%s", want, out)
-				}
-			}
-			return
+	addr := serveCLI(t, "--reducer-secondaries", "2")
+	var out string
+	testkit.Eventually(t, 20*time.Second, "reducer stats to answer", func() bool {
+		var c int
+		c, out, errOut = run(t, context.Background(), "reducer", "stats", "--hub", addr, "--timeout", "2s")
+		return c == 0
+	})
+	for _, want := range []string{"total", "primary", "secondary/s0", "secondary/s1", "pushed 0"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("stats output lacks %q:\n%s\nstderr %s", want, out, errOut)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("reducer stats: code %d, stderr %q", code, errOut)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

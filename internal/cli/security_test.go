@@ -92,21 +92,8 @@ func TestTrainARSOverMutualTLSWithTokens(t *testing.T) {
 	if strings.Contains(string(raw), strings.TrimSpace(string(tok))) {
 		t.Fatal("the token file holds a token, not only its hash")
 	}
-	addr := freeAddr(t)
-	sctx, stop := context.WithCancel(context.Background())
-	served := make(chan int, 1)
-	go func() {
-		code, _, _ := run(t, sctx, "serve", "--listen", addr, "--data", "",
-			"--tls-cert", filepath.Join(dir, "server.pem"), "--tls-key", filepath.Join(dir, "server-key.pem"),
-			"--tls-client-ca", filepath.Join(dir, "ca.pem"), "--auth-tokens", tokens)
-		served <- code
-	}()
-	defer func() {
-		stop()
-		if code := testkit.Recv(t, served, 30*time.Second, "serve to stop"); code != 0 {
-			t.Errorf("serve exited %d", code)
-		}
-	}()
+	addr := serveCLI(t, "--tls-cert", filepath.Join(dir, "server.pem"), "--tls-key", filepath.Join(dir, "server-key.pem"),
+		"--tls-client-ca", filepath.Join(dir, "ca.pem"), "--auth-tokens", tokens)
 	tlsFlags := []string{"--tls-ca", filepath.Join(dir, "ca.pem"), "--tls-cert", filepath.Join(dir, "client.pem"), "--tls-key", filepath.Join(dir, "client-key.pem")}
 	as := func(role string) []string {
 		return append(append([]string{}, tlsFlags...), "--token-file", filepath.Join(dir, role+".token"))

@@ -3,6 +3,9 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,31 +18,45 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// serveInProcess runs `rlhub serve` with args on a free port, in memory,
-// waits until it answers health checks and returns a store client for it.
-// Cleanup stops the server (as SIGINT would) and checks it exited 0.
-func serveInProcess(t *testing.T, args ...string) *storerpc.Client {
+// serveCLI runs `rlhub serve --listen 127.0.0.1:0 --data "" ARGS…` in
+// this process (args after serve's own, so they may override --data) and
+// returns the address it bound, read from --addr-file: no port is picked
+// and freed first. Cleanup stops it (as SIGINT would) and checks it
+// exited 0.
+func serveCLI(t *testing.T, args ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
+	addrFile := filepath.Join(t.TempDir(), "addr")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
+	var errOut string
 	go func() {
-		code, _, _ := run(t, ctx, append([]string{"serve", "--listen", addr, "--data", ""}, args...)...)
+		code, _, e := run(t, ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--addr-file", addrFile, "--data", ""}, args...)...)
+		errOut = e
 		done <- code
 	}()
 	t.Cleanup(func() {
 		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("serve %v exited %d", args, code)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("serve %v did not stop", args)
+		if code := testkit.Recv(t, done, 30*time.Second, fmt.Sprintf("serve %v to stop", args)); code != 0 {
+			t.Errorf("serve %v exited %d: %s", args, code, errOut)
 		}
 	})
+	var addr string
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("serve %v to write its address", args), func() bool {
+		b, err := os.ReadFile(addrFile)
+		addr = strings.TrimSpace(string(b))
+		return err == nil && strings.HasSuffix(string(b), "\n")
+	})
+	return addr
+}
+
+// serveInProcess runs serveCLI, waits until the hub answers health checks
+// and returns a store client for it.
+func serveInProcess(t *testing.T, args ...string) *storerpc.Client {
+	t.Helper()
+	addr := serveCLI(t, args...)
 	if code, _, errOut := run(t, context.Background(), "ping", "--wait", "--hub", addr, "--timeout", "20s"); code != 0 {
 		t.Fatalf("serve %v never became healthy: %s", args, errOut)
 	}
