@@ -174,8 +174,14 @@ func survivesHubKills(t *testing.T, durableSpec func() *pb.ARSRunSpec, crashes [
 	if r.sum.Iterations != refSum.Iterations || r.sum.Episodes != refSum.Episodes || *r.sum.FinalEvalMean != *refSum.FinalEvalMean {
 		t.Fatalf("summary %+v, undisturbed %+v", r.sum, refSum)
 	}
-	if r.sum.HubReconnects < 1 {
-		t.Errorf("summary counts %d reconnects", r.sum.HubReconnects)
+	// Each outage the client noticed counts once: the first crash point
+	// lands after StartRun reached the hub, while the client waits for
+	// its answer or follows the run, so at least one is noticed; no more
+	// than the kills can be (the old count, one per attempt while a hub
+	// was down, ran past it).
+	t.Logf("%d hub kills, %d reconnects counted", len(crashes)+1, r.sum.HubReconnects)
+	if n := r.sum.HubReconnects; n < 1 || n > len(crashes)+1 {
+		t.Errorf("summary counts %d reconnects over %d hub kills", n, len(crashes)+1)
 	}
 	recs := readCurve(t, out)[1:]
 	if uint64(len(recs)) != refSum.Iterations {

@@ -46,8 +46,12 @@ type Summary struct {
 	Steps           int64    `json:"env_steps"`
 	WallSeconds     float64  `json:"wall_seconds"`
 	StepsPerSecond  float64  `json:"env_steps_per_second"`
-	// HubReconnects counts progress streams re-opened after the hub was
-	// unreachable (a restart).
+	// HubReconnects counts the times the client got the hub back after
+	// it was unreachable (a restart): a broken progress stream that
+	// delivered again, or a call (start run, pull policy) that went
+	// through after failed attempts. One outage counts once however many
+	// attempts it took; a restart the client never noticed (between two
+	// of its calls) does not count.
 	HubReconnects int `json:"hub_reconnects"`
 	// CPU time (user + system) of the worker processes started by this
 	// run, and of this process (the embedded hub and the client).

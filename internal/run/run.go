@@ -63,7 +63,8 @@ type runner struct {
 	next     uint64 // first iteration not yet seen
 	prog     *progress
 	curve    *curveFile
-	// reconnects counts re-established progress streams.
+	// reconnects counts outages the client recovered from (Summary's
+	// HubReconnects); only the run's goroutine touches it.
 	reconnects int
 }
 
@@ -235,7 +236,8 @@ func retryable(err error) bool {
 }
 
 // retry runs fn until it succeeds, fails for good, or the hub has been
-// unreachable for the reconnect window; it backs off from 50ms to 2s.
+// unreachable for the reconnect window; it backs off from 50ms to 2s. A
+// success after failed attempts counts one reconnect.
 func (r *runner) retry(ctx context.Context, what string, fn func(context.Context) error) error {
 	var downSince time.Time
 	backoff := 50 * time.Millisecond
@@ -243,6 +245,9 @@ func (r *runner) retry(ctx context.Context, what string, fn func(context.Context
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := fn(actx)
 		cancel()
+		if err == nil && !downSince.IsZero() {
+			r.reconnects++
+		}
 		if err == nil || ctx.Err() != nil || !retryable(err) {
 			return err
 		}
@@ -265,12 +270,18 @@ func (r *runner) retry(ctx context.Context, what string, fn func(context.Context
 // follow watches the run to its end. A broken stream is re-opened from
 // the first iteration not yet seen, so each iteration is recorded once
 // whatever the number of hub restarts; the window restarts whenever an
-// iteration arrives.
+// iteration arrives. A stream that delivers again after a break counts
+// one reconnect (not one per attempt while the hub was down).
 func (r *runner) follow(ctx context.Context) error {
 	var downSince time.Time
 	backoff := 50 * time.Millisecond
+	broken := false
 	for {
 		progressed, done, err := r.watchOnce(ctx)
+		if broken && (progressed || done) {
+			r.reconnects++
+			broken = false
+		}
 		if done {
 			return nil
 		}
@@ -296,7 +307,7 @@ func (r *runner) follow(ctx context.Context) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 2*time.Second)
-		r.reconnects++
+		broken = true
 	}
 }
 
