@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import subprocess
+import threading
 
 import pytest
 
@@ -40,6 +41,35 @@ def start_cluster() -> Cluster:
     return c
 
 
+# ray.init has no timeout of its own and once hung for over 9 minutes on
+# a loaded machine; the fixture gives it this long.
+RAY_INIT_TIMEOUT = float(os.environ.get("RLHUB_RAY_INIT_TIMEOUT", "180"))
+
+
+def init_bounded(address: str, timeout: float = RAY_INIT_TIMEOUT) -> None:
+    """ray.init on the test cluster, failing the test with a message if it
+    has not connected within timeout seconds. ray.init runs on a daemon
+    thread (Ray allows a driver to start off the main thread; it only
+    skips its SIGTERM handler), so a hung call cannot hold the session:
+    the caller shuts the cluster down, which ends the call."""
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            ray.init(address=address, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+        except BaseException as e:  # re-raised on the test's thread
+            box["err"] = e
+
+    t = threading.Thread(target=target, name="ray.init", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        pytest.fail(f"ray.init did not connect to the local Ray cluster at {address} within {timeout:g}s "
+                    "(a loaded machine? RLHUB_RAY_INIT_TIMEOUT sets the bound)", pytrace=False)
+    if "err" in box:
+        raise box["err"]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     # Ray gives a node 30 s (fixed) to register; on a loaded 2-core machine
@@ -51,7 +81,11 @@ def cluster():
         except Exception:
             if attempt == 2:
                 raise
-    ray.init(address=c.address, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+    try:
+        init_bounded(c.address)
+    except BaseException:
+        c.shutdown()
+        raise
     try:
         c.wait_for_nodes()
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
@@ -170,3 +204,21 @@ def test_failover_actors_follow_the_upstream_when_the_relay_is_killed(cluster, h
         for a in actors:
             ray.kill(a)
         relay.stop()
+
+
+def test_ray_init_bound_fails_with_a_message(monkeypatch):
+    # The bound itself, on a ray.init that never returns (no cluster).
+    release = threading.Event()
+    monkeypatch.setattr(ray, "init", lambda **kw: release.wait(30))
+    try:
+        with pytest.raises(pytest.fail.Exception, match=r"did not connect .* within 0.2s"):
+            init_bounded("127.0.0.1:1", timeout=0.2)
+    finally:
+        release.set()
+    # An error from ray.init reaches the caller.
+    def refuse(**kw):
+        raise ConnectionError("no GCS")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(ConnectionError, match="no GCS"):
+        init_bounded("127.0.0.1:1", timeout=5)
