@@ -69,6 +69,16 @@ func (c *FailoverConfig) validate() error {
 // closed only once a newer version has been taken from its successor (or
 // at Close), so the version the Receiver holds outlives the failure even
 // when it is a view of a leased segment, which Close unmaps.
+//
+// A permanent refusal (errs.Permanent: a bad request, missing or
+// insufficient credentials) fails over like any other failure, since
+// another source may accept the collector. Once every dialer has refused
+// permanently (at its dial or from its source), with no version served
+// and no other kind of failure in between, GetIfNewer and WaitNewer
+// return those refusals (errs.Permanent is true of the error) instead of
+// retrying: a collector with a wrong token or model name stops with the
+// reason instead of waiting for ever on weights that cannot come. A
+// source that is only unreachable keeps it trying.
 type Failover struct {
 	cfg FailoverConfig
 
@@ -80,8 +90,11 @@ type Failover struct {
 	name   string
 	idx    int  // index of cur's dialer
 	served bool // cur has returned a version since it was dialed
-	failed int  // index of a dialer whose source failed before serving anything, -1: none
-	closed bool
+	// refused holds, by dialer index, the permanent refusals since a
+	// version was last served or a dialer failed otherwise.
+	refused map[int]error
+	failed  int // index of a dialer whose source failed before serving anything, -1: none
+	closed  bool
 	// retired is the last source that failed after serving a version; it
 	// stays open until a newer version has been taken (or Close), since
 	// the Receiver may still hold its snapshot.
@@ -95,7 +108,7 @@ func NewFailover(cfg FailoverConfig) (*Failover, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Failover{cfg: cfg, failed: -1}, nil
+	return &Failover{cfg: cfg, failed: -1, refused: map[int]error{}}, nil
 }
 
 // Current names the dialer in use ("" when none).
@@ -123,6 +136,9 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 		}
 		tried = append(tried, err)
 		f.drop(err)
+		if err := f.allRefused(); err != nil {
+			return nil, err
+		}
 	}
 	return nil, fmt.Errorf("%w: wsync: every source failed: %w", errs.ErrUnavailable, errors.Join(tried...))
 }
@@ -133,7 +149,7 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 	defer f.callMu.Unlock()
 	for {
 		if err := f.ensure(ctx, after); err != nil {
-			if ctx.Err() != nil || errors.Is(err, errFailoverClosed) {
+			if ctx.Err() != nil || errors.Is(err, errFailoverClosed) || errs.Permanent(err) {
 				return nil, err
 			}
 			t := time.NewTimer(f.cfg.Backoff)
@@ -153,6 +169,9 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 			return snap, err
 		}
 		f.drop(err)
+		if err := f.allRefused(); err != nil {
+			return nil, err
+		}
 	}
 }
 
@@ -163,6 +182,7 @@ var errFailoverClosed = errClosed("failover")
 func (f *Failover) markServed() {
 	f.mu.Lock()
 	f.served = true
+	clear(f.refused)
 	retired := f.retired
 	f.retired = nil
 	f.mu.Unlock()
@@ -205,7 +225,9 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 		d := f.cfg.Dialers[i]
 		src, closer, err := d.Dial(ctx, have)
 		if err != nil {
-			failed = append(failed, fmt.Errorf("%s: %w", d.Name, err))
+			err = fmt.Errorf("%s: %w", d.Name, err)
+			failed = append(failed, err)
+			f.noteFailure(i, err)
 			continue
 		}
 		f.mu.Lock()
@@ -214,7 +236,38 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
 		return nil
 	}
+	if err := f.allRefused(); err != nil {
+		return err
+	}
 	return fmt.Errorf("%w: wsync: no source reachable: %w", errs.ErrUnavailable, errors.Join(failed...))
+}
+
+// noteFailure records dialer i's failure: a permanent refusal is kept
+// for allRefused, any other failure clears the record (the sources are
+// not all refusing).
+func (f *Failover) noteFailure(i int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if errs.Permanent(err) {
+		f.refused[i] = err
+	} else {
+		clear(f.refused)
+	}
+}
+
+// allRefused returns the dialers' permanent refusals once every dialer
+// has refused, else nil.
+func (f *Failover) allRefused() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.refused) < len(f.cfg.Dialers) {
+		return nil
+	}
+	errl := make([]error, 0, len(f.refused))
+	for i := range f.cfg.Dialers {
+		errl = append(errl, f.refused[i])
+	}
+	return fmt.Errorf("wsync: every source refused for good: %w", errors.Join(errl...))
 }
 
 // drop lets go of the failed source: it closes it at once if it never
@@ -222,7 +275,7 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 // whose snapshots it superseded). Called with callMu held.
 func (f *Failover) drop(err error) {
 	f.mu.Lock()
-	closer, name := f.closer, f.name
+	closer, name, idx := f.closer, f.name, f.idx
 	if f.served {
 		closer, f.retired = f.retired, closer
 	} else {
@@ -230,6 +283,7 @@ func (f *Failover) drop(err error) {
 	}
 	f.cur, f.closer, f.name = nil, nil, ""
 	f.mu.Unlock()
+	f.noteFailure(idx, fmt.Errorf("%s: %w", name, err))
 	f.cfg.Logger.Info("wsync: source failed, failing over", "source", name, "err", err)
 	if closer != nil {
 		closer.Close()

@@ -81,3 +81,47 @@ def test_collector_fails_over_to_upstream_and_returns_to_the_relay(hub):
             relay.wait(timeout=30)
         if os.path.exists(shm):
             os.unlink(shm)
+
+
+# A collector ID the hub refuses for good (InvalidArgument: over 256
+# bytes), as it refuses a wrong token: the real service's refusal.
+BAD_ID = "x" * 257
+
+
+def test_failover_raises_when_every_source_refuses_for_good(hub):
+    rlhub.StoreClient(hub.addr).push("pol", weights(1), version=1)
+    src = ws.FailoverSource([
+        ("relay", lambda: ws.PushSource(hub.addr, "pol", collector_id=BAD_ID)),
+        ("upstream", lambda: ws.PushSource(hub.addr, "pol", collector_id=BAD_ID)),
+    ], model="pol", backoff=0.01)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rlhub.errors.InvalidArgument, match="refused for good") as ei:
+            src.wait_newer(0, timeout=60)
+        assert "relay" in str(ei.value) and "upstream" in str(ei.value)
+        assert time.monotonic() - t0 < 60, "it retried until the timeout"
+    finally:
+        src.close()
+
+
+def test_failover_passes_a_refusing_source_and_keeps_trying_an_unreachable_one(hub):
+    rlhub.StoreClient(hub.addr).push("pol", weights(1), version=1)
+    src = ws.FailoverSource([
+        ("relay", lambda: ws.PushSource(hub.addr, "pol", collector_id=BAD_ID)),
+        ("upstream", lambda: ws.PushSource(hub.addr, "pol", collector_id="py-ok")),
+    ], model="pol", backoff=0.01)
+    try:
+        wv = src.wait_newer(0, timeout=30)
+        assert wv is not None and wv.version == 1 and src.current == "upstream"
+    finally:
+        src.close()
+    # Refused by one, nothing listening at the other: it may come back.
+    dead = f"127.0.0.1:{free_port()}"
+    src = ws.FailoverSource([
+        ("relay", lambda: ws.PushSource(dead, "pol", collector_id="py-ok")),
+        ("upstream", lambda: ws.PushSource(hub.addr, "pol", collector_id=BAD_ID)),
+    ], model="pol", backoff=0.01)
+    try:
+        assert src.wait_newer(0, timeout=1.0) is None
+    finally:
+        src.close()

@@ -6,7 +6,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import grpc
 
@@ -42,6 +42,16 @@ class FailoverSource:
     :meth:`running` reports the version the collector runs: on the current
     source's stream if it has one, else with the ``Report`` RPC to ``hub``.
     Use from one thread, as a :class:`Receiver` does.
+
+    A permanent refusal (:func:`rlhub.errors.is_permanent`: a bad request,
+    a missing or wrong token) fails over like any failure, since another
+    source may accept the collector. Once every dialer has refused for
+    good (at its dial or from its source), with no version handed out and
+    no other kind of failure in between, ``get_if_newer`` and
+    ``wait_newer`` raise the refusal (the most preferred dialer's, naming
+    them all) instead of retrying, so a collector with a wrong token or
+    model name stops with the reason rather than waiting for ever. A
+    source that is only unreachable keeps it trying.
     """
 
     def __init__(self, dialers: List[Dialer], *, model: str, collector_id: Optional[str] = None,
@@ -63,6 +73,9 @@ class FailoverSource:
         self._have = 0  # newest version handed out
         self._served = False  # the source in use has returned a version
         self._unserved: List[int] = []  # dialers whose sources failed before serving: tried last
+        # Permanent refusals by dialer since a version was handed out or a
+        # dialer failed otherwise.
+        self._refused: Dict[int, BaseException] = {}
         self.current: Optional[str] = None
         self.switches = 0
         self._closed = False
@@ -71,13 +84,32 @@ class FailoverSource:
     def via(self) -> str:
         return getattr(self._cur, "via", "failover")
 
-    def _dial(self, idx: int) -> Optional[Source]:
+    def _dial(self, idx: int, note: bool = True) -> Optional[Source]:
         name, dial = self.dialers[idx]
         try:
             return dial()
         except (errors.RlhubError, OSError, grpc.RpcError) as e:
             log.info("rlhub: %s: cannot use %s (%s)", self.model, name, e)
+            if note:
+                self._note_failure(idx, e)
             return None
+
+    def _note_failure(self, idx: int, err: BaseException) -> None:
+        if errors.is_permanent(err):
+            self._refused[idx] = err
+        else:
+            self._refused.clear()
+
+    def _raise_if_all_refused(self) -> None:
+        if len(self._refused) < len(self.dialers):
+            return
+        first = self._refused[0]
+        why = "; ".join(f"{self.dialers[i][0]}: {self._refused[i]}" for i in range(len(self.dialers)))
+        msg = f"every source of model {self.model!r} refused for good: {why}"
+        named = errors.from_rpc_error(first) if isinstance(first, grpc.RpcError) else first
+        if isinstance(named, errors.RlhubError):
+            raise type(named)(msg, named.code) from first
+        raise errors.Unavailable(msg) from first  # not reached: only these are permanent
 
     def _use(self, idx: int, src: Source) -> None:
         if self._cur is not None:
@@ -90,6 +122,8 @@ class FailoverSource:
 
     def _drop_current(self, why: Exception) -> None:
         log.warning("rlhub: %s: %s failed (%s); failing over", self.model, self.current, why)
+        if self._idx >= 0:
+            self._note_failure(self._idx, why)
         if self._cur is not None:
             self._retired.append(self._cur)
         # A source that failed before serving anything (a dead relay's
@@ -120,7 +154,7 @@ class FailoverSource:
             return
         self._next_probe = time.monotonic() + self.probe_every
         for i in range(self._idx):
-            src = self._dial(i)
+            src = self._dial(i, note=False)
             if src is None:
                 continue
             try:
@@ -139,6 +173,7 @@ class FailoverSource:
         if wv is not None:
             self._served = True
             self._unserved.clear()
+            self._refused.clear()
         if wv is not None and wv.version > self._have:
             self._have = wv.version
             for old in self._retired:  # a newer version is out: the old blobs are not needed
@@ -152,6 +187,7 @@ class FailoverSource:
         newer. Raises :class:`rlhub.Unavailable` when no dialer works."""
         for _ in range(2 * len(self.dialers) + 1):
             if not self._ensure():
+                self._raise_if_all_refused()
                 raise errors.Unavailable(f"no source of model {self.model!r} works")
             self._probe(than)
             if self._pending is not None:
@@ -162,6 +198,7 @@ class FailoverSource:
                 return self._took(self._in_use().get_if_newer(than))
             except errors.RlhubError as e:
                 self._drop_current(e)
+                self._raise_if_all_refused()
         raise errors.Unavailable(f"every source of model {self.model!r} failed")
 
     def _in_use(self) -> Source:
@@ -193,7 +230,10 @@ class FailoverSource:
             except errors.RlhubError as e:
                 if self._cur is not None:
                     self._drop_current(e)
+                    self._raise_if_all_refused()
                     continue
+                if errors.is_permanent(e) and len(self._refused) == len(self.dialers):
+                    raise  # every source refused for good (get_if_newer)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
