@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -40,11 +39,11 @@ func TestARSRunSurvivesTwoPrimaryKills(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three hubs, two workers and two ARS runs")
 	}
-	bin := rlhubBinary(t)
 	ref := t.TempDir()
-	cmd := exec.Command(bin, append([]string{"--log-level", "warn", "train", "ars", "--workers", "2", "--out", ref}, arsArgs...)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("undisturbed run: %v\n%s", err, out)
+	undisturbed := testkit.StartProc(t, testkit.ProcConfig{Name: "undisturbed train ars",
+		Args: append([]string{"--log-level", "warn", "train", "ars", "--workers", "2", "--out", ref}, arsArgs...)})
+	if st := undisturbed.Wait(t, 10*time.Minute); !st.Success() {
+		t.Fatalf("undisturbed run: %v\n%s", st, undisturbed.Output())
 	}
 	want, err := os.ReadFile(filepath.Join(ref, "policy.safetensors"))
 	if err != nil {
@@ -55,42 +54,17 @@ func TestARSRunSurvivesTwoPrimaryKills(t *testing.T) {
 	c := newCluster(t, e.Endpoint, 3)
 	l1, p1 := c.leader(0)
 	for i := range 2 {
-		w := exec.Command(bin, "--log-level", "warn", "worker", "ars", "--etcd", e.Endpoint, "--cluster", c.name,
-			"--name", fmt.Sprintf("ext-%d", i), "--retry-for", "120s")
-		var wout syncBuffer
-		w.Stdout, w.Stderr = &wout, &wout
-		if err := w.Start(); err != nil {
-			t.Fatal(err)
-		}
-		wdone := make(chan struct{})
-		go func() { w.Wait(); close(wdone) }()
-		t.Cleanup(func() {
-			w.Process.Signal(syscall.SIGINT)
-			select {
-			case <-wdone:
-			case <-time.After(10 * time.Second):
-				w.Process.Kill()
-				<-wdone
-			}
-		})
+		w := testkit.StartProc(t, testkit.ProcConfig{Name: fmt.Sprintf("worker %d", i), Args: []string{"--log-level", "warn", "worker", "ars",
+			"--etcd", e.Endpoint, "--cluster", c.name, "--name", fmt.Sprintf("ext-%d", i), "--retry-for", "120s"}})
+		t.Cleanup(func() { w.Stop(syscall.SIGINT, 10*time.Second) })
 	}
 	out := t.TempDir()
-	train := exec.Command(bin, append([]string{"--log-level", "warn", "train", "ars", "--etcd", e.Endpoint, "--cluster", c.name,
-		"--workers", "0", "--reconnect-window", "2m", "--out", out}, arsArgs...)...)
-	var tout syncBuffer
-	train.Stdout, train.Stderr = &tout, &tout
-	if err := train.Start(); err != nil {
-		t.Fatal(err)
-	}
-	tdone := make(chan error, 1)
-	go func() { tdone <- train.Wait() }()
-	t.Cleanup(func() { train.Process.Kill() })
+	train := testkit.StartProc(t, testkit.ProcConfig{Name: "train ars", Args: append([]string{"--log-level", "warn", "train", "ars",
+		"--etcd", e.Endpoint, "--cluster", c.name, "--workers", "0", "--reconnect-window", "2m", "--out", out}, arsArgs...)})
 
 	ended := func() bool {
-		select {
-		case err := <-tdone:
-			t.Fatalf("train ars ended (%v) before both kills:\n%s", err, tout.String())
-		default:
+		if st := train.State(); st != nil {
+			t.Fatalf("train ars ended (%v) before both kills:\n%s", st, train.Output())
 		}
 		return false
 	}
@@ -100,13 +74,8 @@ func TestARSRunSurvivesTwoPrimaryKills(t *testing.T) {
 	testkit.Eventually(t, 3*time.Minute, "20 iterations before the second kill", func() bool { return !ended() && curveRows(out) >= 20 })
 	p2.kill()
 	c.leader(l2.Epoch)
-	select {
-	case err := <-tdone:
-		if err != nil {
-			t.Fatalf("train ars: %v\n%s", err, tout.String())
-		}
-	case <-time.After(5 * time.Minute):
-		t.Fatalf("train ars did not finish after two failovers:\n%s", tout.String())
+	if st := train.Wait(t, 5*time.Minute); !st.Success() {
+		t.Fatalf("train ars after two failovers: %v\n%s", st, train.Output())
 	}
 	got, err := os.ReadFile(filepath.Join(out, "policy.safetensors"))
 	if err != nil {

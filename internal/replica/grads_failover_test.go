@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -72,16 +71,9 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 
 	// A relay (a collector's local source): follows the primary, fills shm.
 	segment := fmt.Sprintf("/dev/shm/rlhub-replica-test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	relay := exec.Command(rlhubBinary(t), "--log-level", "warn", "relay", "--etcd", e.Endpoint, "--cluster", c.name,
-		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment)
-	var rout syncBuffer
-	relay.Stdout, relay.Stderr = &rout, &rout
-	if err := relay.Start(); err != nil {
-		t.Fatal(err)
-	}
-	rdone := make(chan struct{})
-	go func() { relay.Wait(); close(rdone) }()
-	t.Cleanup(func() { relay.Process.Kill(); <-rdone; os.Remove(segment) })
+	t.Cleanup(func() { os.Remove(segment) }) // after the relay is reaped
+	relay := testkit.StartProc(t, testkit.ProcConfig{Name: "relay", Args: []string{"--log-level", "warn", "relay", "--etcd", e.Endpoint, "--cluster", c.name,
+		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment}})
 
 	// The watcher: versions only grow, across both failovers.
 	var mu sync.Mutex
@@ -174,8 +166,8 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	var rd *shm.Reader
 	testkit.Eventually(t, time.Minute, "the relay's segment on the final version", func() bool {
 		select {
-		case <-rdone:
-			t.Fatalf("the relay exited:\n%s", rout.String())
+		case <-relay.Done():
+			t.Fatalf("the relay exited (%v):\n%s", relay.State(), relay.Output())
 		default:
 		}
 		if rd == nil {
