@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,39 +23,21 @@ import (
 	"github.com/rlhub/rlhub/rlhub"
 )
 
-// serveProc is `rlhub serve ARGS` in a child process (the test binary,
-// serveChildEnv); kill SIGKILLs it.
+// serveProc is `rlhub serve ARGS` in a child process (startServeChild;
+// the address file is written once the hub listens, primary or standby
+// alike); kill SIGKILLs it.
 type serveProc struct {
 	addr string
-	cmd  *exec.Cmd
+	proc *testkit.Proc
 }
 
 func startServeProc(t *testing.T, args string) *serveProc {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The address file is written once the hub listens, primary or
-	// standby alike.
-	addrFile := filepath.Join(t.TempDir(), "addr")
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+args+" --addr-file "+addrFile)
-	cmd.Stderr = io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	var addr string
-	testkit.Eventually(t, 60*time.Second, "rlhub serve to write its address file", func() bool {
-		b, err := os.ReadFile(addrFile)
-		addr = strings.TrimSpace(string(b))
-		return err == nil && addr != ""
-	})
-	return &serveProc{addr: addr, cmd: cmd}
+	p := startServeChild(t, args)
+	return &serveProc{addr: p.Addr(), proc: p}
 }
 
-func (p *serveProc) kill() { p.cmd.Process.Kill(); p.cmd.Wait() }
+func (p *serveProc) kill() { p.proc.Kill() }
 
 func weightsBlob(t *testing.T, v float32) []byte {
 	t.Helper()
@@ -101,7 +80,7 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 		var l cluster.Leader
 		testkit.Eventually(t, 30*time.Second, "a primary in etcd", func() bool {
 			st, err := cluster.Read(ctx, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: name})
-			if err != nil || st.Primary == nil || hubs[st.Primary.ID] == nil || hubs[st.Primary.ID].cmd.ProcessState != nil {
+			if err != nil || st.Primary == nil || hubs[st.Primary.ID] == nil || hubs[st.Primary.ID].proc.State() != nil {
 				return false
 			}
 			l = *st.Primary
@@ -144,7 +123,7 @@ func TestClientsFollowThePrimaryAcrossSIGKILL(t *testing.T) {
 			t.Fatalf("round %d: push through the hub list: %v", round, err)
 		}
 		for id, p := range hubs {
-			if p.cmd.ProcessState != nil {
+			if p.proc.State() != nil {
 				continue
 			}
 			_, err := direct(p.addr).Get(ctx, model, 0)

@@ -1,13 +1,11 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"io"
 	"net"
 	"os"
-	"os/exec"
-	"regexp"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
@@ -35,46 +34,28 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// startServeChild runs `rlhub serve ARGS` in a child process, then caps its
-// open files at nofile (soft and hard, with prlimit(2): the Go runtime
-// raises the soft limit to the hard one at start), and returns its address.
-func startServeChild(t *testing.T, nofile uint64, args string) string {
+// startServeChild runs `rlhub serve ARGS --addr-file F` as a child
+// process (this test binary, serveChildEnv) and returns once it listens;
+// the Proc is SIGKILLed and reaped at cleanup, its output logged if the
+// test failed.
+func startServeChild(t *testing.T, args string) *testkit.Proc {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+args)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addrCh := make(chan string, 1)
-	go func() { // ends when the child dies (its stderr closes)
-		re := regexp.MustCompile(`hub serving" addr=(\S+)`)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addrCh <- m[1]
-			}
-		}
-	}()
-	var addr string
-	select {
-	case addr = <-addrCh:
-	case <-time.After(60 * time.Second): // a hang guard
-		t.Fatal("rlhub serve never said where it listens")
-	}
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	return testkit.StartProc(t, testkit.ProcConfig{Name: "rlhub " + args, Path: os.Args[0],
+		Env: []string{serveChildEnv + "=" + args + " --addr-file " + addrFile}, AddrFile: addrFile})
+}
+
+// startLimitedServeChild runs startServeChild, then caps the child's open
+// files at nofile (soft and hard, with prlimit(2): the Go runtime raises
+// the soft limit to the hard one at start), and returns its address.
+func startLimitedServeChild(t *testing.T, nofile uint64, args string) string {
+	t.Helper()
+	p := startServeChild(t, args)
 	lim := unix.Rlimit{Cur: nofile, Max: nofile}
-	if err := unix.Prlimit(cmd.Process.Pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+	if err := unix.Prlimit(p.Pid(), unix.RLIMIT_NOFILE, &lim, nil); err != nil {
 		t.Fatalf("prlimit: %v", err)
 	}
-	return addr
+	return p.Addr()
 }
 
 // TestHalfOpenDataPlaneConnectionsDoNotLockOut is issue 16's fourth abuse:
@@ -89,7 +70,7 @@ func TestHalfOpenDataPlaneConnectionsDoNotLockOut(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a hub process and 1000 connections")
 	}
-	addr := startServeChild(t, 256, "serve --listen 127.0.0.1:0 --data= --frame-timeout 2s --max-conns-per-peer 100")
+	addr := startLimitedServeChild(t, 256, "serve --listen 127.0.0.1:0 --data= --frame-timeout 2s --max-conns-per-peer 100")
 	const n = 1000
 	attack := make([]net.Conn, 0, n)
 	defer func() {

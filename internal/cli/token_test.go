@@ -1,10 +1,8 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -79,7 +77,8 @@ func TestServeReloadsTokensOnSIGHUP(t *testing.T) {
 	if code, out, errOut := run(t, ctx, "token", "new", "--append", file, "--role", "admin", "--scope", "*", "--name", "root"); code != 0 {
 		t.Fatalf("token new: %d %s %s", code, out, errOut)
 	}
-	cmd, addr := startServeProcess(t, "serve --listen 127.0.0.1:0 --data= --auth-reload -1s --auth-tokens "+file)
+	hub := startServeChild(t, "serve --listen 127.0.0.1:0 --data= --auth-reload -1s --auth-tokens "+file)
+	addr := hub.Addr()
 	cfg, err := dial.Files{TokenFile: tokPath}.Load()
 	if err != nil {
 		t.Fatal(err)
@@ -106,9 +105,7 @@ func TestServeReloadsTokensOnSIGHUP(t *testing.T) {
 	if _, err := st.List(ctx, &rlhubv1.StoreListRequest{}); err != nil {
 		t.Fatalf("before SIGHUP: %v", err)
 	}
-	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
+	hub.Signal(t, syscall.SIGHUP)
 	err = testkit.Recv(t, end, 20*time.Second, "the watch to be cut after SIGHUP")
 	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "revoked") {
 		t.Fatalf("the watch ended with %v", err)
@@ -116,35 +113,4 @@ func TestServeReloadsTokensOnSIGHUP(t *testing.T) {
 	if _, err := st.List(ctx, &rlhubv1.StoreListRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("after SIGHUP: %v", err)
 	}
-}
-
-// startServeProcess runs `rlhub serve ARGS` as a child process (the test
-// binary, TestMain) and returns it and its address.
-func startServeProcess(t *testing.T, args string) (*exec.Cmd, string) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+args)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addrCh := make(chan string, 1)
-	go func() { // ends when the child dies (its stderr closes)
-		re := regexp.MustCompile(`hub serving" addr=(\S+)`)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addrCh <- m[1]
-			}
-		}
-	}()
-	return cmd, testkit.Recv(t, addrCh, 60*time.Second, "rlhub serve to say where it listens")
 }
