@@ -46,10 +46,7 @@ type tcpSource struct {
 }
 
 func newTCPSource(b testing.TB, blob []byte) *tcpSource {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	lis := testkit.Listen(b)
 	s := &tcpSource{lis: lis}
 	s.wg.Go(func() {
 		for {

@@ -2,7 +2,6 @@ package storebench
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -74,16 +73,9 @@ func BenchmarkPullOptions(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		srv := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit)}, v.server...)...)
-		svc.Register(srv)
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		served := make(chan struct{})
-		go func() { defer close(served); srv.Serve(lis) }()
-		defer func() { srv.Stop(); <-served }()
-		cc, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{
+		// Stopped at b's cleanup.
+		addr := testkit.ServeGRPC(b, nil, svc.Register, append([]grpc.ServerOption{grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit)}, v.server...)...)
+		cc, err := grpc.NewClient(addr, append([]grpc.DialOption{
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(limit), grpc.MaxCallSendMsgSize(limit)),
 		}, v.dial...)...)
