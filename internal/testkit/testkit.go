@@ -1,9 +1,12 @@
 // Package testkit is what every package's tests share: a real gRPC server
-// on 127.0.0.1:0, a logger that discards, and bounded waits that fail with
-// a message instead of hanging or sleeping.
+// on 127.0.0.1:0, a logger that discards, bounded waits that fail with a
+// message instead of hanging or sleeping, and real processes (the rlhub
+// binary, built once per test binary, or the test binary re-executed)
+// started, signalled and SIGKILLed (proc.go).
 //
 // Each helper ties what it starts to tb.Cleanup, so a test never leaks a
-// goroutine or a port (goleak stays green in the packages that check).
+// goroutine, a port or a process (goleak stays green in the packages that
+// check).
 package testkit
 
 import (
