@@ -149,7 +149,10 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 	defer f.callMu.Unlock()
 	for {
 		if err := f.ensure(ctx, after); err != nil {
-			if ctx.Err() != nil || errors.Is(err, errFailoverClosed) || errs.Permanent(err) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err() // the contract, even when ctx ended inside a dial
+			}
+			if errors.Is(err, errFailoverClosed) || errs.Permanent(err) {
 				return nil, err
 			}
 			t := time.NewTimer(f.cfg.Backoff)

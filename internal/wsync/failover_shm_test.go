@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"testing"
 
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
@@ -38,7 +39,7 @@ func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
 			return src, closer, err
 		}},
 		{Name: "board", Dial: func(context.Context, uint64) (Source, io.Closer, error) { return board, io.NopCloser(nil), nil }},
-	}, Logger: quiet()})
+	}, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
-
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // failoverCollector follows a Failover source in a goroutine.
 type failoverCollector struct {
@@ -30,7 +28,7 @@ func startFailoverCollector(t *testing.T, dialers ...Dialer) *failoverCollector 
 // collector's ApplyFunc.
 func startFailoverCollectorApply(t *testing.T, apply ApplyFunc, dialers ...Dialer) *failoverCollector {
 	t.Helper()
-	f, err := NewFailover(FailoverConfig{Dialers: dialers, Backoff: 10 * time.Millisecond, Logger: quiet()})
+	f, err := NewFailover(FailoverConfig{Dialers: dialers, Backoff: 10 * time.Millisecond, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +55,7 @@ func TestFailoverRejectsEmptyAndReportsAllDown(t *testing.T) {
 	down := Dialer{Name: "down", Dial: func(context.Context, uint64) (Source, io.Closer, error) {
 		return nil, nil, errors.New("refused")
 	}}
-	f, _ := NewFailover(FailoverConfig{Dialers: []Dialer{down, down}, Logger: quiet()})
+	f, _ := NewFailover(FailoverConfig{Dialers: []Dialer{down, down}, Logger: testkit.Logger()})
 	defer f.Close()
 	ctx := context.Background()
 	if _, err := f.GetIfNewer(ctx, 0); err == nil {
