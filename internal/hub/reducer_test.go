@@ -31,16 +31,10 @@ func TestReducerStatsGoAPIMatchesRPC(t *testing.T) {
 		t.Fatalf("push of a wrong shape: %v", err)
 	}
 	var st reducer.Stats
-	for {
+	testkit.Eventually(t, 20*time.Second, "3 applied and the queue empty", func() bool {
 		st = h.Reducer().Stats()
-		if st.Total.Applied == 3 && st.QueueDepth == 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("never settled: %+v", st)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return st.Total.Applied == 3 && st.QueueDepth == 0
+	})
 	if st.Total.Pushed != 4 || st.Total.Dropped[reduce.ReasonInvalid] != 1 || st.Models["m"].Version != 4 || st.Models["m"].Counters.Applied != 3 {
 		t.Fatalf("Go API stats %+v: want 4 pushed, 1 invalid, version 4", st)
 	}

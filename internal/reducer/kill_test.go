@@ -158,11 +158,10 @@ func TestKillSecondaryProcess(t *testing.T) {
 	// applied + lost only grows, reaches 3×pushes once everything has
 	// settled, and never exceeds it. Wait for the survivor's last batch.
 	var lost uint64
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("applied + lost to cover the %d pushes", 3*pushes), func() bool {
 		// Read applied before lost: a retry's lost count is taken back
 		// before OnApply records it, so this order can undercount for a
-		// moment (and the loop waits) but never count one gradient twice.
+		// moment (and the wait goes on) but never count one gradient twice.
 		mu.Lock()
 		nApplied := len(applied)
 		mu.Unlock()
@@ -174,14 +173,8 @@ func TestKillSecondaryProcess(t *testing.T) {
 		if uint64(nApplied)+lost > 3*pushes {
 			t.Fatalf("applied %d + lost %d > %d distinct gradients pushed: a gradient is counted both lost and applied", nApplied, lost, 3*pushes)
 		}
-		if uint64(nApplied)+lost == 3*pushes {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("applied %d + lost %d never covered %d pushes: %v", nApplied, lost, 3*pushes, st)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return uint64(nApplied)+lost == 3*pushes
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	for id, k := range applied {
@@ -247,17 +240,10 @@ func TestKillSecondaryProcess(t *testing.T) {
 
 func waitSecondaries(t testing.TB, c *reducer.Client, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("%d secondaries attached", n), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		secs, err := c.Secondaries(ctx)
-		cancel()
-		if err == nil && len(secs) >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d secondaries attached (%v)", len(secs), n, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && len(secs) >= n
+	})
 }
