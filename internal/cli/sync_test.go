@@ -53,14 +53,10 @@ func TestSyncStatusAndRelay(t *testing.T) {
 	}
 	defer conn.Close()
 	var cl *wsync.Client
-	for cl == nil {
-		if cl, err = wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: "local-1", Model: "m"}); err != nil {
-			if ctx.Err() != nil {
-				t.Fatalf("attach to relay: %v", err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	testkit.Eventually(t, 30*time.Second, "a collector to attach to the relay", func() bool {
+		cl, err = wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: "local-1", Model: "m"})
+		return err == nil
+	})
 	snap, err := cl.WaitNewer(ctx, 0)
 	if err != nil || snap.Version != 1 {
 		t.Fatalf("via relay: %v, %v", snap, err)
@@ -70,14 +66,10 @@ func TestSyncStatusAndRelay(t *testing.T) {
 	// publishes to its stream's board before its segment, so the segment
 	// can still be missing, or empty, just after a stream collector got v1.
 	var rs *shm.Reader
-	for rs == nil {
-		if rs, err = shm.Open(shm.ReaderConfig{Path: seg, Lease: true}); err != nil {
-			if ctx.Err() != nil {
-				t.Fatalf("relay's segment: %v", err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	testkit.Eventually(t, 30*time.Second, "the relay's segment to open", func() bool {
+		rs, err = shm.Open(shm.ReaderConfig{Path: seg, Lease: true})
+		return err == nil
+	})
 	s, err := rs.WaitNewer(ctx, 0)
 	if err != nil || s.Version != 1 {
 		t.Fatalf("relay's segment holds %v, %v; want v1", s, err)
@@ -107,17 +99,15 @@ func TestSyncStatusAndRelay(t *testing.T) {
 		return nil
 	}
 	var out string
-	for f := row(out, "relay-a"); len(f) < 2 || f[1] != "3"; f = row(out, "relay-a") {
+	testkit.Eventually(t, 30*time.Second, "the relay to report v3 in sync status", func() bool {
 		code, o, errOut := run(t, ctx, "sync", "status", "--hub", addr)
 		if code != 0 {
 			t.Fatalf("sync status: code %d, %s", code, errOut)
 		}
 		out = o
-		if ctx.Err() != nil {
-			t.Fatalf("relay never reported v3:\n%s", out)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		f := row(out, "relay-a")
+		return len(f) >= 2 && f[1] == "3"
+	})
 	for _, want := range []string{"model m: newest v3", "lag histogram: ≤0:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("sync status output lacks %q:\n%s", want, out)
