@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"sort"
 	"sync"
@@ -68,14 +69,22 @@ func (r *Reader) Close() error {
 	return r.err
 }
 
-// ServiceInfo is a relay (or another helper process: a secondary reducer)
-// announced in etcd under /rlhub/CLUSTER/services/KIND/ID, for the clients
-// that use it to find (Reader.Services).
+// ServiceInfo is a relay or a hub of secondary reducers announced in etcd
+// under /rlhub/CLUSTER/services/KIND/ID, for the clients that use it to
+// find (Reader.Services, Reader.WatchServices, LocalRelay). The JSON form
+// is read by the Python client too (rlhub.discover).
 type ServiceInfo struct {
 	Kind  string `json:"kind"`
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
 	Model string `json:"model,omitempty"`
+	// Host is the hostname of the machine the service runs on (Announce
+	// fills it with os.Hostname when ""): collectors look for the relay on
+	// their own host.
+	Host string `json:"host,omitempty"`
+	// Secondaries are the ids of the secondary reducers served at Addr
+	// (KindSecondary): a client pushes to (Addr, id).
+	Secondaries []string `json:"secondaries,omitempty"`
 }
 
 // Service kinds.
@@ -100,6 +109,9 @@ type Announcement struct {
 // (errs.ErrExists).
 func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement, error) {
 	cfg.ID, cfg.Addr = info.ID, info.Addr
+	if info.Host == "" {
+		info.Host, _ = os.Hostname()
+	}
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
@@ -113,7 +125,7 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
+		return nil, etcdError(cfg.Endpoints, err)
 	}
 	a := &Announcement{cli: cli, sess: sess}
 	val, _ := json.Marshal(info)
@@ -125,7 +137,7 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	if err == nil && !resp.Succeeded {
 		err = fmt.Errorf("%w: cluster: %s %q is announced by a live process", errs.ErrExists, info.Kind, info.ID)
 	} else if err != nil {
-		err = fmt.Errorf("%w: cluster: announce: %v", errs.ErrUnavailable, err)
+		err = etcdError(cfg.Endpoints, err)
 	}
 	if err != nil {
 		a.Close()
@@ -162,7 +174,7 @@ func (r *Reader) Services(ctx context.Context, kind, model string) ([]ServiceInf
 	}
 	resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+		return nil, etcdError(r.cfg.Endpoints, err)
 	}
 	var out []ServiceInfo
 	for _, kv := range resp.Kvs {
