@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -185,4 +186,85 @@ func (r *Reader) Services(ctx context.Context, kind, model string) ([]ServiceInf
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Kind+"/"+out[i].ID < out[j].Kind+"/"+out[j].ID })
 	return out, nil
+}
+
+// WatchServices calls fn with every live announcement of kind ("" every
+// kind), by id, first with the list at the start and then after each
+// change (an announcement put, withdrawn, or dropped with its lease), until
+// ctx ends; it returns ctx's error. A watch that fails (etcd restarting, a
+// compacted revision) is opened again from a fresh list, after a back-off.
+// fn runs on WatchServices' goroutine, one call at a time.
+func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]ServiceInfo)) error {
+	p := path.Join(r.cfg.prefix(), "services") + "/"
+	if kind != "" {
+		p = path.Join(p, kind) + "/"
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
+		if err == nil {
+			live := map[string]ServiceInfo{}
+			for _, kv := range resp.Kvs {
+				var s ServiceInfo
+				if json.Unmarshal(kv.Value, &s) == nil {
+					live[string(kv.Key)] = s
+				}
+			}
+			fn(sortedServices(live))
+			backoff = 50 * time.Millisecond
+			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+			for wr := range r.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+				if wr.Err() != nil {
+					break
+				}
+				for _, ev := range wr.Events {
+					var s ServiceInfo
+					if ev.Type == clientv3.EventTypeDelete {
+						delete(live, string(ev.Kv.Key))
+					} else if json.Unmarshal(ev.Kv.Value, &s) == nil {
+						live[string(ev.Kv.Key)] = s
+					}
+				}
+				fn(sortedServices(live))
+			}
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func sortedServices(m map[string]ServiceInfo) []ServiceInfo {
+	out := make([]ServiceInfo, 0, len(m))
+	for _, s := range m {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Kind+"/"+out[i].ID < out[j].Kind+"/"+out[j].ID })
+	return out
+}
+
+// LocalRelay is the relay announced for model on host ("" means this
+// machine's hostname), and false when there is none (a collector then
+// uses the hub). Of several, the first by id.
+func (r *Reader) LocalRelay(ctx context.Context, model, host string) (ServiceInfo, bool, error) {
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	ss, err := r.Services(ctx, KindRelay, model)
+	if err != nil {
+		return ServiceInfo{}, false, err
+	}
+	for _, s := range ss {
+		if s.Host == host {
+			return s, true, nil
+		}
+	}
+	return ServiceInfo{}, false, nil
 }
