@@ -83,6 +83,9 @@ type ServiceInfo struct {
 	// fills it with os.Hostname when ""): collectors look for the relay on
 	// their own host.
 	Host string `json:"host,omitempty"`
+	// Shm is a relay's shared-memory segment (a collector on Host may read
+	// it instead of the relay's stream); "" when it has none.
+	Shm string `json:"shm,omitempty"`
 	// Secondaries are the ids of the secondary reducers served at Addr
 	// (KindSecondary): a client pushes to (Addr, id).
 	Secondaries []string `json:"secondaries,omitempty"`

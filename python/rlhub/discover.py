@@ -3,7 +3,7 @@
 The Go hub keeps a cluster's records under ``/rlhub/NAME/`` in etcd
 (internal/cluster): the election, the members, and the services processes
 announce under a lease (``/rlhub/NAME/services/KIND/ID``, JSON with ``kind``,
-``id``, ``addr``, ``model``, ``host`` and, for a hub of secondary reducers,
+``id``, ``addr``, ``model``, ``host``, a relay's ``shm`` segment and, for a hub of secondary reducers,
 ``secondaries``). This module reads them through etcd's JSON gateway
 (``/v3/kv/range``, ``/v3/watch``, ``/v3/auth/authenticate``) with the
 standard library only, as :class:`rlhub._channel.FollowingChannel` does:
@@ -314,6 +314,8 @@ class Service:
     addr: str
     model: str = ""
     host: str = ""
+    shm: str = ""
+    """A relay's shared-memory segment on ``host`` ("" when none)."""
     secondaries: Tuple[str, ...] = ()
 
     @classmethod
@@ -321,7 +323,7 @@ class Service:
         try:
             d = json.loads(raw)
             return cls(kind=str(d.get("kind", "")), id=str(d.get("id", "")), addr=str(d.get("addr", "")),
-                       model=str(d.get("model", "")), host=str(d.get("host", "")),
+                       model=str(d.get("model", "")), host=str(d.get("host", "")), shm=str(d.get("shm", "")),
                        secondaries=tuple(str(s) for s in d.get("secondaries") or ()))
         except (ValueError, AttributeError, TypeError):
             return None
@@ -440,3 +442,22 @@ class ServiceWatch:
         self._stop.set()
         self._gw.interrupt(self._stop)
         self._thread.join(timeout=10)
+
+
+def failover_for(cluster: str, model: str, timeout: float = 3.0) -> List[Tuple[str, str, str]]:
+    """The failover sources of a collector of ``model`` on this host in
+    ``cluster`` (``etcd://E/NAME``), as ``(name, via, address)`` for
+    :class:`rlhub._sources.SourceSpec`: the relay announced on this host
+    (its segment, then its stream) when there is one, then the cluster's
+    primary (followed). Without a relay, only the primary."""
+    specs: List[Tuple[str, str, str]] = []
+    try:
+        r = local_relay(cluster, model, timeout=timeout)
+    except errors.Unavailable:
+        r = None
+    if r is not None:
+        if r.shm:
+            specs.append(("relay-shm", "shm", r.shm))
+        specs.append(("relay", "push", r.addr))
+    specs.append(("upstream", "push", cluster))
+    return specs
