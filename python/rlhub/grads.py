@@ -320,7 +320,7 @@ class GradClient:
         # announcement goes (withdrawn, lease expired) is skipped even if the
         # primary still lists it, until it is announced again.
         self._announced: List[Tuple[str, str]] = []
-        self._withdrawn: set = set()
+        self._withdrawn: set[str] = set()
         self._watch: Optional[discover.ServiceWatch] = None
         if _channel.parse_target(hub_addr).etcd:
             self._watch = discover.ServiceWatch(hub_addr, discover.KIND_SECONDARY, self._on_announced)
