@@ -144,6 +144,7 @@ def test_gradclient_discovers_secondaries_from_etcd(rlhub_bin, tmp_path):
         finally:
             store.close()
             grads.close()
+            assert grads._watch is not None and not grads._watch._thread.is_alive()  # close stopped the watch
     finally:
         for h in procs:
             h.stop()
