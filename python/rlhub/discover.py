@@ -403,6 +403,8 @@ class ServiceWatch:
         self._stop = threading.Event()
         self.error: Optional[BaseException] = None
         """The last failure (cleared by a working watch), for diagnostics."""
+        self.opened = 0
+        """Watches opened so far (1 while the first one holds)."""
         self._thread = threading.Thread(target=self._run, name=f"rlhub-etcd-watch-{kind}", daemon=True)
         self._thread.start()
 
@@ -428,6 +430,7 @@ class ServiceWatch:
 
                 self.error = None
                 backoff = 0.05
+                self.opened += 1
                 self._gw.watch(self._prefix, rev + 1, on_events, self._stop)
             except errors.RlhubError as e:
                 self.error = e

@@ -141,6 +141,7 @@ def test_gradclient_discovers_secondaries_from_etcd(rlhub_bin, tmp_path):
             for _ in range(3):
                 v = store.pull("d").version
                 assert grads.push("d", v, {"w": np.ones(2, dtype=np.float32)}).addr == s2.addr
+            assert grads._watch is not None and grads._watch.opened == 1, grads._watch.error  # one watch saw it all
         finally:
             store.close()
             grads.close()
