@@ -28,7 +28,9 @@ func runAnnouncedSecondaries(ctx context.Context, cfg hub.Config, f *clusterFlag
 	if err != nil {
 		return err
 	}
-	runCtx, stop := context.WithCancel(ctx)
+	// The hub stops after the announcement is withdrawn (below), not with
+	// ctx, so clients stop picking it before it refuses them.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	runErr := make(chan error, 1)
 	go func() { runErr <- h.Run(runCtx) }()
@@ -51,6 +53,13 @@ func runAnnouncedSecondaries(ctx context.Context, cfg hub.Config, f *clusterFlag
 			lost = a.Lost()
 		}
 		select {
+		case <-ctx.Done():
+			if a != nil {
+				a.Close()
+				a = nil
+			}
+			stop()
+			return <-runErr
 		case err := <-runErr:
 			return err
 		case <-lost:
