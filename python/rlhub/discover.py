@@ -232,23 +232,29 @@ class Gateway:
         return self.call("/v3/kv/range", body, timeout)
 
     def watch(self, prefix: str, start_revision: int, on_events: Callable[[List[Dict[str, Any]]], None],
-              stop: threading.Event, timeout: float = 3.0) -> None:
-        """Streams a watch of ``prefix`` from ``start_revision``, calling
-        ``on_events`` with each batch, until ``stop`` is set (returns) or the
-        stream fails (raises)."""
+              stop: threading.Event, timeout: float = 3.0, endpoint: int = 0) -> None:
+        """Streams a watch of ``prefix`` from ``start_revision`` at endpoint
+        number ``endpoint`` (modulo their count), calling ``on_events`` with
+        each batch, until ``stop`` is set (returns) or the stream fails
+        (raises)."""
+        i = endpoint % len(self._eps)
         p = prefix.encode()
         end = p[:-1] + bytes([p[-1] + 1])
         body = {"create_request": {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode(),
                                    "start_revision": str(start_revision)}}
         headers = {"Content-Type": "application/json"}
-        if self._user:
-            headers["Authorization"] = self._auth_token(0, timeout)
-        c = self._conn(0, timeout)
+        c = self._conn(i, timeout)
         try:
+            if self._user:
+                headers["Authorization"] = self._auth_token(i, timeout)
             c.request("POST", "/v3/watch", json.dumps(body).encode(), headers)
             r = c.getresponse()
             if r.status != 200:
-                raise self._refused(r.status, r.read(_MAX_RESPONSE), self._where())
+                err = self._refused(r.status, r.read(_MAX_RESPONSE), self._where())
+                if isinstance(err, errors.Unauthenticated):
+                    with self._mu:
+                        self._token = None  # expired: the next watch authenticates again
+                raise err
             assert c.sock is not None
             c.sock.settimeout(None)  # a watch is quiet until something changes
             with self._mu:
@@ -409,7 +415,7 @@ class ServiceWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        backoff = 0.05
+        backoff, ep = 0.05, 0
         while not self._stop.is_set():
             try:
                 resp = self._gw.range_prefix(self._prefix)
@@ -431,9 +437,10 @@ class ServiceWatch:
                 self.error = None
                 backoff = 0.05
                 self.opened += 1
-                self._gw.watch(self._prefix, rev + 1, on_events, self._stop)
+                self._gw.watch(self._prefix, rev + 1, on_events, self._stop, endpoint=ep)
             except errors.RlhubError as e:
                 self.error = e
+                ep += 1  # the next endpoint watches next time
             if self._stop.wait(backoff):
                 return
             backoff = min(2 * backoff, 1.0)
