@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,29 +173,21 @@ func TestCollectorFindsItsRelayFromEtcd(t *testing.T) {
 }
 
 type relayProc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *testkit.Proc
 	addr string
 }
 
-func (r *relayProc) kill() { _ = r.cmd.Process.Kill(); <-r.done }
+func (r *relayProc) kill() { r.proc.Kill() }
 
 // startRelay runs `relay --etcd` for model and waits for its address.
 func startRelay(t *testing.T, etcd, name, model, id string) *relayProc {
 	t.Helper()
 	segment := fmt.Sprintf("/dev/shm/rlhub-discover-test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	cmd := exec.Command(rlhubBinary(t), "--log-level", "warn", "relay", "--etcd", etcd, "--cluster", name,
-		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment, "--id", id)
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r := &relayProc{cmd: cmd, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(r.done) }()
-	t.Cleanup(func() { r.kill(); os.Remove(segment) })
+	t.Cleanup(func() { os.Remove(segment) })
+	r := &relayProc{proc: testkit.StartProc(t, testkit.ProcConfig{Name: "relay " + id, Args: []string{"--log-level", "warn",
+		"relay", "--etcd", etcd, "--cluster", name, "--model", model, "--listen", "127.0.0.1:0", "--shm", segment, "--id", id}})}
 	testkit.Eventually(t, 60*time.Second, "the relay to print its address", func() bool {
-		s := out.String()
+		s := r.proc.Output()
 		if i := strings.Index(s, "listening on "); i >= 0 {
 			rest := s[i+len("listening on "):]
 			if j := strings.Index(rest, ","); j > 0 {
@@ -205,8 +196,8 @@ func startRelay(t *testing.T, etcd, name, model, id string) *relayProc {
 			}
 		}
 		select {
-		case <-r.done:
-			t.Fatalf("relay exited:\n%s", out)
+		case <-r.proc.Done():
+			t.Fatalf("relay exited:\n%s", r.proc.Output())
 		default:
 		}
 		return false
