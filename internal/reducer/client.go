@@ -105,6 +105,7 @@ type Client struct {
 	etcd      *cluster.Reader
 	stopWatch context.CancelFunc
 	watchWG   sync.WaitGroup
+	watchOnce sync.Once
 }
 
 type target struct{ addr, id string }
@@ -250,12 +251,13 @@ func (c *Client) ID() string { return c.cfg.ClientID }
 
 // Close stops the etcd watch and closes every connection.
 func (c *Client) Close() error {
-	if c.stopWatch != nil {
-		c.stopWatch()
-		c.watchWG.Wait()
-		c.stopWatch = nil
-		_ = c.etcd.Close()
-	}
+	c.watchOnce.Do(func() {
+		if c.stopWatch != nil {
+			c.stopWatch()
+			c.watchWG.Wait()
+			_ = c.etcd.Close()
+		}
+	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []error
