@@ -23,9 +23,9 @@ func TestEtcdTLSAndAuth(t *testing.T) {
 	good := EtcdSecurity{CACert: s.CACert, Cert: s.ClientCert, Key: s.ClientKey, User: s.User, PasswordFile: s.PasswordFile}
 	cfg := func(sec EtcdSecurity, cluster string) Config {
 		return Config{Endpoints: []string{"http://" + s.HostPort()}, Cluster: cluster, Addr: "127.0.0.1:1", ID: "h1",
-			LeaseTTL: time.Second, DialTimeout: 2 * time.Second, Logger: testkit.Logger(), Security: sec}
+			LeaseTTL: 5 * time.Second, DialTimeout: 15 * time.Second, Logger: testkit.Logger(), Security: sec}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
 	bad := map[string]struct {
@@ -41,7 +41,7 @@ func TestEtcdTLSAndAuth(t *testing.T) {
 	}
 	for name, c := range bad {
 		t.Run(name, func(t *testing.T) {
-			bctx, bcancel := context.WithTimeout(ctx, 8*time.Second)
+			bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
 			defer bcancel()
 			m, err := Join(bctx, cfg(c.sec, c.cluster))
 			if err == nil {

@@ -67,7 +67,7 @@ func StartSecure(tb testing.TB, cluster string) *Secure {
 
 	cli, err := clientv3.New(*e.probe)
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("etcd client: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -94,10 +94,11 @@ func StartSecure(tb testing.TB, cluster string) *Secure {
 	cli.Close()
 	root := *e.probe
 	root.Username, root.Password = "root", rootPW
+	root.DialTimeout = 15 * time.Second // fetching a token runs bcrypt on a loaded etcd
 	e.probe = &root
 	s.Root, err = clientv3.New(root)
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("etcd client as root: %v", err)
 	}
 	tb.Cleanup(func() { s.Root.Close() })
 	return s
