@@ -197,7 +197,9 @@ class Gateway:
             tok = self._token
         if tok:
             return tok
-        resp = self._post(i, "/v3/auth/authenticate", {"name": self._user, "password": self._password}, timeout, auth=False)
+        # etcd checks the password with bcrypt: slow on a loaded server.
+        resp = self._post(i, "/v3/auth/authenticate", {"name": self._user, "password": self._password},
+                          max(timeout, 10.0), auth=False)
         tok = str(resp.get("token", ""))
         with self._mu:
             self._token = tok
