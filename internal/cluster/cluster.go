@@ -147,9 +147,15 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 	if err := ec.checkTLS(cfg.DialTimeout); err != nil {
 		return nil, err
 	}
+	dialTimeout := cfg.DialTimeout
+	if ec.user != "" {
+		// It bounds the token fetch: etcd checks the password with bcrypt,
+		// slow on a loaded server.
+		dialTimeout = max(dialTimeout, 10*time.Second)
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   ec.endpoints,
-		DialTimeout: cfg.DialTimeout,
+		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
 		TLS:         ec.tls,
 		Username:    ec.user,
