@@ -29,6 +29,9 @@ type clusterFlags struct {
 	// acks and ackTimeout: --replica-acks, --replica-ack-timeout.
 	acks       string
 	ackTimeout time.Duration
+	// insecure is serve's --insecure: it allows plaintext etcd off
+	// loopback too.
+	insecure bool
 }
 
 func (f *clusterFlags) endpoints() []string {
@@ -66,7 +69,7 @@ func newClusterCmd(g *globals) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			st, err := cluster.Read(ctx, cluster.Config{Endpoints: f.endpoints(), Cluster: f.name, DialTimeout: timeout})
+			st, err := cluster.Read(ctx, cluster.Config{Endpoints: f.endpoints(), Cluster: f.name, DialTimeout: timeout, Security: etcdSecurity(ctx, false)})
 			if err != nil {
 				return fmt.Errorf("cluster status: %w", err)
 			}
@@ -117,7 +120,7 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 	dc := dialConfig(ctx)
 	node, err := replica.NewNode(replica.NodeConfig{
 		Hub:        cfg,
-		Cluster:    cluster.Config{Endpoints: endpoints, Cluster: f.name, ID: f.id, LeaseTTL: f.leaseTTL},
+		Cluster:    cluster.Config{Endpoints: endpoints, Cluster: f.name, ID: f.id, LeaseTTL: f.leaseTTL, Security: etcdSecurity(ctx, f.insecure)},
 		Acks:       acks,
 		AckTimeout: f.ackTimeout,
 		Dial: func(_ context.Context, addr string) (*grpc.ClientConn, error) {

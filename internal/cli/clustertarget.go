@@ -72,7 +72,9 @@ func applyClusterTarget(cmd *cobra.Command) error {
 // when the command was given --etcd, so clients find it there
 // (cluster.Reader.Services); the returned func withdraws it. Without
 // --etcd it does nothing.
-func announce(cmd *cobra.Command, logger *slog.Logger, info cluster.ServiceInfo) (func(), error) {
+// insecure (the command's --insecure) also allows plaintext etcd off
+// loopback.
+func announce(cmd *cobra.Command, logger *slog.Logger, info cluster.ServiceInfo, insecure bool) (func(), error) {
 	ef := cmd.Flags().Lookup("etcd")
 	if ef == nil || ef.Value.String() == "" {
 		return func() {}, nil
@@ -88,9 +90,18 @@ func announce(cmd *cobra.Command, logger *slog.Logger, info cluster.ServiceInfo)
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 	defer cancel()
-	a, err := cluster.Announce(ctx, cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, Logger: logger}, info)
+	a, err := cluster.Announce(ctx, cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, Logger: logger, Security: etcdSecurity(cmd.Context(), insecure)}, info)
 	if err != nil {
 		return nil, fmt.Errorf("announce the %s in etcd: %w", info.Kind, err)
 	}
 	return func() { a.Close() }, nil
+}
+
+// etcdSecurity is the command's etcd client config (the --etcd-* flags);
+// insecure (serve's or relay's --insecure) also allows plaintext off
+// loopback, as it does for the command's own listener.
+func etcdSecurity(ctx context.Context, insecure bool) cluster.EtcdSecurity {
+	s := dialConfig(ctx).Etcd
+	s.Insecure = s.Insecure || insecure
+	return s
 }

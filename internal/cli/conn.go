@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/dial"
 )
 
@@ -14,8 +15,15 @@ import (
 // the RLHUB_TLS_CA, RLHUB_TLS_CERT, RLHUB_TLS_KEY, RLHUB_TLS_SERVER_NAME,
 // RLHUB_TOKEN_FILE and RLHUB_TOKEN environment variables, which the Python
 // client reads too.
+//
+// The --etcd-* flags are how every command reaches etcd when it is given
+// one (serve, relay, cluster status, a client's --etcd, `train ars` and its
+// workers): TLS, a client certificate, and an etcd user whose password is
+// read from a file (never from the command line). They fall back to the
+// RLHUB_ETCD_* environment (cluster.EtcdSecurity).
 type connFlags struct {
 	files dial.Files
+	etcd  cluster.EtcdSecurity
 }
 
 // register adds the flags to root as persistent flags.
@@ -26,12 +34,21 @@ func (f *connFlags) register(root *cobra.Command) {
 	fs.StringVar(&f.files.Key, "tls-key", "", "PEM private key of --tls-cert (env RLHUB_TLS_KEY)")
 	fs.StringVar(&f.files.ServerName, "tls-server-name", "", "name to check the hub's certificate against (default: the host dialed)")
 	fs.StringVar(&f.files.TokenFile, "token-file", "", "file holding this client's token, sent with every call (env RLHUB_TOKEN_FILE or RLHUB_TOKEN)")
+	fs.StringVar(&f.etcd.CACert, "etcd-cacert", "", "PEM file of the CA that signs etcd's certificate: reach etcd over TLS (env RLHUB_ETCD_CACERT)")
+	fs.StringVar(&f.etcd.Cert, "etcd-cert", "", "PEM client certificate for an etcd that checks clients (env RLHUB_ETCD_CERT)")
+	fs.StringVar(&f.etcd.Key, "etcd-key", "", "PEM private key of --etcd-cert (env RLHUB_ETCD_KEY)")
+	fs.StringVar(&f.etcd.User, "etcd-user", "", "etcd user to authenticate as, with --etcd-password-file (env RLHUB_ETCD_USER)")
+	fs.StringVar(&f.etcd.PasswordFile, "etcd-password-file", "", "file whose first line is --etcd-user's password (env RLHUB_ETCD_PASSWORD_FILE)")
+	fs.BoolVar(&f.etcd.Insecure, "etcd-insecure", false, "allow plaintext to an etcd endpoint off loopback (serve's and relay's --insecure allow it too)")
 }
 
 // load resolves the flags (and the environment) into a dial.Config.
 func (f *connFlags) load() (dial.Config, error) {
 	f.files = f.files.FromEnv()
-	return f.files.Load()
+	f.etcd = f.etcd.FromEnv()
+	c, err := f.files.Load()
+	c.Etcd = f.etcd
+	return c, err
 }
 
 // args are the flags that reproduce f on a child command line (the ARS
@@ -48,7 +65,7 @@ func (f *connFlags) args() []string {
 	add("tls-key", f.files.Key)
 	add("tls-server-name", f.files.ServerName)
 	add("token-file", f.files.TokenFile)
-	return out
+	return append(out, f.etcd.Args()...)
 }
 
 type dialKey struct{}

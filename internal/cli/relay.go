@@ -89,7 +89,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			}
 			// With --etcd the relay is announced in etcd for collectors
 			// to find (docs/cluster.md, Clients).
-			withdraw, err := announce(cmd, g.logger, cluster.ServiceInfo{Kind: cluster.KindRelay, ID: cfg.ID, Addr: r.Addr(), Model: cfg.Model})
+			withdraw, err := announce(cmd, g.logger, cluster.ServiceInfo{Kind: cluster.KindRelay, ID: cfg.ID, Addr: r.Addr(), Model: cfg.Model, Shm: cfg.ShmPath}, sec.insecure)
 			if err != nil {
 				if ms != nil {
 					_ = ms.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -56,8 +57,13 @@ func newServeCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--primary needs --role reducer")
 				}
 			case "reducer":
+				if cfg.Reducer.Primary == "" && cl.etcd != "" {
+					// The primary of the cluster the secondaries announce
+					// themselves in (docs/cluster.md, Deployment).
+					cfg.Reducer.Primary = dial.EtcdTarget(cl.etcd, cl.name)
+				}
 				if cfg.Reducer.Primary == "" {
-					return fmt.Errorf("--role reducer needs --primary ADDR")
+					return fmt.Errorf("--role reducer needs --primary ADDR (or --etcd and --cluster)")
 				}
 				cfg.MetricsRole = "reducer (secondary)"
 			default:
@@ -70,9 +76,15 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err := sec.apply(g, &cfg); err != nil {
 				return err
 			}
+			cl.insecure = sec.insecure
+			if cl.etcd != "" && role == "reducer" {
+				// Secondaries do not join the election: they announce
+				// themselves for the clients to find.
+				return runAnnouncedSecondaries(cmd.Context(), cfg, &cl, g.logger)
+			}
 			if cl.etcd != "" || cl.embedded != "" {
 				if role != "all" {
-					return fmt.Errorf("--etcd/--embedded-etcd need --role all (secondary reducers do not join the election)")
+					return fmt.Errorf("--embedded-etcd needs --role all (secondary reducers do not join the election)")
 				}
 				return runClustered(cmd.Context(), cfg, &cl, g.logger)
 			}
@@ -116,7 +128,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cl.acks, "replica-acks", "all", "with --etcd: standbys that must have applied a publish before it is acknowledged: all (every registered standby), 0 (asynchronous: failover may lose recent publishes), or N")
 	f.DurationVar(&cl.ackTimeout, "replica-ack-timeout", 10*time.Second, "with --etcd: how long a publish waits for the standbys' acknowledgements before it fails with Unavailable")
 	f.DurationVar(&cl.leaseTTL, "lease-ttl", 2*time.Second, "with --etcd: how long this hub's lease outlives its last keep-alive (whole seconds)")
-	f.StringVar(&cl.id, "member-id", "", "with --etcd: this hub's member id (default HOSTNAME-PORT)")
+	f.StringVar(&cl.id, "member-id", "", "with --etcd: this hub's member id, or with --role reducer the id its secondaries are announced under (default HOSTNAME-PORT)")
 	f.StringVar(&cl.embedded, "embedded-etcd", "", "run a single-node etcd in this process with its data in DIR (a local cluster without an etcd to run)")
 	f.StringVar(&cl.embedURL, "embedded-etcd-url", "http://127.0.0.1:2379", "client URL of the embedded etcd")
 	return cmd

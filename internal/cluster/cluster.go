@@ -74,6 +74,9 @@ type Config struct {
 	DialTimeout time.Duration
 	// Logger receives membership changes; nil means slog.Default().
 	Logger *slog.Logger
+	// Security is etcd's TLS and user (security.go); the zero value is
+	// plaintext, refused off loopback unless Security.Insecure.
+	Security EtcdSecurity
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -137,17 +140,33 @@ type Status struct {
 }
 
 func dial(cfg *Config) (*clientv3.Client, error) {
+	ec, err := cfg.Security.resolve(cfg.Endpoints)
+	if err != nil {
+		return nil, err
+	}
+	if err := ec.checkTLS(cfg.DialTimeout); err != nil {
+		return nil, err
+	}
+	dialTimeout := cfg.DialTimeout
+	if ec.user != "" {
+		// It bounds the token fetch: etcd checks the password with bcrypt,
+		// slow on a loaded server.
+		dialTimeout = max(dialTimeout, 10*time.Second)
+	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   cfg.Endpoints,
-		DialTimeout: cfg.DialTimeout,
+		Endpoints:   ec.endpoints,
+		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
+		TLS:         ec.tls,
+		Username:    ec.user,
+		Password:    ec.password,
 		// Keep-alives on the connection itself, so a dead etcd is noticed
 		// even by a member that is only waiting.
 		DialKeepAliveTime:    cfg.LeaseTTL,
 		DialKeepAliveTimeout: cfg.LeaseTTL,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: cluster: etcd %v: %v", errs.ErrUnavailable, cfg.Endpoints, err)
+		return nil, etcdError(ec.endpoints, err)
 	}
 	return cli, nil
 }

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"sort"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -68,14 +70,25 @@ func (r *Reader) Close() error {
 	return r.err
 }
 
-// ServiceInfo is a relay (or another helper process: a secondary reducer)
-// announced in etcd under /rlhub/CLUSTER/services/KIND/ID, for the clients
-// that use it to find (Reader.Services).
+// ServiceInfo is a relay or a hub of secondary reducers announced in etcd
+// under /rlhub/CLUSTER/services/KIND/ID, for the clients that use it to
+// find (Reader.Services, Reader.WatchServices, LocalRelay). The JSON form
+// is read by the Python client too (rlhub.discover).
 type ServiceInfo struct {
 	Kind  string `json:"kind"`
 	ID    string `json:"id"`
 	Addr  string `json:"addr"`
 	Model string `json:"model,omitempty"`
+	// Host is the hostname of the machine the service runs on (Announce
+	// fills it with os.Hostname when ""): collectors look for the relay on
+	// their own host.
+	Host string `json:"host,omitempty"`
+	// Shm is a relay's shared-memory segment (a collector on Host may read
+	// it instead of the relay's stream); "" when it has none.
+	Shm string `json:"shm,omitempty"`
+	// Secondaries are the ids of the secondary reducers served at Addr
+	// (KindSecondary): a client pushes to (Addr, id).
+	Secondaries []string `json:"secondaries,omitempty"`
 }
 
 // Service kinds.
@@ -100,6 +113,9 @@ type Announcement struct {
 // (errs.ErrExists).
 func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement, error) {
 	cfg.ID, cfg.Addr = info.ID, info.Addr
+	if info.Host == "" {
+		info.Host, _ = os.Hostname()
+	}
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
@@ -113,7 +129,7 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
+		return nil, etcdError(cfg.Endpoints, err)
 	}
 	a := &Announcement{cli: cli, sess: sess}
 	val, _ := json.Marshal(info)
@@ -125,7 +141,7 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	if err == nil && !resp.Succeeded {
 		err = fmt.Errorf("%w: cluster: %s %q is announced by a live process", errs.ErrExists, info.Kind, info.ID)
 	} else if err != nil {
-		err = fmt.Errorf("%w: cluster: announce: %v", errs.ErrUnavailable, err)
+		err = etcdError(cfg.Endpoints, err)
 	}
 	if err != nil {
 		a.Close()
@@ -162,7 +178,7 @@ func (r *Reader) Services(ctx context.Context, kind, model string) ([]ServiceInf
 	}
 	resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+		return nil, etcdError(r.cfg.Endpoints, err)
 	}
 	var out []ServiceInfo
 	for _, kv := range resp.Kvs {
@@ -173,4 +189,85 @@ func (r *Reader) Services(ctx context.Context, kind, model string) ([]ServiceInf
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Kind+"/"+out[i].ID < out[j].Kind+"/"+out[j].ID })
 	return out, nil
+}
+
+// WatchServices calls fn with every live announcement of kind ("" every
+// kind), by id, first with the list at the start and then after each
+// change (an announcement put, withdrawn, or dropped with its lease), until
+// ctx ends; it returns ctx's error. A watch that fails (etcd restarting, a
+// compacted revision) is opened again from a fresh list, after a back-off.
+// fn runs on WatchServices' goroutine, one call at a time.
+func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]ServiceInfo)) error {
+	p := path.Join(r.cfg.prefix(), "services") + "/"
+	if kind != "" {
+		p = path.Join(p, kind) + "/"
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
+		if err == nil {
+			live := map[string]ServiceInfo{}
+			for _, kv := range resp.Kvs {
+				var s ServiceInfo
+				if json.Unmarshal(kv.Value, &s) == nil {
+					live[string(kv.Key)] = s
+				}
+			}
+			fn(sortedServices(live))
+			backoff = 50 * time.Millisecond
+			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+			for wr := range r.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+				if wr.Err() != nil {
+					break
+				}
+				for _, ev := range wr.Events {
+					var s ServiceInfo
+					if ev.Type == clientv3.EventTypeDelete {
+						delete(live, string(ev.Kv.Key))
+					} else if json.Unmarshal(ev.Kv.Value, &s) == nil {
+						live[string(ev.Kv.Key)] = s
+					}
+				}
+				fn(sortedServices(live))
+			}
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func sortedServices(m map[string]ServiceInfo) []ServiceInfo {
+	out := make([]ServiceInfo, 0, len(m))
+	for _, s := range m {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Kind+"/"+out[i].ID < out[j].Kind+"/"+out[j].ID })
+	return out
+}
+
+// LocalRelay is the relay announced for model on host ("" means this
+// machine's hostname), and false when there is none (a collector then
+// uses the hub). Of several, the first by id.
+func (r *Reader) LocalRelay(ctx context.Context, model, host string) (ServiceInfo, bool, error) {
+	if host == "" {
+		host, _ = os.Hostname()
+	}
+	ss, err := r.Services(ctx, KindRelay, model)
+	if err != nil {
+		return ServiceInfo{}, false, err
+	}
+	for _, s := range ss {
+		if s.Host == host {
+			return s, true, nil
+		}
+	}
+	return ServiceInfo{}, false, nil
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,4 +73,68 @@ func TestAnnouncedServicesAreListedWhileTheyLive(t *testing.T) {
 	// r2's process "dies": its etcd client goes, no keep-alive follows.
 	r2.cli.Close()
 	testkit.Eventually(t, 15*time.Second, "r2 to drop out after its TTL", func() bool { return len(ids(KindRelay, "m")) == 0 })
+}
+
+// WatchServices reports the list at the start and after every change, and
+// keeps reporting after etcd restarts (the watch is opened again from a
+// fresh list); it returns when its context ends.
+func TestWatchServicesFollowsChangesAcrossAnEtcdRestart(t *testing.T) {
+	e := clustertest.Start(t)
+	cfg := Config{Endpoints: []string{e.Endpoint}, Cluster: "watch", LeaseTTL: time.Second, DialTimeout: 2 * time.Second, Logger: testkit.Logger()}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rd, err := OpenReader(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	lists := make(chan []string, 64)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- rd.WatchServices(wctx, KindSecondary, func(ss []ServiceInfo) {
+			var ids []string
+			for _, s := range ss {
+				ids = append(ids, s.ID+"@"+s.Addr+"/"+strings.Join(s.Secondaries, "+"))
+			}
+			lists <- ids
+		})
+	}()
+	want := func(what string, ids ...string) {
+		t.Helper()
+		testkit.Eventually(t, 30*time.Second, what, func() bool {
+			select {
+			case got := <-lists:
+				return strings.Join(got, ",") == strings.Join(ids, ",")
+			default:
+				return false
+			}
+		})
+	}
+	want("the empty list first")
+	a, err := Announce(ctx, cfg, ServiceInfo{Kind: KindSecondary, ID: "a", Addr: "127.0.0.1:1", Secondaries: []string{"s0", "s1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("a announced", "a@127.0.0.1:1/s0+s1")
+	// A relay is another kind: not reported.
+	r, err := Announce(ctx, cfg, ServiceInfo{Kind: KindRelay, ID: "r", Addr: "127.0.0.1:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	a.Close()
+	want("a withdrawn")
+	e.Kill()
+	e.Restart()
+	b, err := Announce(ctx, cfg, ServiceInfo{Kind: KindSecondary, ID: "b", Addr: "127.0.0.1:2", Secondaries: []string{"s0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	want("b announced after etcd restarted", "b@127.0.0.1:2/s0")
+	stop()
+	if err := testkit.Recv(t, done, 10*time.Second, "WatchServices to return"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("WatchServices returned %v", err)
+	}
 }

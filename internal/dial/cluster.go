@@ -273,7 +273,7 @@ func (c Config) follow(t Target, extra []grpc.DialOption) (*grpc.ClientConn, err
 		f.timeout = DefaultFollowTimeout
 	}
 	if len(t.Etcd) > 0 {
-		r, err := cluster.OpenReader(cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, DialTimeout: DefaultResolveTimeout})
+		r, err := cluster.OpenReader(cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, DialTimeout: DefaultResolveTimeout, Security: c.Etcd})
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", t, err)
 		}

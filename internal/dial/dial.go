@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
@@ -69,6 +70,10 @@ type Config struct {
 	// has no deadline (it waits for a primary); 0 means
 	// DefaultFollowTimeout. Plain addresses are not affected.
 	FollowTimeout time.Duration
+	// Etcd is how etcd is reached for an etcd:// cluster target (TLS, a
+	// user): cluster.EtcdSecurity; the zero value is plaintext, loopback
+	// only.
+	Etcd cluster.EtcdSecurity
 }
 
 // Secure reports whether the configuration uses TLS.

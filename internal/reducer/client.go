@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
@@ -56,6 +57,13 @@ type ClientConfig struct {
 	// not only after a failure. 0 means 2s; negative refreshes only on a
 	// failure.
 	RefreshEvery time.Duration
+	// Etcd (set by NewClient from an etcd:// Hub) is not configured here:
+	// with one, secondaries announced in etcd (`serve --role reducer
+	// --etcd`) are learnt from an etcd watch as they start, and dropped as
+	// soon as their announcement goes (withdrawn, or its lease expired),
+	// even between refreshes from the primary (docs/cluster.md,
+	// Deployment). Dial.Etcd is how etcd is reached.
+	//
 	// ReconnectWindow bounds how long a push keeps retrying while no
 	// secondary (nor the primary hub, to list them) takes it: a hub being
 	// restarted is ridden out within the window, then the push fails with
@@ -88,6 +96,16 @@ type Client struct {
 	// others carry on with the old one).
 	refreshing atomic.Bool
 	unknown    atomic.Uint64
+
+	// From the etcd watch (an etcd:// Hub), under mu: the announced
+	// targets, and the addresses whose announcement went (skipped even if
+	// the primary still lists them, until announced again).
+	announced []target
+	withdrawn map[string]bool
+	etcd      *cluster.Reader
+	stopWatch context.CancelFunc
+	watchWG   sync.WaitGroup
+	watchOnce sync.Once
 }
 
 type target struct{ addr, id string }
@@ -134,7 +152,74 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		return nil, err
 	}
 	c.hub = conn
+	if t, err := dial.ParseTarget(cfg.Hub); err == nil && len(t.Etcd) > 0 {
+		r, err := cluster.OpenReader(cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, DialTimeout: dial.DefaultResolveTimeout, Security: cfg.Dial.Etcd})
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("reducer: %w", err)
+		}
+		c.etcd, c.withdrawn = r, map[string]bool{}
+		var ctx context.Context
+		ctx, c.stopWatch = context.WithCancel(context.Background())
+		c.watchWG.Add(1)
+		go func() {
+			defer c.watchWG.Done()
+			_ = r.WatchServices(ctx, cluster.KindSecondary, c.onAnnounced)
+		}()
+	}
 	return c, nil
+}
+
+// onAnnounced takes the etcd watch's list of announced secondaries.
+func (c *Client) onAnnounced(ss []cluster.ServiceInfo) {
+	var ts []target
+	now := map[string]bool{}
+	for _, s := range ss {
+		now[s.Addr] = true
+		for _, id := range s.Secondaries {
+			ts = append(ts, target{s.Addr, id})
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range c.announced {
+		if !now[t.addr] {
+			c.withdrawn[t.addr] = true
+		}
+	}
+	for a := range now {
+		delete(c.withdrawn, a)
+	}
+	c.announced = ts
+}
+
+// candidates are the targets to pick from, under mu: the primary's list
+// and the announced ones, without the withdrawn.
+func (c *Client) candidates() []target {
+	seen := map[target]bool{}
+	var out []target
+	for _, list := range [][]target{c.targets, c.announced} {
+		for _, t := range list {
+			if !seen[t] && !c.withdrawn[t.addr] {
+				seen[t] = true
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
+
+// Known lists the secondaries a push would pick from now (the primary's
+// last list, and with an etcd:// Hub the announced ones, less those whose
+// announcement went), without asking anyone.
+func (c *Client) Known() []Secondary {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Secondary
+	for _, t := range c.candidates() {
+		out = append(out, Secondary{Addr: t.addr, ID: t.id})
+	}
+	return out
 }
 
 // reconnectParams: a hub that restarts is back within a second or two, so
@@ -164,8 +249,15 @@ func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 // ID returns the client id.
 func (c *Client) ID() string { return c.cfg.ClientID }
 
-// Close closes every connection.
+// Close stops the etcd watch and closes every connection.
 func (c *Client) Close() error {
+	c.watchOnce.Do(func() {
+		if c.stopWatch != nil {
+			c.stopWatch()
+			c.watchWG.Wait()
+			_ = c.etcd.Close()
+		}
+	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []error
@@ -280,7 +372,7 @@ func (c *Client) choose(anyListed bool) (target, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var live []target
-	for _, t := range c.targets {
+	for _, t := range c.candidates() {
 		if at, ok := c.dead[t]; !ok || time.Since(at) > time.Second || anyListed {
 			live = append(live, t)
 		}

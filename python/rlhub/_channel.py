@@ -206,7 +206,6 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
 import base64
 import json
 import re
-import urllib.request
 from concurrent import futures as _futures
 
 PRIMARY_TRAILER = "rlhub-primary"
@@ -627,31 +626,22 @@ class _WatchedIterator:
 
 def _etcd_leader(t: Target, timeout: float) -> Tuple[str, int]:
     """The cluster's primary from etcd's JSON gateway: the election key
-    with the lowest creation revision (internal/cluster's layout)."""
-    from rlhub import errors
-    prefix = f"/rlhub/{t.cluster}/election/".encode()
-    end = prefix[:-1] + bytes([prefix[-1] + 1])
-    body = json.dumps({"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode(),
-                       "sort_order": "ASCEND", "sort_target": "CREATE", "limit": 1}).encode()
-    problems = []
-    for ep in t.etcd:
-        try:
-            req = urllib.request.Request(ep.rstrip("/") + "/v3/kv/range", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                resp = json.loads(r.read(1 << 20))
-        except (OSError, ValueError) as e:
-            problems.append(f"{ep}: {str(e)[:200]}")
-            continue
-        kvs = resp.get("kvs") or []
-        if not kvs:
-            raise errors.Unavailable(f"rlhub: cluster {t.cluster} has no primary (an election is running)")
-        info = json.loads(base64.b64decode(kvs[0].get("value", "")) or b"{}")
-        addr = info.get("addr", "")
-        if not addr:
-            raise errors.Unavailable(f"rlhub: cluster {t.cluster}: the primary's record has no address")
-        return (addr, int(kvs[0].get("create_revision", 0)))
-    raise errors.Unavailable(f"rlhub: etcd of cluster {t.cluster} did not answer: {'; '.join(problems)}")
+    with the lowest creation revision (internal/cluster's layout). etcd is
+    reached with :func:`rlhub.discover.default_security` (TLS, a user)."""
+    from rlhub import discover, errors
+    try:
+        resp = discover.gateway(t.etcd).range_prefix(f"/rlhub/{t.cluster}/election/", timeout,
+                                                     sort_order="ASCEND", sort_target="CREATE", limit=1)
+    except errors.Unavailable as e:
+        raise errors.Unavailable(f"rlhub: etcd of cluster {t.cluster} did not answer: {e}") from None
+    kvs = resp.get("kvs") or []
+    if not kvs:
+        raise errors.Unavailable(f"rlhub: cluster {t.cluster} has no primary (an election is running)")
+    info = json.loads(base64.b64decode(kvs[0].get("value", "")) or b"{}")
+    addr = info.get("addr", "")
+    if not addr:
+        raise errors.Unavailable(f"rlhub: cluster {t.cluster}: the primary's record has no address")
+    return (addr, int(kvs[0].get("create_revision", 0)))
 
 
 def primary_addr(ch: Any, addr: str) -> str:

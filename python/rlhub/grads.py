@@ -30,8 +30,11 @@ same on both. The client retries the *same* ``(client id, seq)``:
 
 The list of secondaries is also asked again every ``refresh_every`` seconds,
 so secondaries that start or restart (at a new address) get pushes from
-clients already running, not only after a failure. A hub being restarted is
-ridden out: ``deadline`` is the window a push keeps retrying in.
+clients already running, not only after a failure. Given a cluster as
+``etcd://E/NAME``, the client also watches the secondaries announced in etcd
+(``serve --role reducer --etcd``, :mod:`rlhub.discover`): a new one is used
+as soon as it is announced, and one whose lease expired is dropped at once.
+A hub being restarted is ridden out: ``deadline`` is the window a push keeps retrying in.
 
 Every retry is bounded by ``max_attempts`` and ``deadline``; when they run
 out the last error is raised as its named exception (``QueueFull``,
@@ -55,7 +58,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import grpc
 
-from rlhub import _bulk, _channel, errors
+from rlhub import _bulk, _channel, discover, errors
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_part_chunks
 from rlhub.tensors import parts_size, save_parts
@@ -312,6 +315,38 @@ class GradClient:
         self._targets: List[Tuple[str, str]] = []
         self._dead: Dict[Tuple[str, str], float] = {}
         self._hub = reducer_pb2_grpc.ReducerStub(self._channel(hub_addr))
+        # With an etcd:// hub_addr, secondaries announced in etcd come from a
+        # watch (rlhub.discover): one that starts is used at once, one whose
+        # announcement goes (withdrawn, lease expired) is skipped even if the
+        # primary still lists it, until it is announced again.
+        self._announced: List[Tuple[str, str]] = []
+        self._withdrawn: set[str] = set()
+        self._watch: Optional[discover.ServiceWatch] = None
+        if _channel.parse_target(hub_addr).etcd:
+            self._watch = discover.ServiceWatch(hub_addr, discover.KIND_SECONDARY, self._on_announced)
+
+    def _on_announced(self, ss: List["discover.Service"]) -> None:
+        now = {s.addr for s in ss}
+        ts = [(s.addr, sid) for s in ss for sid in s.secondaries]
+        with self._mu:
+            self._withdrawn |= {a for a, _ in self._announced if a not in now}
+            self._withdrawn -= now
+            self._announced = ts
+
+    def _candidates(self) -> List[Tuple[str, str]]:
+        """The primary's list and the announced secondaries, less the
+        withdrawn (under _mu)."""
+        out: List[Tuple[str, str]] = []
+        for t in self._targets + self._announced:
+            if t not in out and t[0] not in self._withdrawn:
+                out.append(t)
+        return out
+
+    def known(self) -> List[Tuple[str, str]]:
+        """The secondaries a push picks from now, as (addr, id), without
+        asking anyone (with an etcd:// address: the announced ones too)."""
+        with self._mu:
+            return self._candidates()
 
     # -- connections -----------------------------------------------------
 
@@ -323,7 +358,10 @@ class GradClient:
             return ch
 
     def close(self) -> None:
-        """Closes every channel and idle data-plane connection. Safe to call twice."""
+        """Stops the etcd watch and closes every channel and idle data-plane
+        connection. Safe to call twice."""
+        if self._watch is not None:
+            self._watch.close()
         with self._mu:
             chans, self._channels = list(self._channels.values()), {}
         for ch in chans:
@@ -433,7 +471,7 @@ class GradClient:
         dead, such as a restarted hub's own)."""
         now = time.monotonic()
         with self._mu:
-            live = [t for t in self._targets if any_listed or now - self._dead.get(t, -1e18) > self.dead_for]
+            live = [t for t in self._candidates() if any_listed or now - self._dead.get(t, -1e18) > self.dead_for]
             return self._rnd.choice(live) if live else None
 
     # -- pushing ---------------------------------------------------------

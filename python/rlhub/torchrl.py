@@ -234,6 +234,11 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             the model's first version (its policy has no weights before).
         report_hub: where the receivers report, when not ``hub`` (a push
             stream reports on the stream itself).
+        cluster: a cluster as ``etcd://E/NAME``: ``hub`` defaults to it (the
+            primary, followed), and ``via="failover"`` without ``relay``,
+            ``shm_path`` or ``failover`` finds the relay announced on this
+            host in etcd (its segment, then its stream), falling back to the
+            primary when there is none (:func:`rlhub.discover.failover_for`).
 
     The sender (``init_on_sender``: a ``MultiSyncCollector`` does it, or call
     ``scheme.init_on_sender(model=policy)`` yourself on a trainer) pushes
@@ -249,12 +254,16 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
                  add_prefix: str = "", name_map: Optional[NameMap] = None, strict: bool = True,
                  initial_timeout: float = 60.0, report_hub: Optional[str] = None,
                  relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,
-                 probe_every: float = 1.0):
+                 probe_every: float = 1.0, cluster: Optional[str] = None):
         super().__init__()  # torchrl's strategy is unused: rlhub copies the tensors
         if via not in VIAS:
             raise ValueError(f"via must be one of {', '.join(VIAS)}")
         if not model:
             raise ValueError("RlhubWeightSyncScheme needs a model name")
+        hub = hub or cluster or ""
+        if cluster and via == "failover" and not (relay or shm_path or failover):
+            from rlhub import discover
+            failover = [SourceSpec(*s) for s in discover.failover_for(cluster, model)]
         self.hub, self.rlhub_model, self.via = hub, model, via
         self.shm_path, self.lease = shm_path, lease
         self.relay, self.probe_every = relay, probe_every

@@ -28,6 +28,10 @@ type Etcd struct {
 	peer     string
 	cmd      *exec.Cmd
 	waitDone chan struct{}
+	// extra are more etcd flags (TLS: secure.go); probe is the client
+	// config that reaches it (nil: plaintext Endpoint).
+	extra []string
+	probe *clientv3.Config
 }
 
 func freeAddr(tb testing.TB) string {
@@ -65,6 +69,7 @@ func (e *Etcd) Restart() {
 		"--listen-client-urls", e.Endpoint, "--advertise-client-urls", e.Endpoint,
 		"--listen-peer-urls", e.peer, "--initial-advertise-peer-urls", e.peer,
 		"--initial-cluster", "t="+e.peer, "--log-level", "error")
+	e.cmd.Args = append(e.cmd.Args, e.extra...)
 	e.cmd.Stdout, e.cmd.Stderr = log, log
 	if err := e.cmd.Start(); err != nil {
 		e.tb.Fatal(err)
@@ -73,7 +78,11 @@ func (e *Etcd) Restart() {
 	cmd, done := e.cmd, e.waitDone
 	go func() { cmd.Wait(); close(done) }()
 	testkit.Eventually(e.tb, 30*time.Second, "etcd to serve", func() bool {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		pc := clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second, Logger: zap.NewNop()}
+		if e.probe != nil {
+			pc = *e.probe
+		}
+		cli, err := clientv3.New(pc)
 		if err != nil {
 			return false
 		}

@@ -1,0 +1,475 @@
+"""Discovery from etcd: secondaries, relays, and etcd's own TLS and auth.
+
+The Go hub keeps a cluster's records under ``/rlhub/NAME/`` in etcd
+(internal/cluster): the election, the members, and the services processes
+announce under a lease (``/rlhub/NAME/services/KIND/ID``, JSON with ``kind``,
+``id``, ``addr``, ``model``, ``host``, a relay's ``shm`` segment and, for a hub of secondary reducers,
+``secondaries``). This module reads them through etcd's JSON gateway
+(``/v3/kv/range``, ``/v3/watch``, ``/v3/auth/authenticate``) with the
+standard library only, as :class:`rlhub._channel.FollowingChannel` does:
+
+* :func:`services` lists announcements; :func:`local_relay` is the relay of
+  a model on this host (matched by hostname) and :func:`collector_target`
+  is where a collector should connect: that relay, or the hub when there is
+  none.
+* :class:`ServiceWatch` follows the announcements of a kind with an etcd
+  watch (a thread) and calls back with the live list at each change:
+  :class:`rlhub.grads.GradClient` uses it for secondaries, so one started
+  after the client gets pushes, and one that dies is dropped when its lease
+  expires, without waiting for the primary's list.
+* :class:`EtcdSecurity` is how etcd is reached: ``cacert`` (TLS), ``cert``
+  and ``key`` (a client certificate for an etcd with
+  ``--client-cert-auth``), ``user`` and ``password_file`` (never a password
+  itself). It defaults to the ``RLHUB_ETCD_CACERT``, ``RLHUB_ETCD_CERT``,
+  ``RLHUB_ETCD_KEY``, ``RLHUB_ETCD_USER`` and ``RLHUB_ETCD_PASSWORD_FILE``
+  environment the Go command line reads too; :func:`configure` sets it for
+  the process. Plaintext to an endpoint off loopback is refused unless
+  ``insecure`` (``RLHUB_ETCD_INSECURE=1``), the hub's own rule.
+
+Errors name etcd: :class:`rlhub.errors.Unauthenticated` for a refused user
+or password, :class:`rlhub.errors.PermissionDenied` for a role without the
+cluster's keys, :class:`rlhub.errors.Unavailable` for a failed TLS handshake
+or an etcd that does not answer, :class:`rlhub.errors.InvalidArgument` for
+bad settings (checked before anything is sent).
+"""
+
+import base64
+import dataclasses
+import http.client
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from rlhub import errors
+
+__all__ = ["EtcdSecurity", "configure", "Gateway", "Service", "services", "local_relay",
+           "collector_target", "ServiceWatch", "KIND_RELAY", "KIND_SECONDARY"]
+
+KIND_RELAY = "relay"
+KIND_SECONDARY = "secondary"
+_MAX_RESPONSE = 4 << 20
+_MAX_PASSWORD = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdSecurity:
+    """TLS files and an etcd user (the Go ``cluster.EtcdSecurity``)."""
+    cacert: Optional[str] = None
+    cert: Optional[str] = None
+    key: Optional[str] = None
+    user: Optional[str] = None
+    password_file: Optional[str] = None
+    insecure: bool = False
+
+    @classmethod
+    def from_env(cls) -> "EtcdSecurity":
+        g = os.environ.get
+        return cls(cacert=g("RLHUB_ETCD_CACERT") or None, cert=g("RLHUB_ETCD_CERT") or None,
+                   key=g("RLHUB_ETCD_KEY") or None, user=g("RLHUB_ETCD_USER") or None,
+                   password_file=g("RLHUB_ETCD_PASSWORD_FILE") or None,
+                   insecure=g("RLHUB_ETCD_INSECURE", "") in ("1", "true", "yes"))
+
+
+_default: Optional[EtcdSecurity] = None
+
+
+def configure(security: Optional[EtcdSecurity]) -> None:
+    """Sets the process's etcd security (``None``: back to the environment)."""
+    global _default
+    _default = security
+    with _gateways_mu:
+        _gateways.clear()
+
+
+def default_security() -> EtcdSecurity:
+    return _default if _default is not None else EtcdSecurity.from_env()
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Gateway:
+    """etcd's JSON gateway at ``endpoints`` (URLs), with ``security``.
+
+    :meth:`call` posts one request to the first endpoint that answers and
+    returns the decoded reply; :meth:`watch` streams one watch. Thread-safe.
+    """
+
+    def __init__(self, endpoints: Tuple[str, ...], security: Optional[EtcdSecurity] = None):
+        sec = security if security is not None else default_security()
+        if bool(sec.cert) != bool(sec.key):
+            raise errors.InvalidArgument("rlhub: an etcd client certificate needs both cert and key")
+        if bool(sec.user) != bool(sec.password_file):
+            raise errors.InvalidArgument("rlhub: etcd authentication needs both user and password_file")
+        tls = bool(sec.cacert or sec.cert) or any(e.startswith("https://") for e in endpoints)
+        self._eps: List[Tuple[str, int]] = []
+        for e in endpoints:
+            u = urllib.parse.urlsplit(e if "://" in e else "http://" + e)
+            host, port = u.hostname or "", u.port or 2379
+            if not tls and not sec.insecure and not _loopback(host):
+                raise errors.InvalidArgument(
+                    f"rlhub: etcd endpoint {host[:80]!r} is not on loopback and would be reached without TLS: "
+                    "set cacert (RLHUB_ETCD_CACERT), or insecure")
+            self._eps.append((host, port))
+        self.endpoints = tuple(("https://" if tls else "http://") + f"{h}:{p}" for h, p in self._eps)
+        self._ctx: Optional[ssl.SSLContext] = None
+        if tls:
+            try:
+                ctx = ssl.create_default_context(cafile=sec.cacert) if sec.cacert else ssl.create_default_context()
+                if sec.cert:
+                    ctx.load_cert_chain(sec.cert, sec.key)
+            except (OSError, ssl.SSLError) as e:
+                raise errors.InvalidArgument(f"rlhub: etcd TLS files: {str(e)[:200]}") from None
+            self._ctx = ctx
+        self._user, self._password = sec.user, None
+        if sec.user:
+            try:
+                with open(sec.password_file or "", "rb") as f:
+                    raw = f.read(_MAX_PASSWORD + 1)
+            except OSError as e:
+                raise errors.InvalidArgument(f"rlhub: etcd password_file: {e.strerror}") from None
+            if len(raw) > _MAX_PASSWORD:
+                raise errors.InvalidArgument(f"rlhub: etcd password_file is longer than {_MAX_PASSWORD} bytes")
+            pw = raw.decode("utf-8", "replace").split("\n", 1)[0].rstrip("\r")
+            if not pw:
+                raise errors.InvalidArgument("rlhub: etcd password_file is empty")
+            self._password = pw
+        self._token: Optional[str] = None
+        self._mu = threading.Lock()
+        self._watching: Dict[threading.Event, http.client.HTTPConnection] = {}  # by stop event
+
+    def _conn(self, i: int, timeout: float) -> http.client.HTTPConnection:
+        host, port = self._eps[i]
+        if self._ctx is not None:
+            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ctx)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def _where(self) -> str:
+        return ",".join(self.endpoints)[:200]
+
+    @staticmethod
+    def _refused(status: int, body: bytes, where: str) -> errors.RlhubError:
+        try:
+            msg = str(json.loads(body).get("error") or json.loads(body).get("message") or "")
+        except ValueError:
+            msg = body[:200].decode("utf-8", "replace")
+        msg = msg[:300]
+        if "authentication failed" in msg or "invalid auth token" in msg or "user name is empty" in msg or status == 401:
+            return errors.Unauthenticated(f"rlhub: etcd {where}: {msg} (check the etcd user and password_file)")
+        if "permission denied" in msg or status == 403:
+            return errors.PermissionDenied(
+                f"rlhub: etcd {where}: {msg} (the etcd user's role must grant the cluster's prefix /rlhub/NAME/)")
+        return errors.Unavailable(f"rlhub: etcd {where}: HTTP {status}: {msg}")
+
+    def _post(self, i: int, path: str, body: Dict[str, Any], timeout: float, auth: bool = True) -> Any:
+        """One request to endpoint i; raises OSError when unreachable."""
+        headers = {"Content-Type": "application/json"}
+        if auth and self._user:
+            headers["Authorization"] = self._auth_token(i, timeout)
+        c = self._conn(i, timeout)
+        try:
+            c.request("POST", path, json.dumps(body).encode(), headers)
+            r = c.getresponse()
+            data = r.read(_MAX_RESPONSE)
+        finally:
+            c.close()
+        if r.status != 200:
+            raise self._refused(r.status, data, self._where())
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise errors.Unavailable(f"rlhub: etcd {self._where()}: a reply that is not JSON") from None
+
+    def _auth_token(self, i: int, timeout: float) -> str:
+        with self._mu:
+            tok = self._token
+        if tok:
+            return tok
+        # etcd checks the password with bcrypt: slow on a loaded server.
+        resp = self._post(i, "/v3/auth/authenticate", {"name": self._user, "password": self._password},
+                          max(timeout, 10.0), auth=False)
+        tok = str(resp.get("token", ""))
+        with self._mu:
+            self._token = tok
+        return tok
+
+    def call(self, path: str, body: Dict[str, Any], timeout: float = 3.0) -> Any:
+        """Posts ``body`` to ``path`` at the first endpoint that answers."""
+        problems = []
+        for i in range(len(self._eps)):
+            for attempt in range(2):
+                try:
+                    return self._post(i, path, body, timeout)
+                except errors.Unauthenticated:
+                    if attempt == 0 and self._user:  # an expired token: once more with a new one
+                        with self._mu:
+                            self._token = None
+                        continue
+                    raise
+                except ssl.SSLError as e:
+                    raise errors.Unavailable(
+                        f"rlhub: etcd {self.endpoints[i]}: TLS handshake: {str(e)[:200]} "
+                        "(check cacert, and cert/key if etcd checks clients)") from None
+                except (OSError, http.client.HTTPException) as e:
+                    problems.append(f"{self.endpoints[i]}: {str(e)[:200]}")
+                    break
+        raise errors.Unavailable(f"rlhub: etcd did not answer: {'; '.join(problems)}")
+
+    def range_prefix(self, prefix: str, timeout: float = 3.0, **extra: Any) -> Any:
+        p = prefix.encode()
+        end = p[:-1] + bytes([p[-1] + 1])
+        body = {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode(), **extra}
+        return self.call("/v3/kv/range", body, timeout)
+
+    def watch(self, prefix: str, start_revision: int, on_events: Callable[[List[Dict[str, Any]]], None],
+              stop: threading.Event, timeout: float = 3.0, endpoint: int = 0) -> None:
+        """Streams a watch of ``prefix`` from ``start_revision`` at endpoint
+        number ``endpoint`` (modulo their count), calling ``on_events`` with
+        each batch, until ``stop`` is set (returns) or the stream fails
+        (raises)."""
+        i = endpoint % len(self._eps)
+        p = prefix.encode()
+        end = p[:-1] + bytes([p[-1] + 1])
+        body = {"create_request": {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode(),
+                                   "start_revision": str(start_revision)}}
+        headers = {"Content-Type": "application/json"}
+        c = self._conn(i, timeout)
+        try:
+            if self._user:
+                headers["Authorization"] = self._auth_token(i, timeout)
+            c.request("POST", "/v3/watch", json.dumps(body).encode(), headers)
+            r = c.getresponse()
+            if r.status != 200:
+                err = self._refused(r.status, r.read(_MAX_RESPONSE), self._where())
+                if isinstance(err, errors.Unauthenticated):
+                    with self._mu:
+                        self._token = None  # expired: the next watch authenticates again
+                raise err
+            assert c.sock is not None
+            c.sock.settimeout(None)  # a watch is quiet until something changes
+            with self._mu:
+                self._watching[stop] = c
+            if stop.is_set():
+                return
+            while not stop.is_set():
+                line = r.readline(_MAX_RESPONSE)
+                if not line:
+                    if stop.is_set():
+                        return
+                    raise errors.Unavailable(f"rlhub: etcd {self._where()}: the watch ended")
+                if not line.strip():
+                    continue
+                msg = json.loads(line)
+                if "error" in msg:
+                    raise errors.Unavailable(f"rlhub: etcd watch: {str(msg['error'])[:200]}")
+                res = msg.get("result", {})
+                if res.get("canceled"):
+                    raise errors.Unavailable(f"rlhub: etcd watch canceled: {str(res.get('cancel_reason', ''))[:200]}")
+                if res.get("events"):
+                    on_events(res["events"])
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            if stop.is_set():
+                return
+            raise errors.Unavailable(f"rlhub: etcd watch: {str(e)[:200]}") from None
+        finally:
+            with self._mu:
+                self._watching.pop(stop, None)
+            c.close()
+
+    def interrupt(self, stop: threading.Event) -> None:
+        """Wakes the :meth:`watch` given ``stop`` (set it first) if it is
+        blocked on its stream."""
+        with self._mu:
+            c = self._watching.get(stop)
+        try:
+            if c is not None and c.sock is not None:
+                c.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+_gateways: Dict[Tuple[str, ...], Gateway] = {}
+_gateways_mu = threading.Lock()
+
+
+def gateway(endpoints: Tuple[str, ...]) -> Gateway:
+    """The process's :class:`Gateway` for ``endpoints`` (one per endpoint
+    list, with :func:`default_security`)."""
+    with _gateways_mu:
+        g = _gateways.get(endpoints)
+        if g is None:
+            g = _gateways[endpoints] = Gateway(endpoints)
+        return g
+
+
+@dataclasses.dataclass(frozen=True)
+class Service:
+    """One announcement (internal/cluster.ServiceInfo)."""
+    kind: str
+    id: str
+    addr: str
+    model: str = ""
+    host: str = ""
+    shm: str = ""
+    """A relay's shared-memory segment on ``host`` ("" when none)."""
+    secondaries: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Optional["Service"]:
+        try:
+            d = json.loads(raw)
+            return cls(kind=str(d.get("kind", "")), id=str(d.get("id", "")), addr=str(d.get("addr", "")),
+                       model=str(d.get("model", "")), host=str(d.get("host", "")), shm=str(d.get("shm", "")),
+                       secondaries=tuple(str(s) for s in d.get("secondaries") or ()))
+        except (ValueError, AttributeError, TypeError):
+            return None
+
+
+def _target(target: Any) -> Any:
+    from rlhub import _channel
+    t = _channel.parse_target(target) if isinstance(target, str) else target
+    if not t.etcd:
+        raise errors.InvalidArgument("rlhub: discovery needs an etcd://E/NAME target")
+    return t
+
+
+def _prefix(t: Any, kind: str) -> str:
+    p = f"/rlhub/{t.cluster}/services/"
+    return p + kind + "/" if kind else p
+
+
+def _decode(kvs: List[Dict[str, Any]]) -> Dict[str, Service]:
+    out = {}
+    for kv in kvs:
+        s = Service.from_json(base64.b64decode(kv.get("value", "")))
+        if s is not None:
+            out[kv.get("key", "")] = s
+    return out
+
+
+def services(target: Any, kind: str = "", model: str = "", timeout: float = 3.0) -> List[Service]:
+    """The live announcements of ``kind`` ("" every kind) for ``model`` (""
+    any) in the cluster ``target`` names (``etcd://E/NAME``), by id."""
+    t = _target(target)
+    resp = gateway(t.etcd).range_prefix(_prefix(t, kind), timeout)
+    ss = [s for s in _decode(resp.get("kvs") or []).values() if not model or s.model == model]
+    return sorted(ss, key=lambda s: (s.kind, s.id))
+
+
+def local_relay(target: Any, model: str, host: Optional[str] = None, timeout: float = 3.0) -> Optional[Service]:
+    """The relay announced for ``model`` on ``host`` (default: this
+    machine's hostname), or None."""
+    host = host or socket.gethostname()
+    for s in services(target, KIND_RELAY, model, timeout):
+        if s.host == host:
+            return s
+    return None
+
+
+def collector_target(target: str, model: str, timeout: float = 3.0) -> Tuple[str, bool]:
+    """Where a weight collector of ``model`` on this host connects:
+    ``(relay address, True)`` when ``target`` is ``etcd://…`` and a relay
+    for the model is announced on this host, else ``(target, False)`` (the
+    hub, or the cluster's primary, followed). etcd not answering also gives
+    the hub. A collector whose relay died asks again: once the relay's
+    lease has expired, the answer is the hub."""
+    from rlhub import _channel
+    t = _channel.parse_target(target)
+    if not t.etcd:
+        return target, False
+    try:
+        r = local_relay(t, model, timeout=timeout)
+    except errors.Unavailable:
+        return target, False
+    return (r.addr, True) if r is not None else (target, False)
+
+
+class ServiceWatch:
+    """Follows the announcements of ``kind`` in cluster ``target`` with an
+    etcd watch on a thread: ``on_change`` gets the live list (by id) first
+    and after every change, one call at a time. A failed watch (etcd
+    restarting) is opened again from a fresh list after a back-off.
+    :meth:`close` stops the thread and waits for it."""
+
+    def __init__(self, target: Any, kind: str, on_change: Callable[[List[Service]], None]):
+        self._t = _target(target)
+        self._gw = gateway(self._t.etcd)
+        self._prefix = _prefix(self._t, kind)
+        self._on_change = on_change
+        self._stop = threading.Event()
+        self.error: Optional[BaseException] = None
+        """The last failure (cleared by a working watch), for diagnostics."""
+        self.opened = 0
+        """Watches opened so far (1 while the first one holds)."""
+        self._thread = threading.Thread(target=self._run, name=f"rlhub-etcd-watch-{kind}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff, ep = 0.05, 0
+        while not self._stop.is_set():
+            try:
+                resp = self._gw.range_prefix(self._prefix)
+                live = _decode(resp.get("kvs") or [])
+                self._emit(live)
+                rev = int(resp.get("header", {}).get("revision", 0))
+
+                def on_events(evs: List[Dict[str, Any]]) -> None:
+                    for ev in evs:
+                        kv = ev.get("kv", {})
+                        if ev.get("type") == "DELETE":
+                            live.pop(kv.get("key", ""), None)
+                        else:
+                            s = Service.from_json(base64.b64decode(kv.get("value", "")))
+                            if s is not None:
+                                live[kv.get("key", "")] = s
+                    self._emit(live)
+
+                self.error = None
+                backoff = 0.05
+                self.opened += 1
+                self._gw.watch(self._prefix, rev + 1, on_events, self._stop, endpoint=ep)
+            except errors.RlhubError as e:
+                self.error = e
+                ep += 1  # the next endpoint watches next time
+            if self._stop.wait(backoff):
+                return
+            backoff = min(2 * backoff, 1.0)
+
+    def _emit(self, live: Dict[str, Service]) -> None:
+        self._on_change(sorted(live.values(), key=lambda s: (s.kind, s.id)))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._gw.interrupt(self._stop)
+        self._thread.join(timeout=10)
+
+
+def failover_for(cluster: str, model: str, timeout: float = 3.0) -> List[Tuple[str, str, str]]:
+    """The failover sources of a collector of ``model`` on this host in
+    ``cluster`` (``etcd://E/NAME``), as ``(name, via, address)`` for
+    :class:`rlhub._sources.SourceSpec`: the relay announced on this host
+    (its segment, then its stream) when there is one, then the cluster's
+    primary (followed). Without a relay, only the primary."""
+    specs: List[Tuple[str, str, str]] = []
+    try:
+        r = local_relay(cluster, model, timeout=timeout)
+    except errors.Unavailable:
+        r = None
+    if r is not None:
+        if r.shm:
+            specs.append(("relay-shm", "shm", r.shm))
+        specs.append(("relay", "push", r.addr))
+    specs.append(("upstream", "push", cluster))
+    return specs
