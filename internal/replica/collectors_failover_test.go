@@ -35,10 +35,10 @@ type followingCollector struct {
 	src     wsync.Source
 	skipped func() uint64 // version numbers the source reported or saw skipped
 	closer  func()
-	recv   *wsync.Receiver
-	mu     sync.Mutex
-	got    []delivery
-	done   chan error
+	recv    *wsync.Receiver
+	mu      sync.Mutex
+	got     []delivery
+	done    chan error
 }
 
 func startFollowing(t *testing.T, ctx context.Context, wg *sync.WaitGroup, name string, src interface {
