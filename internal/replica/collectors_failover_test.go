@@ -78,7 +78,7 @@ type collectorSet struct {
 	wg     sync.WaitGroup
 }
 
-func startCollectors(t *testing.T, c *testCluster, etcd, model string) *collectorSet {
+func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collectorSet, *wsync.DataPlaneClient) {
 	t.Helper()
 	etcdTarget := dial.EtcdTarget(strings.TrimPrefix(etcd, "http://"), c.name)
 	var hubs []string
@@ -122,7 +122,7 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) *collecto
 	}
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "go failover over the data plane (etcd)", fd))
 	t.Cleanup(s.stop)
-	return s
+	return s, dp
 }
 
 func (s *collectorSet) stop() {
@@ -176,7 +176,7 @@ func TestCollectorsFollowThePrimaryAcrossTwoKills(t *testing.T) {
 	}
 	l1, p1 := c.leader(0)
 	publish(1)
-	set := startCollectors(t, c, e.Endpoint, model)
+	set, dp := startCollectors(t, c, e.Endpoint, model)
 	for v := uint64(2); v <= 5; v++ {
 		publish(v)
 	}
@@ -219,6 +219,9 @@ func TestCollectorsFollowThePrimaryAcrossTwoKills(t *testing.T) {
 			t.Errorf("%s: first v%d, %d applied, %d skipped: %d version numbers for v%d", fc.name, got[0].version, len(got), fc.skipped(), n, last.version)
 		}
 		t.Logf("%s: %d versions applied (first v%d), %d skipped, last v%d epoch %d", fc.name, len(got), got[0].version, fc.skipped(), last.version, last.epoch)
+	}
+	if tr := dp.Transport(); tr != "dataplane" {
+		t.Errorf("the data-plane collector ended on transport %q: a failover made it fall back", tr)
 	}
 	t.Logf("terms: %s → %s → %s", l1, l2, l3)
 }

@@ -233,6 +233,7 @@ type DataPlaneClient struct {
 	nskipped uint64             // skipped, for Skipped
 	epoch    uint64             // the newest epoch delivered
 	follows  uint64             // failed polls followed, for Follows
+	noDP     int                // consecutive not-supported polls on a cluster
 }
 
 var _ Source = (*DataPlaneClient)(nil)
@@ -288,7 +289,7 @@ func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.S
 	if f := c.current(); f != nil {
 		snap, err := f.GetIfNewer(ctx, than)
 		if err == nil && snap != nil {
-			if err = c.admit(snap); err != nil {
+			if err = c.admit(snap, than); err != nil {
 				snap = nil
 			}
 		}
@@ -325,7 +326,7 @@ func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.S
 		var err error
 		if f := c.current(); f != nil {
 			if snap, err = f.WaitNewer(ctx, after); err == nil {
-				err = c.admit(snap)
+				err = c.admit(snap, after)
 			}
 			if err != nil && c.follow != nil && ctx.Err() == nil && errors.Is(err, errs.ErrUnavailable) {
 				c.dropFallback(f) // on a cluster the stream is attached again, to the new primary
@@ -337,6 +338,9 @@ func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.S
 				if err = c.fallBack(ctx, after); err == nil {
 					continue
 				}
+			} else if errors.Is(err, bulk.ErrNotSupported) && c.follow != nil {
+				err = fmt.Errorf("%w: wsync: %w", errs.ErrUnavailable, err) // maybe a dying primary: followed
+				hubdial.PlaneFailed(c.follow, err)
 			}
 		}
 		switch {
@@ -387,9 +391,11 @@ func (c *DataPlaneClient) Follows() uint64 {
 	return c.follows
 }
 
-// admit checks snap against the epochs delivered before (see "Following
-// a cluster") and records its epoch.
-func (c *DataPlaneClient) admit(snap *store.Snapshot) error {
+// admit checks a version from the fallback stream, taken after version
+// after, against the epochs delivered before (see "Following a cluster"),
+// records its epoch and counts the versions it skipped (the data plane's
+// come from the hub).
+func (c *DataPlaneClient) admit(snap *store.Snapshot, after uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if snap.Epoch < c.epoch {
@@ -397,6 +403,7 @@ func (c *DataPlaneClient) admit(snap *store.Snapshot) error {
 			errs.ErrUnavailable, snap.Version, errs.Quote(snap.Name), snap.Epoch, c.epoch)
 	}
 	c.epoch = snap.Epoch
+	c.nskipped += skipped(after, snap.Version)
 	return nil
 }
 
@@ -455,10 +462,31 @@ func (c *DataPlaneClient) usable() error {
 	return nil
 }
 
-// noDataPlane reports whether err says the hub does not serve the method.
+// noDataPlane reports whether err says the hub does not serve the method,
+// so the client should fall back to the push stream. On a cluster a hub
+// that hangs up on the handshake may be one that is dying (a SIGKILLed
+// primary resets the connections it had not accepted): that is followed
+// as unavailable, and only maxNoDataPlane such polls in a row, or an
+// UNIMPLEMENTED answer, mean the primary has no data plane. Called with
+// callMu held.
 func (c *DataPlaneClient) noDataPlane(err error) bool {
-	return errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented
+	if grpcerr.Code(err) == codes.Unimplemented {
+		return true
+	}
+	if !errors.Is(err, bulk.ErrNotSupported) {
+		c.noDP = 0
+		return false
+	}
+	if c.follow == nil {
+		return true
+	}
+	c.noDP++
+	return c.noDP >= maxNoDataPlane
 }
+
+// maxNoDataPlane: on a cluster, this many polls in a row answered as if
+// the hub did not speak the data plane make the client fall back.
+const maxNoDataPlane = 3
 
 // fallBack attaches to the gRPC push stream, for the client's whole life.
 func (c *DataPlaneClient) fallBack(ctx context.Context, have uint64) error {
@@ -586,6 +614,7 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 	c.mu.Lock()
 	c.nskipped += hdr.Skipped
 	c.epoch = max(c.epoch, b.GetEpoch())
+	c.noDP = 0
 	c.mu.Unlock()
 	return &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
 		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, nil

@@ -42,6 +42,15 @@ class FailoverSource:
     :meth:`running` reports the version the collector runs: on the current
     source's stream if it has one, else with the ``Report`` RPC to ``hub``.
     Use from one thread, as a :class:`Receiver` does.
+
+    On a cluster (dialers whose sources are given the cluster target, e.g.
+    ``PushSource("etcd://E/NAME", …)`` or a :class:`DataPlaneSource` on
+    it) a source that fails when the primary dies is dialed again and
+    lands on the new primary. Versions handed out only grow; one whose
+    epoch is older than one handed out before (a deposed primary's, a
+    stale relay's) is never handed out: its source is dropped as failed.
+    ``skipped`` counts the version numbers between two versions handed out
+    (so a version the new primary never had shows).
     """
 
     def __init__(self, dialers: List[Dialer], *, model: str, collector_id: Optional[str] = None,
@@ -65,6 +74,8 @@ class FailoverSource:
         self._unserved: List[int] = []  # dialers whose sources failed before serving: tried last
         self.current: Optional[str] = None
         self.switches = 0
+        self.skipped = 0
+        self._epoch = 0  # the newest epoch handed out
         self._closed = False
 
     @property
@@ -136,7 +147,13 @@ class FailoverSource:
             return
 
     def _took(self, wv: Optional[WeightVersion]) -> Optional[WeightVersion]:
+        if wv is not None and wv.epoch < self._epoch:
+            raise errors.Unavailable(f"{self.current}: version {wv.version} of {self.model!r} has epoch {wv.epoch}, "
+                                     f"older than epoch {self._epoch} already handed out")
         if wv is not None:
+            self._epoch = wv.epoch
+            if self._have and wv.version > self._have + 1:
+                self.skipped += wv.version - self._have - 1
             self._served = True
             self._unserved.clear()
         if wv is not None and wv.version > self._have:
