@@ -5,6 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -73,6 +77,7 @@ func (fc *followingCollector) deliveries() []delivery {
 // through Failover (hub-list target), and a Failover over the data plane
 // (etcd target).
 type collectorSet struct {
+	conns  []*grpc.ClientConn // of all, by index
 	all    []*followingCollector
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -105,6 +110,7 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 		t.Fatal(err)
 	}
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "go data plane (etcd)", dp))
+	s.conns = append(s.conns, dpConn)
 
 	pushConn := conn(listTarget)
 	push, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
@@ -113,6 +119,7 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 		t.Fatal(err)
 	}
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "go push stream (hub list)", push))
+	s.conns = append(s.conns, pushConn)
 
 	fdConn := conn(etcdTarget)
 	fd, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
@@ -121,6 +128,7 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 		t.Fatal(err)
 	}
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "go failover over the data plane (etcd)", fd))
+	s.conns = append(s.conns, fdConn)
 	t.Cleanup(s.stop)
 	return s, dp
 }
@@ -224,4 +232,193 @@ func TestCollectorsFollowThePrimaryAcrossTwoKills(t *testing.T) {
 		t.Errorf("the data-plane collector ended on transport %q: a failover made it fall back", tr)
 	}
 	t.Logf("terms: %s → %s → %s", l1, l2, l3)
+}
+
+// firstOfEpochAfter is when fc first applied a version of an epoch above
+// epoch (zero when it has not).
+func (fc *followingCollector) firstOfEpochAfter(epoch uint64) time.Time {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	for _, d := range fc.got {
+		if d.epoch > epoch {
+			return d.at
+		}
+	}
+	return time.Time{}
+}
+
+// TestFailoverToEveryCollector measures failover as collectors see it:
+// the primary SIGKILLed while a client publishes every ~10 ms, to the
+// first version the new primary publishes, and to every collector (the Go
+// data-plane client on etcd://, the push stream through Failover on the
+// hub list, Failover over the data plane on etcd://) applying a version
+// of the new term; p50/p99 over RLHUB_FAILOVER_KILLS kills (skipped when
+// unset) at a 2s lease, both measured on the same kills. The killed hub
+// is restarted on its data and address after each kill, so every kill
+// finds three hubs (and the hub list stays true). Figures go to the log
+// (docs/benchlog).
+func TestFailoverToEveryCollector(t *testing.T) {
+	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
+	if kills <= 0 {
+		t.Skip("set RLHUB_FAILOVER_KILLS=N to measure failover to every collector over N kills")
+	}
+	e := clustertest.Start(t)
+	c := newClusterTTL(t, e.Endpoint, 3, "2s")
+	const model = "pol"
+	blob := storetest.Blob(t, 1, 1<<14)
+
+	type landed struct {
+		at             time.Time
+		version, epoch uint64
+	}
+	var mu sync.Mutex
+	var log []landed
+	published := func() []landed {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]landed(nil), log...)
+	}
+	c.push(model, 1, 0, blob)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // the publisher: follows the primary through etcd
+		v := uint64(1)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			st, err := c.status()
+			if err != nil || st.Primary == nil {
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			cl, _ := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 3 * time.Second})
+			for {
+				select {
+				case <-stop:
+					cl.Close()
+					return
+				default:
+				}
+				info, err := cl.Push(context.Background(), store.PushRequest{Name: model, Version: v + 1, Expect: store.ExpectAny, Blob: blob})
+				if err != nil {
+					if cur, gerr := cl.List(context.Background()); gerr == nil {
+						for _, i := range cur {
+							if i.Name == model {
+								v = max(v, i.Version)
+							}
+						}
+					}
+					break
+				}
+				v = info.Version
+				mu.Lock()
+				log = append(log, landed{at: time.Now(), version: info.Version, epoch: info.Epoch})
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+			}
+			cl.Close()
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	set, _ := startCollectors(t, c, e.Endpoint, model)
+
+	var toPublish, toEvery []time.Duration
+	after := uint64(0)
+	for k := range kills {
+		l, p := c.leader(after)
+		testkit.Eventually(t, 2*time.Minute, fmt.Sprintf("every collector on a version of epoch %d", l.Epoch), func() bool {
+			for _, fc := range set.all {
+				if got := fc.deliveries(); len(got) == 0 || got[len(got)-1].epoch != l.Epoch {
+					return false
+				}
+			}
+			return true
+		})
+		killed := time.Now()
+		p.kill()
+		var first time.Time
+		testkit.Eventually(t, time.Minute, "the new primary's first version", func() bool {
+			for _, x := range published() {
+				if x.epoch > l.Epoch {
+					first = x.at
+					return true
+				}
+			}
+			return false
+		})
+		var every time.Time
+		var each []string
+		eventually(t, time.Minute, "every collector on a version of the new term", set.describe, func() bool {
+			every, each = time.Time{}, nil
+			for _, fc := range set.all {
+				at := fc.firstOfEpochAfter(l.Epoch)
+				if at.IsZero() {
+					return false
+				}
+				each = append(each, fmt.Sprintf("%s %v", fc.name, at.Sub(killed).Round(time.Millisecond)))
+				if at.After(every) {
+					every = at
+				}
+			}
+			return true
+		})
+		toPublish, toEvery = append(toPublish, first.Sub(killed)), append(toEvery, every.Sub(killed))
+		t.Logf("kill %d (epoch %d): first publish %v, every collector %v (%s)", k+1, l.Epoch,
+			first.Sub(killed).Round(time.Millisecond), every.Sub(killed).Round(time.Millisecond), strings.Join(each, ", "))
+		after = l.Epoch
+		// Back on its data and its address (the hub list names it): three
+		// hubs for the next kill.
+		if !slices.Contains(p.args, "--listen") {
+			p.args = append(slices.Clone(p.args), "--listen", p.addr)
+		}
+		c.start(p)
+		testkit.Eventually(t, time.Minute, "three members again", func() bool {
+			st, err := c.status()
+			return err == nil && len(st.Members) == 3
+		})
+		// Publishes wait for every standby's acknowledgement: 20 more
+		// versions mean the restarted hub follows again.
+		n := len(published())
+		testkit.Eventually(t, 2*time.Minute, "20 versions published with three hubs", func() bool { return len(published()) >= n+20 })
+	}
+	q := func(d []time.Duration, p float64) time.Duration {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Millisecond)
+	}
+	t.Logf("failover, lease 2s, %d kills, 3 collectors: kill → first version by the new primary p50 %v p99 %v; kill → every collector on the new term p50 %v p99 %v (max %v)",
+		kills, q(toPublish, 0.5), q(toPublish, 0.99), q(toEvery, 0.5), q(toEvery, 0.99), q(toEvery, 1))
+}
+
+// describe says where each collector is (for a failed wait).
+func (s *collectorSet) describe() string {
+	var b strings.Builder
+	for i, fc := range s.all {
+		p, _ := dial.CurrentPrimary(s.conns[i])
+		fmt.Fprintf(&b, "\n  %s: connection %v following %s (epoch %d)", fc.name, s.conns[i].GetState(), p.Addr, p.Epoch)
+		got := fc.deliveries()
+		if len(got) == 0 {
+			fmt.Fprintf(&b, "\n  %s: nothing applied", fc.name)
+			continue
+		}
+		d := got[len(got)-1]
+		fmt.Fprintf(&b, "\n  %s: v%d of epoch %d, applied %v ago", fc.name, d.version, d.epoch, time.Since(d.at).Round(time.Millisecond))
+	}
+	return b.String()
+}
+
+// eventually is testkit.Eventually whose failure says state().
+func eventually(t *testing.T, timeout time.Duration, what string, state func() string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s:%s", timeout, what, state())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

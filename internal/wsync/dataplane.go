@@ -371,7 +371,7 @@ func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.S
 // followBackoffBase up to followBackoffMax.
 const (
 	followBackoffBase = 20 * time.Millisecond
-	followBackoffMax  = 500 * time.Millisecond
+	followBackoffMax  = 250 * time.Millisecond
 )
 
 // followerConn is conn as a connection internal/dial may follow a cluster

@@ -40,7 +40,7 @@ WAIT_MS = 5000
 """The longest wait the hub grants one poll (its ``DataPlaneWait``)."""
 
 _SLACK = 10.0  # seconds added to a poll's wait for its socket deadline
-_FOLLOW_BACKOFF0, _FOLLOW_BACKOFF_MAX = 0.02, 0.5  # pauses after a failed poll on a cluster
+_FOLLOW_BACKOFF0, _FOLLOW_BACKOFF_MAX = 0.02, 0.25  # pauses after a failed poll on a cluster
 _MAX_NO_DATA_PLANE = 3  # on a cluster: not-supported polls in a row before the push-stream fallback
 _BUFFERS = 3  # the last two versions taken stay whole while a third is received
 
