@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,15 +73,18 @@ func (fc *followingCollector) deliveries() []delivery {
 	return append([]delivery(nil), fc.got...)
 }
 
-// collectorSet is the three kinds of weight collector given only a
-// cluster: the Go data-plane client (etcd target), the gRPC push stream
-// through Failover (hub-list target), and a Failover over the data plane
-// (etcd target).
+// collectorSet is the kinds of weight collector given only a cluster: the
+// Go data-plane client (etcd target), the gRPC push stream through
+// Failover (hub-list target), a Failover over the data plane (etcd
+// target), and a reader of the shared memory a `rlhub relay --etcd`
+// process fills (through Failover, which waits for its segment).
 type collectorSet struct {
-	conns  []*grpc.ClientConn // of all, by index
-	all    []*followingCollector
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	conns     []*grpc.ClientConn // of all, by index (nil: none)
+	relayOut  *syncBuffer
+	relayDone chan struct{}
+	all       []*followingCollector
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collectorSet, *wsync.DataPlaneClient) {
@@ -121,6 +125,25 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "go push stream (hub list)", push))
 	s.conns = append(s.conns, pushConn)
 
+	// A relay given only etcd, and a collector on its segment.
+	segment := fmt.Sprintf("/dev/shm/rlhub-follow-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	relay := exec.Command(rlhubBinary(t), "--log-level", "warn", "relay", "--etcd", etcd, "--cluster", c.name,
+		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment)
+	rout := &syncBuffer{}
+	relay.Stdout, relay.Stderr = rout, rout
+	if err := relay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rdone := make(chan struct{})
+	go func() { relay.Wait(); close(rdone) }()
+	t.Cleanup(func() { relay.Process.Kill(); <-rdone; os.Remove(segment) })
+	s.relayOut, s.relayDone = rout, rdone
+	sh, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
+		Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", segment)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	fdConn := conn(etcdTarget)
 	fd, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
 		Dialers: []wsync.Dialer{wsync.DataPlaneDialer("dp", etcdTarget, cfg.Bulk(), fdConn, "go-failover-dp", model)}})
@@ -129,6 +152,8 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 	}
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "go failover over the data plane (etcd)", fd))
 	s.conns = append(s.conns, fdConn)
+	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "relay (etcd) shm", sh))
+	s.conns = append(s.conns, nil)
 	t.Cleanup(s.stop)
 	return s, dp
 }
@@ -147,6 +172,11 @@ func (s *collectorSet) stop() {
 func (s *collectorSet) waitAll(t *testing.T, timeout time.Duration, v uint64) {
 	t.Helper()
 	testkit.Eventually(t, timeout, fmt.Sprintf("every collector on v%d", v), func() bool {
+		select {
+		case <-s.relayDone:
+			t.Fatalf("the relay exited:\n%s", s.relayOut)
+		default:
+		}
 		for _, fc := range s.all {
 			select {
 			case err := <-fc.done:
@@ -249,10 +279,10 @@ func (fc *followingCollector) firstOfEpochAfter(epoch uint64) time.Time {
 
 // TestFailoverToEveryCollector measures failover as collectors see it:
 // the primary SIGKILLed while a client publishes every ~10 ms, to the
-// first version the new primary publishes, and to every collector (the Go
-// data-plane client on etcd://, the push stream through Failover on the
-// hub list, Failover over the data plane on etcd://) applying a version
-// of the new term; p50/p99 over RLHUB_FAILOVER_KILLS kills (skipped when
+// first version the new primary publishes, and to every collector of
+// startCollectors (the Go data-plane client on etcd://, the push stream
+// through Failover on the hub list, Failover over the data plane on
+// etcd://, a relay's shared memory) applying a version of the new term; p50/p99 over RLHUB_FAILOVER_KILLS kills (skipped when
 // unset) at a 2s lease, both measured on the same kills. The killed hub
 // is restarted on its data and address after each kill, so every kill
 // finds three hubs (and the hub list stays true). Figures go to the log
@@ -390,16 +420,18 @@ func TestFailoverToEveryCollector(t *testing.T) {
 		slices.Sort(s)
 		return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Millisecond)
 	}
-	t.Logf("failover, lease 2s, %d kills, 3 collectors: kill → first version by the new primary p50 %v p99 %v; kill → every collector on the new term p50 %v p99 %v (max %v)",
-		kills, q(toPublish, 0.5), q(toPublish, 0.99), q(toEvery, 0.5), q(toEvery, 0.99), q(toEvery, 1))
+	t.Logf("failover, lease 2s, %d kills, %d collectors: kill → first version by the new primary p50 %v p99 %v; kill → every collector on the new term p50 %v p99 %v (max %v)",
+		kills, len(set.all), q(toPublish, 0.5), q(toPublish, 0.99), q(toEvery, 0.5), q(toEvery, 0.99), q(toEvery, 1))
 }
 
 // describe says where each collector is (for a failed wait).
 func (s *collectorSet) describe() string {
 	var b strings.Builder
 	for i, fc := range s.all {
-		p, _ := dial.CurrentPrimary(s.conns[i])
-		fmt.Fprintf(&b, "\n  %s: connection %v following %s (epoch %d)", fc.name, s.conns[i].GetState(), p.Addr, p.Epoch)
+		if s.conns[i] != nil {
+			p, _ := dial.CurrentPrimary(s.conns[i])
+			fmt.Fprintf(&b, "\n  %s: connection %v following %s (epoch %d)", fc.name, s.conns[i].GetState(), p.Addr, p.Epoch)
+		}
 		got := fc.deliveries()
 		if len(got) == 0 {
 			fmt.Fprintf(&b, "\n  %s: nothing applied", fc.name)
