@@ -216,6 +216,7 @@ FOLLOW_TIMEOUT = 120.0
 RESOLVE_TIMEOUT = 3.0
 MAX_FOLLOW_ATTEMPTS = 8
 _BACKOFF0, _BACKOFF_MAX = 0.05, 1.0
+_LOOKUP_EVERY_MAX = 0.1  # while waiting for a primary, look it up at least this often (Go: waitResolveEvery)
 _MAX_TARGET_BYTES = 4096
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _REFUSAL = re.compile(r"this hub is a standby; the primary is (unknown|(\S+) \(epoch (\d+)\))")
@@ -451,7 +452,9 @@ class FollowingChannel(grpc.Channel):
             if time.monotonic() >= deadline:
                 raise self.no_primary(grpc.StatusCode.DEADLINE_EXCEEDED)
             time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
-            wait = min(2 * wait, _BACKOFF_MAX)
+            # Not more than _LOOKUP_EVERY_MAX between lookups: a primary
+            # elected meanwhile is found within it, not a second later.
+            wait = min(2 * wait, _LOOKUP_EVERY_MAX)
 
     def no_primary(self, code: grpc.StatusCode, why: str = "") -> NoPrimary:
         with self._cv:

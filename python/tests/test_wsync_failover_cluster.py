@@ -11,6 +11,7 @@ number, and accounts for every version number (delivered or skipped).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import threading
@@ -43,6 +44,7 @@ class Collector:
     def __init__(self, name: str, src):
         self.name, self.src = name, src
         self.got: list[tuple[int, int, bool]] = []  # (version, epoch, bytes are that version's)
+        self.at: list[float] = []  # time.monotonic() of each, by index
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, name=name, daemon=True)
@@ -56,6 +58,7 @@ class Collector:
                 if wv is None:
                     continue
                 w = load_bytes(bytes(wv.blob))["w"]
+                self.at.append(time.monotonic())
                 self.got.append((wv.version, wv.epoch, bool(np.all(w == float(wv.version)))))
                 have = wv.version
                 self.src.running(have)
@@ -155,6 +158,130 @@ def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp
         dp = collectors[0].src
         assert dp.transport == "dataplane" and dp.stats["follows"] >= 2, dp.stats
     finally:
+        for c in collectors:
+            c.stop()
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
+
+
+@pytest.mark.skipif(not os.environ.get("RLHUB_FAILOVER_KILLS"), reason="set RLHUB_FAILOVER_KILLS=N to measure")
+def test_failover_to_every_python_collector(rlhub_bin, tmp_path):
+    """The Python twin of the Go TestFailoverToEveryCollector: the primary
+    SIGKILLed while a client publishes every ~10 ms; kill → the first
+    version of the new term published, and kill → every Python collector
+    (DataPlaneSource on etcd://, push stream under FailoverSource on the
+    hub list) on it, p50/p99 over RLHUB_FAILOVER_KILLS kills at a 2 s
+    lease. The victim restarts on its data and address. Printed, not
+    asserted (docs/benchlog)."""
+    kills = int(os.environ["RLHUB_FAILOVER_KILLS"])
+    etcd = Etcd(tmp_path)
+    hubs: dict[str, Hub] = {}
+    collectors: list[Collector] = []
+    stop = threading.Event()
+    log: list[tuple[float, int, int]] = []  # (time, version, epoch) published
+
+    def extra(i: int) -> list[str]:
+        return ["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "2s", "--member-id", f"h{i}"]
+    pub = None
+    try:
+        for i in range(3):
+            d = tmp_path / f"h{i}"
+            d.mkdir()
+            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=extra(i))
+        listed = ",".join(h.addr for h in hubs.values())
+
+        def publisher() -> None:
+            # Follows the primary through etcd itself (as the Go figure's
+            # publisher does), so the figure is the collectors', not a
+            # publishing client's.
+            v = 0
+            while not stop.is_set():
+                lead = etcd.leader()
+                if lead is None:
+                    time.sleep(0.02)
+                    continue
+                with rlhub.StoreClient(hubs[lead[0]].addr, timeout=3.0, retries=0) as store:
+                    while not stop.is_set():
+                        try:
+                            info = store.push(MODEL, weights(v + 1), version=v + 1)
+                        except rlhub.StaleVersion as e:
+                            v = max(v, e.current_version)
+                            continue
+                        except (rlhub.RlhubError, ValueError):
+                            break
+                        v = info.version
+                        log.append((time.monotonic(), info.version, info.epoch))
+                        time.sleep(0.01)
+                time.sleep(0.01)
+        pub = threading.Thread(target=publisher, daemon=True)
+        pub.start()
+        wait_until(lambda: len(log) > 0, 60, "a first version")
+        collectors.append(Collector("py data plane (etcd)", ws.DataPlaneSource(
+            _channel.etcd_target(etcd.url, CLUSTER), MODEL, collector_id="py-dp")))
+        collectors.append(Collector("py push stream (hub list)", ws.FailoverSource(
+            [("push", lambda: ws.PushSource(listed, MODEL, collector_id="py-push"))], model=MODEL, backoff=0.02)))
+        to_pub: list[float] = []
+        to_every: list[float] = []
+        after = 0
+        for k in range(kills):
+            got: list[tuple[str, int]] = []
+
+            def elected() -> bool:
+                lead = etcd.leader()
+                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
+                    got.append(lead)
+                    return True
+                return False
+            wait_until(elected, 60, f"a primary after epoch {after}")
+            pid, epoch = got[-1]
+            wait_until(lambda: all(c.got and c.got[-1][1] == epoch for c in collectors), 120,
+                       f"every collector on epoch {epoch}", collectors)
+            killed = time.monotonic()
+            hubs[pid].proc.send_signal(signal.SIGKILL)
+            hubs[pid].proc.wait()
+            first: list[float] = []
+
+            def published_new() -> bool:
+                first[:] = [t for t, _, e in list(log) if e > epoch][:1]
+                return bool(first)
+            wait_until(published_new, 60, "the new primary's first version")
+            every: list[float] = []
+
+            each: list[str] = []
+
+            def all_on_new() -> bool:
+                ts = []
+                for c in collectors:
+                    at = [t for (_, ep, _), t in zip(c.got, c.at) if ep > epoch]
+                    if not at:
+                        return False
+                    ts.append(at[0])
+                every[:] = [max(ts)]
+                each[:] = [f"{c.name} {t - killed:.3f} s" for c, t in zip(collectors, ts)]
+                return True
+            wait_until(all_on_new, 60, "every collector on the new term", collectors)
+            to_pub.append(first[0] - killed)
+            to_every.append(every[0] - killed)
+            print(f"kill {k + 1} (epoch {epoch}): first publish {first[0] - killed:.3f} s, "
+                  f"every collector {every[0] - killed:.3f} s ({', '.join(each)})")
+            after = epoch
+            old = hubs[pid]
+            old.log.close()
+            hubs[pid] = Hub(rlhub_bin, old.data_dir, extra=extra(int(pid[1:])), addr=old.addr)
+            n = len(log)
+            wait_until(lambda: len(log) >= n + 20, 120, "20 versions with three hubs")
+
+        def q(xs: list[float], p: float) -> float:
+            s = sorted(xs)
+            return s[min(len(s) - 1, int(p * len(s)))]
+        print(f"failover, lease 2s, {kills} kills, {len(collectors)} Python collectors: kill → first version by the "
+              f"new primary p50 {q(to_pub, .5):.3f} s p99 {q(to_pub, .99):.3f} s; kill → every collector on the new "
+              f"term p50 {q(to_every, .5):.3f} s p99 {q(to_every, .99):.3f} s")
+    finally:
+        stop.set()
+        if pub is not None:
+            pub.join(timeout=30)
         for c in collectors:
             c.stop()
         for h in hubs.values():
