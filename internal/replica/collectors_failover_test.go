@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,12 +78,11 @@ func (fc *followingCollector) deliveries() []delivery {
 // target), and a reader of the shared memory a `rlhub relay --etcd`
 // process fills (through Failover, which waits for its segment).
 type collectorSet struct {
-	conns     []*grpc.ClientConn // of all, by index (nil: none)
-	relayOut  *syncBuffer
-	relayDone chan struct{}
-	all       []*followingCollector
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	conns  []*grpc.ClientConn // of all, by index (nil: none)
+	relay  *testkit.Proc
+	all    []*followingCollector
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collectorSet, *wsync.DataPlaneClient) {
@@ -127,17 +125,9 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 
 	// A relay given only etcd, and a collector on its segment.
 	segment := fmt.Sprintf("/dev/shm/rlhub-follow-test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	relay := exec.Command(rlhubBinary(t), "--log-level", "warn", "relay", "--etcd", etcd, "--cluster", c.name,
-		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment)
-	rout := &syncBuffer{}
-	relay.Stdout, relay.Stderr = rout, rout
-	if err := relay.Start(); err != nil {
-		t.Fatal(err)
-	}
-	rdone := make(chan struct{})
-	go func() { relay.Wait(); close(rdone) }()
-	t.Cleanup(func() { relay.Process.Kill(); <-rdone; os.Remove(segment) })
-	s.relayOut, s.relayDone = rout, rdone
+	t.Cleanup(func() { os.Remove(segment) }) // after the relay is killed (cleanups run last first)
+	s.relay = testkit.StartProc(t, testkit.ProcConfig{Name: "relay", Args: []string{"--log-level", "warn", "relay",
+		"--etcd", etcd, "--cluster", c.name, "--model", model, "--listen", "127.0.0.1:0", "--shm", segment}})
 	sh, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
 		Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", segment)}})
 	if err != nil {
@@ -155,6 +145,11 @@ func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collect
 	s.all = append(s.all, startFollowing(t, ctx, &s.wg, "relay (etcd) shm", sh))
 	s.conns = append(s.conns, nil)
 	t.Cleanup(s.stop)
+	t.Cleanup(func() { // runs before s.stop
+		if t.Failed() {
+			t.Logf("the collectors at the failure:%s", s.describe())
+		}
+	})
 	return s, dp
 }
 
@@ -173,8 +168,8 @@ func (s *collectorSet) waitAll(t *testing.T, timeout time.Duration, v uint64) {
 	t.Helper()
 	testkit.Eventually(t, timeout, fmt.Sprintf("every collector on v%d", v), func() bool {
 		select {
-		case <-s.relayDone:
-			t.Fatalf("the relay exited:\n%s", s.relayOut)
+		case <-s.relay.Done():
+			t.Fatalf("the relay exited:\n%s", s.relay.Output())
 		default:
 		}
 		for _, fc := range s.all {
@@ -382,7 +377,7 @@ func TestFailoverToEveryCollector(t *testing.T) {
 		})
 		var every time.Time
 		var each []string
-		eventually(t, time.Minute, "every collector on a version of the new term", set.describe, func() bool {
+		testkit.Eventually(t, time.Minute, "every collector on a version of the new term", func() bool {
 			every, each = time.Time{}, nil
 			for _, fc := range set.all {
 				at := fc.firstOfEpochAfter(l.Epoch)
@@ -441,16 +436,4 @@ func (s *collectorSet) describe() string {
 		fmt.Fprintf(&b, "\n  %s: v%d of epoch %d, applied %v ago", fc.name, d.version, d.epoch, time.Since(d.at).Round(time.Millisecond))
 	}
 	return b.String()
-}
-
-// eventually is testkit.Eventually whose failure says state().
-func eventually(t *testing.T, timeout time.Duration, what string, state func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s:%s", timeout, what, state())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
