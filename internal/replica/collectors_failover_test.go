@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -436,4 +437,78 @@ func (s *collectorSet) describe() string {
 		fmt.Fprintf(&b, "\n  %s: v%d of epoch %d, applied %v ago", fc.name, d.version, d.epoch, time.Since(d.at).Round(time.Millisecond))
 	}
 	return b.String()
+}
+
+// TestDataPlaneCollectorFollowsAStandbysRefusal: a data-plane collector
+// whose connection points at a standby (as after a stale lookup) is
+// refused there on the data plane, follows the primary the refusal names,
+// and gets the version; against a cluster with no hub up it keeps
+// following until its context ends, never returning the transport error.
+func TestDataPlaneCollectorFollowsAStandbysRefusal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three hubs")
+	}
+	e := clustertest.Start(t)
+	c := newCluster(t, e.Endpoint, 3)
+	l, p := c.leader(0)
+	c.push("pol", 1, 0, storetest.Blob(t, 1, 64))
+	var standby *hubProc
+	var hubs []string
+	for _, h := range c.hubs {
+		hubs = append(hubs, h.addr)
+		if h != p {
+			standby = h
+		}
+	}
+	target := strings.Join(hubs, ",")
+	conn, err := dial.Config{}.GRPC(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	testkit.Eventually(t, 30*time.Second, "the connection to find the primary", func() bool {
+		cur, ok := dial.CurrentPrimary(conn)
+		return ok && cur.Addr == l.Addr
+	})
+	dp, err := wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: target, Conn: conn, Bulk: dial.Config{}.Bulk(),
+		CollectorID: "refused", Model: "pol", Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A stale answer names the standby (a lookup in flight may put the
+	// primary back first: offered again until a poll lands on the standby).
+	var refusal error
+	for try := 0; try < 50 && refusal == nil; try++ {
+		dial.Offer(conn, dial.Primary{Addr: standby.addr, Epoch: l.Epoch})
+		if _, err := dp.GetIfNewer(ctx, 0); err != nil {
+			refusal = err
+		}
+	}
+	if _, ok := dial.RefusalText(fmt.Sprint(refusal)); !ok || dp.Follows() == 0 {
+		t.Fatalf("no poll was refused by the standby %s (last error %v, %d followed)", standby.addr, refusal, dp.Follows())
+	}
+	testkit.Eventually(t, 10*time.Second, "the connection on the primary the refusal named", func() bool {
+		cur, _ := dial.CurrentPrimary(conn)
+		return cur.Addr == l.Addr
+	})
+	snap, err := dp.WaitNewer(ctx, 0)
+	if err != nil || snap.Version != 1 {
+		t.Fatalf("WaitNewer after a refusal: %v, %v", snap, err)
+	}
+
+	for _, h := range c.hubs {
+		h.kill()
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelShort()
+	before := dp.Follows()
+	if snap, err := dp.WaitNewer(short, 1); snap != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitNewer with every hub down: %v, %v; want the context's deadline (it keeps following)", snap, err)
+	}
+	if dp.Follows() <= before {
+		t.Fatalf("no failed poll was followed with every hub down")
+	}
 }
