@@ -287,3 +287,58 @@ def test_failover_to_every_python_collector(rlhub_bin, tmp_path):
         for h in hubs.values():
             h.stop()
         etcd.stop()
+
+
+def test_data_plane_source_follows_a_standbys_refusal(rlhub_bin, tmp_path):
+    """A DataPlaneSource whose channel points at a standby (a stale
+    lookup) is refused there on the data plane, follows the primary the
+    refusal names and gets the version; with every hub down it keeps
+    following (``wait_newer`` returns None at its timeout, no error)."""
+    etcd = Etcd(tmp_path)
+    hubs: dict[str, Hub] = {}
+    try:
+        for i in range(3):
+            d = tmp_path / f"h{i}"
+            d.mkdir()
+            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
+                                                     "--member-id", f"h{i}"])
+        listed = ",".join(h.addr for h in hubs.values())
+        got: list[tuple[str, int]] = []
+
+        def elected() -> bool:
+            lead = etcd.leader()
+            if lead is not None:
+                got.append(lead)
+            return lead is not None
+        wait_until(elected, 60, "a primary")
+        pid, epoch = got[-1]
+        with rlhub.StoreClient(hubs[pid].addr, timeout=30.0) as store:
+            store.push(MODEL, weights(1), version=1, expect=0)
+        standby = next(h.addr for hid, h in hubs.items() if hid != pid)
+        ch = _channel.channel(listed)
+        assert isinstance(ch, _channel.FollowingChannel)
+        src = ws.DataPlaneSource(listed, MODEL, collector_id="py-refused", channel_=ch)
+        try:
+            ch.offer(standby, epoch)  # a stale answer naming the standby
+            assert ch.primary() == (standby, epoch)
+            with pytest.raises(rlhub.Unavailable) as ei:
+                src.get_if_newer(0)
+            assert _channel.refusal(ei.value.message) == (hubs[pid].addr, epoch), ei.value.message
+            assert src.stats["follows"] == 1 and ch.primary() == (hubs[pid].addr, epoch)
+            wv = src.wait_newer(0, timeout=30)
+            assert wv is not None and wv.version == 1 and wv.epoch == epoch
+            for h in hubs.values():
+                h.proc.send_signal(signal.SIGKILL)
+                h.proc.wait()
+            before = src.stats["follows"]
+            t0 = time.monotonic()
+            assert src.wait_newer(1, timeout=1.5) is None
+            assert time.monotonic() - t0 < 30  # bounded (a hang guard, not a timing claim)
+            assert src.stats["follows"] > before
+        finally:
+            src.close()
+            ch.close()
+    finally:
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
