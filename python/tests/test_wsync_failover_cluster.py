@@ -342,3 +342,56 @@ def test_data_plane_source_follows_a_standbys_refusal(rlhub_bin, tmp_path):
         for h in hubs.values():
             h.stop()
         etcd.stop()
+
+
+class _Fixed:
+    """A source serving one fixed version (or failing once ``dead``)."""
+
+    via = "fixed"
+
+    def __init__(self, version: int, epoch: int):
+        self.wv = ws.WeightVersion(MODEL, version, epoch, b"", "fixed")
+        self.dead = False
+        self.dials = 0
+
+    def get_if_newer(self, than: int):
+        if self.dead:
+            raise rlhub.Unavailable("gone")
+        return self.wv if self.wv.version > than else None
+
+    def wait_newer(self, after: int, timeout=None):
+        v = self.get_if_newer(after)
+        if v is None and timeout:
+            time.sleep(min(timeout, 0.01))
+        return v
+
+    def close(self) -> None:
+        pass
+
+
+def test_failover_source_never_hands_out_an_older_epoch():
+    """The twin of the Go TestFailoverNeverDeliversAnOlderEpoch: after v1
+    of epoch 5, a source offering v2 of epoch 3 (a deposed primary's) is
+    dropped, never handed out; v4 of epoch 6 is, and v2, v3 count as
+    skipped."""
+    a, b = _Fixed(1, 5), _Fixed(2, 3)
+
+    def dial(s: _Fixed):
+        def d():
+            s.dials += 1
+            return s
+        return d
+    f = ws.FailoverSource([("a", dial(a)), ("b", dial(b))], model=MODEL, probe_every=3600, backoff=0.001)
+    try:
+        assert f.get_if_newer(0).version == 1
+        a.dead = True
+        for _ in range(3):
+            with pytest.raises(rlhub.Unavailable):
+                f.get_if_newer(1)  # b's v2 refused each time; a is dead
+        assert b.dials >= 1  # b was tried, and its v2 refused
+        b.wv = ws.WeightVersion(MODEL, 4, 6, b"", "fixed")
+        got = f.wait_newer(1, timeout=5)
+        assert got is not None and (got.version, got.epoch) == (4, 6)
+        assert f.skipped == 2
+    finally:
+        f.close()

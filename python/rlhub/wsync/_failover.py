@@ -105,9 +105,13 @@ class FailoverSource:
             self._retired.append(self._cur)
         # A source that failed before serving anything (a dead relay's
         # leftover segment) must not keep the collector from the others.
+        # Moved to the end each time it fails, so two such sources take
+        # turns instead of the first starving the second.
         if self._served:
             self._unserved.clear()
-        elif self._idx not in self._unserved:
+        else:
+            if self._idx in self._unserved:
+                self._unserved.remove(self._idx)
             self._unserved.append(self._idx)
         self._cur, self._idx, self.current = None, -1, None
 
