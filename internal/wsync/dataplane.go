@@ -209,7 +209,8 @@ const dpBuffers = 3
 // makes it resolve again (dial.PlaneFailed), so SIGKILL of the primary
 // costs the election and nothing else: WaitNewer keeps polling (backing
 // off up to followBackoffMax) until a primary answers or ctx ends, and
-// returns only permanent errors. The fallback stream, on a cluster, is
+// returns any error but errs.ErrUnavailable (a dead, hung or standby hub,
+// or no primary yet). The fallback stream, on a cluster, is
 // attached again when it ends. A version is asked for after the one the
 // collector runs, so versions delivered only grow; a version whose epoch
 // is older than one already delivered (a deposed primary's) is refused as

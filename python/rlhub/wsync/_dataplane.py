@@ -70,9 +70,10 @@ class DataPlaneSource:
     one newer than the collector runs), a version whose epoch is older than
     one already delivered (a deposed primary's) is refused and the primary
     looked up again, and the versions a new primary never had show in
-    ``stats["skipped"]``. ``wait_newer`` raises only permanent errors
-    there (:func:`rlhub.errors.is_permanent`); ``get_if_newer`` raises the
-    poll's error after reporting it to the channel.
+    ``stats["skipped"]``. ``wait_newer`` keeps polling through
+    ``Unavailable``/``DeadlineExceeded`` there (a dead, hung or standby hub)
+    and raises any other error; ``get_if_newer`` raises the poll's error
+    after reporting it to the channel.
     """
 
     via = "push-dp"
