@@ -657,14 +657,14 @@ def _etcd_leader(t: Target, timeout: float) -> Tuple[str, int]:
     raise errors.Unavailable(f"rlhub: etcd of cluster {t.cluster} did not answer: {'; '.join(problems)}")
 
 
-def primary_addr(ch: Any, addr: str) -> str:
+def primary_addr(ch: Any, addr: str, timeout: float = RESOLVE_TIMEOUT) -> str:
     """Where the data plane should dial for a client whose channel is
     ``ch`` and whose address is ``addr``: the followed primary for a
-    :class:`FollowingChannel` (looked up if none is known yet), else
-    ``addr``."""
+    :class:`FollowingChannel` (looked up, waiting up to ``timeout`` seconds
+    for a ready one, if none is known), else ``addr``."""
     if isinstance(ch, FollowingChannel):
         try:  # a READY primary, found again if the old one went away
-            ch._ready(time.monotonic() + RESOLVE_TIMEOUT)
+            ch._ready(time.monotonic() + timeout)
         except grpc.RpcError:
             pass  # the data-plane call fails and is retried
         p = ch.primary()

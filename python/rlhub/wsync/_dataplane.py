@@ -127,7 +127,8 @@ class DataPlaneSource:
         idx = self._free()
         where = self.addr
         if self._follow is not None:  # a cluster: its primary now
-            where = _channel.primary_addr(self._follow, "")
+            # Waiting for a ready primary no longer than the poll would.
+            where = _channel.primary_addr(self._follow, "", max(0.05, min(_channel.RESOLVE_TIMEOUT, wait_ms / 1000)))
             if not where:
                 e = errors.Unavailable(f"cluster {self.addr[:200]}: no primary known yet")
                 self._followed(e)
