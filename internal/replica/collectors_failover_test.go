@@ -214,7 +214,9 @@ func TestCollectorsFollowThePrimaryAcrossTwoKills(t *testing.T) {
 	for v := uint64(2); v <= 5; v++ {
 		publish(v)
 	}
+	start := time.Now()
 	set.waitAll(t, time.Minute, 5)
+	t.Logf("every collector on v5 after %v", time.Since(start).Round(time.Millisecond))
 
 	p1.kill() // the collectors are long-polling / streaming from p1
 	l2, p2 := c.leader(l1.Epoch)
@@ -222,6 +224,7 @@ func TestCollectorsFollowThePrimaryAcrossTwoKills(t *testing.T) {
 		publish(v)
 	}
 	set.waitAll(t, 2*time.Minute, 10)
+	t.Logf("every collector on v10 (epoch %d) after %v", l2.Epoch, time.Since(start).Round(time.Millisecond))
 
 	p2.kill()
 	l3, _ := c.leader(l2.Epoch)
@@ -229,6 +232,7 @@ func TestCollectorsFollowThePrimaryAcrossTwoKills(t *testing.T) {
 		publish(v)
 	}
 	set.waitAll(t, 2*time.Minute, 15)
+	t.Logf("every collector on v15 (epoch %d) after %v", l3.Epoch, time.Since(start).Round(time.Millisecond))
 
 	if epochs[15] != l3.Epoch || epochs[6] != l2.Epoch {
 		t.Fatalf("versions landed in epochs %d (v6) and %d (v15), want the terms %d and %d", epochs[6], epochs[15], l2.Epoch, l3.Epoch)
