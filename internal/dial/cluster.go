@@ -73,6 +73,7 @@ const (
 	followBackoffBase      = 50 * time.Millisecond
 	followBackoffMax       = time.Second
 	resolveMinInterval     = 50 * time.Millisecond
+	waitResolveEvery       = 100 * time.Millisecond
 	followSchemeName       = "rlhub-cluster"
 	defaultEtcdClusterName = "rlhub"
 )
@@ -582,12 +583,24 @@ func (f *follower) waitReady(ctx context.Context, cc *grpc.ClientConn) error {
 		if st == connectivity.Idle {
 			cc.Connect()
 		}
-		if !cc.WaitForStateChange(wctx, st) {
-			if err := ctx.Err(); err != nil {
-				return status.FromContextError(err).Err()
-			}
-			return f.noPrimary(status.Error(codes.Unavailable, "no connection to a primary"))
+		// Look the primary up every waitResolveEvery while waiting: gRPC
+		// asks only after each failed reconnect, whose backoff reaches
+		// followBackoffMax, so a primary elected meanwhile would otherwise
+		// be found up to that late.
+		sctx, scancel := context.WithTimeout(wctx, waitResolveEvery)
+		changed := cc.WaitForStateChange(sctx, st)
+		scancel()
+		if changed {
+			continue
 		}
+		if wctx.Err() == nil {
+			f.ResolveNow(resolver.ResolveNowOptions{})
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		return f.noPrimary(status.Error(codes.Unavailable, "no connection to a primary"))
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
+	"github.com/rlhub/rlhub/internal/wsync"
 )
 
 // Registrar attaches a service that a standby serves too (the cluster's
@@ -35,7 +36,8 @@ type standbyServer struct {
 
 // bulkMethods are the hub's data-plane methods, each refused by a standby
 // with the contract's status (an unknown method would be Unimplemented).
-var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod}
+var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod,
+	wsync.DataPlaneWatchMethod}
 
 func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.Refusal, extra []Registrar) *standbyServer {
 	opts := append([]grpc.ServerOption{

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	hubdial "github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -124,8 +125,11 @@ func skipped(after, sent uint64) uint64 {
 
 // DataPlaneConfig configures a DataPlaneClient.
 type DataPlaneConfig struct {
-	// Addr is the hub's address (its data plane shares the gRPC port).
-	// Required.
+	// Addr is the hub's address (its data plane shares the gRPC port), or
+	// a cluster target ("h1:p1,h2:p2", "etcd://E/NAME"; internal/dial):
+	// the client then follows the cluster's primary through Conn, which
+	// must be a connection from dial.Config.GRPC on the same target (see
+	// "Following a cluster" on DataPlaneClient). Required.
 	Addr string
 	// Bulk makes the data-plane calls (internal/dial builds one with the
 	// connection's TLS and token); nil means a plaintext client of its
@@ -164,6 +168,8 @@ func (c *DataPlaneConfig) validate() error {
 		return fmt.Errorf("%w: wsync: collector id and model are limited to %d bytes", errs.ErrInvalid, maxIDBytes)
 	case c.PollSlack < 0:
 		return fmt.Errorf("%w: wsync: negative PollSlack", errs.ErrInvalid)
+	case hubdial.IsCluster(c.Addr) && followerConn(c.Conn) == nil:
+		return fmt.Errorf("%w: wsync: DataPlaneConfig.Addr names a cluster: Conn must be a connection to it (dial.Config.GRPC)", errs.ErrInvalid)
 	}
 	if c.Limits.MaxBytes <= 0 {
 		c.Limits.MaxBytes = 4 << 30 // wire.Limits' default
@@ -196,10 +202,26 @@ const dpBuffers = 3
 // gRPC fallback. Calls are serialized: one Receiver per client. Against a
 // hub without the data-plane watch it attaches to the push stream (see
 // DataPlaneConfig.Conn); Transport tells which it uses.
+//
+// Following a cluster (Addr a cluster target): every poll dials the
+// primary Conn follows (dial.PlaneAddr); a poll a standby refuses makes
+// Conn follow the primary the refusal names, and any other failed poll
+// makes it resolve again (dial.PlaneFailed), so SIGKILL of the primary
+// costs the election and nothing else: WaitNewer keeps polling (backing
+// off up to followBackoffMax) until a primary answers or ctx ends, and
+// returns any error but errs.ErrUnavailable (a dead, hung or standby hub,
+// or no primary yet). The fallback stream, on a cluster, is
+// attached again when it ends. A version is asked for after the one the
+// collector runs, so versions delivered only grow; a version whose epoch
+// is older than one already delivered (a deposed primary's) is refused as
+// unavailable and the primary looked up again, never delivered; versions
+// the new primary never had show in Skipped (the hub counts them from
+// the after in each poll).
 type DataPlaneClient struct {
 	cfg     DataPlaneConfig
 	bulk    *bulk.Client
 	ownBulk bool
+	follow  interface{ Target() string } // Conn when Addr is a cluster target; else nil
 
 	callMu sync.Mutex // serializes calls; guards the fields below it
 	bufs   [dpBuffers][]byte
@@ -210,6 +232,9 @@ type DataPlaneClient struct {
 	closed   bool
 	cancel   context.CancelFunc // ends the call in progress (Close)
 	nskipped uint64             // skipped, for Skipped
+	epoch    uint64             // the newest epoch delivered
+	follows  uint64             // failed polls followed, for Follows
+	noDP     int                // consecutive not-supported polls on a cluster
 }
 
 var _ Source = (*DataPlaneClient)(nil)
@@ -220,6 +245,9 @@ func NewDataPlaneClient(cfg DataPlaneConfig) (*DataPlaneClient, error) {
 		return nil, err
 	}
 	c := &DataPlaneClient{cfg: cfg, bulk: cfg.Bulk, taken: [2]int{-1, -1}}
+	if hubdial.IsCluster(cfg.Addr) {
+		c.follow = followerConn(cfg.Conn)
+	}
 	if c.bulk == nil {
 		c.bulk, c.ownBulk = bulk.NewClient(), true
 	}
@@ -260,7 +288,16 @@ func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.S
 		return nil, err
 	}
 	if f := c.current(); f != nil {
-		return f.GetIfNewer(ctx, than)
+		snap, err := f.GetIfNewer(ctx, than)
+		if err == nil && snap != nil {
+			if err = c.admit(snap, than); err != nil {
+				snap = nil
+			}
+		}
+		if err != nil && c.follow != nil && errors.Is(err, errs.ErrUnavailable) {
+			c.dropFallback(f)
+		}
+		return snap, err
 	}
 	hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: than, WaitMs: 1}
 	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than)
@@ -281,28 +318,105 @@ func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.S
 func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
 	c.callMu.Lock()
 	defer c.callMu.Unlock()
+	wait := followBackoffBase
 	for {
 		if err := c.usable(); err != nil {
 			return nil, err
 		}
+		var snap *store.Snapshot
+		var err error
 		if f := c.current(); f != nil {
-			return f.WaitNewer(ctx, after)
-		}
-		hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: after}
-		snap, err := c.call(ctx, DataPlaneWatchMethod, hello, after)
-		switch {
-		case err != nil && c.noDataPlane(err):
-			if err := c.fallBack(ctx, after); err != nil {
-				return nil, err
+			if snap, err = f.WaitNewer(ctx, after); err == nil {
+				err = c.admit(snap, after)
 			}
-		case err != nil:
-			return nil, err
-		case snap != nil:
+			if err != nil && c.follow != nil && ctx.Err() == nil && errors.Is(err, errs.ErrUnavailable) {
+				c.dropFallback(f) // on a cluster the stream is attached again, to the new primary
+			}
+		} else {
+			hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: after}
+			snap, err = c.call(ctx, DataPlaneWatchMethod, hello, after)
+			if err != nil && c.noDataPlane(err) {
+				if err = c.fallBack(ctx, after); err == nil {
+					continue
+				}
+			} else if errors.Is(err, bulk.ErrNotSupported) && c.follow != nil {
+				err = fmt.Errorf("%w: wsync: %w", errs.ErrUnavailable, err) // maybe a dying primary: followed
+				hubdial.PlaneFailed(c.follow, err)
+			}
+		}
+		switch {
+		case err == nil && snap != nil:
 			return snap, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case err == nil:
+			wait = followBackoffBase // not modified: poll again
+			continue
+		case c.follow == nil || !errors.Is(err, errs.ErrUnavailable) || c.usable() != nil:
+			return nil, err
 		}
+		// A cluster: the primary died, refused, or is being elected.
+		c.cfg.Logger.Debug("wsync: data-plane poll failed; following the primary", "addr", c.cfg.Addr, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, followBackoffMax)
 	}
+}
+
+// Following a cluster: the pause after a failed poll doubles from
+// followBackoffBase up to followBackoffMax.
+const (
+	followBackoffBase = 20 * time.Millisecond
+	followBackoffMax  = 250 * time.Millisecond
+)
+
+// followerConn is conn as a connection internal/dial may follow a cluster
+// with, or nil.
+func followerConn(conn grpc.ClientConnInterface) interface{ Target() string } {
+	if t, ok := conn.(interface{ Target() string }); ok && conn != nil {
+		return t
+	}
+	return nil
+}
+
+// Follows counts the failed polls after which the client followed the
+// primary again (looked it up, or went where a standby said it is).
+func (c *DataPlaneClient) Follows() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.follows
+}
+
+// admit checks a version from the fallback stream, taken after version
+// after, against the epochs delivered before (see "Following a cluster"),
+// records its epoch and counts the versions it skipped (the data plane's
+// come from the hub).
+func (c *DataPlaneClient) admit(snap *store.Snapshot, after uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if snap.Epoch < c.epoch {
+		return fmt.Errorf("%w: wsync: version %d of %s has epoch %d, older than epoch %d already delivered (a deposed primary)",
+			errs.ErrUnavailable, snap.Version, errs.Quote(snap.Name), snap.Epoch, c.epoch)
+	}
+	c.epoch = snap.Epoch
+	c.nskipped += skipped(after, snap.Version)
+	return nil
+}
+
+// dropFallback closes the fallback stream f after it ended, so the next
+// poll tries the data plane (of the new primary) again.
+func (c *DataPlaneClient) dropFallback(f *Client) {
+	c.mu.Lock()
+	if c.fallback == f {
+		c.fallback = nil
+	}
+	c.mu.Unlock()
+	f.Close()
 }
 
 // Running implements the report a Receiver's OnApplied makes: on the data
@@ -349,10 +463,31 @@ func (c *DataPlaneClient) usable() error {
 	return nil
 }
 
-// noDataPlane reports whether err says the hub does not serve the method.
+// noDataPlane reports whether err says the hub does not serve the method,
+// so the client should fall back to the push stream. On a cluster a hub
+// that hangs up on the handshake may be one that is dying (a SIGKILLed
+// primary resets the connections it had not accepted): that is followed
+// as unavailable, and only maxNoDataPlane such polls in a row, or an
+// UNIMPLEMENTED answer, mean the primary has no data plane. Called with
+// callMu held.
 func (c *DataPlaneClient) noDataPlane(err error) bool {
-	return errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented
+	if grpcerr.Code(err) == codes.Unimplemented {
+		return true
+	}
+	if !errors.Is(err, bulk.ErrNotSupported) {
+		c.noDP = 0
+		return false
+	}
+	if c.follow == nil {
+		return true
+	}
+	c.noDP++
+	return c.noDP >= maxNoDataPlane
 }
+
+// maxNoDataPlane: on a cluster, this many polls in a row answered as if
+// the hub did not speak the data plane make the client fall back.
+const maxNoDataPlane = 3
 
 // fallBack attaches to the gRPC push stream, for the client's whole life.
 func (c *DataPlaneClient) fallBack(ctx context.Context, have uint64) error {
@@ -373,6 +508,13 @@ func (c *DataPlaneClient) fallBack(ctx context.Context, have uint64) error {
 	c.cfg.Logger.Info("wsync: hub has no data-plane watch; following its push stream", "addr", c.cfg.Addr, "model", c.cfg.Model)
 	c.fallback = cl
 	return nil
+}
+
+// deliveredEpoch is the newest epoch delivered.
+func (c *DataPlaneClient) deliveredEpoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
 }
 
 // freeBuffer is the index of a buffer holding neither of the last two
@@ -408,7 +550,11 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 		idx  = c.freeBuffer()
 		blob []byte
 	)
-	err := c.bulk.CallRecv(cctx, c.cfg.Addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+	addr, ok := hubdial.PlaneAddr(c.follow, c.cfg.Addr)
+	if !ok {
+		return nil, fmt.Errorf("%w: wsync: cluster %s: no primary known yet", errs.ErrUnavailable, errs.Quote(c.cfg.Addr))
+	}
+	err := c.bulk.CallRecv(cctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
 		if err := proto.Unmarshal(hb, &hdr); err != nil {
 			return fmt.Errorf("%w: wsync: watch header: %v", errs.ErrInvalid, err)
 		}
@@ -428,6 +574,9 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 			return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, c.cfg.Limits.MaxBytes)
 		case b.GetVersion() <= after:
 			return fmt.Errorf("%w: wsync: hub sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
+		case b.GetEpoch() < c.deliveredEpoch():
+			return fmt.Errorf("%w: wsync: %s sent version %d of epoch %d, older than epoch %d already delivered (a deposed primary)",
+				errs.ErrUnavailable, addr, b.GetVersion(), b.GetEpoch(), c.deliveredEpoch())
 		}
 		if int64(cap(c.bufs[idx])) < n {
 			c.bufs[idx] = nil // the model grew: let the old one go first
@@ -438,8 +587,19 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 		return err
 	}, nil)
 	if err != nil {
-		if ctx.Err() == nil && cctx.Err() != nil && c.usable() != nil {
-			return nil, fmt.Errorf("%w: wsync: data-plane client is closed", errs.ErrUnavailable)
+		if ctx.Err() == nil && cctx.Err() != nil {
+			if c.usable() != nil {
+				return nil, fmt.Errorf("%w: wsync: data-plane client is closed", errs.ErrUnavailable)
+			}
+			// The poll outlived its deadline: the hub hangs (stopped, or
+			// cut off); as unavailable it is followed on a cluster.
+			err = fmt.Errorf("%w: wsync: poll to %s timed out: %w", errs.ErrUnavailable, addr, err)
+		}
+		if c.follow != nil && errors.Is(err, errs.ErrUnavailable) {
+			hubdial.PlaneFailed(c.follow, err)
+			c.mu.Lock()
+			c.follows++
+			c.mu.Unlock()
 		}
 		return nil, err
 	}
@@ -451,10 +611,12 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 		return nil, fmt.Errorf("wsync: version %d from %s: %w", hdr.GetBlob().GetVersion(), c.cfg.Addr, err)
 	}
 	c.taken[0], c.taken[1] = c.taken[1], idx
+	b := hdr.GetBlob()
 	c.mu.Lock()
 	c.nskipped += hdr.Skipped
+	c.epoch = max(c.epoch, b.GetEpoch())
+	c.noDP = 0
 	c.mu.Unlock()
-	b := hdr.GetBlob()
 	return &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
 		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, nil
 }

@@ -79,6 +79,15 @@ func (c *FailoverConfig) validate() error {
 // retrying: a collector with a wrong token or model name stops with the
 // reason instead of waiting for ever on weights that cannot come. A
 // source that is only unreachable keeps it trying.
+// On a cluster (its dialers' connections from dial.Config.GRPC on a
+// cluster target: PushDialer, DataPlaneDialer) a source that fails when
+// the primary dies is dialed again on the connection, which by then
+// follows the new primary. Versions it delivers only grow (each is asked
+// for after the one the Receiver runs); a version whose epoch is older
+// than one it delivered before (a deposed primary's, a stale relay's) is
+// never delivered: its source is dropped as failed. Skipped counts the
+// version numbers between consecutive deliveries, so a version the new
+// primary never had shows as a skip.
 type Failover struct {
 	cfg FailoverConfig
 
@@ -99,6 +108,8 @@ type Failover struct {
 	// stays open until a newer version has been taken (or Close), since
 	// the Receiver may still hold its snapshot.
 	retired io.Closer
+	epoch   uint64 // the newest epoch delivered
+	skipped uint64 // version numbers between deliveries, for Skipped
 }
 
 var _ Source = (*Failover)(nil)
@@ -129,7 +140,9 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 		}
 		snap, err := f.current().GetIfNewer(ctx, than)
 		if snap != nil {
-			f.markServed()
+			if err = f.admit(snap, than); err != nil {
+				snap = nil
+			}
 		}
 		if err == nil || ctx.Err() != nil {
 			return snap, err
@@ -166,7 +179,9 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 		}
 		snap, err := f.current().WaitNewer(ctx, after)
 		if snap != nil {
-			f.markServed()
+			if err = f.admit(snap, after); err != nil {
+				snap = nil
+			}
 		}
 		if err == nil || ctx.Err() != nil {
 			return snap, err
@@ -179,6 +194,33 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 }
 
 var errFailoverClosed = errClosed("failover")
+
+// admit delivers snap, taken after version after, unless its epoch is
+// older than one delivered before; it counts the versions skipped.
+func (f *Failover) admit(snap *store.Snapshot, after uint64) error {
+	f.mu.Lock()
+	if snap.Epoch < f.epoch {
+		ep := f.epoch
+		f.mu.Unlock()
+		return fmt.Errorf("%w: wsync: version %d of %s has epoch %d, older than epoch %d already delivered",
+			errs.ErrUnavailable, snap.Version, errs.Quote(snap.Name), snap.Epoch, ep)
+	}
+	f.epoch = snap.Epoch
+	if after > 0 && snap.Version > after+1 {
+		f.skipped += snap.Version - after - 1
+	}
+	f.mu.Unlock()
+	f.markServed()
+	return nil
+}
+
+// Skipped counts the version numbers that lay between two versions
+// delivered (newer ones landed meanwhile, or a failover lost them).
+func (f *Failover) Skipped() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.skipped
+}
 
 // markServed records that the current source returned a version: the
 // Receiver moves past any retired source's snapshot, which is closed now.

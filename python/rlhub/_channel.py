@@ -215,6 +215,7 @@ FOLLOW_TIMEOUT = 120.0
 RESOLVE_TIMEOUT = 3.0
 MAX_FOLLOW_ATTEMPTS = 8
 _BACKOFF0, _BACKOFF_MAX = 0.05, 1.0
+_LOOKUP_EVERY_MAX = 0.1  # while waiting for a primary, look it up at least this often (Go: waitResolveEvery)
 _MAX_TARGET_BYTES = 4096
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _REFUSAL = re.compile(r"this hub is a standby; the primary is (unknown|(\S+) \(epoch (\d+)\))")
@@ -450,7 +451,9 @@ class FollowingChannel(grpc.Channel):
             if time.monotonic() >= deadline:
                 raise self.no_primary(grpc.StatusCode.DEADLINE_EXCEEDED)
             time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
-            wait = min(2 * wait, _BACKOFF_MAX)
+            # Not more than _LOOKUP_EVERY_MAX between lookups: a primary
+            # elected meanwhile is found within it, not a second later.
+            wait = min(2 * wait, _LOOKUP_EVERY_MAX)
 
     def no_primary(self, code: grpc.StatusCode, why: str = "") -> NoPrimary:
         with self._cv:
@@ -644,14 +647,14 @@ def _etcd_leader(t: Target, timeout: float) -> Tuple[str, int]:
     return (addr, int(kvs[0].get("create_revision", 0)))
 
 
-def primary_addr(ch: Any, addr: str) -> str:
+def primary_addr(ch: Any, addr: str, timeout: float = RESOLVE_TIMEOUT) -> str:
     """Where the data plane should dial for a client whose channel is
     ``ch`` and whose address is ``addr``: the followed primary for a
-    :class:`FollowingChannel` (looked up if none is known yet), else
-    ``addr``."""
+    :class:`FollowingChannel` (looked up, waiting up to ``timeout`` seconds
+    for a ready one, if none is known), else ``addr``."""
     if isinstance(ch, FollowingChannel):
         try:  # a READY primary, found again if the old one went away
-            ch._ready(time.monotonic() + RESOLVE_TIMEOUT)
+            ch._ready(time.monotonic() + timeout)
         except grpc.RpcError:
             pass  # the data-plane call fails and is retried
         p = ch.primary()

@@ -33,13 +33,7 @@ func (c *Client) bulkAddr() (string, bool) {
 	if c.conn == nil {
 		return c.cfg.Addr, true
 	}
-	if p, ok := dial.CurrentPrimary(c.conn); ok {
-		return p.Addr, true
-	}
-	if t, err := dial.ParseTarget(c.cfg.Addr); err == nil && t.Clustered() {
-		return "", false
-	}
-	return c.cfg.Addr, true
+	return dial.PlaneAddr(c.conn, c.cfg.Addr)
 }
 
 // useBulk reports whether the data plane is worth trying now.
@@ -104,6 +98,9 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 			if errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented {
 				noBulk = true
 				return nil
+			}
+			if c.conn != nil && retryable(err) {
+				dial.PlaneFailed(c.conn, err) // a standby or a dead primary: follow before the retry
 			}
 			return err
 		}

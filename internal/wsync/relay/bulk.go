@@ -77,7 +77,11 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			r.shmMu.Unlock()
 		}
 	}()
-	err := r.bulk.CallRecv(cctx, r.upstreamAddr(), storerpc.BulkWatchMethod,
+	addr, ok := r.upstreamAddr()
+	if !ok {
+		return 0, fmt.Errorf("%w: relay: cluster %s: no primary known yet", errs.ErrUnavailable, errs.Quote(r.cfg.UpstreamAddr))
+	}
+	err := r.bulk.CallRecv(cctx, addr, storerpc.BulkWatchMethod,
 		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
 		func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
@@ -171,26 +175,18 @@ func (r *Relay) beginShm(version, epoch uint64, n int) (*shm.Write, error) {
 }
 
 // upstreamAddr is where the data-plane watch dials: the primary that
-// Upstream follows when it is a cluster target (internal/dial), else
-// UpstreamAddr.
-func (r *Relay) upstreamAddr() string {
-	if c, ok := r.cfg.Upstream.(interface{ Target() string }); ok {
-		if p, ok := hubdial.CurrentPrimary(c); ok {
-			return p.Addr
-		}
-	}
-	return r.cfg.UpstreamAddr
+// Upstream follows when UpstreamAddr is a cluster target (internal/dial),
+// else UpstreamAddr; false while a cluster knows no primary yet.
+func (r *Relay) upstreamAddr() (string, bool) {
+	c, _ := r.cfg.Upstream.(interface{ Target() string })
+	return hubdial.PlaneAddr(c, r.cfg.UpstreamAddr)
 }
 
 // upstreamFailed tells a cluster target's connection what the data plane
-// saw, since the watch makes no gRPC call the follower would learn from: a
-// standby's refusal names the primary to follow, any other failure asks
-// for the primary to be resolved again (a plain address ignores both).
+// saw (hubdial.PlaneFailed: a standby's refusal names the primary to
+// follow, any other failure re-resolves; a plain address ignores both).
 func (r *Relay) upstreamFailed(err error) {
-	c, ok := r.cfg.Upstream.(interface{ Target() string })
-	if !ok {
-		return
+	if c, ok := r.cfg.Upstream.(interface{ Target() string }); ok {
+		hubdial.PlaneFailed(c, err)
 	}
-	p, _ := hubdial.RefusalText(err.Error())
-	hubdial.Offer(c, p)
 }

@@ -52,6 +52,14 @@ class FailoverSource:
     them all) instead of retrying, so a collector with a wrong token or
     model name stops with the reason rather than waiting for ever. A
     source that is only unreachable keeps it trying.
+    On a cluster (dialers whose sources are given the cluster target, e.g.
+    ``PushSource("etcd://E/NAME", …)`` or a :class:`DataPlaneSource` on
+    it) a source that fails when the primary dies is dialed again and
+    lands on the new primary. Versions handed out only grow; one whose
+    epoch is older than one handed out before (a deposed primary's, a
+    stale relay's) is never handed out: its source is dropped as failed.
+    ``skipped`` counts the version numbers between two versions handed out
+    (so a version the new primary never had shows).
     """
 
     def __init__(self, dialers: List[Dialer], *, model: str, collector_id: Optional[str] = None,
@@ -78,6 +86,8 @@ class FailoverSource:
         self._refused: Dict[int, BaseException] = {}
         self.current: Optional[str] = None
         self.switches = 0
+        self.skipped = 0
+        self._epoch = 0  # the newest epoch handed out
         self._closed = False
 
     @property
@@ -128,9 +138,13 @@ class FailoverSource:
             self._retired.append(self._cur)
         # A source that failed before serving anything (a dead relay's
         # leftover segment) must not keep the collector from the others.
+        # Moved to the end each time it fails, so two such sources take
+        # turns instead of the first starving the second.
         if self._served:
             self._unserved.clear()
-        elif self._idx not in self._unserved:
+        else:
+            if self._idx in self._unserved:
+                self._unserved.remove(self._idx)
             self._unserved.append(self._idx)
         self._cur, self._idx, self.current = None, -1, None
 
@@ -170,7 +184,13 @@ class FailoverSource:
             return
 
     def _took(self, wv: Optional[WeightVersion]) -> Optional[WeightVersion]:
+        if wv is not None and wv.epoch < self._epoch:
+            raise errors.Unavailable(f"{self.current}: version {wv.version} of {self.model!r} has epoch {wv.epoch}, "
+                                     f"older than epoch {self._epoch} already handed out")
         if wv is not None:
+            self._epoch = wv.epoch
+            if self._have and wv.version > self._have + 1:
+                self.skipped += wv.version - self._have - 1
             self._served = True
             self._unserved.clear()
             self._refused.clear()
