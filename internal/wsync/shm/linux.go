@@ -352,6 +352,11 @@ type ReaderConfig struct {
 	// Tick bounds how long WaitNewer sleeps on the futex before checking
 	// ctx and the writer's liveness; 0 means 50ms.
 	Tick time.Duration
+	// Fresh makes a copying reader copy each version into a newly
+	// allocated buffer instead of its two alternating ones, so a returned
+	// Snapshot stays valid for good (the relay hands its copies to stream
+	// collectors). Ignored by a leasing reader.
+	Fresh bool
 	// MaxRetries bounds how often one read restarts because the writer
 	// overwrote the slot being copied (or, leasing, took the slot before
 	// the lease did); 0 means 1000. Past it the read fails with
@@ -402,7 +407,7 @@ type Stats struct {
 // By default it copies each version into one of two private buffers,
 // alternating, so a returned Snapshot stays valid until the second call
 // after the one that returned it starts (the next call writes the other
-// buffer).
+// buffer); with ReaderConfig.Fresh each version gets a buffer of its own.
 //
 // A reader that leases (ReaderConfig.Lease and Leasing) copies nothing:
 // a returned Snapshot's Blob and tensors are views of the segment's slot,
@@ -766,6 +771,9 @@ func (r *Reader) errCRC(version uint64, got, want uint32) error {
 // read neither allocates nor faults; memory a returned snapshot still uses
 // is never written, only replaced.
 func (r *Reader) buffer(n int) []byte {
+	if r.cfg.Fresh {
+		return tensor.AlignedBytes(n)
+	}
 	if cap(r.bufs[r.which]) < n {
 		for i := range r.bufs {
 			if cap(r.bufs[i]) < n {

@@ -31,6 +31,7 @@ type ReaderConfig struct {
 	Path       string
 	Verify     bool
 	Lease      bool
+	Fresh      bool
 	Tick       time.Duration
 	MaxRetries int
 }
