@@ -117,6 +117,9 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 				}
 				crc = crc32.Update(crc, castagnoli, blob[off:end])
 				off = end
+				if txn != nil {
+					txn.Progress(off) // local collectors copy it behind the socket
+				}
 			}
 			f, err := safetensors.Decode(blob)
 			if err != nil {
