@@ -686,9 +686,13 @@ func (r *Reader) read(than uint64) (*store.Snapshot, error) {
 	}
 }
 
-// followPause is how long a following reader sleeps when the writer has
-// marked no new bytes final since it last looked.
-const followPause = 50 * time.Microsecond
+// A following reader that finds no new bytes marked final sleeps
+// followPause, doubling up to followPauseMax while none come (a writer fed
+// by a slow socket), back to followPause after each copy.
+const (
+	followPause    = 50 * time.Microsecond
+	followPauseMax = time.Millisecond
+)
 
 // followed, when set (tests), is called by a following reader after each
 // copy with how many bytes it has copied.
@@ -730,11 +734,11 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 	buf := r.buffer(int(n))
 	src := slot[shmPage : shmPage+int(n)]
 	done, crc := 0, uint32(0)
-	checked := time.Now()
+	checked, pause := time.Now(), followPause
 	for seq.Load() == s1 {
 		if w := int(min(written.Load(), n)); w > done {
 			crc = r.copyPart(buf, src, done, w, crc)
-			done = w
+			done, pause = w, followPause
 			if followed != nil {
 				followed(done)
 			}
@@ -749,7 +753,8 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 			}
 			checked = time.Now()
 		}
-		time.Sleep(followPause)
+		time.Sleep(pause)
+		pause = min(2*pause, followPauseMax)
 	}
 	if seq.Load() != s1+1 || u64(slot, slotVersion).Load() != v {
 		return nil, nil // aborted, or not this claim's commit
