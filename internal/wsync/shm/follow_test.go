@@ -22,6 +22,9 @@ import (
 // version whose committed CRC differs from what it copied (a writer that
 // changed bytes it had marked final); it never returns an aborted one.
 func TestShmReaderFollowsAWriteInProgress(t *testing.T) {
+	old := followMin
+	followMin = 0
+	defer func() { followMin = old }()
 	for _, tc := range []string{"commit", "bytes changed after Progress", "abort"} {
 		t.Run(tc, func(t *testing.T) {
 			path := wsynctest.ShmPath(t)

@@ -698,8 +698,14 @@ const (
 // copy with how many bytes it has copied.
 var followed func(done int)
 
-// follow copies a version the writer is still writing (a slot whose seq is
-// odd and whose version is newer than than) as its bytes become final
+// followMin is the smallest version a reader follows: below it the copy
+// after the commit is short and polling the writer's progress would cost
+// more than it saves (a variable so that tests follow small versions too).
+var followMin uint64 = 1 << 20
+
+// follow copies a version of at least followMin bytes that the writer is
+// still writing (a slot whose seq is odd and whose version is newer than
+// than) as its bytes become final
 // (the slot's written count), and returns it once the writer has
 // committed it, checked as a copying read is: the writer writes each byte
 // of a claim once, so bytes below written are final; the seq after the
@@ -728,7 +734,7 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 	slot := r.slot(best)
 	seq, written := u64(slot, slotSeq), u64(slot, slotWritten)
 	n := u64(slot, slotLength).Load()
-	if n > uint64(r.geo.capacity) || seq.Load() != s1 {
+	if n < followMin || n > uint64(r.geo.capacity) || seq.Load() != s1 {
 		return nil, nil
 	}
 	buf := r.buffer(int(n))

@@ -248,9 +248,10 @@ func TestShmTornReads(t *testing.T) {
 		testShmTornReads(t, setup)
 	})
 	t.Run("parallel-writer", func(t *testing.T) {
-		old := minCopyPart
+		old, oldFollow := minCopyPart, followMin
 		minCopyPart = 64 << 10 // split the 256 KiB versions too
-		defer func() { minCopyPart = old }()
+		followMin = 0          // and follow them (the copying readers' WaitNewer)
+		defer func() { minCopyPart, followMin = old, oldFollow }()
 		setup := copyReaders
 		setup.copyWorkers = 3
 		testShmTornReads(t, setup)
