@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -20,6 +21,12 @@ import (
 const (
 	ViaPush  = "push"  // the hub's (or a relay's) push stream; reports ride on it
 	ViaStore = "store" // pulls "only if newer" and watches; reports by RPC
+	// ViaDataPlane follows the hub's push fan-out on its plain-TCP data
+	// plane (docs/wire.md): each version is read into one of three buffers
+	// the collector reuses, each poll reports the version run, and against
+	// a hub without it the collector attaches to the gRPC push stream
+	// instead. A hub's address only (a relay serves no data plane).
+	ViaDataPlane = "dataplane"
 )
 
 // CollectorConfig configures a Collector.
@@ -31,11 +38,13 @@ type CollectorConfig struct {
 	// CollectorID names the collector in `rlhub sync status`; "" means
 	// go-<pid>-<time>.
 	CollectorID string
-	// Via is ViaPush or ViaStore; "" means ViaPush.
+	// Via is ViaPush, ViaStore or ViaDataPlane; "" means ViaPush.
 	Via string
 	// Weights receives each version in place (names, dtypes and shapes
 	// must match, or the version is refused and Weights left as they
 	// were); nil means the collector only keeps the snapshot (Current).
+	// With ViaDataPlane, Current's bytes are valid only until two newer
+	// versions have arrived (the buffers are reused): use Weights, or copy.
 	Weights *StateDict
 	// Logger; nil means one that discards.
 	Logger *slog.Logger
@@ -53,9 +62,9 @@ func (c *CollectorConfig) validate() error {
 	switch c.Via {
 	case "":
 		c.Via = ViaPush
-	case ViaPush, ViaStore:
+	case ViaPush, ViaStore, ViaDataPlane:
 	default:
-		return fmt.Errorf("rlhub: CollectorConfig.Via %q (want %q or %q)", c.Via, ViaPush, ViaStore)
+		return fmt.Errorf("rlhub: CollectorConfig.Via %q (want %q, %q or %q)", c.Via, ViaPush, ViaStore, ViaDataPlane)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -69,8 +78,10 @@ func (c *CollectorConfig) validate() error {
 type Collector struct {
 	cfg    CollectorConfig
 	conn   *grpc.ClientConn
-	push   *wsync.Client    // ViaPush
-	store  *storerpc.Client // ViaStore
+	push   *wsync.Client          // ViaPush
+	store  *storerpc.Client       // ViaStore
+	dp     *wsync.DataPlaneClient // ViaDataPlane
+	bulk   *bulk.Client           // ViaDataPlane: dp's data-plane client, closed after dp
 	recv   *wsync.Receiver
 	mu     sync.Mutex // guards closed
 	closed bool
@@ -107,6 +118,17 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 		}
 		src = wsync.StoreSource{Store: c.store, Name: cfg.Model}
 		onApplied = c.report
+	case ViaDataPlane:
+		c.bulk = cfg.Security.dial().Bulk() // TLS and the token, as the gRPC connection
+		c.dp, err = wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: cfg.Hub, Bulk: c.bulk, Conn: conn,
+			CollectorID: cfg.CollectorID, Model: cfg.Model, Logger: cfg.Logger})
+		if err != nil {
+			c.bulk.Close()
+			conn.Close()
+			return nil, err
+		}
+		src = c.dp
+		onApplied = func(v uint64) { _ = c.dp.Running(v) }
 	}
 	var apply wsync.ApplyFunc
 	if cfg.Weights != nil {
@@ -142,6 +164,16 @@ func (c *Collector) Run(ctx context.Context) error { return c.recv.Run(ctx) }
 // Version is the version the collector runs (0: none yet).
 func (c *Collector) Version() uint64 { return c.recv.Version() }
 
+// Transport is how versions arrive: "push" or "store" (the Via), and for
+// ViaDataPlane "dataplane", or "grpc" once the collector fell back to the
+// push stream of a hub without the data plane.
+func (c *Collector) Transport() string {
+	if c.dp != nil {
+		return c.dp.Transport()
+	}
+	return c.cfg.Via
+}
+
 // Current is the snapshot of the running version (nil: none yet).
 func (c *Collector) Current() *Snapshot { return c.recv.Current() }
 
@@ -159,6 +191,10 @@ func (c *Collector) Close() error {
 	}
 	if c.store != nil {
 		out = append(out, c.store.Close())
+	}
+	if c.dp != nil {
+		out = append(out, c.dp.Close())
+		c.bulk.Close()
 	}
 	out = append(out, c.conn.Close())
 	return errors.Join(out...)

@@ -18,9 +18,9 @@
 //     (StoreClient.Push; versions only grow, and Expect makes a push a
 //     compare-and-set).
 //  2. Keeps a collector's weights current with NewCollector (the hub's
-//     push stream or store pulls) and Collector.Poll or Collector.Run; the
-//     collector reports the version it runs, so `rlhub sync status` shows
-//     its lag.
+//     push stream, the same fan-out on its data plane, or store pulls) and
+//     Collector.Poll or Collector.Run; the collector reports the version it
+//     runs, so `rlhub sync status` shows its lag.
 //  3. Trains through the hub: RegisterModel once (the optimizer runs on
 //     the hub), then GradClient.Push for each gradient.
 //  4. Serves the aggregator's learn tasks with RunLearner, or the hub's

@@ -109,6 +109,15 @@ func TestPublicClientOverMutualTLSWithTokens(t *testing.T) {
 		_, _ = c.Poll(pctx)
 		return c.Version() == 1
 	})
+	// So does a data-plane collector: TLS and the token on the data plane.
+	dc, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: addr, Model: "policy", Via: rlhub.ViaDataPlane, Security: sec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	if ok, err := dc.Poll(ctx); !ok || err != nil || dc.Version() != 1 || dc.Transport() != "dataplane" {
+		t.Fatalf("data-plane collector over mTLS: applied %v, %v, version %d on %s", ok, err, dc.Version(), dc.Transport())
+	}
 
 	// Each missing piece is refused, and changes nothing.
 	for name, cfg := range map[string]rlhub.StoreConfig{

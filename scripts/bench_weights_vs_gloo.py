@@ -2,7 +2,7 @@
 """Weights to collectors: rlhub's BenchmarkDeliver next to torch.distributed
 gloo broadcast of the same bytes to the same number of receivers, one run.
 
-    PYTHONPATH=python python3 scripts/bench_weights_vs_gloo.py [--mib 128] [--collectors 2,8] [--rounds 2]
+    PYTHONPATH=python python3 scripts/bench_weights_vs_gloo.py [--mib 128] [--collectors 2,8] [--rounds 2] [--cells relay-dp-shm,shm]
 
 gloo: world = 1 + n processes on 127.0.0.1, rank 0 broadcasts a float32
 tensor of --mib MiB; one delivery = broadcast + a 1-element all-reduce
@@ -84,10 +84,10 @@ def gloo(n: int, nbytes: int) -> "tuple[float, float]":
     return p50, cpu
 
 
-def go_cells(mib: int, n: int) -> dict:
-    pat = f"Deliver/^({'|'.join(CELLS)})$/{mib}MiB/{n}collectors"
-    if n == 8:
-        pat = f"Deliver/^({'|'.join(CELLS + ['2relays-dp-lease'])})$/{mib}MiB/{n}collectors"
+def go_cells(mib: int, n: int, cells: "list[str]") -> dict:
+    if n == 8 and cells == CELLS:
+        cells = CELLS + ["2relays-dp-lease"]
+    pat = f"Deliver/^({'|'.join(cells)})$/{mib}MiB/{n}collectors"
     env = dict(os.environ, GOEXPERIMENT="simd")
     r = subprocess.run([str(REPO / "bin" / "wsync.test"), "-test.run", "^$", "-test.bench", pat, "-test.benchtime", "10x"],
                        cwd=REPO / "internal" / "wsync", env=env, capture_output=True, text=True, timeout=1800)
@@ -107,7 +107,9 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--collectors", default="2,8")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cells", default=",".join(CELLS), help="BenchmarkDeliver transports to run (default: all)")
     args = ap.parse_args()
+    cells_wanted = args.cells.split(",")
     env = dict(os.environ, GOEXPERIMENT="simd")
     subprocess.run(["go", "test", "-c", "-o", str(REPO / "bin" / "wsync.test"), "."], cwd=REPO / "internal" / "wsync",
                    env=env, check=True)
@@ -116,7 +118,7 @@ def main() -> None:
     for n in (int(x) for x in args.collectors.split(",")):
         for rnd in range(args.rounds):
             (g1, c1) = gloo(n, nbytes)
-            cells = go_cells(args.mib, n)
+            cells = go_cells(args.mib, n, cells_wanted)
             (g2, c2) = gloo(n, nbytes)
             g, gc = (g1 + g2) / 2, (c1 + c2) / 2
             print(f"\n{n} collectors, round {rnd + 1}: gloo broadcast p50 {g1:.1f} / {g2:.1f} ms, "

@@ -96,6 +96,8 @@ CELLS: List[Cell] = [
 PYTHON = [
     ("Python client", "store push/pull, Python vs Go client, same hub", ["scripts/bench_python_client.py", "--sizes", "16", "--reps", "5"], "tables"),
     ("Python client", "gradient pushes, data plane vs gRPC", ["scripts/bench_python_grads.py"], "tables"),
+    ("Python client", "one pull vs plain TCP, 4 MB and 100 MB (25M parameters); pull_into allocation per version",
+     ["scripts/bench_python_pull.py", "--reps", "40,8", "--alloc-versions", "5"], "text"),
     ("Python client", "the learner loop, Python vs Go client vs plain TCP, one hub", ["scripts/bench_learner_loop.py", "--reps", "5", "--iters", "200"], "text"),
     ("Weight sync", "128 MiB to 2 and 8 collectors vs torch.distributed gloo broadcast", ["scripts/bench_weights_vs_gloo.py", "--mib", "128", "--collectors", "2,8", "--rounds", "1"], "text"),
 ]

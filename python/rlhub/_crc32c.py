@@ -83,19 +83,28 @@ def crc32c_numpy(data: Any) -> int:
     return reg ^ 0xFFFFFFFF
 
 
-def _by_chunks(extend: Callable[[int, bytes], int], data: Any) -> int:
-    """Feeds ``data`` to a library that takes only ``bytes`` in 256 KiB
-    pieces (each copy is cache-hot when the CRC reads it)."""
-    mv = memoryview(data).cast("B")
+_CHUNK = 256 << 10
+"""Bytes copied before their CRC is computed (copy_crc32c): small enough
+that the CRC reads them from cache."""
+
+
+def _u8(data: Any) -> np.ndarray:
+    """``data`` as a flat uint8 array (a view, no copy)."""
+    if isinstance(data, np.ndarray):
+        return data.reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(data).cast("B"), np.uint8)
+
+
+def _whole(extend: Callable[[int, Any], int], data: Any) -> int:
+    """One call into a library that takes ``bytes`` or a numpy array
+    (google-crc32c refuses memoryviews and bytearrays): the bytes are
+    passed as a uint8 view, never copied."""
     if isinstance(data, bytes):
         return extend(0, data)
-    crc = 0
-    for off in range(0, len(mv), 256 << 10):
-        crc = extend(crc, mv[off:off + (256 << 10)].tobytes())
-    return crc
+    return extend(0, _u8(data))
 
 
-def _accelerated() -> Optional[Callable[[Any], int]]:
+def _accelerated() -> Optional[Callable[[int, Any], int]]:
     try:
         import google_crc32c
     except ImportError:
@@ -103,13 +112,34 @@ def _accelerated() -> Optional[Callable[[Any], int]]:
     # Its pure-Python fallback is far slower than the numpy one here.
     if getattr(google_crc32c, "implementation", "c") != "c":
         return None
-    return functools.partial(_by_chunks, google_crc32c.extend)
+    return google_crc32c.extend  # type: ignore[no-any-return]
 
 
-_FAST = _accelerated()
+_EXTEND = _accelerated()
+_FAST = None if _EXTEND is None else functools.partial(_whole, _EXTEND)
 #: Name of the implementation ``crc32c`` uses.
 IMPLEMENTATION = "numpy" if _FAST is None else "native"
 _warned = False
+
+
+def copy_crc32c(dst: Any, src: Any) -> int:
+    """Copies ``src`` into ``dst`` (same length, writable) and returns the
+    CRC-32C of the bytes: one pass over memory, each 256 KiB piece
+    checksummed right after it is copied, while it is in cache (Go's
+    shm.copyCRC). Without the native library: the copy, then
+    :func:`crc32c`."""
+    d, s = _u8(dst), _u8(src)
+    if len(d) != len(s):
+        raise ValueError(f"copy_crc32c: {len(s)} bytes into {len(d)}")
+    if _FAST is None or _EXTEND is None:
+        d[:] = s
+        return crc32c(d)
+    crc = 0
+    for off in range(0, len(s), _CHUNK):
+        piece = d[off:off + _CHUNK]
+        piece[:] = s[off:off + _CHUNK]
+        crc = _EXTEND(crc, piece)
+    return crc
 
 
 def crc32c(data: Any) -> int:

@@ -2,8 +2,11 @@
 in another process (torchrl collector workers, Ray actors).
 
 A source is chosen by ``via``: ``"store"`` (pull/watch the hub's store),
-``"push"`` (the hub's or a relay's push stream), ``"shm"`` (a relay's
-shared-memory segment on this host) or ``"failover"``: a
+``"push"`` (the hub's or a relay's push stream), ``"dataplane"`` (the hub's
+push fan-out on its plain-TCP data plane, :class:`rlhub.wsync.DataPlaneSource`:
+each version received into buffers it reuses, and the gRPC push stream as
+its fallback against a hub without it), ``"shm"`` (a relay's shared-memory
+segment on this host) or ``"failover"``: a
 :class:`rlhub.wsync.FailoverSource` over a list of :class:`SourceSpec`,
 most preferred first, that falls over to the next when its source dies
 (a relay SIGKILLed) and goes back when a more preferred one serves again.
@@ -15,14 +18,18 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Sequence
 
-from rlhub.wsync import Dialer, FailoverSource, PushSource, ShmSource, Source, StoreSource
+from rlhub.wsync import DataPlaneSource, Dialer, FailoverSource, PushSource, ShmSource, Source, StoreSource
 
-__all__ = ["SourceSpec", "VIAS", "check_specs", "failover_specs", "open_source"]
+__all__ = ["SourceSpec", "VIAS", "OWN_REPORTS", "check_specs", "failover_specs", "open_source"]
 
-VIAS = ("store", "push", "shm", "failover")
+VIAS = ("store", "push", "dataplane", "shm", "failover")
 """The values ``via`` takes."""
 
-_SINGLE = ("store", "push", "shm")
+_SINGLE = ("store", "push", "dataplane", "shm")
+
+OWN_REPORTS = ("push", "dataplane", "failover")
+"""The vias whose source reports the version run itself (on its stream, in
+its polls); a Receiver over the others reports to the hub."""
 
 
 class SourceSpec(NamedTuple):
@@ -74,6 +81,8 @@ def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lea
         return StoreSource(where, model)
     if via == "push":
         return PushSource(where, model, collector_id=collector_id)
+    if via == "dataplane":
+        return DataPlaneSource(where, model, collector_id=collector_id)
     return ShmSource(where, model=model, lease=lease)
 
 

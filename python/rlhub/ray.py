@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import ray
 
 from rlhub import errors
-from rlhub._sources import SourceSpec, failover_specs, open_source
+from rlhub._sources import OWN_REPORTS, SourceSpec, failover_specs, open_source
 from rlhub.store import StoreClient
 from rlhub.tensors import save_bytes
 from rlhub.wsync import Receiver, Source
@@ -51,7 +51,9 @@ __all__ = ["ReceiverActor", "ARSWorkerActor", "RlhubRayWeightUpdater", "start_re
 def source_for(via: str, hub: str, model: str, collector_id: str, shm_path: Optional[str] = None, *,
                relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,
                probe_every: float = 1.0) -> Source:
-    """An rlhub source inside an actor: ``store``, ``push``, ``shm`` or
+    """An rlhub source inside an actor: ``store``, ``push``, ``dataplane``
+    (the hub's push fan-out on its data plane, gRPC push stream as the
+    fallback), ``shm`` or
     ``failover`` (the relay's segment ``shm_path`` and stream ``relay``,
     then the upstream ``hub``; or the ``failover`` list)."""
     return open_source(via, hub, model, collector_id=collector_id, shm_path=shm_path, relay=relay,
@@ -66,7 +68,9 @@ class ReceiverActor:
         model: the model's name in rlhub.
         make_module: builds the ``torch.nn.Module`` (or dict of tensors)
             the weights are copied into; it must pickle (Ray ships it).
-        via: ``store``, ``push``, ``shm`` (a relay's segment on the
+        via: ``store``, ``push``, ``dataplane`` (the hub's push fan-out on
+            its data plane: :class:`rlhub.wsync.DataPlaneSource`, which
+            falls back to the push stream), ``shm`` (a relay's segment on the
             actor's node, ``shm_path``) or ``failover`` (that segment and/or
             the stream of the relay at ``relay``, falling over to ``hub``
             when the relay dies and back when it returns; ``failover``, a
@@ -91,7 +95,7 @@ class ReceiverActor:
                          self.collector_id, shm_path, relay=relay, failover=failover,
                          probe_every=probe_every)
         self.receiver = Receiver(self.module, src, collector_id=self.collector_id, model=model,
-                                 hub=None if via in ("push", "failover") else (report_hub or hub),
+                                 hub=None if via in OWN_REPORTS else (report_hub or hub),
                                  strict=strict)
 
     def source(self) -> Optional[str]:

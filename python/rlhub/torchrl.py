@@ -1,7 +1,7 @@
 """rlhub weight sync inside TorchRL collectors (torchrl 0.14).
 
-Two ways in, both over :mod:`rlhub.wsync` (store pull, push stream or a
-relay's shared memory):
+Two ways in, both over :mod:`rlhub.wsync` (store pull, push stream, the
+push fan-out on the hub's data plane, or a relay's shared memory):
 
 **The scheme** (torchrl's current API). :class:`RlhubWeightSyncScheme` is a
 ``torchrl.weight_update.WeightSyncScheme``. Its *sender* side, on the
@@ -80,7 +80,7 @@ from torchrl.envs.transforms import Transform  # type: ignore[import-untyped]
 from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-untyped]
 
 from rlhub import errors
-from rlhub._sources import VIAS, SourceSpec, check_specs, failover_specs, open_source
+from rlhub._sources import OWN_REPORTS, VIAS, SourceSpec, check_specs, failover_specs, open_source
 from rlhub.store import StoreClient
 from rlhub.tensors import save_bytes
 from rlhub.wsync import Receiver, Source, WeightVersion, copy_into
@@ -213,6 +213,10 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             too). Reports of the version each receiver runs go here.
         model: the model's name in rlhub.
         via: how receivers get versions: ``"store"``, ``"push"``,
+            ``"dataplane"`` (the hub's push fan-out on its data plane, the
+            push stream as fallback: :class:`rlhub.wsync.DataPlaneSource`;
+            the hub learns the version a receiver runs from its next poll,
+            i.e. at the next rollout start),
             ``"shm"`` (a relay's segment on the receiver's host) or
             ``"failover"`` (a relay's segment and/or stream, falling over to
             the upstream ``hub`` when the relay dies and going back when it
@@ -400,8 +404,9 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
                               self.rlhub_model, collector_id=cid, shm_path=self.shm_path,
                               lease=self.lease, failover=self.failover, probe_every=self.probe_every)
             target = _MappedTarget(self._current_model, self.names, self._device)
-            # A push stream, or a failover source, reports on its own.
-            own_reports = self.via in ("push", "failover")
+            # A push stream, a data-plane source or a failover source
+            # reports on its own.
+            own_reports = self.via in OWN_REPORTS
             self._receiver = Receiver(target, src, collector_id=cid, model=self.rlhub_model,
                                       hub=None if own_reports else self.report_hub, strict=self.strict)
         return self._receiver

@@ -104,7 +104,7 @@ def filled(v: float) -> dict:
     return {"weight": torch.full((2, 4), v), "bias": torch.full((2,), v)}
 
 
-@pytest.mark.parametrize("via", ["store", "push"])
+@pytest.mark.parametrize("via", ["store", "push", "dataplane"])
 def test_actors_on_two_nodes_receive_versions_through_rlhub(cluster, hub, via):
     make = functools.partial(torch.nn.Linear, 4, 2)  # pickles by reference: workers import torch
     actors = rr.start_receivers(2, rr.ReceiverActor, hub.addr, "pol", make, via=via,
@@ -121,6 +121,10 @@ def test_actors_on_two_nodes_receive_versions_through_rlhub(cluster, hub, via):
         ids = ray.get([a.sync.remote() for a in actors]) and [
             c.collector_id for m in ws.status(hub.addr, "pol") for c in m.collectors if c.version == 3]
         assert len([i for i in ids if i.startswith("ray-")]) == 2, ids
+        if via == "dataplane":  # on the data plane itself, not its gRPC fallback
+            assert ray.get([a.source.remote() for a in actors]) == ["push-dp", "push-dp"]
+            vias = {c.via for m in ws.status(hub.addr, "pol") for c in m.collectors if c.collector_id.startswith("ray-")}
+            assert vias == {"push-dp"}, vias
     finally:
         up.close()
         ray.get([a.close.remote() for a in actors])

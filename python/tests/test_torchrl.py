@@ -111,11 +111,12 @@ def relay(hub):
         p.wait(timeout=30)
 
 
-@pytest.mark.parametrize("via", ["store", "push", "shm"])
+@pytest.mark.parametrize("via", ["store", "push", "dataplane", "shm"])
 def test_scheme_collector(hub, store, via, request):
     """A single Collector receives every version through the scheme at
-    rollout starts (store pulls, the push stream, a relay's shared memory);
-    no deprecation warning on this path."""
+    rollout starts (store pulls, the push stream, the push fan-out on the
+    hub's data plane, a relay's shared memory); no deprecation warning on
+    this path."""
     shm = request.getfixturevalue("relay") if via == "shm" else None
     scheme = RlhubWeightSyncScheme(hub.addr, MODEL, via=via, shm_path=shm, collector_id=f"c-{via}",
                                    strip_prefix=PREFIX)
@@ -136,6 +137,10 @@ def test_scheme_collector(hub, store, via, request):
                     store.push(MODEL, weights(top + 1), version=top + 1, expect=top)
                 if i > 200:
                     pytest.fail(f"versions stuck at {seen[-1]}")
+            if via == "dataplane":
+                # A data-plane collector reports the version it runs in its
+                # next poll (what the next rollout start does).
+                assert scheme.receive() is None
         finally:
             col.shutdown()
             scheme.shutdown()
@@ -144,6 +149,8 @@ def test_scheme_collector(hub, store, via, request):
     # The hub's lag table names the collector and the version it runs.
     rows = {c.collector_id: c for m in ws.status(hub.addr, MODEL) for c in m.collectors}
     assert rows[f"c-{via}"].version == 5
+    if via == "dataplane":  # on the data plane itself, not its gRPC fallback
+        assert rows["c-dataplane"].via == "push-dp", rows["c-dataplane"]
 
 
 def test_scheme_multisync(hub, store):

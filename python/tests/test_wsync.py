@@ -55,6 +55,30 @@ def test_crc32c_known_vector_and_reference():
         assert crc32c_numpy(b) == want, n
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_copy_crc32c_copies_and_checksums_in_one_pass(monkeypatch, native):
+    """copy_crc32c (the shm reader's fused copy + CRC) gives the bytes and
+    the CRC of the reference, across piece boundaries, from bytes, numpy
+    arrays and memoryviews (what a segment is), native or numpy."""
+    from rlhub import _crc32c
+
+    if not native:
+        monkeypatch.setattr(_crc32c, "_FAST", None)
+        monkeypatch.setattr(_crc32c, "_warned", True)
+    rng = np.random.default_rng(1)
+    piece = _crc32c._CHUNK
+    for n in (0, 1, 4095, piece - 1, piece, piece + 1, 3 * piece + 5):
+        src = rng.integers(0, 256, n, dtype=np.uint8)
+        want = _serial(0xFFFFFFFF, memoryview(src.tobytes())) ^ 0xFFFFFFFF
+        for s in (src.tobytes(), src, memoryview(src.tobytes())):
+            dst = np.zeros(n, np.uint8)
+            assert _crc32c.copy_crc32c(memoryview(dst), s) == want, n
+            assert np.array_equal(dst, src), n
+        assert crc32c(memoryview(src)) == want and crc32c(bytearray(src.tobytes())) == want, n
+    with pytest.raises(ValueError):
+        _crc32c.copy_crc32c(np.zeros(3, np.uint8), b"four")
+
+
 # ---------------------------------------------------------- shared memory
 
 VERSIONS = 6000

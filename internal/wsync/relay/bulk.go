@@ -40,7 +40,8 @@ const relayPiece = 256 << 10
 // published only once the whole version has arrived, parsed as valid
 // safetensors, and the upstream's final status said OK. A version cut off
 // mid-stream, or invalid, is never published (the slot is aborted). Stream
-// collectors get a copy on the relay's board afterwards.
+// collectors get a copy on the relay's board afterwards, made only while
+// one of them waits for it, else when one asks (materialize).
 func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 	for ctx.Err() == nil {
 		v, err := r.pollBulk(ctx, *have)
@@ -120,6 +121,9 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 				}
 				crc = crc32.Update(crc, castagnoli, blob[off:end])
 				off = end
+				if txn != nil {
+					txn.Progress(off) // local collectors copy it behind the socket
+				}
 			}
 			f, err := safetensors.Decode(blob)
 			if err != nil {
@@ -140,8 +144,16 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			return 0, err
 		}
 		txn = nil
-		// The board keeps its own immutable copy: the slot is rewritten
-		// two versions from now.
+		// Stream collectors get their own immutable copy (the slot is
+		// rewritten two versions from now), but only when one is waiting:
+		// the others make it on demand from the segment (materialize).
+		// segHead is stored before waiting is loaded, and a waiter adds
+		// itself before it loads segHead, so one of the two copies it.
+		r.segHead.Store(&segVersion{version: b.GetVersion(), created: time.Unix(0, hdr.CreatedUnixNano)})
+		if r.waiting.Load() == 0 {
+			r.shmMu.Unlock()
+			return b.GetVersion(), nil
+		}
 		blob = append(make([]byte, 0, len(blob)), blob...)
 		r.shmMu.Unlock()
 		if file, err = safetensors.Decode(blob); err != nil {

@@ -76,7 +76,7 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the relay's board at the new version", func() bool { s := relay.Board().Newest(); return s != nil && s.Version == v })
+		waitFor(t, "the relay at the new version", func() bool { return relay.Newest() == v })
 		r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true})
 		if err != nil {
 			t.Fatal(err)
@@ -86,12 +86,59 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 		if err != nil || got == nil || got.Version != v || !bytes.Equal(got.Blob, snap.Blob) {
 			t.Fatalf("segment: %v, %v; want version %d whole", got, err, v)
 		}
-		if err := wsynctest.Check(relay.Board().Newest()); err != nil {
-			t.Fatal(err)
-		}
 	}
 	if relay.noBulk {
 		t.Fatal("relay fell back to the push stream against a hub that serves the data plane")
+	}
+}
+
+// Following the data plane into a segment, the relay copies a version for
+// its stream collectors only when one waits or asks: with none attached
+// the board stays empty; one that attaches gets the newest version (copied
+// out of the segment, whole), and one that stays gets every later one.
+func TestRelayCopiesForStreamCollectorsOnDemand(t *testing.T) {
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	addr := dataPlaneHub(t, st)
+	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-lazy",
+		ShmPath: wsynctest.ShmPath(t), Logger: quiet()})
+	push := func(v uint64) *store.Snapshot {
+		snap := wsynctest.Snap(t, "m", v, 50_000+int(v))
+		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	for v := uint64(1); v <= 3; v++ {
+		push(v)
+		waitFor(t, "the relay at the new version", func() bool { return relay.Newest() == v })
+	}
+	if s := relay.Board().Newest(); s != nil {
+		t.Fatalf("with no stream collector the relay copied version %d to its board", s.Version)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dial(t, relay.Addr()), CollectorID: "stream", Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	got, err := cl.WaitNewer(ctx, 0)
+	if err != nil || got.Version != 3 {
+		t.Fatalf("a stream collector attaching at v3 got %v, %v", got, err)
+	}
+	if err := wsynctest.Check(got); err != nil {
+		t.Fatal(err)
+	}
+	for v := uint64(4); v <= 6; v++ {
+		want := push(v)
+		got, err := cl.WaitNewer(ctx, v-1)
+		if err != nil || got.Version != v || !bytes.Equal(got.Blob, want.Blob) {
+			t.Fatalf("the attached stream collector got %v, %v; want version %d whole", got, err, v)
+		}
 	}
 }
 
@@ -153,7 +200,7 @@ func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 	if a := testkit.Recv(t, afters, 20*time.Second, "poll after the cut"); a != 1 {
 		t.Fatalf("after the cut the relay asked for versions after %d, want 1 (version 2 must not count as had)", a)
 	}
-	waitFor(t, "version 3 on the board", func() bool { s := relay.Board().Newest(); return s != nil && s.Version == 3 })
+	waitFor(t, "version 3 at the relay", func() bool { return relay.Newest() == 3 })
 	r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true})
 	if err != nil {
 		t.Fatal(err)

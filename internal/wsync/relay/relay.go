@@ -131,9 +131,27 @@ type Relay struct {
 	shmMu sync.Mutex // guards shm
 	shm   *shm.Writer
 
+	// segHead is the newest version received on the data plane into the
+	// segment; the board may lag it while no stream collector waits
+	// (materialize copies it over on demand). nil before the first.
+	segHead atomic.Pointer[segVersion]
+	segGen  atomic.Uint64 // counts segments created, so materialize re-opens a replaced one
+	waiting atomic.Int64  // stream collectors' calls waiting on the board
+
+	matMu     sync.Mutex  // serialises materialize; guards seg, segOpened and segDone
+	seg       *shm.Reader // copying reader of the relay's own segment (Fresh buffers); nil until needed
+	segOpened uint64      // segGen when seg was opened
+	segDone   bool        // Run has ended: materialize opens nothing more
+
 	bulk   *bulk.Client  // data-plane client for UpstreamAddr; nil without it
 	noBulk bool          // the upstream has no data-plane watch (follow's goroutine only)
 	have   atomic.Uint64 // newest version followed on the data plane, reported upstream
+}
+
+// segVersion is a version committed to the segment.
+type segVersion struct {
+	version uint64
+	created time.Time // as the upstream said, for the board's copy
 }
 
 // New listens and prepares the relay's service.
@@ -145,7 +163,7 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.UpstreamAddr != "" {
 		r.bulk = bulk.NewClient()
 	}
-	svc, err := wsync.NewService(wsync.ServiceConfig{Versions: boardStore{b: r.board, name: cfg.Model}, Logger: cfg.Logger})
+	svc, err := wsync.NewService(wsync.ServiceConfig{Versions: boardStore{r: r, name: cfg.Model}, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -163,8 +181,23 @@ func New(cfg Config) (*Relay, error) {
 // Addr is where local collectors attach.
 func (r *Relay) Addr() string { return r.lis.Addr().String() }
 
-// Board is the relay's in-process copy of the newest version.
+// Board is the relay's in-process copy of the newest version its stream
+// collectors asked for. Following the data plane into a segment, it is
+// filled on demand: it may lag Newest while no stream collector waits.
 func (r *Relay) Board() *wsync.Board { return r.board }
+
+// Newest is the newest version the relay holds, in its segment or on its
+// board (0: none yet).
+func (r *Relay) Newest() uint64 {
+	v := uint64(0)
+	if h := r.segHead.Load(); h != nil {
+		v = h.version
+	}
+	if s := r.board.Newest(); s != nil {
+		v = max(v, s.Version)
+	}
+	return v
+}
 
 // Service is the relay's WeightSync service (its Lag shows local
 // collectors).
@@ -196,6 +229,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	if e := <-serveErr; !errors.Is(e, grpc.ErrServerStopped) {
 		err = errors.Join(err, e)
 	}
+	r.matMu.Lock()
+	r.segDone = true
+	if r.seg != nil {
+		r.seg.Close()
+		r.seg = nil
+	}
+	r.matMu.Unlock()
 	r.shmMu.Lock()
 	if r.shm != nil {
 		err = errors.Join(err, r.shm.Close())
@@ -299,6 +339,54 @@ func (r *Relay) ensureShm(n int64) error {
 		r.shm.Close()
 	}
 	r.shm = w
+	r.segGen.Add(1)
+	return nil
+}
+
+// materialize puts the segment's newest version on the board when the
+// board lags it, copying it out of the segment with a copying reader of
+// its own (the seqlock keeps the copy whole while the relay writes the
+// next version into another slot). A version the board already has, or a
+// segment newer meanwhile, is no error.
+func (r *Relay) materialize(ctx context.Context) error {
+	head := r.segHead.Load()
+	behind := func() bool {
+		cur := r.board.Newest()
+		return head != nil && (cur == nil || cur.Version < head.version)
+	}
+	if !behind() {
+		return nil
+	}
+	r.matMu.Lock()
+	defer r.matMu.Unlock()
+	if r.segDone || !behind() {
+		return nil
+	}
+	if gen := r.segGen.Load(); r.seg == nil || r.segOpened != gen {
+		if r.seg != nil {
+			r.seg.Close()
+			r.seg = nil
+		}
+		rd, err := shm.Open(shm.ReaderConfig{Path: r.cfg.ShmPath, Fresh: true})
+		if err != nil {
+			return err
+		}
+		r.seg, r.segOpened = rd, gen
+	}
+	than := uint64(0)
+	if cur := r.board.Newest(); cur != nil {
+		than = cur.Version
+	}
+	snap, err := r.seg.GetIfNewer(ctx, than)
+	if err != nil || snap == nil {
+		return err
+	}
+	if h := r.segHead.Load(); h != nil && h.version == snap.Version {
+		snap.Created = h.created
+	}
+	if err := r.board.Publish(ctx, snap); err != nil && !errors.Is(err, errs.ErrStale) {
+		return err
+	}
 	return nil
 }
 
@@ -337,9 +425,10 @@ func (r *Relay) forwardReports(ctx context.Context) {
 	}
 }
 
-// boardStore serves one board as a StoreReader for a relay's Service.
+// boardStore serves the relay's board as a StoreReader for its Service,
+// bringing the board up to the segment first (materialize).
 type boardStore struct {
-	b    *wsync.Board
+	r    *Relay
 	name string // the board's model (NewBoard's name)
 }
 
@@ -350,16 +439,30 @@ func (s boardStore) check(name string) error {
 	return nil
 }
 
+// catchUp materializes, logging a failure: the board then serves what it
+// has, and later versions come as they land.
+func (s boardStore) catchUp(ctx context.Context) {
+	if err := s.r.materialize(ctx); err != nil && ctx.Err() == nil {
+		s.r.cfg.Logger.Warn("wsync: relay could not copy a version out of its segment", "path", s.r.cfg.ShmPath, "err", err)
+	}
+}
+
 func (s boardStore) GetIfNewer(ctx context.Context, name string, than uint64) (*store.Snapshot, error) {
 	if err := s.check(name); err != nil {
 		return nil, err
 	}
-	return s.b.GetIfNewer(ctx, than)
+	s.catchUp(ctx)
+	return s.r.board.GetIfNewer(ctx, than)
 }
 
+// WaitNewer counts itself as waiting (so the relay copies versions that
+// land meanwhile straight to the board) before it catches up.
 func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
 	if err := s.check(name); err != nil {
 		return nil, err
 	}
-	return s.b.WaitNewer(ctx, after)
+	s.r.waiting.Add(1)
+	defer s.r.waiting.Add(-1)
+	s.catchUp(ctx)
+	return s.r.board.WaitNewer(ctx, after)
 }

@@ -43,7 +43,17 @@ func (w *Writer) Begin(version, epoch uint64, n int) (*Write, error) {
 	if !ok {
 		return fail(fmt.Errorf("%w: wsync: every shm slot of %s is leased or holds the newest version", errs.ErrAborted, w.cfg.Path))
 	}
+	startSlot(w.slot(i), version, epoch, n)
 	return &Write{w: w, i: i, s: s, version: version, epoch: epoch, n: n}, nil
+}
+
+// Progress says that the first n bytes of Buf are final, so that readers
+// following the write (docs/shm-layout.md) may copy them before Commit.
+// n only grows; call it as the bytes arrive, from the writing goroutine.
+func (t *Write) Progress(n int) {
+	if !t.done && n > 0 && n <= t.n {
+		u64(t.w.slot(t.i), slotWritten).Store(uint64(n))
+	}
 }
 
 // Buf is the slot's memory for the version's n bytes, valid until Commit
@@ -90,5 +100,6 @@ func (t *Write) Abort() {
 	slot := w.slot(t.i)
 	u64(slot, slotVersion).Store(0)
 	u64(slot, slotLength).Store(0)
+	u64(slot, slotWritten).Store(0)
 	u64(slot, slotSeq).Store(t.s + 2)
 }

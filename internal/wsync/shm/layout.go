@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rlhub/rlhub/internal/errs"
 )
@@ -40,6 +41,8 @@ import (
 //	  24 u64 length L of the safetensors blob (≤ C)
 //	  32 u32 CRC-32C (Castagnoli) of the L blob bytes
 //	  40 u64 created, Unix nanoseconds
+//	  48 u64 written: while seq is odd, how many leading blob bytes are
+//	         final (a layout 1 extension: 0 from writers that predate it)
 //	  4096.. the blob: data at slot offset + 4096
 const (
 	shmMagic         = "RLHUBWS1"
@@ -75,6 +78,7 @@ const (
 	slotLength  = 24
 	slotCRC     = 32
 	slotCreated = 40
+	slotWritten = 48
 
 	stateOpen   = 0
 	stateClosed = 1
@@ -160,12 +164,20 @@ func putShmHeader(b []byte, g shmGeometry, pid int) {
 
 // copyCRC copies src into dst (same length) and returns the CRC-32C of the
 // bytes, computed chunk by chunk right after each chunk is copied.
-func copyCRC(dst, src []byte) uint32 {
+func copyCRC(dst, src []byte) uint32 { return copyCRCProgress(dst, src, nil) }
+
+// copyCRCProgress is copyCRC that stores, after each chunk, how many
+// leading bytes are copied into written (nil: none); a slot's written
+// field, so that readers can follow the copy (docs/shm-layout.md).
+func copyCRCProgress(dst, src []byte, written *atomic.Uint64) uint32 {
 	var crc uint32
 	for off := 0; off < len(src); off += copyChunk {
 		end := min(off+copyChunk, len(src))
 		copy(dst[off:end], src[off:end])
 		crc = crc32.Update(crc, castagnoli, dst[off:end])
+		if written != nil {
+			written.Store(uint64(end))
+		}
 	}
 	return crc
 }
@@ -184,10 +196,13 @@ var minCopyPart = 2 << 20
 // and waits for the others, then combines the parts' CRCs. On an idle
 // machine with several cores this takes the copy's wall time from one
 // core's memory bandwidth to several.
-func copyCRCParallel(dst, src []byte, workers int) uint32 {
+//
+// written, when not nil, follows the first part (the calling goroutine's),
+// which is the copy's leading bytes.
+func copyCRCParallel(dst, src []byte, workers int, written *atomic.Uint64) uint32 {
 	n := min(workers, maxCopyWorkers, len(src)/minCopyPart)
 	if n <= 1 {
-		return copyCRC(dst, src)
+		return copyCRCProgress(dst, src, written)
 	}
 	part := (len(src)/n + copyChunk - 1) / copyChunk * copyChunk
 	bounds := func(i int) (lo, hi int) {
@@ -208,7 +223,7 @@ func copyCRCParallel(dst, src []byte, workers int) uint32 {
 		}()
 	}
 	_, hi := bounds(0)
-	crc := copyCRC(dst[:hi], src[:hi])
+	crc := copyCRCProgress(dst[:hi], src[:hi], written)
 	wg.Wait()
 	for i := 1; i < n; i++ {
 		lo, hi := bounds(i)

@@ -227,10 +227,8 @@ func (w *Writer) Write(version, epoch uint64, blob []byte) error {
 	}
 	slot := w.slot(i)
 	seq := u64(slot, slotSeq)
-	u64(slot, slotVersion).Store(version)
-	u64(slot, slotEpoch).Store(epoch)
-	u64(slot, slotLength).Store(uint64(len(blob)))
-	crc := copyCRCParallel(slot[shmPage:shmPage+len(blob)], blob, w.cfg.CopyWorkers)
+	startSlot(slot, version, epoch, len(blob))
+	crc := copyCRCParallel(slot[shmPage:shmPage+len(blob)], blob, w.cfg.CopyWorkers, u64(slot, slotWritten))
 	u32(slot, slotCRC).Store(crc)
 	u64(slot, slotCreated).Store(uint64(w.cfg.Now().UnixNano()))
 	seq.Store(s + 2)
@@ -242,6 +240,16 @@ func (w *Writer) Write(version, epoch uint64, blob []byte) error {
 	futexWake(u32(w.mem, offNotify))
 	w.next = (i + 1) % w.geo.slots
 	return nil
+}
+
+// startSlot fills a claimed slot's header for a version of n bytes, none
+// written yet. The version goes last: a reader that sees it (following the
+// write, docs/shm-layout.md) sees this write's length and written count.
+func startSlot(slot []byte, version, epoch uint64, n int) {
+	u64(slot, slotLength).Store(uint64(n))
+	u64(slot, slotEpoch).Store(epoch)
+	u64(slot, slotWritten).Store(0)
+	u64(slot, slotVersion).Store(version)
 }
 
 // claimSlot picks the slot the next version goes to and makes its seq odd
@@ -352,6 +360,17 @@ type ReaderConfig struct {
 	// Tick bounds how long WaitNewer sleeps on the futex before checking
 	// ctx and the writer's liveness; 0 means 50ms.
 	Tick time.Duration
+	// Fresh makes a copying reader copy each version into a newly
+	// allocated buffer instead of its two alternating ones, so a returned
+	// Snapshot stays valid for good (the relay hands its copies to stream
+	// collectors). Ignored by a leasing reader.
+	Fresh bool
+	// NoFollow turns following off: by default a copying reader's
+	// WaitNewer that finds a newer version still being written follows
+	// the write, copying its bytes as the writer marks them final (the
+	// slot's written count, docs/shm-layout.md), so the copy ends soon
+	// after the writer's instead of starting then.
+	NoFollow bool
 	// MaxRetries bounds how often one read restarts because the writer
 	// overwrote the slot being copied (or, leasing, took the slot before
 	// the lease did); 0 means 1000. Past it the read fails with
@@ -394,6 +413,9 @@ type Stats struct {
 	// InPlace is how many of Reads were leased and read in place, not
 	// copied.
 	InPlace uint64
+	// Followed is how many of Reads were copied while the writer was
+	// still writing them (ReaderConfig.NoFollow).
+	Followed uint64
 }
 
 // Reader reads whole versions from a segment. It is a Source for one
@@ -402,7 +424,7 @@ type Stats struct {
 // By default it copies each version into one of two private buffers,
 // alternating, so a returned Snapshot stays valid until the second call
 // after the one that returned it starts (the next call writes the other
-// buffer).
+// buffer); with ReaderConfig.Fresh each version gets a buffer of its own.
 //
 // A reader that leases (ReaderConfig.Lease and Leasing) copies nothing:
 // a returned Snapshot's Blob and tensors are views of the segment's slot,
@@ -582,6 +604,12 @@ func (r *Reader) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, 
 		if err != nil || snap != nil {
 			return snap, err
 		}
+		if snap, err := r.follow(ctx, after); err != nil || snap != nil {
+			return snap, err
+		}
+		if notify.Load() != n {
+			continue // a follow that ended in a commit or abort
+		}
 		tick := r.cfg.Tick
 		if dl, ok := ctx.Deadline(); ok {
 			tick = max(min(tick, time.Until(dl)), time.Microsecond)
@@ -656,6 +684,121 @@ func (r *Reader) read(than uint64) (*store.Snapshot, error) {
 		}
 		return snap, err
 	}
+}
+
+// A following reader that finds no new bytes marked final sleeps
+// followPause, doubling up to followPauseMax while none come (a writer fed
+// by a slow socket), back to followPause after each copy.
+const (
+	followPause    = 50 * time.Microsecond
+	followPauseMax = time.Millisecond
+)
+
+// followed, when set (tests), is called by a following reader after each
+// copy with how many bytes it has copied.
+var followed func(done int)
+
+// followMin is the smallest version a reader follows: below it the copy
+// after the commit is short and polling the writer's progress would cost
+// more than it saves (a variable so that tests follow small versions too).
+var followMin uint64 = 1 << 20
+
+// follow copies a version of at least followMin bytes that the writer is
+// still writing (a slot whose seq is odd and whose version is newer than
+// than) as its bytes become final
+// (the slot's written count), and returns it once the writer has
+// committed it, checked as a copying read is: the writer writes each byte
+// of a claim once, so bytes below written are final; the seq after the
+// last copy must be the claim's commit (s+1), so no later write touched
+// the slot meanwhile; the CRC when verifying. nil, nil: nothing to follow,
+// or the write was aborted, the slot re-claimed or the writer died (the
+// caller reads again and waits). Copying readers only.
+func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	if r.entry >= 0 || r.cfg.NoFollow {
+		return nil, nil
+	}
+	best, s1, v := -1, uint64(0), than
+	for i := range r.geo.slots {
+		slot := r.slot(i)
+		s := u64(slot, slotSeq).Load()
+		if s%2 == 0 {
+			continue
+		}
+		if ver := u64(slot, slotVersion).Load(); ver > v {
+			best, s1, v = i, s, ver
+		}
+	}
+	if best < 0 {
+		return nil, nil
+	}
+	slot := r.slot(best)
+	seq, written := u64(slot, slotSeq), u64(slot, slotWritten)
+	n := u64(slot, slotLength).Load()
+	if n < followMin || n > uint64(r.geo.capacity) || seq.Load() != s1 {
+		return nil, nil
+	}
+	buf := r.buffer(int(n))
+	src := slot[shmPage : shmPage+int(n)]
+	done, crc := 0, uint32(0)
+	checked, pause := time.Now(), followPause
+	for seq.Load() == s1 {
+		if w := int(min(written.Load(), n)); w > done {
+			crc = r.copyPart(buf, src, done, w, crc)
+			done, pause = w, followPause
+			if followed != nil {
+				followed(done)
+			}
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if time.Since(checked) > r.cfg.Tick {
+			if !r.writerAlive() {
+				return nil, nil
+			}
+			checked = time.Now()
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, followPauseMax)
+	}
+	if seq.Load() != s1+1 || u64(slot, slotVersion).Load() != v {
+		return nil, nil // aborted, or not this claim's commit
+	}
+	h, retry, err := r.slotHeader(slot, best, s1+1)
+	if retry || err != nil || h.length != n {
+		return nil, nil // the plain read sorts it out
+	}
+	crc = r.copyPart(buf, src, done, int(n), crc)
+	if seq.Load() != s1+1 {
+		r.stats.Retries++
+		return nil, nil
+	}
+	if r.cfg.Verify && crc != h.crc {
+		return nil, r.errCRC(v, crc, h.crc)
+	}
+	snap, err := r.decode(buf, v, h)
+	if err == nil {
+		r.which ^= 1
+		r.stats.Reads++
+		r.stats.Followed++
+	}
+	return snap, err
+}
+
+// copyPart copies src[lo:hi] into dst[lo:hi], extending crc over the bytes
+// chunk by chunk when the reader verifies.
+func (r *Reader) copyPart(dst, src []byte, lo, hi int, crc uint32) uint32 {
+	if !r.cfg.Verify {
+		copy(dst[lo:hi], src[lo:hi])
+		return crc
+	}
+	for off := lo; off < hi; off += copyChunk {
+		end := min(off+copyChunk, hi)
+		copy(dst[off:end], src[off:end])
+		crc = crc32.Update(crc, castagnoli, dst[off:end])
+	}
+	return crc
 }
 
 // leaseRead reads the version in slot i (seq s when picked) in place and
@@ -766,6 +909,9 @@ func (r *Reader) errCRC(version uint64, got, want uint32) error {
 // read neither allocates nor faults; memory a returned snapshot still uses
 // is never written, only replaced.
 func (r *Reader) buffer(n int) []byte {
+	if r.cfg.Fresh {
+		return tensor.AlignedBytes(n)
+	}
 	if cap(r.bufs[r.which]) < n {
 		for i := range r.bufs {
 			if cap(r.bufs[i]) < n {

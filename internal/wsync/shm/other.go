@@ -31,10 +31,12 @@ type ReaderConfig struct {
 	Path       string
 	Verify     bool
 	Lease      bool
+	Fresh      bool
+	NoFollow   bool
 	Tick       time.Duration
 	MaxRetries int
 }
-type Stats struct{ Reads, Retries, InPlace uint64 }
+type Stats struct{ Reads, Retries, InPlace, Followed uint64 }
 type Reader struct{}
 
 func Create(Config) (*Writer, error)                           { return nil, errors.ErrUnsupported }

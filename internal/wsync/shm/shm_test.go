@@ -248,9 +248,10 @@ func TestShmTornReads(t *testing.T) {
 		testShmTornReads(t, setup)
 	})
 	t.Run("parallel-writer", func(t *testing.T) {
-		old := minCopyPart
+		old, oldFollow := minCopyPart, followMin
 		minCopyPart = 64 << 10 // split the 256 KiB versions too
-		defer func() { minCopyPart = old }()
+		followMin = 0          // and follow them (the copying readers' WaitNewer)
+		defer func() { minCopyPart, followMin = old, oldFollow }()
 		setup := copyReaders
 		setup.copyWorkers = 3
 		testShmTornReads(t, setup)
@@ -307,8 +308,8 @@ func testShmTornReads(t *testing.T, setup tornSetup) {
 	}
 
 	type result struct {
-		reads, retries, aborts, inPlace uint64
-		err                             error
+		reads, retries, aborts, inPlace, followed uint64
+		err                                       error
 	}
 	results := make([]result, len(setup.goroutines))
 	var wg sync.WaitGroup
@@ -326,7 +327,7 @@ func testShmTornReads(t *testing.T, setup tornSetup) {
 			defer r.Close()
 			res := &results[g]
 			res.reads, res.aborts, res.err = readAll(ctx, r, tornVersions)
-			res.retries, res.inPlace = r.Stats().Retries, r.Stats().InPlace
+			res.retries, res.inPlace, res.followed = r.Stats().Retries, r.Stats().InPlace, r.Stats().Followed
 		}()
 	}
 
@@ -339,8 +340,8 @@ func testShmTornReads(t *testing.T, setup tornSetup) {
 	wg.Wait()
 	for g, res := range results {
 		rd := setup.goroutines[g]
-		t.Logf("goroutine reader %d (verify=%v lease=%v): %d versions read whole, %d in place, %d torn copies or lost leases retried, %d reads aborted",
-			g, rd.verify, rd.wantLease, res.reads, res.inPlace, res.retries, res.aborts)
+		t.Logf("goroutine reader %d (verify=%v lease=%v): %d versions read whole, %d in place, %d followed while written, %d torn copies or lost leases retried, %d reads aborted",
+			g, rd.verify, rd.wantLease, res.reads, res.inPlace, res.followed, res.retries, res.aborts)
 		if res.err != nil {
 			t.Errorf("goroutine reader %d: %v", g, res.err)
 		}
@@ -463,7 +464,7 @@ func TestCopyCRCParallel(t *testing.T) {
 	for _, n := range []int{0, 1, 7, 4096, copyChunk - 1, copyChunk, copyChunk + 1, 2*copyChunk + 5, len(src)} {
 		for _, workers := range []int{1, 2, 3, 4, 8, 9} {
 			dst := make([]byte, n)
-			got := copyCRCParallel(dst, src[:n], workers)
+			got := copyCRCParallel(dst, src[:n], workers, nil)
 			if want := crc32.Checksum(src[:n], castagnoli); got != want {
 				t.Errorf("%d bytes, %d workers: CRC %08x, want %08x", n, workers, got, want)
 			}

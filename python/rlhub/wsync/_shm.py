@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from rlhub import errors
-from rlhub._crc32c import crc32c
+from rlhub._crc32c import copy_crc32c, crc32c
 from rlhub.tensors import parse_header
 from rlhub.wsync._source import WeightVersion, default_shm_path
 
@@ -386,13 +386,16 @@ class ShmSource:
                 return wv
             buf = self._buffer(length)
             out = memoryview(buf)[:length]
-            out[:] = self._mv[off + _PAGE:off + _PAGE + length]  # the private copy (one memcpy)
+            src = self._mv[off + _PAGE:off + _PAGE + length]
+            if self.verify:  # the private copy and its CRC in one pass
+                got = copy_crc32c(out, src)
+            else:
+                out[:] = src  # the private copy (one memcpy)
             if q[base] != best_seq:
                 self.stats["retries"] += 1  # the writer came back to this slot: torn, retry
                 out.release()
                 continue
             if self.verify:
-                got = crc32c(out)
                 if got != crc:
                     out.release()
                     raise errors.InvalidArgument(

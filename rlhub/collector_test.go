@@ -1,0 +1,82 @@
+package rlhub_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/rlhub"
+)
+
+// dataPlaneHub starts a hub on 127.0.0.1:0; noDataPlane keeps its store
+// and weight sync on gRPC only (a hub that predates the data plane).
+func dataPlaneHub(t *testing.T, noDataPlane bool) string {
+	t.Helper()
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), StoreNoDataPlane: noDataPlane})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h.Addr().String()
+}
+
+// A ViaDataPlane collector follows the hub's push fan-out on the data
+// plane, writing each version into its weights; against a hub without the
+// data plane it falls back to the gRPC push stream and still gets every
+// version.
+func TestCollectorViaDataPlane(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		noDataPlane bool
+		transport   string
+	}{{"data plane", false, "dataplane"}, {"fallback to gRPC", true, "grpc"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := dataPlaneHub(t, tc.noDataPlane)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: addr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if _, err := s.Push(ctx, "policy", 1, 0, weights(1)); err != nil {
+				t.Fatal(err)
+			}
+			local := weights(0)
+			c, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: addr, Model: "policy", Via: rlhub.ViaDataPlane,
+				CollectorID: "go-dp", Weights: local})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- c.Run(runCtx) }()
+			defer func() { stop(); <-done }()
+			for v := uint64(1); v <= 3; v++ {
+				if v > 1 {
+					if _, err := s.Push(ctx, "policy", v, v-1, weights(float32(v))); err != nil {
+						t.Fatal(err)
+					}
+				}
+				testkit.Eventually(t, 20*time.Second, "the collector at the new version", func() bool { return c.Version() == v })
+				w, _ := local.Get("w").Float32s()
+				if w[0] != float32(v) || w[1] != -float32(v) {
+					t.Fatalf("version %d: weights %v", v, w)
+				}
+			}
+			if got := c.Transport(); got != tc.transport {
+				t.Fatalf("transport %q, want %q", got, tc.transport)
+			}
+		})
+	}
+	if _, err := rlhub.NewCollector(context.Background(), rlhub.CollectorConfig{Hub: "127.0.0.1:1", Model: "m", Via: "carrier-pigeon"}); err == nil {
+		t.Fatal("an unknown Via was accepted")
+	}
+}
