@@ -30,6 +30,11 @@ type NodeConfig struct {
 	// Acks, AckTimeout: SourceConfig's, for every term this node holds.
 	Acks       int
 	AckTimeout time.Duration
+	// Sync is when this node, as a standby, acknowledges a unit
+	// (FollowerConfig.Sync; "" means SyncWrite).
+	Sync SyncMode
+	// CrashAt: FollowerConfig.CrashAt (tests only).
+	CrashAt string
 	// Dial connects to another hub (the primary a standby follows);
 	// required.
 	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
@@ -151,7 +156,7 @@ func (n *Node) Run(ctx context.Context) error {
 	// scripts read the address from it); the hub logs it again when
 	// this node becomes the primary.
 	n.cfg.Logger.Info("hub serving", "addr", addr, "role", "cluster member", "data", n.cfg.Hub.DataDir)
-	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Logger: n.cfg.Logger})
+	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Sync: n.cfg.Sync, CrashAt: n.cfg.CrashAt, Logger: n.cfg.Logger})
 	if err != nil {
 		lis.Close()
 		return err
@@ -398,9 +403,17 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	if err != nil {
 		return err
 	}
+	// The term proof and the standbys, read before the hub serves and
+	// renewed off the publish path (Term.Hold, refreshStandbys).
+	pctx, pcancel := context.WithTimeout(ctx, n.cfg.Cluster.DialTimeout+5*time.Second)
+	err = errors.Join(term.Renew(pctx), src.RefreshStandbys(pctx))
+	pcancel()
+	if err != nil {
+		n.cfg.Logger.Warn("cluster: elected, but the term proof or the standbys could not be read yet; publishes wait for them", "err", err)
+	}
 	hcfg := n.cfg.Hub
 	hcfg.WrapStore = func(s store.Store) store.Store {
-		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Check: term.Check, Refusal: gate, Deposed: depose}
+		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Refusal: gate, Deposed: depose}
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src
@@ -426,9 +439,15 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		return startErr
 	}
 	n.cfg.Logger.Info("cluster: serving as primary", "epoch", term.Epoch, "addr", n.addr)
-	// Watch the term even when nothing publishes.
+	// Hold the term proof (it also notices a term that ended while
+	// nothing publishes) and keep the standbys a publish waits for.
 	var wg sync.WaitGroup
 	wctx, wcancel := context.WithCancel(ctx)
+	wg.Go(func() {
+		if errors.Is(term.Hold(wctx), cluster.ErrDeposed) {
+			depose()
+		}
+	})
 	wg.Go(func() {
 		every := max(n.cfg.Cluster.LeaseTTL/4, 100*time.Millisecond)
 		if n.cfg.Cluster.LeaseTTL == 0 {
@@ -440,9 +459,9 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 				return
 			case <-time.After(every):
 			}
-			cctx, ccancel := context.WithTimeout(wctx, every)
-			err := term.Check(cctx)
-			ccancel()
+			rctx, rcancel := context.WithTimeout(wctx, max(every, time.Second))
+			err := src.RefreshStandbys(rctx)
+			rcancel()
 			if errors.Is(err, cluster.ErrDeposed) {
 				depose()
 				return

@@ -37,9 +37,11 @@ type SourceConfig struct {
 	// (at most N; fewer when fewer are registered).
 	Acks int
 	// Standbys lists the member ids of the standbys registered now (the
-	// cluster's members but this one); nil means none. It is read before
-	// every commit: an error (etcd unreachable, cluster.ErrDeposed) fails
-	// the publish before it changes anything.
+	// cluster's members but this one); nil means none. It is read from
+	// etcd by RefreshStandbys (the node calls it at the start of the term
+	// and every quarter lease), not per publish: a publish waits for the
+	// standbys of the newest refresh. An error (etcd unreachable,
+	// cluster.ErrDeposed) is RefreshStandbys'; the list kept is unchanged.
 	Standbys func(ctx context.Context) ([]string, error)
 	// AckTimeout bounds a publish's wait for acknowledgements; 0 means 10s.
 	// A publish that times out fails with Unavailable (the version is in
@@ -92,6 +94,8 @@ type Source struct {
 	freeze sync.RWMutex // store commits hold it shared, scans exclusively
 
 	mu        sync.Mutex
+	standbys  []string      // the newest RefreshStandbys
+	refreshed bool          // RefreshStandbys succeeded at least once
 	changed   chan struct{} // closed and replaced when unit moves on
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
@@ -157,18 +161,36 @@ func (s *Source) Commit(f func() error) error {
 	return f()
 }
 
-// Prepare reads, before a commit, which standbys the publish will wait
-// for (SourceConfig.Standbys: one etcd read, which also fails when etcd
-// is unreachable or the term is gone, so a publish that cannot be
-// acknowledged changes nothing).
-func (s *Source) Prepare(ctx context.Context) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
-	defer cancel()
+// RefreshStandbys reads the registered standbys (SourceConfig.Standbys)
+// and keeps them for the publishes that follow.
+func (s *Source) RefreshStandbys(ctx context.Context) error {
 	standbys, err := s.cfg.Standbys(ctx)
 	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.standbys, s.refreshed = standbys, true
+	s.mu.Unlock()
+	return nil
+}
+
+// Prepare returns, before a commit, which standbys the publish will wait
+// for: those of the newest RefreshStandbys. Before the first refresh
+// succeeded it reads them itself (one etcd read, failing the publish
+// before it changes anything when etcd cannot answer).
+func (s *Source) Prepare(ctx context.Context) ([]string, error) {
+	s.mu.Lock()
+	standbys, ok := s.standbys, s.refreshed
+	s.mu.Unlock()
+	if ok {
+		return standbys, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
+	defer cancel()
+	if err := s.RefreshStandbys(ctx); err != nil {
 		return nil, err
 	}
-	return standbys, nil
+	return s.Prepare(ctx)
 }
 
 // Sync asks for a unit covering everything committed so far and waits
