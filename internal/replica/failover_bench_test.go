@@ -12,9 +12,13 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -123,23 +127,51 @@ func TestFailoverTimes(t *testing.T) {
 		len(took), q(0.50).Round(time.Millisecond), q(0.99).Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 }
 
-// TestReplicationCost measures the store's push and pull throughput on a
-// single hub and on a cluster primary with two standbys (acks all, and
-// acks 0), interleaved in one run (RLHUB_REPLICATION_COST=1; skipped
-// otherwise).
+// TestReplicationCost measures the store's push and pull throughput and
+// the reducer's gradients applied per second on a single hub and on a
+// cluster primary with two standbys (acks all, and acks 0), interleaved
+// in one run (RLHUB_REPLICATION_COST=1, RLHUB_REPLICATION_ROUNDS rounds,
+// default 3; skipped otherwise). RLHUB_REPLICATION_HUBS sets the
+// acks-all cluster's size (default 3). Each figure's ratio is against the
+// single hub of the same round; the medians over the rounds close the
+// log.
 func TestReplicationCost(t *testing.T) {
 	if os.Getenv("RLHUB_REPLICATION_COST") == "" {
 		t.Skip("set RLHUB_REPLICATION_COST=1 to measure")
 	}
 	const n, size = 100, 1 << 20 // 1 MiB blobs (256 Ki float32)
 	blob := storetest.Blob(t, 1, size/4)
-	single := startPlainHub(t)
+	rounds := 3
+	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
+	const ng = 30 // gradients per round
+	single := startPlainHub(t, "--reduce-batch-size", "1")
 	e := startEtcd(t)
-	all := newClusterTTL(t, e, 3, "2s")
+	nh := 3 // RLHUB_REPLICATION_HUBS=1: a cluster of one (fencing, no standby), the control
+	if h, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_HUBS")); err == nil && h > 0 {
+		nh = h
+	}
+	all := newClusterTTL(t, e, nh, "2s", "--reduce-batch-size", "1")
 	lAll, _ := all.leader(0)
-	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0")
+	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "1")
 	lAsync, _ := async.leader(0)
-	measure := func(addr string) (pushes, pulls float64) {
+	// Every standby follows before anything is timed (a standby still
+	// joining would hold the first publishes for its full sync).
+	for _, c := range []*testCluster{all, async} {
+		c.push("warm", 1, 0, blob)
+	}
+	gsd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, make([]float32, size/4)))
+	gblob, err := safetensors.Encode(gsd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ones := make([]float32, size/4)
+	for i := range ones {
+		ones[i] = 1
+	}
+	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, ones))
+	measure := func(addr string) (pushes, pulls, grads float64) {
 		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -161,15 +193,64 @@ func TestReplicationCost(t *testing.T) {
 			}
 		}
 		pulls = n / time.Since(start).Seconds()
-		return pushes, pulls
+
+		// Gradients: each pushed on the newest version, the next once it
+		// is applied (a new version published), one at a time.
+		gmodel := "g" + model
+		if _, err := cl.Push(ctx, store.PushRequest{Name: gmodel, Version: 1, Blob: gblob}); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: "bench"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: gmodel, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
+			t.Fatal(err)
+		}
+		versions := make(chan uint64, ng+1)
+		wctx, wcancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() { wcancel(); wg.Wait() }()
+		wg.Go(func() {
+			_ = cl.Watch(wctx, gmodel, 1, func(s *store.Snapshot, _ uint64) error {
+				versions <- s.Version
+				return nil
+			})
+		})
+		start = time.Now()
+		v := uint64(1)
+		for range ng {
+			if _, err := rc.PushGrad(ctx, gmodel, v, grad); err != nil {
+				t.Fatalf("gradient to %s: %v", addr, err)
+			}
+			for nv := range versions {
+				if nv > v {
+					v = nv
+					break
+				}
+			}
+		}
+		grads = ng / time.Since(start).Seconds()
+		return pushes, pulls, grads
 	}
-	for round := range 3 {
-		sp, sl := measure(single)
-		cp, cl := measure(lAll.Addr)
-		ap, al := measure(lAsync.Addr)
-		t.Logf("round %d, 1 MiB: single hub %.1f pushes/s %.1f pulls/s; primary + 2 standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx)",
-			round+1, sp, sl, cp, cp/sp, cl, cl/sl, ap, ap/sp, al, al/sl)
+	var ratios [6][]float64
+	for round := range rounds {
+		sp, sl, sg := measure(single)
+		cp, cl, cg := measure(lAll.Addr)
+		ap, al, ag := measure(lAsync.Addr)
+		t.Logf("round %d, 1 MiB: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + 2 standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
+			round+1, sp, sl, sg, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
+		for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
+			ratios[i] = append(ratios[i], r)
+		}
 	}
+	med := func(xs []float64) float64 {
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	t.Logf("replication cost, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx",
+		rounds, med(ratios[0]), med(ratios[1]), med(ratios[2]), med(ratios[3]), med(ratios[4]), med(ratios[5]))
 }
 
 func startEtcd(t *testing.T) string {
@@ -178,9 +259,9 @@ func startEtcd(t *testing.T) string {
 }
 
 // startPlainHub runs `rlhub serve` without a cluster.
-func startPlainHub(t *testing.T) string {
+func startPlainHub(t *testing.T, extra ...string) string {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	return testkit.StartProc(t, testkit.ProcConfig{Name: "plain hub", AddrFile: addrFile,
-		Args: []string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}}).Addr()
+		Args: append([]string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}, extra...)}).Addr()
 }

@@ -50,7 +50,7 @@ func TestStandbyKilledMidInstallHoldsNoMixedUnit(t *testing.T) {
 			deadline := time.Now().Add(90 * time.Second)
 			for v := uint64(2); ; v++ {
 				select {
-				case <-sb.done:
+				case <-sb.proc.Done():
 				default:
 					if time.Now().After(deadline) {
 						t.Fatalf("the standby never reached %s:\n%s", tc.point, sb.out)
