@@ -82,6 +82,7 @@ type Follower struct {
 	crash  *crashHook
 	synced atomic.Bool // a full sync completed (since the last Follow began)
 	units  atomic.Uint64
+	last   atomic.Uint64 // the newest unit applied
 
 	mu    sync.Mutex
 	epoch uint64 // highest primary epoch seen, persisted
@@ -123,6 +124,9 @@ func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica"
 // it since.
 func (f *Follower) Synced() bool { return f.synced.Load() }
 
+// LastUnit is the newest unit applied from the primary followed now.
+func (f *Follower) LastUnit() uint64 { return f.last.Load() }
+
 // Units counts the units applied.
 func (f *Follower) Units() uint64 { return f.units.Load() }
 
@@ -154,6 +158,7 @@ func (f *Follower) ObserveEpoch(e uint64) error {
 // one this standby has seen is refused (fencing).
 func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	f.synced.Store(false)
+	f.last.Store(0)
 	if seen := f.Epoch(); leader.Epoch < seen {
 		return fmt.Errorf("%w: replica: %s holds epoch %d, older than %d seen here; not following",
 			errs.ErrStale, leader.Addr, leader.Epoch, seen)
@@ -185,6 +190,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 			return err
 		}
 		f.units.Add(1)
+		f.last.Store(u)
 		if err := cs.SendMsg(uvarintFrame(kindAck, u)); err != nil {
 			return fmt.Errorf("%w: replica: ack: %v", errs.ErrUnavailable, err)
 		}

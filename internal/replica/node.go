@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/store"
 )
 
@@ -55,6 +56,7 @@ type Node struct {
 	addr     string
 
 	mu       sync.Mutex
+	src      *Source         // while primary
 	leader   *cluster.Leader // newest primary seen (nil: unknown)
 	primary  bool
 	deposed  bool
@@ -237,7 +239,11 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) 
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
 		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, append(extra, csvc))
+		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
+		if ms != nil {
+			_ = ms.Close() // the hub binds --metrics-listen when it takes over
+		}
 		sberr := sb.stop() // closes lis
 		lis = nil
 		if sberr != nil {
@@ -417,6 +423,15 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src
+	hcfg.MetricsCluster = n.stats
+	n.mu.Lock()
+	n.src = src
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		n.src = nil
+		n.mu.Unlock()
+	}()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	h, err := hub.New(hcfg, n.cfg.Extra...)
@@ -502,4 +517,60 @@ func (n *Node) Terms() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.terms
+}
+
+// stats is the node's role and replication for the metrics endpoint.
+func (n *Node) stats() metrics.ClusterStats {
+	n.mu.Lock()
+	src, primary := n.src, n.primary && !n.deposed
+	var st metrics.ClusterStats
+	if n.leader != nil {
+		st.Epoch = n.leader.Epoch
+	}
+	n.mu.Unlock()
+	st.Primary = primary
+	if f := n.follower; f != nil {
+		st.Applied = f.Units()
+		if !primary {
+			st.Unit, st.Synced = f.LastUnit(), f.Synced()
+		}
+	}
+	if primary && src != nil {
+		acked, unit := src.Followers()
+		st.Unit, st.Lag = unit, map[string]uint64{}
+		for m, a := range acked {
+			st.Lag[m] = unit - min(a, unit)
+		}
+	}
+	return st
+}
+
+// standbyMetrics serves --metrics-listen while this node is a standby
+// (the cluster families only); nil without the flag, or when the address
+// cannot be bound (logged: the standby serves on without metrics).
+func (n *Node) standbyMetrics() *metrics.Server {
+	h := n.cfg.Hub
+	if h.MetricsListen == "" {
+		return nil
+	}
+	role := h.MetricsRole
+	if role == "" {
+		role = "hub"
+	}
+	mcfg := metrics.Config{Listen: h.MetricsListen, Sources: metrics.Sources{Cluster: n.stats}, Role: role + " (standby)",
+		Logger: n.cfg.Logger, TLS: h.TLS, Insecure: h.MetricsInsecure}
+	if h.Auth != nil {
+		mcfg.Auth = h.Auth
+	}
+	var ms *metrics.Server
+	var err error
+	for range 20 { // the hub that stepped down may still be letting go of it
+		if ms, err = metrics.New(mcfg); err == nil {
+			ms.Start()
+			return ms
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	n.cfg.Logger.Warn("cluster: the standby serves no metrics", "err", err)
+	return nil
 }
