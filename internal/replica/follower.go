@@ -84,6 +84,9 @@ type Follower struct {
 	units  atomic.Uint64
 	last   atomic.Uint64 // the newest unit applied
 
+	posMu sync.Mutex
+	pos   position // the newest unit applied, with its primary's epoch
+
 	mu    sync.Mutex
 	epoch uint64 // highest primary epoch seen, persisted
 }
@@ -123,6 +126,15 @@ func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica"
 // completed: the standby holds every unit that primary acknowledged to
 // it since.
 func (f *Follower) Synced() bool { return f.synced.Load() }
+
+// position is the copy's position: the newest unit applied and its
+// primary's epoch (not reset when a stream ends; kept in memory only, so
+// a restarted standby is at 0 until it applies a unit).
+func (f *Follower) position() position {
+	f.posMu.Lock()
+	defer f.posMu.Unlock()
+	return f.pos
+}
 
 // LastUnit is the newest unit applied from the primary followed now.
 func (f *Follower) LastUnit() uint64 { return f.last.Load() }
@@ -185,12 +197,16 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
 	for {
+		f.crash.hold(ctx, "unit-hold")
 		u, err := f.applyUnit(cs, leader.Epoch)
 		if err != nil {
 			return err
 		}
 		f.units.Add(1)
 		f.last.Store(u)
+		f.posMu.Lock()
+		f.pos = position{Epoch: leader.Epoch, Unit: u}
+		f.posMu.Unlock()
 		if err := cs.SendMsg(uvarintFrame(kindAck, u)); err != nil {
 			return fmt.Errorf("%w: replica: ack: %v", errs.ErrUnavailable, err)
 		}
@@ -460,7 +476,9 @@ func (f *Follower) recoverUnits() error {
 // RLHUB_TEST_REPLICA_CRASH, "point" or "point:N" for the Nth time; the
 // same mechanism as arsrpc's RLHUB_TEST_ARS_CRASH). Points:
 // unit-staged (a unit's files staged, no marker), unit-marked (marker
-// written, nothing moved), install-mid (one file of a unit moved).
+// written, nothing moved), install-mid (one file of a unit moved); and
+// unit-hold, which does not kill: the standby stops applying units
+// (keeping its lease) until its stream ends.
 type crashHook struct {
 	point string
 	n     int
@@ -479,6 +497,16 @@ func parseCrash(s string) *crashHook {
 		}
 	}
 	return h
+}
+
+// hold blocks until ctx ends the Nth time point is reached: a standby
+// that stops applying units while it keeps its lease (point unit-hold,
+// before a unit is received).
+func (h *crashHook) hold(ctx context.Context, point string) {
+	if h == nil || h.point != point || h.hits.Add(1) != int64(h.n) {
+		return
+	}
+	<-ctx.Done()
 }
 
 // at SIGKILLs this process the Nth time point is reached.

@@ -8,9 +8,11 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
@@ -54,6 +56,8 @@ type Node struct {
 	cfg      NodeConfig
 	follower *Follower
 	addr     string
+
+	campaigning atomic.Bool // in Campaign: may be elected
 
 	mu       sync.Mutex
 	src      *Source         // while primary
@@ -238,7 +242,7 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) 
 			return lis, err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
-		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, append(extra, csvc))
+		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, n.position, append(extra, csvc))
 		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
 		if ms != nil {
@@ -283,10 +287,33 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	yielded := 0
 	for {
+		n.campaigning.Store(true)
 		term, err := m.Campaign(sctx)
+		n.campaigning.Store(false)
 		if err == nil {
-			return term, nil
+			// With --replica-acks below the standbys, the acknowledging
+			// standby may not be the one elected: a standby whose copy is
+			// ahead of this one gets the term (bounded: after maxYields the
+			// term is served as it is).
+			id, ahead := n.behind(sctx, m)
+			if !ahead || yielded == maxYields {
+				if ahead {
+					n.cfg.Logger.Warn("cluster: elected with a copy older than a standby's; serving anyway (publishes it lacks are lost)", "standby", id)
+				}
+				return term, nil
+			}
+			yielded++
+			n.cfg.Logger.Info("cluster: elected, but a standby holds a newer copy; resigning for it", "standby", id, "epoch", term.Epoch)
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			rerr := m.Resign(rctx)
+			rcancel()
+			if rerr != nil { // still elected: serve the term
+				n.cfg.Logger.Warn("cluster: cannot resign for the standby ahead; serving", "err", rerr)
+				return term, nil
+			}
+			continue
 		}
 		if errors.Is(err, cluster.ErrDeposed) {
 			return nil, errMemberLost
@@ -303,6 +330,68 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// maxYields bounds how often one election round is resigned for a
+// standby that is ahead.
+const maxYields = 3
+
+// position is this node's copy's position for a position query.
+func (n *Node) position() position {
+	p := n.follower.position()
+	p.Campaigning = n.campaigning.Load()
+	return p
+}
+
+// behind asks every other member for its position and reports one that
+// is campaigning with a copy ahead of this node's. A member that does not
+// answer within a second counts as not ahead.
+func (n *Node) behind(ctx context.Context, m *cluster.Member) (string, bool) {
+	st, err := m.Status(ctx)
+	if err != nil {
+		return "", false
+	}
+	mine := n.follower.position()
+	for _, mi := range st.Members {
+		if mi.ID == m.ID() {
+			continue
+		}
+		p, err := n.queryPosition(ctx, mi.Addr)
+		if err == nil && p.Campaigning && p.ahead(mine) {
+			return mi.ID, true
+		}
+	}
+	return "", false
+}
+
+func (n *Node) queryPosition(ctx context.Context, addr string) (position, error) {
+	qctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	cc, err := n.cfg.Dial(qctx, addr)
+	if err != nil {
+		return position{}, err
+	}
+	defer cc.Close()
+	cs, err := cc.NewStream(qctx, &streamDesc, FollowMethod)
+	if err != nil {
+		return position{}, err
+	}
+	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: n.follower.cfg.Member, Query: true})); err != nil {
+		return position{}, err
+	}
+	var msg wrapperspb.BytesValue
+	if err := cs.RecvMsg(&msg); err != nil {
+		return position{}, err
+	}
+	var p position
+	b := msg.GetValue()
+	if len(b) == 0 || b[0] != kindPos {
+		return position{}, errFrame
+	}
+	if err := parseJSON(b[1:], &p); err != nil {
+		return position{}, err
+	}
+	return p, nil
 }
 
 // followLoop follows whichever hub leads, until ctx ends.

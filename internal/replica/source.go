@@ -293,6 +293,9 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	if err := parseJSON(b[1:], &h); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
+	if h.Query {
+		return status.Error(codes.FailedPrecondition, "replica: this hub is the primary, not a standby with a position")
+	}
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
 	}
