@@ -289,8 +289,8 @@ func (t *Term) renew(ctx context.Context, sent time.Time) error {
 
 // Valid reports, without asking etcd, whether the term proof holds now:
 // nil if so; ErrDeposed once the lease is known gone; Unavailable naming
-// etcd when the proof expired, its last renewal failed, or the etcd
-// connection is not READY.
+// etcd when the etcd connection is not READY; ErrProofExpired when the
+// proof ran out (a slow or failed renewal).
 func (t *Term) Valid() error {
 	select {
 	case <-t.m.sess.Done():
@@ -308,12 +308,17 @@ func (t *Term) Valid() error {
 	}
 	if until.IsZero() || !time.Now().Before(until) {
 		if perr != nil {
-			return perr
+			return fmt.Errorf("%w (the last renewal: %v)", ErrProofExpired, perr)
 		}
-		return fmt.Errorf("%w: cluster: etcd has not renewed this hub's lease within the proof's lifetime", errs.ErrUnavailable)
+		return ErrProofExpired
 	}
 	return nil
 }
+
+// ErrProofExpired (from Term.Valid): the term proof ran out with the etcd
+// connection READY — a renewal was slow or failed. Renew (one etcd round
+// trip) may restore it; a writer that cannot wait fails with it.
+var ErrProofExpired = fmt.Errorf("%w: cluster: etcd has not renewed this hub's lease within the term proof's lifetime", errs.ErrUnavailable)
 
 // Hold renews the term proof every quarter lease (at least every 100ms)
 // until ctx ends or the term is found deposed (ErrDeposed is returned).

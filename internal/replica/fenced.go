@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -33,6 +34,12 @@ type Fenced struct {
 	// Proof reports, without asking etcd, whether the term still holds
 	// (cluster.Term.Valid); nil means no check.
 	Proof func() error
+	// Renew renews the proof (cluster.Term.Renew: one etcd round trip);
+	// a write whose Proof found it expired (cluster.ErrProofExpired, etcd
+	// reachable but a renewal slow) renews it itself before it gives up,
+	// so a loaded machine pays a round trip rather than a failure. Nil:
+	// the write fails.
+	Renew func(ctx context.Context) error
 	// Refusal is the answer once deposed (the node fills in the new
 	// primary when it knows it); nil while this hub is the primary.
 	Refusal func() *cluster.Refusal
@@ -68,10 +75,8 @@ func (f *Fenced) prepare(ctx context.Context) ([]string, error) {
 	if r := f.refused(); r != nil {
 		return nil, r
 	}
-	if f.Proof != nil {
-		if err := f.Proof(); err != nil {
-			return nil, f.termError(err, "before writing")
-		}
+	if err := f.proof(ctx); err != nil {
+		return nil, f.termError(err, "before writing")
 	}
 	if f.Source == nil {
 		return nil, nil
@@ -109,13 +114,32 @@ func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
 			return err
 		}
 	}
-	if f.Proof == nil {
-		return nil
-	}
-	if err := f.Proof(); err != nil {
+	if err := f.proof(ctx); err != nil {
 		return f.termError(err, "before acknowledging")
 	}
 	return nil
+}
+
+// renewTimeout bounds the etcd round trip of a write that renews an
+// expired proof itself.
+const renewTimeout = 2 * time.Second
+
+// proof checks the term proof, renewing it once when it merely expired.
+func (f *Fenced) proof(ctx context.Context) error {
+	if f.Proof == nil {
+		return nil
+	}
+	err := f.Proof()
+	if errors.Is(err, cluster.ErrProofExpired) && f.Renew != nil {
+		rctx, cancel := context.WithTimeout(ctx, renewTimeout)
+		rerr := f.Renew(rctx)
+		cancel()
+		if rerr != nil {
+			return rerr
+		}
+		err = f.Proof()
+	}
+	return err
 }
 
 func (f *Fenced) commit(fn func() error) error {

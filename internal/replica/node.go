@@ -508,7 +508,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	}
 	hcfg := n.cfg.Hub
 	hcfg.WrapStore = func(s store.Store) store.Store {
-		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Refusal: gate, Deposed: depose}
+		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose}
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src
