@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,7 +165,8 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 // cluster primary with two standbys (acks all, and acks 0), interleaved
 // in one run (RLHUB_REPLICATION_COST=1, RLHUB_REPLICATION_ROUNDS rounds,
 // default 3; skipped otherwise). RLHUB_REPLICATION_HUBS sets the
-// acks-all cluster's size (default 3). Each figure's ratio is against the
+// acks-all cluster's size (default 3), RLHUB_REPLICATION_ARGS adds serve
+// flags to its hubs (e.g. --replica-sync fsync). Each figure's ratio is against the
 // single hub of the same round; the medians over the rounds close the
 // log.
 func TestReplicationCost(t *testing.T) {
@@ -230,7 +232,8 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	const ng = 30 // gradients per round
 	single := startPlainHub(t, "--reduce-batch-size", "1")
 	e := startEtcd(t)
-	all := newClusterTTL(t, e, nh, "2s", "--reduce-batch-size", "1")
+	allArgs := append([]string{"--reduce-batch-size", "1"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
+	all := newClusterTTL(t, e, nh, "2s", allArgs...)
 	lAll, _ := all.leader(0)
 	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "1")
 	lAsync, _ := async.leader(0)
