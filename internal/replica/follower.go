@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -182,13 +183,18 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// A stream whose first unit does not begin within firstFrameTimeout
+	// (a connection that never became ready, a stream opened on a hub
+	// that was just changing roles) is dropped and followed again.
+	first := time.AfterFunc(firstFrameTimeout, cancel)
+	defer first.Stop()
 	cc, err := f.cfg.Dial(ctx, leader.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
 	if err != nil {
 		return fmt.Errorf("%w: replica: %v", errs.ErrUnavailable, err)
@@ -198,7 +204,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	}
 	for {
 		f.crash.hold(ctx, "unit-hold")
-		u, err := f.applyUnit(cs, leader.Epoch)
+		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
 		if err != nil {
 			return err
 		}
@@ -213,13 +219,17 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	}
 }
 
+// firstFrameTimeout bounds the wait for a stream's first unit to begin
+// (the primary cuts it at once).
+const firstFrameTimeout = 10 * time.Second
+
 type staged struct {
 	rel, tmp string
 }
 
 // applyUnit receives one unit into the staging area and, once its end
 // arrives whole, installs it; a unit cut short changes nothing.
-func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64) (uint64, error) {
+func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bool) (uint64, error) {
 	recv := func() ([]byte, error) {
 		var m wrapperspb.BytesValue
 		if err := cs.RecvMsg(&m); err != nil {
@@ -244,6 +254,7 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64) (uint64, error)
 	if bg.Epoch != epoch {
 		return 0, fmt.Errorf("%w: replica: unit from epoch %d on a stream of epoch %d", errs.ErrStale, bg.Epoch, epoch)
 	}
+	began()
 	stage, err := os.MkdirTemp(f.dir(), "unit-")
 	if err != nil {
 		return 0, fmt.Errorf("replica: %w", err)

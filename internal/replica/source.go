@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -210,20 +211,44 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
 	defer cancel()
-	need := len(standbys)
-	if s.cfg.Acks > 0 {
-		need = min(need, s.cfg.Acks)
-	}
 	s.mu.Lock()
 	s.unit++
 	want := s.unit
 	s.bump()
+	// Besides the registered standbys (as of the last refresh), wait for
+	// every follower connected now: one that registered since the refresh
+	// may have taken its full sync before this commit and campaign next.
+	// One that connects later takes its full sync after the commit; one
+	// of these extras that leaves is not waited for (its next full sync
+	// carries the commit).
+	registered := map[string]bool{}
+	for _, id := range standbys {
+		registered[id] = true
+	}
+	extra := map[string]bool{}
+	for p := range s.followers {
+		if !registered[p.member] {
+			extra[p.member] = true
+		}
+	}
+	var need int
+	var ids []string
 	for {
 		if s.closed {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
 		}
-		if s.ackedBy(standbys, want) >= need {
+		ids = slices.Clone(standbys)
+		for id := range extra {
+			if s.connected(id) {
+				ids = append(ids, id)
+			}
+		}
+		need = len(ids)
+		if s.cfg.Acks > 0 {
+			need = min(need, s.cfg.Acks)
+		}
+		if s.ackedBy(ids, want) >= need {
 			s.mu.Unlock()
 			return nil
 		}
@@ -233,13 +258,23 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 		case <-ch:
 		case <-ctx.Done():
 			s.mu.Lock()
-			got := s.ackedBy(standbys, want)
+			got := s.ackedBy(ids, want)
 			s.mu.Unlock()
 			return fmt.Errorf("%w: replica: %d of %d standbys acknowledged the publish within %v (it is not acknowledged)",
 				errs.ErrUnavailable, got, need, s.cfg.AckTimeout)
 		}
 		s.mu.Lock()
 	}
+}
+
+// connected reports whether member has a stream open; s.mu is held.
+func (s *Source) connected(member string) bool {
+	for p := range s.followers {
+		if p.member == member {
+			return true
+		}
+	}
+	return false
 }
 
 // ackedBy counts the registered standbys whose stream applied unit u;
