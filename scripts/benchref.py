@@ -85,6 +85,17 @@ CELLS: List[Cell] = [
          ("env-steps/s", "env steps/s"), None, None),
     Cell("Environments", "./internal/env", "Step/CartPole-v1$", "200000x", "CartPole-v1 step",
          ("steps/s", "steps/s"), None, None),
+    # The cluster (docs/cluster.md): real etcd and rlhub serve --etcd
+    # processes on loopback, one host. Failover: 3 kills at a 2 s lease
+    # (p99 is the maximum); the ratio is p99 over the lease. Replication:
+    # 2 rounds of 100 × 1 MiB publishes, 100 pulls and 30 gradients on a
+    # single hub, a primary with two standbys (acks all) and one with
+    # acks 0, interleaved; ratios are medians of the per-round ratios.
+    Cell("Cluster", "./internal/replica", "Failover/lease=2s$", "1x", "primary SIGKILLed → first version by the new primary, 3 hubs, 2 s lease, 3 kills",
+         ("p50_s", "p50 s"), ("lease_s", "lease TTL s"), ("p99_leases", "× lease (p99)"), [("p99_s", "p99 (max) s")]),
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "1 MiB publishes: primary + 2 standbys (acks all) vs a single hub",
+         ("pushes/s", "pushes/s"), ("single_pushes/s", "single hub pushes/s"), ("x_pushes", "× single hub"),
+         [("x_grads", "× single hub gradients applied/s"), ("x_pulls", "× single hub pulls/s"), ("x_pushes_acks0", "× single hub pushes/s with acks 0")]),
 ]
 
 # The Python client's scripts, and the two speed scripts that compare

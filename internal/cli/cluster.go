@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -32,6 +33,8 @@ type clusterFlags struct {
 	// insecure is serve's --insecure: it allows plaintext etcd off
 	// loopback too.
 	insecure bool
+	// sync: --replica-sync (when a standby acknowledges a unit).
+	sync string
 }
 
 func (f *clusterFlags) endpoints() []string {
@@ -105,6 +108,10 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 	if err != nil {
 		return err
 	}
+	syncMode, err := replica.ParseSyncMode(f.sync)
+	if err != nil {
+		return err
+	}
 	endpoints := f.endpoints()
 	if f.embedded != "" {
 		emb, err := cluster.StartEmbedded(cluster.EmbeddedConfig{Dir: f.embedded, ClientURL: f.embedURL})
@@ -123,8 +130,15 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 		Cluster:    cluster.Config{Endpoints: endpoints, Cluster: f.name, ID: f.id, LeaseTTL: f.leaseTTL, Security: etcdSecurity(ctx, f.insecure)},
 		Acks:       acks,
 		AckTimeout: f.ackTimeout,
+		Sync:       syncMode,
+		// A test-only hook: SIGKILL a standby at a named point of a unit's
+		// install (replica.FollowerConfig.CrashAt).
+		CrashAt: os.Getenv("RLHUB_TEST_REPLICA_CRASH"),
 		Dial: func(_ context.Context, addr string) (*grpc.ClientConn, error) {
-			return dc.GRPC(addr)
+			// The replication stream carries whole model versions: windows
+			// of a unit's size, so one is not paced by 64 KiB round trips.
+			return dc.GRPC(addr, grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20),
+				grpc.WithReadBufferSize(1<<20), grpc.WithWriteBufferSize(1<<20))
 		},
 		Logger: logger,
 	})

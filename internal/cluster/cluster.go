@@ -40,9 +40,11 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/rlhub/rlhub/internal/errs"
 )
@@ -236,6 +238,128 @@ type Term struct {
 	Epoch uint64
 	m     *Member
 	key   string
+
+	mu         sync.Mutex
+	validUntil time.Time // the proof's end (monotonic reading); zero: none
+	proofErr   error     // why there is no proof (nil: never renewed yet)
+}
+
+// The term proof. A primary may write without asking etcd while it holds
+// a proof: a keep-alive of its lease, sent at monotonic time s and
+// answered with TTL t, followed by a Check that found its election key
+// leading, proves the term until s + t − margin. etcd can only expire the
+// lease — and so delete the key and let a standby win the election — t
+// after it processed that keep-alive, which was after s; a primary that
+// is stopped (SIGSTOP) and resumed finds its proof expired, because
+// CLOCK_MONOTONIC (Go's monotonic reading) runs on through the stop. The
+// assumption is a bounded clock drift rate between this host and etcd's
+// leader (margin / t: a fifth of the lease), not synchronised clocks.
+// Any failure to renew ends the proof at once, as does the etcd
+// connection leaving READY: a write then fails with Unavailable naming
+// etcd instead of running out the proof.
+
+// proofMargin is the part of the lease a proof does not use.
+func proofMargin(ttl time.Duration) time.Duration { return ttl / 5 }
+
+// Renew renews the term proof: one keep-alive of the lease, then Check.
+// ErrDeposed when the term is gone; Unavailable when etcd cannot answer
+// (the proof ends either way).
+func (t *Term) Renew(ctx context.Context) error {
+	sent := time.Now()
+	err := t.renew(ctx, sent)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
+		t.validUntil, t.proofErr = time.Time{}, err
+		return err
+	}
+	return nil
+}
+
+func (t *Term) renew(ctx context.Context, sent time.Time) error {
+	select {
+	case <-t.m.sess.Done():
+		return ErrDeposed
+	default:
+	}
+	resp, err := t.m.cli.KeepAliveOnce(ctx, t.m.sess.Lease())
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return ErrDeposed
+	}
+	if err != nil {
+		return fmt.Errorf("%w: cluster: etcd: lease keep-alive: %v", errs.ErrUnavailable, err)
+	}
+	if resp.TTL <= 0 {
+		return ErrDeposed
+	}
+	if err := t.Check(ctx); err != nil {
+		return err
+	}
+	ttl := time.Duration(resp.TTL) * time.Second
+	until := sent.Add(ttl - proofMargin(ttl))
+	t.mu.Lock()
+	if until.After(t.validUntil) {
+		t.validUntil = until
+	}
+	t.proofErr = nil
+	t.mu.Unlock()
+	return nil
+}
+
+// Valid reports, without asking etcd, whether the term proof holds now:
+// nil if so; ErrDeposed once the lease is known gone; Unavailable naming
+// etcd when the etcd connection is not READY; ErrProofExpired when the
+// proof ran out (a slow or failed renewal).
+func (t *Term) Valid() error {
+	select {
+	case <-t.m.sess.Done():
+		return ErrDeposed
+	default:
+	}
+	t.mu.Lock()
+	until, perr := t.validUntil, t.proofErr
+	t.mu.Unlock()
+	if errors.Is(perr, ErrDeposed) {
+		return ErrDeposed
+	}
+	if st := t.m.cli.ActiveConnection().GetState(); st != connectivity.Ready {
+		return fmt.Errorf("%w: cluster: etcd connection %s", errs.ErrUnavailable, st)
+	}
+	if until.IsZero() || !time.Now().Before(until) {
+		if perr != nil {
+			return fmt.Errorf("%w (the last renewal: %v)", ErrProofExpired, perr)
+		}
+		return ErrProofExpired
+	}
+	return nil
+}
+
+// ErrProofExpired (from Term.Valid): the term proof ran out with the etcd
+// connection READY — a renewal was slow or failed. Renew (one etcd round
+// trip) may restore it; a writer that cannot wait fails with it.
+var ErrProofExpired = fmt.Errorf("%w: cluster: etcd has not renewed this hub's lease within the term proof's lifetime", errs.ErrUnavailable)
+
+// Hold renews the term proof every quarter lease (at least every 100ms)
+// until ctx ends or the term is found deposed (ErrDeposed is returned).
+// A failed renewal is retried at the same pace; the proof has ended
+// meanwhile. The first renewal is made before Hold's first wait.
+func (t *Term) Hold(ctx context.Context) error {
+	every := max(t.m.cfg.LeaseTTL/4, 100*time.Millisecond)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
+		err := t.Renew(rctx)
+		cancel()
+		if errors.Is(err, ErrDeposed) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.m.sess.Done():
+			return ErrDeposed
+		case <-time.After(every):
+		}
+	}
 }
 
 // Lost closes when the term may have ended (the lease is gone).

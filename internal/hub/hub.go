@@ -124,6 +124,9 @@ type Config struct {
 	// reader token on every request) when the hub has them; off loopback
 	// it needs both unless MetricsInsecure (serve --insecure).
 	MetricsInsecure bool
+	// MetricsCluster, when set, adds a cluster member's role and
+	// replication families to the metrics endpoint (internal/replica).
+	MetricsCluster func() metrics.ClusterStats
 	// Logger receives the hub's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// WrapStore, when set, wraps the opened store before any service sees
@@ -635,6 +638,7 @@ func (h *Hub) newMetrics(g *metrics.GRPCServerMetrics) (*metrics.Server, error) 
 	if sr, ok := h.store.(store.StatsReader); ok {
 		src.Store = sr.Stats
 	}
+	src.Cluster = h.cfg.MetricsCluster
 	mcfg := metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger,
 		TLS: h.cfg.TLS, Insecure: h.cfg.MetricsInsecure}
 	if h.cfg.Auth != nil {

@@ -34,6 +34,25 @@ type Sources struct {
 	Worker *arsrpc.WorkerCounters
 	// Auth is the token verifier's counters (a hub with tokens).
 	Auth func() auth.Stats
+	// Cluster is a cluster member's role and replication (serve --etcd:
+	// the primary's hub and the standby both export it).
+	Cluster func() ClusterStats
+}
+
+// ClusterStats is one cluster member's role and replication state
+// (internal/replica fills it).
+type ClusterStats struct {
+	Primary bool
+	Epoch   uint64
+	// Unit is the newest unit applied (standby) or asked for (primary).
+	Unit uint64
+	// Applied counts the units applied as a standby.
+	Applied uint64
+	// Synced: the standby holds a full copy of the primary it follows.
+	Synced bool
+	// Lag is, on the primary, each connected standby's units not yet
+	// acknowledged, by member id.
+	Lag map[string]uint64
 }
 
 // OtherLabel is the label value shared by the collectors, learners, runs
@@ -64,6 +83,7 @@ func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *stats
 	add(src.ARS != nil, arsFamilies)
 	add(src.Worker != nil, workerFamilies)
 	add(src.Auth != nil, authFamilies)
+	add(src.Cluster != nil, clusterFamilies)
 	for _, f := range c.fams {
 		c.descs[f.Name] = f.desc()
 	}
@@ -118,6 +138,34 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, fAuthQuota, float64(a.QuotaModelsFull), "models")
 		c.emit(ch, fAuthQuota, float64(a.QuotaBytesFull), "bytes")
 		c.emit(ch, fAuthQuota, float64(a.QuotaRateFull), "rate")
+	}
+	if c.src.Cluster != nil {
+		c.collectCluster(ch, c.src.Cluster())
+	}
+}
+
+func (c *statsCollector) collectCluster(ch chan<- prometheus.Metric, st ClusterStats) {
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	c.emit(ch, fClusterPrimary, b(st.Primary))
+	c.emit(ch, fClusterEpoch, float64(st.Epoch))
+	c.emit(ch, fClusterUnit, float64(st.Unit))
+	c.emit(ch, fClusterApplied, float64(st.Applied))
+	c.emit(ch, fClusterSynced, b(st.Synced))
+	members := make([]string, 0, len(st.Lag))
+	for m := range st.Lag {
+		members = append(members, m)
+	}
+	slices.Sort(members)
+	for i, m := range members {
+		if i >= c.max {
+			break // a cluster has a handful of members; the cap only bounds a broken one
+		}
+		c.emit(ch, fClusterLag, float64(st.Lag[m]), m)
 	}
 }
 

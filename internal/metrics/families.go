@@ -64,6 +64,12 @@ var (
 	fAuthReloads     = Family{"rlhub_auth_reloads_total", "counter", []string{"outcome"}, "Token file reloads by outcome (ok, failed: the old tokens stayed)."}
 	fAuthCut         = Family{"rlhub_auth_calls_cut_total", "counter", nil, "Calls ended because their token was revoked, changed or expired."}
 	fAuthQuota       = Family{"rlhub_auth_quota_refusals_total", "counter", []string{"quota"}, "Pushes refused by a token's quota (models: max-models, bytes: max-bytes, rate: max-rps)."}
+	fClusterPrimary  = Family{"rlhub_cluster_primary", "gauge", nil, "1 while this hub is the cluster's primary, 0 while it is a standby."}
+	fClusterEpoch    = Family{"rlhub_cluster_epoch", "gauge", nil, "Epoch of the term this hub holds (primary) or follows (standby; 0: no primary known)."}
+	fClusterUnit     = Family{"rlhub_cluster_replicated_unit", "gauge", nil, "Newest replication unit: applied here (standby) or asked for by a publish (primary); units number anew each term."}
+	fClusterApplied  = Family{"rlhub_cluster_units_applied_total", "counter", nil, "Replication units this hub applied as a standby since it started."}
+	fClusterSynced   = Family{"rlhub_cluster_synced", "gauge", nil, "1 while this standby holds a full copy of the primary it follows (it may campaign), else 0."}
+	fClusterLag      = Family{"rlhub_cluster_standby_lag_units", "gauge", []string{"member"}, "On the primary: units asked for that each connected standby has not acknowledged yet."}
 )
 
 // grpcFamilies are the gRPC server metrics (go-grpc-middleware's
@@ -84,13 +90,14 @@ var (
 	arsFamilies        = []Family{fARSRuns, fARSWorkers, fARSReassigned, fARSIteration, fARSEval, fARSTrain, fARSEpisodes, fARSSteps, fARSStepsRate}
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
+	clusterFamilies    = []Family{fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterLag}
 )
 
 // Families lists every rlhub_* metric family this package can export, in
 // the docs table's order.
 func Families() []Family {
 	var out []Family
-	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, grpcFamilies} {
+	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, clusterFamilies, grpcFamilies} {
 		out = append(out, g...)
 	}
 	return out

@@ -7,14 +7,19 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -29,6 +34,40 @@ func TestFailoverTimes(t *testing.T) {
 	if kills <= 0 {
 		t.Skip("set RLHUB_FAILOVER_KILLS=N to measure failover over N kills")
 	}
+	took := measureFailover(t, kills)
+	q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
+	t.Logf("failover, kill → first version by the new primary, lease 2s, %d kills: p50 %v p99 %v max %v",
+		len(took), q(0.50).Round(time.Millisecond), q(0.99).Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+}
+
+// BenchmarkFailover is TestFailoverTimes for `make benchref`:
+// RLHUB_FAILOVER_KILLS kills (default 3) of a three-hub cluster at a 2s
+// lease, reporting kill → first version by the new primary (p50_s,
+// p99_s: the maximum below 100 kills), the lease (lease_s) and p99 in
+// leases.
+func BenchmarkFailover(b *testing.B) {
+	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
+	if kills <= 0 {
+		kills = 3
+	}
+	b.Run("lease=2s", func(b *testing.B) {
+		var took []time.Duration
+		for range b.N {
+			took = measureFailover(b, kills)
+		}
+		q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
+		b.ReportMetric(q(0.50).Seconds(), "p50_s")
+		b.ReportMetric(q(0.99).Seconds(), "p99_s")
+		b.ReportMetric(2, "lease_s")
+		b.ReportMetric(q(0.99).Seconds()/2, "p99_leases")
+		b.ReportMetric(float64(len(took)), "kills")
+	})
+}
+
+// measureFailover kills a three-hub cluster's primary kills times while a
+// client publishes, and returns each kill → first version published by
+// the new primary, sorted.
+func measureFailover(t testing.TB, kills int) []time.Duration {
 	e := startEtcd(t)
 	c := newClusterTTL(t, e, 3, "2s")
 	blob := storetest.Blob(t, 1, 1<<16)
@@ -118,28 +157,102 @@ func TestFailoverTimes(t *testing.T) {
 		time.Sleep(3 * time.Second) // let it finish its full sync and campaign
 	}
 	slices.Sort(took)
-	q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
-	t.Logf("failover, kill → first version by the new primary, lease 2s, %d kills: p50 %v p99 %v max %v",
-		len(took), q(0.50).Round(time.Millisecond), q(0.99).Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	return took
 }
 
-// TestReplicationCost measures the store's push and pull throughput on a
-// single hub and on a cluster primary with two standbys (acks all, and
-// acks 0), interleaved in one run (RLHUB_REPLICATION_COST=1; skipped
-// otherwise).
+// TestReplicationCost measures the store's push and pull throughput and
+// the reducer's gradients applied per second on a single hub and on a
+// cluster primary with two standbys (acks all, and acks 0), interleaved
+// in one run (RLHUB_REPLICATION_COST=1, RLHUB_REPLICATION_ROUNDS rounds,
+// default 3; skipped otherwise). RLHUB_REPLICATION_HUBS sets the
+// acks-all cluster's size (default 3), RLHUB_REPLICATION_ARGS adds serve
+// flags to its hubs (e.g. --replica-sync fsync). Each figure's ratio is against the
+// single hub of the same round; the medians over the rounds close the
+// log.
 func TestReplicationCost(t *testing.T) {
 	if os.Getenv("RLHUB_REPLICATION_COST") == "" {
 		t.Skip("set RLHUB_REPLICATION_COST=1 to measure")
 	}
+	rounds := 3
+	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
+	nh := 3 // RLHUB_REPLICATION_HUBS=1: a cluster of one (fencing, no standby), the control
+	if h, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_HUBS")); err == nil && h > 0 {
+		nh = h
+	}
+	r := measureReplication(t, rounds, nh)
+	t.Logf("replication cost, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx",
+		rounds, median(r.ratios[0]), median(r.ratios[1]), median(r.ratios[2]), median(r.ratios[3]), median(r.ratios[4]), median(r.ratios[5]))
+}
+
+// BenchmarkReplicationCost is TestReplicationCost for `make benchref`:
+// RLHUB_REPLICATION_ROUNDS rounds (default 2), reporting the cluster
+// primary's (acks all, two standbys) pushes/s and the single hub's
+// (medians), and the medians of the per-round ratios for pushes, pulls and
+// gradients applied, with acks all and acks 0.
+func BenchmarkReplicationCost(b *testing.B) {
+	rounds := 2
+	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
+		rounds = r
+	}
+	b.Run("size=1MiB", func(b *testing.B) {
+		var r replicationRun
+		for range b.N {
+			r = measureReplication(b, rounds, 3)
+		}
+		b.ReportMetric(median(r.cluster), "pushes/s")
+		b.ReportMetric(median(r.single), "single_pushes/s")
+		for i, name := range []string{"x_pushes", "x_pulls", "x_grads", "x_pushes_acks0", "x_pulls_acks0", "x_grads_acks0"} {
+			b.ReportMetric(median(r.ratios[i]), name)
+		}
+	})
+}
+
+// replicationRun is measureReplication's figures, one entry per round:
+// the ratios to the single hub (acks all: pushes, pulls, grads; acks 0:
+// the same) and the pushes/s of the acks-all primary and the single hub.
+type replicationRun struct {
+	ratios          [6][]float64
+	cluster, single []float64
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// measureReplication runs rounds of the measurement on a single hub, a
+// cluster of nh hubs with acks all and one of three with acks 0,
+// interleaved.
+func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	const n, size = 100, 1 << 20 // 1 MiB blobs (256 Ki float32)
 	blob := storetest.Blob(t, 1, size/4)
-	single := startPlainHub(t)
+	const ng = 30 // gradients per round
+	single := startPlainHub(t, "--reduce-batch-size", "1")
 	e := startEtcd(t)
-	all := newClusterTTL(t, e, 3, "2s")
+	allArgs := append([]string{"--reduce-batch-size", "1"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
+	all := newClusterTTL(t, e, nh, "2s", allArgs...)
 	lAll, _ := all.leader(0)
-	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0")
+	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "1")
 	lAsync, _ := async.leader(0)
-	measure := func(addr string) (pushes, pulls float64) {
+	// Every standby follows before anything is timed (a standby still
+	// joining would hold the first publishes for its full sync).
+	for _, c := range []*testCluster{all, async} {
+		c.push("warm", 1, 0, blob)
+	}
+	gsd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, make([]float32, size/4)))
+	gblob, err := safetensors.Encode(gsd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ones := make([]float32, size/4)
+	for i := range ones {
+		ones[i] = 1
+	}
+	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, ones))
+	measure := func(addr string) (pushes, pulls, grads float64) {
 		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -161,26 +274,71 @@ func TestReplicationCost(t *testing.T) {
 			}
 		}
 		pulls = n / time.Since(start).Seconds()
-		return pushes, pulls
+
+		// Gradients: each pushed on the newest version, the next once it
+		// is applied (a new version published), one at a time.
+		gmodel := "g" + model
+		if _, err := cl.Push(ctx, store.PushRequest{Name: gmodel, Version: 1, Blob: gblob}); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: "bench"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: gmodel, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
+			t.Fatal(err)
+		}
+		versions := make(chan uint64, ng+1)
+		wctx, wcancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		defer func() { wcancel(); wg.Wait() }()
+		wg.Go(func() {
+			_ = cl.Watch(wctx, gmodel, 1, func(s *store.Snapshot, _ uint64) error {
+				versions <- s.Version
+				return nil
+			})
+		})
+		start = time.Now()
+		v := uint64(1)
+		for range ng {
+			if _, err := rc.PushGrad(ctx, gmodel, v, grad); err != nil {
+				t.Fatalf("gradient to %s: %v", addr, err)
+			}
+			for nv := range versions {
+				if nv > v {
+					v = nv
+					break
+				}
+			}
+		}
+		grads = ng / time.Since(start).Seconds()
+		return pushes, pulls, grads
 	}
-	for round := range 3 {
-		sp, sl := measure(single)
-		cp, cl := measure(lAll.Addr)
-		ap, al := measure(lAsync.Addr)
-		t.Logf("round %d, 1 MiB: single hub %.1f pushes/s %.1f pulls/s; primary + 2 standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx)",
-			round+1, sp, sl, cp, cp/sp, cl, cl/sl, ap, ap/sp, al, al/sl)
+	var run replicationRun
+	for round := range rounds {
+		sp, sl, sg := measure(single)
+		cp, cl, cg := measure(lAll.Addr)
+		ap, al, ag := measure(lAsync.Addr)
+		t.Logf("round %d, 1 MiB: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + 2 standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
+			round+1, sp, sl, sg, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
+		for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
+			run.ratios[i] = append(run.ratios[i], r)
+		}
+		run.cluster, run.single = append(run.cluster, cp), append(run.single, sp)
 	}
+	return run
 }
 
-func startEtcd(t *testing.T) string {
+func startEtcd(t testing.TB) string {
 	t.Helper()
 	return clustertest.Start(t).Endpoint
 }
 
 // startPlainHub runs `rlhub serve` without a cluster.
-func startPlainHub(t *testing.T) string {
+func startPlainHub(t testing.TB, extra ...string) string {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	return testkit.StartProc(t, testkit.ProcConfig{Name: "plain hub", AddrFile: addrFile,
-		Args: []string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}}).Addr()
+		Args: append([]string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}, extra...)}).Addr()
 }

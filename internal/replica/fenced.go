@@ -13,20 +13,33 @@ import (
 )
 
 // Fenced is the primary's store as every writer on the hub sees it (the
-// hub's Config.WrapStore): each push carries the term's epoch as its
-// writer epoch, commits with scans held off, waits for the standbys'
-// acknowledgements (Source.Sync) and then checks the term in etcd before
-// it is acknowledged. A push on a deposed primary, or one whose term
-// check fails, returns an error (the refusal, or Unavailable when etcd
-// cannot answer): it is never acknowledged.
+// hub's Config.WrapStore): each push checks the term proof (Proof: held
+// from etcd for the lease, no etcd round trip per publish), carries the
+// term's epoch as its writer epoch, commits with scans held off, waits
+// for the standbys' acknowledgements (Source.Sync) and checks the proof
+// again before it is acknowledged. A push on a deposed primary, or one
+// whose proof has lapsed, returns an error (the refusal, or Unavailable
+// naming etcd when etcd cannot renew the proof): it is never
+// acknowledged.
+//
+// The standbys are the second fence: a standby that has seen a newer
+// term follows no older primary (Follower), so a deposed primary's
+// publish cannot gather the acknowledgements it waits for.
 type Fenced struct {
 	store.Store
 	// Epoch is the term's epoch.
 	Epoch uint64
 	// Source replicates; nil means no replication (Sync skipped).
 	Source *Source
-	// Check asks etcd whether the term still holds (cluster.Term.Check).
-	Check func(ctx context.Context) error
+	// Proof reports, without asking etcd, whether the term still holds
+	// (cluster.Term.Valid); nil means no check.
+	Proof func() error
+	// Renew renews the proof (cluster.Term.Renew: one etcd round trip);
+	// a write whose Proof found it expired (cluster.ErrProofExpired, etcd
+	// reachable but a renewal slow) renews it itself before it gives up,
+	// so a loaded machine pays a round trip rather than a failure. Nil:
+	// the write fails.
+	Renew func(ctx context.Context) error
 	// Refusal is the answer once deposed (the node fills in the new
 	// primary when it knows it); nil while this hub is the primary.
 	Refusal func() *cluster.Refusal
@@ -37,17 +50,13 @@ type Fenced struct {
 	v       *visibility
 }
 
-// etcdTimeout bounds each etcd read a write makes (the standbys before
-// it, the term check after): with etcd unreachable the write fails
-// within it instead of waiting for etcd.
-const etcdTimeout = 2 * time.Second
-
 var (
 	_ store.Lender      = (*Fenced)(nil)
 	_ store.Claimer     = (*Fenced)(nil)
 	_ store.Deleter     = (*Fenced)(nil)
 	_ store.Prechecker  = (*Fenced)(nil)
 	_ store.StatsReader = (*Fenced)(nil)
+	_ store.UsageReader = (*Fenced)(nil)
 )
 
 func (f *Fenced) refused() error {
@@ -59,19 +68,20 @@ func (f *Fenced) refused() error {
 	return nil
 }
 
-// prepare is the common head of every write: refuse when deposed, and
-// read (from etcd) the standbys the write will wait for, which fails
-// before anything changes when etcd is unreachable or the term is gone.
+// prepare is the common head of every write: refuse when deposed or
+// when the term proof does not hold (before anything changes), and take
+// the standbys the write will wait for.
 func (f *Fenced) prepare(ctx context.Context) ([]string, error) {
 	if r := f.refused(); r != nil {
 		return nil, r
 	}
+	if err := f.proof(ctx); err != nil {
+		return nil, f.termError(err, "before writing")
+	}
 	if f.Source == nil {
 		return nil, nil
 	}
-	pctx, cancel := context.WithTimeout(ctx, etcdTimeout)
-	defer cancel()
-	standbys, err := f.Source.Prepare(pctx)
+	standbys, err := f.Source.Prepare(ctx)
 	if err != nil {
 		return nil, f.termError(err, "before writing")
 	}
@@ -94,7 +104,7 @@ func (f *Fenced) termError(err error, when string) error {
 }
 
 // acknowledge is the common tail of every write: replicate, then check
-// the term.
+// the term proof again.
 func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
 	if f.Source != nil {
 		if err := f.Source.Sync(ctx, standbys); err != nil {
@@ -104,15 +114,32 @@ func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
 			return err
 		}
 	}
-	if f.Check == nil {
-		return nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, etcdTimeout)
-	defer cancel()
-	if err := f.Check(cctx); err != nil {
+	if err := f.proof(ctx); err != nil {
 		return f.termError(err, "before acknowledging")
 	}
 	return nil
+}
+
+// renewTimeout bounds the etcd round trip of a write that renews an
+// expired proof itself.
+const renewTimeout = 2 * time.Second
+
+// proof checks the term proof, renewing it once when it merely expired.
+func (f *Fenced) proof(ctx context.Context) error {
+	if f.Proof == nil {
+		return nil
+	}
+	err := f.Proof()
+	if errors.Is(err, cluster.ErrProofExpired) && f.Renew != nil {
+		rctx, cancel := context.WithTimeout(ctx, renewTimeout)
+		rerr := f.Renew(rctx)
+		cancel()
+		if rerr != nil {
+			return rerr
+		}
+		err = f.Proof()
+	}
+	return err
 }
 
 func (f *Fenced) commit(fn func() error) error {
@@ -413,4 +440,30 @@ func (f *Fenced) Stats() store.Stats {
 		return s.Stats()
 	}
 	return store.Stats{}
+}
+
+// OwnerUsage implements store.UsageReader, so per-token quotas on a
+// cluster primary read the store's owner index instead of listing it:
+// the wrapped store's figures when it keeps them (store.File, Memory),
+// otherwise counted from List. A version still waiting for its
+// acknowledgement counts (it holds the space it will hold).
+func (f *Fenced) OwnerUsage(owner, name string) (models int, bytes int64, owns bool, nameBytes int64) {
+	if u, ok := f.Store.(store.UsageReader); ok {
+		return u.OwnerUsage(owner, name)
+	}
+	infos, err := f.Store.List(context.Background())
+	if err != nil {
+		return 0, 0, false, 0
+	}
+	for _, in := range infos {
+		if in.Owner != owner {
+			continue
+		}
+		models++
+		bytes += in.Bytes
+		if in.Name == name {
+			owns, nameBytes = true, in.Bytes
+		}
+	}
+	return models, bytes, owns, nameBytes
 }

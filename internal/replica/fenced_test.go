@@ -67,7 +67,10 @@ func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
 		t.Fatalf("WaitNewer returned a hidden version: %v", err)
 	}
 
-	standbys.Store([]string(nil)) // the standby left: nothing to wait for
+	standbys.Store([]string(nil))                    // the standby left: nothing to wait for
+	if err := src.RefreshStandbys(ctx); err != nil { // what the node does every quarter lease
+		t.Fatal(err)
+	}
 	got := make(chan *store.Snapshot, 1)
 	go func() {
 		s, err := f.WaitNewer(ctx, "m", 0)
@@ -89,5 +92,56 @@ func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
 	}
 	if s, err := f.Get(ctx, "m", 1); err != nil || s.Version != 1 {
 		t.Fatalf("v1 after v2 was acknowledged: %v %v", s, err)
+	}
+}
+
+// listCounter is a store that keeps an owner index and counts Lists.
+type listCounter struct {
+	*store.Memory
+	lists atomic.Int64
+}
+
+func (l *listCounter) List(ctx context.Context) ([]store.Info, error) {
+	l.lists.Add(1)
+	return l.Memory.List(ctx)
+}
+
+// Fenced forwards the owner index: a quota check on a cluster primary
+// reads what an owner holds without listing the store.
+func TestFencedForwardsOwnerUsage(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	inner := &listCounter{Memory: mem}
+	var s store.Store = &replica.Fenced{Store: inner, Epoch: 3}
+	ur, ok := s.(store.UsageReader)
+	if !ok {
+		t.Fatal("Fenced does not implement store.UsageReader")
+	}
+	ctx := context.Background()
+	blob := storetest.Blob(t, 1, 64)
+	for _, name := range []string{"a", "b"} {
+		if err := s.(store.Claimer).Claim(ctx, name, "tok:alice"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Push(ctx, store.PushRequest{Name: name, Version: 1, Owner: "tok:alice", Blob: blob}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Push(ctx, store.PushRequest{Name: "c", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	models, bytes, owns, nameBytes := ur.OwnerUsage("tok:alice", "b")
+	wm, wb, wo, wn := mem.OwnerUsage("tok:alice", "b")
+	if models != 2 || !owns || bytes != wb || nameBytes != wn || models != wm || owns != wo || bytes != 2*nameBytes {
+		t.Fatalf("OwnerUsage = %d models %d bytes owns %v (%d bytes); the store says %d %d %v %d", models, bytes, owns, nameBytes, wm, wb, wo, wn)
+	}
+	if m, _, o, _ := ur.OwnerUsage("tok:bob", "c"); m != 0 || o {
+		t.Fatalf("bob holds %d models (owns c: %v), want none", m, o)
+	}
+	if n := inner.lists.Load(); n != 0 {
+		t.Fatalf("the usage reads listed the store %d times", n)
 	}
 }

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -30,22 +33,68 @@ type FollowerConfig struct {
 	Member string
 	// Dial connects to the primary; required.
 	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
+	// Sync is when a unit is acknowledged: SyncWrite (the default) once
+	// its files are written and renamed into place, SyncFsync once they
+	// and their directories are also fsynced. See SyncMode.
+	Sync SyncMode
+	// CrashAt (tests only) SIGKILLs the process at a named point of a
+	// unit's install (crashHook; `serve` reads RLHUB_TEST_REPLICA_CRASH).
+	CrashAt string
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// SyncMode is when a standby acknowledges a unit (`serve --replica-sync`).
+//
+// SyncWrite: once the unit's files are written and renamed into place, in
+// the standby's page cache. The kernel keeps them when any process is
+// killed (kill -9 of the primary, of the standby or of both loses no
+// acknowledged publish: the primary fsyncs its own commit before it
+// waits, and the standby's bytes are in the kernel); what a power loss
+// or kernel crash of the standby's machine can lose is its last few
+// seconds of units (the kernel's writeback interval, about 30 s at most)
+// — an acknowledged publish is then gone only if the primary's disk is
+// lost too, or the whole cluster loses power and that standby wins the
+// election first.
+//
+// SyncFsync: once the files and their directories are fsynced on the
+// standby's disk too: an acknowledged publish survives the loss of the
+// primary's machine and a power loss of every standby, at the cost of
+// one fsync per unit on every standby.
+type SyncMode string
+
+const (
+	SyncWrite SyncMode = "write"
+	SyncFsync SyncMode = "fsync"
+)
+
+// ParseSyncMode reads `--replica-sync`.
+func ParseSyncMode(s string) (SyncMode, error) {
+	switch SyncMode(s) {
+	case SyncWrite, SyncFsync:
+		return SyncMode(s), nil
+	}
+	return "", fmt.Errorf("%w: --replica-sync: want write or fsync", errs.ErrInvalid)
 }
 
 // Follower applies a primary's units to a standby's data directory.
 type Follower struct {
 	cfg    FollowerConfig
+	crash  *crashHook
 	synced atomic.Bool // a full sync completed (since the last Follow began)
 	units  atomic.Uint64
+	last   atomic.Uint64 // the newest unit applied
+
+	posMu sync.Mutex
+	pos   position // the newest unit applied, with its primary's epoch
 
 	mu    sync.Mutex
 	epoch uint64 // highest primary epoch seen, persisted
 }
 
-// NewFollower opens the standby's side (reading the highest epoch it has
-// followed).
+// NewFollower opens the standby's side: it finishes or discards a unit
+// a kill interrupted (recoverUnits) and reads the highest epoch it has
+// followed.
 func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if cfg.DataDir == "" || cfg.Dial == nil {
 		return nil, fmt.Errorf("%w: replica: a follower needs DataDir and Dial", errs.ErrInvalid)
@@ -53,9 +102,18 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	f := &Follower{cfg: cfg}
+	if cfg.Sync == "" {
+		cfg.Sync = SyncWrite
+	}
+	if _, err := ParseSyncMode(string(cfg.Sync)); err != nil {
+		return nil, err
+	}
+	f := &Follower{cfg: cfg, crash: parseCrash(cfg.CrashAt)}
 	if err := os.MkdirAll(f.dir(), 0o755); err != nil {
 		return nil, fmt.Errorf("replica: %w", err)
+	}
+	if err := f.recoverUnits(); err != nil {
+		return nil, err
 	}
 	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
 		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
@@ -69,6 +127,18 @@ func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica"
 // completed: the standby holds every unit that primary acknowledged to
 // it since.
 func (f *Follower) Synced() bool { return f.synced.Load() }
+
+// position is the copy's position: the newest unit applied and its
+// primary's epoch (not reset when a stream ends; kept in memory only, so
+// a restarted standby is at 0 until it applies a unit).
+func (f *Follower) position() position {
+	f.posMu.Lock()
+	defer f.posMu.Unlock()
+	return f.pos
+}
+
+// LastUnit is the newest unit applied from the primary followed now.
+func (f *Follower) LastUnit() uint64 { return f.last.Load() }
 
 // Units counts the units applied.
 func (f *Follower) Units() uint64 { return f.units.Load() }
@@ -101,6 +171,7 @@ func (f *Follower) ObserveEpoch(e uint64) error {
 // one this standby has seen is refused (fencing).
 func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	f.synced.Store(false)
+	f.last.Store(0)
 	if seen := f.Epoch(); leader.Epoch < seen {
 		return fmt.Errorf("%w: replica: %s holds epoch %d, older than %d seen here; not following",
 			errs.ErrStale, leader.Addr, leader.Epoch, seen)
@@ -112,13 +183,18 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// A stream whose first unit does not begin within firstFrameTimeout
+	// (a connection that never became ready, a stream opened on a hub
+	// that was just changing roles) is dropped and followed again.
+	first := time.AfterFunc(firstFrameTimeout, cancel)
+	defer first.Stop()
 	cc, err := f.cfg.Dial(ctx, leader.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
 	if err != nil {
 		return fmt.Errorf("%w: replica: %v", errs.ErrUnavailable, err)
@@ -127,16 +203,25 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
 	for {
-		u, err := f.applyUnit(cs, leader.Epoch)
+		f.crash.hold(ctx, "unit-hold")
+		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
 		if err != nil {
 			return err
 		}
 		f.units.Add(1)
+		f.last.Store(u)
+		f.posMu.Lock()
+		f.pos = position{Epoch: leader.Epoch, Unit: u}
+		f.posMu.Unlock()
 		if err := cs.SendMsg(uvarintFrame(kindAck, u)); err != nil {
 			return fmt.Errorf("%w: replica: ack: %v", errs.ErrUnavailable, err)
 		}
 	}
 }
+
+// firstFrameTimeout bounds the wait for a stream's first unit to begin
+// (the primary cuts it at once).
+const firstFrameTimeout = 10 * time.Second
 
 type staged struct {
 	rel, tmp string
@@ -144,7 +229,7 @@ type staged struct {
 
 // applyUnit receives one unit into the staging area and, once its end
 // arrives whole, installs it; a unit cut short changes nothing.
-func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64) (uint64, error) {
+func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bool) (uint64, error) {
 	recv := func() ([]byte, error) {
 		var m wrapperspb.BytesValue
 		if err := cs.RecvMsg(&m); err != nil {
@@ -169,6 +254,7 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64) (uint64, error)
 	if bg.Epoch != epoch {
 		return 0, fmt.Errorf("%w: replica: unit from epoch %d on a stream of epoch %d", errs.ErrStale, bg.Epoch, epoch)
 	}
+	began()
 	stage, err := os.MkdirTemp(f.dir(), "unit-")
 	if err != nil {
 		return 0, fmt.Errorf("replica: %w", err)
@@ -211,7 +297,7 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64) (uint64, error)
 			if err != nil || u != bg.Unit {
 				return 0, errFrame
 			}
-			if err := f.install(files, gone, bg.Full, mentioned); err != nil {
+			if err := f.install(stage, files, gone, bg.Full, mentioned); err != nil {
 				return 0, err
 			}
 			if bg.Full {
@@ -246,20 +332,43 @@ func (f *Follower) receiveFile(recv func() ([]byte, error), tmp string, size int
 		}
 		left -= int64(len(b) - 1)
 	}
+	if f.cfg.Sync != SyncFsync {
+		return out.Close()
+	}
 	return errors.Join(out.Sync(), out.Close())
 }
 
-// install renames a whole unit into place, removes what the primary
-// removed (for a full sync: every mirrored file it did not mention), and
-// syncs the directories touched.
-func (f *Follower) install(files []staged, gone []string, full bool, mentioned map[string]bool) error {
-	dirs := map[string]bool{}
-	for _, s := range files {
-		if err := install(f.cfg.DataDir, s.tmp, s.rel); err != nil {
-			return fmt.Errorf("replica: install %s: %w", s.rel, err)
-		}
-		dirs[filepath.Dir(filepath.Join(f.cfg.DataDir, s.rel))] = true
-	}
+// A unit is installed whole, even across a SIGKILL of the standby: its
+// files are staged in DataDir/.replica/unit-*, then a commit marker
+// (unitMarker, "COMMIT") naming every move and removal is written —
+// renamed into place, so it is there whole or not at all, and fsynced
+// with the staged files under SyncFsync — and only then are the files
+// moved. On start (NewFollower) a staged unit with its marker is rolled
+// forward (the moves not yet made are made, the removals repeated) and
+// one without is discarded: the mirror never holds part of a unit.
+
+// markerName is the commit marker's name in a unit's staging directory.
+const markerName = "COMMIT"
+
+// unitMarker is a staged unit's commit marker.
+type unitMarker struct {
+	// Files are the moves: each staged file (its name in the staging
+	// directory) and where it goes.
+	Files []markedFile `json:"files"`
+	// Gone are the mirrored files the unit removes.
+	Gone []string `json:"gone"`
+}
+
+type markedFile struct {
+	Rel    string `json:"rel"`
+	Staged string `json:"staged"`
+}
+
+// install commits a staged unit: it lists what the unit removes (for a
+// full sync: also every mirrored file the primary did not mention),
+// writes the commit marker, then moves the files into place and makes the
+// removals, and (SyncFsync) syncs the directories touched.
+func (f *Follower) install(stage string, files []staged, gone []string, full bool, mentioned map[string]bool) error {
 	if full {
 		es, err := walk(f.cfg.DataDir, mirroredDirs)
 		if err != nil {
@@ -271,12 +380,64 @@ func (f *Follower) install(files []staged, gone []string, full bool, mentioned m
 			}
 		}
 	}
-	for _, rel := range gone {
-		p := filepath.Join(f.cfg.DataDir, rel)
+	mk := unitMarker{Gone: gone}
+	for _, s := range files {
+		mk.Files = append(mk.Files, markedFile{Rel: s.rel, Staged: filepath.Base(s.tmp)})
+	}
+	f.crash.at("unit-staged")
+	b, _ := json.Marshal(mk)
+	if err := writeMarker(filepath.Join(stage, markerName), b, f.cfg.Sync == SyncFsync); err != nil {
+		return fmt.Errorf("replica: commit marker: %w", err)
+	}
+	f.crash.at("unit-marked")
+	return applyUnit(f.cfg.DataDir, stage, mk, f.cfg.Sync == SyncFsync, f.crash)
+}
+
+// writeMarker writes a marker whole: a temporary file renamed into place
+// (and, with sync, fsynced before and its directory after).
+func writeMarker(path string, b []byte, sync bool) error {
+	if sync {
+		return atomicfile.Write(path, b)
+	}
+	tmp := path + atomicfile.TmpSuffix
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// applyUnit makes a marked unit's moves not yet made (a staged file that
+// is gone was moved already) and its removals.
+func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashHook) error {
+	dirs := map[string]bool{}
+	for i, m := range mk.Files {
+		if err := safeRel(m.Rel); err != nil {
+			return err
+		}
+		if filepath.Base(m.Staged) != m.Staged || m.Staged == markerName {
+			return fmt.Errorf("replica: commit marker names a bad staged file")
+		}
+		err := install(root, filepath.Join(stage, m.Staged), m.Rel)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("replica: install %s: %w", m.Rel, err)
+		}
+		dirs[filepath.Dir(filepath.Join(root, m.Rel))] = true
+		if i == 0 && len(mk.Files) > 1 {
+			crash.at("install-mid") // one file of the unit moved, the others not
+		}
+	}
+	for _, rel := range mk.Gone {
+		if err := safeRel(rel); err != nil {
+			return err
+		}
+		p := filepath.Join(root, rel)
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("replica: remove %s: %w", rel, err)
 		}
 		dirs[filepath.Dir(p)] = true
+	}
+	if !sync {
+		return nil
 	}
 	for d := range dirs {
 		if err := atomicfile.SyncDir(d); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -284,4 +445,86 @@ func (f *Follower) install(files []staged, gone []string, full bool, mentioned m
 		}
 	}
 	return nil
+}
+
+// recoverUnits rolls forward every staged unit that has its commit
+// marker and discards every one that has none (a standby killed while it
+// staged or installed a unit).
+func (f *Follower) recoverUnits() error {
+	ents, err := os.ReadDir(f.dir())
+	if err != nil {
+		return fmt.Errorf("replica: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), "unit-") {
+			continue
+		}
+		stage := filepath.Join(f.dir(), e.Name())
+		b, err := os.ReadFile(filepath.Join(stage, markerName))
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			f.cfg.Logger.Info("replica: discarding a unit staged without its commit marker", "dir", e.Name())
+		case err != nil:
+			return fmt.Errorf("replica: %w", err)
+		default:
+			var mk unitMarker
+			if err := json.Unmarshal(b, &mk); err != nil {
+				return fmt.Errorf("replica: commit marker %s: %w", e.Name(), err)
+			}
+			if err := applyUnit(f.cfg.DataDir, stage, mk, true, nil); err != nil {
+				return err
+			}
+			f.cfg.Logger.Info("replica: rolled a committed unit forward", "dir", e.Name(), "files", len(mk.Files), "removed", len(mk.Gone))
+		}
+		if err := os.RemoveAll(stage); err != nil {
+			return fmt.Errorf("replica: %w", err)
+		}
+	}
+	return nil
+}
+
+// crashHook kills the process at a named point (tests only: the hub's
+// RLHUB_TEST_REPLICA_CRASH, "point" or "point:N" for the Nth time; the
+// same mechanism as arsrpc's RLHUB_TEST_ARS_CRASH). Points:
+// unit-staged (a unit's files staged, no marker), unit-marked (marker
+// written, nothing moved), install-mid (one file of a unit moved); and
+// unit-hold, which does not kill: the standby stops applying units
+// (keeping its lease) until its stream ends.
+type crashHook struct {
+	point string
+	n     int
+	hits  atomic.Int64
+}
+
+func parseCrash(s string) *crashHook {
+	if s == "" {
+		return nil
+	}
+	h := &crashHook{point: s, n: 1}
+	if p, n, ok := strings.Cut(s, ":"); ok {
+		h.point = p
+		if v, err := strconv.Atoi(n); err == nil && v > 0 {
+			h.n = v
+		}
+	}
+	return h
+}
+
+// hold blocks until ctx ends the Nth time point is reached: a standby
+// that stops applying units while it keeps its lease (point unit-hold,
+// before a unit is received).
+func (h *crashHook) hold(ctx context.Context, point string) {
+	if h == nil || h.point != point || h.hits.Add(1) != int64(h.n) {
+		return
+	}
+	<-ctx.Done()
+}
+
+// at SIGKILLs this process the Nth time point is reached.
+func (h *crashHook) at(point string) {
+	if h == nil || h.point != point || h.hits.Add(1) != int64(h.n) {
+		return
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
 }

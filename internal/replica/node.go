@@ -8,14 +8,17 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/store"
 )
 
@@ -30,6 +33,11 @@ type NodeConfig struct {
 	// Acks, AckTimeout: SourceConfig's, for every term this node holds.
 	Acks       int
 	AckTimeout time.Duration
+	// Sync is when this node, as a standby, acknowledges a unit
+	// (FollowerConfig.Sync; "" means SyncWrite).
+	Sync SyncMode
+	// CrashAt: FollowerConfig.CrashAt (tests only).
+	CrashAt string
 	// Dial connects to another hub (the primary a standby follows);
 	// required.
 	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
@@ -49,7 +57,10 @@ type Node struct {
 	follower *Follower
 	addr     string
 
+	campaigning atomic.Bool // in Campaign: may be elected
+
 	mu       sync.Mutex
+	src      *Source         // while primary
 	leader   *cluster.Leader // newest primary seen (nil: unknown)
 	primary  bool
 	deposed  bool
@@ -151,7 +162,7 @@ func (n *Node) Run(ctx context.Context) error {
 	// scripts read the address from it); the hub logs it again when
 	// this node becomes the primary.
 	n.cfg.Logger.Info("hub serving", "addr", addr, "role", "cluster member", "data", n.cfg.Hub.DataDir)
-	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Logger: n.cfg.Logger})
+	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Sync: n.cfg.Sync, CrashAt: n.cfg.CrashAt, Logger: n.cfg.Logger})
 	if err != nil {
 		lis.Close()
 		return err
@@ -231,8 +242,12 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) 
 			return lis, err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
-		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, append(extra, csvc))
+		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, n.position, append(extra, csvc))
+		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
+		if ms != nil {
+			_ = ms.Close() // the hub binds --metrics-listen when it takes over
+		}
 		sberr := sb.stop() // closes lis
 		lis = nil
 		if sberr != nil {
@@ -272,10 +287,33 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	yielded := 0
 	for {
+		n.campaigning.Store(true)
 		term, err := m.Campaign(sctx)
+		n.campaigning.Store(false)
 		if err == nil {
-			return term, nil
+			// With --replica-acks below the standbys, the acknowledging
+			// standby may not be the one elected: a standby whose copy is
+			// ahead of this one gets the term (bounded: after maxYields the
+			// term is served as it is).
+			id, ahead := n.behind(sctx, m)
+			if !ahead || yielded == maxYields {
+				if ahead {
+					n.cfg.Logger.Warn("cluster: elected with a copy older than a standby's; serving anyway (publishes it lacks are lost)", "standby", id)
+				}
+				return term, nil
+			}
+			yielded++
+			n.cfg.Logger.Info("cluster: elected, but a standby holds a newer copy; resigning for it", "standby", id, "epoch", term.Epoch)
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			rerr := m.Resign(rctx)
+			rcancel()
+			if rerr != nil { // still elected: serve the term
+				n.cfg.Logger.Warn("cluster: cannot resign for the standby ahead; serving", "err", rerr)
+				return term, nil
+			}
+			continue
 		}
 		if errors.Is(err, cluster.ErrDeposed) {
 			return nil, errMemberLost
@@ -292,6 +330,68 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// maxYields bounds how often one election round is resigned for a
+// standby that is ahead.
+const maxYields = 3
+
+// position is this node's copy's position for a position query.
+func (n *Node) position() position {
+	p := n.follower.position()
+	p.Campaigning = n.campaigning.Load()
+	return p
+}
+
+// behind asks every other member for its position and reports one that
+// is campaigning with a copy ahead of this node's. A member that does not
+// answer within a second counts as not ahead.
+func (n *Node) behind(ctx context.Context, m *cluster.Member) (string, bool) {
+	st, err := m.Status(ctx)
+	if err != nil {
+		return "", false
+	}
+	mine := n.follower.position()
+	for _, mi := range st.Members {
+		if mi.ID == m.ID() {
+			continue
+		}
+		p, err := n.queryPosition(ctx, mi.Addr)
+		if err == nil && p.Campaigning && p.ahead(mine) {
+			return mi.ID, true
+		}
+	}
+	return "", false
+}
+
+func (n *Node) queryPosition(ctx context.Context, addr string) (position, error) {
+	qctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	cc, err := n.cfg.Dial(qctx, addr)
+	if err != nil {
+		return position{}, err
+	}
+	defer cc.Close()
+	cs, err := cc.NewStream(qctx, &streamDesc, FollowMethod)
+	if err != nil {
+		return position{}, err
+	}
+	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: n.follower.cfg.Member, Query: true})); err != nil {
+		return position{}, err
+	}
+	var msg wrapperspb.BytesValue
+	if err := cs.RecvMsg(&msg); err != nil {
+		return position{}, err
+	}
+	var p position
+	b := msg.GetValue()
+	if len(b) == 0 || b[0] != kindPos {
+		return position{}, errFrame
+	}
+	if err := parseJSON(b[1:], &p); err != nil {
+		return position{}, err
+	}
+	return p, nil
 }
 
 // followLoop follows whichever hub leads, until ctx ends.
@@ -398,12 +498,29 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	if err != nil {
 		return err
 	}
+	// The term proof and the standbys, read before the hub serves and
+	// renewed off the publish path (Term.Hold, refreshStandbys).
+	pctx, pcancel := context.WithTimeout(ctx, n.cfg.Cluster.DialTimeout+5*time.Second)
+	err = errors.Join(term.Renew(pctx), src.RefreshStandbys(pctx))
+	pcancel()
+	if err != nil {
+		n.cfg.Logger.Warn("cluster: elected, but the term proof or the standbys could not be read yet; publishes wait for them", "err", err)
+	}
 	hcfg := n.cfg.Hub
 	hcfg.WrapStore = func(s store.Store) store.Store {
-		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Check: term.Check, Refusal: gate, Deposed: depose}
+		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose}
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src
+	hcfg.MetricsCluster = n.stats
+	n.mu.Lock()
+	n.src = src
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		n.src = nil
+		n.mu.Unlock()
+	}()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	h, err := hub.New(hcfg, n.cfg.Extra...)
@@ -426,9 +543,15 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		return startErr
 	}
 	n.cfg.Logger.Info("cluster: serving as primary", "epoch", term.Epoch, "addr", n.addr)
-	// Watch the term even when nothing publishes.
+	// Hold the term proof (it also notices a term that ended while
+	// nothing publishes) and keep the standbys a publish waits for.
 	var wg sync.WaitGroup
 	wctx, wcancel := context.WithCancel(ctx)
+	wg.Go(func() {
+		if errors.Is(term.Hold(wctx), cluster.ErrDeposed) {
+			depose()
+		}
+	})
 	wg.Go(func() {
 		every := max(n.cfg.Cluster.LeaseTTL/4, 100*time.Millisecond)
 		if n.cfg.Cluster.LeaseTTL == 0 {
@@ -440,9 +563,9 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 				return
 			case <-time.After(every):
 			}
-			cctx, ccancel := context.WithTimeout(wctx, every)
-			err := term.Check(cctx)
-			ccancel()
+			rctx, rcancel := context.WithTimeout(wctx, max(every, time.Second))
+			err := src.RefreshStandbys(rctx)
+			rcancel()
 			if errors.Is(err, cluster.ErrDeposed) {
 				depose()
 				return
@@ -483,4 +606,60 @@ func (n *Node) Terms() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.terms
+}
+
+// stats is the node's role and replication for the metrics endpoint.
+func (n *Node) stats() metrics.ClusterStats {
+	n.mu.Lock()
+	src, primary := n.src, n.primary && !n.deposed
+	var st metrics.ClusterStats
+	if n.leader != nil {
+		st.Epoch = n.leader.Epoch
+	}
+	n.mu.Unlock()
+	st.Primary = primary
+	if f := n.follower; f != nil {
+		st.Applied = f.Units()
+		if !primary {
+			st.Unit, st.Synced = f.LastUnit(), f.Synced()
+		}
+	}
+	if primary && src != nil {
+		acked, unit := src.Followers()
+		st.Unit, st.Lag = unit, map[string]uint64{}
+		for m, a := range acked {
+			st.Lag[m] = unit - min(a, unit)
+		}
+	}
+	return st
+}
+
+// standbyMetrics serves --metrics-listen while this node is a standby
+// (the cluster families only); nil without the flag, or when the address
+// cannot be bound (logged: the standby serves on without metrics).
+func (n *Node) standbyMetrics() *metrics.Server {
+	h := n.cfg.Hub
+	if h.MetricsListen == "" {
+		return nil
+	}
+	role := h.MetricsRole
+	if role == "" {
+		role = "hub"
+	}
+	mcfg := metrics.Config{Listen: h.MetricsListen, Sources: metrics.Sources{Cluster: n.stats}, Role: role + " (standby)",
+		Logger: n.cfg.Logger, TLS: h.TLS, Insecure: h.MetricsInsecure}
+	if h.Auth != nil {
+		mcfg.Auth = h.Auth
+	}
+	var ms *metrics.Server
+	var err error
+	for range 20 { // the hub that stepped down may still be letting go of it
+		if ms, err = metrics.New(mcfg); err == nil {
+			ms.Start()
+			return ms
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	n.cfg.Logger.Warn("cluster: the standby serves no metrics", "err", err)
+	return nil
 }

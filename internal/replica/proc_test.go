@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 var clusterSeq atomic.Int64
 
 // rlhubBinary is the binary under test (testkit.Binary).
-func rlhubBinary(t *testing.T) string { return testkit.Binary(t) }
+func rlhubBinary(t testing.TB) string { return testkit.Binary(t) }
 
 // syncBuffer is kept for tests that still wire a process's output by
 // hand; new ones use testkit.StartProc.
@@ -39,7 +39,7 @@ type syncBuffer = testkit.Buffer
 // hubProc is one `rlhub serve --etcd` process; start replaces proc, out
 // and addr on each (re)start.
 type hubProc struct {
-	t        *testing.T
+	t        testing.TB
 	id, data string
 	args     []string
 	proc     *testkit.Proc
@@ -49,18 +49,18 @@ type hubProc struct {
 
 // cluster is one etcd and the hubs of one cluster.
 type testCluster struct {
-	t        *testing.T
+	t        testing.TB
 	etcd     string
 	name     string
 	leaseTTL string
 	hubs     []*hubProc
 }
 
-func newCluster(t *testing.T, etcd string, n int, extra ...string) *testCluster {
+func newCluster(t testing.TB, etcd string, n int, extra ...string) *testCluster {
 	return newClusterTTL(t, etcd, n, "1s", extra...)
 }
 
-func newClusterTTL(t *testing.T, etcd string, n int, ttl string, extra ...string) *testCluster {
+func newClusterTTL(t testing.TB, etcd string, n int, ttl string, extra ...string) *testCluster {
 	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d-%d", os.Getpid(), clusterSeq.Add(1)), leaseTTL: ttl}
 	for i := range n {
 		h := &hubProc{t: t, id: fmt.Sprintf("h%d", i), data: t.TempDir(), args: extra}

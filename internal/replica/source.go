@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,9 +38,11 @@ type SourceConfig struct {
 	// (at most N; fewer when fewer are registered).
 	Acks int
 	// Standbys lists the member ids of the standbys registered now (the
-	// cluster's members but this one); nil means none. It is read before
-	// every commit: an error (etcd unreachable, cluster.ErrDeposed) fails
-	// the publish before it changes anything.
+	// cluster's members but this one); nil means none. It is read from
+	// etcd by RefreshStandbys (the node calls it at the start of the term
+	// and every quarter lease), not per publish: a publish waits for the
+	// standbys of the newest refresh. An error (etcd unreachable,
+	// cluster.ErrDeposed) is RefreshStandbys'; the list kept is unchanged.
 	Standbys func(ctx context.Context) ([]string, error)
 	// AckTimeout bounds a publish's wait for acknowledgements; 0 means 10s.
 	// A publish that times out fails with Unavailable (the version is in
@@ -92,6 +95,8 @@ type Source struct {
 	freeze sync.RWMutex // store commits hold it shared, scans exclusively
 
 	mu        sync.Mutex
+	standbys  []string      // the newest RefreshStandbys
+	refreshed bool          // RefreshStandbys succeeded at least once
 	changed   chan struct{} // closed and replaced when unit moves on
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
@@ -157,18 +162,36 @@ func (s *Source) Commit(f func() error) error {
 	return f()
 }
 
-// Prepare reads, before a commit, which standbys the publish will wait
-// for (SourceConfig.Standbys: one etcd read, which also fails when etcd
-// is unreachable or the term is gone, so a publish that cannot be
-// acknowledged changes nothing).
-func (s *Source) Prepare(ctx context.Context) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
-	defer cancel()
+// RefreshStandbys reads the registered standbys (SourceConfig.Standbys)
+// and keeps them for the publishes that follow.
+func (s *Source) RefreshStandbys(ctx context.Context) error {
 	standbys, err := s.cfg.Standbys(ctx)
 	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.standbys, s.refreshed = standbys, true
+	s.mu.Unlock()
+	return nil
+}
+
+// Prepare returns, before a commit, which standbys the publish will wait
+// for: those of the newest RefreshStandbys. Before the first refresh
+// succeeded it reads them itself (one etcd read, failing the publish
+// before it changes anything when etcd cannot answer).
+func (s *Source) Prepare(ctx context.Context) ([]string, error) {
+	s.mu.Lock()
+	standbys, ok := s.standbys, s.refreshed
+	s.mu.Unlock()
+	if ok {
+		return standbys, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
+	defer cancel()
+	if err := s.RefreshStandbys(ctx); err != nil {
 		return nil, err
 	}
-	return standbys, nil
+	return s.Prepare(ctx)
 }
 
 // Sync asks for a unit covering everything committed so far and waits
@@ -188,20 +211,44 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.AckTimeout)
 	defer cancel()
-	need := len(standbys)
-	if s.cfg.Acks > 0 {
-		need = min(need, s.cfg.Acks)
-	}
 	s.mu.Lock()
 	s.unit++
 	want := s.unit
 	s.bump()
+	// Besides the registered standbys (as of the last refresh), wait for
+	// every follower connected now: one that registered since the refresh
+	// may have taken its full sync before this commit and campaign next.
+	// One that connects later takes its full sync after the commit; one
+	// of these extras that leaves is not waited for (its next full sync
+	// carries the commit).
+	registered := map[string]bool{}
+	for _, id := range standbys {
+		registered[id] = true
+	}
+	extra := map[string]bool{}
+	for p := range s.followers {
+		if !registered[p.member] {
+			extra[p.member] = true
+		}
+	}
+	var need int
+	var ids []string
 	for {
 		if s.closed {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
 		}
-		if s.ackedBy(standbys, want) >= need {
+		ids = slices.Clone(standbys)
+		for id := range extra {
+			if s.connected(id) {
+				ids = append(ids, id)
+			}
+		}
+		need = len(ids)
+		if s.cfg.Acks > 0 {
+			need = min(need, s.cfg.Acks)
+		}
+		if s.ackedBy(ids, want) >= need {
 			s.mu.Unlock()
 			return nil
 		}
@@ -211,13 +258,23 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 		case <-ch:
 		case <-ctx.Done():
 			s.mu.Lock()
-			got := s.ackedBy(standbys, want)
+			got := s.ackedBy(ids, want)
 			s.mu.Unlock()
 			return fmt.Errorf("%w: replica: %d of %d standbys acknowledged the publish within %v (it is not acknowledged)",
 				errs.ErrUnavailable, got, need, s.cfg.AckTimeout)
 		}
 		s.mu.Lock()
 	}
+}
+
+// connected reports whether member has a stream open; s.mu is held.
+func (s *Source) connected(member string) bool {
+	for p := range s.followers {
+		if p.member == member {
+			return true
+		}
+	}
+	return false
 }
 
 // ackedBy counts the registered standbys whose stream applied unit u;
@@ -270,6 +327,9 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	}
 	if err := parseJSON(b[1:], &h); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if h.Query {
+		return status.Error(codes.FailedPrecondition, "replica: this hub is the primary, not a standby with a position")
 	}
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -18,6 +19,7 @@ import (
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // Registrar attaches a service that a standby serves too (the cluster's
@@ -39,7 +41,7 @@ type standbyServer struct {
 var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod,
 	wsync.DataPlaneWatchMethod}
 
-func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.Refusal, extra []Registrar) *standbyServer {
+func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.Refusal, pos func() position, extra []Registrar) *standbyServer {
 	opts := append([]grpc.ServerOption{
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 			return cluster.RefuseStream(ss, refusal())
@@ -55,6 +57,7 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.
 	for _, r := range extra {
 		r.Register(s.grpc)
 	}
+	rlhubv1.RegisterReplicaServer(s.grpc, positionServer{pos: pos, refusal: refusal})
 	if tlsCfg != nil {
 		s.bulk.TLS = bulk.ServerTLS(tlsCfg)
 	}
@@ -64,6 +67,28 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.
 	g := s.bulk.Listen(lis)
 	go func() { s.serveCh <- s.grpc.Serve(g) }()
 	return s
+}
+
+// positionServer answers a newly elected primary's position query on the
+// replication stream (it yields the term to a standby whose copy is ahead
+// of its own: docs/cluster.md); any other use of the stream is refused.
+type positionServer struct {
+	rlhubv1.UnimplementedReplicaServer
+	pos     func() position
+	refusal func() *cluster.Refusal
+}
+
+// Follow implements rlhubv1.ReplicaServer.
+func (p positionServer) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapperspb.BytesValue]) error {
+	var m wrapperspb.BytesValue
+	if err := ss.RecvMsg(&m); err != nil {
+		return err
+	}
+	var h hello
+	if b := m.GetValue(); len(b) > 0 && b[0] == kindHello && parseJSON(b[1:], &h) == nil && h.Query {
+		return ss.SendMsg(jsonFrame(kindPos, p.pos()))
+	}
+	return cluster.RefuseStream(ss, p.refusal())
 }
 
 // stop closes the standby's listener and connections and waits for its

@@ -19,6 +19,8 @@ import (
 // of a frame is its kind:
 //
 //	follower → primary:  H hello (JSON), then A ack (uvarint unit)
+//	new primary → standby: H hello with query set; the standby answers
+//	                     P position (JSON) and ends the stream
 //	primary → follower:  B begin unit (JSON), then per file
 //	                     F path + size, D data… (size bytes in all),
 //	                     K keep path (full sync: you hold it already),
@@ -32,6 +34,7 @@ const (
 	kindKeep   = 'K'
 	kindDelete = 'X'
 	kindEnd    = 'E'
+	kindPos    = 'P'
 )
 
 // ServiceName and FollowMethod name the replication stream.
@@ -53,6 +56,24 @@ type hello struct {
 	Epoch uint64 `json:"epoch"`
 	// Have lists the follower's immutable files and their sizes.
 	Have map[string]int64 `json:"have"`
+	// Query asks a standby for its position instead of following.
+	Query bool `json:"query,omitempty"`
+}
+
+// position is how far a standby's copy has come: the epoch of the
+// primary its newest unit came from and that unit's number (a term's
+// units only grow, and a publish is acknowledged by the unit numbers at
+// or above the one it asked for, so a copy at a larger (Epoch, Unit) holds
+// every publish a smaller one holds). Campaigning: it may be elected.
+type position struct {
+	Epoch       uint64 `json:"epoch"`
+	Unit        uint64 `json:"unit"`
+	Campaigning bool   `json:"campaigning"`
+}
+
+// ahead reports whether p holds publishes q may not.
+func (p position) ahead(q position) bool {
+	return p.Epoch > q.Epoch || p.Epoch == q.Epoch && p.Unit > q.Unit
 }
 
 type begin struct {

@@ -1,0 +1,117 @@
+package replica_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+var metricsLine = regexp.MustCompile(`msg="metrics serving" addr=(http://[0-9.:]+) role=("[^"]+"|[^ ]+)`)
+
+// metricsAddrs lists the metrics endpoints h logged, oldest first, with
+// their roles.
+func metricsAddrs(h *hubProc) [][2]string {
+	var out [][2]string
+	for _, m := range metricsLine.FindAllStringSubmatch(h.out.String(), -1) {
+		out = append(out, [2]string{m[1], strings.Trim(m[2], `"`)})
+	}
+	return out
+}
+
+// scrape reads one endpoint's rlhub_cluster_* samples ("name" or
+// `name{member="h1"}` → value).
+func scrape(t *testing.T, url string) (map[string]float64, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "rlhub_cluster_") {
+			continue
+		}
+		name, val, ok := strings.Cut(line, " ")
+		if v, err := strconv.ParseFloat(val, 64); ok && err == nil {
+			out[name] = v
+		}
+	}
+	return out, nil
+}
+
+// TestStandbysServeClusterMetrics: with --metrics-listen, a standby
+// serves its role, the epoch it follows, that it is synced and the units
+// it applied; the primary serves its role and each standby's lag; and the
+// standby that takes over serves the primary's endpoint with the new
+// epoch.
+func TestStandbysServeClusterMetrics(t *testing.T) {
+	e := clustertest.Start(t)
+	c := newCluster(t, e.Endpoint, 2, "--metrics-listen", "127.0.0.1:0")
+	l1, p1 := c.leader(0)
+	c.push("pol", 1, 0, storetest.Blob(t, 1, 64))
+	c.push("pol", 2, 1, storetest.Blob(t, 2, 64))
+	sb := c.hubs[0]
+	if sb == p1 {
+		sb = c.hubs[1]
+	}
+	last := func(h *hubProc, role string) string {
+		var url string
+		testkit.Eventually(t, 30*time.Second, h.id+" to log a metrics endpoint of role "+role, func() bool {
+			as := metricsAddrs(h)
+			if len(as) == 0 || as[len(as)-1][1] != role {
+				return false
+			}
+			url = as[len(as)-1][0]
+			return true
+		})
+		return url
+	}
+	sbURL := last(sb, "hub (standby)")
+	var got map[string]float64
+	testkit.Eventually(t, 30*time.Second, "the standby's cluster metrics", func() bool {
+		var err error
+		got, err = scrape(t, sbURL)
+		return err == nil && got["rlhub_cluster_synced"] == 1 && got["rlhub_cluster_units_applied_total"] >= 1
+	})
+	if got["rlhub_cluster_primary"] != 0 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 1 {
+		t.Fatalf("standby %s metrics %v, want primary 0, epoch %d, a unit applied", sb.id, got, l1.Epoch)
+	}
+	pURL := last(p1, "hub")
+	lag := fmt.Sprintf(`rlhub_cluster_standby_lag_units{member=%q}`, sb.id)
+	testkit.Eventually(t, 30*time.Second, "the primary's cluster metrics", func() bool {
+		var err error
+		got, err = scrape(t, pURL)
+		_, hasLag := got[lag]
+		return err == nil && hasLag
+	})
+	if got["rlhub_cluster_primary"] != 1 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 2 {
+		t.Fatalf("primary %s metrics %v, want primary 1, epoch %d, units asked for by two publishes", p1.id, got, l1.Epoch)
+	}
+
+	p1.kill()
+	l2, _ := c.leader(l1.Epoch)
+	newURL := last(sb, "hub")
+	testkit.Eventually(t, 30*time.Second, "the new primary's cluster metrics", func() bool {
+		var err error
+		got, err = scrape(t, newURL)
+		return err == nil && got["rlhub_cluster_primary"] == 1 && got["rlhub_cluster_epoch"] == float64(l2.Epoch)
+	})
+}
