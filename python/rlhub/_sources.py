@@ -82,6 +82,8 @@ def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lea
     if via == "push":
         return PushSource(where, model, collector_id=collector_id)
     if via == "dataplane":
+        if not where:  # check_specs refuses this; open_source callers may not have run it
+            raise ValueError("a dataplane source needs the hub's address")
         return DataPlaneSource(where, model, collector_id=collector_id)
     return ShmSource(where, model=model, lease=lease)
 
