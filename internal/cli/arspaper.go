@@ -202,6 +202,11 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 				break
 			}
 			res.PerSeed = append(res.PerSeed, seedResult(sum, pl.budget, reused))
+			// The report is rewritten after every seed, so a benchmark
+			// stopped part-way leaves the seeds that finished.
+			if err := writePartialReport(o.out, rep, res); err != nil {
+				return err
+			}
 		}
 		finishTask(&res)
 		rep.Tasks = append(rep.Tasks, res)
@@ -213,6 +218,17 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 	fmt.Fprint(g.stdout, paperMarkdown(&rep))
 	fmt.Fprintf(g.stdout, "wrote %s\n", filepath.Join(o.out, "{ars-paper.md,ars-paper.json}"))
 	return runErr
+}
+
+// writePartialReport writes the report as it stands with cur, the task in
+// progress, counted over the seeds it has finished.
+func writePartialReport(dir string, rep paperReport, cur paperTaskResult) error {
+	cur.PerSeed = slices.Clone(cur.PerSeed)
+	cur.Seeds = nil
+	finishTask(&cur)
+	rep.Tasks = append(slices.Clone(rep.Tasks), cur)
+	rep.Load = loadAverage()
+	return writePaperReport(dir, &rep)
 }
 
 // runPaperSeed runs (or reuses) one seed's training.
