@@ -17,6 +17,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/mujoco"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
@@ -131,11 +132,14 @@ type paperSeedResult struct {
 type paperReport struct {
 	Command string `json:"command"`
 	// Protocol is the evaluation protocol of every run in the report.
-	Protocol string            `json:"protocol"`
-	Workers  int               `json:"workers"`
-	Started  string            `json:"started"`
-	Load     string            `json:"load_average_at_end"`
-	Tasks    []paperTaskResult `json:"tasks"`
+	Protocol string `json:"protocol"`
+	Workers  int    `json:"workers"`
+	// MuJoCo is the linked MuJoCo release ("" without the binding):
+	// Debian's 2.2.2 or, built with scripts/mujoco_fast.sh, the wheel's 2.3.7.
+	MuJoCo  string            `json:"mujoco"`
+	Started string            `json:"started"`
+	Load    string            `json:"load_average_at_end"`
+	Tasks   []paperTaskResult `json:"tasks"`
 }
 
 // paperTask resolves a task's hyperparameters, threshold and budget.
@@ -183,7 +187,7 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 	if o.protocol != arsrpc.ProtocolPaper && o.protocol != arsrpc.ProtocolFast {
 		return fmt.Errorf("--protocol %q: want paper or fast", o.protocol)
 	}
-	rep := paperReport{Command: "rlhub " + strings.Join(os.Args[1:], " "), Protocol: o.protocol, Workers: o.workers, Started: time.Now().UTC().Format(time.RFC3339)}
+	rep := paperReport{Command: "rlhub " + strings.Join(os.Args[1:], " "), Protocol: o.protocol, Workers: o.workers, MuJoCo: mujoco.Version(), Started: time.Now().UTC().Format(time.RFC3339)}
 	var runErr error
 	for _, pl := range plans {
 		res := paperTaskResult{Task: pl.name, Hyper: hyperStrings(pl.p.Hyper), Threshold: pl.p.Threshold, Budget: pl.budget}
@@ -202,6 +206,11 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 				break
 			}
 			res.PerSeed = append(res.PerSeed, seedResult(sum, pl.budget, reused))
+			// The report is rewritten after every seed, so a benchmark
+			// stopped part-way leaves the seeds that finished.
+			if err := writePartialReport(o.out, rep, res); err != nil {
+				return err
+			}
 		}
 		finishTask(&res)
 		rep.Tasks = append(rep.Tasks, res)
@@ -213,6 +222,17 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 	fmt.Fprint(g.stdout, paperMarkdown(&rep))
 	fmt.Fprintf(g.stdout, "wrote %s\n", filepath.Join(o.out, "{ars-paper.md,ars-paper.json}"))
 	return runErr
+}
+
+// writePartialReport writes the report as it stands with cur, the task in
+// progress, counted over the seeds it has finished.
+func writePartialReport(dir string, rep paperReport, cur paperTaskResult) error {
+	cur.PerSeed = slices.Clone(cur.PerSeed)
+	cur.Seeds = nil
+	finishTask(&cur)
+	rep.Tasks = append(slices.Clone(rep.Tasks), cur)
+	rep.Load = loadAverage()
+	return writePaperReport(dir, &rep)
 }
 
 // runPaperSeed runs (or reuses) one seed's training.
@@ -383,6 +403,9 @@ func protocolText(p string) string {
 func paperMarkdown(rep *paperReport) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Evaluation protocol: %s.\n\n", protocolText(rep.Protocol))
+	if rep.MuJoCo != "" {
+		fmt.Fprintf(&b, "MuJoCo %s.\n\n", rep.MuJoCo)
+	}
 	fmt.Fprintf(&b, "| task | version, N, b, α, ν, shift | threshold | paper: episodes | rlhub: episodes median (min–max) | reached within budget | held on fresh episodes | budget | best eval, median | wall time | env steps/s | per worker CPU-s |\n")
 	fmt.Fprintf(&b, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, t := range rep.Tasks {

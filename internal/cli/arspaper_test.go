@@ -130,3 +130,38 @@ func reason(reached bool) string {
 	}
 	return "budget"
 }
+
+// TestPartialReportCountsFinishedSeeds: the report written after each seed
+// holds the finished tasks and the task in progress over the seeds it has
+// finished, and leaves the in-progress result as it was.
+func TestPartialReportCountsFinishedSeeds(t *testing.T) {
+	dir := t.TempDir()
+	rep := paperReport{Protocol: "paper", Tasks: []paperTaskResult{{Task: "Done-v0", Reached: 1}}}
+	held := true
+	conf := 3200.0
+	cur := paperTaskResult{Task: "Hopper-v5", Threshold: 3120, PerSeed: []paperSeedResult{
+		{Seed: 1, Reached: true, Episodes: 2000, ConfirmEval: &conf, Held: &held},
+		{Seed: 2, Episodes: 3936},
+	}}
+	if err := writePartialReport(dir, rep, cur); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "ars-paper.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got paperReport
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Tasks) != 2 || got.Tasks[1].Task != "Hopper-v5" {
+		t.Fatalf("report %s", raw)
+	}
+	h := got.Tasks[1]
+	if h.Reached != 1 || h.Held != 1 || h.SuccessRate != 0.5 || len(h.Seeds) != 2 || h.EpisodesMedian == nil || *h.EpisodesMedian != 2000 {
+		t.Fatalf("task in progress %+v", h)
+	}
+	if cur.Reached != 0 || cur.Seeds != nil || len(rep.Tasks) != 1 {
+		t.Fatalf("writePartialReport changed its arguments: %+v %+v", cur, rep)
+	}
+}

@@ -1,6 +1,8 @@
 // Package mujoco binds the MuJoCo physics library (Debian's libmujoco-dev,
-// MuJoCo 2.2.2) with cgo: load a model from MJCF XML, make its simulation
-// data, step it, and view the state arrays as Go slices without copying.
+// MuJoCo 2.2.2; or, built after `source scripts/mujoco_fast.sh`, the faster
+// libmujoco 2.3.7 of pip's mujoco wheel) with cgo: load a model from MJCF
+// XML, make its simulation data, step it, and view the state arrays as Go
+// slices without copying.
 //
 // The binding is compiled only with the build tag "mujoco" (and cgo), so the
 // rest of rlhub builds and tests with a plain `go build` on a machine

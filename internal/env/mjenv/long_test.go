@@ -14,7 +14,7 @@ import (
 
 // loadLong reads the gzipped episode records scripts/mujoco_longcheck.py
 // writes (DIR/TASK.json.gz). A relative dir is under testdata.
-func loadLong(t *testing.T, dir, task string) []longRef {
+func loadLong(t testing.TB, dir, task string) []longRef {
 	t.Helper()
 	if !filepath.IsAbs(dir) {
 		dir = filepath.Join("testdata", dir)
@@ -163,6 +163,43 @@ func TestLongTrajectories(t *testing.T) {
 			t.Logf("%d steps in %d episodes (%d terminated, %d truncated), worst error %.3g with restarts every 25 steps;"+
 				" without: %d episodes agree throughout, earliest step beyond %g: %d",
 				steps, len(refs), terminated, truncated, worst, free, refTol, freeFirst)
+		})
+	}
+}
+
+// BenchmarkReplayLong measures env steps per second on the same policy and
+// the same steps as Gymnasium: the committed closed-loop episodes of
+// testdata/long-mujoco-2.3.7 (scripts/mujoco_longcheck.py), each from
+// Gymnasium's initial state with Gymnasium's recorded actions, back to
+// back. scripts/mujoco_speed.py replays the same records through
+// Gymnasium and sets the two side by side. Reports steps/s (wall) and
+// steps/cpu-s (user + system CPU of the process: what one core delivers,
+// less disturbed by other load).
+func BenchmarkReplayLong(b *testing.B) {
+	for _, name := range Names() {
+		b.Run(name, func(b *testing.B) {
+			refs := loadLong(b, "long-mujoco-2.3.7", name)
+			e := newEnv(b, name)
+			state := make([]float64, 0, 512)
+			rng := rand.New(rand.NewPCG(1, 2))
+			steps := 0
+			cpu0 := cpuSeconds(b)
+			for b.Loop() {
+				for _, ref := range refs {
+					e.Reset(rng)
+					state = append(append(state[:0], ref.Qpos...), ref.Qvel...)
+					if _, err := e.SetState(state); err != nil {
+						b.Fatal(err)
+					}
+					for _, a := range ref.Actions {
+						e.Step(a)
+					}
+					steps += len(ref.Actions)
+				}
+			}
+			cpu := cpuSeconds(b) - cpu0
+			b.ReportMetric(float64(steps)/b.Elapsed().Seconds(), "steps/s")
+			b.ReportMetric(float64(steps)/cpu, "steps/cpu-s")
 		})
 	}
 }
