@@ -183,8 +183,13 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 				snap = nil
 			}
 		}
-		if err == nil || ctx.Err() != nil {
-			return snap, err
+		if err == nil {
+			return snap, nil
+		}
+		if ctx.Err() != nil {
+			// The contract: ctx's error, not the one the source gave
+			// while ctx ended (a push source reports its closed board).
+			return nil, ctx.Err()
 		}
 		f.drop(err)
 		if err := f.allRefused(); err != nil {
