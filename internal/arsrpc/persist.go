@@ -11,14 +11,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/crashpoint"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -66,58 +65,15 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 var runDirName = regexp.MustCompile(`^run-([0-9]{1,18})$`)
 
-// crashHook kills the process at a named point (tests only: the hub's
-// RLHUB_TEST_ARS_CRASH, "point" or "point:N" for the Nth time).
-type crashHook struct {
-	point string
-	n     int
-	hits  int
-}
-
-func parseCrash(s string) *crashHook {
-	if s == "" {
-		return nil
-	}
-	h := &crashHook{point: s, n: 1}
-	if p, n, ok := strings.Cut(s, ":"); ok {
-		h.point = p
-		if v, err := strconv.Atoi(n); err == nil && v > 0 {
-			h.n = v
-		}
-	}
-	return h
-}
-
-// hit counts one arrival at point and reports whether it is the Nth.
-func (h *crashHook) hit(point string) bool {
-	if h == nil || h.point != point {
-		return false
-	}
-	h.hits++
-	return h.hits == h.n
-}
-
-// at SIGKILLs this process the Nth time point is reached.
-func (h *crashHook) at(point string) {
-	if h.hit(point) {
-		kill()
-	}
-}
-
-func kill() {
-	syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // the signal is on its way
-}
-
 // persister writes runs' state under dir; the Service mutex serialises it.
 type persister struct {
 	dir   string
-	crash *crashHook
+	crash *crashpoint.Hook
 	// logs holds each run's open progress.log.
 	logs map[string]*os.File
 }
 
-func newPersister(dir string, crash *crashHook) (*persister, error) {
+func newPersister(dir string, crash *crashpoint.Hook) (*persister, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("ars state: %w", err)
 	}
@@ -199,10 +155,10 @@ func (p *persister) writeAtomic(path string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	if p.crash.hit("snapshot") {
+	if p.crash.Hit("snapshot") {
 		f.Write(b[:len(b)/2]) // a torn temp file, as a crash mid-write leaves
 		f.Sync()
-		kill()
+		crashpoint.Kill()
 	}
 	_, err = f.Write(b)
 	if err = errors.Join(err, f.Sync(), f.Close()); err != nil {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/crashpoint"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/store"
@@ -139,11 +140,11 @@ type Service struct {
 	quit chan struct{} // closed by Close: ends long polls and watches
 
 	mu      sync.Mutex
-	c       *coordinator  // guarded by mu
-	persist *persister    // nil without DataDir; guarded by mu
-	crash   *crashHook    // guarded by mu
-	changed chan struct{} // closed and replaced on every state change; guarded by mu
-	closed  bool          // guarded by mu
+	c       *coordinator     // guarded by mu
+	persist *persister       // nil without DataDir; guarded by mu
+	crash   *crashpoint.Hook // guarded by mu
+	changed chan struct{}    // closed and replaced on every state change; guarded by mu
+	closed  bool             // guarded by mu
 }
 
 // New builds the service.
@@ -158,7 +159,7 @@ func New(cfg Config) (*Service, error) {
 		quit:    make(chan struct{}),
 		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders, fmt.Sprintf("-%x", boot)).withMaxParams(cfg.MaxPolicyParams),
 		changed: make(chan struct{}),
-		crash:   parseCrash(cfg.CrashAt),
+		crash:   crashpoint.Parse(cfg.CrashAt),
 	}
 	if cfg.DataDir != "" {
 		p, err := newPersister(cfg.DataDir, s.crash)
@@ -556,7 +557,7 @@ func (s *Service) report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 		// it is a matter of timing; the hook must not be).
 		for _, x := range req.Results {
 			if x.GetTask().GetKind() == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
-				s.crash.at("eval-report")
+				s.crash.At("eval-report")
 				break
 			}
 		}
@@ -566,9 +567,9 @@ func (s *Service) report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 		if err := s.saveLocked(r); err != nil && out.pub != nil {
 			out.pub = nil // never let the store run ahead of the state
 		}
-		s.crash.at("publish")
+		s.crash.At("publish")
 	} else if out.accepted > 0 {
-		s.crash.at("report")
+		s.crash.At("report")
 	}
 	if out.pub != nil {
 		if err := s.pushLocked(out.pub); err != nil {
@@ -578,7 +579,7 @@ func (s *Service) report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 		}
 	}
 	if out.finished {
-		s.crash.at("iteration")
+		s.crash.At("iteration")
 	}
 	if out.finished || out.accepted > 0 {
 		s.broadcastLocked()

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/crashpoint"
 	"github.com/rlhub/rlhub/internal/errs"
 )
 
@@ -38,7 +38,7 @@ type FollowerConfig struct {
 	// and their directories are also fsynced. See SyncMode.
 	Sync SyncMode
 	// CrashAt (tests only) SIGKILLs the process at a named point of a
-	// unit's install (crashHook; `serve` reads RLHUB_TEST_REPLICA_CRASH).
+	// unit's install (internal/crashpoint; `serve` reads RLHUB_TEST_REPLICA_CRASH).
 	CrashAt string
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
@@ -80,7 +80,7 @@ func ParseSyncMode(s string) (SyncMode, error) {
 // Follower applies a primary's units to a standby's data directory.
 type Follower struct {
 	cfg    FollowerConfig
-	crash  *crashHook
+	crash  *crashpoint.Hook
 	synced atomic.Bool // a full sync completed (since the last Follow began)
 	units  atomic.Uint64
 	last   atomic.Uint64 // the newest unit applied
@@ -108,7 +108,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if _, err := ParseSyncMode(string(cfg.Sync)); err != nil {
 		return nil, err
 	}
-	f := &Follower{cfg: cfg, crash: parseCrash(cfg.CrashAt)}
+	f := &Follower{cfg: cfg, crash: crashpoint.Parse(cfg.CrashAt)}
 	if err := os.MkdirAll(f.dir(), 0o755); err != nil {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
@@ -203,7 +203,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
 	for {
-		f.crash.hold(ctx, "unit-hold")
+		holdAt(ctx, f.crash, "unit-hold")
 		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
 		if err != nil {
 			return err
@@ -384,12 +384,12 @@ func (f *Follower) install(stage string, files []staged, gone []string, full boo
 	for _, s := range files {
 		mk.Files = append(mk.Files, markedFile{Rel: s.rel, Staged: filepath.Base(s.tmp)})
 	}
-	f.crash.at("unit-staged")
+	f.crash.At("unit-staged")
 	b, _ := json.Marshal(mk)
 	if err := writeMarker(filepath.Join(stage, markerName), b, f.cfg.Sync == SyncFsync); err != nil {
 		return fmt.Errorf("replica: commit marker: %w", err)
 	}
-	f.crash.at("unit-marked")
+	f.crash.At("unit-marked")
 	return applyUnit(f.cfg.DataDir, stage, mk, f.cfg.Sync == SyncFsync, f.crash)
 }
 
@@ -408,7 +408,7 @@ func writeMarker(path string, b []byte, sync bool) error {
 
 // applyUnit makes a marked unit's moves not yet made (a staged file that
 // is gone was moved already) and its removals.
-func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashHook) error {
+func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.Hook) error {
 	dirs := map[string]bool{}
 	for i, m := range mk.Files {
 		if err := safeRel(m.Rel); err != nil {
@@ -423,7 +423,7 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashHook) e
 		}
 		dirs[filepath.Dir(filepath.Join(root, m.Rel))] = true
 		if i == 0 && len(mk.Files) > 1 {
-			crash.at("install-mid") // one file of the unit moved, the others not
+			crash.At("install-mid") // one file of the unit moved, the others not
 		}
 	}
 	for _, rel := range mk.Gone {
@@ -483,48 +483,17 @@ func (f *Follower) recoverUnits() error {
 	return nil
 }
 
-// crashHook kills the process at a named point (tests only: the hub's
-// RLHUB_TEST_REPLICA_CRASH, "point" or "point:N" for the Nth time; the
-// same mechanism as arsrpc's RLHUB_TEST_ARS_CRASH). Points:
+// The follower's crash points (tests only: the hub's
+// RLHUB_TEST_REPLICA_CRASH, read by internal/crashpoint as arsrpc's
+// RLHUB_TEST_ARS_CRASH is). Points:
 // unit-staged (a unit's files staged, no marker), unit-marked (marker
 // written, nothing moved), install-mid (one file of a unit moved); and
 // unit-hold, which does not kill: the standby stops applying units
 // (keeping its lease) until its stream ends.
-type crashHook struct {
-	point string
-	n     int
-	hits  atomic.Int64
-}
-
-func parseCrash(s string) *crashHook {
-	if s == "" {
-		return nil
+//
+// holdAt blocks until ctx ends the Nth time point is reached.
+func holdAt(ctx context.Context, h *crashpoint.Hook, point string) {
+	if h.Hit(point) {
+		<-ctx.Done()
 	}
-	h := &crashHook{point: s, n: 1}
-	if p, n, ok := strings.Cut(s, ":"); ok {
-		h.point = p
-		if v, err := strconv.Atoi(n); err == nil && v > 0 {
-			h.n = v
-		}
-	}
-	return h
-}
-
-// hold blocks until ctx ends the Nth time point is reached: a standby
-// that stops applying units while it keeps its lease (point unit-hold,
-// before a unit is received).
-func (h *crashHook) hold(ctx context.Context, point string) {
-	if h == nil || h.point != point || h.hits.Add(1) != int64(h.n) {
-		return
-	}
-	<-ctx.Done()
-}
-
-// at SIGKILLs this process the Nth time point is reached.
-func (h *crashHook) at(point string) {
-	if h == nil || h.point != point || h.hits.Add(1) != int64(h.n) {
-		return
-	}
-	syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // the signal is on its way
 }
