@@ -166,9 +166,18 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 // in one run (RLHUB_REPLICATION_COST=1, RLHUB_REPLICATION_ROUNDS rounds,
 // default 3; skipped otherwise). RLHUB_REPLICATION_HUBS sets the
 // acks-all cluster's size (default 3), RLHUB_REPLICATION_ARGS adds serve
-// flags to its hubs (e.g. --replica-sync fsync). Each figure's ratio is against the
-// single hub of the same round; the medians over the rounds close the
-// log.
+// flags to its hubs (e.g. --replica-sync fsync). Each figure's ratio is
+// against the single hub of the same round; the medians over the rounds
+// close the log.
+//
+// Every round measures each of the three twice: shared, every process
+// free to run on every CPU this test may use (standbys on the same cores
+// as the primary take CPU from it, as on one host); and pinned, which
+// stands in for separate hosts: the measured primary (or the single hub)
+// and this process, which runs the load clients, on one half of the CPUs,
+// and everything else — the standbys, etcd, the idle hubs of the other
+// setups — on the other half (on two CPUs: CPU 0 and CPU 1). The single
+// hub's baseline gets exactly the primary's CPUs.
 func TestReplicationCost(t *testing.T) {
 	if os.Getenv("RLHUB_REPLICATION_COST") == "" {
 		t.Skip("set RLHUB_REPLICATION_COST=1 to measure")
@@ -182,15 +191,22 @@ func TestReplicationCost(t *testing.T) {
 		nh = h
 	}
 	r := measureReplication(t, rounds, nh)
-	t.Logf("replication cost, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx",
-		rounds, median(r.ratios[0]), median(r.ratios[1]), median(r.ratios[2]), median(r.ratios[3]), median(r.ratios[4]), median(r.ratios[5]))
+	for _, l := range []layout{shared, pinned} {
+		if len(r.ratios[l][0]) == 0 {
+			continue
+		}
+		x := func(i int) float64 { return median(r.ratios[l][i]) }
+		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx",
+			l, rounds, x(0), x(1), x(2), x(3), x(4), x(5))
+	}
 }
 
 // BenchmarkReplicationCost is TestReplicationCost for `make benchref`:
 // RLHUB_REPLICATION_ROUNDS rounds (default 2), reporting the cluster
 // primary's (acks all, two standbys) pushes/s and the single hub's
 // (medians), and the medians of the per-round ratios for pushes, pulls and
-// gradients applied, with acks all and acks 0.
+// gradients applied, with acks all and acks 0; with the processes shared
+// on every CPU, and pinned as separate hosts (the _pinned metrics).
 func BenchmarkReplicationCost(b *testing.B) {
 	rounds := 2
 	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
@@ -201,20 +217,46 @@ func BenchmarkReplicationCost(b *testing.B) {
 		for range b.N {
 			r = measureReplication(b, rounds, 3)
 		}
-		b.ReportMetric(median(r.cluster), "pushes/s")
-		b.ReportMetric(median(r.single), "single_pushes/s")
-		for i, name := range []string{"x_pushes", "x_pulls", "x_grads", "x_pushes_acks0", "x_pulls_acks0", "x_grads_acks0"} {
-			b.ReportMetric(median(r.ratios[i]), name)
+		b.ReportMetric(median(r.cluster[shared]), "pushes/s")
+		b.ReportMetric(median(r.single[shared]), "single_pushes/s")
+		names := []string{"x_pushes", "x_pulls", "x_grads", "x_pushes_acks0", "x_pulls_acks0", "x_grads_acks0"}
+		for l, suffix := range map[layout]string{shared: "", pinned: "_pinned"} {
+			if len(r.ratios[l][0]) == 0 {
+				continue
+			}
+			for i, name := range names {
+				b.ReportMetric(median(r.ratios[l][i]), name+suffix)
+			}
+		}
+		if len(r.cluster[pinned]) > 0 {
+			b.ReportMetric(median(r.cluster[pinned]), "pushes/s_pinned")
+			b.ReportMetric(median(r.single[pinned]), "single_pushes/s_pinned")
 		}
 	})
 }
 
-// replicationRun is measureReplication's figures, one entry per round:
-// the ratios to the single hub (acks all: pushes, pulls, grads; acks 0:
-// the same) and the pushes/s of the acks-all primary and the single hub.
+// layout is where the processes of a measurement may run.
+type layout int
+
+const (
+	shared layout = iota // every process on every CPU
+	pinned               // the measured hub and the clients on half the CPUs, the rest on the other half
+)
+
+func (l layout) String() string {
+	if l == pinned {
+		return "pinned as separate hosts"
+	}
+	return "shared cores"
+}
+
+// replicationRun is measureReplication's figures, one entry per round,
+// per layout: the ratios to the single hub (acks all: pushes, pulls,
+// grads; acks 0: the same) and the pushes/s of the acks-all primary and
+// the single hub.
 type replicationRun struct {
-	ratios          [6][]float64
-	cluster, single []float64
+	ratios          [2][6][]float64
+	cluster, single [2][]float64
 }
 
 func median(xs []float64) float64 {
@@ -225,23 +267,75 @@ func median(xs []float64) float64 {
 
 // measureReplication runs rounds of the measurement on a single hub, a
 // cluster of nh hubs with acks all and one of three with acks 0,
-// interleaved.
+// interleaved, each shared and pinned (pinned is left out, and said so,
+// when this process may use fewer than two CPUs).
 func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	const n, size = 100, 1 << 20 // 1 MiB blobs (256 Ki float32)
 	blob := storetest.Blob(t, 1, size/4)
 	const ng = 30 // gradients per round
-	single := startPlainHub(t, "--reduce-batch-size", "1")
+	singleProc := startPlainHubProc(t, "--reduce-batch-size", "1")
+	single := singleProc.Addr()
 	e := startEtcd(t)
 	allArgs := append([]string{"--reduce-batch-size", "1"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
 	all := newClusterTTL(t, e, nh, "2s", allArgs...)
-	lAll, _ := all.leader(0)
+	lAll, pAll := all.leader(0)
 	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "1")
-	lAsync, _ := async.leader(0)
+	lAsync, pAsync := async.leader(0)
 	// Every standby follows before anything is timed (a standby still
 	// joining would hold the first publishes for its full sync).
 	for _, c := range []*testCluster{all, async} {
 		c.push("warm", 1, 0, blob)
 	}
+
+	// The pinning: this process (the load clients) and the measured hub
+	// on `near`, every other process on `far`; everyone back on `cpus`
+	// after.
+	cpus, err := ownCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	near, far := cpus[:len(cpus)/2], cpus[len(cpus)/2:]
+	layouts := []layout{shared, pinned}
+	if len(cpus) < 2 {
+		layouts = layouts[:1]
+		t.Logf("this process may use %d CPU (%s): no pinned measurement", len(cpus), cpus)
+	}
+	everyone := func() []int {
+		pids := append([]int{singleProc.Pid()}, childrenNamed("etcd")...)
+		for _, c := range []*testCluster{all, async} {
+			for _, h := range c.hubs {
+				pids = append(pids, h.proc.Pid())
+			}
+		}
+		return pids
+	}
+	place := func(measured int) {
+		for _, pid := range everyone() {
+			set := far
+			if pid == measured {
+				set = near
+			}
+			if err := pin(pid, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pin(os.Getpid(), near); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unpin := func() {
+		for _, pid := range append(everyone(), os.Getpid()) {
+			if err := pin(pid, cpus); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer unpin()
+	if len(layouts) > 1 {
+		t.Logf("pinned: this process (the load clients) and the measured hub (single hub %d, acks-all primary %d, acks-0 primary %d) on CPUs %s; the standbys, etcd and the idle hubs on CPUs %s",
+			singleProc.Pid(), pAll.proc.Pid(), pAsync.proc.Pid(), near, far)
+	}
+
 	gsd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, make([]float32, size/4)))
 	gblob, err := safetensors.Encode(gsd, nil)
 	if err != nil {
@@ -317,15 +411,25 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	}
 	var run replicationRun
 	for round := range rounds {
-		sp, sl, sg := measure(single)
-		cp, cl, cg := measure(lAll.Addr)
-		ap, al, ag := measure(lAsync.Addr)
-		t.Logf("round %d, 1 MiB: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + 2 standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
-			round+1, sp, sl, sg, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
-		for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
-			run.ratios[i] = append(run.ratios[i], r)
+		for _, l := range layouts {
+			at := func(addr string, pid int) (float64, float64, float64) {
+				if l == pinned {
+					place(pid)
+					defer unpin()
+				}
+				return measure(addr)
+			}
+			load, _ := os.ReadFile("/proc/loadavg")
+			sp, sl, sg := at(single, singleProc.Pid())
+			cp, cl, cg := at(lAll.Addr, pAll.proc.Pid())
+			ap, al, ag := at(lAsync.Addr, pAsync.proc.Pid())
+			t.Logf("round %d, %s, 1 MiB, load %s: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + %d standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
+				round+1, l, strings.Join(strings.Fields(string(load))[:3], " "), sp, sl, sg, nh-1, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
+			for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
+				run.ratios[l][i] = append(run.ratios[l][i], r)
+			}
+			run.cluster[l], run.single[l] = append(run.cluster[l], cp), append(run.single[l], sp)
 		}
-		run.cluster, run.single = append(run.cluster, cp), append(run.single, sp)
 	}
 	return run
 }
@@ -335,10 +439,10 @@ func startEtcd(t testing.TB) string {
 	return clustertest.Start(t).Endpoint
 }
 
-// startPlainHub runs `rlhub serve` without a cluster.
-func startPlainHub(t testing.TB, extra ...string) string {
+// startPlainHubProc runs `rlhub serve` without a cluster.
+func startPlainHubProc(t testing.TB, extra ...string) *testkit.Proc {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	return testkit.StartProc(t, testkit.ProcConfig{Name: "plain hub", AddrFile: addrFile,
-		Args: append([]string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}, extra...)}).Addr()
+		Args: append([]string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}, extra...)})
 }
