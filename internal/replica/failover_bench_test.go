@@ -23,65 +23,96 @@ import (
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// TestFailoverTimes measures failover: the primary SIGKILLed while a
-// client publishes as fast as it can, to the first version the new
-// primary publishes (acknowledged by every standby left), p50/p99 over
+// TestFailoverTimes measures failover, from one SIGKILL of the primary
+// (while a client publishes every ~10 ms) to two moments: the first
+// version the new primary publishes (acknowledged by every standby
+// left), and every collector of startCollectors (the Go data-plane
+// client on etcd://, the push stream through Failover on the hub list,
+// Failover over the data plane on etcd://, a relay's shared memory)
+// applying a version of the new term; p50/p99 of each over
 // RLHUB_FAILOVER_KILLS kills (skipped when unset) at a 2s lease. The
-// killed hub is restarted on its data after each kill, so every kill
-// finds three hubs. Figures go to the log (docs/benchlog).
+// killed hub is restarted on its data and address after each kill, so
+// every kill finds three hubs (and the hub list stays true). Figures go
+// to the log (docs/benchlog).
 func TestFailoverTimes(t *testing.T) {
 	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
 	if kills <= 0 {
 		t.Skip("set RLHUB_FAILOVER_KILLS=N to measure failover over N kills")
 	}
-	took := measureFailover(t, kills)
-	q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
-	t.Logf("failover, kill → first version by the new primary, lease 2s, %d kills: p50 %v p99 %v max %v",
-		len(took), q(0.50).Round(time.Millisecond), q(0.99).Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	f := measureFailover(t, kills)
+	t.Logf("failover, lease 2s, %d kills, %d collectors: kill → first version by the new primary p50 %v p99 %v (max %v); kill → every collector on the new term p50 %v p99 %v (max %v)",
+		kills, f.collectors, f.toPublish.q(0.5), f.toPublish.q(0.99), f.toPublish.q(1), f.toEvery.q(0.5), f.toEvery.q(0.99), f.toEvery.q(1))
 }
 
 // BenchmarkFailover is TestFailoverTimes for `make benchref`:
 // RLHUB_FAILOVER_KILLS kills (default 3) of a three-hub cluster at a 2s
 // lease, reporting kill → first version by the new primary (p50_s,
-// p99_s: the maximum below 100 kills), the lease (lease_s) and p99 in
-// leases.
+// p99_s: the maximum below 100 kills) and kill → every collector on the
+// new term (every_p50_s, every_p99_s), both from the same kills, the
+// lease (lease_s) and each p99 in leases.
 func BenchmarkFailover(b *testing.B) {
 	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
 	if kills <= 0 {
 		kills = 3
 	}
 	b.Run("lease=2s", func(b *testing.B) {
-		var took []time.Duration
+		var f failoverTimes
 		for range b.N {
-			took = measureFailover(b, kills)
+			f = measureFailover(b, kills)
 		}
-		q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
-		b.ReportMetric(q(0.50).Seconds(), "p50_s")
-		b.ReportMetric(q(0.99).Seconds(), "p99_s")
+		b.ReportMetric(f.toPublish.q(0.50).Seconds(), "p50_s")
+		b.ReportMetric(f.toPublish.q(0.99).Seconds(), "p99_s")
+		b.ReportMetric(f.toEvery.q(0.50).Seconds(), "every_p50_s")
+		b.ReportMetric(f.toEvery.q(0.99).Seconds(), "every_p99_s")
 		b.ReportMetric(2, "lease_s")
-		b.ReportMetric(q(0.99).Seconds()/2, "p99_leases")
-		b.ReportMetric(float64(len(took)), "kills")
+		b.ReportMetric(f.toPublish.q(0.99).Seconds()/2, "p99_leases")
+		b.ReportMetric(f.toEvery.q(0.99).Seconds()/2, "every_p99_leases")
+		b.ReportMetric(float64(kills), "kills")
 	})
 }
 
+// durations are measured times, in the order measured.
+type durations []time.Duration
+
+// q is the p quantile (1: the maximum), to the millisecond.
+func (d durations) q(p float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Millisecond)
+}
+
+// failoverTimes is measureFailover's figures, one per kill.
+type failoverTimes struct {
+	toPublish, toEvery durations
+	collectors         int
+}
+
 // measureFailover kills a three-hub cluster's primary kills times while a
-// client publishes, and returns each kill → first version published by
-// the new primary, sorted.
-func measureFailover(t testing.TB, kills int) []time.Duration {
-	e := startEtcd(t)
-	c := newClusterTTL(t, e, 3, "2s")
-	blob := storetest.Blob(t, 1, 1<<16)
+// client publishes and the collectors of startCollectors follow the
+// cluster, and times each kill to the new primary's first version and to
+// every collector on the new term.
+func measureFailover(t testing.TB, kills int) failoverTimes {
+	e := clustertest.Start(t)
+	c := newClusterTTL(t, e.Endpoint, 3, "2s")
+	const model = "pol"
+	blob := storetest.Blob(t, 1, 1<<14)
 
 	type landed struct {
-		at    time.Time
-		epoch uint64
+		at             time.Time
+		version, epoch uint64
 	}
 	var mu sync.Mutex
 	var log []landed
+	published := func() []landed {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]landed(nil), log...)
+	}
+	c.push(model, 1, 0, blob)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { // the publisher: follows the primary through etcd
-		v := uint64(0)
+		v := uint64(1)
 		for {
 			select {
 			case <-stop:
@@ -101,11 +132,11 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 					return
 				default:
 				}
-				info, err := cl.Push(context.Background(), store.PushRequest{Name: "pol", Version: v + 1, Expect: store.ExpectAny, Blob: blob})
+				info, err := cl.Push(context.Background(), store.PushRequest{Name: model, Version: v + 1, Expect: store.ExpectAny, Blob: blob})
 				if err != nil {
 					if cur, gerr := cl.List(context.Background()); gerr == nil {
 						for _, i := range cur {
-							if i.Name == "pol" {
+							if i.Name == model {
 								v = max(v, i.Version)
 							}
 						}
@@ -114,31 +145,34 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 				}
 				v = info.Version
 				mu.Lock()
-				log = append(log, landed{at: time.Now(), epoch: info.Epoch})
+				log = append(log, landed{at: time.Now(), version: info.Version, epoch: info.Epoch})
 				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
 			}
 			cl.Close()
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
 	defer func() { close(stop); wg.Wait() }()
+	set, _ := startCollectors(t, c, e.Endpoint, model)
 
-	var took []time.Duration
+	f := failoverTimes{collectors: len(set.all)}
 	after := uint64(0)
 	for k := range kills {
 		l, p := c.leader(after)
-		testkit.Eventually(t, 60*time.Second, "a version published by the primary of epoch "+strconv.FormatUint(l.Epoch, 10), func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(log) > 0 && log[len(log)-1].epoch == l.Epoch
+		testkit.Eventually(t, 2*time.Minute, fmt.Sprintf("every collector on a version of epoch %d", l.Epoch), func() bool {
+			for _, fc := range set.all {
+				if got := fc.deliveries(); len(got) == 0 || got[len(got)-1].epoch != l.Epoch {
+					return false
+				}
+			}
+			return true
 		})
 		killed := time.Now()
 		p.kill()
 		var first time.Time
-		testkit.Eventually(t, 60*time.Second, "the new primary's first version", func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, x := range log {
+		testkit.Eventually(t, time.Minute, "the new primary's first version", func() bool {
+			for _, x := range published() {
 				if x.epoch > l.Epoch {
 					first = x.at
 					return true
@@ -146,18 +180,45 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 			}
 			return false
 		})
-		took = append(took, first.Sub(killed))
-		t.Logf("kill %d: %v (epoch %d → next)", k+1, first.Sub(killed).Round(time.Millisecond), l.Epoch)
+		var every time.Time
+		var each []string
+		testkit.Eventually(t, time.Minute, "every collector on a version of the new term", func() bool {
+			every, each = time.Time{}, nil
+			for _, fc := range set.all {
+				at := fc.firstOfEpochAfter(l.Epoch)
+				if at.IsZero() {
+					return false
+				}
+				each = append(each, fmt.Sprintf("%s %v", fc.name, at.Sub(killed).Round(time.Millisecond)))
+				if at.After(every) {
+					every = at
+				}
+			}
+			return true
+		})
+		f.toPublish, f.toEvery = append(f.toPublish, first.Sub(killed)), append(f.toEvery, every.Sub(killed))
+		t.Logf("kill %d (epoch %d): first publish %v, every collector %v (%s)", k+1, l.Epoch,
+			first.Sub(killed).Round(time.Millisecond), every.Sub(killed).Round(time.Millisecond), strings.Join(each, ", "))
 		after = l.Epoch
-		c.start(p) // back on its data: three hubs for the next kill
-		testkit.Eventually(t, 60*time.Second, "three members again", func() bool {
+		if k == kills-1 {
+			break
+		}
+		// Back on its data and its address (the hub list names it): three
+		// hubs for the next kill.
+		if !slices.Contains(p.args, "--listen") {
+			p.args = append(slices.Clone(p.args), "--listen", p.addr)
+		}
+		c.start(p)
+		testkit.Eventually(t, time.Minute, "three members again", func() bool {
 			st, err := c.status()
 			return err == nil && len(st.Members) == 3
 		})
-		time.Sleep(3 * time.Second) // let it finish its full sync and campaign
+		// Publishes wait for every standby's acknowledgement: 20 more
+		// versions mean the restarted hub follows again.
+		n := len(published())
+		testkit.Eventually(t, 2*time.Minute, "20 versions published with three hubs", func() bool { return len(published()) >= n+20 })
 	}
-	slices.Sort(took)
-	return took
+	return f
 }
 
 // TestReplicationCost measures the store's push and pull throughput and
