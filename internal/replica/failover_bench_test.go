@@ -257,8 +257,9 @@ func TestReplicationCost(t *testing.T) {
 			continue
 		}
 		x := func(i int) float64 { return median(r.ratios[l][i]) }
-		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx",
-			l, rounds, x(0), x(1), x(2), x(3), x(4), x(5))
+		c := func(i int) float64 { return median(r.cpu[l][i]) }
+		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx; CPU per push: single hub %.1f ms, acks-all primary %.1f ms + standbys %.1f ms, acks-0 primary %.1f ms",
+			l, rounds, x(0), x(1), x(2), x(3), x(4), x(5), c(0), c(1), c(2), c(3))
 	}
 }
 
@@ -318,6 +319,30 @@ func (l layout) String() string {
 type replicationRun struct {
 	ratios          [2][6][]float64
 	cluster, single [2][]float64
+	// cpu is CPU ms per push: the single hub, the acks-all primary, its
+	// standbys together, the acks-0 primary.
+	cpu [2][4][]float64
+}
+
+// cpuTime is the CPU time (user + system) the processes pids have used,
+// from /proc (clock ticks of 10 ms); a process that has gone counts 0.
+func cpuTime(pids ...int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		k, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(u+k) * 10 * time.Millisecond
+	}
+	return total
 }
 
 func median(xs []float64) float64 {
@@ -407,7 +432,10 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		ones[i] = 1
 	}
 	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, ones))
-	measure := func(addr string) (pushes, pulls, grads float64) {
+	// cost is what one setup's publishes cost: the CPU time (user +
+	// system) the measured hub and its standbys spent per push, in ms.
+	type cost struct{ hub, standbys float64 }
+	measure := func(addr string, hub int, standbys []int) (pushes, pulls, grads float64, c cost) {
 		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -415,6 +443,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		defer cl.Close()
 		ctx := context.Background()
 		model := fmt.Sprintf("m%d", time.Now().UnixNano())
+		hub0, sb0 := cpuTime(hub), cpuTime(standbys...)
 		start := time.Now()
 		for v := uint64(1); v <= n; v++ {
 			if _, err := cl.Push(ctx, store.PushRequest{Name: model, Version: v, Expect: v - 1, Blob: blob}); err != nil {
@@ -422,6 +451,8 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			}
 		}
 		pushes = n / time.Since(start).Seconds()
+		c = cost{hub: float64(cpuTime(hub)-hub0) / float64(time.Millisecond) / n,
+			standbys: float64(cpuTime(standbys...)-sb0) / float64(time.Millisecond) / n}
 		start = time.Now()
 		for range n {
 			if _, err := cl.Get(ctx, model, 0); err != nil {
@@ -468,24 +499,37 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			}
 		}
 		grads = ng / time.Since(start).Seconds()
-		return pushes, pulls, grads
+		return pushes, pulls, grads, c
+	}
+	standbysOf := func(c *testCluster, primary *hubProc) []int {
+		var pids []int
+		for _, h := range c.hubs {
+			if h != primary {
+				pids = append(pids, h.proc.Pid())
+			}
+		}
+		return pids
 	}
 	var run replicationRun
 	for round := range rounds {
 		for _, l := range layouts {
-			at := func(addr string, pid int) (float64, float64, float64) {
+			at := func(addr string, pid int, standbys []int) (float64, float64, float64, cost) {
 				if l == pinned {
 					place(pid)
 					defer unpin()
 				}
-				return measure(addr)
+				return measure(addr, pid, standbys)
 			}
 			load, _ := os.ReadFile("/proc/loadavg")
-			sp, sl, sg := at(single, singleProc.Pid())
-			cp, cl, cg := at(lAll.Addr, pAll.proc.Pid())
-			ap, al, ag := at(lAsync.Addr, pAsync.proc.Pid())
+			sp, sl, sg, sc := at(single, singleProc.Pid(), nil)
+			cp, cl, cg, cc := at(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+			ap, al, ag, ac := at(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
 			t.Logf("round %d, %s, 1 MiB, load %s: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + %d standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
 				round+1, l, strings.Join(strings.Fields(string(load))[:3], " "), sp, sl, sg, nh-1, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
+			t.Logf("round %d, %s, CPU per push (user+system): single hub %.1f ms; acks all: primary %.1f ms, its standbys %.1f ms together; acks 0: primary %.1f ms, standbys %.1f ms",
+				round+1, l, sc.hub, cc.hub, cc.standbys, ac.hub, ac.standbys)
+			run.cpu[l][0], run.cpu[l][1] = append(run.cpu[l][0], sc.hub), append(run.cpu[l][1], cc.hub)
+			run.cpu[l][2], run.cpu[l][3] = append(run.cpu[l][2], cc.standbys), append(run.cpu[l][3], ac.hub)
 			for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
 				run.ratios[l][i] = append(run.ratios[l][i], r)
 			}

@@ -99,7 +99,9 @@ type Source struct {
 	mu        sync.Mutex
 	standbys  []string      // the newest RefreshStandbys
 	refreshed bool          // RefreshStandbys succeeded at least once
-	changed   chan struct{} // closed and replaced when unit moves on
+	changed   chan struct{} // closed and replaced when an ack arrives, a follower leaves, or on close (Sync waits on it)
+	work      chan struct{} // closed and replaced when a unit is asked for, a snapshot taken, or on close (ship waits on it)
+	done      chan struct{} // closed on close (the scan waits on it)
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
 	closed    bool
@@ -124,7 +126,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Source{cfg: cfg, changed: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
+	return &Source{cfg: cfg, changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
 
 // Register attaches the replication stream to s (hub.Service).
@@ -139,8 +141,7 @@ func (s *Source) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapp
 // called after the gRPC server stopped).
 func (s *Source) Close() error {
 	s.mu.Lock()
-	s.closed = true
-	s.bump()
+	s.close()
 	s.mu.Unlock()
 	s.streams.Wait()
 	return nil
@@ -151,15 +152,30 @@ func (s *Source) Close() error {
 // still waits for them.
 func (s *Source) Stop() {
 	s.mu.Lock()
-	s.closed = true
-	s.bump()
+	s.close()
 	s.mu.Unlock()
 }
 
-// bump wakes everyone waiting on a change; s.mu is held.
+// close marks the Source closed and wakes everyone; s.mu is held.
+func (s *Source) close() {
+	if !s.closed {
+		close(s.done)
+	}
+	s.closed = true
+	s.bump()
+	s.bumpWork()
+}
+
+// bump wakes the publishes waiting in Sync; s.mu is held.
 func (s *Source) bump() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// bumpWork wakes the followers' streams; s.mu is held.
+func (s *Source) bumpWork() {
+	close(s.work)
+	s.work = make(chan struct{})
 }
 
 // Commit runs one store commit with scans held off (the push's local
@@ -213,7 +229,7 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
 		}
 		s.unit++
-		s.bump()
+		s.bumpWork()
 		s.mu.Unlock()
 		return nil
 	}
@@ -222,7 +238,7 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	s.mu.Lock()
 	s.unit++
 	want := s.unit
-	s.bump()
+	s.bumpWork()
 	// Besides the registered standbys (as of the last refresh), wait for
 	// every follower connected now: one that registered since the refresh
 	// may have taken its full sync before this commit and campaign next.
@@ -414,7 +430,7 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 	}
 	for {
 		s.mu.Lock()
-		u, ch, closed, latest := s.unit, s.changed, s.closed, s.latest
+		u, ch, closed, latest := s.unit, s.work, s.closed, s.latest
 		s.mu.Unlock()
 		if closed {
 			return status.Error(codes.Unavailable, "replica: primary closing")
@@ -624,7 +640,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	if s.latest == nil || s.latest.seq < snap.seq {
 		s.latest = snap
 	}
-	s.bump()
+	s.bumpWork()
 	s.mu.Unlock()
 	return snap, nil
 }
@@ -658,10 +674,9 @@ func (s *Source) scanLoop() {
 			s.mu.Unlock()
 			return
 		}
-		ch := s.changed
 		s.mu.Unlock()
 		select {
-		case <-ch:
+		case <-s.done:
 			continue
 		case <-tick.C:
 		}
