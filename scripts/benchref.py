@@ -106,6 +106,9 @@ CELLS: List[Cell] = [
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same, pinned as separate hosts (primary + clients on CPU 0, standbys + etcd on CPU 1)",
          ("pushes/s_pinned", "pushes/s"), ("single_pushes/s_pinned", "single hub pushes/s"), ("x_pushes_pinned", "× single hub"),
          [("x_grads_pinned", "× single hub gradients applied/s"), ("x_pulls_pinned", "× single hub pulls/s"), ("x_pushes_acks0_pinned", "× single hub pushes/s with acks 0")]),
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same run: CPU time per 1 MiB push (user + system, pinned), primary (acks all) vs single hub",
+         ("cpu_ms/push_primary", "ms primary"), ("cpu_ms/push_single", "ms single hub"), ("x_cpu_primary", "× single hub's CPU per push"),
+         [("cpu_ms/push_standbys", "ms both standbys together")]),
 ]
 
 # The Python client's scripts, and the two speed scripts that compare

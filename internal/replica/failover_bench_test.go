@@ -214,9 +214,14 @@ func measureFailover(t testing.TB, kills int) failoverTimes {
 			return err == nil && len(st.Members) == 3
 		})
 		// Publishes wait for every standby's acknowledgement: 20 more
-		// versions mean the restarted hub follows again.
+		// versions mean the restarted hub follows again. The pause lets
+		// it campaign too, so every kill finds the same cluster (one run
+		// killed the primary 3.6 s after a restart and the restarted hub
+		// followed no new primary for a minute: see the s8 ha-cost
+		// benchlog).
 		n := len(published())
 		testkit.Eventually(t, 2*time.Minute, "20 versions published with three hubs", func() bool { return len(published()) >= n+20 })
+		time.Sleep(3 * time.Second)
 	}
 	return f
 }
@@ -294,6 +299,17 @@ func BenchmarkReplicationCost(b *testing.B) {
 			b.ReportMetric(median(r.cluster[pinned]), "pushes/s_pinned")
 			b.ReportMetric(median(r.single[pinned]), "single_pushes/s_pinned")
 		}
+		// CPU per push (pinned when measured: no other process shares the
+		// primary's CPUs there): the single hub, the acks-all primary, its
+		// standbys together, and the primary's over the single hub's.
+		l := shared
+		if len(r.cpu[pinned][0]) > 0 {
+			l = pinned
+		}
+		b.ReportMetric(median(r.cpu[l][0]), "cpu_ms/push_single")
+		b.ReportMetric(median(r.cpu[l][1]), "cpu_ms/push_primary")
+		b.ReportMetric(median(r.cpu[l][2]), "cpu_ms/push_standbys")
+		b.ReportMetric(median(r.cpu[l][1])/median(r.cpu[l][0]), "x_cpu_primary")
 	})
 }
 
