@@ -105,7 +105,7 @@ type Source struct {
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
 	closed    bool
-	seq       uint64    // the newest cut's sequence number (snapshots and a follower's own cuts)
+	seq       uint64    // the newest snapshot's number; a follower's own cut, taken after it, ranks with it
 	latest    *snapshot // the newest snapshot
 	scanning  bool      // scanLoop runs
 	streams   sync.WaitGroup
