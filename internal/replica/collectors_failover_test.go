@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +17,6 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -46,7 +43,7 @@ type followingCollector struct {
 	done    chan error
 }
 
-func startFollowing(t *testing.T, ctx context.Context, wg *sync.WaitGroup, name string, src interface {
+func startFollowing(t testing.TB, ctx context.Context, wg *sync.WaitGroup, name string, src interface {
 	wsync.Source
 	Skipped() uint64
 	Close() error
@@ -86,7 +83,7 @@ type collectorSet struct {
 	wg     sync.WaitGroup
 }
 
-func startCollectors(t *testing.T, c *testCluster, etcd, model string) (*collectorSet, *wsync.DataPlaneClient) {
+func startCollectors(t testing.TB, c *testCluster, etcd, model string) (*collectorSet, *wsync.DataPlaneClient) {
 	t.Helper()
 	etcdTarget := dial.EtcdTarget(strings.TrimPrefix(etcd, "http://"), c.name)
 	var hubs []string
@@ -165,7 +162,7 @@ func (s *collectorSet) stop() {
 
 // waitAll waits until every collector applied version v, failing with
 // what each one runs.
-func (s *collectorSet) waitAll(t *testing.T, timeout time.Duration, v uint64) {
+func (s *collectorSet) waitAll(t testing.TB, timeout time.Duration, v uint64) {
 	t.Helper()
 	testkit.Eventually(t, timeout, fmt.Sprintf("every collector on v%d", v), func() bool {
 		select {
@@ -275,153 +272,6 @@ func (fc *followingCollector) firstOfEpochAfter(epoch uint64) time.Time {
 		}
 	}
 	return time.Time{}
-}
-
-// TestFailoverToEveryCollector measures failover as collectors see it:
-// the primary SIGKILLed while a client publishes every ~10 ms, to the
-// first version the new primary publishes, and to every collector of
-// startCollectors (the Go data-plane client on etcd://, the push stream
-// through Failover on the hub list, Failover over the data plane on
-// etcd://, a relay's shared memory) applying a version of the new term; p50/p99 over RLHUB_FAILOVER_KILLS kills (skipped when
-// unset) at a 2s lease, both measured on the same kills. The killed hub
-// is restarted on its data and address after each kill, so every kill
-// finds three hubs (and the hub list stays true). Figures go to the log
-// (docs/benchlog).
-func TestFailoverToEveryCollector(t *testing.T) {
-	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
-	if kills <= 0 {
-		t.Skip("set RLHUB_FAILOVER_KILLS=N to measure failover to every collector over N kills")
-	}
-	e := clustertest.Start(t)
-	c := newClusterTTL(t, e.Endpoint, 3, "2s")
-	const model = "pol"
-	blob := storetest.Blob(t, 1, 1<<14)
-
-	type landed struct {
-		at             time.Time
-		version, epoch uint64
-	}
-	var mu sync.Mutex
-	var log []landed
-	published := func() []landed {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]landed(nil), log...)
-	}
-	c.push(model, 1, 0, blob)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() { // the publisher: follows the primary through etcd
-		v := uint64(1)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			st, err := c.status()
-			if err != nil || st.Primary == nil {
-				time.Sleep(20 * time.Millisecond)
-				continue
-			}
-			cl, _ := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 3 * time.Second})
-			for {
-				select {
-				case <-stop:
-					cl.Close()
-					return
-				default:
-				}
-				info, err := cl.Push(context.Background(), store.PushRequest{Name: model, Version: v + 1, Expect: store.ExpectAny, Blob: blob})
-				if err != nil {
-					if cur, gerr := cl.List(context.Background()); gerr == nil {
-						for _, i := range cur {
-							if i.Name == model {
-								v = max(v, i.Version)
-							}
-						}
-					}
-					break
-				}
-				v = info.Version
-				mu.Lock()
-				log = append(log, landed{at: time.Now(), version: info.Version, epoch: info.Epoch})
-				mu.Unlock()
-				time.Sleep(10 * time.Millisecond)
-			}
-			cl.Close()
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
-	set, _ := startCollectors(t, c, e.Endpoint, model)
-
-	var toPublish, toEvery []time.Duration
-	after := uint64(0)
-	for k := range kills {
-		l, p := c.leader(after)
-		testkit.Eventually(t, 2*time.Minute, fmt.Sprintf("every collector on a version of epoch %d", l.Epoch), func() bool {
-			for _, fc := range set.all {
-				if got := fc.deliveries(); len(got) == 0 || got[len(got)-1].epoch != l.Epoch {
-					return false
-				}
-			}
-			return true
-		})
-		killed := time.Now()
-		p.kill()
-		var first time.Time
-		testkit.Eventually(t, time.Minute, "the new primary's first version", func() bool {
-			for _, x := range published() {
-				if x.epoch > l.Epoch {
-					first = x.at
-					return true
-				}
-			}
-			return false
-		})
-		var every time.Time
-		var each []string
-		testkit.Eventually(t, time.Minute, "every collector on a version of the new term", func() bool {
-			every, each = time.Time{}, nil
-			for _, fc := range set.all {
-				at := fc.firstOfEpochAfter(l.Epoch)
-				if at.IsZero() {
-					return false
-				}
-				each = append(each, fmt.Sprintf("%s %v", fc.name, at.Sub(killed).Round(time.Millisecond)))
-				if at.After(every) {
-					every = at
-				}
-			}
-			return true
-		})
-		toPublish, toEvery = append(toPublish, first.Sub(killed)), append(toEvery, every.Sub(killed))
-		t.Logf("kill %d (epoch %d): first publish %v, every collector %v (%s)", k+1, l.Epoch,
-			first.Sub(killed).Round(time.Millisecond), every.Sub(killed).Round(time.Millisecond), strings.Join(each, ", "))
-		after = l.Epoch
-		// Back on its data and its address (the hub list names it): three
-		// hubs for the next kill.
-		if !slices.Contains(p.args, "--listen") {
-			p.args = append(slices.Clone(p.args), "--listen", p.addr)
-		}
-		c.start(p)
-		testkit.Eventually(t, time.Minute, "three members again", func() bool {
-			st, err := c.status()
-			return err == nil && len(st.Members) == 3
-		})
-		// Publishes wait for every standby's acknowledgement: 20 more
-		// versions mean the restarted hub follows again.
-		n := len(published())
-		testkit.Eventually(t, 2*time.Minute, "20 versions published with three hubs", func() bool { return len(published()) >= n+20 })
-	}
-	q := func(d []time.Duration, p float64) time.Duration {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Millisecond)
-	}
-	t.Logf("failover, lease 2s, %d kills, %d collectors: kill → first version by the new primary p50 %v p99 %v; kill → every collector on the new term p50 %v p99 %v (max %v)",
-		kills, len(set.all), q(toPublish, 0.5), q(toPublish, 0.99), q(toEvery, 0.5), q(toEvery, 0.99), q(toEvery, 1))
 }
 
 // describe says where each collector is (for a failed wait).

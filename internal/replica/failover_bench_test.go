@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -23,65 +25,96 @@ import (
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// TestFailoverTimes measures failover: the primary SIGKILLed while a
-// client publishes as fast as it can, to the first version the new
-// primary publishes (acknowledged by every standby left), p50/p99 over
+// TestFailoverTimes measures failover, from one SIGKILL of the primary
+// (while a client publishes every ~10 ms) to two moments: the first
+// version the new primary publishes (acknowledged by every standby
+// left), and every collector of startCollectors (the Go data-plane
+// client on etcd://, the push stream through Failover on the hub list,
+// Failover over the data plane on etcd://, a relay's shared memory)
+// applying a version of the new term; p50/p99 of each over
 // RLHUB_FAILOVER_KILLS kills (skipped when unset) at a 2s lease. The
-// killed hub is restarted on its data after each kill, so every kill
-// finds three hubs. Figures go to the log (docs/benchlog).
+// killed hub is restarted on its data and address after each kill, so
+// every kill finds three hubs (and the hub list stays true). Figures go
+// to the log (docs/benchlog).
 func TestFailoverTimes(t *testing.T) {
 	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
 	if kills <= 0 {
 		t.Skip("set RLHUB_FAILOVER_KILLS=N to measure failover over N kills")
 	}
-	took := measureFailover(t, kills)
-	q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
-	t.Logf("failover, kill → first version by the new primary, lease 2s, %d kills: p50 %v p99 %v max %v",
-		len(took), q(0.50).Round(time.Millisecond), q(0.99).Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
+	f := measureFailover(t, kills)
+	t.Logf("failover, lease 2s, %d kills, %d collectors: kill → first version by the new primary p50 %v p99 %v (max %v); kill → every collector on the new term p50 %v p99 %v (max %v)",
+		kills, f.collectors, f.toPublish.q(0.5), f.toPublish.q(0.99), f.toPublish.q(1), f.toEvery.q(0.5), f.toEvery.q(0.99), f.toEvery.q(1))
 }
 
 // BenchmarkFailover is TestFailoverTimes for `make benchref`:
 // RLHUB_FAILOVER_KILLS kills (default 3) of a three-hub cluster at a 2s
 // lease, reporting kill → first version by the new primary (p50_s,
-// p99_s: the maximum below 100 kills), the lease (lease_s) and p99 in
-// leases.
+// p99_s: the maximum below 100 kills) and kill → every collector on the
+// new term (every_p50_s, every_p99_s), both from the same kills, the
+// lease (lease_s) and each p99 in leases.
 func BenchmarkFailover(b *testing.B) {
 	kills, _ := strconv.Atoi(os.Getenv("RLHUB_FAILOVER_KILLS"))
 	if kills <= 0 {
 		kills = 3
 	}
 	b.Run("lease=2s", func(b *testing.B) {
-		var took []time.Duration
+		var f failoverTimes
 		for range b.N {
-			took = measureFailover(b, kills)
+			f = measureFailover(b, kills)
 		}
-		q := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
-		b.ReportMetric(q(0.50).Seconds(), "p50_s")
-		b.ReportMetric(q(0.99).Seconds(), "p99_s")
+		b.ReportMetric(f.toPublish.q(0.50).Seconds(), "p50_s")
+		b.ReportMetric(f.toPublish.q(0.99).Seconds(), "p99_s")
+		b.ReportMetric(f.toEvery.q(0.50).Seconds(), "every_p50_s")
+		b.ReportMetric(f.toEvery.q(0.99).Seconds(), "every_p99_s")
 		b.ReportMetric(2, "lease_s")
-		b.ReportMetric(q(0.99).Seconds()/2, "p99_leases")
-		b.ReportMetric(float64(len(took)), "kills")
+		b.ReportMetric(f.toPublish.q(0.99).Seconds()/2, "p99_leases")
+		b.ReportMetric(f.toEvery.q(0.99).Seconds()/2, "every_p99_leases")
+		b.ReportMetric(float64(kills), "kills")
 	})
 }
 
+// durations are measured times, in the order measured.
+type durations []time.Duration
+
+// q is the p quantile (1: the maximum), to the millisecond.
+func (d durations) q(p float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))].Round(time.Millisecond)
+}
+
+// failoverTimes is measureFailover's figures, one per kill.
+type failoverTimes struct {
+	toPublish, toEvery durations
+	collectors         int
+}
+
 // measureFailover kills a three-hub cluster's primary kills times while a
-// client publishes, and returns each kill → first version published by
-// the new primary, sorted.
-func measureFailover(t testing.TB, kills int) []time.Duration {
-	e := startEtcd(t)
-	c := newClusterTTL(t, e, 3, "2s")
-	blob := storetest.Blob(t, 1, 1<<16)
+// client publishes and the collectors of startCollectors follow the
+// cluster, and times each kill to the new primary's first version and to
+// every collector on the new term.
+func measureFailover(t testing.TB, kills int) failoverTimes {
+	e := clustertest.Start(t)
+	c := newClusterTTL(t, e.Endpoint, 3, "2s")
+	const model = "pol"
+	blob := storetest.Blob(t, 1, 1<<14)
 
 	type landed struct {
-		at    time.Time
-		epoch uint64
+		at             time.Time
+		version, epoch uint64
 	}
 	var mu sync.Mutex
 	var log []landed
+	published := func() []landed {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]landed(nil), log...)
+	}
+	c.push(model, 1, 0, blob)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { // the publisher: follows the primary through etcd
-		v := uint64(0)
+		v := uint64(1)
 		for {
 			select {
 			case <-stop:
@@ -101,11 +134,11 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 					return
 				default:
 				}
-				info, err := cl.Push(context.Background(), store.PushRequest{Name: "pol", Version: v + 1, Expect: store.ExpectAny, Blob: blob})
+				info, err := cl.Push(context.Background(), store.PushRequest{Name: model, Version: v + 1, Expect: store.ExpectAny, Blob: blob})
 				if err != nil {
 					if cur, gerr := cl.List(context.Background()); gerr == nil {
 						for _, i := range cur {
-							if i.Name == "pol" {
+							if i.Name == model {
 								v = max(v, i.Version)
 							}
 						}
@@ -114,31 +147,34 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 				}
 				v = info.Version
 				mu.Lock()
-				log = append(log, landed{at: time.Now(), epoch: info.Epoch})
+				log = append(log, landed{at: time.Now(), version: info.Version, epoch: info.Epoch})
 				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
 			}
 			cl.Close()
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
 	defer func() { close(stop); wg.Wait() }()
+	set, _ := startCollectors(t, c, e.Endpoint, model)
 
-	var took []time.Duration
+	f := failoverTimes{collectors: len(set.all)}
 	after := uint64(0)
 	for k := range kills {
 		l, p := c.leader(after)
-		testkit.Eventually(t, 60*time.Second, "a version published by the primary of epoch "+strconv.FormatUint(l.Epoch, 10), func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(log) > 0 && log[len(log)-1].epoch == l.Epoch
+		testkit.Eventually(t, 2*time.Minute, fmt.Sprintf("every collector on a version of epoch %d", l.Epoch), func() bool {
+			for _, fc := range set.all {
+				if got := fc.deliveries(); len(got) == 0 || got[len(got)-1].epoch != l.Epoch {
+					return false
+				}
+			}
+			return true
 		})
 		killed := time.Now()
 		p.kill()
 		var first time.Time
-		testkit.Eventually(t, 60*time.Second, "the new primary's first version", func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			for _, x := range log {
+		testkit.Eventually(t, time.Minute, "the new primary's first version", func() bool {
+			for _, x := range published() {
 				if x.epoch > l.Epoch {
 					first = x.at
 					return true
@@ -146,18 +182,50 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 			}
 			return false
 		})
-		took = append(took, first.Sub(killed))
-		t.Logf("kill %d: %v (epoch %d → next)", k+1, first.Sub(killed).Round(time.Millisecond), l.Epoch)
+		var every time.Time
+		var each []string
+		testkit.Eventually(t, time.Minute, "every collector on a version of the new term", func() bool {
+			every, each = time.Time{}, nil
+			for _, fc := range set.all {
+				at := fc.firstOfEpochAfter(l.Epoch)
+				if at.IsZero() {
+					return false
+				}
+				each = append(each, fmt.Sprintf("%s %v", fc.name, at.Sub(killed).Round(time.Millisecond)))
+				if at.After(every) {
+					every = at
+				}
+			}
+			return true
+		})
+		f.toPublish, f.toEvery = append(f.toPublish, first.Sub(killed)), append(f.toEvery, every.Sub(killed))
+		t.Logf("kill %d (epoch %d): first publish %v, every collector %v (%s)", k+1, l.Epoch,
+			first.Sub(killed).Round(time.Millisecond), every.Sub(killed).Round(time.Millisecond), strings.Join(each, ", "))
 		after = l.Epoch
-		c.start(p) // back on its data: three hubs for the next kill
-		testkit.Eventually(t, 60*time.Second, "three members again", func() bool {
+		if k == kills-1 {
+			break
+		}
+		// Back on its data and its address (the hub list names it): three
+		// hubs for the next kill.
+		if !slices.Contains(p.args, "--listen") {
+			p.args = append(slices.Clone(p.args), "--listen", p.addr)
+		}
+		c.start(p)
+		testkit.Eventually(t, time.Minute, "three members again", func() bool {
 			st, err := c.status()
 			return err == nil && len(st.Members) == 3
 		})
-		time.Sleep(3 * time.Second) // let it finish its full sync and campaign
+		// Publishes wait for every standby's acknowledgement: 20 more
+		// versions mean the restarted hub follows again. The pause lets
+		// it campaign too, so every kill finds the same cluster (one run
+		// killed the primary 3.6 s after a restart and the restarted hub
+		// followed no new primary for a minute: see the s8 ha-cost
+		// benchlog).
+		n := len(published())
+		testkit.Eventually(t, 2*time.Minute, "20 versions published with three hubs", func() bool { return len(published()) >= n+20 })
+		time.Sleep(3 * time.Second)
 	}
-	slices.Sort(took)
-	return took
+	return f
 }
 
 // TestReplicationCost measures the store's push and pull throughput and
@@ -166,9 +234,18 @@ func measureFailover(t testing.TB, kills int) []time.Duration {
 // in one run (RLHUB_REPLICATION_COST=1, RLHUB_REPLICATION_ROUNDS rounds,
 // default 3; skipped otherwise). RLHUB_REPLICATION_HUBS sets the
 // acks-all cluster's size (default 3), RLHUB_REPLICATION_ARGS adds serve
-// flags to its hubs (e.g. --replica-sync fsync). Each figure's ratio is against the
-// single hub of the same round; the medians over the rounds close the
-// log.
+// flags to its hubs (e.g. --replica-sync fsync). Each figure's ratio is
+// against the single hub of the same round; the medians over the rounds
+// close the log.
+//
+// Every round measures each of the three twice: shared, every process
+// free to run on every CPU this test may use (standbys on the same cores
+// as the primary take CPU from it, as on one host); and pinned, which
+// stands in for separate hosts: the measured primary (or the single hub)
+// and this process, which runs the load clients, on one half of the CPUs,
+// and everything else — the standbys, etcd, the idle hubs of the other
+// setups — on the other half (on two CPUs: CPU 0 and CPU 1). The single
+// hub's baseline gets exactly the primary's CPUs.
 func TestReplicationCost(t *testing.T) {
 	if os.Getenv("RLHUB_REPLICATION_COST") == "" {
 		t.Skip("set RLHUB_REPLICATION_COST=1 to measure")
@@ -182,15 +259,23 @@ func TestReplicationCost(t *testing.T) {
 		nh = h
 	}
 	r := measureReplication(t, rounds, nh)
-	t.Logf("replication cost, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx",
-		rounds, median(r.ratios[0]), median(r.ratios[1]), median(r.ratios[2]), median(r.ratios[3]), median(r.ratios[4]), median(r.ratios[5]))
+	for _, l := range []layout{shared, pinned} {
+		if len(r.ratios[l][0]) == 0 {
+			continue
+		}
+		x := func(i int) float64 { return median(r.ratios[l][i]) }
+		c := func(i int) float64 { return median(r.cpu[l][i]) }
+		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx; CPU per push: single hub %.1f ms, acks-all primary %.1f ms + standbys %.1f ms, acks-0 primary %.1f ms",
+			l, rounds, x(0), x(1), x(2), x(3), x(4), x(5), c(0), c(1), c(2), c(3))
+	}
 }
 
 // BenchmarkReplicationCost is TestReplicationCost for `make benchref`:
 // RLHUB_REPLICATION_ROUNDS rounds (default 2), reporting the cluster
 // primary's (acks all, two standbys) pushes/s and the single hub's
 // (medians), and the medians of the per-round ratios for pushes, pulls and
-// gradients applied, with acks all and acks 0.
+// gradients applied, with acks all and acks 0; with the processes shared
+// on every CPU, and pinned as separate hosts (the _pinned metrics).
 func BenchmarkReplicationCost(b *testing.B) {
 	rounds := 2
 	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
@@ -201,20 +286,81 @@ func BenchmarkReplicationCost(b *testing.B) {
 		for range b.N {
 			r = measureReplication(b, rounds, 3)
 		}
-		b.ReportMetric(median(r.cluster), "pushes/s")
-		b.ReportMetric(median(r.single), "single_pushes/s")
-		for i, name := range []string{"x_pushes", "x_pulls", "x_grads", "x_pushes_acks0", "x_pulls_acks0", "x_grads_acks0"} {
-			b.ReportMetric(median(r.ratios[i]), name)
+		b.ReportMetric(median(r.cluster[shared]), "pushes/s")
+		b.ReportMetric(median(r.single[shared]), "single_pushes/s")
+		names := []string{"x_pushes", "x_pulls", "x_grads", "x_pushes_acks0", "x_pulls_acks0", "x_grads_acks0"}
+		for l, suffix := range map[layout]string{shared: "", pinned: "_pinned"} {
+			if len(r.ratios[l][0]) == 0 {
+				continue
+			}
+			for i, name := range names {
+				b.ReportMetric(median(r.ratios[l][i]), name+suffix)
+			}
 		}
+		if len(r.cluster[pinned]) > 0 {
+			b.ReportMetric(median(r.cluster[pinned]), "pushes/s_pinned")
+			b.ReportMetric(median(r.single[pinned]), "single_pushes/s_pinned")
+		}
+		// CPU per push (pinned when measured: no other process shares the
+		// primary's CPUs there): the single hub, the acks-all primary, its
+		// standbys together, and the primary's over the single hub's.
+		l := shared
+		if len(r.cpu[pinned][0]) > 0 {
+			l = pinned
+		}
+		b.ReportMetric(median(r.cpu[l][0]), "cpu_ms/push_single")
+		b.ReportMetric(median(r.cpu[l][1]), "cpu_ms/push_primary")
+		b.ReportMetric(median(r.cpu[l][2]), "cpu_ms/push_standbys")
+		b.ReportMetric(median(r.cpu[l][1])/median(r.cpu[l][0]), "x_cpu_primary")
 	})
 }
 
-// replicationRun is measureReplication's figures, one entry per round:
-// the ratios to the single hub (acks all: pushes, pulls, grads; acks 0:
-// the same) and the pushes/s of the acks-all primary and the single hub.
+// layout is where the processes of a measurement may run.
+type layout int
+
+const (
+	shared layout = iota // every process on every CPU
+	pinned               // the measured hub and the clients on half the CPUs, the rest on the other half
+)
+
+func (l layout) String() string {
+	if l == pinned {
+		return "pinned as separate hosts"
+	}
+	return "shared cores"
+}
+
+// replicationRun is measureReplication's figures, one entry per round,
+// per layout: the ratios to the single hub (acks all: pushes, pulls,
+// grads; acks 0: the same) and the pushes/s of the acks-all primary and
+// the single hub.
 type replicationRun struct {
-	ratios          [6][]float64
-	cluster, single []float64
+	ratios          [2][6][]float64
+	cluster, single [2][]float64
+	// cpu is CPU ms per push: the single hub, the acks-all primary, its
+	// standbys together, the acks-0 primary.
+	cpu [2][4][]float64
+}
+
+// cpuTime is the CPU time (user + system) the processes pids have used,
+// from /proc (clock ticks of 10 ms); a process that has gone counts 0.
+func cpuTime(pids ...int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		k, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(u+k) * 10 * time.Millisecond
+	}
+	return total
 }
 
 func median(xs []float64) float64 {
@@ -225,23 +371,75 @@ func median(xs []float64) float64 {
 
 // measureReplication runs rounds of the measurement on a single hub, a
 // cluster of nh hubs with acks all and one of three with acks 0,
-// interleaved.
+// interleaved, each shared and pinned (pinned is left out, and said so,
+// when this process may use fewer than two CPUs).
 func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	const n, size = 100, 1 << 20 // 1 MiB blobs (256 Ki float32)
 	blob := storetest.Blob(t, 1, size/4)
 	const ng = 30 // gradients per round
-	single := startPlainHub(t, "--reduce-batch-size", "1")
+	singleProc := startPlainHubProc(t, "--reduce-batch-size", "1")
+	single := singleProc.Addr()
 	e := startEtcd(t)
 	allArgs := append([]string{"--reduce-batch-size", "1"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
 	all := newClusterTTL(t, e, nh, "2s", allArgs...)
-	lAll, _ := all.leader(0)
+	lAll, pAll := all.leader(0)
 	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "1")
-	lAsync, _ := async.leader(0)
+	lAsync, pAsync := async.leader(0)
 	// Every standby follows before anything is timed (a standby still
 	// joining would hold the first publishes for its full sync).
 	for _, c := range []*testCluster{all, async} {
 		c.push("warm", 1, 0, blob)
 	}
+
+	// The pinning: this process (the load clients) and the measured hub
+	// on `near`, every other process on `far`; everyone back on `cpus`
+	// after.
+	cpus, err := ownCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	near, far := cpus[:len(cpus)/2], cpus[len(cpus)/2:]
+	layouts := []layout{shared, pinned}
+	if len(cpus) < 2 {
+		layouts = layouts[:1]
+		t.Logf("this process may use %d CPU (%s): no pinned measurement", len(cpus), cpus)
+	}
+	everyone := func() []int {
+		pids := append([]int{singleProc.Pid()}, childrenNamed("etcd")...)
+		for _, c := range []*testCluster{all, async} {
+			for _, h := range c.hubs {
+				pids = append(pids, h.proc.Pid())
+			}
+		}
+		return pids
+	}
+	place := func(measured int) {
+		for _, pid := range everyone() {
+			set := far
+			if pid == measured {
+				set = near
+			}
+			if err := pin(pid, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pin(os.Getpid(), near); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unpin := func() {
+		for _, pid := range append(everyone(), os.Getpid()) {
+			if err := pin(pid, cpus); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer unpin()
+	if len(layouts) > 1 {
+		t.Logf("pinned: this process (the load clients) and the measured hub (single hub %d, acks-all primary %d, acks-0 primary %d) on CPUs %s; the standbys, etcd and the idle hubs on CPUs %s",
+			singleProc.Pid(), pAll.proc.Pid(), pAsync.proc.Pid(), near, far)
+	}
+
 	gsd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, make([]float32, size/4)))
 	gblob, err := safetensors.Encode(gsd, nil)
 	if err != nil {
@@ -252,7 +450,10 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		ones[i] = 1
 	}
 	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{size / 4}, ones))
-	measure := func(addr string) (pushes, pulls, grads float64) {
+	// cost is what one setup's publishes cost: the CPU time (user +
+	// system) the measured hub and its standbys spent per push, in ms.
+	type cost struct{ hub, standbys float64 }
+	measure := func(addr string, hub int, standbys []int) (pushes, pulls, grads float64, c cost) {
 		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -260,6 +461,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		defer cl.Close()
 		ctx := context.Background()
 		model := fmt.Sprintf("m%d", time.Now().UnixNano())
+		hub0, sb0 := cpuTime(hub), cpuTime(standbys...)
 		start := time.Now()
 		for v := uint64(1); v <= n; v++ {
 			if _, err := cl.Push(ctx, store.PushRequest{Name: model, Version: v, Expect: v - 1, Blob: blob}); err != nil {
@@ -267,6 +469,8 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			}
 		}
 		pushes = n / time.Since(start).Seconds()
+		c = cost{hub: float64(cpuTime(hub)-hub0) / float64(time.Millisecond) / n,
+			standbys: float64(cpuTime(standbys...)-sb0) / float64(time.Millisecond) / n}
 		start = time.Now()
 		for range n {
 			if _, err := cl.Get(ctx, model, 0); err != nil {
@@ -313,19 +517,42 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			}
 		}
 		grads = ng / time.Since(start).Seconds()
-		return pushes, pulls, grads
+		return pushes, pulls, grads, c
+	}
+	standbysOf := func(c *testCluster, primary *hubProc) []int {
+		var pids []int
+		for _, h := range c.hubs {
+			if h != primary {
+				pids = append(pids, h.proc.Pid())
+			}
+		}
+		return pids
 	}
 	var run replicationRun
 	for round := range rounds {
-		sp, sl, sg := measure(single)
-		cp, cl, cg := measure(lAll.Addr)
-		ap, al, ag := measure(lAsync.Addr)
-		t.Logf("round %d, 1 MiB: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + 2 standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
-			round+1, sp, sl, sg, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
-		for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
-			run.ratios[i] = append(run.ratios[i], r)
+		for _, l := range layouts {
+			at := func(addr string, pid int, standbys []int) (float64, float64, float64, cost) {
+				if l == pinned {
+					place(pid)
+					defer unpin()
+				}
+				return measure(addr, pid, standbys)
+			}
+			load, _ := os.ReadFile("/proc/loadavg")
+			sp, sl, sg, sc := at(single, singleProc.Pid(), nil)
+			cp, cl, cg, cc := at(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+			ap, al, ag, ac := at(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+			t.Logf("round %d, %s, 1 MiB, load %s: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + %d standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
+				round+1, l, strings.Join(strings.Fields(string(load))[:3], " "), sp, sl, sg, nh-1, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
+			t.Logf("round %d, %s, CPU per push (user+system): single hub %.1f ms; acks all: primary %.1f ms, its standbys %.1f ms together; acks 0: primary %.1f ms, standbys %.1f ms",
+				round+1, l, sc.hub, cc.hub, cc.standbys, ac.hub, ac.standbys)
+			run.cpu[l][0], run.cpu[l][1] = append(run.cpu[l][0], sc.hub), append(run.cpu[l][1], cc.hub)
+			run.cpu[l][2], run.cpu[l][3] = append(run.cpu[l][2], cc.standbys), append(run.cpu[l][3], ac.hub)
+			for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
+				run.ratios[l][i] = append(run.ratios[l][i], r)
+			}
+			run.cluster[l], run.single[l] = append(run.cluster[l], cp), append(run.single[l], sp)
 		}
-		run.cluster, run.single = append(run.cluster, cp), append(run.single, sp)
 	}
 	return run
 }
@@ -335,10 +562,108 @@ func startEtcd(t testing.TB) string {
 	return clustertest.Start(t).Endpoint
 }
 
-// startPlainHub runs `rlhub serve` without a cluster.
-func startPlainHub(t testing.TB, extra ...string) string {
+// startPlainHubProc runs `rlhub serve` without a cluster.
+func startPlainHubProc(t testing.TB, extra ...string) *testkit.Proc {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	return testkit.StartProc(t, testkit.ProcConfig{Name: "plain hub", AddrFile: addrFile,
-		Args: append([]string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}, extra...)}).Addr()
+		Args: append([]string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--addr-file", addrFile}, extra...)})
+}
+
+// cpuSet is a set of CPU numbers, as taskset -c lists them.
+type cpuSet []int
+
+func (s cpuSet) String() string {
+	var parts []string
+	for _, c := range s {
+		parts = append(parts, strconv.Itoa(c))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (s cpuSet) unix() *unix.CPUSet {
+	var set unix.CPUSet
+	for _, c := range s {
+		set.Set(c)
+	}
+	return &set
+}
+
+// ownCPUs is the CPUs this process may run on.
+func ownCPUs() (cpuSet, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, err
+	}
+	var out cpuSet
+	for c := range 1024 {
+		if set.IsSet(c) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// pin restricts every thread of process pid (this process too: pid
+// os.Getpid()) to set, as `taskset -a -p -c SET PID` does. A thread a
+// pinned thread starts inherits its set, so once every thread is pinned
+// the process stays pinned; the threads are listed again until no new one
+// appeared during a pass.
+func pin(pid int, set cpuSet) error {
+	mask := set.unix()
+	done := map[int]bool{}
+	for pass := 0; pass < 10; pass++ {
+		tids, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+		if err != nil {
+			return fmt.Errorf("pin %d: %w", pid, err)
+		}
+		fresh := false
+		for _, d := range tids {
+			tid, err := strconv.Atoi(d.Name())
+			if err != nil || done[tid] {
+				continue
+			}
+			if err := unix.SchedSetaffinity(tid, mask); err != nil && err != unix.ESRCH {
+				return fmt.Errorf("pin %d thread %d to %s: %w", pid, tid, set, err)
+			}
+			done[tid], fresh = true, true
+		}
+		if !fresh {
+			return nil
+		}
+	}
+	return nil
+}
+
+// childrenNamed lists this process's children whose command is name (the
+// etcd a test started, say).
+func childrenNamed(name string) []int {
+	ents, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		s := string(b)
+		open, close := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || close < open {
+			continue
+		}
+		fields := strings.Fields(s[close+1:])
+		if len(fields) < 2 || s[open+1:close] != name {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(fields[1]); ppid == self {
+			out = append(out, pid)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -48,9 +48,10 @@ type SourceConfig struct {
 	// A publish that times out fails with Unavailable (the version is in
 	// the primary's store, not acknowledged).
 	AckTimeout time.Duration
-	// Interval is how often each follower's tree is scanned for changes
-	// that no publish announced (ARS reports, registrations); 0 means
-	// 100ms.
+	// Interval is how often the tree is scanned (once for every
+	// follower) for changes that no publish announced (ARS reports,
+	// registrations), when no publish's snapshot was taken in that time;
+	// 0 means 100ms.
 	Interval time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
@@ -93,14 +94,20 @@ type Source struct {
 	cfg SourceConfig
 
 	freeze sync.RWMutex // store commits hold it shared, scans exclusively
+	snapMu sync.Mutex   // serialises taking snapshots (held before freeze)
 
 	mu        sync.Mutex
 	standbys  []string      // the newest RefreshStandbys
 	refreshed bool          // RefreshStandbys succeeded at least once
-	changed   chan struct{} // closed and replaced when unit moves on
+	changed   chan struct{} // closed and replaced when an ack arrives, a follower leaves, or on close (Sync waits on it)
+	work      chan struct{} // closed and replaced when a unit is asked for, a snapshot taken, or on close (ship waits on it)
+	done      chan struct{} // closed on close (the scan waits on it)
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
 	closed    bool
+	seq       uint64    // the newest snapshot's number; a follower's own cut, taken after it, ranks with it
+	latest    *snapshot // the newest snapshot
+	scanning  bool      // scanLoop runs
 	streams   sync.WaitGroup
 }
 
@@ -108,6 +115,9 @@ type Source struct {
 type peer struct {
 	member string
 	acked  uint64 // guarded by Source.mu
+	// seen is the sequence number of the newest cut the follower holds
+	// (shipped from a snapshot, or its own cut); guarded by Source.mu.
+	seen uint64
 }
 
 // NewSource builds the primary's side; Register it on the hub's gRPC
@@ -116,7 +126,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Source{cfg: cfg, changed: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
+	return &Source{cfg: cfg, changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
 
 // Register attaches the replication stream to s (hub.Service).
@@ -131,8 +141,7 @@ func (s *Source) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapp
 // called after the gRPC server stopped).
 func (s *Source) Close() error {
 	s.mu.Lock()
-	s.closed = true
-	s.bump()
+	s.close()
 	s.mu.Unlock()
 	s.streams.Wait()
 	return nil
@@ -143,15 +152,30 @@ func (s *Source) Close() error {
 // still waits for them.
 func (s *Source) Stop() {
 	s.mu.Lock()
-	s.closed = true
-	s.bump()
+	s.close()
 	s.mu.Unlock()
 }
 
-// bump wakes everyone waiting on a change; s.mu is held.
+// close marks the Source closed and wakes everyone; s.mu is held.
+func (s *Source) close() {
+	if !s.closed {
+		close(s.done)
+	}
+	s.closed = true
+	s.bump()
+	s.bumpWork()
+}
+
+// bump wakes the publishes waiting in Sync; s.mu is held.
 func (s *Source) bump() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// bumpWork wakes the followers' streams; s.mu is held.
+func (s *Source) bumpWork() {
+	close(s.work)
+	s.work = make(chan struct{})
 }
 
 // Commit runs one store commit with scans held off (the push's local
@@ -205,7 +229,7 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
 		}
 		s.unit++
-		s.bump()
+		s.bumpWork()
 		s.mu.Unlock()
 		return nil
 	}
@@ -214,7 +238,7 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	s.mu.Lock()
 	s.unit++
 	want := s.unit
-	s.bump()
+	s.bumpWork()
 	// Besides the registered standbys (as of the last refresh), wait for
 	// every follower connected now: one that registered since the refresh
 	// may have taken its full sync before this commit and campaign next.
@@ -337,6 +361,11 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	p := &peer{member: h.Member}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
+	if !s.scanning {
+		s.scanning = true
+		s.streams.Add(1)
+		go s.scanLoop() // the owner: Close waits for s.streams
+	}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -386,39 +415,337 @@ func (s *Source) readAcks(ss grpc.ServerStream, p *peer) error {
 	}
 }
 
-// ship sends a full sync, then a unit whenever a publish asks for one or
-// the interval passes with something changed.
+// ship sends a full sync (its own cut), then, whenever a publish asks
+// for a unit or the scan found a change, what the newest snapshot holds
+// that the follower does not: the snapshot every follower shares, or its
+// own cut when it fell behind what the snapshot holds.
 func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have map[string]int64) error {
 	shipped := map[string]stamp{}
-	full := true
-	var sent uint64
-	tick := time.NewTicker(s.cfg.Interval)
-	defer tick.Stop()
+	s.mu.Lock()
+	sent := s.unit
+	s.mu.Unlock()
+	seen, err := s.sendCut(ss, p, sent, true, shipped, have, true)
+	if err != nil {
+		return err
+	}
 	for {
 		s.mu.Lock()
-		u, ch, closed := s.unit, s.changed, s.closed
+		u, ch, closed, latest := s.unit, s.work, s.closed, s.latest
 		s.mu.Unlock()
 		if closed {
 			return status.Error(codes.Unavailable, "replica: primary closing")
 		}
-		if full || u > sent {
-			if err := s.sendUnit(ss, u, full, shipped, have); err != nil {
-				return err
+		var snap *snapshot
+		switch {
+		case u > sent:
+			// A publish waits: a snapshot taken after its commit.
+			if snap, err = s.snapshotFor(u, seen); err != nil {
+				return status.Error(codes.Internal, err.Error())
 			}
-			full, sent, have = false, u, nil
+		case latest != nil && latest.seq > seen:
+			snap = latest // the scan found a change no publish announced
+		default:
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-ch:
+			}
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch:
-		case <-tick.C:
-			// Changes no publish announced: ship them if there are any.
-			if err := s.sendUnitIfChanged(ss, u, shipped); err != nil {
+		unit := max(snap.unit, sent) // units only grow on a stream
+		ok, err := s.sendSnapshot(ss, snap, unit, u > sent, shipped)
+		if err != nil {
+			return err
+		}
+		cutSeq := uint64(0)
+		if !ok { // the snapshot lacks a file this follower needs: its own cut
+			if cutSeq, err = s.sendCut(ss, p, unit, false, shipped, nil, u > sent); err != nil {
 				return err
 			}
 		}
+		sent, seen = unit, max(snap.seq, cutSeq)
+		s.passed(p, snap)
 	}
+}
+
+// snapshot is one cut of the mirrored tree, taken with commits held off
+// and shared by every follower: the walk, and the content of every file
+// that changed since the snapshot before it, read once and kept as the
+// data frames each follower sends (mutable files read under the freeze,
+// immutable ones opened under it and read after). Everything but files
+// is immutable once published as Source.latest.
+type snapshot struct {
+	seq  uint64 // its place among cuts (Source.seq, taken under the freeze)
+	unit uint64 // Source.unit under the freeze: it covers every publish that asked for a unit ≤ unit
+	at   time.Time
+	// entries are every mirrored file, stamps the same by path.
+	entries []entry
+	stamps  map[string]stamp
+	// files holds the content of the files that changed since the
+	// snapshot before; guarded by Source.mu, nil once every follower
+	// has shipped the snapshot (passed).
+	files map[string]*content
+}
+
+// content is one file's content at one stamp, as data frames.
+type content struct {
+	st     stamp
+	size   int64
+	frames []*wrapperspb.BytesValue // kindData frames, read-only
+}
+
+// dataFrames splits b into kindData frames (one copy, into the frames).
+func dataFrames(b []byte) []*wrapperspb.BytesValue {
+	var out []*wrapperspb.BytesValue
+	for off := 0; off < len(b); off += chunkBytes {
+		out = append(out, frame(kindData, b[off:min(off+chunkBytes, len(b))]))
+	}
+	return out
+}
+
+// readFrames reads f whole into kindData frames, straight into each
+// frame's buffer.
+func readFrames(f *os.File, rel string) (*content, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	c := &content{size: fi.Size()}
+	for left := c.size; left > 0; {
+		n := min(int64(chunkBytes), left)
+		b := make([]byte, 1+n)
+		b[0] = kindData
+		if _, err := io.ReadFull(f, b[1:]); err != nil {
+			return nil, fmt.Errorf("replica: read %s: %w", rel, err)
+		}
+		c.frames = append(c.frames, &wrapperspb.BytesValue{Value: b})
+		left -= n
+	}
+	return c, nil
+}
+
+// snapshotFor returns a snapshot covering unit u and newer than the
+// follower's cut seen: the newest one when it is, else a new one.
+func (s *Source) snapshotFor(u, seen uint64) (*snapshot, error) {
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	s.mu.Lock()
+	latest := s.latest
+	s.mu.Unlock()
+	if latest != nil && latest.unit >= u && latest.seq > seen {
+		return latest, nil
+	}
+	return s.takeSnapshot(latest, true)
+}
+
+// maxCarried bounds the content a snapshot keeps from the one before
+// for a follower that has not shipped that one yet (acks 0 lets the
+// publishes run ahead of a slow standby); past it, such a follower
+// takes its own cut.
+const maxCarried = 64 << 20
+
+// takeSnapshot walks the tree under the freeze and reads what changed
+// since prev (the first snapshot, with no prev, reads nothing: it is the
+// base the next one compares with); s.snapMu is held. When something
+// changed, or force, the snapshot becomes s.latest and the followers are
+// woken; otherwise prev is returned.
+func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
+	var prevStamps map[string]stamp
+	var prevFiles map[string]*content
+	if prev != nil {
+		prevStamps = prev.stamps
+		s.mu.Lock()
+		prevFiles = prev.files
+		s.mu.Unlock()
+	}
+	snap := &snapshot{stamps: map[string]stamp{}, files: map[string]*content{}}
+	type toRead struct {
+		rel string
+		st  stamp
+		f   *os.File
+	}
+	var later []toRead
+	defer func() {
+		for _, r := range later {
+			r.f.Close()
+		}
+	}()
+	fresh, carried := 0, int64(0)
+	err := func() error {
+		s.freeze.Lock()
+		defer s.freeze.Unlock()
+		for _, dirs := range [][]string{{"store"}, stateDirs} {
+			es, err := walk(s.cfg.DataDir, dirs)
+			if err != nil {
+				return err
+			}
+			for _, e := range es {
+				if old, ok := prevStamps[e.rel]; prev == nil || ok && old == e.st {
+					if c := prevFiles[e.rel]; c != nil && c.st == e.st && carried+c.size <= maxCarried {
+						snap.files[e.rel] = c
+						carried += c.size
+					}
+					snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+					continue
+				}
+				path := filepath.Join(s.cfg.DataDir, e.rel)
+				if immutable(e.rel) {
+					f, err := os.Open(path)
+					if errors.Is(err, os.ErrNotExist) {
+						continue // removed since the walk: absent from this snapshot
+					}
+					if err != nil {
+						return fmt.Errorf("replica: read %s: %w", e.rel, err)
+					}
+					later = append(later, toRead{rel: e.rel, st: e.st, f: f})
+				} else {
+					data, err := os.ReadFile(path)
+					if errors.Is(err, os.ErrNotExist) {
+						continue
+					}
+					if err != nil {
+						return fmt.Errorf("replica: read %s: %w", e.rel, err)
+					}
+					snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data)}
+				}
+				fresh++
+				snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+			}
+		}
+		if !force && prev != nil && fresh == 0 && len(snap.stamps) == len(prevStamps) {
+			return nil // as prev left it
+		}
+		s.mu.Lock()
+		s.seq++
+		snap.seq, snap.unit = s.seq, s.unit
+		s.mu.Unlock()
+		return nil
+	}()
+	if err != nil {
+		return nil, err
+	}
+	if snap.seq == 0 {
+		return prev, nil
+	}
+	for _, r := range later { // immutable: read after the freeze
+		c, err := readFrames(r.f, r.rel)
+		if err != nil {
+			return nil, err
+		}
+		c.st = r.st
+		snap.files[r.rel] = c
+	}
+	snap.at = time.Now()
+	s.mu.Lock()
+	if s.latest == nil || s.latest.seq < snap.seq {
+		s.latest = snap
+	}
+	s.bumpWork()
+	s.mu.Unlock()
+	return snap, nil
+}
+
+// passed records that p holds snap; once every follower does, snap's
+// content is dropped (a follower that needs it later takes its own cut).
+func (s *Source) passed(p *peer, snap *snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.seen = max(p.seen, snap.seq)
+	for q := range s.followers {
+		if q.seen < snap.seq {
+			return
+		}
+	}
+	snap.files = nil
+}
+
+// scanLoop takes a snapshot every SourceConfig.Interval when none was
+// taken for a publish in that time, so that changes no publish announced
+// (ARS reports, registrations) reach the followers; it ends once no
+// follower is connected (serve starts it again) or the Source closes.
+func (s *Source) scanLoop() {
+	defer s.streams.Done()
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		s.mu.Lock()
+		if s.closed || len(s.followers) == 0 {
+			s.scanning = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.done:
+			continue
+		case <-tick.C:
+		}
+		s.snapMu.Lock()
+		s.mu.Lock()
+		latest := s.latest
+		s.mu.Unlock()
+		if latest == nil || time.Since(latest.at) >= s.cfg.Interval {
+			if _, err := s.takeSnapshot(latest, false); err != nil {
+				s.cfg.Logger.Warn("replica: scan", "err", err)
+			}
+		}
+		s.snapMu.Unlock()
+	}
+}
+
+// sendSnapshot sends what snap holds that shipped (what the follower
+// holds) does not, as unit, and records it in shipped; an empty unit is
+// sent only when force. ok is false, with nothing sent, when snap lacks
+// the content of a file the follower needs.
+func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp) (ok bool, err error) {
+	type send struct {
+		e entry
+		c *content
+	}
+	var files []send
+	var gone []string
+	s.mu.Lock()
+	for _, e := range snap.entries {
+		if old, ok := shipped[e.rel]; ok && old == e.st {
+			continue
+		}
+		c := snap.files[e.rel]
+		if c == nil || c.st != e.st {
+			s.mu.Unlock()
+			return false, nil
+		}
+		files = append(files, send{e, c})
+	}
+	s.mu.Unlock()
+	for rel := range shipped {
+		if _, ok := snap.stamps[rel]; !ok {
+			gone = append(gone, rel)
+		}
+	}
+	if len(files) == 0 && len(gone) == 0 && !force {
+		return true, nil
+	}
+	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: unit, Epoch: s.cfg.Epoch})); err != nil {
+		return true, err
+	}
+	for _, f := range files {
+		if err := ss.SendMsg(pathFrame(kindFile, f.e.rel, f.c.size)); err != nil {
+			return true, err
+		}
+		for _, d := range f.c.frames {
+			if err := ss.SendMsg(d); err != nil {
+				return true, err
+			}
+		}
+		shipped[f.e.rel] = f.e.st
+	}
+	for _, rel := range gone {
+		if err := ss.SendMsg(pathFrame(kindDelete, rel, 0)); err != nil {
+			return true, err
+		}
+		delete(shipped, rel)
+	}
+	return true, ss.SendMsg(uvarintFrame(kindEnd, unit))
 }
 
 // opened is one file of a unit: its content read (mutable files) or an
@@ -433,9 +760,15 @@ type opened struct {
 
 // cut takes the unit's files: the store's first, then ARS's and the
 // reducer's, with commits held off throughout.
-func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool) (files []opened, gone []string, err error) {
+//
+// seq is the cut's place among snapshots (the newest snapshot's seq when
+// it was taken: the cut is newer than it).
+func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool) (files []opened, gone []string, seq uint64, err error) {
 	s.freeze.Lock()
 	defer s.freeze.Unlock()
+	s.mu.Lock()
+	seq = s.seq
+	s.mu.Unlock()
 	defer func() {
 		if err != nil {
 			for _, o := range files {
@@ -450,7 +783,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 	for _, dirs := range [][]string{{"store"}, stateDirs} {
 		es, err := walk(s.cfg.DataDir, dirs)
 		if err != nil {
-			return files, nil, err
+			return files, nil, 0, err
 		}
 		for _, e := range es {
 			all = append(all, e)
@@ -474,7 +807,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 				continue // removed since the walk; its absence ships next time
 			}
 			if err != nil {
-				return files, nil, fmt.Errorf("replica: read %s: %w", e.rel, err)
+				return files, nil, 0, fmt.Errorf("replica: read %s: %w", e.rel, err)
 			}
 			files = append(files, o)
 		}
@@ -490,26 +823,28 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 			}
 		}
 	}
-	return files, gone, nil
+	return files, gone, seq, nil
 }
 
-func (s *Source) sendUnitIfChanged(ss grpc.ServerStream, u uint64, shipped map[string]stamp) error {
-	files, gone, err := s.cut(shipped, nil, false)
+// sendCut sends the follower a unit from its own cut (a full sync, or
+// what a snapshot could not give it): everything when full, else what
+// changed since shipped; an empty one only when force. It returns the
+// cut's seq.
+func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shipped map[string]stamp, have map[string]int64, force bool) (uint64, error) {
+	files, gone, seq, err := s.cut(shipped, have, full)
 	if err != nil {
-		return status.Error(codes.Internal, err.Error())
+		return 0, status.Error(codes.Internal, err.Error())
 	}
-	if len(files) == 0 && len(gone) == 0 {
-		return nil
+	if !full && !force && len(files) == 0 && len(gone) == 0 {
+		return seq, nil
 	}
-	return s.send(ss, u, false, files, gone, shipped)
-}
-
-func (s *Source) sendUnit(ss grpc.ServerStream, u uint64, full bool, shipped map[string]stamp, have map[string]int64) error {
-	files, gone, err := s.cut(shipped, have, full)
-	if err != nil {
-		return status.Error(codes.Internal, err.Error())
+	if err := s.send(ss, u, full, files, gone, shipped); err != nil {
+		return 0, err
 	}
-	return s.send(ss, u, full, files, gone, shipped)
+	s.mu.Lock()
+	p.seen = max(p.seen, seq)
+	s.mu.Unlock()
+	return seq, nil
 }
 
 // send writes one unit and records what the follower now holds.

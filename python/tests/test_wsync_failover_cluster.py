@@ -167,7 +167,7 @@ def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp
 
 @pytest.mark.skipif(not os.environ.get("RLHUB_FAILOVER_KILLS"), reason="set RLHUB_FAILOVER_KILLS=N to measure")
 def test_failover_to_every_python_collector(rlhub_bin, tmp_path):
-    """The Python twin of the Go TestFailoverToEveryCollector: the primary
+    """The Python twin of the Go TestFailoverTimes: the primary
     SIGKILLed while a client publishes every ~10 ms; kill → the first
     version of the new term published, and kill → every Python collector
     (DataPlaneSource on etcd://, push stream under FailoverSource on the
