@@ -242,7 +242,7 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) 
 			return lis, err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
-		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, n.position, append(extra, csvc))
+		sb := startStandby(lis, n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, append(extra, csvc))
 		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
 		if ms != nil {
@@ -372,11 +372,17 @@ func (n *Node) queryPosition(ctx context.Context, addr string) (position, error)
 		return position{}, err
 	}
 	defer cc.Close()
-	cs, err := cc.NewStream(qctx, &streamDesc, FollowMethod)
+	return queryPosition(qctx, cc, n.follower.cfg.Member)
+}
+
+// queryPosition asks the standby at cc for its position on the
+// replication stream (a hello with Query set).
+func queryPosition(ctx context.Context, cc *grpc.ClientConn, member string) (position, error) {
+	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
 	if err != nil {
 		return position{}, err
 	}
-	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: n.follower.cfg.Member, Query: true})); err != nil {
+	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: member, Query: true})); err != nil {
 		return position{}, err
 	}
 	var msg wrapperspb.BytesValue
