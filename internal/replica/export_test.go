@@ -25,3 +25,9 @@ func QueryPositionForTest(ctx context.Context, cc *grpc.ClientConn) (epoch, unit
 	p, err := queryPosition(ctx, cc, "test")
 	return p.Epoch, p.Unit, err
 }
+
+// PositionForTest is the copy's position (what a position query answers).
+func (f *Follower) PositionForTest() (epoch, unit uint64) {
+	p := f.position()
+	return p.Epoch, p.Unit
+}

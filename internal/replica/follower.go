@@ -118,7 +118,29 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
 		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
+	if b, err := os.ReadFile(filepath.Join(f.dir(), positionName)); err == nil {
+		if err := json.Unmarshal(b, &f.pos); err != nil {
+			// Written whole (renamed into place): unreadable means damaged.
+			// Counting as 0 only makes this copy yield, never win.
+			f.pos = position{}
+			cfg.Logger.Warn("replica: the saved position is unreadable; counting the copy as at 0", "err", err)
+		}
+		f.pos.Campaigning = false
+	}
 	return f, nil
+}
+
+// positionName is the copy's saved position in DataDir/.replica.
+const positionName = "position"
+
+// savePosition writes p whole (a temporary file renamed into place; with
+// SyncFsync also fsynced, file and directory).
+func (f *Follower) savePosition(p position) error {
+	b, _ := json.Marshal(p)
+	if err := writeMarker(filepath.Join(f.dir(), positionName), b, f.cfg.Sync == SyncFsync); err != nil {
+		return fmt.Errorf("replica: save position: %w", err)
+	}
+	return nil
 }
 
 func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica") }
@@ -129,8 +151,12 @@ func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica"
 func (f *Follower) Synced() bool { return f.synced.Load() }
 
 // position is the copy's position: the newest unit applied and its
-// primary's epoch (not reset when a stream ends; kept in memory only, so
-// a restarted standby is at 0 until it applies a unit).
+// primary's epoch (not reset when a stream ends). It is kept in
+// DataDir/.replica/position too, written whole after each unit is
+// installed and before it is acknowledged, so a standby restarted (a
+// whole cluster restarted at once) answers an elected hub's position
+// query with the copy it holds, not 0: every acknowledged unit's position
+// is there (with the unit's own durability: --replica-sync).
 func (f *Follower) position() position {
 	f.posMu.Lock()
 	defer f.posMu.Unlock()
@@ -206,6 +232,9 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		holdAt(ctx, f.crash, "unit-hold")
 		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
 		if err != nil {
+			return err
+		}
+		if err := f.savePosition(position{Epoch: leader.Epoch, Unit: u}); err != nil {
 			return err
 		}
 		f.units.Add(1)
@@ -393,8 +422,9 @@ func (f *Follower) install(stage string, files []staged, gone []string, full boo
 	return applyUnit(f.cfg.DataDir, stage, mk, f.cfg.Sync == SyncFsync, f.crash)
 }
 
-// writeMarker writes a marker whole: a temporary file renamed into place
-// (and, with sync, fsynced before and its directory after).
+// writeMarker writes a marker (or the saved position) whole: a temporary
+// file renamed into place (and, with sync, fsynced before and its
+// directory after).
 func writeMarker(path string, b []byte, sync bool) error {
 	if sync {
 		return atomicfile.Write(path, b)
