@@ -187,6 +187,14 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		n.follower.cfg.Member = m.ID()
 		lis, err = n.member(ctx, m, lis)
+		if lis == nil && ctx.Err() == nil && (err == nil || errors.Is(err, errMemberLost)) {
+			// The hub that stepped down let go of the address; hold it
+			// again at once, not after leaving and rejoining (etcd round
+			// trips): a client's call meanwhile waits for the standby
+			// server instead of being refused a connection (seen as a
+			// flake of TestFencedPrimaryPublishesNothing).
+			lis, _ = listen(ctx, addr)
+		}
 		cerr := m.Close()
 		if err != nil && !errors.Is(err, errMemberLost) && ctx.Err() == nil {
 			n.cfg.Logger.Error("cluster: leaving after an error", "err", err)
