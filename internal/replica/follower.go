@@ -198,6 +198,14 @@ func (f *Follower) ObserveEpoch(e uint64) error {
 func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	f.synced.Store(false)
 	f.last.Store(0)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// A stream whose first unit does not begin within firstFrameTimeout of
+	// the start (an epoch write or inventory slowed by the disk, a
+	// connection that never became ready, a stream opened on a hub that
+	// was just changing roles) is dropped and followed again.
+	first := time.AfterFunc(firstFrameTimeout, cancel)
+	defer first.Stop()
 	if seen := f.Epoch(); leader.Epoch < seen {
 		return fmt.Errorf("%w: replica: %s holds epoch %d, older than %d seen here; not following",
 			errs.ErrStale, leader.Addr, leader.Epoch, seen)
@@ -209,13 +217,6 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// A stream whose first unit does not begin within firstFrameTimeout
-	// (a connection that never became ready, a stream opened on a hub
-	// that was just changing roles) is dropped and followed again.
-	first := time.AfterFunc(firstFrameTimeout, cancel)
-	defer first.Stop()
 	cc, err := f.cfg.Dial(ctx, leader.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
@@ -228,6 +229,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have})); err != nil {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
+	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have))
 	for {
 		holdAt(ctx, f.crash, "unit-hold")
 		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)

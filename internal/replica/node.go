@@ -411,11 +411,18 @@ func queryPosition(ctx context.Context, cc *grpc.ClientConn, member string) (pos
 // followLoop follows whichever hub leads, until ctx ends.
 func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 	for ctx.Err() == nil {
-		l, err := m.Leader(ctx)
+		// Bounded: an etcd read that hangs must not keep this standby
+		// from following (it would hold every publish's acknowledgement).
+		lctx, lcancel := context.WithTimeout(ctx, leaderReadTimeout)
+		l, err := m.Leader(lctx)
+		lcancel()
 		switch {
 		case errors.Is(err, cluster.ErrNoLeader):
 			n.setLeader(nil)
 		case err != nil:
+			if ctx.Err() == nil {
+				n.cfg.Logger.Warn("replica: cannot read the primary from etcd; retrying", "err", err)
+			}
 		case l.ID != m.ID():
 			n.setLeader(&l)
 			err = n.followWhileLeading(ctx, m, l)
@@ -429,6 +436,9 @@ func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 		}
 	}
 }
+
+// leaderReadTimeout bounds a standby's read of who the primary is.
+const leaderReadTimeout = 3 * time.Second
 
 // followWhileLeading follows l until its stream ends or etcd names
 // another primary (a stream from a primary that is stopped, not dead,
@@ -445,7 +455,9 @@ func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l clus
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			cur, err := m.Leader(fctx)
+			lctx, lcancel := context.WithTimeout(fctx, leaderReadTimeout)
+			cur, err := m.Leader(lctx)
+			lcancel()
 			if errors.Is(err, cluster.ErrNoLeader) || err == nil && (cur.ID != l.ID || cur.Epoch != l.Epoch) {
 				cancel()
 				return
