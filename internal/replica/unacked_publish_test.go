@@ -4,7 +4,6 @@ import (
 	"context"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,8 +13,6 @@ import (
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
-	"github.com/rlhub/rlhub/internal/safetensors"
-	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -46,12 +43,7 @@ func TestReducerCarriesOnAfterAnUnacknowledgedPublish(t *testing.T) {
 			sb = h
 		}
 	}
-	sd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, []float32{0, 0, 0, 0}))
-	blob, err := safetensors.Encode(sd, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.push(model, 1, 0, blob)
+	seedVector(c, model)
 	target := dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), c.name)
 	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: target})
 	if err != nil {
@@ -67,30 +59,8 @@ func TestReducerCarriesOnAfterAnUnacknowledgedPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var mu sync.Mutex
-	var seen []uint64
-	wctx, wcancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		after := uint64(0)
-		for wctx.Err() == nil {
-			_ = sc.Watch(wctx, model, after, func(s *store.Snapshot, _ uint64) error {
-				mu.Lock()
-				defer mu.Unlock()
-				seen = append(seen, s.Version)
-				after = s.Version
-				return nil
-			})
-		}
-	})
-	newest := func() uint64 {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(seen) == 0 {
-			return 0
-		}
-		return seen[len(seen)-1]
-	}
+	w := watchVersions(ctx, sc, model)
+	newest := w.newest
 	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, []float32{1, 1, 1, 1}))
 	pushed := 0
 	push := func() {
@@ -146,25 +116,8 @@ func TestReducerCarriesOnAfterAnUnacknowledgedPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wcancel()
-	wg.Wait()
-
-	mu.Lock()
-	for i := 1; i < len(seen); i++ {
-		if seen[i] <= seen[i-1] {
-			t.Errorf("the watcher saw version %d after %d", seen[i], seen[i-1])
-		}
-	}
-	mu.Unlock()
-	applied := map[reduce.ID]bool{}
-	for _, s := range steps {
-		for _, id := range s.Members {
-			if applied[id] {
-				t.Errorf("gradient %v applied twice", id)
-			}
-			applied[id] = true
-		}
-	}
+	w.stop(t)
+	applied := appliedOnce(t, steps)
 	for seq := uint64(1); seq <= uint64(pushed); seq++ {
 		if !applied[reduce.ID{Client: "a", Seq: seq}] {
 			t.Errorf("gradient %d is not in the new primary's journal", seq)
