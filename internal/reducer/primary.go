@@ -252,7 +252,10 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, steps 
 		return m.version, m.steps, err
 	}
 	if c, ok := p.cfg.Store.(modelClaimer); ok {
-		if err := c.Claim(ctx, mc.Model); err != nil {
+		// On a cluster a claim committed but not acknowledged is
+		// acknowledged again (as a step's publish is) rather than failing
+		// the registration while a standby catches up.
+		if err := p.reacknowledge(ctx, mc.Model, 0, c.Claim(ctx, mc.Model)); err != nil {
 			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 		}
 	}
@@ -747,33 +750,50 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 // closes the primary.)
 func (p *Primary) publish(ctx context.Context, req store.PushRequest) error {
 	_, err := p.cfg.Store.Push(ctx, req)
-	ack, replicated := store.AsAcknowledger(p.cfg.Store)
-	if err == nil || !replicated {
+	if _, replicated := store.AsAcknowledger(p.cfg.Store); err == nil || !replicated {
 		return err
 	}
-	committed := false
-	for attempt := 1; ; attempt++ {
-		switch {
-		case err == nil:
-			p.cfg.Logger.Info("reducer: publish acknowledged after retrying", "model", req.Name, "version", req.Version, "attempts", attempt)
-			return nil
-		case errors.Is(err, store.ErrNotAcknowledged):
-			committed = true
-		case committed || !errors.Is(err, errs.ErrUnavailable):
+	for attempt := 1; errors.Is(err, errs.ErrUnavailable) && !errors.Is(err, store.ErrNotAcknowledged); attempt++ {
+		p.cfg.Logger.Warn("reducer: publish refused before its commit; pushing it again", "model", req.Name, "version", req.Version,
+			"attempt", attempt, "err", err)
+		if !p.backoff(ctx, attempt) {
 			return err
 		}
-		p.cfg.Logger.Warn("reducer: publish not acknowledged; retrying within the term", "model", req.Name, "version", req.Version,
-			"committed", committed, "attempt", attempt, "err", err)
-		select {
-		case <-p.closing:
+		_, err = p.cfg.Store.Push(ctx, req)
+	}
+	if err = p.reacknowledge(ctx, req.Name, req.Version, err); err == nil {
+		p.cfg.Logger.Info("reducer: publish acknowledged after retrying", "model", req.Name, "version", req.Version)
+	}
+	return err
+}
+
+// reacknowledge carries a write that failed with store.ErrNotAcknowledged
+// (err: committed here, not acknowledged) through: it acknowledges again
+// (store.Acknowledger) until that holds, ctx ends or the primary closes.
+// Any other err is returned as it is.
+func (p *Primary) reacknowledge(ctx context.Context, name string, version uint64, err error) error {
+	ack, ok := store.AsAcknowledger(p.cfg.Store)
+	for attempt := 1; ok && errors.Is(err, store.ErrNotAcknowledged); attempt++ {
+		p.cfg.Logger.Warn("reducer: write not acknowledged; acknowledging it again", "model", name, "version", version,
+			"attempt", attempt, "err", err)
+		if !p.backoff(ctx, attempt) {
 			return err
-		case <-time.After(min(time.Duration(attempt)*100*time.Millisecond, time.Second)):
 		}
-		if committed {
-			err = ack.Acknowledge(ctx, req.Name, req.Version)
-		} else {
-			_, err = p.cfg.Store.Push(ctx, req)
-		}
+		err = ack.Acknowledge(ctx, name, version)
+	}
+	return err
+}
+
+// backoff waits before retry attempt (100 ms more each time, at most 1 s);
+// false when ctx ended or the primary is closing.
+func (p *Primary) backoff(ctx context.Context, attempt int) bool {
+	select {
+	case <-p.closing:
+		return false
+	case <-ctx.Done():
+		return false
+	case <-time.After(min(time.Duration(attempt)*100*time.Millisecond, time.Second)):
+		return true
 	}
 }
 

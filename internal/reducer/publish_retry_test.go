@@ -40,6 +40,24 @@ func (a *ackStore) Push(ctx context.Context, req store.PushRequest) (store.Info,
 	return info, err
 }
 
+// Claim commits the claim (store.Claimer) and, while unacked, fails
+// not acknowledged.
+func (a *ackStore) Claim(ctx context.Context, name, owner string) error {
+	if err := a.Store.(store.Claimer).Claim(ctx, name, owner); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unacked > 0 {
+		return fmt.Errorf("%w: 0 of 1 standbys acknowledged", store.ErrNotAcknowledged)
+	}
+	return nil
+}
+
+func (a *ackStore) Release(ctx context.Context, name, owner string) error {
+	return a.Store.(store.Claimer).Release(ctx, name, owner)
+}
+
 func (a *ackStore) Acknowledge(ctx context.Context, name string, version uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -73,7 +91,8 @@ func newAckPrimary(t *testing.T) (*ackStore, *Primary, uint64) {
 	}
 	t.Cleanup(func() { mem.Close() })
 	pushModel(t, mem, "m", testLayout(3))
-	as := &ackStore{Store: mem}
+	// The registration's claim is not acknowledged at first either.
+	as := &ackStore{Store: mem, unacked: 2}
 	p, err := NewPrimary(PrimaryConfig{Store: store.Owned{Store: as, Owner: "reducer"}, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +101,10 @@ func newAckPrimary(t *testing.T) (*ackStore, *Primary, uint64) {
 	if _, _, err := p.Register(context.Background(), ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
 		t.Fatal(err)
 	}
+	if as.unacked != 0 || as.acks != 3 {
+		t.Fatalf("registration: %d acknowledgements asked, %d faults left; want 3 (2 failing) and 0", as.acks, as.unacked)
+	}
+	as.acks = 0
 	sess, _, err := p.Attach(context.Background(), Secondary{ID: "s"})
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +122,8 @@ func forwardOne(p *Primary, sess, seq uint64) (uint64, error) {
 }
 
 // On a cluster a step whose push is refused before its commit is pushed
-// again, and one committed but not acknowledged is acknowledged again:
+// again, and one committed but not acknowledged (a registration's claim
+// too: newAckPrimary) is acknowledged again:
 // each step publishes the next version, every gradient counts applied,
 // none dropped, and the model keeps taking gradients.
 func TestReplicatedPublishIsCarriedThrough(t *testing.T) {
