@@ -206,6 +206,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	// was just changing roles) is dropped and followed again.
 	first := time.AfterFunc(firstFrameTimeout, cancel)
 	defer first.Stop()
+	start := time.Now()
 	if seen := f.Epoch(); leader.Epoch < seen {
 		return fmt.Errorf("%w: replica: %s holds epoch %d, older than %d seen here; not following",
 			errs.ErrStale, leader.Addr, leader.Epoch, seen)
@@ -213,9 +214,18 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err := f.ObserveEpoch(leader.Epoch); err != nil {
 		return err
 	}
+	epochWrite := time.Since(start)
 	have, err := inventory(f.cfg.DataDir)
 	if err != nil {
 		return err
+	}
+	inv := time.Since(start) - epochWrite
+	// How long each step of the opening took: a stalled opening says
+	// where it stalled (the epoch's write and fsync, the inventory of
+	// --data, or the connection).
+	opening := func() string {
+		return fmt.Sprintf("epoch write %v, inventory %v, total %v", epochWrite.Round(time.Millisecond),
+			inv.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	}
 	cc, err := f.cfg.Dial(ctx, leader.Addr)
 	if err != nil {
@@ -224,12 +234,12 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	defer cc.Close()
 	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
 	if err != nil {
-		return fmt.Errorf("%w: replica: %v", errs.ErrUnavailable, err)
+		return fmt.Errorf("%w: replica: opening the stream (%s): %v", errs.ErrUnavailable, opening(), err)
 	}
 	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have})); err != nil {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
-	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have))
+	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have), "opening", opening())
 	for {
 		holdAt(ctx, f.crash, "unit-hold")
 		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
