@@ -123,6 +123,17 @@ func (c *testCluster) leader(after uint64) (cluster.Leader, *hubProc) {
 	return l, p
 }
 
+// synced waits until h has applied a full sync from primary l (its log
+// says so for l's epoch).
+func (c *testCluster) synced(h *hubProc, l cluster.Leader) {
+	c.t.Helper()
+	testkit.Eventually(c.t, 60*time.Second, h.id+" synced with "+l.String(), func() bool {
+		out := h.out.String()
+		i := strings.LastIndex(out, `msg="replica: full sync applied"`)
+		return i >= 0 && strings.HasSuffix(strings.SplitN(out[i:], "\n", 2)[0], fmt.Sprintf(" epoch=%d", l.Epoch))
+	})
+}
+
 func (c *testCluster) client(addr string) *storerpc.Client {
 	c.t.Helper()
 	cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1, CallTimeout: 20 * time.Second})
