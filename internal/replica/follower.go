@@ -227,6 +227,13 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		return fmt.Sprintf("epoch write %v, inventory %v, total %v", epochWrite.Round(time.Millisecond),
 			inv.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	}
+	// The connection and the hello get openTimeout of their own: a stream
+	// opened while the elected hub switched from its standby server to the
+	// hub was seen to hang before its hello was sent (2 s and more at load
+	// 17), and the first frame's 10 s is as long as a publish waits for
+	// this standby (AckTimeout's default).
+	opened := time.AfterFunc(openTimeout, cancel)
+	defer opened.Stop()
 	cc, err := f.cfg.Dial(ctx, leader.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
@@ -239,6 +246,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have})); err != nil {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
+	opened.Stop()
 	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have), "opening", opening())
 	for {
 		holdAt(ctx, f.crash, "unit-hold")
@@ -261,8 +269,12 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 }
 
 // firstFrameTimeout bounds the wait for a stream's first unit to begin
-// (the primary cuts it at once).
-const firstFrameTimeout = 10 * time.Second
+// (the primary cuts it at once); openTimeout bounds its connection and
+// hello.
+const (
+	firstFrameTimeout = 10 * time.Second
+	openTimeout       = 3 * time.Second
+)
 
 type staged struct {
 	rel, tmp string
