@@ -150,6 +150,7 @@ type Primary struct {
 	sessions map[uint64]Secondary // live sessions → who holds them
 	nextSess uint64
 	closed   bool
+	closing  chan struct{} // closed when Close begins (ends publish's retries)
 	lat      latencies
 	state    *stateDir // nil without StateDir
 }
@@ -217,7 +218,8 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	p := &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096)}
+	p := &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096),
+		closing: make(chan struct{})}
 	if cfg.StateDir != "" {
 		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger)
 		if err != nil {
@@ -250,7 +252,10 @@ func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, steps 
 		return m.version, m.steps, err
 	}
 	if c, ok := p.cfg.Store.(modelClaimer); ok {
-		if err := c.Claim(ctx, mc.Model); err != nil {
+		// On a cluster a claim committed but not acknowledged is
+		// acknowledged again (as a step's publish is) rather than failing
+		// the registration while a standby catches up.
+		if err := p.reacknowledge(ctx, mc.Model, 0, c.Claim(ctx, mc.Model)); err != nil {
 			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 		}
 	}
@@ -582,7 +587,9 @@ type Batch struct {
 // been scaled by the reduction). The members are settled
 // as applied before the step, so they can never be applied again even if
 // the publish fails (then they count as dropped, publish_failed, and the
-// model refuses further forwards until the reducer restarts).
+// model refuses further forwards until the reducer restarts). On a
+// cluster a publish that is not acknowledged is carried through within
+// the term instead (publish).
 func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m, err := p.model(b.Model)
 	if err != nil {
@@ -681,7 +688,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.mu.Lock()
 	m.publishing = true
 	m.mu.Unlock()
-	_, err = p.cfg.Store.Push(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare})
+	err = p.publish(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare})
 	if err != nil {
 		m.mu.Lock()
 		m.publishing = false
@@ -713,6 +720,81 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		p.cfg.OnApply(b.Model, next, slices.Clone(b.Members), slices.Clone(b.Weights))
 	}
 	return next, nil
+}
+
+// publish pushes a step's version. On a single hub one push decides: an
+// error fails the step, and Forward then stops the model (fail-stop). A
+// local store that refuses a commit has a local fault (disk full, an I/O
+// error, the store closing) that retrying does not cure and the operator
+// must see; the optimizer has stepped in memory and the step's state is
+// on disk, and the one sound way back is the restart path (NewPrimary
+// cuts the journal back to the store's newest version and reloads its
+// optimizer state).
+//
+// On a cluster (the store is a store.Acknowledger: the primary's fenced,
+// replicating store) a failure is the replication's or the term's, and
+// the step is carried through instead, within the term: a push refused
+// before its commit (Unavailable: etcd could not confirm the term) is
+// made again, unchanged; a push committed here but not acknowledged
+// (store.ErrNotAcknowledged: a standby did not apply it in time) is
+// acknowledged again (store.Acknowledger.Acknowledge) rather than
+// abandoned — its version exists on this hub and maybe on a standby, so
+// the model must not step from the version before it, and the next
+// version is only ever built on it. The model takes no other step
+// meanwhile (the step lock is held). It ends when the version is
+// acknowledged, when the term ends (the refusal: this hub closes its
+// reducer and the next term restores the model from its replicated
+// durable state, which holds the step or not), when the primary closes,
+// or on any other error. (A refusal before the commit is Unavailable too:
+// it is retried until the hub, which closes as soon as it is deposed,
+// closes the primary.)
+func (p *Primary) publish(ctx context.Context, req store.PushRequest) error {
+	_, err := p.cfg.Store.Push(ctx, req)
+	if _, replicated := store.AsAcknowledger(p.cfg.Store); err == nil || !replicated {
+		return err
+	}
+	for attempt := 1; errors.Is(err, errs.ErrUnavailable) && !errors.Is(err, store.ErrNotAcknowledged); attempt++ {
+		p.cfg.Logger.Warn("reducer: publish refused before its commit; pushing it again", "model", req.Name, "version", req.Version,
+			"attempt", attempt, "err", err)
+		if !p.backoff(ctx, attempt) {
+			return err
+		}
+		_, err = p.cfg.Store.Push(ctx, req)
+	}
+	if err = p.reacknowledge(ctx, req.Name, req.Version, err); err == nil {
+		p.cfg.Logger.Info("reducer: publish acknowledged after retrying", "model", req.Name, "version", req.Version)
+	}
+	return err
+}
+
+// reacknowledge carries a write that failed with store.ErrNotAcknowledged
+// (err: committed here, not acknowledged) through: it acknowledges again
+// (store.Acknowledger) until that holds, ctx ends or the primary closes.
+// Any other err is returned as it is.
+func (p *Primary) reacknowledge(ctx context.Context, name string, version uint64, err error) error {
+	ack, ok := store.AsAcknowledger(p.cfg.Store)
+	for attempt := 1; ok && errors.Is(err, store.ErrNotAcknowledged); attempt++ {
+		p.cfg.Logger.Warn("reducer: write not acknowledged; acknowledging it again", "model", name, "version", version,
+			"attempt", attempt, "err", err)
+		if !p.backoff(ctx, attempt) {
+			return err
+		}
+		err = ack.Acknowledge(ctx, name, version)
+	}
+	return err
+}
+
+// backoff waits before retry attempt (100 ms more each time, at most 1 s);
+// false when ctx ended or the primary is closing.
+func (p *Primary) backoff(ctx context.Context, attempt int) bool {
+	select {
+	case <-p.closing:
+		return false
+	case <-ctx.Done():
+		return false
+	case <-time.After(min(time.Duration(attempt)*100*time.Millisecond, time.Second)):
+		return true
+	}
 }
 
 // newBlob allocates the next version's safetensors blob with its header
@@ -876,6 +958,7 @@ func (p *Primary) Close() error {
 		return nil
 	}
 	p.closed = true
+	close(p.closing)
 	models := slices.Collect(maps.Values(p.models))
 	p.stopExternalLocked()
 	p.mu.Unlock()

@@ -140,13 +140,23 @@ func TestFencedPrimaryPublishesNothing(t *testing.T) {
 	}
 	// Every hub in turn: none ever serves v99 (the old primary's copy was
 	// replaced by the new primary's when it resynced).
+	dead := map[*hubProc]bool{}
 	for range 2 {
 		_, h := c.leader(0)
 		lBefore, _ := c.leader(0)
 		if snap := c.newest("pol"); snap.Version != 2 {
 			t.Fatalf("%s serves pol v%d, want v2", h.id, snap.Version)
 		}
+		// Every live standby holds this primary's copy before it dies (one
+		// still syncing would be elected without v2, legitimately: v2 was
+		// acknowledged before it registered again).
+		for _, o := range c.hubs {
+			if o != h && !dead[o] {
+				c.synced(o, lBefore)
+			}
+		}
 		h.kill()
+		dead[h] = true
 		c.leader(lBefore.Epoch)
 	}
 	if snap := c.newest("pol"); snap.Version != 2 {

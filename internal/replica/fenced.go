@@ -51,12 +51,13 @@ type Fenced struct {
 }
 
 var (
-	_ store.Lender      = (*Fenced)(nil)
-	_ store.Claimer     = (*Fenced)(nil)
-	_ store.Deleter     = (*Fenced)(nil)
-	_ store.Prechecker  = (*Fenced)(nil)
-	_ store.StatsReader = (*Fenced)(nil)
-	_ store.UsageReader = (*Fenced)(nil)
+	_ store.Lender       = (*Fenced)(nil)
+	_ store.Acknowledger = (*Fenced)(nil)
+	_ store.Claimer      = (*Fenced)(nil)
+	_ store.Deleter      = (*Fenced)(nil)
+	_ store.Prechecker   = (*Fenced)(nil)
+	_ store.StatsReader  = (*Fenced)(nil)
+	_ store.UsageReader  = (*Fenced)(nil)
 )
 
 func (f *Fenced) refused() error {
@@ -104,19 +105,47 @@ func (f *Fenced) termError(err error, when string) error {
 }
 
 // acknowledge is the common tail of every write: replicate, then check
-// the term proof again.
+// the term proof again. The write is committed here already: an error
+// other than the refusal (deposed) wraps store.ErrNotAcknowledged.
 func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
 	if f.Source != nil {
 		if err := f.Source.Sync(ctx, standbys); err != nil {
 			if r := f.refused(); r != nil {
 				return r // deposed while waiting
 			}
-			return err
+			return notAcknowledged(err)
 		}
 	}
 	if err := f.proof(ctx); err != nil {
-		return f.termError(err, "before acknowledging")
+		return notAcknowledged(f.termError(err, "before acknowledging"))
 	}
+	return nil
+}
+
+// notAcknowledged marks the error of a write committed here whose
+// acknowledgement failed; a refusal (this hub deposed) stays as it is.
+func notAcknowledged(err error) error {
+	var r *cluster.Refusal
+	if errors.As(err, &r) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", store.ErrNotAcknowledged, err)
+}
+
+// Acknowledge implements store.Acknowledger: it replicates everything
+// committed so far (a version whose push failed with
+// store.ErrNotAcknowledged included) and, once that is acknowledged and
+// the term checked, makes name's versions up to version visible. The
+// reducer retries a step's publish with it (docs/reducer.md).
+func (f *Fenced) Acknowledge(ctx context.Context, name string, version uint64) error {
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return notAcknowledged(err)
+	}
+	if err := f.acknowledge(ctx, standbys); err != nil {
+		return err
+	}
+	f.vis().settle(name, version, true)
 	return nil
 }
 

@@ -118,7 +118,29 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
 		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
+	if b, err := os.ReadFile(filepath.Join(f.dir(), positionName)); err == nil {
+		if err := json.Unmarshal(b, &f.pos); err != nil {
+			// Written whole (renamed into place): unreadable means damaged.
+			// Counting as 0 only makes this copy yield, never win.
+			f.pos = position{}
+			cfg.Logger.Warn("replica: the saved position is unreadable; counting the copy as at 0", "err", err)
+		}
+		f.pos.Campaigning = false
+	}
 	return f, nil
+}
+
+// positionName is the copy's saved position in DataDir/.replica.
+const positionName = "position"
+
+// savePosition writes p whole (a temporary file renamed into place; with
+// SyncFsync also fsynced, file and directory).
+func (f *Follower) savePosition(p position) error {
+	b, _ := json.Marshal(p)
+	if err := writeMarker(filepath.Join(f.dir(), positionName), b, f.cfg.Sync == SyncFsync); err != nil {
+		return fmt.Errorf("replica: save position: %w", err)
+	}
+	return nil
 }
 
 func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica") }
@@ -129,8 +151,12 @@ func (f *Follower) dir() string { return filepath.Join(f.cfg.DataDir, ".replica"
 func (f *Follower) Synced() bool { return f.synced.Load() }
 
 // position is the copy's position: the newest unit applied and its
-// primary's epoch (not reset when a stream ends; kept in memory only, so
-// a restarted standby is at 0 until it applies a unit).
+// primary's epoch (not reset when a stream ends). It is kept in
+// DataDir/.replica/position too, written whole after each unit is
+// installed and before it is acknowledged, so a standby restarted (a
+// whole cluster restarted at once) answers an elected hub's position
+// query with the copy it holds, not 0: every acknowledged unit's position
+// is there (with the unit's own durability: --replica-sync).
 func (f *Follower) position() position {
 	f.posMu.Lock()
 	defer f.posMu.Unlock()
@@ -172,6 +198,15 @@ func (f *Follower) ObserveEpoch(e uint64) error {
 func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	f.synced.Store(false)
 	f.last.Store(0)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// A stream whose first unit does not begin within firstFrameTimeout of
+	// the start (an epoch write or inventory slowed by the disk, a
+	// connection that never became ready, a stream opened on a hub that
+	// was just changing roles) is dropped and followed again.
+	first := time.AfterFunc(firstFrameTimeout, cancel)
+	defer first.Stop()
+	start := time.Now()
 	if seen := f.Epoch(); leader.Epoch < seen {
 		return fmt.Errorf("%w: replica: %s holds epoch %d, older than %d seen here; not following",
 			errs.ErrStale, leader.Addr, leader.Epoch, seen)
@@ -179,17 +214,26 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	if err := f.ObserveEpoch(leader.Epoch); err != nil {
 		return err
 	}
+	epochWrite := time.Since(start)
 	have, err := inventory(f.cfg.DataDir)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// A stream whose first unit does not begin within firstFrameTimeout
-	// (a connection that never became ready, a stream opened on a hub
-	// that was just changing roles) is dropped and followed again.
-	first := time.AfterFunc(firstFrameTimeout, cancel)
-	defer first.Stop()
+	inv := time.Since(start) - epochWrite
+	// How long each step of the opening took: a stalled opening says
+	// where it stalled (the epoch's write and fsync, the inventory of
+	// --data, or the connection).
+	opening := func() string {
+		return fmt.Sprintf("epoch write %v, inventory %v, total %v", epochWrite.Round(time.Millisecond),
+			inv.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	}
+	// The connection and the hello get openTimeout of their own: a stream
+	// opened while the elected hub switched from its standby server to the
+	// hub was seen to hang before its hello was sent (2 s and more at load
+	// 17), and the first frame's 10 s is as long as a publish waits for
+	// this standby (AckTimeout's default).
+	opened := time.AfterFunc(openTimeout, cancel)
+	defer opened.Stop()
 	cc, err := f.cfg.Dial(ctx, leader.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
@@ -197,15 +241,20 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	defer cc.Close()
 	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
 	if err != nil {
-		return fmt.Errorf("%w: replica: %v", errs.ErrUnavailable, err)
+		return fmt.Errorf("%w: replica: opening the stream (%s): %v", errs.ErrUnavailable, opening(), err)
 	}
 	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have})); err != nil {
 		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
 	}
+	opened.Stop()
+	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have), "opening", opening())
 	for {
 		holdAt(ctx, f.crash, "unit-hold")
 		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
 		if err != nil {
+			return err
+		}
+		if err := f.savePosition(position{Epoch: leader.Epoch, Unit: u}); err != nil {
 			return err
 		}
 		f.units.Add(1)
@@ -220,8 +269,12 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 }
 
 // firstFrameTimeout bounds the wait for a stream's first unit to begin
-// (the primary cuts it at once).
-const firstFrameTimeout = 10 * time.Second
+// (the primary cuts it at once); openTimeout bounds its connection and
+// hello.
+const (
+	firstFrameTimeout = 10 * time.Second
+	openTimeout       = 3 * time.Second
+)
 
 type staged struct {
 	rel, tmp string
@@ -393,8 +446,9 @@ func (f *Follower) install(stage string, files []staged, gone []string, full boo
 	return applyUnit(f.cfg.DataDir, stage, mk, f.cfg.Sync == SyncFsync, f.crash)
 }
 
-// writeMarker writes a marker whole: a temporary file renamed into place
-// (and, with sync, fsynced before and its directory after).
+// writeMarker writes a marker (or the saved position) whole: a temporary
+// file renamed into place (and, with sync, fsynced before and its
+// directory after).
 func writeMarker(path string, b []byte, sync bool) error {
 	if sync {
 		return atomicfile.Write(path, b)

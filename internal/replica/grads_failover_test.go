@@ -15,9 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
-	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
-	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -44,12 +42,7 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	defer cancel()
 	const model, perClient = "g", 40
 	l1, p1 := c.leader(0)
-	sd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, []float32{0, 0, 0, 0}))
-	blob, err := safetensors.Encode(sd, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.push(model, 1, 0, blob)
+	seedVector(c, model)
 	target := dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), c.name)
 	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: target})
 	if err != nil {
@@ -76,22 +69,8 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment}})
 
 	// The watcher: versions only grow, across both failovers.
-	var mu sync.Mutex
-	var seen []uint64
-	wctx, wcancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		after := uint64(0)
-		for wctx.Err() == nil {
-			_ = sc.Watch(wctx, model, after, func(s *store.Snapshot, _ uint64) error {
-				mu.Lock()
-				defer mu.Unlock()
-				seen = append(seen, s.Version)
-				after = s.Version
-				return nil
-			})
-		}
-	})
+	w := watchVersions(ctx, sc, model)
+	newest := w.newest
 
 	type outcome struct{ ok, exists, unknown, failed int }
 	outcomes := map[string]*outcome{}
@@ -133,14 +112,6 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 			}
 		})
 	}
-	newest := func() uint64 {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(seen) == 0 {
-			return 0
-		}
-		return seen[len(seen)-1]
-	}
 	testkit.Eventually(t, 2*time.Minute, "version 15 before the first kill", func() bool { return newest() >= 15 })
 	p1.kill()
 	l2, p2 := c.leader(l1.Epoch)
@@ -161,8 +132,7 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 		return err == nil && final.Version == steps[len(steps)-1].Version
 	})
 	testkit.Eventually(t, time.Minute, "the watcher on the final version", func() bool { return newest() == final.Version })
-	wcancel()
-	wg.Wait()
+	w.stop(t)
 	var rd *shm.Reader
 	testkit.Eventually(t, time.Minute, "the relay's segment on the final version", func() bool {
 		select {
@@ -181,23 +151,10 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 	})
 	rd.Close()
 
-	mu.Lock()
-	for i := 1; i < len(seen); i++ {
-		if seen[i] <= seen[i-1] {
-			t.Errorf("the watcher saw version %d after %d", seen[i], seen[i-1])
-		}
-	}
-	mu.Unlock()
-	applied := map[reduce.ID]bool{}
-	for _, s := range steps {
-		for _, id := range s.Members {
-			if applied[id] {
-				t.Errorf("gradient %v applied twice", id)
-			}
-			applied[id] = true
-			if (id.Client != "a" && id.Client != "b") || id.Seq < 1 || id.Seq > perClient {
-				t.Errorf("the journal holds a gradient no client sent: %v", id)
-			}
+	applied := appliedOnce(t, steps)
+	for id := range applied {
+		if (id.Client != "a" && id.Client != "b") || id.Seq < 1 || id.Seq > perClient {
+			t.Errorf("the journal holds a gradient no client sent: %v", id)
 		}
 	}
 	if final.Version != 1+uint64(len(applied)) {

@@ -187,6 +187,14 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		n.follower.cfg.Member = m.ID()
 		lis, err = n.member(ctx, m, lis)
+		if lis == nil && ctx.Err() == nil && (err == nil || errors.Is(err, errMemberLost)) {
+			// The hub that stepped down let go of the address; hold it
+			// again at once, not after leaving and rejoining (etcd round
+			// trips): a client's call meanwhile waits for the standby
+			// server instead of being refused a connection (seen as a
+			// flake of TestFencedPrimaryPublishesNothing).
+			lis, _ = listen(ctx, addr)
+		}
 		cerr := m.Close()
 		if err != nil && !errors.Is(err, errMemberLost) && ctx.Err() == nil {
 			n.cfg.Logger.Error("cluster: leaving after an error", "err", err)
@@ -242,7 +250,7 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) 
 			return lis, err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
-		sb := startStandby(lis, n.cfg.Hub.TLS, n.refusal, n.position, append(extra, csvc))
+		sb := startStandby(lis, n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, append(extra, csvc))
 		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
 		if ms != nil {
@@ -372,11 +380,17 @@ func (n *Node) queryPosition(ctx context.Context, addr string) (position, error)
 		return position{}, err
 	}
 	defer cc.Close()
-	cs, err := cc.NewStream(qctx, &streamDesc, FollowMethod)
+	return queryPosition(qctx, cc, n.follower.cfg.Member)
+}
+
+// queryPosition asks the standby at cc for its position on the
+// replication stream (a hello with Query set).
+func queryPosition(ctx context.Context, cc *grpc.ClientConn, member string) (position, error) {
+	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
 	if err != nil {
 		return position{}, err
 	}
-	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: n.follower.cfg.Member, Query: true})); err != nil {
+	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: member, Query: true})); err != nil {
 		return position{}, err
 	}
 	var msg wrapperspb.BytesValue
@@ -397,11 +411,18 @@ func (n *Node) queryPosition(ctx context.Context, addr string) (position, error)
 // followLoop follows whichever hub leads, until ctx ends.
 func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 	for ctx.Err() == nil {
-		l, err := m.Leader(ctx)
+		// Bounded: an etcd read that hangs must not keep this standby
+		// from following (it would hold every publish's acknowledgement).
+		lctx, lcancel := context.WithTimeout(ctx, leaderReadTimeout)
+		l, err := m.Leader(lctx)
+		lcancel()
 		switch {
 		case errors.Is(err, cluster.ErrNoLeader):
 			n.setLeader(nil)
 		case err != nil:
+			if ctx.Err() == nil {
+				n.cfg.Logger.Warn("replica: cannot read the primary from etcd; retrying", "err", err)
+			}
 		case l.ID != m.ID():
 			n.setLeader(&l)
 			err = n.followWhileLeading(ctx, m, l)
@@ -415,6 +436,9 @@ func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 		}
 	}
 }
+
+// leaderReadTimeout bounds a standby's read of who the primary is.
+const leaderReadTimeout = 3 * time.Second
 
 // followWhileLeading follows l until its stream ends or etcd names
 // another primary (a stream from a primary that is stopped, not dead,
@@ -431,7 +455,9 @@ func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l clus
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			cur, err := m.Leader(fctx)
+			lctx, lcancel := context.WithTimeout(fctx, leaderReadTimeout)
+			cur, err := m.Leader(lctx)
+			lcancel()
 			if errors.Is(err, cluster.ErrNoLeader) || err == nil && (cur.ID != l.ID || cur.Epoch != l.Epoch) {
 				cancel()
 				return

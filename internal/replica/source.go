@@ -194,7 +194,11 @@ func (s *Source) RefreshStandbys(ctx context.Context) error {
 		return err
 	}
 	s.mu.Lock()
+	changed := !slices.Equal(s.standbys, standbys)
 	s.standbys, s.refreshed = standbys, true
+	if changed {
+		s.bump() // a publish waiting for a standby that left stops waiting (Sync)
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -262,7 +266,16 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: replica: primary closing", errs.ErrUnavailable)
 		}
-		ids = slices.Clone(standbys)
+		// A standby that a refresh since found gone (its lease lapsed: it
+		// died, or stopped past its TTL) is not waited for, as a publish
+		// made after that refresh would not wait for it: a publish in
+		// flight when a standby is killed does not wait out AckTimeout.
+		ids = ids[:0]
+		for _, id := range standbys {
+			if slices.Contains(s.standbys, id) {
+				ids = append(ids, id)
+			}
+		}
 		for id := range extra {
 			if s.connected(id) {
 				ids = append(ids, id)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
@@ -41,7 +42,12 @@ type standbyServer struct {
 var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod,
 	wsync.DataPlaneWatchMethod}
 
-func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.Refusal, pos func() position, extra []Registrar) *standbyServer {
+// startStandby serves lis as a standby. guard, when set (the hub's
+// tokens), admits the replication stream (the position query) as the
+// primary admits it: the admin token the followers carry (policy table:
+// /rlhub.v1.Replica/Follow); nil admits it without a token, as the primary
+// without --token-file does.
+func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, refusal func() *cluster.Refusal, pos func() position, extra []Registrar) *standbyServer {
 	opts := append([]grpc.ServerOption{
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 			return cluster.RefuseStream(ss, refusal())
@@ -49,6 +55,18 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, refusal func() *cluster.
 	}, chunkcodec.ServerOptions()...)
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
+	}
+	if guard != nil {
+		// Only the position query: the refusals, health and Cluster/Primary
+		// answer every caller (a client learns where the primary is before
+		// it has a token checked there).
+		check := guard.StreamInterceptor()
+		opts = append(opts, grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if info.FullMethod != FollowMethod {
+				return h(srv, ss)
+			}
+			return check(srv, ss, info, h)
+		}))
 	}
 	s := &standbyServer{grpc: grpc.NewServer(opts...), bulk: bulk.NewServer(), serveCh: make(chan error, 1)}
 	hs := health.NewServer()

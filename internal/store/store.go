@@ -35,8 +35,10 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -227,6 +229,37 @@ var (
 	_ UsageReader = (*Memory)(nil)
 	_ UsageReader = (*File)(nil)
 )
+
+// ErrNotAcknowledged: a write that an Acknowledger committed on this hub
+// but could not acknowledge (not replicated in time, or the term could
+// not be confirmed after the commit). The version exists here, hidden
+// from readers; it may or may not exist on a standby. It becomes
+// visible once Acknowledge, or a later write of the model, is
+// acknowledged. Any other error from an Acknowledger's write means
+// nothing was committed. Matches errs.ErrUnavailable.
+var ErrNotAcknowledged = fmt.Errorf("%w: committed on this hub but not acknowledged", errs.ErrUnavailable)
+
+// Acknowledger is a store whose writes are acknowledged only once
+// replicated (a cluster primary's replica.Fenced).
+type Acknowledger interface {
+	// Acknowledge replicates everything committed so far and, once that
+	// is acknowledged, makes name's versions up to version visible. It
+	// fails as a write's acknowledgement does: ErrNotAcknowledged when not
+	// acknowledged in time, the refusal once this hub is no longer the
+	// primary.
+	Acknowledge(ctx context.Context, name string, version uint64) error
+}
+
+// AsAcknowledger returns s as an Acknowledger when it is one, or when it
+// is an Owned view of one (acknowledging needs no owner); ok is false
+// for a store that acknowledges every write as it commits it.
+func AsAcknowledger(s any) (a Acknowledger, ok bool) {
+	if o, isOwned := s.(Owned); isOwned {
+		s = o.Store
+	}
+	a, ok = s.(Acknowledger)
+	return a, ok
+}
 
 // Owned is the view of a store that an in-process owner writes through:
 // every push carries Owner and claims the model it lands on (PushRequest

@@ -1,0 +1,173 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// ackStore is a cluster primary's store in miniature (a fake of
+// replica.Fenced): its next refuse pushes fail before the commit with
+// Unavailable, its next unacked pushes commit and fail with
+// store.ErrNotAcknowledged, as do that many Acknowledge calls after.
+type ackStore struct {
+	store.Store
+	mu              sync.Mutex
+	refuse, unacked int
+	acks            int // Acknowledge calls
+	ackCalled       chan struct{}
+}
+
+func (a *ackStore) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refuse > 0 {
+		a.refuse--
+		return store.Info{}, fmt.Errorf("%w: etcd cannot confirm this hub's term", errs.ErrUnavailable)
+	}
+	info, err := a.Store.Push(ctx, req)
+	if err == nil && a.unacked > 0 {
+		return info, fmt.Errorf("%w: 0 of 1 standbys acknowledged", store.ErrNotAcknowledged)
+	}
+	return info, err
+}
+
+// Claim commits the claim (store.Claimer) and, while unacked, fails
+// not acknowledged.
+func (a *ackStore) Claim(ctx context.Context, name, owner string) error {
+	if err := a.Store.(store.Claimer).Claim(ctx, name, owner); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unacked > 0 {
+		return fmt.Errorf("%w: 0 of 1 standbys acknowledged", store.ErrNotAcknowledged)
+	}
+	return nil
+}
+
+func (a *ackStore) Release(ctx context.Context, name, owner string) error {
+	return a.Store.(store.Claimer).Release(ctx, name, owner)
+}
+
+func (a *ackStore) Acknowledge(ctx context.Context, name string, version uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.acks++
+	if a.ackCalled != nil {
+		select {
+		case a.ackCalled <- struct{}{}:
+		default:
+		}
+	}
+	if a.unacked > 0 {
+		a.unacked--
+		return fmt.Errorf("%w: 0 of 1 standbys acknowledged", store.ErrNotAcknowledged)
+	}
+	return nil
+}
+
+func (a *ackStore) set(refuse, unacked int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.refuse, a.unacked = refuse, unacked
+}
+
+// newAckPrimary is a primary on an ackStore seen through the hub's Owned
+// view (store.AsAcknowledger finds the store under it).
+func newAckPrimary(t *testing.T) (*ackStore, *Primary, uint64) {
+	t.Helper()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	pushModel(t, mem, "m", testLayout(3))
+	// The registration's claim is not acknowledged at first either.
+	as := &ackStore{Store: mem, unacked: 2}
+	p, err := NewPrimary(PrimaryConfig{Store: store.Owned{Store: as, Owner: "reducer"}, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if _, _, err := p.Register(context.Background(), ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	if as.unacked != 0 || as.acks != 3 {
+		t.Fatalf("registration: %d acknowledgements asked, %d faults left; want 3 (2 failing) and 0", as.acks, as.unacked)
+	}
+	as.acks = 0
+	sess, _, err := p.Attach(context.Background(), Secondary{ID: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return as, p, sess
+}
+
+func forwardOne(p *Primary, sess, seq uint64) (uint64, error) {
+	ctx := context.Background()
+	id := reduce.ID{Client: "c", Seq: seq}
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		return 0, err
+	}
+	return p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(3, "c", seq)})
+}
+
+// On a cluster a step whose push is refused before its commit is pushed
+// again, and one committed but not acknowledged (a registration's claim
+// too: newAckPrimary) is acknowledged again:
+// each step publishes the next version, every gradient counts applied,
+// none dropped, and the model keeps taking gradients.
+func TestReplicatedPublishIsCarriedThrough(t *testing.T) {
+	as, p, sess := newAckPrimary(t)
+	faults := []struct{ refuse, unacked int }{{}, {refuse: 2}, {unacked: 2}, {refuse: 1, unacked: 1}, {}}
+	for i, f := range faults {
+		as.set(f.refuse, f.unacked)
+		v, err := forwardOne(p, sess, uint64(i+1))
+		if err != nil || v != uint64(i+2) {
+			t.Fatalf("step %d (refused %d, unacknowledged %d): v%d, %v; want v%d", i+1, f.refuse, f.unacked, v, err, i+2)
+		}
+	}
+	if as.acks != 5 {
+		t.Errorf("%d acknowledgements asked again, want 5 (3 for step 3, 2 for step 4: each until one holds)", as.acks)
+	}
+	st := p.Stats().Models["m"]
+	if st.Version != 6 || st.Counters.Applied != 5 || st.Counters.DroppedTotal() != 0 {
+		t.Errorf("model after the faults: version %d applied %d dropped %v; want 6, 5, none", st.Version, st.Counters.Applied, st.Counters.Dropped)
+	}
+	if snap, err := as.Store.Get(context.Background(), "m", 0); err != nil || snap.Version != 6 {
+		t.Errorf("store newest: %v, %v; want v6", snap, err)
+	}
+}
+
+// A step retrying its acknowledgement ends when the primary closes: the
+// forward fails (publish_failed) and Close returns (it waits for steps).
+func TestReplicatedPublishRetryEndsAtClose(t *testing.T) {
+	as, p, sess := newAckPrimary(t)
+	as.ackCalled = make(chan struct{}, 1)
+	as.set(0, 1<<30)
+	done := make(chan error, 1)
+	go func() {
+		_, err := forwardOne(p, sess, 1)
+		done <- err
+	}()
+	select {
+	case <-as.ackCalled: // retrying
+	case err := <-done:
+		t.Fatalf("the forward ended (%v) without acknowledging again", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("forward retrying at close: %v, want not acknowledged", err)
+	}
+}
