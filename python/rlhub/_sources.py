@@ -89,12 +89,15 @@ def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lea
 
 
 def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: Optional[str] = None,
-                lease: bool = False, relay: Optional[str] = None,
+                lease: bool = True, relay: Optional[str] = None,
                 failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0) -> Source:
     """Opens the source ``via`` names (see the module doc). For
     ``"failover"``: ``failover`` when given, else :func:`failover_specs`
     of ``hub``, ``relay`` and ``shm_path``; the failover source reports the
-    version run to ``hub`` while it reads a segment."""
+    version run to ``hub`` while it reads a segment. A segment is read by a
+    leasing :class:`ShmSource` (each version copied straight from its slot
+    into the module, then released) unless ``lease=False`` asks for the
+    copying reader."""
     if via == "failover":
         specs = check_specs(failover if failover is not None else
                              failover_specs(hub, relay=relay, relay_shm=shm_path))
