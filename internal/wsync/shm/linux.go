@@ -418,6 +418,10 @@ type Stats struct {
 	Followed uint64
 	// Released counts the leased slots given back by Release.
 	Released uint64
+	// Abandoned counts writes a reader followed and gave up on, copying
+	// nothing out: aborted (a relay whose upstream cut the version off),
+	// claimed again, or left by a writer that died.
+	Abandoned uint64
 }
 
 // Reader reads whole versions from a segment. It is a Source for one
@@ -797,6 +801,7 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 		}
 		if time.Since(checked) > r.cfg.Tick {
 			if !r.writerAlive() {
+				r.stats.Abandoned++
 				return nil, nil
 			}
 			checked = time.Now()
@@ -805,6 +810,7 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 		pause = min(2*pause, followPauseMax)
 	}
 	if seq.Load() != s1+1 || u64(slot, slotVersion).Load() != v {
+		r.stats.Abandoned++
 		return nil, nil // aborted, or not this claim's commit
 	}
 	h, retry, err := r.slotHeader(slot, best, s1+1)

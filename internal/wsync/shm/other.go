@@ -36,7 +36,7 @@ type ReaderConfig struct {
 	Tick       time.Duration
 	MaxRetries int
 }
-type Stats struct{ Reads, Retries, InPlace, Followed, Released uint64 }
+type Stats struct{ Reads, Retries, InPlace, Followed, Released, Abandoned uint64 }
 type Reader struct{}
 
 func Create(Config) (*Writer, error)                           { return nil, errors.ErrUnsupported }
