@@ -395,3 +395,79 @@ def test_failover_source_never_hands_out_an_older_epoch():
         assert f.skipped == 2
     finally:
         f.close()
+
+
+def test_push_via_on_a_cluster_is_attached_again_to_the_new_primary(rlhub_bin, tmp_path):
+    """``via="push"`` (open_source, which the TorchRL scheme and Ray actors
+    use) given a cluster, as a hub list or etcd://, is a push stream under
+    a FailoverSource: when the primary it streams from is SIGKILLed, the
+    stream is attached again to the new primary and the collector gets
+    every later version, whole."""
+    from rlhub._sources import open_source
+
+    etcd = Etcd(tmp_path)
+    hubs: dict[str, Hub] = {}
+    collectors: list[Collector] = []
+    try:
+        for i in range(3):
+            d = tmp_path / f"h{i}"
+            d.mkdir()
+            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
+                                                     "--member-id", f"h{i}"])
+        listed = ",".join(h.addr for h in hubs.values())
+        target = _channel.etcd_target(etcd.url, CLUSTER)
+        store = rlhub.StoreClient(listed, timeout=30.0)
+
+        def primary(after: int) -> tuple[str, int]:
+            got: list[tuple[str, int]] = []
+
+            def elected() -> bool:
+                lead = etcd.leader()
+                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
+                    got.append(lead)
+                    return True
+                return False
+            wait_until(elected, 60, f"a live primary after epoch {after}")
+            return got[-1]
+
+        def publish(v: int) -> None:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    store.push(MODEL, weights(v), version=v, expect=v - 1)
+                    return
+                except rlhub.StaleVersion as e:
+                    if e.current_version == v:
+                        return
+                    raise
+                except rlhub.Unavailable:
+                    assert time.monotonic() < deadline, f"v{v} not published within 60 s"
+                    time.sleep(0.1)
+
+        pid, epoch = primary(0)
+        publish(1)
+        for name, where in (("push (hub list)", listed), ("push (etcd)", target)):
+            src = open_source("push", where, MODEL, collector_id=f"py-{name.split()[1][1:4]}")
+            assert isinstance(src, ws.FailoverSource), type(src)
+            collectors.append(Collector(name, src))
+        single = open_source("push", hubs[pid].addr, MODEL, collector_id="py-one")
+        assert isinstance(single, ws.PushSource)  # one hub: one stream, as before
+        single.close()
+        wait_until(lambda: all(c.version >= 1 for c in collectors), 60, "v1 at every collector", collectors)
+        hubs[pid].proc.send_signal(signal.SIGKILL)
+        hubs[pid].proc.wait()
+        pid, epoch = primary(epoch)
+        for v in (2, 3, 4):
+            publish(v)
+        wait_until(lambda: all(c.version >= 4 for c in collectors), 120, "v4 at every collector", collectors)
+        for c in collectors:
+            assert c.error is None, f"{c.name}: {c.error!r}"
+            assert all(right for _, _, right in c.got), (c.name, c.got)
+            assert [v for v, _, _ in c.got] == sorted({v for v, _, _ in c.got}), (c.name, c.got)
+            assert c.src.switches >= 2, (c.name, c.src.switches)  # attached again after the kill
+    finally:
+        for c in collectors:
+            c.stop()
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
