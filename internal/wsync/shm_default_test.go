@@ -56,6 +56,19 @@ func shmDefaultCollector(t *testing.T, path string, weights *tensor.StateDict, c
 	return r, f, func() *shm.Reader { mu.Lock(); defer mu.Unlock(); return reader }
 }
 
+// threeSlots is a segment of model "m" with 3 slots of 64 KiB (one lease
+// entry), closed when the test ends.
+func threeSlots(t *testing.T) (*shm.Writer, string) {
+	t.Helper()
+	path := wsynctest.ShmPath(t)
+	w, err := shm.Create(shm.Config{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w, path
+}
+
 // weightsOf is n float32s named "w", zero.
 func weightsOf(name string, n int) *tensor.StateDict {
 	sd, _ := tensor.NewStateDict(tensor.NewF32(name, int64(n)))
@@ -69,12 +82,7 @@ func weightsOf(name string, n int) *tensor.StateDict {
 // weights byte for byte when the apply returns.
 func TestShmDialerDefaultLeasesIntoTheWeights(t *testing.T) {
 	ctx := context.Background()
-	path := wsynctest.ShmPath(t)
-	w, err := shm.Create(shm.Config{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := threeSlots(t)
 	const n = 4000
 	weights := weightsOf("w", n)
 	whole := func(s *store.Snapshot) error {
@@ -127,12 +135,7 @@ func TestShmDialerDefaultLeasesIntoTheWeights(t *testing.T) {
 // were; the lease is still given back.
 func TestShmDialerDefaultRefusesAMismatchUnchanged(t *testing.T) {
 	ctx := context.Background()
-	path := wsynctest.ShmPath(t)
-	w, err := shm.Create(shm.Config{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := threeSlots(t)
 	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 1, 1000)); err != nil {
 		t.Fatal(err)
 	}

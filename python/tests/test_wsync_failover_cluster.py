@@ -84,49 +84,67 @@ def wait_until(cond, timeout: float, what: str, collectors=()) -> None:
         time.sleep(0.02)
 
 
-def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp_path):
+def start_cluster(rlhub_bin, tmp_path) -> "tuple[Etcd, dict[str, Hub]]":
+    """One etcd and three `rlhub serve --etcd` hubs with a 1 s lease."""
     etcd = Etcd(tmp_path)
     hubs: dict[str, Hub] = {}
-    collectors: list[Collector] = []
     try:
         for i in range(3):
             d = tmp_path / f"h{i}"
             d.mkdir()
             hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
                                                      "--member-id", f"h{i}"])
+    except BaseException:
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
+        raise
+    return etcd, hubs
+
+
+def live_primary(etcd: Etcd, hubs: "dict[str, Hub]", after: int) -> "tuple[str, int]":
+    """The primary elected after epoch ``after`` whose process is alive: (member id, epoch)."""
+    got: list[tuple[str, int]] = []
+
+    def elected() -> bool:
+        lead = etcd.leader()
+        if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
+            got.append(lead)
+            return True
+        return False
+    wait_until(elected, 60, f"a live primary elected after epoch {after}")
+    return got[-1]
+
+
+def publish_to(store, v: int) -> int:
+    """Pushes version v (expecting v-1) through whichever hub is primary,
+    retrying while there is none; returns the epoch it landed in."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return store.push(MODEL, weights(v), version=v, expect=v - 1).epoch
+        except rlhub.StaleVersion as e:
+            if e.current_version == v:  # it landed before the answer was lost
+                return e.current_epoch
+            raise
+        except rlhub.Unavailable:
+            assert time.monotonic() < deadline, f"v{v} not published within 60 s"
+            time.sleep(0.1)
+
+
+def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp_path):
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path)
+    collectors: list[Collector] = []
+    try:
         listed = ",".join(h.addr for h in hubs.values())
         target = _channel.etcd_target(etcd.url, CLUSTER)
         store = rlhub.StoreClient(listed, timeout=30.0)
         epochs: dict[int, int] = {}
 
-        def live_primary(after: int) -> tuple[str, int]:
-            got: list[tuple[str, int]] = []
-
-            def elected() -> bool:
-                lead = etcd.leader()
-                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
-                    got.append(lead)
-                    return True
-                return False
-            wait_until(elected, 60, f"a live primary elected after epoch {after}")
-            return got[-1]
-
         def publish(v: int) -> None:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    epochs[v] = store.push(MODEL, weights(v), version=v, expect=v - 1).epoch
-                    return
-                except rlhub.StaleVersion as e:
-                    if e.current_version == v:  # it landed before the answer was lost
-                        epochs[v] = e.current_epoch
-                        return
-                    raise
-                except rlhub.Unavailable:
-                    assert time.monotonic() < deadline, f"v{v} not published within 60 s"
-                    time.sleep(0.1)
+            epochs[v] = publish_to(store, v)
 
-        pid, e1 = live_primary(0)
+        pid, e1 = live_primary(etcd, hubs, 0)
         publish(1)
         collectors.append(Collector("py data plane (etcd)", ws.DataPlaneSource(target, MODEL, collector_id="py-dp")))
         collectors.append(Collector("py push stream (hub list) under failover", ws.FailoverSource(
@@ -143,7 +161,7 @@ def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp
             if rnd < 2:
                 hubs[pid].proc.send_signal(signal.SIGKILL)  # the collectors are waiting on it
                 hubs[pid].proc.wait()
-                pid, last_epoch = live_primary(last_epoch)
+                pid, last_epoch = live_primary(etcd, hubs, last_epoch)
         for c in collectors:
             assert c.error is None, f"{c.name}: {c.error!r}"
             got = c.got
@@ -405,46 +423,17 @@ def test_push_via_on_a_cluster_is_attached_again_to_the_new_primary(rlhub_bin, t
     every later version, whole."""
     from rlhub._sources import open_source
 
-    etcd = Etcd(tmp_path)
-    hubs: dict[str, Hub] = {}
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path)
     collectors: list[Collector] = []
     try:
-        for i in range(3):
-            d = tmp_path / f"h{i}"
-            d.mkdir()
-            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
-                                                     "--member-id", f"h{i}"])
         listed = ",".join(h.addr for h in hubs.values())
         target = _channel.etcd_target(etcd.url, CLUSTER)
         store = rlhub.StoreClient(listed, timeout=30.0)
 
-        def primary(after: int) -> tuple[str, int]:
-            got: list[tuple[str, int]] = []
-
-            def elected() -> bool:
-                lead = etcd.leader()
-                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
-                    got.append(lead)
-                    return True
-                return False
-            wait_until(elected, 60, f"a live primary after epoch {after}")
-            return got[-1]
-
         def publish(v: int) -> None:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    store.push(MODEL, weights(v), version=v, expect=v - 1)
-                    return
-                except rlhub.StaleVersion as e:
-                    if e.current_version == v:
-                        return
-                    raise
-                except rlhub.Unavailable:
-                    assert time.monotonic() < deadline, f"v{v} not published within 60 s"
-                    time.sleep(0.1)
+            publish_to(store, v)
 
-        pid, epoch = primary(0)
+        pid, epoch = live_primary(etcd, hubs, 0)
         publish(1)
         for name, where in (("push (hub list)", listed), ("push (etcd)", target)):
             src = open_source("push", where, MODEL, collector_id=f"py-{name.split()[1][1:4]}")
@@ -456,7 +445,7 @@ def test_push_via_on_a_cluster_is_attached_again_to_the_new_primary(rlhub_bin, t
         wait_until(lambda: all(c.version >= 1 for c in collectors), 60, "v1 at every collector", collectors)
         hubs[pid].proc.send_signal(signal.SIGKILL)
         hubs[pid].proc.wait()
-        pid, epoch = primary(epoch)
+        pid, epoch = live_primary(etcd, hubs, epoch)
         for v in (2, 3, 4):
             publish(v)
         wait_until(lambda: all(c.version >= 4 for c in collectors), 120, "v4 at every collector", collectors)
