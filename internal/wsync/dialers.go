@@ -28,8 +28,10 @@ func ShmDialer(name, path string) Dialer {
 // copied into one of two private buffers (a snapshot valid until two
 // newer ones are taken), and a Receiver with CopyInto copies it again
 // into the weights. It is bound by memory bandwidth: the writer's copy
-// and every reader's copy of each version (docs/weight-sync.md,
-// "Shared memory").
+// and two copies per reader of each version; BenchmarkDeliver's
+// shm-copy-into took 4.6 memcpys of the model to reach 2 collectors'
+// weights (19 at 8), the default 4.8 (13 at 8) on a 2-core machine at
+// load 5–10 (docs/benchlog/2026-12-01-s8-speed.md).
 func ShmCopyDialer(name, path string) Dialer {
 	return ShmReaderDialer(name, shm.ReaderConfig{Path: path})
 }

@@ -148,7 +148,8 @@ class ShmSource:
     ``lease=False`` makes a copying reader: each version is copied into one
     of two private buffers (CRC checked in that pass) and a Receiver copies
     it again into the module. Each copy is a memcpy of the model, so this
-    path costs about twice the default's memory traffic per collector.
+    path costs about twice the default's memory traffic per collector: it
+    is memory-bandwidth bound (docs/weight-sync.md, "Shared memory").
 
     Not thread-safe: one reader thread per ``ShmSource``. ``stats`` counts
     ``reads`` (whole versions returned) and ``retries`` (copies restarted
