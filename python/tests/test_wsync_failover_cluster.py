@@ -243,16 +243,7 @@ def test_failover_to_every_python_collector(rlhub_bin, tmp_path):
         to_every: list[float] = []
         after = 0
         for k in range(kills):
-            got: list[tuple[str, int]] = []
-
-            def elected() -> bool:
-                lead = etcd.leader()
-                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
-                    got.append(lead)
-                    return True
-                return False
-            wait_until(elected, 60, f"a primary after epoch {after}")
-            pid, epoch = got[-1]
+            pid, epoch = live_primary(etcd, hubs, after)
             wait_until(lambda: all(c.got and c.got[-1][1] == epoch for c in collectors), 120,
                        f"every collector on epoch {epoch}", collectors)
             killed = time.monotonic()
