@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/dial"
 
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -19,7 +22,11 @@ import (
 
 // Ways a Collector gets versions (CollectorConfig.Via).
 const (
-	ViaPush  = "push"  // the hub's (or a relay's) push stream; reports ride on it
+	// ViaPush is the hub's (or a relay's) push stream; reports ride on it.
+	// Given a cluster (a hub list or etcd://…), the stream is held by a
+	// wsync.Failover that attaches it again when it ends, on the
+	// connection, which by then follows the new primary.
+	ViaPush  = "push"
 	ViaStore = "store" // pulls "only if newer" and watches; reports by RPC
 	// ViaDataPlane follows the hub's push fan-out on its plain-TCP data
 	// plane (docs/wire.md): each version is read into one of three buffers
@@ -78,7 +85,9 @@ func (c *CollectorConfig) validate() error {
 type Collector struct {
 	cfg    CollectorConfig
 	conn   *grpc.ClientConn
-	push   *wsync.Client          // ViaPush
+	push   *wsync.Client          // ViaPush to one hub
+	fo     *wsync.Failover        // ViaPush to a cluster: the stream, attached again after a failover
+	first  *wsync.Client          // fo's first stream, closed by Close even if fo never took it
 	store  *storerpc.Client       // ViaStore
 	dp     *wsync.DataPlaneClient // ViaDataPlane
 	bulk   *bulk.Client           // ViaDataPlane: dp's data-plane client, closed after dp
@@ -102,6 +111,38 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	var onApplied func(uint64)
 	switch cfg.Via {
 	case ViaPush:
+		if t, err := dial.ParseTarget(cfg.Hub); err == nil && t.Clustered() {
+			// The first stream is attached here, bounded by ctx, as for one
+			// hub; the Failover attaches the next after the one it holds ends.
+			first, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
+				Model: cfg.Model, Logger: cfg.Logger})
+			if err != nil {
+				conn.Close()
+				return nil, err
+			}
+			c.fo, err = wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: []wsync.Dialer{{Name: "push",
+				Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+					if first != nil {
+						s := first
+						first = nil // dials are serialized by the Failover
+						return s, s, nil
+					}
+					s, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
+						Model: cfg.Model, Start: have, Logger: cfg.Logger})
+					if err != nil {
+						return nil, nil, err
+					}
+					return s, s, nil
+				}}}})
+			if err != nil {
+				first.Close()
+				conn.Close()
+				return nil, err
+			}
+			c.first = first
+			src, onApplied = c.fo, c.fo.Running
+			break
+		}
 		c.push, err = wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
 			Model: cfg.Model, Logger: cfg.Logger})
 		if err != nil {
@@ -188,6 +229,9 @@ func (c *Collector) Close() error {
 	var out []error
 	if c.push != nil {
 		out = append(out, c.push.Close())
+	}
+	if c.fo != nil {
+		out = append(out, c.fo.Close(), c.first.Close()) // Client.Close is safe twice
 	}
 	if c.store != nil {
 		out = append(out, c.store.Close())

@@ -45,7 +45,13 @@ import (
 // writer with 2 + n slots, so each of the n readers gets a lease entry;
 // readers lease the newest slot and decode it in place, seqlock only, no
 // copy: "applied" means the Receiver has adopted the leased snapshot, as
-// for inproc); push
+// for inproc); shm-lease-into (the default shm collector, ShmDialer:
+// the same leasing readers, each with CopyInto into its own state dict
+// and the slot released right after, so "applied" means the version is in
+// the collector's own tensors, as gloo's broadcast leaves it in the
+// receiver's tensor); shm-copy-into (the copying reader, ShmCopyDialer,
+// seqlock only, then CopyInto: the copying reader's path to the
+// collector's tensors, two copies per collector); push
 // (store.Push on a real hub → WeightSync Attach streams, one connection per
 // collector, clients reusing receive buffers as PushDialer's do); push-dp
 // (store.Push on a real hub → DataPlaneClients long-polling the hub's
@@ -62,7 +68,7 @@ import (
 func BenchmarkDeliver(b *testing.B) {
 	for _, size := range []int{16 << 20, 128 << 20} {
 		blob := benchBlob(b, size)
-		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "push", "push-dp", "storewatch", "relay-shm", "relay-dp-shm", "relay-dp-lease", "2relays-dp-lease"} {
+		for _, tr := range []string{"inproc", "shm", "shm-nocrc", "shm-lease", "shm-lease-into", "shm-copy-into", "push", "push-dp", "storewatch", "relay-shm", "relay-dp-shm", "relay-dp-lease", "2relays-dp-lease"} {
 			for _, n := range []int{1, 2, 8} {
 				b.Run(fmt.Sprintf("%s/%dMiB/%dcollectors", tr, size>>20, n), func(b *testing.B) {
 					// Baselines right before, under the same machine load.
@@ -188,12 +194,18 @@ type fleet struct {
 	wg      sync.WaitGroup
 }
 
-func startFleet(b *testing.B, sources []wsync.Source) *fleet {
+// applies, when not nil, is each collector's Apply (nil: adopt the
+// snapshot).
+func startFleet(b *testing.B, sources []wsync.Source, applies []wsync.ApplyFunc) *fleet {
 	f := &fleet{applied: make(chan uint64, 16*len(sources))}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
-	for _, src := range sources {
-		r, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: src, OnApplied: func(v uint64) { f.applied <- v }})
+	for i, src := range sources {
+		var apply wsync.ApplyFunc
+		if applies != nil {
+			apply = applies[i]
+		}
+		r, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: src, Apply: apply, OnApplied: func(v uint64) { f.applied <- v }})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -231,6 +243,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 	ctx := context.Background()
 	var publish func(v uint64)
 	var sources []wsync.Source
+	var applies []wsync.ApplyFunc // nil: every collector adopts the snapshot
 	var cleanup []func()
 	defer func() {
 		for i := len(cleanup) - 1; i >= 0; i-- {
@@ -276,9 +289,30 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		for range n {
 			sources = append(sources, board)
 		}
-	case "shm", "shm-nocrc", "shm-lease":
+	case "shm", "shm-nocrc", "shm-lease", "shm-lease-into", "shm-copy-into":
 		path := fmt.Sprintf("/dev/shm/rlhub-wsync-bench-%d", os.Getpid())
-		lease := tr == "shm-lease"
+		lease := tr == "shm-lease" || tr == "shm-lease-into"
+		if strings.HasSuffix(tr, "-into") {
+			// Each collector's own weights, faulted in, as a model's are.
+			f, err := safetensors.Decode(blob)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range n {
+				var ts []*tensor.Tensor
+				for _, t := range f.Tensors.Tensors() {
+					own := *t
+					own.Data = make([]byte, len(t.Data))
+					copy(own.Data, t.Data)
+					ts = append(ts, &own)
+				}
+				sd, err := tensor.NewStateDict(ts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				applies = append(applies, wsync.CopyInto(sd))
+			}
+		}
 		slots := 2
 		if lease {
 			slots = 2 + n // a lease entry per collector
@@ -388,7 +422,7 @@ func deliver(b *testing.B, tr string, blob []byte, n int) (d, pub []time.Duratio
 		b.Fatalf("unknown transport %q", tr)
 	}
 
-	f := startFleet(b, sources)
+	f := startFleet(b, sources, applies)
 	cleanup = append(cleanup, f.stop)
 	v := uint64(0)
 	if strings.Contains(tr, "relay") {

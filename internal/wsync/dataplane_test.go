@@ -4,10 +4,7 @@ package wsync
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"io"
-	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -243,46 +240,11 @@ func TestDataPlaneFallsBackToThePushStream(t *testing.T) {
 // A version cut off mid-body is an error, never a snapshot: the version
 // the collector holds stays whole, and it asks again after it.
 func TestDataPlaneTruncatedVersionIsAnError(t *testing.T) {
-	lis := testkit.Listen(t)
 	const n = 300_000
-	snaps := map[uint64]*store.Snapshot{1: wsynctest.Snap(t, "m", 1, n), 2: wsynctest.Snap(t, "m", 2, n), 3: wsynctest.Snap(t, "m", 3, n)}
-	afters := make(chan uint64, 16)
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); lis.Close(); wg.Wait() }()
-	wg.Go(func() {
-		step := 0
-		for {
-			conn, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer conn.Close()
-				context.AfterFunc(ctx, func() { conn.Close() })
-				for {
-					var hello rlhubv1.SyncHello
-					if !readRequestHeader(conn, &hello) {
-						return
-					}
-					afters <- hello.Version
-					switch step++; step {
-					case 1:
-						writeVersion(conn, snaps[1], len(snaps[1].Blob), true)
-					case 2:
-						writeVersion(conn, snaps[2], len(snaps[2].Blob)/2, false) // cut off
-						return
-					case 3:
-						writeVersion(conn, snaps[3], len(snaps[3].Blob), true)
-					default:
-						<-ctx.Done()
-						return
-					}
-				}
-			})
-		}
-	})
-	cl, err := NewDataPlaneClient(DataPlaneConfig{Addr: lis.Addr().String(), CollectorID: "t", Model: "m", Logger: testkit.Logger()})
+	up := wsynctest.ServeScript(t, helloVersion, wsynctest.Whole(wsynctest.Snap(t, "m", 1, n)),
+		wsynctest.Cut(wsynctest.Snap(t, "m", 2, n)), wsynctest.Whole(wsynctest.Snap(t, "m", 3, n)))
+	ctx := context.Background()
+	cl, err := NewDataPlaneClient(DataPlaneConfig{Addr: up.Addr, CollectorID: "t", Model: "m", Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +264,7 @@ func TestDataPlaneTruncatedVersionIsAnError(t *testing.T) {
 		t.Fatalf("after the cut: %v, %v; want version 3 whole with version 1 still whole", v3, err)
 	}
 	for i, want := range []uint64{0, 1, 1} {
-		if a := testkit.Recv(t, afters, 20*time.Second, "a poll"); a != want {
+		if a := testkit.Recv(t, up.Afters, 20*time.Second, "a poll"); a != want {
 			t.Fatalf("poll %d after %d, want %d", i, a, want)
 		}
 	}
@@ -327,44 +289,12 @@ func TestDataPlaneCloseEndsAPoll(t *testing.T) {
 	}
 }
 
-// readRequestHeader reads the hello (on a new connection) and one request
-// frame, and decodes its header into m.
-func readRequestHeader(conn net.Conn, m proto.Message) bool {
-	var head [8]byte
-	if _, err := io.ReadFull(conn, head[:1]); err != nil {
-		return false
+// helloVersion is a data-plane weight-sync watch request's "after": its
+// SyncHello's version.
+func helloVersion(hb []byte) (uint64, bool) {
+	var hello rlhubv1.SyncHello
+	if proto.Unmarshal(hb, &hello) != nil {
+		return 0, false
 	}
-	if head[0] == 'R' {
-		if _, err := io.ReadFull(conn, head[1:]); err != nil {
-			return false
-		}
-		var tl [2]byte
-		if _, err := io.ReadFull(conn, tl[:]); err != nil {
-			return false
-		}
-		if _, err := io.ReadFull(conn, make([]byte, binary.LittleEndian.Uint16(tl[:]))); err != nil {
-			return false
-		}
-		if _, err := conn.Write([]byte(bulk.Magic)); err != nil {
-			return false
-		}
-		if _, err := io.ReadFull(conn, head[:1]); err != nil {
-			return false
-		}
-	}
-	var l [4]byte
-	if _, err := io.ReadFull(conn, l[:2]); err != nil {
-		return false
-	}
-	if _, err := io.ReadFull(conn, make([]byte, binary.LittleEndian.Uint16(l[:2]))); err != nil {
-		return false
-	}
-	if _, err := io.ReadFull(conn, l[:]); err != nil {
-		return false
-	}
-	hb := make([]byte, binary.LittleEndian.Uint32(l[:]))
-	if _, err := io.ReadFull(conn, hb); err != nil {
-		return false
-	}
-	return proto.Unmarshal(hb, m) == nil
+	return hello.Version, true
 }

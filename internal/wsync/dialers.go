@@ -12,12 +12,31 @@ import (
 	"github.com/rlhub/rlhub/internal/wsync/shm"
 )
 
-// ShmDialer is a Dialer that opens a segment (for Failover) with a copying
-// reader. A segment whose writer has closed it or died counts as
-// unreachable.
+// ShmDialer is a Dialer that opens a segment (for Failover) with a leasing
+// reader, the default shm collector: each version is leased in place, a
+// Receiver's CopyInto copies it straight from the slot into the
+// collector's weights (one copy) and releases the slot at once
+// (Releaser). Where it cannot lease (a segment with 2 slots, every entry
+// held, a file it may not write) the reader copies instead, and the
+// Failover logs why (shm.Reader.CopyReason). A segment whose writer has
+// closed it or died counts as unreachable.
 func ShmDialer(name, path string) Dialer {
+	return ShmReaderDialer(name, shm.ReaderConfig{Path: path, Lease: true})
+}
+
+// ShmCopyDialer is ShmDialer with a copying reader: each version is
+// copied into one of two private buffers (a snapshot valid until two
+// newer ones are taken), and a Receiver with CopyInto copies it again
+// into the weights. It is bound by memory bandwidth: the writer's copy
+// and two copies per reader of each version; BenchmarkDeliver's
+// shm-copy-into took 4.6 memcpys of the model to reach 2 collectors'
+// weights (19 at 8), the default 4.8 (13 at 8) on a 2-core machine at
+// load 5–10 (docs/benchlog/2026-12-01-s8-speed.md).
+func ShmCopyDialer(name, path string) Dialer {
 	return ShmReaderDialer(name, shm.ReaderConfig{Path: path})
 }
+
+var _ Releaser = (*shm.Reader)(nil)
 
 // The shm transport's writer publishes and its reader is a Source, like
 // every other transport's.

@@ -284,6 +284,9 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 		f.cur, f.closer, f.name, f.idx, f.served, f.failed = src, closer, d.Name, i, false, -1
 		f.mu.Unlock()
 		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
+		if c, ok := src.(interface{ CopyReason() string }); ok && c.CopyReason() != "" {
+			f.cfg.Logger.Info("wsync: shm source copies versions instead of leasing them", "source", d.Name, "reason", c.CopyReason())
+		}
 		return nil
 	}
 	if err := f.allRefused(); err != nil {
@@ -356,6 +359,20 @@ func (f *Failover) Close() error {
 	f.cur, f.closer, f.retired, f.name = nil, nil, nil, ""
 	return nil
 }
+
+// Release forwards to the current source when it is a Releaser (a
+// leasing shm reader), so a Receiver that copies into its weights gives
+// the leased slot back at once; otherwise it does nothing.
+func (f *Failover) Release() {
+	f.mu.Lock()
+	cur := f.cur
+	f.mu.Unlock()
+	if r, ok := cur.(Releaser); ok {
+		r.Release()
+	}
+}
+
+var _ Releaser = (*Failover)(nil)
 
 // Running forwards a version report to the current source when it takes
 // reports on its stream (a Client); otherwise it does nothing. Use it as

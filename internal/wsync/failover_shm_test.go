@@ -18,12 +18,7 @@ import (
 // Receiver holds is a view of that mapping.
 func TestFailoverKeepsLeasedSnapshotUntilNewer(t *testing.T) {
 	ctx := context.Background()
-	path := wsynctest.ShmPath(t)
-	w, err := shm.Create(shm.Config{Path: path, Name: "m", Capacity: 64 << 10, Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	w, path := threeSlots(t)
 	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 1, 1000)); err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,17 @@ type Source interface {
 	WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error)
 }
 
+// Releaser is a Source whose snapshots hold something of the sender's (a
+// leasing shm.Reader: a slot of the segment, which the writer avoids
+// while it is held). Release gives it back; the snapshot the source
+// returned last must not be read afterwards. A Receiver with an Apply
+// releases right after each apply, since the version is then in the
+// collector's own weights: a leasing shm reader with CopyInto is one copy,
+// straight from the slot into the weights.
+type Releaser interface {
+	Release()
+}
+
 // Publisher is the sender side of a transport: it makes a version visible
 // to that transport's receivers. Publishing a version that is not newer
 // than the one published is refused with an *errs.StaleError and changes
@@ -90,7 +101,11 @@ func (r *Receiver) Version() uint64 { return r.version.Load() }
 
 // Current is the last applied snapshot, or nil. With a shm.Reader source it
 // is valid only as long as shm.Reader documents (a leasing reader's: until
-// the source's next call that returns a newer version, or its Close).
+// the source's next call that returns a newer version, or its Close). With
+// an Apply over a Releaser source (a leasing shm reader, or a Failover on
+// one) the source's snapshot was released after the apply: Current then
+// has the version's name, version, epoch, metadata and creation time but
+// no Blob or Tensors (the bytes are in the collector's weights).
 func (r *Receiver) Current() *store.Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,8 +115,23 @@ func (r *Receiver) Current() *store.Snapshot {
 // Offer applies snap if it is newer than the running version and reports
 // whether it did. The same or an older version is a no-op (false, nil).
 func (r *Receiver) Offer(snap *store.Snapshot) (bool, error) {
+	return r.offer(snap, false)
+}
+
+// offer is Offer; fromSource says snap came from the Source, which is
+// then released after the apply when it is a Releaser and the receiver
+// copies (Apply set): whether or not the version was applied, the
+// collector no longer needs the source's copy.
+func (r *Receiver) offer(snap *store.Snapshot, fromSource bool) (bool, error) {
 	if snap == nil {
 		return false, nil
+	}
+	rel, _ := r.cfg.Source.(Releaser)
+	if !fromSource || r.cfg.Apply == nil {
+		rel = nil
+	}
+	if rel != nil {
+		defer rel.Release()
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -114,6 +144,10 @@ func (r *Receiver) Offer(snap *store.Snapshot) (bool, error) {
 		}
 	}
 	r.cur = snap
+	if rel != nil {
+		r.cur = &store.Snapshot{Name: snap.Name, Version: snap.Version, Epoch: snap.Epoch, Seq: snap.Seq,
+			Metadata: snap.Metadata, Created: snap.Created}
+	}
 	r.version.Store(snap.Version)
 	if r.cfg.OnApplied != nil {
 		r.cfg.OnApplied(snap.Version)
@@ -128,7 +162,7 @@ func (r *Receiver) Poll(ctx context.Context) (bool, error) {
 	if err != nil || snap == nil {
 		return false, err
 	}
-	return r.Offer(snap)
+	return r.offer(snap, true)
 }
 
 // Run follows the source, applying each newest version, until ctx is done
@@ -142,7 +176,7 @@ func (r *Receiver) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		if _, err := r.Offer(snap); err != nil {
+		if _, err := r.offer(snap, true); err != nil {
 			return err
 		}
 	}

@@ -52,13 +52,14 @@ def _serial(reg: int, data: memoryview) -> int:
     return reg
 
 
-def crc32c_numpy(data: Any) -> int:
-    """CRC-32C of ``data`` (any buffer) with numpy only."""
+def crc32c_numpy(data: Any, crc: int = 0) -> int:
+    """CRC-32C of ``data`` (any buffer) with numpy only; ``crc``, the CRC of
+    bytes before it, extends that one."""
     mv = memoryview(data).cast("B")
     n = len(mv)
     lane = 4096 if n >= (1 << 20) else 256
     k = n // lane
-    reg = 0xFFFFFFFF
+    reg = crc ^ 0xFFFFFFFF
     if k >= 2:
         t = _tables()
         t0, t1, t2, t3 = t[0], t[1], t[2], t[3]
@@ -95,13 +96,13 @@ def _u8(data: Any) -> np.ndarray:
     return np.frombuffer(memoryview(data).cast("B"), np.uint8)
 
 
-def _whole(extend: Callable[[int, Any], int], data: Any) -> int:
+def _whole(extend: Callable[[int, Any], int], data: Any, crc: int = 0) -> int:
     """One call into a library that takes ``bytes`` or a numpy array
     (google-crc32c refuses memoryviews and bytearrays): the bytes are
     passed as a uint8 view, never copied."""
     if isinstance(data, bytes):
-        return extend(0, data)
-    return extend(0, _u8(data))
+        return extend(crc, data)
+    return extend(crc, _u8(data))
 
 
 def _accelerated() -> Optional[Callable[[int, Any], int]]:
@@ -122,19 +123,18 @@ IMPLEMENTATION = "numpy" if _FAST is None else "native"
 _warned = False
 
 
-def copy_crc32c(dst: Any, src: Any) -> int:
+def copy_crc32c(dst: Any, src: Any, crc: int = 0) -> int:
     """Copies ``src`` into ``dst`` (same length, writable) and returns the
-    CRC-32C of the bytes: one pass over memory, each 256 KiB piece
-    checksummed right after it is copied, while it is in cache (Go's
-    shm.copyCRC). Without the native library: the copy, then
-    :func:`crc32c`."""
+    CRC-32C of the bytes (extending ``crc``, the CRC of bytes before
+    them): one pass over memory, each 256 KiB piece checksummed right
+    after it is copied, while it is in cache (Go's shm.copyCRC). Without
+    the native library: the copy, then :func:`crc32c`."""
     d, s = _u8(dst), _u8(src)
     if len(d) != len(s):
         raise ValueError(f"copy_crc32c: {len(s)} bytes into {len(d)}")
     if _FAST is None or _EXTEND is None:
         d[:] = s
-        return crc32c(d)
-    crc = 0
+        return crc32c(d, crc)
     for off in range(0, len(s), _CHUNK):
         piece = d[off:off + _CHUNK]
         piece[:] = s[off:off + _CHUNK]
@@ -142,10 +142,11 @@ def copy_crc32c(dst: Any, src: Any) -> int:
     return crc
 
 
-def crc32c(data: Any) -> int:
-    """CRC-32C of ``data`` (bytes, bytearray, memoryview, numpy buffer)."""
+def crc32c(data: Any, crc: int = 0) -> int:
+    """CRC-32C of ``data`` (bytes, bytearray, memoryview, numpy buffer);
+    ``crc``, the CRC of bytes before it, extends that one."""
     if _FAST is not None:
-        return _FAST(data)
+        return _FAST(data, crc)
     global _warned
     if not _warned:
         _warned = True
@@ -153,4 +154,4 @@ def crc32c(data: Any) -> int:
 
         warnings.warn("rlhub: google-crc32c (with its C extension) is not installed; CRC-32C checks run in "
                       "numpy at well under 100 MB/s. pip install google-crc32c", RuntimeWarning, stacklevel=2)
-    return crc32c_numpy(data)
+    return crc32c_numpy(data, crc)

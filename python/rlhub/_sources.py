@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Sequence
 
+from rlhub._channel import parse_target
 from rlhub.wsync import DataPlaneSource, Dialer, FailoverSource, PushSource, ShmSource, Source, StoreSource
 
 __all__ = ["SourceSpec", "VIAS", "OWN_REPORTS", "check_specs", "failover_specs", "open_source"]
@@ -76,6 +77,13 @@ def check_specs(specs: Sequence[SourceSpec]) -> List[SourceSpec]:
     return out
 
 
+def _clustered(where: Optional[str]) -> bool:
+    try:
+        return bool(where) and parse_target(where).clustered
+    except ValueError:
+        return False  # PushSource reports the bad address
+
+
 def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lease: bool) -> Source:
     if via == "store":
         return StoreSource(where, model)
@@ -89,12 +97,18 @@ def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lea
 
 
 def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: Optional[str] = None,
-                lease: bool = False, relay: Optional[str] = None,
+                lease: bool = True, relay: Optional[str] = None,
                 failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0) -> Source:
     """Opens the source ``via`` names (see the module doc). For
     ``"failover"``: ``failover`` when given, else :func:`failover_specs`
     of ``hub``, ``relay`` and ``shm_path``; the failover source reports the
-    version run to ``hub`` while it reads a segment."""
+    version run to ``hub`` while it reads a segment. ``"push"`` on a
+    cluster (a hub list or ``etcd://``) is a push stream under a
+    :class:`FailoverSource`, so it is attached again to the new primary
+    when the one it is on dies. A segment is read by a
+    leasing :class:`ShmSource` (each version copied straight from its slot
+    into the module, then released) unless ``lease=False`` asks for the
+    copying reader."""
     if via == "failover":
         specs = check_specs(failover if failover is not None else
                              failover_specs(hub, relay=relay, relay_shm=shm_path))
@@ -103,7 +117,25 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
                               probe_every=probe_every)
     if via not in _SINGLE:
         raise ValueError(f"via must be one of {', '.join(VIAS)}")
+    if via == "push" and _clustered(hub):
+        # One push stream ends when the primary it is on dies; under a
+        # FailoverSource it is attached again on its FollowingChannel, which
+        # by then follows the new primary (docs/weight-sync.md, "Collectors
+        # on a cluster"). A failover list's push specs are dialed by the
+        # outer FailoverSource already.
+        return FailoverSource([("push", _PushDial(hub, model, collector_id))], model=model,
+                              collector_id=collector_id)
     return _open_one(via, hub if via != "shm" else shm_path, model, collector_id, lease)
+
+
+class _PushDial:
+    """A FailoverSource dialer of one push stream."""
+
+    def __init__(self, where: Optional[str], model: str, collector_id: str):
+        self.where, self.model, self.collector_id = where, model, collector_id
+
+    def __call__(self) -> Source:
+        return PushSource(self.where, self.model, collector_id=self.collector_id)
 
 
 class _Dial:

@@ -50,14 +50,15 @@ __all__ = ["ReceiverActor", "ARSWorkerActor", "RlhubRayWeightUpdater", "start_re
 
 def source_for(via: str, hub: str, model: str, collector_id: str, shm_path: Optional[str] = None, *,
                relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,
-               probe_every: float = 1.0) -> Source:
+               probe_every: float = 1.0, lease: bool = True) -> Source:
     """An rlhub source inside an actor: ``store``, ``push``, ``dataplane``
     (the hub's push fan-out on its data plane, gRPC push stream as the
     fallback), ``shm`` or
     ``failover`` (the relay's segment ``shm_path`` and stream ``relay``,
-    then the upstream ``hub``; or the ``failover`` list)."""
+    then the upstream ``hub``; or the ``failover`` list). A segment is
+    leased (``lease=False``: the copying reader)."""
     return open_source(via, hub, model, collector_id=collector_id, shm_path=shm_path, relay=relay,
-                       failover=failover, probe_every=probe_every)
+                       failover=failover, probe_every=probe_every, lease=lease)
 
 
 class ReceiverActor:
@@ -79,12 +80,15 @@ class ReceiverActor:
             ``ray-<actor id>``).
         report_hub: where reports go when not ``hub`` (a push stream
             reports on the stream).
+        lease: a segment's versions are leased and copied straight into
+            the module (the default); ``False``: the copying reader.
     """
 
     def __init__(self, hub: str, model: str, make_module: Callable[[], Any], *, via: str = "store",
                  collector_id: Optional[str] = None, shm_path: Optional[str] = None,
                  report_hub: Optional[str] = None, strict: bool = True, relay: Optional[str] = None,
-                 failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0):
+                 failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0,
+                 lease: bool = True):
         ctx = ray.get_runtime_context()
         self.collector_id = collector_id or f"ray-{(ctx.get_actor_id() or 'driver')[:12]}"
         self.module = make_module()
@@ -93,7 +97,7 @@ class ReceiverActor:
         # A failover source reports itself, to report_hub while on a segment.
         src = source_for(via, (report_hub or hub) if via == "failover" else hub, model,
                          self.collector_id, shm_path, relay=relay, failover=failover,
-                         probe_every=probe_every)
+                         probe_every=probe_every, lease=lease)
         self.receiver = Receiver(self.module, src, collector_id=self.collector_id, model=model,
                                  hub=None if via in OWN_REPORTS else (report_hub or hub),
                                  strict=strict)

@@ -122,7 +122,7 @@ def make_name_map(strip_prefix: str = "", add_prefix: str = "",
 
 
 def make_source(via: str, hub: str, model: str, *, collector_id: str,
-                shm_path: Optional[str] = None, lease: bool = False, relay: Optional[str] = None,
+                shm_path: Optional[str] = None, lease: bool = True, relay: Optional[str] = None,
                 failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0) -> Source:
     """An rlhub source: ``store`` (pull/watch), ``push`` (the hub's or a
     relay's push stream at ``hub``), ``shm`` (a relay's segment on this
@@ -223,6 +223,12 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             serves again: :class:`rlhub.wsync.FailoverSource`).
         shm_path: the segment for ``via="shm"`` or ``"failover"`` (default
             for shm ``/dev/shm/rlhub-<model>``).
+        lease: a segment is read by leasing its slots (the default: each
+            version copied straight from the slot into the module, CRC in
+            the same pass, then released; the relay needs ``--shm-slots``
+            2 + the receivers on its host, and a receiver without a free
+            entry copies, saying why); ``False`` asks for the copying
+            reader (two copies per receiver, memcpy-bound).
         relay: the relay's address for ``via="failover"``.
         failover: for ``via="failover"``, the sources in order of
             preference (:class:`SourceSpec`, plain data that pickles into
@@ -254,7 +260,7 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
     """
 
     def __init__(self, hub: str, model: str, *, via: str = "store", shm_path: Optional[str] = None,
-                 lease: bool = False, collector_id: Optional[str] = None, strip_prefix: str = "",
+                 lease: bool = True, collector_id: Optional[str] = None, strip_prefix: str = "",
                  add_prefix: str = "", name_map: Optional[NameMap] = None, strict: bool = True,
                  initial_timeout: float = 60.0, report_hub: Optional[str] = None,
                  relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,

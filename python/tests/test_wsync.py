@@ -522,3 +522,111 @@ def test_shm_lease_of_a_killed_python_reader_is_reclaimed(rlhub_bin, shm_path):
     finally:
         w.stdin.close()
         w.wait(timeout=30)
+
+
+def _flip_last_blob_byte(path: str, version: int) -> None:
+    """Damages version's blob in the segment (its last byte), as a faulty
+    writer or memory would: the seqlock and the lease cannot see it, the
+    CRC can."""
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+        try:
+            slots, cap, stride = struct.unpack_from("<IQQ", m, 12)
+            for i in range(slots):
+                off = 4096 + i * stride
+                seq, ver, _, length = struct.unpack_from("<QQQQ", m, off)
+                if seq and seq % 2 == 0 and ver == version:
+                    m[off + 4096 + length - 1] ^= 0xFF
+                    return
+            raise AssertionError(f"v{version} is in no slot")
+        finally:
+            m.close()
+
+
+def test_default_shm_source_leases_whole_versions_into_a_module(rlhub_bin, shm_path):
+    """The default ShmSource is a lease reader, and a Receiver over it
+    copies each version straight from the leased slot into the module's
+    tensors (CRC-32C checked in that pass) and releases the slot at once.
+    Against a Go writer publishing flat out into 4 slots, every version
+    applied is in the module whole; a second receiver whose module does
+    not fit (a shape, a name) is refused with the module unchanged."""
+    versions = 1500
+    w = start_writer(rlhub_bin, shm_path, versions, slots=4)  # 2 lease entries
+    try:
+        src = ws.ShmSource(shm_path, model="m")
+        assert src.leasing and src.copy_reason == "" and src.verify
+        module = linear(256, 256)
+        r = ws.Receiver(module, src, collector_id="default-shm")
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        applied, bad = 0, []
+        while r.version < versions:
+            assert r.wait(30), f"no newer version after v{r.version}"
+            applied += 1
+            for name, t in module.state_dict().items():
+                if not (t == float(r.version)).all():
+                    bad.append((r.version, name))
+        assert w.stdout.readline().startswith("done ")
+        print(f"{applied} of {versions} versions applied into the module, stats {src.stats}")
+        assert bad == []
+        assert src.stats["in_place"] == src.stats["reads"] == src.stats["released"] == applied
+        assert not module.weight.grad_fn and module.weight.requires_grad  # parameters stay parameters
+
+        for what, target in (("shape", linear(256, 128)),
+                             ("name", {"weight": torch.zeros(256, 256), "other": torch.zeros(256)})):
+            other = ws.ShmSource(shm_path, model="m")
+            assert other.leasing
+            before = {k: v.clone() for k, v in ws._targets(target).items()}
+            ro = ws.Receiver(target, other)
+            with pytest.raises(rlhub.InvalidArgument, match="do not fit"):
+                ro.poll()
+            assert ro.version == 0
+            for k, v in ws._targets(target).items():
+                assert torch.equal(v, before[k]), f"{what} mismatch changed {k}"
+            assert other.stats["released"] == 1  # refused, and the slot given back
+            other.close()
+        src.close()
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
+
+
+def test_default_shm_source_checks_the_crc_in_the_copy_and_says_why_it_copies(rlhub_bin, shm_path):
+    """A version damaged in its slot (the CRC no longer matches) is
+    refused by the receiver's one pass, which checks the CRC as it copies:
+    InvalidArgument naming the CRC, the version not taken. A segment
+    without a lease table (2 slots) is read by copying, and the source
+    says why."""
+    w = start_writer(rlhub_bin, shm_path, 3, "w=4096", slots=3)
+    try:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline().startswith("done ")
+        _flip_last_blob_byte(shm_path, 3)
+        src = ws.ShmSource(shm_path, model="m")
+        assert src.leasing
+        r = ws.Receiver({"w": torch.zeros(4096)}, src)
+        with pytest.raises(rlhub.InvalidArgument, match="CRC-32C"):
+            r.poll()
+        assert r.version == 0 and src.stats["released"] == 1
+        wv = src.get_if_newer(0)
+        with pytest.raises(rlhub.InvalidArgument, match="CRC-32C"):
+            wv.tensors()  # a direct reader checks it in place
+        src.close()
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
+    double = shm_path + "-2"
+    w = start_writer(rlhub_bin, double, 1, "w=8", slots=2)
+    try:
+        src = ws.ShmSource(double, model="m")
+        assert not src.leasing and "no lease table" in src.copy_reason
+        src.close()
+        cp = ws.ShmSource(double, model="m", lease=False)
+        assert not cp.leasing and "lease=False" in cp.copy_reason
+        cp.close()
+    finally:
+        w.stdin.close()
+        w.wait(timeout=30)
+        if os.path.exists(double):
+            os.unlink(double)

@@ -84,49 +84,67 @@ def wait_until(cond, timeout: float, what: str, collectors=()) -> None:
         time.sleep(0.02)
 
 
-def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp_path):
+def start_cluster(rlhub_bin, tmp_path) -> "tuple[Etcd, dict[str, Hub]]":
+    """One etcd and three `rlhub serve --etcd` hubs with a 1 s lease."""
     etcd = Etcd(tmp_path)
     hubs: dict[str, Hub] = {}
-    collectors: list[Collector] = []
     try:
         for i in range(3):
             d = tmp_path / f"h{i}"
             d.mkdir()
             hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
                                                      "--member-id", f"h{i}"])
+    except BaseException:
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
+        raise
+    return etcd, hubs
+
+
+def live_primary(etcd: Etcd, hubs: "dict[str, Hub]", after: int) -> "tuple[str, int]":
+    """The primary elected after epoch ``after`` whose process is alive: (member id, epoch)."""
+    got: list[tuple[str, int]] = []
+
+    def elected() -> bool:
+        lead = etcd.leader()
+        if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
+            got.append(lead)
+            return True
+        return False
+    wait_until(elected, 60, f"a live primary elected after epoch {after}")
+    return got[-1]
+
+
+def publish_to(store, v: int) -> int:
+    """Pushes version v (expecting v-1) through whichever hub is primary,
+    retrying while there is none; returns the epoch it landed in."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return store.push(MODEL, weights(v), version=v, expect=v - 1).epoch
+        except rlhub.StaleVersion as e:
+            if e.current_version == v:  # it landed before the answer was lost
+                return e.current_epoch
+            raise
+        except rlhub.Unavailable:
+            assert time.monotonic() < deadline, f"v{v} not published within 60 s"
+            time.sleep(0.1)
+
+
+def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp_path):
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path)
+    collectors: list[Collector] = []
+    try:
         listed = ",".join(h.addr for h in hubs.values())
         target = _channel.etcd_target(etcd.url, CLUSTER)
         store = rlhub.StoreClient(listed, timeout=30.0)
         epochs: dict[int, int] = {}
 
-        def live_primary(after: int) -> tuple[str, int]:
-            got: list[tuple[str, int]] = []
-
-            def elected() -> bool:
-                lead = etcd.leader()
-                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
-                    got.append(lead)
-                    return True
-                return False
-            wait_until(elected, 60, f"a live primary elected after epoch {after}")
-            return got[-1]
-
         def publish(v: int) -> None:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    epochs[v] = store.push(MODEL, weights(v), version=v, expect=v - 1).epoch
-                    return
-                except rlhub.StaleVersion as e:
-                    if e.current_version == v:  # it landed before the answer was lost
-                        epochs[v] = e.current_epoch
-                        return
-                    raise
-                except rlhub.Unavailable:
-                    assert time.monotonic() < deadline, f"v{v} not published within 60 s"
-                    time.sleep(0.1)
+            epochs[v] = publish_to(store, v)
 
-        pid, e1 = live_primary(0)
+        pid, e1 = live_primary(etcd, hubs, 0)
         publish(1)
         collectors.append(Collector("py data plane (etcd)", ws.DataPlaneSource(target, MODEL, collector_id="py-dp")))
         collectors.append(Collector("py push stream (hub list) under failover", ws.FailoverSource(
@@ -143,7 +161,7 @@ def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp
             if rnd < 2:
                 hubs[pid].proc.send_signal(signal.SIGKILL)  # the collectors are waiting on it
                 hubs[pid].proc.wait()
-                pid, last_epoch = live_primary(last_epoch)
+                pid, last_epoch = live_primary(etcd, hubs, last_epoch)
         for c in collectors:
             assert c.error is None, f"{c.name}: {c.error!r}"
             got = c.got
@@ -225,16 +243,7 @@ def test_failover_to_every_python_collector(rlhub_bin, tmp_path):
         to_every: list[float] = []
         after = 0
         for k in range(kills):
-            got: list[tuple[str, int]] = []
-
-            def elected() -> bool:
-                lead = etcd.leader()
-                if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
-                    got.append(lead)
-                    return True
-                return False
-            wait_until(elected, 60, f"a primary after epoch {after}")
-            pid, epoch = got[-1]
+            pid, epoch = live_primary(etcd, hubs, after)
             wait_until(lambda: all(c.got and c.got[-1][1] == epoch for c in collectors), 120,
                        f"every collector on epoch {epoch}", collectors)
             killed = time.monotonic()
@@ -395,3 +404,50 @@ def test_failover_source_never_hands_out_an_older_epoch():
         assert f.skipped == 2
     finally:
         f.close()
+
+
+def test_push_via_on_a_cluster_is_attached_again_to_the_new_primary(rlhub_bin, tmp_path):
+    """``via="push"`` (open_source, which the TorchRL scheme and Ray actors
+    use) given a cluster, as a hub list or etcd://, is a push stream under
+    a FailoverSource: when the primary it streams from is SIGKILLed, the
+    stream is attached again to the new primary and the collector gets
+    every later version, whole."""
+    from rlhub._sources import open_source
+
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path)
+    collectors: list[Collector] = []
+    try:
+        listed = ",".join(h.addr for h in hubs.values())
+        target = _channel.etcd_target(etcd.url, CLUSTER)
+        store = rlhub.StoreClient(listed, timeout=30.0)
+
+        def publish(v: int) -> None:
+            publish_to(store, v)
+
+        pid, epoch = live_primary(etcd, hubs, 0)
+        publish(1)
+        for name, where in (("push (hub list)", listed), ("push (etcd)", target)):
+            src = open_source("push", where, MODEL, collector_id=f"py-{name.split()[1][1:4]}")
+            assert isinstance(src, ws.FailoverSource), type(src)
+            collectors.append(Collector(name, src))
+        single = open_source("push", hubs[pid].addr, MODEL, collector_id="py-one")
+        assert isinstance(single, ws.PushSource)  # one hub: one stream, as before
+        single.close()
+        wait_until(lambda: all(c.version >= 1 for c in collectors), 60, "v1 at every collector", collectors)
+        hubs[pid].proc.send_signal(signal.SIGKILL)
+        hubs[pid].proc.wait()
+        pid, epoch = live_primary(etcd, hubs, epoch)
+        for v in (2, 3, 4):
+            publish(v)
+        wait_until(lambda: all(c.version >= 4 for c in collectors), 120, "v4 at every collector", collectors)
+        for c in collectors:
+            assert c.error is None, f"{c.name}: {c.error!r}"
+            assert all(right for _, _, right in c.got), (c.name, c.got)
+            assert [v for v, _, _ in c.got] == sorted({v for v, _, _ in c.got}), (c.name, c.got)
+            assert c.src.switches >= 2, (c.name, c.src.switches)  # attached again after the kill
+    finally:
+        for c in collectors:
+            c.stop()
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()

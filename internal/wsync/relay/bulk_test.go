@@ -5,10 +5,6 @@ package relay
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -146,49 +142,12 @@ func TestRelayCopiesForStreamCollectorsOnDemand(t *testing.T) {
 // the segment stays at the previous version, the relay asks again after
 // that one, and the next whole version is published.
 func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
-	lis := testkit.Listen(t)
 	const n = 300_000
 	snaps := map[uint64]*store.Snapshot{1: wsynctest.Snap(t, "m", 1, n), 2: wsynctest.Snap(t, "m", 2, n), 3: wsynctest.Snap(t, "m", 3, n)}
-	afters := make(chan uint64, 16)
-	cut := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	defer func() { cancel(); lis.Close(); wg.Wait() }()
-	wg.Go(func() {
-		step := 0
-		for {
-			conn, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer conn.Close()
-				context.AfterFunc(ctx, func() { conn.Close() })
-				for {
-					after, ok := readWatchRequest(conn)
-					if !ok {
-						return
-					}
-					afters <- after
-					switch step++; step {
-					case 1:
-						wsynctest.WriteVersion(conn, snaps[1], len(snaps[1].Blob), true)
-					case 2:
-						wsynctest.WriteVersion(conn, snaps[2], len(snaps[2].Blob)/2, false) // cut off
-						cut <- struct{}{}
-						return
-					case 3:
-						wsynctest.WriteVersion(conn, snaps[3], len(snaps[3].Blob), true)
-					default:
-						<-ctx.Done()
-						return
-					}
-				}
-			})
-		}
-	})
+	up := wsynctest.ServeScript(t, watchAfter, wsynctest.Whole(snaps[1]), wsynctest.Cut(snaps[2]), wsynctest.Whole(snaps[3]))
+	afters, cut := up.Afters, up.Cuts
 	path := wsynctest.ShmPath(t)
-	relay := runRelay(t, Config{Upstream: dial(t, lis.Addr().String()), UpstreamAddr: lis.Addr().String(), Model: "m",
+	relay := runRelay(t, Config{Upstream: dial(t, up.Addr), UpstreamAddr: up.Addr, Model: "m",
 		ShmPath: path, Backoff: time.Millisecond, Logger: quiet()})
 	if a := testkit.Recv(t, afters, 20*time.Second, "first poll"); a != 0 {
 		t.Fatalf("first poll after %d, want 0", a)
@@ -212,45 +171,55 @@ func TestRelayNeverPublishesAVersionCutOffMidStream(t *testing.T) {
 	}
 }
 
-// readWatchRequest reads the magic (on a new connection) or one request
-// frame and returns its StoreWatchRequest.after.
-func readWatchRequest(conn net.Conn) (uint64, bool) {
-	var head [8]byte
-	if _, err := io.ReadFull(conn, head[:1]); err != nil {
-		return 0, false
+// A collector following a write in progress on the relay's segment (a
+// copying reader copies each piece as soon as the relay marks it final)
+// never delivers a version the relay received cut off mid-stream: the
+// relay aborts the slot, the follower drops what it copied, and it
+// delivers the next whole version. The upstream holds each cut-off
+// version half sent for a while, so the follower is copying it when the
+// cut comes; over several rounds at least one such follow must have been
+// abandoned.
+func TestRelayFollowerNeverDeliversAVersionCutOffMidStream(t *testing.T) {
+	const n = 400_000 // 1.6 MB: readers follow versions of 1 MiB and more
+	const rounds = 5
+	script := []wsynctest.Answer{wsynctest.Whole(wsynctest.Snap(t, "m", 1, n))}
+	for k := uint64(1); k <= rounds; k++ {
+		cut := wsynctest.Cut(wsynctest.Snap(t, "m", 2*k, n))
+		cut.Hold = 200 * time.Millisecond
+		script = append(script, cut, wsynctest.Whole(wsynctest.Snap(t, "m", 2*k+1, n)))
 	}
-	if head[0] == 'R' { // the hello (magic + u16-length token), once per connection
-		if _, err := io.ReadFull(conn, head[1:]); err != nil {
-			return 0, false
+	up := wsynctest.ServeScript(t, watchAfter, script...)
+	path := wsynctest.ShmPath(t)
+	relay := runRelay(t, Config{Upstream: dial(t, up.Addr), UpstreamAddr: up.Addr, Model: "m",
+		ShmPath: path, Backoff: time.Millisecond, Logger: quiet()})
+	waitFor(t, "version 1 at the relay", func() bool { return relay.Newest() == 1 })
+	r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true}) // a copying reader follows by default
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	have := uint64(0)
+	for have < 2*rounds+1 {
+		s, err := r.WaitNewer(ctx, have)
+		if err != nil {
+			t.Fatalf("after v%d: %v", have, err)
 		}
-		var tl [2]byte
-		if _, err := io.ReadFull(conn, tl[:]); err != nil {
-			return 0, false
+		if s.Version%2 == 0 || wsynctest.Check(s) != nil {
+			t.Fatalf("the follower delivered v%d (%v); every even version was cut off", s.Version, wsynctest.Check(s))
 		}
-		if _, err := io.ReadFull(conn, make([]byte, binary.LittleEndian.Uint16(tl[:]))); err != nil {
-			return 0, false
-		}
-		if _, err := conn.Write([]byte(bulk.Magic)); err != nil {
-			return 0, false
-		}
-		if _, err := io.ReadFull(conn, head[:1]); err != nil {
-			return 0, false
-		}
+		have = s.Version
 	}
-	var l [4]byte
-	if _, err := io.ReadFull(conn, l[:2]); err != nil {
-		return 0, false
+	st := r.Stats()
+	t.Logf("reader stats %+v", st)
+	if st.Abandoned == 0 {
+		t.Fatalf("the reader followed no cut-off write in %d rounds (stats %+v): the test did not test following", rounds, st)
 	}
-	if _, err := io.ReadFull(conn, make([]byte, binary.LittleEndian.Uint16(l[:2]))); err != nil {
-		return 0, false
-	}
-	if _, err := io.ReadFull(conn, l[:]); err != nil {
-		return 0, false
-	}
-	hb := make([]byte, binary.LittleEndian.Uint32(l[:]))
-	if _, err := io.ReadFull(conn, hb); err != nil {
-		return 0, false
-	}
+}
+
+// watchAfter is a data-plane store watch request's "after".
+func watchAfter(hb []byte) (uint64, bool) {
 	var req rlhubv1.StoreWatchRequest
 	if proto.Unmarshal(hb, &req) != nil {
 		return 0, false

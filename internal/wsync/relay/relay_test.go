@@ -55,7 +55,7 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 
 	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
 	shmC := startFailoverCollector(t,
-		wsync.ShmDialer("relay-shm", path),
+		wsync.ShmCopyDialer("relay-shm", path),
 		wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	streamC := startFailoverCollector(t,
 		wsync.PushDialer("relay-stream", relayConn, "stream-collector", "m"),

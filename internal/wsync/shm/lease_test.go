@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,6 +186,20 @@ func TestShmLeaseFallsBackToCopying(t *testing.T) {
 	defer dr.Close()
 	if or.Leasing() || dr.Leasing() {
 		t.Fatalf("leasing with L = 0: %v (older writer), %v (double buffer)", or.Leasing(), dr.Leasing())
+	}
+	// Each fallback says why; a leasing reader says nothing.
+	for _, c := range []struct {
+		r    *Reader
+		want string
+	}{{readers[0], ""}, {readers[2], "every one of the 2 lease entries"}, {or, "has no lease table"}, {dr, "has no lease table (2 slots"}} {
+		if got := c.r.CopyReason(); (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Fatalf("CopyReason() = %q, want one containing %q", got, c.want)
+		}
+	}
+	if cr, err := Open(ReaderConfig{Path: path}); err != nil || !strings.Contains(cr.CopyReason(), "Lease is off") {
+		t.Fatalf("a copying reader's CopyReason: %v, %v", cr, err)
+	} else {
+		cr.Close()
 	}
 
 	held := make([]*store.Snapshot, len(readers))
@@ -388,5 +403,92 @@ func TestShmClaimSurvivesALeaseMovingMidPass(t *testing.T) {
 	w.mu.Unlock()
 	if ok {
 		t.Fatal("claimed a slot from a table where every slot stays leased")
+	}
+}
+
+// Release gives the leased slot back at once: the writer then writes into
+// it again (the released view changes under it, which is why a released
+// snapshot must not be read), while the reader keeps its entry and leases
+// the next version. Without the release the writer would keep avoiding
+// that slot.
+func TestShmReleaseGivesTheSlotBack(t *testing.T) {
+	ctx := context.Background()
+	w, path := leaseSegment(t, 3)
+	r, err := Open(ReaderConfig{Path: path, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	publishRange(t, w, 1, 1, 1000)
+	s1, err := r.GetIfNewer(ctx, 0)
+	if err != nil || s1 == nil || !r.InMapping(s1.Blob) {
+		t.Fatalf("v1: %v, %v; want it leased", s1, err)
+	}
+	held := slotOf(w, 1)
+	r.Release()
+	if got := u64(w.mem, leaseOff(0)+leaseSlot).Load(); got != 0 {
+		t.Fatalf("lease entry names slot %d after Release, want 0", got)
+	}
+	// 3 slots: v2 and v3 go to the two others, v4 to the released one.
+	publishRange(t, w, 2, 4, 1000)
+	if got := slotOf(w, 4); got != held {
+		t.Fatalf("v4 went to slot %d, want the released slot %d", got, held)
+	}
+	s4, err := r.GetIfNewer(ctx, 1)
+	if err != nil || s4 == nil || s4.Version != 4 || !r.InMapping(s4.Blob) || wsynctest.Check(s4) != nil {
+		t.Fatalf("after Release: %v, %v; want v4 leased", s4, err)
+	}
+	if st := r.Stats(); st.InPlace != 2 || !r.Leasing() {
+		t.Fatalf("stats %+v, leasing %v; want 2 reads in place, still leasing", st, r.Leasing())
+	}
+	// Without a release the held slot is avoided: v5, v6 and v7 never
+	// touch v4's slot.
+	held = slotOf(w, 4)
+	publishRange(t, w, 5, 7, 1000)
+	if err := wsynctest.Check(s4); err != nil || slotOf(w, 4) != held {
+		t.Fatalf("the unreleased v4 changed: %v", err)
+	}
+	// A copying reader's Release does nothing.
+	cr, err := Open(ReaderConfig{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cr.Close()
+	cr.Release()
+}
+
+// A reader whose lease entry was taken over by another (one that judged
+// its process gone) stops writing the entry and copies from then on,
+// saying why; what it returns stays whole.
+func TestShmLeaseTakenOverFallsBackToCopying(t *testing.T) {
+	ctx := context.Background()
+	w, path := leaseSegment(t, 3)
+	r, err := Open(ReaderConfig{Path: path, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	publishRange(t, w, 1, 1, 1000)
+	if s, err := r.GetIfNewer(ctx, 0); err != nil || s == nil || !r.InMapping(s.Blob) {
+		t.Fatalf("v1: %v, %v; want it leased", s, err)
+	}
+	// Another process's reader takes the entry over.
+	other := uint64(999999)<<32 | 1
+	u64(w.mem, leaseOff(0)+leaseOwner).Store(other)
+	u64(w.mem, leaseOff(0)+leaseSlot).Store(0)
+	publishRange(t, w, 2, 2, 1000)
+	s, err := r.GetIfNewer(ctx, 1)
+	if err != nil || s == nil || s.Version != 2 || wsynctest.Check(s) != nil {
+		t.Fatalf("v2 after the takeover: %v, %v", s, err)
+	}
+	if r.Leasing() || r.InMapping(s.Blob) || !strings.Contains(r.CopyReason(), "taken over") {
+		t.Fatalf("leasing %v, in mapping %v, reason %q; want a copy and the reason", r.Leasing(), r.InMapping(s.Blob), r.CopyReason())
+	}
+	if got := u64(w.mem, leaseOff(0)+leaseOwner).Load(); got != other {
+		t.Fatalf("the entry's owner is %x, want the new owner %x untouched", got, other)
+	}
+	r.Close()
+	if got := u64(w.mem, leaseOff(0)+leaseOwner).Load(); got != other {
+		t.Fatalf("Close freed an entry it no longer owns (owner %x)", got)
 	}
 }

@@ -416,6 +416,12 @@ type Stats struct {
 	// Followed is how many of Reads were copied while the writer was
 	// still writing them (ReaderConfig.NoFollow).
 	Followed uint64
+	// Released counts the leased slots given back by Release.
+	Released uint64
+	// Abandoned counts writes a reader followed and gave up on, copying
+	// nothing out: aborted (a relay whose upstream cut the version off),
+	// claimed again, or left by a writer that died.
+	Abandoned uint64
 }
 
 // Reader reads whole versions from a segment. It is a Source for one
@@ -440,8 +446,12 @@ type Reader struct {
 	mem []byte // the mapping, read-only but for a leasing reader's header page; nil after Close
 	pid int
 
-	// entry is the lease entry this reader owns, -1 when it copies.
+	// entry is the lease entry this reader owns, -1 when it copies;
+	// token is the owner value it stored there.
 	entry int
+	token uint64
+	// why says why the reader copies ("" while it leases).
+	why string
 
 	bufs  [2][]byte
 	which int
@@ -499,6 +509,14 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 	}
 	pid := int(u64(mem, offPID).Load())
 	r := &Reader{cfg: cfg, geo: geo, mem: mem, pid: pid, entry: -1}
+	switch {
+	case !cfg.Lease:
+		r.why = "copying reader (ReaderConfig.Lease is off)"
+	case !writable:
+		r.why = fmt.Sprintf("%s is not writable by this process, so its lease table cannot be written", cfg.Path)
+	case geo.leases == 0:
+		r.why = fmt.Sprintf("%s has no lease table (%d slots; a writer leaves slots - 2 entries, so 3 or more slots lease)", cfg.Path, geo.slots)
+	}
 	if writable && geo.leases > 0 {
 		// Only the header page becomes writable: the slots stay read-only,
 		// so a collector that writes to a leased snapshot faults instead
@@ -516,6 +534,9 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 			return nil, fmt.Errorf("wsync: lock the lease table of %s: %w", cfg.Path, err)
 		}
 		r.entry = r.claimLease()
+		if r.entry < 0 {
+			r.why = fmt.Sprintf("every one of the %d lease entries of %s is held by a live reader", geo.leases, cfg.Path)
+		}
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_UN); err != nil {
 			r.Close()
 			return nil, fmt.Errorf("wsync: unlock the lease table of %s: %w", cfg.Path, err)
@@ -540,6 +561,7 @@ func (r *Reader) claimLease() int {
 			continue
 		}
 		if owner.CompareAndSwap(o, token) {
+			r.token = token
 			// A dead owner's slot is released only now: until here the
 			// writer kept avoiding it, which cost it nothing but a slot.
 			u64(r.mem, leaseOff(e)+leaseSlot).Store(0)
@@ -571,6 +593,30 @@ func (r *Reader) Stats() Stats { return r.stats }
 // Leasing reports whether the reader holds a lease entry, i.e. reads in
 // place; false means it copies (see ReaderConfig.Lease).
 func (r *Reader) Leasing() bool { return r.mem != nil && r.entry >= 0 }
+
+// CopyReason says why the reader copies versions instead of leasing them
+// ("" while it leases): leasing was not asked for, the file is not
+// writable, the segment has no lease table, every entry is held, or the
+// reader's entry was taken over after it opened (see leaseRead).
+func (r *Reader) CopyReason() string { return r.why }
+
+// Release gives back the slot a leasing reader holds, so the writer may
+// use it again: the snapshot it last returned must no longer be read
+// (its bytes may change). A collector that has copied the version into
+// its own weights releases at once (wsync.Receiver does, after its
+// Apply). The reader keeps its lease entry and leases again on its next
+// read. A copying reader does nothing.
+func (r *Reader) Release() {
+	if r.mem == nil || r.entry < 0 {
+		return
+	}
+	if u64(r.mem, leaseOff(r.entry)+leaseSlot).Load() == 0 {
+		return
+	}
+	u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(0)
+	u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(0)
+	r.stats.Released++
+}
 
 // Published is the newest complete version in the segment (0: none).
 func (r *Reader) Published() uint64 { return u64(r.mem, offPublished).Load() }
@@ -755,6 +801,7 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 		}
 		if time.Since(checked) > r.cfg.Tick {
 			if !r.writerAlive() {
+				r.stats.Abandoned++
 				return nil, nil
 			}
 			checked = time.Now()
@@ -763,6 +810,7 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 		pause = min(2*pause, followPauseMax)
 	}
 	if seq.Load() != s1+1 || u64(slot, slotVersion).Load() != v {
+		r.stats.Abandoned++
 		return nil, nil // aborted, or not this claim's commit
 	}
 	h, retry, err := r.slotHeader(slot, best, s1+1)
@@ -830,6 +878,14 @@ func (r *Reader) leaseRead(slot []byte, i int, s, version uint64, h slotHeader) 
 	}
 	if err != nil {
 		return nil, false, err
+	}
+	if u64(r.mem, leaseOff(r.entry)+leaseOwner).Load() != r.token {
+		// Another reader took the entry over (it judged this process
+		// gone: a reader in another pid namespace). Its lease is not ours
+		// to write: copy from now on, this version included.
+		r.why = fmt.Sprintf("lease entry %d of %s was taken over by another reader", r.entry, r.cfg.Path)
+		r.entry = -1
+		return nil, true, nil
 	}
 	u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(uint64(i) + 1) // releases the previous version's slot
 	u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(s)

@@ -36,7 +36,7 @@ type ReaderConfig struct {
 	Tick       time.Duration
 	MaxRetries int
 }
-type Stats struct{ Reads, Retries, InPlace, Followed uint64 }
+type Stats struct{ Reads, Retries, InPlace, Followed, Released, Abandoned uint64 }
 type Reader struct{}
 
 func Create(Config) (*Writer, error)                           { return nil, errors.ErrUnsupported }
@@ -51,6 +51,8 @@ func (*Reader) Stats() Stats                                   { return Stats{} 
 func (*Reader) Published() uint64                              { return 0 }
 func (*Reader) WriterAlive() bool                              { return false }
 func (*Reader) Leasing() bool                                  { return false }
+func (*Reader) CopyReason() string                             { return "shared memory is Linux only" }
+func (*Reader) Release()                                       {}
 func (*Reader) Close() error                                   { return nil }
 func (*Reader) GetIfNewer(context.Context, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported

@@ -14,10 +14,14 @@ Three sources, one interface (``get_if_newer`` / ``wait_newer``), the same as
 the Go side's ``wsync.Source`` (docs/weight-sync.md):
 
 * :class:`ShmSource` maps the shared-memory segment a Go ``shm.Writer`` (the
-  relay) writes and follows docs/shm-layout.md exactly: it copies the newest
-  whole slot to private memory, re-reads the slot's seqlock word and retries
-  when the writer came back during the copy, then checks the CRC-32C. It
-  never returns a torn version: either the newest whole one or, while that is
+  relay) writes and follows docs/shm-layout.md exactly. By default it leases
+  the newest whole slot (the writer leaves it alone while leased) and a
+  :class:`Receiver` copies it straight into the module, checking the CRC-32C
+  in that pass, then releases it: one copy. Where it cannot lease (it says
+  why in ``copy_reason``), or with ``lease=False``, it copies the slot to
+  private memory, re-reads the slot's seqlock word and retries when the
+  writer came back during the copy, then checks the CRC-32C. It never
+  returns a torn version: either the newest whole one or, while that is
   being written, the previous whole one.
 * :class:`PushSource` attaches to the hub's (or relay's) push fan-out as a
   collector and reports the version it runs on the same stream;

@@ -259,6 +259,14 @@ class FailoverSource:
                     return None
                 time.sleep(self.backoff if left is None else min(self.backoff, left))
 
+    def release(self) -> None:
+        """Releases what the source in use holds of the version it returned
+        last (a leasing :class:`ShmSource`'s slot); a :class:`Receiver` calls
+        it once the version is in the module."""
+        fn = getattr(self._cur, "release", None)
+        if fn is not None:
+            fn()
+
     def running(self, version: int) -> None:
         """Reports the version the collector runs (see the class doc)."""
         fn = getattr(self._cur, "running", None)

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlhub import errors
+from rlhub._crc32c import copy_crc32c, crc32c
 from rlhub.store import channel as _channel
 from rlhub.tensors import parse_header
 from rlhub.wsync._report import report
@@ -47,7 +48,8 @@ def _targets(target: Any) -> Dict[str, Any]:
     raise TypeError(f"cannot apply weights to a {type(target).__name__}: want a torch.nn.Module or a dict of tensors")
 
 
-def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weights") -> None:
+def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weights",
+              crc: Optional[int] = None) -> None:
     """Copies the safetensors ``blob`` into ``target``'s tensors in place.
 
     Every name, dtype and shape is checked before anything is copied; a
@@ -55,6 +57,14 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
     and leaves ``target`` unchanged. With ``strict=False`` names present on
     only one side are ignored (dtypes and shapes of shared names are still
     checked).
+
+    ``crc``, when given, is the CRC-32C the whole blob must have (a
+    leasing :class:`ShmSource`'s pending check): it is computed in the same
+    pass as the copy, each piece checksummed right after it is copied. A
+    mismatch raises :class:`rlhub.InvalidArgument` *after* the copy: the
+    blob was damaged where it lies (a leased slot cannot be torn, so this
+    is a faulty writer or memory), and ``target`` then holds those damaged
+    bytes until a good version is applied.
     """
     import torch
 
@@ -91,8 +101,16 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
     if problems:
         raise errors.InvalidArgument(f"{what} do not fit: " + "; ".join(problems))
     writable = not memoryview(blob).readonly
+    # With a crc the whole blob is checksummed in order: the header, each
+    # tensor's bytes (copied and checksummed in one pass where numpy can
+    # copy them), and whatever lies between or after them.
+    run = None if crc is None else crc32c(buf[:start])
+    at = start
     with torch.no_grad():
-        for dst, dt, name, off, n in plan:
+        for dst, dt, name, off, n in sorted(plan, key=lambda p: p[3]) if crc is not None else plan:
+            if run is not None and off > at:
+                run = crc32c(buf[at:off], run)  # bytes no tensor of the module takes
+            at = max(at, off + n)
             if n == 0:
                 continue
             raw = buf[off:off + n]
@@ -102,12 +120,25 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
                 # intra-op threads only add overhead to a copy, and on a busy
                 # machine they can make it 100x slower. The autograd version
                 # counter is bumped as copy_ would.
-                np.copyto(dst.detach().numpy().reshape(-1), np.frombuffer(raw, dtype=npdt))
+                out = dst.detach().numpy().reshape(-1)
+                if run is not None:
+                    run = copy_crc32c(out.view(np.uint8), raw, run)
+                else:
+                    np.copyto(out, np.frombuffer(raw, dtype=npdt))
                 torch.autograd.graph.increment_version(dst)
                 continue
+            if run is not None:
+                run = crc32c(raw, run)
             # torch.frombuffer wants a writable buffer
             src = raw if writable else bytearray(raw)
             dst.copy_(torch.frombuffer(src, dtype=dt).view(dst.shape))
+    if run is not None:
+        if at < len(buf):
+            run = crc32c(buf[at:], run)
+        if run != crc:
+            raise errors.InvalidArgument(
+                f"{what}: CRC-32C {run:08x}, the writer stored {crc:08x}: the copy in the module is damaged "
+                "(applying the next good version repairs it)")
 
 
 class Receiver:
@@ -137,10 +168,20 @@ class Receiver:
         self._own_hub = isinstance(hub, str)
 
     def apply(self, wv: Optional[WeightVersion]) -> bool:
-        """Applies ``wv`` if newer; returns whether it was applied."""
-        if wv is None or wv.version <= self.version:
-            return False
-        copy_into(self.target, wv.blob, strict=self.strict, what=f"model {wv.model!r} v{wv.version}")
+        """Applies ``wv`` if newer; returns whether it was applied.
+
+        A version from a leasing :class:`ShmSource` (the default) is copied
+        straight from its slot into the module, its CRC-32C checked in the
+        same pass, and the slot is released right after (applied or not:
+        the module holds its own copy either way)."""
+        try:
+            if wv is None or wv.version <= self.version:
+                return False
+            copy_into(self.target, wv.blob, strict=self.strict, what=f"model {wv.model!r} v{wv.version}", crc=wv.crc)
+        finally:
+            release = getattr(self.source, "release", None)
+            if wv is not None and release is not None:
+                release()
         self.version = wv.version
         self._report(wv.via)
         return True

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from rlhub import errors
-from rlhub._crc32c import copy_crc32c, crc32c
+from rlhub._crc32c import copy_crc32c
 from rlhub.tensors import parse_header
 from rlhub.wsync._source import WeightVersion, default_shm_path
 
@@ -131,16 +131,25 @@ def _owner_gone(owner: int) -> bool:
 class ShmSource:
     """Reads whole versions from a shared-memory segment written by Go.
 
-    By default it copies every version out of its slot. With ``lease=True``
-    it **leases** the slot instead (docs/shm-layout.md, "Slot leases"): a
-    version's ``blob`` is a read-only view of the shared memory, and its
-    numpy tensors are read-only views too (no copy); the writer leaves the
-    slot alone until this source returns a newer version or closes, so the
-    views stay whole until then. Leasing needs a segment with a free lease
-    entry (a relay started with ``--shm-slots 2+n``), write access to the
-    file, and ``membarrier(2)`` (Linux); without them the source copies,
-    as ``leasing`` reports. Closing a leasing source releases its lease:
-    views still held afterwards may then change under you.
+    By default it **leases** each version's slot (docs/shm-layout.md, "Slot
+    leases"): a version's ``blob`` is a read-only view of the shared memory
+    (no copy), and the writer leaves the slot alone until this source
+    returns a newer version, :meth:`release` is called, or it closes. A
+    :class:`Receiver` copies the view straight into the module's tensors,
+    checking the CRC-32C in the same pass (``WeightVersion.crc``), and
+    releases the slot at once: one copy from the segment to the module.
+    Leasing needs a segment with a free lease entry (a relay started with
+    ``--shm-slots 2+n``), write access to the file, and ``membarrier(2)``
+    (Linux); without them the source copies, as ``leasing`` reports and
+    ``copy_reason`` explains (also logged once). Closing a leasing source
+    releases its lease: views still held afterwards may then change under
+    you.
+
+    ``lease=False`` makes a copying reader: each version is copied into one
+    of two private buffers (CRC checked in that pass) and a Receiver copies
+    it again into the module. Each copy is a memcpy of the model, so this
+    path costs about twice the default's memory traffic per collector: it
+    is memory-bandwidth bound (docs/weight-sync.md, "Shared memory").
 
     Not thread-safe: one reader thread per ``ShmSource``. ``stats`` counts
     ``reads`` (whole versions returned) and ``retries`` (copies restarted
@@ -156,13 +165,14 @@ class ShmSource:
         max_retries: consecutive torn copies before giving up with
             :class:`rlhub.Aborted`.
         tick: longest sleep of ``wait_newer`` between liveness checks.
-        lease: read versions in place under a lease (see above).
+        lease: read versions in place under a lease (the default, see
+            above); False copies them.
     """
 
     via = "shm"
 
     def __init__(self, path: Optional[str] = None, model: Optional[str] = None, *, verify: bool = True,
-                 max_retries: int = 1000, tick: float = 0.05, lease: bool = False):
+                 max_retries: int = 1000, tick: float = 0.05, lease: bool = True):
         if path is None:
             if not model:
                 raise ValueError("ShmSource needs a path or a model")
@@ -173,7 +183,8 @@ class ShmSource:
         self.verify = verify
         self.max_retries = max_retries
         self.tick = tick
-        self.stats = {"reads": 0, "retries": 0, "in_place": 0}
+        self.stats = {"reads": 0, "retries": 0, "in_place": 0, "released": 0}
+        self.copy_reason = ""  # why this source copies instead of leasing ("" while it leases)
         self._bufs: List[bytearray] = [bytearray(), bytearray()]
         self._which = 0
         self._map = None
@@ -188,6 +199,10 @@ class ShmSource:
 
     def _open(self) -> None:
         writable = self._lease and _fence() is not None
+        if not self._lease:
+            self.copy_reason = "copying reader (lease=False)"
+        elif not writable:
+            self.copy_reason = "no membarrier(2) on this system, so a lease cannot be fenced"
         fd = -1
         try:
             if writable:
@@ -195,6 +210,7 @@ class ShmSource:
                     fd = os.open(self.path, os.O_RDWR)
                 except PermissionError:
                     writable = False
+                    self.copy_reason = f"{self.path} is not writable by this process, so its lease table cannot be written"
             if fd < 0:
                 fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -251,7 +267,18 @@ class ShmSource:
             try:
                 self._claim(rw_fd)
             except OSError as e:  # no lease after all: copy
-                log.warning("shm segment %s: cannot lease (%s); copying", self.path, e)
+                self.copy_reason = f"cannot claim a lease entry ({e})"
+            else:
+                if self._entry < 0:
+                    self.copy_reason = f"every one of the {leases} lease entries of {self.path} is held by a live reader"
+        elif rw_fd >= 0:
+            self.copy_reason = (f"{self.path} has no lease table ({slots} slots; a writer leaves slots - 2 entries, "
+                                "so 3 or more slots lease)")
+        if self._entry >= 0:
+            self.copy_reason = ""
+        elif self._lease:
+            log.warning("rlhub: shm segment %s: copying versions instead of leasing them: %s", self.path,
+                        self.copy_reason)
 
     def _claim(self, fd: int) -> None:
         """Takes a free lease entry, or one whose owner process is gone,
@@ -288,6 +315,21 @@ class ShmSource:
 
     def _lease_word(self, field: int) -> int:
         return (_OFF_LEASE_TABLE + self._entry * _LEASE_ENTRY + field) // 8
+
+    def release(self) -> None:
+        """Gives back the slot this source holds leased, so the writer may
+        use it again: the version it returned last must no longer be read
+        (its view may change). The source keeps its lease entry and leases
+        again on its next read. A :class:`Receiver` calls this right after
+        copying a version into the module. A copying source does nothing."""
+        if self._map is None or self._entry < 0:
+            return
+        hq = self._hq
+        if hq[self._lease_word(_LEASE_SLOT)] == 0:
+            return
+        hq[self._lease_word(_LEASE_SLOT)] = 0
+        hq[self._lease_word(_LEASE_SEQ)] = 0
+        self.stats["released"] += 1
 
     def _release(self) -> None:
         if self._map is None:
@@ -415,13 +457,15 @@ class ShmSource:
         """Validates the version in slot ``best`` in place under the seqlock,
         then leases it (Dekker with the writer: store the lease, fence, load
         seq). None when the writer got there first: the caller picks again.
-        A bad version raises and leaves the current lease where it was."""
+        A version whose header does not parse raises and leaves the current
+        lease where it was. Its CRC-32C is not checked here: the version
+        carries it (``WeightVersion.crc``) for the pass that copies it into
+        a module, or :meth:`WeightVersion.verify`, so the slot is read once."""
         q = self._q
         off = _PAGE + best * self.stride
         base = off // 8
         view = self._mv[off + _PAGE:off + _PAGE + length]
         try:
-            got = crc32c(view) if self.verify else crc
             parse_header(view)
             bad = None
         except ValueError as e:
@@ -429,10 +473,6 @@ class ShmSource:
         if q[base] != s:
             view.release()
             return None  # the writer was rewriting it: whatever we read is void
-        if got != crc:
-            view.release()
-            raise errors.InvalidArgument(
-                f"shm segment {self.path} version {version}: CRC-32C {got:08x}, header says {crc:08x}")
         if bad is not None:
             view.release()
             raise errors.InvalidArgument(f"shm segment {self.path} version {version}: {bad}") from None
@@ -446,7 +486,7 @@ class ShmSource:
             return None
         self.stats["reads"] += 1
         self.stats["in_place"] += 1
-        return WeightVersion(self.model, version, epoch, view, self.via)
+        return WeightVersion(self.model, version, epoch, view, self.via, crc if self.verify else None)
 
     def get_if_newer(self, than: int) -> Optional[WeightVersion]:
         """The newest whole version if newer than ``than``; None if there is

@@ -16,8 +16,14 @@ class WeightVersion:
     ``get_if_newer``/``wait_newer`` call after the one that returned them
     (copy, or apply with a :class:`Receiver`, to keep them longer); a leasing
     one's blob is a read-only view of the shared memory, whole until the
-    source returns a newer version or closes. Other sources' blobs are the
-    caller's.
+    source returns a newer version or closes (or its ``release()``). Other
+    sources' blobs are the caller's.
+
+    ``crc``, when not None, is a CRC-32C the blob has not been checked
+    against yet: a leasing :class:`ShmSource` leaves the check to the one
+    pass that copies the version into a module (:func:`copy_into` with
+    ``crc=``, as :class:`Receiver` does), instead of reading the slot twice.
+    :meth:`verify` checks it in place; :meth:`tensors` does so first.
     """
 
     model: str
@@ -25,9 +31,27 @@ class WeightVersion:
     epoch: int
     blob: Any
     via: str
+    crc: Optional[int] = None
+
+    def verify(self) -> None:
+        """Checks a pending CRC-32C (``crc``) over ``blob`` in place:
+        :class:`rlhub.InvalidArgument` when it differs. Once it passed
+        ``crc`` is None."""
+        if self.crc is None:
+            return
+        from rlhub import errors
+        from rlhub._crc32c import crc32c
+
+        got = crc32c(self.blob)
+        if got != self.crc:
+            raise errors.InvalidArgument(
+                f"model {self.model!r} v{self.version}: CRC-32C {got:08x}, the writer stored {self.crc:08x}")
+        self.crc = None
 
     def tensors(self, framework: str = "numpy") -> Dict[str, Any]:
-        """The state dict (numpy views over ``blob``, or torch tensors)."""
+        """The state dict (numpy views over ``blob``, or torch tensors),
+        after checking a pending CRC (:meth:`verify`)."""
+        self.verify()
         return load_bytes(self.blob, framework=framework)
 
 
