@@ -116,7 +116,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.BoolVar(&noShm, "no-shm", false, "serve the stream only, no shared-memory segment")
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
 	f.StringVar(&cfg.ShmGroup, "shm-group", "", "group (name or id) the segment belongs to, mode 0660; default 0600, this user only")
-	f.IntVar(&cfg.ShmSlots, "shm-slots", 2, "segment slots: 2 + n let n local collectors lease versions and use them in place instead of copying")
+	f.IntVar(&cfg.ShmSlots, "shm-slots", 0, "segment slots: 2 + n let n local collectors lease versions and copy them straight into their weights; 0 sizes it (up to 10 slots within 1 GiB of /dev/shm)")
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the dashboard over HTTP on this address (default off)")
 	cmd.MarkFlagRequired("upstream")
 	cmd.MarkFlagRequired("model")

@@ -225,8 +225,8 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             for shm ``/dev/shm/rlhub-<model>``).
         lease: a segment is read by leasing its slots (the default: each
             version copied straight from the slot into the module, CRC in
-            the same pass, then released; the relay needs ``--shm-slots``
-            2 + the receivers on its host, and a receiver without a free
+            the same pass, then released; a relay's automatic segment
+            holds up to 8 lease entries, and a receiver without a free
             entry copies, saying why); ``False`` asks for the copying
             reader (two copies per receiver, memcpy-bound).
         relay: the relay's address for ``via="failover"``.

@@ -40,9 +40,13 @@ type Config struct {
 	// ShmPath is the shared-memory segment to publish into; "" means no
 	// segment (stream only).
 	ShmPath string
-	// ShmSlots is the segment's slot count (shm.Config.Slots); 0 means 2, a
-	// double buffer. 2 + n slots let n local collectors lease versions and
-	// use them in place (shm.ReaderConfig.Lease) instead of copying them.
+	// ShmSlots is the segment's slot count (shm.Config.Slots). 2 + n slots
+	// let n local collectors lease versions (shm.ReaderConfig.Lease, the
+	// default collector's reader) and copy them straight into their
+	// weights; a collector beyond n copies the version out first, and says
+	// why. 0 means automatic: as many slots as fit in AutoShmBytes of
+	// /dev/shm, at least 2 (a double buffer, no leases) and at most
+	// AutoShmSlots (autoSlots), sized again whenever the segment is.
 	ShmSlots int
 	// ShmGroup is the segment's group (shm.Config.Group): "" leaves it
 	// 0600, readable by this user only; a group makes it 0660.
@@ -318,6 +322,21 @@ func (r *Relay) publishShm(snap *store.Snapshot) error {
 	return r.shm.Publish(context.Background(), snap)
 }
 
+// The automatic segment size (Config.ShmSlots 0): up to AutoShmSlots
+// slots, 8 of them leased by as many local collectors, within
+// AutoShmBytes. A slot is twice the model (ensureShm), so a 4 MiB policy
+// gets 10 slots (80 MiB) and a 128 MiB model 4 (1 GiB, two leases).
+const (
+	AutoShmBytes = 1 << 30
+	AutoShmSlots = 10
+)
+
+// autoSlots is the slot count for Config.ShmSlots 0 and a slot of
+// capacity bytes.
+func autoSlots(capacity int64) int {
+	return int(min(max(AutoShmBytes/max(capacity, 1), 2), AutoShmSlots))
+}
+
 // ensureShm makes sure the segment exists and holds n bytes: the first
 // one is sized from ShmCapacity or twice n, and one too small is replaced
 // by one twice n. Called with shmMu held.
@@ -331,7 +350,11 @@ func (r *Relay) ensureShm(n int64) error {
 	}
 	// The new segment atomically takes the path; then the old one is
 	// closed, so its readers re-open and find the new one.
-	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: r.cfg.ShmSlots, Group: r.cfg.ShmGroup, Replace: true})
+	slots := r.cfg.ShmSlots
+	if slots == 0 {
+		slots = autoSlots(capacity)
+	}
+	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: slots, Group: r.cfg.ShmGroup, Replace: true})
 	if err != nil {
 		return err
 	}

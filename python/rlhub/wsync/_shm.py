@@ -139,7 +139,7 @@ class ShmSource:
     checking the CRC-32C in the same pass (``WeightVersion.crc``), and
     releases the slot at once: one copy from the segment to the module.
     Leasing needs a segment with a free lease entry (a relay started with
-    ``--shm-slots 2+n``), write access to the file, and ``membarrier(2)``
+    2 + n slots: a relay's automatic size holds up to 8), write access to the file, and ``membarrier(2)``
     (Linux); without them the source copies, as ``leasing`` reports and
     ``copy_reason`` explains (also logged once). Closing a leasing source
     releases its lease: views still held afterwards may then change under

@@ -1,0 +1,89 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/wsync/shm"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
+)
+
+func TestAutoSlots(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		capacity int64
+		want     int
+	}{
+		{0, AutoShmSlots},
+		{8 * mib, AutoShmSlots},   // a 4 MiB policy: 8 leases in 80 MiB
+		{100 * mib, AutoShmSlots}, // exactly 10 fit in 1 GiB (1000 MiB)
+		{103 * mib, 9},
+		{256 * mib, 4}, // a 128 MiB model: 2 leases in 1 GiB
+		{400 * mib, 2}, // past 256 MiB of model: a double buffer
+		{4096 * mib, 2},
+	} {
+		if got := autoSlots(c.capacity); got != c.want {
+			t.Errorf("autoSlots(%d MiB) = %d, want %d", c.capacity/mib, got, c.want)
+		}
+	}
+}
+
+// The relay's default segment (ShmSlots 0) lets the default collector's
+// reader lease: a relay started without --shm-slots serves its local
+// collectors in place, as many of them as the automatic size has entries,
+// and the next one copies and says why.
+func TestRelayDefaultSegmentLeasesToLocalCollectors(t *testing.T) {
+	h := startHub(t)
+	h.push(t, 1, 1000)
+	path := wsynctest.ShmPath(t)
+	relay, err := New(Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-auto", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
+	defer func() { cancel(); wg.Wait() }()
+	waitFor(t, "the relay's segment at v1", func() bool {
+		r, err := shm.Open(shm.ReaderConfig{Path: path})
+		if err != nil {
+			return false
+		}
+		defer r.Close()
+		s, err := r.GetIfNewer(context.Background(), 0)
+		return err == nil && s != nil && s.Version == 1
+	})
+
+	var readers []*shm.Reader
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
+	for i := 0; i < AutoShmSlots-2; i++ {
+		r, err := shm.Open(shm.ReaderConfig{Path: path, Lease: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers = append(readers, r)
+		if !r.Leasing() {
+			t.Fatalf("local collector %d copies on the relay's default segment: %s", i, r.CopyReason())
+		}
+		s, err := r.GetIfNewer(ctx, 0)
+		if err != nil || s == nil || s.Version != 1 {
+			t.Fatalf("leasing collector %d read %v, %v; want v1", i, s, err)
+		}
+	}
+	extra, err := shm.Open(shm.ReaderConfig{Path: path, Lease: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if extra.Leasing() || extra.CopyReason() == "" {
+		t.Fatalf("collector %d leases (reason %q); want it to copy and say why, the default segment has %d entries",
+			AutoShmSlots-1, extra.CopyReason(), AutoShmSlots-2)
+	}
+}
