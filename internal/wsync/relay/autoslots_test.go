@@ -47,15 +47,7 @@ func TestRelayDefaultSegmentLeasesToLocalCollectors(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
 	defer func() { cancel(); wg.Wait() }()
-	waitFor(t, "the relay's segment at v1", func() bool {
-		r, err := shm.Open(shm.ReaderConfig{Path: path})
-		if err != nil {
-			return false
-		}
-		defer r.Close()
-		s, err := r.GetIfNewer(context.Background(), 0)
-		return err == nil && s != nil && s.Version == 1
-	})
+	waitSegment(t, path, 1)
 
 	var readers []*shm.Reader
 	defer func() {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
 
@@ -79,6 +81,21 @@ func dial(t testing.TB, addr string) *grpc.ClientConn {
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	testkit.Eventually(t, 20*time.Second, what, cond)
+}
+
+// waitSegment fails t if the segment at path does not hold version v
+// within 20s.
+func waitSegment(t testing.TB, path string, v uint64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("the relay's segment at v%d", v), func() bool {
+		r, err := shm.Open(shm.ReaderConfig{Path: path})
+		if err != nil {
+			return false
+		}
+		defer r.Close()
+		s, err := r.GetIfNewer(context.Background(), 0)
+		return err == nil && s != nil && s.Version == v
+	})
 }
 
 // failoverCollector follows a Failover source in a goroutine.

@@ -43,15 +43,7 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 	// The board gets a version before the segment does: a collector
 	// started in between would find no segment and rightly take the
 	// upstream, which is not what this test starts with.
-	waitFor(t, "the relay's segment at v1", func() bool {
-		r, err := shm.Open(shm.ReaderConfig{Path: path})
-		if err != nil {
-			return false
-		}
-		defer r.Close()
-		s, err := r.GetIfNewer(context.Background(), 0)
-		return err == nil && s != nil && s.Version == 1
-	})
+	waitSegment(t, path, 1)
 
 	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
 	shmC := startFailoverCollector(t,
