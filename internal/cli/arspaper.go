@@ -17,6 +17,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/mujoco"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 )
@@ -388,10 +389,12 @@ func writePaperReport(dir string, rep *paperReport) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ars-paper.json"), append(b, '\n'), 0o644); err != nil {
+	// Replaced whole (temp file, rename): the report is rewritten after
+	// every seed while collectors (scripts/ars_protocol_results.py) read it.
+	if err := atomicfile.Write(filepath.Join(dir, "ars-paper.json"), b, []byte{'\n'}); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "ars-paper.md"), []byte(paperMarkdown(rep)), 0o644)
+	return atomicfile.Write(filepath.Join(dir, "ars-paper.md"), []byte(paperMarkdown(rep)))
 }
 
 func protocolText(p string) string {
