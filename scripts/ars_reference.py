@@ -271,7 +271,7 @@ def main():
     results = []
     p = PAPER[a.task]
 
-    def write():  # after every seed, so an interrupted run keeps what finished
+    def write():  # at the start and after every seed, so an interrupted run keeps what finished
         report = {
             "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
             "task": a.task, "hyper": p, "budget_episodes": int(a.budget_factor * p["episodes"]),
@@ -280,13 +280,15 @@ def main():
             "confirm_episodes": PROTOCOLS[a.protocol][2], "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "python": platform.python_version(), "numpy": np.__version__,
             "gymnasium": gymnasium.__version__, "mujoco": mujoco.__version__,
-            "wall_s": round(time.time() - t0, 1), "seeds_requested": seeds,
+            "wall_s": round(time.time() - t0, 1), "seeds_requested": seeds, "procs": a.procs,
             "seeds": sorted(results, key=lambda r: r["seed"]),
         }
-        with open(a.out, "w") as f:
+        with open(a.out + ".tmp", "w") as f:  # replaced whole: a reader never sees half a report
             json.dump(report, f, indent=1)
             f.write("\n")
+        os.replace(a.out + ".tmp", a.out)
 
+    write()  # at once: the seeds requested, none finished (the pool starts them in that order)
     with multiprocessing.Pool(a.procs) as pool:
         for r in pool.imap_unordered(_run, jobs):
             results.append(r)

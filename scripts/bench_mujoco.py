@@ -33,42 +33,84 @@ TASKS = ["HalfCheetah-v5", "Hopper-v5", "Swimmer-v5", "Walker2d-v5", "Ant-v5", "
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
-def bench_python(seconds):
-    """Steps/s of every task under this interpreter's Gymnasium."""
+def timed(chunk, seconds):
+    """Calls chunk() — it steps an env and returns how many steps it took —
+    until `seconds` of wall time have passed. Returns (steps per CPU-second
+    of this process, user + system; steps per wall-clock second)."""
+    steps = 0
+    start, cpu0 = time.perf_counter(), time.process_time()
+    while True:
+        steps += chunk()
+        now = time.perf_counter()
+        if now - start >= seconds:
+            break
+    return steps / (time.process_time() - cpu0), steps / (now - start)
+
+
+def bench_gymnasium(seconds, stepper):
+    """Steps/s of every task under this interpreter's Gymnasium, stepped
+    through gymnasium.make(task) ("make", with its default wrappers, as users
+    step it) and env.unwrapped ("unwrapped", the bare MuJoCo env).
+    stepper(task, env, step) returns the chunk that timed() calls: env is the
+    made env (reset it with env.reset), step the step function to time."""
     import gymnasium as gym
     import mujoco
-    import numpy as np
 
     out = {"mujoco": mujoco.__version__, "gymnasium": gym.__version__, "python": sys.version.split()[0], "tasks": {}}
     for task in TASKS:
         res = {}
         for mode in ("make", "unwrapped"):
             env = gym.make(task)
-            step_env = env if mode == "make" else env.unwrapped
-            rng = np.random.default_rng(1)
-            sp = env.action_space
-            acts = [rng.uniform(sp.low, sp.high).astype(np.float32) for _ in range(1024)]
+            chunk = stepper(task, env, env.step if mode == "make" else env.unwrapped.step)
             env.reset(seed=1)
-            steps, episode_steps = 0, 0
-            start, cpu0 = time.perf_counter(), time.process_time()
-            deadline = start + seconds
-            while True:
-                for _ in range(256):
-                    _, _, term, trunc, _ = step_env.step(acts[steps % 1024])
-                    steps += 1
-                    episode_steps += 1
-                    # The unwrapped env has no TimeLimit: apply Gymnasium's 1000.
-                    if term or trunc or episode_steps >= 1000:
-                        env.reset()
-                        episode_steps = 0
-                now = time.perf_counter()
-                if now >= deadline:
-                    break
-            res[mode] = steps / (time.process_time() - cpu0)
-            res[mode + "_wall"] = steps / (now - start)
+            res[mode], res[mode + "_wall"] = timed(chunk, seconds)
             env.close()
         out["tasks"][task] = res
     return out
+
+
+def random_actions(task, env, step):
+    """256 steps a chunk from a fixed table of 1024 uniform random actions,
+    resetting whenever an episode ends."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    sp = env.action_space
+    acts = [rng.uniform(sp.low, sp.high).astype(np.float32) for _ in range(1024)]
+    steps = episode_steps = 0
+
+    def chunk():
+        nonlocal steps, episode_steps
+        for _ in range(256):
+            _, _, term, trunc, _ = step(acts[steps % 1024])
+            steps += 1
+            episode_steps += 1
+            # The unwrapped env has no TimeLimit: apply Gymnasium's 1000.
+            if term or trunc or episode_steps >= 1000:
+                env.reset()
+                episode_steps = 0
+        return 256
+    return chunk
+
+
+def bench_python(seconds):
+    """Steps/s of every task under this interpreter's Gymnasium, random actions."""
+    return bench_gymnasium(seconds, random_actions)
+
+
+def go_bench_rates(out, bench, who):
+    """{task: {"cpu": steps per CPU-second, "wall": steps/s}} from the output
+    of a Go benchmark `bench` whose sub-benchmarks are TASKS (as
+    internal/env/mjenv's BenchmarkStep and BenchmarkReplayLong report them).
+    Exits naming `who` when a task is missing."""
+    res = {}
+    for line in out.splitlines():
+        m = re.match(bench + r"/(\S+?)(?:-\d+)?\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) steps/cpu-s\s+([\d.]+) steps/s", line)
+        if m:
+            res[m.group(1)] = {"cpu": float(m.group(2)), "wall": float(m.group(3))}
+    if set(res) != set(TASKS):
+        sys.exit(f"{who}: could not parse the Go benchmark output:\n{out}")
+    return res
 
 
 def bench_go(seconds):
@@ -77,14 +119,7 @@ def bench_go(seconds):
            "-benchtime", f"{seconds}s", "-count", "1", "./internal/env/mjenv"]
     print("$", " ".join(cmd), file=sys.stderr)
     out = subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
-    res = {}
-    for line in out.splitlines():
-        m = re.match(r"BenchmarkStep/(\S+?)(?:-\d+)?\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) steps/cpu-s\s+([\d.]+) steps/s", line)
-        if m:
-            res[m.group(1)] = {"cpu": float(m.group(2)), "wall": float(m.group(3))}
-    if set(res) != set(TASKS):
-        sys.exit(f"bench_mujoco: could not parse the Go benchmark output:\n{out}")
-    return res
+    return go_bench_rates(out, "BenchmarkStep", "bench_mujoco")
 
 
 def best(a, b):

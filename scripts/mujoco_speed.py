@@ -27,14 +27,13 @@ import argparse
 import gzip
 import json
 import os
-import re
 import subprocess
-import sys
 import tempfile
-import time
 
-TASKS = ["HalfCheetah-v5", "Hopper-v5", "Swimmer-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5"]
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# The timing loop, the Go benchmark parser and the task list are
+# bench_mujoco.py's: the two scripts differ only in what a chunk of steps is.
+from bench_mujoco import ROOT, TASKS, bench_gymnasium, best, go_bench_rates
+
 LONG = os.path.join(ROOT, "internal/env/mjenv/testdata/long-mujoco-2.3.7")
 
 
@@ -43,37 +42,24 @@ def records(task):
         return json.load(f)
 
 
-def bench_python(seconds):
-    import gymnasium as gym
-    import mujoco
+def replay(task, env, step):
+    """One chunk: every recorded episode of the task, each from env.reset()
+    then set_state(qpos, qvel), stepped with its recorded actions."""
     import numpy as np
 
-    out = {"mujoco": mujoco.__version__, "gymnasium": gym.__version__, "tasks": {}}
-    for task in TASKS:
-        recs = [(np.array(r["qpos"]), np.array(r["qvel"]), [np.array(a) for a in r["actions"]]) for r in records(task)]
-        res = {}
-        for mode in ("make", "unwrapped"):
-            env = gym.make(task)
-            u = env.unwrapped
-            step = env.step if mode == "make" else u.step
-            env.reset(seed=1)
-            steps = 0
-            start, cpu0 = time.perf_counter(), time.process_time()
-            while True:
-                for qpos, qvel, acts in recs:
-                    env.reset()
-                    u.set_state(qpos, qvel)
-                    for a in acts:
-                        step(a)
-                    steps += len(acts)
-                now = time.perf_counter()
-                if now - start >= seconds:
-                    break
-            res[mode] = steps / (time.process_time() - cpu0)
-            res[mode + "_wall"] = steps / (now - start)
-            env.close()
-        out["tasks"][task] = res
-    return out
+    recs = [(np.array(r["qpos"]), np.array(r["qvel"]), [np.array(a) for a in r["actions"]]) for r in records(task)]
+    u = env.unwrapped
+
+    def chunk():
+        steps = 0
+        for qpos, qvel, acts in recs:
+            env.reset()
+            u.set_state(qpos, qvel)
+            for a in acts:
+                step(a)
+            steps += len(acts)
+        return steps
+    return chunk
 
 
 def build_go(fast):
@@ -92,22 +78,7 @@ def bench_go(exe, seconds):
     cmd = [exe, "-test.run", "^$", "-test.bench", "^BenchmarkReplayLong$", "-test.cpu", "1",
            "-test.benchtime", f"{seconds}s", "-test.count", "1"]
     out = subprocess.run(cmd, cwd=os.path.join(ROOT, "internal/env/mjenv"), check=True, capture_output=True, text=True).stdout
-    res = {}
-    for line in out.splitlines():
-        m = re.match(r"BenchmarkReplayLong/(\S+?)(?:-\d+)?\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) steps/cpu-s\s+([\d.]+) steps/s", line)
-        if m:
-            res[m.group(1)] = {"cpu": float(m.group(2)), "wall": float(m.group(3))}
-    if set(res) != set(TASKS):
-        sys.exit(f"mujoco_speed: could not parse the Go benchmark output:\n{out}")
-    return res
-
-
-def best(a, b):
-    if a is None:
-        return b
-    if isinstance(a, dict):
-        return {k: best(a[k], b[k]) for k in a}
-    return max(a, b) if isinstance(a, float) else a
+    return go_bench_rates(out, "BenchmarkReplayLong", "mujoco_speed")
 
 
 def main():
@@ -123,7 +94,7 @@ def main():
     for _ in range(args.rounds):
         for k, exe in exes.items():
             go[k] = best(go[k], bench_go(exe, args.seconds))
-        py = best(py, bench_python(args.seconds))
+        py = best(py, bench_gymnasium(args.seconds, replay))
     load_after = os.getloadavg()
     for exe in exes.values():
         os.remove(exe)

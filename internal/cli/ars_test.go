@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/mujoco"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
@@ -75,6 +76,7 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	if !sum.ReachedTarget || sum.TargetHeld == nil || sum.FinalEvalMean == nil || *sum.FinalEvalMean < 475 != !*sum.TargetHeld || sum.Workers != 2 || sum.Steps == 0 || sum.Protocol != "paper" {
 		t.Fatalf("summary %s", raw)
 	}
+	checkLinkedMuJoCo(t, sum.MuJoCo, sum.MuJoCoLibrary, raw)
 	f, err := os.Open(filepath.Join(dir, "curve.csv"))
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +107,24 @@ func TestTrainARSReachesTargetAndEval(t *testing.T) {
 	code, _, errOut = run(t, ctx, "eval", "--policy", filepath.Join(dir, "policy.safetensors"), "--env", "Acrobot-v1")
 	if code == 0 {
 		t.Fatalf("eval on a mismatched env succeeded: %q", errOut)
+	}
+}
+
+// checkLinkedMuJoCo: a run records the MuJoCo its workers (this binary)
+// link — release and library file — and nothing in a build without it.
+func checkLinkedMuJoCo(t *testing.T, version, library string, raw []byte) {
+	t.Helper()
+	if version != mujoco.Version() || library != mujoco.Library() {
+		t.Fatalf("recorded MuJoCo %q from %q, this binary links %q from %q: %s", version, library, mujoco.Version(), mujoco.Library(), raw)
+	}
+	if !mujoco.Available {
+		if bytes.Contains(raw, []byte(`"mujoco`)) {
+			t.Fatalf("a build without MuJoCo recorded one: %s", raw)
+		}
+		return
+	}
+	if fi, err := os.Stat(library); version == "" || err != nil || !fi.Mode().IsRegular() || !strings.HasPrefix(filepath.Base(library), "libmujoco") {
+		t.Fatalf("recorded MuJoCo %q from %q: %v", version, library, err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/mujoco"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 )
@@ -60,8 +61,8 @@ func newBenchARSPaperCmd(g *globals) *cobra.Command {
 			"rate within the budget, wall time and env steps/s, next to the paper's\n" +
 			"numbers. Each run keeps its own OUT/TASK/seed-S/ (curve, policy,\n" +
 			"summary); a seed whose summary.json is already there with the same task,\n" +
-			"hyperparameters and threshold, and whose outcome within the budget it\n" +
-			"decides, is reused, so an interrupted benchmark resumes.",
+			"hyperparameters, threshold and MuJoCo release, and whose outcome within\n" +
+			"the budget it decides, is reused, so an interrupted benchmark resumes.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !cmd.Flags().Changed("threshold") {
@@ -135,11 +136,14 @@ type paperReport struct {
 	Protocol string `json:"protocol"`
 	Workers  int    `json:"workers"`
 	// MuJoCo is the linked MuJoCo release ("" without the binding):
-	// Debian's 2.2.2 or, built with scripts/mujoco_fast.sh, the wheel's 2.3.7.
-	MuJoCo  string            `json:"mujoco"`
-	Started string            `json:"started"`
-	Load    string            `json:"load_average_at_end"`
-	Tasks   []paperTaskResult `json:"tasks"`
+	// Debian's 2.2.2 or, built with scripts/mujoco_fast.sh, the wheel's
+	// 2.3.7; MuJoCoLibrary the file it was loaded from (mujoco.Library).
+	// Every run's summary.json records the same two.
+	MuJoCo        string            `json:"mujoco,omitempty"`
+	MuJoCoLibrary string            `json:"mujoco_library,omitempty"`
+	Started       string            `json:"started"`
+	Load          string            `json:"load_average_at_end"`
+	Tasks         []paperTaskResult `json:"tasks"`
 }
 
 // paperTask resolves a task's hyperparameters, threshold and budget.
@@ -187,7 +191,7 @@ func benchARSPaper(ctx context.Context, g *globals, o *arsPaperOptions) error {
 	if o.protocol != arsrpc.ProtocolPaper && o.protocol != arsrpc.ProtocolFast {
 		return fmt.Errorf("--protocol %q: want paper or fast", o.protocol)
 	}
-	rep := paperReport{Command: "rlhub " + strings.Join(os.Args[1:], " "), Protocol: o.protocol, Workers: o.workers, MuJoCo: mujoco.Version(), Started: time.Now().UTC().Format(time.RFC3339)}
+	rep := paperReport{Command: "rlhub " + strings.Join(os.Args[1:], " "), Protocol: o.protocol, Workers: o.workers, MuJoCo: mujoco.Version(), MuJoCoLibrary: mujoco.Library(), Started: time.Now().UTC().Format(time.RFC3339)}
 	var runErr error
 	for _, pl := range plans {
 		res := paperTaskResult{Task: pl.name, Hyper: hyperStrings(pl.p.Hyper), Threshold: pl.p.Threshold, Budget: pl.budget}
@@ -266,7 +270,9 @@ func runPaperSeed(ctx context.Context, g *globals, o *arsPaperOptions, name stri
 // so its outcome under another budget is read off it.
 func reusableSummary(dir, name string, p ars.Paper, budget int64, seed uint64) (arsrun.Summary, bool) {
 	sum, err := arsrun.ReadSummary(dir)
-	if err != nil || sum.Env != name || sum.Seed != seed || sum.Target == nil || *sum.Target != p.Threshold {
+	// A summary of another MuJoCo release (or of none recorded) ran other
+	// physics: it is run again, not mixed into this binary's report.
+	if err != nil || sum.Env != name || sum.Seed != seed || sum.Target == nil || *sum.Target != p.Threshold || sum.MuJoCo != mujoco.Version() {
 		return sum, false
 	}
 	want := hyperStrings(p.Hyper)
@@ -383,10 +389,12 @@ func writePaperReport(dir string, rep *paperReport) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ars-paper.json"), append(b, '\n'), 0o644); err != nil {
+	// Replaced whole (temp file, rename): the report is rewritten after
+	// every seed while collectors (scripts/ars_protocol_results.py) read it.
+	if err := atomicfile.Write(filepath.Join(dir, "ars-paper.json"), b, []byte{'\n'}); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "ars-paper.md"), []byte(paperMarkdown(rep)), 0o644)
+	return atomicfile.Write(filepath.Join(dir, "ars-paper.md"), []byte(paperMarkdown(rep)))
 }
 
 func protocolText(p string) string {
@@ -404,7 +412,7 @@ func paperMarkdown(rep *paperReport) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Evaluation protocol: %s.\n\n", protocolText(rep.Protocol))
 	if rep.MuJoCo != "" {
-		fmt.Fprintf(&b, "MuJoCo %s.\n\n", rep.MuJoCo)
+		fmt.Fprintf(&b, "MuJoCo %s (%s).\n\n", rep.MuJoCo, rep.MuJoCoLibrary)
 	}
 	fmt.Fprintf(&b, "| task | version, N, b, α, ν, shift | threshold | paper: episodes | rlhub: episodes median (min–max) | reached within budget | held on fresh episodes | budget | best eval, median | wall time | env steps/s | per worker CPU-s |\n")
 	fmt.Fprintf(&b, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")

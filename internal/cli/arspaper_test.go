@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/mujoco"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 )
 
@@ -50,10 +51,21 @@ func TestBenchARSPaperPlumbing(t *testing.T) {
 		*tr.EpisodesMedian != float64(tr.PerSeed[0].Episodes+tr.PerSeed[1].Episodes)/2 {
 		t.Fatalf("CartPole should reach 150 on both seeds: %s", raw)
 	}
+	checkLinkedMuJoCo(t, rep.MuJoCo, rep.MuJoCoLibrary, raw)
 	for _, s := range tr.PerSeed {
-		if _, err := os.Stat(filepath.Join(dir, "CartPole-v1", "seed-"+strconv.FormatUint(s.Seed, 10), "policy.safetensors")); err != nil {
+		seedDir := filepath.Join(dir, "CartPole-v1", "seed-"+strconv.FormatUint(s.Seed, 10))
+		if _, err := os.Stat(filepath.Join(seedDir, "policy.safetensors")); err != nil {
 			t.Error(err)
 		}
+		sraw, err := os.ReadFile(filepath.Join(seedDir, "summary.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum arsrun.Summary
+		if err := json.Unmarshal(sraw, &sum); err != nil {
+			t.Fatal(err)
+		}
+		checkLinkedMuJoCo(t, sum.MuJoCo, sum.MuJoCoLibrary, sraw)
 	}
 	md, err := os.ReadFile(filepath.Join(dir, "ars-paper.md"))
 	if err != nil || !strings.Contains(string(md), "| CartPole-v1 | V2-t, 16, 8, 0.02, 0.03, 0 | 150 | — |") || !strings.Contains(out, "| CartPole-v1 |") {
@@ -109,12 +121,21 @@ func TestReusableSummary(t *testing.T) {
 	} {
 		dir := t.TempDir()
 		sum := arsrun.Summary{Env: "Swimmer-v5", Seed: 3, Target: &target, Hyper: hyperStrings(p.Hyper), ReachedTarget: c.reached, Reason: reason(c.reached),
-			Episodes: c.episodes, PolicyEpisodes: c.episodes}
+			Episodes: c.episodes, PolicyEpisodes: c.episodes, MuJoCo: mujoco.Version()}
 		b, _ := json.Marshal(sum)
 		os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)
 		if _, got := reusableSummary(dir, "Swimmer-v5", p, c.budget, 3); got != c.want {
 			t.Errorf("%s: reusable %v, want %v", c.name, got, c.want)
 		}
+		other := sum
+		other.MuJoCo = "1.31"
+		b, _ = json.Marshal(other)
+		os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)
+		if _, got := reusableSummary(dir, "Swimmer-v5", p, c.budget, 3); got {
+			t.Errorf("%s: a summary of MuJoCo 1.31 reused by a binary of MuJoCo %q", c.name, mujoco.Version())
+		}
+		b, _ = json.Marshal(sum)
+		os.WriteFile(filepath.Join(dir, "summary.json"), b, 0o644)
 		if _, got := reusableSummary(dir, "Swimmer-v5", p, c.budget, 4); got {
 			t.Errorf("%s: another seed's summary reused", c.name)
 		}

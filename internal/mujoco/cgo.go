@@ -3,7 +3,9 @@
 package mujoco
 
 /*
-#cgo LDFLAGS: -lmujoco
+#cgo LDFLAGS: -lmujoco -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <mujoco/mujoco.h>
@@ -13,6 +15,14 @@ package mujoco
 static void rl_warning(const char* msg) { fprintf(stderr, "mujoco: warning: %s\n", msg); }
 static void rl_install_handlers(void) { mju_user_warning = rl_warning; }
 
+// rl_library is the file the dynamic loader mapped mj_versionString from:
+// the libmujoco this process runs, whichever -L or rpath picked it.
+static const char* rl_library(void) {
+	Dl_info info;
+	if (dladdr((void*)mj_versionString, &info) == 0 || info.dli_fname == NULL) return "";
+	return info.dli_fname;
+}
+
 static void rl_step(const mjModel* m, mjData* d, int n) {
 	for (int i = 0; i < n; i++) mj_step(m, d);
 }
@@ -21,6 +31,7 @@ import "C"
 
 import (
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -33,6 +44,19 @@ func init() { C.rl_install_handlers() }
 
 // Version is the linked MuJoCo version, e.g. "2.2.2".
 func Version() string { return C.GoString(C.mj_versionString()) }
+
+// Library is the path of the linked libmujoco as loaded, with symbolic links
+// resolved: Debian's /usr/lib/…/libmujoco.so.2.2.2, or the pip wheel's
+// site-packages/mujoco/libmujoco.so.2.3.7 for a build after
+// scripts/mujoco_fast.sh. Version says which release; Library says which
+// build of it (the two differ in speed, not in physics: docs/mujoco.md).
+func Library() string {
+	p := C.GoString(C.rl_library())
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return p
+}
 
 // loadMu serializes model compilation: MuJoCo 2.2.2 does not document
 // mj_loadXML as safe to call concurrently.

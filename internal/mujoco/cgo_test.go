@@ -88,6 +88,36 @@ func equalInts(a, b []int) bool {
 	return true
 }
 
+// Library names the libmujoco file this process has mapped (as the loader
+// sees it in /proc/self/maps), not a guess from the build flags.
+func TestLibraryIsTheMappedLibmujoco(t *testing.T) {
+	lib := Library()
+	if !filepath.IsAbs(lib) || !strings.HasPrefix(filepath.Base(lib), "libmujoco") {
+		t.Fatalf("Library() = %q, want an absolute path to a libmujoco file", lib)
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mapped []string
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.Contains(filepath.Base(f[5]), "libmujoco") {
+			continue
+		}
+		p, err := filepath.EvalSymlinks(f[5])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == lib {
+			t.Logf("MuJoCo %s from %s", Version(), lib)
+			return
+		}
+		mapped = append(mapped, p)
+	}
+	t.Fatalf("Library() = %q is not mapped; mapped libmujoco files: %q", lib, mapped)
+}
+
 func TestStepFallsAndLands(t *testing.T) {
 	_, d := loadBox(t)
 	d.Forward()

@@ -10,6 +10,9 @@ const Available = false
 // Version is the linked MuJoCo version; empty without the binding.
 func Version() string { return "" }
 
+// Library is the path of the linked libmujoco; empty without the binding.
+func Library() string { return "" }
+
 // Model is a compiled MuJoCo model. Without the binding it cannot be made.
 type Model struct {
 	Nq, Nv, Nu, Na, Nbody int

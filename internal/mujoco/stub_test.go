@@ -24,4 +24,7 @@ func TestWithoutMuJoCo(t *testing.T) {
 	if _, err := NewData(nil); !errors.Is(err, ErrNotInstalled) {
 		t.Errorf("NewData error = %v, want ErrNotInstalled", err)
 	}
+	if Version() != "" || Library() != "" {
+		t.Errorf("Version() = %q, Library() = %q without the binding, want both empty", Version(), Library())
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/env"
+	"github.com/rlhub/rlhub/internal/mujoco"
 )
 
 // Summary is OUT/summary.json.
@@ -74,6 +75,15 @@ type Summary struct {
 	// clipping (0: none).
 	Optimizer   *OptimizerFile `json:"optimizer"`
 	GradientMax float64        `json:"gradient_max"`
+	// MuJoCo and MuJoCoLibrary are the MuJoCo release and the library file
+	// it was loaded from (internal/mujoco Version, Library) of the worker
+	// processes this run started, which run this binary: Debian's
+	// libmujoco 2.2.2 or, for a build after scripts/mujoco_fast.sh, the
+	// pip wheel's 2.3.7. Recorded whatever the env; empty for a build
+	// without MuJoCo, and for a run that started no workers (Workers 0:
+	// its workers are other processes, whose build this one cannot see).
+	MuJoCo        string `json:"mujoco,omitempty"`
+	MuJoCoLibrary string `json:"mujoco_library,omitempty"`
 	// Filters: the final filter statistics of each key of a Dict
 	// observation space (absent for a flat one).
 	Filters map[string]KeyFilter `json:"filters,omitempty"`
@@ -130,6 +140,9 @@ func summarise(r *runner, model string, pol *ars.Policy) Summary {
 			"hidden":     fmt.Sprint(pol.Arch.Hidden),
 		},
 		Optimizer: optimizerFile(r.spec.Optimizer), GradientMax: r.spec.GradientMax,
+	}
+	if r.cfg.Workers > 0 {
+		s.MuJoCo, s.MuJoCoLibrary = mujoco.Version(), mujoco.Library()
 	}
 	if r.spec.UseTarget {
 		t := r.spec.Target
