@@ -36,6 +36,14 @@ def test_committed_machin_vectors_are_torchs():
         assert {k: v for k, v in f.items() if k != "iterations"} == {k: v for k, v in c.items() if k != "iterations"}
         for i, (fi, ci) in enumerate(zip(f["iterations"], c["iterations"])):
             assert fi["rplus"] == ci["rplus"] and fi["rminus"] == ci["rminus"], (f["name"], i)
-            np.testing.assert_allclose(fi["theta"], ci["theta"], rtol=1e-6, atol=1e-9, err_msg=f"{f['name']} iteration {i}")
+            # torch's float32 kernels take other vector paths on other CPUs
+            # (ATEN_CPU_CAPABILITY avx512, avx2, default): θ then differs
+            # by ~1e-7 of its largest entry (measured 5e-8 and 1e-7 against
+            # the committed file), so a near-zero entry cannot meet a
+            # relative bound alone. The absolute bound is scaled to θ, ten
+            # times that roundoff: any change in the arithmetic moves θ by
+            # far more.
+            atol = 1e-6 * float(np.abs(ci["theta"]).max())
+            np.testing.assert_allclose(fi["theta"], ci["theta"], rtol=1e-6, atol=atol, err_msg=f"{f['name']} iteration {i}")
         # θ moved, and clipping took part where it is set.
         assert f["iterations"][-1]["theta"] != f["theta0"], f["name"]
