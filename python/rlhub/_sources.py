@@ -78,8 +78,10 @@ def check_specs(specs: Sequence[SourceSpec]) -> List[SourceSpec]:
 
 
 def _clustered(where: Optional[str]) -> bool:
+    if not where:
+        return False
     try:
-        return bool(where) and parse_target(where).clustered
+        return parse_target(where).clustered
     except ValueError:
         return False  # PushSource reports the bad address
 
