@@ -109,7 +109,10 @@ type Announcement struct {
 
 // Announce registers info under a fresh lease of cfg.LeaseTTL (cfg's
 // Endpoints, Cluster, LeaseTTL and DialTimeout are used; ID and Addr are
-// info's). A live announcement with the same kind and id is refused
+// info's). An announcement with the same kind and id that is still there
+// is waited out for its lease's TTL (and a second): a process restarted
+// after kill -9 finds its predecessor's entry, which lapses within that
+// time. One still there after it belongs to a live process and is refused
 // (errs.ErrExists).
 func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement, error) {
 	cfg.ID, cfg.Addr = info.ID, info.Addr
@@ -134,14 +137,32 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	a := &Announcement{cli: cli, sess: sess}
 	val, _ := json.Marshal(info)
 	key := path.Join(cfg.prefix(), "services", info.Kind, info.ID)
-	resp, err := cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(sess.Lease()))).
-		Commit()
-	if err == nil && !resp.Succeeded {
-		err = fmt.Errorf("%w: cluster: %s %q is announced by a live process", errs.ErrExists, info.Kind, info.ID)
-	} else if err != nil {
-		err = etcdError(cfg.Endpoints, err)
+	for waited := false; ; waited = true {
+		var resp *clientv3.TxnResponse
+		resp, err = cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(sess.Lease()))).
+			Commit()
+		if err != nil {
+			err = etcdError(cfg.Endpoints, err)
+			break
+		}
+		if resp.Succeeded {
+			break
+		}
+		if !waited {
+			cfg.Logger.Info("cluster: waiting for an earlier announcement with this id to lapse", "kind", info.Kind, "id", info.ID)
+			var gone bool
+			if gone, err = waitGone(ctx, cli, key); err != nil {
+				err = etcdError(cfg.Endpoints, err)
+				break
+			}
+			if gone {
+				continue
+			}
+		}
+		err = fmt.Errorf("%w: cluster: %s %q is announced by a live process (its entry outlived its lease's TTL)", errs.ErrExists, info.Kind, info.ID)
+		break
 	}
 	if err != nil {
 		a.Close()
@@ -149,6 +170,41 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	}
 	cfg.Logger.Info("cluster: announced", "kind", info.Kind, "id", info.ID, "addr", info.Addr, "model", info.Model)
 	return a, nil
+}
+
+// waitGone waits for key to be deleted, for as long as the lease it is
+// under could outlive its holder (its granted TTL, and a second): true once
+// it is gone, false when it is still there after that.
+func waitGone(ctx context.Context, cli *clientv3.Client, key string) (bool, error) {
+	g, err := cli.Get(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	if len(g.Kvs) == 0 {
+		return true, nil
+	}
+	wait := 2 * time.Second
+	if id := g.Kvs[0].Lease; id != 0 {
+		if l, err := cli.TimeToLive(ctx, clientv3.LeaseID(id)); err == nil && l.GrantedTTL > 0 {
+			wait = time.Duration(l.GrantedTTL) * time.Second
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait+time.Second)
+	defer cancel()
+	for wr := range cli.Watch(clientv3.WithRequireLeader(wctx), key, clientv3.WithRev(g.Header.Revision+1)) {
+		if err := wr.Err(); err != nil {
+			if wctx.Err() != nil {
+				break // the wait is over: said below
+			}
+			return false, err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return true, nil
+			}
+		}
+	}
+	return false, ctx.Err()
 }
 
 // Lost closes when the announcement's lease is gone.

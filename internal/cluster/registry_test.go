@@ -75,6 +75,42 @@ func TestAnnouncedServicesAreListedWhileTheyLive(t *testing.T) {
 	testkit.Eventually(t, 15*time.Second, "r2 to drop out after its TTL", func() bool { return len(ids(KindRelay, "m")) == 0 })
 }
 
+// A process restarted at once after kill -9 finds its predecessor's
+// announcement still there: Announce waits it out (the lease's TTL) instead
+// of refusing, and the restarted process's entry is the one listed.
+func TestAnnounceWaitsOutADeadPredecessor(t *testing.T) {
+	e := clustertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := Config{Endpoints: []string{e.Endpoint}, Cluster: "reg2", LeaseTTL: time.Second, Logger: testkit.Logger()}
+	old, err := Announce(ctx, cfg, ServiceInfo{Kind: KindRelay, ID: "r", Addr: "127.0.0.1:1", Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.cli.Close() // the process dies: no keep-alive, no revoke
+	a, err := Announce(ctx, cfg, ServiceInfo{Kind: KindRelay, ID: "r", Addr: "127.0.0.1:2", Model: "m"})
+	if err != nil {
+		t.Fatalf("announce after the predecessor died: %v", err)
+	}
+	defer a.Close()
+	rd, err := OpenReader(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ss, err := rd.Services(ctx, KindRelay, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 1 || ss[0].Addr != "127.0.0.1:2" {
+		t.Fatalf("relays after the restart: %+v, want only the new one", ss)
+	}
+	// A live holder is still refused (after the wait).
+	if _, err := Announce(ctx, cfg, ServiceInfo{Kind: KindRelay, ID: "r", Addr: "127.0.0.1:3", Model: "m"}); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("a second r while the first lives: %v, want ErrExists", err)
+	}
+}
+
 // WatchServices reports the list at the start and after every change, and
 // keeps reporting after etcd restarts (the watch is opened again from a
 // fresh list); it returns when its context ends.
