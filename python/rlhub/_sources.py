@@ -11,17 +11,27 @@ segment on this host) or ``"failover"``: a
 most preferred first, that falls over to the next when its source dies
 (a relay SIGKILLed) and goes back when a more preferred one serves again.
 The default failover list is the relay's segment, the relay's stream, then
-the upstream hub's stream: the Go ``wsync.Failover`` order.
+the upstream hub's stream: the Go ``wsync.Failover`` order. Given only a
+cluster (``hub="etcd://E/NAME"``, no relay, segment or list), the relay is
+the one announced in etcd on the host where the source is opened, looked up
+again at every dial (a worker on another host finds its own relay; a relay
+started or restarted later, on another port or segment, is found by the
+next probe), with the cluster's primary last.
 """
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+import socket
+import threading
+import time
+from typing import Any, List, NamedTuple, Optional, Sequence
 
+from rlhub import errors
 from rlhub._channel import parse_target
 from rlhub.wsync import DataPlaneSource, Dialer, FailoverSource, PushSource, ShmSource, Source, StoreSource
 
-__all__ = ["SourceSpec", "VIAS", "OWN_REPORTS", "check_specs", "failover_specs", "open_source"]
+__all__ = ["SourceSpec", "VIAS", "OWN_REPORTS", "check_specs", "discovers_relay", "failover_specs", "open_source",
+           "relay_dialers"]
 
 VIAS = ("store", "push", "dataplane", "shm", "failover")
 """The values ``via`` takes."""
@@ -86,6 +96,23 @@ def _clustered(where: Optional[str]) -> bool:
         return False  # PushSource reports the bad address
 
 
+def _etcd(where: Optional[str]) -> bool:
+    if not where:
+        return False
+    try:
+        return bool(parse_target(where).etcd)
+    except ValueError:
+        return False
+
+
+def discovers_relay(hub: Optional[str], *, relay: Optional[str] = None, shm_path: Optional[str] = None,
+                    failover: Optional[Sequence[SourceSpec]] = None) -> bool:
+    """Whether a ``"failover"`` source of ``hub`` finds its relay in etcd
+    where it is opened: ``hub`` is ``etcd://…`` and no relay, segment or
+    failover list is given."""
+    return failover is None and not relay and not shm_path and _etcd(hub)
+
+
 def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lease: bool) -> Source:
     if via == "store":
         return StoreSource(where, model)
@@ -100,11 +127,14 @@ def _open_one(via: str, where: Optional[str], model: str, collector_id: str, lea
 
 def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: Optional[str] = None,
                 lease: bool = True, relay: Optional[str] = None,
-                failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0) -> Source:
+                failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0,
+                report_hub: Optional[str] = None) -> Source:
     """Opens the source ``via`` names (see the module doc). For
     ``"failover"``: ``failover`` when given, else :func:`failover_specs`
-    of ``hub``, ``relay`` and ``shm_path``; the failover source reports the
-    version run to ``hub`` while it reads a segment. ``"push"`` on a
+    of ``hub``, ``relay`` and ``shm_path``, or with ``hub`` a cluster as
+    ``etcd://…`` and neither given, :func:`relay_dialers` (the relay
+    announced on this host, looked up at each dial, then the primary); the failover source reports the
+    version run to ``report_hub`` (default ``hub``) while it reads a segment. ``"push"`` on a
     cluster (a hub list or ``etcd://``) is a push stream under a
     :class:`FailoverSource`, so it is attached again to the new primary
     when the one it is on dies. A segment is read by a
@@ -112,10 +142,14 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
     into the module, then released) unless ``lease=False`` asks for the
     copying reader."""
     if via == "failover":
+        if discovers_relay(hub, relay=relay, shm_path=shm_path, failover=failover):
+            return FailoverSource(relay_dialers(hub, model, collector_id, lease, probe_every),
+                                  model=model, collector_id=collector_id, hub=report_hub or hub,
+                                  probe_every=probe_every)
         specs = check_specs(failover if failover is not None else
                              failover_specs(hub, relay=relay, relay_shm=shm_path))
         dialers: List[Dialer] = [(s.name, _Dial(s, model, collector_id, lease)) for s in specs]
-        return FailoverSource(dialers, model=model, collector_id=collector_id, hub=hub,
+        return FailoverSource(dialers, model=model, collector_id=collector_id, hub=report_hub or hub,
                               probe_every=probe_every)
     if via not in _SINGLE:
         raise ValueError(f"via must be one of {', '.join(VIAS)}")
@@ -148,3 +182,65 @@ class _Dial:
 
     def __call__(self) -> Source:
         return _open_one(self.spec.via, self.spec.where, self.model, self.collector_id, self.lease)
+
+
+class _RelayLookup:
+    """The relay announced in etcd for a model on this host, asked at most
+    once per ``fresh`` seconds (the segment's and the stream's dialers of
+    one failover source share an answer) with a short etcd deadline, so a
+    probe from a rollout's start never waits long on etcd."""
+
+    def __init__(self, cluster: str, model: str, fresh: float, timeout: float = 1.0):
+        self.cluster, self.model, self.fresh, self.timeout = cluster, model, fresh, timeout
+        self._mu = threading.Lock()
+        self._at = -float("inf")
+        self._got: Any = None
+        self._err: Optional[BaseException] = None
+
+    def get(self) -> Any:
+        from rlhub import discover
+        with self._mu:
+            now = time.monotonic()
+            if now - self._at >= self.fresh:
+                self._at = now
+                try:
+                    self._got, self._err = discover.local_relay(self.cluster, self.model, timeout=self.timeout), None
+                except errors.RlhubError as e:
+                    self._got, self._err = None, e
+            if self._err is not None:
+                raise errors.Unavailable(f"finding the relay of {self.model!r} in etcd: {self._err}")
+            if self._got is None:
+                raise errors.Unavailable(
+                    f"no relay of {self.model!r} is announced on host {socket.gethostname()[:64]!r}")
+            return self._got
+
+
+class _RelayDial:
+    """A FailoverSource dialer of the relay :class:`_RelayLookup` finds:
+    its segment (``shm``) or its push stream."""
+
+    def __init__(self, lookup: _RelayLookup, shm: bool, collector_id: str, lease: bool):
+        self.lookup, self.shm, self.collector_id, self.lease = lookup, shm, collector_id, lease
+
+    def __call__(self) -> Source:
+        r = self.lookup.get()
+        if not self.shm:
+            return PushSource(r.addr, self.lookup.model, collector_id=self.collector_id)
+        if not r.shm:
+            raise errors.Unavailable(f"the relay {r.id[:64]!r} of {self.lookup.model!r} announces no segment")
+        return ShmSource(r.shm, model=self.lookup.model, lease=self.lease)
+
+
+def relay_dialers(cluster: str, model: str, collector_id: str, lease: bool = True,
+                  probe_every: float = 1.0) -> List[Dialer]:
+    """The dialers of a collector of ``model`` given only ``cluster``
+    (``etcd://E/NAME``): the segment of the relay announced in etcd on this
+    host, that relay's push stream, then the cluster's primary (followed).
+    The relay is looked up when dialed, in the process that dials, so it is
+    the relay of the host the collector runs on, and one that appears,
+    moves or comes back later is found by the next dial or probe (a lookup
+    is reused for half of ``probe_every`` at most)."""
+    lookup = _RelayLookup(cluster, model, fresh=probe_every / 2)
+    return [("relay-shm", _RelayDial(lookup, True, collector_id, lease)),
+            ("relay", _RelayDial(lookup, False, collector_id, lease)),
+            ("upstream", _PushDial(cluster, model, collector_id))]

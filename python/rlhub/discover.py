@@ -461,7 +461,10 @@ def failover_for(cluster: str, model: str, timeout: float = 3.0) -> List[Tuple[s
     ``cluster`` (``etcd://E/NAME``), as ``(name, via, address)`` for
     :class:`rlhub._sources.SourceSpec`: the relay announced on this host
     (its segment, then its stream) when there is one, then the cluster's
-    primary (followed). Without a relay, only the primary."""
+    primary (followed). Without a relay, only the primary. This is one
+    answer, now, on this host: a source that should find the relay where
+    and when it dials is :func:`rlhub._sources.open_source` with
+    ``via="failover"`` and the cluster as ``hub``."""
     specs: List[Tuple[str, str, str]] = []
     try:
         r = local_relay(cluster, model, timeout=timeout)

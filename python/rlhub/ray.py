@@ -50,15 +50,17 @@ __all__ = ["ReceiverActor", "ARSWorkerActor", "RlhubRayWeightUpdater", "start_re
 
 def source_for(via: str, hub: str, model: str, collector_id: str, shm_path: Optional[str] = None, *,
                relay: Optional[str] = None, failover: Optional[Sequence[SourceSpec]] = None,
-               probe_every: float = 1.0, lease: bool = True) -> Source:
+               probe_every: float = 1.0, lease: bool = True, report_hub: Optional[str] = None) -> Source:
     """An rlhub source inside an actor: ``store``, ``push``, ``dataplane``
     (the hub's push fan-out on its data plane, gRPC push stream as the
     fallback), ``shm`` or
     ``failover`` (the relay's segment ``shm_path`` and stream ``relay``,
-    then the upstream ``hub``; or the ``failover`` list). A segment is
-    leased (``lease=False``: the copying reader)."""
+    then the upstream ``hub``; or the ``failover`` list; or, with ``hub``
+    an ``etcd://`` cluster and none of those, the relay announced on the
+    actor's node, looked up at each dial). A segment is leased
+    (``lease=False``: the copying reader)."""
     return open_source(via, hub, model, collector_id=collector_id, shm_path=shm_path, relay=relay,
-                       failover=failover, probe_every=probe_every, lease=lease)
+                       failover=failover, probe_every=probe_every, lease=lease, report_hub=report_hub)
 
 
 class ReceiverActor:
@@ -75,7 +77,9 @@ class ReceiverActor:
             actor's node, ``shm_path``) or ``failover`` (that segment and/or
             the stream of the relay at ``relay``, falling over to ``hub``
             when the relay dies and back when it returns; ``failover``, a
-            list of :class:`SourceSpec`, to choose the order).
+            list of :class:`SourceSpec`, to choose the order; or with
+            ``hub`` an ``etcd://`` cluster and none of those, the relay
+            announced on the actor's node, looked up at each dial).
         collector_id: the id the actor reports under (default
             ``ray-<actor id>``).
         report_hub: where reports go when not ``hub`` (a push stream
@@ -92,12 +96,9 @@ class ReceiverActor:
         ctx = ray.get_runtime_context()
         self.collector_id = collector_id or f"ray-{(ctx.get_actor_id() or 'driver')[:12]}"
         self.module = make_module()
-        if via == "failover" and failover is None:
-            failover = failover_specs(hub, relay=relay, relay_shm=shm_path)
         # A failover source reports itself, to report_hub while on a segment.
-        src = source_for(via, (report_hub or hub) if via == "failover" else hub, model,
-                         self.collector_id, shm_path, relay=relay, failover=failover,
-                         probe_every=probe_every, lease=lease)
+        src = source_for(via, hub, model, self.collector_id, shm_path, relay=relay, failover=failover,
+                         probe_every=probe_every, lease=lease, report_hub=report_hub)
         self.receiver = Receiver(self.module, src, collector_id=self.collector_id, model=model,
                                  hub=None if via in OWN_REPORTS else (report_hub or hub),
                                  strict=strict)

@@ -32,7 +32,9 @@ and/or ``shm_path=`` (its segment) gives each receiver a
 :class:`rlhub.wsync.FailoverSource`: relay segment, relay stream, then the
 upstream ``hub``. A receiver whose relay dies takes the next rollout's
 version from the upstream and goes back to the relay once it serves again
-(checked at most every ``probe_every`` seconds, at rollout starts).
+(checked at most every ``probe_every`` seconds, at rollout starts). Given
+only ``cluster="etcd://E/NAME"``, each worker looks its own host's relay up
+in etcd at every dial and probe.
 
 **The version stamp.** With ``track_policy_version=True`` the collector's
 ``PolicyVersion`` transform writes ``("next", "policy_version")`` into every
@@ -80,7 +82,7 @@ from torchrl.envs.transforms import Transform  # type: ignore[import-untyped]
 from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-untyped]
 
 from rlhub import errors
-from rlhub._sources import OWN_REPORTS, VIAS, SourceSpec, check_specs, failover_specs, open_source
+from rlhub._sources import OWN_REPORTS, VIAS, SourceSpec, check_specs, discovers_relay, failover_specs, open_source
 from rlhub.store import StoreClient
 from rlhub.tensors import save_bytes
 from rlhub.wsync import Receiver, Source, WeightVersion, copy_into
@@ -123,15 +125,18 @@ def make_name_map(strip_prefix: str = "", add_prefix: str = "",
 
 def make_source(via: str, hub: str, model: str, *, collector_id: str,
                 shm_path: Optional[str] = None, lease: bool = True, relay: Optional[str] = None,
-                failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0) -> Source:
+                failover: Optional[Sequence[SourceSpec]] = None, probe_every: float = 1.0,
+                report_hub: Optional[str] = None) -> Source:
     """An rlhub source: ``store`` (pull/watch), ``push`` (the hub's or a
     relay's push stream at ``hub``), ``shm`` (a relay's segment on this
     host; default path ``/dev/shm/rlhub-<model>``) or ``failover``: the
     relay's segment (``shm_path``) and stream (``relay``), then the
-    upstream ``hub``, or the ``failover`` list, as a
-    :class:`rlhub.wsync.FailoverSource`."""
+    upstream ``hub``, or the ``failover`` list, or with ``hub`` an
+    ``etcd://`` cluster and none of those the relay announced on this host
+    (looked up at each dial), as a :class:`rlhub.wsync.FailoverSource`
+    that reports to ``report_hub`` (default ``hub``) from a segment."""
     return open_source(via, hub, model, collector_id=collector_id, shm_path=shm_path, lease=lease,
-                       relay=relay, failover=failover, probe_every=probe_every)
+                       relay=relay, failover=failover, probe_every=probe_every, report_hub=report_hub)
 
 
 class _MappedTarget:
@@ -246,9 +251,12 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             stream reports on the stream itself).
         cluster: a cluster as ``etcd://E/NAME``: ``hub`` defaults to it (the
             primary, followed), and ``via="failover"`` without ``relay``,
-            ``shm_path`` or ``failover`` finds the relay announced on this
-            host in etcd (its segment, then its stream), falling back to the
-            primary when there is none (:func:`rlhub.discover.failover_for`).
+            ``shm_path`` or ``failover`` has each worker find the relay
+            announced in etcd on the worker's own host (its segment, then
+            its stream), falling back to the primary when there is none; the
+            lookup is made again at every dial and probe, so a relay started
+            after the workers, or restarted elsewhere, is found
+            (:func:`rlhub._sources.relay_dialers`).
 
     The sender (``init_on_sender``: a ``MultiSyncCollector`` does it, or call
     ``scheme.init_on_sender(model=policy)`` yourself on a trainer) pushes
@@ -271,14 +279,16 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
         if not model:
             raise ValueError("RlhubWeightSyncScheme needs a model name")
         hub = hub or cluster or ""
-        if cluster and via == "failover" and not (relay or shm_path or failover):
-            from rlhub import discover
-            failover = [SourceSpec(*s) for s in discover.failover_for(cluster, model)]
         self.hub, self.rlhub_model, self.via = hub, model, via
         self.shm_path, self.lease = shm_path, lease
         self.relay, self.probe_every = relay, probe_every
         self.failover: Optional[List[SourceSpec]] = None
-        if via == "failover":  # checked here, in the parent, not in each worker
+        # Given only a cluster, each worker finds the relay of its own host
+        # in etcd when it opens its source (and at every dial after), not
+        # the parent once for all of them.
+        self.discovers_relay = via == "failover" and discovers_relay(
+            hub, relay=relay, shm_path=shm_path, failover=failover)
+        if via == "failover" and not self.discovers_relay:  # checked here, in the parent, not in each worker
             self.failover = check_specs(failover) if failover is not None else \
                 failover_specs(hub, relay=relay, relay_shm=shm_path)
         self.collector_id = collector_id or f"torchrl-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -404,11 +414,11 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
     def _open_receiver(self) -> Receiver:
         if self._receiver is None:
             cid = self.collector_id if self._worker_idx is None else f"{self.collector_id}-{self._worker_idx}"
-            # (For failover the upstream is in self.failover already; the
-            # hub argument is where the source reports from a segment.)
-            src = make_source(self.via, self.report_hub if self.via == "failover" else self.hub,
-                              self.rlhub_model, collector_id=cid, shm_path=self.shm_path,
-                              lease=self.lease, failover=self.failover, probe_every=self.probe_every)
+            # (A failover source reports to report_hub from a segment; a
+            # discovering one looks this worker's relay up in etcd itself.)
+            src = make_source(self.via, self.hub, self.rlhub_model, collector_id=cid, shm_path=self.shm_path,
+                              lease=self.lease, failover=self.failover, probe_every=self.probe_every,
+                              report_hub=self.report_hub)
             target = _MappedTarget(self._current_model, self.names, self._device)
             # A push stream, a data-plane source or a failover source
             # reports on its own.

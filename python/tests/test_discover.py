@@ -174,42 +174,32 @@ def test_collector_finds_its_relay_from_etcd(rlhub_bin, tmp_path):
         assert discover.collector_target(target, "m") == (addr, True)
         assert discover.collector_target(target, "other") == (target, False)
         assert discover.local_relay(target, "m", host="another-host") is None
-        # The TorchRL scheme given the cluster finds the relay (segment,
-        # stream) and falls back to the primary; a failover source built
-        # from it reads through the relay, then from the hub once the
-        # relay is SIGKILLed.
+        # A failover source given only the cluster finds the relay
+        # (segment, stream) when it dials and falls back to the primary:
+        # it reads through the relay, then from the hub once the relay is
+        # SIGKILLed.
         store = rlhub.StoreClient(target, timeout=30.0)
         store.push("m", {"w": np.ones(2, dtype=np.float32)}, version=1, expect=0)
-        scheme = None
+        from rlhub._sources import discovers_relay, open_source
+        assert discovers_relay(target) and not discovers_relay(target, relay=addr)
+        assert discover.failover_for(target, "m") == [("relay-shm", "shm", seg), ("relay", "push", addr),
+                                                     ("upstream", "push", target)]
+        src = open_source("failover", target, "m", collector_id="pydisc")
         try:
-            from rlhub.torchrl import RlhubWeightSyncScheme, make_source
-            from rlhub._sources import SourceSpec
-            scheme = RlhubWeightSyncScheme("", "m", via="failover", cluster=target)
-        except ImportError:
-            pass
-        if scheme is not None:
-            assert scheme.hub == target
-            assert scheme.failover == [SourceSpec("relay-shm", "shm", seg), SourceSpec("relay", "push", addr),
-                                       SourceSpec("upstream", "push", target)]
-            src = make_source("failover", scheme.hub, "m", collector_id="pydisc", failover=scheme.failover)
-        try:
-            if scheme is not None:
-                v = src.wait_newer(0, timeout=30)
-                assert v is not None and v.version == 1 and src.current == "relay-shm", (v, src.current)
+            v = src.wait_newer(0, timeout=30)
+            assert v is not None and v.version == 1 and src.current == "relay-shm", (v, src.current)
             relay.send_signal(signal.SIGKILL)
             relay.wait()
             killed = time.monotonic()
-            if scheme is not None:  # the failover source leaves the dead relay by itself
-                store.push("m", {"w": np.full(2, 2.0, dtype=np.float32)}, version=2, expect=1)
-                v = src.wait_newer(1, timeout=30)
-                assert v is not None and v.version == 2 and src.current == "upstream", (v, src.current)
-                print(f"relay SIGKILLed -> failover collector receiving from the hub: {time.monotonic() - killed:.3f} s")
+            store.push("m", {"w": np.full(2, 2.0, dtype=np.float32)}, version=2, expect=1)
+            v = src.wait_newer(1, timeout=30)
+            assert v is not None and v.version == 2 and src.current == "upstream", (v, src.current)
+            print(f"relay SIGKILLed -> failover collector receiving from the hub: {time.monotonic() - killed:.3f} s")
             took = wait_for("the relay to drop out", lambda: discover.collector_target(target, "m") == (target, False))
             print(f"relay SIGKILLed -> etcd lookups answer the hub (lease 2s): {time.monotonic() - killed:.3f} s")
             assert discover.failover_for(target, "m") == [("upstream", "push", target)]
         finally:
-            if scheme is not None:
-                src.close()
+            src.close()
             store.close()
     finally:
         if relay is not None and relay.poll() is None:

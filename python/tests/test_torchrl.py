@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -319,6 +320,91 @@ def test_scheme_failover_when_the_relay_is_killed(hub, store):
         assert all(len(g) == 1 for g in got), (w, got)
         flat = [g.pop() for g in got]
         assert flat == sorted(flat) and flat[-1] == v, (w, flat)
+
+
+def test_scheme_given_only_the_cluster_finds_each_workers_relay_when_it_dials(rlhub_bin, tmp_path):
+    """``cluster="etcd://…"`` and nothing else: the parent looks nothing up;
+    each MultiSyncCollector worker asks etcd for the relay on its own host
+    when it dials and probes. Started before any relay exists, the workers
+    run from the primary, then go to a relay announced later, fall back to
+    the primary when it is SIGKILLed, and find it again once it comes back
+    on another port and segment."""
+    import shutil
+
+    from relayproc import Relay
+    from test_cluster_follow import CLUSTER, Etcd
+
+    from conftest import Hub
+    from rlhub import _channel
+
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
+    etcd = Etcd(tmp_path)
+    target = _channel.etcd_target(etcd.url, CLUSTER)
+    d = tmp_path / "p"
+    d.mkdir()
+    hub = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s", "--member-id", "p"])
+    relay = Relay(rlhub_bin, None, MODEL, relay_id="relay-disc", etcd=(etcd.url, CLUSTER))
+    col = scheme = None
+    try:
+        deadline = time.monotonic() + 30
+        while etcd.leader() is None:
+            assert time.monotonic() < deadline, "no primary elected"
+            time.sleep(0.05)
+        store = rlhub.StoreClient(target, timeout=30.0)
+        store.push(MODEL, weights(1), version=1, expect=0)
+        scheme = RlhubWeightSyncScheme("", MODEL, via="failover", cluster=target, collector_id="disc",
+                                       strip_prefix=PREFIX, probe_every=0.2)
+        assert scheme.hub == target and scheme.discovers_relay and scheme.failover is None
+
+        def lag():
+            return {c.collector_id: (c.version, c.via) for m in ws.status(hub.addr, MODEL) for c in m.collectors}
+
+        seen = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            col = MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1,
+                                     auto_register_policy_transforms=False, track_policy_version=True,
+                                     weight_sync_schemes={"policy": scheme})
+            it = iter(col)
+            v = 1
+
+            def until_via(via, what):
+                nonlocal v
+                while not all(lag().get(f"disc-{i}") == (v, via) for i in range(2)):
+                    assert v < 40, f"{what}: {lag()}"
+                    v += 1
+                    store.push(MODEL, weights(v), version=v, expect=v - 1)
+                    for _ in range(300):
+                        seen.append(check_batch(next(it)))
+                        if seen[-1] == {v}:
+                            break
+                    else:
+                        pytest.fail(f"{what}: v{v} never ran, seen {seen[-5:]}, lag {lag()}")
+
+            for _ in range(300):
+                seen.append(check_batch(next(it)))
+                if seen[-1] == {1}:
+                    break
+            until_via("push", "no relay: the workers run from the primary")
+            relay.start()  # announced in etcd after the workers opened their sources
+            until_via("shm", "the relay announced later: the workers go to its segment")
+            relay.kill()
+            until_via("push", "the relay SIGKILLed: back to the primary")
+            relay.move()
+            relay.start()
+            until_via("shm", "the relay back on another port and segment: found again")
+        flat = [g.pop() for g in seen if len(g) == 1]
+        assert flat == sorted(flat) and flat[-1] == v, flat
+        store.close()
+    finally:
+        if col is not None:
+            col.shutdown()
+        if scheme is not None:
+            scheme.shutdown()
+        relay.stop()
+        hub.stop()
+        etcd.stop()
 
 
 def test_scheme_failover_options_are_checked_and_pickle():
