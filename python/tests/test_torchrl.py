@@ -259,6 +259,13 @@ def test_scheme_multiasync(hub, store):
     assert all(rows.get(f"ma-{i}") == newest for i in range(workers)), rows
 
 
+def two_workers(scheme) -> MultiSyncCollector:
+    """Two CartPole workers under the scheme, stamping versions."""
+    return MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1,
+                              auto_register_policy_transforms=False, track_policy_version=True,
+                              weight_sync_schemes={"policy": scheme})
+
+
 def test_scheme_failover_when_the_relay_is_killed(hub, store):
     """via="failover" in MultiSyncCollector workers fed by a real relay's
     segment: the relay SIGKILLed, the workers' next rollouts run versions
@@ -277,9 +284,7 @@ def test_scheme_failover_when_the_relay_is_killed(hub, store):
     seen, rows = [], [[], []]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        col = MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1,
-                                 auto_register_policy_transforms=False, track_policy_version=True,
-                                 weight_sync_schemes={"policy": scheme})
+        col = two_workers(scheme)
         it = iter(col)
 
         def until(cond, what, batches=300):
@@ -363,9 +368,7 @@ def test_scheme_given_only_the_cluster_finds_each_workers_relay_when_it_dials(rl
         seen = []
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            col = MultiSyncCollector([make_env, make_env], make_policy(), frames_per_batch=32, total_frames=-1,
-                                     auto_register_policy_transforms=False, track_policy_version=True,
-                                     weight_sync_schemes={"policy": scheme})
+            col = two_workers(scheme)
             it = iter(col)
             v = 1
 
