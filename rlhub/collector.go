@@ -25,7 +25,10 @@ const (
 	// ViaPush is the hub's (or a relay's) push stream; reports ride on it.
 	// Given a cluster (a hub list or etcd://…), the stream is held by a
 	// wsync.Failover that attaches it again when it ends, on the
-	// connection, which by then follows the new primary.
+	// connection, which by then follows the new primary. Given etcd://…,
+	// the relay announced for the model on this host is preferred, looked
+	// up at each attach: its stream, then the primary's when there is
+	// none or it died.
 	ViaPush  = "push"
 	ViaStore = "store" // pulls "only if newer" and watches; reports by RPC
 	// ViaDataPlane follows the hub's push fan-out on its plain-TCP data
@@ -87,7 +90,7 @@ type Collector struct {
 	conn   *grpc.ClientConn
 	push   *wsync.Client          // ViaPush to one hub
 	fo     *wsync.Failover        // ViaPush to a cluster: the stream, attached again after a failover
-	first  *wsync.Client          // fo's first stream, closed by Close even if fo never took it
+	first  io.Closer              // fo's first stream, closed by Close even if fo never took it
 	store  *storerpc.Client       // ViaStore
 	dp     *wsync.DataPlaneClient // ViaDataPlane
 	bulk   *bulk.Client           // ViaDataPlane: dp's data-plane client, closed after dp
@@ -112,34 +115,10 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	switch cfg.Via {
 	case ViaPush:
 		if t, err := dial.ParseTarget(cfg.Hub); err == nil && t.Clustered() {
-			// The first stream is attached here, bounded by ctx, as for one
-			// hub; the Failover attaches the next after the one it holds ends.
-			first, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
-				Model: cfg.Model, Logger: cfg.Logger})
-			if err != nil {
+			if err := c.followCluster(ctx, len(t.Etcd) > 0); err != nil {
 				conn.Close()
 				return nil, err
 			}
-			c.fo, err = wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: []wsync.Dialer{{Name: "push",
-				Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
-					if first != nil {
-						s := first
-						first = nil // dials are serialized by the Failover
-						return s, s, nil
-					}
-					s, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
-						Model: cfg.Model, Start: have, Logger: cfg.Logger})
-					if err != nil {
-						return nil, nil, err
-					}
-					return s, s, nil
-				}}}})
-			if err != nil {
-				first.Close()
-				conn.Close()
-				return nil, err
-			}
-			c.first = first
 			src, onApplied = c.fo, c.fo.Running
 			break
 		}
@@ -183,6 +162,125 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	return c, nil
 }
 
+// errNoRelay is the relay dialer's answer when etcd announces no relay
+// of the model on this host: the Failover goes on to the primary.
+var errNoRelay = errors.New("no relay of the model is announced on this host")
+
+// followCluster sets c.fo up for ViaPush on a cluster: with etcd (relays
+// announce themselves there), first the push stream of the relay
+// announced for the model on this host, looked up at each dial; then the
+// stream on c.conn, which follows the primary. The first stream is
+// attached here, bounded by ctx (an error from the primary, such as a
+// refused token, fails NewCollector); the Failover attaches the next when
+// the one it holds ends, most preferred first, so a collector whose
+// relay died continues from the primary, and one on the primary goes to a
+// relay found at its next dial (after a failover).
+func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
+	cfg, d := c.cfg, c.cfg.Security.dial()
+	attach := func(ctx context.Context, conn *grpc.ClientConn, have uint64) (*wsync.Client, error) {
+		return wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
+			Model: cfg.Model, Start: have, Logger: cfg.Logger})
+	}
+	relay := func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+		addr, ok, err := d.CollectorTarget(ctx, cfg.Hub, cfg.Model)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !ok {
+			return nil, nil, errNoRelay
+		}
+		rc, err := d.GRPC(addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := attach(ctx, rc, have)
+		if err != nil {
+			rc.Close()
+			return nil, nil, err
+		}
+		return s, &closeAll{cs: []io.Closer{s, rc}}, nil
+	}
+	// The first stream: the relay's when there is one, else the primary's.
+	var first [2]io.Closer
+	var firstSrc [2]wsync.Source
+	if viaEtcd {
+		if s, cl, err := relay(ctx, 0); err == nil {
+			firstSrc[0], first[0] = s, cl
+		} else if !errors.Is(err, errNoRelay) {
+			cfg.Logger.Info("rlhub: no relay stream for now; following the primary", "model", cfg.Model, "err", err)
+		}
+	}
+	if first[0] == nil {
+		s, err := attach(ctx, c.conn, 0)
+		if err != nil {
+			return err
+		}
+		firstSrc[1], first[1] = s, s
+	}
+	taken := func(i int) (wsync.Source, io.Closer, bool) {
+		if first[i] == nil {
+			return nil, nil, false
+		}
+		s, cl := firstSrc[i], first[i]
+		first[i], firstSrc[i] = nil, nil // dials are serialized by the Failover
+		return s, cl, true
+	}
+	var dialers []wsync.Dialer
+	if viaEtcd {
+		dialers = append(dialers, wsync.Dialer{Name: "relay", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+			if s, cl, ok := taken(0); ok {
+				return s, cl, nil
+			}
+			return relay(ctx, have)
+		}})
+	}
+	dialers = append(dialers, wsync.Dialer{Name: "push", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+		if s, cl, ok := taken(1); ok {
+			return s, cl, nil
+		}
+		s, err := attach(ctx, c.conn, have)
+		if err != nil {
+			return nil, nil, err
+		}
+		return s, s, nil
+	}})
+	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: dialers})
+	if err != nil {
+		for _, cl := range first {
+			if cl != nil {
+				cl.Close()
+			}
+		}
+		return err
+	}
+	c.fo = fo
+	if first[0] != nil {
+		c.first = first[0]
+	} else {
+		c.first = first[1]
+	}
+	return nil
+}
+
+// closeAll closes each in turn (a relay's stream, then its connection),
+// once; later calls return the first call's error.
+type closeAll struct {
+	cs   []io.Closer
+	once sync.Once
+	err  error
+}
+
+func (a *closeAll) Close() error {
+	a.once.Do(func() {
+		var out []error
+		for _, c := range a.cs {
+			out = append(out, c.Close())
+		}
+		a.err = errors.Join(out...)
+	})
+	return a.err
+}
+
 // report tells the hub the version a store-fed collector runs; a failed
 // report is logged and the next apply reports again.
 func (c *Collector) report(v uint64) {
@@ -207,10 +305,14 @@ func (c *Collector) Version() uint64 { return c.recv.Version() }
 
 // Transport is how versions arrive: "push" or "store" (the Via), and for
 // ViaDataPlane "dataplane", or "grpc" once the collector fell back to the
-// push stream of a hub without the data plane.
+// push stream of a hub without the data plane; for ViaPush on an etcd://
+// cluster, "relay" while the stream is the relay's on this host.
 func (c *Collector) Transport() string {
 	if c.dp != nil {
 		return c.dp.Transport()
+	}
+	if c.fo != nil && c.fo.Current() == "relay" {
+		return "relay"
 	}
 	return c.cfg.Via
 }

@@ -2,10 +2,16 @@ package rlhub_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/rlhub"
@@ -78,5 +84,69 @@ func TestCollectorViaDataPlane(t *testing.T) {
 	}
 	if _, err := rlhub.NewCollector(context.Background(), rlhub.CollectorConfig{Hub: "127.0.0.1:1", Model: "m", Via: "carrier-pigeon"}); err == nil {
 		t.Fatal("an unknown Via was accepted")
+	}
+}
+
+// A ViaPush collector given etcd://… takes the push stream of the relay
+// announced for its model on this host (a real `rlhub relay --etcd`), and
+// when the relay is SIGKILLed, continues from the cluster's primary.
+func TestCollectorViaPushOnEtcdPrefersThisHostsRelay(t *testing.T) {
+	e := clustertest.Start(t)
+	const cluster, model = "gorelay", "policy"
+	dir := t.TempDir()
+	testkit.StartProc(t, testkit.ProcConfig{Name: "hub", AddrFile: filepath.Join(dir, "addr"), Args: []string{
+		"serve", "--etcd", e.Endpoint, "--cluster", cluster, "--listen", "127.0.0.1:0", "--addr-file", filepath.Join(dir, "addr"),
+		"--data", filepath.Join(dir, "data"), "--lease-ttl", "1s", "--member-id", "h"}})
+	target := "etcd://" + strings.TrimPrefix(e.Endpoint, "http://") + "/" + cluster
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	testkit.Eventually(t, time.Minute, "the hub to serve as primary", func() bool {
+		_, err := s.Push(ctx, model, 1, 0, weights(1))
+		return err == nil
+	})
+	seg := filepath.Join("/dev/shm", fmt.Sprintf("rlhub-gorelay-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	t.Cleanup(func() { os.Remove(seg) })
+	relay := testkit.StartProc(t, testkit.ProcConfig{Name: "relay", Args: []string{
+		"relay", "--etcd", e.Endpoint, "--cluster", cluster, "--model", model, "--id", "r", "--listen", "127.0.0.1:0",
+		"--shm", seg}})
+	testkit.Eventually(t, time.Minute, "the relay announced in etcd, holding v1", func() bool {
+		_, ok, err := dial.Config{}.CollectorTarget(ctx, target, model)
+		_, serr := os.Stat(seg) // written with the relay's first version
+		return err == nil && ok && serr == nil
+	})
+	local := weights(0)
+	c, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: target, Model: model, CollectorID: "go-relay",
+		Weights: local, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	at := func(v uint64) {
+		t.Helper()
+		testkit.Eventually(t, time.Minute, fmt.Sprintf("the collector at v%d", v), func() bool { return c.Version() >= v })
+		if w, err := local.Tensors()[0].Float32s(); err != nil || w[0] != float32(v) || w[1] != -float32(v) {
+			t.Fatalf("weights %v (%v) at v%d", w, err, v)
+		}
+	}
+	at(1)
+	if c.Transport() != "relay" {
+		t.Fatalf("Transport %q with a relay on this host, want relay", c.Transport())
+	}
+	relay.Kill()
+	if _, err := s.Push(ctx, model, 2, 1, weights(2)); err != nil {
+		t.Fatal(err)
+	}
+	at(2)
+	if c.Transport() != "push" {
+		t.Fatalf("Transport %q after the relay died, want push (the primary)", c.Transport())
 	}
 }
