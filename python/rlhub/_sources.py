@@ -137,7 +137,8 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
     version run to ``report_hub`` (default ``hub``) while it reads a segment. ``"push"`` on a
     cluster (a hub list or ``etcd://``) is a push stream under a
     :class:`FailoverSource`, so it is attached again to the new primary
-    when the one it is on dies. A segment is read by a
+    when the one it is on dies; on ``etcd://`` the push stream of the relay
+    announced on this host is preferred (looked up at each dial). A segment is read by a
     leasing :class:`ShmSource` (each version copied straight from its slot
     into the module, then released) unless ``lease=False`` asks for the
     copying reader."""
@@ -158,9 +159,14 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
         # FailoverSource it is attached again on its FollowingChannel, which
         # by then follows the new primary (docs/weight-sync.md, "Collectors
         # on a cluster"). A failover list's push specs are dialed by the
-        # outer FailoverSource already.
-        return FailoverSource([("push", _PushDial(hub, model, collector_id))], model=model,
-                              collector_id=collector_id)
+        # outer FailoverSource already. On etcd://, the stream of the relay
+        # announced on this host comes first (the Go ViaPush order).
+        streams: List[Dialer] = []
+        if _etcd(hub):
+            lookup = _RelayLookup(hub, model, fresh=probe_every / 2)
+            streams.append(("relay", _RelayDial(lookup, False, collector_id, lease)))
+        streams.append(("push", _PushDial(hub, model, collector_id)))
+        return FailoverSource(streams, model=model, collector_id=collector_id, probe_every=probe_every)
     return _open_one(via, hub if via != "shm" else shm_path, model, collector_id, lease)
 
 

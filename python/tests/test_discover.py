@@ -185,21 +185,27 @@ def test_collector_finds_its_relay_from_etcd(rlhub_bin, tmp_path):
         assert discover.failover_for(target, "m") == [("relay-shm", "shm", seg), ("relay", "push", addr),
                                                      ("upstream", "push", target)]
         src = open_source("failover", target, "m", collector_id="pydisc")
+        push = open_source("push", target, "m", collector_id="pydisc-push")  # the Go ViaPush order
         try:
             v = src.wait_newer(0, timeout=30)
             assert v is not None and v.version == 1 and src.current == "relay-shm", (v, src.current)
+            v = push.wait_newer(0, timeout=30)
+            assert v is not None and v.version == 1 and push.current == "relay", (v, push.current)
             relay.send_signal(signal.SIGKILL)
             relay.wait()
             killed = time.monotonic()
             store.push("m", {"w": np.full(2, 2.0, dtype=np.float32)}, version=2, expect=1)
             v = src.wait_newer(1, timeout=30)
             assert v is not None and v.version == 2 and src.current == "upstream", (v, src.current)
+            v = push.wait_newer(1, timeout=30)
+            assert v is not None and v.version == 2 and push.current == "push", (v, push.current)
             print(f"relay SIGKILLed -> failover collector receiving from the hub: {time.monotonic() - killed:.3f} s")
             took = wait_for("the relay to drop out", lambda: discover.collector_target(target, "m") == (target, False))
             print(f"relay SIGKILLed -> etcd lookups answer the hub (lease 2s): {time.monotonic() - killed:.3f} s")
             assert discover.failover_for(target, "m") == [("upstream", "push", target)]
         finally:
             src.close()
+            push.close()
             store.close()
     finally:
         if relay is not None and relay.poll() is None:
