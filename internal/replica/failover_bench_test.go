@@ -659,10 +659,8 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	}
 	standbysOf := func(c *testCluster, primary *hubProc) []int {
 		var pids []int
-		for _, h := range c.hubs {
-			if h != primary {
-				pids = append(pids, h.proc.Pid())
-			}
+		for _, h := range c.standbys(primary) {
+			pids = append(pids, h.proc.Pid())
 		}
 		return pids
 	}

@@ -41,13 +41,7 @@ func TestReducerStepsPipelinedHiddenUntilAcknowledged(t *testing.T) {
 	defer cancel()
 	const model = "p"
 	_, p1 := c.leader(0)
-	var sb *hubProc
-	for _, h := range c.hubs {
-		if h != p1 {
-			sb = h
-			break
-		}
-	}
+	sb := c.standbys(p1)[0]
 	seedVector(c, model)
 	blob := storetest.Blob(t, 1, 1<<10)
 	others := []string{"a", "b"}
