@@ -103,7 +103,9 @@ type PrimaryConfig struct {
 	Logger *slog.Logger
 	// OnApply, when set, is called after each published step with the
 	// model, the new version and the members in reduction order (tests
-	// use it to replay the run). It runs with the model's step lock held.
+	// use it to replay the run), once per step, in order. It runs with the
+	// model's step lock held, or, on a replicated store (commitStep), in
+	// the goroutine that settles the step: it must not call Forward.
 	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
 	// StateDir, when set, makes registrations, the exactly-once ledger
 	// and optimizer state durable there (docs/durability.md): each step is
