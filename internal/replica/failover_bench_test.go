@@ -3,6 +3,7 @@ package replica_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -389,7 +390,12 @@ const (
 	steadyLoad                                   = "4 learners, 2 pushers, 2 pullers, 1 MiB each"
 )
 
+// median is the median of xs (the upper one of an even count); NaN when
+// xs is empty.
 func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
@@ -704,6 +710,13 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 				round+1, l, steadyLoad, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, ss.pushes, ss.pulls, ss.hubCPU,
 				cs.grads, cs.grads/ss.grads, cs.pushes, cs.pushes/ss.pushes, cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU,
 				as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU)
+			if ss.grads == 0 || ss.pushes == 0 || ss.pulls == 0 {
+				// Seen on this shared machine: the single hub's pushes and
+				// gradients stalled for a whole window while its pulls went
+				// on; a ratio to nothing says nothing.
+				t.Logf("round %d, %s: the single hub completed nothing of a kind in the window; its steady ratios are left out", round+1, l)
+				continue
+			}
 			for i, r := range []float64{cs.grads / ss.grads, cs.pushes / ss.pushes, cs.pulls / ss.pulls, as.grads / ss.grads, as.pushes / ss.pushes, as.pulls / ss.pulls} {
 				run.steady[l][i] = append(run.steady[l][i], r)
 			}
