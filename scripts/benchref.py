@@ -102,13 +102,19 @@ CELLS: List[Cell] = [
     # Shared: every process on both cores (the standbys take the primary's
     # CPU). Pinned: the primary (or the single hub) and the load clients on
     # one half of the CPUs, the standbys and etcd on the other, standing in
-    # for separate hosts. One run gives both rows.
-    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "1 MiB publishes: primary + 2 standbys (acks all) vs a single hub, all on the same cores",
-         ("pushes/s", "pushes/s"), ("single_pushes/s", "single hub pushes/s"), ("x_pushes", "× single hub"),
-         [("x_grads", "× single hub gradients applied/s"), ("x_pulls", "× single hub pulls/s"), ("x_pushes_acks0", "× single hub pushes/s with acks 0")]),
+    # for separate hosts. Steady state: 4 gradient learners (none waiting
+    # for a version), 2 pushers and 2 pullers at once, 1 MiB each; serial:
+    # one client, each op waiting for the one before (the per-op latency
+    # cost). One run gives every row.
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "steady state (4 learners, 2 pushers, 2 pullers, 1 MiB): primary + 2 standbys (acks all) vs a single hub, all on the same cores",
+         ("grads/s", "gradients applied/s"), ("single_grads/s", "single hub gradients applied/s"), ("x_steady_grads", "× single hub"),
+         [("x_steady_pushes", "× single hub pushes/s"), ("x_steady_pulls", "× single hub pulls/s"), ("x_steady_grads_acks0", "× single hub gradients applied/s with acks 0")]),
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same, pinned as separate hosts (primary + clients on CPU 0, standbys + etcd on CPU 1)",
-         ("pushes/s_pinned", "pushes/s"), ("single_pushes/s_pinned", "single hub pushes/s"), ("x_pushes_pinned", "× single hub"),
-         [("x_grads_pinned", "× single hub gradients applied/s"), ("x_pulls_pinned", "× single hub pulls/s"), ("x_pushes_acks0_pinned", "× single hub pushes/s with acks 0")]),
+         ("grads/s_pinned", "gradients applied/s"), ("single_grads/s_pinned", "single hub gradients applied/s"), ("x_steady_grads_pinned", "× single hub"),
+         [("x_steady_pushes_pinned", "× single hub pushes/s"), ("x_steady_pulls_pinned", "× single hub pulls/s"), ("x_steady_grads_acks0_pinned", "× single hub gradients applied/s with acks 0")]),
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same run, per-op latency: one client's serial 1 MiB pushes, acks all vs a single hub, pinned",
+         ("serial_pushes/s_pinned", "pushes/s"), ("single_serial_pushes/s_pinned", "single hub pushes/s"), ("x_serial_pushes_pinned", "× single hub"),
+         [("x_serial_grads_pinned", "× single hub serial gradients (each waiting for its version)"), ("x_serial_pulls_pinned", "× single hub serial pulls/s"), ("x_serial_pushes", "× single hub, shared cores")]),
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same run: CPU time per 1 MiB push (user + system, pinned), primary (acks all) vs single hub",
          ("cpu_ms/push_primary", "ms primary"), ("cpu_ms/push_single", "ms single hub"), ("x_cpu_primary", "× single hub's CPU per push"),
          [("cpu_ms/push_standbys", "ms both standbys together")]),

@@ -524,7 +524,13 @@ func (f *modelFiles) published(version, steps uint64) {
 			f.d.logger.Warn("reducer: cannot remove an old optimizer state", "dir", f.dir, "version", f.stateVersion, "err", err)
 		}
 	}
-	f.stateVersion, f.pending = version, 0
+	f.stateVersion = version
+	if f.pending > version {
+		// A later step is committed and not yet published (a replicated
+		// store: commitStep): the journal keeps its record until it is.
+		return
+	}
+	f.pending = 0
 	if f.d.compactBytes > 0 && f.size > f.d.compactBytes {
 		if err := f.compact(version, steps); err != nil {
 			f.d.logger.Warn("reducer: journal compaction failed; the journal keeps growing", "dir", f.dir, "err", err)

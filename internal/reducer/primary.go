@@ -103,7 +103,9 @@ type PrimaryConfig struct {
 	Logger *slog.Logger
 	// OnApply, when set, is called after each published step with the
 	// model, the new version and the members in reduction order (tests
-	// use it to replay the run). It runs with the model's step lock held.
+	// use it to replay the run), once per step, in order. It runs with the
+	// model's step lock held, or, on a replicated store (commitStep), in
+	// the goroutine that settles the step: it must not call Forward.
 	OnApply func(model string, version uint64, members []reduce.ID, weights []float32)
 	// StateDir, when set, makes registrations, the exactly-once ledger
 	// and optimizer state durable there (docs/durability.md): each step is
@@ -150,7 +152,8 @@ type Primary struct {
 	sessions map[uint64]Secondary // live sessions → who holds them
 	nextSess uint64
 	closed   bool
-	closing  chan struct{} // closed when Close begins (ends publish's retries)
+	closing  chan struct{}  // closed when Close begins (ends publish's retries)
+	settling sync.WaitGroup // commitStep's goroutines (settle)
 	lat      latencies
 	state    *stateDir // nil without StateDir
 }
@@ -196,11 +199,22 @@ type pmodel struct {
 	mu      sync.Mutex
 	ledger  *reduce.Ledger
 	version uint64
-	// publishing is true while version+1 is being published: it may
+	// stepped is the newest version committed to the store: version, or
+	// on a replicated store (store.Committer) up to maxUnacked versions
+	// beyond it whose acknowledgement is awaited (settle). The next step
+	// builds on it. Written with stepMu held too.
+	stepped uint64
+	// publishing is true while stepped+1 is being published: it may
 	// already be visible in the store, so admissions accept it as a base.
 	publishing bool
-	counters   reduce.Counters
-	failed     error // a publish failed: the model refuses forwards
+	// acks close, oldest first, as the steps committed and not yet
+	// settled are settled (at most maxUnacked); guarded by stepMu.
+	acks []chan struct{}
+	// due are the steps settled whose files.published is still to run
+	// (under stepMu: by the next step, or Close).
+	due      []dueStep
+	counters reduce.Counters
+	failed   error // a publish failed: the model refuses forwards
 	// steps mirrors opt.Steps() for Stats (opt is guarded by stepMu).
 	steps uint64
 	// stateErr: why the optimizer state was not recovered ("" if it was).
@@ -339,7 +353,7 @@ func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error
 		return nil, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
 	}
 	return &pmodel{cfg: mc, layout: params, params: params, opt: opt, ext: ext, plan: plan,
-		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, epoch: epoch}, nil
+		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, stepped: snap.Version, epoch: epoch}, nil
 }
 
 // restoreAll restores every registration in the state directory. A
@@ -528,8 +542,8 @@ func (p *Primary) Admit(_ context.Context, session uint64, model string, id redu
 		return 0, 0, err
 	}
 	cur := m.version
-	if m.publishing && base == cur+1 {
-		cur = base // a client already saw the version being published
+	if base > cur && (base <= m.stepped || m.publishing && base == m.stepped+1) {
+		cur = base // a client already saw a version being published or acknowledged
 	}
 	w, err := m.cfg.Staleness.Weigh(model, base, cur, m.epoch)
 	if err != nil {
@@ -589,7 +603,10 @@ type Batch struct {
 // the publish fails (then they count as dropped, publish_failed, and the
 // model refuses further forwards until the reducer restarts). On a
 // cluster a publish that is not acknowledged is carried through within
-// the term instead (publish).
+// the term instead (publish), and Forward returns once the step's version
+// is committed on the primary: its acknowledgement is awaited apart
+// (commitStep), while the next batch is stepped and committed, and the
+// batch's gradients count as applied once it is acknowledged.
 func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m, err := p.model(b.Model)
 	if err != nil {
@@ -657,14 +674,18 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", b.Model, "err", err)
 		return 0, fmt.Errorf("reducer: model %q: %w", b.Model, err)
 	}
-	if m.failed != nil { // an earlier step failed while this one waited
-		return fail(m.failed)
+	m.mu.Lock()
+	failed := m.failed
+	m.mu.Unlock()
+	if failed != nil { // an earlier step failed while this one waited
+		return fail(failed)
 	}
+	p.publishDue(m)
 	reduce.ClipNorm(b.Sum, m.cfg.GradientMax, norm)
 	var blob []byte
 	var dst *tensor.StateDict
 	if m.ext != nil {
-		if blob, dst, err = p.externalStep(ctx, m, m.version, m.steps, b.Sum); err != nil {
+		if blob, dst, err = p.externalStep(ctx, m, m.stepped, m.steps, b.Sum); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -673,7 +694,20 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 			return fail(err)
 		}
 	}
-	next := m.version + 1
+	next := m.stepped + 1
+	committer, pipelined := store.AsCommitter(p.cfg.Store)
+	pipelined = pipelined && m.ext == nil
+	if pipelined {
+		// At most maxUnacked steps await their acknowledgement: this one
+		// commits once the oldest of them is settled.
+		m.awaitAcks(maxUnacked - 1)
+		m.mu.Lock()
+		failed := m.failed
+		m.mu.Unlock()
+		if failed != nil { // a step before this one failed to settle
+			return fail(failed)
+		}
+	}
 	if m.files != nil {
 		// Durable before it is published: a kill after the push finds
 		// the state that produced next on disk.
@@ -688,7 +722,11 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.mu.Lock()
 	m.publishing = true
 	m.mu.Unlock()
-	err = p.publish(ctx, store.PushRequest{Name: b.Model, Version: next, Expect: m.version, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare})
+	req := store.PushRequest{Name: b.Model, Version: next, Expect: m.stepped, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare}
+	if pipelined {
+		return p.commitStep(ctx, m, committer, req, b, dst, fail)
+	}
+	err = p.publish(ctx, req)
 	if err != nil {
 		m.mu.Lock()
 		m.publishing = false
@@ -701,7 +739,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	// the two, a client that already pulled next would be admitted against
 	// next-1 (seen in CI as a push answered with the version before).
 	m.publishing = false
-	m.version = next
+	m.version, m.stepped = next, next
 	m.counters.Applied += n
 	m.counters.Steps++
 	if m.opt != nil {
@@ -720,6 +758,146 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		p.cfg.OnApply(b.Model, next, slices.Clone(b.Members), slices.Clone(b.Weights))
 	}
 	return next, nil
+}
+
+// maxUnacked bounds the steps of a model committed to a replicated store
+// and not yet acknowledged: the step awaiting its acknowledgement and the
+// next one, so that one unit's round trip to the standbys can cover two
+// steps while the reducer never runs further ahead of what is replicated.
+const maxUnacked = 2
+
+// dueStep is a settled step whose files.published is still to run.
+type dueStep struct{ version, steps uint64 }
+
+// commitStep publishes a step on a replicated store (store.Committer) in
+// two halves: the commit, here with stepMu held, after which the model
+// steps on from next; and the acknowledgement, awaited by settle in a
+// goroutine of the primary's, so that the next step is taken and
+// committed while this one's version awaits it. The version stays hidden
+// from readers until acknowledged; the batch's gradients count as applied
+// then, and its files are marked published by the step after (or Close).
+// A failed acknowledgement stops the model as a failed publish does.
+func (p *Primary) commitStep(ctx context.Context, m *pmodel, c store.Committer, req store.PushRequest, b Batch, dst *tensor.StateDict, fail func(error) (uint64, error)) (uint64, error) {
+	_, ack, err := c.PushCommitted(ctx, req)
+	for attempt := 1; errors.Is(err, errs.ErrUnavailable); attempt++ {
+		// Refused before its commit (etcd could not confirm the term):
+		// made again, unchanged (publish).
+		p.cfg.Logger.Warn("reducer: publish refused before its commit; pushing it again", "model", req.Name, "version", req.Version,
+			"attempt", attempt, "err", err)
+		if !p.backoff(ctx, attempt) {
+			break
+		}
+		_, ack, err = c.PushCommitted(ctx, req)
+	}
+	if err != nil {
+		m.mu.Lock()
+		m.publishing = false
+		m.mu.Unlock()
+		return fail(fmt.Errorf("publishing version %d failed: %w", req.Version, err))
+	}
+	m.params, m.paramsBlob = dst, req.Blob
+	m.mu.Lock()
+	m.publishing = false
+	m.stepped = req.Version
+	if m.opt != nil {
+		m.steps = uint64(m.opt.Steps())
+	}
+	steps := m.steps
+	m.mu.Unlock()
+	var prev chan struct{}
+	if len(m.acks) > 0 {
+		prev = m.acks[len(m.acks)-1]
+	}
+	done := make(chan struct{})
+	m.acks = append(m.acks, done)
+	run := func() {
+		defer close(done)
+		if prev != nil {
+			<-prev // settled in order
+		}
+		p.settle(ctx, m, req, ack, b, steps)
+	}
+	p.mu.Lock()
+	closed := p.closed
+	if !closed {
+		p.settling.Add(1)
+	}
+	p.mu.Unlock()
+	if closed { // no goroutine outlives Close: settled here
+		run()
+		return req.Version, nil
+	}
+	go func() { // the owner: Close waits for p.settling
+		defer p.settling.Done()
+		run()
+	}()
+	return req.Version, nil
+}
+
+// settle awaits a committed step's acknowledgement (acknowledging again
+// while it is store.ErrNotAcknowledged, as publish does) and counts the
+// step: applied, or dropped and the model stopped when it failed or a
+// step before it did.
+func (p *Primary) settle(ctx context.Context, m *pmodel, req store.PushRequest, ack func(context.Context) error, b Batch, steps uint64) {
+	n := uint64(len(b.Members))
+	m.mu.Lock()
+	err := m.failed
+	m.mu.Unlock()
+	if err == nil {
+		if err = p.reacknowledge(ctx, req.Name, req.Version, ack(ctx)); err == nil && !b.FirstAdmitted.IsZero() {
+			p.lat.add(p.cfg.Clock.Now().Sub(b.FirstAdmitted))
+		}
+	}
+	m.mu.Lock()
+	if err != nil {
+		m.counters.Drop(reduce.ReasonPublish, n)
+		if m.failed == nil {
+			m.failed = fmt.Errorf("publishing version %d failed: %w", req.Version, err)
+			p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", req.Name, "err", m.failed)
+		}
+		m.mu.Unlock()
+		return
+	}
+	m.version = req.Version
+	m.counters.Applied += n
+	m.counters.Steps++
+	if m.files != nil {
+		m.due = append(m.due, dueStep{req.Version, steps})
+	}
+	m.mu.Unlock()
+	if p.cfg.OnApply != nil {
+		p.cfg.OnApply(req.Name, req.Version, slices.Clone(b.Members), slices.Clone(b.Weights))
+	}
+}
+
+// awaitAcks waits, stepMu held, until at most limit of m's committed
+// steps are still to be settled. settle always ends: acknowledged, failed,
+// or cut short by the primary closing (reacknowledge).
+func (m *pmodel) awaitAcks(limit int) {
+	for len(m.acks) > 0 {
+		select {
+		case <-m.acks[0]:
+			m.acks = m.acks[1:]
+			continue
+		default:
+		}
+		if len(m.acks) <= limit {
+			return
+		}
+		<-m.acks[0]
+	}
+}
+
+// publishDue marks m's settled steps published in its files, in order;
+// stepMu is held.
+func (p *Primary) publishDue(m *pmodel) {
+	m.mu.Lock()
+	due := m.due
+	m.due = nil
+	m.mu.Unlock()
+	for _, d := range due {
+		m.files.published(d.version, d.steps)
+	}
 }
 
 // publish pushes a step's version. On a single hub one push decides: an
@@ -965,11 +1143,14 @@ func (p *Primary) Close() error {
 	var out []error
 	for _, m := range models {
 		m.stepMu.Lock()
+		m.awaitAcks(0) // every step committed is settled
 		if m.files != nil {
+			p.publishDue(m)
 			out = append(out, m.files.close())
 		}
 		m.stepMu.Unlock()
 	}
+	p.settling.Wait()
 	if p.state != nil {
 		out = append(out, p.state.close())
 	}

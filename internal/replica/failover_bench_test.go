@@ -3,12 +3,14 @@ package replica_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,18 +266,24 @@ func TestReplicationCost(t *testing.T) {
 			continue
 		}
 		x := func(i int) float64 { return median(r.ratios[l][i]) }
+		y := func(i int) float64 { return median(r.steady[l][i]) }
 		c := func(i int) float64 { return median(r.cpu[l][i]) }
-		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx; CPU per push: single hub %.1f ms, acks-all primary %.1f ms + standbys %.1f ms, acks-0 primary %.1f ms",
+		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): steady state (%s): acks all: grads applied %.2fx pushes %.2fx pulls %.2fx; acks 0: grads applied %.2fx pushes %.2fx pulls %.2fx",
+			l, rounds, steadyLoad, y(0), y(1), y(2), y(3), y(4), y(5))
+		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): per-op latency (one client, each op waiting for the one before): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx; CPU per push: single hub %.1f ms, acks-all primary %.1f ms + standbys %.1f ms, acks-0 primary %.1f ms",
 			l, rounds, x(0), x(1), x(2), x(3), x(4), x(5), c(0), c(1), c(2), c(3))
 	}
 }
 
 // BenchmarkReplicationCost is TestReplicationCost for `make benchref`:
-// RLHUB_REPLICATION_ROUNDS rounds (default 2), reporting the cluster
-// primary's (acks all, two standbys) pushes/s and the single hub's
-// (medians), and the medians of the per-round ratios for pushes, pulls and
-// gradients applied, with acks all and acks 0; with the processes shared
-// on every CPU, and pinned as separate hosts (the _pinned metrics).
+// RLHUB_REPLICATION_ROUNDS rounds (default 2), reporting, with the
+// processes shared on every CPU and pinned as separate hosts (the _pinned
+// metrics): under the steady load (steadyLoad), the acks-all primary's
+// gradients applied/s and the single hub's (grads/s, single_grads/s) and
+// the medians of the per-round ratios for gradients applied, pushes and
+// pulls, with acks all and acks 0 (x_steady_…); and the per-op latency
+// figures of one serial client (serial_pushes/s, single_serial_pushes/s,
+// x_serial_…).
 func BenchmarkReplicationCost(b *testing.B) {
 	rounds := 2
 	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
@@ -286,9 +294,8 @@ func BenchmarkReplicationCost(b *testing.B) {
 		for range b.N {
 			r = measureReplication(b, rounds, 3)
 		}
-		b.ReportMetric(median(r.cluster[shared]), "pushes/s")
-		b.ReportMetric(median(r.single[shared]), "single_pushes/s")
-		names := []string{"x_pushes", "x_pulls", "x_grads", "x_pushes_acks0", "x_pulls_acks0", "x_grads_acks0"}
+		names := []string{"x_serial_pushes", "x_serial_pulls", "x_serial_grads", "x_serial_pushes_acks0", "x_serial_pulls_acks0", "x_serial_grads_acks0"}
+		steadyNames := []string{"x_steady_grads", "x_steady_pushes", "x_steady_pulls", "x_steady_grads_acks0", "x_steady_pushes_acks0", "x_steady_pulls_acks0"}
 		for l, suffix := range map[layout]string{shared: "", pinned: "_pinned"} {
 			if len(r.ratios[l][0]) == 0 {
 				continue
@@ -296,10 +303,13 @@ func BenchmarkReplicationCost(b *testing.B) {
 			for i, name := range names {
 				b.ReportMetric(median(r.ratios[l][i]), name+suffix)
 			}
-		}
-		if len(r.cluster[pinned]) > 0 {
-			b.ReportMetric(median(r.cluster[pinned]), "pushes/s_pinned")
-			b.ReportMetric(median(r.single[pinned]), "single_pushes/s_pinned")
+			for i, name := range steadyNames {
+				b.ReportMetric(median(r.steady[l][i]), name+suffix)
+			}
+			b.ReportMetric(median(r.cluster[l]), "serial_pushes/s"+suffix)
+			b.ReportMetric(median(r.single[l]), "single_serial_pushes/s"+suffix)
+			b.ReportMetric(median(r.steadyCluster[l]), "grads/s"+suffix)
+			b.ReportMetric(median(r.steadySingle[l]), "single_grads/s"+suffix)
 		}
 		// CPU per push (pinned when measured: no other process shares the
 		// primary's CPUs there): the single hub, the acks-all primary, its
@@ -337,6 +347,11 @@ func (l layout) String() string {
 type replicationRun struct {
 	ratios          [2][6][]float64
 	cluster, single [2][]float64
+	// steady is the steady-state ratios (acks all: gradients applied,
+	// pushes, pulls; acks 0: the same), steadyCluster and steadySingle the
+	// acks-all primary's and the single hub's gradients applied/s.
+	steady                      [2][6][]float64
+	steadyCluster, steadySingle [2][]float64
 	// cpu is CPU ms per push: the single hub, the acks-all primary, its
 	// standbys together, the acks-0 primary.
 	cpu [2][4][]float64
@@ -363,7 +378,24 @@ func cpuTime(pids ...int) time.Duration {
 	return total
 }
 
+// The steady load: steadyLearners gradient learners on one model, each
+// pushing its next 1 MiB gradient as soon as the last was admitted (on the
+// version it was admitted at: no learner waits for a version), while
+// steadyPushers store clients push 1 MiB versions of their own models back
+// to back and steadyPullers pull those models' newest versions back to
+// back; figures over steadyWindow after steadyWarm.
+const (
+	steadyLearners, steadyPushers, steadyPullers = 4, 2, 2
+	steadyWarm, steadyWindow                     = 500 * time.Millisecond, 3 * time.Second
+	steadyLoad                                   = "4 learners, 2 pushers, 2 pullers, 1 MiB each"
+)
+
+// median is the median of xs (the upper one of an even count); NaN when
+// xs is empty.
 func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
@@ -377,13 +409,16 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	const n, size = 100, 1 << 20 // 1 MiB blobs (256 Ki float32)
 	blob := storetest.Blob(t, 1, size/4)
 	const ng = 30 // gradients per round
-	singleProc := startPlainHubProc(t, "--reduce-batch-size", "1")
+	// The reducer's default batch (4 gradients, 5 ms max wait): the
+	// steady load's learners fill it while a step publishes; the serial
+	// gradients each wait out the max wait, on every setup alike.
+	singleProc := startPlainHubProc(t, "--reduce-batch-size", "4")
 	single := singleProc.Addr()
 	e := startEtcd(t)
-	allArgs := append([]string{"--reduce-batch-size", "1"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
+	allArgs := append([]string{"--reduce-batch-size", "4"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
 	all := newClusterTTL(t, e, nh, "2s", allArgs...)
 	lAll, pAll := all.leader(0)
-	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "1")
+	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "4")
 	lAsync, pAsync := async.leader(0)
 	// Every standby follows before anything is timed (a standby still
 	// joining would hold the first publishes for its full sync).
@@ -519,12 +554,119 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		grads = ng / time.Since(start).Seconds()
 		return pushes, pulls, grads, c
 	}
+	// steady is one setup's steady state under steadyLoad: gradients
+	// applied per second (the hub's own counter), pushes and pulls
+	// completed per second, and the CPUs the hub and its standbys kept
+	// busy, over steadyWindow after steadyWarm of the load.
+	type steadyState struct{ grads, pushes, pulls, hubCPU, standbysCPU float64 }
+	steady := func(addr string, hub int, standbys []int) steadyState {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		tag := fmt.Sprintf("s%d", time.Now().UnixNano())
+		client := func() *storerpc.Client {
+			cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: addr, MaxAttempts: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cl.Close() })
+			return cl
+		}
+		var wg sync.WaitGroup
+		failed := make(chan error, 1)
+		fail := func(err error) {
+			if ctx.Err() == nil {
+				select {
+				case failed <- err:
+				default:
+				}
+			}
+		}
+		gmodel := "g" + tag
+		if _, err := client().Push(ctx, store.PushRequest{Name: gmodel, Version: 1, Blob: gblob}); err != nil {
+			t.Fatal(err)
+		}
+		var rcs []*reducer.Client
+		for i := range steadyLearners {
+			rc, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: fmt.Sprintf("%s-%d", tag, i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { rc.Close() })
+			rcs = append(rcs, rc)
+		}
+		if _, _, err := rcs[0].Register(ctx, reducer.ModelConfig{Model: gmodel, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, rc := range rcs { // each on the version its last gradient was admitted at
+			wg.Go(func() {
+				v := uint64(1)
+				for ctx.Err() == nil {
+					r, err := rc.PushGrad(ctx, gmodel, v, grad)
+					if err != nil {
+						fail(fmt.Errorf("gradient to %s: %w", addr, err))
+						return
+					}
+					v = max(v, r.Version)
+				}
+			})
+		}
+		var pushes, pulls atomic.Int64
+		models := make([]string, steadyPushers)
+		for i := range models {
+			models[i] = fmt.Sprintf("%s-%d", tag, i)
+			cl := client()
+			if _, err := cl.Push(ctx, store.PushRequest{Name: models[i], Version: 1, Blob: blob}); err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				for v := uint64(2); ctx.Err() == nil; v++ {
+					if _, err := cl.Push(ctx, store.PushRequest{Name: models[i], Version: v, Expect: v - 1, Blob: blob}); err != nil {
+						fail(fmt.Errorf("push to %s: %w", addr, err))
+						return
+					}
+					pushes.Add(1)
+				}
+			})
+		}
+		for i := range steadyPullers {
+			cl := client()
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					if _, err := cl.Get(ctx, models[i%len(models)], 0); err != nil {
+						fail(fmt.Errorf("pull from %s: %w", addr, err))
+						return
+					}
+					pulls.Add(1)
+				}
+			})
+		}
+		applied := func() float64 {
+			st, err := rcs[0].HubStats(ctx, addr)
+			if err != nil {
+				t.Fatalf("stats of %s: %v", addr, err)
+			}
+			return float64(st.Models[gmodel].Counters.Applied)
+		}
+		time.Sleep(steadyWarm)
+		g0, p0, l0 := applied(), pushes.Load(), pulls.Load()
+		hub0, sb0, start := cpuTime(hub), cpuTime(standbys...), time.Now()
+		time.Sleep(steadyWindow)
+		g1, p1, l1 := applied(), pushes.Load(), pulls.Load()
+		hub1, sb1, secs := cpuTime(hub), cpuTime(standbys...), time.Since(start).Seconds()
+		cancel()
+		wg.Wait()
+		select {
+		case err := <-failed:
+			t.Fatal(err)
+		default:
+		}
+		return steadyState{grads: (g1 - g0) / secs, pushes: float64(p1-p0) / secs, pulls: float64(l1-l0) / secs,
+			hubCPU: (hub1 - hub0).Seconds() / secs, standbysCPU: (sb1 - sb0).Seconds() / secs}
+	}
 	standbysOf := func(c *testCluster, primary *hubProc) []int {
 		var pids []int
-		for _, h := range c.hubs {
-			if h != primary {
-				pids = append(pids, h.proc.Pid())
-			}
+		for _, h := range c.standbys(primary) {
+			pids = append(pids, h.proc.Pid())
 		}
 		return pids
 	}
@@ -537,6 +679,13 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 					defer unpin()
 				}
 				return measure(addr, pid, standbys)
+			}
+			steadyAt := func(addr string, pid int, standbys []int) steadyState {
+				if l == pinned {
+					place(pid)
+					defer unpin()
+				}
+				return steady(addr, pid, standbys)
 			}
 			load, _ := os.ReadFile("/proc/loadavg")
 			sp, sl, sg, sc := at(single, singleProc.Pid(), nil)
@@ -552,6 +701,26 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 				run.ratios[l][i] = append(run.ratios[l][i], r)
 			}
 			run.cluster[l], run.single[l] = append(run.cluster[l], cp), append(run.single[l], sp)
+
+			load, _ = os.ReadFile("/proc/loadavg")
+			ss := steadyAt(single, singleProc.Pid(), nil)
+			cs := steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+			as := steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+			t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s %.1f pushes/s %.1f pulls/s (CPUs busy: hub %.2f); acks all: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f); acks 0: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f)",
+				round+1, l, steadyLoad, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, ss.pushes, ss.pulls, ss.hubCPU,
+				cs.grads, cs.grads/ss.grads, cs.pushes, cs.pushes/ss.pushes, cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU,
+				as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU)
+			if ss.grads == 0 || ss.pushes == 0 || ss.pulls == 0 {
+				// Seen on this shared machine: the single hub's pushes and
+				// gradients stalled for a whole window while its pulls went
+				// on; a ratio to nothing says nothing.
+				t.Logf("round %d, %s: the single hub completed nothing of a kind in the window; its steady ratios are left out", round+1, l)
+				continue
+			}
+			for i, r := range []float64{cs.grads / ss.grads, cs.pushes / ss.pushes, cs.pulls / ss.pulls, as.grads / ss.grads, as.pushes / ss.pushes, as.pulls / ss.pulls} {
+				run.steady[l][i] = append(run.steady[l][i], r)
+			}
+			run.steadyCluster[l], run.steadySingle[l] = append(run.steadyCluster[l], cs.grads), append(run.steadySingle[l], ss.grads)
 		}
 	}
 	return run

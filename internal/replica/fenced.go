@@ -53,6 +53,7 @@ type Fenced struct {
 var (
 	_ store.Lender       = (*Fenced)(nil)
 	_ store.Acknowledger = (*Fenced)(nil)
+	_ store.Committer    = (*Fenced)(nil)
 	_ store.Claimer      = (*Fenced)(nil)
 	_ store.Deleter      = (*Fenced)(nil)
 	_ store.Prechecker   = (*Fenced)(nil)
@@ -181,9 +182,23 @@ func (f *Fenced) commit(fn func() error) error {
 // Push writes req at the term's epoch (a client's own epoch is replaced:
 // in a cluster the term is the fencing token).
 func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	info, ack, err := f.PushCommitted(ctx, req)
+	if err != nil {
+		return info, err
+	}
+	return info, ack(ctx)
+}
+
+// PushCommitted implements store.Committer: Push's commit, returning once
+// the version is committed here (hidden from readers); ack replicates it,
+// checks the term and makes it visible, as Push does after its commit.
+// Several commits may await their acks at once: each ack asks for a unit
+// covering everything committed before it, so one unit (one round trip to
+// the standbys) may acknowledge several.
+func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (store.Info, func(context.Context) error, error) {
 	standbys, err := f.prepare(ctx)
 	if err != nil {
-		return store.Info{}, err
+		return store.Info{}, nil, err
 	}
 	req.Epoch = f.Epoch
 	v := f.vis()
@@ -196,13 +211,16 @@ func (f *Fenced) Push(ctx context.Context, req store.PushRequest) (store.Info, e
 	})
 	if err != nil {
 		v.settle(req.Name, req.Version, false)
-		return info, err
+		return info, nil, err
 	}
-	err = f.acknowledge(ctx, standbys)
-	if err == nil {
-		v.settle(req.Name, req.Version, true)
+	ack := func(ctx context.Context) error {
+		err := f.acknowledge(ctx, standbys)
+		if err == nil {
+			v.settle(req.Name, req.Version, true)
+		}
+		return err
 	}
-	return info, err
+	return info, ack, nil
 }
 
 // Claim implements store.Claimer (replicated like a push).

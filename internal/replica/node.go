@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -390,7 +391,9 @@ func queryPosition(ctx context.Context, cc *grpc.ClientConn, member string) (pos
 	if err != nil {
 		return position{}, err
 	}
-	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: member, Query: true})); err != nil {
+	// io.EOF: the standby ended the stream already (a refusal: no token,
+	// the wrong role); RecvMsg returns its status.
+	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: member, Query: true})); err != nil && !errors.Is(err, io.EOF) {
 		return position{}, err
 	}
 	var msg wrapperspb.BytesValue

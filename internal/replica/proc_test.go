@@ -100,6 +100,17 @@ func (c *testCluster) status() (cluster.Status, error) {
 // than a standby's resigns for it at once (Node.standby); such a passing
 // term is skipped, or a test that kills "the primary" would kill that
 // standby-again while the primary it yielded to serves on.
+// standbys are the cluster's hubs but primary.
+func (c *testCluster) standbys(primary *hubProc) []*hubProc {
+	var out []*hubProc
+	for _, h := range c.hubs {
+		if h != primary {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 func (c *testCluster) leader(after uint64) (cluster.Leader, *hubProc) {
 	c.t.Helper()
 	var l cluster.Leader

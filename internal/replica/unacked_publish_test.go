@@ -37,12 +37,7 @@ func TestReducerCarriesOnAfterAnUnacknowledgedPublish(t *testing.T) {
 	defer cancel()
 	const model, before, after = "u", 4, 6
 	l1, p1 := c.leader(0)
-	var sb *hubProc
-	for _, h := range c.hubs {
-		if h != p1 {
-			sb = h
-		}
-	}
+	sb := c.standbys(p1)[0]
 	seedVector(c, model)
 	target := dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), c.name)
 	sc, err := storerpc.NewClient(storerpc.ClientConfig{Addr: target})

@@ -261,6 +261,44 @@ func AsAcknowledger(s any) (a Acknowledger, ok bool) {
 	return a, ok
 }
 
+// Committer is an Acknowledger that can commit a push and leave its
+// acknowledgement to the caller (a cluster primary's replica.Fenced): the
+// version is committed on this hub and hidden from readers when
+// PushCommitted returns, and becomes visible once the returned ack
+// succeeds (or a later write of the model is acknowledged). The reducer
+// takes its next step while a step's version awaits its acknowledgement.
+// An error from PushCommitted means nothing was committed; ack fails as
+// a write's acknowledgement does (ErrNotAcknowledged, or the refusal).
+type Committer interface {
+	Acknowledger
+	PushCommitted(ctx context.Context, req PushRequest) (info Info, ack func(context.Context) error, err error)
+}
+
+// AsCommitter returns s as a Committer when it is one, or when it is an
+// Owned view of one (the push then carries the view's owner, as Owned.Push
+// does); ok is false otherwise.
+func AsCommitter(s any) (c Committer, ok bool) {
+	if o, isOwned := s.(Owned); isOwned {
+		if c, ok := o.Store.(Committer); ok {
+			return ownedCommitter{c, o.Owner}, true
+		}
+		return nil, false
+	}
+	c, ok = s.(Committer)
+	return c, ok
+}
+
+// ownedCommitter is an Owned view's Committer.
+type ownedCommitter struct {
+	Committer
+	owner string
+}
+
+func (o ownedCommitter) PushCommitted(ctx context.Context, req PushRequest) (Info, func(context.Context) error, error) {
+	req.Owner, req.Claim = o.owner, true
+	return o.Committer.PushCommitted(ctx, req)
+}
+
 // Owned is the view of a store that an in-process owner writes through:
 // every push carries Owner and claims the model it lands on (PushRequest
 // Owner and Claim), and Claim and Release act for Owner. The hub gives the
