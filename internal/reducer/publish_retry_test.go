@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
@@ -169,5 +170,80 @@ func TestReplicatedPublishRetryEndsAtClose(t *testing.T) {
 	}
 	if err := <-done; !errors.Is(err, store.ErrNotAcknowledged) {
 		t.Fatalf("forward retrying at close: %v, want not acknowledged", err)
+	}
+}
+
+// commitStore is an ackStore that commits a push and leaves its
+// acknowledgement to the caller (store.Committer, as replica.Fenced does
+// on a cluster): the acknowledgement waits for gate, or fails not
+// acknowledged when its context ends first, as Fenced's wait for the
+// standbys does.
+type commitStore struct {
+	*ackStore
+	gate chan struct{}
+}
+
+func (c *commitStore) PushCommitted(ctx context.Context, req store.PushRequest) (store.Info, func(context.Context) error, error) {
+	info, err := c.ackStore.Store.Push(ctx, req)
+	if err != nil {
+		return info, nil, err
+	}
+	return info, func(ctx context.Context) error {
+		select {
+		case <-c.gate:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %v", store.ErrNotAcknowledged, ctx.Err())
+		}
+	}, nil
+}
+
+// A step committed on a cluster is acknowledged after Forward returns:
+// the call that forwarded it (a remote secondary's RPC) has ended by
+// then, and its context with it. The acknowledgement must outlive it: the
+// step is applied once the standbys acknowledge, and the model steps on.
+func TestCommittedStepSettlesAfterItsCallerEnded(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	pushModel(t, mem, "m", testLayout(3))
+	cs := &commitStore{ackStore: &ackStore{Store: mem}, gate: make(chan struct{})}
+	p, err := NewPrimary(PrimaryConfig{Store: store.Owned{Store: cs, Owner: "reducer"}, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, _, err := p.Register(context.Background(), ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	sess, _, err := p.Attach(context.Background(), Secondary{ID: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	id := reduce.ID{Client: "c", Seq: 1}
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		t.Fatal(err)
+	}
+	v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})
+	if err != nil || v != 2 {
+		t.Fatalf("forward: v%d, %v; want v2 committed", v, err)
+	}
+	cancel() // the forwarding call is over
+	if st := p.Stats().Models["m"]; st.Counters.Applied != 0 {
+		t.Fatalf("applied %d before the acknowledgement", st.Counters.Applied)
+	}
+	close(cs.gate) // the standbys acknowledge
+	testkit.Eventually(t, 10*time.Second, "the step applied once acknowledged", func() bool {
+		st := p.Stats().Models["m"]
+		if st.Counters.DroppedTotal() != 0 {
+			t.Fatalf("the step was dropped: %v", st.Counters.Dropped)
+		}
+		return st.Counters.Applied == 1 && st.Version == 2
+	})
+	if v, err := forwardOne(p, sess, 2); err != nil || v != 3 {
+		t.Fatalf("the next step: v%d, %v; want v3", v, err)
 	}
 }

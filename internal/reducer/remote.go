@@ -14,6 +14,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -23,7 +24,8 @@ import (
 // forwards batch sums on the primary hub's data plane when it has one.
 type RemotePrimary struct {
 	c    rlhubv1.ReducerPrimaryClient
-	addr string       // the primary hub's address, for the data plane
+	conn grpc.ClientConnInterface
+	addr string       // the primary hub's address (or its cluster), for the data plane
 	bulk *bulk.Client // nil without addr
 
 	mu       sync.Mutex
@@ -38,9 +40,12 @@ type remoteSession struct {
 // NewRemotePrimary wraps a connection to a hub hosting the primary. The
 // caller owns conn and closes it after the secondaries using this, and
 // Close. addr, if not "", is that hub's address: batch sums then travel
-// on its data plane (package bulk), or over conn if it has none.
+// on its data plane (package bulk), or over conn if it has none. On a
+// cluster (addr a hub list or etcd://…, conn from dial.Config.GRPC of
+// it) the data plane is the primary's that conn follows now
+// (dial.PlaneAddr), and a failed forward makes conn resolve it again.
 func NewRemotePrimary(conn grpc.ClientConnInterface, addr string) *RemotePrimary {
-	r := &RemotePrimary{c: rlhubv1.NewReducerPrimaryClient(conn), addr: addr, sessions: map[uint64]*remoteSession{}}
+	r := &RemotePrimary{c: rlhubv1.NewReducerPrimaryClient(conn), conn: conn, addr: addr, sessions: map[uint64]*remoteSession{}}
 	if addr != "" {
 		r.bulk = bulk.NewClient() // replaced by the caller's dial.Config's (service.go)
 	}
@@ -53,6 +58,31 @@ func (r *RemotePrimary) Close() error {
 		return r.bulk.Close()
 	}
 	return nil
+}
+
+// targeted is what a connection from dial.Config.GRPC tells: its target,
+// by which package dial finds the primary it follows.
+type targeted interface{ Target() string }
+
+// planeAddr is where the data plane dials: addr itself, or on a cluster
+// the primary r.conn follows now; false without a data plane or while a
+// cluster knows no primary yet (the forward then goes over gRPC, which
+// waits for one).
+func (r *RemotePrimary) planeAddr() (string, bool) {
+	if r.bulk == nil {
+		return "", false
+	}
+	c, _ := r.conn.(targeted)
+	return dial.PlaneAddr(c, r.addr)
+}
+
+// planeFailed tells a connection following a cluster that a forward on
+// the data plane failed: a standby's refusal names the primary to follow,
+// anything else has it resolved again.
+func (r *RemotePrimary) planeFailed(err error) {
+	if c, ok := r.conn.(targeted); ok {
+		dial.PlaneFailed(c, err)
+	}
 }
 
 var _ Upstream = (*RemotePrimary)(nil)
@@ -170,10 +200,13 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	hdr := &rlhubv1.ReducerForwardHeader{Session: b.Session, Ids: idsToProto(b.Members), Weights: b.Weights,
 		FirstAdmittedUnixNano: first,
 		Blob:                  &rlhubv1.BlobInfo{Model: b.Model, TotalBytes: uint64(l.Size)}}
-	if r.bulk != nil && r.bulk.Supported(r.addr) {
+	if addr, ok := r.planeAddr(); ok && r.bulk.Supported(addr) {
 		var resp rlhubv1.ReducerForwardResponse
-		err := r.bulk.Call(ctx, r.addr, BulkForwardMethod, hdr, net.Buffers(l.Buffers()), &resp)
+		err := r.bulk.Call(ctx, addr, BulkForwardMethod, hdr, net.Buffers(l.Buffers()), &resp)
 		if !errors.Is(err, bulk.ErrNotSupported) {
+			if err != nil {
+				r.planeFailed(err)
+			}
 			return resp.GetVersion(), err
 		}
 	}

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -141,4 +143,79 @@ func TestReducerStepsPipelinedHiddenUntilAcknowledged(t *testing.T) {
 		return err == nil && st.Models[model].Counters.Applied == grads && w.newest() == 1+grads
 	})
 	w.stop(t)
+}
+
+// TestRemoteSecondaryOnACluster: a secondary reducer in another process
+// (`serve --role reducer`, given the cluster as etcd://…, announced there
+// and found by the client) forwards its batches to the primary's data
+// plane, the primary resolved through its connection that follows the
+// cluster (before, it dialed "etcd://…" as a host and every forward
+// failed: nothing was ever applied). With acks all and the only standby
+// SIGSTOPped across the first step, that step's acknowledgement comes
+// after the forward that committed it has returned: every gradient
+// pushed is applied and published, none dropped, and the model keeps
+// taking gradients.
+func TestRemoteSecondaryOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two hubs and a secondary process")
+	}
+	e := clustertest.Start(t)
+	c := newCluster(t, e.Endpoint, 2, "--reducer-secondaries", "-1", "--reduce-batch-size", "1")
+	_, p1 := c.leader(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const model = "rs"
+	seedVector(c, model)
+	target := dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), c.name)
+	rc, err := reducer.NewClient(reducer.ClientConfig{Hub: target, ClientID: "remote", RefreshEvery: -1, MaxAttempts: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: model, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
+		t.Fatal(err)
+	}
+	s := c.startSecondaries("sec")
+	testkit.Eventually(t, 30*time.Second, "the client to learn the secondary from etcd", func() bool { return knows(rc, s.addr) })
+	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, []float32{1, 1, 1, 1}))
+	const grads = 6
+	v := uint64(1)
+	sb := c.standbys(p1)[0]
+	for i := range uint64(grads) {
+		if i == 0 {
+			sb.signal(syscall.SIGSTOP)
+		}
+		r, err := rc.PushGrad(ctx, model, v, grad)
+		if err != nil || r.Addr != s.addr {
+			t.Fatalf("push through the remote secondary: %+v, %v", r, err)
+		}
+		if i == 0 {
+			v2 := filepath.Join(p1.data, "store", model, fmt.Sprintf("v%020d.safetensors", 2))
+			testkit.Eventually(t, time.Minute, "v2 committed on the primary", func() bool { _, err := os.Stat(v2); return err == nil })
+			time.Sleep(500 * time.Millisecond) // the Forward call that committed it has returned
+			sb.signal(syscall.SIGCONT)
+		}
+		// The next gradient on the version this one made (staleness 0).
+		testkit.Eventually(t, time.Minute, "the gradient applied and published", func() bool {
+			st, err := rc.HubStats(ctx, p1.addr)
+			if err != nil {
+				return false
+			}
+			ms := st.Models[model]
+			if len(ms.Counters.Dropped) != 0 {
+				t.Fatalf("the primary dropped gradients: %+v", ms.Counters)
+			}
+			if ms.Version > v {
+				v = ms.Version
+			}
+			return ms.Counters.Applied == i+1
+		})
+	}
+	st, err := rc.HubStats(ctx, p1.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := st.Models[model]; ms.Counters.Applied != grads || ms.Version != 1+grads {
+		t.Fatalf("after %d gradients: %+v at v%d", grads, ms.Counters, ms.Version)
+	}
 }
