@@ -67,6 +67,17 @@ MACHIN = REPO / ".cache" / "machin"  # scripts/setup_machin.sh installs Machin 0
 MACHIN_MEMBERS = ["0", "1", "2"]  # rank 0 the server, 1 and 2 the learners
 
 
+def start_gate(i: int) -> bool:
+    """At iteration 1, after one untimed iteration (connections, discovery):
+    says "ready", waits for the parent's "go" and returns True (the caller
+    drops its records); False at every other iteration."""
+    if i != 1:
+        return False
+    print("ready", flush=True)
+    sys.stdin.readline()
+    return True
+
+
 def py_learner(args) -> None:
     import torch
 
@@ -82,9 +93,7 @@ def py_learner(args) -> None:
     watch = sc.watch_into(args.model, model, after=base) if args.mode == "sync" else None
     recs = []
     for i in range(args.iters + 1):
-        if i == 1:  # after one untimed iteration (connections, discovery)
-            print("ready", flush=True)
-            sys.stdin.readline()
+        if start_gate(i):
             recs = []
         t0 = time.time_ns()
         gc.push(args.model, base, grads)
@@ -268,9 +277,7 @@ def machin_learner(args) -> None:
     base = 0
     recs = []
     for i in range(args.iters + 1):
-        if i == 1:
-            print("ready", flush=True)
-            sys.stdin.readline()
+        if start_gate(i):
             recs = []
         t0 = time.time_ns()
         pulled, n = 0, 1
@@ -339,9 +346,7 @@ def tcp_learner(args) -> None:
     tag = b"l" if args.mode == "loop" else b"p"
     recs = []
     for i in range(args.iters + 1):
-        if i == 1:
-            print("ready", flush=True)
-            sys.stdin.readline()
+        if start_gate(i):
             recs = []
         t0 = time.time_ns()
         s.sendmsg([tag, payload])  # a "push": 1 + 4 MB
@@ -441,9 +446,7 @@ def main() -> None:
     import grpc
     import torch
 
-    import rlhub
-    from benchhub import Hub, free_port
-    from rlhub.grads import GradClient
+    from benchhub import Hub, add_loop_models, free_port
 
     order = [a for a in ("py", "go", "tcp", "machin") if a in args.arms.split(",")]
     if not order or set(args.arms.split(",")) - set(order):
@@ -475,13 +478,7 @@ def main() -> None:
     try:
         if "py" in order or "go" in order:
             hub = Hub(args.bin, "--reduce-batch-size", "2", "--max-wait", "1s")
-            model = torch.nn.Linear(IN, OUT)
-            with rlhub.StoreClient(hub.addr) as sc:
-                gc = GradClient(hub.addr)
-                for m in ("py", "go"):
-                    sc.push(m, model.state_dict(), version=1, expect=0)
-                    gc.register(m, optimizer={"kind": "sgd", "lr": 1e-9}, reduction="sum", staleness="accept")
-                gc.close()
+            add_loop_models(hub.addr)
         me = [sys.executable, __file__, "--hub", hub.addr if hub else ""]
         kinds = {
             "py": lambda mode, it, i, at: me + ["--learner", "py", "--model", "py", "--mode", mode, "--iters", str(it),
