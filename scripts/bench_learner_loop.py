@@ -27,8 +27,9 @@ three modes:
 
 The Machin arm is Machin's own PushPullGradServerImpl in the layout of its
 test and grad_server_helper: a 3-process Machin World (torch RPC over
-TensorPipe with the options World gives it, which pick TensorPipe's best
-transport and channel for the host), rank 0 the primary and only secondary
+TensorPipe with the options World gives it, which let TensorPipe pick its
+best transport and channel for the host; --machin-transport uv|shm|cma
+starts the RPC agent with one instead), rank 0 the primary and only secondary
 reducer managing the model (SGD, sum, reduce_batch_size 2), ranks 1 and 2
 the learners using the accessor `group.get_paired("server")`, a new World
 per run (its size is fixed). loop is the accessor's push(model) (push the
@@ -189,8 +190,17 @@ def machin_world(args):
     from torch.distributed import rpc
 
     dist_port, rpc_port = args.hub.split(",")
-    world = World(name=MACHIN_MEMBERS[args.rank], rank=args.rank, world_size=len(MACHIN_MEMBERS),
-                  dist_init_method=f"tcp://127.0.0.1:{dist_port}", rpc_init_method=f"tcp://127.0.0.1:{rpc_port}")
+    name, init = MACHIN_MEMBERS[args.rank], f"tcp://127.0.0.1:{rpc_port}"
+    if args.machin_transport != "default":
+        # World(init_rpc=False) over an RPC agent started here with one
+        # TensorPipe transport (and the channel that goes with it).
+        opts = {"uv": {"_transports": ["uv"], "_channels": ["basic"]},
+                "shm": {"_transports": ["shm"], "_channels": ["basic"]},
+                "cma": {"_transports": ["shm"], "_channels": ["cma"]}}[args.machin_transport]
+        rpc.init_rpc(name, rank=args.rank, world_size=len(MACHIN_MEMBERS), backend=rpc.BackendType.TENSORPIPE,
+                     rpc_backend_options=rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=60, **opts))
+    world = World(name=name, rank=args.rank, world_size=len(MACHIN_MEMBERS), init_rpc=args.machin_transport == "default",
+                  dist_init_method=f"tcp://127.0.0.1:{dist_port}", rpc_init_method=init)
     # Rank 0 keeps the World's lookup tables, and its World object exists only
     # once its constructor returns, a moment after RPC is up everywhere: a
     # learner that registers first fails on rank 0 ("'NoneType' object has
@@ -422,6 +432,9 @@ def main() -> None:
                     help="comma-separated subset of py, go, tcp, machin (default: all)")
     ap.add_argument("--modes", default="loop,push,sync", help="comma-separated subset of loop, push, sync")
     ap.add_argument("--no-warmup", action="store_true", help="skip the dropped warm-up rep (the smoke test)")
+    ap.add_argument("--machin-transport", choices=["default", "uv", "shm", "cma"], default="default",
+                    help="Machin's torch RPC: the options its World gives TensorPipe (default: every transport and "
+                         "channel, TensorPipe picks), or one transport/channel: uv (TCP), shm, shm + cma")
     ap.add_argument("--json", help="also write the per-rep results and Machin's versions to this file")
     ap.add_argument("--learner", choices=["py", "tcp", "machin"], help=argparse.SUPPRESS)
     ap.add_argument("--tcp-server", action="store_true", help=argparse.SUPPRESS)
@@ -460,7 +473,8 @@ def main() -> None:
             import_machin()
             from importlib.metadata import version
 
-            machin_note = f", Machin {version('machin')} (PushPullGradServer over torch RPC, TensorPipe)"
+            machin_note = (f", Machin {version('machin')} (PushPullGradServer over torch RPC, TensorPipe "
+                           f"{args.machin_transport})")
         except ImportError as e:
             order.remove("machin")
             machin_note = f"; Machin arm skipped: {e}"
@@ -488,7 +502,8 @@ def main() -> None:
             "tcp": lambda mode, it, i, at: [sys.executable, __file__, "--learner", "tcp", "--hub", port, "--mode", mode,
                                             "--iters", str(it)],
             "machin": lambda mode, it, i, at: [sys.executable, __file__, "--learner", "machin", "--hub", at,
-                                               "--rank", str(i + 1), "--mode", mode, "--iters", str(it)],
+                                               "--rank", str(i + 1), "--mode", mode, "--iters", str(it),
+                                               "--machin-transport", args.machin_transport],
         }
         for rep in range(1 if args.no_warmup else 0, args.reps + 1):  # rep 0 warms up and is dropped
             for mode in modes:
@@ -502,7 +517,8 @@ def main() -> None:
                     server = None
                     if kind == "machin":  # a new World per run: Machin's has a fixed size
                         at = f"{free_port()},{free_port()}"
-                        server = subprocess.Popen([sys.executable, __file__, "--machin-server", "--hub", at],
+                        server = subprocess.Popen([sys.executable, __file__, "--machin-server", "--hub", at,
+                                                   "--machin-transport", args.machin_transport],
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     try:
                         recs, t0, finals = run_pair([kinds[kind](mode, it, i, at) for i in range(2)])
