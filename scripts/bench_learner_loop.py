@@ -382,24 +382,32 @@ def run_pair(cmds) -> "tuple[list, int, list]":
     last (Machin's learners only)."""
     procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for c in cmds]
-    for p in procs:
-        line = p.stdout.readline()
-        if line.strip() != "ready":
-            p.kill()
-            raise RuntimeError(f"{cmds[0][:3]}: {line!r} {p.stderr.read()[-2000:]}")
-    at = time.time_ns()
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    out, finals = [], []
-    for p in procs:
-        so, se = p.communicate(timeout=600)
-        if p.returncode != 0:
-            raise RuntimeError(f"{cmds[0][:3]} failed ({p.returncode}): {se[-2000:]}")
-        lines = [json.loads(line) for line in so.splitlines() if line.startswith("{")]
-        out.append([x for x in lines if "push_start" in x])
-        finals.extend(x["final_version"] for x in lines if "final_version" in x)
-    return out, at, finals
+    try:
+        for p in procs:
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                p.kill()
+                raise RuntimeError(f"{cmds[0][:3]}: {line!r} {p.stderr.read()[-2000:]}")
+        at = time.time_ns()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out, finals = [], []
+        for p in procs:
+            so, se = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise RuntimeError(f"{cmds[0][:3]} failed ({p.returncode}): {se[-2000:]}")
+            lines = [json.loads(line) for line in so.splitlines() if line.startswith("{")]
+            out.append([x for x in lines if "push_start" in x])
+            finals.extend(x["final_version"] for x in lines if "final_version" in x)
+        return out, at, finals
+    finally:
+        # One learner failing leaves the other waiting (a Machin learner
+        # spins on a server that is gone): end every one this call started.
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
 
 
 def summarize(mode: str, recs: list, start_at: int) -> dict:
