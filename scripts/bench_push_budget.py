@@ -54,19 +54,11 @@ def hub_cpu(pid):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "learner":
         learner(*sys.argv[2:6]); sys.exit()
-    import torch, rlhub
-    from benchhub import Hub
-    from rlhub.grads import GradClient
+    from benchhub import Hub, add_loop_models
     hub = Hub(REPO + "/bin/rlhub", "--reduce-batch-size", "2", "--max-wait", "1s")
     res = {}
     try:
-        m = torch.nn.Linear(1000, 1000)
-        with rlhub.StoreClient(hub.addr) as sc:
-            gc = GradClient(hub.addr)
-            for name in ("py", "go"):
-                sc.push(name, m.state_dict(), version=1, expect=0)
-                gc.register(name, optimizer={"kind": "sgd", "lr": 1e-9}, reduction="sum", staleness="accept")
-            gc.close()
+        add_loop_models(hub.addr)
         loads = []
         for rep in range(REPS):
             for mode in ("push", "loop"):

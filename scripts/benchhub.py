@@ -56,3 +56,21 @@ class Hub:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def add_loop_models(addr: str, names=("py", "go")) -> None:
+    """The learner loop's models on the hub at addr (Machin's
+    PushPullGradServer layout, issue 18): version 1 of one
+    nn.Linear(1000, 1000) as each of names, registered for gradients with
+    SGD (lr 1e-9, so the weights stay finite), sum reduction, stale
+    gradients accepted."""
+    import torch
+
+    import rlhub
+    from rlhub.grads import GradClient
+
+    model = torch.nn.Linear(1000, 1000)
+    with rlhub.StoreClient(addr) as sc, GradClient(addr) as gc:
+        for name in names:
+            sc.push(name, model.state_dict(), version=1, expect=0)
+            gc.register(name, optimizer={"kind": "sgd", "lr": 1e-9}, reduction="sum", staleness="accept")

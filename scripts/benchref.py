@@ -122,7 +122,7 @@ CELLS: List[Cell] = [
 
 # The Python client's scripts, and the two speed scripts that compare
 # rlhub with another system in one run: the learner loop (Python vs Go vs
-# plain TCP, one hub) and weights to collectors (BenchmarkDeliver vs
+# plain TCP vs Machin 0.4.2's PushPullGradServer) and weights to collectors (BenchmarkDeliver vs
 # torch.distributed gloo broadcast). "tables" embeds the Markdown tables
 # the script prints; "text" its whole report (captions with the date and
 # load of each table), without the per-rep JSON.
@@ -131,7 +131,8 @@ PYTHON = [
     ("Python client", "gradient pushes, data plane vs gRPC", ["scripts/bench_python_grads.py"], "tables"),
     ("Python client", "one pull vs plain TCP, 4 MB and 100 MB (25M parameters); pull_into allocation per version",
      ["scripts/bench_python_pull.py", "--reps", "40,8", "--alloc-versions", "5"], "text"),
-    ("Python client", "the learner loop, Python vs Go client vs plain TCP, one hub", ["scripts/bench_learner_loop.py", "--reps", "5", "--iters", "200"], "text"),
+    ("Python client", "the learner loop, Python vs Go client vs plain TCP vs Machin's PushPullGradServer, one run",
+     ["scripts/bench_learner_loop.py", "--reps", "5", "--iters", "200"], "text"),
     ("Weight sync", "128 MiB to 2 and 8 collectors vs torch.distributed gloo broadcast", ["scripts/bench_weights_vs_gloo.py", "--mib", "128", "--collectors", "2,8", "--rounds", "1"], "text"),
 ]
 
@@ -227,6 +228,9 @@ def main() -> int:
         binp = tmp / "rlhub"
         subprocess.run(["go", "build", "-o", str(binp), "./cmd/rlhub"], cwd=REPO, env=env, check=True)
         penv = dict(env, PYTHONPATH=str(REPO / "python"), RLHUB_BIN=str(binp))
+        # The learner loop's Machin arm (into .cache/machin; quick when present),
+        # so the reference always has Machin measured beside rlhub.
+        subprocess.run([str(REPO / "scripts" / "setup_machin.sh")], cwd=REPO, check=True)
         for comp, what, argv, keep in PYTHON:
             if only and comp not in only:
                 continue
