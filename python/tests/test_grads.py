@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +37,18 @@ def wait_version(store: rlhub.StoreClient, name: str, after: int) -> rlhub.Model
     for v in store.watch(name, after=after, framework="torch", timeout=30):
         return v
     raise AssertionError("watch ended without a version")
+
+
+def stats_at(g: GradClient, name: str, version: int, timeout: float = 30.0):
+    """The client's stats once the hub counts ``version`` of ``name``: a step
+    is counted right after its version lands, so a reader that saw the
+    version can ask a moment before (docs/reducer.md, Stats)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = g.stats()
+        if st.versions.get(name, 0) >= version or time.monotonic() > deadline:
+            return st
+        time.sleep(0.01)
 
 
 def assert_close_to(pulled: dict, net: torch.nn.Module) -> None:
@@ -87,7 +100,7 @@ def test_steps_match_torch_optim_on_the_same_grads(hub, kind):
             opt.step()
             assert_close_to(v.tensors, ref)
             version = v.version
-        st = g.stats()
+        st = stats_at(g, "pol", steps + 1)
         assert (st.total.pushed, st.total.applied, st.total.steps, st.total.dropped_total) == (steps, steps, steps, 0)
         assert st.versions["pol"] == steps + 1 and st.accounted()
 
@@ -142,7 +155,7 @@ def test_mean_of_a_batch_and_global_clip_match_torch(rlhub_bin, tmp_path):
             assert norm > 0.05, "the test wants the clip to bite"
             opt.step()
             assert_close_to(v.tensors, ref)
-            st = ga.stats()
+            st = stats_at(ga, "pol", 2)
             assert (st.total.pushed, st.total.applied, st.total.steps) == (2, 2, 1)
     finally:
         h.stop()
