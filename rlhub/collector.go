@@ -200,42 +200,54 @@ func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
 		}
 		return s, &closeAll{cs: []io.Closer{s, rc}}, nil
 	}
-	// The first stream: the relay's when there is one, else the primary's.
-	var first [2]io.Closer
-	var firstSrc [2]wsync.Source
+	// The first stream, the relay's when there is one, else the
+	// primary's: handed to the Failover by that dialer's first call (dials
+	// are serialized by the Failover).
+	var first struct {
+		relay bool
+		src   wsync.Source
+		cl    io.Closer
+	}
 	if viaEtcd {
 		if s, cl, err := relay(ctx, 0); err == nil {
-			firstSrc[0], first[0] = s, cl
+			first.relay, first.src, first.cl = true, s, cl
 		} else if !errors.Is(err, errNoRelay) {
 			cfg.Logger.Info("rlhub: no relay stream for now; following the primary", "model", cfg.Model, "err", err)
 		}
 	}
-	if first[0] == nil {
+	if first.cl == nil {
 		s, err := attach(ctx, c.conn, 0)
 		if err != nil {
 			return err
 		}
-		firstSrc[1], first[1] = s, s
+		first.src, first.cl = s, s
 	}
-	taken := func(i int) (wsync.Source, io.Closer, bool) {
-		if first[i] == nil {
+	c.first = first.cl
+	take := func(relay bool) (wsync.Source, io.Closer, bool) {
+		if first.cl == nil || first.relay != relay {
 			return nil, nil, false
 		}
-		s, cl := firstSrc[i], first[i]
-		first[i], firstSrc[i] = nil, nil // dials are serialized by the Failover
+		s, cl := first.src, first.cl
+		first.src, first.cl = nil, nil
 		return s, cl, true
 	}
-	var dialers []wsync.Dialer
+	var ds []wsync.Dialer
 	if viaEtcd {
-		dialers = append(dialers, wsync.Dialer{Name: "relay", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
-			if s, cl, ok := taken(0); ok {
+		ds = append(ds, wsync.Dialer{Name: "relay", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+			if s, cl, ok := take(true); ok {
 				return s, cl, nil
 			}
-			return relay(ctx, have)
+			s, cl, err := relay(ctx, have)
+			if err == nil {
+				if _, unused, ok := take(false); ok { // a relay appeared: the primary's first stream is not needed
+					unused.Close()
+				}
+			}
+			return s, cl, err
 		}})
 	}
-	dialers = append(dialers, wsync.Dialer{Name: "push", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
-		if s, cl, ok := taken(1); ok {
+	ds = append(ds, wsync.Dialer{Name: "push", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+		if s, cl, ok := take(false); ok {
 			return s, cl, nil
 		}
 		s, err := attach(ctx, c.conn, have)
@@ -244,21 +256,12 @@ func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
 		}
 		return s, s, nil
 	}})
-	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: dialers})
+	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: ds})
 	if err != nil {
-		for _, cl := range first {
-			if cl != nil {
-				cl.Close()
-			}
-		}
+		c.first.Close()
 		return err
 	}
 	c.fo = fo
-	if first[0] != nil {
-		c.first = first[0]
-	} else {
-		c.first = first[1]
-	}
 	return nil
 }
 
