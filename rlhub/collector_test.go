@@ -32,6 +32,15 @@ func dataPlaneHub(t *testing.T, noDataPlane bool) string {
 	return h.Addr().String()
 }
 
+// running runs c until the returned stop is called, which waits for Run
+// to return.
+func running(ctx context.Context, c *rlhub.Collector) (stop func()) {
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	return func() { cancel(); <-done }
+}
+
 // A ViaDataPlane collector follows the hub's push fan-out on the data
 // plane, writing each version into its weights; against a hub without the
 // data plane it falls back to the gRPC push stream and still gets every
@@ -61,10 +70,7 @@ func TestCollectorViaDataPlane(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			runCtx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- c.Run(runCtx) }()
-			defer func() { stop(); <-done }()
+			defer running(ctx, c)()
 			for v := uint64(1); v <= 3; v++ {
 				if v > 1 {
 					if _, err := s.Push(ctx, "policy", v, v-1, weights(float32(v))); err != nil {
@@ -126,10 +132,7 @@ func TestCollectorViaPushOnEtcdPrefersThisHostsRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer running(ctx, c)()
 	at := func(v uint64) {
 		t.Helper()
 		testkit.Eventually(t, time.Minute, fmt.Sprintf("the collector at v%d", v), func() bool { return c.Version() >= v })

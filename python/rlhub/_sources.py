@@ -161,11 +161,9 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
         # on a cluster"). A failover list's push specs are dialed by the
         # outer FailoverSource already. On etcd://, the stream of the relay
         # announced on this host comes first (the Go ViaPush order).
-        streams: List[Dialer] = []
+        streams: List[Dialer] = [("push", _PushDial(hub, model, collector_id))]
         if _etcd(hub):
-            lookup = _RelayLookup(hub, model, fresh=probe_every / 2)
-            streams.append(("relay", _RelayDial(lookup, False, collector_id, lease)))
-        streams.append(("push", _PushDial(hub, model, collector_id)))
+            streams = relay_dialers(hub, model, collector_id, lease, probe_every, segment=False)
         return FailoverSource(streams, model=model, collector_id=collector_id, probe_every=probe_every)
     return _open_one(via, hub if via != "shm" else shm_path, model, collector_id, lease)
 
@@ -238,15 +236,17 @@ class _RelayDial:
 
 
 def relay_dialers(cluster: str, model: str, collector_id: str, lease: bool = True,
-                  probe_every: float = 1.0) -> List[Dialer]:
+                  probe_every: float = 1.0, *, segment: bool = True) -> List[Dialer]:
     """The dialers of a collector of ``model`` given only ``cluster``
     (``etcd://E/NAME``): the segment of the relay announced in etcd on this
-    host, that relay's push stream, then the cluster's primary (followed).
-    The relay is looked up when dialed, in the process that dials, so it is
-    the relay of the host the collector runs on, and one that appears,
-    moves or comes back later is found by the next dial or probe (a lookup
-    is reused for half of ``probe_every`` at most)."""
+    host (unless ``segment`` is False: ``via="push"``), that relay's push
+    stream, then the cluster's primary (followed). The relay is looked up
+    when dialed, in the process that dials, so it is the relay of the host
+    the collector runs on, and one that appears, moves or comes back later
+    is found by the next dial or probe (a lookup is reused for half of
+    ``probe_every`` at most)."""
     lookup = _RelayLookup(cluster, model, fresh=probe_every / 2)
-    return [("relay-shm", _RelayDial(lookup, True, collector_id, lease)),
-            ("relay", _RelayDial(lookup, False, collector_id, lease)),
-            ("upstream", _PushDial(cluster, model, collector_id))]
+    dialers: List[Dialer] = [("relay-shm", _RelayDial(lookup, True, collector_id, lease))] if segment else []
+    dialers.append(("relay", _RelayDial(lookup, False, collector_id, lease)))
+    dialers.append(("upstream" if segment else "push", _PushDial(cluster, model, collector_id)))
+    return dialers
