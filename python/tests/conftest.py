@@ -68,14 +68,23 @@ class Hub:
         return path.read_text().strip()
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
-        ch = grpc.insecure_channel(self.addr)
-        try:
-            grpc.channel_ready_future(ch).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            self.stop()
-            raise RuntimeError(f"hub did not start: {(self.data_dir / 'hub.log').read_text()}")
-        finally:
-            ch.close()
+        """Waits for the hub to answer, with a fresh channel every 3 s: a
+        cluster member's first connection can land in its switch from the
+        standby server to the hub and then wait out grpc's connect timeout
+        and back-off (seen twice in CI: 30 s without READY while the hub
+        served; the open "join stall" of issue 15)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ch = grpc.insecure_channel(self.addr)
+            try:
+                grpc.channel_ready_future(ch).result(timeout=max(0.1, min(3.0, deadline - time.monotonic())))
+                return
+            except grpc.FutureTimeoutError:
+                if time.monotonic() >= deadline:
+                    self.stop()
+                    raise RuntimeError(f"hub did not start: {(self.data_dir / 'hub.log').read_text()}")
+            finally:
+                ch.close()
 
     def run_cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run([self.binary, *args], capture_output=True, text=True, check=check, timeout=120)
