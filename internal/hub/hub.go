@@ -63,6 +63,10 @@ type Config struct {
 	// Listen is the TCP address to serve on; "" means DefaultListen. Use
 	// "127.0.0.1:0" for a free port.
 	Listen string
+	// Listener, when set, is served instead of binding Listen: a cluster
+	// node hands its one socket from role to role (closing it ends only
+	// this hub's use of it).
+	Listener net.Listener
 	// AddrFile, when not "", is a file the hub writes its bound address
 	// to once it listens (written to a temporary name, then renamed, so a
 	// reader never sees part of it): how a process that started the hub
@@ -491,9 +495,12 @@ func (h *Hub) Start() error {
 	if h.lis != nil || h.closed {
 		return errors.New("hub: already started or closed")
 	}
-	lis, err := net.Listen("tcp", h.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("hub: listen: %w", err)
+	lis := h.cfg.Listener
+	if lis == nil {
+		var err error
+		if lis, err = net.Listen("tcp", h.cfg.Listen); err != nil {
+			return fmt.Errorf("hub: listen: %w", err)
+		}
 	}
 	// The listener queues connections from here on, so the address may
 	// be published before Serve starts.

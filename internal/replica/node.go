@@ -168,18 +168,16 @@ func (n *Node) Run(ctx context.Context) error {
 		lis.Close()
 		return err
 	}
+	sock := newHandoff(lis)
+	defer sock.wait()
+	defer sock.close()
 	for ctx.Err() == nil {
 		ccfg := n.cfg.Cluster
 		ccfg.Addr = addr
 		m, err := cluster.Join(ctx, ccfg)
 		if err != nil {
+			// Connections meanwhile wait, accepted, for the next role.
 			n.cfg.Logger.Warn("cluster: join failed; retrying", "err", err)
-			if lis == nil {
-				// Keep answering (with the refusal) while etcd is away.
-				if lis, err = listen(ctx, addr); err != nil {
-					return err
-				}
-			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(500 * time.Millisecond):
@@ -187,86 +185,47 @@ func (n *Node) Run(ctx context.Context) error {
 			continue
 		}
 		n.follower.cfg.Member = m.ID()
-		lis, err = n.member(ctx, m, lis)
-		if lis == nil && ctx.Err() == nil && (err == nil || errors.Is(err, errMemberLost)) {
-			// The hub that stepped down let go of the address; hold it
-			// again at once, not after leaving and rejoining (etcd round
-			// trips): a client's call meanwhile waits for the standby
-			// server instead of being refused a connection (seen as a
-			// flake of TestFencedPrimaryPublishesNothing).
-			lis, _ = listen(ctx, addr)
-		}
+		err = n.member(ctx, m, sock)
 		cerr := m.Close()
 		if err != nil && !errors.Is(err, errMemberLost) && ctx.Err() == nil {
 			n.cfg.Logger.Error("cluster: leaving after an error", "err", err)
-			if lis != nil {
-				lis.Close()
-			}
 			return errors.Join(err, cerr)
 		}
 		if ctx.Err() == nil {
 			n.cfg.Logger.Warn("cluster: membership lost; rejoining")
 		}
 	}
-	if lis != nil {
-		lis.Close()
-	}
 	return nil
 }
 
-// listen binds addr again (the previous role just closed it), retrying
-// briefly.
-func listen(ctx context.Context, addr string) (net.Listener, error) {
-	var err error
-	for range 50 {
-		var lis net.Listener
-		if lis, err = net.Listen("tcp", addr); err == nil {
-			return lis, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return nil, fmt.Errorf("hub: listen %s again: %w", addr, err)
-}
-
-// member cycles standby → primary → standby while m's lease lives. It
-// returns the listener it holds (nil if none) for the next membership.
-func (n *Node) member(ctx context.Context, m *cluster.Member, lis net.Listener) (net.Listener, error) {
+// member cycles standby → primary → standby while m's lease lives, each
+// role serving sock.
+func (n *Node) member(ctx context.Context, m *cluster.Member, sock *handoff) error {
 	for {
-		if lis == nil {
-			var err error
-			if lis, err = listen(ctx, n.Addr()); err != nil {
-				return nil, err
-			}
-		}
 		extra := make([]Registrar, len(n.cfg.Extra))
 		for i, s := range n.cfg.Extra {
 			extra[i] = s
 		}
 		csvc, err := clusterrpc.New(clusterrpc.Config{Self: n.Addr})
 		if err != nil {
-			return lis, err
+			return err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
-		sb := startStandby(lis, n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, append(extra, csvc))
+		sb := startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, append(extra, csvc))
 		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
 		if ms != nil {
 			_ = ms.Close() // the hub binds --metrics-listen when it takes over
 		}
-		sberr := sb.stop() // closes lis
-		lis = nil
+		sberr := sb.stop() // ends only its own use of the socket
 		if sberr != nil {
 			n.cfg.Logger.Warn("cluster: standby server stop", "err", sberr)
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if err := n.primaryTerm(ctx, m, term); err != nil {
-			return nil, err
+		if err := n.primaryTerm(ctx, m, term, sock); err != nil {
+			return err
 		}
 	}
 }
@@ -474,7 +433,7 @@ func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l clus
 // directory the follower kept, with the store fenced and replicating,
 // until the term is lost (or found deposed) or ctx ends. The hub is closed
 // and the election resigned before it returns.
-func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster.Term) error {
+func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster.Term, sock *handoff) error {
 	if err := n.follower.ObserveEpoch(term.Epoch); err != nil {
 		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
 	}
@@ -536,6 +495,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		n.cfg.Logger.Warn("cluster: elected, but the term proof or the standbys could not be read yet; publishes wait for them", "err", err)
 	}
 	hcfg := n.cfg.Hub
+	hcfg.Listener = sock.role()
 	hcfg.WrapStore = func(s store.Store) store.Store {
 		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose}
 	}
@@ -559,14 +519,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		return nil
 	}
 	h.Cluster().SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
-	var startErr error
-	for range 50 { // the standby server just let go of the address
-		if startErr = h.Start(); startErr == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if startErr != nil {
+	if startErr := h.Start(); startErr != nil {
 		h.Close()
 		_ = m.Resign(rctx)
 		return startErr

@@ -87,6 +87,10 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, re
 	return s
 }
 
+// standbyDrain bounds how long a stopping standby server lets calls in
+// progress finish: the hub that takes over waits for it.
+const standbyDrain = 250 * time.Millisecond
+
 // positionServer answers a newly elected primary's position query on the
 // replication stream (it yields the term to a standby whose copy is ahead
 // of its own: docs/cluster.md); any other use of the stream is refused.
@@ -109,14 +113,26 @@ func (p positionServer) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue
 	return cluster.RefuseStream(ss, p.refusal())
 }
 
-// stop closes the standby's listener and connections and waits for its
-// goroutines; the address is free for the hub that takes over.
+// stop ends the standby's use of the socket, closes its connections and
+// waits for its goroutines. Calls in progress finish first, for at most
+// standbyDrain (every call a standby answers is short: a refusal, a
+// position, the primary's address), and a client's next call, sent after
+// the server's GOAWAY, reaches the hub that takes over on a new
+// connection instead of failing; a long stream (a health watch) is cut
+// at standbyDrain.
 func (s *standbyServer) stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	done := make(chan struct{})
 	go func() { _ = s.bulk.Shutdown(ctx); close(done) }()
-	s.grpc.Stop() // streams (watches) end at once: the clients go elsewhere
+	graceful := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(graceful) }()
+	select {
+	case <-graceful:
+	case <-time.After(standbyDrain):
+		s.grpc.Stop()
+		<-graceful
+	}
 	<-done
 	err := <-s.serveCh
 	if errors.Is(err, grpc.ErrServerStopped) {

@@ -190,6 +190,7 @@ type Server struct {
 	wg       sync.WaitGroup // the accept loop and every connection's goroutine
 	mu       sync.Mutex     // guards the fields below
 	lis      net.Listener
+	requeue  func(net.Conn) // lis's Requeue, or nil
 	grpcSide *grpcListener
 	conns    map[*serverConn]struct{}
 	sniffing map[net.Conn]struct{} // new connections not yet routed
@@ -233,15 +234,30 @@ func (s *Server) Methods() []string {
 	return out
 }
 
+// Requeuer is a listener that takes back a connection its server
+// accepted but served nothing on before it shut down, for whoever
+// serves the socket next (a cluster node hands one socket from role to
+// role: internal/replica).
+type Requeuer interface {
+	net.Listener
+	Requeue(net.Conn)
+}
+
 // Listen takes over lis: connections that open with Magic are served
 // here, every other one is passed to the returned listener, which the
 // gRPC server serves. The server owns lis and closes it on Shutdown or
 // Close; closing the returned listener (as grpc.Server.Stop does) only
-// stops handing connections to gRPC.
+// stops handing connections to gRPC. When lis is a Requeuer, a plain
+// (not TLS) connection still being sniffed, or not yet taken by gRPC,
+// when Shutdown begins is given back to it, with the bytes already read
+// replayed first, instead of closed.
 func (s *Server) Listen(lis net.Listener) net.Listener {
 	g := &grpcListener{addr: lis.Addr(), conns: make(chan net.Conn), done: make(chan struct{})}
 	s.mu.Lock()
 	s.lis, s.grpcSide = lis, g
+	if r, ok := lis.(Requeuer); ok && s.TLS == nil {
+		s.requeue = r.Requeue
+	}
 	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.acceptLoop(lis, g)
@@ -347,7 +363,7 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
-		c.Close()
+		s.unserved(c)
 		return
 	}
 	s.sniffing[c] = struct{}{}
@@ -385,7 +401,11 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 	closing := s.closing
 	s.mu.Unlock()
 	if closing {
-		c.Close()
+		if n == len(head) && string(head[:]) == Magic {
+			c.Close() // its token was read (or cut): nothing to replay
+			return
+		}
+		s.unserved(&prefixConn{Conn: c, prefix: append([]byte(nil), head[:n]...)})
 		return
 	}
 	if string(head[:]) == Magic {
@@ -416,10 +436,20 @@ func (s *Server) toGRPC(c net.Conn, g *grpcListener) {
 	select {
 	case g.conns <- c:
 	case <-g.done:
-		c.Close()
+		s.unserved(c)
 	case <-s.ctx.Done():
-		c.Close()
+		s.unserved(c)
 	}
+}
+
+// unserved gives c, on which nothing was served, back to the listener
+// when it takes connections back (Requeuer), or closes it.
+func (s *Server) unserved(c net.Conn) {
+	if s.requeue != nil {
+		s.requeue(c)
+		return
+	}
+	c.Close()
 }
 
 // serverConn is one data-plane connection.
@@ -629,6 +659,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	for c := range s.sniffing {
+		if s.requeue != nil {
+			// Wake its read: the sniff gives it back with what it read.
+			_ = c.SetReadDeadline(time.Unix(1, 0))
+			continue
+		}
 		c.Close()
 	}
 	s.mu.Unlock()

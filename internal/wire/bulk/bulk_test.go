@@ -537,3 +537,64 @@ func TestTemporaryAcceptErrorsPass(t *testing.T) {
 		t.Fatalf("gRPC after temporary accept errors: %v", err)
 	}
 }
+
+// requeueListener takes connections back (bulk.Requeuer).
+type requeueListener struct {
+	net.Listener
+	back chan net.Conn
+}
+
+func (l *requeueListener) Requeue(c net.Conn) { l.back <- c }
+
+// A connection still being sniffed when Shutdown begins is given back to
+// a Requeuer listener with the bytes already read replayed, not closed:
+// the next server on the socket serves it whole.
+func TestShutdownGivesUnservedConnectionsBack(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &requeueListener{Listener: lis, back: make(chan net.Conn, 1)}
+	srv := bulk.NewServer()
+	g := srv.Listen(rl)
+	gs := grpc.NewServer()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(g) }()
+
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("PRI")); err != nil { // 3 of gRPC's 24-byte preface
+		t.Fatal(err)
+	}
+	// The sniff holds the connection, waiting for the rest of its first
+	// 8 bytes, until Shutdown.
+	testkit.Eventually(t, 10*time.Second, "the connection accepted", func() bool { open, _ := srv.PeerConns("127.0.0.1"); return open > 0 })
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	gs.Stop()
+	<-served
+	var back net.Conn
+	select {
+	case back = <-rl.back:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unserved connection was not given back")
+	}
+	defer back.Close()
+	if _, err := c.Write([]byte(" * HTTP/2.0")); err != nil {
+		t.Fatalf("the client's connection was closed: %v", err)
+	}
+	_ = back.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, 14)
+	if _, err := io.ReadFull(back, got); err != nil {
+		t.Fatalf("read the given-back connection: %v", err)
+	}
+	if string(got) != "PRI * HTTP/2.0" {
+		t.Fatalf("the given-back connection reads %q, want the sniffed bytes then the rest", got)
+	}
+}
