@@ -29,6 +29,14 @@ type FailoverConfig struct {
 	// Backoff is the pause after every dialer failed, before trying them
 	// all again; 0 means 100ms.
 	Backoff time.Duration
+	// ProbeEvery is how often, while on a less preferred source, the more
+	// preferred ones are tried again (a relay that was restarted); 0 means
+	// 1 s, negative never (a source is then kept until it fails).
+	ProbeEvery time.Duration
+	// ProbeTimeout bounds one probe: the dial and the wait for a first
+	// version at least as new as the one the collector runs; 0 means
+	// 500 ms.
+	ProbeTimeout time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -48,6 +56,12 @@ func (c *FailoverConfig) validate() error {
 	if c.Backoff == 0 {
 		c.Backoff = 100 * time.Millisecond
 	}
+	if c.ProbeEvery == 0 {
+		c.ProbeEvery = time.Second
+	}
+	if c.ProbeTimeout <= 0 {
+		c.ProbeTimeout = 500 * time.Millisecond
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -58,8 +72,11 @@ func (c *FailoverConfig) validate() error {
 // source fails (the relay died, the stream ended), closes it and dials
 // again from the most preferred, so collectors of a dead relay fall back
 // to the upstream without missing the newest version. While it holds a
-// source it keeps it: a relay that comes back is used after the current
-// source fails.
+// less preferred source it probes the more preferred ones every
+// ProbeEvery (from inside GetIfNewer and WaitNewer) and goes back to the
+// first that serves a version at least as new as the one the collector
+// runs, with an epoch no older than any delivered: a relay that was
+// restarted gets its collectors back.
 //
 // It is meant for one Receiver: calls are serialized. Its snapshots stay
 // valid as long as its current source's do; for ShmDialer and PushDialer
@@ -110,6 +127,13 @@ type Failover struct {
 	retired io.Closer
 	epoch   uint64 // the newest epoch delivered
 	skipped uint64 // version numbers between deliveries, for Skipped
+	// nextProbe is when the more preferred dialers are tried again;
+	// pending is a probe's first version, delivered next (guarded by
+	// callMu).
+	nextProbe time.Time
+	pending   *store.Snapshot
+	switches  uint64 // sources taken after the first, for Switches
+	dialed    bool   // a source was taken before
 }
 
 var _ Source = (*Failover)(nil)
@@ -137,6 +161,9 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 	for attempt := 0; attempt <= len(f.cfg.Dialers); attempt++ {
 		if err := f.ensure(ctx, than); err != nil {
 			return nil, err
+		}
+		if snap := f.probe(ctx, than); snap != nil {
+			return snap, nil
 		}
 		snap, err := f.current().GetIfNewer(ctx, than)
 		if snap != nil {
@@ -177,7 +204,17 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 			}
 			continue
 		}
-		snap, err := f.current().WaitNewer(ctx, after)
+		if snap := f.probe(ctx, after); snap != nil {
+			return snap, nil
+		}
+		// On a less preferred source the wait ends at the next probe.
+		wctx, wcancel := ctx, context.CancelFunc(func() {})
+		if f.probing() {
+			wctx, wcancel = context.WithDeadline(ctx, f.nextProbe)
+		}
+		snap, err := f.current().WaitNewer(wctx, after)
+		probeDue := wctx.Err() != nil && ctx.Err() == nil
+		wcancel()
 		if snap != nil {
 			if err = f.admit(snap, after); err != nil {
 				snap = nil
@@ -185,6 +222,9 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 		}
 		if err == nil {
 			return snap, nil
+		}
+		if probeDue && snap == nil {
+			continue // the probe's deadline, whatever the source made of it
 		}
 		if ctx.Err() != nil {
 			// The contract: ctx's error, not the one the source gave
@@ -199,6 +239,86 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 }
 
 var errFailoverClosed = errClosed("failover")
+
+// probing reports whether a more preferred dialer is to be probed (the
+// current source is not the first). Called with callMu held.
+func (f *Failover) probing() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg.ProbeEvery > 0 && f.cur != nil && f.idx > 0
+}
+
+// probe, when due, tries the dialers preferred to the current one and
+// goes back to the first that serves, within ProbeTimeout, a version at
+// least as new as than with an epoch no older than any delivered; the
+// source it leaves is retired as a failed one is. It returns that
+// version when it is newer than than (delivered now), else nil. A
+// probe's failures are not failures of the Failover: they are logged
+// at debug level only. Called with callMu held.
+func (f *Failover) probe(ctx context.Context, than uint64) *store.Snapshot {
+	if p := f.pending; p != nil {
+		f.pending = nil
+		if p.Version > than && f.admit(p, than) == nil {
+			return p
+		}
+	}
+	if !f.probing() || time.Now().Before(f.nextProbe) {
+		return nil
+	}
+	f.nextProbe = time.Now().Add(f.cfg.ProbeEvery)
+	f.mu.Lock()
+	idx, epoch := f.idx, f.epoch
+	f.mu.Unlock()
+	from := uint64(0) // versions newer than from: at least than
+	if than > 0 {
+		from = than - 1
+	}
+	for i := range idx {
+		d := f.cfg.Dialers[i]
+		pctx, cancel := context.WithTimeout(ctx, f.cfg.ProbeTimeout)
+		src, closer, err := d.Dial(pctx, from)
+		var snap *store.Snapshot
+		if err == nil {
+			snap, err = src.WaitNewer(pctx, from)
+			if err == nil && snap.Epoch < epoch {
+				err = fmt.Errorf("%w: version %d has epoch %d, older than epoch %d delivered", errs.ErrUnavailable, snap.Version, snap.Epoch, epoch)
+			}
+		}
+		cancel()
+		if err != nil {
+			if closer != nil {
+				closer.Close()
+			}
+			f.cfg.Logger.Debug("wsync: probe of a preferred source failed", "source", d.Name, "err", err)
+			continue
+		}
+		f.mu.Lock()
+		old, oldName := f.closer, f.name
+		if f.served {
+			old, f.retired = f.retired, old
+		}
+		f.cur, f.closer, f.name, f.idx, f.served, f.failed = src, closer, d.Name, i, false, -1
+		f.switches++
+		f.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+		f.cfg.Logger.Info("wsync: back on a preferred source", "source", d.Name, "from", oldName, "version", snap.Version)
+		if snap.Version > than && f.admit(snap, than) == nil {
+			return snap
+		}
+		return nil
+	}
+	return nil
+}
+
+// Switches counts the sources the Failover took after its first one
+// (failing over, and going back to a preferred one).
+func (f *Failover) Switches() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.switches
+}
 
 // admit delivers snap, taken after version after, unless its epoch is
 // older than one delivered before; it counts the versions skipped.
@@ -281,8 +401,12 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 			continue
 		}
 		f.mu.Lock()
-		f.cur, f.closer, f.name, f.idx, f.served, f.failed = src, closer, d.Name, i, false, -1
+		if f.dialed {
+			f.switches++
+		}
+		f.cur, f.closer, f.name, f.idx, f.served, f.failed, f.dialed = src, closer, d.Name, i, false, -1, true
 		f.mu.Unlock()
+		f.nextProbe = time.Now().Add(f.cfg.ProbeEvery)
 		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
 		if c, ok := src.(interface{ CopyReason() string }); ok && c.CopyReason() != "" {
 			f.cfg.Logger.Info("wsync: shm source copies versions instead of leasing them", "source", d.Name, "reason", c.CopyReason())

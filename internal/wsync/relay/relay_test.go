@@ -152,15 +152,13 @@ func runRelayChild() int {
 	return 0
 }
 
-// The relay is a separate process killed with SIGKILL: it cannot close its
-// segment or say goodbye. Its collectors notice (stream reset, writer pid
-// gone) and fall back to the upstream.
-func TestRelayProcessKilled(t *testing.T) {
-	h := startHub(t)
-	h.push(t, 1, 1000)
-	path := wsynctest.ShmPath(t)
+// startRelayProc runs a relay of upstream's model "m" in a child process
+// publishing to the segment at path, and waits until the segment holds
+// version v. kill SIGKILLs and reaps it (once; also at cleanup).
+func startRelayProc(t *testing.T, upstream, path string, v uint64) (addr string, kill func()) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=relay", "RLHUB_WSYNC_UPSTREAM="+h.addr, "RLHUB_WSYNC_SHM="+path)
+	cmd.Env = append(os.Environ(), childEnv+"=relay", "RLHUB_WSYNC_UPSTREAM="+upstream, "RLHUB_WSYNC_SHM="+path)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -170,27 +168,38 @@ func TestRelayProcessKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := false
-	kill := func() {
+	kill = func() {
 		if !killed {
 			killed = true
 			cmd.Process.Kill()
 			cmd.Wait() // reaped: its pid no longer exists
 		}
 	}
-	defer kill()
+	t.Cleanup(kill)
 	sc := bufio.NewScanner(stdout)
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "addr ") {
+		kill()
 		t.Fatalf("relay process: %q %v", sc.Text(), sc.Err())
 	}
-	relayAddr := strings.TrimPrefix(sc.Text(), "addr ")
 	waitFor(t, "relay segment", func() bool {
 		r, err := shm.Open(shm.ReaderConfig{Path: path})
 		if err != nil {
 			return false
 		}
 		defer r.Close()
-		return r.Published() == 1
+		return r.Published() >= v
 	})
+	return strings.TrimPrefix(sc.Text(), "addr "), kill
+}
+
+// The relay is a separate process killed with SIGKILL: it cannot close its
+// segment or say goodbye. Its collectors notice (stream reset, writer pid
+// gone) and fall back to the upstream.
+func TestRelayProcessKilled(t *testing.T) {
+	h := startHub(t)
+	h.push(t, 1, 1000)
+	path := wsynctest.ShmPath(t)
+	relayAddr, kill := startRelayProc(t, h.addr, path, 1)
 
 	upConn := dial(t, h.addr)
 	shmC := startFailoverCollector(t, wsync.ShmDialer("relay-shm", path), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
@@ -216,3 +225,80 @@ func TestRelayProcessKilled(t *testing.T) {
 		}
 	}
 }
+
+// A relay SIGKILLed and started again (same segment, a new port): its
+// collectors, on the upstream meanwhile, go back to it by themselves
+// (Failover's probe of its preferred sources) and versions only grow
+// throughout.
+func TestCollectorsGoBackToARestartedRelay(t *testing.T) {
+	h := startHub(t)
+	h.push(t, 1, 1000)
+	path := wsynctest.ShmPath(t)
+	var mu sync.Mutex
+	relayAddr, kill := startRelayProc(t, h.addr, path, 1)
+	// The stream collector dials whichever address the relay has now, as
+	// a collector that looks its host's relay up at each dial does.
+	relayStream := wsync.Dialer{Name: "relay-stream", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+		mu.Lock()
+		addr := relayAddr
+		mu.Unlock()
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, nil, err
+		}
+		src, closer, err := wsync.PushDialer("relay-stream", conn, "stream-collector", "m").Dial(ctx, have)
+		if err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
+		return src, closerFunc(func() error { closer.Close(); return conn.Close() }), nil
+	}}
+	upConn := dial(t, h.addr)
+	var grew sync.Map // collector → a version that went backwards
+	growing := func(name string) wsync.ApplyFunc {
+		var last uint64
+		return func(s *store.Snapshot) error {
+			if s.Version <= last {
+				grew.Store(name, fmt.Sprintf("v%d after v%d", s.Version, last))
+			}
+			last = s.Version
+			return wsynctest.Check(s)
+		}
+	}
+	shmC := startFailoverCollectorApply(t, growing("shm"), wsync.ShmDialer("relay-shm", path), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
+	streamC := startFailoverCollectorApply(t, growing("stream"), relayStream, wsync.PushDialer("upstream", upConn, "stream-collector", "m"))
+	cs := []*failoverCollector{shmC, streamC}
+	want := []string{"relay-shm", "relay-stream"}
+	for i, c := range cs {
+		waitFor(t, "collectors at v1 via the relay", func() bool { return c.recv.Version() == 1 && c.f.Current() == want[i] })
+	}
+
+	kill()
+	h.push(t, 2, 1000)
+	for _, c := range cs {
+		waitFor(t, "collectors at v2 via the upstream", func() bool { return c.recv.Version() == 2 && c.f.Current() == "upstream" })
+	}
+
+	addr, _ := startRelayProc(t, h.addr, path, 2)
+	mu.Lock()
+	relayAddr = addr
+	mu.Unlock()
+	for i, c := range cs {
+		waitFor(t, want[i]+" collector back on the relay", func() bool { return c.f.Current() == want[i] })
+	}
+	h.push(t, 3, 1000)
+	for i, c := range cs {
+		waitFor(t, "collectors at v3 via the relay", func() bool { return c.recv.Version() == 3 })
+		if c.f.Current() != want[i] {
+			t.Fatalf("the collector took v3 from %q, want %q", c.f.Current(), want[i])
+		}
+	}
+	grew.Range(func(k, v any) bool {
+		t.Errorf("%s collector: %s", k, v)
+		return true
+	})
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }

@@ -29,7 +29,7 @@ class FailoverSource:
     (:class:`rlhub.RlhubError` from it: the relay's stream ended, its writer
     is gone) it lets go of it and dials again, most preferred first, so a
     collector of a dead relay continues from the upstream at the version it
-    runs. Unlike the Go ``Failover`` it also goes **back**: while it is on a
+    runs. Like the Go ``Failover`` it also goes **back**: while it is on a
     less preferred source it probes the more preferred ones at most every
     ``probe_every`` seconds (from inside ``get_if_newer``/``wait_newer``,
     each probe waiting up to ``probe_timeout`` for a first version) and
