@@ -174,7 +174,7 @@ var errNoRelay = errors.New("no relay of the model is announced on this host")
 // refused token, fails NewCollector); the Failover attaches the next when
 // the one it holds ends, most preferred first, so a collector whose
 // relay died continues from the primary, and one on the primary goes to a
-// relay found at its next dial (after a failover).
+// relay found at its next probe (every second) or dial.
 func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
 	cfg, d := c.cfg, c.cfg.Security.dial()
 	attach := func(ctx context.Context, conn *grpc.ClientConn, have uint64) (*wsync.Client, error) {

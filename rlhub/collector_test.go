@@ -152,4 +152,17 @@ func TestCollectorViaPushOnEtcdPrefersThisHostsRelay(t *testing.T) {
 	if c.Transport() != "push" {
 		t.Fatalf("Transport %q after the relay died, want push (the primary)", c.Transport())
 	}
+	// The relay is started again (its dead predecessor's entry waited
+	// out): the collector goes back to it by itself, at a probe.
+	testkit.StartProc(t, testkit.ProcConfig{Name: "relay again", Args: []string{
+		"relay", "--etcd", e.Endpoint, "--cluster", cluster, "--model", model, "--id", "r", "--listen", "127.0.0.1:0",
+		"--shm", seg}})
+	testkit.Eventually(t, time.Minute, "the collector back on the restarted relay", func() bool { return c.Transport() == "relay" })
+	if _, err := s.Push(ctx, model, 3, 2, weights(3)); err != nil {
+		t.Fatal(err)
+	}
+	at(3)
+	if c.Transport() != "relay" {
+		t.Fatalf("Transport %q taking v3 with the relay back, want relay", c.Transport())
+	}
 }
