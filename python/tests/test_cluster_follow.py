@@ -11,14 +11,9 @@ starts empty, so each round seeds its own model.
 from __future__ import annotations
 
 import grpc
-import base64
-import json
-import pathlib
 import shutil
 import signal
-import subprocess
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -27,51 +22,12 @@ import rlhub
 from rlhub import _channel
 from rlhub.grads import GradClient
 from conftest import Hub, free_port
+from etcdproc import Etcd
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
 
 CLUSTER = "pyfollow"
-
-
-class Etcd:
-    def __init__(self, tmp: pathlib.Path):
-        self.url = f"http://127.0.0.1:{free_port()}"
-        peer = f"http://127.0.0.1:{free_port()}"
-        self.log = open(tmp / "etcd.log", "wb")
-        self.proc = subprocess.Popen(
-            ["etcd", "--name", "t", "--data-dir", str(tmp / "etcd"), "--listen-client-urls", self.url,
-             "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-             "--initial-advertise-peer-urls", peer, "--initial-cluster", "t=" + peer, "--log-level", "error"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(urllib.request.Request(self.url + "/v3/kv/range", data=b'{"key":"eA=="}'),
-                                       timeout=1).read()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("etcd did not start")
-                time.sleep(0.05)
-
-    def leader(self) -> tuple[str, int] | None:
-        """(member id, epoch) of the election's holder, from etcd itself."""
-        prefix = f"/rlhub/{CLUSTER}/election/".encode()
-        end = prefix[:-1] + bytes([prefix[-1] + 1])
-        body = json.dumps({"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode(),
-                           "sort_order": "ASCEND", "sort_target": "CREATE", "limit": 1}).encode()
-        with urllib.request.urlopen(urllib.request.Request(self.url + "/v3/kv/range", data=body), timeout=5) as r:
-            kvs = json.loads(r.read()).get("kvs") or []
-        if not kvs:
-            return None
-        return json.loads(base64.b64decode(kvs[0]["value"]))["id"], int(kvs[0]["create_revision"])
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.log.close()
 
 
 def test_target_syntax():
@@ -128,7 +84,7 @@ def test_python_clients_follow_the_primary_across_sigkill(rlhub_bin, tmp_path):
             for rnd in range(3):
                 deadline = time.monotonic() + 30
                 while True:
-                    lead = etcd.leader()
+                    lead = etcd.leader(CLUSTER)
                     if lead is not None and hubs[lead[0]].proc.poll() is None:
                         break
                     assert time.monotonic() < deadline, "no live primary elected within 30 s"

@@ -17,16 +17,12 @@ Real etcd processes and real `rlhub serve` / `rlhub relay` processes:
 from __future__ import annotations
 
 import base64
-import json
 import os
-import pathlib
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -34,53 +30,11 @@ import pytest
 import rlhub
 from rlhub import _channel, discover, errors
 from rlhub.grads import GradClient
-from conftest import Hub, free_port
+from conftest import Hub
+from etcdproc import Etcd
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
-
-
-class Etcd:
-    def __init__(self, tmp: pathlib.Path, tls: dict | None = None):
-        scheme = "https" if tls else "http"
-        self.hostport = f"127.0.0.1:{free_port()}"
-        self.url = f"{scheme}://{self.hostport}"
-        peer = f"http://127.0.0.1:{free_port()}"
-        self.log = open(tmp / "etcd.log", "wb")
-        args = ["etcd", "--name", "t", "--data-dir", str(tmp / "etcd"), "--listen-client-urls", self.url,
-                "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-                "--initial-advertise-peer-urls", peer, "--initial-cluster", "t=" + peer, "--log-level", "error"]
-        ctx = None
-        if tls:
-            args += ["--cert-file", tls["cert"], "--key-file", tls["key"], "--trusted-ca-file", tls["ca"],
-                     "--client-cert-auth"]
-            ctx = ssl.create_default_context(cafile=tls["ca"])
-            ctx.load_cert_chain(tls["client_cert"], tls["client_key"])
-        self.ctx = ctx
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.post("/v3/kv/range", {"key": "eA=="})
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("etcd did not start")
-                time.sleep(0.05)
-
-    def post(self, path: str, body: dict, token: str | None = None) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = token
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
-        with urllib.request.urlopen(req, timeout=5, context=self.ctx) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.log.close()
 
 
 def wait_for(what: str, cond, timeout: float = 30.0) -> float:
@@ -184,6 +138,9 @@ def test_collector_finds_its_relay_from_etcd(rlhub_bin, tmp_path):
         assert discovers_relay(target) and not discovers_relay(target, relay=addr)
         assert discover.failover_for(target, "m") == [("relay-shm", "shm", seg), ("relay", "push", addr),
                                                      ("upstream", "push", target)]
+        # The relay makes its segment when its first version arrives: a
+        # source dialed before that takes the relay's stream instead.
+        wait_for("the relay's segment", lambda: os.path.exists(seg))
         src = open_source("failover", target, "m", collector_id="pydisc")
         push = open_source("push", target, "m", collector_id="pydisc-push")  # the Go ViaPush order
         try:

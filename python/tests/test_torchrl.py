@@ -337,7 +337,8 @@ def test_scheme_given_only_the_cluster_finds_each_workers_relay_when_it_dials(rl
     import shutil
 
     from relayproc import Relay
-    from test_cluster_follow import CLUSTER, Etcd
+    from etcdproc import Etcd
+    from test_cluster_follow import CLUSTER
 
     from conftest import Hub
     from rlhub import _channel
@@ -353,7 +354,7 @@ def test_scheme_given_only_the_cluster_finds_each_workers_relay_when_it_dials(rl
     col = scheme = None
     try:
         deadline = time.monotonic() + 30
-        while etcd.leader() is None:
+        while etcd.leader(CLUSTER) is None:
             assert time.monotonic() < deadline, "no primary elected"
             time.sleep(0.05)
         store = rlhub.StoreClient(target, timeout=30.0)

@@ -25,7 +25,8 @@ import rlhub.wsync as ws
 from rlhub import _channel
 from rlhub.tensors import load_bytes
 from conftest import Hub
-from test_cluster_follow import CLUSTER, Etcd
+from etcdproc import Etcd
+from test_cluster_follow import CLUSTER
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
@@ -107,7 +108,7 @@ def live_primary(etcd: Etcd, hubs: "dict[str, Hub]", after: int) -> "tuple[str, 
     got: list[tuple[str, int]] = []
 
     def elected() -> bool:
-        lead = etcd.leader()
+        lead = etcd.leader(CLUSTER)
         if lead is not None and lead[1] > after and hubs[lead[0]].proc.poll() is None:
             got.append(lead)
             return True
@@ -215,7 +216,7 @@ def test_failover_to_every_python_collector(rlhub_bin, tmp_path):
             # publishing client's.
             v = 0
             while not stop.is_set():
-                lead = etcd.leader()
+                lead = etcd.leader(CLUSTER)
                 if lead is None:
                     time.sleep(0.02)
                     continue
@@ -315,7 +316,7 @@ def test_data_plane_source_follows_a_standbys_refusal(rlhub_bin, tmp_path):
         got: list[tuple[str, int]] = []
 
         def elected() -> bool:
-            lead = etcd.leader()
+            lead = etcd.leader(CLUSTER)
             if lead is not None:
                 got.append(lead)
             return lead is not None

@@ -1,0 +1,74 @@
+"""One real etcd process on loopback for the cluster tests (Debian's
+``etcd-server``: scripts/setup.d/20-etcd.sh), spoken to through its JSON
+gateway."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+import ssl
+import subprocess
+import time
+import urllib.request
+
+from conftest import free_port
+
+
+class Etcd:
+    """etcd on a free loopback port, data under ``tmp``; with ``tls``
+    (paths ``cert``, ``key``, ``ca``, ``client_cert``, ``client_key``) it
+    serves HTTPS and checks client certificates."""
+
+    def __init__(self, tmp: pathlib.Path, tls: dict | None = None):
+        scheme = "https" if tls else "http"
+        self.hostport = f"127.0.0.1:{free_port()}"
+        self.url = f"{scheme}://{self.hostport}"
+        peer = f"http://127.0.0.1:{free_port()}"
+        self.log = open(tmp / "etcd.log", "wb")
+        args = ["etcd", "--name", "t", "--data-dir", str(tmp / "etcd"), "--listen-client-urls", self.url,
+                "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer, "--initial-cluster", "t=" + peer, "--log-level", "error"]
+        self.ctx = None
+        if tls:
+            args += ["--cert-file", tls["cert"], "--key-file", tls["key"], "--trusted-ca-file", tls["ca"],
+                     "--client-cert-auth"]
+            self.ctx = ssl.create_default_context(cafile=tls["ca"])
+            self.ctx.load_cert_chain(tls["client_cert"], tls["client_key"])
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.post("/v3/kv/range", {"key": "eA=="})
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("etcd did not start")
+                time.sleep(0.05)
+
+    def post(self, path: str, body: dict, token: str | None = None) -> dict:
+        """One JSON gateway call (``/v3/kv/range``, ``/v3/auth/...``)."""
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=5, context=self.ctx) as r:
+            return json.loads(r.read())
+
+    def leader(self, cluster: str) -> tuple[str, int] | None:
+        """(member id, epoch) of ``cluster``'s election holder, from etcd
+        itself; None when nobody holds it."""
+        prefix = f"/rlhub/{cluster}/election/".encode()
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        kvs = self.post("/v3/kv/range", {"key": base64.b64encode(prefix).decode(),
+                                         "range_end": base64.b64encode(end).decode(),
+                                         "sort_order": "ASCEND", "sort_target": "CREATE", "limit": 1}).get("kvs") or []
+        if not kvs:
+            return None
+        return json.loads(base64.b64decode(kvs[0]["value"]))["id"], int(kvs[0]["create_revision"])
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
