@@ -451,11 +451,11 @@ func (s *SecondaryNode) loop(m *smodel) {
 		sess := s.session
 		s.mu.Unlock()
 		go func() { // waited for: the loop does not return while inflight
-			// One gradient, checked finite on receipt and scaled by a
-			// weight ≤ 1, is finite; a sum of more may overflow.
+			// The members were checked finite on receipt and the
+			// batch's adds check that their sums did not overflow.
 			_, err := s.cfg.Upstream.Forward(s.ctx, Batch{Session: sess, Model: m.name,
 				Members: b.Members(), Weights: b.Weights(), Sum: b.Sum(), FirstAdmitted: b.First(),
-				SumFinite: b.Len() == 1})
+				SumFinite: b.SumFinite()})
 			fwdDone <- fwdResult{b, sess, err}
 		}()
 	}
