@@ -12,12 +12,7 @@ func addGeneric(dst, x []float32) {
 	}
 }
 
-func addScaledGeneric(dst []float32, a float32, x []float32) {
-	x = x[:len(dst)]
-	for i := range dst {
-		dst[i] += a * x[i]
-	}
-}
+func addScaledGeneric(dst []float32, a float32, x []float32) { addScaledToGeneric(dst, dst, a, x) }
 
 func addScaledToGeneric(dst, y []float32, a float32, x []float32) {
 	y, x = y[:len(dst)], x[:len(dst)]

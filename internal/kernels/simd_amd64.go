@@ -52,31 +52,11 @@ func addAVX2(dst, x []float32) {
 	addGeneric(dst[i:], x[i:])
 }
 
-func addScaledAVX2(dst []float32, a float32, x []float32) {
-	n := len(dst)
-	x = x[:n]
-	va := archsimd.BroadcastFloat32x8(a)
-	i := 0
-	for ; i+32 <= n; i += 32 {
-		d, s := dst[i:i+32:i+32], x[i:i+32:i+32]
-		a0 := archsimd.LoadFloat32x8Slice(s[0:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[0:]))
-		a1 := archsimd.LoadFloat32x8Slice(s[8:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[8:]))
-		a2 := archsimd.LoadFloat32x8Slice(s[16:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[16:]))
-		a3 := archsimd.LoadFloat32x8Slice(s[24:]).MulAdd(va, archsimd.LoadFloat32x8Slice(d[24:]))
-		a0.StoreSlice(d[0:])
-		a1.StoreSlice(d[8:])
-		a2.StoreSlice(d[16:])
-		a3.StoreSlice(d[24:])
-	}
-	for ; i+8 <= n; i += 8 {
-		archsimd.LoadFloat32x8Slice(x[i:]).MulAdd(va, archsimd.LoadFloat32x8Slice(dst[i:])).StoreSlice(dst[i:])
-	}
-	archsimd.ClearAVXUpperBits()
-	addScaledGeneric(dst[i:], a, x[i:])
-}
+// addScaledAVX2 is addScaledToAVX2 with y = dst.
+func addScaledAVX2(dst []float32, a float32, x []float32) { addScaledToAVX2(dst, dst, a, x) }
 
-// addScaledToAVX2 computes each element as addScaledAVX2 does (the same
-// fused multiply-add of x, a and y), storing into dst instead of y.
+// addScaledToAVX2 computes each element with one fused multiply-add of
+// x, a and y.
 func addScaledToAVX2(dst, y []float32, a float32, x []float32) {
 	n := len(dst)
 	y, x = y[:n], x[:n]

@@ -125,8 +125,8 @@ type smodel struct {
 }
 
 type addReq struct {
-	id     reduce.ID
-	grad   *tensor.StateDict
+	id   reduce.ID
+	grad *tensor.StateDict
 	// buf is the pooled receive buffer grad aliases. The loop owns it
 	// once it has taken the request: it adopts it as its batch sum (and
 	// gives it back to the pool after the forward) or adds grad into the
