@@ -12,11 +12,37 @@ func addGeneric(dst, x []float32) {
 	}
 }
 
-func addScaledGeneric(dst []float32, a float32, x []float32) {
+func addScaledGeneric(dst []float32, a float32, x []float32) { addScaledToGeneric(dst, dst, a, x) }
+
+func addScaledToGeneric(dst, y []float32, a float32, x []float32) {
+	y, x = y[:len(dst)], x[:len(dst)]
+	for i := range dst {
+		dst[i] = y[i] + a*x[i]
+	}
+}
+
+// finite32 reports whether v is neither NaN nor ±Inf (its exponent bits
+// are not all ones).
+func finite32(v float32) bool { return math.Float32bits(v)&0x7f800000 != 0x7f800000 }
+
+func addFiniteGeneric(dst, x []float32) bool {
 	x = x[:len(dst)]
+	ok := true
+	for i := range dst {
+		dst[i] += x[i]
+		ok = ok && finite32(dst[i])
+	}
+	return ok
+}
+
+func addScaledFiniteGeneric(dst []float32, a float32, x []float32) bool {
+	x = x[:len(dst)]
+	ok := true
 	for i := range dst {
 		dst[i] += a * x[i]
+		ok = ok && finite32(dst[i])
 	}
+	return ok
 }
 
 func scaleGeneric(dst []float32, a float32) {
@@ -57,7 +83,7 @@ func sumSquaresGeneric(x []float32) float64 {
 
 func firstNonFiniteGeneric(x []float32) int {
 	for i, v := range x {
-		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+		if !finite32(v) {
 			return i
 		}
 	}

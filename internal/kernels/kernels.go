@@ -1,6 +1,7 @@
 // Package kernels holds rlhub's hot numeric loops over float32 (and the
 // half-precision and float64 buffers the gradient reducer meets): add,
-// scaled add, scale, sum of squares and the NaN/Inf scan.
+// scaled add (in place, into a third buffer, or reporting whether the
+// result is finite), scale, sum of squares and the NaN/Inf scan.
 //
 // Contracts, in the style of gonum's kernels:
 //   - The destination comes first and is updated in place; nothing allocates.
@@ -27,6 +28,9 @@ type impl struct {
 	name           string
 	add            func(dst, x []float32)
 	addScaled      func(dst []float32, a float32, x []float32)
+	addScaledTo    func(dst, y []float32, a float32, x []float32)
+	addFinite      func(dst, x []float32) bool
+	addScaledFin   func(dst []float32, a float32, x []float32) bool
 	scale          func(dst []float32, a float32)
 	sumSquares     func(x []float32) float64
 	firstNonFinite func(x []float32) int
@@ -38,6 +42,9 @@ var generic = impl{
 	name:           "generic",
 	add:            addGeneric,
 	addScaled:      addScaledGeneric,
+	addScaledTo:    addScaledToGeneric,
+	addFinite:      addFiniteGeneric,
+	addScaledFin:   addScaledFiniteGeneric,
 	scale:          scaleGeneric,
 	sumSquares:     sumSquaresGeneric,
 	firstNonFinite: firstNonFiniteGeneric,
@@ -73,6 +80,32 @@ func Add(dst, x []float32) {
 func AddScaled(dst []float32, a float32, x []float32) {
 	checkLen("AddScaled", len(dst), len(x))
 	active.addScaled(dst, a, x)
+}
+
+// AddScaledTo sets dst[i] = y[i] + a*x[i]: copy(dst, y) followed by
+// AddScaled(dst, a, x) in one pass, with exactly AddScaled's results. dst
+// may be y or x itself but must not otherwise overlap them. It panics if
+// the lengths differ.
+func AddScaledTo(dst, y []float32, a float32, x []float32) {
+	checkLen("AddScaledTo", len(dst), len(y))
+	checkLen("AddScaledTo", len(dst), len(x))
+	active.addScaledTo(dst, y, a, x)
+}
+
+// AddFinite is Add that also reports whether every dst[i] is finite
+// afterwards, in the same pass. A non-finite operand makes its sum
+// non-finite, so true also means both inputs were finite. It panics if the
+// lengths differ.
+func AddFinite(dst, x []float32) bool {
+	checkLen("AddFinite", len(dst), len(x))
+	return active.addFinite(dst, x)
+}
+
+// AddScaledFinite is AddScaled that also reports whether every dst[i] is
+// finite afterwards. It panics if the lengths differ.
+func AddScaledFinite(dst []float32, a float32, x []float32) bool {
+	checkLen("AddScaledFinite", len(dst), len(x))
+	return active.addScaledFin(dst, a, x)
 }
 
 // Scale sets dst[i] *= a.

@@ -89,6 +89,98 @@ func TestAddScaledMatchesNaive(t *testing.T) {
 	})
 }
 
+func TestAddScaledToMatchesAddScaled(t *testing.T) {
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(31, 32))
+		for _, n := range lengths() {
+			for _, off := range offsets {
+				a := float32(r.NormFloat64())
+				y := randFloats(r, n+off)[off:]
+				x := randFloats(r, n+off+3)[off+3:]
+				want := append([]float32(nil), y...)
+				AddScaled(want, a, x)
+				dst := randFloats(r, n+off+1)[off+1:]
+				AddScaledTo(dst, y, a, x)
+				for i := range want {
+					if math.Float32bits(dst[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("n=%d off=%d: dst[%d] = %v, want %v (AddScaled's)", n, off, i, dst[i], want[i])
+					}
+				}
+				// dst may be either input itself.
+				x2 := append([]float32(nil), x...)
+				AddScaledTo(y, y, a, x)
+				AddScaledTo(x2, want, 1, x2)
+				for i := range want {
+					if y[i] != want[i] {
+						t.Fatalf("n=%d off=%d, dst = y: dst[%d] = %v, want %v", n, off, i, y[i], want[i])
+					}
+					if w := want[i] + x[i]; x2[i] != w {
+						t.Fatalf("n=%d off=%d, dst = x: dst[%d] = %v, want %v", n, off, i, x2[i], w)
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestAddFiniteMatchesAdd checks AddFinite and AddScaledFinite compute what
+// Add and AddScaled do and report a non-finite result wherever it is: a
+// NaN or ±Inf in either input at any position (every tail included), or
+// an overflow of finite inputs.
+func TestAddFiniteMatchesAdd(t *testing.T) {
+	inf := float32(math.Inf(1))
+	nan := float32(math.NaN())
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(33, 34))
+		for _, n := range lengths() {
+			for _, off := range offsets {
+				a := float32(r.NormFloat64())
+				base := randFloats(r, n+off)[off:]
+				x := randFloats(r, n+off+1)[off+1:]
+				want, wantS := append([]float32(nil), base...), append([]float32(nil), base...)
+				Add(want, x)
+				AddScaled(wantS, a, x)
+				dst, dstS := append([]float32(nil), base...), append([]float32(nil), base...)
+				if !AddFinite(dst, x) {
+					t.Fatalf("n=%d off=%d: AddFinite of finite inputs reported non-finite", n, off)
+				}
+				if !AddScaledFinite(dstS, a, x) {
+					t.Fatalf("n=%d off=%d: AddScaledFinite of finite inputs reported non-finite", n, off)
+				}
+				for i := range want {
+					if math.Float32bits(dst[i]) != math.Float32bits(want[i]) || math.Float32bits(dstS[i]) != math.Float32bits(wantS[i]) {
+						t.Fatalf("n=%d off=%d: [%d] = %v, %v, want %v, %v", n, off, i, dst[i], dstS[i], want[i], wantS[i])
+					}
+				}
+				if n == 0 {
+					continue
+				}
+				k := r.IntN(n)
+				for _, c := range []struct {
+					name   string
+					d, x   float32
+					scaled bool
+				}{
+					{"Inf in x", 1, inf, false}, {"NaN in x", 1, nan, false}, {"-Inf in dst", -inf, 1, false},
+					{"NaN in dst", nan, 1, true}, {"overflow", 3e38, 3e38, false}, {"scaled overflow", 3e38, 3e38, true},
+				} {
+					d, xx := append([]float32(nil), base...), append([]float32(nil), x...)
+					d[k], xx[k] = c.d, c.x
+					var got bool
+					if c.scaled {
+						got = AddScaledFinite(d, 2, xx)
+					} else {
+						got = AddFinite(d, xx)
+					}
+					if got {
+						t.Fatalf("n=%d off=%d: %s at %d reported finite", n, off, c.name, k)
+					}
+				}
+			}
+		}
+	})
+}
+
 func TestScaleMatchesNaive(t *testing.T) {
 	forEachPath(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(5, 6))
@@ -337,6 +429,9 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 		for name, f := range map[string]func(){
 			"Add":                func() { Add(dst, x) },
 			"AddScaled":          func() { AddScaled(dst, 0.5, x) },
+			"AddScaledTo":        func() { AddScaledTo(dst, dst, 0.5, x) },
+			"AddFinite":          func() { _ = AddFinite(dst, x) },
+			"AddScaledFinite":    func() { _ = AddScaledFinite(dst, 0.5, x) },
 			"Scale":              func() { Scale(dst, 0.5) },
 			"SumSquares":         func() { _ = SumSquares(x) },
 			"FirstNonFinite":     func() { _ = FirstNonFinite(x) },
@@ -355,11 +450,15 @@ func TestKernelsDoNotAllocate(t *testing.T) {
 
 func TestLengthMismatchPanics(t *testing.T) {
 	for name, f := range map[string]func(){
-		"Add":       func() { Add(make([]float32, 3), make([]float32, 4)) },
-		"AddScaled": func() { AddScaled(make([]float32, 4), 1, make([]float32, 3)) },
-		"AddF64":    func() { AddF64(make([]float64, 1), nil) },
-		"AddBF16":   func() { AddBF16(make([]float32, 2), make([]byte, 3)) },
-		"AddF16":    func() { AddF16(make([]float32, 2), make([]byte, 5)) },
+		"Add":             func() { Add(make([]float32, 3), make([]float32, 4)) },
+		"AddScaled":       func() { AddScaled(make([]float32, 4), 1, make([]float32, 3)) },
+		"AddScaledTo/y":   func() { AddScaledTo(make([]float32, 4), make([]float32, 3), 1, make([]float32, 4)) },
+		"AddScaledTo/x":   func() { AddScaledTo(make([]float32, 4), make([]float32, 4), 1, make([]float32, 5)) },
+		"AddFinite":       func() { AddFinite(make([]float32, 3), make([]float32, 4)) },
+		"AddScaledFinite": func() { AddScaledFinite(make([]float32, 4), 1, make([]float32, 3)) },
+		"AddF64":          func() { AddF64(make([]float64, 1), nil) },
+		"AddBF16":         func() { AddBF16(make([]float32, 2), make([]byte, 3)) },
+		"AddF16":          func() { AddF16(make([]float32, 2), make([]byte, 5)) },
 	} {
 		func() {
 			defer func() {

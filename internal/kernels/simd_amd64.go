@@ -20,6 +20,9 @@ var avx2 = impl{
 	name:           "avx2",
 	add:            addAVX2,
 	addScaled:      addScaledAVX2,
+	addScaledTo:    addScaledToAVX2,
+	addFinite:      addFiniteAVX2,
+	addScaledFin:   addScaledFiniteAVX2,
 	scale:          scaleAVX2,
 	sumSquares:     sumSquaresAVX2,
 	firstNonFinite: firstNonFiniteAVX2,
@@ -27,9 +30,47 @@ var avx2 = impl{
 	addBF16:        addBF16AVX2,
 }
 
-func addAVX2(dst, x []float32) {
+// addAVX2 is addFiniteAVX2 without its answer: the check's one fused
+// multiply-add per vector rides on a loop bound by memory.
+func addAVX2(dst, x []float32) { _ = addFiniteAVX2(dst, x) }
+
+// addScaledAVX2 is addScaledToAVX2 with y = dst.
+func addScaledAVX2(dst []float32, a float32, x []float32) { addScaledToAVX2(dst, dst, a, x) }
+
+// addScaledToAVX2 computes each element with one fused multiply-add of
+// x, a and y.
+func addScaledToAVX2(dst, y []float32, a float32, x []float32) {
+	n := len(dst)
+	y, x = y[:n], x[:n]
+	va := archsimd.BroadcastFloat32x8(a)
+	i := 0
+	for ; i+32 <= n; i += 32 {
+		d, b, s := dst[i:i+32:i+32], y[i:i+32:i+32], x[i:i+32:i+32]
+		a0 := archsimd.LoadFloat32x8Slice(s[0:]).MulAdd(va, archsimd.LoadFloat32x8Slice(b[0:]))
+		a1 := archsimd.LoadFloat32x8Slice(s[8:]).MulAdd(va, archsimd.LoadFloat32x8Slice(b[8:]))
+		a2 := archsimd.LoadFloat32x8Slice(s[16:]).MulAdd(va, archsimd.LoadFloat32x8Slice(b[16:]))
+		a3 := archsimd.LoadFloat32x8Slice(s[24:]).MulAdd(va, archsimd.LoadFloat32x8Slice(b[24:]))
+		a0.StoreSlice(d[0:])
+		a1.StoreSlice(d[8:])
+		a2.StoreSlice(d[16:])
+		a3.StoreSlice(d[24:])
+	}
+	for ; i+8 <= n; i += 8 {
+		archsimd.LoadFloat32x8Slice(x[i:]).MulAdd(va, archsimd.LoadFloat32x8Slice(y[i:])).StoreSlice(dst[i:])
+	}
+	archsimd.ClearAVXUpperBits()
+	addScaledToGeneric(dst[i:], y[i:], a, x[i:])
+}
+
+// addFiniteAVX2 is addAVX2 plus a finiteness check riding on the same
+// registers: r*0 + c is c for a finite result r and NaN otherwise, so c
+// (four accumulators, one fused multiply-add per vector) stays 0 exactly
+// when every result is finite.
+func addFiniteAVX2(dst, x []float32) bool {
 	n := len(dst)
 	x = x[:n]
+	zero := archsimd.BroadcastFloat32x8(0)
+	c0, c1, c2, c3 := zero, zero, zero, zero
 	i := 0
 	for ; i+32 <= n; i += 32 {
 		d, s := dst[i:i+32:i+32], x[i:i+32:i+32]
@@ -41,18 +82,25 @@ func addAVX2(dst, x []float32) {
 		a1.StoreSlice(d[8:])
 		a2.StoreSlice(d[16:])
 		a3.StoreSlice(d[24:])
+		c0, c1, c2, c3 = a0.MulAdd(zero, c0), a1.MulAdd(zero, c1), a2.MulAdd(zero, c2), a3.MulAdd(zero, c3)
 	}
 	for ; i+8 <= n; i += 8 {
-		archsimd.LoadFloat32x8Slice(dst[i:]).Add(archsimd.LoadFloat32x8Slice(x[i:])).StoreSlice(dst[i:])
+		a0 := archsimd.LoadFloat32x8Slice(dst[i:]).Add(archsimd.LoadFloat32x8Slice(x[i:]))
+		a0.StoreSlice(dst[i:])
+		c0 = a0.MulAdd(zero, c0)
 	}
+	ok := c0.Add(c1).Add(c2.Add(c3)).IsNaN().ToBits() == 0
 	archsimd.ClearAVXUpperBits()
-	addGeneric(dst[i:], x[i:])
+	return addFiniteGeneric(dst[i:], x[i:]) && ok
 }
 
-func addScaledAVX2(dst []float32, a float32, x []float32) {
+// addScaledFiniteAVX2 is addScaledAVX2 with addFiniteAVX2's check.
+func addScaledFiniteAVX2(dst []float32, a float32, x []float32) bool {
 	n := len(dst)
 	x = x[:n]
 	va := archsimd.BroadcastFloat32x8(a)
+	zero := archsimd.BroadcastFloat32x8(0)
+	c0, c1, c2, c3 := zero, zero, zero, zero
 	i := 0
 	for ; i+32 <= n; i += 32 {
 		d, s := dst[i:i+32:i+32], x[i:i+32:i+32]
@@ -64,12 +112,16 @@ func addScaledAVX2(dst []float32, a float32, x []float32) {
 		a1.StoreSlice(d[8:])
 		a2.StoreSlice(d[16:])
 		a3.StoreSlice(d[24:])
+		c0, c1, c2, c3 = a0.MulAdd(zero, c0), a1.MulAdd(zero, c1), a2.MulAdd(zero, c2), a3.MulAdd(zero, c3)
 	}
 	for ; i+8 <= n; i += 8 {
-		archsimd.LoadFloat32x8Slice(x[i:]).MulAdd(va, archsimd.LoadFloat32x8Slice(dst[i:])).StoreSlice(dst[i:])
+		a0 := archsimd.LoadFloat32x8Slice(x[i:]).MulAdd(va, archsimd.LoadFloat32x8Slice(dst[i:]))
+		a0.StoreSlice(dst[i:])
+		c0 = a0.MulAdd(zero, c0)
 	}
+	ok := c0.Add(c1).Add(c2.Add(c3)).IsNaN().ToBits() == 0
 	archsimd.ClearAVXUpperBits()
-	addScaledGeneric(dst[i:], a, x[i:])
+	return addScaledFiniteGeneric(dst[i:], a, x[i:]) && ok
 }
 
 func scaleAVX2(dst []float32, a float32) {

@@ -398,22 +398,8 @@ func (o *Optimizer) sgd(i int, dst, p, g []float32, lr float64) {
 	nlr := float32(-lr)
 	if mom == 0 && wd == 0 {
 		// dst = p − lr·g with the SIMD axpy (it may fuse the multiply-add,
-		// as PyTorch's vectorized add_ may).
-		if len(p) == 0 || &dst[0] == &p[0] {
-			kernels.AddScaled(dst, nlr, g)
-			return
-		}
-		// Into another buffer: copy and add block by block, so that the
-		// add finds the block it updates still in L1 (one pass over
-		// memory instead of two). The block is a multiple of the
-		// kernel's 32-element stride: every element is computed exactly
-		// as one AddScaled over the whole tensor would.
-		const block = 4096
-		for j := 0; j < len(p); j += block {
-			k := min(j+block, len(p))
-			copy(dst[j:k], p[j:k])
-			kernels.AddScaled(dst[j:k], nlr, g[j:k])
-		}
+		// as PyTorch's vectorized add_ may), into dst in one pass.
+		kernels.AddScaledTo(dst, p, nlr, g)
 		return
 	}
 	h := sgdHyper{wd: wd, mom: mom, damp: damp, nlr: nlr, hasWD: wd != 0, momentum: mom != 0, nesterov: o.cfg.Nesterov}

@@ -419,10 +419,10 @@ func TestStepToMatchesStep(t *testing.T) {
 	}
 }
 
-// TestPlainSGDStepToBlocks: plain SGD into another buffer (copied and
-// updated block by block) gives the same bits as the in-place step, for a
-// tensor spanning several blocks with a ragged tail.
-func TestPlainSGDStepToBlocks(t *testing.T) {
+// TestPlainSGDStepToOtherBuffer: plain SGD into another buffer (one
+// kernels.AddScaledTo pass) gives the same bits as the in-place step, for a
+// tensor spanning several unrolled strides with a ragged tail.
+func TestPlainSGDStepToOtherBuffer(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	mk := func() *tensor.StateDict {
 		tn := tensor.NewF32("w", 3*4096+37)

@@ -79,6 +79,9 @@ type Batch struct {
 	sum     *tensor.StateDict // own, or the adopted gradient
 	views   [][]float32       // sum's data, layout order
 	adopted bool              // sum is a gradient handed over by Adopt
+	// finite: every element of sum is known finite (the members were
+	// checked finite, as Add and Adopt require, and no add overflowed).
+	finite  bool
 	members []ID
 	weights []float32
 	first   time.Time // when the first member was added
@@ -125,23 +128,30 @@ func (b *Batch) Add(id ID, g *tensor.StateDict, weight float32, now time.Time) {
 		b.setSum(b.own)
 		overwrite = b.dirty
 	}
+	// A member is finite (checked, as required), so the sum stays finite
+	// unless an add overflows: the adds report that in the same pass.
+	finite := len(b.members) == 0 || b.finite
 	for i, lt := range b.layout.Tensors() {
 		x, err := g.Get(lt.Name).Float32s()
 		if err != nil {
 			panic(fmt.Sprintf("reduce: unchecked gradient: %v", err))
 		}
+		var ok bool
 		switch {
 		case overwrite && weight == 1:
 			copy(b.views[i], x) // = 0 + x, up to the sign of zero
+			ok = true
 		case overwrite:
 			clear(b.views[i])
-			kernels.AddScaled(b.views[i], weight, x)
+			ok = kernels.AddScaledFinite(b.views[i], weight, x)
 		case weight == 1:
-			kernels.Add(b.views[i], x)
+			ok = kernels.AddFinite(b.views[i], x)
 		default:
-			kernels.AddScaled(b.views[i], weight, x)
+			ok = kernels.AddScaledFinite(b.views[i], weight, x)
 		}
+		finite = finite && ok
 	}
+	b.finite = finite
 	if b.sum == b.own {
 		b.dirty = false
 	}
@@ -160,6 +170,8 @@ func (b *Batch) Adopt(id ID, g *tensor.StateDict, weight float32, now time.Time)
 	}
 	b.setSum(g)
 	b.adopted = true
+	// g is finite (checked); scaling by |weight| ≤ 1 cannot overflow.
+	b.finite = math.Abs(float64(weight)) <= 1
 	if weight != 1 {
 		for _, v := range b.views {
 			kernels.Scale(v, weight)
@@ -189,6 +201,13 @@ func (b *Batch) Weights() []float32 { return b.weights }
 // batch's own or the adopted gradient: it is valid until Reset.
 func (b *Batch) Sum() *tensor.StateDict { return b.sum }
 
+// SumFinite reports whether every element of Sum is known to be finite:
+// the members were finite, as Add and Adopt require, and no add
+// overflowed (Add checks its results in the same pass). False also for an
+// empty batch, or after Adopt with a weight above 1 in magnitude, where it
+// means "not known".
+func (b *Batch) SumFinite() bool { return b.finite && len(b.members) > 0 }
+
 // First is when the first member was added (zero when empty).
 func (b *Batch) First() time.Time { return b.first }
 
@@ -200,7 +219,7 @@ func (b *Batch) Reset() (releasedAdopted bool) {
 	if b.sum == b.own && b.own != nil {
 		b.dirty = true
 	}
-	b.sum, b.views, b.adopted = nil, b.views[:0], false
+	b.sum, b.views, b.adopted, b.finite = nil, b.views[:0], false, false
 	b.members, b.weights, b.first = b.members[:0], b.weights[:0], time.Time{}
 	return released
 }

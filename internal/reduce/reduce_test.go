@@ -143,6 +143,60 @@ func TestBatchAdopt(t *testing.T) {
 	b.Adopt(ID{"c", 1}, randGrad(r), 1, t0)
 }
 
+// TestBatchSumFinite: SumFinite holds while every add's result is finite
+// and turns false when an add overflows, in the first tensor or the last,
+// weighted or not, whether the batch started with Add (fresh or reused
+// buffer) or Adopt; Adopt with a weight above 1 is "not known"; an empty
+// or reset batch is never finite.
+func TestBatchSumFinite(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	t0 := time.Unix(100, 0)
+	huge := func(name string) *tensor.StateDict {
+		g := randGrad(r)
+		f, _ := g.Get(name).Float32s()
+		f[len(f)-1] = 3e38
+		return g
+	}
+	b := NewBatch(layout())
+	if b.SumFinite() {
+		t.Fatal("empty batch reports a finite sum")
+	}
+	for _, start := range []string{"add", "add again (reused buffer)", "adopt"} {
+		for _, name := range []string{"w", "b"} {
+			for _, w := range []float32{1, 0.75} {
+				if start == "adopt" {
+					b.Adopt(ID{"c", 0}, huge(name), 1, t0)
+				} else {
+					b.Add(ID{"c", 0}, huge(name), w, t0)
+				}
+				if !b.SumFinite() {
+					t.Fatalf("%s, %s, weight %v: one finite gradient not finite", start, name, w)
+				}
+				b.Add(ID{"c", 1}, randGrad(r), w, t0)
+				if !b.SumFinite() {
+					t.Fatalf("%s, %s, weight %v: finite sum of two reported non-finite", start, name, w)
+				}
+				b.Add(ID{"c", 2}, huge(name), 1, t0) // 3e38·(1 or 0.75) + 3e38 overflows
+				if b.SumFinite() {
+					t.Fatalf("%s, %s, weight %v: overflowing sum reported finite", start, name, w)
+				}
+				b.Add(ID{"c", 3}, randGrad(r), 1, t0)
+				if b.SumFinite() {
+					t.Fatalf("%s, %s, weight %v: an add after the overflow made the sum finite again", start, name, w)
+				}
+				b.Reset()
+				if b.SumFinite() {
+					t.Fatalf("%s: reset batch reports a finite sum", start)
+				}
+			}
+		}
+	}
+	b.Adopt(ID{"c", 0}, randGrad(r), 2, t0)
+	if b.SumFinite() {
+		t.Fatal("Adopt with weight 2 (could overflow) reports a finite sum")
+	}
+}
+
 func TestFlushDue(t *testing.T) {
 	f := Flush{Size: 3, MaxWait: 10 * time.Millisecond}
 	b := NewBatch(layout())

@@ -587,10 +587,10 @@ type Batch struct {
 	// FirstAdmitted is when its first member was admitted (latency).
 	FirstAdmitted time.Time
 	// SumFinite: the sender knows every element of Sum is finite (an
-	// in-process secondary forwarding one gradient it checked: its
-	// weight is at most 1). The primary then skips its own NaN/Inf pass
-	// unless it clips (the clipping norm is that check anyway). Never set
-	// from the network.
+	// in-process secondary: it checked each member on receipt and its
+	// batch's adds checked that no sum overflowed, reduce.Batch.SumFinite).
+	// The primary then skips its own NaN/Inf pass unless it clips (the
+	// clipping norm is that check anyway). Never set from the network.
 	SumFinite bool
 }
 

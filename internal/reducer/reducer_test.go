@@ -17,8 +17,10 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/kernels"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -589,6 +591,60 @@ func TestForwardRefusesNonFiniteSum(t *testing.T) {
 		}
 		if v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: ids, Weights: []float32{1, 1}, Sum: gradFor(3, "c", 1)}); err != nil || v != 2 {
 			t.Fatalf("clip %v: finite forward of the same batch: version %d, %v", clip, v, err)
+		}
+	}
+}
+
+// TestOverflowingBatchIsRefused: two finite gradients whose sum overflows
+// float32 pass the secondary's checks, and the secondary must not vouch for
+// their sum (Batch.SumFinite): the primary, which does not clip here and so
+// skips its own pass over a sum vouched for, refuses it, the members count
+// as non-finite and the model is unchanged; a finite batch then steps it.
+// A batch of two gradients that do not overflow is vouched for and applied.
+func TestOverflowingBatchIsRefused(t *testing.T) {
+	const n = 8
+	init := fill(testLayout(n), rand.New(rand.NewPCG(5, 6)), 1)
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 2, MaxWait: time.Minute}, init)
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Reduction: reduce.Sum})
+	waitAttached(t, e.svc.Primary(), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.client("ovf", 1)
+	before := e.newest()
+	for seq := uint64(1); seq <= 2; seq++ {
+		g := gradFor(n, "ovf", seq)
+		f32(t, g, "fc.bias")[2] = 3e38
+		if _, err := c.PushSeq(ctx, "m", before.Version, seq, g); err != nil {
+			t.Fatalf("push %d (finite, admitted): %v", seq, err)
+		}
+	}
+	st := e.waitSettled().Total
+	if st.Dropped[reduce.ReasonNonFinite] != 2 || st.Applied != 0 {
+		t.Fatalf("overflowing batch: dropped %v, applied %d; want 2 non-finite, 0 applied", st.Dropped, st.Applied)
+	}
+	if after := e.newest(); after.Version != before.Version || !slices.Equal(after.Blob, before.Blob) {
+		t.Fatalf("model changed by an overflowing batch: version %d → %d", before.Version, after.Version)
+	}
+	for seq := uint64(3); seq <= 4; seq++ {
+		if _, err := c.PushSeq(ctx, "m", before.Version, seq, gradFor(n, "ovf", seq)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := e.waitSettled().Total; st.Applied != 2 {
+		t.Fatalf("finite batch after the refused one: applied %d, want 2", st.Applied)
+	}
+	got := e.newest()
+	if got.Version != before.Version+1 {
+		t.Fatalf("version %d after a finite batch, want %d", got.Version, before.Version+1)
+	}
+	sd, err := safetensors.Decode(got.Blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range sd.Tensors.Tensors() {
+		f, _ := tn.Float32s()
+		if i := kernels.FirstNonFinite(f); i >= 0 {
+			t.Fatalf("%s[%d] = %v after a finite batch", tn.Name, i, f[i])
 		}
 	}
 }

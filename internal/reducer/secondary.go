@@ -125,15 +125,15 @@ type smodel struct {
 }
 
 type addReq struct {
-	id     reduce.ID
-	grad   *tensor.StateDict
-	buf    []byte // the pooled receive buffer grad aliases
+	id   reduce.ID
+	grad *tensor.StateDict
+	// buf is the pooled receive buffer grad aliases. The loop owns it
+	// once it has taken the request: it adopts it as its batch sum (and
+	// gives it back to the pool after the forward) or adds grad into the
+	// sum and gives it back at once.
+	buf    []byte
 	weight float32
 	at     time.Time
-	// done receives whether the loop adopted grad as its batch sum (it
-	// then owns buf and gives it back to the pool after the forward) or
-	// added it (the pusher gives buf back). Buffered: the loop never waits.
-	done chan bool
 }
 
 // NewSecondary starts a secondary: it attaches to its primary in the
@@ -341,7 +341,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 		}
 		return release(r, err)
 	}
-	owned := true // buf is ours to give back (until the loop adopts it)
+	owned := true // buf is ours to give back (until the loop takes it)
 	defer func() {
 		if owned {
 			putBuf(buf)
@@ -359,16 +359,17 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 		}
 		return release(r, checkErr)
 	}
-	a := addReq{id: h.ID, grad: g, buf: buf, weight: weight, at: at, done: make(chan bool, 1)}
+	// Once the loop has taken it, the gradient is in the batch (the add
+	// cannot fail) and buf is the loop's: the push returns without
+	// waiting for the add, which is then off the pusher's path.
+	a := addReq{id: h.ID, grad: g, buf: buf, weight: weight, at: at}
 	select {
 	case m.adds <- a:
+		owned = false
 	case <-ctx.Done():
 		return release(reduce.ReasonAborted, ctx.Err())
 	case <-s.ctx.Done():
 		return release(reduce.ReasonLost, fmt.Errorf("%w: secondary %q is closing", errs.ErrUnavailable, s.cfg.ID))
-	}
-	if <-a.done { // the loop always answers an add it took
-		owned = false // the batch adopted buf as its sum
 	}
 	held = false // the slot now belongs to the batch
 	return PushResult{Version: version, Weight: weight}, nil
@@ -451,11 +452,11 @@ func (s *SecondaryNode) loop(m *smodel) {
 		sess := s.session
 		s.mu.Unlock()
 		go func() { // waited for: the loop does not return while inflight
-			// One gradient, checked finite on receipt and scaled by a
-			// weight ≤ 1, is finite; a sum of more may overflow.
+			// The members were checked finite on receipt and the
+			// batch's adds check that their sums did not overflow.
 			_, err := s.cfg.Upstream.Forward(s.ctx, Batch{Session: sess, Model: m.name,
 				Members: b.Members(), Weights: b.Weights(), Sum: b.Sum(), FirstAdmitted: b.First(),
-				SumFinite: b.Len() == 1})
+				SumFinite: b.SumFinite()})
 			fwdDone <- fwdResult{b, sess, err}
 		}()
 	}
@@ -493,8 +494,8 @@ func (s *SecondaryNode) loop(m *smodel) {
 				cur.buf = a.buf
 			} else {
 				cur.Add(a.id, a.grad, a.weight, a.at)
+				putBuf(a.buf) // nothing reads grad any more
 			}
-			a.done <- adopted
 			if cur.Len() == 1 {
 				d, _ := s.flush.Deadline(cur.Batch)
 				timerC, stopTimer = s.cfg.Clock.At(d)
