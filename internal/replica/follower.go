@@ -375,15 +375,15 @@ func (f *Follower) receiveFile(recv func() ([]byte, error), tmp string, size int
 			out.Close()
 			return err
 		}
-		if b[0] != kindData || int64(len(b)-1) > left {
+		if int64(len(b)) > left { // raw data: the file's next bytes
 			out.Close()
 			return errFrame
 		}
-		if _, err := out.Write(b[1:]); err != nil {
+		if _, err := out.Write(b); err != nil {
 			out.Close()
 			return fmt.Errorf("replica: %w", err)
 		}
-		left -= int64(len(b) - 1)
+		left -= int64(len(b))
 	}
 	if f.cfg.Sync != SyncFsync {
 		return out.Close()

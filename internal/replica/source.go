@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -95,6 +99,23 @@ type Source struct {
 
 	freeze sync.RWMutex // store commits hold it shared, scans exclusively
 	snapMu sync.Mutex   // serialises taking snapshots (held before freeze)
+	fullAt time.Time    // when a snapshot last walked the whole store (snapMu held)
+
+	// What commits changed since the last snapshot's walk, taken (and
+	// reset) by that walk under the freeze; commits add to it holding the
+	// freeze shared. Guarded by dirtyMu.
+	dirtyMu sync.Mutex
+	// dirty are the store's model directories (relative to DataDir) a
+	// commit touched; dirtyAll: a commit that did not say which (Commit)
+	// or a failed walk, so the next snapshot walks the whole store.
+	dirty    map[string]bool
+	dirtyAll bool
+	// mem holds the bytes of the version files committed since, lent by
+	// the store (offerVersion), by path: the snapshot ships them from
+	// memory instead of reading them back.
+	mem map[string]*memFile
+	// fromMemory counts the files snapshots took from the store's memory.
+	fromMemory atomic.Uint64
 
 	mu        sync.Mutex
 	standbys  []string      // the newest RefreshStandbys
@@ -105,9 +126,10 @@ type Source struct {
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
 	closed    bool
-	seq       uint64    // the newest snapshot's number; a follower's own cut, taken after it, ranks with it
-	latest    *snapshot // the newest snapshot
-	scanning  bool      // scanLoop runs
+	seq       uint64      // the newest snapshot's number; a follower's own cut, taken after it, ranks with it
+	latest    *snapshot   // the newest snapshot
+	live      []*snapshot // snapshots whose files are held (dropPassed releases them)
+	scanning  bool        // scanLoop runs
 	streams   sync.WaitGroup
 }
 
@@ -144,6 +166,19 @@ func (s *Source) Close() error {
 	s.close()
 	s.mu.Unlock()
 	s.streams.Wait()
+	// Every stream has ended: no snapshot is shipped again.
+	s.mu.Lock()
+	frees := s.dropPassed()
+	s.mu.Unlock()
+	s.dirtyMu.Lock()
+	for _, m := range s.mem {
+		frees = append(frees, m)
+	}
+	s.mem = nil
+	s.dirtyMu.Unlock()
+	for _, m := range frees {
+		m.free()
+	}
 	return nil
 }
 
@@ -179,11 +214,92 @@ func (s *Source) bumpWork() {
 }
 
 // Commit runs one store commit with scans held off (the push's local
-// write); the store wrapper calls it.
+// write). The next snapshot walks the whole store: CommitModel, which
+// names the model the commit touches, spares it that.
 func (s *Source) Commit(f func() error) error {
 	s.freeze.RLock()
 	defer s.freeze.RUnlock()
+	s.dirtyMu.Lock()
+	s.dirtyAll = true
+	s.dirtyMu.Unlock()
 	return f()
+}
+
+// CommitModel runs one store commit that changes nothing in the store's
+// directory but model name's (store.ModelDir) with scans held off; the
+// store wrapper (Fenced) calls it. The snapshot that follows walks that
+// directory again and takes every other one from the snapshot before it
+// (the whole store is walked at least every fullWalkEvery intervals).
+func (s *Source) CommitModel(name string, f func() error) error {
+	s.freeze.RLock()
+	defer s.freeze.RUnlock()
+	s.dirtyMu.Lock()
+	if s.dirty == nil {
+		s.dirty = map[string]bool{}
+	}
+	s.dirty[filepath.Join("store", store.ModelDir(name))] = true
+	s.dirtyMu.Unlock()
+	return f()
+}
+
+// fullWalkEvery is how many SourceConfig.Intervals a snapshot may take
+// the store's directories no commit named from the snapshot before it:
+// a change made outside the store wrapper (none is, today) reaches the
+// standbys within that time all the same.
+const fullWalkEvery = 10
+
+// memFile is a committed version file's bytes, lent by the store (the
+// loan keeps them from being recycled: PushRequest.Recycle), with the
+// file's stamp when it was offered.
+type memFile struct {
+	st      stamp
+	blob    []byte
+	once    sync.Once
+	release func() // the store's loan
+}
+
+func (m *memFile) free() { m.once.Do(m.release) }
+
+// offerVersion lends the bytes of model name's version, just committed
+// by the caller (with the freeze held shared, in CommitModel's f), to
+// the next snapshot: what it ships of that file it ships from memory.
+// Nothing is offered when no follower is connected or the store cannot
+// lend; the snapshot then reads the file as every other one.
+func (s *Source) offerVersion(ctx context.Context, st store.Store, name string, version uint64) {
+	l, ok := st.(store.Lender)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	none := len(s.followers) == 0
+	s.mu.Unlock()
+	if none {
+		return
+	}
+	rel := filepath.Join("store", store.VersionFile(name, version))
+	fi, err := os.Stat(filepath.Join(s.cfg.DataDir, rel))
+	if err != nil {
+		return // not a File store under DataDir: the walk has nothing to match
+	}
+	snap, release, err := l.Lend(ctx, name, version)
+	if err != nil {
+		return
+	}
+	if snap.Version != version || int64(len(snap.Blob)) != fi.Size() {
+		release()
+		return
+	}
+	m := &memFile{st: stampOf(fi), blob: snap.Blob, release: release}
+	s.dirtyMu.Lock()
+	if s.mem == nil {
+		s.mem = map[string]*memFile{}
+	}
+	old := s.mem[rel]
+	s.mem[rel] = m
+	s.dirtyMu.Unlock()
+	if old != nil {
+		old.free()
+	}
 }
 
 // RefreshStandbys reads the registered standbys (SourceConfig.Standbys)
@@ -384,7 +500,11 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 		s.mu.Lock()
 		delete(s.followers, p)
 		s.bump()
+		frees := s.dropPassed() // what only p still had to ship
 		s.mu.Unlock()
+		for _, m := range frees {
+			m.free()
+		}
 	}()
 	s.cfg.Logger.Info("replica: standby following", "member", h.Member, "epoch", h.Epoch)
 
@@ -495,46 +615,55 @@ type snapshot struct {
 	entries []entry
 	stamps  map[string]stamp
 	// files holds the content of the files that changed since the
-	// snapshot before; guarded by Source.mu, nil once every follower
-	// has shipped the snapshot (passed).
+	// snapshot before (and of some unchanged ones, carried from it);
+	// guarded by Source.mu, nil once every follower has shipped the
+	// snapshot (dropPassed).
 	files map[string]*content
 }
 
-// content is one file's content at one stamp, as data frames.
+// content is one file's content at one stamp, as data frames. Its bytes
+// may be a version's, lent by the store (memFile): they stay untouched
+// while a snapshot holds the content (holders) and are given back
+// (free) once none does.
 type content struct {
-	st     stamp
-	size   int64
-	frames []*wrapperspb.BytesValue // kindData frames, read-only
+	st      stamp
+	size    int64
+	frames  []*wrapperspb.BytesValue // raw data frames, read-only
+	holders int                      // snapshots whose files hold it; guarded by Source.mu
+	freed   bool                     // holders fell to 0: never carried again; guarded by Source.mu
+	mem     *memFile                 // the lent bytes the frames are views of; nil when read from disk
 }
 
-// dataFrames splits b into kindData frames (one copy, into the frames).
+// dataFrames cuts b into data frames, views of b (no copy).
 func dataFrames(b []byte) []*wrapperspb.BytesValue {
 	var out []*wrapperspb.BytesValue
 	for off := 0; off < len(b); off += chunkBytes {
-		out = append(out, frame(kindData, b[off:min(off+chunkBytes, len(b))]))
+		out = append(out, &wrapperspb.BytesValue{Value: b[off:min(off+chunkBytes, len(b))]})
 	}
 	return out
 }
 
-// readFrames reads f whole into kindData frames, straight into each
-// frame's buffer.
+// memContent is the content of a version file from the bytes the store
+// lent (m). The loan is returned when the last snapshot holding the
+// content drops it; should a path miss that, when the content is
+// collected.
+func memContent(m *memFile) *content {
+	c := &content{st: m.st, size: int64(len(m.blob)), frames: dataFrames(m.blob), mem: m}
+	runtime.AddCleanup(c, (*memFile).free, m)
+	return c
+}
+
+// readFrames reads f whole into data frames.
 func readFrames(f *os.File, rel string) (*content, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
-	c := &content{size: fi.Size()}
-	for left := c.size; left > 0; {
-		n := min(int64(chunkBytes), left)
-		b := make([]byte, 1+n)
-		b[0] = kindData
-		if _, err := io.ReadFull(f, b[1:]); err != nil {
-			return nil, fmt.Errorf("replica: read %s: %w", rel, err)
-		}
-		c.frames = append(c.frames, &wrapperspb.BytesValue{Value: b})
-		left -= n
+	b := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, fmt.Errorf("replica: read %s: %w", rel, err)
 	}
-	return c, nil
+	return &content{size: fi.Size(), frames: dataFrames(b)}, nil
 }
 
 // snapshotFor returns a snapshot covering unit u and newer than the
@@ -548,7 +677,7 @@ func (s *Source) snapshotFor(u, seen uint64) (*snapshot, error) {
 	if latest != nil && latest.unit >= u && latest.seq > seen {
 		return latest, nil
 	}
-	return s.takeSnapshot(latest, true)
+	return s.takeSnapshot(latest, true, false)
 }
 
 // maxCarried bounds the content a snapshot keeps from the one before
@@ -559,10 +688,15 @@ const maxCarried = 64 << 20
 
 // takeSnapshot walks the tree under the freeze and reads what changed
 // since prev (the first snapshot, with no prev, reads nothing: it is the
-// base the next one compares with); s.snapMu is held. When something
-// changed, or force, the snapshot becomes s.latest and the followers are
-// woken; otherwise prev is returned.
-func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
+// base the next one compares with); s.snapMu is held. Of the store it
+// walks only the model directories commits named since prev (CommitModel)
+// and takes the others' entries from prev, unless whole, prev is nil, a
+// commit did not name its model, or the last whole walk is fullWalkEvery
+// intervals old. A version file committed since prev is shipped from the
+// bytes the store lent (offerVersion) when the file is as offered. When
+// something changed, or force, the snapshot becomes s.latest and the
+// followers are woken; otherwise prev is returned.
+func (s *Source) takeSnapshot(prev *snapshot, force, whole bool) (*snapshot, error) {
 	var prevStamps map[string]stamp
 	var prevFiles map[string]*content
 	if prev != nil {
@@ -578,52 +712,78 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		f   *os.File
 	}
 	var later []toRead
+	var mem map[string]*memFile
 	defer func() {
 		for _, r := range later {
 			r.f.Close()
 		}
+		for _, m := range mem { // offered and not used
+			m.free()
+		}
 	}()
 	fresh, carried := 0, int64(0)
-	err := func() error {
+	var carriedFrom []*content // prev's contents this one holds too
+	var made []*memFile        // the lent bytes this one ships from
+	err := func() (err error) {
 		s.freeze.Lock()
 		defer s.freeze.Unlock()
-		for _, dirs := range [][]string{{"store"}, stateDirs} {
-			es, err := walk(s.cfg.DataDir, dirs)
-			if err != nil {
-				return err
+		s.dirtyMu.Lock()
+		dirty, all := s.dirty, s.dirtyAll
+		mem = s.mem
+		s.dirty, s.dirtyAll, s.mem = nil, false, nil
+		s.dirtyMu.Unlock()
+		defer func() {
+			if err != nil { // what the failed walk took is walked next time
+				s.dirtyMu.Lock()
+				s.dirtyAll = true
+				s.dirtyMu.Unlock()
 			}
-			for _, e := range es {
-				if old, ok := prevStamps[e.rel]; prev == nil || ok && old == e.st {
-					if c := prevFiles[e.rel]; c != nil && c.st == e.st && carried+c.size <= maxCarried {
-						snap.files[e.rel] = c
-						carried += c.size
-					}
-					snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+		}()
+		stored, err := s.walkStore(prev, dirty, whole || all)
+		if err != nil {
+			return err
+		}
+		state, err := walk(s.cfg.DataDir, stateDirs)
+		if err != nil {
+			return err
+		}
+		for _, e := range append(stored, state...) {
+			if old, ok := prevStamps[e.rel]; prev == nil || ok && old == e.st {
+				if c := prevFiles[e.rel]; c != nil && c.st == e.st && carried+c.size <= maxCarried {
+					snap.files[e.rel] = c
+					carriedFrom = append(carriedFrom, c)
+					carried += c.size
+				}
+				snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+				continue
+			}
+			path := filepath.Join(s.cfg.DataDir, e.rel)
+			if m := mem[e.rel]; m != nil && m.st == e.st {
+				snap.files[e.rel] = memContent(m)
+				made = append(made, m)
+				s.fromMemory.Add(1)
+				delete(mem, e.rel)
+			} else if immutable(e.rel) {
+				f, err := os.Open(path)
+				if errors.Is(err, os.ErrNotExist) {
+					continue // removed since the walk: absent from this snapshot
+				}
+				if err != nil {
+					return fmt.Errorf("replica: read %s: %w", e.rel, err)
+				}
+				later = append(later, toRead{rel: e.rel, st: e.st, f: f})
+			} else {
+				data, err := os.ReadFile(path)
+				if errors.Is(err, os.ErrNotExist) {
 					continue
 				}
-				path := filepath.Join(s.cfg.DataDir, e.rel)
-				if immutable(e.rel) {
-					f, err := os.Open(path)
-					if errors.Is(err, os.ErrNotExist) {
-						continue // removed since the walk: absent from this snapshot
-					}
-					if err != nil {
-						return fmt.Errorf("replica: read %s: %w", e.rel, err)
-					}
-					later = append(later, toRead{rel: e.rel, st: e.st, f: f})
-				} else {
-					data, err := os.ReadFile(path)
-					if errors.Is(err, os.ErrNotExist) {
-						continue
-					}
-					if err != nil {
-						return fmt.Errorf("replica: read %s: %w", e.rel, err)
-					}
-					snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data)}
+				if err != nil {
+					return fmt.Errorf("replica: read %s: %w", e.rel, err)
 				}
-				fresh++
-				snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+				snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data)}
 			}
+			fresh++
+			snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
 		}
 		if !force && prev != nil && fresh == 0 && len(snap.stamps) == len(prevStamps) {
 			return nil // as prev left it
@@ -635,14 +795,20 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		return nil
 	}()
 	if err != nil {
+		for _, m := range made {
+			m.free()
+		}
 		return nil, err
 	}
 	if snap.seq == 0 {
-		return prev, nil
+		return prev, nil // nothing changed: no content was made from memory
 	}
 	for _, r := range later { // immutable: read after the freeze
 		c, err := readFrames(r.f, r.rel)
 		if err != nil {
+			for _, m := range made {
+				m.free()
+			}
 			return nil, err
 		}
 		c.st = r.st
@@ -650,6 +816,22 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	}
 	snap.at = time.Now()
 	s.mu.Lock()
+	// A carried content whose every holder was dropped meanwhile may have
+	// given its bytes back: it is not carried (a follower that needs it
+	// takes its own cut).
+	for _, c := range carriedFrom {
+		if c.freed {
+			for rel, h := range snap.files {
+				if h == c {
+					delete(snap.files, rel)
+				}
+			}
+		}
+	}
+	for _, c := range snap.files {
+		c.holders++
+	}
+	s.live = append(s.live, snap)
 	if s.latest == nil || s.latest.seq < snap.seq {
 		s.latest = snap
 	}
@@ -658,18 +840,87 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	return snap, nil
 }
 
-// passed records that p holds snap; once every follower does, snap's
-// content is dropped (a follower that needs it later takes its own cut).
+// walkStore lists the store's mirrored files under the freeze: all of
+// them when whole (or with no prev, or when the last whole walk is
+// fullWalkEvery intervals old), else those of the dirty model
+// directories, walked again, and prev's entries of every other one.
+// s.snapMu is held.
+func (s *Source) walkStore(prev *snapshot, dirty map[string]bool, whole bool) ([]entry, error) {
+	if whole || prev == nil || time.Since(s.fullAt) >= fullWalkEvery*s.cfg.Interval {
+		es, err := walk(s.cfg.DataDir, []string{"store"})
+		if err == nil {
+			s.fullAt = time.Now()
+		}
+		return es, err
+	}
+	dirs := make([]string, 0, len(dirty))
+	for d := range dirty {
+		dirs = append(dirs, d)
+	}
+	es, err := walk(s.cfg.DataDir, dirs)
+	if err != nil {
+		return nil, err
+	}
+	sep := string(filepath.Separator)
+	for _, e := range prev.entries {
+		top, rest, _ := strings.Cut(e.rel, sep)
+		if top != "store" {
+			continue
+		}
+		model, _, nested := strings.Cut(rest, sep)
+		if nested && dirty[top+sep+model] {
+			continue // walked again above
+		}
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.rel, b.rel) })
+	return es, nil
+}
+
+// passed records that p holds snap, and drops the content of every
+// snapshot all followers hold (dropPassed).
 func (s *Source) passed(p *peer, snap *snapshot) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	p.seen = max(p.seen, snap.seq)
+	frees := s.dropPassed()
+	s.mu.Unlock()
+	for _, m := range frees {
+		m.free()
+	}
+}
+
+// dropPassed drops the content of every snapshot each connected
+// follower holds (all of them when none is connected): a follower that
+// needs it later takes its own cut. It returns the lent bytes no
+// snapshot holds any more, for the caller to give back once s.mu is
+// released; s.mu is held.
+func (s *Source) dropPassed() []*memFile {
+	low, any := uint64(0), false
 	for q := range s.followers {
-		if q.seen < snap.seq {
-			return
+		if !any || q.seen < low {
+			low, any = q.seen, true
 		}
 	}
-	snap.files = nil
+	var frees []*memFile
+	kept := s.live[:0]
+	for _, snap := range s.live {
+		if any && snap.seq > low {
+			kept = append(kept, snap)
+			continue
+		}
+		for _, c := range snap.files {
+			if c.holders--; c.holders == 0 {
+				c.freed = true
+				if c.mem != nil {
+					frees = append(frees, c.mem)
+				}
+			}
+		}
+		snap.files = nil
+	}
+	clear(s.live[len(kept):])
+	s.live = kept
+	return frees
 }
 
 // scanLoop takes a snapshot every SourceConfig.Interval when none was
@@ -698,7 +949,7 @@ func (s *Source) scanLoop() {
 		latest := s.latest
 		s.mu.Unlock()
 		if latest == nil || time.Since(latest.at) >= s.cfg.Interval {
-			if _, err := s.takeSnapshot(latest, false); err != nil {
+			if _, err := s.takeSnapshot(latest, false, true); err != nil {
 				s.cfg.Logger.Warn("replica: scan", "err", err)
 			}
 		}
@@ -893,8 +1144,8 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 			return err
 		}
 		if o.f == nil {
-			for off := 0; off < len(o.data); off += chunkBytes {
-				if err := ss.SendMsg(frame(kindData, o.data[off:min(off+chunkBytes, len(o.data))])); err != nil {
+			for _, d := range dataFrames(o.data) {
+				if err := ss.SendMsg(d); err != nil {
 					return err
 				}
 			}
@@ -904,7 +1155,8 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 				if err != nil {
 					return status.Errorf(codes.Internal, "replica: read %s: %v", o.rel, err)
 				}
-				if err := ss.SendMsg(frame(kindData, buf[:n])); err != nil {
+				// SendMsg encodes the frame (a copy) before it returns.
+				if err := ss.SendMsg(&wrapperspb.BytesValue{Value: buf[:n]}); err != nil {
 					return err
 				}
 				left -= int64(n)
