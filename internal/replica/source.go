@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -140,6 +141,8 @@ type peer struct {
 	// seen is the sequence number of the newest cut the follower holds
 	// (shipped from a snapshot, or its own cut); guarded by Source.mu.
 	seen uint64
+	// codec: the stream asked for the replication codec (codecName).
+	codec bool
 }
 
 // NewSource builds the primary's side; Register it on the hub's gRPC
@@ -250,15 +253,41 @@ const fullWalkEvery = 10
 
 // memFile is a committed version file's bytes, lent by the store (the
 // loan keeps them from being recycled: PushRequest.Recycle), with the
-// file's stamp when it was offered.
+// file's stamp when it was offered. The loan is returned once the
+// replication is through with them (free) and gRPC has freed every
+// buffer it was handed over them (the codec's data frames: hold, Put).
 type memFile struct {
 	st      stamp
 	blob    []byte
+	n       atomic.Int64 // 1 until free, plus the buffers gRPC holds
 	once    sync.Once
 	release func() // the store's loan
 }
 
-func (m *memFile) free() { m.once.Do(m.release) }
+func newMemFile(st stamp, blob []byte, release func()) *memFile {
+	m := &memFile{st: st, blob: blob, release: release}
+	m.n.Store(1)
+	return m
+}
+
+// free says the replication sends nothing more from m; safe to call
+// twice.
+func (m *memFile) free() { m.once.Do(m.dec) }
+
+func (m *memFile) hold() { m.n.Add(1) }
+
+func (m *memFile) dec() {
+	if m.n.Add(-1) == 0 {
+		m.release()
+	}
+}
+
+// Put implements mem.BufferPool: gRPC freed a buffer over m's bytes.
+func (m *memFile) Put(*[]byte) { m.dec() }
+
+// Get implements mem.BufferPool; gRPC never calls it (the buffers are
+// made with mem.NewBuffer).
+func (m *memFile) Get(n int) *[]byte { b := make([]byte, n); return &b }
 
 // offerVersion lends the bytes of model name's version, just committed
 // by the caller (with the freeze held shared, in CommitModel's f), to
@@ -289,7 +318,7 @@ func (s *Source) offerVersion(ctx context.Context, st store.Store, name string, 
 		release()
 		return
 	}
-	m := &memFile{st: stampOf(fi), blob: snap.Blob, release: release}
+	m := newMemFile(stampOf(fi), snap.Blob, release)
 	s.dirtyMu.Lock()
 	if s.mem == nil {
 		s.mem = map[string]*memFile{}
@@ -487,7 +516,7 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
 	}
-	p := &peer{member: h.Member}
+	p := &peer{member: h.Member, codec: codecRequested(ss.Context())}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -586,7 +615,7 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 			continue
 		}
 		unit := max(snap.unit, sent) // units only grow on a stream
-		ok, err := s.sendSnapshot(ss, snap, unit, u > sent, shipped)
+		ok, err := s.sendSnapshot(ss, snap, unit, u > sent, shipped, p.codec)
 		if err != nil {
 			return err
 		}
@@ -628,19 +657,43 @@ type snapshot struct {
 type content struct {
 	st      stamp
 	size    int64
-	frames  []*wrapperspb.BytesValue // raw data frames, read-only
+	frames  []*dataOut // data frames, read-only
 	holders int                      // snapshots whose files hold it; guarded by Source.mu
 	freed   bool                     // holders fell to 0: never carried again; guarded by Source.mu
 	mem     *memFile                 // the lent bytes the frames are views of; nil when read from disk
 }
 
-// dataFrames cuts b into data frames, views of b (no copy).
-func dataFrames(b []byte) []*wrapperspb.BytesValue {
-	var out []*wrapperspb.BytesValue
+// dataFrames cuts b into data frames, views of b (no copy); lent, when
+// set, holds b (the codec counts what gRPC holds of it). Bytes not lent
+// must never change once framed: gRPC may read them after SendMsg.
+func dataFrames(b []byte, lent *memFile) []*dataOut {
+	var out []*dataOut
 	for off := 0; off < len(b); off += chunkBytes {
-		out = append(out, &wrapperspb.BytesValue{Value: b[off:min(off+chunkBytes, len(b))]})
+		out = append(out, &dataOut{b: b[off:min(off+chunkBytes, len(b))], lent: lent})
 	}
 	return out
+}
+
+// sendData sends one data frame: through the replication codec when the
+// follower asked for it (codec), else as a BytesValue the stock codec
+// copies during SendMsg.
+func sendData(ss grpc.ServerStream, d *dataOut, codec bool) error {
+	if codec {
+		return ss.SendMsg(d)
+	}
+	return ss.SendMsg(&wrapperspb.BytesValue{Value: d.b})
+}
+
+// codecRequested reports whether the stream in ctx asked for the
+// replication codec (codecName).
+func codecRequested(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, ct := range md.Get("content-type") {
+		if strings.HasSuffix(strings.ToLower(ct), "+"+codecName) {
+			return true
+		}
+	}
+	return false
 }
 
 // memContent is the content of a version file from the bytes the store
@@ -648,7 +701,7 @@ func dataFrames(b []byte) []*wrapperspb.BytesValue {
 // content drops it; should a path miss that, when the content is
 // collected.
 func memContent(m *memFile) *content {
-	c := &content{st: m.st, size: int64(len(m.blob)), frames: dataFrames(m.blob), mem: m}
+	c := &content{st: m.st, size: int64(len(m.blob)), frames: dataFrames(m.blob, m), mem: m}
 	runtime.AddCleanup(c, (*memFile).free, m)
 	return c
 }
@@ -663,7 +716,7 @@ func readFrames(f *os.File, rel string) (*content, error) {
 	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, fmt.Errorf("replica: read %s: %w", rel, err)
 	}
-	return &content{size: fi.Size(), frames: dataFrames(b)}, nil
+	return &content{size: fi.Size(), frames: dataFrames(b, nil)}, nil
 }
 
 // snapshotFor returns a snapshot covering unit u and newer than the
@@ -780,7 +833,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force, whole bool) (*snapshot, err
 				if err != nil {
 					return fmt.Errorf("replica: read %s: %w", e.rel, err)
 				}
-				snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data)}
+				snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data, nil)}
 			}
 			fresh++
 			snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
@@ -961,7 +1014,7 @@ func (s *Source) scanLoop() {
 // holds) does not, as unit, and records it in shipped; an empty unit is
 // sent only when force. ok is false, with nothing sent, when snap lacks
 // the content of a file the follower needs.
-func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp) (ok bool, err error) {
+func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
 	type send struct {
 		e entry
 		c *content
@@ -997,7 +1050,7 @@ func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64,
 			return true, err
 		}
 		for _, d := range f.c.frames {
-			if err := ss.SendMsg(d); err != nil {
+			if err := sendData(ss, d, codec); err != nil {
 				return true, err
 			}
 		}
@@ -1102,7 +1155,7 @@ func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shi
 	if !full && !force && len(files) == 0 && len(gone) == 0 {
 		return seq, nil
 	}
-	if err := s.send(ss, u, full, files, gone, shipped); err != nil {
+	if err := s.send(ss, u, full, files, gone, shipped, p.codec); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
@@ -1112,7 +1165,7 @@ func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shi
 }
 
 // send writes one unit and records what the follower now holds.
-func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp) error {
+func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp, codec bool) error {
 	defer func() {
 		for _, o := range files {
 			if o.f != nil {
@@ -1123,7 +1176,6 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: u, Full: full, Epoch: s.cfg.Epoch})); err != nil {
 		return err
 	}
-	buf := make([]byte, chunkBytes)
 	for _, o := range files {
 		if o.keep {
 			if err := ss.SendMsg(pathFrame(kindKeep, o.rel, 0)); err != nil {
@@ -1144,22 +1196,22 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 			return err
 		}
 		if o.f == nil {
-			for _, d := range dataFrames(o.data) {
-				if err := ss.SendMsg(d); err != nil {
+			for _, d := range dataFrames(o.data, nil) {
+				if err := sendData(ss, d, codec); err != nil {
 					return err
 				}
 			}
 		} else {
 			for left := size; left > 0; {
-				n, err := io.ReadFull(o.f, buf[:min(int64(len(buf)), left)])
-				if err != nil {
+				// A buffer per frame: gRPC may read it after SendMsg.
+				buf := make([]byte, min(int64(chunkBytes), left))
+				if _, err := io.ReadFull(o.f, buf); err != nil {
 					return status.Errorf(codes.Internal, "replica: read %s: %v", o.rel, err)
 				}
-				// SendMsg encodes the frame (a copy) before it returns.
-				if err := ss.SendMsg(&wrapperspb.BytesValue{Value: buf[:n]}); err != nil {
+				if err := sendData(ss, &dataOut{b: buf}, codec); err != nil {
 					return err
 				}
-				left -= int64(n)
+				left -= int64(len(buf))
 			}
 		}
 		shipped[o.rel] = o.st
