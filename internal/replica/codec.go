@@ -1,7 +1,11 @@
 package replica
 
 import (
+	"io"
+	"os"
 	"slices"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
@@ -101,17 +105,50 @@ func (d *dataIn) unmarshal(data mem.BufferSlice) error {
 // len is the number of data bytes held.
 func (d *dataIn) len() int { return d.r.Remaining() }
 
-// writeTo passes the held bytes to write (views valid during the call)
-// and releases them.
-func (d *dataIn) writeTo(write func([]byte) (int, error)) error {
+// writeTo writes the held bytes to f, in one writev of the views of
+// gRPC's buffers, and releases them.
+func (d *dataIn) writeTo(f *os.File) error {
 	defer d.release()
 	views, err := d.r.Peek(d.r.Remaining(), nil)
 	if err != nil {
 		return err
 	}
-	for _, v := range views {
-		if _, err := write(v); err != nil {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	if err := rc.Write(func(fd uintptr) bool {
+		werr = writev(int(fd), views)
+		return true
+	}); err != nil {
+		return err
+	}
+	return werr
+}
+
+// writev writes every byte of views to fd, in as few writev calls as the
+// kernel takes them (a regular file takes them in one).
+func writev(fd int, views [][]byte) error {
+	for len(views) > 0 {
+		n, err := unix.Writev(fd, views[:min(len(views), 1024)]) // IOV_MAX
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
 			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		for n > 0 {
+			if n >= len(views[0]) {
+				n -= len(views[0])
+				views = views[1:]
+			} else {
+				views[0] = views[0][n:]
+				n = 0
+			}
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"bytes"
+	"os"
 	"testing"
 
 	"google.golang.org/grpc/mem"
@@ -31,12 +32,20 @@ func TestDataFrameHoldsLentBytesUntilGRPCFreesThem(t *testing.T) {
 		if err := d.unmarshal(bs); err != nil {
 			t.Fatal(err)
 		}
-		var got []byte
-		if err := d.writeTo(func(b []byte) (int, error) { got = append(got, b...); return len(b), nil }); err != nil {
+		if got := readBack(t, &d); !bytes.Equal(got, blob[len(blob)-n:]) {
+			t.Fatalf("%d bytes: dataIn read back other bytes", n)
+		}
+		// As gRPC receives it: in 16 KiB buffers (HTTP/2 frames).
+		var pieces mem.BufferSlice
+		for off := 0; off < len(want); off += 16 << 10 {
+			pieces = append(pieces, mem.SliceBuffer(want[off:min(off+16<<10, len(want))]))
+		}
+		var d2 dataIn
+		if err := d2.unmarshal(pieces); err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(got, blob[len(blob)-n:]) {
-			t.Fatalf("%d bytes: dataIn read back other bytes", n)
+		if got := readBack(t, &d2); !bytes.Equal(got, blob[len(blob)-n:]) {
+			t.Fatalf("%d bytes in 16 KiB pieces: dataIn read back other bytes", n)
 		}
 		bs.Free()
 		if released != 1 {
@@ -47,6 +56,25 @@ func TestDataFrameHoldsLentBytesUntilGRPCFreesThem(t *testing.T) {
 			t.Fatalf("%d bytes: free twice returned the loan %d times", n, released)
 		}
 	}
+}
+
+// readBack writes what d holds to a file (as the follower does) and
+// returns the file's content.
+func readBack(t *testing.T, d *dataIn) []byte {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := d.writeTo(f); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // dataIn accepts exactly a BytesValue's encoding with a non-empty value,
@@ -65,10 +93,7 @@ func FuzzDataIn(f *testing.F) {
 		if err != nil {
 			return
 		}
-		var got []byte
-		if err := d.writeTo(func(p []byte) (int, error) { got = append(got, p...); return len(p), nil }); err != nil {
-			t.Fatal(err)
-		}
+		got := readBack(t, &d)
 		var bv wrapperspb.BytesValue
 		if err := proto.Unmarshal(b, &bv); err != nil || !bytes.Equal(bv.GetValue(), got) || len(got) == 0 {
 			t.Fatalf("dataIn took %x as %x (proto: %x, %v)", b, got, bv.GetValue(), err)

@@ -383,7 +383,7 @@ func (f *Follower) receiveFile(cs grpc.ClientStream, tmp string, size int64) err
 			out.Close()
 			return errFrame
 		}
-		if err := d.writeTo(out.Write); err != nil {
+		if err := d.writeTo(out); err != nil {
 			out.Close()
 			return fmt.Errorf("replica: %w", err)
 		}
