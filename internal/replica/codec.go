@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"encoding/binary"
 	"io"
 	"os"
 	"slices"
@@ -88,13 +89,23 @@ type dataIn struct {
 
 func (d *dataIn) unmarshal(data mem.BufferSlice) error {
 	r := data.Reader()
-	tag, err := readVarint(r)
-	if num, typ := protowire.DecodeTag(tag); err != nil || num != valueField || typ != protowire.BytesType {
+	var buf [2 * binary.MaxVarintLen64]byte // room for the tag and the length
+	views, _ := r.Peek(min(len(buf), r.Remaining()), nil)
+	head := buf[:0]
+	for _, v := range views {
+		head = append(head, v...)
+	}
+	num, typ, k := protowire.ConsumeTag(head)
+	if k < 0 || num != valueField || typ != protowire.BytesType {
 		r.Close()
 		return errFrame
 	}
-	n, err := readVarint(r)
-	if err != nil || n == 0 || n != uint64(r.Remaining()) {
+	n, m := protowire.ConsumeVarint(head[k:])
+	if m < 0 || n == 0 || n != uint64(r.Remaining()-k-m) {
+		r.Close()
+		return errFrame
+	}
+	if _, err := r.Discard(k + m); err != nil {
 		r.Close()
 		return errFrame
 	}
@@ -160,19 +171,4 @@ func (d *dataIn) release() {
 		d.r.Close()
 		d.r = nil
 	}
-}
-
-func readVarint(r *mem.Reader) (uint64, error) {
-	var x uint64
-	for shift := uint(0); shift < 64; shift += 7 {
-		b, err := r.ReadByte()
-		if err != nil {
-			return 0, errFrame
-		}
-		x |= uint64(b&0x7f) << shift
-		if b < 0x80 {
-			return x, nil
-		}
-	}
-	return 0, errFrame
 }

@@ -658,9 +658,9 @@ type content struct {
 	st      stamp
 	size    int64
 	frames  []*dataOut // data frames, read-only
-	holders int                      // snapshots whose files hold it; guarded by Source.mu
-	freed   bool                     // holders fell to 0: never carried again; guarded by Source.mu
-	mem     *memFile                 // the lent bytes the frames are views of; nil when read from disk
+	holders int        // snapshots whose files hold it; guarded by Source.mu
+	freed   bool       // holders fell to 0: never carried again; guarded by Source.mu
+	mem     *memFile   // the lent bytes the frames are views of; nil when read from disk
 }
 
 // dataFrames cuts b into data frames, views of b (no copy); lent, when
