@@ -172,11 +172,13 @@ func (f *Fenced) proof(ctx context.Context) error {
 	return err
 }
 
-func (f *Fenced) commit(fn func() error) error {
+// commit runs fn, a write that changes model name only, with scans held
+// off (Source.CommitModel).
+func (f *Fenced) commit(name string, fn func() error) error {
 	if f.Source == nil {
 		return fn()
 	}
-	return f.Source.Commit(fn)
+	return f.Source.CommitModel(name, fn)
 }
 
 // Push writes req at the term's epoch (a client's own epoch is replaced:
@@ -204,9 +206,13 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	v := f.vis()
 	v.hold(req.Name, req.Version) // hidden from readers until acknowledged
 	var info store.Info
-	err = f.commit(func() error {
+	err = f.commit(req.Name, func() error {
 		var err error
-		info, err = f.Store.Push(ctx, req)
+		if info, err = f.Store.Push(ctx, req); err == nil && f.Source != nil {
+			// The next unit ships the version from the store's memory
+			// (lent, so a Recycle cannot reuse it meanwhile).
+			f.Source.offerVersion(ctx, f.Store, req.Name, req.Version)
+		}
 		return err
 	})
 	if err != nil {
@@ -233,7 +239,7 @@ func (f *Fenced) Claim(ctx context.Context, name, owner string) error {
 	if err != nil {
 		return err
 	}
-	if err := f.commit(func() error { return c.Claim(ctx, name, owner) }); err != nil {
+	if err := f.commit(name, func() error { return c.Claim(ctx, name, owner) }); err != nil {
 		return err
 	}
 	return f.acknowledge(ctx, standbys)
@@ -249,7 +255,7 @@ func (f *Fenced) Release(ctx context.Context, name, owner string) error {
 	if err != nil {
 		return err
 	}
-	if err := f.commit(func() error { return c.Release(ctx, name, owner) }); err != nil {
+	if err := f.commit(name, func() error { return c.Release(ctx, name, owner) }); err != nil {
 		return err
 	}
 	return f.acknowledge(ctx, standbys)
@@ -265,7 +271,7 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := f.commit(func() error { return d.Delete(ctx, name) }); err != nil {
+	if err := f.commit(name, func() error { return d.Delete(ctx, name) }); err != nil {
 		return err
 	}
 	return f.acknowledge(ctx, standbys)

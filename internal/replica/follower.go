@@ -239,7 +239,9 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
 	}
 	defer cc.Close()
-	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
+	// The replication codec: data frames are written to their files from
+	// gRPC's receive buffers (codec.go).
+	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod, grpc.CallContentSubtype(codecName))
 	if err != nil {
 		return fmt.Errorf("%w: replica: opening the stream (%s): %v", errs.ErrUnavailable, opening(), err)
 	}
@@ -328,7 +330,7 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bo
 				return 0, err
 			}
 			tmp := filepath.Join(stage, strconv.Itoa(len(files)))
-			if err := f.receiveFile(recv, tmp, size); err != nil {
+			if err := f.receiveFile(cs, tmp, size); err != nil {
 				return 0, err
 			}
 			files = append(files, staged{rel: rel, tmp: tmp})
@@ -364,26 +366,28 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bo
 	}
 }
 
-func (f *Follower) receiveFile(recv func() ([]byte, error), tmp string, size int64) error {
+func (f *Follower) receiveFile(cs grpc.ClientStream, tmp string, size int64) error {
 	out, err := os.Create(tmp)
 	if err != nil {
 		return fmt.Errorf("replica: %w", err)
 	}
+	var d dataIn
 	for left := size; left > 0; {
-		b, err := recv()
-		if err != nil {
+		if err := cs.RecvMsg(&d); err != nil {
 			out.Close()
-			return err
+			return fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
 		}
-		if b[0] != kindData || int64(len(b)-1) > left {
+		n := int64(d.len())
+		if n > left { // the file's next bytes, no more than its size
+			d.release()
 			out.Close()
 			return errFrame
 		}
-		if _, err := out.Write(b[1:]); err != nil {
+		if err := d.writeTo(out); err != nil {
 			out.Close()
 			return fmt.Errorf("replica: %w", err)
 		}
-		left -= int64(len(b) - 1)
+		left -= n
 	}
 	if f.cfg.Sync != SyncFsync {
 		return out.Close()

@@ -8,16 +8,21 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/store"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -95,6 +100,23 @@ type Source struct {
 
 	freeze sync.RWMutex // store commits hold it shared, scans exclusively
 	snapMu sync.Mutex   // serialises taking snapshots (held before freeze)
+	fullAt time.Time    // when a snapshot last walked the whole store (snapMu held)
+
+	// What commits changed since the last snapshot's walk, taken (and
+	// reset) by that walk under the freeze; commits add to it holding the
+	// freeze shared. Guarded by dirtyMu.
+	dirtyMu sync.Mutex
+	// dirty are the store's model directories (relative to DataDir) a
+	// commit touched; dirtyAll: a commit that did not say which (Commit)
+	// or a failed walk, so the next snapshot walks the whole store.
+	dirty    map[string]bool
+	dirtyAll bool
+	// mem holds the bytes of the version files committed since, lent by
+	// the store (offerVersion), by path: the snapshot ships them from
+	// memory instead of reading them back.
+	mem map[string]*memFile
+	// fromMemory counts the files snapshots took from the store's memory.
+	fromMemory atomic.Uint64
 
 	mu        sync.Mutex
 	standbys  []string      // the newest RefreshStandbys
@@ -105,9 +127,10 @@ type Source struct {
 	unit      uint64        // the newest unit a publish asked for
 	followers map[*peer]struct{}
 	closed    bool
-	seq       uint64    // the newest snapshot's number; a follower's own cut, taken after it, ranks with it
-	latest    *snapshot // the newest snapshot
-	scanning  bool      // scanLoop runs
+	seq       uint64      // the newest snapshot's number; a follower's own cut, taken after it, ranks with it
+	latest    *snapshot   // the newest snapshot
+	live      []*snapshot // snapshots whose files are held (dropPassed releases them)
+	scanning  bool        // scanLoop runs
 	streams   sync.WaitGroup
 }
 
@@ -118,6 +141,8 @@ type peer struct {
 	// seen is the sequence number of the newest cut the follower holds
 	// (shipped from a snapshot, or its own cut); guarded by Source.mu.
 	seen uint64
+	// codec: the stream asked for the replication codec (codecName).
+	codec bool
 }
 
 // NewSource builds the primary's side; Register it on the hub's gRPC
@@ -144,6 +169,19 @@ func (s *Source) Close() error {
 	s.close()
 	s.mu.Unlock()
 	s.streams.Wait()
+	// Every stream has ended: no snapshot is shipped again.
+	s.mu.Lock()
+	frees := s.dropPassed()
+	s.mu.Unlock()
+	s.dirtyMu.Lock()
+	for _, m := range s.mem {
+		frees = append(frees, m)
+	}
+	s.mem = nil
+	s.dirtyMu.Unlock()
+	for _, m := range frees {
+		m.free()
+	}
 	return nil
 }
 
@@ -179,11 +217,118 @@ func (s *Source) bumpWork() {
 }
 
 // Commit runs one store commit with scans held off (the push's local
-// write); the store wrapper calls it.
+// write). The next snapshot walks the whole store: CommitModel, which
+// names the model the commit touches, spares it that.
 func (s *Source) Commit(f func() error) error {
 	s.freeze.RLock()
 	defer s.freeze.RUnlock()
+	s.dirtyMu.Lock()
+	s.dirtyAll = true
+	s.dirtyMu.Unlock()
 	return f()
+}
+
+// CommitModel runs one store commit that changes nothing in the store's
+// directory but model name's (store.ModelDir) with scans held off; the
+// store wrapper (Fenced) calls it. The snapshot that follows walks that
+// directory again and takes every other one from the snapshot before it
+// (the whole store is walked at least every fullWalkEvery intervals).
+func (s *Source) CommitModel(name string, f func() error) error {
+	s.freeze.RLock()
+	defer s.freeze.RUnlock()
+	s.dirtyMu.Lock()
+	if s.dirty == nil {
+		s.dirty = map[string]bool{}
+	}
+	s.dirty[filepath.Join("store", store.ModelDir(name))] = true
+	s.dirtyMu.Unlock()
+	return f()
+}
+
+// fullWalkEvery is how many SourceConfig.Intervals a snapshot may take
+// the store's directories no commit named from the snapshot before it:
+// a change made outside the store wrapper (none is, today) reaches the
+// standbys within that time all the same.
+const fullWalkEvery = 10
+
+// memFile is a committed version file's bytes, lent by the store (the
+// loan keeps them from being recycled: PushRequest.Recycle), with the
+// file's stamp when it was offered. The loan is returned once the
+// replication is through with them (free) and gRPC has freed every
+// buffer it was handed over them (the codec's data frames: hold, Put).
+type memFile struct {
+	st      stamp
+	blob    []byte
+	n       atomic.Int64 // 1 until free, plus the buffers gRPC holds
+	once    sync.Once
+	release func() // the store's loan
+}
+
+func newMemFile(st stamp, blob []byte, release func()) *memFile {
+	m := &memFile{st: st, blob: blob, release: release}
+	m.n.Store(1)
+	return m
+}
+
+// free says the replication sends nothing more from m; safe to call
+// twice.
+func (m *memFile) free() { m.once.Do(m.dec) }
+
+func (m *memFile) hold() { m.n.Add(1) }
+
+func (m *memFile) dec() {
+	if m.n.Add(-1) == 0 {
+		m.release()
+	}
+}
+
+// Put implements mem.BufferPool: gRPC freed a buffer over m's bytes.
+func (m *memFile) Put(*[]byte) { m.dec() }
+
+// Get implements mem.BufferPool; gRPC never calls it (the buffers are
+// made with mem.NewBuffer).
+func (m *memFile) Get(n int) *[]byte { b := make([]byte, n); return &b }
+
+// offerVersion lends the bytes of model name's version, just committed
+// by the caller (with the freeze held shared, in CommitModel's f), to
+// the next snapshot: what it ships of that file it ships from memory.
+// Nothing is offered when no follower is connected or the store cannot
+// lend; the snapshot then reads the file as every other one.
+func (s *Source) offerVersion(ctx context.Context, st store.Store, name string, version uint64) {
+	l, ok := st.(store.Lender)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	none := len(s.followers) == 0
+	s.mu.Unlock()
+	if none {
+		return
+	}
+	rel := filepath.Join("store", store.VersionFile(name, version))
+	fi, err := os.Stat(filepath.Join(s.cfg.DataDir, rel))
+	if err != nil {
+		return // not a File store under DataDir: the walk has nothing to match
+	}
+	snap, release, err := l.Lend(ctx, name, version)
+	if err != nil {
+		return
+	}
+	if snap.Version != version || int64(len(snap.Blob)) != fi.Size() {
+		release()
+		return
+	}
+	m := newMemFile(stampOf(fi), snap.Blob, release)
+	s.dirtyMu.Lock()
+	if s.mem == nil {
+		s.mem = map[string]*memFile{}
+	}
+	old := s.mem[rel]
+	s.mem[rel] = m
+	s.dirtyMu.Unlock()
+	if old != nil {
+		old.free()
+	}
 }
 
 // RefreshStandbys reads the registered standbys (SourceConfig.Standbys)
@@ -371,7 +516,7 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
 	}
-	p := &peer{member: h.Member}
+	p := &peer{member: h.Member, codec: codecRequested(ss.Context())}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -384,7 +529,11 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 		s.mu.Lock()
 		delete(s.followers, p)
 		s.bump()
+		frees := s.dropPassed() // what only p still had to ship
 		s.mu.Unlock()
+		for _, m := range frees {
+			m.free()
+		}
 	}()
 	s.cfg.Logger.Info("replica: standby following", "member", h.Member, "epoch", h.Epoch)
 
@@ -466,7 +615,7 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 			continue
 		}
 		unit := max(snap.unit, sent) // units only grow on a stream
-		ok, err := s.sendSnapshot(ss, snap, unit, u > sent, shipped)
+		ok, err := s.sendSnapshot(ss, snap, unit, u > sent, shipped, p.codec)
 		if err != nil {
 			return err
 		}
@@ -495,46 +644,79 @@ type snapshot struct {
 	entries []entry
 	stamps  map[string]stamp
 	// files holds the content of the files that changed since the
-	// snapshot before; guarded by Source.mu, nil once every follower
-	// has shipped the snapshot (passed).
+	// snapshot before (and of some unchanged ones, carried from it);
+	// guarded by Source.mu, nil once every follower has shipped the
+	// snapshot (dropPassed).
 	files map[string]*content
 }
 
-// content is one file's content at one stamp, as data frames.
+// content is one file's content at one stamp, as data frames. Its bytes
+// may be a version's, lent by the store (memFile): they stay untouched
+// while a snapshot holds the content (holders) and are given back
+// (free) once none does.
 type content struct {
-	st     stamp
-	size   int64
-	frames []*wrapperspb.BytesValue // kindData frames, read-only
+	st      stamp
+	size    int64
+	frames  []*dataOut // data frames, read-only
+	holders int        // snapshots whose files hold it; guarded by Source.mu
+	freed   bool       // holders fell to 0: never carried again; guarded by Source.mu
+	mem     *memFile   // the lent bytes the frames are views of; nil when read from disk
 }
 
-// dataFrames splits b into kindData frames (one copy, into the frames).
-func dataFrames(b []byte) []*wrapperspb.BytesValue {
-	var out []*wrapperspb.BytesValue
+// dataFrames cuts b into data frames, views of b (no copy); lent, when
+// set, holds b (the codec counts what gRPC holds of it). Bytes not lent
+// must never change once framed: gRPC may read them after SendMsg.
+func dataFrames(b []byte, lent *memFile) []*dataOut {
+	var out []*dataOut
 	for off := 0; off < len(b); off += chunkBytes {
-		out = append(out, frame(kindData, b[off:min(off+chunkBytes, len(b))]))
+		out = append(out, &dataOut{b: b[off:min(off+chunkBytes, len(b))], lent: lent})
 	}
 	return out
 }
 
-// readFrames reads f whole into kindData frames, straight into each
-// frame's buffer.
+// sendData sends one data frame: through the replication codec when the
+// follower asked for it (codec), else as a BytesValue the stock codec
+// copies during SendMsg.
+func sendData(ss grpc.ServerStream, d *dataOut, codec bool) error {
+	if codec {
+		return ss.SendMsg(d)
+	}
+	return ss.SendMsg(&wrapperspb.BytesValue{Value: d.b})
+}
+
+// codecRequested reports whether the stream in ctx asked for the
+// replication codec (codecName).
+func codecRequested(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, ct := range md.Get("content-type") {
+		if strings.HasSuffix(strings.ToLower(ct), "+"+codecName) {
+			return true
+		}
+	}
+	return false
+}
+
+// memContent is the content of a version file from the bytes the store
+// lent (m). The loan is returned when the last snapshot holding the
+// content drops it; should a path miss that, when the content is
+// collected.
+func memContent(m *memFile) *content {
+	c := &content{st: m.st, size: int64(len(m.blob)), frames: dataFrames(m.blob, m), mem: m}
+	runtime.AddCleanup(c, (*memFile).free, m)
+	return c
+}
+
+// readFrames reads f whole into data frames.
 func readFrames(f *os.File, rel string) (*content, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
-	c := &content{size: fi.Size()}
-	for left := c.size; left > 0; {
-		n := min(int64(chunkBytes), left)
-		b := make([]byte, 1+n)
-		b[0] = kindData
-		if _, err := io.ReadFull(f, b[1:]); err != nil {
-			return nil, fmt.Errorf("replica: read %s: %w", rel, err)
-		}
-		c.frames = append(c.frames, &wrapperspb.BytesValue{Value: b})
-		left -= n
+	b := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, fmt.Errorf("replica: read %s: %w", rel, err)
 	}
-	return c, nil
+	return &content{size: fi.Size(), frames: dataFrames(b, nil)}, nil
 }
 
 // snapshotFor returns a snapshot covering unit u and newer than the
@@ -548,7 +730,7 @@ func (s *Source) snapshotFor(u, seen uint64) (*snapshot, error) {
 	if latest != nil && latest.unit >= u && latest.seq > seen {
 		return latest, nil
 	}
-	return s.takeSnapshot(latest, true)
+	return s.takeSnapshot(latest, true, false)
 }
 
 // maxCarried bounds the content a snapshot keeps from the one before
@@ -559,10 +741,15 @@ const maxCarried = 64 << 20
 
 // takeSnapshot walks the tree under the freeze and reads what changed
 // since prev (the first snapshot, with no prev, reads nothing: it is the
-// base the next one compares with); s.snapMu is held. When something
-// changed, or force, the snapshot becomes s.latest and the followers are
-// woken; otherwise prev is returned.
-func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
+// base the next one compares with); s.snapMu is held. Of the store it
+// walks only the model directories commits named since prev (CommitModel)
+// and takes the others' entries from prev, unless whole, prev is nil, a
+// commit did not name its model, or the last whole walk is fullWalkEvery
+// intervals old. A version file committed since prev is shipped from the
+// bytes the store lent (offerVersion) when the file is as offered. When
+// something changed, or force, the snapshot becomes s.latest and the
+// followers are woken; otherwise prev is returned.
+func (s *Source) takeSnapshot(prev *snapshot, force, whole bool) (*snapshot, error) {
 	var prevStamps map[string]stamp
 	var prevFiles map[string]*content
 	if prev != nil {
@@ -578,52 +765,78 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		f   *os.File
 	}
 	var later []toRead
+	var mem map[string]*memFile
 	defer func() {
 		for _, r := range later {
 			r.f.Close()
 		}
+		for _, m := range mem { // offered and not used
+			m.free()
+		}
 	}()
 	fresh, carried := 0, int64(0)
-	err := func() error {
+	var carriedFrom []*content // prev's contents this one holds too
+	var made []*memFile        // the lent bytes this one ships from
+	err := func() (err error) {
 		s.freeze.Lock()
 		defer s.freeze.Unlock()
-		for _, dirs := range [][]string{{"store"}, stateDirs} {
-			es, err := walk(s.cfg.DataDir, dirs)
-			if err != nil {
-				return err
+		s.dirtyMu.Lock()
+		dirty, all := s.dirty, s.dirtyAll
+		mem = s.mem
+		s.dirty, s.dirtyAll, s.mem = nil, false, nil
+		s.dirtyMu.Unlock()
+		defer func() {
+			if err != nil { // what the failed walk took is walked next time
+				s.dirtyMu.Lock()
+				s.dirtyAll = true
+				s.dirtyMu.Unlock()
 			}
-			for _, e := range es {
-				if old, ok := prevStamps[e.rel]; prev == nil || ok && old == e.st {
-					if c := prevFiles[e.rel]; c != nil && c.st == e.st && carried+c.size <= maxCarried {
-						snap.files[e.rel] = c
-						carried += c.size
-					}
-					snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+		}()
+		stored, err := s.walkStore(prev, dirty, whole || all)
+		if err != nil {
+			return err
+		}
+		state, err := walk(s.cfg.DataDir, stateDirs)
+		if err != nil {
+			return err
+		}
+		for _, e := range append(stored, state...) {
+			if old, ok := prevStamps[e.rel]; prev == nil || ok && old == e.st {
+				if c := prevFiles[e.rel]; c != nil && c.st == e.st && carried+c.size <= maxCarried {
+					snap.files[e.rel] = c
+					carriedFrom = append(carriedFrom, c)
+					carried += c.size
+				}
+				snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+				continue
+			}
+			path := filepath.Join(s.cfg.DataDir, e.rel)
+			if m := mem[e.rel]; m != nil && m.st == e.st {
+				snap.files[e.rel] = memContent(m)
+				made = append(made, m)
+				s.fromMemory.Add(1)
+				delete(mem, e.rel)
+			} else if immutable(e.rel) {
+				f, err := os.Open(path)
+				if errors.Is(err, os.ErrNotExist) {
+					continue // removed since the walk: absent from this snapshot
+				}
+				if err != nil {
+					return fmt.Errorf("replica: read %s: %w", e.rel, err)
+				}
+				later = append(later, toRead{rel: e.rel, st: e.st, f: f})
+			} else {
+				data, err := os.ReadFile(path)
+				if errors.Is(err, os.ErrNotExist) {
 					continue
 				}
-				path := filepath.Join(s.cfg.DataDir, e.rel)
-				if immutable(e.rel) {
-					f, err := os.Open(path)
-					if errors.Is(err, os.ErrNotExist) {
-						continue // removed since the walk: absent from this snapshot
-					}
-					if err != nil {
-						return fmt.Errorf("replica: read %s: %w", e.rel, err)
-					}
-					later = append(later, toRead{rel: e.rel, st: e.st, f: f})
-				} else {
-					data, err := os.ReadFile(path)
-					if errors.Is(err, os.ErrNotExist) {
-						continue
-					}
-					if err != nil {
-						return fmt.Errorf("replica: read %s: %w", e.rel, err)
-					}
-					snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data)}
+				if err != nil {
+					return fmt.Errorf("replica: read %s: %w", e.rel, err)
 				}
-				fresh++
-				snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+				snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data, nil)}
 			}
+			fresh++
+			snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
 		}
 		if !force && prev != nil && fresh == 0 && len(snap.stamps) == len(prevStamps) {
 			return nil // as prev left it
@@ -635,14 +848,20 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		return nil
 	}()
 	if err != nil {
+		for _, m := range made {
+			m.free()
+		}
 		return nil, err
 	}
 	if snap.seq == 0 {
-		return prev, nil
+		return prev, nil // nothing changed: no content was made from memory
 	}
 	for _, r := range later { // immutable: read after the freeze
 		c, err := readFrames(r.f, r.rel)
 		if err != nil {
+			for _, m := range made {
+				m.free()
+			}
 			return nil, err
 		}
 		c.st = r.st
@@ -650,6 +869,22 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	}
 	snap.at = time.Now()
 	s.mu.Lock()
+	// A carried content whose every holder was dropped meanwhile may have
+	// given its bytes back: it is not carried (a follower that needs it
+	// takes its own cut).
+	for _, c := range carriedFrom {
+		if c.freed {
+			for rel, h := range snap.files {
+				if h == c {
+					delete(snap.files, rel)
+				}
+			}
+		}
+	}
+	for _, c := range snap.files {
+		c.holders++
+	}
+	s.live = append(s.live, snap)
 	if s.latest == nil || s.latest.seq < snap.seq {
 		s.latest = snap
 	}
@@ -658,18 +893,87 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	return snap, nil
 }
 
-// passed records that p holds snap; once every follower does, snap's
-// content is dropped (a follower that needs it later takes its own cut).
+// walkStore lists the store's mirrored files under the freeze: all of
+// them when whole (or with no prev, or when the last whole walk is
+// fullWalkEvery intervals old), else those of the dirty model
+// directories, walked again, and prev's entries of every other one.
+// s.snapMu is held.
+func (s *Source) walkStore(prev *snapshot, dirty map[string]bool, whole bool) ([]entry, error) {
+	if whole || prev == nil || time.Since(s.fullAt) >= fullWalkEvery*s.cfg.Interval {
+		es, err := walk(s.cfg.DataDir, []string{"store"})
+		if err == nil {
+			s.fullAt = time.Now()
+		}
+		return es, err
+	}
+	dirs := make([]string, 0, len(dirty))
+	for d := range dirty {
+		dirs = append(dirs, d)
+	}
+	es, err := walk(s.cfg.DataDir, dirs)
+	if err != nil {
+		return nil, err
+	}
+	sep := string(filepath.Separator)
+	for _, e := range prev.entries {
+		top, rest, _ := strings.Cut(e.rel, sep)
+		if top != "store" {
+			continue
+		}
+		model, _, nested := strings.Cut(rest, sep)
+		if nested && dirty[top+sep+model] {
+			continue // walked again above
+		}
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.rel, b.rel) })
+	return es, nil
+}
+
+// passed records that p holds snap, and drops the content of every
+// snapshot all followers hold (dropPassed).
 func (s *Source) passed(p *peer, snap *snapshot) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	p.seen = max(p.seen, snap.seq)
+	frees := s.dropPassed()
+	s.mu.Unlock()
+	for _, m := range frees {
+		m.free()
+	}
+}
+
+// dropPassed drops the content of every snapshot each connected
+// follower holds (all of them when none is connected): a follower that
+// needs it later takes its own cut. It returns the lent bytes no
+// snapshot holds any more, for the caller to give back once s.mu is
+// released; s.mu is held.
+func (s *Source) dropPassed() []*memFile {
+	low, any := uint64(0), false
 	for q := range s.followers {
-		if q.seen < snap.seq {
-			return
+		if !any || q.seen < low {
+			low, any = q.seen, true
 		}
 	}
-	snap.files = nil
+	var frees []*memFile
+	kept := s.live[:0]
+	for _, snap := range s.live {
+		if any && snap.seq > low {
+			kept = append(kept, snap)
+			continue
+		}
+		for _, c := range snap.files {
+			if c.holders--; c.holders == 0 {
+				c.freed = true
+				if c.mem != nil {
+					frees = append(frees, c.mem)
+				}
+			}
+		}
+		snap.files = nil
+	}
+	clear(s.live[len(kept):])
+	s.live = kept
+	return frees
 }
 
 // scanLoop takes a snapshot every SourceConfig.Interval when none was
@@ -698,7 +1002,7 @@ func (s *Source) scanLoop() {
 		latest := s.latest
 		s.mu.Unlock()
 		if latest == nil || time.Since(latest.at) >= s.cfg.Interval {
-			if _, err := s.takeSnapshot(latest, false); err != nil {
+			if _, err := s.takeSnapshot(latest, false, true); err != nil {
 				s.cfg.Logger.Warn("replica: scan", "err", err)
 			}
 		}
@@ -710,7 +1014,7 @@ func (s *Source) scanLoop() {
 // holds) does not, as unit, and records it in shipped; an empty unit is
 // sent only when force. ok is false, with nothing sent, when snap lacks
 // the content of a file the follower needs.
-func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp) (ok bool, err error) {
+func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
 	type send struct {
 		e entry
 		c *content
@@ -746,7 +1050,7 @@ func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64,
 			return true, err
 		}
 		for _, d := range f.c.frames {
-			if err := ss.SendMsg(d); err != nil {
+			if err := sendData(ss, d, codec); err != nil {
 				return true, err
 			}
 		}
@@ -851,7 +1155,7 @@ func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shi
 	if !full && !force && len(files) == 0 && len(gone) == 0 {
 		return seq, nil
 	}
-	if err := s.send(ss, u, full, files, gone, shipped); err != nil {
+	if err := s.send(ss, u, full, files, gone, shipped, p.codec); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
@@ -861,7 +1165,7 @@ func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shi
 }
 
 // send writes one unit and records what the follower now holds.
-func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp) error {
+func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp, codec bool) error {
 	defer func() {
 		for _, o := range files {
 			if o.f != nil {
@@ -872,7 +1176,6 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: u, Full: full, Epoch: s.cfg.Epoch})); err != nil {
 		return err
 	}
-	buf := make([]byte, chunkBytes)
 	for _, o := range files {
 		if o.keep {
 			if err := ss.SendMsg(pathFrame(kindKeep, o.rel, 0)); err != nil {
@@ -893,21 +1196,22 @@ func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened,
 			return err
 		}
 		if o.f == nil {
-			for off := 0; off < len(o.data); off += chunkBytes {
-				if err := ss.SendMsg(frame(kindData, o.data[off:min(off+chunkBytes, len(o.data))])); err != nil {
+			for _, d := range dataFrames(o.data, nil) {
+				if err := sendData(ss, d, codec); err != nil {
 					return err
 				}
 			}
 		} else {
 			for left := size; left > 0; {
-				n, err := io.ReadFull(o.f, buf[:min(int64(len(buf)), left)])
-				if err != nil {
+				// A buffer per frame: gRPC may read it after SendMsg.
+				buf := make([]byte, min(int64(chunkBytes), left))
+				if _, err := io.ReadFull(o.f, buf); err != nil {
 					return status.Errorf(codes.Internal, "replica: read %s: %v", o.rel, err)
 				}
-				if err := ss.SendMsg(frame(kindData, buf[:n])); err != nil {
+				if err := sendData(ss, &dataOut{b: buf}, codec); err != nil {
 					return err
 				}
-				left -= int64(n)
+				left -= int64(len(buf))
 			}
 		}
 		shipped[o.rel] = o.st

@@ -22,15 +22,19 @@ import (
 //	new primary → standby: H hello with query set; the standby answers
 //	                     P position (JSON) and ends the stream
 //	primary → follower:  B begin unit (JSON), then per file
-//	                     F path + size, D data… (size bytes in all),
+//	                     F path + size, then the file's bytes as data
+//	                     frames (raw: no kind byte; size bytes in all),
 //	                     K keep path (full sync: you hold it already),
 //	                     X delete path, then E end (uvarint unit)
+//
+// Data frames carry no kind byte so that the primary sends a file's bytes
+// from where they lie (a version the store holds in memory) without
+// copying them into frames; the F frame's size says how many follow.
 const (
 	kindHello  = 'H'
 	kindAck    = 'A'
 	kindBegin  = 'B'
 	kindFile   = 'F'
-	kindData   = 'D'
 	kindKeep   = 'K'
 	kindDelete = 'X'
 	kindEnd    = 'E'

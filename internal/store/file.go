@@ -148,6 +148,18 @@ func escapeName(name string) string {
 
 func blobFileName(version uint64) string { return fmt.Sprintf("v%020d.safetensors", version) }
 
+// ModelDir is the directory, relative to a File store's Dir, that holds
+// model name's manifest and version files (internal/replica uses it to
+// know what a commit touched).
+func ModelDir(name string) string { return escapeName(name) }
+
+// VersionFile is the path, relative to a File store's Dir, of model
+// name's version file: once written it never changes (the bytes of the
+// push's Blob).
+func VersionFile(name string, version uint64) string {
+	return filepath.Join(escapeName(name), blobFileName(version))
+}
+
 // recover loads every model directory. A model whose manifest cannot be
 // read or whose blobs fail their checks makes Open fail: that is disk
 // corruption, not a crash, and silently serving an older version would
