@@ -293,10 +293,8 @@ func (f *Failover) probe(ctx context.Context, than uint64) *store.Snapshot {
 			continue
 		}
 		f.mu.Lock()
-		old, oldName := f.closer, f.name
-		if f.served {
-			old, f.retired = f.retired, old
-		}
+		oldName := f.name
+		old := f.letGoLocked()
 		f.cur, f.closer, f.name, f.idx, f.served, f.failed = src, closer, d.Name, i, false, -1
 		f.switches++
 		f.mu.Unlock()
@@ -452,19 +450,30 @@ func (f *Failover) allRefused() error {
 // whose snapshots it superseded). Called with callMu held.
 func (f *Failover) drop(err error) {
 	f.mu.Lock()
-	closer, name, idx := f.closer, f.name, f.idx
-	if f.served {
-		closer, f.retired = f.retired, closer
-	} else {
+	name, idx := f.name, f.idx
+	if !f.served {
 		f.failed = f.idx
 	}
-	f.cur, f.closer, f.name = nil, nil, ""
+	closer := f.letGoLocked()
 	f.mu.Unlock()
 	f.noteFailure(idx, fmt.Errorf("%s: %w", name, err))
 	f.cfg.Logger.Info("wsync: source failed, failing over", "source", name, "err", err)
 	if closer != nil {
 		closer.Close()
 	}
+}
+
+// letGoLocked detaches the current source and returns what to close now:
+// a source that served a version is retired instead (the Receiver may
+// hold a snapshot that lives in it), and the one retired before it is
+// returned. Called with mu held.
+func (f *Failover) letGoLocked() io.Closer {
+	closer := f.closer
+	if f.served {
+		closer, f.retired = f.retired, closer
+	}
+	f.cur, f.closer, f.name = nil, nil, ""
+	return closer
 }
 
 // Close releases the current source. It waits for a call in progress to
