@@ -3,7 +3,6 @@ package replica
 import (
 	"net"
 	"sync"
-	"time"
 
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
@@ -32,30 +31,16 @@ func newHandoff(lis net.Listener) *handoff {
 }
 
 func (h *handoff) accept() {
-	var backoff time.Duration
 	for {
-		c, err := h.lis.Accept()
+		c, err := bulk.Accept(h.lis, h.done) // EMFILE and the like pass
 		if err != nil {
 			select {
 			case <-h.done:
-				return
 			default:
+				h.close() // anything else ends the socket for every role
 			}
-			// EMFILE and the like pass (as grpc-go's accept loop does);
-			// anything else ends the socket for every role.
-			if te, ok := err.(interface{ Temporary() bool }); ok && te.Temporary() {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				select {
-				case <-time.After(backoff):
-					continue
-				case <-h.done:
-					return
-				}
-			}
-			h.close()
 			return
 		}
-		backoff = 0
 		select {
 		case h.conns <- c:
 		case <-h.done:

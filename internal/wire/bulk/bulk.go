@@ -264,23 +264,34 @@ func (s *Server) Listen(lis net.Listener) net.Listener {
 	return g
 }
 
-func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
-	defer s.wg.Done()
+// Accept accepts the next connection from lis. Running out of file
+// descriptors (EMFILE) and the like pass: it backs off and accepts again,
+// as grpc-go's and net/http's accept loops do, until done is closed; any
+// other error is returned at once.
+func Accept(lis net.Listener, done <-chan struct{}) (net.Conn, error) {
 	var backoff time.Duration
 	for {
 		c, err := lis.Accept()
+		if err == nil {
+			return c, nil
+		}
+		if te, ok := err.(interface{ Temporary() bool }); !ok || !te.Temporary() {
+			return nil, err
+		}
+		backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+		select {
+		case <-time.After(backoff):
+		case <-done:
+			return nil, err
+		}
+	}
+}
+
+func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
+	defer s.wg.Done()
+	for {
+		c, err := Accept(lis, s.ctx.Done())
 		if err != nil {
-			// Running out of file descriptors (EMFILE) and the like pass:
-			// back off and accept again, as grpc-go's and net/http's
-			// accept loops do.
-			if te, ok := err.(interface{ Temporary() bool }); ok && te.Temporary() {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				select {
-				case <-time.After(backoff):
-					continue
-				case <-s.ctx.Done():
-				}
-			}
 			s.mu.Lock()
 			closing := s.closing
 			s.mu.Unlock()
@@ -292,7 +303,6 @@ func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
 			}
 			return
 		}
-		backoff = 0
 		c, ok := s.admitPeer(c)
 		if !ok {
 			continue
