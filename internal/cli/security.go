@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // serveSecurity are serve's server-side security flags; the certificate
@@ -75,7 +75,7 @@ func (s *serveSecurity) resolve(g *globals, cmd, listen string) (*tls.Config, *a
 			return nil, nil, err
 		}
 	}
-	if isLoopback(listen) || (tc != nil && v != nil) {
+	if netsec.IsLoopback(listen) || (tc != nil && v != nil) {
 		return tc, v, nil
 	}
 	var missing []string
@@ -119,18 +119,6 @@ func (s *serveSecurity) watchTokens(ctx context.Context, v *auth.Verifier, g *gl
 			}
 		}
 	}
-}
-
-// isLoopback reports whether a listen address only accepts connections
-// from this machine: a loopback IP or "localhost". An empty host (every
-// interface) is not.
-func isLoopback(listen string) bool {
-	host := dial.HostOf(listen)
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // newCertCmd is `rlhub cert`: a development CA and certificates.

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // EtcdSecurity is how every rlhub process reaches etcd: TLS (the CA that
@@ -81,9 +81,6 @@ func (s EtcdSecurity) Args() []string {
 	return out
 }
 
-// maxPasswordBytes bounds the password file read.
-const maxPasswordBytes = 4096
-
 // etcdClient is what EtcdSecurity resolves to for clientv3.Config.
 type etcdClient struct {
 	endpoints      []string
@@ -120,37 +117,23 @@ func (s EtcdSecurity) resolve(endpoints []string) (etcdClient, error) {
 	if useTLS {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
 		if s.CACert != "" {
-			pem, err := os.ReadFile(s.CACert)
+			pool, err := netsec.CertPool(s.CACert)
 			if err != nil {
 				return out, fmt.Errorf("%w: cluster: --etcd-cacert: %v", errs.ErrInvalid, err)
 			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return out, fmt.Errorf("%w: cluster: --etcd-cacert %s holds no PEM certificate", errs.ErrInvalid, errs.Quote(s.CACert))
-			}
 			tc.RootCAs = pool
 		}
-		if s.Cert != "" {
-			kp, err := tls.LoadX509KeyPair(s.Cert, s.Key)
-			if err != nil {
-				return out, fmt.Errorf("%w: cluster: --etcd-cert/--etcd-key: %v", errs.ErrInvalid, err)
-			}
-			tc.Certificates = []tls.Certificate{kp}
+		certs, err := netsec.KeyPair(s.Cert, s.Key)
+		if err != nil {
+			return out, fmt.Errorf("%w: cluster: --etcd-cert/--etcd-key: %v", errs.ErrInvalid, err)
 		}
+		tc.Certificates = certs
 		out.tls = tc
 	}
 	if s.User != "" {
-		f, err := os.Open(s.PasswordFile)
+		b, err := netsec.ReadFile(s.PasswordFile, netsec.MaxSecretBytes)
 		if err != nil {
 			return out, fmt.Errorf("%w: cluster: --etcd-password-file: %v", errs.ErrInvalid, err)
-		}
-		b, err := io.ReadAll(io.LimitReader(f, maxPasswordBytes+1))
-		f.Close()
-		if err != nil {
-			return out, fmt.Errorf("%w: cluster: --etcd-password-file: %v", errs.ErrInvalid, err)
-		}
-		if len(b) > maxPasswordBytes {
-			return out, fmt.Errorf("%w: cluster: --etcd-password-file is longer than %d bytes", errs.ErrInvalid, maxPasswordBytes)
 		}
 		pw, _, _ := strings.Cut(string(b), "\n")
 		pw = strings.TrimRight(pw, "\r")
@@ -179,12 +162,7 @@ func loopbackURL(u string) bool {
 	if strings.HasPrefix(u, "unix://") || strings.HasPrefix(u, "unixs://") {
 		return true
 	}
-	h := hostOfURL(u)
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
+	return netsec.IsLoopbackHost(hostOfURL(u))
 }
 
 // etcdError wraps an error from etcd (or from reaching it) so that it names

@@ -28,6 +28,7 @@ func TestFilesLoad(t *testing.T) {
 		"empty token file":   {TokenFile: write("empty", "\n")},
 		"two tokens":         {TokenFile: write("two", "a b")},
 		"missing token file": {TokenFile: filepath.Join(dir, "nope")},
+		"token file of 5 kB": {TokenFile: write("big", strings.Repeat("t", 5000))},
 		"CA not PEM":         {CA: write("ca", "not pem")},
 		"cert without key":   {CA: "", Cert: write("c", "x")},
 	} {

@@ -2,12 +2,13 @@ package dial
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strings"
+
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // Files names the files a Config is loaded from (the command line's shared
@@ -60,22 +61,20 @@ func (f Files) Load() (Config, error) {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.ServerName}
 	if f.CA != "" {
-		pool, err := LoadCertPool(f.CA)
+		pool, err := netsec.CertPool(f.CA)
 		if err != nil {
-			return c, err
+			return c, fmt.Errorf("dial: --tls-ca: %w", err)
 		}
 		tc.RootCAs = pool
 	}
 	if (f.Cert == "") != (f.Key == "") {
 		return c, errors.New("dial: a client certificate needs both --tls-cert and --tls-key")
 	}
-	if f.Cert != "" {
-		kp, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-		if err != nil {
-			return c, fmt.Errorf("dial: client certificate: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{kp}
+	certs, err := netsec.KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return c, fmt.Errorf("dial: client certificate: %w", err)
 	}
+	tc.Certificates = certs
 	c.TLS = tc
 	return c, nil
 }
@@ -87,7 +86,7 @@ func (f Files) token() (string, error) {
 	if f.TokenFile == "" {
 		return "", nil
 	}
-	b, err := os.ReadFile(f.TokenFile)
+	b, err := netsec.ReadFile(f.TokenFile, netsec.MaxSecretBytes)
 	if err != nil {
 		return "", fmt.Errorf("dial: token file: %w", err)
 	}
@@ -96,19 +95,6 @@ func (f Files) token() (string, error) {
 		return "", fmt.Errorf("dial: token file %s must hold one token", f.TokenFile)
 	}
 	return t, nil
-}
-
-// LoadCertPool reads a PEM file of certificates into a pool.
-func LoadCertPool(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("dial: CA file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("dial: CA file %s holds no PEM certificate", path)
-	}
-	return pool, nil
 }
 
 // HostOf is the host part of addr ("host:port"), or addr itself.
@@ -126,15 +112,15 @@ func ServerTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
 	if certFile == "" || keyFile == "" {
 		return nil, errors.New("dial: a TLS hub needs both --tls-cert and --tls-key")
 	}
-	kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+	certs, err := netsec.KeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("dial: server certificate: %w", err)
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{kp}}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: certs}
 	if clientCA != "" {
-		pool, err := LoadCertPool(clientCA)
+		pool, err := netsec.CertPool(clientCA)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("dial: --tls-client-ca: %w", err)
 		}
 		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/auth"
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // GRPCServerMetrics counts a gRPC server's RPCs (go-grpc-middleware's
@@ -105,24 +106,10 @@ func (c *Config) validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if !c.Insecure && !loopback(c.Listen) && (c.TLS == nil || c.Auth == nil) {
+	if !c.Insecure && !netsec.IsLoopback(c.Listen) && (c.TLS == nil || c.Auth == nil) {
 		return fmt.Errorf("metrics: --metrics-listen %s is not a loopback address and the endpoint would be open to anyone who reaches it: serve it with TLS and tokens (serve, relay: --tls-cert, --tls-key and --auth-tokens), or allow it anyway (serve, relay: --insecure; worker ars: --metrics-insecure)", c.Listen)
 	}
 	return nil
-}
-
-// loopback reports whether a listen address only accepts connections
-// from this machine.
-func loopback(listen string) bool {
-	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		host = listen
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // guard refuses requests without a reader token (Config.Auth).

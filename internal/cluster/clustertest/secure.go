@@ -19,6 +19,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // Secure is an etcd served over TLS that checks client certificates, with
@@ -125,16 +127,15 @@ func (s *Secure) HostPort() string { return strings.TrimPrefix(s.Endpoint, "http
 
 func (s *Secure) tlsConfig(tb testing.TB) *tls.Config {
 	tb.Helper()
-	pool := x509.NewCertPool()
-	b, err := os.ReadFile(s.CACert)
-	if err != nil || !pool.AppendCertsFromPEM(b) {
+	pool, err := netsec.CertPool(s.CACert)
+	if err != nil {
 		tb.Fatalf("read CA: %v", err)
 	}
-	kp, err := tls.LoadX509KeyPair(s.ClientCert, s.ClientKey)
+	certs, err := netsec.KeyPair(s.ClientCert, s.ClientKey)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS12}
+	return &tls.Config{RootCAs: pool, Certificates: certs, MinVersion: tls.VersionTLS12}
 }
 
 func write(tb testing.TB, path string, b []byte) {

@@ -1,0 +1,96 @@
+// Package netsec holds the few checks and file loads that every rlhub
+// process makes before it opens or accepts a connection: whether an
+// address stays on this machine, and reading certificates and secrets from
+// files. The hub's flags (internal/cli), its clients (internal/dial), its
+// metrics endpoint and its etcd client (internal/cluster) share them, so
+// the rule "plaintext only on loopback" means one thing everywhere.
+//
+// It depends on the standard library only: the packages above import each
+// other and must all be able to import it.
+package netsec
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+)
+
+// IsLoopbackHost reports whether host (a name or an IP, no port) names
+// this machine: "localhost" or a loopback IP. An empty host (every
+// interface) is not.
+func IsLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// IsLoopback reports whether addr ("host:port", or a bare host) only
+// reaches or accepts connections on this machine.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	return IsLoopbackHost(host)
+}
+
+// CertPool reads a PEM file of certificates into a pool. The error names
+// the file, never its content.
+func CertPool(path string) (*x509.CertPool, error) {
+	b, err := ReadFile(path, MaxPEMBytes)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// KeyPair loads a certificate and its key (PEM); both or neither may be
+// given, and neither gives no certificate.
+func KeyPair(certFile, keyFile string) ([]tls.Certificate, error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("a certificate needs both its certificate and key files")
+	}
+	if certFile == "" {
+		return nil, nil
+	}
+	kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	return []tls.Certificate{kp}, nil
+}
+
+// MaxPEMBytes bounds a certificate bundle read by CertPool (the system's
+// own bundle is about 200 kB).
+const MaxPEMBytes = 4 << 20
+
+// MaxSecretBytes bounds a token or password file.
+const MaxSecretBytes = 4096
+
+// ReadFile reads at most limit bytes of path; a longer file is an error
+// (a file named by mistake is not read whole into memory).
+func ReadFile(path string, limit int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > limit {
+		return nil, fmt.Errorf("%s is longer than %d bytes", path, limit)
+	}
+	return b, nil
+}
