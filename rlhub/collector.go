@@ -26,9 +26,10 @@ const (
 	// Given a cluster (a hub list or etcd://…), the stream is held by a
 	// wsync.Failover that attaches it again when it ends, on the
 	// connection, which by then follows the new primary. Given etcd://…,
-	// the relay announced for the model on this host is preferred, looked
-	// up at each attach: its stream, then the primary's when there is
-	// none or it died.
+	// the relay announced for the model on this host is preferred (known
+	// from one etcd watch the collector keeps, so a look costs etcd
+	// nothing): its stream, then the primary's when there is none or it
+	// died.
 	ViaPush  = "push"
 	ViaStore = "store" // pulls "only if newer" and watches; reports by RPC
 	// ViaDataPlane follows the hub's push fan-out on its plain-TCP data
@@ -91,6 +92,7 @@ type Collector struct {
 	push   *wsync.Client          // ViaPush to one hub
 	fo     *wsync.Failover        // ViaPush to a cluster: the stream, attached again after a failover
 	first  io.Closer              // fo's first stream, closed by Close even if fo never took it
+	relays *dial.RelayFinder      // ViaPush to etcd://: this host's relay, from one etcd watch
 	store  *storerpc.Client       // ViaStore
 	dp     *wsync.DataPlaneClient // ViaDataPlane
 	bulk   *bulk.Client           // ViaDataPlane: dp's data-plane client, closed after dp
@@ -168,7 +170,7 @@ var errNoRelay = errors.New("no relay of the model is announced on this host")
 
 // followCluster sets c.fo up for ViaPush on a cluster: with etcd (relays
 // announce themselves there), first the push stream of the relay
-// announced for the model on this host, looked up at each dial; then the
+// announced for the model on this host, as c.relays last saw it; then the
 // stream on c.conn, which follows the primary. The first stream is
 // attached here, bounded by ctx (an error from the primary, such as a
 // refused token, fails NewCollector); the Failover attaches the next when
@@ -181,8 +183,17 @@ func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
 		return wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
 			Model: cfg.Model, Start: have, Logger: cfg.Logger})
 	}
+	if viaEtcd {
+		f, err := d.FindRelays(cfg.Hub, cfg.Model)
+		if err != nil {
+			return err
+		}
+		c.relays = f
+	}
 	relay := func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
-		addr, ok, err := d.CollectorTarget(ctx, cfg.Hub, cfg.Model)
+		lctx, cancel := context.WithTimeout(ctx, dial.DefaultResolveTimeout)
+		addr, ok, err := c.relays.Local(lctx)
+		cancel()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -218,6 +229,7 @@ func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
 	if first.cl == nil {
 		s, err := attach(ctx, c.conn, 0)
 		if err != nil {
+			c.relays.Close()
 			return err
 		}
 		first.src, first.cl = s, s
@@ -259,6 +271,7 @@ func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
 	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: ds})
 	if err != nil {
 		c.first.Close()
+		c.relays.Close()
 		return err
 	}
 	c.fo = fo
@@ -336,7 +349,7 @@ func (c *Collector) Close() error {
 		out = append(out, c.push.Close())
 	}
 	if c.fo != nil {
-		out = append(out, c.fo.Close(), c.first.Close()) // Client.Close is safe twice
+		out = append(out, c.fo.Close(), c.first.Close(), c.relays.Close()) // Client.Close is safe twice
 	}
 	if c.store != nil {
 		out = append(out, c.store.Close())
