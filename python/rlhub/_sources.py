@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from typing import Any, List, NamedTuple, Optional, Sequence
 
 from rlhub import errors
@@ -144,7 +143,7 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
     copying reader."""
     if via == "failover":
         if discovers_relay(hub, relay=relay, shm_path=shm_path, failover=failover):
-            return FailoverSource(relay_dialers(hub, model, collector_id, lease, probe_every),
+            return FailoverSource(relay_dialers(hub, model, collector_id, lease),
                                   model=model, collector_id=collector_id, hub=report_hub or hub,
                                   probe_every=probe_every)
         specs = check_specs(failover if failover is not None else
@@ -163,7 +162,7 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
         # announced on this host comes first (the Go ViaPush order).
         streams: List[Dialer] = [("push", _PushDial(hub, model, collector_id))]
         if _etcd(hub):
-            streams = relay_dialers(hub, model, collector_id, lease, probe_every, segment=False)
+            streams = relay_dialers(hub, model, collector_id, lease, segment=False)
         return FailoverSource(streams, model=model, collector_id=collector_id, probe_every=probe_every)
     return _open_one(via, hub if via != "shm" else shm_path, model, collector_id, lease)
 
@@ -189,34 +188,52 @@ class _Dial:
 
 
 class _RelayLookup:
-    """The relay announced in etcd for a model on this host, asked at most
-    once per ``fresh`` seconds (the segment's and the stream's dialers of
-    one failover source share an answer) with a short etcd deadline, so a
-    probe from a rollout's start never waits long on etcd."""
+    """The relay announced in etcd for a model on this host, known from one
+    etcd watch (:class:`rlhub.discover.ServiceWatch`) that the segment's and
+    the stream's dialers of one failover source share, so that a probe every
+    second costs etcd nothing. The watch starts at the first lookup, in the
+    process that dials (so it is that host's relay); until its first list
+    arrives a lookup waits at most ``timeout``. :meth:`close` (the failover
+    source's) stops it."""
 
-    def __init__(self, cluster: str, model: str, fresh: float, timeout: float = 1.0):
-        self.cluster, self.model, self.fresh, self.timeout = cluster, model, fresh, timeout
+    def __init__(self, cluster: str, model: str, timeout: float = 1.0):
+        self.cluster, self.model, self.timeout = cluster, model, timeout
         self._mu = threading.Lock()
-        self._at = -float("inf")
+        self._listed = threading.Event()
         self._got: Any = None
-        self._err: Optional[BaseException] = None
+        self._watch: Any = None
+        self._closed = False
+
+    def _take(self, ss: List[Any]) -> None:
+        host = socket.gethostname()
+        got = next((s for s in ss if s.model == self.model and s.host == host), None)
+        with self._mu:
+            self._got = got
+        self._listed.set()
 
     def get(self) -> Any:
         from rlhub import discover
         with self._mu:
-            now = time.monotonic()
-            if now - self._at >= self.fresh:
-                self._at = now
-                try:
-                    self._got, self._err = discover.local_relay(self.cluster, self.model, timeout=self.timeout), None
-                except errors.RlhubError as e:
-                    self._got, self._err = None, e
-            if self._err is not None:
-                raise errors.Unavailable(f"finding the relay of {self.model!r} in etcd: {self._err}")
-            if self._got is None:
-                raise errors.Unavailable(
-                    f"no relay of {self.model!r} is announced on host {socket.gethostname()[:64]!r}")
-            return self._got
+            if self._closed:
+                raise errors.Unavailable(f"the relay lookup of {self.model!r} is closed")
+            if self._watch is None:
+                self._watch = discover.ServiceWatch(self.cluster, discover.KIND_RELAY, self._take)
+            watch = self._watch
+        if not self._listed.wait(self.timeout):
+            raise errors.Unavailable(f"finding the relay of {self.model!r} in etcd: no answer within "
+                                     f"{self.timeout:g} s ({str(watch.error)[:200] if watch.error else 'no error yet'})")
+        with self._mu:
+            got = self._got
+        if got is None:
+            raise errors.Unavailable(
+                f"no relay of {self.model!r} is announced on host {socket.gethostname()[:64]!r}")
+        return got
+
+    def close(self) -> None:
+        with self._mu:
+            self._closed, watch, self._watch = True, self._watch, None
+        if watch is not None:
+            watch.close()
 
 
 class _RelayDial:
@@ -234,18 +251,22 @@ class _RelayDial:
             raise errors.Unavailable(f"the relay {r.id[:64]!r} of {self.lookup.model!r} announces no segment")
         return ShmSource(r.shm, model=self.lookup.model, lease=self.lease)
 
+    def close(self) -> None:
+        """Stops the lookup's watch (shared: safe from each dialer)."""
+        self.lookup.close()
+
 
 def relay_dialers(cluster: str, model: str, collector_id: str, lease: bool = True,
-                  probe_every: float = 1.0, *, segment: bool = True) -> List[Dialer]:
+                  *, segment: bool = True) -> List[Dialer]:
     """The dialers of a collector of ``model`` given only ``cluster``
     (``etcd://E/NAME``): the segment of the relay announced in etcd on this
     host (unless ``segment`` is False: ``via="push"``), that relay's push
     stream, then the cluster's primary (followed). The relay is looked up
     when dialed, in the process that dials, so it is the relay of the host
     the collector runs on, and one that appears, moves or comes back later
-    is found by the next dial or probe (a lookup is reused for half of
-    ``probe_every`` at most)."""
-    lookup = _RelayLookup(cluster, model, fresh=probe_every / 2)
+    is found by the next dial or probe (from one etcd watch, started at
+    the first dial and stopped with the failover source)."""
+    lookup = _RelayLookup(cluster, model)
     dialers: List[Dialer] = [("relay-shm", _RelayDial(lookup, True, collector_id, lease))] if segment else []
     dialers.append(("relay", _RelayDial(lookup, False, collector_id, lease)))
     dialers.append(("upstream" if segment else "push", _PushDial(cluster, model, collector_id)))

@@ -281,3 +281,56 @@ def test_plaintext_off_loopback_is_refused():
             discover.services("etcd://127.0.0.1:1/x")
     finally:
         discover.configure(None)
+
+
+def test_relay_lookup_answers_from_its_watch(tmp_path):
+    """A failover source's relay lookup follows the announcements with one
+    etcd watch: it sees a relay announced, replaced and withdrawn (another
+    model's or host's ignored) and, once it has a list, answers from memory
+    — with etcd stopped it still answers at once, where a read per probe
+    would fail. Closing it ends the watch's thread."""
+    import json
+    import socket
+    import threading
+    from rlhub._sources import _RelayLookup
+
+    etcd = Etcd(tmp_path)
+    cluster = f"pylookup{os.getpid()}"
+    target = _channel.etcd_target(etcd.url, cluster)
+    host = socket.gethostname()
+
+    def put(sid: str, model: str, addr: str, on: str = host) -> None:
+        info = {"kind": "relay", "id": sid, "addr": addr, "model": model, "host": on}
+        etcd.post("/v3/kv/put", {"key": b64(f"/rlhub/{cluster}/services/relay/{sid}"), "value": b64(json.dumps(info))})
+
+    def delete(sid: str) -> None:
+        etcd.post("/v3/kv/deleterange", {"key": b64(f"/rlhub/{cluster}/services/relay/{sid}")})
+
+    lookup = _RelayLookup(target, "m", timeout=10.0)
+    try:
+        with pytest.raises(errors.Unavailable, match="no relay of 'm' is announced"):
+            lookup.get()
+        put("critic", "other", "127.0.0.1:1")
+        put("elsewhere", "m", "127.0.0.1:2", on="another-host")
+        put("r1", "m", "127.0.0.1:3")
+
+        def addr() -> str:
+            try:
+                return lookup.get().addr
+            except errors.Unavailable:
+                return ""
+        wait_for("the lookup to see r1", lambda: addr() == "127.0.0.1:3")
+        delete("r1")
+        wait_for("the lookup to see r1 withdrawn", lambda: addr() == "")
+        put("r2", "m", "127.0.0.1:4")
+        wait_for("the lookup to see r2", lambda: addr() == "127.0.0.1:4")
+        etcd.stop()
+        t0 = time.monotonic()
+        assert lookup.get().addr == "127.0.0.1:4"
+        print(f"lookup with etcd stopped: {1e3 * (time.monotonic() - t0):.2f} ms")
+    finally:
+        lookup.close()
+        etcd.stop()
+    assert not [t for t in threading.enumerate() if t.name.startswith("rlhub-etcd-watch-relay")], "the watch's thread outlived close"
+    with pytest.raises(errors.Unavailable, match="closed"):
+        lookup.get()

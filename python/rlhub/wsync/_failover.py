@@ -276,8 +276,13 @@ class FailoverSource:
             report(self._hub, self.collector_id, self.model, version, self.via)
 
     def close(self) -> None:
-        """Closes every source it opened and its hub channel. Safe twice."""
+        """Closes every source it opened, its dialers that hold something
+        (a relay lookup's etcd watch) and its hub channel. Safe twice."""
         self._closed = True
+        for _, dial in self.dialers:
+            close = getattr(dial, "close", None)
+            if close is not None:
+                close()
         for s in self._retired + ([self._cur] if self._cur is not None else []):
             s.close()
         self._retired.clear()
