@@ -20,6 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -68,23 +69,6 @@ func parseStateFileName(name string) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
 	return v, err == nil
-}
-
-// escapeModel maps a model name to one directory name: bytes outside
-// [A-Za-z0-9_-] and '.' (except a leading one) become %XX, so '/' never
-// nests and no name can escape the state directory (the store's rule).
-func escapeModel(name string) string {
-	var b strings.Builder
-	for i := 0; i < len(name); i++ {
-		ch := name[i]
-		switch {
-		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '_', ch == '-', ch == '.' && i > 0:
-			b.WriteByte(ch)
-		default:
-			fmt.Fprintf(&b, "%%%02X", ch)
-		}
-	}
-	return b.String()
 }
 
 // registration is a model's registration.json.
@@ -183,7 +167,7 @@ func readJournal(r io.Reader) (recs []journalRecord, ends []int64, err error) {
 // version, optimizer step count, members and weights. A compacted journal
 // starts with its snapshot (no members). For tests and inspection.
 func ReadJournal(stateDir, model string) ([]JournalStep, error) {
-	f, err := os.Open(filepath.Join(stateDir, escapeModel(model), journalName))
+	f, err := os.Open(filepath.Join(stateDir, store.ModelDir(model), journalName))
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +194,7 @@ type JournalStep struct {
 // "<slot>/<param>" and metadata (optim.steps, optim.kind, model.version).
 // For tests and inspection.
 func ReadOptimizerState(stateDir, model string, version uint64) (*tensor.StateDict, map[string]string, error) {
-	raw, err := os.ReadFile(filepath.Join(stateDir, escapeModel(model), stateFileName(version)))
+	raw, err := os.ReadFile(filepath.Join(stateDir, store.ModelDir(model), stateFileName(version)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -297,7 +281,7 @@ func readRegistration(dir string) (registration, error) {
 	if reg.Format != registrationFmt {
 		return reg, fmt.Errorf("%s: format %d (this build reads %d)", registrationName, reg.Format, registrationFmt)
 	}
-	if reg.Model == "" || reg.Config.Model != reg.Model || escapeModel(reg.Model) != filepath.Base(dir) {
+	if reg.Model == "" || reg.Config.Model != reg.Model || store.ModelDir(reg.Model) != filepath.Base(dir) {
 		return reg, fmt.Errorf("%s: names model %q in directory %q", registrationName, truncate(reg.Model, 64), filepath.Base(dir))
 	}
 	return reg, nil
@@ -325,7 +309,7 @@ type modelFiles struct {
 // create starts a model's files afresh for a new registration: any earlier
 // files of the name are removed.
 func (d *stateDir) create(reg registration, window int) (*modelFiles, error) {
-	dir := filepath.Join(d.dir, escapeModel(reg.Model))
+	dir := filepath.Join(d.dir, store.ModelDir(reg.Model))
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
 	}

@@ -131,7 +131,8 @@ func OpenFile(cfg FileConfig) (*File, error) {
 
 // escapeName maps a model name to one directory name: bytes outside
 // [A-Za-z0-9_-] and '.' (except a leading one) become %XX, so '/' never
-// nests and no name can escape Dir.
+// nests and no name can escape Dir. The reducer's state directory uses
+// the same rule (ModelDir).
 func escapeName(name string) string {
 	var b strings.Builder
 	for i := 0; i < len(name); i++ {
