@@ -343,45 +343,51 @@ func (u *bulkUnits) next(limit int) ([]byte, error) {
 func (u *bulkUnits) recv() ([]byte, error) { return u.next(maxControlBytes) }
 
 func (u *bulkUnits) recvData(out *os.File, left int64) (int64, error) {
-	// The frame is read whole before any of it is written: into a buffer
-	// of chunkBytes at most, its length checked first.
-	// The primary pings only between units: a frame here is data.
-	br := u.cs.Reader()
-	{
-		_ = u.cs.SetReadDeadline(time.Now().Add(streamIdle))
-		tag, err := br.ReadByte()
-		if err != nil {
-			return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
+	n, err := readData(u.cs.Reader(), u.cs.SetReadDeadline, out, left, &u.buf)
+	if errors.Is(err, errFinal) {
+		if err := u.cs.Final(); err != nil {
+			return 0, err
 		}
-		if tag == bulk.KindFinal {
-			if err := u.cs.Final(); err != nil {
-				return 0, err
-			}
-			return 0, fmt.Errorf("%w: replica: the primary ended the stream mid-file", errs.ErrUnavailable)
-		}
-		if tag != frameTag {
-			return 0, errFrame
-		}
-		var n [4]byte
-		if _, err := io.ReadFull(br, n[:]); err != nil {
-			return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
-		}
-		l := int64(binary.LittleEndian.Uint32(n[:]))
-		if l == 0 || l > chunkBytes || l > left {
-			return 0, fmt.Errorf("%w: data frame of %d bytes (1..%d, %d left)", errFrame, l, chunkBytes, left)
-		}
-		if u.buf == nil {
-			u.buf = make([]byte, chunkBytes)
-		}
-		b := u.buf[:l]
-		if _, err := io.ReadFull(br, b); err != nil {
-			return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
-		}
-		if _, err := out.Write(b); err != nil {
-			return 0, fmt.Errorf("replica: %w", err)
-		}
-		return l, nil
+		return 0, fmt.Errorf("%w: replica: the primary ended the stream mid-file", errs.ErrUnavailable)
 	}
+	return n, err
+}
+
+// readData reads one data frame of 1..min(left, chunkBytes) bytes whole
+// into *buf (made at chunkBytes when nil) and only then writes it to out:
+// a frame cut short writes nothing. The primary pings only between units,
+// so a frame here is data. The server's final status is errFinal.
+func readData(br *bufio.Reader, deadline func(time.Time) error, out *os.File, left int64, buf *[]byte) (int64, error) {
+	_ = deadline(time.Now().Add(streamIdle))
+	tag, err := br.ReadByte()
+	if err != nil {
+		return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
+	}
+	if tag == bulk.KindFinal {
+		return 0, errFinal
+	}
+	if tag != frameTag {
+		return 0, errFrame
+	}
+	var n [4]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
+	}
+	l := int64(binary.LittleEndian.Uint32(n[:]))
+	if l == 0 || l > chunkBytes || l > left {
+		return 0, fmt.Errorf("%w: data frame of %d bytes (1..%d, %d left)", errFrame, l, chunkBytes, left)
+	}
+	if *buf == nil {
+		*buf = make([]byte, chunkBytes)
+	}
+	b := (*buf)[:l]
+	if _, err := io.ReadFull(br, b); err != nil {
+		return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
+	}
+	if _, err := out.Write(b); err != nil {
+		return 0, fmt.Errorf("replica: %w", err)
+	}
+	return l, nil
 }
 
 func (u *bulkUnits) ack(n uint64) error {

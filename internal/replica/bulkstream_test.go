@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -420,6 +421,37 @@ func TestDataPlaneReplicationRefusesWithoutTheAdminToken(t *testing.T) {
 		r, ok := cluster.AsRefusal(err, nil)
 		if !ok || r.Primary != "127.0.0.1:9" || r.Epoch != 8 {
 			t.Fatalf("Follow of a standby: %v, want its refusal naming 127.0.0.1:9 (epoch 8)", err)
+		}
+	})
+}
+
+// FuzzDataPlaneFrames feeds the standby's frame readers (a control frame,
+// then a data frame into a file) bytes from the network: they return a
+// frame within its bounds or an error, never more than they were allowed.
+func FuzzDataPlaneFrames(f *testing.F) {
+	f.Add(append(frameHead(2), 'A', 7))
+	f.Add(append(append(frameHead(1), kindPing), append(frameHead(3), 1, 2, 3)...))
+	f.Add([]byte{frameTag, 0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{3, 0, 0, 0, 0})
+	f.Add([]byte{frameTag, 4, 0, 0, 0, 1})
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		br := bufio.NewReader(bytes.NewReader(b))
+		none := func(time.Time) error { return nil }
+		if body, err := readFrame(br, none, 64, nil); err == nil && (len(body) == 0 || len(body) > 64) {
+			t.Fatalf("a frame of %d bytes read with a limit of 64", len(body))
+		}
+		out, err := os.CreateTemp(dir, "f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(out.Name())
+		defer out.Close()
+		var buf []byte
+		n, err := readData(br, none, out, 16, &buf)
+		fi, _ := out.Stat()
+		if err == nil && (n <= 0 || n > 16 || fi.Size() != n) || err != nil && fi.Size() != 0 {
+			t.Fatalf("data frame: n %d, err %v, %d bytes written (limit 16)", n, err, fi.Size())
 		}
 	})
 }
