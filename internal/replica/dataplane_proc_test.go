@@ -28,7 +28,7 @@ func TestClusterReplicatesOnTheDataPlane(t *testing.T) {
 			c.synced(s, l)
 			for v := uint64(1); v <= 3; v++ {
 				blob := storetest.Blob(t, v, int(v)<<18+int(v)) // ~1, 2, 3 MiB
-				c.push("pol", v, v-1, blob)                      // acks all: on the standby when it returns
+				c.push("pol", v, v-1, blob)                     // acks all: on the standby when it returns
 				got, err := os.ReadFile(filepath.Join(s.data, "store", store.VersionFile("pol", v)))
 				if err != nil {
 					t.Fatalf("the standby's copy of v%d: %v", v, err)
