@@ -140,7 +140,12 @@ func (b *bulkServerStream) SendMsg(m any) error {
 	if err := b.st.Write(net.Buffers{frameHead(len(body)), body}); err != nil {
 		return err
 	}
-	b.progress.Store(time.Now().UnixNano())
+	if len(body) != 1 || body[0] != kindPing {
+		// A ping fits in the socket's buffers of a follower that stopped
+		// reading: only a unit's bytes count as the follower's progress
+		// (a unit too big for the buffers fails its write instead).
+		b.progress.Store(time.Now().UnixNano())
+	}
 	return nil
 }
 
@@ -153,7 +158,7 @@ func (b *bulkServerStream) RecvMsg(m any) error {
 		return fmt.Errorf("replica: receive a %T on the data-plane stream", m)
 	}
 	for {
-		body, err := readFrame(b.br, b.st.SetReadDeadline, maxControlBytes, b.alive)
+		body, err := readFrame(b.br, b.deadline, maxControlBytes, b.alive)
 		if err != nil {
 			return err
 		}
@@ -169,6 +174,17 @@ func (b *bulkServerStream) RecvMsg(m any) error {
 // follower took the primary's bytes within streamIdle.
 func (b *bulkServerStream) alive() bool {
 	return !b.aborted.Load() && time.Since(time.Unix(0, b.progress.Load())) < streamIdle
+}
+
+// deadline sets the read deadline, then fails once abort was called
+// (abort sets its flag before its deadline: a read either sees the flag
+// or is woken by the deadline).
+func (b *bulkServerStream) deadline(t time.Time) error {
+	_ = b.st.SetReadDeadline(t)
+	if b.aborted.Load() {
+		return errors.New("replica: stream ended")
+	}
+	return nil
 }
 
 // abort wakes and fails the read in progress (serve's end).
@@ -194,7 +210,9 @@ var errFinal = errors.New("replica: the stream's final status")
 // of it is returned.
 func readFrame(br *bufio.Reader, deadline func(time.Time) error, limit int, again func() bool) ([]byte, error) {
 	for {
-		_ = deadline(time.Now().Add(streamIdle))
+		if err := deadline(time.Now().Add(streamIdle)); err != nil {
+			return nil, fmt.Errorf("%w: %v", errs.ErrUnavailable, err)
+		}
 		if _, err := br.Peek(1); err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() && again != nil && again() {
@@ -285,6 +303,7 @@ func (g grpcUnits) close() { g.done() }
 
 // bulkUnits is the data-plane stream (one goroutine: the follower's).
 type bulkUnits struct {
+	ctx  context.Context // Follow's: its end ends the stream
 	cs   *bulk.ClientStream
 	buf  []byte // a data frame's bytes, reused (at most chunkBytes)
 	stop func() bool
@@ -297,7 +316,7 @@ func openBulk(ctx context.Context, c *bulk.Client, addr string, h hello) (*bulkU
 	if err != nil {
 		return nil, err
 	}
-	u := &bulkUnits{cs: cs}
+	u := &bulkUnits{ctx: ctx, cs: cs}
 	u.stop = context.AfterFunc(ctx, func() { _ = cs.SetReadDeadline(time.Unix(1, 0)) })
 	if err := u.send(jsonFrame(kindHello, h).GetValue()); err != nil {
 		u.close()
@@ -313,6 +332,14 @@ func fallBack(err error) bool {
 	return errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented
 }
 
+// deadline sets the read deadline, then fails once ctx has ended (its
+// AfterFunc sets a deadline in the past only after ctx.Err is set: a read
+// either sees the error or is woken).
+func (u *bulkUnits) deadline(t time.Time) error {
+	_ = u.cs.SetReadDeadline(t)
+	return u.ctx.Err()
+}
+
 func (u *bulkUnits) send(b []byte) error {
 	return u.cs.Write(net.Buffers{frameHead(len(b)), b}, streamIdle)
 }
@@ -320,7 +347,7 @@ func (u *bulkUnits) send(b []byte) error {
 // next reads the next frame of at most limit bytes, answering pings.
 func (u *bulkUnits) next(limit int) ([]byte, error) {
 	for {
-		b, err := readFrame(u.cs.Reader(), u.cs.SetReadDeadline, limit, nil)
+		b, err := readFrame(u.cs.Reader(), u.deadline, limit, nil)
 		if errors.Is(err, errFinal) {
 			if err := u.cs.Final(); err != nil {
 				return nil, err
@@ -343,7 +370,7 @@ func (u *bulkUnits) next(limit int) ([]byte, error) {
 func (u *bulkUnits) recv() ([]byte, error) { return u.next(maxControlBytes) }
 
 func (u *bulkUnits) recvData(out *os.File, left int64) (int64, error) {
-	n, err := readData(u.cs.Reader(), u.cs.SetReadDeadline, out, left, &u.buf)
+	n, err := readData(u.cs.Reader(), u.deadline, out, left, &u.buf)
 	if errors.Is(err, errFinal) {
 		if err := u.cs.Final(); err != nil {
 			return 0, err
@@ -358,7 +385,9 @@ func (u *bulkUnits) recvData(out *os.File, left int64) (int64, error) {
 // a frame cut short writes nothing. The primary pings only between units,
 // so a frame here is data. The server's final status is errFinal.
 func readData(br *bufio.Reader, deadline func(time.Time) error, out *os.File, left int64, buf *[]byte) (int64, error) {
-	_ = deadline(time.Now().Add(streamIdle))
+	if err := deadline(time.Now().Add(streamIdle)); err != nil {
+		return 0, fmt.Errorf("%w: %v", errs.ErrUnavailable, err)
+	}
 	tag, err := br.ReadByte()
 	if err != nil {
 		return 0, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)

@@ -455,3 +455,33 @@ func FuzzDataPlaneFrames(f *testing.F) {
 		}
 	})
 }
+
+// A follower that opens the stream and then neither reads nor answers
+// (a stopped standby) is dropped by the primary once it has sent nothing
+// for streamIdle: the primary's pings, which its socket's buffers still
+// take, do not count as the follower's progress.
+func TestDataPlaneSilentFollowerIsDropped(t *testing.T) {
+	oldPing, oldIdle := pingEvery, streamIdle
+	pingEvery, streamIdle = 50*time.Millisecond, 500*time.Millisecond
+	// Restored last: after the primary's cleanup has ended its goroutines.
+	t.Cleanup(func() { pingEvery, streamIdle = oldPing, oldIdle })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := startDPPrimary(t, dpOptions{bulkMethod: true})
+	c := bulk.NewClient()
+	defer c.Close()
+	u, err := openBulk(ctx, c, p.addr, hello{Member: "s1", Epoch: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.close()
+	testkit.Eventually(t, 30*time.Second, "the silent follower connected", func() bool {
+		acked, _ := p.src.Followers()
+		_, ok := acked["s1"]
+		return ok
+	})
+	testkit.Eventually(t, 30*time.Second, "the silent follower dropped", func() bool {
+		acked, _ := p.src.Followers()
+		return len(acked) == 0
+	})
+}
