@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
@@ -48,6 +49,7 @@ type dpOptions struct {
 	grpc       bool       // gRPC serves the Follow stream
 	guard      bulk.Guard // the data plane's guard (nil: none)
 	noBulk     bool       // a gRPC-only server (no data plane at all)
+	tls        *tls.Config // the hub's TLS (both planes); nil: plaintext
 }
 
 func startDPPrimary(t *testing.T, o dpOptions) *dpPrimary {
@@ -75,6 +77,9 @@ func startDPPrimary(t *testing.T, o dpOptions) *dpPrimary {
 	var g net.Listener = lis
 	if !o.noBulk {
 		b = bulk.NewServer()
+		if o.tls != nil {
+			b.TLS = bulk.ServerTLS(o.tls)
+		}
 		b.Guard = guardFunc(func(ctx context.Context, token, method string, header []byte) (context.Context, error) {
 			p.checks.Add(1)
 			if o.guard != nil {
@@ -129,11 +134,15 @@ type dpFollower struct {
 }
 
 func newDPFollower(t *testing.T, token string, transport Transport) *dpFollower {
+	return newDPFollowerTLS(t, bulk.ClientConfig{Token: token}, transport)
+}
+
+func newDPFollowerTLS(t *testing.T, cfg bulk.ClientConfig, transport Transport) *dpFollower {
 	t.Helper()
 	d := &dpFollower{dir: t.TempDir(), ends: make(chan error, 16)}
 	var err error
 	d.f, err = NewFollower(FollowerConfig{DataDir: d.dir, Member: "s1", Logger: testkit.Logger(), Transport: transport,
-		Bulk: bulk.NewClientConfig(bulk.ClientConfig{Token: token}),
+		Bulk: bulk.NewClientConfig(cfg),
 		Dial: func(_ context.Context, addr string) (*grpc.ClientConn, error) {
 			return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		}})
@@ -484,4 +493,36 @@ func TestDataPlaneSilentFollowerIsDropped(t *testing.T) {
 		acked, _ := p.src.Followers()
 		return len(acked) == 0
 	})
+}
+
+// With TLS on the hub the stream runs over TLS (ALPN rlhub-dp/2), from
+// the follower's data-plane client configuration; the primary here serves
+// no gRPC stream, so the versions can only come that way.
+func TestDataPlaneReplicationOverTLS(t *testing.T) {
+	ca, err := auth.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue("hub", []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := startDPPrimary(t, dpOptions{bulkMethod: true, tls: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
+	d := newDPFollowerTLS(t, bulk.ClientConfig{TLS: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}, TransportAuto)
+	d.follow(t, ctx, p.addr)
+	for v := uint64(1); v <= 2; v++ {
+		want := p.push(t, ctx, "m", v, 3<<20)
+		d.same(t, "m", v, want)
+	}
+	if p.checks.Load() == 0 {
+		t.Fatal("the data plane saw no request")
+	}
 }
