@@ -45,10 +45,10 @@ type dpPrimary struct {
 }
 
 type dpOptions struct {
-	bulkMethod bool       // the data plane answers BulkFollowMethod
-	grpc       bool       // gRPC serves the Follow stream
-	guard      bulk.Guard // the data plane's guard (nil: none)
-	noBulk     bool       // a gRPC-only server (no data plane at all)
+	bulkMethod bool        // the data plane answers BulkFollowMethod
+	grpc       bool        // gRPC serves the Follow stream
+	guard      bulk.Guard  // the data plane's guard (nil: none)
+	noBulk     bool        // a gRPC-only server (no data plane at all)
 	tls        *tls.Config // the hub's TLS (both planes); nil: plaintext
 }
 
