@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	_ "google.golang.org/protobuf/types/known/emptypb" // a header type the table names (Replica/Follow)
 )
 
 // Rule is one line of the policy: who may call a method and which model
@@ -214,6 +215,9 @@ var Policy = []Rule{
 	{Method: "rlhub.v1.ModelStore/Pull", Plane: DataPlane, Role: Reader, Header: "rlhub.v1.StorePullRequest", Model: field("model")},
 	{Method: "rlhub.v1.ModelStore/Watch", Plane: DataPlane, Role: Reader, Header: "rlhub.v1.StoreWatchRequest", Model: field("model")},
 	{Method: "rlhub.v1.WeightSync/Watch", Plane: DataPlane, Role: Worker, Header: "rlhub.v1.SyncHello", Model: field("model")},
+	// The replication stream on the data plane (internal/replica): as its
+	// gRPC method, admin only.
+	{Method: "rlhub.v1.Replica/Follow", Plane: DataPlane, Role: Admin, Header: "google.protobuf.Empty"},
 }
 
 // Lookup finds the rule for method on plane.

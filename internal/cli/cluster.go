@@ -35,6 +35,8 @@ type clusterFlags struct {
 	insecure bool
 	// sync: --replica-sync (when a standby acknowledges a unit).
 	sync string
+	// transport: --replica-transport (how a standby follows).
+	transport string
 }
 
 func (f *clusterFlags) endpoints() []string {
@@ -112,6 +114,10 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 	if err != nil {
 		return err
 	}
+	transport, err := replica.ParseTransport(f.transport)
+	if err != nil {
+		return err
+	}
 	endpoints := f.endpoints()
 	if f.embedded != "" {
 		emb, err := cluster.StartEmbedded(cluster.EmbeddedConfig{Dir: f.embedded, ClientURL: f.embedURL})
@@ -140,7 +146,10 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 			return dc.GRPC(addr, grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20),
 				grpc.WithReadBufferSize(1<<20), grpc.WithWriteBufferSize(1<<20))
 		},
-		Logger: logger,
+		// The data plane's client, with the same TLS and token.
+		Bulk:      dc.Bulk(),
+		Transport: transport,
+		Logger:    logger,
 	})
 	if err != nil {
 		return err

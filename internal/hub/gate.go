@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/cluster"
@@ -23,8 +24,16 @@ type replicaStub struct {
 func (replicaStub) Register(g *grpc.Server) { rlhubv1.RegisterReplicaServer(g, replicaStub{}) }
 func (replicaStub) Close() error            { return nil }
 func (replicaStub) Follow(grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapperspb.BytesValue]) error {
-	return status.Error(codes.FailedPrecondition, "rlhub: this hub is not a cluster primary: nothing to follow")
+	return errNotPrimary
 }
+
+// RegisterBulk answers the replication stream's data-plane method
+// (replica.BulkFollowMethod) as Follow does.
+func (replicaStub) RegisterBulk(b *bulk.Server) {
+	b.Handle("rlhub.v1.Replica/Follow", func(context.Context, *bulk.Request) (proto.Message, error) { return nil, errNotPrimary })
+}
+
+var errNotPrimary = status.Error(codes.FailedPrecondition, "rlhub: this hub is not a cluster primary: nothing to follow")
 
 // ungated reports whether a gRPC method is answered whatever the hub's
 // role: health checks, reflection, and the cluster's own service (which

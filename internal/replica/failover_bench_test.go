@@ -294,8 +294,14 @@ func BenchmarkReplicationCost(b *testing.B) {
 		for range b.N {
 			r = measureReplication(b, rounds, 3)
 		}
-		names := []string{"x_serial_pushes", "x_serial_pulls", "x_serial_grads", "x_serial_pushes_acks0", "x_serial_pulls_acks0", "x_serial_grads_acks0"}
-		steadyNames := []string{"x_steady_grads", "x_steady_pushes", "x_steady_pulls", "x_steady_grads_acks0", "x_steady_pushes_acks0", "x_steady_pulls_acks0"}
+		// With RLHUB_REPLICATION_BASE_BIN the second cluster is the base
+		// build's (acks all): its figures end in _base, not _acks0.
+		sfx := "_acks0"
+		if os.Getenv("RLHUB_REPLICATION_BASE_BIN") != "" {
+			sfx = "_base"
+		}
+		names := []string{"x_serial_pushes", "x_serial_pulls", "x_serial_grads", "x_serial_pushes" + sfx, "x_serial_pulls" + sfx, "x_serial_grads" + sfx}
+		steadyNames := []string{"x_steady_grads", "x_steady_pushes", "x_steady_pulls", "x_steady_grads" + sfx, "x_steady_pushes" + sfx, "x_steady_pulls" + sfx}
 		for l, suffix := range map[layout]string{shared: "", pinned: "_pinned"} {
 			if len(r.ratios[l][0]) == 0 {
 				continue
@@ -322,6 +328,7 @@ func BenchmarkReplicationCost(b *testing.B) {
 		b.ReportMetric(median(r.cpu[l][1]), "cpu_ms/push_primary")
 		b.ReportMetric(median(r.cpu[l][2]), "cpu_ms/push_standbys")
 		b.ReportMetric(median(r.cpu[l][1])/median(r.cpu[l][0]), "x_cpu_primary")
+		b.ReportMetric(median(r.cpu[l][3]), "cpu_ms/push_primary"+sfx)
 	})
 }
 
@@ -418,7 +425,17 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	allArgs := append([]string{"--reduce-batch-size", "4"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
 	all := newClusterTTL(t, e, nh, "2s", allArgs...)
 	lAll, pAll := all.leader(0)
-	async := newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "4")
+	// RLHUB_REPLICATION_BASE_BIN: an A/B of two builds in one run. The
+	// second cluster is then that build's, acks all like the first
+	// (figures labelled "base"), instead of this build's with acks 0.
+	second := "acks 0"
+	var async *testCluster
+	if base := os.Getenv("RLHUB_REPLICATION_BASE_BIN"); base != "" {
+		second = "base build, acks all"
+		async = newClusterBin(t, e, nh, "2s", base, allArgs...)
+	} else {
+		async = newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "4")
+	}
 	lAsync, pAsync := async.leader(0)
 	// Every standby follows before anything is timed (a standby still
 	// joining would hold the first publishes for its full sync).
@@ -689,12 +706,20 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			}
 			load, _ := os.ReadFile("/proc/loadavg")
 			sp, sl, sg, sc := at(single, singleProc.Pid(), nil)
-			cp, cl, cg, cc := at(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
-			ap, al, ag, ac := at(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
-			t.Logf("round %d, %s, 1 MiB, load %s: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + %d standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); acks 0: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
-				round+1, l, strings.Join(strings.Fields(string(load))[:3], " "), sp, sl, sg, nh-1, cp, cp/sp, cl, cl/sl, cg, cg/sg, ap, ap/sp, al, al/sl, ag, ag/sg)
-			t.Logf("round %d, %s, CPU per push (user+system): single hub %.1f ms; acks all: primary %.1f ms, its standbys %.1f ms together; acks 0: primary %.1f ms, standbys %.1f ms",
-				round+1, l, sc.hub, cc.hub, cc.standbys, ac.hub, ac.standbys)
+			// The two clusters in turns, first one then the other.
+			var cp, cl, cg, ap, al, ag float64
+			var cc, ac cost
+			if round%2 == 0 {
+				cp, cl, cg, cc = at(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+				ap, al, ag, ac = at(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+			} else {
+				ap, al, ag, ac = at(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+				cp, cl, cg, cc = at(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+			}
+			t.Logf("round %d, %s, 1 MiB, load %s: single hub %.1f pushes/s %.1f pulls/s %.1f grads/s; primary + %d standbys, acks all: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx); %s: %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) %.1f grads/s (%.2fx)",
+				round+1, l, strings.Join(strings.Fields(string(load))[:3], " "), sp, sl, sg, nh-1, cp, cp/sp, cl, cl/sl, cg, cg/sg, second, ap, ap/sp, al, al/sl, ag, ag/sg)
+			t.Logf("round %d, %s, CPU per push (user+system): single hub %.1f ms; acks all: primary %.1f ms, its standbys %.1f ms together; %s: primary %.1f ms, standbys %.1f ms",
+				round+1, l, sc.hub, cc.hub, cc.standbys, second, ac.hub, ac.standbys)
 			run.cpu[l][0], run.cpu[l][1] = append(run.cpu[l][0], sc.hub), append(run.cpu[l][1], cc.hub)
 			run.cpu[l][2], run.cpu[l][3] = append(run.cpu[l][2], cc.standbys), append(run.cpu[l][3], ac.hub)
 			for i, r := range []float64{cp / sp, cl / sl, cg / sg, ap / sp, al / sl, ag / sg} {
@@ -704,12 +729,18 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 
 			load, _ = os.ReadFile("/proc/loadavg")
 			ss := steadyAt(single, singleProc.Pid(), nil)
-			cs := steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
-			as := steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
-			t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s %.1f pushes/s %.1f pulls/s (CPUs busy: hub %.2f); acks all: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f); acks 0: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f)",
+			var cs, as steadyState
+			if round%2 == 0 {
+				cs = steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+				as = steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+			} else {
+				as = steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+				cs = steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+			}
+			t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s %.1f pushes/s %.1f pulls/s (CPUs busy: hub %.2f); acks all: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f); %s: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f)",
 				round+1, l, steadyLoad, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, ss.pushes, ss.pulls, ss.hubCPU,
 				cs.grads, cs.grads/ss.grads, cs.pushes, cs.pushes/ss.pushes, cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU,
-				as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU)
+				second, as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU)
 			if ss.grads == 0 || ss.pushes == 0 || ss.pulls == 0 {
 				// Seen on this shared machine: the single hub's pushes and
 				// gradients stalled for a whole window while its pulls went

@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/crashpoint"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
 // FollowerConfig configures a standby's side of replication.
@@ -33,6 +33,12 @@ type FollowerConfig struct {
 	Member string
 	// Dial connects to the primary; required.
 	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
+	// Bulk is the data-plane client (its TLS and token: the dial
+	// config's) the stream is followed on; nil follows on gRPC only.
+	Bulk *bulk.Client
+	// Transport: TransportAuto (""), or TransportGRPC for the gRPC stream
+	// even when Bulk is set.
+	Transport Transport
 	// Sync is when a unit is acknowledged: SyncWrite (the default) once
 	// its files are written and renamed into place, SyncFsync once they
 	// and their directories are also fsynced. See SyncMode.
@@ -234,25 +240,17 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	// this standby (AckTimeout's default).
 	opened := time.AfterFunc(openTimeout, cancel)
 	defer opened.Stop()
-	cc, err := f.cfg.Dial(ctx, leader.Addr)
+	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have}
+	us, transport, err := f.open(ctx, leader, h, opening)
 	if err != nil {
-		return fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
+		return err
 	}
-	defer cc.Close()
-	// The replication codec: data frames are written to their files from
-	// gRPC's receive buffers (codec.go).
-	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod, grpc.CallContentSubtype(codecName))
-	if err != nil {
-		return fmt.Errorf("%w: replica: opening the stream (%s): %v", errs.ErrUnavailable, opening(), err)
-	}
-	if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have})); err != nil {
-		return fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
-	}
+	defer us.close()
 	opened.Stop()
-	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have), "opening", opening())
+	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have), "transport", transport, "opening", opening())
 	for {
 		holdAt(ctx, f.crash, "unit-hold")
-		u, err := f.applyUnit(cs, leader.Epoch, first.Stop)
+		u, err := f.applyUnit(us, leader.Epoch, first.Stop)
 		if err != nil {
 			return err
 		}
@@ -264,10 +262,42 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		f.posMu.Lock()
 		f.pos = position{Epoch: leader.Epoch, Unit: u}
 		f.posMu.Unlock()
-		if err := cs.SendMsg(uvarintFrame(kindAck, u)); err != nil {
-			return fmt.Errorf("%w: replica: ack: %v", errs.ErrUnavailable, err)
+		if err := us.ack(u); err != nil {
+			return err
 		}
 	}
+}
+
+// open opens the stream to leader and sends the hello: on the data plane
+// unless FollowerConfig says gRPC, and on gRPC when the primary's data
+// plane lacks the method (bulkstream.go). It names the transport used.
+func (f *Follower) open(ctx context.Context, leader cluster.Leader, h hello, opening func() string) (unitStream, string, error) {
+	if f.cfg.Bulk != nil && f.cfg.Transport != TransportGRPC {
+		us, err := openBulk(ctx, f.cfg.Bulk, leader.Addr, h)
+		if err == nil {
+			return us, "data plane", nil
+		}
+		if !fallBack(err) {
+			return nil, "", fmt.Errorf("replica: opening the stream on the data plane (%s): %w", opening(), err)
+		}
+		f.cfg.Logger.Info("replica: the primary's data plane has no replication stream; following on gRPC", "primary", leader.Addr, "err", err)
+	}
+	cc, err := f.cfg.Dial(ctx, leader.Addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: replica: dial %s: %v", errs.ErrUnavailable, leader.Addr, err)
+	}
+	// The replication codec: data frames are written to their files from
+	// gRPC's receive buffers (codec.go).
+	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod, grpc.CallContentSubtype(codecName))
+	if err != nil {
+		cc.Close()
+		return nil, "", fmt.Errorf("%w: replica: opening the stream (%s): %v", errs.ErrUnavailable, opening(), err)
+	}
+	if err := cs.SendMsg(jsonFrame(kindHello, h)); err != nil {
+		cc.Close()
+		return nil, "", fmt.Errorf("%w: replica: hello: %v", errs.ErrUnavailable, err)
+	}
+	return grpcUnits{cs: cs, done: func() { cc.Close() }}, "gRPC", nil
 }
 
 // firstFrameTimeout bounds the wait for a stream's first unit to begin
@@ -284,18 +314,8 @@ type staged struct {
 
 // applyUnit receives one unit into the staging area and, once its end
 // arrives whole, installs it; a unit cut short changes nothing.
-func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bool) (uint64, error) {
-	recv := func() ([]byte, error) {
-		var m wrapperspb.BytesValue
-		if err := cs.RecvMsg(&m); err != nil {
-			return nil, fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
-		}
-		if len(m.GetValue()) == 0 {
-			return nil, errFrame
-		}
-		return m.GetValue(), nil
-	}
-	b, err := recv()
+func (f *Follower) applyUnit(us unitStream, epoch uint64, began func() bool) (uint64, error) {
+	b, err := us.recv()
 	if err != nil {
 		return 0, err
 	}
@@ -319,7 +339,7 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bo
 	var gone []string
 	mentioned := map[string]bool{}
 	for {
-		b, err := recv()
+		b, err := us.recv()
 		if err != nil {
 			return 0, err
 		}
@@ -330,7 +350,7 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bo
 				return 0, err
 			}
 			tmp := filepath.Join(stage, strconv.Itoa(len(files)))
-			if err := f.receiveFile(cs, tmp, size); err != nil {
+			if err := f.receiveFile(us, tmp, size); err != nil {
 				return 0, err
 			}
 			files = append(files, staged{rel: rel, tmp: tmp})
@@ -366,26 +386,16 @@ func (f *Follower) applyUnit(cs grpc.ClientStream, epoch uint64, began func() bo
 	}
 }
 
-func (f *Follower) receiveFile(cs grpc.ClientStream, tmp string, size int64) error {
+func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
 	out, err := os.Create(tmp)
 	if err != nil {
 		return fmt.Errorf("replica: %w", err)
 	}
-	var d dataIn
 	for left := size; left > 0; {
-		if err := cs.RecvMsg(&d); err != nil {
+		n, err := us.recvData(out, left)
+		if err != nil {
 			out.Close()
-			return fmt.Errorf("%w: replica: stream: %v", errs.ErrUnavailable, err)
-		}
-		n := int64(d.len())
-		if n > left { // the file's next bytes, no more than its size
-			d.release()
-			out.Close()
-			return errFrame
-		}
-		if err := d.writeTo(out); err != nil {
-			out.Close()
-			return fmt.Errorf("replica: %w", err)
+			return err
 		}
 		left -= n
 	}

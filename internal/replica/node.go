@@ -21,6 +21,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
 // NodeConfig configures one hub of a cluster (`rlhub serve --etcd`).
@@ -42,6 +43,11 @@ type NodeConfig struct {
 	// Dial connects to another hub (the primary a standby follows);
 	// required.
 	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
+	// Bulk is the data-plane client a standby follows its primary with
+	// (FollowerConfig.Bulk: the dial config's TLS and token); nil follows
+	// on gRPC only. Transport: FollowerConfig.Transport.
+	Bulk      *bulk.Client
+	Transport Transport
 	// Extra services are served in every role (the cluster's Primary
 	// service); a standby calls only their Register.
 	Extra []hub.Service
@@ -163,7 +169,7 @@ func (n *Node) Run(ctx context.Context) error {
 	// scripts read the address from it); the hub logs it again when
 	// this node becomes the primary.
 	n.cfg.Logger.Info("hub serving", "addr", addr, "role", "cluster member", "data", n.cfg.Hub.DataDir)
-	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Sync: n.cfg.Sync, CrashAt: n.cfg.CrashAt, Logger: n.cfg.Logger})
+	n.follower, err = NewFollower(FollowerConfig{DataDir: n.cfg.Hub.DataDir, Dial: n.cfg.Dial, Bulk: n.cfg.Bulk, Transport: n.cfg.Transport, Sync: n.cfg.Sync, CrashAt: n.cfg.CrashAt, Logger: n.cfg.Logger})
 	if err != nil {
 		lis.Close()
 		return err

@@ -55,6 +55,7 @@ type testCluster struct {
 	name     string
 	leaseTTL string
 	hubs     []*hubProc
+	bin      string // the hubs' executable; "" means testkit.Binary
 }
 
 func newCluster(t testing.TB, etcd string, n int, extra ...string) *testCluster {
@@ -62,7 +63,13 @@ func newCluster(t testing.TB, etcd string, n int, extra ...string) *testCluster 
 }
 
 func newClusterTTL(t testing.TB, etcd string, n int, ttl string, extra ...string) *testCluster {
-	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d-%d", os.Getpid(), clusterSeq.Add(1)), leaseTTL: ttl}
+	return newClusterBin(t, etcd, n, ttl, "", extra...)
+}
+
+// newClusterBin is newClusterTTL with the hubs run from bin ("" means
+// testkit.Binary): an A/B of two builds in one run.
+func newClusterBin(t testing.TB, etcd string, n int, ttl, bin string, extra ...string) *testCluster {
+	c := &testCluster{t: t, etcd: etcd, name: fmt.Sprintf("c%d-%d", os.Getpid(), clusterSeq.Add(1)), leaseTTL: ttl, bin: bin}
 	for i := range n {
 		h := &hubProc{t: t, id: fmt.Sprintf("h%d", i), data: t.TempDir(), args: extra}
 		c.hubs = append(c.hubs, h)
@@ -77,7 +84,7 @@ func (c *testCluster) start(h *hubProc) {
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	args := append([]string{"--log-level", "info", "serve", "--listen", "127.0.0.1:0", "--data", h.data, "--addr-file", addrFile,
 		"--etcd", c.etcd, "--cluster", c.name, "--lease-ttl", c.leaseTTL, "--member-id", h.id}, h.args...)
-	h.proc = testkit.StartProc(t, testkit.ProcConfig{Name: "hub " + h.id, Args: args, AddrFile: addrFile})
+	h.proc = testkit.StartProc(t, testkit.ProcConfig{Name: "hub " + h.id, Path: c.bin, Args: args, AddrFile: addrFile})
 	h.out, h.addr = h.proc.Out(), h.proc.Addr()
 }
 

@@ -141,8 +141,12 @@ type peer struct {
 	// seen is the sequence number of the newest cut the follower holds
 	// (shipped from a snapshot, or its own cut); guarded by Source.mu.
 	seen uint64
-	// codec: the stream asked for the replication codec (codecName).
+	// codec: the stream asked for the replication codec (codecName), or
+	// is on the data plane (data frames sent from where they lie).
 	codec bool
+	// ping: how long the stream may stay silent before the primary pings
+	// (the data plane's streams: bulkstream.go); 0 never.
+	ping time.Duration
 }
 
 // NewSource builds the primary's side; Register it on the hub's gRPC
@@ -159,7 +163,7 @@ func (s *Source) Register(g *grpc.Server) { rlhubv1.RegisterReplicaServer(g, s) 
 
 // Follow implements rlhubv1.ReplicaServer.
 func (s *Source) Follow(ss grpc.BidiStreamingServer[wrapperspb.BytesValue, wrapperspb.BytesValue]) error {
-	return s.serve(ss)
+	return s.serve(ss, codecRequested(ss.Context()), 0)
 }
 
 // Close ends every follower's stream and waits for them (hub.Service:
@@ -489,7 +493,8 @@ func (s *Source) Followers() (acked map[string]uint64, unit uint64) {
 	return acked, s.unit
 }
 
-func (s *Source) serve(ss grpc.ServerStream) error {
+// serve runs one follower's stream: codec and ping as in peer.
+func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -516,7 +521,7 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
 	}
-	p := &peer{member: h.Member, codec: codecRequested(ss.Context())}
+	p := &peer{member: h.Member, codec: codec, ping: ping}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -546,6 +551,9 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	}()
 	err := s.ship(ctx, ss, p, h.Have)
 	cancel()
+	if a, ok := ss.(interface{ abort() }); ok {
+		a.abort() // a data-plane stream's read ends with serve (gRPC's with the handler)
+	}
 	aerr := <-ackErr
 	if err == nil || errors.Is(err, context.Canceled) {
 		err = aerr // the follower went away (or broke the stream): its reason
@@ -554,7 +562,7 @@ func (s *Source) serve(ss grpc.ServerStream) error {
 	return err
 }
 
-func (s *Source) readAcks(ss grpc.ServerStream, p *peer) error {
+func (s *Source) readAcks(ss frameStream, p *peer) error {
 	for {
 		var m wrapperspb.BytesValue
 		if err := ss.RecvMsg(&m); err != nil {
@@ -581,7 +589,7 @@ func (s *Source) readAcks(ss grpc.ServerStream, p *peer) error {
 // for a unit or the scan found a change, what the newest snapshot holds
 // that the follower does not: the snapshot every follower shares, or its
 // own cut when it fell behind what the snapshot holds.
-func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have map[string]int64) error {
+func (s *Source) ship(ctx context.Context, ss frameStream, p *peer, have map[string]int64) error {
 	shipped := map[string]stamp{}
 	s.mu.Lock()
 	sent := s.unit
@@ -607,10 +615,8 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 		case latest != nil && latest.seq > seen:
 			snap = latest // the scan found a change no publish announced
 		default:
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-ch:
+			if err := s.idle(ctx, ss, p, ch); err != nil {
+				return err
 			}
 			continue
 		}
@@ -628,6 +634,26 @@ func (s *Source) ship(ctx context.Context, ss grpc.ServerStream, p *peer, have m
 		sent, seen = unit, max(snap.seq, cutSeq)
 		s.passed(p, snap)
 	}
+}
+
+// idle waits for work (ch) or ctx's end, pinging the follower every
+// p.ping meanwhile (between units only: never where a frame of a unit is
+// due).
+func (s *Source) idle(ctx context.Context, ss frameStream, p *peer, ch <-chan struct{}) error {
+	var tick <-chan time.Time
+	if p.ping > 0 {
+		t := time.NewTimer(p.ping)
+		defer t.Stop()
+		tick = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ch:
+	case <-tick:
+		return ss.SendMsg(&wrapperspb.BytesValue{Value: []byte{kindPing}})
+	}
+	return nil
 }
 
 // snapshot is one cut of the mirrored tree, taken with commits held off
@@ -677,7 +703,7 @@ func dataFrames(b []byte, lent *memFile) []*dataOut {
 // sendData sends one data frame: through the replication codec when the
 // follower asked for it (codec), else as a BytesValue the stock codec
 // copies during SendMsg.
-func sendData(ss grpc.ServerStream, d *dataOut, codec bool) error {
+func sendData(ss frameStream, d *dataOut, codec bool) error {
 	if codec {
 		return ss.SendMsg(d)
 	}
@@ -1014,7 +1040,7 @@ func (s *Source) scanLoop() {
 // holds) does not, as unit, and records it in shipped; an empty unit is
 // sent only when force. ok is false, with nothing sent, when snap lacks
 // the content of a file the follower needs.
-func (s *Source) sendSnapshot(ss grpc.ServerStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
+func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
 	type send struct {
 		e entry
 		c *content
@@ -1147,7 +1173,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 // what a snapshot could not give it): everything when full, else what
 // changed since shipped; an empty one only when force. It returns the
 // cut's seq.
-func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shipped map[string]stamp, have map[string]int64, force bool) (uint64, error) {
+func (s *Source) sendCut(ss frameStream, p *peer, u uint64, full bool, shipped map[string]stamp, have map[string]int64, force bool) (uint64, error) {
 	files, gone, seq, err := s.cut(shipped, have, full)
 	if err != nil {
 		return 0, status.Error(codes.Internal, err.Error())
@@ -1165,7 +1191,7 @@ func (s *Source) sendCut(ss grpc.ServerStream, p *peer, u uint64, full bool, shi
 }
 
 // send writes one unit and records what the follower now holds.
-func (s *Source) send(ss grpc.ServerStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp, codec bool) error {
+func (s *Source) send(ss frameStream, u uint64, full bool, files []opened, gone []string, shipped map[string]stamp, codec bool) error {
 	defer func() {
 		for _, o := range files {
 			if o.f != nil {

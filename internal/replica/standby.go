@@ -40,7 +40,7 @@ type standbyServer struct {
 // bulkMethods are the hub's data-plane methods, each refused by a standby
 // with the contract's status (an unknown method would be Unimplemented).
 var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, storerpc.BulkPullMethod, storerpc.BulkWatchMethod,
-	wsync.DataPlaneWatchMethod}
+	wsync.DataPlaneWatchMethod, BulkFollowMethod}
 
 // startStandby serves lis as a standby. guard, when set (the hub's
 // tokens), admits the replication stream (the position query) as the

@@ -101,6 +101,7 @@ type Request struct {
 	remaining int64 // body bytes the client will still send
 	replied   bool  // Reply was called (data.go)
 	broken    bool  // a Reply write failed: the connection is out of step
+	stream    *Stream
 }
 
 // Body tells the client to send the body, which the caller has decided
@@ -572,6 +573,10 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 		done()
 	}
 	if req.broken {
+		return false
+	}
+	if req.stream != nil { // its final status, then the connection ends (stream.go)
+		_ = writeFinal(sc, st)
 		return false
 	}
 	if req.remaining > 0 { // keep the stream in step: drop what the handler did not read
