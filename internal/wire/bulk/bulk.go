@@ -113,6 +113,9 @@ func (r *Request) Body(n int64) (io.Reader, error) {
 	if r.continued {
 		return nil, errors.New("bulk: Body called twice")
 	}
+	if r.stream != nil {
+		return nil, errors.New("bulk: Body after Stream")
+	}
 	if n < 0 {
 		return nil, fmt.Errorf("%w: negative body length %d", errs.ErrInvalid, n)
 	}

@@ -41,6 +41,9 @@ func (r *Request) Reply(header []byte, body ...[]byte) error {
 	if r.replied {
 		return errors.New("bulk: Reply called twice")
 	}
+	if r.stream != nil {
+		return errors.New("bulk: Reply after Stream: a stream's handler writes its frames with Stream.Write")
+	}
 	if r.remaining > 0 {
 		return errors.New("bulk: Reply before the request body was read")
 	}
