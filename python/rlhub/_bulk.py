@@ -642,6 +642,9 @@ class _Reader:
             except Exception as e:  # noqa: BLE001 - the sink's refusal, raised as it is
                 raise _Refused() from e
             if views is not None:
+                if len(consumed) + sum(v.nbytes for v in views) != n:
+                    raise _Refused() from ValueError(f"receive views of {sum(v.nbytes for v in views)} bytes "
+                                                     f"after {len(consumed)} for a {n}-byte body")
                 self.into_many(views)
                 sink.direct = True
                 return

@@ -332,3 +332,55 @@ def test_pull_into_allocates_nothing_per_version_at_25m_parameters(hub):
         # objects (the header, numpy views), freed again.
         assert peak - base < 1 << 20, f"peak {peak - base} bytes above the start over 3 pulls"
         assert cur - base < 64 << 10, f"{cur - base} bytes still held after 3 pulls"
+
+
+def _tcp_pair():
+    lis = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lis.getsockname())
+    b, _ = lis.accept()
+    lis.close()
+    return a, b
+
+
+@pytest.mark.parametrize("case", ["direct", "refused", "wrong-size", "short"])
+def test_reader_direct_writes_whole_bodies_only(case):
+    """_bulk._Reader.direct against a real TCP pair: a queued body goes
+    into the plan's views; a plan that refuses, or views that do not add
+    up to the body, raise _Refused with nothing written; a body that never
+    comes whole (the peer hangs up) goes to the stage."""
+    body = bytes(range(256)) * 40  # 10240 bytes
+    a, b = _tcp_pair()
+    try:
+        b.sendall(body[:4096] if case == "short" else body + b"\x03\0\0\0\0")
+        if case == "short":
+            b.close()
+        dst = [bytearray(16), bytearray(len(body) - 16 - 100), bytearray(100)]
+        stage = bytearray(len(body))
+
+        def plan(take, n):
+            head = take(16)
+            if case == "refused":
+                raise ValueError("does not fit")
+            views = [memoryview(d) for d in dst[1:]]
+            if case == "wrong-size":
+                views = views[:1]
+            return head, views
+
+        sink = _bulk.Direct(plan, lambda n: stage)
+        a.setblocking(True)
+        rd = _bulk._Reader(a, time.monotonic() + 20)
+        if case in ("refused", "wrong-size"):
+            with pytest.raises(_bulk._Refused):
+                rd.direct(sink, len(body))
+            assert not any(dst[1]) and not any(dst[2]) and not sink.direct
+        elif case == "short":
+            with pytest.raises(EOFError):
+                rd.direct(sink, len(body))
+            assert not any(dst[1]) and not sink.direct and stage[:4096] == body[:4096]
+        else:
+            rd.direct(sink, len(body))
+            assert sink.direct and bytes(dst[1]) + bytes(dst[2]) == body[16:]
+            assert rd.take(5) == b"\x03\0\0\0\0"
+    finally:
+        a.close()
+        b.close()
