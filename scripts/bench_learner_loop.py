@@ -42,6 +42,13 @@ gradients/s counts pushes accepted, as for rlhub. Machin 0.4.2 needs two
 names torch 2.15 dropped (see import_machin); the arm is skipped, with the
 reason printed, when .cache/machin has no Machin.
 
+Each run also takes the CPU time, from "go" to the end, of the learners
+(their getrusage less what they had spent when ready) and of the server
+process (the hub, the TCP sink or Machin's rank 0: /proc utime + stime),
+per gradient: on a shared machine wall-clock rates swing with the load,
+CPU per gradient much less, and learners and server compete for the same
+cores.
+
 Prints medians over reps and each figure as a ratio Python ÷ Go,
 Python ÷ TCP and Python ÷ Machin. Speed is reported, never asserted.
 """
@@ -52,6 +59,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import socket
 import statistics
 import subprocess
@@ -375,11 +383,21 @@ def tcp_learner(args) -> None:
     sys.stdout.flush()
 
 
-def run_pair(cmds) -> "tuple[list, int, list]":
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a live (or not yet reaped) process so far."""
+    f = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_pair(cmds, servers=()) -> "tuple[list, int, list, dict]":
     """Starts the learners, waits until each has done its untimed first
     iteration and printed "ready", starts them together; returns their
-    records, the start time (ns) and the versions the learners report
-    last (Machin's learners only)."""
+    records, the start time (ns), the versions the learners report
+    last (Machin's learners only) and the CPU seconds spent from "go" to
+    the end: by the learners ("learners", their whole lives from
+    getrusage(RUSAGE_CHILDREN) minus what they had spent when they said
+    ready) and by the server processes ``servers`` (pids, "server")."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for c in cmds]
     try:
@@ -388,6 +406,8 @@ def run_pair(cmds) -> "tuple[list, int, list]":
             if line.strip() != "ready":
                 p.kill()
                 raise RuntimeError(f"{cmds[0][:3]}: {line!r} {p.stderr.read()[-2000:]}")
+        ready = sum(cpu_seconds(p.pid) for p in procs)
+        srv0 = sum(cpu_seconds(pid) for pid in servers)
         at = time.time_ns()
         for p in procs:
             p.stdin.write("go\n")
@@ -400,7 +420,10 @@ def run_pair(cmds) -> "tuple[list, int, list]":
             lines = [json.loads(line) for line in so.splitlines() if line.startswith("{")]
             out.append([x for x in lines if "push_start" in x])
             finals.extend(x["final_version"] for x in lines if "final_version" in x)
-        return out, at, finals
+        srv = sum(cpu_seconds(pid) for pid in servers) - srv0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        lrn = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) - ready
+        return out, at, finals, {"learners": lrn, "server": srv}
     finally:
         # One learner failing leaves the other waiting (a Machin learner
         # spins on a server that is gone): end every one this call started.
@@ -410,10 +433,11 @@ def run_pair(cmds) -> "tuple[list, int, list]":
             p.wait()
 
 
-def summarize(mode: str, recs: list, start_at: int) -> dict:
+def summarize(mode: str, recs: list, start_at: int, cpu: dict) -> dict:
     n = sum(x.get("grads", 1) for r in recs for x in r)
     end = max(r[-1]["end"] for r in recs)
-    out = {"grads_per_s": n / ((end - start_at) / 1e9)}
+    out = {"grads_per_s": n / ((end - start_at) / 1e9),
+           "learner_cpu_ms": cpu["learners"] * 1e3 / n, "server_cpu_ms": cpu["server"] * 1e3 / n}
     pulls = [(x["end"] - x["push_end"]) for r in recs for x in r if x["pulled"]]
     if pulls:
         out["pull_gbps"] = NBYTES / (statistics.median(pulls) / 1e9) / 1e9
@@ -529,7 +553,9 @@ def main() -> None:
                                                    "--machin-transport", args.machin_transport],
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                     try:
-                        recs, t0, finals = run_pair([kinds[kind](mode, it, i, at) for i in range(2)])
+                        servers = {"py": hub, "go": hub, "tcp": sink, "machin": server}[kind]
+                        recs, t0, finals, cpu = run_pair([kinds[kind](mode, it, i, at) for i in range(2)],
+                                                         [servers.proc.pid if kind in ("py", "go") else servers.pid])
                     except RuntimeError:
                         if server is not None and server.poll() is not None:
                             print(f"machin server exited {server.returncode}: {server.stderr.read()[-2000:]}",
@@ -542,7 +568,7 @@ def main() -> None:
                     if kind == "machin":
                         machin_versions.append({"rep": rep, "mode": mode, "final_versions": finals})
                     if rep:
-                        results.setdefault((kind, mode), []).append(summarize(mode, recs, t0))
+                        results.setdefault((kind, mode), []).append(summarize(mode, recs, t0, cpu))
             load.append(os.getloadavg()[0])
     finally:
         if hub is not None:
@@ -566,7 +592,9 @@ def main() -> None:
             ("pull GB/s (loop)", "loop", "pull_gbps", "{:.2f}"),
             ("push→pullable p50 ms (sync)", "sync", "p50_ms", "{:.2f}"),
             ("push→pullable p99 ms (sync)", "sync", "p99_ms", "{:.2f}"),
-            ("gradients/s, sync", "sync", "grads_per_s", "{:.0f}")]
+            ("gradients/s, sync", "sync", "grads_per_s", "{:.0f}"),
+            ("learners' CPU ms per gradient (loop)", "loop", "learner_cpu_ms", "{:.2f}"),
+            ("server's CPU ms per gradient (loop)", "loop", "server_cpu_ms", "{:.2f}")]
     for label, mode, key, fmt in rows:
         p, g, t, m = (med(k, mode, key) for k in ("py", "go", "tcp", "machin"))
         f = lambda x: "–" if x != x else fmt.format(x)  # noqa: E731

@@ -105,8 +105,9 @@ class StoreClient:
         self._bulk_off_at: Optional[float] = None  # the hub answered Unimplemented then
         self._stage = np.empty(0, np.uint8)  # pull_into's receive buffer, reused
         self._stage_mu = threading.Lock()  # one pull_into at a time uses _stage
-        self.stats = {"bulk": 0, "grpc": 0, "fallback": 0}
-        """Pulls and watch answers by transport; ``fallback``: data-plane attempts that went to gRPC."""
+        self.stats = {"bulk": 0, "grpc": 0, "fallback": 0, "direct": 0}
+        """Pulls and watch answers by transport; ``fallback``: data-plane attempts that went to gRPC;
+        ``direct``: data-plane versions pull_into / watch_into received straight into the tensors."""
         self._own = channel_ is None
         self._channel = channel_ or channel(addr)
         self._stub = store_pb2_grpc.ModelStoreStub(self._channel)
@@ -184,11 +185,13 @@ class StoreClient:
         off = self._bulk_off_at
         return off is None or time.monotonic() - off > _bulk.NOT_SUPPORTED_FOR
 
-    def _bulk_read(self, method: str, header: bytes, alloc: _Alloc,
-                   timeout: float) -> Optional[Tuple[store_pb2.StorePullHeader, Any]]:
+    def _bulk_read(self, method: str, header: bytes, alloc: _Alloc, timeout: float,
+                   direct: Optional[_Direct] = None) -> Optional[Tuple[store_pb2.StorePullHeader, Any]]:
         """One data-plane read with retries on Unavailable; returns
         ``(StorePullHeader, buffer)`` (buffer None when not modified), or
-        None when this hub does not serve it (then use gRPC)."""
+        None when this hub does not serve it (then use gRPC). With
+        ``direct`` the buffer is the ``_bulk.Direct`` it made for the
+        version's header (see _blob)."""
         delay = 0.05
         for attempt in range(self.retries + 1):
             h = store_pb2.StorePullHeader()
@@ -203,7 +206,7 @@ class StoreClient:
                     raise errors.InvalidArgument(f"data frame of {n} bytes for a {h.blob.total_bytes}-byte version")
                 if n > self.max_bytes:
                     raise errors.QueueFull(f"version of {n} bytes exceeds the client's max_bytes {self.max_bytes}")
-                return alloc(n)
+                return direct(h, n) if direct is not None else alloc(n)
 
             assert self._bulk is not None  # _use_bulk() said so
             try:
@@ -268,19 +271,31 @@ class StoreClient:
         return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, buf, dict(h.metadata),
                             h.created_unix_nano, h.skipped, framework)
 
+    @staticmethod
+    def _blob(h: store_pb2.StorePullHeader, buf: Any) -> Optional[memoryview]:
+        """The version's bytes in a data-plane read's buffer; None when a
+        ``_bulk.Direct`` took them straight into its target."""
+        if isinstance(buf, _bulk.Direct):
+            if buf.direct:
+                return None
+            buf = buf.stage(h.blob.total_bytes)
+        return memoryview(buf).cast("B")[:h.blob.total_bytes]
+
     def _pull_raw(self, name: str, version: int, if_newer_than: Optional[int], framework: str,
-                  alloc: Optional[_Alloc] = None) -> Optional[ModelVersion]:
+                  alloc: Optional[_Alloc] = None, direct: Optional[_Direct] = None) -> Optional[ModelVersion]:
+        """A pull; with ``direct``, over the data plane, a version its
+        ``_bulk.Direct`` wrote into the target has blob None."""
         req = store_pb2.StorePullRequest(model=name, version=version, chunk_bytes=self.chunk_bytes)
         if if_newer_than is not None:
             req.if_newer_than = if_newer_than
         if self._use_bulk():
             got = self._bulk_read(PULL_METHOD, req.SerializeToString(),
-                                  alloc or (lambda n: np.empty(n, np.uint8)), self.timeout)
+                                  alloc or (lambda n: np.empty(n, np.uint8)), self.timeout, direct)
             if got is not None:
                 h, buf = got
                 if buf is None:
                     return None
-                return self._version(h, memoryview(buf).cast("B")[:h.blob.total_bytes], framework)
+                return self._version(h, self._blob(h, buf), framework)
 
         def do() -> Optional[ModelVersion]:
             it = iter(self._pull(req, timeout=self.timeout))
@@ -304,7 +319,7 @@ class StoreClient:
         yield from self._watch_raw(name, after, framework, timeout, None)
 
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
-                   alloc: Optional[_Alloc]) -> Iterator[ModelVersion]:
+                   alloc: Optional[_Alloc], direct: Optional[_Direct] = None) -> Iterator[ModelVersion]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._use_bulk():
             left = self.timeout if deadline is None else deadline - time.monotonic()
@@ -313,13 +328,13 @@ class StoreClient:
             req = store_pb2.StoreWatchRequest(model=name, after=after)
             got = self._bulk_read(WATCH_METHOD, req.SerializeToString(),
                                   alloc or (lambda n: np.empty(n, np.uint8)),
-                                  max(min(left, self.timeout), 0.001))
+                                  max(min(left, self.timeout), 0.001), direct)
             if got is None:
                 break  # the hub has no data-plane watch: gRPC below
             h, buf = got
             if buf is None:
                 continue  # nothing new within the server's poll: ask again
-            v = self._version(h, memoryview(buf).cast("B")[:h.blob.total_bytes], framework)
+            v = self._version(h, self._blob(h, buf), framework)
             after = v.version
             yield v
         call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
@@ -359,13 +374,21 @@ class StoreClient:
         reuses, checked whole, then copied into the tensors: a transfer that
         breaks midway changes nothing, and no version allocates memory of
         the model's size. Calls on one client share that buffer and run
-        one at a time (``watch_into`` has its own)."""
+        one at a time (``watch_into`` has its own). Over the data plane,
+        once the whole version (and the start of the hub's final answer)
+        is in the socket's receive queue, it is received straight into the
+        tensors instead, skipping the copy: the reads then cannot stop
+        midway (``_bulk.Direct``)."""
         t = Target(target)
         with self._stage_mu:
-            v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc)
+            v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc,
+                               _into(t, name, self._stage_alloc))
             if v is None:
                 return None
-            t.write(v.blob, what=f"model {name!r} version {v.version}")
+            if v.blob is not None:
+                t.write(v.blob, what=f"model {name!r} version {v.version}")
+            else:
+                self.stats["direct"] += 1
             return v.version
 
     def watch_into(self, name: str, target: Any, after: int = 0, *,
@@ -382,11 +405,28 @@ class StoreClient:
                 stage[0] = np.empty(n, np.uint8)
             return stage[0]
 
-        for v in self._watch_raw(name, after, "numpy", timeout, alloc):
-            t.write(v.blob, what=f"model {name!r} version {v.version}")
+        for v in self._watch_raw(name, after, "numpy", timeout, alloc, _into(t, name, alloc)):
+            if v.blob is not None:
+                t.write(v.blob, what=f"model {name!r} version {v.version}")
+            else:
+                self.stats["direct"] += 1
             yield v.version
 
     def list(self) -> List[ModelInfo]:
         resp: store_pb2.StoreListResponse = self._call(
             lambda: self._stub.List(store_pb2.StoreListRequest(), timeout=self.timeout))
         return [_info(m) for m in resp.models]
+
+
+_Direct = Callable[[store_pb2.StorePullHeader, int], _bulk.Direct]
+"""direct(version's header, n): the destination of a data-plane version."""
+
+
+def _into(t: Target, name: str, stage: Callable[[int], Any]) -> _Direct:
+    """A data-plane version's destination for pull_into / watch_into:
+    straight into t's tensors, else staged in stage(n) and written after."""
+    def direct(h: store_pb2.StorePullHeader, n: int) -> _bulk.Direct:
+        what = f"model {name!r} version {h.blob.version}"
+        return _bulk.Direct(lambda take, k: t.plan(take, k, what=what), stage)
+
+    return direct

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -162,12 +162,15 @@ def save_bytes(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
     return bytes(out)
 
 
-def parse_header(buf: memoryview) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
-    """Validates a safetensors header; returns (data start, tensors, metadata)."""
-    if len(buf) < 8:
+def parse_header(buf: memoryview, total: Optional[int] = None) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
+    """Validates a safetensors header; returns (data start, tensors,
+    metadata). ``buf`` is the whole file, or with ``total`` (the file's
+    size) at least its header: the offsets are checked against ``total``."""
+    size = len(buf) if total is None else total
+    if len(buf) < 8 or size < 8:
         raise ValueError("safetensors: too short for the header length")
     (n,) = struct.unpack("<Q", bytes(buf[:8]))
-    if n > MAX_HEADER_BYTES or n > len(buf) - 8:
+    if n > MAX_HEADER_BYTES or n > size - 8 or n > len(buf) - 8:
         raise ValueError(f"safetensors: header length {n} out of bounds")
     try:
         header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
@@ -176,7 +179,7 @@ def parse_header(buf: memoryview) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
     if not isinstance(header, dict):
         raise ValueError("safetensors: header is not an object")
     metadata = header.pop("__metadata__", None) or {}
-    start, data_len = 8 + n, len(buf) - 8 - n
+    start, data_len = 8 + n, size - 8 - n
     spans = []
     for name, info in header.items():
         try:
@@ -299,11 +302,48 @@ class Target:
         """Checks that ``blob`` (safetensors) has exactly the target's names,
         dtypes and shapes, then copies every tensor in; on a mismatch raises
         ``errors.InvalidArgument`` naming it and writes nothing."""
+        buf = memoryview(blob).cast("B")
+        start, header = self._check(buf, len(buf), what)
+        src = np.frombuffer(buf, np.uint8)
+        for k, (dt, shape, view) in self._views.items():
+            b, e = header[k]["data_offsets"]
+            if view is not None:
+                view[:] = src[start + b:start + e]
+            else:  # GPU or strided: through torch
+                t = self._tensors[k]
+                t.detach().copy_(_to_torch_view(src[start + b:start + e], dt, shape))
+
+    def plan(self, take: Callable[[int], bytes], n: int, *,
+             what: str = "version") -> Tuple[bytes, Optional[List[memoryview]]]:
+        """Receives a version straight into the tensors (rlhub._bulk.Direct):
+        reads the n-byte version's safetensors header with ``take(k)``,
+        checks it as :meth:`write` does (raising the same error, nothing
+        written), and returns (the bytes read, the tensors' memory in the
+        order of their data), or views None when a tensor has no byte view
+        (GPU or strided: the caller stages the version and calls write)."""
         from rlhub import errors
 
-        buf = memoryview(blob).cast("B")
+        if n < 8:
+            raise errors.InvalidArgument(f"{what}: safetensors: too short for the header length")
+        head = take(8)
+        (hl,) = struct.unpack("<Q", head)
+        if hl > MAX_HEADER_BYTES or hl > n - 8:
+            raise errors.InvalidArgument(f"{what}: safetensors: header length {hl} out of bounds")
+        head += take(hl)
+        _, header = self._check(memoryview(head), n, what)
+        views = [self._views[k][2] for _, k in sorted((header[k]["data_offsets"][0], k) for k in header)]
+        if any(v is None for v in views):
+            return head, None
+        return head, [memoryview(v) for v in views]
+
+    def _check(self, buf: memoryview, total: int, what: str) -> Tuple[int, Dict[str, Any]]:
+        """(data start, tensors) of a safetensors file of ``total`` bytes
+        whose header is in ``buf``, when it has exactly the target's names,
+        dtypes and shapes; else ``errors.InvalidArgument`` naming them."""
+        from rlhub import errors
+
         try:
-            start, header, _ = parse_header(buf)
+            start, header, _ = parse_header(buf, total)
         except ValueError as err:
             raise errors.InvalidArgument(f"{what}: {err}") from None
         diffs = []
@@ -319,14 +359,7 @@ class Target:
         if diffs:
             more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
             raise errors.InvalidArgument(f"{what} does not fit the target: {'; '.join(sorted(diffs)[:3])}{more}")
-        src = np.frombuffer(buf, np.uint8)
-        for k, (dt, shape, view) in self._views.items():
-            b, e = header[k]["data_offsets"]
-            if view is not None:
-                view[:] = src[start + b:start + e]
-            else:  # GPU or strided: through torch
-                t = self._tensors[k]
-                t.detach().copy_(_to_torch_view(src[start + b:start + e], dt, shape))
+        return start, header
 
 
 def _to_torch_view(raw: np.ndarray, dt: str, shape: Tuple[int, ...]) -> "torch.Tensor":

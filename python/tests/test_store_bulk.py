@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -138,7 +139,7 @@ def test_pull_falls_back_to_grpc_against_a_hub_without_the_op(hub_no_dp):
         v2 = sc.pull("m")
         assert bytes(v2.blob) == blob
         # One Unimplemented answer, then gRPC without asking again.
-        assert sc.stats == {"bulk": 0, "grpc": 2, "fallback": 1}, sc.stats
+        assert sc.stats == {"bulk": 0, "grpc": 2, "fallback": 1, "direct": 0}, sc.stats
         got = next(sc.watch("m", after=0, timeout=30))
         assert got.version == 1 and bytes(got.blob) == blob
 
@@ -177,9 +178,63 @@ def test_watch_into_writes_each_version_in_place(hub):
         w.close()
 
 
-def _truncating_server(n: int, send: int):
+def _pull_until_direct(sc, name, target, tries=5):
+    """pull_into of version 1 until one went straight into the tensors: a
+    fresh connection's receive window may still be too small to queue a
+    version whole (then it is staged, as correct), the window grows with
+    use."""
+    before = sc.stats["direct"]
+    for _ in range(tries):
+        assert sc.pull_into(name, target, version=1) == 1
+        if sc.stats["direct"] > before:
+            return
+    raise AssertionError(f"no pull of {name!r} went straight into the tensors in {tries}: {sc.stats}")
+
+
+def test_pull_into_receives_a_version_straight_into_the_tensors(hub):
+    """Over the data plane a version the socket can queue whole skips the
+    staging buffer (stats["direct"]): every tensor written in place, right,
+    for the learner loop's 4 MB model and for more tensors than one
+    recvmsg takes (IOV_MAX)."""
+    torch.manual_seed(2)
+    src, dst = torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 1000)
+    many = {f"t{i:04d}": torch.full((7,), float(i)) for i in range(_bulk._IOV_MAX + 300)}
+    many_dst = {k: torch.zeros(7) for k in many}
+    with rlhub.StoreClient(hub.addr) as sc:
+        sc.push("lin", src.state_dict(), version=1, expect=0)
+        ptrs = {k: v.data_ptr() for k, v in dst.state_dict().items()}
+        _pull_until_direct(sc, "lin", dst)
+        assert {k: v.data_ptr() for k, v in dst.state_dict().items()} == ptrs
+        assert torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)
+        sc.push("many", many, version=1, expect=0)
+        _pull_until_direct(sc, "many", many_dst)
+        for k, v in many.items():
+            assert torch.equal(many_dst[k], v), k
+        w = sc.watch_into("lin", dst, after=1, timeout=60)
+        src2 = {k: v + 1 for k, v in src.state_dict().items()}
+        sc.push("lin", src2, version=2)
+        assert next(w) == 2 and torch.equal(dst.weight, src2["weight"]) and torch.equal(dst.bias, src2["bias"])
+        w.close()
+
+
+def test_pull_into_a_strided_target_goes_through_the_staging_buffer(hub):
+    """A tensor without a byte view (here a transposed one) cannot take
+    the bytes straight from the socket: the version is staged and copied."""
+    src = {"w": torch.arange(12.0).reshape(3, 4)}
+    target = {"w": torch.zeros(4, 3).t()}
+    assert not target["w"].is_contiguous()
+    with rlhub.StoreClient(hub.addr) as sc:
+        sc.push("m", src, version=1, expect=0)
+        assert sc.pull_into("m", target) == 1
+        assert torch.equal(target["w"], src["w"])
+        assert sc.stats["direct"] == 0 and sc.stats["bulk"] == 1, sc.stats
+
+
+def _truncating_server(n: int, send: int, body: bytes = b"", final_after: float = -1.0):
     """A fake data-plane server: answers every request with a data frame
-    announcing n body bytes, sends only ``send`` of them and hangs up."""
+    announcing n body bytes, sends only ``send`` of them (``body``'s bytes,
+    then 0x07s) and hangs up; with ``final_after`` ≥ 0 it sends them all
+    and, that many seconds later, an OK final status."""
     lis = socket.socket()
     lis.bind(("127.0.0.1", 0))
     lis.listen(8)
@@ -199,7 +254,12 @@ def _truncating_server(n: int, send: int):
                     hdr = rlhub._proto.rlhub.v1.store_pb2.StorePullHeader()
                     hdr.blob.model, hdr.blob.version, hdr.blob.total_bytes = "m", 9, n
                     hb = hdr.SerializeToString()
-                    c.sendall(struct.pack("<BI", 4, len(hb)) + hb + struct.pack("<Q", n) + b"\x07" * send)
+                    c.sendall(struct.pack("<BI", 4, len(hb)) + hb + struct.pack("<Q", n) + (body + b"\x07" * send)[:send])
+                    if final_after >= 0:
+                        time.sleep(final_after)
+                        c.sendall(struct.pack("<BI", 3, 0))
+                        while c.recv(1 << 16):  # the rest of the request, until the client hangs up
+                            pass
                 except OSError:
                     pass
 
@@ -231,6 +291,25 @@ def test_a_truncated_data_plane_answer_is_an_error_never_a_partial_update(send):
         close()
 
 
+@pytest.mark.parametrize("final_after", [0.0, 0.3])
+def test_pull_into_takes_a_whole_version_whose_final_status_comes_later(final_after):
+    """The version is written once its final OK has come, whether it was
+    queued with the body or arrives after it (the direct path waits for
+    its first bytes; the staged path reads it)."""
+    import rlhub._proto.rlhub.v1.store_pb2  # noqa: F401  (used by the fake server)
+
+    want = np.arange(250_000, dtype=np.float32)
+    blob = save_bytes({"w": want})
+    addr, close = _truncating_server(len(blob), len(blob), blob, final_after)
+    try:
+        target = {"w": np.zeros(250_000, np.float32)}
+        with rlhub.StoreClient(addr, retries=0, timeout=20) as sc:
+            assert sc.pull_into("m", target) == 9
+            assert (target["w"] == want).all()
+    finally:
+        close()
+
+
 def test_pull_into_allocates_nothing_per_version_at_25m_parameters(hub):
     n = 25_000_000
     src = {"w": torch.arange(n, dtype=torch.float32)}
@@ -253,3 +332,55 @@ def test_pull_into_allocates_nothing_per_version_at_25m_parameters(hub):
         # objects (the header, numpy views), freed again.
         assert peak - base < 1 << 20, f"peak {peak - base} bytes above the start over 3 pulls"
         assert cur - base < 64 << 10, f"{cur - base} bytes still held after 3 pulls"
+
+
+def _tcp_pair():
+    lis = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lis.getsockname())
+    b, _ = lis.accept()
+    lis.close()
+    return a, b
+
+
+@pytest.mark.parametrize("case", ["direct", "refused", "wrong-size", "short"])
+def test_reader_direct_writes_whole_bodies_only(case):
+    """_bulk._Reader.direct against a real TCP pair: a queued body goes
+    into the plan's views; a plan that refuses, or views that do not add
+    up to the body, raise _Refused with nothing written; a body that never
+    comes whole (the peer hangs up) goes to the stage."""
+    body = bytes(range(256)) * 40  # 10240 bytes
+    a, b = _tcp_pair()
+    try:
+        b.sendall(body[:4096] if case == "short" else body + b"\x03\0\0\0\0")
+        if case == "short":
+            b.close()
+        dst = [bytearray(16), bytearray(len(body) - 16 - 100), bytearray(100)]
+        stage = bytearray(len(body))
+
+        def plan(take, n):
+            head = take(16)
+            if case == "refused":
+                raise ValueError("does not fit")
+            views = [memoryview(d) for d in dst[1:]]
+            if case == "wrong-size":
+                views = views[:1]
+            return head, views
+
+        sink = _bulk.Direct(plan, lambda n: stage)
+        a.setblocking(True)
+        rd = _bulk._Reader(a, time.monotonic() + 20)
+        if case in ("refused", "wrong-size"):
+            with pytest.raises(_bulk._Refused):
+                rd.direct(sink, len(body))
+            assert not any(dst[1]) and not any(dst[2]) and not sink.direct
+        elif case == "short":
+            with pytest.raises(EOFError):
+                rd.direct(sink, len(body))
+            assert not any(dst[1]) and not sink.direct and stage[:4096] == body[:4096]
+        else:
+            rd.direct(sink, len(body))
+            assert sink.direct and bytes(dst[1]) + bytes(dst[2]) == body[16:]
+            assert rd.take(5) == b"\x03\0\0\0\0"
+    finally:
+        a.close()
+        b.close()
