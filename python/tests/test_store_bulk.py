@@ -194,10 +194,15 @@ def _pull_until_direct(sc, name, target, tries=5):
 def test_pull_into_receives_a_version_straight_into_the_tensors(hub):
     """Over the data plane a version the socket can queue whole skips the
     staging buffer (stats["direct"]): every tensor written in place, right,
-    for the learner loop's 4 MB model and for more tensors than one
-    recvmsg takes (IOV_MAX)."""
+    for the learner loop's 4 MB model (or, where the kernel queues less —
+    SO_RCVLOWAT is capped at half of net.ipv4.tcp_rmem's max, 3 MiB on a
+    default kernel — the largest square layer it queues whole) and for more
+    tensors than one recvmsg takes (IOV_MAX)."""
     torch.manual_seed(2)
-    src, dst = torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 1000)
+    with open("/proc/sys/net/ipv4/tcp_rmem") as f:
+        cap = int(f.read().split()[2]) // 2 - _bulk._CLAMP_MARGIN - (64 << 10)
+    side = min(1000, int((cap / 4) ** 0.5) - 1)
+    src, dst = torch.nn.Linear(side, side), torch.nn.Linear(side, side)
     many = {f"t{i:04d}": torch.full((7,), float(i)) for i in range(_bulk._IOV_MAX + 300)}
     many_dst = {k: torch.zeros(7) for k in many}
     with rlhub.StoreClient(hub.addr) as sc:
