@@ -276,7 +276,8 @@ func TestReplicationCost(t *testing.T) {
 }
 
 // BenchmarkReplicationCost is TestReplicationCost for `make benchref`:
-// RLHUB_REPLICATION_ROUNDS rounds (default 2), reporting, with the
+// RLHUB_REPLICATION_ROUNDS rounds (default 5: one round's steady window
+// moves by ±50% with the machine's load), reporting, with the
 // processes shared on every CPU and pinned as separate hosts (the _pinned
 // metrics): under the steady load (steadyLoad), the acks-all primary's
 // gradients applied/s and the single hub's (grads/s, single_grads/s) and
@@ -285,7 +286,7 @@ func TestReplicationCost(t *testing.T) {
 // figures of one serial client (serial_pushes/s, single_serial_pushes/s,
 // x_serial_…).
 func BenchmarkReplicationCost(b *testing.B) {
-	rounds := 2
+	rounds := 5
 	if r, err := strconv.Atoi(os.Getenv("RLHUB_REPLICATION_ROUNDS")); err == nil && r > 0 {
 		rounds = r
 	}
@@ -397,14 +398,18 @@ const (
 	steadyLoad                                   = "4 learners, 2 pushers, 2 pullers, 1 MiB each"
 )
 
-// median is the median of xs (the upper one of an even count); NaN when
-// xs is empty.
+// median is the median of xs (the mean of the middle two of an even
+// count: taking the upper one made the median of two rounds their
+// maximum); NaN when xs is empty.
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
 	return s[len(s)/2]
 }
 
