@@ -123,6 +123,19 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
+def _advance(views: List[memoryview], i: int, n: int) -> int:
+    """After a vectored send or receive of n bytes from views[i:]: the
+    index of the first view not done, the partly done one cut to its rest."""
+    while n > 0:
+        size = views[i].nbytes
+        if n < size:
+            views[i] = views[i][n:]
+            break
+        n -= size
+        i += 1
+    return i
+
+
 def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float, rearm: bool = True) -> None:
     """Writes every buffer in order with sendmsg (writev), resuming after
     partial writes; at most IOV_MAX buffers per call. Each write re-arms the
@@ -141,15 +154,7 @@ def _sendmsg_all(sock: socket.socket, bufs: Sequence[Any], deadline: float, rear
             _settimeout(sock, deadline)
         elif time.monotonic() > deadline:
             raise _Deadline()
-        n = sock.sendmsg(views[i:i + _IOV_MAX])
-        while n > 0:
-            size = views[i].nbytes
-            if n >= size:
-                n -= size
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
+        i = _advance(views, i, sock.sendmsg(views[i:i + _IOV_MAX]))
 
 
 class Client:
@@ -418,7 +423,8 @@ _TAIL_SLEEPS = (25e-6, 50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1600e-6)
 def _queued(sock: socket.socket) -> int:
     """Bytes in the socket's receive queue (SIOCINQ)."""
     b = fcntl.ioctl(sock.fileno(), _SIOCINQ, b"\0\0\0\0")
-    return struct.unpack("i", b)[0]
+    (n,) = struct.unpack("i", b)
+    return int(n)
 
 
 def _read_data(take: Callable[[int], bytes], into: Callable[[memoryview], None],
@@ -447,7 +453,7 @@ def _read_data(take: Callable[[int], bytes], into: Callable[[memoryview], None],
                 raise ValueError(f"receive buffer of {mv.nbytes} bytes for a {n}-byte body")
     except Exception as e:  # noqa: BLE001 - the caller's refusal, raised as it is
         raise _Refused() from e
-    if sink is not None:
+    if sink is not None and direct is not None:
         direct(sink, n)
     elif n:
         into(mv[:n])
@@ -594,14 +600,7 @@ class _Reader:
             k = self.sock.recvmsg_into(views[i:i + _IOV_MAX])[0]
             if k == 0:
                 raise EOFError("connection closed")
-            while k > 0:
-                size = views[i].nbytes
-                if k >= size:
-                    k -= size
-                    i += 1
-                else:
-                    views[i] = views[i][k:]
-                    k = 0
+            i = _advance(views, i, k)
 
     def _wait_queued(self, need: int) -> bool:
         """Waits (until the deadline) for ``need`` bytes in the receive

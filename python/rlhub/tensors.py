@@ -332,9 +332,8 @@ class Target:
         head += take(hl)
         _, header = self._check(memoryview(head), n, what)
         views = [self._views[k][2] for _, k in sorted((header[k]["data_offsets"][0], k) for k in header)]
-        if any(v is None for v in views):
-            return head, None
-        return head, [memoryview(v) for v in views]
+        out = [v.data for v in views if v is not None]  # flat uint8 views
+        return head, (out if len(out) == len(views) else None)
 
     def _check(self, buf: memoryview, total: int, what: str) -> Tuple[int, Dict[str, Any]]:
         """(data start, tensors) of a safetensors file of ``total`` bytes
