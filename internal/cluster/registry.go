@@ -320,10 +320,19 @@ func (r *Reader) LocalRelay(ctx context.Context, model, host string) (ServiceInf
 	if err != nil {
 		return ServiceInfo{}, false, err
 	}
+	s, ok := PickRelay(ss, model, host)
+	return s, ok, nil
+}
+
+// PickRelay is, of announcements ss (sorted by kind and id, as Services
+// and WatchServices give them), the first relay of model on host, and
+// false when there is none: LocalRelay's choice, for a caller that keeps
+// the list from a watch.
+func PickRelay(ss []ServiceInfo, model, host string) (ServiceInfo, bool) {
 	for _, s := range ss {
-		if s.Host == host {
-			return s, true, nil
+		if s.Kind == KindRelay && s.Model == model && s.Host == host {
+			return s, true
 		}
 	}
-	return ServiceInfo{}, false, nil
+	return ServiceInfo{}, false
 }

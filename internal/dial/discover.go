@@ -88,14 +88,7 @@ func (c Config) FindRelays(target, model string) (*RelayFinder, error) {
 // take is the watch's callback: the first relay (by id) of the model on
 // this host.
 func (f *RelayFinder) take(ss []cluster.ServiceInfo) {
-	var relay cluster.ServiceInfo
-	found := false
-	for _, s := range ss {
-		if s.Model == f.model && s.Host == f.host {
-			relay, found = s, true
-			break
-		}
-	}
+	relay, found := cluster.PickRelay(ss, f.model, f.host)
 	f.mu.Lock()
 	f.relay, f.found = relay, found
 	f.mu.Unlock()

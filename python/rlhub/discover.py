@@ -371,11 +371,16 @@ def services(target: Any, kind: str = "", model: str = "", timeout: float = 3.0)
 def local_relay(target: Any, model: str, host: Optional[str] = None, timeout: float = 3.0) -> Optional[Service]:
     """The relay announced for ``model`` on ``host`` (default: this
     machine's hostname), or None."""
+    return pick_relay(services(target, KIND_RELAY, model, timeout), model, host)
+
+
+def pick_relay(ss: List[Service], model: str, host: Optional[str] = None) -> Optional[Service]:
+    """Of announcements ``ss`` (sorted by kind and id, as :func:`services`
+    and :class:`ServiceWatch` give them), the first relay of ``model`` on
+    ``host`` (default: this machine's hostname): :func:`local_relay`'s
+    choice, for a caller that keeps the list from a watch."""
     host = host or socket.gethostname()
-    for s in services(target, KIND_RELAY, model, timeout):
-        if s.host == host:
-            return s
-    return None
+    return next((s for s in ss if s.kind == KIND_RELAY and s.model == model and s.host == host), None)
 
 
 def collector_target(target: str, model: str, timeout: float = 3.0) -> Tuple[str, bool]:
