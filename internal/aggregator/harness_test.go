@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -212,8 +213,15 @@ func (h *harness) learnerIDs(t testing.TB, task string) []string {
 
 func (h *harness) waitAttached(t testing.TB, task string, ids ...string) {
 	t.Helper()
-	testkit.Eventually(t, 60*time.Second, "learners "+strings.Join(ids, ",")+" attached", func() bool {
-		return strings.Join(h.learnerIDs(t, task), ",") == strings.Join(ids, ",")
+	var seen []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("attached in order: %v (want %v)", seen, ids)
+		}
+	}()
+	testkit.Eventually(t, 60*time.Second, "learners "+strings.Join(ids, ",")+" attached in that order", func() bool {
+		seen = h.learnerIDs(t, task)
+		return slices.Equal(seen, ids)
 	})
 }
 

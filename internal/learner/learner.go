@@ -213,17 +213,22 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 		// A hub stopping gracefully sends GOAWAY and waits for open
 		// streams; leaving at once lets it stop without waiting out its
 		// timeout. We re-attach when it (or its successor) is back. The
-		// Welcome came over this connection, so it was READY: any other
-		// state, even the first one seen (the GOAWAY may come before this
-		// goroutine runs), means it left.
+		// Welcome came over this connection, so it was READY: IDLE,
+		// TRANSIENT_FAILURE or SHUTDOWN, even as the first state seen (the
+		// GOAWAY may come before this goroutine runs), means it left.
+		// CONNECTING before READY was seen does not: grpc-go hands the
+		// READY picker to waiting RPCs before the channel reports READY,
+		// so a whole Hello/Welcome can beat the channel's own state.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			seenReady := false
 			for st := cc.GetState(); ; st = cc.GetState() {
-				if st != connectivity.Ready {
+				if leftHub(st, seenReady) {
 					cancel(fmt.Errorf("connection to the hub left READY (%v): the hub is draining or gone", st))
 					return
 				}
+				seenReady = seenReady || st == connectivity.Ready
 				if !cc.WaitForStateChange(ctx, st) {
 					return
 				}
@@ -272,6 +277,12 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 			return err
 		}
 	}
+}
+
+// leftHub reports whether a channel state seen after the Welcome means the
+// session's connection is gone (see session's state watcher).
+func leftHub(st connectivity.State, seenReady bool) bool {
+	return st != connectivity.Ready && (seenReady || st != connectivity.Connecting)
 }
 
 // learn receives a share's chunks and runs OnLearn. A protocol error is

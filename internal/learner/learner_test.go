@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -15,6 +16,31 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// The session's watcher leaves on any state but READY, except the
+// CONNECTING a channel may still report just after a Welcome: grpc-go
+// lets RPCs through on the READY picker before the channel says READY
+// (once, in CI, that detached a learner right after it attached).
+func TestLeftHub(t *testing.T) {
+	for _, tc := range []struct {
+		st        connectivity.State
+		seenReady bool
+		want      bool
+	}{
+		{connectivity.Ready, false, false},
+		{connectivity.Ready, true, false},
+		{connectivity.Connecting, false, false},
+		{connectivity.Connecting, true, true},
+		{connectivity.Idle, false, true}, // a GOAWAY before the watcher ran
+		{connectivity.Idle, true, true},
+		{connectivity.TransientFailure, false, true},
+		{connectivity.Shutdown, false, true},
+	} {
+		if got := leftHub(tc.st, tc.seenReady); got != tc.want {
+			t.Errorf("leftHub(%v, seenReady=%v) = %v, want %v", tc.st, tc.seenReady, got, tc.want)
+		}
+	}
+}
 
 func TestConfigValidate(t *testing.T) {
 	ok := func(ctx context.Context, t *LearnTask) (map[string]any, error) { return nil, nil }
