@@ -413,9 +413,9 @@ const leaderReadTimeout = 3 * time.Second
 // would otherwise hang until TCP gives up).
 func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l cluster.Leader) error {
 	fctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer cancel() // before the Wait: the watcher ends on it
 	wg.Go(func() {
 		for {
 			select {
