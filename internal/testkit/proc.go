@@ -124,7 +124,8 @@ const outputTail = 256 << 10
 // Proc is a process a test started. Its stdout and stderr go to one
 // Buffer; a goroutine owned by the Proc reaps it. At cleanup it is
 // SIGKILLed (after a SIGCONT, in case the test stopped it) and reaped,
-// and if the test failed its output is logged.
+// and if the test failed its output is logged (an rlhub process still
+// running is sent SIGQUIT first, so the output ends with its goroutines).
 type Proc struct {
 	name string
 	cmd  *exec.Cmd
@@ -159,7 +160,13 @@ func StartProc(tb testing.TB, cfg ProcConfig) *Proc {
 		_ = cmd.Wait()
 		close(p.done)
 	}()
+	// A Go process (rlhub) still running when its test failed is asked
+	// for its goroutines first: the output then says where it was stuck.
+	goProc := cfg.Path == "" || filepath.Base(path) == "rlhub"
 	tb.Cleanup(func() {
+		if tb.Failed() && goProc {
+			p.Stop(syscall.SIGQUIT, 5*time.Second)
+		}
 		p.Kill()
 		if tb.Failed() {
 			out := p.out.String()
