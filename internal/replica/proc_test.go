@@ -56,6 +56,7 @@ type testCluster struct {
 	leaseTTL string
 	hubs     []*hubProc
 	bin      string // the hubs' executable; "" means testkit.Binary
+	etcdSec  cluster.EtcdSecurity
 }
 
 func newCluster(t testing.TB, etcd string, n int, extra ...string) *testCluster {
@@ -99,7 +100,7 @@ func (h *hubProc) signal(s syscall.Signal) {
 func (c *testCluster) status() (cluster.Status, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	return cluster.Read(ctx, cluster.Config{Endpoints: []string{c.etcd}, Cluster: c.name, DialTimeout: 2 * time.Second})
+	return cluster.Read(ctx, cluster.Config{Endpoints: []string{c.etcd}, Cluster: c.name, DialTimeout: 2 * time.Second, Security: c.etcdSec})
 }
 
 // leader waits for a primary elected after epoch `after` that serves its
