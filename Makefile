@@ -7,7 +7,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -tags=mujoco)
 endif
 endif
 
-.PHONY: demo test check proto build bench benchref fuzz mujoco-check
+.PHONY: demo test check proto build bench benchref fuzz mujoco-check compat
 
 # The main job: a complete distributed training run on the embedded hub.
 demo: build
@@ -34,6 +34,11 @@ mujoco-check:
 # Every fuzz target in the repo, 10 s each (FUZZTIME=5m for longer); not in CI.
 fuzz:
 	scripts/fuzz.sh
+
+# A rolling upgrade between BASE=REV (the build running now) and this
+# checkout: hubs of both builds in one cluster, each killed in turn.
+compat:
+	scripts/compat.sh
 
 bench:
 	go test -run '^$$' -bench . -benchmem ./...

@@ -46,6 +46,7 @@ type hubProc struct {
 	proc     *testkit.Proc
 	out      *testkit.Buffer
 	addr     string
+	bin      string // this hub's executable; "" means the cluster's
 }
 
 // cluster is one etcd and the hubs of one cluster.
@@ -85,7 +86,11 @@ func (c *testCluster) start(h *hubProc) {
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	args := append([]string{"--log-level", "info", "serve", "--listen", "127.0.0.1:0", "--data", h.data, "--addr-file", addrFile,
 		"--etcd", c.etcd, "--cluster", c.name, "--lease-ttl", c.leaseTTL, "--member-id", h.id}, h.args...)
-	h.proc = testkit.StartProc(t, testkit.ProcConfig{Name: "hub " + h.id, Path: c.bin, Args: args, AddrFile: addrFile})
+	bin := c.bin
+	if h.bin != "" {
+		bin = h.bin
+	}
+	h.proc = testkit.StartProc(t, testkit.ProcConfig{Name: "hub " + h.id, Path: bin, Args: args, AddrFile: addrFile})
 	h.out, h.addr = h.proc.Out(), h.proc.Addr()
 }
 
