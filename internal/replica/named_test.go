@@ -3,6 +3,7 @@ package replica
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -236,4 +237,52 @@ func storeBlob(t *testing.T, seed float32) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// Changed keeps the paths under ars/ and reducer/, relative to the data
+// directory however either was given, and nothing else; past maxNamed it
+// asks for the whole walk instead.
+func TestChangedNamesOnlyStatePaths(t *testing.T) {
+	abs := t.TempDir()
+	t.Chdir(abs)
+	for _, dataDir := range []string{abs, "data", "./data/"} {
+		root := dataDir
+		if !filepath.IsAbs(root) {
+			root = filepath.Join(abs, root)
+		}
+		src, err := NewSource(SourceConfig{DataDir: dataDir, Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			path string
+			want string // "" ignored
+		}{
+			{filepath.Join(root, "reducer", "m", "journal.log"), filepath.Join("reducer", "m", "journal.log")},
+			{filepath.Join(dataDir, "ars", "run-1", "state.json"), filepath.Join("ars", "run-1", "state.json")},
+			{filepath.Join(root, "reducer"), "reducer"},
+			{filepath.Join(root, "store", "m", "MANIFEST"), ""},
+			{filepath.Join(root, "reducerx", "f"), ""},
+			{root, ""},
+			{filepath.Dir(root), ""},
+			{filepath.Join(abs, "elsewhere", "reducer", "f"), ""},
+		} {
+			src.named = nil
+			src.Changed(c.path)
+			var got string
+			for rel := range src.named {
+				got = rel
+			}
+			if len(src.named) > 1 || got != c.want {
+				t.Errorf("DataDir %q: Changed(%q) named %v, want %q", dataDir, c.path, src.named, c.want)
+			}
+		}
+		src.named = nil
+		for i := range maxNamed + 1 {
+			src.Changed(filepath.Join(root, "reducer", "m", fmt.Sprint(i)))
+		}
+		if !src.namedAll || len(src.named) != 0 {
+			t.Errorf("DataDir %q: %d names past the bound: namedAll %v with %d kept, want the whole walk and none kept", dataDir, maxNamed+1, src.namedAll, len(src.named))
+		}
+	}
 }

@@ -286,7 +286,7 @@ const maxNamed = 4096
 // (path absolute, or relative to the working directory; a directory
 // stands for everything under it): the next snapshot stats it (walks
 // it) instead of walking ars/ and reducer/ whole. Paths elsewhere are
-// ignored. Safe for concurrent use; it does no I/O.
+// ignored. Safe for concurrent use; it does no file I/O.
 //
 // The contract with the writer: name a path after the write and before
 // the store commit whose acknowledgement must carry it (the reducer's
@@ -295,14 +295,17 @@ const maxNamed = 4096
 // (commits hold the freeze shared, a cut exclusively), so after the
 // name.
 func (s *Source) Changed(path string) {
-	if !filepath.IsAbs(path) {
+	dir := s.cfg.DataDir
+	if filepath.IsAbs(path) != filepath.IsAbs(dir) {
+		// One absolute, one not (the hub's paths are DataDir joined
+		// with theirs, so not from the hub): compare absolute paths.
 		abs, err := filepath.Abs(path)
 		if err != nil {
 			return
 		}
-		path = abs
+		path, dir = abs, s.root
 	}
-	rel, err := filepath.Rel(s.root, path)
+	rel, err := filepath.Rel(dir, path)
 	if err != nil {
 		return
 	}
