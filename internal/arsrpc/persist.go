@@ -71,13 +71,25 @@ type persister struct {
 	crash *crashpoint.Hook
 	// logs holds each run's open progress.log.
 	logs map[string]*os.File
+	// changed is Config.StateChanged (nil: no one), told each file once
+	// written (named).
+	changed func(path string)
 }
 
-func newPersister(dir string, crash *crashpoint.Hook) (*persister, error) {
+func newPersister(dir string, crash *crashpoint.Hook, changed func(string)) (*persister, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("ars state: %w", err)
 	}
-	return &persister{dir: dir, crash: crash, logs: map[string]*os.File{}}, nil
+	return &persister{dir: dir, crash: crash, logs: map[string]*os.File{}, changed: changed}, nil
+}
+
+// named tells Config.StateChanged that path was written: after the
+// write, before the push of the policy version it belongs to (save runs
+// before it), as the replica contract asks (replica.Source.Changed).
+func (p *persister) named(path string) {
+	if p.changed != nil {
+		p.changed(path)
+	}
 }
 
 func (p *persister) close() error {
@@ -107,6 +119,7 @@ func (p *persister) save(r *run) error {
 			return err
 		}
 		p.logs[r.id] = f
+		p.named(f.Name()) // created (empty until the first entry)
 		if err := atomicfile.SyncDir(p.dir); err != nil {
 			return err
 		}
@@ -120,7 +133,9 @@ func (p *persister) save(r *run) error {
 			}
 			fmt.Fprintf(&buf, "%08x %s\n", crc32.Checksum(b, castagnoli), b)
 		}
-		if _, err := f.Write(buf.Bytes()); err != nil {
+		_, err := f.Write(buf.Bytes())
+		p.named(f.Name()) // even a failed append may have written part of it
+		if err != nil {
 			return err
 		}
 		if err := f.Sync(); err != nil {
@@ -168,6 +183,7 @@ func (p *persister) writeAtomic(path string, b []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
+	p.named(path)
 	return atomicfile.SyncDir(filepath.Dir(path))
 }
 

@@ -68,6 +68,12 @@ type Config struct {
 	// resumes every unfinished run from its last finished iteration. ""
 	// keeps nothing (runs die with the process).
 	DataDir string
+	// StateChanged, when set, is told every file under DataDir the
+	// service wrote, once written and before the policy version it
+	// belongs to is pushed (persist.go): a cluster primary's replication
+	// ships what is named instead of walking DataDir
+	// (replica.Source.Changed). It must not block; nil tells no one.
+	StateChanged func(path string)
 	// CrashAt (tests only) SIGKILLs the process at a named point of the
 	// state writes: "report" (results accepted mid-iteration),
 	// "eval-report" (evaluation results accepted, not yet durable),
@@ -162,7 +168,7 @@ func New(cfg Config) (*Service, error) {
 		crash:   crashpoint.Parse(cfg.CrashAt),
 	}
 	if cfg.DataDir != "" {
-		p, err := newPersister(cfg.DataDir, s.crash)
+		p, err := newPersister(cfg.DataDir, s.crash, cfg.StateChanged)
 		if err != nil {
 			return nil, err
 		}

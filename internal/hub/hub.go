@@ -146,6 +146,13 @@ type Config struct {
 	// replica.Source); nil serves a stub that answers FailedPrecondition
 	// (this hub is not a cluster primary). It is closed with the others.
 	Replication Service
+	// StateChanged, when set, is told each file under DataDir/reducer
+	// and DataDir/ars that the reducer or the ARS coordinator wrote or
+	// removed (their Config.StateChanged, unless set there): a cluster
+	// primary's replica.Source.Changed, so that a replication unit ships
+	// what was named instead of walking those directories. nil tells no
+	// one.
+	StateChanged func(path string)
 	// Limits bounds what a client can make the hub hold: half-open
 	// connections, connections per peer, policy sizes. The zero value
 	// means the defaults noted on each field (docs/security.md, Limits).
@@ -433,6 +440,9 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if arscfg.Logger == nil {
 		arscfg.Logger = h.cfg.Logger
 	}
+	if arscfg.StateChanged == nil {
+		arscfg.StateChanged = h.cfg.StateChanged
+	}
 	arsSvc, err := arsrpc.New(arscfg)
 	if err := add(arsSvc, err); err != nil {
 		return nil, err
@@ -456,6 +466,9 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	}
 	if rcfg.Logger == nil {
 		rcfg.Logger = h.cfg.Logger
+	}
+	if rcfg.StateChanged == nil {
+		rcfg.StateChanged = h.cfg.StateChanged
 	}
 	red, err := reducer.New(rcfg)
 	if err := add(red, err); err != nil {

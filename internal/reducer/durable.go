@@ -232,9 +232,20 @@ type stateDir struct {
 	lock         *os.File
 	compactBytes int64
 	logger       *slog.Logger
+	changed      func(path string) // PrimaryConfig.StateChanged; nil: no one
 }
 
-func openStateDir(dir string, compactBytes int64, logger *slog.Logger) (*stateDir, error) {
+// named tells PrimaryConfig.StateChanged that path was written or
+// removed; every write below names its file once done, before the
+// version it belongs to is pushed (the replica contract:
+// replica.Source.Changed).
+func (d *stateDir) named(path string) {
+	if d.changed != nil {
+		d.changed(path)
+	}
+}
+
+func openStateDir(dir string, compactBytes int64, logger *slog.Logger, changed func(string)) (*stateDir, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("reducer: state dir: %w", err)
 	}
@@ -246,7 +257,7 @@ func openStateDir(dir string, compactBytes int64, logger *slog.Logger) (*stateDi
 		lock.Close()
 		return nil, fmt.Errorf("reducer: state dir %s is in use by another process: %w", dir, err)
 	}
-	return &stateDir{dir: dir, lock: lock, compactBytes: compactBytes, logger: logger}, nil
+	return &stateDir{dir: dir, lock: lock, compactBytes: compactBytes, logger: logger, changed: changed}, nil
 }
 
 func (d *stateDir) close() error { return d.lock.Close() }
@@ -310,6 +321,7 @@ type modelFiles struct {
 // files of the name are removed.
 func (d *stateDir) create(reg registration, window int) (*modelFiles, error) {
 	dir := filepath.Join(d.dir, store.ModelDir(reg.Model))
+	defer d.named(dir) // the whole directory: an earlier registration's files go with it
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("reducer: state of %q: %w", reg.Model, err)
 	}
@@ -350,6 +362,7 @@ type restored struct {
 // journal records past it are cut off (a step that never published), its
 // optimizer state is read, other state files are removed.
 func (d *stateDir) restore(dir string, reg registration, newest uint64, window int) (*restored, error) {
+	defer d.named(dir) // the journal cut back, stale state files removed
 	jpath := filepath.Join(dir, journalName)
 	j, err := os.OpenFile(jpath, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
@@ -447,7 +460,9 @@ func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights 
 	if err != nil {
 		return err
 	}
-	if err := f.appendJournal(payload); err != nil {
+	err = f.appendJournal(payload)
+	f.d.named(filepath.Join(f.dir, journalName)) // a failed append may have cut it back
+	if err != nil {
 		return err
 	}
 	f.applied.AddApplied(members)
@@ -472,9 +487,11 @@ func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights 
 	if plan, err = safetensors.Plan(st, meta); err != nil {
 		return err
 	}
-	if err := atomicfile.Write(filepath.Join(f.dir, stateFileName(version)), plan.Buffers()...); err != nil {
+	path := filepath.Join(f.dir, stateFileName(version))
+	if err := atomicfile.Write(path, plan.Buffers()...); err != nil {
 		return fmt.Errorf("optimizer state of version %d: %w", version, err)
 	}
+	f.d.named(path)
 	f.pending = version
 	return nil
 }
@@ -504,9 +521,11 @@ func (f *modelFiles) appendJournal(payload []byte) error {
 // correctness; they are logged.
 func (f *modelFiles) published(version, steps uint64) {
 	if f.stateVersion != 0 && f.stateVersion != version {
-		if err := os.Remove(filepath.Join(f.dir, stateFileName(f.stateVersion))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		old := filepath.Join(f.dir, stateFileName(f.stateVersion))
+		if err := os.Remove(old); err != nil && !errors.Is(err, os.ErrNotExist) {
 			f.d.logger.Warn("reducer: cannot remove an old optimizer state", "dir", f.dir, "version", f.stateVersion, "err", err)
 		}
+		f.d.named(old)
 	}
 	f.stateVersion = version
 	if f.pending > version {
@@ -533,6 +552,7 @@ func (f *modelFiles) compact(version, steps uint64) error {
 	if err := atomicfile.Write(filepath.Join(f.dir, journalName), frame); err != nil {
 		return err
 	}
+	f.d.named(filepath.Join(f.dir, journalName))
 	j, err := os.OpenFile(filepath.Join(f.dir, journalName), os.O_WRONLY, 0o644)
 	if err == nil {
 		_, err = j.Seek(int64(len(frame)), io.SeekStart)

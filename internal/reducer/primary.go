@@ -117,6 +117,13 @@ type PrimaryConfig struct {
 	// of the ledger once it grows past this; 0 means 16 MiB, negative
 	// never.
 	JournalCompactBytes int64
+	// StateChanged, when set, is told every file (or directory) under
+	// StateDir that the primary wrote or removed, once it is done and
+	// before the push of the version it belongs to (durable.go): a
+	// cluster primary's replication ships what is named instead of
+	// walking StateDir (replica.Source.Changed). It must not block; nil
+	// tells no one.
+	StateChanged func(path string)
 }
 
 func (c *PrimaryConfig) validate() error {
@@ -235,7 +242,7 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 	p := &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096),
 		closing: make(chan struct{})}
 	if cfg.StateDir != "" {
-		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger)
+		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger, cfg.StateChanged)
 		if err != nil {
 			return nil, err
 		}

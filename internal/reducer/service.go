@@ -65,6 +65,8 @@ type Config struct {
 	// and optimizer state (PrimaryConfig.StateDir; the hub uses
 	// <--data>/reducer). "" keeps them in memory only.
 	StateDir string
+	// StateChanged: see PrimaryConfig.
+	StateChanged func(path string)
 }
 
 func (c *Config) validate() error {
@@ -122,7 +124,8 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, byID: map[string]*SecondaryNode{}, drained: make(chan struct{}), peers: map[string]*grpc.ClientConn{}}
 	var up Upstream
 	if cfg.Primary == "" {
-		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir})
+		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir,
+			StateChanged: cfg.StateChanged})
 		if err != nil {
 			return nil, err
 		}

@@ -138,11 +138,16 @@ func notAcknowledged(err error) error {
 // store.ErrNotAcknowledged included) and, once that is acknowledged and
 // the term checked, makes name's versions up to version visible. The
 // reducer retries a step's publish with it (docs/reducer.md).
+//
+// It commits nothing, yet passes through the commit path (an empty
+// commit of name): a unit that covers it is then cut after every path a
+// writer named before it (Source.Changed), as a push's is.
 func (f *Fenced) Acknowledge(ctx context.Context, name string, version uint64) error {
 	standbys, err := f.prepare(ctx)
 	if err != nil {
 		return notAcknowledged(err)
 	}
+	_ = f.commit(name, func() error { return nil })
 	if err := f.acknowledge(ctx, standbys); err != nil {
 		return err
 	}

@@ -53,10 +53,11 @@ type SourceConfig struct {
 	// A publish that times out fails with Unavailable (the version is in
 	// the primary's store, not acknowledged).
 	AckTimeout time.Duration
-	// Interval is how often the tree is scanned (once for every
-	// follower) for changes that no publish announced (ARS reports,
-	// registrations), when no publish's snapshot was taken in that time;
-	// 0 means 100ms.
+	// Interval is how often the scan looks (once for every follower) for
+	// changes that no publish announced (ARS reports, registrations:
+	// the files their writers named, Changed), when no publish's
+	// snapshot was taken in that time; 0 means 100ms. Every
+	// fullWalkEvery intervals a snapshot walks the whole tree.
 	Interval time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
@@ -115,8 +116,21 @@ type Source struct {
 	// the store (offerVersion), by path: the snapshot ships them from
 	// memory instead of reading them back.
 	mem map[string]*memFile
+	// named are the paths under ars/ and reducer/ (relative to DataDir,
+	// files or directories) their writers changed (Changed); namedAll: a
+	// writer named more than maxNamed, or a walk failed, so the next
+	// snapshot walks ars/ and reducer/ whole.
+	named    map[string]bool
+	namedAll bool
 	// fromMemory counts the files snapshots took from the store's memory.
 	fromMemory atomic.Uint64
+
+	root      string        // DataDir made absolute (what Changed's paths are relative to)
+	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
+	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
+	// stateWalks counts the snapshots' whole walks of ars/ and reducer/,
+	// namedWalks the named paths walked instead (tests read them).
+	stateWalks, namedWalks atomic.Uint64
 
 	mu        sync.Mutex
 	standbys  []string      // the newest RefreshStandbys
@@ -155,7 +169,12 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Source{cfg: cfg, changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
+	root, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("replica: data directory: %w", err)
+	}
+	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval,
+		changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
 
 // Register attaches the replication stream to s (hub.Service).
@@ -250,10 +269,64 @@ func (s *Source) CommitModel(name string, f func() error) error {
 }
 
 // fullWalkEvery is how many SourceConfig.Intervals a snapshot may take
-// the store's directories no commit named from the snapshot before it:
-// a change made outside the store wrapper (none is, today) reaches the
-// standbys within that time all the same.
+// the files no commit and no writer named (CommitModel, Changed) from
+// the snapshot before it: a change made outside the store wrapper or by
+// a writer that does not name its files (none, today; a file edited by
+// hand) reaches the standbys within that time all the same. That walk
+// is the safety net; what a publish acknowledges never waits for it.
 const fullWalkEvery = 10
+
+// maxNamed bounds the paths Changed keeps between snapshots (with no
+// follower connected nothing takes them); past it the next snapshot
+// walks ars/ and reducer/ whole.
+const maxNamed = 4096
+
+// Changed names a file or directory under the data directory's ars/ or
+// reducer/ that its writer created, replaced, appended to or removed
+// (path absolute, or relative to the working directory; a directory
+// stands for everything under it): the next snapshot stats it (walks
+// it) instead of walking ars/ and reducer/ whole. Paths elsewhere are
+// ignored. Safe for concurrent use; it does no file I/O.
+//
+// The contract with the writer: name a path after the write and before
+// the store commit whose acknowledgement must carry it (the reducer's
+// step state before its version's push; an ARS iteration's state before
+// its policy's push). A unit covering a commit is cut after that commit
+// (commits hold the freeze shared, a cut exclusively), so after the
+// name.
+func (s *Source) Changed(path string) {
+	dir := s.cfg.DataDir
+	if filepath.IsAbs(path) != filepath.IsAbs(dir) {
+		// One absolute, one not (the hub's paths are DataDir joined
+		// with theirs, so not from the hub): compare absolute paths.
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return
+		}
+		path, dir = abs, s.root
+	}
+	rel, err := filepath.Rel(dir, path)
+	if err != nil {
+		return
+	}
+	top, _, _ := strings.Cut(rel, string(filepath.Separator))
+	if !slices.Contains(stateDirs, top) {
+		return // not under ars/ or reducer/ (nor one of them: ".." and "." are not)
+	}
+	s.dirtyMu.Lock()
+	defer s.dirtyMu.Unlock()
+	if s.namedAll {
+		return
+	}
+	if len(s.named) >= maxNamed {
+		s.named, s.namedAll = nil, true
+		return
+	}
+	if s.named == nil {
+		s.named = map[string]bool{}
+	}
+	s.named[rel] = true
+}
 
 // memFile is a committed version file's bytes, lent by the store (the
 // loan keeps them from being recycled: PushRequest.Recycle), with the
@@ -756,7 +829,7 @@ func (s *Source) snapshotFor(u, seen uint64) (*snapshot, error) {
 	if latest != nil && latest.unit >= u && latest.seq > seen {
 		return latest, nil
 	}
-	return s.takeSnapshot(latest, true, false)
+	return s.takeSnapshot(latest, true)
 }
 
 // maxCarried bounds the content a snapshot keeps from the one before
@@ -769,13 +842,19 @@ const maxCarried = 64 << 20
 // since prev (the first snapshot, with no prev, reads nothing: it is the
 // base the next one compares with); s.snapMu is held. Of the store it
 // walks only the model directories commits named since prev (CommitModel)
-// and takes the others' entries from prev, unless whole, prev is nil, a
-// commit did not name its model, or the last whole walk is fullWalkEvery
-// intervals old. A version file committed since prev is shipped from the
-// bytes the store lent (offerVersion) when the file is as offered. When
-// something changed, or force, the snapshot becomes s.latest and the
-// followers are woken; otherwise prev is returned.
-func (s *Source) takeSnapshot(prev *snapshot, force, whole bool) (*snapshot, error) {
+// and takes the others' entries from prev, unless prev is nil, a commit
+// did not name its model, or the last whole walk is fullWalkEvery
+// intervals old; of ars/ and reducer/ likewise only the paths their
+// writers named since prev (Changed). A version file committed since
+// prev is shipped from the bytes the store lent (offerVersion) when the
+// file is as offered. When something changed, or force, the snapshot
+// becomes s.latest and the followers are woken; otherwise prev is
+// returned (at once, without the freeze, when nothing was named and no
+// whole walk is due).
+func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
+	if !force && prev != nil && !s.pending() {
+		return prev, nil
+	}
 	var prevStamps map[string]stamp
 	var prevFiles map[string]*content
 	if prev != nil {
@@ -807,22 +886,22 @@ func (s *Source) takeSnapshot(prev *snapshot, force, whole bool) (*snapshot, err
 		s.freeze.Lock()
 		defer s.freeze.Unlock()
 		s.dirtyMu.Lock()
-		dirty, all := s.dirty, s.dirtyAll
+		dirty, all, named, namedAll := s.dirty, s.dirtyAll, s.named, s.namedAll
 		mem = s.mem
-		s.dirty, s.dirtyAll, s.mem = nil, false, nil
+		s.dirty, s.dirtyAll, s.mem, s.named, s.namedAll = nil, false, nil, nil, false
 		s.dirtyMu.Unlock()
 		defer func() {
 			if err != nil { // what the failed walk took is walked next time
 				s.dirtyMu.Lock()
-				s.dirtyAll = true
+				s.dirtyAll, s.namedAll = true, true
 				s.dirtyMu.Unlock()
 			}
 		}()
-		stored, err := s.walkStore(prev, dirty, whole || all)
+		stored, err := s.walkStore(prev, dirty, all)
 		if err != nil {
 			return err
 		}
-		state, err := walk(s.cfg.DataDir, stateDirs)
+		state, err := s.walkState(prev, named, namedAll)
 		if err != nil {
 			return err
 		}
@@ -919,13 +998,23 @@ func (s *Source) takeSnapshot(prev *snapshot, force, whole bool) (*snapshot, err
 	return snap, nil
 }
 
+// pending reports whether a snapshot would find anything prev does not
+// hold: a commit or a writer named something since, or a whole walk is
+// due. s.snapMu is held.
+func (s *Source) pending() bool {
+	s.dirtyMu.Lock()
+	named := len(s.dirty) > 0 || s.dirtyAll || len(s.named) > 0 || s.namedAll || len(s.mem) > 0
+	s.dirtyMu.Unlock()
+	return named || time.Since(s.fullAt) >= s.fullEvery || time.Since(s.stateAt) >= s.fullEvery
+}
+
 // walkStore lists the store's mirrored files under the freeze: all of
 // them when whole (or with no prev, or when the last whole walk is
 // fullWalkEvery intervals old), else those of the dirty model
 // directories, walked again, and prev's entries of every other one.
 // s.snapMu is held.
 func (s *Source) walkStore(prev *snapshot, dirty map[string]bool, whole bool) ([]entry, error) {
-	if whole || prev == nil || time.Since(s.fullAt) >= fullWalkEvery*s.cfg.Interval {
+	if whole || prev == nil || time.Since(s.fullAt) >= s.fullEvery {
 		es, err := walk(s.cfg.DataDir, []string{"store"})
 		if err == nil {
 			s.fullAt = time.Now()
@@ -954,6 +1043,58 @@ func (s *Source) walkStore(prev *snapshot, dirty map[string]bool, whole bool) ([
 	}
 	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.rel, b.rel) })
 	return es, nil
+}
+
+// walkState lists ars/ and reducer/ under the freeze: all of it when
+// whole (a writer named too much, a walk failed), with no prev, or when
+// the last whole walk is fullWalkEvery intervals old; else prev's
+// entries, with the paths named (Changed) walked again in place of
+// prev's entries under them. A snapshot with nothing named stats
+// nothing here. s.snapMu is held.
+func (s *Source) walkState(prev *snapshot, named map[string]bool, whole bool) ([]entry, error) {
+	if whole || prev == nil || time.Since(s.stateAt) >= s.fullEvery {
+		s.stateWalks.Add(1)
+		es, err := walk(s.cfg.DataDir, stateDirs)
+		if err == nil {
+			s.stateAt = time.Now()
+		}
+		return es, err
+	}
+	// A path under another named one is walked with it.
+	paths := make([]string, 0, len(named))
+	for p := range named {
+		if i := strings.LastIndexByte(p, filepath.Separator); i < 0 || !within(p[:i], named) {
+			paths = append(paths, p)
+		}
+	}
+	s.namedWalks.Add(uint64(len(paths)))
+	es, err := walk(s.cfg.DataDir, paths)
+	if err != nil {
+		return nil, err
+	}
+	sep := string(filepath.Separator)
+	for _, e := range prev.entries {
+		top, _, _ := strings.Cut(e.rel, sep)
+		if slices.Contains(stateDirs, top) && !within(e.rel, named) {
+			es = append(es, e)
+		}
+	}
+	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.rel, b.rel) })
+	return es, nil
+}
+
+// within reports whether rel or a directory above it is in set.
+func within(rel string, set map[string]bool) bool {
+	for {
+		if set[rel] {
+			return true
+		}
+		i := strings.LastIndexByte(rel, filepath.Separator)
+		if i < 0 {
+			return false
+		}
+		rel = rel[:i]
+	}
 }
 
 // passed records that p holds snap, and drops the content of every
@@ -1004,8 +1145,10 @@ func (s *Source) dropPassed() []*memFile {
 
 // scanLoop takes a snapshot every SourceConfig.Interval when none was
 // taken for a publish in that time, so that changes no publish announced
-// (ARS reports, registrations) reach the followers; it ends once no
-// follower is connected (serve starts it again) or the Source closes.
+// (ARS reports, registrations: named by their writers, Changed) reach
+// the followers, and the whole walk when due (fullWalkEvery); it ends
+// once no follower is connected (serve starts it again) or the Source
+// closes.
 func (s *Source) scanLoop() {
 	defer s.streams.Done()
 	tick := time.NewTicker(s.cfg.Interval)
@@ -1028,7 +1171,7 @@ func (s *Source) scanLoop() {
 		latest := s.latest
 		s.mu.Unlock()
 		if latest == nil || time.Since(latest.at) >= s.cfg.Interval {
-			if _, err := s.takeSnapshot(latest, false, true); err != nil {
+			if _, err := s.takeSnapshot(latest, false); err != nil {
 				s.cfg.Logger.Warn("replica: scan", "err", err)
 			}
 		}

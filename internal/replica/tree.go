@@ -18,7 +18,9 @@ import (
 // deleted model's trash, the replica's own bookkeeping) stays local.
 var mirroredDirs = []string{"ars", "reducer", "store"}
 
-// stateDirs are read before the store in a scan (see scan).
+// stateDirs are the mirrored directories the reducer and the ARS
+// coordinator write: their writers name what they change
+// (Source.Changed), and a snapshot stats only that (walkState).
 var stateDirs = []string{"ars", "reducer"}
 
 // localOnly reports whether a file under a mirrored directory is never
