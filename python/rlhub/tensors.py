@@ -324,14 +324,22 @@ class PartsCache:
     push for the learner loop's two tensors, against ~3 µs for the key. A
     tensor replaced, reallocated or reshaped makes new parts; other values
     (numpy, GPU, strided tensors, which save_parts may copy) are encoded
-    every time. The cached views keep their tensors' memory alive until
-    the next ``get`` with other tensors. Safe for concurrent use (the entry
-    is replaced whole)."""
+    every time.
 
-    __slots__ = ("_entry",)
+    Parts are kept only once the same tensors come a second time in a row,
+    and dropped at the first miss: the kept views hold their tensors'
+    memory, and a caller that pushes fresh tensors every time (a module's
+    ``.grad`` after ``zero_grad(set_to_none=True)``) would otherwise keep
+    its previous gradient alive for nothing. Between misses only the key
+    (numbers, no tensor) is held. Safe for concurrent use (an entry is
+    replaced whole and always pairs parts with the key they were made
+    from)."""
+
+    __slots__ = ("_entry", "_seen")
 
     def __init__(self) -> None:
         self._entry: Optional[Tuple[Tuple[Any, ...], Tuple[bytes, List[memoryview]]]] = None
+        self._seen: Optional[Tuple[Any, ...]] = None  # the last key, kept or not
 
     def get(self, state_dict: Mapping[str, Any]) -> Tuple[bytes, List[memoryview]]:
         """The parts of ``state_dict`` as save_parts returns them (the list
@@ -341,8 +349,8 @@ class PartsCache:
         if key is not None and e is not None and e[0] == key:
             return e[1]
         parts = save_parts(state_dict)
-        if key is not None:
-            self._entry = (key, parts)
+        self._entry = (key, parts) if key is not None and key == self._seen else None
+        self._seen = key
         return parts
 
 
@@ -354,15 +362,18 @@ class TargetCache:
     the key ~2 µs. A tensor replaced, reallocated or reshaped between calls
     makes a new Target, so writes always land in the target's current
     tensors and a version that does not fit the current shapes is refused.
-    The cached Target holds references to the tensors it writes (keeping
-    their memory alive until the next ``get`` with another target).
-    Not safe for concurrent use: each caller keeps its own."""
+    A kept Target holds references to the tensors it writes, so, as
+    ``PartsCache`` does, it is kept only once the same tensors come a second
+    time in a row and dropped at the first miss (a caller that pulls into a
+    fresh module every time keeps none alive). Not safe for concurrent use:
+    each caller keeps its own."""
 
-    __slots__ = ("_key", "_target")
+    __slots__ = ("_key", "_target", "_seen")
 
     def __init__(self) -> None:
         self._key: Optional[Tuple[Any, ...]] = None
         self._target: Optional[Target] = None
+        self._seen: Optional[Tuple[Any, ...]] = None  # the last key, kept or not
 
     def get(self, target: Any) -> "Target":
         """The Target of ``target``'s tensors as they are now."""
@@ -371,7 +382,8 @@ class TargetCache:
         if key is not None and self._target is not None and key == self._key:
             return self._target
         t = Target(sd)
-        self._key, self._target = key, (t if key is not None else None)
+        keep = key is not None and key == self._seen
+        self._key, self._target, self._seen = key, (t if keep else None), key
         return t
 
 

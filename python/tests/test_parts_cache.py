@@ -3,6 +3,9 @@ of the tensors' memory, tensors.PartsCache) and must still send the current
 values, and notice tensors replaced, reallocated or reshaped between pushes."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -22,8 +25,10 @@ def _joined(parts):
 def test_parts_are_reused_and_always_match_save_bytes():
     g = {"w": torch.zeros(3, 4), "b": torch.zeros(3)}
     c = PartsCache()
-    p1 = c.get(g)
-    assert _joined(p1) == save_bytes(g)
+    p0 = c.get(g)  # seen once: not kept
+    assert _joined(p0) == save_bytes(g)
+    p1 = c.get(g)  # seen twice in a row: kept
+    assert p1 is not p0 and _joined(p1) == save_bytes(g)
     g["w"].fill_(2.0)  # in place: the same parts, the new values
     p2 = c.get(g)
     assert p2 is p1 and _joined(p2) == save_bytes(g)
@@ -47,6 +52,7 @@ def test_values_that_are_copied_or_not_torch_are_encoded_every_time(kind):
     else:
         g = {"w": torch.zeros(12, dtype=torch.float64)}
     c = PartsCache()
+    c.get(g)
     p1 = c.get(g)
     if kind == "strided":  # its bytes are a copy: a cached one would go stale
         g["w"].fill_(5.0)
@@ -60,6 +66,27 @@ def test_values_that_are_copied_or_not_torch_are_encoded_every_time(kind):
         assert p2 is not p1
     else:
         assert p2 is p1  # contiguous CPU torch: views of the memory, reused
+
+
+def test_fresh_tensors_every_push_are_not_kept_alive():
+    """A module's .grad after zero_grad(set_to_none=True) is a new tensor
+    every step: the cache must not hold the previous one."""
+    c = PartsCache()
+    g = {"w": torch.zeros(1000)}
+    r = weakref.ref(g["w"])
+    c.get(g)
+    del g
+    gc.collect()
+    assert r() is None, "a gradient seen once is held by the cache"
+    g = {"w": torch.zeros(1000)}
+    r = weakref.ref(g["w"])
+    c.get(g)
+    c.get(g)  # kept now: the same tensors twice in a row
+    g2 = {"w": torch.zeros(1000)}
+    c.get(g2)  # a miss drops what was kept
+    del g
+    gc.collect()
+    assert r() is None, "a miss left the previous gradient held by the cache"
 
 
 def _register(addr: str, name: str, n: int) -> None:

@@ -3,6 +3,9 @@ versions (tensors.TargetCache) and must still notice a module whose tensors
 were replaced, reallocated or reshaped in between."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -18,10 +21,29 @@ def _version(sd):
 def test_the_plan_is_reused_while_the_tensors_are_unchanged():
     m = torch.nn.Linear(6, 3)
     c = TargetCache()
-    t = c.get(m)
-    assert c.get(m) is t
+    t0 = c.get(m)  # seen once: not kept
+    t = c.get(m)  # twice in a row: kept
+    assert t is not t0 and c.get(m) is t
     m.weight.data.add_(1.0)  # values change in place: same memory, same plan
     assert c.get(m) is t
+
+
+def test_a_module_seen_once_is_not_kept_alive():
+    c = TargetCache()
+    m = torch.nn.Linear(6, 3)
+    r = weakref.ref(m.weight)
+    c.get(m)
+    del m
+    gc.collect()
+    assert r() is None, "a module pulled into once is held by the cache"
+    m = torch.nn.Linear(6, 3)
+    r = weakref.ref(m.weight)
+    c.get(m)
+    c.get(m)  # kept now
+    c.get(torch.nn.Linear(6, 3))  # a miss drops it
+    del m
+    gc.collect()
+    assert r() is None, "a miss left the previous module's tensors held by the cache"
 
 
 @pytest.mark.parametrize("change", ["parameter", "data", "reshape", "dtype", "transpose", "new-key"])
@@ -29,7 +51,8 @@ def test_a_changed_module_gets_a_new_plan_that_writes_its_current_tensors(change
     torch.manual_seed(3)
     m = torch.nn.Linear(6, 3)
     c = TargetCache()
-    old = c.get(m)
+    c.get(m)
+    old = c.get(m)  # kept
     old_weight = m.weight.detach().clone()
     if change == "parameter":  # a new Parameter object with new memory
         m.weight = torch.nn.Parameter(torch.zeros(3, 6))
@@ -80,7 +103,8 @@ def test_pull_into_follows_a_module_whose_tensors_change_between_pulls(hub):
     dst = torch.nn.Linear(40, 30)
     with rlhub.StoreClient(hub.addr) as sc:
         sc.push("m", src.state_dict(), version=1, expect=0)
-        assert sc.pull_into("m", dst) == 1
+        # Twice with the same tensors, so the plan is kept from here on.
+        assert sc.pull_into("m", dst) == 1 and sc.pull_into("m", dst) == 1
         assert torch.equal(dst.weight, src.weight)
 
         # Replaced by a new Parameter: the next version lands in it.
@@ -89,6 +113,9 @@ def test_pull_into_follows_a_module_whose_tensors_change_between_pulls(hub):
         sc.push("m", v2, version=2)
         assert sc.pull_into("m", dst) == 2
         assert torch.equal(dst.weight, v2["weight"]) and torch.equal(dst.bias, v2["bias"])
+        dst.weight.data.zero_()
+        assert sc.pull_into("m", dst) == 2  # the new plan, now kept
+        assert torch.equal(dst.weight, v2["weight"])
 
         # New memory under the same Parameter.
         dst.bias.data = torch.zeros(30)
@@ -124,13 +151,15 @@ def test_watch_into_follows_a_tensor_replaced_during_the_watch(hub):
         w = sc.watch_into("m", target, after=0, timeout=60)
         try:
             assert next(w) == 1 and float(target["w"][0]) == 1.0
+            sc.push("m", {"w": torch.full((1000,), 1.5)}, version=2)
+            assert next(w) == 2 and float(target["w"][0]) == 1.5  # the same tensor twice: its plan is kept
             first = target["w"]
             target["w"] = torch.zeros(1000)
-            sc.push("m", {"w": torch.full((1000,), 2.0)}, version=2)
-            assert next(w) == 2
-            assert float(target["w"][999]) == 2.0 and float(first[0]) == 1.0
+            sc.push("m", {"w": torch.full((1000,), 2.0)}, version=3)
+            assert next(w) == 3
+            assert float(target["w"][999]) == 2.0 and float(first[0]) == 1.5
             target["w"] = torch.zeros(10)
-            sc.push("m", {"w": torch.full((1000,), 3.0)}, version=3)
+            sc.push("m", {"w": torch.full((1000,), 3.0)}, version=4)
             with pytest.raises(rlhub.InvalidArgument, match="does not fit the target"):
                 next(w)
             assert float(target["w"].abs().sum()) == 0.0
