@@ -287,6 +287,55 @@ func TestFirstNonFinite(t *testing.T) {
 	})
 }
 
+// TestFirstNonFiniteBlocks puts one NaN/Inf at every position around the
+// SIMD scan's block and vector boundaries of a buffer several blocks long
+// (and subnormals, ±MaxFloat32 and -0 elsewhere, which must not trip it),
+// and checks the index against the plain loop's on every path.
+func TestFirstNonFiniteBlocks(t *testing.T) {
+	specials := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)),
+		math.Float32frombits(0x7f800001), math.Float32frombits(0xffc00000)} // a signalling NaN, a negative quiet NaN
+	const n = 3*4096 + 200
+	var positions []int
+	for _, b := range []int{0, 64, 4096, 2 * 4096, 3 * 4096} {
+		for d := -9; d <= 9; d++ {
+			if p := b + d; p >= 0 && p < n {
+				positions = append(positions, p)
+			}
+		}
+	}
+	positions = append(positions, n-1, n-63, n-64, n-65)
+	forEachPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(21, 22))
+		for _, off := range offsets {
+			x := randFloats(r, n+off)[off:]
+			x[5], x[4100], x[n-2] = math.MaxFloat32, -math.MaxFloat32, float32(math.Copysign(0, -1))
+			x[8000] = math.SmallestNonzeroFloat32
+			for _, p := range positions {
+				for _, v := range specials {
+					saved := x[p]
+					x[p] = v
+					if got, want := FirstNonFinite(x), firstNonFiniteGeneric(x); got != want || want != p {
+						t.Fatalf("off=%d: %v at %d: FirstNonFinite = %d, plain loop %d", off, v, p, got, want)
+					}
+					// A later second one does not move the answer.
+					if q := p + 1 + r.IntN(n-p); q < n {
+						s2 := x[q]
+						x[q] = specials[r.IntN(len(specials))]
+						if got := FirstNonFinite(x); got != p {
+							t.Fatalf("off=%d: first at %d, another at %d: FirstNonFinite = %d", off, p, q, got)
+						}
+						x[q] = s2
+					}
+					x[p] = saved
+				}
+			}
+			if got := FirstNonFinite(x); got != -1 {
+				t.Fatalf("off=%d: finite buffer: FirstNonFinite = %d", off, got)
+			}
+		}
+	})
+}
+
 func TestAddF64MatchesNaive(t *testing.T) {
 	forEachPath(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(11, 12))

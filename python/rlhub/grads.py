@@ -61,7 +61,7 @@ import grpc
 from rlhub import _bulk, _channel, discover, errors
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, iter_part_chunks
-from rlhub.tensors import parts_size, save_parts
+from rlhub.tensors import PartsCache, parts_size
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
@@ -306,6 +306,7 @@ class GradClient:
         if first_seq is None:
             first_seq = 1 if client_id is None else time.time_ns() // 1000
         self._seq = itertools.count(first_seq)
+        self._parts = PartsCache()  # the last gradient's encoding, reused while its tensors are unchanged
         self._mu = threading.Lock()  # guards _rnd, _channels, _targets, _dead, _seq, _counts
         self._bulk = _bulk.Client() if transport == "auto" else None
         self._counts = {"bulk": 0, "grpc": 0, "fallback": 0}
@@ -492,7 +493,7 @@ class GradClient:
         memory is sent as it is while the call runs (contiguous CPU tensors
         are not copied): do not change them until it returns.
         """
-        body = save_parts(gradient_dict(grads))
+        body = self._parts.get(gradient_dict(grads))
         if seq is None:
             seq = self.next_seq()
         header = reducer_pb2.ReducerPushHeader(

@@ -32,7 +32,7 @@ import numpy as np
 from rlhub import _bulk, _channel, errors
 from rlhub._proto.rlhub.v1 import store_pb2, store_pb2_grpc, tensor_pb2
 from rlhub._transfer import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_BYTES, RawChunk, chunk_messages, fast_decoder
-from rlhub.tensors import Target, load_bytes, save_bytes
+from rlhub.tensors import Target, TargetCache, load_bytes, save_bytes
 
 PULL_METHOD = "rlhub.v1.ModelStore/Pull"
 WATCH_METHOD = "rlhub.v1.ModelStore/Watch"
@@ -104,7 +104,8 @@ class StoreClient:
         self._bulk = _bulk.Client() if transport == "auto" else None
         self._bulk_off_at: Optional[float] = None  # the hub answered Unimplemented then
         self._stage = np.empty(0, np.uint8)  # pull_into's receive buffer, reused
-        self._stage_mu = threading.Lock()  # one pull_into at a time uses _stage
+        self._stage_mu = threading.Lock()  # one pull_into at a time uses _stage and _targets
+        self._targets = TargetCache()  # pull_into's last target's plan, reused while its tensors are unchanged
         self.stats = {"bulk": 0, "grpc": 0, "fallback": 0, "direct": 0}
         """Pulls and watch answers by transport; ``fallback``: data-plane attempts that went to gRPC;
         ``direct``: data-plane versions pull_into / watch_into received straight into the tensors."""
@@ -378,11 +379,15 @@ class StoreClient:
         once the whole version (and the start of the hub's final answer)
         is in the socket's receive queue, it is received straight into the
         tensors instead, skipping the copy: the reads then cannot stop
-        midway (``_bulk.Direct``)."""
-        t = Target(target)
+        midway (``_bulk.Direct``).
+
+        The plan of the target's tensors (their byte views) is kept from
+        one call to the next and rebuilt when a tensor was replaced,
+        reallocated or reshaped (``tensors.TargetCache``)."""
         with self._stage_mu:
+            t = self._targets.get(target)
             v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc,
-                               _into(t, name, self._stage_alloc))
+                               _into(lambda: t, name, self._stage_alloc))
             if v is None:
                 return None
             if v.blob is not None:
@@ -396,8 +401,11 @@ class StoreClient:
         """Like :meth:`watch`, but writes each new version into ``target``
         (as :meth:`pull_into`) before yielding its number. A version that
         does not fit the target raises ``InvalidArgument`` (target
-        unchanged) and ends the watch."""
-        t = Target(target)
+        unchanged) and ends the watch. Each version is written into the
+        target's tensors as they are when it arrives (a tensor replaced or
+        reshaped during the watch is seen, as by ``pull_into``)."""
+        targets = TargetCache()  # this watch's own
+        targets.get(target)  # a target that is no tensors is refused before any version
         stage = [np.empty(0, np.uint8)]  # this watch's own receive buffer, reused
 
         def alloc(n: int) -> np.ndarray:
@@ -405,9 +413,10 @@ class StoreClient:
                 stage[0] = np.empty(n, np.uint8)
             return stage[0]
 
-        for v in self._watch_raw(name, after, "numpy", timeout, alloc, _into(t, name, alloc)):
+        for v in self._watch_raw(name, after, "numpy", timeout, alloc,
+                                 _into(lambda: targets.get(target), name, alloc)):
             if v.blob is not None:
-                t.write(v.blob, what=f"model {name!r} version {v.version}")
+                targets.get(target).write(v.blob, what=f"model {name!r} version {v.version}")
             else:
                 self.stats["direct"] += 1
             yield v.version
@@ -422,11 +431,13 @@ _Direct = Callable[[store_pb2.StorePullHeader, int], _bulk.Direct]
 """direct(version's header, n): the destination of a data-plane version."""
 
 
-def _into(t: Target, name: str, stage: Callable[[int], Any]) -> _Direct:
+def _into(target: Callable[[], Target], name: str, stage: Callable[[int], Any]) -> _Direct:
     """A data-plane version's destination for pull_into / watch_into:
-    straight into t's tensors, else staged in stage(n) and written after."""
+    straight into the tensors of target() (asked when the version
+    arrives), else staged in stage(n) and written after."""
     def direct(h: store_pb2.StorePullHeader, n: int) -> _bulk.Direct:
         what = f"model {name!r} version {h.blob.version}"
+        t = target()
         return _bulk.Direct(lambda take, k: t.plan(take, k, what=what), stage)
 
     return direct

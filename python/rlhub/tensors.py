@@ -286,16 +286,114 @@ def _short(name: str) -> str:
     return name if len(name) <= 64 else name[:61] + "..."
 
 
+def _state_dict(target: Any) -> Mapping[str, Any]:
+    """The tensors of a pull_into target: an nn.Module's ``state_dict()``
+    (whose tensors share the parameters' memory) or the mapping itself."""
+    sd = target.state_dict() if callable(getattr(target, "state_dict", None)) else target
+    if not isinstance(sd, Mapping):
+        raise TypeError(f"pull_into target: a {type(target).__name__}, want an nn.Module or a dict of tensors")
+    return sd
+
+
+def _plan_key(sd: Mapping[str, Any], aliased: bool = False) -> Optional[Tuple[Any, ...]]:
+    """What byte views of ``sd``'s tensors depend on: per tensor its name,
+    memory address, dtype, shape, strides and device, in ``sd``'s order.
+    None (never cached) unless every value is a torch tensor (a numpy
+    array's views are cheap to rebuild, and its writeable flag can change)
+    and, with ``aliased``, a contiguous CPU one (whose bytes save_parts
+    views in place rather than copies)."""
+    key: List[Any] = []
+    for k, v in sd.items():
+        if not type(v).__module__.startswith("torch"):
+            return None
+        try:
+            dev = v.device
+            if aliased and (dev.type != "cpu" or not v.is_contiguous()):
+                return None
+            key.append((k, v.data_ptr(), v.dtype, v.shape, v.stride(), dev))
+        except (RuntimeError, AttributeError):  # no storage (meta, sparse): no cache
+            return None
+    return tuple(key)
+
+
+class PartsCache:
+    """``save_parts`` of the last state dict seen, reused while its tensors
+    are the same contiguous CPU memory with the same dtypes and shapes
+    (``_plan_key``): the parts are the encoded header and views of that
+    memory, so a reused answer sends the tensors' current values. ~20 µs a
+    push for the learner loop's two tensors, against ~3 µs for the key. A
+    tensor replaced, reallocated or reshaped makes new parts; other values
+    (numpy, GPU, strided tensors, which save_parts may copy) are encoded
+    every time.
+
+    Parts are kept only once the same tensors come a second time in a row,
+    and dropped at the first miss: the kept views hold their tensors'
+    memory, and a caller that pushes fresh tensors every time (a module's
+    ``.grad`` after ``zero_grad(set_to_none=True)``) would otherwise keep
+    its previous gradient alive for nothing. Between misses only the key
+    (numbers, no tensor) is held. Safe for concurrent use (an entry is
+    replaced whole and always pairs parts with the key they were made
+    from)."""
+
+    __slots__ = ("_entry", "_seen")
+
+    def __init__(self) -> None:
+        self._entry: Optional[Tuple[Tuple[Any, ...], Tuple[bytes, List[memoryview]]]] = None
+        self._seen: Optional[Tuple[Any, ...]] = None  # the last key, kept or not
+
+    def get(self, state_dict: Mapping[str, Any]) -> Tuple[bytes, List[memoryview]]:
+        """The parts of ``state_dict`` as save_parts returns them (the list
+        is shared between calls: do not modify it)."""
+        key = _plan_key(state_dict, aliased=True)
+        e = self._entry
+        if key is not None and e is not None and e[0] == key:
+            return e[1]
+        parts = save_parts(state_dict)
+        self._entry = (key, parts) if key is not None and key == self._seen else None
+        self._seen = key
+        return parts
+
+
+class TargetCache:
+    """The Target of the last target seen, reused while every tensor the
+    target's ``state_dict()`` returns is the same memory with the same
+    dtype, shape, strides and device (``_plan_key``): rebuilding a Target
+    costs ~20 µs for a two-tensor module (the torch byte views), checking
+    the key ~2 µs. A tensor replaced, reallocated or reshaped between calls
+    makes a new Target, so writes always land in the target's current
+    tensors and a version that does not fit the current shapes is refused.
+    A kept Target holds references to the tensors it writes, so, as
+    ``PartsCache`` does, it is kept only once the same tensors come a second
+    time in a row and dropped at the first miss (a caller that pulls into a
+    fresh module every time keeps none alive). Not safe for concurrent use:
+    each caller keeps its own."""
+
+    __slots__ = ("_key", "_target", "_seen")
+
+    def __init__(self) -> None:
+        self._key: Optional[Tuple[Any, ...]] = None
+        self._target: Optional[Target] = None
+        self._seen: Optional[Tuple[Any, ...]] = None  # the last key, kept or not
+
+    def get(self, target: Any) -> "Target":
+        """The Target of ``target``'s tensors as they are now."""
+        sd = _state_dict(target)
+        key = _plan_key(sd)
+        if key is not None and self._target is not None and key == self._key:
+            return self._target
+        t = Target(sd)
+        keep = key is not None and key == self._seen
+        self._key, self._target, self._seen = key, (t if keep else None), key
+        return t
+
+
 class Target:
     """Tensors a version is written into in place: an ``nn.Module`` (its
     ``state_dict()``, whose tensors share the parameters' memory) or a dict
     of torch tensors / writable numpy arrays."""
 
     def __init__(self, target: Any):
-        sd = target.state_dict() if callable(getattr(target, "state_dict", None)) else target
-        if not isinstance(sd, Mapping):
-            raise TypeError(f"pull_into target: a {type(target).__name__}, want an nn.Module or a dict of tensors")
-        self._tensors = dict(sd)
+        self._tensors = dict(_state_dict(target))
         self._views = {k: _byte_view(k, v) for k, v in self._tensors.items()}
 
     def write(self, blob: Any, *, what: str = "version") -> None:
