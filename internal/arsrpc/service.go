@@ -297,7 +297,11 @@ func (s *Service) StartRun(ctx context.Context, req *pb.ARSStartRunRequest) (*pb
 		return nil, grpcerr.ToStatus(fmt.Errorf("%w: request id of %d bytes (at most 128)", errs.ErrInvalid, len(req.RequestId)))
 	}
 	if r, ok := s.c.byRequest[req.RequestId]; ok && req.RequestId != "" {
-		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil // a retry
+		// A retry: the first may have failed after writing the run.
+		if err := s.acknowledgeLocked(ctx, r.model); err != nil {
+			return nil, grpcerr.ToStatus(fmt.Errorf("start run %s: %w", r.id, err))
+		}
+		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil
 	}
 	for attempt := 0; attempt < 1000; attempt++ {
 		r, blob, err := s.c.prepareRun(req.GetSpec(), s.cfg.Now())
@@ -318,6 +322,9 @@ func (s *Service) StartRun(ctx context.Context, req *pb.ARSStartRunRequest) (*pb
 		s.c.addRun(r)
 		s.broadcastLocked()
 		s.cfg.Logger.Info("ars run started", "run", r.id, "model", r.model, "env", r.spec.Env, "seed", r.spec.Seed, "version", r.spec.Version, "directions", r.spec.Directions, "top", r.spec.Top)
+		if err := s.acknowledgeLocked(ctx, r.model); err != nil {
+			return nil, grpcerr.ToStatus(fmt.Errorf("start run %s: %w", r.id, err))
+		}
 		return &pb.ARSStartRunResponse{RunId: r.id, Model: r.model}, nil
 	}
 	return nil, grpcerr.ToStatus(fmt.Errorf("%w: no free run name", errs.ErrExists))
@@ -345,7 +352,24 @@ func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.A
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
 	s.saveLocked(r)
 	s.broadcastLocked()
+	if err := s.acknowledgeLocked(ctx, r.model); err != nil {
+		return nil, grpcerr.ToStatus(fmt.Errorf("stop run %s: %w", r.id, err))
+	}
 	return &pb.ARSStopRunResponse{}, nil
+}
+
+// acknowledgeLocked returns once the run state written so far is
+// acknowledged as a publish is (store.Acknowledger: on a cluster, on the
+// standbys a publish waits for), so what StartRun and StopRun answered
+// survives a failover; a store that acknowledges every write as it
+// commits it needs nothing. model's versions are already acknowledged.
+// Caller holds mu.
+func (s *Service) acknowledgeLocked(ctx context.Context, model string) error {
+	ack, ok := store.AsAcknowledger(s.cfg.Store)
+	if !ok {
+		return nil
+	}
+	return ack.Acknowledge(ctx, model, 0)
 }
 
 // WatchRun implements pb.ARSServer.

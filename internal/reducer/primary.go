@@ -265,7 +265,26 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 // with an equal config is a no-op returning the current version and step
 // count (so a client re-registering after a hub restart carries on); with
 // a different one it fails with errs.ErrExists.
+//
+// On a cluster (the store is a store.Acknowledger) Register returns once
+// the registration is acknowledged as a publish is: every file it wrote
+// is on the standbys a publish waits for, so a primary killed after it
+// returned leaves a successor that has it. A repeated Register waits for
+// that too (an earlier one may have failed after writing its files).
 func (p *Primary) Register(ctx context.Context, mc ModelConfig) (version, steps uint64, err error) {
+	version, steps, err = p.register(ctx, mc)
+	if err != nil {
+		return 0, 0, err
+	}
+	if ack, ok := store.AsAcknowledger(p.cfg.Store); ok {
+		if err := p.reacknowledge(ctx, mc.Model, version, ack.Acknowledge(ctx, mc.Model, version)); err != nil {
+			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
+		}
+	}
+	return version, steps, nil
+}
+
+func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps uint64, err error) {
 	if err := mc.validate(); err != nil {
 		return 0, 0, err
 	}

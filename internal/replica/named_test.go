@@ -41,10 +41,17 @@ type namedPrimary struct {
 
 func startNamedPrimary(t *testing.T, ctx context.Context) *namedPrimary {
 	t.Helper()
+	return startNamedPrimaryScan(t, ctx, 0)
+}
+
+// startNamedPrimaryScan is startNamedPrimary with the Source's scan
+// interval (SourceConfig.Interval; 0: its default).
+func startNamedPrimaryScan(t *testing.T, ctx context.Context, scan time.Duration) *namedPrimary {
+	t.Helper()
 	p := &namedPrimary{dir: t.TempDir()}
 	var err error
 	p.src, err = NewSource(SourceConfig{DataDir: p.dir, Epoch: 5, Acks: AcksAll, AckTimeout: time.Minute, Logger: testkit.Logger(),
-		Standbys: func(context.Context) ([]string, error) { return []string{"s1"}, nil }})
+		Interval: scan, Standbys: func(context.Context) ([]string, error) { return []string{"s1"}, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +157,8 @@ func TestNamedStateReachesTheFollower(t *testing.T) {
 		t.Fatalf("the standby's journal once v2 is acknowledged: %v (%v), want it to end at v2", steps, err)
 	}
 
-	// An ARS run's state is written after its policy's push (nothing
-	// acknowledges it): the scan ships it by name.
+	// An ARS run's state is written after its policy's push and reaches
+	// the standby by name (StartRun waits for its acknowledgement).
 	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +232,65 @@ func TestNamedRemovalReachesTheFollower(t *testing.T) {
 	p.sameFile(t, v3)
 	if w := p.src.stateWalks.Load(); w != 1 {
 		t.Fatalf("%d whole walks of ars/ and reducer/, want 1 (the first snapshot's): the removal came by name", w)
+	}
+}
+
+// A reducer registration is on the standby when Register returns: with
+// the scan that ships unannounced state never due, only the unit Register
+// waits for can carry it (before, Register returned once the model's
+// claim was acknowledged and the registration it wrote after waited for
+// the scan: a primary killed in between left a successor without it).
+func TestRegistrationIsOnTheStandbyWhenRegisterReturns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimaryScan(t, ctx, time.Hour)
+	const model = "registered"
+	sc, rc := newNamedClients(t, ctx, p, model) // returns once Register did
+	mdir := filepath.Join("reducer", store.ModelDir(model))
+	p.sameFile(t, filepath.Join(mdir, "registration.json"))
+	p.sameFile(t, filepath.Join(mdir, "journal.log"))
+	// A repeated Register (a client carrying on after a failover) waits
+	// for the same acknowledgement and changes nothing.
+	if v, steps, err := rc.Register(ctx, reducer.ModelConfig{Model: model, Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01}}); err != nil || v != 1 || steps != 0 {
+		t.Fatalf("register again: v%d, %d steps, %v; want v1, 0 steps", v, steps, err)
+	}
+	p.step(t, ctx, sc, rc, model, 2)
+	p.sameFile(t, filepath.Join(mdir, "journal.log"))
+}
+
+// An ARS run's state is on the standby when StartRun returns, and its
+// stopped state when StopRun does (the scan never due, as above).
+func TestARSRunStateIsOnTheStandbyWhenStartOrStopReturns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimaryScan(t, ctx, time.Hour)
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ars := rlhubv1.NewARSClient(conn)
+	spec := &rlhubv1.ARSRunSpec{Env: "CartPole-v1", Seed: 1, Directions: 4, Top: 2, EvalEvery: 1 << 30, MaxIterations: 1000}
+	run, err := ars.StartRun(ctx, &rlhubv1.ARSStartRunRequest{Spec: spec, RequestId: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join("ars", run.RunId, "state.json")
+	p.sameFile(t, state)
+	p.sameFile(t, filepath.Join("ars", run.RunId, "progress.log"))
+	before, _ := os.ReadFile(filepath.Join(p.dir, state))
+	if _, err := ars.StopRun(ctx, &rlhubv1.ARSStopRunRequest{RunId: run.RunId}); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.ReadFile(filepath.Join(p.dir, state))
+	if bytes.Equal(before, after) {
+		t.Fatal("StopRun did not change the run's state file")
+	}
+	p.sameFile(t, state)
+	// A retried StartRun (same request id) answers the same run.
+	again, err := ars.StartRun(ctx, &rlhubv1.ARSStartRunRequest{Spec: spec, RequestId: "r1"})
+	if err != nil || again.RunId != run.RunId {
+		t.Fatalf("retried StartRun: %v, %v; want run %s", again, err, run.RunId)
 	}
 }
 
