@@ -2,26 +2,13 @@ package arsrpc
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
-
-// checkedStore runs a StateNames check before every push: an
-// iteration's state must be named before its policy is pushed (the
-// replication cuts the unit that acknowledges the push after it).
-type checkedStore struct {
-	store.Store
-	names *testkit.StateNames
-}
-
-func (c checkedStore) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
-	c.names.Check(fmt.Sprintf("before pushing %s v%d", req.Name, req.Version))
-	return c.Store.Push(ctx, req)
-}
 
 // TestPersisterNamesEveryFileItWrites: with a StateChanged, the service
 // names each run's progress.log and state.json once written, before the
@@ -31,7 +18,7 @@ func TestPersisterNamesEveryFileItWrites(t *testing.T) {
 	dir := t.TempDir()
 	names := testkit.NewStateNames(t, dir)
 	mem, _ := store.NewMemory(store.Config{})
-	st := checkedStore{Store: mem, names: names}
+	st := storetest.BeforePush{Store: mem, Check: names.Check}
 	open := func() *Service {
 		s, err := New(Config{Store: st, DataDir: dir, Logger: testkit.Logger(), StateChanged: names.Changed})
 		if err != nil {

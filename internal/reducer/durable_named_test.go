@@ -2,25 +2,11 @@ package reducer
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
-	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
-
-// checkedStore runs a StateNames check before every push: the state a
-// version needs must be named before the version is pushed (the
-// replication cuts the unit that acknowledges the push after it).
-type checkedStore struct {
-	store.Store
-	names *testkit.StateNames
-}
-
-func (c checkedStore) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
-	c.names.Check(fmt.Sprintf("before pushing %s v%d", req.Name, req.Version))
-	return c.Store.Push(ctx, req)
-}
 
 // TestDurableNamesEveryFileItChanges: with a StateChanged, the primary
 // names every file of its state directory it writes or removes — the
@@ -32,7 +18,7 @@ func TestDurableNamesEveryFileItChanges(t *testing.T) {
 	e := newDurableEnv(t)
 	names := testkit.NewStateNames(t, e.stateDir)
 	inner := e.st
-	e.st = checkedStore{Store: inner, names: names}
+	e.st = storetest.BeforePush{Store: inner, Check: names.Check}
 	cfg := PrimaryConfig{JournalCompactBytes: 300, LedgerWindow: 4, StateChanged: names.Changed}
 	p := e.open(cfg)
 	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
@@ -43,7 +29,7 @@ func TestDurableNamesEveryFileItChanges(t *testing.T) {
 	names.Check("after 12 steps")
 	e.close()
 	e.openStore()
-	e.st = checkedStore{Store: e.st, names: names}
+	e.st = storetest.BeforePush{Store: e.st, Check: names.Check}
 	e.open(cfg) // restores: the journal cut back, stale state files removed
 	names.Check("after the restart")
 	e.steps(e.p, 13, 14)

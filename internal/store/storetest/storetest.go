@@ -801,3 +801,17 @@ func testLend(t *testing.T, o Opener) {
 	push(5)
 	want(1, 2, 4)
 }
+
+// BeforePush is Store with Check called before every Push, told which
+// version is about to be pushed ("before pushing NAME vN"): a test of
+// what a writer must have done by then (testkit.StateNames.Check).
+type BeforePush struct {
+	store.Store
+	Check func(when string)
+}
+
+// Push checks, then pushes through Store.
+func (b BeforePush) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	b.Check(fmt.Sprintf("before pushing %s v%d", req.Name, req.Version))
+	return b.Store.Push(ctx, req)
+}
