@@ -3,9 +3,7 @@ package replica_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,7 +14,6 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
-	"github.com/rlhub/rlhub/internal/netsec"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/store/storetest"
@@ -64,27 +61,20 @@ func TestSecureClusterFailsOver(t *testing.T) {
 		c.start(h)
 	}
 
-	pool, err := netsec.CertPool(pem("ca"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := netsec.KeyPair(pem("client"), pem("client-key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsConf := &tls.Config{RootCAs: pool, Certificates: certs, MinVersion: tls.VersionTLS12}
+	// A client's connection as the CLI's flags make it (dial.Files).
 	client := func(role string) *storerpc.Client {
 		t.Helper()
-		var token string
+		files := dial.Files{CA: pem("ca"), Cert: pem("client"), Key: pem("client-key")}
 		if role != "" {
-			raw, err := os.ReadFile(filepath.Join(dir, role+".token"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			token = strings.TrimSpace(string(raw))
+			files.TokenFile = filepath.Join(dir, role+".token")
 		}
+		dc, err := files.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc.Etcd = sec
 		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: dial.EtcdTarget(e.HostPort(), name),
-			Dial:        dial.Config{TLS: tlsConf, Token: token, Etcd: sec},
+			Dial:        dc,
 			CallTimeout: 30 * time.Second, MaxAttempts: 20, MaxBackoff: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
