@@ -45,6 +45,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -447,6 +448,9 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 
 // toGRPC hands c to the gRPC server.
 func (s *Server) toGRPC(c net.Conn, g *grpcListener) {
+	if s.requeue != nil {
+		c = &handedConn{Conn: c, requeue: s.requeue}
+	}
 	select {
 	case g.conns <- c:
 	case <-g.done:
@@ -760,6 +764,46 @@ func (g *grpcListener) Close() error {
 }
 
 func (g *grpcListener) Addr() net.Addr { return g.addr }
+
+// handedConn is a connection handed to gRPC from a Requeuer's socket.
+// grpc-go closes a connection its Serve accepted without reading or
+// writing a byte when the server stops before the connection's goroutine
+// starts (handleRawConn checks quit first); the client, its preface sent,
+// sees a reset ("error reading server preface"). Such a connection goes
+// back to the socket for the role that serves next, as one the sniff
+// still held does (seen as a CI flake: TestRoleSwitchNeverRefusesAConnection).
+type handedConn struct {
+	net.Conn
+	requeue func(net.Conn)
+	used    atomic.Bool // gRPC read or wrote
+	closed  atomic.Bool
+}
+
+func (c *handedConn) Read(p []byte) (int, error) {
+	if !c.used.Load() {
+		c.used.Store(true)
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *handedConn) Write(p []byte) (int, error) {
+	if !c.used.Load() {
+		c.used.Store(true)
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *handedConn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if !c.used.Load() {
+		_ = c.Conn.SetDeadline(time.Time{})
+		c.requeue(c.Conn)
+		return nil
+	}
+	return c.Conn.Close()
+}
 
 // prefixConn replays bytes already read from a connection.
 type prefixConn struct {

@@ -598,3 +598,112 @@ func TestShutdownGivesUnservedConnectionsBack(t *testing.T) {
 		t.Fatalf("the given-back connection reads %q, want the sniffed bytes then the rest", got)
 	}
 }
+
+// lateListener returns the connection it accepted only once it is
+// closed: the gRPC server gets it after its stop began, as happens when
+// its Serve accepts just before the stop and the connection's goroutine
+// runs just after.
+type lateListener struct {
+	net.Listener
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *lateListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	<-l.closed
+	return c, nil
+}
+
+func (l *lateListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// A connection the gRPC server accepted but closed at its stop without
+// reading or writing a byte goes back to a Requeuer listener, whole,
+// instead of resetting a client whose preface was sent.
+func TestGRPCStopGivesUntouchedConnectionsBack(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &requeueListener{Listener: lis, back: make(chan net.Conn, 1)}
+	srv := bulk.NewServer()
+	defer srv.Close()
+	late := &lateListener{Listener: srv.Listen(rl), closed: make(chan struct{})}
+	gs := grpc.NewServer()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(late) }()
+
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+	if _, err := c.Write([]byte(preface)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the connection accepted", func() bool { open, _ := srv.PeerConns("127.0.0.1"); return open > 0 })
+	gs.Stop() // hands the held connection to Serve after quit
+	<-served
+	var back net.Conn
+	select {
+	case back = <-rl.back:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection gRPC closed untouched was not given back")
+	}
+	defer back.Close()
+	_ = back.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(preface))
+	if _, err := io.ReadFull(back, got); err != nil {
+		t.Fatalf("read the given-back connection: %v", err)
+	}
+	if string(got) != preface {
+		t.Fatalf("the given-back connection reads %q, want the client's preface", got)
+	}
+}
+
+// A connection gRPC read from is closed when gRPC closes it: only an
+// untouched one goes back.
+func TestGRPCClosesConnectionsItUsed(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := &requeueListener{Listener: lis, back: make(chan net.Conn, 1)}
+	srv := bulk.NewServer()
+	defer srv.Close()
+	g := srv.Listen(rl)
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("not the data plane")); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := g.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the client's connection is still open after gRPC closed it")
+	}
+	select {
+	case <-rl.back:
+		t.Fatal("a connection gRPC read from was given back")
+	default:
+	}
+}
