@@ -546,29 +546,38 @@ type requeueListener struct {
 
 func (l *requeueListener) Requeue(c net.Conn) { l.back <- c }
 
-// A connection still being sniffed when Shutdown begins is given back to
-// a Requeuer listener with the bytes already read replayed, not closed:
-// the next server on the socket serves it whole.
-func TestShutdownGivesUnservedConnectionsBack(t *testing.T) {
+// requeueing starts a server on a Requeuer listener on 127.0.0.1 and a
+// client connection to it that has written first; it returns the
+// listener, the server, gRPC's side of it and the client's connection.
+func requeueing(t *testing.T, first string) (*requeueListener, *bulk.Server, net.Listener, net.Conn) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	rl := &requeueListener{Listener: lis, back: make(chan net.Conn, 1)}
 	srv := bulk.NewServer()
+	t.Cleanup(func() { srv.Close() })
 	g := srv.Listen(rl)
-	gs := grpc.NewServer()
-	served := make(chan struct{})
-	go func() { defer close(served); _ = gs.Serve(g) }()
-
 	c, err := net.Dial("tcp", lis.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if _, err := c.Write([]byte("PRI")); err != nil { // 3 of gRPC's 24-byte preface
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write([]byte(first)); err != nil {
 		t.Fatal(err)
 	}
+	return rl, srv, g, c
+}
+
+// A connection still being sniffed when Shutdown begins is given back to
+// a Requeuer listener with the bytes already read replayed, not closed:
+// the next server on the socket serves it whole.
+func TestShutdownGivesUnservedConnectionsBack(t *testing.T) {
+	rl, srv, g, c := requeueing(t, "PRI") // 3 of gRPC's 24-byte preface
+	gs := grpc.NewServer()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(g) }()
 	// The sniff holds the connection, waiting for the rest of its first
 	// 8 bytes, until Shutdown.
 	testkit.Eventually(t, 10*time.Second, "the connection accepted", func() bool { open, _ := srv.PeerConns("127.0.0.1"); return open > 0 })
@@ -627,27 +636,12 @@ func (l *lateListener) Close() error {
 // reading or writing a byte goes back to a Requeuer listener, whole,
 // instead of resetting a client whose preface was sent.
 func TestGRPCStopGivesUntouchedConnectionsBack(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := &requeueListener{Listener: lis, back: make(chan net.Conn, 1)}
-	srv := bulk.NewServer()
-	defer srv.Close()
-	late := &lateListener{Listener: srv.Listen(rl), closed: make(chan struct{})}
+	const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+	rl, srv, g, _ := requeueing(t, preface)
+	late := &lateListener{Listener: g, closed: make(chan struct{})}
 	gs := grpc.NewServer()
 	served := make(chan struct{})
 	go func() { defer close(served); _ = gs.Serve(late) }()
-
-	c, err := net.Dial("tcp", lis.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-	if _, err := c.Write([]byte(preface)); err != nil {
-		t.Fatal(err)
-	}
 	testkit.Eventually(t, 10*time.Second, "the connection accepted", func() bool { open, _ := srv.PeerConns("127.0.0.1"); return open > 0 })
 	gs.Stop() // hands the held connection to Serve after quit
 	<-served
@@ -671,22 +665,7 @@ func TestGRPCStopGivesUntouchedConnectionsBack(t *testing.T) {
 // A connection gRPC read from is closed when gRPC closes it: only an
 // untouched one goes back.
 func TestGRPCClosesConnectionsItUsed(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rl := &requeueListener{Listener: lis, back: make(chan net.Conn, 1)}
-	srv := bulk.NewServer()
-	defer srv.Close()
-	g := srv.Listen(rl)
-	c, err := net.Dial("tcp", lis.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write([]byte("not the data plane")); err != nil {
-		t.Fatal(err)
-	}
+	rl, _, g, c := requeueing(t, "not the data plane")
 	sc, err := g.Accept()
 	if err != nil {
 		t.Fatal(err)
