@@ -546,6 +546,19 @@ type requeueListener struct {
 
 func (l *requeueListener) Requeue(c net.Conn) { l.back <- c }
 
+// given returns the connection given back, failing t when none comes.
+func (l *requeueListener) given(t *testing.T, what string) net.Conn {
+	t.Helper()
+	select {
+	case c := <-l.back:
+		t.Cleanup(func() { c.Close() })
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s was not given back", what)
+		return nil
+	}
+}
+
 // requeueing starts a server on a Requeuer listener on 127.0.0.1 and a
 // client connection to it that has written first; it returns the
 // listener, the server, gRPC's side of it and the client's connection.
@@ -588,13 +601,7 @@ func TestShutdownGivesUnservedConnectionsBack(t *testing.T) {
 	}
 	gs.Stop()
 	<-served
-	var back net.Conn
-	select {
-	case back = <-rl.back:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the unserved connection was not given back")
-	}
-	defer back.Close()
+	back := rl.given(t, "the unserved connection")
 	if _, err := c.Write([]byte(" * HTTP/2.0")); err != nil {
 		t.Fatalf("the client's connection was closed: %v", err)
 	}
@@ -645,13 +652,7 @@ func TestGRPCStopGivesUntouchedConnectionsBack(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, "the connection accepted", func() bool { open, _ := srv.PeerConns("127.0.0.1"); return open > 0 })
 	gs.Stop() // hands the held connection to Serve after quit
 	<-served
-	var back net.Conn
-	select {
-	case back = <-rl.back:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the connection gRPC closed untouched was not given back")
-	}
-	defer back.Close()
+	back := rl.given(t, "the connection gRPC closed untouched")
 	_ = back.SetReadDeadline(time.Now().Add(10 * time.Second))
 	got := make([]byte, len(preface))
 	if _, err := io.ReadFull(back, got); err != nil {
