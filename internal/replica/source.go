@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -128,6 +129,7 @@ type Source struct {
 	root      string        // DataDir made absolute (what Changed's paths are relative to)
 	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
 	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
+	tree      fileTree      // the mirrored files as of the newest snapshot (snapMu held)
 	// stateWalks counts the snapshots' whole walks of ars/ and reducer/,
 	// namedWalks the named paths walked instead (tests read them).
 	stateWalks, namedWalks atomic.Uint64
@@ -694,7 +696,7 @@ func (s *Source) ship(ctx context.Context, ss frameStream, p *peer, have map[str
 			continue
 		}
 		unit := max(snap.unit, sent) // units only grow on a stream
-		ok, err := s.sendSnapshot(ss, snap, unit, u > sent, shipped, p.codec)
+		ok, err := s.sendSnapshot(ss, snap, seen, unit, u > sent, shipped, p.codec)
 		if err != nil {
 			return err
 		}
@@ -739,9 +741,15 @@ type snapshot struct {
 	seq  uint64 // its place among cuts (Source.seq, taken under the freeze)
 	unit uint64 // Source.unit under the freeze: it covers every publish that asked for a unit ≤ unit
 	at   time.Time
-	// entries are every mirrored file, stamps the same by path.
-	entries []entry
-	stamps  map[string]stamp
+	// delta is every file whose state differs from the snapshot before
+	// it (seq-1; for the first of a term, every file), by path.
+	delta map[string]change
+	// full, when set, is every mirrored file as of this snapshot: the
+	// first of a term and those that walked a directory whole (the safety
+	// net). A stream sending a snapshot compares what its follower holds
+	// with the newest full at or after the follower's cut and the deltas
+	// after it (sendSnapshot), not with the whole tree.
+	full map[string]stamp
 	// files holds the content of the files that changed since the
 	// snapshot before (and of some unchanged ones, carried from it);
 	// guarded by Source.mu, nil once every follower has shipped the
@@ -838,32 +846,32 @@ func (s *Source) snapshotFor(u, seen uint64) (*snapshot, error) {
 // takes its own cut.
 const maxCarried = 64 << 20
 
-// takeSnapshot walks the tree under the freeze and reads what changed
-// since prev (the first snapshot, with no prev, reads nothing: it is the
-// base the next one compares with); s.snapMu is held. Of the store it
-// walks only the model directories commits named since prev (CommitModel)
-// and takes the others' entries from prev, unless prev is nil, a commit
-// did not name its model, or the last whole walk is fullWalkEvery
-// intervals old; of ars/ and reducer/ likewise only the paths their
-// writers named since prev (Changed). A version file committed since
-// prev is shipped from the bytes the store lent (offerVersion) when the
-// file is as offered. When something changed, or force, the snapshot
-// becomes s.latest and the followers are woken; otherwise prev is
-// returned (at once, without the freeze, when nothing was named and no
-// whole walk is due).
+// takeSnapshot looks, under the freeze, at what changed since the
+// snapshot before (prev; s.tree is its files) and reads it (the first
+// snapshot of a term walks everything and reads nothing: it is the base
+// the next one compares with); s.snapMu is held. Of the store it walks
+// only the model directories commits named since (CommitModel), of ars/
+// and reducer/ only the paths their writers named (Changed), and
+// compares what it found with s.tree under those paths alone; it walks a
+// part whole when prev is nil, a commit did not name its model, a writer
+// named too much, a walk failed, or the last whole walk is
+// fullWalkEvery intervals old. A version file committed since is shipped
+// from the bytes the store lent (offerVersion) when the file is as
+// offered. When something changed, or force, the snapshot becomes
+// s.latest and the followers are woken; otherwise prev is returned (at
+// once, without the freeze, when nothing was named and no whole walk is
+// due).
 func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	if !force && prev != nil && !s.pending() {
 		return prev, nil
 	}
-	var prevStamps map[string]stamp
 	var prevFiles map[string]*content
 	if prev != nil {
-		prevStamps = prev.stamps
 		s.mu.Lock()
 		prevFiles = prev.files
 		s.mu.Unlock()
 	}
-	snap := &snapshot{stamps: map[string]stamp{}, files: map[string]*content{}}
+	snap := &snapshot{files: map[string]*content{}}
 	type toRead struct {
 		rel string
 		st  stamp
@@ -879,9 +887,19 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 			m.free()
 		}
 	}()
-	fresh, carried := 0, int64(0)
 	var carriedFrom []*content // prev's contents this one holds too
 	var made []*memFile        // the lent bytes this one ships from
+	first := s.tree.files == nil
+	var found []entry // the first snapshot's walk: the tree
+	whole := first    // a part was walked whole: snap.full is set
+	fail := func() {  // what this snapshot took is walked next time
+		s.dirtyMu.Lock()
+		s.dirtyAll, s.namedAll = true, true
+		s.dirtyMu.Unlock()
+		for _, m := range made {
+			m.free()
+		}
+	}
 	err := func() (err error) {
 		s.freeze.Lock()
 		defer s.freeze.Unlock()
@@ -890,61 +908,68 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		mem = s.mem
 		s.dirty, s.dirtyAll, s.mem, s.named, s.namedAll = nil, false, nil, nil, false
 		s.dirtyMu.Unlock()
-		defer func() {
-			if err != nil { // what the failed walk took is walked next time
-				s.dirtyMu.Lock()
-				s.dirtyAll, s.namedAll = true, true
-				s.dirtyMu.Unlock()
-			}
-		}()
-		stored, err := s.walkStore(prev, dirty, all)
+		stored, storeScopes, storeWhole, err := s.walkStore(dirty, all || first)
 		if err != nil {
 			return err
 		}
-		state, err := s.walkState(prev, named, namedAll)
+		state, stateScopes, stateWhole, err := s.walkState(named, namedAll || first)
 		if err != nil {
 			return err
 		}
-		for _, e := range append(stored, state...) {
-			if old, ok := prevStamps[e.rel]; prev == nil || ok && old == e.st {
-				if c := prevFiles[e.rel]; c != nil && c.st == e.st && carried+c.size <= maxCarried {
-					snap.files[e.rel] = c
-					carriedFrom = append(carriedFrom, c)
-					carried += c.size
-				}
-				snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+		whole = first || storeWhole || stateWhole
+		if first {
+			found = append(stored, state...)
+		} else {
+			snap.delta = s.tree.diff(append(stored, state...), append(storeScopes, stateScopes...))
+		}
+		for rel, ch := range snap.delta {
+			if ch.gone {
 				continue
 			}
-			path := filepath.Join(s.cfg.DataDir, e.rel)
-			if m := mem[e.rel]; m != nil && m.st == e.st {
-				snap.files[e.rel] = memContent(m)
+			path := filepath.Join(s.cfg.DataDir, rel)
+			var gone bool
+			if m := mem[rel]; m != nil && m.st == ch.st {
+				snap.files[rel] = memContent(m)
 				made = append(made, m)
 				s.fromMemory.Add(1)
-				delete(mem, e.rel)
-			} else if immutable(e.rel) {
+				delete(mem, rel)
+			} else if immutable(rel) {
 				f, err := os.Open(path)
-				if errors.Is(err, os.ErrNotExist) {
-					continue // removed since the walk: absent from this snapshot
+				if gone = errors.Is(err, os.ErrNotExist); err != nil && !gone {
+					return fmt.Errorf("replica: read %s: %w", rel, err)
 				}
-				if err != nil {
-					return fmt.Errorf("replica: read %s: %w", e.rel, err)
+				if !gone {
+					later = append(later, toRead{rel: rel, st: ch.st, f: f})
 				}
-				later = append(later, toRead{rel: e.rel, st: e.st, f: f})
 			} else {
 				data, err := os.ReadFile(path)
-				if errors.Is(err, os.ErrNotExist) {
-					continue
+				if gone = errors.Is(err, os.ErrNotExist); err != nil && !gone {
+					return fmt.Errorf("replica: read %s: %w", rel, err)
 				}
-				if err != nil {
-					return fmt.Errorf("replica: read %s: %w", e.rel, err)
+				if !gone {
+					snap.files[rel] = &content{st: ch.st, size: int64(len(data)), frames: dataFrames(data, nil)}
 				}
-				snap.files[e.rel] = &content{st: e.st, size: int64(len(data)), frames: dataFrames(data, nil)}
 			}
-			fresh++
-			snap.entries, snap.stamps[e.rel] = append(snap.entries, e), e.st
+			if gone { // removed since the walk: absent from this snapshot
+				if _, ok := s.tree.files[rel]; ok {
+					snap.delta[rel] = change{gone: true}
+				} else {
+					delete(snap.delta, rel)
+				}
+			}
 		}
-		if !force && prev != nil && fresh == 0 && len(snap.stamps) == len(prevStamps) {
+		if !force && !first && len(snap.delta) == 0 {
 			return nil // as prev left it
+		}
+		// prev's content of a file this one did not change is carried for
+		// a follower that has not shipped prev yet.
+		carried := int64(0)
+		for rel, c := range prevFiles {
+			if _, changed := snap.delta[rel]; !changed && s.tree.files[rel] == c.st && carried+c.size <= maxCarried {
+				snap.files[rel] = c
+				carriedFrom = append(carriedFrom, c)
+				carried += c.size
+			}
 		}
 		s.mu.Lock()
 		s.seq++
@@ -953,9 +978,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		return nil
 	}()
 	if err != nil {
-		for _, m := range made {
-			m.free()
-		}
+		fail()
 		return nil, err
 	}
 	if snap.seq == 0 {
@@ -964,13 +987,31 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	for _, r := range later { // immutable: read after the freeze
 		c, err := readFrames(r.f, r.rel)
 		if err != nil {
-			for _, m := range made {
-				m.free()
-			}
+			fail()
 			return nil, err
 		}
 		c.st = r.st
 		snap.files[r.rel] = c
+	}
+	if first {
+		snap.delta = make(map[string]change, len(found))
+		for _, e := range found {
+			s.tree.set(e.rel, e.st)
+			snap.delta[e.rel] = change{st: e.st}
+		}
+		if s.tree.files == nil {
+			s.tree.files, s.tree.dirs = map[string]stamp{}, map[string]map[string]struct{}{}
+		}
+	}
+	for rel, ch := range snap.delta {
+		if ch.gone {
+			s.tree.remove(rel)
+		} else {
+			s.tree.set(rel, ch.st)
+		}
+	}
+	if whole {
+		snap.full = maps.Clone(s.tree.files)
 	}
 	snap.at = time.Now()
 	s.mu.Lock()
@@ -1008,57 +1049,41 @@ func (s *Source) pending() bool {
 	return named || time.Since(s.fullAt) >= s.fullEvery || time.Since(s.stateAt) >= s.fullEvery
 }
 
-// walkStore lists the store's mirrored files under the freeze: all of
-// them when whole (or with no prev, or when the last whole walk is
-// fullWalkEvery intervals old), else those of the dirty model
-// directories, walked again, and prev's entries of every other one.
-// s.snapMu is held.
-func (s *Source) walkStore(prev *snapshot, dirty map[string]bool, whole bool) ([]entry, error) {
-	if whole || prev == nil || time.Since(s.fullAt) >= s.fullEvery {
+// walkStore walks the store's mirrored files under the freeze: all of
+// them when whole (or when the last whole walk is fullWalkEvery
+// intervals old), else the dirty model directories. It returns what it
+// found, the paths it walked (what the found files replace in s.tree)
+// and whether that was the whole store. s.snapMu is held.
+func (s *Source) walkStore(dirty map[string]bool, whole bool) ([]entry, []string, bool, error) {
+	if whole || time.Since(s.fullAt) >= s.fullEvery {
 		es, err := walk(s.cfg.DataDir, []string{"store"})
 		if err == nil {
 			s.fullAt = time.Now()
 		}
-		return es, err
+		return es, []string{"store"}, true, err
 	}
 	dirs := make([]string, 0, len(dirty))
 	for d := range dirty {
 		dirs = append(dirs, d)
 	}
 	es, err := walk(s.cfg.DataDir, dirs)
-	if err != nil {
-		return nil, err
-	}
-	sep := string(filepath.Separator)
-	for _, e := range prev.entries {
-		top, rest, _ := strings.Cut(e.rel, sep)
-		if top != "store" {
-			continue
-		}
-		model, _, nested := strings.Cut(rest, sep)
-		if nested && dirty[top+sep+model] {
-			continue // walked again above
-		}
-		es = append(es, e)
-	}
-	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.rel, b.rel) })
-	return es, nil
+	return es, dirs, false, err
 }
 
-// walkState lists ars/ and reducer/ under the freeze: all of it when
-// whole (a writer named too much, a walk failed), with no prev, or when
-// the last whole walk is fullWalkEvery intervals old; else prev's
-// entries, with the paths named (Changed) walked again in place of
-// prev's entries under them. A snapshot with nothing named stats
-// nothing here. s.snapMu is held.
-func (s *Source) walkState(prev *snapshot, named map[string]bool, whole bool) ([]entry, error) {
-	if whole || prev == nil || time.Since(s.stateAt) >= s.fullEvery {
+// walkState walks ars/ and reducer/ under the freeze: all of it when
+// whole (a writer named too much, a walk failed, the first snapshot) or
+// when the last whole walk is fullWalkEvery intervals old; else the
+// paths named (Changed). It returns what it found, the paths it walked
+// and whether that was all of ars/ and reducer/. A snapshot with nothing
+// named stats nothing here. s.snapMu is held.
+func (s *Source) walkState(named map[string]bool, whole bool) ([]entry, []string, bool, error) {
+	if whole || time.Since(s.stateAt) >= s.fullEvery {
 		s.stateWalks.Add(1)
 		es, err := walk(s.cfg.DataDir, stateDirs)
 		if err == nil {
 			s.stateAt = time.Now()
 		}
-		return es, err
+		return es, slices.Clone(stateDirs), true, err
 	}
 	// A path under another named one is walked with it.
 	paths := make([]string, 0, len(named))
@@ -1069,18 +1094,7 @@ func (s *Source) walkState(prev *snapshot, named map[string]bool, whole bool) ([
 	}
 	s.namedWalks.Add(uint64(len(paths)))
 	es, err := walk(s.cfg.DataDir, paths)
-	if err != nil {
-		return nil, err
-	}
-	sep := string(filepath.Separator)
-	for _, e := range prev.entries {
-		top, _, _ := strings.Cut(e.rel, sep)
-		if slices.Contains(stateDirs, top) && !within(e.rel, named) {
-			es = append(es, e)
-		}
-	}
-	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.rel, b.rel) })
-	return es, nil
+	return es, paths, false, err
 }
 
 // within reports whether rel or a directory above it is in set.
@@ -1179,43 +1193,87 @@ func (s *Source) scanLoop() {
 	}
 }
 
-// sendSnapshot sends what snap holds that shipped (what the follower
-// holds) does not, as unit, and records it in shipped; an empty unit is
-// sent only when force. ok is false, with nothing sent, when snap lacks
-// the content of a file the follower needs.
-func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
+// sendSnapshot sends, as unit, what snap holds that shipped (what the
+// follower holds: its cut or snapshot seen, and what changed on the
+// primary since that it was sent) does not, and records it in shipped;
+// an empty unit is sent only when force. What may differ is what the
+// snapshots after seen up to snap changed (their deltas), or, from the
+// newest of them that holds every file (full), everything: a unit costs
+// what changed, not the tree. ok is false, with nothing sent, when snap
+// lacks the content of a file the follower needs, or a snapshot between
+// seen and snap is gone: the caller sends the follower's own cut.
+func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
 	type send struct {
-		e entry
-		c *content
+		rel string
+		st  stamp
+		c   *content
 	}
 	var files []send
 	var gone []string
 	s.mu.Lock()
-	for _, e := range snap.entries {
-		if old, ok := shipped[e.rel]; ok && old == e.st {
-			continue
+	chain := s.chain(seen, snap)
+	if chain == nil {
+		s.mu.Unlock()
+		return false, nil
+	}
+	// The state snap holds, of every path that may differ from shipped:
+	// full's (when the chain starts at a full snapshot), then each delta
+	// after it, newest last.
+	full := chain[0].full
+	if full != nil {
+		chain = chain[1:]
+	}
+	merged := map[string]change{}
+	for _, c := range chain {
+		maps.Copy(merged, c.delta)
+	}
+	need := func(rel string, st stamp) bool {
+		if old, ok := shipped[rel]; ok && old == st {
+			return true
 		}
-		c := snap.files[e.rel]
-		if c == nil || c.st != e.st {
+		c := snap.files[rel]
+		if c == nil || c.st != st {
+			return false
+		}
+		files = append(files, send{rel, st, c})
+		return true
+	}
+	for rel, ch := range merged {
+		if ch.gone {
+			if _, ok := shipped[rel]; ok {
+				gone = append(gone, rel)
+			}
+		} else if !need(rel, ch.st) {
 			s.mu.Unlock()
 			return false, nil
 		}
-		files = append(files, send{e, c})
 	}
-	s.mu.Unlock()
-	for rel := range shipped {
-		if _, ok := snap.stamps[rel]; !ok {
-			gone = append(gone, rel)
+	if full != nil {
+		for rel, st := range full {
+			if _, ok := merged[rel]; !ok && !need(rel, st) {
+				s.mu.Unlock()
+				return false, nil
+			}
+		}
+		for rel := range shipped {
+			if _, ok := merged[rel]; !ok {
+				if _, ok := full[rel]; !ok {
+					gone = append(gone, rel)
+				}
+			}
 		}
 	}
+	s.mu.Unlock()
 	if len(files) == 0 && len(gone) == 0 && !force {
 		return true, nil
 	}
+	slices.SortFunc(files, func(a, b send) int { return strings.Compare(a.rel, b.rel) })
+	slices.Sort(gone)
 	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: unit, Epoch: s.cfg.Epoch})); err != nil {
 		return true, err
 	}
 	for _, f := range files {
-		if err := ss.SendMsg(pathFrame(kindFile, f.e.rel, f.c.size)); err != nil {
+		if err := ss.SendMsg(pathFrame(kindFile, f.rel, f.c.size)); err != nil {
 			return true, err
 		}
 		for _, d := range f.c.frames {
@@ -1223,7 +1281,7 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, unit uint64, force
 				return true, err
 			}
 		}
-		shipped[f.e.rel] = f.e.st
+		shipped[f.rel] = f.st
 	}
 	for _, rel := range gone {
 		if err := ss.SendMsg(pathFrame(kindDelete, rel, 0)); err != nil {
@@ -1232,6 +1290,27 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, unit uint64, force
 		delete(shipped, rel)
 	}
 	return true, ss.SendMsg(uvarintFrame(kindEnd, unit))
+}
+
+// chain returns the snapshots a follower holding cut or snapshot seen
+// must apply to hold snap, oldest first: those after seen up to snap,
+// or from the newest full one among them; nil when one is no longer
+// live (or snap is not newer than seen). s.mu is held.
+func (s *Source) chain(seen uint64, snap *snapshot) []*snapshot {
+	i := len(s.live) - 1
+	for i >= 0 && s.live[i] != snap {
+		i--
+	}
+	if i < 0 || snap.seq <= seen {
+		return nil
+	}
+	j := i
+	for ; s.live[j].full == nil && s.live[j].seq > seen+1; j-- {
+		if j == 0 || s.live[j-1].seq != s.live[j].seq-1 {
+			return nil
+		}
+	}
+	return s.live[j : i+1]
 }
 
 // opened is one file of a unit: its content read (mutable files) or an

@@ -144,3 +144,89 @@ func install(root, staged, rel string) error {
 	}
 	return os.Rename(staged, dst)
 }
+
+// change is one file's state in a snapshot's delta: its new stamp, or
+// gone (removed).
+type change struct {
+	st   stamp
+	gone bool
+}
+
+// fileTree is every mirrored file the Source knows of, with its stamp, as
+// of its newest snapshot: kept from snapshot to snapshot and updated by
+// what each one walked (the named paths, the safety net's whole walk), so
+// that a snapshot costs what changed rather than the tree. Its owner
+// serialises access (Source.snapMu).
+type fileTree struct {
+	files map[string]stamp // nil until the first snapshot of the term
+	// dirs indexes files by parent directory, so that the files under a
+	// walked directory are found without a look at every file.
+	dirs map[string]map[string]struct{}
+}
+
+func (t *fileTree) set(rel string, st stamp) {
+	if t.files == nil {
+		t.files, t.dirs = map[string]stamp{}, map[string]map[string]struct{}{}
+	}
+	if _, ok := t.files[rel]; !ok {
+		d := filepath.Dir(rel)
+		if t.dirs[d] == nil {
+			t.dirs[d] = map[string]struct{}{}
+		}
+		t.dirs[d][rel] = struct{}{}
+	}
+	t.files[rel] = st
+}
+
+func (t *fileTree) remove(rel string) {
+	if _, ok := t.files[rel]; !ok {
+		return
+	}
+	delete(t.files, rel)
+	d := filepath.Dir(rel)
+	if delete(t.dirs[d], rel); len(t.dirs[d]) == 0 {
+		delete(t.dirs, d)
+	}
+}
+
+// under appends to dst the files at p (a file) or anywhere under p (a
+// directory).
+func (t *fileTree) under(dst []string, p string) []string {
+	if _, ok := t.files[p]; ok {
+		dst = append(dst, p)
+	}
+	prefix := p + string(filepath.Separator)
+	for d, fs := range t.dirs {
+		if d == p || strings.HasPrefix(d, prefix) {
+			for rel := range fs {
+				dst = append(dst, rel)
+			}
+		}
+	}
+	return dst
+}
+
+// diff returns what differs between the tree and found, the files a walk
+// of scopes (files or directories) found: files new or with another
+// stamp, and the tree's files under scopes that the walk did not find
+// (gone).
+func (t *fileTree) diff(found []entry, scopes []string) map[string]change {
+	d := map[string]change{}
+	present := make(map[string]struct{}, len(found))
+	for _, e := range found {
+		present[e.rel] = struct{}{}
+		if old, ok := t.files[e.rel]; !ok || old != e.st {
+			d[e.rel] = change{st: e.st}
+		}
+	}
+	var had []string
+	for _, p := range scopes {
+		had = t.under(had[:0], p)
+		for _, rel := range had {
+			if _, ok := present[rel]; !ok {
+				d[rel] = change{gone: true}
+			}
+		}
+	}
+	return d
+}

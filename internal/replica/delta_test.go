@@ -1,0 +1,356 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// A snapshot holds what changed since the one before (its delta), not the
+// tree, and a stream sends a follower the deltas after what it holds (or
+// everything from the newest snapshot that walked a part whole). These
+// tests drive a Source's snapshots and streams in process, with virtual
+// followers that apply the frames they are sent, against a reference:
+// the files on the primary's disk when each snapshot was taken.
+
+// recStream is a follower's end of a stream, in memory: it applies every
+// unit sent to files.
+type recStream struct {
+	files map[string][]byte
+	cur   string
+	left  int64
+	units int
+}
+
+func (r *recStream) Context() context.Context { return context.Background() }
+func (r *recStream) RecvMsg(any) error        { return fmt.Errorf("recStream: no acks") }
+
+func (r *recStream) SendMsg(m any) error {
+	b := m.(*wrapperspb.BytesValue).GetValue()
+	if r.left > 0 {
+		r.files[r.cur] = append(r.files[r.cur], b...)
+		r.left -= int64(len(b))
+		return nil
+	}
+	switch b[0] {
+	case kindBegin:
+		r.units++
+	case kindFile:
+		rel, size, err := parsePath(kindFile, b[1:])
+		if err != nil {
+			return err
+		}
+		r.cur, r.left = rel, size
+		r.files[rel] = []byte{}
+	case kindDelete:
+		rel, _, err := parsePath(kindDelete, b[1:])
+		if err != nil {
+			return err
+		}
+		delete(r.files, rel)
+	case kindKeep:
+		return fmt.Errorf("recStream: keep without an inventory")
+	case kindEnd:
+	default:
+		return fmt.Errorf("recStream: frame kind %q", b[0])
+	}
+	return nil
+}
+
+// virtualFollower is one follower's stream state on the primary (what
+// ship keeps) and its end (rec).
+type virtualFollower struct {
+	p       *peer
+	rec     *recStream
+	shipped map[string]stamp
+	seen    uint64
+	sent    uint64
+}
+
+// deltaRig is a Source over a temporary data directory, the reference
+// (disk content by snapshot) and the followers.
+type deltaRig struct {
+	t       *testing.T
+	dir     string
+	src     *Source
+	at      map[uint64]map[string][]byte // the mirrored files on disk when snapshot seq was taken
+	fs      []*virtualFollower
+	writes  int // makes every write's size unique: a stamp never recurs
+	cuts    int // units sent from a follower's own cut after its full sync
+	deltaOK int // snapshots sent from deltas
+}
+
+func newDeltaRig(t *testing.T, followers int) *deltaRig {
+	r := &deltaRig{t: t, dir: t.TempDir(), at: map[uint64]map[string][]byte{}}
+	var err error
+	r.src, err = NewSource(SourceConfig{DataDir: r.dir, Epoch: 1, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.src.fullEvery = 24 * time.Hour // the safety net only when a test asks for it (whole)
+	for i := range followers {
+		f := &virtualFollower{p: &peer{member: fmt.Sprintf("s%d", i)}, rec: &recStream{files: map[string][]byte{}}, shipped: map[string]stamp{}}
+		r.src.mu.Lock()
+		r.src.followers[f.p] = struct{}{}
+		r.src.mu.Unlock()
+		r.fs = append(r.fs, f)
+	}
+	return r
+}
+
+// disk reads every mirrored file of the primary's data directory.
+func (r *deltaRig) disk() map[string][]byte {
+	r.t.Helper()
+	es, err := walk(r.dir, mirroredDirs)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for _, e := range es {
+		b, err := os.ReadFile(filepath.Join(r.dir, e.rel))
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		out[e.rel] = b
+	}
+	return out
+}
+
+// write replaces rel as the writers do (a new file renamed into place),
+// with content of a size no write made before.
+func (r *deltaRig) write(rel string) {
+	r.t.Helper()
+	r.writes++
+	b := bytes.Repeat([]byte{byte(r.writes)}, 100+r.writes)
+	path := filepath.Join(r.dir, rel)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.WriteFile(path+atomicfile.TmpSuffix, b, 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.Rename(path+atomicfile.TmpSuffix, path); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// snapshot takes one as a publish (force) or the scan does; whole makes
+// it the safety net's (every part walked).
+func (r *deltaRig) snapshot(force, whole bool) *snapshot {
+	r.t.Helper()
+	s := r.src
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if whole {
+		s.fullEvery = 0
+		defer func() { s.fullEvery = 24 * time.Hour }()
+	}
+	s.mu.Lock()
+	latest := s.latest
+	s.mu.Unlock()
+	disk := r.disk() // nothing writes meanwhile: what the snapshot sees
+	snap, err := s.takeSnapshot(latest, force)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if snap != nil && snap != latest {
+		r.at[snap.seq] = disk
+	}
+	return snap
+}
+
+// join gives f its full sync (its own cut), as a stream does first.
+func (r *deltaRig) join(f *virtualFollower) {
+	r.t.Helper()
+	seen, err := r.src.sendCut(f.rec, f.p, 0, true, f.shipped, nil, true)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	f.seen = seen
+	r.check(f, r.disk(), "after its full sync")
+}
+
+// ship sends f the newest snapshot as ship does, and checks f holds what
+// the disk held when it was taken (or, after its own cut, holds now).
+func (r *deltaRig) ship(f *virtualFollower) {
+	r.t.Helper()
+	s := r.src
+	s.mu.Lock()
+	snap := s.latest
+	s.mu.Unlock()
+	if snap == nil || snap.seq <= f.seen {
+		return
+	}
+	unit := max(snap.unit, f.sent)
+	ok, err := s.sendSnapshot(f.rec, snap, f.seen, unit, false, f.shipped, false)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	want, how := r.at[snap.seq], fmt.Sprintf("snapshot %d (from %d)", snap.seq, f.seen)
+	cutSeq := uint64(0)
+	if !ok {
+		if cutSeq, err = s.sendCut(f.rec, f.p, unit, false, f.shipped, nil, false); err != nil {
+			r.t.Fatal(err)
+		}
+		want, how = r.disk(), fmt.Sprintf("its own cut after snapshot %d (from %d)", snap.seq, f.seen)
+		r.cuts++
+	} else {
+		r.deltaOK++
+	}
+	f.sent, f.seen = unit, max(snap.seq, cutSeq)
+	s.passed(f.p, snap)
+	r.check(f, want, how)
+}
+
+func (r *deltaRig) check(f *virtualFollower, want map[string][]byte, how string) {
+	r.t.Helper()
+	for rel, b := range want {
+		if got, ok := f.rec.files[rel]; !ok {
+			r.t.Fatalf("%s after %s: %s missing", f.p.member, how, rel)
+		} else if !bytes.Equal(got, b) {
+			r.t.Fatalf("%s after %s: %s holds %d bytes, want %d", f.p.member, how, rel, len(got), len(b))
+		}
+	}
+	for rel := range f.rec.files {
+		if _, ok := want[rel]; !ok {
+			r.t.Fatalf("%s after %s: %s not removed", f.p.member, how, rel)
+		}
+	}
+}
+
+// TestSnapshotDeltasKeepFollowersExact: random writes, rewrites and
+// removals (of files and of whole directories, named by their writers;
+// and some by hand, which only the safety net's whole walk finds),
+// snapshots taken as publishes and as scans, and three followers shipped
+// at different paces (so one applies several snapshots' deltas at once,
+// some from a whole walk): after every unit a follower holds exactly
+// what the primary's disk held when that snapshot was taken.
+func TestSnapshotDeltasKeepFollowersExact(t *testing.T) {
+	for seed := range uint64(8) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 1))
+			r := newDeltaRig(t, 3)
+			s := r.src
+			state := func() string { // a path under ars/ or reducer/
+				return filepath.Join([]string{"ars", "reducer"}[rng.IntN(2)], fmt.Sprintf("r%d", rng.IntN(3)), fmt.Sprintf("f%d", rng.IntN(6)))
+			}
+			r.write(state())
+			r.write(filepath.Join("store", "m0", "MANIFEST.json"))
+			r.snapshot(true, false)
+			for _, f := range r.fs {
+				r.join(f)
+			}
+			version := 0
+			for range 300 {
+				switch op := rng.IntN(20); {
+				case op < 6: // a writer's write, named
+					rel := state()
+					r.write(rel)
+					s.Changed(filepath.Join(r.dir, rel))
+				case op < 8: // a writer's removal, named
+					rel := state()
+					if err := os.Remove(filepath.Join(r.dir, rel)); err == nil {
+						s.Changed(filepath.Join(r.dir, rel))
+					}
+				case op < 9: // a directory removed, named as one
+					rel := filepath.Dir(state())
+					if err := os.RemoveAll(filepath.Join(r.dir, rel)); err != nil {
+						t.Fatal(err)
+					}
+					s.Changed(filepath.Join(r.dir, rel))
+				case op < 11: // a store commit: a version and the manifest, an old version dropped
+					m := fmt.Sprintf("m%d", rng.IntN(2))
+					version++
+					if err := s.CommitModel(m, func() error {
+						r.write(filepath.Join("store", m, fmt.Sprintf("v%d.safetensors", version)))
+						r.write(filepath.Join("store", m, "MANIFEST.json"))
+						old := filepath.Join(r.dir, "store", m, fmt.Sprintf("v%d.safetensors", version-4))
+						if err := os.Remove(old); err != nil && !os.IsNotExist(err) {
+							return err
+						}
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
+				case op < 12: // a change no writer named, then the safety net
+					rel := state()
+					if rng.IntN(2) == 0 {
+						r.write(rel)
+					} else {
+						os.Remove(filepath.Join(r.dir, rel))
+					}
+					r.snapshot(rng.IntN(2) == 0, true)
+				case op < 15:
+					r.snapshot(op < 13, false)
+				default: // follower 0 keeps up, 1 lags, 2 lags more
+					r.ship(r.fs[[]int{0, 0, 0, 1, 1, 2}[rng.IntN(6)]])
+				}
+			}
+			r.snapshot(true, false)
+			for _, f := range r.fs {
+				r.ship(f)
+			}
+			// Every snapshot carries what the one before held for a
+			// follower that has not shipped it: none needs its own cut.
+			if r.deltaOK == 0 || r.cuts != 0 {
+				t.Fatalf("%d snapshots sent from deltas, %d own cuts; want some and none", r.deltaOK, r.cuts)
+			}
+		})
+	}
+}
+
+// TestSnapshotHoldsWhatChanged: with many state files, a snapshot after
+// one named write holds that file alone (its delta; no copy of the tree),
+// and a follower one snapshot behind is sent that one file; a whole walk
+// (the safety net) holds every file (full).
+func TestSnapshotHoldsWhatChanged(t *testing.T) {
+	r := newDeltaRig(t, 1)
+	for i := range 200 {
+		r.write(filepath.Join("reducer", fmt.Sprintf("m%d", i%10), fmt.Sprintf("f%d", i)))
+	}
+	r.snapshot(true, false)
+	f := r.fs[0]
+	r.join(f)
+	for i := range 5 {
+		rel := filepath.Join("reducer", "m3", fmt.Sprintf("f%d", 3+10*i))
+		r.write(rel)
+		r.src.Changed(filepath.Join(r.dir, rel))
+		snap := r.snapshot(false, false)
+		if got := slices.Collect(maps.Keys(snap.delta)); !slices.Equal(got, []string{rel}) || snap.full != nil {
+			t.Fatalf("snapshot after writing %s: delta %v, full %d files; want that file alone, no full", rel, got, len(snap.full))
+		}
+		units := f.rec.units
+		shipped := maps.Clone(f.shipped)
+		r.ship(f)
+		if f.rec.units != units+1 {
+			t.Fatalf("%d units sent, want 1", f.rec.units-units)
+		}
+		for p, st := range f.shipped {
+			if p != rel && shipped[p] != st {
+				t.Fatalf("%s was sent again", p)
+			}
+		}
+	}
+	rel := filepath.Join("reducer", "m4", "f4")
+	r.write(rel) // by hand: no name
+	snap := r.snapshot(false, true)
+	if len(snap.full) != 200 || len(snap.delta) != 1 {
+		t.Fatalf("the safety net's snapshot: %d files in full, %d in delta; want 200 and 1", len(snap.full), len(snap.delta))
+	}
+	r.ship(f)
+	if r.cuts != 0 {
+		t.Fatalf("%d own cuts; want none", r.cuts)
+	}
+}
