@@ -148,10 +148,11 @@ type Config struct {
 	Replication Service
 	// StateChanged, when set, is told each file under DataDir/reducer
 	// and DataDir/ars that the reducer or the ARS coordinator wrote or
-	// removed (their Config.StateChanged, unless set there): a cluster
-	// primary's replica.Source.Changed, so that a replication unit ships
-	// what was named instead of walking those directories. nil tells no
-	// one.
+	// removed (their Config.StateChanged, unless set there), and each
+	// file under DataDir/store the model store wrote or removed
+	// (store.FileConfig.Changed): a cluster primary's
+	// replica.Source.Changed, so that a replication unit ships what was
+	// named instead of walking those directories. nil tells no one.
 	StateChanged func(path string)
 	// Limits bounds what a client can make the hub hold: half-open
 	// connections, connections per peer, policy sizes. The zero value
@@ -385,7 +386,7 @@ func openStore(cfg *Config) (store.Store, error) {
 	if cfg.DataDir == "" {
 		return store.NewMemory(cfg.Store)
 	}
-	return store.OpenFile(store.FileConfig{Dir: filepath.Join(cfg.DataDir, "store"), Store: cfg.Store, Logger: cfg.Logger})
+	return store.OpenFile(store.FileConfig{Dir: filepath.Join(cfg.DataDir, "store"), Store: cfg.Store, Logger: cfg.Logger, Changed: cfg.StateChanged})
 }
 
 // Store is the hub's model store, shared by every service that reads or

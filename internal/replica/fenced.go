@@ -178,10 +178,14 @@ func (f *Fenced) proof(ctx context.Context) error {
 }
 
 // commit runs fn, a write that changes model name only, with scans held
-// off (Source.CommitModel).
+// off: Source.CommitNamed when the store names the files it changes
+// (store.Namer), else Source.CommitModel.
 func (f *Fenced) commit(name string, fn func() error) error {
 	if f.Source == nil {
 		return fn()
+	}
+	if n, ok := f.Store.(store.Namer); ok && n.NamesFiles() {
+		return f.Source.CommitNamed(fn)
 	}
 	return f.Source.CommitModel(name, fn)
 }

@@ -137,8 +137,9 @@ func newNamedClients(t *testing.T, ctx context.Context, p *namedPrimary, model s
 
 // A reducer step's journal record and optimizer state are on the
 // standby when the step's version is acknowledged (the unit that acks it
-// carries them), an ARS run's state reaches it by name, and a unit that
-// changes no state stats nothing under ars/ and reducer/.
+// carries them), an ARS run's state reaches it by name, a unit that
+// changes no state stats nothing under ars/ and reducer/, and none walks
+// a model's store directory (the store names its files too).
 func TestNamedStateReachesTheFollower(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -200,6 +201,11 @@ func TestNamedStateReachesTheFollower(t *testing.T) {
 	p.d.same(t, "other", 1, other) // acknowledged: installed
 	if w, n := p.src.stateWalks.Load(), p.src.namedWalks.Load(); w != walks || n != named {
 		t.Fatalf("a unit with no state change walked ars/ and reducer/ whole %d times and %d named paths, want none", w-walks, n-named)
+	}
+	// The store names the files each commit writes (store.FileConfig.Changed):
+	// no unit walked a model's directory.
+	if n := p.src.modelDirWalks.Load(); n != 0 {
+		t.Fatalf("units walked %d model directories of the store, want none: the store names its files", n)
 	}
 }
 
@@ -306,7 +312,8 @@ func storeBlob(t *testing.T, seed float32) []byte {
 }
 
 // Changed keeps the paths under ars/ and reducer/, relative to the data
-// directory however either was given, and nothing else; past maxNamed it
+// directory however either was given, and those under store/ (the
+// store's names) with the store's, and nothing else; past maxNamed it
 // asks for the whole walk instead.
 func TestChangedNamesOnlyStatePaths(t *testing.T) {
 	abs := t.TempDir()
@@ -321,27 +328,40 @@ func TestChangedNamesOnlyStatePaths(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range []struct {
-			path string
-			want string // "" ignored
+			path  string
+			want  string // "" ignored
+			store bool   // kept with the store's (Source.dirty)
 		}{
-			{filepath.Join(root, "reducer", "m", "journal.log"), filepath.Join("reducer", "m", "journal.log")},
-			{filepath.Join(dataDir, "ars", "run-1", "state.json"), filepath.Join("ars", "run-1", "state.json")},
-			{filepath.Join(root, "reducer"), "reducer"},
-			{filepath.Join(root, "store", "m", "MANIFEST"), ""},
-			{filepath.Join(root, "reducerx", "f"), ""},
-			{root, ""},
-			{filepath.Dir(root), ""},
-			{filepath.Join(abs, "elsewhere", "reducer", "f"), ""},
+			{filepath.Join(root, "reducer", "m", "journal.log"), filepath.Join("reducer", "m", "journal.log"), false},
+			{filepath.Join(dataDir, "ars", "run-1", "state.json"), filepath.Join("ars", "run-1", "state.json"), false},
+			{filepath.Join(root, "reducer"), "reducer", false},
+			{filepath.Join(root, "store", "m", "MANIFEST.json"), filepath.Join("store", "m", "MANIFEST.json"), true},
+			{filepath.Join(root, "store"), "", false},
+			{filepath.Join(root, "reducerx", "f"), "", false},
+			{root, "", false},
+			{filepath.Dir(root), "", false},
+			{filepath.Join(abs, "elsewhere", "reducer", "f"), "", false},
 		} {
-			src.named = nil
+			src.named, src.dirty = nil, nil
 			src.Changed(c.path)
+			kept, other := src.named, src.dirty
+			if c.store {
+				kept, other = other, kept
+			}
 			var got string
-			for rel := range src.named {
+			for rel := range kept {
 				got = rel
 			}
-			if len(src.named) > 1 || got != c.want {
-				t.Errorf("DataDir %q: Changed(%q) named %v, want %q", dataDir, c.path, src.named, c.want)
+			if len(kept) > 1 || got != c.want || len(other) != 0 {
+				t.Errorf("DataDir %q: Changed(%q) named %v and %v for the store, want %q (store %v)", dataDir, c.path, src.named, src.dirty, c.want, c.store)
 			}
+		}
+		src.dirty = nil
+		for i := range maxNamed + 1 {
+			src.Changed(filepath.Join(root, "store", "m", fmt.Sprint(i)))
+		}
+		if !src.dirtyAll || len(src.dirty) != 0 {
+			t.Errorf("DataDir %q: %d store names past the bound: dirtyAll %v with %d kept, want the whole walk and none kept", dataDir, maxNamed+1, src.dirtyAll, len(src.dirty))
 		}
 		src.named = nil
 		for i := range maxNamed + 1 {

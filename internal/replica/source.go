@@ -108,9 +108,11 @@ type Source struct {
 	// reset) by that walk under the freeze; commits add to it holding the
 	// freeze shared. Guarded by dirtyMu.
 	dirtyMu sync.Mutex
-	// dirty are the store's model directories (relative to DataDir) a
-	// commit touched; dirtyAll: a commit that did not say which (Commit)
-	// or a failed walk, so the next snapshot walks the whole store.
+	// dirty are the store's files (named by the store, Changed) or model
+	// directories (CommitModel) a commit touched, relative to DataDir;
+	// dirtyAll: a commit that did not say which (Commit), more than
+	// maxNamed, or a failed walk, so the next snapshot walks the whole
+	// store.
 	dirty    map[string]bool
 	dirtyAll bool
 	// mem holds the bytes of the version files committed since, lent by
@@ -131,8 +133,10 @@ type Source struct {
 	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
 	tree      fileTree      // the mirrored files as of the newest snapshot (snapMu held)
 	// stateWalks counts the snapshots' whole walks of ars/ and reducer/,
-	// namedWalks the named paths walked instead (tests read them).
-	stateWalks, namedWalks atomic.Uint64
+	// namedWalks the named paths walked instead, modelDirWalks the
+	// store's model directories walked whole for a commit (CommitModel)
+	// (tests read them).
+	stateWalks, namedWalks, modelDirWalks atomic.Uint64
 
 	mu        sync.Mutex
 	standbys  []string      // the newest RefreshStandbys
@@ -270,6 +274,15 @@ func (s *Source) CommitModel(name string, f func() error) error {
 	return f()
 }
 
+// CommitNamed runs one store commit with scans held off, for a store
+// that names every file it changes (store.Namer: FileConfig.Changed set
+// to Changed): the snapshot that follows stats those files alone.
+func (s *Source) CommitNamed(f func() error) error {
+	s.freeze.RLock()
+	defer s.freeze.RUnlock()
+	return f()
+}
+
 // fullWalkEvery is how many SourceConfig.Intervals a snapshot may take
 // the files no commit and no writer named (CommitModel, Changed) from
 // the snapshot before it: a change made outside the store wrapper or by
@@ -283,12 +296,13 @@ const fullWalkEvery = 10
 // walks ars/ and reducer/ whole.
 const maxNamed = 4096
 
-// Changed names a file or directory under the data directory's ars/ or
-// reducer/ that its writer created, replaced, appended to or removed
-// (path absolute, or relative to the working directory; a directory
-// stands for everything under it): the next snapshot stats it (walks
-// it) instead of walking ars/ and reducer/ whole. Paths elsewhere are
-// ignored. Safe for concurrent use; it does no file I/O.
+// Changed names a file or directory under the data directory's ars/,
+// reducer/ or store/ that its writer created, replaced, appended to or
+// removed (path absolute, or relative to the working directory; a
+// directory stands for everything under it): the next snapshot stats it
+// (walks it) instead of walking ars/ and reducer/ whole, or the model's
+// store directory. Paths elsewhere are ignored. Safe for concurrent use;
+// it does no file I/O.
 //
 // The contract with the writer: name a path after the write and before
 // the store commit whose acknowledgement must carry it (the reducer's
@@ -312,11 +326,26 @@ func (s *Source) Changed(path string) {
 		return
 	}
 	top, _, _ := strings.Cut(rel, string(filepath.Separator))
+	s.dirtyMu.Lock()
+	defer s.dirtyMu.Unlock()
+	if top == "store" && rel != top {
+		// The store's (store.FileConfig.Changed): walked with the store.
+		if s.dirtyAll {
+			return
+		}
+		if len(s.dirty) >= maxNamed {
+			s.dirty, s.dirtyAll = nil, true
+			return
+		}
+		if s.dirty == nil {
+			s.dirty = map[string]bool{}
+		}
+		s.dirty[rel] = true
+		return
+	}
 	if !slices.Contains(stateDirs, top) {
 		return // not under ars/ or reducer/ (nor one of them: ".." and "." are not)
 	}
-	s.dirtyMu.Lock()
-	defer s.dirtyMu.Unlock()
 	if s.namedAll {
 		return
 	}
@@ -1064,6 +1093,9 @@ func (s *Source) walkStore(dirty map[string]bool, whole bool) ([]entry, []string
 	}
 	dirs := make([]string, 0, len(dirty))
 	for d := range dirty {
+		if strings.Count(d, string(filepath.Separator)) == 1 {
+			s.modelDirWalks.Add(1) // store/<model>, not a file in it
+		}
 		dirs = append(dirs, d)
 	}
 	es, err := walk(s.cfg.DataDir, dirs)

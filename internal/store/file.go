@@ -31,6 +31,13 @@ type FileConfig struct {
 	Store Config
 	// Logger receives recovery and cleanup notes; nil means slog.Default().
 	Logger *slog.Logger
+	// Changed, when set, is told each file under Dir the store wrote or
+	// removed (a model's directory when it removes the model), after the
+	// write and before the call that made it returns: a cluster
+	// primary's replica.Source.Changed, so that a replication unit stats
+	// what a commit wrote instead of walking the model's directory
+	// (NamesFiles). nil tells no one.
+	Changed func(path string)
 
 	// hook, in tests, is called at named points of a checkpoint write so a
 	// child process can be killed exactly there.
@@ -298,6 +305,7 @@ func (f *File) removeDebris(dir string, keep map[string]bool) {
 		if keep[e.Name()] {
 			continue
 		}
+		f.named(filepath.Join(dir, e.Name()))
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
 			f.cfg.Logger.Warn("store: cannot remove crash debris", "file", filepath.Join(dir, e.Name()), "err", err)
 		} else {
@@ -309,7 +317,10 @@ func (f *File) removeDebris(dir string, keep map[string]bool) {
 // writeAtomic writes data to dir/name via a temp file: write, fsync,
 // rename, fsync dir. A crash leaves either the old file or the new one,
 // plus perhaps a temp file that recovery removes.
+// It names the file (FileConfig.Changed) whether or not it succeeded: a
+// failure may come after the rename.
 func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
+	defer f.named(filepath.Join(dir, name))
 	var h atomicfile.Hooks
 	if hook := f.cfg.hook; hook != nil {
 		h.Written = func(i int) {
@@ -324,6 +335,18 @@ func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
 	half := len(data) / 2
 	return atomicfile.WriteWith(filepath.Join(dir, name), h, data[:half], data[half:])
 }
+
+// named tells FileConfig.Changed of path.
+func (f *File) named(path string) {
+	if f.cfg.Changed != nil {
+		f.cfg.Changed(path)
+	}
+}
+
+// NamesFiles reports whether the store names every file it writes or
+// removes (FileConfig.Changed is set): a replication unit then stats
+// those files alone.
+func (f *File) NamesFiles() bool { return f.cfg.Changed != nil }
 
 // modelDir returns name's directory and its committed manifest, creating
 // the directory (and an empty manifest in memory) for a model with none.
@@ -389,6 +412,7 @@ func (f *File) persistDelete(name string) error {
 	if err := atomicfile.SyncDir(f.cfg.Dir); err != nil {
 		return fmt.Errorf("store: delete %q: %w", name, err)
 	}
+	f.named(dir)
 	f.mu.Lock()
 	delete(f.manifests, name)
 	f.mu.Unlock()
@@ -428,6 +452,7 @@ func (f *File) persist(snap *Snapshot, owner string) error {
 		return fmt.Errorf("store: commit %q version %d: %w", snap.Name, snap.Version, err)
 	}
 	for _, d := range dropped {
+		f.named(filepath.Join(dir, d.File))
 		if err := os.Remove(filepath.Join(dir, d.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			f.cfg.Logger.Warn("store: cannot remove an old checkpoint", "file", d.File, "err", err)
 		}

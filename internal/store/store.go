@@ -136,6 +136,16 @@ type Lender interface {
 	LendNewer(ctx context.Context, name string, after uint64) (snap *Snapshot, release func(), err error)
 }
 
+// Namer is a Store that names every file it writes or removes to whoever
+// replicates its directory (FileConfig.Changed), before the call that
+// made the change returns.
+type Namer interface {
+	// NamesFiles reports whether it does (a File with Changed set).
+	NamesFiles() bool
+}
+
+var _ Namer = (*File)(nil)
+
 // Info describes a model's newest version and what is retained.
 type Info struct {
 	Name     string
