@@ -107,7 +107,7 @@ func (s *Source) bulkFollow(ctx context.Context, r *bulk.Request) (proto.Message
 	if err != nil {
 		return nil, err
 	}
-	bs := &bulkServerStream{ctx: ctx, st: st, w: st, br: bufio.NewReaderSize(st, 4096)}
+	bs := &bulkServerStream{ctx: ctx, st: st, br: bufio.NewReaderSize(st, 4096)}
 	bs.progress.Store(time.Now().UnixNano())
 	return nil, s.serve(bs, true, pingEvery)
 }
@@ -117,52 +117,27 @@ func (s *Source) bulkFollow(ctx context.Context, r *bulk.Request) (proto.Message
 type bulkServerStream struct {
 	ctx      context.Context
 	st       *bulk.Stream
-	w        interface{ Write(net.Buffers) error } // st; tests count the writes
 	br       *bufio.Reader
 	progress atomic.Int64 // when a write last completed (UnixNano)
 	aborted  atomic.Bool
-	// pending are the frames SendMsg took and has not written yet, n
-	// their bytes; only the sending goroutine touches them.
-	pending net.Buffers
-	n       int
 }
-
-// flushBytes is how many bytes of a unit's frames SendMsg gathers before
-// it writes them (a unit's end, or a ping, writes at once): a unit of a
-// 1 MiB version and a step's state costs one write on the socket, and
-// wakes the standby once, instead of once per frame.
-const flushBytes = 4 << 20
 
 func (b *bulkServerStream) Context() context.Context { return b.ctx }
 
-// SendMsg sends a frame: a *wrapperspb.BytesValue's bytes, or a data
-// frame's (*dataOut) from where they lie. The frames of a unit are
-// written together when it ends (kindEnd), or once they hold flushBytes;
-// a ping at once. Until then their bytes must stay as they are: the
-// Source's are (a snapshot's content is held until the stream has shipped
-// it, a cut's frames are never reused), and a stream that fails never
-// writes what it held.
+// SendMsg writes a frame: a *wrapperspb.BytesValue's bytes, or a data
+// frame's (*dataOut) from where they lie. Its bytes are not used after
+// it returns.
 func (b *bulkServerStream) SendMsg(m any) error {
 	var body []byte
-	now := false
 	switch v := m.(type) {
 	case *wrapperspb.BytesValue:
 		body = v.GetValue()
-		now = len(body) > 0 && (body[0] == kindEnd || body[0] == kindPing)
 	case *dataOut:
 		body = v.b
 	default:
 		return fmt.Errorf("replica: a %T on the data-plane stream", m)
 	}
-	b.pending = append(b.pending, frameHead(len(body)), body)
-	if b.n += 5 + len(body); !now && b.n < flushBytes {
-		return nil
-	}
-	bufs := b.pending
-	b.pending, b.n = b.pending[:0], 0
-	err := b.w.Write(bufs)
-	clear(bufs[:cap(bufs)]) // the frames' bytes are not kept past the write
-	if err != nil {
+	if err := b.st.Write(net.Buffers{frameHead(len(body)), body}); err != nil {
 		return err
 	}
 	if len(body) != 1 || body[0] != kindPing {
