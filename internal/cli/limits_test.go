@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,13 +25,6 @@ import (
 // arguments in the variable (space-separated), for tests that need the hub
 // in its own process (its own file-descriptor limit).
 const serveChildEnv = "RLHUB_CLI_TEST_SERVE_ARGS"
-
-func TestMain(m *testing.M) {
-	if args := os.Getenv(serveChildEnv); args != "" {
-		os.Exit(Run(context.Background(), strings.Fields(args), os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
 
 // startServeChild runs `rlhub serve ARGS --addr-file F` as a child
 // process (this test binary, serveChildEnv) and returns once it listens;

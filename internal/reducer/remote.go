@@ -88,26 +88,23 @@ func (r *RemotePrimary) planeFailed(err error) {
 var _ Upstream = (*RemotePrimary)(nil)
 var _ Upstream = (*Primary)(nil)
 
-// Attach opens the session stream; done closes when it breaks.
+// Attach opens the session stream; done closes when it breaks. ctx bounds
+// the attach itself: opening the stream (which on a cluster target waits
+// for a primary, up to dial's FollowTimeout) and its first event. The
+// stream then lives until Detach or a break, not with ctx.
 func (r *RemotePrimary) Attach(ctx context.Context, s Secondary) (uint64, <-chan struct{}, error) {
 	sctx, cancel := context.WithCancel(context.Background())
-	stream, err := r.c.Attach(sctx, &rlhubv1.ReducerAttachRequest{Addr: s.Addr, Id: s.ID})
-	if err != nil {
-		cancel()
-		return 0, nil, grpcerr.FromStatus(err)
-	}
-	first := make(chan error, 1)
+	// Until the session is established, ctx's end cancels the stream:
+	// SecondaryNode.Close cancels ctx and waits for this call, so an
+	// attach waiting for a primary must not outlive it.
+	unbound := context.AfterFunc(ctx, cancel)
 	var ev *rlhubv1.ReducerAttachEvent
-	go func() { // bounded by ctx below: cancel ends Recv
-		var err error
+	stream, err := r.c.Attach(sctx, &rlhubv1.ReducerAttachRequest{Addr: s.Addr, Id: s.ID})
+	if err == nil {
 		ev, err = stream.Recv()
-		first <- err
-	}()
-	select {
-	case err = <-first:
-	case <-ctx.Done():
+	}
+	if !unbound() { // ctx ended: cancel has run or is running
 		cancel()
-		<-first
 		return 0, nil, ctx.Err()
 	}
 	if err != nil {
