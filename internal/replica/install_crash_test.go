@@ -24,15 +24,19 @@ import (
 // a named point of a unit's install (RLHUB_TEST_REPLICA_CRASH) while the
 // primary publishes: with the commit marker written and one file of the
 // unit moved (install-mid), its next start rolls the unit forward —
-// every file the marker names is in place with the staged bytes; killed
-// before the marker (unit-staged), the staged unit is discarded. Either
+// every file the marker names is in place with the staged bytes — and
+// saves the unit's position (the marker's), as it does when killed with
+// every file moved and the marker not yet the saved position
+// (unit-installed); killed before the marker (unit-staged), the staged
+// unit is discarded and the saved position stays the unit before. Either
 // way the copy it is left with opens as a store whose every version is
 // byte-identical to what was published.
 func TestStandbyKilledMidInstallHoldsNoMixedUnit(t *testing.T) {
 	for _, tc := range []struct {
 		point  string
 		marked bool
-	}{{"install-mid:3", true}, {"unit-staged:3", false}} {
+		moved  string // how many of the marked unit's files were moved: "some" or "all"
+	}{{"install-mid:3", true, "some"}, {"unit-installed:3", true, "all"}, {"unit-staged:3", false, ""}} {
 		t.Run(strings.Split(tc.point, ":")[0], func(t *testing.T) {
 			e := clustertest.Start(t)
 			c := newClusterTTL(t, e.Endpoint, 1, "2s", "--replica-acks", "0")
@@ -69,17 +73,29 @@ func TestStandbyKilledMidInstallHoldsNoMixedUnit(t *testing.T) {
 				t.Fatalf("%d staged units after the kill, want 1: %v", len(stages), stages)
 			}
 			want := map[string][]byte{}
+			var saved struct{ Epoch, Unit uint64 }
+			if b, err := os.ReadFile(filepath.Join(sb.data, ".replica", "position")); err != nil {
+				t.Fatalf("no saved position after units were acknowledged: %v", err)
+			} else if err := json.Unmarshal(b, &saved); err != nil {
+				t.Fatal(err)
+			}
+			wantEpoch, wantUnit := saved.Epoch, saved.Unit
 			mb, err := os.ReadFile(filepath.Join(stages[0], "COMMIT"))
 			if tc.marked {
 				if err != nil {
 					t.Fatalf("killed at %s: no commit marker: %v", tc.point, err)
 				}
 				var mk struct {
-					Files []struct{ Rel, Staged string }
+					Files       []struct{ Rel, Staged string }
+					Epoch, Unit uint64
 				}
 				if err := json.Unmarshal(mb, &mk); err != nil {
 					t.Fatal(err)
 				}
+				if mk.Epoch != saved.Epoch || mk.Unit <= saved.Unit {
+					t.Fatalf("killed at %s: the marker's position %d/%d is not ahead of the saved %d/%d", tc.point, mk.Epoch, mk.Unit, saved.Epoch, saved.Unit)
+				}
+				wantEpoch, wantUnit = mk.Epoch, mk.Unit
 				pending := 0
 				for _, f := range mk.Files {
 					b, err := os.ReadFile(filepath.Join(stages[0], f.Staged))
@@ -93,17 +109,21 @@ func TestStandbyKilledMidInstallHoldsNoMixedUnit(t *testing.T) {
 					}
 					want[f.Rel] = b
 				}
-				if pending == 0 || pending == len(mk.Files) {
-					t.Fatalf("killed at %s with %d of %d files moved: not mid-unit", tc.point, len(mk.Files)-pending, len(mk.Files))
+				if tc.moved == "some" && (pending == 0 || pending == len(mk.Files)) || tc.moved == "all" && pending != 0 {
+					t.Fatalf("killed at %s with %d of %d files moved, want %s", tc.point, len(mk.Files)-pending, len(mk.Files), tc.moved)
 				}
 			} else if !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("killed at %s: commit marker %v, want none", tc.point, err)
 			}
 
 			// The standby's next start (NewFollower is where it recovers).
-			if _, err := replica.NewFollower(replica.FollowerConfig{DataDir: sb.data, Logger: testkit.Logger(),
-				Dial: func(context.Context, string) (*grpc.ClientConn, error) { return nil, errors.New("not dialled") }}); err != nil {
+			f, err := replica.NewFollower(replica.FollowerConfig{DataDir: sb.data, Logger: testkit.Logger(),
+				Dial: func(context.Context, string) (*grpc.ClientConn, error) { return nil, errors.New("not dialled") }})
+			if err != nil {
 				t.Fatal(err)
+			}
+			if e, u := f.PositionForTest(); e != wantEpoch || u != wantUnit {
+				t.Fatalf("killed at %s: position after recovery %d/%d, want %d/%d", tc.point, e, u, wantEpoch, wantUnit)
 			}
 			if left, _ := filepath.Glob(filepath.Join(sb.data, ".replica", "unit-*")); len(left) != 0 {
 				t.Fatalf("staged units left after recovery: %v", left)

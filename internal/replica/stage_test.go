@@ -2,12 +2,15 @@ package replica
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -51,4 +54,50 @@ func TestStandbyStagesUnitsInOneDirectory(t *testing.T) {
 			t.Fatalf("another directory under .replica: %s", e.Name())
 		}
 	}
+}
+
+// TestStandbySavesItsPositionWithTheMarker: a standby saves its position
+// by renaming each installed unit's commit marker to .replica/position,
+// not by writing a position file of its own per unit: after each
+// acknowledged publish the saved position is a marker (it names the
+// unit's moves) carrying the position the standby answers with, no
+// temporary file is left beside it, and the staging directory holds no
+// marker.
+func TestStandbySavesItsPositionWithTheMarker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimary(t, ctx)
+	sc, _ := newNamedClients(t, ctx, p, "marked")
+	dir := filepath.Join(p.d.dir, ".replica")
+	for v := uint64(1); v <= 3; v++ {
+		blob := storeBlob(t, float32(v))
+		if _, err := sc.Push(ctx, store.PushRequest{Name: "other", Version: v, Expect: v - 1, Blob: blob}); err != nil {
+			t.Fatal(err)
+		}
+		p.d.same(t, "other", v, blob) // acknowledged: installed, its position saved
+		b, err := os.ReadFile(filepath.Join(dir, positionName))
+		if err != nil {
+			t.Fatalf("after version %d: no saved position: %v", v, err)
+		}
+		var mk unitMarker
+		if err := json.Unmarshal(b, &mk); err != nil {
+			t.Fatalf("after version %d: the saved position %q: %v", v, b, err)
+		}
+		if len(mk.Files) == 0 || mk.Epoch != 5 || mk.Unit == 0 {
+			t.Fatalf("after version %d: the saved position %s is not a unit's marker with its position", v, b)
+		}
+		// The position answered is at least the saved one (a later unit, a
+		// ping's, may have been applied since the read).
+		if got, saved := p.d.f.position(), (position{Epoch: mk.Epoch, Unit: mk.Unit}); got != saved && !got.ahead(saved) {
+			t.Fatalf("after version %d: the standby answers %+v, behind its saved %d/%d", v, got, mk.Epoch, mk.Unit)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, positionName+atomicfile.TmpSuffix)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a temporary position file after the units: %v, want none", err)
+	}
+	// Between units (a later one, if any, ends too) the marker is gone.
+	testkit.Eventually(t, time.Minute, "no commit marker in the staging directory", func() bool {
+		_, err := os.Stat(filepath.Join(dir, stageName, markerName))
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
