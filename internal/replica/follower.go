@@ -327,7 +327,16 @@ func (f *Follower) applyUnit(us unitStream, epoch uint64, began func() bool) (ui
 	if err := clearStage(stage); err != nil {
 		return 0, err
 	}
-	defer clearStage(stage)
+	// A unit installed leaves the stage empty (every staged file moved,
+	// the marker renamed to the position): only a unit cut short or
+	// refused leaves something to clear here (the next unit's clearStage
+	// would clear it too).
+	installed := false
+	defer func() {
+		if !installed {
+			clearStage(stage)
+		}
+	}()
 	var files []staged
 	var gone []string
 	mentioned := map[string]bool{}
@@ -368,6 +377,7 @@ func (f *Follower) applyUnit(us unitStream, epoch uint64, began func() bool) (ui
 			if err := f.install(stage, files, gone, bg.Full, mentioned, position{Epoch: epoch, Unit: u}); err != nil {
 				return 0, err
 			}
+			installed = true
 			if bg.Full {
 				f.synced.Store(true)
 				f.cfg.Logger.Info("replica: full sync applied", "files", len(files), "kept", len(mentioned)-len(files), "epoch", epoch)
