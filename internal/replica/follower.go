@@ -153,8 +153,9 @@ func (f *Follower) Synced() bool { return f.synced.Load() }
 
 // position is the copy's position: the newest unit applied and its
 // primary's epoch (not reset when a stream ends). It is kept in
-// DataDir/.replica/position too, written whole after each unit is
-// installed and before it is acknowledged, so a standby restarted (a
+// DataDir/.replica/position too (the unit's commit marker, renamed there
+// after the unit is installed and before it is acknowledged: positionName),
+// so a standby restarted (a
 // whole cluster restarted at once) answers an elected hub's position
 // query with the copy it holds, not 0: every acknowledged unit's position
 // is there (with the unit's own durability: --replica-sync).
@@ -535,7 +536,7 @@ func (f *Follower) promoteMarker(stage string, sync bool) error {
 	return nil
 }
 
-// writeMarker writes a marker (or the saved position) whole: a temporary
+// writeMarker writes a commit marker whole: a temporary
 // file renamed into place (and, with sync, fsynced before and its
 // directory after).
 func writeMarker(path string, b []byte, sync bool) error {
