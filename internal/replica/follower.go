@@ -426,9 +426,9 @@ func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
 // creation, write and rename were 8–9% of a standby's CPU). A standby
 // killed after the marker and before that rename rolls the unit forward
 // on start and then promotes its marker the same way (recoverUnits): the
-// position saved is the unit installed, as when a position file was
-// written after the install; killed before the marker, neither the unit
-// nor its position is there. Every acknowledged unit's position is saved
+// position saved is the unit installed (a position file written after
+// the install was one unit behind when the kill came between); killed
+// before the marker, neither the unit nor its position is there. Every acknowledged unit's position is saved
 // before the acknowledgement, as before.
 
 // markerName is the commit marker's name in a unit's staging directory.
