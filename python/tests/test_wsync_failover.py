@@ -61,8 +61,13 @@ def test_collector_fails_over_to_upstream_and_returns_to_the_relay(hub):
             wait_for(lambda: r.wait(timeout=0.5) or r.version >= v, 30, f"v{v} after the relay died")
             assert r.version == v and src.current == "upstream", (r.version, src.current)
             assert torch.equal(policy.weight, torch.full((2, 4), float(v)))
-        rows = {c.collector_id: c for m in ws.status(hub.addr, "pol") for c in m.collectors}
-        assert rows["py-fo"].version == 3
+        # The collector reports what it applied to the hub after applying
+        # it (its acknowledgement on the push stream): the hub's row
+        # follows the receiver, it does not lead it.
+        def reported() -> int:
+            rows = {c.collector_id: c for m in ws.status(hub.addr, "pol") for c in m.collectors}
+            return rows["py-fo"].version if "py-fo" in rows else 0
+        wait_for(lambda: reported() == 3, 30, "the hub's status row at v3")
 
         relay = start_relay(hub, shm, listen)  # back: the collector returns to its segment
         wait_for(lambda: (r.wait(timeout=0.2), src.current)[1] == "relay-shm", 30, "the return to the relay")
