@@ -330,33 +330,29 @@ func (s *Source) Changed(path string) {
 	defer s.dirtyMu.Unlock()
 	if top == "store" && rel != top {
 		// The store's (store.FileConfig.Changed): walked with the store.
-		if s.dirtyAll {
-			return
-		}
-		if len(s.dirty) >= maxNamed {
-			s.dirty, s.dirtyAll = nil, true
-			return
-		}
-		if s.dirty == nil {
-			s.dirty = map[string]bool{}
-		}
-		s.dirty[rel] = true
+		s.dirty, s.dirtyAll = addNamed(s.dirty, s.dirtyAll, rel)
 		return
 	}
 	if !slices.Contains(stateDirs, top) {
 		return // not under ars/ or reducer/ (nor one of them: ".." and "." are not)
 	}
-	if s.namedAll {
-		return
+	s.named, s.namedAll = addNamed(s.named, s.namedAll, rel)
+}
+
+// addNamed adds rel to a set of named paths bounded at maxNamed: past
+// the bound the set is dropped for a whole walk (all); once all, nothing
+// is added.
+func addNamed(set map[string]bool, all bool, rel string) (map[string]bool, bool) {
+	switch {
+	case all:
+		return set, true
+	case len(set) >= maxNamed:
+		return nil, true
+	case set == nil:
+		set = map[string]bool{}
 	}
-	if len(s.named) >= maxNamed {
-		s.named, s.namedAll = nil, true
-		return
-	}
-	if s.named == nil {
-		s.named = map[string]bool{}
-	}
-	s.named[rel] = true
+	set[rel] = true
+	return set, false
 }
 
 // memFile is a committed version file's bytes, lent by the store (the
