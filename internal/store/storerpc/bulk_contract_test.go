@@ -20,7 +20,6 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
-	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -169,22 +168,6 @@ func pushBlob(st store.Store, v uint64, n int64) error {
 	return err
 }
 
-// dpServer serves mem's store service on the data plane (and gRPC) and
-// returns its address, the service and the bulk server; the test stops
-// them itself, cleanup stops whatever is left.
-func dpServer(t *testing.T, mem store.Store) (string, *storerpc.Service, *bulk.Server) {
-	t.Helper()
-	svc, err := storerpc.New(storerpc.Config{Store: mem, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := bulk.NewServer()
-	svc.RegisterBulk(b)
-	addr := testkit.ServeGRPC(t, b.Listen(testkit.Listen(t)), svc.Register)
-	t.Cleanup(func() { svc.Drain(); b.Close(); svc.Close() })
-	return addr, svc, b
-}
-
 func newMemory(t *testing.T) store.Store {
 	t.Helper()
 	mem, err := store.NewMemory(store.Config{})
@@ -199,7 +182,7 @@ func newMemory(t *testing.T) store.Store {
 // connection: each is followed by OK, and the connection stays usable.
 func TestDataPlaneVersionIsFollowedByOK(t *testing.T) {
 	mem := newMemory(t)
-	addr, _, _ := dpServer(t, mem)
+	addr, _, _ := serveBoth(t, mem, false)
 	for v := uint64(1); v <= 3; v++ {
 		if err := pushBlob(mem, v, 50_000); err != nil {
 			t.Fatal(err)
@@ -255,7 +238,7 @@ func TestDataPlaneVersionIsFollowedByOK(t *testing.T) {
 // a whole version was never followed by a non-OK status.
 func TestDataPlaneNeverRefusesAfterAVersion(t *testing.T) {
 	mem := newMemory(t)
-	addr, svc, b := dpServer(t, mem)
+	addr, svc, b := serveBoth(t, mem, false)
 	const floats = 1_000_000 // the learner loop's 4 MB model
 	if err := pushBlob(mem, 1, floats); err != nil {
 		t.Fatal(err)

@@ -25,9 +25,10 @@ import (
 )
 
 // serveBoth serves st's store service over gRPC and, unless noBulk, its
-// data-plane pulls and watches, on one port; the bulk server counts the
-// data-plane requests it served.
-func serveBoth(t *testing.T, st store.Store, noBulk bool) (string, *bulk.Server) {
+// data-plane pulls and watches, on one port; it returns the address, the
+// service and the bulk server (which counts the data-plane requests it
+// served). A test may stop them itself; cleanup stops whatever is left.
+func serveBoth(t *testing.T, st store.Store, noBulk bool) (string, *storerpc.Service, *bulk.Server) {
 	t.Helper()
 	svc, err := storerpc.New(storerpc.Config{Store: st, NoBulk: noBulk, Logger: testkit.Logger()})
 	if err != nil {
@@ -37,7 +38,7 @@ func serveBoth(t *testing.T, st store.Store, noBulk bool) (string, *bulk.Server)
 	svc.RegisterBulk(b)
 	addr := testkit.ServeGRPC(t, b.Listen(testkit.Listen(t)), svc.Register)
 	t.Cleanup(func() { svc.Drain(); b.Close(); svc.Close() })
-	return addr, b
+	return addr, svc, b
 }
 
 // The whole store suite holds with pulls and WaitNewer on the data plane,
@@ -50,7 +51,7 @@ func TestSuiteOverTheDataPlane(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { mem.Close() })
-		addr, b := serveBoth(t, mem, false)
+		addr, _, b := serveBoth(t, mem, false)
 		servers = append(servers, b)
 		return newClient(t, storerpc.ClientConfig{Addr: addr, ChunkBytes: 4096})
 	})
@@ -86,7 +87,7 @@ func pushVersion(t *testing.T, st store.Store, v uint64) []byte {
 func TestDataPlaneWaitNewerInOrder(t *testing.T) {
 	mem, _ := store.NewMemory(store.Config{})
 	defer mem.Close()
-	addr, b := serveBoth(t, mem, false)
+	addr, _, b := serveBoth(t, mem, false)
 	c := newClient(t, storerpc.ClientConfig{Addr: addr})
 	defer c.Close()
 	ctx := context.Background()
@@ -136,7 +137,7 @@ func TestDataPlanePullFallsBackToGRPC(t *testing.T) {
 		name  string
 		serve func(t *testing.T, st store.Store) string
 	}{
-		{"method-unregistered", func(t *testing.T, st store.Store) string { a, _ := serveBoth(t, st, true); return a }},
+		{"method-unregistered", func(t *testing.T, st store.Store) string { a, _, _ := serveBoth(t, st, true); return a }},
 		{"no-data-plane", func(t *testing.T, st store.Store) string { return serve(t, st) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
