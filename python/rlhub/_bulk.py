@@ -409,6 +409,7 @@ class Direct:
 _FINAL_HEAD = 5
 _SIOCINQ = getattr(termios, "FIONREAD", 0x541B)
 _SO_RCVLOWAT = getattr(socket, "SO_RCVLOWAT", 18)
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 0)  # Linux; 0: not available
 # A wake-up with at most _TAIL_BYTES missing is waited out, sleeping
 # _TAIL_SLEEPS in turn (3.2 ms in all), before the body is staged. Measured
 # with 4 MB versions in the learner loop, load 4–8: with the window clamp
@@ -618,6 +619,22 @@ class _Reader:
             sock.setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, need)
             if sock.getsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT) < need:
                 return False  # capped at half of net.ipv4.tcp_rmem's max
+            # A request/response connection is in delayed-ACK ("pingpong")
+            # mode: the kernel holds ACKs back for the next request to
+            # carry them. A reader that reads as bytes come acknowledges
+            # them anyway (each read opens the window); this one reads
+            # nothing until the whole body is in, so while it waits the
+            # kernel acknowledges only two full segments at a time, and a
+            # sender left with less than that unacknowledged and its
+            # congestion window full stalls until its tail-loss probe
+            # (2 RTT + 2 jiffies: 8 ms at HZ=250) or our delayed ACK.
+            # TCP_QUICKACK leaves pingpong mode for this wait (and sends
+            # an ACK already due). Measured in the learner loop (4 MB
+            # versions, 2 learners, load 4-8): the hub's loss probes went
+            # from 85-250 to 3-77 per 600 gradients and the time in poll
+            # halved (docs/benchlog/2026-12-02-s14-speed7.md).
+            if _TCP_QUICKACK:
+                sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise _Deadline()

@@ -389,3 +389,28 @@ def test_reader_direct_writes_whole_bodies_only(case):
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
+def test_reader_waits_for_a_body_with_quick_acks():
+    """While _Reader.direct waits for a whole body it reads nothing, so the
+    kernel's delayed ACKs of a request/response ("pingpong") connection
+    would stall the sender until its tail-loss probe: the wait leaves
+    pingpong mode (TCP_QUICKACK reads 1), and puts SO_RCVLOWAT back to 1."""
+    body = bytes(range(256)) * 40
+    a, b = _tcp_pair()
+    try:
+        a.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)  # pingpong mode, as after a request
+        assert a.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 0
+        b.sendall(body + b"\x03\0\0\0\0")
+        dst = bytearray(len(body))
+        sink = _bulk.Direct(lambda take, n: (b"", [memoryview(dst)]), lambda n: bytearray(n))
+        a.setblocking(True)
+        rd = _bulk._Reader(a, time.monotonic() + 20)
+        rd.direct(sink, len(body))
+        assert sink.direct and bytes(dst) == body
+        assert a.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        a.close()
+        b.close()
