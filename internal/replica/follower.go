@@ -124,14 +124,11 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
 		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
-	if b, err := os.ReadFile(filepath.Join(f.dir(), positionName)); err == nil {
-		if err := json.Unmarshal(b, &f.pos); err != nil {
-			// Written whole (renamed into place): unreadable means damaged.
-			// Counting as 0 only makes this copy yield, never win.
-			f.pos = position{}
-			cfg.Logger.Warn("replica: the saved position is unreadable; counting the copy as at 0", "err", err)
-		}
-		f.pos.Campaigning = false
+	var err error
+	if f.pos, err = f.savedPosition(); err != nil {
+		// Written whole (renamed into place): unreadable means damaged.
+		// Counting as 0 only makes this copy yield, never win.
+		cfg.Logger.Warn("replica: the saved position is unreadable; counting the copy as at 0", "err", err)
 	}
 	return f, nil
 }
@@ -155,10 +152,10 @@ func (f *Follower) Synced() bool { return f.synced.Load() }
 // primary's epoch (not reset when a stream ends). It is kept in
 // DataDir/.replica/position too (the unit's commit marker, renamed there
 // after the unit is installed and before it is acknowledged: positionName),
-// so a standby restarted (a
-// whole cluster restarted at once) answers an elected hub's position
-// query with the copy it holds, not 0: every acknowledged unit's position
-// is there (with the unit's own durability: --replica-sync).
+// so a standby restarted (a whole cluster restarted at once) answers an
+// elected hub's position query with the copy it holds, not 0: every
+// acknowledged unit's position is there (with the unit's own
+// durability: --replica-sync).
 func (f *Follower) position() position {
 	f.posMu.Lock()
 	defer f.posMu.Unlock()
@@ -428,8 +425,9 @@ func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
 // on start and then promotes its marker the same way (recoverUnits): the
 // position saved is the unit installed (a position file written after
 // the install was one unit behind when the kill came between); killed
-// before the marker, neither the unit nor its position is there. Every acknowledged unit's position is saved
-// before the acknowledgement, as before.
+// before the marker, neither the unit nor its position is there. Every
+// acknowledged unit's position is saved before the acknowledgement, as
+// before.
 
 // markerName is the commit marker's name in a unit's staging directory.
 const markerName = "COMMIT"
@@ -620,7 +618,8 @@ func (f *Follower) recoverUnits() error {
 			if err := applyUnit(f.cfg.DataDir, stage, mk, true, nil); err != nil {
 				return err
 			}
-			if mp := (position{Epoch: mk.Epoch, Unit: mk.Unit}); mp.ahead(f.savedPosition()) {
+			saved, _ := f.savedPosition() // unreadable: the zero position, which any marker is ahead of
+			if mp := (position{Epoch: mk.Epoch, Unit: mk.Unit}); mp.ahead(saved) {
 				if err := f.promoteMarker(stage, true); err != nil {
 					return err
 				}
@@ -634,16 +633,19 @@ func (f *Follower) recoverUnits() error {
 	return nil
 }
 
-// savedPosition reads DataDir/.replica/position: the zero position when
-// it is missing or unreadable.
-func (f *Follower) savedPosition() position {
+// savedPosition reads DataDir/.replica/position (not campaigning): the
+// zero position when it is missing, or unreadable (then with the error).
+func (f *Follower) savedPosition() (position, error) {
 	var p position
-	if b, err := os.ReadFile(filepath.Join(f.dir(), positionName)); err == nil {
-		if json.Unmarshal(b, &p) != nil {
-			return position{}
-		}
+	b, err := os.ReadFile(filepath.Join(f.dir(), positionName))
+	if err != nil {
+		return position{}, nil
 	}
-	return p
+	if err := json.Unmarshal(b, &p); err != nil {
+		return position{}, err
+	}
+	p.Campaigning = false
+	return p, nil
 }
 
 // The follower's crash points (tests only: the hub's
