@@ -1021,12 +1021,9 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	if first {
 		snap.delta = make(map[string]change, len(found))
 		for _, e := range found {
-			s.tree.set(e.rel, e.st)
 			snap.delta[e.rel] = change{st: e.st}
 		}
-		if s.tree.files == nil {
-			s.tree.files, s.tree.dirs = map[string]stamp{}, map[string]map[string]struct{}{}
-		}
+		s.tree.start() // known from now on, even when empty
 	}
 	for rel, ch := range snap.delta {
 		if ch.gone {

@@ -164,10 +164,15 @@ type fileTree struct {
 	dirs map[string]map[string]struct{}
 }
 
-func (t *fileTree) set(rel string, st stamp) {
+// start makes the tree known (files not nil), empty if it was unknown.
+func (t *fileTree) start() {
 	if t.files == nil {
 		t.files, t.dirs = map[string]stamp{}, map[string]map[string]struct{}{}
 	}
+}
+
+func (t *fileTree) set(rel string, st stamp) {
+	t.start()
 	if _, ok := t.files[rel]; !ok {
 		d := filepath.Dir(rel)
 		if t.dirs[d] == nil {
