@@ -111,6 +111,10 @@ type ProcConfig struct {
 	AddrFile string
 	// StartTimeout bounds the wait for AddrFile; zero means 60s.
 	StartTimeout time.Duration
+	// Wrap, when set, is a command that runs the process by exec'ing
+	// Path with Args (`ip netns exec NS …`: Host.Start): the pid stays the
+	// program's own, so signals and the SIGQUIT at a failure reach it.
+	Wrap []string
 }
 
 // waitDelay bounds how long reaping a process waits for its output after
@@ -146,7 +150,8 @@ func StartProc(tb testing.TB, cfg ProcConfig) *Proc {
 	if name == "" {
 		name = filepath.Base(path)
 	}
-	cmd := exec.Command(path, cfg.Args...)
+	argv := append(append(append([]string(nil), cfg.Wrap...), path), cfg.Args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	if len(cfg.Env) > 0 {
 		cmd.Env = append(os.Environ(), cfg.Env...)
 	}

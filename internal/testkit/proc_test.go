@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -31,6 +32,26 @@ func childMain(args []string) int {
 	case "early":
 		fmt.Println("dying early")
 		return 3
+	case "hostname":
+		// Listens on every address; publishes "HOSTNAME:PORT" and says
+		// its hostname to each connection until killed.
+		lis, err := net.Listen("tcp", ":0")
+		if err != nil {
+			return 1
+		}
+		host, _ := os.Hostname()
+		port := lis.Addr().(*net.TCPAddr).Port
+		if err := os.WriteFile(args[1], []byte(fmt.Sprintf("%s:%d\n", host, port)), 0o644); err != nil {
+			return 1
+		}
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return 1
+			}
+			fmt.Fprintln(c, host)
+			c.Close()
+		}
 	}
 	return 2
 }
