@@ -39,8 +39,10 @@ import (
 //
 // Following, as the connection does it (docs/cluster.md, Clients):
 //   - The primary is resolved before the first call, and again when a
-//     connection to it fails or is lost, and at once when a hub refuses a
-//     call as a standby (its trailer names the primary: that one is used).
+//     connection to it fails or is lost, when a call runs out its deadline
+//     (a primary cut off by a partition stalls its connection rather than
+//     closing it), and at once when a hub refuses a call as a standby (its
+//     trailer names the primary: that one is used).
 //     An answer whose epoch is older than one already seen is ignored.
 //   - Unary calls wait for a connection to the primary (gRPC's
 //     wait-for-ready) within their deadline, so a call made while there is
@@ -541,6 +543,7 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 		}
 		code := status.Code(err)
 		if code == codes.DeadlineExceeded && ctx.Err() != nil {
+			f.stalled()
 			return f.noPrimary(err)
 		}
 		if code != codes.Unavailable {
@@ -626,12 +629,24 @@ type followedStream struct {
 
 func (s *followedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if err != nil && status.Code(err) == codes.Unavailable {
+	switch status.Code(err) {
+	case codes.Unavailable:
 		if p, ok := Refusal(err, s.ClientStream.Trailer()); ok {
 			s.f.hint(p)
 		} else {
 			s.f.ResolveNow(resolver.ResolveNowOptions{})
 		}
+	case codes.DeadlineExceeded:
+		s.f.stalled()
 	}
 	return err
 }
+
+// stalled acts on a call that ran out its deadline: the primary may be
+// cut off by a partition, whose connection stalls instead of failing —
+// gRPC keeps it READY until a keepalive goes unanswered (tens of seconds
+// by default), and would send every call to it meanwhile. The primary is
+// looked up again, so a new one elected meanwhile gets the next call
+// (TestTimedOutCallLooksThePrimaryUpAgain). A lookup that names the same
+// primary changes nothing.
+func (f *follower) stalled() { f.ResolveNow(resolver.ResolveNowOptions{}) }

@@ -325,3 +325,61 @@ func TestEtcdTargetFollowsTheElection(t *testing.T) {
 		t.Fatalf("following %v, want hub 1 at epoch %d (> %d)", p, t1.Epoch, t0.Epoch)
 	}
 }
+
+// stalledStore is a primary whose connection stalls, as one cut off by a
+// partition does: it answers Cluster/Primary, but a List never returns
+// (until its caller gives up).
+type stalledStore struct {
+	rlhubv1.UnimplementedModelStoreServer
+	calls atomic.Int64
+}
+
+func (s *stalledStore) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
+	s.calls.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A call that runs out its deadline on the primary makes the connection
+// look the primary up again: a primary cut off by a partition keeps its
+// connection READY (nothing resets it, and the keepalive takes tens of
+// seconds), so without the lookup every call would go to it until then.
+func TestTimedOutCallLooksThePrimaryUpAgain(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	lis := testkit.Listen(t)
+	self := lis.Addr().String()
+	sb := &standby{self: self}
+	sb.primary.Store(&self)
+	sb.epoch.Store(3)
+	stalled := &stalledStore{}
+	testkit.ServeGRPC(t, lis, func(g *grpc.Server) {
+		rlhubv1.RegisterClusterServer(g, sb)
+		rlhubv1.RegisterModelStoreServer(g, stalled)
+	})
+	conn, err := dial.Config{}.GRPC(self + "," + h.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	testkit.Eventually(t, 10*time.Second, "the first lookup", func() bool {
+		p, ok := dial.CurrentPrimary(conn)
+		return ok && p.Addr == self
+	})
+	clustered(h, 4) // elected while the old primary's connection stalls
+	cctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	_, err = rlhubv1.NewModelStoreClient(conn).List(cctx, &rlhubv1.StoreListRequest{})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded || stalled.calls.Load() != 1 {
+		t.Fatalf("List on the stalled primary: %v (%d calls), want DeadlineExceeded there", err, stalled.calls.Load())
+	}
+	testkit.Eventually(t, 20*time.Second, "the connection to follow the new primary", func() bool {
+		p, _ := dial.CurrentPrimary(conn)
+		return p.Addr == h.Addr().String() && p.Epoch == 4
+	})
+	if _, err := rlhubv1.NewModelStoreClient(conn).List(ctx(t), &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatalf("List after the lookup: %v", err)
+	}
+	if n := stalled.calls.Load(); n != 1 {
+		t.Fatalf("the stalled primary saw %d Lists, want 1", n)
+	}
+}
