@@ -177,12 +177,34 @@ func (n *Node) Run(ctx context.Context) error {
 	sock := newHandoff(lis)
 	defer sock.wait()
 	defer sock.close()
+	// Between memberships — before the first join, and while a hub whose
+	// lease is gone rejoins (etcd unreachable: its machine cut off) — the
+	// node serves as a standby that knows no primary: a client on its
+	// side of a partition is refused at once ("the primary is unknown")
+	// instead of holding a connection no role serves until its deadline.
+	var between *standbyServer
+	stopBetween := func() {
+		if between == nil {
+			return
+		}
+		if err := between.stop(); err != nil {
+			n.cfg.Logger.Warn("cluster: standby server stop", "err", err)
+		}
+		between = nil
+	}
+	defer stopBetween() // before the socket closes (deferred above)
 	for ctx.Err() == nil {
+		if between == nil {
+			extra := make([]Registrar, len(n.cfg.Extra))
+			for i, s := range n.cfg.Extra {
+				extra[i] = s
+			}
+			between = startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, extra)
+		}
 		ccfg := n.cfg.Cluster
 		ccfg.Addr = addr
 		m, err := cluster.Join(ctx, ccfg)
 		if err != nil {
-			// Connections meanwhile wait, accepted, for the next role.
 			n.cfg.Logger.Warn("cluster: join failed; retrying", "err", err)
 			select {
 			case <-ctx.Done():
@@ -190,6 +212,7 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		stopBetween() // the member's roles serve the socket from here
 		n.follower.cfg.Member = m.ID()
 		err = n.member(ctx, m, sock)
 		cerr := m.Close()
@@ -199,6 +222,9 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		if ctx.Err() == nil {
 			n.cfg.Logger.Warn("cluster: membership lost; rejoining")
+			// Whoever it knew as primary, it cannot tell now (etcd is what
+			// it lost): it refuses naming none until it has rejoined.
+			n.setLeader(nil)
 		}
 	}
 	return nil
