@@ -179,9 +179,10 @@ func (n *Node) Run(ctx context.Context) error {
 	defer sock.close()
 	// Between memberships — before the first join, and while a hub whose
 	// lease is gone rejoins (etcd unreachable: its machine cut off) — the
-	// node serves as a standby that knows no primary: a client on its
-	// side of a partition is refused at once ("the primary is unknown")
-	// instead of holding a connection no role serves until its deadline.
+	// node serves as a standby: a client on its side of a partition is
+	// refused at once, naming the newest primary the node knows (none,
+	// "unknown", when that was itself), instead of holding a connection
+	// no role serves until its deadline.
 	var between *standbyServer
 	stopBetween := func() {
 		if between == nil {
@@ -222,9 +223,6 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		if ctx.Err() == nil {
 			n.cfg.Logger.Warn("cluster: membership lost; rejoining")
-			// Whoever it knew as primary, it cannot tell now (etcd is what
-			// it lost): it refuses naming none until it has rejoined.
-			n.setLeader(nil)
 		}
 	}
 	return nil
