@@ -167,6 +167,15 @@ type peer struct {
 	// ping: how long the stream may stay silent before the primary pings
 	// (the data plane's streams: bulkstream.go); 0 never.
 	ping time.Duration
+	// since: when the stream was opened (its standby registered before).
+	since time.Time
+	// lapsed: a refresh read after since did not list the member: its
+	// lease lapsed (it died, stopped past its TTL, or its machine was cut
+	// off, which leaves the stream open but silent). No publish waits for
+	// the stream any more, and its context is cancelled (cancel). Guarded
+	// by Source.mu.
+	lapsed bool
+	cancel context.CancelFunc
 }
 
 // NewSource builds the primary's side; Register it on the hub's gRPC
@@ -437,18 +446,38 @@ func (s *Source) offerVersion(ctx context.Context, st store.Store, name string, 
 
 // RefreshStandbys reads the registered standbys (SourceConfig.Standbys)
 // and keeps them for the publishes that follow.
+//
+// A follower whose stream was open before the read and whose member the
+// read does not list has lost its lease (a standby registers before it
+// follows): its stream is marked lapsed and cancelled. A standby cut off
+// by a partition leaves its stream open but silent — nothing resets it —
+// so without this every publish would wait AckTimeout for it as a
+// connected follower (Sync) for as long as the stream seemed alive
+// (TestPartitionedStandbyDropsOutAndCatchesUp).
 func (s *Source) RefreshStandbys(ctx context.Context) error {
+	asked := time.Now()
 	standbys, err := s.cfg.Standbys(ctx)
 	if err != nil {
 		return err
 	}
+	var lapsed []string
 	s.mu.Lock()
 	changed := !slices.Equal(s.standbys, standbys)
 	s.standbys, s.refreshed = standbys, true
+	for p := range s.followers {
+		if !p.lapsed && p.since.Before(asked) && !slices.Contains(standbys, p.member) {
+			p.lapsed, changed = true, true
+			p.cancel()
+			lapsed = append(lapsed, p.member)
+		}
+	}
 	if changed {
 		s.bump() // a publish waiting for a standby that left stops waiting (Sync)
 	}
 	s.mu.Unlock()
+	for _, m := range lapsed {
+		s.cfg.Logger.Warn("replica: a follower's lease lapsed; its stream is dropped and no publish waits for it", "member", m)
+	}
 	return nil
 }
 
@@ -504,7 +533,7 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	}
 	extra := map[string]bool{}
 	for p := range s.followers {
-		if !registered[p.member] {
+		if !registered[p.member] && !p.lapsed {
 			extra[p.member] = true
 		}
 	}
@@ -553,10 +582,11 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 	}
 }
 
-// connected reports whether member has a stream open; s.mu is held.
+// connected reports whether member has a stream open that has not
+// lapsed; s.mu is held.
 func (s *Source) connected(member string) bool {
 	for p := range s.followers {
-		if p.member == member {
+		if p.member == member && !p.lapsed {
 			return true
 		}
 	}
@@ -621,7 +651,9 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
 	}
-	p := &peer{member: h.Member, codec: codec, ping: ping}
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	p := &peer{member: h.Member, codec: codec, ping: ping, since: time.Now(), cancel: cancel}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -642,8 +674,6 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	}()
 	s.cfg.Logger.Info("replica: standby following", "member", h.Member, "epoch", h.Epoch)
 
-	ctx, cancel := context.WithCancel(ss.Context())
-	defer cancel()
 	ackErr := make(chan error, 1)
 	go func() { // the owner: serve waits for it below
 		ackErr <- s.readAcks(ss, p)
