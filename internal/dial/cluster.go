@@ -320,6 +320,15 @@ type follower struct {
 	cc      resolver.ClientConn
 	seeds   map[string]*grpc.ClientConn // Cluster/Primary connections, by hub address
 
+	// looked is closed when a lookup begun after a call timed out has
+	// ended (nil: none asked for): the calls made meanwhile wait for it
+	// (awaitLookup) rather than follow the timed-out one onto the stalled
+	// connection. lookAfter is the number of lookups begun when it was
+	// asked for, begun the count so far; all guarded by mu.
+	looked    chan struct{}
+	lookAfter uint64
+	begun     uint64
+
 	kick     chan struct{}
 	done     chan struct{}
 	base     context.Context // ends with done: bounds every lookup
@@ -386,11 +395,23 @@ func (f *follower) loop() {
 		case <-f.kick:
 		}
 		for {
+			f.mu.Lock()
+			f.begun++
+			n := f.begun
+			f.mu.Unlock()
 			ctx, cancel := context.WithTimeout(f.base, DefaultResolveTimeout)
 			p, err := f.resolve(ctx)
 			cancel()
 			if err == nil {
 				f.offer(p)
+			}
+			f.mu.Lock()
+			if f.looked != nil && n > f.lookAfter {
+				close(f.looked)
+				f.looked = nil
+			}
+			f.mu.Unlock()
+			if err == nil {
 				wait = followBackoffBase
 				break
 			}
@@ -535,6 +556,7 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 		defer cancel()
 	}
 	wait := followBackoffBase
+	f.awaitLookup(ctx)
 	for attempt := 1; ; attempt++ {
 		var tr metadata.MD
 		err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Trailer(&tr)}, opts...)...)
@@ -608,6 +630,7 @@ func (f *follower) waitReady(ctx context.Context, cc *grpc.ClientConn) error {
 }
 
 func (f *follower) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	f.awaitLookup(ctx)
 	if err := f.waitReady(ctx, cc); err != nil {
 		return nil, err
 	}
@@ -646,7 +669,33 @@ func (s *followedStream) RecvMsg(m any) error {
 // cut off by a partition, whose connection stalls instead of failing —
 // gRPC keeps it READY until a keepalive goes unanswered (tens of seconds
 // by default), and would send every call to it meanwhile. The primary is
-// looked up again, so a new one elected meanwhile gets the next call
+// looked up again, and calls made until that lookup ends wait for it, so
+// a new one elected meanwhile gets the next call
 // (TestTimedOutCallLooksThePrimaryUpAgain). A lookup that names the same
 // primary changes nothing.
-func (f *follower) stalled() { f.ResolveNow(resolver.ResolveNowOptions{}) }
+func (f *follower) stalled() {
+	f.mu.Lock()
+	if f.looked == nil {
+		f.looked, f.lookAfter = make(chan struct{}), f.begun
+	}
+	f.mu.Unlock()
+	f.ResolveNow(resolver.ResolveNowOptions{})
+}
+
+// awaitLookup waits, within ctx, for the lookup a timed-out call asked
+// for (stalled), if one is pending: a call made meanwhile then goes to the
+// primary it finds, not onto the connection that stalled. A lookup ends
+// within DefaultResolveTimeout, answered or not.
+func (f *follower) awaitLookup(ctx context.Context) {
+	f.mu.Lock()
+	ch := f.looked
+	f.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	case <-f.done:
+	}
+}

@@ -341,9 +341,10 @@ func (s *stalledStore) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*
 }
 
 // A call that runs out its deadline on the primary makes the connection
-// look the primary up again: a primary cut off by a partition keeps its
-// connection READY (nothing resets it, and the keepalive takes tens of
-// seconds), so without the lookup every call would go to it until then.
+// look the primary up again, and the next call waits for that lookup: a
+// primary cut off by a partition keeps its connection READY (nothing
+// resets it, and the keepalive takes tens of seconds), so without the
+// lookup every call would go to it until then.
 func TestTimedOutCallLooksThePrimaryUpAgain(t *testing.T) {
 	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
 	lis := testkit.Listen(t)
@@ -372,14 +373,17 @@ func TestTimedOutCallLooksThePrimaryUpAgain(t *testing.T) {
 	if status.Code(err) != codes.DeadlineExceeded || stalled.calls.Load() != 1 {
 		t.Fatalf("List on the stalled primary: %v (%d calls), want DeadlineExceeded there", err, stalled.calls.Load())
 	}
-	testkit.Eventually(t, 20*time.Second, "the connection to follow the new primary", func() bool {
-		p, _ := dial.CurrentPrimary(conn)
-		return p.Addr == h.Addr().String() && p.Epoch == 4
-	})
+	// The next call, made at once, waits for that lookup and goes to the
+	// new primary (before the lookup on timeouts it went to the stalled
+	// one until gRPC's keepalive broke the connection; before the wait,
+	// to the stalled one once more).
 	if _, err := rlhubv1.NewModelStoreClient(conn).List(ctx(t), &rlhubv1.StoreListRequest{}); err != nil {
-		t.Fatalf("List after the lookup: %v", err)
+		t.Fatalf("List after the timed-out one: %v", err)
 	}
 	if n := stalled.calls.Load(); n != 1 {
 		t.Fatalf("the stalled primary saw %d Lists, want 1", n)
+	}
+	if p, _ := dial.CurrentPrimary(conn); p.Addr != h.Addr().String() || p.Epoch != 4 {
+		t.Fatalf("following %v, want %s epoch 4", p, h.Addr())
 	}
 }
