@@ -309,9 +309,9 @@ type landed struct {
 // attempt is one push: when it started, whether it was acknowledged,
 // and if not, why.
 type attempt struct {
-	at    time.Time
-	acked bool
-	err   string
+	at, end time.Time
+	acked   bool
+	err     string
 }
 
 // pusher pushes versions 1, 2, … of one model through one client, each
@@ -362,7 +362,7 @@ func (p *pusher) run() {
 		cancel()
 		var se *errs.StaleError
 		p.mu.Lock()
-		a := attempt{at: start, acked: err == nil}
+		a := attempt{at: start, end: time.Now(), acked: err == nil}
 		if err != nil {
 			a.err = err.Error()
 		}
@@ -444,6 +444,19 @@ func (p *pusher) failedWith(since time.Time, what string) []string {
 		}
 	}
 	return out
+}
+
+// firstAckedFrom is when the first push started after since that was
+// acknowledged ended (zero: none yet).
+func (p *pusher) firstAckedFrom(since time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.attempts {
+		if a.acked && a.at.After(since) {
+			return a.end
+		}
+	}
+	return time.Time{}
 }
 
 // attemptedAfter reports whether a push started after since has ended.
@@ -791,14 +804,8 @@ func TestPartitionedStandbyDropsOutAndCatchesUp(t *testing.T) {
 		if failed := trainer.failedWith(gone.Add(grace), "standbys acknowledged the publish"); len(failed) > 0 {
 			t.Fatalf("%d pushes after %s's lease lapsed waited for it and failed:\n%s", len(failed), s.id, strings.Join(failed, "\n"))
 		}
-		var resumed time.Time
-		for _, l := range trainer.snapshot()[before:] {
-			if l.acked {
-				resumed = l.at
-				break
-			}
-		}
-		t.Logf("partition → %s's registration gone: %v; → the first acknowledged push after the cut: %v; pushes not acknowledged after the cut: %d (errors:%s)",
+		resumed := trainer.firstAckedFrom(cut)
+		t.Logf("partition → %s's registration gone: %v; → the first push started after the cut acknowledged: %v; pushes not acknowledged after the cut: %d (errors:%s)",
 			s.id, gone.Sub(cut).Round(time.Millisecond), resumed.Sub(cut).Round(time.Millisecond), trainer.failedAfter(cut), trainer.errors())
 		st, err := lc.status(s)
 		kept := err == nil && st.Primary != nil && st.Primary.Epoch == l1.Epoch &&
