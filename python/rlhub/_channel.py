@@ -472,6 +472,14 @@ class FollowingChannel(grpc.Channel):
             code = e.code()
         except AttributeError:
             return False
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            # The primary may be cut off by a partition: its connection
+            # stalls instead of failing, and would stay READY until the
+            # keepalive gives up. The next call looks the primary up first
+            # (the same one: nothing changes).
+            with self._cv:
+                self._stale = True
+            return False
         if code != grpc.StatusCode.UNAVAILABLE:
             return False
         r = refusal(e)
