@@ -300,6 +300,46 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 	}
 }
 
+// WatchLeader calls fn with the primary (the election's leader) at the
+// start and again after each change of the election's keys (a term won,
+// a leader's key deleted or dropped with its lease), until ctx ends; it
+// returns ctx's error. While an election runs there is no leader and fn is
+// not called. A watch that fails is opened again after a back-off. fn runs
+// on WatchLeader's goroutine, one call at a time; it may see the same
+// leader twice.
+func (r *Reader) WatchLeader(ctx context.Context, fn func(Leader)) error {
+	p := path.Join(r.cfg.prefix(), "election") + "/"
+	backoff := 50 * time.Millisecond
+	for {
+		resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+		if err == nil {
+			if l, err := r.Leader(ctx); err == nil {
+				fn(l)
+			}
+			backoff = 50 * time.Millisecond
+			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+			for wr := range r.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+				if wr.Err() != nil {
+					break
+				}
+				if l, err := r.Leader(ctx); err == nil {
+					fn(l)
+				}
+			}
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
 func sortedServices(m map[string]ServiceInfo) []ServiceInfo {
 	out := make([]ServiceInfo, 0, len(m))
 	for _, s := range m {

@@ -58,6 +58,15 @@ import (
 //     stream that fails makes the next resolve happen at once, so the
 //     caller's reconnect lands on the new primary.
 //   - A unary call whose context has no deadline gets FollowTimeout.
+//   - Given etcd, the connection also watches the election, so it learns
+//     of a new primary's term as etcd does, not only when a call to the old
+//     one fails: a primary whose machine died answers nothing and resets
+//     nothing (its connections stall until keepalives give up, a minute
+//     later). When the followed primary moves to another address, every
+//     call, stream and data-plane request (PlaneContext) still in flight on
+//     the old one ends with Unavailable ("the primary moved"), and is
+//     treated as any call whose connection died: reads are sent again to
+//     the new primary, anything else is returned with its outcome unknown.
 
 // Metadata the hubs put in a standby's refusal (HELPERS contract; the hub
 // side is internal/cluster).
@@ -259,6 +268,9 @@ func CurrentPrimary(conn interface{ Target() string }) (Primary, bool) {
 }
 
 func followerOf(conn interface{ Target() string }) *follower {
+	if cc, ok := conn.(*grpc.ClientConn); conn == nil || (ok && cc == nil) {
+		return nil
+	}
 	if ep, ok := strings.CutPrefix(conn.Target(), followSchemeName+":///"); ok {
 		if f, ok := followers.Load(ep); ok {
 			return f.(*follower)
@@ -271,6 +283,7 @@ func followerOf(conn interface{ Target() string }) *follower {
 func (c Config) follow(t Target, extra []grpc.DialOption) (*grpc.ClientConn, error) {
 	f := &follower{cfg: c, t: t, seeds: map[string]*grpc.ClientConn{}, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	f.base, f.stopBase = context.WithCancel(context.Background())
+	f.term, f.endTerm = context.WithCancelCause(context.Background())
 	f.timeout = c.FollowTimeout
 	if f.timeout <= 0 {
 		f.timeout = DefaultFollowTimeout
@@ -317,6 +330,10 @@ type follower struct {
 	mu      sync.Mutex
 	cur     Primary
 	lastErr error
+	// term ends (endTerm, with a *PrimaryMovedError) when cur moves to
+	// another address: what was in flight on the old primary is given up.
+	term    context.Context
+	endTerm context.CancelCauseFunc
 	cc      resolver.ClientConn
 	seeds   map[string]*grpc.ClientConn // Cluster/Primary connections, by hub address
 
@@ -344,6 +361,11 @@ func (f *follower) Build(_ resolver.Target, cc resolver.ClientConn, _ resolver.B
 	f.cc = cc
 	f.mu.Unlock()
 	f.wg.Go(f.loop)
+	if f.etcd != nil {
+		f.wg.Go(func() {
+			_ = f.etcd.WatchLeader(f.base, func(l cluster.Leader) { f.offer(Primary{Addr: l.Addr, Epoch: l.Epoch}) })
+		})
+	}
 	f.ResolveNow(resolver.ResolveNowOptions{})
 	return f, nil
 }
@@ -365,6 +387,9 @@ func (f *follower) shutdown() {
 		close(f.done)
 		f.stopBase()
 		f.wg.Wait()
+		f.mu.Lock()
+		f.endTerm(nil)
+		f.mu.Unlock()
 		followers.Delete(f.endpoint)
 		f.mu.Lock()
 		for _, c := range f.seeds {
@@ -438,6 +463,9 @@ func (f *follower) loop() {
 }
 
 // offer makes p the primary unless an answer with a newer epoch was seen.
+// A primary at another address than the one followed ends the old one's
+// term: what is in flight there is given up (after the connection was
+// told of p, so that what is sent again goes to p).
 func (f *follower) offer(p Primary) {
 	if p.Addr == "" {
 		return
@@ -447,12 +475,69 @@ func (f *follower) offer(p Primary) {
 		f.mu.Unlock()
 		return
 	}
+	var end func()
+	if old := f.cur; old.Addr != "" && old.Addr != p.Addr {
+		endOld := f.endTerm
+		f.term, f.endTerm = context.WithCancelCause(context.Background())
+		end = func() { endOld(&PrimaryMovedError{Cluster: f.t.String(), From: old, To: p}) }
+	}
 	f.cur, f.lastErr = p, nil
 	cc := f.cc
 	f.mu.Unlock()
 	if cc != nil {
 		_ = cc.UpdateState(resolver.State{Addresses: []resolver.Address{{Addr: p.Addr, ServerName: HostOf(p.Addr)}}})
 	}
+	if end != nil {
+		end()
+	}
+}
+
+// PrimaryMovedError ends a call, stream or data-plane request that was in
+// flight on a primary when the cluster's primary moved to another hub.
+// Its outcome is unknown (the old primary may have applied it); it
+// matches errs.ErrUnavailable, and its gRPC status is Unavailable.
+type PrimaryMovedError struct {
+	Cluster  string
+	From, To Primary
+	// Err is how the call itself ended once its context was cancelled
+	// (nil in the cause a context carries): a dial that never connected
+	// shows here, so a caller can still tell that nothing was sent.
+	Err error
+}
+
+func (e *PrimaryMovedError) Error() string {
+	s := fmt.Sprintf("rlhub: cluster %s: the primary moved from %s (epoch %d) to %s (epoch %d) while this was in flight",
+		e.Cluster, e.From.Addr, e.From.Epoch, e.To.Addr, e.To.Epoch)
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *PrimaryMovedError) Is(target error) bool { return target == errs.ErrUnavailable }
+
+func (e *PrimaryMovedError) Unwrap() error { return e.Err }
+
+// GRPCStatus makes the error Unavailable to gRPC's status package.
+func (e *PrimaryMovedError) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.Error()) }
+
+// inTerm runs in a context that also ends when the followed primary moves
+// away; stop releases it. moved is the *PrimaryMovedError that ended it,
+// or nil (ctx ended, or it has not ended).
+func (f *follower) inTerm(ctx context.Context) (tctx context.Context, moved func() error, stop func()) {
+	f.mu.Lock()
+	term := f.term
+	f.mu.Unlock()
+	tctx, cancel := context.WithCancelCause(ctx)
+	release := context.AfterFunc(term, func() { cancel(context.Cause(term)) })
+	moved = func() error {
+		var pm *PrimaryMovedError
+		if ctx.Err() == nil && errors.As(context.Cause(tctx), &pm) {
+			return pm
+		}
+		return nil
+	}
+	return tctx, moved, func() { release(); cancel(nil) }
 }
 
 // resolve asks etcd, or every seed hub at once, where the primary is; of
@@ -559,7 +644,12 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 	f.awaitLookup(ctx)
 	for attempt := 1; ; attempt++ {
 		var tr metadata.MD
-		err := invoker(ctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Trailer(&tr)}, opts...)...)
+		tctx, moved, stop := f.inTerm(ctx)
+		err := invoker(tctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Trailer(&tr)}, opts...)...)
+		if pm := moved(); err != nil && pm != nil {
+			err = status.Error(codes.Unavailable, pm.Error())
+		}
+		stop()
 		if err == nil {
 			return nil
 		}
@@ -634,24 +724,38 @@ func (f *follower) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.C
 	if err := f.waitReady(ctx, cc); err != nil {
 		return nil, err
 	}
-	s, err := streamer(ctx, desc, cc, method, opts...)
+	tctx, moved, stop := f.inTerm(ctx)
+	s, err := streamer(tctx, desc, cc, method, opts...)
 	if err != nil {
+		if pm := moved(); pm != nil {
+			err = status.Error(codes.Unavailable, pm.Error())
+		}
+		stop()
 		if status.Code(err) == codes.Unavailable {
 			f.ResolveNow(resolver.ResolveNowOptions{})
 		}
 		return nil, err
 	}
-	return &followedStream{ClientStream: s, f: f}, nil
+	return &followedStream{ClientStream: s, f: f, moved: moved, stop: stop}, nil
 }
 
-// followedStream notices a refusal or a dead connection on a stream.
+// followedStream notices a refusal or a dead connection on a stream, and
+// ends with Unavailable when the primary it was opened on is replaced.
 type followedStream struct {
 	grpc.ClientStream
-	f *follower
+	f     *follower
+	moved func() error
+	stop  func() // releases the term's hold; once the stream has ended
 }
 
 func (s *followedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		if pm := s.moved(); pm != nil {
+			err = status.Error(codes.Unavailable, pm.Error())
+		}
+		s.stop()
+	}
 	switch status.Code(err) {
 	case codes.Unavailable:
 		if p, ok := Refusal(err, s.ClientStream.Trailer()); ok {

@@ -1,6 +1,7 @@
 package dial
 
 import (
+	"context"
 	"strings"
 )
 
@@ -15,6 +16,12 @@ import (
 //     frame carries the refusal's text) makes the connection follow the
 //     primary it names; any other failure makes it resolve again, so the
 //     next PlaneAddr answers the new primary once one is elected.
+//
+//  3. around the request itself, PlaneContext: when the connection learns
+//     (from etcd's election) that the primary moved to another hub, the
+//     request still in flight on the old one ends with a
+//     *PrimaryMovedError (Unavailable) instead of waiting on a machine
+//     that may have died without closing anything.
 //
 // There is one follower per connection (cluster.go); these only read it
 // and feed it, so the data plane and gRPC never disagree for long about
@@ -61,4 +68,27 @@ func IsCluster(addr string) bool {
 	}
 	t, err := ParseTarget(addr)
 	return err != nil || t.Clustered()
+}
+
+// PlaneContext is ctx for one data-plane request to the primary conn
+// follows (PlaneAddr), ended also when that primary moves to another hub.
+// Pass the request's error through done, which releases the context and
+// returns a *PrimaryMovedError (Unavailable: follow with PlaneFailed and
+// try again, or count the outcome unknown) when the move ended it, err
+// otherwise. For a plain connection, or a nil conn, it is ctx.
+func PlaneContext(conn interface{ Target() string }, ctx context.Context) (tctx context.Context, done func(err error) error) {
+	f := followerOf(conn)
+	if f == nil {
+		return ctx, func(err error) error { return err }
+	}
+	tctx, moved, stop := f.inTerm(ctx)
+	return tctx, func(err error) error {
+		defer stop()
+		if pm := moved(); err != nil && pm != nil {
+			e := *pm.(*PrimaryMovedError)
+			e.Err = err
+			return &e
+		}
+		return err
+	}
 }

@@ -199,7 +199,9 @@ func (r *RemotePrimary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		Blob:                  &rlhubv1.BlobInfo{Model: b.Model, TotalBytes: uint64(l.Size)}}
 	if addr, ok := r.planeAddr(); ok && r.bulk.Supported(addr) {
 		var resp rlhubv1.ReducerForwardResponse
-		err := r.bulk.Call(ctx, addr, BulkForwardMethod, hdr, net.Buffers(l.Buffers()), &resp)
+		c, _ := r.conn.(targeted)
+		pctx, planeDone := dial.PlaneContext(c, ctx) // ended if the primary moves away
+		err := planeDone(r.bulk.Call(pctx, addr, BulkForwardMethod, hdr, net.Buffers(l.Buffers()), &resp))
 		if !errors.Is(err, bulk.ErrNotSupported) {
 			if err != nil {
 				r.planeFailed(err)

@@ -554,7 +554,8 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 	if !ok {
 		return nil, fmt.Errorf("%w: wsync: cluster %s: no primary known yet", errs.ErrUnavailable, errs.Quote(c.cfg.Addr))
 	}
-	err := c.bulk.CallRecv(cctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+	pctx, planeDone := hubdial.PlaneContext(c.follow, cctx) // ended if the primary moves away
+	err := c.bulk.CallRecv(pctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
 		if err := proto.Unmarshal(hb, &hdr); err != nil {
 			return fmt.Errorf("%w: wsync: watch header: %v", errs.ErrInvalid, err)
 		}
@@ -586,6 +587,7 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 		_, err := io.ReadFull(body, blob)
 		return err
 	}, nil)
+	err = planeDone(err)
 	if err != nil {
 		if ctx.Err() == nil && cctx.Err() != nil {
 			if c.usable() != nil {

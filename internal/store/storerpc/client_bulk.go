@@ -66,7 +66,10 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 		if !ok { // the primary went away since useBulk: retried as Unavailable
 			return fmt.Errorf("%w: storerpc: no primary known for %s yet", errs.ErrUnavailable, errs.Quote(c.cfg.Addr))
 		}
-		err := c.bulk.CallRecv(ctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+		// Given up at once if the primary moves away meanwhile (its
+		// machine may be gone without a word).
+		pctx, planeDone := dial.PlaneContext(c.conn, ctx)
+		err := c.bulk.CallRecv(pctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
 				return fmt.Errorf("%w: storerpc: pull header: %v", errs.ErrInvalid, err)
 			}
@@ -94,6 +97,7 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 			_, err := io.ReadFull(body, blob)
 			return err
 		}, nil)
+		err = planeDone(err)
 		if err != nil {
 			if errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented {
 				noBulk = true

@@ -82,7 +82,11 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: relay: cluster %s: no primary known yet", errs.ErrUnavailable, errs.Quote(r.cfg.UpstreamAddr))
 	}
-	err := r.bulk.CallRecv(cctx, addr, storerpc.BulkWatchMethod,
+	// Ended if the followed primary moves away (its machine may be gone
+	// without a word).
+	up, _ := r.cfg.Upstream.(interface{ Target() string })
+	pctx, planeDone := hubdial.PlaneContext(up, cctx)
+	err := r.bulk.CallRecv(pctx, addr, storerpc.BulkWatchMethod,
 		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
 		func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
@@ -132,7 +136,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			file = f
 			return nil
 		}, nil)
-	if err != nil {
+	if err = planeDone(err); err != nil {
 		return 0, err
 	}
 	if hdr.NotModified || file == nil {
