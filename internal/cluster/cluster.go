@@ -155,6 +155,10 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 		// slow on a loaded server.
 		dialTimeout = max(dialTimeout, 10*time.Second)
 	}
+	keepalive := cfg.LeaseTTL
+	if keepalive <= 0 { // a reader: etcd accepts pings every 5 s (--grpc-keepalive-min-time)
+		keepalive = readerKeepalive
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   ec.endpoints,
 		DialTimeout: dialTimeout,
@@ -163,15 +167,22 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 		Username:    ec.user,
 		Password:    ec.password,
 		// Keep-alives on the connection itself, so a dead etcd is noticed
-		// even by a member that is only waiting.
-		DialKeepAliveTime:    cfg.LeaseTTL,
-		DialKeepAliveTimeout: cfg.LeaseTTL,
+		// even by a member that is only waiting, and by a reader whose
+		// watch is all it does: an etcd member whose machine died answers
+		// nothing, and the client moves to another endpoint only once the
+		// keep-alive fails.
+		DialKeepAliveTime:    keepalive,
+		DialKeepAliveTimeout: keepalive,
 	})
 	if err != nil {
 		return nil, etcdError(ec.endpoints, err)
 	}
 	return cli, nil
 }
+
+// readerKeepalive is a Reader's keep-alive time and timeout on its etcd
+// connection (a Member's is its lease TTL).
+const readerKeepalive = 5 * time.Second
 
 // Member is one hub's place in the cluster. Its methods are safe for
 // concurrent use.
