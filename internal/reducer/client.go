@@ -463,7 +463,13 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 			}
 		}
 		sticky = false
-		res, err := c.pushOnce(ctx, t, model, baseVersion, seq, l)
+		// An attempt in flight when the primary moves to another hub ends
+		// then (a *dial.PrimaryMovedError, Unavailable): its outcome is
+		// unknown, and the epoch check above says so at once, rather than
+		// after the push's deadline on a machine that may have died.
+		actx, attemptDone := dial.PlaneContext(c.hub, ctx)
+		res, err := c.pushOnce(actx, t, model, baseVersion, seq, l)
+		err = attemptDone(err)
 		if err == nil {
 			res.Seq, res.Addr, res.ID = seq, t.addr, t.id
 			return res, nil

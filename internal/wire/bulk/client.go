@@ -61,7 +61,7 @@ func NewClient() *Client { return NewClientConfig(ClientConfig{}) }
 
 // NewClientConfig returns a client that connects as cfg says.
 func NewClientConfig(cfg ClientConfig) *Client {
-	return &Client{cfg: cfg, idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
+	return &Client{cfg: cfg, dialer: net.Dialer{Timeout: connectTimeout}, idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
 }
 
 type clientConn struct {
@@ -286,6 +286,11 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 	}
 	return cc, nil
 }
+
+// connectTimeout bounds a TCP connect (within the call's context): a
+// machine that died, or is cut off, answers no SYN, and the kernel would
+// wait about two minutes (tcp_syn_retries) for it.
+const connectTimeout = 10 * time.Second
 
 // handshakeTimeout bounds the wait for the server's Magic.
 const handshakeTimeout = 10 * time.Second
