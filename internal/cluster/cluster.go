@@ -155,9 +155,9 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 		// slow on a loaded server.
 		dialTimeout = max(dialTimeout, 10*time.Second)
 	}
-	keepalive := cfg.LeaseTTL
+	keepalive, kaTimeout := cfg.LeaseTTL, cfg.LeaseTTL
 	if keepalive <= 0 { // a reader: etcd accepts pings every 5 s (--grpc-keepalive-min-time)
-		keepalive = readerKeepalive
+		keepalive, kaTimeout = readerKeepalive, readerKeepaliveTimeout
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   ec.endpoints,
@@ -172,7 +172,7 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 		// nothing, and the client moves to another endpoint only once the
 		// keep-alive fails.
 		DialKeepAliveTime:    keepalive,
-		DialKeepAliveTimeout: keepalive,
+		DialKeepAliveTimeout: kaTimeout,
 	})
 	if err != nil {
 		return nil, etcdError(ec.endpoints, err)
@@ -180,9 +180,12 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 	return cli, nil
 }
 
-// readerKeepalive is a Reader's keep-alive time and timeout on its etcd
-// connection (a Member's is its lease TTL).
-const readerKeepalive = 5 * time.Second
+// readerKeepalive and readerKeepaliveTimeout are a Reader's keep-alive
+// on its etcd connection (a Member's are its lease TTL).
+const (
+	readerKeepalive        = 5 * time.Second
+	readerKeepaliveTimeout = 2 * time.Second
+)
 
 // Member is one hub's place in the cluster. Its methods are safe for
 // concurrent use.
