@@ -3,6 +3,7 @@ package rlhub
 import (
 	"crypto/tls"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/dial"
 )
 
@@ -19,7 +20,16 @@ type Security struct {
 	// Token is sent with every call ("authorization: Bearer …") and in
 	// the data plane's handshake; "" sends none.
 	Token string
+	// Etcd is how a cluster target's etcd (etcd://…, ClusterTarget) is
+	// reached: TLS, a client certificate, a user, or Insecure for
+	// plaintext off loopback (docs/cluster.md, Deployment). The zero
+	// value is plaintext, which is refused for an endpoint off loopback.
+	Etcd EtcdSecurity
 }
+
+// EtcdSecurity is how etcd is reached: the --etcd-* flags, or the
+// RLHUB_ETCD_* environment (EtcdSecurity{}.FromEnv()).
+type EtcdSecurity = cluster.EtcdSecurity
 
 // SecurityFiles names PEM and token files, as the command line's
 // --tls-ca, --tls-cert, --tls-key, --tls-server-name and --token-file
@@ -38,8 +48,13 @@ func LoadSecurity(f SecurityFiles) (Security, error) {
 
 // SecurityFromEnv is LoadSecurity of the RLHUB_TLS_CA, RLHUB_TLS_CERT,
 // RLHUB_TLS_KEY, RLHUB_TLS_SERVER_NAME, RLHUB_TOKEN_FILE and RLHUB_TOKEN
-// environment variables.
-func SecurityFromEnv() (Security, error) { return LoadSecurity(SecurityFiles{}.FromEnv()) }
+// environment variables, with Etcd from RLHUB_ETCD_* (as the command line
+// and the Python client read them).
+func SecurityFromEnv() (Security, error) {
+	s, err := LoadSecurity(SecurityFiles{}.FromEnv())
+	s.Etcd = EtcdSecurity{}.FromEnv()
+	return s, err
+}
 
 // ClusterTarget is the hub address of cluster name whose primary is read
 // from etcd (endpoints comma-separated host:port): any Hub or Addr field
@@ -48,4 +63,4 @@ func SecurityFromEnv() (Security, error) { return LoadSecurity(SecurityFiles{}.F
 // failovers (docs/cluster.md, Clients).
 func ClusterTarget(etcdEndpoints, name string) string { return dial.EtcdTarget(etcdEndpoints, name) }
 
-func (s Security) dial() dial.Config { return dial.Config{TLS: s.TLS, Token: s.Token} }
+func (s Security) dial() dial.Config { return dial.Config{TLS: s.TLS, Token: s.Token, Etcd: s.Etcd} }

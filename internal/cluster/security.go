@@ -46,7 +46,8 @@ type EtcdSecurity struct {
 	Insecure bool
 }
 
-// FromEnv fills s's empty fields from the RLHUB_ETCD_* environment.
+// FromEnv fills s's empty fields from the RLHUB_ETCD_* environment, and
+// sets Insecure when RLHUB_ETCD_INSECURE is 1, true or yes.
 func (s EtcdSecurity) FromEnv() EtcdSecurity {
 	set := func(dst *string, env string) {
 		if *dst == "" {
@@ -58,6 +59,10 @@ func (s EtcdSecurity) FromEnv() EtcdSecurity {
 	set(&s.Key, "RLHUB_ETCD_KEY")
 	set(&s.User, "RLHUB_ETCD_USER")
 	set(&s.PasswordFile, "RLHUB_ETCD_PASSWORD_FILE")
+	switch strings.ToLower(os.Getenv("RLHUB_ETCD_INSECURE")) { // as Python's discover reads it
+	case "1", "true", "yes":
+		s.Insecure = true
+	}
 	return s
 }
 
