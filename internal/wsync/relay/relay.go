@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
@@ -177,10 +178,19 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("wsync: relay listen: %w", err)
 	}
 	r.lis = lis
-	r.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20)}, cfg.ServerOptions...)...)
+	r.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20),
+		// The pings every rlhub client sends (internal/dial: every 30 s,
+		// streams or not) are accepted, as the hub accepts them; gRPC's
+		// default policy (5 min, only with a stream) answered them with
+		// GOAWAY too_many_pings, dropping local collectors' connections.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPingInterval, PermitWithoutStream: true}),
+	}, cfg.ServerOptions...)...)
 	svc.Register(r.srv)
 	return r, nil
 }
+
+// minClientPingInterval is the hub's (hub.MinClientPingInterval).
+const minClientPingInterval = 10 * time.Second
 
 // Addr is where local collectors attach.
 func (r *Relay) Addr() string { return r.lis.Addr().String() }
