@@ -61,7 +61,9 @@ func NewClient() *Client { return NewClientConfig(ClientConfig{}) }
 
 // NewClientConfig returns a client that connects as cfg says.
 func NewClientConfig(cfg ClientConfig) *Client {
-	return &Client{cfg: cfg, dialer: net.Dialer{Timeout: connectTimeout}, idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
+	d := net.Dialer{Timeout: connectTimeout, KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: keepIdle, Interval: keepInterval, Count: keepCount},
+		Control: setUserTimeout}
+	return &Client{cfg: cfg, dialer: d, idle: map[string][]*clientConn{}, noBulk: map[string]time.Time{}}
 }
 
 type clientConn struct {
@@ -291,6 +293,20 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 // machine that died, or is cut off, answers no SYN, and the kernel would
 // wait about two minutes (tcp_syn_retries) for it.
 const connectTimeout = 10 * time.Second
+
+// A peer whose machine died (or was cut off) sends nothing, not even a
+// reset: a request waiting for its answer would wait for the call's
+// deadline, and one whose bytes are unacknowledged for the kernel's
+// retransmissions (~15 min). TCP keep-alives probe an idle wait (gone
+// after keepIdle + keepCount × keepInterval), and TCP_USER_TIMEOUT drops a
+// connection whose sent bytes (or probes) stay unacknowledged for
+// userTimeout (Linux; setUserTimeout): the call then fails Unavailable.
+const (
+	keepIdle     = 5 * time.Second
+	keepInterval = 2 * time.Second
+	keepCount    = 3
+	userTimeout  = 20 * time.Second
+)
 
 // handshakeTimeout bounds the wait for the server's Magic.
 const handshakeTimeout = 10 * time.Second
