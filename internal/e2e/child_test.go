@@ -30,7 +30,7 @@ const childEnv = "RLHUB_E2E_CHILD"
 // childFlags are what every child is given: the cluster (etcd://…) and
 // the files a client of the deployment holds.
 type childFlags struct {
-	target, model, id             string
+	target, model, id            string
 	ca, cert, key, token, stopAt string
 }
 

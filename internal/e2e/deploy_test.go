@@ -58,7 +58,7 @@ func newPKI(t *testing.T, hosts ...string) pki {
 	p := pki{dir: t.TempDir()}
 	p.tokens = filepath.Join(p.dir, "tokens")
 	rlhubCLI(t, "cert", "--dir", p.dir, "--hosts", strings.Join(hosts, ","))
-	for _, role := range []string{"admin", "trainer", "reader"} {
+	for _, role := range []string{"admin", "trainer", "worker", "reader"} {
 		rlhubCLI(t, "token", "new", "--role", role, "--scope", "*", "--out", p.token(role), "--append", p.tokens)
 	}
 	return p
@@ -78,7 +78,7 @@ type deployment struct {
 	pki      pki
 	name     string
 	model    string
-	stop     string // learners and collectors stop once this file exists
+	stop     string // learners stop once this file exists, collectors once stop+".collectors" does
 
 	procs map[string][]*testkit.Proc // by host name: what dies with the machine
 	hubs  map[string]*hubProc        // by host name
@@ -109,7 +109,10 @@ func newDeployment(t *testing.T) *deployment {
 	}
 	// The learners and collectors stop at the end even if the test failed
 	// (a cleanup before the processes' own, which kill them).
-	t.Cleanup(func() { os.WriteFile(d.stop, nil, 0o644) })
+	t.Cleanup(func() {
+		os.WriteFile(d.stop, nil, 0o644)
+		os.WriteFile(d.stop+".collectors", nil, 0o644)
+	})
 	return d
 }
 
@@ -170,7 +173,9 @@ func (d *deployment) startRelay(h *testkit.Host) *testkit.Proc {
 	d.seg[h.Name] = seg
 	args := append([]string{"--log-level", "info", "relay", "--model", d.model, "--listen", "127.0.0.1:7471", "--shm", seg,
 		"--tls-cert", d.pki.pem("server"), "--tls-key", d.pki.pem("server-key"),
-		"--tls-ca", d.pki.pem("ca"), "--token-file", d.pki.token("reader")}, d.etcdFlags()...)
+		// A worker's token: the relay is a collector upstream (WeightSync
+		// Attach needs worker; a reader's token is refused).
+		"--tls-ca", d.pki.pem("ca"), "--token-file", d.pki.token("worker")}, d.etcdFlags()...)
 	p := h.Start(t, testkit.ProcConfig{Name: "relay", Args: args})
 	testkit.Eventually(t, 60*time.Second, "the relay on "+h.Name+" to listen", func() bool {
 		select {
@@ -184,13 +189,38 @@ func (d *deployment) startRelay(h *testkit.Host) *testkit.Proc {
 	return p
 }
 
+// collector starts a collector of kind ("collector-push": the public Go
+// package's rlhub.Collector on etcd://, configured from the RLHUB_*
+// environment as a program would be; "collector-shm": a reader of the
+// segment of the relay announced on its host) on h and waits until it is
+// up.
+func (d *deployment) collector(h *testkit.Host, kind string) *testkit.Proc {
+	d.t.Helper()
+	id := kind + "-" + h.Name
+	p := d.child(h, kind, id, "RLHUB_TLS_CA="+d.pki.pem("ca"), "RLHUB_TLS_CERT="+d.pki.pem("client"),
+		"RLHUB_TLS_KEY="+d.pki.pem("client-key"), "RLHUB_TOKEN_FILE="+d.pki.token("worker"), "RLHUB_ETCD_INSECURE=1")
+	testkit.Eventually(d.t, 2*time.Minute, id+" to be up", func() bool {
+		select {
+		case <-p.Done():
+			d.t.Fatalf("%s exited:\n%s", id, p.Output())
+		default:
+		}
+		return strings.Contains(p.Output(), "collector up")
+	})
+	return p
+}
+
 // child starts this test binary on h as a learner or collector.
 func (d *deployment) child(h *testkit.Host, kind, id string, env ...string) *testkit.Proc {
 	t := d.t
 	t.Helper()
-	args := []string{kind, "-target", d.target(), "-model", d.model, "-id", id, "-stop", d.stop,
+	stop := d.stop
+	if kind != "learner" { // collectors run on until the end
+		stop += ".collectors"
+	}
+	args := []string{kind, "-target", d.target(), "-model", d.model, "-id", id, "-stop", stop,
 		"-ca", d.pki.pem("ca"), "-cert", d.pki.pem("client"), "-key", d.pki.pem("client-key")}
-	role := "reader"
+	role := "worker" // collectors: WeightSync Attach and reports
 	if kind == "learner" {
 		role = "trainer"
 	}
