@@ -17,7 +17,8 @@ import (
 // not run on loopback alone: each Host is a Linux network namespace with
 // its own address (10.213.N.i/24), its own loopback and, for the processes
 // started on it, its own hostname (a UTS namespace), joined by a veth pair
-// to a bridge in this process's namespace. The bridge holds 10.213.N.254,
+// to a bridge in this process's namespace; each host's /etc/hosts names
+// every host of the lab (writeHosts). The bridge holds 10.213.N.254,
 // so the test process itself reaches every host. Cut and Heal take a
 // host's link down and up: a partition, in which the host's processes keep
 // running and its TCP connections stall rather than reset, as when a
@@ -123,7 +124,29 @@ func NewLab(tb testing.TB, names ...string) *Lab {
 		run(tb, "ip", "-n", h.ns, "link", "set", "eth0", "up")
 		run(tb, "ip", "-n", h.ns, "route", "add", "default", "via", bridgeIP.String())
 	}
+	l.writeHosts(tb)
 	return l
+}
+
+// writeHosts gives every host an /etc/hosts naming every host of the lab
+// (`ip netns exec` mounts /etc/netns/NS/hosts over /etc/hosts), so that
+// processes on the lab find each other by hostname, as machines do
+// through DNS. This process (outside the lab) does not.
+func (l *Lab) writeHosts(tb testing.TB) {
+	tb.Helper()
+	hosts := "127.0.0.1 localhost\n::1 localhost\n"
+	for _, h := range l.Hosts {
+		hosts += h.IP + " " + h.Name + "\n"
+	}
+	for _, h := range l.Hosts {
+		dir := filepath.Join("/etc/netns", h.ns)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			tb.Fatalf("lab: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "hosts"), []byte(hosts), 0o644); err != nil {
+			tb.Fatalf("lab: %v", err)
+		}
+	}
 }
 
 // Host returns the lab's host named name.
@@ -179,6 +202,7 @@ func (l *Lab) remove(tb testing.TB) {
 		if out, err := exec.Command("ip", "netns", "del", h.ns).CombinedOutput(); err != nil {
 			tb.Errorf("lab: ip netns del %s: %v: %s", h.ns, err, out)
 		}
+		os.RemoveAll(filepath.Join("/etc/netns", h.ns))
 	}
 	if out, err := exec.Command("ip", "link", "del", l.bridge).CombinedOutput(); err != nil {
 		tb.Errorf("lab: ip link del %s: %v: %s", l.bridge, err, out)
@@ -207,6 +231,7 @@ func sweepLabs(tb testing.TB) {
 		for _, line := range strings.Split(string(out), "\n") {
 			if f := strings.Fields(line); len(f) > 0 && strings.Contains(f[0], "-") && dead(f[0]) {
 				_ = exec.Command("ip", "netns", "del", f[0]).Run()
+				os.RemoveAll(filepath.Join("/etc/netns", f[0]))
 			}
 		}
 	}
