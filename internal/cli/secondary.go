@@ -12,6 +12,7 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // runAnnouncedSecondaries serves cfg's hub of secondary reducers
@@ -24,6 +25,9 @@ import (
 // announces itself again. The announcement is withdrawn before the hub
 // stops.
 func runAnnouncedSecondaries(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *slog.Logger) error {
+	if _, err := netsec.Advertised(cfg.Listen, &net.TCPAddr{}); err != nil { // announced to other machines
+		return &exitError{code: 2, err: fmt.Errorf("serve --role reducer --etcd: %v", err)}
+	}
 	h, err := hub.New(cfg)
 	if err != nil {
 		return err
@@ -80,7 +84,10 @@ func runAnnouncedSecondaries(ctx context.Context, cfg hub.Config, f *clusterFlag
 			}
 			continue
 		}
-		info := cluster.ServiceInfo{Kind: cluster.KindSecondary, ID: id, Addr: addr.String()}
+		// The name --listen gave (netsec.Advertised), as a hub's member
+		// address: clients check the certificate against it.
+		adv, _ := netsec.Advertised(cfg.Listen, addr) // checked above
+		info := cluster.ServiceInfo{Kind: cluster.KindSecondary, ID: id, Addr: adv}
 		if info.ID == "" {
 			host, _ := os.Hostname()
 			_, port, _ := net.SplitHostPort(addr.String())

@@ -39,6 +39,7 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
 	"github.com/rlhub/rlhub/internal/metrics"
+	"github.com/rlhub/rlhub/internal/netsec"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
@@ -459,8 +460,11 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if rcfg.StateDir == "" && rcfg.Primary == "" && h.cfg.DataDir != "" {
 		rcfg.StateDir = filepath.Join(h.cfg.DataDir, "reducer")
 	}
-	rcfg.Addr = func() string {
+	rcfg.Addr = func() string { // what clients are told to push to
 		if a := h.Addr(); a != nil {
+			if adv, err := netsec.Advertised(h.cfg.Listen, a); err == nil {
+				return adv // --listen's name, which the certificate is for
+			}
 			return a.String()
 		}
 		return ""

@@ -40,6 +40,28 @@ func IsLoopback(addr string) bool {
 	return IsLoopbackHost(host)
 }
 
+// Advertised is the address other machines are told to dial (in etcd)
+// for a server that listens on listen and is bound at bound: listen's
+// host as given — a name stays a name, so that clients check the
+// server's certificate against the name it was issued for, not against
+// an address the name resolved to here — with bound's port (listen's may
+// be 0). A listen address without a host, or with an unspecified one
+// (0.0.0.0, ::), names no machine and is an error.
+func Advertised(listen string, bound net.Addr) (string, error) {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("listen address %q: %v", listen, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("--listen %s names no machine: other machines would be told to dial %s; listen on this machine's name or address (the one its certificate is for)", listen, bound)
+	}
+	_, port, err := net.SplitHostPort(bound.String())
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
 // CertPool reads a PEM file of certificates into a pool. The error names
 // the file, never its content.
 func CertPool(path string) (*x509.CertPool, error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/metrics"
+	"github.com/rlhub/rlhub/internal/netsec"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
@@ -149,11 +150,18 @@ func (n *Node) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("hub: listen: %w", err)
 	}
-	addr := lis.Addr().String()
+	// What the cluster is told: the name --listen gave, with the bound
+	// port (netsec.Advertised): clients on other machines dial it and
+	// check the hub's certificate against it.
+	addr, err := netsec.Advertised(n.cfg.Hub.Listen, lis.Addr())
+	if err != nil {
+		lis.Close()
+		return fmt.Errorf("%w: hub: %v", errs.ErrInvalid, err)
+	}
 	n.mu.Lock()
 	n.addr = addr
 	n.mu.Unlock()
-	n.cfg.Hub.Listen = addr     // every role binds the same address
+	n.cfg.Hub.Listen = addr     // every role binds the same address (and advertises its name)
 	if n.cfg.Cluster.ID == "" { // unique per listening hub: hostname and port
 		host, _ := os.Hostname()
 		_, port, _ := net.SplitHostPort(addr)
