@@ -33,7 +33,7 @@ func newReducerRegisterCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Kind, o.Schedule.Kind = optim.Kind(kind), optim.ScheduleKind(sched)
 			mc.Reduction, mc.Staleness.Policy = reduce.Reduction(reduction), reduce.Policy(staleness)
-			c, err := reducer.NewClient(reducer.ClientConfig{Hub: addr})
+			c, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, Dial: dialConfig(cmd.Context())}) // TLS, token, etcd: the shared flags
 			if err != nil {
 				return err
 			}
