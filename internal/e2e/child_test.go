@@ -147,13 +147,13 @@ func learnerMain(ctx context.Context, args []string) error {
 	return nil
 }
 
-// reportVersions prints "applied v=V epoch=E via=T" each time version()
+// reportVersions prints "applied v=V epoch=E via=T at=UNIXNANO" each time version()
 // moves, until ctx ends or the stop file appears.
 func reportVersions(ctx context.Context, f *childFlags, current func() (uint64, uint64, string)) {
 	var last uint64
 	for ctx.Err() == nil && !f.stopped() {
 		if v, epoch, via := current(); v != last {
-			fmt.Printf("applied v=%d epoch=%d via=%s\n", v, epoch, via)
+			fmt.Printf("applied v=%d epoch=%d via=%s at=%d\n", v, epoch, via, time.Now().UnixNano())
 			last = v
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -322,13 +322,16 @@ func parseSummary(t *testing.T, p *testkit.Proc) summary {
 type applied struct {
 	version, epoch uint64
 	via            string
+	at             time.Time
 }
 
 func parseApplied(out string) []applied {
 	var got []applied
 	for _, line := range strings.Split(out, "\n") {
 		var a applied
-		if _, err := fmt.Sscanf(line, "applied v=%d epoch=%d via=%s", &a.version, &a.epoch, &a.via); err == nil {
+		var at int64
+		if _, err := fmt.Sscanf(line, "applied v=%d epoch=%d via=%s at=%d", &a.version, &a.epoch, &a.via, &at); err == nil {
+			a.at = time.Unix(0, at)
 			got = append(got, a)
 		}
 	}

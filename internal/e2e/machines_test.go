@@ -176,7 +176,7 @@ func TestMachineDies(t *testing.T) {
 	t.Logf("%v: v%d; %s dies", elapsed(), before, p1.host.Name)
 	died := d.die(p1.host)
 	l2, p2 := d.leader(l1.Epoch)
-	t.Logf("%v: %s serving", elapsed(), l2)
+	t.Logf("%v: %s serving, %v after the death", elapsed(), l2, time.Since(died).Round(time.Millisecond))
 	if p2.host == p1.host {
 		t.Fatalf("the new primary %s is on the dead machine", l2)
 	}
@@ -238,7 +238,14 @@ func TestMachineDies(t *testing.T) {
 				got := parseApplied(p.Output())
 				return len(got) > 0 && got[len(got)-1].version == final.Version
 			})
-			checkApplied(t, p.Name(), parseApplied(p.Output()), d.seg[m.Name])
+			got := parseApplied(p.Output())
+			checkApplied(t, p.Name(), got, d.seg[m.Name])
+			for _, a := range got {
+				if a.epoch == l2.Epoch {
+					t.Logf("%s: first version of the new term v%d %v after the death", p.Name(), a.version, a.at.Sub(died).Round(time.Millisecond))
+					break
+				}
+			}
 		}
 	}
 
