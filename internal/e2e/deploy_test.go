@@ -163,15 +163,24 @@ func (d *deployment) startSecondaries(h *testkit.Host) *testkit.Proc {
 
 // startRelay runs `rlhub relay --etcd` for the model on h: listening on
 // h's loopback (its collectors only), announced in etcd under h's
-// hostname. Its own segment per host: the lab's hosts share /dev/shm,
-// which machines do not.
+// hostname. Its own segment and port per host: the lab's hosts share
+// /dev/shm, which machines do not, and a collector that took another
+// host's announcement must not find a relay anyway.
 func (d *deployment) startRelay(h *testkit.Host) *testkit.Proc {
 	t := d.t
 	t.Helper()
 	seg := fmt.Sprintf("/dev/shm/rlhub-e2e-%d-%s-%d", os.Getpid(), h.Name, time.Now().UnixNano())
 	t.Cleanup(func() { os.Remove(seg) }) // after the relay is killed
 	d.seg[h.Name] = seg
-	args := append([]string{"--log-level", "info", "relay", "--model", d.model, "--listen", "127.0.0.1:7471", "--shm", seg,
+	// Each machine's relay on its own port, so that a collector given
+	// another machine's relay would not reach it on its own loopback.
+	port := 7471
+	for i, m := range d.machines {
+		if m == h {
+			port += i
+		}
+	}
+	args := append([]string{"--log-level", "info", "relay", "--model", d.model, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--shm", seg,
 		"--tls-cert", d.pki.pem("server"), "--tls-key", d.pki.pem("server-key"),
 		// A worker's token: the relay is a collector upstream (WeightSync
 		// Attach needs worker; a reader's token is refused).

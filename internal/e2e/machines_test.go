@@ -239,7 +239,7 @@ func TestMachineDies(t *testing.T) {
 				return len(got) > 0 && got[len(got)-1].version == final.Version
 			})
 			got := parseApplied(p.Output())
-			checkApplied(t, p.Name(), got, d.seg[m.Name])
+			checkApplied(t, p, got, d.seg[m.Name])
 			for _, a := range got {
 				if a.epoch == l2.Epoch {
 					t.Logf("%s: first version of the new term v%d %v after the death", p.Name(), a.version, a.at.Sub(died).Round(time.Millisecond))
@@ -259,9 +259,14 @@ func TestMachineDies(t *testing.T) {
 }
 
 // checkApplied: versions only grow, epochs never go back, and the last
-// came through this machine's relay (its stream, or its segment).
-func checkApplied(t *testing.T, name string, got []applied, seg string) {
+// came through this machine's relay (its stream, or its segment: a
+// segment reader says which it opened).
+func checkApplied(t *testing.T, p *testkit.Proc, got []applied, seg string) {
 	t.Helper()
+	name := p.Name()
+	if strings.HasPrefix(name, "collector-shm") && !strings.Contains(p.Output(), "collector up on "+seg+"\n") {
+		t.Errorf("%s did not read its own machine's relay segment %s:\n%s", name, seg, p.Output())
+	}
 	for i := 1; i < len(got); i++ {
 		if got[i].version <= got[i-1].version || got[i].epoch < got[i-1].epoch {
 			t.Errorf("%s applied v%d (epoch %d) after v%d (epoch %d)", name, got[i].version, got[i].epoch, got[i-1].version, got[i-1].epoch)
