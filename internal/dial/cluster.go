@@ -519,7 +519,9 @@ func (e *PrimaryMovedError) Is(target error) bool { return target == errs.ErrUna
 func (e *PrimaryMovedError) Unwrap() error { return e.Err }
 
 // GRPCStatus makes the error Unavailable to gRPC's status package.
-func (e *PrimaryMovedError) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.Error()) }
+func (e *PrimaryMovedError) GRPCStatus() *status.Status {
+	return status.New(codes.Unavailable, e.Error())
+}
 
 // inTerm runs in a context that also ends when the followed primary moves
 // away; stop releases it. moved is the *PrimaryMovedError that ended it,
