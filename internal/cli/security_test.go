@@ -151,3 +151,18 @@ func smallSafetensors() []byte {
 	b = append(b, h...)
 	return append(b, make([]byte, 8)...)
 }
+
+// On a cluster a hub and a hub of secondaries register the host --listen
+// names (netsec.Advertised): one that names no machine (every interface)
+// is refused, since other machines would be told to dial it.
+func TestClusteredListenMustNameAMachine(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, role := range []string{"all", "reducer"} {
+		code, _, errOut := run(t, ctx, "serve", "--listen", "0.0.0.0:0", "--insecure", "--data", t.TempDir(), "--role", role,
+			"--etcd", "127.0.0.1:1", "--cluster", "x")
+		if code == 0 || !strings.Contains(errOut, "names no machine") {
+			t.Fatalf("serve --role %s --listen 0.0.0.0:0 --etcd: code %d, stderr %q", role, code, errOut)
+		}
+	}
+}
