@@ -25,7 +25,7 @@ import (
 // announces itself again. The announcement is withdrawn before the hub
 // stops.
 func runAnnouncedSecondaries(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *slog.Logger) error {
-	if _, err := netsec.Advertised(cfg.Listen, &net.TCPAddr{}); err != nil { // announced to other machines
+	if _, err := netsec.Advertised(cfg.Listen, cfg.Advertise, &net.TCPAddr{}); err != nil { // announced to other machines
 		return &exitError{code: 2, err: fmt.Errorf("serve --role reducer --etcd: %v", err)}
 	}
 	h, err := hub.New(cfg)
@@ -86,7 +86,7 @@ func runAnnouncedSecondaries(ctx context.Context, cfg hub.Config, f *clusterFlag
 		}
 		// The name --listen gave (netsec.Advertised), as a hub's member
 		// address: clients check the certificate against it.
-		adv, _ := netsec.Advertised(cfg.Listen, addr) // checked above
+		adv, _ := netsec.Advertised(cfg.Listen, cfg.Advertise, addr) // checked above
 		info := cluster.ServiceInfo{Kind: cluster.KindSecondary, ID: id, Addr: adv}
 		if info.ID == "" {
 			host, _ := os.Hostname()

@@ -3,12 +3,15 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/hub"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -161,8 +164,30 @@ func TestClusteredListenMustNameAMachine(t *testing.T) {
 	for _, role := range []string{"all", "reducer"} {
 		code, _, errOut := run(t, ctx, "serve", "--listen", "0.0.0.0:0", "--insecure", "--data", t.TempDir(), "--role", role,
 			"--etcd", "127.0.0.1:1", "--cluster", "x")
-		if code == 0 || !strings.Contains(errOut, "names no machine") {
+		if code == 0 || !strings.Contains(errOut, "names no machine") || !strings.Contains(errOut, "--advertise") {
 			t.Fatalf("serve --role %s --listen 0.0.0.0:0 --etcd: code %d, stderr %q", role, code, errOut)
 		}
+	}
+}
+
+// A hub listening on every interface (a Kubernetes pod) joins the cluster
+// under the name --advertise gives it, with the bound port: that is what
+// etcd tells other machines to dial.
+func TestClusteredHubAdvertisesTheGivenName(t *testing.T) {
+	e := clustertest.Start(t)
+	p := startServeChild(t, fmt.Sprintf("serve --listen 0.0.0.0:0 --advertise 127.0.0.1 --insecure --data %s --etcd %s --cluster adv --member-id a1",
+		t.TempDir(), e.Endpoint))
+	host, port, err := net.SplitHostPort(p.Addr())
+	if err != nil || host != "127.0.0.1" {
+		t.Fatalf("address file %q (%v); want 127.0.0.1:PORT", p.Addr(), err)
+	}
+	want := "a1@127.0.0.1:" + port
+	testkit.Eventually(t, 30*time.Second, "the hub's member record to name "+want, func() bool {
+		_, out, _ := run(t, context.Background(), "cluster", "status", "--etcd", e.Endpoint, "--cluster", "adv")
+		return strings.Contains(out, want)
+	})
+	// It serves there: a client that dials the advertised address reaches it.
+	if code, out, errOut := run(t, context.Background(), "ping", "--hub", p.Addr()); code != 0 {
+		t.Fatalf("ping %s: %d %s %s", p.Addr(), code, out, errOut)
 	}
 }

@@ -98,6 +98,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	sec.register(cmd)
 	f.StringVar(&cfg.Listen, "listen", hub.DefaultListen, "gRPC listen address (not loopback: needs TLS and --auth-tokens, or --insecure)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "with --etcd: the address other machines dial to reach this hub, HOST or HOST:PORT (default --listen's host and the bound port); needed when --listen names no machine, e.g. 0.0.0.0 in a Kubernetes pod reached by its DNS name (its TLS certificate must name it)")
 	f.StringVar(&cfg.AddrFile, "addr-file", "", "write the bound address here once listening (with --listen 127.0.0.1:0)")
 	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk)")
 	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop")

@@ -64,6 +64,12 @@ type Config struct {
 	// Listen is the TCP address to serve on; "" means DefaultListen. Use
 	// "127.0.0.1:0" for a free port.
 	Listen string
+	// Advertise, when set, is the address other machines are told to
+	// dial (etcd, the reducer's secondaries list): HOST or HOST:PORT, the
+	// bound port when it has none (netsec.Advertised). "" means Listen's
+	// host: set it when Listen names no machine (0.0.0.0 in a Kubernetes
+	// pod, reached by its stable DNS name).
+	Advertise string
 	// Listener, when set, is served instead of binding Listen: a cluster
 	// node hands its one socket from role to role (closing it ends only
 	// this hub's use of it).
@@ -462,7 +468,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	}
 	rcfg.Addr = func() string { // what clients are told to push to
 		if a := h.Addr(); a != nil {
-			if adv, err := netsec.Advertised(h.cfg.Listen, a); err == nil {
+			if adv, err := netsec.Advertised(h.cfg.Listen, h.cfg.Advertise, a); err == nil {
 				return adv // --listen's name, which the certificate is for
 			}
 			return a.String()

@@ -17,6 +17,8 @@ import (
 	"io"
 	"net"
 	"os"
+
+	"github.com/rlhub/rlhub/internal/errs"
 )
 
 // IsLoopbackHost reports whether host (a name or an IP, no port) names
@@ -41,25 +43,45 @@ func IsLoopback(addr string) bool {
 }
 
 // Advertised is the address other machines are told to dial (in etcd)
-// for a server that listens on listen and is bound at bound: listen's
-// host as given — a name stays a name, so that clients check the
-// server's certificate against the name it was issued for, not against
-// an address the name resolved to here — with bound's port (listen's may
-// be 0). A listen address without a host, or with an unspecified one
-// (0.0.0.0, ::), names no machine and is an error.
-func Advertised(listen string, bound net.Addr) (string, error) {
-	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return "", fmt.Errorf("listen address %q: %v", listen, err)
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		return "", fmt.Errorf("--listen %s names no machine: other machines would be told to dial %s; listen on this machine's name or address (the one its certificate is for)", listen, bound)
-	}
-	_, port, err := net.SplitHostPort(bound.String())
+// for a server that listens on listen and is bound at bound. advertise,
+// when given (`--advertise`: HOST, or HOST:PORT when a port is mapped
+// elsewhere), is that address, with bound's port when it has none: a
+// Kubernetes pod listens on 0.0.0.0 and is reached by its stable DNS
+// name. Otherwise it is listen's host as given — a name stays a name, so
+// that clients check the server's certificate against the name it was
+// issued for, not against an address the name resolved to here — with
+// bound's port (listen's may be 0). An address without a host, or with
+// an unspecified one (0.0.0.0, ::), names no machine and is an error.
+func Advertised(listen, advertise string, bound net.Addr) (string, error) {
+	_, boundPort, err := net.SplitHostPort(bound.String())
 	if err != nil {
 		return "", err
 	}
-	return net.JoinHostPort(host, port), nil
+	if advertise != "" {
+		host, port, err := net.SplitHostPort(advertise)
+		if err != nil { // no port: the bound one
+			host, port = advertise, boundPort
+		}
+		if !namesMachine(host) || port == "" {
+			return "", fmt.Errorf("--advertise %s names no machine and port: give this machine's name or address, as other machines reach it", errs.Quote(advertise))
+		}
+		return net.JoinHostPort(host, port), nil
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("listen address %s: want HOST:PORT", errs.Quote(listen)) // err would echo it whole
+	}
+	if !namesMachine(host) {
+		return "", fmt.Errorf("--listen %s names no machine: other machines would be told to dial %s; listen on this machine's name or address (the one its certificate is for), or name it with --advertise", errs.Quote(listen), bound)
+	}
+	return net.JoinHostPort(host, boundPort), nil
+}
+
+// namesMachine says whether host can be dialled from another machine:
+// not empty, not an unspecified address (0.0.0.0, ::).
+func namesMachine(host string) bool {
+	ip := net.ParseIP(host)
+	return host != "" && (ip == nil || !ip.IsUnspecified())
 }
 
 // CertPool reads a PEM file of certificates into a pool. The error names

@@ -1,6 +1,7 @@
 package netsec
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,5 +73,37 @@ func TestKeyPairNeedsBothFiles(t *testing.T) {
 	os.WriteFile(key, []byte("not pem"), 0o600)
 	if _, err := KeyPair(cert, key); err == nil {
 		t.Fatal("a pair that is not PEM was loaded")
+	}
+}
+
+func TestAdvertised(t *testing.T) {
+	bound := &net.TCPAddr{IP: net.IPv4zero, Port: 7470}
+	for _, c := range []struct{ listen, advertise, want, err string }{
+		{"m1:0", "", "m1:7470", ""},                                       // a name stays a name, the bound port
+		{"10.0.0.5:7470", "", "10.0.0.5:7470", ""},                        // an address as given
+		{"0.0.0.0:7470", "", "", "names no machine"},                      // every interface: no machine
+		{":7470", "", "", "names no machine"},                             // the same
+		{"[::]:7470", "", "", "names no machine"},                         // the same, IPv6
+		{"0.0.0.0:7470", "hub-0.hub.ml.svc", "hub-0.hub.ml.svc:7470", ""}, // a pod by its DNS name
+		{"0.0.0.0:7470", "hub.example:443", "hub.example:443", ""},        // a port mapped elsewhere
+		{"m1:7470", "[fd00::5]:7470", "[fd00::5]:7470", ""},
+		{"m1:7470", "0.0.0.0", "", "--advertise"},
+		{"m1:7470", "[::]:9", "", "--advertise"},
+		{"nonsense", "", "", "listen address"},
+	} {
+		got, err := Advertised(c.listen, c.advertise, bound)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("Advertised(%q, %q) = %q, %v; want an error with %q", c.listen, c.advertise, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("Advertised(%q, %q) = %q, %v; want %q", c.listen, c.advertise, got, err, c.want)
+		}
+	}
+	long := strings.Repeat("x", 10000) // no port: an error, which must not echo it all
+	if _, err := Advertised(long, "", bound); err == nil || len(err.Error()) > 300 {
+		t.Errorf("a long listen address without a port: %v", err)
 	}
 }

@@ -153,7 +153,7 @@ func (n *Node) Run(ctx context.Context) error {
 	// What the cluster is told: the name --listen gave, with the bound
 	// port (netsec.Advertised): clients on other machines dial it and
 	// check the hub's certificate against it.
-	addr, err := netsec.Advertised(n.cfg.Hub.Listen, lis.Addr())
+	addr, err := netsec.Advertised(n.cfg.Hub.Listen, n.cfg.Hub.Advertise, lis.Addr())
 	if err != nil {
 		lis.Close()
 		return fmt.Errorf("%w: hub: %v", errs.ErrInvalid, err)
@@ -534,6 +534,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	}
 	hcfg := n.cfg.Hub
 	hcfg.Listener = sock.role()
+	hcfg.AddrFile = "" // Run wrote the advertised address; the role's listener would say [::]:PORT
 	hcfg.WrapStore = func(s store.Store) store.Store {
 		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose}
 	}
