@@ -258,46 +258,27 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 	if kind != "" {
 		p = path.Join(p, kind) + "/"
 	}
-	backoff := 50 * time.Millisecond
-	for {
-		resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
-		if err == nil {
-			live := map[string]ServiceInfo{}
-			for _, kv := range resp.Kvs {
-				var s ServiceInfo
-				if json.Unmarshal(kv.Value, &s) == nil {
-					live[string(kv.Key)] = s
-				}
+	var live map[string]ServiceInfo
+	return r.watchPrefix(ctx, p, nil, func(resp *clientv3.GetResponse) {
+		live = map[string]ServiceInfo{}
+		for _, kv := range resp.Kvs {
+			var s ServiceInfo
+			if json.Unmarshal(kv.Value, &s) == nil {
+				live[string(kv.Key)] = s
 			}
-			fn(sortedServices(live))
-			backoff = 50 * time.Millisecond
-			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-			for wr := range r.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
-				if wr.Err() != nil {
-					break
-				}
-				for _, ev := range wr.Events {
-					var s ServiceInfo
-					if ev.Type == clientv3.EventTypeDelete {
-						delete(live, string(ev.Kv.Key))
-					} else if json.Unmarshal(ev.Kv.Value, &s) == nil {
-						live[string(ev.Kv.Key)] = s
-					}
-				}
-				fn(sortedServices(live))
+		}
+		fn(sortedServices(live))
+	}, func(events []*clientv3.Event) {
+		for _, ev := range events {
+			var s ServiceInfo
+			if ev.Type == clientv3.EventTypeDelete {
+				delete(live, string(ev.Kv.Key))
+			} else if json.Unmarshal(ev.Kv.Value, &s) == nil {
+				live[string(ev.Kv.Key)] = s
 			}
-			cancel()
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
+		fn(sortedServices(live))
+	})
 }
 
 // WatchLeader calls fn with the primary (the election's leader) at the
@@ -308,23 +289,35 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 // on WatchLeader's goroutine, one call at a time; it may see the same
 // leader twice.
 func (r *Reader) WatchLeader(ctx context.Context, fn func(Leader)) error {
-	p := path.Join(r.cfg.prefix(), "election") + "/"
+	leader := func() {
+		if l, err := r.Leader(ctx); err == nil {
+			fn(l)
+		}
+	}
+	return r.watchPrefix(ctx, path.Join(r.cfg.prefix(), "election")+"/",
+		[]clientv3.OpOption{clientv3.WithKeysOnly(), clientv3.WithLimit(1)},
+		func(*clientv3.GetResponse) { leader() }, func([]*clientv3.Event) { leader() })
+}
+
+// watchPrefix reads the keys under p (with get's options) and hands the
+// answer to read, then watches p from the next revision and hands each
+// batch of events to each, until ctx ends; it returns ctx's error. A
+// watch that fails (etcd restarting, a compacted revision, a member that
+// lost its leader) starts again from a fresh read after a back-off of
+// 50 ms, doubling to 1 s. read and each run on the caller's goroutine.
+func (r *Reader) watchPrefix(ctx context.Context, p string, get []clientv3.OpOption, read func(*clientv3.GetResponse), each func([]*clientv3.Event)) error {
 	backoff := 50 * time.Millisecond
 	for {
-		resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))
+		resp, err := r.cli.Get(ctx, p, append([]clientv3.OpOption{clientv3.WithPrefix()}, get...)...)
 		if err == nil {
-			if l, err := r.Leader(ctx); err == nil {
-				fn(l)
-			}
+			read(resp)
 			backoff = 50 * time.Millisecond
 			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 			for wr := range r.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
 				if wr.Err() != nil {
 					break
 				}
-				if l, err := r.Leader(ctx); err == nil {
-					fn(l)
-				}
+				each(wr.Events)
 			}
 			cancel()
 		}
