@@ -273,18 +273,15 @@ func TestRefusalParsesTheContract(t *testing.T) {
 	}
 }
 
-// With etcd as the target, the client reads the election: after the
-// primary dies and a standby is elected, its next call lands on the new
-// primary at the new epoch.
-func TestEtcdTargetFollowsTheElection(t *testing.T) {
-	e := clustertest.Start(t)
-	c := ctx(t)
-	var hubs [2]*hub.Hub
-	var members [2]*cluster.Member
-	for i := range hubs {
-		hubs[i] = hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+// electTwo joins two members of cluster "c" on e at addrs and elects the
+// first (its term t0); the second campaigns in the background, and its
+// term arrives on won once the first's ends. conn follows the cluster
+// through etcd; it and the members are closed at cleanup.
+func electTwo(t *testing.T, c context.Context, e *clustertest.Etcd, addrs [2]string) (members [2]*cluster.Member, t0 *cluster.Term, won <-chan *cluster.Term, conn *grpc.ClientConn) {
+	t.Helper()
+	for i, addr := range addrs {
 		m, err := cluster.Join(c, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: "c", ID: fmt.Sprint("m", i),
-			Addr: hubs[i].Addr().String(), LeaseTTL: time.Second, Logger: testkit.Logger()})
+			Addr: addr, LeaseTTL: time.Second, Logger: testkit.Logger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,16 +292,27 @@ func TestEtcdTargetFollowsTheElection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	won := make(chan *cluster.Term, 1)
-	go func() {
+	next := make(chan *cluster.Term, 1)
+	go func() { // ends when the member wins or is closed (cleanup)
 		t1, _ := members[1].Campaign(c)
-		won <- t1
+		next <- t1
 	}()
-	conn, err := dial.Config{}.GRPC(dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), "c"))
+	conn, err = dial.Config{}.GRPC(dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), "c"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
+	return members, t0, next, conn
+}
+
+// With etcd as the target, the client reads the election: after the
+// primary dies and a standby is elected, its next call lands on the new
+// primary at the new epoch.
+func TestEtcdTargetFollowsTheElection(t *testing.T) {
+	e := clustertest.Start(t)
+	c := ctx(t)
+	hubs := [2]*hub.Hub{hubtest.Start(t, hub.Config{Logger: testkit.Logger()}), hubtest.Start(t, hub.Config{Logger: testkit.Logger()})}
+	members, t0, won, conn := electTwo(t, c, e, [2]string{hubs[0].Addr().String(), hubs[1].Addr().String()})
 	store := rlhubv1.NewModelStoreClient(conn)
 	if _, err := store.List(c, &rlhubv1.StoreListRequest{}); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -78,30 +77,7 @@ func TestElectionEndsWhatWasInFlightOnTheOldPrimary(t *testing.T) {
 	})
 	t.Cleanup(func() { close(h.gone) }) // runs before ServeGRPC's stop
 	next := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
-	var members [2]*cluster.Member
-	for i, addr := range []string{hungAddr, next.Addr().String()} {
-		m, err := cluster.Join(c, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: "c", ID: fmt.Sprint("m", i),
-			Addr: addr, LeaseTTL: time.Second, Logger: testkit.Logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		members[i] = m
-	}
-	t0, err := members[0].Campaign(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	won := make(chan *cluster.Term, 1)
-	go func() {
-		t1, _ := members[1].Campaign(c)
-		won <- t1
-	}()
-	conn, err := dial.Config{}.GRPC(dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), "c"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	members, t0, won, conn := electTwo(t, c, e, [2]string{hungAddr, next.Addr().String()})
 	testkit.Eventually(t, 20*time.Second, "the connection to follow the first primary", func() bool {
 		p, ok := dial.CurrentPrimary(conn)
 		return ok && p.Addr == hungAddr && p.Epoch == t0.Epoch
@@ -131,7 +107,7 @@ func TestElectionEndsWhatWasInFlightOnTheOldPrimary(t *testing.T) {
 	if t1 == nil {
 		t.Fatal("the standby was not elected")
 	}
-	err = testkit.Recv(t, write, time.Minute, "the write in flight on the old primary to end")
+	err := testkit.Recv(t, write, time.Minute, "the write in flight on the old primary to end")
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "the primary moved") {
 		t.Fatalf("the write in flight: %v, want Unavailable (the primary moved)", err)
 	}
