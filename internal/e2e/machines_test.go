@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,76 +16,10 @@ import (
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
-
-// seen is one version a watcher saw, with its epoch and when.
-type seen struct {
-	version, epoch uint64
-	at             time.Time
-}
-
-// versionWatch records the versions of a model that a store client
-// following the cluster sees (its Watch resumed after each failover).
-type versionWatch struct {
-	mu     sync.Mutex
-	seen   []seen
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-}
-
-func watchVersions(ctx context.Context, sc *storerpc.Client, model string) *versionWatch {
-	w := &versionWatch{}
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.wg.Go(func() {
-		after := uint64(0)
-		for ctx.Err() == nil {
-			_ = sc.Watch(ctx, model, after, func(s *store.Snapshot, _ uint64) error {
-				w.mu.Lock()
-				defer w.mu.Unlock()
-				w.seen = append(w.seen, seen{s.Version, s.Epoch, time.Now()})
-				after = s.Version
-				return nil
-			})
-		}
-	})
-	return w
-}
-
-// newest is the newest version seen (0: none).
-func (w *versionWatch) newest() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.seen) == 0 {
-		return 0
-	}
-	return w.seen[len(w.seen)-1].version
-}
-
-// firstOfEpoch is the first version seen of epoch, or false.
-func (w *versionWatch) firstOfEpoch(epoch uint64) (seen, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, s := range w.seen {
-		if s.epoch == epoch {
-			return s, true
-		}
-	}
-	return seen{}, false
-}
-
-// stop ends the watch and fails t if a version did not grow.
-func (w *versionWatch) stop(t *testing.T) {
-	t.Helper()
-	w.cancel()
-	w.wg.Wait()
-	for i := 1; i < len(w.seen); i++ {
-		if w.seen[i].version <= w.seen[i-1].version || w.seen[i].epoch < w.seen[i-1].epoch {
-			t.Errorf("the watcher saw v%d (epoch %d) after v%d (epoch %d)", w.seen[i].version, w.seen[i].epoch, w.seen[i-1].version, w.seen[i-1].epoch)
-		}
-	}
-}
 
 // appliedOnce is the set of gradients a journal applied; one applied
 // twice fails t.
@@ -154,7 +87,7 @@ func TestMachineDies(t *testing.T) {
 	if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: d.model, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
 		t.Fatalf("register: %v", err)
 	}
-	w := watchVersions(ctx, sc, d.model)
+	w := storetest.WatchVersions(ctx, sc, d.model)
 
 	// On each machine a hub of secondaries and a relay of the model, with
 	// two collectors reading it: one on the public Go package (the relay's
@@ -170,9 +103,9 @@ func TestMachineDies(t *testing.T) {
 	for _, id := range []string{"a", "b"} {
 		learners[id] = d.child(d.client, "learner", id)
 	}
-	testkit.Eventually(t, 3*time.Minute, "version 15 before the machine dies", func() bool { return w.newest() >= 15 })
+	testkit.Eventually(t, 3*time.Minute, "version 15 before the machine dies", func() bool { return w.Newest() >= 15 })
 
-	before := w.newest()
+	before := w.Newest()
 	t.Logf("%v: v%d; %s dies", elapsed(), before, p1.host.Name)
 	died := d.die(p1.host)
 	l2, p2 := d.leader(l1.Epoch)
@@ -180,11 +113,11 @@ func TestMachineDies(t *testing.T) {
 	if p2.host == p1.host {
 		t.Fatalf("the new primary %s is on the dead machine", l2)
 	}
-	testkit.Eventually(t, 3*time.Minute, "ten versions from the new primary", func() bool { return w.newest() >= before+10 })
-	first, _ := w.firstOfEpoch(l2.Epoch)
-	t.Logf("%s died at v%d; %s's first version v%d %v after the death", p1.host.Name, before, l2, first.version, first.at.Sub(died).Round(time.Millisecond))
+	testkit.Eventually(t, 3*time.Minute, "ten versions from the new primary", func() bool { return w.Newest() >= before+10 })
+	first, _ := w.FirstOfEpoch(l2.Epoch)
+	t.Logf("%s died at v%d; %s's first version v%d %v after the death", p1.host.Name, before, l2, first.Version, first.At.Sub(died).Round(time.Millisecond))
 
-	t.Logf("%v: v%d; stopping the learners", elapsed(), w.newest())
+	t.Logf("%v: v%d; stopping the learners", elapsed(), w.Newest())
 	stopAll(t, d)
 	sums := map[string]summary{}
 	for id, p := range learners {
@@ -209,8 +142,8 @@ func TestMachineDies(t *testing.T) {
 		final, err = sc.Get(ctx, d.model, 0)
 		return err == nil && final.Version == steps[len(steps)-1].Version
 	})
-	testkit.Eventually(t, time.Minute, "the watcher on the final version", func() bool { return w.newest() == final.Version })
-	w.stop(t)
+	testkit.Eventually(t, time.Minute, "the watcher on the final version", func() bool { return w.Newest() == final.Version })
+	w.Stop(t)
 	if final.Epoch != l2.Epoch {
 		t.Errorf("final v%d of epoch %d, want the new primary's %d", final.Version, final.Epoch, l2.Epoch)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
@@ -69,8 +70,8 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 		"--model", model, "--listen", "127.0.0.1:0", "--shm", segment}})
 
 	// The watcher: versions only grow, across both failovers.
-	w := watchVersions(ctx, sc, model)
-	newest := w.newest
+	w := storetest.WatchVersions(ctx, sc, model)
+	newest := w.Newest
 
 	type outcome struct{ ok, exists, unknown, failed int }
 	outcomes := map[string]*outcome{}
@@ -132,7 +133,7 @@ func TestGradientsAcrossTwoFailovers(t *testing.T) {
 		return err == nil && final.Version == steps[len(steps)-1].Version
 	})
 	testkit.Eventually(t, time.Minute, "the watcher on the final version", func() bool { return newest() == final.Version })
-	w.stop(t)
+	w.Stop(t)
 	var rd *shm.Reader
 	testkit.Eventually(t, time.Minute, "the relay's segment on the final version", func() bool {
 		select {

@@ -24,17 +24,7 @@ import (
 // as the stream seemed alive (minutes, in the lab:
 // TestPartitionedStandbyDropsOutAndCatchesUp).
 func TestSyncDoesNotWaitForAFollowerWhoseLeaseLapsed(t *testing.T) {
-	var mu sync.Mutex
-	registered := []string{"cut"}
-	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Epoch: 5, Acks: replica.AcksAll, AckTimeout: 500 * time.Millisecond,
-		Logger: testkit.Logger(), Standbys: func(context.Context) ([]string, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return registered, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, register := sourceOf(t, 5, 500*time.Millisecond, "cut")
 	addr := testkit.ServeGRPC(t, nil, src.Register)
 	defer src.Close()
 	ctx := context.Background()
@@ -68,9 +58,7 @@ func TestSyncDoesNotWaitForAFollowerWhoseLeaseLapsed(t *testing.T) {
 		t.Fatalf("Sync with the registered standby silent: %v, want Unavailable (not acknowledged)", err)
 	}
 
-	mu.Lock()
-	registered = nil // its lease lapsed; its stream stays open
-	mu.Unlock()
+	register() // its lease lapsed; its stream stays open
 	if err := src.RefreshStandbys(ctx); err != nil {
 		t.Fatal(err)
 	}

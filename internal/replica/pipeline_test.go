@@ -63,8 +63,8 @@ func TestReducerStepsPipelinedHiddenUntilAcknowledged(t *testing.T) {
 	if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: model, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.01}}); err != nil {
 		t.Fatal(err)
 	}
-	w := watchVersions(ctx, sc, model)
-	testkit.Eventually(t, time.Minute, "the watcher at v1", func() bool { return w.newest() == 1 })
+	w := storetest.WatchVersions(ctx, sc, model)
+	testkit.Eventually(t, time.Minute, "the watcher at v1", func() bool { return w.Newest() == 1 })
 
 	sb.signal(syscall.SIGSTOP)
 	stopped := true
@@ -121,8 +121,8 @@ func TestReducerStepsPipelinedHiddenUntilAcknowledged(t *testing.T) {
 		if ms := st.Models[model]; ms.Counters.Applied != 0 || ms.Version != 1 {
 			t.Fatalf("the reducer counts %d applied at v%d while no step is acknowledged", ms.Counters.Applied, ms.Version)
 		}
-		if w.newest() != 1 {
-			t.Fatalf("the watcher saw v%d while a standby is stopped", w.newest())
+		if w.Newest() != 1 {
+			t.Fatalf("the watcher saw v%d while a standby is stopped", w.Newest())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -140,9 +140,9 @@ func TestReducerStepsPipelinedHiddenUntilAcknowledged(t *testing.T) {
 	}
 	testkit.Eventually(t, time.Minute, "every gradient applied and published", func() bool {
 		st, err := rc.HubStats(ctx, p1.addr)
-		return err == nil && st.Models[model].Counters.Applied == grads && w.newest() == 1+grads
+		return err == nil && st.Models[model].Counters.Applied == grads && w.Newest() == 1+grads
 	})
-	w.stop(t)
+	w.Stop(t)
 }
 
 // TestRemoteSecondaryOnACluster: a secondary reducer in another process

@@ -14,6 +14,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -54,8 +55,8 @@ func TestReducerCarriesOnAfterAnUnacknowledgedPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	w := watchVersions(ctx, sc, model)
-	newest := w.newest
+	w := storetest.WatchVersions(ctx, sc, model)
+	newest := w.Newest
 	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, []float32{1, 1, 1, 1}))
 	pushed := 0
 	push := func() {
@@ -111,7 +112,7 @@ func TestReducerCarriesOnAfterAnUnacknowledgedPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.stop(t)
+	w.Stop(t)
 	applied := appliedOnce(t, steps)
 	for seq := uint64(1); seq <= uint64(pushed); seq++ {
 		if !applied[reduce.ID{Client: "a", Seq: seq}] {
