@@ -26,7 +26,7 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 
@@ -201,7 +201,10 @@ class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClient
 # sent again to the primary it names, a read whose connection died is sent
 # again, and any other call whose connection died is raised to the caller
 # (its outcome is unknown). An answer with an older epoch than one already
-# seen is never followed back.
+# seen is never followed back. Given etcd, a thread watches the election:
+# when the primary moves to another hub, the old one's channel is closed,
+# ending what was in flight there (reads are sent again; the rest raise
+# :class:`PrimaryMoved`) instead of leaving it to a stalled connection.
 
 import base64
 import json
@@ -216,6 +219,8 @@ RESOLVE_TIMEOUT = 3.0
 MAX_FOLLOW_ATTEMPTS = 8
 _BACKOFF0, _BACKOFF_MAX = 0.05, 1.0
 _LOOKUP_EVERY_MAX = 0.1  # while waiting for a primary, look it up at least this often (Go: waitResolveEvery)
+_WATCH_IDLE = 5.0  # an election watch silent this long is opened again (its etcd member may be cut off)
+_MOVES_KEPT = 16  # channels closed by a move, remembered to name the move in their calls' errors
 _MAX_TARGET_BYTES = 4096
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _REFUSAL = re.compile(r"this hub is a standby; the primary is (unknown|(\S+) \(epoch (\d+)\))")
@@ -334,6 +339,23 @@ class NoPrimary(grpc.RpcError):
         return f"<NoPrimary {self._code}: {self._details}>"
 
 
+class PrimaryMoved(NoPrimary):
+    """A call that was in flight on a primary when the cluster's primary
+    moved to another hub (Go: ``dial.PrimaryMovedError``): its connection
+    was closed to end it, so its outcome is unknown. ``code()`` is
+    UNAVAILABLE; reads (``IDEMPOTENT``) are sent again to the new primary
+    instead of raising it."""
+
+    def __init__(self, cluster: str, old: Tuple[str, int], new: Tuple[str, int]):
+        super().__init__(grpc.StatusCode.UNAVAILABLE,
+                         f"rlhub: cluster {cluster}: the primary moved from {old[0]} (epoch {old[1]}) to "
+                         f"{new[0]} (epoch {new[1]}) while this was in flight; its outcome is unknown")
+
+
+def _poke(_: grpc.ChannelConnectivity) -> None:
+    """A subscription made only for its try_to_connect."""
+
+
 class FollowingChannel(grpc.Channel):
     """A ``grpc.Channel`` to whichever hub is a cluster's primary (see the
     comment above :class:`Target`). Thread-safe."""
@@ -351,7 +373,14 @@ class FollowingChannel(grpc.Channel):
         self._last_err: Optional[str] = None
         self._seeds: Dict[str, grpc.Channel] = {}
         self._retired: List[grpc.Channel] = []
+        self._moves: List[Tuple[grpc.Channel, PrimaryMoved]] = []  # the newest _MOVES_KEPT
         self._closed = False
+        self._stop = threading.Event()
+        self._watcher_thread: Optional[threading.Thread] = None
+        if target.etcd:
+            self._watcher_thread = threading.Thread(target=self._watch_election, name="rlhub-primary-watch",
+                                                    daemon=True)
+            self._watcher_thread.start()
 
     # -- where the primary is
     def primary(self) -> Optional[Tuple[str, int]]:
@@ -362,29 +391,91 @@ class FollowingChannel(grpc.Channel):
     def offer(self, addr: str, epoch: int) -> None:
         """Follows ``addr`` unless an answer with a newer epoch was seen;
         ``addr`` "" asks for a fresh lookup."""
+        ended: Optional[grpc.Channel] = None
         with self._cv:
             if not addr:
                 self._stale = True
                 return
-            if epoch < self._cur[1] or (addr, epoch) == self._cur:
+            if self._closed or epoch < self._cur[1] or (addr, epoch) == self._cur:
                 self._stale = False
                 return
-            old, self._cur, self._stale = self._ch, (addr, epoch), False
+            old, was = self._ch, self._cur
+            self._cur, self._stale = (addr, epoch), False
             self._ch = channel(addr, options=self._opts, security=self._sec)
             self._state = None
             self._ch.subscribe(self._watcher(self._ch), try_to_connect=True)
-            if old is not None:
-                self._retired.append(old)  # calls in flight on it finish there
+            if old is not None and was[0] != addr:
+                # Another hub: what is in flight on the old one is given up
+                # (a stopped or cut-off primary would hold it until its
+                # deadline), as the Go seam ends the old primary's term.
+                ended = old
+                self._moves = self._moves[-(_MOVES_KEPT - 1):] + [(old, PrimaryMoved(str(self.target), was,
+                                                                                    (addr, epoch)))]
+            elif old is not None:
+                self._retired.append(old)  # the same hub: calls in flight on it finish there
             self._cv.notify_all()
+        if ended is not None:
+            ended.close()
+
+    def moved(self, ch: grpc.Channel) -> Optional[PrimaryMoved]:
+        """The move that closed ``ch``, or None when it was not closed by
+        one."""
+        with self._cv:
+            for c, e in self._moves:
+                if c is ch:
+                    return e
+        return None
+
+    def _watch_election(self) -> None:
+        """Follows the election in etcd (a watch of its prefix through the
+        JSON gateway) and offers each new primary as it is elected, so that
+        the primary is known before a call fails on the old one and what
+        was in flight there ends (:meth:`offer`). A watch silent for
+        ``_WATCH_IDLE`` seconds is opened again, on the next endpoint after
+        a failure: an etcd member cut off answers nothing."""
+        from rlhub import discover
+
+        def on_events(_: List[Dict[str, Any]]) -> None:
+            self._offer_elected()
+
+        wait, endpoint = _BACKOFF0, 0
+        while not self._stop.is_set():
+            try:
+                rev = self._offer_elected()
+                discover.gateway(self.target.etcd).watch(_election_prefix(self.target), rev + 1, on_events, self._stop,
+                                                         RESOLVE_TIMEOUT, endpoint=endpoint, idle=_WATCH_IDLE)
+                wait = _BACKOFF0
+            except Exception:  # noqa: BLE001 - etcd unreachable or refusing: look again, on the next member
+                endpoint += 1
+                self._stop.wait(wait)
+                wait = min(2 * wait, _BACKOFF_MAX)
+
+    def _offer_elected(self) -> int:
+        """Offers the primary etcd names now (none while an election
+        runs); returns the revision read."""
+        resp = _election_range(self.target, RESOLVE_TIMEOUT)
+        leader = _leader_of(resp, self.target.cluster)
+        if leader is not None:
+            self.offer(*leader)
+        return int(resp.get("header", {}).get("revision", 0))
 
     def _watcher(self, ch: grpc.Channel) -> Callable[[grpc.ChannelConnectivity], None]:
         def on(state: grpc.ChannelConnectivity) -> None:
             with self._cv:
-                if ch is self._ch:
-                    self._state = state
-                    if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
-                        self._stale = True
-                    self._cv.notify_all()
+                if ch is not self._ch:
+                    return
+                self._state = state
+                if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+                    self._stale = True
+                self._cv.notify_all()
+                idle = state == grpc.ChannelConnectivity.IDLE and not self._closed
+            if idle:
+                # The primary's connection went idle (closed by the hub: a
+                # standby's connections close as it becomes the primary).
+                # Calls wait for READY, so none would reconnect it: ask
+                # gRPC to (it backs off between attempts itself).
+                ch.subscribe(_poke, try_to_connect=True)
+                ch.unsubscribe(_poke)
         return on
 
     def _seed(self, addr: str) -> grpc.Channel:
@@ -527,6 +618,11 @@ class FollowingChannel(grpc.Channel):
             self._closed = True
             chans = [c for c in [self._ch, *self._retired, *self._seeds.values()] if c is not None]
             self._cv.notify_all()
+        if self._watcher_thread is not None:
+            from rlhub import discover
+            self._stop.set()
+            discover.gateway(self.target.etcd).interrupt(self._stop)
+            self._watcher_thread.join()
         for c in chans:
             c.close()
 
@@ -552,14 +648,23 @@ class _FollowUnary:
         for attempt in range(1, MAX_FOLLOW_ATTEMPTS + 1):
             ch = fc._ready(deadline)
             left = max(0.001, deadline - time.monotonic())
-            mc = self._mc(ch)
             try:
+                mc = self._mc(ch)
                 if with_call:
                     return mc.with_call(request, timeout=left, metadata=metadata, credentials=credentials,
                                         wait_for_ready=wait_for_ready, compression=compression)
                 return mc(request, timeout=left, metadata=metadata, credentials=credentials,
                           wait_for_ready=wait_for_ready, compression=compression)
+            except ValueError:
+                if fc.moved(ch) is None:
+                    raise
+                continue  # closed by a move before the call was made: nothing was sent
             except grpc.RpcError as e:
+                moved = fc.moved(ch)
+                if moved is not None and e.code() == grpc.StatusCode.CANCELLED:
+                    if self._method in IDEMPOTENT:
+                        continue  # a read: sent again, to the new primary
+                    raise moved from e
                 if not fc._failed(e):
                     code: grpc.StatusCode = e.code()
                     if code != grpc.StatusCode.UNAVAILABLE or self._method not in IDEMPOTENT:
@@ -588,38 +693,46 @@ class _FollowStream:
     def __init__(self, fc: FollowingChannel, kind: str, method: str, ser: Any, deser: Any, kw: Dict[str, Any]):
         self._fc, self._kind, self._method, self._ser, self._deser, self._kw = fc, kind, method, ser, deser, kw
 
-    def _mc(self, timeout: Optional[float]) -> Any:
+    def _mc(self, timeout: Optional[float]) -> Tuple[grpc.Channel, Any]:
         ch = self._fc._ready(time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT))
-        return getattr(ch, self._kind)(self._method, self._ser, self._deser, **self._kw)
+        return ch, getattr(ch, self._kind)(self._method, self._ser, self._deser, **self._kw)
 
     def __call__(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        mc = self._mc(timeout)
+        ch, mc = self._mc(timeout)
         try:
             out = mc(request_or_iterator, timeout=timeout, **kw)
         except grpc.RpcError as e:
-            self._fc._failed(e)
-            raise
+            _stream_failed(self._fc, ch, e)
         if self._kind == "stream_unary":
             return out
-        return _WatchedIterator(out, self._fc)
+        return _WatchedIterator(out, self._fc, ch)
 
     def with_call(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        mc = self._mc(timeout)
+        ch, mc = self._mc(timeout)
         try:
             return mc.with_call(request_or_iterator, timeout=timeout, **kw)
         except grpc.RpcError as e:
-            self._fc._failed(e)
-            raise
+            _stream_failed(self._fc, ch, e)
 
     def future(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        return self._mc(timeout).future(request_or_iterator, timeout=timeout, **kw)
+        return self._mc(timeout)[1].future(request_or_iterator, timeout=timeout, **kw)
+
+
+def _stream_failed(fc: FollowingChannel, ch: grpc.Channel, e: grpc.RpcError) -> NoReturn:
+    """Raises for a stream on ``ch`` that failed with ``e``: the move that
+    ended it (:class:`PrimaryMoved`), else ``e``, told to the channel."""
+    moved = fc.moved(ch)
+    if moved is not None and e.code() == grpc.StatusCode.CANCELLED:
+        raise moved from e
+    fc._failed(e)
+    raise e
 
 
 class _WatchedIterator:
     """A response stream that tells its channel when it fails."""
 
-    def __init__(self, call: Any, fc: FollowingChannel):
-        self._call, self._fc = call, fc
+    def __init__(self, call: Any, fc: FollowingChannel, ch: grpc.Channel):
+        self._call, self._fc, self._ch = call, fc, ch
 
     def __iter__(self) -> "_WatchedIterator":
         return self
@@ -628,8 +741,7 @@ class _WatchedIterator:
         try:
             return next(self._call)
         except grpc.RpcError as e:
-            self._fc._failed(e)
-            raise
+            _stream_failed(self._fc, self._ch, e)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._call, name)
@@ -639,19 +751,40 @@ def _etcd_leader(t: Target, timeout: float) -> Tuple[str, int]:
     """The cluster's primary from etcd's JSON gateway: the election key
     with the lowest creation revision (internal/cluster's layout). etcd is
     reached with :func:`rlhub.discover.default_security` (TLS, a user)."""
-    from rlhub import discover, errors
+    from rlhub import errors
     try:
-        resp = discover.gateway(t.etcd).range_prefix(f"/rlhub/{t.cluster}/election/", timeout,
-                                                     sort_order="ASCEND", sort_target="CREATE", limit=1)
+        resp = _election_range(t, timeout)
     except errors.Unavailable as e:
         raise errors.Unavailable(f"rlhub: etcd of cluster {t.cluster} did not answer: {e}") from None
+    leader = _leader_of(resp, t.cluster)
+    if leader is None:
+        raise errors.Unavailable(f"rlhub: cluster {t.cluster} has no primary (an election is running)")
+    return leader
+
+
+def _election_prefix(t: Target) -> str:
+    return f"/rlhub/{t.cluster}/election/"
+
+
+def _election_range(t: Target, timeout: float) -> Any:
+    """The election key with the lowest creation revision, from etcd."""
+    from rlhub import discover
+    return discover.gateway(t.etcd).range_prefix(_election_prefix(t), timeout, sort_order="ASCEND",
+                                                 sort_target="CREATE", limit=1)
+
+
+def _leader_of(resp: Any, cluster: str) -> Optional[Tuple[str, int]]:
+    """The primary in a range of the election prefix (lowest creation
+    revision first, limit 1): (address, epoch), or None when no hub is
+    campaigning."""
+    from rlhub import errors
     kvs = resp.get("kvs") or []
     if not kvs:
-        raise errors.Unavailable(f"rlhub: cluster {t.cluster} has no primary (an election is running)")
+        return None
     info = json.loads(base64.b64decode(kvs[0].get("value", "")) or b"{}")
     addr = info.get("addr", "")
     if not addr:
-        raise errors.Unavailable(f"rlhub: cluster {t.cluster}: the primary's record has no address")
+        raise errors.Unavailable(f"rlhub: cluster {cluster}: the primary's record has no address")
     return (addr, int(kvs[0].get("create_revision", 0)))
 
 

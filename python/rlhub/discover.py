@@ -234,11 +234,15 @@ class Gateway:
         return self.call("/v3/kv/range", body, timeout)
 
     def watch(self, prefix: str, start_revision: int, on_events: Callable[[List[Dict[str, Any]]], None],
-              stop: threading.Event, timeout: float = 3.0, endpoint: int = 0) -> None:
+              stop: threading.Event, timeout: float = 3.0, endpoint: int = 0,
+              idle: Optional[float] = None) -> None:
         """Streams a watch of ``prefix`` from ``start_revision`` at endpoint
         number ``endpoint`` (modulo their count), calling ``on_events`` with
-        each batch, until ``stop`` is set (returns) or the stream fails
-        (raises)."""
+        each batch, until ``stop`` is set (returns), the stream fails
+        (raises), or, given ``idle``, nothing came for ``idle`` seconds
+        (returns: the caller reads what it watches again and watches anew,
+        which a member cut off by a partition, silent but connected, would
+        otherwise never let it do)."""
         i = endpoint % len(self._eps)
         p = prefix.encode()
         end = p[:-1] + bytes([p[-1] + 1])
@@ -246,6 +250,7 @@ class Gateway:
                                    "start_revision": str(start_revision)}}
         headers = {"Content-Type": "application/json"}
         c = self._conn(i, timeout)
+        streaming = False
         try:
             if self._user:
                 headers["Authorization"] = self._auth_token(i, timeout)
@@ -258,7 +263,8 @@ class Gateway:
                         self._token = None  # expired: the next watch authenticates again
                 raise err
             assert c.sock is not None
-            c.sock.settimeout(None)  # a watch is quiet until something changes
+            c.sock.settimeout(idle)  # a watch is quiet until something changes
+            streaming = True
             with self._mu:
                 self._watching[stop] = c
             if stop.is_set():
@@ -280,7 +286,7 @@ class Gateway:
                 if res.get("events"):
                     on_events(res["events"])
         except (OSError, ValueError, http.client.HTTPException) as e:
-            if stop.is_set():
+            if stop.is_set() or (idle is not None and streaming and isinstance(e, TimeoutError)):
                 return
             raise errors.Unavailable(f"rlhub: etcd watch: {str(e)[:200]}") from None
         finally:

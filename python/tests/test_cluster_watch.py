@@ -1,0 +1,123 @@
+"""Python clients given ``etcd://`` watch the election (issue 15, the
+client half; the Go seam's follower does the same): a call in flight on a
+primary that stops answering — SIGSTOPped here, as a machine cut off by a
+partition is: its connections stay open and silent — ends when a standby is
+elected instead of at its own deadline. A read is sent again to the new
+primary; a write is raised as ``Unavailable`` naming the move (its outcome
+is unknown). Without the watch each call below would wait out its 60 s
+timeout and fail.
+
+One real etcd and three real `rlhub serve --etcd` processes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import rlhub
+from rlhub import _channel
+from rlhub.grads import GradClient
+from conftest import Hub
+from etcdproc import Etcd
+
+pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
+                                reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
+
+CLUSTER = "pywatch"
+
+
+def _live_leader(etcd: Etcd, hubs: dict[str, Hub], stopped: set[str]) -> tuple[str, int]:
+    deadline = time.monotonic() + 30
+    while True:
+        lead = etcd.leader(CLUSTER)
+        if lead is not None and lead[0] not in stopped and hubs[lead[0]].proc.poll() is None:
+            return lead
+        assert time.monotonic() < deadline, "no live primary elected within 30 s"
+        time.sleep(0.05)
+
+
+def _sigstop(h: Hub) -> None:
+    """SIGSTOPs h and waits until the kernel shows it stopped (a call sent
+    before that could still be answered)."""
+    h.proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{h.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, "hub not stopped within 10 s"
+        time.sleep(0.001)
+
+
+def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp_path):
+    etcd = Etcd(tmp_path)
+    hubs: dict[str, Hub] = {}
+    stopped: set[str] = set()
+    try:
+        for i in range(3):
+            d = tmp_path / f"h{i}"
+            d.mkdir()
+            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
+                                                     "--member-id", f"h{i}"])
+        target = _channel.etcd_target(etcd.url, CLUSTER)
+        store = rlhub.StoreClient(target, timeout=60.0, retries=0)
+        grads = GradClient(target, "py", timeout=60.0)
+        fc = store._channel
+        assert isinstance(fc, _channel.FollowingChannel)
+        try:
+            pid, epoch = _live_leader(etcd, hubs, stopped)
+            store.push("m", {"w": np.array([1.0, -1.0], dtype=np.float32)}, version=1, expect=0)
+            grads.register("m", {"kind": "sgd", "lr": 0.5})
+            assert fc.primary() == (hubs[pid].addr, epoch)
+            old_channel = fc._ch
+
+            # A read in flight on the stopped primary is sent again to the
+            # standby elected in its place, which has the model (acks all).
+            _sigstop(hubs[pid])
+            stopped.add(pid)
+            names = [m.name for m in store.list()]
+            assert names == ["m"]
+            new = fc.primary()
+            assert new is not None and new[1] > epoch and new[0] != hubs[pid].addr
+            assert fc.moved(old_channel) is not None
+            pid2, epoch2 = _live_leader(etcd, hubs, stopped)
+            assert new == (hubs[pid2].addr, epoch2)
+
+            # A write in flight there is given up with the move named, not
+            # left to its deadline; the remaining standby is elected. (It
+            # follows the new primary first: a push to it, acknowledged by
+            # every standby, is on it.)
+            store.push("m2", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=1, expect=0)
+            _sigstop(hubs[pid2])
+            stopped.add(pid2)
+            with pytest.raises(rlhub.Unavailable) as ei:
+                grads.register("m", {"kind": "sgd", "lr": 0.5})
+            msg = str(ei.value)
+            assert f"moved from {hubs[pid2].addr} (epoch {epoch2})" in msg and "outcome is unknown" in msg, msg
+            pid3, epoch3 = _live_leader(etcd, hubs, stopped)
+            # The register may or may not have reached the stopped hub; sent
+            # again, it is a no-op on the new primary (same config).
+            got = grads.register("m", {"kind": "sgd", "lr": 0.5})
+            assert got.version == 1
+            assert sorted(m.name for m in store.list()) == ["m", "m2"]
+            assert fc.primary() == (hubs[pid3].addr, epoch3)
+        finally:
+            store.close()
+            grads.close()
+        # The channel's watcher is stopped and waited for by close.
+        assert fc._watcher_thread is not None and not fc._watcher_thread.is_alive()
+    finally:
+        for h in hubs.values():
+            h.proc.send_signal(signal.SIGKILL)
+            h.stop()
+        etcd.stop()
+
+
+def test_a_hub_list_target_starts_no_watcher(hub):
+    with rlhub.StoreClient(hub.addr + "," + hub.addr, timeout=10.0) as store:
+        fc = store._channel
+        assert isinstance(fc, _channel.FollowingChannel)
+        assert fc._watcher_thread is None
+        store.list()
