@@ -44,7 +44,7 @@ import struct
 import termios
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 if TYPE_CHECKING:
     from google.rpc import status_pb2
@@ -173,6 +173,8 @@ class Client:
         self._security = security
         self._mu = threading.Lock()  # guards the fields below
         self._idle: Dict[str, List[socket.socket]] = {}
+        self._busy: Dict[str, Set[socket.socket]] = {}  # connections with a request in flight, by address
+        self._aborted: Set[socket.socket] = set()  # of those, the ones abort shut down
         self._no_bulk: Dict[str, float] = {}
         self._gen = 0  # bumped by close: connections taken before it are not kept
         self._pid = os.getpid()
@@ -228,16 +230,30 @@ class Client:
         while True:
             sock, reused, gen = self._get(addr, fresh, deadline)
             exchange = _exchange if isinstance(sock, ssl.SSLSocket) else _exchange_plain
+            with self._mu:
+                self._busy.setdefault(addr, set()).add(sock)
             try:
-                st = exchange(sock, frame, body, deadline, _alloc, _out)
+                try:
+                    st = exchange(sock, frame, body, deadline, _alloc, _out)
+                finally:
+                    with self._mu:
+                        busy = self._busy.get(addr)
+                        if busy is not None:
+                            busy.discard(sock)
+                            if not busy:
+                                del self._busy[addr]
+                        aborted = sock in self._aborted
+                        self._aborted.discard(sock)
             except _Refused as e:
                 sock.close()
                 raise (e.__cause__ or e) from None  # the cause is always set (_read_data)
-            except _Deadline:
+            except (_Broken, _Deadline) as e:
                 sock.close()
-                raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded") from None
-            except _Broken as e:
-                sock.close()
+                if aborted:
+                    raise errors.Unavailable(f"bulk: {method} to {addr}: ended in flight: the primary moved "
+                                             f"away from {addr}") from None
+                if isinstance(e, _Deadline):
+                    raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded") from None
                 if reused and not e.answered:
                     # An idle connection the server has since closed (it
                     # restarted, or shut idle ones down): nothing was served.
@@ -247,7 +263,10 @@ class Client:
             except BaseException:
                 sock.close()
                 raise
-            self._put(addr, sock, gen)
+            if aborted:
+                sock.close()  # answered before the shutdown: the answer stands, the connection does not
+            else:
+                self._put(addr, sock, gen)
             break
         if st.code != 0:
             raise errors.from_status(st)
@@ -349,6 +368,27 @@ class Client:
                 idle.append(sock)
                 return
         sock.close()
+
+    def abort(self, addr: str) -> None:
+        """Ends the requests in flight to ``addr`` (each raises
+        ``Unavailable``: its outcome is unknown) and closes the idle
+        connections to it: a cluster's primary moved away from ``addr``,
+        which may be stopped or cut off and would hold them until their
+        deadline (``_channel.FollowingChannel.on_move``)."""
+        with self._mu:
+            idle = self._idle.pop(addr, [])
+            busy = list(self._busy.get(addr, ()))
+            self._aborted.update(busy)
+        for s in idle:
+            s.close()
+        for s in busy:
+            try:
+                # The plain socket's shutdown, also under TLS: the owner's
+                # recv sees the end of the stream; SSLSocket.shutdown would
+                # drop the TLS state under the owner's feet.
+                socket.socket.shutdown(s, socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Closes the idle connections; calls in progress close theirs when done."""

@@ -26,6 +26,7 @@ import os
 import ssl
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
@@ -374,6 +375,7 @@ class FollowingChannel(grpc.Channel):
         self._seeds: Dict[str, grpc.Channel] = {}
         self._retired: List[grpc.Channel] = []
         self._moves: List[Tuple[grpc.Channel, PrimaryMoved]] = []  # the newest _MOVES_KEPT
+        self._on_move: List["weakref.WeakMethod[Callable[[str], None]]"] = []
         self._closed = False
         self._stop = threading.Event()
         self._watcher_thread: Optional[threading.Thread] = None
@@ -416,6 +418,18 @@ class FollowingChannel(grpc.Channel):
             self._cv.notify_all()
         if ended is not None:
             ended.close()
+            with self._cv:
+                fns = [f for f in (r() for r in self._on_move) if f is not None]
+            for fn in fns:
+                fn(was[0])
+
+    def on_move(self, fn: Callable[[str], None]) -> None:
+        """Calls ``fn(old address)`` each time the primary moves to another
+        hub, after the old one's channel was closed: a data-plane client
+        ends its requests in flight there (``_bulk.Client.abort``). ``fn`` is
+        a bound method, held weakly."""
+        with self._cv:
+            self._on_move = [r for r in self._on_move if r() is not None] + [weakref.WeakMethod(fn)]
 
     def moved(self, ch: grpc.Channel) -> Optional[PrimaryMoved]:
         """The move that closed ``ch``, or None when it was not closed by

@@ -315,7 +315,10 @@ class GradClient:
         self._channels: Dict[str, grpc.Channel] = {}
         self._targets: List[Tuple[str, str]] = []
         self._dead: Dict[Tuple[str, str], float] = {}
-        self._hub = reducer_pb2_grpc.ReducerStub(self._channel(hub_addr))
+        hub = self._channel(hub_addr)
+        self._hub = reducer_pb2_grpc.ReducerStub(hub)
+        if self._bulk is not None and isinstance(hub, _channel.FollowingChannel):
+            hub.on_move(self._bulk.abort)  # pushes in flight on a primary that moved end there: outcome unknown
         # With an etcd:// hub_addr, secondaries announced in etcd come from a
         # watch (rlhub.discover): one that starts is used at once, one whose
         # announcement goes (withdrawn, lease expired) is skipped even if the

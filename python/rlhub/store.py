@@ -111,6 +111,8 @@ class StoreClient:
         ``direct``: data-plane versions pull_into / watch_into received straight into the tensors."""
         self._own = channel_ is None
         self._channel = channel_ or channel(addr)
+        if self._bulk is not None and isinstance(self._channel, _channel.FollowingChannel):
+            self._channel.on_move(self._bulk.abort)  # pulls in flight on a primary that moved end there
         self._stub = store_pb2_grpc.ModelStoreStub(self._channel)
         # Push, Pull and Watch move chunks with the hand-made codec of
         # rlhub._transfer (one copy per chunk each way); same wire bytes.

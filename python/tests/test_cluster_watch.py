@@ -12,16 +12,19 @@ One real etcd and three real `rlhub serve --etcd` processes.
 
 from __future__ import annotations
 
+import contextlib
+import pathlib
 import shutil
 import signal
 import time
+from typing import Iterator
 
 import numpy as np
 import pytest
 
 import rlhub
 from rlhub import _channel
-from rlhub.grads import GradClient
+from rlhub.grads import GradClient, OutcomeUnknown
 from conftest import Hub
 from etcdproc import Etcd
 
@@ -51,16 +54,29 @@ def _sigstop(h: Hub) -> None:
         time.sleep(0.001)
 
 
-def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp_path):
+@contextlib.contextmanager
+def _cluster(rlhub_bin: str, tmp_path: pathlib.Path) -> Iterator[tuple[Etcd, dict[str, Hub]]]:
+    """One etcd and three hubs (1 s lease); every hub SIGKILLed at the end
+    (stopped ones too)."""
     etcd = Etcd(tmp_path)
     hubs: dict[str, Hub] = {}
-    stopped: set[str] = set()
     try:
         for i in range(3):
             d = tmp_path / f"h{i}"
             d.mkdir()
             hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
                                                      "--member-id", f"h{i}"])
+        yield etcd, hubs
+    finally:
+        for h in hubs.values():
+            h.proc.send_signal(signal.SIGKILL)
+            h.stop()
+        etcd.stop()
+
+
+def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp_path):
+    stopped: set[str] = set()
+    with _cluster(rlhub_bin, tmp_path) as (etcd, hubs):
         target = _channel.etcd_target(etcd.url, CLUSTER)
         store = rlhub.StoreClient(target, timeout=60.0, retries=0)
         grads = GradClient(target, "py", timeout=60.0)
@@ -108,11 +124,43 @@ def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp
             grads.close()
         # The channel's watcher is stopped and waited for by close.
         assert fc._watcher_thread is not None and not fc._watcher_thread.is_alive()
-    finally:
-        for h in hubs.values():
-            h.proc.send_signal(signal.SIGKILL)
-            h.stop()
-        etcd.stop()
+
+
+def test_data_plane_requests_in_flight_end_when_the_primary_moves(rlhub_bin, tmp_path):
+    """The data plane (plain TCP, not gRPC) too: a pull in flight on the
+    stopped primary ends and is retried on the new one; a gradient push in
+    flight there is given up as OutcomeUnknown (at most once: never resent
+    to the new primary)."""
+    stopped: set[str] = set()
+    with _cluster(rlhub_bin, tmp_path) as (etcd, hubs):
+        target = _channel.etcd_target(etcd.url, CLUSTER)
+        with rlhub.StoreClient(target, timeout=60.0, retries=4) as store, \
+                GradClient(target, "py2", timeout=60.0, deadline=60.0) as grads:
+            pid, epoch = _live_leader(etcd, hubs, stopped)
+            store.push("m", {"w": np.array([1.0, -1.0], dtype=np.float32)}, version=1, expect=0)
+            grads.register("m", {"kind": "sgd", "lr": 0.5})
+            g = {"w": np.array([1.0, 1.0], dtype=np.float32)}
+            grads.push("m", 1, g)  # each client now holds a data-plane connection to the primary
+            assert store.pull("m").version >= 1
+            assert store.stats["bulk"] >= 1 and grads.transport_stats()["bulk"] == 1
+
+            _sigstop(hubs[pid])
+            stopped.add(pid)
+            v = store.pull("m")
+            assert v.version >= 1 and v.epoch == epoch
+            new = store._channel.primary()
+            assert new is not None and new[1] > epoch and new[0] != hubs[pid].addr
+
+            store.push("m2", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=1, expect=0)  # s2 follows
+            pid2, epoch2 = _live_leader(etcd, hubs, stopped)
+            assert new == (hubs[pid2].addr, epoch2)
+            grads.push("m", v.version, g)  # a connection to the new primary
+            _sigstop(hubs[pid2])
+            stopped.add(pid2)
+            with pytest.raises(OutcomeUnknown) as ei:
+                grads.push("m", v.version, g)
+            assert "outcome is unknown" in str(ei.value) and "primary moved" in str(ei.value), ei.value
+            assert grads.unknown() == 1
 
 
 def test_a_hub_list_target_starts_no_watcher(hub):
