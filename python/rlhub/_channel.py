@@ -353,6 +353,21 @@ class PrimaryMoved(NoPrimary):
                          f"{new[0]} (epoch {new[1]}) while this was in flight; its outcome is unknown")
 
 
+def _connect(ch: grpc.Channel) -> None:
+    """Makes an idle channel connect now (gRPC backs off between attempts
+    itself), as Go's ``ClientConn.Connect``. grpc.Channel has no public
+    method for it: this is the call ``subscribe(try_to_connect=True)``
+    makes from its poller thread, made here at once. Through subscribe
+    the request would stay pending up to 0.2 s, and a channel closed
+    meanwhile makes that poller raise in its thread."""
+    cy = getattr(ch, "_channel", None)
+    if cy is not None and hasattr(cy, "check_connectivity_state"):
+        cy.check_connectivity_state(True)
+    else:  # another grpc.Channel implementation: the public, pending way
+        ch.subscribe(_poke, try_to_connect=True)
+        ch.unsubscribe(_poke)
+
+
 def _poke(_: grpc.ChannelConnectivity) -> None:
     """A subscription made only for its try_to_connect."""
 
@@ -482,14 +497,15 @@ class FollowingChannel(grpc.Channel):
                 if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
                     self._stale = True
                 self._cv.notify_all()
-                idle = state == grpc.ChannelConnectivity.IDLE and not self._closed
-            if idle:
-                # The primary's connection went idle (closed by the hub: a
-                # standby's connections close as it becomes the primary).
-                # Calls wait for READY, so none would reconnect it: ask
-                # gRPC to (it backs off between attempts itself).
-                ch.subscribe(_poke, try_to_connect=True)
-                ch.unsubscribe(_poke)
+                if state == grpc.ChannelConnectivity.IDLE and not self._closed:
+                    # Calls wait for READY, so none would make an idle
+                    # channel connect: a new one reports IDLE first, and
+                    # the primary's connection goes idle when the hub
+                    # closes it (a standby's connections close as it
+                    # becomes the primary). Under the lock: offer and close
+                    # close a channel only after it stopped being _ch or
+                    # _closed was set.
+                    _connect(ch)
         return on
 
     def _seed(self, addr: str) -> grpc.Channel:
@@ -543,6 +559,8 @@ class FollowingChannel(grpc.Channel):
                     with self._cv:
                         self._last_err = str(e)[:1000]
             with self._cv:
+                if self._ch is not None and self._state == grpc.ChannelConnectivity.IDLE and not self._closed:
+                    _connect(self._ch)  # idle since its last report (see _watcher)
                 end = min(deadline, time.monotonic() + max(wait, 0.2))
                 while (self._ch is None or self._state != grpc.ChannelConnectivity.READY) and not self._stale:
                     left = end - time.monotonic()

@@ -16,6 +16,7 @@ import contextlib
 import pathlib
 import shutil
 import signal
+import threading
 import time
 from typing import Iterator
 
@@ -25,6 +26,7 @@ import pytest
 import rlhub
 from rlhub import _channel
 from rlhub.grads import GradClient, OutcomeUnknown
+from rlhub.wsync import DataPlaneSource
 from conftest import Hub
 from etcdproc import Etcd
 
@@ -106,6 +108,8 @@ def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp
             # follows the new primary first: a push to it, acknowledged by
             # every standby, is on it.)
             store.push("m2", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=1, expect=0)
+            grads.stats()  # the gradient client's connection to the new primary is up
+            assert grads._channel(grads.hub_addr).primary() == new
             _sigstop(hubs[pid2])
             stopped.add(pid2)
             with pytest.raises(rlhub.Unavailable) as ei:
@@ -169,3 +173,32 @@ def test_a_hub_list_target_starts_no_watcher(hub):
         assert isinstance(fc, _channel.FollowingChannel)
         assert fc._watcher_thread is None
         store.list()
+
+
+def test_a_collectors_poll_held_by_a_stopped_primary_moves_to_the_new_one(rlhub_bin, tmp_path):
+    """A weight-sync collector on the data plane long-polls the primary (up
+    to 5 s, plus 10 s of socket slack): held by a stopped primary, its poll
+    would end only after 15 s, past this wait's 12 s. Ended by the move, it
+    polls the new primary, which publishes version 2."""
+    stopped: set[str] = set()
+    with _cluster(rlhub_bin, tmp_path) as (etcd, hubs):
+        target = _channel.etcd_target(etcd.url, CLUSTER)
+        with rlhub.StoreClient(target, timeout=60.0) as store, DataPlaneSource(target, "m") as src:
+            pid, epoch = _live_leader(etcd, hubs, stopped)
+            store.push("m", {"w": np.array([1.0, -1.0], dtype=np.float32)}, version=1, expect=0)
+            got = src.wait_newer(0, timeout=30)
+            assert got is not None and (got.version, got.epoch) == (1, epoch)
+
+            def publish_on_the_new_primary() -> None:
+                _live_leader(etcd, hubs, stopped)
+                store.push("m", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=2, expect=1)
+
+            _sigstop(hubs[pid])
+            stopped.add(pid)
+            t = threading.Thread(target=publish_on_the_new_primary)
+            t.start()
+            try:
+                got = src.wait_newer(1, timeout=12)
+            finally:
+                t.join()
+            assert got is not None and got.version == 2 and got.epoch > epoch, got

@@ -102,6 +102,8 @@ class DataPlaneSource:
         self._allow_fallback = fallback
         self._own_bulk = bulk_client is None
         self._bulk = bulk_client or _bulk.Client()
+        if self._follow is not None:
+            self._follow.on_move(self._bulk.abort)  # a poll held by a primary that moved ends there
         self._bufs: List[Optional[np.ndarray]] = [None] * _BUFFERS
         self._taken = [-1, -1]  # indices of the last two versions taken, newest last
         self._fallback: Optional[PushSource] = None  # once the hub lacked the method
