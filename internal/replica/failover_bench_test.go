@@ -437,7 +437,14 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	var async *testCluster
 	if base := os.Getenv("RLHUB_REPLICATION_BASE_BIN"); base != "" {
 		second = "base build, acks all"
-		async = newClusterBin(t, e, nh, "2s", base, allArgs...)
+		// RLHUB_REPLICATION_BASE_ARGS, when set, replaces
+		// RLHUB_REPLICATION_ARGS for the base cluster (an A/B of two
+		// settings of one build: BASE_BIN the same binary).
+		baseArgs := allArgs
+		if ba, ok := os.LookupEnv("RLHUB_REPLICATION_BASE_ARGS"); ok {
+			baseArgs = append([]string{"--reduce-batch-size", "4"}, strings.Fields(ba)...)
+		}
+		async = newClusterBin(t, e, nh, "2s", base, baseArgs...)
 	} else {
 		async = newClusterTTL(t, e, 3, "2s", "--replica-acks", "0", "--reduce-batch-size", "4")
 	}
