@@ -129,6 +129,14 @@ func testShipsRecycledIntact(t *testing.T, codec bool) {
 		}
 	}
 	readUnit() // the full sync: version 1
+	// A term's first snapshot is the base the next compares with: it
+	// reads nothing (its unit is the follower's own cut). Take it here,
+	// on another model, so that version 2's is a snapshot that ships
+	// from memory.
+	if _, err := fenced.Push(ctx, store.PushRequest{Name: "base", Version: 1, Blob: storetest.Blob(t, 1, 16)}); err != nil {
+		t.Fatal(err)
+	}
+	readUnit()
 
 	push(2)
 	testkit.Eventually(t, 30*time.Second, "a snapshot of version 2 taken from memory", func() bool { return src.fromMemory.Load() >= 1 })
