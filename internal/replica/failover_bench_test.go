@@ -427,7 +427,10 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	singleProc := startPlainHubProc(t, "--reduce-batch-size", "4")
 	single := singleProc.Addr()
 	e := startEtcd(t)
-	allArgs := append([]string{"--reduce-batch-size", "4"}, strings.Fields(os.Getenv("RLHUB_REPLICATION_ARGS"))...)
+	clusterArgs := func(extra string) []string {
+		return append([]string{"--reduce-batch-size", "4"}, strings.Fields(extra)...)
+	}
+	allArgs := clusterArgs(os.Getenv("RLHUB_REPLICATION_ARGS"))
 	all := newClusterTTL(t, e, nh, "2s", allArgs...)
 	lAll, pAll := all.leader(0)
 	// RLHUB_REPLICATION_BASE_BIN: an A/B of two builds in one run. The
@@ -442,7 +445,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		// settings of one build: BASE_BIN the same binary).
 		baseArgs := allArgs
 		if ba, ok := os.LookupEnv("RLHUB_REPLICATION_BASE_ARGS"); ok {
-			baseArgs = append([]string{"--reduce-batch-size", "4"}, strings.Fields(ba)...)
+			baseArgs = clusterArgs(ba)
 		}
 		async = newClusterBin(t, e, nh, "2s", base, baseArgs...)
 	} else {
