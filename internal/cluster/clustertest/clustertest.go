@@ -56,8 +56,7 @@ func Start(tb testing.TB) *Etcd {
 	if _, err := exec.LookPath("etcd"); err != nil {
 		tb.Fatal("etcd is not installed: scripts/setup.d/20-etcd.sh installs Debian's etcd-server")
 	}
-	e := &Etcd{tb: tb, dir: tb.TempDir(), Endpoint: "http://" + freeAddr(tb), peer: "http://" + freeAddr(tb), name: "t"}
-	e.initial = "t=" + e.peer
+	e := &Etcd{tb: tb, dir: tb.TempDir(), Endpoint: "http://" + freeAddr(tb), peer: "http://" + freeAddr(tb)}
 	e.Restart()
 	tb.Cleanup(e.Kill)
 	return e
@@ -124,6 +123,9 @@ func (e *Etcd) signal(s syscall.Signal) {
 
 func (e *Etcd) start() {
 	e.tb.Helper()
+	if e.name == "" { // a single member (secure.go)
+		e.name, e.initial = "t", "t="+e.peer
+	}
 	log, err := os.OpenFile(filepath.Join(e.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		e.tb.Fatal(err)
