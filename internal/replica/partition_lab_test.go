@@ -196,6 +196,31 @@ func (lc *labCluster) etcdLeader() string {
 	return ip
 }
 
+// moveEtcdLeader makes the etcd member on h's host etcd's leader (etcd's
+// MoveLeader, sent to the current leader).
+func (lc *labCluster) moveEtcdLeader(h *labHub) {
+	lc.t.Helper()
+	testkit.Eventually(lc.t, 30*time.Second, "etcd's leader moved to "+h.id, func() bool {
+		leader := lc.etcdLeader()
+		if leader == h.host.IP {
+			return true
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{leader + ":2379"}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return false
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := cli.Status(ctx, h.host.IP+":2379")
+		if err != nil {
+			return false
+		}
+		_, err = cli.MoveLeader(ctx, st.Header.MemberId)
+		return err == nil && lc.etcdLeader() == h.host.IP
+	})
+}
+
 // dialConfig is a trainer client's connection as the CLI's flags make it.
 func (lc *labCluster) dialConfig() dial.Config {
 	lc.t.Helper()
@@ -853,7 +878,7 @@ func steppedDown(h *labHub, epoch uint64) bool {
 // network, heals it, and cuts the other standby's, cuts times: each cut
 // silences one of the three etcd members, one the primary's lease
 // renewals go through in turn (its log names the member it passed over:
-// checked), and etcd's leader when it sits on the cut machine (logged).
+// checked), and at every other cut etcd's leader (moved there first).
 // The primary keeps its term every time: the same epoch, no step-down,
 // and the trainer's pushes (acks 1: the standby left up acknowledges;
 // what a publish waits for is not what is tested) are acknowledged again
@@ -881,8 +906,24 @@ func TestCutEtcdMachineKeepsThePrimary(t *testing.T) {
 		testkit.Eventually(t, 60*time.Second, "five versions acknowledged before the cut", func() bool {
 			return len(trainer.snapshot()) >= n+5
 		})
+		if c%2 == 1 {
+			// Every other cut takes etcd's leader with it: etcd elects
+			// another while the primary's renewals wait.
+			lc.moveEtcdLeader(s)
+		}
 		leads := lc.etcdLeader() == s.host.IP
-		passedOver := `msg="cluster: etcd endpoint did not answer in time; using the others" endpoint=http://` + s.host.IP + ":2379 "
+		// The primary logs passing an endpoint over when it was not
+		// already skipping it (and its answering again): wait until it
+		// does not skip s's member (one that did not answer during an
+		// earlier cut's etcd election is skipped for 5 TTLs), so that the
+		// cut is seen passing it over anew.
+		ep := "endpoint=http://" + s.host.IP + ":2379"
+		passedOver := `msg="cluster: etcd endpoint did not answer in time; using the others" ` + ep + " "
+		testkit.Eventually(t, 60*time.Second, p.id+" using "+s.id+"'s etcd member", func() bool {
+			out := p.out()
+			bad := strings.LastIndex(out, passedOver)
+			return bad < 0 || bad < strings.LastIndex(out, `msg="cluster: etcd endpoint answers again" `+ep+"\n")
+		})
 		before := strings.Count(p.out(), passedOver)
 		const fullSync = `msg="replica: full sync applied"`
 		syncs := strings.Count(s.out(), fullSync)
