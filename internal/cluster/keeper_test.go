@@ -144,3 +144,39 @@ func TestSilentEtcdMemberKeepsTheTerm(t *testing.T) {
 		t.Fatalf("Hold after the close: %v", err)
 	}
 }
+
+// A member that no etcd member answers (its only one stopped: what a hub
+// whose machine is cut off sees) loses its term proof at its first
+// failed renewal, and gives its lease up by itself after giveUp without
+// an answer: Lost closes though etcd never said the lease was gone.
+func TestUnansweredLeaseIsGivenUp(t *testing.T) {
+	e := clustertest.Start(t)
+	m := join(t, e.Endpoint, "unanswered", "p", time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	term, err := m.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { _ = term.Hold(ctx) })
+	testkit.Eventually(t, 10*time.Second, "the term proof", func() bool { return term.Valid() == nil })
+	e.Stop()
+	defer e.Cont() // before Kill at cleanup: a stopped process dies too, but no need to rely on it
+	testkit.Eventually(t, 30*time.Second, "the term proof to end", func() bool { return term.Valid() != nil })
+	select {
+	case <-m.Lost():
+		t.Fatal("the lease was given up as soon as the proof ended: giveUp is meant to outlast an etcd election")
+	default:
+	}
+	select {
+	case <-m.Lost():
+	case <-time.After(60 * time.Second):
+		t.Fatal("the lease was never given up with no etcd member answering")
+	}
+	if err := term.Valid(); !errors.Is(err, ErrDeposed) {
+		t.Fatalf("Valid after the lease was given up: %v, want ErrDeposed", err)
+	}
+}
