@@ -158,7 +158,7 @@ func (k *keeper) do(ctx context.Context, fn func(context.Context, conn) error) e
 			continue
 		}
 		if e.err != nil {
-			last = fmt.Errorf("etcd %s: %v", e.url, e.err)
+			last = fmt.Errorf("etcd %s: %w", e.url, e.err)
 			continue
 		}
 		tried++
