@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.request
 
-from conftest import free_port
+from conftest import Hub, free_port
 
 
 class Etcd:
@@ -72,3 +72,22 @@ class Etcd:
         self.proc.kill()
         self.proc.wait()
         self.log.close()
+
+
+def start_cluster(rlhub_bin: str, tmp: pathlib.Path, cluster: str, extra: tuple[str, ...] = ()) -> tuple[Etcd, dict[str, Hub]]:
+    """One etcd and three `rlhub serve --etcd` hubs (members h0, h1, h2) of
+    ``cluster`` with a 1 s lease and ``extra`` flags; the caller stops them."""
+    etcd = Etcd(tmp)
+    hubs: dict[str, Hub] = {}
+    try:
+        for i in range(3):
+            d = tmp / f"h{i}"
+            d.mkdir()
+            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", cluster, "--lease-ttl", "1s",
+                                                     "--member-id", f"h{i}", *extra])
+    except BaseException:
+        for h in hubs.values():
+            h.stop()
+        etcd.stop()
+        raise
+    return etcd, hubs

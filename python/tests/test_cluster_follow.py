@@ -21,8 +21,8 @@ import pytest
 import rlhub
 from rlhub import _channel
 from rlhub.grads import GradClient
-from conftest import Hub, free_port
-from etcdproc import Etcd
+from conftest import free_port
+from etcdproc import start_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
@@ -68,14 +68,8 @@ def test_no_primary_is_a_clear_error():
 
 
 def test_python_clients_follow_the_primary_across_sigkill(rlhub_bin, tmp_path):
-    etcd = Etcd(tmp_path)
-    hubs: dict[str, Hub] = {}
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path, CLUSTER, ("--reduce-batch-size", "1"))
     try:
-        for i in range(3):
-            d = tmp_path / f"h{i}"
-            d.mkdir()
-            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
-                                                     "--member-id", f"h{i}", "--reduce-batch-size", "1"])
         listed = ",".join(h.addr for h in hubs.values())
         store = rlhub.StoreClient(listed, timeout=30.0)
         grads = GradClient(_channel.etcd_target(etcd.url, CLUSTER), "py", timeout=30.0)

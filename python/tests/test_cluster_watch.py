@@ -28,7 +28,7 @@ from rlhub import _channel
 from rlhub.grads import GradClient, OutcomeUnknown
 from rlhub.wsync import DataPlaneSource
 from conftest import Hub
-from etcdproc import Etcd
+from etcdproc import Etcd, start_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
@@ -60,14 +60,8 @@ def _sigstop(h: Hub) -> None:
 def _cluster(rlhub_bin: str, tmp_path: pathlib.Path) -> Iterator[tuple[Etcd, dict[str, Hub]]]:
     """One etcd and three hubs (1 s lease); every hub SIGKILLed at the end
     (stopped ones too)."""
-    etcd = Etcd(tmp_path)
-    hubs: dict[str, Hub] = {}
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path, CLUSTER)
     try:
-        for i in range(3):
-            d = tmp_path / f"h{i}"
-            d.mkdir()
-            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
-                                                     "--member-id", f"h{i}"])
         yield etcd, hubs
     finally:
         for h in hubs.values():

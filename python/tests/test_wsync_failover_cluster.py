@@ -25,7 +25,7 @@ import rlhub.wsync as ws
 from rlhub import _channel
 from rlhub.tensors import load_bytes
 from conftest import Hub
-from etcdproc import Etcd
+from etcdproc import Etcd, start_cluster
 from test_cluster_follow import CLUSTER
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
@@ -85,24 +85,6 @@ def wait_until(cond, timeout: float, what: str, collectors=()) -> None:
         time.sleep(0.02)
 
 
-def start_cluster(rlhub_bin, tmp_path) -> "tuple[Etcd, dict[str, Hub]]":
-    """One etcd and three `rlhub serve --etcd` hubs with a 1 s lease."""
-    etcd = Etcd(tmp_path)
-    hubs: dict[str, Hub] = {}
-    try:
-        for i in range(3):
-            d = tmp_path / f"h{i}"
-            d.mkdir()
-            hubs[f"h{i}"] = Hub(rlhub_bin, d, extra=["--etcd", etcd.url, "--cluster", CLUSTER, "--lease-ttl", "1s",
-                                                     "--member-id", f"h{i}"])
-    except BaseException:
-        for h in hubs.values():
-            h.stop()
-        etcd.stop()
-        raise
-    return etcd, hubs
-
-
 def live_primary(etcd: Etcd, hubs: "dict[str, Hub]", after: int) -> "tuple[str, int]":
     """The primary elected after epoch ``after`` whose process is alive: (member id, epoch)."""
     got: list[tuple[str, int]] = []
@@ -134,7 +116,7 @@ def publish_to(store, v: int) -> int:
 
 
 def test_python_collectors_follow_the_primary_across_two_sigkills(rlhub_bin, tmp_path):
-    etcd, hubs = start_cluster(rlhub_bin, tmp_path)
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path, CLUSTER)
     collectors: list[Collector] = []
     try:
         listed = ",".join(h.addr for h in hubs.values())
@@ -415,7 +397,7 @@ def test_push_via_on_a_cluster_is_attached_again_to_the_new_primary(rlhub_bin, t
     every later version, whole."""
     from rlhub._sources import open_source
 
-    etcd, hubs = start_cluster(rlhub_bin, tmp_path)
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path, CLUSTER)
     collectors: list[Collector] = []
     try:
         listed = ",".join(h.addr for h in hubs.values())
