@@ -311,23 +311,31 @@ const (
 // handshakeTimeout bounds the wait for the server's Magic.
 const handshakeTimeout = 10 * time.Second
 
+// handshake sends the hello and reads Magic within handshakeTimeout (or
+// ctx's deadline, when sooner). ctx's cancellation ends the wait too (a
+// deadline in the past): a process that is stopped, not dead, accepts
+// connections through the kernel's backlog and answers nothing, and a
+// caller that gave up on it (a standby whose primary was replaced) must
+// not wait out the timeout. Once ctx has ended it returns ctx's error.
 func handshake(ctx context.Context, cc *clientConn, token string) error {
+	if len(token) > MaxTokenBytes {
+		return fmt.Errorf("token of %d bytes exceeds %d", len(token), MaxTokenBytes)
+	}
 	dl := time.Now().Add(handshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
 	_ = cc.SetDeadline(dl)
-	defer cc.SetDeadline(time.Time{})
-	if len(token) > MaxTokenBytes {
-		return fmt.Errorf("token of %d bytes exceeds %d", len(token), MaxTokenBytes)
+	stop := context.AfterFunc(ctx, func() { _ = cc.SetDeadline(time.Unix(1, 0)) })
+	n, err := greet(cc, token)
+	if !stop() {
+		// ctx ended: its deadline in the past may be set now or soon; the
+		// caller closes the connection.
+		return ctx.Err()
 	}
-	if _, err := cc.Write(Hello(token)); err != nil {
-		return err
-	}
-	var got [len(Magic)]byte
-	n, err := io.ReadFull(cc.br, got[:])
+	_ = cc.SetDeadline(time.Time{})
 	switch {
-	case err == nil && string(got[:]) == Magic:
+	case err == nil && n < 0:
 		return nil
 	case n > 0 || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		// Something else answered (a gRPC server sends its SETTINGS
@@ -336,6 +344,20 @@ func handshake(ctx context.Context, cc *clientConn, token string) error {
 	default:
 		return err
 	}
+}
+
+// greet writes the hello and reads the server's first len(Magic) bytes:
+// n is -1 when they are Magic, else how many were read.
+func greet(cc *clientConn, token string) (int, error) {
+	if _, err := cc.Write(Hello(token)); err != nil {
+		return 0, err
+	}
+	var got [len(Magic)]byte
+	n, err := io.ReadFull(cc.br, got[:])
+	if err == nil && string(got[:]) == Magic {
+		return -1, nil
+	}
+	return n, err
 }
 
 func (c *Client) put(addr string, cc *clientConn) {
