@@ -52,6 +52,7 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, re
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 			return cluster.RefuseStream(ss, refusal())
 		}),
+		grpc.ConnectionTimeout(standbyHandshake),
 	}, chunkcodec.ServerOptions()...)
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
@@ -90,6 +91,16 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, re
 // standbyDrain bounds how long a stopping standby server lets calls in
 // progress finish: the hub that takes over waits for it.
 const standbyDrain = 250 * time.Millisecond
+
+// standbyHandshake bounds a gRPC connection's HTTP/2 handshake on the
+// standby server (grpc.ConnectionTimeout; gRPC's default is 120 s). Its
+// Stop waits for every handshake in progress, and a peer stopped in the
+// middle of one — a newly elected hub SIGSTOPped while it asked this
+// standby's position, its preface sent and its SETTINGS not — held this
+// standby's takeover for that long (issue 15: two primaries stopped one
+// after the other). A client that has sent its first bytes sends the
+// rest of its preface at once; one cut here reconnects.
+const standbyHandshake = time.Second
 
 // positionServer answers a newly elected primary's position query on the
 // replication stream (it yields the term to a standby whose copy is ahead
