@@ -3,7 +3,11 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,17 +23,12 @@ import (
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// TestTakeoverAfterTwoStoppedPrimaries: the primary h0 is SIGSTOPped, and
-// so is the standby elected in its place the moment etcd names it — before
-// the last standby could follow it: that standby's stream to it is being
-// opened, on a process that accepts connections (the kernel's backlog) and
-// answers nothing. The last standby is elected once both leases expire,
-// and must serve at once: a push through it, with h0 and h1 still
-// stopped, is acknowledged within 5 s of its election. (Before the fix its
-// stream's data-plane handshake ignored the cancellation and held the
-// takeover for its own 10 s timeout, answering "this hub is a standby; the
-// primary is <the stopped hub>" meanwhile.)
-func TestTakeoverAfterTwoStoppedPrimaries(t *testing.T) {
+// twoStoppedPrimaries starts three hubs, pushes pol v1 through the
+// primary, SIGSTOPs it, SIGSTOPs the standby elected in its place as soon
+// as etcd names it, and waits (60 s at most) until etcd names the last
+// hub, p2, primary at epoch l2.
+func twoStoppedPrimaries(t *testing.T) (p0 *hubProc, l1 cluster.Leader, p2 *hubProc, l2 cluster.Leader) {
+	t.Helper()
 	e := clustertest.Start(t)
 	c := newCluster(t, e.Endpoint, 3)
 	l0, p0 := c.leader(0)
@@ -68,19 +67,17 @@ func TestTakeoverAfterTwoStoppedPrimaries(t *testing.T) {
 	defer stopWatch()
 
 	p0.signal(syscall.SIGSTOP)
-	l1 := testkit.Recv(t, elected, 60*time.Second, "a standby elected in place of "+p0.id)
+	l1 = testkit.Recv(t, elected, 60*time.Second, "a standby elected in place of "+p0.id)
 	if err := <-stopErr; err != nil {
 		t.Fatalf("SIGSTOP %s: %v", l1.ID, err)
 	}
 	stopWatch()
-	var p2 *hubProc
 	for _, h := range c.hubs {
 		if h.id != p0.id && h.id != l1.ID {
 			p2 = h
 		}
 	}
 
-	var l2 cluster.Leader
 	testkit.Eventually(t, 60*time.Second, p2.id+" elected after "+l1.String(), func() bool {
 		st, err := c.status()
 		if err != nil || st.Primary == nil || st.Primary.Epoch <= l1.Epoch {
@@ -93,6 +90,21 @@ func TestTakeoverAfterTwoStoppedPrimaries(t *testing.T) {
 		return true
 	})
 
+	return p0, l1, p2, l2
+}
+
+// TestTakeoverAfterTwoStoppedPrimaries: the primary h0 is SIGSTOPped, and
+// so is the standby elected in its place the moment etcd names it — before
+// the last standby could follow it: that standby's stream to it is being
+// opened, on a process that accepts connections (the kernel's backlog) and
+// answers nothing. The last standby is elected once both leases expire,
+// and must serve at once: a push through it, with h0 and h1 still
+// stopped, is acknowledged within 5 s of its election. (Before the fix its
+// stream's data-plane handshake ignored the cancellation and held the
+// takeover for its own 10 s timeout, answering "this hub is a standby; the
+// primary is <the stopped hub>" meanwhile.)
+func TestTakeoverAfterTwoStoppedPrimaries(t *testing.T) {
+	p0, l1, p2, l2 := twoStoppedPrimaries(t)
 	cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: p2.addr, MaxAttempts: 1, CallTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +132,37 @@ func TestTakeoverAfterTwoStoppedPrimaries(t *testing.T) {
 	out := p2.out.String()
 	t.Logf("%s: elected → serving as primary %v (its log)", p2.id,
 		lineTime(out, `msg="cluster: serving as primary"`).Sub(lineTime(out, `msg="cluster: elected primary"`)).Round(time.Millisecond))
+}
+
+// TestTakeoverTimes measures the scenario above RLHUB_TAKEOVER_RUNS times
+// (skipped when unset; figures to the log, docs/benchlog): the last hub's
+// election → its "serving as primary" line (both from its log; waited for
+// up to 60 s), and the test's view from etcd naming it to the line.
+func TestTakeoverTimes(t *testing.T) {
+	runs, _ := strconv.Atoi(os.Getenv("RLHUB_TAKEOVER_RUNS"))
+	if runs <= 0 {
+		t.Skip("RLHUB_TAKEOVER_RUNS unset")
+	}
+	var took []time.Duration
+	for i := range runs {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			_, _, p2, l2 := twoStoppedPrimaries(t)
+			named := time.Now()
+			line := fmt.Sprintf(`msg="cluster: serving as primary" epoch=%d `, l2.Epoch)
+			testkit.Eventually(t, 60*time.Second, p2.id+" serving", func() bool { return strings.Contains(p2.out.String(), line) })
+			seen := time.Since(named)
+			out := p2.out.String()
+			d := lineTime(out, line).Sub(lineTime(out, `msg="cluster: elected primary"`))
+			took = append(took, d)
+			t.Logf("run %d: %s elected → serving %v (its log); etcd named it → the line seen %v", i, p2.id, d.Round(time.Millisecond), seen.Round(time.Millisecond))
+		})
+	}
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	t.Logf("elected → serving over %d runs: min %v median %v max %v", len(took), took[0].Round(time.Millisecond),
+		took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond))
 }
 
 var timeRE = regexp.MustCompile(`^time=(\S+) `)
