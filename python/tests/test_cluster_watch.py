@@ -98,9 +98,9 @@ def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp
             assert new == (hubs[pid2].addr, epoch2)
 
             # A write in flight there is given up with the move named, not
-            # left to its deadline; the remaining standby is elected. (It
-            # follows the new primary first: a push to it, acknowledged by
-            # every standby, is on it.)
+            # left to its deadline; the remaining standby is elected. (A
+            # publish through the second primary first, acknowledged by
+            # every standby: the third must serve it after the takeover.)
             store.push("m2", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=1, expect=0)
             grads.stats()  # the gradient client's connection to the new primary is up
             assert grads._channel(grads.hub_addr).primary() == new
