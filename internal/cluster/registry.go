@@ -34,7 +34,7 @@ func OpenReader(cfg Config) (*Reader, error) {
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
-	cli, _, err := dial(&cfg)
+	cli, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +102,6 @@ const (
 // passes).
 type Announcement struct {
 	cli  *clientv3.Client
-	k    *keeper // the lease's renewals (keeper.go)
 	sess *concurrency.Session
 	once sync.Once
 	err  error
@@ -126,16 +125,16 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	if !namePattern.MatchString(info.Kind) {
 		return nil, fmt.Errorf("%w: cluster: service kind must match %s", errs.ErrInvalid, namePattern)
 	}
-	cli, ec, err := dial(&cfg)
+	cli, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	k, sess, err := lease(ctx, &cfg, cli, ec)
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
 	if err != nil {
 		cli.Close()
 		return nil, etcdError(cfg.Endpoints, err)
 	}
-	a := &Announcement{cli: cli, k: k, sess: sess}
+	a := &Announcement{cli: cli, sess: sess}
 	val, _ := json.Marshal(info)
 	key := path.Join(cfg.prefix(), "services", info.Kind, info.ID)
 	for waited := false; ; waited = true {
@@ -221,7 +220,6 @@ func (a *Announcement) Close() error {
 			err = nil // revoked, or already gone
 		default:
 		}
-		a.k.close()
 		a.err = errors.Join(err, a.cli.Close())
 	})
 	return a.err
