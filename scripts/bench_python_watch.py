@@ -32,12 +32,7 @@ import numpy as np  # noqa: E402
 
 import rlhub  # noqa: E402
 from rlhub import _channel  # noqa: E402
-from etcdproc import start_cluster  # noqa: E402
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+from etcdproc import sigstop, start_cluster  # noqa: E402
 
 
 def one(binary: str) -> float:
@@ -49,10 +44,7 @@ def one(binary: str) -> float:
             store.pull("m")  # the data-plane connection to the primary
             lead = etcd.leader("watch")
             assert lead is not None
-            p = hubs[lead[0]].proc
-            p.send_signal(signal.SIGSTOP)
-            while not _stopped(p.pid):
-                time.sleep(0.001)
+            sigstop(hubs[lead[0]].proc)
             t0 = time.monotonic()
             store.pull("m")
             return time.monotonic() - t0

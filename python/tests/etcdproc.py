@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import signal
 import ssl
 import subprocess
 import time
@@ -91,3 +92,17 @@ def start_cluster(rlhub_bin: str, tmp: pathlib.Path, cluster: str, extra: tuple[
         etcd.stop()
         raise
     return etcd, hubs
+
+
+def sigstop(proc: subprocess.Popen) -> None:
+    """SIGSTOPs proc and waits until the kernel shows it stopped: a call
+    sent before that could still be answered."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process {proc.pid} not stopped within 10 s of SIGSTOP")
+        time.sleep(0.001)

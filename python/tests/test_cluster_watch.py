@@ -28,7 +28,7 @@ from rlhub import _channel
 from rlhub.grads import GradClient, OutcomeUnknown
 from rlhub.wsync import DataPlaneSource
 from conftest import Hub
-from etcdproc import Etcd, start_cluster
+from etcdproc import Etcd, sigstop, start_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
@@ -44,16 +44,6 @@ def _live_leader(etcd: Etcd, hubs: dict[str, Hub], stopped: set[str]) -> tuple[s
             return lead
         assert time.monotonic() < deadline, "no live primary elected within 30 s"
         time.sleep(0.05)
-
-
-def _sigstop(h: Hub) -> None:
-    """SIGSTOPs h and waits until the kernel shows it stopped (a call sent
-    before that could still be answered)."""
-    h.proc.send_signal(signal.SIGSTOP)
-    deadline = time.monotonic() + 10
-    while open(f"/proc/{h.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, "hub not stopped within 10 s"
-        time.sleep(0.001)
 
 
 @contextlib.contextmanager
@@ -87,7 +77,7 @@ def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp
 
             # A read in flight on the stopped primary is sent again to the
             # standby elected in its place, which has the model (acks all).
-            _sigstop(hubs[pid])
+            sigstop(hubs[pid].proc)
             stopped.add(pid)
             names = [m.name for m in store.list()]
             assert names == ["m"]
@@ -104,7 +94,7 @@ def test_calls_in_flight_on_a_stopped_primary_follow_the_election(rlhub_bin, tmp
             store.push("m2", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=1, expect=0)
             grads.stats()  # the gradient client's connection to the new primary is up
             assert grads._channel(grads.hub_addr).primary() == new
-            _sigstop(hubs[pid2])
+            sigstop(hubs[pid2].proc)
             stopped.add(pid2)
             with pytest.raises(rlhub.Unavailable) as ei:
                 grads.register("m", {"kind": "sgd", "lr": 0.5})
@@ -142,7 +132,7 @@ def test_data_plane_requests_in_flight_end_when_the_primary_moves(rlhub_bin, tmp
             assert store.pull("m").version >= 1
             assert store.stats["bulk"] >= 1 and grads.transport_stats()["bulk"] == 1
 
-            _sigstop(hubs[pid])
+            sigstop(hubs[pid].proc)
             stopped.add(pid)
             v = store.pull("m")
             assert v.version >= 1 and v.epoch == epoch
@@ -153,7 +143,7 @@ def test_data_plane_requests_in_flight_end_when_the_primary_moves(rlhub_bin, tmp
             pid2, epoch2 = _live_leader(etcd, hubs, stopped)
             assert new == (hubs[pid2].addr, epoch2)
             grads.push("m", v.version, g)  # a connection to the new primary
-            _sigstop(hubs[pid2])
+            sigstop(hubs[pid2].proc)
             stopped.add(pid2)
             with pytest.raises(OutcomeUnknown) as ei:
                 grads.push("m", v.version, g)
@@ -187,7 +177,7 @@ def test_a_collectors_poll_held_by_a_stopped_primary_moves_to_the_new_one(rlhub_
                 _live_leader(etcd, hubs, stopped)
                 store.push("m", {"w": np.array([2.0, -2.0], dtype=np.float32)}, version=2, expect=1)
 
-            _sigstop(hubs[pid])
+            sigstop(hubs[pid].proc)
             stopped.add(pid)
             t = threading.Thread(target=publish_on_the_new_primary)
             t.start()
