@@ -24,6 +24,10 @@ type Reader struct {
 	cfg Config
 	cli *clientv3.Client
 
+	wmu     sync.Mutex
+	wclis   map[string]*clientv3.Client // a client per endpoint for the watches (watch.go); wmu
+	wclosed bool                        // Close began: no more clients; wmu
+
 	once sync.Once
 	err  error
 }
@@ -63,7 +67,11 @@ func (r *Reader) Status(ctx context.Context) (Status, error) { return status(ctx
 // Close closes the etcd connection. Safe to call more than once.
 func (r *Reader) Close() error {
 	r.once.Do(func() {
-		if err := r.cli.Close(); err != nil {
+		err := r.closeWatchClients()
+		if cerr := r.cli.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		if err != nil {
 			r.err = fmt.Errorf("%w: cluster: close: %v", errs.ErrUnavailable, err)
 		}
 	})
@@ -259,7 +267,7 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 		p = path.Join(p, kind) + "/"
 	}
 	var live map[string]ServiceInfo
-	return r.watchPrefix(ctx, p, nil, func(resp *clientv3.GetResponse) {
+	return r.watchPrefix(ctx, p, nil, func(_ context.Context, _ *clientv3.Client, resp *clientv3.GetResponse) error {
 		live = map[string]ServiceInfo{}
 		for _, kv := range resp.Kvs {
 			var s ServiceInfo
@@ -268,7 +276,8 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 			}
 		}
 		fn(sortedServices(live))
-	}, func(events []*clientv3.Event) {
+		return nil
+	}, func(_ context.Context, _ *clientv3.Client, events []*clientv3.Event) error {
 		for _, ev := range events {
 			var s ServiceInfo
 			if ev.Type == clientv3.EventTypeDelete {
@@ -278,6 +287,7 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 			}
 		}
 		fn(sortedServices(live))
+		return nil
 	})
 }
 
@@ -285,52 +295,31 @@ func (r *Reader) WatchServices(ctx context.Context, kind string, fn func([]Servi
 // start and again after each change of the election's keys (a term won,
 // a leader's key deleted or dropped with its lease), until ctx ends; it
 // returns ctx's error. While an election runs there is no leader and fn is
-// not called. A watch that fails is opened again after a back-off. fn runs
-// on WatchLeader's goroutine, one call at a time; it may see the same
-// leader twice.
+// not called. A watch that fails, or whose etcd member falls silent, is
+// opened again (watchPrefix). fn runs on WatchLeader's goroutine, one call
+// at a time; it may see the same leader twice.
 func (r *Reader) WatchLeader(ctx context.Context, fn func(Leader)) error {
-	leader := func() {
-		if l, err := r.Leader(ctx); err == nil {
-			fn(l)
+	// The leader is read through the member the watch is on, within the
+	// watch's patience: a read stuck on a silent member would hold the
+	// watch as long as the member's connection looks alive.
+	leader := func(ctx context.Context, cli *clientv3.Client) error {
+		rctx, cancel := context.WithTimeout(ctx, watchSilence)
+		defer cancel()
+		st, err := status(rctx, cli, &r.cfg)
+		if err != nil {
+			return err
 		}
+		if st.Primary != nil {
+			fn(*st.Primary)
+		}
+		return nil
 	}
 	return r.watchPrefix(ctx, path.Join(r.cfg.prefix(), "election")+"/",
 		[]clientv3.OpOption{clientv3.WithKeysOnly(), clientv3.WithLimit(1)},
-		func(*clientv3.GetResponse) { leader() }, func([]*clientv3.Event) { leader() })
-}
-
-// watchPrefix reads the keys under p (with get's options) and hands the
-// answer to read, then watches p from the next revision and hands each
-// batch of events to each, until ctx ends; it returns ctx's error. A
-// watch that fails (etcd restarting, a compacted revision, a member that
-// lost its leader) starts again from a fresh read after a back-off of
-// 50 ms, doubling to 1 s. read and each run on the caller's goroutine.
-func (r *Reader) watchPrefix(ctx context.Context, p string, get []clientv3.OpOption, read func(*clientv3.GetResponse), each func([]*clientv3.Event)) error {
-	backoff := 50 * time.Millisecond
-	for {
-		resp, err := r.cli.Get(ctx, p, append([]clientv3.OpOption{clientv3.WithPrefix()}, get...)...)
-		if err == nil {
-			read(resp)
-			backoff = 50 * time.Millisecond
-			wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-			for wr := range r.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
-				if wr.Err() != nil {
-					break
-				}
-				each(wr.Events)
-			}
-			cancel()
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
+		func(ctx context.Context, cli *clientv3.Client, _ *clientv3.GetResponse) error {
+			return leader(ctx, cli)
+		},
+		func(ctx context.Context, cli *clientv3.Client, _ []*clientv3.Event) error { return leader(ctx, cli) })
 }
 
 func sortedServices(m map[string]ServiceInfo) []ServiceInfo {

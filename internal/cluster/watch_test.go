@@ -1,0 +1,123 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// countMoves counts a Reader's "watch moves" log lines.
+type countMoves struct{ n *atomic.Int64 }
+
+func (c countMoves) Write(b []byte) (int, error) {
+	if strings.Contains(string(b), "watch moves to the next etcd endpoint") {
+		c.n.Add(1)
+	}
+	return len(b), nil
+}
+
+// A Reader's leader watch does not go deaf with a silent etcd member
+// (SIGSTOPped: its sockets stay open and it answers nothing, as a member
+// whose machine was cut off or died): each member of a three-member etcd
+// is stopped in turn, the first watched one first, and while it is
+// stopped the primary changes; the watch reports the new primary before
+// the member is resumed. Before, the watch stayed on the stopped
+// member's connection until gRPC's keepalive gave up on it (≥ 12 s), and
+// the 9 s each round allows ran out.
+func TestWatchLeaderPassesOverASilentMember(t *testing.T) {
+	es := clustertest.StartCluster(t, 3)
+	var moves atomic.Int64
+	r, err := OpenReader(Config{Endpoints: clustertest.Endpoints(es), Cluster: "deaf",
+		Logger: slog.New(slog.NewTextHandler(countMoves{&moves}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	seen := make(chan Leader, 64)
+	wg.Go(func() {
+		_ = r.WatchLeader(ctx, func(l Leader) {
+			select {
+			case seen <- l:
+			default: // the test reads them all; never block the watch
+			}
+		})
+	})
+	// waitFor waits for the watch to report addr as the primary.
+	waitFor := func(addr string, within time.Duration) (Leader, bool) {
+		deadline := time.After(within)
+		for {
+			select {
+			case l := <-seen:
+				if l.Addr == addr {
+					return l, true
+				}
+			case <-deadline:
+				return Leader{}, false
+			}
+		}
+	}
+	// A primary on endpoint ep only (so that closing it never waits on
+	// a stopped member), with a lease long enough to outlive the stops.
+	elect := func(ep int, id string) *Member {
+		t.Helper()
+		jctx, jcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer jcancel()
+		m, err := Join(jctx, Config{Endpoints: []string{es[ep].Endpoint}, Cluster: "deaf", ID: id, Addr: "127.0.0.1:" + id,
+			LeaseTTL: 30 * time.Second, Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatalf("join %s: %v", id, err)
+		}
+		if _, err := m.Campaign(jctx); err != nil {
+			m.Close()
+			t.Fatalf("campaign %s: %v", id, err)
+		}
+		return m
+	}
+	prev := elect(2, "1000")
+	if _, ok := waitFor("127.0.0.1:1000", 20*time.Second); !ok {
+		prev.Close()
+		t.Fatal("the watch never reported the first primary")
+	}
+	var epoch uint64
+	for i := range es {
+		prev.Close() // the term ends: no primary until the next one's
+		es[i].Stop()
+		stopped := time.Now()
+		next := (i + 1) % len(es)
+		id := fmt.Sprint(1001 + i)
+		prev = elect(next, id)
+		elected := time.Since(stopped)
+		// Within 9 s of the stop, or 3 s of the election if etcd took
+		// longer to elect a leader of its own (when the stopped member was
+		// its leader).
+		l, ok := waitFor("127.0.0.1:"+id, max(9*time.Second-elected, 3*time.Second))
+		es[i].Cont()
+		if !ok {
+			prev.Close()
+			t.Fatalf("member %d stopped: the new primary %s (elected after %v) was not reported in time (the watch moved %d times)", i, id, elected.Round(time.Millisecond), moves.Load())
+		}
+		if l.Epoch <= epoch {
+			t.Errorf("member %d stopped: epoch %d after %d", i, l.Epoch, epoch)
+		}
+		epoch = l.Epoch
+		t.Logf("member %d stopped: new primary elected %v and reported %v after the stop", i, elected.Round(time.Millisecond), time.Since(stopped).Round(time.Millisecond))
+		es[i].Wait()
+	}
+	prev.Close()
+	// The watch started on the first member, stopped first: it moved.
+	if moves.Load() == 0 {
+		t.Fatal("the watch never moved to another endpoint")
+	}
+}
