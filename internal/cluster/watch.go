@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,7 +47,9 @@ func (r *Reader) watchPrefix(ctx context.Context, p string, get []clientv3.OpOpt
 	each func(context.Context, *clientv3.Client, []*clientv3.Event) error,
 ) error {
 	backoff := 50 * time.Millisecond
-	for ep := 0; ; ep = (ep + 1) % len(r.cfg.Endpoints) {
+	// Each watch starts at an endpoint of its own, so that a fleet's
+	// watches spread over the members as etcd's client spread them.
+	for ep := rand.IntN(len(r.cfg.Endpoints)); ; ep = (ep + 1) % len(r.cfg.Endpoints) {
 		cli, err := r.watchClient(r.cfg.Endpoints[ep])
 		if err == nil {
 			err = r.watchOn(ctx, cli, p, get, read, each, &backoff)
