@@ -141,14 +141,21 @@ type Status struct {
 	Primary *Leader      // nil when there is none
 }
 
-func dial(cfg *Config) (*clientv3.Client, error) {
+func dial(cfg *Config) (*clientv3.Client, etcdClient, error) {
 	ec, err := cfg.Security.resolve(cfg.Endpoints)
 	if err != nil {
-		return nil, err
+		return nil, ec, err
 	}
 	if err := ec.checkTLS(cfg.DialTimeout); err != nil {
-		return nil, err
+		return nil, ec, err
 	}
+	cli, err := newClient(cfg, ec, ec.endpoints, nil)
+	return cli, ec, err
+}
+
+// newClient is a client of endpoints (some of ec's); ctx, if not nil,
+// ends its dial and its life.
+func newClient(cfg *Config, ec etcdClient, endpoints []string, ctx context.Context) (*clientv3.Client, error) {
 	dialTimeout := cfg.DialTimeout
 	if ec.user != "" {
 		// It bounds the token fetch: etcd checks the password with bcrypt,
@@ -160,7 +167,8 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 		keepalive, kaTimeout = readerKeepalive, readerKeepaliveTimeout
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   ec.endpoints,
+		Context:     ctx,
+		Endpoints:   endpoints,
 		DialTimeout: dialTimeout,
 		Logger:      zap.NewNop(),
 		TLS:         ec.tls,
@@ -175,7 +183,7 @@ func dial(cfg *Config) (*clientv3.Client, error) {
 		DialKeepAliveTimeout: kaTimeout,
 	})
 	if err != nil {
-		return nil, etcdError(ec.endpoints, err)
+		return nil, etcdError(endpoints, err)
 	}
 	return cli, nil
 }
@@ -192,6 +200,7 @@ const (
 type Member struct {
 	cfg      Config
 	cli      *clientv3.Client
+	k        *keeper // the lease's renewals and the term's reads (keeper.go)
 	sess     *concurrency.Session
 	elec     *concurrency.Election
 	info     MemberInfo
@@ -206,16 +215,16 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
-	cli, err := dial(&cfg)
+	cli, ec, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
+	k, sess, err := lease(ctx, &cfg, cli, ec)
 	if err != nil {
 		cli.Close()
 		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
 	}
-	m := &Member{cfg: cfg, cli: cli, sess: sess, elec: concurrency.NewElection(sess, path.Join(cfg.prefix(), "election")),
+	m := &Member{cfg: cfg, cli: cli, k: k, sess: sess, elec: concurrency.NewElection(sess, path.Join(cfg.prefix(), "election")),
 		info: MemberInfo{ID: cfg.ID, Addr: cfg.Addr, Started: time.Now().UTC()}}
 	val, _ := json.Marshal(m.info)
 	// A member id is taken while its lease lives: two hubs with one id
@@ -237,6 +246,22 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	}
 	cfg.Logger.Info("cluster: joined", "cluster", cfg.Cluster, "id", cfg.ID, "addr", cfg.Addr, "lease_ttl_s", cfg.ttlSeconds())
 	return m, nil
+}
+
+// lease opens a session on a fresh lease of cfg's TTL whose keep-alive
+// and revocation go through a keeper (keeper.go), which passes over an
+// etcd member that does not answer. cli (from dial, with ec) is the
+// caller's to close, after the keeper.
+func lease(ctx context.Context, cfg *Config, cli *clientv3.Client, ec etcdClient) (*keeper, *concurrency.Session, error) {
+	k := newKeeper(cfg, cli, ec)
+	cli.Lease = &keptLease{Lease: cli.Lease, k: k}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		// No keep-alive started: NewSession starts it after the grant.
+		k.close()
+		return nil, nil, err
+	}
+	return k, sess, nil
 }
 
 // ID is the member's id.
@@ -296,20 +321,27 @@ func (t *Term) renew(ctx context.Context, sent time.Time) error {
 		return ErrDeposed
 	default:
 	}
-	resp, err := t.m.cli.KeepAliveOnce(ctx, t.m.sess.Lease())
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return ErrDeposed
-	}
+	// The keep-alive and the check through one etcd member; one that does
+	// not answer within the keeper's attempt is passed over for the next.
+	var ttl time.Duration
+	err := t.m.k.do(ctx, func(ctx context.Context, c conn) error {
+		resp, err := c.lease.KeepAliveOnce(ctx, t.m.sess.Lease())
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return ErrDeposed
+		}
+		if err != nil {
+			return fmt.Errorf("%w: cluster: etcd: lease keep-alive: %v", errs.ErrUnavailable, err)
+		}
+		if resp.TTL <= 0 {
+			return ErrDeposed
+		}
+		ttl = time.Duration(resp.TTL) * time.Second
+		return t.check(ctx, c.kv)
+	})
 	if err != nil {
-		return fmt.Errorf("%w: cluster: etcd: lease keep-alive: %v", errs.ErrUnavailable, err)
-	}
-	if resp.TTL <= 0 {
-		return ErrDeposed
-	}
-	if err := t.Check(ctx); err != nil {
 		return err
 	}
-	ttl := time.Duration(resp.TTL) * time.Second
+	t.m.k.renewed(sent)
 	until := sent.Add(ttl - proofMargin(ttl))
 	t.mu.Lock()
 	if until.After(t.validUntil) {
@@ -360,7 +392,8 @@ var ErrProofExpired = fmt.Errorf("%w: cluster: etcd has not renewed this hub's l
 func (t *Term) Hold(ctx context.Context) error {
 	every := max(t.m.cfg.LeaseTTL/4, 100*time.Millisecond)
 	for {
-		rctx, cancel := context.WithTimeout(ctx, max(every, time.Second))
+		// Room for an etcd member that does not answer and the next one.
+		rctx, cancel := context.WithTimeout(ctx, max(every, time.Second, 2*t.m.k.attempt+250*time.Millisecond))
 		err := t.Renew(rctx)
 		cancel()
 		if errors.Is(err, ErrDeposed) {
@@ -388,25 +421,32 @@ func (t *Term) Check(ctx context.Context) error {
 		return ErrDeposed
 	default:
 	}
-	resp, err := t.m.cli.Get(ctx, t.key)
+	return t.m.k.do(ctx, func(ctx context.Context, c conn) error { return t.check(ctx, c.kv) })
+}
+
+// check is Check through kv.
+func (t *Term) check(ctx context.Context, kv clientv3.KV) error {
+	resp, err := kv.Get(ctx, t.key)
 	if err != nil {
 		return fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
 	}
 	if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != t.Epoch {
 		return ErrDeposed
 	}
-	l, err := t.m.elec.Leader(ctx)
+	// The election's leader: its key of the lowest creation revision
+	// (what concurrency.Election.Leader reads).
+	l, err := kv.Get(ctx, t.m.electionPrefix(), clientv3.WithFirstCreate()...)
 	if err != nil {
-		if errors.Is(err, concurrency.ErrElectionNoLeader) {
-			return ErrDeposed
-		}
 		return fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
 	}
-	if string(l.Kvs[0].Key) != t.key {
+	if len(l.Kvs) == 0 || string(l.Kvs[0].Key) != t.key {
 		return ErrDeposed
 	}
 	return nil
 }
+
+// electionPrefix is the prefix of the election's keys.
+func (m *Member) electionPrefix() string { return path.Join(m.cfg.prefix(), "election") + "/" }
 
 // Campaign blocks until this member is the primary (or ctx ends, or the
 // lease is lost) and returns its term.
@@ -480,6 +520,7 @@ func (m *Member) Close() error {
 			}
 		}
 	}
+	m.k.close()
 	err = errors.Join(err, m.cli.Close())
 	m.mu.Lock()
 	m.closeErr = err
@@ -488,7 +529,16 @@ func (m *Member) Close() error {
 }
 
 // Status reads the members and the primary.
-func (m *Member) Status(ctx context.Context) (Status, error) { return status(ctx, m.cli, &m.cfg) }
+// Through the keeper: an etcd member that does not answer is passed over.
+func (m *Member) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := m.k.do(ctx, func(ctx context.Context, c conn) error {
+		var err error
+		st, err = status(ctx, c.kv, &m.cfg)
+		return err
+	})
+	return st, err
+}
 
 // Read connects to etcd with cfg (Addr and ID unused), reads the status
 // and disconnects: for `rlhub cluster status` and clients that only need
@@ -497,7 +547,7 @@ func Read(ctx context.Context, cfg Config) (Status, error) {
 	if err := cfg.validate(false); err != nil {
 		return Status{}, err
 	}
-	cli, err := dial(&cfg)
+	cli, _, err := dial(&cfg)
 	if err != nil {
 		return Status{}, err
 	}
@@ -505,7 +555,7 @@ func Read(ctx context.Context, cfg Config) (Status, error) {
 	return status(ctx, cli, &cfg)
 }
 
-func status(ctx context.Context, cli *clientv3.Client, cfg *Config) (Status, error) {
+func status(ctx context.Context, cli clientv3.KV, cfg *Config) (Status, error) {
 	var st Status
 	resp, err := cli.Get(ctx, path.Join(cfg.prefix(), "members")+"/", clientv3.WithPrefix())
 	if err != nil {

@@ -38,7 +38,7 @@ func OpenReader(cfg Config) (*Reader, error) {
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
-	cli, err := dial(&cfg)
+	cli, _, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -110,6 +110,7 @@ const (
 // passes).
 type Announcement struct {
 	cli  *clientv3.Client
+	k    *keeper // the lease's renewals (keeper.go)
 	sess *concurrency.Session
 	once sync.Once
 	err  error
@@ -133,16 +134,16 @@ func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement,
 	if !namePattern.MatchString(info.Kind) {
 		return nil, fmt.Errorf("%w: cluster: service kind must match %s", errs.ErrInvalid, namePattern)
 	}
-	cli, err := dial(&cfg)
+	cli, ec, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
+	k, sess, err := lease(ctx, &cfg, cli, ec)
 	if err != nil {
 		cli.Close()
 		return nil, etcdError(cfg.Endpoints, err)
 	}
-	a := &Announcement{cli: cli, sess: sess}
+	a := &Announcement{cli: cli, k: k, sess: sess}
 	val, _ := json.Marshal(info)
 	key := path.Join(cfg.prefix(), "services", info.Kind, info.ID)
 	for waited := false; ; waited = true {
@@ -228,6 +229,7 @@ func (a *Announcement) Close() error {
 			err = nil // revoked, or already gone
 		default:
 		}
+		a.k.close()
 		a.err = errors.Join(err, a.cli.Close())
 	})
 	return a.err

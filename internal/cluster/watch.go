@@ -141,7 +141,7 @@ func (r *Reader) watchClient(ep string) (*clientv3.Client, error) {
 	// and Close must not wait for it.
 	cfg := r.cfg
 	cfg.Endpoints = []string{ep}
-	cli, err := dial(&cfg)
+	cli, _, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
