@@ -281,6 +281,9 @@ type Term struct {
 	mu         sync.Mutex
 	validUntil time.Time // the proof's end (monotonic reading); zero: none
 	proofErr   error     // why there is no proof (nil: never renewed yet)
+	// ended is closed when a renewal fails and replaced by an open one at
+	// the next that succeeds (ProofEnded); nil until the first failure.
+	ended chan struct{}
 }
 
 // The term proof. A primary may write without asking etcd while it holds
@@ -310,9 +313,37 @@ func (t *Term) Renew(ctx context.Context) error {
 	defer t.mu.Unlock()
 	if err != nil {
 		t.validUntil, t.proofErr = time.Time{}, err
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return err // the caller gave up (a client gone, Hold ending), not etcd
+		}
+		if t.ended == nil {
+			t.ended = make(chan struct{})
+		}
+		select {
+		case <-t.ended:
+		default:
+			close(t.ended)
+		}
 		return err
 	}
 	return nil
+}
+
+// ProofEnded returns a channel that is closed once a renewal of the term
+// proof has failed — the proof ended then, and stays ended until a renewal
+// succeeds (Valid says why) — and open while the last renewal succeeded. A
+// renewal that succeeds later makes later calls return a new, open
+// channel. A writer waiting for something other than etcd (a primary's
+// publish waiting for its standbys' acknowledgements) selects on it: with
+// every etcd member silent (this machine cut off) a renewal fails within
+// a quarter lease or so, long before the lease is given up (Lost).
+func (t *Term) ProofEnded() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended == nil {
+		t.ended = make(chan struct{})
+	}
+	return t.ended
 }
 
 func (t *Term) renew(ctx context.Context, sent time.Time) error {
@@ -348,6 +379,11 @@ func (t *Term) renew(ctx context.Context, sent time.Time) error {
 		t.validUntil = until
 	}
 	t.proofErr = nil
+	select {
+	case <-t.ended: // nil blocks: never failed
+		t.ended = make(chan struct{})
+	default:
+	}
 	t.mu.Unlock()
 	return nil
 }

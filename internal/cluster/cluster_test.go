@@ -305,3 +305,68 @@ func TestEmbeddedSingleNode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// ProofEnded is open while the last renewal of the term proof succeeded,
+// closed by one that failed for want of etcd (here etcd stopped: it
+// answers nothing), not by one its caller gave up (cancelled), and
+// replaced by an open channel at the next renewal that succeeds.
+func TestProofEndedFollowsTheRenewals(t *testing.T) {
+	e := clustertest.Start(t)
+	m := join(t, e.Endpoint, "proofended", "p", 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	term, err := m.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	if err := term.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := term.ProofEnded()
+	if closed(first) {
+		t.Fatal("ProofEnded is closed after a renewal that succeeded")
+	}
+	cctx, ccancel := context.WithCancel(ctx)
+	ccancel()
+	if err := term.Renew(cctx); err == nil {
+		t.Fatal("a renewal with its context cancelled succeeded")
+	}
+	if closed(term.ProofEnded()) {
+		t.Fatal("ProofEnded closed by a renewal its caller cancelled")
+	}
+
+	e.Stop()
+	short, scancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	err = term.Renew(short)
+	scancel()
+	e.Cont()
+	if err == nil {
+		t.Fatal("a renewal with etcd stopped succeeded")
+	}
+	if !closed(first) || !closed(term.ProofEnded()) {
+		t.Fatal("ProofEnded still open after a renewal etcd did not answer")
+	}
+	if term.Valid() == nil {
+		t.Fatal("the proof holds after a failed renewal")
+	}
+
+	testkit.Eventually(t, 30*time.Second, "a renewal to succeed again", func() bool {
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer rcancel()
+		return term.Renew(rctx) == nil
+	})
+	if closed(term.ProofEnded()) {
+		t.Fatal("ProofEnded still closed after a renewal succeeded again")
+	}
+	if !closed(first) {
+		t.Fatal("the channel a waiter took before the failure reopened")
+	}
+}

@@ -45,6 +45,13 @@ type Fenced struct {
 	Refusal func() *cluster.Refusal
 	// Deposed is called when a check finds the term gone.
 	Deposed func()
+	// ProofEnded, when set, returns a channel closed once a renewal of the
+	// term proof failed (cluster.Term.ProofEnded): a publish waiting for
+	// its standbys' acknowledgements then fails at once, not acknowledged,
+	// naming etcd — on a machine cut off from etcd and the standbys it
+	// could not be acknowledged anyway. Nil: it waits for the acks (up to
+	// SourceConfig.AckTimeout) or the Source's Stop.
+	ProofEnded func() <-chan struct{}
 
 	visOnce sync.Once
 	v       *visibility
@@ -110,9 +117,19 @@ func (f *Fenced) termError(err error, when string) error {
 // other than the refusal (deposed) wraps store.ErrNotAcknowledged.
 func (f *Fenced) acknowledge(ctx context.Context, standbys []string) error {
 	if f.Source != nil {
-		if err := f.Source.Sync(ctx, standbys); err != nil {
+		var ended <-chan struct{}
+		if f.ProofEnded != nil {
+			ended = f.ProofEnded()
+		}
+		if err := f.Source.syncUntil(ctx, standbys, ended); err != nil {
 			if r := f.refused(); r != nil {
 				return r // deposed while waiting
+			}
+			if errors.Is(err, errTermUnconfirmed) {
+				if perr := f.proofNow(); perr != nil {
+					err = perr // why: etcd's, or deposed
+				}
+				return notAcknowledged(f.termError(err, "while its standbys' acknowledgements were awaited"))
 			}
 			return notAcknowledged(err)
 		}
@@ -158,6 +175,15 @@ func (f *Fenced) Acknowledge(ctx context.Context, name string, version uint64) e
 // renewTimeout bounds the etcd round trip of a write that renews an
 // expired proof itself.
 const renewTimeout = 2 * time.Second
+
+// proofNow is the term proof's state, without renewing it (nil without
+// Proof).
+func (f *Fenced) proofNow() error {
+	if f.Proof == nil {
+		return nil
+	}
+	return f.Proof()
+}
 
 // proof checks the term proof, renewing it once when it merely expired.
 func (f *Fenced) proof(ctx context.Context) error {

@@ -536,7 +536,8 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	hcfg.Listener = sock.role()
 	hcfg.AddrFile = "" // Run wrote the advertised address; the role's listener would say [::]:PORT
 	hcfg.WrapStore = func(s store.Store) store.Store {
-		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose}
+		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose,
+			ProofEnded: term.ProofEnded}
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src

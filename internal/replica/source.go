@@ -504,6 +504,19 @@ func (s *Source) Prepare(ctx context.Context) ([]string, error) {
 // until enough of standbys (from Prepare) applied it (SourceConfig.Acks).
 // With no standby to wait for it returns at once.
 func (s *Source) Sync(ctx context.Context, standbys []string) error {
+	return s.syncUntil(ctx, standbys, nil)
+}
+
+// errTermUnconfirmed is syncUntil's error when its stop channel closed:
+// the term proof ended (a renewal failed) while the publish waited.
+var errTermUnconfirmed = errors.New("replica: the term proof ended while the standbys' acknowledgements were awaited")
+
+// syncUntil is Sync, which also stops waiting, with errTermUnconfirmed,
+// once stop is closed (nil: never; Fenced passes cluster.Term.ProofEnded).
+// A primary whose machine is cut off from etcd and its standbys then
+// answers its publishes when its term proof ends, not after AckTimeout or
+// once its lease is given up (TestPublishWaitEndsWithTheTermProof).
+func (s *Source) syncUntil(ctx context.Context, standbys []string, stop <-chan struct{}) error {
 	if s.cfg.Acks == 0 {
 		s.mu.Lock()
 		if s.closed {
@@ -571,6 +584,8 @@ func (s *Source) Sync(ctx context.Context, standbys []string) error {
 		s.mu.Unlock()
 		select {
 		case <-ch:
+		case <-stop:
+			return errTermUnconfirmed
 		case <-ctx.Done():
 			s.mu.Lock()
 			got := s.ackedBy(ids, want)
