@@ -597,7 +597,19 @@ func (h *Hub) Run(ctx context.Context) error {
 
 // Close stops serving gracefully (hard stop after StopTimeout), then closes
 // every service. Safe to call more than once.
-func (h *Hub) Close() error {
+func (h *Hub) Close() error { return h.CloseWithin(h.cfg.StopTimeout) }
+
+// CloseWithin is Close with the graceful stop bounded by grace instead of
+// StopTimeout (whichever is shorter): for a cluster primary stepping
+// down, whose calls are refused from that moment (Config.Gate) and whose
+// peers may be unreachable — its machine cut off, or a standby stopped.
+// gRPC's graceful stop waits for every connection's drain (an HTTP/2
+// GOAWAY and a ping the peer must answer, up to 5 s when it cannot) and
+// for every handler in progress (a replication stream to a standby that
+// reads nothing); the data plane for its requests in progress. After
+// grace whatever is left is cut.
+func (h *Hub) CloseWithin(grace time.Duration) error {
+	grace = min(grace, h.cfg.StopTimeout)
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -624,7 +636,7 @@ func (h *Hub) Close() error {
 	go func() { h.grpc.GracefulStop(); close(done) }()
 	// The data plane stops at the same time: no new requests, those in
 	// progress finish (or are cut at the same hard-stop deadline).
-	stopCtx, cancel := context.WithTimeout(context.Background(), h.cfg.StopTimeout)
+	stopCtx, cancel := context.WithTimeout(context.Background(), grace)
 	bulkDone := make(chan struct{})
 	go func() { _ = h.bulk.Shutdown(stopCtx); close(bulkDone) }()
 	select {

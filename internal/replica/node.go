@@ -467,6 +467,10 @@ func (n *Node) followWhileLeading(ctx context.Context, m *cluster.Member, l clus
 	return n.follower.Follow(fctx, l)
 }
 
+// stepDownGrace bounds the graceful part of a stepping-down primary's
+// hub stop (Hub.CloseWithin): calls in progress get this long to finish.
+const stepDownGrace = time.Second
+
 // primaryTerm serves as primary for term: the hub opened on the data
 // directory the follower kept, with the store fenced and replicating,
 // until the term is lost (or found deposed) or ctx ends. The hub is closed
@@ -611,7 +615,19 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 			n.setLeader(&l)
 		}
 	}
-	herr := h.Close()
+	var herr error
+	if ctx.Err() == nil {
+		// Stepping down: every call is refused already and publishes
+		// waiting for acks have failed (depose); what is left to drain may
+		// be peers that cannot answer (this machine cut off, a standby
+		// stopped), which gRPC's graceful stop would wait for up to
+		// --stop-timeout. Meanwhile the socket is not handed on, and a
+		// client here waits for an answer instead of hearing "standby"
+		// (TestStepDownDoesNotWaitForAStoppedStandby).
+		herr = h.CloseWithin(stepDownGrace)
+	} else {
+		herr = h.Close()
+	}
 	_ = m.Resign(rctx)
 	if herr != nil {
 		n.cfg.Logger.Warn("cluster: hub close", "err", herr)
