@@ -202,7 +202,7 @@ type Member struct {
 	cli      *clientv3.Client
 	k        *keeper // the lease's renewals and the term's reads (keeper.go)
 	sess     *concurrency.Session
-	elec     *concurrency.Election
+	elec     *concurrency.Election // the election as won (Resign's; campaign); guarded by mu
 	info     MemberInfo
 	mu       sync.Mutex
 	term     *Term // while primary
@@ -323,6 +323,7 @@ func (t *Term) Renew(ctx context.Context) error {
 		case <-t.ended:
 		default:
 			close(t.ended)
+			t.m.cfg.Logger.Warn("cluster: the term proof ended: etcd did not renew this hub's lease; writes are refused until it does", "epoch", t.Epoch, "err", err)
 		}
 		return err
 	}
@@ -379,12 +380,16 @@ func (t *Term) renew(ctx context.Context, sent time.Time) error {
 		t.validUntil = until
 	}
 	t.proofErr = nil
+	again := false
 	select {
 	case <-t.ended: // nil blocks: never failed
-		t.ended = make(chan struct{})
+		t.ended, again = make(chan struct{}), true
 	default:
 	}
 	t.mu.Unlock()
+	if again {
+		t.m.cfg.Logger.Info("cluster: the term proof is renewed again", "epoch", t.Epoch)
+	}
 	return nil
 }
 
@@ -499,7 +504,8 @@ func (m *Member) Campaign(ctx context.Context) (*Term, error) {
 		case <-ctx.Done():
 		}
 	})
-	if err := m.elec.Campaign(ctx, string(val)); err != nil {
+	key, rev, err := m.campaign(ctx, string(val))
+	if err != nil {
 		select {
 		case <-m.sess.Done():
 			return nil, fmt.Errorf("cluster: campaign: %w", ErrDeposed)
@@ -510,24 +516,108 @@ func (m *Member) Campaign(ctx context.Context) (*Term, error) {
 		}
 		return nil, fmt.Errorf("%w: cluster: campaign: %v", errs.ErrUnavailable, err)
 	}
-	t := &Term{Epoch: uint64(m.elec.Rev()), m: m, key: m.elec.Key()}
+	t := &Term{Epoch: uint64(rev), m: m, key: key}
 	m.mu.Lock()
+	m.elec = concurrency.ResumeElection(m.sess, m.electionPrefix(), key, rev) // Resign's
 	m.term = t
 	m.mu.Unlock()
 	m.cfg.Logger.Info("cluster: elected primary", "cluster", m.cfg.Cluster, "id", m.cfg.ID, "epoch", t.Epoch)
 	return t, nil
 }
 
+// campaign is concurrency.Election.Campaign (the same keys: the
+// election's prefix and the lease in hex, the winner the key of the
+// lowest creation revision) with its waits made through the keeper: the
+// key is put, and the keys created before it are read again, through
+// whichever etcd member answers (keeper.do). etcd's own Campaign waits in a
+// watch on one member's connection: with that member silent (its machine
+// cut off, the primary's with it) the standby next in line heard of the
+// old primary's key's deletion only when gRPC's connection keepalive gave
+// up, ~12 s, while its lease lived on through the others. A watch on the
+// member's client still wakes the wait at once when it is heard; the reads
+// every quarter lease (at least every 100ms) decide. On ctx's end the key
+// is deleted, as etcd's Campaign does. It returns the key and its creation
+// revision (the term's epoch).
+func (m *Member) campaign(ctx context.Context, val string) (string, int64, error) {
+	pfx := m.electionPrefix()
+	key := fmt.Sprintf("%s%x", pfx, m.sess.Lease())
+	lease := m.sess.Lease()
+	var rev int64
+	err := m.k.do(ctx, func(ctx context.Context, c conn) error {
+		resp, err := c.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, val, clientv3.WithLease(lease))).
+			Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return err
+		}
+		rev = resp.Header.Revision
+		if !resp.Succeeded { // put before (an attempt that timed out and landed; a resign that failed)
+			kv := resp.Responses[0].GetResponseRange().Kvs[0]
+			rev = kv.CreateRevision
+			if string(kv.Value) != val {
+				_, err = c.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+					Then(clientv3.OpPut(key, val, clientv3.WithLease(lease))).Commit()
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	withdraw := func() { // the key, unless it is another term's
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.DialTimeout)
+		defer cancel()
+		_ = m.k.do(dctx, func(ctx context.Context, c conn) error {
+			_, err := c.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+			return err
+		})
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes := m.cli.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	every := max(time.Duration(m.cfg.ttlSeconds())*time.Second/4, 100*time.Millisecond)
+	for {
+		// (Not WithCountOnly: etcd counts before it filters by revision.)
+		before := -1
+		err := m.k.do(ctx, func(ctx context.Context, c conn) error {
+			resp, err := c.kv.Get(ctx, pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
+			if err == nil {
+				before = len(resp.Kvs)
+			}
+			return err
+		})
+		switch {
+		case ctx.Err() != nil:
+			withdraw()
+			return "", 0, ctx.Err()
+		case err == nil && before == 0:
+			return key, rev, nil
+		}
+		// Keys before ours (or etcd did not answer): wait for a change
+		// the watch hears, or the next read.
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case _, ok := <-changes:
+			if !ok {
+				changes = nil // the watch ended (compacted, closed): the reads go on
+			}
+		}
+		t.Stop()
+	}
+}
+
 // Resign gives up the election if this member holds it.
 func (m *Member) Resign(ctx context.Context) error {
 	m.mu.Lock()
-	t := m.term
+	t, elec := m.term, m.elec
 	m.term = nil
 	m.mu.Unlock()
 	if t == nil {
 		return nil
 	}
-	if err := m.elec.Resign(ctx); err != nil {
+	if err := elec.Resign(ctx); err != nil {
 		return fmt.Errorf("%w: cluster: resign: %v", errs.ErrUnavailable, err)
 	}
 	return nil

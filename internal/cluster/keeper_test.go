@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -178,5 +179,89 @@ func TestUnansweredLeaseIsGivenUp(t *testing.T) {
 	}
 	if err := term.Valid(); !errors.Is(err, ErrDeposed) {
 		t.Fatalf("Valid after the lease was given up: %v, want ErrDeposed", err)
+	}
+}
+
+// A standby waiting in the election hears that the primary's key is gone
+// through whichever etcd member answers, not only through a watch on one
+// member's connection: each member is stopped in turn (SIGSTOP: a machine
+// cut off) and the primary's lease revoked through the others; the
+// standby is elected while the member stays stopped, within 8 s. etcd's
+// own Campaign waited in a watch on one member, which on a silent member
+// ends only when gRPC's connection keepalive gives up (10 s at least, + its
+// timeout): at one of the three stops at least, as its connection is on
+// one of them.
+func TestStandbyElectedThroughTheOthers(t *testing.T) {
+	es := clustertest.StartCluster(t, 3)
+	const ttl = 2 * time.Second
+	join := func(id string) *Member {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		m, err := Join(ctx, Config{Endpoints: clustertest.Endpoints(es), Cluster: "through", ID: id, Addr: "127.0.0.1:" + id,
+			LeaseTTL: ttl, Logger: slog.New(slog.NewTextHandler(tlog{t, id}, nil))})
+		if err != nil {
+			t.Fatalf("join %s: %v", id, err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range es {
+		p, s := join(fmt.Sprintf("p%d", i)), join(fmt.Sprintf("s%d", i))
+		term, err := p.Campaign(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		standby := make(chan campaignResult, 1)
+		go func() { // the owner: the round receives from standby
+			st, err := s.Campaign(ctx)
+			standby <- campaignResult{m: s, term: st, err: err}
+		}()
+		var others []string
+		for j, e := range es {
+			if j != i {
+				others = append(others, e.Endpoint)
+			}
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: others, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testkit.Eventually(t, 10*time.Second, "the standby's key in the election", func() bool {
+			c, cc := context.WithTimeout(ctx, time.Second)
+			defer cc()
+			resp, err := cli.Get(c, p.electionPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err == nil && resp.Count == 2
+		})
+
+		es[i].Stop()
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = cli.Revoke(rctx, p.sess.Lease())
+		rcancel()
+		cli.Close()
+		if err != nil {
+			es[i].Cont()
+			t.Fatalf("stop %d: revoke the primary's lease through the others: %v", i+1, err)
+		}
+		revoked := time.Now()
+		var r campaignResult
+		select {
+		case r = <-standby:
+		case <-time.After(8 * time.Second):
+			es[i].Cont()
+			t.Fatalf("stop %d: the standby was not elected within 8 s of the primary's key going (a watch on the stopped member?)", i+1)
+		}
+		t.Logf("stop %d: the standby elected %v after the revocation", i+1, time.Since(revoked).Round(time.Millisecond))
+		es[i].Cont()
+		es[i].Wait()
+		if r.err != nil || r.term.Epoch <= term.Epoch {
+			t.Fatalf("stop %d: the standby's campaign: %v %v, want a term above epoch %d", i+1, r.term, r.err, term.Epoch)
+		}
+		if err := r.term.Check(ctx); err != nil {
+			t.Fatalf("stop %d: the standby's term checks %v", i+1, err)
+		}
+		s.Close()
+		p.Close()
 	}
 }
