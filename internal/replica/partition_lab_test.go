@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -666,6 +667,7 @@ func TestPartitionedPrimaryPublishesNothing(t *testing.T) {
 	var sideErrs []string
 	for v := uint64(1); v <= 3; v++ {
 		out, ok := lc.pushFrom(p1.host, p1.addr(), "side", v, storetest.Blob(t, 1000+v, 256))
+		t.Logf("partition → side v%d answered (the process ended): %v", v, time.Since(cut).Round(time.Millisecond))
 		if ok {
 			t.Fatalf("the cut-off primary acknowledged side v%d:\n%s", v, out)
 		}
@@ -710,6 +712,8 @@ func TestPartitionedPrimaryPublishesNothing(t *testing.T) {
 	if !strings.Contains(p1.out(), `msg="cluster: this hub is no longer the primary; stepping down" epoch=`+strconv.FormatUint(l1.Epoch, 10)) {
 		t.Fatalf("%s never logged stepping down from epoch %d", p1.id, l1.Epoch)
 	}
+	t.Logf("%s's step-down, from the cut:\n%s", p1.id, logSince(p1.out(), cut,
+		"term proof", "stepping down", "taking it as lost", "graceful stop", "hub stopped", "did not answer in time"))
 	testkit.Eventually(t, 60*time.Second, "five more versions with the old primary back", func() bool {
 		return len(trainer.snapshot()) >= n+10
 	})
@@ -745,6 +749,27 @@ func TestPartitionedPrimaryPublishesNothing(t *testing.T) {
 	if err != nil || st.Primary == nil || st.Primary.Epoch < l3.Epoch || len(st.Members) != 3 {
 		t.Fatalf("cluster after the heal: %+v %v, want 3 members and a primary of epoch %d or later", st, err, l3.Epoch)
 	}
+}
+
+// logSince is the lines of a hub's log (slog text) that hold one of
+// what, each led by its time after since (measured, never asserted).
+func logSince(out string, since time.Time, what ...string) string {
+	var b strings.Builder
+	for l := range strings.SplitSeq(out, "\n") {
+		if !slices.ContainsFunc(what, func(w string) bool { return strings.Contains(l, w) }) {
+			continue
+		}
+		f := strings.Fields(l)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "time=") {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(f[0], "time="))
+		if err != nil || at.Before(since) {
+			continue
+		}
+		fmt.Fprintf(&b, "  +%v %s\n", at.Sub(since).Round(time.Millisecond), strings.Join(f[1:], " "))
+	}
+	return b.String()
 }
 
 // syncedEpoch is the epoch of the newest full sync a hub's log shows
