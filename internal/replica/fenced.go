@@ -52,6 +52,13 @@ type Fenced struct {
 	// could not be acknowledged anyway. Nil: it waits for the acks (up to
 	// SourceConfig.AckTimeout) or the Source's Stop.
 	ProofEnded func() <-chan struct{}
+	// Over, when set, is done once this hub's term is over (deposed,
+	// stepping down): a publish renewing an expired proof itself (Renew)
+	// stops waiting for etcd then and is answered with the refusal — the
+	// step-down stops the hub within a second, and a publish still
+	// waiting for etcd on a machine cut off from it would have its
+	// connection cut unanswered. Nil: never.
+	Over context.Context
 
 	visOnce sync.Once
 	v       *visibility
@@ -108,6 +115,10 @@ func (f *Fenced) termError(err error, when string) error {
 			return r
 		}
 		return cluster.NewRefusal(nil)
+	}
+	var r *cluster.Refusal
+	if errors.As(err, &r) {
+		return err
 	}
 	return fmt.Errorf("%w: cluster: etcd cannot confirm this hub's term %s (nothing is acknowledged): %v", errs.ErrUnavailable, when, err)
 }
@@ -193,9 +204,16 @@ func (f *Fenced) proof(ctx context.Context) error {
 	err := f.Proof()
 	if errors.Is(err, cluster.ErrProofExpired) && f.Renew != nil {
 		rctx, cancel := context.WithTimeout(ctx, renewTimeout)
+		if f.Over != nil {
+			stop := context.AfterFunc(f.Over, cancel)
+			defer stop()
+		}
 		rerr := f.Renew(rctx)
 		cancel()
 		if rerr != nil {
+			if r := f.refused(); r != nil {
+				return r // the term ended meanwhile
+			}
 			return rerr
 		}
 		err = f.Proof()

@@ -480,6 +480,8 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
 	}
 	deposed := make(chan struct{})
+	over, overCancel := context.WithCancel(context.Background()) // Fenced.Over
+	defer overCancel()
 	var once sync.Once
 	var src *Source
 	depose := func() {
@@ -490,6 +492,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 			if src != nil {
 				src.Stop() // publishes waiting for acks fail now
 			}
+			overCancel() // and those renewing the proof themselves
 			close(deposed)
 		})
 	}
@@ -541,7 +544,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	hcfg.AddrFile = "" // Run wrote the advertised address; the role's listener would say [::]:PORT
 	hcfg.WrapStore = func(s store.Store) store.Store {
 		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose,
-			ProofEnded: term.ProofEnded}
+			ProofEnded: term.ProofEnded, Over: over}
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src

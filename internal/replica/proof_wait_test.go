@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,5 +106,74 @@ func TestPublishWaitEndsWithTheTermProof(t *testing.T) {
 	}
 	if _, err := f.Get(context.Background(), "m", 1); err == nil {
 		t.Fatal("the unacknowledged v1 is visible")
+	}
+}
+
+// A publish renewing an expired term proof itself (etcd silent: here
+// stopped) when the term ends — the node deposing it, which stops the hub
+// within a second — is answered at once with the standby refusal, not
+// after its renewal's deadline with etcd's error: by then the step-down
+// would have cut its connection, unanswered (seen on the lab).
+func TestPublishRenewingTheProofEndsWithTheTerm(t *testing.T) {
+	e := clustertest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m, err := cluster.Join(ctx, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: "proofover", ID: "p", Addr: "127.0.0.1:1",
+		LeaseTTL: 2 * time.Second, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	term, err := m.Campaign(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	over, end := context.WithCancel(context.Background())
+	defer end()
+	var deposed atomic.Bool
+	entered := make(chan struct{}, 1)
+	f := &replica.Fenced{Store: mem, Epoch: term.Epoch, Proof: term.Valid, Over: over,
+		Renew: func(ctx context.Context) error {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			return term.Renew(ctx)
+		},
+		Refusal: func() *cluster.Refusal {
+			if deposed.Load() {
+				return cluster.NewRefusal(nil)
+			}
+			return nil
+		}}
+	// No Hold: the proof from the campaign's renewal runs out by itself.
+	if err := term.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.Stop()
+	defer e.Cont()
+	testkit.Eventually(t, 10*time.Second, "the term proof to run out", func() bool {
+		return errors.Is(term.Valid(), cluster.ErrProofExpired)
+	})
+
+	done := make(chan error, 1)
+	go func() { // the owner: the test receives from done below
+		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: storetest.Blob(t, 1, 8)})
+		done <- err
+	}()
+	testkit.Recv(t, entered, 10*time.Second, "the push to renew the proof itself")
+	deposed.Store(true) // what the node's depose does, in this order
+	end()
+	perr := testkit.Recv(t, done, 30*time.Second, "the push's answer")
+	if _, ok := cluster.AsRefusal(perr, nil); !ok {
+		t.Fatalf("the push renewing the proof when the term ended: %v, want the standby refusal", perr)
+	}
+	if s, err := mem.Get(context.Background(), "m", 1); err == nil {
+		t.Fatalf("the refused push committed v%d", s.Version)
 	}
 }
