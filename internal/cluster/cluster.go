@@ -542,8 +542,14 @@ func (m *Member) campaign(ctx context.Context, val string) (string, int64, error
 	pfx := m.electionPrefix()
 	key := fmt.Sprintf("%s%x", pfx, m.sess.Lease())
 	lease := m.sess.Lease()
+	every := max(time.Duration(m.cfg.ttlSeconds())*time.Second/4, 100*time.Millisecond)
+	// Each etcd call is bounded: the keeper falls back to the member's
+	// client, without a deadline of its own, while no endpoint's client
+	// is connected yet.
+	callTimeout := max(4*every, 2*time.Second)
 	var rev int64
-	err := m.k.do(ctx, func(ctx context.Context, c conn) error {
+	tctx, tcancel := context.WithTimeout(ctx, callTimeout)
+	err := m.k.do(tctx, func(ctx context.Context, c conn) error {
 		resp, err := c.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, val, clientv3.WithLease(lease))).
 			Else(clientv3.OpGet(key)).Commit()
@@ -561,8 +567,9 @@ func (m *Member) campaign(ctx context.Context, val string) (string, int64, error
 		}
 		return err
 	})
+	tcancel()
 	if err != nil {
-		return "", 0, err
+		return "", 0, err // a key put meanwhile is found again by the next campaign (Else)
 	}
 	withdraw := func() { // the key, unless it is another term's
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.DialTimeout)
@@ -572,20 +579,33 @@ func (m *Member) campaign(ctx context.Context, val string) (string, int64, error
 			return err
 		})
 	}
+	// The watch in its own goroutine: etcd's Watch returns only once its
+	// member confirmed the watch, which a silent member never does.
+	changed := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	changes := m.cli.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	every := max(time.Duration(m.cfg.ttlSeconds())*time.Second/4, 100*time.Millisecond)
+	wg.Go(func() {
+		for range m.cli.Watch(wctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	})
 	for {
 		// (Not WithCountOnly: etcd counts before it filters by revision.)
 		before := -1
-		err := m.k.do(ctx, func(ctx context.Context, c conn) error {
+		rctx, rcancel := context.WithTimeout(ctx, callTimeout)
+		err := m.k.do(rctx, func(ctx context.Context, c conn) error {
 			resp, err := c.kv.Get(ctx, pfx, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
 			if err == nil {
 				before = len(resp.Kvs)
 			}
 			return err
 		})
+		rcancel()
 		switch {
 		case ctx.Err() != nil:
 			withdraw()
@@ -599,10 +619,7 @@ func (m *Member) campaign(ctx context.Context, val string) (string, int64, error
 		select {
 		case <-ctx.Done():
 		case <-t.C:
-		case _, ok := <-changes:
-			if !ok {
-				changes = nil // the watch ended (compacted, closed): the reads go on
-			}
+		case <-changed:
 		}
 		t.Stop()
 	}
