@@ -30,16 +30,8 @@ func TestPublishWaitEndsWithTheTermProof(t *testing.T) {
 	e := clustertest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m, err := cluster.Join(ctx, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: "proofwait", ID: "p", Addr: "127.0.0.1:1",
-		LeaseTTL: 2 * time.Second, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, term := electAlone(t, ctx, e, "proofwait")
 	defer m.Close()
-	term, err := m.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -118,16 +110,8 @@ func TestPublishRenewingTheProofEndsWithTheTerm(t *testing.T) {
 	e := clustertest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m, err := cluster.Join(ctx, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: "proofover", ID: "p", Addr: "127.0.0.1:1",
-		LeaseTTL: 2 * time.Second, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, term := electAlone(t, ctx, e, "proofover")
 	defer m.Close()
-	term, err := m.Campaign(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	mem, err := store.NewMemory(store.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -176,4 +160,21 @@ func TestPublishRenewingTheProofEndsWithTheTerm(t *testing.T) {
 	if s, err := mem.Get(context.Background(), "m", 1); err == nil {
 		t.Fatalf("the refused push committed v%d", s.Version)
 	}
+}
+
+// electAlone joins cluster name on etcd e as its only member (2 s lease)
+// and wins its election; the caller closes the member.
+func electAlone(t *testing.T, ctx context.Context, e *clustertest.Etcd, name string) (*cluster.Member, *cluster.Term) {
+	t.Helper()
+	m, err := cluster.Join(ctx, cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: name, ID: "p", Addr: "127.0.0.1:1",
+		LeaseTTL: 2 * time.Second, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := m.Campaign(ctx)
+	if err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	return m, term
 }
