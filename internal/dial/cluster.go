@@ -656,9 +656,16 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 			return nil
 		}
 		code := status.Code(err)
-		if code == codes.DeadlineExceeded && ctx.Err() != nil {
+		if code == codes.DeadlineExceeded {
+			// The call's deadline may end on the hub first: its handler
+			// sees the deadline the call carried and answers
+			// DeadlineExceeded while ctx has not ended here yet. Both are
+			// a call that ran out its deadline on the primary.
 			f.stalled()
-			return f.noPrimary(err)
+			if ctx.Err() != nil {
+				return f.noPrimary(err)
+			}
+			return err
 		}
 		if code != codes.Unavailable {
 			return err

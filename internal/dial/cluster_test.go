@@ -336,14 +336,20 @@ func TestEtcdTargetFollowsTheElection(t *testing.T) {
 
 // stalledStore is a primary whose connection stalls, as one cut off by a
 // partition does: it answers Cluster/Primary, but a List never returns
-// (until its caller gives up).
+// (until its caller gives up). With hubFirst the call's deadline ends on
+// the hub before it does on the client: the List is answered
+// DeadlineExceeded at once.
 type stalledStore struct {
 	rlhubv1.UnimplementedModelStoreServer
-	calls atomic.Int64
+	calls    atomic.Int64
+	hubFirst bool
 }
 
 func (s *stalledStore) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
 	s.calls.Add(1)
+	if s.hubFirst {
+		return nil, status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	}
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
@@ -352,15 +358,23 @@ func (s *stalledStore) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*
 // look the primary up again, and the next call waits for that lookup: a
 // primary cut off by a partition keeps its connection READY (nothing
 // resets it, and the keepalive takes tens of seconds), so without the
-// lookup every call would go to it until then.
+// lookup every call would go to it until then. The deadline may end on
+// the hub first (hubFirst: its handler answers DeadlineExceeded before
+// the caller's context ends); that call ran out its deadline too.
 func TestTimedOutCallLooksThePrimaryUpAgain(t *testing.T) {
+	for _, hubFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hubFirst=%v", hubFirst), func(t *testing.T) { timedOutCallLooksThePrimaryUpAgain(t, hubFirst) })
+	}
+}
+
+func timedOutCallLooksThePrimaryUpAgain(t *testing.T, hubFirst bool) {
 	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
 	lis := testkit.Listen(t)
 	self := lis.Addr().String()
 	sb := &standby{self: self}
 	sb.primary.Store(&self)
 	sb.epoch.Store(3)
-	stalled := &stalledStore{}
+	stalled := &stalledStore{hubFirst: hubFirst}
 	testkit.ServeGRPC(t, lis, func(g *grpc.Server) {
 		rlhubv1.RegisterClusterServer(g, sb)
 		rlhubv1.RegisterModelStoreServer(g, stalled)
