@@ -2,9 +2,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,197 +14,53 @@ import (
 // term, through whichever etcd member answers.
 //
 // etcd's own client keeps a lease's keep-alives on one stream, on one
-// member's connection, and notices a member that went silent (its machine
-// partitioned, or dead without resetting its connections) only through
-// gRPC's connection keepalive, which gRPC holds to at least 10 s: a 2 s
-// lease lapses long before. The keeper instead renews with one
-// KeepAliveOnce at a time, through a client per etcd endpoint, taking the
-// endpoints in turn, each with a deadline of a fraction of the lease
-// (attempt): an endpoint that does not answer in time is passed over for
-// the next at once, and skipped for a while (badFor). The session
-// (concurrency.Session, whose keep-alive the keeper replaces: keptLease)
-// and the term proof (Term.renew) are fed by the answers, exactly as
-// from etcd's own keep-alives: etcd's answer, never the keeper's
-// patience, decides that a lease lives.
+// member's connection, and notices a member that went silent only through
+// gRPC's connection keepalive (endpoints.go): a 2 s lease lapses long
+// before. The keeper instead renews with one KeepAliveOnce at a time
+// through its endpoints (do), each attempt with a deadline of a fraction
+// of the lease. The session (concurrency.Session, whose keep-alive the
+// keeper replaces: keptLease) and the term proof (Term.renew) are fed by
+// the answers, exactly as from etcd's own keep-alives: etcd's answer,
+// never the keeper's patience, decides that a lease lives.
 type keeper struct {
-	ttl     time.Duration
-	attempt time.Duration
-	badFor  time.Duration
-	log     *slog.Logger
+	*endpoints
+	ttl time.Duration
 
-	main conn // the member's client: the fallback while no endpoint's is connected
-	eps  []*endpoint
+	loops sync.WaitGroup // the keep loops (each ends with its ctx: the session's, cancelled by Session.Close)
 
-	ctx    context.Context // ends at close: the endpoints' clients' dials
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the endpoints' dials and the keep loops (each ends with its ctx: the session's, cancelled by Session.Close)
+	lastMu sync.Mutex
+	lastOK time.Time // lastMu: the send time of the newest renewal etcd answered
 
-	mu     sync.Mutex
-	next   int       // the endpoint the next call starts at
-	lastOK time.Time // the send time of the newest renewal etcd answered
-
-	passed   atomic.Int64 // attempts that gave up on an endpoint (tests)
 	renewals atomic.Int64 // renewals etcd answered (tests)
-}
-
-// conn is what a call through the keeper uses: a client's KV and its
-// own Lease (the member's client's Lease is the keeper's: keptLease).
-type conn struct {
-	kv    clientv3.KV
-	lease clientv3.Lease
-}
-
-// endpoint is one etcd endpoint's own client.
-type endpoint struct {
-	url   string
-	ready chan struct{} // closed once cli or err is set
-	cli   *clientv3.Client
-	c     conn
-	err   error
-	own   bool // cli is the member's client (a single endpoint): not the keeper's to close
-
-	badUntil time.Time // keeper.mu: skipped until then, unless every endpoint is
 }
 
 // keeperAttempt is how long one endpoint has to answer one call: a
 // quarter lease, at least 250ms.
 func keeperAttempt(ttl time.Duration) time.Duration { return max(ttl/4, 250*time.Millisecond) }
 
-// newKeeper starts a client per endpoint of ec (dialled in the
-// background: with etcd authentication a client fetches a token first,
-// and an endpoint that does not answer must not hold up the others).
+// newKeeper starts a client per endpoint of ec, main standing in for
+// them until one is connected.
 func newKeeper(cfg *Config, main *clientv3.Client, ec etcdClient) *keeper {
 	ttl := time.Duration(cfg.ttlSeconds()) * time.Second
-	k := &keeper{ttl: ttl, attempt: keeperAttempt(ttl), badFor: 5 * ttl, log: cfg.Logger,
-		main: conn{kv: main.KV, lease: main.Lease}, lastOK: time.Now()}
-	k.ctx, k.cancel = context.WithCancel(context.Background())
-	if len(ec.endpoints) == 1 {
-		e := &endpoint{url: ec.endpoints[0], ready: make(chan struct{}), cli: main, c: k.main, own: true}
-		close(e.ready)
-		k.eps = []*endpoint{e}
-		return k
-	}
-	for _, u := range ec.endpoints {
-		e := &endpoint{url: u, ready: make(chan struct{})}
-		k.eps = append(k.eps, e)
-		k.wg.Go(func() {
-			cli, err := newClient(cfg, ec, []string{u}, k.ctx)
-			if err == nil && k.ctx.Err() != nil {
-				cli.Close()
-				cli, err = nil, k.ctx.Err()
-			}
-			e.cli, e.err = cli, err
-			if cli != nil {
-				e.c = conn{kv: cli.KV, lease: cli.Lease}
-			}
-			close(e.ready)
-		})
-	}
-	return k
+	c := conn{kv: main.KV, lease: main.Lease}
+	return &keeper{endpoints: newEndpoints(cfg, ec, main, c, keeperAttempt(ttl), 5*ttl, true), ttl: ttl, lastOK: time.Now()}
 }
 
-// close ends the dials, waits for the keep loops (their session is
-// closed first) and closes the endpoints' clients.
+// close waits for the keep loops (their session is closed first), then
+// ends the dials and closes the endpoints' clients.
 func (k *keeper) close() {
-	k.cancel()
-	k.wg.Wait()
-	for _, e := range k.eps {
-		if e.cli != nil && !e.own {
-			e.cli.Close()
-		}
-	}
-}
-
-// final errors are etcd's answer, the same through every endpoint.
-func final(err error) bool {
-	return errors.Is(err, ErrDeposed) || errors.Is(err, rpctypes.ErrLeaseNotFound)
-}
-
-// order is the endpoints for one call: in turn from next, those not
-// recently passed over first.
-func (k *keeper) order() []*endpoint {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	now := time.Now()
-	n := len(k.eps)
-	start := k.next
-	k.next = (k.next + 1) % n
-	var good, bad []*endpoint
-	for i := range n {
-		e := k.eps[(start+i)%n]
-		if now.Before(e.badUntil) {
-			bad = append(bad, e)
-		} else {
-			good = append(good, e)
-		}
-	}
-	return append(good, bad...)
-}
-
-// do runs fn through one endpoint's client after another, each with the
-// attempt deadline, until one answers (nil), fn fails with etcd's final
-// answer (final), or ctx ends. While no endpoint's client is connected
-// yet, fn runs on the member's client.
-func (k *keeper) do(ctx context.Context, fn func(context.Context, conn) error) error {
-	var last error
-	tried := 0
-	for _, e := range k.order() {
-		select {
-		case <-e.ready:
-		default:
-			continue
-		}
-		if e.err != nil {
-			last = fmt.Errorf("etcd %s: %w", e.url, e.err)
-			continue
-		}
-		tried++
-		actx, cancel := context.WithTimeout(ctx, k.attempt)
-		err := fn(actx, e.c)
-		cancel()
-		if err == nil {
-			k.answered(e)
-			return nil
-		}
-		if final(err) || ctx.Err() != nil {
-			return err
-		}
-		last = fmt.Errorf("etcd %s: %w", e.url, err)
-		k.passOver(e, err)
-	}
-	if tried == 0 {
-		return fn(ctx, k.main)
-	}
-	return last
-}
-
-func (k *keeper) answered(e *endpoint) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if !e.badUntil.IsZero() {
-		e.badUntil = time.Time{}
-		k.log.Info("cluster: etcd endpoint answers again", "endpoint", e.url)
-	}
-}
-
-func (k *keeper) passOver(e *endpoint, err error) {
-	k.passed.Add(1)
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if e.badUntil.IsZero() && len(k.eps) > 1 {
-		k.log.Warn("cluster: etcd endpoint did not answer in time; using the others", "endpoint", e.url, "err", err)
-	}
-	e.badUntil = time.Now().Add(k.badFor)
+	k.loops.Wait()
+	_ = k.endpoints.close()
 }
 
 // renewed records a renewal etcd answered, sent at sent.
 func (k *keeper) renewed(sent time.Time) {
 	k.renewals.Add(1)
-	k.mu.Lock()
+	k.lastMu.Lock()
 	if sent.After(k.lastOK) {
 		k.lastOK = sent
 	}
-	k.mu.Unlock()
+	k.lastMu.Unlock()
 }
 
 // giveUp is how long after its newest answered renewal a lease is taken
@@ -262,9 +115,9 @@ func (k *keeper) keep(ctx context.Context, id clientv3.LeaseID, out chan<- *clie
 			k.log.Warn("cluster: etcd: the lease is gone", "err", err)
 			return
 		default:
-			k.mu.Lock()
+			k.lastMu.Lock()
 			silent := time.Since(k.lastOK)
-			k.mu.Unlock()
+			k.lastMu.Unlock()
 			if silent > k.giveUp() {
 				k.log.Warn("cluster: no etcd endpoint renewed the lease; taking it as lost", "silent", silent.Round(time.Millisecond), "err", err)
 				return
@@ -288,7 +141,7 @@ type keptLease struct {
 
 func (l *keptLease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
 	out := make(chan *clientv3.LeaseKeepAliveResponse, 16)
-	l.k.wg.Go(func() { l.k.keep(ctx, id, out) })
+	l.k.loops.Go(func() { l.k.keep(ctx, id, out) })
 	return out, nil
 }
 

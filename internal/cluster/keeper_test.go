@@ -109,9 +109,9 @@ func TestSilentEtcdMemberKeepsTheTerm(t *testing.T) {
 		// outlive a renewal made before the stop, having passed the
 		// stopped member over at least once.
 		testkit.Eventually(t, 60*time.Second, "the lease renewed past the point it would have lapsed", func() bool {
-			p.k.mu.Lock()
+			p.k.lastMu.Lock()
 			last := p.k.lastOK
-			p.k.mu.Unlock()
+			p.k.lastMu.Unlock()
 			return p.k.passed.Load() > passed && last.Sub(stop) > p.k.giveUp()
 		})
 		select {

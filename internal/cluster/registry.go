@@ -18,19 +18,25 @@ import (
 )
 
 // Reader is a long-lived read-only view of a cluster for clients: it keeps
-// one etcd connection (Read opens one per call) and answers where the
-// primary is. Safe for concurrent use.
+// its etcd connections (Read opens one per call) and answers where the
+// primary is. Its reads and watches go through whichever etcd member
+// answers (endpoints.go). Safe for concurrent use.
 type Reader struct {
 	cfg Config
 	cli *clientv3.Client
-
-	wmu     sync.Mutex
-	wclis   map[string]*clientv3.Client // a client per endpoint for the watches (watch.go); wmu
-	wclosed bool                        // Close began: no more clients; wmu
+	eps *endpoints // a client per endpoint, dialled on first use
 
 	once sync.Once
 	err  error
 }
+
+// readerAttempt is how long one etcd endpoint has to answer a Reader's
+// read before the next is asked, and readerBadFor how long one that did
+// not is asked last.
+const (
+	readerAttempt = time.Second
+	readerBadFor  = 10 * time.Second
+)
 
 // OpenReader connects to etcd with cfg (Addr and ID unused). It does not
 // wait for etcd: the first Leader call does, under its context.
@@ -38,11 +44,25 @@ func OpenReader(cfg Config) (*Reader, error) {
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
-	cli, _, err := dial(&cfg)
+	cli, ec, err := dial(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &Reader{cfg: cfg, cli: cli}, nil
+	r := &Reader{cfg: cfg, cli: cli}
+	r.eps = newEndpoints(&r.cfg, ec, cli, conn{kv: cli.KV, lease: cli.Lease}, readerAttempt, readerBadFor, false)
+	return r, nil
+}
+
+// read runs fn through the endpoints (endpoints.do) and, when none
+// answered within its attempt, once more through the Reader's own client
+// with what is left of ctx: an etcd slower than the attempt everywhere
+// (a loaded machine) is still waited for, within ctx.
+func (r *Reader) read(ctx context.Context, fn func(context.Context, clientv3.KV) error) error {
+	err := r.eps.do(ctx, func(ctx context.Context, c conn) error { return fn(ctx, c.kv) })
+	if err != nil && ctx.Err() == nil && len(r.eps.eps) > 1 {
+		err = fn(ctx, r.cli)
+	}
+	return err
 }
 
 // Name is the cluster's name.
@@ -51,7 +71,7 @@ func (r *Reader) Name() string { return r.cfg.Cluster }
 // Leader is the current primary, ErrNoLeader while an election runs, or
 // Unavailable when etcd does not answer within ctx.
 func (r *Reader) Leader(ctx context.Context) (Leader, error) {
-	st, err := status(ctx, r.cli, &r.cfg)
+	st, err := r.Status(ctx)
 	if err != nil {
 		return Leader{}, err
 	}
@@ -62,12 +82,20 @@ func (r *Reader) Leader(ctx context.Context) (Leader, error) {
 }
 
 // Status reads the members and the primary.
-func (r *Reader) Status(ctx context.Context) (Status, error) { return status(ctx, r.cli, &r.cfg) }
+func (r *Reader) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := r.read(ctx, func(ctx context.Context, kv clientv3.KV) error {
+		var err error
+		st, err = status(ctx, kv, &r.cfg)
+		return err
+	})
+	return st, err
+}
 
-// Close closes the etcd connection. Safe to call more than once.
+// Close closes the etcd connections. Safe to call more than once.
 func (r *Reader) Close() error {
 	r.once.Do(func() {
-		err := r.closeWatchClients()
+		err := r.eps.close()
 		if cerr := r.cli.Close(); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
@@ -242,7 +270,12 @@ func (r *Reader) Services(ctx context.Context, kind, model string) ([]ServiceInf
 	if kind != "" {
 		p = path.Join(p, kind) + "/"
 	}
-	resp, err := r.cli.Get(ctx, p, clientv3.WithPrefix())
+	var resp *clientv3.GetResponse
+	err := r.read(ctx, func(ctx context.Context, kv clientv3.KV) error {
+		var err error
+		resp, err = kv.Get(ctx, p, clientv3.WithPrefix())
+		return err
+	})
 	if err != nil {
 		return nil, etcdError(r.cfg.Endpoints, err)
 	}

@@ -27,7 +27,8 @@ import (
 // a watch that has heard nothing — no event, no notification — for
 // watchSilence gives that member up: the watch, and the reads it makes,
 // move to the next endpoint, each through a client of its own (one
-// client's streams would stay on the silent member's connection).
+// client's streams would stay on the silent member's connection; the
+// Reader's endpoints), and the Reader's reads try that member last.
 const (
 	watchProbe   = 500 * time.Millisecond
 	watchSilence = 2 * time.Second
@@ -49,17 +50,17 @@ func (r *Reader) watchPrefix(ctx context.Context, p string, get []clientv3.OpOpt
 	backoff := 50 * time.Millisecond
 	// Each watch starts at an endpoint of its own, so that a fleet's
 	// watches spread over the members as etcd's client spread them.
-	for ep := rand.IntN(len(r.cfg.Endpoints)); ; ep = (ep + 1) % len(r.cfg.Endpoints) {
-		cli, err := r.watchClient(r.cfg.Endpoints[ep])
+	n := len(r.eps.eps)
+	for ep := rand.IntN(n); ; ep = (ep + 1) % n {
+		cli, err := r.eps.client(ctx, ep)
 		if err == nil {
 			err = r.watchOn(ctx, cli, p, get, read, each, &backoff)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if len(r.cfg.Endpoints) > 1 {
-			r.cfg.Logger.Info("cluster: watch moves to the next etcd endpoint", "cluster", r.cfg.Cluster,
-				"endpoint", r.cfg.Endpoints[ep], "err", err)
+		if n > 1 {
+			r.eps.passOver(r.eps.eps[ep], fmt.Errorf("watch: %w", err))
 		}
 		select {
 		case <-ctx.Done():
@@ -119,58 +120,4 @@ func (r *Reader) watchOn(ctx context.Context, cli *clientv3.Client, p string, ge
 			pcancel()
 		}
 	}
-}
-
-// watchClient is the watches' client for endpoint ep: the Reader's own
-// when it has one endpoint, else one per endpoint, made on first use.
-func (r *Reader) watchClient(ep string) (*clientv3.Client, error) {
-	if len(r.cfg.Endpoints) == 1 {
-		return r.cli, nil
-	}
-	r.wmu.Lock()
-	cli, ok := r.wclis[ep]
-	closed := r.wclosed
-	r.wmu.Unlock()
-	switch {
-	case closed:
-		return nil, fmt.Errorf("%w: cluster: the reader is closed", errs.ErrUnavailable)
-	case ok:
-		return cli, nil
-	}
-	// Outside the lock: with an etcd user the dial waits for a token,
-	// and Close must not wait for it.
-	cfg := r.cfg
-	cfg.Endpoints = []string{ep}
-	cli, _, err := dial(&cfg)
-	if err != nil {
-		return nil, err
-	}
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	if r.wclosed {
-		cli.Close()
-		return nil, fmt.Errorf("%w: cluster: the reader is closed", errs.ErrUnavailable)
-	}
-	if r.wclis == nil {
-		r.wclis = map[string]*clientv3.Client{}
-	}
-	if had, ok := r.wclis[ep]; ok { // another watch made one meanwhile
-		cli.Close()
-		return had, nil
-	}
-	r.wclis[ep] = cli
-	return cli, nil
-}
-
-// closeWatchClients closes the per-endpoint clients; none are made after.
-func (r *Reader) closeWatchClients() error {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	r.wclosed = true
-	var err error
-	for _, cli := range r.wclis {
-		err = errors.Join(err, cli.Close())
-	}
-	r.wclis = nil
-	return err
 }
