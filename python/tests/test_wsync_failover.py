@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -130,3 +131,86 @@ def test_failover_passes_a_refusing_source_and_keeps_trying_an_unreachable_one(h
         assert src.wait_newer(0, timeout=1.0) is None
     finally:
         src.close()
+
+
+class _Feed:
+    """An in-process source whose versions arrive with :meth:`publish`,
+    the newest kept, as on a push stream. ``on_wait``, when set, runs once
+    when a ``wait_newer`` finds nothing newer and is about to block: a
+    relay that catches up while a probe waits for it."""
+
+    via = "feed"
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()  # an RLock: on_wait may publish
+        self._newest: "ws.WeightVersion | None" = None
+        self.on_wait = None
+        self.up = True  # False: dialing it fails, as a relay that is not running
+
+    def publish(self, version: int, epoch: int) -> None:
+        with self._cond:
+            self._newest = ws.WeightVersion("pol", version, epoch, b"", self.via)
+            self._cond.notify_all()
+
+    def get_if_newer(self, than: int):
+        with self._cond:
+            return self._newest if self._newest is not None and self._newest.version > than else None
+
+    def wait_newer(self, after: int, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                wv = self.get_if_newer(after)
+                if wv is not None:
+                    return wv
+                catch_up, self.on_wait = self.on_wait, None
+                if catch_up is not None:
+                    catch_up()
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        pass
+
+
+def test_failover_probe_waits_for_a_preferred_source_to_catch_up_and_passes_a_stale_one():
+    """The twin of the Go TestFailoverGoesBackOnlyToAnUpToDatePreferredSource,
+    with a probe at every call (probe_every=0): on the upstream at v5, a
+    preferred source at an older epoch is passed over without an error, one
+    that stays behind (v4) is left after probe_timeout, and one that catches
+    up while the probe waits for it (a restarted relay whose first version
+    is older than the collector's, its next one newer) is gone back to
+    within the same probe, its v6 handed out."""
+    pref, up = _Feed(), _Feed()
+
+    def dial_pref():
+        if not pref.up:
+            raise rlhub.Unavailable("not running")
+        return pref
+
+    f = ws.FailoverSource([("pref", dial_pref), ("up", lambda: up)], model="pol", probe_every=0,
+                          probe_timeout=0.05, backoff=0.001)
+    try:
+        pref.up = False
+        up.publish(5, epoch=3)
+        wv = f.get_if_newer(0)
+        assert wv is not None and wv.version == 5 and f.current == "up", (wv, f.current)
+        pref.up = True
+
+        pref.publish(6, epoch=2)  # stale: a deposed primary's relay
+        assert f.get_if_newer(5) is None and f.current == "up"
+
+        pref.publish(4, epoch=3)  # behind, and it stays behind
+        assert f.get_if_newer(5) is None and f.current == "up"
+
+        f.probe_timeout = 60.0  # a bound on the test, not a pace: the catch-up comes within the wait
+        pref.on_wait = lambda: pref.publish(6, epoch=3)
+        wv = f.get_if_newer(5)
+        assert pref.on_wait is None, "the probe did not wait for a version at least as new as the collector's"
+        assert wv is not None and (wv.version, wv.epoch) == (6, 3) and f.current == "pref", (wv, f.current)
+        assert f.switches == 2  # up, then back to pref
+    finally:
+        f.close()

@@ -32,9 +32,11 @@ class FailoverSource:
     runs. Like the Go ``Failover`` it also goes **back**: while it is on a
     less preferred source it probes the more preferred ones at most every
     ``probe_every`` seconds (from inside ``get_if_newer``/``wait_newer``,
-    each probe waiting up to ``probe_timeout`` for a first version) and
-    switches to one that serves a version at least as new as the one the
-    collector runs, e.g. a relay that has been restarted.
+    so a collector probes at the calls it makes, e.g. its rollout starts)
+    and switches to the first that serves, within ``probe_timeout``, a
+    version at least as new as the one the collector runs at an epoch no
+    older than one handed out: a relay that has been restarted, waited
+    for while it catches up, not a stale one.
 
     A failed source is closed only after a newer version has been taken
     from its successor (its last blob may be a leased view the caller still
@@ -162,21 +164,27 @@ class FailoverSource:
         return False
 
     def _probe(self, than: int) -> None:
-        """Goes back to a more preferred source that serves a version at
-        least as new as ``than``."""
+        """Goes back to the first more preferred source that serves, within
+        ``probe_timeout``, a version at least as new as ``than`` at an epoch
+        no older than one handed out (the Go ``Failover``'s probe). A
+        source still catching up (a restarted relay whose first version is
+        older than the collector's) is waited for, not passed over at its
+        first version; a stale one (an older epoch) is passed over, not
+        handed to the caller as an error."""
         if self._idx <= 0 or time.monotonic() < self._next_probe:
             return
         self._next_probe = time.monotonic() + self.probe_every
+        after = max(than - 1, 0)  # a version newer than this is at least than
         for i in range(self._idx):
             src = self._dial(i, note=False)
             if src is None:
                 continue
             try:
                 alive = getattr(src, "writer_alive", None)
-                wv = src.wait_newer(0, self.probe_timeout) if alive is None or alive() else None
+                wv = src.wait_newer(after, self.probe_timeout) if alive is None or alive() else None
             except errors.RlhubError:
                 wv = None
-            if wv is None or wv.version < than:
+            if wv is None or wv.version < than or wv.epoch < self._epoch:
                 src.close()
                 continue
             self._use(i, src)
