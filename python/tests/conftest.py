@@ -18,6 +18,14 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
+# Ray on Linux resolves 127.0.0.1 to the host's outward address; with this
+# set before ray is imported every node, driver and worker stays on
+# loopback. Here, not in test_ray.py: importing torchrl imports ray, so a
+# test module that imports torchrl first would fix Ray's choice before
+# test_ray.py could set it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 
 @pytest.fixture(scope="session")
 def rlhub_bin(tmp_path_factory) -> str:

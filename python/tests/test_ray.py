@@ -13,11 +13,8 @@ import threading
 
 import pytest
 
-# Ray on Linux resolves 127.0.0.1 to the host's outward address; with this
-# set (before ray is imported) every node, driver and worker stays on
-# loopback.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# conftest.py keeps Ray on loopback (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER),
+# set before any test module imports ray.
 
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
