@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import ssl
 import threading
 import time
@@ -220,7 +221,6 @@ RESOLVE_TIMEOUT = 3.0
 MAX_FOLLOW_ATTEMPTS = 8
 _BACKOFF0, _BACKOFF_MAX = 0.05, 1.0
 _LOOKUP_EVERY_MAX = 0.1  # while waiting for a primary, look it up at least this often (Go: waitResolveEvery)
-_WATCH_IDLE = 5.0  # an election watch silent this long is opened again (its etcd member may be cut off)
 _MOVES_KEPT = 16  # channels closed by a move, remembered to name the move in their calls' errors
 _MAX_TARGET_BYTES = 4096
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -457,32 +457,38 @@ class FollowingChannel(grpc.Channel):
 
     def _watch_election(self) -> None:
         """Follows the election in etcd (a watch of its prefix through the
-        JSON gateway) and offers each new primary as it is elected, so that
-        the primary is known before a call fails on the old one and what
-        was in flight there ends (:meth:`offer`). A watch silent for
-        ``_WATCH_IDLE`` seconds is opened again, on the next endpoint after
-        a failure: an etcd member cut off answers nothing."""
+        JSON gateway: :meth:`rlhub.discover.Gateway.watch`) and offers each
+        new primary as it is elected, so that the primary is known before a
+        call fails on the old one and what was in flight there ends
+        (:meth:`offer`). The watch and its reads go to one etcd endpoint,
+        the first chosen at random (a fleet's watches spread over the
+        members); one that fails — its member silent for 2 s, as a member
+        whose machine died or was cut off is, or refusing — moves to the
+        next after a back-off of 50 ms doubling to 1 s (Go:
+        ``cluster.Reader.WatchLeader``)."""
         from rlhub import discover
+        gw = discover.gateway(self.target.etcd)
+        wait, ep = _BACKOFF0, random.randrange(len(self.target.etcd))
 
         def on_events(_: List[Dict[str, Any]]) -> None:
-            self._offer_elected()
+            self._offer_elected(ep)  # where the event came from, which has just answered
 
-        wait, endpoint = _BACKOFF0, 0
         while not self._stop.is_set():
             try:
-                rev = self._offer_elected()
-                discover.gateway(self.target.etcd).watch(_election_prefix(self.target), rev + 1, on_events, self._stop,
-                                                         RESOLVE_TIMEOUT, endpoint=endpoint, idle=_WATCH_IDLE)
+                rev = self._offer_elected(ep)
                 wait = _BACKOFF0
+                gw.watch(_election_prefix(self.target), rev + 1, on_events, self._stop, ep)
             except Exception:  # noqa: BLE001 - etcd unreachable or refusing: look again, on the next member
-                endpoint += 1
+                ep += 1
                 self._stop.wait(wait)
                 wait = min(2 * wait, _BACKOFF_MAX)
 
-    def _offer_elected(self) -> int:
-        """Offers the primary etcd names now (none while an election
-        runs); returns the revision read."""
-        resp = _election_range(self.target, RESOLVE_TIMEOUT)
+    def _offer_elected(self, endpoint: int) -> int:
+        """Offers the primary etcd endpoint number ``endpoint`` names now
+        (none while an election runs), read within the watch's bound;
+        returns the revision read."""
+        from rlhub import discover
+        resp = _election_range(self.target, discover._WATCH_SILENCE, endpoint)
         leader = _leader_of(resp, self.target.cluster)
         if leader is not None:
             self.offer(*leader)
@@ -798,10 +804,11 @@ def _election_prefix(t: Target) -> str:
     return f"/rlhub/{t.cluster}/election/"
 
 
-def _election_range(t: Target, timeout: float) -> Any:
-    """The election key with the lowest creation revision, from etcd."""
+def _election_range(t: Target, timeout: float, endpoint: Optional[int] = None) -> Any:
+    """The election key with the lowest creation revision, from etcd (from
+    endpoint number ``endpoint`` alone, given one)."""
     from rlhub import discover
-    return discover.gateway(t.etcd).range_prefix(_election_prefix(t), timeout, sort_order="ASCEND",
+    return discover.gateway(t.etcd).range_prefix(_election_prefix(t), timeout, endpoint, sort_order="ASCEND",
                                                  sort_target="CREATE", limit=1)
 
 

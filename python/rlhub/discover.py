@@ -5,8 +5,9 @@ The Go hub keeps a cluster's records under ``/rlhub/NAME/`` in etcd
 announce under a lease (``/rlhub/NAME/services/KIND/ID``, JSON with ``kind``,
 ``id``, ``addr``, ``model``, ``host``, a relay's ``shm`` segment and, for a hub of secondary reducers,
 ``secondaries``). This module reads them through etcd's JSON gateway
-(``/v3/kv/range``, ``/v3/watch``, ``/v3/auth/authenticate``) with the
-standard library only, as :class:`rlhub._channel.FollowingChannel` does:
+(``/v3/kv/range``, ``/v3/auth/authenticate``; ``/v3/watch`` as a
+WebSocket, with websocket-client) as :class:`rlhub._channel.FollowingChannel`
+does:
 
 * :func:`services` lists announcements; :func:`local_relay` is the relay of
   a model on this host (matched by hostname) and :func:`collector_target`
@@ -40,11 +41,14 @@ import ipaddress
 import json
 import os
 import socket
+import random
 import ssl
 import threading
 import time
 import urllib.parse
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import websocket
 
 from rlhub import errors
 
@@ -55,6 +59,14 @@ KIND_RELAY = "relay"
 KIND_SECONDARY = "secondary"
 _MAX_RESPONSE = 4 << 20
 _MAX_PASSWORD = 4096
+# A watch asks its member for a progress notification every _WATCH_PROBE
+# and gives the member up after _WATCH_SILENCE without any answer (Go:
+# internal/cluster watchProbe, watchSilence); the reads a watcher makes
+# for it are bounded by _WATCH_SILENCE too. A watch without events for
+# _WATCH_IDLE checks that its member can still answer a read (one cut off
+# from its peers answers progress requests from memory, but no event
+# reaches it).
+_WATCH_PROBE, _WATCH_SILENCE, _WATCH_IDLE = 0.5, 2.0, 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +160,10 @@ class Gateway:
             self._password = pw
         self._token: Optional[str] = None
         self._mu = threading.Lock()
-        self._watching: Dict[threading.Event, http.client.HTTPConnection] = {}  # by stop event
+        self._watching: Dict[threading.Event, socket.socket] = {}  # by stop event
+        # Whether etcd takes the user's token over a WebSocket (None: not
+        # known yet; False: its watches are POST streams).
+        self._bearer: Optional[bool] = None
 
     def _conn(self, i: int, timeout: float) -> http.client.HTTPConnection:
         host, port = self._eps[i]
@@ -165,13 +180,19 @@ class Gateway:
             msg = str(json.loads(body).get("error") or json.loads(body).get("message") or "")
         except ValueError:
             msg = body[:200].decode("utf-8", "replace")
+        return Gateway._refusal(status, msg, where)
+
+    @staticmethod
+    def _refusal(status: int, msg: str, where: str) -> errors.RlhubError:
+        """The error of etcd's refusal ``msg`` (any length), with HTTP
+        ``status`` (0: none)."""
         msg = msg[:300]
         if "authentication failed" in msg or "invalid auth token" in msg or "user name is empty" in msg or status == 401:
             return errors.Unauthenticated(f"rlhub: etcd {where}: {msg} (check the etcd user and password_file)")
         if "permission denied" in msg or status == 403:
             return errors.PermissionDenied(
                 f"rlhub: etcd {where}: {msg} (the etcd user's role must grant the cluster's prefix /rlhub/NAME/)")
-        return errors.Unavailable(f"rlhub: etcd {where}: HTTP {status}: {msg}")
+        return errors.Unavailable(f"rlhub: etcd {where}: " + (f"HTTP {status}: " if status else "") + msg)
 
     def _post(self, i: int, path: str, body: Dict[str, Any], timeout: float, auth: bool = True) -> Any:
         """One request to endpoint i; raises OSError when unreachable."""
@@ -205,10 +226,11 @@ class Gateway:
             self._token = tok
         return tok
 
-    def call(self, path: str, body: Dict[str, Any], timeout: float = 3.0) -> Any:
-        """Posts ``body`` to ``path`` at the first endpoint that answers."""
+    def call(self, path: str, body: Dict[str, Any], timeout: float = 3.0, endpoint: Optional[int] = None) -> Any:
+        """Posts ``body`` to ``path`` at the first endpoint that answers, or
+        at endpoint number ``endpoint`` (modulo their count) alone."""
         problems = []
-        for i in range(len(self._eps)):
+        for i in range(len(self._eps)) if endpoint is None else (endpoint % len(self._eps),):
             for attempt in range(2):
                 try:
                     return self._post(i, path, body, timeout)
@@ -227,33 +249,149 @@ class Gateway:
                     break
         raise errors.Unavailable(f"rlhub: etcd did not answer: {'; '.join(problems)}")
 
-    def range_prefix(self, prefix: str, timeout: float = 3.0, **extra: Any) -> Any:
-        p = prefix.encode()
-        end = p[:-1] + bytes([p[-1] + 1])
-        body = {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode(), **extra}
-        return self.call("/v3/kv/range", body, timeout)
+    def range_prefix(self, prefix: str, timeout: float = 3.0, endpoint: Optional[int] = None, **extra: Any) -> Any:
+        """The keys under ``prefix`` (:meth:`call`'s ``endpoint``)."""
+        return self.call("/v3/kv/range", {**_span(prefix), **extra}, timeout, endpoint)
 
     def watch(self, prefix: str, start_revision: int, on_events: Callable[[List[Dict[str, Any]]], None],
-              stop: threading.Event, timeout: float = 3.0, endpoint: int = 0,
-              idle: Optional[float] = None) -> None:
+              stop: threading.Event, endpoint: int = 0) -> None:
         """Streams a watch of ``prefix`` from ``start_revision`` at endpoint
         number ``endpoint`` (modulo their count), calling ``on_events`` with
-        each batch, until ``stop`` is set (returns), the stream fails
-        (raises), or, given ``idle``, nothing came for ``idle`` seconds
-        (returns: the caller reads what it watches again and watches anew,
-        which a member cut off by a partition, silent but connected, would
-        otherwise never let it do)."""
+        each batch on this thread, until ``stop`` is set (returns) or the
+        watch fails (raises; the caller reads again and watches on the next
+        endpoint).
+
+        The watch is a WebSocket to etcd's gateway: every ``_WATCH_PROBE``
+        it asks the member for a progress notification, which etcd answers
+        at once, and fails once ``_WATCH_SILENCE`` passed without any
+        answer or event: a member whose machine died or was cut off, or
+        which is stopped, keeps its connection open and answers nothing.
+        After ``_WATCH_IDLE`` without events it reads ``prefix`` once at
+        the same member (bounded by ``_WATCH_SILENCE``) and fails when that
+        fails: a member cut off from its peers answers progress requests,
+        but no event reaches it and it has no leader to read through.
+
+        With an etcd user, an etcd whose gateway refuses the token over a
+        WebSocket (it gets it as ``Bearer TOKEN``, which etcd 3.4 does not
+        take: etcd-io/etcd#19752) is watched with a POST stream instead,
+        which cannot be probed: it returns after ``_WATCH_IDLE`` without a
+        line, for the caller to read and watch again."""
         i = endpoint % len(self._eps)
-        p = prefix.encode()
-        end = p[:-1] + bytes([p[-1] + 1])
-        body = {"create_request": {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(end).decode(),
-                                   "start_revision": str(start_revision)}}
+        body = {"create_request": {**_span(prefix), "start_revision": str(start_revision)}}
+        if not (self._user and self._bearer is False) and self._watch_ws(i, prefix, body, on_events, stop):
+            return
+        self._watch_stream(i, body, on_events, stop)
+
+    def _socket(self, i: int) -> socket.socket:
+        """A connection to endpoint i, TLS as configured; raises OSError."""
+        host, port = self._eps[i]
+        sock = socket.create_connection((host, port), _WATCH_SILENCE)
+        if self._ctx is not None:
+            try:
+                sock = self._ctx.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        return sock
+
+    def _watch_ws(self, i: int, prefix: str, body: Dict[str, Any],
+                  on_events: Callable[[List[Dict[str, Any]]], None], stop: threading.Event) -> bool:
+        """:meth:`watch` through a WebSocket; False when etcd refused there
+        a token it takes on a read (the caller falls back to a stream)."""
+        where = self.endpoints[i][:200]
+        header = []
+        tok = ""
+        if self._user:
+            tok = self._auth_token(i, _WATCH_SILENCE)
+            # The gateway passes only this header on, as "Bearer TOKEN".
+            header.append("Sec-WebSocket-Protocol: Bearer, " + tok)
+        sock: Optional[socket.socket] = None
+        opened = False
+        try:
+            sock = self._socket(i)
+            with self._mu:
+                self._watching[stop] = sock
+            if stop.is_set():
+                return True
+            meter = _Metered(sock)
+            scheme = "wss" if self._ctx is not None else "ws"
+            ws = websocket.create_connection(f"{scheme}://{self._eps[i][0]}:{self._eps[i][1]}/v3/watch",
+                                             timeout=_WATCH_SILENCE, socket=meter, header=header, suppress_origin=True)
+            opened = True
+            ws.send(json.dumps(body))
+            heard = event = probed = time.monotonic()
+            while not stop.is_set():
+                now = time.monotonic()
+                if now - heard > _WATCH_SILENCE:
+                    raise errors.Unavailable(f"rlhub: etcd {where}: the watch heard nothing for {now - heard:.1f} s "
+                                             "(the member is stopped or cut off)")
+                if now - event > _WATCH_IDLE:
+                    self.range_prefix(prefix, _WATCH_SILENCE, endpoint=i, count_only=True)
+                    event = time.monotonic()
+                if now - probed >= _WATCH_PROBE:
+                    ws.send('{"progress_request": {}}')
+                    probed = now
+                sock.settimeout(max(0.001, probed + _WATCH_PROBE - time.monotonic()))
+                try:
+                    op, data = ws.recv_data()
+                except websocket.WebSocketTimeoutException:
+                    continue
+                meter.left = _MAX_RESPONSE  # per message
+                heard = time.monotonic()
+                if op == websocket.ABNF.OPCODE_CLOSE:
+                    break
+                msg = json.loads(data)
+                if "error" in msg:
+                    raise errors.Unavailable(f"rlhub: etcd {where}: watch: {str(msg['error'])[:200]}")
+                res = msg.get("result", {})
+                if res.get("canceled"):
+                    err = self._refusal(0, "the watch was canceled: " + str(res.get("cancel_reason", "")), where)
+                    if isinstance(err, errors.Unauthenticated) and self._user:
+                        if self._bearer is None:  # expired, or not taken as "Bearer TOKEN"? A read tells.
+                            self.range_prefix(prefix, _WATCH_SILENCE, endpoint=i, count_only=True)
+                        with self._mu:
+                            if self._token == tok and self._bearer is None:
+                                self._bearer = False
+                                return False
+                            if self._token == tok:
+                                self._token = None  # expired: the next watch authenticates again
+                    raise err
+                if res.get("created") and self._user:
+                    self._bearer = True
+                if res.get("events"):
+                    event = heard
+                    on_events(res["events"])
+            if stop.is_set():
+                return True
+            raise errors.Unavailable(f"rlhub: etcd {where}: the watch ended")
+        except ssl.SSLError as e:
+            if stop.is_set():
+                return True
+            if opened:
+                raise errors.Unavailable(f"rlhub: etcd {where}: watch: {str(e)[:200]}") from None
+            raise errors.Unavailable(f"rlhub: etcd {where}: TLS handshake: {str(e)[:200]} "
+                                     "(check cacert, and cert/key if etcd checks clients)") from None
+        except (OSError, ValueError, websocket.WebSocketException) as e:
+            if stop.is_set():
+                return True
+            raise errors.Unavailable(f"rlhub: etcd {where}: watch: {str(e)[:200]}") from None
+        finally:
+            with self._mu:
+                if self._watching.get(stop) is sock:
+                    self._watching.pop(stop, None)
+            if sock is not None:
+                sock.close()
+
+    def _watch_stream(self, i: int, body: Dict[str, Any], on_events: Callable[[List[Dict[str, Any]]], None],
+                      stop: threading.Event) -> None:
+        """:meth:`watch` through a POST stream, which takes no progress
+        requests: it returns after ``_WATCH_IDLE`` without a line."""
         headers = {"Content-Type": "application/json"}
-        c = self._conn(i, timeout)
+        c = self._conn(i, _WATCH_SILENCE)
         streaming = False
         try:
             if self._user:
-                headers["Authorization"] = self._auth_token(i, timeout)
+                headers["Authorization"] = self._auth_token(i, _WATCH_SILENCE)
             c.request("POST", "/v3/watch", json.dumps(body).encode(), headers)
             r = c.getresponse()
             if r.status != 200:
@@ -263,10 +401,10 @@ class Gateway:
                         self._token = None  # expired: the next watch authenticates again
                 raise err
             assert c.sock is not None
-            c.sock.settimeout(idle)  # a watch is quiet until something changes
+            c.sock.settimeout(_WATCH_IDLE)  # a watch is quiet until something changes
             streaming = True
             with self._mu:
-                self._watching[stop] = c
+                self._watching[stop] = c.sock
             if stop.is_set():
                 return
             while not stop.is_set():
@@ -286,7 +424,7 @@ class Gateway:
                 if res.get("events"):
                     on_events(res["events"])
         except (OSError, ValueError, http.client.HTTPException) as e:
-            if stop.is_set() or (idle is not None and streaming and isinstance(e, TimeoutError)):
+            if stop.is_set() or (streaming and isinstance(e, TimeoutError)):
                 return
             raise errors.Unavailable(f"rlhub: etcd watch: {str(e)[:200]}") from None
         finally:
@@ -296,14 +434,39 @@ class Gateway:
 
     def interrupt(self, stop: threading.Event) -> None:
         """Wakes the :meth:`watch` given ``stop`` (set it first) if it is
-        blocked on its stream."""
+        blocked on its connection."""
         with self._mu:
-            c = self._watching.get(stop)
+            sock = self._watching.get(stop)
         try:
-            if c is not None and c.sock is not None:
-                c.sock.shutdown(socket.SHUT_RDWR)
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _span(prefix: str) -> Dict[str, str]:
+    """The key range of ``prefix``, as the gateway takes it."""
+    p = prefix.encode()
+    return {"key": base64.b64encode(p).decode(), "range_end": base64.b64encode(p[:-1] + bytes([p[-1] + 1])).decode()}
+
+
+class _Metered:
+    """A socket whose reads count down ``left``: a WebSocket handshake or
+    message longer than ``_MAX_RESPONSE`` fails instead of filling memory
+    (the watch sets ``left`` again after each message)."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock, self.left = sock, _MAX_RESPONSE
+
+    def recv(self, n: int) -> bytes:
+        b = self._sock.recv(n)
+        self.left -= len(b)
+        if self.left < 0:
+            raise errors.Unavailable(f"rlhub: etcd: a watch message longer than {_MAX_RESPONSE} bytes")
+        return b
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 _gateways: Dict[Tuple[str, ...], Gateway] = {}
@@ -410,8 +573,10 @@ def collector_target(target: str, model: str, timeout: float = 3.0) -> Tuple[str
 class ServiceWatch:
     """Follows the announcements of ``kind`` in cluster ``target`` with an
     etcd watch on a thread: ``on_change`` gets the live list (by id) first
-    and after every change, one call at a time. A failed watch (etcd
-    restarting) is opened again from a fresh list after a back-off.
+    and after every change, one call at a time. Each watch and the read
+    before it go to one etcd endpoint, the first chosen at random; a failed
+    watch (etcd restarting, its member silent: :meth:`Gateway.watch`) is
+    opened again from a fresh list on the next endpoint after a back-off.
     :meth:`close` stops the thread and waits for it."""
 
     def __init__(self, target: Any, kind: str, on_change: Callable[[List[Service]], None]):
@@ -428,10 +593,10 @@ class ServiceWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        backoff, ep = 0.05, 0
+        backoff, ep = 0.05, random.randrange(len(self._gw.endpoints))
         while not self._stop.is_set():
             try:
-                resp = self._gw.range_prefix(self._prefix)
+                resp = self._gw.range_prefix(self._prefix, _WATCH_SILENCE, endpoint=ep)
                 live = _decode(resp.get("kvs") or [])
                 self._emit(live)
                 rev = int(resp.get("header", {}).get("revision", 0))

@@ -19,24 +19,39 @@ from conftest import Hub, free_port
 class Etcd:
     """etcd on a free loopback port, data under ``tmp``; with ``tls``
     (paths ``cert``, ``key``, ``ca``, ``client_cert``, ``client_key``) it
-    serves HTTPS and checks client certificates."""
+    serves HTTPS and checks client certificates. A member of a cluster
+    (:func:`start_etcd_cluster`) is given its ``name``, ``peer`` URL and
+    the ``initial`` cluster, and ``wait=False`` (no member serves until a
+    quorum runs). ``extra`` are more etcd flags."""
 
-    def __init__(self, tmp: pathlib.Path, tls: dict | None = None):
+    def __init__(self, tmp: pathlib.Path, tls: dict | None = None, name: str = "t", peer: str | None = None,
+                 initial: str | None = None, wait: bool = True, extra: tuple[str, ...] = ()):
         scheme = "https" if tls else "http"
         self.hostport = f"127.0.0.1:{free_port()}"
         self.url = f"{scheme}://{self.hostport}"
-        peer = f"http://127.0.0.1:{free_port()}"
-        self.log = open(tmp / "etcd.log", "wb")
-        args = ["etcd", "--name", "t", "--data-dir", str(tmp / "etcd"), "--listen-client-urls", self.url,
+        peer = peer or f"http://127.0.0.1:{free_port()}"
+        initial = initial or f"{name}={peer}"
+        self.log = open(tmp / f"etcd-{name}.log" if name != "t" else tmp / "etcd.log", "wb")
+        data = tmp / (f"etcd-{name}" if name != "t" else "etcd")
+        args = ["etcd", "--name", name, "--data-dir", str(data), "--listen-client-urls", self.url,
                 "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-                "--initial-advertise-peer-urls", peer, "--initial-cluster", "t=" + peer, "--log-level", "error"]
+                "--initial-advertise-peer-urls", peer, "--initial-cluster", initial, "--log-level", "error"]
+        if "," in initial:
+            args.append("--pre-vote")  # a member back from a stop does not depose the leader (clustertest does the same)
         self.ctx = None
         if tls:
             args += ["--cert-file", tls["cert"], "--key-file", tls["key"], "--trusted-ca-file", tls["ca"],
                      "--client-cert-auth"]
             self.ctx = ssl.create_default_context(cafile=tls["ca"])
             self.ctx.load_cert_chain(tls["client_cert"], tls["client_key"])
+        args += extra
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_serving()
+
+    def wait_serving(self) -> None:
+        """Waits until the member answers a read (30 s), else stops it and
+        raises."""
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -48,14 +63,22 @@ class Etcd:
                     raise RuntimeError("etcd did not start")
                 time.sleep(0.05)
 
-    def post(self, path: str, body: dict, token: str | None = None) -> dict:
+    def post(self, path: str, body: dict, token: str | None = None, timeout: float = 5.0) -> dict:
         """One JSON gateway call (``/v3/kv/range``, ``/v3/auth/...``)."""
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = token
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
-        with urllib.request.urlopen(req, timeout=5, context=self.ctx) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=self.ctx) as r:
             return json.loads(r.read())
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """The sum of etcd's /metrics samples of ``name`` whose labels
+        contain ``labels``."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5, context=self.ctx) as r:
+            text = r.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and labels in line)
 
     def leader(self, cluster: str) -> tuple[str, int] | None:
         """(member id, epoch) of ``cluster``'s election holder, from etcd
@@ -73,6 +96,25 @@ class Etcd:
         self.proc.kill()
         self.proc.wait()
         self.log.close()
+
+
+def start_etcd_cluster(tmp: pathlib.Path, n: int = 3) -> list[Etcd]:
+    """n etcd members on loopback forming one cluster, each serving; the
+    caller stops them."""
+    peers = [f"http://127.0.0.1:{free_port()}" for _ in range(n)]
+    initial = ",".join(f"m{i}={p}" for i, p in enumerate(peers))
+    es: list[Etcd] = []
+    try:
+        for i, p in enumerate(peers):
+            es.append(Etcd(tmp, name=f"m{i}", peer=p, initial=initial, wait=False))
+        for e in es:
+            e.wait_serving()
+    except BaseException:
+        for e in es:
+            if not e.log.closed:
+                e.stop()
+        raise
+    return es
 
 
 def start_cluster(rlhub_bin: str, tmp: pathlib.Path, cluster: str, extra: tuple[str, ...] = ()) -> tuple[Etcd, dict[str, Hub]]:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The Python package as pip users get it (issue 20): build the sdist and
 # wheel, check their metadata with twine, install the wheel into a fresh
-# venv at the lowest protobuf/grpcio/googleapis-common-protos that
-# pyproject.toml allows, and run the store, gradient and weight-sync client
-# tests from that venv against the real hub binary. The venv sees the
+# venv at the lowest protobuf/grpcio/googleapis-common-protos/
+# websocket-client that pyproject.toml allows, and run the store, gradient
+# and weight-sync client tests and the etcd watch's from that venv against
+# the real hub binary and etcd. The venv sees the
 # machine's torch/pytest/safetensors (--system-site-packages; its own
-# site-packages win), so it costs pip three small wheels, not PyTorch.
+# site-packages win), so it costs pip four small wheels, not PyTorch.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -45,14 +46,14 @@ lows=$("$py" - "$work"/dist/*.whl <<'PY'
 import re, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
-want = {"grpcio", "protobuf", "googleapis-common-protos"}
+want = {"grpcio", "protobuf", "googleapis-common-protos", "websocket-client"}
 for line in meta.splitlines():
     m = re.match(r"Requires-Dist: ([\w-]+)\s*[<>=!,\d.\s]*?>=\s*([\d.]+)", line)
     if m and m.group(1) in want and "extra ==" not in line:
         print(f"{m.group(1)}=={m.group(2)}")
 PY
 )
-[[ $(wc -w <<<"$lows") == 3 ]] || { echo "wheel: cannot read the lower bounds: $lows"; exit 1; }
+[[ $(wc -w <<<"$lows") == 4 ]] || { echo "wheel: cannot read the lower bounds: $lows"; exit 1; }
 echo "wheel: installing at $lows"
 # shellcheck disable=SC2086
 "${pip[@]}" --force-reinstall --no-deps $lows
@@ -61,7 +62,8 @@ echo "wheel: installing at $lows"
 # Tests run from a copy of the test files, without PYTHONPATH: `import
 # rlhub` must find the installed wheel.
 mkdir "$work/tests"
-cp python/tests/conftest.py python/tests/test_store.py python/tests/test_grads.py python/tests/test_wsync.py "$work/tests/"
+cp python/tests/conftest.py python/tests/test_store.py python/tests/test_grads.py python/tests/test_wsync.py \
+  python/tests/etcdproc.py python/tests/test_etcd_watch.py "$work/tests/"
 cd "$work/tests"
 env -u PYTHONPATH "$py" - $lows <<'PY'
 import importlib.metadata as md, sys
@@ -69,7 +71,7 @@ from packaging.version import Version
 for pin in sys.argv[1:]:  # the venv really runs the lower bounds
     name, want = pin.split("==")
     assert Version(md.version(name)) == Version(want), (name, md.version(name), want)
-import google.protobuf, grpc, rlhub, rlhub.torchrl
+import google.protobuf, grpc, rlhub, rlhub.discover, rlhub.torchrl
 assert "/venv/" in rlhub.__file__, rlhub.__file__
 assert rlhub.__version__ == md.version("rlhub"), (rlhub.__version__, md.version("rlhub"))
 print(f"wheel: rlhub {rlhub.__version__} from {rlhub.__file__}; protobuf {google.protobuf.__version__}, grpcio {grpc.__version__}")

@@ -1,0 +1,186 @@
+"""A Python follower's election watch passes over a silent etcd member
+(issue 15): internal/cluster's TestWatchLeaderPassesOverASilentMember, for
+:class:`rlhub._channel.FollowingChannel`.
+
+Three real etcd members; a follower given all three follows the election.
+No call is made through it, so only its election watch can tell it where
+the primary is. Each member in turn is SIGSTOPped — its sockets stay open
+and it answers nothing, as a member whose machine died or was cut off —
+and while it is stopped the primary changes ``CHANGES`` times (each term
+ended and the next begun through a live member, with the keys a hub's
+campaign writes), each change once the follower offered the one before.
+Every primary must be offered while the member is still stopped. A watch
+that stays on the stopped member is deaf to all of them; one whose reads
+wait on the stopped member pays that wait at every change (before: 5 s of
+silence before the watch was opened again, then a 3 s timeout on the
+first endpoint for each read, ≥ 60 s for a round). The times are printed
+(docs/benchlog/2026-12-03-s18-pywatch.md), not asserted: each round's
+bound is a hang guard.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+
+import pytest
+
+from rlhub import _channel, discover
+from etcdproc import Etcd, sigstop, start_etcd_cluster
+
+pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
+                                reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
+
+CLUSTER = "pywatch"
+CHANGES = 10
+ROUND_BOUND = 30.0  # seconds for a round's changes: a hang guard, not a speed check
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def write(e: Etcd, path: str, body: dict, user: tuple[str, str] | None = None) -> dict:
+    """One write through member e (as ``user``, name and password, given
+    one); it waits while etcd elects a leader of its own (the stopped
+    member may have been it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            tok = e.post("/v3/auth/authenticate", {"name": user[0], "password": user[1]})["token"] if user else None
+            return e.post(path, body, token=tok, timeout=30)
+        except (OSError, urllib.error.HTTPError) as err:
+            assert time.monotonic() < deadline, f"etcd {e.url} refused {path} for 30 s: {err}"
+            time.sleep(0.05)
+
+
+def elect(e: Etcd, member: str, addr: str, user: tuple[str, str] | None = None) -> str:
+    """Makes ``member`` at ``addr`` the primary, as its campaign would: its
+    record under the election prefix, named by a lease of its own. Returns
+    the key."""
+    lease = int(write(e, "/v3/lease/grant", {"TTL": 300}, user)["ID"])
+    key = f"/rlhub/{CLUSTER}/election/{lease:x}"
+    write(e, "/v3/kv/put", {"key": b64(key), "value": b64(json.dumps({"id": member, "addr": addr})), "lease": str(lease)},
+          user)
+    return key
+
+
+def test_the_election_watch_passes_over_a_silent_member(tmp_path):
+    es = start_etcd_cluster(tmp_path, 3)
+    ch = None
+    stopped = None
+    try:
+        ch = _channel.channel("etcd://" + ",".join(e.hostport for e in es) + "/" + CLUSTER)
+        assert isinstance(ch, _channel.FollowingChannel)
+
+        def offered(addr: str, deadline: float) -> float:
+            while (ch.primary() or ("",))[0] != addr:
+                assert time.monotonic() < deadline, f"the follower still follows {ch.primary()}, not {addr}"
+                time.sleep(0.002)
+            return time.monotonic()
+
+        key = elect(es[0], "p", "127.0.0.1:1000")
+        offered("127.0.0.1:1000", time.monotonic() + ROUND_BOUND)
+        epoch, n = ch.primary()[1], 1000
+        for i, e in enumerate(es):
+            live = es[(i + 1) % 3]
+            t_stop = None
+            for k in range(CHANGES):
+                write(live, "/v3/kv/deleterange", {"key": b64(key)})  # the term ends
+                if k == 0:
+                    # Right after the watch heard of the term's end (or
+                    # just before): what it hears next is the member's
+                    # silence.
+                    sigstop(e.proc)
+                    stopped, t_stop = e, time.monotonic()
+                n += 1
+                key = elect(live, f"p{n}", f"127.0.0.1:{n}")
+                t_elected = time.monotonic()
+                t_seen = offered(f"127.0.0.1:{n}", t_stop + ROUND_BOUND)
+                assert ch.primary()[1] > epoch
+                epoch = ch.primary()[1]
+                if k == 0:
+                    print(f"member {i} stopped: primary elected after {t_elected - t_stop:.3f} s, "
+                          f"offered after {t_seen - t_stop:.3f} s")
+            print(f"member {i} stopped: {CHANGES} primaries offered within {time.monotonic() - t_stop:.3f} s")
+            e.proc.send_signal(signal.SIGCONT)
+            stopped = None
+    finally:
+        if stopped is not None:
+            stopped.proc.send_signal(signal.SIGCONT)
+        if ch is not None:
+            ch.close()
+        for e in es:
+            e.stop()
+
+
+def follow(ch: _channel.FollowingChannel, e: Etcd, ports: range, pause: float = 0.0,
+           user: tuple[str, str] | None = None) -> None:
+    """Makes a primary at each of ``ports`` in turn through ``e`` (each term
+    ended first, ``pause`` seconds before the next begins); the follower
+    offers each (30 s each at most). The last term ends too."""
+    key = None
+    for port in ports:
+        if key is not None:
+            write(e, "/v3/kv/deleterange", {"key": b64(key)}, user)
+        time.sleep(pause)
+        key = elect(e, f"p{port}", f"127.0.0.1:{port}", user)
+        deadline = time.monotonic() + 30
+        while (ch.primary() or ("",))[0] != f"127.0.0.1:{port}":
+            assert time.monotonic() < deadline, f"the follower still follows {ch.primary()}, not 127.0.0.1:{port}"
+            time.sleep(0.005)
+    if key is not None:
+        write(e, "/v3/kv/deleterange", {"key": b64(key)}, user)
+
+
+def test_the_watch_over_tls(rlhub_bin, tmp_path):
+    """The watch's WebSocket is TLS with the client's CA and certificate
+    (etcd checks client certificates), and one watch holds: through 6 s
+    without an event too, its progress requests answered."""
+    certs = tmp_path / "certs"
+    subprocess.run([rlhub_bin, "cert", "--dir", str(certs), "--hosts", "127.0.0.1"], check=True, capture_output=True)
+    tls = {"ca": str(certs / "ca.pem"), "cert": str(certs / "server.pem"), "key": str(certs / "server-key.pem"),
+           "client_cert": str(certs / "client.pem"), "client_key": str(certs / "client-key.pem")}
+    e = Etcd(tmp_path, tls)
+    discover.configure(discover.EtcdSecurity(cacert=tls["ca"], cert=tls["client_cert"], key=tls["client_key"]))
+    ch = _channel.channel(f"etcd://{e.hostport}/{CLUSTER}")
+    try:
+        assert discover.gateway(ch.target.etcd).endpoints[0].startswith("https://")
+        follow(ch, e, range(2000, 2003))
+        follow(ch, e, range(2003, 2005), pause=6.0)
+        assert e.metric("grpc_server_started_total", 'grpc_method="Watch"') == 1
+    finally:
+        ch.close()
+        discover.configure(None)
+        e.stop()
+
+
+def test_the_watch_with_an_etcd_user(tmp_path):
+    """With etcd auth on, the watch sends the user's token; etcd 3.4 does
+    not take it over a WebSocket (etcd-io/etcd#19752), and the watch falls
+    back to a POST stream, which it opens again after 5 s without a line.
+    Tokens last 1 s here: the watch and its reads authenticate again when
+    theirs has expired, and follow the primary all along."""
+    root = ("root", "rootpw")
+    e = Etcd(tmp_path, extra=("--auth-token-ttl", "1"))
+    e.post("/v3/auth/user/add", {"name": root[0], "password": root[1]})
+    e.post("/v3/auth/user/grant", {"user": root[0], "role": "root"})
+    e.post("/v3/auth/enable", {})
+    (tmp_path / "pw").write_text(root[1] + "\n")
+    discover.configure(discover.EtcdSecurity(user=root[0], password_file=str(tmp_path / "pw")))
+    ch = _channel.channel(f"etcd://{e.hostport}/{CLUSTER}")
+    try:
+        follow(ch, e, range(2000, 2002), user=root)
+        follow(ch, e, range(2002, 2004), pause=6.0, user=root)  # past the stream's 5 s and the tokens' 1 s
+        bearer = discover.gateway(ch.target.etcd)._bearer
+        assert bearer is not None  # found out: False on etcd 3.4, True where etcd takes it
+        print(f"etcd takes a bearer token over the WebSocket: {bearer}")
+    finally:
+        ch.close()
+        discover.configure(None)
+        e.stop()
