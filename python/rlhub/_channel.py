@@ -467,7 +467,6 @@ class FollowingChannel(grpc.Channel):
         next after a back-off of 50 ms doubling to 1 s (Go:
         ``cluster.Reader.WatchLeader``)."""
         from rlhub import discover
-        gw = discover.gateway(self.target.etcd)
         wait, ep = _BACKOFF0, random.randrange(len(self.target.etcd))
 
         def on_events(_: List[Dict[str, Any]]) -> None:
@@ -477,7 +476,8 @@ class FollowingChannel(grpc.Channel):
             try:
                 rev = self._offer_elected(ep)
                 wait = _BACKOFF0
-                gw.watch(_election_prefix(self.target), rev + 1, on_events, self._stop, ep)
+                discover.gateway(self.target.etcd).watch(_election_prefix(self.target), rev + 1, on_events,
+                                                         self._stop, ep)
             except Exception:  # noqa: BLE001 - etcd unreachable or refusing: look again, on the next member
                 ep += 1
                 self._stop.wait(wait)

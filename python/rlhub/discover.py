@@ -303,6 +303,8 @@ class Gateway:
         tok = ""
         if self._user:
             tok = self._auth_token(i, _WATCH_SILENCE)
+            if not tok.isprintable():  # as http.client refuses it in a header
+                raise errors.Unavailable(f"rlhub: etcd {where}: an auth token that is not one line of text")
             # The gateway passes only this header on, as "Bearer TOKEN".
             header.append("Sec-WebSocket-Protocol: Bearer, " + tok)
         sock: Optional[socket.socket] = None

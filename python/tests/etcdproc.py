@@ -37,7 +37,7 @@ class Etcd:
                 "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
                 "--initial-advertise-peer-urls", peer, "--initial-cluster", initial, "--log-level", "error"]
         if "," in initial:
-            args.append("--pre-vote")  # a member back from a stop does not depose the leader (clustertest does the same)
+            args.append("--pre-vote")  # a member back from a stop does not depose the leader (as clustertest)
         self.ctx = None
         if tls:
             args += ["--cert-file", tls["cert"], "--key-file", tls["key"], "--trusted-ca-file", tls["ca"],
