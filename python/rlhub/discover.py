@@ -40,8 +40,8 @@ import http.client
 import ipaddress
 import json
 import os
-import socket
 import random
+import socket
 import ssl
 import threading
 import time
