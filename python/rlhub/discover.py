@@ -117,6 +117,11 @@ class Gateway:
 
     :meth:`call` posts one request to the first endpoint that answers and
     returns the decoded reply; :meth:`watch` streams one watch. Thread-safe.
+
+    A call starts at the endpoint that answered the last one: an etcd
+    member that stopped answering (its machine dead or cut off: each
+    request to it waits out its timeout) costs one call that timeout, not
+    every call after it (Go: internal/cluster endpoints.go).
     """
 
     def __init__(self, endpoints: Tuple[str, ...], security: Optional[EtcdSecurity] = None):
@@ -161,6 +166,8 @@ class Gateway:
         self._token: Optional[str] = None
         self._mu = threading.Lock()
         self._watching: Dict[threading.Event, socket.socket] = {}  # by stop event
+        self._first = 0  # the endpoint that answered the last call: the next starts there (_mu)
+        self.passed = 0  # endpoints a call gave up on for the next (_mu; tests)
         # Whether etcd takes the user's token over a WebSocket (None: not
         # known yet; False: its watches are POST streams).
         self._bearer: Optional[bool] = None
@@ -230,10 +237,21 @@ class Gateway:
         """Posts ``body`` to ``path`` at the first endpoint that answers, or
         at endpoint number ``endpoint`` (modulo their count) alone."""
         problems = []
-        for i in range(len(self._eps)) if endpoint is None else (endpoint % len(self._eps),):
+        n = len(self._eps)
+        if endpoint is None:
+            with self._mu:
+                first = self._first
+            order = [(first + k) % n for k in range(n)]
+        else:
+            order = [endpoint % n]
+        for i in order:
             for attempt in range(2):
                 try:
-                    return self._post(i, path, body, timeout)
+                    reply = self._post(i, path, body, timeout)
+                    if endpoint is None:
+                        with self._mu:
+                            self._first = i
+                    return reply
                 except errors.Unauthenticated:
                     if attempt == 0 and self._user:  # an expired token: once more with a new one
                         with self._mu:
@@ -246,6 +264,8 @@ class Gateway:
                         "(check cacert, and cert/key if etcd checks clients)") from None
                 except (OSError, http.client.HTTPException) as e:
                     problems.append(f"{self.endpoints[i]}: {str(e)[:200]}")
+                    with self._mu:
+                        self.passed += 1
                     break
         raise errors.Unavailable(f"rlhub: etcd did not answer: {'; '.join(problems)}")
 

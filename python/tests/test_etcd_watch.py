@@ -205,3 +205,28 @@ def test_the_watch_with_an_etcd_user(tmp_path):
         ch.close()
         discover.configure(None)
         e.stop()
+
+
+def test_reads_start_at_the_member_that_answered(tmp_path):
+    """A read through the gateway starts at the endpoint that answered the
+    last one, so a silent member (SIGSTOPped: each request to it waits out
+    its timeout) is passed over by one read, not by every read after it.
+    Before, every read began at the first endpoint: all five reads below
+    waited their 1 s there."""
+    es = start_etcd_cluster(tmp_path)
+    try:
+        # The stopped member first in the list, and not etcd's leader (its
+        # election would pause every read, which is not this test's case).
+        order = sorted(es, key=is_leader)
+        gw = discover.Gateway(tuple(e.url for e in order))
+        gw.range_prefix("/rlhub/reads/", 5.0)
+        sigstop(order[0].proc)
+        try:
+            for _ in range(5):
+                gw.range_prefix("/rlhub/reads/", 1.0)
+        finally:
+            order[0].proc.send_signal(signal.SIGCONT)
+        assert gw.passed == 1, f"{gw.passed} reads waited on the stopped member, want the first one only"
+    finally:
+        for e in es:
+            e.stop()
