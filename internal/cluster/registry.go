@@ -56,10 +56,14 @@ func OpenReader(cfg Config) (*Reader, error) {
 // read runs fn through the endpoints (endpoints.do) and, when none
 // answered within its attempt, once more through the Reader's own client
 // with what is left of ctx: an etcd slower than the attempt everywhere
-// (a loaded machine) is still waited for, within ctx.
+// (a loaded machine) is still waited for, within ctx. With one endpoint
+// there is none to pass to: fn runs on the Reader's client, within ctx.
 func (r *Reader) read(ctx context.Context, fn func(context.Context, clientv3.KV) error) error {
+	if len(r.eps.eps) == 1 {
+		return fn(ctx, r.cli)
+	}
 	err := r.eps.do(ctx, func(ctx context.Context, c conn) error { return fn(ctx, c.kv) })
-	if err != nil && ctx.Err() == nil && len(r.eps.eps) > 1 {
+	if err != nil && ctx.Err() == nil {
 		err = fn(ctx, r.cli)
 	}
 	return err
