@@ -362,10 +362,7 @@ class Gateway:
                 heard = time.monotonic()
                 if op == websocket.ABNF.OPCODE_CLOSE:
                     break
-                msg = json.loads(data)
-                if "error" in msg:
-                    raise errors.Unavailable(f"rlhub: etcd {where}: watch: {str(msg['error'])[:200]}")
-                res = msg.get("result", {})
+                res = _watch_result(data, where)
                 if res.get("canceled"):
                     err = self._refusal(0, "the watch was canceled: " + str(res.get("cancel_reason", "")), where)
                     if isinstance(err, errors.Unauthenticated) and self._user:
@@ -437,10 +434,7 @@ class Gateway:
                     raise errors.Unavailable(f"rlhub: etcd {self._where()}: the watch ended")
                 if not line.strip():
                     continue
-                msg = json.loads(line)
-                if "error" in msg:
-                    raise errors.Unavailable(f"rlhub: etcd watch: {str(msg['error'])[:200]}")
-                res = msg.get("result", {})
+                res = _watch_result(line, self._where())
                 if res.get("canceled"):
                     raise errors.Unavailable(f"rlhub: etcd watch canceled: {str(res.get('cancel_reason', ''))[:200]}")
                 if res.get("events"):
@@ -464,6 +458,16 @@ class Gateway:
                 sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _watch_result(data: Any, where: str) -> Dict[str, Any]:
+    """The result of one watch message (JSON, either transport); raises
+    ``Unavailable`` for an error (ValueError for one that is not JSON)."""
+    msg = json.loads(data)
+    if "error" in msg:
+        raise errors.Unavailable(f"rlhub: etcd {where}: watch: {str(msg['error'])[:200]}")
+    res: Dict[str, Any] = msg.get("result", {})
+    return res
 
 
 def _span(prefix: str) -> Dict[str, str]:
