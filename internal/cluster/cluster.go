@@ -40,6 +40,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -116,6 +117,24 @@ func (c *Config) validate(join bool) error {
 }
 
 func (c *Config) prefix() string { return path.Join("/rlhub", c.Cluster) }
+
+// electionPrefix is the prefix of the election's keys (one per member
+// campaigning: the prefix and its lease in hex, concurrency.Election's).
+func (c *Config) electionPrefix() string { return path.Join(c.prefix(), "election") + "/" }
+
+// electionLeader is the election's leading key — the one of the lowest
+// creation revision, as concurrency.Election.Leader reads it — or nil
+// while no member campaigns.
+func electionLeader(ctx context.Context, kv clientv3.KV, cfg *Config) (*mvccpb.KeyValue, error) {
+	resp, err := kv.Get(ctx, cfg.electionPrefix(), clientv3.WithFirstCreate()...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	return resp.Kvs[0], nil
+}
 
 func (c *Config) ttlSeconds() int {
 	return max(1, int((c.LeaseTTL+time.Second-1)/time.Second))
@@ -202,7 +221,7 @@ type Member struct {
 	cli      *clientv3.Client
 	k        *keeper // the lease's renewals and the term's reads (keeper.go)
 	sess     *concurrency.Session
-	elec     *concurrency.Election // the election as won (Resign's; campaign); guarded by mu
+	elec     *concurrency.Election // the election as won (Resign's; set by Campaign with term); guarded by mu
 	info     MemberInfo
 	mu       sync.Mutex
 	term     *Term // while primary
@@ -224,7 +243,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		cli.Close()
 		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
 	}
-	m := &Member{cfg: cfg, cli: cli, k: k, sess: sess, elec: concurrency.NewElection(sess, path.Join(cfg.prefix(), "election")),
+	m := &Member{cfg: cfg, cli: cli, k: k, sess: sess,
 		info: MemberInfo{ID: cfg.ID, Addr: cfg.Addr, Started: time.Now().UTC()}}
 	val, _ := json.Marshal(m.info)
 	// A member id is taken while its lease lives: two hubs with one id
@@ -474,20 +493,15 @@ func (t *Term) check(ctx context.Context, kv clientv3.KV) error {
 	if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != t.Epoch {
 		return ErrDeposed
 	}
-	// The election's leader: its key of the lowest creation revision
-	// (what concurrency.Election.Leader reads).
-	l, err := kv.Get(ctx, t.m.electionPrefix(), clientv3.WithFirstCreate()...)
+	l, err := electionLeader(ctx, kv, &t.m.cfg)
 	if err != nil {
-		return fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+		return err
 	}
-	if len(l.Kvs) == 0 || string(l.Kvs[0].Key) != t.key {
+	if l == nil || string(l.Key) != t.key {
 		return ErrDeposed
 	}
 	return nil
 }
-
-// electionPrefix is the prefix of the election's keys.
-func (m *Member) electionPrefix() string { return path.Join(m.cfg.prefix(), "election") + "/" }
 
 // Campaign blocks until this member is the primary (or ctx ends, or the
 // lease is lost) and returns its term.
@@ -518,7 +532,7 @@ func (m *Member) Campaign(ctx context.Context) (*Term, error) {
 	}
 	t := &Term{Epoch: uint64(rev), m: m, key: key}
 	m.mu.Lock()
-	m.elec = concurrency.ResumeElection(m.sess, m.electionPrefix(), key, rev) // Resign's
+	m.elec = concurrency.ResumeElection(m.sess, m.cfg.electionPrefix(), key, rev) // Resign's
 	m.term = t
 	m.mu.Unlock()
 	m.cfg.Logger.Info("cluster: elected primary", "cluster", m.cfg.Cluster, "id", m.cfg.ID, "epoch", t.Epoch)
@@ -539,9 +553,9 @@ func (m *Member) Campaign(ctx context.Context) (*Term, error) {
 // is deleted, as etcd's Campaign does. It returns the key and its creation
 // revision (the term's epoch).
 func (m *Member) campaign(ctx context.Context, val string) (string, int64, error) {
-	pfx := m.electionPrefix()
-	key := fmt.Sprintf("%s%x", pfx, m.sess.Lease())
+	pfx := m.cfg.electionPrefix()
 	lease := m.sess.Lease()
+	key := fmt.Sprintf("%s%x", pfx, lease)
 	every := max(time.Duration(m.cfg.ttlSeconds())*time.Second/4, 100*time.Millisecond)
 	// Each etcd call is bounded: the keeper falls back to the member's
 	// client, without a deadline of its own, while no endpoint's client
@@ -711,15 +725,14 @@ func status(ctx context.Context, cli clientv3.KV, cfg *Config) (Status, error) {
 		}
 	}
 	sort.Slice(st.Members, func(i, j int) bool { return st.Members[i].ID < st.Members[j].ID })
-	// The election's leader is its key with the lowest creation revision.
-	lr, err := cli.Get(ctx, path.Join(cfg.prefix(), "election")+"/", clientv3.WithFirstCreate()...)
+	l, err := electionLeader(ctx, cli, cfg)
 	if err != nil {
-		return st, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+		return st, err
 	}
-	if len(lr.Kvs) > 0 {
+	if l != nil {
 		var mi MemberInfo
-		if err := json.Unmarshal(lr.Kvs[0].Value, &mi); err == nil {
-			st.Primary = &Leader{ID: mi.ID, Addr: mi.Addr, Epoch: uint64(lr.Kvs[0].CreateRevision)}
+		if err := json.Unmarshal(l.Value, &mi); err == nil {
+			st.Primary = &Leader{ID: mi.ID, Addr: mi.Addr, Epoch: uint64(l.CreateRevision)}
 		}
 	}
 	return st, nil

@@ -234,7 +234,7 @@ func TestStandbyElectedThroughTheOthers(t *testing.T) {
 		testkit.Eventually(t, 10*time.Second, "the standby's key in the election", func() bool {
 			c, cc := context.WithTimeout(ctx, time.Second)
 			defer cc()
-			resp, err := cli.Get(c, p.electionPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			resp, err := cli.Get(c, p.cfg.electionPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 			return err == nil && resp.Count == 2
 		})
 

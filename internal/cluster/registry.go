@@ -353,7 +353,7 @@ func (r *Reader) WatchLeader(ctx context.Context, fn func(Leader)) error {
 		}
 		return nil
 	}
-	return r.watchPrefix(ctx, path.Join(r.cfg.prefix(), "election")+"/",
+	return r.watchPrefix(ctx, r.cfg.electionPrefix(),
 		[]clientv3.OpOption{clientv3.WithKeysOnly(), clientv3.WithLimit(1)},
 		func(ctx context.Context, cli *clientv3.Client, _ *clientv3.GetResponse) error {
 			return leader(ctx, cli)
