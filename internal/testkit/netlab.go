@@ -192,6 +192,29 @@ func (h *Host) Heal(tb testing.TB) {
 	run(tb, "ip", "link", "set", h.veth, "up")
 }
 
+// CutFrom cuts h off from others alone, both ways: each host's namespace
+// gets a blackhole route to the other's address, so what either sends the
+// other is dropped (TCP connections between them stall, new ones fail),
+// while h and others still reach the rest of the lab and this process —
+// an etcd member cut off from its peers but not from its clients, say.
+// HealFrom removes the routes.
+func (h *Host) CutFrom(tb testing.TB, others ...*Host) {
+	tb.Helper()
+	for _, o := range others {
+		run(tb, "ip", "-n", h.ns, "route", "add", "blackhole", o.IP+"/32")
+		run(tb, "ip", "-n", o.ns, "route", "add", "blackhole", h.IP+"/32")
+	}
+}
+
+// HealFrom undoes CutFrom between h and others.
+func (h *Host) HealFrom(tb testing.TB, others ...*Host) {
+	tb.Helper()
+	for _, o := range others {
+		run(tb, "ip", "-n", h.ns, "route", "del", "blackhole", o.IP+"/32")
+		run(tb, "ip", "-n", o.ns, "route", "del", "blackhole", h.IP+"/32")
+	}
+}
+
 func (l *Lab) remove(tb testing.TB) {
 	// The kernel tears a deleted namespace down in the background; the
 	// veth pairs are deleted here first, so that they are gone at once.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,4 +61,55 @@ func TestLabHostsAreMachines(t *testing.T) {
 		got, err := hello(net.JoinHostPort(m1.IP, ports["m1"]), time.Second)
 		return err == nil && got == "m1"
 	})
+}
+
+// askFrom is what host from hears from the "hostname" child at addr.
+func askFrom(t *testing.T, from *Host, addr string) string {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", from.ns, os.Args[0], "ask", addr)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("ask %s from %s: %v: %s", addr, from.Name, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// CutFrom cuts one host off from some hosts only: m1 and m2 no longer
+// reach each other, either way, while m3 and this process reach both;
+// HealFrom joins them again.
+func TestLabCutFromIsAPartitionBetweenHosts(t *testing.T) {
+	lab := NewLab(t, "m1", "m2", "m3")
+	addr := map[string]string{}
+	for _, h := range lab.Hosts {
+		addrFile := filepath.Join(t.TempDir(), "addr")
+		p := h.Start(t, ProcConfig{Path: os.Args[0], Args: []string{"hostname", addrFile},
+			Env: []string{childEnv + "=1"}, AddrFile: addrFile, StartTimeout: 30 * time.Second})
+		_, port, _ := net.SplitHostPort(p.Addr())
+		addr[h.Name] = net.JoinHostPort(h.IP, port)
+	}
+	m1, m2, m3 := lab.Host(t, "m1"), lab.Host(t, "m2"), lab.Host(t, "m3")
+	if got := askFrom(t, m2, addr["m1"]); got != "m1" {
+		t.Fatalf("m2 → m1 before the cut: %q", got)
+	}
+	m1.CutFrom(t, m2)
+	for _, c := range []struct {
+		from *Host
+		to   string
+		want bool
+	}{{m2, "m1", false}, {m1, "m2", false}, {m3, "m1", true}, {m3, "m2", true}, {m1, "m3", true}} {
+		got := askFrom(t, c.from, addr[c.to])
+		if (got == c.to) != c.want {
+			t.Errorf("%s → %s while m1 is cut from m2: %q (want reached: %v)", c.from.Name, c.to, got, c.want)
+		}
+	}
+	for _, h := range []string{"m1", "m2"} {
+		if got, err := hello(addr[h], 5*time.Second); err != nil || got != h {
+			t.Errorf("this process → %s while m1 is cut from m2: %q, %v", h, got, err)
+		}
+	}
+	m1.HealFrom(t, m2)
+	if got := askFrom(t, m2, addr["m1"]); got != "m1" {
+		t.Fatalf("m2 → m1 after HealFrom: %q", got)
+	}
 }

@@ -32,6 +32,16 @@ func childMain(args []string) int {
 	case "early":
 		fmt.Println("dying early")
 		return 3
+	case "ask":
+		// Dials args[1] (from the namespace it was started in) and prints
+		// what the "hostname" child there says, or the error.
+		got, err := hello(args[1], time.Second)
+		if err != nil {
+			fmt.Println("error:", err)
+			return 0
+		}
+		fmt.Println(got)
+		return 0
 	case "hostname":
 		// Listens on every address; publishes "HOSTNAME:PORT" and says
 		// its hostname to each connection until killed.
