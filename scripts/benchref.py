@@ -112,10 +112,10 @@ CELLS: List[Cell] = [
     # cost). One run gives every row.
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "steady state (4 learners, 2 pushers, 2 pullers, 1 MiB): primary + 2 standbys (acks all) vs a single hub, all on the same cores",
          ("grads/s", "gradients applied/s"), ("single_grads/s", "single hub gradients applied/s"), ("x_steady_grads", "× single hub"),
-         [("x_steady_pushes", "× single hub pushes/s"), ("x_steady_pulls", "× single hub pulls/s"), ("x_steady_grads_acks0", "× single hub gradients applied/s with acks 0")]),
+         [("x_steady_grads_min", "× single hub, lowest round"), ("x_steady_grads_max", "× single hub, highest round"), ("x_steady_pushes", "× single hub pushes/s"), ("x_steady_pulls", "× single hub pulls/s"), ("x_steady_grads_acks0", "× single hub gradients applied/s with acks 0")]),
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same, pinned as separate hosts (primary + clients on CPU 0, standbys + etcd on CPU 1)",
          ("grads/s_pinned", "gradients applied/s"), ("single_grads/s_pinned", "single hub gradients applied/s"), ("x_steady_grads_pinned", "× single hub"),
-         [("x_steady_pushes_pinned", "× single hub pushes/s"), ("x_steady_pulls_pinned", "× single hub pulls/s"), ("x_steady_grads_acks0_pinned", "× single hub gradients applied/s with acks 0")]),
+         [("x_steady_grads_min_pinned", "× single hub, lowest round"), ("x_steady_grads_max_pinned", "× single hub, highest round"), ("x_steady_pushes_pinned", "× single hub pushes/s"), ("x_steady_pulls_pinned", "× single hub pulls/s"), ("x_steady_grads_acks0_pinned", "× single hub gradients applied/s with acks 0")]),
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same run, per-op latency: one client's serial 1 MiB pushes, acks all vs a single hub, pinned",
          ("serial_pushes/s_pinned", "pushes/s"), ("single_serial_pushes/s_pinned", "single hub pushes/s"), ("x_serial_pushes_pinned", "× single hub"),
          [("x_serial_grads_pinned", "× single hub serial gradients (each waiting for its version)"), ("x_serial_pulls_pinned", "× single hub serial pulls/s"), ("x_serial_pushes", "× single hub, shared cores")]),

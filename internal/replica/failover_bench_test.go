@@ -317,6 +317,12 @@ func BenchmarkReplicationCost(b *testing.B) {
 			b.ReportMetric(median(r.single[l]), "single_serial_pushes/s"+suffix)
 			b.ReportMetric(median(r.steadyCluster[l]), "grads/s"+suffix)
 			b.ReportMetric(median(r.steadySingle[l]), "single_grads/s"+suffix)
+			// The spread the median is taken over: one round's ratio moves
+			// with the machine's load by more than the goal's margin.
+			if g := r.steady[l][0]; len(g) > 0 {
+				b.ReportMetric(slices.Min(g), "x_steady_grads_min"+suffix)
+				b.ReportMetric(slices.Max(g), "x_steady_grads_max"+suffix)
+			}
 		}
 		// CPU per push (pinned when measured: no other process shares the
 		// primary's CPUs there): the single hub, the acks-all primary, its
