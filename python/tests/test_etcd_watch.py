@@ -17,12 +17,21 @@ tried the first endpoint for 3 s: the round that stops it took ~40 s and
 failed the bound). The times are printed
 (docs/benchlog/2026-12-03-s18-pywatch.md), not asserted: each round's
 bound is a hang guard.
+
+A member cut off from its peers is not silent: it answers progress
+requests from memory, but no event reaches it and it has no leader to
+read through. The lab test below cuts the follower's member off on a real
+network (python/tests/netlab.py: a network namespace per member, blackhole
+routes between them) and elects a new primary through the majority: only
+the watch's idle read (``discover._WATCH_IDLE``) moves it on
+(docs/benchlog/2026-12-03-s19-pycut.md).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -30,8 +39,10 @@ import time
 import urllib.error
 
 import pytest
+import websocket
 
 from rlhub import _channel, discover
+import netlab
 from etcdproc import Etcd, sigstop, start_etcd_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
@@ -230,3 +241,128 @@ def test_reads_start_at_the_member_that_answered(tmp_path):
     finally:
         for e in es:
             e.stop()
+
+
+@pytest.fixture
+def lab_etcd(tmp_path: pathlib.Path):
+    """Three etcd members, each on its own lab host (m1, m2, m3), and the
+    lab; the Gateway may speak plaintext to them (they are off loopback).
+    At the end: the lab healed, the members killed, the lab removed."""
+    why = netlab.unavailable()
+    if why:
+        pytest.skip(f"no network lab on this machine: {why}")
+    lab = netlab.Lab("m1", "m2", "m3")
+    es: list[netlab.LabEtcd] = []
+    try:
+        es = netlab.start_etcd_on(lab, tmp_path, ("--pre-vote",))
+        discover.configure(discover.EtcdSecurity(insecure=True))
+        yield lab, es
+    finally:
+        discover.configure(None)
+        try:
+            lab.heal()
+        finally:
+            for e in es:
+                e.stop()
+            lab.remove()
+
+
+def progress_answered(ws: websocket.WebSocket, within: float = 2.0) -> bool:
+    """Whether the watch on ``ws`` answers a progress request within
+    ``within`` seconds."""
+    ws.send('{"progress_request": {}}')
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        ws.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            msg = json.loads(ws.recv())
+        except websocket.WebSocketTimeoutException:
+            return False
+        if msg.get("result", {}).get("watch_id") == "-1":  # a progress notification
+            return True
+    return False
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["websocket", "etcd-user"])
+def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp_path, auth):
+    """The follower's watch is on member W; W is cut off from the two
+    others (both directions; the test process still reaches it) and loses
+    its raft leader, yet answers progress requests, so the watch's silence
+    check never fires. The primary's term is ended and a new one elected
+    through the majority: the follower must offer it while W is still cut
+    off, which only the watch's idle read — linearizable, on W, failing
+    there — makes it do. (With the idle read disabled the follower stays on
+    W and this test fails: docs/benchlog/2026-12-03-s19-pycut.md.)
+
+    With an etcd user (``auth``) etcd 3.4's gateway does not take the
+    token over a WebSocket and the watch is a POST stream, which cannot be
+    probed: it returns after ``_WATCH_IDLE`` without a line and the
+    follower reads on the same member, which fails there."""
+    lab, es = lab_etcd
+    user = None
+    if auth:
+        user = ("root", "rootpw")
+        es[0].post("/v3/auth/user/add", {"name": user[0], "password": user[1]})
+        es[0].post("/v3/auth/user/grant", {"user": user[0], "role": "root"})
+        es[0].post("/v3/auth/enable", {})
+        (tmp_path / "pw").write_text(user[1] + "\n")
+        discover.configure(discover.EtcdSecurity(user=user[0], password_file=str(tmp_path / "pw"), insecure=True))
+    ch = _channel.channel("etcd://" + ",".join(e.hostport for e in es) + "/" + CLUSTER)
+    probe = None
+    try:
+        assert isinstance(ch, _channel.FollowingChannel)
+        key = elect(es[0], "p1", "10.0.0.1:1000", user)
+        deadline = time.monotonic() + 30
+        while (ch.primary() or ("",))[0] != "10.0.0.1:1000" or not watched(ch):
+            assert time.monotonic() < deadline, f"the follower offers {ch.primary()}, watching {watched(ch)!r}"
+            time.sleep(0.005)
+        epoch = ch.primary()[1]
+        w = next(e for e in es if watched(ch) == e.hostport)
+        majority = [e for e in es if e is not w]
+        if not auth:
+            # A watch of its own on W, to see whether W answers progress
+            # requests while it is cut off.
+            probe = websocket.create_connection(f"ws://{w.hostport}/v3/watch", timeout=5)
+            probe.send(json.dumps({"create_request": {"key": b64("/rlhub/probe/")}}))
+            assert json.loads(probe.recv())["result"].get("created"), "the probe watch on W was not created"
+
+        lab.cut(w.host, [e.host for e in majority])
+        t_cut = time.monotonic()
+        while w.has_leader():
+            assert time.monotonic() < t_cut + 30, f"{w.host} still has a raft leader 30 s after the cut"
+            time.sleep(0.05)
+        t_lost = time.monotonic()
+        if probe is not None:
+            assert progress_answered(probe), f"{w.host}, cut off, did not answer a progress request within 2 s"
+
+        live = majority[0]
+        write(live, "/v3/kv/deleterange", {"key": b64(key)}, user)  # the term ends
+        key = elect(live, "p2", "10.0.0.2:1000", user)
+        t_elected = time.monotonic()
+        while (ch.primary() or ("",))[0] != "10.0.0.2:1000":
+            assert time.monotonic() < t_cut + 30, \
+                f"the follower still follows {ch.primary()} 30 s after the cut (watching {watched(ch)!r})"
+            time.sleep(0.005)
+        t_seen = time.monotonic()
+        assert ch.primary()[1] > epoch
+        # Still cut off (and still answering progress requests): the new
+        # primary reached the follower through another member.
+        assert not w.has_leader(), f"{w.host} has a raft leader again: the cut did not hold"
+        if probe is not None:
+            assert progress_answered(probe), f"{w.host}, cut off, stopped answering progress requests"
+        stream = auth and discover.gateway(ch.target.etcd)._bearer is False
+        print(f"{w.host.name} cut off ({'POST stream' if stream else 'WebSocket'}): its raft leader lost after "
+              f"{t_lost - t_cut:.3f} s, the primary elected after {t_elected - t_cut:.3f} s and offered "
+              f"{t_seen - t_elected:.3f} s later")
+
+        lab.heal()
+        t_heal = time.monotonic()
+        while not w.has_leader():
+            assert time.monotonic() < t_heal + 30, f"{w.host} has no raft leader 30 s after healing"
+            time.sleep(0.05)
+        print(f"healed: {w.host.name} has a raft leader after {time.monotonic() - t_heal:.3f} s; the follower "
+              f"watches {watched(ch) or 'nothing'} (W was {w.hostport})")
+    finally:
+        if probe is not None:
+            probe.close()
+        ch.close()

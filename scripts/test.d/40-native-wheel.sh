@@ -63,7 +63,7 @@ echo "wheel: installing at $lows"
 # rlhub` must find the installed wheel.
 mkdir "$work/tests"
 cp python/tests/conftest.py python/tests/test_store.py python/tests/test_grads.py python/tests/test_wsync.py \
-  python/tests/etcdproc.py python/tests/test_etcd_watch.py "$work/tests/"
+  python/tests/etcdproc.py python/tests/netlab.py python/tests/test_etcd_watch.py "$work/tests/"
 cd "$work/tests"
 env -u PYTHONPATH "$py" - $lows <<'PY'
 import importlib.metadata as md, sys
