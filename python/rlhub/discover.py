@@ -295,7 +295,10 @@ class Gateway:
         WebSocket (it gets it as ``Bearer TOKEN``, which etcd 3.4 does not
         take: etcd-io/etcd#19752) is watched with a POST stream instead,
         which cannot be probed: it returns after ``_WATCH_IDLE`` without a
-        line, for the caller to read and watch again."""
+        line, for the caller to read and watch again. It asks etcd to end
+        it once its member has no leader (Go: ``WithRequireLeader``; the
+        gateway passes that on for a POST, not over a WebSocket): a
+        member cut off from its peers ends it within ~4 s."""
         i = endpoint % len(self._eps)
         body = {"create_request": {**_span(prefix), "start_revision": str(start_revision)}}
         if not (self._user and self._bearer is False) and self._watch_ws(i, prefix, body, on_events, stop):
@@ -404,8 +407,11 @@ class Gateway:
     def _watch_stream(self, i: int, body: Dict[str, Any], on_events: Callable[[List[Dict[str, Any]]], None],
                       stop: threading.Event) -> None:
         """:meth:`watch` through a POST stream, which takes no progress
-        requests: it returns after ``_WATCH_IDLE`` without a line."""
-        headers = {"Content-Type": "application/json"}
+        requests: it returns after ``_WATCH_IDLE`` without a line, and
+        fails when etcd ends it because its member lost its leader."""
+        # The gateway hands Grpc-Metadata-* headers on as gRPC metadata:
+        # etcd's "hasleader" requirement, which a WebSocket cannot carry.
+        headers = {"Content-Type": "application/json", "Grpc-Metadata-Hasleader": "true"}
         c = self._conn(i, _WATCH_SILENCE)
         streaming = False
         try:

@@ -12,12 +12,12 @@ subnet is chosen and the links made under the same lock file
 (``/tmp/rlhub-netlab.lock``, flock), so Go and Python labs built at the
 same time never share a subnet.
 
-:meth:`Lab.cut` is a partition *between* hosts: blackhole routes in the
-namespaces on both sides, so packets between them are dropped where they
-are sent (a connect fails at once, an open TCP connection stalls), while
-the test process still reaches every host through the bridge. (The Go
-lab's Cut takes a host's link down instead, cutting it off from the test
-process too.)
+:meth:`Lab.cut_from` is a partition *between* hosts, as the Go lab's
+CutFrom: blackhole routes in the namespaces on both sides, so packets
+between them are dropped where they are sent (a connect fails at once, an
+open TCP connection stalls), while the test process still reaches every
+host through the bridge. (The Go lab's Cut, taking a host's link down,
+has no twin here.)
 
 Labs need root and iproute2 (scripts/setup.d/30-netlab.sh):
 :func:`unavailable` says why not.
@@ -120,15 +120,22 @@ class Lab:
             _ip("-n", h.ns, "link", "set", "eth0", "up")
             _ip("-n", h.ns, "route", "add", "default", "via", self.bridge_ip)
 
-    def cut(self, h: Host, others: list[Host]) -> None:
-        """Cuts ``h`` off from ``others`` in both directions (a blackhole
-        route to each on each side); the test process still reaches all."""
+    def cut_from(self, h: Host, others: list[Host]) -> None:
+        """Cuts ``h`` off from ``others`` alone, both ways (Go: CutFrom): a
+        blackhole route to each on each side; they still reach the rest of
+        the lab, and the test process reaches all."""
         for a, b in [(h, o) for o in others] + [(o, h) for o in others]:
             _ip("-n", a.ns, "route", "add", "blackhole", b.ip + "/32")
             self._cuts.add((a.ns, b.ip))
 
-    def heal(self) -> None:
-        """Removes every cut."""
+    def heal_from(self, h: Host, others: list[Host]) -> None:
+        """Undoes :meth:`cut_from` between ``h`` and ``others``."""
+        for a, b in [(h, o) for o in others] + [(o, h) for o in others]:
+            _ip("-n", a.ns, "route", "del", "blackhole", b.ip + "/32")
+            self._cuts.discard((a.ns, b.ip))
+
+    def heal_all(self) -> None:
+        """Undoes every :meth:`cut_from` still in place."""
         for ns, ip in sorted(self._cuts):
             _ip("-n", ns, "route", "del", "blackhole", ip + "/32")
             self._cuts.discard((ns, ip))

@@ -260,7 +260,7 @@ def lab_etcd(tmp_path: pathlib.Path):
     finally:
         discover.configure(None)
         try:
-            lab.heal()
+            lab.heal_all()
         finally:
             for e in es:
                 e.stop()
@@ -283,8 +283,9 @@ def progress_answered(ws: websocket.WebSocket, within: float = 2.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("auth", [False, True], ids=["websocket", "etcd-user"])
-def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp_path, auth):
+@pytest.mark.parametrize("auth,idle", [(False, True), (True, True), (True, False)],
+                         ids=["websocket", "etcd-user", "etcd-user-without-idle-read"])
+def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp_path, monkeypatch, auth, idle):
     """The follower's watch is on member W; W is cut off from the two
     others (both directions; the test process still reaches it) and loses
     its raft leader, yet answers progress requests, so the watch's silence
@@ -297,8 +298,13 @@ def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp
     With an etcd user (``auth``) etcd 3.4's gateway does not take the
     token over a WebSocket and the watch is a POST stream, which cannot be
     probed: it returns after ``_WATCH_IDLE`` without a line and the
-    follower reads on the same member, which fails there."""
+    follower reads on the same member, which fails there; and it asks etcd
+    to end it when its member has no leader, which etcd does: without the
+    idle read (``idle`` False: the stream never times out) that alone
+    moves the follower on. (Before that request, the follower stayed on W.)"""
     lab, es = lab_etcd
+    if not idle:
+        monkeypatch.setattr(discover, "_WATCH_IDLE", 1e9)
     user = None
     if auth:
         user = ("root", "rootpw")
@@ -332,7 +338,7 @@ def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp
         while not (at := watched(ch)) and time.monotonic() < deadline:
             time.sleep(0.001)
         assert at == w.hostport, f"the follower's watch left {w.hostport}, not cut off, for {at!r}"
-        lab.cut(w.host, [e.host for e in majority])
+        lab.cut_from(w.host, [e.host for e in majority])
         t_cut = time.monotonic()
         while w.has_leader():
             assert time.monotonic() < t_cut + 30, f"{w.host} still has a raft leader 30 s after the cut"
@@ -359,9 +365,9 @@ def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp
         stream = auth and discover.gateway(ch.target.etcd)._bearer is False
         print(f"{w.host.name} cut off ({'POST stream' if stream else 'WebSocket'}): its raft leader lost after "
               f"{t_lost - t_cut:.3f} s, the primary elected after {t_elected - t_cut:.3f} s and offered "
-              f"{t_seen - t_elected:.3f} s later")
+              f"{t_seen - t_elected:.3f} s later ({t_seen - t_cut:.3f} s after the cut)")
 
-        lab.heal()
+        lab.heal_from(w.host, [e.host for e in majority])
         t_heal = time.monotonic()
         while not w.has_leader():
             assert time.monotonic() < t_heal + 30, f"{w.host} has no raft leader 30 s after healing"
