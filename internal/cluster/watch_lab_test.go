@@ -40,22 +40,10 @@ func TestWatchLeaderLeavesAMemberCutOffFromItsPeers(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	// A primary through endpoint ep alone, with a lease that outlives the
-	// cut.
+	// A primary through endpoint ep alone.
 	elect := func(ep int, id string) *Member {
 		t.Helper()
-		jctx, jcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer jcancel()
-		m, err := Join(jctx, Config{Endpoints: []string{eps[ep]}, Cluster: "cut", ID: id, Addr: "127.0.0.1:" + id,
-			LeaseTTL: 30 * time.Second, Logger: testkit.Logger(), Security: EtcdSecurity{Insecure: true}})
-		if err != nil {
-			t.Fatalf("join %s: %v", id, err)
-		}
-		if _, err := m.Campaign(jctx); err != nil {
-			m.Close()
-			t.Fatalf("campaign %s: %v", id, err)
-		}
-		return m
+		return electOn(ctx, t, Config{Endpoints: []string{eps[ep]}, Cluster: "cut", Security: EtcdSecurity{Insecure: true}}, id)
 	}
 	first := elect(0, "1000")
 	defer first.Close() // after the heal: it joined through m1 alone
@@ -69,28 +57,7 @@ func TestWatchLeaderLeavesAMemberCutOffFromItsPeers(t *testing.T) {
 		return ns
 	}
 	before := counts()
-	seen := make(chan Leader, 64)
-	wg.Go(func() {
-		_ = r.WatchLeader(ctx, func(l Leader) {
-			select {
-			case seen <- l:
-			default: // the test reads them all; never block the watch
-			}
-		})
-	})
-	waitFor := func(addr string, within time.Duration) (Leader, bool) {
-		deadline := time.After(within)
-		for {
-			select {
-			case l := <-seen:
-				if l.Addr == addr {
-					return l, true
-				}
-			case <-deadline:
-				return Leader{}, false
-			}
-		}
-	}
+	waitFor := leaderWatch(ctx, &wg, r)
 	l1, ok := waitFor("127.0.0.1:1000", 20*time.Second)
 	if !ok {
 		t.Fatal("the watch never reported the first primary")

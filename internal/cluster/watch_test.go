@@ -29,45 +29,12 @@ func TestWatchLeaderPassesOverASilentMember(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	seen := make(chan Leader, 64)
-	wg.Go(func() {
-		_ = r.WatchLeader(ctx, func(l Leader) {
-			select {
-			case seen <- l:
-			default: // the test reads them all; never block the watch
-			}
-		})
-	})
-	// waitFor waits for the watch to report addr as the primary.
-	waitFor := func(addr string, within time.Duration) (Leader, bool) {
-		deadline := time.After(within)
-		for {
-			select {
-			case l := <-seen:
-				if l.Addr == addr {
-					return l, true
-				}
-			case <-deadline:
-				return Leader{}, false
-			}
-		}
-	}
+	waitFor := leaderWatch(ctx, &wg, r)
 	// A primary on endpoint ep only (so that closing it never waits on
-	// a stopped member), with a lease long enough to outlive the stops.
+	// a stopped member).
 	elect := func(ep int, id string) *Member {
 		t.Helper()
-		jctx, jcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer jcancel()
-		m, err := Join(jctx, Config{Endpoints: []string{es[ep].Endpoint}, Cluster: "deaf", ID: id, Addr: "127.0.0.1:" + id,
-			LeaseTTL: 30 * time.Second, Logger: testkit.Logger()})
-		if err != nil {
-			t.Fatalf("join %s: %v", id, err)
-		}
-		if _, err := m.Campaign(jctx); err != nil {
-			m.Close()
-			t.Fatalf("campaign %s: %v", id, err)
-		}
-		return m
+		return electOn(ctx, t, Config{Endpoints: []string{es[ep].Endpoint}, Cluster: "deaf"}, id)
 	}
 	prev := elect(2, "1000")
 	if _, ok := waitFor("127.0.0.1:1000", 20*time.Second); !ok {
@@ -105,6 +72,53 @@ func TestWatchLeaderPassesOverASilentMember(t *testing.T) {
 	if r.eps.passed.Load() == 0 {
 		t.Fatal("the watch never moved to another endpoint")
 	}
+}
+
+// leaderWatch runs r.WatchLeader until ctx ends (wg waits for it) and
+// returns waitFor, which waits up to within for the watch to report addr
+// as the primary.
+func leaderWatch(ctx context.Context, wg *sync.WaitGroup, r *Reader) (waitFor func(addr string, within time.Duration) (Leader, bool)) {
+	seen := make(chan Leader, 64)
+	wg.Go(func() {
+		_ = r.WatchLeader(ctx, func(l Leader) {
+			select {
+			case seen <- l:
+			default: // the test reads them all; never block the watch
+			}
+		})
+	})
+	return func(addr string, within time.Duration) (Leader, bool) {
+		deadline := time.After(within)
+		for {
+			select {
+			case l := <-seen:
+				if l.Addr == addr {
+					return l, true
+				}
+			case <-deadline:
+				return Leader{}, false
+			}
+		}
+	}
+}
+
+// electOn joins id (at 127.0.0.1:id) with cfg, whose endpoints it alone
+// uses, and campaigns until elected (20 s at most), with a 30 s lease
+// that outlives a test's stops and cuts.
+func electOn(ctx context.Context, t *testing.T, cfg Config, id string) *Member {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	cfg.ID, cfg.Addr, cfg.LeaseTTL, cfg.Logger = id, "127.0.0.1:"+id, 30*time.Second, testkit.Logger()
+	m, err := Join(ctx, cfg)
+	if err != nil {
+		t.Fatalf("join %s: %v", id, err)
+	}
+	if _, err := m.Campaign(ctx); err != nil {
+		m.Close()
+		t.Fatalf("campaign %s: %v", id, err)
+	}
+	return m
 }
 
 // A Reader's reads pass over a silent etcd member too: with a follower

@@ -12,6 +12,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from typing import Callable, Iterable, TypeVar
 
 from conftest import Hub, free_port
 
@@ -78,7 +79,7 @@ class Etcd:
         with urllib.request.urlopen(self.url + "/metrics", timeout=5, context=self.ctx) as r:
             text = r.read().decode()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and labels in line)
+                   if (line.startswith(name + " ") or line.startswith(name + "{")) and labels in line)
 
     def leader(self, cluster: str) -> tuple[str, int] | None:
         """(member id, epoch) of ``cluster``'s election holder, from etcd
@@ -103,10 +104,20 @@ def start_etcd_cluster(tmp: pathlib.Path, n: int = 3) -> list[Etcd]:
     caller stops them."""
     peers = [f"http://127.0.0.1:{free_port()}" for _ in range(n)]
     initial = ",".join(f"m{i}={p}" for i, p in enumerate(peers))
-    es: list[Etcd] = []
+    return serving([lambda i=i, p=p: Etcd(tmp, name=f"m{i}", peer=p, initial=initial, wait=False)
+                    for i, p in enumerate(peers)])
+
+
+E = TypeVar("E", bound=Etcd)
+
+
+def serving(members: Iterable[Callable[[], E]]) -> list[E]:
+    """Starts each member (none serves until a quorum runs), then waits
+    until each serves; a failure stops those started and raises."""
+    es: list[E] = []
     try:
-        for i, p in enumerate(peers):
-            es.append(Etcd(tmp, name=f"m{i}", peer=p, initial=initial, wait=False))
+        for start in members:
+            es.append(start())
         for e in es:
             e.wait_serving()
     except BaseException:

@@ -32,9 +32,8 @@ import os
 import pathlib
 import shutil
 import subprocess
-import urllib.request
 
-from etcdproc import Etcd
+from etcdproc import Etcd, serving
 
 LOCK = "/tmp/rlhub-netlab.lock"
 _labs = itertools.count(1)
@@ -227,26 +226,9 @@ class LabEtcd(Etcd):
         """etcd_server_has_leader, from the member's /metrics."""
         return self.metric("etcd_server_has_leader") == 1.0
 
-    def metric(self, name: str, labels: str = "") -> float:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if (line.startswith(name + " ") or line.startswith(name + "{")) and labels in line)
-
 
 def start_etcd_on(lab: Lab, tmp: pathlib.Path, extra: tuple[str, ...] = ()) -> list[LabEtcd]:
     """One member per host of ``lab``, each serving (60 s); the caller
     stops them (before removing the lab)."""
     initial = ",".join(f"{h.name}=http://{h.ip}:2380" for h in lab.hosts)
-    es: list[LabEtcd] = []
-    try:
-        for h in lab.hosts:
-            es.append(LabEtcd(tmp, h, initial, extra))
-        for e in es:
-            e.wait_serving()
-    except BaseException:
-        for e in es:
-            if not e.log.closed:
-                e.stop()
-        raise
-    return es
+    return serving([lambda h=h: LabEtcd(tmp, h, initial, extra) for h in lab.hosts])
