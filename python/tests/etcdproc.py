@@ -23,12 +23,15 @@ class Etcd:
     serves HTTPS and checks client certificates. A member of a cluster
     (:func:`start_etcd_cluster`) is given its ``name``, ``peer`` URL and
     the ``initial`` cluster, and ``wait=False`` (no member serves until a
-    quorum runs). ``extra`` are more etcd flags."""
+    quorum runs). ``extra`` are more etcd flags. ``addr`` (host:port) is
+    where it serves clients instead of a free loopback port, and ``wrap``
+    the command it runs under (a lab host's namespace: netlab)."""
 
     def __init__(self, tmp: pathlib.Path, tls: dict | None = None, name: str = "t", peer: str | None = None,
-                 initial: str | None = None, wait: bool = True, extra: tuple[str, ...] = ()):
+                 initial: str | None = None, wait: bool = True, extra: tuple[str, ...] = (),
+                 addr: str | None = None, wrap: tuple[str, ...] = ()):
         scheme = "https" if tls else "http"
-        self.hostport = f"127.0.0.1:{free_port()}"
+        self.hostport = addr or f"127.0.0.1:{free_port()}"
         self.url = f"{scheme}://{self.hostport}"
         peer = peer or f"http://127.0.0.1:{free_port()}"
         initial = initial or f"{name}={peer}"
@@ -46,7 +49,7 @@ class Etcd:
             self.ctx = ssl.create_default_context(cafile=tls["ca"])
             self.ctx.load_cert_chain(tls["client_cert"], tls["client_key"])
         args += extra
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([*wrap, *args], stdout=self.log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_serving()
 

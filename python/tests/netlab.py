@@ -123,21 +123,23 @@ class Lab:
         """Cuts ``h`` off from ``others`` alone, both ways (Go: CutFrom): a
         blackhole route to each on each side; they still reach the rest of
         the lab, and the test process reaches all."""
-        for a, b in [(h, o) for o in others] + [(o, h) for o in others]:
+        for a, b in _both_ways(h, others):
             _ip("-n", a.ns, "route", "add", "blackhole", b.ip + "/32")
             self._cuts.add((a.ns, b.ip))
 
     def heal_from(self, h: Host, others: list[Host]) -> None:
         """Undoes :meth:`cut_from` between ``h`` and ``others``."""
-        for a, b in [(h, o) for o in others] + [(o, h) for o in others]:
-            _ip("-n", a.ns, "route", "del", "blackhole", b.ip + "/32")
-            self._cuts.discard((a.ns, b.ip))
+        for a, b in _both_ways(h, others):
+            self._uncut(a.ns, b.ip)
 
     def heal_all(self) -> None:
         """Undoes every :meth:`cut_from` still in place."""
         for ns, ip in sorted(self._cuts):
-            _ip("-n", ns, "route", "del", "blackhole", ip + "/32")
-            self._cuts.discard((ns, ip))
+            self._uncut(ns, ip)
+
+    def _uncut(self, ns: str, ip: str) -> None:
+        _ip("-n", ns, "route", "del", "blackhole", ip + "/32")
+        self._cuts.discard((ns, ip))
 
     def remove(self) -> None:
         """Deletes the lab (veth pairs first: a deleted namespace goes away
@@ -159,6 +161,11 @@ class Lab:
             self._bridge_made = False
         if problems:
             raise RuntimeError("; ".join(problems))
+
+
+def _both_ways(h: Host, others: list[Host]) -> list[tuple[Host, Host]]:
+    """(from, to) for each way between ``h`` and each of ``others``."""
+    return [(h, o) for o in others] + [(o, h) for o in others]
 
 
 def _dead(name: str) -> bool:
@@ -204,23 +211,16 @@ def _free_subnet() -> ipaddress.IPv4Network:
 
 
 class LabEtcd(Etcd):
-    """One etcd member on a lab host (clustertest.StartOnLab's flags:
-    client port 2379 and peer port 2380 on the host's address, plaintext),
-    with :class:`etcdproc.Etcd`'s calls. ``wait=False``: no member serves
-    until a quorum runs."""
+    """One etcd member on a lab host (clustertest.StartOnLab's addresses:
+    client port 2379 and peer port 2380 on the host's address, plaintext;
+    and ``--pre-vote``, as every member of an :class:`etcdproc.Etcd`
+    cluster), with :class:`etcdproc.Etcd`'s calls. It does not wait: no
+    member serves until a quorum runs."""
 
     def __init__(self, tmp: pathlib.Path, host: Host, initial: str, extra: tuple[str, ...] = ()):
         self.host = host
-        self.hostport = f"{host.ip}:2379"
-        self.url = f"http://{self.hostport}"
-        self.ctx = None
-        self.log = open(tmp / f"etcd-{host.name}.log", "wb")
-        args = ["etcd", "--name", host.name, "--data-dir", str(tmp / f"etcd-{host.name}"),
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                "--listen-peer-urls", f"http://{host.ip}:2380", "--initial-advertise-peer-urls",
-                f"http://{host.ip}:2380", "--initial-cluster", initial, "--initial-cluster-state", "new",
-                "--log-level", "error", *extra]
-        self.proc = subprocess.Popen(host.argv(*args), stdout=self.log, stderr=subprocess.STDOUT)
+        super().__init__(tmp, name=host.name, peer=f"http://{host.ip}:2380", initial=initial, wait=False,
+                         extra=extra, addr=f"{host.ip}:2379", wrap=tuple(host.argv()))
 
     def has_leader(self) -> bool:
         """etcd_server_has_leader, from the member's /metrics."""
@@ -228,7 +228,7 @@ class LabEtcd(Etcd):
 
 
 def start_etcd_on(lab: Lab, tmp: pathlib.Path, extra: tuple[str, ...] = ()) -> list[LabEtcd]:
-    """One member per host of ``lab``, each serving (60 s); the caller
-    stops them (before removing the lab)."""
+    """One member per host of ``lab``, each serving (30 s each); the
+    caller stops them (before removing the lab)."""
     initial = ",".join(f"{h.name}=http://{h.ip}:2380" for h in lab.hosts)
     return serving([lambda h=h: LabEtcd(tmp, h, initial, extra) for h in lab.hosts])

@@ -254,7 +254,7 @@ def lab_etcd(tmp_path: pathlib.Path):
     lab = netlab.Lab("m1", "m2", "m3")
     es: list[netlab.LabEtcd] = []
     try:
-        es = netlab.start_etcd_on(lab, tmp_path, ("--pre-vote",))
+        es = netlab.start_etcd_on(lab, tmp_path)
         discover.configure(discover.EtcdSecurity(insecure=True))
         yield lab, es
     finally:
