@@ -26,7 +26,7 @@ func get(addr, path string) string {
 }
 
 // --metrics-listen on serve, relay and worker ars serves each process's
-// own families (and the hub's dashboard).
+// own families (and the hub's dashboard) and the probes.
 func TestMetricsListenFlags(t *testing.T) {
 	hubMetrics, relayMetrics, workerMetrics := freeAddr(t), freeAddr(t), freeAddr(t)
 	addr := serveCLI(t, "--metrics-listen", hubMetrics)
@@ -53,6 +53,10 @@ func TestMetricsListenFlags(t *testing.T) {
 		{hubMetrics, "/api/state", `"role":"hub"`},
 		{relayMetrics, "/metrics", "rlhub_sync_streams"},
 		{workerMetrics, "/metrics", "rlhub_ars_worker_tasks_total"},
+		// The probes: each process outside a cluster is ready while it serves.
+		{hubMetrics, "/readyz", "ready"},
+		{relayMetrics, "/readyz", "ready"},
+		{workerMetrics, "/healthz", "ok"},
 	} {
 		testkit.Eventually(t, 20*time.Second, c.addr+c.path+" serves "+c.want, func() bool { return strings.Contains(get(c.addr, c.path), c.want) })
 	}

@@ -14,8 +14,9 @@ import (
 )
 
 // Off loopback the endpoint needs TLS and tokens, or Insecure; with
-// tokens every path wants a reader token, as a bearer token or as the
-// basic-auth password (what a browser sends for the dashboard).
+// tokens every path but the two probes wants a reader token, as a bearer
+// token or as the basic-auth password (what a browser sends for the
+// dashboard).
 func TestEndpointSecureByDefault(t *testing.T) {
 	if _, err := metrics.New(metrics.Config{Listen: "0.0.0.0:0", Logger: testkit.Logger()}); err == nil || !strings.Contains(err.Error(), "not a loopback address") {
 		t.Fatalf("exposed plaintext endpoint: %v", err)
@@ -66,6 +67,11 @@ func TestEndpointSecureByDefault(t *testing.T) {
 		{"bearer", "/metrics", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+tok) }, 200},
 		{"basic", "/", func(r *http.Request) { r.SetBasicAuth("any", tok) }, 200},
 		{"basic, no token", "/api/state", func(r *http.Request) { r.SetBasicAuth("any", "") }, 401},
+		// The probes alone need no token (an orchestrator's probe holds none).
+		{"liveness probe, no token", "/healthz", func(*http.Request) {}, 200},
+		{"readiness probe, no token", "/readyz", func(*http.Request) {}, 200},
+		{"a path below a probe, no token", "/healthz/x", func(*http.Request) {}, 401},
+		{"a probe's twin path, no token", "/readyz/", func(*http.Request) {}, 401},
 	} {
 		if got := get(c.path, c.set); got != c.want {
 			t.Errorf("%s %s: %d, want %d", c.what, c.path, got, c.want)

@@ -135,8 +135,24 @@ func guard(v *auth.Verifier, next http.Handler) http.Handler {
 	})
 }
 
+// clientCert refuses requests without a verified client certificate when
+// need is set (the endpoint's TLS is mutual).
+func clientCert(need bool, next http.Handler) http.Handler {
+	if !need {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "rlhub metrics: a client certificate is required (mutual TLS)", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // Server is the HTTP endpoint: /metrics (Prometheus text format), / (the
-// dashboard) and /api/state (the dashboard's JSON).
+// dashboard), /api/state (the dashboard's JSON), and the probes /healthz
+// and /readyz (health.go), which alone need no token.
 type Server struct {
 	cfg  Config
 	reg  *prometheus.Registry
@@ -171,13 +187,22 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics: listen: %w", err)
 	}
+	var needCert bool
 	if cfg.TLS != nil {
 		tc := cfg.TLS.Clone()
 		tc.NextProtos = []string{"http/1.1"}
+		// Mutual TLS is checked per request, not at the handshake, so that
+		// a probe without a certificate (Kubernetes' HTTPS probes present
+		// none) reaches /healthz and /readyz; every other path still wants
+		// a certificate the client CA signed (clientCert). A certificate
+		// that is presented is verified at the handshake as before.
+		if needCert = tc.ClientAuth == tls.RequireAndVerifyClientCert; needCert {
+			tc.ClientAuth = tls.VerifyClientCertIfGiven
+		}
 		lis = tls.NewListener(lis, tc)
 	}
 	s.lis = lis
-	s.srv = &http.Server{Handler: guard(cfg.Auth, mux), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	s.srv = &http.Server{Handler: probes(cfg.Sources, clientCert(needCert, guard(cfg.Auth, mux))), ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
 	return s, nil
 }
 

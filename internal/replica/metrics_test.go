@@ -57,11 +57,27 @@ func scrape(t *testing.T, url string) (map[string]float64, error) {
 	return out, nil
 }
 
+// readyz is one endpoint's readiness probe: its status and body.
+func readyz(url string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	return resp.StatusCode, strings.TrimSpace(string(b)), err
+}
+
 // TestStandbysServeClusterMetrics: with --metrics-listen, a standby
 // serves its role, the epoch it follows, that it is synced and the units
 // it applied; the primary serves its role and each standby's lag; and the
 // standby that takes over serves the primary's endpoint with the new
-// epoch.
+// epoch. Each endpoint's readiness probe says the same role: the primary
+// and a synced standby are ready, and the standby that takes over is
+// ready as the primary of the new epoch.
 func TestStandbysServeClusterMetrics(t *testing.T) {
 	e := clustertest.Start(t)
 	c := newCluster(t, e.Endpoint, 2, "--metrics-listen", "127.0.0.1:0")
@@ -94,6 +110,14 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	if got["rlhub_cluster_primary"] != 0 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 1 {
 		t.Fatalf("standby %s metrics %v, want primary 0, epoch %d, a unit applied", sb.id, got, l1.Epoch)
 	}
+	wantReady := func(url, who, want string) {
+		t.Helper()
+		code, body, err := readyz(url)
+		if err != nil || code != http.StatusOK || body != want {
+			t.Fatalf("%s's /readyz: %d %q (%v), want 200 %q", who, code, body, err, want)
+		}
+	}
+	wantReady(sbURL, "the standby", fmt.Sprintf("standby, synced with the primary of epoch %d", l1.Epoch))
 	pURL := last(p1, "hub")
 	lag := fmt.Sprintf(`rlhub_cluster_standby_lag_units{member=%q}`, sb.id)
 	testkit.Eventually(t, 30*time.Second, "the primary's cluster metrics", func() bool {
@@ -105,6 +129,7 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	if got["rlhub_cluster_primary"] != 1 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 2 {
 		t.Fatalf("primary %s metrics %v, want primary 1, epoch %d, units asked for by two publishes", p1.id, got, l1.Epoch)
 	}
+	wantReady(pURL, "the primary", fmt.Sprintf("primary, epoch %d", l1.Epoch))
 
 	p1.kill()
 	l2, _ := c.leader(l1.Epoch)
@@ -114,4 +139,5 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 		got, err = scrape(t, newURL)
 		return err == nil && got["rlhub_cluster_primary"] == 1 && got["rlhub_cluster_epoch"] == float64(l2.Epoch)
 	})
+	wantReady(newURL, "the new primary", fmt.Sprintf("primary, epoch %d", l2.Epoch))
 }
