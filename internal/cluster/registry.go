@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"regexp"
 	"sort"
 	"sync"
 	"time"
@@ -158,7 +159,11 @@ type Announcement struct {
 func Announce(ctx context.Context, cfg Config, info ServiceInfo) (*Announcement, error) {
 	cfg.ID, cfg.Addr = info.ID, info.Addr
 	if info.Host == "" {
-		info.Host, _ = os.Hostname()
+		h, err := HostName()
+		if err != nil {
+			return nil, err
+		}
+		info.Host = h
 	}
 	if err := cfg.validate(true); err != nil {
 		return nil, err
@@ -371,11 +376,15 @@ func sortedServices(m map[string]ServiceInfo) []ServiceInfo {
 }
 
 // LocalRelay is the relay announced for model on host ("" means this
-// machine's hostname), and false when there is none (a collector then
+// machine's, HostName), and false when there is none (a collector then
 // uses the hub). Of several, the first by id.
 func (r *Reader) LocalRelay(ctx context.Context, model, host string) (ServiceInfo, bool, error) {
 	if host == "" {
-		host, _ = os.Hostname()
+		h, err := HostName()
+		if err != nil {
+			return ServiceInfo{}, false, err
+		}
+		host = h
 	}
 	ss, err := r.Services(ctx, KindRelay, model)
 	if err != nil {
@@ -383,6 +392,33 @@ func (r *Reader) LocalRelay(ctx context.Context, model, host string) (ServiceInf
 	}
 	s, ok := PickRelay(ss, model, host)
 	return s, ok, nil
+}
+
+// HostEnv, when set, names the machine this process runs on (HostName).
+const HostEnv = "RLHUB_HOST"
+
+// hostPattern is what HostEnv may hold: a host or node name.
+var hostPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
+// HostName is the name of the machine this process runs on, as a relay
+// announces it (ServiceInfo.Host) and a collector looks for it
+// (PickRelay): $RLHUB_HOST when set, else the hostname. In Kubernetes a
+// pod's hostname is the pod's own, so relay and collector pods set
+// RLHUB_HOST to the node's name (the downward API's spec.nodeName) to
+// find each other. A value that is not a host name is an error (it is
+// not shown: the environment is unbounded input).
+func HostName() (string, error) {
+	if h := os.Getenv(HostEnv); h != "" {
+		if !hostPattern.MatchString(h) {
+			return "", fmt.Errorf("%w: cluster: $%s (%d bytes) is not a host name: letters, digits, '.', '-' and '_', at most 253", errs.ErrInvalid, HostEnv, len(h))
+		}
+		return h, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("%w: cluster: this machine's hostname: %v (set $%s)", errs.ErrInvalid, err, HostEnv)
+	}
+	return h, nil
 }
 
 // PickRelay is, of announcements ss (sorted by kind and id, as Services

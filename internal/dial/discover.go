@@ -3,7 +3,6 @@ package dial
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/rlhub/rlhub/internal/cluster"
@@ -12,7 +11,7 @@ import (
 
 // CollectorTarget is where a weight collector of model on this machine
 // connects: for an etcd:// target, the relay announced in etcd for model
-// on this host (`relay --etcd`, matched by hostname:
+// on this host (`relay --etcd`, matched by cluster.HostName:
 // cluster.Reader.LocalRelay), with relay true; otherwise — no relay here,
 // or a target that is not etcd — target itself (the hub, or the cluster's
 // primary, followed). When etcd cannot be read it returns target and the
@@ -60,7 +59,7 @@ type RelayFinder struct {
 }
 
 // FindRelays starts a RelayFinder for model on this machine (matched by
-// hostname, as cluster.Reader.LocalRelay) in the cluster that target
+// cluster.HostName, as cluster.Reader.LocalRelay) in the cluster that target
 // (etcd://…) names. A target that is not etcd has no relays: it returns
 // nil, and a nil *RelayFinder finds none.
 func (c Config) FindRelays(target, model string) (*RelayFinder, error) {
@@ -71,11 +70,14 @@ func (c Config) FindRelays(target, model string) (*RelayFinder, error) {
 	if len(t.Etcd) == 0 {
 		return nil, nil
 	}
+	host, err := cluster.HostName()
+	if err != nil {
+		return nil, fmt.Errorf("dial: find the relay of %s: %w", model, err)
+	}
 	r, err := cluster.OpenReader(cluster.Config{Endpoints: t.Etcd, Cluster: t.Cluster, DialTimeout: DefaultResolveTimeout, Security: c.Etcd})
 	if err != nil {
 		return nil, fmt.Errorf("dial: find the relay of %s: %w", model, err)
 	}
-	host, _ := os.Hostname()
 	ctx, stop := context.WithCancel(context.Background())
 	f := &RelayFinder{model: model, host: host, r: r, stop: stop, done: make(chan struct{}), listed: make(chan struct{})}
 	go func() {

@@ -2,12 +2,15 @@ package dial
 
 import (
 	"context"
+	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -97,5 +100,56 @@ func TestRelayFinderWithoutAnAnswer(t *testing.T) {
 	defer cancel()
 	if _, ok, err := f.Local(ctx); err == nil || ok || !strings.Contains(err.Error(), "no answer from etcd") {
 		t.Fatalf("Local with etcd unreachable: %v %v", ok, err)
+	}
+}
+
+// $RLHUB_HOST names the machine for both sides: a relay announced without
+// a host is announced under it, and a collector's lookups (RelayFinder,
+// CollectorTarget) match it rather than the hostname — two pods on one
+// Kubernetes node have different hostnames but the same node name. A
+// value that is not a host name is refused, by both sides, without being
+// echoed.
+func TestRelaysAreMatchedByRLHUBHost(t *testing.T) {
+	e := clustertest.Start(t)
+	const name, model = "nodes", "policy"
+	cfg := cluster.Config{Endpoints: []string{e.Endpoint}, Cluster: name, LeaseTTL: 2 * time.Second}
+	target := "etcd://" + strings.TrimPrefix(e.Endpoint, "http://") + "/" + name
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hostname, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(cluster.HostEnv, "node-7")
+	for _, info := range []cluster.ServiceInfo{
+		{Kind: cluster.KindRelay, ID: "by-hostname", Addr: "127.0.0.1:1", Model: model, Host: hostname},
+		{Kind: cluster.KindRelay, ID: "on-node-7", Addr: "127.0.0.1:2", Model: model},
+	} {
+		a, err := cluster.Announce(ctx, cfg, info)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+	}
+	f, err := Config{}.FindRelays(target, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	testkit.Eventually(t, 30*time.Second, "the finder to pick node-7's relay", func() bool {
+		addr, ok, err := f.Local(ctx)
+		return err == nil && ok && addr == "127.0.0.1:2"
+	})
+	if addr, relay, err := (Config{}).CollectorTarget(ctx, target, model); err != nil || !relay || addr != "127.0.0.1:2" {
+		t.Fatalf("CollectorTarget: %q %v %v, want node-7's relay", addr, relay, err)
+	}
+
+	bad := "node 7\n" + strings.Repeat("x", 300)
+	t.Setenv(cluster.HostEnv, bad)
+	if _, err := (Config{}).FindRelays(target, model); !errors.Is(err, errs.ErrInvalid) || strings.Contains(err.Error(), "xxx") || !strings.Contains(err.Error(), cluster.HostEnv) {
+		t.Errorf("FindRelays with a bad $%s: %v, want ErrInvalid naming the variable, not its value", cluster.HostEnv, err)
+	}
+	if _, err := cluster.Announce(ctx, cfg, cluster.ServiceInfo{Kind: cluster.KindRelay, ID: "r9", Addr: "127.0.0.1:9", Model: model}); !errors.Is(err, errs.ErrInvalid) {
+		t.Errorf("Announce with a bad $%s: %v, want ErrInvalid", cluster.HostEnv, err)
 	}
 }

@@ -10,7 +10,8 @@ WebSocket, with websocket-client) as :class:`rlhub._channel.FollowingChannel`
 does:
 
 * :func:`services` lists announcements; :func:`local_relay` is the relay of
-  a model on this host (matched by hostname) and :func:`collector_target`
+  a model on this host (matched by :func:`host_name`: ``$RLHUB_HOST``, else
+  the hostname) and :func:`collector_target`
   is where a collector should connect: that relay, or the hub when there is
   none.
 * :class:`ServiceWatch` follows the announcements of a kind with an etcd
@@ -41,6 +42,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import socket
 import ssl
 import threading
@@ -53,7 +55,7 @@ import websocket
 from rlhub import errors
 
 __all__ = ["EtcdSecurity", "configure", "Gateway", "Service", "services", "local_relay",
-           "collector_target", "ServiceWatch", "KIND_RELAY", "KIND_SECONDARY"]
+           "collector_target", "ServiceWatch", "KIND_RELAY", "KIND_SECONDARY", "HOST_ENV", "host_name"]
 
 KIND_RELAY = "relay"
 KIND_SECONDARY = "secondary"
@@ -571,16 +573,36 @@ def services(target: Any, kind: str = "", model: str = "", timeout: float = 3.0)
 
 def local_relay(target: Any, model: str, host: Optional[str] = None, timeout: float = 3.0) -> Optional[Service]:
     """The relay announced for ``model`` on ``host`` (default: this
-    machine's hostname), or None."""
+    machine's, :func:`host_name`), or None."""
     return pick_relay(services(target, KIND_RELAY, model, timeout), model, host)
+
+
+HOST_ENV = "RLHUB_HOST"
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
+def host_name() -> str:
+    """The name of the machine this process runs on, as relays announce
+    it and collectors look for it: ``$RLHUB_HOST`` when set, else the
+    hostname (Go: ``cluster.HostName``). In Kubernetes a pod's hostname is
+    the pod's own: relay and collector pods set ``RLHUB_HOST`` to the
+    node's name (the downward API's ``spec.nodeName``). A value that is
+    not a host name raises :class:`rlhub.errors.InvalidArgument`."""
+    h = os.environ.get(HOST_ENV, "")
+    if not h:
+        return socket.gethostname()
+    if not _HOST.fullmatch(h):
+        raise errors.InvalidArgument(f"rlhub: ${HOST_ENV} ({len(h)} characters) is not a host name: "
+                                     "letters, digits, '.', '-' and '_', at most 253")
+    return h
 
 
 def pick_relay(ss: List[Service], model: str, host: Optional[str] = None) -> Optional[Service]:
     """Of announcements ``ss`` (sorted by kind and id, as :func:`services`
     and :class:`ServiceWatch` give them), the first relay of ``model`` on
-    ``host`` (default: this machine's hostname): :func:`local_relay`'s
+    ``host`` (default: this machine's, :func:`host_name`): :func:`local_relay`'s
     choice, for a caller that keeps the list from a watch."""
-    host = host or socket.gethostname()
+    host = host or host_name()
     return next((s for s in ss if s.kind == KIND_RELAY and s.model == model and s.host == host), None)
 
 

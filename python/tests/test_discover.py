@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -106,7 +107,11 @@ def test_gradclient_discovers_secondaries_from_etcd(rlhub_bin, tmp_path):
         etcd.stop()
 
 
-def test_collector_finds_its_relay_from_etcd(rlhub_bin, tmp_path):
+def test_collector_finds_its_relay_from_etcd(rlhub_bin, tmp_path, monkeypatch):
+    # Relay and collector name their machine by $RLHUB_HOST (a Kubernetes
+    # node's name), not by their hostnames.
+    node = f"pynode-{os.getpid()}"
+    monkeypatch.setenv(discover.HOST_ENV, node)
     etcd = Etcd(tmp_path)
     cluster = f"pyrelay{os.getpid()}"
     target = _channel.etcd_target(etcd.url, cluster)
@@ -120,12 +125,22 @@ def test_collector_finds_its_relay_from_etcd(rlhub_bin, tmp_path):
         assert discover.collector_target(target, "m") == (target, False)
         relay = subprocess.Popen([rlhub_bin, "--log-level", "warn", "relay", "--etcd", etcd.url, "--cluster", cluster,
                                   "--model", "m", "--listen", "127.0.0.1:0", "--shm", seg, "--id", "pyrelay"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, discover.HOST_ENV: node})
         line = relay.stdout.readline()
         m = re.search(r"listening on (\S+),", line)
         assert m, line
         addr = m.group(1)
         assert discover.collector_target(target, "m") == (addr, True)
+        assert discover.local_relay(target, "m", host=node).addr == addr  # announced under $RLHUB_HOST
+        with monkeypatch.context() as mp:
+            mp.delenv(discover.HOST_ENV)  # this machine's hostname is not the relay's host
+            assert discover.host_name() == socket.gethostname() != node
+            assert discover.collector_target(target, "m") == (target, False)
+            mp.setenv(discover.HOST_ENV, "no such host\n" + "x" * 300)
+            with pytest.raises(rlhub.errors.InvalidArgument, match="RLHUB_HOST") as ei:
+                discover.host_name()
+            assert "xxx" not in str(ei.value)
         assert discover.collector_target(target, "other") == (target, False)
         assert discover.local_relay(target, "m", host="another-host") is None
         # A failover source given only the cluster finds the relay
