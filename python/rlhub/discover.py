@@ -67,8 +67,12 @@ _MAX_PASSWORD = 4096
 # for it are bounded by _WATCH_SILENCE too. A watch without events for
 # _WATCH_IDLE checks that its member can still answer a read (one cut off
 # from its peers answers progress requests from memory, but no event
-# reaches it).
-_WATCH_PROBE, _WATCH_SILENCE, _WATCH_IDLE = 0.5, 2.0, 5.0
+# reaches it); a POST stream is also opened again after _WATCH_IDLE. A
+# WebSocket watch also asks its member for its status every
+# _WATCH_LEADER and gives it up once two answers in a row, _WATCH_LEADER
+# apart, name no raft leader (a cut member loses its leader within ~2 s;
+# a normal election leaves a member without one for milliseconds).
+_WATCH_PROBE, _WATCH_SILENCE, _WATCH_IDLE, _WATCH_LEADER = 0.5, 2.0, 5.0, 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,18 +207,21 @@ class Gateway:
                 f"rlhub: etcd {where}: {msg} (the etcd user's role must grant the cluster's prefix /rlhub/NAME/)")
         return errors.Unavailable(f"rlhub: etcd {where}: " + (f"HTTP {status}: " if status else "") + msg)
 
-    def _post(self, i: int, path: str, body: Dict[str, Any], timeout: float, auth: bool = True) -> Any:
-        """One request to endpoint i; raises OSError when unreachable."""
+    def _post(self, i: int, path: str, body: Dict[str, Any], timeout: float, auth: bool = True,
+              conn: Optional[http.client.HTTPConnection] = None) -> Any:
+        """One request to endpoint i (on ``conn``, kept open, given one:
+        the caller closes it); raises OSError when unreachable."""
         headers = {"Content-Type": "application/json"}
         if auth and self._user:
             headers["Authorization"] = self._auth_token(i, timeout)
-        c = self._conn(i, timeout)
+        c = conn or self._conn(i, timeout)
         try:
             c.request("POST", path, json.dumps(body).encode(), headers)
             r = c.getresponse()
             data = r.read(_MAX_RESPONSE)
         finally:
-            c.close()
+            if conn is None:
+                c.close()
         if r.status != 200:
             raise self._refused(r.status, data, self._where())
         try:
@@ -288,10 +295,14 @@ class Gateway:
         at once, and fails once ``_WATCH_SILENCE`` passed without any
         answer or event: a member whose machine died or was cut off, or
         which is stopped, keeps its connection open and answers nothing.
-        After ``_WATCH_IDLE`` without events it reads ``prefix`` once at
+        A member cut off from its peers answers progress requests, but no
+        event reaches it: every ``_WATCH_LEADER`` the watch asks the member
+        for its status (on one connection kept open) and fails once two
+        answers in a row name no raft leader (within ~4 s of a cut). After
+        ``_WATCH_IDLE`` without events it also reads ``prefix`` once at
         the same member (bounded by ``_WATCH_SILENCE``) and fails when that
-        fails: a member cut off from its peers answers progress requests,
-        but no event reaches it and it has no leader to read through.
+        fails (a cut member has no leader to read through; this catches it
+        where the user may not ask for the status).
 
         With an etcd user, an etcd whose gateway refuses the token over a
         WebSocket (it gets it as ``Bearer TOKEN``, which etcd 3.4 does not
@@ -333,6 +344,7 @@ class Gateway:
             # The gateway passes only this header on, as "Bearer TOKEN".
             header.append("Sec-WebSocket-Protocol: Bearer, " + tok)
         sock: Optional[socket.socket] = None
+        status: Optional[http.client.HTTPConnection] = None
         opened = False
         try:
             sock = self._socket(i)
@@ -346,19 +358,37 @@ class Gateway:
                                              timeout=_WATCH_SILENCE, socket=meter, header=header, suppress_origin=True)
             opened = True
             ws.send(json.dumps(body))
-            heard = event = probed = time.monotonic()
+            heard = event = probed = checked = time.monotonic()
+            status = self._conn(i, _WATCH_SILENCE)
+            leaderless: Optional[float] = None  # when the member first named no leader, of answers in a row
             while not stop.is_set():
                 now = time.monotonic()
                 if now - heard > _WATCH_SILENCE:
                     raise errors.Unavailable(f"rlhub: etcd {where}: the watch heard nothing for {now - heard:.1f} s "
                                              "(the member is stopped or cut off)")
+                if status is not None and now - checked >= _WATCH_LEADER:
+                    try:
+                        has = self._has_leader(i, status)
+                    except errors.PermissionDenied:  # the user may not ask (etcd 3.6): the idle read alone
+                        status.close()
+                        status, has = None, None
+                    checked = time.monotonic()
+                    if has is not False:
+                        leaderless = None
+                    elif leaderless is None:
+                        leaderless = checked
+                    elif checked - leaderless >= _WATCH_LEADER:
+                        raise errors.Unavailable(
+                            f"rlhub: etcd {where}: the member has had no raft leader for {checked - leaderless:.1f} s "
+                            "(cut off from its peers, or etcd lost its quorum)")
                 if now - event > _WATCH_IDLE:
                     self.range_prefix(prefix, _WATCH_SILENCE, endpoint=i, count_only=True)
                     event = time.monotonic()
                 if now - probed >= _WATCH_PROBE:
                     ws.send('{"progress_request": {}}')
                     probed = now
-                sock.settimeout(max(0.001, probed + _WATCH_PROBE - time.monotonic()))
+                wake = min(probed + _WATCH_PROBE, checked + _WATCH_LEADER if status is not None else probed + 1)
+                sock.settimeout(max(0.001, wake - time.monotonic()))
                 try:
                     op, data = ws.recv_data()
                 except websocket.WebSocketTimeoutException:
@@ -405,12 +435,41 @@ class Gateway:
                     self._watching.pop(stop, None)
             if sock is not None:
                 sock.close()
+            if status is not None:
+                status.close()
+
+    def _has_leader(self, i: int, conn: http.client.HTTPConnection) -> Optional[bool]:
+        """Whether endpoint i's member has a raft leader, by its status
+        (``/v3/maintenance/status``, answered from the member's memory
+        without a raft round: a member without a leader leaves ``leader``
+        out), asked on ``conn``, which stays open between checks (once more
+        on a new connection when etcd closed a kept one). None when not
+        known: the user's token expired (the next check authenticates
+        again). Raises ``Unavailable`` when the member does not answer
+        within ``_WATCH_SILENCE``, ``PermissionDenied`` when the user may
+        not ask."""
+        for attempt in range(2):
+            kept = conn.sock is not None
+            try:
+                st = self._post(i, "/v3/maintenance/status", {}, _WATCH_SILENCE, conn=conn)
+                return st.get("leader") not in (None, "", "0", 0)
+            except errors.Unauthenticated:
+                with self._mu:
+                    self._token = None
+                return None
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if kept and attempt == 0 and not isinstance(e, TimeoutError):
+                    continue
+                raise errors.Unavailable(f"rlhub: etcd {self.endpoints[i][:200]}: status: {str(e)[:200]}") from None
+        return None
 
     def _watch_stream(self, i: int, body: Dict[str, Any], on_events: Callable[[List[Dict[str, Any]]], None],
                       stop: threading.Event) -> None:
         """:meth:`watch` through a POST stream, which takes no progress
         requests: it returns after ``_WATCH_IDLE`` without a line, and
         fails when etcd ends it because its member lost its leader."""
+        where = self.endpoints[i][:200]
         # The gateway hands Grpc-Metadata-* headers on as gRPC metadata:
         # etcd's "hasleader" requirement, which a WebSocket cannot carry.
         headers = {"Content-Type": "application/json", "Grpc-Metadata-Hasleader": "true"}
@@ -422,7 +481,7 @@ class Gateway:
             c.request("POST", "/v3/watch", json.dumps(body).encode(), headers)
             r = c.getresponse()
             if r.status != 200:
-                err = self._refused(r.status, r.read(_MAX_RESPONSE), self._where())
+                err = self._refused(r.status, r.read(_MAX_RESPONSE), where)
                 if isinstance(err, errors.Unauthenticated):
                     with self._mu:
                         self._token = None  # expired: the next watch authenticates again
@@ -439,18 +498,22 @@ class Gateway:
                 if not line:
                     if stop.is_set():
                         return
-                    raise errors.Unavailable(f"rlhub: etcd {self._where()}: the watch ended")
+                    raise errors.Unavailable(f"rlhub: etcd {where}: the watch ended")
                 if not line.strip():
                     continue
-                res = _watch_result(line, self._where())
-                if res.get("canceled"):
-                    raise errors.Unavailable(f"rlhub: etcd watch canceled: {str(res.get('cancel_reason', ''))[:200]}")
+                res = _watch_result(line, where)
+                if res.get("canceled"):  # worded and mapped as over the WebSocket
+                    err = self._refusal(0, "the watch was canceled: " + str(res.get("cancel_reason", "")), where)
+                    if isinstance(err, errors.Unauthenticated):
+                        with self._mu:
+                            self._token = None  # expired: the next watch authenticates again
+                    raise err
                 if res.get("events"):
                     on_events(res["events"])
         except (OSError, ValueError, http.client.HTTPException) as e:
             if stop.is_set() or (streaming and isinstance(e, TimeoutError)):
                 return
-            raise errors.Unavailable(f"rlhub: etcd watch: {str(e)[:200]}") from None
+            raise errors.Unavailable(f"rlhub: etcd {where}: watch: {str(e)[:200]}") from None
         finally:
             with self._mu:
                 self._watching.pop(stop, None)

@@ -22,9 +22,11 @@ A member cut off from its peers is not silent: it answers progress
 requests from memory, but no event reaches it and it has no leader to
 read through. The lab test below cuts the follower's member off on a real
 network (python/tests/netlab.py: a network namespace per member, blackhole
-routes between them) and elects a new primary through the majority: only
-the watch's idle read (``discover._WATCH_IDLE``) moves it on
-(docs/benchlog/2026-12-03-s19-pycut.md).
+routes between them) and elects a new primary through the majority: the
+WebSocket watch's leader check (``discover._WATCH_LEADER``: the member's
+status names no raft leader) or its idle read (``discover._WATCH_IDLE``)
+moves it on, a POST stream etcd's own leader requirement or its idle read
+(docs/benchlog/2026-12-03-s19-pycut.md, 2026-12-03-s20-wsleader.md).
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 
 import pytest
 import websocket
 
-from rlhub import _channel, discover
+from rlhub import _channel, discover, errors
 import netlab
 from etcdproc import Etcd, sigstop, start_etcd_cluster
 
@@ -218,6 +221,35 @@ def test_the_watch_with_an_etcd_user(tmp_path):
         e.stop()
 
 
+def test_a_refused_watch_names_its_member_and_the_role(tmp_path):
+    """A watch etcd cancels for the user's role (its role covers another
+    prefix) is a PermissionDenied naming the member and the role, worded
+    as over the WebSocket, not an Unavailable: here the POST stream etcd
+    3.4 needs with a user (before, the stream said only "etcd watch
+    canceled")."""
+    e = Etcd(tmp_path)
+    prefix = f"/rlhub/{CLUSTER}/"
+    e.post("/v3/auth/user/add", {"name": "root", "password": "rootpw"})
+    e.post("/v3/auth/user/grant", {"user": "root", "role": "root"})
+    e.post("/v3/auth/role/add", {"name": "r"})
+    e.post("/v3/auth/role/grant", {"name": "r", "perm": {"key": b64(prefix), "range_end": b64(prefix[:-1] + "0"),
+                                                         "permType": "READ"}})
+    e.post("/v3/auth/user/add", {"name": "hub", "password": "hubpw"})
+    e.post("/v3/auth/user/grant", {"user": "hub", "role": "r"})
+    e.post("/v3/auth/enable", {})
+    (tmp_path / "pw").write_text("hubpw\n")
+    gw = discover.Gateway((e.url,), discover.EtcdSecurity(user="hub", password_file=str(tmp_path / "pw")))
+    try:
+        gw._bearer = False  # etcd 3.4 (test_the_watch_with_an_etcd_user): a POST stream
+        with pytest.raises(errors.PermissionDenied) as ei:
+            gw.watch("/rlhub/elsewhere/", 1, lambda evs: None, threading.Event())
+        msg = str(ei.value)
+        assert f"etcd {e.url}: the watch was canceled: " in msg and "permission denied" in msg, msg
+        assert "role must grant" in msg, msg
+    finally:
+        e.stop()
+
+
 def test_reads_start_at_the_member_that_answered(tmp_path):
     """A read through the gateway starts at the endpoint that answered the
     last one, so a silent member (SIGSTOPped: each request to it waits out
@@ -283,17 +315,20 @@ def progress_answered(ws: websocket.WebSocket, within: float = 2.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("auth,idle", [(False, True), (True, True), (True, False)],
-                         ids=["websocket", "etcd-user", "etcd-user-without-idle-read"])
+@pytest.mark.parametrize("auth,idle", [(False, True), (False, False), (True, True), (True, False)],
+                         ids=["websocket", "websocket-without-idle-read", "etcd-user", "etcd-user-without-idle-read"])
 def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp_path, monkeypatch, auth, idle):
     """The follower's watch is on member W; W is cut off from the two
     others (both directions; the test process still reaches it) and loses
     its raft leader, yet answers progress requests, so the watch's silence
     check never fires. The primary's term is ended and a new one elected
     through the majority: the follower must offer it while W is still cut
-    off, which only the watch's idle read — linearizable, on W, failing
-    there — makes it do. (With the idle read disabled the follower stays on
-    W and this test fails: docs/benchlog/2026-12-03-s19-pycut.md.)
+    off. Over the WebSocket the watch's leader check makes it do so (W's
+    status names no leader twice in a row), and the idle read —
+    linearizable, on W, failing there — would after ``_WATCH_IDLE``; with
+    the idle read disabled (``idle`` False) only the leader check can.
+    (With both disabled the follower stays on W and this test fails:
+    docs/benchlog/2026-12-03-s19-pycut.md, 2026-12-03-s20-wsleader.md.)
 
     With an etcd user (``auth``) etcd 3.4's gateway does not take the
     token over a WebSocket and the watch is a POST stream, which cannot be
@@ -363,7 +398,8 @@ def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp
         if probe is not None:
             assert progress_answered(probe), f"{w.host}, cut off, stopped answering progress requests"
         stream = auth and discover.gateway(ch.target.etcd)._bearer is False
-        print(f"{w.host.name} cut off ({'POST stream' if stream else 'WebSocket'}): its raft leader lost after "
+        print(f"{w.host.name} cut off ({'POST stream' if stream else 'WebSocket'}"
+              f"{'' if idle else ', no idle read'}): its raft leader lost after "
               f"{t_lost - t_cut:.3f} s, the primary elected after {t_elected - t_cut:.3f} s and offered "
               f"{t_seen - t_elected:.3f} s later ({t_seen - t_cut:.3f} s after the cut)")
 
