@@ -83,8 +83,8 @@ const (
 	stateOpen   = 0
 	stateClosed = 1
 
-	// copyChunk is how much is copied before the chunk's CRC is computed,
-	// so the checksum reads bytes that are still in cache.
+	// copyChunk is how much of a slot the writer copies (and checksums)
+	// before it publishes its progress in the slot's written field.
 	copyChunk = 256 << 10
 )
 
@@ -163,18 +163,19 @@ func putShmHeader(b []byte, g shmGeometry, pid int) {
 }
 
 // copyCRC copies src into dst (same length) and returns the CRC-32C of the
-// bytes, computed chunk by chunk right after each chunk is copied.
-func copyCRC(dst, src []byte) uint32 { return copyCRCProgress(dst, src, nil) }
+// bytes, in one pass where the fused kernel runs (copyCRCUpdate).
+func copyCRC(dst, src []byte) uint32 { return copyCRCProgress(dst, src, nil, len(src) >= ntMin) }
 
 // copyCRCProgress is copyCRC that stores, after each chunk, how many
 // leading bytes are copied into written (nil: none); a slot's written
-// field, so that readers can follow the copy (docs/shm-layout.md).
-func copyCRCProgress(dst, src []byte, written *atomic.Uint64) uint32 {
+// field, so that readers can follow the copy (docs/shm-layout.md). nt asks
+// for non-temporal stores (copyCRCUpdate), which are fenced at the end of
+// each chunk's call, before its written store.
+func copyCRCProgress(dst, src []byte, written *atomic.Uint64, nt bool) uint32 {
 	var crc uint32
 	for off := 0; off < len(src); off += copyChunk {
 		end := min(off+copyChunk, len(src))
-		copy(dst[off:end], src[off:end])
-		crc = crc32.Update(crc, castagnoli, dst[off:end])
+		crc = copyCRCUpdate(crc, dst[off:end], src[off:end], nt)
 		if written != nil {
 			written.Store(uint64(end))
 		}
@@ -200,9 +201,10 @@ var minCopyPart = 2 << 20
 // written, when not nil, follows the first part (the calling goroutine's),
 // which is the copy's leading bytes.
 func copyCRCParallel(dst, src []byte, workers int, written *atomic.Uint64) uint32 {
+	nt := len(src) >= ntMin
 	n := min(workers, maxCopyWorkers, len(src)/minCopyPart)
 	if n <= 1 {
-		return copyCRCProgress(dst, src, written)
+		return copyCRCProgress(dst, src, written, nt)
 	}
 	part := (len(src)/n + copyChunk - 1) / copyChunk * copyChunk
 	bounds := func(i int) (lo, hi int) {
@@ -219,11 +221,11 @@ func copyCRCParallel(dst, src []byte, workers int, written *atomic.Uint64) uint3
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			crcs[i] = copyCRC(dst[lo:hi], src[lo:hi])
+			crcs[i] = copyCRCProgress(dst[lo:hi], src[lo:hi], nil, nt)
 		}()
 	}
 	_, hi := bounds(0)
-	crc := copyCRCProgress(dst[:hi], src[:hi], written)
+	crc := copyCRCProgress(dst[:hi], src[:hi], written, nt)
 	wg.Wait()
 	for i := 1; i < n; i++ {
 		lo, hi := bounds(i)

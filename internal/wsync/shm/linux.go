@@ -835,18 +835,13 @@ func (r *Reader) follow(ctx context.Context, than uint64) (*store.Snapshot, erro
 }
 
 // copyPart copies src[lo:hi] into dst[lo:hi], extending crc over the bytes
-// chunk by chunk when the reader verifies.
+// copied, in one pass (copyCRCUpdate), when the reader verifies.
 func (r *Reader) copyPart(dst, src []byte, lo, hi int, crc uint32) uint32 {
 	if !r.cfg.Verify {
 		copy(dst[lo:hi], src[lo:hi])
 		return crc
 	}
-	for off := lo; off < hi; off += copyChunk {
-		end := min(off+copyChunk, hi)
-		copy(dst[off:end], src[off:end])
-		crc = crc32.Update(crc, castagnoli, dst[off:end])
-	}
-	return crc
+	return copyCRCUpdate(crc, dst[lo:hi], src[lo:hi], len(src) >= ntMin)
 }
 
 // leaseRead reads the version in slot i (seq s when picked) in place and

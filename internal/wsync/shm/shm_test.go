@@ -235,23 +235,29 @@ var copyReaders = tornSetup{
 // by CRC-32C; the others rely on the seqlock alone); no read may be torn.
 // It runs with copying readers on a double buffer, once with the writer
 // copying on one goroutine and once with each version split across 3
-// copying goroutines; then with leasing readers (3 lease entries, in 5
-// slots) next to copying ones: each leasing reader holds every snapshot it
-// gets until the writer has published leaseHoldVersions more, and checks
-// its bytes and CRC again, which fails if the writer ever wrote a leased
-// slot; one more leasing reader than there are entries falls back to
-// copying.
+// copying goroutines (both through the fused copy + CRC kernel, with
+// non-temporal stores fenced before each written mark and the commit, which
+// the following, verifying readers check); then with leasing readers (3
+// lease entries, in 5 slots) next to copying ones: each leasing reader
+// holds every snapshot it gets until the writer has published
+// leaseHoldVersions more, and checks its bytes and CRC again, which fails
+// if the writer ever wrote a leased slot; one more leasing reader than
+// there are entries falls back to copying.
 func TestShmTornReads(t *testing.T) {
 	t.Run("serial-writer", func(t *testing.T) {
+		old := ntMin
+		ntMin = 0 // copy the small versions with non-temporal stores too
+		defer func() { ntMin = old }()
 		setup := copyReaders
 		setup.copyWorkers = 1
 		testShmTornReads(t, setup)
 	})
 	t.Run("parallel-writer", func(t *testing.T) {
-		old, oldFollow := minCopyPart, followMin
+		old, oldFollow, oldNT := minCopyPart, followMin, ntMin
 		minCopyPart = 64 << 10 // split the 256 KiB versions too
 		followMin = 0          // and follow them (the copying readers' WaitNewer)
-		defer func() { minCopyPart, followMin = old, oldFollow }()
+		ntMin = 0              // behind non-temporal stores
+		defer func() { minCopyPart, followMin, ntMin = old, oldFollow, oldNT }()
 		setup := copyReaders
 		setup.copyWorkers = 3
 		testShmTornReads(t, setup)
