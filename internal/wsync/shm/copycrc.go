@@ -7,9 +7,10 @@ import (
 )
 
 // fusedMin is the smallest copy that goes through the fused kernel;
-// below it a copy then crc32.Update of the bytes still in L1 is as fast
-// and there is no alignment head and tail to split off.
-const fusedMin = 4 << 10
+// below it a copy then crc32.Update of the bytes still in L1 is faster
+// (the kernel's head, tail and CRC combination cost more than they save;
+// the two are even at about 8 KiB, docs/benchlog/2026-12-03-s20-fusedcrc.md).
+const fusedMin = 8 << 10
 
 // ntMin is the smallest whole copy (not chunk) that uses non-temporal
 // stores: bigger than L2, so that the destination is not in cache when it

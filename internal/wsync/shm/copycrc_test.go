@@ -137,7 +137,7 @@ func FuzzCopyCRCFused(f *testing.F) {
 // Benchmarks: the fused kernel against memmove and the chunked copy then
 // crc32.Update it replaces, single goroutine and split over workers.
 func BenchmarkCopyCRC(b *testing.B) {
-	for _, size := range []int{1 << 10, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20} {
+	for _, size := range []int{1 << 10, 4 << 10, 8 << 10, 16 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20} {
 		src, dst := make([]byte, size), make([]byte, size)
 		for i := range src {
 			src[i] = byte(i * 7)
