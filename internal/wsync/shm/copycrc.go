@@ -21,9 +21,15 @@ var ntMin = 2 << 20
 
 // copyCRCUpdate copies src into dst[:len(src)] and returns crc extended
 // over the copied bytes (crc32.Update(crc, castagnoli, dst) after the
-// copy). Where the fused kernel runs (fusedOK) it reads each source word
-// once, feeding it to the CRC32 instruction and storing it, so the bytes
-// checksummed are the bytes stored; nt asks for non-temporal stores, which
+// copy). Where the fused kernel runs (fusedOK) it loads each 64-byte line
+// of the source into registers it stores, then reads the same line again
+// into the CRC32 instruction. x86 loads are not reordered with each other
+// and one address is coherent, so when the source changes under the copy
+// (a reader's source is a slot a writer may reuse) a line stored with new
+// bytes is checksummed with those or newer ones: the torn copy fails its
+// CRC check, as when the CRC was taken over the destination, unless the
+// line changed and changed back within the nanoseconds between the two
+// loads. nt asks for non-temporal stores, which
 // the kernel fences before it returns, so a store after the call (a
 // progress counter, a seq) is seen only after the bytes are.
 func copyCRCUpdate(crc uint32, dst, src []byte, nt bool) uint32 {
