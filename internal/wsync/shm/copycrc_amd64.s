@@ -52,6 +52,22 @@
 	CRC32Q 56(R11)(AX*1), R9; \
 	CRC32Q 56(R12)(AX*1), R10
 
+// STORE stores X0–X11, the line at AX of each stream, with op (MOVOU,
+// or MOVNTO for non-temporal stores).
+#define STORE(op) \
+	op X0, 0(DI)(AX*1); \
+	op X1, 16(DI)(AX*1); \
+	op X2, 32(DI)(AX*1); \
+	op X3, 48(DI)(AX*1); \
+	op X4, 0(R13)(AX*1); \
+	op X5, 16(R13)(AX*1); \
+	op X6, 32(R13)(AX*1); \
+	op X7, 48(R13)(AX*1); \
+	op X8, 0(DX)(AX*1); \
+	op X9, 16(DX)(AX*1); \
+	op X10, 32(DX)(AX*1); \
+	op X11, 48(DX)(AX*1)
+
 TEXT ·copyCRC3(SB), NOSPLIT, $0-33
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -70,18 +86,7 @@ TEXT ·copyCRC3(SB), NOSPLIT, $0-33
 
 loop:
 	LOADCRC
-	MOVOU X0, 0(DI)(AX*1)
-	MOVOU X1, 16(DI)(AX*1)
-	MOVOU X2, 32(DI)(AX*1)
-	MOVOU X3, 48(DI)(AX*1)
-	MOVOU X4, 0(R13)(AX*1)
-	MOVOU X5, 16(R13)(AX*1)
-	MOVOU X6, 32(R13)(AX*1)
-	MOVOU X7, 48(R13)(AX*1)
-	MOVOU X8, 0(DX)(AX*1)
-	MOVOU X9, 16(DX)(AX*1)
-	MOVOU X10, 32(DX)(AX*1)
-	MOVOU X11, 48(DX)(AX*1)
+	STORE(MOVOU)
 	ADDQ $64, AX
 	CMPQ AX, CX
 	JB loop
@@ -89,18 +94,7 @@ loop:
 
 ntloop:
 	LOADCRC
-	MOVNTO X0, 0(DI)(AX*1)
-	MOVNTO X1, 16(DI)(AX*1)
-	MOVNTO X2, 32(DI)(AX*1)
-	MOVNTO X3, 48(DI)(AX*1)
-	MOVNTO X4, 0(R13)(AX*1)
-	MOVNTO X5, 16(R13)(AX*1)
-	MOVNTO X6, 32(R13)(AX*1)
-	MOVNTO X7, 48(R13)(AX*1)
-	MOVNTO X8, 0(DX)(AX*1)
-	MOVNTO X9, 16(DX)(AX*1)
-	MOVNTO X10, 32(DX)(AX*1)
-	MOVNTO X11, 48(DX)(AX*1)
+	STORE(MOVNTO)
 	ADDQ $64, AX
 	CMPQ AX, CX
 	JB ntloop
