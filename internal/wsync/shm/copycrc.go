@@ -60,8 +60,7 @@ func copyCRCFused(crc uint32, dst, src []byte, nt bool) uint32 {
 	if part > 0 {
 		st := [3]uint32{^crc, ^uint32(0), ^uint32(0)}
 		copyCRC3(&dst[head], &src[head], part, &st, nt)
-		x := shiftFor(part)
-		crc = multModP(x, multModP(x, ^st[0])^^st[1]) ^ ^st[2]
+		crc = crc32cCombine(crc32cCombine(^st[0], ^st[1], part), ^st[2], part)
 	}
 	if rest := head + 3*part; rest < len(src) {
 		copy(dst[rest:], src[rest:])
@@ -75,7 +74,8 @@ func copyCRCFused(crc uint32, dst, src []byte, nt bool) uint32 {
 var lastShift atomic.Uint64
 
 // shiftFor is x^(8·part) modulo the polynomial, which crc32cCombine
-// multiplies a CRC by to append part bytes' CRC.
+// multiplies a CRC by to append part bytes' CRC (the fused copy combines
+// its three streams at every call, each time for the same part).
 func shiftFor(part int) uint32 {
 	if v := lastShift.Load(); v != 0 && int(v>>32) == part {
 		return uint32(v)

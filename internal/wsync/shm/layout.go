@@ -236,9 +236,10 @@ func copyCRCParallel(dst, src []byte, workers int, written *atomic.Uint64) uint3
 
 // crc32cCombine returns the CRC-32C of A followed by B from crcA, crcB and
 // len(B): crcA times x^(8·lenB) modulo the polynomial, plus crcB (zlib's
-// crc32_combine, with its table of x^(2^k)).
+// crc32_combine, with its table of x^(2^k)); the power comes from
+// shiftFor, which keeps the last one.
 func crc32cCombine(crcA, crcB uint32, lenB int) uint32 {
-	return multModP(x2nModP(uint64(lenB), 3), crcA) ^ crcB
+	return multModP(shiftFor(lenB), crcA) ^ crcB
 }
 
 // multModP multiplies a and b modulo the reflected Castagnoli polynomial.
