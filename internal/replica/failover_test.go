@@ -131,6 +131,11 @@ func TestFencedPrimaryPublishesNothing(t *testing.T) {
 	if !errors.Is(err, errs.ErrUnavailable) {
 		t.Fatalf("the deposed primary's push failed with %v, want Unavailable (refused or not acknowledged)", err)
 	}
+	// It steps down to a standby of the new primary. While it hands its
+	// socket from the closing hub to its standby server a connection may
+	// be cut (EOF: Unavailable, which a following client retries), so the
+	// standby's refusals are checked once it follows the new term.
+	c.synced(p1, l2)
 	checkRefuses(t, c, p1, l2)
 	if !strings.Contains(p1.out.String(), "stepping down") {
 		t.Fatalf("the old primary did not log that it stepped down:\n%s", p1.out)
