@@ -19,15 +19,20 @@ import (
 func newModelBenchCmd(g *globals, client clientFunc) *cobra.Command {
 	var name string
 	var start uint64
-	var reps int
+	var reps, warmup int
 	cmd := &cobra.Command{
-		Use:    "bench --name NAME --start V [--reps N] FILE.safetensors",
+		Use:    "bench --name NAME --start V [--reps N] [--warmup N] FILE.safetensors",
 		Short:  "Time pushes and pulls of FILE with the Go client (benchmarking)",
 		Hidden: true,
-		Long: "bench pushes FILE as versions start..start+reps-1 of NAME and pulls each back,\n" +
-			"timing every call, and prints one JSON object per call: {\"op\", \"bytes\", \"seconds\"}.",
+		Long: "bench pushes FILE as versions start..start+warmup+reps-1 of NAME and pulls each back,\n" +
+			"timing every call after the first warmup pairs (which dial the hub and its data\n" +
+			"plane, so that a long-lived client is measured), and prints one JSON object per\n" +
+			"timed call: {\"op\", \"bytes\", \"seconds\"}.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if warmup < 0 || reps < 1 {
+				return fmt.Errorf("--warmup %d, --reps %d: want --warmup ≥ 0 and --reps ≥ 1", warmup, reps)
+			}
 			blob, err := readAligned(args[0])
 			if err != nil {
 				return err
@@ -41,10 +46,13 @@ func newModelBenchCmd(g *globals, client clientFunc) *cobra.Command {
 			}
 			defer done()
 			enc := json.NewEncoder(g.stdout)
-			emit := func(op string, n int, d time.Duration) error {
-				return enc.Encode(map[string]any{"op": op, "bytes": n, "seconds": d.Seconds()})
-			}
-			for i := range reps {
+			for i := range warmup + reps {
+				emit := func(op string, n int, d time.Duration) error {
+					if i < warmup {
+						return nil
+					}
+					return enc.Encode(map[string]any{"op": op, "bytes": n, "seconds": d.Seconds()})
+				}
 				v := start + uint64(i)
 				t0 := time.Now()
 				// The store takes ownership of Blob but never modifies it, so
@@ -70,7 +78,8 @@ func newModelBenchCmd(g *globals, client clientFunc) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&name, "name", "", "model name (required)")
 	f.Uint64Var(&start, "start", 1, "first version pushed")
-	f.IntVar(&reps, "reps", 3, "push/pull pairs")
+	f.IntVar(&reps, "reps", 3, "timed push/pull pairs")
+	f.IntVar(&warmup, "warmup", 0, "untimed push/pull pairs first")
 	cmd.MarkFlagRequired("name")
 	return cmd
 }

@@ -62,12 +62,16 @@ func TestModelBenchTimesPushesAndPulls(t *testing.T) {
 	if err := os.WriteFile(in, blob, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := run(t, context.Background(), "model", "bench", "--hub", addr, "--name", "b", "--start", "3", "--reps", "2", in)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errOut)
+	timed := func(args ...string) []string {
+		t.Helper()
+		code, out, errOut := run(t, context.Background(), append([]string{"model", "bench", "--hub", addr, "--name", "b"}, append(args, in)...)...)
+		if code != 0 {
+			t.Fatalf("bench %v: exit %d: %s", args, code, errOut)
+		}
+		return strings.Split(strings.TrimSpace(out), "\n")
 	}
 	var ops []string
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+	for _, line := range timed("--start", "3", "--reps", "2") {
 		var r struct {
 			Op      string  `json:"op"`
 			Bytes   int     `json:"bytes"`
@@ -84,11 +88,28 @@ func TestModelBenchTimesPushesAndPulls(t *testing.T) {
 	if got, want := strings.Join(ops, ","), "push,pull,push,pull"; got != want {
 		t.Errorf("ops %s, want %s", got, want)
 	}
-	code, out, _ = run(t, context.Background(), "model", "ls", "--hub", addr)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if code != 0 || len(lines) != 2 || fmt.Sprint(strings.Fields(lines[1])[:2]) != "[b 4]" {
-		t.Errorf("model ls after bench (want b at v4): %q", out)
+	newest := func(want string) {
+		t.Helper()
+		code, out, _ := run(t, context.Background(), "model", "ls", "--hub", addr)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if code != 0 || len(lines) != 2 || fmt.Sprint(strings.Fields(lines[1])[:2]) != "[b "+want+"]" {
+			t.Errorf("model ls after bench (want b at v%s): %q", want, out)
+		}
 	}
+	newest("4")
+
+	// Warm-up pairs are pushed and pulled but not printed.
+	if got := timed("--start", "5", "--warmup", "1", "--reps", "2"); len(got) != 4 {
+		t.Errorf("--warmup 1 --reps 2 printed %d lines, want 4: %q", len(got), got)
+	}
+	newest("7")
+	for _, bad := range [][]string{{"--warmup", "-1"}, {"--reps", "0"}} {
+		args := append([]string{"model", "bench", "--hub", addr, "--name", "b", "--start", "9"}, append(bad, in)...)
+		if code, _, errOut := run(t, context.Background(), args...); code == 0 || !strings.Contains(errOut, bad[0]) {
+			t.Errorf("bench %v: exit %d, stderr %q; want a refusal naming %s", bad, code, errOut, bad[0])
+		}
+	}
+	newest("7")
 }
 
 func mustEncode(t *testing.T, sd *tensor.StateDict) []byte {
