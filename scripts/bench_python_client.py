@@ -9,15 +9,16 @@ not the hub's disk) on a free loopback port. For each size it builds a
 float32 state dict of that many MiB (tensors of 4 MiB), writes its
 safetensors bytes to a file for the Go side, and then alternates, rep by rep:
 
-* Go: `rlhub model bench --reps 1 FILE` — one push and one pull with the Go
-  store client, timed inside the process (no start-up or file I/O timed);
+* Go: `rlhub model bench --warmup 1 --reps 1 FILE` — one push and one pull
+  with the Go store client, timed inside the process after an untimed pair
+  (no start-up, dialing or file I/O timed: the Python client is long-lived);
 * Python: `StoreClient.push(blob)` (bytes already encoded, as Go's) and
   `StoreClient.pull()` + numpy views of the tensors (Go's pull decodes too),
   plus push of the state dict (encode + push) and pull into torch tensors.
 
 Reps alternate so load changes on the shared machine hit both clients alike.
 Prints a Markdown table of medians and of best reps (MB/s, 1 MB = 1e6 bytes)
-and Python/Go time ratios (target: push and pull ≤ 1.5).
+and Python ÷ Go time ratios (target: push and pull ≤ 1.5; below 1, Python is faster).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def main() -> None:
                                                           "py push dict", "py pull torch")}
             for rep in range(args.reps):
                 out = subprocess.run([args.bin, "model", "bench", "--hub", addr, "--name", f"go{mib}",
-                                      "--start", str(rep + 1), "--reps", "1", str(f)],
+                                      "--start", str(2 * rep + 1), "--warmup", "1", "--reps", "1", str(f)],
                                      capture_output=True, text=True, check=True).stdout
                 for line in out.splitlines():
                     r = json.loads(line)
@@ -104,7 +105,7 @@ def main() -> None:
             rows.append((mib, {k: min(x) for k, x in t.items()}, mb, "best"))
             print(f"# {mib} MiB raw seconds: " + json.dumps({k: [round(s, 4) for s in x] for k, x in t.items()}))
         print()
-        print("| state dict | of reps | Go push | Python push | ratio | Go pull | Python pull | ratio "
+        print("| state dict | of reps | Go push | Python push | Python ÷ Go time | Go pull | Python pull | Python ÷ Go time "
               "| Python push (encode + push) | Python pull → torch |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for mib, med, mb, how in rows:
