@@ -212,6 +212,7 @@ var Policy = []Rule{
 	// Data plane (internal/wire/bulk): the model comes from the header.
 	{Method: "rlhub.v1.Reducer/Push", Plane: DataPlane, Role: Trainer, Header: "rlhub.v1.ReducerPushHeader", Model: field("blob.model")},
 	{Method: "rlhub.v1.ReducerPrimary/Forward", Plane: DataPlane, Role: Trainer, Header: "rlhub.v1.ReducerForwardHeader", Model: field("blob.model")},
+	{Method: "rlhub.v1.ModelStore/Push", Plane: DataPlane, Role: Trainer, Header: "rlhub.v1.StorePushHeader", Model: field("blob.model")},
 	{Method: "rlhub.v1.ModelStore/Pull", Plane: DataPlane, Role: Reader, Header: "rlhub.v1.StorePullRequest", Model: field("model")},
 	{Method: "rlhub.v1.ModelStore/Watch", Plane: DataPlane, Role: Reader, Header: "rlhub.v1.StoreWatchRequest", Model: field("model")},
 	{Method: "rlhub.v1.WeightSync/Watch", Plane: DataPlane, Role: Worker, Header: "rlhub.v1.SyncHello", Model: field("model")},

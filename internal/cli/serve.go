@@ -115,7 +115,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.Store.Retain, "store-retain", 3, "newest versions of each model the store keeps (in memory and under --data); older ones are dropped")
 	f.Var((*byteSize)(&cfg.Store.MaxModelBytes), "max-model-bytes", "largest model blob a push may carry (bytes, or with a KiB/MiB/GiB suffix); a larger push fails with ResourceExhausted")
 	f.Var((*byteSize)(&cfg.Store.MaxHeaderBytes), "max-header-bytes", "largest safetensors JSON header a pushed blob may have (bytes, or KiB/MiB/GiB)")
-	f.BoolVar(&cfg.StoreNoDataPlane, "no-store-data-plane", false, "serve model pulls and watches and weight-sync watches over gRPC only, not on the data plane (as a hub before it did)")
+	f.BoolVar(&cfg.StoreNoDataPlane, "no-store-data-plane", false, "serve model pushes, pulls and watches and weight-sync watches over gRPC only, not on the data plane (as a hub before it did)")
 	f.IntVar(&cfg.Store.MaxNameBytes, "max-name-bytes", 128, "longest model name, in bytes")
 	f.DurationVar(&cfg.Limits.FrameTimeout, "frame-timeout", bulk.DefaultFrameTimeout, "a connection's first bytes and the rest of a started data-plane request must arrive within this; slower connections are closed")
 	f.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", bulk.DefaultIdleTimeout, "a data-plane connection with no request in progress is closed after this")

@@ -100,7 +100,7 @@ type Config struct {
 	// crash hook); Store is the hub's, DataDir is DataDir/ars when the hub
 	// has one (runs survive a restart), a nil Logger means the hub's.
 	ARS arsrpc.Config
-	// StoreNoDataPlane keeps model-store pulls and watches, and the
+	// StoreNoDataPlane keeps model-store pushes, pulls and watches, and the
 	// weight-sync data-plane watch, off the data plane (gRPC only, as on a
 	// hub that predates them); the zero value serves them there too.
 	StoreNoDataPlane bool

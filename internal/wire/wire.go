@@ -10,7 +10,9 @@
 package wire
 
 import (
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -149,17 +151,50 @@ func (a *Assembler) Write(p []byte) error {
 		return a.err
 	}
 	a.n += copy(a.buf[a.n:], p)
-	if !a.hdrs && a.n >= 8 {
-		a.hdrs = true
-		n, err := safetensors.HeaderLen(a.buf[:8], a.lim.MaxHeaderBytes)
-		if err != nil {
+	return a.checkHeader()
+}
+
+// ReadFrom reads the rest of the blob from r straight into its buffer, no
+// chunk copied in between (a data-plane body), checking the header length
+// as Write does once 8 bytes are in: the first read stops there, so that
+// a length out of bounds is refused before the rest is read. It stops at
+// the announced size; r ending before it is an error, as is any of r's.
+func (a *Assembler) ReadFrom(r io.Reader) (int64, error) {
+	start := a.n
+	for a.err == nil && a.n < len(a.buf) {
+		end := len(a.buf)
+		if !a.hdrs {
+			end = min(end, 8)
+		}
+		k, err := r.Read(a.buf[a.n:end])
+		a.n += k
+		if a.checkHeader() != nil {
+			break
+		}
+		switch {
+		case errors.Is(err, io.EOF) && a.n < len(a.buf):
+			a.err = fmt.Errorf("%w: body ended after %d of %d announced bytes", errs.ErrInvalid, a.n, len(a.buf))
+		case err != nil && !errors.Is(err, io.EOF):
 			a.err = err
-			return err
 		}
-		if n > uint64(len(a.buf)-8) {
-			a.err = fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, n, len(a.buf))
-			return a.err
-		}
+	}
+	return int64(a.n - start), a.err
+}
+
+// checkHeader checks the header length once 8 bytes are in.
+func (a *Assembler) checkHeader() error {
+	if a.hdrs || a.n < 8 {
+		return nil
+	}
+	a.hdrs = true
+	n, err := safetensors.HeaderLen(a.buf[:8], a.lim.MaxHeaderBytes)
+	if err != nil {
+		a.err = err
+		return err
+	}
+	if n > uint64(len(a.buf)-8) {
+		a.err = fmt.Errorf("%w: header length %d exceeds the announced blob of %d bytes", errs.ErrInvalid, n, len(a.buf))
+		return a.err
 	}
 	return nil
 }

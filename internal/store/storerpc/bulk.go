@@ -10,6 +10,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -28,19 +29,45 @@ const (
 	// answer leaves the connection reusable; skipped is always 0 (the
 	// server keeps no state between polls).
 	BulkWatchMethod = "rlhub.v1.ModelStore/Watch"
+	// BulkPushMethod: header StorePushHeader (blob.total_bytes announces
+	// the body; chunk_bytes is ignored), body the version's safetensors
+	// bytes, read straight into the stored blob's memory once the header's
+	// checks pass; response StorePushResponse. The same rules, checks and
+	// errors as Push.
+	BulkPushMethod = "rlhub.v1.ModelStore/Push"
 )
 
 // BulkWatchWait is how long one data-plane watch request waits for a newer
 // version before it answers "not modified".
 const BulkWatchWait = 5 * time.Second
 
-// RegisterBulk serves pulls and watches on the hub's data plane (package
-// bulk), unless Config.NoBulk. The gRPC methods stay, for clients and hubs
-// without it.
+// RegisterBulk serves pushes, pulls and watches on the hub's data plane
+// (package bulk), unless Config.NoBulk. The gRPC methods stay, for clients
+// and hubs without it.
 func (s *Service) RegisterBulk(b *bulk.Server) {
 	if s.cfg.NoBulk {
 		return
 	}
+	b.Handle(BulkPushMethod, func(ctx context.Context, r *bulk.Request) (proto.Message, error) {
+		hdr := &rlhubv1.StorePushHeader{}
+		if err := proto.Unmarshal(r.Header, hdr); err != nil {
+			return nil, fmt.Errorf("%w: push header: %v", errs.ErrInvalid, err)
+		}
+		info, err := s.pushBody(ctx, hdr, func(asm *wire.Assembler) error {
+			body, err := r.Body(int64(hdr.Blob.TotalBytes))
+			if err != nil {
+				return err
+			}
+			_, err = asm.ReadFrom(body)
+			return err
+		})
+		if err != nil {
+			s.cfg.Logger.Debug("store: push refused", "err", err)
+			return nil, err
+		}
+		s.cfg.Logger.Info("store: version landed", "model", info.Name, "version", info.Version, "epoch", info.Epoch, "bytes", info.Bytes)
+		return &rlhubv1.StorePushResponse{Info: infoProto(info)}, nil
+	})
 	b.Handle(BulkPullMethod, func(ctx context.Context, r *bulk.Request) (proto.Message, error) {
 		req := &rlhubv1.StorePullRequest{}
 		if err := proto.Unmarshal(r.Header, req); err != nil {

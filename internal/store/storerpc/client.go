@@ -235,25 +235,29 @@ func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) err
 	}
 }
 
-// Push implements store.Store: it streams req.Blob in chunks. req.Blob is
-// only read.
+// Push implements store.Store: on the hub's data plane when it serves
+// pushes there (req.Blob written once, with writev from its memory), else
+// streamed over gRPC in chunks. req.Blob is only read.
 func (c *Client) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	hdr := &rlhubv1.StorePushHeader{
+		Blob: &rlhubv1.BlobInfo{
+			Model: req.Name, Version: req.Version, Epoch: req.Epoch,
+			TotalBytes: uint64(len(req.Blob)), ChunkBytes: uint32(c.cfg.ChunkBytes),
+		},
+		Expect:    req.Expect,
+		ExpectAny: req.Expect == store.ExpectAny,
+	}
+	if hdr.ExpectAny {
+		hdr.Expect = 0
+	}
+	if info, err, ok := c.bulkPush(ctx, hdr, req.Blob); ok {
+		return info, err
+	}
 	var info store.Info
 	err := c.do(ctx, func(ctx context.Context) error {
 		stream, err := c.rpc.Push(ctx, c.codecOpt())
 		if err != nil {
 			return err
-		}
-		hdr := &rlhubv1.StorePushHeader{
-			Blob: &rlhubv1.BlobInfo{
-				Model: req.Name, Version: req.Version, Epoch: req.Epoch,
-				TotalBytes: uint64(len(req.Blob)), ChunkBytes: uint32(c.cfg.ChunkBytes),
-			},
-			Expect:    req.Expect,
-			ExpectAny: req.Expect == store.ExpectAny,
-		}
-		if hdr.ExpectAny {
-			hdr.Expect = 0
 		}
 		err = stream.Send(&rlhubv1.StorePushRequest{Body: &rlhubv1.StorePushRequest_Header{Header: hdr}})
 		if err == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -24,6 +25,7 @@ import (
 const (
 	bulkPullMethod  = BulkPullMethod
 	bulkWatchMethod = BulkWatchMethod
+	bulkPushMethod  = BulkPushMethod
 )
 
 // bulkAddr is where the data plane dials: Addr itself, or the primary a
@@ -47,6 +49,65 @@ func (c *Client) useBulk() bool {
 	return c.bulkOffAt.IsZero() || time.Since(c.bulkOffAt) > bulk.NotSupportedFor
 }
 
+// bulkPush runs one push on the data plane, with the retries of do (as
+// over gRPC: a push whose connection broke may have landed, and its retry
+// is then refused as not newer). ok is false when the caller should push
+// over gRPC instead: the data plane is off; the hub does not serve pushes
+// there (it refused the method before any body byte was sent); or, on a
+// cluster target, the tries ended unavailable — the primary is changing,
+// and a gRPC call waits for the next one within its deadline where the
+// data plane can only try again.
+func (c *Client) bulkPush(ctx context.Context, hdr *rlhubv1.StorePushHeader, blob []byte) (info store.Info, err error, ok bool) {
+	if !c.useBulk() {
+		return store.Info{}, nil, false
+	}
+	noBulk, err := c.bulkCall(ctx, func(ctx context.Context, addr string) error {
+		var resp rlhubv1.StorePushResponse
+		if err := c.bulk.Call(ctx, addr, bulkPushMethod, hdr, net.Buffers{blob}, &resp); err != nil {
+			return err
+		}
+		info = infoFromProto(resp.Info)
+		return nil
+	})
+	if noBulk || (err != nil && retryable(err) && ctx.Err() == nil && dial.IsCluster(c.cfg.Addr)) {
+		return store.Info{}, nil, false
+	}
+	return info, err, true
+}
+
+// bulkCall runs call, one data-plane request to the primary's address,
+// under do's retries: it follows a cluster's primary before each retry,
+// and reports noBulk (and turns the data plane off for
+// bulk.NotSupportedFor) when the hub does not serve the method there.
+func (c *Client) bulkCall(ctx context.Context, call func(ctx context.Context, addr string) error) (noBulk bool, err error) {
+	err = c.do(ctx, func(ctx context.Context) error {
+		addr, ok := c.bulkAddr()
+		if !ok { // the primary went away since useBulk: retried as Unavailable
+			return fmt.Errorf("%w: storerpc: no primary known for %s yet", errs.ErrUnavailable, errs.Quote(c.cfg.Addr))
+		}
+		// Given up at once if the primary moves away meanwhile (its
+		// machine may be gone without a word).
+		pctx, planeDone := dial.PlaneContext(c.conn, ctx)
+		err := planeDone(call(pctx, addr))
+		if err != nil {
+			if errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented {
+				noBulk = true
+				return nil
+			}
+			if c.conn != nil && retryable(err) {
+				dial.PlaneFailed(c.conn, err) // a standby or a dead primary: follow before the retry
+			}
+		}
+		return err
+	})
+	if noBulk {
+		c.bulkMu.Lock()
+		c.bulkOffAt = time.Now()
+		c.bulkMu.Unlock()
+	}
+	return noBulk, err
+}
+
 // bulkRead runs one pull or watch request on the data plane, with the
 // retries of do, receiving the version into buf when it holds it (8-byte
 // aligned, as GetInto says) or into fresh aligned memory. ok is false when
@@ -58,18 +119,10 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 	if !c.useBulk() {
 		return nil, nil, false
 	}
-	var noBulk bool
-	err = c.do(ctx, func(ctx context.Context) error {
+	noBulk, err := c.bulkCall(ctx, func(ctx context.Context, addr string) error {
 		var hdr rlhubv1.StorePullHeader
 		var blob []byte
-		addr, ok := c.bulkAddr()
-		if !ok { // the primary went away since useBulk: retried as Unavailable
-			return fmt.Errorf("%w: storerpc: no primary known for %s yet", errs.ErrUnavailable, errs.Quote(c.cfg.Addr))
-		}
-		// Given up at once if the primary moves away meanwhile (its
-		// machine may be gone without a word).
-		pctx, planeDone := dial.PlaneContext(c.conn, ctx)
-		err := c.bulk.CallRecv(pctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
+		err := c.bulk.CallRecv(ctx, addr, method, req, nil, func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
 				return fmt.Errorf("%w: storerpc: pull header: %v", errs.ErrInvalid, err)
 			}
@@ -97,15 +150,7 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 			_, err := io.ReadFull(body, blob)
 			return err
 		}, nil)
-		err = planeDone(err)
 		if err != nil {
-			if errors.Is(err, bulk.ErrNotSupported) || grpcerr.Code(err) == codes.Unimplemented {
-				noBulk = true
-				return nil
-			}
-			if c.conn != nil && retryable(err) {
-				dial.PlaneFailed(c.conn, err) // a standby or a dead primary: follow before the retry
-			}
 			return err
 		}
 		if hdr.NotModified || blob == nil {
@@ -122,9 +167,6 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 		return nil
 	})
 	if noBulk {
-		c.bulkMu.Lock()
-		c.bulkOffAt = time.Now()
-		c.bulkMu.Unlock()
 		return nil, nil, false
 	}
 	return snap, err, true

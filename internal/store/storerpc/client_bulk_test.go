@@ -130,9 +130,9 @@ func TestDataPlaneWaitNewerInOrder(t *testing.T) {
 }
 
 // Against a hub that has the data plane but not the store's methods
-// (UNIMPLEMENTED), and one without a data plane, pulls and WaitNewer use
-// gRPC and give the same versions.
-func TestDataPlanePullFallsBackToGRPC(t *testing.T) {
+// (UNIMPLEMENTED), and one without a data plane, pulls, WaitNewer and
+// pushes use gRPC and give the same versions.
+func TestDataPlaneFallsBackToGRPC(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		serve func(t *testing.T, st store.Store) string
@@ -159,6 +159,12 @@ func TestDataPlanePullFallsBackToGRPC(t *testing.T) {
 			if err != nil || s.Version != 2 {
 				t.Fatalf("WaitNewer: %v, %v", s, err)
 			}
+			// Pushes too.
+			b3 := blobOf(t, 3)
+			if info, err := c.Push(ctx, store.PushRequest{Name: "m", Version: 3, Expect: 2, Blob: b3}); err != nil || info.Version != 3 {
+				t.Fatalf("Push: %+v, %v", info, err)
+			}
+			newestIs(t, mem, 3, b3)
 		})
 	}
 }

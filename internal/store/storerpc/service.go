@@ -33,7 +33,7 @@ type Config struct {
 	MaxModelBytes int64
 	// MaxHeaderBytes bounds a pushed blob's JSON header; 0 means 16 MiB.
 	MaxHeaderBytes int64
-	// NoBulk leaves pulls and watches off the hub's data plane
+	// NoBulk leaves pushes, pulls and watches off the hub's data plane
 	// (RegisterBulk registers nothing): clients then use gRPC, as against
 	// a hub that predates them. The zero value serves them.
 	NoBulk bool
@@ -135,12 +135,35 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 		return store.Info{}, err
 	}
 	hdr := msg.Msg.GetHeader()
+	return s.pushBody(ctx, hdr, func(asm *wire.Assembler) error {
+		for {
+			err := recv(&msg)
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if !msg.Held() {
+				return fmt.Errorf("%w: model %s: a header or an empty message after %d bytes", errs.ErrInvalid, errs.Quote(hdr.Blob.Model), asm.Received())
+			}
+			if err := msg.WriteChunk(asm.Write); err != nil {
+				return fmt.Errorf("model %s: %w", errs.Quote(hdr.Blob.Model), err)
+			}
+		}
+	})
+}
+
+// pushBody runs one push, over gRPC or the data plane, from its header:
+// it checks what the header alone decides — ownership and the token's
+// quota (store rule 6), the store's size limit — before any body byte is
+// read, then has body receive the blob into an assembler bounded by the
+// announced size, and pushes the whole blob to the store.
+func (s *Service) pushBody(ctx context.Context, hdr *rlhubv1.StorePushHeader, body func(*wire.Assembler) error) (store.Info, error) {
 	if hdr == nil || hdr.Blob == nil {
-		return store.Info{}, fmt.Errorf("%w: push stream must start with a header carrying BlobInfo", errs.ErrInvalid)
+		return store.Info{}, fmt.Errorf("%w: a push must start with a header carrying BlobInfo", errs.ErrInvalid)
 	}
 	b := hdr.Blob
-	// The token's identity owns what it creates (store rule 6), and its
-	// quota is checked from the header, before any body byte is read.
 	req := store.PushRequest{Name: b.Model, Version: b.Version, Epoch: b.Epoch}
 	if p, ok := auth.FromContext(ctx); ok {
 		req.Owner, req.Claim, req.Admin = p.Owner(), true, p.Role >= auth.Admin
@@ -165,26 +188,14 @@ func (s *Service) push(stream rlhubv1.ModelStore_PushServer) (store.Info, error)
 	}
 	asm, err := wire.NewAssembler(b.TotalBytes, wire.Limits{MaxBytes: maxBytes, MaxHeaderBytes: s.cfg.MaxHeaderBytes})
 	if err != nil {
-		return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
+		return store.Info{}, fmt.Errorf("model %s: %w", errs.Quote(b.Model), err)
 	}
-	for {
-		err := recv(&msg)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return store.Info{}, err
-		}
-		if !msg.Held() {
-			return store.Info{}, fmt.Errorf("%w: model %q: a header or an empty message after %d bytes", errs.ErrInvalid, b.Model, asm.Received())
-		}
-		if err := msg.WriteChunk(asm.Write); err != nil {
-			return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
-		}
+	if err := body(asm); err != nil {
+		return store.Info{}, err
 	}
 	_, blob, err := asm.Finish()
 	if err != nil {
-		return store.Info{}, fmt.Errorf("model %q: %w", b.Model, err)
+		return store.Info{}, fmt.Errorf("model %s: %w", errs.Quote(b.Model), err)
 	}
 	req.Expect, req.Blob = hdr.Expect, blob
 	if hdr.ExpectAny {
