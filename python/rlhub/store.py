@@ -31,10 +31,11 @@ import numpy as np
 
 from rlhub import _bulk, _channel, errors
 from rlhub._proto.rlhub.v1 import store_pb2, store_pb2_grpc, tensor_pb2
-from rlhub._transfer import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_BYTES, RawChunk, chunk_messages, fast_decoder
-from rlhub.tensors import Target, TargetCache, load_bytes, save_bytes
+from rlhub._transfer import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_BYTES, RawChunk, chunk_message, fast_decoder, iter_part_chunks
+from rlhub.tensors import Target, TargetCache, load_bytes, parts_size, save_parts
 
 PULL_METHOD = "rlhub.v1.ModelStore/Pull"
+PUSH_METHOD = "rlhub.v1.ModelStore/Push"
 WATCH_METHOD = "rlhub.v1.ModelStore/Watch"
 
 EXPECT_ANY = object()
@@ -106,9 +107,10 @@ class StoreClient:
         self._stage = np.empty(0, np.uint8)  # pull_into's receive buffer, reused
         self._stage_mu = threading.Lock()  # one pull_into at a time uses _stage and _targets
         self._targets = TargetCache()  # pull_into's last target's plan, reused while its tensors are unchanged
-        self.stats = {"bulk": 0, "grpc": 0, "fallback": 0, "direct": 0}
+        self.stats = {"bulk": 0, "grpc": 0, "fallback": 0, "direct": 0, "push_bulk": 0, "push_grpc": 0}
         """Pulls and watch answers by transport; ``fallback``: data-plane attempts that went to gRPC;
-        ``direct``: data-plane versions pull_into / watch_into received straight into the tensors."""
+        ``direct``: data-plane versions pull_into / watch_into received straight into the tensors;
+        ``push_bulk`` / ``push_grpc``: pushes by transport."""
         self._own = channel_ is None
         self._channel = channel_ or channel(addr)
         if self._bulk is not None and isinstance(self._channel, _channel.FollowingChannel):
@@ -159,21 +161,72 @@ class StoreClient:
              epoch: int = 0, metadata: Optional[Mapping[str, str]] = None) -> ModelInfo:
         """Pushes a version. ``state_dict`` is a dict of numpy arrays or torch
         tensors, or safetensors bytes. ``expect`` is the version you believe is
-        current (0: the model must not exist); by default it is not checked."""
-        blob = state_dict if isinstance(state_dict, (bytes, bytearray, memoryview)) else save_bytes(state_dict, metadata)
+        current (0: the model must not exist); by default it is not checked.
+
+        On the hub's data plane the version is sent with one ``sendmsg`` from
+        the tensors' own memory (the encoded header, then each tensor's
+        bytes: no blob is built); over gRPC (a hub without it) in chunks.
+        ``stats["push_bulk"]`` / ``stats["push_grpc"]`` count them, refused
+        ones included."""
+        if isinstance(state_dict, (bytes, bytearray, memoryview)):
+            head, bufs = b"", [memoryview(state_dict).cast("B")]
+        else:
+            head, bufs = save_parts(state_dict, metadata)
         header = store_pb2.StorePushHeader(
             blob=tensor_pb2.BlobInfo(model=name, version=version, epoch=epoch,
-                                     total_bytes=len(blob), chunk_bytes=self.chunk_bytes),
+                                     total_bytes=parts_size(head, bufs), chunk_bytes=self.chunk_bytes),
             expect=0 if expect is EXPECT_ANY else int(expect),
             expect_any=expect is EXPECT_ANY,
         )
+        if self._use_bulk():
+            got = self._bulk_push(header, [head, *bufs])
+            if got is not None:
+                return _info(got.info)
+        self.stats["push_grpc"] += 1
 
         def requests() -> Iterator[bytes]:
             yield store_pb2.StorePushRequest(header=header).SerializeToString()
-            yield from chunk_messages(blob, self.chunk_bytes)
+            for c in iter_part_chunks(head, bufs, self.chunk_bytes):
+                yield chunk_message(c)
 
         resp: store_pb2.StorePushResponse = self._call(lambda: self._push(requests(), timeout=self.timeout))
         return _info(resp.info)
+
+    def _bulk_push(self, header: store_pb2.StorePushHeader, body: List[Any]) -> Optional[store_pb2.StorePushResponse]:
+        """One data-plane push with retries on Unavailable (as over gRPC: a
+        push whose connection broke may have landed, and its retry is then
+        refused as not newer). None: push over gRPC instead — the hub does
+        not serve pushes on its data plane (refused before any body byte),
+        or, on a cluster, the tries ended unavailable while the primary
+        changes (gRPC waits for the next one)."""
+        hb = header.SerializeToString()
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            resp = store_pb2.StorePushResponse()
+            assert self._bulk is not None  # _use_bulk() said so
+            try:
+                self._bulk.call(self._dp_addr(), PUSH_METHOD, hb, body, resp, self.timeout)
+            except _bulk.NotSupported:
+                self.stats["fallback"] += 1
+                return None
+            except errors.RlhubError as e:
+                if e.code == grpc.StatusCode.UNIMPLEMENTED:  # a hub without store pushes on its data plane
+                    self._bulk_off_at = time.monotonic()
+                    self.stats["fallback"] += 1
+                    return None
+                if e.code == grpc.StatusCode.UNAVAILABLE:
+                    if attempt < self.retries:
+                        time.sleep(delay * (1 + random.random()))
+                        delay = min(delay * 2, 2.0)
+                        continue
+                    if isinstance(self._channel, _channel.FollowingChannel):
+                        self.stats["fallback"] += 1
+                        return None
+                self.stats["push_bulk"] += 1
+                raise
+            self.stats["push_bulk"] += 1
+            return resp
+        raise AssertionError("unreachable")
 
     # --- reads -----------------------------------------------------------
 
