@@ -15,8 +15,9 @@ import (
 )
 
 // BenchmarkPush pushes consecutive versions of a model through the real
-// hub over loopback gRPC, into the in-memory store and into the
-// file-backed one (each version fsynced and committed before the push
+// hub over loopback, on the data plane (the client's default) and over
+// gRPC (ClientConfig.Transport "grpc"), into the in-memory store and into
+// the file-backed one (each version fsynced and committed before the push
 // returns). Baselines in the same iterations (timer stopped): a plain TCP
 // copy of the same bytes (tcp_MB/s, ratio_vs_tcp) and, for the file store,
 // writing the bytes to a file with fsync (fsync_MB/s, ratio_vs_fsync).
@@ -24,14 +25,16 @@ func BenchmarkPush(b *testing.B) {
 	for _, size := range []int{16 << 20, 256 << 20} {
 		blob := model(b, size)
 		for _, kind := range []string{"memory", "file"} {
-			b.Run(fmt.Sprintf("size=%dMiB/store=%s", size>>20, kind), func(b *testing.B) {
-				benchPush(b, blob, kind == "file")
-			})
+			for _, transport := range []string{"dataplane", "grpc"} {
+				b.Run(fmt.Sprintf("size=%dMiB/store=%s/transport=%s", size>>20, kind, transport), func(b *testing.B) {
+					benchPush(b, blob, kind == "file", transport)
+				})
+			}
 		}
 	}
 }
 
-func benchPush(b *testing.B, blob []byte, file bool) {
+func benchPush(b *testing.B, blob []byte, file bool, transport string) {
 	cfg := hub.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Store: store.Config{Retain: 1}}
 	dir := b.TempDir()
 	if file {
@@ -45,7 +48,11 @@ func benchPush(b *testing.B, blob []byte, file bool) {
 	if err := h.Start(); err != nil {
 		b.Fatal(err)
 	}
-	c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: h.Addr().String()})
+	ccfg := storerpc.ClientConfig{Addr: h.Addr().String()}
+	if transport == "grpc" {
+		ccfg.Transport = "grpc"
+	}
+	c, err := storerpc.NewClient(ccfg)
 	if err != nil {
 		b.Fatal(err)
 	}

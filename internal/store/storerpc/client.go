@@ -52,10 +52,9 @@ type ClientConfig struct {
 	ChunkBytes int
 	// MaxModelBytes bounds a pulled blob; 0 means 4 GiB.
 	MaxModelBytes int64
-	// Transport is "" (or "auto"): pulls and WaitNewer on the hub's data
+	// Transport is "" (or "auto"): pushes, pulls and WaitNewer on the hub's data
 	// plane when Addr is dialed (Conn nil), gRPC otherwise and as the
-	// fallback; "grpc": gRPC only. Push, Watch, List and Delete always use
-	// gRPC.
+	// fallback; "grpc": gRPC only. Watch, List and Delete always use gRPC.
 	Transport string
 	// StockCodec makes the client use gRPC's stock proto codec, as clients
 	// in other languages do, instead of the chunk codec (for interop tests and to
