@@ -193,39 +193,54 @@ class StoreClient:
         return _info(resp.info)
 
     def _bulk_push(self, header: store_pb2.StorePushHeader, body: List[Any]) -> Optional[store_pb2.StorePushResponse]:
-        """One data-plane push with retries on Unavailable (as over gRPC: a
-        push whose connection broke may have landed, and its retry is then
-        refused as not newer). None: push over gRPC instead — the hub does
-        not serve pushes on its data plane (refused before any body byte),
-        or, on a cluster, the tries ended unavailable while the primary
-        changes (gRPC waits for the next one)."""
+        """One data-plane push (``_bulk_try``; as over gRPC, a push whose
+        connection broke may have landed, and its retry is then refused as
+        not newer). None: push over gRPC instead."""
         hb = header.SerializeToString()
-        delay = 0.05
-        for attempt in range(self.retries + 1):
+
+        def attempt() -> store_pb2.StorePushResponse:
             resp = store_pb2.StorePushResponse()
             assert self._bulk is not None  # _use_bulk() said so
+            self._bulk.call(self._dp_addr(), PUSH_METHOD, hb, body, resp, self.timeout)
+            return resp
+
+        try:
+            got = self._bulk_try(attempt, follow=True)
+        except errors.RlhubError:
+            self.stats["push_bulk"] += 1  # answered (refused) there
+            raise
+        if got is not None:
+            self.stats["push_bulk"] += 1
+        return got
+
+    def _bulk_try(self, attempt: Callable[[], _T], *, follow: bool = False) -> Optional[_T]:
+        """Runs one data-plane request, ``attempt``, retrying with backoff
+        on Unavailable. None: use gRPC instead — the hub does not serve the
+        method there (then gRPC for ``NOT_SUPPORTED_FOR`` after an
+        ``UNIMPLEMENTED``), or, with ``follow`` on a cluster, the tries all
+        ended unavailable while the primary changes (a gRPC call waits for
+        the next one)."""
+        delay = 0.05
+        for n in range(self.retries + 1):
             try:
-                self._bulk.call(self._dp_addr(), PUSH_METHOD, hb, body, resp, self.timeout)
+                return attempt()
             except _bulk.NotSupported:
                 self.stats["fallback"] += 1
                 return None
             except errors.RlhubError as e:
-                if e.code == grpc.StatusCode.UNIMPLEMENTED:  # a hub without store pushes on its data plane
+                if e.code == grpc.StatusCode.UNIMPLEMENTED:  # a hub without the method on its data plane
                     self._bulk_off_at = time.monotonic()
                     self.stats["fallback"] += 1
                     return None
                 if e.code == grpc.StatusCode.UNAVAILABLE:
-                    if attempt < self.retries:
+                    if n < self.retries:
                         time.sleep(delay * (1 + random.random()))
                         delay = min(delay * 2, 2.0)
                         continue
-                    if isinstance(self._channel, _channel.FollowingChannel):
+                    if follow and isinstance(self._channel, _channel.FollowingChannel):
                         self.stats["fallback"] += 1
                         return None
-                self.stats["push_bulk"] += 1
                 raise
-            self.stats["push_bulk"] += 1
-            return resp
         raise AssertionError("unreachable")
 
     # --- reads -----------------------------------------------------------
@@ -248,8 +263,8 @@ class StoreClient:
         None when this hub does not serve it (then use gRPC). With
         ``direct`` the buffer is the ``_bulk.Direct`` it made for the
         version's header (see _blob)."""
-        delay = 0.05
-        for attempt in range(self.retries + 1):
+
+        def attempt() -> Tuple[store_pb2.StorePullHeader, Any]:
             h = store_pb2.StorePullHeader()
 
             def take(hb: bytes, n: int) -> Any:
@@ -265,26 +280,17 @@ class StoreClient:
                 return direct(h, n) if direct is not None else alloc(n)
 
             assert self._bulk is not None  # _use_bulk() said so
-            try:
-                hb, buf = self._bulk.fetch(self._dp_addr(), method, header, take, timeout)
-            except _bulk.NotSupported:
-                self.stats["fallback"] += 1
-                return None
-            except errors.RlhubError as e:
-                if e.code == grpc.StatusCode.UNIMPLEMENTED:  # a hub without store pulls on its data plane
-                    self._bulk_off_at = time.monotonic()
-                    self.stats["fallback"] += 1
-                    return None
-                if e.code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
-                    time.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, 2.0)
-                    continue
-                raise
+            hb, buf = self._bulk.fetch(self._dp_addr(), method, header, take, timeout)
             if hb is None:
                 raise errors.RlhubError(f"bulk: {method} answered without a data frame")
-            self.stats["bulk"] += 1
-            return h, (None if h.not_modified else buf)
-        raise AssertionError("unreachable")
+            return h, buf
+
+        got = self._bulk_try(attempt)
+        if got is None:
+            return None
+        h, buf = got
+        self.stats["bulk"] += 1
+        return h, (None if h.not_modified else buf)
 
     def _read_version(self, it: Iterator[Any], framework: str,
                       alloc: Optional[_Alloc] = None) -> Optional[ModelVersion]:
