@@ -105,9 +105,20 @@ def test_refusals_disagreement_and_failed_learn_are_named(hub):
             agg.learn("t1", {"x": np.zeros((4, 2), np.float32), "row": np.arange(3)}, metadata={"step": "2"})
 
 
-def test_two_torch_learners_push_grads_and_the_step_is_the_full_batch_step(hub):
+@pytest.fixture
+def hub_batch2(rlhub_bin, tmp_path):
+    """A hub whose batches are exactly 2 gradients, however far apart they
+    come (the default forwards a batch after 5 ms: two learners on a loaded
+    machine then make two steps)."""
+    h = Hub(rlhub_bin, tmp_path, extra=("--reduce-batch-size", "2", "--max-wait", "60s"))
+    yield h
+    h.stop()
+
+
+def test_two_torch_learners_push_grads_and_the_step_is_the_full_batch_step(hub_batch2):
     """Data parallel: each learner pushes the gradient of its rows; with sum
     reduction the hub's SGD step equals torch's on the whole batch."""
+    hub = hub_batch2
     torch.manual_seed(0)
     ref = torch.nn.Linear(3, 1)
     with rlhub.StoreClient(hub.addr) as s:
