@@ -71,15 +71,7 @@ type dpAnswer struct {
 // it is still going on while the test stops the server. err is set when
 // the connection ended (then final is nil) or a frame was malformed.
 func (d *rawDP) call(method string, req proto.Message, slow bool) (a dpAnswer, err error) {
-	h, err := proto.Marshal(req)
-	if err != nil {
-		return a, err
-	}
-	_ = d.c.SetDeadline(time.Now().Add(30 * time.Second))
-	f := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len(method)))
-	f = append(f, method...)
-	f = binary.LittleEndian.AppendUint32(f, uint32(len(h)))
-	if _, err := d.c.Write(append(f, h...)); err != nil {
+	if err := d.request(method, req); err != nil {
 		return a, err
 	}
 	kind, err := d.r.ReadByte()
@@ -128,19 +120,39 @@ func (d *rawDP) call(method string, req proto.Message, slow bool) (a dpAnswer, e
 	if kind != 3 {
 		return a, fmt.Errorf("frame kind %d, want a final status (3)", kind)
 	}
+	a.final, err = d.final()
+	return a, err
+}
+
+// request writes one request frame: method and its header, req.
+func (d *rawDP) request(method string, req proto.Message) error {
+	h, err := proto.Marshal(req)
+	if err != nil {
+		return err
+	}
+	_ = d.c.SetDeadline(time.Now().Add(30 * time.Second))
+	f := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len(method)))
+	f = append(f, method...)
+	f = binary.LittleEndian.AppendUint32(f, uint32(len(h)))
+	_, err = d.c.Write(append(f, h...))
+	return err
+}
+
+// final reads a final-status frame's body, its kind byte already read.
+func (d *rawDP) final() (*spb.Status, error) {
 	var n4 [4]byte
 	if _, err := io.ReadFull(d.r, n4[:]); err != nil {
-		return a, err
+		return nil, err
 	}
 	sb := make([]byte, binary.LittleEndian.Uint32(n4[:]))
 	if _, err := io.ReadFull(d.r, sb); err != nil {
-		return a, err
+		return nil, err
 	}
-	a.final = &spb.Status{}
-	if err := proto.Unmarshal(sb, a.final); err != nil {
-		return a, fmt.Errorf("final status: %v", err)
+	st := &spb.Status{}
+	if err := proto.Unmarshal(sb, st); err != nil {
+		return nil, fmt.Errorf("final status: %v", err)
 	}
-	return a, nil
+	return st, nil
 }
 
 // checkAfterVersion fails the test when a whole version was followed by a

@@ -5,12 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"io"
 	"testing"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
@@ -141,15 +139,7 @@ func TestDataPlanePushCutOffLandsNothing(t *testing.T) {
 // announces is left cut off: the caller closes the connection.
 func (d *rawDP) push(t *testing.T, hdr *rlhubv1.StorePushHeader, body []byte) (byte, *spb.Status) {
 	t.Helper()
-	h, err := proto.Marshal(hdr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := storerpc.BulkPushMethod
-	f := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len(m)))
-	f = append(f, m...)
-	f = binary.LittleEndian.AppendUint32(f, uint32(len(h)))
-	if _, err := d.c.Write(append(f, h...)); err != nil {
+	if err := d.request(storerpc.BulkPushMethod, hdr); err != nil {
 		t.Fatal(err)
 	}
 	kind, err := d.r.ReadByte()
@@ -161,18 +151,9 @@ func (d *rawDP) push(t *testing.T, hdr *rlhubv1.StorePushHeader, body []byte) (b
 		if _, err := d.c.Write(body); err != nil {
 			t.Fatal(err)
 		}
-		return kind, nil
 	case 3:
-		var n4 [4]byte
-		if _, err := io.ReadFull(d.r, n4[:]); err != nil {
-			t.Fatal(err)
-		}
-		sb := make([]byte, binary.LittleEndian.Uint32(n4[:]))
-		if _, err := io.ReadFull(d.r, sb); err != nil {
-			t.Fatal(err)
-		}
-		st := &spb.Status{}
-		if err := proto.Unmarshal(sb, st); err != nil {
+		st, err := d.final()
+		if err != nil {
 			t.Fatal(err)
 		}
 		return kind, st
