@@ -230,6 +230,8 @@ type Member struct {
 }
 
 // Join connects to etcd and registers the member under a fresh lease.
+// Its calls to etcd end with ctx (give it a deadline: while no etcd
+// answers they wait for one); the member outlives ctx.
 func Join(ctx context.Context, cfg Config) (*Member, error) {
 	if err := cfg.validate(true); err != nil {
 		return nil, err
@@ -241,7 +243,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 	k, sess, err := lease(ctx, &cfg, cli, ec)
 	if err != nil {
 		cli.Close()
-		return nil, fmt.Errorf("%w: cluster: lease: %v", errs.ErrUnavailable, err)
+		return nil, fmt.Errorf("cluster: lease: %w", err)
 	}
 	m := &Member{cfg: cfg, cli: cli, k: k, sess: sess,
 		info: MemberInfo{ID: cfg.ID, Addr: cfg.Addr, Started: time.Now().UTC()}}
@@ -274,11 +276,22 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 func lease(ctx context.Context, cfg *Config, cli *clientv3.Client, ec etcdClient) (*keeper, *concurrency.Session, error) {
 	k := newKeeper(cfg, cli, ec)
 	cli.Lease = &keptLease{Lease: cli.Lease, k: k}
-	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithContext(context.WithoutCancel(ctx)))
+	// The grant is ours, within ctx: NewSession would grant with the
+	// session's context, which must not end with ctx (it runs the
+	// keep-alive) and so has no end at all, and etcd's client waits for
+	// a ready connection — a join while no etcd answers waited for etcd
+	// for ever, deaf to the hub's shutdown (TestJoinWithoutEtcdEnds).
+	grant, err := cli.Grant(ctx, int64(cfg.ttlSeconds()))
 	if err != nil {
-		// No keep-alive started: NewSession starts it after the grant.
 		k.close()
-		return nil, nil, err
+		return nil, nil, etcdError(ec.endpoints, err)
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(cfg.ttlSeconds()), concurrency.WithLease(grant.ID),
+		concurrency.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		// No keep-alive started: the lease expires within its TTL.
+		k.close()
+		return nil, nil, etcdError(ec.endpoints, err)
 	}
 	return k, sess, nil
 }

@@ -370,3 +370,54 @@ func TestProofEndedFollowsTheRenewals(t *testing.T) {
 		t.Fatal("the channel a waiter took before the failure reopened")
 	}
 }
+
+// TestJoinWithoutEtcdEnds: a hub joining (or rejoining, its lease lost)
+// while no etcd answers must neither wait for etcd forever nor ignore its
+// own shutdown. etcd's client waits for a connection ready (WaitForReady)
+// and the session's context never ends, so the lease grant once hung
+// until etcd came back, and SIGTERM could not stop the hub meanwhile.
+func TestJoinWithoutEtcdEnds(t *testing.T) {
+	dead := freeAddr(t) // nothing listens there
+	cfg := Config{Endpoints: []string{dead}, Cluster: "c1", ID: "a", Addr: "127.0.0.1:1",
+		LeaseTTL: time.Second, DialTimeout: 300 * time.Millisecond, Logger: testkit.Logger()}
+	deadline := func(d time.Duration) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	joined := func(ctx context.Context) <-chan error {
+		out := make(chan error, 1)
+		go func() {
+			m, err := Join(ctx, cfg)
+			if err == nil {
+				m.Close()
+				err = errors.New("joined a cluster whose etcd is not there")
+			}
+			out <- err
+		}()
+		return out
+	}
+	// The caller's deadline passes.
+	select {
+	case err := <-joined(deadline(time.Second)):
+		if !errors.Is(err, errs.ErrUnavailable) {
+			t.Fatalf("join without etcd: %v, want unavailable", err)
+		}
+		t.Logf("join without etcd: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("join without etcd did not end at its deadline")
+	}
+	// The caller cancels (the hub's SIGTERM).
+	ctx, cancel := context.WithCancel(context.Background())
+	out := joined(ctx)
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-out:
+		if err == nil {
+			t.Fatal("canceled join returned no error")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("canceled join did not end")
+	}
+}

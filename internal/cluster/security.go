@@ -151,6 +151,12 @@ func (s EtcdSecurity) resolve(endpoints []string) (etcdClient, error) {
 }
 
 func hostOfURL(u string) string {
+	if !strings.Contains(u, "://") { // host:port, as etcd's client takes it too
+		if h, _, err := net.SplitHostPort(u); err == nil {
+			return h
+		}
+		return u
+	}
 	p, err := url.Parse(u)
 	if err != nil || p.Host == "" {
 		return u

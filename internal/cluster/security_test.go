@@ -131,7 +131,10 @@ func TestEtcdSecurityRefusedBeforeDialing(t *testing.T) {
 	if _, err := OpenReader(Config{Endpoints: []string{"http://10.9.8.7:2379"}, Cluster: "x", Security: EtcdSecurity{Insecure: true}}); err != nil {
 		t.Errorf("--insecure off loopback: %v", err)
 	}
-	if ec, err := (EtcdSecurity{CACert: ""}).resolve([]string{"http://localhost:2379", "http://[::1]:2379"}); err != nil || ec.tls != nil {
+	if _, err := (EtcdSecurity{}).resolve([]string{"10.9.8.7:2379"}); !errors.Is(err, errs.ErrInvalid) {
+		t.Errorf("plaintext off loopback, no scheme: %v, want ErrInvalid", err)
+	}
+	if ec, err := (EtcdSecurity{CACert: ""}).resolve([]string{"http://localhost:2379", "http://[::1]:2379", "127.0.0.1:2379"}); err != nil || ec.tls != nil {
 		t.Errorf("loopback plaintext: %v %v", ec, err)
 	}
 }

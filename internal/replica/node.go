@@ -143,6 +143,12 @@ func (n *Node) refusal() *cluster.Refusal {
 
 var errMemberLost = errors.New("replica: this hub's membership lease is gone")
 
+// joinTimeout bounds one attempt to join the cluster (its lease's grant
+// and its registration): while no etcd answers, the hub says so and dials
+// again every joinTimeout, and stops when asked to (SIGTERM) at once.
+// Long enough for etcd to elect a leader of its own.
+const joinTimeout = 10 * time.Second
+
 // Run serves until ctx ends: it binds the address, joins the cluster and
 // cycles through the roles, rejoining whenever its lease is lost.
 func (n *Node) Run(ctx context.Context) error {
@@ -212,7 +218,9 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		ccfg := n.cfg.Cluster
 		ccfg.Addr = addr
-		m, err := cluster.Join(ctx, ccfg)
+		jctx, cancel := context.WithTimeout(ctx, joinTimeout)
+		m, err := cluster.Join(jctx, ccfg)
+		cancel()
 		if err != nil {
 			n.cfg.Logger.Warn("cluster: join failed; retrying", "err", err)
 			select {

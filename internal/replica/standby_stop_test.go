@@ -3,10 +3,14 @@ package replica_test
 import (
 	"io"
 	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/replica"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // A standby server stops promptly even while a peer is stuck in the middle
@@ -42,5 +46,37 @@ func TestStandbyStopsDespiteAStalledHandshake(t *testing.T) {
 		c.Close() // let it end
 		<-done
 		t.Fatal("the standby server's stop waited for a handshake that never completes")
+	}
+}
+
+// A hub whose etcd is gone stops when told to. Its lease lapses, it tries
+// to join again, and that join waits for an etcd that does not answer: it
+// once waited for ever, SIGTERM unheard, so that only SIGKILL (or etcd's
+// return) ended the hub — a Kubernetes pod would sit out its whole grace
+// period. Both hubs, primary and standby, must end, and cleanly.
+func TestHubStopsWhileEtcdIsGone(t *testing.T) {
+	e := clustertest.Start(t)
+	c := newCluster(t, e.Endpoint, 2)
+	_, primary := c.leader(0)
+	e.Kill()
+	for _, h := range c.hubs {
+		testkit.Eventually(t, 30*time.Second, h.id+" lost its membership", func() bool {
+			return strings.Contains(h.out.String(), "membership lost; rejoining")
+		})
+	}
+	// The join has begun (its dial does not block): it now waits on etcd.
+	time.Sleep(time.Second)
+	for _, h := range c.hubs {
+		h.signal(syscall.SIGTERM)
+	}
+	for _, h := range c.hubs {
+		role := "standby"
+		if h == primary {
+			role = "primary"
+		}
+		st := h.proc.Wait(t, 30*time.Second) // the hang was for as long as etcd stayed away
+		if !st.Success() {
+			t.Errorf("%s (was %s) ended %v after SIGTERM:\n%s", h.id, role, st, h.out)
+		}
 	}
 }
