@@ -156,6 +156,7 @@ var Policy = []Rule{
 
 	// Where the primary is: every hub answers (internal/clusterrpc).
 	{Method: "/rlhub.v1.Cluster/Primary", Role: Reader},
+	{Method: "/rlhub.v1.Cluster/Replication", Role: Reader},
 
 	// Model store.
 	{Method: "/rlhub.v1.ModelStore/Push", Role: Trainer, Model: field("header.blob.model")},

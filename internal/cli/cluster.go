@@ -15,8 +15,11 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/replica"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // clusterFlags are --etcd and --cluster, shared by serve and cluster status.
@@ -66,8 +69,14 @@ func newClusterCmd(g *globals) *cobra.Command {
 	var timeout time.Duration
 	status := &cobra.Command{
 		Use:   "status",
-		Short: "List the cluster's members and its primary with the epoch of its term",
-		Args:  cobra.NoArgs,
+		Short: "List the cluster's members, its primary and the epoch of its term, and each member's replication",
+		Long: "status reads the members and the primary from etcd, then asks each member's hub\n" +
+			"(with the connection flags) where it stands: UNIT is the newest replication unit\n" +
+			"the primary asked for, or a standby applied; LAG is how many units a standby is\n" +
+			"behind, as the primary counts its acknowledgements (\"not following\": no stream\n" +
+			"open); SYNCED is yes while a standby holds the primary's full state. \"?\": the\n" +
+			"hub did not answer within --timeout (the reason is printed below the table).",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if f.etcd == "" {
 				return errors.New("cluster status needs --etcd ENDPOINTS")
@@ -83,16 +92,30 @@ func newClusterCmd(g *globals) *cobra.Command {
 			} else {
 				fmt.Fprintf(g.stdout, "cluster %s: no primary\n", f.name)
 			}
+			repl, failed := replicationOf(ctx, st.Members)
+			var primary *rlhubv1.ReplicationResponse
+			if st.Primary != nil {
+				primary = repl[st.Primary.ID]
+			}
 			tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MEMBER\tADDR\tROLE\tUP")
+			fmt.Fprintln(tw, "MEMBER\tADDR\tROLE\tUP\tUNIT\tLAG\tSYNCED")
 			for _, m := range st.Members {
 				role := "standby"
 				if st.Primary != nil && st.Primary.ID == m.ID {
 					role = "primary"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\n", m.ID, m.Addr, role, time.Since(m.Started).Round(time.Second))
+				unit, lag, synced := replicationColumns(m.ID, repl[m.ID], primary, role == "primary")
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%s\n", m.ID, m.Addr, role, time.Since(m.Started).Round(time.Second), unit, lag, synced)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, m := range st.Members {
+				if err, ok := failed[m.ID]; ok {
+					fmt.Fprintf(g.stdout, "%s: replication unknown: %v\n", m.ID, err)
+				}
+			}
+			return nil
 		},
 	}
 	f.register(status)
@@ -166,4 +189,72 @@ func parseAcks(s string) (int, error) {
 		return 0, fmt.Errorf("--replica-acks %q: want all, 0 or a positive count", s)
 	}
 	return n, nil
+}
+
+// replicationOf asks every member (at its registered address, with the
+// command's connection flags) for its place in the replication, within
+// ctx, all at once; members that did not answer are in failed.
+func replicationOf(ctx context.Context, members []cluster.MemberInfo) (map[string]*rlhubv1.ReplicationResponse, map[string]error) {
+	type answer struct {
+		id   string
+		resp *rlhubv1.ReplicationResponse
+		err  error
+	}
+	out := make(chan answer, len(members))
+	for _, m := range members {
+		go func() { // the owner: the loop below waits for every answer
+			conn, err := dialHub(ctx, m.Addr)
+			if err != nil {
+				out <- answer{id: m.ID, err: err}
+				return
+			}
+			defer conn.Close()
+			resp, err := rlhubv1.NewClusterClient(conn).Replication(ctx, &rlhubv1.ReplicationRequest{})
+			out <- answer{m.ID, resp, err}
+		}()
+	}
+	repl, failed := map[string]*rlhubv1.ReplicationResponse{}, map[string]error{}
+	for range members {
+		a := <-out
+		switch {
+		case a.err != nil:
+			failed[a.id] = grpcerr.FromStatus(a.err)
+		case a.resp.GetMemberId() != a.id:
+			// The address is another hub's now (a member restarted on a
+			// new port, and another took the old one).
+			failed[a.id] = fmt.Errorf("its address answers as member %s", errs.Quote(a.resp.GetMemberId()))
+		default:
+			repl[a.id] = a.resp
+		}
+	}
+	return repl, failed
+}
+
+// replicationColumns are a member's UNIT, LAG and SYNCED (r: its answer,
+// nil when it gave none; primary: the primary's): its own unit and, for a
+// standby, the units it is behind as the primary counts them ("-" where
+// there is nothing to say, "?" where no hub said).
+func replicationColumns(id string, r, primary *rlhubv1.ReplicationResponse, isPrimary bool) (unit, lag, synced string) {
+	unit, lag, synced = "?", "?", "?"
+	if r != nil {
+		unit = fmt.Sprint(r.GetUnit())
+	}
+	if isPrimary {
+		return unit, "-", "-"
+	}
+	if r != nil {
+		synced = "no"
+		if r.GetSynced() {
+			synced = "yes"
+		}
+	}
+	if primary != nil {
+		lag = "not following"
+		for _, f := range primary.GetFollowers() {
+			if f.GetMemberId() == id {
+				lag = fmt.Sprint(f.GetLag())
+			}
+		}
+	}
+	return unit, lag, synced
 }

@@ -12,9 +12,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -41,6 +45,20 @@ type Info struct {
 // etcd cannot be read).
 type Source func(ctx context.Context) (Info, error)
 
+// Replication is a member's place in the cluster's replication
+// (rlhub.v1.Cluster/Replication).
+type Replication struct {
+	MemberID string
+	Primary  bool
+	Epoch    uint64
+	// Unit is the newest unit asked for (primary) or applied (standby).
+	Unit   uint64
+	Synced bool
+	// Acked is, on the primary, each connected standby's newest
+	// acknowledged unit, by member id.
+	Acked map[string]uint64
+}
+
 // Config configures the service.
 type Config struct {
 	// Self is the hub's own address (a func: it is known only once the
@@ -53,6 +71,7 @@ type Service struct {
 	rlhubv1.UnimplementedClusterServer
 	self func() string
 	src  atomic.Pointer[Source]
+	repl atomic.Pointer[func() Replication]
 }
 
 // New returns a service that answers with the hub itself until SetSource.
@@ -72,6 +91,31 @@ func (s *Service) SetSource(src Source) {
 		return
 	}
 	s.src.Store(&src)
+}
+
+// SetReplication makes f the Replication answer (a cluster member's);
+// nil: the hub is in no cluster. Safe to call while serving.
+func (s *Service) SetReplication(f func() Replication) {
+	if f == nil {
+		s.repl.Store(nil)
+		return
+	}
+	s.repl.Store(&f)
+}
+
+// Replication implements the RPC.
+func (s *Service) Replication(ctx context.Context, _ *rlhubv1.ReplicationRequest) (*rlhubv1.ReplicationResponse, error) {
+	f := s.repl.Load()
+	if f == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this hub is in no cluster (serve --etcd)")
+	}
+	r := (*f)()
+	out := &rlhubv1.ReplicationResponse{MemberId: r.MemberID, Primary: r.Primary, Epoch: r.Epoch, Unit: r.Unit, Synced: r.Synced}
+	for id, a := range r.Acked {
+		out.Followers = append(out.Followers, &rlhubv1.ReplicationFollower{MemberId: id, Acked: a, Lag: r.Unit - min(a, r.Unit)})
+	}
+	slices.SortFunc(out.Followers, func(a, b *rlhubv1.ReplicationFollower) int { return strings.Compare(a.MemberId, b.MemberId) })
+	return out, nil
 }
 
 // Lookup is the answer the RPC gives, for in-process callers.

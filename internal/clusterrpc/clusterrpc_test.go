@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
@@ -45,6 +47,36 @@ func TestHubWithoutClusterAnswersItself(t *testing.T) {
 	r := ask(t, h.Addr().String())
 	if r.GetAddress() != h.Addr().String() || !r.GetSelf() || r.GetEpoch() != 0 || r.GetMemberId() != "" {
 		t.Fatalf("answer %v, want itself (%s) at epoch 0", r, h.Addr())
+	}
+}
+
+// Cluster/Replication: a hub in no cluster says so (FAILED_PRECONDITION);
+// a member answers what its node reports, each standby's lag counted
+// from the unit, by member id.
+func TestReplicationAnswer(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	conn, err := dial.Config{}.GRPC(h.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := rlhubv1.NewClusterClient(conn)
+	if _, err := c.Replication(ctx, &rlhubv1.ReplicationRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("replication of a hub in no cluster: %v, want FailedPrecondition", err)
+	}
+	h.Cluster().SetReplication(func() clusterrpc.Replication {
+		return clusterrpc.Replication{MemberID: "a", Primary: true, Epoch: 7, Unit: 12, Acked: map[string]uint64{"c": 9, "b": 12}}
+	})
+	r, err := c.Replication(ctx, &rlhubv1.ReplicationRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := r.GetFollowers()
+	if r.GetMemberId() != "a" || !r.GetPrimary() || r.GetEpoch() != 7 || r.GetUnit() != 12 || len(fs) != 2 ||
+		fs[0].GetMemberId() != "b" || fs[0].GetLag() != 0 || fs[1].GetMemberId() != "c" || fs[1].GetAcked() != 9 || fs[1].GetLag() != 3 {
+		t.Fatalf("replication answer %v", r)
 	}
 }
 

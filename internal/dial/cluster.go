@@ -235,6 +235,7 @@ var refusalText = regexp.MustCompile(`this hub is a standby; the primary is (unk
 // connection died with the call in flight: reads, which change nothing.
 var idempotent = map[string]bool{
 	"/rlhub.v1.Cluster/Primary":                 true,
+	"/rlhub.v1.Cluster/Replication":             true,
 	"/rlhub.v1.ModelStore/Pull":                 true,
 	"/rlhub.v1.ModelStore/List":                 true,
 	"/rlhub.v1.Reducer/Secondaries":             true,

@@ -257,6 +257,7 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, sock *handoff) err
 			return err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
+		csvc.SetReplication(func() clusterrpc.Replication { return n.replication(m.ID()) })
 		sb := startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, append(extra, csvc))
 		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
@@ -575,6 +576,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		return nil
 	}
 	h.Cluster().SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
+	h.Cluster().SetReplication(func() clusterrpc.Replication { return n.replication(m.ID()) })
 	if startErr := h.Start(); startErr != nil {
 		h.Close()
 		_ = m.Resign(rctx)
@@ -682,6 +684,20 @@ func (n *Node) stats() metrics.ClusterStats {
 		}
 	}
 	return st
+}
+
+// replication is the node's stats for Cluster/Replication (`rlhub
+// cluster status`), as member id.
+func (n *Node) replication(id string) clusterrpc.Replication {
+	st := n.stats()
+	r := clusterrpc.Replication{MemberID: id, Primary: st.Primary, Epoch: st.Epoch, Unit: st.Unit, Synced: st.Synced}
+	if st.Primary {
+		r.Acked = map[string]uint64{}
+		for m, lag := range st.Lag {
+			r.Acked[m] = st.Unit - lag
+		}
+	}
+	return r
 }
 
 // standbyMetrics serves --metrics-listen while this node is a standby

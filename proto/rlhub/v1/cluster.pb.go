@@ -147,6 +147,197 @@ func (x *PrimaryResponse) GetCluster() string {
 	return ""
 }
 
+type ReplicationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationRequest) Reset() {
+	*x = ReplicationRequest{}
+	mi := &file_rlhub_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationRequest) ProtoMessage() {}
+
+func (x *ReplicationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationRequest.ProtoReflect.Descriptor instead.
+func (*ReplicationRequest) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+type ReplicationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// member_id is the answering hub's member id.
+	MemberId string `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// primary is true while the hub serves as the primary.
+	Primary bool `protobuf:"varint,2,opt,name=primary,proto3" json:"primary,omitempty"`
+	// epoch is the term the hub serves (primary) or follows (standby); 0
+	// while a standby follows none.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// unit: on the primary, the newest replication unit a publish asked
+	// for; on a standby, the newest unit applied from the primary it
+	// follows (a unit covers every write acknowledged before it).
+	Unit uint64 `protobuf:"varint,4,opt,name=unit,proto3" json:"unit,omitempty"`
+	// synced is true while a standby holds the primary's state as of its
+	// last unit (its full sync applied, its stream open).
+	Synced bool `protobuf:"varint,5,opt,name=synced,proto3" json:"synced,omitempty"`
+	// followers (primary only): each connected standby's newest
+	// acknowledged unit and how many units it is behind unit.
+	Followers     []*ReplicationFollower `protobuf:"bytes,6,rep,name=followers,proto3" json:"followers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationResponse) Reset() {
+	*x = ReplicationResponse{}
+	mi := &file_rlhub_v1_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationResponse) ProtoMessage() {}
+
+func (x *ReplicationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationResponse.ProtoReflect.Descriptor instead.
+func (*ReplicationResponse) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_cluster_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReplicationResponse) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *ReplicationResponse) GetPrimary() bool {
+	if x != nil {
+		return x.Primary
+	}
+	return false
+}
+
+func (x *ReplicationResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReplicationResponse) GetUnit() uint64 {
+	if x != nil {
+		return x.Unit
+	}
+	return 0
+}
+
+func (x *ReplicationResponse) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
+}
+
+func (x *ReplicationResponse) GetFollowers() []*ReplicationFollower {
+	if x != nil {
+		return x.Followers
+	}
+	return nil
+}
+
+type ReplicationFollower struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Acked         uint64                 `protobuf:"varint,2,opt,name=acked,proto3" json:"acked,omitempty"`
+	Lag           uint64                 `protobuf:"varint,3,opt,name=lag,proto3" json:"lag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationFollower) Reset() {
+	*x = ReplicationFollower{}
+	mi := &file_rlhub_v1_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationFollower) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationFollower) ProtoMessage() {}
+
+func (x *ReplicationFollower) ProtoReflect() protoreflect.Message {
+	mi := &file_rlhub_v1_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationFollower.ProtoReflect.Descriptor instead.
+func (*ReplicationFollower) Descriptor() ([]byte, []int) {
+	return file_rlhub_v1_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReplicationFollower) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *ReplicationFollower) GetAcked() uint64 {
+	if x != nil {
+		return x.Acked
+	}
+	return 0
+}
+
+func (x *ReplicationFollower) GetLag() uint64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
 var File_rlhub_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_cluster_proto_rawDesc = "" +
@@ -158,9 +349,22 @@ const file_rlhub_v1_cluster_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tmember_id\x18\x03 \x01(\tR\bmemberId\x12\x12\n" +
 	"\x04self\x18\x04 \x01(\bR\x04self\x12\x18\n" +
-	"\acluster\x18\x05 \x01(\tR\acluster2I\n" +
+	"\acluster\x18\x05 \x01(\tR\acluster\"\x14\n" +
+	"\x12ReplicationRequest\"\xcb\x01\n" +
+	"\x13ReplicationResponse\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x18\n" +
+	"\aprimary\x18\x02 \x01(\bR\aprimary\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04unit\x18\x04 \x01(\x04R\x04unit\x12\x16\n" +
+	"\x06synced\x18\x05 \x01(\bR\x06synced\x12;\n" +
+	"\tfollowers\x18\x06 \x03(\v2\x1d.rlhub.v1.ReplicationFollowerR\tfollowers\"Z\n" +
+	"\x13ReplicationFollower\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x14\n" +
+	"\x05acked\x18\x02 \x01(\x04R\x05acked\x12\x10\n" +
+	"\x03lag\x18\x03 \x01(\x04R\x03lag2\x95\x01\n" +
 	"\aCluster\x12>\n" +
-	"\aPrimary\x12\x18.rlhub.v1.PrimaryRequest\x1a\x19.rlhub.v1.PrimaryResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3"
+	"\aPrimary\x12\x18.rlhub.v1.PrimaryRequest\x1a\x19.rlhub.v1.PrimaryResponse\x12J\n" +
+	"\vReplication\x12\x1c.rlhub.v1.ReplicationRequest\x1a\x1d.rlhub.v1.ReplicationResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3"
 
 var (
 	file_rlhub_v1_cluster_proto_rawDescOnce sync.Once
@@ -174,19 +378,25 @@ func file_rlhub_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_rlhub_v1_cluster_proto_rawDescData
 }
 
-var file_rlhub_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_rlhub_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_rlhub_v1_cluster_proto_goTypes = []any{
-	(*PrimaryRequest)(nil),  // 0: rlhub.v1.PrimaryRequest
-	(*PrimaryResponse)(nil), // 1: rlhub.v1.PrimaryResponse
+	(*PrimaryRequest)(nil),      // 0: rlhub.v1.PrimaryRequest
+	(*PrimaryResponse)(nil),     // 1: rlhub.v1.PrimaryResponse
+	(*ReplicationRequest)(nil),  // 2: rlhub.v1.ReplicationRequest
+	(*ReplicationResponse)(nil), // 3: rlhub.v1.ReplicationResponse
+	(*ReplicationFollower)(nil), // 4: rlhub.v1.ReplicationFollower
 }
 var file_rlhub_v1_cluster_proto_depIdxs = []int32{
-	0, // 0: rlhub.v1.Cluster.Primary:input_type -> rlhub.v1.PrimaryRequest
-	1, // 1: rlhub.v1.Cluster.Primary:output_type -> rlhub.v1.PrimaryResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	4, // 0: rlhub.v1.ReplicationResponse.followers:type_name -> rlhub.v1.ReplicationFollower
+	0, // 1: rlhub.v1.Cluster.Primary:input_type -> rlhub.v1.PrimaryRequest
+	2, // 2: rlhub.v1.Cluster.Replication:input_type -> rlhub.v1.ReplicationRequest
+	1, // 3: rlhub.v1.Cluster.Primary:output_type -> rlhub.v1.PrimaryResponse
+	3, // 4: rlhub.v1.Cluster.Replication:output_type -> rlhub.v1.ReplicationResponse
+	3, // [3:5] is the sub-list for method output_type
+	1, // [1:3] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_rlhub_v1_cluster_proto_init() }
@@ -200,7 +410,7 @@ func file_rlhub_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rlhub_v1_cluster_proto_rawDesc), len(file_rlhub_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,7 +26,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Cluster_Primary_FullMethodName = "/rlhub.v1.Cluster/Primary"
+	Cluster_Primary_FullMethodName     = "/rlhub.v1.Cluster/Primary"
+	Cluster_Replication_FullMethodName = "/rlhub.v1.Cluster/Replication"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -38,6 +39,10 @@ type ClusterClient interface {
 	// address is "" and epoch 0. A hub that cannot reach etcd answers
 	// UNAVAILABLE.
 	Primary(ctx context.Context, in *PrimaryRequest, opts ...grpc.CallOption) (*PrimaryResponse, error)
+	// Replication is this hub's place in the cluster's replication, as it
+	// knows it now (no etcd read, no wait): for `rlhub cluster status`. A
+	// hub without a cluster answers FAILED_PRECONDITION.
+	Replication(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (*ReplicationResponse, error)
 }
 
 type clusterClient struct {
@@ -58,6 +63,16 @@ func (c *clusterClient) Primary(ctx context.Context, in *PrimaryRequest, opts ..
 	return out, nil
 }
 
+func (c *clusterClient) Replication(ctx context.Context, in *ReplicationRequest, opts ...grpc.CallOption) (*ReplicationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicationResponse)
+	err := c.cc.Invoke(ctx, Cluster_Replication_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServer is the server API for Cluster service.
 // All implementations must embed UnimplementedClusterServer
 // for forward compatibility.
@@ -67,6 +82,10 @@ type ClusterServer interface {
 	// address is "" and epoch 0. A hub that cannot reach etcd answers
 	// UNAVAILABLE.
 	Primary(context.Context, *PrimaryRequest) (*PrimaryResponse, error)
+	// Replication is this hub's place in the cluster's replication, as it
+	// knows it now (no etcd read, no wait): for `rlhub cluster status`. A
+	// hub without a cluster answers FAILED_PRECONDITION.
+	Replication(context.Context, *ReplicationRequest) (*ReplicationResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
 
@@ -79,6 +98,9 @@ type UnimplementedClusterServer struct{}
 
 func (UnimplementedClusterServer) Primary(context.Context, *PrimaryRequest) (*PrimaryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Primary not implemented")
+}
+func (UnimplementedClusterServer) Replication(context.Context, *ReplicationRequest) (*ReplicationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replication not implemented")
 }
 func (UnimplementedClusterServer) mustEmbedUnimplementedClusterServer() {}
 func (UnimplementedClusterServer) testEmbeddedByValue()                 {}
@@ -119,6 +141,24 @@ func _Cluster_Primary_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_Replication_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).Replication(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_Replication_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).Replication(ctx, req.(*ReplicationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Cluster_ServiceDesc is the grpc.ServiceDesc for Cluster service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -129,6 +169,10 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Primary",
 			Handler:    _Cluster_Primary_Handler,
+		},
+		{
+			MethodName: "Replication",
+			Handler:    _Cluster_Replication_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

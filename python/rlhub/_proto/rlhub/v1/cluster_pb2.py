@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlhub/v1/cluster.proto\x12\x08rlhub.v1\"\x10\n\x0ePrimaryRequest\"c\n\x0fPrimaryResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tmember_id\x18\x03 \x01(\t\x12\x0c\n\x04self\x18\x04 \x01(\x08\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t2I\n\x07\x43luster\x12>\n\x07Primary\x12\x18.rlhub.v1.PrimaryRequest\x1a\x19.rlhub.v1.PrimaryResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlhub/v1/cluster.proto\x12\x08rlhub.v1\"\x10\n\x0ePrimaryRequest\"c\n\x0fPrimaryResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tmember_id\x18\x03 \x01(\t\x12\x0c\n\x04self\x18\x04 \x01(\x08\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\"\x14\n\x12ReplicationRequest\"\x98\x01\n\x13ReplicationResponse\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07primary\x18\x02 \x01(\x08\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0c\n\x04unit\x18\x04 \x01(\x04\x12\x0e\n\x06synced\x18\x05 \x01(\x08\x12\x30\n\tfollowers\x18\x06 \x03(\x0b\x32\x1d.rlhub.v1.ReplicationFollower\"D\n\x13ReplicationFollower\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\r\n\x05\x61\x63ked\x18\x02 \x01(\x04\x12\x0b\n\x03lag\x18\x03 \x01(\x04\x32\x95\x01\n\x07\x43luster\x12>\n\x07Primary\x12\x18.rlhub.v1.PrimaryRequest\x1a\x19.rlhub.v1.PrimaryResponse\x12J\n\x0bReplication\x12\x1c.rlhub.v1.ReplicationRequest\x1a\x1d.rlhub.v1.ReplicationResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRIMARYREQUEST']._serialized_end=52
   _globals['_PRIMARYRESPONSE']._serialized_start=54
   _globals['_PRIMARYRESPONSE']._serialized_end=153
-  _globals['_CLUSTER']._serialized_start=155
-  _globals['_CLUSTER']._serialized_end=228
+  _globals['_REPLICATIONREQUEST']._serialized_start=155
+  _globals['_REPLICATIONREQUEST']._serialized_end=175
+  _globals['_REPLICATIONRESPONSE']._serialized_start=178
+  _globals['_REPLICATIONRESPONSE']._serialized_end=330
+  _globals['_REPLICATIONFOLLOWER']._serialized_start=332
+  _globals['_REPLICATIONFOLLOWER']._serialized_end=400
+  _globals['_CLUSTER']._serialized_start=403
+  _globals['_CLUSTER']._serialized_end=552
 # @@protoc_insertion_point(module_scope)

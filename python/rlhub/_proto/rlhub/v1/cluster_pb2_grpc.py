@@ -39,6 +39,11 @@ class ClusterStub:
                 request_serializer=rlhub_dot_v1_dot_cluster__pb2.PrimaryRequest.SerializeToString,
                 response_deserializer=rlhub_dot_v1_dot_cluster__pb2.PrimaryResponse.FromString,
                 _registered_method=True)
+        self.Replication = channel.unary_unary(
+                '/rlhub.v1.Cluster/Replication',
+                request_serializer=rlhub_dot_v1_dot_cluster__pb2.ReplicationRequest.SerializeToString,
+                response_deserializer=rlhub_dot_v1_dot_cluster__pb2.ReplicationResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -54,6 +59,15 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replication(self, request, context):
+        """Replication is this hub's place in the cluster's replication, as it
+        knows it now (no etcd read, no wait): for `rlhub cluster status`. A
+        hub without a cluster answers FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +75,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Primary,
                     request_deserializer=rlhub_dot_v1_dot_cluster__pb2.PrimaryRequest.FromString,
                     response_serializer=rlhub_dot_v1_dot_cluster__pb2.PrimaryResponse.SerializeToString,
+            ),
+            'Replication': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replication,
+                    request_deserializer=rlhub_dot_v1_dot_cluster__pb2.ReplicationRequest.FromString,
+                    response_serializer=rlhub_dot_v1_dot_cluster__pb2.ReplicationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +109,33 @@ class Cluster:
             '/rlhub.v1.Cluster/Primary',
             rlhub_dot_v1_dot_cluster__pb2.PrimaryRequest.SerializeToString,
             rlhub_dot_v1_dot_cluster__pb2.PrimaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replication(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlhub.v1.Cluster/Replication',
+            rlhub_dot_v1_dot_cluster__pb2.ReplicationRequest.SerializeToString,
+            rlhub_dot_v1_dot_cluster__pb2.ReplicationResponse.FromString,
             options,
             channel_credentials,
             insecure,
