@@ -28,9 +28,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -91,7 +93,14 @@ func (c Config) Options() []grpc.DialOption {
 	if c.TLS != nil {
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(c.TLS.Clone())))
 	} else {
-		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				return tlsHint(invoker(ctx, method, req, reply, cc, opts...))
+			}),
+			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+				cs, err := streamer(ctx, desc, cc, method, opts...)
+				return cs, tlsHint(err)
+			}))
 	}
 	if c.Token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer{md: map[string]string{TokenHeader: "Bearer " + c.Token}}))
@@ -103,6 +112,18 @@ func (c Config) Options() []grpc.DialOption {
 		opts = append(opts, grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: ka, Timeout: keepaliveTimeout, PermitWithoutStream: true}))
 	}
 	return opts
+}
+
+// tlsHint adds what to do to the error of a plaintext call that a hub
+// serving TLS ended: gRPC reports only that the server's preface never
+// came ("error reading server preface: EOF").
+func tlsHint(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "error reading server preface") {
+		return err
+	}
+	return status.Error(codes.Unavailable, st.Message()+
+		" (the hub closed the connection before answering; if it serves TLS, pass its CA: --tls-ca or RLHUB_TLS_CA)")
 }
 
 // GRPC opens a client connection to addr (lazily, as grpc.NewClient

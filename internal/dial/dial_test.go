@@ -1,10 +1,22 @@
 package dial
 
 import (
+	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/auth"
 )
 
 func TestFilesLoad(t *testing.T) {
@@ -58,5 +70,61 @@ func TestOptionsCarryCredentials(t *testing.T) {
 			t.Fatal(err)
 		}
 		conn.Close()
+	}
+}
+
+// A plaintext call to a hub that serves TLS fails, as gRPC has it, with
+// "error reading server preface"; the error says what to do about it.
+func TestPlaintextToTLSSaysWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := auth.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, k, err := ca.Issue("server", []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.WritePair(dir, "server", c, k); err != nil {
+		t.Fatal(err)
+	}
+	srvTLS, err := ServerTLS(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(srvTLS)))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }() // the owner: the test stops it below
+	defer func() { srv.Stop(); <-done }()
+
+	conn, err := Config{}.GRPC(lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "if it serves TLS, pass its CA") {
+		t.Fatalf("plaintext call to a TLS server: %v", err)
+	}
+	st, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("plaintext stream to a TLS server: %v", err)
+	}
+	if !strings.Contains(err.Error(), "if it serves TLS, pass its CA") {
+		t.Errorf("plaintext stream to a TLS server, no hint: %v", err)
+	}
+	// The hint is only for that failure: another one keeps its text.
+	if e := tlsHint(status.Error(codes.Unavailable, "connection refused")); strings.Contains(e.Error(), "TLS") {
+		t.Errorf("hint on another error: %v", e)
 	}
 }
