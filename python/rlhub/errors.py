@@ -7,6 +7,7 @@ The Go side maps its error conditions to gRPC status codes in one table
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple, Union, cast
 
 import grpc
@@ -164,10 +165,19 @@ def _make(code: grpc.StatusCode, message: str, st: Optional["status_pb2.Status"]
     return cls(message, code)
 
 
+# What a plaintext channel to a hub that serves TLS reports: the hub closes
+# the connection at the first bytes, which are not a TLS handshake.
+_CLOSED_AT_CONNECT = re.compile(r"failed to connect to all addresses.*Socket closed")
+_TLS_HINT = (" (the hub closed the connection before answering; if it serves TLS, pass its CA:"
+             " rlhub.Security(ca=...) or RLHUB_TLS_CA)")
+
+
 def from_rpc_error(err: grpc.RpcError) -> RlhubError:
     """Converts a ``grpc.RpcError`` into the matching named exception."""
     code = err.code()
     message = err.details() or str(code)
+    if code == grpc.StatusCode.UNAVAILABLE and _CLOSED_AT_CONNECT.search(message):
+        message += _TLS_HINT
     return _make(code, message, _status_of(err) if _BY_CODE.get(code) is StaleVersion else None)
 
 

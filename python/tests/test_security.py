@@ -122,6 +122,15 @@ def test_store_roles_and_scopes_map_to_named_exceptions(secure_hub):
             s.list()
 
 
+def test_plaintext_client_of_a_tls_hub_is_told_to_pass_the_ca(secure_hub):
+    # The hub closes a connection whose first bytes are no TLS handshake;
+    # grpc says only "Socket closed".
+    rlhub.configure(None)
+    with rlhub.StoreClient(secure_hub.addr, transport="grpc") as s:
+        with pytest.raises(rlhub.Unavailable, match=r"Socket closed.*if it serves TLS, pass its CA"):
+            s.list()
+
+
 def test_no_client_certificate_is_refused(secure_hub):
     sec = secure_hub.security("admin")
     ch = _channel.channel(secure_hub.addr, security=rlhub.Security(ca=sec.ca, token=sec.token))
