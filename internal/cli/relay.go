@@ -44,6 +44,10 @@ func newRelayCmd(g *globals) *cobra.Command {
 			defer conn.Close()
 			cfg.Upstream = conn
 			cfg.UpstreamAddr = upstream
+			// The data plane with the connection's TLS and token, as
+			// every client dials it.
+			cfg.UpstreamBulk = dialConfig(cmd.Context()).Bulk()
+			defer cfg.UpstreamBulk.Close()
 			cfg.Logger = g.logger
 			if noShm {
 				cfg.ShmPath = ""

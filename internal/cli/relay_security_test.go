@@ -121,6 +121,40 @@ func TestRelayListenTLSAndTokens(t *testing.T) {
 	if err != nil || snap.Version != 1 {
 		t.Fatalf("version through the relay: %v, %v", snap, err)
 	}
+	// The relay follows the TLS hub over its data plane, with its TLS and
+	// token (it once dialed that plaintext and without the token, was
+	// refused, and fell back to the push stream for good): the hub hears
+	// its own reports as relay/data-plane (its collector's, forwarded, as
+	// relay/push).
+	hubCfg, err := dial.Files{CA: ca, TokenFile: relayTok}.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubConn, err := hubCfg.GRPC(h.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hubConn.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		st, err := rlhubv1.NewWeightSyncClient(hubConn).Status(ctx, &rlhubv1.SyncStatusRequest{Model: "m"})
+		if err != nil {
+			t.Fatalf("the hub's sync status: %v", err)
+		}
+		var via []string
+		found := false
+		for _, m := range st.GetModels() {
+			for _, c := range m.GetCollectors() {
+				via = append(via, c.GetCollectorId()+" via "+c.GetVia())
+				found = found || strings.HasPrefix(c.GetCollectorId(), "relay-") && c.GetVia() == "relay/data-plane"
+			}
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hub hears %q, want the relay via relay/data-plane", via)
+		}
+	}
 	status1 := func(c *grpc.ClientConn) error {
 		_, err := rlhubv1.NewWeightSyncClient(c).Status(ctx, &rlhubv1.SyncStatusRequest{Model: "m"})
 		return err

@@ -70,6 +70,12 @@ type Config struct {
 	// WeightSync push stream over Upstream when the hub does not serve it.
 	// "" means the push stream only.
 	UpstreamAddr string
+	// UpstreamBulk makes the data-plane calls to UpstreamAddr, with the
+	// upstream connection's TLS and token (dial.Config.Bulk); the caller
+	// closes it after the relay. nil means a plaintext client without a
+	// token, of the relay's own: against a hub that serves TLS or wants a
+	// token, the watch then fails and the relay follows the push stream.
+	UpstreamBulk *bulk.Client
 	// PollTimeout bounds one data-plane poll beyond the hub's wait
 	// (storerpc.BulkWatchWait); 0 means 30s.
 	PollTimeout time.Duration
@@ -148,9 +154,10 @@ type Relay struct {
 	segOpened uint64      // segGen when seg was opened
 	segDone   bool        // Run has ended: materialize opens nothing more
 
-	bulk   *bulk.Client  // data-plane client for UpstreamAddr; nil without it
-	noBulk bool          // the upstream has no data-plane watch (follow's goroutine only)
-	have   atomic.Uint64 // newest version followed on the data plane, reported upstream
+	bulk    *bulk.Client  // data-plane client for UpstreamAddr; nil without it
+	ownBulk bool          // bulk is the relay's own, closed with it
+	noBulk  bool          // the upstream has no data-plane watch (follow's goroutine only)
+	have    atomic.Uint64 // newest version followed on the data plane, reported upstream
 }
 
 // segVersion is a version committed to the segment.
@@ -166,7 +173,10 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r := &Relay{cfg: cfg, board: wsync.NewBoard(cfg.Model)}
 	if cfg.UpstreamAddr != "" {
-		r.bulk = bulk.NewClient()
+		r.bulk, r.ownBulk = cfg.UpstreamBulk, false
+		if r.bulk == nil {
+			r.bulk, r.ownBulk = bulk.NewClient(), true
+		}
 	}
 	svc, err := wsync.NewService(wsync.ServiceConfig{Versions: boardStore{r: r, name: cfg.Model}, Logger: cfg.Logger})
 	if err != nil {
@@ -255,7 +265,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		err = errors.Join(err, r.shm.Close())
 	}
 	r.shmMu.Unlock()
-	if r.bulk != nil {
+	if r.ownBulk {
 		r.bulk.Close()
 	}
 	return errors.Join(err, r.svc.Close())
