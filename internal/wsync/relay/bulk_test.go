@@ -226,3 +226,74 @@ func watchAfter(hb []byte) (uint64, bool) {
 	}
 	return req.After, true
 }
+
+// A relay that fell back to the push stream (its upstream had no data
+// plane) asks for the data plane again once that stream ends: here the
+// hub is replaced, at the same address, by one that serves it (an
+// upgraded hub, a new primary). Before, the fallback lasted the relay's
+// life, and a hub that hung up mid-handshake (going away) looked like one
+// without a data plane.
+func TestRelayAsksForTheDataPlaneAgain(t *testing.T) {
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	push := func(v uint64) {
+		t.Helper()
+		snap := wsynctest.Snap(t, "m", v, 10_000)
+		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first hub: weight sync's gRPC methods alone.
+	ws1, err := wsync.NewService(wsync.ServiceConfig{Versions: st, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := testkit.Listen(t)
+	addr := lis.Addr().String()
+	srv1 := grpc.NewServer()
+	ws1.Register(srv1)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv1.Serve(lis) }() // the owner: stopped below
+	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-again",
+		ShmPath: wsynctest.ShmPath(t), ReportEvery: 10 * time.Millisecond, Backoff: 20 * time.Millisecond, Logger: quiet()})
+	push(1)
+	waitFor(t, "the relay at v1 over the push stream", func() bool { return relay.Newest() == 1 })
+	via := func(ws *wsync.Service) string {
+		for _, ms := range ws.Tracker().Status("m") {
+			for _, c := range ms.Collectors {
+				if c.ID == "relay-again" {
+					return c.Via
+				}
+			}
+		}
+		return ""
+	}
+	if v := via(ws1); v == "relay/data-plane" {
+		t.Fatalf("the first hub has no data plane, yet hears the relay via %s", v)
+	}
+
+	// The second hub, at the same address, with the data plane.
+	ws1.Drain()
+	srv1.Stop()
+	<-served
+	ws1.Close()
+	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws2, err := wsync.NewService(wsync.ServiceConfig{Versions: st, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := bulk.NewServer()
+	ss.RegisterBulk(b)
+	testkit.ServeGRPC(t, b.Listen(testkit.ListenAt(t, addr)), func(g *grpc.Server) { ws2.Register(g) })
+	t.Cleanup(func() { ss.Drain(); ws2.Drain(); b.Close(); ws2.Close() })
+	push(2)
+	waitFor(t, "the relay at v2, following the new hub over the data plane", func() bool {
+		return relay.Newest() == 2 && via(ws2) == "relay/data-plane"
+	})
+}

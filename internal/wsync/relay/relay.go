@@ -285,6 +285,11 @@ func (r *Relay) follow(ctx context.Context) {
 			}
 		} else {
 			err = r.followOnce(ctx, &have)
+			// The push stream ended: the next attach asks for the data
+			// plane first again. The upstream may be a new primary or an
+			// upgraded hub, and a hub that hung up mid-handshake (going
+			// away) looked like one without a data plane.
+			r.noBulk = false
 		}
 		if ctx.Err() != nil {
 			return
