@@ -5,6 +5,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -25,6 +26,14 @@ import (
 // a bulk.Server) and weight sync's gRPC methods (for reports) on one port.
 func dataPlaneHub(t *testing.T, st store.Store) string {
 	t.Helper()
+	addr, _ := dataPlaneHubOn(t, st, testkit.Listen(t))
+	return addr
+}
+
+// dataPlaneHubOn is dataPlaneHub on lis; it returns the weight sync
+// service too (its tracker: how collectors follow).
+func dataPlaneHubOn(t *testing.T, st store.Store, lis net.Listener) (string, *wsync.Service) {
+	t.Helper()
 	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
@@ -35,10 +44,9 @@ func dataPlaneHub(t *testing.T, st store.Store) string {
 	}
 	b := bulk.NewServer()
 	ss.RegisterBulk(b)
-	lis := testkit.Listen(t)
 	addr := testkit.ServeGRPC(t, b.Listen(lis), func(g *grpc.Server) { ws.Register(g) })
 	t.Cleanup(func() { ss.Drain(); ws.Drain(); b.Close(); ws.Close() })
-	return addr
+	return addr, ws
 }
 
 func runRelay(t *testing.T, cfg Config) *Relay {
@@ -280,18 +288,7 @@ func TestRelayAsksForTheDataPlaneAgain(t *testing.T) {
 	srv1.Stop()
 	<-served
 	ws1.Close()
-	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws2, err := wsync.NewService(wsync.ServiceConfig{Versions: st, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := bulk.NewServer()
-	ss.RegisterBulk(b)
-	testkit.ServeGRPC(t, b.Listen(testkit.ListenAt(t, addr)), func(g *grpc.Server) { ws2.Register(g) })
-	t.Cleanup(func() { ss.Drain(); ws2.Drain(); b.Close(); ws2.Close() })
+	_, ws2 := dataPlaneHubOn(t, st, testkit.ListenAt(t, addr))
 	push(2)
 	waitFor(t, "the relay at v2, following the new hub over the data plane", func() bool {
 		return relay.Newest() == 2 && via(ws2) == "relay/data-plane"
