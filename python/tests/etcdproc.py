@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import random
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -15,6 +17,37 @@ import urllib.request
 from typing import Callable, Iterable, TypeVar
 
 from conftest import Hub, free_port
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def listen_port() -> int:
+    """A loopback port for an etcd to listen on, below the kernel's
+    ephemeral range: etcd binds the port it is given, not port 0, and a
+    port from ``free_port`` (ephemeral) could meanwhile become the source
+    port of another member's outgoing peer connection ("bind: address
+    already in use" from the last member of a cluster, seen in CI)."""
+    low = min(_ephemeral_low(), 65536)
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _given:  # handed to a member not started yet
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    return free_port()
+
+
+_given: set[int] = set()
 
 
 class Etcd:
@@ -31,9 +64,9 @@ class Etcd:
                  initial: str | None = None, wait: bool = True, extra: tuple[str, ...] = (),
                  addr: str | None = None, wrap: tuple[str, ...] = ()):
         scheme = "https" if tls else "http"
-        self.hostport = addr or f"127.0.0.1:{free_port()}"
+        self.hostport = addr or f"127.0.0.1:{listen_port()}"
         self.url = f"{scheme}://{self.hostport}"
-        peer = peer or f"http://127.0.0.1:{free_port()}"
+        peer = peer or f"http://127.0.0.1:{listen_port()}"
         initial = initial or f"{name}={peer}"
         self.log = open(tmp / f"etcd-{name}.log" if name != "t" else tmp / "etcd.log", "wb")
         data = tmp / (f"etcd-{name}" if name != "t" else "etcd")
@@ -105,7 +138,7 @@ class Etcd:
 def start_etcd_cluster(tmp: pathlib.Path, n: int = 3) -> list[Etcd]:
     """n etcd members on loopback forming one cluster, each serving; the
     caller stops them."""
-    peers = [f"http://127.0.0.1:{free_port()}" for _ in range(n)]
+    peers = [f"http://127.0.0.1:{listen_port()}" for _ in range(n)]
     initial = ",".join(f"m{i}={p}" for i, p in enumerate(peers))
     return serving([lambda i=i, p=p: Etcd(tmp, name=f"m{i}", peer=p, initial=initial, wait=False)
                     for i, p in enumerate(peers)])
