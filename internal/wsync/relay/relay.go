@@ -156,7 +156,7 @@ type Relay struct {
 
 	bulk    *bulk.Client  // data-plane client for UpstreamAddr; nil without it
 	ownBulk bool          // bulk is the relay's own, closed with it
-	noBulk  bool          // the upstream has no data-plane watch (follow's goroutine only)
+	noBulk  bool          // the upstream had no data-plane watch at this attach (follow's goroutine only)
 	have    atomic.Uint64 // newest version followed on the data plane, reported upstream
 }
 
