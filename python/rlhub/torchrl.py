@@ -499,20 +499,32 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
 # ---------------------------------------------------------------------------
 # The legacy API
 
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class SharedCounter:
     """One int64 in a file under /dev/shm, shared by every process that
     unpickles it (torchrl may cloudpickle env factories, which would copy a
-    shared torch tensor by value). The creator unlinks the file on close."""
+    shared torch tensor by value). The creator unlinks the file on close,
+    or, when close is never called (a collector shut down without closing
+    its weight updater), once the creator's counter is garbage or its
+    process exits: /dev/shm is not left a file per run."""
 
     def __init__(self, path: Optional[str] = None):
         self._owner = path is None
         self.path = path or f"/dev/shm/rlhub-torchrl-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._unlink: Optional["weakref.finalize[[str], SharedCounter]"] = None
         if self._owner:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             try:
                 os.ftruncate(fd, 8)
             finally:
                 os.close(fd)
+            self._unlink = weakref.finalize(self, _unlink_quietly, self.path)
         self._arr: Any = None
 
     def _map(self) -> Any:
@@ -532,15 +544,13 @@ class SharedCounter:
         return {"path": self.path}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.path, self._owner, self._arr = state["path"], False, None
+        self.path, self._owner, self._arr, self._unlink = state["path"], False, None, None
 
     def close(self) -> None:
         if self._owner:
             self._owner = False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            if self._unlink is not None:
+                self._unlink()  # once: a finalize runs its function at most once
 
 
 class RlhubVersionTransform(Transform):  # type: ignore[misc]

@@ -36,6 +36,8 @@ import rlhub  # noqa: E402
 import rlhub.wsync as ws  # noqa: E402
 from rlhub.torchrl import RlhubWeightSyncScheme, RlhubWeightUpdater  # noqa: E402
 
+from conftest import REPO  # noqa: E402
+
 MODEL = "cartpole"
 PREFIX = "module.0.module."  # TensorDictSequential -> TensorDictModule -> the net
 
@@ -547,3 +549,33 @@ def test_import_order(hub, order):
     r = subprocess.run([sys.executable, "-c", IMPORT_ORDER, order, hub.addr], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and f"ok {order}" in r.stdout, r.stderr[-3000:]
+
+
+def test_shared_counter_is_unlinked_without_close():
+    """The version counter's /dev/shm file goes when its creator's counter
+    is garbage, or its process exits, if nobody called close: a script
+    that drops its weight updater without closing it (as the import-order
+    check above does) left a file in /dev/shm per run."""
+    import gc
+
+    from rlhub.torchrl import SharedCounter
+
+    c = SharedCounter()
+    path = c.path
+    assert os.path.exists(path)
+    c.set(7)
+    del c
+    gc.collect()
+    assert not os.path.exists(path)
+
+    c = SharedCounter()
+    c.close()
+    c.close()  # twice: nothing more happens
+    assert not os.path.exists(c.path)
+
+    script = "from rlhub.torchrl import SharedCounter; c = SharedCounter(); c.set(3); print(c.path)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO / "python")))
+    assert out.returncode == 0, out.stderr
+    path = out.stdout.strip().splitlines()[-1]
+    assert path.startswith("/dev/shm/rlhub-torchrl-") and not os.path.exists(path)
