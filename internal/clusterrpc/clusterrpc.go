@@ -54,9 +54,9 @@ type Replication struct {
 	// Unit is the newest unit asked for (primary) or applied (standby).
 	Unit   uint64
 	Synced bool
-	// Acked is, on the primary, each connected standby's newest
-	// acknowledged unit, by member id.
-	Acked map[string]uint64
+	// Lag is, on the primary, each connected standby's units not yet
+	// acknowledged (Unit minus its newest acknowledged unit), by member id.
+	Lag map[string]uint64
 }
 
 // Config configures the service.
@@ -111,8 +111,8 @@ func (s *Service) Replication(ctx context.Context, _ *rlhubv1.ReplicationRequest
 	}
 	r := (*f)()
 	out := &rlhubv1.ReplicationResponse{MemberId: r.MemberID, Primary: r.Primary, Epoch: r.Epoch, Unit: r.Unit, Synced: r.Synced}
-	for id, a := range r.Acked {
-		out.Followers = append(out.Followers, &rlhubv1.ReplicationFollower{MemberId: id, Acked: a, Lag: r.Unit - min(a, r.Unit)})
+	for id, lag := range r.Lag {
+		out.Followers = append(out.Followers, &rlhubv1.ReplicationFollower{MemberId: id, Acked: r.Unit - min(lag, r.Unit), Lag: lag})
 	}
 	slices.SortFunc(out.Followers, func(a, b *rlhubv1.ReplicationFollower) int { return strings.Compare(a.MemberId, b.MemberId) })
 	return out, nil

@@ -51,8 +51,8 @@ func TestHubWithoutClusterAnswersItself(t *testing.T) {
 }
 
 // Cluster/Replication: a hub in no cluster says so (FAILED_PRECONDITION);
-// a member answers what its node reports, each standby's lag counted
-// from the unit, by member id.
+// a member answers what its node reports, each standby's acknowledged
+// unit counted back from the unit and its lag, sorted by member id.
 func TestReplicationAnswer(t *testing.T) {
 	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
 	conn, err := dial.Config{}.GRPC(h.Addr().String())
@@ -67,7 +67,7 @@ func TestReplicationAnswer(t *testing.T) {
 		t.Fatalf("replication of a hub in no cluster: %v, want FailedPrecondition", err)
 	}
 	h.Cluster().SetReplication(func() clusterrpc.Replication {
-		return clusterrpc.Replication{MemberID: "a", Primary: true, Epoch: 7, Unit: 12, Acked: map[string]uint64{"c": 9, "b": 12}}
+		return clusterrpc.Replication{MemberID: "a", Primary: true, Epoch: 7, Unit: 12, Lag: map[string]uint64{"c": 3, "b": 0}}
 	})
 	r, err := c.Replication(ctx, &rlhubv1.ReplicationRequest{})
 	if err != nil {

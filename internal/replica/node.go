@@ -690,14 +690,7 @@ func (n *Node) stats() metrics.ClusterStats {
 // cluster status`), as member id.
 func (n *Node) replication(id string) clusterrpc.Replication {
 	st := n.stats()
-	r := clusterrpc.Replication{MemberID: id, Primary: st.Primary, Epoch: st.Epoch, Unit: st.Unit, Synced: st.Synced}
-	if st.Primary {
-		r.Acked = map[string]uint64{}
-		for m, lag := range st.Lag {
-			r.Acked[m] = st.Unit - lag
-		}
-	}
-	return r
+	return clusterrpc.Replication{MemberID: id, Primary: st.Primary, Epoch: st.Epoch, Unit: st.Unit, Synced: st.Synced, Lag: st.Lag}
 }
 
 // standbyMetrics serves --metrics-listen while this node is a standby
