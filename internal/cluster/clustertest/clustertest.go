@@ -53,12 +53,11 @@ func freeAddr(tb testing.TB) string {
 	tb.Helper()
 	low := ephemeralLow()
 	span := min(12000, low-1024)
+	givenMu.Lock()
+	defer givenMu.Unlock()
 	for range 1000 {
 		port := low - 1 - rand.IntN(span)
-		givenMu.Lock()
-		taken := given[port]
-		givenMu.Unlock()
-		if taken {
+		if given[port] {
 			continue
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -67,9 +66,7 @@ func freeAddr(tb testing.TB) string {
 			continue
 		}
 		l.Close()
-		givenMu.Lock()
 		given[port] = true
-		givenMu.Unlock()
 		return addr
 	}
 	tb.Fatalf("no free loopback port below %d", low)
