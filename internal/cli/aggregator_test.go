@@ -15,15 +15,13 @@ func TestAggregatorStatusListsExampleLearner(t *testing.T) {
 	addr := serveCLI(t)
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
-	type res struct {
-		code int
-		out  string
-	}
-	learnerDone := make(chan res, 1)
-	go func() {
-		code, out, _ := run(t, lctx, "--log-level", "error", "learner", "example", "--hub", addr, "--id", "ex1", "--batch-size", "4")
-		learnerDone <- res{code, out}
-	}()
+	// The learner's stdout is read while it runs: the aggregator lists a
+	// learner on its Hello, before the learner has the Welcome and prints
+	// "attached", so cancelling as soon as status lists it could stop the
+	// learner between the two.
+	var lout, lerr testkit.Buffer
+	learnerDone := make(chan int, 1)
+	go func() { learnerDone <- Run(lctx, []string{"--log-level", "error", "learner", "example", "--hub", addr, "--id", "ex1", "--batch-size", "4"}, &lout, &lerr) }()
 	var out string
 	testkit.Eventually(t, 60*time.Second, "aggregator status to list the learner ex1", func() bool {
 		_, out, _ = run(t, context.Background(), "aggregator", "status", "--hub", addr, "--timeout", "20s")
@@ -32,10 +30,12 @@ func TestAggregatorStatusListsExampleLearner(t *testing.T) {
 	if !strings.Contains(out, "LEASE LEFT") || !strings.Contains(out, "kind=example") || !strings.Contains(out, "learners attached 1") {
 		t.Errorf("status output %q", out)
 	}
+	testkit.Eventually(t, 30*time.Second, "the learner to print that it attached", func() bool {
+		return strings.Contains(lout.String(), "attached ex1")
+	})
 	lcancel()
-	r := <-learnerDone
-	if r.code != 0 || !strings.Contains(r.out, "attached ex1") {
-		t.Errorf("learner exited %d with output %q", r.code, r.out)
+	if code := <-learnerDone; code != 0 {
+		t.Errorf("learner exited %d on cancel; stdout %q, stderr %q", code, lout.String(), lerr.String())
 	}
 }
 
