@@ -108,8 +108,11 @@ def main() -> int:
                     help="collectors' weight sync: store pull/watch, or the hub's push fan-out")
     ap.add_argument("--target", type=float, default=475.0)
     ap.add_argument("--max-iters", type=int, default=400)
-    ap.add_argument("--csv", default=str(REPO / "docs" / "img" / "cartpole_ppo.csv"))
-    ap.add_argument("--png", default=str(REPO / "docs" / "img" / "cartpole_ppo.png"))
+    # Outputs go under runs/ (ignored by git), like `rlhub train ars`: a run
+    # never overwrites the committed figure; docs/python-example.md names
+    # the flags that regenerate it.
+    ap.add_argument("--csv", default=str(REPO / "runs" / "cartpole_ppo" / "curve.csv"))
+    ap.add_argument("--png", default=str(REPO / "runs" / "cartpole_ppo" / "curve.png"))
     args = ap.parse_args()
     h = Hyper()
     torch.set_num_threads(1)
