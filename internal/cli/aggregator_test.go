@@ -21,7 +21,9 @@ func TestAggregatorStatusListsExampleLearner(t *testing.T) {
 	// learner between the two.
 	var lout, lerr testkit.Buffer
 	learnerDone := make(chan int, 1)
-	go func() { learnerDone <- Run(lctx, []string{"--log-level", "error", "learner", "example", "--hub", addr, "--id", "ex1", "--batch-size", "4"}, &lout, &lerr) }()
+	go func() {
+		learnerDone <- Run(lctx, []string{"--log-level", "error", "learner", "example", "--hub", addr, "--id", "ex1", "--batch-size", "4"}, &lout, &lerr)
+	}()
 	var out string
 	testkit.Eventually(t, 60*time.Second, "aggregator status to list the learner ex1", func() bool {
 		_, out, _ = run(t, context.Background(), "aggregator", "status", "--hub", addr, "--timeout", "20s")
