@@ -54,6 +54,16 @@ type Config struct {
 	Now func() time.Time
 	// Logger receives membership and task events; nil means slog.Default().
 	Logger *slog.Logger
+	// DataDir, when set, keeps the current task across restarts and
+	// failovers (persist.go); "" keeps it in memory only.
+	DataDir string
+	// StateChanged, when set, is told each file under DataDir once
+	// written (a clustered hub replicates it).
+	StateChanged func(path string)
+	// WriteState, when set, runs each save of the task (a clustered hub's
+	// store.StateWriter: refused on a deposed primary, acknowledged by
+	// the standbys before Start or GetDataDemand answers); nil runs it.
+	WriteState func(ctx context.Context, fn func() error) error
 }
 
 func (c *Config) validate() error {
@@ -140,7 +150,9 @@ type taskState struct {
 	seq  uint64 // Start order
 	id   string
 	info *structpb.Struct
-	// merge is the hub's merge with the task's options applied.
+	// opts are the merge options the task was started with (nil: the
+	// hub's); merge is the hub's merge with them applied.
+	opts  *rlhubv1.MergeOptions
 	merge Merge
 	// order and sizes are recorded by GetDataDemand; nil before it.
 	order []string
@@ -180,6 +192,14 @@ func New(cfg Config) (*Service, error) {
 		learners: make(map[string]*learnerConn),
 	}
 	s.merge = NewMerge(cfg.MergeRule, cfg.HomogeneousKeys)
+	t, err := s.loadTask()
+	if err != nil {
+		return nil, err
+	}
+	if t != nil {
+		s.task, s.taskSeq = t, t.seq
+		cfg.Logger.Info("aggregator: task restored; learners are started on it as they attach", "task", t.id)
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.reap() }()
@@ -579,7 +599,7 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	if taskID == "" {
 		taskID = "task-" + strconv.FormatUint(s.taskSeq, 10)
 	}
-	t := &taskState{seq: s.taskSeq, id: taskID, info: orEmpty(info), merge: merge}
+	t := &taskState{seq: s.taskSeq, id: taskID, info: orEmpty(info), opts: mo, merge: merge}
 	s.mu.Unlock()
 	conns := s.attached(nil)
 	if len(conns) == 0 {
@@ -587,6 +607,11 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	}
 	errsOut := fanOut(conns, func(_ int, c *learnerConn) error { return s.startOne(ctx, c, t) })
 	if err := errors.Join(errsOut...); err != nil {
+		return nil, fmt.Errorf("start task %q: %w", taskID, err)
+	}
+	// Saved before it is current and answered: a task the coordinator was
+	// told of outlives this hub.
+	if err := s.saveTask(ctx, t); err != nil {
 		return nil, fmt.Errorf("start task %q: %w", taskID, err)
 	}
 	s.mu.Lock()
@@ -677,10 +702,16 @@ func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandRes
 		resp.BatchSizes = append(resp.BatchSizes, d.BatchSize)
 	}
 	s.mu.Lock()
-	if s.task == t {
+	current := s.task == t
+	if current {
 		t.order, t.sizes = ids, resp.BatchSizes
 	}
 	s.mu.Unlock()
+	if current {
+		if err := s.saveTask(ctx, t); err != nil {
+			return nil, fmt.Errorf("demand for task %q: %w", t.id, err)
+		}
+	}
 	return resp, nil
 }
 

@@ -153,9 +153,10 @@ type Config struct {
 	// replica.Source); nil serves a stub that answers FailedPrecondition
 	// (this hub is not a cluster primary). It is closed with the others.
 	Replication Service
-	// StateChanged, when set, is told each file under DataDir/reducer
-	// and DataDir/ars that the reducer or the ARS coordinator wrote or
-	// removed (their Config.StateChanged, unless set there), and each
+	// StateChanged, when set, is told each file under DataDir/reducer,
+	// DataDir/ars and DataDir/aggregator that the reducer, the ARS
+	// coordinator or the aggregator wrote or removed (their
+	// Config.StateChanged, unless set there), and each
 	// file under DataDir/store the model store wrote or removed
 	// (store.FileConfig.Changed): a cluster primary's
 	// replica.Source.Changed, so that a replication unit ships what was
@@ -427,6 +428,15 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	acfg := h.cfg.Aggregator
 	if acfg.Logger == nil {
 		acfg.Logger = h.cfg.Logger
+	}
+	if acfg.DataDir == "" && h.cfg.DataDir != "" {
+		acfg.DataDir = filepath.Join(h.cfg.DataDir, "aggregator")
+	}
+	if acfg.StateChanged == nil {
+		acfg.StateChanged = h.cfg.StateChanged
+	}
+	if sw, ok := h.store.(store.StateWriter); ok && acfg.WriteState == nil {
+		acfg.WriteState = sw.WriteState
 	}
 	agg, err := aggregator.New(acfg)
 	if err := add(agg, err); err != nil {

@@ -69,6 +69,7 @@ var (
 	_ store.Acknowledger = (*Fenced)(nil)
 	_ store.Committer    = (*Fenced)(nil)
 	_ store.Claimer      = (*Fenced)(nil)
+	_ store.StateWriter  = (*Fenced)(nil)
 	_ store.Deleter      = (*Fenced)(nil)
 	_ store.Prechecker   = (*Fenced)(nil)
 	_ store.StatsReader  = (*Fenced)(nil)
@@ -280,6 +281,25 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 		return err
 	}
 	return info, ack, nil
+}
+
+// WriteState implements store.StateWriter: fn (which names what it
+// writes, Source.Changed) runs as one commit, with scans held off, after
+// the checks every write makes, and is acknowledged like a push.
+func (f *Fenced) WriteState(ctx context.Context, fn func() error) error {
+	standbys, err := f.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	if f.Source == nil {
+		err = fn()
+	} else {
+		err = f.Source.CommitNamed(fn)
+	}
+	if err != nil {
+		return err
+	}
+	return f.acknowledge(ctx, standbys)
 }
 
 // Claim implements store.Claimer (replicated like a push).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/replica"
 	"github.com/rlhub/rlhub/internal/store"
@@ -143,5 +144,54 @@ func TestFencedForwardsOwnerUsage(t *testing.T) {
 	}
 	if n := inner.lists.Load(); n != 0 {
 		t.Fatalf("the usage reads listed the store %d times", n)
+	}
+}
+
+// WriteState fences a service's own state like a push: refused before it
+// runs on a deposed primary or without the term proof, run once
+// otherwise.
+func TestFencedWriteState(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	var deposed atomic.Bool
+	var proofErr atomic.Pointer[error]
+	f := &replica.Fenced{Store: mem, Epoch: 4,
+		Refusal: func() *cluster.Refusal {
+			if deposed.Load() {
+				return cluster.NewRefusal(nil)
+			}
+			return nil
+		},
+		Proof: func() error {
+			if p := proofErr.Load(); p != nil {
+				return *p
+			}
+			return nil
+		}}
+	var sw store.StateWriter = f
+	ran := 0
+	write := func() error { ran++; return nil }
+	ctx := context.Background()
+	if err := sw.WriteState(ctx, write); err != nil || ran != 1 {
+		t.Fatalf("WriteState on a primary: %v, ran %d times", err, ran)
+	}
+	gone := errors.New("etcd unreachable")
+	proofErr.Store(&gone)
+	if err := sw.WriteState(ctx, write); !errors.Is(err, errs.ErrUnavailable) || ran != 1 {
+		t.Fatalf("WriteState without the term proof: %v, ran %d times; want Unavailable before running", err, ran)
+	}
+	proofErr.Store(nil)
+	deposed.Store(true)
+	var r *cluster.Refusal
+	if err := sw.WriteState(ctx, write); !errors.As(err, &r) || ran != 1 {
+		t.Fatalf("WriteState when deposed: %v, ran %d times; want the refusal before running", err, ran)
+	}
+	deposed.Store(false)
+	boom := errors.New("disk full")
+	if err := sw.WriteState(ctx, func() error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("WriteState whose write fails: %v", err)
 	}
 }

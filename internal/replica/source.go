@@ -343,7 +343,7 @@ func (s *Source) Changed(path string) {
 		return
 	}
 	if !slices.Contains(stateDirs, top) {
-		return // not under ars/ or reducer/ (nor one of them: ".." and "." are not)
+		return // not under a state directory (nor one of them: ".." and "." are not)
 	}
 	s.named, s.namedAll = addNamed(s.named, s.namedAll, rel)
 }

@@ -16,12 +16,12 @@ import (
 // The mirrored part of a data directory: the durable state issue 14's
 // restart path recovers from. Everything else (locks, temporaries, a
 // deleted model's trash, the replica's own bookkeeping) stays local.
-var mirroredDirs = []string{"ars", "reducer", "store"}
+var mirroredDirs = []string{"aggregator", "ars", "reducer", "store"}
 
-// stateDirs are the mirrored directories the reducer and the ARS
-// coordinator write: their writers name what they change
+// stateDirs are the mirrored directories the reducer, the ARS
+// coordinator and the learner aggregator write: their writers name what they change
 // (Source.Changed), and a snapshot stats only that (walkState).
-var stateDirs = []string{"ars", "reducer"}
+var stateDirs = []string{"aggregator", "ars", "reducer"}
 
 // localOnly reports whether a file under a mirrored directory is never
 // replicated.

@@ -165,6 +165,18 @@ type Info struct {
 // (the reducer registering it, say) may claim it from the token.
 const TokenOwnerPrefix = "token:"
 
+// StateWriter is implemented by a store whose writes are replicated and
+// fenced (a cluster primary's replica.Fenced). WriteState runs fn, a
+// write of a service's durable state beside the store (the aggregator's
+// current task), as such a write: refused before fn runs when this hub
+// may not write (deposed, or its term unconfirmed), and acknowledged
+// like a push once fn returns (its files, which fn names through the
+// hub's StateChanged, replicated to the standbys a push waits for). An
+// error after fn ran wraps ErrNotAcknowledged. A store without it: run fn.
+type StateWriter interface {
+	WriteState(ctx context.Context, fn func() error) error
+}
+
 // Claimer is implemented by stores that record model owners (Memory and
 // File do; the File store persists the owner in the model's manifest).
 type Claimer interface {
