@@ -19,6 +19,7 @@ Errors are rlhub's named exceptions (``Unavailable`` "no learners attached",
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import grpc
@@ -138,9 +139,23 @@ class AggregatorClient:
             for c in iter_chunks(blob, self.chunk_bytes):
                 yield aggregator_pb2.LearnRequest(chunk=tensor_pb2.Chunk(data=c))
 
-        try:
-            r = self._stub.Learn(requests(), timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise errors.from_rpc_error(e) from None
+        # A Learn a standby refused was not applied: on a cluster target it
+        # is sent again (the channel follows the primary the refusal
+        # names), as the channel does for unary calls; any other failure
+        # is the caller's (a Learn cut mid-way has an unknown outcome:
+        # learners may have pushed gradients).
+        follows = isinstance(self._channel, _channel.FollowingChannel)
+        deadline = time.monotonic() + self.timeout
+        wait = _channel._BACKOFF0
+        for attempt in range(1, _channel.MAX_FOLLOW_ATTEMPTS + 1):
+            try:
+                r = self._stub.Learn(requests(), timeout=max(0.001, deadline - time.monotonic()))
+                break
+            except grpc.RpcError as e:
+                if (not follows or _channel.refusal(e) is None or attempt == _channel.MAX_FOLLOW_ATTEMPTS
+                        or time.monotonic() + wait >= deadline):
+                    raise errors.from_rpc_error(e) from None
+            time.sleep(wait)
+            wait = min(2 * wait, _channel._BACKOFF_MAX)
         return Learned(from_value(r.info), [Share(s.learner_id, s.row_start, s.rows) for s in r.shares],
                        list(r.failed))
