@@ -17,7 +17,7 @@ from rlhub.learner import Demand, LearnTask, Learner
 
 from ppo import ActorCritic, Hyper, Rollouts, ppo_loss
 
-MODEL = "cartpole-ppo"
+MODEL = "cartpole-ppo"  # the model's name on a hub the example starts itself
 
 
 class PPOLearner(Learner):
@@ -25,9 +25,10 @@ class PPOLearner(Learner):
     computes the PPO gradient on the newest weights, pushes it to the
     reducer with that base version, and waits for the step it is part of."""
 
-    def __init__(self, hub: str, learner_id: str, h: Hyper, seed: int):
+    def __init__(self, hub: str, learner_id: str, h: Hyper, seed: int, model: str = MODEL):
         super().__init__(hub, learner_id, resources={"role": "ppo-learner"}, framework="torch")
         self.h = h
+        self.model = model
         self.net = ActorCritic(hidden=h.hidden)
         self.store = rlhub.StoreClient(hub)
         self.grads = GradClient(hub, learner_id)
@@ -43,7 +44,7 @@ class PPOLearner(Learner):
         self.version = v.version
 
     def _sync_newest(self) -> None:
-        v = self.store.pull(MODEL, if_newer_than=self.version, framework="torch")
+        v = self.store.pull(self.model, if_newer_than=self.version, framework="torch")
         if v is not None:
             self._load(v)
 
@@ -53,7 +54,7 @@ class PPOLearner(Learner):
         self._sync_newest()
         if self.version > than:
             return
-        for v in self.store.watch(MODEL, after=than, framework="torch", timeout=60):
+        for v in self.store.watch(self.model, after=than, framework="torch", timeout=60):
             self._load(v)
             return
         raise rlhub.Unavailable(f"no version after {than} within 60s")
@@ -72,7 +73,7 @@ class PPOLearner(Learner):
                 self.net.zero_grad()
                 loss, info = ppo_loss(self.net, {k: v[idx] for k, v in data.items()}, h)
                 loss.backward()
-                self.grads.push(MODEL, base, self.net)
+                self.grads.push(self.model, base, self.net)
                 self.pushed += 1
                 for k, x in info.items():
                     stats.setdefault(k, []).append(x)
@@ -83,12 +84,12 @@ class PPOLearner(Learner):
         return out
 
 
-def learner_main(hub: str, learner_id: str, h: Hyper, seed: int) -> None:
+def learner_main(hub: str, learner_id: str, h: Hyper, seed: int, model: str = MODEL) -> None:
     """Entry point of a learner process; SIGTERM stops it cleanly."""
     torch.set_num_threads(1)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    lr = PPOLearner(hub, learner_id, h, seed)
+    lr = PPOLearner(hub, learner_id, h, seed, model)
     lr.start()
     try:
         while not stop.wait(0.5):
@@ -99,7 +100,8 @@ def learner_main(hub: str, learner_id: str, h: Hyper, seed: int) -> None:
         lr.store.close()
 
 
-def collector_main(conn, hub: str, h: Hyper, seed: int, collector_id: str, sync: str = "pull") -> None:
+def collector_main(conn, hub: str, h: Hyper, seed: int, collector_id: str, sync: str = "pull",
+                   model: str = MODEL) -> None:
     """Entry point of a collector process. For each request (the minimum
     model version to run) it brings its policy up to date with an
     ``rlhub.wsync.Receiver`` — over the store (``sync="pull"``: pull if
@@ -113,7 +115,7 @@ def collector_main(conn, hub: str, h: Hyper, seed: int, collector_id: str, sync:
     net = ActorCritic(hidden=h.hidden)
     roll = Rollouts(h.envs_per_collector, seed)
     gen = torch.Generator().manual_seed(seed)
-    src = ws.StoreSource(hub, MODEL) if sync == "pull" else ws.PushSource(hub, MODEL, collector_id=collector_id)
+    src = ws.StoreSource(hub, model) if sync == "pull" else ws.PushSource(hub, model, collector_id=collector_id)
     with ws.Receiver(net, src, collector_id=collector_id, hub=hub) as r:
         while True:
             want = conn.recv()

@@ -100,9 +100,21 @@ def evaluate(net: ActorCritic, episodes: int, seed: int) -> list[float]:
     return out
 
 
+def wait_learners(agg: AggregatorClient, task: str, n: int, timeout: float = 120.0) -> None:
+    """Waits until n learners are attached and started on task."""
+    deadline = time.monotonic() + timeout
+    while sum(1 for l in agg.status().learners if l.started_task == task) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{n} learners not started on {task} within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hub", help="use a running hub instead of starting one (needs --reduce-batch-size 2)")
+    ap.add_argument("--hub", help="use a running hub instead of starting one (needs --reduce-batch-size 2): "
+                    "HOST:PORT, or etcd://ENDPOINTS/CLUSTER to follow a cluster's primary")
+    ap.add_argument("--model", help=f"the model's name on the hub (default {MODEL!r} on the hub the example "
+                    f"starts; with --hub, {MODEL!r} plus the seed and the start time, so runs can share a hub)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sync", choices=["pull", "push"], default="pull",
                     help="collectors' weight sync: store pull/watch, or the hub's push fan-out")
@@ -114,13 +126,14 @@ def main() -> int:
     ap.add_argument("--csv", default=str(REPO / "runs" / "cartpole_ppo" / "curve.csv"))
     ap.add_argument("--png", default=str(REPO / "runs" / "cartpole_ppo" / "curve.png"))
     args = ap.parse_args()
+    model = args.model or (f"{MODEL}-s{args.seed}-{time.strftime('%Y%m%dT%H%M%S')}" if args.hub else MODEL)
     h = Hyper()
     torch.set_num_threads(1)
     t_start = time.monotonic()
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="rlhub-cartpole-"))
     hub_proc, addr = (None, args.hub) if args.hub else start_hub(tmp)
-    print(f"hub {addr}" + (f" (log {tmp / 'hub.log'})" if hub_proc else ""), flush=True)
+    print(f"hub {addr}" + (f" (log {tmp / 'hub.log'})" if hub_proc else "") + f", model {model}", flush=True)
 
     ctx = mp.get_context("spawn")
     procs: list = []
@@ -129,19 +142,19 @@ def main() -> int:
         torch.manual_seed(args.seed)
         net = ActorCritic(hidden=h.hidden)
         with rlhub.StoreClient(addr) as store:
-            store.push(MODEL, net.state_dict(), version=1, expect=0)
+            store.push(model, net.state_dict(), version=1, expect=0)
         grads = GradClient(addr, "coordinator")
-        grads.register(MODEL, optimizer=torch.optim.Adam(net.parameters(), lr=h.lr, eps=1e-5),
+        grads.register(model, optimizer=torch.optim.Adam(net.parameters(), lr=h.lr, eps=1e-5),
                        reduction="mean", gradient_max=h.max_grad_norm)
 
         for i in range(2):
-            p = ctx.Process(target=learner_main, args=(addr, f"learner-{i}", h, args.seed * 1000 + i), daemon=True)
+            p = ctx.Process(target=learner_main, args=(addr, f"learner-{i}", h, args.seed * 1000 + i, model), daemon=True)
             p.start()
             procs.append(p)
         for i in range(2):
             a, b = ctx.Pipe()
             p = ctx.Process(target=collector_main, args=(b, addr, h, args.seed * 1000 + 100 * (i + 1),
-                                                         f"collector-{i}", args.sync), daemon=True)
+                                                         f"collector-{i}", args.sync, model), daemon=True)
             p.start()
             procs.append(p)
             pipes.append(a)
@@ -152,12 +165,13 @@ def main() -> int:
             if time.monotonic() > deadline:
                 raise RuntimeError("learners did not attach")
             time.sleep(0.05)
-        task = agg.start("cartpole-ppo", dataclasses.asdict(h)).task_id
+        task = agg.start(model, dataclasses.asdict(h)).task_id
         demand = agg.get_data_demand(task)
         print(f"learners {demand.learners} demand {demand.batch_sizes} rows", flush=True)
 
         store = rlhub.StoreClient(addr)
         version, env_steps, returns, rows = 1, 0, [], []
+        failovers = 0
         solved = False
         for it in range(args.max_iters):
             for c in pipes:
@@ -175,10 +189,23 @@ def main() -> int:
                 solved = True
                 break
             batch = {k: np.concatenate([d[k] for d, _, _ in got]) for k in got[0][0]}
-            res = agg.learn(task, batch, metadata={"step": str(it)})
+            try:
+                res = agg.learn(task, batch, metadata={"step": str(it)})
+            except rlhub.Unavailable as e:
+                # The hub went away with the learn in flight (a cluster's
+                # primary killed): its outcome is unknown, some minibatch
+                # steps may have landed. The task lives on in the new
+                # primary; once the learners are back on it, collect again
+                # at the newest version.
+                failovers += 1
+                print(f"iteration {it}: learn failed ({str(e)[:200]}); waiting for the learners on the "
+                      f"hub's primary, then collecting again", flush=True)
+                wait_learners(agg, task, 2)
+                version = max(m.version for m in store.list() if m.name == model)
+                continue
             if res.failed:
                 print(f"iteration {it}: learners failed and were re-split: {res.failed}", flush=True)
-            version = max(m.version for m in store.list() if m.name == MODEL)
+            version = max(m.version for m in store.list() if m.name == model)
             row.update(pg_loss=round(float(np.mean(res.info["pg_loss"])), 5),
                        v_loss=round(float(np.mean(res.info["v_loss"])), 3),
                        approx_kl=round(float(np.mean(res.info["approx_kl"])), 5))
@@ -191,13 +218,16 @@ def main() -> int:
               f"{rows[-1]['mean_return_20']:.1f} after {env_steps} env steps, {len(rows)} iterations, "
               f"model version {version}, {wall:.1f}s", flush=True)
 
-        final = store.pull(MODEL, framework="torch")
+        final = store.pull(model, framework="torch")
         net.load_state_dict(final.tensors)
         ev = evaluate(net, 10, seed=12345)
         print(f"greedy evaluation of version {final.version}: mean return {np.mean(ev):.1f} over 10 episodes")
 
         st = grads.stats()
         t = st.total
+        if failovers:
+            print(f"{failovers} learn(s) cut by a failover: the counters below are the current primary's, "
+                  f"since it took over")
         print(f"reducer counters: pushed {t.pushed}  reduced {t.reduced}  applied {t.applied}  "
               f"steps {t.steps}  dropped {t.dropped_total} {t.dropped or ''}  queue {t.queue_depth}")
         for name, c in sorted(st.parts.items()):
@@ -207,7 +237,7 @@ def main() -> int:
         print(f"every gradient accounted for (pushed = applied + dropped): {ok}; "
               f"publish latency p50 {st.publish_p50_us:.0f}µs p99 {st.publish_p99_us:.0f}µs")
         import rlhub.wsync as ws
-        for m in ws.status(addr, MODEL):
+        for m in ws.status(addr, model):
             lags = ", ".join(f"{c.collector_id} v{c.version} lag {c.lag} via {c.via}" for c in m.collectors)
             print(f"weight sync: newest v{m.newest}; {lags}")
         agst = agg.status()
