@@ -88,6 +88,9 @@ func TestLeaseRenewedByMessagesAndExpiry(t *testing.T) {
 		}
 		return st.Learners[0].LeaseRemainingMs
 	}
+	// Welcome goes out before the learner is listed (register), so the
+	// listing is waited for; the fake clock has not moved meanwhile.
+	testkit.Eventually(t, 60*time.Second, "learner a listed with its whole lease", func() bool { return lease() == 10000 })
 	clk.Advance(6 * time.Second)
 	if got := lease(); got != 4000 {
 		t.Fatalf("lease remaining after 6s = %dms, want 4000", got)
