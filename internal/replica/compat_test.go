@@ -2,12 +2,19 @@ package replica_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // TestRollingUpgrade is a rolling upgrade in both directions between two
@@ -57,6 +64,24 @@ func TestRollingUpgrade(t *testing.T) {
 		t.Fatalf("primary after the kill: %s, want the upgraded %s", p2.id, upgraded.id)
 	}
 	check(3)
+	// State this build keeps where the old build mirrors nothing (the
+	// aggregator's task, aggregator/): the old build, which refuses a
+	// unit naming a path outside its directories, must be sent none.
+	l := testkit.StartProc(t, testkit.ProcConfig{Name: "learner", Args: []string{"--log-level", "warn", "learner", "example",
+		"--hub", upgraded.addr, "--id", "l1", "--batch-size", "4"}})
+	defer l.Kill()
+	conn, err := grpc.NewClient(upgraded.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	agg := aggregator.NewClient(conn)
+	testkit.Eventually(t, 60*time.Second, "a task started on the upgraded primary", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := agg.Start(ctx, "t1", map[string]any{"w": []any{1.0, 2.0}})
+		return err == nil
+	})
 	c.start(old) // the old build again, on its data, as a standby
 	c.synced(old, l2)
 	logFollow(t, old)

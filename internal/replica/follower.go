@@ -233,7 +233,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	// this standby (AckTimeout's default).
 	opened := time.AfterFunc(openTimeout, cancel)
 	defer opened.Stop()
-	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have}
+	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs}
 	us, transport, err := f.open(ctx, leader, h, opening)
 	if err != nil {
 		return err

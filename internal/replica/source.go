@@ -694,7 +694,11 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 		ackErr <- s.readAcks(ss, p)
 		cancel()
 	}()
-	err := s.ship(ctx, ss, p, h.Have)
+	fs := ss
+	if len(h.Dirs) == 0 {
+		fs = &legacyFilter{frameStream: ss}
+	}
+	err := s.ship(ctx, fs, p, h.Have)
 	cancel()
 	if a, ok := ss.(interface{ abort() }); ok {
 		a.abort() // a data-plane stream's read ends with serve (gRPC's with the handler)

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -62,6 +65,11 @@ type hello struct {
 	Have map[string]int64 `json:"have"`
 	// Query asks a standby for its position instead of following.
 	Query bool `json:"query,omitempty"`
+	// Dirs are the top directories the follower mirrors (its build's
+	// mirroredDirs). A build that sends none mirrors legacyDirs, and
+	// refuses a unit naming a path elsewhere: the primary leaves such
+	// paths out of its stream (legacyFilter).
+	Dirs []string `json:"dirs,omitempty"`
 }
 
 // position is how far a standby's copy has come: the epoch of the
@@ -161,4 +169,46 @@ func parseJSON(b []byte, v any) error {
 		return fmt.Errorf("%w: %v", errFrame, err)
 	}
 	return nil
+}
+
+// legacyFilter is the stream to a follower of an older build, which
+// mirrors legacyDirs only and fails a unit naming another path ("path
+// outside the mirrored directories"): it drops the file, keep and delete
+// frames of such paths, with a dropped file's data frames. Without it a
+// rolling upgrade could not be rolled back once a newer primary wrote
+// state elsewhere (the aggregator's task). Only such a follower's stream
+// pays for the parse.
+type legacyFilter struct {
+	frameStream
+	left int64 // data bytes of the current file still to come
+	drop bool  // the current file's data frames are dropped
+}
+
+func (l *legacyFilter) SendMsg(m any) error {
+	var b []byte
+	switch v := m.(type) {
+	case *wrapperspb.BytesValue:
+		b = v.GetValue()
+	case *dataOut:
+		b = v.b
+	}
+	if l.left > 0 { // a data frame: no kind byte
+		l.left -= int64(len(b))
+		if l.drop {
+			return nil
+		}
+		return l.frameStream.SendMsg(m)
+	}
+	if len(b) > 0 && (b[0] == kindFile || b[0] == kindKeep || b[0] == kindDelete) {
+		rel, size, err := parsePath(b[0], b[1:])
+		if err != nil {
+			return err
+		}
+		top, _, _ := strings.Cut(rel, string(filepath.Separator))
+		l.left, l.drop = size, !slices.Contains(legacyDirs, top)
+		if l.drop {
+			return nil
+		}
+	}
+	return l.frameStream.SendMsg(m)
 }

@@ -18,6 +18,10 @@ import (
 // deleted model's trash, the replica's own bookkeeping) stays local.
 var mirroredDirs = []string{"aggregator", "ars", "reducer", "store"}
 
+// legacyDirs are what builds before the aggregator's state mirrored (their
+// hello names no Dirs).
+var legacyDirs = []string{"ars", "reducer", "store"}
+
 // stateDirs are the mirrored directories the reducer, the ARS
 // coordinator and the learner aggregator write: their writers name what they change
 // (Source.Changed), and a snapshot stats only that (walkState).
