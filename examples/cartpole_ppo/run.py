@@ -103,7 +103,12 @@ def evaluate(net: ActorCritic, episodes: int, seed: int) -> list[float]:
 def wait_learners(agg: AggregatorClient, task: str, n: int, timeout: float = 120.0) -> None:
     """Waits until n learners are attached and started on task."""
     deadline = time.monotonic() + timeout
-    while sum(1 for l in agg.status().learners if l.started_task == task) < n:
+    while True:
+        try:
+            if sum(1 for l in agg.status().learners if l.started_task == task) >= n:
+                return
+        except rlhub.Unavailable:
+            pass  # a hub restarting on its data: not back yet
         if time.monotonic() > deadline:
             raise RuntimeError(f"{n} learners not started on {task} within {timeout:.0f}s")
         time.sleep(0.05)
@@ -192,14 +197,15 @@ def main() -> int:
             try:
                 res = agg.learn(task, batch, metadata={"step": str(it)})
             except rlhub.Unavailable as e:
-                # The hub went away with the learn in flight (a cluster's
-                # primary killed): its outcome is unknown, some minibatch
-                # steps may have landed. The task lives on in the new
-                # primary; once the learners are back on it, collect again
-                # at the newest version.
+                # The hub went away with the learn in flight (restarted on
+                # its data, or a cluster's primary killed): its outcome is
+                # unknown, some minibatch steps may have landed. The task
+                # lives on in the hub's data (and a new primary's); once
+                # the learners are back on it, collect again at the newest
+                # version.
                 failovers += 1
-                print(f"iteration {it}: learn failed ({str(e)[:200]}); waiting for the learners on the "
-                      f"hub's primary, then collecting again", flush=True)
+                print(f"iteration {it}: learn failed ({str(e)[:200]}); waiting for the learners to be "
+                      f"back on the hub, then collecting again", flush=True)
                 wait_learners(agg, task, 2)
                 version = max(m.version for m in store.list() if m.name == model)
                 continue
@@ -226,8 +232,8 @@ def main() -> int:
         st = grads.stats()
         t = st.total
         if failovers:
-            print(f"{failovers} learn(s) cut by a failover: the counters below are the current primary's, "
-                  f"since it took over")
+            print(f"{failovers} learn(s) cut by the hub going away (a restart or a failover): the counters "
+                  f"below are the serving hub's, since it started")
         print(f"reducer counters: pushed {t.pushed}  reduced {t.reduced}  applied {t.applied}  "
               f"steps {t.steps}  dropped {t.dropped_total} {t.dropped or ''}  queue {t.queue_depth}")
         for name, c in sorted(st.parts.items()):
