@@ -58,6 +58,15 @@ func TestHubStopsWhileEtcdIsGone(t *testing.T) {
 	e := clustertest.Start(t)
 	c := newCluster(t, e.Endpoint, 2)
 	_, primary := c.leader(0)
+	// A primary elected says nothing of the standby: it may still be in
+	// its first join, which etcd's death then fails ("join failed"), so
+	// it never has a membership to lose. Each hub's Join has returned
+	// once it logs that it joined.
+	for _, h := range c.hubs {
+		testkit.Eventually(t, 60*time.Second, h.id+" to join", func() bool {
+			return strings.Contains(h.out.String(), `msg="cluster: joined"`)
+		})
+	}
 	e.Kill()
 	for _, h := range c.hubs {
 		testkit.Eventually(t, 30*time.Second, h.id+" lost its membership", func() bool {
