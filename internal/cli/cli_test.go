@@ -3,12 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
-	"net"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 func run(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
@@ -64,17 +65,12 @@ func TestBadLogLevel(t *testing.T) {
 
 // freeAddr is a port that was free a moment ago: for an address nothing
 // listens on, and for listeners that cannot report a port they bound
-// (metrics, relays, etcd). Another process may take it meanwhile; a hub
+// (metrics, relays, etcd). It is below the ephemeral range
+// (testkit.FreeAddr), so no outgoing connection takes it meanwhile; a hub
 // is started with serveCLI instead.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	return testkit.FreeAddr(t)
 }
 
 func TestServeAndPing(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -29,14 +28,12 @@ func TestMain(m *testing.M) {
 	)
 }
 
+// freeAddr is a port for an embedded etcd to listen on, or that nothing
+// listens on: below the ephemeral range (testkit.FreeAddr), so no
+// outgoing connection takes it before etcd binds it.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return testkit.FreeAddr(t)
 }
 
 func join(t *testing.T, endpoint, cluster, id string, ttl time.Duration) *Member {

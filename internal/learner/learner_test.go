@@ -61,9 +61,7 @@ func TestConfigValidate(t *testing.T) {
 // Run keeps trying to attach to a hub that is not there and returns ctx's
 // cause when ctx ends.
 func TestRunStopsWithContextWithoutHub(t *testing.T) {
-	l := testkit.Listen(t)
-	addr := l.Addr().String()
-	l.Close() // nothing listens there now
+	addr := testkit.FreeAddr(t) // nothing listens there; below the ephemeral range, no source port either
 	ex := &Example{ID: "a"}
 	cause := errors.New("test over")
 	ctx, cancel := context.WithCancelCause(context.Background())

@@ -188,9 +188,7 @@ func TestRunOutNeverSilentlyOverwritten(t *testing.T) {
 // A hub that refuses connections fails the start at once, not after the
 // start timeout.
 func TestRunFailsFastOnDeadHub(t *testing.T) {
-	lis := testkit.Listen(t)
-	addr := lis.Addr().String()
-	lis.Close() // nothing listens there now
+	addr := testkit.FreeAddr(t) // nothing listens there; below the ephemeral range, no source port either
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := Run(ctx, Config{Spec: cartPole(1, 1), Hub: addr, Out: t.TempDir(), StartTimeout: time.Hour, Logger: testkit.Logger()})

@@ -66,9 +66,7 @@ func TestFailoverPassesARefusingSource(t *testing.T) {
 func TestFailoverKeepsTryingWhileASourceIsOnlyUnreachable(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 100)
-	lis := testkit.Listen(t)
-	dead := lis.Addr().String()
-	lis.Close() // nothing listens there now
+	dead := testkit.FreeAddr(t) // nothing listens there; below the ephemeral range, no source port either
 	f := newTestFailover(t, PushDialer("relay", dial(t, dead), "ok", "m"), PushDialer("upstream", dial(t, h.addr), badID, "m"))
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()

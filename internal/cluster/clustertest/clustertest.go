@@ -5,14 +5,10 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,57 +38,12 @@ type Etcd struct {
 	probe *clientv3.Config
 }
 
-// freeAddr is a loopback address for an etcd to listen on: a port below
-// the kernel's ephemeral range, free now and not handed out before by this
-// process. etcd binds the port it is given, not port 0, and a port from the
-// ephemeral range could meanwhile become the source port of an outgoing
-// connection — another member's peer link, a hub's client — while its
-// etcd starts or restarts ("bind: address already in use", seen in CI for
-// the Python tests' cluster, which picked ports the same way).
+// freeAddr is a loopback address for an etcd to listen on (etcd binds the
+// port it is given, not port 0): testkit.FreeAddr, below the kernel's
+// ephemeral range.
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	low := ephemeralLow()
-	span := min(12000, low-1024)
-	givenMu.Lock()
-	defer givenMu.Unlock()
-	for range 1000 {
-		port := low - 1 - rand.IntN(span)
-		if given[port] {
-			continue
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		l.Close()
-		given[port] = true
-		return addr
-	}
-	tb.Fatalf("no free loopback port below %d", low)
-	return ""
-}
-
-var (
-	givenMu sync.Mutex
-	given   = map[int]bool{} // ports freeAddr handed out
-)
-
-// ephemeralLow is the first port of the kernel's ephemeral range.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
-	}
-	n, err := strconv.Atoi(f[0])
-	if err != nil || n <= 2048 {
-		return 32768
-	}
-	return n
+	return testkit.FreeAddr(tb)
 }
 
 // Start runs a fresh single-member etcd, killed at cleanup. It fails tb
