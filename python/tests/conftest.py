@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -38,14 +39,41 @@ def rlhub_bin(tmp_path_factory) -> str:
     return str(out)
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on at the moment of the call: for an
-    address that must refuse connections. A server the tests start binds
-    port 0 itself instead (Hub does), since another process may take this
-    port before the server binds it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on at the moment of the call, below
+    the kernel's ephemeral range and not handed out before by this process:
+    for a server that binds the port it is given (etcd, a relay's or a
+    hub's --listen, a hub restarted on its address), and for an address
+    that must refuse connections. A port from the ephemeral range (what
+    binding port 0 gives) could meanwhile become the source port of an
+    outgoing connection — a client reconnecting to a hub being restarted,
+    another etcd member's peer link — and the server's bind then fails
+    ("bind: address already in use", seen in CI for an etcd cluster). A
+    server that can report the port it bound binds port 0 itself instead
+    (Hub does)."""
+    low = min(_ephemeral_low(), 65536)
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _given:  # handed to a server not started yet
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port below {low}")
+
+
+_given: set[int] = set()
 
 
 class Hub:

@@ -7,9 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
-import random
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -19,35 +17,10 @@ from typing import Callable, Iterable, TypeVar
 from conftest import Hub, free_port
 
 
-def _ephemeral_low() -> int:
-    try:
-        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def listen_port() -> int:
-    """A loopback port for an etcd to listen on, below the kernel's
-    ephemeral range: etcd binds the port it is given, not port 0, and a
-    port from ``free_port`` (ephemeral) could meanwhile become the source
-    port of another member's outgoing peer connection ("bind: address
-    already in use" from the last member of a cluster, seen in CI)."""
-    low = min(_ephemeral_low(), 65536)
-    for _ in range(1000):
-        port = random.randrange(max(1024, low - 12000), low)
-        if port in _given:  # handed to a member not started yet
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _given.add(port)
-        return port
+    """A loopback port for an etcd to listen on: etcd binds the port it is
+    given, not port 0; ``free_port``'s are below the ephemeral range."""
     return free_port()
-
-
-_given: set[int] = set()
 
 
 class Etcd:
