@@ -63,10 +63,13 @@ func TestLabHostsAreMachines(t *testing.T) {
 	})
 }
 
-// askFrom is what host from hears from the "hostname" child at addr.
-func askFrom(t *testing.T, from *Host, addr string) string {
+// askFrom is what host from hears from the "hostname" child at addr
+// within timeout: ten seconds where it is expected to answer (a loaded
+// machine's reply must not read as a cut), one where it is cut off (the
+// wait is how a cut shows).
+func askFrom(t *testing.T, from *Host, addr string, timeout time.Duration) string {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", from.ns, os.Args[0], "ask", addr)
+	cmd := exec.Command("ip", "netns", "exec", from.ns, os.Args[0], "ask", addr, timeout.String())
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -89,7 +92,7 @@ func TestLabCutFromIsAPartitionBetweenHosts(t *testing.T) {
 		addr[h.Name] = net.JoinHostPort(h.IP, port)
 	}
 	m1, m2, m3 := lab.Host(t, "m1"), lab.Host(t, "m2"), lab.Host(t, "m3")
-	if got := askFrom(t, m2, addr["m1"]); got != "m1" {
+	if got := askFrom(t, m2, addr["m1"], 10*time.Second); got != "m1" {
 		t.Fatalf("m2 → m1 before the cut: %q", got)
 	}
 	m1.CutFrom(t, m2)
@@ -98,7 +101,11 @@ func TestLabCutFromIsAPartitionBetweenHosts(t *testing.T) {
 		to   string
 		want bool
 	}{{m2, "m1", false}, {m1, "m2", false}, {m3, "m1", true}, {m3, "m2", true}, {m1, "m3", true}} {
-		got := askFrom(t, c.from, addr[c.to])
+		timeout := time.Second // how long a cut takes to show
+		if c.want {
+			timeout = 10 * time.Second
+		}
+		got := askFrom(t, c.from, addr[c.to], timeout)
 		if (got == c.to) != c.want {
 			t.Errorf("%s → %s while m1 is cut from m2: %q (want reached: %v)", c.from.Name, c.to, got, c.want)
 		}
@@ -109,7 +116,7 @@ func TestLabCutFromIsAPartitionBetweenHosts(t *testing.T) {
 		}
 	}
 	m1.HealFrom(t, m2)
-	if got := askFrom(t, m2, addr["m1"]); got != "m1" {
+	if got := askFrom(t, m2, addr["m1"], 10*time.Second); got != "m1" {
 		t.Fatalf("m2 → m1 after HealFrom: %q", got)
 	}
 }

@@ -34,8 +34,14 @@ func childMain(args []string) int {
 		return 3
 	case "ask":
 		// Dials args[1] (from the namespace it was started in) and prints
-		// what the "hostname" child there says, or the error.
-		got, err := hello(args[1], time.Second)
+		// what the "hostname" child there says within args[2], or the
+		// error.
+		timeout, err := time.ParseDuration(args[2])
+		if err != nil {
+			fmt.Println("error:", err)
+			return 2
+		}
+		got, err := hello(args[1], timeout)
 		if err != nil {
 			fmt.Println("error:", err)
 			return 0
