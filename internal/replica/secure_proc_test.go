@@ -54,7 +54,12 @@ func TestSecureClusterFailsOver(t *testing.T) {
 		// Its own dials (a standby's stream from the primary): the CA,
 		// and the admin token.
 		"--tls-ca", pem("ca"), "--token-file", filepath.Join(dir, "admin.token"))
-	c := &testCluster{t: t, etcd: e.Endpoint, name: name, leaseTTL: "1s", etcdSec: sec}
+	// A 3 s lease: renewed every second, each attempt given 750 ms. With
+	// 1 s (every 333 ms, 250 ms each) a loaded 2-core machine's etcd,
+	// TLS and a user's token to check, missed enough renewals that the
+	// primary's lease lapsed between c.leader and the first push (v1
+	// landed at a later term). The SIGKILL's failover waits the TTL.
+	c := &testCluster{t: t, etcd: e.Endpoint, name: name, leaseTTL: "3s", etcdSec: sec}
 	for _, id := range []string{"h0", "h1"} {
 		h := &hubProc{t: t, id: id, data: t.TempDir(), args: hubArgs}
 		c.hubs = append(c.hubs, h)
