@@ -132,4 +132,24 @@ func TestTaskFileErrors(t *testing.T) {
 	if _, err := h.client.GetDataDemand(ctx, ""); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("demand after an unsaved Start: %v, want NotFound (no task)", err)
 	}
+
+	// A demand that cannot be saved fails and records nothing.
+	okDir := filepath.Join(t.TempDir(), "agg")
+	h2 := newHarness(t, Config{DataDir: okDir})
+	runLearners(t, h2, exampleCfg("b", 4))
+	if _, err := h2.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(okDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(okDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h2.client.GetDataDemand(ctx, "t1"); !errors.Is(err, errs.ErrUnavailable) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("demand that cannot be saved: %v, want Unavailable naming the save", err)
+	}
+	if cur, err := h2.svc.currentTask("t1"); err != nil || cur.order != nil || cur.sizes != nil {
+		t.Fatalf("task after an unsaved demand: %+v, %v; want no recorded demand", cur, err)
+	}
 }

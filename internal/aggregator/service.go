@@ -701,17 +701,19 @@ func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandRes
 	for _, d := range ds {
 		resp.BatchSizes = append(resp.BatchSizes, d.BatchSize)
 	}
+	// The recorded demand is saved before it is kept: a demand whose save
+	// failed changes nothing. (Coordinator operations run one at a time,
+	// so t is still the current task.)
+	rec := *t
+	rec.order, rec.sizes = ids, resp.BatchSizes
+	if err := s.saveTask(ctx, &rec); err != nil {
+		return nil, fmt.Errorf("demand for task %q: %w", t.id, err)
+	}
 	s.mu.Lock()
-	current := s.task == t
-	if current {
+	if s.task == t {
 		t.order, t.sizes = ids, resp.BatchSizes
 	}
 	s.mu.Unlock()
-	if current {
-		if err := s.saveTask(ctx, t); err != nil {
-			return nil, fmt.Errorf("demand for task %q: %w", t.id, err)
-		}
-	}
 	return resp, nil
 }
 
