@@ -15,6 +15,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	arsrun "github.com/rlhub/rlhub/internal/run"
 	"github.com/rlhub/rlhub/internal/testkit"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A non-loopback --listen without TLS and tokens exits non-zero, before
@@ -189,5 +190,54 @@ func TestClusteredHubAdvertisesTheGivenName(t *testing.T) {
 	// It serves there: a client that dials the advertised address reaches it.
 	if code, out, errOut := run(t, context.Background(), "ping", "--hub", p.Addr()); code != 0 {
 		t.Fatalf("ping %s: %d %s %s", p.Addr(), code, out, errOut)
+	}
+}
+
+// TestServeExitsOnAMisconfiguredEtcd: a hub whose etcd settings cannot
+// work — plaintext to an endpoint off loopback, a wrong password, a user
+// whose role does not cover the cluster — exits with an error naming the
+// setting, instead of retrying its join for ever as for an etcd that is
+// down. Nothing is registered.
+func TestServeExitsOnAMisconfiguredEtcd(t *testing.T) {
+	s := clustertest.StartSecure(t, "mine")
+	secure := func(cluster, pw string) []string {
+		return []string{"--etcd", s.Endpoint, "--cluster", cluster, "--etcd-cacert", s.CACert,
+			"--etcd-cert", s.ClientCert, "--etcd-key", s.ClientKey, "--etcd-user", s.User, "--etcd-password-file", pw}
+	}
+	for _, c := range []struct {
+		name string
+		etcd []string
+		want []string
+	}{
+		{"plaintext off loopback", []string{"--etcd", "10.1.2.3:2379", "--cluster", "mine"}, []string{"invalid argument", "not on loopback", "--etcd-cacert"}},
+		{"wrong password", secure("mine", s.WrongPasswordFile), []string{"unauthenticated", "--etcd-password-file"}},
+		{"role without the cluster", secure("theirs", s.PasswordFile), []string{"permission denied", "/rlhub/NAME/"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data", t.TempDir(), "--member-id", "h1"}, c.etcd...)
+			code, _, errOut := run(t, ctx, args...)
+			if ctx.Err() != nil {
+				t.Fatalf("serve ran until the test's deadline (code %d); want it to exit on its own: %s", code, errOut)
+			}
+			if code == 0 {
+				t.Fatalf("serve exited 0; want an error: %s", errOut)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("serve's error does not say %q:\n%s", w, errOut)
+				}
+			}
+		})
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	resp, err := s.Root.Get(rctx, "/rlhub/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		t.Errorf("a refused hub left the key %s", kv.Key)
 	}
 }

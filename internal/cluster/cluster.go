@@ -128,7 +128,7 @@ func (c *Config) electionPrefix() string { return path.Join(c.prefix(), "electio
 func electionLeader(ctx context.Context, kv clientv3.KV, cfg *Config) (*mvccpb.KeyValue, error) {
 	resp, err := kv.Get(ctx, cfg.electionPrefix(), clientv3.WithFirstCreate()...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+		return nil, etcdError(nil, err)
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, nil
@@ -263,7 +263,7 @@ func Join(ctx context.Context, cfg Config) (*Member, error) {
 		if errors.Is(err, errs.ErrExists) {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
-		return nil, fmt.Errorf("%w: cluster: register: %v", errs.ErrUnavailable, err)
+		return nil, fmt.Errorf("cluster: register: %w", etcdError(ec.endpoints, err))
 	}
 	cfg.Logger.Info("cluster: joined", "cluster", cfg.Cluster, "id", cfg.ID, "addr", cfg.Addr, "lease_ttl_s", cfg.ttlSeconds())
 	return m, nil
@@ -729,7 +729,7 @@ func status(ctx context.Context, cli clientv3.KV, cfg *Config) (Status, error) {
 	var st Status
 	resp, err := cli.Get(ctx, path.Join(cfg.prefix(), "members")+"/", clientv3.WithPrefix())
 	if err != nil {
-		return st, fmt.Errorf("%w: cluster: etcd: %v", errs.ErrUnavailable, err)
+		return st, etcdError(nil, err)
 	}
 	for _, kv := range resp.Kvs {
 		var mi MemberInfo

@@ -207,7 +207,10 @@ func etcdError(endpoints []string, err error) error {
 	case strings.Contains(msg, "x509") || strings.Contains(msg, "tls:") || strings.Contains(msg, "handshake"):
 		hint = " (TLS to etcd failed: check --etcd-cacert, and --etcd-cert/--etcd-key if etcd checks clients)"
 	}
-	return fmt.Errorf("%w: cluster: etcd %s: %s%s", kind, where, msg, hint)
+	if where != "" {
+		where = " " + where
+	}
+	return fmt.Errorf("%w: cluster: etcd%s: %s%s", kind, where, msg, hint)
 }
 
 // checkTLS shakes hands with the first endpoint that accepts a TCP

@@ -65,7 +65,7 @@ func TestEtcdTLSAndAuth(t *testing.T) {
 				if !strings.Contains(e.Error(), "etcd") || !strings.Contains(e.Error(), c.text) {
 					t.Errorf("%s: %v: want the text to name etcd and %q", what, e, c.text)
 				}
-				if what == "announce" && !errors.Is(e, c.want) {
+				if !errors.Is(e, c.want) {
 					t.Errorf("%s: %v, want %v", what, e, c.want)
 				}
 			}

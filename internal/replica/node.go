@@ -208,6 +208,7 @@ func (n *Node) Run(ctx context.Context) error {
 		between = nil
 	}
 	defer stopBetween() // before the socket closes (deferred above)
+	joined := false
 	for ctx.Err() == nil {
 		if between == nil {
 			extra := make([]Registrar, len(n.cfg.Extra))
@@ -222,6 +223,10 @@ func (n *Node) Run(ctx context.Context) error {
 		m, err := cluster.Join(jctx, ccfg)
 		cancel()
 		if err != nil {
+			if !joined && misconfigured(err) {
+				// Nothing a retry could mend: the operator has to.
+				return fmt.Errorf("cluster: join: %w", err)
+			}
 			n.cfg.Logger.Warn("cluster: join failed; retrying", "err", err)
 			select {
 			case <-ctx.Done():
@@ -229,6 +234,7 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		joined = true
 		stopBetween() // the member's roles serve the socket from here
 		n.follower.cfg.Member = m.ID()
 		err = n.member(ctx, m, sock)
@@ -721,4 +727,15 @@ func (n *Node) standbyMetrics() *metrics.Server {
 	}
 	n.cfg.Logger.Warn("cluster: the standby serves no metrics", "err", err)
 	return nil
+}
+
+// misconfigured reports whether a join failed on the hub's own settings —
+// plaintext to an etcd off loopback, a wrong etcd password, a role without
+// the cluster's prefix — rather than on etcd's state (down, electing, or
+// still holding this id's last lease). The first join fails on these, so
+// `rlhub serve` exits naming them instead of retrying for ever; a hub that
+// has joined once keeps retrying, since its credentials may be mended
+// under it.
+func misconfigured(err error) bool {
+	return errors.Is(err, errs.ErrInvalid) || errors.Is(err, errs.ErrUnauthenticated) || errors.Is(err, errs.ErrPermission)
 }
