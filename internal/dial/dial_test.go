@@ -48,6 +48,12 @@ func TestFilesLoad(t *testing.T) {
 			t.Errorf("%s: loaded", name)
 		}
 	}
+	// A certificate that cannot be read is named by its flags and file
+	// (a hub's own --tls-cert is loaded here too: not only a client's).
+	missing := filepath.Join(dir, "missing.pem")
+	if _, err := (Files{Cert: missing, Key: missing}).Load(); err == nil || !strings.Contains(err.Error(), "--tls-cert/--tls-key") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing certificate: %v", err)
+	}
 	if _, err := ServerTLS("", "", ""); err == nil || !strings.Contains(err.Error(), "--tls-key") {
 		t.Errorf("ServerTLS without files: %v", err)
 	}

@@ -72,7 +72,7 @@ func (f Files) Load() (Config, error) {
 	}
 	certs, err := netsec.KeyPair(f.Cert, f.Key)
 	if err != nil {
-		return c, fmt.Errorf("dial: client certificate: %w", err)
+		return c, fmt.Errorf("dial: --tls-cert/--tls-key: %w", err)
 	}
 	tc.Certificates = certs
 	c.TLS = tc
