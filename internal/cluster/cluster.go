@@ -107,6 +107,11 @@ func (c *Config) validate(join bool) error {
 	if c.LeaseTTL < 0 {
 		return fmt.Errorf("%w: cluster: negative lease TTL", errs.ErrInvalid)
 	}
+	if c.LeaseTTL%time.Second != 0 {
+		// etcd grants whole seconds: rounding would give a lease other
+		// than the one asked for.
+		return fmt.Errorf("%w: cluster: lease TTL %v is not a whole number of seconds (etcd's leases are whole seconds)", errs.ErrInvalid, c.LeaseTTL)
+	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 5 * time.Second
 	}

@@ -138,6 +138,8 @@ func TestConfigRejectsNonsense(t *testing.T) {
 		"long id":      {Endpoints: []string{"http://x"}, Cluster: "c", ID: strings.Repeat("i", 65), Addr: "a"},
 		"no addr":      {Endpoints: []string{"http://x"}, Cluster: "c"},
 		"negative ttl": {Endpoints: []string{"http://x"}, Cluster: "c", Addr: "a", LeaseTTL: -time.Second},
+		"ttl of 1.5 s": {Endpoints: []string{"http://x"}, Cluster: "c", Addr: "a", LeaseTTL: 1500 * time.Millisecond},
+		"ttl of 0.5 s": {Endpoints: []string{"http://x"}, Cluster: "c", Addr: "a", LeaseTTL: 500 * time.Millisecond},
 	} {
 		if _, err := Join(context.Background(), cfg); !errors.Is(err, errs.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
