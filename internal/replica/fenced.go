@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -258,7 +259,15 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	}
 	req.Epoch = f.Epoch
 	v := f.vis()
-	v.hold(req.Name, req.Version) // hidden from readers until acknowledged
+	// Hidden from readers until acknowledged. A version already held is
+	// one an earlier push committed and could not acknowledge: a retry of
+	// that push is refused below, and must leave it hidden.
+	held := v.hold(req.Name, req.Version)
+	if !held {
+		if info, ok := f.retried(ctx, req); ok {
+			return info, func(ctx context.Context) error { return f.Acknowledge(ctx, req.Name, req.Version) }, nil
+		}
+	}
 	var info store.Info
 	err = f.commit(req.Name, func() error {
 		var err error
@@ -270,7 +279,9 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 		return err
 	})
 	if err != nil {
-		v.settle(req.Name, req.Version, false)
+		if held {
+			v.settle(req.Name, req.Version, false)
+		}
 		return info, nil, err
 	}
 	ack := func(ctx context.Context) error {
@@ -281,6 +292,36 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 		return err
 	}
 	return info, ack, nil
+}
+
+// retried reports whether req is a retry of a push that committed its
+// version here and could not acknowledge it (store.ErrNotAcknowledged): the
+// same bytes of the same version, from the same owner, still held. Such a
+// retry is acknowledged again, as Acknowledge does, instead of being refused
+// as not newer than what it pushed itself: so a client that pushes again
+// after the failure (Python's client does, on Unavailable) gets the version
+// once the standbys hold it, and an error saying it is not acknowledged
+// until then. Anything else takes the ordinary path.
+func (f *Fenced) retried(ctx context.Context, req store.PushRequest) (store.Info, bool) {
+	snap, release, err := store.Borrow(ctx, f.Store, req.Name, req.Version)
+	if err != nil {
+		return store.Info{}, false
+	}
+	same := snap.Version == req.Version && snap.Epoch == f.Epoch && bytes.Equal(snap.Blob, req.Blob)
+	release()
+	if !same {
+		return store.Info{}, false
+	}
+	infos, err := f.Store.List(ctx)
+	if err != nil {
+		return store.Info{}, false
+	}
+	for _, in := range infos {
+		if in.Name == req.Name {
+			return in, in.Owner == req.Owner
+		}
+	}
+	return store.Info{}, false
 }
 
 // WriteState implements store.StateWriter: fn (which names what it
@@ -371,13 +412,19 @@ func (f *Fenced) vis() *visibility {
 	return f.v
 }
 
-func (v *visibility) hold(name string, version uint64) {
+// hold hides version of name, reporting whether this call hid it (false:
+// it was hidden already).
+func (v *visibility) hold(name string, version uint64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.pending[name] == nil {
 		v.pending[name] = map[uint64]bool{}
 	}
+	if v.pending[name][version] {
+		return false
+	}
 	v.pending[name][version] = true
+	return true
 }
 
 // settle ends version's hold: acknowledged (it and every version below

@@ -67,6 +67,22 @@ func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
 	if _, err := f.WaitNewer(wctx, "m", 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitNewer returned a hidden version: %v", err)
 	}
+	// The writer pushes v1 again (Python's client retries an Unavailable
+	// push): the same bytes are acknowledged again, and fail as the first
+	// push did; other bytes are refused as not newer. Either way v1 stays
+	// hidden: a reader must not get a version no standby may hold.
+	if _, err := f.Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: store.ExpectAny, Blob: storetest.Blob(t, 1, 8)}); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of v1 again: %v, want not acknowledged", err)
+	}
+	if _, err := f.Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: store.ExpectAny, Blob: storetest.Blob(t, 5, 8)}); !errors.Is(err, errs.ErrStale) {
+		t.Fatalf("push of other bytes as v1: %v, want stale", err)
+	}
+	if _, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("after the pushes again, Get: %v, want NotFound (v1 hidden)", err)
+	}
+	if infos, _ := f.List(ctx); len(infos) != 0 {
+		t.Fatalf("after the pushes again, List shows %+v", infos)
+	}
 
 	standbys.Store([]string(nil))                    // the standby left: nothing to wait for
 	if err := src.RefreshStandbys(ctx); err != nil { // what the node does every quarter lease
@@ -93,6 +109,55 @@ func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
 	}
 	if s, err := f.Get(ctx, "m", 1); err != nil || s.Version != 1 {
 		t.Fatalf("v1 after v2 was acknowledged: %v %v", s, err)
+	}
+}
+
+// A push that committed its version and could not acknowledge it, pushed
+// again once the standbys can acknowledge, is acknowledged: the client's
+// retry gets the version (visible, at the term's epoch), not a refusal of
+// its own version as stale. A retry from another owner is refused.
+func TestFencedRetriedPushIsAcknowledgedAgain(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	var standbys atomic.Value
+	standbys.Store([]string{"s1"}) // registered, never following: no ack comes
+	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Acks: replica.AcksAll, AckTimeout: 200 * time.Millisecond,
+		Standbys: func(context.Context) ([]string, error) { return standbys.Load().([]string), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	f := &replica.Fenced{Store: mem, Epoch: 7, Source: src}
+	ctx := context.Background()
+	push := func(owner string) (store.Info, error) {
+		return f.Push(ctx, store.PushRequest{Name: "m", Version: 3, Expect: store.ExpectAny, Owner: owner, Blob: storetest.Blob(t, 3, 8)})
+	}
+	if _, err := push(""); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("first push: %v, want not acknowledged", err)
+	}
+	standbys.Store([]string(nil)) // the stuck standby left
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := push("someone"); !errors.Is(err, errs.ErrStale) && !errors.Is(err, errs.ErrPermission) {
+		t.Fatalf("the same bytes from another owner: %v, want a refusal", err)
+	}
+	if _, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("v3 visible after another owner's refused push: %v", err)
+	}
+	info, err := push("")
+	if err != nil {
+		t.Fatalf("the push again: %v, want it acknowledged", err)
+	}
+	if info.Version != 3 || info.Epoch != 7 {
+		t.Fatalf("the push again answered %+v, want v3 at epoch 7", info)
+	}
+	s, err := f.Get(ctx, "m", 0)
+	if err != nil || s.Version != 3 || s.Epoch != 7 {
+		t.Fatalf("Get after the push again: %v %v, want v3 at epoch 7", s, err)
 	}
 }
 

@@ -256,9 +256,10 @@ var (
 // but could not acknowledge (not replicated in time, or the term could
 // not be confirmed after the commit). The version exists here, hidden
 // from readers; it may or may not exist on a standby. It becomes
-// visible once Acknowledge, or a later write of the model, is
-// acknowledged. Any other error from an Acknowledger's write means
-// nothing was committed. Matches errs.ErrUnavailable.
+// visible once Acknowledge, a push of the same bytes again (a retry), or a
+// later write of the model, is acknowledged. Any other error from an
+// Acknowledger's write means nothing was committed. Matches
+// errs.ErrUnavailable.
 var ErrNotAcknowledged = fmt.Errorf("%w: committed on this hub but not acknowledged", errs.ErrUnavailable)
 
 // Acknowledger is a store whose writes are acknowledged only once

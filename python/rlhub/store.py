@@ -195,7 +195,9 @@ class StoreClient:
     def _bulk_push(self, header: store_pb2.StorePushHeader, body: List[Any]) -> Optional[store_pb2.StorePushResponse]:
         """One data-plane push (``_bulk_try``; as over gRPC, a push whose
         connection broke may have landed, and its retry is then refused as
-        not newer). None: push over gRPC instead."""
+        not newer — unless a cluster primary committed it and could not
+        acknowledge it: the same bytes again are acknowledged again there).
+        None: push over gRPC instead."""
         hb = header.SerializeToString()
 
         def attempt() -> store_pb2.StorePushResponse:
