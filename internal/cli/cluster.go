@@ -33,6 +33,8 @@ type clusterFlags struct {
 	// acks and ackTimeout: --replica-acks, --replica-ack-timeout.
 	acks       string
 	ackTimeout time.Duration
+	// faultBackoff: --replica-fault-backoff.
+	faultBackoff time.Duration
 	// insecure is serve's --insecure: it allows plaintext etcd off
 	// loopback too.
 	insecure bool
@@ -159,7 +161,9 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 		Cluster:    cluster.Config{Endpoints: endpoints, Cluster: f.name, ID: f.id, LeaseTTL: f.leaseTTL, Security: etcdSecurity(ctx, f.insecure)},
 		Acks:       acks,
 		AckTimeout: f.ackTimeout,
-		Sync:       syncMode,
+		// A standby that cannot write its copy leaves for this long.
+		FaultBackoff: f.faultBackoff,
+		Sync:         syncMode,
 		// A test-only hook: SIGKILL a standby at a named point of a unit's
 		// install (replica.FollowerConfig.CrashAt).
 		CrashAt: os.Getenv("RLHUB_TEST_REPLICA_CRASH"),

@@ -130,6 +130,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cl.sync, "replica-sync", "write", "with --etcd: when this hub, as a standby, acknowledges a publish: write (its files written, in the page cache: kill -9 of any process loses nothing acknowledged) or fsync (also on its disk: survives a power loss of every standby) — docs/cluster.md")
 	f.StringVar(&cl.transport, "replica-transport", "auto", "with --etcd: how this hub, as a standby, follows the primary: auto (the data plane, falling back to the gRPC stream when the primary's data plane lacks it) or grpc — docs/cluster.md")
 	f.DurationVar(&cl.ackTimeout, "replica-ack-timeout", 10*time.Second, "with --etcd: how long a publish waits for the standbys' acknowledgements before it fails with Unavailable")
+	f.DurationVar(&cl.faultBackoff, "replica-fault-backoff", 30*time.Second, "with --etcd: how long this hub, as a standby that cannot write its copy (disk full, read-only or failing), stays out of the cluster before it joins again (no publish waits for it meanwhile)")
 	f.DurationVar(&cl.leaseTTL, "lease-ttl", 2*time.Second, "with --etcd: how long this hub's lease outlives its last keep-alive (whole seconds)")
 	f.StringVar(&cl.id, "member-id", "", "with --etcd: this hub's member id, or with --role reducer the id its secondaries are announced under (default HOSTNAME-PORT)")
 	f.StringVar(&cl.embedded, "embedded-etcd", "", "run a single-node etcd in this process with its data in DIR (a local cluster without an etcd to run)")

@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -41,6 +42,11 @@ type NodeConfig struct {
 	Sync SyncMode
 	// CrashAt: FollowerConfig.CrashAt (tests only).
 	CrashAt string
+	// FaultBackoff is how long a standby that cannot write its copy (its
+	// disk full, read-only or failing) stays out of the cluster before it
+	// joins again; 0 means 30 s. Out of it, no publish waits for it and
+	// it is not elected.
+	FaultBackoff time.Duration
 	// Dial connects to another hub (the primary a standby follows);
 	// required.
 	Dial func(ctx context.Context, addr string) (*grpc.ClientConn, error)
@@ -97,6 +103,12 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Hub.Listen == "" {
 		cfg.Hub.Listen = hub.DefaultListen
 	}
+	if cfg.FaultBackoff < 0 {
+		return nil, fmt.Errorf("%w: replica: negative fault backoff", errs.ErrInvalid)
+	}
+	if cfg.FaultBackoff == 0 {
+		cfg.FaultBackoff = 30 * time.Second
+	}
 	return &Node{cfg: cfg}, nil
 }
 
@@ -142,6 +154,19 @@ func (n *Node) refusal() *cluster.Refusal {
 }
 
 var errMemberLost = errors.New("replica: this hub's membership lease is gone")
+
+// errLocalFault wraps the error of a standby that cannot write the
+// primary's units into its data directory (localFault): it leaves the
+// cluster for FaultBackoff.
+var errLocalFault = errors.New("replica: this standby cannot write its copy")
+
+// localFault reports whether a standby's stream ended on its own storage:
+// no space or quota left, a read-only file system, an I/O error. Following
+// again cannot mend it, and while it stays a member every acks-all publish
+// waits for it until --replica-ack-timeout.
+func localFault(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EIO)
+}
 
 // joinTimeout bounds one attempt to join the cluster (its lease's grant
 // and its registration): while no etcd answers, the hub says so and dials
@@ -239,6 +264,16 @@ func (n *Node) Run(ctx context.Context) error {
 		n.follower.cfg.Member = m.ID()
 		err = n.member(ctx, m, sock)
 		cerr := m.Close()
+		if errors.Is(err, errLocalFault) && ctx.Err() == nil {
+			// Out of the membership (its lease revoked by Close), so no
+			// publish waits for this standby; it tries again later.
+			n.cfg.Logger.Error("cluster: left the cluster: this standby cannot write its copy; joining again later", "err", err, "retry_in", n.cfg.FaultBackoff)
+			select {
+			case <-ctx.Done():
+			case <-time.After(n.cfg.FaultBackoff):
+			}
+			continue
+		}
 		if err != nil && !errors.Is(err, errMemberLost) && ctx.Err() == nil {
 			n.cfg.Logger.Error("cluster: leaving after an error", "err", err)
 			return errors.Join(err, cerr)
@@ -291,10 +326,29 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 	n.mu.Unlock()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// A stream that ended on this node's own storage ends the standby role
+	// (fault, then the cancellation): it leaves the election too, since a
+	// primary on a copy it cannot write would fail every write.
+	var faultMu sync.Mutex
+	var fault error
+	leave := func(err error) {
+		faultMu.Lock()
+		fault = fmt.Errorf("%w: %w", errLocalFault, err)
+		faultMu.Unlock()
+		cancel()
+	}
+	ended := func() error {
+		faultMu.Lock()
+		defer faultMu.Unlock()
+		if fault != nil {
+			return fault
+		}
+		return ctx.Err()
+	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Go(func() { n.followLoop(sctx, m) })
+	wg.Go(func() { n.followLoop(sctx, m, leave) })
 	for {
 		l, err := m.Leader(sctx)
 		if errors.Is(err, cluster.ErrNoLeader) || err == nil && (l.ID == m.ID() || n.follower.Synced()) {
@@ -302,7 +356,7 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		}
 		select {
 		case <-sctx.Done():
-			return nil, ctx.Err()
+			return nil, ended()
 		case <-m.Lost():
 			return nil, errMemberLost
 		case <-time.After(100 * time.Millisecond):
@@ -339,13 +393,13 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		if errors.Is(err, cluster.ErrDeposed) {
 			return nil, errMemberLost
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if sctx.Err() != nil {
+			return nil, ended()
 		}
 		n.cfg.Logger.Warn("cluster: campaign failed; retrying", "err", err)
 		select {
 		case <-sctx.Done():
-			return nil, ctx.Err()
+			return nil, ended()
 		case <-m.Lost():
 			return nil, errMemberLost
 		case <-time.After(500 * time.Millisecond):
@@ -423,8 +477,9 @@ func queryPosition(ctx context.Context, cc *grpc.ClientConn, member string) (pos
 	return p, nil
 }
 
-// followLoop follows whichever hub leads, until ctx ends.
-func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
+// followLoop follows whichever hub leads, until ctx ends or a stream ends
+// on this node's own storage (localFault), which it hands to leave.
+func (n *Node) followLoop(ctx context.Context, m *cluster.Member, leave func(error)) {
 	for ctx.Err() == nil {
 		// Bounded: an etcd read that hangs must not keep this standby
 		// from following (it would hold every publish's acknowledgement).
@@ -441,6 +496,10 @@ func (n *Node) followLoop(ctx context.Context, m *cluster.Member) {
 		case l.ID != m.ID():
 			n.setLeader(&l)
 			err = n.followWhileLeading(ctx, m, l)
+			if ctx.Err() == nil && localFault(err) {
+				leave(err)
+				return
+			}
 			if ctx.Err() == nil {
 				n.cfg.Logger.Info("replica: stream from the primary ended", "primary", l.String(), "err", err)
 			}

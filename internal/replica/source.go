@@ -463,6 +463,7 @@ func (s *Source) RefreshStandbys(ctx context.Context) error {
 	var lapsed []string
 	s.mu.Lock()
 	changed := !slices.Equal(s.standbys, standbys)
+	listed := changed && (s.refreshed || len(standbys) > 0)
 	s.standbys, s.refreshed = standbys, true
 	for p := range s.followers {
 		if !p.lapsed && p.since.Before(asked) && !slices.Contains(standbys, p.member) {
@@ -475,6 +476,11 @@ func (s *Source) RefreshStandbys(ctx context.Context) error {
 		s.bump() // a publish waiting for a standby that left stops waiting (Sync)
 	}
 	s.mu.Unlock()
+	if listed {
+		// Who every publish waits for (acks all): an operator sees a
+		// standby join the set, or leave it (dead, or out for a fault).
+		s.cfg.Logger.Info("replica: registered standbys", "members", strings.Join(standbys, ","))
+	}
 	for _, m := range lapsed {
 		s.cfg.Logger.Warn("replica: a follower's lease lapsed; its stream is dropped and no publish waits for it", "member", m)
 	}

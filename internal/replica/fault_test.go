@@ -1,0 +1,140 @@
+package replica_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// smallDisk mounts a tmpfs of size under a new temporary directory and
+// returns it; unmounted at the test's end, after everything started
+// later (cleanups run in reverse). It needs root (mount(8)).
+func smallDisk(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs (a full disk) needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a %s tmpfs: %v: %s", size, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// A standby whose disk is full cannot apply the primary's units. It used
+// to stay a member and follow again every 200 ms, so every acks-all
+// publish waited for it until --replica-ack-timeout and failed, for as
+// long as the disk stayed full. Now it leaves the cluster (ERROR, naming
+// the write that failed): publishes go on without it, and it joins again
+// after --replica-fault-backoff, catching up once there is room.
+func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
+	disk := smallDisk(t, "16m")
+	e := startEtcd(t)
+	c := &testCluster{t: t, etcd: e, name: fmt.Sprintf("full%d", os.Getpid()), leaseTTL: "2s"}
+	primary := &hubProc{t: t, id: "h0", data: t.TempDir()}
+	c.hubs = append(c.hubs, primary)
+	c.start(primary)
+	l, p := c.leader(0)
+	if p != primary {
+		t.Fatalf("the primary is %s, want h0 (the only hub)", p.id)
+	}
+	standby := &hubProc{t: t, id: "h1", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s"}}
+	c.hubs = append(c.hubs, standby)
+	c.start(standby)
+	c.synced(standby, l)
+	// Every publish waits for it from the primary's next read of the
+	// members on.
+	testkit.Eventually(t, 30*time.Second, "the primary to wait for h1", func() bool {
+		return strings.Contains(primary.out.String(), `msg="replica: registered standbys" members=h1`)
+	})
+
+	// The disk fills up (another process's file): less room is left than
+	// one 1 MiB version takes. Every push from then on, until the standby
+	// has hit its full disk and for five after, is acknowledged, with one
+	// attempt and the default 10 s acknowledgement timeout.
+	ballast := filepath.Join(disk, "ballast")
+	fill(t, ballast, 512<<10)
+	cl := c.client(primary.addr)
+	var (
+		n    uint64
+		last []byte
+		full uint64 // the version pushed when the standby first said so
+	)
+	for full == 0 || n < full+5 {
+		n++
+		if n > 40 {
+			t.Fatalf("40 versions of 1 MiB and the standby's disk never full:\n%s", standby.out.String())
+		}
+		last = storetest.Blob(t, n, 1<<18)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := cl.Push(ctx, store.PushRequest{Name: "m", Version: n, Expect: store.ExpectAny, Blob: last})
+		cancel()
+		if err != nil {
+			t.Fatalf("push v%d (the standby's disk full since v%d): %v", n, full, err)
+		}
+		if full == 0 && strings.Contains(standby.out.String(), "no space left on device") {
+			full = n
+		}
+	}
+	if out := standby.out.String(); !strings.Contains(out, "cluster: left the cluster: this standby cannot write its copy") {
+		t.Fatalf("the standby did not say it left for its full disk:\n%s", out)
+	}
+
+	// Room again: it joins, and its copy catches up with the newest version.
+	if err := os.Remove(ballast); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(standby.data, "store", "m", fmt.Sprintf("v%020d.safetensors", n))
+	testkit.Eventually(t, 60*time.Second, fmt.Sprintf("the standby's copy of v%d", n), func() bool {
+		b, err := os.ReadFile(want)
+		return err == nil && bytes.Equal(b, last)
+	})
+	testkit.Eventually(t, 30*time.Second, "the standby a member again", func() bool {
+		st, err := c.status()
+		if err != nil {
+			return false
+		}
+		for _, m := range st.Members {
+			if m.ID == standby.id {
+				return true
+			}
+		}
+		return false
+	})
+	if s := c.newest("m"); s.Version != n || !bytes.Equal(s.Blob, last) {
+		t.Fatalf("the primary's newest is v%d, want v%d as pushed", s.Version, n)
+	}
+}
+
+// fill writes path with zeros until its file system has at most left
+// bytes free (statfs's available blocks).
+func fill(t *testing.T, path string, left int64) {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(st.Bavail)*st.Bsize - left
+	if size <= 0 {
+		return
+	}
+	if err := os.WriteFile(path, make([]byte, size), 0o644); err != nil {
+		t.Fatalf("fill %s with %d bytes: %v", path, size, err)
+	}
+}
