@@ -3,6 +3,7 @@ package replica_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -92,7 +94,7 @@ func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
 			full = n
 		}
 	}
-	if out := standby.out.String(); !strings.Contains(out, "cluster: left the cluster: this standby cannot write its copy") {
+	if out := standby.out.String(); !strings.Contains(out, "cluster: left the cluster: this hub cannot write its data") {
 		t.Fatalf("the standby did not say it left for its full disk:\n%s", out)
 	}
 
@@ -137,4 +139,68 @@ func fill(t *testing.T, path string, left int64) {
 	if err := os.WriteFile(path, make([]byte, size), 0o644); err != nil {
 		t.Fatalf("fill %s with %d bytes: %v", path, size, err)
 	}
+}
+
+// A primary whose disk is full fails every write, and the reducer stops
+// its models until a restart. With a standby following, it now steps down
+// for it at the first write that fails on its storage (that write fails
+// as Unavailable: nothing was committed, and a following client writes
+// again to the next primary), leaves the cluster, and joins again as a
+// standby once there is room.
+func TestPrimaryWithAFullDiskStepsDown(t *testing.T) {
+	disk := smallDisk(t, "16m")
+	e := startEtcd(t)
+	c := &testCluster{t: t, etcd: e, name: fmt.Sprintf("pfull%d", os.Getpid()), leaseTTL: "2s"}
+	primary := &hubProc{t: t, id: "h0", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s"}}
+	c.hubs = append(c.hubs, primary)
+	c.start(primary)
+	l, p := c.leader(0)
+	if p != primary {
+		t.Fatalf("the primary is %s, want h0 (the only hub)", p.id)
+	}
+	standby := &hubProc{t: t, id: "h1", data: t.TempDir()}
+	c.hubs = append(c.hubs, standby)
+	c.start(standby)
+	c.synced(standby, l)
+	testkit.Eventually(t, 30*time.Second, "the primary to wait for h1", func() bool {
+		return strings.Contains(primary.out.String(), `msg="replica: registered standbys" members=h1`)
+	})
+	blobs := map[uint64][]byte{}
+	for v := uint64(1); v <= 2; v++ {
+		blobs[v] = storetest.Blob(t, v, 1<<18)
+		c.push("m", v, store.ExpectAny, blobs[v])
+	}
+
+	fill(t, filepath.Join(disk, "ballast"), 512<<10)
+	blobs[3] = storetest.Blob(t, 3, 1<<18)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	_, err := c.client(primary.addr).Push(ctx, store.PushRequest{Name: "m", Version: 3, Expect: store.ExpectAny, Blob: blobs[3]})
+	cancel()
+	if !errors.Is(err, errs.ErrUnavailable) || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("push to the primary with its disk full: %v, want Unavailable naming the full disk", err)
+	}
+	l2, p2 := c.leader(l.Epoch)
+	if p2 != standby {
+		t.Fatalf("after h0's disk filled, %s leads (%v), want h1", p2.id, l2)
+	}
+	c.push("m", 3, store.ExpectAny, blobs[3])
+	if s := c.newest("m"); s.Version != 3 || !bytes.Equal(s.Blob, blobs[3]) || s.Epoch != l2.Epoch {
+		t.Fatalf("newest after the step-down: v%d epoch %d, want v3 as pushed at epoch %d", s.Version, s.Epoch, l2.Epoch)
+	}
+	out := primary.out.String()
+	for _, w := range []string{"cluster: this primary cannot write its store; stepping down for a standby", "cluster: left the cluster: this hub cannot write its data"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("h0 did not log %q:\n%s", w, out)
+		}
+	}
+
+	// Room again: h0 follows h1, and its copy holds every version.
+	if err := os.Remove(filepath.Join(disk, "ballast")); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(primary.data, "store", "m", fmt.Sprintf("v%020d.safetensors", 3))
+	testkit.Eventually(t, 60*time.Second, "h0's copy of v3", func() bool {
+		b, err := os.ReadFile(want)
+		return err == nil && bytes.Equal(b, blobs[3])
+	})
 }

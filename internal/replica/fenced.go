@@ -60,6 +60,12 @@ type Fenced struct {
 	// waiting for etcd on a machine cut off from it would have its
 	// connection cut unanswered. Nil: never.
 	Over context.Context
+	// Fault, when set, is told of a write that failed on this hub's own
+	// storage (no space, read-only, I/O error: nothing was committed).
+	// true: the hub steps down for a standby, and the write fails as
+	// Unavailable (a following client writes again to the next primary);
+	// false: the write fails with its error.
+	Fault func(error) bool
 
 	visOnce sync.Once
 	v       *visibility
@@ -282,7 +288,7 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 		if held {
 			v.settle(req.Name, req.Version, false)
 		}
-		return info, nil, err
+		return info, nil, f.fault(err)
 	}
 	ack := func(ctx context.Context) error {
 		err := f.acknowledge(ctx, standbys)
@@ -338,9 +344,18 @@ func (f *Fenced) WriteState(ctx context.Context, fn func() error) error {
 		err = f.Source.CommitNamed(fn)
 	}
 	if err != nil {
-		return err
+		return f.fault(err)
 	}
 	return f.acknowledge(ctx, standbys)
+}
+
+// fault hands a write that failed on this hub's storage to Fault: when the
+// hub steps down for it, the write's error is Unavailable.
+func (f *Fenced) fault(err error) error {
+	if f.Fault == nil || !localFault(err) || !f.Fault(err) {
+		return err
+	}
+	return fmt.Errorf("%w: this primary cannot write its store (%v); it steps down for a standby", errs.ErrUnavailable, err)
 }
 
 // Claim implements store.Claimer (replicated like a push).

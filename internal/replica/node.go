@@ -156,9 +156,9 @@ func (n *Node) refusal() *cluster.Refusal {
 var errMemberLost = errors.New("replica: this hub's membership lease is gone")
 
 // errLocalFault wraps the error of a standby that cannot write the
-// primary's units into its data directory (localFault): it leaves the
-// cluster for FaultBackoff.
-var errLocalFault = errors.New("replica: this standby cannot write its copy")
+// primary's units into its data directory, or of a primary that cannot
+// write its store (localFault): it leaves the cluster for FaultBackoff.
+var errLocalFault = errors.New("replica: this hub cannot write its data")
 
 // localFault reports whether a standby's stream ended on its own storage:
 // no space or quota left, a read-only file system, an I/O error. Following
@@ -267,7 +267,7 @@ func (n *Node) Run(ctx context.Context) error {
 		if errors.Is(err, errLocalFault) && ctx.Err() == nil {
 			// Out of the membership (its lease revoked by Close), so no
 			// publish waits for this standby; it tries again later.
-			n.cfg.Logger.Error("cluster: left the cluster: this standby cannot write its copy; joining again later", "err", err, "retry_in", n.cfg.FaultBackoff)
+			n.cfg.Logger.Error("cluster: left the cluster: this hub cannot write its data; joining again later", "err", err, "retry_in", n.cfg.FaultBackoff)
 			select {
 			case <-ctx.Done():
 			case <-time.After(n.cfg.FaultBackoff):
@@ -554,6 +554,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
 	}
 	deposed := make(chan struct{})
+	faulted := make(chan error, 1)                               // a write failed on this hub's storage
 	over, overCancel := context.WithCancel(context.Background()) // Fenced.Over
 	defer overCancel()
 	var once sync.Once
@@ -616,9 +617,22 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	hcfg := n.cfg.Hub
 	hcfg.Listener = sock.role()
 	hcfg.AddrFile = "" // Run wrote the advertised address; the role's listener would say [::]:PORT
+	// A primary that cannot write its store steps down when a standby
+	// can take its place (one follows this term); alone, it serves on,
+	// refusing the writes (the reducer's fail-stop, docs/reducer.md).
+	fault := func(err error) bool {
+		if !src.Followed() {
+			return false
+		}
+		select {
+		case faulted <- err:
+		default:
+		}
+		return true
+	}
 	hcfg.WrapStore = func(s store.Store) store.Store {
 		return &Fenced{Store: s, Epoch: term.Epoch, Source: src, Proof: term.Valid, Renew: term.Renew, Refusal: gate, Deposed: depose,
-			ProofEnded: term.ProofEnded, Over: over}
+			ProofEnded: term.ProofEnded, Over: over, Fault: fault}
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src
@@ -683,6 +697,9 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	case <-term.Lost():
 		out = errMemberLost
 	case <-deposed:
+	case err := <-faulted:
+		n.cfg.Logger.Error("cluster: this primary cannot write its store; stepping down for a standby", "err", err, "epoch", term.Epoch)
+		out = fmt.Errorf("%w: %w", errLocalFault, err)
 	}
 	depose() // from here on every call is refused
 	wcancel()

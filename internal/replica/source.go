@@ -603,6 +603,20 @@ func (s *Source) syncUntil(ctx context.Context, standbys []string, stop <-chan s
 	}
 }
 
+// Followed reports whether a registered standby follows this term: its
+// stream open and past its full sync (it acknowledged a unit), so it may
+// be elected in this hub's place.
+func (s *Source) Followed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p := range s.followers {
+		if !p.lapsed && p.acked > 0 && slices.Contains(s.standbys, p.member) {
+			return true
+		}
+	}
+	return false
+}
+
 // connected reports whether member has a stream open that has not
 // lapsed; s.mu is held.
 func (s *Source) connected(member string) bool {
