@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -19,26 +18,6 @@ import (
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// smallDisk mounts a tmpfs of size under a new temporary directory and
-// returns it; unmounted at the test's end, after everything started
-// later (cleanups run in reverse). It needs root (mount(8)).
-func smallDisk(t *testing.T, size string) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a small tmpfs (a full disk) needs root")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount a %s tmpfs: %v: %s", size, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
-
 // A standby whose disk is full cannot apply the primary's units. It used
 // to stay a member and follow again every 200 ms, so every acks-all
 // publish waited for it until --replica-ack-timeout and failed, for as
@@ -46,7 +25,7 @@ func smallDisk(t *testing.T, size string) string {
 // the write that failed): publishes go on without it, and it joins again
 // after --replica-fault-backoff, catching up once there is room.
 func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
-	disk := smallDisk(t, "16m")
+	disk := testkit.SmallTmpfs(t, "16m")
 	e := startEtcd(t)
 	c := &testCluster{t: t, etcd: e, name: fmt.Sprintf("full%d", os.Getpid()), leaseTTL: "2s"}
 	primary := &hubProc{t: t, id: "h0", data: t.TempDir()}
@@ -148,7 +127,7 @@ func fill(t *testing.T, path string, left int64) {
 // again to the next primary), leaves the cluster, and joins again as a
 // standby once there is room.
 func TestPrimaryWithAFullDiskStepsDown(t *testing.T) {
-	disk := smallDisk(t, "16m")
+	disk := testkit.SmallTmpfs(t, "16m")
 	e := startEtcd(t)
 	c := &testCluster{t: t, etcd: e, name: fmt.Sprintf("pfull%d", os.Getpid()), leaseTTL: "2s"}
 	primary := &hubProc{t: t, id: "h0", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s"}}
