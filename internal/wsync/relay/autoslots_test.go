@@ -2,10 +2,13 @@ package relay
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
@@ -28,6 +31,59 @@ func TestAutoSlots(t *testing.T) {
 			t.Errorf("autoSlots(%d MiB) = %d, want %d", c.capacity/mib, got, c.want)
 		}
 	}
+}
+
+// The automatic slot count shrinks to fit three quarters of the room
+// left, down to a double buffer.
+func TestFitSlots(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		slots    int
+		capacity int64
+		room     int64
+		want     int
+	}{
+		{10, 8 * mib, 1 << 40, 10}, // room to spare
+		{10, 8 * mib, 64 * mib, 5}, // a container's /dev/shm: 5 × 8 MiB within 48 MiB
+		{10, 8 * mib, 8 * mib, 2},  // not even 2: Create says so
+		{4, 256 * mib, 64 * mib, 2},
+	} {
+		got := fitSlots(c.slots, c.capacity, c.room)
+		if got != c.want {
+			t.Errorf("fitSlots(%d, %d MiB, %d MiB) = %d, want %d", c.slots, c.capacity/mib, c.room/mib, got, c.want)
+		}
+		if got > 2 && shm.SegmentSize(c.capacity, got) > c.room/4*3 {
+			t.Errorf("fitSlots(%d, %d MiB, %d MiB) = %d: %d bytes, over three quarters of the room", c.slots, c.capacity/mib, c.room/mib, got, shm.SegmentSize(c.capacity, got))
+		}
+	}
+}
+
+// A relay's default segment on a container's 64 MiB /dev/shm, for a 4
+// MiB policy (10 slots of 8 MiB: 80 MiB), takes fewer slots and serves
+// its collectors. Before, the relay died of SIGBUS making it.
+func TestRelaySegmentFitsASmallDevShm(t *testing.T) {
+	h := startHub(t)
+	h.push(t, 1, 1<<20) // 4 MiB of float32
+	path := filepath.Join(testkit.SmallTmpfs(t, "64m"), "rlhub-m")
+	relay, err := New(Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-small", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
+	defer func() { cancel(); wg.Wait() }()
+	waitSegment(t, path, 1)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 48<<20 {
+		t.Fatalf("segment of %d bytes on a 64 MiB /dev/shm; want at most three quarters of it", fi.Size())
+	}
+	h.push(t, 2, 1<<20)
+	waitSegment(t, path, 2)
 }
 
 // The relay's default segment (ShmSlots 0) lets the default collector's

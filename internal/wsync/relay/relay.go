@@ -356,6 +356,18 @@ const (
 	AutoShmSlots = 10
 )
 
+// fitSlots is at most slots, and no fewer than 2 (a double buffer), so
+// that the segment takes at most three quarters of room, the free space
+// where it goes: a container's /dev/shm is 64 MiB by default, less than
+// the 10 slots of a 4 MiB policy (80 MiB). Create fails, naming the
+// space, when even 2 do not fit.
+func fitSlots(slots int, capacity, room int64) int {
+	for slots > 2 && shm.SegmentSize(capacity, slots) > room/4*3 {
+		slots--
+	}
+	return slots
+}
+
 // autoSlots is the slot count for Config.ShmSlots 0 and a slot of
 // capacity bytes.
 func autoSlots(capacity int64) int {
@@ -378,6 +390,9 @@ func (r *Relay) ensureShm(n int64) error {
 	slots := r.cfg.ShmSlots
 	if slots == 0 {
 		slots = autoSlots(capacity)
+		if room, err := shm.Room(r.cfg.ShmPath); err == nil {
+			slots = fitSlots(slots, capacity, room)
+		}
 	}
 	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: slots, Group: r.cfg.ShmGroup, Replace: true})
 	if err != nil {

@@ -283,3 +283,9 @@ var x2nTable = func() (t [32]uint32) {
 }()
 
 func roundPage(n int64) int64 { return (n + shmPage - 1) / shmPage * shmPage }
+
+// SegmentSize is the bytes a segment of slots slots of capacity bytes
+// takes (what Create reserves).
+func SegmentSize(capacity int64, slots int) int64 {
+	return shmGeometry{slots: slots, stride: shmPage + roundPage(capacity)}.size()
+}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"os/user"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -149,16 +150,25 @@ func Create(cfg Config) (*Writer, error) {
 	if err := f.Truncate(geo.size()); err != nil {
 		return fail(fmt.Errorf("wsync: size shm segment to %d bytes: %w", geo.size(), err))
 	}
+	// The pages are reserved before they are mapped: a file system without
+	// room for them (a container's 64 MiB /dev/shm) answers ENOSPC here,
+	// where touching a mapped page it cannot back would kill the process
+	// with SIGBUS.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, geo.size()); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fail(fmt.Errorf("%w: wsync: reserve %d bytes for shm segment %s: %v", errs.ErrFull, geo.size(), errs.Quote(cfg.Path), err))
+	}
 	mem, err = unix.Mmap(int(f.Fd()), 0, int(geo.size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		mem = nil
 		return fail(fmt.Errorf("wsync: map shm segment: %w", err))
 	}
-	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); err != nil {
+	if err := unix.Madvise(mem, unix.MADV_POPULATE_WRITE); errors.Is(err, unix.EINVAL) {
 		// Kernels before 5.14: touch every page instead.
 		for i := 0; i < len(mem); i += shmPage {
 			mem[i] = 0
 		}
+	} else if err != nil {
+		return fail(fmt.Errorf("%w: wsync: fault in shm segment %s: %v", errs.ErrFull, errs.Quote(cfg.Path), err))
 	}
 	putShmHeader(mem, geo, os.Getpid())
 	fi, err := f.Stat()
@@ -177,6 +187,17 @@ func Create(cfg Config) (*Writer, error) {
 		return fail(fmt.Errorf("wsync: publish shm segment: %w", err))
 	}
 	return &Writer{cfg: cfg, geo: geo, mem: mem, file: fi, newest: -1}, nil
+}
+
+// Room is the free space of the file system that would hold a segment at
+// path (its directory's): what Create can reserve there, less what other
+// writers take meanwhile.
+func Room(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		return 0, fmt.Errorf("wsync: free space for shm segment %s: %w", errs.Quote(path), err)
+	}
+	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // Path is the segment's file.

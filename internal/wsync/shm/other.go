@@ -40,6 +40,7 @@ type Stats struct{ Reads, Retries, InPlace, Followed, Released, Abandoned uint64
 type Reader struct{}
 
 func Create(Config) (*Writer, error)                           { return nil, errors.ErrUnsupported }
+func Room(string) (int64, error)                               { return 0, errors.ErrUnsupported }
 func (*Writer) Publish(context.Context, *store.Snapshot) error { return errors.ErrUnsupported }
 func (*Writer) Write(uint64, uint64, []byte) error             { return errors.ErrUnsupported }
 func (*Writer) Close() error                                   { return nil }

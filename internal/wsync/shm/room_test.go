@@ -1,0 +1,43 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// A segment larger than the room left where it goes (a container's small
+// /dev/shm) is refused with ErrFull naming it, and leaves no file. Before,
+// the mapping's pages were touched with nothing to back them, and the
+// process died of SIGBUS. One that fits is made as ever, and Room says
+// what is left.
+func TestCreateOnAFullFileSystem(t *testing.T) {
+	dir := testkit.SmallTmpfs(t, "1m")
+	path := filepath.Join(dir, "seg")
+	room, err := Room(path)
+	if err != nil || room <= 0 || room > 1<<20 {
+		t.Fatalf("Room of a 1 MiB tmpfs: %d, %v", room, err)
+	}
+	_, err = Create(Config{Path: path, Name: "m", Capacity: 4 << 20, Slots: 2})
+	if !errors.Is(err, errs.ErrFull) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Create of %d bytes on a 1 MiB tmpfs: %v, want ErrFull naming the segment", SegmentSize(4<<20, 2), err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("a refused Create left %v", ents)
+	}
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 64 << 10, Slots: 2})
+	if err != nil {
+		t.Fatalf("Create of a segment that fits: %v", err)
+	}
+	defer w.Close()
+	if left, err := Room(path); err != nil || left > room-SegmentSize(64<<10, 2) {
+		t.Fatalf("Room after a %d-byte segment: %d of %d, %v", SegmentSize(64<<10, 2), left, room, err)
+	}
+}
