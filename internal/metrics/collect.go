@@ -53,6 +53,12 @@ type ClusterStats struct {
 	// Lag is, on the primary, each connected standby's units not yet
 	// acknowledged, by member id.
 	Lag map[string]uint64
+	// Outside: this hub is not a member of the cluster — joining it (etcd
+	// not reached yet, or its lease lost), or out after a local fault.
+	Outside bool
+	// Faults counts the times this hub left the cluster because it could
+	// not write its data (disk full, read-only, I/O error).
+	Faults uint64
 }
 
 // OtherLabel is the label value shared by the collectors, learners, runs
@@ -151,6 +157,8 @@ func (c *statsCollector) collectCluster(ch chan<- prometheus.Metric, st ClusterS
 		}
 		return 0
 	}
+	c.emit(ch, fClusterMember, b(!st.Outside))
+	c.emit(ch, fClusterFaults, float64(st.Faults))
 	c.emit(ch, fClusterPrimary, b(st.Primary))
 	c.emit(ch, fClusterEpoch, float64(st.Epoch))
 	c.emit(ch, fClusterUnit, float64(st.Unit))

@@ -64,6 +64,8 @@ var (
 	fAuthReloads     = Family{"rlhub_auth_reloads_total", "counter", []string{"outcome"}, "Token file reloads by outcome (ok, failed: the old tokens stayed)."}
 	fAuthCut         = Family{"rlhub_auth_calls_cut_total", "counter", nil, "Calls ended because their token was revoked, changed or expired."}
 	fAuthQuota       = Family{"rlhub_auth_quota_refusals_total", "counter", []string{"quota"}, "Pushes refused by a token's quota (models: max-models, bytes: max-bytes, rate: max-rps)."}
+	fClusterMember   = Family{"rlhub_cluster_member", "gauge", nil, "1 while this hub is a member of the cluster, 0 while it joins (etcd not reached, its lease lost) or is out after a local fault."}
+	fClusterFaults   = Family{"rlhub_cluster_faults_total", "counter", nil, "Times this hub left the cluster because it could not write its data (disk full, read-only, I/O error)."}
 	fClusterPrimary  = Family{"rlhub_cluster_primary", "gauge", nil, "1 while this hub is the cluster's primary, 0 while it is a standby."}
 	fClusterEpoch    = Family{"rlhub_cluster_epoch", "gauge", nil, "Epoch of the term this hub holds (primary) or follows (standby; 0: no primary known)."}
 	fClusterUnit     = Family{"rlhub_cluster_replicated_unit", "gauge", nil, "Newest replication unit: applied here (standby) or asked for by a publish (primary); units number anew each term."}
@@ -90,7 +92,7 @@ var (
 	arsFamilies        = []Family{fARSRuns, fARSWorkers, fARSReassigned, fARSIteration, fARSEval, fARSTrain, fARSEpisodes, fARSSteps, fARSStepsRate}
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
-	clusterFamilies    = []Family{fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterLag}
+	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterLag}
 )
 
 // Families lists every rlhub_* metric family this package can export, in

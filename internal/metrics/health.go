@@ -29,6 +29,8 @@ func Ready(src Sources) (bool, string) {
 	}
 	st := src.Cluster()
 	switch {
+	case st.Outside:
+		return false, "not a cluster member (joining, or out after a local fault)"
 	case st.Primary:
 		return true, fmt.Sprintf("primary, epoch %d", st.Epoch)
 	case st.Synced:

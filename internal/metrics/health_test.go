@@ -68,6 +68,7 @@ func TestProbesFollowTheRole(t *testing.T) {
 		{metrics.ClusterStats{Epoch: 7, Synced: true, Unit: 3}, 200, "standby, synced with the primary of epoch 7"},
 		{metrics.ClusterStats{Epoch: 9, Primary: true}, 200, "primary, epoch 9"},
 		{metrics.ClusterStats{Epoch: 9}, 503, "standby, not yet synced with a primary (epoch 9)"},
+		{metrics.ClusterStats{Epoch: 9, Synced: true, Outside: true}, 503, "not a cluster member (joining, or out after a local fault)"},
 	} {
 		set(c.st)
 		code, body := probe("GET", metrics.ReadyPath)

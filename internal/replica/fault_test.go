@@ -35,7 +35,7 @@ func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
 	if p != primary {
 		t.Fatalf("the primary is %s, want h0 (the only hub)", p.id)
 	}
-	standby := &hubProc{t: t, id: "h1", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s"}}
+	standby := &hubProc{t: t, id: "h1", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s", "--metrics-listen", "127.0.0.1:0"}}
 	c.hubs = append(c.hubs, standby)
 	c.start(standby)
 	c.synced(standby, l)
@@ -76,6 +76,17 @@ func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
 	if out := standby.out.String(); !strings.Contains(out, "cluster: left the cluster: this hub cannot write its data") {
 		t.Fatalf("the standby did not say it left for its full disk:\n%s", out)
 	}
+	// Out of the cluster it says so to its probes and metrics (the
+	// endpoint moves with each join: port 0).
+	testkit.Eventually(t, 30*time.Second, "the standby's metrics out of the cluster", func() bool {
+		as := metricsAddrs(standby)
+		if len(as) == 0 {
+			return false
+		}
+		got, err := scrape(t, as[len(as)-1][0])
+		code, _, rerr := readyz(as[len(as)-1][0])
+		return err == nil && rerr == nil && got["rlhub_cluster_member"] == 0 && got["rlhub_cluster_faults_total"] >= 1 && code == 503
+	})
 
 	// Room again: it joins, and its copy catches up with the newest version.
 	if err := os.Remove(ballast); err != nil {

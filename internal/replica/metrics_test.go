@@ -141,3 +141,61 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	})
 	wantReady(newURL, "the new primary", fmt.Sprintf("primary, epoch %d", l2.Epoch))
 }
+
+// TestProbesWhileNotAMember: a hub that has not joined its cluster yet
+// (etcd not up) serves --metrics-listen all the same: its liveness probe
+// answers 200 and its readiness probe 503 "not a cluster member", with
+// rlhub_cluster_member 0. Before, nothing listened until the first join,
+// so an orchestrator's liveness probe killed every hub whose etcd was
+// slow to start or restarting. Once etcd is back, it joins and the same
+// flag serves its role.
+func TestProbesWhileNotAMember(t *testing.T) {
+	e := clustertest.Start(t)
+	e.Kill()
+	c := newCluster(t, e.Endpoint, 1, "--metrics-listen", "127.0.0.1:0")
+	h := c.hubs[0]
+	var url string
+	testkit.Eventually(t, 30*time.Second, "a metrics endpoint before the hub joins", func() bool {
+		as := metricsAddrs(h)
+		if len(as) == 0 {
+			return false
+		}
+		url = as[len(as)-1][0]
+		return true
+	})
+	code, body, err := readyz(url)
+	if err != nil || code != http.StatusServiceUnavailable || body != "not a cluster member (joining, or out after a local fault)" {
+		t.Fatalf("/readyz while joining: %d %q (%v), want 503 saying it is not a member", code, body, err)
+	}
+	if code, err := healthz(url); err != nil || code != http.StatusOK {
+		t.Fatalf("/healthz while joining: %d (%v), want 200", code, err)
+	}
+	got, err := scrape(t, url)
+	if err != nil || got["rlhub_cluster_member"] != 0 || got["rlhub_cluster_primary"] != 0 {
+		t.Fatalf("metrics while joining: %v (%v), want rlhub_cluster_member 0, not primary", got, err)
+	}
+
+	e.Restart()
+	l, _ := c.leader(0)
+	testkit.Eventually(t, 30*time.Second, "the primary's readiness", func() bool {
+		as := metricsAddrs(h)
+		if len(as) == 0 || as[len(as)-1][1] != "hub" {
+			return false
+		}
+		code, body, err := readyz(as[len(as)-1][0])
+		return err == nil && code == http.StatusOK && body == fmt.Sprintf("primary, epoch %d", l.Epoch)
+	})
+}
+
+// healthz is one endpoint's liveness probe status.
+func healthz(url string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}

@@ -74,6 +74,8 @@ type Node struct {
 	campaigning atomic.Bool // in Campaign: may be elected
 
 	mu       sync.Mutex
+	outside  bool            // not a member: joining, or out after a fault
+	faults   uint64          // times it left for a local fault
 	src      *Source         // while primary
 	leader   *cluster.Leader // newest primary seen (nil: unknown)
 	primary  bool
@@ -109,7 +111,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if cfg.FaultBackoff == 0 {
 		cfg.FaultBackoff = 30 * time.Second
 	}
-	return &Node{cfg: cfg}, nil
+	return &Node{cfg: cfg, outside: true}, nil
 }
 
 // Primary is the newest primary this node knows of and whether it is this
@@ -223,7 +225,12 @@ func (n *Node) Run(ctx context.Context) error {
 	// "unknown", when that was itself), instead of holding a connection
 	// no role serves until its deadline.
 	var between *standbyServer
+	var betweenMetrics *metrics.Server // --metrics-listen meanwhile: the probes say "not a member"
 	stopBetween := func() {
+		if betweenMetrics != nil {
+			_ = betweenMetrics.Close()
+			betweenMetrics = nil
+		}
 		if between == nil {
 			return
 		}
@@ -241,6 +248,7 @@ func (n *Node) Run(ctx context.Context) error {
 				extra[i] = s
 			}
 			between = startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, extra)
+			betweenMetrics = n.standbyMetrics()
 		}
 		ccfg := n.cfg.Cluster
 		ccfg.Addr = addr
@@ -261,10 +269,15 @@ func (n *Node) Run(ctx context.Context) error {
 		}
 		joined = true
 		stopBetween() // the member's roles serve the socket from here
+		n.setOutside(false)
 		n.follower.cfg.Member = m.ID()
 		err = n.member(ctx, m, sock)
+		n.setOutside(true)
 		cerr := m.Close()
 		if errors.Is(err, errLocalFault) && ctx.Err() == nil {
+			n.mu.Lock()
+			n.faults++
+			n.mu.Unlock()
 			// Out of the membership (its lease revoked by Close), so no
 			// publish waits for this standby; it tries again later.
 			n.cfg.Logger.Error("cluster: left the cluster: this hub cannot write its data; joining again later", "err", err, "retry_in", n.cfg.FaultBackoff)
@@ -746,16 +759,16 @@ func (n *Node) Terms() int {
 func (n *Node) stats() metrics.ClusterStats {
 	n.mu.Lock()
 	src, primary := n.src, n.primary && !n.deposed
-	var st metrics.ClusterStats
+	st := metrics.ClusterStats{Outside: n.outside, Faults: n.faults}
 	if n.leader != nil {
 		st.Epoch = n.leader.Epoch
 	}
 	n.mu.Unlock()
-	st.Primary = primary
+	st.Primary = primary && !st.Outside
 	if f := n.follower; f != nil {
 		st.Applied = f.Units()
 		if !primary {
-			st.Unit, st.Synced = f.LastUnit(), f.Synced()
+			st.Unit, st.Synced = f.LastUnit(), f.Synced() && !st.Outside
 		}
 	}
 	if primary && src != nil {
@@ -766,6 +779,14 @@ func (n *Node) stats() metrics.ClusterStats {
 		}
 	}
 	return st
+}
+
+// setOutside records whether this node is outside the cluster (not a
+// member: joining, or out after a fault).
+func (n *Node) setOutside(out bool) {
+	n.mu.Lock()
+	n.outside = out
+	n.mu.Unlock()
 }
 
 // replication is the node's stats for Cluster/Replication (`rlhub
