@@ -14,24 +14,33 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
-// A version whose acknowledgement has not come is invisible to every
-// read, and stays so when it fails; the next acknowledged version makes
-// both visible, at the term's epoch whatever the writer asked for.
-func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
+// stuckStandby is a term's Fenced store (epoch 7) on a memory store whose
+// one registered standby, s1, never follows: no write is acknowledged
+// (each waits ackTimeout) until the test stores another list in standbys
+// and refreshes src.
+func stuckStandby(t *testing.T, ackTimeout time.Duration) (*replica.Fenced, *replica.Source, *atomic.Value) {
+	t.Helper()
 	mem, err := store.NewMemory(store.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mem.Close()
-	var standbys atomic.Value
-	standbys.Store([]string{"s1"}) // registered, never following: no ack comes
-	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Acks: replica.AcksAll, AckTimeout: 300 * time.Millisecond,
+	t.Cleanup(func() { mem.Close() })
+	standbys := new(atomic.Value)
+	standbys.Store([]string{"s1"})
+	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Acks: replica.AcksAll, AckTimeout: ackTimeout,
 		Standbys: func(context.Context) ([]string, error) { return standbys.Load().([]string), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	f := &replica.Fenced{Store: mem, Epoch: 7, Source: src}
+	t.Cleanup(func() { src.Close() })
+	return &replica.Fenced{Store: mem, Epoch: 7, Source: src}, src, standbys
+}
+
+// A version whose acknowledgement has not come is invisible to every
+// read, and stays so when it fails; the next acknowledged version makes
+// both visible, at the term's epoch whatever the writer asked for.
+func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
+	f, src, standbys := stuckStandby(t, 300*time.Millisecond)
 	ctx := context.Background()
 
 	done := make(chan error, 1)
@@ -117,20 +126,7 @@ func TestFencedHidesUnacknowledgedVersions(t *testing.T) {
 // retry gets the version (visible, at the term's epoch), not a refusal of
 // its own version as stale. A retry from another owner is refused.
 func TestFencedRetriedPushIsAcknowledgedAgain(t *testing.T) {
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	var standbys atomic.Value
-	standbys.Store([]string{"s1"}) // registered, never following: no ack comes
-	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Acks: replica.AcksAll, AckTimeout: 200 * time.Millisecond,
-		Standbys: func(context.Context) ([]string, error) { return standbys.Load().([]string), nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	f := &replica.Fenced{Store: mem, Epoch: 7, Source: src}
+	f, src, standbys := stuckStandby(t, 200*time.Millisecond)
 	ctx := context.Background()
 	push := func(owner string) (store.Info, error) {
 		return f.Push(ctx, store.PushRequest{Name: "m", Version: 3, Expect: store.ExpectAny, Owner: owner, Blob: storetest.Blob(t, 3, 8)})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,15 +64,7 @@ func TestRelaySegmentFitsASmallDevShm(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 1<<20) // 4 MiB of float32
 	path := filepath.Join(testkit.SmallTmpfs(t, "64m"), "rlhub-m")
-	relay, err := New(Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-small", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	defer func() { cancel(); wg.Wait() }()
+	runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-small", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	waitSegment(t, path, 1)
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -94,15 +85,8 @@ func TestRelayDefaultSegmentLeasesToLocalCollectors(t *testing.T) {
 	h := startHub(t)
 	h.push(t, 1, 1000)
 	path := wsynctest.ShmPath(t)
-	relay, err := New(Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-auto", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	defer func() { cancel(); wg.Wait() }()
+	runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-auto", ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
+	ctx := context.Background()
 	waitSegment(t, path, 1)
 
 	var readers []*shm.Reader
