@@ -383,7 +383,10 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if sum.LQRRelativeCost != nil {
 		fmt.Fprintf(g.stdout, "; LQR cost %.4f above the Riccati optimum", *sum.LQRRelativeCost)
 	}
-	fmt.Fprintf(g.stdout, "\nwrote %s\n", filepath.Join(o.out, "{curve.csv,curve.png,policy.safetensors,summary.json}"))
+	fmt.Fprintln(g.stdout)
+	if err == nil { // else the error says which output could not be written
+		fmt.Fprintf(g.stdout, "wrote %s\n", filepath.Join(o.out, "{curve.csv,curve.png,policy.safetensors,summary.json}"))
+	}
 	return err
 }
 
