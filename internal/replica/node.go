@@ -241,15 +241,19 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	defer stopBetween() // before the socket closes (deferred above)
 	joined := false
-	for ctx.Err() == nil {
-		if between == nil {
-			extra := make([]Registrar, len(n.cfg.Extra))
-			for i, s := range n.cfg.Extra {
-				extra[i] = s
-			}
-			between = startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, extra)
-			betweenMetrics = n.standbyMetrics()
+	startBetween := func() {
+		if between != nil {
+			return
 		}
+		extra := make([]Registrar, len(n.cfg.Extra))
+		for i, s := range n.cfg.Extra {
+			extra[i] = s
+		}
+		between = startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.refusal, n.position, extra)
+		betweenMetrics = n.standbyMetrics()
+	}
+	for ctx.Err() == nil {
+		startBetween()
 		ccfg := n.cfg.Cluster
 		ccfg.Addr = addr
 		jctx, cancel := context.WithTimeout(ctx, joinTimeout)
@@ -281,6 +285,7 @@ func (n *Node) Run(ctx context.Context) error {
 			// Out of the membership (its lease revoked by Close), so no
 			// publish waits for this standby; it tries again later.
 			n.cfg.Logger.Error("cluster: left the cluster: this hub cannot write its data; joining again later", "err", err, "retry_in", n.cfg.FaultBackoff)
+			startBetween() // meanwhile: refusals naming the primary, and the probes
 			select {
 			case <-ctx.Done():
 			case <-time.After(n.cfg.FaultBackoff):
