@@ -386,6 +386,10 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		term, err := m.Campaign(sctx)
 		n.campaigning.Store(false)
 		if err == nil {
+			// Elected: until this hub serves (or yields), its refusals say
+			// an election runs — a client looks the primary up in etcd —
+			// instead of naming the primary it followed, likely dead.
+			n.setLeader(&cluster.Leader{ID: m.ID(), Addr: n.addr, Epoch: term.Epoch})
 			// With --replica-acks below the standbys, the acknowledging
 			// standby may not be the one elected: a standby whose copy is
 			// ahead of this one gets the term (bounded: after maxYields the
