@@ -281,6 +281,12 @@ func TestCollectorRestartResumesAtNewest(t *testing.T) {
 	h.push(t, 1, 100)
 	c := startCollector(t, h.addr, "c1", 0)
 	waitFor(t, "v1", func() bool { return c.recv.Version() == 1 })
+	// The collector reports what it runs after applying it: stopped before
+	// the hub has that report, it counts as running nothing (lag 5).
+	waitFor(t, "the hub to see c1 on v1", func() bool {
+		st := h.svc.Lag(context.Background(), "m")
+		return len(st) == 1 && len(st[0].Collectors) == 1 && st[0].Collectors[0].Version == 1
+	})
 	c.stop()
 	waitFor(t, "detach seen", func() bool {
 		st := h.svc.Lag(context.Background(), "m")
