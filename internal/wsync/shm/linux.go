@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,7 +131,7 @@ func Create(cfg Config) (*Writer, error) {
 		}
 	}
 	tmp := fmt.Sprintf("%s.tmp-%d", cfg.Path, os.Getpid())
-	os.Remove(tmp) // a leftover of this pid's crashed predecessor
+	removeOrphans(cfg.Path)
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, cfg.Mode)
 	if err != nil {
 		return nil, fmt.Errorf("wsync: create shm segment: %w", err)
@@ -187,6 +188,35 @@ func Create(cfg Config) (*Writer, error) {
 		return fail(fmt.Errorf("wsync: publish shm segment: %w", err))
 	}
 	return &Writer{cfg: cfg, geo: geo, mem: mem, file: fi, newest: -1}, nil
+}
+
+// removeOrphans removes the temporary files of segments at path that a
+// writer killed in Create left (PATH.tmp-PID, PID no longer running, or
+// this process's own: a predecessor's with the same pid): in /dev/shm each
+// holds its memory until a reboot. A live PID's is left alone.
+func removeOrphans(path string) {
+	olds, _ := filepath.Glob(globEscape(path) + ".tmp-*")
+	for _, old := range olds {
+		pid, err := strconv.Atoi(strings.TrimPrefix(old, path+".tmp-"))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if pid == os.Getpid() || errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
+			os.Remove(old)
+		}
+	}
+}
+
+// globEscape quotes the glob metacharacters of a literal path.
+func globEscape(p string) string {
+	var b strings.Builder
+	for _, r := range p {
+		if strings.ContainsRune(`*?[\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // Room is the free space of the file system that would hold a segment at

@@ -4,7 +4,9 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -39,5 +41,38 @@ func TestCreateOnAFullFileSystem(t *testing.T) {
 	defer w.Close()
 	if left, err := Room(path); err != nil || left > room-SegmentSize(64<<10, 2) {
 		t.Fatalf("Room after a %d-byte segment: %d of %d, %v", SegmentSize(64<<10, 2), left, room, err)
+	}
+}
+
+// A writer killed inside Create leaves PATH.tmp-PID, which in /dev/shm
+// holds its memory until a reboot. The next Create at PATH removes those
+// of processes that no longer run, and leaves a live one's.
+func TestCreateRemovesOrphanedTemporaries(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seg")
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	orphan := fmt.Sprintf("%s.tmp-%d", path, dead.Process.Pid)
+	live := fmt.Sprintf("%s.tmp-%d", path, os.Getppid())
+	other := filepath.Join(dir, "other.tmp-1") // another segment's: not this path's
+	for _, p := range []string{orphan, live, other} {
+		if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := Create(Config{Path: path, Name: "m", Capacity: 4 << 10, Slots: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead writer's %s is still there (%v)", orphan, err)
+	}
+	for _, p := range []string{live, other} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was removed: %v", p, err)
+		}
 	}
 }
