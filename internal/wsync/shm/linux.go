@@ -195,28 +195,18 @@ func Create(cfg Config) (*Writer, error) {
 // this process's own: a predecessor's with the same pid): in /dev/shm each
 // holds its memory until a reboot. A live PID's is left alone.
 func removeOrphans(path string) {
-	olds, _ := filepath.Glob(globEscape(path) + ".tmp-*")
-	for _, old := range olds {
-		pid, err := strconv.Atoi(strings.TrimPrefix(old, path+".tmp-"))
-		if err != nil || pid <= 0 {
+	dir, prefix := filepath.Dir(path), filepath.Base(path)+".tmp-"
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		pid, err := strconv.Atoi(rest)
+		if !ok || err != nil || pid <= 0 {
 			continue
 		}
 		if pid == os.Getpid() || errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
-			os.Remove(old)
+			os.Remove(filepath.Join(dir, e.Name()))
 		}
 	}
-}
-
-// globEscape quotes the glob metacharacters of a literal path.
-func globEscape(p string) string {
-	var b strings.Builder
-	for _, r := range p {
-		if strings.ContainsRune(`*?[\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // Room is the free space of the file system that would hold a segment at
