@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
@@ -26,24 +27,9 @@ import (
 // after --replica-fault-backoff, catching up once there is room.
 func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
 	disk := testkit.SmallTmpfs(t, "16m")
-	e := startEtcd(t)
-	c := &testCluster{t: t, etcd: e, name: fmt.Sprintf("full%d", os.Getpid()), leaseTTL: "2s"}
 	primary := &hubProc{t: t, id: "h0", data: t.TempDir()}
-	c.hubs = append(c.hubs, primary)
-	c.start(primary)
-	l, p := c.leader(0)
-	if p != primary {
-		t.Fatalf("the primary is %s, want h0 (the only hub)", p.id)
-	}
 	standby := &hubProc{t: t, id: "h1", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s", "--metrics-listen", "127.0.0.1:0"}}
-	c.hubs = append(c.hubs, standby)
-	c.start(standby)
-	c.synced(standby, l)
-	// Every publish waits for it from the primary's next read of the
-	// members on.
-	testkit.Eventually(t, 30*time.Second, "the primary to wait for h1", func() bool {
-		return strings.Contains(primary.out.String(), `msg="replica: registered standbys" members=h1`)
-	})
+	c, _ := primaryAndStandby(t, "full", primary, standby)
 
 	// The disk fills up (another process's file): less room is left than
 	// one 1 MiB version takes. Every push from then on, until the standby
@@ -114,6 +100,28 @@ func TestStandbyWithAFullDiskLeavesTheCluster(t *testing.T) {
 	}
 }
 
+// primaryAndStandby starts, on a new etcd, primary (id h0) alone, then
+// standby (h1) once h0 leads, and returns when h1 is synced and every
+// publish of h0 waits for it (from the primary's next read of the members
+// on): the cluster and h0's term.
+func primaryAndStandby(t *testing.T, name string, primary, standby *hubProc) (*testCluster, cluster.Leader) {
+	t.Helper()
+	c := &testCluster{t: t, etcd: startEtcd(t), name: fmt.Sprintf("%s%d", name, os.Getpid()), leaseTTL: "2s"}
+	c.hubs = append(c.hubs, primary)
+	c.start(primary)
+	l, p := c.leader(0)
+	if p != primary {
+		t.Fatalf("the primary is %s, want %s (the only hub)", p.id, primary.id)
+	}
+	c.hubs = append(c.hubs, standby)
+	c.start(standby)
+	c.synced(standby, l)
+	testkit.Eventually(t, 30*time.Second, "the primary to wait for "+standby.id, func() bool {
+		return strings.Contains(primary.out.String(), `msg="replica: registered standbys" members=`+standby.id)
+	})
+	return c, l
+}
+
 // fill writes path with zeros until its file system has at most left
 // bytes free (statfs's available blocks).
 func fill(t *testing.T, path string, left int64) {
@@ -139,22 +147,9 @@ func fill(t *testing.T, path string, left int64) {
 // standby once there is room.
 func TestPrimaryWithAFullDiskStepsDown(t *testing.T) {
 	disk := testkit.SmallTmpfs(t, "16m")
-	e := startEtcd(t)
-	c := &testCluster{t: t, etcd: e, name: fmt.Sprintf("pfull%d", os.Getpid()), leaseTTL: "2s"}
 	primary := &hubProc{t: t, id: "h0", data: filepath.Join(disk, "data"), args: []string{"--replica-fault-backoff", "2s"}}
-	c.hubs = append(c.hubs, primary)
-	c.start(primary)
-	l, p := c.leader(0)
-	if p != primary {
-		t.Fatalf("the primary is %s, want h0 (the only hub)", p.id)
-	}
 	standby := &hubProc{t: t, id: "h1", data: t.TempDir()}
-	c.hubs = append(c.hubs, standby)
-	c.start(standby)
-	c.synced(standby, l)
-	testkit.Eventually(t, 30*time.Second, "the primary to wait for h1", func() bool {
-		return strings.Contains(primary.out.String(), `msg="replica: registered standbys" members=h1`)
-	})
+	c, l := primaryAndStandby(t, "pfull", primary, standby)
 	blobs := map[uint64][]byte{}
 	for v := uint64(1); v <= 2; v++ {
 		blobs[v] = storetest.Blob(t, v, 1<<18)
