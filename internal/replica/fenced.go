@@ -268,7 +268,7 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	// Hidden from readers until acknowledged. A version already held is
 	// one an earlier push committed and could not acknowledge: a retry of
 	// that push is refused below, and must leave it hidden.
-	held := v.hold(req.Name, req.Version)
+	held := v.hold(req.Name, req.Version, func() uint64 { return f.newest(ctx, req.Name) })
 	if !held {
 		if info, ok := f.retried(ctx, req); ok {
 			return info, func(ctx context.Context) error { return f.Acknowledge(ctx, req.Name, req.Version) }, nil
@@ -298,6 +298,16 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 		return err
 	}
 	return info, ack, nil
+}
+
+// newest is the store's newest version of name (0: none, or unreadable).
+func (f *Fenced) newest(ctx context.Context, name string) uint64 {
+	snap, release, err := store.Borrow(ctx, f.Store, name, 0)
+	if err != nil {
+		return 0
+	}
+	defer release()
+	return snap.Version
 }
 
 // retried reports whether req is a retry of a push that committed its
@@ -400,6 +410,9 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	v := f.vis()
+	v.deleting(name)
+	defer v.deleted(name)
 	if err := f.commit(name, func() error { return d.Delete(ctx, name) }); err != nil {
 		return err
 	}
@@ -414,24 +427,49 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 // version of the model is acknowledged (a later unit carries it too).
 
 // visibility is Fenced's record of versions not yet acknowledged.
+//
+// A hold at or below a model's newest acknowledged version (acked) hides
+// nothing: that version is visible already, and the push holding it — a
+// writer that lost the race for the version, or a retry of a push that
+// was acknowledged — can only be refused as stale, so readers never see
+// the model step back while it is refused. A model's first hold of the
+// term takes the store's newest version as acknowledged (a new primary's
+// store holds what it followed, and shows all of it). A Delete of the
+// model forgets its acknowledged version before the store is touched
+// and, until it is done, keeps every hold effective and records no new
+// acknowledgement: a push the store takes after the delete is hidden
+// until acknowledged, however the two interleave.
 type visibility struct {
 	mu      sync.Mutex
 	pending map[string]map[uint64]bool
+	acked   map[string]uint64
+	// seeded: the models whose acked the term has taken from the store.
+	seeded map[string]bool
+	// deletes counts each model's Deletes in progress.
+	deletes map[string]int
 	changed chan struct{}
 }
 
 func (f *Fenced) vis() *visibility {
 	f.visOnce.Do(func() {
-		f.v = &visibility{pending: map[string]map[uint64]bool{}, changed: make(chan struct{})}
+		f.v = &visibility{pending: map[string]map[uint64]bool{}, acked: map[string]uint64{},
+			seeded: map[string]bool{}, deletes: map[string]int{}, changed: make(chan struct{})}
 	})
 	return f.v
 }
 
 // hold hides version of name, reporting whether this call hid it (false:
-// it was hidden already).
-func (v *visibility) hold(name string, version uint64) bool {
+// it was hidden already). newest, called once per model and term, is the
+// store's newest version of name (0: none).
+func (v *visibility) hold(name string, version uint64, newest func() uint64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if !v.seeded[name] {
+		v.seeded[name] = true
+		if v.deletes[name] == 0 {
+			v.acked[name] = max(v.acked[name], newest())
+		}
+	}
 	if v.pending[name] == nil {
 		v.pending[name] = map[uint64]bool{}
 	}
@@ -455,8 +493,27 @@ func (v *visibility) settle(name string, version uint64, acked bool) {
 	if len(v.pending[name]) == 0 {
 		delete(v.pending, name)
 	}
+	if acked && v.deletes[name] == 0 && version > v.acked[name] {
+		v.acked[name] = version
+	}
 	close(v.changed)
 	v.changed = make(chan struct{})
+}
+
+// deleting marks a Delete of name begun; deleted, its end.
+func (v *visibility) deleting(name string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.deletes[name]++
+	delete(v.acked, name)
+}
+
+func (v *visibility) deleted(name string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.deletes[name]--; v.deletes[name] == 0 {
+		delete(v.deletes, name)
+	}
 }
 
 // bound is the lowest hidden version of name (0: none) and the channel
@@ -465,8 +522,12 @@ func (v *visibility) bound(name string) (uint64, <-chan struct{}) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	low := uint64(0)
+	floor := v.acked[name]
+	if v.deletes[name] > 0 {
+		floor = 0
+	}
 	for p := range v.pending[name] {
-		if low == 0 || p < low {
+		if p > floor && (low == 0 || p < low) {
 			low = p
 		}
 	}

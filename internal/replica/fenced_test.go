@@ -3,6 +3,7 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -255,4 +256,108 @@ func TestFencedWriteState(t *testing.T) {
 	if err := sw.WriteState(ctx, func() error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("WriteState whose write fails: %v", err)
 	}
+}
+
+// gatedPushes is a memory store whose Push, once gate is set, waits in
+// the store until the test closes it (entered says it is there).
+type gatedPushes struct {
+	*store.Memory
+	gate, entered chan struct{}
+}
+
+func (g *gatedPushes) Push(ctx context.Context, req store.PushRequest) (store.Info, error) {
+	if gate := g.gate; gate != nil {
+		close(g.entered)
+		<-gate
+	}
+	return g.Memory.Push(ctx, req)
+}
+
+// A push the store refuses as stale — a writer that lost the race for a
+// version, or the retry of an acknowledged push — never hides the version
+// readers already have, on the primary that acknowledged it and on a new
+// primary whose store followed it; after a Delete, a new push is hidden
+// until acknowledged whatever version it has.
+func TestFencedStalePushHidesNothing(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	g := &gatedPushes{Memory: mem}
+	push := func(f *replica.Fenced, version uint64, seed uint64) error {
+		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: version, Expect: store.ExpectAny, Blob: storetest.Blob(t, seed, 8)})
+		return err
+	}
+	// newest asserts what readers see of m while a stale push of version
+	// waits in the store, and that the push is then refused.
+	refusedUnseen := func(f *replica.Fenced, version uint64, want uint64) {
+		t.Helper()
+		g.gate, g.entered = make(chan struct{}), make(chan struct{})
+		done := make(chan error, 1)
+		go func() { done <- push(f, version, 99) }()
+		<-g.entered
+		if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != want {
+			t.Errorf("Get during a stale push of v%d: %v %v, want v%d", version, versionOf(s), err, want)
+		}
+		if s, err := f.GetIfNewer(ctx, "m", want-1); err != nil || s == nil || s.Version != want {
+			t.Errorf("GetIfNewer during a stale push of v%d: %v %v, want v%d", version, versionOf(s), err, want)
+		}
+		if infos, err := f.List(ctx); err != nil || len(infos) != 1 || infos[0].Version != want {
+			t.Errorf("List during a stale push of v%d: %+v %v, want v%d", version, infos, err, want)
+		}
+		close(g.gate)
+		g.gate = nil
+		if err := <-done; !errors.Is(err, errs.ErrStale) {
+			t.Fatalf("stale push of v%d: %v, want stale", version, err)
+		}
+	}
+
+	f := &replica.Fenced{Store: g, Epoch: 7}
+	for v := uint64(1); v <= 2; v++ {
+		if err := push(f, v, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refusedUnseen(f, 2, 2) // the newest, again
+	refusedUnseen(f, 1, 2) // an older one
+
+	// A new primary (a new term's Fenced) over the store it followed.
+	f = &replica.Fenced{Store: g, Epoch: 8}
+	refusedUnseen(f, 2, 2)
+
+	// After a Delete whose acknowledgement never comes, a push of v1 (at
+	// or below what was acknowledged before) stays hidden.
+	f, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	standbys.Store([]string(nil))
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for v := uint64(1); v <= 2; v++ {
+		if err := push(f, v, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	standbys.Store([]string{"s1"})
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Delete(ctx, "m"); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("Delete with a stuck standby: %v, want not acknowledged", err)
+	}
+	if err := push(f, 1, 5); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push after the Delete: %v, want not acknowledged", err)
+	}
+	if s, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("Get after the Delete and an unacknowledged push of v1: %v %v, want NotFound", versionOf(s), err)
+	}
+}
+
+// versionOf is s's version, "none" for nil.
+func versionOf(s *store.Snapshot) string {
+	if s == nil {
+		return "none"
+	}
+	return fmt.Sprintf("v%d", s.Version)
 }
