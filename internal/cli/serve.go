@@ -77,6 +77,11 @@ func newServeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			cl.insecure = sec.insecure
+			if cl.etcd != "" && cl.embedded != "" {
+				// The hubs of a cluster share one etcd: the embedded one
+				// would be a second, which no other hub would find.
+				return fmt.Errorf("--etcd and --embedded-etcd: give one (the hub with --embedded-etcd serves it at --embedded-etcd-url; the others name that with --etcd)")
+			}
 			if cl.etcd != "" && role == "reducer" {
 				// Secondaries do not join the election: they announce
 				// themselves for the clients to find.

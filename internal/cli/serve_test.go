@@ -152,6 +152,27 @@ func TestServeRejectsBadStoreFlags(t *testing.T) {
 	}
 }
 
+// Cluster flags that contradict each other fail before anything starts.
+func TestServeRejectsConflictingClusterFlags(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--etcd", "127.0.0.1:1", "--embedded-etcd", filepath.Join(dir, "etcd"), "--cluster", "c"}, "--etcd and --embedded-etcd: give one"},
+		{[]string{"--role", "reducer", "--primary", "127.0.0.1:1", "--embedded-etcd", filepath.Join(dir, "etcd")}, "--embedded-etcd needs --role all"},
+	} {
+		args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data", ""}, tc.flags...)
+		code, _, errOut := run(t, context.Background(), args...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("serve %v: code %d, stderr %q; want a failure saying %q", tc.flags, code, errOut, tc.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "etcd")); !os.IsNotExist(err) {
+			t.Errorf("serve %v started an embedded etcd (its directory: %v)", tc.flags, err)
+		}
+	}
+}
+
 func TestByteSize(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
