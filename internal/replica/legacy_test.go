@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
@@ -94,36 +93,7 @@ func testLegacyFollower(t *testing.T, codec bool) {
 		if err := cs.SendMsg(jsonFrame(kindHello, h)); err != nil {
 			t.Fatal(err)
 		}
-		return func() ([]string, map[string][]byte) {
-			t.Helper()
-			var paths []string
-			files := map[string][]byte{}
-			var cur string
-			var left int64
-			for {
-				var m wrapperspb.BytesValue
-				if err := cs.RecvMsg(&m); err != nil {
-					t.Fatalf("stream: %v", err)
-				}
-				b := m.GetValue()
-				if left > 0 {
-					files[cur] = append(files[cur], b...)
-					left -= int64(len(b))
-					continue
-				}
-				switch b[0] {
-				case kindFile, kindKeep, kindDelete:
-					rel, size, err := parsePath(b[0], b[1:])
-					if err != nil {
-						t.Fatal(err)
-					}
-					paths = append(paths, string(b[0])+" "+rel)
-					cur, left = rel, size
-				case kindEnd:
-					return paths, files
-				}
-			}
-		}
+		return func() ([]string, map[string][]byte) { return readFollowUnit(t, cs) }
 	}
 	legacy := follow(hello{Member: "old", Epoch: 5})
 	current := follow(hello{Member: "new", Epoch: 5, Dirs: mirroredDirs})

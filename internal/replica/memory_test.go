@@ -101,31 +101,9 @@ func testShipsRecycledIntact(t *testing.T, codec bool) {
 	got := map[string][][]byte{}
 	readUnit := func() {
 		t.Helper()
-		var cur string
-		var left int64
-		for {
-			var m wrapperspb.BytesValue
-			if err := cs.RecvMsg(&m); err != nil {
-				t.Fatalf("stream: %v", err)
-			}
-			b := m.GetValue()
-			if left > 0 {
-				n := len(got[cur]) - 1
-				got[cur][n] = append(got[cur][n], b...)
-				left -= int64(len(b))
-				continue
-			}
-			switch b[0] {
-			case kindFile:
-				rel, size, err := parsePath(kindFile, b[1:])
-				if err != nil {
-					t.Fatal(err)
-				}
-				cur, left = rel, size
-				got[cur] = append(got[cur], nil)
-			case kindEnd:
-				return
-			}
+		_, files := readFollowUnit(t, cs)
+		for p, b := range files {
+			got[p] = append(got[p], b)
 		}
 	}
 	readUnit() // the full sync: version 1
@@ -168,5 +146,39 @@ func testShipsRecycledIntact(t *testing.T, codec bool) {
 	})
 	if n := src.fromMemory.Load(); n == 0 {
 		t.Fatal("no version was shipped from memory")
+	}
+}
+
+// readFollowUnit reads one unit off a follow stream: the paths it names
+// (each as its kind letter, a space and the path, in order) and the bytes
+// of each file it carries.
+func readFollowUnit(t *testing.T, cs grpc.ClientStream) ([]string, map[string][]byte) {
+	t.Helper()
+	var paths []string
+	files := map[string][]byte{}
+	var cur string
+	var left int64
+	for {
+		var m wrapperspb.BytesValue
+		if err := cs.RecvMsg(&m); err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		b := m.GetValue()
+		if left > 0 {
+			files[cur] = append(files[cur], b...)
+			left -= int64(len(b))
+			continue
+		}
+		switch b[0] {
+		case kindFile, kindKeep, kindDelete:
+			rel, size, err := parsePath(b[0], b[1:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			paths = append(paths, string(b[0])+" "+rel)
+			cur, left = rel, size
+		case kindEnd:
+			return paths, files
+		}
 	}
 }
