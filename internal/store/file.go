@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
@@ -271,6 +272,53 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 	m.Versions = slices.Clone(load)
 	f.removeDebris(dir, keep)
 	return &m, snaps, nil
+}
+
+// VerifyModelDir checks, without opening the store, the version files
+// that the manifest in a model's directory lists: each must have the
+// listed size and CRC-32C. It returns the files that fail, with why (a
+// standby's scrub of its copy, internal/replica); err when the manifest
+// cannot be read or parsed (os.ErrNotExist: the directory has none).
+func VerifyModelDir(dir string) (map[string]error, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, manifestName))
+	if err != nil {
+		return nil, err
+	}
+	var m manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%s: %w", manifestName, err)
+	}
+	bad := map[string]error{}
+	for _, v := range m.Versions {
+		if v.File != blobFileName(v.Version) {
+			return nil, fmt.Errorf("%s: version %d names file %q", manifestName, v.Version, errs.Quote(v.File))
+		}
+		if err := verifyBlob(filepath.Join(dir, v.File), v.Bytes, v.CRC32C); err != nil {
+			bad[v.File] = fmt.Errorf("version %d: %w", v.Version, err)
+		}
+	}
+	return bad, nil
+}
+
+// verifyBlob checks a checkpoint's size and CRC-32C, streaming it.
+func verifyBlob(path string, size int64, crc uint32) error {
+	fh, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	h := crc32.New(castagnoli)
+	n, err := io.Copy(h, fh)
+	if err != nil {
+		return err
+	}
+	if n != size {
+		return fmt.Errorf("%s is %d bytes, manifest says %d", filepath.Base(path), n, size)
+	}
+	if sum := h.Sum32(); sum != crc {
+		return fmt.Errorf("%s has CRC32C %08x, manifest says %08x", filepath.Base(path), sum, crc)
+	}
+	return nil
 }
 
 // readBlob reads a checkpoint into an 8-byte-aligned buffer.

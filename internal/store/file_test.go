@@ -135,12 +135,28 @@ func TestFileCorruptionFailsOpen(t *testing.T) {
 			s := openFile(t, dir, store.Config{})
 			storetest.MustPush(t, s, store.PushRequest{Name: "m", Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 8)})
 			s.Close()
-			tc.damage(t, filepath.Join(dir, "m"))
+			md := filepath.Join(dir, "m")
+			if bad, err := store.VerifyModelDir(md); err != nil || len(bad) != 0 {
+				t.Fatalf("VerifyModelDir before the damage: %v %v", bad, err)
+			}
+			tc.damage(t, md)
 			if s, err := store.OpenFile(store.FileConfig{Dir: dir, Logger: testkit.Logger()}); err == nil {
 				s.Close()
 				t.Fatal("OpenFile over a damaged checkpoint succeeded")
 			}
+			// The standby's scrub finds the same damage without opening.
+			bad, err := store.VerifyModelDir(md)
+			if strings.HasPrefix(tc.name, "manifest") {
+				if err == nil {
+					t.Fatalf("VerifyModelDir over a damaged manifest: %v, want an error", bad)
+				}
+			} else if err != nil || bad["v00000000000000000001.safetensors"] == nil || len(bad) != 1 {
+				t.Fatalf("VerifyModelDir = %v %v, want version 1's file failing", bad, err)
+			}
 		})
+	}
+	if _, err := store.VerifyModelDir(t.TempDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("VerifyModelDir of a directory without a manifest: %v, want ErrNotExist", err)
 	}
 }
 
