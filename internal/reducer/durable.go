@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -199,6 +200,23 @@ func ReadOptimizerState(stateDir, model string, version uint64) (*tensor.StateDi
 		return nil, nil, err
 	}
 	return decodeState(raw, version)
+}
+
+// VerifyStateFile checks an optimizer state file (optim-vN.safetensors)
+// against the version its name holds and the checksum it records, without
+// opening the state directory (a standby's scrub of its copy,
+// internal/replica).
+func VerifyStateFile(path string) error {
+	version, ok := parseStateFileName(filepath.Base(path))
+	if !ok {
+		return fmt.Errorf("%w: %s is not an optimizer state file name", errs.ErrInvalid, errs.Quote(filepath.Base(path)))
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	_, _, err = decodeState(raw, version)
+	return err
 }
 
 func decodeState(raw []byte, version uint64) (*tensor.StateDict, map[string]string, error) {

@@ -1,6 +1,7 @@
 package reducer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -371,5 +372,46 @@ func TestDurableStateDirLocked(t *testing.T) {
 	e.open(PrimaryConfig{})
 	if _, err := NewPrimary(PrimaryConfig{Store: e.st, StateDir: e.stateDir}); err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("second primary on the same state dir: %v", err)
+	}
+}
+
+// VerifyStateFile (a standby's scrub of its copy) passes a state file as
+// written and fails one whose bytes, or name, no longer match it.
+func TestVerifyStateFile(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, 2)
+	e.close()
+	path := filepath.Join(e.stateDir, "m", stateFileName(3))
+	if err := VerifyStateFile(path); err != nil {
+		t.Fatalf("the state as written: %v", err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	flipped := bytes.Clone(raw)
+	flipped[len(flipped)-1] ^= 0x40 // in the last tensor's data
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{write(stateFileName(3), flipped), "checksum"},
+		{write(stateFileName(4), raw), "says model.version"},
+		{write("optim-v3.safetensors", raw), "not an optimizer state file name"},
+	} {
+		if err := VerifyStateFile(tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("VerifyStateFile(%s): %v, want an error saying %q", filepath.Base(tc.path), err, tc.want)
+		}
 	}
 }
