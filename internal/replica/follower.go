@@ -130,6 +130,23 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		// Counting as 0 only makes this copy yield, never win.
 		cfg.Logger.Warn("replica: the saved position is unreadable; counting the copy as at 0", "err", err)
 	}
+	damaged, err := scrub(cfg.DataDir, filepath.Join(f.dir(), "damaged"))
+	for rel, why := range damaged {
+		cfg.Logger.Error("replica: a file of this hub's copy is damaged; moved aside for the primary to send again",
+			"file", rel, "err", why, "moved_to", filepath.Join(f.dir(), "damaged", rel))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replica: checking the copy in %s: %w", cfg.DataDir, err)
+	}
+	if len(damaged) > 0 {
+		// The copy lacks what its position claims until a full sync: it
+		// yields any election meanwhile, as an unreadable position does
+		// (after a restart too: the next unit saves a position again).
+		f.pos = position{}
+		if err := os.Remove(filepath.Join(f.dir(), positionName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("replica: %w", err)
+		}
+	}
 	return f, nil
 }
 

@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/store"
 )
 
 // The mirrored part of a data directory: the durable state issue 14's
@@ -238,4 +240,67 @@ func (t *fileTree) diff(found []entry, scopes []string) map[string]change {
 		}
 	}
 	return d
+}
+
+// scrub checks the immutable files of root's copy that carry a checksum —
+// each store version against its model's manifest (size and CRC-32C),
+// each optimizer state against the checksum it records — and moves every
+// one that fails, or whose manifest cannot be read, into quarantine (a
+// directory outside the mirrored tree), returning them with why. A standby
+// scrubs its copy once, on start (NewFollower): a full sync keeps any
+// immutable file the standby holds at the primary's size, so a damaged one
+// would stay until this hub, elected, could not open its store; moved
+// aside, it is sent again. Files no manifest lists are left to the store,
+// which removes them as debris when it opens.
+func scrub(root, quarantine string) (map[string]error, error) {
+	bad := map[string]error{}
+	models, err := os.ReadDir(filepath.Join(root, "store"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, m := range models {
+		if !m.IsDir() || strings.HasPrefix(m.Name(), ".") {
+			continue
+		}
+		dir := filepath.Join(root, "store", m.Name())
+		failed, err := store.VerifyModelDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil { // nothing here can be checked: all of it is sent again
+			es, rerr := os.ReadDir(dir)
+			if rerr != nil {
+				return nil, rerr
+			}
+			failed = map[string]error{}
+			for _, e := range es {
+				if immutable(e.Name()) {
+					failed[e.Name()] = err
+				}
+			}
+		}
+		for name, why := range failed {
+			bad[filepath.Join("store", m.Name(), name)] = why
+		}
+	}
+	states, err := filepath.Glob(filepath.Join(root, "reducer", "*", "optim-v*.safetensors"))
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range states {
+		if err := reducer.VerifyStateFile(p); err != nil {
+			rel, _ := filepath.Rel(root, p)
+			bad[rel] = err
+		}
+	}
+	for rel := range bad {
+		dst := filepath.Join(quarantine, rel)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return bad, err
+		}
+		if err := os.Rename(filepath.Join(root, rel), dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return bad, err
+		}
+	}
+	return bad, nil
 }
