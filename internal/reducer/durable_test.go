@@ -93,6 +93,20 @@ func (e *durableEnv) close() {
 	}
 }
 
+// steppedEnv is a closed durable environment whose model was registered
+// and stepped n times (seqs 1..n).
+func steppedEnv(t *testing.T, n uint64) *durableEnv {
+	t.Helper()
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, n)
+	e.close()
+	return e
+}
+
 // steps applies one gradient per step, client "ck", seqs from..to.
 func (e *durableEnv) steps(p *Primary, from, to uint64) {
 	e.t.Helper()
@@ -279,18 +293,12 @@ func TestDurableStepPersistedButNotPublished(t *testing.T) {
 // loss is logged at ERROR and shown in the model's stats, and it stays
 // shown after later restarts.
 func TestDurableLostStateIsReported(t *testing.T) {
-	e := newDurableEnv(t)
-	p := e.open(PrimaryConfig{})
-	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
-		t.Fatal(err)
-	}
-	e.steps(p, 1, 3)
-	e.close()
+	e := steppedEnv(t, 3)
 	if err := os.Remove(filepath.Join(e.stateDir, "m", stateFileName(4))); err != nil {
 		t.Fatal(err)
 	}
 	e.openStore()
-	p = e.open(PrimaryConfig{})
+	p := e.open(PrimaryConfig{})
 	ms := e.model(p)
 	if !strings.Contains(ms.StateError, "no optimizer state for version 4") || ms.OptimizerSteps != 0 {
 		t.Fatalf("a lost optimizer state is not reported: %+v", ms)
@@ -308,13 +316,7 @@ func TestDurableLostStateIsReported(t *testing.T) {
 // TestDurableTornJournalTail: a journal ending in half a frame (a kill
 // mid-append) is cut back to its last whole record and appended to again.
 func TestDurableTornJournalTail(t *testing.T) {
-	e := newDurableEnv(t)
-	p := e.open(PrimaryConfig{})
-	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
-		t.Fatal(err)
-	}
-	e.steps(p, 1, 2)
-	e.close()
+	e := steppedEnv(t, 2)
 	jp := filepath.Join(e.stateDir, "m", journalName)
 	before, _ := os.Stat(jp)
 	f, _ := os.OpenFile(jp, os.O_APPEND|os.O_WRONLY, 0)
@@ -322,7 +324,7 @@ func TestDurableTornJournalTail(t *testing.T) {
 	f.Write(frame[:len(frame)-5])
 	f.Close()
 	e.openStore()
-	p = e.open(PrimaryConfig{})
+	p := e.open(PrimaryConfig{})
 	if ms := e.model(p); ms.Version != 3 || ms.StateError != "" {
 		t.Fatalf("restored model: %+v", ms)
 	}
@@ -378,13 +380,7 @@ func TestDurableStateDirLocked(t *testing.T) {
 // VerifyStateFile (a standby's scrub of its copy) passes a state file as
 // written and fails one whose bytes, or name, no longer match it.
 func TestVerifyStateFile(t *testing.T) {
-	e := newDurableEnv(t)
-	p := e.open(PrimaryConfig{})
-	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
-		t.Fatal(err)
-	}
-	e.steps(p, 1, 2)
-	e.close()
+	e := steppedEnv(t, 2)
 	path := filepath.Join(e.stateDir, "m", stateFileName(3))
 	if err := VerifyStateFile(path); err != nil {
 		t.Fatalf("the state as written: %v", err)
