@@ -94,6 +94,9 @@ func newClusterCmd(g *globals) *cobra.Command {
 			} else {
 				fmt.Fprintf(g.stdout, "cluster %s: no primary\n", f.name)
 			}
+			if st.InSync != nil {
+				fmt.Fprintf(g.stdout, "in sync (only these may take over): %s (recorded at epoch %d)\n", strings.Join(st.InSync.Members, ","), st.InSync.Epoch)
+			}
 			repl, failed := replicationOf(ctx, st.Members)
 			var primary *rlhubv1.ReplicationResponse
 			if st.Primary != nil {
@@ -123,6 +126,44 @@ func newClusterCmd(g *globals) *cobra.Command {
 	f.register(status)
 	status.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "deadline for reading etcd")
 	cmd.AddCommand(status)
+
+	var ff clusterFlags
+	var yes bool
+	forget := &cobra.Command{
+		Use:   "forget-in-sync",
+		Short: "Let any member take over, accepting the loss of what only the in-sync members held (they are gone for good)",
+		Long: "With --replica-acks all, only a member the cluster's in-sync record lists (cluster status:\n" +
+			"\"in sync\") may serve as primary: the others' copies may lack acknowledged publishes.\n" +
+			"When every listed member is lost for good (its disk gone), the others wait for ever.\n" +
+			"forget-in-sync deletes the record: the member with the newest copy among those left is\n" +
+			"elected, and the publishes only the lost members held are lost. docs/cluster.md, \"Who may\n" +
+			"take over\".",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if ff.etcd == "" {
+				return errors.New("cluster forget-in-sync needs --etcd ENDPOINTS")
+			}
+			if !yes {
+				return errors.New("cluster forget-in-sync loses what only the in-sync members held: give --yes once they are gone for good")
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			rec, err := cluster.ForgetInSync(ctx, cluster.Config{Endpoints: ff.endpoints(), Cluster: ff.name, DialTimeout: timeout, Security: etcdSecurity(ctx, false)})
+			if err != nil {
+				return fmt.Errorf("cluster forget-in-sync: %w", err)
+			}
+			if rec == nil {
+				fmt.Fprintf(g.stdout, "cluster %s: no in-sync record; any member may take over\n", ff.name)
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "cluster %s: forgot the in-sync record (%s, epoch %d); any member may take over\n", ff.name, strings.Join(rec.Members, ","), rec.Epoch)
+			return nil
+		},
+	}
+	ff.register(forget)
+	forget.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "deadline for reaching etcd")
+	forget.Flags().BoolVar(&yes, "yes", false, "confirm that the in-sync members are lost for good")
+	cmd.AddCommand(forget)
 	return cmd
 }
 

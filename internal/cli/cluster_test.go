@@ -65,6 +65,9 @@ func TestServeJoinsClusterAndStandbyTakesOver(t *testing.T) {
 	if !strings.Contains(out, "standby") {
 		t.Fatalf("status with two hubs shows no standby:\n%s", out)
 	}
+	// Only a standby recorded in sync may take over.
+	inSync := regexp.MustCompile(`in sync \(only these may take over\): \S+,\S+ `)
+	testkit.Eventually(t, 30*time.Second, "the standby recorded in sync", func() bool { return inSync.MatchString(status()) })
 	a.cancel()
 	select {
 	case <-a.done:

@@ -163,6 +163,7 @@ type Leader struct {
 type Status struct {
 	Members []MemberInfo // by ID
 	Primary *Leader      // nil when there is none
+	InSync  *InSync      // nil when none is recorded
 }
 
 func dial(cfg *Config) (*clientv3.Client, etcdClient, error) {
@@ -753,7 +754,12 @@ func status(ctx context.Context, cli clientv3.KV, cfg *Config) (Status, error) {
 			st.Primary = &Leader{ID: mi.ID, Addr: mi.Addr, Epoch: uint64(l.CreateRevision)}
 		}
 	}
-	return st, nil
+	// A record that does not parse is left to the election's own read
+	// (Member.InSync), which fails on it: the status shows none.
+	if st.InSync, err = readInSync(ctx, cli, cfg); errors.Is(err, errs.ErrInvalid) {
+		st.InSync, err = nil, nil
+	}
+	return st, err
 }
 
 // Leader is the current primary, or ErrNoLeader.

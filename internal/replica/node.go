@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -382,6 +383,15 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 	}
 	yielded := 0
 	for {
+		// Only a member the in-sync record lists may serve (acks all): one
+		// it does not list waits, following, until a primary lists it (or
+		// an operator forgets the record).
+		if err := n.awaitInSync(sctx, m); err != nil {
+			if errors.Is(err, errMemberLost) {
+				return nil, err
+			}
+			return nil, ended()
+		}
 		n.campaigning.Store(true)
 		term, err := m.Campaign(sctx)
 		n.campaigning.Store(false)
@@ -390,6 +400,18 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 			// an election runs — a client looks the primary up in etcd —
 			// instead of naming the primary it followed, likely dead.
 			n.setLeader(&cluster.Leader{ID: m.ID(), Addr: n.addr, Epoch: term.Epoch})
+			// The record may have changed since awaitInSync read it (the
+			// primary this hub queued behind wrote it until it died).
+			if rec, err := m.InSync(sctx); err != nil || rec != nil && !rec.Has(m.ID()) {
+				n.cfg.Logger.Warn("cluster: elected, but this copy is not in sync; resigning", "in_sync", inSyncString(rec), "err", err)
+				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				rerr := m.Resign(rctx)
+				rcancel()
+				if rerr != nil {
+					n.cfg.Logger.Warn("cluster: cannot resign; the election waits for this lease to end", "err", rerr)
+				}
+				continue
+			}
 			// With --replica-acks below the standbys, the acknowledging
 			// standby may not be the one elected: a standby whose copy is
 			// ahead of this one gets the term (bounded: after maxYields the
@@ -427,6 +449,52 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// awaitInSync returns once the in-sync record lists this member or there
+// is none (ctx's error when it ends, errMemberLost when the lease is), and
+// logs, at most every inSyncLogEvery, who it waits for.
+func (n *Node) awaitInSync(ctx context.Context, m *cluster.Member) error {
+	var logged time.Time
+	for {
+		rec, err := m.InSync(ctx)
+		if err == nil && (rec == nil || rec.Has(m.ID())) {
+			if !logged.IsZero() {
+				n.cfg.Logger.Info("cluster: this copy may take over again", "in_sync", inSyncString(rec))
+			}
+			return nil
+		}
+		if time.Since(logged) >= inSyncLogEvery {
+			logged = time.Now()
+			if err != nil {
+				n.cfg.Logger.Warn("cluster: cannot read the in-sync record; not campaigning", "err", err)
+			} else {
+				n.cfg.Logger.Warn("cluster: this copy may lack acknowledged publishes: only an in-sync member may take over; waiting for one (or `rlhub cluster forget-in-sync` once they are lost for good)",
+					"in_sync", inSyncString(rec), "epoch", rec.Epoch)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.Lost():
+			return errMemberLost
+		case <-time.After(inSyncPoll):
+		}
+	}
+}
+
+// inSyncPoll is how often a member the in-sync record does not list reads
+// it again; inSyncLogEvery, how often it says so.
+const (
+	inSyncPoll     = 500 * time.Millisecond
+	inSyncLogEvery = 30 * time.Second
+)
+
+func inSyncString(r *cluster.InSync) string {
+	if r == nil {
+		return "(none recorded)"
+	}
+	return strings.Join(r.Members, ",")
 }
 
 // maxYields bounds how often one election round is resigned for a
@@ -575,6 +643,23 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	if err := n.follower.ObserveEpoch(term.Epoch); err != nil {
 		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
 	}
+	// Who may take over (acks all): this primary alone, until standbys
+	// following this term hold everything it acknowledged (Source's
+	// InSync adds them). With fewer acks no record is kept.
+	var inSync []string
+	if n.cfg.Acks == AcksAll {
+		inSync = []string{m.ID()}
+	}
+	ictx, icancel := context.WithTimeout(ctx, n.cfg.Cluster.DialTimeout+5*time.Second)
+	err := term.RecordInSync(ictx, inSync)
+	icancel()
+	if err != nil {
+		n.cfg.Logger.Warn("cluster: elected, but the in-sync record cannot be written; resigning", "err", err)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = m.Resign(rctx)
+		return nil
+	}
 	deposed := make(chan struct{})
 	faulted := make(chan error, 1)                               // a write failed on this hub's storage
 	over, overCancel := context.WithCancel(context.Background()) // Fenced.Over
@@ -598,7 +683,6 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	n.terms++
 	n.promoted = time.Now()
 	n.mu.Unlock()
-	var err error
 	gate := func() *cluster.Refusal {
 		n.mu.Lock()
 		d := n.deposed
@@ -609,6 +693,9 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		return nil
 	}
 	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout,
+		InSync: func(ctx context.Context, standbys []string) error {
+			return term.RecordInSync(ctx, append([]string{m.ID()}, standbys...))
+		},
 		Logger: n.cfg.Logger, Standbys: func(ctx context.Context) ([]string, error) {
 			st, err := m.Status(ctx)
 			if err != nil {
@@ -706,6 +793,11 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 			}
 			rctx, rcancel := context.WithTimeout(wctx, max(every, time.Second))
 			err := src.RefreshStandbys(rctx)
+			if err == nil {
+				// Standbys that caught up may take over from now on,
+				// publish or not.
+				err = src.UpdateInSync(rctx)
+			}
 			rcancel()
 			if errors.Is(err, cluster.ErrDeposed) {
 				depose()

@@ -163,13 +163,18 @@ func (lc *labCluster) leader(after uint64, cut ...*labHub) (cluster.Leader, *lab
 	return l, p
 }
 
-// synced waits until h has applied a full sync from primary l.
+// synced waits until h has applied a full sync from primary l and l has
+// recorded it in sync (testCluster.synced).
 func (lc *labCluster) synced(h *labHub, l cluster.Leader) {
 	lc.t.Helper()
 	testkit.Eventually(lc.t, 90*time.Second, h.id+" synced with "+l.String(), func() bool {
 		out := h.out()
 		i := strings.LastIndex(out, `msg="replica: full sync applied"`)
 		return i >= 0 && strings.HasSuffix(strings.SplitN(out[i:], "\n", 2)[0], fmt.Sprintf(" epoch=%d", l.Epoch))
+	})
+	testkit.Eventually(lc.t, 90*time.Second, h.id+" recorded in sync by "+l.String(), func() bool {
+		st, err := lc.status()
+		return err == nil && (st.InSync == nil || st.InSync.Epoch != l.Epoch || st.InSync.Has(h.id))
 	})
 }
 

@@ -148,13 +148,18 @@ func (c *testCluster) leader(after uint64) (cluster.Leader, *hubProc) {
 }
 
 // synced waits until h has applied a full sync from primary l (its log
-// says so for l's epoch).
+// says so for l's epoch) and, when l keeps an in-sync record (acks all),
+// l has recorded h in it: h may take over from then on.
 func (c *testCluster) synced(h *hubProc, l cluster.Leader) {
 	c.t.Helper()
 	testkit.Eventually(c.t, 60*time.Second, h.id+" synced with "+l.String(), func() bool {
 		out := h.out.String()
 		i := strings.LastIndex(out, `msg="replica: full sync applied"`)
 		return i >= 0 && strings.HasSuffix(strings.SplitN(out[i:], "\n", 2)[0], fmt.Sprintf(" epoch=%d", l.Epoch))
+	})
+	testkit.Eventually(c.t, 60*time.Second, h.id+" recorded in sync by "+l.String(), func() bool {
+		st, err := c.status()
+		return err == nil && (st.InSync == nil || st.InSync.Epoch != l.Epoch || st.InSync.Has(h.id))
 	})
 }
 

@@ -54,6 +54,16 @@ type SourceConfig struct {
 	// A publish that times out fails with Unavailable (the version is in
 	// the primary's store, not acknowledged).
 	AckTimeout time.Duration
+	// InSync, when set with Acks AcksAll, records in etcd the standbys
+	// whose copies hold every publish acknowledged so far (the node's
+	// cluster.Term.RecordInSync, which adds the primary itself). It is
+	// called, one call at a time, when that set changes: before a publish
+	// is acknowledged when a standby recorded does not hold it (an error
+	// fails the publish: not acknowledged), and after one when standbys
+	// that hold everything are not recorded yet (an error is logged; the
+	// record stays smaller, which only narrows who may take over). The
+	// node records the primary alone before its term serves.
+	InSync func(ctx context.Context, standbys []string) error
 	// Interval is how often the scan looks (once for every follower) for
 	// changes that no publish announced (ARS reports, registrations:
 	// the files their writers named, Changed), when no publish's
@@ -138,7 +148,13 @@ type Source struct {
 	// (tests read them).
 	stateWalks, namedWalks, modelDirWalks atomic.Uint64
 
+	// inSyncMu serialises InSync calls; inSync is what the last one that
+	// succeeded recorded (sorted).
+	inSyncMu sync.Mutex
+	inSync   []string
+
 	mu        sync.Mutex
+	acked     uint64        // the newest unit a publish was acknowledged at
 	standbys  []string      // the newest RefreshStandbys
 	refreshed bool          // RefreshStandbys succeeded at least once
 	changed   chan struct{} // closed and replaced when an ack arrives, a follower leaves, or on close (Sync waits on it)
@@ -158,6 +174,9 @@ type Source struct {
 type peer struct {
 	member string
 	acked  uint64 // guarded by Source.mu
+	// synced: the follower acknowledged a unit (its first is the full
+	// sync: it holds the primary's state); guarded by Source.mu.
+	synced bool
 	// seen is the sequence number of the newest cut the follower holds
 	// (shipped from a snapshot, or its own cut); guarded by Source.mu.
 	seen uint64
@@ -583,8 +602,7 @@ func (s *Source) syncUntil(ctx context.Context, standbys []string, stop <-chan s
 			need = min(need, s.cfg.Acks)
 		}
 		if s.ackedBy(ids, want) >= need {
-			s.mu.Unlock()
-			return nil
+			return s.acknowledged(ctx, want)
 		}
 		ch := s.changed
 		s.mu.Unlock()
@@ -601,6 +619,69 @@ func (s *Source) syncUntil(ctx context.Context, standbys []string, stop <-chan s
 		}
 		s.mu.Lock()
 	}
+}
+
+// acknowledged ends a publish at unit want whose standbys applied it:
+// with SourceConfig.InSync, the in-sync record then lists exactly the
+// members that hold every publish acknowledged so far (those whose streams
+// applied the newest acknowledged unit), written before the publish is
+// acknowledged when it drops one. s.mu is held on entry and released.
+func (s *Source) acknowledged(ctx context.Context, want uint64) error {
+	s.acked = max(s.acked, want)
+	s.mu.Unlock()
+	dropped, err := s.recordInSync(ctx, true)
+	if err == nil {
+		return nil
+	}
+	if dropped {
+		return fmt.Errorf("%w: replica: cannot record in etcd that a standby lacks the publish (it is not acknowledged): %v", errs.ErrUnavailable, err)
+	}
+	s.cfg.Logger.Warn("replica: cannot record the standbys that caught up as in sync; they cannot take over yet", "err", err)
+	return nil
+}
+
+// UpdateInSync adds to the in-sync record the members whose streams
+// applied every acknowledged publish: the node calls it every quarter
+// lease, so a standby that caught up may take over without waiting for
+// the next publish. Members recorded that fell behind stay until a
+// publish they lack is acknowledged (acknowledged drops them first).
+func (s *Source) UpdateInSync(ctx context.Context) error {
+	_, err := s.recordInSync(ctx, false)
+	return err
+}
+
+// recordInSync writes the in-sync record (SourceConfig.InSync) if it
+// should change: the holders of every acknowledged publish (exact), or
+// those and the members recorded now; it reports whether the record it
+// asked for drops a member.
+func (s *Source) recordInSync(ctx context.Context, exact bool) (bool, error) {
+	if s.cfg.InSync == nil || s.cfg.Acks != AcksAll {
+		return false, nil
+	}
+	s.inSyncMu.Lock()
+	defer s.inSyncMu.Unlock()
+	var want []string
+	if !exact {
+		want = slices.Clone(s.inSync)
+	}
+	s.mu.Lock()
+	for p := range s.followers {
+		if !p.lapsed && p.synced && p.acked >= s.acked && !slices.Contains(want, p.member) {
+			want = append(want, p.member)
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(want)
+	if slices.Equal(want, s.inSync) {
+		return false, nil
+	}
+	dropped := slices.ContainsFunc(s.inSync, func(id string) bool { return !slices.Contains(want, id) })
+	if err := s.cfg.InSync(ctx, want); err != nil {
+		return dropped, err
+	}
+	s.inSync = want
+	s.cfg.Logger.Info("replica: in-sync standbys recorded (only they and this primary may take over)", "standbys", strings.Join(want, ","))
+	return dropped, nil
 }
 
 // Followed reports whether a registered standby follows this term: its
@@ -746,6 +827,7 @@ func (s *Source) readAcks(ss frameStream, p *peer) error {
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		s.mu.Lock()
+		p.synced = true
 		if u > p.acked {
 			p.acked = u
 			s.bump()

@@ -3,6 +3,7 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -60,5 +61,111 @@ func TestSyncWaitsForAConnectedFollowerNotYetRegistered(t *testing.T) {
 	})
 	if err := src.Sync(ctx, standbys); err != nil {
 		t.Fatalf("Sync with the follower gone: %v", err)
+	}
+}
+
+// The in-sync record (SourceConfig.InSync) lists the followers that
+// applied every acknowledged publish: one that caught up is added (at a
+// publish, or UpdateInSync without one); one that left is dropped before
+// the next publish is acknowledged, and a publish whose drop cannot be
+// recorded is not acknowledged.
+func TestSourceKeepsTheInSyncRecord(t *testing.T) {
+	var mu sync.Mutex
+	var recorded [][]string
+	var fail error
+	registered := []string{"s1"}
+	src, err := replica.NewSource(replica.SourceConfig{DataDir: t.TempDir(), Epoch: 5, Acks: replica.AcksAll, AckTimeout: 5 * time.Second,
+		Standbys: func(context.Context) ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return registered, nil
+		},
+		InSync: func(_ context.Context, standbys []string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if fail != nil {
+				return fail
+			}
+			recorded = append(recorded, standbys)
+			return nil
+		},
+		Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	defer src.Close()
+	ctx := context.Background()
+	last := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(recorded) == 0 {
+			return "(none)"
+		}
+		return fmt.Sprint(recorded[len(recorded)-1])
+	}
+	follow := func() (stop func()) {
+		f, err := replica.NewFollower(replica.FollowerConfig{DataDir: t.TempDir(), Member: "s1", Logger: testkit.Logger(),
+			Dial: func(_ context.Context, a string) (*grpc.ClientConn, error) {
+				return grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { _ = f.Follow(fctx, cluster.Leader{ID: "p", Addr: addr, Epoch: 5}) })
+		testkit.Eventually(t, 30*time.Second, "the follower's full sync", f.Synced)
+		return func() {
+			cancel()
+			wg.Wait()
+			testkit.Eventually(t, 30*time.Second, "the follower's stream to end at the primary", func() bool {
+				acked, _ := src.Followers()
+				return len(acked) == 0
+			})
+		}
+	}
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop := follow()
+	// Caught up with no publish yet: recorded by the periodic update.
+	if err := src.UpdateInSync(ctx); err != nil || last() != "[s1]" {
+		t.Fatalf("UpdateInSync after the full sync: %v, recorded %s; want [s1]", err, last())
+	}
+	if err := src.Sync(ctx, []string{"s1"}); err != nil || last() != "[s1]" {
+		t.Fatalf("Sync with s1 following: %v, recorded %s", err, last())
+	}
+
+	stop() // s1 dies, and its registration lapses
+	mu.Lock()
+	registered, fail = nil, errors.New("etcd unreachable")
+	mu.Unlock()
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.UpdateInSync(ctx); err != nil {
+		t.Fatalf("UpdateInSync with s1 gone and no publish: %v (it drops no one)", err)
+	}
+	if err := src.Sync(ctx, nil); !errors.Is(err, errs.ErrUnavailable) {
+		t.Fatalf("Sync that must drop s1 from the record, which cannot be written: %v, want Unavailable", err)
+	}
+	mu.Lock()
+	fail = nil
+	mu.Unlock()
+	if err := src.Sync(ctx, nil); err != nil || last() != "[]" {
+		t.Fatalf("Sync without s1: %v, recorded %s; want []", err, last())
+	}
+
+	mu.Lock()
+	registered = []string{"s1"}
+	mu.Unlock()
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop = follow() // back, and caught up
+	defer stop()
+	if err := src.UpdateInSync(ctx); err != nil || last() != "[s1]" {
+		t.Fatalf("UpdateInSync once s1 caught up again: %v, recorded %s; want [s1]", err, last())
 	}
 }
