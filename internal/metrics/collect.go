@@ -59,6 +59,11 @@ type ClusterStats struct {
 	// Faults counts the times this hub left the cluster because it could
 	// not write its data (disk full, read-only, I/O error).
 	Faults uint64
+	// KeepsInSync: this primary keeps the in-sync record (acks all);
+	// InSyncStandbys is then how many standbys it lists, the only ones
+	// that may take over.
+	KeepsInSync    bool
+	InSyncStandbys int
 }
 
 // OtherLabel is the label value shared by the collectors, learners, runs
@@ -164,6 +169,9 @@ func (c *statsCollector) collectCluster(ch chan<- prometheus.Metric, st ClusterS
 	c.emit(ch, fClusterUnit, float64(st.Unit))
 	c.emit(ch, fClusterApplied, float64(st.Applied))
 	c.emit(ch, fClusterSynced, b(st.Synced))
+	if st.Primary && st.KeepsInSync {
+		c.emit(ch, fClusterInSync, float64(st.InSyncStandbys))
+	}
 	members := make([]string, 0, len(st.Lag))
 	for m := range st.Lag {
 		members = append(members, m)

@@ -71,6 +71,7 @@ var (
 	fClusterUnit     = Family{"rlhub_cluster_replicated_unit", "gauge", nil, "Newest replication unit: applied here (standby) or asked for by a publish (primary); units number anew each term."}
 	fClusterApplied  = Family{"rlhub_cluster_units_applied_total", "counter", nil, "Replication units this hub applied as a standby since it started."}
 	fClusterSynced   = Family{"rlhub_cluster_synced", "gauge", nil, "1 while this standby holds a full copy of the primary it follows (it may campaign), else 0."}
+	fClusterInSync   = Family{"rlhub_cluster_in_sync_standbys", "gauge", nil, "On a primary with --replica-acks all: standbys the in-sync record lists, the only ones that may take over (0: none can; if this primary dies, no hub serves until it is back)."}
 	fClusterLag      = Family{"rlhub_cluster_standby_lag_units", "gauge", []string{"member"}, "On the primary: units asked for that each connected standby has not acknowledged yet."}
 )
 
@@ -92,7 +93,7 @@ var (
 	arsFamilies        = []Family{fARSRuns, fARSWorkers, fARSReassigned, fARSIteration, fARSEval, fARSTrain, fARSEpisodes, fARSSteps, fARSStepsRate}
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
-	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterLag}
+	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterInSync, fClusterLag}
 )
 
 // Families lists every rlhub_* metric family this package can export, in

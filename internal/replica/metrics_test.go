@@ -129,6 +129,9 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	if got["rlhub_cluster_primary"] != 1 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 2 {
 		t.Fatalf("primary %s metrics %v, want primary 1, epoch %d, units asked for by two publishes", p1.id, got, l1.Epoch)
 	}
+	if got["rlhub_cluster_in_sync_standbys"] != 1 { // it acknowledged both publishes
+		t.Fatalf("primary %s: rlhub_cluster_in_sync_standbys %v, want 1", p1.id, got["rlhub_cluster_in_sync_standbys"])
+	}
 	wantReady(pURL, "the primary", fmt.Sprintf("primary, epoch %d", l1.Epoch))
 
 	p1.kill()
@@ -140,6 +143,9 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 		return err == nil && got["rlhub_cluster_primary"] == 1 && got["rlhub_cluster_epoch"] == float64(l2.Epoch)
 	})
 	wantReady(newURL, "the new primary", fmt.Sprintf("primary, epoch %d", l2.Epoch))
+	if v, ok := got["rlhub_cluster_in_sync_standbys"]; !ok || v != 0 { // alone: none can take over
+		t.Fatalf("the new primary: rlhub_cluster_in_sync_standbys %v (present %v), want 0", v, ok)
+	}
 }
 
 // TestProbesWhileNotAMember: a hub that has not joined its cluster yet

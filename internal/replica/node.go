@@ -878,6 +878,8 @@ func (n *Node) stats() metrics.ClusterStats {
 		for m, a := range acked {
 			st.Lag[m] = unit - min(a, unit)
 		}
+		st.InSyncStandbys = src.InSyncStandbys()
+		st.KeepsInSync = st.InSyncStandbys >= 0
 	}
 	return st
 }

@@ -650,6 +650,18 @@ func (s *Source) UpdateInSync(ctx context.Context) error {
 	return err
 }
 
+// InSyncStandbys is how many standbys the in-sync record lists as this
+// Source last wrote it; -1 when it keeps none (SourceConfig.InSync unset,
+// or acks other than all).
+func (s *Source) InSyncStandbys() int {
+	if s.cfg.InSync == nil || s.cfg.Acks != AcksAll {
+		return -1
+	}
+	s.inSyncMu.Lock()
+	defer s.inSyncMu.Unlock()
+	return len(s.inSync)
+}
+
 // recordInSync writes the in-sync record (SourceConfig.InSync) if it
 // should change: the holders of every acknowledged publish (exact), or
 // those and the members recorded now; it reports whether the record it
