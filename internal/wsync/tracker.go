@@ -1,6 +1,7 @@
 package wsync
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -114,18 +115,17 @@ func (t *Tracker) entry(id, model string) *CollectorLag {
 	return c
 }
 
-// Models lists the models that have collectors, sorted.
+// Models lists the models that have collectors, sorted. It runs on every
+// metrics scrape and dashboard poll with t.mu held, so it is linear in the
+// collectors: every Report and Attach waits for it.
 func (t *Tracker) Models() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []string
+	seen := make(map[string]struct{})
 	for k := range t.collectors {
-		if !slices.Contains(out, k.model) {
-			out = append(out, k.model)
-		}
+		seen[k.model] = struct{}{}
 	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // Status returns the lag picture of model ("" for every model with
