@@ -284,16 +284,32 @@ func cappedCollectors(cs []wsync.CollectorLag, maxN int) []wsync.CollectorLag {
 	return append(s[:maxN], o)
 }
 
+// syncModels returns at most maxN of weight sync's models (sorted by
+// name): those with a stored version first, then those without one. Any
+// worker token may report collectors of names the store never had; kept
+// by name alone, fifty such names sorting before a real model's would hide
+// that model's lag from the metrics and the dashboard.
+func syncModels(ms []wsync.ModelStatus, maxN int) []wsync.ModelStatus {
+	if len(ms) <= maxN {
+		return ms
+	}
+	out := make([]wsync.ModelStatus, 0, maxN)
+	for _, versioned := range []bool{true, false} {
+		for _, m := range ms {
+			if len(out) < maxN && (m.Newest > 0) == versioned {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
 func (c *statsCollector) collectSync(ch chan<- prometheus.Metric, st wsync.Stats) {
 	c.emit(ch, fSyncStreams, float64(st.Streams))
 	c.emit(ch, fSyncSent, float64(st.VersionsSent))
 	c.emit(ch, fSyncSentBytes, float64(st.BytesSent))
 	c.emit(ch, fSyncReports, float64(st.Reports))
-	models := st.Models
-	if len(models) > c.max {
-		models = models[:c.max] // sorted by name; models are few in practice
-	}
-	for _, m := range models {
+	for _, m := range syncModels(st.Models, c.max) {
 		c.emit(ch, fSyncNewest, float64(m.Newest), m.Model)
 		c.emit(ch, fSyncCollectors, float64(len(m.Collectors)), m.Model)
 		for _, cl := range cappedCollectors(m.Collectors, c.max) {

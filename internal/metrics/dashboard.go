@@ -21,8 +21,9 @@ import (
 var webFS embed.FS
 
 // State is the dashboard's JSON (/api/state): what each panel shows. Every
-// list is bounded (Config.MaxLabelValues collectors per model, learners
-// and runs; MaxCurvePoints per curve).
+// list is bounded: Config.MaxLabelValues models, learners and runs, and
+// the collectors of at most that many models (syncModels), that many (and
+// "other") per model; MaxCurvePoints per curve.
 type State struct {
 	Role       string           `json:"role"`
 	Time       time.Time        `json:"time"`
@@ -167,7 +168,7 @@ func (d *dashboard) state(ctx context.Context) State {
 		sctx, cancel := context.WithTimeout(ctx, d.cfg.StatsTimeout)
 		ss := src.Sync(sctx)
 		cancel()
-		for _, m := range ss.Models {
+		for _, m := range syncModels(ss.Models, maxN) {
 			cs := cappedCollectors(m.Collectors, maxN)
 			slices.SortStableFunc(cs, func(a, b wsync.CollectorLag) int { return strings.Compare(a.ID, b.ID) })
 			for _, c := range cs {
