@@ -363,11 +363,6 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		repl = replicaStub{}
 	}
 	h.services = append(append(services, repl), extra...)
-	if cfg.MetricsListen != "" {
-		if h.metrics, err = h.newMetrics(grpcMetrics); err != nil {
-			return nil, errors.Join(err, closeAll(h.services), st.Close())
-		}
-	}
 	h.bulk = bulk.NewServer()
 	h.bulk.FrameTimeout, h.bulk.IdleTimeout, h.bulk.MaxConnsPerPeer = lim.FrameTimeout, lim.IdleTimeout, lim.MaxConnsPerPeer
 	if cfg.TLS != nil {
@@ -383,6 +378,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		s.Register(h.grpc)
 		if b, ok := s.(BulkService); ok {
 			b.RegisterBulk(h.bulk)
+		}
+	}
+	if cfg.MetricsListen != "" {
+		if h.metrics, err = h.newMetrics(grpcMetrics); err != nil {
+			return nil, errors.Join(err, closeAll(h.services), st.Close())
 		}
 	}
 	return h, nil
@@ -692,6 +692,7 @@ func (h *Hub) newMetrics(g *metrics.GRPCServerMetrics) (*metrics.Server, error) 
 		src.Store = sr.Stats
 	}
 	src.Cluster = h.cfg.MetricsCluster
+	src.DataPlane = h.bulk.Stats
 	mcfg := metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger,
 		TLS: h.cfg.TLS, Insecure: h.cfg.MetricsInsecure}
 	if h.cfg.Auth != nil {

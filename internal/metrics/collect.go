@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
@@ -34,6 +35,9 @@ type Sources struct {
 	Worker *arsrpc.WorkerCounters
 	// Auth is the token verifier's counters (a hub with tokens).
 	Auth func() auth.Stats
+	// DataPlane is the hub's listener and data plane (bulk.Server.Stats):
+	// its requests by outcome and the connections it refused.
+	DataPlane func() bulk.Stats
 	// Cluster is a cluster member's role and replication (serve --etcd:
 	// the primary's hub and the standby both export it).
 	Cluster func() ClusterStats
@@ -94,6 +98,7 @@ func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *stats
 	add(src.ARS != nil, arsFamilies)
 	add(src.Worker != nil, workerFamilies)
 	add(src.Auth != nil, authFamilies)
+	add(src.DataPlane != nil, dataPlaneFamilies)
 	add(src.Cluster != nil, clusterFamilies)
 	for _, f := range c.fams {
 		c.descs[f.Name] = f.desc()
@@ -149,6 +154,15 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		c.emit(ch, fAuthQuota, float64(a.QuotaModelsFull), "models")
 		c.emit(ch, fAuthQuota, float64(a.QuotaBytesFull), "bytes")
 		c.emit(ch, fAuthQuota, float64(a.QuotaRateFull), "rate")
+	}
+	if c.src.DataPlane != nil {
+		d := c.src.DataPlane()
+		for _, r := range d.Requests { // methods are the registered ones and "unknown": bounded
+			c.emit(ch, fDPRequests, float64(r.N), r.Method, r.Code.String())
+		}
+		for _, reason := range bulk.RefusalReasons {
+			c.emit(ch, fConnsRefused, float64(d.Refused[reason]), reason)
+		}
 	}
 	if c.src.Cluster != nil {
 		c.collectCluster(ch, c.src.Cluster())

@@ -72,6 +72,8 @@ var (
 	fClusterApplied  = Family{"rlhub_cluster_units_applied_total", "counter", nil, "Replication units this hub applied as a standby since it started."}
 	fClusterSynced   = Family{"rlhub_cluster_synced", "gauge", nil, "1 while this standby holds a full copy of the primary it follows (it may campaign), else 0."}
 	fClusterInSync   = Family{"rlhub_cluster_in_sync_standbys", "gauge", nil, "On a primary with --replica-acks all: standbys the in-sync record lists, the only ones that may take over (0: none can; if this primary dies, no hub serves until it is back)."}
+	fDPRequests      = Family{"rlhub_dataplane_requests_total", "counter", []string{"method", "code"}, "Data-plane requests answered, by method (unknown: a name no handler serves) and status code (named as rlhub_grpc_server_handled_total's grpc_code)."}
+	fConnsRefused    = Family{"rlhub_conns_refused_total", "counter", []string{"reason"}, "Connections the hub's port closed for their client's fault: peer_cap (over --max-conns-per-peer, gRPC or data plane), handshake (first bytes, TLS handshake or data-plane hello invalid or not within --frame-timeout), frame_timeout (a data-plane request frame unfinished within --frame-timeout), malformed (a malformed data-plane request frame)."}
 	fClusterLag      = Family{"rlhub_cluster_standby_lag_units", "gauge", []string{"member"}, "On the primary: units asked for that each connected standby has not acknowledged yet."}
 )
 
@@ -93,6 +95,7 @@ var (
 	arsFamilies        = []Family{fARSRuns, fARSWorkers, fARSReassigned, fARSIteration, fARSEval, fARSTrain, fARSEpisodes, fARSSteps, fARSStepsRate}
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
+	dataPlaneFamilies  = []Family{fDPRequests, fConnsRefused}
 	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterInSync, fClusterLag}
 )
 
@@ -100,7 +103,7 @@ var (
 // the docs table's order.
 func Families() []Family {
 	var out []Family
-	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, clusterFamilies, grpcFamilies} {
+	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, dataPlaneFamilies, clusterFamilies, grpcFamilies} {
 		out = append(out, g...)
 	}
 	return out

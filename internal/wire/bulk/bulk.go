@@ -200,13 +200,91 @@ type Server struct {
 	conns    map[*serverConn]struct{}
 	sniffing map[net.Conn]struct{} // new connections not yet routed
 	closing  bool
-	requests uint64 // requests served (answered), any outcome
+	requests uint64                // requests served (answered), any outcome
+	answered map[requestKey]uint64 // requests answered, by method and code (Stats)
 
-	// peersMu guards peers and refused. It is taken apart from mu because
-	// connections are closed (and so uncounted) with mu held.
+	// peersMu guards peers. It is taken apart from mu because connections
+	// are closed (and so uncounted) with mu held.
 	peersMu sync.Mutex
 	peers   map[string]int // open connections per peer IP
-	refused uint64         // connections closed at accept, over MaxConnsPerPeer
+
+	refused [len(RefusalReasons)]atomic.Uint64 // connections closed for their client's fault, by reason
+}
+
+type requestKey struct {
+	method string
+	code   codes.Code
+}
+
+// Why the server closed a connection for its client's fault (Stats.Refused,
+// in RefusalReasons' order).
+const (
+	// RefusedPeerCap: over MaxConnsPerPeer at accept (gRPC or data plane).
+	RefusedPeerCap = "peer_cap"
+	// RefusedHandshake: the first bytes, a TLS handshake or the data-plane
+	// hello did not arrive within FrameTimeout or were invalid (a client
+	// that closed before sending a byte is not counted).
+	RefusedHandshake = "handshake"
+	// RefusedFrameTimeout: a data-plane request frame begun and not
+	// finished within FrameTimeout.
+	RefusedFrameTimeout = "frame_timeout"
+	// RefusedMalformed: a malformed data-plane request frame (answered
+	// INVALID_ARGUMENT, then closed).
+	RefusedMalformed = "malformed"
+)
+
+// RefusalReasons lists every refusal reason, in a fixed order.
+var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed}
+
+func (s *Server) refuse(reason string) { s.refusal(reason).Add(1) }
+
+func (s *Server) refusal(reason string) *atomic.Uint64 {
+	for i, r := range RefusalReasons {
+		if r == reason {
+			return &s.refused[i]
+		}
+	}
+	panic("bulk: unknown refusal reason " + reason)
+}
+
+// UnknownMethod is the method Stats counts a request under when it names
+// no registered method (so a client cannot grow the counts' labels).
+const UnknownMethod = "unknown"
+
+// RequestCount is how many requests of one method were answered with one
+// status code.
+type RequestCount struct {
+	Method string
+	Code   codes.Code
+	N      uint64
+}
+
+// Stats are a server's counts since it started.
+type Stats struct {
+	// Requests counts the requests answered, by method (a registered one,
+	// or UnknownMethod) and status code, sorted by method then code.
+	Requests []RequestCount
+	// Refused counts the connections closed for their client's fault, by
+	// reason (every one of RefusalReasons, zeros included).
+	Refused map[string]uint64
+}
+
+// Stats returns the server's counts.
+func (s *Server) Stats() Stats {
+	st := Stats{Refused: make(map[string]uint64, len(RefusalReasons))}
+	for i, r := range RefusalReasons {
+		st.Refused[r] = s.refused[i].Load()
+	}
+	s.mu.Lock()
+	for k, n := range s.answered {
+		st.Requests = append(st.Requests, RequestCount{Method: k.method, Code: k.code, N: n})
+	}
+	s.mu.Unlock()
+	sort.Slice(st.Requests, func(i, j int) bool {
+		a, b := st.Requests[i], st.Requests[j]
+		return a.Method < b.Method || a.Method == b.Method && a.Code < b.Code
+	})
+	return st
 }
 
 // DefaultBodyIdleTimeout is Server.BodyIdleTimeout's default.
@@ -217,7 +295,8 @@ func NewServer() *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, FrameTimeout: DefaultFrameTimeout, IdleTimeout: DefaultIdleTimeout,
 		MaxConnsPerPeer: DefaultMaxConnsPerPeer, handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
-		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}, peers: map[string]int{}}
+		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}, peers: map[string]int{},
+		answered: map[requestKey]uint64{}}
 }
 
 // Handle registers h for method; it must be called before Listen.
@@ -335,8 +414,8 @@ func (s *Server) admitPeer(c net.Conn) (net.Conn, bool) {
 	ip := peerIP(c)
 	s.peersMu.Lock()
 	if s.MaxConnsPerPeer >= 0 && s.peers[ip] >= s.MaxConnsPerPeer {
-		s.refused++
 		s.peersMu.Unlock()
+		s.refuse(RefusedPeerCap)
 		c.Close()
 		return nil, false
 	}
@@ -370,7 +449,7 @@ func (c *peerConn) Close() error {
 func (s *Server) PeerConns(ip string) (open int, refused uint64) {
 	s.peersMu.Lock()
 	defer s.peersMu.Unlock()
-	return s.peers[ip], s.refused
+	return s.peers[ip], s.refusal(RefusedPeerCap).Load()
 }
 
 // sniff reads a new connection's first 8 bytes and routes it.
@@ -395,6 +474,9 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 			delete(s.sniffing, raw)
 			closing := s.closing
 			s.mu.Unlock()
+			if err != nil && !closing && !errors.Is(err, io.EOF) { // EOF: it left before a byte
+				s.refuse(RefusedHandshake)
+			}
 			if err != nil || closing {
 				raw.Close()
 				return
@@ -425,6 +507,9 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 	}
 	if string(head[:]) == Magic {
 		if err != nil {
+			if !errors.Is(err, io.EOF) { // a token cut off, too long or too slow
+				s.refuse(RefusedHandshake)
+			}
 			c.Close()
 			return
 		}
@@ -432,6 +517,9 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 		return
 	}
 	if s.TLS != nil { // a TLS connection that chose the data plane must speak it
+		if n > 0 || !errors.Is(err, io.EOF) {
+			s.refuse(RefusedHandshake)
+		}
 		c.Close()
 		return
 	}
@@ -439,6 +527,9 @@ func (s *Server) sniff(c net.Conn, g *grpcListener) {
 		// Nothing, or fewer than 8 bytes in FrameTimeout: no client of
 		// either protocol is that slow with its first bytes (gRPC's
 		// preface is 24 bytes in one write).
+		if ok && ne.Timeout() {
+			s.refuse(RefusedHandshake)
+		}
 		c.Close()
 		return
 	}
@@ -519,8 +610,13 @@ func (s *Server) serve(c net.Conn, token string) {
 		}
 		req, err := readRequest(sc)
 		if err != nil {
-			if st, ok := err.(frameError); ok { // a malformed frame: answer, then hang up
+			var mid midFrameError
+			switch st, ok := err.(frameError); {
+			case ok: // a malformed frame: answer, then hang up
+				s.refuse(RefusedMalformed)
 				_ = writeFinal(sc, status.New(codes.InvalidArgument, st.Error()).Proto())
+			case errors.As(err, &mid) && isTimeout(mid.err) && !s.isClosing():
+				s.refuse(RefusedFrameTimeout)
 			}
 			return
 		}
@@ -541,6 +637,17 @@ func (s *Server) serve(c net.Conn, token string) {
 			return
 		}
 	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // awaitRequest arms the deadline for the next request's first byte
@@ -579,6 +686,13 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 		st = toStatus(resp, causeOf(ctx, err))
 		done()
 	}
+	key := requestKey{method: req.Method, code: codes.Code(st.Code)}
+	if !ok {
+		key.method = UnknownMethod
+	}
+	s.mu.Lock()
+	s.answered[key]++
+	s.mu.Unlock()
 	if req.broken {
 		return false
 	}
@@ -618,6 +732,12 @@ type frameError struct{ msg string }
 
 func (e frameError) Error() string { return e.msg }
 
+// midFrameError is a read that failed after a request frame's first byte.
+type midFrameError struct{ err error }
+
+func (e midFrameError) Error() string { return "bulk: request frame cut off: " + e.err.Error() }
+func (e midFrameError) Unwrap() error { return e.err }
+
 func readRequest(sc *serverConn) (*Request, error) {
 	kind, err := sc.br.ReadByte()
 	if err != nil {
@@ -631,7 +751,7 @@ func readRequest(sc *serverConn) (*Request, error) {
 	_ = sc.SetReadDeadline(time.Now().Add(sc.frame))
 	var n [4]byte
 	if _, err := io.ReadFull(sc.br, n[:2]); err != nil {
-		return nil, err
+		return nil, midFrameError{err}
 	}
 	ml := int(binary.LittleEndian.Uint16(n[:2]))
 	if ml == 0 || ml > MaxMethodBytes {
@@ -639,10 +759,10 @@ func readRequest(sc *serverConn) (*Request, error) {
 	}
 	method := make([]byte, ml)
 	if _, err := io.ReadFull(sc.br, method); err != nil {
-		return nil, err
+		return nil, midFrameError{err}
 	}
 	if _, err := io.ReadFull(sc.br, n[:]); err != nil {
-		return nil, err
+		return nil, midFrameError{err}
 	}
 	hl := binary.LittleEndian.Uint32(n[:])
 	if hl > MaxHeaderBytes {
@@ -650,7 +770,7 @@ func readRequest(sc *serverConn) (*Request, error) {
 	}
 	header := make([]byte, hl)
 	if _, err := io.ReadFull(sc.br, header); err != nil {
-		return nil, err
+		return nil, midFrameError{err}
 	}
 	return &Request{Method: string(method), Header: header, conn: sc}, nil
 }
