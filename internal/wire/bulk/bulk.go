@@ -677,7 +677,7 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	var st *spb.Status
 	h, ok := s.handlers[req.Method]
 	if !ok {
-		st = status.Newf(codes.Unimplemented, "bulk: unknown method %q", req.Method).Proto()
+		st = status.Newf(codes.Unimplemented, "bulk: unknown method %s", errs.Quote(req.Method)).Proto()
 	} else if ctx, done, err := s.guard(sc, req); err != nil {
 		done()
 		st = toStatus(nil, err)

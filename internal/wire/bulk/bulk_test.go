@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,6 +195,12 @@ func TestErrorsKeepTheConnectionInStep(t *testing.T) {
 	err = c.Call(ctx(t), e.addr, "nope", wrapperspb.UInt64(1), nil, nil)
 	if grpcerr.Code(err) != codes.Unimplemented {
 		t.Fatalf("unknown method: %v, want Unimplemented", err)
+	}
+	// The longest method name, of control bytes, comes back cut as every
+	// client string in an error is (errs.Quote), not 1 KB of escapes.
+	err = c.Call(ctx(t), e.addr, strings.Repeat("\x1b", bulk.MaxMethodBytes), wrapperspb.UInt64(1), nil, nil)
+	if msg := err.Error(); grpcerr.Code(err) != codes.Unimplemented || len(msg) > 400 || !strings.Contains(msg, "(255 bytes)") {
+		t.Fatalf("unknown method of 255 control bytes: %d-byte message %.100q, want Unimplemented, short, saying its length", len(msg), msg)
 	}
 	var resp wrapperspb.UInt64Value
 	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(1<<20), body, &resp); err != nil || resp.GetValue() != byteSum(body[0]) {
