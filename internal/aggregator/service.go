@@ -397,12 +397,37 @@ func validID(id string) error {
 	return nil
 }
 
+// Bounds on a Hello's declared resources: they are kept while the learner
+// is attached, logged when it attaches and listed by Resources, so a
+// learner must not make any of those hold megabytes.
+const (
+	MaxResources          = 32
+	MaxResourceKeyBytes   = 128
+	MaxResourceValueBytes = 1024
+)
+
+func validResources(res map[string]string) error {
+	if len(res) > MaxResources {
+		return fmt.Errorf("%w: %d resources declared, at most %d", errs.ErrInvalid, len(res), MaxResources)
+	}
+	for k, v := range res {
+		if k == "" || len(k) > MaxResourceKeyBytes || len(v) > MaxResourceValueBytes {
+			return fmt.Errorf("%w: resource %s = %s: keys must be 1..%d bytes, values at most %d",
+				errs.ErrInvalid, errs.Quote(k), errs.Quote(v), MaxResourceKeyBytes, MaxResourceValueBytes)
+		}
+	}
+	return nil
+}
+
 // register records a Hello: it sends Welcome first (so no task can reach
 // the learner before it), then makes the learner visible, replacing an
 // older stream with the same id, and starts the current task on it.
 func (s *Service) register(c *learnerConn, h *rlhubv1.Hello) error {
 	if err := validID(h.LearnerId); err != nil {
 		return err
+	}
+	if err := validResources(h.Resources); err != nil {
+		return fmt.Errorf("learner %q: %w", h.LearnerId, err)
 	}
 	s.mu.Lock()
 	c.id = h.LearnerId

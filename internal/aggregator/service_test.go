@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -382,5 +383,54 @@ func TestDrainEndsAttachStreams(t *testing.T) {
 	}
 	if ids := h.learnerIDs(t, ""); len(ids) != 0 {
 		t.Fatalf("learners after Drain: %v", ids)
+	}
+}
+
+// A learner's declared resources are kept while it is attached, logged
+// when it attaches and listed by Resources, so a Hello declaring megabytes
+// of them is refused and nothing of it reaches the log. Before, one Attach
+// with 3 MB of resources wrote a 3 MB line to a real hub's log and the hub
+// kept the map for as long as the learner stayed.
+func TestHelloResourcesAreBounded(t *testing.T) {
+	var logs testkit.Buffer
+	h := newHarness(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	many := map[string]string{}
+	for i := range MaxResources + 1 {
+		many[fmt.Sprintf("k%d", i)] = "v"
+	}
+	for _, tc := range []struct {
+		name string
+		res  map[string]string
+	}{
+		{"too many", many},
+		{"a 3 MB value", map[string]string{"host": strings.Repeat("x", 3<<20)}},
+		{"a long key", map[string]string{strings.Repeat("k", MaxResourceKeyBytes+1): "v"}},
+		{"an empty key", map[string]string{"": "v"}},
+	} {
+		s := rawAttach(t, h)
+		if err := s.Send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Hello{Hello: &rlhubv1.Hello{LearnerId: "greedy", Resources: tc.res}}}); err != nil {
+			t.Fatal(err)
+		}
+		code, msg := recvEnd(s)
+		if code != codes.InvalidArgument || !strings.Contains(msg, "resource") || len(msg) > 512 {
+			t.Errorf("%s: stream ended with %v and a %d-byte message %.200q, want InvalidArgument, short, naming the resources", tc.name, code, len(msg), msg)
+		}
+	}
+	ok := map[string]string{"gpu": "1", "host": strings.Repeat("h", MaxResourceValueBytes)}
+	s := rawAttach(t, h)
+	if err := s.Send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Hello{Hello: &rlhubv1.Hello{LearnerId: "fine", Resources: ok}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Recv(); err != nil || m.GetWelcome() == nil {
+		t.Fatalf("learner within the bounds: %v, %v; want a welcome", m, err)
+	}
+	testkit.Eventually(t, 60*time.Second, "only the learner within the bounds listed, with its resources", func() bool {
+		r, err := h.svc.Resources(context.Background(), &rlhubv1.ResourcesRequest{})
+		return err == nil && len(r.Learners) == 1 && r.Learners[0].LearnerId == "fine" && r.Learners[0].Resources["host"] == ok["host"]
+	})
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if len(line) > 4<<10 {
+			t.Errorf("a %d-byte log line: %.200q", len(line), line)
+		}
 	}
 }
