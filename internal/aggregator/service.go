@@ -609,7 +609,26 @@ func (s *Service) Start(ctx context.Context, req *rlhubv1.StartRequest) (*rlhubv
 	return resp, grpcerr.ToStatus(err)
 }
 
+// MaxTaskIDBytes bounds a task id: it is logged, sent to every learner,
+// shown per learner on the dashboard and saved with the task.
+const MaxTaskIDBytes = 128
+
+func validTaskID(id string) error {
+	if len(id) > MaxTaskIDBytes {
+		return fmt.Errorf("%w: task id %s is longer than %d bytes", errs.ErrInvalid, errs.Quote(id), MaxTaskIDBytes)
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: task id %s has an unprintable character", errs.ErrInvalid, errs.Quote(id))
+		}
+	}
+	return nil
+}
+
 func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struct, mo *rlhubv1.MergeOptions) (*rlhubv1.StartResponse, error) {
+	if err := validTaskID(taskID); err != nil {
+		return nil, err
+	}
 	merge, err := s.merge.With(mo)
 	if err != nil {
 		return nil, err
@@ -659,7 +678,7 @@ func (s *Service) currentTask(taskID string) (*taskState, error) {
 		return nil, fmt.Errorf("%w: no task started (call Start first)", errs.ErrNotFound)
 	}
 	if taskID != "" && taskID != s.task.id {
-		return nil, fmt.Errorf("%w: task %q is not the current task %q", errs.ErrStale, taskID, s.task.id)
+		return nil, fmt.Errorf("%w: task %s is not the current task %q", errs.ErrStale, errs.Quote(taskID), s.task.id)
 	}
 	return s.task, nil
 }

@@ -434,3 +434,30 @@ func TestHelloResourcesAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// A task id is logged, sent to every learner, shown per learner on the
+// dashboard and saved with the task, so Start refuses one past 128 bytes
+// or with control characters, and the calls that name a task echo at most
+// 64 bytes of it. Before, Start took a 1 MB id: a 1 MB line in the hub's
+// and every learner's log, a 1 MB task.json and 1 MB per learner in each
+// dashboard poll.
+func TestTaskIDIsBounded(t *testing.T) {
+	h := newHarness(t, Config{})
+	ctx := testCtx(t, 30*time.Second)
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlhubv1.NewLearnerAggregatorClient(conn)
+	huge := strings.Repeat("T", 1<<20)
+	for _, id := range []string{huge, "task\x1b[2J"} {
+		_, err := c.Start(ctx, &rlhubv1.StartRequest{TaskId: id})
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "task id") || len(st.Message()) > 256 {
+			t.Errorf("Start with a %d-byte id: %v and a %d-byte message %.120q, want InvalidArgument, short, naming the task id", len(id), st.Code(), len(st.Message()), st.Message())
+		}
+	}
+	if st, err := h.svc.Status(ctx, &rlhubv1.StatusRequest{}); err != nil || st.TaskId != "" {
+		t.Fatalf("after the refused Starts: task %.40q, %v; want none", st.GetTaskId(), err)
+	}
+}
