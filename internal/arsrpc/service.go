@@ -20,6 +20,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc"
 
@@ -406,8 +407,28 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 	}
 }
 
+// MaxWorkerNameBytes bounds an ARS worker's free-form name: the hub keeps
+// it for as long as the worker is attached (a lease after its last call),
+// so each Attach must not make it hold megabytes.
+const MaxWorkerNameBytes = 128
+
+func validWorkerName(name string) error {
+	if len(name) > MaxWorkerNameBytes {
+		return fmt.Errorf("%w: worker name %s is longer than %d bytes", errs.ErrInvalid, errs.Quote(name), MaxWorkerNameBytes)
+	}
+	for _, r := range name {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: worker name %s has an unprintable character", errs.ErrInvalid, errs.Quote(name))
+		}
+	}
+	return nil
+}
+
 // Attach implements pb.ARSServer.
 func (s *Service) Attach(ctx context.Context, req *pb.ARSAttachRequest) (*pb.ARSAttachResponse, error) {
+	if err := validWorkerName(req.Name); err != nil {
+		return nil, grpcerr.ToStatus(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
