@@ -69,8 +69,10 @@ func (s *Service) bulkWatch(ctx context.Context, r *bulk.Request) (proto.Message
 		return nil, fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable)
 	}
 	id, model, after := hello.CollectorId, hello.Model, hello.Version
+	if err := s.tracker.Report(id, model, ViaDataPlane, after); err != nil {
+		return nil, fmt.Errorf("watch: %w", err)
+	}
 	s.count.reports.Add(1)
-	s.tracker.Report(id, model, ViaDataPlane, after)
 	wait := DataPlaneWait
 	if w := time.Duration(hello.WaitMs) * time.Millisecond; w > 0 && w < wait {
 		wait = w

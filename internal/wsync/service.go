@@ -30,6 +30,10 @@ type ServiceConfig struct {
 	// Forget drops detached collectors that have not reported for this
 	// long from status; 0 means 10 minutes.
 	Forget time.Duration
+	// MaxCollectors caps the collectors tracked (attached, or reported
+	// within Forget): past it a new collector's report or attach fails
+	// ResourceExhausted; 0 means DefaultMaxCollectors, negative no cap.
+	MaxCollectors int
 	// NoDataPlane leaves the data-plane watch (DataPlaneWatchMethod)
 	// unregistered: collectors then use the push stream, as against a hub
 	// that predates it.
@@ -52,6 +56,9 @@ func (c *ServiceConfig) validate() error {
 	}
 	if c.Forget == 0 {
 		c.Forget = 10 * time.Minute
+	}
+	if c.MaxCollectors == 0 {
+		c.MaxCollectors = DefaultMaxCollectors
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -85,13 +92,18 @@ type Service struct {
 	wg     sync.WaitGroup // report readers of Attach streams
 }
 
+// DefaultMaxCollectors is ServiceConfig.MaxCollectors' default: far above
+// the collectors of a real run, and at most some 64 MiB of ids even when
+// a client reports the longest ones.
+const DefaultMaxCollectors = 1 << 16
+
 // NewService builds the service.
 func NewService(cfg ServiceConfig) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, tracker: NewTracker(cfg.Now, cfg.Forget), ctx: ctx, cancel: cancel}, nil
+	return &Service{cfg: cfg, tracker: NewTracker(cfg.Now, cfg.Forget, max(cfg.MaxCollectors, 0)), ctx: ctx, cancel: cancel}, nil
 }
 
 // Register implements hub.Service.
@@ -174,6 +186,9 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
 	}
 
+	if err := s.tracker.Report(id, model, "push", hello.Version); err != nil {
+		return grpcerr.ToStatus(err) // over the cap of collectors
+	}
 	// The collector's reports arrive on the same stream; a reader goroutine
 	// owned by the service records them. It ends when the stream does (the
 	// handler returning cancels the stream's context).
@@ -184,7 +199,6 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	s.tracker.Report(id, model, "push", hello.Version)
 	s.tracker.SetAttached(id, model, true)
 	defer s.tracker.SetAttached(id, model, false)
 	s.count.streams.Add(1)
@@ -198,7 +212,7 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 			}
 			if r := m.GetRunning(); r != nil {
 				s.count.reports.Add(1)
-				s.tracker.Report(id, model, "", r.Version)
+				_ = s.tracker.Report(id, model, "", r.Version) // attached: held, never refused
 			}
 		}
 	}()
@@ -264,8 +278,12 @@ func (s *Service) Report(_ context.Context, req *rlhubv1.SyncReportRequest) (*rl
 			return nil, grpcerr.ToStatus(fmt.Errorf("report %d: %w", i, err))
 		}
 	}
-	for _, r := range req.Reports {
-		s.tracker.Report(r.CollectorId, r.Model, r.Via, r.Version)
+	rs := make([]CollectorReport, len(req.Reports))
+	for i, r := range req.Reports {
+		rs[i] = CollectorReport{ID: r.CollectorId, Model: r.Model, Via: r.Via, Version: r.Version}
+	}
+	if err := s.tracker.ReportAll(rs); err != nil {
+		return nil, grpcerr.ToStatus(err)
 	}
 	s.count.reports.Add(uint64(len(req.Reports)))
 	return &rlhubv1.SyncReportResponse{}, nil

@@ -29,13 +29,17 @@ type hubFixture struct {
 	addr string
 }
 
-func startHub(t testing.TB) *hubFixture {
+func startHub(t testing.TB) *hubFixture { return startHubWith(t, ServiceConfig{}) }
+
+// startHubWith is startHub with cfg (its Versions set to the store).
+func startHubWith(t testing.TB, cfg ServiceConfig) *hubFixture {
 	t.Helper()
 	st, err := store.NewMemory(store.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := NewService(ServiceConfig{Versions: st})
+	cfg.Versions = st
+	svc, err := NewService(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

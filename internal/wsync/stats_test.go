@@ -4,8 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -47,7 +52,7 @@ func TestStatsCollectorsLagAndCounters(t *testing.T) {
 // take 5.5 s and a legitimate Report wait 5.3 s behind it.
 func TestStatsStayFastWithManyReportedModels(t *testing.T) {
 	const calls, per = 10, 10000
-	h := startHub(t)
+	h := startHubWith(t, ServiceConfig{MaxCollectors: -1})
 	conn := dial(t, h.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -73,4 +78,73 @@ func TestStatsStayFastWithManyReportedModels(t *testing.T) {
 		t.Fatalf("Stats took %v with %d reported models: want linear work (< 5s)", took, calls*per)
 	}
 	t.Logf("Stats of %d models: %v", calls*per, took)
+}
+
+// Weight sync keeps at most MaxCollectors collectors: past the cap a new
+// collector's report (or attach, or data-plane watch) fails
+// ResourceExhausted and changes nothing, while those it holds still
+// report; forgotten collectors make room without anyone asking for
+// status. Before, any worker token could make a real hub hold 776,000
+// collectors (0.8 GB) in 8 s of Report calls, kept for the forget window,
+// and a hub whose status nobody asked for never dropped a collector.
+func TestCollectorsAreCapped(t *testing.T) {
+	const maxN = 100
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := startHubWith(t, ServiceConfig{MaxCollectors: maxN, Forget: time.Minute, Now: clock})
+	client := rlhubv1.NewWeightSyncClient(dial(t, h.addr))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	report := func(from, n int, version uint64) error {
+		req := &rlhubv1.SyncReportRequest{}
+		for i := from; i < from+n; i++ {
+			req.Reports = append(req.Reports, &rlhubv1.CollectorReport{CollectorId: fmt.Sprintf("c%d", i), Model: "m", Version: version})
+		}
+		_, err := client.Report(ctx, req)
+		return err
+	}
+	collectors := func() int {
+		st := h.svc.Tracker().Status("m")
+		return len(st[0].Collectors)
+	}
+	if err := report(0, maxN-1, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Two new collectors where one fits: refused whole.
+	if err := report(maxN-1, 2, 1); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "at most 100") {
+		t.Fatalf("reports past the cap: %v, want ResourceExhausted naming the cap", err)
+	}
+	if n := collectors(); n != maxN-1 {
+		t.Fatalf("%d collectors after a refused report, want %d", n, maxN-1)
+	}
+	// The collectors it holds still report.
+	if err := report(0, maxN-1, 2); err != nil {
+		t.Fatalf("reports of known collectors at the cap: %v", err)
+	}
+	if err := report(maxN-1, 1, 1); err != nil {
+		t.Fatalf("the last collector that fits: %v", err)
+	}
+	// A new collector's attach is refused too.
+	stream, err := client.Attach(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&rlhubv1.SyncClientMessage{Body: &rlhubv1.SyncClientMessage_Hello{Hello: &rlhubv1.SyncHello{CollectorId: "late", Model: "m"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("attach past the cap: %v, want ResourceExhausted", err)
+	}
+	// Past the forget window the old collectors make room, though no one
+	// asked for status meanwhile.
+	mu.Lock()
+	now = now.Add(2 * time.Minute)
+	mu.Unlock()
+	if err := report(1000, maxN, 1); err != nil {
+		t.Fatalf("new collectors once the old ones are forgotten: %v", err)
+	}
+	if n := collectors(); n != maxN {
+		t.Fatalf("%d collectors, want %d", n, maxN)
+	}
 }

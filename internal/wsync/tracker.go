@@ -1,12 +1,15 @@
 package wsync
 
 import (
+	"fmt"
 	"maps"
 	"math"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
 )
 
 // LagBuckets are the upper bounds of the lag histogram's buckets; the last
@@ -50,34 +53,90 @@ type ModelStatus struct {
 type Tracker struct {
 	now    func() time.Time
 	forget time.Duration
+	max    int // collectors tracked at most; 0: no cap
 
 	mu         sync.Mutex
 	collectors map[trackKey]*CollectorLag // guarded by mu
 	newest     map[string]uint64          // guarded by mu
+	swept      time.Time                  // last forgetting sweep at the cap; guarded by mu
 }
 
 type trackKey struct{ id, model string }
 
 // NewTracker returns an empty tracker. now is the clock (nil: time.Now);
 // collectors that are not attached and have not reported for forget are
-// dropped from status (0: kept forever).
-func NewTracker(now func() time.Time, forget time.Duration) *Tracker {
+// dropped from status (0: kept forever). It tracks at most maxCollectors
+// collectors (0: no cap): a report of another one is refused (Report).
+func NewTracker(now func() time.Time, forget time.Duration, maxCollectors int) *Tracker {
 	if now == nil {
 		now = time.Now
 	}
-	return &Tracker{now: now, forget: forget, collectors: map[trackKey]*CollectorLag{}, newest: map[string]uint64{}}
+	return &Tracker{now: now, forget: forget, max: maxCollectors, collectors: map[trackKey]*CollectorLag{}, newest: map[string]uint64{}}
 }
 
-// Report records that collector id runs version of model.
-func (t *Tracker) Report(id, model, via string, version uint64) {
+// A CollectorReport is one collector's report (Tracker.ReportAll).
+type CollectorReport struct {
+	ID, Model, Via string
+	Version        uint64
+}
+
+// Report records that collector id runs version of model. A collector the
+// tracker does not hold yet is refused with errs.ErrFull when it holds its
+// cap of collectors even after dropping the forgotten ones.
+func (t *Tracker) Report(id, model, via string, version uint64) error {
+	return t.ReportAll([]CollectorReport{{ID: id, Model: model, Via: via, Version: version}})
+}
+
+// ReportAll records every report of rs, or, when the collectors it does
+// not hold yet would pass the cap, none (errs.ErrFull).
+func (t *Tracker) ReportAll(rs []CollectorReport) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c := t.entry(id, model)
-	c.Version = version
-	if via != "" {
-		c.Via = via
+	if t.max > 0 {
+		if err := t.roomFor(rs); err != nil {
+			return err
+		}
 	}
-	c.Reported = t.now()
+	now := t.now()
+	for _, r := range rs {
+		c := t.entry(r.ID, r.Model)
+		c.Version = r.Version
+		if r.Via != "" {
+			c.Via = r.Via
+		}
+		c.Reported = now
+	}
+	return nil
+}
+
+// roomFor checks that rs's new collectors fit under the cap, first
+// dropping the forgotten collectors when they would not (at most once a
+// second: a client that keeps the tracker full must not make every call
+// walk it). Only Status dropped them before, so a hub nobody asked for
+// status kept every collector it ever saw. t.mu is held.
+func (t *Tracker) roomFor(rs []CollectorReport) error {
+	newKeys := map[trackKey]struct{}{}
+	for _, r := range rs {
+		if k := (trackKey{r.ID, r.Model}); t.collectors[k] == nil {
+			newKeys[k] = struct{}{}
+		}
+	}
+	if len(t.collectors)+len(newKeys) <= t.max {
+		return nil
+	}
+	if now := t.now(); t.forget > 0 && now.Sub(t.swept) >= time.Second {
+		t.swept = now
+		for k, c := range t.collectors {
+			if !c.Attached && now.Sub(c.Reported) > t.forget {
+				delete(t.collectors, k)
+			}
+		}
+	}
+	if len(t.collectors)+len(newKeys) <= t.max {
+		return nil
+	}
+	return fmt.Errorf("%w: weight sync tracks %d collectors, at most %d: %d more reported (collectors are forgotten %v after their last report)",
+		errs.ErrFull, len(t.collectors), t.max, len(newKeys), t.forget)
 }
 
 // SetAttached marks whether collector id holds a push stream now.

@@ -7,7 +7,7 @@ import (
 
 func TestTrackerLagAndHistogram(t *testing.T) {
 	now := time.Unix(1000, 0)
-	tr := NewTracker(func() time.Time { return now }, time.Minute)
+	tr := NewTracker(func() time.Time { return now }, time.Minute, 0)
 	tr.SawVersion("m", 10)
 	tr.SawVersion("m", 7) // newest never goes back
 	tr.Report("a", "m", "push", 10)
