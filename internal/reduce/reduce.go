@@ -37,6 +37,19 @@ type ID struct {
 
 func (id ID) String() string { return fmt.Sprintf("(client %q, seq %d)", id.Client, id.Seq) }
 
+// MaxClientIDBytes bounds a client id: the ledger keeps the newest ids of
+// every client, the journal writes each batch's, a secondary remembers
+// refused ones, so one id must not make any of them hold megabytes.
+const MaxClientIDBytes = 128
+
+// CheckClientID refuses a client id longer than MaxClientIDBytes.
+func CheckClientID(client string) error {
+	if len(client) > MaxClientIDBytes {
+		return fmt.Errorf("%w: client id %s is longer than %d bytes", errs.ErrInvalid, errs.Quote(client), MaxClientIDBytes)
+	}
+	return nil
+}
+
 // CheckGradient checks that g has exactly the model's tensor names, dtypes
 // and shapes, that every tensor is F32 and that it holds no NaN or Inf. The
 // error wraps errs.ErrInvalid and names the first problem; nonFinite is true

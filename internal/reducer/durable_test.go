@@ -411,3 +411,24 @@ func TestVerifyStateFile(t *testing.T) {
 		}
 	}
 }
+
+// A remote secondary's Admit is refused for a client id over 128 bytes:
+// the ledger (restored after a restart) and the journal never hold it.
+func TestAdmitRefusesALongClientID(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		t.Fatal(err)
+	}
+	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Detach(sess)
+	long := reduce.ID{Client: strings.Repeat("C", reduce.MaxClientIDBytes+1), Seq: 1}
+	if _, _, err := p.Admit(ctx, sess, "m", long, 0); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "client id") {
+		t.Fatalf("admit with a %d-byte client id: %v, want ErrInvalid naming the client id", len(long.Client), err)
+	}
+	e.steps(p, 1, 1) // a short id is admitted and applied
+}

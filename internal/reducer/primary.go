@@ -556,6 +556,9 @@ func (p *Primary) Describe(_ context.Context, model string) (Layout, error) {
 // Admit claims id for session and applies the staleness rule, returning the
 // gradient's weight and the current version.
 func (p *Primary) Admit(_ context.Context, session uint64, model string, id reduce.ID, base uint64) (float32, uint64, error) {
+	if err := reduce.CheckClientID(id.Client); err != nil { // a remote secondary's Admit
+		return 0, 0, err
+	}
 	m, err := p.model(model)
 	if err != nil {
 		return 0, 0, err

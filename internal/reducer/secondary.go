@@ -282,6 +282,10 @@ type PushResult struct {
 // reason matching the error.
 func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (PushResult, error) {
 	s.attempt(h.ID)
+	if err := reduce.CheckClientID(h.ID.Client); err != nil {
+		s.settle(h.ID, reduce.ReasonInvalid) // not retryable: nothing remembers the id
+		return PushResult{}, err
+	}
 	s.mu.Lock()
 	sess, closed := s.session, s.closed
 	s.mu.Unlock()
