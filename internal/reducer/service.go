@@ -548,6 +548,12 @@ func (ps *primaryServer) Attach(req *rlhubv1.ReducerAttachRequest, stream rlhubv
 	if req.GetId() == "" {
 		return grpcerr.ToStatus(fmt.Errorf("%w: attach without a secondary id", errs.ErrInvalid))
 	}
+	// Kept while the session lasts and listed to every client
+	// (Secondaries): an address and an id, not megabytes.
+	if len(req.GetId()) > MaxSecondaryIDBytes || len(req.GetAddr()) > MaxSecondaryAddrBytes {
+		return grpcerr.ToStatus(fmt.Errorf("%w: secondary id %s / address %s: at most %d and %d bytes",
+			errs.ErrInvalid, errs.Quote(req.GetId()), errs.Quote(req.GetAddr()), MaxSecondaryIDBytes, MaxSecondaryAddrBytes))
+	}
 	sess, _, err := ps.p.Attach(stream.Context(), Secondary{Addr: req.GetAddr(), ID: req.GetId()})
 	if err != nil {
 		return grpcerr.ToStatus(err)
@@ -563,6 +569,12 @@ func (ps *primaryServer) Attach(req *rlhubv1.ReducerAttachRequest, stream rlhubv
 		return grpcerr.ToStatus(fmt.Errorf("%w: reducer primary is stopping", errs.ErrUnavailable))
 	}
 }
+
+// Bounds on a secondary's Attach (ReducerAttachRequest).
+const (
+	MaxSecondaryIDBytes   = 128
+	MaxSecondaryAddrBytes = 512
+)
 
 // Describe implements rlhubv1.ReducerPrimaryServer.
 func (ps *primaryServer) Describe(ctx context.Context, req *rlhubv1.ReducerDescribeRequest) (*rlhubv1.ReducerDescribeResponse, error) {
