@@ -12,12 +12,12 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 )
 
-// InSync records which members hold every publish the primary has
-// acknowledged, with replication acknowledged by every standby: the
-// primary writes itself at the start of its term, then, as standbys catch
-// up or drop out, the members whose copies have everything it acknowledged
-// — a member it drops is dropped before a publish it lacks is
-// acknowledged. Only a member it lists may serve as primary, so a standby
+// InSync records which members hold every publish acknowledged, with
+// replication acknowledged by every standby: a primary writes itself and
+// the members listed already at the start of its term (nothing is
+// acknowledged in it yet), then, as standbys catch up or drop out, the
+// members whose copies have everything acknowledged — a member is dropped
+// before a publish it lacks is acknowledged. Only a member it lists may serve as primary, so a standby
 // that was down while the primary went on without it never takes over
 // with a copy that lacks acknowledged publishes (docs/cluster.md, "Who may
 // take over"). No record (a new cluster, or acks other than all) lets any

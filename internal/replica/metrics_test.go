@@ -143,8 +143,15 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 		return err == nil && got["rlhub_cluster_primary"] == 1 && got["rlhub_cluster_epoch"] == float64(l2.Epoch)
 	})
 	wantReady(newURL, "the new primary", fmt.Sprintf("primary, epoch %d", l2.Epoch))
-	if v, ok := got["rlhub_cluster_in_sync_standbys"]; !ok || v != 0 { // alone: none can take over
-		t.Fatalf("the new primary: rlhub_cluster_in_sync_standbys %v (present %v), want 0", v, ok)
+	// The dead primary stays listed (it holds everything acknowledged)
+	// until the new term acknowledges a publish it lacks: then none can
+	// take over.
+	if v := got["rlhub_cluster_in_sync_standbys"]; v != 1 {
+		t.Fatalf("the new primary before its first publish: rlhub_cluster_in_sync_standbys %v, want 1 (%s)", v, p1.id)
+	}
+	c.push("pol", 3, 2, storetest.Blob(t, 3, 64))
+	if got, err := scrape(t, newURL); err != nil || got["rlhub_cluster_in_sync_standbys"] != 0 {
+		t.Fatalf("the new primary after a publish: rlhub_cluster_in_sync_standbys %v (%v), want 0", got["rlhub_cluster_in_sync_standbys"], err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -643,15 +644,29 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	if err := n.follower.ObserveEpoch(term.Epoch); err != nil {
 		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
 	}
-	// Who may take over (acks all): this primary alone, until standbys
-	// following this term hold everything it acknowledged (Source's
-	// InSync adds them). With fewer acks no record is kept.
-	var inSync []string
-	if n.cfg.Acks == AcksAll {
-		inSync = []string{m.ID()}
-	}
+	// Who may take over (acks all): this primary and the members the
+	// record lists already — nothing is acknowledged in this term yet, so
+	// each holds everything acknowledged — until a publish one of them
+	// lacks (Source's InSync drops it then, and adds standbys as they
+	// catch up). With fewer acks no record is kept.
+	var inSync, inSyncStandbys []string
 	ictx, icancel := context.WithTimeout(ctx, n.cfg.Cluster.DialTimeout+5*time.Second)
-	err := term.RecordInSync(ictx, inSync)
+	err := error(nil)
+	if n.cfg.Acks == AcksAll {
+		var old *cluster.InSync
+		if old, err = m.InSync(ictx); err == nil && old != nil {
+			for _, id := range old.Members {
+				if id != m.ID() && !slices.Contains(inSyncStandbys, id) {
+					inSyncStandbys = append(inSyncStandbys, id)
+				}
+			}
+		}
+		slices.Sort(inSyncStandbys)
+		inSync = append([]string{m.ID()}, inSyncStandbys...)
+	}
+	if err == nil {
+		err = term.RecordInSync(ictx, inSync)
+	}
 	icancel()
 	if err != nil {
 		n.cfg.Logger.Warn("cluster: elected, but the in-sync record cannot be written; resigning", "err", err)
@@ -696,7 +711,8 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		InSync: func(ctx context.Context, standbys []string) error {
 			return term.RecordInSync(ctx, append([]string{m.ID()}, standbys...))
 		},
-		Logger: n.cfg.Logger, Standbys: func(ctx context.Context) ([]string, error) {
+		InSyncStandbys: inSyncStandbys,
+		Logger:         n.cfg.Logger, Standbys: func(ctx context.Context) ([]string, error) {
 			st, err := m.Status(ctx)
 			if err != nil {
 				return nil, err
@@ -785,6 +801,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		if n.cfg.Cluster.LeaseTTL == 0 {
 			every = 500 * time.Millisecond
 		}
+		lastInSyncErr := ""
 		for {
 			select {
 			case <-wctx.Done():
@@ -796,7 +813,13 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 			if err == nil {
 				// Standbys that caught up may take over from now on,
 				// publish or not.
-				err = src.UpdateInSync(rctx)
+				if err = src.UpdateInSync(rctx); err != nil && err.Error() != lastInSyncErr {
+					n.cfg.Logger.Warn("replica: cannot record the standbys that caught up as in sync; they cannot take over yet", "err", err)
+				}
+				lastInSyncErr = ""
+				if err != nil {
+					lastInSyncErr = err.Error()
+				}
 			}
 			rcancel()
 			if errors.Is(err, cluster.ErrDeposed) {

@@ -64,6 +64,9 @@ type SourceConfig struct {
 	// record stays smaller, which only narrows who may take over). The
 	// node records the primary alone before its term serves.
 	InSync func(ctx context.Context, standbys []string) error
+	// InSyncStandbys are the standbys the record lists when the Source
+	// starts (the node wrote them with the primary at the term's start).
+	InSyncStandbys []string
 	// Interval is how often the scan looks (once for every follower) for
 	// changes that no publish announced (ARS reports, registrations:
 	// the files their writers named, Changed), when no publish's
@@ -207,7 +210,9 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replica: data directory: %w", err)
 	}
-	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval,
+	inSync := slices.Clone(cfg.InSyncStandbys)
+	slices.Sort(inSync)
+	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval, inSync: inSync,
 		changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
 
