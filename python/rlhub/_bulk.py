@@ -347,11 +347,13 @@ class Client:
             if time.monotonic() >= deadline:
                 raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded") from None
             raise errors.Unavailable(f"bulk: handshake with {addr}: timed out") from None
-        except (ConnectionResetError, BrokenPipeError) as e:
-            # The peer took the connection and hung up on our magic.
-            sock.close()
-            raise self._not_supported(addr, str(e)) from None
         except OSError as e:
+            # A reset too (ConnectionResetError, BrokenPipeError) is the
+            # hub gone, not a server without the data plane: one SIGKILLed
+            # resets the connections waiting in its accept queue. A bare
+            # gRPC server answers the magic with its SETTINGS frame, and a
+            # TLS one refusing plaintext closes the connection: those are
+            # the bytes or the end read below (as the Go client).
             sock.close()
             raise errors.Unavailable(f"bulk: handshake with {addr}: {e}") from None
         if got != MAGIC:

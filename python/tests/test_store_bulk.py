@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import struct
 import threading
@@ -414,3 +416,56 @@ def test_reader_waits_for_a_body_with_quick_acks():
     finally:
         a.close()
         b.close()
+
+
+def test_a_hub_killed_during_the_handshake_keeps_the_data_plane(rlhub_bin, tmp_path):
+    """A hub SIGKILLed while a client's connection waits in its accept
+    queue resets it (the client's hello is unread): the hub is down, not a
+    server without the data plane. The client must say Unavailable and use
+    the data plane again once the hub is back on its address — not fall
+    to gRPC for NOT_SUPPORTED_FOR (a minute of slower pulls, no direct
+    pull_into, and a watch that falls to gRPC is no longer retried)."""
+    h = Hub(rlhub_bin, tmp_path)
+    try:
+        addr = h.addr
+        with rlhub.StoreClient(addr) as s:
+            s.push("m", {"w": torch.arange(4.0)}, version=1, expect=0)
+        h.proc.send_signal(signal.SIGSTOP)  # connections queue unaccepted
+        sc = rlhub.StoreClient(addr, timeout=20, retries=0)  # no idle connection: it dials
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(_raises(lambda: sc.pull("m"))))
+        t.start()
+        deadline = time.monotonic() + 10
+        while not _connected_to(addr):  # the hello is sent and waits for the magic
+            assert time.monotonic() < deadline, "the client did not connect"
+            time.sleep(0.01)
+        h.proc.send_signal(signal.SIGKILL)
+        h.proc.wait()
+        t.join(30)
+        assert not t.is_alive()
+        assert isinstance(got[0], rlhub.Unavailable), got
+        assert sc._bulk is not None and sc._bulk.supported(addr)
+        h.stop()
+        h = Hub(rlhub_bin, tmp_path, addr=addr)
+        tgt = {"w": torch.zeros(4)}
+        assert sc.pull_into("m", tgt) == 1 and torch.equal(tgt["w"], torch.arange(4.0))
+        assert (sc.stats["bulk"], sc.stats["grpc"], sc.stats["fallback"]) == (1, 0, 0), sc.stats
+        sc.close()
+    finally:
+        h.stop()
+
+
+def _raises(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - returned for the test to look at
+        return e
+
+
+def _connected_to(addr: str) -> bool:
+    """Whether this process has an established TCP connection to addr
+    (/proc/net/tcp: local and remote address, then the state, 01)."""
+    host, port = addr.rsplit(":", 1)
+    want = "%s:%04X" % ("".join("%02X" % int(b) for b in reversed(host.split("."))), int(port))
+    with open(f"/proc/{os.getpid()}/net/tcp") as f:
+        return any(line.split()[2] == want and line.split()[3] == "01" for line in f.readlines()[1:])
