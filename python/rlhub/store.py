@@ -379,7 +379,10 @@ class StoreClient:
         """Yields each new version as it lands (skipping to the newest when
         the reader is slow; over gRPC ``ModelVersion.skipped`` says how
         many, over the data plane it is 0). ``timeout`` bounds the whole
-        watch (``DeadlineExceeded`` then)."""
+        watch (``DeadlineExceeded`` then). A hub restarted, or a cluster's
+        primary moving, is ridden out on either transport: the watch asks
+        again after the last version it yielded, up to ``retries`` times in
+        a row with back-off (as pulls), then raises ``Unavailable``."""
         yield from self._watch_raw(name, after, framework, timeout, None)
 
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
@@ -401,20 +404,36 @@ class StoreClient:
             v = self._version(h, self._blob(h, buf), framework)
             after = v.version
             yield v
-        call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
-                           timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
-        it = iter(call)
-        try:
-            while True:
-                try:
-                    mv = self._read_version(it, framework, alloc)
-                except grpc.RpcError as e:
-                    raise errors.from_rpc_error(e) from None
-                if mv is None:
-                    return
-                yield mv
-        finally:
-            call.cancel()
+        # Over gRPC one stream carries the watch. One that breaks
+        # Unavailable (the hub stopped or was killed, a cluster's primary
+        # moved) is opened again after the last version yielded, with the
+        # back-off and the number of tries (in a row) of the data plane's
+        # polls, which ride out the same; a version cut midway was only in
+        # the receive buffer and comes again whole.
+        delay, failures = 0.05, 0
+        while True:
+            call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
+                               timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
+            it = iter(call)
+            try:
+                while True:
+                    try:
+                        mv = self._read_version(it, framework, alloc)
+                    except grpc.RpcError as e:
+                        err = errors.from_rpc_error(e)
+                        break
+                    if mv is None:
+                        return
+                    delay, failures = 0.05, 0
+                    after = mv.version
+                    yield mv
+            finally:
+                call.cancel()
+            if err.code != grpc.StatusCode.UNAVAILABLE or failures >= self.retries:
+                raise err
+            failures += 1
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
 
     # --- in place -----------------------------------------------------------
 

@@ -1,10 +1,14 @@
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
 import safetensors.numpy as stn
 
 import rlhub
+
+from conftest import Hub
 
 
 def sd(seed=0, n=1000):
@@ -69,6 +73,59 @@ def test_watch_sees_increasing_versions_and_ends_on_newest(hub):
                 break
         t.join()
         assert seen == sorted(set(seen)) and seen[-1] == 30
+
+
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_watch_into_rides_out_a_hub_killed_and_restarted(rlhub_bin, tmp_path, transport):
+    """A hub SIGKILLed under a watch and restarted on its address and
+    --data: the watch goes on after the last version it yielded, on either
+    transport (over gRPC its stream broke Unavailable and ended the watch,
+    while the data plane's polls were tried again), and each version it
+    yields is whole in the target."""
+    h = Hub(rlhub_bin, tmp_path)
+    addr = h.addr
+    w = rlhub.StoreClient(addr, transport=transport, retries=8)
+    try:
+        with rlhub.StoreClient(addr) as s:
+            s.push("m", {"w": np.full(1000, 1, np.float32)}, version=1, expect=0)
+        tgt = {"w": np.zeros(1000, np.float32)}
+        seen, errs = [], []
+
+        def watch():
+            try:
+                for v in w.watch_into("m", tgt, timeout=60):
+                    seen.append((v, set(tgt["w"].tolist())))
+                    if v == 3:
+                        return
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                errs.append(e)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        _until(lambda: seen or errs)
+        with rlhub.StoreClient(addr) as s:
+            s.push("m", {"w": np.full(1000, 2, np.float32)}, version=2)
+        _until(lambda: len(seen) == 2 or errs)
+        h.proc.send_signal(signal.SIGKILL)
+        h.proc.wait()
+        h.stop()
+        h = Hub(rlhub_bin, tmp_path, addr=addr)
+        with rlhub.StoreClient(addr) as s:
+            s.push("m", {"w": np.full(1000, 3, np.float32)}, version=3)
+        t.join(60)
+        assert not t.is_alive()
+        assert not errs, errs
+        assert seen == [(1, {1.0}), (2, {2.0}), (3, {3.0})]
+    finally:
+        w.close()
+        h.stop()
+
+
+def _until(cond, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
 
 
 def test_python_push_is_byte_identical_when_pulled_by_go_cli(hub, tmp_path):
