@@ -465,7 +465,11 @@ class StoreClient:
 
         The plan of the target's tensors (their byte views) is kept from
         one call to the next and rebuilt when a tensor was replaced,
-        reallocated or reshaped (``tensors.TargetCache``)."""
+        reallocated or reshaped (``tensors.TargetCache``).
+
+        As with ``load_state_dict``, autograd sees the write as an in-place
+        change of the tensors (their version counters are bumped): a graph
+        that saved the old values refuses ``backward``."""
         with self._stage_mu:
             t = self._targets.get(target)
             v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc,
@@ -475,6 +479,7 @@ class StoreClient:
             if v.blob is not None:
                 t.write(v.blob, what=f"model {name!r} version {v.version}")
             else:
+                t.written()
                 self.stats["direct"] += 1
             return v.version
 
@@ -495,11 +500,17 @@ class StoreClient:
                 stage[0] = np.empty(n, np.uint8)
             return stage[0]
 
-        for v in self._watch_raw(name, after, "numpy", timeout, alloc,
-                                 _into(lambda: targets.get(target), name, alloc)):
+        into: List[Target] = []  # the target a data-plane version was received into directly
+
+        def current() -> Target:
+            into[:] = [targets.get(target)]
+            return into[0]
+
+        for v in self._watch_raw(name, after, "numpy", timeout, alloc, _into(current, name, alloc)):
             if v.blob is not None:
                 targets.get(target).write(v.blob, what=f"model {name!r} version {v.version}")
             else:
+                into[0].written()
                 self.stats["direct"] += 1
             yield v.version
 

@@ -395,6 +395,25 @@ class Target:
     def __init__(self, target: Any):
         self._tensors = dict(_state_dict(target))
         self._views = {k: _byte_view(k, v) for k, v in self._tensors.items()}
+        # The torch tensors written through their byte views, behind
+        # autograd's back (see written()).
+        self._behind = [v for k, v in self._tensors.items()
+                        if self._views[k][2] is not None and type(v).__module__.startswith("torch")]
+
+    def written(self) -> None:
+        """Tells autograd that the tensors were changed in place, as
+        ``copy_`` (and so ``load_state_dict``) does: it bumps each torch
+        tensor's version counter, which a ``state_dict()`` tensor shares
+        with its parameter. A graph that saved the old values then refuses
+        ``backward`` ("modified by an inplace operation") instead of
+        computing a gradient with the new ones. Called after a version was
+        written through the byte views: by :meth:`write`, and by the
+        caller after a direct receive into :meth:`plan`'s views."""
+        if self._behind:
+            import torch
+
+            for t in self._behind:
+                torch.autograd.graph.increment_version(t)
 
     def write(self, blob: Any, *, what: str = "version") -> None:
         """Checks that ``blob`` (safetensors) has exactly the target's names,
@@ -410,6 +429,7 @@ class Target:
             else:  # GPU or strided: through torch
                 t = self._tensors[k]
                 t.detach().copy_(_to_torch_view(src[start + b:start + e], dt, shape))
+        self.written()
 
     def plan(self, take: Callable[[int], bytes], n: int, *,
              what: str = "version") -> Tuple[bytes, Optional[List[memoryview]]]:

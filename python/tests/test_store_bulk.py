@@ -224,6 +224,35 @@ def test_pull_into_receives_a_version_straight_into_the_tensors(hub):
         w.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+@pytest.mark.parametrize("how", ["pull_into", "watch_into"])
+def test_an_update_in_place_is_seen_by_autograd(hub, how, transport):
+    """pull_into / watch_into change the parameters in place, as
+    load_state_dict's copy_ does, and must tell autograd so: a graph that
+    saved the old weights then refuses backward ("modified by an inplace
+    operation") instead of silently computing the gradient with the new
+    ones (2 × 5 here in place of 2 × 1)."""
+    src = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        src.weight.fill_(5.0)
+    net = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+    loss = (net.weight ** 2).sum()  # saves the weight for its backward
+    with rlhub.StoreClient(hub.addr, transport=transport) as s:
+        s.push("m", src.state_dict(), version=1, expect=0)
+        if how == "pull_into":
+            assert s.pull_into("m", net) == 1
+        else:
+            w = s.watch_into("m", net, timeout=30)
+            assert next(w) == 1
+            w.close()
+        assert s.stats["direct"] == (1 if transport == "auto" else 0), s.stats  # both ways of writing
+    assert torch.equal(net.weight, src.weight)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_pull_into_a_strided_target_goes_through_the_staging_buffer(hub):
     """A tensor without a byte view (here a transposed one) cannot take
     the bytes straight from the socket: the version is staged and copied."""
