@@ -113,14 +113,23 @@ def default_security() -> Security:
     return d if d is not None else Security.from_env()
 
 
+# A hub restarted is back within a second or two: reconnect from 50 ms
+# backing off to 1 s. gRPC's defaults (1 s growing to 120 s) leave a
+# channel that failed to connect through an outage of a few seconds
+# failing fast ("Failed to connect") for seconds after the hub is back,
+# longer than a client's retries of a call wait.
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+              ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 def channel(addr: str, options: Optional[Sequence[Tuple[str, Any]]] = None,
             security: Optional[Security] = None) -> grpc.Channel:
     """A gRPC channel to ``addr``: TLS when ``security`` (default
     :func:`default_security`) names a CA or certificate, the token on every
-    call, message limits of ``DEFAULT_MAX_MSG_BYTES`` unless ``options``
-    set them. ``addr`` may name a cluster ("h1:p1,h2:p2" or
-    "etcd://E/NAME"): the channel then follows its primary
-    (:class:`FollowingChannel`)."""
+    call, message limits of ``DEFAULT_MAX_MSG_BYTES`` and a reconnect
+    back-off of 50 ms to 1 s (``_RECONNECT``) unless ``options`` set them.
+    ``addr`` may name a cluster ("h1:p1,h2:p2" or "etcd://E/NAME"): the
+    channel then follows its primary (:class:`FollowingChannel`)."""
     sec = security if security is not None else default_security()
     if "," in addr or addr.startswith("etcd://"):
         t = parse_target(addr)
@@ -128,7 +137,8 @@ def channel(addr: str, options: Optional[Sequence[Tuple[str, Any]]] = None,
             return FollowingChannel(t, options, sec)
         addr = t.hubs[0]
     opts: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", DEFAULT_MAX_MSG_BYTES),
-                                   ("grpc.max_send_message_length", DEFAULT_MAX_MSG_BYTES)]
+                                   ("grpc.max_send_message_length", DEFAULT_MAX_MSG_BYTES),
+                                   *_RECONNECT]
     given = dict(options or ())
     opts = [(k, given.pop(k, v)) for k, v in opts] + list(given.items())
     if sec.tls:

@@ -121,6 +121,33 @@ def test_watch_into_rides_out_a_hub_killed_and_restarted(rlhub_bin, tmp_path, tr
         h.stop()
 
 
+def test_a_grpc_client_reaches_a_hub_back_from_a_long_outage(rlhub_bin, tmp_path):
+    """A hub down for seconds while a client keeps calling it, then
+    restarted on its address: the client's next call (a pull and a list,
+    each retried with back-off for about a second) reaches it. With gRPC's
+    default reconnect back-off (1 s growing to 120 s) the channel had
+    backed off past the client's retries and kept failing 'Failed to
+    connect' for seconds after the hub was back."""
+    h = Hub(rlhub_bin, tmp_path)
+    addr = h.addr
+    s = rlhub.StoreClient(addr, transport="grpc")
+    try:
+        s.push("m", {"w": np.ones(3, np.float32)}, version=1, expect=0)
+        h.proc.send_signal(signal.SIGKILL)
+        h.proc.wait()
+        h.stop()
+        end = time.monotonic() + 5
+        while time.monotonic() < end:  # callers that keep trying meanwhile
+            with pytest.raises(rlhub.Unavailable):
+                s.pull("m")
+        h = Hub(rlhub_bin, tmp_path, addr=addr)
+        assert s.pull("m").version == 1
+        assert [m.name for m in s.list()] == ["m"]
+    finally:
+        s.close()
+        h.stop()
+
+
 def _until(cond, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while not cond():
