@@ -121,13 +121,32 @@ def default_security() -> Security:
 _RECONNECT = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
               ("grpc.max_reconnect_backoff_ms", 1000)]
 
+KEEPALIVE_MS = (30_000, 20_000)
+"""(time, timeout): a channel pings its hub after ``time`` ms without
+traffic, idle or not, and drops the connection (its calls fail
+Unavailable) when ``timeout`` ms pass without the answer, as the Go
+clients do (internal/dial; hubs allow a ping every 10 s). Without it a
+stream waiting on a hub that hangs (stopped, or its machine cut off: no
+reset comes) waits forever: a watch has no deadline."""
+
+
+def _keepalive() -> List[Tuple[str, Any]]:
+    t, timeout = KEEPALIVE_MS
+    return [("grpc.keepalive_time_ms", t), ("grpc.keepalive_timeout_ms", timeout),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # default 2: a quiet watch would stop pinging
+            # How long any ping waits for its answer: in grpcio 1.85
+            # keepalive_timeout_ms alone did not end a stream on a silent hub.
+            ("grpc.http2.ping_timeout_ms", timeout)]
+
 
 def channel(addr: str, options: Optional[Sequence[Tuple[str, Any]]] = None,
             security: Optional[Security] = None) -> grpc.Channel:
     """A gRPC channel to ``addr``: TLS when ``security`` (default
     :func:`default_security`) names a CA or certificate, the token on every
-    call, message limits of ``DEFAULT_MAX_MSG_BYTES`` and a reconnect
-    back-off of 50 ms to 1 s (``_RECONNECT``) unless ``options`` set them.
+    call, message limits of ``DEFAULT_MAX_MSG_BYTES``, a reconnect
+    back-off of 50 ms to 1 s (``_RECONNECT``) and keepalive pings
+    (``KEEPALIVE_MS``) unless ``options`` set them.
     ``addr`` may name a cluster ("h1:p1,h2:p2" or "etcd://E/NAME"): the
     channel then follows its primary (:class:`FollowingChannel`)."""
     sec = security if security is not None else default_security()
@@ -138,7 +157,7 @@ def channel(addr: str, options: Optional[Sequence[Tuple[str, Any]]] = None,
         addr = t.hubs[0]
     opts: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", DEFAULT_MAX_MSG_BYTES),
                                    ("grpc.max_send_message_length", DEFAULT_MAX_MSG_BYTES),
-                                   *_RECONNECT]
+                                   *_RECONNECT, *_keepalive()]
     given = dict(options or ())
     opts = [(k, given.pop(k, v)) for k, v in opts] + list(given.items())
     if sec.tls:

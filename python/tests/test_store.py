@@ -7,8 +7,10 @@ import pytest
 import safetensors.numpy as stn
 
 import rlhub
+from rlhub import _channel
 
 from conftest import Hub
+from etcdproc import sigstop
 
 
 def sd(seed=0, n=1000):
@@ -146,6 +148,44 @@ def test_a_grpc_client_reaches_a_hub_back_from_a_long_outage(rlhub_bin, tmp_path
     finally:
         s.close()
         h.stop()
+
+
+def test_a_grpc_watch_on_a_hub_that_hangs_ends(rlhub_bin, tmp_path, monkeypatch):
+    """A hub that stops answering under a watch with no timeout (SIGSTOP:
+    as a machine cut off, no reset comes): the channel's keepalive pings
+    find it silent and the watch ends Unavailable. Without them it waited
+    forever. The pings are shortened here from 30 s + 20 s to 10 s (the
+    least interval a hub allows) + 2 s."""
+    monkeypatch.setattr(_channel, "KEEPALIVE_MS", (10_000, 2_000))
+    h = Hub(rlhub_bin, tmp_path)
+    s = rlhub.StoreClient(h.addr, transport="grpc", retries=0)
+    try:
+        s.push("m", {"w": np.ones(3, np.float32)}, version=1, expect=0)
+        seen, errs = [], []
+
+        def watch():
+            try:
+                for v in s.watch("m", after=1):
+                    seen.append(v.version)
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                errs.append(e)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        with rlhub.StoreClient(h.addr) as p:
+            p.push("m", {"w": np.ones(3, np.float32)}, version=2)
+        _until(lambda: seen == [2])  # the watch's stream is up
+        time.sleep(1)  # and quiet: nothing in flight the hub owes an answer
+        t0 = time.monotonic()
+        sigstop(h.proc)
+        t.join(40)
+        assert not t.is_alive(), "the watch still waits on a silent hub"
+        assert len(errs) == 1 and isinstance(errs[0], rlhub.Unavailable), errs
+        print(f"the watch ended {time.monotonic() - t0:.1f} s after the hub stopped: {errs[0]}")
+    finally:
+        h.proc.send_signal(signal.SIGKILL)
+        h.stop()
+        s.close()
 
 
 def _until(cond, timeout: float = 30.0) -> None:
