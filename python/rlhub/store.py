@@ -453,10 +453,12 @@ class StoreClient:
 
         The version must have exactly the target's names, dtypes and shapes;
         otherwise ``InvalidArgument`` says which differ and nothing is
-        written. The bytes are received into a buffer this client keeps and
-        reuses, checked whole, then copied into the tensors: a transfer that
-        breaks midway changes nothing, and no version allocates memory of
-        the model's size. Calls on one client share that buffer and run
+        written. A target tensor that cannot be written whole in place (on
+        the meta device, sparse, expanded) raises ``ValueError`` before
+        anything is asked of the hub. The bytes are received into a buffer
+        this client keeps and reuses, checked whole, then copied into the
+        tensors: a transfer that breaks midway changes nothing, and no
+        version allocates memory of the model's size. Calls on one client share that buffer and run
         one at a time (``watch_into`` has its own). Over the data plane,
         once the whole version (and the start of the hub's final answer)
         is in the socket's receive queue, it is received straight into the

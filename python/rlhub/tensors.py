@@ -257,6 +257,23 @@ def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]) -> "torch.Tensor
     return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape)
 
 
+def unwritable(t: Any) -> Optional[str]:
+    """Why a version cannot be written whole into torch tensor ``t`` in
+    place (None: it can): it has no memory (the meta device), is not dense,
+    or has elements that share memory, which ``copy_`` refuses. Writers
+    check every tensor of a target before the first copy, so a write never
+    stops midway or counts a no-op as done."""
+    import torch
+
+    if t.device.type == "meta":
+        return "is on the meta device: it holds no memory to write into (materialize it first, e.g. Module.to_empty)"
+    if t.layout != torch.strided:
+        return f"has layout {t.layout}: only dense tensors are written in place"
+    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        return "has elements that share memory (an expanded tensor): clone it first"
+    return None
+
+
 def _byte_view(name: str, value: Any) -> Tuple[str, Tuple[int, ...], Optional[np.ndarray]]:
     """(dtype name, shape, writable uint8 numpy view of the memory) for a
     CPU contiguous tensor or array, or (dtype, shape, None) when its bytes
@@ -266,6 +283,9 @@ def _byte_view(name: str, value: Any) -> Tuple[str, Tuple[int, ...], Optional[np
 
         t = value.detach()
         dt = _torch_dtype_name(t)
+        why = unwritable(t)
+        if why is not None:
+            raise ValueError(f"tensor {name!r} {why}")
         if t.device.type == "cpu" and t.is_contiguous():
             return dt, tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy()
         return dt, tuple(t.shape), None

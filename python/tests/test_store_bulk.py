@@ -253,6 +253,36 @@ def test_an_update_in_place_is_seen_by_autograd(hub, how, transport):
         loss.backward()
 
 
+def _meta_linear():
+    with torch.device("meta"):
+        return torch.nn.Linear(4, 3)
+
+
+@pytest.mark.parametrize("make,why", [
+    # A module made on the meta device holds no memory: the write was a
+    # no-op reported as done (load_state_dict warns of it).
+    (_meta_linear, "meta device"),
+    # The bias is written first, then torch refuses the expanded weight:
+    # half a version was left in the target.
+    (lambda: {"bias": torch.zeros(3), "weight": torch.zeros(1, 4).expand(3, 4)}, "share memory"),
+    (lambda: {"bias": torch.zeros(3), "weight": torch.zeros(3, 4).to_sparse()}, "layout"),
+], ids=["meta", "expanded", "sparse"])
+def test_pull_into_refuses_a_target_it_cannot_write_whole(hub, make, why):
+    src = torch.nn.Linear(4, 3)
+    target = make()
+    sd = target.state_dict() if isinstance(target, torch.nn.Module) else target
+    dense = lambda t: t.to_dense() if t.layout != torch.strided else t  # noqa: E731
+    before = {k: dense(t).clone() for k, t in sd.items() if t.device.type != "meta"}
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("m", src.state_dict(), version=1, expect=0)
+        with pytest.raises(ValueError, match=why):
+            s.pull_into("m", target)
+        with pytest.raises(ValueError, match=why):
+            next(s.watch_into("m", target, timeout=30))
+    for k, t in before.items():
+        assert torch.equal(dense(sd[k]), t), k
+
+
 def test_pull_into_a_strided_target_goes_through_the_staging_buffer(hub):
     """A tensor without a byte view (here a transposed one) cannot take
     the bytes straight from the socket: the version is staged and copied."""

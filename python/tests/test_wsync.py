@@ -330,6 +330,29 @@ def test_wrong_shape_or_dtype_is_a_clear_error_and_copies_nothing(hub):
             r.poll()
 
 
+@pytest.mark.parametrize("target,why", [
+    (lambda: torch.nn.Linear(8, 3, device="meta"), "meta device"),
+    (lambda: {"bias": torch.zeros(3), "weight": torch.zeros(1, 8).expand(3, 8)}, "share memory"),
+    (lambda: {"bias": torch.zeros(3), "weight": torch.zeros(3, 8).to_sparse()}, "layout"),
+], ids=["meta", "expanded", "sparse"])
+def test_a_target_that_cannot_be_written_whole_is_refused_before_any_copy(hub, target, why):
+    """A meta module took the copy as a no-op and the version counted as
+    applied; an expanded or sparse tensor made torch raise midway, after
+    the tensors before it were written."""
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("pol", filled(linear(8, 3), 1.0), version=1)
+    m = target()
+    sd = m.state_dict() if isinstance(m, torch.nn.Module) else m
+    dense = lambda t: t.to_dense() if t.layout != torch.strided else t  # noqa: E731
+    before = {k: dense(t).clone() for k, t in sd.items() if t.device.type != "meta"}
+    with ws.Receiver(m, ws.StoreSource(hub.addr, "pol")) as r:
+        with pytest.raises(rlhub.InvalidArgument, match=why):
+            r.poll()
+        assert r.version == 0
+    for k, t in before.items():
+        assert torch.equal(dense(sd[k]), t), k
+
+
 def test_chunk_codec_matches_protobuf():
     """The hand-made chunk codec (rlhub._transfer) writes the bytes protobuf
     writes, and reads them back as a view."""

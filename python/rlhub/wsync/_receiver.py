@@ -14,7 +14,7 @@ import numpy.typing as npt
 from rlhub import errors
 from rlhub._crc32c import copy_crc32c, crc32c
 from rlhub.store import channel as _channel
-from rlhub.tensors import parse_header
+from rlhub.tensors import parse_header, unwritable
 from rlhub.wsync._report import report
 from rlhub.wsync._source import Source, WeightVersion
 
@@ -52,9 +52,11 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
               crc: Optional[int] = None) -> None:
     """Copies the safetensors ``blob`` into ``target``'s tensors in place.
 
-    Every name, dtype and shape is checked before anything is copied; a
-    mismatch raises :class:`rlhub.InvalidArgument` listing each difference
-    and leaves ``target`` unchanged. With ``strict=False`` names present on
+    Every name, dtype and shape is checked before anything is copied, and
+    that each tensor can be written whole (not on the meta device, dense,
+    no elements sharing memory: ``tensors.unwritable``); a mismatch raises
+    :class:`rlhub.InvalidArgument` listing each difference and leaves
+    ``target`` unchanged. With ``strict=False`` names present on
     only one side are ignored (dtypes and shapes of shared names are still
     checked).
 
@@ -96,6 +98,9 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
             problems.append(f"{name!r}: shape {list(shape)} in {what}, {list(dst.shape)} in the module")
         if dst.dtype != dt:
             problems.append(f"{name!r}: dtype {dt} in {what}, {dst.dtype} in the module")
+        why = unwritable(dst)
+        if why is not None:
+            problems.append(f"{name!r} in the module {why}")
         b, e = info["data_offsets"]
         plan.append((dst, dt, info["dtype"], start + b, e - b))
     if problems:
