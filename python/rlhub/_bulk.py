@@ -392,6 +392,16 @@ class Client:
             except OSError:
                 pass
 
+    def shutdown(self) -> None:
+        """:meth:`close`, and ends the requests in flight to every address
+        as :meth:`abort` does (each raises ``Unavailable``): for an owner
+        being closed, whose long polls would otherwise run on."""
+        with self._mu:
+            addrs = list(self._busy)
+        for addr in addrs:
+            self.abort(addr)
+        self.close()
+
     def close(self) -> None:
         """Closes the idle connections; calls in progress close theirs when done."""
         with self._mu:

@@ -130,12 +130,21 @@ class StoreClient:
         self.timeout = timeout
         self.retries = retries
         self.chunk_bytes = chunk_bytes
+        self._closed = False
 
     def close(self) -> None:
+        """Closes the client: calls in progress in other threads (a watch
+        waiting for its next version included) end with a ``CANCELLED``
+        ``RlhubError``, as do calls made after. Safe to call twice."""
+        self._closed = True
         if self._bulk is not None:
-            self._bulk.close()
+            self._bulk.shutdown()  # a data-plane watch's poll in flight ends, and is not asked again
         if self._own:
             self._channel.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.RlhubError(f"StoreClient of {self.addr[:200]} is closed", grpc.StatusCode.CANCELLED)
 
     def __enter__(self) -> "StoreClient":
         return self
@@ -147,6 +156,7 @@ class StoreClient:
         """Runs fn, retrying with backoff on Unavailable; maps errors."""
         delay = 0.05
         for attempt in range(self.retries + 1):
+            self._check_open()
             try:
                 return fn()
             except grpc.RpcError as e:
@@ -224,12 +234,14 @@ class StoreClient:
         the next one)."""
         delay = 0.05
         for n in range(self.retries + 1):
+            self._check_open()
             try:
                 return attempt()
             except _bulk.NotSupported:
                 self.stats["fallback"] += 1
                 return None
             except errors.RlhubError as e:
+                self._check_open()  # ended by close
                 if e.code == grpc.StatusCode.UNIMPLEMENTED:  # a hub without the method on its data plane
                     self._bulk_off_at = time.monotonic()
                     self.stats["fallback"] += 1
@@ -412,6 +424,7 @@ class StoreClient:
         # the receive buffer and comes again whole.
         delay, failures = 0.05, 0
         while True:
+            self._check_open()
             call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
                                timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
             it = iter(call)
@@ -429,6 +442,7 @@ class StoreClient:
                     yield mv
             finally:
                 call.cancel()
+            self._check_open()
             if err.code != grpc.StatusCode.UNAVAILABLE or failures >= self.retries:
                 raise err
             failures += 1

@@ -11,6 +11,7 @@ import threading
 import time
 import tracemalloc
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -528,3 +529,35 @@ def _connected_to(addr: str) -> bool:
     want = "%s:%04X" % ("".join("%02X" % int(b) for b in reversed(host.split("."))), int(port))
     with open(f"/proc/{os.getpid()}/net/tcp") as f:
         return any(line.split()[2] == want and line.split()[3] == "01" for line in f.readlines()[1:])
+
+
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_close_ends_a_watch_waiting_in_another_thread(hub, transport):
+    """A watch_into waiting in a thread for the next version ends when
+    the client is closed, and leaves no connection to the hub. On the data
+    plane it used to poll on (a connection reopened after each poll)
+    forever after close; over gRPC the closed channel ended it."""
+    s = rlhub.StoreClient(hub.addr, transport=transport)
+    net = torch.nn.Linear(4, 3)
+    s.push("m", net.state_dict(), version=1, expect=0)
+    errs: list = []
+
+    def watch():
+        try:
+            for _ in s.watch_into("m", net, after=1):
+                pass
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            errs.append(e)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    time.sleep(0.5)  # the watch waits on the hub
+    s.close()
+    t.join(10)
+    assert not t.is_alive(), "the watch runs on after close"
+    assert len(errs) == 1 and isinstance(errs[0], rlhub.RlhubError), errs
+    assert errs[0].code == grpc.StatusCode.CANCELLED, errs[0]
+    assert not _connected_to(hub.addr)
+    with pytest.raises(rlhub.RlhubError):
+        s.pull("m")
+    s.close()  # twice: a no-op
