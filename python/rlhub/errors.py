@@ -110,6 +110,22 @@ caller's identity is refused (the Go side's ``grpcerr.Permanent``). Retry
 loops give these back to their caller instead of trying again."""
 
 
+UINT64_MAX = (1 << 64) - 1
+
+
+def check_version(field: str, value: int) -> int:
+    """``value`` as a version field (an unsigned 64-bit number), or
+    ``InvalidArgument`` naming ``field``: what protobuf would refuse with a
+    bare ``ValueError`` that names neither. The value is not echoed past
+    24 characters."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= UINT64_MAX:
+        shown = repr(value)
+        if len(shown) > 24:
+            shown = shown[:24] + "…"
+        raise InvalidArgument(f"{field} must be a whole number from 0 to 2**64-1, not {shown}")
+    return value
+
+
 def is_permanent(err: BaseException) -> bool:
     """Whether ``err`` (a named rlhub exception or a ``grpc.RpcError``)
     carries one of :data:`PERMANENT_CODES`."""

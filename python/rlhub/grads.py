@@ -496,6 +496,9 @@ class GradClient:
         memory is sent as it is while the call runs (contiguous CPU tensors
         are not copied): do not change them until it returns.
         """
+        errors.check_version("base_version", base_version)
+        if seq is not None:
+            errors.check_version("seq", seq)
         body = self._parts.get(gradient_dict(grads))
         if seq is None:
             seq = self.next_seq()

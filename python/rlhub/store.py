@@ -178,6 +178,10 @@ class StoreClient:
         bytes: no blob is built); over gRPC (a hub without it) in chunks.
         ``stats["push_bulk"]`` / ``stats["push_grpc"]`` count them, refused
         ones included."""
+        errors.check_version("version", version)
+        errors.check_version("epoch", epoch)
+        if expect is not EXPECT_ANY:
+            errors.check_version("expect", expect)
         if isinstance(state_dict, (bytes, bytearray, memoryview)):
             head, bufs = b"", [memoryview(state_dict).cast("B")]
         else:
@@ -384,6 +388,9 @@ class StoreClient:
         """Pulls the newest version (or an exact one). With ``if_newer_than``
         returns None when the newest is not newer ("not modified"). The
         version's ``blob`` is a fresh buffer the caller owns."""
+        errors.check_version("version", version)
+        if if_newer_than is not None:
+            errors.check_version("if_newer_than", if_newer_than)
         return self._pull_raw(name, version, if_newer_than, framework)
 
     def watch(self, name: str, after: int = 0, *, framework: str = "numpy",
@@ -395,6 +402,7 @@ class StoreClient:
         primary moving, is ridden out on either transport: the watch asks
         again after the last version it yielded, up to ``retries`` times in
         a row with back-off (as pulls), then raises ``Unavailable``."""
+        errors.check_version("after", after)
         yield from self._watch_raw(name, after, framework, timeout, None)
 
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
@@ -486,6 +494,9 @@ class StoreClient:
         As with ``load_state_dict``, autograd sees the write as an in-place
         change of the tensors (their version counters are bumped): a graph
         that saved the old values refuses ``backward``."""
+        errors.check_version("version", version)
+        if if_newer_than is not None:
+            errors.check_version("if_newer_than", if_newer_than)
         with self._stage_mu:
             t = self._targets.get(target)
             v = self._pull_raw(name, version, if_newer_than, "numpy", self._stage_alloc,
@@ -507,6 +518,7 @@ class StoreClient:
         unchanged) and ends the watch. Each version is written into the
         target's tensors as they are when it arrives (a tensor replaced or
         reshaped during the watch is seen, as by ``pull_into``)."""
+        errors.check_version("after", after)
         targets = TargetCache()  # this watch's own
         targets.get(target)  # a target that is no tensors is refused before any version
         stage = [np.empty(0, np.uint8)]  # this watch's own receive buffer, reused

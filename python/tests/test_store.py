@@ -54,6 +54,24 @@ def test_bad_inputs_get_named_exceptions(hub):
             s.push("pol", b"\x10" + b"\0" * 7 + b"not json at all!", version=1)
         with pytest.raises(rlhub.InvalidArgument):
             s.push("bad name with spaces/..", sd(), version=1)
+        # Versions out of a uint64's range name their field (protobuf's
+        # own refusal is a bare ValueError naming neither).
+        for call, field in [
+            (lambda: s.push("pol", sd(), version=-1), "version"),
+            (lambda: s.push("pol", sd(), version=1, expect=-2), "expect"),
+            (lambda: s.push("pol", sd(), version=1 << 64), "version"),
+            (lambda: s.pull("pol", version=-1), "version"),
+            (lambda: s.pull("pol", if_newer_than=-1), "if_newer_than"),
+            (lambda: s.pull_into("pol", {"w": np.zeros(4, np.float32)}, version=-3), "version"),
+            (lambda: next(s.watch("pol", after=-1)), "after"),
+            (lambda: next(s.watch_into("pol", {"w": np.zeros(4, np.float32)}, after=10**40)), "after"),
+        ]:
+            with pytest.raises(rlhub.InvalidArgument, match=f"^{field} must be a whole number") as ei:
+                call()
+            assert len(str(ei.value)) < 100
+        with rlhub.GradClient(hub.addr, "c") as g:
+            with pytest.raises(rlhub.InvalidArgument, match="^base_version must"):
+                g.push("pol", -1, {"w": np.zeros(4, np.float32)})
         assert s.list() == []
 
 
