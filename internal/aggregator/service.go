@@ -613,17 +613,7 @@ func (s *Service) Start(ctx context.Context, req *rlhubv1.StartRequest) (*rlhubv
 // shown per learner on the dashboard and saved with the task.
 const MaxTaskIDBytes = 128
 
-func validTaskID(id string) error {
-	if len(id) > MaxTaskIDBytes {
-		return fmt.Errorf("%w: task id %s is longer than %d bytes", errs.ErrInvalid, errs.Quote(id), MaxTaskIDBytes)
-	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%w: task id %s has an unprintable character", errs.ErrInvalid, errs.Quote(id))
-		}
-	}
-	return nil
-}
+func validTaskID(id string) error { return errs.CheckName("task id", id, MaxTaskIDBytes) }
 
 func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struct, mo *rlhubv1.MergeOptions) (*rlhubv1.StartResponse, error) {
 	if err := validTaskID(taskID); err != nil {

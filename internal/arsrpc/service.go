@@ -20,7 +20,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-	"unicode"
 
 	"google.golang.org/grpc"
 
@@ -413,15 +412,7 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 const MaxWorkerNameBytes = 128
 
 func validWorkerName(name string) error {
-	if len(name) > MaxWorkerNameBytes {
-		return fmt.Errorf("%w: worker name %s is longer than %d bytes", errs.ErrInvalid, errs.Quote(name), MaxWorkerNameBytes)
-	}
-	for _, r := range name {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%w: worker name %s has an unprintable character", errs.ErrInvalid, errs.Quote(name))
-		}
-	}
-	return nil
+	return errs.CheckName("worker name", name, MaxWorkerNameBytes)
 }
 
 // Attach implements pb.ARSServer.

@@ -1,6 +1,7 @@
 package errs
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,5 +19,24 @@ func TestQuoteBoundsClientInput(t *testing.T) {
 		if got := Quote(tc.in); got != tc.want {
 			t.Errorf("Quote(%d bytes) = %s, want %s", len(tc.in), got, tc.want)
 		}
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	if err := CheckName("task id", "ppo-run 7/é", 16); err != nil {
+		t.Fatalf("a printable name within the bound: %v", err)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{strings.Repeat("x", 17), "longer than 16 bytes"},
+		{"a\x00b", "unprintable"},
+		{"tab\there", "unprintable"},
+	} {
+		err := CheckName("task id", tc.in, 16)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "task id") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CheckName(%q) = %v, want ErrInvalid naming the task id, %q", tc.in, err, tc.want)
+		}
+	}
+	if err := CheckName("worker name", strings.Repeat("y", 1<<20), 128); len(err.Error()) > 200 {
+		t.Errorf("the error echoes the input: %d bytes", len(err.Error()))
 	}
 }

@@ -1,7 +1,9 @@
 package errs
 
 import (
+	"fmt"
 	"strconv"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -23,4 +25,19 @@ func Quote(s string) string {
 		cut--
 	}
 	return strconv.Quote(s[:cut]) + "…(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// CheckName refuses, with ErrInvalid naming what it is, a client-supplied
+// name (a task id, a worker name) that the hub keeps, logs and shows:
+// longer than max bytes, or holding an unprintable character.
+func CheckName(what, s string, max int) error {
+	if len(s) > max {
+		return fmt.Errorf("%w: %s %s is longer than %d bytes", ErrInvalid, what, Quote(s), max)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: %s %s has an unprintable character", ErrInvalid, what, Quote(s))
+		}
+	}
+	return nil
 }
