@@ -34,17 +34,7 @@ func TestSyncWaitsForAConnectedFollowerNotYetRegistered(t *testing.T) {
 	if err := src.RefreshStandbys(ctx); err != nil {
 		t.Fatal(err)
 	}
-	f, err := replica.NewFollower(replica.FollowerConfig{DataDir: t.TempDir(), Member: "late", CrashAt: "unit-hold:2", Logger: testkit.Logger(),
-		Dial: func(_ context.Context, a string) (*grpc.ClientConn, error) {
-			return grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = f.Follow(fctx, cluster.Leader{ID: "p", Addr: addr, Epoch: 5}) })
-	testkit.Eventually(t, 30*time.Second, "the follower's full sync", f.Synced)
+	stop := followSource(t, src, addr, "late", "unit-hold:2")
 
 	standbys, err := src.Prepare(ctx)
 	if err != nil || len(standbys) != 0 {
@@ -53,12 +43,7 @@ func TestSyncWaitsForAConnectedFollowerNotYetRegistered(t *testing.T) {
 	if err := src.Sync(ctx, standbys); !errors.Is(err, errs.ErrUnavailable) {
 		t.Fatalf("Sync with a connected follower that does not acknowledge: %v, want Unavailable (not acknowledged)", err)
 	}
-	cancel()
-	wg.Wait()
-	testkit.Eventually(t, 30*time.Second, "the follower's stream to end at the primary", func() bool {
-		acked, _ := src.Followers()
-		return len(acked) == 0
-	})
+	stop()
 	if err := src.Sync(ctx, standbys); err != nil {
 		t.Fatalf("Sync with the follower gone: %v", err)
 	}
@@ -104,31 +89,10 @@ func TestSourceKeepsTheInSyncRecord(t *testing.T) {
 		}
 		return fmt.Sprint(recorded[len(recorded)-1])
 	}
-	follow := func() (stop func()) {
-		f, err := replica.NewFollower(replica.FollowerConfig{DataDir: t.TempDir(), Member: "s1", Logger: testkit.Logger(),
-			Dial: func(_ context.Context, a string) (*grpc.ClientConn, error) {
-				return grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		wg.Go(func() { _ = f.Follow(fctx, cluster.Leader{ID: "p", Addr: addr, Epoch: 5}) })
-		testkit.Eventually(t, 30*time.Second, "the follower's full sync", f.Synced)
-		return func() {
-			cancel()
-			wg.Wait()
-			testkit.Eventually(t, 30*time.Second, "the follower's stream to end at the primary", func() bool {
-				acked, _ := src.Followers()
-				return len(acked) == 0
-			})
-		}
-	}
 	if err := src.RefreshStandbys(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stop := follow()
+	stop := followSource(t, src, addr, "s1", "")
 	// Caught up with no publish yet: recorded by the periodic update.
 	if err := src.UpdateInSync(ctx); err != nil || last() != "[s1]" {
 		t.Fatalf("UpdateInSync after the full sync: %v, recorded %s; want [s1]", err, last())
@@ -163,9 +127,35 @@ func TestSourceKeepsTheInSyncRecord(t *testing.T) {
 	if err := src.RefreshStandbys(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stop = follow() // back, and caught up
+	stop = followSource(t, src, addr, "s1", "") // back, and caught up
 	defer stop()
 	if err := src.UpdateInSync(ctx); err != nil || last() != "[s1]" {
 		t.Fatalf("UpdateInSync once s1 caught up again: %v, recorded %s; want [s1]", err, last())
+	}
+}
+
+// followSource runs a follower (member, crash points crashAt) of the
+// Source served at addr (epoch 5) until its full sync applied; stop ends
+// it and waits until the Source has dropped its stream.
+func followSource(t *testing.T, src *replica.Source, addr, member, crashAt string) (stop func()) {
+	t.Helper()
+	f, err := replica.NewFollower(replica.FollowerConfig{DataDir: t.TempDir(), Member: member, CrashAt: crashAt, Logger: testkit.Logger(),
+		Dial: func(_ context.Context, a string) (*grpc.ClientConn, error) {
+			return grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = f.Follow(ctx, cluster.Leader{ID: "p", Addr: addr, Epoch: 5}) })
+	testkit.Eventually(t, 30*time.Second, "the follower's full sync", f.Synced)
+	return func() {
+		cancel()
+		wg.Wait()
+		testkit.Eventually(t, 30*time.Second, "the follower's stream to end at the primary", func() bool {
+			acked, _ := src.Followers()
+			return len(acked) == 0
+		})
 	}
 }
