@@ -14,9 +14,8 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/hub/hubtest"
 	"github.com/rlhub/rlhub/internal/metrics"
-	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -33,15 +32,7 @@ func TestSyncModelsStoredFirstAndBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const real = "zz/policy"
-	sd, err := tensor.NewStateDict(tensor.NewF32("w", 4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob, err := safetensors.Encode(sd, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.Store().Push(ctx, store.PushRequest{Name: real, Version: 3, Expect: 0, Blob: blob}); err != nil {
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: real, Version: 3, Expect: 0, Blob: storetest.Blob(t, 3, 4)}); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := grpc.NewClient(h.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
