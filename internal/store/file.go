@@ -215,20 +215,13 @@ func (f *File) recover() error {
 }
 
 func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, manifestName))
+	m, err := readManifest(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		f.removeDebris(dir, nil)
 		return nil, nil, nil
 	}
 	if err != nil {
 		return nil, nil, err
-	}
-	var m manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", manifestName, err)
-	}
-	if m.Format != manifestFormat {
-		return nil, nil, fmt.Errorf("%s: format %d, want %d", manifestName, m.Format, manifestFormat)
 	}
 	if err := f.cfg.Store.checkName(m.Name); err != nil || escapeName(m.Name) != filepath.Base(dir) {
 		return nil, nil, fmt.Errorf("%s: model name %q does not belong in this directory (%v)", manifestName, m.Name, err)
@@ -271,15 +264,12 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 	}
 	m.Versions = slices.Clone(load)
 	f.removeDebris(dir, keep)
-	return &m, snaps, nil
+	return m, snaps, nil
 }
 
-// VerifyModelDir checks, without opening the store, the version files
-// that the manifest in a model's directory lists: each must have the
-// listed size and CRC-32C. It returns the files that fail, with why (a
-// standby's scrub of its copy, internal/replica); err when the manifest
-// cannot be read or parsed (os.ErrNotExist: the directory has none).
-func VerifyModelDir(dir string) (map[string]error, error) {
+// readManifest reads and parses the manifest in a model's directory
+// (os.ErrNotExist: there is none).
+func readManifest(dir string) (*manifest, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, manifestName))
 	if err != nil {
 		return nil, err
@@ -288,10 +278,26 @@ func VerifyModelDir(dir string) (map[string]error, error) {
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, fmt.Errorf("%s: %w", manifestName, err)
 	}
+	if m.Format != manifestFormat {
+		return nil, fmt.Errorf("%s: format %d, want %d", manifestName, m.Format, manifestFormat)
+	}
+	return &m, nil
+}
+
+// VerifyModelDir checks, without opening the store, the version files
+// that the manifest in a model's directory lists: each must have the
+// listed size and CRC-32C. It returns the files that fail, with why (a
+// standby's scrub of its copy, internal/replica); err when the manifest
+// cannot be read or parsed (os.ErrNotExist: the directory has none).
+func VerifyModelDir(dir string) (map[string]error, error) {
+	m, err := readManifest(dir)
+	if err != nil {
+		return nil, err
+	}
 	bad := map[string]error{}
 	for _, v := range m.Versions {
 		if v.File != blobFileName(v.Version) {
-			return nil, fmt.Errorf("%s: version %d names file %q", manifestName, v.Version, errs.Quote(v.File))
+			return nil, fmt.Errorf("%s: version %d names file %s", manifestName, v.Version, errs.Quote(v.File))
 		}
 		if err := verifyBlob(filepath.Join(dir, v.File), v.Bytes, v.CRC32C); err != nil {
 			bad[v.File] = fmt.Errorf("version %d: %w", v.Version, err)
