@@ -650,8 +650,8 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	// lacks (Source's InSync drops it then, and adds standbys as they
 	// catch up). With fewer acks no record is kept.
 	var inSync, inSyncStandbys []string
+	var err error
 	ictx, icancel := context.WithTimeout(ctx, n.cfg.Cluster.DialTimeout+5*time.Second)
-	err := error(nil)
 	if n.cfg.Acks == AcksAll {
 		var old *cluster.InSync
 		if old, err = m.InSync(ictx); err == nil && old != nil {

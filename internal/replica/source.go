@@ -62,7 +62,8 @@ type SourceConfig struct {
 	// fails the publish: not acknowledged), and after one when standbys
 	// that hold everything are not recorded yet (an error is logged; the
 	// record stays smaller, which only narrows who may take over). The
-	// node records the primary alone before its term serves.
+	// node writes the record's start (InSyncStandbys) before its term
+	// serves.
 	InSync func(ctx context.Context, standbys []string) error
 	// InSyncStandbys are the standbys the record lists when the Source
 	// starts (the node wrote them with the primary at the term's start).
@@ -659,7 +660,7 @@ func (s *Source) UpdateInSync(ctx context.Context) error {
 // Source last wrote it; -1 when it keeps none (SourceConfig.InSync unset,
 // or acks other than all).
 func (s *Source) InSyncStandbys() int {
-	if s.cfg.InSync == nil || s.cfg.Acks != AcksAll {
+	if !s.keepsInSync() {
 		return -1
 	}
 	s.inSyncMu.Lock()
@@ -667,12 +668,15 @@ func (s *Source) InSyncStandbys() int {
 	return len(s.inSync)
 }
 
+// keepsInSync reports whether this Source keeps the in-sync record.
+func (s *Source) keepsInSync() bool { return s.cfg.InSync != nil && s.cfg.Acks == AcksAll }
+
 // recordInSync writes the in-sync record (SourceConfig.InSync) if it
 // should change: the holders of every acknowledged publish (exact), or
 // those and the members recorded now; it reports whether the record it
 // asked for drops a member.
 func (s *Source) recordInSync(ctx context.Context, exact bool) (bool, error) {
-	if s.cfg.InSync == nil || s.cfg.Acks != AcksAll {
+	if !s.keepsInSync() {
 		return false, nil
 	}
 	s.inSyncMu.Lock()
