@@ -170,10 +170,11 @@ var Policy = []Rule{
 	{Method: "/rlhub.v1.Reducer/Secondaries", Role: Reader},
 	{Method: "/rlhub.v1.Reducer/Push", Role: Trainer, Model: field("header.blob.model")},
 	{Method: "/rlhub.v1.Reducer/Stats", Role: Reader},
-	// Gradient reducer: secondaries in other hubs. Attaching one puts it
-	// on every client's list of secondaries, so it needs a token that
-	// covers every model.
-	{Method: "/rlhub.v1.ReducerPrimary/Attach", Role: Trainer, Model: namespace("")},
+	// Gradient reducer: secondaries in other hubs. Attaching one puts its
+	// address on every client's list of secondaries, which then send it
+	// their gradients: linking a hub is the operator's (admin, the token
+	// hubs dial each other with, as standbys do), and covers every model.
+	{Method: "/rlhub.v1.ReducerPrimary/Attach", Role: Admin, Model: namespace("")},
 	{Method: "/rlhub.v1.ReducerPrimary/Describe", Role: Trainer, Model: field("model")},
 	{Method: "/rlhub.v1.ReducerPrimary/Admit", Role: Trainer, Model: field("model")},
 	{Method: "/rlhub.v1.ReducerPrimary/Release", Role: Trainer, Model: field("model")},

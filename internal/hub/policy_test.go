@@ -395,21 +395,24 @@ func TestTLSHubRefusesPlaintextAndChecksZeroCopyStreams(t *testing.T) {
 }
 
 // A secondary reducer in a hub of its own links to the primary's hub over
-// TLS with an unscoped trainer token (the hub-to-hub seam), and a client
-// with a scoped trainer token gets its gradients applied through it.
+// TLS with the admin token (the hub-to-hub seam), and a client with a
+// scoped trainer token gets its gradients applied through it. An unscoped
+// trainer token may not link one: it would put an address of its choosing
+// on every client's list of secondaries, and their gradients would go
+// there.
 func TestSecondaryHubLinksOverTLSWithToken(t *testing.T) {
 	pk := newPKI(t)
 	srvTLS, err := dial.ServerTLS(pk.path("server.pem"), pk.path("server-key.pem"), pk.path("ca.pem"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	link, linkHash, _ := auth.NewToken()
+	trainer, trainerHash, _ := auth.NewToken()
 	user, userHash, _ := auth.NewToken()
 	admin, adminHash, _ := auth.NewToken()
 	v := auth.NewVerifier(map[string]auth.Principal{
-		linkHash:  {Name: "hub-link", Role: auth.Trainer, Scopes: []string{""}},
-		userHash:  {Name: "learner", Role: auth.Trainer, Scopes: []string{"t/"}},
-		adminHash: {Name: "admin", Role: auth.Admin, Scopes: []string{""}},
+		trainerHash: {Name: "unscoped-trainer", Role: auth.Trainer, Scopes: []string{""}},
+		userHash:    {Name: "learner", Role: auth.Trainer, Scopes: []string{"t/"}},
+		adminHash:   {Name: "admin", Role: auth.Admin, Scopes: []string{""}},
 	})
 	as := func(tok string) dial.Config {
 		c, err := dial.Files{CA: pk.path("ca.pem"), Cert: pk.path("client.pem"), Key: pk.path("client-key.pem"), Token: tok}.Load()
@@ -444,8 +447,20 @@ func TestSecondaryHubLinksOverTLSWithToken(t *testing.T) {
 	if _, _, err := ac.Register(ctx, reducer.ModelConfig{Model: "t/m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}, Reduction: reduce.Sum}); err != nil {
 		t.Fatal(err)
 	}
+	conn, err := as(trainer).GRPC(paddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fake := reducer.NewRemotePrimary(conn, "")
+	if _, _, err := fake.Attach(ctx, reducer.Secondary{Addr: "203.0.113.9:7470", ID: "fake"}); !errors.Is(err, errs.ErrPermission) {
+		t.Fatalf("an unscoped trainer token attached a secondary: %v, want a permission error", err)
+	}
+	if secs, err := ac.Secondaries(ctx); err != nil || len(secs) != 0 {
+		t.Fatalf("after a refused attach the primary lists %v (%v), want none", secs, err)
+	}
 	secondary, err := New(Config{Listen: "127.0.0.1:0", TLS: srvTLS, Auth: v, Logger: testkit.Logger(),
-		Reducer: reducer.Config{Primary: paddr, Dial: as(link), Secondaries: 1, BatchSize: 1}})
+		Reducer: reducer.Config{Primary: paddr, Dial: as(admin), Secondaries: 1, BatchSize: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
