@@ -35,6 +35,8 @@ type clusterFlags struct {
 	ackTimeout time.Duration
 	// faultBackoff: --replica-fault-backoff.
 	faultBackoff time.Duration
+	// scrubEvery: --replica-scrub-every.
+	scrubEvery time.Duration
 	// insecure is serve's --insecure: it allows plaintext etcd off
 	// loopback too.
 	insecure bool
@@ -205,6 +207,7 @@ func runClustered(ctx context.Context, cfg hub.Config, f *clusterFlags, logger *
 		// A standby that cannot write its copy leaves for this long.
 		FaultBackoff: f.faultBackoff,
 		Sync:         syncMode,
+		ScrubEvery:   f.scrubEvery,
 		// A test-only hook: SIGKILL a standby at a named point of a unit's
 		// install (replica.FollowerConfig.CrashAt).
 		CrashAt: os.Getenv("RLHUB_TEST_REPLICA_CRASH"),

@@ -136,6 +136,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cl.transport, "replica-transport", "auto", "with --etcd: how this hub, as a standby, follows the primary: auto (the data plane, falling back to the gRPC stream when the primary's data plane lacks it) or grpc — docs/cluster.md")
 	f.DurationVar(&cl.ackTimeout, "replica-ack-timeout", 10*time.Second, "with --etcd: how long a publish waits for the standbys' acknowledgements before it fails with Unavailable")
 	f.DurationVar(&cl.faultBackoff, "replica-fault-backoff", 30*time.Second, "with --etcd: how long this hub, as a standby that cannot write its copy (disk full, read-only or failing), stays out of the cluster before it joins again (no publish waits for it meanwhile)")
+	f.DurationVar(&cl.scrubEvery, "replica-scrub-every", 24*time.Hour, "with --etcd: how often this hub, as a standby, checks its copy's checksums (as it does on start; at most 256 MiB/s) and has the primary send again what is damaged (0: on start only) — docs/durability.md")
 	f.DurationVar(&cl.leaseTTL, "lease-ttl", 2*time.Second, "with --etcd: how long this hub's lease outlives its last keep-alive (whole seconds)")
 	f.StringVar(&cl.id, "member-id", "", "with --etcd: this hub's member id, or with --role reducer the id its secondaries are announced under (default HOSTNAME-PORT)")
 	f.StringVar(&cl.embedded, "embedded-etcd", "", "run a single-node etcd in this process with its data in DIR (a local cluster without an etcd to run)")

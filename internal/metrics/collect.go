@@ -68,6 +68,10 @@ type ClusterStats struct {
 	// that may take over.
 	KeepsInSync    bool
 	InSyncStandbys int
+	// Scrubs counts the checks of this hub's copy completed as a standby
+	// (on start and every --replica-scrub-every), DamagedFiles the files
+	// they found damaged and moved aside for the primary to send again.
+	Scrubs, DamagedFiles uint64
 }
 
 // OtherLabel is the label value shared by the collectors, learners, runs
@@ -183,6 +187,8 @@ func (c *statsCollector) collectCluster(ch chan<- prometheus.Metric, st ClusterS
 	c.emit(ch, fClusterUnit, float64(st.Unit))
 	c.emit(ch, fClusterApplied, float64(st.Applied))
 	c.emit(ch, fClusterSynced, b(st.Synced))
+	c.emit(ch, fClusterScrubs, float64(st.Scrubs))
+	c.emit(ch, fClusterDamaged, float64(st.DamagedFiles))
 	if st.Primary && st.KeepsInSync {
 		c.emit(ch, fClusterInSync, float64(st.InSyncStandbys))
 	}

@@ -71,6 +71,8 @@ var (
 	fClusterUnit     = Family{"rlhub_cluster_replicated_unit", "gauge", nil, "Newest replication unit: applied here (standby) or asked for by a publish (primary); units number anew each term."}
 	fClusterApplied  = Family{"rlhub_cluster_units_applied_total", "counter", nil, "Replication units this hub applied as a standby since it started."}
 	fClusterSynced   = Family{"rlhub_cluster_synced", "gauge", nil, "1 while this standby holds a full copy of the primary it follows (it may campaign), else 0."}
+	fClusterScrubs   = Family{"rlhub_cluster_scrubs_total", "counter", nil, "Checks of this hub's copy (each store version's and optimizer state's checksum) completed as a standby: on start and every --replica-scrub-every."}
+	fClusterDamaged  = Family{"rlhub_cluster_damaged_files_total", "counter", nil, "Files of this hub's copy its scrubs found damaged and moved aside (DATA/.replica/damaged) for the primary to send again; any rise means the disk corrupts data."}
 	fClusterInSync   = Family{"rlhub_cluster_in_sync_standbys", "gauge", nil, "On a primary with --replica-acks all: standbys the in-sync record lists, the only ones that may take over (0: none can; if this primary dies, no hub serves until it is back)."}
 	fDPRequests      = Family{"rlhub_dataplane_requests_total", "counter", []string{"method", "code"}, "Data-plane requests answered, by method (unknown: a name no handler serves) and status code (named as rlhub_grpc_server_handled_total's grpc_code)."}
 	fConnsRefused    = Family{"rlhub_conns_refused_total", "counter", []string{"reason"}, "Connections the hub's port closed for their client's fault: peer_cap (over --max-conns-per-peer, gRPC or data plane), handshake (first bytes, TLS handshake or data-plane hello invalid or not within --frame-timeout), frame_timeout (a data-plane request frame unfinished within --frame-timeout), malformed (a malformed data-plane request frame)."}
@@ -96,7 +98,7 @@ var (
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
 	dataPlaneFamilies  = []Family{fDPRequests, fConnsRefused}
-	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterInSync, fClusterLag}
+	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterScrubs, fClusterDamaged, fClusterInSync, fClusterLag}
 )
 
 // Families lists every rlhub_* metric family this package can export, in

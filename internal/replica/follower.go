@@ -90,9 +90,32 @@ type Follower struct {
 	synced atomic.Bool // a full sync completed (since the last Follow began)
 	units  atomic.Uint64
 	last   atomic.Uint64 // the newest unit applied
+	// scrubs counts the checks of the copy completed (on start and while
+	// following), damagedFiles the files they moved aside.
+	scrubs, damagedFiles atomic.Uint64
 
 	posMu sync.Mutex
 	pos   position // the newest unit applied, with its primary's epoch
+
+	// treeMu is held while a unit is installed and while a running scrub
+	// confirms damage and moves it aside (Scrub): the scrub never judges
+	// a tree halfway through a unit's moves.
+	treeMu sync.Mutex
+	// damaged: a running scrub moved files aside (treeMu held). Until a
+	// full sync is installed no other unit is: the position a unit saves
+	// would claim a copy that lacks them.
+	damaged bool
+	// gen counts the scrubs that moved files aside (treeMu held): a full
+	// sync ends the damage only on a stream opened after the last, whose
+	// inventory lacked those files.
+	gen uint64
+	// stopStream ends the stream being followed (Follow sets it; nil
+	// when there is none).
+	streamMu   sync.Mutex
+	stopStream context.CancelFunc
+	// suspected, when set (tests), runs between a running scrub's first
+	// check and its second.
+	suspected func()
 
 	mu    sync.Mutex
 	epoch uint64 // highest primary epoch seen, persisted
@@ -138,6 +161,8 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replica: checking the copy in %s: %w", cfg.DataDir, err)
 	}
+	f.scrubs.Add(1)
+	f.damagedFiles.Add(uint64(len(damaged)))
 	if len(damaged) > 0 {
 		// The copy lacks what its position claims until a full sync: it
 		// yields any election meanwhile, as an unreadable position does
@@ -182,6 +207,13 @@ func (f *Follower) position() position {
 // LastUnit is the newest unit applied from the primary followed now.
 func (f *Follower) LastUnit() uint64 { return f.last.Load() }
 
+// Scrubs is the number of checks of the copy completed, on start and
+// while following; damagedFiles the files they found damaged and moved
+// aside.
+func (f *Follower) Scrubs() (scrubs, damagedFiles uint64) {
+	return f.scrubs.Load(), f.damagedFiles.Load()
+}
+
 // Units counts the units applied.
 func (f *Follower) Units() uint64 { return f.units.Load() }
 
@@ -216,6 +248,14 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	f.last.Store(0)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	f.streamMu.Lock()
+	f.stopStream = cancel
+	f.streamMu.Unlock()
+	defer func() {
+		f.streamMu.Lock()
+		f.stopStream = nil
+		f.streamMu.Unlock()
+	}()
 	// A stream whose first unit does not begin within firstFrameTimeout of
 	// the start (an epoch write or inventory slowed by the disk, a
 	// connection that never became ready, a stream opened on a hub that
@@ -231,6 +271,9 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 		return err
 	}
 	epochWrite := time.Since(start)
+	f.treeMu.Lock()
+	gen := f.gen
+	f.treeMu.Unlock()
 	have, err := inventory(f.cfg.DataDir)
 	if err != nil {
 		return err
@@ -260,16 +303,14 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	f.cfg.Logger.Info("replica: following the primary", "primary", leader.String(), "files_held", len(have), "transport", transport, "opening", opening())
 	for {
 		holdAt(ctx, f.crash, "unit-hold")
-		// applyUnit saves the position with the unit (its marker).
-		u, err := f.applyUnit(us, leader.Epoch, first.Stop)
+		// applyUnit saves the position with the unit (its marker, and
+		// f.pos).
+		u, err := f.applyUnit(us, leader.Epoch, gen, first.Stop)
 		if err != nil {
 			return err
 		}
 		f.units.Add(1)
 		f.last.Store(u)
-		f.posMu.Lock()
-		f.pos = position{Epoch: leader.Epoch, Unit: u}
-		f.posMu.Unlock()
 		if err := us.ack(u); err != nil {
 			return err
 		}
@@ -321,8 +362,9 @@ type staged struct {
 }
 
 // applyUnit receives one unit into the staging area and, once its end
-// arrives whole, installs it; a unit cut short changes nothing.
-func (f *Follower) applyUnit(us unitStream, epoch uint64, began func() bool) (uint64, error) {
+// arrives whole, installs it; a unit cut short changes nothing. gen is
+// Follower.gen when the stream was opened.
+func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool) (uint64, error) {
 	b, err := us.recv()
 	if err != nil {
 		return 0, err
@@ -389,7 +431,7 @@ func (f *Follower) applyUnit(us unitStream, epoch uint64, began func() bool) (ui
 			if err != nil || u != bg.Unit {
 				return 0, errFrame
 			}
-			if err := f.install(stage, files, gone, bg.Full, mentioned, position{Epoch: epoch, Unit: u}); err != nil {
+			if err := f.install(stage, files, gone, bg.Full, mentioned, position{Epoch: epoch, Unit: u}, gen); err != nil {
 				return 0, err
 			}
 			installed = true
@@ -506,7 +548,12 @@ type markedFile struct {
 // writes the commit marker (with pos, the unit's position), then moves
 // the files into place and makes the removals, (SyncFsync) syncs the
 // directories touched, and saves the position by promoting the marker.
-func (f *Follower) install(stage string, files []staged, gone []string, full bool, mentioned map[string]bool, pos position) error {
+func (f *Follower) install(stage string, files []staged, gone []string, full bool, mentioned map[string]bool, pos position, gen uint64) error {
+	f.treeMu.Lock()
+	defer f.treeMu.Unlock()
+	if f.damaged && (!full || gen != f.gen) {
+		return errResync
+	}
 	if full {
 		es, err := walk(f.cfg.DataDir, mirroredDirs)
 		if err != nil {
@@ -532,7 +579,76 @@ func (f *Follower) install(stage string, files []staged, gone []string, full boo
 		return err
 	}
 	f.crash.At("unit-installed")
-	return f.promoteMarker(stage, f.cfg.Sync == SyncFsync)
+	if err := f.promoteMarker(stage, f.cfg.Sync == SyncFsync); err != nil {
+		return err
+	}
+	f.damaged = false // a full sync sent again what was moved aside
+	f.posMu.Lock()
+	f.pos = pos
+	f.posMu.Unlock()
+	return nil
+}
+
+// errResync ends a stream whose next unit would be installed on a copy a
+// running scrub found damaged: the next stream begins with a full sync.
+var errResync = errors.New("replica: this copy was found damaged; following again for a full sync")
+
+// Scrub checks the copy while the follower runs — reading at most pace
+// bytes/s, ctx bounding it — and moves aside what is damaged, as the scrub
+// on start does: into DataDir/.replica/damaged, the position reset (the
+// copy yields every election until synced), and the stream being
+// followed ended, so that the next one's full sync sends those files
+// again. It returns what it moved aside, with why. A file that fails
+// while units are installed (replaced or removed under the read) is
+// checked again with none installing before it counts as damaged.
+func (f *Follower) Scrub(ctx context.Context, pace int64) (map[string]error, error) {
+	suspect, err := checkCopy(ctx, f.cfg.DataDir, nil, pace)
+	if err != nil {
+		return nil, err
+	}
+	if len(suspect) == 0 {
+		f.scrubs.Add(1)
+		return nil, nil
+	}
+	if f.suspected != nil {
+		f.suspected()
+	}
+	f.treeMu.Lock()
+	defer f.treeMu.Unlock()
+	bad, err := checkCopy(ctx, f.cfg.DataDir, func(rel string) bool {
+		for s := range suspect {
+			if s == rel || strings.HasPrefix(s, rel+string(filepath.Separator)) {
+				return true
+			}
+		}
+		return false
+	}, 0)
+	if err != nil {
+		return nil, err
+	}
+	f.scrubs.Add(1)
+	if len(bad) == 0 {
+		return nil, nil
+	}
+	f.damagedFiles.Add(uint64(len(bad)))
+	f.damaged = true
+	f.gen++
+	f.synced.Store(false)
+	f.posMu.Lock()
+	f.pos = position{}
+	f.posMu.Unlock()
+	f.streamMu.Lock()
+	if f.stopStream != nil {
+		f.stopStream()
+	}
+	f.streamMu.Unlock()
+	if err := moveAside(f.cfg.DataDir, filepath.Join(f.dir(), "damaged"), bad); err != nil {
+		return bad, fmt.Errorf("replica: moving damaged files aside: %w", err)
+	}
+	if err := os.Remove(filepath.Join(f.dir(), positionName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return bad, fmt.Errorf("replica: %w", err)
+	}
+	return bad, nil
 }
 
 // promoteMarker saves an installed unit's position: its commit marker,

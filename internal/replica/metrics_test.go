@@ -110,6 +110,10 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	if got["rlhub_cluster_primary"] != 0 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 1 {
 		t.Fatalf("standby %s metrics %v, want primary 0, epoch %d, a unit applied", sb.id, got, l1.Epoch)
 	}
+	// Its copy was checked on start and found whole.
+	if got["rlhub_cluster_scrubs_total"] < 1 || got["rlhub_cluster_damaged_files_total"] != 0 {
+		t.Fatalf("standby %s: %v scrubs, %v damaged files; want 1 or more and 0", sb.id, got["rlhub_cluster_scrubs_total"], got["rlhub_cluster_damaged_files_total"])
+	}
 	wantReady := func(url, who, want string) {
 		t.Helper()
 		code, body, err := readyz(url)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -44,6 +45,9 @@ type NodeConfig struct {
 	Sync SyncMode
 	// CrashAt: FollowerConfig.CrashAt (tests only).
 	CrashAt string
+	// ScrubEvery is how often a standby checks its copy while it follows
+	// (Follower.Scrub; it checks it on start too); 0 means on start only.
+	ScrubEvery time.Duration
 	// FaultBackoff is how long a standby that cannot write its copy (its
 	// disk full, read-only or failing) stays out of the cluster before it
 	// joins again; 0 means 30 s. Out of it, no publish waits for it and
@@ -369,6 +373,9 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { n.followLoop(sctx, m, leave) })
+	if n.cfg.ScrubEvery > 0 {
+		wg.Go(func() { n.scrubLoop(sctx) })
+	}
 	for {
 		l, err := m.Leader(sctx)
 		if errors.Is(err, cluster.ErrNoLeader) || err == nil && (l.ID == m.ID() || n.follower.Synced()) {
@@ -451,6 +458,38 @@ func (n *Node) standby(ctx context.Context, m *cluster.Member) (*cluster.Term, e
 		}
 	}
 }
+
+// scrubLoop checks the standby's copy every ScrubEvery (the first a whole
+// interval after it became a standby: NewFollower checked it on start)
+// until ctx ends, at scrubPace.
+func (n *Node) scrubLoop(ctx context.Context) {
+	t := time.NewTicker(n.cfg.ScrubEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		damaged, err := n.follower.Scrub(ctx, scrubPace)
+		for rel, why := range damaged {
+			n.cfg.Logger.Error("replica: a file of this hub's copy is damaged; moved aside for the primary to send again",
+				"file", rel, "err", why, "moved_to", filepath.Join(n.follower.dir(), "damaged", rel))
+		}
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			n.cfg.Logger.Warn("replica: checking this hub's copy failed", "err", err)
+		default:
+			n.cfg.Logger.Info("replica: this hub's copy checked", "damaged", len(damaged), "took", time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// scrubPace bounds the rate a running scrub reads the copy at (bytes/s):
+// a 10 GiB copy takes 40 s, leaving the disk to the units it applies.
+const scrubPace = 256 << 20
 
 // awaitInSync returns once the in-sync record lists this member or there
 // is none (ctx's error when it ends, errMemberLost when the lease is), and
@@ -891,6 +930,7 @@ func (n *Node) stats() metrics.ClusterStats {
 	st.Primary = primary && !st.Outside
 	if f := n.follower; f != nil {
 		st.Applied = f.Units()
+		st.Scrubs, st.DamagedFiles = f.Scrubs()
 		if !primary {
 			st.Unit, st.Synced = f.LastUnit(), f.Synced() && !st.Outside
 		}

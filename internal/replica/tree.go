@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -242,24 +244,54 @@ func (t *fileTree) diff(found []entry, scopes []string) map[string]change {
 	return d
 }
 
-// scrub checks the immutable files of root's copy that carry a checksum —
-// each store version against its model's manifest (size and CRC-32C),
-// each optimizer state against the checksum it records — and moves every
-// one that fails, or whose manifest cannot be read, into quarantine (a
-// directory outside the mirrored tree), returning them with why. A standby
-// scrubs its copy once, on start (NewFollower): a full sync keeps any
-// immutable file the standby holds at the primary's size, so a damaged one
-// would stay until this hub, elected, could not open its store; moved
-// aside, it is sent again. Files no manifest lists are left to the store,
-// which removes them as debris when it opens.
+// scrub checks root's copy (checkCopy) and moves every file that fails
+// into quarantine (a directory outside the mirrored tree), returning them
+// with why. A standby scrubs its copy on start (NewFollower) — a full sync
+// keeps any immutable file the standby holds at the primary's size, so a
+// damaged one would stay until this hub, elected, could not open its
+// store; moved aside, it is sent again — and while it follows, every
+// --replica-scrub-every (Follower.Scrub).
 func scrub(root, quarantine string) (map[string]error, error) {
+	bad, err := checkCopy(context.Background(), root, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	return bad, moveAside(root, quarantine, bad)
+}
+
+// checkCopy checks the immutable files of root's copy that carry a
+// checksum — each store version against its model's manifest (size and
+// CRC-32C), each optimizer state against the checksum it records — and
+// returns every one that fails, or whose manifest cannot be read, with
+// why. only, when set, picks what is checked: a model's directory
+// ("store/NAME") or a state file, by its path under root. pace, when
+// positive, bounds the rate it reads at (bytes/s): it sleeps between
+// checks. Files no manifest lists are left to the store, which removes
+// them as debris when it opens.
+func checkCopy(ctx context.Context, root string, only func(rel string) bool, pace int64) (map[string]error, error) {
 	bad := map[string]error{}
+	start, read := time.Now(), int64(0)
+	paced := func(path string) error {
+		if pace <= 0 {
+			return ctx.Err()
+		}
+		read += treeBytes(path)
+		if d := time.Until(start.Add(time.Duration(float64(read) / float64(pace) * float64(time.Second)))); d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
+		return ctx.Err()
+	}
 	models, err := os.ReadDir(filepath.Join(root, "store"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
 	for _, m := range models {
-		if !m.IsDir() || strings.HasPrefix(m.Name(), ".") {
+		if !m.IsDir() || strings.HasPrefix(m.Name(), ".") || only != nil && !only(filepath.Join("store", m.Name())) {
 			continue
 		}
 		dir := filepath.Join(root, "store", m.Name())
@@ -282,25 +314,63 @@ func scrub(root, quarantine string) (map[string]error, error) {
 		for name, why := range failed {
 			bad[filepath.Join("store", m.Name(), name)] = why
 		}
+		if err := paced(dir); err != nil {
+			return nil, err
+		}
 	}
 	states, err := filepath.Glob(filepath.Join(root, "reducer", "*", "optim-v*.safetensors"))
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range states {
-		if err := reducer.VerifyStateFile(p); err != nil {
-			rel, _ := filepath.Rel(root, p)
+		rel, _ := filepath.Rel(root, p)
+		if only != nil && !only(rel) {
+			continue
+		}
+		if err := reducer.VerifyStateFile(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			bad[rel] = err
 		}
-	}
-	for rel := range bad {
-		dst := filepath.Join(quarantine, rel)
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return bad, err
-		}
-		if err := os.Rename(filepath.Join(root, rel), dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return bad, err
+		if err := paced(p); err != nil {
+			return nil, err
 		}
 	}
 	return bad, nil
+}
+
+// treeBytes is the size of the file at path, or of the files in the
+// directory at path (not below it): what checking it reads.
+func treeBytes(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.IsDir() {
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	es, err := os.ReadDir(path)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, e := range es {
+		if i, err := e.Info(); err == nil && !i.IsDir() {
+			n += i.Size()
+		}
+	}
+	return n
+}
+
+// moveAside moves the files bad names (paths under root) into quarantine,
+// at the same paths under it.
+func moveAside(root, quarantine string, bad map[string]error) error {
+	for rel := range bad {
+		dst := filepath.Join(quarantine, rel)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.Rename(filepath.Join(root, rel), dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
