@@ -88,7 +88,35 @@ const (
 	DefaultIdleTimeout = 2 * time.Minute
 	// DefaultMaxConnsPerPeer is Server.MaxConnsPerPeer's default.
 	DefaultMaxConnsPerPeer = 256
+	// DefaultBodyTimeout and DefaultBodyMinRate are Server.BodyTimeout's
+	// and Server.BodyMinRate's defaults: a body of n bytes gets
+	// 30 s + n / (1 MiB/s). 1 MiB/s (8 Mbit/s) is far below any link an
+	// RL run pushes over, cross-region included, so an honest client never
+	// meets it: a 4 MiB gradient gets 34 s, a 1 GiB model (the store's
+	// default limit) 17 min. The 30 s covers a slow start (TCP slow start
+	// on a long link, a client's GC pause) for small bodies. What it
+	// stops is a client that trickles a body to hold a connection and
+	// what its handler holds (a reducer queue slot) for ever; the
+	// handlers' size checks before the body bound n, hence the hold.
+	DefaultBodyTimeout = 30 * time.Second
+	DefaultBodyMinRate = 1 << 20
 )
+
+// BodyDeadline is how long a body of n bytes may take to arrive under
+// a fixed allowance and a minimum rate (bytes/s) — the data plane's
+// bound (Server.BodyTimeout, BodyMinRate), which the hub's gRPC pushes
+// share. A rate of 0 or less adds nothing; the result saturates instead
+// of overflowing.
+func BodyDeadline(allowance time.Duration, minRate, n int64) time.Duration {
+	if minRate <= 0 || n <= 0 {
+		return allowance
+	}
+	extra := float64(n) / float64(minRate) * float64(time.Second)
+	if extra >= float64(1<<62) {
+		return 1 << 62
+	}
+	return allowance + time.Duration(extra)
+}
 
 // Request is one request as its handler sees it.
 type Request struct {
@@ -99,9 +127,11 @@ type Request struct {
 
 	conn      *serverConn
 	continued bool
-	remaining int64 // body bytes the client will still send
-	replied   bool  // Reply was called (data.go)
-	broken    bool  // a Reply write failed: the connection is out of step
+	remaining int64     // body bytes the client will still send
+	deadline  time.Time // the whole body is due by then (Server.BodyTimeout); set by Body
+	expired   bool      // a body read failed because deadline passed
+	replied   bool      // Reply was called (data.go)
+	broken    bool      // a Reply write failed: the connection is out of step
 	stream    *Stream
 }
 
@@ -122,6 +152,10 @@ func (r *Request) Body(n int64) (io.Reader, error) {
 	}
 	r.continued = true
 	r.remaining = n
+	// The whole body, whatever its pace, is due by the deadline: the idle
+	// bound alone lets a client that sends a byte every 29 s keep the
+	// request (and its handler's queue slot) for ever.
+	r.deadline = time.Now().Add(BodyDeadline(r.conn.bodyTimeout, r.conn.bodyMinRate, n))
 	if err := r.conn.writeFrame([]byte{kindContinue}); err != nil {
 		return nil, fmt.Errorf("%w: bulk: ask for the body: %v", errs.ErrUnavailable, err)
 	}
@@ -137,15 +171,35 @@ func (b bodyReader) Read(p []byte) (int, error) {
 	if int64(len(p)) > b.r.remaining {
 		p = p[:b.r.remaining]
 	}
-	// A client that stops sending midway must not hold what the handler
-	// holds (a reducer's queue slot) for ever.
-	_ = b.r.conn.SetReadDeadline(time.Now().Add(b.r.conn.idle))
+	// A client that stops sending midway, or sends too slowly, must not
+	// hold what the handler holds (a reducer's queue slot) for ever.
+	d := time.Now().Add(b.r.conn.idle)
+	if d.After(b.r.deadline) {
+		d = b.r.deadline
+	}
+	_ = b.r.conn.SetReadDeadline(d)
 	n, err := b.r.conn.br.Read(p)
 	b.r.remaining -= int64(n)
 	if err == io.EOF && b.r.remaining > 0 {
 		err = io.ErrUnexpectedEOF
 	}
+	if err != nil && isTimeout(err) && !time.Now().Before(b.r.deadline) {
+		b.r.expired = true
+		return n, errBodyDeadline(b.r.conn.bodyTimeout, b.r.conn.bodyMinRate)
+	}
 	return n, err
+}
+
+// ErrBodyDeadline is what a body read returns once the body's deadline
+// (Server.BodyTimeout, BodyMinRate) has passed: the request is answered
+// DEADLINE_EXCEEDED and its connection closed. It wraps
+// context.DeadlineExceeded.
+var ErrBodyDeadline = fmt.Errorf("request body not received within its deadline: %w", context.DeadlineExceeded)
+
+// errBodyDeadline names the limit, never anything the client sent.
+func errBodyDeadline(allowance time.Duration, minRate int64) error {
+	return fmt.Errorf("bulk: %w (%v plus 1 s per %d bytes announced: the server's body timeout and minimum rate)",
+		ErrBodyDeadline, allowance, minRate)
 }
 
 // Handler serves one method. It returns the response message, or an error
@@ -162,6 +216,17 @@ type Server struct {
 	// read returns a timeout) and loses the connection. NewServer sets
 	// DefaultBodyIdleTimeout; change it before Listen.
 	BodyIdleTimeout time.Duration
+	// BodyTimeout and BodyMinRate (bytes/s) bound the whole of a body:
+	// one of n bytes must be in, bytes the server discards after its
+	// handler failed included, within BodyTimeout + n/BodyMinRate of the
+	// handler asking for it (BodyDeadline). Past it the handler's read
+	// fails with ErrBodyDeadline, the request is answered
+	// DEADLINE_EXCEEDED, the connection is closed and counted
+	// (RefusedBodyTimeout). NewServer sets DefaultBodyTimeout and
+	// DefaultBodyMinRate; BodyMinRate 0 means the deadline does not
+	// grow with n. Change them before Listen.
+	BodyTimeout time.Duration
+	BodyMinRate int64
 	// FrameTimeout bounds every partial frame: a new connection's first 8
 	// bytes (the sniff), the rest of a request frame once its first byte
 	// arrived, and every write to the client. A connection that sends the
@@ -231,10 +296,14 @@ const (
 	// RefusedMalformed: a malformed data-plane request frame (answered
 	// INVALID_ARGUMENT, then closed).
 	RefusedMalformed = "malformed"
+	// RefusedBodyTimeout: a data-plane request body not received within
+	// its deadline (BodyTimeout + n/BodyMinRate; answered
+	// DEADLINE_EXCEEDED, then closed).
+	RefusedBodyTimeout = "body_timeout"
 )
 
 // RefusalReasons lists every refusal reason, in a fixed order.
-var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed}
+var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed, RefusedBodyTimeout}
 
 func (s *Server) refuse(reason string) { s.refusal(reason).Add(1) }
 
@@ -293,7 +362,7 @@ const DefaultBodyIdleTimeout = 30 * time.Second
 // NewServer returns a server with no handlers.
 func NewServer() *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, FrameTimeout: DefaultFrameTimeout, IdleTimeout: DefaultIdleTimeout,
+	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, BodyTimeout: DefaultBodyTimeout, BodyMinRate: DefaultBodyMinRate, FrameTimeout: DefaultFrameTimeout, IdleTimeout: DefaultIdleTimeout,
 		MaxConnsPerPeer: DefaultMaxConnsPerPeer, handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
 		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}, peers: map[string]int{},
 		answered: map[requestKey]uint64{}}
@@ -569,6 +638,9 @@ type serverConn struct {
 	frame time.Duration // Server.FrameTimeout
 	busy  bool          // a request is being served (guarded by Server.mu)
 	token string        // from the handshake; "" when none was sent
+
+	bodyTimeout time.Duration // Server.BodyTimeout
+	bodyMinRate int64         // Server.BodyMinRate
 }
 
 // Write writes to the client within FrameTimeout: a client that stops
@@ -586,7 +658,8 @@ func (c *serverConn) writeFrame(b []byte) error {
 // serve runs one connection's requests until it breaks or the server
 // closes.
 func (s *Server) serve(c net.Conn, token string) {
-	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout, frame: s.FrameTimeout, token: token}
+	sc := &serverConn{Conn: c, br: bufio.NewReaderSize(c, 64<<10), idle: s.BodyIdleTimeout, frame: s.FrameTimeout, token: token,
+		bodyTimeout: s.BodyTimeout, bodyMinRate: s.BodyMinRate}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -686,6 +759,19 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 		st = toStatus(resp, causeOf(ctx, err))
 		done()
 	}
+	// Keep the connection in step: drop what the handler did not read
+	// (under the body's deadline too).
+	inStep := !req.broken && req.stream == nil
+	if inStep && req.remaining > 0 {
+		if _, err := io.CopyN(io.Discard, bodyReader{req}, req.remaining); err != nil {
+			inStep = false
+		}
+	}
+	if req.expired {
+		// Whatever the handler made of its failed read, the answer names
+		// the limit (a handler may have wrapped the error in its words).
+		st = toStatus(nil, errBodyDeadline(sc.bodyTimeout, sc.bodyMinRate))
+	}
 	key := requestKey{method: req.Method, code: codes.Code(st.Code)}
 	if !ok {
 		key.method = UnknownMethod
@@ -693,17 +779,18 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	s.mu.Lock()
 	s.answered[key]++
 	s.mu.Unlock()
-	if req.broken {
+	switch {
+	case req.broken:
 		return false
-	}
-	if req.stream != nil { // its final status, then the connection ends (stream.go)
+	case req.expired: // its deadline passed mid-body: say why, then hang up
+		s.refuse(RefusedBodyTimeout)
 		_ = writeFinal(sc, st)
 		return false
-	}
-	if req.remaining > 0 { // keep the stream in step: drop what the handler did not read
-		if _, err := io.CopyN(io.Discard, bodyReader{req}, req.remaining); err != nil {
-			return false
-		}
+	case req.stream != nil: // its final status, then the connection ends (stream.go)
+		_ = writeFinal(sc, st)
+		return false
+	case !inStep:
+		return false
 	}
 	s.mu.Lock()
 	s.requests++ // before the answer leaves, so a client that has it sees the count

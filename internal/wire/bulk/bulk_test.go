@@ -257,6 +257,16 @@ func partialBody(t *testing.T, addr, method string, header proto.Message, n int)
 // the server to hang up.
 func readFinal(t *testing.T, conn net.Conn) (codes.Code, string) {
 	t.Helper()
+	code, msg := readFinalKeep(t, conn)
+	if n, err := conn.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("the server kept the connection open after a malformed frame (%d, %v)", n, err)
+	}
+	return code, msg
+}
+
+// readFinalKeep reads a final frame's status code and message.
+func readFinalKeep(t *testing.T, conn net.Conn) (codes.Code, string) {
+	t.Helper()
 	head := make([]byte, 5)
 	if _, err := io.ReadFull(conn, head); err != nil {
 		t.Fatal(err)
@@ -268,11 +278,7 @@ func readFinal(t *testing.T, conn net.Conn) (codes.Code, string) {
 	if _, err := io.ReadFull(conn, b); err != nil {
 		t.Fatal(err)
 	}
-	code, msg := parseStatus(t, b)
-	if n, err := conn.Read(make([]byte, 1)); n != 0 || err == nil {
-		t.Fatalf("the server kept the connection open after a malformed frame (%d, %v)", n, err)
-	}
-	return code, msg
+	return parseStatus(t, b)
 }
 
 // parseStatus decodes google.rpc.Status by hand (field 1 code, field 2
@@ -291,6 +297,9 @@ func parseStatus(t *testing.T, b []byte) (codes.Code, string) {
 		case 2<<3 | 2:
 			l, n := binary.Uvarint(b)
 			msg, b = string(b[n:n+int(l)]), b[n+int(l):]
+		case 3<<3 | 2: // a detail (an OK answer's response): skipped
+			l, n := binary.Uvarint(b)
+			b = b[n+int(l):]
 		default:
 			t.Fatalf("unexpected status field key %d", key)
 		}
