@@ -179,6 +179,16 @@ type Limits struct {
 	// is closed after it; 0 means bulk.DefaultIdleTimeout (2m).
 	// `--idle-timeout`.
 	IdleTimeout time.Duration
+	// BodyTimeout and BodyMinRate (bytes/s) bound how long a pushed body
+	// may take to arrive whole, whatever its pace: one of n bytes (as its
+	// header announces) gets BodyTimeout + n/BodyMinRate, on the data
+	// plane (bulk.Server.BodyTimeout) and on gRPC push streams alike;
+	// past it the push fails DeadlineExceeded and changes nothing. 0 means
+	// bulk.DefaultBodyTimeout (30s) and bulk.DefaultBodyMinRate (1 MiB/s);
+	// a negative BodyMinRate means a fixed BodyTimeout whatever n.
+	// `--body-timeout`, `--body-min-rate`.
+	BodyTimeout time.Duration
+	BodyMinRate int64
 	// MaxConnsPerPeer caps the open connections (gRPC and data plane) of
 	// one peer IP; 0 means bulk.DefaultMaxConnsPerPeer (256), negative no
 	// cap. `--max-conns-per-peer`.
@@ -213,6 +223,12 @@ func (l *Limits) validate() error {
 	if l.MaxConnsPerPeer == 0 {
 		l.MaxConnsPerPeer = bulk.DefaultMaxConnsPerPeer
 	}
+	if l.BodyTimeout == 0 {
+		l.BodyTimeout = bulk.DefaultBodyTimeout
+	}
+	if l.BodyMinRate == 0 {
+		l.BodyMinRate = bulk.DefaultBodyMinRate
+	}
 	if l.HandshakeTimeout == 0 {
 		l.HandshakeTimeout = 10 * time.Second
 	}
@@ -222,7 +238,7 @@ func (l *Limits) validate() error {
 	if l.KeepaliveTimeout == 0 {
 		l.KeepaliveTimeout = 20 * time.Second
 	}
-	if l.FrameTimeout < 0 || l.IdleTimeout < 0 || l.HandshakeTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0 || l.MaxPolicyParams < 0 {
+	if l.FrameTimeout < 0 || l.IdleTimeout < 0 || l.BodyTimeout < 0 || l.HandshakeTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0 || l.MaxPolicyParams < 0 {
 		return fmt.Errorf("hub: negative limit in %+v", *l)
 	}
 	return nil
@@ -345,6 +361,8 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(cfg.Auth.StreamInterceptor()))
 	}
+	// Innermost: the pushes' body deadline, as on the data plane.
+	opts = append(opts, grpc.ChainStreamInterceptor(bodyDeadlineStream(lim.BodyTimeout, max(lim.BodyMinRate, 0), cfg.Logger)))
 	if cfg.TLS != nil {
 		// The data plane's listener does the TLS handshake for both planes.
 		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
@@ -365,6 +383,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	h.services = append(append(services, repl), extra...)
 	h.bulk = bulk.NewServer()
 	h.bulk.FrameTimeout, h.bulk.IdleTimeout, h.bulk.MaxConnsPerPeer = lim.FrameTimeout, lim.IdleTimeout, lim.MaxConnsPerPeer
+	h.bulk.BodyTimeout, h.bulk.BodyMinRate = lim.BodyTimeout, max(lim.BodyMinRate, 0)
 	if cfg.TLS != nil {
 		h.bulk.TLS = bulk.ServerTLS(cfg.TLS)
 	}
