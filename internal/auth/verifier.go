@@ -17,6 +17,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	_ "github.com/rlhub/rlhub/proto/rlhub/v1" // the header types Check looks up by name
 )
 
@@ -325,13 +326,7 @@ func (s *checkedStream) RecvMsg(m any) error {
 	}
 	if s.check {
 		s.check = false
-		var msg proto.Message
-		switch m := m.(type) {
-		case interface{ Message() proto.Message }: // chunkcodec.Msg: the zero-copy codec
-			msg = m.Message()
-		case proto.Message:
-			msg = m
-		}
+		msg := chunkcodec.Received(m)
 		if msg == nil {
 			s.denied = grpcerr.ToStatus(fmt.Errorf("%w: %s: cannot read the model of a %T", errs.ErrPermission, s.r.Method, m))
 			return s.denied

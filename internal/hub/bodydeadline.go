@@ -11,6 +11,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -135,13 +136,7 @@ func (s *boundedStream) RecvMsg(m any) error {
 		s.timer.Stop()
 	case !s.first:
 		s.first = true
-		var msg proto.Message
-		switch m := m.(type) {
-		case interface{ Message() proto.Message }: // chunkcodec.Msg: the zero-copy codec
-			msg = m.Message()
-		case proto.Message:
-			msg = m
-		}
+		msg := chunkcodec.Received(m)
 		if msg != nil {
 			n := s.announced(msg)
 			s.arm(bulk.BodyDeadline(s.allowance, s.minRate, int64(min(n, 1<<62))))

@@ -26,7 +26,6 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
-	"github.com/rlhub/rlhub/internal/wire/bulk"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -53,39 +52,11 @@ func openBulkPush(t *testing.T, addr, method string, header proto.Message) (net.
 	t.Cleanup(func() { c.Close() })
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second)) // a hang guard, not a measurement
 	h, _ := proto.Marshal(header)
-	frame := append(bulk.Hello(""), 1)
-	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
-	frame = append(frame, method...)
-	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(h)))
-	frame = append(frame, h...)
-	if _, err := c.Write(frame); err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(c)
-	magic := make([]byte, len(bulk.Magic))
-	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != bulk.Magic {
-		t.Fatalf("data-plane handshake: %q, %v", magic, err)
-	}
+	br := sendBulkRequest(t, c, "", method, h)
 	if k, err := br.ReadByte(); err != nil || k != 2 {
 		t.Fatalf("want continue (2), got %d, %v", k, err)
 	}
 	return c, br
-}
-
-// trickle sends body one byte every gap in the background until it is
-// sent or the server hangs up; the channel is closed when it stopped.
-func trickle(c net.Conn, body []byte, gap time.Duration) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := range body {
-			if _, err := c.Write(body[i : i+1]); err != nil {
-				return
-			}
-			time.Sleep(gap)
-		}
-	}()
-	return done
 }
 
 // readBulkFinal reads a final frame; with hangup it expects the server
@@ -146,7 +117,7 @@ func TestTrickledDataPlanePushIsCutOff(t *testing.T) {
 	conn, br := openBulkPush(t, addr, reducer.BulkPushMethod, &rlhubv1.ReducerPushHeader{ClientId: "trickler", Seq: 1,
 		Blob: &rlhubv1.BlobInfo{Model: "m", Version: version(), TotalBytes: uint64(len(hostile))}})
 	// ~1 KiB at a byte per 20 ms would take 20 s: far past the bound.
-	sent := trickle(conn, hostile, 20*time.Millisecond)
+	sent := testkit.Trickle(conn, hostile, 20*time.Millisecond)
 	var wg sync.WaitGroup
 	wg.Go(func() { // an honest push meanwhile, on its own connection
 		if _, err := c.PushGrad(ctx, "m", 0, filled(n, 1)); err != nil {

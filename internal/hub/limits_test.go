@@ -35,15 +35,11 @@ func rawBulkRequest(t *testing.T, addr, method string, header []byte) (kind byte
 	return rawBulkRequestAs(t, addr, "", method, header)
 }
 
-// rawBulkRequestAs is rawBulkRequest with token in the handshake.
-func rawBulkRequestAs(t *testing.T, addr, token, method string, header []byte) (kind byte, st *spb.Status) {
+// sendBulkRequest sends the data-plane handshake (with token) and a
+// request frame for method with header on c, and reads the server's
+// handshake: the returned reader reads the frames that follow.
+func sendBulkRequest(t *testing.T, c net.Conn, token, method string, header []byte) *bufio.Reader {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(20 * time.Second)) // a hang guard, not a measurement
 	frame := bulk.Hello(token)
 	frame = append(frame, 1)
 	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
@@ -58,6 +54,19 @@ func rawBulkRequestAs(t *testing.T, addr, token, method string, header []byte) (
 	if _, err := io.ReadFull(br, magic); err != nil || string(magic) != bulk.Magic {
 		t.Fatalf("data-plane handshake: %q, %v", magic, err)
 	}
+	return br
+}
+
+// rawBulkRequestAs is rawBulkRequest with token in the handshake.
+func rawBulkRequestAs(t *testing.T, addr, token, method string, header []byte) (kind byte, st *spb.Status) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second)) // a hang guard, not a measurement
+	br := sendBulkRequest(t, c, token, method, header)
 	kind, err = br.ReadByte()
 	if err != nil {
 		t.Fatalf("no answer to the request: %v", err)

@@ -36,22 +36,6 @@ func TestBodyDeadline(t *testing.T) {
 	}
 }
 
-// trickle sends body one byte at a time, every gap, until it is all sent
-// or a write fails (the server hung up); done is closed then.
-func trickle(conn net.Conn, body []byte, gap time.Duration) (done <-chan struct{}) {
-	ch := make(chan struct{})
-	go func() {
-		defer close(ch)
-		for i := range body {
-			if _, err := conn.Write(body[i : i+1]); err != nil {
-				return
-			}
-			time.Sleep(gap)
-		}
-	}()
-	return ch
-}
-
 // A client that sends its body a byte at a time, each byte well within
 // BodyIdleTimeout, used to keep its request (and whatever its handler
 // holds) for as long as it liked. Now the whole body is due within
@@ -77,7 +61,7 @@ func TestTrickledBodyIsCutOff(t *testing.T) {
 	})
 	// 64 bytes at one per 50 ms would take 3.2 s, past the 1 s bound.
 	conn := partialBody(t, e.addr, "hold", wrapperspb.UInt64(0), 0)
-	sent := trickle(conn, pattern(64), 50*time.Millisecond)
+	sent := testkit.Trickle(conn, pattern(64), 50*time.Millisecond)
 	var wg sync.WaitGroup
 	wg.Go(func() { // an honest client meanwhile
 		c := bulk.NewClient()
