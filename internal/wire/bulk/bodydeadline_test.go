@@ -2,6 +2,7 @@ package bulk_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
@@ -107,5 +109,77 @@ func TestTrickledBodyIsCutOff(t *testing.T) {
 	defer c.Close()
 	if err := c.Call(ctx(t), e.addr, "sum", wrapperspb.UInt64(2), net.Buffers{{1, 2}}, nil); err != nil {
 		t.Fatalf("a client after the cut-off: %v", err)
+	}
+}
+
+// A reply's body has the bound a request body has: a client that reads
+// it steadily, each piece well within the idle bound, but too slowly to
+// take it all within BodyTimeout + its length at BodyMinRate, has the
+// reply cut (the handler's Reply fails, the connection closes) instead
+// of holding the bytes it reads — a store version — for as long as it
+// likes. Before, only each 4 MiB piece had a deadline.
+func TestSlowReaderOfAReplyIsCutOff(t *testing.T) {
+	const size = 64 << 20
+	replied := make(chan error, 1)
+	e := start(t, func(s *bulk.Server) {
+		s.BodyIdleTimeout = 10 * time.Second // every piece is taken well within it
+		s.BodyTimeout = 2 * time.Second
+		s.BodyMinRate = 1 << 30 // 64 MiB due in 2.06 s
+		body := make([]byte, size)
+		s.Handle("big", func(_ context.Context, r *bulk.Request) (proto.Message, error) {
+			err := r.Reply([]byte("h"), body)
+			replied <- err
+			return nil, err
+		})
+	})
+	conn := rawConn(t, e.addr)
+	_ = conn.SetDeadline(time.Now().Add(time.Minute))
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(64 << 10)
+	}
+	frame := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len("big")))
+	frame = append(frame, "big"...)
+	frame = binary.LittleEndian.AppendUint32(frame, 0)
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	// 64 KiB every 10 ms: about 6 MB/s, a 4 MiB piece in under a second,
+	// the whole reply in about 10 s.
+	read := make(chan int64, 1)
+	go func() {
+		var n int64
+		buf := make([]byte, 64<<10)
+		for {
+			k, err := conn.Read(buf)
+			n += int64(k)
+			if err != nil {
+				read <- n
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	select {
+	case err := <-replied:
+		if !errors.Is(err, errs.ErrUnavailable) || !strings.Contains(err.Error(), "not taken within its deadline") {
+			t.Fatalf("the slow reader's reply ended with %v, want the reply deadline", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reply never gave up on a slow reader")
+	}
+	if n := <-read; n >= size {
+		t.Fatalf("the slow reader got the whole reply (%d bytes) before the connection closed", n)
+	}
+	// A reader at full speed is served the same reply.
+	c := bulk.NewClient()
+	defer c.Close()
+	var got int64
+	err := c.CallRecv(ctx(t), e.addr, "big", wrapperspb.UInt64(0), nil, func(_ []byte, n int64, r io.Reader) error {
+		var err error
+		got, err = io.Copy(io.Discard, r)
+		return err
+	}, nil)
+	if err != nil || got != size {
+		t.Fatalf("a fast reader: %d bytes, %v; want %d", got, err, size)
 	}
 }

@@ -34,7 +34,10 @@ const replyPiece = 4 << 20
 // slices, written from their memory (writev) without a copy. The slices
 // may be reused once Reply returns. Call it at most once, after Body if the
 // request has one (the whole body read). A client that stops reading for
-// longer than the server's BodyIdleTimeout fails the write; the error
+// longer than the server's BodyIdleTimeout, or takes longer than
+// BodyTimeout + the reply's length at BodyMinRate to read it all (the
+// bound a request body has: a slow reader must not hold the version it
+// reads, and its connection, for ever), fails the write; the error
 // matches errs.ErrUnavailable and the connection is closed after the
 // handler returns.
 func (r *Request) Reply(header []byte, body ...[]byte) error {
@@ -61,6 +64,7 @@ func (r *Request) Reply(header []byte, body ...[]byte) error {
 	frame = append(frame, header...)
 	frame = binary.LittleEndian.AppendUint64(frame, uint64(total))
 	pending := append(net.Buffers{frame}, body...)
+	due := time.Now().Add(BodyDeadline(r.conn.bodyTimeout, r.conn.bodyMinRate, total))
 	for len(pending) > 0 {
 		// One piece of at most replyPiece bytes per deadline.
 		var piece net.Buffers
@@ -77,9 +81,16 @@ func (r *Request) Reply(header []byte, body ...[]byte) error {
 			room -= len(b)
 			pending = pending[1:]
 		}
-		_ = r.conn.SetWriteDeadline(time.Now().Add(r.conn.idle))
+		d := time.Now().Add(r.conn.idle)
+		if d.After(due) {
+			d = due
+		}
+		_ = r.conn.SetWriteDeadline(d)
 		if _, err := piece.WriteTo(r.conn.Conn); err != nil {
 			r.broken = true
+			if isTimeout(err) && !time.Now().Before(due) {
+				return fmt.Errorf("%w: bulk: reply not taken within its deadline (%v plus 1 s per %d bytes)", errs.ErrUnavailable, r.conn.bodyTimeout, r.conn.bodyMinRate)
+			}
 			return fmt.Errorf("%w: bulk: reply: %v", errs.ErrUnavailable, err)
 		}
 	}
