@@ -54,7 +54,7 @@ _Entry = Tuple[str, str, Tuple[int, ...], memoryview]
 """(tensor name, dtype name, shape, little-endian bytes)."""
 
 
-def _torch_dtype_name(t: Any) -> str:
+def _torch_dtype_name(t: Any, name: str = "") -> str:
     global _TORCH_NAMES
     names = _TORCH_NAMES
     if names is None:
@@ -73,7 +73,8 @@ def _torch_dtype_name(t: Any) -> str:
         _TORCH_NAMES = names
     found = names.get(t.dtype)
     if found is None:
-        raise TypeError(f"unsupported torch dtype {t.dtype}")
+        raise TypeError(f"tensor {name!r}: unsupported torch dtype {t.dtype}" if name
+                        else f"unsupported torch dtype {t.dtype}")
     return found
 
 
@@ -83,8 +84,8 @@ def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous()
-        dt = _torch_dtype_name(t)
+        t = _resolved(t).contiguous()
+        dt = _torch_dtype_name(t, name)
         raw = t.view(-1).view(__import__("torch").uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
         return dt, tuple(t.shape), raw.data.cast("B")
     a = np.asarray(value)
@@ -97,6 +98,19 @@ def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
     shape = tuple(int(d) for d in a.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
     a = np.ascontiguousarray(a)
     return name_dt, shape, a.reshape(-1).view(np.uint8).data
+
+
+def _resolved(t: Any) -> Any:
+    """``t`` with its values in memory: a conjugate view (``x.conj()`` of a
+    complex tensor) or a tensor with the negative bit set (``.imag`` of
+    one) keeps the unconjugated, unnegated values in memory and applies the
+    bit when read, so its bytes are those of a resolved copy. Other
+    tensors are returned as they are."""
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
 
 
 def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, str]] = None) -> Tuple[bytes, List[memoryview]]:
@@ -260,7 +274,9 @@ def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]) -> "torch.Tensor
 def unwritable(t: Any) -> Optional[str]:
     """Why a version cannot be written whole into torch tensor ``t`` in
     place (None: it can): it has no memory (the meta device), is not dense,
-    or has elements that share memory, which ``copy_`` refuses. Writers
+    has elements that share memory, which ``copy_`` refuses, or is a
+    conjugate or negative view, whose memory holds other values than it
+    reads. Writers
     check every tensor of a target before the first copy, so a write never
     stops midway or counts a no-op as done."""
     import torch
@@ -271,6 +287,10 @@ def unwritable(t: Any) -> Optional[str]:
         return f"has layout {t.layout}: only dense tensors are written in place"
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
         return "has elements that share memory (an expanded tensor): clone it first"
+    if t.is_conj() or t.is_neg():
+        # Its memory holds the values before the bit is applied: bytes
+        # written there would read back conjugated or negated.
+        return "is a conjugate or negative view (x.conj(), x.imag): write into a resolved tensor instead"
     return None
 
 
@@ -282,7 +302,7 @@ def _byte_view(name: str, value: Any) -> Tuple[str, Tuple[int, ...], Optional[np
         import torch
 
         t = value.detach()
-        dt = _torch_dtype_name(t)
+        dt = _torch_dtype_name(t, name)
         why = unwritable(t)
         if why is not None:
             raise ValueError(f"tensor {name!r} {why}")
@@ -320,16 +340,17 @@ def _plan_key(sd: Mapping[str, Any], aliased: bool = False) -> Optional[Tuple[An
     memory address, dtype, shape, strides and device, in ``sd``'s order.
     None (never cached) unless every value is a torch tensor (a numpy
     array's views are cheap to rebuild, and its writeable flag can change)
-    and, with ``aliased``, a contiguous CPU one (whose bytes save_parts
-    views in place rather than copies)."""
+    and, with ``aliased``, a contiguous CPU one without a conjugate or
+    negative bit (whose bytes save_parts views in place rather than
+    copies)."""
     key: List[Any] = []
     for k, v in sd.items():
         if not type(v).__module__.startswith("torch"):
             return None
         try:
             dev = v.device
-            if aliased and (dev.type != "cpu" or not v.is_contiguous()):
-                return None
+            if aliased and (dev.type != "cpu" or not v.is_contiguous() or v.is_conj() or v.is_neg()):
+                return None  # save_parts copies these: parts kept would go stale
             key.append((k, v.data_ptr(), v.dtype, v.shape, v.stride(), dev))
         except (RuntimeError, AttributeError):  # no storage (meta, sparse): no cache
             return None
