@@ -350,7 +350,8 @@ def refusal(err: Any) -> Optional[Tuple[str, int]]:
 
 class NoPrimary(grpc.RpcError):
     """No primary answered within the call's bound: raised in place of the
-    call's own error, with the same ``code()``."""
+    call's own error, with the same ``code()``; UNAVAILABLE when no primary
+    was ready to send it to (an election running, the primary down)."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(details)
@@ -578,7 +579,10 @@ class FollowingChannel(grpc.Channel):
         return best
 
     def _ready(self, deadline: float) -> grpc.Channel:
-        """The primary's channel once it is READY, resolving as needed."""
+        """The primary's channel once it is READY, resolving as needed;
+        :class:`NoPrimary` (UNAVAILABLE, naming the cluster and what the
+        last lookup said) when there is none by ``deadline``: a caller's
+        lookups and waits all come out of that one budget."""
         wait = _BACKOFF0
         while True:
             with self._cv:
@@ -607,13 +611,18 @@ class FollowingChannel(grpc.Channel):
                 if self._ch is not None and self._state != grpc.ChannelConnectivity.READY:
                     self._stale = True  # not connecting: ask again where the primary is
             if time.monotonic() >= deadline:
-                raise self.no_primary(grpc.StatusCode.DEADLINE_EXCEEDED)
+                # Never sent: the cluster is unavailable, as a hub that is
+                # down is (a call that ran out on the primary is
+                # DEADLINE_EXCEEDED, and may have been applied).
+                raise self.no_primary(grpc.StatusCode.UNAVAILABLE, not_sent=True)
             time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
             # Not more than _LOOKUP_EVERY_MAX between lookups: a primary
             # elected meanwhile is found within it, not a second later.
             wait = min(2 * wait, _LOOKUP_EVERY_MAX)
 
-    def no_primary(self, code: grpc.StatusCode, why: str = "") -> NoPrimary:
+    def no_primary(self, code: grpc.StatusCode, why: str = "", not_sent: bool = False) -> NoPrimary:
+        """The error of a call that found no primary to answer it; with
+        ``not_sent``, one that was never sent (no primary was ready)."""
         with self._cv:
             cur, last = self._cur, self._last_err
         where = f"last primary {cur[0]} (epoch {cur[1]}) not reachable" if cur[0] else "no primary found yet"
@@ -621,6 +630,8 @@ class FollowingChannel(grpc.Channel):
             where += "; last lookup: " + last
         if why:
             where += "; " + why[:500]
+        if not_sent:
+            where += "; the call was not sent"
         return NoPrimary(code, f"rlhub: cluster {self.target}: {where}")
 
     def _failed(self, e: grpc.RpcError) -> bool:
@@ -700,6 +711,12 @@ class FollowingChannel(grpc.Channel):
         self.close()
 
 
+def _left(deadline: float, timeout: Optional[float]) -> Optional[float]:
+    """What is left until ``deadline`` of a call given ``timeout`` (None:
+    the call has none, and gets none once its primary was found)."""
+    return None if timeout is None else max(0.001, deadline - time.monotonic())
+
+
 class _FollowUnary:
     def __init__(self, fc: FollowingChannel, method: str, ser: Any, deser: Any, kw: Dict[str, Any]):
         self._fc, self._method, self._ser, self._deser, self._kw = fc, method, ser, deser, kw
@@ -749,8 +766,9 @@ class _FollowUnary:
         return self._invoke(True, request, **kw)
 
     def future(self, request: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        ch = self._fc._ready(time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT))
-        return self._mc(ch).future(request, timeout=timeout, **kw)
+        deadline = time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT)
+        ch = self._fc._ready(deadline)
+        return self._mc(ch).future(request, timeout=_left(deadline, timeout), **kw)
 
 
 class _FollowStream:
@@ -760,14 +778,17 @@ class _FollowStream:
     def __init__(self, fc: FollowingChannel, kind: str, method: str, ser: Any, deser: Any, kw: Dict[str, Any]):
         self._fc, self._kind, self._method, self._ser, self._deser, self._kw = fc, kind, method, ser, deser, kw
 
-    def _mc(self, timeout: Optional[float]) -> Tuple[grpc.Channel, Any]:
-        ch = self._fc._ready(time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT))
-        return ch, getattr(ch, self._kind)(self._method, self._ser, self._deser, **self._kw)
+    def _mc(self, timeout: Optional[float]) -> Tuple[grpc.Channel, Any, Optional[float]]:
+        """The primary's channel, the call on it, and what is left of
+        ``timeout`` (None: none) for the stream itself once it was found."""
+        deadline = time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT)
+        ch = self._fc._ready(deadline)
+        return ch, getattr(ch, self._kind)(self._method, self._ser, self._deser, **self._kw), _left(deadline, timeout)
 
     def __call__(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        ch, mc = self._mc(timeout)
+        ch, mc, left = self._mc(timeout)
         try:
-            out = mc(request_or_iterator, timeout=timeout, **kw)
+            out = mc(request_or_iterator, timeout=left, **kw)
         except grpc.RpcError as e:
             _stream_failed(self._fc, ch, e)
         if self._kind == "stream_unary":
@@ -775,14 +796,15 @@ class _FollowStream:
         return _WatchedIterator(out, self._fc, ch)
 
     def with_call(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        ch, mc = self._mc(timeout)
+        ch, mc, left = self._mc(timeout)
         try:
-            return mc.with_call(request_or_iterator, timeout=timeout, **kw)
+            return mc.with_call(request_or_iterator, timeout=left, **kw)
         except grpc.RpcError as e:
             _stream_failed(self._fc, ch, e)
 
     def future(self, request_or_iterator: Any, timeout: Optional[float] = None, **kw: Any) -> Any:
-        return self._mc(timeout)[1].future(request_or_iterator, timeout=timeout, **kw)
+        _, mc, left = self._mc(timeout)
+        return mc.future(request_or_iterator, timeout=left, **kw)
 
 
 def _stream_failed(fc: FollowingChannel, ch: grpc.Channel, e: grpc.RpcError) -> NoReturn:

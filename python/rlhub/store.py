@@ -93,7 +93,14 @@ def _info(m: store_pb2.StoreModelInfo) -> ModelInfo:
 
 
 class StoreClient:
-    """A model-store client. Thread-safe; close it (or use ``with``)."""
+    """A model-store client. Thread-safe; close it (or use ``with``).
+
+    ``timeout`` (seconds) bounds each call as a whole: finding a cluster's
+    primary, the retries and a fallback from the data plane to gRPC all
+    come out of it, so a call ends within about ``timeout`` however the
+    hub or cluster fails. Within it a call is tried again up to
+    ``retries`` times after ``Unavailable``. A watch has its own bound
+    (:meth:`watch`)."""
 
     def __init__(self, addr: str, *, timeout: float = 60.0, retries: int = 4,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, channel_: Optional[grpc.Channel] = None,
@@ -152,16 +159,23 @@ class StoreClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, fn: Callable[[], _T]) -> _T:
-        """Runs fn, retrying with backoff on Unavailable; maps errors."""
+    def _deadline(self) -> float:
+        """The deadline of a call made now: ``timeout`` from now."""
+        return time.monotonic() + self.timeout
+
+    def _call(self, fn: Callable[[float], _T], deadline: float) -> _T:
+        """Runs fn(seconds left until deadline), retrying with backoff on
+        Unavailable while the retries and the deadline last; maps errors."""
         delay = 0.05
         for attempt in range(self.retries + 1):
             self._check_open()
             try:
-                return fn()
+                return fn(max(0.001, deadline - time.monotonic()))
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
-                    time.sleep(delay * (1 + random.random()))
+                pause = delay * (1 + random.random())
+                if (e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries
+                        and time.monotonic() + pause < deadline):
+                    time.sleep(pause)
                     delay = min(delay * 2, 2.0)
                     continue
                 raise errors.from_rpc_error(e) from None
@@ -192,8 +206,9 @@ class StoreClient:
             expect=0 if expect is EXPECT_ANY else int(expect),
             expect_any=expect is EXPECT_ANY,
         )
-        if self._use_bulk():
-            got = self._bulk_push(header, [head, *bufs])
+        deadline = self._deadline()
+        if self._use_bulk(deadline):
+            got = self._bulk_push(header, [head, *bufs], deadline)
             if got is not None:
                 return _info(got.info)
         self.stats["push_grpc"] += 1
@@ -203,10 +218,11 @@ class StoreClient:
             for c in iter_part_chunks(head, bufs, self.chunk_bytes):
                 yield chunk_message(c)
 
-        resp: store_pb2.StorePushResponse = self._call(lambda: self._push(requests(), timeout=self.timeout))
+        resp: store_pb2.StorePushResponse = self._call(lambda left: self._push(requests(), timeout=left), deadline)
         return _info(resp.info)
 
-    def _bulk_push(self, header: store_pb2.StorePushHeader, body: List[Any]) -> Optional[store_pb2.StorePushResponse]:
+    def _bulk_push(self, header: store_pb2.StorePushHeader, body: List[Any],
+                   deadline: float) -> Optional[store_pb2.StorePushResponse]:
         """One data-plane push (``_bulk_try``; as over gRPC, a push whose
         connection broke may have landed, and its retry is then refused as
         not newer — unless a cluster primary committed it and could not
@@ -214,14 +230,15 @@ class StoreClient:
         None: push over gRPC instead."""
         hb = header.SerializeToString()
 
-        def attempt() -> store_pb2.StorePushResponse:
+        def attempt(left: float) -> store_pb2.StorePushResponse:
             resp = store_pb2.StorePushResponse()
             assert self._bulk is not None  # _use_bulk() said so
-            self._bulk.call(self._dp_addr(), PUSH_METHOD, hb, body, resp, self.timeout)
+            addr = self._dp_addr(deadline)
+            self._bulk.call(addr, PUSH_METHOD, hb, body, resp, max(0.001, deadline - time.monotonic()))
             return resp
 
         try:
-            got = self._bulk_try(attempt, follow=True)
+            got = self._bulk_try(attempt, deadline, follow=True)
         except errors.RlhubError:
             self.stats["push_bulk"] += 1  # answered (refused) there
             raise
@@ -229,18 +246,19 @@ class StoreClient:
             self.stats["push_bulk"] += 1
         return got
 
-    def _bulk_try(self, attempt: Callable[[], _T], *, follow: bool = False) -> Optional[_T]:
-        """Runs one data-plane request, ``attempt``, retrying with backoff
-        on Unavailable. None: use gRPC instead — the hub does not serve the
-        method there (then gRPC for ``NOT_SUPPORTED_FOR`` after an
-        ``UNIMPLEMENTED``), or, with ``follow`` on a cluster, the tries all
-        ended unavailable while the primary changes (a gRPC call waits for
+    def _bulk_try(self, attempt: Callable[[float], _T], deadline: float, *, follow: bool = False) -> Optional[_T]:
+        """Runs one data-plane request, ``attempt(seconds left)``, retrying
+        with backoff on Unavailable while the retries and ``deadline`` last.
+        None: use gRPC instead — the hub does not serve the method there
+        (then gRPC for ``NOT_SUPPORTED_FOR`` after an ``UNIMPLEMENTED``),
+        or, with ``follow`` on a cluster, the tries all ended unavailable
+        while the primary changes and time is left (a gRPC call waits for
         the next one)."""
         delay = 0.05
         for n in range(self.retries + 1):
             self._check_open()
             try:
-                return attempt()
+                return attempt(max(0.001, deadline - time.monotonic()))
             except _bulk.NotSupported:
                 self.stats["fallback"] += 1
                 return None
@@ -251,11 +269,13 @@ class StoreClient:
                     self.stats["fallback"] += 1
                     return None
                 if e.code == grpc.StatusCode.UNAVAILABLE:
-                    if n < self.retries:
-                        time.sleep(delay * (1 + random.random()))
+                    pause = delay * (1 + random.random())
+                    if n < self.retries and time.monotonic() + pause < deadline:
+                        time.sleep(pause)
                         delay = min(delay * 2, 2.0)
                         continue
-                    if follow and isinstance(self._channel, _channel.FollowingChannel):
+                    if (follow and isinstance(self._channel, _channel.FollowingChannel)
+                            and time.monotonic() < deadline):
                         self.stats["fallback"] += 1
                         return None
                 raise
@@ -263,18 +283,28 @@ class StoreClient:
 
     # --- reads -----------------------------------------------------------
 
-    def _dp_addr(self) -> str:
-        """Where the data plane dials: the primary a cluster address
-        follows now, else the address."""
-        return _channel.primary_addr(self._channel, self.addr)
+    def _dp_addr(self, deadline: float) -> str:
+        """Where the data plane dials: the address, or for a cluster the
+        primary it follows now, waiting until ``deadline`` for a ready one
+        when none is; ``Unavailable`` naming the cluster when there is
+        none by then."""
+        ch = self._channel
+        if not isinstance(ch, _channel.FollowingChannel):
+            return self.addr
+        addr = _channel.primary_addr(ch, "", max(0.001, deadline - time.monotonic()))
+        if not addr:
+            raise errors.from_rpc_error(ch.no_primary(grpc.StatusCode.UNAVAILABLE, not_sent=True))
+        return addr
 
-    def _use_bulk(self) -> bool:
-        if self._bulk is None or not self._bulk.supported(self._dp_addr()):
+    def _use_bulk(self, deadline: float) -> bool:
+        """Whether to use the data plane (see ``_dp_addr`` for a cluster
+        without a primary by ``deadline``)."""
+        if self._bulk is None or not self._bulk.supported(self._dp_addr(deadline)):
             return False
         off = self._bulk_off_at
         return off is None or time.monotonic() - off > _bulk.NOT_SUPPORTED_FOR
 
-    def _bulk_read(self, method: str, header: bytes, alloc: _Alloc, timeout: float,
+    def _bulk_read(self, method: str, header: bytes, alloc: _Alloc, deadline: float,
                    direct: Optional[_Direct] = None) -> Optional[Tuple[store_pb2.StorePullHeader, Any]]:
         """One data-plane read with retries on Unavailable; returns
         ``(StorePullHeader, buffer)`` (buffer None when not modified), or
@@ -282,7 +312,7 @@ class StoreClient:
         ``direct`` the buffer is the ``_bulk.Direct`` it made for the
         version's header (see _blob)."""
 
-        def attempt() -> Tuple[store_pb2.StorePullHeader, Any]:
+        def attempt(left: float) -> Tuple[store_pb2.StorePullHeader, Any]:
             h = store_pb2.StorePullHeader()
 
             def take(hb: bytes, n: int) -> Any:
@@ -298,12 +328,13 @@ class StoreClient:
                 return direct(h, n) if direct is not None else alloc(n)
 
             assert self._bulk is not None  # _use_bulk() said so
-            hb, buf = self._bulk.fetch(self._dp_addr(), method, header, take, timeout)
+            addr = self._dp_addr(deadline)
+            hb, buf = self._bulk.fetch(addr, method, header, take, max(0.001, deadline - time.monotonic()))
             if hb is None:
                 raise errors.RlhubError(f"bulk: {method} answered without a data frame")
             return h, buf
 
-        got = self._bulk_try(attempt)
+        got = self._bulk_try(attempt, deadline)
         if got is None:
             return None
         h, buf = got
@@ -368,20 +399,21 @@ class StoreClient:
         req = store_pb2.StorePullRequest(model=name, version=version, chunk_bytes=self.chunk_bytes)
         if if_newer_than is not None:
             req.if_newer_than = if_newer_than
-        if self._use_bulk():
+        deadline = self._deadline()
+        if self._use_bulk(deadline):
             got = self._bulk_read(PULL_METHOD, req.SerializeToString(),
-                                  alloc or (lambda n: np.empty(n, np.uint8)), self.timeout, direct)
+                                  alloc or (lambda n: np.empty(n, np.uint8)), deadline, direct)
             if got is not None:
                 h, buf = got
                 if buf is None:
                     return None
                 return self._version(h, self._blob(h, buf), framework)
 
-        def do() -> Optional[ModelVersion]:
-            it = iter(self._pull(req, timeout=self.timeout))
+        def do(left: float) -> Optional[ModelVersion]:
+            it = iter(self._pull(req, timeout=left))
             return self._read_version(it, framework, alloc)
 
-        return self._call(do)
+        return self._call(do, deadline)
 
     def pull(self, name: str, version: int = 0, *, if_newer_than: Optional[int] = None,
              framework: str = "numpy") -> Optional[ModelVersion]:
@@ -408,14 +440,16 @@ class StoreClient:
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
                    alloc: Optional[_Alloc], direct: Optional[_Direct] = None) -> Iterator[ModelVersion]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._use_bulk():
+        while True:
             left = self.timeout if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise errors.DeadlineExceeded(f"watch of {name!r}: deadline exceeded")
+            poll = time.monotonic() + max(min(left, self.timeout), 0.001)  # this poll's deadline
+            if not self._use_bulk(poll):
+                break
             req = store_pb2.StoreWatchRequest(model=name, after=after)
             got = self._bulk_read(WATCH_METHOD, req.SerializeToString(),
-                                  alloc or (lambda n: np.empty(n, np.uint8)),
-                                  max(min(left, self.timeout), 0.001), direct)
+                                  alloc or (lambda n: np.empty(n, np.uint8)), poll, direct)
             if got is None:
                 break  # the hub has no data-plane watch: gRPC below
             h, buf = got
@@ -544,7 +578,7 @@ class StoreClient:
 
     def list(self) -> List[ModelInfo]:
         resp: store_pb2.StoreListResponse = self._call(
-            lambda: self._stub.List(store_pb2.StoreListRequest(), timeout=self.timeout))
+            lambda left: self._stub.List(store_pb2.StoreListRequest(), timeout=left), self._deadline())
         return [_info(m) for m in resp.models]
 
 

@@ -22,7 +22,7 @@ import rlhub
 from rlhub import _channel
 from rlhub.grads import GradClient
 from conftest import free_port
-from etcdproc import start_cluster
+from etcdproc import Etcd, start_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
@@ -65,6 +65,44 @@ def test_no_primary_is_a_clear_error():
         assert "no hub of " + dead in str(ei.value) and "Connection refused" in str(ei.value)
     finally:
         s.close()
+
+
+def test_no_primary_elected_fails_within_the_calls_timeout(tmp_path):
+    """etcd up, no hub campaigning: every call given timeout T ends within
+    about T with Unavailable naming the cluster and that no primary is
+    elected. The bug this guards is the time: the data plane's primary
+    lookup and the retries each had their own budget (a pull took 7 T, a
+    push 4 T at T = 1 s), so the bound, 1.5 T, is the one wall-clock
+    assertion, generous for a loaded machine and far below the old
+    totals. The call waits for an election until then; no lower bound is
+    asserted."""
+    etcd = Etcd(tmp_path)
+    T = 2.0
+    addr = _channel.etcd_target(etcd.url, "nobody")
+    store = rlhub.StoreClient(addr, timeout=T)
+    grpc_store = rlhub.StoreClient(addr, timeout=T, transport="grpc")
+    agg = rlhub.AggregatorClient(addr, timeout=T)
+    try:
+        w = {"w": np.zeros(2, np.float32)}
+        calls = {
+            "list": store.list, "pull": lambda: store.pull("m"),
+            "push": lambda: store.push("m", w, version=1),
+            "grpc pull": lambda: grpc_store.pull("m"), "grpc push": lambda: grpc_store.push("m", w, version=1),
+            "aggregator status": agg.status, "aggregator learn": lambda: agg.learn("t", {"x": np.zeros((2, 1))}),
+        }
+        for what, call in calls.items():
+            t0 = time.monotonic()
+            with pytest.raises(rlhub.Unavailable) as ei:
+                call()
+            took = time.monotonic() - t0
+            assert took < 1.5 * T, f"{what}: failed after {took:.1f} s, timeout {T} s"
+            msg = str(ei.value)
+            assert f"cluster {addr}" in msg and "cluster nobody has no primary" in msg, (what, msg)
+    finally:
+        store.close()
+        grpc_store.close()
+        agg.close()
+        etcd.stop()
 
 
 def test_python_clients_follow_the_primary_across_sigkill(rlhub_bin, tmp_path):
