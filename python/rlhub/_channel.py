@@ -717,6 +717,39 @@ def _left(deadline: float, timeout: Optional[float]) -> Optional[float]:
     return None if timeout is None else max(0.001, deadline - time.monotonic())
 
 
+def retry_following(deadline: float, attempt: Callable[[float], _Resp],
+                    again: Callable[[Exception], Optional[bool]],
+                    give_up: Callable[[Exception], BaseException]) -> _Resp:
+    """Runs ``attempt(seconds left until deadline)`` until it returns: the
+    one back-off loop of calls that follow a cluster's primary (the Go
+    seam's ``follower.unary``). When it raises a ``grpc.RpcError`` or
+    ``ValueError``, ``again(e)`` says what to do: None raises ``e``, False
+    tries again at once (nothing reached a primary: a move closed the
+    channel first), True after a back-off of 50 ms doubling to 1 s (a
+    standby refused it; a read whose primary went away). At most
+    ``MAX_FOLLOW_ATTEMPTS`` attempts, and no back-off that would end after
+    ``deadline`` (the caller's whole budget: ``attempt`` bounds its own
+    primary lookup by it); then ``give_up(e)`` is raised for the last
+    error."""
+    wait = _BACKOFF0
+    for n in range(1, MAX_FOLLOW_ATTEMPTS + 1):
+        try:
+            return attempt(max(0.001, deadline - time.monotonic()))
+        except (grpc.RpcError, ValueError) as e:
+            how = again(e)
+            if how is None:
+                raise
+            if n == MAX_FOLLOW_ATTEMPTS or (how and time.monotonic() + wait >= deadline):
+                out = give_up(e)
+                if out is e:
+                    raise
+                raise out from e
+            if how:
+                time.sleep(wait)
+                wait = min(2 * wait, _BACKOFF_MAX)
+    raise AssertionError("unreachable")
+
+
 class _FollowUnary:
     def __init__(self, fc: FollowingChannel, method: str, ser: Any, deser: Any, kw: Dict[str, Any]):
         self._fc, self._method, self._ser, self._deser, self._kw = fc, method, ser, deser, kw
@@ -728,36 +761,41 @@ class _FollowUnary:
                 credentials: Any = None, wait_for_ready: Any = None, compression: Any = None) -> Any:
         fc = self._fc
         deadline = time.monotonic() + (timeout if timeout is not None else FOLLOW_TIMEOUT)
-        wait = _BACKOFF0
-        for attempt in range(1, MAX_FOLLOW_ATTEMPTS + 1):
-            ch = fc._ready(deadline)
+        on: List[grpc.Channel] = []  # the channel of the latest attempt
+
+        def attempt(left: float) -> Any:
+            on.clear()
+            on.append(fc._ready(deadline))
             left = max(0.001, deadline - time.monotonic())
-            try:
-                mc = self._mc(ch)
-                if with_call:
-                    return mc.with_call(request, timeout=left, metadata=metadata, credentials=credentials,
-                                        wait_for_ready=wait_for_ready, compression=compression)
-                return mc(request, timeout=left, metadata=metadata, credentials=credentials,
-                          wait_for_ready=wait_for_ready, compression=compression)
-            except ValueError:
-                if fc.moved(ch) is None:
-                    raise
-                continue  # closed by a move before the call was made: nothing was sent
-            except grpc.RpcError as e:
-                moved = fc.moved(ch)
-                if moved is not None and e.code() == grpc.StatusCode.CANCELLED:
-                    if self._method in IDEMPOTENT:
-                        continue  # a read: sent again, to the new primary
-                    raise moved from e
-                if not fc._failed(e):
-                    code: grpc.StatusCode = e.code()
-                    if code != grpc.StatusCode.UNAVAILABLE or self._method not in IDEMPOTENT:
-                        raise  # sent; its outcome is the caller's to judge
-                if attempt == MAX_FOLLOW_ATTEMPTS or time.monotonic() + wait >= deadline:
-                    raise fc.no_primary(e.code(), e.details() or "") from e
-                time.sleep(wait)
-                wait = min(2 * wait, _BACKOFF_MAX)
-        raise AssertionError("unreachable")
+            mc = self._mc(on[0])
+            if with_call:
+                return mc.with_call(request, timeout=left, metadata=metadata, credentials=credentials,
+                                    wait_for_ready=wait_for_ready, compression=compression)
+            return mc(request, timeout=left, metadata=metadata, credentials=credentials,
+                      wait_for_ready=wait_for_ready, compression=compression)
+
+        def again(e: Exception) -> Optional[bool]:
+            if not on:
+                return None  # from _ready: no primary by the deadline
+            ch = on[0]
+            if isinstance(e, ValueError):
+                # Closed by a move before the call was made: nothing was sent.
+                return None if fc.moved(ch) is None else False
+            assert isinstance(e, grpc.RpcError)
+            moved = fc.moved(ch)
+            if moved is not None and e.code() == grpc.StatusCode.CANCELLED:
+                if self._method in IDEMPOTENT:
+                    return False  # a read: sent again, to the new primary
+                raise moved from e
+            if not fc._failed(e):
+                code: grpc.StatusCode = e.code()
+                if code != grpc.StatusCode.UNAVAILABLE or self._method not in IDEMPOTENT:
+                    return None  # sent; its outcome is the caller's to judge
+            return True
+
+        return retry_following(deadline, attempt, again,
+                               lambda e: fc.no_primary(e.code(), e.details() or "") if isinstance(e, grpc.RpcError)
+                               else e)
 
     def __call__(self, request: Any, **kw: Any) -> Any:
         return self._invoke(False, request, **kw)

@@ -141,21 +141,18 @@ class AggregatorClient:
 
         # A Learn a standby refused was not applied: on a cluster target it
         # is sent again (the channel follows the primary the refusal
-        # names), as the channel does for unary calls; any other failure
-        # is the caller's (a Learn cut mid-way has an unknown outcome:
-        # learners may have pushed gradients).
+        # names), with the channel's own back-off for unary calls; any
+        # other failure is the caller's (a Learn cut mid-way has an
+        # unknown outcome: learners may have pushed gradients).
         follows = isinstance(self._channel, _channel.FollowingChannel)
-        deadline = time.monotonic() + self.timeout
-        wait = _channel._BACKOFF0
-        for attempt in range(1, _channel.MAX_FOLLOW_ATTEMPTS + 1):
-            try:
-                r = self._stub.Learn(requests(), timeout=max(0.001, deadline - time.monotonic()))
-                break
-            except grpc.RpcError as e:
-                if (not follows or _channel.refusal(e) is None or attempt == _channel.MAX_FOLLOW_ATTEMPTS
-                        or time.monotonic() + wait >= deadline):
-                    raise errors.from_rpc_error(e) from None
-            time.sleep(wait)
-            wait = min(2 * wait, _channel._BACKOFF_MAX)
+        try:
+            r = _channel.retry_following(
+                time.monotonic() + self.timeout,
+                lambda left: self._stub.Learn(requests(), timeout=left),
+                lambda e: True if follows and isinstance(e, grpc.RpcError) and _channel.refusal(e) is not None
+                else None,
+                lambda e: e)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
         return Learned(from_value(r.info), [Share(s.learner_id, s.row_start, s.rows) for s in r.shares],
                        list(r.failed))
