@@ -23,7 +23,7 @@ import dataclasses
 import random
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generator, Iterator, List, Mapping, Optional, Tuple, TypeVar
 
 import grpc
 
@@ -43,6 +43,14 @@ EXPECT_ANY = object()
 _T = TypeVar("_T")
 _Alloc = Callable[[int], Any]
 """alloc(n): a writable buffer of at least n bytes to receive a version into."""
+
+_WATCH_BACKOFF = (0.05, 1.0)
+"""A watch's pause after a failed turn: from the first, doubling to the
+second (seconds; each jittered down to half), as the channels reconnect."""
+
+_WATCH_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+"""Failures of a watch's turn it asks again after: the hub unreachable, or
+not answering within the turn's bound (the client's ``timeout``)."""
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
@@ -138,12 +146,14 @@ class StoreClient:
         self.retries = retries
         self.chunk_bytes = chunk_bytes
         self._closed = False
+        self._closing = threading.Event()  # set by close: a watch's back-off ends at once
 
     def close(self) -> None:
         """Closes the client: calls in progress in other threads (a watch
         waiting for its next version included) end with a ``CANCELLED``
         ``RlhubError``, as do calls made after. Safe to call twice."""
         self._closed = True
+        self._closing.set()
         if self._bulk is not None:
             self._bulk.shutdown()  # a data-plane watch's poll in flight ends, and is not asked again
         if self._own:
@@ -429,67 +439,103 @@ class StoreClient:
               timeout: Optional[float] = None) -> Iterator[ModelVersion]:
         """Yields each new version as it lands (skipping to the newest when
         the reader is slow; over gRPC ``ModelVersion.skipped`` says how
-        many, over the data plane it is 0). ``timeout`` bounds the whole
-        watch (``DeadlineExceeded`` then). A hub restarted, or a cluster's
-        primary moving, is ridden out on either transport: the watch asks
-        again after the last version it yielded, up to ``retries`` times in
-        a row with back-off (as pulls), then raises ``Unavailable``."""
+        many, over the data plane it is 0).
+
+        A watch is long-lived: it outlasts the hub it reads from. When the
+        hub is unreachable (stopped, killed, restarting: ``Unavailable``)
+        or does not answer within the client's ``timeout``, or a cluster
+        has no primary or is moving it, the watch asks again
+        after the last version it yielded, backing off from 50 ms to 1 s,
+        for as long as it takes: until the hub answers again (it then goes
+        on from there, missing no version the hub kept), ``timeout``
+        seconds from the start of the watch pass (``DeadlineExceeded``,
+        naming the last failure), or :meth:`close` is called (``CANCELLED``).
+        ``retries`` does not bound it. Any other error ends the watch at
+        once: ``NotFound``, ``PermissionDenied``, ``Unauthenticated``,
+        ``InvalidArgument``... (a retry could not change them). Each
+        data-plane poll or stream opening is bounded by the client's
+        ``timeout``."""
         errors.check_version("after", after)
         yield from self._watch_raw(name, after, framework, timeout, None)
 
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
                    alloc: Optional[_Alloc], direct: Optional[_Direct] = None) -> Iterator[ModelVersion]:
+        """The watch (see :meth:`watch`): each turn is one data-plane poll,
+        or one gRPC stream read until it breaks; an ``Unavailable`` turn is
+        tried again after a back-off, anything else is raised."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = self.timeout if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise errors.DeadlineExceeded(f"watch of {name!r}: deadline exceeded")
-            poll = time.monotonic() + max(min(left, self.timeout), 0.001)  # this poll's deadline
-            if not self._use_bulk(poll):
-                break
-            req = store_pb2.StoreWatchRequest(model=name, after=after)
-            got = self._bulk_read(WATCH_METHOD, req.SerializeToString(),
-                                  alloc or (lambda n: np.empty(n, np.uint8)), poll, direct)
-            if got is None:
-                break  # the hub has no data-plane watch: gRPC below
-            h, buf = got
-            if buf is None:
-                continue  # nothing new within the server's poll: ask again
-            v = self._version(h, self._blob(h, buf), framework)
-            after = v.version
-            yield v
-        # Over gRPC one stream carries the watch. One that breaks
-        # Unavailable (the hub stopped or was killed, a cluster's primary
-        # moved) is opened again after the last version yielded, with the
-        # back-off and the number of tries (in a row) of the data plane's
-        # polls, which ride out the same; a version cut midway was only in
-        # the receive buffer and comes again whole.
-        delay, failures = 0.05, 0
+        delay, last = _WATCH_BACKOFF[0], None  # last: the latest Unavailable, for the final error
         while True:
             self._check_open()
-            call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
-                               timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
-            it = iter(call)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise errors.DeadlineExceeded(f"watch of {name!r}: deadline exceeded"
+                                              + (f" (last: {str(last)[:500]})" if last is not None else ""))
+            turn = now + self.timeout if deadline is None else min(deadline, now + self.timeout)
+            gen = self._watch_turn(name, after, framework, turn, deadline, alloc, direct)
             try:
                 while True:
                     try:
-                        mv = self._read_version(it, framework, alloc)
-                    except grpc.RpcError as e:
-                        err = errors.from_rpc_error(e)
+                        v = next(gen)
+                    except StopIteration as stop:
+                        if stop.value:
+                            return  # the hub ended the stream
+                        delay, last = _WATCH_BACKOFF[0], None  # answered (maybe "nothing new")
                         break
-                    if mv is None:
-                        return
-                    delay, failures = 0.05, 0
-                    after = mv.version
-                    yield mv
+                    delay, last = _WATCH_BACKOFF[0], None
+                    after = v.version
+                    yield v
+            except errors.RlhubError as e:
+                self._check_open()  # ended by close
+                if e.code not in _WATCH_TRANSIENT:
+                    raise
+                last = e  # the next turn raises DeadlineExceeded naming it if the watch's deadline passed
+                pause = delay * (0.5 + 0.5 * random.random())
+                if deadline is not None:
+                    pause = min(pause, max(0.0, deadline - time.monotonic()))
+                self._closing.wait(pause)
+                delay = min(2 * delay, _WATCH_BACKOFF[1])
+            except ValueError:  # its channel was closed (by close(): CANCELLED)
+                self._check_open()
+                raise
             finally:
-                call.cancel()
-            self._check_open()
-            if err.code != grpc.StatusCode.UNAVAILABLE or failures >= self.retries:
-                raise err
-            failures += 1
-            time.sleep(delay * (1 + random.random()))
-            delay = min(delay * 2, 2.0)
+                gen.close()  # a stream it has open is cancelled now, not when collected
+
+    def _watch_turn(self, name: str, after: int, framework: str, turn: float, deadline: Optional[float],
+                    alloc: Optional[_Alloc], direct: Optional[_Direct]) -> Generator[ModelVersion, None, bool]:
+        """One turn of a watch: a data-plane poll bounded by ``turn``
+        (yields its version, if one came), or, on a hub that does not
+        serve it there, one gRPC stream (bounded by ``deadline``) read
+        until it ends; returns True when the hub ended that stream
+        cleanly. Failures are raised as rlhub errors; a version cut midway
+        was only in the receive buffer and comes again whole."""
+        if self._use_bulk(turn):
+            req = store_pb2.StoreWatchRequest(model=name, after=after)
+            got = self._bulk_read(WATCH_METHOD, req.SerializeToString(),
+                                  alloc or (lambda n: np.empty(n, np.uint8)), turn, direct)
+            if got is not None:
+                h, buf = got
+                if buf is not None:  # else nothing new within the server's poll: the next turn asks again
+                    yield self._version(h, self._blob(h, buf), framework)
+                return False
+            # the hub has no data-plane watch: gRPC below
+        try:
+            call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
+                               timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
+        except grpc.RpcError as e:  # a cluster without a ready primary
+            raise errors.from_rpc_error(e) from None
+        it = iter(call)
+        try:
+            while True:
+                try:
+                    mv = self._read_version(it, framework, alloc)
+                except grpc.RpcError as e:
+                    raise errors.from_rpc_error(e) from None
+                if mv is None:
+                    return True  # the hub ended the stream: so does the watch
+                yield mv
+        finally:
+            call.cancel()
 
     # --- in place -----------------------------------------------------------
 

@@ -98,6 +98,13 @@ def test_no_primary_elected_fails_within_the_calls_timeout(tmp_path):
             assert took < 1.5 * T, f"{what}: failed after {took:.1f} s, timeout {T} s"
             msg = str(ei.value)
             assert f"cluster {addr}" in msg and "cluster nobody has no primary" in msg, (what, msg)
+        # A watch is bounded by its own timeout, and says why it saw nothing.
+        for s in (store, grpc_store):
+            t0 = time.monotonic()
+            with pytest.raises(rlhub.DeadlineExceeded) as ei:
+                next(iter(s.watch("m", timeout=T)))
+            assert time.monotonic() - t0 < 1.5 * T
+            assert "cluster nobody has no primary" in str(ei.value), str(ei.value)
     finally:
         store.close()
         grpc_store.close()

@@ -2,6 +2,7 @@ import signal
 import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 import safetensors.numpy as stn
@@ -141,6 +142,59 @@ def test_watch_into_rides_out_a_hub_killed_and_restarted(rlhub_bin, tmp_path, tr
         h.stop()
 
 
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_a_watch_outlasts_a_hub_down_longer_than_its_retries(rlhub_bin, tmp_path, transport):
+    """A watch with no timeout on one hub, SIGKILLed and restarted on its
+    address and --data 4 s later: far longer than the client's retries
+    (one, ~0.1 s), which bounded the watch before. The watch waits through
+    the outage and yields the version pushed after the restart. Killed
+    again, it waits again until close() ends it (CANCELLED). An error a
+    retry cannot change (InvalidArgument) still ends a watch at once."""
+    h = Hub(rlhub_bin, tmp_path)
+    addr = h.addr
+    w = rlhub.StoreClient(addr, transport=transport, retries=1)
+    try:
+        with pytest.raises(rlhub.InvalidArgument):
+            next(iter(w.watch("no spaces allowed")))
+        with rlhub.StoreClient(addr) as s:
+            s.push("m", {"w": np.ones(3, np.float32)}, version=1, expect=0)
+        seen, errs = [], []
+
+        def watch():
+            try:
+                for v in w.watch("m"):
+                    seen.append(v.version)
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                errs.append(e)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        _until(lambda: seen == [1] or errs)
+        h.proc.send_signal(signal.SIGKILL)
+        h.proc.wait()
+        h.stop()
+        time.sleep(4)  # the outage
+        assert t.is_alive() and not errs, errs
+        h = Hub(rlhub_bin, tmp_path, addr=addr)
+        with rlhub.StoreClient(addr) as s:
+            s.push("m", {"w": np.full(3, 2, np.float32)}, version=2)
+        _until(lambda: seen == [1, 2] or errs)
+        assert not errs, errs
+
+        h.proc.send_signal(signal.SIGKILL)
+        h.proc.wait()
+        time.sleep(1.5)
+        assert t.is_alive() and not errs, errs
+        w.close()
+        t.join(15)
+        assert not t.is_alive(), "close() did not end a watch waiting for its hub"
+        assert len(errs) == 1 and errs[0].code == grpc.StatusCode.CANCELLED, errs
+        assert seen == [1, 2]
+    finally:
+        w.close()
+        h.stop()
+
+
 def test_a_grpc_client_reaches_a_hub_back_from_a_long_outage(rlhub_bin, tmp_path):
     """A hub down for seconds while a client keeps calling it, then
     restarted on its address: the client's next call (a pull and a list,
@@ -168,15 +222,25 @@ def test_a_grpc_client_reaches_a_hub_back_from_a_long_outage(rlhub_bin, tmp_path
         h.stop()
 
 
-def test_a_grpc_watch_on_a_hub_that_hangs_ends(rlhub_bin, tmp_path, monkeypatch):
+def test_a_grpc_watch_on_a_hub_that_hangs_asks_again(rlhub_bin, tmp_path, monkeypatch):
     """A hub that stops answering under a watch with no timeout (SIGSTOP:
     as a machine cut off, no reset comes): the channel's keepalive pings
-    find it silent and the watch ends Unavailable. Without them it waited
-    forever. The pings are shortened here from 30 s + 20 s to 10 s (the
-    least interval a hub allows) + 2 s."""
+    find it silent, the stream breaks Unavailable, and the watch opens it
+    again (a watch outlasts its hub: test above); continued, the hub
+    serves the watch its next version. Without the pings the stream waited
+    forever and was never opened again. The pings are shortened here from
+    30 s + 20 s to 10 s (the least interval a hub allows) + 2 s."""
     monkeypatch.setattr(_channel, "KEEPALIVE_MS", (10_000, 2_000))
     h = Hub(rlhub_bin, tmp_path)
     s = rlhub.StoreClient(h.addr, transport="grpc", retries=0)
+    opened = []  # when each watch stream was opened
+    real = s._watch
+
+    def counting(*a, **kw):
+        opened.append(time.monotonic())
+        return real(*a, **kw)
+
+    s._watch = counting
     try:
         s.push("m", {"w": np.ones(3, np.float32)}, version=1, expect=0)
         seen, errs = [], []
@@ -194,16 +258,21 @@ def test_a_grpc_watch_on_a_hub_that_hangs_ends(rlhub_bin, tmp_path, monkeypatch)
             p.push("m", {"w": np.ones(3, np.float32)}, version=2)
         _until(lambda: seen == [2])  # the watch's stream is up
         time.sleep(1)  # and quiet: nothing in flight the hub owes an answer
+        assert len(opened) == 1
         t0 = time.monotonic()
         sigstop(h.proc)
-        t.join(40)
-        assert not t.is_alive(), "the watch still waits on a silent hub"
-        assert len(errs) == 1 and isinstance(errs[0], rlhub.Unavailable), errs
-        print(f"the watch ended {time.monotonic() - t0:.1f} s after the hub stopped: {errs[0]}")
+        _until(lambda: len(opened) > 1 or errs, 40)
+        assert not errs, errs
+        print(f"the watch asked again {opened[1] - t0:.1f} s after the hub stopped")
+        h.proc.send_signal(signal.SIGCONT)
+        with rlhub.StoreClient(h.addr) as p:
+            p.push("m", {"w": np.ones(3, np.float32)}, version=3)
+        _until(lambda: seen == [2, 3] or errs, 40)
+        assert not errs, errs
     finally:
+        s.close()
         h.proc.send_signal(signal.SIGKILL)
         h.stop()
-        s.close()
 
 
 def _until(cond, timeout: float = 30.0) -> None:
