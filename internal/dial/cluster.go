@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/status"
 
@@ -622,8 +623,32 @@ func (f *follower) hint(p Primary) {
 	f.offer(p)
 }
 
-// noPrimary is the error of a call that never found a primary in time.
+// noPrimary is the error of a call that never found a primary in time,
+// with err's code.
 func (f *follower) noPrimary(err error) error {
+	return f.noPrimaryAs(status.Code(err), err, "")
+}
+
+// notSent is the error of a call that found no primary ready by its
+// deadline and so was never sent: Unavailable, as from a hub that is
+// down, and safe to send again (one that ran out its deadline on the
+// primary is DeadlineExceeded: it may have been applied). The Python
+// client answers the same.
+func (f *follower) notSent(err error) error {
+	return f.noPrimaryAs(codes.Unavailable, err, "; the call was not sent")
+}
+
+// gaveUp is the error of a call given up on, its last attempt's err:
+// notSent when that attempt never had a connection (sentTo unset), else
+// noPrimary.
+func (f *follower) gaveUp(err error, sentTo peer.Peer) error {
+	if sentTo.Addr == nil {
+		return f.notSent(err)
+	}
+	return f.noPrimary(err)
+}
+
+func (f *follower) noPrimaryAs(code codes.Code, err error, suffix string) error {
 	f.mu.Lock()
 	cur, last := f.cur, f.lastErr
 	f.mu.Unlock()
@@ -632,9 +657,9 @@ func (f *follower) noPrimary(err error) error {
 		where = fmt.Sprintf("last primary %s (epoch %d) not reachable", cur.Addr, cur.Epoch)
 	}
 	if last != nil {
-		return status.Errorf(status.Code(err), "rlhub: cluster %s: %s; last lookup: %v", f.t, where, last)
+		return status.Errorf(code, "rlhub: cluster %s: %s; last lookup: %v%s", f.t, where, last, suffix)
 	}
-	return status.Errorf(status.Code(err), "rlhub: cluster %s: %s: %v", f.t, where, status.Convert(err).Message())
+	return status.Errorf(code, "rlhub: cluster %s: %s: %v%s", f.t, where, status.Convert(err).Message(), suffix)
 }
 
 func (f *follower) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -647,8 +672,9 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 	f.awaitLookup(ctx)
 	for attempt := 1; ; attempt++ {
 		var tr metadata.MD
+		var sentTo peer.Peer // set only once the call had a connection
 		tctx, moved, stop := f.inTerm(ctx)
-		err := invoker(tctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Trailer(&tr)}, opts...)...)
+		err := invoker(tctx, method, req, reply, cc, append([]grpc.CallOption{grpc.WaitForReady(true), grpc.Trailer(&tr), grpc.Peer(&sentTo)}, opts...)...)
 		if pm := moved(); err != nil && pm != nil {
 			err = status.Error(codes.Unavailable, pm.Error())
 		}
@@ -664,7 +690,7 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 			// a call that ran out its deadline on the primary.
 			f.stalled()
 			if ctx.Err() != nil {
-				return f.noPrimary(err)
+				return f.gaveUp(err, sentTo)
 			}
 			return err
 		}
@@ -680,13 +706,13 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 			}
 		}
 		if attempt >= MaxFollowAttempts {
-			return f.noPrimary(err)
+			return f.gaveUp(err, sentTo)
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return f.noPrimary(err)
+			return f.gaveUp(err, sentTo)
 		case <-t.C:
 		}
 		wait = min(2*wait, followBackoffMax)
@@ -722,7 +748,9 @@ func (f *follower) waitReady(ctx context.Context, cc *grpc.ClientConn) error {
 			f.ResolveNow(resolver.ResolveNowOptions{})
 			continue
 		}
-		if err := ctx.Err(); err != nil {
+		if err := ctx.Err(); errors.Is(err, context.DeadlineExceeded) {
+			return f.notSent(status.FromContextError(err).Err())
+		} else if err != nil {
 			return status.FromContextError(err).Err()
 		}
 		return f.noPrimary(status.Error(codes.Unavailable, "no connection to a primary"))

@@ -234,7 +234,11 @@ func TestUnknownOutcomeIsNotResent(t *testing.T) {
 }
 
 // With no hub answering, a call waits within its deadline and fails with
-// an error that says what was tried.
+// an error that says what was tried — Unavailable and "not sent", since no
+// connection ever took it: safe to send again, unlike a call that ran out
+// its deadline on a primary (DeadlineExceeded: it may have been applied).
+// The same for a stream, and for a cluster found through etcd with no
+// primary elected. The Python client answers the same.
 func TestNoPrimaryIsAClearError(t *testing.T) {
 	dead := [2]string{}
 	for i := range dead {
@@ -242,16 +246,30 @@ func TestNoPrimaryIsAClearError(t *testing.T) {
 		dead[i] = l.Addr().String()
 		l.Close()
 	}
-	conn, err := dial.Config{}.GRPC(dead[0] + "," + dead[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	_, err = rlhubv1.NewModelStoreClient(conn).List(c, &rlhubv1.StoreListRequest{})
-	if c := status.Code(err); (c != codes.DeadlineExceeded && c != codes.Unavailable) || !strings.Contains(err.Error(), "rlhub: cluster "+dead[0]) {
-		t.Fatalf("List with no hub: %v", err)
+	e := clustertest.Start(t)
+	for _, target := range []string{dead[0] + "," + dead[1], dial.EtcdTarget(strings.TrimPrefix(e.Endpoint, "http://"), "nobody")} {
+		conn, err := dial.Config{}.GRPC(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		want := func(what string, err error) {
+			t.Helper()
+			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "rlhub: cluster ") || !strings.Contains(err.Error(), "not sent") {
+				t.Fatalf("%s on %s with no primary: %v; want Unavailable naming the cluster, not sent", what, target, err)
+			}
+		}
+		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = rlhubv1.NewModelStoreClient(conn).List(c, &rlhubv1.StoreListRequest{})
+		cancel()
+		want("List", err)
+		c, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		w, err := rlhubv1.NewModelStoreClient(conn).Watch(c, &rlhubv1.StoreWatchRequest{Model: "m"})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		cancel()
+		want("Watch", err)
 	}
 }
 
