@@ -68,6 +68,9 @@ type ClusterStats struct {
 	// that may take over.
 	KeepsInSync    bool
 	InSyncStandbys int
+	// InSync are the member ids of those standbys, sorted (the
+	// dashboard lists them; the metrics export only the count).
+	InSync []string
 	// Scrubs counts the checks of this hub's copy completed as a standby
 	// (on start and every --replica-scrub-every), DamagedFiles the files
 	// they found damaged and moved aside for the primary to send again.

@@ -656,16 +656,17 @@ func (s *Source) UpdateInSync(ctx context.Context) error {
 	return err
 }
 
-// InSyncStandbys is how many standbys the in-sync record lists as this
-// Source last wrote it; -1 when it keeps none (SourceConfig.InSync unset,
-// or acks other than all).
-func (s *Source) InSyncStandbys() int {
+// InSyncMembers are the member ids of the standbys the in-sync record
+// lists as this Source last wrote it, sorted, and whether it keeps the
+// record at all (false: SourceConfig.InSync unset, or acks other than
+// all; ids is then nil). The caller owns ids.
+func (s *Source) InSyncMembers() (ids []string, keeps bool) {
 	if !s.keepsInSync() {
-		return -1
+		return nil, false
 	}
 	s.inSyncMu.Lock()
 	defer s.inSyncMu.Unlock()
-	return len(s.inSync)
+	return slices.Clone(s.inSync), true
 }
 
 // keepsInSync reports whether this Source keeps the in-sync record.
