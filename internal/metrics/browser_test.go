@@ -13,6 +13,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -31,6 +32,33 @@ func chromiumPath(t *testing.T) string {
 	}
 	t.Fatal("chromium not found: run scripts/setup.sh (scripts/setup.d/50-obs.sh installs Debian's chromium package), or set RLHUB_CHROMIUM")
 	return ""
+}
+
+// startBrowser starts headless Chromium (exe) until ctx ends or the test
+// does, and returns the context that drives its tab.
+func startBrowser(t *testing.T, ctx context.Context, exe string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1280, 960))
+	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
+	t.Cleanup(acancel)
+	bctx, bcancel := chromedp.NewContext(actx)
+	t.Cleanup(bcancel)
+	return bctx
+}
+
+// pageText returns a reader of the text of the first element sel selects
+// in bctx's page.
+func pageText(t *testing.T, bctx context.Context) func(sel string) string {
+	return func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Text(sel))
+		if err != nil {
+			t.Fatalf("read %s: %v", sel, err)
+		}
+		return s
+	}
 }
 
 // The dashboard, in real headless Chromium: it lists the model with its
@@ -63,25 +91,12 @@ func TestDashboardInChromium(t *testing.T) {
 	r.learn(t)
 	runID := r.startARS(t, 60) // no worker yet: the curve is empty
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1280, 960))
-	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
-
+	bctx := startBrowser(t, ctx, exe)
 	url := "http://" + r.h.MetricsAddr() + "/"
 	if err := chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(`tr[data-model="`+rigModel+`"] td.version`)); err != nil {
 		t.Fatalf("load %s: %v", url, err)
 	}
-	text := func(sel string) string {
-		s, err := chromedp.Run(bctx, chromedp.Text(sel))
-		if err != nil {
-			t.Fatalf("read %s: %v", sel, err)
-		}
-		return s
-	}
+	text := pageText(t, bctx)
 	modelVersion := text(`tr[data-model="` + rigModel + `"] td.version`)
 	lag := text(`tr[data-collector="slow-collector"] td.lag`)
 	if modelVersion != strconv.FormatUint(version, 10) {
@@ -122,4 +137,63 @@ func TestDashboardInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s (%d bytes); learner row %q", out, len(png), learner)
+}
+
+// The Cluster panel, in real headless Chromium: a primary shows its
+// role, epoch, in-sync standbys and each standby's lag; when the open page
+// next polls a new epoch whose in-sync record lists no standby, app.js
+// redraws the panel with the warning that none may take over, escaping
+// the member ids.
+func TestDashboardClusterInChromium(t *testing.T) {
+	exe := chromiumPath(t)
+	e := startClusterEndpoint(t, 50, metrics.ClusterStats{Primary: true, Epoch: 4, Unit: 90, KeepsInSync: true, InSyncStandbys: 1,
+		InSync: []string{"hub-a"}, Lag: map[string]uint64{"hub-a": 0, "hub-b": 7}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bctx := startBrowser(t, ctx, exe)
+	url := "http://" + e.addr + "/"
+	if err := chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(`#cluster tr[data-standby="hub-b"] td.lag`)); err != nil {
+		t.Fatalf("load %s: %v", url, err)
+	}
+	text := pageText(t, bctx)
+	if got := text(`#cluster .crole`); got != "primary" {
+		t.Errorf("cluster role %q, want primary", got)
+	}
+	if got := text(`#cluster .epoch`); got != "4" {
+		t.Errorf("epoch %q, want 4", got)
+	}
+	if got := text(`#cluster tr[data-standby="hub-b"] td.lag`); got != "7" {
+		t.Errorf("hub-b's lag %q, want 7", got)
+	}
+	if got, want := text(`#cluster .insync`), "in-sync standbys 1: hub-a · 2 connected"; got != want {
+		t.Errorf("in-sync line %q, want %q", got, want)
+	}
+
+	const odd = `hub-<i>"c`
+	e.set(metrics.ClusterStats{Primary: true, Epoch: 5, Unit: 2, KeepsInSync: true, Lag: map[string]uint64{"hub-a": 1, odd: 3}})
+	type view struct {
+		Epoch, Insync, Warning, OddLag string
+		Tags                           bool
+	}
+	const js = `(() => { const q = (s) => document.querySelector('#cluster ' + s);
+		const odd = [...document.querySelectorAll('#cluster tr[data-standby]')].find((r) => r.dataset.standby === 'hub-<i>"c');
+		return {Epoch: q('.epoch').textContent, Insync: q('.insync').textContent, Warning: q('.warning') ? q('.warning').textContent : '',
+			OddLag: odd ? odd.querySelector('.lag').textContent : '', Tags: !!q('i')}; })()`
+	var v view
+	testkit.Eventually(t, 30*time.Second, "the open page shows epoch 5", func() bool {
+		var err error
+		if v, err = chromedp.Run(bctx, chromedp.Evaluate[view](js)); err != nil {
+			t.Fatalf("read the cluster panel: %v", err)
+		}
+		return v.Epoch == "5"
+	})
+	if !strings.Contains(v.Warning, "no standby may take over") {
+		t.Errorf("warning %q with no standby in sync", v.Warning)
+	}
+	if want := "in-sync standbys 0 · 2 connected"; v.Insync != want {
+		t.Errorf("in-sync line %q, want %q", v.Insync, want)
+	}
+	if v.OddLag != "3" || v.Tags {
+		t.Errorf("member %q: lag %q, markup from its id %v", odd, v.OddLag, v.Tags)
+	}
 }

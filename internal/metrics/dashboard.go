@@ -33,6 +33,9 @@ type State struct {
 	Learners   []LearnerState   `json:"learners"`
 	Runs       []RunState       `json:"runs"`
 	Worker     *WorkerState     `json:"worker,omitempty"`
+	// Cluster is this hub's place in its cluster (serve --etcd); nil for
+	// a process outside one.
+	Cluster *ClusterState `json:"cluster,omitempty"`
 }
 
 // ModelState is one stored model.
@@ -101,6 +104,79 @@ type WorkerState struct {
 	Steps     int64  `json:"steps"`
 	Pulls     int64  `json:"pulls"`
 	Iteration uint64 `json:"iteration"`
+}
+
+// ClusterState is a cluster member's role and replication, from the same
+// ClusterStats as the rlhub_cluster_* metrics.
+type ClusterState struct {
+	// Role is "primary", "standby" or "outside" (not a member: joining,
+	// or out after a local fault).
+	Role  string `json:"role"`
+	Epoch uint64 `json:"epoch"`
+	// Unit is the newest unit applied (standby) or asked for (primary).
+	Unit    uint64 `json:"unit"`
+	Applied uint64 `json:"applied"`
+	// Synced: a standby holding a full copy of the primary it follows.
+	Synced bool `json:"synced"`
+	// KeepsInSync: a primary keeping the in-sync record (acks all), which
+	// lists InSyncStandbys standbys, the only ones that may take over;
+	// InSync are the first Config.MaxLabelValues of their ids, sorted.
+	KeepsInSync    bool     `json:"keeps_in_sync"`
+	InSyncStandbys int      `json:"in_sync_standbys"`
+	InSync         []string `json:"in_sync"`
+	// Warning, when not "", is what the operator must act on.
+	Warning string `json:"warning,omitempty"`
+	// Standbys are the primary's connected standbys (Connected of them),
+	// the first Config.MaxLabelValues by id.
+	Standbys  []StandbyState `json:"standbys"`
+	Connected int            `json:"connected"`
+	Faults    uint64         `json:"faults"`
+	Scrubs    uint64         `json:"scrubs"`
+	Damaged   uint64         `json:"damaged_files"`
+}
+
+// StandbyState is one standby connected to the primary.
+type StandbyState struct {
+	ID string `json:"id"`
+	// Lag is the units asked for that it has not acknowledged yet.
+	Lag uint64 `json:"lag"`
+	// InSync: the in-sync record lists it.
+	InSync bool `json:"in_sync"`
+}
+
+// noTakeOver is the warning of a primary whose in-sync record lists no
+// standby (docs/cluster.md, "Who may take over").
+const noTakeOver = "the in-sync record lists no standby: no standby may take over; if this primary dies, no hub serves until it is back"
+
+// clusterState is the Cluster panel for cs, its lists bounded to maxN.
+func clusterState(cs ClusterStats, maxN int) *ClusterState {
+	c := &ClusterState{Role: "standby", Epoch: cs.Epoch, Unit: cs.Unit, Applied: cs.Applied, Synced: cs.Synced,
+		Faults: cs.Faults, Scrubs: cs.Scrubs, Damaged: cs.DamagedFiles, InSync: []string{}, Standbys: []StandbyState{}}
+	switch {
+	case cs.Outside:
+		c.Role = "outside"
+	case cs.Primary:
+		c.Role = "primary"
+	}
+	if !cs.Primary {
+		return c
+	}
+	c.KeepsInSync, c.InSyncStandbys = cs.KeepsInSync, cs.InSyncStandbys
+	if c.KeepsInSync {
+		c.InSync = append(c.InSync, cs.InSync...) // never null: the page reads its length
+		slices.Sort(c.InSync)
+		c.InSync = c.InSync[:min(len(c.InSync), maxN)]
+		if c.InSyncStandbys == 0 {
+			c.Warning = noTakeOver
+		}
+	}
+	c.Connected = len(cs.Lag)
+	for m, lag := range cs.Lag {
+		c.Standbys = append(c.Standbys, StandbyState{ID: m, Lag: lag, InSync: slices.Contains(cs.InSync, m)})
+	}
+	slices.SortFunc(c.Standbys, func(a, b StandbyState) int { return strings.Compare(a.ID, b.ID) })
+	c.Standbys = c.Standbys[:min(len(c.Standbys), maxN)]
+	return c
 }
 
 type dashboard struct {
@@ -213,6 +289,9 @@ func (d *dashboard) state(ctx context.Context) State {
 	}
 	if w := src.Worker; w != nil {
 		st.Worker = &WorkerState{Tasks: w.Tasks.Load(), Steps: w.Steps.Load(), Pulls: w.Pulls.Load(), Iteration: w.Iteration.Load()}
+	}
+	if src.Cluster != nil {
+		st.Cluster = clusterState(src.Cluster(), maxN)
 	}
 	return st
 }

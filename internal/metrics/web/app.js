@@ -48,6 +48,23 @@ function draw(s) {
     `<svg viewBox="0 0 ${W} ${H}" class="curve" data-points="${u.curve.length}">${plot(u.curve)}</svg></div>`).join("") : `<p class="none">no ARS runs</p>`;
   const w = s.worker, wl = document.getElementById("workerline");
   if (w && wl) wl.textContent = `iteration ${w.iteration} · ${w.tasks} tasks · ${w.steps} env steps · ${w.pulls} policy pulls`;
+  const c = s.cluster, cb = document.getElementById("clusterbody");
+  if (c && cb) cb.innerHTML = cluster(c);
+}
+// cluster renders the Cluster panel's body (the markup of index.html's).
+function cluster(c) {
+  const standby = c.role === "standby", primary = c.role === "primary";
+  let h = `<p><b class="crole" data-role="${esc(c.role)}">${c.role === "outside" ? "outside the cluster" : esc(c.role)}</b> · epoch <b class="epoch">${c.epoch}</b> · unit <b class="unit">${c.unit}</b>` +
+    (standby ? ` · <span class="synced${c.synced ? "" : " warn"}">${c.synced ? "synced" : "not synced"}</span> · ${c.applied} units applied` : "") + `</p>`;
+  if (c.warning) h += `<p class="warning">${esc(c.warning)}</p>`;
+  if (primary) {
+    h += `<p class="insync">` + (c.keeps_in_sync ? `in-sync standbys <b class="count">${c.in_sync_standbys}</b>` + (c.in_sync.length ? ": " + c.in_sync.map(esc).join(", ") : "") :
+      "no in-sync record (--replica-acks not all)") + ` · ${c.connected} connected</p>` +
+      `<table><thead><tr><th>standby</th><th>lag (units)</th><th>in sync</th></tr></thead><tbody>` +
+      (c.standbys.length ? c.standbys.map((m) => `<tr data-standby="${esc(m.id)}" class="${m.lag ? "behind" : ""}"><td>${esc(m.id)}</td><td class="lag">${m.lag}</td><td>${m.in_sync ? "yes" : "no"}</td></tr>`).join("") :
+        `<tr><td colspan="3" class="none">no standby connected</td></tr>`) + `</tbody></table>`;
+  }
+  return h + `<p>faults <b class="faults">${c.faults}</b> · scrubs <b class="scrubs">${c.scrubs}</b> · <span class="damaged${c.damaged_files ? " warn" : ""}">damaged files <b>${c.damaged_files}</b></span></p>`;
 }
 async function poll() {
   try {
