@@ -2,16 +2,19 @@ package replica_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
@@ -71,13 +74,34 @@ func readyz(url string) (int, string, error) {
 	return resp.StatusCode, strings.TrimSpace(string(b)), err
 }
 
+// dashboardCluster reads one endpoint's dashboard Cluster panel
+// (/api/state); nil when it has none.
+func dashboardCluster(t *testing.T, url string) *metrics.ClusterState {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/state", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s/api/state: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var st metrics.State
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("%s/api/state: %v", url, err)
+	}
+	return st.Cluster
+}
+
 // TestStandbysServeClusterMetrics: with --metrics-listen, a standby
 // serves its role, the epoch it follows, that it is synced and the units
 // it applied; the primary serves its role and each standby's lag; and the
 // standby that takes over serves the primary's endpoint with the new
 // epoch. Each endpoint's readiness probe says the same role: the primary
 // and a synced standby are ready, and the standby that takes over is
-// ready as the primary of the new epoch.
+// ready as the primary of the new epoch. Each dashboard's Cluster panel
+// (/api/state) says the same role and epoch, and which standbys the
+// in-sync record lists: the standby, then none (with the warning).
 func TestStandbysServeClusterMetrics(t *testing.T) {
 	e := clustertest.Start(t)
 	c := newCluster(t, e.Endpoint, 2, "--metrics-listen", "127.0.0.1:0")
@@ -122,6 +146,9 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 		}
 	}
 	wantReady(sbURL, "the standby", fmt.Sprintf("standby, synced with the primary of epoch %d", l1.Epoch))
+	if c := dashboardCluster(t, sbURL); c == nil || c.Role != "standby" || c.Epoch != l1.Epoch || !c.Synced {
+		t.Fatalf("standby %s's dashboard cluster %+v, want a synced standby of epoch %d", sb.id, c, l1.Epoch)
+	}
 	pURL := last(p1, "hub")
 	lag := fmt.Sprintf(`rlhub_cluster_standby_lag_units{member=%q}`, sb.id)
 	testkit.Eventually(t, 30*time.Second, "the primary's cluster metrics", func() bool {
@@ -137,6 +164,10 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 		t.Fatalf("primary %s: rlhub_cluster_in_sync_standbys %v, want 1", p1.id, got["rlhub_cluster_in_sync_standbys"])
 	}
 	wantReady(pURL, "the primary", fmt.Sprintf("primary, epoch %d", l1.Epoch))
+	if c := dashboardCluster(t, pURL); c == nil || c.Role != "primary" || c.Epoch != l1.Epoch || !slices.Equal(c.InSync, []string{sb.id}) ||
+		len(c.Standbys) != 1 || c.Standbys[0].ID != sb.id || !c.Standbys[0].InSync || c.Warning != "" {
+		t.Fatalf("primary %s's dashboard cluster %+v, want epoch %d, %s connected and in sync, no warning", p1.id, c, l1.Epoch, sb.id)
+	}
 
 	p1.kill()
 	l2, _ := c.leader(l1.Epoch)
@@ -156,6 +187,9 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	c.push("pol", 3, 2, storetest.Blob(t, 3, 64))
 	if got, err := scrape(t, newURL); err != nil || got["rlhub_cluster_in_sync_standbys"] != 0 {
 		t.Fatalf("the new primary after a publish: rlhub_cluster_in_sync_standbys %v (%v), want 0", got["rlhub_cluster_in_sync_standbys"], err)
+	}
+	if c := dashboardCluster(t, newURL); c == nil || c.Role != "primary" || c.Epoch != l2.Epoch || len(c.InSync) != 0 || c.Warning == "" {
+		t.Fatalf("the new primary's dashboard cluster %+v, want epoch %d, none in sync and the warning", c, l2.Epoch)
 	}
 }
 
