@@ -91,6 +91,12 @@ func TestDashboardClusterState(t *testing.T) {
 			Standbys: []metrics.StandbyState{{ID: "hub-a", InSync: true}, {ID: "hub-b", Lag: 1, InSync: true}}, Connected: 2},
 		page: []string{`in-sync standbys <b class="count">3</b>: hub-a, hub-b`},
 	}, {
+		name: "primary without the record (acks not all)",
+		in:   metrics.ClusterStats{Primary: true, Epoch: 6, Unit: 1, Lag: map[string]uint64{"hub-a": 0}},
+		want: metrics.ClusterState{Role: "primary", Epoch: 6, Unit: 1, InSync: []string{},
+			Standbys: []metrics.StandbyState{{ID: "hub-a"}}, Connected: 1},
+		page: []string{`no in-sync record (--replica-acks not all)`, `<td class="lag">0</td><td>–</td>`},
+	}, {
 		name: "standby, synced, damaged files",
 		in:   metrics.ClusterStats{Epoch: 4, Unit: 88, Applied: 120, Synced: true, Scrubs: 2, DamagedFiles: 1},
 		want: metrics.ClusterState{Role: "standby", Epoch: 4, Unit: 88, Applied: 120, Synced: true, Scrubs: 2, Damaged: 1,

@@ -61,7 +61,7 @@ function cluster(c) {
     h += `<p class="insync">` + (c.keeps_in_sync ? `in-sync standbys <b class="count">${c.in_sync_standbys}</b>` + (c.in_sync.length ? ": " + c.in_sync.map(esc).join(", ") : "") :
       "no in-sync record (--replica-acks not all)") + ` · ${c.connected} connected</p>` +
       `<table><thead><tr><th>standby</th><th>lag (units)</th><th>in sync</th></tr></thead><tbody>` +
-      (c.standbys.length ? c.standbys.map((m) => `<tr data-standby="${esc(m.id)}" class="${m.lag ? "behind" : ""}"><td>${esc(m.id)}</td><td class="lag">${m.lag}</td><td>${m.in_sync ? "yes" : "no"}</td></tr>`).join("") :
+      (c.standbys.length ? c.standbys.map((m) => `<tr data-standby="${esc(m.id)}" class="${m.lag ? "behind" : ""}"><td>${esc(m.id)}</td><td class="lag">${m.lag}</td><td>${m.in_sync ? "yes" : c.keeps_in_sync ? "no" : "–"}</td></tr>`).join("") :
         `<tr><td colspan="3" class="none">no standby connected</td></tr>`) + `</tbody></table>`;
   }
   return h + `<p>faults <b class="faults">${c.faults}</b> · scrubs <b class="scrubs">${c.scrubs}</b> · <span class="damaged${c.damaged_files ? " warn" : ""}">damaged files <b>${c.damaged_files}</b></span></p>`;
