@@ -255,10 +255,13 @@ func TestRelayOnEtcdIsAnnouncedAndFollows(t *testing.T) {
 		})
 	}
 	waitVersion(1)
-	st, err := rd.Status(ctx)
-	if err != nil || st.Primary == nil {
-		t.Fatalf("status: %v %v", st, err)
-	}
+	// Both hubs may take over (acks all): the standby is in the in-sync
+	// record once its full sync is acknowledged.
+	var st cluster.Status
+	testkit.Eventually(t, 30*time.Second, "both hubs in the in-sync record", func() bool {
+		st, err = rd.Status(ctx)
+		return err == nil && st.Primary != nil && st.InSync != nil && st.InSync.Has("r0") && st.InSync.Has("r1")
+	})
 	for _, p := range procs {
 		if p.addr == st.Primary.Addr {
 			p.kill()

@@ -849,14 +849,30 @@ func (s *Source) readAcks(ss frameStream, p *peer) error {
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		s.mu.Lock()
+		first := !p.synced
 		p.synced = true
 		if u > p.acked {
 			p.acked = u
 			s.bump()
 		}
 		s.mu.Unlock()
+		if first && s.keepsInSync() {
+			// Its full sync applied, the standby holds every acknowledged
+			// publish: recorded at once, it may take over from now on, not
+			// only after the next publish or quarter-lease update (a
+			// primary killed in between left no standby to take over).
+			ctx, cancel := context.WithTimeout(ss.Context(), inSyncWriteTimeout)
+			if err := s.UpdateInSync(ctx); err != nil {
+				s.cfg.Logger.Warn("replica: cannot record a standby that caught up as in sync; it cannot take over yet", "member", p.member, "err", err)
+			}
+			cancel()
+		}
 	}
 }
+
+// inSyncWriteTimeout bounds a follower's stream's write of the in-sync
+// record when its full sync is acknowledged.
+const inSyncWriteTimeout = 5 * time.Second
 
 // ship sends a full sync (its own cut), then, whenever a publish asks
 // for a unit or the scan found a change, what the newest snapshot holds

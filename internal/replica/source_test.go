@@ -53,7 +53,8 @@ func TestSyncWaitsForAConnectedFollowerNotYetRegistered(t *testing.T) {
 
 // The in-sync record (SourceConfig.InSync) lists the followers that
 // applied every acknowledged publish: one that caught up is added (at a
-// publish, or UpdateInSync without one); one that left is dropped before
+// publish, at once when its full sync is acknowledged, or by UpdateInSync);
+// one that left is dropped before
 // the next publish is acknowledged, and a publish whose drop cannot be
 // recorded is not acknowledged.
 func TestSourceKeepsTheInSyncRecord(t *testing.T) {
@@ -97,20 +98,15 @@ func TestSourceKeepsTheInSyncRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := followSource(t, src, addr, "s1", "")
-	// Caught up with no publish yet: recorded by the periodic update.
-	// The follower says it is synced once it applied the full sync; its
-	// acknowledgement reaches the Source just after (the node updates
-	// every quarter lease).
-	updated := func(what string) {
+	// Caught up with no publish yet: recorded when its full sync's
+	// acknowledgement reaches the Source (just after the follower says it
+	// is synced), with no UpdateInSync or publish: a primary killed before
+	// either still leaves s1 to take over.
+	recordedOnSync := func(what string) {
 		t.Helper()
-		testkit.Eventually(t, 30*time.Second, what, func() bool {
-			if err := src.UpdateInSync(ctx); err != nil {
-				t.Fatalf("UpdateInSync: %v", err)
-			}
-			return last() == "[s1]"
-		})
+		testkit.Eventually(t, 30*time.Second, what, func() bool { return last() == "[s1]" })
 	}
-	updated("UpdateInSync to record s1 after its full sync")
+	recordedOnSync("s1 recorded once its full sync was acknowledged")
 	if err := src.Sync(ctx, []string{"s1"}); err != nil || last() != "[s1]" {
 		t.Fatalf("Sync with s1 following: %v, recorded %s", err, last())
 	}
@@ -143,7 +139,7 @@ func TestSourceKeepsTheInSyncRecord(t *testing.T) {
 	}
 	stop = followSource(t, src, addr, "s1", "") // back, and caught up
 	defer stop()
-	updated("UpdateInSync to record s1 once it caught up again")
+	recordedOnSync("s1 recorded again once it caught up")
 }
 
 // followSource runs a follower (member, crash points crashAt) of the
