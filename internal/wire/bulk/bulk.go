@@ -155,7 +155,7 @@ func (r *Request) Body(n int64) (io.Reader, error) {
 	// The whole body, whatever its pace, is due by the deadline: the idle
 	// bound alone lets a client that sends a byte every 29 s keep the
 	// request (and its handler's queue slot) for ever.
-	r.deadline = time.Now().Add(BodyDeadline(r.conn.bodyTimeout, r.conn.bodyMinRate, n))
+	r.deadline = r.conn.bodyDue(n)
 	if err := r.conn.writeFrame([]byte{kindContinue}); err != nil {
 		return nil, fmt.Errorf("%w: bulk: ask for the body: %v", errs.ErrUnavailable, err)
 	}
@@ -173,21 +173,39 @@ func (b bodyReader) Read(p []byte) (int, error) {
 	}
 	// A client that stops sending midway, or sends too slowly, must not
 	// hold what the handler holds (a reducer's queue slot) for ever.
-	d := time.Now().Add(b.r.conn.idle)
-	if d.After(b.r.deadline) {
-		d = b.r.deadline
-	}
-	_ = b.r.conn.SetReadDeadline(d)
+	_ = b.r.conn.SetReadDeadline(b.r.conn.pieceDeadline(b.r.deadline))
 	n, err := b.r.conn.br.Read(p)
 	b.r.remaining -= int64(n)
 	if err == io.EOF && b.r.remaining > 0 {
 		err = io.ErrUnexpectedEOF
 	}
-	if err != nil && isTimeout(err) && !time.Now().Before(b.r.deadline) {
+	if overdue(err, b.r.deadline) {
 		b.r.expired = true
 		return n, errBodyDeadline(b.r.conn.bodyTimeout, b.r.conn.bodyMinRate)
 	}
 	return n, err
+}
+
+// bodyDue is when a body of n bytes sent or received on sc from now is
+// due whole (BodyDeadline: Server.BodyTimeout, BodyMinRate).
+func (sc *serverConn) bodyDue(n int64) time.Time {
+	return time.Now().Add(BodyDeadline(sc.bodyTimeout, sc.bodyMinRate, n))
+}
+
+// pieceDeadline is the deadline of a body's next read or write on sc: the
+// idle bound (Server.BodyIdleTimeout) from now, but never past due, the
+// whole body's.
+func (sc *serverConn) pieceDeadline(due time.Time) time.Time {
+	if d := time.Now().Add(sc.idle); d.Before(due) {
+		return d
+	}
+	return due
+}
+
+// overdue reports whether err, a body's read or write error, is the whole
+// body's deadline (due) passing, not the idle bound or another failure.
+func overdue(err error, due time.Time) bool {
+	return err != nil && isTimeout(err) && !time.Now().Before(due)
 }
 
 // ErrBodyDeadline is what a body read returns once the body's deadline

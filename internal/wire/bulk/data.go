@@ -64,7 +64,7 @@ func (r *Request) Reply(header []byte, body ...[]byte) error {
 	frame = append(frame, header...)
 	frame = binary.LittleEndian.AppendUint64(frame, uint64(total))
 	pending := append(net.Buffers{frame}, body...)
-	due := time.Now().Add(BodyDeadline(r.conn.bodyTimeout, r.conn.bodyMinRate, total))
+	due := r.conn.bodyDue(total)
 	for len(pending) > 0 {
 		// One piece of at most replyPiece bytes per deadline.
 		var piece net.Buffers
@@ -81,14 +81,10 @@ func (r *Request) Reply(header []byte, body ...[]byte) error {
 			room -= len(b)
 			pending = pending[1:]
 		}
-		d := time.Now().Add(r.conn.idle)
-		if d.After(due) {
-			d = due
-		}
-		_ = r.conn.SetWriteDeadline(d)
+		_ = r.conn.SetWriteDeadline(r.conn.pieceDeadline(due))
 		if _, err := piece.WriteTo(r.conn.Conn); err != nil {
 			r.broken = true
-			if isTimeout(err) && !time.Now().Before(due) {
+			if overdue(err, due) {
 				return fmt.Errorf("%w: bulk: reply not taken within its deadline (%v plus 1 s per %d bytes)", errs.ErrUnavailable, r.conn.bodyTimeout, r.conn.bodyMinRate)
 			}
 			return fmt.Errorf("%w: bulk: reply: %v", errs.ErrUnavailable, err)
