@@ -153,26 +153,48 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		// Counting as 0 only makes this copy yield, never win.
 		cfg.Logger.Warn("replica: the saved position is unreadable; counting the copy as at 0", "err", err)
 	}
-	damaged, err := scrub(cfg.DataDir, filepath.Join(f.dir(), "damaged"))
-	for rel, why := range damaged {
-		cfg.Logger.Error("replica: a file of this hub's copy is damaged; moved aside for the primary to send again",
-			"file", rel, "err", why, "moved_to", filepath.Join(f.dir(), "damaged", rel))
-	}
+	// The copy is checked on start (and, by Scrub, while it follows): a
+	// full sync keeps any immutable file the standby holds at the
+	// primary's size, so a damaged one would stay until this hub, elected,
+	// could not open its store; set aside, it is sent again.
+	damaged, err := checkCopy(context.Background(), cfg.DataDir, nil, 0)
 	if err != nil {
 		return nil, fmt.Errorf("replica: checking the copy in %s: %w", cfg.DataDir, err)
 	}
 	f.scrubs.Add(1)
-	f.damagedFiles.Add(uint64(len(damaged)))
-	if len(damaged) > 0 {
-		// The copy lacks what its position claims until a full sync: it
-		// yields any election meanwhile, as an unreadable position does
-		// (after a restart too: the next unit saves a position again).
-		f.pos = position{}
-		if err := os.Remove(filepath.Join(f.dir(), positionName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("replica: %w", err)
-		}
+	if err := f.setAside(damaged); err != nil {
+		return nil, err
 	}
 	return f, nil
+}
+
+// setAside moves the damaged files checkCopy found into
+// DataDir/.replica/damaged (outside the mirrored tree), logs each, counts
+// them, and resets the position: the copy lacks what its position claims
+// until a full sync, so it yields any election meanwhile, as an
+// unreadable position does (after a restart too: the next unit saves a
+// position again). A follower that runs holds treeMu.
+func (f *Follower) setAside(damaged map[string]error) error {
+	if len(damaged) == 0 {
+		return nil
+	}
+	f.posMu.Lock()
+	f.pos = position{}
+	f.posMu.Unlock()
+	quarantine := filepath.Join(f.dir(), "damaged")
+	err := moveAside(f.cfg.DataDir, quarantine, damaged)
+	for rel, why := range damaged {
+		f.cfg.Logger.Error("replica: a file of this hub's copy is damaged; moved aside for the primary to send again",
+			"file", rel, "err", why, "moved_to", filepath.Join(quarantine, rel))
+	}
+	f.damagedFiles.Add(uint64(len(damaged)))
+	if err != nil {
+		return fmt.Errorf("replica: moving damaged files aside: %w", err)
+	}
+	if err := os.Remove(filepath.Join(f.dir(), positionName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("replica: %w", err)
+	}
+	return nil
 }
 
 // positionName is the copy's saved position in DataDir/.replica: the
@@ -630,25 +652,15 @@ func (f *Follower) Scrub(ctx context.Context, pace int64) (map[string]error, err
 	if len(bad) == 0 {
 		return nil, nil
 	}
-	f.damagedFiles.Add(uint64(len(bad)))
 	f.damaged = true
 	f.gen++
 	f.synced.Store(false)
-	f.posMu.Lock()
-	f.pos = position{}
-	f.posMu.Unlock()
 	f.streamMu.Lock()
 	if f.stopStream != nil {
 		f.stopStream()
 	}
 	f.streamMu.Unlock()
-	if err := moveAside(f.cfg.DataDir, filepath.Join(f.dir(), "damaged"), bad); err != nil {
-		return bad, fmt.Errorf("replica: moving damaged files aside: %w", err)
-	}
-	if err := os.Remove(filepath.Join(f.dir(), positionName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return bad, fmt.Errorf("replica: %w", err)
-	}
-	return bad, nil
+	return bad, f.setAside(bad)
 }
 
 // promoteMarker saves an installed unit's position: its commit marker,

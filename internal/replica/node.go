@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -472,11 +471,7 @@ func (n *Node) scrubLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		start := time.Now()
-		damaged, err := n.follower.Scrub(ctx, scrubPace)
-		for rel, why := range damaged {
-			n.cfg.Logger.Error("replica: a file of this hub's copy is damaged; moved aside for the primary to send again",
-				"file", rel, "err", why, "moved_to", filepath.Join(n.follower.dir(), "damaged", rel))
-		}
+		damaged, err := n.follower.Scrub(ctx, scrubPace) // logs each damaged file
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:

@@ -244,21 +244,6 @@ func (t *fileTree) diff(found []entry, scopes []string) map[string]change {
 	return d
 }
 
-// scrub checks root's copy (checkCopy) and moves every file that fails
-// into quarantine (a directory outside the mirrored tree), returning them
-// with why. A standby scrubs its copy on start (NewFollower) — a full sync
-// keeps any immutable file the standby holds at the primary's size, so a
-// damaged one would stay until this hub, elected, could not open its
-// store; moved aside, it is sent again — and while it follows, every
-// --replica-scrub-every (Follower.Scrub).
-func scrub(root, quarantine string) (map[string]error, error) {
-	bad, err := checkCopy(context.Background(), root, nil, 0)
-	if err != nil {
-		return nil, err
-	}
-	return bad, moveAside(root, quarantine, bad)
-}
-
 // checkCopy checks the immutable files of root's copy that carry a
 // checksum — each store version against its model's manifest (size and
 // CRC-32C), each optimizer state against the checksum it records — and
