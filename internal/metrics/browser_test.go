@@ -146,7 +146,7 @@ func TestDashboardInChromium(t *testing.T) {
 // the member ids.
 func TestDashboardClusterInChromium(t *testing.T) {
 	exe := chromiumPath(t)
-	e := startClusterEndpoint(t, 50, metrics.ClusterStats{Primary: true, Epoch: 4, Unit: 90, KeepsInSync: true, InSyncStandbys: 1,
+	e := startClusterEndpoint(t, 50, metrics.ClusterStats{Primary: true, Epoch: 4, Unit: 90, KeepsInSync: true,
 		InSync: []string{"hub-a"}, Lag: map[string]uint64{"hub-a": 0, "hub-b": 7}})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -77,7 +77,7 @@ func TestDashboardClusterState(t *testing.T) {
 		page []string // in the page's first render
 	}{{
 		name: "primary, no standby in sync",
-		in: metrics.ClusterStats{Primary: true, Epoch: 4, Unit: 90, KeepsInSync: true, InSyncStandbys: 0,
+		in: metrics.ClusterStats{Primary: true, Epoch: 4, Unit: 90, KeepsInSync: true,
 			Lag: map[string]uint64{"hub-c": 7, "hub-a": 0, "hub-b": 2}, Scrubs: 1},
 		want: metrics.ClusterState{Role: "primary", Epoch: 4, Unit: 90, KeepsInSync: true, InSync: []string{},
 			Warning:  "the in-sync record lists no standby: no standby may take over; if this primary dies, no hub serves until it is back",
@@ -85,7 +85,7 @@ func TestDashboardClusterState(t *testing.T) {
 		page: []string{`data-role="primary"`, `epoch <b class="epoch">4</b>`, `<p class="warning">`, `<tr data-standby="hub-b" class="behind"><td>hub-b</td><td class="lag">2</td>`},
 	}, {
 		name: "primary, standbys in sync",
-		in: metrics.ClusterStats{Primary: true, Epoch: 5, Unit: 3, KeepsInSync: true, InSyncStandbys: 3, InSync: []string{"hub-c", "hub-b", "hub-a"},
+		in: metrics.ClusterStats{Primary: true, Epoch: 5, Unit: 3, KeepsInSync: true, InSync: []string{"hub-c", "hub-b", "hub-a"},
 			Lag: map[string]uint64{"hub-b": 1, "hub-a": 0}},
 		want: metrics.ClusterState{Role: "primary", Epoch: 5, Unit: 3, KeepsInSync: true, InSyncStandbys: 3, InSync: []string{"hub-a", "hub-b"},
 			Standbys: []metrics.StandbyState{{ID: "hub-a", InSync: true}, {ID: "hub-b", Lag: 1, InSync: true}}, Connected: 2},

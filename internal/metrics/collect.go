@@ -64,13 +64,11 @@ type ClusterStats struct {
 	// not write its data (disk full, read-only, I/O error).
 	Faults uint64
 	// KeepsInSync: this primary keeps the in-sync record (acks all);
-	// InSyncStandbys is then how many standbys it lists, the only ones
-	// that may take over.
-	KeepsInSync    bool
-	InSyncStandbys int
-	// InSync are the member ids of those standbys, sorted (the
-	// dashboard lists them; the metrics export only the count).
-	InSync []string
+	// InSync are then the member ids of the standbys it lists, sorted:
+	// the only ones that may take over (the dashboard lists them; the
+	// metrics export only their count).
+	KeepsInSync bool
+	InSync      []string
 	// Scrubs counts the checks of this hub's copy completed as a standby
 	// (on start and every --replica-scrub-every), DamagedFiles the files
 	// they found damaged and moved aside for the primary to send again.
@@ -193,19 +191,18 @@ func (c *statsCollector) collectCluster(ch chan<- prometheus.Metric, st ClusterS
 	c.emit(ch, fClusterScrubs, float64(st.Scrubs))
 	c.emit(ch, fClusterDamaged, float64(st.DamagedFiles))
 	if st.Primary && st.KeepsInSync {
-		c.emit(ch, fClusterInSync, float64(st.InSyncStandbys))
+		c.emit(ch, fClusterInSync, float64(len(st.InSync)))
 	}
-	members := make([]string, 0, len(st.Lag))
-	for m := range st.Lag {
-		members = append(members, m)
-	}
-	slices.Sort(members)
-	for i, m := range members {
-		if i >= c.max {
-			break // a cluster has a handful of members; the cap only bounds a broken one
-		}
+	for _, m := range lagMembers(st.Lag, c.max) {
 		c.emit(ch, fClusterLag, float64(st.Lag[m]), m)
 	}
+}
+
+// lagMembers are the standbys lag names, sorted, the first max of them (a
+// cluster has a handful of members; the cap only bounds a broken one).
+func lagMembers(lag map[string]uint64, max int) []string {
+	ms := slices.Sorted(maps.Keys(lag))
+	return ms[:min(len(ms), max)]
 }
 
 // dropReasons are the reasons always exported (0 until one happens), so

@@ -161,7 +161,7 @@ func clusterState(cs ClusterStats, maxN int) *ClusterState {
 	if !cs.Primary {
 		return c
 	}
-	c.KeepsInSync, c.InSyncStandbys = cs.KeepsInSync, cs.InSyncStandbys
+	c.KeepsInSync, c.InSyncStandbys = cs.KeepsInSync, len(cs.InSync)
 	if c.KeepsInSync {
 		c.InSync = append(c.InSync, cs.InSync...) // never null: the page reads its length
 		slices.Sort(c.InSync)
@@ -171,11 +171,9 @@ func clusterState(cs ClusterStats, maxN int) *ClusterState {
 		}
 	}
 	c.Connected = len(cs.Lag)
-	for m, lag := range cs.Lag {
-		c.Standbys = append(c.Standbys, StandbyState{ID: m, Lag: lag, InSync: slices.Contains(cs.InSync, m)})
+	for _, m := range lagMembers(cs.Lag, maxN) {
+		c.Standbys = append(c.Standbys, StandbyState{ID: m, Lag: cs.Lag[m], InSync: slices.Contains(cs.InSync, m)})
 	}
-	slices.SortFunc(c.Standbys, func(a, b StandbyState) int { return strings.Compare(a.ID, b.ID) })
-	c.Standbys = c.Standbys[:min(len(c.Standbys), maxN)]
 	return c
 }
 

@@ -936,9 +936,7 @@ func (n *Node) stats() metrics.ClusterStats {
 		for m, a := range acked {
 			st.Lag[m] = unit - min(a, unit)
 		}
-		// One read: the count and the ids are the same record.
 		st.InSync, st.KeepsInSync = src.InSyncMembers()
-		st.InSyncStandbys = len(st.InSync)
 	}
 	return st
 }
