@@ -170,6 +170,10 @@ func TestSlowReaderOfAReplyIsCutOff(t *testing.T) {
 	if n := <-read; n >= size {
 		t.Fatalf("the slow reader got the whole reply (%d bytes) before the connection closed", n)
 	}
+	// Counted once the connection closed (the read ended).
+	if n := e.srv.Stats().Refused[bulk.RefusedReplyTimeout]; n != 1 {
+		t.Fatalf("%d replies counted not taken, want 1", n)
+	}
 	// A reader at full speed is served the same reply.
 	c := bulk.NewClient()
 	defer c.Close()
@@ -181,5 +185,8 @@ func TestSlowReaderOfAReplyIsCutOff(t *testing.T) {
 	}, nil)
 	if err != nil || got != size {
 		t.Fatalf("a fast reader: %d bytes, %v; want %d", got, err, size)
+	}
+	if n := e.srv.Stats().Refused[bulk.RefusedReplyTimeout]; n != 1 {
+		t.Fatalf("%d replies counted not taken after a fast reader, want 1", n)
 	}
 }

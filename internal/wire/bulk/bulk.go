@@ -132,6 +132,7 @@ type Request struct {
 	expired   bool      // a body read failed because deadline passed
 	replied   bool      // Reply was called (data.go)
 	broken    bool      // a Reply write failed: the connection is out of step
+	notTaken  bool      // ... because the client did not take it within its deadline
 	stream    *Stream
 }
 
@@ -318,10 +319,14 @@ const (
 	// its deadline (BodyTimeout + n/BodyMinRate; answered
 	// DEADLINE_EXCEEDED, then closed).
 	RefusedBodyTimeout = "body_timeout"
+	// RefusedReplyTimeout: a data-plane reply body not taken by the
+	// client within its deadline (BodyTimeout + n/BodyMinRate; the
+	// connection closed mid-body, releasing what the reply held).
+	RefusedReplyTimeout = "reply_timeout"
 )
 
 // RefusalReasons lists every refusal reason, in a fixed order.
-var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed, RefusedBodyTimeout}
+var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed, RefusedBodyTimeout, RefusedReplyTimeout}
 
 func (s *Server) refuse(reason string) { s.refusal(reason).Add(1) }
 
@@ -799,6 +804,9 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	s.mu.Unlock()
 	switch {
 	case req.broken:
+		if req.notTaken {
+			s.refuse(RefusedReplyTimeout)
+		}
 		return false
 	case req.expired: // its deadline passed mid-body: say why, then hang up
 		s.refuse(RefusedBodyTimeout)

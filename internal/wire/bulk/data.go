@@ -85,6 +85,7 @@ func (r *Request) Reply(header []byte, body ...[]byte) error {
 		if _, err := piece.WriteTo(r.conn.Conn); err != nil {
 			r.broken = true
 			if overdue(err, due) {
+				r.notTaken = true
 				return fmt.Errorf("%w: bulk: reply not taken within its deadline (%v plus 1 s per %d bytes)", errs.ErrUnavailable, r.conn.bodyTimeout, r.conn.bodyMinRate)
 			}
 			return fmt.Errorf("%w: bulk: reply: %v", errs.ErrUnavailable, err)
