@@ -43,6 +43,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
+	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -308,7 +309,8 @@ type Hub struct {
 	cluster  *clusterrpc.Service // one of services: Cluster/Primary
 	metrics  *metrics.Server     // nil without MetricsListen
 
-	bulk *bulk.Server // the data plane beside grpc on the same port
+	bulk   *bulk.Server       // the data plane beside grpc on the same port
+	bodies *bodylimit.Limiter // grpc's streams' body deadlines
 
 	mu       sync.Mutex
 	lis      net.Listener
@@ -361,8 +363,9 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(cfg.Auth.StreamInterceptor()))
 	}
-	// Innermost: the pushes' body deadline, as on the data plane.
-	opts = append(opts, grpc.ChainStreamInterceptor(bodyDeadlineStream(lim.BodyTimeout, max(lim.BodyMinRate, 0), cfg.Logger)))
+	// Innermost: the streams' body deadlines, as on the data plane.
+	h.bodies = bodylimit.New(bodylimit.Config{Allowance: lim.BodyTimeout, MinRate: lim.BodyMinRate, Logger: cfg.Logger})
+	opts = append(opts, grpc.ChainStreamInterceptor(h.bodies.StreamInterceptor()))
 	if cfg.TLS != nil {
 		// The data plane's listener does the TLS handshake for both planes.
 		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
@@ -677,6 +680,7 @@ func (h *Hub) CloseWithin(grace time.Duration) error {
 	}
 	<-bulkDone
 	cancel()
+	h.bodies.Wait() // handlers of streams cut at a body deadline: woken by the stop
 	if started {
 		if err := <-h.serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			errsOut = append(errsOut, err)
@@ -712,6 +716,7 @@ func (h *Hub) newMetrics(g *metrics.GRPCServerMetrics) (*metrics.Server, error) 
 	}
 	src.Cluster = h.cfg.MetricsCluster
 	src.DataPlane = h.bulk.Stats
+	src.GRPCBodies = h.bodies.Stats
 	mcfg := metrics.Config{Listen: h.cfg.MetricsListen, Sources: src, GRPC: g, Role: role, Logger: h.cfg.Logger,
 		TLS: h.cfg.TLS, Insecure: h.cfg.MetricsInsecure}
 	if h.cfg.Auth != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -38,6 +39,9 @@ type Sources struct {
 	// DataPlane is the hub's listener and data plane (bulk.Server.Stats):
 	// its requests by outcome and the connections it refused.
 	DataPlane func() bulk.Stats
+	// GRPCBodies is the hub's gRPC streams' body deadlines
+	// (bodylimit.Limiter.Stats): the streams cut at one.
+	GRPCBodies func() bodylimit.Stats
 	// Cluster is a cluster member's role and replication (serve --etcd:
 	// the primary's hub and the standby both export it).
 	Cluster func() ClusterStats
@@ -104,6 +108,7 @@ func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *stats
 	add(src.Worker != nil, workerFamilies)
 	add(src.Auth != nil, authFamilies)
 	add(src.DataPlane != nil, dataPlaneFamilies)
+	add(src.GRPCBodies != nil, grpcBodyFamilies)
 	add(src.Cluster != nil, clusterFamilies)
 	for _, f := range c.fams {
 		c.descs[f.Name] = f.desc()
@@ -168,6 +173,11 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, reason := range bulk.RefusalReasons {
 			c.emit(ch, fConnsRefused, float64(d.Refused[reason]), reason)
 		}
+	}
+	if c.src.GRPCBodies != nil {
+		b := c.src.GRPCBodies()
+		c.emit(ch, fGRPCCut, float64(b.Received), "received")
+		c.emit(ch, fGRPCCut, float64(b.Sent), "sent")
 	}
 	if c.src.Cluster != nil {
 		c.collectCluster(ch, c.src.Cluster())

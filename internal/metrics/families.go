@@ -75,7 +75,8 @@ var (
 	fClusterDamaged  = Family{"rlhub_cluster_damaged_files_total", "counter", nil, "Files of this hub's copy its scrubs found damaged and moved aside (DATA/.replica/damaged) for the primary to send again; any rise means the disk corrupts data."}
 	fClusterInSync   = Family{"rlhub_cluster_in_sync_standbys", "gauge", nil, "On a primary with --replica-acks all: standbys the in-sync record lists, the only ones that may take over (0: none can; if this primary dies, no hub serves until it is back)."}
 	fDPRequests      = Family{"rlhub_dataplane_requests_total", "counter", []string{"method", "code"}, "Data-plane requests answered, by method (unknown: a name no handler serves) and status code (named as rlhub_grpc_server_handled_total's grpc_code)."}
-	fConnsRefused    = Family{"rlhub_conns_refused_total", "counter", []string{"reason"}, "Connections the hub's port closed for their client's fault: peer_cap (over --max-conns-per-peer, gRPC or data plane), handshake (first bytes, TLS handshake or data-plane hello invalid or not within --frame-timeout), frame_timeout (a data-plane request frame unfinished within --frame-timeout), malformed (a malformed data-plane request frame), body_timeout (a data-plane request body not received within --body-timeout + its length at --body-min-rate; answered DEADLINE_EXCEEDED)."}
+	fConnsRefused    = Family{"rlhub_conns_refused_total", "counter", []string{"reason"}, "Connections the hub's port closed for their client's fault: peer_cap (over --max-conns-per-peer, gRPC or data plane), handshake (first bytes, TLS handshake or data-plane hello invalid or not within --frame-timeout), frame_timeout (a data-plane request frame unfinished within --frame-timeout), malformed (a malformed data-plane request frame), body_timeout (a data-plane request body not received within --body-timeout + its length at --body-min-rate; answered DEADLINE_EXCEEDED), reply_timeout (a data-plane reply body not taken within the same bound; closed mid-body)."}
+	fGRPCCut         = Family{"rlhub_grpc_streams_cut_total", "counter", []string{"direction"}, "gRPC streams the hub (or rlhub relay) ended because a body missed its deadline (--body-timeout + its length at --body-min-rate): received (a push not sent in time; answered DEADLINE_EXCEEDED, nothing of it stored or applied) or sent (a pull, watch, weight or task stream whose client did not take a version in time; ended UNAVAILABLE, releasing the version it held)."}
 	fClusterLag      = Family{"rlhub_cluster_standby_lag_units", "gauge", []string{"member"}, "On the primary: units asked for that each connected standby has not acknowledged yet."}
 )
 
@@ -98,6 +99,7 @@ var (
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
 	dataPlaneFamilies  = []Family{fDPRequests, fConnsRefused}
+	grpcBodyFamilies   = []Family{fGRPCCut}
 	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterScrubs, fClusterDamaged, fClusterInSync, fClusterLag}
 )
 
@@ -105,7 +107,7 @@ var (
 // the docs table's order.
 func Families() []Family {
 	var out []Family
-	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, dataPlaneFamilies, clusterFamilies, grpcFamilies} {
+	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, dataPlaneFamilies, grpcBodyFamilies, clusterFamilies, grpcFamilies} {
 		out = append(out, g...)
 	}
 	return out
