@@ -10,6 +10,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/metrics"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
 	"github.com/rlhub/rlhub/internal/wsync/relay"
 )
@@ -82,7 +83,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			var ms *metrics.Server
 			if metricsListen != "" {
 				mcfg := metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
-					Sources: metrics.Sources{Sync: r.Service().Stats}, TLS: tc, Auth: v, Insecure: sec.insecure}
+					Sources: metrics.Sources{Sync: r.Service().Stats, GRPCBodies: r.BodyStats}, TLS: tc, Auth: v, Insecure: sec.insecure}
 				if v != nil {
 					mcfg.Sources.Auth = v.Stats
 				}
@@ -122,6 +123,9 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.ShmGroup, "shm-group", "", "group (name or id) the segment belongs to, mode 0660; default 0600, this user only")
 	f.IntVar(&cfg.ShmSlots, "shm-slots", 0, "segment slots: 2 + n let n local collectors lease versions and copy them straight into their weights; 0 sizes it (up to 10 slots within 1 GiB of /dev/shm)")
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the dashboard over HTTP on this address (default off)")
+	f.DurationVar(&cfg.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a local collector must read a version sent on its stream within this plus its length at --body-min-rate, or it is cut off (Unavailable) and attaches again for the newest")
+	cfg.BodyMinRate = bulk.DefaultBodyMinRate
+	f.Var((*byteSize)(&cfg.BodyMinRate), "body-min-rate", "the slowest rate (bytes/s, or with a KiB/MiB/GiB suffix) a version's deadline allows for: --body-timeout + length / this")
 	cmd.MarkFlagRequired("upstream")
 	cmd.MarkFlagRequired("model")
 	return cmd

@@ -1,6 +1,7 @@
 import signal
 import threading
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -10,6 +11,7 @@ import safetensors.numpy as stn
 import rlhub
 from rlhub import _channel
 
+import conftest
 from conftest import Hub
 from etcdproc import sigstop
 
@@ -311,3 +313,40 @@ def test_torch_state_dict_round_trip(hub):
     m2.load_state_dict(v.tensors)
     for k, t in m.state_dict().items():
         assert torch.equal(t, m2.state_dict()[k])
+
+
+def test_unread_grpc_watch_is_cut_and_goes_on_at_the_newest(rlhub_bin, tmp_path):
+    """A gRPC watch left unconsumed while a large version lands: the hub
+    cannot send it (flow control) and, without a bound, held that version
+    for as long as the caller did not ask for the next. The hub now ends
+    the stream once the version is not taken within --body-timeout + its
+    length at --body-min-rate, releasing it and counting the cut; the
+    watch asks again on its next turn and yields the newest version whole,
+    without an error."""
+    port = conftest.free_port()
+    h = Hub(rlhub_bin, tmp_path, extra=("--body-timeout", "1s", "--body-min-rate", "1GiB",
+                                        "--metrics-listen", f"127.0.0.1:{port}"))
+    n = 10 << 20  # 40 MiB of float32: more than gRPC's windows and the sockets take unread
+    try:
+        with rlhub.StoreClient(h.addr) as s, rlhub.StoreClient(h.addr, transport="grpc") as w:
+            s.push("m", {"w": np.full(n, 1, np.float32)}, version=1, expect=0)
+            it = w.watch("m", timeout=60)
+            first = next(it)
+            assert first.version == 1
+            s.push("m", {"w": np.full(n, 2, np.float32)}, version=2, expect=1)
+
+            def cut() -> bool:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                    return 'rlhub_grpc_streams_cut_total{direction="sent"} 1' in r.read().decode()
+
+            deadline = time.monotonic() + 30
+            while not cut():  # the watch's stream, v2 unread on it
+                assert time.monotonic() < deadline, "the hub never cut the unread watch"
+                time.sleep(0.1)
+            s.push("m", {"w": np.full(n, 3, np.float32)}, version=3, expect=2)
+            v = next(it)
+            assert v.version in (2, 3)
+            assert np.array_equal(v.tensors["w"], np.full(n, v.version, np.float32))
+            it.close()
+    finally:
+        h.stop()

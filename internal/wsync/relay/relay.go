@@ -22,6 +22,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
@@ -82,6 +83,13 @@ type Config struct {
 	// MaxModelBytes bounds a version received on the data plane; 0 means
 	// 4 GiB.
 	MaxModelBytes int64
+	// BodyTimeout and BodyMinRate bound how long a local collector may
+	// take to take a version on its stream (bodylimit: BodyTimeout +
+	// size/BodyMinRate); one that does not is cut off, releasing the
+	// version it held, and attaches again for the newest. 0 means the
+	// hub's defaults (bulk.DefaultBodyTimeout, DefaultBodyMinRate).
+	BodyTimeout time.Duration
+	BodyMinRate int64
 	// ServerOptions are added to the relay's gRPC server (metrics
 	// interceptors); nil means none.
 	ServerOptions []grpc.ServerOption
@@ -95,7 +103,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: relay: Config.Upstream is nil", errs.ErrInvalid)
 	case c.Model == "":
 		return fmt.Errorf("%w: relay: Config.Model is empty", errs.ErrInvalid)
-	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0 || c.PollTimeout < 0 || c.MaxModelBytes < 0:
+	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0 || c.PollTimeout < 0 || c.MaxModelBytes < 0 || c.BodyTimeout < 0 || c.BodyMinRate < 0:
 		return fmt.Errorf("%w: relay: negative Config duration or capacity", errs.ErrInvalid)
 	case c.ShmSlots < 0 || c.ShmSlots == 1 || c.ShmSlots > 64:
 		return fmt.Errorf("%w: relay: Config.ShmSlots %d outside [2, 64]", errs.ErrInvalid, c.ShmSlots)
@@ -109,6 +117,12 @@ func (c *Config) validate() error {
 	}
 	if c.ReportEvery == 0 {
 		c.ReportEvery = time.Second
+	}
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = bulk.DefaultBodyTimeout
+	}
+	if c.BodyMinRate == 0 {
+		c.BodyMinRate = bulk.DefaultBodyMinRate
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 200 * time.Millisecond
@@ -133,11 +147,12 @@ func (c *Config) validate() error {
 // Use: New, then Run(ctx) (it serves until ctx is done, then stops
 // and removes the segment). Addr is valid after New.
 type Relay struct {
-	cfg   Config
-	board *wsync.Board
-	svc   *wsync.Service
-	srv   *grpc.Server
-	lis   net.Listener
+	cfg    Config
+	board  *wsync.Board
+	svc    *wsync.Service
+	srv    *grpc.Server
+	bodies *bodylimit.Limiter // srv's streams' body deadlines
+	lis    net.Listener
 
 	shmMu sync.Mutex // guards shm
 	shm   *shm.Writer
@@ -188,13 +203,18 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("wsync: relay listen: %w", err)
 	}
 	r.lis = lis
-	r.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20),
+	r.bodies = bodylimit.New(bodylimit.Config{Allowance: cfg.BodyTimeout, MinRate: cfg.BodyMinRate, Logger: cfg.Logger})
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20),
 		// The pings every rlhub client sends (internal/dial: every 30 s,
 		// streams or not) are accepted, as the hub accepts them; gRPC's
 		// default policy (5 min, only with a stream) answered them with
 		// GOAWAY too_many_pings, dropping local collectors' connections.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPingInterval, PermitWithoutStream: true}),
-	}, cfg.ServerOptions...)...)
+	}
+	opts = append(opts, cfg.ServerOptions...)
+	// Innermost, so the metrics interceptors see its cuts.
+	opts = append(opts, grpc.ChainStreamInterceptor(r.bodies.StreamInterceptor()))
+	r.srv = grpc.NewServer(opts...)
 	svc.Register(r.srv)
 	return r, nil
 }
@@ -223,6 +243,10 @@ func (r *Relay) Newest() uint64 {
 	return v
 }
 
+// BodyStats counts the local collectors' streams cut because a version
+// was not taken within its deadline (Config.BodyTimeout, BodyMinRate).
+func (r *Relay) BodyStats() bodylimit.Stats { return r.bodies.Stats() }
+
 // Service is the relay's WeightSync service (its Lag shows local
 // collectors).
 func (r *Relay) Service() *wsync.Service { return r.svc }
@@ -248,6 +272,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	cancel()
 	r.svc.Drain()
 	r.srv.Stop()
+	r.bodies.Wait()
 	r.board.Close()
 	wg.Wait()
 	if e := <-serveErr; !errors.Is(e, grpc.ErrServerStopped) {

@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/wire/bodylimit"
+	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// A local collector that attaches and stops reading held the relay's
+// version for as long as it liked (gRPC flow control blocks the send and
+// keepalive keeps the connection). The relay cuts its stream once the
+// version is not taken within Config.BodyTimeout + its length at
+// BodyMinRate (UNAVAILABLE naming the limit) and counts it; a collector
+// that reads is served the same version whole.
+func TestRelayCutsAStalledCollector(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := startHub(t)
+	relay := runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-stalled",
+		BodyTimeout: time.Second, BodyMinRate: 1 << 30, Logger: quiet()})
+	const words = 10 << 20 // 40 MiB: more than flow control lets through unread
+	h.push(t, 1, words)
+	waitFor(t, "the relay at v1", func() bool { return relay.Newest() == 1 })
+
+	stalled, err := rlhubv1.NewWeightSyncClient(dial(t, relay.Addr())).Attach(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stalled.Send(&rlhubv1.SyncClientMessage{Body: &rlhubv1.SyncClientMessage_Hello{Hello: &rlhubv1.SyncHello{
+		CollectorId: "stalled", Model: "m"}}}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := stalled.Recv()
+	if err != nil || info.GetInfo().GetVersion() != 1 {
+		t.Fatalf("the stalled collector's first message: %v, %v", info, err)
+	}
+	total := info.GetInfo().GetTotalBytes()
+	waitFor(t, "the stalled collector cut", func() bool { return relay.BodyStats() == bodylimit.Stats{Sent: 1} })
+	var got uint64
+	for {
+		m, err := stalled.Recv()
+		if err != nil {
+			if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "body-timeout") {
+				t.Fatalf("the stalled stream ended with %v, want UNAVAILABLE naming the body timeout", err)
+			}
+			break
+		}
+		got += uint64(len(m.GetChunk().GetData()))
+	}
+	if got >= total {
+		t.Fatalf("the stalled collector got the whole version (%d bytes) before its cut", got)
+	}
+
+	cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dial(t, relay.Addr()), CollectorID: "reads", Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	snap, err := cl.WaitNewer(ctx, 0)
+	if err != nil || snap.Version != 1 || !bytes.Equal(snap.Blob, wsynctest.Snap(t, "m", 1, words).Blob) {
+		t.Fatalf("a collector that reads got %v, %v; want v1 whole", snap, err)
+	}
+	if st := relay.BodyStats(); st != (bodylimit.Stats{Sent: 1}) {
+		t.Fatalf("stats %+v after a collector that reads", st)
+	}
+}
