@@ -124,7 +124,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.Store.MaxNameBytes, "max-name-bytes", 128, "longest model name, in bytes")
 	f.DurationVar(&cfg.Limits.FrameTimeout, "frame-timeout", bulk.DefaultFrameTimeout, "a connection's first bytes and the rest of a started data-plane request must arrive within this; slower connections are closed")
 	f.DurationVar(&cfg.Limits.IdleTimeout, "idle-timeout", bulk.DefaultIdleTimeout, "a data-plane connection with no request in progress is closed after this")
-	f.DurationVar(&cfg.Limits.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a pushed body (data plane or gRPC) must arrive whole, and a version sent (a pull, a watch, a weight or learner stream) be read whole, within this plus its length at --body-min-rate; a slower push fails with DeadlineExceeded and changes nothing, a slower reader is cut off (Unavailable) and asks again")
+	f.DurationVar(&cfg.Limits.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a pushed body (data plane or gRPC) must arrive whole, and a version sent (a pull, a watch, a weight stream, a policy, an optimizer step) be read whole, within this plus its length at --body-min-rate; a slower push fails with DeadlineExceeded and changes nothing, a slower reader is cut off (Unavailable) and asks again")
 	cfg.Limits.BodyMinRate = bulk.DefaultBodyMinRate
 	f.Var((*byteSize)(&cfg.Limits.BodyMinRate), "body-min-rate", "the slowest rate (bytes/s, or with a KiB/MiB/GiB suffix) a pushed body's deadline allows for: --body-timeout + length / this")
 	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap)")

@@ -58,6 +58,10 @@ type Rule struct {
 }
 
 // Rules are rlhub's gRPC streams that carry bodies, by full method name.
+// LearnerAggregator/Attach is not one: the aggregator bounds each task's
+// send and reply by its own TaskTimeout and detaches a learner that does
+// not take its share, while a learner busy with its previous share (which
+// reads nothing meanwhile) must not be cut before then.
 var Rules = map[string]Rule{
 	"/rlhub.v1.Reducer/Push": {Push: true, Recv: func(m proto.Message) (uint64, bool) {
 		r, ok := m.(*rlhubv1.ReducerPushRequest)
@@ -80,10 +84,6 @@ var Rules = map[string]Rule{
 	"/rlhub.v1.ARS/PullPolicy": {Send: func(m proto.Message) (uint64, bool) {
 		r, ok := m.(*rlhubv1.ARSPolicyPart)
 		return r.GetInfo().GetTotalBytes(), ok && r.GetInfo() != nil
-	}},
-	"/rlhub.v1.LearnerAggregator/Attach": {Send: func(m proto.Message) (uint64, bool) {
-		r, ok := m.(*rlhubv1.AggregatorMessage)
-		return r.GetLearn().GetBlob().GetTotalBytes(), ok && r.GetLearn() != nil
 	}},
 	"/rlhub.v1.OptimizerHost/Attach": {
 		Send: func(m proto.Message) (uint64, bool) {
