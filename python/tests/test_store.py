@@ -324,7 +324,7 @@ def test_unread_grpc_watch_is_cut_and_goes_on_at_the_newest(rlhub_bin, tmp_path)
     watch asks again on its next turn and yields the newest version whole,
     without an error."""
     port = conftest.free_port()
-    h = Hub(rlhub_bin, tmp_path, extra=("--body-timeout", "1s", "--body-min-rate", "1GiB",
+    h = Hub(rlhub_bin, tmp_path, extra=("--body-timeout", "2s", "--body-min-rate", "16MiB",
                                         "--metrics-listen", f"127.0.0.1:{port}"))
     n = 10 << 20  # 40 MiB of float32: more than gRPC's windows and the sockets take unread
     try:

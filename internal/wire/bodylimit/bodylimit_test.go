@@ -186,12 +186,12 @@ func finalStatus(cs grpc.ClientStream) *status.Status {
 func TestBodiesWithinTheirDeadlinesAreServed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := start(t, 300*time.Millisecond)
+	s := start(t, time.Second)
 	cs := s.open(t, ctx, exchange)
 	for range 3 {
 		sendBody(t, cs, 1<<20, 1<<20)
 		readReply(t, cs)
-		time.Sleep(600 * time.Millisecond) // idle between bodies: allowed
+		time.Sleep(1200 * time.Millisecond) // idle between bodies: allowed
 	}
 	if err := cs.CloseSend(); err != nil {
 		t.Fatal(err)
@@ -209,7 +209,7 @@ func TestBodiesWithinTheirDeadlinesAreServed(t *testing.T) {
 func TestHalfSentBodyIsCutOff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := start(t, 300*time.Millisecond)
+	s := start(t, time.Second)
 	cs := s.open(t, ctx, exchange)
 	sendBody(t, cs, 1<<20, 1<<20)
 	readReply(t, cs)
@@ -232,7 +232,7 @@ func TestHalfSentBodyIsCutOff(t *testing.T) {
 func TestUntakenReplyIsCutOff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := start(t, 300*time.Millisecond)
+	s := start(t, time.Second)
 	cs := s.open(t, ctx, exchange)
 	sendBody(t, cs, 1<<20, 1<<20) // and read nothing
 	select {
@@ -258,7 +258,7 @@ func TestUntakenReplyIsCutOff(t *testing.T) {
 func TestPushIsBoundFromItsStart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := start(t, 300*time.Millisecond)
+	s := start(t, time.Second)
 	silent := s.open(t, ctx, push)
 	whole := s.open(t, ctx, push)
 	sendBody(t, whole, 1<<20, 1<<20) // whole, never closed

@@ -27,8 +27,8 @@ func TestRelayCutsAStalledCollector(t *testing.T) {
 	defer cancel()
 	h := startHub(t)
 	relay := runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-stalled",
-		BodyTimeout: time.Second, BodyMinRate: 1 << 30, Logger: quiet()})
-	const words = 10 << 20 // 40 MiB: more than flow control lets through unread
+		BodyTimeout: 2 * time.Second, BodyMinRate: 8 << 20, Logger: quiet()})
+	const words = 10 << 20 // 40 MiB: more than flow control lets through unread; due in 7 s
 	h.push(t, 1, words)
 	waitFor(t, "the relay at v1", func() bool { return relay.Newest() == 1 })
 
