@@ -180,11 +180,12 @@ type Limits struct {
 	// is closed after it; 0 means bulk.DefaultIdleTimeout (2m).
 	// `--idle-timeout`.
 	IdleTimeout time.Duration
-	// BodyTimeout and BodyMinRate (bytes/s) bound how long a pushed body
-	// may take to arrive whole, whatever its pace: one of n bytes (as its
-	// header announces) gets BodyTimeout + n/BodyMinRate, on the data
-	// plane (bulk.Server.BodyTimeout) and on gRPC push streams alike;
-	// past it the push fails DeadlineExceeded and changes nothing. 0 means
+	// BodyTimeout and BodyMinRate (bytes/s) bound how long a body may
+	// take to arrive whole, or to be taken whole by its reader, whatever
+	// its pace: one of n bytes (as its header announces) gets BodyTimeout
+	// + n/BodyMinRate, on the data plane (bulk.Server.BodyTimeout) and on
+	// gRPC streams alike (bodylimit); past it a push fails
+	// DeadlineExceeded and changes nothing, a reader is cut off. 0 means
 	// bulk.DefaultBodyTimeout (30s) and bulk.DefaultBodyMinRate (1 MiB/s);
 	// a negative BodyMinRate means a fixed BodyTimeout whatever n.
 	// `--body-timeout`, `--body-min-rate`.
@@ -194,6 +195,12 @@ type Limits struct {
 	// one peer IP; 0 means bulk.DefaultMaxConnsPerPeer (256), negative no
 	// cap. `--max-conns-per-peer`.
 	MaxConnsPerPeer int
+	// MaxStreamsPerPeer caps the gRPC streams one peer IP may hold open
+	// at once (watches, weight streams, pushes in flight, replication); a
+	// stream past it fails ResourceExhausted. 0 means
+	// DefaultMaxStreamsPerPeer (4096), negative no cap.
+	// `--max-streams-per-peer`.
+	MaxStreamsPerPeer int
 	// HandshakeTimeout bounds a gRPC connection's HTTP/2 handshake
 	// (grpc.ConnectionTimeout); 0 means 10s.
 	HandshakeTimeout time.Duration
@@ -223,6 +230,9 @@ func (l *Limits) validate() error {
 	}
 	if l.MaxConnsPerPeer == 0 {
 		l.MaxConnsPerPeer = bulk.DefaultMaxConnsPerPeer
+	}
+	if l.MaxStreamsPerPeer == 0 {
+		l.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
 	}
 	if l.BodyTimeout == 0 {
 		l.BodyTimeout = bulk.DefaultBodyTimeout
@@ -309,8 +319,9 @@ type Hub struct {
 	cluster  *clusterrpc.Service // one of services: Cluster/Primary
 	metrics  *metrics.Server     // nil without MetricsListen
 
-	bulk   *bulk.Server       // the data plane beside grpc on the same port
-	bodies *bodylimit.Limiter // grpc's streams' body deadlines
+	bulk    *bulk.Server       // the data plane beside grpc on the same port
+	bodies  *bodylimit.Limiter // grpc's streams' body deadlines
+	streams *streamCap         // grpc's streams per peer (nil: no cap)
 
 	mu       sync.Mutex
 	lis      net.Listener
@@ -362,6 +373,10 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if cfg.Auth != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(cfg.Auth.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(cfg.Auth.StreamInterceptor()))
+	}
+	if lim.MaxStreamsPerPeer > 0 { // counted once authenticated: a refused stream holds nothing
+		h.streams = newStreamCap(lim.MaxStreamsPerPeer)
+		opts = append(opts, grpc.ChainStreamInterceptor(h.streams.interceptor()))
 	}
 	// Innermost: the streams' body deadlines, as on the data plane.
 	h.bodies = bodylimit.New(bodylimit.Config{Allowance: lim.BodyTimeout, MinRate: lim.BodyMinRate, Logger: cfg.Logger})

@@ -1,0 +1,76 @@
+package hub
+
+import (
+	"net"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultMaxStreamsPerPeer is Limits.MaxStreamsPerPeer's default: far
+// above what the clients of a whole machine hold (a watch or weight
+// stream per collector, a push in flight per learner), and at most some
+// 100 MB of handlers' stacks and buffers per peer IP.
+const DefaultMaxStreamsPerPeer = 4096
+
+// streamCap caps the gRPC streams one peer IP holds open at once. grpc-go
+// bounds the streams of a connection only by what the server advertises
+// (no limit by default), and a long-lived stream (a watch, a weight
+// stream) holds a handler goroutine and its buffers for as long as the
+// client keeps it: without a cap one client could open them by the
+// million. A stream past the cap fails ResourceExhausted at once, a clear
+// error where a per-connection limit (SETTINGS_MAX_CONCURRENT_STREAMS)
+// would have made a client's next stream wait unseen for a free slot.
+type streamCap struct {
+	max int
+
+	mu   sync.Mutex
+	open map[string]int // open streams by peer IP
+}
+
+func newStreamCap(max int) *streamCap { return &streamCap{max: max, open: map[string]int{}} }
+
+func (c *streamCap) interceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+		ip := streamPeerIP(ss)
+		c.mu.Lock()
+		if c.open[ip] >= c.max {
+			c.mu.Unlock()
+			return status.Errorf(codes.ResourceExhausted,
+				"rlhub: this peer already holds %d streams open on the hub (its --max-streams-per-peer); close some", c.max)
+		}
+		c.open[ip]++
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			if c.open[ip]--; c.open[ip] == 0 {
+				delete(c.open, ip)
+			}
+			c.mu.Unlock()
+		}()
+		return next(srv, ss)
+	}
+}
+
+// held is the streams ip holds open.
+func (c *streamCap) held(ip string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open[ip]
+}
+
+// streamPeerIP is the peer IP a stream counts against (as the listener
+// counts connections per peer: bulk.Server.MaxConnsPerPeer).
+func streamPeerIP(ss grpc.ServerStream) string {
+	p, ok := peer.FromContext(ss.Context())
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if a, ok := p.Addr.(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return p.Addr.String()
+}
