@@ -2,6 +2,9 @@ package hub
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -162,6 +166,17 @@ func TestStalledReaderIsCutOff(t *testing.T) {
 	m := scrapeMetrics(t, h.MetricsAddr(), "")
 	if want := `rlhub_grpc_streams_cut_total{direction="sent"} 3`; !strings.Contains(m, want) {
 		t.Errorf("/metrics lacks %s", want)
+	}
+	// The dashboard's Turned away panel says the same.
+	resp, err := http.Get("http://" + h.MetricsAddr() + "/api/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st metrics.State
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || st.Refusals == nil || !slices.Contains(st.Refusals.StreamsCut, metrics.Count{Name: "sent", N: 3}) {
+		t.Errorf("/api/state refusals %+v (%v), want 3 streams cut while sent", st.Refusals, err)
 	}
 
 	// Readers that read are served whole, and nothing is cut.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
@@ -36,6 +37,59 @@ type State struct {
 	// Cluster is this hub's place in its cluster (serve --etcd); nil for
 	// a process outside one.
 	Cluster *ClusterState `json:"cluster,omitempty"`
+	// Refusals is what the process turned away for its clients' fault;
+	// nil for one without a listener of its own to count them.
+	Refusals *RefusalState `json:"refusals,omitempty"`
+}
+
+// RefusalState is what the process turned away for its clients' fault,
+// from the same counts as rlhub_conns_refused_total,
+// rlhub_grpc_streams_cut_total and rlhub_auth_calls_cut_total /
+// rlhub_auth_quota_refusals_total. Each list has every name, zeros
+// included, in a fixed order.
+type RefusalState struct {
+	// Conns are the connections closed, by reason (nil without a data
+	// plane).
+	Conns []Count `json:"conns"`
+	// StreamsCut are the gRPC streams ended at a body's deadline, by
+	// direction (received, sent; nil without the bound).
+	StreamsCut []Count `json:"streams_cut"`
+	// AuthCut and Quota (with tokens): calls ended because their token
+	// was revoked, changed or expired, and pushes refused by a token's
+	// quota, by quota (models, bytes, rate).
+	AuthCut *uint64 `json:"auth_calls_cut,omitempty"`
+	Quota   []Count `json:"quota"`
+}
+
+// Count is one named count.
+type Count struct {
+	Name string `json:"name"`
+	N    uint64 `json:"n"`
+}
+
+// refusalState is the Turned away panel, or nil when src counts nothing
+// of it.
+func refusalState(src Sources) *RefusalState {
+	if src.DataPlane == nil && src.GRPCBodies == nil && src.Auth == nil {
+		return nil
+	}
+	r := &RefusalState{}
+	if src.DataPlane != nil {
+		d := src.DataPlane()
+		for _, reason := range bulk.RefusalReasons {
+			r.Conns = append(r.Conns, Count{reason, d.Refused[reason]})
+		}
+	}
+	if src.GRPCBodies != nil {
+		b := src.GRPCBodies()
+		r.StreamsCut = []Count{{"received", b.Received}, {"sent", b.Sent}}
+	}
+	if src.Auth != nil {
+		a := src.Auth()
+		r.AuthCut = &a.CallsCut
+		r.Quota = []Count{{"models", a.QuotaModelsFull}, {"bytes", a.QuotaBytesFull}, {"rate", a.QuotaRateFull}}
+	}
+	return r
 }
 
 // ModelState is one stored model.
@@ -291,6 +345,7 @@ func (d *dashboard) state(ctx context.Context) State {
 	if src.Cluster != nil {
 		st.Cluster = clusterState(src.Cluster(), maxN)
 	}
+	st.Refusals = refusalState(src)
 	return st
 }
 

@@ -50,6 +50,18 @@ function draw(s) {
   if (w && wl) wl.textContent = `iteration ${w.iteration} · ${w.tasks} tasks · ${w.steps} env steps · ${w.pulls} policy pulls`;
   const c = s.cluster, cb = document.getElementById("clusterbody");
   if (c && cb) cb.innerHTML = cluster(c);
+  const f = s.refusals, fb = document.getElementById("refusalbody");
+  if (f && fb) fb.innerHTML = refusals(f);
+}
+// counts renders named counts, a non-zero one marked (index.html's markup).
+const counts = (list) => list.map((c) => `<span data-name="${esc(c.name)}"${c.n ? ' class="warn"' : ""}>${esc(c.name)} <b>${c.n}</b></span>`).join(" · ");
+// refusals renders the Turned away panel's body.
+function refusals(f) {
+  let h = "";
+  if (f.conns && f.conns.length) h += `<p class="conns">connections closed: ${counts(f.conns)}</p>`;
+  if (f.streams_cut && f.streams_cut.length) h += `<p class="cut">gRPC streams cut at a body's deadline: ${counts(f.streams_cut)}</p>`;
+  if (f.auth_calls_cut !== undefined) h += `<p class="auth">calls cut with their token <b>${f.auth_calls_cut}</b> · quota refusals: ${counts(f.quota || [])}</p>`;
+  return h;
 }
 // cluster renders the Cluster panel's body (the markup of index.html's).
 function cluster(c) {
