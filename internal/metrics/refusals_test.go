@@ -11,6 +11,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bodylimit"
@@ -61,7 +62,7 @@ func TestDashboardRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := metrics.RefusalState{
-		Conns: []metrics.Count{{"peer_cap", 2}, {"handshake", 0}, {"frame_timeout", 0}, {"malformed", 0}, {"body_timeout", 0}, {"reply_timeout", 1}},
+		Conns:      []metrics.Count{{"peer_cap", 2}, {"handshake", 0}, {"frame_timeout", 0}, {"malformed", 0}, {"body_timeout", 0}, {"reply_timeout", 1}},
 		StreamsCut: []metrics.Count{{"received", 0}, {"sent", 3}},
 	}
 	if st.Refusals == nil || !reflect.DeepEqual(*st.Refusals, want) {
@@ -76,6 +77,22 @@ func TestDashboardRefusals(t *testing.T) {
 	}
 	if strings.Contains(page, `class="auth"`) {
 		t.Error("a process without tokens shows token refusals")
+	}
+
+	// With tokens: the calls cut with their token and the quota refusals.
+	withAuth, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Sources: metrics.Sources{
+		Auth: func() auth.Stats { return auth.Stats{CallsCut: 2, QuotaBytesFull: 1} }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withAuth.Start()
+	defer withAuth.Close()
+	page = get(t, withAuth.Addr(), "/")
+	for _, s := range []string{`calls cut with their token <b>2</b>`, `<span data-name="models">models <b>0</b></span>`,
+		`<span data-name="bytes" class="warn">bytes <b>1</b></span>`} {
+		if !strings.Contains(page, s) {
+			t.Errorf("page with tokens lacks %q", s)
+		}
 	}
 
 	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
