@@ -11,6 +11,7 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 	"github.com/rlhub/rlhub/internal/wsync/relay"
 )
@@ -124,6 +125,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.ShmSlots, "shm-slots", 0, "segment slots: 2 + n let n local collectors lease versions and copy them straight into their weights; 0 sizes it (up to 10 slots within 1 GiB of /dev/shm)")
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the dashboard over HTTP on this address (default off)")
 	f.DurationVar(&cfg.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a local collector must read a version sent on its stream within this plus its length at --body-min-rate, or it is cut off (Unavailable) and attaches again for the newest")
+	f.IntVar(&cfg.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "streams (collectors' weight streams) one peer IP may hold open on the relay at once; more fail ResourceExhausted (-1: no cap)")
 	cfg.BodyMinRate = bulk.DefaultBodyMinRate
 	f.Var((*byteSize)(&cfg.BodyMinRate), "body-min-rate", "the slowest rate (bytes/s, or with a KiB/MiB/GiB suffix) a version's deadline allows for: --body-timeout + length / this")
 	cmd.MarkFlagRequired("upstream")

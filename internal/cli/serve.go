@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/streamcap"
 )
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -128,7 +129,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	cfg.Limits.BodyMinRate = bulk.DefaultBodyMinRate
 	f.Var((*byteSize)(&cfg.Limits.BodyMinRate), "body-min-rate", "the slowest rate (bytes/s, or with a KiB/MiB/GiB suffix) a pushed body's deadline allows for: --body-timeout + length / this")
 	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap)")
-	f.IntVar(&cfg.Limits.MaxStreamsPerPeer, "max-streams-per-peer", hub.DefaultMaxStreamsPerPeer, "gRPC streams (watches, weight streams, pushes in flight) one peer IP may hold open at once; more fail ResourceExhausted (-1: no cap)")
+	f.IntVar(&cfg.Limits.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "gRPC streams (watches, weight streams, pushes in flight) one peer IP may hold open at once; more fail ResourceExhausted (-1: no cap)")
 	f.Int64Var(&cfg.Limits.MaxPolicyParams, "max-policy-params", arsrpc.DefaultMaxPolicyParams, "largest ARS policy (parameters, every layer's weights and biases) a StartRun may ask for")
 	f.StringVar(&mergeRule, "aggregator-merge", "di-engine", "how learners' infos merge: di-engine (DI-engine's merge_info) or strict (same keys everywhere, homogeneous keys equal); a task's Start may choose its own")
 	f.StringVar(&homogKeys, "aggregator-homogeneous-keys", strings.Join(aggregator.DefaultHomogeneousKeys, ","), "comma-separated info keys that merge to the first learner's value (\"\": none); a task's Start may choose its own")

@@ -46,6 +46,7 @@ import (
 	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
+	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
 
@@ -198,7 +199,7 @@ type Limits struct {
 	// MaxStreamsPerPeer caps the gRPC streams one peer IP may hold open
 	// at once (watches, weight streams, pushes in flight, replication); a
 	// stream past it fails ResourceExhausted. 0 means
-	// DefaultMaxStreamsPerPeer (4096), negative no cap.
+	// streamcap.DefaultPerPeer (4096), negative no cap.
 	// `--max-streams-per-peer`.
 	MaxStreamsPerPeer int
 	// HandshakeTimeout bounds a gRPC connection's HTTP/2 handshake
@@ -232,7 +233,7 @@ func (l *Limits) validate() error {
 		l.MaxConnsPerPeer = bulk.DefaultMaxConnsPerPeer
 	}
 	if l.MaxStreamsPerPeer == 0 {
-		l.MaxStreamsPerPeer = DefaultMaxStreamsPerPeer
+		l.MaxStreamsPerPeer = streamcap.DefaultPerPeer
 	}
 	if l.BodyTimeout == 0 {
 		l.BodyTimeout = bulk.DefaultBodyTimeout
@@ -321,7 +322,7 @@ type Hub struct {
 
 	bulk    *bulk.Server       // the data plane beside grpc on the same port
 	bodies  *bodylimit.Limiter // grpc's streams' body deadlines
-	streams *streamCap         // grpc's streams per peer (nil: no cap)
+	streams *streamcap.Cap     // grpc's streams per peer (nil: no cap)
 
 	mu       sync.Mutex
 	lis      net.Listener
@@ -375,8 +376,8 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 			grpc.ChainStreamInterceptor(cfg.Auth.StreamInterceptor()))
 	}
 	if lim.MaxStreamsPerPeer > 0 { // counted once authenticated: a refused stream holds nothing
-		h.streams = newStreamCap(lim.MaxStreamsPerPeer)
-		opts = append(opts, grpc.ChainStreamInterceptor(h.streams.interceptor()))
+		h.streams = streamcap.New(lim.MaxStreamsPerPeer)
+		opts = append(opts, grpc.ChainStreamInterceptor(h.streams.StreamInterceptor()))
 	}
 	// Innermost: the streams' body deadlines, as on the data plane.
 	h.bodies = bodylimit.New(bodylimit.Config{Allowance: lim.BodyTimeout, MinRate: lim.BodyMinRate, Logger: cfg.Logger})

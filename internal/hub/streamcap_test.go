@@ -59,7 +59,7 @@ func TestStreamsPerPeerAreCapped(t *testing.T) {
 			t.Fatal(err)
 		}
 		if want > 0 {
-			testkit.Eventually(t, 10*time.Second, "the hub counting the watch", func() bool { return h.streams.held(ip) == want })
+			testkit.Eventually(t, 10*time.Second, "the hub counting the watch", func() bool { return h.streams.Held(ip) == want })
 		}
 		return w, wcancel
 	}
@@ -88,7 +88,7 @@ func TestStreamsPerPeerAreCapped(t *testing.T) {
 	defer stopOther()
 
 	closeFirst()
-	testkit.Eventually(t, 10*time.Second, "the closed watch's place freed", func() bool { return h.streams.held("127.0.0.1") == 2 })
+	testkit.Eventually(t, 10*time.Second, "the closed watch's place freed", func() bool { return h.streams.Held("127.0.0.1") == 2 })
 	again, stopAgain := watch(a, "127.0.0.1", 3)
 	defer stopAgain()
 	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 2, Expect: store.ExpectAny, Blob: blob}); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -90,6 +91,10 @@ type Config struct {
 	// hub's defaults (bulk.DefaultBodyTimeout, DefaultBodyMinRate).
 	BodyTimeout time.Duration
 	BodyMinRate int64
+	// MaxStreamsPerPeer caps the streams one peer IP holds open on the
+	// relay (streamcap); 0 means streamcap.DefaultPerPeer, negative no
+	// cap.
+	MaxStreamsPerPeer int
 	// ServerOptions are added to the relay's gRPC server (metrics
 	// interceptors); nil means none.
 	ServerOptions []grpc.ServerOption
@@ -123,6 +128,9 @@ func (c *Config) validate() error {
 	}
 	if c.BodyMinRate == 0 {
 		c.BodyMinRate = bulk.DefaultBodyMinRate
+	}
+	if c.MaxStreamsPerPeer == 0 {
+		c.MaxStreamsPerPeer = streamcap.DefaultPerPeer
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 200 * time.Millisecond
@@ -212,7 +220,12 @@ func New(cfg Config) (*Relay, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPingInterval, PermitWithoutStream: true}),
 	}
 	opts = append(opts, cfg.ServerOptions...)
-	// Innermost, so the metrics interceptors see its cuts.
+	// After the caller's (metrics, tokens): the streams per peer, then,
+	// innermost so the metrics interceptors see its cuts, the bodies'
+	// deadlines.
+	if cfg.MaxStreamsPerPeer > 0 {
+		opts = append(opts, grpc.ChainStreamInterceptor(streamcap.New(cfg.MaxStreamsPerPeer).StreamInterceptor()))
+	}
 	opts = append(opts, grpc.ChainStreamInterceptor(r.bodies.StreamInterceptor()))
 	r.srv = grpc.NewServer(opts...)
 	svc.Register(r.srv)

@@ -74,3 +74,50 @@ func TestRelayCutsAStalledCollector(t *testing.T) {
 		t.Fatalf("stats %+v after a collector that reads", st)
 	}
 }
+
+// A relay listening off loopback is as exposed as a hub: one peer IP holds
+// at most Config.MaxStreamsPerPeer streams on it; one past the cap fails
+// RESOURCE_EXHAUSTED naming the flag, and a closed stream frees its place.
+func TestRelayCapsStreamsPerPeer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := startHub(t)
+	relay := runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-capped", MaxStreamsPerPeer: 2, Logger: quiet()})
+	h.push(t, 1, 1000)
+	waitFor(t, "the relay at v1", func() bool { return relay.Newest() == 1 })
+	sc := rlhubv1.NewWeightSyncClient(dial(t, relay.Addr()))
+	// attach opens a stream and returns its first message's error.
+	attach := func(id string) (context.CancelFunc, error) {
+		sctx, scancel := context.WithCancel(ctx)
+		s, err := sc.Attach(sctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&rlhubv1.SyncClientMessage{Body: &rlhubv1.SyncClientMessage_Hello{Hello: &rlhubv1.SyncHello{
+			CollectorId: id, Model: "m"}}}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Recv()
+		return scancel, err
+	}
+	first, err := attach("c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := attach("c2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second()
+	third, err := attach("c3")
+	third()
+	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "--max-streams-per-peer") {
+		t.Fatalf("a third stream from one peer: %v, want RESOURCE_EXHAUSTED naming --max-streams-per-peer", err)
+	}
+	first()
+	waitFor(t, "a closed stream's place freed", func() bool {
+		stop, err := attach("c4")
+		defer stop()
+		return err == nil
+	})
+}

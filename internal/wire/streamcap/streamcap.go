@@ -1,0 +1,81 @@
+// Package streamcap caps the gRPC streams one peer IP holds open on a
+// server at once. grpc-go bounds the streams of a connection only by what
+// the server advertises (no limit by default), and a long-lived stream (a
+// watch, a weight stream) holds a handler goroutine and its buffers for as
+// long as the client keeps it: without a cap one client could open them
+// by the million, whatever the cap on its connections. A stream past the
+// cap fails ResourceExhausted at once, a clear error where a
+// per-connection limit (SETTINGS_MAX_CONCURRENT_STREAMS) would have made
+// a client's next stream wait unseen for a free slot.
+package streamcap
+
+import (
+	"net"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultPerPeer is the default cap: far above what the clients of a
+// whole machine hold (a watch or weight stream per collector, a push in
+// flight per learner), and at most some 100 MB of handlers' stacks and
+// buffers per peer IP.
+const DefaultPerPeer = 4096
+
+// Cap counts the streams open per peer IP.
+type Cap struct {
+	max int
+
+	mu   sync.Mutex
+	open map[string]int // open streams by peer IP
+}
+
+// New returns a cap of max streams per peer IP (max > 0).
+func New(max int) *Cap { return &Cap{max: max, open: map[string]int{}} }
+
+// StreamInterceptor refuses a stream past the cap; unary calls are not
+// counted.
+func (c *Cap) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
+		ip := peerIP(ss)
+		c.mu.Lock()
+		if c.open[ip] >= c.max {
+			c.mu.Unlock()
+			return status.Errorf(codes.ResourceExhausted,
+				"rlhub: this peer already holds %d streams open on this server (its --max-streams-per-peer); close some", c.max)
+		}
+		c.open[ip]++
+		c.mu.Unlock()
+		defer func() {
+			c.mu.Lock()
+			if c.open[ip]--; c.open[ip] == 0 {
+				delete(c.open, ip)
+			}
+			c.mu.Unlock()
+		}()
+		return next(srv, ss)
+	}
+}
+
+// Held is the number of streams ip holds open.
+func (c *Cap) Held(ip string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open[ip]
+}
+
+// peerIP is the peer IP a stream counts against (as a listener counts
+// connections per peer: bulk.Server.MaxConnsPerPeer).
+func peerIP(ss grpc.ServerStream) string {
+	p, ok := peer.FromContext(ss.Context())
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if a, ok := p.Addr.(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return p.Addr.String()
+}
