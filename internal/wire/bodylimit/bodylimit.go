@@ -171,7 +171,7 @@ func (l *Limiter) StreamInterceptor() grpc.StreamServerInterceptor {
 			return handler(srv, ss)
 		}
 		s := &stream{ServerStream: ss, rule: rule, l: l, expired: make(chan struct{})}
-		s.recv.s, s.send.s = s, s
+		s.recv.s, s.send.s, s.recv.push = s, s, rule.Push
 		if rule.Push {
 			s.mu.Lock()
 			s.recv.start = time.Now()
@@ -224,7 +224,10 @@ type stream struct {
 
 // body is one direction's body in progress.
 type body struct {
-	s     *stream
+	s *stream
+	// push: the received body of a Push stream, timed from the stream's
+	// start and bounded until the client's half ends.
+	push  bool
 	start time.Time
 	timer *time.Timer
 	gen   int   // the armed timer's generation: an older one's firing is stale
@@ -248,13 +251,13 @@ func (b *body) stop() {
 	b.gen++
 }
 
-// begin starts a body of n bytes now (Push: at the stream's start); mu held.
-func (b *body) begin(n uint64, push bool) {
-	if !push {
+// begin starts a body of n bytes now (push: at the stream's start); mu held.
+func (b *body) begin(n uint64) {
+	if !b.push {
 		b.start = time.Now()
 	}
 	b.left = int64(min(n, 1<<62))
-	if b.left == 0 && !push {
+	if b.left == 0 && !b.push {
 		b.stop()
 		return
 	}
@@ -263,12 +266,12 @@ func (b *body) begin(n uint64, push bool) {
 
 // took counts n bytes of the body; mu held. A body complete is no longer
 // bounded (a push's still is, until the client's half ends).
-func (b *body) took(n int, push bool) {
+func (b *body) took(n int) {
 	if b.left <= 0 {
 		return
 	}
 	b.left -= int64(n)
-	if b.left <= 0 && !push {
+	if b.left <= 0 && !b.push {
 		b.stop()
 	}
 }
@@ -312,10 +315,10 @@ func (s *stream) RecvMsg(m any) error {
 	first := !s.first
 	s.first = true
 	if n, ok := chunkLen(m); ok {
-		s.recv.took(n, s.rule.Push)
+		s.recv.took(n)
 	} else if msg := chunkcodec.Received(m); msg != nil {
 		if n, ok := s.rule.Recv(msg); ok && (first || !s.rule.Push) {
-			s.recv.begin(n, s.rule.Push)
+			s.recv.begin(n)
 		}
 	}
 	return nil
@@ -332,7 +335,7 @@ func (s *stream) SendMsg(m any) error {
 			if total, ok := s.rule.Send(msg); ok {
 				s.mu.Lock()
 				if !s.cut {
-					s.send.begin(total, false)
+					s.send.begin(total)
 				}
 				s.mu.Unlock()
 			}
@@ -345,7 +348,7 @@ func (s *stream) SendMsg(m any) error {
 		return s.err()
 	}
 	if err == nil && chunk {
-		s.send.took(n, false)
+		s.send.took(n)
 	}
 	return err
 }
