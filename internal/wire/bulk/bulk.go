@@ -491,19 +491,21 @@ func (s *Server) acceptLoop(lis net.Listener, g *grpcListener) {
 	}
 }
 
-// peerIP is the address a connection counts against in MaxConnsPerPeer.
-func peerIP(c net.Conn) string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
+// PeerIP is the peer a remote address counts against in a per-peer cap:
+// its IP for TCP (MaxConnsPerPeer, and internal/wire/streamcap's streams,
+// count alike), else the whole address.
+func PeerIP(a net.Addr) string {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.IP.String()
 	}
-	return c.RemoteAddr().String()
+	return a.String()
 }
 
 // admitPeer counts c against its peer's cap and returns it wrapped so
 // that closing it, by whoever ends up owning it (the data plane or gRPC),
 // uncounts it; over the cap it closes c and returns false.
 func (s *Server) admitPeer(c net.Conn) (net.Conn, bool) {
-	ip := peerIP(c)
+	ip := PeerIP(c.RemoteAddr())
 	s.peersMu.Lock()
 	if s.MaxConnsPerPeer >= 0 && s.peers[ip] >= s.MaxConnsPerPeer {
 		s.peersMu.Unlock()

@@ -10,13 +10,14 @@
 package streamcap
 
 import (
-	"net"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
 // DefaultPerPeer is the default cap: far above what the clients of a
@@ -67,15 +68,12 @@ func (c *Cap) Held(ip string) int {
 	return c.open[ip]
 }
 
-// peerIP is the peer IP a stream counts against (as a listener counts
-// connections per peer: bulk.Server.MaxConnsPerPeer).
+// peerIP is the peer a stream counts against, as the listener counts its
+// connections (bulk.PeerIP).
 func peerIP(ss grpc.ServerStream) string {
 	p, ok := peer.FromContext(ss.Context())
 	if !ok || p.Addr == nil {
 		return ""
 	}
-	if a, ok := p.Addr.(*net.TCPAddr); ok {
-		return a.IP.String()
-	}
-	return p.Addr.String()
+	return bulk.PeerIP(p.Addr)
 }
