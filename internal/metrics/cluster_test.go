@@ -25,19 +25,25 @@ type clusterEndpoint struct {
 func startClusterEndpoint(t *testing.T, maxLabels int, st metrics.ClusterStats) *clusterEndpoint {
 	t.Helper()
 	e := &clusterEndpoint{st: st}
-	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Role: "hub", MaxLabelValues: maxLabels, Logger: testkit.Logger(),
-		Sources: metrics.Sources{Cluster: func() metrics.ClusterStats {
-			e.mu.Lock()
-			defer e.mu.Unlock()
-			return e.st
-		}}})
+	e.addr = serveSources(t, maxLabels, metrics.Sources{Cluster: func() metrics.ClusterStats {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.st
+	}})
+	return e
+}
+
+// serveSources starts a metrics endpoint (role "hub") over src, closed
+// when the test ends, and returns its address; maxLabels 0 is the default.
+func serveSources(t *testing.T, maxLabels int, src metrics.Sources) string {
+	t.Helper()
+	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Role: "hub", MaxLabelValues: maxLabels, Logger: testkit.Logger(), Sources: src})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ms.Start()
 	t.Cleanup(func() { ms.Close() })
-	e.addr = ms.Addr()
-	return e
+	return ms.Addr()
 }
 
 func (e *clusterEndpoint) set(st metrics.ClusterStats) {
@@ -136,16 +142,11 @@ func TestDashboardClusterState(t *testing.T) {
 
 // A process outside a cluster has no Cluster panel.
 func TestDashboardWithoutCluster(t *testing.T) {
-	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Sources: metrics.Sources{Worker: nil}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms.Start()
-	defer ms.Close()
-	if body := get(t, ms.Addr(), "/api/state"); strings.Contains(body, `"cluster"`) {
+	addr := serveSources(t, 0, metrics.Sources{})
+	if body := get(t, addr, "/api/state"); strings.Contains(body, `"cluster"`) {
 		t.Errorf("/api/state of a process outside a cluster: %s", body)
 	}
-	if page := get(t, ms.Addr(), "/"); strings.Contains(page, `id="cluster"`) {
+	if page := get(t, addr, "/"); strings.Contains(page, `id="cluster"`) {
 		t.Error("the page of a process outside a cluster has a Cluster panel")
 	}
 }

@@ -30,7 +30,7 @@ type refusalEndpoint struct {
 func startRefusalEndpoint(t *testing.T, dp bulk.Stats, cut bodylimit.Stats) *refusalEndpoint {
 	t.Helper()
 	e := &refusalEndpoint{dp: dp, cut: cut}
-	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Role: "hub", Logger: testkit.Logger(), Sources: metrics.Sources{
+	e.addr = serveSources(t, 0, metrics.Sources{
 		DataPlane: func() bulk.Stats {
 			e.mu.Lock()
 			defer e.mu.Unlock()
@@ -40,13 +40,7 @@ func startRefusalEndpoint(t *testing.T, dp bulk.Stats, cut bodylimit.Stats) *ref
 			e.mu.Lock()
 			defer e.mu.Unlock()
 			return e.cut
-		}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms.Start()
-	t.Cleanup(func() { ms.Close() })
-	e.addr = ms.Addr()
+		}})
 	return e
 }
 
@@ -80,14 +74,8 @@ func TestDashboardRefusals(t *testing.T) {
 	}
 
 	// With tokens: the calls cut with their token and the quota refusals.
-	withAuth, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Sources: metrics.Sources{
-		Auth: func() auth.Stats { return auth.Stats{CallsCut: 2, QuotaBytesFull: 1} }}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	withAuth.Start()
-	defer withAuth.Close()
-	page = get(t, withAuth.Addr(), "/")
+	withAuth := serveSources(t, 0, metrics.Sources{Auth: func() auth.Stats { return auth.Stats{CallsCut: 2, QuotaBytesFull: 1} }})
+	page = get(t, withAuth, "/")
 	for _, s := range []string{`calls cut with their token <b>2</b>`, `<span data-name="models">models <b>0</b></span>`,
 		`<span data-name="bytes" class="warn">bytes <b>1</b></span>`} {
 		if !strings.Contains(page, s) {
@@ -95,16 +83,11 @@ func TestDashboardRefusals(t *testing.T) {
 		}
 	}
 
-	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms.Start()
-	defer ms.Close()
-	if body := get(t, ms.Addr(), "/api/state"); strings.Contains(body, `"refusals"`) {
+	none := serveSources(t, 0, metrics.Sources{})
+	if body := get(t, none, "/api/state"); strings.Contains(body, `"refusals"`) {
 		t.Errorf("/api/state of a process with no listener counts: %s", body)
 	}
-	if page := get(t, ms.Addr(), "/"); strings.Contains(page, `id="refusals"`) {
+	if page := get(t, none, "/"); strings.Contains(page, `id="refusals"`) {
 		t.Error("the page of a process with no listener counts has a Turned away panel")
 	}
 }
