@@ -2,7 +2,6 @@ package bulk_test
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -137,10 +136,7 @@ func TestSlowReaderOfAReplyIsCutOff(t *testing.T) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(64 << 10)
 	}
-	frame := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len("big")))
-	frame = append(frame, "big"...)
-	frame = binary.LittleEndian.AppendUint32(frame, 0)
-	if _, err := conn.Write(frame); err != nil {
+	if _, err := conn.Write(bulk.RequestFrame("big", nil)); err != nil {
 		t.Fatal(err)
 	}
 	// 64 KiB every 10 ms: about 6 MB/s, a 4 MiB piece in under a second,

@@ -236,11 +236,7 @@ func partialBody(t *testing.T, addr, method string, header proto.Message, n int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	frame := binary.LittleEndian.AppendUint16([]byte{1}, uint16(len(method)))
-	frame = append(frame, method...)
-	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(h)))
-	frame = append(frame, h...)
-	if _, err := conn.Write(frame); err != nil {
+	if _, err := conn.Write(bulk.RequestFrame(method, h)); err != nil {
 		t.Fatal(err)
 	}
 	k := make([]byte, 1)
