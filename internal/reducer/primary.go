@@ -581,7 +581,11 @@ func (p *Primary) Admit(_ context.Context, session uint64, model string, id redu
 	if err := m.ledger.Claim(id, session); err != nil {
 		return 0, m.version, err
 	}
-	return w, m.version, nil
+	// The version the gradient was admitted at is the one it was weighed
+	// against: a client that already saw the version being published
+	// must not be told the one before (seen in CI as a push answered with
+	// the version before the one its client had pulled).
+	return w, cur, nil
 }
 
 // Release gives back session's claims on ids (gradients it will not

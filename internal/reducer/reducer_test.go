@@ -701,6 +701,53 @@ func TestForwardPublishOutlivesItsSender(t *testing.T) {
 	}
 }
 
+// TestAdmitDuringPublishAnswersTheVersionSeen: while version 2 is being
+// published (visible in the store to a reader that races the primary), a
+// gradient computed on it is admitted at version 2, the version it was
+// weighed against, not answered with version 1; once published, the same.
+func TestAdmitDuringPublishAnswersTheVersionSeen(t *testing.T) {
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	pushModel(t, mem, "m", testLayout(3))
+	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p, err := NewPrimary(PrimaryConfig{Store: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	release := sync.OnceFunc(func() { close(bs.release) })
+	defer release() // before Close, failed or not: the publish must end
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
+	a := reduce.ID{Client: "c", Seq: 1}
+	if _, _, err := p.Admit(ctx, s1, "m", a, 0); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Forward(ctx, Batch{Session: s1, Model: "m", Members: []reduce.ID{a}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})
+		done <- err
+	}()
+	<-bs.entered // version 2 is being published
+	w, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 2}, 2)
+	if err != nil || w != 1 || v != 2 {
+		t.Fatalf("admitted on the version being published: weight %v, version %d, %v; want 1, 2", w, v, err)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 3}, 2); err != nil || v != 2 {
+		t.Fatalf("admitted after the publish: version %d, %v; want 2", v, err)
+	}
+}
+
 // TestRemoteSecondaryUsesTheDataPlane: with the secondary in a service of
 // its own (as `rlhub serve --role reducer` runs it), a client's pushes reach
 // it on its data plane and its batch sums reach the primary on the
