@@ -327,8 +327,13 @@ def test_unread_grpc_watch_is_cut_and_goes_on_at_the_newest(rlhub_bin, tmp_path)
     h = Hub(rlhub_bin, tmp_path, extra=("--body-timeout", "2s", "--body-min-rate", "16MiB",
                                         "--metrics-listen", f"127.0.0.1:{port}"))
     n = 10 << 20  # 40 MiB of float32: more than gRPC's windows and the sockets take unread
+    # Without BDP probing the watch's stream window stays at its initial
+    # size; with it, grpc's core may grow the window past the 40 MiB while
+    # the first version is read fast, take the second whole unread, and
+    # leave nothing blocked on the hub to cut (seen once in CI).
+    ch = _channel.channel(h.addr, options=[("grpc.http2.bdp_probe", 0)])
     try:
-        with rlhub.StoreClient(h.addr) as s, rlhub.StoreClient(h.addr, transport="grpc") as w:
+        with rlhub.StoreClient(h.addr) as s, rlhub.StoreClient(h.addr, transport="grpc", channel_=ch) as w:
             s.push("m", {"w": np.full(n, 1, np.float32)}, version=1, expect=0)
             it = w.watch("m", timeout=60)
             first = next(it)
@@ -349,4 +354,5 @@ def test_unread_grpc_watch_is_cut_and_goes_on_at_the_newest(rlhub_bin, tmp_path)
             assert np.array_equal(v.tensors["w"], np.full(n, v.version, np.float32))
             it.close()
     finally:
+        ch.close()
         h.stop()
