@@ -87,6 +87,7 @@ func ParseSyncMode(s string) (SyncMode, error) {
 type Follower struct {
 	cfg    FollowerConfig
 	crash  *crashpoint.Hook
+	spares *spares     // retired files whose inodes staged files reuse
 	synced atomic.Bool // a full sync completed (since the last Follow began)
 	units  atomic.Uint64
 	last   atomic.Uint64 // the newest unit applied
@@ -141,13 +142,16 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if err := os.MkdirAll(f.dir(), 0o755); err != nil {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
+	var err error
+	if f.spares, err = openSpares(filepath.Join(f.dir(), spareName)); err != nil {
+		return nil, err
+	}
 	if err := f.recoverUnits(); err != nil {
 		return nil, err
 	}
 	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
 		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
-	var err error
 	if f.pos, err = f.savedPosition(); err != nil {
 		// Written whole (renamed into place): unreadable means damaged.
 		// Counting as 0 only makes this copy yield, never win.
@@ -469,7 +473,7 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 }
 
 func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
-	out, err := os.Create(tmp)
+	out, reused, err := f.spares.create(tmp, size)
 	if err != nil {
 		return fmt.Errorf("replica: %w", err)
 	}
@@ -480,6 +484,12 @@ func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
 			return err
 		}
 		left -= n
+	}
+	if reused {
+		if err := out.Truncate(size); err != nil {
+			out.Close()
+			return fmt.Errorf("replica: %w", err)
+		}
 	}
 	if f.cfg.Sync != SyncFsync {
 		return out.Close()
@@ -519,6 +529,10 @@ const markerName = "COMMIT"
 // creation and removal was a tenth of a standby's CPU per unit (the
 // file system's inode allocation for new directories).
 const stageName = "unit-stage"
+
+// spareName is the pool of retired files under DataDir/.replica
+// (spares).
+const spareName = "spare"
 
 // clearStage empties the staging directory (making it when missing):
 // the commit marker first, so that what is left of a unit is never
@@ -593,11 +607,11 @@ func (f *Follower) install(stage string, files []staged, gone []string, full boo
 	}
 	f.crash.At("unit-staged")
 	b, _ := json.Marshal(mk)
-	if err := writeMarker(filepath.Join(stage, markerName), b, f.cfg.Sync == SyncFsync); err != nil {
+	if err := f.writeMarker(filepath.Join(stage, markerName), b, f.cfg.Sync == SyncFsync); err != nil {
 		return fmt.Errorf("replica: commit marker: %w", err)
 	}
 	f.crash.At("unit-marked")
-	if err := applyUnit(f.cfg.DataDir, stage, mk, f.cfg.Sync == SyncFsync, f.crash); err != nil {
+	if err := applyUnit(f.cfg.DataDir, stage, mk, f.cfg.Sync == SyncFsync, f.crash, f.spares); err != nil {
 		return err
 	}
 	f.crash.At("unit-installed")
@@ -668,6 +682,7 @@ func (f *Follower) Scrub(ctx context.Context, pace int64) (map[string]error, err
 // position or the new, whole; with sync the directory is fsynced, the
 // marker was already). The staging directory is left without a marker.
 func (f *Follower) promoteMarker(stage string, sync bool) error {
+	f.spares.keepReplaced(filepath.Join(f.dir(), positionName))
 	if err := os.Rename(filepath.Join(stage, markerName), filepath.Join(f.dir(), positionName)); err != nil {
 		return fmt.Errorf("replica: save position: %w", err)
 	}
@@ -679,23 +694,32 @@ func (f *Follower) promoteMarker(stage string, sync bool) error {
 	return nil
 }
 
-// writeMarker writes a commit marker whole: a temporary
-// file renamed into place (and, with sync, fsynced before and its
-// directory after).
-func writeMarker(path string, b []byte, sync bool) error {
+// writeMarker writes a commit marker whole: a temporary file (a spare
+// reused when there is one) renamed into place (and, with sync, fsynced
+// before and its directory after).
+func (f *Follower) writeMarker(path string, b []byte, sync bool) error {
 	if sync {
 		return atomicfile.Write(path, b)
 	}
 	tmp := path + atomicfile.TmpSuffix
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	out, reused, err := f.spares.create(tmp, int64(len(b)))
+	if err != nil {
+		return err
+	}
+	_, err = out.Write(b)
+	if err == nil && reused {
+		err = out.Truncate(int64(len(b)))
+	}
+	if err = errors.Join(err, out.Close()); err != nil {
 		return err
 	}
 	return os.Rename(tmp, path)
 }
 
 // applyUnit makes a marked unit's moves not yet made (a staged file that
-// is gone was moved already) and its removals.
-func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.Hook) error {
+// is gone was moved already) and its removals. What a move replaces and
+// what is removed go to sp, the pool of spares, for later units to reuse.
+func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.Hook, sp *spares) error {
 	dirs := map[string]bool{}
 	for i, m := range mk.Files {
 		if err := safeRel(m.Rel); err != nil {
@@ -704,7 +728,7 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.H
 		if filepath.Base(m.Staged) != m.Staged || m.Staged == markerName {
 			return fmt.Errorf("replica: commit marker names a bad staged file")
 		}
-		err := install(root, filepath.Join(stage, m.Staged), m.Rel)
+		err := install(root, filepath.Join(stage, m.Staged), m.Rel, sp)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("replica: install %s: %w", m.Rel, err)
 		}
@@ -718,7 +742,7 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.H
 			return err
 		}
 		p := filepath.Join(root, rel)
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := sp.retire(p); err != nil {
 			return fmt.Errorf("replica: remove %s: %w", rel, err)
 		}
 		dirs[filepath.Dir(p)] = true
@@ -760,7 +784,7 @@ func (f *Follower) recoverUnits() error {
 			if err := json.Unmarshal(b, &mk); err != nil {
 				return fmt.Errorf("replica: commit marker %s: %w", e.Name(), err)
 			}
-			if err := applyUnit(f.cfg.DataDir, stage, mk, true, nil); err != nil {
+			if err := applyUnit(f.cfg.DataDir, stage, mk, true, nil, f.spares); err != nil {
 				return err
 			}
 			saved, _ := f.savedPosition() // unreadable: the zero position, which any marker is ahead of

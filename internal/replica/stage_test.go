@@ -50,10 +50,97 @@ func TestStandbyStagesUnitsInOneDirectory(t *testing.T) {
 	})
 	ents, _ := os.ReadDir(filepath.Join(p.d.dir, ".replica"))
 	for _, e := range ents {
-		if e.IsDir() && e.Name() != stageName {
+		if e.IsDir() && e.Name() != stageName && e.Name() != spareName {
 			t.Fatalf("another directory under .replica: %s", e.Name())
 		}
 	}
+}
+
+// TestStandbyReusesTheInodesOfWhatUnitsRemove: a version a unit drops
+// and a manifest a unit replaces on a standby are not unlinked but kept
+// in the pool of spares, and a later unit's staged file is written into
+// that same inode — while every version still arrives byte for byte.
+// The test holds the dropped version's and the replaced manifest's
+// files open: removed, their link count would be 0.
+func TestStandbyReusesTheInodesOfWhatUnitsRemove(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimary(t, ctx)
+	sc, _ := newNamedClients(t, ctx, p, "staged")
+	push := func(v uint64) {
+		t.Helper()
+		blob := storeBlob(t, float32(v))
+		if _, err := sc.Push(ctx, store.PushRequest{Name: "other", Version: v, Expect: v - 1, Blob: blob}); err != nil {
+			t.Fatal(err)
+		}
+		p.d.same(t, "other", v, blob) // acknowledged: installed
+	}
+	open := func(rel string) (*os.File, uint64) {
+		t.Helper()
+		f, err := os.Open(filepath.Join(p.d.dir, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f, fi.Sys().(*syscall.Stat_t).Ino
+	}
+	nlink := func(f *os.File) uint64 {
+		t.Helper()
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint64(fi.Sys().(*syscall.Stat_t).Nlink)
+	}
+	push(1)
+	first := filepath.Join("store", store.VersionFile("other", 1))
+	v1, v1ino := open(first)
+	manifest, _ := open(filepath.Join("store", store.ModelDir("other"), "MANIFEST.json"))
+	v := uint64(1)
+	for {
+		v++
+		push(v)
+		if _, err := os.Stat(filepath.Join(p.d.dir, first)); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if v > 64 {
+			t.Fatal("version 1 never dropped from the standby's copy")
+		}
+	}
+	if n := nlink(v1); n != 1 {
+		t.Fatalf("version 1's file, dropped, has %d links: unlinked, not kept as a spare", n)
+	}
+	if n := nlink(manifest); n != 1 {
+		t.Fatalf("the manifest version 1 left, replaced, has %d links: unlinked, not kept as a spare", n)
+	}
+	// The next units stage their versions in spares: version 1's inode
+	// comes back as a version file.
+	reused := uint64(0)
+	for end := v + 8; v < end && reused == 0; {
+		v++
+		push(v)
+		for w := uint64(1); w <= v; w++ {
+			fi, err := os.Stat(filepath.Join(p.d.dir, "store", store.VersionFile("other", w)))
+			if err == nil && fi.Sys().(*syscall.Stat_t).Ino == v1ino {
+				reused = w
+			}
+		}
+	}
+	if reused == 0 {
+		t.Fatalf("version 1's inode was never reused for a later version (up to %d)", v)
+	}
+	if n := nlink(v1); n != 1 {
+		t.Fatalf("version 1's inode, reused as version %d, has %d links", reused, n)
+	}
+	n, bytes := p.d.f.spares.count()
+	if n > maxSpares || bytes > maxSpareBytes {
+		t.Fatalf("the pool holds %d files, %d bytes: past its bounds", n, bytes)
+	}
+	t.Logf("version 1's inode reused as version %d; pool %d files, %d bytes", reused, n, bytes)
 }
 
 // TestStandbySavesItsPositionWithTheMarker: a standby saves its position

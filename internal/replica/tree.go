@@ -144,12 +144,18 @@ func inventory(root string) (map[string]int64, error) {
 }
 
 // install moves a staged file into place (one rename, then the directory
-// fsynced by the caller).
-func install(root, staged, rel string) error {
+// fsynced by the caller), the file it replaces kept in sp. A staged file
+// already moved (a unit rolled forward) is os.ErrNotExist, and then
+// nothing at rel is touched: what is there is the unit's.
+func install(root, staged, rel string, sp *spares) error {
+	if _, err := os.Lstat(staged); err != nil {
+		return err
+	}
 	dst := filepath.Join(root, rel)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
+	sp.keepReplaced(dst)
 	return os.Rename(staged, dst)
 }
 
