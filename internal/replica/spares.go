@@ -19,7 +19,7 @@ import (
 // is an inode freed and another allocated, and ext4 without a journal
 // (this project's benchmark VM, and some cloud images) scans past every
 // inode freed in the last seconds on each allocation — with a pool the
-// standby's CPU per 1 MiB unit falls by a third (docs/cluster.md).
+// standbys' CPU per 1 MiB unit fell 3–4× (docs/cluster.md).
 //
 // What a spare holds is garbage: it is only ever renamed into the
 // staging directory and overwritten whole (then cut to its new size), so
