@@ -34,8 +34,23 @@ type Hooks struct {
 
 // WriteWith is Write with hooks.
 func WriteWith(path string, h Hooks, pieces ...[]byte) error {
+	return (*Spares)(nil).WriteWith(path, h, pieces...)
+}
+
+// WriteWith is the package's WriteWith with the temporary file taken from
+// the pool (Create) when it holds one. A nil pool writes a new file. The
+// file path replaces is freed as before, not kept: a name written again
+// and again (a manifest) could otherwise get back an inode it had, at the
+// same size within one tick of the file system's clock, and a reader
+// that tells changes by (inode, size, mtime) — the replication's walk —
+// would miss the change.
+func (s *Spares) WriteWith(path string, h Hooks, pieces ...[]byte) error {
 	tmp := path + TmpSuffix
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	size := int64(0)
+	for _, p := range pieces {
+		size += int64(len(p))
+	}
+	f, reused, err := s.Create(tmp, size)
 	if err != nil {
 		return err
 	}
@@ -46,6 +61,9 @@ func WriteWith(path string, h Hooks, pieces ...[]byte) error {
 		if h.Written != nil {
 			h.Written(i)
 		}
+	}
+	if err == nil && reused {
+		err = f.Truncate(size)
 	}
 	if err = errors.Join(err, f.Sync(), f.Close()); err == nil {
 		err = os.Rename(tmp, path)

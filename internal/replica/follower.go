@@ -87,8 +87,8 @@ func ParseSyncMode(s string) (SyncMode, error) {
 type Follower struct {
 	cfg    FollowerConfig
 	crash  *crashpoint.Hook
-	spares *spares     // retired files whose inodes staged files reuse
-	synced atomic.Bool // a full sync completed (since the last Follow began)
+	spares *atomicfile.Spares // retired files whose inodes staged files reuse
+	synced atomic.Bool        // a full sync completed (since the last Follow began)
 	units  atomic.Uint64
 	last   atomic.Uint64 // the newest unit applied
 	// scrubs counts the checks of the copy completed (on start and while
@@ -143,7 +143,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	var err error
-	if f.spares, err = openSpares(filepath.Join(f.dir(), spareName)); err != nil {
+	if f.spares, err = atomicfile.OpenSpares(filepath.Join(f.dir(), spareName)); err != nil {
 		return nil, err
 	}
 	if err := f.recoverUnits(); err != nil {
@@ -473,7 +473,7 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 }
 
 func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
-	out, reused, err := f.spares.create(tmp, size)
+	out, reused, err := f.spares.Create(tmp, size)
 	if err != nil {
 		return fmt.Errorf("replica: %w", err)
 	}
@@ -531,7 +531,7 @@ const markerName = "COMMIT"
 const stageName = "unit-stage"
 
 // spareName is the pool of retired files under DataDir/.replica
-// (spares).
+// (atomicfile.Spares).
 const spareName = "spare"
 
 // clearStage empties the staging directory (making it when missing):
@@ -682,7 +682,7 @@ func (f *Follower) Scrub(ctx context.Context, pace int64) (map[string]error, err
 // position or the new, whole; with sync the directory is fsynced, the
 // marker was already). The staging directory is left without a marker.
 func (f *Follower) promoteMarker(stage string, sync bool) error {
-	f.spares.keepReplaced(filepath.Join(f.dir(), positionName))
+	f.spares.KeepReplaced(filepath.Join(f.dir(), positionName))
 	if err := os.Rename(filepath.Join(stage, markerName), filepath.Join(f.dir(), positionName)); err != nil {
 		return fmt.Errorf("replica: save position: %w", err)
 	}
@@ -702,7 +702,7 @@ func (f *Follower) writeMarker(path string, b []byte, sync bool) error {
 		return atomicfile.Write(path, b)
 	}
 	tmp := path + atomicfile.TmpSuffix
-	out, reused, err := f.spares.create(tmp, int64(len(b)))
+	out, reused, err := f.spares.Create(tmp, int64(len(b)))
 	if err != nil {
 		return err
 	}
@@ -719,7 +719,7 @@ func (f *Follower) writeMarker(path string, b []byte, sync bool) error {
 // applyUnit makes a marked unit's moves not yet made (a staged file that
 // is gone was moved already) and its removals. What a move replaces and
 // what is removed go to sp, the pool of spares, for later units to reuse.
-func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.Hook, sp *spares) error {
+func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.Hook, sp *atomicfile.Spares) error {
 	dirs := map[string]bool{}
 	for i, m := range mk.Files {
 		if err := safeRel(m.Rel); err != nil {
@@ -742,7 +742,7 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.H
 			return err
 		}
 		p := filepath.Join(root, rel)
-		if err := sp.retire(p); err != nil {
+		if err := sp.Retire(p); err != nil {
 			return fmt.Errorf("replica: remove %s: %w", rel, err)
 		}
 		dirs[filepath.Dir(p)] = true

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -1148,7 +1149,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 				s.fromMemory.Add(1)
 				delete(mem, rel)
 			} else if immutable(rel) {
-				f, err := os.Open(path)
+				f, err := openImmutable(path)
 				if gone = errors.Is(err, os.ErrNotExist); err != nil && !gone {
 					return fmt.Errorf("replica: read %s: %w", rel, err)
 				}
@@ -1527,6 +1528,23 @@ func (s *Source) chain(seen uint64, snap *snapshot) []*snapshot {
 	return s.live[j : i+1]
 }
 
+// openImmutable opens an immutable file to be read after the freeze,
+// locked shared (atomicfile.LockShared) before the freeze ends: the store
+// may retire the name once commits go on, and its pool of spares then
+// never writes this inode while the read holds the lock — the file keeps
+// the bytes it was opened with, as a removed file does.
+func openImmutable(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := atomicfile.LockShared(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // opened is one file of a unit: its content read (mutable files) or an
 // open descriptor (immutable ones, read after the freeze).
 type opened struct {
@@ -1578,7 +1596,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 			o := opened{rel: e.rel, st: e.st}
 			path := filepath.Join(s.cfg.DataDir, e.rel)
 			if immutable(e.rel) {
-				o.f, err = os.Open(path)
+				o.f, err = openImmutable(path)
 			} else {
 				o.data, err = os.ReadFile(path)
 			}

@@ -136,8 +136,8 @@ func TestStandbyReusesTheInodesOfWhatUnitsRemove(t *testing.T) {
 	if n := nlink(v1); n != 1 {
 		t.Fatalf("version 1's inode, reused as version %d, has %d links", reused, n)
 	}
-	n, bytes := p.d.f.spares.count()
-	if n > maxSpares || bytes > maxSpareBytes {
+	n, bytes := p.d.f.spares.Count()
+	if n > atomicfile.MaxSpares || bytes > atomicfile.MaxSpareBytes {
 		t.Fatalf("the pool holds %d files, %d bytes: past its bounds", n, bytes)
 	}
 	t.Logf("version 1's inode reused as version %d; pool %d files, %d bytes", reused, n, bytes)

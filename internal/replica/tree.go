@@ -147,7 +147,7 @@ func inventory(root string) (map[string]int64, error) {
 // fsynced by the caller), the file it replaces kept in sp. A staged file
 // already moved (a unit rolled forward) is os.ErrNotExist, and then
 // nothing at rel is touched: what is there is the unit's.
-func install(root, staged, rel string, sp *spares) error {
+func install(root, staged, rel string, sp *atomicfile.Spares) error {
 	if _, err := os.Lstat(staged); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func install(root, staged, rel string, sp *spares) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
-	sp.keepReplaced(dst)
+	sp.KeepReplaced(dst)
 	return os.Rename(staged, dst)
 }
 

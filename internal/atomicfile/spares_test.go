@@ -1,4 +1,4 @@
-package replica
+package atomicfile
 
 import (
 	"bytes"
@@ -30,20 +30,20 @@ func writeFile(t *testing.T, path string, b []byte) {
 // live file keeps its bytes.
 func TestSparesNeverWriteAFileStillInTheTree(t *testing.T) {
 	dir := t.TempDir()
-	sp, err := openSpares(filepath.Join(dir, "spare"))
+	sp, err := OpenSpares(filepath.Join(dir, "spare"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := filepath.Join(dir, "old")
 	writeFile(t, old, bytes.Repeat([]byte{1}, 4096))
 	ino := inode(t, old)
-	if err := sp.retire(old); err != nil {
+	if err := sp.Retire(old); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(old); !os.IsNotExist(err) {
 		t.Fatalf("a retired file is still at its name: %v", err)
 	}
-	f, reused, err := sp.create(filepath.Join(dir, "new"), 100)
+	f, reused, err := sp.Create(filepath.Join(dir, "new"), 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +61,11 @@ func TestSparesNeverWriteAFileStillInTheTree(t *testing.T) {
 
 	live := filepath.Join(dir, "live")
 	writeFile(t, live, []byte("the tree's bytes"))
-	sp.keepReplaced(live) // and then no rename over it
-	if n, _ := sp.count(); n != 1 {
+	sp.KeepReplaced(live) // and then no rename over it
+	if n, _ := sp.Count(); n != 1 {
 		t.Fatalf("the pool holds %d files, want the one link", n)
 	}
-	f, reused, err = sp.create(filepath.Join(dir, "staged"), 16)
+	f, reused, err = sp.Create(filepath.Join(dir, "staged"), 16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestSparesNeverWriteAFileStillInTheTree(t *testing.T) {
 	if got, _ := os.ReadFile(live); string(got) != "the tree's bytes" {
 		t.Fatalf("the live file now holds %q", got)
 	}
-	if n, _ := sp.count(); n != 0 {
+	if n, _ := sp.Count(); n != 0 {
 		t.Fatalf("the linked spare is still pooled (%d)", n)
 	}
 }
@@ -97,8 +97,8 @@ func TestSparesAreBounded(t *testing.T) {
 	if err := os.Link(filepath.Join(dir, "live"), filepath.Join(pool, "4")); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(pool, "5"), make([]byte, maxSpareBytes+1))
-	sp, err := openSpares(pool)
+	writeFile(t, filepath.Join(pool, "5"), make([]byte, MaxSpareBytes+1))
+	sp, err := OpenSpares(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,23 +113,23 @@ func TestSparesAreBounded(t *testing.T) {
 	if sp.next != 4 {
 		t.Fatalf("next spare name %d, want 4", sp.next)
 	}
-	for i := range maxSpares + 3 {
+	for i := range MaxSpares + 3 {
 		p := filepath.Join(dir, "f")
 		writeFile(t, p, []byte{byte(i)})
-		if err := sp.retire(p); err != nil {
+		if err := sp.Retire(p); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Fatalf("retired file %d still there", i)
 		}
 	}
-	if n, _ := sp.count(); n != maxSpares {
-		t.Fatalf("the pool holds %d files, want %d", n, maxSpares)
+	if n, _ := sp.Count(); n != MaxSpares {
+		t.Fatalf("the pool holds %d files, want %d", n, MaxSpares)
 	}
-	if ents, _ := os.ReadDir(pool); len(ents) != maxSpares {
-		t.Fatalf("the pool's directory holds %d files, want %d", len(ents), maxSpares)
+	if ents, _ := os.ReadDir(pool); len(ents) != MaxSpares {
+		t.Fatalf("the pool's directory holds %d files, want %d", len(ents), MaxSpares)
 	}
-	if err := sp.retire(filepath.Join(dir, "missing")); err != nil {
+	if err := sp.Retire(filepath.Join(dir, "missing")); err != nil {
 		t.Fatalf("retiring a missing file: %v", err)
 	}
 }

@@ -1,0 +1,74 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/store"
+)
+
+// TestCutKeepsTheBytesOfVersionsTheStoreRecycles: a full sync's cut opens
+// the version files under the freeze and reads them while it sends, long
+// after commits went on; meanwhile the primary's store drops those
+// versions and writes new ones into the inodes of what it dropped
+// (atomicfile.Spares). Each file the cut opened still reads as the
+// version it was opened as — the cut's shared lock keeps the pool off it
+// — however many versions follow.
+func TestCutKeepsTheBytesOfVersionsTheStoreRecycles(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimary(t, ctx)
+	sc, _ := newNamedClients(t, ctx, p, "recycled")
+	pushed := map[string][]byte{} // version file (rel) → its bytes
+	push := func(v uint64) {
+		t.Helper()
+		blob := storeBlob(t, float32(v))
+		if _, err := sc.Push(ctx, store.PushRequest{Name: "other", Version: v, Expect: v - 1, Blob: blob}); err != nil {
+			t.Fatal(err)
+		}
+		pushed[filepath.Join("store", store.VersionFile("other", v))] = blob
+	}
+	for v := uint64(1); v <= 3; v++ {
+		push(v)
+	}
+	files, _, _, err := p.src.cut(map[string]stamp{}, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, o := range files {
+			if o.f != nil {
+				o.f.Close()
+			}
+		}
+	}()
+	var held []opened
+	for _, o := range files {
+		if o.f != nil && strings.Contains(o.rel, "other") {
+			held = append(held, o)
+		}
+	}
+	if len(held) == 0 {
+		t.Fatal("the cut opened none of other's versions")
+	}
+	// Enough versions to drop every held one and to cycle the pool.
+	for v := uint64(4); v <= 4+2*atomicfile.MaxSpares; v++ {
+		push(v)
+	}
+	for _, o := range held {
+		got, err := io.ReadAll(o.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, pushed[o.rel]) {
+			t.Fatalf("the cut's %s changed under it: the store wrote another version into its inode", o.rel)
+		}
+	}
+	t.Logf("%d version files held by the cut kept their bytes", len(held))
+}
