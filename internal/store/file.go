@@ -71,6 +71,10 @@ type File struct {
 	c    *core
 	cfg  FileConfig
 	lock *os.File
+	// spares holds the files persist dropped or replaced, whose inodes
+	// the next versions and manifests are written into (atomicfile.Spares,
+	// in Dir/.spare).
+	spares *atomicfile.Spares
 
 	mu        sync.Mutex
 	closed    bool                 // guarded by mu
@@ -89,6 +93,9 @@ const (
 	// trashPrefix names a deleted model's directory between the rename
 	// that commits a Delete and the removal that finishes it.
 	trashPrefix = ".deleted-"
+	// spareDir is the pool of retired files (File.spares) under Dir: like
+	// the trash, a name no model directory has, and never replicated.
+	spareDir = ".spare"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -130,6 +137,10 @@ func OpenFile(cfg FileConfig) (*File, error) {
 		return nil, fmt.Errorf("store: %s is in use by another process: %w", cfg.Dir, err)
 	}
 	f := &File{c: newCore(cfg.Store), cfg: cfg, lock: lock, manifests: make(map[string]*manifest)}
+	if f.spares, err = atomicfile.OpenSpares(filepath.Join(cfg.Dir, spareDir)); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
 	if err := f.recover(); err != nil {
 		lock.Close()
 		return nil, err
@@ -183,6 +194,9 @@ func (f *File) recover() error {
 			continue
 		}
 		dir := filepath.Join(f.cfg.Dir, e.Name())
+		if e.Name() == spareDir {
+			continue
+		}
 		if strings.HasPrefix(e.Name(), trashPrefix) {
 			// A Delete committed (renamed) but not finished: no model
 			// directory starts with '.', escapeName sees to that.
@@ -387,7 +401,14 @@ func (f *File) writeAtomic(dir, name string, data []byte, stage string) error {
 	// Written in two pieces so the test hook can stop it half-way, as a
 	// crash would.
 	half := len(data) / 2
-	return atomicfile.WriteWith(filepath.Join(dir, name), h, data[:half], data[half:])
+	// A version's file is written into a spare: its name is new, so no
+	// reader's (inode, size, mtime) of it can repeat. The manifest, whose
+	// name is written every commit, is a new file (atomicfile.Spares).
+	pool := f.spares
+	if name == manifestName {
+		pool = nil
+	}
+	return pool.WriteWith(filepath.Join(dir, name), h, data[:half], data[half:])
 }
 
 // named tells FileConfig.Changed of path.
@@ -507,7 +528,7 @@ func (f *File) persist(snap *Snapshot, owner string) error {
 	}
 	for _, d := range dropped {
 		f.named(filepath.Join(dir, d.File))
-		if err := os.Remove(filepath.Join(dir, d.File)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := f.spares.Retire(filepath.Join(dir, d.File)); err != nil {
 			f.cfg.Logger.Warn("store: cannot remove an old checkpoint", "file", d.File, "err", err)
 		}
 	}

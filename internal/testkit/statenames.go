@@ -16,7 +16,8 @@ import (
 // — by the time Check runs (a component's tests call it where the
 // replication would cut a unit: before each store push, and at the
 // end). Pass Changed as the component's StateChanged. Files named LOCK
-// and *.tmp are the writer's own and never replicated.
+// and *.tmp, and paths with a part that starts with '.', are the
+// writer's own and never replicated.
 type StateNames struct {
 	t   testing.TB
 	dir string
@@ -104,6 +105,16 @@ func (n *StateNames) tree() map[string]stateFileStat {
 	_ = filepath.WalkDir(n.dir, func(p string, de fs.DirEntry, err error) error {
 		if err != nil || !de.Type().IsRegular() || de.Name() == "LOCK" || strings.HasSuffix(de.Name(), ".tmp") {
 			return nil
+		}
+		// What is never replicated need not be named: a path with a
+		// part that starts with '.' (the store's trash and spares, the
+		// replica's own files), as internal/replica's localOnly.
+		if rel, err := filepath.Rel(n.dir, p); err == nil {
+			for _, part := range strings.Split(rel, string(filepath.Separator)) {
+				if strings.HasPrefix(part, ".") {
+					return nil
+				}
+			}
 		}
 		fi, err := os.Lstat(p)
 		if err != nil {
