@@ -354,3 +354,48 @@ func TestSnapshotHoldsWhatChanged(t *testing.T) {
 		t.Fatalf("%d own cuts; want none", r.cuts)
 	}
 }
+
+// TestNamedFileIsSentWhenItsStampRecurs: a file its writer names is sent
+// even when its stamp (inode, size, mtime) is the one the snapshot before
+// saw — what a name written again can look like when the file system
+// gives it back an inode it had within one tick of its clock. The test
+// rewrites the file in place at its size and sets its mtime back.
+func TestNamedFileIsSentWhenItsStampRecurs(t *testing.T) {
+	r := newDeltaRig(t, 1)
+	rel := filepath.Join("store", "m", "MANIFEST.json")
+	r.write(rel)
+	r.write(filepath.Join("reducer", "m", "registration.json"))
+	r.snapshot(true, false)
+	f := r.fs[0]
+	r.join(f)
+	for i, rel := range []string{rel, filepath.Join("reducer", "m", "registration.json")} {
+		path := filepath.Join(r.dir, rel)
+		before, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, _ := os.ReadFile(path)
+		if err := os.WriteFile(path, bytes.Repeat([]byte{byte(0xE0 + i)}, len(old)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, before.ModTime(), before.ModTime()); err != nil {
+			t.Fatal(err)
+		}
+		after, _ := os.Stat(path)
+		if stampOf(after) != stampOf(before) {
+			t.Fatalf("%s: the stamp did not recur (%v, was %v)", rel, stampOf(after), stampOf(before))
+		}
+		r.src.Changed(path)
+		r.src.mu.Lock()
+		prev := r.src.latest
+		r.src.mu.Unlock()
+		snap := r.snapshot(false, false)
+		if snap == prev {
+			t.Fatalf("%s, named with its stamp unchanged: no snapshot taken", rel)
+		}
+		if _, ok := snap.delta[rel]; !ok {
+			t.Fatalf("%s, named with its stamp unchanged, is not in the snapshot's delta", rel)
+		}
+		r.ship(f) // checks the follower holds the new bytes
+	}
+}

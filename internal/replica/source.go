@@ -1136,6 +1136,22 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 			found = append(stored, state...)
 		} else {
 			snap.delta = s.tree.diff(append(stored, state...), append(storeScopes, stateScopes...))
+			// A mutable file its writer named is sent whatever its stamp
+			// says: a name written again and again (a manifest, a state
+			// record) can come back at an inode it had, at the same size
+			// and, within one tick of the file system's clock, the same
+			// mtime — unchanged to the stamp, and the standby would keep
+			// the old bytes (a manifest without the version it ships).
+			for _, part := range []struct {
+				found []entry
+				named map[string]bool
+			}{{stored, dirty}, {state, named}} {
+				for _, e := range part.found {
+					if !immutable(e.rel) && within(e.rel, part.named) {
+						snap.delta[e.rel] = change{st: e.st, named: true}
+					}
+				}
+			}
 		}
 		for rel, ch := range snap.delta {
 			if ch.gone {
@@ -1438,12 +1454,17 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 	if full != nil {
 		chain = chain[1:]
 	}
+	// A path any of the deltas says was named is sent whatever the stamp
+	// shipped (a stamp can recur: takeSnapshot).
 	merged := map[string]change{}
 	for _, c := range chain {
-		maps.Copy(merged, c.delta)
+		for rel, ch := range c.delta {
+			ch.named = ch.named || merged[rel].named
+			merged[rel] = ch
+		}
 	}
-	need := func(rel string, st stamp) bool {
-		if old, ok := shipped[rel]; ok && old == st {
+	need := func(rel string, st stamp, named bool) bool {
+		if old, ok := shipped[rel]; ok && old == st && !named {
 			return true
 		}
 		c := snap.files[rel]
@@ -1458,14 +1479,14 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 			if _, ok := shipped[rel]; ok {
 				gone = append(gone, rel)
 			}
-		} else if !need(rel, ch.st) {
+		} else if !need(rel, ch.st, ch.named) {
 			s.mu.Unlock()
 			return false, nil
 		}
 	}
 	if full != nil {
 		for rel, st := range full {
-			if _, ok := merged[rel]; !ok && !need(rel, st) {
+			if _, ok := merged[rel]; !ok && !need(rel, st, false) {
 				s.mu.Unlock()
 				return false, nil
 			}

@@ -164,6 +164,9 @@ func install(root, staged, rel string, sp *atomicfile.Spares) error {
 type change struct {
 	st   stamp
 	gone bool
+	// named: its writer named it (a mutable file), so it is sent even
+	// to a follower shipped the same stamp (takeSnapshot).
+	named bool
 }
 
 // fileTree is every mirrored file the Source knows of, with its stamp, as
