@@ -649,42 +649,56 @@ func TestOverflowingBatchIsRefused(t *testing.T) {
 	}
 }
 
+// blockedPublish starts a primary over a store that holds every publish
+// until released (blockingStore), registers model "m" (SGD), attaches
+// secondary s1, admits gradient c/1 and forwards it in ctx from a
+// goroutine; it returns once version 2 is being published, with release
+// (ends the publish; idempotent, and run at cleanup before the primary
+// closes) and the forward's outcome to come on done.
+func blockedPublish(t *testing.T, ctx context.Context) (p *Primary, s1 uint64, release func(), done <-chan error) {
+	t.Helper()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	pushModel(t, mem, "m", testLayout(3))
+	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	p, err = NewPrimary(PrimaryConfig{Store: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	release = sync.OnceFunc(func() { close(bs.release) })
+	t.Cleanup(release) // before the primary's Close, failed or not: the publish must end
+	if _, _, err := p.Register(context.Background(), ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	s1, _, _ = p.Attach(context.Background(), Secondary{ID: "s1"})
+	a := reduce.ID{Client: "c", Seq: 1}
+	if _, _, err := p.Admit(context.Background(), s1, "m", a, 0); err != nil {
+		t.Fatal(err)
+	}
+	forwarded := make(chan error, 1)
+	go func() {
+		_, err := p.Forward(ctx, Batch{Session: s1, Model: "m", Members: []reduce.ID{a}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})
+		forwarded <- err
+	}()
+	<-bs.entered
+	return p, s1, release, forwarded
+}
+
 // TestForwardPublishOutlivesItsSender: a secondary that dies (its Forward
 // context ends) while the primary publishes its batch does not fail the
 // step: the members were settled as applied, the version is published,
 // and the model keeps taking batches from other secondaries.
 func TestForwardPublishOutlivesItsSender(t *testing.T) {
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	pushModel(t, mem, "m", testLayout(3))
-	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	p, err := NewPrimary(PrimaryConfig{Store: bs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ctx := context.Background()
-	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-		t.Fatal(err)
-	}
-	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
-	a := reduce.ID{Client: "c", Seq: 1}
-	if _, _, err := p.Admit(ctx, s1, "m", a, 0); err != nil {
-		t.Fatal(err)
-	}
 	fctx, die := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.Forward(fctx, Batch{Session: s1, Model: "m", Members: []reduce.ID{a}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})
-		done <- err
-	}()
-	<-bs.entered // publishing
-	die()        // the sender's stream ends mid-publish
+	p, s1, release, done := blockedPublish(t, fctx)
+	die() // the sender's stream ends mid-publish
 	p.Detach(s1)
-	close(bs.release)
+	release()
 	if err := <-done; err != nil {
 		t.Fatalf("forward whose sender died mid-publish: %v", err)
 	}
@@ -706,35 +720,8 @@ func TestForwardPublishOutlivesItsSender(t *testing.T) {
 // gradient computed on it is admitted at version 2, the version it was
 // weighed against, not answered with version 1; once published, the same.
 func TestAdmitDuringPublishAnswersTheVersionSeen(t *testing.T) {
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	pushModel(t, mem, "m", testLayout(3))
-	bs := &blockingStore{Store: mem, entered: make(chan struct{}, 1), release: make(chan struct{})}
-	p, err := NewPrimary(PrimaryConfig{Store: bs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	release := sync.OnceFunc(func() { close(bs.release) })
-	defer release() // before Close, failed or not: the publish must end
 	ctx := context.Background()
-	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-		t.Fatal(err)
-	}
-	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
-	a := reduce.ID{Client: "c", Seq: 1}
-	if _, _, err := p.Admit(ctx, s1, "m", a, 0); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.Forward(ctx, Batch{Session: s1, Model: "m", Members: []reduce.ID{a}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})
-		done <- err
-	}()
-	<-bs.entered // version 2 is being published
+	p, s1, release, done := blockedPublish(t, ctx) // version 2 is being published
 	w, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 2}, 2)
 	if err != nil || w != 1 || v != 2 {
 		t.Fatalf("admitted on the version being published: weight %v, version %d, %v; want 1, 2", w, v, err)
