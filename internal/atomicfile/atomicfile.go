@@ -50,7 +50,7 @@ func (s *Spares) WriteWith(path string, h Hooks, pieces ...[]byte) error {
 	for _, p := range pieces {
 		size += int64(len(p))
 	}
-	f, reused, err := s.Create(tmp, size)
+	f, err := s.Create(tmp, size)
 	if err != nil {
 		return err
 	}
@@ -61,9 +61,6 @@ func (s *Spares) WriteWith(path string, h Hooks, pieces ...[]byte) error {
 		if h.Written != nil {
 			h.Written(i)
 		}
-	}
-	if err == nil && reused {
-		err = f.Truncate(size)
 	}
 	if err = errors.Join(err, f.Sync(), f.Close()); err == nil {
 		err = os.Rename(tmp, path)

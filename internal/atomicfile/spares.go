@@ -150,46 +150,45 @@ func (s *Spares) KeepReplaced(path string) {
 	s.bytes += fi.Size()
 }
 
-// Create opens a file at path to be written from its start: a spare
-// renamed there (the smallest at least size, else the largest) or, with
-// none, a new file. reused says which: the caller cuts a reused file to
-// the size it wrote (it may have been longer). A spare is written only
+// Create opens a file at path to be written from its start with size
+// bytes: a spare renamed there (the smallest at least size, else the
+// largest; cut to size when longer) or, with none, a new file. A spare is
+// written only
 // when this holds its only link and an exclusive flock on it (kept until
 // the file is closed): one shared with another name (a crash between
 // KeepReplaced's link and the rename it precedes, or a rename that then
 // failed) or held by a reader (LockShared) is unlinked, never written —
 // the other name, or the reader, keeps its bytes. A nil pool creates.
-func (s *Spares) Create(path string, size int64) (f *os.File, reused bool, err error) {
+func (s *Spares) Create(path string, size int64) (*os.File, error) {
 	if s != nil {
 		if name, ok := s.take(size); ok {
 			if os.Rename(filepath.Join(s.dir, name), path) != nil {
 				os.Remove(filepath.Join(s.dir, name))
 			} else {
 				if f, err := os.OpenFile(path, os.O_WRONLY, 0); err == nil {
-					if sole(f) {
-						return f, true, nil
+					if st, ok := sole(f); ok && (st.Size() <= size || f.Truncate(size) == nil) {
+						return f, nil
 					}
 					f.Close()
 				}
 				// Unlinked, not truncated: the inode may be another's.
 				if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-					return nil, false, err
+					return nil, err
 				}
 			}
 		}
 	}
-	f, err = os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	return f, false, err
+	return os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 }
 
 // sole reports whether f is its inode's only name and no one else holds
-// a flock on it; it leaves f locked exclusively.
-func sole(f *os.File) bool {
+// a flock on it, with its stat; it leaves f locked exclusively.
+func sole(f *os.File) (os.FileInfo, bool) {
 	st, err := f.Stat()
 	if err != nil || links(st) != 1 {
-		return false
+		return nil, false
 	}
-	return flock(f, syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	return st, flock(f, syscall.LOCK_EX|syscall.LOCK_NB) == nil
 }
 
 // LockShared takes a shared flock on f, held until f is closed: while it

@@ -473,7 +473,7 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 }
 
 func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
-	out, reused, err := f.spares.Create(tmp, size)
+	out, err := f.spares.Create(tmp, size)
 	if err != nil {
 		return fmt.Errorf("replica: %w", err)
 	}
@@ -484,12 +484,6 @@ func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
 			return err
 		}
 		left -= n
-	}
-	if reused {
-		if err := out.Truncate(size); err != nil {
-			out.Close()
-			return fmt.Errorf("replica: %w", err)
-		}
 	}
 	if f.cfg.Sync != SyncFsync {
 		return out.Close()
@@ -702,14 +696,11 @@ func (f *Follower) writeMarker(path string, b []byte, sync bool) error {
 		return atomicfile.Write(path, b)
 	}
 	tmp := path + atomicfile.TmpSuffix
-	out, reused, err := f.spares.Create(tmp, int64(len(b)))
+	out, err := f.spares.Create(tmp, int64(len(b)))
 	if err != nil {
 		return err
 	}
 	_, err = out.Write(b)
-	if err == nil && reused {
-		err = out.Truncate(int64(len(b)))
-	}
 	if err = errors.Join(err, out.Close()); err != nil {
 		return err
 	}
