@@ -399,3 +399,52 @@ func TestNamedFileIsSentWhenItsStampRecurs(t *testing.T) {
 		r.ship(f) // checks the follower holds the new bytes
 	}
 }
+
+// TestOwnCutSendsMutableFilesWhateverTheirStamp: a follower that needs
+// its own cut (its snapshots are gone) gets every mutable file, even one
+// whose stamp recurred since it was shipped — a manifest rewritten at its
+// size into an inode it had, within one tick of the clock — where the
+// immutable versions it holds are not sent again.
+func TestOwnCutSendsMutableFilesWhateverTheirStamp(t *testing.T) {
+	r := newDeltaRig(t, 1)
+	manifest := filepath.Join("store", "m", "MANIFEST.json")
+	version := filepath.Join("store", "m", "v1.safetensors")
+	state := filepath.Join("reducer", "m", "registration.json")
+	for _, rel := range []string{manifest, version, state} {
+		r.write(rel)
+	}
+	r.snapshot(true, false)
+	f := r.fs[0]
+	r.join(f)
+	for i, rel := range []string{manifest, state} {
+		path := filepath.Join(r.dir, rel)
+		before, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, bytes.Repeat([]byte{byte(0xD0 + i)}, int(before.Size())), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, before.ModTime(), before.ModTime()); err != nil {
+			t.Fatal(err)
+		}
+		if after, _ := os.Stat(path); stampOf(after) != stampOf(before) {
+			t.Fatalf("%s: the stamp did not recur (%v, was %v)", rel, stampOf(after), stampOf(before))
+		}
+	}
+	rec := &recStream{files: map[string][]byte{}}
+	if _, err := r.src.sendCut(rec, f.p, 2, false, f.shipped, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	disk := r.disk()
+	for _, rel := range []string{manifest, state} {
+		if got, ok := rec.files[rel]; !ok {
+			t.Errorf("own cut: %s, rewritten with its stamp unchanged, not sent", rel)
+		} else if !bytes.Equal(got, disk[rel]) {
+			t.Errorf("own cut: %s sent as %d bytes, not what the disk holds", rel, len(got))
+		}
+	}
+	if _, ok := rec.files[version]; ok {
+		t.Errorf("own cut: %s, unchanged and immutable, sent again", version)
+	}
+}

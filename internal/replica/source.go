@@ -1605,7 +1605,11 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 		}
 		for _, e := range es {
 			all = append(all, e)
-			if old, ok := shipped[e.rel]; ok && old == e.st && !full {
+			// An immutable file's stamp stands for its content. A mutable
+			// one's can recur with new content (takeSnapshot): it is sent
+			// whatever was shipped. Mutable files are small (manifests and
+			// state records), and a follower needs its own cut rarely.
+			if old, ok := shipped[e.rel]; ok && old == e.st && !full && immutable(e.rel) {
 				continue
 			}
 			if full && immutable(e.rel) {
