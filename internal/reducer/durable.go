@@ -323,6 +323,11 @@ type modelFiles struct {
 	dir     string
 	journal *os.File
 	size    int64 // journal bytes
+	// base is the journal's size when it was last compacted (its ledger
+	// snapshot; 0: it starts with a step): compaction waits for the
+	// journal to double past it as well as for the threshold, so that a
+	// ledger bigger than the threshold is not rewritten at every step.
+	base int64
 	// applied mirrors the ledger's applied ids as journaled (the live
 	// ledger also holds ids settled for steps not yet journaled): the
 	// compaction snapshot is taken from it.
@@ -431,6 +436,9 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 		out.problems = append(out.problems, fmt.Sprintf("the journal ends at version %d, the store's newest is %d (published by another writer, or the journal was lost): gradients applied in between may be accepted again", last, newest))
 	}
 	out.files = &modelFiles{d: d, dir: dir, journal: j, size: keep, applied: applied}
+	if len(recs) > 0 && recs[0].Ledger != nil && ends[0] <= keep {
+		out.files.base = ends[0]
+	}
 
 	// The state file of newest; any other is debris of a step that never
 	// published or of one whose successor did.
@@ -552,7 +560,7 @@ func (f *modelFiles) published(version, steps uint64) {
 		return
 	}
 	f.pending = 0
-	if f.d.compactBytes > 0 && f.size > f.d.compactBytes {
+	if f.d.compactBytes > 0 && f.size > max(f.d.compactBytes, 2*f.base) {
 		if err := f.compact(version, steps); err != nil {
 			f.d.logger.Warn("reducer: journal compaction failed; the journal keeps growing", "dir", f.dir, "err", err)
 		}
@@ -584,7 +592,7 @@ func (f *modelFiles) compact(version, steps uint64) error {
 		return err
 	}
 	f.journal.Close()
-	f.journal, f.size = j, int64(len(frame))
+	f.journal, f.size, f.base = j, int64(len(frame)), int64(len(frame))
 	return nil
 }
 

@@ -367,6 +367,41 @@ func TestDurableJournalCompaction(t *testing.T) {
 	e.checkReplay(14)
 }
 
+// TestDurableJournalCompactionWaitsForTheJournalToDouble: a ledger
+// snapshot bigger than the threshold is not rewritten at every step: the
+// journal is compacted again only once it has doubled past the snapshot
+// it starts with, also across restarts (which read that size back).
+// Compacting every step would write the whole ledger, and ship it to a
+// cluster's standbys, per step.
+func TestDurableJournalCompactionWaitsForTheJournalToDouble(t *testing.T) {
+	e := newDurableEnv(t)
+	cfg := PrimaryConfig{JournalCompactBytes: 100, LedgerWindow: 64}
+	p := e.open(cfg)
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	e.steps(p, 1, 30)
+	compactions := 0
+	for s := uint64(31); s <= 60; s++ {
+		e.steps(p, s, s)
+		steps, err := ReadJournal(e.stateDir, "m")
+		if err != nil || len(steps) == 0 || !steps[0].Snapshot {
+			t.Fatalf("journal after step %d: %+v, %v", s, steps, err)
+		}
+		if len(steps) == 1 {
+			compactions++
+		}
+		p = e.restart(cfg)
+	}
+	// The ledger of 30–60 seqs is a snapshot of 130–250 bytes, a step
+	// record ~50: compacted every 3–6 steps (every step with the plain
+	// 100-byte threshold).
+	if compactions == 0 || compactions > 12 {
+		t.Fatalf("%d of 30 steps compacted the journal", compactions)
+	}
+	e.checkReplay(60)
+}
+
 // TestDurableStateDirLocked: a second primary cannot open a state
 // directory in use.
 func TestDurableStateDirLocked(t *testing.T) {

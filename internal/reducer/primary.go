@@ -114,8 +114,10 @@ type PrimaryConfig struct {
 	// store's newest version. "" keeps them in memory only.
 	StateDir string
 	// JournalCompactBytes: a model's journal is rewritten as one snapshot
-	// of the ledger once it grows past this; 0 means 16 MiB, negative
-	// never.
+	// of the ledger once it grows past this and past twice that snapshot's
+	// size when last written; 0 means DefaultJournalCompactBytes, negative
+	// never. A cluster primary ships the whole journal to its standbys at
+	// every step (docs/cluster.md): this bounds what a step ships.
 	JournalCompactBytes int64
 	// StateChanged, when set, is told every file (or directory) under
 	// StateDir that the primary wrote or removed, once it is done and
@@ -125,6 +127,11 @@ type PrimaryConfig struct {
 	// tells no one.
 	StateChanged func(path string)
 }
+
+// DefaultJournalCompactBytes is PrimaryConfig.JournalCompactBytes's
+// default. It was 16 MiB: a replicated step then shipped up to 16 MiB of
+// journal (8 on average) besides its version (TestJournalShipping).
+const DefaultJournalCompactBytes = 1 << 20
 
 func (c *PrimaryConfig) validate() error {
 	if c.Store == nil {
@@ -137,7 +144,7 @@ func (c *PrimaryConfig) validate() error {
 		c.Logger = slog.Default()
 	}
 	if c.JournalCompactBytes == 0 {
-		c.JournalCompactBytes = 16 << 20
+		c.JournalCompactBytes = DefaultJournalCompactBytes
 	}
 	return nil
 }

@@ -65,6 +65,8 @@ type Config struct {
 	// and optimizer state (PrimaryConfig.StateDir; the hub uses
 	// <--data>/reducer). "" keeps them in memory only.
 	StateDir string
+	// JournalCompactBytes: see PrimaryConfig.
+	JournalCompactBytes int64
 	// StateChanged: see PrimaryConfig.
 	StateChanged func(path string)
 }
@@ -125,7 +127,7 @@ func New(cfg Config) (*Service, error) {
 	var up Upstream
 	if cfg.Primary == "" {
 		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir,
-			StateChanged: cfg.StateChanged})
+			JournalCompactBytes: cfg.JournalCompactBytes, StateChanged: cfg.StateChanged})
 		if err != nil {
 			return nil, err
 		}
