@@ -28,10 +28,11 @@ import (
 // recStream is a follower's end of a stream, in memory: it applies every
 // unit sent to files.
 type recStream struct {
-	files map[string][]byte
-	cur   string
-	left  int64
-	units int
+	files   map[string][]byte
+	cur     string
+	left    int64
+	units   int
+	appends int // G frames taken
 }
 
 func (r *recStream) Context() context.Context { return context.Background() }
@@ -60,6 +61,18 @@ func (r *recStream) SendMsg(m any) error {
 			return err
 		}
 		delete(r.files, rel)
+	case kindAppend:
+		rel, size, from, err := parseAppend(b[1:])
+		if err != nil {
+			return err
+		}
+		held, ok := r.files[rel]
+		if !ok || int64(len(held)) < from {
+			return fmt.Errorf("recStream: append to %s from %d, holding %d bytes", rel, from, len(held))
+		}
+		r.cur, r.left = rel, size-from
+		r.files[rel] = append(held[:from:from], make([]byte, 0, size-from)...)
+		r.appends++
 	case kindKeep:
 		return fmt.Errorf("recStream: keep without an inventory")
 	case kindEnd:
@@ -77,6 +90,7 @@ type virtualFollower struct {
 	shipped map[string]stamp
 	seen    uint64
 	sent    uint64
+	appends bool // takes G frames (hello.Appends)
 }
 
 // deltaRig is a Source over a temporary data directory, the reference
@@ -194,7 +208,7 @@ func (r *deltaRig) ship(f *virtualFollower) {
 		return
 	}
 	unit := max(snap.unit, f.sent)
-	ok, err := s.sendSnapshot(f.rec, snap, f.seen, unit, false, f.shipped, false)
+	ok, err := s.sendSnapshot(f.rec, snap, f.seen, unit, false, f.shipped, false, f.appends)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -249,12 +263,21 @@ func TestSnapshotDeltasKeepFollowersExact(t *testing.T) {
 			r.write(state())
 			r.write(filepath.Join("store", "m0", "MANIFEST.json"))
 			r.snapshot(true, false)
+			r.fs[0].appends, r.fs[2].appends = true, true // 1 is an older build's
 			for _, f := range r.fs {
 				r.join(f)
 			}
 			version := 0
 			for range 300 {
-				switch op := rng.IntN(20); {
+				switch op := rng.IntN(23); {
+				case op >= 20: // a journal appended to (Appended), or started (Changed)
+					rel := filepath.Join("reducer", fmt.Sprintf("r%d", rng.IntN(3)), "journal.log")
+					if _, err := os.Stat(filepath.Join(r.dir, rel)); err == nil {
+						r.appendTo(rel, 1+rng.IntN(64))
+					} else {
+						r.write(rel)
+						s.Changed(filepath.Join(r.dir, rel))
+					}
 				case op < 6: // a writer's write, named
 					rel := state()
 					r.write(rel)
@@ -306,6 +329,9 @@ func TestSnapshotDeltasKeepFollowersExact(t *testing.T) {
 			// follower that has not shipped it: none needs its own cut.
 			if r.deltaOK == 0 || r.cuts != 0 {
 				t.Fatalf("%d snapshots sent from deltas, %d own cuts; want some and none", r.deltaOK, r.cuts)
+			}
+			if r.fs[0].rec.appends == 0 || r.fs[1].rec.appends != 0 {
+				t.Fatalf("G frames taken: %d by a follower that takes them, %d by one that does not", r.fs[0].rec.appends, r.fs[1].rec.appends)
 			}
 		})
 	}
@@ -446,5 +472,130 @@ func TestOwnCutSendsMutableFilesWhateverTheirStamp(t *testing.T) {
 	}
 	if _, ok := rec.files[version]; ok {
 		t.Errorf("own cut: %s, unchanged and immutable, sent again", version)
+	}
+}
+
+// appendTo appends n bytes to rel in place (as the reducer's journal
+// grows) and names the append as its writer does; it returns the size
+// the file had.
+func (r *deltaRig) appendTo(rel string, n int) int64 {
+	r.t.Helper()
+	r.writes++
+	path := filepath.Join(r.dir, rel)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := f.Write(bytes.Repeat([]byte{byte(r.writes)}, n)); err != nil {
+		r.t.Fatal(err)
+	}
+	r.src.Appended(path, fi.Size())
+	return fi.Size()
+}
+
+// TestAppendsShipTheNewBytesOnly: a file its writer only appends to
+// (Appended) reaches a follower that takes appends as its new bytes —
+// one G frame per unit, however many snapshots the unit spans — and
+// every other follower whole; a rewrite, a writer's wrong offset or a
+// follower that holds less makes it whole again. After every unit each
+// follower holds what the disk held (ship checks).
+func TestAppendsShipTheNewBytesOnly(t *testing.T) {
+	r := newDeltaRig(t, 2)
+	journal := filepath.Join("reducer", "m", "journal.log")
+	r.write(journal)
+	r.write(filepath.Join("reducer", "m", "registration.json"))
+	r.snapshot(true, false)
+	withG, without := r.fs[0], r.fs[1]
+	withG.appends = true
+	r.join(withG)
+	r.join(without)
+	shipAll := func() {
+		for _, f := range r.fs {
+			r.ship(f)
+		}
+	}
+	expect := func(step string, appends int) {
+		t.Helper()
+		if withG.rec.appends != appends {
+			t.Fatalf("%s: %d G frames taken, want %d", step, withG.rec.appends, appends)
+		}
+		if without.rec.appends != 0 {
+			t.Fatalf("%s: a follower without appends took %d G frames", step, without.rec.appends)
+		}
+	}
+
+	r.appendTo(journal, 40)
+	r.snapshot(true, false)
+	shipAll()
+	expect("one append", 1)
+
+	// Two snapshots' appends, shipped as one unit: one G frame from
+	// where the follower's copy ends.
+	r.appendTo(journal, 30)
+	r.snapshot(true, false)
+	r.appendTo(journal, 20)
+	r.snapshot(true, false)
+	shipAll()
+	expect("two snapshots' appends in one unit", 2)
+
+	// Rewritten (compacted: a new file renamed in) and appended to
+	// within one snapshot: whole.
+	r.write(journal)
+	r.src.Changed(filepath.Join(r.dir, journal))
+	r.appendTo(journal, 10)
+	r.snapshot(true, false)
+	shipAll()
+	expect("a rewrite then an append", 2)
+
+	// A writer naming an offset the snapshot before did not see: whole.
+	size := r.appendTo(journal, 10)
+	r.src.Appended(filepath.Join(r.dir, journal), size-5)
+	r.snapshot(true, false)
+	shipAll()
+	expect("a wrong offset", 2)
+
+	// Appends again from there on.
+	r.appendTo(journal, 10)
+	r.snapshot(true, false)
+	shipAll()
+	expect("appends after the whole one", 3)
+
+	// A follower whose copy ends before the first append of its span
+	// (shipped as of an older state): whole.
+	old := withG.shipped[journal]
+	old.size--
+	withG.shipped[journal] = old
+	r.appendTo(journal, 10)
+	r.snapshot(true, false)
+	shipAll()
+	expect("a follower holding less", 3)
+
+	// Cut back in place and written again (a failed append's truncate:
+	// the same inode, named whole), then appended to, while the follower
+	// lags across both snapshots: whole, though the append's offset lies
+	// within what the follower holds.
+	path := filepath.Join(r.dir, journal)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	r.appendTo(journal, 5)
+	r.src.Changed(path)
+	r.snapshot(true, false)
+	r.ship(without)
+	r.appendTo(journal, int(fi.Size())) // past what the follower holds
+	r.snapshot(true, false)
+	shipAll()
+	expect("an append after a rewrite in place", 3)
+	if n := r.src.appendsSent.Load(); n != 3 {
+		t.Fatalf("the source counts %d appends sent, want 3", n)
 	}
 }

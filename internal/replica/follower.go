@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -319,7 +320,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	// this standby (AckTimeout's default).
 	opened := time.AfterFunc(openTimeout, cancel)
 	defer opened.Stop()
-	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs}
+	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs, Appends: true}
 	us, transport, err := f.open(ctx, leader, h, opening)
 	if err != nil {
 		return err
@@ -440,6 +441,17 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 			}
 			files = append(files, staged{rel: rel, tmp: tmp})
 			mentioned[rel] = true
+		case kindAppend:
+			rel, size, from, err := parseAppend(b[1:])
+			if err != nil {
+				return 0, err
+			}
+			tmp := filepath.Join(stage, strconv.Itoa(len(files)))
+			if err := f.receiveAppend(us, rel, tmp, size, from); err != nil {
+				return 0, err
+			}
+			files = append(files, staged{rel: rel, tmp: tmp})
+			mentioned[rel] = true
 		case kindKeep:
 			rel, _, err := parsePath(kindKeep, b[1:])
 			if err != nil {
@@ -472,11 +484,46 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 	}
 }
 
+// receiveAppend stages rel as the first from bytes of the copy installed
+// here followed by the primary's bytes from there to size (a G frame).
+// A copy shorter than from fails the unit: the stream starts again with
+// a full sync.
+func (f *Follower) receiveAppend(us unitStream, rel, tmp string, size, from int64) error {
+	in, err := os.Open(filepath.Join(f.cfg.DataDir, rel))
+	if err != nil {
+		return fmt.Errorf("replica: append to %s: %w", rel, err)
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return fmt.Errorf("replica: append to %s: %w", rel, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Size() < from {
+		return fmt.Errorf("replica: append to %s from byte %d: this copy holds %d", rel, from, fi.Size())
+	}
+	out, err := f.spares.Create(tmp, size)
+	if err != nil {
+		return fmt.Errorf("replica: %w", err)
+	}
+	// In the kernel (copy_file_range), as much as the copy holds.
+	if n, err := out.ReadFrom(io.LimitReader(in, from)); err != nil || n != from {
+		out.Close()
+		return fmt.Errorf("replica: append to %s: copied %d of %d bytes: %v", rel, n, from, err)
+	}
+	return f.receiveInto(us, out, size-from)
+}
+
 func (f *Follower) receiveFile(us unitStream, tmp string, size int64) error {
 	out, err := f.spares.Create(tmp, size)
 	if err != nil {
 		return fmt.Errorf("replica: %w", err)
 	}
+	return f.receiveInto(us, out, size)
+}
+
+// receiveInto writes the stream's next size bytes of data frames to out
+// (at its offset) and closes it, synced under SyncFsync.
+func (f *Follower) receiveInto(us unitStream, out *os.File, size int64) error {
 	for left := size; left > 0; {
 		n, err := us.recvData(out, left)
 		if err != nil {

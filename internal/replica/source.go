@@ -140,8 +140,13 @@ type Source struct {
 	// snapshot walks ars/ and reducer/ whole.
 	named    map[string]bool
 	namedAll bool
+	// appended are the files writers extended (Appended), by path, with
+	// the offset of the first new byte since the last snapshot.
+	appended map[string]int64
 	// fromMemory counts the files snapshots took from the store's memory.
 	fromMemory atomic.Uint64
+	// appendsSent counts the files streams sent as appends (G frames).
+	appendsSent atomic.Uint64
 
 	root      string        // DataDir made absolute (what Changed's paths are relative to)
 	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
@@ -188,6 +193,8 @@ type peer struct {
 	// codec: the stream asked for the replication codec (codecName), or
 	// is on the data plane (data frames sent from where they lie).
 	codec bool
+	// appends: the follower takes G frames (hello.Appends).
+	appends bool
 	// ping: how long the stream may stay silent before the primary pings
 	// (the data plane's streams: bulkstream.go); 0 never.
 	ping time.Duration
@@ -346,21 +353,10 @@ const maxNamed = 4096
 // (commits hold the freeze shared, a cut exclusively), so after the
 // name.
 func (s *Source) Changed(path string) {
-	dir := s.cfg.DataDir
-	if filepath.IsAbs(path) != filepath.IsAbs(dir) {
-		// One absolute, one not (the hub's paths are DataDir joined
-		// with theirs, so not from the hub): compare absolute paths.
-		abs, err := filepath.Abs(path)
-		if err != nil {
-			return
-		}
-		path, dir = abs, s.root
-	}
-	rel, err := filepath.Rel(dir, path)
-	if err != nil {
+	rel, top, ok := s.relOf(path)
+	if !ok {
 		return
 	}
-	top, _, _ := strings.Cut(rel, string(filepath.Separator))
 	s.dirtyMu.Lock()
 	defer s.dirtyMu.Unlock()
 	if top == "store" && rel != top {
@@ -372,6 +368,56 @@ func (s *Source) Changed(path string) {
 		return // not under a state directory (nor one of them: ".." and "." are not)
 	}
 	s.named, s.namedAll = addNamed(s.named, s.namedAll, rel)
+}
+
+// Appended names a mutable file under ars/, reducer/ or aggregator/
+// that its writer extended, leaving its first from bytes as they were
+// when it last named the file (an append-only log: the reducer's step
+// journal). The next snapshot then holds the file as an append: a
+// follower that holds those first bytes is sent only the new ones (a G
+// frame), any other the whole file. A file also named by Changed since
+// the last snapshot, or whose inode or size differ from what that
+// snapshot saw, is whole. Same contract and bounds as Changed.
+func (s *Source) Appended(path string, from int64) {
+	rel, top, ok := s.relOf(path)
+	if !ok || !slices.Contains(stateDirs, top) || rel == top || from <= 0 {
+		s.Changed(path)
+		return
+	}
+	s.dirtyMu.Lock()
+	defer s.dirtyMu.Unlock()
+	if old, ok := s.appended[rel]; ok {
+		s.appended[rel] = min(old, from)
+		return
+	}
+	if s.namedAll || len(s.appended) >= maxNamed {
+		s.named, s.namedAll = addNamed(s.named, s.namedAll, rel)
+		return
+	}
+	if s.appended == nil {
+		s.appended = map[string]int64{}
+	}
+	s.appended[rel] = from
+}
+
+// relOf is path relative to the data directory, and its first element.
+func (s *Source) relOf(path string) (rel, top string, ok bool) {
+	dir := s.cfg.DataDir
+	if filepath.IsAbs(path) != filepath.IsAbs(dir) {
+		// One absolute, one not (the hub's paths are DataDir joined
+		// with theirs, so not from the hub): compare absolute paths.
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return "", "", false
+		}
+		path, dir = abs, s.root
+	}
+	rel, err := filepath.Rel(dir, path)
+	if err != nil {
+		return "", "", false
+	}
+	top, _, _ = strings.Cut(rel, string(filepath.Separator))
+	return rel, top, true
 }
 
 // addNamed adds rel to a set of named paths bounded at maxNamed: past
@@ -792,7 +838,7 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	}
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
-	p := &peer{member: h.Member, codec: codec, ping: ping, since: time.Now(), cancel: cancel}
+	p := &peer{member: h.Member, codec: codec, appends: h.Appends, ping: ping, since: time.Now(), cancel: cancel}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -911,7 +957,7 @@ func (s *Source) ship(ctx context.Context, ss frameStream, p *peer, have map[str
 			continue
 		}
 		unit := max(snap.unit, sent) // units only grow on a stream
-		ok, err := s.sendSnapshot(ss, snap, seen, unit, u > sent, shipped, p.codec)
+		ok, err := s.sendSnapshot(ss, snap, seen, unit, u > sent, shipped, p.codec, p.appends)
 		if err != nil {
 			return err
 		}
@@ -983,6 +1029,7 @@ type content struct {
 	holders int        // snapshots whose files hold it; guarded by Source.mu
 	freed   bool       // holders fell to 0: never carried again; guarded by Source.mu
 	mem     *memFile   // the lent bytes the frames are views of; nil when read from disk
+	raw     []byte     // a mutable file's bytes, read from disk (the frames are views of them)
 }
 
 // dataFrames cuts b into data frames, views of b (no copy); lent, when
@@ -1119,15 +1166,25 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		s.freeze.Lock()
 		defer s.freeze.Unlock()
 		s.dirtyMu.Lock()
-		dirty, all, named, namedAll := s.dirty, s.dirtyAll, s.named, s.namedAll
+		dirty, all, named, namedAll, appended := s.dirty, s.dirtyAll, s.named, s.namedAll, s.appended
 		mem = s.mem
-		s.dirty, s.dirtyAll, s.mem, s.named, s.namedAll = nil, false, nil, nil, false
+		s.dirty, s.dirtyAll, s.mem, s.named, s.namedAll, s.appended = nil, false, nil, nil, false, nil
 		s.dirtyMu.Unlock()
 		stored, storeScopes, storeWhole, err := s.walkStore(dirty, all || first)
 		if err != nil {
 			return err
 		}
-		state, stateScopes, stateWhole, err := s.walkState(named, namedAll || first)
+		walked := named // what the state walk stats: the named paths and the appended files
+		if len(appended) > 0 {
+			walked = maps.Clone(named)
+			if walked == nil {
+				walked = map[string]bool{}
+			}
+			for rel := range appended {
+				walked[rel] = true
+			}
+		}
+		state, stateScopes, stateWhole, err := s.walkState(walked, namedAll || first)
 		if err != nil {
 			return err
 		}
@@ -1152,6 +1209,21 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 					}
 				}
 			}
+			// A file only appended to since the snapshot before, as that
+			// snapshot saw it (same inode, its size where the new bytes
+			// start), is an append: a follower holding that much is sent
+			// the rest (sendSnapshot). Anything else about it: whole.
+			for _, e := range state {
+				from, ok := appended[e.rel]
+				if !ok || immutable(e.rel) || within(e.rel, named) {
+					continue
+				}
+				ch := change{st: e.st, named: true}
+				if was, ok := s.tree.files[e.rel]; ok && was.ino == e.st.ino && was.size == from && e.st.size > from {
+					ch.appendFrom = from
+				}
+				snap.delta[e.rel] = ch
+			}
 		}
 		for rel, ch := range snap.delta {
 			if ch.gone {
@@ -1173,12 +1245,24 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 					later = append(later, toRead{rel: rel, st: ch.st, f: f})
 				}
 			} else {
-				data, err := os.ReadFile(path)
+				var data []byte
+				var err error
+				if ch.appendFrom > 0 {
+					// Writers append outside the freeze: what the walk
+					// saw, exactly, as the stamp says (or whole).
+					if data, err = readAsWalked(path, ch.st); err == nil && data == nil {
+						ch.appendFrom = 0
+						snap.delta[rel] = ch
+					}
+				}
+				if data == nil && err == nil {
+					data, err = os.ReadFile(path)
+				}
 				if gone = errors.Is(err, os.ErrNotExist); err != nil && !gone {
 					return fmt.Errorf("replica: read %s: %w", rel, err)
 				}
 				if !gone {
-					snap.files[rel] = &content{st: ch.st, size: int64(len(data)), frames: dataFrames(data, nil)}
+					snap.files[rel] = &content{st: ch.st, size: int64(len(data)), frames: dataFrames(data, nil), raw: data}
 				}
 			}
 			if gone { // removed since the walk: absent from this snapshot
@@ -1272,7 +1356,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 // due. s.snapMu is held.
 func (s *Source) pending() bool {
 	s.dirtyMu.Lock()
-	named := len(s.dirty) > 0 || s.dirtyAll || len(s.named) > 0 || s.namedAll || len(s.mem) > 0
+	named := len(s.dirty) > 0 || s.dirtyAll || len(s.named) > 0 || s.namedAll || len(s.appended) > 0 || len(s.mem) > 0
 	s.dirtyMu.Unlock()
 	return named || time.Since(s.fullAt) >= s.fullEvery || time.Since(s.stateAt) >= s.fullEvery
 }
@@ -1433,11 +1517,12 @@ func (s *Source) scanLoop() {
 // what changed, not the tree. ok is false, with nothing sent, when snap
 // lacks the content of a file the follower needs, or a snapshot between
 // seen and snap is gone: the caller sends the follower's own cut.
-func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64, force bool, shipped map[string]stamp, codec bool) (ok bool, err error) {
+func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64, force bool, shipped map[string]stamp, codec, appends bool) (ok bool, err error) {
 	type send struct {
-		rel string
-		st  stamp
-		c   *content
+		rel  string
+		st   stamp
+		c    *content
+		from int64 // above 0: only the bytes from here (a G frame)
 	}
 	var files []send
 	var gone []string
@@ -1471,9 +1556,10 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		if c == nil || c.st != st {
 			return false
 		}
-		files = append(files, send{rel, st, c})
+		files = append(files, send{rel: rel, st: st, c: c})
 		return true
 	}
+	tails := s.appendable(seen, snap, merged, shipped, appends)
 	for rel, ch := range merged {
 		if ch.gone {
 			if _, ok := shipped[rel]; ok {
@@ -1482,6 +1568,8 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		} else if !need(rel, ch.st, ch.named) {
 			s.mu.Unlock()
 			return false, nil
+		} else if from := tails[rel]; from > 0 && len(files) > 0 && files[len(files)-1].rel == rel && from < int64(len(files[len(files)-1].c.raw)) {
+			files[len(files)-1].from = from
 		}
 	}
 	if full != nil {
@@ -1509,10 +1597,17 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		return true, err
 	}
 	for _, f := range files {
-		if err := ss.SendMsg(pathFrame(kindFile, f.rel, f.c.size)); err != nil {
+		frames := f.c.frames
+		if f.from > 0 {
+			if err := ss.SendMsg(appendFrame(f.rel, f.c.size, f.from)); err != nil {
+				return true, err
+			}
+			frames = dataFrames(f.c.raw[f.from:], nil)
+			s.appendsSent.Add(1)
+		} else if err := ss.SendMsg(pathFrame(kindFile, f.rel, f.c.size)); err != nil {
 			return true, err
 		}
-		for _, d := range f.c.frames {
+		for _, d := range frames {
 			if err := sendData(ss, d, codec); err != nil {
 				return true, err
 			}
@@ -1526,6 +1621,55 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		delete(shipped, rel)
 	}
 	return true, ss.SendMsg(uvarintFrame(kindEnd, unit))
+}
+
+// appendable says which of the files merged (the changes from seen to snap)
+// a follower can be sent as appends, and from which offset: when it
+// takes appends, every snapshot after seen up to snap is live, each that
+// changed the file only appended to it, and the follower holds the file
+// (shipped: the same inode) at least up to where the first of those
+// appends starts, short of its size now. s.mu is held.
+func (s *Source) appendable(seen uint64, snap *snapshot, merged map[string]change, shipped map[string]stamp, appends bool) map[string]int64 {
+	if !appends {
+		return nil
+	}
+	var span []*snapshot
+	for _, l := range s.live {
+		if l.seq > seen && l.seq <= snap.seq {
+			span = append(span, l)
+		}
+	}
+	if uint64(len(span)) != snap.seq-seen {
+		return nil
+	}
+	var out map[string]int64
+	for rel, ch := range merged {
+		held, ok := shipped[rel]
+		if ch.gone || ch.appendFrom == 0 || !ok || held.ino != ch.st.ino || held.size >= ch.st.size {
+			continue
+		}
+		first := int64(0)
+		for _, l := range span {
+			c, ok := l.delta[rel]
+			if !ok {
+				continue
+			}
+			if c.appendFrom == 0 {
+				first = 0
+				break
+			}
+			if first == 0 {
+				first = c.appendFrom
+			}
+		}
+		if first > 0 && first <= held.size {
+			if out == nil {
+				out = map[string]int64{}
+			}
+			out[rel] = held.size
+		}
+	}
+	return out
 }
 
 // chain returns the snapshots a follower holding cut or snapshot seen
@@ -1564,6 +1708,30 @@ func openImmutable(path string) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// readAsWalked reads the first st.size bytes of the file at path when it
+// is still st's inode and at least that long (an append-only file
+// appended to since the walk holds what the walk saw there); nil when
+// it is not.
+func readAsWalked(path string, st stamp) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if now := stampOf(fi); now.ino != st.ino || now.size < st.size {
+		return nil, nil
+	}
+	b := make([]byte, st.size)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // opened is one file of a unit: its content read (mutable files) or an

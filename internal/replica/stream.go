@@ -27,6 +27,11 @@ import (
 //	primary → follower:  B begin unit (JSON), then per file
 //	                     F path + size, then the file's bytes as data
 //	                     frames (raw: no kind byte; size bytes in all),
+//	                     G append: path + size + from, then the file's
+//	                     bytes from that offset as data frames (size -
+//	                     from bytes): the follower's file holds the
+//	                     first from bytes (only to a follower whose hello
+//	                     set appends),
 //	                     K keep path (full sync: you hold it already),
 //	                     X delete path, then E end (uvarint unit)
 //
@@ -38,6 +43,7 @@ const (
 	kindAck    = 'A'
 	kindBegin  = 'B'
 	kindFile   = 'F'
+	kindAppend = 'G'
 	kindKeep   = 'K'
 	kindDelete = 'X'
 	kindEnd    = 'E'
@@ -70,6 +76,9 @@ type hello struct {
 	// refuses a unit naming a path elsewhere: the primary leaves such
 	// paths out of its stream (legacyFilter).
 	Dirs []string `json:"dirs,omitempty"`
+	// Appends says the follower takes G frames (an append-only file's new
+	// bytes); the primary sends a follower without it whole files.
+	Appends bool `json:"appends,omitempty"`
 }
 
 // position is how far a standby's copy has come: the epoch of the
@@ -126,6 +135,36 @@ func pathFrame(kind byte, rel string, size int64) *wrapperspb.BytesValue {
 		b = binary.AppendUvarint(b, uint64(size))
 	}
 	return frame(kind, b)
+}
+
+// appendFrame is a G frame: rel grows from from bytes to size.
+func appendFrame(rel string, size, from int64) *wrapperspb.BytesValue {
+	b := binary.AppendUvarint(nil, uint64(len(rel)))
+	b = append(b, rel...)
+	b = binary.AppendUvarint(b, uint64(size))
+	return frame(kindAppend, binary.AppendUvarint(b, uint64(from)))
+}
+
+// parseAppend reads a G frame's payload: the path, the size the file
+// grows to, and the offset its new bytes start at (0 < from < size).
+func parseAppend(b []byte) (rel string, size, from int64, err error) {
+	n, rest, err := parseUvarint(b)
+	if err != nil || n > uint64(len(rest)) {
+		return "", 0, 0, errFrame
+	}
+	rel, rest = string(rest[:n]), rest[n:]
+	sz, rest, err := parseUvarint(rest)
+	if err != nil || sz > 1<<40 {
+		return "", 0, 0, errFrame
+	}
+	fr, rest, err := parseUvarint(rest)
+	if err != nil || fr == 0 || fr >= sz || len(rest) != 0 {
+		return "", 0, 0, errFrame
+	}
+	if err := safeRel(rel); err != nil {
+		return "", 0, 0, err
+	}
+	return rel, int64(sz), int64(fr), nil
 }
 
 var errFrame = errors.New("replica: malformed frame")

@@ -167,6 +167,10 @@ type change struct {
 	// named: its writer named it (a mutable file), so it is sent even
 	// to a follower shipped the same stamp (takeSnapshot).
 	named bool
+	// appendFrom, when above 0: the file was only appended to since the
+	// snapshot before, which saw it at this size (same inode); its first
+	// appendFrom bytes are that snapshot's (Source.Appended).
+	appendFrom int64
 }
 
 // fileTree is every mirrored file the Source knows of, with its stamp, as
