@@ -74,13 +74,16 @@ type persister struct {
 	// changed is Config.StateChanged (nil: no one), told each file once
 	// written (named).
 	changed func(path string)
+	// appended is Config.StateAppended (nil: changed), told a progress
+	// log appended to and where its new bytes start.
+	appended func(path string, from int64)
 }
 
-func newPersister(dir string, crash *crashpoint.Hook, changed func(string)) (*persister, error) {
+func newPersister(dir string, crash *crashpoint.Hook, changed func(string), appended func(string, int64)) (*persister, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("ars state: %w", err)
 	}
-	return &persister{dir: dir, crash: crash, logs: map[string]*os.File{}, changed: changed}, nil
+	return &persister{dir: dir, crash: crash, logs: map[string]*os.File{}, changed: changed, appended: appended}, nil
 }
 
 // named tells Config.StateChanged that path was written: after the
@@ -133,8 +136,16 @@ func (p *persister) save(r *run) error {
 			}
 			fmt.Fprintf(&buf, "%08x %s\n", crc32.Checksum(b, castagnoli), b)
 		}
+		from := int64(-1)
+		if fi, err := f.Stat(); err == nil {
+			from = fi.Size()
+		}
 		_, err := f.Write(buf.Bytes())
-		p.named(f.Name()) // even a failed append may have written part of it
+		if err != nil || from <= 0 || p.appended == nil {
+			p.named(f.Name()) // even a failed append may have written part of it
+		} else {
+			p.appended(f.Name(), from)
+		}
 		if err != nil {
 			return err
 		}

@@ -74,6 +74,10 @@ type Config struct {
 	// ships what is named instead of walking DataDir
 	// (replica.Source.Changed). It must not block; nil tells no one.
 	StateChanged func(path string)
+	// StateAppended, when set, is told instead of StateChanged when a
+	// run's progress.log was only appended to, with where the new bytes
+	// start (replica.Source.Appended: a unit ships them only).
+	StateAppended func(path string, from int64)
 	// CrashAt (tests only) SIGKILLs the process at a named point of the
 	// state writes: "report" (results accepted mid-iteration),
 	// "eval-report" (evaluation results accepted, not yet durable),
@@ -168,7 +172,7 @@ func New(cfg Config) (*Service, error) {
 		crash:   crashpoint.Parse(cfg.CrashAt),
 	}
 	if cfg.DataDir != "" {
-		p, err := newPersister(cfg.DataDir, s.crash, cfg.StateChanged)
+		p, err := newPersister(cfg.DataDir, s.crash, cfg.StateChanged, cfg.StateAppended)
 		if err != nil {
 			return nil, err
 		}

@@ -164,6 +164,13 @@ type Config struct {
 	// replica.Source.Changed, so that a replication unit ships what was
 	// named instead of walking those directories. nil tells no one.
 	StateChanged func(path string)
+	// StateAppended, when set, is told a file under DataDir/reducer or
+	// DataDir/ars that the reducer or the ARS coordinator only appended to
+	// (a step journal, a run's progress.log), with where the new bytes
+	// start, instead of StateChanged (their Config.StateAppended, when
+	// their StateChanged is this one): a cluster primary's
+	// replica.Source.Appended, so that a unit ships the new bytes only.
+	StateAppended func(path string, from int64)
 	// Limits bounds what a client can make the hub hold: half-open
 	// connections, connections per peer, policy sizes. The zero value
 	// means the defaults noted on each field (docs/security.md, Limits).
@@ -497,7 +504,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		arscfg.Logger = h.cfg.Logger
 	}
 	if arscfg.StateChanged == nil {
-		arscfg.StateChanged = h.cfg.StateChanged
+		arscfg.StateChanged, arscfg.StateAppended = h.cfg.StateChanged, h.cfg.StateAppended
 	}
 	arsSvc, err := arsrpc.New(arscfg)
 	if err := add(arsSvc, err); err != nil {
@@ -527,7 +534,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		rcfg.Logger = h.cfg.Logger
 	}
 	if rcfg.StateChanged == nil {
-		rcfg.StateChanged = h.cfg.StateChanged
+		rcfg.StateChanged, rcfg.StateAppended = h.cfg.StateChanged, h.cfg.StateAppended
 	}
 	red, err := reducer.New(rcfg)
 	if err := add(red, err); err != nil {

@@ -250,7 +250,8 @@ type stateDir struct {
 	lock         *os.File
 	compactBytes int64
 	logger       *slog.Logger
-	changed      func(path string) // PrimaryConfig.StateChanged; nil: no one
+	changed      func(path string)             // PrimaryConfig.StateChanged; nil: no one
+	appendedTo   func(path string, from int64) // PrimaryConfig.StateAppended; nil: changed
 }
 
 // named tells PrimaryConfig.StateChanged that path was written or
@@ -263,7 +264,18 @@ func (d *stateDir) named(path string) {
 	}
 }
 
-func openStateDir(dir string, compactBytes int64, logger *slog.Logger, changed func(string)) (*stateDir, error) {
+// appended tells PrimaryConfig.StateAppended that path grew from from
+// bytes, its first from bytes unchanged since it was last named (or
+// StateChanged, when no one takes appends).
+func (d *stateDir) appended(path string, from int64) {
+	if d.appendedTo != nil {
+		d.appendedTo(path, from)
+	} else {
+		d.named(path)
+	}
+}
+
+func openStateDir(dir string, compactBytes int64, logger *slog.Logger, changed func(string), appended func(string, int64)) (*stateDir, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("reducer: state dir: %w", err)
 	}
@@ -275,7 +287,7 @@ func openStateDir(dir string, compactBytes int64, logger *slog.Logger, changed f
 		lock.Close()
 		return nil, fmt.Errorf("reducer: state dir %s is in use by another process: %w", dir, err)
 	}
-	return &stateDir{dir: dir, lock: lock, compactBytes: compactBytes, logger: logger, changed: changed}, nil
+	return &stateDir{dir: dir, lock: lock, compactBytes: compactBytes, logger: logger, changed: changed, appendedTo: appended}, nil
 }
 
 func (d *stateDir) close() error { return d.lock.Close() }
@@ -486,10 +498,15 @@ func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights 
 	if err != nil {
 		return err
 	}
-	err = f.appendJournal(payload)
-	f.d.named(filepath.Join(f.dir, journalName)) // a failed append may have cut it back
-	if err != nil {
+	from := f.size
+	if err = f.appendJournal(payload); err != nil {
+		f.d.named(filepath.Join(f.dir, journalName)) // a failed append may have cut it back
 		return err
+	}
+	if from > 0 {
+		f.d.appended(filepath.Join(f.dir, journalName), from)
+	} else {
+		f.d.named(filepath.Join(f.dir, journalName))
 	}
 	f.applied.AddApplied(members)
 	if opt == nil {

@@ -116,8 +116,9 @@ type PrimaryConfig struct {
 	// JournalCompactBytes: a model's journal is rewritten as one snapshot
 	// of the ledger once it grows past this and past twice that snapshot's
 	// size when last written; 0 means DefaultJournalCompactBytes, negative
-	// never. A cluster primary ships the whole journal to its standbys at
-	// every step (docs/cluster.md): this bounds what a step ships.
+	// never. A cluster primary reads the whole journal at every step
+	// (docs/cluster.md): this bounds that read, a full sync's and a
+	// restart's.
 	JournalCompactBytes int64
 	// StateChanged, when set, is told every file (or directory) under
 	// StateDir that the primary wrote or removed, once it is done and
@@ -126,11 +127,16 @@ type PrimaryConfig struct {
 	// walking StateDir (replica.Source.Changed). It must not block; nil
 	// tells no one.
 	StateChanged func(path string)
+	// StateAppended, when set, is told instead of StateChanged when a
+	// step only appended to the journal: its first from bytes are as they
+	// were when last named, so a cluster primary ships the new bytes only
+	// (replica.Source.Appended). It must not block; nil: StateChanged.
+	StateAppended func(path string, from int64)
 }
 
 // DefaultJournalCompactBytes is PrimaryConfig.JournalCompactBytes's
-// default. It was 16 MiB: a replicated step then shipped up to 16 MiB of
-// journal (8 on average) besides its version (TestJournalShipping).
+// default. It was 16 MiB, when a replicated step shipped the whole
+// journal (BenchmarkJournalShipping).
 const DefaultJournalCompactBytes = 1 << 20
 
 func (c *PrimaryConfig) validate() error {
@@ -249,7 +255,7 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 	p := &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096),
 		closing: make(chan struct{})}
 	if cfg.StateDir != "" {
-		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger, cfg.StateChanged)
+		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger, cfg.StateChanged, cfg.StateAppended)
 		if err != nil {
 			return nil, err
 		}

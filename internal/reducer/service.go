@@ -67,8 +67,9 @@ type Config struct {
 	StateDir string
 	// JournalCompactBytes: see PrimaryConfig.
 	JournalCompactBytes int64
-	// StateChanged: see PrimaryConfig.
-	StateChanged func(path string)
+	// StateChanged, StateAppended: see PrimaryConfig.
+	StateChanged  func(path string)
+	StateAppended func(path string, from int64)
 }
 
 func (c *Config) validate() error {
@@ -127,7 +128,7 @@ func New(cfg Config) (*Service, error) {
 	var up Upstream
 	if cfg.Primary == "" {
 		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir,
-			JournalCompactBytes: cfg.JournalCompactBytes, StateChanged: cfg.StateChanged})
+			JournalCompactBytes: cfg.JournalCompactBytes, StateChanged: cfg.StateChanged, StateAppended: cfg.StateAppended})
 		if err != nil {
 			return nil, err
 		}

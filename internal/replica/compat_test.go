@@ -3,7 +3,9 @@ package replica_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +15,11 @@ import (
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store/storetest"
+	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -57,6 +63,50 @@ func TestRollingUpgrade(t *testing.T) {
 	for v := uint64(1); v <= 3; v++ {
 		push(v, l1.Epoch) // acknowledged by the new build's standby
 	}
+	// Reducer steps: their journal reaches a standby of either build
+	// from a primary of the other (a newer primary sends an older
+	// standby the journal whole, not as appends it cannot take).
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	gsd, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, make([]float32, 4)))
+	gblob, err := safetensors.Encode(gsd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grad, _ := tensor.NewStateDict(tensor.FromFloat32s("w", []int64{4}, []float32{1, 1, 1, 1}))
+	c.push("g", 1, 0, gblob)
+	step := func(h *hubProc, want uint64) {
+		t.Helper()
+		rc, err := reducer.NewClient(reducer.ClientConfig{Hub: h.addr, ClientID: fmt.Sprintf("compat-%d", want)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		if want == 2 {
+			if _, _, err := rc.Register(ctx, reducer.ModelConfig{Model: "g", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := rc.PushGrad(ctx, "g", want-1, grad); err != nil {
+			t.Fatalf("gradient on g v%d: %v", want-1, err)
+		}
+		testkit.Eventually(t, time.Minute, "g's step published", func() bool { return c.newest("g").Version >= want })
+	}
+	journal := func(h *hubProc) (uint64, []byte) {
+		steps, err := reducer.ReadJournal(filepath.Join(h.data, "reducer"), "g")
+		raw, _ := os.ReadFile(filepath.Join(h.data, "reducer", "g", "journal.log"))
+		if err != nil || len(steps) == 0 {
+			return 0, raw
+		}
+		return steps[len(steps)-1].Version, raw
+	}
+	for v := uint64(2); v <= 4; v++ {
+		step(old, v)
+	}
+	testkit.Eventually(t, time.Minute, "g's journal through v4 on the new build's standby", func() bool {
+		v, _ := journal(upgraded)
+		return v == 4
+	})
 
 	old.kill()
 	l2, p2 := c.leader(l1.Epoch)
@@ -88,6 +138,14 @@ func TestRollingUpgrade(t *testing.T) {
 	for v := uint64(4); v <= 5; v++ {
 		push(v, l2.Epoch) // acknowledged by the old build's standby
 	}
+	for v := uint64(5); v <= 7; v++ {
+		step(upgraded, v)
+	}
+	testkit.Eventually(t, time.Minute, "g's journal through v7 on the old build's standby, the primary's byte for byte", func() bool {
+		v, b := journal(old)
+		_, a := journal(upgraded)
+		return v == 7 && bytes.Equal(a, b)
+	})
 
 	upgraded.kill()
 	if _, p3 := c.leader(l2.Epoch); p3 != old {

@@ -62,7 +62,7 @@ func startNamedPrimaryScan(t *testing.T, ctx context.Context, scan time.Duration
 		Reducer:      reducer.Config{BatchSize: 1},
 		WrapStore:    func(s store.Store) store.Store { return &Fenced{Store: s, Epoch: 5, Source: p.src} },
 		Replication:  p.src,
-		StateChanged: p.src.Changed})
+		StateChanged: p.src.Changed, StateAppended: p.src.Appended})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,5 +370,31 @@ func TestChangedNamesOnlyStatePaths(t *testing.T) {
 		if !src.namedAll || len(src.named) != 0 {
 			t.Errorf("DataDir %q: %d names past the bound: namedAll %v with %d kept, want the whole walk and none kept", dataDir, maxNamed+1, src.namedAll, len(src.named))
 		}
+	}
+}
+
+// A reducer step's journal record reaches a standby as an append (a G
+// frame of the record's bytes, through a real follower over the data
+// plane), and the standby's journal stays byte for byte the primary's
+// step after step.
+func TestJournalReachesTheFollowerAsAppends(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimary(t, ctx)
+	const model = "appended"
+	sc, rc := newNamedClients(t, ctx, p, model)
+	journal := filepath.Join("reducer", store.ModelDir(model), "journal.log")
+	for v := uint64(2); v <= 8; v++ {
+		p.step(t, ctx, sc, rc, model, v)
+		// Acknowledged: the unit that carried v's version carried its
+		// journal record.
+		steps, err := reducer.ReadJournal(filepath.Join(p.d.dir, "reducer"), model)
+		if err != nil || len(steps) == 0 || steps[len(steps)-1].Version != v {
+			t.Fatalf("the standby's journal once v%d is acknowledged: %v (%v)", v, steps, err)
+		}
+		p.sameFile(t, journal)
+	}
+	if n := p.src.appendsSent.Load(); n < 5 {
+		t.Fatalf("%d journal records reached the standby as appends, want at least 5 of 7 steps", n)
 	}
 }

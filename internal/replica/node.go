@@ -795,7 +795,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	}
 	hcfg.Gate = gate
 	hcfg.Replication = src
-	hcfg.StateChanged = src.Changed
+	hcfg.StateChanged, hcfg.StateAppended = src.Changed, src.Appended
 	hcfg.MetricsCluster = n.stats
 	n.mu.Lock()
 	n.src = src
