@@ -18,32 +18,41 @@ import (
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
-// readBytes is what process pid has read (rchar of /proc/PID/io: files
-// and sockets).
-func readBytes(t testing.TB, pid int) int64 {
+// procIO is what process pid has read and written (rchar and wchar of
+// /proc/PID/io: files and sockets).
+func procIO(t testing.TB, pid int) (read, written int64) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "rchar: "); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "rchar":
+			read = n
+		case "wchar":
+			written = n
 		}
 	}
-	t.Fatal("no rchar")
-	return 0
+	return read, written
 }
 
-// journalShipping runs a primary and one standby (acks all) for run,
-// under 16 learners pushing 64 KiB gradients to one model in batches of
-// 64 (a journal record of ~1 KiB per step), and returns, over the last
-// third of the run, the steps per second, what the standby read per step
-// (/proc/PID/io rchar: sockets and files) and the primary's journal size
-// at the end.
-func journalShipping(t testing.TB, run time.Duration, extra ...string) (stepsPerSec, readPerStep float64, journalBytes int64) {
+// journalRun is one journalShipping measurement, per step over the
+// last third of the run: steps/s, the primary's CPU time and bytes
+// written (its files and its sockets: the version persisted, the unit
+// shipped), and the primary's journal size at the end.
+type journalRun struct {
+	steps, cpuMS, written float64
+	journal               int64
+}
+
+// journalShipping runs a primary and one standby (acks all; bin, or the
+// test's build when ""), under 16 learners pushing 64 KiB gradients to
+// one model in batches of 64 (a journal record of ~1 KiB per step).
+func journalShipping(t testing.TB, run time.Duration, bin string, extra ...string) journalRun {
 	e := startEtcd(t)
-	c := newClusterTTL(t, e, 2, "2s", append([]string{"--reduce-batch-size", "64"}, extra...)...)
+	c := newClusterBin(t, e, 2, "2s", bin, append([]string{"--reduce-batch-size", "64"}, extra...)...)
 	l, p := c.leader(0)
 	sb := c.standbys(p)[0]
 	c.synced(sb, l)
@@ -91,38 +100,49 @@ func journalShipping(t testing.TB, run time.Duration, extra ...string) (stepsPer
 		}
 		return st.Models[model].Counters.Applied
 	}
+	pid := p.proc.Pid()
 	time.Sleep(run * 2 / 3)
-	a0, r0, start := applied(), readBytes(t, sb.proc.Pid()), time.Now()
+	a0, c0, start := applied(), cpuTime(pid), time.Now()
+	_, w0 := procIO(t, pid)
 	time.Sleep(run / 3)
-	a1, r1, secs := applied(), readBytes(t, sb.proc.Pid()), time.Since(start).Seconds()
+	a1, c1, secs := applied(), cpuTime(pid), time.Since(start).Seconds()
+	_, w1 := procIO(t, pid)
 	fi, err := os.Stat(filepath.Join(p.data, "reducer", store.ModelDir(model), "journal.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	steps := float64(a1-a0) / 64
-	return steps / secs, float64(r1-r0) / steps, fi.Size()
+	return journalRun{steps: steps / secs, cpuMS: float64(c1-c0) / float64(time.Millisecond) / steps, written: float64(w1-w0) / steps, journal: fi.Size()}
 }
 
-// BenchmarkJournalShipping: what a replicated reducer step ships as its
-// step journal grows (every step ships the whole journal: docs/cluster.md),
-// with the default compaction threshold and with the former default (16
-// MiB), in one run, RLHUB_JOURNAL_RUN (default 30s) each.
+// BenchmarkJournalShipping: what a replicated reducer step costs the
+// primary as its step journal grows, with the default compaction
+// threshold and with the former default (16 MiB), in one run of
+// RLHUB_JOURNAL_RUN (default 30s) each. A unit ships the journal's new
+// bytes only (Source.Appended), so the threshold should not show; with
+// RLHUB_JOURNAL_BASE_BIN the second run is that build's, at its default.
 func BenchmarkJournalShipping(b *testing.B) {
 	run := 30 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("RLHUB_JOURNAL_RUN")); err == nil && d > 0 {
 		run = d
 	}
+	base, baseArgs, sfx := os.Getenv("RLHUB_JOURNAL_BASE_BIN"), []string{"--reduce-journal-compact", "16MiB"}, "_16MiB"
+	if base != "" {
+		baseArgs, sfx = nil, "_base"
+	}
 	for range b.N {
-		steps, read, journal := journalShipping(b, run)
-		oldSteps, oldRead, oldJournal := journalShipping(b, run, "--reduce-journal-compact", "16MiB")
-		b.Logf("after %v: default threshold: journal %d KiB, %.0f steps/s, standby read %.0f KiB per step; 16 MiB: journal %d KiB, %.0f steps/s, %.0f KiB per step",
-			run, journal>>10, steps, read/1024, oldJournal>>10, oldSteps, oldRead/1024)
-		b.ReportMetric(read/1024, "KiB_read/step")
-		b.ReportMetric(oldRead/1024, "KiB_read/step_16MiB")
-		b.ReportMetric(steps, "steps/s")
-		b.ReportMetric(oldSteps, "steps/s_16MiB")
-		b.ReportMetric(steps/oldSteps, "x_steps")
-		b.ReportMetric(float64(journal>>10), "journal_KiB")
-		b.ReportMetric(float64(oldJournal>>10), "journal_KiB_16MiB")
+		r := journalShipping(b, run, "")
+		o := journalShipping(b, run, base, baseArgs...)
+		b.Logf("after %v: this build at its default threshold: journal %d KiB, %.0f steps/s, primary CPU %.2f ms and %.0f KiB written per step; %s: journal %d KiB, %.0f steps/s, %.2f ms, %.0f KiB",
+			run, r.journal>>10, r.steps, r.cpuMS, r.written/1024, strings.TrimPrefix(sfx, "_"), o.journal>>10, o.steps, o.cpuMS, o.written/1024)
+		b.ReportMetric(r.steps, "steps/s")
+		b.ReportMetric(o.steps, "steps/s"+sfx)
+		b.ReportMetric(r.steps/o.steps, "x_steps"+sfx)
+		b.ReportMetric(r.cpuMS, "cpu_ms/step")
+		b.ReportMetric(o.cpuMS, "cpu_ms/step"+sfx)
+		b.ReportMetric(r.written/1024, "KiB_written/step")
+		b.ReportMetric(o.written/1024, "KiB_written/step"+sfx)
+		b.ReportMetric(float64(r.journal>>10), "journal_KiB")
+		b.ReportMetric(float64(o.journal>>10), "journal_KiB"+sfx)
 	}
 }
