@@ -552,18 +552,57 @@ func TestAppendsShipTheNewBytesOnly(t *testing.T) {
 	shipAll()
 	expect("a rewrite then an append", 2)
 
-	// A writer naming an offset the snapshot before did not see: whole.
-	size := r.appendTo(journal, 10)
-	r.src.Appended(filepath.Join(r.dir, journal), size-5)
+	// An append named from past what the snapshot before saw (bytes
+	// between written unnamed): whole.
+	f, err := os.OpenFile(filepath.Join(r.dir, journal), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("unnamed")); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	r.appendTo(journal, 10)
 	r.snapshot(true, false)
 	shipAll()
-	expect("a wrong offset", 2)
+	expect("an append past what the snapshot before saw", 2)
+
+	// An append named after the snapshot that read its bytes (writers
+	// append outside the freeze): nothing new for it; the next append
+	// goes as one again.
+	r.appendTo(journal, 10)
+	f, err = os.OpenFile(filepath.Join(r.dir, journal), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("named late")); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	r.snapshot(true, false) // reads the second append's bytes too
+	shipAll()
+	expect("an append with a second one unnamed yet", 3)
+	r.src.mu.Lock()
+	before := r.src.latest
+	r.src.mu.Unlock()
+	r.src.Appended(filepath.Join(r.dir, journal), fi.Size())
+	if snap := r.snapshot(false, false); snap != before {
+		if _, ok := snap.delta[journal]; ok {
+			t.Fatalf("an append the snapshot before read is in the next one's delta: %+v", snap.delta[journal])
+		}
+	}
+	shipAll()
+	expect("a late name", 3)
 
 	// Appends again from there on.
 	r.appendTo(journal, 10)
 	r.snapshot(true, false)
 	shipAll()
-	expect("appends after the whole one", 3)
+	expect("appends after the whole one", 4)
 
 	// A follower whose copy ends before the first append of its span
 	// (shipped as of an older state): whole.
@@ -573,14 +612,14 @@ func TestAppendsShipTheNewBytesOnly(t *testing.T) {
 	r.appendTo(journal, 10)
 	r.snapshot(true, false)
 	shipAll()
-	expect("a follower holding less", 3)
+	expect("a follower holding less", 4)
 
 	// Cut back in place and written again (a failed append's truncate:
 	// the same inode, named whole), then appended to, while the follower
 	// lags across both snapshots: whole, though the append's offset lies
 	// within what the follower holds.
 	path := filepath.Join(r.dir, journal)
-	fi, err := os.Stat(path)
+	fi, err = os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,8 +633,26 @@ func TestAppendsShipTheNewBytesOnly(t *testing.T) {
 	r.appendTo(journal, int(fi.Size())) // past what the follower holds
 	r.snapshot(true, false)
 	shipAll()
-	expect("an append after a rewrite in place", 3)
-	if n := r.src.appendsSent.Load(); n != 3 {
-		t.Fatalf("the source counts %d appends sent, want 3", n)
+	expect("an append after a rewrite in place", 4)
+
+	// The other way round: appended to, then cut back in place and
+	// written past what the follower holds (named whole), while the
+	// follower lags across both: whole.
+	r.appendTo(journal, 10)
+	r.snapshot(true, false)
+	r.ship(without)
+	if fi, err = os.Stat(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	r.appendTo(journal, int(fi.Size()))
+	r.src.Changed(path)
+	r.snapshot(true, false)
+	shipAll()
+	expect("a rewrite in place after an append", 4)
+	if n := r.src.appendsSent.Load(); n != 4 {
+		t.Fatalf("the source counts %d appends sent, want 4", n)
 	}
 }

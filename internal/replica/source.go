@@ -371,13 +371,14 @@ func (s *Source) Changed(path string) {
 }
 
 // Appended names a mutable file under ars/, reducer/ or aggregator/
-// that its writer extended, leaving its first from bytes as they were
-// when it last named the file (an append-only log: the reducer's step
-// journal). The next snapshot then holds the file as an append: a
-// follower that holds those first bytes is sent only the new ones (a G
-// frame), any other the whole file. A file also named by Changed since
-// the last snapshot, or whose inode or size differ from what that
-// snapshot saw, is whole. Same contract and bounds as Changed.
+// that its writer appended to: from is the file's size when the append
+// began (an append-only log: the reducer's step journal; bytes below
+// the size are never written again). The next snapshot then holds the
+// file as an append of the bytes past what the snapshot before read: a
+// follower that holds those is sent only the new ones (a G frame), any
+// other the whole file. A file also named by Changed since the last
+// snapshot, of another inode than that snapshot saw, or appended to from
+// past what it read, is whole. Same contract and bounds as Changed.
 func (s *Source) Appended(path string, from int64) {
 	rel, top, ok := s.relOf(path)
 	if !ok || !slices.Contains(stateDirs, top) || rel == top || from <= 0 {
@@ -1213,16 +1214,23 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 			// snapshot saw it (same inode, its size where the new bytes
 			// start), is an append: a follower holding that much is sent
 			// the rest (sendSnapshot). Anything else about it: whole.
+			// Writers append outside the freeze, so an append named now
+			// may lie partly or wholly in what the snapshot before read:
+			// the new bytes are those past it.
 			for _, e := range state {
 				from, ok := appended[e.rel]
 				if !ok || immutable(e.rel) || within(e.rel, named) {
 					continue
 				}
-				ch := change{st: e.st, named: true}
-				if was, ok := s.tree.files[e.rel]; ok && was.ino == e.st.ino && was.size == from && e.st.size > from {
-					ch.appendFrom = from
+				was, had := s.tree.files[e.rel]
+				switch {
+				case had && e.st == was:
+					delete(snap.delta, e.rel) // every byte named was read before
+				case had && was.ino == e.st.ino && from <= was.size && e.st.size > was.size:
+					snap.delta[e.rel] = change{st: e.st, named: true, appendFrom: was.size}
+				default:
+					snap.delta[e.rel] = change{st: e.st, named: true}
 				}
-				snap.delta[e.rel] = ch
 			}
 		}
 		for rel, ch := range snap.delta {
@@ -1548,6 +1556,7 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 			merged[rel] = ch
 		}
 	}
+	tails := s.appendable(seen, snap, shipped, appends)
 	need := func(rel string, st stamp, named bool) bool {
 		if old, ok := shipped[rel]; ok && old == st && !named {
 			return true
@@ -1556,10 +1565,13 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		if c == nil || c.st != st {
 			return false
 		}
-		files = append(files, send{rel: rel, st: st, c: c})
+		f := send{rel: rel, st: st, c: c}
+		if from := tails[rel]; from > 0 && from < int64(len(c.raw)) {
+			f.from = from
+		}
+		files = append(files, f)
 		return true
 	}
-	tails := s.appendable(seen, snap, merged, shipped, appends)
 	for rel, ch := range merged {
 		if ch.gone {
 			if _, ok := shipped[rel]; ok {
@@ -1568,8 +1580,6 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		} else if !need(rel, ch.st, ch.named) {
 			s.mu.Unlock()
 			return false, nil
-		} else if from := tails[rel]; from > 0 && len(files) > 0 && files[len(files)-1].rel == rel && from < int64(len(files[len(files)-1].c.raw)) {
-			files[len(files)-1].from = from
 		}
 	}
 	if full != nil {
@@ -1623,13 +1633,13 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 	return true, ss.SendMsg(uvarintFrame(kindEnd, unit))
 }
 
-// appendable says which of the files merged (the changes from seen to snap)
-// a follower can be sent as appends, and from which offset: when it
-// takes appends, every snapshot after seen up to snap is live, each that
-// changed the file only appended to it, and the follower holds the file
-// (shipped: the same inode) at least up to where the first of those
-// appends starts, short of its size now. s.mu is held.
-func (s *Source) appendable(seen uint64, snap *snapshot, merged map[string]change, shipped map[string]stamp, appends bool) map[string]int64 {
+// appendable says which files changed from seen to snap a follower can
+// be sent as appends, and from which offset: when it takes appends,
+// every snapshot after seen up to snap is live, each that changed the
+// file only appended to it, and the follower holds the file (shipped:
+// the same inode) at least up to where the first of those appends
+// starts, short of its size at snap. s.mu is held.
+func (s *Source) appendable(seen uint64, snap *snapshot, shipped map[string]stamp, appends bool) map[string]int64 {
 	if !appends {
 		return nil
 	}
@@ -1642,32 +1652,26 @@ func (s *Source) appendable(seen uint64, snap *snapshot, merged map[string]chang
 	if uint64(len(span)) != snap.seq-seen {
 		return nil
 	}
+	first := map[string]int64{} // the offset a file's appends start at; 0: not only appended to
+	last := map[string]stamp{}
+	for _, l := range span {
+		for rel, ch := range l.delta {
+			if _, ok := first[rel]; !ok || ch.appendFrom == 0 {
+				first[rel] = ch.appendFrom
+			}
+			last[rel] = ch.st
+		}
+	}
 	var out map[string]int64
-	for rel, ch := range merged {
+	for rel, from := range first {
 		held, ok := shipped[rel]
-		if ch.gone || ch.appendFrom == 0 || !ok || held.ino != ch.st.ino || held.size >= ch.st.size {
+		if from == 0 || !ok || held.ino != last[rel].ino || from > held.size || held.size >= last[rel].size {
 			continue
 		}
-		first := int64(0)
-		for _, l := range span {
-			c, ok := l.delta[rel]
-			if !ok {
-				continue
-			}
-			if c.appendFrom == 0 {
-				first = 0
-				break
-			}
-			if first == 0 {
-				first = c.appendFrom
-			}
+		if out == nil {
+			out = map[string]int64{}
 		}
-		if first > 0 && first <= held.size {
-			if out == nil {
-				out = map[string]int64{}
-			}
-			out[rel] = held.size
-		}
+		out[rel] = held.size
 	}
 	return out
 }
