@@ -216,7 +216,10 @@ def main() -> int:
             print(f"benchref: building {cell.pkg}", file=sys.stderr)
             subprocess.run(["go", "test", "-c", "-o", str(out), cell.pkg], cwd=REPO, env=env, check=True)
             binaries[cell.pkg] = out
-        pattern = "^Benchmark" + cell.bench.split("/")[0] + "$/" + "/".join("^" + p + ("" if p.endswith("$") else "$") for p in cell.bench.split("/")[1:])
+        first, *rest = cell.bench.split("/")
+        # A benchmark without sub-benchmarks: one element (a trailing "/"
+        # would ask for a sub-benchmark and match none).
+        pattern = "^Benchmark" + first.rstrip("$") + "$" + "".join("/^" + p + ("" if p.endswith("$") else "$") for p in rest)
         cmd = [str(binaries[cell.pkg]), "-test.run", "^$", "-test.bench", pattern, "-test.benchtime", cell.benchtime]
         print(f"benchref: {cell.component}: {cell.label}", file=sys.stderr)
         key = (cell.pkg, pattern, cell.benchtime, tuple(sorted(cell.env.items())))
