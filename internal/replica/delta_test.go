@@ -381,6 +381,25 @@ func TestSnapshotHoldsWhatChanged(t *testing.T) {
 	}
 }
 
+// rewriteAtStamp rewrites path in place with fill bytes, at its size,
+// and sets its mtime back: new content under the stamp it had.
+func rewriteAtStamp(t *testing.T, path string, fill byte) {
+	t.Helper()
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, bytes.Repeat([]byte{fill}, int(before.Size())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, before.ModTime(), before.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(path); stampOf(after) != stampOf(before) {
+		t.Fatalf("%s: the stamp did not recur (%v, was %v)", path, stampOf(after), stampOf(before))
+	}
+}
+
 // TestNamedFileIsSentWhenItsStampRecurs: a file its writer names is sent
 // even when its stamp (inode, size, mtime) is the one the snapshot before
 // saw — what a name written again can look like when the file system
@@ -396,21 +415,7 @@ func TestNamedFileIsSentWhenItsStampRecurs(t *testing.T) {
 	r.join(f)
 	for i, rel := range []string{rel, filepath.Join("reducer", "m", "registration.json")} {
 		path := filepath.Join(r.dir, rel)
-		before, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		old, _ := os.ReadFile(path)
-		if err := os.WriteFile(path, bytes.Repeat([]byte{byte(0xE0 + i)}, len(old)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chtimes(path, before.ModTime(), before.ModTime()); err != nil {
-			t.Fatal(err)
-		}
-		after, _ := os.Stat(path)
-		if stampOf(after) != stampOf(before) {
-			t.Fatalf("%s: the stamp did not recur (%v, was %v)", rel, stampOf(after), stampOf(before))
-		}
+		rewriteAtStamp(t, path, byte(0xE0+i))
 		r.src.Changed(path)
 		r.src.mu.Lock()
 		prev := r.src.latest
@@ -443,20 +448,7 @@ func TestOwnCutSendsMutableFilesWhateverTheirStamp(t *testing.T) {
 	f := r.fs[0]
 	r.join(f)
 	for i, rel := range []string{manifest, state} {
-		path := filepath.Join(r.dir, rel)
-		before, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, bytes.Repeat([]byte{byte(0xD0 + i)}, int(before.Size())), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chtimes(path, before.ModTime(), before.ModTime()); err != nil {
-			t.Fatal(err)
-		}
-		if after, _ := os.Stat(path); stampOf(after) != stampOf(before) {
-			t.Fatalf("%s: the stamp did not recur (%v, was %v)", rel, stampOf(after), stampOf(before))
-		}
+		rewriteAtStamp(t, filepath.Join(r.dir, rel), byte(0xD0+i))
 	}
 	rec := &recStream{files: map[string][]byte{}}
 	if _, err := r.src.sendCut(rec, f.p, 2, false, f.shipped, nil, false); err != nil {
@@ -501,8 +493,10 @@ func (r *deltaRig) appendTo(rel string, n int) int64 {
 // TestAppendsShipTheNewBytesOnly: a file its writer only appends to
 // (Appended) reaches a follower that takes appends as its new bytes —
 // one G frame per unit, however many snapshots the unit spans — and
-// every other follower whole; a rewrite, a writer's wrong offset or a
-// follower that holds less makes it whole again. After every unit each
+// every other follower whole; a rewrite (in place or not), an append
+// named from past what the snapshot before read, or a follower that
+// holds less makes it whole again, and a name that comes after the
+// snapshot that read its bytes changes nothing. After every unit each
 // follower holds what the disk held (ship checks).
 func TestAppendsShipTheNewBytesOnly(t *testing.T) {
 	r := newDeltaRig(t, 2)
