@@ -1210,13 +1210,13 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 					}
 				}
 			}
-			// A file only appended to since the snapshot before, as that
-			// snapshot saw it (same inode, its size where the new bytes
-			// start), is an append: a follower holding that much is sent
-			// the rest (sendSnapshot). Anything else about it: whole.
-			// Writers append outside the freeze, so an append named now
-			// may lie partly or wholly in what the snapshot before read:
-			// the new bytes are those past it.
+			// A file only appended to since the snapshot before (the same
+			// inode, the appends starting at or before what that snapshot
+			// read) is an append of the bytes past it: a follower holding
+			// those is sent the rest (sendSnapshot). Writers append
+			// outside the freeze, so an append named now may lie partly
+			// or wholly in what the snapshot before read. Anything else
+			// about the file: whole.
 			for _, e := range state {
 				from, ok := appended[e.rel]
 				if !ok || immutable(e.rel) || within(e.rel, named) {
@@ -1225,7 +1225,8 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 				was, had := s.tree.files[e.rel]
 				switch {
 				case had && e.st == was:
-					delete(snap.delta, e.rel) // every byte named was read before
+					// Every byte named was read before: unchanged, and
+					// not in the delta (diff left it out).
 				case had && was.ino == e.st.ino && from <= was.size && e.st.size > was.size:
 					snap.delta[e.rel] = change{st: e.st, named: true, appendFrom: was.size}
 				default:
