@@ -18,24 +18,24 @@ import (
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
-// procIO is what process pid has read and written (rchar and wchar of
-// /proc/PID/io: files and sockets).
-func procIO(t testing.TB, pid int) (read, written int64) {
+// written is what process pid has written (wchar of /proc/PID/io:
+// files and sockets).
+func written(t testing.TB, pid int) int64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
-		k, v, _ := strings.Cut(line, ": ")
-		n, _ := strconv.ParseInt(v, 10, 64)
-		switch k {
-		case "rchar":
-			read = n
-		case "wchar":
-			written = n
+		if v, ok := strings.CutPrefix(line, "wchar: "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
 		}
 	}
-	return read, written
+	t.Fatalf("no wchar in /proc/%d/io", pid)
+	return 0
 }
 
 // journalRun is one journalShipping measurement, per step over the
@@ -103,10 +103,10 @@ func journalShipping(t testing.TB, run time.Duration, bin string, extra ...strin
 	pid := p.proc.Pid()
 	time.Sleep(run * 2 / 3)
 	a0, c0, start := applied(), cpuTime(pid), time.Now()
-	_, w0 := procIO(t, pid)
+	w0 := written(t, pid)
 	time.Sleep(run / 3)
 	a1, c1, secs := applied(), cpuTime(pid), time.Since(start).Seconds()
-	_, w1 := procIO(t, pid)
+	w1 := written(t, pid)
 	fi, err := os.Stat(filepath.Join(p.data, "reducer", store.ModelDir(model), "journal.log"))
 	if err != nil {
 		t.Fatal(err)
