@@ -114,3 +114,27 @@ func TestFollowerAppliesAppends(t *testing.T) {
 		t.Fatalf("a refused append made its file: %v", err)
 	}
 }
+
+// A G frame that names no append — an offset of 0 or at or past the
+// size, a size past the bound, a path out of the tree, bytes left over
+// or cut short — is a malformed frame, and the follower applies nothing.
+func TestParseAppendRefusesMalformedFrames(t *testing.T) {
+	good := appendFrame("reducer/m/journal.log", 10, 4).GetValue()[1:]
+	if rel, size, from, err := parseAppend(good); err != nil || rel != "reducer/m/journal.log" || size != 10 || from != 4 {
+		t.Fatalf("a good frame: %q %d %d %v", rel, size, from, err)
+	}
+	for name, b := range map[string][]byte{
+		"from 0":               appendFrame("reducer/m/journal.log", 10, 0).GetValue()[1:],
+		"from at size":         appendFrame("reducer/m/journal.log", 10, 10).GetValue()[1:],
+		"from past size":       appendFrame("reducer/m/journal.log", 10, 11).GetValue()[1:],
+		"size past 1 TiB":      appendFrame("reducer/m/journal.log", 1<<40+1, 4).GetValue()[1:],
+		"path out of the tree": appendFrame("../etc/passwd", 10, 4).GetValue()[1:],
+		"bytes left over":      append(bytes.Clone(good), 0),
+		"cut short":            good[:len(good)-1],
+		"empty":                nil,
+	} {
+		if _, _, _, err := parseAppend(b); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+}
