@@ -650,3 +650,125 @@ func TestAppendsShipTheNewBytesOnly(t *testing.T) {
 		t.Fatalf("the source counts %d appends sent, want 4", n)
 	}
 }
+
+// TestSnapshotsReadOnlyWhatWasAppended: a snapshot reads of a file only
+// appended to since the snapshot before the bytes past what that one
+// read, not the file again, and every follower — taking appends or the
+// file whole — still ends with it exact.
+func TestSnapshotsReadOnlyWhatWasAppended(t *testing.T) {
+	r := newDeltaRig(t, 2)
+	journal := filepath.Join("reducer", "m", "journal.log")
+	path := filepath.Join(r.dir, journal)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, bytes.Repeat([]byte{7}, 256<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.snapshot(true, false) // the base: reads nothing
+	r.fs[0].appends = true
+	for _, f := range r.fs {
+		r.join(f)
+	}
+	r.appendTo(journal, 100)
+	r.snapshot(true, false) // the snapshot before read nothing: whole
+	if n := r.src.mutableRead.Load(); n < 256<<10 {
+		t.Fatalf("the first append's snapshot read %d bytes, want the whole file", n)
+	}
+	before, appended := r.src.mutableRead.Load(), 0
+	for i := range 40 {
+		appended += 50 + i
+		r.appendTo(journal, 50+i)
+		r.snapshot(true, false)
+		if i%3 == 0 { // units spanning snapshots too
+			for _, f := range r.fs {
+				r.ship(f)
+			}
+		}
+	}
+	for _, f := range r.fs {
+		r.ship(f)
+	}
+	if n := r.src.mutableRead.Load() - before; n != uint64(appended) {
+		t.Fatalf("40 appends of %d bytes in all: the snapshots read %d bytes", appended, n)
+	}
+	if r.fs[0].rec.appends == 0 || r.fs[1].rec.appends != 0 {
+		t.Fatalf("G frames: %d to the follower taking them, %d to the other", r.fs[0].rec.appends, r.fs[1].rec.appends)
+	}
+
+	// Rewritten (a new file renamed in, named whole): read whole again.
+	r.write(journal)
+	r.src.Changed(path)
+	before = r.src.mutableRead.Load()
+	r.snapshot(true, false)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := r.src.mutableRead.Load() - before; n != uint64(fi.Size()) {
+		t.Fatalf("a rewrite's snapshot read %d bytes, want the file's %d", n, fi.Size())
+	}
+	for _, f := range r.fs {
+		r.ship(f)
+	}
+}
+
+// TestReadAsWalkedNeverWritesOverAnotherContentsBytes: the bytes past a
+// content's go into its spare capacity for one later content only; a
+// second one read on the same base (the file cut back in place and
+// written again) copies, and the first keeps what it read.
+func TestReadAsWalkedNeverWritesOverAnotherContentsBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "journal.log")
+	stampNow := func() stamp {
+		t.Helper()
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stampOf(fi)
+	}
+	if err := os.WriteFile(path, []byte("abc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := &content{st: stampNow(), size: 3, raw: append(make([]byte, 0, 64), "abc"...)}
+	appendFile := func(s string) {
+		t.Helper()
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendFile("def")
+	first, n, err := readAsWalked(path, stampNow(), base)
+	if err != nil || string(first) != "abcdef" || n != 3 {
+		t.Fatalf("first read on the base: %q, %d bytes read, %v; want \"abcdef\", 3", first, n, err)
+	}
+	if err := os.Truncate(path, 3); err != nil {
+		t.Fatal(err)
+	}
+	appendFile("XYZW")
+	second, n, err := readAsWalked(path, stampNow(), base)
+	if err != nil || string(second) != "abcXYZW" || n != 4 {
+		t.Fatalf("second read on the base: %q, %d bytes read, %v; want \"abcXYZW\", 4", second, n, err)
+	}
+	if string(first) != "abcdef" || string(base.raw) != "abc" {
+		t.Fatalf("after a second read on the base: the first holds %q, the base %q", first, base.raw)
+	}
+	// A content read on the base's spare capacity takes its own next.
+	next := &content{st: stampNow(), size: int64(len(second)), raw: second}
+	appendFile("!")
+	third, n, err := readAsWalked(path, stampNow(), next)
+	if err != nil || string(third) != "abcXYZW!" || n != 1 {
+		t.Fatalf("a read on the second: %q, %d bytes read, %v", third, n, err)
+	}
+	// Not the inode walked, or shorter than walked: nothing read.
+	st := stampNow()
+	st.ino++
+	if b, _, err := readAsWalked(path, st, next); b != nil || err != nil {
+		t.Fatalf("another inode: %q, %v", b, err)
+	}
+}

@@ -147,11 +147,19 @@ type Source struct {
 	fromMemory atomic.Uint64
 	// appendsSent counts the files streams sent as appends (G frames).
 	appendsSent atomic.Uint64
+	// mutableRead counts the bytes snapshots read of mutable files.
+	mutableRead atomic.Uint64
 
 	root      string        // DataDir made absolute (what Changed's paths are relative to)
 	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
 	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
 	tree      fileTree      // the mirrored files as of the newest snapshot (snapMu held)
+	// tails holds, of each file writers append to (Appended), the newest
+	// content a snapshot read, up to maxTails bytes in all (tailBytes):
+	// the next snapshot reads only the bytes appended since, whether or
+	// not the snapshots that held it were dropped (snapMu held).
+	tails     map[string]*content
+	tailBytes int64
 	// stateWalks counts the snapshots' whole walks of ars/ and reducer/,
 	// namedWalks the named paths walked instead, modelDirWalks the
 	// store's model directories walked whole for a commit (CommitModel)
@@ -1031,6 +1039,10 @@ type content struct {
 	freed   bool       // holders fell to 0: never carried again; guarded by Source.mu
 	mem     *memFile   // the lent bytes the frames are views of; nil when read from disk
 	raw     []byte     // a mutable file's bytes, read from disk (the frames are views of them)
+	// extended: a later snapshot's content of an append-only file took
+	// raw's spare capacity for the bytes appended since (readAsWalked);
+	// guarded by Source.snapMu.
+	extended bool
 }
 
 // dataFrames cuts b into data frames, views of b (no copy); lent, when
@@ -1150,8 +1162,9 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 			m.free()
 		}
 	}()
-	var carriedFrom []*content // prev's contents this one holds too
-	var made []*memFile        // the lent bytes this one ships from
+	var carriedFrom []*content     // prev's contents this one holds too
+	tails := map[string]*content{} // appended files' contents read, for s.tails
+	var made []*memFile            // the lent bytes this one ships from
 	first := s.tree.files == nil
 	var found []entry // the first snapshot's walk: the tree
 	whole := first    // a part was walked whole: snap.full is set
@@ -1258,20 +1271,35 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 				var err error
 				if ch.appendFrom > 0 {
 					// Writers append outside the freeze: what the walk
-					// saw, exactly, as the stamp says (or whole).
-					if data, err = readAsWalked(path, ch.st); err == nil && data == nil {
+					// saw, exactly, as the stamp says (or whole). The
+					// bytes before the append are the snapshot before's
+					// when it read them all (the file's stamp in the
+					// tree): only the new ones are read.
+					base := s.tails[rel]
+					if base != nil && (base.st != s.tree.files[rel] || int64(len(base.raw)) != ch.appendFrom) {
+						base = nil
+					}
+					var n int
+					data, n, err = readAsWalked(path, ch.st, base)
+					s.mutableRead.Add(uint64(n))
+					if err == nil && data == nil {
 						ch.appendFrom = 0
 						snap.delta[rel] = ch
 					}
 				}
 				if data == nil && err == nil {
 					data, err = os.ReadFile(path)
+					s.mutableRead.Add(uint64(len(data)))
 				}
 				if gone = errors.Is(err, os.ErrNotExist); err != nil && !gone {
 					return fmt.Errorf("replica: read %s: %w", rel, err)
 				}
 				if !gone {
-					snap.files[rel] = &content{st: ch.st, size: int64(len(data)), frames: dataFrames(data, nil), raw: data}
+					c := &content{st: ch.st, size: int64(len(data)), frames: dataFrames(data, nil), raw: data}
+					snap.files[rel] = c
+					if _, ok := appended[rel]; ok || s.tails[rel] != nil {
+						tails[rel] = c
+					}
 				}
 			}
 			if gone { // removed since the walk: absent from this snapshot
@@ -1327,9 +1355,13 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	for rel, ch := range snap.delta {
 		if ch.gone {
 			s.tree.remove(rel)
+			s.keepTail(rel, nil)
 		} else {
 			s.tree.set(rel, ch.st)
 		}
+	}
+	for rel, c := range tails {
+		s.keepTail(rel, c)
 	}
 	if whole {
 		snap.full = maps.Clone(s.tree.files)
@@ -1715,28 +1747,67 @@ func openImmutable(path string) (*os.File, error) {
 	return f, nil
 }
 
+// maxTails bounds the appended files' contents a Source keeps between
+// snapshots (Source.tails); past it, a file's appends are read with the
+// file whole, as before any was kept.
+const maxTails = 64 << 20
+
+// keepTail keeps c as rel's newest content for the next snapshot's
+// append (nil: forgets it), within maxTails; s.snapMu is held.
+func (s *Source) keepTail(rel string, c *content) {
+	if old := s.tails[rel]; old != nil {
+		s.tailBytes -= int64(cap(old.raw))
+		delete(s.tails, rel)
+	}
+	if c == nil || s.tailBytes+int64(cap(c.raw)) > maxTails {
+		return
+	}
+	if s.tails == nil {
+		s.tails = map[string]*content{}
+	}
+	s.tails[rel] = c
+	s.tailBytes += int64(cap(c.raw))
+}
+
 // readAsWalked reads the first st.size bytes of the file at path when it
 // is still st's inode and at least that long (an append-only file
 // appended to since the walk holds what the walk saw there); nil when
-// it is not.
-func readAsWalked(path string, st stamp) ([]byte, error) {
+// it is not. With base, the file's first bytes as a snapshot read them,
+// it reads only the bytes past base's: into base's spare capacity when
+// no other content took it (the bytes base holds never change, and no
+// one reads past them), else after a copy of base with room to grow. A
+// journal appended to at every step is then read once, not once a step.
+// It returns the bytes it read too. s.snapMu is held (base.extended).
+func readAsWalked(path string, st stamp, base *content) ([]byte, int, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if now := stampOf(fi); now.ino != st.ino || now.size < st.size {
-		return nil, nil
+		return nil, 0, nil
 	}
-	b := make([]byte, st.size)
-	if _, err := io.ReadFull(f, b); err != nil {
-		return nil, err
+	var b []byte
+	var from int
+	switch {
+	case base == nil || int64(len(base.raw)) >= st.size:
+		b = make([]byte, st.size)
+	case !base.extended && int64(cap(base.raw)) >= st.size:
+		b, from = base.raw[:st.size], len(base.raw)
+		base.extended = true
+	default:
+		b = make([]byte, st.size, 2*st.size)
+		from = copy(b, base.raw)
 	}
-	return b, nil
+	n, err := f.ReadAt(b[from:], int64(from))
+	if err != nil {
+		return nil, n, err
+	}
+	return b, n, nil
 }
 
 // opened is one file of a unit: its content read (mutable files) or an
