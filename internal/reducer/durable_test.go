@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -400,6 +401,55 @@ func TestDurableJournalCompactionWaitsForTheJournalToDouble(t *testing.T) {
 		t.Fatalf("%d of 30 steps compacted the journal", compactions)
 	}
 	e.checkReplay(60)
+}
+
+// TestDurableOptimizerStatesReuseTheirFiles: a step's optimizer state
+// is written into the file of a state dropped before it (the pool under
+// the state directory), never over one a restore needs: every state on
+// disk verifies, a restart amid a full pool resumes exactly, and the
+// pool is no model's registration.
+func TestDurableOptimizerStatesReuseTheirFiles(t *testing.T) {
+	e := newDurableEnv(t)
+	p := e.open(PrimaryConfig{})
+	if _, _, err := p.Register(context.Background(), e.mc); err != nil {
+		t.Fatal(err)
+	}
+	inode := func(v uint64) uint64 {
+		t.Helper()
+		path := filepath.Join(e.stateDir, "m", stateFileName(v))
+		if err := VerifyStateFile(path); err != nil {
+			t.Fatalf("the state of version %d: %v", v, err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	seen, reused := map[uint64]bool{}, 0
+	for s := uint64(1); s <= 12; s++ {
+		e.steps(p, s, s)
+		ino := inode(s + 1)
+		if seen[ino] {
+			reused++
+		}
+		seen[ino] = true
+		if _, err := os.Stat(filepath.Join(e.stateDir, "m", stateFileName(s))); !os.IsNotExist(err) {
+			t.Fatalf("after step %d the state of version %d is still there (%v)", s, s, err)
+		}
+		if s == 6 {
+			p = e.restart(PrimaryConfig{})
+			if len(p.Stats().Models) != 1 {
+				t.Fatalf("after a restart: models %v", p.Stats().Models)
+			}
+		}
+	}
+	if reused < 9 {
+		t.Fatalf("12 steps wrote their states into %d distinct files, %d of them reused", len(seen), reused)
+	}
+	p = e.restart(PrimaryConfig{})
+	e.steps(p, 13, 14)
+	e.checkReplay(14)
 }
 
 // TestDurableStateDirLocked: a second primary cannot open a state
