@@ -269,7 +269,20 @@ func TestSnapshotDeltasKeepFollowersExact(t *testing.T) {
 			}
 			version := 0
 			for range 300 {
-				switch op := rng.IntN(23); {
+				switch op := rng.IntN(25); {
+				case op >= 23: // a named rewrite in place at the stamp it had (a stamp that recurs)
+					r.writes++
+					if m := fmt.Sprintf("m%d", rng.IntN(2)); op == 23 {
+						rel := filepath.Join("store", m, "MANIFEST.json")
+						if _, err := os.Stat(filepath.Join(r.dir, rel)); err == nil {
+							if err := s.CommitModel(m, func() error { rewriteAtStamp(t, filepath.Join(r.dir, rel), byte(r.writes)); return nil }); err != nil {
+								t.Fatal(err)
+							}
+						}
+					} else if rel := state(); fileExists(filepath.Join(r.dir, rel)) {
+						rewriteAtStamp(t, filepath.Join(r.dir, rel), byte(r.writes))
+						s.Changed(filepath.Join(r.dir, rel))
+					}
 				case op >= 20: // a journal appended to (Appended), or started (Changed)
 					rel := filepath.Join("reducer", fmt.Sprintf("r%d", rng.IntN(3)), "journal.log")
 					if _, err := os.Stat(filepath.Join(r.dir, rel)); err == nil {
@@ -771,4 +784,75 @@ func TestReadAsWalkedNeverWritesOverAnotherContentsBytes(t *testing.T) {
 	if b, _, err := readAsWalked(path, st, next); b != nil || err != nil {
 		t.Fatalf("another inode: %q, %v", b, err)
 	}
+}
+
+// TestLostNamesSendEveryMutableFile: when the names writers gave are
+// lost — taken by a snapshot that failed, or more than maxNamed between
+// two snapshots — the next snapshot walks the part whole and sends every
+// mutable file in it whatever its stamp, so a file named and rewritten
+// at a stamp that recurs still reaches the followers.
+func TestLostNamesSendEveryMutableFile(t *testing.T) {
+	r := newDeltaRig(t, 1)
+	manifest := filepath.Join("store", "m", "MANIFEST.json")
+	record := filepath.Join("ars", "run", "state.json")
+	other := filepath.Join("ars", "run", "other.json")
+	r.write(manifest)
+	r.write(record)
+	r.write(other)
+	r.snapshot(true, false)
+	r.join(r.fs[0])
+
+	// A snapshot fails after taking the names (a named path it cannot
+	// stat: under a file).
+	rewriteAtStamp(t, filepath.Join(r.dir, manifest), 'a')
+	rewriteAtStamp(t, filepath.Join(r.dir, record), 'a')
+	r.src.Changed(filepath.Join(r.dir, manifest))
+	r.src.Changed(filepath.Join(r.dir, record))
+	r.src.Changed(filepath.Join(r.dir, other, "under-a-file"))
+	r.src.snapMu.Lock()
+	r.src.mu.Lock()
+	latest := r.src.latest
+	r.src.mu.Unlock()
+	_, err := r.src.takeSnapshot(latest, true)
+	r.src.snapMu.Unlock()
+	if err == nil {
+		t.Fatal("a snapshot walking a path under a file did not fail")
+	}
+	r.snapshot(true, false)
+	r.ship(r.fs[0]) // checks the follower holds the disk as the snapshot saw it
+
+	// More names than kept, in both parts.
+	rewriteAtStamp(t, filepath.Join(r.dir, manifest), 'b')
+	rewriteAtStamp(t, filepath.Join(r.dir, record), 'b')
+	r.src.Changed(filepath.Join(r.dir, manifest))
+	r.src.Changed(filepath.Join(r.dir, record))
+	for i := range maxNamed + 1 {
+		r.src.Changed(filepath.Join(r.dir, "store", fmt.Sprintf("gone-%d", i), "MANIFEST.json"))
+		r.src.Changed(filepath.Join(r.dir, "ars", fmt.Sprintf("gone-%d", i)))
+	}
+	r.snapshot(true, false)
+	r.ship(r.fs[0])
+
+	// Named in the safety net's whole walk, and in a snapshot before it
+	// the follower has not shipped.
+	for i, whole := range []bool{true, false} {
+		rewriteAtStamp(t, filepath.Join(r.dir, manifest), byte('c'+i))
+		rewriteAtStamp(t, filepath.Join(r.dir, record), byte('c'+i))
+		r.src.Changed(filepath.Join(r.dir, manifest))
+		r.src.Changed(filepath.Join(r.dir, record))
+		r.snapshot(true, whole)
+		r.ship(r.fs[0])
+	}
+	rewriteAtStamp(t, filepath.Join(r.dir, manifest), 'e')
+	rewriteAtStamp(t, filepath.Join(r.dir, record), 'e')
+	r.src.Changed(filepath.Join(r.dir, manifest))
+	r.src.Changed(filepath.Join(r.dir, record))
+	r.snapshot(true, false)
+	r.snapshot(true, true)
+	r.ship(r.fs[0])
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -1168,7 +1168,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 	first := s.tree.files == nil
 	var found []entry // the first snapshot's walk: the tree
 	whole := first    // a part was walked whole: snap.full is set
-	fail := func() {  // what this snapshot took is walked next time
+	fail := func() {  // what this snapshot took is walked next time, its mutable files sent
 		s.dirtyMu.Lock()
 		s.dirtyAll, s.namedAll = true, true
 		s.dirtyMu.Unlock()
@@ -1213,12 +1213,16 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 			// and, within one tick of the file system's clock, the same
 			// mtime — unchanged to the stamp, and the standby would keep
 			// the old bytes (a manifest without the version it ships).
+			// When the names were lost (more than maxNamed, or a snapshot
+			// that took them failed: all), every mutable file of the part
+			// is, as in a standby's own cut.
 			for _, part := range []struct {
 				found []entry
 				named map[string]bool
-			}{{stored, dirty}, {state, named}} {
+				all   bool
+			}{{stored, dirty, all}, {state, named, namedAll}} {
 				for _, e := range part.found {
-					if !immutable(e.rel) && within(e.rel, part.named) {
+					if !immutable(e.rel) && (part.all || within(e.rel, part.named)) {
 						snap.delta[e.rel] = change{st: e.st, named: true}
 					}
 				}
@@ -1232,7 +1236,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 			// about the file: whole.
 			for _, e := range state {
 				from, ok := appended[e.rel]
-				if !ok || immutable(e.rel) || within(e.rel, named) {
+				if !ok || immutable(e.rel) || namedAll || within(e.rel, named) {
 					continue
 				}
 				was, had := s.tree.files[e.rel]
@@ -1576,9 +1580,9 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 	// The state snap holds, of every path that may differ from shipped:
 	// full's (when the chain starts at a full snapshot), then each delta
 	// after it, newest last.
-	full := chain[0].full
+	full, fullSeq := chain[0].full, uint64(0)
 	if full != nil {
-		chain = chain[1:]
+		fullSeq, chain = chain[0].seq, chain[1:]
 	}
 	// A path any of the deltas says was named is sent whatever the stamp
 	// shipped (a stamp can recur: takeSnapshot).
@@ -1587,6 +1591,26 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		for rel, ch := range c.delta {
 			ch.named = ch.named || merged[rel].named
 			merged[rel] = ch
+		}
+	}
+	// So is one named in the full snapshot's delta, or in one before it
+	// the follower has not shipped: full holds their stamps, not their
+	// names (every snapshot after seen is live until the follower passes
+	// it).
+	for _, l := range s.live {
+		if l.seq <= seen || l.seq > fullSeq {
+			continue
+		}
+		for rel, ch := range l.delta {
+			if !ch.named {
+				continue
+			}
+			if m, ok := merged[rel]; ok {
+				m.named = true
+				merged[rel] = m
+			} else if st, ok := full[rel]; ok {
+				merged[rel] = change{st: st, named: true}
+			}
 		}
 	}
 	tails := s.appendable(seen, snap, shipped, appends)
