@@ -856,3 +856,48 @@ func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+// TestAppendedContentsKeptAreBounded: the contents a Source keeps for
+// appended files' next reads stay within their bound (Source.tailsMax);
+// a file that does not fit is read whole at every append, and still
+// reaches the followers exact.
+func TestAppendedContentsKeptAreBounded(t *testing.T) {
+	r := newDeltaRig(t, 1)
+	r.src.tailsMax = 4 << 10
+	small, big := filepath.Join("reducer", "a", "journal.log"), filepath.Join("reducer", "b", "journal.log")
+	for rel, n := range map[string]int{small: 512, big: 8 << 10} {
+		path := filepath.Join(r.dir, rel)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, bytes.Repeat([]byte{1}, n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.snapshot(true, false)
+	r.fs[0].appends = true
+	r.join(r.fs[0])
+	r.appendTo(small, 10)
+	r.appendTo(big, 10)
+	r.snapshot(true, false) // both whole: nothing kept yet
+	for i := range 5 {
+		before := r.src.mutableRead.Load()
+		r.appendTo(small, 10)
+		r.appendTo(big, 10)
+		r.snapshot(true, false)
+		r.ship(r.fs[0])
+		fi, err := os.Stat(filepath.Join(r.dir, big))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, want := r.src.mutableRead.Load()-before, uint64(10+fi.Size()); n != want {
+			t.Fatalf("append %d: read %d bytes, want %d (the small file's new bytes, the big one whole)", i, n, want)
+		}
+		r.src.snapMu.Lock()
+		kept, held := r.src.tailBytes, len(r.src.tails)
+		r.src.snapMu.Unlock()
+		if kept > r.src.tailsMax || held != 1 {
+			t.Fatalf("append %d: %d contents kept, %d bytes; want the small one within %d", i, held, kept, r.src.tailsMax)
+		}
+	}
+}

@@ -160,6 +160,7 @@ type Source struct {
 	// not the snapshots that held it were dropped (snapMu held).
 	tails     map[string]*content
 	tailBytes int64
+	tailsMax  int64 // maxTails (tests change it)
 	// stateWalks counts the snapshots' whole walks of ars/ and reducer/,
 	// namedWalks the named paths walked instead, modelDirWalks the
 	// store's model directories walked whole for a commit (CommitModel)
@@ -229,7 +230,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	}
 	inSync := slices.Clone(cfg.InSyncStandbys)
 	slices.Sort(inSync)
-	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval, inSync: inSync,
+	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval, tailsMax: maxTails, inSync: inSync,
 		changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
 
@@ -1783,7 +1784,7 @@ func (s *Source) keepTail(rel string, c *content) {
 		s.tailBytes -= int64(cap(old.raw))
 		delete(s.tails, rel)
 	}
-	if c == nil || s.tailBytes+int64(cap(c.raw)) > maxTails {
+	if c == nil || s.tailBytes+int64(cap(c.raw)) > s.tailsMax {
 		return
 	}
 	if s.tails == nil {
