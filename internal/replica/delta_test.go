@@ -801,13 +801,17 @@ func TestLostNamesSendEveryMutableFile(t *testing.T) {
 	r.write(other)
 	r.snapshot(true, false)
 	r.join(r.fs[0])
+	// Both files rewritten in place at the stamps they had, and named.
+	rewriteNamed := func(fill byte) {
+		for _, rel := range []string{manifest, record} {
+			rewriteAtStamp(t, filepath.Join(r.dir, rel), fill)
+			r.src.Changed(filepath.Join(r.dir, rel))
+		}
+	}
 
 	// A snapshot fails after taking the names (a named path it cannot
 	// stat: under a file).
-	rewriteAtStamp(t, filepath.Join(r.dir, manifest), 'a')
-	rewriteAtStamp(t, filepath.Join(r.dir, record), 'a')
-	r.src.Changed(filepath.Join(r.dir, manifest))
-	r.src.Changed(filepath.Join(r.dir, record))
+	rewriteNamed('a')
 	r.src.Changed(filepath.Join(r.dir, other, "under-a-file"))
 	r.src.snapMu.Lock()
 	r.src.mu.Lock()
@@ -822,10 +826,7 @@ func TestLostNamesSendEveryMutableFile(t *testing.T) {
 	r.ship(r.fs[0]) // checks the follower holds the disk as the snapshot saw it
 
 	// More names than kept, in both parts.
-	rewriteAtStamp(t, filepath.Join(r.dir, manifest), 'b')
-	rewriteAtStamp(t, filepath.Join(r.dir, record), 'b')
-	r.src.Changed(filepath.Join(r.dir, manifest))
-	r.src.Changed(filepath.Join(r.dir, record))
+	rewriteNamed('b')
 	for i := range maxNamed + 1 {
 		r.src.Changed(filepath.Join(r.dir, "store", fmt.Sprintf("gone-%d", i), "MANIFEST.json"))
 		r.src.Changed(filepath.Join(r.dir, "ars", fmt.Sprintf("gone-%d", i)))
@@ -833,20 +834,14 @@ func TestLostNamesSendEveryMutableFile(t *testing.T) {
 	r.snapshot(true, false)
 	r.ship(r.fs[0])
 
-	// Named in the safety net's whole walk, and in a snapshot before it
-	// the follower has not shipped.
-	for i, whole := range []bool{true, false} {
-		rewriteAtStamp(t, filepath.Join(r.dir, manifest), byte('c'+i))
-		rewriteAtStamp(t, filepath.Join(r.dir, record), byte('c'+i))
-		r.src.Changed(filepath.Join(r.dir, manifest))
-		r.src.Changed(filepath.Join(r.dir, record))
-		r.snapshot(true, whole)
-		r.ship(r.fs[0])
-	}
-	rewriteAtStamp(t, filepath.Join(r.dir, manifest), 'e')
-	rewriteAtStamp(t, filepath.Join(r.dir, record), 'e')
-	r.src.Changed(filepath.Join(r.dir, manifest))
-	r.src.Changed(filepath.Join(r.dir, record))
+	// Named in the safety net's whole walk.
+	rewriteNamed('c')
+	r.snapshot(true, true)
+	r.ship(r.fs[0])
+
+	// Named in a snapshot the follower has not shipped when the next is
+	// the safety net's.
+	rewriteNamed('d')
 	r.snapshot(true, false)
 	r.snapshot(true, true)
 	r.ship(r.fs[0])
