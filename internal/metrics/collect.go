@@ -77,6 +77,12 @@ type ClusterStats struct {
 	// (on start and every --replica-scrub-every), DamagedFiles the files
 	// they found damaged and moved aside for the primary to send again.
 	Scrubs, DamagedFiles uint64
+	// ShippedWhole, ShippedAppended and ShippedCut count the file bytes
+	// this hub sent to standbys while primary (each standby's counted):
+	// files sent whole, appends (the bytes past a standby's copy) and own
+	// cuts; Cuts the units sent from own cuts (full syncs, and units after
+	// the snapshots a standby needed were gone).
+	ShippedWhole, ShippedAppended, ShippedCut, Cuts uint64
 }
 
 // OtherLabel is the label value shared by the collectors, learners, runs
@@ -200,6 +206,10 @@ func (c *statsCollector) collectCluster(ch chan<- prometheus.Metric, st ClusterS
 	c.emit(ch, fClusterSynced, b(st.Synced))
 	c.emit(ch, fClusterScrubs, float64(st.Scrubs))
 	c.emit(ch, fClusterDamaged, float64(st.DamagedFiles))
+	c.emit(ch, fClusterShipped, float64(st.ShippedWhole), "whole")
+	c.emit(ch, fClusterShipped, float64(st.ShippedAppended), "append")
+	c.emit(ch, fClusterShipped, float64(st.ShippedCut), "cut")
+	c.emit(ch, fClusterCuts, float64(st.Cuts))
 	if st.Primary && st.KeepsInSync {
 		c.emit(ch, fClusterInSync, float64(len(st.InSync)))
 	}

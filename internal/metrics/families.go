@@ -73,6 +73,8 @@ var (
 	fClusterSynced   = Family{"rlhub_cluster_synced", "gauge", nil, "1 while this standby holds a full copy of the primary it follows (it may campaign), else 0."}
 	fClusterScrubs   = Family{"rlhub_cluster_scrubs_total", "counter", nil, "Checks of this hub's copy (each store version's and optimizer state's checksum) completed as a standby: on start and every --replica-scrub-every."}
 	fClusterDamaged  = Family{"rlhub_cluster_damaged_files_total", "counter", nil, "Files of this hub's copy its scrubs found damaged and moved aside (DATA/.replica/damaged) for the primary to send again; any rise means the disk corrupts data."}
+	fClusterShipped  = Family{"rlhub_cluster_shipped_bytes_total", "counter", []string{"how"}, "File bytes this hub sent to standbys while primary, each standby's counted, by how: whole (a file sent whole), append (only the bytes past a standby's copy of a file its writer appends to), cut (a standby's own cut: its full sync, or a unit after the snapshots it needed were gone)."}
+	fClusterCuts     = Family{"rlhub_cluster_cuts_total", "counter", nil, "Units this hub sent to standbys from their own cuts while primary: one per full sync, and one per unit a standby took after the snapshots it needed were gone; a steady rise means a standby keeps falling behind."}
 	fClusterInSync   = Family{"rlhub_cluster_in_sync_standbys", "gauge", nil, "On a primary with --replica-acks all: standbys the in-sync record lists, the only ones that may take over (0: none can; if this primary dies, no hub serves until it is back)."}
 	fDPRequests      = Family{"rlhub_dataplane_requests_total", "counter", []string{"method", "code"}, "Data-plane requests answered, by method (unknown: a name no handler serves) and status code (named as rlhub_grpc_server_handled_total's grpc_code)."}
 	fConnsRefused    = Family{"rlhub_conns_refused_total", "counter", []string{"reason"}, "Connections the hub's port closed for their client's fault: peer_cap (over --max-conns-per-peer, gRPC or data plane), handshake (first bytes, TLS handshake or data-plane hello invalid or not within --frame-timeout), frame_timeout (a data-plane request frame unfinished within --frame-timeout), malformed (a malformed data-plane request frame), body_timeout (a data-plane request body not received within --body-timeout + its length at --body-min-rate; answered DEADLINE_EXCEEDED), reply_timeout (a data-plane reply body not taken within the same bound; closed mid-body)."}
@@ -100,7 +102,7 @@ var (
 	authFamilies       = []Family{fAuthTokens, fAuthLive, fAuthReloads, fAuthCut, fAuthQuota}
 	dataPlaneFamilies  = []Family{fDPRequests, fConnsRefused}
 	grpcBodyFamilies   = []Family{fGRPCCut}
-	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterScrubs, fClusterDamaged, fClusterInSync, fClusterLag}
+	clusterFamilies    = []Family{fClusterMember, fClusterFaults, fClusterPrimary, fClusterEpoch, fClusterUnit, fClusterApplied, fClusterSynced, fClusterScrubs, fClusterDamaged, fClusterShipped, fClusterCuts, fClusterInSync, fClusterLag}
 )
 
 // Families lists every rlhub_* metric family this package can export, in

@@ -134,6 +134,12 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	if got["rlhub_cluster_primary"] != 0 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 1 {
 		t.Fatalf("standby %s metrics %v, want primary 0, epoch %d, a unit applied", sb.id, got, l1.Epoch)
 	}
+	// Never primary: it shipped nothing.
+	for _, how := range []string{"whole", "append", "cut"} {
+		if v, ok := got[fmt.Sprintf("rlhub_cluster_shipped_bytes_total{how=%q}", how)]; !ok || v != 0 {
+			t.Fatalf("standby %s: rlhub_cluster_shipped_bytes_total{how=%q} %v (present %v), want 0", sb.id, how, v, ok)
+		}
+	}
 	// Its copy was checked on start and found whole.
 	if got["rlhub_cluster_scrubs_total"] < 1 || got["rlhub_cluster_damaged_files_total"] != 0 {
 		t.Fatalf("standby %s: %v scrubs, %v damaged files; want 1 or more and 0", sb.id, got["rlhub_cluster_scrubs_total"], got["rlhub_cluster_damaged_files_total"])
@@ -159,6 +165,13 @@ func TestStandbysServeClusterMetrics(t *testing.T) {
 	})
 	if got["rlhub_cluster_primary"] != 1 || got["rlhub_cluster_epoch"] != float64(l1.Epoch) || got["rlhub_cluster_replicated_unit"] < 2 {
 		t.Fatalf("primary %s metrics %v, want primary 1, epoch %d, units asked for by two publishes", p1.id, got, l1.Epoch)
+	}
+	// Both versions reached the standby, from snapshots or from its own
+	// cut (its full sync, at least one).
+	shipped := got[`rlhub_cluster_shipped_bytes_total{how="whole"}`] + got[`rlhub_cluster_shipped_bytes_total{how="cut"}`]
+	if blobs := float64(2 * len(storetest.Blob(t, 1, 64))); shipped < blobs || got["rlhub_cluster_cuts_total"] < 1 {
+		t.Fatalf("primary %s shipped %v bytes whole and in cuts (want the two versions' %v at least), %v cuts (want 1 or more)",
+			p1.id, shipped, blobs, got["rlhub_cluster_cuts_total"])
 	}
 	if got["rlhub_cluster_in_sync_standbys"] != 1 { // it acknowledged both publishes
 		t.Fatalf("primary %s: rlhub_cluster_in_sync_standbys %v, want 1", p1.id, got["rlhub_cluster_in_sync_standbys"])

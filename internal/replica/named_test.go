@@ -397,4 +397,13 @@ func TestJournalReachesTheFollowerAsAppends(t *testing.T) {
 	if n := p.src.appendsSent.Load(); n < 5 {
 		t.Fatalf("%d journal records reached the standby as appends, want at least 5 of 7 steps", n)
 	}
+	// What the appends shipped is less than the journal holds (every
+	// record but the first's, at most).
+	fi, err := os.Stat(filepath.Join(p.dir, journal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := p.src.cfg.Shipped.Appended.Load(); n == 0 || n >= uint64(fi.Size()) {
+		t.Fatalf("the appends shipped %d bytes of a %d-byte journal", n, fi.Size())
+	}
 }

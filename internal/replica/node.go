@@ -77,6 +77,7 @@ type Node struct {
 	addr     string
 
 	campaigning atomic.Bool // in Campaign: may be elected
+	shipped     ShipStats   // what its terms' streams sent (the metrics)
 
 	mu       sync.Mutex
 	outside  bool            // not a member: joining, or out after a fault
@@ -741,7 +742,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		}
 		return nil
 	}
-	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout,
+	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout, Shipped: &n.shipped,
 		InSync: func(ctx context.Context, standbys []string) error {
 			return term.RecordInSync(ctx, append([]string{m.ID()}, standbys...))
 		},
@@ -923,6 +924,8 @@ func (n *Node) stats() metrics.ClusterStats {
 	}
 	n.mu.Unlock()
 	st.Primary = primary && !st.Outside
+	st.ShippedWhole, st.ShippedAppended, st.ShippedCut = n.shipped.Whole.Load(), n.shipped.Appended.Load(), n.shipped.Cut.Load()
+	st.Cuts = n.shipped.Cuts.Load()
 	if f := n.follower; f != nil {
 		st.Applied = f.Units()
 		st.Scrubs, st.DamagedFiles = f.Scrubs()

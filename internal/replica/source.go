@@ -77,6 +77,19 @@ type SourceConfig struct {
 	Interval time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Shipped, when set, counts what streams sent (the node's, kept
+	// across its terms for the metrics); nil means the Source's own.
+	Shipped *ShipStats
+}
+
+// ShipStats counts the file bytes a primary's streams sent to standbys
+// (each standby's counted): whole (a file sent whole from a snapshot),
+// appended (only the bytes past a standby's copy: G frames) and cut (a
+// standby's own cut: its full sync, or a unit after the snapshots it
+// needed were gone), and the units sent from own cuts.
+type ShipStats struct {
+	Whole, Appended, Cut atomic.Uint64
+	Cuts                 atomic.Uint64
 }
 
 func (c *SourceConfig) validate() error {
@@ -230,6 +243,9 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	}
 	inSync := slices.Clone(cfg.InSyncStandbys)
 	slices.Sort(inSync)
+	if cfg.Shipped == nil {
+		cfg.Shipped = new(ShipStats)
+	}
 	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval, tailsMax: maxTails, inSync: inSync,
 		changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
@@ -1672,8 +1688,11 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 			}
 			frames = dataFrames(f.c.raw[f.from:], nil)
 			s.appendsSent.Add(1)
+			s.cfg.Shipped.Appended.Add(uint64(f.c.size - f.from))
 		} else if err := ss.SendMsg(pathFrame(kindFile, f.rel, f.c.size)); err != nil {
 			return true, err
+		} else {
+			s.cfg.Shipped.Whole.Add(uint64(f.c.size))
 		}
 		for _, d := range frames {
 			if err := sendData(ss, d, codec); err != nil {
@@ -1950,6 +1969,7 @@ func (s *Source) send(ss frameStream, u uint64, full bool, files []opened, gone 
 	if err := ss.SendMsg(jsonFrame(kindBegin, begin{Unit: u, Full: full, Epoch: s.cfg.Epoch})); err != nil {
 		return err
 	}
+	s.cfg.Shipped.Cuts.Add(1)
 	for _, o := range files {
 		if o.keep {
 			if err := ss.SendMsg(pathFrame(kindKeep, o.rel, 0)); err != nil {
@@ -1969,6 +1989,7 @@ func (s *Source) send(ss frameStream, u uint64, full bool, files []opened, gone 
 		if err := ss.SendMsg(pathFrame(kindFile, o.rel, size)); err != nil {
 			return err
 		}
+		s.cfg.Shipped.Cut.Add(uint64(size))
 		if o.f == nil {
 			for _, d := range dataFrames(o.data, nil) {
 				if err := sendData(ss, d, codec); err != nil {
