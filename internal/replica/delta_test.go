@@ -267,9 +267,27 @@ func TestSnapshotDeltasKeepFollowersExact(t *testing.T) {
 			for _, f := range r.fs {
 				r.join(f)
 			}
-			version := 0
+			version, failed := 0, 0
 			for range 300 {
-				switch op := rng.IntN(25); {
+				switch op := rng.IntN(26); {
+				case op == 25: // a snapshot that fails after taking the names (a named path under a file)
+					if rel := state(); fileExists(filepath.Join(r.dir, rel)) {
+						// Not walked when the part is walked whole, or
+						// with the file when it is named too: taken.
+						s.Changed(filepath.Join(r.dir, rel, "under-a-file"))
+						disk := r.disk()
+						s.snapMu.Lock()
+						s.mu.Lock()
+						latest := s.latest
+						s.mu.Unlock()
+						snap, err := s.takeSnapshot(latest, true)
+						s.snapMu.Unlock()
+						if err != nil {
+							failed++
+						} else if snap != latest {
+							r.at[snap.seq] = disk
+						}
+					}
 				case op >= 23: // a named rewrite in place at the stamp it had (a stamp that recurs)
 					r.writes++
 					if m := fmt.Sprintf("m%d", rng.IntN(2)); op == 23 {
@@ -345,6 +363,9 @@ func TestSnapshotDeltasKeepFollowersExact(t *testing.T) {
 			}
 			if r.fs[0].rec.appends == 0 || r.fs[1].rec.appends != 0 {
 				t.Fatalf("G frames taken: %d by a follower that takes them, %d by one that does not", r.fs[0].rec.appends, r.fs[1].rec.appends)
+			}
+			if failed == 0 {
+				t.Fatalf("no snapshot failed")
 			}
 		})
 	}
