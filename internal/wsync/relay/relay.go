@@ -95,6 +95,12 @@ type Config struct {
 	// relay (streamcap); 0 means streamcap.DefaultPerPeer, negative no
 	// cap.
 	MaxStreamsPerPeer int
+	// HandshakeTimeout bounds a local collector's connection handshake;
+	// KeepaliveTime is how long a connection may be silent before the
+	// relay pings it, and KeepaliveTimeout how long it then waits for the
+	// answer before closing it (a collector's host gone without a word).
+	// 0 means the hub's defaults (10s, 1m, 20s: hub.Limits).
+	HandshakeTimeout, KeepaliveTime, KeepaliveTimeout time.Duration
 	// ServerOptions are added to the relay's gRPC server (metrics
 	// interceptors); nil means none.
 	ServerOptions []grpc.ServerOption
@@ -108,7 +114,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("%w: relay: Config.Upstream is nil", errs.ErrInvalid)
 	case c.Model == "":
 		return fmt.Errorf("%w: relay: Config.Model is empty", errs.ErrInvalid)
-	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0 || c.PollTimeout < 0 || c.MaxModelBytes < 0 || c.BodyTimeout < 0 || c.BodyMinRate < 0:
+	case c.ShmCapacity < 0 || c.ReportEvery < 0 || c.Backoff < 0 || c.PollTimeout < 0 || c.MaxModelBytes < 0 || c.BodyTimeout < 0 || c.BodyMinRate < 0,
+		c.HandshakeTimeout < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0:
 		return fmt.Errorf("%w: relay: negative Config duration or capacity", errs.ErrInvalid)
 	case c.ShmSlots < 0 || c.ShmSlots == 1 || c.ShmSlots > 64:
 		return fmt.Errorf("%w: relay: Config.ShmSlots %d outside [2, 64]", errs.ErrInvalid, c.ShmSlots)
@@ -134,6 +141,15 @@ func (c *Config) validate() error {
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 200 * time.Millisecond
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 10 * time.Second
+	}
+	if c.KeepaliveTime == 0 {
+		c.KeepaliveTime = time.Minute
+	}
+	if c.KeepaliveTimeout == 0 {
+		c.KeepaliveTimeout = 20 * time.Second
 	}
 	if c.PollTimeout == 0 {
 		c.PollTimeout = 30 * time.Second
@@ -213,6 +229,10 @@ func New(cfg Config) (*Relay, error) {
 	r.lis = lis
 	r.bodies = bodylimit.New(bodylimit.Config{Allowance: cfg.BodyTimeout, MinRate: cfg.BodyMinRate, Logger: cfg.Logger})
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20),
+		// As the hub: the handshake is bounded, and a silent connection
+		// is pinged and closed without an answer.
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}),
 		// The pings every rlhub client sends (internal/dial: every 30 s,
 		// streams or not) are accepted, as the hub accepts them; gRPC's
 		// default policy (5 min, only with a stream) answered them with
