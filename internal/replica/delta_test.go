@@ -917,3 +917,82 @@ func TestAppendedContentsKeptAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestFullSyncSendsTheTermsFilesToAStandbyNewToIt: a full sync keeps an
+// immutable file the standby holds at the primary's size only when the
+// primary did not write it in its own term, or the standby already took
+// a unit of that term. A standby that followed the primary before may
+// hold a version (or an optimizer state) of a step that primary
+// committed, shipped to it alone and died before anyone acknowledged;
+// the new term makes that version again from other gradients, at the
+// same name and size. Kept by size, the standby held the old bytes
+// under the new term's manifest.
+func TestFullSyncSendsTheTermsFilesToAStandbyNewToIt(t *testing.T) {
+	r := newDeltaRig(t, 0)
+	older := filepath.Join("store", "m", "v1.safetensors") // replicated before this term
+	made := filepath.Join("store", "m", "v2.safetensors")  // written in this term
+	r.write(older)
+	r.write(made)
+	before := r.src.started.Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(r.dir, older), before, before); err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]int64{}
+	for _, rel := range []string{older, made} {
+		fi, err := os.Stat(filepath.Join(r.dir, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		have[rel] = fi.Size()
+	}
+	for _, tc := range []struct {
+		term uint64
+		kept []string
+	}{
+		{0, []string{older}},                   // an older build's hello, or no unit yet
+		{r.src.cfg.Epoch - 1, []string{older}}, // a unit of the term before
+		{r.src.cfg.Epoch, []string{older, made}},
+	} {
+		rec := &recStream{files: map[string][]byte{}}
+		kept := keptBy(t, r.src, &peer{member: "s", term: tc.term}, have, rec)
+		if !slices.Equal(kept, tc.kept) {
+			t.Errorf("a standby whose newest unit is of epoch %d (the primary's %d): kept %v, want %v", tc.term, r.src.cfg.Epoch, kept, tc.kept)
+		}
+		for _, rel := range []string{older, made} {
+			if _, sent := rec.files[rel]; sent == slices.Contains(tc.kept, rel) {
+				t.Errorf("epoch %d: %s sent %v, want it kept %v", tc.term, rel, sent, slices.Contains(tc.kept, rel))
+			}
+		}
+	}
+}
+
+// keptBy sends p a full sync over rec and returns the files it kept
+// (keep frames), sorted.
+func keptBy(t *testing.T, s *Source, p *peer, have map[string]int64, rec *recStream) []string {
+	t.Helper()
+	kept := &keepRecorder{recStream: rec}
+	if _, err := s.sendCut(kept, p, 0, true, map[string]stamp{}, have, true); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(kept.kept)
+	return kept.kept
+}
+
+// keepRecorder is a recStream that takes keep frames (a full sync
+// against an inventory) and records them.
+type keepRecorder struct {
+	*recStream
+	kept []string
+}
+
+func (k *keepRecorder) SendMsg(m any) error {
+	if b, ok := m.(*wrapperspb.BytesValue); ok && k.left == 0 && len(b.Value) > 0 && b.Value[0] == kindKeep {
+		rel, _, err := parsePath(kindKeep, b.Value[1:])
+		if err != nil {
+			return err
+		}
+		k.kept = append(k.kept, rel)
+		return nil
+	}
+	return k.recStream.SendMsg(m)
+}

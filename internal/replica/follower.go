@@ -320,7 +320,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	// this standby (AckTimeout's default).
 	opened := time.AfterFunc(openTimeout, cancel)
 	defer opened.Stop()
-	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs, Appends: true}
+	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs, Appends: true, Term: f.position().Epoch}
 	us, transport, err := f.open(ctx, leader, h, opening)
 	if err != nil {
 		return err

@@ -163,6 +163,7 @@ type Source struct {
 	// mutableRead counts the bytes snapshots read of mutable files.
 	mutableRead atomic.Uint64
 
+	started   time.Time     // when the term's Source started: files written since are the term's (cut)
 	root      string        // DataDir made absolute (what Changed's paths are relative to)
 	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
 	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
@@ -217,6 +218,8 @@ type peer struct {
 	codec bool
 	// appends: the follower takes G frames (hello.Appends).
 	appends bool
+	// term: the epoch of the follower's newest unit (hello.Term).
+	term uint64
 	// ping: how long the stream may stay silent before the primary pings
 	// (the data plane's streams: bulkstream.go); 0 never.
 	ping time.Duration
@@ -246,7 +249,7 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.Shipped == nil {
 		cfg.Shipped = new(ShipStats)
 	}
-	return &Source{cfg: cfg, root: root, fullEvery: fullWalkEvery * cfg.Interval, tailsMax: maxTails, inSync: inSync,
+	return &Source{cfg: cfg, started: time.Now(), root: root, fullEvery: fullWalkEvery * cfg.Interval, tailsMax: maxTails, inSync: inSync,
 		changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
 }
 
@@ -864,7 +867,7 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	}
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
-	p := &peer{member: h.Member, codec: codec, appends: h.Appends, ping: ping, since: time.Now(), cancel: cancel}
+	p := &peer{member: h.Member, codec: codec, appends: h.Appends, term: h.Term, ping: ping, since: time.Now(), cancel: cancel}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -1791,6 +1794,12 @@ func openImmutable(path string) (*os.File, error) {
 	return f, nil
 }
 
+// termClockSlack is how much earlier than the Source's start a file's
+// mtime may be and still be counted the term's (cut): the file system's
+// clock is coarser than time.Now, and erring early only sends a file a
+// standby held.
+const termClockSlack = time.Second
+
 // maxTails bounds the appended files' contents a Source keeps between
 // snapshots (Source.tails); past it, a file's appends are read with the
 // file whole, as before any was kept.
@@ -1869,7 +1878,7 @@ type opened struct {
 //
 // seq is the cut's place among snapshots (the newest snapshot's seq when
 // it was taken: the cut is newer than it).
-func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool) (files []opened, gone []string, seq uint64, err error) {
+func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool, since time.Time) (files []opened, gone []string, seq uint64, err error) {
 	s.freeze.Lock()
 	defer s.freeze.Unlock()
 	s.mu.Lock()
@@ -1900,7 +1909,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 			if old, ok := shipped[e.rel]; ok && old == e.st && !full && immutable(e.rel) {
 				continue
 			}
-			if full && immutable(e.rel) {
+			if full && immutable(e.rel) && (since.IsZero() || e.st.mtime < since.UnixNano()) {
 				if sz, ok := have[e.rel]; ok && sz == e.st.size {
 					files = append(files, opened{rel: e.rel, st: e.st, keep: true})
 					continue
@@ -1941,7 +1950,17 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool)
 // changed since shipped; an empty one only when force. It returns the
 // cut's seq.
 func (s *Source) sendCut(ss frameStream, p *peer, u uint64, full bool, shipped map[string]stamp, have map[string]int64, force bool) (uint64, error) {
-	files, gone, seq, err := s.cut(shipped, have, full)
+	// A file this primary wrote in its term may share its name and size
+	// with one of the term before that nobody acknowledged (a version or
+	// an optimizer state of a step the dead primary committed, shipped to
+	// this standby alone, and that this term made again from other
+	// gradients): held by a follower that took no unit of this term, it
+	// is sent, not kept.
+	var since time.Time
+	if p.term != s.cfg.Epoch {
+		since = s.started.Add(-termClockSlack)
+	}
+	files, gone, seq, err := s.cut(shipped, have, full, since)
 	if err != nil {
 		return 0, status.Error(codes.Internal, err.Error())
 	}

@@ -79,6 +79,12 @@ type hello struct {
 	// Appends says the follower takes G frames (an append-only file's new
 	// bytes); the primary sends a follower without it whole files.
 	Appends bool `json:"appends,omitempty"`
+	// Term is the epoch of the primary the follower's newest unit came
+	// from (its position's); 0 for none, or an older build. A full sync
+	// keeps a file the follower holds at the primary's size only when the
+	// primary did not write it in its own term, or the follower already
+	// took a unit of that term (Source.cut).
+	Term uint64 `json:"term,omitempty"`
 }
 
 // position is how far a standby's copy has come: the epoch of the
