@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
@@ -46,6 +45,7 @@ import (
 	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
+	"github.com/rlhub/rlhub/internal/wire/connlimit"
 	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -210,24 +210,19 @@ type Limits struct {
 	// `--max-streams-per-peer`.
 	MaxStreamsPerPeer int
 	// HandshakeTimeout bounds a gRPC connection's HTTP/2 handshake
-	// (grpc.ConnectionTimeout); 0 means 10s.
+	// (grpc.ConnectionTimeout); 0 means 10s (connlimit).
 	HandshakeTimeout time.Duration
 	// KeepaliveTime is how long a gRPC connection may be silent before the
 	// hub pings it, and KeepaliveTimeout how long it then waits for the
 	// ack before closing the connection (a peer that vanished, a half-open
-	// connection); 0 means 1m and 20s. The hub accepts client pings every
-	// 10s or slower, even without a call in progress.
+	// connection); 0 means 1m and 20s (connlimit). The hub accepts client
+	// pings every 10s or slower, even without a call in progress
+	// (connlimit.MinClientPingInterval).
 	KeepaliveTime, KeepaliveTimeout time.Duration
 	// MaxPolicyParams bounds one ARS run's policy; 0 means
 	// arsrpc.DefaultMaxPolicyParams. `--max-policy-params`.
 	MaxPolicyParams int64
 }
-
-// MinClientPingInterval is the shortest interval between a client's
-// keepalive pings the hub accepts; a client that pings more often is
-// disconnected (GOAWAY too_many_pings), so clients' keepalive time must be
-// at least this.
-const MinClientPingInterval = 10 * time.Second
 
 func (l *Limits) validate() error {
 	if l.FrameTimeout == 0 {
@@ -249,13 +244,13 @@ func (l *Limits) validate() error {
 		l.BodyMinRate = bulk.DefaultBodyMinRate
 	}
 	if l.HandshakeTimeout == 0 {
-		l.HandshakeTimeout = 10 * time.Second
+		l.HandshakeTimeout = connlimit.DefaultHandshakeTimeout
 	}
 	if l.KeepaliveTime == 0 {
-		l.KeepaliveTime = time.Minute
+		l.KeepaliveTime = connlimit.DefaultKeepaliveTime
 	}
 	if l.KeepaliveTimeout == 0 {
-		l.KeepaliveTimeout = 20 * time.Second
+		l.KeepaliveTimeout = connlimit.DefaultKeepaliveTimeout
 	}
 	if l.FrameTimeout < 0 || l.IdleTimeout < 0 || l.BodyTimeout < 0 || l.HandshakeTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0 || l.MaxPolicyParams < 0 {
 		return fmt.Errorf("hub: negative limit in %+v", *l)
@@ -360,15 +355,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		h.store = cfg.WrapStore(st)
 	}
 	lim := h.cfg.Limits
-	opts := append([]grpc.ServerOption{
-		grpc.MaxRecvMsgSize(cfg.MaxMsgBytes),
-		grpc.MaxSendMsgSize(cfg.MaxMsgBytes),
-		// Half-open and vanished peers: the handshake is bounded, and a
-		// silent connection is pinged and closed without an ack.
-		grpc.ConnectionTimeout(lim.HandshakeTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: lim.KeepaliveTime, Timeout: lim.KeepaliveTimeout}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: MinClientPingInterval, PermitWithoutStream: true}),
-	}, chunkcodec.ServerOptions()...)
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.MaxMsgBytes), grpc.MaxSendMsgSize(cfg.MaxMsgBytes)}
+	// Half-open and vanished peers: the handshake is bounded, and a
+	// silent connection is pinged and closed without an ack.
+	opts = append(opts, connlimit.ServerOptions(lim.HandshakeTimeout, lim.KeepaliveTime, lim.KeepaliveTimeout)...)
+	opts = append(opts, chunkcodec.ServerOptions()...)
 	// Metrics first, so refused calls are counted too.
 	var grpcMetrics *metrics.GRPCServerMetrics
 	if cfg.MetricsListen != "" {

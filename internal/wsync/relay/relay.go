@@ -18,12 +18,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wire/bodylimit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/connlimit"
 	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 	"github.com/rlhub/rlhub/internal/wsync/shm"
@@ -99,7 +99,7 @@ type Config struct {
 	// KeepaliveTime is how long a connection may be silent before the
 	// relay pings it, and KeepaliveTimeout how long it then waits for the
 	// answer before closing it (a collector's host gone without a word).
-	// 0 means the hub's defaults (10s, 1m, 20s: hub.Limits).
+	// 0 means the hub's defaults (connlimit: 10s, 1m, 20s).
 	HandshakeTimeout, KeepaliveTime, KeepaliveTimeout time.Duration
 	// ServerOptions are added to the relay's gRPC server (metrics
 	// interceptors); nil means none.
@@ -141,15 +141,6 @@ func (c *Config) validate() error {
 	}
 	if c.Backoff == 0 {
 		c.Backoff = 200 * time.Millisecond
-	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = 10 * time.Second
-	}
-	if c.KeepaliveTime == 0 {
-		c.KeepaliveTime = time.Minute
-	}
-	if c.KeepaliveTimeout == 0 {
-		c.KeepaliveTimeout = 20 * time.Second
 	}
 	if c.PollTimeout == 0 {
 		c.PollTimeout = 30 * time.Second
@@ -228,17 +219,11 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r.lis = lis
 	r.bodies = bodylimit.New(bodylimit.Config{Allowance: cfg.BodyTimeout, MinRate: cfg.BodyMinRate, Logger: cfg.Logger})
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20),
-		// As the hub: the handshake is bounded, and a silent connection
-		// is pinged and closed without an answer.
-		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}),
-		// The pings every rlhub client sends (internal/dial: every 30 s,
-		// streams or not) are accepted, as the hub accepts them; gRPC's
-		// default policy (5 min, only with a stream) answered them with
-		// GOAWAY too_many_pings, dropping local collectors' connections.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minClientPingInterval, PermitWithoutStream: true}),
-	}
+	// As the hub's: a bounded handshake, silent connections pinged, and
+	// the pings every rlhub client sends accepted (gRPC's default policy
+	// dropped local collectors' connections with GOAWAY too_many_pings).
+	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), grpc.MaxSendMsgSize(4 << 20)},
+		connlimit.ServerOptions(cfg.HandshakeTimeout, cfg.KeepaliveTime, cfg.KeepaliveTimeout)...)
 	opts = append(opts, cfg.ServerOptions...)
 	// After the caller's (metrics, tokens): the streams per peer, then,
 	// innermost so the metrics interceptors see its cuts, the bodies'
@@ -251,9 +236,6 @@ func New(cfg Config) (*Relay, error) {
 	svc.Register(r.srv)
 	return r, nil
 }
-
-// minClientPingInterval is the hub's (hub.MinClientPingInterval).
-const minClientPingInterval = 10 * time.Second
 
 // Addr is where local collectors attach.
 func (r *Relay) Addr() string { return r.lis.Addr().String() }
