@@ -135,42 +135,40 @@ func uvarintFrame(kind byte, n uint64) *wrapperspb.BytesValue {
 }
 
 func pathFrame(kind byte, rel string, size int64) *wrapperspb.BytesValue {
+	return frame(kind, pathBytes(rel, size, kind == kindFile))
+}
+
+// pathBytes is a path frame's payload: the path and, when sized, the
+// file's size.
+func pathBytes(rel string, size int64, sized bool) []byte {
 	b := binary.AppendUvarint(nil, uint64(len(rel)))
 	b = append(b, rel...)
-	if kind == kindFile {
+	if sized {
 		b = binary.AppendUvarint(b, uint64(size))
 	}
-	return frame(kind, b)
+	return b
 }
 
 // appendFrame is a G frame: rel grows from from bytes to size.
 func appendFrame(rel string, size, from int64) *wrapperspb.BytesValue {
-	b := binary.AppendUvarint(nil, uint64(len(rel)))
-	b = append(b, rel...)
-	b = binary.AppendUvarint(b, uint64(size))
-	return frame(kindAppend, binary.AppendUvarint(b, uint64(from)))
+	return frame(kindAppend, binary.AppendUvarint(pathBytes(rel, size, true), uint64(from)))
 }
 
 // parseAppend reads a G frame's payload: the path, the size the file
 // grows to, and the offset its new bytes start at (0 < from < size).
 func parseAppend(b []byte) (rel string, size, from int64, err error) {
-	n, rest, err := parseUvarint(b)
-	if err != nil || n > uint64(len(rest)) {
-		return "", 0, 0, errFrame
-	}
-	rel, rest = string(rest[:n]), rest[n:]
-	sz, rest, err := parseUvarint(rest)
-	if err != nil || sz > 1<<40 {
-		return "", 0, 0, errFrame
+	rel, size, rest, err := readPath(b, true)
+	if err != nil {
+		return "", 0, 0, err
 	}
 	fr, rest, err := parseUvarint(rest)
-	if err != nil || fr == 0 || fr >= sz || len(rest) != 0 {
+	if err != nil || fr == 0 || fr >= uint64(size) || len(rest) != 0 {
 		return "", 0, 0, errFrame
 	}
 	if err := safeRel(rel); err != nil {
 		return "", 0, 0, err
 	}
-	return rel, int64(sz), int64(fr), nil
+	return rel, size, int64(fr), nil
 }
 
 var errFrame = errors.New("replica: malformed frame")
@@ -185,17 +183,9 @@ func parseUvarint(b []byte) (uint64, []byte, error) {
 
 // parsePath reads a path (and, for F, a size) frame's payload.
 func parsePath(kind byte, b []byte) (string, int64, error) {
-	n, rest, err := parseUvarint(b)
-	if err != nil || n > uint64(len(rest)) {
-		return "", 0, errFrame
-	}
-	rel := string(rest[:n])
-	rest = rest[n:]
-	var size uint64
-	if kind == kindFile {
-		if size, rest, err = parseUvarint(rest); err != nil || size > 1<<40 {
-			return "", 0, errFrame
-		}
+	rel, size, rest, err := readPath(b, kind == kindFile)
+	if err != nil {
+		return "", 0, err
 	}
 	if len(rest) != 0 {
 		return "", 0, errFrame
@@ -203,7 +193,24 @@ func parsePath(kind byte, b []byte) (string, int64, error) {
 	if err := safeRel(rel); err != nil {
 		return "", 0, err
 	}
-	return rel, int64(size), nil
+	return rel, size, nil
+}
+
+// readPath reads what pathBytes wrote (the size at most 1 TiB; the
+// caller checks the path: safeRel) and returns what follows it.
+func readPath(b []byte, sized bool) (rel string, size int64, rest []byte, err error) {
+	n, rest, err := parseUvarint(b)
+	if err != nil || n > uint64(len(rest)) {
+		return "", 0, nil, errFrame
+	}
+	rel, rest = string(rest[:n]), rest[n:]
+	var sz uint64
+	if sized {
+		if sz, rest, err = parseUvarint(rest); err != nil || sz > 1<<40 {
+			return "", 0, nil, errFrame
+		}
+	}
+	return rel, int64(sz), rest, nil
 }
 
 func parseJSON(b []byte, v any) error {
