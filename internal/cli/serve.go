@@ -116,7 +116,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.Reducer.BatchSize, "reduce-batch-size", 4, "gradients per batch a secondary forwards")
 	f.DurationVar(&cfg.Reducer.MaxWait, "max-wait", 5*time.Millisecond, "longest a batch waits to fill before it is forwarded")
 	cfg.Reducer.JournalCompactBytes = reducer.DefaultJournalCompactBytes
-	f.Var((*byteSize)(&cfg.Reducer.JournalCompactBytes), "reduce-journal-compact", "a model's step journal is rewritten as one snapshot of its exactly-once ledger once it grows past this (bytes, or KiB/MiB/GiB) and past twice that snapshot; with --etcd a cluster primary reads the whole journal at every step (and ships its new record), so this bounds that read, a full sync's and a restart's")
+	f.Var((*byteSize)(&cfg.Reducer.JournalCompactBytes), "reduce-journal-compact", "a model's step journal is rewritten as one snapshot of its exactly-once ledger once it grows past this (bytes, or KiB/MiB/GiB) and past twice that snapshot; with --etcd each step ships only its new record, but a standby copies the journal before appending it, and a full sync and a restart read it whole: this bounds those")
 	f.IntVar(&cfg.Reducer.MaxQueue, "max-queue-size", 0, "gradients a secondary holds before refusing pushes (0: 4 × batch size)")
 	// Model store limits: each flag is the store.Config field of the same
 	// name, with the store's default (docs/store.md, Limits).

@@ -116,9 +116,9 @@ type PrimaryConfig struct {
 	// JournalCompactBytes: a model's journal is rewritten as one snapshot
 	// of the ledger once it grows past this and past twice that snapshot's
 	// size when last written; 0 means DefaultJournalCompactBytes, negative
-	// never. A cluster primary reads the whole journal at every step
-	// (docs/cluster.md): this bounds that read, a full sync's and a
-	// restart's.
+	// never. A cluster standby copies the journal at every step before
+	// appending its record, and a full sync and a restart read it whole
+	// (docs/cluster.md): this bounds those.
 	JournalCompactBytes int64
 	// StateChanged, when set, is told every file (or directory) under
 	// StateDir that the primary wrote or removed, once it is done and
