@@ -926,19 +926,44 @@ func TestAppendedContentsKeptAreBounded(t *testing.T) {
 // committed, shipped to it alone and died before anyone acknowledged;
 // the new term makes that version again from other gradients, at the
 // same name and size. Kept by size, the standby held the old bytes
-// under the new term's manifest.
+// under the new term's manifest. The term's files are told by their
+// stamps against the files present when the term began, not by a clock:
+// one written in the term with an mtime an hour before it (a wall clock
+// stepped back) is the term's too.
 func TestFullSyncSendsTheTermsFilesToAStandbyNewToIt(t *testing.T) {
 	r := newDeltaRig(t, 0)
-	older := filepath.Join("store", "m", "v1.safetensors") // replicated before this term
-	made := filepath.Join("store", "m", "v2.safetensors")  // written in this term
+	older := filepath.Join("store", "m", "v1.safetensors")   // replicated before this term
+	redone := filepath.Join("store", "m", "v2.safetensors")  // present then, written again in this term
+	made := filepath.Join("store", "m", "v3.safetensors")    // written in this term
+	stepped := filepath.Join("store", "m", "v4.safetensors") // the same, under a clock stepped back
 	r.write(older)
-	r.write(made)
-	before := r.src.started.Add(-time.Hour)
-	if err := os.Chtimes(filepath.Join(r.dir, older), before, before); err != nil {
+	r.write(redone)
+	src, err := NewSource(SourceConfig{DataDir: r.dir, Epoch: 7, Logger: testkit.Logger()}) // the term begins
+	if err != nil {
 		t.Fatal(err)
 	}
+	// redone again at its size, as a new file renamed in (the writers'
+	// way): its name and size are as before the term.
+	path := filepath.Join(r.dir, redone)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+atomicfile.TmpSuffix, bytes.Repeat([]byte{0xee}, len(b)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+atomicfile.TmpSuffix, path); err != nil {
+		t.Fatal(err)
+	}
+	r.write(made)
+	r.write(stepped)
+	hour := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(r.dir, stepped), hour, hour); err != nil {
+		t.Fatal(err)
+	}
+	all := []string{older, redone, made, stepped}
 	have := map[string]int64{}
-	for _, rel := range []string{older, made} {
+	for _, rel := range all {
 		fi, err := os.Stat(filepath.Join(r.dir, rel))
 		if err != nil {
 			t.Fatal(err)
@@ -949,16 +974,16 @@ func TestFullSyncSendsTheTermsFilesToAStandbyNewToIt(t *testing.T) {
 		term uint64
 		kept []string
 	}{
-		{0, []string{older}},                   // an older build's hello, or no unit yet
-		{r.src.cfg.Epoch - 1, []string{older}}, // a unit of the term before
-		{r.src.cfg.Epoch, []string{older, made}},
+		{0, []string{older}},                 // an older build's hello, or no unit yet
+		{src.cfg.Epoch - 1, []string{older}}, // a unit of the term before
+		{src.cfg.Epoch, all},
 	} {
 		rec := &recStream{files: map[string][]byte{}}
-		kept := keptBy(t, r.src, &peer{member: "s", term: tc.term}, have, rec)
-		if !slices.Equal(kept, tc.kept) {
-			t.Errorf("a standby whose newest unit is of epoch %d (the primary's %d): kept %v, want %v", tc.term, r.src.cfg.Epoch, kept, tc.kept)
+		kept := keptBy(t, src, &peer{member: "s", term: tc.term}, have, rec)
+		if want := slices.Sorted(slices.Values(tc.kept)); !slices.Equal(kept, want) {
+			t.Errorf("a standby whose newest unit is of epoch %d (the primary's %d): kept %v, want %v", tc.term, src.cfg.Epoch, kept, want)
 		}
-		for _, rel := range []string{older, made} {
+		for _, rel := range all {
 			if _, sent := rec.files[rel]; sent == slices.Contains(tc.kept, rel) {
 				t.Errorf("epoch %d: %s sent %v, want it kept %v", tc.term, rel, sent, slices.Contains(tc.kept, rel))
 			}

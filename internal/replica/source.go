@@ -163,7 +163,11 @@ type Source struct {
 	// mutableRead counts the bytes snapshots read of mutable files.
 	mutableRead atomic.Uint64
 
-	started   time.Time     // when the term's Source started: files written since are the term's (cut)
+	// before is the immutable files present when the term's Source
+	// started, by their stamps: a full sync keeps by size, from a standby
+	// that took no unit of this term, only a file still at its stamp here
+	// (cut). nil when that walk failed: every such file is sent.
+	before    map[string]stamp
 	root      string        // DataDir made absolute (what Changed's paths are relative to)
 	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
 	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
@@ -249,8 +253,27 @@ func NewSource(cfg SourceConfig) (*Source, error) {
 	if cfg.Shipped == nil {
 		cfg.Shipped = new(ShipStats)
 	}
-	return &Source{cfg: cfg, started: time.Now(), root: root, fullEvery: fullWalkEvery * cfg.Interval, tailsMax: maxTails, inSync: inSync,
+	return &Source{cfg: cfg, before: immutableStamps(cfg.DataDir, cfg.Logger), root: root, fullEvery: fullWalkEvery * cfg.Interval, tailsMax: maxTails, inSync: inSync,
 		changed: make(chan struct{}), work: make(chan struct{}), done: make(chan struct{}), followers: map[*peer]struct{}{}}, nil
+}
+
+// immutableStamps is the stamps of the immutable files under dir's
+// mirrored directories (Source.before); nil, logged, when the walk
+// fails. A file written after it has another stamp: a new name, or a new
+// inode renamed in (or a reused one, written at another mtime).
+func immutableStamps(dir string, logger *slog.Logger) map[string]stamp {
+	es, err := walk(dir, mirroredDirs)
+	if err != nil {
+		logger.Warn("replica: the files present at the term's start could not be listed; full syncs to standbys new to the term send every version and optimizer state", "err", err)
+		return nil
+	}
+	out := make(map[string]stamp, len(es))
+	for _, e := range es {
+		if immutable(e.rel) {
+			out[e.rel] = e.st
+		}
+	}
+	return out
 }
 
 // Register attaches the replication stream to s (hub.Service).
@@ -1794,12 +1817,6 @@ func openImmutable(path string) (*os.File, error) {
 	return f, nil
 }
 
-// termClockSlack is how much earlier than the Source's start a file's
-// mtime may be and still be counted the term's (cut): the file system's
-// clock is coarser than time.Now, and erring early only sends a file a
-// standby held.
-const termClockSlack = time.Second
-
 // maxTails bounds the appended files' contents a Source keeps between
 // snapshots (Source.tails); past it, a file's appends are read with the
 // file whole, as before any was kept.
@@ -1878,7 +1895,7 @@ type opened struct {
 //
 // seq is the cut's place among snapshots (the newest snapshot's seq when
 // it was taken: the cut is newer than it).
-func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool, since time.Time) (files []opened, gone []string, seq uint64, err error) {
+func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full, newToTerm bool) (files []opened, gone []string, seq uint64, err error) {
 	s.freeze.Lock()
 	defer s.freeze.Unlock()
 	s.mu.Lock()
@@ -1909,7 +1926,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool,
 			if old, ok := shipped[e.rel]; ok && old == e.st && !full && immutable(e.rel) {
 				continue
 			}
-			if full && immutable(e.rel) && (since.IsZero() || e.st.mtime < since.UnixNano()) {
+			if full && immutable(e.rel) && (!newToTerm || s.before[e.rel] == e.st) {
 				if sz, ok := have[e.rel]; ok && sz == e.st.size {
 					files = append(files, opened{rel: e.rel, st: e.st, keep: true})
 					continue
@@ -1955,12 +1972,9 @@ func (s *Source) sendCut(ss frameStream, p *peer, u uint64, full bool, shipped m
 	// an optimizer state of a step the dead primary committed, shipped to
 	// this standby alone, and that this term made again from other
 	// gradients): held by a follower that took no unit of this term, it
-	// is sent, not kept.
-	var since time.Time
-	if p.term != s.cfg.Epoch {
-		since = s.started.Add(-termClockSlack)
-	}
-	files, gone, seq, err := s.cut(shipped, have, full, since)
+	// is sent, not kept. The term's files are told by their stamps, not
+	// by a clock (Source.before).
+	files, gone, seq, err := s.cut(shipped, have, full, p.term != s.cfg.Epoch)
 	if err != nil {
 		return 0, status.Error(codes.Internal, err.Error())
 	}
