@@ -596,7 +596,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	// applied per second (the hub's own counter), pushes and pulls
 	// completed per second, and the CPUs the hub and its standbys kept
 	// busy, over steadyWindow after steadyWarm of the load.
-	type steadyState struct{ grads, pushes, pulls, hubCPU, standbysCPU float64 }
+	type steadyState struct{ grads, pushes, pulls, hubCPU, standbysCPU, clientsCPU float64 }
 	steady := func(addr string, hub int, standbys []int) steadyState {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -687,10 +687,10 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		}
 		time.Sleep(steadyWarm)
 		g0, p0, l0 := applied(), pushes.Load(), pulls.Load()
-		hub0, sb0, start := cpuTime(hub), cpuTime(standbys...), time.Now()
+		hub0, sb0, cl0, start := cpuTime(hub), cpuTime(standbys...), cpuTime(os.Getpid()), time.Now()
 		time.Sleep(steadyWindow)
 		g1, p1, l1 := applied(), pushes.Load(), pulls.Load()
-		hub1, sb1, secs := cpuTime(hub), cpuTime(standbys...), time.Since(start).Seconds()
+		hub1, sb1, cl1, secs := cpuTime(hub), cpuTime(standbys...), cpuTime(os.Getpid()), time.Since(start).Seconds()
 		cancel()
 		wg.Wait()
 		select {
@@ -699,7 +699,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 		default:
 		}
 		return steadyState{grads: (g1 - g0) / secs, pushes: float64(p1-p0) / secs, pulls: float64(l1-l0) / secs,
-			hubCPU: (hub1 - hub0).Seconds() / secs, standbysCPU: (sb1 - sb0).Seconds() / secs}
+			hubCPU: (hub1 - hub0).Seconds() / secs, standbysCPU: (sb1 - sb0).Seconds() / secs, clientsCPU: (cl1 - cl0).Seconds() / secs}
 	}
 	standbysOf := func(c *testCluster, primary *hubProc) []int {
 		var pids []int
@@ -758,10 +758,10 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 				as = steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
 				cs = steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
 			}
-			t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s %.1f pushes/s %.1f pulls/s (CPUs busy: hub %.2f); acks all: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f); %s: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f)",
-				round+1, l, steadyLoad, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, ss.pushes, ss.pulls, ss.hubCPU,
-				cs.grads, cs.grads/ss.grads, cs.pushes, cs.pushes/ss.pushes, cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU,
-				second, as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU)
+			t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s %.1f pushes/s %.1f pulls/s (CPUs busy: hub %.2f, load clients %.2f); acks all: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f, load clients %.2f); %s: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f, load clients %.2f)",
+				round+1, l, steadyLoad, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, ss.pushes, ss.pulls, ss.hubCPU, ss.clientsCPU,
+				cs.grads, cs.grads/ss.grads, cs.pushes, cs.pushes/ss.pushes, cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU, cs.clientsCPU,
+				second, as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU, as.clientsCPU)
 			if ss.grads == 0 || ss.pushes == 0 || ss.pulls == 0 {
 				// Seen on this shared machine: the single hub's pushes and
 				// gradients stalled for a whole window while its pulls went
