@@ -80,7 +80,8 @@ class ModelVersion:
 
     @property
     def tensors(self) -> Dict[str, Any]:
-        """The state dict (numpy views over ``blob``, or torch tensors)."""
+        """The state dict: numpy arrays or torch tensors, views over
+        ``blob`` (``load_bytes``: a torch tensor writes the blob)."""
         if self._tensors is None:
             self._tensors = load_bytes(self.blob, framework=self.framework)
         return self._tensors

@@ -224,8 +224,12 @@ def parse_header(buf: memoryview, total: Optional[int] = None) -> Tuple[int, Dic
 def load_bytes(blob: Any, framework: str = "numpy") -> Dict[str, Any]:
     """Decodes safetensors bytes into a dict (in file order).
 
-    numpy arrays are read-only views over ``blob`` (no copy); with
-    ``framework="torch"`` each tensor is copied into a new torch tensor.
+    numpy arrays are read-only views over ``blob`` (no copy). With
+    ``framework="torch"`` the tensors are views over ``blob`` too when it
+    is writable (a pulled version's is: writing a tensor writes the
+    blob) and the tensor's bytes lie aligned to its element size; each
+    other one (a read-only ``bytes`` blob, an unaligned tensor) is copied
+    into a new torch tensor.
     """
     buf = memoryview(blob).cast("B")
     start, header, _ = parse_header(buf)
@@ -268,6 +272,10 @@ def _to_torch(raw: memoryview, dt: str, shape: Tuple[int, ...]) -> "torch.Tensor
     tdt = _torch_dtype(dt)
     if len(raw) == 0:
         return torch.empty(shape, dtype=tdt)
+    if not raw.readonly:  # a view: no copy of the pulled bytes
+        t = torch.frombuffer(raw, dtype=tdt)
+        if t.data_ptr() % t.element_size() == 0:
+            return t.reshape(shape)
     return torch.frombuffer(bytearray(raw), dtype=tdt).reshape(shape)
 
 

@@ -313,6 +313,10 @@ def test_torch_state_dict_round_trip(hub):
     m2.load_state_dict(v.tensors)
     for k, t in m.state_dict().items():
         assert torch.equal(t, m2.state_dict()[k])
+    # The tensors are views over the pulled bytes, not copies of them.
+    blob = np.frombuffer(v.blob, np.uint8)
+    for k, t in v.tensors.items():
+        assert blob.ctypes.data <= t.data_ptr() < blob.ctypes.data + blob.nbytes, k
 
 
 def test_unread_grpc_watch_is_cut_and_goes_on_at_the_newest(rlhub_bin, tmp_path):

@@ -66,6 +66,36 @@ def test_torch_round_trip_including_bf16():
     assert rlhub.save_bytes({"w": sd["w"]}) == rlhub.save_bytes({"w": sd["w"].numpy()})
 
 
+def test_torch_tensors_view_a_writable_blob_and_copy_the_rest():
+    torch = pytest.importorskip("torch", reason="torch is optional; CI installs it")
+    import warnings
+
+    sd = {"w": torch.randn(4, 3), "h": torch.randn(5).to(torch.bfloat16), "i": torch.arange(4)}
+    blob = rlhub.save_bytes(sd)
+    # A writable blob (as a pull gives): views, no copy; a write shows in it.
+    buf = np.frombuffer(bytearray(blob), np.uint8)
+    back = rlhub.load_bytes(buf, framework="torch")
+    lo, hi = buf.ctypes.data, buf.ctypes.data + len(buf)
+    for k, v in sd.items():
+        assert torch.equal(back[k], v)
+        assert lo <= back[k].data_ptr() < hi, k
+    back["w"][0, 0] = 1234.5
+    assert rlhub.load_bytes(buf, framework="torch")["w"][0, 0] == 1234.5
+    # Read-only bytes: copies, without torch's warning about them.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ro = rlhub.load_bytes(blob, framework="torch")
+    ro["w"][0, 0] = 1.0
+    assert rlhub.load_bytes(blob, framework="torch")["w"][0, 0] == sd["w"][0, 0]
+    # Unaligned (the blob one byte into its buffer): copied, and equal.
+    shifted = np.empty(len(blob) + 1, np.uint8)
+    shifted[1:] = np.frombuffer(blob, np.uint8)
+    mis = rlhub.load_bytes(memoryview(shifted)[1:], framework="torch")
+    for k, v in sd.items():
+        assert torch.equal(mis[k], v)
+        assert mis[k].data_ptr() % mis[k].element_size() == 0
+
+
 def test_save_parts_reuses_the_header_only_while_names_and_shapes_match():
     from rlhub.tensors import load_bytes, save_bytes, save_parts
 
