@@ -1021,3 +1021,25 @@ func (k *keepRecorder) SendMsg(m any) error {
 	}
 	return k.recStream.SendMsg(m)
 }
+
+// TestFirstSnapshotNamesEveryMutableFile: a follower whose full sync (its
+// own cut) came before the term's first snapshot, and a manifest and a
+// state record rewritten between the two at a recurring stamp and named.
+// The first snapshot took the names and shipped its files by stamp alone:
+// the follower kept the old bytes. (Found by an audit, 2026-12-05.)
+func TestFirstSnapshotNamesEveryMutableFile(t *testing.T) {
+	r := newDeltaRig(t, 1)
+	manifest := filepath.Join("store", "m", "MANIFEST.json")
+	state := filepath.Join("reducer", "m", "registration.json")
+	r.write(manifest)
+	r.write(state)
+	f := r.fs[0]
+	r.join(f) // its full sync, before any snapshot
+	if err := r.src.CommitModel("m", func() error { rewriteAtStamp(t, filepath.Join(r.dir, manifest), 0xab); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	rewriteAtStamp(t, filepath.Join(r.dir, state), 0xcd)
+	r.src.Changed(state)
+	r.snapshot(true, false) // the term's first (a publish's)
+	r.ship(f)               // f must hold the disk as of it
+}

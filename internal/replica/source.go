@@ -1393,9 +1393,13 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 		snap.files[r.rel] = c
 	}
 	if first {
+		// Every mutable file is named, as in a standby's own cut: what
+		// writers named before the term's first snapshot is not kept
+		// apart from the rest, and a follower whose full sync came before
+		// it may hold a manifest rewritten since at a recurring stamp.
 		snap.delta = make(map[string]change, len(found))
 		for _, e := range found {
-			snap.delta[e.rel] = change{st: e.st}
+			snap.delta[e.rel] = change{st: e.st, named: !immutable(e.rel)}
 		}
 		s.tree.start() // known from now on, even when empty
 	}
