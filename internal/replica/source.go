@@ -912,7 +912,9 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	s.cfg.Logger.Info("replica: standby following", "member", h.Member, "epoch", h.Epoch)
 
 	ackErr := make(chan error, 1)
-	go func() { // the owner: serve waits for it below
+	s.streams.Add(1) // s.streams is above 0 here (serve's own)
+	go func() { // the owner: Close waits for s.streams
+		defer s.streams.Done()
 		ackErr <- s.readAcks(ss, p)
 		cancel()
 	}()
@@ -922,10 +924,22 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	}
 	err := s.ship(ctx, fs, p, h.Have)
 	cancel()
+	var aerr error
 	if a, ok := ss.(interface{ abort() }); ok {
-		a.abort() // a data-plane stream's read ends with serve (gRPC's with the handler)
+		a.abort() // a data-plane stream's read ends with serve
+		aerr = <-ackErr
+	} else {
+		// A gRPC stream's read ends only once the handler has returned
+		// (or the follower sends): waiting for it here held a stream whose
+		// shipping failed (a snapshot's walk, a cut) or that a lapse
+		// cancelled open for good, an idle follower sending nothing —
+		// every publish waited for it, and its snapshots stayed live.
+		// The follower's reason, when its read ended first.
+		select {
+		case aerr = <-ackErr:
+		default:
+		}
 	}
-	aerr := <-ackErr
 	if err == nil || errors.Is(err, context.Canceled) {
 		err = aerr // the follower went away (or broke the stream): its reason
 	}

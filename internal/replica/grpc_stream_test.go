@@ -1,0 +1,138 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// grpcFollower follows src, served on gRPC at addr, as member, following
+// again whenever its stream ends (as a standby's Node does) until the
+// test ends; it returns the follower and how many streams it opened.
+func grpcFollower(t *testing.T, addr, member string, again bool) (*Follower, func() int) {
+	t.Helper()
+	f, err := NewFollower(FollowerConfig{DataDir: t.TempDir(), Member: member, Logger: testkit.Logger(),
+		Dial: func(_ context.Context, a string) (*grpc.ClientConn, error) {
+			return grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		streams int
+	)
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			mu.Lock()
+			streams++
+			mu.Unlock()
+			_ = f.Follow(ctx, cluster.Leader{ID: "p", Addr: addr, Epoch: 5})
+			if !again {
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	testkit.Eventually(t, 30*time.Second, member+"'s full sync", f.Synced)
+	return f, func() int { mu.Lock(); defer mu.Unlock(); return streams }
+}
+
+// TestFailedShippingEndsTheGRPCStream: a snapshot whose walk fails ends
+// the follower's stream with an error, on gRPC as on the data plane. The
+// stream's end waited for the follower's next frame, which a follower
+// waiting for its next unit never sends: the stream stayed, and every
+// publish after waited for it until its acknowledgement timeout. Now the
+// follower follows again (a new full sync) and the publishes go on.
+func TestFailedShippingEndsTheGRPCStream(t *testing.T) {
+	dir := t.TempDir()
+	src, err := NewSource(SourceConfig{DataDir: dir, Epoch: 5, Acks: AcksAll, AckTimeout: 2 * time.Second, Logger: testkit.Logger(),
+		Standbys: func(context.Context) ([]string, error) { return []string{"s"}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	t.Cleanup(func() { src.Close() })
+	_, streams := grpcFollower(t, addr, "s", true)
+	ctx := context.Background()
+	sb, _ := src.Prepare(ctx)
+	if err := src.Sync(ctx, sb); err != nil {
+		t.Fatalf("first publish: %v", err)
+	}
+	file := filepath.Join(dir, "reducer", "m", "state.json")
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src.Changed(filepath.Join(file, "under-a-file")) // the next snapshot's walk fails (not a directory)
+	// Acknowledged or not: the follower's next stream's full sync holds it.
+	err = src.Sync(ctx, sb)
+	t.Logf("the publish whose snapshot failed: %v", err)
+	for i := range 3 {
+		if err := src.Sync(ctx, sb); err != nil {
+			t.Fatalf("publish %d after one failed snapshot (the follower opened %d streams): %v", i, streams(), err)
+		}
+	}
+	if n := streams(); n < 2 {
+		t.Fatalf("the follower opened %d streams: the failed one was not ended", n)
+	}
+}
+
+// TestLapsedGRPCStreamEnds: a follower on gRPC whose lease lapsed (a
+// refresh no longer lists it) has its stream ended at the primary, not
+// only cancelled: it stayed open, idle, holding every snapshot after the
+// one it had, and Close waited for it.
+func TestLapsedGRPCStreamEnds(t *testing.T) {
+	var mu sync.Mutex
+	registered := []string{"cut"}
+	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 5, Logger: testkit.Logger(),
+		Standbys: func(context.Context) ([]string, error) { mu.Lock(); defer mu.Unlock(); return registered, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	grpcFollower(t, addr, "cut", false)
+	ctx := context.Background()
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	registered = nil // its lease lapsed
+	mu.Unlock()
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the lapsed stream to end at the primary", func() bool {
+		acked, _ := src.Followers()
+		_, ok := acked["cut"]
+		return !ok
+	})
+	done := make(chan error, 1)
+	go func() { done <- src.Close() }()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Source.Close waits for the lapsed stream")
+	}
+}
