@@ -912,8 +912,10 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	s.cfg.Logger.Info("replica: standby following", "member", h.Member, "epoch", h.Epoch)
 
 	ackErr := make(chan error, 1)
-	s.streams.Add(1) // s.streams is above 0 here (serve's own)
-	go func() { // the owner: Close waits for s.streams
+	// The owner of the read: Close, which waits for s.streams (above 0
+	// here: serve's own).
+	s.streams.Add(1)
+	go func() {
 		defer s.streams.Done()
 		ackErr <- s.readAcks(ss, p)
 		cancel()
