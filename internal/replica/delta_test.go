@@ -929,7 +929,10 @@ func TestAppendedContentsKeptAreBounded(t *testing.T) {
 // under the new term's manifest. The term's files are told by their
 // stamps against the files present when the term began, not by a clock:
 // one written in the term with an mtime an hour before it (a wall clock
-// stepped back) is the term's too.
+// stepped back) is the term's too. And a standby whose copy is of
+// another lineage than the primary's — it led a term the primary's copy
+// never followed (and may have made a version of the same name there),
+// or it missed one — keeps nothing.
 func TestFullSyncSendsTheTermsFilesToAStandbyNewToIt(t *testing.T) {
 	r := newDeltaRig(t, 0)
 	older := filepath.Join("store", "m", "v1.safetensors")   // replicated before this term
@@ -938,7 +941,8 @@ func TestFullSyncSendsTheTermsFilesToAStandbyNewToIt(t *testing.T) {
 	stepped := filepath.Join("store", "m", "v4.safetensors") // the same, under a clock stepped back
 	r.write(older)
 	r.write(redone)
-	src, err := NewSource(SourceConfig{DataDir: r.dir, Epoch: 7, Logger: testkit.Logger()}) // the term begins
+	// The term begins; its copy descends from term 5.
+	src, err := NewSource(SourceConfig{DataDir: r.dir, Epoch: 7, Lineage: 5, Logger: testkit.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -971,21 +975,25 @@ func TestFullSyncSendsTheTermsFilesToAStandbyNewToIt(t *testing.T) {
 		have[rel] = fi.Size()
 	}
 	for _, tc := range []struct {
-		term uint64
-		kept []string
+		term, led uint64
+		kept      []string
 	}{
-		{0, []string{older}},                 // an older build's hello, or no unit yet
-		{src.cfg.Epoch - 1, []string{older}}, // a unit of the term before
-		{src.cfg.Epoch, all},
+		{5, 0, []string{older}}, // a unit of the lineage's term
+		{4, 5, []string{older}}, // it led the lineage's term
+		{5, 6, nil},             // it led a term after it, which this copy never followed
+		{3, 0, nil},             // it missed the lineage's term
+		{0, 0, nil},             // an older build's hello, or no unit yet
+		{7, 0, all},             // a unit of this term
 	} {
 		rec := &recStream{files: map[string][]byte{}}
-		kept := keptBy(t, src, &peer{member: "s", term: tc.term}, have, rec)
+		kept := keptBy(t, src, &peer{member: "s", term: tc.term, led: tc.led}, have, rec)
 		if want := slices.Sorted(slices.Values(tc.kept)); !slices.Equal(kept, want) {
-			t.Errorf("a standby whose newest unit is of epoch %d (the primary's %d): kept %v, want %v", tc.term, src.cfg.Epoch, kept, want)
+			t.Errorf("a standby whose newest unit is of epoch %d, that led %d (the primary's term %d, lineage %d): kept %v, want %v",
+				tc.term, tc.led, src.cfg.Epoch, src.cfg.Lineage, kept, want)
 		}
 		for _, rel := range all {
 			if _, sent := rec.files[rel]; sent == slices.Contains(tc.kept, rel) {
-				t.Errorf("epoch %d: %s sent %v, want it kept %v", tc.term, rel, sent, slices.Contains(tc.kept, rel))
+				t.Errorf("epoch %d, led %d: %s sent %v, want it kept %v", tc.term, tc.led, rel, sent, slices.Contains(tc.kept, rel))
 			}
 		}
 	}

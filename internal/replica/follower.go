@@ -121,6 +121,7 @@ type Follower struct {
 
 	mu    sync.Mutex
 	epoch uint64 // highest primary epoch seen, persisted
+	led   uint64 // the newest term this hub led, persisted (Lead)
 }
 
 // NewFollower opens the standby's side: it finishes or discards a unit
@@ -152,6 +153,9 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	}
 	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
 		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
+	if b, err := os.ReadFile(filepath.Join(f.dir(), ledName)); err == nil {
+		f.led, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
 	if f.pos, err = f.savedPosition(); err != nil {
 		// Written whole (renamed into place): unreadable means damaged.
@@ -267,6 +271,36 @@ func (f *Follower) ObserveEpoch(e uint64) error {
 	return nil
 }
 
+// ledName is, in DataDir/.replica, the newest term this hub led (Lead).
+const ledName = "led"
+
+// Lead records, before this hub writes anything as the primary of term
+// epoch, that it led that term, and returns the copy's lineage as the term
+// begins: the newest term it descends from, its position's (the term whose
+// primary its newest unit came from) or the one it led last, whichever is
+// newer. Two copies of one lineage hold one history: a file of one name in
+// both, present before either's next term, has the same bytes (Source.cut).
+func (f *Follower) Lead(epoch uint64) (lineage uint64, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	lineage = max(f.position().Epoch, f.led)
+	if epoch <= f.led {
+		return lineage, nil
+	}
+	if err := atomicfile.Write(filepath.Join(f.dir(), ledName), []byte(strconv.FormatUint(epoch, 10)+"\n")); err != nil {
+		return lineage, fmt.Errorf("replica: %w", err)
+	}
+	f.led = epoch
+	return lineage, nil
+}
+
+// ledTerm is the newest term this hub led (Lead); 0 for none.
+func (f *Follower) ledTerm() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.led
+}
+
 // Follow streams from leader and applies its units until the stream
 // ends, ctx ends, or a unit is refused. A leader whose epoch is older than
 // one this standby has seen is refused (fencing).
@@ -320,7 +354,7 @@ func (f *Follower) Follow(ctx context.Context, leader cluster.Leader) error {
 	// this standby (AckTimeout's default).
 	opened := time.AfterFunc(openTimeout, cancel)
 	defer opened.Stop()
-	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs, Appends: true, Term: f.position().Epoch}
+	h := hello{Member: f.cfg.Member, Epoch: leader.Epoch, Have: have, Dirs: mirroredDirs, Appends: true, Term: f.position().Epoch, Led: f.ledTerm()}
 	us, transport, err := f.open(ctx, leader, h, opening)
 	if err != nil {
 		return err

@@ -136,3 +136,48 @@ func TestLapsedGRPCStreamEnds(t *testing.T) {
 		t.Fatal("Source.Close waits for the lapsed stream")
 	}
 }
+
+// TestLedTermIsKeptAndSentInTheHello: the term a hub led (Follower.Lead,
+// called as it becomes primary) survives its restart, only grows, and its
+// hello names it, as the primary's full sync needs to tell its lineage.
+func TestLedTermIsKeptAndSentInTheHello(t *testing.T) {
+	dir := t.TempDir()
+	newFollower := func() *Follower {
+		f, err := NewFollower(FollowerConfig{DataDir: dir, Member: "s", Logger: testkit.Logger(),
+			Dial: func(_ context.Context, a string) (*grpc.ClientConn, error) {
+				return grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	f := newFollower()
+	if lineage, err := f.Lead(9); err != nil || lineage != 0 {
+		t.Fatalf("a new copy leading term 9: lineage %d, %v (want 0)", lineage, err)
+	}
+	f = newFollower() // restarted
+	if lineage, err := f.Lead(8); err != nil || lineage != 9 || f.ledTerm() != 9 {
+		t.Fatalf("after leading 9, Lead(8): lineage %d, led %d, %v (want 9 and 9)", lineage, f.ledTerm(), err)
+	}
+	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 10, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	t.Cleanup(func() { src.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { _ = f.Follow(ctx, cluster.Leader{ID: "p", Addr: addr, Epoch: 10}) })
+	testkit.Eventually(t, 30*time.Second, "the full sync", f.Synced)
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	for p := range src.followers {
+		if p.led != 9 {
+			t.Fatalf("the primary has the follower's led term as %d, want 9", p.led)
+		}
+		return
+	}
+	t.Fatal("no follower at the primary")
+}

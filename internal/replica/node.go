@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -679,6 +680,13 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 	if err := n.follower.ObserveEpoch(term.Epoch); err != nil {
 		n.cfg.Logger.Error("cluster: cannot record the term", "err", err)
 	}
+	// Recorded before anything is written in the term: this copy descends
+	// from it from now on, whatever the position says (Source.cut).
+	lineage, lerr := n.follower.Lead(term.Epoch)
+	if lerr != nil {
+		n.cfg.Logger.Error("cluster: cannot record the term as led; full syncs to standbys new to it send every file", "err", lerr)
+		lineage = math.MaxUint64 // no follower's
+	}
 	// Who may take over (acks all): this primary and the members the
 	// record lists already — nothing is acknowledged in this term yet, so
 	// each holds everything acknowledged — until a publish one of them
@@ -742,7 +750,7 @@ func (n *Node) primaryTerm(ctx context.Context, m *cluster.Member, term *cluster
 		}
 		return nil
 	}
-	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout, Shipped: &n.shipped,
+	src, err = NewSource(SourceConfig{DataDir: n.cfg.Hub.DataDir, Epoch: term.Epoch, Lineage: lineage, Acks: n.cfg.Acks, AckTimeout: n.cfg.AckTimeout, Shipped: &n.shipped,
 		InSync: func(ctx context.Context, standbys []string) error {
 			return term.RecordInSync(ctx, append([]string{m.ID()}, standbys...))
 		},

@@ -39,6 +39,12 @@ type SourceConfig struct {
 	// Epoch is the primary's term; a follower that names another is
 	// refused.
 	Epoch uint64
+	// Lineage is the newest term this primary's copy descended from as
+	// its term began (Follower.Lead). A full sync keeps a file by size,
+	// for a follower that took no unit of this term, only when the
+	// follower's copy is of the same lineage; 0 for a copy that descends
+	// from no term (a hub's first term, or a test's).
+	Lineage uint64
 	// Acks is how many standbys must have applied a publish before it is
 	// acknowledged: AcksAll (every standby registered in the cluster when
 	// the publish is made; the default), 0 (none: asynchronous), or N
@@ -222,8 +228,9 @@ type peer struct {
 	codec bool
 	// appends: the follower takes G frames (hello.Appends).
 	appends bool
-	// term: the epoch of the follower's newest unit (hello.Term).
-	term uint64
+	// term: the epoch of the follower's newest unit (hello.Term); led:
+	// the newest term it led (hello.Led).
+	term, led uint64
 	// ping: how long the stream may stay silent before the primary pings
 	// (the data plane's streams: bulkstream.go); 0 never.
 	ping time.Duration
@@ -890,7 +897,7 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	}
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
-	p := &peer{member: h.Member, codec: codec, appends: h.Appends, term: h.Term, ping: ping, since: time.Now(), cancel: cancel}
+	p := &peer{member: h.Member, codec: codec, appends: h.Appends, term: h.Term, led: h.Led, ping: ping, since: time.Now(), cancel: cancel}
 	s.mu.Lock()
 	s.followers[p] = struct{}{}
 	if !s.scanning {
@@ -1910,12 +1917,22 @@ type opened struct {
 	keep bool
 }
 
+// keepRule is which immutable files a full sync keeps at the follower's
+// size (sendCut).
+type keepRule int
+
+const (
+	keepNone   keepRule = iota // none: every file is sent
+	keepBefore                 // those present, at their stamps, when the term began (Source.before)
+	keepHeld                   // every one the follower holds at the primary's size
+)
+
 // cut takes the unit's files: the store's first, then ARS's and the
 // reducer's, with commits held off throughout.
 //
 // seq is the cut's place among snapshots (the newest snapshot's seq when
 // it was taken: the cut is newer than it).
-func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full, newToTerm bool) (files []opened, gone []string, seq uint64, err error) {
+func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool, keep keepRule) (files []opened, gone []string, seq uint64, err error) {
 	s.freeze.Lock()
 	defer s.freeze.Unlock()
 	s.mu.Lock()
@@ -1946,7 +1963,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full, newT
 			if old, ok := shipped[e.rel]; ok && old == e.st && !full && immutable(e.rel) {
 				continue
 			}
-			if full && immutable(e.rel) && (!newToTerm || s.before[e.rel] == e.st) {
+			if full && immutable(e.rel) && (keep == keepHeld || keep == keepBefore && s.before[e.rel] == e.st) {
 				if sz, ok := have[e.rel]; ok && sz == e.st.size {
 					files = append(files, opened{rel: e.rel, st: e.st, keep: true})
 					continue
@@ -1993,8 +2010,18 @@ func (s *Source) sendCut(ss frameStream, p *peer, u uint64, full bool, shipped m
 	// this standby alone, and that this term made again from other
 	// gradients): held by a follower that took no unit of this term, it
 	// is sent, not kept. The term's files are told by their stamps, not
-	// by a clock (Source.before).
-	files, gone, seq, err := s.cut(shipped, have, full, p.term != s.cfg.Epoch)
+	// by a clock (Source.before). And a follower whose copy descends from
+	// another term than this primary's (it led a term this primary never
+	// followed, or it missed one) may hold any file of its name with
+	// other bytes: it is sent every file.
+	keep := keepNone
+	switch {
+	case p.term == s.cfg.Epoch:
+		keep = keepHeld
+	case max(p.term, p.led) == s.cfg.Lineage:
+		keep = keepBefore
+	}
+	files, gone, seq, err := s.cut(shipped, have, full, keep)
 	if err != nil {
 		return 0, status.Error(codes.Internal, err.Error())
 	}

@@ -37,7 +37,7 @@ func TestCutKeepsTheBytesOfVersionsTheStoreRecycles(t *testing.T) {
 	for v := uint64(1); v <= 3; v++ {
 		push(v)
 	}
-	files, _, _, err := p.src.cut(map[string]stamp{}, nil, true, false)
+	files, _, _, err := p.src.cut(map[string]stamp{}, nil, true, keepHeld)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,11 +80,15 @@ type hello struct {
 	// bytes); the primary sends a follower without it whole files.
 	Appends bool `json:"appends,omitempty"`
 	// Term is the epoch of the primary the follower's newest unit came
-	// from (its position's); 0 for none, or an older build. A full sync
-	// keeps a file the follower holds at the primary's size only when the
-	// primary did not write it in its own term, or the follower already
-	// took a unit of that term (Source.cut).
+	// from (its position's); 0 for none, or an older build. Led is the
+	// newest term the follower led itself (Follower.Lead); 0 for none, or
+	// an older build. A full sync keeps a file the follower holds at the
+	// primary's size only when the follower already took a unit of the
+	// primary's term, or its copy is of the primary's lineage (the newer
+	// of Term and Led) and the primary did not write the file in its own
+	// term (Source.cut).
 	Term uint64 `json:"term,omitempty"`
+	Led  uint64 `json:"led,omitempty"`
 }
 
 // position is how far a standby's copy has come: the epoch of the

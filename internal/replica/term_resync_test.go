@@ -5,6 +5,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -49,6 +51,7 @@ func TestStandbyBackFromAnOldTermGetsTheNewTermsBytes(t *testing.T) {
 	c := newClusterTTL(t, e.Endpoint, 3, "10s", "--replica-ack-timeout", "60s")
 	const model = "pol"
 	lA, a := c.leader(0)
+	ledBy(t, a, lA.Epoch)
 	const floats = 16 << 20 // 64 MiB
 	c.push(model, 1, 0, storetest.Blob(t, 1, floats))
 	sbs := c.standbys(a)
@@ -102,6 +105,7 @@ func TestStandbyBackFromAnOldTermGetsTheNewTermsBytes(t *testing.T) {
 	if p != cc {
 		t.Fatalf("%s elected at epoch %d, want %s (%s is stopped)", p.id, lC.Epoch, cc.id, b.id)
 	}
+	ledBy(t, cc, lC.Epoch)
 	if info := c.push(model, 2, 1, acked); info.Epoch != lC.Epoch {
 		t.Fatalf("v2 through %s landed at epoch %d, want %d (its own)", cc.id, info.Epoch, lC.Epoch)
 	}
@@ -129,5 +133,15 @@ func TestStandbyBackFromAnOldTermGetsTheNewTermsBytes(t *testing.T) {
 	if snap := c.newest(model); snap.Version != 2 || !bytes.Equal(snap.Blob, acked) {
 		t.Fatalf("%s, elected after %s, serves v%d (A's bytes: %v), not the v2 %s acknowledged",
 			b.id, cc.id, snap.Version, bytes.Equal(snap.Blob, old), cc.id)
+	}
+}
+
+// ledBy checks that h, primary of epoch, recorded the term as led in its
+// data directory (Follower.Lead): its copy's lineage from then on.
+func ledBy(t *testing.T, h *hubProc, epoch uint64) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(h.data, ".replica", "led"))
+	if err != nil || strings.TrimSpace(string(b)) != strconv.FormatUint(epoch, 10) {
+		t.Fatalf("%s, primary of epoch %d, recorded %q as the term it led (%v)", h.id, epoch, b, err)
 	}
 }
