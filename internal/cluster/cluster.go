@@ -84,6 +84,10 @@ type Config struct {
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
+// ValidID reports whether id may be a member's id (or a cluster's name):
+// 1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-'.
+func ValidID(id string) bool { return namePattern.MatchString(id) }
+
 func (c *Config) validate(join bool) error {
 	if len(c.Endpoints) == 0 {
 		return fmt.Errorf("%w: cluster: no etcd endpoints", errs.ErrInvalid)

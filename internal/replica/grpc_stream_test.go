@@ -5,12 +5,16 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -180,4 +184,41 @@ func TestLedTermIsKeptAndSentInTheHello(t *testing.T) {
 		return
 	}
 	t.Fatal("no follower at the primary")
+}
+
+// TestHelloWithABadMemberIDIsRefused: the member id a hello names is
+// logged and counts acknowledgements; one that is not a member id (10 KiB
+// of it here) is refused as invalid, without echoing it, and the stream
+// never becomes a follower.
+func TestHelloWithABadMemberIDIsRefused(t *testing.T) {
+	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 5, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	t.Cleanup(func() { src.Close() })
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for _, member := range []string{strings.Repeat("m", 10<<10), "", "a b", "../x"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.SendMsg(jsonFrame(kindHello, hello{Member: member, Epoch: 5, Dirs: mirroredDirs})); err != nil {
+			t.Fatal(err)
+		}
+		var m wrapperspb.BytesValue
+		err = cs.RecvMsg(&m)
+		cancel()
+		if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 200 || (member != "" && strings.Contains(err.Error(), member)) {
+			t.Fatalf("hello naming member %.20q (%d bytes): %v (want a short InvalidArgument)", member, len(member), err)
+		}
+	}
+	if acked, _ := src.Followers(); len(acked) != 0 {
+		t.Fatalf("followers after refused hellos: %v", acked)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/atomicfile"
+	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -891,6 +892,9 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	}
 	if h.Query {
 		return status.Error(codes.FailedPrecondition, "replica: this hub is the primary, not a standby with a position")
+	}
+	if !cluster.ValidID(h.Member) { // logged, and acknowledgements counted by it: bounded, never echoed
+		return status.Error(codes.InvalidArgument, "replica: the hello's member id is not one (1 to 64 of A-Z a-z 0-9 . _ -)")
 	}
 	if h.Epoch != s.cfg.Epoch {
 		return status.Errorf(codes.FailedPrecondition, "replica: this primary holds epoch %d, the follower expects %d", s.cfg.Epoch, h.Epoch)
