@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -350,16 +352,26 @@ type modelFiles struct {
 	// journal to double past it as well as for the threshold, so that a
 	// ledger bigger than the threshold is not rewritten at every step.
 	base int64
-	// applied mirrors the ledger's applied ids as journaled (the live
-	// ledger also holds ids settled for steps not yet journaled): the
-	// compaction snapshot is taken from it.
+	// applied mirrors the ledger's applied ids through the newest
+	// published version (the live ledger also holds ids settled for steps
+	// not yet journaled, or not yet published): the compaction snapshot is
+	// taken from it.
 	applied *reduce.Ledger
 	// stateVersion is the version whose optimizer state file is on disk
 	// and published (0: none).
 	stateVersion uint64
-	// pending is the version whose state file commit wrote and whose
-	// publish has not been confirmed (0: none).
-	pending uint64
+	// unpublished is the journal's records of the steps committed and not
+	// yet published (a replicated store: commitStep; at most maxUnacked),
+	// oldest first: a compaction keeps their frames after its snapshot.
+	unpublished []unpublishedStep
+}
+
+// unpublishedStep is a committed step's journal record, as framed, with
+// its members.
+type unpublishedStep struct {
+	version uint64
+	frame   []byte
+	members []reduce.ID
 }
 
 // create starts a model's files afresh for a new registration: any earlier
@@ -509,7 +521,8 @@ func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights 
 		return err
 	}
 	from := f.size
-	if err = f.appendJournal(payload); err != nil {
+	frame := appendFrame(make([]byte, 0, 8+len(payload)), payload)
+	if err = f.appendJournal(frame); err != nil {
 		f.d.named(filepath.Join(f.dir, journalName)) // a failed append may have cut it back
 		return err
 	}
@@ -518,9 +531,8 @@ func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights 
 	} else {
 		f.d.named(filepath.Join(f.dir, journalName))
 	}
-	f.applied.AddApplied(members)
+	f.unpublished = append(f.unpublished, unpublishedStep{version: version, frame: frame, members: slices.Clone(members)})
 	if opt == nil {
-		f.pending = version
 		return nil
 	}
 	st, meta := opt.State()
@@ -545,12 +557,11 @@ func (f *modelFiles) commit(version, steps uint64, members []reduce.ID, weights 
 		return fmt.Errorf("optimizer state of version %d: %w", version, err)
 	}
 	f.d.named(path)
-	f.pending = version
 	return nil
 }
 
-func (f *modelFiles) appendJournal(payload []byte) error {
-	frame := appendFrame(make([]byte, 0, 8+len(payload)), payload)
+// appendJournal appends one framed record and fsyncs it.
+func (f *modelFiles) appendJournal(frame []byte) error {
 	n, err := f.journal.Write(frame)
 	if err == nil {
 		err = f.journal.Sync()
@@ -581,12 +592,19 @@ func (f *modelFiles) published(version, steps uint64) {
 		f.d.named(old)
 	}
 	f.stateVersion = version
-	if f.pending > version {
-		// A later step is committed and not yet published (a replicated
-		// store: commitStep): the journal keeps its record until it is.
-		return
+	n := 0
+	for _, u := range f.unpublished {
+		if u.version > version {
+			break
+		}
+		f.applied.AddApplied(u.members)
+		n++
 	}
-	f.pending = 0
+	f.unpublished = slices.Delete(f.unpublished, 0, n)
+	// A later step may be committed and not yet published (a replicated
+	// store: commitStep; on a saturated primary, always): the compaction
+	// keeps its record after the snapshot (it used to wait for none, and
+	// under a steady load never ran).
 	if f.d.compactBytes > 0 && f.size > max(f.d.compactBytes, 2*f.base) {
 		if err := f.compact(version, steps); err != nil {
 			f.d.logger.Warn("reducer: journal compaction failed; the journal keeps growing", "dir", f.dir, "err", err)
@@ -595,32 +613,50 @@ func (f *modelFiles) published(version, steps uint64) {
 }
 
 // compact replaces the journal by one snapshot record of the applied ids
-// through version.
+// through version (published), followed by the records of the steps
+// committed after it and not yet published, as they were.
 func (f *modelFiles) compact(version, steps uint64) error {
 	payload, err := json.Marshal(journalRecord{Version: version, Steps: steps, Ledger: f.applied.Applied()})
 	if err != nil {
 		return err
 	}
-	frame := appendFrame(nil, payload)
-	if err := atomicfile.Write(filepath.Join(f.dir, journalName), frame); err != nil {
+	pieces := [][]byte{appendFrame(nil, payload)}
+	size := int64(len(pieces[0]))
+	for _, u := range f.unpublished {
+		pieces = append(pieces, u.frame)
+		size += int64(len(u.frame))
+	}
+	if err := atomicfile.Write(filepath.Join(f.dir, journalName), pieces...); err != nil {
 		return err
 	}
 	f.d.named(filepath.Join(f.dir, journalName))
-	j, err := os.OpenFile(filepath.Join(f.dir, journalName), os.O_WRONLY, 0o644)
+	j, err := openJournal(filepath.Join(f.dir, journalName))
 	if err == nil {
-		_, err = j.Seek(int64(len(frame)), io.SeekStart)
+		_, err = j.Seek(size, io.SeekStart)
 	}
 	if err != nil {
-		// The compacted journal is in place; without a handle on it the
-		// next step's append fails and the model stops, loudly.
+		// The compacted journal is in place and the handle held is on the
+		// file it replaced: closed, so that the next step's append fails
+		// and the model stops, loudly (appended to, the replaced file
+		// would take records no restart reads).
 		if j != nil {
 			j.Close()
 		}
+		f.journal.Close()
 		return err
 	}
 	f.journal.Close()
-	f.journal, f.size, f.base = j, int64(len(frame)), int64(len(frame))
+	f.journal, f.size, f.base = j, size, int64(len(pieces[0]))
 	return nil
 }
 
-func (f *modelFiles) close() error { return f.journal.Close() }
+// openJournal opens a compacted journal to append to (tests replace it
+// to make the open fail).
+var openJournal = func(path string) (*os.File, error) { return os.OpenFile(path, os.O_WRONLY, 0o644) }
+
+func (f *modelFiles) close() error {
+	if err := f.journal.Close(); err != nil && !errors.Is(err, os.ErrClosed) { // closed by a failed compaction
+		return err
+	}
+	return nil
+}

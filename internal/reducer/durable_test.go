@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -516,4 +517,56 @@ func TestAdmitRefusesALongClientID(t *testing.T) {
 		t.Fatalf("admit with a %d-byte client id: %v, want ErrInvalid naming the client id", len(long.Client), err)
 	}
 	e.steps(p, 1, 1) // a short id is admitted and applied
+}
+
+// TestDurableJournalReopenFailureStopsTheModel: when the compacted
+// journal is in place but cannot be opened to append to (a descriptor
+// limit, say), the handle on the journal it replaced is closed: the next
+// step fails and the model stops, loudly. Kept, that handle took the
+// next records into an unlinked file no restart reads, and their
+// versions were published: a restart forgot their gradients.
+func TestDurableJournalReopenFailureStopsTheModel(t *testing.T) {
+	e := newDurableEnv(t)
+	cfg := PrimaryConfig{JournalCompactBytes: 300, LedgerWindow: 4}
+	p := e.open(cfg)
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	open := openJournal
+	openJournal = func(string) (*os.File, error) { failed++; return nil, fmt.Errorf("too many open files") }
+	defer func() { openJournal = open }()
+	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64 // the last seq whose step published
+	for s := uint64(1); s <= 20; s++ {
+		id := reduce.ID{Client: "ck", Seq: s}
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+			break // the model stopped
+		}
+		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", s)}); err != nil {
+			break
+		}
+		last = s
+	}
+	p.Detach(sess)
+	openJournal = open
+	if failed == 0 || last == 20 {
+		t.Fatalf("compactions that could not reopen the journal: %d; steps published after: through seq %d of 20", failed, last)
+	}
+	p = e.restart(cfg)
+	if ms := e.model(p); ms.StateError != "" || ms.Version != last+1 {
+		t.Fatalf("restarted after the failed reopen: v%d, state error %q (want v%d, none)", ms.Version, ms.StateError, last+1)
+	}
+	sess, _, _ = p.Attach(ctx, Secondary{ID: "y"})
+	for s := uint64(1); s <= last; s++ {
+		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: s}, 0); !errors.Is(err, errs.ErrExists) {
+			t.Fatalf("seq %d, published before the restart: admit says %v", s, err)
+		}
+	}
+	p.Detach(sess)
+	e.checkReplay(last)
 }
