@@ -50,11 +50,13 @@ const (
 	registrationFmt  = 1
 	spareDir         = ".spare" // the pool of dropped optimizer states (stateDir.spares)
 	stateTmpSuffix   = atomicfile.TmpSuffix
-	// journalRecordMax bounds one journal record (a step of a batch of a
-	// few thousand members is a few hundred KiB; a ledger snapshot of many
-	// clients more).
-	journalRecordMax = 256 << 20
 )
+
+// journalRecordMax bounds one journal record (a step of a batch of a few
+// thousand members is a few hundred KiB; a ledger snapshot of many
+// clients more): a compaction whose snapshot would pass it is not made,
+// and a frame claiming more is damage. A variable for tests.
+var journalRecordMax uint32 = 256 << 20
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
@@ -132,9 +134,15 @@ func appendFrame(dst, payload []byte) []byte {
 	return append(dst, payload...)
 }
 
-// readJournal reads the records of a journal up to its first torn or
-// corrupt frame, and returns them with the byte offset just past each.
-func readJournal(r io.Reader) (recs []journalRecord, ends []int64, err error) {
+// readJournal reads the records of a journal of size bytes up to its
+// first torn or damaged frame, and returns them with the byte offset just
+// past each. A torn frame is the journal's last, cut short by a kill
+// during its append: the file ends within it or just at its end (its
+// checksum then fails), and it is not an error. A bad frame the file goes
+// on past (a zero or oversized length, a checksum that fails) is damage:
+// an error, for the caller to keep the journal aside rather than cut the
+// records after it silently.
+func readJournal(r io.Reader, size int64) (recs []journalRecord, ends []int64, err error) {
 	br := bufio.NewReaderSize(r, 1<<16)
 	var off int64
 	var hdr [8]byte
@@ -143,15 +151,22 @@ func readJournal(r io.Reader) (recs []journalRecord, ends []int64, err error) {
 			return recs, ends, nil // end, or a torn frame header
 		}
 		n := binary.LittleEndian.Uint32(hdr[:4])
+		torn := off+8+int64(n) >= size
 		if n == 0 || n > journalRecordMax {
-			return recs, ends, nil
+			if torn {
+				return recs, ends, nil
+			}
+			return recs, ends, fmt.Errorf("journal damaged at byte %d of %d: a record of %d bytes (at most %d)", off, size, n, journalRecordMax)
 		}
 		payload := make([]byte, n)
 		if _, err := io.ReadFull(br, payload); err != nil {
 			return recs, ends, nil
 		}
 		if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(hdr[4:]) {
-			return recs, ends, nil
+			if torn {
+				return recs, ends, nil
+			}
+			return recs, ends, fmt.Errorf("journal damaged at byte %d of %d: a record's checksum fails", off, size)
 		}
 		var rec journalRecord
 		if err := json.Unmarshal(payload, &rec); err != nil {
@@ -175,7 +190,11 @@ func ReadJournal(stateDir, model string) ([]JournalStep, error) {
 		return nil, err
 	}
 	defer f.Close()
-	recs, _, err := readJournal(f)
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	recs, _, err := readJournal(f, st.Size())
 	out := make([]JournalStep, len(recs))
 	for i, r := range recs {
 		out[i] = JournalStep{Version: r.Version, Steps: r.Steps, Members: r.ids(), Weights: r.Weights, Snapshot: r.Ledger != nil}
@@ -425,7 +444,11 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 	if err != nil {
 		return nil, err
 	}
-	recs, ends, jerr := readJournal(j)
+	var size int64
+	if st, err := j.Stat(); err == nil {
+		size = st.Size()
+	}
+	recs, ends, jerr := readJournal(j, size)
 	out := &restored{ledger: reduce.NewLedger(window)}
 	applied := reduce.NewLedger(window)
 	keep := int64(0)
@@ -449,6 +472,15 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 	}
 	if jerr != nil {
 		out.problems = append(out.problems, jerr.Error())
+		// Cut back below, the records after the damage would be gone for
+		// good: the journal is kept aside as it was, for the operator.
+		aside := jpath + ".damaged"
+		if err := copyFile(jpath, aside); err != nil {
+			d.logger.Error("reducer: cannot keep the damaged journal aside", "model", reg.Model, "err", err)
+		} else {
+			d.logger.Error("reducer: the journal is damaged; kept aside as it was, and cut back before the damage", "model", reg.Model,
+				"kept_as", aside, "err", jerr)
+		}
 	}
 	if st, err := j.Stat(); err == nil && st.Size() > keep {
 		d.logger.Info("reducer: journal cut back to the newest published version", "model", reg.Model,
@@ -620,6 +652,10 @@ func (f *modelFiles) compact(version, steps uint64) error {
 	if err != nil {
 		return err
 	}
+	if len(payload) > int(journalRecordMax) {
+		// A reader would take it for damage: the journal keeps its records.
+		return fmt.Errorf("the ledger's snapshot is %d bytes, more than a journal record may be (%d)", len(payload), journalRecordMax)
+	}
 	pieces := [][]byte{appendFrame(nil, payload)}
 	size := int64(len(pieces[0]))
 	for _, u := range f.unpublished {
@@ -653,6 +689,36 @@ func (f *modelFiles) compact(version, steps uint64) error {
 // openJournal opens a compacted journal to append to (tests replace it
 // to make the open fail).
 var openJournal = func(path string) (*os.File, error) { return os.OpenFile(path, os.O_WRONLY, 0o644) }
+
+// copyFile copies src to dst (a temporary file fsynced and renamed in;
+// in the kernel, copy_file_range, where it can).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp := dst + atomicfile.TmpSuffix
+	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return atomicfile.SyncDir(filepath.Dir(dst))
+}
 
 func (f *modelFiles) close() error {
 	if err := f.journal.Close(); err != nil && !errors.Is(err, os.ErrClosed) { // closed by a failed compaction

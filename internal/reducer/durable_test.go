@@ -3,6 +3,7 @@ package reducer
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -569,4 +570,95 @@ func TestDurableJournalReopenFailureStopsTheModel(t *testing.T) {
 	}
 	p.Detach(sess)
 	e.checkReplay(last)
+}
+
+// TestDurableJournalDamageIsKeptAside: a journal damaged before its end
+// (a record's checksum fails, or a length no record may have, with more
+// records after it) is not a torn tail: a restart says so in the model's
+// state error and keeps the journal aside as it was before cutting it
+// back. It was cut back silently, the records after the damage gone.
+func TestDurableJournalDamageIsKeptAside(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, b []byte) []byte
+	}{
+		{"checksum", func(t *testing.T, b []byte) []byte { b[9] ^= 0xff; return b }}, // the first record's payload
+		{"length", func(t *testing.T, b []byte) []byte {
+			binary.LittleEndian.PutUint32(b[:4], journalRecordMax+1) // then its bytes, and more
+			return append(b, make([]byte, journalRecordMax+1)...)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old := journalRecordMax
+			journalRecordMax = 4 << 10
+			defer func() { journalRecordMax = old }()
+			e := steppedEnv(t, 3)
+			jpath := filepath.Join(e.stateDir, "m", journalName)
+			b, err := os.ReadFile(jpath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			damaged := tc.damage(t, b)
+			if err := os.WriteFile(jpath, damaged, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			e.openStore()
+			p := e.open(PrimaryConfig{})
+			if ms := e.model(p); !strings.Contains(ms.StateError, "journal damaged at byte 0") {
+				t.Fatalf("state error after a damaged journal: %q", ms.StateError)
+			}
+			aside, err := os.ReadFile(jpath + ".damaged")
+			if err != nil || !bytes.Equal(aside, damaged) {
+				t.Fatalf("the damaged journal kept aside: %d bytes, %v (want the %d it had)", len(aside), err, len(damaged))
+			}
+		})
+	}
+}
+
+// TestDurableCompactionNeverWritesAnUnreadableSnapshot: a ledger snapshot
+// longer than a journal record may be is not written (a restart read
+// such a record as a torn tail and cut the journal to nothing, every
+// applied gradient forgotten); the journal keeps its records, and a
+// restart refuses every gradient applied.
+func TestDurableCompactionNeverWritesAnUnreadableSnapshot(t *testing.T) {
+	old := journalRecordMax
+	journalRecordMax = 600
+	defer func() { journalRecordMax = old }()
+	e := newDurableEnv(t)
+	cfg := PrimaryConfig{JournalCompactBytes: 100, LedgerWindow: 64}
+	p := e.open(cfg)
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		t.Fatal(err)
+	}
+	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 40 // one client each: the ledger's snapshot outgrows 600 bytes
+	client := func(s uint64) string { return fmt.Sprintf("client-%03d", s) }
+	for s := uint64(1); s <= n; s++ {
+		id := reduce.ID{Client: client(s), Seq: 1}
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, id.Client, 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Detach(sess)
+	if !strings.Contains(e.logs.String(), "more than a journal record may be") {
+		t.Fatalf("no compaction was refused (logs:\n%s)", e.logs.String())
+	}
+	p = e.restart(cfg)
+	if ms := e.model(p); ms.StateError != "" || ms.Version != n+1 {
+		t.Fatalf("restarted: v%d, state error %q", ms.Version, ms.StateError)
+	}
+	sess, _, _ = p.Attach(ctx, Secondary{ID: "y"})
+	defer p.Detach(sess)
+	for s := uint64(1); s <= n; s++ {
+		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: client(s), Seq: 1}, 0); !errors.Is(err, errs.ErrExists) {
+			t.Fatalf("%s's gradient, applied before the restart: admit says %v", client(s), err)
+		}
+	}
 }
