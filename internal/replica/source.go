@@ -1333,7 +1333,7 @@ func (s *Source) takeSnapshot(prev *snapshot, force bool) (*snapshot, error) {
 				s.fromMemory.Add(1)
 				delete(mem, rel)
 			} else if immutable(rel) {
-				f, err := openImmutable(path)
+				f, err := openImmutable(path, ch.st)
 				if gone = errors.Is(err, os.ErrNotExist); err != nil && !gone {
 					return fmt.Errorf("replica: read %s: %w", rel, err)
 				}
@@ -1831,17 +1831,29 @@ func (s *Source) chain(seen uint64, snap *snapshot) []*snapshot {
 	return s.live[j : i+1]
 }
 
-// openImmutable opens an immutable file to be read after the freeze,
-// locked shared (atomicfile.LockShared) before the freeze ends: the store
-// may retire the name once commits go on, and its pool of spares then
-// never writes this inode while the read holds the lock — the file keeps
-// the bytes it was opened with, as a removed file does.
-func openImmutable(path string) (*os.File, error) {
+// openImmutable opens an immutable file the walk saw at want, to be read
+// after the freeze, locked shared (atomicfile.LockShared) before the
+// freeze ends: the store may retire the name once commits go on, and its
+// pool of spares then never writes this inode while the read holds the
+// lock — the file keeps the bytes it was opened with, as a removed file
+// does. A writer that does not take the freeze (the reducer's optimizer
+// states) may retire the name and write the inode anew between the open
+// and the lock: the file, locked, is checked to be still what the walk
+// saw, or counts as removed since (os.ErrNotExist).
+func openImmutable(path string, want stamp) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	if err := atomicfile.LockShared(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && stampOf(fi) != want {
+		err = fmt.Errorf("replica: %s was replaced since the walk: %w", path, os.ErrNotExist)
+	}
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -1976,7 +1988,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool,
 			o := opened{rel: e.rel, st: e.st}
 			path := filepath.Join(s.cfg.DataDir, e.rel)
 			if immutable(e.rel) {
-				o.f, err = openImmutable(path)
+				o.f, err = openImmutable(path, e.st)
 			} else {
 				o.data, err = os.ReadFile(path)
 			}

@@ -3,7 +3,9 @@ package replica
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -71,4 +73,40 @@ func TestCutKeepsTheBytesOfVersionsTheStoreRecycles(t *testing.T) {
 		}
 	}
 	t.Logf("%d version files held by the cut kept their bytes", len(held))
+}
+
+// TestOpenImmutableRefusesAFileNoLongerAsWalked: the reducer retires its
+// optimizer states without the freeze, so between a walk (or a cut's
+// open) and the shared lock the name may be retired and its inode
+// written anew by the spares pool: the file, once locked, must still be
+// what the walk saw, or it counts as removed since — never sent under the
+// old name with the new bytes.
+func TestOpenImmutableRefusesAFileNoLongerAsWalked(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "optim-v1.safetensors")
+	if err := os.WriteFile(path, []byte("state of version 1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	es, err := walk(dir, []string{"."})
+	if err != nil || len(es) != 1 {
+		t.Fatalf("walk: %v, %v", es, err)
+	}
+	walked := es[0].st
+	f, err := openImmutable(path, walked)
+	if err != nil {
+		t.Fatalf("a file as walked: %v", err)
+	}
+	f.Close()
+	time.Sleep(10 * time.Millisecond) // past the file system clock's tick
+	// The same inode written anew, as Spares.Create does.
+	if err := os.WriteFile(path, []byte("state of version 3"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := openImmutable(path, walked); !errors.Is(err, os.ErrNotExist) {
+		if f != nil {
+			b, _ := io.ReadAll(f)
+			t.Fatalf("opened as walked, read %q (err %v); want it counted removed", b, err)
+		}
+		t.Fatalf("a file written anew since the walk: %v, want os.ErrNotExist", err)
+	}
 }
