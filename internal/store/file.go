@@ -241,7 +241,11 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 		return nil, nil, fmt.Errorf("%s: model name %q does not belong in this directory (%v)", manifestName, m.Name, err)
 	}
 	if len(m.Versions) == 0 && m.Owner == "" {
-		return nil, nil, fmt.Errorf("%s: no versions", manifestName)
+		// A claim given up on a model that never had a version (Claim,
+		// then Release): nothing to keep. Refused, it made the whole
+		// store refuse to open.
+		f.removeDebris(dir, nil)
+		return nil, nil, nil
 	}
 	keep := map[string]bool{manifestName: true}
 	var snaps []*Snapshot

@@ -430,3 +430,31 @@ func TestFileOwnerAndDeleteSurviveRestart(t *testing.T) {
 		t.Fatalf("deleted model after restart: %v", err)
 	}
 }
+
+// TestReleasedClaimOfAModelNeverPushedLeavesTheStoreOpenable: a claim
+// given up on a model that never had a version left a manifest with no
+// versions and no owner, which the next open refused — the whole store,
+// and on a cluster every standby it replicated to. It is nothing now: the
+// store opens without it, and the name can be pushed and claimed again.
+func TestReleasedClaimOfAModelNeverPushedLeavesTheStoreOpenable(t *testing.T) {
+	dir := t.TempDir()
+	s := openFile(t, dir, store.Config{})
+	if err := s.Claim(bg(t), "m", "reducer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(bg(t), "m", "reducer"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = openFile(t, dir, store.Config{})
+	defer s.Close()
+	if infos, err := s.List(bg(t)); err != nil || len(infos) != 0 {
+		t.Fatalf("models after the released claim and a reopen: %v, %v", infos, err)
+	}
+	if err := s.Claim(bg(t), "m", "other"); err != nil {
+		t.Fatalf("claim again: %v", err)
+	}
+	if _, err := s.Push(bg(t), store.PushRequest{Name: "m", Version: 1, Owner: "other", Blob: storetest.Blob(t, 1, 8)}); err != nil {
+		t.Fatalf("push after: %v", err)
+	}
+}
