@@ -145,6 +145,10 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Sna
 	if err != nil {
 		return Info{}, fmt.Errorf("model %q version %d: %w", req.Name, req.Version, err)
 	}
+	if n := metadataBytes(f.Metadata); n > MaxMetadataBytes {
+		return Info{}, fmt.Errorf("%w: model %q version %d: safetensors metadata of %d bytes; at most %d (a pull carries it in its reply's header)",
+			errs.ErrInvalid, req.Name, req.Version, n, MaxMetadataBytes)
+	}
 
 	c.mu.Lock()
 	m := c.modelLocked(req.Name)
@@ -514,4 +518,19 @@ func (c *core) delete(ctx context.Context, name string, persist func(name string
 	m.versions, m.epoch, m.owner = nil, 0, ""
 	c.mu.Unlock()
 	return nil
+}
+
+// MaxMetadataBytes bounds a version's safetensors __metadata__ (its keys'
+// and values' bytes): every pull of the version carries it in its reply's
+// header, which the data plane bounds at 1 MiB and gRPC at its message
+// size. Larger, a push was acknowledged that no pull could read.
+const MaxMetadataBytes = 256 << 10
+
+// metadataBytes is the bytes of md's keys and values.
+func metadataBytes(md map[string]string) int {
+	n := 0
+	for k, v := range md {
+		n += len(k) + len(v)
+	}
+	return n
 }
