@@ -36,8 +36,11 @@ type core struct {
 	done chan struct{} // closed by close
 	once sync.Once
 
-	mu     sync.Mutex
-	models map[string]*model // guarded by mu; entries are never removed
+	mu sync.Mutex
+	// models is guarded by mu. An entry with no version and no owner is
+	// removed once no call uses it (model.users): waits on names never
+	// pushed, and pushes refused on them, grew the map without bound.
+	models map[string]*model
 }
 
 // model is one named model. versions, epoch and changed are guarded by
@@ -49,6 +52,7 @@ type model struct {
 	owner    string        // the only writer whose pushes land; "" for any (rule 6)
 	changed  chan struct{} // closed and replaced when a version lands
 	count    modelCounters // see Stats
+	users    int           // calls holding the entry (acquireLocked); guarded by core.mu
 }
 
 func newCore(cfg Config) *core {
@@ -75,6 +79,32 @@ func (c *core) modelLocked(name string) *model {
 		c.models[name] = m
 	}
 	return m
+}
+
+// acquireLocked returns name's entry, made if need be, held until
+// releaseLocked: a call that waits on it or writes it keeps it (and its
+// changed channel) while it does. c.mu must be held.
+func (c *core) acquireLocked(name string) *model {
+	m := c.modelLocked(name)
+	m.users++
+	return m
+}
+
+// releaseLocked gives back an entry acquireLocked took, and removes it
+// when no call holds it and it has no version and no owner. c.mu must be
+// held.
+func (c *core) releaseLocked(name string, m *model) {
+	m.users--
+	if m.users == 0 && len(m.versions) == 0 && m.owner == "" && c.models[name] == m {
+		delete(c.models, name)
+	}
+}
+
+// release is releaseLocked, taking c.mu.
+func (c *core) release(name string, m *model) {
+	c.mu.Lock()
+	c.releaseLocked(name, m)
+	c.mu.Unlock()
 }
 
 // newest returns the newest snapshot or nil. c.mu must be held.
@@ -151,8 +181,9 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Sna
 	}
 
 	c.mu.Lock()
-	m := c.modelLocked(req.Name)
+	m := c.acquireLocked(req.Name)
 	c.mu.Unlock()
+	defer c.release(req.Name, m) // after the write slot is given back
 	select {
 	case m.wsem <- struct{}{}:
 	case <-ctx.Done():
@@ -363,12 +394,15 @@ func (c *core) awaitNewer(ctx context.Context, name string, after uint64, lend b
 	if err := c.cfg.checkName(name); err != nil {
 		return nil, nil, err
 	}
+	c.mu.Lock()
+	m := c.acquireLocked(name)
+	c.mu.Unlock()
+	defer c.release(name, m)
 	for {
 		if c.closed() {
 			return nil, nil, errClosed
 		}
 		c.mu.Lock()
-		m := c.modelLocked(name)
 		n, changed := m.newest(), m.changed
 		if n != nil && n.Version > after {
 			c.countReadLocked(n)
@@ -437,16 +471,18 @@ func (c *core) holdWrite(ctx context.Context, name string) (*model, func(), erro
 		return nil, nil, err
 	}
 	c.mu.Lock()
-	m := c.modelLocked(name)
+	m := c.acquireLocked(name)
 	c.mu.Unlock()
 	select {
 	case m.wsem <- struct{}{}:
 	case <-ctx.Done():
+		c.release(name, m)
 		return nil, nil, ctx.Err()
 	case <-c.done:
+		c.release(name, m)
 		return nil, nil, errClosed
 	}
-	return m, func() { <-m.wsem }, nil
+	return m, func() { <-m.wsem; c.release(name, m) }, nil
 }
 
 // setOwner implements Claimer.Claim (claim) and Claimer.Release (!claim).
