@@ -121,14 +121,47 @@ func (e *durableEnv) steps(p *Primary, from, to uint64) {
 	}
 	defer p.Detach(sess)
 	for s := from; s <= to; s++ {
-		id := reduce.ID{Client: "ck", Seq: s}
-		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
-			e.t.Fatalf("admit seq %d: %v", s, err)
-		}
-		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", s)}); err != nil {
-			e.t.Fatalf("forward seq %d: %v", s, err)
+		if err := step(ctx, p, sess, reduce.ID{Client: "ck", Seq: s}); err != nil {
+			e.t.Fatalf("seq %d: %v", s, err)
 		}
 	}
+}
+
+// step admits id's gradient and forwards it alone: one step.
+func step(ctx context.Context, p *Primary, sess uint64, id reduce.ID) error {
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		return fmt.Errorf("admit: %w", err)
+	}
+	if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, id.Client, id.Seq)}); err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	return nil
+}
+
+// refusesApplied checks that p refuses each of ids as a duplicate:
+// applied before (a restart).
+func (e *durableEnv) refusesApplied(p *Primary, ids ...reduce.ID) {
+	e.t.Helper()
+	ctx := context.Background()
+	sess, _, err := p.Attach(ctx, Secondary{ID: "check"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer p.Detach(sess)
+	for _, id := range ids {
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0); !errors.Is(err, errs.ErrExists) {
+			e.t.Fatalf("%v, applied before: admit says %v", id, err)
+		}
+	}
+}
+
+// seqs is the ids of client ck's seqs from..to.
+func seqs(from, to uint64) []reduce.ID {
+	var out []reduce.ID
+	for s := from; s <= to; s++ {
+		out = append(out, reduce.ID{Client: "ck", Seq: s})
+	}
+	return out
 }
 
 // checkReplay: the store's newest version equals a replay of seqs 1..n,
@@ -359,13 +392,7 @@ func TestDurableJournalCompaction(t *testing.T) {
 		t.Fatalf("journal after 12 steps with a 300-byte threshold: %+v, %v", steps, err)
 	}
 	p = e.restart(cfg)
-	sess, _, _ := p.Attach(ctx, Secondary{ID: "y"})
-	for _, s := range []uint64{1, 5, 12} {
-		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: s}, 0); !errors.Is(err, errs.ErrExists) {
-			t.Fatalf("seq %d applied before the compaction and the restart: admit says %v", s, err)
-		}
-	}
-	p.Detach(sess)
+	e.refusesApplied(p, seqs(1, 12)...)
 	e.steps(p, 13, 14)
 	e.checkReplay(14)
 }
@@ -544,12 +571,8 @@ func TestDurableJournalReopenFailureStopsTheModel(t *testing.T) {
 	}
 	var last uint64 // the last seq whose step published
 	for s := uint64(1); s <= 20; s++ {
-		id := reduce.ID{Client: "ck", Seq: s}
-		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		if err := step(ctx, p, sess, reduce.ID{Client: "ck", Seq: s}); err != nil {
 			break // the model stopped
-		}
-		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", s)}); err != nil {
-			break
 		}
 		last = s
 	}
@@ -562,13 +585,7 @@ func TestDurableJournalReopenFailureStopsTheModel(t *testing.T) {
 	if ms := e.model(p); ms.StateError != "" || ms.Version != last+1 {
 		t.Fatalf("restarted after the failed reopen: v%d, state error %q (want v%d, none)", ms.Version, ms.StateError, last+1)
 	}
-	sess, _, _ = p.Attach(ctx, Secondary{ID: "y"})
-	for s := uint64(1); s <= last; s++ {
-		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: s}, 0); !errors.Is(err, errs.ErrExists) {
-			t.Fatalf("seq %d, published before the restart: admit says %v", s, err)
-		}
-	}
-	p.Detach(sess)
+	e.refusesApplied(p, seqs(1, last)...)
 	e.checkReplay(last)
 }
 
@@ -636,13 +653,10 @@ func TestDurableCompactionNeverWritesAnUnreadableSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 40 // one client each: the ledger's snapshot outgrows 600 bytes
-	client := func(s uint64) string { return fmt.Sprintf("client-%03d", s) }
+	var ids []reduce.ID
 	for s := uint64(1); s <= n; s++ {
-		id := reduce.ID{Client: client(s), Seq: 1}
-		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, id.Client, 1)}); err != nil {
+		ids = append(ids, reduce.ID{Client: fmt.Sprintf("client-%03d", s), Seq: 1})
+		if err := step(ctx, p, sess, ids[s-1]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -654,11 +668,5 @@ func TestDurableCompactionNeverWritesAnUnreadableSnapshot(t *testing.T) {
 	if ms := e.model(p); ms.StateError != "" || ms.Version != n+1 {
 		t.Fatalf("restarted: v%d, state error %q", ms.Version, ms.StateError)
 	}
-	sess, _, _ = p.Attach(ctx, Secondary{ID: "y"})
-	defer p.Detach(sess)
-	for s := uint64(1); s <= n; s++ {
-		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: client(s), Seq: 1}, 0); !errors.Is(err, errs.ErrExists) {
-			t.Fatalf("%s's gradient, applied before the restart: admit says %v", client(s), err)
-		}
-	}
+	e.refusesApplied(p, ids...)
 }
