@@ -1,8 +1,10 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -220,5 +222,38 @@ func TestHelloWithABadMemberIDIsRefused(t *testing.T) {
 	}
 	if acked, _ := src.Followers(); len(acked) != 0 {
 		t.Fatalf("followers after refused hellos: %v", acked)
+	}
+}
+
+// TestHelloThatDoesNotParseIsNotEchoed: encoding/json quotes a number it
+// cannot store in its error; a hello of 1 MiB of digits came back whole
+// in the stream's status (past gRPC's header limits and the 2 KiB bound
+// on error text). The status is short now.
+func TestHelloThatDoesNotParseIsNotEchoed(t *testing.T) {
+	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 5, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	t.Cleanup(func() { src.Close() })
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := append([]byte(`{"member":"s1","epoch":1`), bytes.Repeat([]byte("9"), 1<<20)...)
+	if err := cs.SendMsg(frame(kindHello, append(hello, '}'))); err != nil {
+		t.Fatal(err)
+	}
+	var m wrapperspb.BytesValue
+	err = cs.RecvMsg(&m)
+	if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 500 {
+		t.Fatalf("a hello of 1 MiB of digits: %d bytes of error, code %v (want a short InvalidArgument)", len(fmt.Sprint(err)), status.Code(err))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
@@ -222,7 +223,9 @@ func parseJSON(b []byte, v any) error {
 		return fmt.Errorf("replica: control frame of %d bytes", len(b))
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%w: %v", errFrame, err)
+		// encoding/json's text can quote the input (a number it cannot
+		// store, 1 MiB of digits): bounded, as any client's text is.
+		return fmt.Errorf("%w: %d bytes of JSON that do not parse: %s", errFrame, len(b), errs.Quote(err.Error()))
 	}
 	return nil
 }
