@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -883,11 +884,37 @@ func readRequest(sc *serverConn) (*Request, error) {
 	if hl > MaxHeaderBytes {
 		return nil, frameError{fmt.Sprintf("bulk: header of %d bytes exceeds %d", hl, MaxHeaderBytes)}
 	}
-	header := make([]byte, hl)
-	if _, err := io.ReadFull(sc.br, header); err != nil {
+	header, err := readClaimed(sc.br, int(hl))
+	if err != nil {
 		return nil, midFrameError{err}
 	}
 	return &Request{Method: string(method), Header: header, conn: sc}, nil
+}
+
+// claimStep is how far ahead of the bytes received readClaimed allocates.
+const claimStep = 64 << 10
+
+// readClaimed reads the n bytes a peer claimed to send, allocating as
+// they arrive (at most claimStep, or as much again as arrived, ahead):
+// a request's header is read before the guard knows who sent it, and a
+// peer that claims a megabyte and sends a byte held the megabyte for the
+// frame's timeout, per connection.
+func readClaimed(r io.Reader, n int) ([]byte, error) {
+	buf := make([]byte, 0, min(n, claimStep))
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(n-len(buf), max(len(buf), claimStep)))
+		}
+		k, err := r.Read(buf[len(buf):min(cap(buf), n)])
+		buf = buf[:len(buf)+k]
+		if err != nil && len(buf) < n {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+	}
+	return buf, nil
 }
 
 func writeFinal(w io.Writer, st *spb.Status) error {
