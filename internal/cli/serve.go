@@ -16,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/streamcap"
 )
@@ -123,6 +124,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	cfg.Store.MaxModelBytes, cfg.Store.MaxHeaderBytes = 1<<30, 16<<20
 	f.IntVar(&cfg.Store.Retain, "store-retain", 3, "newest versions of each model the store keeps (in memory and under --data); older ones are dropped")
 	f.Var((*byteSize)(&cfg.Store.MaxModelBytes), "max-model-bytes", "largest model blob a push may carry (bytes, or with a KiB/MiB/GiB suffix); a larger push fails with ResourceExhausted")
+	cfg.Limits.MaxPushBytesInFlight = storerpc.DefaultMaxPushBytesInFlight
+	f.Var((*byteSize)(&cfg.Limits.MaxPushBytesInFlight), "max-push-bytes-in-flight", "bytes the model pushes in progress may hold together, each its announced size from its header on (bytes, or with a KiB/MiB/GiB suffix); a push waits up to 30s for room, then fails with ResourceExhausted")
 	f.Var((*byteSize)(&cfg.Store.MaxHeaderBytes), "max-header-bytes", "largest safetensors JSON header a pushed blob may have (bytes, or KiB/MiB/GiB)")
 	f.BoolVar(&cfg.StoreNoDataPlane, "no-store-data-plane", false, "serve model pushes, pulls and watches and weight-sync watches over gRPC only, not on the data plane (as a hub before it did)")
 	f.IntVar(&cfg.Store.MaxNameBytes, "max-name-bytes", 128, "longest model name, in bytes")

@@ -222,6 +222,11 @@ type Limits struct {
 	// MaxPolicyParams bounds one ARS run's policy; 0 means
 	// arsrpc.DefaultMaxPolicyParams. `--max-policy-params`.
 	MaxPolicyParams int64
+	// MaxPushBytesInFlight bounds the bytes the model-store pushes in
+	// progress hold together; 0 means
+	// storerpc.DefaultMaxPushBytesInFlight (4 GiB).
+	// `--max-push-bytes-in-flight`.
+	MaxPushBytesInFlight int64
 }
 
 func (l *Limits) validate() error {
@@ -252,7 +257,7 @@ func (l *Limits) validate() error {
 	if l.KeepaliveTimeout == 0 {
 		l.KeepaliveTimeout = connlimit.DefaultKeepaliveTimeout
 	}
-	if l.FrameTimeout < 0 || l.IdleTimeout < 0 || l.BodyTimeout < 0 || l.HandshakeTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0 || l.MaxPolicyParams < 0 {
+	if l.FrameTimeout < 0 || l.IdleTimeout < 0 || l.BodyTimeout < 0 || l.HandshakeTimeout < 0 || l.KeepaliveTime < 0 || l.KeepaliveTimeout < 0 || l.MaxPolicyParams < 0 || l.MaxPushBytesInFlight < 0 {
 		return fmt.Errorf("hub: negative limit in %+v", *l)
 	}
 	return nil
@@ -458,7 +463,8 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		}
 		return err
 	}
-	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Auth: h.cfg.Auth, Logger: h.cfg.Logger})); err != nil {
+	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Auth: h.cfg.Auth, Logger: h.cfg.Logger,
+		MaxPushBytesInFlight: h.cfg.Limits.MaxPushBytesInFlight})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator

@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -37,6 +39,14 @@ type Config struct {
 	// (RegisterBulk registers nothing): clients then use gRPC, as against
 	// a hub that predates them. The zero value serves them.
 	NoBulk bool
+	// MaxPushBytesInFlight bounds the bytes the pushes in progress hold
+	// together (each its announced size, allocated before its body is
+	// read): a push waits for room, up to pushRoomWait, then fails
+	// ResourceExhausted. 0 means DefaultMaxPushBytesInFlight; a push
+	// larger than the bound waits for every other to finish. Without it,
+	// a writer opening pushes of the largest size and trickling their
+	// bodies held their whole sizes for minutes each.
+	MaxPushBytesInFlight int64
 	// Auth, when set, holds the tokens' quotas (auth.Verifier.ReserveQuota):
 	// a push past its token's max-models or max-bytes fails with
 	// ResourceExhausted before its body is read. nil means no quotas. The
@@ -81,15 +91,26 @@ type Service struct {
 	drainCtx context.Context // done once Drain or Close is called
 	drain    context.CancelFunc
 	once     sync.Once
+	inFlight *semaphore.Weighted // Config.MaxPushBytesInFlight
 }
+
+// DefaultMaxPushBytesInFlight is Config.MaxPushBytesInFlight's default.
+const DefaultMaxPushBytesInFlight = 4 << 30
+
+// pushRoomWait is how long a push waits for room among the bytes of the
+// pushes in progress (Config.MaxPushBytesInFlight).
+const pushRoomWait = 30 * time.Second
 
 // New returns a service over cfg.Store.
 func New(cfg Config) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.MaxPushBytesInFlight <= 0 {
+		cfg.MaxPushBytesInFlight = DefaultMaxPushBytesInFlight
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, drainCtx: ctx, drain: cancel}, nil
+	return &Service{cfg: cfg, drainCtx: ctx, drain: cancel, inFlight: semaphore.NewWeighted(cfg.MaxPushBytesInFlight)}, nil
 }
 
 // Register implements hub.Service.
@@ -185,6 +206,20 @@ func (s *Service) pushBody(ctx context.Context, hdr *rlhubv1.StorePushHeader, bo
 			return store.Info{}, err
 		}
 		maxBytes = int64(min(b.TotalBytes, 1<<62)) // the store's limit decided
+	}
+	if b.TotalBytes <= uint64(maxBytes) { // a larger one fails in NewAssembler, holding nothing
+		n := min(int64(b.TotalBytes), s.cfg.MaxPushBytesInFlight)
+		wctx, cancel := context.WithTimeout(ctx, pushRoomWait)
+		err := s.inFlight.Acquire(wctx, n)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return store.Info{}, ctx.Err()
+			}
+			return store.Info{}, fmt.Errorf("%w: model %s: the pushes in progress hold %d bytes or more, and %d more found no room within %v (--max-push-bytes-in-flight)",
+				errs.ErrFull, errs.Quote(b.Model), s.cfg.MaxPushBytesInFlight-n+1, n, pushRoomWait)
+		}
+		defer s.inFlight.Release(n)
 	}
 	asm, err := wire.NewAssembler(b.TotalBytes, wire.Limits{MaxBytes: maxBytes, MaxHeaderBytes: s.cfg.MaxHeaderBytes})
 	if err != nil {
