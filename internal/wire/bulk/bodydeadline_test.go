@@ -186,3 +186,21 @@ func TestSlowReaderOfAReplyIsCutOff(t *testing.T) {
 		t.Fatalf("%d replies counted not taken after a fast reader, want 1", n)
 	}
 }
+
+// TestSilentBodyIsAnsweredAndCountedOnce: a client that sends part of a
+// body and falls silent fails after one BodyIdleTimeout: the handler's
+// read failed, and the server then waited a second BodyIdleTimeout to
+// drop the rest, hung up without an answer, and counted no refusal. It
+// now answers DeadlineExceeded naming the idle bound, counts a
+// body_timeout refusal, and hangs up.
+func TestSilentBodyIsAnsweredAndCountedOnce(t *testing.T) {
+	e := start(t, func(s *bulk.Server) { s.BodyIdleTimeout = 300 * time.Millisecond })
+	conn := partialBody(t, e.addr, "sum", wrapperspb.UInt64(1000), 10) // 10 of 1000, then silence
+	code, msg := readFinal(t, conn)
+	if code != codes.DeadlineExceeded || !strings.Contains(msg, "BodyIdleTimeout") {
+		t.Fatalf("a body fallen silent: %v %q, want DeadlineExceeded naming BodyIdleTimeout", code, msg)
+	}
+	if n := e.srv.Stats().Refused[bulk.RefusedBodyTimeout]; n != 1 {
+		t.Fatalf("body_timeout refusals: %d, want 1", n)
+	}
+}

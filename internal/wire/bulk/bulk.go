@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"sort"
 	"sync"
@@ -131,6 +132,7 @@ type Request struct {
 	remaining int64     // body bytes the client will still send
 	deadline  time.Time // the whole body is due by then (Server.BodyTimeout); set by Body
 	expired   bool      // a body read failed because deadline passed
+	idled     bool      // a body read failed because no byte came within BodyIdleTimeout
 	replied   bool      // Reply was called (data.go)
 	broken    bool      // a Reply write failed: the connection is out of step
 	notTaken  bool      // ... because the client did not take it within its deadline
@@ -185,7 +187,16 @@ func (b bodyReader) Read(p []byte) (int, error) {
 		b.r.expired = true
 		return n, errBodyDeadline(b.r.conn.bodyTimeout, b.r.conn.bodyMinRate)
 	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		b.r.idled = true // the handler sees the timeout; the answer names the bound (handle)
+	}
 	return n, err
+}
+
+// errBodyIdle is the answer to a request whose body's read found no byte
+// within idle (Server.BodyIdleTimeout).
+func errBodyIdle(idle time.Duration) error {
+	return status.Errorf(codes.DeadlineExceeded, "bulk: no byte of the request's body within %v (BodyIdleTimeout)", idle)
 }
 
 // bodyDue is when a body of n bytes sent or received on sc from now is
@@ -788,10 +799,13 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	// Keep the connection in step: drop what the handler did not read
 	// (under the body's deadline too).
 	inStep := !req.broken && req.stream == nil
-	if inStep && req.remaining > 0 {
+	if inStep && req.remaining > 0 && !req.idled { // a silent client is not waited for again
 		if _, err := io.CopyN(io.Discard, bodyReader{req}, req.remaining); err != nil {
 			inStep = false
 		}
+	}
+	if req.idled && !req.expired {
+		st = toStatus(nil, errBodyIdle(sc.idle))
 	}
 	if req.expired {
 		// Whatever the handler made of its failed read, the answer names
@@ -811,7 +825,7 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 			s.refuse(RefusedReplyTimeout)
 		}
 		return false
-	case req.expired: // its deadline passed mid-body: say why, then hang up
+	case req.expired, req.idled: // its deadline passed mid-body, or it fell silent: say why, then hang up
 		s.refuse(RefusedBodyTimeout)
 		_ = writeFinal(sc, st)
 		return false
