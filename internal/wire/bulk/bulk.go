@@ -328,8 +328,8 @@ const (
 	// INVALID_ARGUMENT, then closed).
 	RefusedMalformed = "malformed"
 	// RefusedBodyTimeout: a data-plane request body not received within
-	// its deadline (BodyTimeout + n/BodyMinRate; answered
-	// DEADLINE_EXCEEDED, then closed).
+	// its deadline (BodyTimeout + n/BodyMinRate), or with no byte within
+	// BodyIdleTimeout (answered DEADLINE_EXCEEDED, then closed).
 	RefusedBodyTimeout = "body_timeout"
 	// RefusedReplyTimeout: a data-plane reply body not taken by the
 	// client within its deadline (BodyTimeout + n/BodyMinRate; the
