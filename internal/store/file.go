@@ -252,8 +252,11 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 	for _, v := range m.Versions {
 		keep[v.File] = true
 	}
-	// Only the newest Retain versions are loaded; older ones listed (from
-	// a run with a larger Retain) are dropped from disk at the next push.
+	// Only the newest Retain versions are loaded. Older ones listed (from
+	// a run with a larger Retain) stay on disk, as the manifest there still
+	// names them (an open with the larger Retain again loads them); the
+	// next push writes a manifest without them, and the open after it
+	// removes their files as debris.
 	load := m.Versions[max(0, len(m.Versions)-f.cfg.Store.Retain):]
 	for _, v := range load {
 		if v.File != blobFileName(v.Version) {
