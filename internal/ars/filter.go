@@ -74,12 +74,13 @@ func (s *Stats) check(dim int) error {
 	if len(s.Mean) != dim || len(s.M2) != dim {
 		return fmt.Errorf("%w: filter statistics of dimension %d/%d, want %d", errs.ErrInvalid, len(s.Mean), len(s.M2), dim)
 	}
-	if !(s.Count >= 0) || s.Count != math.Trunc(s.Count) || math.IsInf(s.Count, 0) {
-		return fmt.Errorf("%w: filter count %v is not a whole number ≥ 0", errs.ErrInvalid, s.Count)
+	if !(s.Count >= 0) || s.Count != math.Trunc(s.Count) || s.Count > maxTaskSteps {
+		return fmt.Errorf("%w: filter count %v is not a whole number from 0 to %d", errs.ErrInvalid, s.Count, int64(maxTaskSteps))
 	}
 	for i := range s.Mean {
-		if !finite(s.Mean[i]) || !finite(s.M2[i]) || s.M2[i] < 0 {
-			return fmt.Errorf("%w: filter component %d has mean %v, M2 %v", errs.ErrInvalid, i, s.Mean[i], s.M2[i])
+		// Bounded so that merging them (Welford: δ²·n·m/(n+m)) stays finite.
+		if !finite(s.Mean[i]) || !finite(s.M2[i]) || s.M2[i] < 0 || math.Abs(s.Mean[i]) > maxReturn || s.M2[i] > maxM2 {
+			return fmt.Errorf("%w: filter component %d has mean %v, M2 %v (|mean| ≤ %g, 0 ≤ M2 ≤ %g)", errs.ErrInvalid, i, s.Mean[i], s.M2[i], maxReturn, maxM2)
 		}
 	}
 	if s.Count == 0 {
@@ -93,6 +94,9 @@ func (s *Stats) check(dim int) error {
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// maxM2 bounds a reported filter component's M2 (Stats.check).
+const maxM2 = 1e250
 
 // MinStd is the standard deviation below which a component is treated as
 // constant: its normalised value is 0. The authors' filter

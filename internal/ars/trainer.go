@@ -288,8 +288,8 @@ func (t *Trainer) Check(r *Result) error {
 		if t.evalOnly || t.confirming || r.Index < 0 || r.Index >= t.cfg.Hyper.Directions {
 			return fmt.Errorf("%w: no direction %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
-		if !finite(r.RPlus) || !finite(r.RMinus) {
-			return fmt.Errorf("%w: direction %d returns r+ = %v, r− = %v", errs.ErrInvalid, r.Index, r.RPlus, r.RMinus)
+		if !sane(r.RPlus) || !sane(r.RMinus) {
+			return fmt.Errorf("%w: direction %d returns r+ = %v, r− = %v (finite, |r| ≤ %g)", errs.ErrInvalid, r.Index, r.RPlus, r.RMinus, maxReturn)
 		}
 		if r.Stats == nil {
 			return fmt.Errorf("%w: direction %d result without filter statistics", errs.ErrInvalid, r.Index)
@@ -304,17 +304,32 @@ func (t *Trainer) Check(r *Result) error {
 		if n, base := t.evalTasks(); r.Index < base || r.Index >= base+n {
 			return fmt.Errorf("%w: no evaluation episode %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
-		if !finite(r.Return) {
-			return fmt.Errorf("%w: evaluation episode %d returned %v", errs.ErrInvalid, r.Index, r.Return)
+		if !sane(r.Return) {
+			return fmt.Errorf("%w: evaluation episode %d returned %v (finite, |r| ≤ %g)", errs.ErrInvalid, r.Index, r.Return, maxReturn)
 		}
 	default:
 		return fmt.Errorf("%w: unknown task kind %d", errs.ErrInvalid, r.Kind)
 	}
-	if r.Steps < 1 {
-		return fmt.Errorf("%w: task %v/%d took %d steps", errs.ErrInvalid, r.Kind, r.Index, r.Steps)
+	if r.Steps < 1 || r.Steps > maxTaskSteps {
+		return fmt.Errorf("%w: task %v/%d took %d steps (1 to %d)", errs.ErrInvalid, r.Kind, r.Index, r.Steps, int64(maxTaskSteps))
 	}
 	return nil
 }
+
+// Bounds on what a worker reports for one task, far past any real
+// episode, so that the iteration's sums, σ_R and the filter's moments
+// stay finite and the run's counters never overflow: a report of 2^63
+// steps made the run's step count negative, which a restart refused (the
+// run was lost), and returns of ±1e308 made θ NaN, which its state could
+// not be written with.
+const (
+	maxTaskSteps = 1 << 32
+	maxReturn    = 1e100
+)
+
+// sane reports whether v is a return a task may report: finite and
+// within ±maxReturn.
+func sane(v float64) bool { return finite(v) && math.Abs(v) <= maxReturn }
 
 // Finish completes the current iteration with results in Tasks() order
 // (each already passed Check). In order it: evaluates (mean and population

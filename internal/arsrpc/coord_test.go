@@ -2,6 +2,7 @@ package arsrpc
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -120,6 +121,15 @@ func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
 		"index":     func(p *pb.ARSTaskResult) { p.Task.Index = 99 },
 		"stats dim": func(p *pb.ARSTaskResult) { p.Stats.Mean = p.Stats.Mean[:1] },
 		"no task":   func(p *pb.ARSTaskResult) { p.Task = nil },
+		// Past the bounds that keep the run's sums and counters finite: a
+		// step count of 2^63 made the run's steps negative (a restart then
+		// refused the run), returns of ±1e308 made θ NaN (its state could
+		// not be written).
+		"steps past 2^32":   func(p *pb.ARSTaskResult) { p.Steps = 1 << 33; p.Stats.Count = float64(p.Steps) },
+		"steps of 2^63-1":   func(p *pb.ARSTaskResult) { p.Steps = math.MaxInt64; p.Stats.Count = float64(p.Steps) },
+		"returns of 1e308":  func(p *pb.ARSTaskResult) { p.RPlus, p.RMinus = 1e308, -1e308 },
+		"filter mean 1e200": func(p *pb.ARSTaskResult) { p.Stats.Mean[0] = 1e200 },
+		"filter M2 1e300":   func(p *pb.ARSTaskResult) { p.Stats.M2[0] = 1e300 },
 	} {
 		bad := compute(t, r, tasks)
 		mutate(bad[len(bad)-1])

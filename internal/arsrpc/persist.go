@@ -105,8 +105,10 @@ func (p *persister) close() error {
 }
 
 // save makes r's state durable: the progress entries not yet logged, then
-// state.json.
-func (p *persister) save(r *run) error {
+// state.json. When it fails after appending entries, the log is cut back
+// to its size before them: the entries stay unlogged (r.logged), and a
+// later save appends them once, not again after themselves.
+func (p *persister) save(r *run) (err error) {
 	if p == nil {
 		return nil
 	}
@@ -140,6 +142,17 @@ func (p *persister) save(r *run) error {
 		if fi, err := f.Stat(); err == nil {
 			from = fi.Size()
 		}
+		defer func() {
+			if err == nil || from < 0 {
+				return
+			}
+			// Cut back to the entries state.json counts (a load takes no
+			// more than that many anyway); the change is named.
+			if terr := f.Truncate(from); terr == nil {
+				terr = f.Sync()
+			}
+			p.named(f.Name())
+		}()
 		_, err := f.Write(buf.Bytes())
 		if err != nil || from <= 0 || p.appended == nil {
 			p.named(f.Name()) // even a failed append may have written part of it
