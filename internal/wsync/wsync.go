@@ -77,13 +77,37 @@ func (c *ReceiverConfig) validate() error {
 
 // Receiver applies the newest version from a Source to a collector's
 // weights. Poll, Offer and Run may be called from any goroutine; applies
-// are serialized.
+// are serialized. With an Apply over a Source that leases what it returns
+// (a Releaser: the shm reader, by default, or a Failover on one), one Poll
+// or Run at a time calls the source, and another fails with
+// ErrSourceInUse: a source call that returns a newer version moves the
+// source's one lease, and the version an apply was still copying could be
+// overwritten under it.
 type Receiver struct {
 	cfg ReceiverConfig
 
 	mu      sync.Mutex // serializes applies; guards cur
 	cur     *store.Snapshot
 	version atomic.Uint64
+	// leasing is held by the Poll or Run calling a leasing source
+	// (Receiver's comment); only TryLock is used on it.
+	leasing sync.Mutex
+}
+
+// ErrSourceInUse is Poll's or Run's error when another Poll or Run is
+// calling the receiver's leasing source (Receiver).
+var ErrSourceInUse = fmt.Errorf("%w: wsync: another Poll or Run is calling this receiver's leasing source (one at a time: a newer version it returns moves the lease under the other's apply)", errs.ErrInvalid)
+
+// holdSource takes the receiver's leasing source for one caller when the
+// receiver copies from a source that leases; release gives it back.
+func (r *Receiver) holdSource() (release func(), err error) {
+	if _, ok := r.cfg.Source.(Releaser); !ok || r.cfg.Apply == nil {
+		return func() {}, nil
+	}
+	if !r.leasing.TryLock() {
+		return nil, ErrSourceInUse
+	}
+	return r.leasing.Unlock, nil
 }
 
 // NewReceiver returns a receiver running cfg.Start.
@@ -158,6 +182,11 @@ func (r *Receiver) offer(snap *store.Snapshot, fromSource bool) (bool, error) {
 // Poll asks the source for the newest version if it is newer than the
 // running one and applies it. It reports whether a version was applied.
 func (r *Receiver) Poll(ctx context.Context) (bool, error) {
+	release, err := r.holdSource()
+	if err != nil {
+		return false, err
+	}
+	defer release()
 	snap, err := r.cfg.Source.GetIfNewer(ctx, r.Version())
 	if err != nil || snap == nil {
 		return false, err
@@ -168,6 +197,11 @@ func (r *Receiver) Poll(ctx context.Context) (bool, error) {
 // Run follows the source, applying each newest version, until ctx is done
 // (it then returns ctx.Err()) or the source or Apply fails.
 func (r *Receiver) Run(ctx context.Context) error {
+	release, err := r.holdSource()
+	if err != nil {
+		return err
+	}
+	defer release()
 	for {
 		snap, err := r.cfg.Source.WaitNewer(ctx, r.Version())
 		if err != nil {
