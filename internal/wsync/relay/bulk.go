@@ -105,6 +105,8 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 				return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, r.cfg.MaxModelBytes)
 			case b.GetVersion() <= after:
 				return fmt.Errorf("%w: wsync: upstream sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
+			case b.GetEpoch() < r.epoch.Load():
+				return r.olderEpoch(b.GetVersion(), b.GetEpoch())
 			}
 			if r.cfg.ShmPath != "" {
 				t, err := r.beginShm(b.GetVersion(), b.GetEpoch(), int(n))
@@ -143,6 +145,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 		return 0, nil
 	}
 	b := hdr.GetBlob()
+	r.raiseEpoch(b.GetEpoch())
 	if txn != nil {
 		if err := txn.Commit(crc); err != nil {
 			return 0, err

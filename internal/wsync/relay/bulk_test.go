@@ -294,3 +294,34 @@ func TestRelayAsksForTheDataPlaneAgain(t *testing.T) {
 		return relay.Newest() == 2 && via(ws2) == "relay/data-plane"
 	})
 }
+
+// TestRelayRefusesAnOlderEpoch: the upstream the relay follows answers
+// v1 of epoch 5 (the primary), then v2 of epoch 1 (a deposed primary's,
+// reached through a stale lookup), then v3 of epoch 5. The collectors'
+// own clients refuse an epoch below one delivered; the relay published
+// v2/e1 to its segment and board as newer. It refuses it now, asks again
+// after v1, and publishes v3.
+func TestRelayRefusesAnOlderEpoch(t *testing.T) {
+	const n = 10_000
+	v1, v2, v3 := wsynctest.Snap(t, "m", 1, n), wsynctest.Snap(t, "m", 2, n), wsynctest.Snap(t, "m", 3, n)
+	v1.Epoch, v2.Epoch, v3.Epoch = 5, 1, 5
+	up := wsynctest.ServeScript(t, watchAfter, wsynctest.Whole(v1), wsynctest.Whole(v2), wsynctest.Whole(v3))
+	path := wsynctest.ShmPath(t)
+	relay := runRelay(t, Config{Upstream: dial(t, up.Addr), UpstreamAddr: up.Addr, Model: "m",
+		ShmPath: path, Backoff: time.Millisecond, Logger: quiet()})
+	for _, want := range []uint64{0, 1, 1} { // after v2/e1, again after v1
+		if a := testkit.Recv(t, up.Afters, 20*time.Second, "a poll"); a != want {
+			t.Fatalf("the relay asked for versions after %d, want %d", a, want)
+		}
+	}
+	waitFor(t, "version 3 at the relay", func() bool { return relay.Newest() == 3 })
+	r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got, err := r.GetIfNewer(context.Background(), 0)
+	if err != nil || got.Version != 3 || got.Epoch != 5 || !bytes.Equal(got.Blob, v3.Blob) {
+		t.Fatalf("segment: %v, %v; want version 3 of epoch 5", got, err)
+	}
+}

@@ -110,7 +110,7 @@ func ShmPath(t testing.TB) string {
 // snap's data frame, of which only send body
 // bytes are written, and the final OK status when final.
 func WriteVersion(conn io.Writer, snap *store.Snapshot, send int, final bool) {
-	hb, _ := proto.Marshal(&rlhubv1.StorePullHeader{Blob: &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, TotalBytes: uint64(len(snap.Blob))}})
+	hb, _ := proto.Marshal(&rlhubv1.StorePullHeader{Blob: &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob))}})
 	frame := binary.LittleEndian.AppendUint32([]byte{4}, uint32(len(hb)))
 	frame = append(frame, hb...)
 	frame = binary.LittleEndian.AppendUint64(frame, uint64(len(snap.Blob)))
