@@ -498,7 +498,7 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 	}
 	r, ok := c.runs[runID]
 	if !ok {
-		return out, fmt.Errorf("%w: run %q", errs.ErrNotFound, runID)
+		return out, fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(runID))
 	}
 	if r.done || iter != r.tr.Iter() {
 		out.stale = len(in)

@@ -159,7 +159,7 @@ func (c *Client) receiveLoop() error {
 			return fmt.Errorf("%w: wsync: chunk without a version info", errs.ErrInvalid)
 		}
 		if info.Model != c.cfg.Model {
-			return fmt.Errorf("%w: wsync: server sent model %q on the stream of %q", errs.ErrInvalid, info.Model, c.cfg.Model)
+			return fmt.Errorf("%w: wsync: server sent model %s on the stream of %s", errs.ErrInvalid, errs.Quote(info.Model), errs.Quote(c.cfg.Model))
 		}
 		asm, err := wire.NewAssemblerInto(c.freeBuffer(info.TotalBytes), info.TotalBytes, c.cfg.Limits)
 		if err != nil {

@@ -98,7 +98,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			b := hdr.GetBlob()
 			switch {
 			case b.GetModel() != r.cfg.Model:
-				return fmt.Errorf("%w: wsync: upstream sent model %q for %q", errs.ErrInvalid, b.GetModel(), r.cfg.Model)
+				return fmt.Errorf("%w: wsync: upstream sent model %s for %s", errs.ErrInvalid, errs.Quote(b.GetModel()), errs.Quote(r.cfg.Model))
 			case uint64(n) != b.GetTotalBytes():
 				return fmt.Errorf("%w: wsync: upstream sent %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
 			case n > r.cfg.MaxModelBytes:
