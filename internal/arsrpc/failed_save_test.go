@@ -10,54 +10,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/rlhub/rlhub/internal/ars"
-	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/store"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
-
-// reportIteration leases every task of the run's current iteration,
-// computes honest results and reports them, until the iteration ends.
-func reportIteration(t *testing.T, s *Service) {
-	t.Helper()
-	ctx := context.Background()
-	w, err := s.Attach(ctx, &pb.ARSAttachRequest{Name: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	iter0 := s.Stats().Runs[0].Iteration
-	for s.Stats().Runs[0].Iteration == iter0 && !s.Stats().Runs[0].Done {
-		lease, err := s.Lease(ctx, &pb.ARSLeaseRequest{WorkerId: w.WorkerId, MaxTasks: 1000})
-		if err != nil || len(lease.Tasks) == 0 {
-			t.Fatalf("lease: %v, %v", lease, err)
-		}
-		snap, err := s.cfg.Store.Get(ctx, lease.Model, lease.Version)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := ars.DecodePolicy(snap.Blob)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := env.Make("CartPole-v1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ev := ars.NewEvaluator(e, &p.Arch)
-		it := &ars.Iteration{Seed: p.Seed, Iteration: p.Iteration, Hyper: p.Hyper, Theta: p.Theta, Filter: p.Filter()}
-		req := &pb.ARSReportRequest{WorkerId: w.WorkerId, RunId: lease.RunId, Iteration: lease.Iteration}
-		for _, tk := range lease.Tasks {
-			k := ars.KindDirection
-			if tk.Kind == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
-				k = ars.KindEval
-			}
-			req.Results = append(req.Results, toPB(ev.Run(it, ars.Task{Kind: k, Index: int(tk.Index)})))
-		}
-		if _, err := s.Report(ctx, req); err != nil {
-			t.Fatalf("report: %v", err)
-		}
-	}
-}
 
 // watched is a WatchRun stream that keeps what it is sent.
 type watched struct {
@@ -96,7 +51,7 @@ func TestFailedSaveLogsItsEntriesOnce(t *testing.T) {
 	if err := os.Mkdir(blocker, 0o755); err != nil { // the next state.json cannot be written
 		t.Fatal(err)
 	}
-	reportIteration(t, s1)
+	drive(t, s1, start.RunId, 1)
 	if rs := s1.Stats().Runs[0]; !rs.Done {
 		t.Fatalf("a run whose state could not be written goes on: %+v", rs)
 	}

@@ -193,17 +193,7 @@ func TestLedTermIsKeptAndSentInTheHello(t *testing.T) {
 // of it here) is refused as invalid, without echoing it, and the stream
 // never becomes a follower.
 func TestHelloWithABadMemberIDIsRefused(t *testing.T) {
-	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 5, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := testkit.ServeGRPC(t, nil, src.Register)
-	t.Cleanup(func() { src.Close() })
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	src, cc := primaryOnGRPC(t)
 	for _, member := range []string{strings.Repeat("m", 10<<10), "", "a b", "../x"} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
@@ -230,17 +220,7 @@ func TestHelloWithABadMemberIDIsRefused(t *testing.T) {
 // in the stream's status (past gRPC's header limits and the 2 KiB bound
 // on error text). The status is short now.
 func TestHelloThatDoesNotParseIsNotEchoed(t *testing.T) {
-	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 5, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := testkit.ServeGRPC(t, nil, src.Register)
-	t.Cleanup(func() { src.Close() })
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	_, cc := primaryOnGRPC(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cs, err := cc.NewStream(ctx, &streamDesc, FollowMethod)
@@ -256,4 +236,22 @@ func TestHelloThatDoesNotParseIsNotEchoed(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || len(err.Error()) > 500 {
 		t.Fatalf("a hello of 1 MiB of digits: %d bytes of error, code %v (want a short InvalidArgument)", len(fmt.Sprint(err)), status.Code(err))
 	}
+}
+
+// primaryOnGRPC is a Source of epoch 5 served on gRPC, with a connection
+// to it for raw Follow streams; both end with the test.
+func primaryOnGRPC(t *testing.T) (*Source, *grpc.ClientConn) {
+	t.Helper()
+	src, err := NewSource(SourceConfig{DataDir: t.TempDir(), Epoch: 5, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register)
+	t.Cleanup(func() { src.Close() })
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return src, cc
 }
