@@ -44,7 +44,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -905,28 +904,18 @@ func readRequest(sc *serverConn) (*Request, error) {
 	return &Request{Method: string(method), Header: header, conn: sc}, nil
 }
 
-// claimStep is how far ahead of the bytes received readClaimed allocates.
-const claimStep = 64 << 10
-
 // readClaimed reads the n bytes a peer claimed to send, allocating as
-// they arrive (at most claimStep, or as much again as arrived, ahead):
-// a request's header is read before the guard knows who sent it, and a
-// peer that claims a megabyte and sends a byte held the megabyte for the
+// they arrive (io.ReadAll's growth: at most as much again as arrived): a
+// request's header is read before the guard knows who sent it, and a peer
+// that claims a megabyte and sends a byte held the megabyte for the
 // frame's timeout, per connection.
 func readClaimed(r io.Reader, n int) ([]byte, error) {
-	buf := make([]byte, 0, min(n, claimStep))
-	for len(buf) < n {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, min(n-len(buf), max(len(buf), claimStep)))
-		}
-		k, err := r.Read(buf[len(buf):min(cap(buf), n)])
-		buf = buf[:len(buf)+k]
-		if err != nil && len(buf) < n {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return nil, err
-		}
+	buf, err := io.ReadAll(io.LimitReader(r, int64(n)))
+	if err == nil && len(buf) < n {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return nil, err
 	}
 	return buf, nil
 }
