@@ -105,7 +105,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 				return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, r.cfg.MaxModelBytes)
 			case b.GetVersion() <= after:
 				return fmt.Errorf("%w: wsync: upstream sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
-			case b.GetEpoch() < r.epoch.Load():
+			case b.GetEpoch() < r.epoch:
 				return r.olderEpoch(b.GetVersion(), b.GetEpoch())
 			}
 			if r.cfg.ShmPath != "" {
@@ -145,7 +145,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 		return 0, nil
 	}
 	b := hdr.GetBlob()
-	r.raiseEpoch(b.GetEpoch())
+	r.epoch = b.GetEpoch() // not below it: checked above
 	if txn != nil {
 		if err := txn.Commit(crc); err != nil {
 			return 0, err

@@ -188,11 +188,12 @@ type Relay struct {
 	ownBulk bool          // bulk is the relay's own, closed with it
 	noBulk  bool          // the upstream had no data-plane watch at this attach (follow's goroutine only)
 	have    atomic.Uint64 // newest version followed on the data plane, reported upstream
-	// epoch is the newest epoch of a version the relay republished: one
-	// of an older epoch (a deposed primary's, reached through a stale
-	// lookup) is refused and the upstream looked up again, as the
-	// collectors' own clients do, never republished as newer.
-	epoch atomic.Uint64
+	// epoch is the newest epoch of a version the relay republished (the
+	// follow's goroutine only): one of an older epoch (a deposed
+	// primary's, reached through a stale lookup) is refused and the
+	// upstream looked up again, as the collectors' own clients do, never
+	// republished as newer.
+	epoch uint64
 }
 
 // segVersion is a version committed to the segment.
@@ -371,10 +372,10 @@ func (r *Relay) followOnce(ctx context.Context, have *uint64) error {
 // that cannot take a version is logged, not fatal: stream collectors still
 // get it, and shm collectors see no newer version (their lag shows it).
 func (r *Relay) apply(snap *store.Snapshot) error {
-	if snap.Epoch < r.epoch.Load() {
+	if snap.Epoch < r.epoch {
 		return r.olderEpoch(snap.Version, snap.Epoch)
 	}
-	r.raiseEpoch(snap.Epoch)
+	r.epoch = snap.Epoch
 	if err := r.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
 		return err
 	}
@@ -579,19 +580,9 @@ func (s boardStore) WaitNewer(ctx context.Context, name string, after uint64) (*
 	return s.r.board.WaitNewer(ctx, after)
 }
 
-// raiseEpoch records e as delivered (Relay.epoch only grows).
-func (r *Relay) raiseEpoch(e uint64) {
-	for {
-		cur := r.epoch.Load()
-		if e <= cur || r.epoch.CompareAndSwap(cur, e) {
-			return
-		}
-	}
-}
-
 // olderEpoch is the error for version v of epoch e, older than one the
 // relay delivered: Unavailable, so that the relay follows again from a
 // fresh lookup of the primary.
 func (r *Relay) olderEpoch(v, e uint64) error {
-	return fmt.Errorf("%w: wsync: relay: upstream sent version %d of epoch %d after epoch %d (a deposed primary's): refused", errs.ErrUnavailable, v, e, r.epoch.Load())
+	return fmt.Errorf("%w: wsync: relay: upstream sent version %d of epoch %d after epoch %d (a deposed primary's): refused", errs.ErrUnavailable, v, e, r.epoch)
 }
