@@ -151,12 +151,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if err := f.recoverUnits(); err != nil {
 		return nil, err
 	}
-	if b, err := os.ReadFile(filepath.Join(f.dir(), "epoch")); err == nil {
-		f.epoch, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	}
-	if b, err := os.ReadFile(filepath.Join(f.dir(), ledName)); err == nil {
-		f.led, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	}
+	f.epoch, f.led = f.readTerm(epochName), f.readTerm(ledName)
 	if f.pos, err = f.savedPosition(); err != nil {
 		// Written whole (renamed into place): unreadable means damaged.
 		// Counting as 0 only makes this copy yield, never win.
@@ -264,10 +259,33 @@ func (f *Follower) ObserveEpoch(e uint64) error {
 	if e <= f.epoch {
 		return nil
 	}
-	if err := atomicfile.Write(filepath.Join(f.dir(), "epoch"), []byte(strconv.FormatUint(e, 10)+"\n")); err != nil {
-		return fmt.Errorf("replica: %w", err)
+	if err := f.writeTerm(epochName, e); err != nil {
+		return err
 	}
 	f.epoch = e
+	return nil
+}
+
+// epochName is, in DataDir/.replica, the highest primary epoch followed
+// (ObserveEpoch).
+const epochName = "epoch"
+
+// readTerm reads the epoch a file of DataDir/.replica holds (epochName,
+// ledName); 0 when there is none.
+func (f *Follower) readTerm(name string) uint64 {
+	b, err := os.ReadFile(filepath.Join(f.dir(), name))
+	if err != nil {
+		return 0
+	}
+	e, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return e
+}
+
+// writeTerm makes e what the file name of DataDir/.replica holds, durably.
+func (f *Follower) writeTerm(name string, e uint64) error {
+	if err := atomicfile.Write(filepath.Join(f.dir(), name), []byte(strconv.FormatUint(e, 10)+"\n")); err != nil {
+		return fmt.Errorf("replica: %w", err)
+	}
 	return nil
 }
 
@@ -287,8 +305,8 @@ func (f *Follower) Lead(epoch uint64) (lineage uint64, err error) {
 	if epoch <= f.led {
 		return lineage, nil
 	}
-	if err := atomicfile.Write(filepath.Join(f.dir(), ledName), []byte(strconv.FormatUint(epoch, 10)+"\n")); err != nil {
-		return lineage, fmt.Errorf("replica: %w", err)
+	if err := f.writeTerm(ledName, epoch); err != nil {
+		return lineage, err
 	}
 	f.led = epoch
 	return lineage, nil
