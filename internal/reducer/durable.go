@@ -482,9 +482,9 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 				"kept_as", aside, "err", jerr)
 		}
 	}
-	if st, err := j.Stat(); err == nil && st.Size() > keep {
+	if size > keep {
 		d.logger.Info("reducer: journal cut back to the newest published version", "model", reg.Model,
-			"version", newest, "bytes_removed", st.Size()-keep)
+			"version", newest, "bytes_removed", size-keep)
 		if err := j.Truncate(keep); err != nil {
 			j.Close()
 			return nil, err
