@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -294,9 +295,11 @@ func (s *Service) remove(c *learnerConn, err error) {
 	c.goneErr = err
 	delete(s.conns, c)
 	id := c.id
+	if c.seq != 0 { // it was attached (register): a replaced stream counts too
+		s.stats.removed++
+	}
 	if id != "" && s.learners[id] == c {
 		delete(s.learners, id)
-		s.stats.removed++
 	}
 	close(c.gone)
 	s.mu.Unlock()
@@ -623,6 +626,11 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	if err != nil {
 		return nil, err
 	}
+	// NaN and ±Inf are refused before any learner sees them: they cannot
+	// be saved (JSON has no such numbers) nor sent to a Python learner.
+	if _, err := protojson.Marshal(orEmpty(info)); err != nil {
+		return nil, fmt.Errorf("%w: task %s info: %v", errs.ErrInvalid, errs.Quote(taskID), err)
+	}
 	release, err := s.acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -640,12 +648,14 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 		return nil, fmt.Errorf("%w: no learners attached to start task %q", errs.ErrUnavailable, taskID)
 	}
 	errsOut := fanOut(conns, func(_ int, c *learnerConn) error { return s.startOne(ctx, c, t) })
-	if err := errors.Join(errsOut...); err != nil {
-		return nil, fmt.Errorf("start task %q: %w", taskID, err)
+	err = errors.Join(errsOut...)
+	if err == nil {
+		// Saved before it is current and answered: a task the coordinator
+		// was told of outlives this hub.
+		err = s.saveTask(ctx, t)
 	}
-	// Saved before it is current and answered: a task the coordinator was
-	// told of outlives this hub.
-	if err := s.saveTask(ctx, t); err != nil {
+	if err != nil {
+		s.rollbackStart(conns, t)
 		return nil, fmt.Errorf("start task %q: %w", taskID, err)
 	}
 	s.mu.Lock()
@@ -657,6 +667,32 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	}
 	s.cfg.Logger.Info("aggregator: task started", "task", taskID, "learners", resp.Learners)
 	return resp, nil
+}
+
+// rollbackStart undoes a failed Start: the learners that took t (their
+// OnStart ran with t's info) are started on the current task again, so a
+// Start that fails changes nothing. One that does not take it back stays
+// out of the current task's demand and batches, and says so in the log.
+func (s *Service) rollbackStart(conns []*learnerConn, t *taskState) {
+	s.mu.Lock()
+	cur := s.task
+	var back []*learnerConn
+	for _, c := range conns {
+		if c.startedSeq == t.seq {
+			c.started, c.startedSeq = "", 0
+			back = append(back, c)
+		}
+	}
+	s.mu.Unlock()
+	if cur == nil {
+		return
+	}
+	for i, err := range fanOut(back, func(_ int, c *learnerConn) error { return s.startOne(s.ctx, c, cur) }) {
+		if err != nil {
+			s.cfg.Logger.Warn("aggregator: learner not put back on the current task after a failed Start",
+				"learner", back[i].id, "task", cur.id, "err", err)
+		}
+	}
 }
 
 func (s *Service) currentTask(taskID string) (*taskState, error) {

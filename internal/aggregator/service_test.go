@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,6 +157,88 @@ func TestSameIDReplacesTheOldStream(t *testing.T) {
 	}
 	if ids := h.learnerIDs(t, ""); !slices.Equal(ids, []string{"a"}) {
 		t.Fatalf("learners %v", ids)
+	}
+	// The replaced stream is removed, and counted so: attached_total −
+	// removed_total stays the number attached.
+	if st := h.svc.Stats(); len(st.Learners) != 1 || st.Attached != 2 || st.Removed != 1 {
+		t.Fatalf("after a re-attach: %d attached, attached_total %d, removed_total %d; want 1, 2, 1", len(st.Learners), st.Attached, st.Removed)
+	}
+}
+
+// A Start that fails changes nothing: the learners that took the new task
+// before another refused it are put back on the current one, and its
+// demand and batches still reach every learner.
+func TestFailedStartLeavesTheCurrentTasksLearners(t *testing.T) {
+	h := newHarness(t, Config{})
+	exB := &learner.Example{ID: "b", BatchSize: 4}
+	picky := exB.Config("")
+	var startsA atomic.Int32
+	exA := &learner.Example{ID: "a", BatchSize: 4}
+	cfgA := exA.Config("")
+	cfgA.OnStart = func(ctx context.Context, task string, info map[string]any) error {
+		startsA.Add(1)
+		return exA.OnStart(ctx, task, info)
+	}
+	picky.OnStart = func(ctx context.Context, task string, info map[string]any) error {
+		if task == "t2" {
+			return errors.New("refusing t2")
+		}
+		return exB.OnStart(ctx, task, info)
+	}
+	runLearners(t, h, cfgA, picky)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.Start(ctx, "t2", map[string]any{"w": testWeights}); !errors.Is(err, errs.ErrAborted) {
+		t.Fatalf("Start t2 = %v, want Aborted (b refuses it)", err)
+	}
+	d, err := h.client.GetDataDemand(ctx, "t1")
+	if err != nil || !slices.Equal(d.Learners, []string{"a", "b"}) {
+		t.Fatalf("demand for the current task t1 after a failed Start: learners %v, err %v; want [a b]", d.GetLearners(), err)
+	}
+	// a ran OnStart for t1, t2 and t1 again: its state is t1's.
+	if n := startsA.Load(); n != 3 {
+		t.Fatalf("learner a was started %d times, want 3 (t1, t2, t1 again)", n)
+	}
+	if _, err := h.client.Learn(ctx, "t1", regressionBatch(t, 8, 1), nil); err != nil {
+		t.Fatalf("a batch of t1 after the failed Start: %v", err)
+	}
+}
+
+// A task info holding NaN is refused InvalidArgument before any learner is
+// started on it; the current task goes on.
+func TestNaNTaskInfoIsRefusedBeforeAnyLearner(t *testing.T) {
+	h := newHarness(t, Config{DataDir: t.TempDir()})
+	var startedT2 atomic.Int32
+	var cfgs []learner.Config
+	for _, id := range []string{"a", "b"} {
+		ex := &learner.Example{ID: id, BatchSize: 4}
+		c := ex.Config("")
+		c.OnStart = func(ctx context.Context, task string, info map[string]any) error {
+			if task == "t2" {
+				startedT2.Add(1)
+			}
+			return ex.OnStart(ctx, task, info)
+		}
+		cfgs = append(cfgs, c)
+	}
+	runLearners(t, h, cfgs...)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []float64{math.NaN(), math.Inf(1)} {
+		_, err := h.client.Start(ctx, "t2", map[string]any{"w": testWeights, "lr": bad})
+		if !errors.Is(err, errs.ErrInvalid) {
+			t.Fatalf("Start with lr %v: %v, want InvalidArgument", bad, err)
+		}
+	}
+	if n := startedT2.Load(); n != 0 {
+		t.Fatalf("%d learners ran OnStart for the refused task", n)
+	}
+	if d, err := h.client.GetDataDemand(ctx, "t1"); err != nil || !slices.Equal(d.Learners, []string{"a", "b"}) {
+		t.Fatalf("demand for t1 after the refusals: %v, %v", d.GetLearners(), err)
 	}
 }
 
