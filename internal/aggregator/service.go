@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -51,6 +52,11 @@ type Config struct {
 	ChunkBytes int
 	// MaxBatchBytes bounds a Learn batch; 0 means 2 GiB.
 	MaxBatchBytes int64
+	// MaxBatchBytesInFlight bounds the Learn batches being received or
+	// learned together (each holds a buffer of its announced size from
+	// its header on); 0 means 4 GiB. A batch waits up to batchRoomWait
+	// for room, then fails ResourceExhausted.
+	MaxBatchBytesInFlight int64
 	// Now is the clock for leases; nil means time.Now.
 	Now func() time.Time
 	// Logger receives membership and task events; nil means slog.Default().
@@ -107,6 +113,12 @@ func (c *Config) validate() error {
 	if c.MaxBatchBytes < 0 {
 		return fmt.Errorf("aggregator: negative MaxBatchBytes %d", c.MaxBatchBytes)
 	}
+	if c.MaxBatchBytesInFlight == 0 {
+		c.MaxBatchBytesInFlight = 4 << 30
+	}
+	if c.MaxBatchBytesInFlight < 0 {
+		return fmt.Errorf("aggregator: negative MaxBatchBytesInFlight %d", c.MaxBatchBytesInFlight)
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -124,8 +136,11 @@ type Service struct {
 	cfg   Config
 	merge Merge         // the hub's rule and homogeneous keys
 	ops   chan struct{} // one coordinator operation at a time (semaphore)
-	done  chan struct{} // closed by Close
-	wg    sync.WaitGroup
+	// batches holds the bytes of the Learn batches in progress
+	// (Config.MaxBatchBytesInFlight).
+	batches *semaphore.Weighted
+	done    chan struct{} // closed by Close
+	wg      sync.WaitGroup
 	// ctx is canceled by Close; background calls (catch-up starts) use it.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -188,6 +203,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:      cfg,
 		ops:      make(chan struct{}, 1),
+		batches:  semaphore.NewWeighted(cfg.MaxBatchBytesInFlight),
 		done:     make(chan struct{}),
 		conns:    make(map[*learnerConn]struct{}),
 		learners: make(map[string]*learnerConn),
@@ -800,7 +816,12 @@ func (s *Service) Status(ctx context.Context, _ *rlhubv1.StatusRequest) (*rlhubv
 
 // ---- Learn ----
 
-// Learn receives a batch, splits it, fans it out and merges the infos.
+// batchRoomWait is how long a Learn batch waits for room among the bytes
+// of the batches in progress (Config.MaxBatchBytesInFlight).
+const batchRoomWait = 30 * time.Second
+
+// Learn receives a batch, splits it, fans it out and merges the infos. Its
+// body is bounded in time like a push's (bodylimit.Rules).
 func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, rlhubv1.LearnResponse]) error {
 	// With the chunk codec (the Go client asks for it) a chunk stays in
 	// gRPC's buffers until copied once into the assembler.
@@ -813,6 +834,20 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 	h := m.Msg.GetHeader()
 	if h == nil || h.Blob == nil {
 		return grpcerr.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
+	}
+	if h.Blob.TotalBytes <= uint64(s.cfg.MaxBatchBytes) { // a larger one fails in NewAssembler, holding nothing
+		n := min(int64(h.Blob.TotalBytes), s.cfg.MaxBatchBytesInFlight)
+		wctx, cancel := context.WithTimeout(stream.Context(), batchRoomWait)
+		err := s.batches.Acquire(wctx, n)
+		cancel()
+		if err != nil {
+			if err := stream.Context().Err(); err != nil {
+				return grpcerr.ToStatus(err)
+			}
+			return grpcerr.ToStatus(fmt.Errorf("%w: learn: the batches in progress hold %d bytes or more, and %d more found no room within %v",
+				errs.ErrFull, s.cfg.MaxBatchBytesInFlight-n+1, n, batchRoomWait))
+		}
+		defer s.batches.Release(n)
 	}
 	asm, err := wire.NewAssembler(h.Blob.TotalBytes, wire.Limits{MaxBytes: s.cfg.MaxBatchBytes})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/learner"
+	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -543,5 +544,61 @@ func TestTaskIDIsBounded(t *testing.T) {
 	}
 	if st, err := h.svc.Status(ctx, &rlhubv1.StatusRequest{}); err != nil || st.TaskId != "" {
 		t.Fatalf("after the refused Starts: task %.40q, %v; want none", st.GetTaskId(), err)
+	}
+}
+
+// Learn batches in progress share a byte budget: each holds a buffer of
+// its announced size from its header on, so a second batch waits while a
+// first, announced and not yet sent, holds the whole budget, and goes on
+// once it ends.
+func TestLearnBatchesInFlightShareABudget(t *testing.T) {
+	batch := regressionBatch(t, 8, 1)
+	blob, err := safetensors.Encode(batch, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, Config{MaxBatchBytesInFlight: int64(len(blob))})
+	runLearners(t, h, exampleCfg("a", 4))
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	first, err := rlhubv1.NewLearnerAggregatorClient(conn).Learn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(m *rlhubv1.LearnRequest) {
+		t.Helper()
+		if err := first.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Header{Header: &rlhubv1.LearnHeader{
+		TaskId: "t1", Blob: &rlhubv1.BlobInfo{TotalBytes: uint64(len(blob))}}}})
+	send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: blob[:10]}}}) // and then nothing, for now
+	second := make(chan error, 1)
+	go func() {
+		_, err := h.client.Learn(ctx, "t1", batch, nil)
+		second <- err
+	}()
+	select {
+	case err := <-second:
+		t.Fatalf("a second batch of %d bytes ended (%v) while the first held the whole budget", len(blob), err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if n := h.svc.Stats().LearnOK; n != 0 {
+		t.Fatalf("%d batches learned while the first held the whole budget", n)
+	}
+	send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: blob[10:]}}})
+	if _, err := first.CloseAndRecv(); err != nil {
+		t.Fatalf("the first batch: %v", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("the second batch, once the first ended: %v", err)
 	}
 }

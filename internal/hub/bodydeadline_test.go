@@ -200,8 +200,8 @@ func recvStatus(stream grpc.ClientStream) error {
 
 // The same denial of service over gRPC: grpc-go bounds a client-streaming
 // call only by the client's own deadline, and keepalive does not stop a
-// sender that sends a byte at a time. The hub ends a push stream (store
-// or gradient) whose body is not in within Limits.BodyTimeout + length at
+// sender that sends a byte at a time. The hub ends a push stream (store,
+// gradient or learner batch) whose body is not in within Limits.BodyTimeout + length at
 // BodyMinRate with DeadlineExceeded naming the limit; nothing is stored
 // or applied, and honest pushes go on meanwhile and afterwards, a slow
 // one within the bound included.
@@ -239,6 +239,17 @@ func TestTrickledGRPCPushIsCutOff(t *testing.T) {
 			return &rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}}
 		}, blob, piece, gap)
 	}
+	learnPush := func(blob []byte, piece int, gap time.Duration) error {
+		stream, err := rlhubv1.NewLearnerAggregatorClient(conn).Learn(ctx)
+		if err != nil {
+			return err
+		}
+		first := &rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Header{Header: &rlhubv1.LearnHeader{
+			TaskId: "t", Blob: &rlhubv1.BlobInfo{TotalBytes: uint64(len(blob))}}}}
+		return sendPush(stream, first, func(b []byte) proto.Message {
+			return &rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}}
+		}, blob, piece, gap)
+	}
 	cutOff := func(what string, err error) {
 		t.Helper()
 		st, _ := status.FromError(err)
@@ -252,6 +263,8 @@ func TestTrickledGRPCPushIsCutOff(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { cutOff("trickled store push", storePush("s", 1, blob, 1, 20*time.Millisecond)) })
 	wg.Go(func() { cutOff("trickled gradient push", gradPush(hostile, 1, 20*time.Millisecond)) })
+	// A learner batch is a push too: its buffer is held from its header on.
+	wg.Go(func() { cutOff("trickled learner batch", learnPush(blob, 1, 20*time.Millisecond)) })
 	if err := storePush("honest", 1, blob, 1<<20, 0); err != nil { // meanwhile
 		t.Fatalf("an honest push beside the trickling ones: %v", err)
 	}
@@ -270,8 +283,9 @@ func TestTrickledGRPCPushIsCutOff(t *testing.T) {
 		t.Fatalf("the trickled gradient moved the model: %v", err)
 	}
 	m := scrapeMetrics(t, h.MetricsAddr(), "")
-	for _, svc := range []string{"rlhub.v1.ModelStore", "rlhub.v1.Reducer"} {
-		want := `rlhub_grpc_server_handled_total{grpc_code="DeadlineExceeded",grpc_method="Push",grpc_service="` + svc + `",grpc_type="client_stream"} 1`
+	for _, call := range []string{"Push/rlhub.v1.ModelStore", "Push/rlhub.v1.Reducer", "Learn/rlhub.v1.LearnerAggregator"} {
+		method, svc, _ := strings.Cut(call, "/")
+		want := `rlhub_grpc_server_handled_total{grpc_code="DeadlineExceeded",grpc_method="` + method + `",grpc_service="` + svc + `",grpc_type="client_stream"} 1`
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -58,7 +58,7 @@ type Rule struct {
 }
 
 // Rules are rlhub's gRPC streams that carry bodies, by full method name.
-// LearnerAggregator/Attach is not one: the aggregator bounds each task's
+// LearnerAggregator/Learn is one (a batch is a push); Attach is not one: the aggregator bounds each task's
 // send and reply by its own TaskTimeout and detaches a learner that does
 // not take its share, while a learner busy with its previous share (which
 // reads nothing meanwhile) must not be cut before then.
@@ -73,6 +73,10 @@ var Rules = map[string]Rule{
 	}},
 	"/rlhub.v1.ModelStore/Push": {Push: true, Recv: func(m proto.Message) (uint64, bool) {
 		r, ok := m.(*rlhubv1.StorePushRequest)
+		return r.GetHeader().GetBlob().GetTotalBytes(), ok && r.GetHeader() != nil
+	}},
+	"/rlhub.v1.LearnerAggregator/Learn": {Push: true, Recv: func(m proto.Message) (uint64, bool) {
+		r, ok := m.(*rlhubv1.LearnRequest)
 		return r.GetHeader().GetBlob().GetTotalBytes(), ok && r.GetHeader() != nil
 	}},
 	"/rlhub.v1.ModelStore/Pull":  {Send: storeVersion},
