@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -61,12 +62,43 @@ func TestParseFileRejectsMalformedLines(t *testing.T) {
 		h + " role=admin scope=* colour=blue",
 		h + " role=admin scope=*\n" + h + " role=reader scope=*",
 		h + " role=" + long + " scope=*",
+		// An empty scope item would be the empty prefix, every model: a
+		// trailing or doubled comma, or scope= alone, must not widen the
+		// token to the whole hub.
+		h + " role=reader scope=",
+		h + " role=reader scope=ppo/,",
+		h + " role=reader scope=ppo/,,ars/",
+		h + " role=reader scope=," + long,
 	} {
 		_, err := ParseFile(strings.NewReader(line))
 		if err == nil {
 			t.Errorf("%.60q: accepted", line)
 		} else if len(err.Error()) > 300 {
 			t.Errorf("error echoes unbounded input: %d bytes", len(err.Error()))
+		}
+	}
+}
+
+// Only "*" is every model; the listed prefixes are what a token covers.
+func TestParseScopes(t *testing.T) {
+	for in, want := range map[string][]string{
+		"ppo/":          {"ppo/"},
+		"ppo/, ars/":    {"ppo/", "ars/"},
+		"*":             {""},
+		"ppo/,*":        {"ppo/", ""},
+		"team-a/model1": {"team-a/model1"},
+	} {
+		got, err := ParseScopes(in)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("ParseScopes(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	p := Principal{Role: Reader}
+	for _, in := range []string{"", ",", "ppo/,", ",ppo/", "ppo/,,ars/", " , "} {
+		scopes, err := ParseScopes(in)
+		if err == nil {
+			p.Scopes = scopes
+			t.Errorf("ParseScopes(%q) = %q, accepted (covers secret/model: %v)", in, scopes, p.Covers("secret/model"))
 		}
 	}
 }

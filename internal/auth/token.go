@@ -168,13 +168,18 @@ func ParseBytes(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// ParseScopes reads a comma-separated scope list; "*" (or "") is every
-// model.
+// ParseScopes reads a comma-separated scope list of model-name prefixes;
+// only "*" is every model. An empty item (scope=, a trailing or doubled
+// comma) is refused: it would otherwise be the empty prefix, every model,
+// so a typo would widen a token to the whole hub.
 func ParseScopes(s string) ([]string, error) {
 	var out []string
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
-		if part == "*" {
+		switch part {
+		case "":
+			return nil, fmt.Errorf("auth: scope list %q has an empty item: give model-name prefixes, or * for every model", clip(s))
+		case "*":
 			part = ""
 		}
 		if strings.ContainsAny(part, " \t=") {

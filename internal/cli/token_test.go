@@ -18,7 +18,8 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// token new writes expiry and quotas, token ls shows them and no secret,
+// token new writes expiry and quotas (and refuses a scope with an empty
+// item), token ls shows them and no secret,
 // token revoke removes exactly the named token (and refuses a name that
 // is not there, changing nothing); the file stays 0600.
 func TestTokenNewListRevoke(t *testing.T) {
@@ -41,6 +42,16 @@ func TestTokenNewListRevoke(t *testing.T) {
 		t.Fatalf("token ls: %d %q %q", code, out, errOut)
 	}
 	before, _ := os.ReadFile(file)
+	// A scope with an empty item would cover every model: refused, and
+	// nothing is appended.
+	for _, scope := range []string{"ppo/,", "", "ppo/,,ars/"} {
+		if code, out, errOut := run(t, ctx, "token", "new", "--append", file, "--role", "trainer", "--scope", scope, "--name", "typo"); code == 0 || !strings.Contains(errOut, "empty item") {
+			t.Fatalf("token new --scope %q: %d %q %q", scope, code, out, errOut)
+		}
+	}
+	if after, _ := os.ReadFile(file); string(after) != string(before) {
+		t.Fatal("a refused token new changed the file")
+	}
 	if code, _, errOut := run(t, ctx, "token", "revoke", "--file", file, "--name", "nobody"); code == 0 || !strings.Contains(errOut, `no token named "nobody"`) {
 		t.Fatalf("revoke of an unknown name: %d %q", code, errOut)
 	}
