@@ -36,7 +36,7 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 	f.StringVar(&s.tokens, "auth-tokens", "", "token `FILE` of hashes, roles and scopes (lines printed by rlhub token new): every call then needs a token")
 	f.DurationVar(&s.reload, "auth-reload", auth.DefaultReloadInterval, "how often the hub looks at --auth-tokens for changes and reloads it (SIGHUP reloads at once; -1s: only on SIGHUP)")
 	f.StringVar(&s.clientCA, "tls-client-ca", "", "with --tls-cert: require client certificates signed by this CA (mutual TLS)")
-	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen without TLS and tokens: plaintext, and anyone who reaches the port may do anything")
+	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen (and --metrics-listen) without TLS and tokens: plaintext, and anyone who reaches the port may do anything (warned on stderr and in the log)")
 }
 
 // apply fills cfg's TLS and Auth from the flags and refuses an exposed

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -21,10 +22,16 @@ func TestEndpointSecureByDefault(t *testing.T) {
 	if _, err := metrics.New(metrics.Config{Listen: "0.0.0.0:0", Logger: testkit.Logger()}); err == nil || !strings.Contains(err.Error(), "not a loopback address") {
 		t.Fatalf("exposed plaintext endpoint: %v", err)
 	}
-	ms, err := metrics.New(metrics.Config{Listen: "0.0.0.0:0", Insecure: true, Logger: testkit.Logger()})
+	// With Insecure it serves, and says so in the log: never silently.
+	var logs testkit.Buffer
+	ms, err := metrics.New(metrics.Config{Listen: "0.0.0.0:0", Insecure: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatalf("with Insecure: %v", err)
 	}
+	ms.Start()
+	testkit.Eventually(t, 10*time.Second, "the insecure endpoint's warning", func() bool {
+		return strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "INSECURE")
+	})
 	ms.Close()
 
 	tok, hash, _ := auth.NewToken()

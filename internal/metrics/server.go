@@ -220,6 +220,12 @@ func (s *Server) Run(ctx context.Context) error {
 		scheme = "https://"
 	}
 	s.cfg.Logger.Info("metrics serving", "addr", scheme+s.Addr(), "role", s.cfg.Role, "tokens", s.cfg.Auth != nil)
+	if !netsec.IsLoopback(s.cfg.Listen) && (s.cfg.TLS == nil || s.cfg.Auth == nil) {
+		// Allowed (Insecure, or validate would have refused), never silently:
+		// --insecure is given for --listen, and covers this port too.
+		s.cfg.Logger.Warn("INSECURE: the metrics endpoint and dashboard are served off loopback without TLS and tokens: anyone who reaches the port reads every model's name and figures",
+			"addr", scheme+s.Addr(), "tls", s.cfg.TLS != nil, "tokens", s.cfg.Auth != nil)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.srv.Serve(s.lis) }()
 	var err error
