@@ -154,6 +154,12 @@ func Run(ctx context.Context, cfg Config) error {
 
 type attachStream = grpc.BidiStreamingClient[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]
 
+// errHubProtocol is a message from the hub this learner does not expect or
+// understand (a newer hub's, during a rolling upgrade, or a hub's bug). It
+// is not a refusal: the learner re-attaches after its backoff, as for a
+// broken stream, instead of giving up as it does on errs.Permanent.
+var errHubProtocol = errors.New("the hub's message breaks the learner protocol")
+
 // session is one Attach stream: hello, welcome, then tasks until it breaks.
 func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.LearnerAggregatorClient, cfg *Config) error {
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -181,7 +187,7 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 	}
 	w := m.GetWelcome()
 	if w == nil || w.LeaseMs == 0 {
-		return fmt.Errorf("%w: first aggregator message is not a Welcome", errs.ErrInvalid)
+		return fmt.Errorf("%w: first aggregator message is not a Welcome", errHubProtocol)
 	}
 	if cfg.OnAttach != nil {
 		cfg.OnAttach()
@@ -271,7 +277,7 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 				return err // the stream is out of step; re-attach
 			}
 		default:
-			return fmt.Errorf("%w: unexpected aggregator message %T", errs.ErrInvalid, m.Body)
+			return fmt.Errorf("%w: unexpected aggregator message %T", errHubProtocol, m.Body)
 		}
 		if err := send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Reply{Reply: reply}}); err != nil {
 			return err
@@ -289,7 +295,7 @@ func leftHub(st connectivity.State, seenReady bool) bool {
 // returned as err; a callback error goes into the reply.
 func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.LearnTask) (*rlhubv1.LearnerReply, error) {
 	if lt.Blob == nil {
-		return nil, fmt.Errorf("%w: learn task without a blob", errs.ErrInvalid)
+		return nil, fmt.Errorf("%w: learn task without a blob", errHubProtocol)
 	}
 	asm, err := wire.NewAssembler(lt.Blob.TotalBytes, wire.Limits{MaxBytes: cfg.MaxShareBytes})
 	if err != nil {
@@ -302,7 +308,7 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 		}
 		ch := m.GetChunk()
 		if ch == nil {
-			return nil, fmt.Errorf("%w: expected a chunk, got %T", errs.ErrInvalid, m.Body)
+			return nil, fmt.Errorf("%w: expected a chunk, got %T", errHubProtocol, m.Body)
 		}
 		if err := asm.Write(ch.Data); err != nil {
 			return nil, err

@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -144,4 +147,51 @@ func TestExamplePushesGradientOnItsVersion(t *testing.T) {
 	if _, err := ex.OnLearn(context.Background(), &LearnTask{TaskID: "t", Rows: 2, Batch: sd}); !errors.Is(err, errs.ErrFull) {
 		t.Fatalf("failed push: %v", err)
 	}
+}
+
+// newerHub welcomes a learner and then sends it a message it does not
+// know (an empty oneof: what a newer hub's new message looks like to it).
+type newerHub struct {
+	rlhubv1.UnimplementedLearnerAggregatorServer
+	attaches atomic.Int32
+}
+
+func (h *newerHub) Attach(s grpc.BidiStreamingServer[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]) error {
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	h.attaches.Add(1)
+	if err := s.Send(&rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Welcome{Welcome: &rlhubv1.Welcome{LeaseMs: 10000}}}); err != nil {
+		return err
+	}
+	if err := s.Send(&rlhubv1.AggregatorMessage{}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// A message from the hub the learner does not understand is not a refusal:
+// the learner re-attaches after its backoff instead of giving up for good
+// (a rolling upgrade's newer hub must not stop every older learner).
+func TestUnknownHubMessageIsRetried(t *testing.T) {
+	hub := &newerHub{}
+	addr := testkit.ServeGRPC(t, nil, func(g *grpc.Server) { rlhubv1.RegisterLearnerAggregatorServer(g, hub) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{Hub: addr, ID: "l1", Backoff: 20 * time.Millisecond, Logger: testkit.Logger(),
+			OnDemand: func(context.Context, string) (Demand, error) { return Demand{BatchSize: 1}, nil },
+			OnLearn:  func(context.Context, *LearnTask) (map[string]any, error) { return nil, nil }})
+	}()
+	testkit.Eventually(t, 30*time.Second, "the learner attaches again after the unknown message", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Run returned after %d attach(es): %v", hub.attaches.Load(), err)
+		default:
+		}
+		return hub.attaches.Load() >= 3
+	})
+	cancel()
+	testkit.Recv(t, done, 30*time.Second, "Run returns once its context ends")
 }

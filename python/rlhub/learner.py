@@ -252,7 +252,7 @@ class Learner(AttachLoop):
             first = self._recv(it)
             no_welcome.cancel()
             if first is None or not first.HasField("welcome") or first.welcome.lease_ms == 0:
-                raise errors.InvalidArgument("first aggregator message is not a Welcome")
+                raise errors.Unavailable(f"{_HUB_PROTOCOL}: first aggregator message is not a Welcome")
             self.lease_ms = first.welcome.lease_ms
             self.sessions += 1
             self.attached.set()
@@ -315,7 +315,7 @@ class Learner(AttachLoop):
             while got < total:  # protocol errors raise: the stream is out of step
                 c = self._recv(it)
                 if c is None or not c.HasField("chunk"):
-                    raise errors.InvalidArgument(f"learn share ended after {got} of {total} bytes")
+                    raise errors.Unavailable(f"{_HUB_PROTOCOL}: learn share ended after {got} of {total} bytes")
                 asm.write(c.chunk.data)
                 got += len(c.chunk.data)
             blob = asm.finish()
@@ -328,7 +328,14 @@ class Learner(AttachLoop):
             except Exception as e:  # noqa: BLE001
                 reply.error = f"{type(e).__name__}: {e}"
             return reply
-        raise errors.InvalidArgument(f"unexpected aggregator message {kind!r}")
+        raise errors.Unavailable(f"{_HUB_PROTOCOL}: unexpected aggregator message {kind!r}")
+
+
+# A message from the hub the learner does not expect or understand (a newer
+# hub's, during a rolling upgrade, or a hub's bug) is not a refusal: it is
+# raised as Unavailable, so the learner re-attaches after its backoff
+# instead of giving up as on a permanent error.
+_HUB_PROTOCOL = "the hub's message breaks the learner protocol"
 
 
 def _as_demand(d: DemandLike) -> Demand:

@@ -290,3 +290,39 @@ def test_a_permanent_refusal_is_not_retried(hub):
         assert lr.error is not None
     finally:
         lr.close()
+
+
+def test_a_message_the_learner_does_not_know_is_retried():
+    """A hub message the learner does not understand (a newer hub's new
+    message, here an empty one) is not a refusal: the learner re-attaches
+    after its backoff, as after a broken stream, instead of giving up."""
+    from concurrent import futures
+
+    import grpc
+
+    from rlhub._proto.rlhub.v1 import aggregator_pb2, aggregator_pb2_grpc
+
+    attaches = []
+
+    class NewerHub(aggregator_pb2_grpc.LearnerAggregatorServicer):
+        def Attach(self, request_iterator, context):  # noqa: N802 - gRPC's name
+            next(request_iterator)
+            attaches.append(1)
+            yield aggregator_pb2.AggregatorMessage(welcome=aggregator_pb2.Welcome(lease_ms=10000))
+            yield aggregator_pb2.AggregatorMessage()
+            while context.is_active():
+                time.sleep(0.01)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    aggregator_pb2_grpc.add_LearnerAggregatorServicer_to_server(NewerHub(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Learner(f"127.0.0.1:{port}", "l1", on_demand=lambda t: 1, on_learn=lambda t: {}, backoff=0.02) as lr:
+            deadline = time.monotonic() + 30
+            while len(attaches) < 3 and time.monotonic() < deadline:
+                assert lr._thread.is_alive(), f"the learner gave up: {lr.error!r}"
+                time.sleep(0.01)
+            assert len(attaches) >= 3 and lr.error is None
+    finally:
+        server.stop(0)
