@@ -123,7 +123,22 @@ func (s *Service) loadTask() (*taskState, error) {
 		return nil, bad("format", fmt.Errorf("%d, this build reads %d", d.Format, taskFileFormat))
 	}
 	if d.ID == "" || len(d.Order) != len(d.Sizes) {
-		return nil, bad("fields", fmt.Errorf("id %q, %d learners in order, %d sizes", d.ID, len(d.Order), len(d.Sizes)))
+		return nil, bad("fields", fmt.Errorf("id %s, %d learners in order, %d sizes", errs.Quote(d.ID), len(d.Order), len(d.Sizes)))
+	}
+	// What Start and a demand would have refused is refused here too,
+	// naming the file, rather than failing later in a split.
+	if err := validTaskID(d.ID); err != nil {
+		return nil, bad("id", err)
+	}
+	seen := make(map[string]bool, len(d.Order))
+	for i, id := range d.Order {
+		if err := validID(id); err != nil {
+			return nil, bad("order", err)
+		}
+		if seen[id] || d.Sizes[i] < 0 {
+			return nil, bad("order", fmt.Errorf("learner %s listed twice or with a negative size %d", errs.Quote(id), d.Sizes[i]))
+		}
+		seen[id] = true
 	}
 	t := &taskState{seq: d.Seq, id: d.ID, info: &structpb.Struct{}, order: d.Order, sizes: d.Sizes}
 	if err := protojson.Unmarshal(d.Info, t.info); err != nil {

@@ -100,6 +100,11 @@ func TestTaskFileErrors(t *testing.T) {
 		"bad info":   `{"format":1,"seq":1,"id":"t","info":[1]}`,
 		"bad merge":  `{"format":1,"seq":1,"id":"t","info":{},"merge":{"rule":"nope"}}`,
 		"order/size": `{"format":1,"seq":1,"id":"t","info":{},"order":["a"]}`,
+		"bad id":     `{"format":1,"seq":1,"id":"t\u0001","info":{}}`,
+		"long id":    `{"format":1,"seq":1,"id":"` + strings.Repeat("t", 200) + `","info":{}}`,
+		"bad order":  `{"format":1,"seq":1,"id":"t","info":{},"order":["a b"],"sizes":[1]}`,
+		"twice":      `{"format":1,"seq":1,"id":"t","info":{},"order":["a","a"],"sizes":[1,1]}`,
+		"negative":   `{"format":1,"seq":1,"id":"t","info":{},"order":["a"],"sizes":[-4]}`,
 	} {
 		dir := t.TempDir()
 		path := filepath.Join(dir, taskFileName)

@@ -410,7 +410,7 @@ func validID(id string) error {
 	}
 	for _, r := range id {
 		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return fmt.Errorf("%w: learner id %q has a space or unprintable character", errs.ErrInvalid, id)
+			return fmt.Errorf("%w: learner id %s has a space or unprintable character", errs.ErrInvalid, errs.Quote(id))
 		}
 	}
 	return nil
@@ -599,7 +599,7 @@ func (s *Service) startOne(ctx context.Context, c *learnerConn, t *taskState) er
 		return err
 	}
 	if r.Error != "" {
-		return fmt.Errorf("%w: learner %q refused task %q: %s", errs.ErrAborted, c.id, t.id, r.Error)
+		return fmt.Errorf("%w: learner %q refused task %q: %s", errs.ErrAborted, c.id, t.id, learnerError(r.Error))
 	}
 	s.mu.Lock()
 	if t.seq >= c.startedSeq { // a slow catch-up must not undo a newer Start
@@ -608,6 +608,13 @@ func (s *Service) startOne(ctx context.Context, c *learnerConn, t *taskState) er
 	s.mu.Unlock()
 	return nil
 }
+
+// MaxLearnerErrorBytes is how much of a learner's reported error (up to
+// a gRPC message, 4 MiB) goes into the coordinator's error and the log.
+const MaxLearnerErrorBytes = 1024
+
+// learnerError is a learner's reported error, quoted and bounded.
+func learnerError(s string) string { return errs.QuoteMax(s, MaxLearnerErrorBytes) }
 
 // fanOut runs f for every learner concurrently and returns the errors by
 // index. Every f is bounded by call's deadlines, so fanOut is too.
@@ -754,7 +761,7 @@ func (s *Service) demand(ctx context.Context, taskID string) (*rlhubv1.DemandRes
 			return err
 		}
 		if r.Error != "" {
-			return fmt.Errorf("%w: learner %q failed its demand: %s", errs.ErrAborted, c.id, r.Error)
+			return fmt.Errorf("%w: learner %q failed its demand: %s", errs.ErrAborted, c.id, learnerError(r.Error))
 		}
 		if r.Demand == nil {
 			return fmt.Errorf("%w: learner %q replied without a demand", errs.ErrInvalid, c.id)
@@ -1015,7 +1022,7 @@ func (s *Service) learnShare(ctx context.Context, c *learnerConn, taskID string,
 		return nil, err
 	}
 	if r.Error != "" {
-		return nil, fmt.Errorf("%w: learner %q failed rows [%d,%d): %s", errs.ErrAborted, sh.Learner, sh.Start, sh.Start+sh.Rows, r.Error)
+		return nil, fmt.Errorf("%w: learner %q failed rows [%d,%d): %s", errs.ErrAborted, sh.Learner, sh.Start, sh.Start+sh.Rows, learnerError(r.Error))
 	}
 	return r.Info, nil
 }

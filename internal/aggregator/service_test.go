@@ -602,3 +602,18 @@ func TestLearnBatchesInFlightShareABudget(t *testing.T) {
 		t.Fatalf("the second batch, once the first ended: %v", err)
 	}
 }
+
+// A learner's reported error (up to a gRPC message) reaches the
+// coordinator's error and the log bounded, saying how long it was.
+func TestLearnersErrorTextIsBounded(t *testing.T) {
+	h := newHarness(t, Config{})
+	ex := &learner.Example{ID: "a", BatchSize: 4}
+	cfg := ex.Config("")
+	long := strings.Repeat("e", 100<<10)
+	cfg.OnStart = func(context.Context, string, map[string]any) error { return errors.New(long) }
+	runLearners(t, h, cfg)
+	_, err := h.client.Start(testCtx(t, 30*time.Second), "t1", map[string]any{"w": testWeights})
+	if !errors.Is(err, errs.ErrAborted) || len(err.Error()) > 2*MaxLearnerErrorBytes || !strings.Contains(err.Error(), "bytes)") {
+		t.Fatalf("a learner's 100 KiB refusal: %d bytes of error text, %.200v", len(err.Error()), err)
+	}
+}

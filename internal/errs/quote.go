@@ -16,11 +16,16 @@ const MaxQuotedBytes = 64
 // the client in gRPC's status (a header, limited to 8-16 KiB by most
 // peers) and into logs, never echoes unbounded input. Use it, with %s,
 // wherever an error formats a string that came off the network.
-func Quote(s string) string {
-	if len(s) <= MaxQuotedBytes {
+func Quote(s string) string { return QuoteMax(s, MaxQuotedBytes) }
+
+// QuoteMax is Quote keeping up to max bytes: for a peer's longer text
+// worth reading whole when it is short, such as the error a learner
+// reports for its share.
+func QuoteMax(s string, max int) string {
+	if len(s) <= max {
 		return strconv.Quote(s)
 	}
-	cut := MaxQuotedBytes
+	cut := max
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
