@@ -733,8 +733,12 @@ class ServiceWatch:
                 backoff = 0.05
                 self.opened += 1
                 self._gw.watch(self._prefix, rev + 1, on_events, self._stop, endpoint=ep)
-            except errors.RlhubError as e:
-                self.error = e
+            except Exception as e:  # noqa: BLE001 - a malformed answer too: read again, on the next member
+                # Not only RlhubError: an answer that does not decode (bad
+                # base64, JSON of another shape) must not end the thread,
+                # silently, for good.
+                self.error = e if isinstance(e, errors.RlhubError) else errors.Unavailable(
+                    f"rlhub: etcd: a malformed answer: {str(e)[:200]}")
                 ep += 1  # the next endpoint watches next time
             if self._stop.wait(backoff):
                 return

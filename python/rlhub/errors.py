@@ -167,16 +167,31 @@ def _stale_metadata(st: Optional["status_pb2.Status"]) -> Dict[str, str]:
     return {}
 
 
+MAX_MESSAGE = 4096
+"""How much of a peer's status message an exception keeps: over the data
+plane a status may be 4 MiB, and the message is logged on every retry."""
+
+
+def _number(md: Dict[str, str], key: str) -> Optional[int]:
+    """A version or epoch from a peer's error details; None when absent or
+    not a plain number (a malformed detail must not turn the named error
+    into a ValueError that the caller's ``except RlhubError`` misses)."""
+    v = md.get(key, "")
+    return int(v) if v.isdigit() and len(v) <= 20 else None
+
+
 def _make(code: grpc.StatusCode, message: str, st: Optional["status_pb2.Status"]) -> RlhubError:
     """The named exception for ``code``; ``st`` is the full status (or None)."""
     cls = _BY_CODE.get(code, RlhubError)
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + f"…({len(message)} characters)"
     if cls is StaleVersion:
         md = _stale_metadata(st)
         return StaleVersion(
             message,
-            model=md.get("model", ""),
-            current_version=int(md["current_version"]) if "current_version" in md else None,
-            current_epoch=int(md["current_epoch"]) if "current_epoch" in md else None,
+            model=md.get("model", "")[:MAX_MESSAGE],
+            current_version=_number(md, "current_version"),
+            current_epoch=_number(md, "current_epoch"),
         )
     return cls(message, code)
 

@@ -559,6 +559,11 @@ class GradClient:
                     self._refresh()
                 except errors.RlhubError:
                     pass  # best effort: the next choice skips the dead one
+                if self._choose() is None:
+                    # Every listed secondary is marked dead: the next try
+                    # would be the same one at once, a spin against it and
+                    # the primary's listing.
+                    backoff = self._sleep(backoff)
                 continue
             if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED):
                 backoff = self._sleep(backoff)

@@ -349,3 +349,57 @@ def test_relay_lookup_answers_from_its_watch(tmp_path):
     assert not [t for t in threading.enumerate() if t.name.startswith("rlhub-etcd-watch-relay")], "the watch's thread outlived close"
     with pytest.raises(errors.Unavailable, match="closed"):
         lookup.get()
+
+
+def test_service_watch_survives_a_malformed_answer():
+    """An etcd answer that does not decode (a value that is not base64) is
+    read again, and the announcement after it delivered; it ended the
+    watch's thread for good, silently, before. A gateway on loopback plays
+    etcd here: a real etcd does not send such an answer."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    ranges = []
+    good = base64.b64encode(json.dumps({"kind": "secondary", "id": "h1", "addr": "127.0.0.1:9",
+                                        "secondaries": ["s1"]}).encode()).decode()
+    key = base64.b64encode(b"/rlhub/c/services/secondary/h1").decode()
+
+    class Gateway(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path != "/v3/kv/range":
+                self._send(404, {"error": "not here"})
+                return
+            ranges.append(1)
+            value = "abc" if len(ranges) == 1 else good  # "abc": bad base64 padding
+            self._send(200, {"header": {"revision": "5"}, "kvs": [{"key": key, "value": value}]})
+
+        def do_GET(self):  # noqa: N802 - the WebSocket watch: refused, so the watcher reads again
+            self._send(404, {"error": "no websocket"})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    seen = []
+    w = discover.ServiceWatch(f"etcd://127.0.0.1:{srv.server_address[1]}/c", discover.KIND_SECONDARY,
+                              lambda ss: seen.append([s.id for s in ss]))
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end and ["h1"] not in seen:
+            time.sleep(0.05)
+        assert ["h1"] in seen, f"watch thread alive={w._thread.is_alive()}, error={w.error!r}, ranges={len(ranges)}"
+    finally:
+        w.close()
+        srv.shutdown()
+        srv.server_close()

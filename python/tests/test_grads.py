@@ -322,3 +322,43 @@ def test_full_queue_backs_off_and_every_push_lands(rlhub_bin, tmp_path):
             np.testing.assert_allclose(v.tensors["w"][:3], want, rtol=1e-5)
     finally:
         h.stop()
+
+
+def test_push_to_down_secondaries_backs_off():
+    """Every listed secondary down (connections refused at once): the push
+    retries with its backoff until its deadline, instead of spinning on the
+    same dead secondary and the primary's listing (it made ~1800 attempts
+    and ~3700 listings in 2 s before)."""
+    import socket
+    from concurrent import futures
+
+    import grpc
+
+    from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = "127.0.0.1:%d" % s.getsockname()[1]
+    s.close()  # nothing listens there: refused at once
+    listed = []
+
+    class Primary(reducer_pb2_grpc.ReducerServicer):
+        def Secondaries(self, request, context):  # noqa: N802 - gRPC's name
+            listed.append(1)
+            return reducer_pb2.ReducerSecondariesResponse(
+                secondaries=[reducer_pb2.ReducerSecondary(addr=dead, id="s1")])
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    reducer_pb2_grpc.add_ReducerServicer_to_server(Primary(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with GradClient(f"127.0.0.1:{port}", deadline=2.0, timeout=1.0) as g:
+            with pytest.raises(rlhub.Unavailable):
+                g.push("m", 1, {"w": torch.zeros(4)})
+            st = g.transport_stats()
+    finally:
+        server.stop(0)
+    attempts = st["bulk"] + st["grpc"]
+    # 1 ms doubling to max_backoff (100 ms) allows ~30 attempts in 2 s.
+    assert 2 <= attempts <= 60 and len(listed) <= 150, f"{attempts} attempts and {len(listed)} listings in 2 s"
