@@ -1,6 +1,7 @@
 package reduce
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -100,6 +101,11 @@ func (l *Ledger) Release(id ID, session uint64) bool {
 		c.entries[id.Seq] = claim{lost: true} // back to lost: it was counted so once
 	} else {
 		delete(c.entries, id.Seq)
+		if len(c.entries) == 0 && !c.hasFlr {
+			// Nothing of this client is remembered: a push refused after
+			// its claim (a bad body under a new client id) leaves no entry.
+			delete(l.clients, id.Client)
+		}
 	}
 	return true
 }
@@ -107,7 +113,14 @@ func (l *Ledger) Release(id ID, session uint64) bool {
 // CheckPending returns an error wrapping errs.ErrAborted unless every id is
 // pending under session: the batch they form may then be applied.
 func (l *Ledger) CheckPending(ids []ID, session uint64) error {
+	seen := make(map[ID]struct{}, len(ids))
 	for _, id := range ids {
+		// One claim is one gradient: named twice, it would be counted
+		// twice and weigh twice in the batch's mean.
+		if _, dup := seen[id]; dup {
+			return fmt.Errorf("%w: %v is named twice in one batch", errs.ErrInvalid, id)
+		}
+		seen[id] = struct{}{}
 		c := l.clients[id.Client]
 		var e claim
 		ok := false
@@ -155,13 +168,8 @@ func (l *Ledger) EndSession(session uint64) []ID {
 		}
 	}
 	slices.SortFunc(out, func(a, b ID) int {
-		if a.Client != b.Client {
-			if a.Client < b.Client {
-				return -1
-			}
-			return 1
-		}
-		return int(a.Seq - b.Seq)
+		// Not int(a.Seq - b.Seq): the unsigned difference wraps.
+		return cmp.Or(cmp.Compare(a.Client, b.Client), cmp.Compare(a.Seq, b.Seq))
 	})
 	return out
 }
@@ -181,17 +189,25 @@ func (l *Ledger) Pending() int {
 
 // compact drops the oldest applied entries until keep remain, raising the
 // floor to the largest dropped seq. Pending and lost entries are kept
-// whatever their seq (entries override the floor).
+// whatever their seq (entries override the floor), and the floor never
+// passes a pending seq: a pending claim may still be released, forgetting
+// its entry, and below the floor its retry would be refused as already
+// applied (and, after a restart, which remembers no pending claim, too).
 func (c *clientLog) compact(keep int) {
 	var applied []uint64
+	var lowPending uint64
+	hasPending := false
 	for seq, e := range c.entries {
-		if e.applied {
+		switch {
+		case e.applied:
 			applied = append(applied, seq)
+		case e.pending() && (!hasPending || seq < lowPending):
+			lowPending, hasPending = seq, true
 		}
 	}
 	slices.Sort(applied)
 	for _, seq := range applied {
-		if len(c.entries) <= keep {
+		if len(c.entries) <= keep || hasPending && seq > lowPending {
 			break
 		}
 		delete(c.entries, seq)

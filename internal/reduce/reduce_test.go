@@ -2,6 +2,7 @@ package reduce
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -394,6 +395,81 @@ func TestLedgerLostIsProvisional(t *testing.T) {
 	_ = l.Claim(ID{"a", 4}, 4)
 	if got := l.MarkApplied([]ID{{"a", 4}}); got != 0 {
 		t.Fatalf("revived %d, want 0", got)
+	}
+}
+
+// A pending claim below what compaction would settle keeps the floor
+// under it: released (its push broke mid-body), its retry is claimed and
+// applied, not refused as already applied (ALREADY_EXISTS, which the
+// client takes as applied: a gradient lost and counted nowhere).
+func TestLedgerFloorStaysBelowAPendingClaim(t *testing.T) {
+	l := NewLedger(2)
+	c1 := ID{"c", 1}
+	if err := l.Claim(c1, 1); err != nil {
+		t.Fatal(err)
+	}
+	for s := uint64(2); s <= 9; s++ {
+		id := ID{"c", s}
+		if err := l.Claim(id, 1); err != nil {
+			t.Fatal(err)
+		}
+		l.MarkApplied([]ID{id})
+	}
+	if !l.Release(c1, 1) {
+		t.Fatal("release of the pending seq 1")
+	}
+	if err := l.Claim(c1, 2); err != nil {
+		t.Fatalf("retry of seq 1, released and never applied: %v", err)
+	}
+	l.MarkApplied([]ID{c1})
+	// Settled now, the floor may pass it: the entries shrink to the window.
+	for s := uint64(10); s <= 13; s++ {
+		id := ID{"c", s}
+		_ = l.Claim(id, 2)
+		l.MarkApplied([]ID{id})
+	}
+	if n := len(l.clients["c"].entries); n > 4 {
+		t.Fatalf("%d entries kept for c with window 2 once nothing is pending", n)
+	}
+	for s := uint64(1); s <= 13; s++ {
+		if err := l.Claim(ID{"c", s}, 3); !errors.Is(err, errs.ErrExists) {
+			t.Fatalf("applied seq %d claimed again: %v", s, err)
+		}
+	}
+}
+
+// A claim released before anything of its client was applied leaves no
+// trace: pushes under ever new client ids refused after their claim (a
+// bad body) do not grow the ledger.
+func TestLedgerForgetsClientsWithNothingRemembered(t *testing.T) {
+	l := NewLedger(2)
+	for i := range 100 {
+		id := ID{fmt.Sprintf("x%d", i), 1}
+		if err := l.Claim(id, 1); err != nil {
+			t.Fatal(err)
+		}
+		if !l.Release(id, 1) {
+			t.Fatal("release")
+		}
+	}
+	if n := len(l.clients); n != 0 {
+		t.Fatalf("%d clients remembered after 100 released claims", n)
+	}
+}
+
+// A batch naming one claim twice is refused: it would count and weigh the
+// gradient twice.
+func TestLedgerRefusesABatchNamingAClaimTwice(t *testing.T) {
+	l := NewLedger(2)
+	a := ID{"a", 1}
+	if err := l.Claim(a, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.CheckPending([]ID{a, a}, 1); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("a batch naming %v twice: %v, want ErrInvalid", a, err)
+	}
+	if err := l.CheckPending([]ID{a}, 1); err != nil {
+		t.Fatal(err)
 	}
 }
 

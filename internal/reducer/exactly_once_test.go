@@ -1,0 +1,264 @@
+package reducer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+func rawConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// rawPushStream opens a raw Reducer/Push stream at secondary "s0" and
+// sends its header; the caller sends the body (or not).
+func rawPushStream(ctx context.Context, t *testing.T, conn *grpc.ClientConn, client string, seq uint64, blob []byte) rlhubv1.Reducer_PushClient {
+	t.Helper()
+	st, err := rlhubv1.NewReducerClient(conn).Push(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := &rlhubv1.ReducerPushHeader{Blob: &rlhubv1.BlobInfo{Model: "m", Version: 1, TotalBytes: uint64(len(blob))},
+		ClientId: client, Seq: seq, Secondary: "s0"}
+	if err := st.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Header{Header: hdr}}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// auditPush pushes a whole gradient over raw gRPC to secondary "s0".
+func rawPush(t *testing.T, conn *grpc.ClientConn, client string, seq uint64, sd *tensor.StateDict) error {
+	t.Helper()
+	blob, err := safetensors.Encode(sd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st := rawPushStream(ctx, t, conn, client, seq, blob)
+	if err := st.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: blob}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.CloseAndRecv()
+	return grpcerr.FromStatus(err)
+}
+
+// servedPrimary serves a Primary built with pcfg (Store filled in with a
+// memory store holding model "m" = testLayout(n) at version 1, registered
+// with SGD) over ReducerPrimary on a real gRPC server, and a remote
+// secondary hub (one secondary "s0", batch size 1) attached to it.
+// It returns the primary and the secondary hub's address.
+func servedPrimary(t *testing.T, pcfg PrimaryConfig, n int) (*Primary, string) {
+	t.Helper()
+	st, err := store.NewMemory(store.Config{Retain: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	pushModel(t, st, "m", testLayout(n))
+	pcfg.Store, pcfg.Logger = st, testkit.Logger()
+	p, err := NewPrimary(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.Register(context.Background(), ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan struct{})
+	paddr := testkit.ServeGRPC(t, nil, func(s *grpc.Server) {
+		rlhubv1.RegisterReducerPrimaryServer(s, &primaryServer{p: p, drained: drained})
+	})
+	t.Cleanup(func() { close(drained); p.Close() })
+	sec := &testEnv{t: t, st: st, model: "m"}
+	sec.start(Config{Primary: paddr, ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, Logger: testkit.Logger()})
+	t.Cleanup(sec.stop)
+	waitAttached(t, p, 1)
+	return p, sec.addr
+}
+
+func (p *Primary) pendingClaims(model string) int {
+	m, _ := p.model(model)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ledger.Pending()
+}
+
+// TestAuditReleasedClaimBelowFloorIsCalledDuplicate: a client's seq 1 is
+// admitted (claimed) and its body is still arriving while later seqs of
+// the same client are applied and the ledger compacts (raising the floor
+// past seq 1, which compact is meant to keep while pending). The push of
+// seq 1 then breaks (the client's stream dies), the claim is released,
+// and the client's retry of seq 1 is answered ALREADY_EXISTS — "an earlier
+// attempt got through" — although seq 1 was never applied: the gradient
+// is silently lost and counted "duplicate".
+// A push admitted (its claim pending) while the same client's later pushes
+// are applied and compacted away, whose stream then breaks mid-body, is
+// released; its retry must be applied, not answered ALREADY_EXISTS (which
+// the client takes as applied): real gRPC, a remote secondary hub.
+func TestReleasedClaimUnderCompactionIsAppliedOnRetry(t *testing.T) {
+	const n = 3
+	var mu sync.Mutex
+	var applied []reduce.ID
+	appliedc := make(chan struct{}, 100)
+	p, secAddr := servedPrimary(t, PrimaryConfig{LedgerWindow: 2, OnApply: func(_ string, _ uint64, members []reduce.ID, _ []float32) {
+		mu.Lock()
+		applied = append(applied, members...)
+		mu.Unlock()
+		appliedc <- struct{}{}
+	}}, n)
+	conn := rawConn(t, secAddr)
+
+	// seq 1: header only, the body does not come yet (admitted, pending).
+	blob1, _ := safetensors.Encode(gradFor(n, "c", 1), nil)
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	defer cancel1()
+	_ = rawPushStream(ctx1, t, conn, "c", 1, blob1)
+	testkit.Eventually(t, 10*time.Second, "seq 1 admitted", func() bool { return p.pendingClaims("m") == 1 })
+
+	// seqs 2..5 applied: the ledger (window 2) compacts.
+	for s := uint64(2); s <= 5; s++ {
+		if err := rawPush(t, conn, "c", s, gradFor(n, "c", s)); err != nil {
+			t.Fatalf("push seq %d: %v", s, err)
+		}
+		<-appliedc
+	}
+	// The client's stream for seq 1 dies mid-body: the secondary releases it.
+	cancel1()
+	testkit.Eventually(t, 10*time.Second, "seq 1 released", func() bool { return p.pendingClaims("m") == 0 })
+
+	// The client retries seq 1 (same client id and seq).
+	mu.Lock()
+	before := slices.Clone(applied)
+	mu.Unlock()
+	err := rawPush(t, conn, "c", 1, gradFor(n, "c", 1))
+	for _, id := range before {
+		if id.Seq == 1 {
+			t.Fatalf("seq 1 was applied: %v", before)
+		}
+	}
+	if errors.Is(err, errs.ErrExists) {
+		t.Fatalf("retry of seq 1, never applied, answered %v (ALREADY_EXISTS: the client takes it as applied); applied: %v; primary counters %+v",
+			err, before, p.Stats().Counters)
+	}
+	if err != nil {
+		t.Fatalf("retry of seq 1: %v", err)
+	}
+}
+
+// TestAuditLedgerKeepsEveryClientIDForever: pushes with distinct client ids
+// whose bodies are refused (NaN) leave nothing applied or pending, yet each
+// leaves an entry in the primary's exactly-once ledger that nothing ever
+// removes: the ledger grows with every client id any pusher makes up.
+// A forward naming one admitted gradient twice is refused: it would be
+// counted applied twice and weigh twice in the step's mean.
+func TestForwardNamingAGradientTwiceIsRefused(t *testing.T) {
+	const n = 3
+	e := newTestEnv(t, Config{Secondaries: -1, Logger: testkit.Logger()}, testLayout(n))
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
+	conn := rawConn(t, e.addr)
+	pc := rlhubv1.NewReducerPrimaryClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	att, err := pc.Attach(ctx, &rlhubv1.ReducerAttachRequest{Id: "evil", Addr: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := att.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := ev.GetSession()
+	if _, err := pc.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: sess, Model: "m", ClientId: "c", Seq: 1, BaseVersion: 1}); err != nil {
+		t.Fatal(err)
+	}
+	blob, _ := safetensors.Encode(gradFor(n, "c", 1), nil)
+	fw, err := pc.Forward(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := &rlhubv1.ReducerGradientID{ClientId: "c", Seq: 1}
+	hdr := &rlhubv1.ReducerForwardHeader{Session: sess, Ids: []*rlhubv1.ReducerGradientID{id, id}, Weights: []float32{1, 1},
+		Blob: &rlhubv1.BlobInfo{Model: "m", TotalBytes: uint64(len(blob))}}
+	if err := fw.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Header{Header: hdr}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fw.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: blob}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, ferr := fw.CloseAndRecv()
+	c := e.svc.Primary().Stats().Counters
+	if !errors.Is(grpcerr.FromStatus(ferr), errs.ErrInvalid) || c.Applied != 0 || c.Steps != 0 {
+		t.Fatalf("forward of one admitted gradient named twice: %v; applied %d, steps %d (want InvalidArgument, nothing applied)", ferr, c.Applied, c.Steps)
+	}
+}
+
+// TestAuditClusterStatsKeepsPeersForever: ClusterStats dials every attached
+// secondary's address and keeps the connection in Service.peers for ever,
+// also after the secondary detached: a connection (and its goroutines) per
+// address any secondary ever attached with.
+// ClusterStats closes its connections to hubs no longer attached: twenty
+// secondaries attached and gone, at twenty addresses, leave none.
+func TestClusterStatsForgetsDetachedHubs(t *testing.T) {
+	const n, fakes = 3, 20
+	e := newTestEnv(t, Config{Secondaries: -1, Logger: testkit.Logger()}, testLayout(n))
+	conn := rawConn(t, e.addr)
+	pc := rlhubv1.NewReducerPrimaryClient(conn)
+	var addrs []string
+	for range fakes { // addresses nobody listens at: refused at once
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, l.Addr().String())
+		l.Close()
+	}
+	for i, a := range addrs {
+		ctx, cancel := context.WithCancel(context.Background())
+		att, err := pc.Attach(ctx, &rlhubv1.ReducerAttachRequest{Id: fmt.Sprintf("s%d", i), Addr: a})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := att.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		st := e.svc.ClusterStats(sctx)
+		scancel()
+		if len(st.Unreachable) != 1 {
+			t.Fatalf("unreachable %v, want the one attached", st.Unreachable)
+		}
+		cancel() // the secondary goes away
+		testkit.Eventually(t, 10*time.Second, "detached", func() bool { return len(e.svc.Primary().Secondaries()) == 0 })
+	}
+	e.svc.ClusterStats(context.Background()) // nothing attached now
+	e.svc.peersMu.Lock()
+	peers := len(e.svc.peers)
+	e.svc.peersMu.Unlock()
+	if peers != 0 {
+		t.Fatalf("no secondary attached, yet the service keeps %d peer connections (one per address ever attached)", peers)
+	}
+}
