@@ -272,8 +272,28 @@ func (s *Service) ClusterStats(ctx context.Context) Stats {
 			addrs[sec.Addr] = true
 		}
 	}
-	for _, addr := range slices.Sorted(maps.Keys(addrs)) {
-		rst, err := s.remoteStats(ctx, addr)
+	// Connections to hubs no longer attached are closed: secondaries that
+	// restart at new addresses (pod IPs) must not pile them up.
+	s.peersMu.Lock()
+	for addr, conn := range s.peers {
+		if !addrs[addr] {
+			_ = conn.Close()
+			delete(s.peers, addr)
+		}
+	}
+	s.peersMu.Unlock()
+	// Asked together: one stats call waits for the slowest hub's bound,
+	// not for the sum of every unreachable one's.
+	sorted := slices.Sorted(maps.Keys(addrs))
+	answers := make([]Stats, len(sorted))
+	failed := make([]error, len(sorted))
+	var wg sync.WaitGroup
+	for i, addr := range sorted {
+		wg.Go(func() { answers[i], failed[i] = s.remoteStats(ctx, addr) })
+	}
+	wg.Wait()
+	for i, addr := range sorted {
+		rst, err := answers[i], failed[i]
 		if err != nil {
 			if st.Unreachable == nil {
 				st.Unreachable = map[string]string{}
