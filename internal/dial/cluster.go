@@ -329,6 +329,13 @@ type follower struct {
 	timeout  time.Duration
 	etcd     *cluster.Reader
 
+	// upd is held by an offer from taking it (setting cur) until gRPC
+	// has been told of it: offers come from several goroutines at once
+	// (the loop, the etcd watch, refusals' hints), and one that set cur
+	// first must not reach gRPC last — the connection would dial an older
+	// primary than cur, whose refusals name cur and so change nothing.
+	// Taken before mu.
+	upd     sync.Mutex
 	mu      sync.Mutex
 	cur     Primary
 	lastErr error
@@ -354,6 +361,8 @@ type follower struct {
 	stopBase context.CancelFunc
 	wg       sync.WaitGroup
 	stopOnce sync.Once
+
+	held atomic.Int64 // inTerm's holds on a term not yet released (tests)
 }
 
 func (f *follower) Scheme() string { return followSchemeName }
@@ -467,11 +476,14 @@ func (f *follower) loop() {
 // offer makes p the primary unless an answer with a newer epoch was seen.
 // A primary at another address than the one followed ends the old one's
 // term: what is in flight there is given up (after the connection was
-// told of p, so that what is sent again goes to p).
+// told of p, so that what is sent again goes to p). Offers are taken one
+// at a time (upd), so the address gRPC dials is always cur's.
 func (f *follower) offer(p Primary) {
 	if p.Addr == "" {
 		return
 	}
+	f.upd.Lock()
+	defer f.upd.Unlock()
 	f.mu.Lock()
 	if p.Epoch < f.cur.Epoch || p == f.cur {
 		f.mu.Unlock()
@@ -526,14 +538,17 @@ func (e *PrimaryMovedError) GRPCStatus() *status.Status {
 }
 
 // inTerm runs in a context that also ends when the followed primary moves
-// away; stop releases it. moved is the *PrimaryMovedError that ended it,
-// or nil (ctx ended, or it has not ended).
+// away; stop releases it (the hold on the term, which lives as long as the
+// primary does, and tctx's place in ctx) and may be called more than once.
+// moved is the *PrimaryMovedError that ended it, or nil (ctx ended, or it
+// has not ended).
 func (f *follower) inTerm(ctx context.Context) (tctx context.Context, moved func() error, stop func()) {
 	f.mu.Lock()
 	term := f.term
 	f.mu.Unlock()
 	tctx, cancel := context.WithCancelCause(ctx)
 	release := context.AfterFunc(term, func() { cancel(context.Cause(term)) })
+	f.held.Add(1)
 	moved = func() error {
 		var pm *PrimaryMovedError
 		if ctx.Err() == nil && errors.As(context.Cause(tctx), &pm) {
@@ -541,7 +556,7 @@ func (f *follower) inTerm(ctx context.Context) (tctx context.Context, moved func
 		}
 		return nil
 	}
-	return tctx, moved, func() { release(); cancel(nil) }
+	return tctx, moved, sync.OnceFunc(func() { release(); cancel(nil); f.held.Add(-1) })
 }
 
 // resolve asks etcd, or every seed hub at once, where the primary is; of
@@ -774,7 +789,11 @@ func (f *follower) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.C
 		}
 		return nil, err
 	}
-	return &followedStream{ClientStream: s, f: f, moved: moved, stop: stop}, nil
+	// A stream given up by ending its context (without reading it to its
+	// end) releases its hold then.
+	abandoned := context.AfterFunc(tctx, stop)
+	release := func() { abandoned(); stop() }
+	return &followedStream{ClientStream: s, f: f, moved: moved, stop: release, oneReply: !desc.ServerStreams}, nil
 }
 
 // followedStream notices a refusal or a dead connection on a stream, and
@@ -784,6 +803,9 @@ type followedStream struct {
 	f     *follower
 	moved func() error
 	stop  func() // releases the term's hold; once the stream has ended
+	// oneReply: the stream ends with its one reply (a client stream's
+	// CloseAndRecv), which RecvMsg returns without an error.
+	oneReply bool
 }
 
 func (s *followedStream) RecvMsg(m any) error {
@@ -792,6 +814,8 @@ func (s *followedStream) RecvMsg(m any) error {
 		if pm := s.moved(); pm != nil {
 			err = status.Error(codes.Unavailable, pm.Error())
 		}
+		s.stop()
+	} else if s.oneReply {
 		s.stop()
 	}
 	switch status.Code(err) {
