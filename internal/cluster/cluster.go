@@ -326,6 +326,10 @@ type Term struct {
 	// ended is closed when a renewal fails and replaced by an open one at
 	// the next that succeeds (ProofEnded); nil until the first failure.
 	ended chan struct{}
+	// resigns counts Resign's starts and ends: odd while Resign deletes
+	// the key. A renewal that overlapped a Resign may have checked the key
+	// before it was deleted, and so proves nothing: it is not applied.
+	resigns uint64
 }
 
 // The term proof. A primary may write without asking etcd while it holds
@@ -350,21 +354,21 @@ func proofMargin(ttl time.Duration) time.Duration { return ttl / 5 }
 // (the proof ends either way).
 func (t *Term) Renew(ctx context.Context) error {
 	sent := time.Now()
-	err := t.renew(ctx, sent)
+	t.mu.Lock()
+	resigns := t.resigns
+	t.mu.Unlock()
+	err := t.renew(ctx, sent, resigns)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil {
+		if t.resigns != resigns || resigns%2 == 1 {
+			return err // Resign ended the proof meanwhile, and said why
+		}
 		t.validUntil, t.proofErr = time.Time{}, err
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return err // the caller gave up (a client gone, Hold ending), not etcd
 		}
-		if t.ended == nil {
-			t.ended = make(chan struct{})
-		}
-		select {
-		case <-t.ended:
-		default:
-			close(t.ended)
+		if t.closeEnded() {
 			t.m.cfg.Logger.Warn("cluster: the term proof ended: etcd did not renew this hub's lease; writes are refused until it does", "epoch", t.Epoch, "err", err)
 		}
 		return err
@@ -372,14 +376,50 @@ func (t *Term) Renew(ctx context.Context) error {
 	return nil
 }
 
+// closeEnded closes ended (ProofEnded's channel), reporting whether it
+// was open; t.mu held.
+func (t *Term) closeEnded() bool {
+	if t.ended == nil {
+		t.ended = make(chan struct{})
+	}
+	select {
+	case <-t.ended:
+		return false
+	default:
+		close(t.ended)
+		return true
+	}
+}
+
+// resigning ends the proof as Resign begins to give up the election,
+// before the key is deleted: Valid says ErrDeposed and ProofEnded closes.
+// No renewal overlapping the deletion is applied (resigned marks its
+// end); one begun after it proves the term again if the key still leads
+// (a resignation that failed: the member still holds the election).
+func (t *Term) resigning() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.resigns++
+	t.validUntil, t.proofErr = time.Time{}, ErrDeposed
+	t.closeEnded()
+}
+
+// resigned marks the end of Resign's deletion of the key (see resigning).
+func (t *Term) resigned() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.resigns++
+}
+
 // ProofEnded returns a channel that is closed once a renewal of the term
-// proof has failed — the proof ended then, and stays ended until a renewal
-// succeeds (Valid says why) — and open while the last renewal succeeded. A
-// renewal that succeeds later makes later calls return a new, open
-// channel. A writer waiting for something other than etcd (a primary's
-// publish waiting for its standbys' acknowledgements) selects on it: with
-// every etcd member silent (this machine cut off) a renewal fails within
-// a quarter lease or so, long before the lease is given up (Lost).
+// proof has failed or Resign began — the proof ended then, and stays ended
+// until a renewal succeeds (Valid says why) — and open while the last
+// renewal succeeded. A renewal that succeeds later makes later calls
+// return a new, open channel. A writer waiting for something other than
+// etcd (a primary's publish waiting for its standbys' acknowledgements)
+// selects on it: with every etcd member silent (this machine cut off) a
+// renewal fails within a quarter lease or so, long before the lease is
+// given up (Lost).
 func (t *Term) ProofEnded() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -389,7 +429,8 @@ func (t *Term) ProofEnded() <-chan struct{} {
 	return t.ended
 }
 
-func (t *Term) renew(ctx context.Context, sent time.Time) error {
+// renew is Renew's work; resigns is t.resigns when it began.
+func (t *Term) renew(ctx context.Context, sent time.Time, resigns uint64) error {
 	select {
 	case <-t.m.sess.Done():
 		return ErrDeposed
@@ -418,6 +459,12 @@ func (t *Term) renew(ctx context.Context, sent time.Time) error {
 	t.m.k.renewed(sent)
 	until := sent.Add(ttl - proofMargin(ttl))
 	t.mu.Lock()
+	if t.resigns != resigns || resigns%2 == 1 {
+		// It overlapped a Resign: it may have checked the key before the
+		// deletion, which proves nothing now.
+		t.mu.Unlock()
+		return ErrDeposed
+	}
 	if until.After(t.validUntil) {
 		t.validUntil = until
 	}
@@ -606,7 +653,25 @@ func (m *Member) campaign(ctx context.Context, val string) (string, int64, error
 	})
 	tcancel()
 	if err != nil {
-		return "", 0, err // a key put meanwhile is found again by the next campaign (Else)
+		// etcd may have applied the put and answered late (or the answer
+		// was lost): the key would then lead the election for a member
+		// with no term — clients would see it primary, and no other
+		// member could be elected while its lease lives. It is deleted,
+		// best effort (a key left is found again by the next campaign:
+		// Else), unless this member holds a term: the key is that term's
+		// (Campaign called again while primary).
+		m.mu.Lock()
+		held := m.term != nil
+		m.mu.Unlock()
+		if !held {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.DialTimeout)
+			_ = m.k.do(dctx, func(ctx context.Context, c conn) error {
+				_, err := c.kv.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).Then(clientv3.OpDelete(key)).Commit()
+				return err
+			})
+			cancel()
+		}
+		return "", 0, err
 	}
 	withdraw := func() { // the key, unless it is another term's
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.DialTimeout)
@@ -662,7 +727,10 @@ func (m *Member) campaign(ctx context.Context, val string) (string, int64, error
 	}
 }
 
-// Resign gives up the election if this member holds it.
+// Resign gives up the election if this member holds it. The term's proof
+// ends first (Valid says ErrDeposed, ProofEnded closes): once the key is
+// deleted a standby may be elected at once, and two terms must never pass
+// Valid together.
 func (m *Member) Resign(ctx context.Context) error {
 	m.mu.Lock()
 	t, elec := m.term, m.elec
@@ -671,7 +739,10 @@ func (m *Member) Resign(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
-	if err := elec.Resign(ctx); err != nil {
+	t.resigning()
+	err := elec.Resign(ctx)
+	t.resigned()
+	if err != nil {
 		return fmt.Errorf("%w: cluster: resign: %v", errs.ErrUnavailable, err)
 	}
 	return nil
