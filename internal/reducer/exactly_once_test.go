@@ -262,3 +262,33 @@ func TestClusterStatsForgetsDetachedHubs(t *testing.T) {
 		t.Fatalf("no secondary attached, yet the service keeps %d peer connections (one per address ever attached)", peers)
 	}
 }
+
+// Session ids are neither reused by a restarted primary (a secondary that
+// has not yet noticed its session ended would claim under another's) nor
+// guessable from one another (Admit, Release and Forward name only the
+// session).
+func TestSessionIDsAreNotReusedAcrossRestarts(t *testing.T) {
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	seen := map[uint64]bool{}
+	for restart := range 3 {
+		p, err := NewPrimary(PrimaryConfig{Store: st, Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			s, _, err := p.Attach(context.Background(), Secondary{ID: fmt.Sprint(i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s == 0 || seen[s] {
+				t.Fatalf("primary %d handed out session %d, seen before or zero (all: %v)", restart, s, seen)
+			}
+			seen[s] = true
+		}
+		p.Close()
+	}
+}

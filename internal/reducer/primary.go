@@ -2,6 +2,8 @@ package reducer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -170,7 +172,6 @@ type Primary struct {
 	mu       sync.Mutex
 	models   map[string]*pmodel
 	sessions map[uint64]Secondary // live sessions → who holds them
-	nextSess uint64
 	closed   bool
 	closing  chan struct{}  // closed when Close begins (ends publish's retries)
 	settling sync.WaitGroup // commitStep's goroutines (settle)
@@ -494,9 +495,24 @@ func (p *Primary) Attach(_ context.Context, s Secondary) (session uint64, done <
 	if p.closed {
 		return 0, nil, fmt.Errorf("%w: reducer primary is closed", errs.ErrUnavailable)
 	}
-	p.nextSess++
-	p.sessions[p.nextSess] = s
-	return p.nextSess, nil, nil
+	var id uint64
+	for taken := true; id == 0 || taken; {
+		id = newSession()
+		_, taken = p.sessions[id]
+	}
+	p.sessions[id] = s
+	return id, nil, nil
+}
+
+// newSession is a random session id. Not a counter: a counter restarts at
+// 1 with the primary, and a secondary that has not yet noticed its old
+// session ended would claim under another secondary's; and a session id is
+// all that Admit, Release and Forward name, so it must not be guessable by
+// another client holding the same role.
+func newSession() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // Detach ends a session: its unapplied claims are released (and counted
