@@ -72,8 +72,8 @@ import (
 // Metadata the hubs put in a standby's refusal (HELPERS contract; the hub
 // side is internal/cluster).
 const (
-	PrimaryTrailer = "rlhub-primary"
-	EpochTrailer   = "rlhub-epoch"
+	PrimaryTrailer = cluster.TrailerPrimary
+	EpochTrailer   = cluster.TrailerEpoch
 )
 
 // Defaults of the cluster target's settings.
@@ -188,36 +188,27 @@ type Primary struct {
 
 // Refusal reads a standby's refusal from a call's error and trailer: the
 // primary it names (Addr "" when the standby does not know one) and true,
-// or false when err is not a standby refusal.
+// or false when err is not a standby refusal. It is cluster.AsRefusal, the
+// contract's one reader, whose bounds apply: an address that is over 300
+// bytes or holds white space, or an epoch that is not a number, names no
+// primary (the client resolves again instead).
 func Refusal(err error, trailer metadata.MD) (Primary, bool) {
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.Unavailable {
+	r, ok := cluster.AsRefusal(err, trailer)
+	if !ok {
 		return Primary{}, false
 	}
-	if v := trailer.Get(PrimaryTrailer); len(v) > 0 {
-		p := Primary{Addr: v[0]}
-		if e := trailer.Get(EpochTrailer); len(e) > 0 {
-			p.Epoch, _ = strconv.ParseUint(e[0], 10, 64)
-		}
-		return p, true
-	}
-	// Without the trailer: the contract's message.
-	return RefusalText(st.Message())
+	return Primary{Addr: r.Primary, Epoch: r.Epoch}, true
 }
 
 // RefusalText reads a standby's refusal from its message (the data plane
 // carries only the text): the primary named (Addr "" when unknown), or
-// false when msg is not a refusal.
+// false when msg is not a refusal (cluster.ParseRefusal).
 func RefusalText(msg string) (Primary, bool) {
-	m := refusalText.FindStringSubmatch(msg)
-	if m == nil {
+	r, ok := cluster.ParseRefusal(msg)
+	if !ok {
 		return Primary{}, false
 	}
-	if m[1] == "unknown" {
-		return Primary{}, true
-	}
-	ep, _ := strconv.ParseUint(m[3], 10, 64)
-	return Primary{Addr: m[2], Epoch: ep}, true
+	return Primary{Addr: r.Primary, Epoch: r.Epoch}, true
 }
 
 // Offer tells the connection conn (from Config.GRPC on a cluster target)
@@ -229,8 +220,6 @@ func Offer(conn interface{ Target() string }, p Primary) {
 		f.hint(p)
 	}
 }
-
-var refusalText = regexp.MustCompile(`this hub is a standby; the primary is (unknown|([^\s]+) \(epoch (\d+)\))`)
 
 // idempotent lists the unary methods a follower may send again after a
 // connection died with the call in flight: reads, which change nothing.

@@ -289,6 +289,19 @@ func TestRefusalParsesTheContract(t *testing.T) {
 	if p, ok := dial.Refusal(status.Error(codes.Unavailable, "x"), md); !ok || p != (dial.Primary{Addr: "h:1", Epoch: 9}) {
 		t.Fatalf("from the trailer: %v %v", p, ok)
 	}
+	// What a client would dial is bounded: an address over 300 bytes or
+	// with white space, or an epoch that is not a number, names no primary
+	// (the client resolves again), in the trailer and in the text alike.
+	long := strings.Repeat("h", 1<<20) + ":1"
+	for _, pair := range [][2]string{{long, "9"}, {"h :1", "9"}, {"h:1", "x"}} {
+		md := metadata.Pairs(dial.PrimaryTrailer, pair[0], dial.EpochTrailer, pair[1])
+		if p, ok := dial.Refusal(status.Error(codes.Unavailable, "x"), md); !ok || p.Addr != "" {
+			t.Fatalf("trailer %.40q epoch %q: %.60v %v, want a refusal naming no primary", pair[0], pair[1], p, ok)
+		}
+	}
+	if p, ok := dial.RefusalText("rlhub: this hub is a standby; the primary is " + long + " (epoch 9)"); !ok || p.Addr != "" {
+		t.Fatalf("a 1 MiB address in the text: %.60v %v", p, ok)
+	}
 }
 
 // electTwo joins two members of cluster "c" on e at addrs and elects the

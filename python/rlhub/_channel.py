@@ -330,11 +330,7 @@ def refusal(err: Any) -> Optional[Tuple[str, int]]:
             tm: Any = err.trailing_metadata() or ()
             md: Dict[str, Any] = {str(k): v for k, v in tm}
             if PRIMARY_TRAILER in md:
-                try:
-                    ep = int(md.get(EPOCH_TRAILER, "0"))
-                except ValueError:
-                    ep = 0
-                return (str(md[PRIMARY_TRAILER]), ep)
+                return _named(str(md[PRIMARY_TRAILER]), str(md.get(EPOCH_TRAILER, "")))
             msg = err.details() or ""
         except AttributeError:
             msg = str(err)
@@ -345,7 +341,21 @@ def refusal(err: Any) -> Optional[Tuple[str, int]]:
         return None
     if m.group(1) == "unknown":
         return ("", 0)
-    return (m.group(2), int(m.group(3)))
+    return _named(m.group(2), m.group(3))
+
+
+_MAX_ADDR_BYTES = 300
+
+
+def _named(addr: str, epoch: str) -> Tuple[str, int]:
+    """The primary a refusal names, bounded as the Go client bounds it
+    (internal/cluster fromPair): an address over 300 bytes or holding white
+    space, or an epoch that is not a number below 2**64, names none, and the
+    client resolves again instead of dialling it or pinning its epoch."""
+    if (not addr or len(addr) > _MAX_ADDR_BYTES or any(c.isspace() for c in addr)
+            or not epoch.isdigit() or len(epoch) > 20 or int(epoch) >= 1 << 64):
+        return ("", 0)
+    return (addr, int(epoch))
 
 
 class NoPrimary(grpc.RpcError):

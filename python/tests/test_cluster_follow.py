@@ -42,6 +42,11 @@ def test_target_syntax():
     assert _channel.refusal("rlhub: this hub is a standby; the primary is 10.0.0.1:7470 (epoch 42)") == ("10.0.0.1:7470", 42)
     assert _channel.refusal("rlhub: this hub is a standby; the primary is unknown") == ("", 0)
     assert _channel.refusal("connection refused") is None
+    # What a client would dial or pin is bounded, as in Go: a 1 MiB address,
+    # one with white space, or an epoch of 4000 digits names no primary.
+    pre = "rlhub: this hub is a standby; the primary is "
+    for bad in [pre + "h" * (1 << 20) + ":1 (epoch 9)", pre + "h:1 (epoch " + "9" * 4000 + ")"]:
+        assert _channel.refusal(bad) == ("", 0)
 
 
 def test_a_hub_without_cluster_answers_itself(hub):
