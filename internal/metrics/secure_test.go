@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -82,6 +83,50 @@ func TestEndpointSecureByDefault(t *testing.T) {
 	} {
 		if got := get(c.path, c.set); got != c.want {
 			t.Errorf("%s %s: %d, want %d", c.what, c.path, got, c.want)
+		}
+	}
+}
+
+// On loopback without tokens the endpoint answers requests that name
+// loopback only: a page elsewhere that points its own name at 127.0.0.1
+// (DNS rebinding) cannot read the dashboard's state through the
+// operator's browser. Probes answer whatever the Host.
+func TestLoopbackEndpointRefusesOtherHosts(t *testing.T) {
+	ms, err := metrics.New(metrics.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms.Start()
+	defer ms.Close()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	_, port, _ := net.SplitHostPort(ms.Addr())
+	get := func(path, host string) int {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(context.Background(), "GET", "http://"+ms.Addr()+path, nil)
+		req.Host = host
+		var resp *http.Response
+		testkit.Eventually(t, 10*time.Second, "the endpoint to answer", func() bool {
+			resp, err = hc.Do(req)
+			return err == nil
+		})
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, c := range []struct {
+		path, host string
+		want       int
+	}{
+		{"/api/state", "127.0.0.1:" + port, 200},
+		{"/api/state", "localhost:" + port, 200},
+		{"/metrics", "[::1]:" + port, 200},
+		{"/api/state", "attacker.example:" + port, 403},
+		{"/metrics", "attacker.example", 403},
+		{"/", "10.0.0.1:" + port, 403},
+		{"/healthz", "attacker.example", 200},
+	} {
+		if got := get(c.path, c.host); got != c.want {
+			t.Errorf("GET %s with Host %s: %d, want %d", c.path, c.host, got, c.want)
 		}
 	}
 }

@@ -112,6 +112,27 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// loopbackHost refuses a request to a loopback endpoint without tokens
+// unless its Host names loopback (localhost or a loopback address): a web
+// page the operator's browser opens elsewhere could otherwise read the
+// dashboard's state through a name it points at 127.0.0.1 (DNS
+// rebinding), since the browser then takes the page and the endpoint for
+// one origin.
+func loopbackHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		if ip := net.ParseIP(host); !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			http.Error(w, "metrics: this loopback endpoint answers requests for localhost or a loopback address only", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // guard refuses requests without a reader token (Config.Auth).
 func guard(v *auth.Verifier, next http.Handler) http.Handler {
 	if v == nil {
@@ -202,7 +223,11 @@ func New(cfg Config) (*Server, error) {
 		lis = tls.NewListener(lis, tc)
 	}
 	s.lis = lis
-	s.srv = &http.Server{Handler: probes(cfg.Sources, clientCert(needCert, guard(cfg.Auth, mux))), ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	var h http.Handler = guard(cfg.Auth, mux)
+	if cfg.Auth == nil && netsec.IsLoopback(cfg.Listen) {
+		h = loopbackHost(h)
+	}
+	s.srv = &http.Server{Handler: probes(cfg.Sources, clientCert(needCert, h)), ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
 	return s, nil
 }
 
