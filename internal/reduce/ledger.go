@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
 )
@@ -26,16 +27,21 @@ import (
 //
 // Per client the ledger remembers at least Window of the newest ids; older
 // applied ids collapse into a floor below which every seq counts as
-// applied. Not safe for concurrent use.
+// applied. With a clock (SetClock), a client idle long enough is forgotten
+// whole (ForgetIdle): client ids come and go (a restarted learner takes a
+// new one), and the ledger must not grow with every id ever seen. Not
+// safe for concurrent use.
 type Ledger struct {
 	window  int
 	clients map[string]*clientLog
+	now     func() time.Time // SetClock; nil: no client is ever forgotten
 }
 
 type clientLog struct {
 	floor   uint64 // seqs ≤ floor are applied, unless entries says otherwise
 	hasFlr  bool
 	entries map[uint64]claim
+	used    time.Time // its last claim or applied id (with a clock)
 }
 
 // claim is one id's state: pending under session (session ≠ 0, !applied),
@@ -60,17 +66,68 @@ func NewLedger(window int) *Ledger {
 	return &Ledger{window: window, clients: map[string]*clientLog{}}
 }
 
+// SetClock makes the ledger note when each client last claimed or had an
+// id applied, for ForgetIdle. The clients it holds already count as used
+// now (a ledger restored at a restart: their idle time starts then).
+func (l *Ledger) SetClock(now func() time.Time) {
+	l.now = now
+	t := now()
+	for _, c := range l.clients {
+		c.used = t
+	}
+}
+
+// client returns id's client log, created when create is set, noting its
+// use (with a clock).
+func (l *Ledger) client(name string, create bool) *clientLog {
+	c := l.clients[name]
+	if c == nil && create {
+		c = &clientLog{entries: map[uint64]claim{}}
+		l.clients[name] = c
+	}
+	if c != nil && l.now != nil {
+		c.used = l.now()
+	}
+	return c
+}
+
+// ForgetIdle forgets every client whose last claim or applied id is older
+// than before and that has nothing pending (lost ids included: their
+// retries, if any, are long past), and returns how many it forgot. A
+// retry of a forgotten client's seq is then claimed as new: exactly once
+// holds for retries sent within the idle bound, which is far longer than
+// any client's retry deadline.
+func (l *Ledger) ForgetIdle(before time.Time) int {
+	n := 0
+	for name, c := range l.clients {
+		if !c.used.Before(before) || c.anyPending() {
+			continue
+		}
+		delete(l.clients, name)
+		n++
+	}
+	return n
+}
+
+func (c *clientLog) anyPending() bool {
+	for _, e := range c.entries {
+		if e.pending() {
+			return true
+		}
+	}
+	return false
+}
+
+// Clients counts the clients remembered.
+func (l *Ledger) Clients() int { return len(l.clients) }
+
 // Claim marks id pending under session. It fails with an error wrapping
 // errs.ErrExists when id was already applied (or is below the floor), and
 // errs.ErrAborted while it is pending, in any session: that attempt may
 // still be lost, so the caller should retry later rather than take it as
 // applied.
 func (l *Ledger) Claim(id ID, session uint64) error {
-	c := l.clients[id.Client]
-	if c == nil {
-		c = &clientLog{entries: map[uint64]claim{}}
-		l.clients[id.Client] = c
-	}
+	c := l.client(id.Client, true)
 	e, ok := c.entries[id.Seq]
 	switch {
 	case ok && e.applied:
@@ -139,7 +196,7 @@ func (l *Ledger) CheckPending(ids []ID, session uint64) error {
 // of lost gradients, now revived).
 func (l *Ledger) MarkApplied(ids []ID) (revived int) {
 	for _, id := range ids {
-		c := l.clients[id.Client]
+		c := l.client(id.Client, false)
 		if c.entries[id.Seq].lost {
 			revived++
 		}
@@ -230,11 +287,7 @@ type AppliedSeqs struct {
 // claim on them.
 func (l *Ledger) AddApplied(ids []ID) {
 	for _, id := range ids {
-		c := l.clients[id.Client]
-		if c == nil {
-			c = &clientLog{entries: map[uint64]claim{}}
-			l.clients[id.Client] = c
-		}
+		c := l.client(id.Client, true)
 		c.entries[id.Seq] = claim{applied: true}
 		if len(c.entries) > 2*l.window {
 			c.compact(l.window)
@@ -266,11 +319,7 @@ func (l *Ledger) Applied() map[string]AppliedSeqs {
 // through a journal) to the ledger.
 func (l *Ledger) RestoreApplied(snap map[string]AppliedSeqs) {
 	for name, a := range snap {
-		c := l.clients[name]
-		if c == nil {
-			c = &clientLog{entries: map[uint64]claim{}}
-			l.clients[name] = c
-		}
+		c := l.client(name, true) // idle from now on: a restart starts its clock
 		if a.HasFloor && (!c.hasFlr || a.Floor > c.floor) {
 			c.floor, c.hasFlr = a.Floor, true
 		}

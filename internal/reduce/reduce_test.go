@@ -529,3 +529,36 @@ func TestCountersMerge(t *testing.T) {
 		t.Fatal("ReasonOf")
 	}
 }
+
+// With a clock, ForgetIdle forgets the clients idle since before its
+// bound that have nothing pending; a client with a pending claim, or used
+// since, is kept. A ledger given its clock after it was filled (restored)
+// counts its clients as used then.
+func TestLedgerForgetIdle(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return now }
+	l := NewLedger(2)
+	l.AddApplied([]ID{{"restored", 1}})
+	l.SetClock(clock)
+	for _, c := range []string{"a", "b"} {
+		if err := l.Claim(ID{c, 1}, 1); err != nil {
+			t.Fatal(err)
+		}
+		l.MarkApplied([]ID{{c, 1}})
+	}
+	if err := l.Claim(ID{"p", 1}, 1); err != nil { // pending
+		t.Fatal(err)
+	}
+	now = now.Add(time.Hour)
+	_ = l.Claim(ID{"b", 2}, 1) // b used again
+	l.MarkApplied([]ID{{"b", 2}})
+	if n := l.ForgetIdle(now.Add(-30 * time.Minute)); n != 2 || l.Clients() != 2 {
+		t.Fatalf("forgot %d (restored, a), %d left (b, p), want 2 and 2", n, l.Clients())
+	}
+	if err := l.Claim(ID{"b", 1}, 2); !errors.Is(err, errs.ErrExists) {
+		t.Fatalf("b, used within the bound, forgot its applied seq 1: %v", err)
+	}
+	if err := l.Claim(ID{"p", 1}, 2); !errors.Is(err, errs.ErrAborted) {
+		t.Fatalf("p's pending claim was forgotten: %v", err)
+	}
+}

@@ -274,6 +274,21 @@ type stateDir struct {
 	logger       *slog.Logger
 	changed      func(path string)             // PrimaryConfig.StateChanged; nil: no one
 	appendedTo   func(path string, from int64) // PrimaryConfig.StateAppended; nil: changed
+	// now and forgetAfter: PrimaryConfig.Clock and LedgerForgetAfter
+	// (forgetAfter 0: clients are never forgotten), so that a compaction's
+	// ledger snapshot forgets the clients the live ledger forgets.
+	now         func() time.Time
+	forgetAfter time.Duration
+}
+
+// newLedger is a ledger of applied ids that forgets idle clients as the
+// live one does.
+func (d *stateDir) newLedger(window int) *reduce.Ledger {
+	l := reduce.NewLedger(window)
+	if d.forgetAfter > 0 {
+		l.SetClock(d.now)
+	}
+	return l
 }
 
 // named tells PrimaryConfig.StateChanged that path was written or
@@ -421,7 +436,7 @@ func (d *stateDir) create(reg registration, window int) (*modelFiles, error) {
 		j.Close()
 		return nil, fmt.Errorf("reducer: persist registration of %q: %w", reg.Model, err)
 	}
-	return &modelFiles{d: d, dir: dir, journal: j, applied: reduce.NewLedger(window)}, nil
+	return &modelFiles{d: d, dir: dir, journal: j, applied: d.newLedger(window)}, nil
 }
 
 // restored is what a model's files hold at the store's newest version.
@@ -469,6 +484,9 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 			applied.AddApplied(ids)
 		}
 		last, out.steps, keep = r.Version, r.Steps, ends[i]
+	}
+	if d.forgetAfter > 0 {
+		applied.SetClock(d.now) // its clients are idle from now, as the live ledger's
 	}
 	if jerr != nil {
 		out.problems = append(out.problems, jerr.Error())
@@ -648,6 +666,10 @@ func (f *modelFiles) published(version, steps uint64) {
 // through version (published), followed by the records of the steps
 // committed after it and not yet published, as they were.
 func (f *modelFiles) compact(version, steps uint64) error {
+	if f.d.forgetAfter > 0 {
+		// The clients the live ledger forgot are not restored either.
+		f.applied.ForgetIdle(f.d.now().Add(-f.d.forgetAfter))
+	}
 	payload, err := json.Marshal(journalRecord{Version: version, Steps: steps, Ledger: f.applied.Applied()})
 	if err != nil {
 		return err

@@ -670,3 +670,62 @@ func TestDurableCompactionNeverWritesAnUnreadableSnapshot(t *testing.T) {
 	}
 	e.refusesApplied(p, ids...)
 }
+
+// A client idle past LedgerForgetAfter, with nothing pending, is
+// forgotten by the live ledger and by the snapshot a compaction writes,
+// so the ledger does not grow with every client id ever seen; one a
+// restart restores is idle from the restart on, not from its last step,
+// so a retry just after a restart is still refused as applied.
+func TestDurableLedgerForgetsIdleClients(t *testing.T) {
+	e := newDurableEnv(t)
+	clk := &fakeClock{now: time.Unix(1_000_000, 0)}
+	cfg := PrimaryConfig{Clock: clk, LedgerForgetAfter: time.Hour, JournalCompactBytes: 300}
+	p := e.open(cfg)
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		t.Fatal(err)
+	}
+	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := []reduce.ID{{Client: "old", Seq: 1}, {Client: "old", Seq: 2}}
+	for _, id := range old {
+		if err := step(ctx, p, sess, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Detach(sess)
+	clients := func(p *Primary) int {
+		m, err := p.model("m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.ledger.Clients()
+	}
+
+	// Restarted at once, then 59 minutes of other clients' steps: "old"
+	// was idle for 59 minutes since the restart, so it is remembered.
+	p = e.restart(cfg)
+	clk.Advance(59 * time.Minute)
+	e.steps(p, 1, 3)
+	e.refusesApplied(p, old...)
+	if n := clients(p); n != 2 {
+		t.Fatalf("%d clients remembered, want 2 (old, ck)", n)
+	}
+
+	// Two hours on, "old" is forgotten: live, and in the snapshot a
+	// compaction writes (a restart does not bring it back).
+	clk.Advance(2 * time.Hour)
+	e.steps(p, 4, 12)
+	if n := clients(p); n != 1 {
+		t.Fatalf("%d clients remembered two hours on, want 1 (ck)", n)
+	}
+	p = e.restart(cfg)
+	if n := clients(p); n != 1 {
+		t.Fatalf("after a restart, %d clients restored, want 1 (ck)", n)
+	}
+	e.refusesApplied(p, seqs(1, 12)...)
+}

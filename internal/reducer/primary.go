@@ -99,6 +99,13 @@ type PrimaryConfig struct {
 	Epoch uint64
 	// LedgerWindow: (client, seq) ids remembered per client; 0 means 4096.
 	LedgerWindow int
+	// LedgerForgetAfter: a client with no claim and no applied gradient for
+	// this long, and none pending, is forgotten (reduce.Ledger.ForgetIdle),
+	// so that the ledger does not grow with every client id ever seen (a
+	// restarted learner takes a new one); 0 means DefaultLedgerForgetAfter,
+	// negative never. A retry sent after it would be applied again: the
+	// bound is far longer than any client's retry deadline (120 s).
+	LedgerForgetAfter time.Duration
 	// Clock; nil means the real clock.
 	Clock Clock
 	// Logger; nil means slog.Default().
@@ -154,7 +161,39 @@ func (c *PrimaryConfig) validate() error {
 	if c.JournalCompactBytes == 0 {
 		c.JournalCompactBytes = DefaultJournalCompactBytes
 	}
+	if c.LedgerForgetAfter == 0 {
+		c.LedgerForgetAfter = DefaultLedgerForgetAfter
+	}
 	return nil
+}
+
+// DefaultLedgerForgetAfter is PrimaryConfig.LedgerForgetAfter's default.
+const DefaultLedgerForgetAfter = time.Hour
+
+// newLedger is a model's exactly-once ledger, noting its clients' use on
+// the primary's clock when they may be forgotten.
+func (p *Primary) newLedger() *reduce.Ledger {
+	l := reduce.NewLedger(p.cfg.LedgerWindow)
+	if p.cfg.LedgerForgetAfter > 0 {
+		l.SetClock(p.cfg.Clock.Now)
+	}
+	return l
+}
+
+// forgetIdle forgets m's idle clients, at most every eighth of the bound;
+// m.mu held.
+func (p *Primary) forgetIdle(m *pmodel) {
+	if p.cfg.LedgerForgetAfter <= 0 {
+		return
+	}
+	now := p.cfg.Clock.Now()
+	if now.Sub(m.swept) < p.cfg.LedgerForgetAfter/8 {
+		return
+	}
+	m.swept = now
+	if n := m.ledger.ForgetIdle(now.Add(-p.cfg.LedgerForgetAfter)); n > 0 {
+		p.cfg.Logger.Debug("reducer: idle clients forgotten", "model", m.cfg.Model, "clients", n, "left", m.ledger.Clients())
+	}
 }
 
 // Primary owns each registered model's parameters and optimizer, applies
@@ -219,6 +258,7 @@ type pmodel struct {
 	// too, so holding either is enough to read it.
 	mu      sync.Mutex
 	ledger  *reduce.Ledger
+	swept   time.Time // the ledger's last ForgetIdle (forgetIdle)
 	version uint64
 	// stepped is the newest version committed to the store: version, or
 	// on a replicated store (store.Committer) up to maxUnacked versions
@@ -259,6 +299,9 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger, cfg.StateChanged, cfg.StateAppended)
 		if err != nil {
 			return nil, err
+		}
+		if cfg.LedgerForgetAfter > 0 {
+			d.now, d.forgetAfter = cfg.Clock.Now, cfg.LedgerForgetAfter
 		}
 		p.state = d
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -393,7 +436,7 @@ func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error
 		return nil, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
 	}
 	return &pmodel{cfg: mc, layout: params, params: params, opt: opt, ext: ext, plan: plan,
-		ledger: reduce.NewLedger(p.cfg.LedgerWindow), version: snap.Version, stepped: snap.Version, epoch: epoch}, nil
+		ledger: p.newLedger(), version: snap.Version, stepped: snap.Version, epoch: epoch}, nil
 }
 
 // restoreAll restores every registration in the state directory. A
@@ -437,6 +480,9 @@ func (p *Primary) restoreOne(ctx context.Context, dir string) error {
 		return fmt.Errorf("registration of %q: %w", reg.Model, err)
 	}
 	m.files, m.ledger = r.files, r.ledger
+	if p.cfg.LedgerForgetAfter > 0 {
+		m.ledger.SetClock(p.cfg.Clock.Now) // the restored clients are idle from now
+	}
 	problems := r.problems
 	switch {
 	case m.ext != nil:
@@ -716,6 +762,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	}
 	// A retry of a gradient counted lost is applied: it is not lost.
 	m.counters.Revive(reduce.ReasonLost, uint64(m.ledger.MarkApplied(b.Members)))
+	p.forgetIdle(m)
 	m.mu.Unlock()
 	n := uint64(len(b.Members))
 
