@@ -39,8 +39,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/rlhub/rlhub/internal/errs"
 )
 
 // FileVersion is the first event's file_version.
@@ -156,8 +159,10 @@ func (w *Writer) Scalar(tag string, step int64, value float64) error {
 func (w *Writer) Scalars(step int64, values map[string]float64) error {
 	tags := make([]string, 0, len(values))
 	for t := range values {
-		if t == "" || len(t) > 256 {
-			return fmt.Errorf("tblog: tag of %d bytes (want 1 to 256)", len(t))
+		// TensorBoard's reader parses events as proto3: a string field that
+		// is not UTF-8 fails the whole file, every scalar in it.
+		if t == "" || len(t) > 256 || !utf8.ValidString(t) {
+			return fmt.Errorf("tblog: tag %s: want 1 to 256 bytes of UTF-8", errs.Quote(t))
 		}
 		tags = append(tags, t)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,13 @@ func TestTensorBoardReadsWhatWeWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	want["train/return"] = [][2]float64{{7, float64(float32(math.Pi))}}
+	// A tag that is not UTF-8 is refused, writing nothing: TensorBoard's
+	// reader would fail the whole file on it (proto3 strings).
+	for _, bad := range []string{"bad\xff", "", strings.Repeat("t", 257)} {
+		if err := w.Scalar(bad, 8, 1); err == nil {
+			t.Errorf("tag %.40q accepted", bad)
+		}
+	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
