@@ -97,7 +97,7 @@ func ToStatus(err error) error {
 				"model":           se.Model,
 				"current_version": strconv.FormatUint(se.CurrentVersion, 10),
 				"current_epoch":   strconv.FormatUint(se.CurrentEpoch, 10),
-				"reason":          se.Reason,
+				"reason":          boundMessage(se.Reason),
 			},
 		}); derr == nil {
 			st = d
@@ -127,6 +127,15 @@ func FromStatus(err error) error {
 	if !ok {
 		return err
 	}
+	if len(st.Message()) > MaxMessageBytes {
+		// A peer's message is bounded as ours are (ToStatus): over the data
+		// plane a status may carry 4 MiB, and the error is logged on every
+		// retry.
+		p := st.Proto()
+		p.Message = boundMessage(p.Message)
+		st = status.FromProto(p)
+		err = st.Err()
+	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Reason == "STALE_VERSION" && info.Domain == domain {
 			v, _ := strconv.ParseUint(info.Metadata["current_version"], 10, 64)
@@ -135,6 +144,7 @@ func FromStatus(err error) error {
 			if !ok { // from a server before the reason travelled
 				reason = st.Message()
 			}
+			reason = boundMessage(reason)
 			return &errs.StaleError{Model: info.Metadata["model"], CurrentVersion: v, CurrentEpoch: ep, Reason: reason, Remote: st.Message()}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -90,5 +91,21 @@ func TestPermanent(t *testing.T) {
 		if got := Permanent(tc.err); got != tc.want {
 			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// A peer's status message reaches the caller bounded, as ours leave
+// (ToStatus), keeping its code and details: over the data plane a status
+// may carry 4 MiB.
+func TestFromStatusBoundsAPeersMessage(t *testing.T) {
+	long := strings.Repeat("x", 3<<20)
+	err := FromStatus(status.Error(codes.InvalidArgument, long))
+	if !errors.Is(err, errs.ErrInvalid) || len(err.Error()) > MaxMessageBytes+64 {
+		t.Fatalf("a 3 MiB message: %d bytes of error text, %v", len(err.Error()), errors.Is(err, errs.ErrInvalid))
+	}
+	stale := ToStatus(&errs.StaleError{Model: "m", CurrentVersion: 7, Reason: long})
+	var se *errs.StaleError
+	if err := FromStatus(stale); !errors.As(err, &se) || se.CurrentVersion != 7 || len(se.Remote) > MaxMessageBytes+64 || len(se.Reason) > MaxMessageBytes+64 {
+		t.Fatalf("a stale refusal with a long reason: %T %v", err, se)
 	}
 }

@@ -195,23 +195,8 @@ func exchange(cc *clientConn, method string, header []byte, body net.Buffers, re
 	if kind != kindFinal {
 		return nil, answered, fmt.Errorf("frame kind %d, want a final status (3)", kind)
 	}
-	var n [4]byte
-	if _, err := io.ReadFull(cc.br, n[:]); err != nil {
-		return nil, answered, err
-	}
-	sl := binary.LittleEndian.Uint32(n[:])
-	if sl > maxStatusBytes {
-		return nil, answered, fmt.Errorf("status of %d bytes exceeds %d", sl, maxStatusBytes)
-	}
-	b := make([]byte, sl)
-	if _, err := io.ReadFull(cc.br, b); err != nil {
-		return nil, answered, err
-	}
-	st = &spb.Status{}
-	if err := proto.Unmarshal(b, st); err != nil {
-		return nil, answered, fmt.Errorf("decode status: %v", err)
-	}
-	return st, answered, nil
+	st, err = readStatus(cc.br)
+	return st, answered, err
 }
 
 // get returns an idle connection to addr (reused), unless fresh, or dials

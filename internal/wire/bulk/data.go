@@ -113,8 +113,8 @@ func readData(cc *clientConn, recv RecvFunc) error {
 	if hl > MaxDataHeaderBytes {
 		return fmt.Errorf("data header of %d bytes exceeds %d", hl, MaxDataHeaderBytes)
 	}
-	hdr := make([]byte, hl)
-	if _, err := io.ReadFull(cc.br, hdr); err != nil {
+	hdr, err := readClaimed(cc.br, int(hl)) // allocated as it arrives: hl is the peer's claim
+	if err != nil {
 		return err
 	}
 	if _, err := io.ReadFull(cc.br, n[:]); err != nil {

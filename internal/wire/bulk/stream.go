@@ -181,8 +181,8 @@ func readStatus(r io.Reader) (*spb.Status, error) {
 	if sl > maxStatusBytes {
 		return nil, fmt.Errorf("status of %d bytes exceeds %d", sl, maxStatusBytes)
 	}
-	b := make([]byte, sl)
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := readClaimed(r, int(sl)) // allocated as it arrives: sl is the peer's claim
+	if err != nil {
 		return nil, err
 	}
 	st := &spb.Status{}
