@@ -29,8 +29,16 @@ import (
 //	  60 u32     lease entries L (S − 2 from writers that know leases; 0
 //	             from older ones, whose readers then always copy)
 //	  64 [N]byte model name (UTF-8)
+//	  320 u32    liveness: how readers judge the writer (and lease owners)
+//	             alive (a layout 1 extension): 0 by pid (older writers,
+//	             whose header page is zero here), 1 by OFD locks: the
+//	             writer holds an F_OFD_SETLK write lock on byte 320 of the
+//	             file for as long as it lives (docs/shm-layout.md,
+//	             "Liveness"); other values are refused
 //	  512        lease table: L entries of 32 bytes, each
-//	               0  u64 owner: 0 free, else pid<<32 | per-process counter
+//	               0  u64 owner: 0 free, else pid<<32 | per-process counter,
+//	                  with bit 31 set by readers that hold the entry's
+//	                  OFD lock (on its first byte) while they own it
 //	               8  u64 slot index + 1 the owner reads in place (0: none)
 //	               16 u64 that slot's seq when leased (diagnostic)
 //	               24 u64 reserved, 0
@@ -63,6 +71,17 @@ const (
 	offLeases    = 60
 	offName      = 64
 
+	// offLiveness (a layout 1 extension, in the header page's gap between
+	// the name and the lease table, which older writers leave zero) says
+	// how readers judge the writer alive: livenessPID by the writer pid
+	// (kill(pid, 0)), livenessLock by the OFD write lock the writer holds
+	// on the byte at offLiveness for its lifetime. Pids mean nothing
+	// across pid namespaces (containers sharing /dev/shm); a lock lives
+	// on the file and dies with the writer's open file description.
+	offLiveness  = 320
+	livenessPID  = 0
+	livenessLock = 1
+
 	// The lease table (docs/shm-layout.md, "Slot leases"): a layout 1
 	// extension in the header page's unused tail, which older writers
 	// leave zero (no entries).
@@ -71,6 +90,11 @@ const (
 	leaseOwner    = 0
 	leaseSlot     = 8
 	leaseSeq      = 16
+	// leaseLocked marks an owner token whose reader holds the entry's OFD
+	// write lock (on the entry's first byte) while it owns the entry: the
+	// lock, not the pid, then says whether the owner lives. Older readers
+	// never set it (their per-process counters stay far below 2^31).
+	leaseLocked = 1 << 31
 
 	slotSeq     = 0
 	slotVersion = 8
@@ -100,6 +124,9 @@ type shmGeometry struct {
 	// that the writer always has a slot that neither holds the newest
 	// version nor is leased.
 	leases int
+	// liveness is the header's liveness field: livenessPID or
+	// livenessLock.
+	liveness uint32
 }
 
 func (g shmGeometry) size() int64         { return shmPage + int64(g.slots)*g.stride }
@@ -126,6 +153,7 @@ func parseShmHeader(b []byte) (shmGeometry, error) {
 	stride := binary.LittleEndian.Uint64(b[offStride:])
 	nameLen := binary.LittleEndian.Uint32(b[offNameLen:])
 	leases := binary.LittleEndian.Uint32(b[offLeases:])
+	liveness := binary.LittleEndian.Uint32(b[offLiveness:])
 	switch {
 	case slots < 2 || slots > 64:
 		return g, fmt.Errorf("%w: shm slot count %d outside [2, 64]", errs.ErrInvalid, slots)
@@ -141,8 +169,10 @@ func parseShmHeader(b []byte) (shmGeometry, error) {
 		return g, fmt.Errorf("%w: shm lease table of %d entries for %d slots (at most %d)", errs.ErrInvalid, leases, slots, slots-2)
 	case offLeaseTable+int(leases)*leaseEntry > shmPage:
 		return g, fmt.Errorf("%w: shm lease table of %d entries runs past the header page", errs.ErrInvalid, leases)
+	case liveness != livenessPID && liveness != livenessLock:
+		return g, fmt.Errorf("%w: shm liveness scheme %d, this reader knows %d (pid) and %d (OFD lock)", errs.ErrInvalid, liveness, livenessPID, livenessLock)
 	}
-	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen]), leases: int(leases)}
+	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen]), leases: int(leases), liveness: liveness}
 	if g.size() != int64(len(b)) {
 		return g, fmt.Errorf("%w: shm segment is %d bytes, its header describes %d", errs.ErrInvalid, len(b), g.size())
 	}
@@ -159,6 +189,7 @@ func putShmHeader(b []byte, g shmGeometry, pid int) {
 	binary.LittleEndian.PutUint64(b[offPID:], uint64(pid))
 	binary.LittleEndian.PutUint32(b[offNameLen:], uint32(len(g.name)))
 	binary.LittleEndian.PutUint32(b[offLeases:], uint32(g.leases))
+	binary.LittleEndian.PutUint32(b[offLiveness:], g.liveness)
 	copy(b[offName:], g.name)
 }
 

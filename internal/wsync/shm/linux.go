@@ -4,6 +4,7 @@ package shm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -105,6 +106,11 @@ type Writer struct {
 	geo shmGeometry
 
 	file os.FileInfo // the segment's identity, so Close removes only its own file
+	// f is the segment's open file, kept for the writer's lifetime: its
+	// OFD write lock on the byte at offLiveness tells readers (in any pid
+	// namespace) that the writer lives, until Close closes f or the
+	// kernel does as the process dies.
+	f *os.File
 
 	mu        sync.Mutex // serializes writes; guards the fields below
 	mem       []byte     // the mapping; nil after Close
@@ -136,14 +142,25 @@ func Create(cfg Config) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wsync: create shm segment: %w", err)
 	}
-	defer f.Close() // the mapping outlives the descriptor
 	var mem []byte
 	fail := func(err error) (*Writer, error) {
 		if mem != nil {
 			unix.Munmap(mem)
 		}
+		f.Close() // and with it the liveness lock
 		os.Remove(tmp)
 		return nil, err
+	}
+	// The liveness lock is taken before the header says readers should
+	// look for it, and before the segment appears at its path; the writer
+	// holds it until Close (docs/shm-layout.md, "Liveness").
+	geo.liveness = livenessLock
+	if ok, err := ofdLock(f, offLiveness); errors.Is(err, unix.EINVAL) {
+		geo.liveness = livenessPID // a kernel without OFD locks (before 3.15): readers go by the pid
+	} else if err != nil {
+		return fail(fmt.Errorf("wsync: lock shm segment %s for its writer: %w", errs.Quote(tmp), err))
+	} else if !ok {
+		return fail(fmt.Errorf("wsync: shm segment %s was locked by another process while it was made", errs.Quote(tmp)))
 	}
 	if err := setShmAccess(f, cfg.Mode, cfg.Group); err != nil {
 		return fail(err)
@@ -187,13 +204,12 @@ func Create(cfg Config) (*Writer, error) {
 		}
 		return fail(fmt.Errorf("wsync: publish shm segment: %w", err))
 	}
-	return &Writer{cfg: cfg, geo: geo, mem: mem, file: fi, newest: -1}, nil
+	return &Writer{cfg: cfg, geo: geo, mem: mem, file: fi, f: f, newest: -1}, nil
 }
 
 // removeOrphans removes the temporary files of segments at path that a
-// writer killed in Create left (PATH.tmp-PID, PID no longer running, or
-// this process's own: a predecessor's with the same pid): in /dev/shm each
-// holds its memory until a reboot. A live PID's is left alone.
+// writer killed in Create left (PATH.tmp-PID): in /dev/shm each holds its
+// memory until a reboot. A live writer's is left alone (orphaned).
 func removeOrphans(path string) {
 	dir, prefix := filepath.Dir(path), filepath.Base(path)+".tmp-"
 	ents, _ := os.ReadDir(dir)
@@ -203,10 +219,36 @@ func removeOrphans(path string) {
 		if !ok || err != nil || pid <= 0 {
 			continue
 		}
-		if pid == os.Getpid() || errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
-			os.Remove(filepath.Join(dir, e.Name()))
+		if p := filepath.Join(dir, e.Name()); orphaned(p, pid) {
+			os.Remove(p)
 		}
 	}
+}
+
+// orphaned reports whether the writer that made the temporary segment file
+// p (named after its pid) is gone. This process's own is (a predecessor's
+// with the same pid). A writer holds the liveness lock from just after it
+// creates the file, in whatever pid namespace it runs: a file locked is a
+// live writer's, and one unlocked that records livenessLock a dead one's.
+// Otherwise (an older writer's, or one made an instant ago) the pid
+// decides: gone when no process has it.
+func orphaned(p string, pid int) bool {
+	if pid == os.Getpid() {
+		return true
+	}
+	if f, err := os.Open(p); err == nil {
+		defer f.Close()
+		if held, err := ofdLocked(f, offLiveness); err == nil {
+			if held {
+				return false
+			}
+			var b [4]byte
+			if n, _ := f.ReadAt(b[:], offLiveness); n == len(b) && binary.LittleEndian.Uint32(b[:]) == livenessLock {
+				return true
+			}
+		}
+	}
+	return errors.Is(unix.Kill(pid, 0), unix.ESRCH)
 }
 
 // Room is the free space of the file system that would hold a segment at
@@ -357,8 +399,9 @@ func (w *Writer) slot(i int) []byte {
 
 // Close marks the segment closed (readers then fail with
 // errs.ErrUnavailable once they hold the newest version), wakes readers,
-// unmaps it and removes the file unless another segment has replaced it at
-// Path; processes that still map it keep their mapping. Safe to call twice.
+// unmaps it, removes the file unless another segment has replaced it at
+// Path, and closes it (dropping the liveness lock); processes that still
+// map it keep their mapping. Safe to call twice.
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -374,6 +417,9 @@ func (w *Writer) Close() error {
 		if rerr := os.Remove(w.cfg.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 			err = errors.Join(err, rerr)
 		}
+	}
+	if cerr := w.f.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
 	}
 	return err
 }
@@ -486,6 +532,10 @@ type Reader struct {
 	geo shmGeometry
 	mem []byte // the mapping, read-only but for a leasing reader's header page; nil after Close
 	pid int
+	// file is the segment's open file, kept until Close: the writer's
+	// liveness lock is probed through it, and a leasing reader holds its
+	// entry's OFD lock on it (docs/shm-layout.md, "Liveness").
+	file *os.File
 
 	// entry is the lease entry this reader owns, -1 when it copies;
 	// token is the owner value it stored there.
@@ -506,7 +556,8 @@ var leaseTokens atomic.Uint32
 // Open maps an existing segment read-only and checks its header
 // (errs.ErrInvalid for a file that is not a valid segment, errs.ErrNotFound
 // when there is none). With cfg.Lease it also claims a lease entry: a free
-// one, or one whose owner process is gone.
+// one, or one whose owner is gone (claimLease). The reader keeps the file
+// open until Close.
 func Open(cfg ReaderConfig) (*Reader, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -531,25 +582,32 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 		}
 		return nil, fmt.Errorf("wsync: open shm segment: %w", err)
 	}
-	defer f.Close()
+	var mem []byte
+	fail := func(err error) (*Reader, error) {
+		if mem != nil {
+			unix.Munmap(mem)
+		}
+		f.Close() // and with it any lock taken on it
+		return nil, err
+	}
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("wsync: stat shm segment: %w", err)
+		return fail(fmt.Errorf("wsync: stat shm segment: %w", err))
 	}
 	if fi.Size() < shmPage || fi.Size() > math.MaxInt {
-		return nil, fmt.Errorf("%w: wsync: shm segment %s has %d bytes", errs.ErrInvalid, cfg.Path, fi.Size())
+		return fail(fmt.Errorf("%w: wsync: shm segment %s has %d bytes", errs.ErrInvalid, cfg.Path, fi.Size()))
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	mem, err = unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("wsync: map shm segment: %w", err)
+		mem = nil
+		return fail(fmt.Errorf("wsync: map shm segment: %w", err))
 	}
 	geo, err := parseShmHeader(mem)
 	if err != nil {
-		unix.Munmap(mem)
-		return nil, fmt.Errorf("wsync: %s: %w", cfg.Path, err)
+		return fail(fmt.Errorf("wsync: %s: %w", cfg.Path, err))
 	}
 	pid := int(u64(mem, offPID).Load())
-	r := &Reader{cfg: cfg, geo: geo, mem: mem, pid: pid, entry: -1}
+	r := &Reader{cfg: cfg, geo: geo, mem: mem, pid: pid, file: f, entry: -1}
 	switch {
 	case !cfg.Lease:
 		r.why = "copying reader (ReaderConfig.Lease is off)"
@@ -563,16 +621,15 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 		// so a collector that writes to a leased snapshot faults instead
 		// of corrupting what other readers see.
 		if err := unix.Mprotect(mem[:shmPage], unix.PROT_READ|unix.PROT_WRITE); err != nil {
-			unix.Munmap(mem)
-			return nil, fmt.Errorf("wsync: make the lease table of %s writable: %w", cfg.Path, err)
+			return fail(fmt.Errorf("wsync: make the lease table of %s writable: %w", cfg.Path, err))
 		}
 		// Claimers take an exclusive flock on the file, so that readers
 		// without atomic compare-and-swap (the Python reader) can claim
-		// entries beside Go's. It must be unlocked explicitly: the mapping
-		// keeps the open file, and with it the lock, alive after f closes.
+		// entries beside Go's. It must be unlocked explicitly: f stays open
+		// (and the mapping would keep the open file, and with it the lock,
+		// alive after f closes).
 		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-			unix.Munmap(mem)
-			return nil, fmt.Errorf("wsync: lock the lease table of %s: %w", cfg.Path, err)
+			return fail(fmt.Errorf("wsync: lock the lease table of %s: %w", cfg.Path, err))
 		}
 		r.entry = r.claimLease()
 		if r.entry < 0 {
@@ -587,19 +644,51 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 }
 
 // claimLease takes a lease entry for this reader: a free one (owner 0) or
-// one whose owner process no longer exists. The caller holds the file's
-// flock, which every claimer takes, so two readers never take the same
-// entry; the compare-and-swap on the owner also guards against one that
-// does not. It returns the entry, or -1 when every entry is owned by a
-// live process.
+// one whose owner is gone. The caller holds the file's flock, which every
+// claimer takes, so two readers never take the same entry; the
+// compare-and-swap on the owner also guards against one that does not. It
+// returns the entry, or -1 when every entry is owned by a live reader.
+//
+// Whether an owner lives is decided by the entry's OFD lock
+// (docs/shm-layout.md, "Liveness"): the claimer first takes a write lock
+// on the entry's first byte through its own open file, without waiting,
+// which succeeds only if no live reader holds it, and keeps it while it
+// owns the entry; its token carries leaseLocked. An owner whose token
+// lacks leaseLocked is an older reader, which holds no lock: it is judged
+// by its pid, as before (leaseOwnerGone). This works across pid
+// namespaces and inside one process (two readers' files are two open
+// file descriptions), and the kernel drops a dead reader's lock.
 func (r *Reader) claimLease() int {
 	self := os.Getpid()
-	token := uint64(uint32(self))<<32 | uint64(leaseTokens.Add(1))
+	n := uint64(leaseTokens.Add(1) &^ leaseLocked)
+	locking := true
 	for e := range r.geo.leases {
+		off := int64(leaseOff(e))
+		locked := false
+		if locking {
+			ok, err := ofdLock(r.file, off)
+			switch {
+			case errors.Is(err, unix.EINVAL):
+				locking = false // a kernel without OFD locks: owners go by their pids
+			case err != nil || !ok:
+				continue // held by a live reader (or not lockable: leave it)
+			default:
+				locked = true
+			}
+		}
 		owner := u64(r.mem, leaseOff(e)+leaseOwner)
 		o := owner.Load()
-		if o != 0 && !leaseOwnerGone(o, self) {
+		// With the entry's lock in hand, an owner that locks is gone;
+		// one that does not is judged by its pid.
+		if o != 0 && (!locked || o&leaseLocked == 0) && !leaseOwnerGone(o, self) {
+			if locked {
+				ofdUnlock(r.file, off)
+			}
 			continue
+		}
+		token := uint64(uint32(self))<<32 | n
+		if locked {
+			token |= leaseLocked
 		}
 		if owner.CompareAndSwap(o, token) {
 			r.token = token
@@ -609,14 +698,19 @@ func (r *Reader) claimLease() int {
 			u64(r.mem, leaseOff(e)+leaseSeq).Store(0)
 			return e
 		}
+		if locked {
+			ofdUnlock(r.file, off)
+		}
 	}
 	return -1
 }
 
-// leaseOwnerGone reports whether the process that owns a lease entry has
-// exited. Entries of this process belong to its open readers, and a pid
-// that exists (or that this process may not signal) is alive; a pid reused
-// by an unrelated process therefore keeps its entry until that one exits.
+// leaseOwnerGone reports whether the process that owns a lease entry by
+// pid (an older reader's token, without leaseLocked) has exited. Entries
+// of this process belong to its open readers, and a pid that exists (or
+// that this process may not signal) is alive; a pid reused by an
+// unrelated process therefore keeps its entry until that one exits, and a
+// pid of another pid namespace means nothing here.
 func leaseOwnerGone(owner uint64, self int) bool {
 	pid := int(owner >> 32)
 	if pid == self {
@@ -916,10 +1010,12 @@ func (r *Reader) leaseRead(slot []byte, i int, s, version uint64, h slotHeader) 
 		return nil, false, err
 	}
 	if u64(r.mem, leaseOff(r.entry)+leaseOwner).Load() != r.token {
-		// Another reader took the entry over (it judged this process
-		// gone: a reader in another pid namespace). Its lease is not ours
-		// to write: copy from now on, this version included.
+		// Another reader took the entry over (an older one, which judges
+		// owners by pid, judged this process gone: a reader in another
+		// pid namespace). Its lease is not ours to write: copy from now
+		// on, this version included.
 		r.why = fmt.Sprintf("lease entry %d of %s was taken over by another reader", r.entry, r.cfg.Path)
+		ofdUnlock(r.file, int64(leaseOff(r.entry)))
 		r.entry = -1
 		return nil, true, nil
 	}
@@ -1022,8 +1118,9 @@ func (r *Reader) slot(i int) []byte {
 	return r.mem[r.geo.slotOff(i):][:r.geo.stride]
 }
 
-// WriterAlive reports whether the segment is open and its writer process
-// exists.
+// WriterAlive reports whether the segment is open and its writer lives:
+// holds its liveness lock (a writer that records livenessLock, in any pid
+// namespace), or, for an older writer's segment, whose process exists.
 func (r *Reader) WriterAlive() bool {
 	if r.mem == nil {
 		return false
@@ -1035,29 +1132,39 @@ func (r *Reader) writerAlive() bool {
 	if u32(r.mem, offState).Load() == stateClosed {
 		return false
 	}
+	if r.geo.liveness == livenessLock {
+		if held, err := ofdLocked(r.file, offLiveness); err == nil {
+			return held
+		}
+		// Cannot probe (never seen): fall back to the pid.
+	}
 	if r.pid <= 0 {
 		return true
 	}
 	return unix.Kill(r.pid, 0) != unix.ESRCH
 }
 
-// Close releases the reader's lease entry, if it has one, and unmaps the
-// segment (snapshots it returned in place are gone with it). Safe to call
-// twice.
+// Close releases the reader's lease entry, if it has one, unmaps the
+// segment (snapshots it returned in place are gone with it) and closes
+// its file. Safe to call twice.
 func (r *Reader) Close() error {
 	if r.mem == nil {
 		return nil
 	}
 	if r.entry >= 0 {
-		// Drop the lease first, then free the entry: a reader claiming it
-		// finds no slot named.
+		// Drop the lease first, then free the entry, then its lock: a
+		// reader claiming it finds no slot named.
 		u64(r.mem, leaseOff(r.entry)+leaseSlot).Store(0)
 		u64(r.mem, leaseOff(r.entry)+leaseSeq).Store(0)
 		u64(r.mem, leaseOff(r.entry)+leaseOwner).Store(0)
+		ofdUnlock(r.file, int64(leaseOff(r.entry))) // closing the file drops it too
 		r.entry = -1
 	}
 	err := unix.Munmap(r.mem)
 	r.mem = nil
+	if cerr := r.file.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
 	return err
 }
 

@@ -67,5 +67,6 @@ type Write struct{}
 
 func (*Writer) Begin(uint64, uint64, int) (*Write, error) { return nil, errors.ErrUnsupported }
 func (*Write) Buf() []byte                                { return nil }
+func (*Write) Progress(int)                               {}
 func (*Write) Commit(uint32) error                        { return errors.ErrUnsupported }
 func (*Write) Abort()                                     {}

@@ -3,6 +3,7 @@
 package shm
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -46,7 +47,9 @@ func TestCreateOnAFullFileSystem(t *testing.T) {
 
 // A writer killed inside Create leaves PATH.tmp-PID, which in /dev/shm
 // holds its memory until a reboot. The next Create at PATH removes those
-// of processes that no longer run, and leaves a live one's.
+// of writers that are gone, and leaves a live one's: an older writer's by
+// its pid; one that records livenessLock by its lock, whatever its pid
+// says (a writer in another pid namespace).
 func TestCreateRemovesOrphanedTemporaries(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "seg")
@@ -62,15 +65,36 @@ func TestCreateRemovesOrphanedTemporaries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Writers that lock: one alive whose pid means no process here, one
+	// dead whose pid (1) is a live process here.
+	locked := make([]byte, shmPage)
+	binary.LittleEndian.PutUint32(locked[offLiveness:], livenessLock)
+	lockedLive := fmt.Sprintf("%s.tmp-%d", path, dead.Process.Pid+1<<22)
+	lockedDead := fmt.Sprintf("%s.tmp-1", path)
+	for _, p := range []string{lockedLive, lockedDead} {
+		if err := os.WriteFile(p, locked, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder, err := os.OpenFile(lockedLive, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if ok, err := ofdLock(holder, offLiveness); !ok || err != nil {
+		t.Fatalf("lock %s: %v, %v", lockedLive, ok, err)
+	}
 	w, err := Create(Config{Path: path, Name: "m", Capacity: 4 << 10, Slots: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the dead writer's %s is still there (%v)", orphan, err)
+	for _, p := range []string{orphan, lockedDead} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the dead writer's %s is still there (%v)", p, err)
+		}
 	}
-	for _, p := range []string{live, other} {
+	for _, p := range []string{live, other, lockedLive} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s was removed: %v", p, err)
 		}

@@ -178,6 +178,8 @@ func TestOpenShmRejectsBadSegments(t *testing.T) {
 		// for the newest version and one to write.
 		{"leases", func(b []byte) []byte { b[offLeases] = 1; return b }},
 		{"lease-table", func(b []byte) []byte { b[offLeases] = 113; return b }},
+		// A liveness scheme this reader does not know.
+		{"liveness", func(b []byte) []byte { b[offLiveness] = 2; return b }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := tc.mutil(append([]byte(nil), good...))
@@ -427,6 +429,8 @@ func runChild() int {
 	switch os.Getenv(childEnv) {
 	case "shm-lease-hold":
 		return runLeaseHolderChild()
+	case "shm-ns-writer":
+		return runNsWriterChild()
 	}
 	return runShmReaderChild()
 }

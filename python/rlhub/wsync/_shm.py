@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import mmap
 import os
 import platform
+import struct
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, List, Optional
 
 import numpy as np
@@ -31,6 +34,69 @@ _COPY_CHUNK = 256 << 10
 # The lease table ("Slot leases" in docs/shm-layout.md).
 _OFF_LEASES, _OFF_LEASE_TABLE, _LEASE_ENTRY = 60, 512, 32
 _LEASE_OWNER, _LEASE_SLOT, _LEASE_SEQ = 0, 8, 16
+# Liveness ("Liveness" in docs/shm-layout.md): how a reader judges the
+# writer, and lease owners, alive. 0: by pid (older writers); 1: the writer
+# holds an OFD write lock on byte _OFF_LIVENESS of the file while it lives.
+_OFF_LIVENESS, _LIVENESS_PID, _LIVENESS_LOCK = 320, 0, 1
+# An owner token with this bit holds its entry's OFD lock (on the entry's
+# first byte): the lock, not the pid, says whether it lives.
+_LEASE_LOCKED = 1 << 31
+
+
+def _flock_format() -> Optional[str]:
+    """The layout of ``struct flock`` where it is known (64-bit Linux on
+    x86-64 and arm64: l_type, l_whence, 4 bytes of padding, l_start, l_len,
+    l_pid, 4 bytes of padding), else None: no OFD locks from here."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64", "arm64"):
+        return None
+    return "=hh4xqqi4x"
+
+
+_FLOCK = _flock_format()
+
+
+def _ofd(fd: int, cmd_name: str, default_cmd: int, typ: int, off: int) -> int:
+    """fcntl(fd, F_OFD_*, struct flock) on the one byte at ``off``; returns
+    the l_type the kernel hands back. Open file description locks belong to
+    the open file, not to the process (unlike fcntl.lockf and F_SETLK, which
+    a process loses when it closes any descriptor of the file), so they work
+    across pid namespaces, and the kernel drops them when the last
+    descriptor of the open file closes, as when the process dies."""
+    import fcntl
+
+    assert _FLOCK is not None
+    cmd: int = getattr(fcntl, cmd_name, default_cmd)
+    out = fcntl.fcntl(fd, cmd, struct.pack(_FLOCK, typ, os.SEEK_SET, off, 1, 0))
+    typ_out: int = struct.unpack(_FLOCK, out)[0]
+    return typ_out
+
+
+def _ofd_lock(fd: int, off: int) -> bool:
+    """Takes an OFD write lock on byte ``off`` without waiting; False when
+    another open file description holds one. ``fd`` must be writable."""
+    import fcntl
+
+    try:
+        _ofd(fd, "F_OFD_SETLK", 37, fcntl.F_WRLCK, off)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _ofd_unlock(fd: int, off: int) -> None:
+    import fcntl
+
+    _ofd(fd, "F_OFD_SETLK", 37, fcntl.F_UNLCK, off)
+
+
+def _ofd_locked(fd: int, off: int) -> bool:
+    """Whether an open file description other than ``fd``'s holds a lock
+    on byte ``off`` (``fd`` may be read-only)."""
+    import fcntl
+
+    return _ofd(fd, "F_OFD_GETLK", 36, fcntl.F_WRLCK, off) != fcntl.F_UNLCK
 
 
 def _futex_fn() -> Optional[Callable[[int, int, float], None]]:
@@ -105,15 +171,20 @@ _lease_counter = 0
 _lease_lock = threading.Lock()
 
 
-def _lease_token() -> int:
-    """pid << 32 | a per-process counter, as the Go reader's owner tokens."""
+def _lease_token(locked: bool) -> int:
+    """pid << 32 | a per-process counter, as the Go reader's owner tokens,
+    with _LEASE_LOCKED when the owner holds the entry's OFD lock."""
     global _lease_counter
     with _lease_lock:
-        _lease_counter = (_lease_counter + 1) & 0xFFFFFFFF
-        return (os.getpid() & 0xFFFFFFFF) << 32 | _lease_counter
+        _lease_counter = (_lease_counter + 1) & (_LEASE_LOCKED - 1)
+        n = _lease_counter
+    return (os.getpid() & 0xFFFFFFFF) << 32 | n | (_LEASE_LOCKED if locked else 0)
 
 
 def _owner_gone(owner: int) -> bool:
+    """Whether an older reader's entry (a token without _LEASE_LOCKED) is
+    owned by a process that has exited. A pid of another pid namespace
+    means nothing here: such readers lock their entries instead."""
     pid = owner >> 32
     if pid == os.getpid():
         return False
@@ -190,7 +261,16 @@ class ShmSource:
         self._map = None
         self._lease = lease
         self._entry = -1  # the lease entry this source owns; -1 when it copies
-        self._hmap = None  # writable mapping of the header page (leasing only)
+        self._token = 0  # the owner token it stored there
+        self._hmap: Optional[mmap.mmap] = None  # writable mapping of the header page (leasing only)
+        self._hq: Any = None  # its aligned 8-byte words
+        # The segment's open file, kept until close: the writer's liveness
+        # lock is probed through it, and a leasing source holds its entry's
+        # OFD lock on it. _fd_closer closes it (at close, or if the source
+        # is collected unclosed).
+        self._fd = -1
+        self._fd_closer: Optional[weakref.finalize] = None  # type: ignore[type-arg]
+        self._liveness = _LIVENESS_PID
         self._open()
         if model is not None and model != self.model:
             name = self.model
@@ -225,8 +305,10 @@ class ShmSource:
             except BaseException:
                 m.close()
                 raise
-        finally:
-            os.close(fd)
+        except BaseException:
+            os.close(fd)  # and with it any lock taken on it
+            raise
+        self._fd, self._fd_closer = fd, weakref.finalize(self, os.close, fd)
 
     def _open_checked(self, m: mmap.mmap, st: os.stat_result, rw_fd: int) -> None:
         mv = memoryview(m)
@@ -252,6 +334,10 @@ class ShmSource:
             if leases > slots - 2 or _OFF_LEASE_TABLE + leases * _LEASE_ENTRY > _PAGE:
                 raise errors.InvalidArgument(
                     f"shm segment {self.path}: lease table of {leases} entries for {slots} slots (at most {slots - 2})")
+            liveness = d[_OFF_LIVENESS // 4]
+            if liveness not in (_LIVENESS_PID, _LIVENESS_LOCK):
+                raise errors.InvalidArgument(f"shm segment {self.path}: liveness scheme {liveness}, this reader "
+                                             f"knows {_LIVENESS_PID} (pid) and {_LIVENESS_LOCK} (OFD lock)")
         except BaseException:
             for v in (q, d, mv):
                 if v is not None:
@@ -260,6 +346,7 @@ class ShmSource:
         self._map, self._mv, self._q, self._d = m, mv, q, d
         self.model, self.slots, self.capacity, self.stride = name, slots, cap, stride
         self._pid = q[_OFF_PID // 8]
+        self._liveness = liveness
         self._ino = st.st_ino  # of the file mapped, to notice a replaced segment
         self._notify_addr = np.frombuffer(m, dtype=np.uint8, count=1, offset=_OFF_NOTIFY).ctypes.data
         self.leases = leases
@@ -281,29 +368,49 @@ class ShmSource:
                         self.copy_reason)
 
     def _claim(self, fd: int) -> None:
-        """Takes a free lease entry, or one whose owner process is gone,
-        under the exclusive flock every claimer takes (docs/shm-layout.md).
-        Only the header page is mapped writable."""
+        """Takes a free lease entry, or one whose owner is gone, under the
+        exclusive flock every claimer takes (docs/shm-layout.md). Whether an
+        owner lives is decided by the entry's OFD lock ("Liveness"): this
+        source takes a write lock on the entry's first byte through ``fd``
+        without waiting, which succeeds only if no live reader holds it,
+        and keeps it while it owns the entry. An owner whose token lacks
+        _LEASE_LOCKED is an older reader, which holds no lock: it goes by
+        its pid. Only the header page is mapped writable."""
         import fcntl
 
         hmap = mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         hq = np.frombuffer(hmap, dtype=np.uint64)  # aligned 8-byte loads and stores
-        token = _lease_token()
+        locking = _FLOCK is not None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             for e in range(self.leases):
-                base = (_OFF_LEASE_TABLE + e * _LEASE_ENTRY) // 8
+                off = _OFF_LEASE_TABLE + e * _LEASE_ENTRY
+                locked = False
+                if locking:
+                    try:
+                        locked = _ofd_lock(fd, off)
+                    except OSError as err:
+                        if err.errno != errno.EINVAL:
+                            continue  # not lockable: leave it
+                        locking = False  # a kernel without OFD locks: owners go by their pids
+                    else:
+                        if not locked:
+                            continue  # held by a live reader
+                base = off // 8
                 owner = int(hq[base + _LEASE_OWNER // 8])
-                if owner != 0 and not _owner_gone(owner):
+                if owner != 0 and (not locked or not owner & _LEASE_LOCKED) and not _owner_gone(owner):
+                    if locked:
+                        _ofd_unlock(fd, off)
                     continue
+                token = _lease_token(locked)
                 hq[base + _LEASE_OWNER // 8] = token
                 hq[base + _LEASE_SLOT // 8] = 0  # a dead owner's slot is released only now
                 hq[base + _LEASE_SEQ // 8] = 0
-                self._entry, self._hmap, self._hq = e, hmap, hq
+                self._entry, self._token, self._hmap, self._hq = e, token, hmap, hq
                 return
         finally:
-            # Explicitly: the mapping keeps the open file, and the lock,
-            # alive after the descriptor closes.
+            # Explicitly: the source keeps the file open (and the mapping
+            # would keep the open file, and the lock, alive after it closes).
             fcntl.flock(fd, fcntl.LOCK_UN)
         del hq
         hmap.close()
@@ -331,16 +438,30 @@ class ShmSource:
         hq[self._lease_word(_LEASE_SEQ)] = 0
         self.stats["released"] += 1
 
+    def _drop_entry(self) -> None:
+        """Gives up the lease entry's OFD lock (the entry's words are the
+        caller's business); the source copies from then on."""
+        if self._entry >= 0 and self._token & _LEASE_LOCKED:
+            try:
+                _ofd_unlock(self._fd, _OFF_LEASE_TABLE + self._entry * _LEASE_ENTRY)
+            except OSError:
+                pass  # closing the file drops it too
+        self._entry = -1
+
     def _release(self) -> None:
         if self._map is None:
             return
         if self._entry >= 0:
+            # Drop the lease first, then free the entry, then its lock: a
+            # reader claiming it finds no slot named.
             hq = self._hq
             hq[self._lease_word(_LEASE_SLOT)] = 0
             hq[self._lease_word(_LEASE_SEQ)] = 0
             hq[self._lease_word(_LEASE_OWNER)] = 0
-            self._entry, self._hq = -1, None
             del hq
+            self._drop_entry()
+        self._hq = None
+        if self._hmap is not None:
             self._hmap.close()
             self._hmap = None
         for v in (self._q, self._d, self._mv):
@@ -350,6 +471,10 @@ class ShmSource:
         except BufferError:
             pass  # leased versions still viewed by the caller: unmapped when the last goes
         self._map = None
+        if self._fd_closer is not None:
+            self._fd_closer()  # closes the file (once)
+            self._fd_closer = None
+        self._fd = -1
 
     def close(self) -> None:
         """Unmaps the segment. Safe to call twice."""
@@ -372,9 +497,16 @@ class ShmSource:
             raise errors.Unavailable(f"shm source {self.path} is closed")
 
     def writer_alive(self) -> bool:
-        """Whether the segment is open and its writer process exists."""
+        """Whether the segment is open and its writer lives: holds its
+        liveness lock (a writer that records it, in any pid namespace), or,
+        for an older writer's segment, whose process exists."""
         if self._map is None or self._d[_OFF_STATE // 4] == _STATE_CLOSED:
             return False
+        if self._liveness == _LIVENESS_LOCK and _FLOCK is not None:
+            try:
+                return _ofd_locked(self._fd, _OFF_LIVENESS)
+            except OSError:
+                pass  # cannot probe: the pid decides
         if self._pid <= 0:
             return True
         try:
@@ -476,6 +608,15 @@ class ShmSource:
         if bad is not None:
             view.release()
             raise errors.InvalidArgument(f"shm segment {self.path} version {version}: {bad}") from None
+        if self._hq[self._lease_word(_LEASE_OWNER)] != self._token:
+            # Another reader took the entry over (an older one, which goes
+            # by pids, judged this process gone: another pid namespace). Its
+            # lease is not ours to write: copy from now on.
+            view.release()
+            self.copy_reason = f"lease entry {self._entry} of {self.path} was taken over by another reader"
+            log.warning("rlhub: shm segment %s: %s; copying versions from now on", self.path, self.copy_reason)
+            self._drop_entry()
+            return None
         self._hq[self._lease_word(_LEASE_SLOT)] = best + 1  # releases the previous version's slot
         self._hq[self._lease_word(_LEASE_SEQ)] = s
         fence = _FENCE
