@@ -400,9 +400,18 @@ func cpuTime(pids ...int) time.Duration {
 // back; figures over steadyWindow after steadyWarm.
 const (
 	steadyLearners, steadyPushers, steadyPullers = 4, 2, 2
-	steadyWarm, steadyWindow                     = 500 * time.Millisecond, 3 * time.Second
+	steadyWarm                                   = 500 * time.Millisecond
 	steadyLoad                                   = "4 learners, 2 pushers, 2 pullers, 1 MiB each"
 )
+
+// steadyWindow is 3 s, or RLHUB_REPLICATION_STEADY (a duration): a longer
+// window to profile the processes under the steady load (perf record).
+var steadyWindow = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("RLHUB_REPLICATION_STEADY")); err == nil && d > 0 {
+		return d
+	}
+	return 3 * time.Second
+}()
 
 // median is the median of xs (the mean of the middle two of an even
 // count: taking the upper one made the median of two rounds their
