@@ -96,6 +96,22 @@ func (e *durableEnv) close() {
 	}
 }
 
+// registered opens a primary with cfg, registers the model and attaches
+// a secondary, whose session it returns.
+func (e *durableEnv) registered(cfg PrimaryConfig) (*Primary, uint64) {
+	e.t.Helper()
+	p := e.open(cfg)
+	ctx := context.Background()
+	if _, _, err := p.Register(ctx, e.mc); err != nil {
+		e.t.Fatal(err)
+	}
+	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p, sess
+}
+
 // steppedEnv is a closed durable environment whose model was registered
 // and stepped n times (seqs 1..n).
 func steppedEnv(t *testing.T, n uint64) *durableEnv {
@@ -530,15 +546,8 @@ func TestVerifyStateFile(t *testing.T) {
 // the ledger (restored after a restart) and the journal never hold it.
 func TestAdmitRefusesALongClientID(t *testing.T) {
 	e := newDurableEnv(t)
-	p := e.open(PrimaryConfig{})
+	p, sess := e.registered(PrimaryConfig{})
 	ctx := context.Background()
-	if _, _, err := p.Register(ctx, e.mc); err != nil {
-		t.Fatal(err)
-	}
-	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer p.Detach(sess)
 	long := reduce.ID{Client: strings.Repeat("C", reduce.MaxClientIDBytes+1), Seq: 1}
 	if _, _, err := p.Admit(ctx, sess, "m", long, 0); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "client id") {
@@ -643,15 +652,8 @@ func TestDurableCompactionNeverWritesAnUnreadableSnapshot(t *testing.T) {
 	defer func() { journalRecordMax = old }()
 	e := newDurableEnv(t)
 	cfg := PrimaryConfig{JournalCompactBytes: 100, LedgerWindow: 64}
-	p := e.open(cfg)
+	p, sess := e.registered(cfg)
 	ctx := context.Background()
-	if _, _, err := p.Register(ctx, e.mc); err != nil {
-		t.Fatal(err)
-	}
-	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 40 // one client each: the ledger's snapshot outgrows 600 bytes
 	var ids []reduce.ID
 	for s := uint64(1); s <= n; s++ {
@@ -680,15 +682,8 @@ func TestDurableLedgerForgetsIdleClients(t *testing.T) {
 	e := newDurableEnv(t)
 	clk := &fakeClock{now: time.Unix(1_000_000, 0)}
 	cfg := PrimaryConfig{Clock: clk, LedgerForgetAfter: time.Hour, JournalCompactBytes: 300}
-	p := e.open(cfg)
+	p, sess := e.registered(cfg)
 	ctx := context.Background()
-	if _, _, err := p.Register(ctx, e.mc); err != nil {
-		t.Fatal(err)
-	}
-	sess, _, err := p.Attach(ctx, Secondary{ID: "x"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	old := []reduce.ID{{Client: "old", Seq: 1}, {Client: "old", Seq: 2}}
 	for _, id := range old {
 		if err := step(ctx, p, sess, id); err != nil {
