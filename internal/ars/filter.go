@@ -45,9 +45,10 @@ func (s *Stats) Push(x []float64) {
 // Merge adds o's vectors into s (Chan et al.):
 // n = na+nb, δ = mb−ma, mean = ma + δ·nb/n, M2 = M2a + M2b + δ²·na·nb/n.
 // It fails, changing nothing, when the dimensions differ or o is not a
-// valid statistic (negative or fractional count, NaN, negative M2).
+// valid statistic of one task (negative or fractional count, NaN,
+// negative M2, or past taskStats' bounds).
 func (s *Stats) Merge(o *Stats) error {
-	if err := o.check(s.Dim()); err != nil {
+	if err := o.check(s.Dim(), taskStats); err != nil {
 		return err
 	}
 	if o.Count == 0 {
@@ -69,18 +70,41 @@ func (s *Stats) Merge(o *Stats) error {
 	return nil
 }
 
-// check validates statistics that arrived from elsewhere.
-func (s *Stats) check(dim int) error {
+// statsLimits bound statistics that arrive from elsewhere (Stats.check).
+type statsLimits struct {
+	count, mean, m2 float64
+}
+
+var (
+	// taskStats bound one task's statistics (Trainer.Check, Merge's
+	// argument): so that merging them (Welford: δ²·n·m/(n+m)) stays
+	// finite and a run's counts never overflow.
+	taskStats = statsLimits{count: maxTaskSteps, mean: maxReturn, m2: maxM2}
+	// runStats bound a run's cumulative statistics (a policy's filter,
+	// a restored state): a count up to 2^53 (every whole number below it
+	// is exact in float64; a long Humanoid run passes 2^32 states), a mean
+	// that merging task means within ±maxReturn cannot leave (up to
+	// rounding), and an M2 that 2^53 merges of tasks within taskStats
+	// cannot pass (each adds at most maxM2 + (2·maxReturn)²·2^32).
+	runStats = statsLimits{count: maxRunStates, mean: 2 * maxReturn, m2: maxRunM2}
+)
+
+// check validates statistics that arrived from elsewhere against lim.
+func (s *Stats) check(dim int, lim statsLimits) error {
 	if len(s.Mean) != dim || len(s.M2) != dim {
 		return fmt.Errorf("%w: filter statistics of dimension %d/%d, want %d", errs.ErrInvalid, len(s.Mean), len(s.M2), dim)
 	}
-	if !(s.Count >= 0) || s.Count != math.Trunc(s.Count) || s.Count > maxTaskSteps {
-		return fmt.Errorf("%w: filter count %v is not a whole number from 0 to %d", errs.ErrInvalid, s.Count, int64(maxTaskSteps))
+	if !(s.Count >= 0) || s.Count != math.Trunc(s.Count) || s.Count > lim.count {
+		return fmt.Errorf("%w: filter count %v is not a whole number from 0 to %d", errs.ErrInvalid, s.Count, int64(lim.count))
 	}
 	for i := range s.Mean {
-		// Bounded so that merging them (Welford: δ²·n·m/(n+m)) stays finite.
-		if !finite(s.Mean[i]) || !finite(s.M2[i]) || s.M2[i] < 0 || math.Abs(s.Mean[i]) > maxReturn || s.M2[i] > maxM2 {
-			return fmt.Errorf("%w: filter component %d has mean %v, M2 %v (|mean| ≤ %g, 0 ≤ M2 ≤ %g)", errs.ErrInvalid, i, s.Mean[i], s.M2[i], maxReturn, maxM2)
+		if !(s.M2[i] >= 0) && finite(s.M2[i]) {
+			return fmt.Errorf("%w: filter component %d has M2 %v < 0", errs.ErrInvalid, i, s.M2[i])
+		}
+		if !finite(s.Mean[i]) || !finite(s.M2[i]) || math.Abs(s.Mean[i]) > lim.mean || s.M2[i] > lim.m2 {
+			// Values, not shape: observations that left the finite
+			// range (or the bounds) are a diverging run.
+			return diverged("filter component %d has mean %v, M2 %v (finite, |mean| ≤ %g, 0 ≤ M2 ≤ %g)", i, s.Mean[i], s.M2[i], lim.mean, lim.m2)
 		}
 	}
 	if s.Count == 0 {
@@ -95,8 +119,13 @@ func (s *Stats) check(dim int) error {
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// maxM2 bounds a reported filter component's M2 (Stats.check).
-const maxM2 = 1e250
+// Bounds of Stats.check: maxM2 bounds one task's filter component M2;
+// maxRunStates and maxRunM2 a run's cumulative count and M2 (runStats).
+const (
+	maxM2        = 1e250
+	maxRunStates = 1 << 53
+	maxRunM2     = 1e280
+)
 
 // MinStd is the standard deviation below which a component is treated as
 // constant: its normalised value is 0. The authors' filter

@@ -254,7 +254,7 @@ func PolicyFromStateDict(sd *tensor.StateDict, meta map[string]string) (*Policy,
 	if p.Stats.M2, err = get("filter.m2", obs); err != nil {
 		return nil, err
 	}
-	if err := p.Stats.check(p.Arch.ObsDim); err != nil {
+	if err := p.Stats.check(p.Arch.ObsDim, runStats); err != nil {
 		return nil, err
 	}
 	if p.ObsKeys, err = decodeObsKeys(meta["ars.obs_keys"], p.Arch.ObsDim); err != nil {

@@ -1,8 +1,10 @@
 package ars
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/rlhub/rlhub/internal/env"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -281,7 +283,11 @@ func (t *Trainer) Tasks() []Task {
 
 // Check validates a result that arrived from a worker for the current
 // iteration: a task of this iteration, finite returns, sane steps and
-// statistics of the right dimension. It changes nothing.
+// statistics of the right dimension. It changes nothing. Every error
+// wraps errs.ErrInvalid; one about the values only (returns or
+// statistics non-finite or past the bounds, which a diverging policy or
+// environment produces) also matches ErrDiverged: the run cannot go on,
+// whoever computes the task.
 func (t *Trainer) Check(r *Result) error {
 	switch r.Kind {
 	case KindDirection:
@@ -289,12 +295,15 @@ func (t *Trainer) Check(r *Result) error {
 			return fmt.Errorf("%w: no direction %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
 		if !sane(r.RPlus) || !sane(r.RMinus) {
-			return fmt.Errorf("%w: direction %d returns r+ = %v, r− = %v (finite, |r| ≤ %g)", errs.ErrInvalid, r.Index, r.RPlus, r.RMinus, maxReturn)
+			return diverged("direction %d of iteration %d returned r+ = %v, r− = %v (finite, |r| ≤ %g)", r.Index, t.iter, r.RPlus, r.RMinus, maxReturn)
 		}
 		if r.Stats == nil {
 			return fmt.Errorf("%w: direction %d result without filter statistics", errs.ErrInvalid, r.Index)
 		}
-		if err := r.Stats.check(t.cfg.Spec.ObsDim); err != nil {
+		if err := r.Stats.check(t.cfg.Spec.ObsDim, taskStats); err != nil {
+			if d := (*divergedError)(nil); errors.As(err, &d) {
+				return diverged("direction %d of iteration %d: %s", r.Index, t.iter, d.msg)
+			}
 			return fmt.Errorf("direction %d: %w", r.Index, err)
 		}
 		if r.Stats.Count != float64(r.Steps) {
@@ -305,7 +314,7 @@ func (t *Trainer) Check(r *Result) error {
 			return fmt.Errorf("%w: no evaluation episode %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
 		if !sane(r.Return) {
-			return fmt.Errorf("%w: evaluation episode %d returned %v (finite, |r| ≤ %g)", errs.ErrInvalid, r.Index, r.Return, maxReturn)
+			return diverged("evaluation episode %d of iteration %d returned %v (finite, |r| ≤ %g)", r.Index, t.iter, r.Return, maxReturn)
 		}
 	default:
 		return fmt.Errorf("%w: unknown task kind %d", errs.ErrInvalid, r.Kind)
@@ -327,6 +336,28 @@ const (
 	maxReturn    = 1e100
 )
 
+// ErrDiverged marks numbers that left the range a run can go on with: a
+// result whose returns or observation statistics are non-finite or past
+// the bounds (Trainer.Check), or an update that made θ (or the
+// optimizer's state) non-finite (Trainer.Finish, which then keeps the
+// previous θ). The errors also match errs.ErrInvalid; their text starts
+// with "diverged: ".
+var ErrDiverged = errors.New("diverged")
+
+type divergedError struct{ msg string }
+
+func (e *divergedError) Error() string { return "diverged: " + e.msg }
+
+// Is makes errors.Is(e, ErrDiverged) and errors.Is(e, errs.ErrInvalid)
+// true.
+func (e *divergedError) Is(target error) bool {
+	return target == ErrDiverged || target == errs.ErrInvalid
+}
+
+func diverged(format string, args ...any) error {
+	return &divergedError{msg: fmt.Sprintf(format, args...)}
+}
+
 // sane reports whether v is a return a task may report: finite and
 // within ±maxReturn.
 func sane(v float64) bool { return finite(v) && math.Abs(v) <= maxReturn }
@@ -337,7 +368,9 @@ func sane(v float64) bool { return finite(v) && math.Abs(v) <= maxReturn }
 // policy that reached it); otherwise applies Step, merges the directions'
 // statistics in direction order, freezes the new filter and advances. When
 // a budget runs out, one evaluation-only iteration follows unless θ was
-// just evaluated. On a malformed results slice nothing changes.
+// just evaluated. On a malformed results slice nothing changes; nor when
+// the update would leave θ or the optimizer non-finite, which fails with
+// ErrDiverged (θ is never made one no worker can decode).
 func (t *Trainer) Finish(results []Result) (Report, error) {
 	tasks := t.Tasks()
 	if t.rep.Done {
@@ -404,7 +437,27 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	case t.evalOnly:
 		rep.Done, rep.Reason = true, "budget"
 	default:
+		states := t.stats.Count
+		for _, r := range results[:n] {
+			states += r.Stats.Count
+		}
+		if states > maxRunStates {
+			return t.rep, fmt.Errorf("%w: the run's filter statistics would pass %d states", errs.ErrInvalid, int64(maxRunStates))
+		}
+		// A step that leaves θ (or the optimizer) non-finite is refused:
+		// θ, the optimizer and the statistics stay as they were.
+		old := slices.Clone(t.theta)
+		ost := optimState(t.opt)
 		rep.Update = t.update(rplus, rminus, int64(t.iter))
+		if err := t.checkUpdate(); err != nil {
+			copy(t.theta, old)
+			if ost != nil {
+				if rerr := restoreOptim(t.opt, ost, len(t.theta)); rerr != nil {
+					panic(rerr) // unreachable: the state is the optimizer's own
+				}
+			}
+			return t.rep, err
+		}
 		rep.Updated = true
 		for _, r := range results[:n] {
 			if err := t.stats.Merge(r.Stats); err != nil {
@@ -422,6 +475,28 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 	}
 	t.rep = rep
 	return rep, nil
+}
+
+// checkUpdate refuses a θ or an optimizer state that left the finite
+// range (ErrDiverged).
+func (t *Trainer) checkUpdate() error {
+	for i, v := range t.theta {
+		if !finite(v) {
+			return diverged("iteration %d's update made θ[%d] = %v (step size %g); θ stays at iteration %d's", t.iter, i, v, t.cfg.Hyper.StepSize, t.iter)
+		}
+	}
+	if t.opt != nil {
+		sd, _ := t.opt.State()
+		for _, ts := range sd.Tensors() {
+			f, _ := ts.Float32s()
+			for i, v := range f {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					return diverged("iteration %d's update made the optimizer's %s[%d] = %v; θ stays at iteration %d's", t.iter, ts.Name, i, v, t.iter)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // TrainerState is everything a Trainer holds between iterations: with the
@@ -465,7 +540,7 @@ func RestoreTrainer(cfg Config, st TrainerState) (*Trainer, error) {
 	if st.Stats == nil {
 		return nil, fmt.Errorf("%w: restored state without filter statistics", errs.ErrInvalid)
 	}
-	if err := st.Stats.check(cfg.Spec.ObsDim); err != nil {
+	if err := st.Stats.check(cfg.Spec.ObsDim, runStats); err != nil {
 		return nil, err
 	}
 	if st.Last.Episodes < 0 || st.Last.Steps < 0 || st.Last.EvalEpisodes < 0 {

@@ -1,6 +1,7 @@
 package arsrpc
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -482,11 +483,14 @@ type publish struct {
 type reportOutcome struct {
 	accepted, duplicates, stale int
 	pub                         *publish // non-nil when a new version must be pushed
-	finished                    bool     // an iteration finished
+	finished                    bool     // an iteration finished, or the run failed
 }
 
 // report records results from a worker. All results are validated before
-// any is applied: one bad result rejects the request and changes nothing.
+// any is applied: one bad result rejects the request and changes nothing,
+// except that a result whose values diverged (ars.ErrDiverged: returns or
+// statistics non-finite or past the bounds) ends the run, failed with that
+// reason, and the request is answered as stale.
 // Results for another iteration are stale; results for a task already
 // done are duplicates; both are counted and ignored. Workers unknown to
 // the hub (expired) may still report: a result is a deterministic function
@@ -505,6 +509,7 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		return out, nil
 	}
 	res := make([]ars.Result, 0, len(in))
+	var diverged error // the first result whose values diverged
 	for _, p := range in {
 		x, err := fromPB(p)
 		if err != nil {
@@ -520,9 +525,24 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 			return reportOutcome{}, fmt.Errorf("%w: iteration %d has no task %v %d", errs.ErrInvalid, iter, x.Kind, x.Index)
 		}
 		if err := r.tr.Check(&x); err != nil {
+			if errors.Is(err, ars.ErrDiverged) {
+				// Values past the bounds: the task is deterministic, so
+				// whoever computes it gets the same. The run ends here
+				// (below) rather than refusing a report no worker can
+				// ever get accepted.
+				if diverged == nil {
+					diverged = err
+				}
+				continue
+			}
 			return reportOutcome{}, err
 		}
 		res = append(res, x)
+	}
+	if diverged != nil {
+		c.fail(r, diverged, now)
+		out.stale, out.finished = len(in), true
+		return out, nil
 	}
 	for _, x := range res {
 		i := r.pos[x.Task]

@@ -3,6 +3,7 @@ package arsrpc
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,20 +117,16 @@ func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
 	_, tasks, _ := c.lease(w.id, 8, nil, t0)
 	good := compute(t, r, tasks)
 	for name, mutate := range map[string]func(*pb.ARSTaskResult){
-		"nan":       func(p *pb.ARSTaskResult) { p.RPlus = 0 / func() float64 { return 0 }() },
 		"kind":      func(p *pb.ARSTaskResult) { p.Task.Kind = 7 },
 		"index":     func(p *pb.ARSTaskResult) { p.Task.Index = 99 },
 		"stats dim": func(p *pb.ARSTaskResult) { p.Stats.Mean = p.Stats.Mean[:1] },
 		"no task":   func(p *pb.ARSTaskResult) { p.Task = nil },
-		// Past the bounds that keep the run's sums and counters finite: a
-		// step count of 2^63 made the run's steps negative (a restart then
-		// refused the run), returns of ±1e308 made θ NaN (its state could
-		// not be written).
-		"steps past 2^32":   func(p *pb.ARSTaskResult) { p.Steps = 1 << 33; p.Stats.Count = float64(p.Steps) },
-		"steps of 2^63-1":   func(p *pb.ARSTaskResult) { p.Steps = math.MaxInt64; p.Stats.Count = float64(p.Steps) },
-		"returns of 1e308":  func(p *pb.ARSTaskResult) { p.RPlus, p.RMinus = 1e308, -1e308 },
-		"filter mean 1e200": func(p *pb.ARSTaskResult) { p.Stats.Mean[0] = 1e200 },
-		"filter M2 1e300":   func(p *pb.ARSTaskResult) { p.Stats.M2[0] = 1e300 },
+		// Past the bounds that keep the run's counters finite: a step
+		// count of 2^63 made the run's steps negative (a restart then
+		// refused the run).
+		"steps past 2^32": func(p *pb.ARSTaskResult) { p.Steps = 1 << 33; p.Stats.Count = float64(p.Steps) },
+		"steps of 2^63-1": func(p *pb.ARSTaskResult) { p.Steps = math.MaxInt64; p.Stats.Count = float64(p.Steps) },
+		"negative M2":     func(p *pb.ARSTaskResult) { p.Stats.M2[0] = -1 },
 	} {
 		bad := compute(t, r, tasks)
 		mutate(bad[len(bad)-1])
@@ -138,6 +135,31 @@ func TestReportRejectsBadResultsAndCountsStale(t *testing.T) {
 		}
 		if r.remaining != len(r.tasks) {
 			t.Fatalf("%s: a rejected report changed the run", name)
+		}
+	}
+	// Values past the bounds that keep the run's sums finite (returns of
+	// ±1e308 made θ NaN, whose state could not be written) are what a
+	// diverging run produces, whoever computes the task: the run fails,
+	// with a reason naming the divergence, and the report is stale.
+	for name, mutate := range map[string]func(*pb.ARSTaskResult){
+		"nan":               func(p *pb.ARSTaskResult) { p.RPlus = math.NaN() },
+		"returns of 1e308":  func(p *pb.ARSTaskResult) { p.RPlus, p.RMinus = 1e308, -1e308 },
+		"filter mean 1e200": func(p *pb.ARSTaskResult) { p.Stats.Mean[0] = 1e200 },
+		"filter M2 1e300":   func(p *pb.ARSTaskResult) { p.Stats.M2[0] = 1e300 },
+		"filter mean NaN":   func(p *pb.ARSTaskResult) { p.Stats.Mean[0] = math.NaN() },
+	} {
+		c := newCoordinator(time.Second, time.Second, 2, "")
+		r := newTestRun(t, c)
+		w := c.attach("w", t0)
+		_, tasks, _ := c.lease(w.id, 8, nil, t0)
+		bad := compute(t, r, tasks)
+		mutate(bad[len(bad)-1])
+		out, err := c.report(w.id, r.id, 0, bad, t0)
+		if err != nil || out.accepted != 0 || out.stale != len(bad) || !out.finished {
+			t.Errorf("%s: %+v, %v; want the report stale and the run ended", name, out, err)
+		}
+		if last := r.progress[len(r.progress)-1]; !r.done || !last.Done || !strings.HasPrefix(last.Reason, "diverged: ") {
+			t.Errorf("%s: run done %v, last progress %+v; want failed as diverged", name, r.done, last)
 		}
 	}
 	if _, err := c.report(w.id, "nope", 0, good, t0); !errors.Is(err, errs.ErrNotFound) {
