@@ -13,8 +13,24 @@ import (
 // environment's time limit). It returns the summed shifted reward and the
 // number of steps.
 func Rollout(e env.Env, fw *Forward, theta []float64, flt Filter, shift float64, rng *rand.Rand, stats *Stats) (ret float64, steps int64) {
+	ret, steps, _ = rollout(e, fw, theta, flt, shift, rng, stats, nil)
+	return ret, steps
+}
+
+// stopEvery is how many steps an episode runs between two calls of its
+// stop check (Evaluator.RunUntil).
+const stopEvery = 256
+
+// rollout is Rollout that calls stop (when non-nil) before every
+// stopEvery-th step and, when it returns true, ends the episode there
+// with stopped set (its return and steps are then partial). The checks
+// change nothing else: an episode never stopped is Rollout's.
+func rollout(e env.Env, fw *Forward, theta []float64, flt Filter, shift float64, rng *rand.Rand, stats *Stats, stop func() bool) (ret float64, steps int64, stopped bool) {
 	obs := e.Reset(rng)
 	for {
+		if stop != nil && steps%stopEvery == 0 && stop() {
+			return ret, steps, true
+		}
 		if stats != nil {
 			stats.Push(obs)
 		}
@@ -25,7 +41,7 @@ func Rollout(e env.Env, fw *Forward, theta []float64, flt Filter, shift float64,
 		ret += r - shift
 		steps++
 		if term || trunc {
-			return ret, steps
+			return ret, steps, false
 		}
 	}
 }
@@ -59,7 +75,17 @@ func NewEvaluator(e env.Env, arch *Arch) *Evaluator {
 
 // Run computes the result of one task of iteration it.Iteration.
 func (ev *Evaluator) Run(it *Iteration, t Task) Result {
-	res := Result{Task: t}
+	res, _ := ev.RunUntil(it, t, nil)
+	return res
+}
+
+// RunUntil is Run that checks stop (when non-nil) before each episode
+// and every 256 steps within one; once stop returns true it abandons the
+// task and returns ok false (the result is then partial: drop it). A
+// task it finishes is exactly Run's.
+func (ev *Evaluator) RunUntil(it *Iteration, t Task, stop func() bool) (res Result, ok bool) {
+	res = Result{Task: t}
+	var stopped bool
 	switch t.Kind {
 	case KindDirection:
 		Direction(ev.delta, it.Seed, it.Iteration*uint64(it.Hyper.Directions)+uint64(t.Index))
@@ -67,15 +93,18 @@ func (ev *Evaluator) Run(it *Iteration, t Task) Result {
 		idx := trainEpisodeIndex(it.Iteration, t.Index)
 		var n int64
 		Perturb(ev.pert, it.Theta, ev.delta, it.Hyper.Noise, +1)
-		res.RPlus, n = Rollout(ev.env, ev.fw, ev.pert, it.Filter, it.Hyper.Shift, episodeRNG(it.Seed, idx), res.Stats)
+		res.RPlus, n, stopped = rollout(ev.env, ev.fw, ev.pert, it.Filter, it.Hyper.Shift, episodeRNG(it.Seed, idx), res.Stats, stop)
 		res.Steps += n
+		if stopped {
+			return res, false
+		}
 		Perturb(ev.pert, it.Theta, ev.delta, it.Hyper.Noise, -1)
-		res.RMinus, n = Rollout(ev.env, ev.fw, ev.pert, it.Filter, it.Hyper.Shift, episodeRNG(it.Seed, idx), res.Stats)
+		res.RMinus, n, stopped = rollout(ev.env, ev.fw, ev.pert, it.Filter, it.Hyper.Shift, episodeRNG(it.Seed, idx), res.Stats, stop)
 		res.Steps += n
 	case KindEval:
-		res.Return, res.Steps = Rollout(ev.env, ev.fw, it.Theta, it.Filter, 0, episodeRNG(it.Seed, evalEpisodeIndex(it.Iteration, t.Index)), nil)
+		res.Return, res.Steps, stopped = rollout(ev.env, ev.fw, it.Theta, it.Filter, 0, episodeRNG(it.Seed, evalEpisodeIndex(it.Iteration, t.Index)), nil, stop)
 	}
-	return res
+	return res, !stopped
 }
 
 // Evaluate runs episodes of policy p with its frozen filter and no shift

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -95,9 +96,12 @@ type workerLoop struct {
 var errCannotServe = errors.New("cannot make the run's environment")
 
 // RunWorker attaches to the hub and runs leased tasks until ctx is done
-// (then it detaches and returns nil) or the hub stays unreachable for
-// RetryFor (then it returns the error). It runs in the calling goroutine
-// and starts none.
+// (then it stops within a task's next 256 steps, reports the tasks it
+// finished, detaches and returns nil) or the hub stays unreachable for
+// RetryFor (then it returns the error). A run it cannot serve, or whose
+// policy or report is refused as invalid, is skipped (given back and
+// named in skip_runs from then on), not fatal. It runs in the calling
+// goroutine and starts none.
 func RunWorker(ctx context.Context, cfg WorkerConfig) (WorkerStats, error) {
 	if err := cfg.validate(); err != nil {
 		return WorkerStats{}, err
@@ -175,10 +179,25 @@ func (w *workerLoop) loop(ctx context.Context) error {
 			if w.cfg.afterLease != nil {
 				w.cfg.afterLease(lease)
 			}
+			runID := lease.RunId
 			lease, err = w.serve(ctx, lease)
-			if errors.Is(err, errCannotServe) {
-				// Give the tasks back at once and ask for other runs only.
-				w.cfg.Logger.Warn("ars worker: skipping a run it cannot serve", "err", err)
+			if err != nil && ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, errCannotServe) || errors.Is(err, errs.ErrInvalid) {
+				// A run this worker cannot make the environment of, or one
+				// the hub and this worker disagree about (a policy that
+				// does not decode, a refused report: a bug or a version
+				// mismatch). Retrying it would fail the same way, and
+				// exiting would leave every other run without this
+				// worker: give its tasks back at once and ask for other
+				// runs only.
+				if errors.Is(err, errCannotServe) {
+					w.cfg.Logger.Warn("ars worker: skipping a run it cannot serve", "run", runID, "err", err)
+				} else {
+					w.cfg.Logger.Error("ars worker: skipping a run the hub and this worker disagree about", "run", runID, "err", err)
+				}
+				w.skipRun(runID)
 				dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				w.client.Detach(dctx, &pb.ARSDetachRequest{WorkerId: w.id})
 				cancel()
@@ -186,12 +205,6 @@ func (w *workerLoop) loop(ctx context.Context) error {
 				break
 			}
 			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				if errors.Is(err, errs.ErrInvalid) {
-					return err // a bug or a version mismatch: do not spin
-				}
 				if !retry(err) {
 					return err
 				}
@@ -202,6 +215,17 @@ func (w *workerLoop) loop(ctx context.Context) error {
 	return nil
 }
 
+// skipRun adds run to the runs this worker asks the hub not to lease,
+// and forgets the policy it holds of it.
+func (w *workerLoop) skipRun(run string) {
+	if !slices.Contains(w.skip, run) {
+		w.skip = append(w.skip, run)
+	}
+	if w.runID == run {
+		w.runID, w.version, w.it = "", 0, nil
+	}
+}
+
 func (w *workerLoop) leaseRequest() *pb.ARSLeaseRequest {
 	return &pb.ARSLeaseRequest{WorkerId: w.id, MaxTasks: uint32(w.cfg.MaxTasks), WaitMs: uint32(w.cfg.Wait.Milliseconds()),
 		HeldRunId: w.runID, HeldVersion: w.version, SkipRuns: w.skip}
@@ -209,17 +233,26 @@ func (w *workerLoop) leaseRequest() *pb.ARSLeaseRequest {
 
 // serve runs one lease's tasks and reports them, asking for the next
 // lease in the same round trip; it returns that lease (possibly empty).
+// When ctx ends it stops within one task's 256 steps (ars.RunUntil),
+// drops the unfinished task, reports the finished ones (bounded by a
+// short timeout of its own) and returns ctx's error; the caller then
+// detaches, which releases the rest of the lease at once.
 func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) (*pb.ARSLeaseResponse, error) {
 	if err := w.ensurePolicy(ctx, lease); err != nil {
 		return nil, err
 	}
 	req := &pb.ARSReportRequest{WorkerId: w.id, RunId: lease.RunId, Iteration: lease.Iteration}
+	stop := func() bool { return ctx.Err() != nil }
 	for _, t := range lease.Tasks {
 		task := ars.Task{Kind: ars.KindDirection, Index: int(t.Index)}
 		if t.Kind == pb.ARSTaskKind_ARS_TASK_KIND_EVAL {
 			task.Kind = ars.KindEval
 		}
-		res := w.ev.Run(w.it, task)
+		res, ok := w.ev.RunUntil(w.it, task, stop)
+		if !ok {
+			w.reportFinished(ctx, req)
+			return nil, ctx.Err()
+		}
 		w.stats.Tasks++
 		w.stats.Steps += res.Steps
 		if l := w.cfg.Live; l != nil {
@@ -234,9 +267,27 @@ func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) (*pb
 	defer cancel()
 	resp, err := w.client.Report(rctx, req)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, fmt.Errorf("report: %w", grpcerr.FromStatus(err))
 	}
 	return resp.Next, nil
+}
+
+// reportFinished reports the tasks of a lease finished before ctx ended,
+// asking for no next lease, within a second of its own: their work is
+// not lost when the hub answers at once (a result is a deterministic
+// function of its task, so what is not reported is simply run again).
+func (w *workerLoop) reportFinished(ctx context.Context, req *pb.ARSReportRequest) {
+	if len(req.Results) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if _, err := w.client.Report(rctx, req); err != nil {
+		w.cfg.Logger.Debug("ars worker: report of the finished tasks on the way out failed", "run", req.RunId, "err", err)
+	}
 }
 
 // ensurePolicy pulls the lease's policy version unless it is held already.
@@ -264,13 +315,11 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 	if w.runID != lease.RunId || w.envName != lease.Spec.GetEnv() || w.ev == nil {
 		e, err := env.Make(lease.Spec.GetEnv())
 		if err != nil {
-			w.skip = append(w.skip, lease.RunId)
 			return fmt.Errorf("run %s: %w: %v", lease.RunId, errCannotServe, err)
 		}
 		if sp := e.Spec(); sp.ObsDim != p.Arch.ObsDim || !ars.SameObsKeys(sp.ObsKeys, p.ObsKeys) {
 			// A Dict space flattened to another layout would feed the
 			// policy (and the per-key filters) the wrong components.
-			w.skip = append(w.skip, lease.RunId)
 			return fmt.Errorf("run %s: %w: the policy takes %d observations with keys %v, this %s has %d with keys %v",
 				lease.RunId, errCannotServe, p.Arch.ObsDim, p.ObsKeys, sp.Name, sp.ObsDim, sp.ObsKeys)
 		}
