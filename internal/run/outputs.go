@@ -32,7 +32,10 @@ type Summary struct {
 	Protocol         string `json:"protocol"`
 	EvalEvery        uint32 `json:"eval_every"`
 	EvalEpisodesEach uint32 `json:"eval_episodes_each"`
-	Reason           string `json:"stop_reason"`
+	// Reason is why the run ended: "target", "budget", a failure's
+	// reason (such as "diverged: …"), or "interrupted" when Run's context
+	// ended before the run did.
+	Reason string `json:"stop_reason"`
 	// ReachedTarget: the stopping rule fired (an evaluation reached the
 	// target). TargetHeld: the re-evaluation on ConfirmEpisodes fresh
 	// episodes that followed also reached it.

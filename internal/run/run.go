@@ -37,7 +37,9 @@ var ErrUnreachable = errors.New("hub unreachable")
 // on the hub, follows it to its end across hub restarts within the
 // reconnect window, and writes the outputs. It returns the summary it
 // wrote; the error is non-nil when the run did not end at its target or
-// budget (outputs are still written when at least one iteration finished).
+// budget (outputs are still written when at least one iteration finished,
+// also when ctx is cancelled, an interrupt: the final policy pull then
+// has 10 s of its own, and the summary's stop reason is "interrupted").
 func Run(ctx context.Context, cfg Config) (Summary, error) {
 	spec, err := cfg.validate()
 	if err != nil {
@@ -190,9 +192,17 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 	if len(r.rows) == 0 {
 		return Summary{}, errors.Join(werr, errors.New("no iteration finished"))
 	}
+	// The outputs are written even when interrupted: the final pull then
+	// runs under a context of its own, bounded by outputTimeout.
+	octx := ctx
+	if interrupted {
+		var cancel context.CancelFunc
+		octx, cancel = context.WithTimeout(context.WithoutCancel(ctx), outputTimeout)
+		defer cancel()
+	}
 	var pol *ars.Policy
 	var blob []byte
-	perr := r.retry(ctx, "pull policy", func(ctx context.Context) error {
+	perr := r.retry(octx, "pull policy", func(ctx context.Context) error {
 		var err error
 		pol, blob, err = arsrpc.PullPolicy(ctx, r.client, r.runID, 0)
 		return err
@@ -203,6 +213,9 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 	hubCPU := selfCPU() - cpu0
 	workerCPU := procs.stop()
 	sum := summarise(r, model, pol)
+	if interrupted && !r.rows[len(r.rows)-1].P.Done {
+		sum.Reason = "interrupted"
+	}
 	sum.WorkerCPUSeconds, sum.TrainCPUSeconds = workerCPU.Seconds(), hubCPU.Seconds()
 	if workerCPU > 0 {
 		sum.StepsPerWorkerCPUSecond = float64(sum.Steps) / workerCPU.Seconds()
@@ -221,6 +234,10 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 	}
 	return sum, nil
 }
+
+// outputTimeout bounds the final policy pull of an interrupted run (its
+// own context: the run's is cancelled).
+const outputTimeout = 10 * time.Second
 
 // total is the progress bar's length in episodes (-1: unknown).
 func (r *runner) total() int64 {
