@@ -184,6 +184,12 @@ def optimizer_config(optimizer: Any) -> Dict[str, Any]:
     for flag in ("amsgrad", "maximize"):
         if g.get(flag):
             raise ValueError(f"{type(optimizer).__name__}({flag}=True) is not supported by the reducer")
+    for key in ("eps", "alpha"):
+        if key in g and float(g[key]) == 0:
+            # The wire treats 0 as "PyTorch's default" (eps 1e-8, Adagrad's
+            # 1e-10; alpha 0.99), so a real 0 would train with the default.
+            raise ValueError(f"{type(optimizer).__name__}({key}=0) is not expressible (0 means the default): "
+                             f"use a tiny positive value")
     lr = float(g["initial_lr"] if "initial_lr" in g else g["lr"])
     wd = float(g.get("weight_decay", 0.0))
     if kind == "adam" and g.get("decoupled_weight_decay"):

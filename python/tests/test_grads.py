@@ -216,7 +216,9 @@ def test_optimizer_config_refuses_what_the_reducer_cannot_do():
     assert optimizer_config(torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))["kind"] == "adam"
     assert optimizer_config(torch.optim.RMSprop(p, lr=1e-3, centered=True))["centered"] is True
     for bad in (torch.optim.Adam(p, amsgrad=True), torch.optim.SGD(p, lr=1, maximize=True),
-                torch.optim.Adam(p, betas=(0.0, 0.9)), torch.optim.Rprop(p), torch.optim.NAdam(p, momentum_decay=0.0)):
+                torch.optim.Adam(p, betas=(0.0, 0.9)), torch.optim.Rprop(p), torch.optim.NAdam(p, momentum_decay=0.0),
+                # 0 on the wire is the default: these would train with eps 1e-8 / alpha 0.99.
+                torch.optim.Adam(p, eps=0.0), torch.optim.Adagrad(p, eps=0.0), torch.optim.RMSprop(p, alpha=0.0)):
         with pytest.raises(ValueError):
             optimizer_config(bad)
 
