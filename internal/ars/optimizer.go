@@ -6,6 +6,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -154,11 +155,6 @@ type GradInfo struct {
 	LR float64
 }
 
-// clipCoef is torch's clip_grad_norm_ factor for a gradient of norm n.
-func clipCoef(max, n float64) float64 {
-	return min(1, max/(n+1e-6))
-}
-
 // update moves θ by the iteration's rewards under t.cfg.Update; k is the
 // update index (the schedule position). It returns the step's description.
 func (t *Trainer) update(rplus, rminus []float64, k int64) StepInfo {
@@ -200,7 +196,7 @@ func (t *Trainer) update(rplus, rminus []float64, k int64) StepInfo {
 		info.Grad.Norm = math.Sqrt(ss)
 		info.Scale = lr / (float64(len(sel)) * info.SigmaR)
 		if u.GradientMax > 0 {
-			if c := clipCoef(u.GradientMax, info.Grad.Norm); c < 1 {
+			if c := reduce.ClipCoef(u.GradientMax, info.Grad.Norm); c < 1 {
 				info.Scale *= c
 				info.Grad.Clipped = true
 			}

@@ -14,8 +14,9 @@
 //  2. The primary applies one forwarded batch per optimizer step, in the
 //     order batches reach it. With Mean it multiplies the sum by
 //     float32(1/n), n the number of gradients in the batch.
-//  3. Clipping (Clip) scales the reduced gradient by gradient_max/norm when
-//     the global L2 norm (accumulated in float64) exceeds gradient_max.
+//  3. Clipping (Clip) scales the reduced gradient by torch's
+//     clip_grad_norm_ factor, gradient_max/(norm + 1e-6) when below 1, of
+//     the global L2 norm (accumulated in float64).
 //  4. The optimizer steps (package optim) and version+1 is published.
 package reduce
 
@@ -298,21 +299,31 @@ func GlobalNorm(g *tensor.StateDict) float64 {
 
 // Clip scales g in place so that its global norm is at most max (max ≤ 0
 // disables clipping). It returns the norm before clipping and whether it
-// scaled. The factor is float32(max/norm), as torch.nn.utils.clip_grad_norm_
-// computes it up to its 1e-6 epsilon.
+// scaled. The factor is torch.nn.utils.clip_grad_norm_'s, min(1, max/(norm
+// + 1e-6)), in float32 (ClipCoef).
 func Clip(g *tensor.StateDict, max float64) (norm float64, clipped bool) {
 	norm = GlobalNorm(g)
 	return norm, ClipNorm(g, max, norm)
 }
 
+// ClipCoef is the factor torch.nn.utils.clip_grad_norm_ scales a gradient
+// of global norm norm by, for max_norm max: min(1, max/(norm + 1e-6)). A
+// norm a little under max is scaled too (by less than 1e-6/max), as torch
+// does: a user's gradient_max means what it means in torch.
+func ClipCoef(max, norm float64) float64 { return min(1, max/(norm+1e-6)) }
+
 // ClipNorm is Clip for a caller that has computed norm = GlobalNorm(g)
 // already (the primary computes it once, as its NaN/Inf check of the
 // reduced gradient). It reports whether it scaled.
 func ClipNorm(g *tensor.StateDict, max, norm float64) bool {
-	if max <= 0 || norm <= max {
+	if max <= 0 {
 		return false
 	}
-	s := float32(max / norm)
+	c := ClipCoef(max, norm)
+	if c >= 1 {
+		return false
+	}
+	s := float32(c)
 	for _, t := range g.Tensors() {
 		f, _ := t.Float32s()
 		kernels.Scale(f, s)

@@ -507,10 +507,20 @@ func TestClipAndMean(t *testing.T) {
 	if n := GlobalNorm(g); math.Abs(n-1) > 1e-6 {
 		t.Fatalf("norm after clip %v", n)
 	}
+	// torch.nn.utils.clip_grad_norm_'s factor: max/(norm + 1e-6).
+	k := float32(1 / (5 + 1e-6))
 	Mean.Finish(g, 4)
 	f, _ := g.Get("x").Float32s()
-	if f[0] != float32(0.6)*0.25 || f[1] != float32(0.8)*0.25 {
-		t.Fatalf("mean %v", f)
+	if f[0] != 3*k*0.25 || f[1] != 4*k*0.25 {
+		t.Fatalf("mean %v, want %v", f, []float32{3 * k * 0.25, 4 * k * 0.25})
+	}
+	// As in torch, a norm at the bound is scaled too, by less than 1e-6/max.
+	g, _ = tensor.NewStateDict(tensor.FromFloat32s("x", []int64{2}, []float32{3, 4}))
+	if _, c := Clip(g, 5); !c {
+		t.Fatal("a norm equal to max: not scaled, as torch scales it")
+	}
+	if f, _ := g.Get("x").Float32s(); f[0] != 3*float32(5/(5+1e-6)) {
+		t.Fatalf("norm at max: %v", f)
 	}
 }
 

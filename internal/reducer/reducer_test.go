@@ -69,8 +69,8 @@ func replay(t *testing.T, init *tensor.StateDict, mc ModelConfig, recs []applyRe
 				ss += float64(v) * float64(v)
 			}
 		}
-		if norm := math.Sqrt(ss); mc.GradientMax > 0 && norm > mc.GradientMax {
-			k := float32(mc.GradientMax / norm)
+		if norm := math.Sqrt(ss); mc.GradientMax > 0 && mc.GradientMax/(norm+1e-6) < 1 { // torch's clip_grad_norm_
+			k := float32(mc.GradientMax / (norm + 1e-6))
 			for _, tn := range sum.Tensors() {
 				s := f32(t, sum, tn.Name)
 				for j := range s {
