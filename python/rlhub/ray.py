@@ -268,7 +268,11 @@ class RlhubRayWeightUpdater:
         blob = save_bytes({k: (v.detach().cpu().contiguous() if hasattr(v, "detach") else v)
                            for k, v in weights.items()})
         v = self._version + 1
-        store.push(self.model, blob, version=v, expect=self._version)
+        try:
+            store.push(self.model, blob, version=v, expect=self._version)
+        except errors.StaleVersion:
+            self._version = 0  # another writer moved on: re-read the newest next time
+            raise
         self._version = v
         return v
 

@@ -23,6 +23,7 @@ seconds and on ``flush``/``close``. Not thread-safe: one writer per thread.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -56,6 +57,14 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+def _f32(v: float) -> bytes:
+    """v as float32, as Go's float32(v): beyond float32's range, ±Inf."""
+    try:
+        return struct.pack("<f", v)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, v))
+
+
 def _field_bytes(num: int, data: bytes) -> bytes:
     return _varint(num << 3 | 2) + _varint(len(data)) + data
 
@@ -82,7 +91,7 @@ class EventWriter:
         self.path = os.path.join(logdir, name)
         self._f = open(self.path, "xb")
         self._flush_secs = flush_secs
-        self._last_flush = now
+        self._last_flush = time.monotonic()
         self._record(_event(now, file_version=FILE_VERSION))
         self._f.flush()
 
@@ -99,11 +108,10 @@ class EventWriter:
             t = tag.encode()
             if not 1 <= len(t) <= 256:
                 raise ValueError(f"tag of {len(t)} bytes (want 1 to 256)")
-            value = _field_bytes(1, t) + _varint(2 << 3 | 5) + struct.pack("<f", float(values[tag]))
+            value = _field_bytes(1, t) + _varint(2 << 3 | 5) + _f32(float(values[tag]))
             summary += _field_bytes(1, value)
-        now = time.time() if wall_time is None else wall_time
-        self._record(_event(now, int(step), summary))
-        if now - self._last_flush >= self._flush_secs:
+        self._record(_event(time.time() if wall_time is None else wall_time, int(step), summary))
+        if time.monotonic() - self._last_flush >= self._flush_secs:
             self.flush()
 
     def add_scalar(self, tag: str, value: float, step: int, wall_time: Optional[float] = None) -> None:
@@ -112,7 +120,7 @@ class EventWriter:
 
     def flush(self) -> None:
         self._f.flush()
-        self._last_flush = time.time()
+        self._last_flush = time.monotonic()
 
     def close(self) -> None:
         """Flushes, syncs and closes the file; safe to call twice."""

@@ -289,6 +289,9 @@ def unwritable(t: Any) -> Optional[str]:
     stops midway or counts a no-op as done."""
     import torch
 
+    fanned = getattr(t, "fanned_out", None)  # one copy into several tensors (rlhub.torchrl's fan-out)
+    if fanned is not None:
+        return next((why for x in fanned() if (why := unwritable(x)) is not None), None)
     if t.device.type == "meta":
         return "is on the meta device: it holds no memory to write into (materialize it first, e.g. Module.to_empty)"
     if t.layout != torch.strided:

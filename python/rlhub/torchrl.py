@@ -385,7 +385,11 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
                 infos = [m for m in store.list() if m.name == self.rlhub_model]
                 self._sent_version = infos[0].version if infos else 0
             v = self._sent_version + 1
-            store.push(self.rlhub_model, blob, version=v, expect=self._sent_version)
+            try:
+                store.push(self.rlhub_model, blob, version=v, expect=self._sent_version)
+            except errors.StaleVersion:
+                self._sent_version = 0  # another writer moved on: re-read the newest next time
+                raise
             self._sent_version = v
             self.last_sent = v
         return v
@@ -701,11 +705,16 @@ class _LegacyTarget:
 
 
 class _Fanout:
-    """Several tensors (one per device) that receive the same copy."""
+    """Several tensors (one per device) that receive the same copy. A
+    writer's check of its target (rlhub.tensors.unwritable) checks every
+    one of them (fanned_out)."""
 
     def __init__(self, ts: List[torch.Tensor]):
         self._ts = ts
         self.shape, self.dtype, self.device = ts[0].shape, ts[0].dtype, ts[0].device
+
+    def fanned_out(self) -> List[torch.Tensor]:
+        return list(self._ts)
 
     def is_contiguous(self) -> bool:
         return False

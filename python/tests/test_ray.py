@@ -223,3 +223,26 @@ def test_ray_init_bound_fails_with_a_message(monkeypatch):
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(ConnectionError, match="no GCS"):
         init_bounded("127.0.0.1:1", timeout=5)
+
+
+def test_updater_pushes_again_after_a_stale_version(cluster, hub):
+    """Another writer (a second trainer, the reducer) publishes over the
+    updater's version: its next push is refused StaleVersion once, and the
+    retry publishes the next version after the newest instead of being
+    refused for as long as the updater lives."""
+    make = functools.partial(torch.nn.Linear, 4, 2)
+    actors = rr.start_receivers(1, rr.ReceiverActor, hub.addr, "stale", make, via="store",
+                                actor_options=pinned(cluster[:1]))
+    up = rr.RlhubRayWeightUpdater(actors, hub=hub.addr, model="stale", timeout=60)
+    try:
+        assert up.push_weights(filled(1.0)) == [1]
+        with rlhub.StoreClient(hub.addr) as s:
+            s.push("stale", filled(9.0), version=2, expect=1)
+        with pytest.raises(rlhub.StaleVersion):
+            up.push_weights(filled(3.0))
+        assert up.push_weights(filled(3.0)) == [3]
+    finally:
+        up.close()
+        ray.get([a.close.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)

@@ -4,6 +4,7 @@ and a hub's reducer counters and collector lag logged from a real hub."""
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -103,3 +104,30 @@ def test_train_ars_tensorboard_matches_curve_csv(rlhub_bin, tmp_path):
         assert [s for s, _ in have] == [s for s, _ in want], f"{tag}: steps {have} vs curve.csv {want}"
         for (_, h), (_, w) in zip(have, want):
             assert math.isclose(h, w, rel_tol=1e-5, abs_tol=1e-4), f"{tag}: {h} vs curve.csv {w}"
+
+
+def test_a_value_beyond_float32_is_stored_as_inf_as_go_does(tmp_path):
+    """Go's tblog stores float32(v): a diverged loss of 1e39 reads +Inf in
+    TensorBoard. The Python writer must not crash the training loop."""
+    with tensorboard.EventWriter(str(tmp_path)) as tb:
+        tb.add_scalar("train/loss", 1.0, 1)
+        tb.add_scalar("train/loss", 1e39, 2)
+        tb.add_scalar("train/loss", -1e39, 3)
+    got = read(str(tmp_path))
+    assert got["train/loss"] == [(1, 1.0), (2, math.inf), (3, -math.inf)]
+
+
+def test_flushed_within_flush_secs_with_explicit_wall_times(tmp_path):
+    """Events are flushed at least every flush_secs seconds, also when the
+    caller stamps them with its own (past) wall times: nothing reached the
+    file before close then."""
+    tb = tensorboard.EventWriter(str(tmp_path), flush_secs=0.2)
+    try:
+        size0 = os.path.getsize(tb.path)
+        t0 = time.time() - 3600  # events recorded an hour ago
+        for i in range(10):
+            tb.add_scalar("replay/x", float(i), i, wall_time=t0 + i)
+            time.sleep(0.05)
+        assert os.path.getsize(tb.path) > size0, "0.5 s of events, none flushed"
+    finally:
+        tb.close()

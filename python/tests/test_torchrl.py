@@ -579,3 +579,46 @@ def test_shared_counter_is_unlinked_without_close():
     assert out.returncode == 0, out.stderr
     path = out.stdout.strip().splitlines()[-1]
     assert path.startswith("/dev/shm/rlhub-torchrl-") and not os.path.exists(path)
+
+
+def test_legacy_updater_multisync_on_two_policy_devices(hub, store):
+    """Workers on two policy devices (cpu and cpu:0 stand for cpu and cuda
+    here): torchrl keeps one shared weight TensorDict per device, and the
+    updater writes each version into both (it failed on every update).
+    Only what the updater controls is checked: torchrl's worker on the
+    second device does not read its shared set."""
+    up = RlhubWeightUpdater(source=ws.StoreSource(hub.addr, MODEL), hub=hub.addr, collector_id="legacy-2dev",
+                            strip_prefix=PREFIX)
+    envs = [functools.partial(make_stamped_env, up.version_transform()) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        col = MultiSyncCollector(envs, make_policy(), frames_per_batch=32, total_frames=-1,
+                                 auto_register_policy_transforms=False, weight_updater=up,
+                                 policy_device=["cpu", "cpu:0"], env_device="cpu", storing_device="cpu")
+    try:
+        assert len(col._policy_weights_dict) == 2, col._policy_weights_dict.keys()
+        col.update_policy_weights_()
+        assert up.version == 1 and up.last_update
+        for dev, td in col._policy_weights_dict.items():  # what every worker's policy runs on
+            assert torch.equal(td.flatten_keys(".")[PREFIX + "0.bias"].data, torch.tensor([1.0, -1.0])), dev
+    finally:
+        col.shutdown()
+        up.close()
+
+
+def test_scheme_pushes_again_after_a_stale_version(hub, store):
+    """After another writer advanced the model, the scheme's push says
+    StaleVersion once; a retry (with the trainer's new weights) must be
+    able to publish the next version instead of failing forever."""
+    scheme = RlhubWeightSyncScheme(hub.addr, MODEL, strip_prefix=PREFIX)
+    policy = make_policy()
+    scheme.init_on_sender(model_id="policy", model=policy)
+    assert scheme.push() == 2
+    store.push(MODEL, weights(9), version=3, expect=2)  # another trainer / the reducer
+    with pytest.raises(rlhub.StaleVersion):
+        scheme.push()
+    try:
+        assert scheme.push() == 4  # retried: the next version after the newest
+    finally:
+        scheme.shutdown()
+    assert store.pull(MODEL).version == 4
