@@ -222,7 +222,7 @@ class OptimizerHost(AttachLoop):
             g = grad.get(name)
             if g is None:
                 raise ValueError(f"gradient lacks parameter {name!r}")
-            p.grad = g.to(dtype=p.dtype).clone()
+            p.grad = g.to(device=p.device, dtype=p.dtype).clone()
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

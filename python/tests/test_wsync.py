@@ -326,8 +326,15 @@ def test_wrong_shape_or_dtype_is_a_clear_error_and_copies_nothing(hub):
             r.poll()
     extra = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.BatchNorm1d(3))
     with ws.Receiver(extra, ws.StoreSource(hub.addr, "pol")) as r:
-        with pytest.raises(rlhub.InvalidArgument, match="missing from model 'pol' v1: 0.bias, 0.weight, 1.bias"):
+        with pytest.raises(rlhub.InvalidArgument, match="missing from model 'pol' v1: '0.bias', '0.weight', '1.bias' and 4 more"):
             r.poll()
+    # A version's names reach the error bounded: 200 tensors of 1 KiB names.
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("many", {("n" * 1024) + str(i): torch.zeros(1) for i in range(200)}, version=1)
+    with ws.Receiver(linear(8, 3), ws.StoreSource(hub.addr, "many")) as r:
+        with pytest.raises(rlhub.InvalidArgument) as ei:
+            r.poll()
+        assert "and 197 more" in str(ei.value) and len(str(ei.value)) < 2048, len(str(ei.value))
 
 
 @pytest.mark.parametrize("target,why", [

@@ -48,6 +48,16 @@ def _targets(target: Any) -> Dict[str, Any]:
     raise TypeError(f"cannot apply weights to a {type(target).__name__}: want a torch.nn.Module or a dict of tensors")
 
 
+_MAX_PROBLEMS = 5
+
+
+def _names(ns: List[str]) -> str:
+    """Up to three tensor names, each cut to 64 characters, and how many
+    more: error text never holds a header's names whole."""
+    shown = ", ".join(repr(n[:64]) for n in ns[:3])
+    return shown + (f" and {len(ns) - 3} more" if len(ns) > 3 else "")
+
+
 def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weights",
               crc: Optional[int] = None) -> None:
     """Copies the safetensors ``blob`` into ``target``'s tensors in place.
@@ -82,9 +92,9 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
         missing = sorted(set(dsts) - set(header))
         extra = sorted(set(header) - set(dsts))
         if missing:
-            problems.append(f"missing from {what}: {', '.join(missing)}")
+            problems.append(f"missing from {what}: {_names(missing)}")
         if extra:
-            problems.append(f"not in the module: {', '.join(extra)}")
+            problems.append(f"not in the module: {_names(extra)}")
     plan: List[Tuple[Any, Any, str, int, int]] = []
     for name, info in header.items():
         dst = dsts.get(name)
@@ -104,7 +114,9 @@ def copy_into(target: Any, blob: Any, *, strict: bool = True, what: str = "weigh
         b, e = info["data_offsets"]
         plan.append((dst, dt, info["dtype"], start + b, e - b))
     if problems:
-        raise errors.InvalidArgument(f"{what} do not fit: " + "; ".join(problems))
+        # Bounded: the names and the count come from the version's header.
+        more = f"; and {len(problems) - _MAX_PROBLEMS} more" if len(problems) > _MAX_PROBLEMS else ""
+        raise errors.InvalidArgument(f"{what} do not fit: " + "; ".join(p[:300] for p in problems[:_MAX_PROBLEMS]) + more)
     writable = not memoryview(blob).readonly
     # With a crc the whole blob is checksummed in order: the header, each
     # tensor's bytes (copied and checksummed in one pass where numpy can
