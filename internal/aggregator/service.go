@@ -860,8 +860,15 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 	if err != nil {
 		return grpcerr.ToStatus(fmt.Errorf("learn: %w", err))
 	}
-	for asm.Received() < int(h.Blob.TotalBytes) {
-		if err := recv(&m); err != nil {
+	// Read to the client's end of stream, not only to the announced size:
+	// the body's deadline (bodylimit: a batch is a push) holds until then,
+	// and must not run on through the learning that follows.
+	for {
+		err := recv(&m)
+		if err == io.EOF && asm.Received() == int(h.Blob.TotalBytes) {
+			break
+		}
+		if err != nil {
 			return grpcerr.ToStatus(fmt.Errorf("%w: learn: batch stream ended after %d of %d bytes: %v", errs.ErrInvalid, asm.Received(), h.Blob.TotalBytes, err))
 		}
 		if !m.Held() {

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/learner"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store/storetest"
@@ -289,5 +291,60 @@ func TestTrickledGRPCPushIsCutOff(t *testing.T) {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// A learner batch is bound like a push until its body is in (its end of
+// stream read), not through the learning that follows: a batch sent at
+// once, to learners busy for longer than --body-timeout, is learned, not
+// cut DeadlineExceeded while they work.
+func TestLearnBatchIsNotCutWhileLearnersWork(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Limits: Limits{BodyTimeout: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := h.Addr().String()
+	lctx, lcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { lcancel(); wg.Wait() }()
+	ex := &learner.Example{ID: "a", BatchSize: 4, Delay: 2 * time.Second}
+	lcfg := ex.Config(addr)
+	lcfg.Logger = testkit.Logger()
+	wg.Go(func() { learner.Run(lctx, lcfg) })
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := aggregator.NewClient(conn)
+	testkit.Eventually(t, 10*time.Second, "learner attached", func() bool {
+		r, err := c.Resources(ctx)
+		return err == nil && len(r) == 1
+	})
+	if _, err := c.Start(ctx, "t1", map[string]any{"w": []any{0.5, -1.0, 2.0, 0.25}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	rows := int64(4)
+	x := tensor.NewF32("x", rows, 4)
+	y := tensor.NewF32("y", rows)
+	ids := &tensor.Tensor{Name: "row", DType: tensor.I64, Shape: []int64{rows}, Data: tensor.AlignedBytes(int(rows) * 8)}
+	for i := range rows {
+		binary.LittleEndian.PutUint64(ids.Data[i*8:], uint64(i))
+	}
+	batch, _ := tensor.NewStateDict(x, y, ids)
+	start := time.Now()
+	_, err = c.Learn(ctx, "t1", batch, nil)
+	if err != nil {
+		t.Fatalf("Learn of a ~200-byte batch sent at once, learner busy 2s, --body-timeout 1s: after %v: %v", time.Since(start).Round(time.Millisecond), err)
 	}
 }
