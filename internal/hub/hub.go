@@ -636,7 +636,9 @@ func (h *Hub) Addr() net.Addr {
 // closes it.
 func (h *Hub) Run(ctx context.Context) error {
 	if err := h.Start(); err != nil {
-		return err
+		// What New opened (the store's lock on --data, the services and
+		// their goroutines, the metrics listener) is closed too.
+		return errors.Join(err, h.Close())
 	}
 	var err error
 	select {

@@ -98,9 +98,14 @@ type SecondaryNode struct {
 	flush reduce.Flush
 	slots chan struct{} // the bounded queue: one token per gradient held
 
-	// Close cancels ctx (model loops and their forwards) and waits for
-	// wg, then cancels attachCtx and waits for attachWG, so that batches
-	// are settled before the session ends.
+	// Close first closes flushing: every model loop forwards what it
+	// holds (gradients acknowledged to their pushers) and says so on
+	// flushed, for up to closeFlushTimeout. Then it cancels ctx (model
+	// loops and their forwards) and waits for wg, then cancels attachCtx
+	// and waits for attachWG, so that batches are settled before the
+	// session ends.
+	flushing     chan struct{}
+	flushed      sync.WaitGroup // one per model loop, until it has flushed or ended
 	ctx          context.Context
 	cancel       context.CancelFunc
 	wg           sync.WaitGroup
@@ -145,7 +150,7 @@ func NewSecondary(cfg SecondaryConfig) (*SecondaryNode, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	actx, acancel := context.WithCancel(context.Background())
 	s := &SecondaryNode{cfg: cfg, flush: reduce.Flush{Size: cfg.BatchSize, MaxWait: cfg.MaxWait},
-		slots: make(chan struct{}, cfg.MaxQueue), ctx: ctx, cancel: cancel,
+		slots: make(chan struct{}, cfg.MaxQueue), ctx: ctx, cancel: cancel, flushing: make(chan struct{}),
 		attachCtx: actx, attachCancel: acancel, models: map[string]*smodel{}, retrying: map[reduce.ID]reduce.Reason{}}
 	s.attachWG.Add(1)
 	go func() { defer s.attachWG.Done(); s.attachLoop() }()
@@ -403,6 +408,7 @@ func (s *SecondaryNode) model(ctx context.Context, name string) (*smodel, error)
 	m = &smodel{name: name, layout: l.Tensors, adds: make(chan addReq)}
 	s.models[name] = m
 	s.wg.Add(1)
+	s.flushed.Add(1) // under s.mu, with closed false: before Close waits
 	go func() { defer s.wg.Done(); s.loop(m) }()
 	return m, nil
 }
@@ -430,12 +436,18 @@ type fwdResult struct {
 }
 
 // loop owns m's batches: the one filling (cur) and at most one being
-// forwarded. It ends when the secondary closes, after its forward returns;
-// gradients still in cur are released and counted lost.
+// forwarded. When the secondary begins to close (flushing) it forwards
+// what it holds without waiting for the batch to fill, and says so
+// (flushed) once nothing is held; it ends when the secondary's context
+// ends, after its forward returns: gradients still in cur then (a flush
+// that did not finish in time) are released and counted lost.
 //
 // The first gradient of a batch is adopted as its sum (its receive buffer
 // becomes the batch's, no copy); later ones are added into it.
 func (s *SecondaryNode) loop(m *smodel) {
+	flushedOnce := sync.OnceFunc(s.flushed.Done)
+	defer flushedOnce()
+	flushing, draining := s.flushing, false
 	cur := &sbatch{Batch: reduce.NewBatch(m.layout)}
 	var spare *sbatch
 	inflight := false
@@ -486,6 +498,13 @@ func (s *SecondaryNode) loop(m *smodel) {
 		spare = r.b
 	}
 	for {
+		if draining && !inflight {
+			if cur.Len() > 0 {
+				start() // closing: what is held goes now, full or not
+			} else {
+				flushedOnce()
+			}
+		}
 		adds := m.adds
 		if cur.Len() >= s.flush.Size { // full and waiting for the forward
 			adds = nil
@@ -517,6 +536,8 @@ func (s *SecondaryNode) loop(m *smodel) {
 			if cur.Len() > 0 && s.flush.Due(cur.Batch, s.cfg.Clock.Now()) {
 				start()
 			}
+		case <-flushing:
+			flushing, draining = nil, true
 		case <-s.ctx.Done():
 			stopTimer()
 			if inflight {
@@ -583,13 +604,32 @@ func (s *SecondaryNode) Stats() SecondaryStats {
 	return SecondaryStats{ID: s.cfg.ID, Counters: s.counters.Clone(), QueueDepth: len(s.slots)}
 }
 
-// Close stops taking pushes, ends every model loop (gradients not yet
-// forwarded are released and counted lost), detaches and waits for all its
-// goroutines. Safe to call twice.
+// closeFlushTimeout bounds how long Close waits for the model loops to
+// forward the gradients they hold.
+const closeFlushTimeout = 5 * time.Second
+
+// Close stops taking pushes, has every model loop forward the gradients
+// it holds (acknowledged to their pushers: a graceful stop must not lose
+// them) for up to closeFlushTimeout, ends the loops (gradients still not
+// forwarded are released and counted lost), detaches and waits for all
+// its goroutines. Safe to call twice.
 func (s *SecondaryNode) Close() error {
 	s.mu.Lock()
+	first := !s.closed
 	s.closed = true
 	s.mu.Unlock()
+	if first {
+		close(s.flushing)
+		flushed := make(chan struct{})
+		s.wg.Go(func() { s.flushed.Wait(); close(flushed) }) // ends with the loops at the latest
+		t := time.NewTimer(closeFlushTimeout)
+		select {
+		case <-flushed:
+		case <-t.C:
+			s.cfg.Logger.Warn("reducer: secondary closing: gradients not forwarded within the bound are counted lost", "secondary", s.cfg.ID, "after", closeFlushTimeout)
+		}
+		t.Stop()
+	}
 	s.cancel()
 	s.wg.Wait()
 	s.attachCancel()
