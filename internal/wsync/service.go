@@ -127,11 +127,20 @@ func (s *Service) Close() error {
 const maxIDBytes = 256
 
 func checkIDs(id, model, via string) error {
-	switch {
-	case id == "" || model == "":
+	if id == "" || model == "" {
 		return fmt.Errorf("%w: collector_id and model are required", errs.ErrInvalid)
-	case len(id) > maxIDBytes || len(model) > maxIDBytes || len(via) > maxIDBytes:
-		return fmt.Errorf("%w: collector_id, model and via are limited to %d bytes", errs.ErrInvalid, maxIDBytes)
+	}
+	// Printable only: they are shown in `rlhub sync status`'s table, the
+	// dashboard and logs, where a control character (a terminal escape
+	// sequence) would forge lines or drive the operator's terminal.
+	if err := errs.CheckName("collector_id", id, maxIDBytes); err != nil {
+		return err
+	}
+	if err := errs.CheckName("model", model, maxIDBytes); err != nil {
+		return err
+	}
+	if via != "" {
+		return errs.CheckName("via", via, maxIDBytes)
 	}
 	return nil
 }

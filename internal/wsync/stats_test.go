@@ -148,3 +148,27 @@ func TestCollectorsAreCapped(t *testing.T) {
 		t.Fatalf("%d collectors, want %d", n, maxN)
 	}
 }
+
+// A collector's id, model and via are shown in `rlhub sync status`, the
+// dashboard and logs: one holding a control character (a terminal escape
+// sequence that would forge lines or drive the operator's terminal) is
+// refused InvalidArgument, and nothing is recorded.
+func TestReportWithAControlCharacterIsRefused(t *testing.T) {
+	h := startHub(t)
+	client := rlhubv1.NewWeightSyncClient(dial(t, h.addr))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, r := range []*rlhubv1.CollectorReport{
+		{CollectorId: "x\x1b]0;pwned\a\x1b[2J", Model: "m", Version: 1},
+		{CollectorId: "c", Model: "m\nmodel forged", Version: 1},
+		{CollectorId: "c", Model: "m", Version: 1, Via: "shm\r"},
+	} {
+		_, err := client.Report(ctx, &rlhubv1.SyncReportRequest{Reports: []*rlhubv1.CollectorReport{r}})
+		if status.Code(err) != codes.InvalidArgument || strings.Contains(err.Error(), "\x1b") {
+			t.Fatalf("report %q/%q/%q: %v, want InvalidArgument, the text quoted", r.CollectorId, r.Model, r.Via, err)
+		}
+	}
+	if st := h.svc.Tracker().Status(""); len(st) != 0 {
+		t.Fatalf("refused reports recorded: %+v", st)
+	}
+}
