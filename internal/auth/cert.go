@@ -87,13 +87,25 @@ func LoadCA(certFile, keyFile string) (*CA, error) {
 // hub dialing its peers presents it); no hosts make it a client
 // certificate only. It returns the certificate and key, PEM-encoded.
 func (ca *CA) Issue(name string, hosts []string, validFor time.Duration) (certPEM, keyPEM []byte, err error) {
+	return ca.issue(pkix.Name{CommonName: name}, hosts, validFor)
+}
+
+// IssueWithoutCN is Issue for a client certificate whose subject has no
+// CommonName (only an Organization): etcd 3.4's JSON gateway, which the
+// Python client talks to, refuses a client certificate with a CommonName
+// once etcd's auth is on.
+func (ca *CA) IssueWithoutCN(validFor time.Duration) (certPEM, keyPEM []byte, err error) {
+	return ca.issue(pkix.Name{Organization: []string{"rlhub"}}, nil, validFor)
+}
+
+func (ca *CA) issue(subject pkix.Name, hosts []string, validFor time.Duration) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: name},
+		Subject:      subject,
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(validFor),
 		KeyUsage:     x509.KeyUsageDigitalSignature,

@@ -125,7 +125,7 @@ func (s *serveSecurity) watchTokens(ctx context.Context, v *auth.Verifier, g *gl
 func newCertCmd(g *globals) *cobra.Command {
 	var dir, name string
 	var hosts []string
-	var client bool
+	var client, noCN bool
 	var valid time.Duration
 	cmd := &cobra.Command{
 		Use:   "cert --dir DIR",
@@ -167,8 +167,14 @@ func newCertCmd(g *globals) *cobra.Command {
 			default:
 				todo = []want{{name, hosts}}
 			}
+			if noCN && (name == "" || !client) {
+				return fmt.Errorf("--no-cn is for a client certificate: give --name NAME --client")
+			}
 			for _, w := range todo {
 				c, k, err := ca.Issue(w.name, w.hosts, valid)
+				if noCN {
+					c, k, err = ca.IssueWithoutCN(valid)
+				}
 				if err != nil {
 					return err
 				}
@@ -194,6 +200,7 @@ func newCertCmd(g *globals) *cobra.Command {
 	f.StringVar(&name, "name", "", "issue one certificate with this name (default: server and client)")
 	f.StringSliceVar(&hosts, "hosts", defHosts, "DNS names and IP addresses a server certificate is valid for")
 	f.BoolVar(&client, "client", false, "with --name: a client certificate")
+	f.BoolVar(&noCN, "no-cn", false, "with --name --client: no CommonName in the subject (etcd 3.4's JSON gateway, which Python clients use, refuses one once etcd's auth is on)")
 	f.DurationVar(&valid, "valid-for", 365*24*time.Hour, "validity of what is issued")
 	return cmd
 }
