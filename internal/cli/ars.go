@@ -383,6 +383,9 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	if sum.LQRRelativeCost != nil {
 		fmt.Fprintf(g.stdout, "; LQR cost %.4f above the Riccati optimum", *sum.LQRRelativeCost)
 	}
+	if sum.LQRUnstable {
+		fmt.Fprint(g.stdout, "; LQR: the trained gain is unstable (infinite average cost)")
+	}
 	fmt.Fprintln(g.stdout)
 	if err == nil { // else the error says which output could not be written
 		fmt.Fprintf(g.stdout, "wrote %s\n", filepath.Join(o.out, "{curve.csv,curve.png,policy.safetensors,summary.json}"))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"io"
 	"os"
 	"path/filepath"
@@ -73,6 +74,10 @@ type Summary struct {
 	// exact average cost of the trained gain relative to the Riccati
 	// optimum.
 	LQRRelativeCost *float64 `json:"lqr_relative_cost,omitempty"`
+	// LQRUnstable: the trained gain does not stabilise the LQR system (its
+	// average cost is infinite, which JSON cannot hold); LQRRelativeCost is
+	// then absent.
+	LQRUnstable bool `json:"lqr_unstable,omitempty"`
 	// Optimizer is how θ moved (the run spec's optimizer with its
 	// defaults: kind "step" is the paper's update) and GradientMax its
 	// clipping (0: none).
@@ -160,7 +165,11 @@ func summarise(r *runner, model string, pol *ars.Policy) Summary {
 	if last.Wall > 0 {
 		s.StepsPerSecond = float64(last.P.Steps) / last.Wall
 	}
-	s.LQRRelativeCost, _ = LQRRelativeCost(pol) // nil for an unstable gain
+	if rel, _ := LQRRelativeCost(pol); rel != nil && math.IsInf(*rel, 1) {
+		s.LQRUnstable = true // an unstable gain: +Inf, not a JSON number
+	} else {
+		s.LQRRelativeCost = rel
+	}
 	var confirm *Row
 	for i, row := range rows {
 		p := row.P
