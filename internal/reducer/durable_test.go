@@ -318,6 +318,11 @@ func TestDurableStepPersistedButNotPublished(t *testing.T) {
 	if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", 4)}); err == nil {
 		t.Fatal("the injected publish failure was not reported")
 	}
+	// The model takes no more steps: a gradient is refused at admission
+	// (Unavailable), not acknowledged to be lost at its forward.
+	if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: 9}, 0); !errors.Is(err, errs.ErrUnavailable) {
+		t.Fatalf("admission to a model that stopped: %v, want Unavailable", err)
+	}
 	if _, err := os.Stat(filepath.Join(e.stateDir, "m", stateFileName(5))); err != nil {
 		t.Fatalf("the unpublished step's state was not written before the publish: %v", err)
 	}

@@ -645,6 +645,11 @@ func (p *Primary) Admit(_ context.Context, session uint64, model string, id redu
 	if err := p.liveSession(session); err != nil {
 		return 0, 0, err
 	}
+	if m.failed != nil {
+		// The model takes no more steps (a publish failed): a gradient
+		// admitted now would be acknowledged, then lost at its forward.
+		return 0, m.version, fmt.Errorf("%w: model %s: %v", errs.ErrUnavailable, errs.Quote(model), m.failed)
+	}
 	cur := m.version
 	if base > cur && (base <= m.stepped || m.publishing && base == m.stepped+1) {
 		cur = base // a client already saw a version being published or acknowledged
