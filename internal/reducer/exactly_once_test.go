@@ -50,7 +50,7 @@ func rawPushStream(ctx context.Context, t *testing.T, conn *grpc.ClientConn, cli
 	return st
 }
 
-// auditPush pushes a whole gradient over raw gRPC to secondary "s0".
+// rawPush pushes a whole gradient over raw gRPC to secondary "s0".
 func rawPush(t *testing.T, conn *grpc.ClientConn, client string, seq uint64, sd *tensor.StateDict) error {
 	t.Helper()
 	blob, err := safetensors.Encode(sd, nil)
@@ -100,6 +100,7 @@ func servedPrimary(t *testing.T, pcfg PrimaryConfig, n int) (*Primary, string) {
 	return p, sec.addr
 }
 
+// pendingClaims counts the claims pending in model's ledger.
 func (p *Primary) pendingClaims(model string) int {
 	m, _ := p.model(model)
 	m.mu.Lock()
@@ -107,14 +108,6 @@ func (p *Primary) pendingClaims(model string) int {
 	return m.ledger.Pending()
 }
 
-// TestAuditReleasedClaimBelowFloorIsCalledDuplicate: a client's seq 1 is
-// admitted (claimed) and its body is still arriving while later seqs of
-// the same client are applied and the ledger compacts (raising the floor
-// past seq 1, which compact is meant to keep while pending). The push of
-// seq 1 then breaks (the client's stream dies), the claim is released,
-// and the client's retry of seq 1 is answered ALREADY_EXISTS — "an earlier
-// attempt got through" — although seq 1 was never applied: the gradient
-// is silently lost and counted "duplicate".
 // A push admitted (its claim pending) while the same client's later pushes
 // are applied and compacted away, whose stream then breaks mid-body, is
 // released; its retry must be applied, not answered ALREADY_EXISTS (which
@@ -169,21 +162,46 @@ func TestReleasedClaimUnderCompactionIsAppliedOnRetry(t *testing.T) {
 	}
 }
 
-// TestAuditLedgerKeepsEveryClientIDForever: pushes with distinct client ids
-// whose bodies are refused (NaN) leave nothing applied or pending, yet each
-// leaves an entry in the primary's exactly-once ledger that nothing ever
-// removes: the ledger grows with every client id any pusher makes up.
 // A forward naming one admitted gradient twice is refused: it would be
 // counted applied twice and weigh twice in the step's mean.
 func TestForwardNamingAGradientTwiceIsRefused(t *testing.T) {
-	const n = 3
-	e := newTestEnv(t, Config{Secondaries: -1, Logger: testkit.Logger()}, testLayout(n))
+	e := newTestEnv(t, Config{Secondaries: -1, Logger: testkit.Logger()}, testLayout(3))
 	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
-	conn := rawConn(t, e.addr)
-	pc := rlhubv1.NewReducerPrimaryClient(conn)
+	id := &rlhubv1.ReducerGradientID{ClientId: "c", Seq: 1}
+	ferr := rawForward(t, e, []*rlhubv1.ReducerGradientID{id, id}, 0)
+	c := e.svc.Primary().Stats().Counters
+	if !errors.Is(grpcerr.FromStatus(ferr), errs.ErrInvalid) || c.Applied != 0 || c.Steps != 0 {
+		t.Fatalf("forward of one admitted gradient named twice: %v; applied %d, steps %d (want InvalidArgument, nothing applied)", ferr, c.Applied, c.Steps)
+	}
+}
+
+// A remote forward's first-admitted stamp more than an hour off the
+// primary's clock (a skewed or forged one: 1970 here) is not counted in
+// the publish latency, which it would skew (and whose sum it could
+// overflow); the batch itself is applied.
+func TestForwardWithAStampFarOffIsAppliedButNotTimed(t *testing.T) {
+	e := newTestEnv(t, Config{Secondaries: -1, Logger: testkit.Logger()}, testLayout(3))
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
+	if err := rawForward(t, e, []*rlhubv1.ReducerGradientID{{ClientId: "c", Seq: 1}}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.svc.Primary().Stats().Counters; c.Applied != 1 {
+		t.Fatalf("applied %d, want 1", c.Applied)
+	}
+	if h := e.svc.PublishLatency(); h.Count != 0 {
+		t.Fatalf("a stamp from 1970 was timed: %d latencies, sum %v", h.Count, h.Sum)
+	}
+}
+
+// rawForward attaches a secondary over raw gRPC, admits ids' distinct
+// gradients and forwards one batch naming ids, stamped first (Unix ns, 0:
+// none); it returns the forward's error.
+func rawForward(t *testing.T, e *testEnv, ids []*rlhubv1.ReducerGradientID, first int64) error {
+	t.Helper()
+	pc := rlhubv1.NewReducerPrimaryClient(rawConn(t, e.addr))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	att, err := pc.Attach(ctx, &rlhubv1.ReducerAttachRequest{Id: "evil", Addr: "127.0.0.1:1"})
+	att, err := pc.Attach(ctx, &rlhubv1.ReducerAttachRequest{Id: "raw", Addr: "127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,16 +210,25 @@ func TestForwardNamingAGradientTwiceIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	sess := ev.GetSession()
-	if _, err := pc.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: sess, Model: "m", ClientId: "c", Seq: 1, BaseVersion: 1}); err != nil {
-		t.Fatal(err)
+	admitted := map[string]bool{}
+	for _, id := range ids {
+		if k := fmt.Sprint(id.ClientId, id.Seq); !admitted[k] {
+			admitted[k] = true
+			if _, err := pc.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: sess, Model: "m", ClientId: id.ClientId, Seq: id.Seq, BaseVersion: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	blob, _ := safetensors.Encode(gradFor(n, "c", 1), nil)
+	blob, _ := safetensors.Encode(gradFor(3, "c", 1), nil)
 	fw, err := pc.Forward(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := &rlhubv1.ReducerGradientID{ClientId: "c", Seq: 1}
-	hdr := &rlhubv1.ReducerForwardHeader{Session: sess, Ids: []*rlhubv1.ReducerGradientID{id, id}, Weights: []float32{1, 1},
+	weights := make([]float32, len(ids))
+	for i := range weights {
+		weights[i] = 1
+	}
+	hdr := &rlhubv1.ReducerForwardHeader{Session: sess, Ids: ids, Weights: weights, FirstAdmittedUnixNano: first,
 		Blob: &rlhubv1.BlobInfo{Model: "m", TotalBytes: uint64(len(blob))}}
 	if err := fw.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Header{Header: hdr}}); err != nil {
 		t.Fatal(err)
@@ -209,17 +236,10 @@ func TestForwardNamingAGradientTwiceIsRefused(t *testing.T) {
 	if err := fw.Send(&rlhubv1.ReducerForwardRequest{Body: &rlhubv1.ReducerForwardRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: blob}}}); err != nil {
 		t.Fatal(err)
 	}
-	_, ferr := fw.CloseAndRecv()
-	c := e.svc.Primary().Stats().Counters
-	if !errors.Is(grpcerr.FromStatus(ferr), errs.ErrInvalid) || c.Applied != 0 || c.Steps != 0 {
-		t.Fatalf("forward of one admitted gradient named twice: %v; applied %d, steps %d (want InvalidArgument, nothing applied)", ferr, c.Applied, c.Steps)
-	}
+	_, err = fw.CloseAndRecv()
+	return err
 }
 
-// TestAuditClusterStatsKeepsPeersForever: ClusterStats dials every attached
-// secondary's address and keeps the connection in Service.peers for ever,
-// also after the secondary detached: a connection (and its goroutines) per
-// address any secondary ever attached with.
 // ClusterStats closes its connections to hubs no longer attached: twenty
 // secondaries attached and gone, at twenty addresses, leave none.
 func TestClusterStatsForgetsDetachedHubs(t *testing.T) {

@@ -665,7 +665,12 @@ func forward(ctx context.Context, p *Primary, h *rlhubv1.ReducerForwardHeader, b
 	defer putBuf(buf) // Forward keeps no reference to the sum
 	var first0 time.Time
 	if ns := h.GetFirstAdmittedUnixNano(); ns != 0 {
-		first0 = time.Unix(0, ns)
+		// A remote secondary's clock: one more than an hour off (skewed, or
+		// a forged stamp) would skew the latency figures, and its sum could
+		// overflow: the batch is applied, its latency not counted.
+		if t := time.Unix(0, ns); t.Sub(p.cfg.Clock.Now()).Abs() < time.Hour {
+			first0 = t
+		}
 	}
 	return p.Forward(ctx, Batch{Session: h.GetSession(), Model: h.GetBlob().GetModel(),
 		Members: idsFromProto(h.GetIds()), Weights: h.GetWeights(), Sum: sum, FirstAdmitted: first0})
