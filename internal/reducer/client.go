@@ -371,16 +371,29 @@ func (c *Client) maybeRefresh(ctx context.Context) {
 func (c *Client) choose(anyListed bool) (target, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	live := c.live(anyListed)
+	if len(live) == 0 {
+		return target{}, false
+	}
+	return live[c.rnd.IntN(len(live))], true
+}
+
+// live lists the targets choose picks from; c.mu held.
+func (c *Client) live(anyListed bool) []target {
 	var live []target
 	for _, t := range c.candidates() {
 		if at, ok := c.dead[t]; !ok || time.Since(at) > time.Second || anyListed {
 			live = append(live, t)
 		}
 	}
-	if len(live) == 0 {
-		return target{}, false
-	}
-	return live[c.rnd.IntN(len(live))], true
+	return live
+}
+
+// anyLive reports whether a target not marked dead is left.
+func (c *Client) anyLive() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.live(false)) > 0
 }
 
 // Receipt is what a successful client push returns.
@@ -415,8 +428,8 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 	var stick target               // where the last attempt was refused for back-pressure
 	sticky := false
 	c.maybeRefresh(ctx)
-	epoch := c.epoch() // the primary this push is for
-	unknown := false   // an attempt may have been applied
+	var epoch uint64 // the primary the attempt whose outcome is unknown was for
+	unknown := false // an attempt may have been applied
 	for attempt := 1; ; attempt++ {
 		if unknown && c.epoch() != epoch {
 			c.unknown.Add(1)
@@ -463,6 +476,13 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 			}
 		}
 		sticky = false
+		if !unknown {
+			// Read before each attempt, not once per push: a fresh client's
+			// connection learns the primary only with its first refresh,
+			// and the primary may change between attempts that all failed
+			// before sending; only an attempt that may have landed pins it.
+			epoch = c.epoch()
+		}
 		// An attempt in flight when the primary moves to another hub ends
 		// then (a *dial.PrimaryMovedError, Unavailable): its outcome is
 		// unknown, and the epoch check above says so at once, rather than
@@ -500,6 +520,16 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 			c.dead[t] = time.Now()
 			c.mu.Unlock()
 			_ = c.refresh(ctx) // best effort: the next choose skips the dead one
+			if !c.anyLive() {
+				// Every listed secondary is marked dead: the next try is
+				// one of them at once (choose(true)), a spin against it and
+				// the primary's listing without this pause.
+				jit := time.Duration(c.jitter() * float64(backoff))
+				if !sleepCtx(ctx, backoff/2+jit/2) {
+					return Receipt{}, errors.Join(ctx.Err(), last)
+				}
+				backoff = min(2*backoff, 100*time.Millisecond)
+			}
 		case errors.Is(err, errs.ErrFull) || errors.Is(err, errs.ErrAborted):
 			unreachableSince = time.Time{}
 			stick, sticky = t, true
