@@ -231,9 +231,21 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 			// while ctx ended (a push source reports its closed board).
 			return nil, ctx.Err()
 		}
-		f.drop(err)
+		served := f.drop(err)
 		if err := f.allRefused(); err != nil {
 			return nil, err
+		}
+		if !served {
+			// It failed before serving anything (a hub down behind a lazy
+			// dial, one that takes the hello and ends the stream): dialing
+			// again at once would spin. One that served is left at once.
+			t := time.NewTimer(f.cfg.Backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
 		}
 	}
 }
@@ -447,10 +459,11 @@ func (f *Failover) allRefused() error {
 
 // drop lets go of the failed source: it closes it at once if it never
 // served a version, else retires it (closing the source retired before,
-// whose snapshots it superseded). Called with callMu held.
-func (f *Failover) drop(err error) {
+// whose snapshots it superseded). It reports whether the source had
+// served. Called with callMu held.
+func (f *Failover) drop(err error) (served bool) {
 	f.mu.Lock()
-	name, idx := f.name, f.idx
+	name, idx, served := f.name, f.idx, f.served
 	if !f.served {
 		f.failed = f.idx
 	}
@@ -461,6 +474,7 @@ func (f *Failover) drop(err error) {
 	if closer != nil {
 		closer.Close()
 	}
+	return served
 }
 
 // letGoLocked detaches the current source and returns what to close now:
