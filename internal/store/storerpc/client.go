@@ -326,7 +326,13 @@ func (c *Client) GetIfNewerInto(ctx context.Context, name string, than uint64, b
 func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []byte) (*store.Snapshot, uint64, error) {
 	req.ChunkBytes = uint32(c.cfg.ChunkBytes)
 	if snap, err, ok := c.bulkRead(ctx, bulkPullMethod, req, buf); ok {
-		return snap, 0, err
+		if err == nil && snap != nil {
+			err = answers(req.Model, req.Version, req.IfNewerThan, snap)
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		return snap, 0, nil
 	}
 	var snap *store.Snapshot
 	var skipped uint64
@@ -340,7 +346,29 @@ func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []
 		snap, skipped, err = c.recvVersion(recv, buf)
 		return err
 	})
-	return snap, skipped, err
+	if err == nil && snap != nil {
+		err = answers(req.Model, req.Version, req.IfNewerThan, snap)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	return snap, skipped, nil
+}
+
+// answers checks that snap is what was asked for: model name, the version
+// asked for (0: any), one newer than than (nil: any). A hub answering
+// otherwise (a bug, or a hostile one) is refused, not delivered: a
+// receiver would copy another model's weights, or a watch go backwards.
+func answers(name string, version uint64, than *uint64, snap *store.Snapshot) error {
+	switch {
+	case snap.Name != name:
+		return fmt.Errorf("%w: storerpc: asked for model %s, the hub answered %s", errs.ErrInvalid, errs.Quote(name), errs.Quote(snap.Name))
+	case version != 0 && snap.Version != version:
+		return fmt.Errorf("%w: storerpc: asked for model %s version %d, the hub answered version %d", errs.ErrInvalid, errs.Quote(name), version, snap.Version)
+	case than != nil && snap.Version <= *than:
+		return fmt.Errorf("%w: storerpc: asked for model %s newer than %d, the hub answered version %d", errs.ErrInvalid, errs.Quote(name), *than, snap.Version)
+	}
+	return nil
 }
 
 // pulled is one pull or watch response: a header, or a chunk still in
@@ -396,7 +424,7 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 	b := hdr.Blob
 	asm, err := wire.NewAssemblerInto(buf, b.TotalBytes, wire.Limits{MaxBytes: c.cfg.MaxModelBytes})
 	if err != nil {
-		return nil, 0, fmt.Errorf("storerpc: model %q version %d: %w", b.Model, b.Version, err)
+		return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 	}
 	for uint64(asm.Received()) < b.TotalBytes {
 		err := recv(&msg)
@@ -407,15 +435,15 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 			return nil, 0, err
 		}
 		if !msg.Held() {
-			return nil, 0, fmt.Errorf("storerpc: protocol: a header or an empty message inside model %q version %d", b.Model, b.Version)
+			return nil, 0, fmt.Errorf("storerpc: protocol: a header or an empty message inside model %s version %d", errs.Quote(b.Model), b.Version)
 		}
 		if err := msg.WriteChunk(asm.Write); err != nil {
-			return nil, 0, fmt.Errorf("storerpc: model %q version %d: %w", b.Model, b.Version, err)
+			return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 		}
 	}
 	f, blob, err := asm.Finish()
 	if err != nil {
-		return nil, 0, fmt.Errorf("storerpc: model %q version %d: %w", b.Model, b.Version, err)
+		return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 	}
 	return &store.Snapshot{
 		Name:     b.Model,
@@ -508,6 +536,9 @@ func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, fail
 		if err != nil {
 			*failures++
 			return err
+		}
+		if err := answers(name, 0, after, snap); err != nil {
+			return err // not retried: the same hub would answer the same
 		}
 		*failures = 0
 		*after = snap.Version
