@@ -67,6 +67,9 @@ type Evaluator struct {
 	pert  []float64
 }
 
+// Env is the environment the evaluator runs.
+func (e *Evaluator) Env() env.Env { return e.env }
+
 // NewEvaluator prepares an evaluator for arch on environment e.
 func NewEvaluator(e env.Env, arch *Arch) *Evaluator {
 	n := arch.NumParams()

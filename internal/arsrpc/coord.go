@@ -234,6 +234,7 @@ func envSpec(in *pb.ARSRunSpec) (env.Spec, error) {
 	x := in.GetEnvSpec()
 	e, err := env.Make(in.Env)
 	if err == nil {
+		defer env.Close(e) // made for its spec only
 		s := e.Spec()
 		if x != nil && len(x.ObsKeys) > 0 && !ars.SameObsKeys(obsKeys(x), s.ObsKeys) {
 			return env.Spec{}, fmt.Errorf("%w: env_spec's observation keys do not match built-in %s's %v", errs.ErrInvalid, in.Env, s.ObsKeys)

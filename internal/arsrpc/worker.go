@@ -107,6 +107,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) (WorkerStats, error) {
 		return WorkerStats{}, err
 	}
 	w := &workerLoop{cfg: cfg, client: pb.NewARSClient(cfg.Conn)}
+	defer w.closeEnv()
 	err := w.loop(ctx)
 	if w.id != "" {
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -117,6 +118,14 @@ func RunWorker(ctx context.Context, cfg WorkerConfig) (WorkerStats, error) {
 		return w.stats, nil
 	}
 	return w.stats, err
+}
+
+// closeEnv frees the environment of the evaluator, if any (env.Close).
+func (w *workerLoop) closeEnv() {
+	if w.ev != nil {
+		env.Close(w.ev.Env())
+		w.ev = nil
+	}
 }
 
 func (w *workerLoop) loop(ctx context.Context) error {
@@ -320,10 +329,12 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 		if sp := e.Spec(); sp.ObsDim != p.Arch.ObsDim || !ars.SameObsKeys(sp.ObsKeys, p.ObsKeys) {
 			// A Dict space flattened to another layout would feed the
 			// policy (and the per-key filters) the wrong components.
+			env.Close(e)
 			return fmt.Errorf("run %s: %w: the policy takes %d observations with keys %v, this %s has %d with keys %v",
 				lease.RunId, errCannotServe, p.Arch.ObsDim, p.ObsKeys, sp.Name, sp.ObsDim, sp.ObsKeys)
 		}
 		arch := p.Arch
+		w.closeEnv() // the last run's
 		w.ev = ars.NewEvaluator(e, &arch)
 		w.envName = lease.Spec.GetEnv()
 	}

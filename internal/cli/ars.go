@@ -393,6 +393,10 @@ func trainARS(ctx context.Context, g *globals, o *trainARSOptions) error {
 	return err
 }
 
+// maxEvalEpisodes bounds rlhub eval --episodes: the returns are kept,
+// one float each (a huge count asked for memory at once).
+const maxEvalEpisodes = 1_000_000
+
 func newEvalCmd(g *globals) *cobra.Command {
 	var path, envName string
 	var episodes int
@@ -413,15 +417,16 @@ func newEvalCmd(g *globals) *cobra.Command {
 			if envName == "" {
 				envName = pol.Env
 			}
+			if episodes < 1 || episodes > maxEvalEpisodes {
+				return fmt.Errorf("--episodes %d: from 1 to %d", episodes, maxEvalEpisodes)
+			}
 			e, err := env.Make(envName)
 			if err != nil {
 				return err
 			}
+			defer env.Close(e)
 			if err := checkPolicyFits(pol, e.Spec()); err != nil {
 				return err
-			}
-			if episodes < 1 {
-				return fmt.Errorf("--episodes %d: need at least 1", episodes)
 			}
 			rets := ars.Evaluate(e, pol, seed, episodes)
 			var sum, ss float64

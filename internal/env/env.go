@@ -51,3 +51,15 @@ type Env interface {
 	// truncated is set when the time limit ends the episode.
 	Step(action []float64) (obs []float64, reward float64, terminated, truncated bool)
 }
+
+// Close frees what e holds outside Go's heap (a MuJoCo model and its
+// simulation data, some MiB of C memory each), if it holds any. Go's
+// collector would free it eventually, but an env's Go side is a few KB,
+// so it runs too seldom: environments made and dropped (one per run the
+// hub validates, one per run a worker serves) grew the process by GBs.
+// Safe on any Env, and twice.
+func Close(e Env) {
+	if c, ok := e.(interface{ Close() }); ok {
+		c.Close()
+	}
+}

@@ -93,9 +93,11 @@ func (c *Config) validate() (*pb.ARSRunSpec, error) {
 		return nil, errors.New("run: Config.Out is required")
 	}
 	if c.Spec.EnvSpec == nil {
-		if _, err := env.Make(c.Spec.Env); err != nil {
+		e, err := env.Make(c.Spec.Env)
+		if err != nil {
 			return nil, fmt.Errorf("environment: %w (for a Gymnasium env served by Python workers give its spaces: --obs-dim with --discrete or --act-dim)", err)
 		}
+		env.Close(e) // made to check it exists only
 	} else if c.Hub == "" || c.Workers != 0 {
 		// An environment only Python workers can run: no Go worker may be
 		// started for it.
