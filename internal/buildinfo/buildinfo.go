@@ -3,6 +3,7 @@ package buildinfo
 
 import (
 	"fmt"
+	"strings"
 	"runtime"
 	"runtime/debug"
 )
@@ -18,6 +19,18 @@ const Release = "0.1.0"
 // is derived from the module's build information.
 var Version = ""
 
+// release is the version String reports for v, the one -ldflags or the
+// build information gave: v itself when it names a release, else
+// Release-dev. Go stamps a binary built from a checkout with a
+// pseudo-version of its commit (v0.0.0-DATE-HASH), which names no
+// release: the Python client of the same tree says Release.
+func release(v string) string {
+	if v == "" || v == "(devel)" || strings.HasPrefix(v, "v0.0.0-") {
+		return Release + "-dev"
+	}
+	return v
+}
+
 // String returns a one-line description: version, VCS revision, Go version
 // and platform.
 func String() string {
@@ -32,9 +45,7 @@ func String() string {
 			}
 		}
 	}
-	if v == "" || v == "(devel)" {
-		v = Release + "-dev"
-	}
+	v = release(v)
 	if rev != "" {
 		v += "+" + rev
 	}

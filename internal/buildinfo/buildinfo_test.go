@@ -29,3 +29,22 @@ func TestStringNamesRelease(t *testing.T) {
 		t.Errorf("String() = %q, want it to start with \"rlhub \"", s)
 	}
 }
+
+// A binary built from a checkout is stamped by Go with a pseudo-version of
+// its commit, which names no release: it reports Release-dev, as the
+// Python client of the same tree reports Release. A release tag or an
+// -ldflags version is reported as it is.
+func TestReleaseOfPseudoVersions(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                                   Release + "-dev",
+		"(devel)":                            Release + "-dev",
+		"v0.0.0-20261205092954-59546a6daccd": Release + "-dev",
+		"v0.0.0-20261205092954-59546a6daccd+dirty": Release + "-dev",
+		"v0.1.0": "v0.1.0",
+		"v1.2.3": "v1.2.3",
+	} {
+		if got := release(in); got != want {
+			t.Errorf("release(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
