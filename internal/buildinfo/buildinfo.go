@@ -3,9 +3,9 @@ package buildinfo
 
 import (
 	"fmt"
-	"strings"
 	"runtime"
 	"runtime/debug"
+	"strings"
 )
 
 // Release is the rlhub release this source tree is, shared with the
