@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"math"
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -310,5 +313,79 @@ func TestSessionIDsAreNotReusedAcrossRestarts(t *testing.T) {
 			seen[s] = true
 		}
 		p.Close()
+	}
+}
+
+// flakyRelease is an Upstream whose first Release fails (a network blip
+// between a secondary and its primary).
+type flakyRelease struct {
+	Upstream
+	failed atomic.Bool
+}
+
+func (f *flakyRelease) Release(ctx context.Context, session uint64, model string, ids []reduce.ID) (int, error) {
+	if f.failed.CompareAndSwap(false, true) {
+		return 0, fmt.Errorf("%w: injected: connection reset", errs.ErrUnavailable)
+	}
+	return f.Upstream.Release(ctx, session, model, ids)
+}
+
+// A push refused after its admission (a NaN in its body) gives its claim
+// back even when the first Release fails: it is tried again, and the
+// gradient is counted (invalid) and its corrected retry applied. Left
+// pending under the live session, it was counted nowhere and every retry
+// was refused Aborted.
+func TestFailedReleaseIsTriedAgain(t *testing.T) {
+	const n = 3
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	pushModel(t, st, "m", testLayout(n))
+	p, err := NewPrimary(PrimaryConfig{Store: st, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, _, err := p.Register(ctx, ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	up := &flakyRelease{Upstream: p}
+	s, err := NewSecondary(SecondaryConfig{ID: "s", Upstream: up, BatchSize: 1, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	testkit.Eventually(t, 10*time.Second, "the secondary attached", s.Attached)
+	push := func(g *tensor.StateDict) error {
+		blob, _ := safetensors.Encode(g, nil)
+		sent := false
+		_, err := s.Push(ctx, PushHeader{Model: "m", BaseVersion: 1, ID: reduce.ID{Client: "c", Seq: 1}, TotalBytes: uint64(len(blob))},
+			chunks(func(write func([]byte) error) error {
+				if sent {
+					return io.EOF
+				}
+				sent = true
+				return write(blob)
+			}))
+		return err
+	}
+	bad := gradFor(n, "c", 1)
+	f, _ := bad.Get("fc.bias").Float32s()
+	f[0] = float32(math.NaN())
+	if err := push(bad); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("a NaN gradient: %v, want InvalidArgument", err)
+	}
+	if !up.failed.Load() {
+		t.Fatal("the injected Release failure was never hit")
+	}
+	if n := p.pendingClaims("m"); n != 0 {
+		t.Fatalf("%d claims pending after the refused push", n)
+	}
+	if err := push(gradFor(n, "c", 1)); err != nil {
+		t.Fatalf("the corrected retry of the same seq: %v", err)
 	}
 }

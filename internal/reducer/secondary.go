@@ -572,17 +572,30 @@ func (s *SecondaryNode) releaseAndCount(session uint64, model string, ids []redu
 
 // release gives back session's claims on ids and returns how many it
 // released.
+//
+// A failed Release is tried again, within 5 s: a claim left pending under
+// a live session is counted nowhere, and every retry of its gradient is
+// refused Aborted ("being reduced by another attempt") until the session
+// ends. One that still fails is logged as such.
 func (s *SecondaryNode) release(session uint64, model string, ids []reduce.ID) int {
 	if session == 0 {
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	n, err := s.cfg.Upstream.Release(ctx, session, model, ids)
-	if err != nil {
-		s.cfg.Logger.Warn("reducer: release failed", "secondary", s.cfg.ID, "model", model, "err", err)
+	pause := 50 * time.Millisecond
+	for {
+		n, err := s.cfg.Upstream.Release(ctx, session, model, ids)
+		if err == nil {
+			return n
+		}
+		if errs.Permanent(err) || !sleepCtx(ctx, pause) {
+			s.cfg.Logger.Error("reducer: release failed: the claims stay pending (their gradients are refused Aborted) until the session ends",
+				"secondary", s.cfg.ID, "model", model, "gradients", len(ids), "err", err)
+			return 0
+		}
+		pause = min(2*pause, time.Second)
 	}
-	return n
 }
 
 // SecondaryStats is what SecondaryNode.Stats reports.
