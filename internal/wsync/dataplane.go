@@ -290,16 +290,7 @@ func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.S
 		return nil, err
 	}
 	if f := c.current(); f != nil {
-		snap, err := f.GetIfNewer(ctx, than)
-		if err == nil && snap != nil {
-			if err = c.admit(snap, than); err != nil {
-				snap = nil
-			}
-		}
-		if err != nil && c.follow != nil && errors.Is(err, errs.ErrUnavailable) {
-			c.dropFallback(f)
-		}
-		return snap, err
+		return c.fallbackGetIfNewer(ctx, f, than)
 	}
 	hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: than, WaitMs: 1}
 	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than)
@@ -310,7 +301,25 @@ func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.S
 		if err := c.fallBack(ctx, than); err != nil {
 			return nil, err
 		}
-		return c.current().GetIfNewer(ctx, than)
+		// The fallback's first read is admitted as every later one is
+		// (its epoch checked and recorded).
+		return c.fallbackGetIfNewer(ctx, c.current(), than)
+	}
+	return snap, err
+}
+
+// fallbackGetIfNewer is GetIfNewer on the gRPC fallback f, admitting what
+// it returns (c.admit: the epoch rule) and letting f go when the primary
+// it followed is gone. Called with callMu held.
+func (c *DataPlaneClient) fallbackGetIfNewer(ctx context.Context, f *Client, than uint64) (*store.Snapshot, error) {
+	snap, err := f.GetIfNewer(ctx, than)
+	if err == nil && snap != nil {
+		if err = c.admit(snap, than); err != nil {
+			snap = nil
+		}
+	}
+	if err != nil && c.follow != nil && errors.Is(err, errs.ErrUnavailable) {
+		c.dropFallback(f)
 	}
 	return snap, err
 }
