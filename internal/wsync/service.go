@@ -124,7 +124,11 @@ func (s *Service) Close() error {
 }
 
 // maxIDBytes bounds collector ids, model names and via strings.
-const maxIDBytes = 256
+const maxIDBytes = MaxIDBytes
+
+// MaxIDBytes bounds a collector id, a model name and a via in reports and
+// hellos (a relay clips the vias it forwards to it).
+const MaxIDBytes = 256
 
 func checkIDs(id, model, via string) error {
 	if id == "" || model == "" {
@@ -274,7 +278,11 @@ func sendVersion(stream rlhubv1.WeightSync_AttachServer, name string, version, e
 }
 
 // maxReports bounds one Report call.
-const maxReports = 10000
+const maxReports = MaxReports
+
+// MaxReports bounds the reports of one Report call (a relay forwarding
+// its collectors' splits them into batches of at most this many).
+const MaxReports = 10000
 
 // Report implements rlhubv1.WeightSyncServer. A batch with any bad report
 // is refused whole.

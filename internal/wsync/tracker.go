@@ -57,8 +57,12 @@ type Tracker struct {
 
 	mu         sync.Mutex
 	collectors map[trackKey]*CollectorLag // guarded by mu
-	newest     map[string]uint64          // guarded by mu
-	swept      time.Time                  // last forgetting sweep at the cap; guarded by mu
+	// streams counts the push streams each collector holds: it may hold
+	// two for a while (a reconnect while the old stream's connection is
+	// still half-open on the hub), and it is attached while any is open.
+	streams map[trackKey]int  // guarded by mu
+	newest  map[string]uint64 // guarded by mu
+	swept   time.Time         // last forgetting sweep at the cap; guarded by mu
 }
 
 type trackKey struct{ id, model string }
@@ -71,7 +75,8 @@ func NewTracker(now func() time.Time, forget time.Duration, maxCollectors int) *
 	if now == nil {
 		now = time.Now
 	}
-	return &Tracker{now: now, forget: forget, max: maxCollectors, collectors: map[trackKey]*CollectorLag{}, newest: map[string]uint64{}}
+	return &Tracker{now: now, forget: forget, max: maxCollectors, collectors: map[trackKey]*CollectorLag{},
+		streams: map[trackKey]int{}, newest: map[string]uint64{}}
 }
 
 // A CollectorReport is one collector's report (Tracker.ReportAll).
@@ -139,12 +144,20 @@ func (t *Tracker) roomFor(rs []CollectorReport) error {
 		errs.ErrFull, len(t.collectors), t.max, len(newKeys), t.forget)
 }
 
-// SetAttached marks whether collector id holds a push stream now.
+// SetAttached records that collector id opened (attached true) or closed
+// a push stream; it is attached while it holds any. Every open must be
+// paired with one close.
 func (t *Tracker) SetAttached(id, model string, attached bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	k := trackKey{id, model}
+	if attached {
+		t.streams[k]++
+	} else if t.streams[k]--; t.streams[k] <= 0 {
+		delete(t.streams, k)
+	}
 	c := t.entry(id, model)
-	c.Attached = attached
+	c.Attached = t.streams[k] > 0
 	c.Reported = t.now()
 }
 

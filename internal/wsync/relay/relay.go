@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 
@@ -327,6 +328,7 @@ func (r *Relay) follow(ctx context.Context) {
 			if err = r.followBulk(ctx, &have); errors.Is(err, errNoBulk) {
 				r.cfg.Logger.Info("wsync: upstream has no data-plane watch, following its push stream", "upstream", r.cfg.UpstreamAddr)
 				r.noBulk = true
+				r.have.Store(0) // the push stream reports for the relay now: no stale data-plane version
 				continue
 			}
 		} else {
@@ -505,9 +507,22 @@ func (r *Relay) materialize(ctx context.Context) error {
 
 // forwardReports sends local collectors' versions upstream every
 // ReportEvery, until ctx is done.
+//
+// Only collectors attached here, or that reported since the last tick,
+// are forwarded: one that left (to the hub directly, or for good) would
+// otherwise have its last version here forwarded every tick, over what it
+// reports elsewhere, until this relay forgets it. A report's via is kept
+// within what the hub takes (relay/ prefixed), and a batch within its
+// bound: one refused report refuses the whole batch, every collector of
+// the host with it.
 func (r *Relay) forwardReports(ctx context.Context) {
 	t := time.NewTicker(r.cfg.ReportEvery)
 	defer t.Stop()
+	type seenAs struct {
+		reported time.Time
+		attached bool
+	}
+	forwarded := map[string]seenAs{} // each collector as last forwarded (or passed over)
 	for {
 		select {
 		case <-ctx.Done():
@@ -518,24 +533,51 @@ func (r *Relay) forwardReports(ctx context.Context) {
 		if v := r.have.Load(); v != 0 { // following the data plane: no push stream reports for us
 			reports = append(reports, &rlhubv1.CollectorReport{CollectorId: r.cfg.ID, Model: r.cfg.Model, Version: v, Via: "relay/data-plane"})
 		}
+		seen := map[string]bool{}
 		for _, ms := range r.svc.Tracker().Status(r.cfg.Model) {
 			for _, c := range ms.Collectors {
+				seen[c.ID] = true
+				last := forwarded[c.ID]
+				forwarded[c.ID] = seenAs{c.Reported, c.Attached}
+				// Not attached: forwarded only when it reported since (a
+				// collector reading shm here); its stream's end, which
+				// also stamps it, is not a report: it left.
+				if !c.Attached && (!c.Reported.After(last.reported) || last.attached) {
+					continue
+				}
 				via := "relay"
 				if c.Via != "" {
-					via = "relay/" + c.Via
+					via = clip("relay/"+c.Via, wsync.MaxIDBytes)
 				}
 				reports = append(reports, &rlhubv1.CollectorReport{CollectorId: c.ID, Model: c.Model, Version: c.Version, Via: via})
 			}
 		}
-		if len(reports) == 0 {
-			continue
+		for id := range forwarded {
+			if !seen[id] {
+				delete(forwarded, id) // forgotten by the tracker
+			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, r.cfg.ReportEvery)
-		if err := wsync.Report(rctx, r.cfg.Upstream, reports...); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Debug("wsync: relay could not forward reports", "err", err)
+		for len(reports) > 0 {
+			batch := reports[:min(len(reports), wsync.MaxReports)]
+			reports = reports[len(batch):]
+			rctx, cancel := context.WithTimeout(ctx, r.cfg.ReportEvery)
+			if err := wsync.Report(rctx, r.cfg.Upstream, batch...); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Debug("wsync: relay could not forward reports", "err", err)
+			}
+			cancel()
 		}
-		cancel()
 	}
+}
+
+// clip cuts s to at most n bytes, at a rune boundary.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // boardStore serves the relay's board as a StoreReader for its Service,
