@@ -519,6 +519,19 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 	if last != newest {
 		out.problems = append(out.problems, fmt.Sprintf("the journal ends at version %d, the store's newest is %d (published by another writer, or the journal was lost): gradients applied in between may be accepted again", last, newest))
 	}
+	// A crash leaves at most maxUnacked steps committed and not published:
+	// more records past the store's newest mean the store went back (the
+	// model deleted and pushed again, or rolled back), not a crash. Their
+	// cut is then not the routine one: said, and the optimizer not exact.
+	beyond := 0
+	for _, r := range recs {
+		if r.Version > newest {
+			beyond++
+		}
+	}
+	if beyond > maxUnacked {
+		out.problems = append(out.problems, fmt.Sprintf("the journal runs %d steps past the store's newest version %d: the model was replaced (deleted and pushed again) or rolled back; its steps past %d are cut and its optimizer starts again", beyond, newest, newest))
+	}
 	out.files = &modelFiles{d: d, dir: dir, journal: j, size: keep, applied: applied}
 	if len(recs) > 0 && recs[0].Ledger != nil && ends[0] <= keep {
 		out.files.base = ends[0]

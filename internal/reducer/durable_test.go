@@ -729,3 +729,25 @@ func TestDurableLedgerForgetsIdleClients(t *testing.T) {
 	}
 	e.refusesApplied(p, seqs(1, 12)...)
 }
+
+// A model deleted and pushed again under the same name while the reducer
+// is down (or before a kill -9) leaves a journal running past the store's
+// newest version by more steps than a crash can leave unpublished: the
+// restart says the model was replaced (StateError, logged at ERROR) rather
+// than cutting the journal as routine and calling a fresh optimizer exact.
+func TestDurableRestoreSaysAReplacedModelIsNotExact(t *testing.T) {
+	e := steppedEnv(t, 3) // versions 2..4 published by the reducer
+	e.openStore()
+	ctx := context.Background()
+	if err := e.st.(store.Deleter).Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	pushModel(t, e.st, "m", e.init) // another model of that name, at version 1
+	e.st.Close()
+	e.st = nil
+	p := e.restart(PrimaryConfig{})
+	ms := e.model(p)
+	if ms.Version != 1 || !strings.Contains(ms.StateError, "replaced") {
+		t.Fatalf("restored over a replaced model: version %d, state error %q; want version 1 and an error saying it was replaced", ms.Version, ms.StateError)
+	}
+}
