@@ -78,7 +78,7 @@ func (s *Service) writeTask(t *taskState) error {
 	if err != nil {
 		return fmt.Errorf("aggregator: task %q: %w", t.id, err)
 	}
-	if err := os.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(s.cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("%w: aggregator: %v", errs.ErrUnavailable, err)
 	}
 	path := filepath.Join(s.cfg.DataDir, taskFileName)

@@ -80,7 +80,7 @@ type persister struct {
 }
 
 func newPersister(dir string, crash *crashpoint.Hook, changed func(string), appended func(string, int64)) (*persister, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("ars state: %w", err)
 	}
 	return &persister{dir: dir, crash: crash, logs: map[string]*os.File{}, changed: changed, appended: appended}, nil
@@ -115,7 +115,7 @@ func (p *persister) save(r *run) (err error) {
 	rd := filepath.Join(p.dir, r.id)
 	f := p.logs[r.id]
 	if f == nil {
-		if err := os.MkdirAll(rd, 0o755); err != nil {
+		if err := atomicfile.MkdirAll(rd, 0o755); err != nil {
 			return err
 		}
 		var err error

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // TmpSuffix ends the temporary file's name (path + TmpSuffix). A reader
@@ -85,4 +86,31 @@ func SyncDir(dir string) error {
 		return err
 	}
 	return errors.Join(d.Sync(), d.Close())
+}
+
+// MkdirAll is os.MkdirAll that makes each directory it creates durable:
+// it fsyncs the parent of every directory it creates, which os.MkdirAll
+// does not do, so a power cut could lose a new directory with everything
+// written under it, acknowledged or not (a kill -9 cannot show this).
+func MkdirAll(dir string, perm os.FileMode) error {
+	dir = filepath.Clean(dir)
+	fi, err := os.Stat(dir)
+	if err == nil {
+		if !fi.IsDir() {
+			return &os.PathError{Op: "mkdir", Path: dir, Err: syscall.ENOTDIR}
+		}
+		return nil
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := MkdirAll(parent, perm); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, perm); err != nil {
+		if fi, serr := os.Stat(dir); serr == nil && fi.IsDir() {
+			return nil // made meanwhile by another
+		}
+		return err
+	}
+	return SyncDir(filepath.Dir(dir))
 }

@@ -72,3 +72,30 @@ func TestWriteWithHooks(t *testing.T) {
 		t.Fatalf("hooks saw %q, want %q", seen, want)
 	}
 }
+
+// MkdirAll makes the directories missing on the way (and fsyncs each
+// one's parent, which a kill -9 cannot show), accepts a directory that is
+// there, and refuses a path that is a file.
+func TestMkdirAll(t *testing.T) {
+	root := t.TempDir()
+	deep := filepath.Join(root, "a", "b", "c")
+	if err := MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(deep); err != nil || !fi.IsDir() {
+		t.Fatalf("%s after MkdirAll: %v", deep, err)
+	}
+	if err := MkdirAll(deep, 0o755); err != nil {
+		t.Fatalf("again: %v", err)
+	}
+	file := filepath.Join(root, "f")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := MkdirAll(file, 0o755); err == nil {
+		t.Fatal("a file taken for a directory")
+	}
+	if err := MkdirAll(filepath.Join(file, "under"), 0o755); err == nil {
+		t.Fatal("a directory made under a file")
+	}
+}

@@ -313,7 +313,7 @@ func (d *stateDir) appended(path string, from int64) {
 }
 
 func openStateDir(dir string, compactBytes int64, logger *slog.Logger, changed func(string), appended func(string, int64)) (*stateDir, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("reducer: state dir: %w", err)
 	}
 	lock, err := os.OpenFile(filepath.Join(dir, stateLockName), os.O_CREATE|os.O_RDWR, 0o644)
