@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/store"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -92,5 +94,36 @@ func TestFailedSaveLogsItsEntriesOnce(t *testing.T) {
 	defer cancel()
 	if err := s2.WatchRun(&pb.ARSWatchRunRequest{RunId: start.RunId}, &watched{ctx: wctx}); err != nil {
 		t.Fatalf("WatchRun of the ended run: %v", err)
+	}
+}
+
+// StopRun is acknowledged only once the stopped state is written: with
+// state.json unwritable it fails Unavailable (a restart would resume the
+// run from the state on disk), and succeeds once it can be written.
+func TestStopRunIsAcknowledgedOnlyWhenWritten(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSvc(t, st, dir)
+	defer s.Close()
+	start, err := s.StartRun(ctx, &pb.ARSStartRunRequest{Spec: persistSpec()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker := filepath.Join(dir, start.RunId, "state.json.tmp")
+	if err := os.Mkdir(blocker, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StopRun(ctx, &pb.ARSStopRunRequest{RunId: start.RunId}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("StopRun with its state unwritable: %v, want Unavailable", err)
+	}
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StopRun(ctx, &pb.ARSStopRunRequest{RunId: start.RunId}); err != nil {
+		t.Fatalf("StopRun asked again: %v", err)
 	}
 }

@@ -354,7 +354,12 @@ func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.A
 		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
 	}
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
-	s.saveLocked(r)
+	if err := s.saveLocked(r); err != nil {
+		// Not acknowledged: a restart would resume the run from its
+		// state on disk. The client may ask again.
+		s.broadcastLocked()
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: stop run %s: its state could not be written: %v", errs.ErrUnavailable, r.id, err))
+	}
 	s.broadcastLocked()
 	if err := s.acknowledgeLocked(ctx, r.model); err != nil {
 		return nil, grpcerr.ToStatus(fmt.Errorf("stop run %s: %w", r.id, err))

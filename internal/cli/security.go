@@ -266,6 +266,9 @@ func newTokenCmd(g *globals) *cobra.Command {
 					return err
 				}
 				_, err = fmt.Fprintln(f, line)
+				if err == nil {
+					err = f.Sync() // the token is handed out: its line must outlive a power cut
+				}
 				if cerr := f.Close(); err == nil {
 					err = cerr
 				}
