@@ -453,7 +453,10 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 			copy(t.theta, old)
 			if ost != nil {
 				if rerr := restoreOptim(t.opt, ost, len(t.theta)); rerr != nil {
-					panic(rerr) // unreachable: the state is the optimizer's own
+					// Not expected (the state is the optimizer's own), and
+					// not a reason to take the hub down: the run fails
+					// with both reasons.
+					err = errors.Join(err, fmt.Errorf("restoring the optimizer's state: %w", rerr))
 				}
 			}
 			return t.rep, err
