@@ -120,6 +120,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:7471", "where local collectors attach (not loopback: needs TLS and --auth-tokens, or --insecure)")
 	f.StringVar(&cfg.ShmPath, "shm", "", "shared-memory segment (default /dev/shm/rlhub-<model>)")
 	f.BoolVar(&noShm, "no-shm", false, "serve the stream only, no shared-memory segment")
+	cmd.MarkFlagsMutuallyExclusive("shm", "no-shm") // --no-shm would drop --shm without a word
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
 	f.StringVar(&cfg.ShmGroup, "shm-group", "", "group (name or id) the segment belongs to, mode 0660; default 0600, this user only")
 	f.IntVar(&cfg.ShmSlots, "shm-slots", 0, "segment slots: 2 + n let n local collectors lease versions and copy them straight into their weights; 0 sizes it (up to 10 slots within 1 GiB of /dev/shm)")

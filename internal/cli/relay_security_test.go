@@ -213,3 +213,14 @@ func TestRelayListenTLSAndTokens(t *testing.T) {
 		}
 	}
 }
+
+// --shm and --no-shm exclude each other: --no-shm dropped --shm without
+// a word before.
+func TestRelayRefusesShmAndNoShm(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	code, _, errOut := run(t, ctx, "relay", "--upstream", "127.0.0.1:1", "--model", "m", "--no-shm", "--shm", filepath.Join(t.TempDir(), "seg"))
+	if code == 0 || !strings.Contains(errOut, "no-shm") || !strings.Contains(errOut, "shm") {
+		t.Fatalf("relay --no-shm --shm: exit %d, %q; want a refusal naming both flags", code, errOut)
+	}
+}
