@@ -162,7 +162,10 @@ class OptimizerHost(AttachLoop):
         with torch.no_grad():
             own = self.module.state_dict()
             if set(own) != set(v.tensors):
-                raise ValueError(f"module tensors {sorted(own)[:8]} differ from the model's {sorted(v.tensors)[:8]}")
+                # A retry cannot change it: InvalidArgument is permanent, so the
+                # host stops and says why instead of re-attaching for ever.
+                raise errors.InvalidArgument(
+                    f"module tensors {sorted(own)[:8]} differ from the model's {sorted(v.tensors)[:8]}")
             for name, t in own.items():
                 t.copy_(v.tensors[name])
         try:

@@ -161,6 +161,23 @@ def test_host_for_a_model_that_is_not_external_is_refused_not_retried(hub):
         assert h.error is not None
     finally:
         h.close()
+def test_host_whose_module_is_not_the_model_is_refused_not_retried(hub):
+    """A host given a module whose tensors are not the model's cannot
+    serve it however often it re-attaches: run() raises InvalidArgument
+    naming the tensors (it re-attached every backoff for ever, error None)."""
+    setup_model(hub.addr, "pol", make_net())
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "external"})
+    other = torch.nn.Linear(3, 2)
+    h = rlhub.OptimizerHost(hub.addr, "pol", torch.optim.SGD(other.parameters(), lr=0.1), module=other, backoff=0.05)
+    try:
+        with pytest.raises(rlhub.InvalidArgument, match="differ from the model"):
+            h.run()
+        assert isinstance(h.error, rlhub.InvalidArgument)
+    finally:
+        h.close()
+
+
 def test_external_registration_survives_hub_sigkills(rlhub_bin, tmp_path):
     """The hub is SIGKILLed mid-run (a step in flight in the host, or just
     published) and restarted on its --data and address, twice. The external
