@@ -54,56 +54,20 @@ def test_stale_version_carries_current_version():
     assert (e.model, e.current_version, e.current_epoch) == ("pol", 7, 2)
 
 
-def _status_peer(status: bytes):
-    """A data-plane peer on loopback that speaks the handshake, then answers
-    every request with the final status ``status`` (what a hostile or buggy
-    peer may send: the data plane carries statuses up to 4 MiB)."""
-    import socket
-    import struct
-    import threading
-
-    from rlhub import _bulk
-
-    ls = socket.socket()
-    ls.bind(("127.0.0.1", 0))
-    ls.listen(8)
-
-    def exact(c, n):
-        b = b""
-        while len(b) < n:
-            k = c.recv(n - len(b))
-            if not k:
-                raise EOFError
-            b += k
-        return b
+def _status_peer(st):
+    """A data-plane peer on loopback (test_grads_bulk's scripted server)
+    that answers every request with the final status ``st``: what a
+    hostile or buggy peer may send (the data plane carries statuses up to
+    4 MiB)."""
+    from test_grads_bulk import Listener, final, handshake, read_request
 
     def serve(c):
-        with c:
-            try:
-                assert exact(c, 8) == _bulk.MAGIC
-                (tl,) = struct.unpack("<H", exact(c, 2))
-                exact(c, tl)
-                c.sendall(_bulk.MAGIC)
-                while True:
-                    assert exact(c, 1)[0] == 1
-                    (ml,) = struct.unpack("<H", exact(c, 2))
-                    exact(c, ml)
-                    (hl,) = struct.unpack("<I", exact(c, 4))
-                    exact(c, hl)
-                    c.sendall(struct.pack("<BI", 3, len(status)) + status)
-            except (EOFError, OSError, AssertionError):
-                pass
-
-    def accept():
+        handshake(c)
         while True:
-            try:
-                c, _ = ls.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(c,), daemon=True).start()
+            read_request(c)
+            final(c, st)
 
-    threading.Thread(target=accept, daemon=True).start()
-    return ls, "127.0.0.1:%d" % ls.getsockname()[1]
+    return Listener(serve)
 
 
 def test_a_peers_long_status_message_is_bounded():
@@ -111,13 +75,13 @@ def test_a_peers_long_status_message_is_bounded():
     how long it was, not a 3 MiB one logged on every retry."""
     from google.rpc import status_pb2
 
-    ls, addr = _status_peer(status_pb2.Status(code=3, message="x" * (3 << 20)).SerializeToString())
+    peer = _status_peer(status_pb2.Status(code=3, message="x" * (3 << 20)))
     try:
-        with rlhub.StoreClient(addr, timeout=5) as store:
+        with rlhub.StoreClient(peer.addr, timeout=5) as store:
             with pytest.raises(rlhub.InvalidArgument) as ei:
                 store.pull("policy")
     finally:
-        ls.close()
+        peer.close()
     msg = str(ei.value)
     assert len(msg) < 8 << 10 and f"({3 << 20} characters)" in msg, len(msg)
 
@@ -131,11 +95,11 @@ def test_a_malformed_stale_version_detail_is_still_a_named_error():
     st = status_pb2.Status(code=9, message="stale")  # FAILED_PRECONDITION
     st.details.add().Pack(error_details_pb2.ErrorInfo(reason="STALE_VERSION",
                                                       metadata={"current_version": "not-a-number", "current_epoch": "9" * 40}))
-    ls, addr = _status_peer(st.SerializeToString())
+    peer = _status_peer(st)
     try:
-        with rlhub.StoreClient(addr, timeout=5) as store:
+        with rlhub.StoreClient(peer.addr, timeout=5) as store:
             with pytest.raises(rlhub.StaleVersion) as ei:
                 store.push("policy", {"w": np.zeros(2, np.float32)}, version=2)
     finally:
-        ls.close()
+        peer.close()
     assert ei.value.current_version is None and ei.value.current_epoch is None
