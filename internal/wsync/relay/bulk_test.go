@@ -76,10 +76,7 @@ func TestRelayFollowsTheDataPlane(t *testing.T) {
 	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-dp",
 		ShmPath: path, ReportEvery: 10 * time.Millisecond, Logger: quiet()})
 	for v := uint64(1); v <= 4; v++ {
-		snap := wsynctest.Snap(t, "m", v, 100_000+int(v))
-		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-			t.Fatal(err)
-		}
+		snap := pushVersion(t, st, v, 100_000+int(v))
 		waitFor(t, "the relay at the new version", func() bool { return relay.Newest() == v })
 		r, err := shm.Open(shm.ReaderConfig{Path: path, Verify: true})
 		if err != nil {
@@ -109,13 +106,7 @@ func TestRelayCopiesForStreamCollectorsOnDemand(t *testing.T) {
 	addr := dataPlaneHub(t, st)
 	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-lazy",
 		ShmPath: wsynctest.ShmPath(t), Logger: quiet()})
-	push := func(v uint64) *store.Snapshot {
-		snap := wsynctest.Snap(t, "m", v, 50_000+int(v))
-		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-			t.Fatal(err)
-		}
-		return snap
-	}
+	push := func(v uint64) *store.Snapshot { return pushVersion(t, st, v, 50_000+int(v)) }
 	for v := uint64(1); v <= 3; v++ {
 		push(v)
 		waitFor(t, "the relay at the new version", func() bool { return relay.Newest() == v })
@@ -247,13 +238,7 @@ func TestRelayAsksForTheDataPlaneAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	push := func(v uint64) {
-		t.Helper()
-		snap := wsynctest.Snap(t, "m", v, 10_000)
-		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	push := func(v uint64) { pushVersion(t, st, v, 10_000) }
 	// The first hub: weight sync's gRPC methods alone.
 	ws1, err := wsync.NewService(wsync.ServiceConfig{Versions: st, Logger: testkit.Logger()})
 	if err != nil {

@@ -59,12 +59,17 @@ func startHub(t testing.TB) *hubFixture {
 	return h
 }
 
-func (h *hubFixture) push(t testing.TB, v uint64, words int) {
+func (h *hubFixture) push(t testing.TB, v uint64, words int) { pushVersion(t, h.st, v, words) }
+
+// pushVersion pushes version v of model "m", words float32s, to st and
+// returns it.
+func pushVersion(t testing.TB, st store.Store, v uint64, words int) *store.Snapshot {
 	t.Helper()
 	snap := wsynctest.Snap(t, "m", v, words)
-	if _, err := h.st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
 		t.Fatal(err)
 	}
+	return snap
 }
 
 func dial(t testing.TB, addr string) *grpc.ClientConn {

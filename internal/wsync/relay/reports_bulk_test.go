@@ -3,7 +3,6 @@
 package relay
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -28,13 +27,7 @@ func TestRelayReportsWhatItRunsAfterFallingBackToThePushStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	push := func(v uint64) {
-		t.Helper()
-		snap := wsynctest.Snap(t, "m", v, 1000)
-		if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	push := func(v uint64) { pushVersion(t, st, v, 1000) }
 	lis := testkit.Listen(t)
 	addr := lis.Addr().String()
 	// The first hub: data plane + weight sync, stopped in the test.
