@@ -20,6 +20,22 @@ func TestQuoteBoundsClientInput(t *testing.T) {
 			t.Errorf("Quote(%d bytes) = %s, want %s", len(tc.in), got, tc.want)
 		}
 	}
+	// Clip, the cut Quote makes (and the relay's via, gRPC's messages).
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"},
+		{"abc", 3, "abc"},
+		{"abcdef", 3, "abc"},
+		{"aéb", 2, "a"}, // "é" is 2 bytes: not split
+		{"éé", 0, ""},
+	} {
+		if got := Clip(tc.in, tc.n); got != tc.want {
+			t.Errorf("Clip(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
 }
 
 func TestCheckName(t *testing.T) {

@@ -25,11 +25,19 @@ func QuoteMax(s string, max int) string {
 	if len(s) <= max {
 		return strconv.Quote(s)
 	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
+	return strconv.Quote(Clip(s, max)) + "…(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// Clip is s cut to at most n bytes at a rune boundary (s itself when it
+// is no longer).
+func Clip(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return strconv.Quote(s[:cut]) + "…(" + strconv.Itoa(len(s)) + " bytes)"
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // CheckName refuses, with ErrInvalid naming what it is, a client-supplied

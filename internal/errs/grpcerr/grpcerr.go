@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -71,11 +70,7 @@ func boundMessage(msg string) string {
 	if len(msg) <= MaxMessageBytes {
 		return msg
 	}
-	cut := MaxMessageBytes
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut] + "…(truncated)"
+	return errs.Clip(msg, MaxMessageBytes) + "…(truncated)"
 }
 
 // ToStatus converts err into a gRPC status error for a service to return.

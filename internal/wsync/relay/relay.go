@@ -16,7 +16,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/grpc"
 
@@ -547,7 +546,7 @@ func (r *Relay) forwardReports(ctx context.Context) {
 				}
 				via := "relay"
 				if c.Via != "" {
-					via = clip("relay/"+c.Via, wsync.MaxIDBytes)
+					via = errs.Clip("relay/"+c.Via, wsync.MaxIDBytes)
 				}
 				reports = append(reports, &rlhubv1.CollectorReport{CollectorId: c.ID, Model: c.Model, Version: c.Version, Via: via})
 			}
@@ -567,17 +566,6 @@ func (r *Relay) forwardReports(ctx context.Context) {
 			cancel()
 		}
 	}
-}
-
-// clip cuts s to at most n bytes, at a rune boundary.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 // boardStore serves the relay's board as a StoreReader for its Service,
