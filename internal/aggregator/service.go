@@ -13,7 +13,6 @@ import (
 	"time"
 	"unicode"
 
-	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -138,7 +137,7 @@ type Service struct {
 	ops   chan struct{} // one coordinator operation at a time (semaphore)
 	// batches holds the bytes of the Learn batches in progress
 	// (Config.MaxBatchBytesInFlight).
-	batches *semaphore.Weighted
+	batches *wire.Budget
 	done    chan struct{} // closed by Close
 	wg      sync.WaitGroup
 	// ctx is canceled by Close; background calls (catch-up starts) use it.
@@ -203,7 +202,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:      cfg,
 		ops:      make(chan struct{}, 1),
-		batches:  semaphore.NewWeighted(cfg.MaxBatchBytesInFlight),
+		batches:  wire.NewBudget(cfg.MaxBatchBytesInFlight, batchRoomWait),
 		done:     make(chan struct{}),
 		conns:    make(map[*learnerConn]struct{}),
 		learners: make(map[string]*learnerConn),
@@ -843,18 +842,14 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 		return grpcerr.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
 	}
 	if h.Blob.TotalBytes <= uint64(s.cfg.MaxBatchBytes) { // a larger one fails in NewAssembler, holding nothing
-		n := min(int64(h.Blob.TotalBytes), s.cfg.MaxBatchBytesInFlight)
-		wctx, cancel := context.WithTimeout(stream.Context(), batchRoomWait)
-		err := s.batches.Acquire(wctx, n)
-		cancel()
+		release, err := s.batches.Take(stream.Context(), h.Blob.TotalBytes, "batches")
 		if err != nil {
-			if err := stream.Context().Err(); err != nil {
+			if stream.Context().Err() != nil {
 				return grpcerr.ToStatus(err)
 			}
-			return grpcerr.ToStatus(fmt.Errorf("%w: learn: the batches in progress hold %d bytes or more, and %d more found no room within %v",
-				errs.ErrFull, s.cfg.MaxBatchBytesInFlight-n+1, n, batchRoomWait))
+			return grpcerr.ToStatus(fmt.Errorf("learn: %w", err))
 		}
-		defer s.batches.Release(n)
+		defer release()
 	}
 	asm, err := wire.NewAssembler(h.Blob.TotalBytes, wire.Limits{MaxBytes: s.cfg.MaxBatchBytes})
 	if err != nil {

@@ -582,11 +582,7 @@ func TestLearnBatchesInFlightShareABudget(t *testing.T) {
 		TaskId: "t1", Blob: &rlhubv1.BlobInfo{TotalBytes: uint64(len(blob))}}}})
 	send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Chunk{Chunk: &rlhubv1.Chunk{Data: blob[:10]}}}) // and then nothing, for now
 	testkit.Eventually(t, 10*time.Second, "the first batch's header to take the whole budget", func() bool {
-		if h.svc.batches.TryAcquire(1) {
-			h.svc.batches.Release(1)
-			return false
-		}
-		return true
+		return h.svc.batches.Full()
 	})
 	second := make(chan error, 1)
 	go func() {

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -91,7 +90,7 @@ type Service struct {
 	drainCtx context.Context // done once Drain or Close is called
 	drain    context.CancelFunc
 	once     sync.Once
-	inFlight *semaphore.Weighted // Config.MaxPushBytesInFlight
+	inFlight *wire.Budget // Config.MaxPushBytesInFlight
 }
 
 // DefaultMaxPushBytesInFlight is Config.MaxPushBytesInFlight's default.
@@ -110,7 +109,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.MaxPushBytesInFlight = DefaultMaxPushBytesInFlight
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, drainCtx: ctx, drain: cancel, inFlight: semaphore.NewWeighted(cfg.MaxPushBytesInFlight)}, nil
+	return &Service{cfg: cfg, drainCtx: ctx, drain: cancel, inFlight: wire.NewBudget(cfg.MaxPushBytesInFlight, pushRoomWait)}, nil
 }
 
 // Register implements hub.Service.
@@ -208,18 +207,14 @@ func (s *Service) pushBody(ctx context.Context, hdr *rlhubv1.StorePushHeader, bo
 		maxBytes = int64(min(b.TotalBytes, 1<<62)) // the store's limit decided
 	}
 	if b.TotalBytes <= uint64(maxBytes) { // a larger one fails in NewAssembler, holding nothing
-		n := min(int64(b.TotalBytes), s.cfg.MaxPushBytesInFlight)
-		wctx, cancel := context.WithTimeout(ctx, pushRoomWait)
-		err := s.inFlight.Acquire(wctx, n)
-		cancel()
+		release, err := s.inFlight.Take(ctx, b.TotalBytes, "pushes")
 		if err != nil {
 			if ctx.Err() != nil {
-				return store.Info{}, ctx.Err()
+				return store.Info{}, err
 			}
-			return store.Info{}, fmt.Errorf("%w: model %s: the pushes in progress hold %d bytes or more, and %d more found no room within %v (--max-push-bytes-in-flight)",
-				errs.ErrFull, errs.Quote(b.Model), s.cfg.MaxPushBytesInFlight-n+1, n, pushRoomWait)
+			return store.Info{}, fmt.Errorf("model %s: %w (--max-push-bytes-in-flight)", errs.Quote(b.Model), err)
 		}
-		defer s.inFlight.Release(n)
+		defer release()
 	}
 	asm, err := wire.NewAssembler(b.TotalBytes, wire.Limits{MaxBytes: maxBytes, MaxHeaderBytes: s.cfg.MaxHeaderBytes})
 	if err != nil {
