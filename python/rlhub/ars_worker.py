@@ -5,7 +5,13 @@
 does what ``rlhub worker ars`` does (internal/arsrpc/worker.go): Attach,
 Lease (long poll), take the policy inlined in the lease or PullPolicy it,
 run the tasks, Report them (asking for the next lease in the same round
-trip), Detach on exit. Each task is computed as internal/ars/rollout.go
+trip), Detach on exit. A run it cannot serve (another environment, a
+policy that does not decode, a report the hub refuses as invalid) is
+skipped as the Go worker skips it: logged, its tasks given back at once
+and the run named in ``skip_runs`` from then on, while the worker serves
+the hub's other runs. Stopped (``stop()``, SIGINT, SIGTERM) in the middle
+of an episode, it stops within 256 steps, reports the tasks of the lease
+it finished and detaches. Each task is computed as internal/ars/rollout.go
 computes it:
 
 * direction d of iteration j: δ = ``ars_noise.direction(P, seed, j·N + d)``;
@@ -425,13 +431,30 @@ def _eval_index(it: int, e: int) -> int:
     return (it << 32 | 1 << 31 | e) & 0xFFFFFFFFFFFFFFFF
 
 
+# _STOP_EVERY is how many steps an episode runs between looks at the
+# worker's stop (ars.RunUntil's 256).
+_STOP_EVERY = 256
+
+
+class _Stopped(Exception):
+    """The worker was stopped in the middle of a task."""
+
+
+class _CannotServe(errors.InvalidArgument):
+    """A run of an environment this worker was not started for."""
+
+
 def _rollout(env: EnvAdapter, p: ARSPolicy, theta: np.ndarray, mean: np.ndarray, inv: np.ndarray,
-             shift: float, seed: int, stats: Optional[Stats]) -> Tuple[float, int]:
-    """``ars.Rollout``: one episode of θ; shifted return and steps."""
+             shift: float, seed: int, stats: Optional[Stats],
+             stop: Optional[threading.Event] = None) -> Tuple[float, int]:
+    """``ars.Rollout``: one episode of θ; shifted return and steps. Raises
+    ``_Stopped`` when ``stop`` is set (looked at every 256 steps)."""
     fw = _Forward(p, theta)
     obs = env.reset(seed)
     ret, steps = 0.0, 0
     while True:
+        if stop is not None and steps % _STOP_EVERY == 0 and stop.is_set():
+            raise _Stopped()
         if stats is not None:
             stats.push(obs)
         obs, r, term, trunc = env.step(fw.outputs(mean, inv, obs))
@@ -443,6 +466,13 @@ def _rollout(env: EnvAdapter, p: ARSPolicy, theta: np.ndarray, mean: np.ndarray,
 
 def run_task(p: ARSPolicy, env: EnvAdapter, kind: ars_pb2.ARSTaskKind, index: int) -> ars_pb2.ARSTaskResult:
     """Computes one task of iteration ``p.iteration`` (``ars.Evaluator.Run``)."""
+    return _run_task(p, env, kind, index, None)
+
+
+def _run_task(p: ARSPolicy, env: EnvAdapter, kind: ars_pb2.ARSTaskKind, index: int,
+              stop: Optional[threading.Event]) -> ars_pb2.ARSTaskResult:
+    """``run_task``, raising ``_Stopped`` within 256 steps of ``stop`` being set
+    (``ars.Evaluator.RunUntil``)."""
     mean, inv = p.filter()
     res = ars_pb2.ARSTaskResult(task=ars_pb2.ARSTask(kind=kind, index=index))
     if kind == _TASK_DIRECTION:
@@ -450,13 +480,13 @@ def run_task(p: ARSPolicy, env: EnvAdapter, kind: ars_pb2.ARSTaskKind, index: in
         scaled = p.noise * delta
         stats = Stats(p.obs_dim)
         seed = episode_seed(p.seed, _train_index(p.iteration, index))
-        rp, n1 = _rollout(env, p, p.theta + scaled, mean, inv, p.shift, seed, stats)
-        rm, n2 = _rollout(env, p, p.theta + -1.0 * scaled, mean, inv, p.shift, seed, stats)
+        rp, n1 = _rollout(env, p, p.theta + scaled, mean, inv, p.shift, seed, stats, stop)
+        rm, n2 = _rollout(env, p, p.theta + -1.0 * scaled, mean, inv, p.shift, seed, stats, stop)
         res.r_plus, res.r_minus, res.steps = rp, rm, n1 + n2
         res.stats.CopyFrom(stats.to_pb())
     elif kind == _TASK_EVAL:
         ret, n = _rollout(env, p, p.theta, mean, inv, 0.0,
-                          episode_seed(p.seed, _eval_index(p.iteration, index)), None)
+                          episode_seed(p.seed, _eval_index(p.iteration, index)), None, stop)
         setattr(res, "return", ret)
         res.steps = n
     else:
@@ -485,8 +515,10 @@ class ARSWorker:
 
     ``make_env`` (no arguments) builds the environment; by default
     ``gymnasium.make(env_id)``. A lease for a run whose environment is not
-    ``env_id`` makes ``run`` detach (releasing the leases at once) and raise
-    ``rlhub.InvalidArgument``. ``after_lease``, when given, is called with
+    ``env_id``, whose policy does not decode or whose report the hub refuses
+    as invalid makes the worker skip that run (internal/arsrpc/worker.go):
+    it logs why, detaches (releasing the run's tasks at once) and asks for
+    other runs only (``skipped`` lists them). ``after_lease``, when given, is called with
     every non-empty lease before its tasks run (tests use it to kill a
     worker that holds tasks).
     """
@@ -510,11 +542,13 @@ class ARSWorker:
         self._id = ""
         self._run_id, self._version = "", 0
         self._policy: Optional[ARSPolicy] = None
+        self.skipped: List[str] = []  # runs this worker asks the hub not to lease
 
     # -- public ---------------------------------------------------------
 
     def stop(self) -> None:
-        """Asks ``run`` to return after the task in progress (thread-safe)."""
+        """Asks ``run`` to return within 256 steps of the episode in progress,
+        after reporting the lease's finished tasks (thread-safe)."""
         self._stop.set()
 
     def close(self) -> None:
@@ -542,9 +576,9 @@ class ARSWorker:
     def run(self) -> WorkerStats:
         """Attaches and serves leases until ``stop()``; then detaches.
 
-        Raises ``rlhub.InvalidArgument`` for a run it must not serve (other
-        environment, bad policy) and the mapped gRPC error when the hub stays
-        unreachable for ``retry_for`` seconds.
+        Raises the mapped gRPC error when the hub stays unreachable for
+        ``retry_for`` seconds or refuses the worker for good (credentials);
+        a run it cannot serve is skipped, not raised.
         """
         self.env()  # fail before attaching when the env cannot be made
         try:
@@ -563,7 +597,7 @@ class ARSWorker:
     def _lease_request(self) -> ars_pb2.ARSLeaseRequest:
         return ars_pb2.ARSLeaseRequest(worker_id=self._id, max_tasks=self.max_tasks,
                                        wait_ms=int(self.wait * 1000), held_run_id=self._run_id,
-                                       held_version=self._version)
+                                       held_version=self._version, skip_runs=self.skipped)
 
     def _loop(self) -> None:
         failing_since: Optional[float] = None
@@ -609,14 +643,37 @@ class ARSWorker:
                 raise err from e
             failing_since = None
             while lease is not None and len(lease.tasks) > 0 and not self._stop.is_set():
+                run_id = lease.run_id
                 try:
                     lease = self._serve(lease)
-                except errors.InvalidArgument:
-                    raise  # a bug or a mismatch: do not spin
+                except errors.InvalidArgument as err:
+                    # A run of another environment, or one the hub and this
+                    # worker disagree about (a policy that does not decode,
+                    # a refused report: a bug or a version mismatch).
+                    # Retrying would fail the same way and exiting would
+                    # leave the hub's other runs without this worker: give
+                    # its tasks back at once and ask for other runs only.
+                    self._skip_run(run_id, err)
+                    break
                 except errors.RlhubError as err:
                     if not retry(err):
                         raise
                     break
+
+    def _skip_run(self, run_id: str, err: errors.RlhubError) -> None:
+        if isinstance(err, _CannotServe):
+            log.warning("ars worker: skipping run %s: %s", run_id, err)
+        else:
+            log.error("ars worker: skipping run %s, which the hub and this worker disagree about: %s", run_id, err)
+        if run_id not in self.skipped:
+            self.skipped.append(run_id)
+        if self._run_id == run_id:
+            self._policy, self._run_id, self._version = None, "", 0
+        try:
+            self._client.Detach(ars_pb2.ARSDetachRequest(worker_id=self._id), timeout=5.0)
+        except grpc.RpcError:
+            pass  # its leases expire instead
+        self._id = ""
 
     def _serve(self, lease: ars_pb2.ARSLeaseResponse) -> Optional[ars_pb2.ARSLeaseResponse]:
         if self._after_lease is not None:
@@ -625,9 +682,11 @@ class ARSWorker:
         env = self.env()
         req = ars_pb2.ARSReportRequest(worker_id=self._id, run_id=lease.run_id, iteration=lease.iteration)
         for t in lease.tasks:
-            if self._stop.is_set():
+            try:
+                res = _run_task(p, env, t.kind, t.index, self._stop)
+            except _Stopped:
+                self._report_finished(req)
                 return None  # unreported tasks go back to the pool on Detach
-            res = run_task(p, env, t.kind, t.index)
             self.stats.tasks += 1
             self.stats.steps += res.steps
             req.results.append(res)
@@ -638,9 +697,22 @@ class ARSWorker:
             raise errors.from_rpc_error(e) from e
         return resp.next if resp.HasField("next") else None
 
+    def _report_finished(self, req: ars_pb2.ARSReportRequest) -> None:
+        """Reports a stopped lease's finished tasks, asking for no next lease,
+        within a second: their work is not lost when the hub answers at once
+        (a result is a function of its task: what is not reported is run
+        again by another worker)."""
+        if len(req.results) == 0:
+            return
+        try:
+            self._client.Report(req, timeout=1.0)
+        except grpc.RpcError as e:
+            log.debug("ars worker: report of the finished tasks on the way out failed: %s",
+                      errors.from_rpc_error(e))
+
     def _ensure_policy(self, lease: ars_pb2.ARSLeaseResponse) -> ARSPolicy:
         if lease.spec.env != self.env_id:
-            raise errors.InvalidArgument(
+            raise _CannotServe(
                 f"ars worker: hub run {lease.run_id} trains env {lease.spec.env!r}, but this worker "
                 f"runs {self.env_id!r}; start a worker with --env {lease.spec.env}")
         if self._policy is not None and self._run_id == lease.run_id and self._version == lease.version:

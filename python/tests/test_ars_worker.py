@@ -13,7 +13,8 @@
   evaluation episodes and the update end to end.
 * A Python worker SIGKILLed while holding a lease: its tasks are handed to
   another worker and the run ends with the undisturbed run's policy.
-* A worker started for another environment refuses the run.
+* A worker started for another environment skips the run and serves others;
+  a stopped worker stops mid-episode and reports what it finished.
 * A Gymnasium env the hub has no implementation of runs (``--obs-dim``).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import math
 import os
 import pathlib
@@ -30,6 +32,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, List, Optional, Tuple
 
 import grpc
@@ -399,22 +402,118 @@ ars_worker.ARSWorker(sys.argv[1], "CartPole-v1", max_tasks=2, after_lease=hold).
 """
 
 
-def test_worker_for_another_env_refuses(hub, tmp_path):
+def _wait_for(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_worker_for_another_env_skips_the_run(hub, caplog):
+    """A worker started for another environment gives the run back at once,
+    says what to start instead, and goes on serving the hub's other runs (as
+    the Go worker does); it used to exit, leaving every other run without it."""
     ch = grpc.insecure_channel(hub.addr)
     client = ars_pb2_grpc.ARSStub(ch)
     client.StartRun(ars_pb2.ARSStartRunRequest(spec=ars_pb2.ARSRunSpec(env="CartPole-v1", seed=1, max_iterations=1)))
-    r = subprocess.run([sys.executable, "-m", "rlhub.ars_worker", "--hub", hub.addr, "--env", "Acrobot-v1"],
-                       env=PYENV, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1
-    assert "trains env 'CartPole-v1'" in r.stderr and "--env CartPole-v1" in r.stderr, r.stderr
-    # It detached: a correct worker takes the tasks at once and ends the run.
-    w = ThreadWorker(hub.addr, "CartPole-v1")
+    caplog.set_level(logging.WARNING, logger="rlhub.ars_worker")
+    acro = ThreadWorker(hub.addr, "Acrobot-v1")
     try:
-        prog = list(client.WatchRun(ars_pb2.ARSWatchRunRequest(run_id="run-1"), timeout=60))
+        _wait_for(lambda: acro.worker.skipped == ["run-1"], "the Acrobot worker to skip run-1")
+        assert acro.thread.is_alive() and acro.error is None
+        assert any("skipping run run-1" in r.getMessage() and "--env CartPole-v1" in r.getMessage()
+                   for r in caplog.records), caplog.text
+        cart = ThreadWorker(hub.addr, "CartPole-v1")
+        try:
+            prog = list(client.WatchRun(ars_pb2.ARSWatchRunRequest(run_id="run-1"), timeout=60))
+        finally:
+            cart.stop()
+        assert prog[-1].done, prog[-1]
+        # The skipping worker is still there for a run of its own environment.
+        client.StartRun(ars_pb2.ARSStartRunRequest(spec=ars_pb2.ARSRunSpec(env="Acrobot-v1", seed=1, max_iterations=1)))
+        prog = list(client.WatchRun(ars_pb2.ARSWatchRunRequest(run_id="run-2"), timeout=120))
+        assert prog[-1].done, prog[-1]
     finally:
-        w.stop()
+        st = acro.stop()
         ch.close()
-    assert prog[-1].done, prog[-1]
+    assert st.tasks > 0 and acro.worker.skipped == ["run-1"], (st, acro.worker.skipped)
+
+
+class Endless(gymnasium.Env):
+    """A 1-D env whose episodes last ``short`` steps while ``shorts`` of them
+    are left, then (almost) for ever; ``on_step(n)`` sees the long episode's
+    step count."""
+
+    def __init__(self, shorts: int = 1 << 62, on_step=None):
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (1,), np.float64)
+        self.action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.shorts, self.on_step = shorts, on_step
+        self.t, self.limit, self.long_steps = 0, 0, 0
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.limit = 10 if self.shorts > 0 else 1 << 40
+        self.shorts -= 1
+        return np.zeros(1), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.limit > 10:
+            self.long_steps += 1
+            if self.on_step is not None:
+                self.on_step(self.long_steps)
+        return np.zeros(1), 1.0, False, self.t >= self.limit, {}
+
+
+gymnasium.register("rlhubtest/Endless-v0", entry_point=Endless)
+
+
+def test_stopped_worker_stops_mid_episode_and_reports_what_it_finished(hub):
+    """stop() (SIGTERM) in the middle of a lease's episode: the worker stops
+    within 256 steps, reports the task it finished and detaches, so another
+    worker runs only the rest; it used to finish the episode first (here one
+    of 2⁴⁰ steps) and drop the finished results."""
+    spec = dict(env="rlhubtest/Endless-v0", env_spec=ars_worker.EnvAdapter(Endless()).spec(), seed=1,
+                version="V1", directions=4, top=4, step_size=0.01, noise=0.01, eval_every=1, eval_episodes=1,
+                max_iterations=1)
+    ch = grpc.insecure_channel(hub.addr)
+    client = ars_pb2_grpc.ARSStub(ch)
+    try:
+        # The whole run's task count, from an undisturbed run.
+        client.StartRun(ars_pb2.ARSStartRunRequest(spec=ars_pb2.ARSRunSpec(**spec)))
+        ref = ThreadWorker(hub.addr, "rlhubtest/Endless-v0", make_env=Endless)
+        try:
+            assert list(client.WatchRun(ars_pb2.ARSWatchRunRequest(run_id="run-1"), timeout=60))[-1].done
+        finally:
+            total = ref.stop().tasks
+        assert total >= 5
+
+        client.StartRun(ars_pb2.ARSStartRunRequest(spec=ars_pb2.ARSRunSpec(**spec)))
+        stopped_at: List[int] = []
+        holder: List[ars_worker.ARSWorker] = []
+
+        def on_step(n: int) -> None:
+            if n == 300:  # the task after the first, 300 steps into its episode
+                stopped_at.append(n)
+                holder[0].stop()
+
+        env = Endless(shorts=2, on_step=on_step)
+        first = ThreadWorker(hub.addr, "rlhubtest/Endless-v0", make_env=lambda: env, max_tasks=8)
+        holder.append(first.worker)
+        _wait_for(lambda: not first.thread.is_alive(), "the stopped worker to return")
+        st = first.stop()
+        assert stopped_at == [300]
+        assert env.long_steps - 300 <= 256, env.long_steps
+        assert st.tasks == 1, st
+        rest = ThreadWorker(hub.addr, "rlhubtest/Endless-v0", make_env=Endless)
+        try:
+            assert list(client.WatchRun(ars_pb2.ARSWatchRunRequest(run_id="run-2"), timeout=60))[-1].done
+        finally:
+            # The finished task was reported: the rest is all that was left.
+            assert rest.stop().tasks == total - 1
+    finally:
+        ch.close()
 
 
 def test_decode_policy_rejects_bad_blobs():
