@@ -253,6 +253,44 @@ def test_shm_source_errors(rlhub_bin, shm_path):
 
 # ------------------------------------------------------- push and store
 
+def test_shm_reopen_never_hands_out_another_models_versions(rlhub_bin, shm_path):
+    """A ShmSource of model "m" whose writer died reopens the segment that
+    replaced it at the same path; one of another model is refused, and the
+    source stays closed: it used to stay open on it, its model switched, so
+    the next poll wrote the other model's weights into "m"'s module."""
+
+    def writer(model: str, start: int) -> subprocess.Popen:
+        w = subprocess.Popen([rlhub_bin, "sync", "shm-writer", "--path", shm_path, "--model", model, "--tensors",
+                              "w=8", "--start", str(start), "--versions", "3", "--slots", "4", "--wait-stdin"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert w.stdout.readline().startswith("ready ")
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        assert w.stdout.readline().startswith("done ")
+        return w
+
+    a, b = writer("m", 1), None
+    try:
+        src = ws.ShmSource(shm_path, model="m")
+        module = {"w": torch.zeros(8)}
+        r = ws.Receiver(module, src)
+        assert r.poll() and r.version == 3
+        a.kill()  # SIGKILL: the segment stays, its writer is gone
+        a.wait(timeout=30)
+        b = writer("other", 10)  # replaces the file at the path
+        with pytest.raises(rlhub.InvalidArgument, match="now holds model 'other'"):
+            r.poll()
+        with pytest.raises(rlhub.Unavailable, match="closed"):
+            r.poll()
+        assert r.version == 3 and torch.equal(module["w"], torch.full((8,), 3.0)), module
+        src.close()
+    finally:
+        for w in (a, b):
+            if w is not None and w.poll() is None:
+                w.stdin.close()
+                w.wait(timeout=30)
+
+
 def test_push_receiver_applies_newer_only_and_reports_on_the_stream(hub):
     m = linear(8, 3)
     with rlhub.StoreClient(hub.addr) as store:

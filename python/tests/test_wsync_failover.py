@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import rlhub  # noqa: E402
 import rlhub.wsync as ws  # noqa: E402
-from conftest import free_port  # noqa: E402
+from conftest import Hub, free_port  # noqa: E402
 
 
 def weights(v: float) -> dict:
@@ -214,3 +214,46 @@ def test_failover_probe_waits_for_a_preferred_source_to_catch_up_and_passes_a_st
         assert f.switches == 2  # up, then back to pref
     finally:
         f.close()
+
+
+def test_sources_that_fail_before_serving_are_closed(rlhub_bin, tmp_path):
+    """Relay and hub both SIGKILLed (a node outage), the relay's segment left
+    behind: the collector keeps dialling its sources. One that fails before
+    serving a version is closed at once, as the Go Failover closes it, and
+    dialled again only after the back-off; they used to be kept until a
+    newer version came (never, here), each holding its segment's descriptor,
+    mapping and a lease entry, or a gRPC channel: ~170 descriptors a second."""
+    hub = Hub(rlhub_bin, tmp_path)
+    shm = f"/dev/shm/rlhub-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    relay = start_relay(hub, shm, f"127.0.0.1:{free_port()}")
+    src = None
+    try:
+        with rlhub.StoreClient(hub.addr) as store:
+            store.push("pol", weights(1), version=1)
+        wait_for(lambda: os.path.exists(shm), 30, "the relay's segment")
+        src = ws.FailoverSource([
+            ("relay-shm", lambda: ws.ShmSource(shm, model="pol")),
+            ("upstream", lambda: ws.PushSource(hub.addr, "pol", collector_id="py-fo")),
+        ], model="pol", collector_id="py-fo", probe_every=0.2, backoff=0.05)
+        r = ws.Receiver(torch.nn.Linear(4, 2), src)
+        assert r.wait(timeout=30) and r.version == 1 and src.current == "relay-shm"
+        relay.send_signal(signal.SIGKILL)
+        relay.wait(timeout=30)
+        hub.proc.send_signal(signal.SIGKILL)
+        hub.proc.wait(timeout=30)
+        assert os.path.exists(shm)  # a SIGKILLed relay leaves its segment
+        r.wait(timeout=1.0)  # the first failover
+        before, t0 = len(os.listdir("/proc/self/fd")), time.monotonic()
+        while time.monotonic() - t0 < 4.0:
+            assert not r.wait(timeout=0.5)
+        after = len(os.listdir("/proc/self/fd"))
+        assert after - before <= 4, f"descriptors grew from {before} to {after} while failing over"
+        assert len(src._retired) <= 1, src._retired
+    finally:
+        if src is not None:
+            src.close()
+        if relay.poll() is None:
+            relay.kill()
+        hub.stop()
+        if os.path.exists(shm):
+            os.unlink(shm)

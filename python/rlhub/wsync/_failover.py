@@ -123,9 +123,23 @@ class FailoverSource:
             raise type(named)(msg, named.code) from first
         raise errors.Unavailable(msg) from first  # not reached: only these are permanent
 
+    def _let_go(self) -> None:
+        """Detaches the source in use as the Go Failover's letGoLocked: one
+        that served a version is retired (the caller may still hold its
+        last blob) and the one retired before it closed; one that served
+        nothing is closed at once."""
+        cur = self._cur
+        if cur is None:
+            return
+        if self._served:
+            for old in self._retired:
+                old.close()
+            self._retired = [cur]
+        else:
+            cur.close()
+
     def _use(self, idx: int, src: Source) -> None:
-        if self._cur is not None:
-            self._retired.append(self._cur)
+        self._let_go()
         self._cur, self._idx, self.current = src, idx, self.dialers[idx][0]
         self._served = False
         self.switches += 1
@@ -136,8 +150,7 @@ class FailoverSource:
         log.warning("rlhub: %s: %s failed (%s); failing over", self.model, self.current, why)
         if self._idx >= 0:
             self._note_failure(self._idx, why)
-        if self._cur is not None:
-            self._retired.append(self._cur)
+        self._let_go()
         # A source that failed before serving anything (a dead relay's
         # leftover segment) must not keep the collector from the others.
         # Moved to the end each time it fails, so two such sources take
@@ -257,9 +270,14 @@ class FailoverSource:
                     return self._took(return_wv)
             except errors.RlhubError as e:
                 if self._cur is not None:
+                    served = self._served
                     self._drop_current(e)
                     self._raise_if_all_refused()
-                    continue
+                    if served:
+                        continue  # the next source at once
+                    # One that never served (a dead relay's leftover
+                    # segment) is not dialled again at once: the back-off
+                    # below, as the Go Failover's.
                 if errors.is_permanent(e) and len(self._refused) == len(self.dialers):
                     raise  # every source refused for good (get_if_newer)
                 left = None if deadline is None else deadline - time.monotonic()

@@ -655,7 +655,11 @@ class ShmSource:
         self._release()
         self._open()
         if self.model != model:
-            raise errors.InvalidArgument(f"shm segment {self.path} now holds model {self.model!r}, not {model!r}")
+            name = self.model
+            self._release()  # never hand out another model's versions: closed from now on
+            self.model = model
+            raise errors.InvalidArgument(f"shm segment {self.path} now holds model {name!r}, not {model!r}; "
+                                         "source closed")
         return self.writer_alive()
 
     def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
