@@ -139,6 +139,9 @@ type addReq struct {
 	buf    []byte
 	weight float32
 	at     time.Time
+	// sess is the session id was claimed under (Admit): a batch forwards under
+	// its members' session, and never mixes two.
+	sess uint64
 }
 
 // NewSecondary starts a secondary: it attaches to its primary in the
@@ -371,7 +374,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 	// Once the loop has taken it, the gradient is in the batch (the add
 	// cannot fail) and buf is the loop's: the push returns without
 	// waiting for the add, which is then off the pusher's path.
-	a := addReq{id: h.ID, grad: g, buf: buf, weight: weight, at: at}
+	a := addReq{id: h.ID, grad: g, buf: buf, weight: weight, at: at, sess: sess}
 	select {
 	case m.adds <- a:
 		owned = false
@@ -417,7 +420,8 @@ func (s *SecondaryNode) model(ctx context.Context, name string) (*smodel, error)
 // adopted as its sum (nil when it adds into its own buffer).
 type sbatch struct {
 	*reduce.Batch
-	buf []byte
+	buf  []byte
+	sess uint64 // the session its members were claimed under
 }
 
 // reset empties the batch and gives its adopted buffer back to the pool:
@@ -464,9 +468,7 @@ func (s *SecondaryNode) loop(m *smodel) {
 			cur = &sbatch{Batch: reduce.NewBatch(m.layout)}
 		}
 		inflight = true
-		s.mu.Lock()
-		sess := s.session
-		s.mu.Unlock()
+		sess := b.sess
 		go func() { // waited for: the loop does not return while inflight
 			// The members were checked finite on receipt and the
 			// batch's adds check that their sums did not overflow.
@@ -511,7 +513,20 @@ func (s *SecondaryNode) loop(m *smodel) {
 		}
 		select {
 		case a := <-adds:
+			if cur.Len() > 0 && cur.sess != a.sess {
+				// cur's session ended (the primary released its claims and
+				// counted them lost): forwarded with a's, it would be
+				// refused whole and take a's gradients down with it.
+				s.releaseAndCount(cur.sess, m.name, cur.Members(), reduce.ReasonLost)
+				for range cur.Len() {
+					<-s.slots
+				}
+				stopTimer()
+				timerC, stopTimer = nil, func() {}
+				cur.reset()
+			}
 			adopted := cur.Len() == 0
+			cur.sess = a.sess
 			if adopted {
 				cur.Adopt(a.id, a.grad, a.weight, a.at)
 				cur.buf = a.buf
@@ -544,10 +559,7 @@ func (s *SecondaryNode) loop(m *smodel) {
 				finish(<-fwdDone)
 			}
 			if n := cur.Len(); n > 0 {
-				s.mu.Lock()
-				sess := s.session
-				s.mu.Unlock()
-				s.releaseAndCount(sess, m.name, cur.Members(), reduce.ReasonLost)
+				s.releaseAndCount(cur.sess, m.name, cur.Members(), reduce.ReasonLost)
 				for range n {
 					<-s.slots
 				}
