@@ -460,6 +460,14 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 	}
 	began()
 	stage := filepath.Join(f.dir(), stageName)
+	// A unit committed (marked) whose install failed is rolled forward
+	// first, never cleared: the copy must not keep part of it.
+	f.treeMu.Lock() // as install: a running scrub never sees half a unit
+	err = f.rollForward(stage)
+	f.treeMu.Unlock()
+	if err != nil {
+		return 0, err
+	}
 	if err := clearStage(stage); err != nil {
 		return 0, err
 	}
@@ -469,8 +477,8 @@ func (f *Follower) applyUnit(us unitStream, epoch, gen uint64, began func() bool
 	// would clear it too).
 	installed := false
 	defer func() {
-		if !installed {
-			clearStage(stage)
+		if _, err := os.Lstat(filepath.Join(stage, markerName)); !installed && errors.Is(err, os.ErrNotExist) {
+			clearStage(stage) // a marked unit stays, to be rolled forward
 		}
 	}()
 	var files []staged
@@ -832,6 +840,9 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.H
 			return err
 		}
 		p := filepath.Join(root, rel)
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+			continue // a file the primary replaced with a directory (moved in above)
+		}
 		if err := sp.Retire(p); err != nil {
 			return fmt.Errorf("replica: remove %s: %w", rel, err)
 		}
@@ -863,32 +874,51 @@ func (f *Follower) recoverUnits() error {
 			continue
 		}
 		stage := filepath.Join(f.dir(), e.Name())
-		b, err := os.ReadFile(filepath.Join(stage, markerName))
-		switch {
-		case errors.Is(err, os.ErrNotExist):
+		if _, err := os.Lstat(filepath.Join(stage, markerName)); errors.Is(err, os.ErrNotExist) {
 			f.cfg.Logger.Info("replica: discarding a unit staged without its commit marker", "dir", e.Name())
-		case err != nil:
-			return fmt.Errorf("replica: %w", err)
-		default:
-			var mk unitMarker
-			if err := json.Unmarshal(b, &mk); err != nil {
-				return fmt.Errorf("replica: commit marker %s: %w", e.Name(), err)
-			}
-			if err := applyUnit(f.cfg.DataDir, stage, mk, true, nil, f.spares); err != nil {
-				return err
-			}
-			saved, _ := f.savedPosition() // unreadable: the zero position, which any marker is ahead of
-			if mp := (position{Epoch: mk.Epoch, Unit: mk.Unit}); mp.ahead(saved) {
-				if err := f.promoteMarker(stage, true); err != nil {
-					return err
-				}
-			}
-			f.cfg.Logger.Info("replica: rolled a committed unit forward", "dir", e.Name(), "files", len(mk.Files), "removed", len(mk.Gone))
+		} else if err := f.rollForward(stage); err != nil {
+			return err
 		}
 		if err := os.RemoveAll(stage); err != nil {
 			return fmt.Errorf("replica: %w", err)
 		}
 	}
+	return nil
+}
+
+// rollForward installs the unit marked in stage, if there is one (its
+// moves not yet made, its removals), and saves its position when it is
+// ahead of the saved one; the stage is left without a marker.
+func (f *Follower) rollForward(stage string) error {
+	b, err := os.ReadFile(filepath.Join(stage, markerName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("replica: %w", err)
+	}
+	var mk unitMarker
+	if err := json.Unmarshal(b, &mk); err != nil {
+		return fmt.Errorf("replica: commit marker %s: %w", filepath.Base(stage), err)
+	}
+	if err := applyUnit(f.cfg.DataDir, stage, mk, true, nil, f.spares); err != nil {
+		return err
+	}
+	saved, _ := f.savedPosition() // unreadable: the zero position, which any marker is ahead of
+	mp := position{Epoch: mk.Epoch, Unit: mk.Unit}
+	if mp.ahead(saved) {
+		if err := f.promoteMarker(stage, true); err != nil {
+			return err
+		}
+		f.posMu.Lock()
+		if mp.ahead(f.pos) {
+			f.pos = mp
+		}
+		f.posMu.Unlock()
+	} else if err := os.Remove(filepath.Join(stage, markerName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("replica: %w", err)
+	}
+	f.cfg.Logger.Info("replica: rolled a committed unit forward", "dir", filepath.Base(stage), "files", len(mk.Files), "removed", len(mk.Gone))
 	return nil
 }
 

@@ -153,7 +153,28 @@ func install(root, staged, rel string, sp *atomicfile.Spares) error {
 	}
 	dst := filepath.Join(root, rel)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
+		if !errors.Is(err, syscall.ENOTDIR) && !errors.Is(err, syscall.EEXIST) {
+			return err
+		}
+		// A file where the primary now has a directory (the unit removes
+		// it): it goes first.
+		for d := filepath.Dir(rel); d != "." && d != string(filepath.Separator); d = filepath.Dir(d) {
+			if fi, err := os.Lstat(filepath.Join(root, d)); err == nil && !fi.IsDir() {
+				if err := sp.Retire(filepath.Join(root, d)); err != nil {
+					return err
+				}
+			}
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+	}
+	if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
+		// A directory where the primary now has a file: everything under
+		// it is gone on the primary.
+		if err := os.RemoveAll(dst); err != nil {
+			return err
+		}
 	}
 	sp.KeepReplaced(dst)
 	return os.Rename(staged, dst)
