@@ -69,6 +69,10 @@ func TestParseFileRejectsMalformedLines(t *testing.T) {
 		h + " role=reader scope=ppo/,",
 		h + " role=reader scope=ppo/,,ars/",
 		h + " role=reader scope=," + long,
+		// Two lines run together (the first without its newline): the
+		// second's role must not become the first token's.
+		h + " role=reader scope=* name=watcher" + h + " role=admin scope=* name=root",
+		h + " role=reader role=admin scope=*",
 	} {
 		_, err := ParseFile(strings.NewReader(line))
 		if err == nil {

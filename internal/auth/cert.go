@@ -148,23 +148,33 @@ func WritePair(dir, name string, certPEM, keyPEM []byte) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	for _, f := range []struct {
+	files := []struct {
 		path string
 		data []byte
 		mode os.FileMode
-	}{{filepath.Join(dir, name+".pem"), certPEM, 0o644}, {filepath.Join(dir, name+"-key.pem"), keyPEM, 0o600}} {
+	}{{filepath.Join(dir, name+"-key.pem"), keyPEM, 0o600}, {filepath.Join(dir, name+".pem"), certPEM, 0o644}}
+	// Both or neither: a certificate written beside another's key (or
+	// whose key was refused) is a pair no later run can use.
+	for _, f := range files {
+		if _, err := os.Lstat(f.path); err == nil {
+			return fmt.Errorf("auth: %s exists; remove it or pick another --name", f.path)
+		}
+	}
+	var written []string
+	for _, f := range files {
 		out, err := os.OpenFile(f.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, f.mode)
+		if err == nil {
+			written = append(written, f.path)
+			_, err = out.Write(f.data)
+			err = errors.Join(err, out.Close())
+		}
 		if err != nil {
+			for _, p := range written {
+				os.Remove(p)
+			}
 			if errors.Is(err, os.ErrExist) {
 				return fmt.Errorf("auth: %s exists; remove it or pick another --name", f.path)
 			}
-			return err
-		}
-		if _, err := out.Write(f.data); err != nil {
-			out.Close()
-			return err
-		}
-		if err := out.Close(); err != nil {
 			return err
 		}
 	}

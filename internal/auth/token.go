@@ -214,11 +214,18 @@ func ParseFile(r io.Reader) (map[string]Principal, error) {
 		}
 		p := Principal{Name: fmt.Sprintf("line%d", n)}
 		var haveRole, haveScope bool
+		seen := map[string]bool{}
 		for _, f := range fields[1:] {
 			k, v, ok := strings.Cut(f, "=")
 			if !ok {
 				return nil, fmt.Errorf("auth: token file line %d: %q is not key=value", n, clip(f))
 			}
+			if seen[k] {
+				// Two lines run together (one without its newline) would
+				// otherwise give the first token the second one's role.
+				return nil, fmt.Errorf("auth: token file line %d: %q given twice (two lines run together?)", n, clip(k))
+			}
+			seen[k] = true
 			var err error
 			switch k {
 			case "role":

@@ -149,6 +149,14 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.spec.UseTarget = cmd.Flags().Changed("target")
 			o.spec.Target = o.target
+			if o.resume && o.config == "" && o.out != "" {
+				// The hub continues the run with the spec it started with:
+				// OUT/config.yaml (written at its start) is that spec, so
+				// the outputs rewritten now describe the same run.
+				if p := filepath.Join(o.out, "config.yaml"); fileExists(p) {
+					o.config = p
+				}
+			}
 			if o.config != "" {
 				rf, err := arsrun.LoadFile(o.config)
 				if err != nil {
@@ -325,6 +333,11 @@ func (o *trainARSOptions) runConfig(g *globals) (arsrun.Config, error) {
 		cfg.Progress, cfg.Terminal = g.stderr, isTerminal(g.rawStderr())
 	}
 	return cfg, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

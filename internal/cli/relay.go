@@ -124,6 +124,9 @@ func newRelayCmd(g *globals) *cobra.Command {
 	f.Int64Var(&cfg.ShmCapacity, "shm-capacity", 0, "segment slot size in bytes (default: twice the first version)")
 	f.StringVar(&cfg.ShmGroup, "shm-group", "", "group (name or id) the segment belongs to, mode 0660; default 0600, this user only")
 	f.IntVar(&cfg.ShmSlots, "shm-slots", 0, "segment slots: 2 + n let n local collectors lease versions and copy them straight into their weights; 0 sizes it (up to 10 slots within 1 GiB of /dev/shm)")
+	for _, seg := range []string{"shm-group", "shm-slots", "shm-capacity"} {
+		cmd.MarkFlagsMutuallyExclusive(seg, "no-shm") // they configure the segment --no-shm does not make
+	}
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the dashboard over HTTP on this address (default off)")
 	f.DurationVar(&cfg.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a local collector must read a version sent on its stream within this plus its length at --body-min-rate, or it is cut off (Unavailable) and attaches again for the newest")
 	f.IntVar(&cfg.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "streams (collectors' weight streams) one peer IP may hold open on the relay at once; more fail ResourceExhausted (-1: no cap)")

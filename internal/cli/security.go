@@ -34,7 +34,7 @@ type serveSecurity struct {
 func (s *serveSecurity) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&s.tokens, "auth-tokens", "", "token `FILE` of hashes, roles and scopes (lines printed by rlhub token new): every call then needs a token")
-	f.DurationVar(&s.reload, "auth-reload", auth.DefaultReloadInterval, "how often the hub looks at --auth-tokens for changes and reloads it (SIGHUP reloads at once; -1s: only on SIGHUP)")
+	f.DurationVar(&s.reload, "auth-reload", auth.DefaultReloadInterval, "how often the hub looks at --auth-tokens for changes and reloads it (SIGHUP reloads at once; -1s: only on SIGHUP; 0: the default)")
 	f.StringVar(&s.clientCA, "tls-client-ca", "", "with --tls-cert: require client certificates signed by this CA (mutual TLS)")
 	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen (and --metrics-listen) without TLS and tokens: plaintext, and anyone who reaches the port may do anything (warned on stderr and in the log)")
 }
@@ -139,6 +139,9 @@ func newCertCmd(g *globals) *cobra.Command {
 			"[--tls-cert client.pem --tls-key client-key.pem].",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if noCN && (name == "" || !client) { // before anything is written
+				return fmt.Errorf("--no-cn is for a client certificate: give --name NAME --client")
+			}
 			caCert, caKey := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
 			var ca *auth.CA
 			if _, err := os.Stat(caCert); err == nil {
@@ -166,9 +169,6 @@ func newCertCmd(g *globals) *cobra.Command {
 				todo = []want{{name, nil}}
 			default:
 				todo = []want{{name, hosts}}
-			}
-			if noCN && (name == "" || !client) {
-				return fmt.Errorf("--no-cn is for a client certificate: give --name NAME --client")
 			}
 			for _, w := range todo {
 				c, k, err := ca.Issue(w.name, w.hosts, valid)
@@ -261,11 +261,21 @@ func newTokenCmd(g *globals) *cobra.Command {
 				}
 			}
 			if appendTo != "" {
-				f, err := os.OpenFile(appendTo, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+				f, err := os.OpenFile(appendTo, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 				if err != nil {
 					return err
 				}
-				_, err = fmt.Fprintln(f, line)
+				// A last line without its newline (written by hand) must
+				// not run into this one: the old token would take this
+				// line's role, scopes and name.
+				sep := ""
+				if st, serr := f.Stat(); serr == nil && st.Size() > 0 {
+					last := make([]byte, 1)
+					if _, rerr := f.ReadAt(last, st.Size()-1); rerr == nil && last[0] != '\n' {
+						sep = "\n"
+					}
+				}
+				_, err = fmt.Fprint(f, sep+line+"\n")
 				if err == nil {
 					err = f.Sync() // the token is handed out: its line must outlive a power cut
 				}

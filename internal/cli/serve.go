@@ -36,6 +36,16 @@ func newServeCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Logger = g.logger
+			// hub.Config reads 0 as "the default": a 0 given here would be
+			// a silent 5 s stop, 1 MiB/s, 10 s... refuse it instead.
+			for _, name := range []string{"stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait"} {
+				if fl := cmd.Flags().Lookup(name); fl.Changed && (fl.Value.String() == "0s" || fl.Value.String() == "0") {
+					return fmt.Errorf("--%s 0: give a positive value (default %s)", name, fl.DefValue)
+				}
+			}
+			if cfg.Reducer.Secondaries == 0 { // reducer.Config reads 0 as 1
+				return fmt.Errorf("--reducer-secondaries 0: give -1 for none, or a count")
+			}
 			if namePattern != store.DefaultNamePattern.String() {
 				re, err := regexp.Compile(namePattern)
 				if err != nil {
@@ -134,8 +144,8 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.DurationVar(&cfg.Limits.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a pushed body (data plane or gRPC) must arrive whole, and a version sent (a pull, a watch, a weight stream, a policy, an optimizer step) be read whole, within this plus its length at --body-min-rate; a slower push fails with DeadlineExceeded and changes nothing, a slower reader is cut off (Unavailable) and asks again")
 	cfg.Limits.BodyMinRate = bulk.DefaultBodyMinRate
 	f.Var((*byteSize)(&cfg.Limits.BodyMinRate), "body-min-rate", "the slowest rate (bytes/s, or with a KiB/MiB/GiB suffix) a pushed body's deadline allows for: --body-timeout + length / this")
-	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap)")
-	f.IntVar(&cfg.Limits.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "gRPC streams (watches, weight streams, pushes in flight) one peer IP may hold open at once; more fail ResourceExhausted (-1: no cap)")
+	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap; 0: the default)")
+	f.IntVar(&cfg.Limits.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "gRPC streams (watches, weight streams, pushes in flight) one peer IP may hold open at once; more fail ResourceExhausted (-1: no cap; 0: the default)")
 	f.Int64Var(&cfg.Limits.MaxPolicyParams, "max-policy-params", arsrpc.DefaultMaxPolicyParams, "largest ARS policy (parameters, every layer's weights and biases) a StartRun may ask for")
 	f.StringVar(&mergeRule, "aggregator-merge", "di-engine", "how learners' infos merge: di-engine (DI-engine's merge_info) or strict (same keys everywhere, homogeneous keys equal); a task's Start may choose its own")
 	f.StringVar(&homogKeys, "aggregator-homogeneous-keys", strings.Join(aggregator.DefaultHomogeneousKeys, ","), "comma-separated info keys that merge to the first learner's value (\"\": none); a task's Start may choose its own")

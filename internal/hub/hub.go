@@ -571,6 +571,13 @@ func (h *Hub) Start() error {
 	if h.lis != nil || h.closed {
 		return errors.New("hub: already started or closed")
 	}
+	if h.cfg.AddrFile != "" {
+		// An earlier run's address must not be read as this one's when
+		// this one fails to listen.
+		if err := os.Remove(h.cfg.AddrFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("hub: address file: %w", err)
+		}
+	}
 	lis := h.cfg.Listener
 	if lis == nil {
 		var err error
@@ -713,6 +720,9 @@ func (h *Hub) CloseWithin(grace time.Duration) error {
 	}
 	if err := h.opened.Close(); err != nil {
 		errsOut = append(errsOut, err)
+	}
+	if started && h.cfg.AddrFile != "" {
+		os.Remove(h.cfg.AddrFile) // nothing listens there any more
 	}
 	h.cfg.Logger.Info("hub stopped")
 	return errors.Join(errsOut...)

@@ -1,0 +1,23 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRelayRefusesSegmentFlagsWithNoShm: --shm-group, --shm-slots and
+// --shm-capacity configure the segment --no-shm says not to make; like
+// --shm (TestRelayRefusesShmAndNoShm) they must be refused with it, not
+// dropped without a word (the relay used to start and serve).
+func TestRelayRefusesSegmentFlagsWithNoShm(t *testing.T) {
+	for _, extra := range [][]string{{"--shm-group", "nosuchgroup"}, {"--shm-slots", "5"}, {"--shm-capacity", "100"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		code, out, errOut := run(t, ctx, append([]string{"relay", "--upstream", "127.0.0.1:1", "--model", "m", "--listen", "127.0.0.1:0", "--no-shm"}, extra...)...)
+		cancel()
+		if code == 0 || !strings.Contains(errOut, "no-shm") || !strings.Contains(errOut, strings.TrimPrefix(extra[0], "--")) {
+			t.Errorf("relay --no-shm %v: exit %d, stdout %q; want a refusal naming both flags", extra, code, strings.TrimSpace(out))
+		}
+	}
+}
