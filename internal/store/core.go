@@ -107,6 +107,25 @@ func (c *core) release(name string, m *model) {
 	c.mu.Unlock()
 }
 
+// checkName applies the configured name rules (Config.MaxNameBytes,
+// NamePattern) to name, except to a model the store holds (a version or
+// an owner): one recovered from before the rules were tightened stays
+// readable, writable and deletable. The rules bound new models' names.
+func (c *core) checkName(name string) error {
+	err := c.cfg.checkName(name)
+	if err == nil || name == "" {
+		return err
+	}
+	c.mu.Lock()
+	m := c.models[name]
+	held := m != nil && (len(m.versions) > 0 || m.owner != "")
+	c.mu.Unlock()
+	if held {
+		return nil
+	}
+	return err
+}
+
 // newest returns the newest snapshot or nil. c.mu must be held.
 func (m *model) newest() *Snapshot {
 	if len(m.versions) == 0 {
@@ -117,7 +136,7 @@ func (m *model) newest() *Snapshot {
 
 // Precheck implements Prechecker.
 func (c *core) Precheck(name string, totalBytes uint64) error {
-	if err := c.cfg.checkName(name); err != nil {
+	if err := c.checkName(name); err != nil {
 		return err
 	}
 	if totalBytes > uint64(c.cfg.MaxModelBytes) {
@@ -391,7 +410,7 @@ func (c *core) lendNewer(ctx context.Context, name string, after uint64) (*Snaps
 // awaitNewer waits for a version newer than after and returns the newest,
 // taken, or lent with its release.
 func (c *core) awaitNewer(ctx context.Context, name string, after uint64, lend bool) (*Snapshot, func(), error) {
-	if err := c.cfg.checkName(name); err != nil {
+	if err := c.checkName(name); err != nil {
 		return nil, nil, err
 	}
 	c.mu.Lock()
@@ -467,7 +486,7 @@ func (c *core) holdWrite(ctx context.Context, name string) (*model, func(), erro
 	if c.closed() {
 		return nil, nil, errClosed
 	}
-	if err := c.cfg.checkName(name); err != nil {
+	if err := c.checkName(name); err != nil {
 		return nil, nil, err
 	}
 	c.mu.Lock()

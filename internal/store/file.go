@@ -237,8 +237,13 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := f.cfg.Store.checkName(m.Name); err != nil || escapeName(m.Name) != filepath.Base(dir) {
-		return nil, nil, fmt.Errorf("%s: model name %q does not belong in this directory (%v)", manifestName, m.Name, err)
+	if m.Name == "" || escapeName(m.Name) != filepath.Base(dir) {
+		return nil, nil, fmt.Errorf("%s: model name %s does not belong in this directory", manifestName, errs.Quote(m.Name))
+	}
+	if err := f.cfg.Store.checkName(m.Name); err != nil {
+		// The rules were tightened since it was made: it stays usable
+		// (core.checkName); only new models must meet them.
+		f.cfg.Logger.Warn("store: a model's name breaks the name rules (--max-name-bytes, --name-pattern); it stays readable, writable and deletable", "name", m.Name, "err", err)
 	}
 	if len(m.Versions) == 0 && m.Owner == "" {
 		// A claim given up on a model that never had a version (Claim,

@@ -458,3 +458,33 @@ func TestReleasedClaimOfAModelNeverPushedLeavesTheStoreOpenable(t *testing.T) {
 		t.Fatalf("push after: %v", err)
 	}
 }
+
+// TestTightenedNameRulesKeepExistingModels: a store reopened with a
+// tighter --max-name-bytes (or --name-pattern) than a model it holds was
+// made under used to refuse to open at all ("does not belong in this
+// directory"), so the hub did not start. The rules bound new models'
+// names; a model the store holds stays readable, writable and deletable.
+func TestTightenedNameRulesKeepExistingModels(t *testing.T) {
+	dir := t.TempDir()
+	s := openFile(t, dir, store.Config{})
+	storetest.MustPush(t, s, store.PushRequest{Name: "team/policy", Version: 1, Blob: storetest.Blob(t, 1, 8)})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openFile(t, dir, store.Config{MaxNameBytes: 8})
+	defer s.Close()
+	ctx := bg(t)
+	if snap, err := s.Get(ctx, "team/policy", 0); err != nil || snap.Version != 1 {
+		t.Fatalf("Get after reopening: %v %v", snap, err)
+	}
+	storetest.MustPush(t, s, store.PushRequest{Name: "team/policy", Version: 2, Expect: 1, Blob: storetest.Blob(t, 2, 8)})
+	if _, err := s.Push(ctx, store.PushRequest{Name: "team/other", Version: 1, Blob: storetest.Blob(t, 3, 8)}); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("a new model breaking the rules: %v, want ErrInvalid", err)
+	}
+	if err := s.Delete(ctx, "team/policy"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if _, err := s.Push(ctx, store.PushRequest{Name: "team/policy", Version: 3, Blob: storetest.Blob(t, 4, 8)}); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("the deleted model made again: %v, want ErrInvalid (it is new now)", err)
+	}
+}
