@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -18,11 +19,20 @@ import (
 // serve that fails to listen must not leave an earlier run's address
 // there for the launcher to read as its own.
 func TestServeAddrFileDoesNotOutliveTheHub(t *testing.T) {
+	t.Run("single", func(t *testing.T) { testAddrFile(t, "--data", "") })
+	t.Run("cluster", func(t *testing.T) {
+		// A cluster member writes the file itself (replica.Node.Run).
+		e := clustertest.Start(t)
+		testAddrFile(t, "--data", t.TempDir(), "--etcd", e.Endpoint, "--cluster", "addr", "--lease-ttl", "1s", "--log-level", "error")
+	})
+}
+
+func testAddrFile(t *testing.T, mode ...string) {
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		code, _, _ := run(t, ctx, "serve", "--listen", "127.0.0.1:0", "--addr-file", addrFile, "--data", "")
+		code, _, _ := run(t, ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--addr-file", addrFile}, mode...)...)
 		done <- code
 	}()
 	var first string
@@ -47,7 +57,7 @@ func TestServeAddrFileDoesNotOutliveTheHub(t *testing.T) {
 	}
 	defer busy.Close()
 	os.WriteFile(addrFile, []byte(first+"\n"), 0o644) // as the first run left it
-	code, _, errOut := run(t, context.Background(), "serve", "--listen", busy.Addr().String(), "--addr-file", addrFile, "--data", "")
+	code, _, errOut := run(t, context.Background(), append([]string{"serve", "--listen", busy.Addr().String(), "--addr-file", addrFile}, mode...)...)
 	if code == 0 {
 		t.Fatal("serve on a taken port exited 0")
 	}

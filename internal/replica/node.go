@@ -186,6 +186,14 @@ const joinTimeout = 10 * time.Second
 // Run serves until ctx ends: it binds the address, joins the cluster and
 // cycles through the roles, rejoining whenever its lease is lost.
 func (n *Node) Run(ctx context.Context) error {
+	if f := n.cfg.Hub.AddrFile; f != "" {
+		// An earlier run's address must not be read as this one's when
+		// this one fails to listen; nor this one's once it stopped.
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("hub: address file: %w", err)
+		}
+		defer os.Remove(f)
+	}
 	lis, err := net.Listen("tcp", n.cfg.Hub.Listen)
 	if err != nil {
 		return fmt.Errorf("hub: listen: %w", err)
