@@ -209,10 +209,19 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 		return nil, nil, err
 	}
 	for {
+		if ctx.Err() != nil {
+			return nil, nil, context.Cause(ctx)
+		}
 		h, err := m.ext.current(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
+		// A host that stops reading blocks Send on flow control, which
+		// no context of ours interrupts: at the step's deadline the host
+		// is detached, which ends its stream and so the Send.
+		stopWatch := context.AfterFunc(ctx, func() {
+			h.detach(fmt.Errorf("%w: optimizer host of %q did not take a step within %v", errs.ErrUnavailable, m.cfg.Model, ExternalStepTimeout))
+		})
 		m.ext.mu.Lock()
 		m.ext.nextID++
 		id := m.ext.nextID
@@ -226,6 +235,7 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 				return h.stream.Send(&rlhubv1.PrimaryMessage{Body: &rlhubv1.PrimaryMessage_Chunk{Chunk: &rlhubv1.Chunk{Data: b}}})
 			})
 		}
+		stopWatch()
 		if err != nil {
 			h.detach(fmt.Errorf("%w: sending a step to the optimizer host: %v", errs.ErrUnavailable, err))
 			p.cfg.Logger.Warn("reducer: optimizer host lost while sending a step; waiting for another", "model", m.cfg.Model, "err", err)

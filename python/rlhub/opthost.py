@@ -31,6 +31,7 @@ Contract (docs/optimizer-host.md):
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -113,6 +114,22 @@ def decode_state(tensors: Dict[str, Any], text: str) -> Any:
     return dec(json.loads(text))
 
 
+def _cpu_copy(obj: Any) -> Any:
+    """A deep copy of a state dict with every tensor copied to the CPU."""
+    import torch
+
+    def cp(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return o.detach().to("cpu", copy=True)
+        if isinstance(o, dict):
+            return {k: cp(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return type(o)(cp(v) for v in o)
+        return copy.deepcopy(o)
+
+    return cp(obj)
+
+
 class OptimizerHost(AttachLoop):
     """Performs the reducer's steps for one ``"external"`` model.
 
@@ -133,6 +150,13 @@ class OptimizerHost(AttachLoop):
         self.optimizer, self.lr_scheduler, self.module = optimizer, lr_scheduler, module
         self.backoff, self.timeout, self.chunk_bytes = backoff, timeout, chunk_bytes
         self.state_model = model + HOST_STATE_SUFFIX
+        # The optimizer and scheduler as given: what load() returns to at a
+        # version with no checkpoint (the start), also after this object
+        # has stepped from it once already (a re-attach re-sends that step).
+        # Kept on the CPU: load_state_dict moves the state to each
+        # parameter's device.
+        self._given = _cpu_copy({"optimizer": optimizer.state_dict(),
+                                 "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None})
         self.version = 0  # the version module holds
         self.steps = 0
         self.attached = threading.Event()
@@ -179,11 +203,9 @@ class OptimizerHost(AttachLoop):
             # batch was stepped since): not the state of these weights.
             raise errors.NotFound(f"host state of {self.model!r} at version {version} belongs to weights that were "
                                   "never published (a hub restart lost that step): the optimizer state is lost")
+        state = None
         if st is not None:
             state = decode_state(st.tensors, st.metadata["host.state"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
-                self.lr_scheduler.load_state_dict(state["lr_scheduler"])
             log.info("optimizer host %s: resumed at version %d", self.model, version)
         else:
             newest = None
@@ -194,6 +216,10 @@ class OptimizerHost(AttachLoop):
             if newest is not None and newest.version < version:
                 raise errors.NotFound(f"host state of {self.model!r} at version {version} is missing "
                                       f"(newest is {newest.version}): the optimizer state is lost")
+            state = _cpu_copy(self._given)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.version = version
 
     def _checkpoint(self, version: int, weights: Dict[str, Any]) -> None:

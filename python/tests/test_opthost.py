@@ -9,11 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
 import rlhub
+from rlhub._proto.rlhub.v1 import opthost_pb2, opthost_pb2_grpc
 from rlhub.grads import GradClient
 from rlhub.opthost import decode_state, encode_state
 from test_grads import assert_close_to, fill_grads, setup_model
@@ -289,3 +291,77 @@ def test_checkpoint_of_a_step_the_hub_lost_is_refused(hub, tmp_path):
         again.load(1)  # the state of version 1 (none: the fresh optimizer) is fine
     finally:
         again.close()
+
+
+def _intruder_takes_the_step(addr: str) -> None:
+    """A second host attaches (replacing the first: its stream ends
+    Unavailable), receives the step in flight and goes away unanswered."""
+    import queue
+
+    q: "queue.Queue" = queue.Queue()
+    q.put(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model="pol")))
+
+    def reqs():
+        while True:
+            m = q.get()
+            if m is None:
+                return
+            yield m
+
+    ch = rlhub._channel.channel(addr)
+    call = opthost_pb2_grpc.OptimizerHostStub(ch).Attach(reqs())
+    it = iter(call)
+    assert next(it).HasField("welcome")
+    st = next(it)
+    assert st.HasField("step"), st
+    got = 0
+    while got < st.step.grad.total_bytes:
+        got += len(next(it).chunk.data)
+    call.cancel()
+    q.put(None)
+    ch.close()
+
+
+def test_host_reattached_at_start_version_steps_once(hub):
+    """A host whose stream broke during its first step (here another host
+    attached and took the step unanswered) is re-sent that step at the
+    start version, where no host state is checkpointed: it steps from the
+    optimizer it was given, not from the one it already stepped (Adam's
+    moments and OneCycleLR used to advance twice, and the published
+    version was not one torch step from the first)."""
+    ref = make_net()
+    setup_model(hub.addr, "pol", ref)
+    ref_opt, ref_sched = make_case("adam_onecycle", ref)
+
+    net = make_net()
+    opt, sched = make_case("adam_onecycle", net)
+    fired = threading.Event()
+
+    def post_hook(optimizer, args, kwargs):
+        # Only sequences the race deterministically: while the host is in
+        # its first step, the stream breaks (here: a newer host replaces
+        # it; equally a network blip or a hub restart).
+        if not fired.is_set():
+            fired.set()
+            _intruder_takes_the_step(hub.addr)
+
+    opt.register_step_post_hook(post_hook)
+    host = rlhub.OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net, backoff=0.2).start()
+    try:
+        learner = make_net(seed=99)
+        fill_grads(learner, seed=0)
+        with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+            g.push("pol", 1, learner)
+            v = wait_published(s, 1)
+            st = g.stats()
+        assert v.version == 2 and fired.is_set()
+        assert (st.total.applied, st.total.steps) == (1, 1)
+        for p, q in zip(ref.parameters(), learner.parameters()):
+            p.grad = q.grad.clone()
+        ref_opt.step()
+        ref_sched.step()
+        assert_close_to(v.tensors, ref)  # version 2 is one Adam step from version 1
+        assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"], "scheduler stepped twice"
+    finally:
+        host.close()
