@@ -170,7 +170,7 @@ func (s *Service) Lag(ctx context.Context, model string) []ModelStatus {
 
 // Attach implements rlhubv1.WeightSyncServer.
 func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
-	first, err := stream.Recv()
+	first, err := s.recvHello(stream)
 	if err != nil {
 		return err
 	}
@@ -230,7 +230,34 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		}
 	}()
 
-	sent := hello.Version
+	// The versions are sent by a goroutine of their own, so that Drain can
+	// end the stream even while a Send is blocked on the flow control of a
+	// collector that stopped reading: the handler returning ends the stream
+	// (gRPC then cancels its context), which unblocks that Send. The
+	// service waits for the goroutine (Close).
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	sendDone := make(chan error, 1)
+	go func() {
+		defer s.wg.Done()
+		sendDone <- s.sendLoop(ctx, stream, model, hello.Version, chunk)
+	}()
+	select {
+	case err := <-sendDone:
+		return err
+	case <-s.ctx.Done():
+		return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+	}
+}
+
+// sendLoop sends every newest version of model after sent on stream until
+// ctx ends or a send fails (Attach).
+func (s *Service) sendLoop(ctx context.Context, stream rlhubv1.WeightSync_AttachServer, model string, sent uint64, chunk int) error {
 	for {
 		// Borrowed, and lent on to the chunk codec: from a hub's store the
 		// version then goes back to the reducer once dropped and written
@@ -258,6 +285,34 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 		sent = snap.Version
 		s.count.versionsSent.Add(1)
 		s.count.bytesSent.Add(uint64(len(snap.Blob)))
+	}
+}
+
+// helloTimeout bounds how long an Attach stream may take to send its hello.
+const helloTimeout = 30 * time.Second
+
+// recvHello receives an Attach stream's first message, within helloTimeout
+// and unless Drain ends the wait. The receiving goroutine ends when the
+// handler returns (gRPC then cancels the stream).
+func (s *Service) recvHello(stream rlhubv1.WeightSync_AttachServer) (*rlhubv1.SyncClientMessage, error) {
+	type recvd struct {
+		m   *rlhubv1.SyncClientMessage
+		err error
+	}
+	ch := make(chan recvd, 1)
+	go func() {
+		m, err := stream.Recv()
+		ch <- recvd{m, err}
+	}()
+	t := time.NewTimer(helloTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.m, r.err
+	case <-s.ctx.Done():
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
+	case <-t.C:
+		return nil, grpcerr.ToStatus(fmt.Errorf("%w: no hello within %v", errs.ErrUnavailable, helloTimeout))
 	}
 }
 
