@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,13 +91,16 @@ type ClusterStats struct {
 const OtherLabel = "other"
 
 // statsCollector is a prometheus.Collector that reads Sources at scrape
-// time; it holds no counts of its own.
+// time; of its own it holds only which models the store's families label
+// by name (storeLabels).
 type statsCollector struct {
 	src     Sources
 	max     int           // label values kept per capped label (the rest: "other")
 	timeout time.Duration // bounds Sources.Sync's store look-ups
 	descs   map[string]*prometheus.Desc
 	fams    []Family
+	// storeLabels keeps the store families' labels from scrape to scrape.
+	storeLabels storeLabels
 }
 
 func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *statsCollector {
@@ -273,24 +277,7 @@ func (c *statsCollector) collectReducer(ch chan<- prometheus.Metric) {
 }
 
 func (c *statsCollector) collectStore(ch chan<- prometheus.Metric, st store.Stats) {
-	models := st.Models
-	var other *store.ModelStats
-	if len(models) > c.max { // the newest-pushed are not known here: keep by name
-		o := store.ModelStats{Name: OtherLabel}
-		for _, m := range models[c.max:] {
-			o.Version = max(o.Version, m.Version)
-			o.Bytes += m.Bytes
-			o.RetainedBytes += m.RetainedBytes
-			o.Pushes += m.Pushes
-			o.Refused += m.Refused
-			o.Reads += m.Reads
-			o.ReadBytes += m.ReadBytes
-		}
-		models, other = models[:c.max], &o
-	}
-	if other != nil {
-		models = append(slices.Clone(models), *other)
-	}
+	models := c.storeLabels.split(st, c.max)
 	for _, m := range models {
 		c.emit(ch, fStoreVersion, float64(m.Version), m.Name)
 		c.emit(ch, fStoreBytes, float64(m.Bytes), m.Name)
@@ -300,6 +287,83 @@ func (c *statsCollector) collectStore(ch chan<- prometheus.Metric, st store.Stat
 		c.emit(ch, fStoreReads, float64(m.Reads), m.Name)
 		c.emit(ch, fStoreReadBytes, float64(m.ReadBytes), m.Name)
 	}
+}
+
+// storeLabels decides which models the store's families label by name
+// (at most maxNamed) and which are summed as OtherLabel, so that the counters
+// stay counters. A model keeps its label for as long as the store lists
+// it, and one summed as "other" stays there: a new model sorting first no
+// longer moves a named one into "other" (which jumped up by its counts),
+// nor does a deletion move one out (which made "other" fall). "other"
+// also keeps what the models it summed had counted when they left the
+// store's list (their last scraped counts), and the pushes refused on
+// names that held no version (store.Stats.UnlistedRefused). A label
+// freed by a model that left goes to a model first listed after.
+type storeLabels struct {
+	mu     sync.Mutex
+	named  map[string]bool
+	others map[string]store.ModelStats // the models summed as other, as last scraped
+	gone   store.ModelStats            // the counts of those that left the list
+	shown  bool                        // "other" has been exported: it stays
+}
+
+// split returns st's models to export: the named ones, sorted by name,
+// then "other" when it sums anything.
+func (l *storeLabels) split(st store.Stats, maxNamed int) []store.ModelStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.named == nil {
+		l.named, l.others = map[string]bool{}, map[string]store.ModelStats{}
+	}
+	live := make(map[string]bool, len(st.Models))
+	for _, m := range st.Models {
+		live[m.Name] = true
+	}
+	for name, last := range l.others {
+		if !live[name] {
+			l.gone.Pushes += last.Pushes
+			l.gone.Refused += last.Refused
+			l.gone.Reads += last.Reads
+			l.gone.ReadBytes += last.ReadBytes
+			delete(l.others, name)
+		}
+	}
+	for name := range l.named {
+		if !live[name] {
+			delete(l.named, name)
+		}
+	}
+	out := make([]store.ModelStats, 0, min(len(st.Models), maxNamed)+1)
+	o := store.ModelStats{Name: OtherLabel, Pushes: l.gone.Pushes, Refused: l.gone.Refused + st.UnlistedRefused,
+		Reads: l.gone.Reads, ReadBytes: l.gone.ReadBytes}
+	for _, m := range st.Models { // sorted by name: the first listed take the free labels
+		if _, summed := l.others[m.Name]; !summed && !l.named[m.Name] {
+			// A model named OtherLabel is summed: under its own name it
+			// would repeat the sum's label set and fail the whole scrape.
+			if len(l.named) < maxNamed && m.Name != OtherLabel {
+				l.named[m.Name] = true
+			}
+		}
+		if l.named[m.Name] {
+			out = append(out, m)
+			continue
+		}
+		l.others[m.Name] = m
+		o.Version = max(o.Version, m.Version)
+		o.Bytes += m.Bytes
+		o.RetainedBytes += m.RetainedBytes
+		o.Pushes += m.Pushes
+		o.Refused += m.Refused
+		o.Reads += m.Reads
+		o.ReadBytes += m.ReadBytes
+	}
+	if len(l.others) > 0 || o.Pushes+o.Refused+o.Reads > 0 {
+		l.shown = true
+	}
+	if l.shown {
+		out = append(out, o)
+	}
+	return out
 }
 
 // cappedCollectors returns the max collectors with the largest lag (ties
@@ -316,6 +380,7 @@ func cappedCollectors(cs []wsync.CollectorLag, maxN int) []wsync.CollectorLag {
 	if len(s) <= maxN {
 		return s
 	}
+	s = othersLast(s, func(c wsync.CollectorLag) string { return c.ID }) // see collectStore
 	o := wsync.CollectorLag{ID: OtherLabel, Version: s[maxN].Version, Lag: s[maxN].Lag}
 	for _, c := range s[maxN:] {
 		o.Version = min(o.Version, c.Version)
@@ -381,6 +446,7 @@ func (c *statsCollector) collectAggregator(ch chan<- prometheus.Metric, st aggre
 	ls := slices.Clone(st.Learners)
 	slices.SortFunc(ls, func(a, b aggregator.LearnerStats) int { return strings.Compare(a.ID, b.ID) })
 	if len(ls) > c.max {
+		ls = othersLast(ls, func(l aggregator.LearnerStats) string { return l.ID }) // see collectStore
 		o := aggregator.LearnerStats{ID: OtherLabel}
 		for _, l := range ls[c.max:] {
 			o.TasksDone += l.TasksDone
@@ -425,4 +491,22 @@ func (c *statsCollector) collectARS(ch chan<- prometheus.Metric, st arsrpc.Stats
 			c.emit(ch, fARSTrain, r.TrainMean, r.ID, r.Env)
 		}
 	}
+}
+
+// othersLast returns s (a fresh slice) with the entries whose label value
+// is OtherLabel moved to the end, the others' order kept: a list cut at a
+// cap then folds a real "other" (a model, collector or learner so named by
+// its client) into the overflow bucket instead of exporting two samples
+// with one label set, which fails the whole scrape.
+func othersLast[T any](s []T, label func(T) string) []T {
+	out := make([]T, 0, len(s))
+	var others []T
+	for _, e := range s {
+		if label(e) == OtherLabel {
+			others = append(others, e)
+		} else {
+			out = append(out, e)
+		}
+	}
+	return append(out, others...)
 }

@@ -41,6 +41,10 @@ type core struct {
 	// removed once no call uses it (model.users): waits on names never
 	// pushed, and pushes refused on them, grew the map without bound.
 	models map[string]*model
+	// unlisted counts pushes refused on names holding no version (the
+	// model is not in Stats.Models, which lists models with a version);
+	// guarded by mu.
+	unlisted modelCounters
 }
 
 // model is one named model. versions, epoch and changed are guarded by
@@ -217,7 +221,11 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Sna
 	c.mu.Unlock()
 	if err := decide(&req, cur, epoch, owner); err != nil {
 		c.mu.Lock()
-		m.count.refused++
+		if cur == nil {
+			c.unlisted.refused++ // a name Stats does not list
+		} else {
+			m.count.refused++
+		}
 		c.mu.Unlock()
 		return Info{}, err
 	}

@@ -9,6 +9,10 @@ type Stats struct {
 	// Models are the models with at least one retained version, sorted by
 	// name.
 	Models []ModelStats
+	// UnlistedRefused counts pushes refused on a name holding no version
+	// then (a stale or conflicting push to a model not yet pushed, or
+	// deleted): no entry of Models counts them.
+	UnlistedRefused uint64
 }
 
 // ModelStats describes one model. Counters count since the store was
@@ -74,6 +78,7 @@ func (c *core) stats() Stats {
 		st.Models = append(st.Models, ms)
 	}
 	sort.Slice(st.Models, func(i, j int) bool { return st.Models[i].Name < st.Models[j].Name })
+	st.UnlistedRefused = c.unlisted.refused
 	return st
 }
 

@@ -78,11 +78,30 @@ function cluster(c) {
   }
   return h + `<p>faults <b class="faults">${c.faults}</b> · scrubs <b class="scrubs">${c.scrubs}</b> · <span class="damaged${c.damaged_files ? " warn" : ""}">damaged files <b>${c.damaged_files}</b></span></p>`;
 }
+// stale marks the page's figures as no longer live (the process stopped
+// answering, restarts, or answered an error); the next good poll clears it.
+let lastOK = Date.now();
+function stale(why) {
+  const u = document.getElementById("updated");
+  u.classList.add("warning");
+  u.dataset.stale = "1";
+  u.textContent = `not live: ${why}; figures as of ${new Date(lastOK).toISOString().slice(11, 19)} UTC`;
+}
 async function poll() {
   try {
-    const resp = await fetch("/api/state", {cache: "no-store"});
-    if (resp.ok) draw(await resp.json());
-  } catch (e) { /* the process may be restarting: try again */ }
+    // A process that accepts but does not answer (stopped, stalled) must not
+    // hold the poll forever.
+    const resp = await fetch("/api/state", {cache: "no-store", signal: AbortSignal.timeout(5000)});
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    const s = await resp.json();
+    lastOK = Date.now();
+    const u = document.getElementById("updated");
+    u.classList.remove("warning");
+    delete u.dataset.stale;
+    draw(s);
+  } catch (e) {
+    stale(e.name === "TimeoutError" ? "no answer within 5 s" : e.message || "unreachable");
+  }
   setTimeout(poll, 1000);
 }
 poll();
