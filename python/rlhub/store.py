@@ -623,10 +623,32 @@ class StoreClient:
                 self.stats["direct"] += 1
             yield v.version
 
-    def list(self) -> List[ModelInfo]:
-        resp: store_pb2.StoreListResponse = self._call(
-            lambda left: self._stub.List(store_pb2.StoreListRequest(), timeout=left), self._deadline())
-        return [_info(m) for m in resp.models]
+    def list(self, *, page_size: int = 0) -> List[ModelInfo]:
+        """Every model, sorted by name. The hub answers a page at a time
+        (at most ``page_size`` models, and about 2 MiB; 0 means the hub's
+        default, 1000, which is also its most): this asks page after page,
+        each retried on its own, all within one ``timeout``. A hub whose
+        pages do not move forward raises ``RlhubError`` instead of looping;
+        a hub that predates paging answers with a single page."""
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or not 0 <= page_size < 1 << 32:
+            raise errors.InvalidArgument(f"page_size must be a whole number from 0 to 2**32-1, not {repr(page_size)[:24]}")
+        deadline = self._deadline()
+        out: List[ModelInfo] = []
+        token = ""
+        while True:
+            req = store_pb2.StoreListRequest(page_size=page_size, page_token=token)
+            resp: store_pb2.StoreListResponse = self._call(
+                lambda left: self._stub.List(req, timeout=left), deadline)
+            if resp.models and out and resp.models[0].name <= out[-1].name:
+                raise errors.RlhubError(
+                    f"protocol: List page starting at {resp.models[0].name[:200]!r} does not follow {out[-1].name[:200]!r}")
+            out.extend(_info(m) for m in resp.models)
+            nxt = resp.next_page_token
+            if not nxt:
+                return out
+            if nxt == token or not resp.models:
+                raise errors.RlhubError(f"protocol: List page of {len(resp.models)} models does not advance its page token")
+            token = nxt
 
 
 _Direct = Callable[[store_pb2.StorePullHeader, int], _bulk.Direct]

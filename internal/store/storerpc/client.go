@@ -548,21 +548,42 @@ func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, fail
 	}
 }
 
-// List implements store.Store.
+// List implements store.Store: every model, sorted by name, asked of the
+// hub a page at a time (each page retried on its own; CallTimeout bounds
+// the whole). A hub whose pages do not move forward (the same token again,
+// a token with an empty page, a page not after the previous one) fails the
+// List rather than looping. A hub that predates paging answers with one
+// page and no token.
 func (c *Client) List(ctx context.Context) ([]store.Info, error) {
+	ctx, cancel := c.callCtx(ctx, false)
+	defer cancel()
 	var out []store.Info
-	err := c.do(ctx, func(ctx context.Context) error {
-		resp, err := c.rpc.List(ctx, &rlhubv1.StoreListRequest{})
-		if err != nil {
+	token := ""
+	for {
+		var resp *rlhubv1.StoreListResponse
+		err := c.do(ctx, func(ctx context.Context) error {
+			r, err := c.rpc.List(ctx, &rlhubv1.StoreListRequest{PageToken: token})
+			resp = r
 			return err
+		})
+		if err != nil {
+			return nil, err
 		}
-		out = out[:0]
+		if len(resp.Models) > 0 && len(out) > 0 && resp.Models[0].GetName() <= out[len(out)-1].Name {
+			return nil, fmt.Errorf("storerpc: protocol: List page starting at %s does not follow model %s", errs.Quote(resp.Models[0].GetName()), errs.Quote(out[len(out)-1].Name))
+		}
 		for _, m := range resp.Models {
 			out = append(out, infoFromProto(m))
 		}
-		return nil
-	})
-	return out, err
+		next := resp.NextPageToken
+		if next == "" {
+			return out, nil
+		}
+		if next == token || len(resp.Models) == 0 {
+			return nil, fmt.Errorf("storerpc: protocol: List page of %d models does not advance its page token", len(resp.Models))
+		}
+		token = next
+	}
 }
 
 // Delete implements store.Deleter over the hub's Delete RPC. A retry

@@ -2,16 +2,21 @@ package storerpc
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -369,15 +374,84 @@ func (s *Service) send(stream pullStream, snap *store.Snapshot, skipped uint64, 
 	})
 }
 
-// List implements ModelStoreServer.
-func (s *Service) List(ctx context.Context, _ *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
+// List paging: a page holds at most the asked page_size models (0 means
+// listPageDefault; more is cut to listPageMax) and at most listPageBytes
+// of encoded models (one at least), well under gRPC's 4 MiB message
+// limit whatever the models' names and retained lists. Before paging, one
+// response held every model and a store past about 30k models could not
+// be listed at all.
+const (
+	listPageDefault = 1000
+	listPageMax     = 1000
+	listPageBytes   = 2 << 20
+	// maxPageTokenBytes bounds a page token: it carries the last name
+	// sent (base64), so names up to 12 KiB page (the store's default
+	// bound is 128 bytes).
+	maxPageTokenBytes = 16 << 10
+)
+
+// pageTokenPrefix marks the token format: the prefix, then the last model
+// name sent, unpadded URL-safe base64. Clients treat it as opaque.
+const pageTokenPrefix = "n1."
+
+func pageToken(lastName string) string {
+	return pageTokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(lastName))
+}
+
+// parsePageToken returns the name a page token starts after ("" for the
+// first page). Its errors never quote the token.
+func parsePageToken(tok string) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	if len(tok) > maxPageTokenBytes {
+		return "", fmt.Errorf("%w: page_token of %d bytes exceeds the limit of %d", errs.ErrInvalid, len(tok), maxPageTokenBytes)
+	}
+	rest, ok := strings.CutPrefix(tok, pageTokenPrefix)
+	if !ok {
+		return "", fmt.Errorf("%w: page_token of %d bytes is not a List token of this hub", errs.ErrInvalid, len(tok))
+	}
+	name, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil || len(name) == 0 {
+		return "", fmt.Errorf("%w: page_token of %d bytes is not a List token of this hub", errs.ErrInvalid, len(tok))
+	}
+	return string(name), nil
+}
+
+// List implements ModelStoreServer: one page of the models, sorted by
+// name, starting after the model the page token names (which may since
+// have been deleted).
+func (s *Service) List(ctx context.Context, req *rlhubv1.StoreListRequest) (*rlhubv1.StoreListResponse, error) {
+	after, err := parsePageToken(req.GetPageToken())
+	if err != nil {
+		return nil, grpcerr.ToStatus(err)
+	}
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = listPageDefault
+	}
+	size = min(size, listPageMax)
 	infos, err := s.cfg.Store.List(ctx)
 	if err != nil {
 		return nil, grpcerr.ToStatus(err)
 	}
+	i := 0
+	if after != "" {
+		i = sort.Search(len(infos), func(i int) bool { return infos[i].Name > after })
+	}
 	out := &rlhubv1.StoreListResponse{}
-	for _, in := range infos {
-		out.Models = append(out.Models, infoProto(in))
+	used := 0
+	for ; i < len(infos) && len(out.Models) < size; i++ {
+		m := infoProto(infos[i])
+		n := protowire.SizeTag(1) + protowire.SizeBytes(proto.Size(m))
+		if len(out.Models) > 0 && used+n > listPageBytes {
+			break
+		}
+		out.Models = append(out.Models, m)
+		used += n
+	}
+	if i < len(infos) {
+		out.NextPageToken = pageToken(infos[i-1].Name)
 	}
 	return out, nil
 }

@@ -524,7 +524,15 @@ func (x *StoreWatchRequest) GetChunkBytes() uint32 {
 }
 
 type StoreListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most models in the page; 0 means the server's default (1000), and a
+	// larger ask is cut to 1000. A page also stays under about 2 MiB
+	// encoded, so it may hold fewer (never none while models remain).
+	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The previous page's next_page_token; empty for the first page. Opaque:
+	// a token the server did not hand out is INVALID_ARGUMENT. A page picks up
+	// after the previous one even if models were deleted in between.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -559,9 +567,26 @@ func (*StoreListRequest) Descriptor() ([]byte, []int) {
 	return file_rlhub_v1_store_proto_rawDescGZIP(), []int{7}
 }
 
+func (x *StoreListRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *StoreListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type StoreListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Models        []*StoreModelInfo      `protobuf:"bytes,1,rep,name=models,proto3" json:"models,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by name, each after every model of the previous pages.
+	Models []*StoreModelInfo `protobuf:"bytes,1,rep,name=models,proto3" json:"models,omitempty"`
+	// The token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -601,6 +626,13 @@ func (x *StoreListResponse) GetModels() []*StoreModelInfo {
 		return x.Models
 	}
 	return nil
+}
+
+func (x *StoreListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type StoreModelInfo struct {
@@ -818,10 +850,14 @@ const file_rlhub_v1_store_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x1f\n" +
 	"\vchunk_bytes\x18\x03 \x01(\rR\n" +
-	"chunkBytes\"\x12\n" +
-	"\x10StoreListRequest\"E\n" +
+	"chunkBytes\"N\n" +
+	"\x10StoreListRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"m\n" +
 	"\x11StoreListResponse\x120\n" +
-	"\x06models\x18\x01 \x03(\v2\x18.rlhub.v1.StoreModelInfoR\x06models\"\xc8\x01\n" +
+	"\x06models\x18\x01 \x03(\v2\x18.rlhub.v1.StoreModelInfoR\x06models\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc8\x01\n" +
 	"\x0eStoreModelInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x14\n" +

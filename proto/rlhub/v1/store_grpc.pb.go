@@ -53,7 +53,8 @@ type ModelStoreClient interface {
 	// slower than versions land skips to the newest and is told how many it
 	// skipped; it never slows the store or other watchers.
 	Watch(ctx context.Context, in *StoreWatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StorePullResponse], error)
-	// List describes every model.
+	// List describes the models, sorted by name, a page at a time: ask again
+	// with next_page_token until it comes back empty.
 	List(ctx context.Context, in *StoreListRequest, opts ...grpc.CallOption) (*StoreListResponse, error)
 	// Delete removes a model: every retained version, its epoch and its
 	// owner (docs/store.md). An administrator's operation: it ignores the
@@ -157,7 +158,8 @@ type ModelStoreServer interface {
 	// slower than versions land skips to the newest and is told how many it
 	// skipped; it never slows the store or other watchers.
 	Watch(*StoreWatchRequest, grpc.ServerStreamingServer[StorePullResponse]) error
-	// List describes every model.
+	// List describes the models, sorted by name, a page at a time: ask again
+	// with next_page_token until it comes back empty.
 	List(context.Context, *StoreListRequest) (*StoreListResponse, error)
 	// Delete removes a model: every retained version, its epoch and its
 	// owner (docs/store.md). An administrator's operation: it ignores the

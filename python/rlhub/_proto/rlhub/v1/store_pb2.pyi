@@ -83,14 +83,20 @@ class StoreWatchRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., after: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class StoreListRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class StoreListResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "next_page_token")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[StoreModelInfo]
-    def __init__(self, models: _Optional[_Iterable[_Union[StoreModelInfo, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, models: _Optional[_Iterable[_Union[StoreModelInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StoreModelInfo(_message.Message):
     __slots__ = ("name", "version", "epoch", "bytes", "created_unix_nano", "retained", "owner")

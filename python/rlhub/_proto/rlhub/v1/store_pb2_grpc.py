@@ -93,7 +93,8 @@ class ModelStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def List(self, request, context):
-        """List describes every model.
+        """List describes the models, sorted by name, a page at a time: ask again
+        with next_page_token until it comes back empty.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
