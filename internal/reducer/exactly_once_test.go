@@ -70,12 +70,24 @@ func rawPush(t *testing.T, conn *grpc.ClientConn, client string, seq uint64, sd 
 	return grpcerr.FromStatus(err)
 }
 
-// servedPrimary serves a Primary built with pcfg (Store filled in with a
-// memory store holding model "m" = testLayout(n) at version 1, registered
-// with SGD) over ReducerPrimary on a real gRPC server, and a remote
-// secondary hub (one secondary "s0", batch size 1) attached to it.
+// servedPrimary serves a Primary built with pcfg (servePrimary) and a
+// remote secondary hub (one secondary "s0", batch size 1) attached to it.
 // It returns the primary and the secondary hub's address.
 func servedPrimary(t *testing.T, pcfg PrimaryConfig, n int) (*Primary, string) {
+	t.Helper()
+	p, st, paddr := servePrimary(t, pcfg, n)
+	sec := &testEnv{t: t, st: st, model: "m"}
+	sec.start(Config{Primary: paddr, ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, Logger: testkit.Logger()})
+	t.Cleanup(sec.stop)
+	waitAttached(t, p, 1)
+	return p, sec.addr
+}
+
+// servePrimary serves a Primary built with pcfg (Store filled in with a
+// memory store holding model "m" = testLayout(n) at version 1, registered
+// with SGD) over ReducerPrimary on a real gRPC server. It returns the
+// primary, its store and the server's address.
+func servePrimary(t *testing.T, pcfg PrimaryConfig, n int) (*Primary, *store.Memory, string) {
 	t.Helper()
 	st, err := store.NewMemory(store.Config{Retain: 2})
 	if err != nil {
@@ -96,11 +108,7 @@ func servedPrimary(t *testing.T, pcfg PrimaryConfig, n int) (*Primary, string) {
 		rlhubv1.RegisterReducerPrimaryServer(s, &primaryServer{p: p, drained: drained})
 	})
 	t.Cleanup(func() { close(drained); p.Close() })
-	sec := &testEnv{t: t, st: st, model: "m"}
-	sec.start(Config{Primary: paddr, ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, Logger: testkit.Logger()})
-	t.Cleanup(sec.stop)
-	waitAttached(t, p, 1)
-	return p, sec.addr
+	return p, st, paddr
 }
 
 // pendingClaims counts the claims pending in model's ledger.

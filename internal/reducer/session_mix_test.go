@@ -8,12 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
-	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
-	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -78,24 +74,7 @@ func (p *tcpProxy) cut() {
 // the primary, the secondary hub and the proxy.
 func sessionBlipEnv(t *testing.T, n int) (*Primary, *testEnv, *tcpProxy) {
 	t.Helper()
-	st, err := store.NewMemory(store.Config{Retain: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	pushModel(t, st, "m", testLayout(n))
-	p, err := NewPrimary(PrimaryConfig{Store: st, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := p.Register(context.Background(), ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
-		t.Fatal(err)
-	}
-	drained := make(chan struct{})
-	paddr := testkit.ServeGRPC(t, nil, func(s *grpc.Server) {
-		rlhubv1.RegisterReducerPrimaryServer(s, &primaryServer{p: p, drained: drained})
-	})
-	t.Cleanup(func() { close(drained); p.Close() })
+	p, st, paddr := servePrimary(t, PrimaryConfig{}, n)
 	px := newTCPProxy(t, paddr)
 	sec := &testEnv{t: t, st: st, model: "m"}
 	sec.start(Config{Primary: px.addr(), ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 2, MaxWait: time.Hour,
