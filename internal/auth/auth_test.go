@@ -73,6 +73,10 @@ func TestParseFileRejectsMalformedLines(t *testing.T) {
 		// second's role must not become the first token's.
 		h + " role=reader scope=* name=watcher" + h + " role=admin scope=* name=root",
 		h + " role=reader role=admin scope=*",
+		// A name is shown by token ls, model ls and the logs: printable,
+		// bounded.
+		h + " role=reader scope=* name=evil\x1b]0;pwned\x07",
+		h + " role=reader scope=* name=" + strings.Repeat("n", MaxNameBytes+1),
 	} {
 		_, err := ParseFile(strings.NewReader(line))
 		if err == nil {

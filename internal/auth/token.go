@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
 )
 
@@ -190,6 +191,17 @@ func ParseScopes(s string) ([]string, error) {
 	return out, nil
 }
 
+// MaxNameBytes bounds a token's name: it is shown by token ls, model ls
+// (a model's owner) and the hub's logs.
+const MaxNameBytes = 128
+
+// CheckPrincipalName refuses a token name longer than MaxNameBytes or
+// holding an unprintable character (a terminal escape would reach every
+// table and log line that shows it).
+func CheckPrincipalName(name string) error {
+	return errs.CheckName("token name", name, MaxNameBytes)
+}
+
 // ParseFile reads a token file: one token a line,
 //
 //	sha256:HEX role=ROLE scope=PREFIX[,PREFIX...] name=NAME [expires=RFC3339] [max-models=N] [max-bytes=SIZE]
@@ -236,6 +248,7 @@ func ParseFile(r io.Reader) (map[string]Principal, error) {
 				haveScope = true
 			case "name":
 				p.Name = v
+				err = CheckPrincipalName(v)
 			case "expires":
 				p.Expires, err = time.Parse(time.RFC3339, v)
 				if err != nil {

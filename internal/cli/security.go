@@ -18,6 +18,7 @@ import (
 	"github.com/rlhub/rlhub/internal/atomicfile"
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/dial"
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/netsec"
 )
@@ -236,7 +237,10 @@ func newTokenCmd(g *globals) *cobra.Command {
 				name = role
 			}
 			if strings.ContainsAny(name, " \t\n=") {
-				return fmt.Errorf("--name %q: no white space or '='", name)
+				return fmt.Errorf("--name %s: no white space or '='", errs.Quote(name))
+			}
+			if err := auth.CheckPrincipalName(name); err != nil {
+				return fmt.Errorf("--name: %w", err)
 			}
 			p := auth.Principal{Name: name, Role: r, Scopes: scopes, Quota: auth.Quota{Models: maxModels, Rate: maxRPS}}
 			if expires < 0 || maxModels < 0 || maxRPS < 0 {

@@ -47,3 +47,18 @@ func TestTokenAppendAfterLineWithoutNewline(t *testing.T) {
 		t.Errorf("the new admin token is in no line of the file: %d tokens", len(tokens))
 	}
 }
+
+// TestTokenNameIsPrintable: token names reach token ls, model ls's OWNER
+// column and the logs; one holding a terminal escape is refused.
+func TestTokenNameIsPrintable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	file := filepath.Join(t.TempDir(), "tokens")
+	code, _, errOut := run(t, ctx, "token", "new", "--append", file, "--role", "reader", "--scope", "*", "--name", "evil\x1b[2J")
+	if code == 0 || !strings.Contains(errOut, "unprintable") {
+		t.Fatalf("token new --name with an escape: exit %d, %q", code, errOut)
+	}
+	if b, err := os.ReadFile(file); err == nil && len(b) > 0 {
+		t.Fatalf("the refused token was written: %q", b)
+	}
+}
