@@ -21,3 +21,16 @@ func TestRelayRefusesSegmentFlagsWithNoShm(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayRefusesZeroBodyLimits: as serve's, the relay's --body-timeout
+// and --body-min-rate read 0 as their defaults; a 0 given is refused.
+func TestRelayRefusesZeroBodyLimits(t *testing.T) {
+	for _, flag := range []string{"--body-timeout", "--body-min-rate"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		code, _, errOut := run(t, ctx, "relay", "--upstream", "127.0.0.1:1", "--model", "m", "--listen", "127.0.0.1:0", "--no-shm", flag, "0")
+		cancel()
+		if code == 0 || !strings.Contains(errOut, flag+" 0") {
+			t.Errorf("relay %s 0: exit %d, %q; want a refusal", flag, code, errOut)
+		}
+	}
+}

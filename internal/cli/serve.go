@@ -38,10 +38,8 @@ func newServeCmd(g *globals) *cobra.Command {
 			cfg.Logger = g.logger
 			// hub.Config reads 0 as "the default": a 0 given here would be
 			// a silent 5 s stop, 1 MiB/s, 10 s... refuse it instead.
-			for _, name := range []string{"stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait"} {
-				if fl := cmd.Flags().Lookup(name); fl.Changed && (fl.Value.String() == "0s" || fl.Value.String() == "0") {
-					return fmt.Errorf("--%s 0: give a positive value (default %s)", name, fl.DefValue)
-				}
+			if err := refuseZero(cmd, "stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait"); err != nil {
+				return err
 			}
 			if cfg.Reducer.Secondaries == 0 { // reducer.Config reads 0 as 1
 				return fmt.Errorf("--reducer-secondaries 0: give -1 for none, or a count")
@@ -200,3 +198,14 @@ func (b *byteSize) Set(s string) error {
 }
 
 func (*byteSize) Type() string { return "size" }
+
+// refuseZero refuses a 0 given explicitly for any of the named flags,
+// whose configuration reads 0 as its default: said so, not done silently.
+func refuseZero(cmd *cobra.Command, names ...string) error {
+	for _, name := range names {
+		if fl := cmd.Flags().Lookup(name); fl.Changed && (fl.Value.String() == "0s" || fl.Value.String() == "0") {
+			return fmt.Errorf("--%s 0: give a positive value (default %s)", name, fl.DefValue)
+		}
+	}
+	return nil
+}
