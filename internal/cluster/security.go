@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -247,6 +248,13 @@ func (ec etcdClient) checkTLS(timeout time.Duration) error {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
 			continue // not listening: not a TLS problem
+		}
+		var te net.Error
+		if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &te) && te.Timeout() {
+			// Accepted but never answered (a stopped or hung member, its
+			// kernel still accepting): not a TLS problem either; the next
+			// endpoint decides.
+			continue
 		}
 		return fmt.Errorf("%w: cluster: etcd %s: TLS handshake: %v (check --etcd-cacert, and --etcd-cert/--etcd-key if etcd checks clients)", errs.ErrUnavailable, e, err)
 	}

@@ -4,6 +4,8 @@ package clustertest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/rlhub/rlhub/internal/netsec"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -63,13 +66,38 @@ func Start(tb testing.TB) *Etcd {
 // cleanup, and waits until every member serves.
 func StartCluster(tb testing.TB, n int) []*Etcd {
 	tb.Helper()
+	return startCluster(tb, n, "http", nil, nil)
+}
+
+// StartTLSCluster is StartCluster with TLS client URLs: each member's
+// server certificate (127.0.0.1) is signed by the CA at the path it
+// returns; client certificates are not checked.
+func StartTLSCluster(tb testing.TB, n int) ([]*Etcd, string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	ca, caKey := newCA(tb, dir, "ca")
+	leaf(tb, dir, "server", ca, caKey, x509.ExtKeyUsageServerAuth)
+	caPath := filepath.Join(dir, "ca.pem")
+	pool, err := netsec.CertPool(caPath)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	extra := []string{"--cert-file", filepath.Join(dir, "server.pem"), "--key-file", filepath.Join(dir, "server-key.pem")}
+	return startCluster(tb, n, "https", extra, &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}), caPath
+}
+
+func startCluster(tb testing.TB, n int, scheme string, extra []string, tc *tls.Config) []*Etcd {
+	tb.Helper()
 	if _, err := exec.LookPath("etcd"); err != nil {
 		tb.Fatal("etcd is not installed: scripts/setup.d/20-etcd.sh installs Debian's etcd-server")
 	}
 	var es []*Etcd
 	var initial []string
 	for i := range n {
-		e := &Etcd{tb: tb, dir: tb.TempDir(), Endpoint: "http://" + freeAddr(tb), peer: "http://" + freeAddr(tb), name: fmt.Sprintf("m%d", i+1)}
+		e := &Etcd{tb: tb, dir: tb.TempDir(), Endpoint: scheme + "://" + freeAddr(tb), peer: "http://" + freeAddr(tb), name: fmt.Sprintf("m%d", i+1), extra: extra}
+		if tc != nil {
+			e.probe = &clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second, Logger: zap.NewNop(), TLS: tc}
+		}
 		initial = append(initial, e.name+"="+e.peer)
 		es = append(es, e)
 	}
