@@ -413,6 +413,9 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 	v := f.vis()
 	v.deleting(name)
 	defer v.deleted(name)
+	if f.Source != nil {
+		f.Source.Deleted(name)
+	}
 	if err := f.commit(name, func() error { return d.Delete(ctx, name) }); err != nil {
 		return err
 	}

@@ -174,7 +174,12 @@ type Source struct {
 	// started, by their stamps: a full sync keeps by size, from a standby
 	// that took no unit of this term, only a file still at its stamp here
 	// (cut). nil when that walk failed: every such file is sent.
-	before    map[string]stamp
+	before map[string]stamp
+	// deleted are the store's model directories (relative to DataDir)
+	// deleted in this term (Deleted): a name under one may have been
+	// written twice in the term, so a full sync to a standby of this
+	// term keeps none of its files by size alone; guarded by mu.
+	deleted   map[string]bool
 	root      string        // DataDir made absolute (what Changed's paths are relative to)
 	fullEvery time.Duration // how old the last whole walk may be (fullWalkEvery intervals; tests change it)
 	stateAt   time.Time     // when a snapshot last walked ars/ and reducer/ whole (snapMu held)
@@ -382,6 +387,21 @@ func (s *Source) CommitNamed(f func() error) error {
 	s.freeze.RLock()
 	defer s.freeze.RUnlock()
 	return f()
+}
+
+// Deleted notes, before the deletion commits (Fenced.Delete), that
+// model is being deleted in this term: pushed again, its version files
+// come back at the names its old ones had (same version, maybe the same
+// size), which a standby of this term holding the old ones must be sent
+// again (cut, keepHeld).
+func (s *Source) Deleted(model string) {
+	dir := filepath.Join("store", store.ModelDir(model))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.deleted == nil {
+		s.deleted = map[string]bool{}
+	}
+	s.deleted[dir] = true
 }
 
 // fullWalkEvery is how many SourceConfig.Intervals a snapshot may take
@@ -1940,7 +1960,7 @@ type keepRule int
 const (
 	keepNone   keepRule = iota // none: every file is sent
 	keepBefore                 // those present, at their stamps, when the term began (Source.before)
-	keepHeld                   // every one the follower holds at the primary's size
+	keepHeld                   // every one the follower holds at the primary's size, but under a model deleted in this term (Deleted)
 )
 
 // cut takes the unit's files: the store's first, then ARS's and the
@@ -1953,6 +1973,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool,
 	defer s.freeze.Unlock()
 	s.mu.Lock()
 	seq = s.seq
+	deleted := maps.Clone(s.deleted)
 	s.mu.Unlock()
 	defer func() {
 		if err != nil {
@@ -1979,7 +2000,7 @@ func (s *Source) cut(shipped map[string]stamp, have map[string]int64, full bool,
 			if old, ok := shipped[e.rel]; ok && old == e.st && !full && immutable(e.rel) {
 				continue
 			}
-			if full && immutable(e.rel) && (keep == keepHeld || keep == keepBefore && s.before[e.rel] == e.st) {
+			if full && immutable(e.rel) && (keep == keepHeld && !deleted[filepath.Dir(e.rel)] || keep == keepBefore && s.before[e.rel] == e.st) {
 				if sz, ok := have[e.rel]; ok && sz == e.st.size {
 					files = append(files, opened{rel: e.rel, st: e.st, keep: true})
 					continue
