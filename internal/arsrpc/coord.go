@@ -69,9 +69,27 @@ type run struct {
 
 	progress []*pb.ARSProgress // one per finished iteration
 	logged   int               // progress entries already on disk (persister)
-	// trainMeans: each finished iteration's mean shifted ±δ return
-	// (iterations without directions add none); read by Stats.
-	trainMeans []float64
+	// hasTrain, trainMean: the last finished iteration's mean shifted ±δ
+	// return (iterations without directions leave it); read by Stats.
+	hasTrain  bool
+	trainMean float64
+	// curve: the evaluations so far, oldest first, the newest
+	// MaxCurvePoints at least (compacted as it grows); kept as progress
+	// arrives so that Stats copies no more than a slice header per run.
+	curve []CurvePoint
+}
+
+// addProgress appends p to r's progress and its evaluation to the curve.
+func (r *run) addProgress(p *pb.ARSProgress) {
+	r.progress = append(r.progress, p)
+	if !p.HasEval {
+		return
+	}
+	if len(r.curve) >= 2*MaxCurvePoints { // a fresh array: readers keep theirs
+		r.curve = slices.Clone(r.curve[len(r.curve)-MaxCurvePoints+1:])
+	}
+	r.curve = append(r.curve, CurvePoint{Iteration: p.Iteration, Episodes: p.PolicyEpisodes, Steps: p.Steps,
+		Elapsed: time.Duration(p.ElapsedSeconds * float64(time.Second)), EvalMean: p.EvalMean, EvalStd: p.EvalStd})
 }
 
 // withMaxParams bounds the policy size of every later run (0: none).
@@ -621,7 +639,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		return nil, err
 	}
 	if m, ok := trainMean(r.results); ok {
-		r.trainMeans = append(r.trainMeans, m)
+		r.hasTrain, r.trainMean = true, m
 	}
 	var pub *publish
 	if rep.Updated {
@@ -632,7 +650,7 @@ func (r *run) finish(now time.Time) (*publish, error) {
 		r.version++
 		pub = &publish{model: r.model, version: r.version, blob: blob}
 	}
-	r.progress = append(r.progress, &pb.ARSProgress{
+	r.addProgress(&pb.ARSProgress{
 		RunId: r.id, Iteration: rep.Iteration, Version: r.version, Episodes: rep.Episodes,
 		EvalEpisodes: rep.EvalEpisodes, Steps: rep.Steps, IterationSteps: rep.IterSteps,
 		HasEval: rep.HasEval, EvalMean: rep.EvalMean, EvalStd: rep.EvalStd, SigmaR: rep.Update.SigmaR,
@@ -654,7 +672,7 @@ func (c *coordinator) fail(r *run, err error, now time.Time) {
 	}
 	last, iter := r.tr.Last(), r.tr.Iter()
 	r.end()
-	r.progress = append(r.progress, &pb.ARSProgress{
+	r.addProgress(&pb.ARSProgress{
 		RunId: r.id, Iteration: iter, Version: r.version, Episodes: last.Episodes,
 		EvalEpisodes: last.EvalEpisodes, Steps: last.Steps, Done: true, Reason: err.Error(),
 		Model: r.model, ElapsedSeconds: now.Sub(r.started).Seconds(),

@@ -184,6 +184,14 @@ func (p *persister) save(r *run) (err error) {
 		return err
 	}
 	r.logged = len(r.progress)
+	if r.done {
+		// An ended run appends no more: its log needs no descriptor (a
+		// later save, as StopRun's of an ended run, opens it again).
+		delete(p.logs, r.id)
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -282,10 +290,11 @@ func (p *persister) loadRun(name string) (*run, error) {
 		return nil, err
 	}
 	r := &run{id: st.ID, model: st.Model, requestID: st.Request, spec: s, tr: tr, started: time.Unix(0, st.Started), version: st.Version,
-		done: st.Done, progress: progress, logged: len(progress)}
+		done: st.Done, progress: make([]*pb.ARSProgress, 0, len(progress)), logged: len(progress)}
 	for _, e := range progress {
+		r.addProgress(e)
 		if e.Episodes > e.PolicyEpisodes {
-			r.trainMeans = append(r.trainMeans, e.TrainReturn)
+			r.hasTrain, r.trainMean = true, e.TrainReturn
 		}
 	}
 	// Rewrite the log without anything beyond state.json (a crash between

@@ -1,6 +1,7 @@
 package arsrpc
 
 import (
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -59,12 +60,22 @@ type CurvePoint struct {
 // MaxCurvePoints bounds RunStats.Curve.
 const MaxCurvePoints = 2000
 
-// Stats returns every run's progress and curve.
+// Stats returns every run's progress and curve. It holds the coordinator
+// lock for O(runs): each run's curve is kept as progress arrives, and
+// RunStats.Curve shares it (read-only, clipped).
 func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.c
-	st := Stats{Workers: len(c.workers), Reassigned: c.reassigned, Runs: make([]RunStats, 0, len(c.order))}
+	now := s.cfg.Now()
+	st := Stats{Reassigned: c.reassigned, Runs: make([]RunStats, 0, len(c.order))}
+	for _, w := range c.workers {
+		// Workers are forgotten when someone leases; until then, one
+		// silent for a lease TTL is not attached.
+		if now.Sub(w.seen) <= c.leaseTTL {
+			st.Workers++
+		}
+	}
 	for _, r := range c.order {
 		rs := RunStats{ID: r.id, Env: r.spec.GetEnv(), Model: r.model, Version: r.version}
 		if n := len(r.progress); n > 0 {
@@ -75,21 +86,13 @@ func (s *Service) Stats() Stats {
 			rs.Done, rs.Reason = p.Done, p.Reason
 		}
 		if !rs.Done {
-			rs.Elapsed = s.cfg.Now().Sub(r.started)
+			rs.Elapsed = now.Sub(r.started)
 		}
-		if n := len(r.trainMeans); n > 0 {
-			rs.HasTrain, rs.TrainMean = true, r.trainMeans[n-1]
-		}
-		for _, p := range r.progress {
-			if !p.HasEval {
-				continue
-			}
-			rs.HasEval, rs.EvalMean, rs.EvalStd = true, p.EvalMean, p.EvalStd
-			rs.Curve = append(rs.Curve, CurvePoint{Iteration: p.Iteration, Episodes: p.PolicyEpisodes, Steps: p.Steps,
-				Elapsed: time.Duration(p.ElapsedSeconds * float64(time.Second)), EvalMean: p.EvalMean, EvalStd: p.EvalStd})
-		}
-		if over := len(rs.Curve) - MaxCurvePoints; over > 0 {
-			rs.Curve = rs.Curve[over:]
+		rs.HasTrain, rs.TrainMean = r.hasTrain, r.trainMean
+		if n := len(r.curve); n > 0 {
+			last := r.curve[n-1]
+			rs.HasEval, rs.EvalMean, rs.EvalStd = true, last.EvalMean, last.EvalStd
+			rs.Curve = slices.Clip(r.curve[max(0, n-MaxCurvePoints):])
 		}
 		st.Runs = append(st.Runs, rs)
 	}
