@@ -13,12 +13,14 @@ import (
 // cut. A file that fails the checks changes nothing and returns the error.
 // It returns the number of tokens loaded and of calls cut.
 func (v *Verifier) ReloadFile(path string) (tokens, cut int, err error) {
+	s := stamp(path) // before the read: a change after it is seen again
 	t, err := ReadFile(path)
 	if err != nil {
 		v.stats.reloadFailures.Add(1)
 		return 0, 0, err
 	}
 	v.stats.reloads.Add(1)
+	v.setLoaded(s)
 	return len(t), v.Replace(t), nil
 }
 
@@ -42,7 +44,14 @@ func (v *Verifier) WatchFile(ctx context.Context, path string, interval time.Dur
 		defer t.Stop()
 		tick = t.C
 	}
-	last := stamp(path)
+	// Compared with the version loaded last (LoadFile, ReloadFile), not
+	// with the file as it is now: a change made between the load and
+	// this watch (a hub opening its store, a clustered hub's time as a
+	// standby) is reloaded at the first look.
+	last, ok := v.loadedStamp()
+	if !ok {
+		last = stamp(path)
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -80,4 +89,16 @@ func stamp(path string) fileStamp {
 		s.dev, s.ino = uint64(sys.Dev), uint64(sys.Ino)
 	}
 	return s
+}
+
+func (v *Verifier) setLoaded(s fileStamp) {
+	v.mu.Lock()
+	v.loaded, v.hasLoaded = s, true
+	v.mu.Unlock()
+}
+
+func (v *Verifier) loadedStamp() (fileStamp, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.loaded, v.hasLoaded
 }

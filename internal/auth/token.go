@@ -290,11 +290,14 @@ func ParseFile(r io.Reader) (map[string]Principal, error) {
 // LoadFile reads a token file into a Verifier. A file other users may
 // write is refused: it decides who may do what.
 func LoadFile(path string) (*Verifier, error) {
+	s := stamp(path)
 	tokens, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return NewVerifier(tokens), nil
+	v := NewVerifier(tokens)
+	v.setLoaded(s)
+	return v, nil
 }
 
 // ReadFile reads and checks a token file (the checks of LoadFile) and

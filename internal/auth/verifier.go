@@ -47,6 +47,9 @@ type Verifier struct {
 
 	rates rates
 	stats counters
+
+	loaded    fileStamp // the token file's version loaded last (LoadFile, ReloadFile); guarded by mu
+	hasLoaded bool
 }
 
 // liveCall is a call in progress under a token (tracked for revocation).

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"regexp"
@@ -101,6 +102,20 @@ func newServeCmd(g *globals) *cobra.Command {
 			if cl.etcd != "" || cl.embedded != "" {
 				if role != "all" {
 					return fmt.Errorf("--embedded-etcd needs --role all (secondary reducers do not join the election)")
+				}
+				if cfg.Auth != nil {
+					// A clustered hub is a standby between its terms as
+					// primary, and each term starts a new hub: the token
+					// file is watched (and SIGHUP handled) for the whole
+					// process, not per term, so that a change made while
+					// a standby is seen and SIGHUP never ends a standby.
+					ctx, cancel := context.WithCancel(cmd.Context())
+					defer cancel()
+					cfg.AuthFile, cfg.AuthReloadOnSIGHUP = "", false
+					watched := make(chan struct{})
+					go func() { defer close(watched); _ = sec.watchTokens(ctx, cfg.Auth, g) }()
+					defer func() { cancel(); <-watched }()
+					return runClustered(ctx, cfg, &cl, g.logger)
 				}
 				return runClustered(cmd.Context(), cfg, &cl, g.logger)
 			}

@@ -68,6 +68,16 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, re
 			}
 			return check(srv, ss, info, h)
 		}))
+		// Cluster/Replication (a member's place in the replication) wants
+		// the policy's reader token here as on the primary; Cluster/Primary
+		// and health answer every caller.
+		checkUnary := guard.UnaryInterceptor()
+		opts = append(opts, grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if info.FullMethod != rlhubv1.Cluster_Replication_FullMethodName {
+				return h(ctx, req)
+			}
+			return checkUnary(ctx, req, info, h)
+		}))
 	}
 	s := &standbyServer{grpc: grpc.NewServer(opts...), bulk: bulk.NewServer(), serveCh: make(chan error, 1)}
 	hs := health.NewServer()
