@@ -1034,6 +1034,9 @@ func (s *Source) ship(ctx context.Context, ss frameStream, p *peer, have map[str
 		return err
 	}
 	for {
+		if err := ctx.Err(); err != nil {
+			return err // dropped (a lapse) or the follower went away
+		}
 		s.mu.Lock()
 		u, ch, closed, latest := s.unit, s.work, s.closed, s.latest
 		s.mu.Unlock()
@@ -1585,6 +1588,12 @@ func (s *Source) passed(p *peer, snap *snapshot) {
 func (s *Source) dropPassed() []*memFile {
 	low, any := uint64(0), false
 	for q := range s.followers {
+		if q.lapsed {
+			// Dropped (its lease lapsed): a stream stalled in a send
+			// (gRPC's flow control) stays here until its transport gives
+			// up, and must not keep every later snapshot meanwhile.
+			continue
+		}
 		if !any || q.seen < low {
 			low, any = q.seen, true
 		}
@@ -1748,7 +1757,22 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 			}
 		}
 	}
+	// The lent bytes sent are held until sent: a stream whose lease
+	// lapsed no longer keeps its snapshots live (dropPassed), and what it
+	// is still sending must not go back to the store meanwhile.
+	var held []*memFile
+	for _, f := range files {
+		if f.c.mem != nil {
+			f.c.mem.hold()
+			held = append(held, f.c.mem)
+		}
+	}
 	s.mu.Unlock()
+	defer func() {
+		for _, m := range held {
+			m.dec()
+		}
+	}()
 	if len(files) == 0 && len(gone) == 0 && !force {
 		return true, nil
 	}
