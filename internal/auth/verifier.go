@@ -239,8 +239,40 @@ func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string)
 	return r, p, hash, v.allowRate(p)
 }
 
+// CheckHeaders runs, on a gRPC call's headers (grpc.InTapHandle: before
+// grpc-go starts its handler or buffers its request message), the checks
+// that need no message: the method is in the policy table, and unless it
+// is public the token is known, unexpired and of a role that may call it.
+// A unary call waits for its whole request message before any unary
+// interceptor runs, so without this a caller with no token held a
+// handler goroutine and the bytes it sent for as long as it liked. The
+// interceptors check again (with the model, and the rate quota) once
+// the message is there.
+func (v *Verifier) CheckHeaders(method string, md metadata.MD) error {
+	if v == nil {
+		return nil
+	}
+	r, ok := Lookup(GRPC, method)
+	if !ok {
+		return fmt.Errorf("%w: %s is not in the policy table", errs.ErrPermission, clip(method))
+	}
+	if r.Role == Public {
+		return nil
+	}
+	p, _, err := v.authenticate(bearer(md))
+	if err != nil {
+		return err
+	}
+	return Allow(p, r, nil)
+}
+
 func tokenOf(ctx context.Context) string {
 	md, _ := metadata.FromIncomingContext(ctx)
+	return bearer(md)
+}
+
+// bearer is the token a call's metadata carries ("" for none).
+func bearer(md metadata.MD) string {
 	for _, v := range md.Get(TokenHeader) {
 		if t, ok := strings.CutPrefix(v, "Bearer "); ok {
 			return strings.TrimSpace(t)

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/tap"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/arsrpc"
@@ -37,6 +38,7 @@ import (
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/netsec"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -330,6 +332,7 @@ type Hub struct {
 	bulk    *bulk.Server       // the data plane beside grpc on the same port
 	bodies  *bodylimit.Limiter // grpc's streams' body deadlines
 	streams *streamcap.Cap     // grpc's streams per peer (nil: no cap)
+	calls   *streamcap.Calls   // grpc's calls in progress per peer, from their headers (nil: no cap)
 
 	mu       sync.Mutex
 	lis      net.Listener
@@ -381,7 +384,25 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if lim.MaxStreamsPerPeer > 0 { // counted once authenticated: a refused stream holds nothing
 		h.streams = streamcap.New(lim.MaxStreamsPerPeer)
 		opts = append(opts, grpc.ChainStreamInterceptor(h.streams.StreamInterceptor()))
+		// Every call, unary ones included, from its headers: as many
+		// again as the streams, so a peer at its stream cap still makes
+		// unary calls.
+		h.calls = streamcap.NewCalls(2 * lim.MaxStreamsPerPeer)
 	}
+	// On a call's headers, before grpc-go starts its handler: the token
+	// and role (a unary call's interceptors run only once its whole
+	// request message came), then the calls a peer has in progress.
+	opts = append(opts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if err := cfg.Auth.CheckHeaders(info.FullMethodName, info.Header); err != nil {
+			return nil, grpcerr.ToStatus(err)
+		}
+		if h.calls != nil {
+			if err := h.calls.Tap(ctx); err != nil {
+				return nil, err
+			}
+		}
+		return ctx, nil
+	}))
 	// Innermost: the streams' body deadlines, as on the data plane.
 	h.bodies = bodylimit.New(bodylimit.Config{Allowance: lim.BodyTimeout, MinRate: lim.BodyMinRate, Logger: cfg.Logger})
 	opts = append(opts, grpc.ChainStreamInterceptor(h.bodies.StreamInterceptor()))

@@ -10,6 +10,7 @@
 package streamcap
 
 import (
+	"context"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -59,6 +60,55 @@ func (c *Cap) StreamInterceptor() grpc.StreamServerInterceptor {
 		}()
 		return next(srv, ss)
 	}
+}
+
+// Calls caps the calls, unary ones included, one peer IP has in progress
+// on a server, counted from their headers (Tap). grpc-go starts a unary
+// handler's goroutine on the headers and lets it wait for the request
+// message before any unary interceptor runs: the stream cap
+// (StreamInterceptor) never sees it, so without this one connection
+// could hold any number of them.
+type Calls struct {
+	max int
+
+	mu   sync.Mutex
+	open map[string]int
+}
+
+// NewCalls returns a cap of max calls in progress per peer IP (max > 0).
+func NewCalls(max int) *Calls { return &Calls{max: max, open: map[string]int{}} }
+
+// Tap counts the call whose stream ctx is (grpc.InTapHandle's), refusing
+// it past the cap; the count is given back when ctx ends (the stream's
+// end, whatever it was).
+func (c *Calls) Tap(ctx context.Context) error {
+	ip := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		ip = bulk.PeerIP(p.Addr)
+	}
+	c.mu.Lock()
+	if c.open[ip] >= c.max {
+		c.mu.Unlock()
+		return status.Errorf(codes.ResourceExhausted,
+			"rlhub: this peer already has %d calls in progress on this server; wait for some to end", c.max)
+	}
+	c.open[ip]++
+	c.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		if c.open[ip]--; c.open[ip] == 0 {
+			delete(c.open, ip)
+		}
+		c.mu.Unlock()
+	})
+	return nil
+}
+
+// Held is the number of calls ip has in progress.
+func (c *Calls) Held(ip string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open[ip]
 }
 
 // Held is the number of streams ip holds open.
