@@ -149,6 +149,12 @@ func summarise(r *runner, model string, pol *ars.Policy) Summary {
 		},
 		Optimizer: optimizerFile(r.spec.Optimizer), GradientMax: r.spec.GradientMax,
 	}
+	if p := last.P; p.Done && p.Reason != "target" && p.Reason != "budget" {
+		// A failure entry (diverged, stopped): Iteration is the iteration
+		// that did not finish, and the policy is θ after every finished
+		// iteration's update, trained on all the training episodes.
+		s.Iterations, s.PolicyEpisodes = p.Iteration, p.Episodes
+	}
 	if r.cfg.Workers > 0 {
 		s.MuJoCo, s.MuJoCoLibrary = mujoco.Version(), mujoco.Library()
 	}
@@ -209,6 +215,40 @@ func curveRecord(r Row) []string {
 	return []string{strconv.FormatUint(p.Iteration, 10), strconv.FormatUint(p.Version, 10), strconv.FormatInt(p.PolicyEpisodes, 10), strconv.FormatInt(p.Episodes, 10),
 		strconv.FormatInt(p.EvalEpisodes, 10), strconv.FormatInt(p.Steps, 10), formatG(r.Wall), formatG(p.ElapsedSeconds), em, es, formatG(p.SigmaR),
 		formatG(p.TrainReturn), strconv.FormatBool(p.Confirm)}
+}
+
+// curveKey names a curve.csv row: the re-evaluation shares its
+// iteration number with the evaluation it confirms.
+type curveKey struct {
+	iteration uint64
+	confirm   bool
+}
+
+// readCurveWalls reads the wall_seconds of an earlier curve.csv's rows
+// and the largest of them; a missing or torn file gives what it holds.
+func readCurveWalls(path string) (map[curveKey]float64, float64) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0
+	}
+	defer f.Close()
+	rd := csv.NewReader(f)
+	rd.FieldsPerRecord = len(curveHeader)
+	walls, most := map[curveKey]float64{}, 0.0
+	for {
+		rec, err := rd.Read()
+		if err != nil {
+			return walls, most
+		}
+		it, err1 := strconv.ParseUint(rec[0], 10, 64)
+		w, err2 := strconv.ParseFloat(rec[6], 64)
+		confirm, err3 := strconv.ParseBool(rec[12])
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue // the header
+		}
+		walls[curveKey{it, confirm}] = w
+		most = max(most, w)
+	}
 }
 
 // curveFile is OUT/curve.csv, appended to as iterations arrive (so an

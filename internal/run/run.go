@@ -12,6 +12,7 @@ import (
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/arsrpc"
@@ -49,8 +50,29 @@ func Run(ctx context.Context, cfg Config) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
+	if rec != nil {
+		if err := sameRunAsStarted(cfg.Out, spec); err != nil {
+			return Summary{}, err
+		}
+	}
 	r := &runner{cfg: cfg, spec: spec, protocol: protocolOf(spec)}
 	return r.run(ctx, rec)
+}
+
+// sameRunAsStarted refuses to resume with a spec other than the one the
+// run started with (OUT/config.yaml): the hub continues the run it has,
+// so the outputs written now would describe another run, and replaying
+// OUT/config.yaml would not give OUT/policy.safetensors.
+func sameRunAsStarted(out string, spec *pb.ARSRunSpec) error {
+	f, err := LoadFile(filepath.Join(out, "config.yaml"))
+	if err != nil {
+		return nil // killed before config.yaml was written: nothing to compare with
+	}
+	started, _, err := arsrpc.Normalise(f.Spec())
+	if err != nil || proto.Equal(started, spec) {
+		return nil
+	}
+	return fmt.Errorf("--resume: the run in %s started as %s/config.yaml says; a resumed run keeps its settings: drop the flags (or --config) that change them, or start a new run with --overwrite or another --out", out, out)
 }
 
 // runner is one Run's state; it is used by Run's goroutine only.
@@ -65,6 +87,11 @@ type runner struct {
 	next     uint64 // first iteration not yet seen
 	prog     *progress
 	curve    *curveFile
+	// On a resumed run: the wall seconds curve.csv recorded for the
+	// iterations seen before (kept when the hub sends them again), and
+	// the largest of them (added to the time of new iterations).
+	prevWall map[curveKey]float64
+	wallBase float64
 	// reconnects counts outages the client recovered from (Summary's
 	// HubReconnects); only the run's goroutine touches it.
 	reconnects int
@@ -154,6 +181,9 @@ func (r *runner) run(ctx context.Context, rec *runRecord) (Summary, error) {
 	}
 	if err := atomicfile.Write(filepath.Join(cfg.Out, "config.yaml"), yml); err != nil {
 		return Summary{}, err
+	}
+	if rec != nil {
+		r.prevWall, r.wallBase = readCurveWalls(filepath.Join(cfg.Out, "curve.csv"))
 	}
 	if r.curve, err = createCurve(filepath.Join(cfg.Out, "curve.csv")); err != nil {
 		return Summary{}, err
@@ -359,8 +389,11 @@ func (r *runner) watchOnce(ctx context.Context) (progressed, done bool, err erro
 // record keeps one new iteration: the curve file, the progress display
 // and the observer.
 func (r *runner) record(p *pb.ARSProgress) {
-	wall := time.Since(r.began)
-	row := Row{P: p, Wall: wall.Seconds()}
+	wall := time.Since(r.began).Seconds() + r.wallBase
+	if w, ok := r.prevWall[curveKey{p.Iteration, p.Confirm}]; ok {
+		wall = w // recorded before the resume
+	}
+	row := Row{P: p, Wall: wall}
 	r.rows = append(r.rows, row)
 	if !p.Done || p.Iteration >= r.next {
 		r.next = p.Iteration + 1
