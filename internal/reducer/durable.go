@@ -488,6 +488,16 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 	if d.forgetAfter > 0 {
 		applied.SetClock(d.now) // its clients are idle from now, as the live ledger's
 	}
+	read := int64(0) // the bytes of whole records readJournal read
+	if len(ends) > 0 {
+		read = ends[len(ends)-1]
+	}
+	if jerr == nil && read < size && keep == read && last < newest {
+		// A kill tears only the record of a step never published, past
+		// the records of the store's newest version: a journal that
+		// stops short of that version at a bad frame is damaged.
+		jerr = fmt.Errorf("journal damaged at byte %d of %d: a bad frame after version %d, before the store's newest %d (not a torn append)", read, size, last, newest)
+	}
 	if jerr != nil {
 		out.problems = append(out.problems, jerr.Error())
 		// Cut back below, the records after the damage would be gone for
@@ -552,6 +562,11 @@ func (d *stateDir) restore(dir string, reg registration, newest uint64, window i
 			raw, err := os.ReadFile(filepath.Join(dir, name))
 			if err == nil {
 				out.state, out.meta, err = decodeState(raw, newest)
+			}
+			if err == nil && last == newest && keep > 0 && out.meta["optim.steps"] != strconv.FormatUint(out.steps, 10) {
+				// The checksum covers the tensors, not the metadata: the
+				// journal's step count of newest is checked against it.
+				err = fmt.Errorf("its step count %q is not the journal's %d", truncate(out.meta["optim.steps"], 32), out.steps)
 			}
 			if err != nil {
 				out.problems = append(out.problems, fmt.Sprintf("optimizer state of version %d unreadable: %v", newest, err))
