@@ -24,9 +24,12 @@ same on both. The client retries the *same* ``(client id, seq)``:
   being reduced elsewhere): jittered back-off from ``backoff`` doubling to
   ``max_backoff``, then a retry at the same secondary (which then counts the
   gradient once: docs/reducer.md, Counters);
-* ``ALREADY_EXISTS`` answering a *retry* means an earlier attempt got
-  through: the push succeeded (``Receipt.duplicate`` is True). On a first
-  attempt it means the sequence number was used before, and is raised.
+* ``ALREADY_EXISTS`` answering a *retry* after an attempt that may have
+  reached a secondary (its connection broke after sending) means that
+  attempt got through: the push succeeded (``Receipt.duplicate`` is True).
+  Otherwise (a first attempt, or retries after attempts that sent nothing
+  or were refused before admission) it means the sequence number was used
+  before, and is raised.
 
 The list of secondaries is also asked again every ``refresh_every`` seconds,
 so secondaries that start or restart (at a new address) get pushes from
@@ -321,10 +324,7 @@ class GradClient:
         self._channels: Dict[str, grpc.Channel] = {}
         self._targets: List[Tuple[str, str]] = []
         self._dead: Dict[Tuple[str, str], float] = {}
-        hub = self._channel(hub_addr)
-        self._hub = reducer_pb2_grpc.ReducerStub(hub)
-        if self._bulk is not None and isinstance(hub, _channel.FollowingChannel):
-            hub.on_move(self._bulk.abort)  # pushes in flight on a primary that moved end there: outcome unknown
+        self._channel(hub_addr)  # the hub's channel (re-made, like every channel, after close)
         # With an etcd:// hub_addr, secondaries announced in etcd come from a
         # watch (rlhub.discover): one that starts is used at once, one whose
         # announcement goes (withdrawn, lease expired) is skipped even if the
@@ -365,7 +365,16 @@ class GradClient:
             ch = self._channels.get(addr)
             if ch is None:
                 ch = self._channels[addr] = _channel.channel(addr, options=_CHANNEL_OPTIONS)
+                if addr == self.hub_addr and self._bulk is not None and isinstance(ch, _channel.FollowingChannel):
+                    ch.on_move(self._bulk.abort)  # pushes in flight on a primary that moved end there: outcome unknown
             return ch
+
+    @property
+    def _hub(self) -> reducer_pb2_grpc.ReducerStub:
+        """A stub on the hub's current channel: the one made before a
+        ``close`` is closed, and a stub kept from then would raise
+        ``ValueError: Cannot invoke RPC on closed channel!``."""
+        return reducer_pb2_grpc.ReducerStub(self._channel(self.hub_addr))
 
     def close(self) -> None:
         """Stops the etcd watch and closes every channel and idle data-plane
@@ -550,7 +559,12 @@ class GradClient:
             except errors.RlhubError as e:
                 code = e.code
                 last = e
-            if code == grpc.StatusCode.ALREADY_EXISTS and attempt > 1:
+            if code == grpc.StatusCode.ALREADY_EXISTS and unknown:
+                # Only an earlier attempt that may have reached a secondary
+                # makes this "ours": after attempts that provably sent
+                # nothing (a refused dial, a standby's refusal) or were
+                # refused before admission (RESOURCE_EXHAUSTED), the seq
+                # was used before, as on a first attempt: raised below.
                 return Receipt(0, 0.0, seq, t[0], t[1], attempt, duplicate=True)
             if code == grpc.StatusCode.UNAVAILABLE:
                 hub = self._channel(self.hub_addr)

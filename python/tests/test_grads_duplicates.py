@@ -1,0 +1,168 @@
+"""GradClient: a reused sequence number is raised however its earlier attempts failed; a lost answer's retry is a duplicate; a closed client reopens (real hub, real torch)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+import rlhub
+from rlhub.grads import GradClient
+from conftest import free_port
+
+
+def setup(addr: str, name: str, sd: dict) -> None:
+    with rlhub.StoreClient(addr) as s:
+        s.push(name, sd, version=1, expect=0)
+
+
+def wait_version(s: rlhub.StoreClient, name: str, v: int, timeout: float = 30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = s.pull(name)
+        if got.version >= v:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"{name} never reached version {v}")
+
+
+# -- Defect 1: a reused seq is reported as a successful duplicate ----------
+
+
+def test_reused_seq_is_raised_even_when_an_earlier_attempt_sent_nothing(hub):
+    """grads.py docstring: ALREADY_EXISTS "on a first attempt ... means the
+    sequence number was used before, and is raised". When the first attempt
+    provably sent nothing (its dial was refused) the second attempt is, for
+    the hub, the first one: yet push() returns Receipt(duplicate=True) and
+    the new gradient is silently dropped."""
+    setup(hub.addr, "pol", {"w": torch.zeros(4)})
+    with GradClient(hub.addr, "reuse") as g, rlhub.StoreClient(hub.addr) as s:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 1.0}, reduction="sum")
+        g.push("pol", 1, {"w": torch.ones(4)}, seq=7)
+        wait_version(s, "pol", 2)
+        # Control: the reuse is refused when the first attempt reaches the hub.
+        with pytest.raises(rlhub.AlreadyExists):
+            g.push("pol", 2, {"w": torch.full((4,), 2.0)}, seq=7)
+        # The same reuse, the first attempt going to a secondary nothing
+        # listens on (connection refused: nothing sent).
+        g._targets = [(f"127.0.0.1:{free_port()}", "gone")]
+        with pytest.raises(rlhub.AlreadyExists):
+            r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
+            print("\nreused seq 7 reported as success:", r)
+        assert s.pull("pol").version == 2
+
+
+class AnswerDropper:
+    """A TCP proxy to the hub that forwards the request and body but drops
+    the hub's answer after the data plane's handshake (8 bytes) and
+    continue (1 byte), then closes: the push reached the hub, its answer
+    was lost."""
+
+    def __init__(self, upstream: str):
+        self.up = upstream
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(8)
+        self.addr = "127.0.0.1:%d" % self.srv.getsockname()[1]
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(c,), daemon=True).start()
+
+    def _one(self, c):
+        host, port = self.up.rsplit(":", 1)
+        u = socket.create_connection((host, int(port)))
+
+        def up():
+            try:
+                while (b := c.recv(1 << 16)):
+                    u.sendall(b)
+            except OSError:
+                pass
+
+        threading.Thread(target=up, daemon=True).start()
+        passed = 0
+        try:
+            while passed < 9:
+                b = u.recv(9 - passed)
+                if not b:
+                    break
+                c.sendall(b)
+                passed += len(b)
+            u.recv(1)  # the final status begins: drop it
+        except OSError:
+            pass
+        for x in (c, u):  # shutdown, not only close: the forwarding thread is blocked in c.recv
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def close(self):
+        self.srv.close()
+
+
+def test_lost_answer_retry_is_still_a_duplicate(hub):
+    """The case ``duplicate`` is for (and test_retried_duplicate_is_success
+    meant to show): the first attempt reached the hub and its answer was
+    lost; the retry is answered ALREADY_EXISTS (or ABORTED first)."""
+    setup(hub.addr, "pol", {"w": torch.zeros(4)})
+    p = AnswerDropper(hub.addr)
+    try:
+        with GradClient(hub.addr, "dup", timeout=10.0) as g, rlhub.StoreClient(hub.addr) as s:
+            g.register("pol", optimizer={"kind": "sgd", "lr": 1.0}, reduction="sum")
+            g.secondaries()
+            sid = g._targets[0][1]
+            g._targets = [(p.addr, sid)]
+            g._refreshed = time.monotonic()
+            r = g.push("pol", 1, {"w": torch.ones(4)}, seq=5)
+            assert r.duplicate and r.attempts >= 2 and r.addr == hub.addr, r
+            v = wait_version(s, "pol", 2)
+            assert v.tensors["w"].tolist() == [-1.0] * 4  # applied once
+    finally:
+        p.close()
+
+
+# -- Defect 2: a closed GradClient is half usable ---------------------------
+
+
+def test_operator_calls_after_close_work_like_push(hub):
+    """close() re-creates channels on use (_bulk docstring: "as GradClient's
+    gRPC channels are re-created after its close"; test_push_after_close_
+    still_works) but ``self._hub`` keeps a stub on the closed channel:
+    stats()/register()/secondaries() raise a bare ValueError."""
+    setup(hub.addr, "pol", {"w": torch.zeros(4)})
+    g = GradClient(hub.addr)
+    try:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+        g.push("pol", 1, {"w": torch.ones(4)})
+        g.close()
+        assert g.push("pol", 1, {"w": torch.ones(4)}).attempts == 1  # works today
+        assert g.stats().total.pushed >= 1  # ValueError: Cannot invoke RPC on closed channel!
+    finally:
+        g.close()
+
+
+def test_push_after_close_with_a_due_refresh(hub):
+    """The same stale stub makes push() itself raise ValueError (not an
+    RlhubError: _maybe_refresh swallows only those) once the secondaries'
+    list is due a refresh."""
+    setup(hub.addr, "pol", {"w": torch.zeros(4)})
+    g = GradClient(hub.addr, refresh_every=0.1)
+    try:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 0.1})
+        g.push("pol", 1, {"w": torch.ones(4)})
+        g.close()
+        time.sleep(0.3)
+        assert g.push("pol", 1, {"w": torch.ones(4)}).attempts == 1
+    finally:
+        g.close()
