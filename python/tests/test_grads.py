@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import socket
 import threading
 import time
 
@@ -238,10 +239,7 @@ def test_retried_duplicate_is_success(hub):
         with pytest.raises(rlhub.AlreadyExists):
             g.push("pol", 1, net, seq=5)
         # An attempt whose answer was lost after it reached the hub
-        # (test_audit_s33b1_defects.AnswerDropper): its retry's
-        # ALREADY_EXISTS is a success.
-        from test_grads_duplicates import AnswerDropper
-
+        # (AnswerDropper, below): its retry's ALREADY_EXISTS is a success.
         p = AnswerDropper(hub.addr)
         try:
             g._targets = [(p.addr, g.secondaries()[0][1])]
@@ -378,3 +376,59 @@ def test_push_to_down_secondaries_backs_off():
     attempts = st["bulk"] + st["grpc"]
     # 1 ms doubling to max_backoff (100 ms) allows ~30 attempts in 2 s.
     assert 2 <= attempts <= 60 and len(listed) <= 150, f"{attempts} attempts and {len(listed)} listings in 2 s"
+
+
+class AnswerDropper:
+    """A TCP proxy to the hub that forwards the request and body but drops
+    the hub's answer after the data plane's handshake (8 bytes) and
+    continue (1 byte), then closes: the push reached the hub, its answer
+    was lost."""
+
+    def __init__(self, upstream: str):
+        self.up = upstream
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(8)
+        self.addr = "127.0.0.1:%d" % self.srv.getsockname()[1]
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(c,), daemon=True).start()
+
+    def _one(self, c):
+        host, port = self.up.rsplit(":", 1)
+        u = socket.create_connection((host, int(port)))
+
+        def up():
+            try:
+                while (b := c.recv(1 << 16)):
+                    u.sendall(b)
+            except OSError:
+                pass
+
+        threading.Thread(target=up, daemon=True).start()
+        passed = 0
+        try:
+            while passed < 9:
+                b = u.recv(9 - passed)
+                if not b:
+                    break
+                c.sendall(b)
+                passed += len(b)
+            u.recv(1)  # the final status begins: drop it
+        except OSError:
+            pass
+        for x in (c, u):  # shutdown, not only close: the forwarding thread is blocked in c.recv
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def close(self):
+        self.srv.close()

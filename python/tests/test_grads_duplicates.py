@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 import rlhub
 from rlhub.grads import GradClient
 from conftest import free_port
+from test_grads import AnswerDropper
 
 
 def setup(addr: str, name: str, sd: dict) -> None:
@@ -53,62 +52,6 @@ def test_reused_seq_is_raised_even_when_an_earlier_attempt_sent_nothing(hub):
             r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
             print("\nreused seq 7 reported as success:", r)
         assert s.pull("pol").version == 2
-
-
-class AnswerDropper:
-    """A TCP proxy to the hub that forwards the request and body but drops
-    the hub's answer after the data plane's handshake (8 bytes) and
-    continue (1 byte), then closes: the push reached the hub, its answer
-    was lost."""
-
-    def __init__(self, upstream: str):
-        self.up = upstream
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(8)
-        self.addr = "127.0.0.1:%d" % self.srv.getsockname()[1]
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self):
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(c,), daemon=True).start()
-
-    def _one(self, c):
-        host, port = self.up.rsplit(":", 1)
-        u = socket.create_connection((host, int(port)))
-
-        def up():
-            try:
-                while (b := c.recv(1 << 16)):
-                    u.sendall(b)
-            except OSError:
-                pass
-
-        threading.Thread(target=up, daemon=True).start()
-        passed = 0
-        try:
-            while passed < 9:
-                b = u.recv(9 - passed)
-                if not b:
-                    break
-                c.sendall(b)
-                passed += len(b)
-            u.recv(1)  # the final status begins: drop it
-        except OSError:
-            pass
-        for x in (c, u):  # shutdown, not only close: the forwarding thread is blocked in c.recv
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            x.close()
-
-    def close(self):
-        self.srv.close()
 
 
 def test_lost_answer_retry_is_still_a_duplicate(hub):
