@@ -140,7 +140,16 @@ func newCertCmd(g *globals) *cobra.Command {
 			"[--tls-cert client.pem --tls-key client-key.pem].",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if noCN && (name == "" || !client) { // before anything is written
+			// Refused before anything is written: flags that would be
+			// silently ignored leave the operator with certificates other
+			// than the ones asked for.
+			if client && name == "" {
+				return fmt.Errorf("--client needs --name NAME: without --name, cert makes the default server.pem and client.pem")
+			}
+			if client && cmd.Flags().Changed("hosts") {
+				return fmt.Errorf("--hosts is for a server certificate: a --client certificate names no hosts (drop --client, or --hosts)")
+			}
+			if noCN && (name == "" || !client) {
 				return fmt.Errorf("--no-cn is for a client certificate: give --name NAME --client")
 			}
 			caCert, caKey := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
@@ -259,34 +268,30 @@ func newTokenCmd(g *globals) *cobra.Command {
 				return err
 			}
 			line := auth.Line(hash, p)
+			// --out is written before the line is appended, and removed
+			// if the append fails: a failed command leaves nothing behind.
+			// This order is the safe one if the process dies between the
+			// two: what is left is then an --out file whose token is in
+			// no token file (it grants nothing, and a rerun names it:
+			// "file exists"), not a line in the hub's token file for a
+			// token nobody holds, which no one could tell from a live one
+			// and which taking out means rewriting the file a hub reads.
+			// It is also the order that fails before touching --append
+			// when --out is refused (it exists, its directory is missing).
+			// (An append whose write went through and whose fsync failed
+			// may leave its line: it grants nothing once --out is gone.)
 			if out != "" {
 				if err := writeNew(out, tok+"\n"); err != nil {
 					return err
 				}
 			}
 			if appendTo != "" {
-				f, err := os.OpenFile(appendTo, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
-				if err != nil {
-					return err
-				}
-				// A last line without its newline (written by hand) must
-				// not run into this one: the old token would take this
-				// line's role, scopes and name.
-				sep := ""
-				if st, serr := f.Stat(); serr == nil && st.Size() > 0 {
-					last := make([]byte, 1)
-					if _, rerr := f.ReadAt(last, st.Size()-1); rerr == nil && last[0] != '\n' {
-						sep = "\n"
+				if err := appendLine(appendTo, line); err != nil {
+					if out != "" {
+						if rerr := os.Remove(out); rerr != nil {
+							err = errors.Join(err, fmt.Errorf("the token written to --out %s is in no token file: %w", out, rerr))
+						}
 					}
-				}
-				_, err = fmt.Fprint(f, sep+line+"\n")
-				if err == nil {
-					err = f.Sync() // the token is handed out: its line must outlive a power cut
-				}
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
 					return err
 				}
 			}
@@ -430,13 +435,43 @@ func revokeTokens(path, name string) (int, error) {
 	return n, atomicfile.SyncDir(filepath.Dir(path))
 }
 
-// writeNew writes data to a new file of mode 0600.
+// writeNew writes data to a new file of mode 0600; it removes the file
+// again when the write fails.
 func writeNew(path, data string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
 	_, err = f.WriteString(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
+}
+
+// appendLine appends line and a newline to the token file path (created
+// 0600), and syncs it.
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	// A last line without its newline (written by hand) must not run into
+	// this one: the old token would take this line's role, scopes and name.
+	sep := ""
+	if st, serr := f.Stat(); serr == nil && st.Size() > 0 {
+		last := make([]byte, 1)
+		if _, rerr := f.ReadAt(last, st.Size()-1); rerr == nil && last[0] != '\n' {
+			sep = "\n"
+		}
+	}
+	_, err = fmt.Fprint(f, sep+line+"\n")
+	if err == nil {
+		err = f.Sync() // the token is handed out: its line must outlive a power cut
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

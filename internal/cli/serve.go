@@ -42,6 +42,9 @@ func newServeCmd(g *globals) *cobra.Command {
 			if err := refuseZero(cmd, "stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait"); err != nil {
 				return err
 			}
+			if err := refuseClusterOnly(cmd, &cl); err != nil {
+				return err
+			}
 			if cfg.Reducer.Secondaries == 0 { // reducer.Config reads 0 as 1
 				return fmt.Errorf("--reducer-secondaries 0: give -1 for none, or a count")
 			}
@@ -129,10 +132,10 @@ func newServeCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	sec.register(cmd)
 	f.StringVar(&cfg.Listen, "listen", hub.DefaultListen, "gRPC listen address (not loopback: needs TLS and --auth-tokens, or --insecure)")
-	f.StringVar(&cfg.Advertise, "advertise", "", "with --etcd: the address other machines dial to reach this hub, HOST or HOST:PORT (default --listen's host and the bound port); needed when --listen names no machine, e.g. 0.0.0.0 in a Kubernetes pod reached by its DNS name (its TLS certificate must name it)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "the address other machines dial to reach this hub (registered in etcd with --etcd; what a --role reducer hub's secondaries give their --primary), HOST or HOST:PORT (default --listen's host and the bound port); needed when --listen names no machine, e.g. 0.0.0.0 in a Kubernetes pod reached by its DNS name (its TLS certificate must name it)")
 	f.StringVar(&cfg.AddrFile, "addr-file", "", "write the bound address here once listening (with --listen 127.0.0.1:0)")
 	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk)")
-	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop")
+	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop (a second SIGINT/SIGTERM stops at once)")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics and the live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9470 (default off)")
 	f.StringVar(&role, "role", "all", "all: host every service, the reducer primary included; reducer: host secondary reducers of the primary at --primary")
 	f.StringVar(&cfg.Reducer.Primary, "primary", "", "address of the hub hosting the reducer primary (with --role reducer)")
@@ -213,6 +216,32 @@ func (b *byteSize) Set(s string) error {
 }
 
 func (*byteSize) Type() string { return "size" }
+
+// clusterOnlyFlags are serve's flags that only a hub in a cluster reads
+// (runClustered, runAnnouncedSecondaries). --advertise is not one: a
+// --role reducer hub's secondaries give it to their --primary, which
+// lists them to clients under it, with or without etcd.
+var clusterOnlyFlags = []string{"cluster", "member-id", "lease-ttl", "replica-acks", "replica-sync",
+	"replica-transport", "replica-ack-timeout", "replica-fault-backoff", "replica-scrub-every"}
+
+// refuseClusterOnly refuses a cluster flag given to a hub that is in no
+// cluster (no --etcd, no --embedded-etcd), and --embedded-etcd-url without
+// --embedded-etcd: said so, rather than accepted and ignored (its value
+// not even parsed).
+func refuseClusterOnly(cmd *cobra.Command, cl *clusterFlags) error {
+	if cl.embedded == "" && cmd.Flags().Changed("embedded-etcd-url") {
+		return fmt.Errorf("--embedded-etcd-url needs --embedded-etcd DIR: it is the embedded etcd's client URL")
+	}
+	if cl.etcd != "" || cl.embedded != "" {
+		return nil
+	}
+	for _, name := range clusterOnlyFlags {
+		if cmd.Flags().Changed(name) {
+			return fmt.Errorf("--%s needs --etcd or --embedded-etcd: it is for a hub in a cluster (docs/cluster.md)", name)
+		}
+	}
+	return nil
+}
 
 // refuseZero refuses a 0 given explicitly for any of the named flags,
 // whose configuration reads 0 as its default: said so, not done silently.
