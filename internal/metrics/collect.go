@@ -91,16 +91,18 @@ type ClusterStats struct {
 const OtherLabel = "other"
 
 // statsCollector is a prometheus.Collector that reads Sources at scrape
-// time; of its own it holds only which models the store's families label
-// by name (storeLabels).
+// time; of its own it holds only which models the store's and the
+// reducer's per-model families label by name (stickyLabels).
 type statsCollector struct {
 	src     Sources
 	max     int           // label values kept per capped label (the rest: "other")
 	timeout time.Duration // bounds Sources.Sync's store look-ups
 	descs   map[string]*prometheus.Desc
 	fams    []Family
-	// storeLabels keeps the store families' labels from scrape to scrape.
-	storeLabels storeLabels
+	// storeLabels and reducerLabels keep the store's and the reducer's
+	// per-model families' labels from scrape to scrape.
+	storeLabels   stickyLabels[store.ModelStats]
+	reducerLabels stickyLabels[reducerModel]
 }
 
 func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *statsCollector {
@@ -251,15 +253,15 @@ func (c *statsCollector) collectReducer(ch chan<- prometheus.Metric) {
 			c.emit(ch, fReducerDropped, float64(n), string(r)) // a reason added later
 		}
 	}
-	names := slices.Sorted(maps.Keys(st.Models))
-	if len(names) > c.max {
-		names = names[:c.max] // registered models are few; keep by name
-	}
-	for _, name := range names {
+	models := make([]reducerModel, 0, len(st.Models))
+	for _, name := range slices.Sorted(maps.Keys(st.Models)) {
 		m := st.Models[name]
-		c.emit(ch, fReducerModelVer, float64(m.Version), name)
-		c.emit(ch, fReducerModelApp, float64(m.Counters.Applied), name)
-		c.emit(ch, fReducerModelOpt, float64(m.OptimizerSteps), name)
+		models = append(models, reducerModel{Name: name, Version: m.Version, Applied: m.Counters.Applied, OptimizerSteps: m.OptimizerSteps})
+	}
+	for _, m := range c.reducerLabels.split(models, c.max, reducerSum) {
+		c.emit(ch, fReducerModelVer, float64(m.Version), m.Name)
+		c.emit(ch, fReducerModelApp, float64(m.Applied), m.Name)
+		c.emit(ch, fReducerModelOpt, float64(m.OptimizerSteps), m.Name)
 	}
 	var h reducer.LatencyHistogram
 	if c.src.ReducerLatency != nil {
@@ -277,7 +279,7 @@ func (c *statsCollector) collectReducer(ch chan<- prometheus.Metric) {
 }
 
 func (c *statsCollector) collectStore(ch chan<- prometheus.Metric, st store.Stats) {
-	models := c.storeLabels.split(st, c.max)
+	models := c.storeLabels.split(st.Models, c.max, storeSum(st.UnlistedRefused))
 	for _, m := range models {
 		c.emit(ch, fStoreVersion, float64(m.Version), m.Name)
 		c.emit(ch, fStoreBytes, float64(m.Bytes), m.Name)
@@ -289,42 +291,58 @@ func (c *statsCollector) collectStore(ch chan<- prometheus.Metric, st store.Stat
 	}
 }
 
-// storeLabels decides which models the store's families label by name
-// (at most maxNamed) and which are summed as OtherLabel, so that the counters
-// stay counters. A model keeps its label for as long as the store lists
-// it, and one summed as "other" stays there: a new model sorting first no
-// longer moves a named one into "other" (which jumped up by its counts),
-// nor does a deletion move one out (which made "other" fall). "other"
-// also keeps what the models it summed had counted when they left the
-// store's list (their last scraped counts), and the pushes refused on
-// names that held no version (store.Stats.UnlistedRefused). A label
-// freed by a model that left goes to a model first listed after.
-type storeLabels struct {
+// stickyLabels decides which models a family with a capped model label
+// labels by name (at most maxNamed) and which are summed as OtherLabel, so
+// that the counters stay counters. A model keeps its label for as long as
+// its source lists it, and one summed as "other" stays there: a new model
+// sorting first no longer moves a named one into "other" (which jumped up
+// by its counts), nor does a deletion move one out (which made "other"
+// fall). "other" also keeps what the models it summed had counted when
+// they left the list (their last scraped counts). A label freed by a
+// model that left goes to a model first listed after. The store's
+// families use it (storeSum) and the reducer's per-model ones
+// (reducerSum).
+type stickyLabels[T any] struct {
 	mu     sync.Mutex
 	named  map[string]bool
-	others map[string]store.ModelStats // the models summed as other, as last scraped
-	gone   store.ModelStats            // the counts of those that left the list
-	shown  bool                        // "other" has been exported: it stays
+	others map[string]T // the models summed as other, as last scraped
+	gone   T            // the counts of those that left the list
+	shown  bool         // "other" has been exported: it stays
 }
 
-// split returns st's models to export: the named ones, sorted by name,
-// then "other" when it sums anything.
-func (l *storeLabels) split(st store.Stats, maxNamed int) []store.ModelStats {
+// labelSum says how one source's per-model entries are summed as "other".
+type labelSum[T any] struct {
+	name func(T) string
+	// retire adds to gone the counters of last, a model summed as other
+	// that left the list.
+	retire func(gone *T, last T)
+	// other is the "other" entry before the listed models are folded in:
+	// named OtherLabel, holding gone's counters (and whatever the source
+	// counts as other of its own).
+	other func(gone T) T
+	// fold adds m to the "other" entry o: counters and sizes summed,
+	// versions the largest.
+	fold func(o *T, m T)
+	// counted reports whether o has counted anything (then "other" is
+	// exported from then on).
+	counted func(o T) bool
+}
+
+// split returns the models to export (models sorted by name): the named
+// ones, sorted by name, then "other" when it sums anything.
+func (l *stickyLabels[T]) split(models []T, maxNamed int, s labelSum[T]) []T {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.named == nil {
-		l.named, l.others = map[string]bool{}, map[string]store.ModelStats{}
+		l.named, l.others = map[string]bool{}, map[string]T{}
 	}
-	live := make(map[string]bool, len(st.Models))
-	for _, m := range st.Models {
-		live[m.Name] = true
+	live := make(map[string]bool, len(models))
+	for _, m := range models {
+		live[s.name(m)] = true
 	}
 	for name, last := range l.others {
 		if !live[name] {
-			l.gone.Pushes += last.Pushes
-			l.gone.Refused += last.Refused
-			l.gone.Reads += last.Reads
-			l.gone.ReadBytes += last.ReadBytes
+			s.retire(&l.gone, last)
 			delete(l.others, name)
 		}
 	}
@@ -333,37 +351,80 @@ func (l *storeLabels) split(st store.Stats, maxNamed int) []store.ModelStats {
 			delete(l.named, name)
 		}
 	}
-	out := make([]store.ModelStats, 0, min(len(st.Models), maxNamed)+1)
-	o := store.ModelStats{Name: OtherLabel, Pushes: l.gone.Pushes, Refused: l.gone.Refused + st.UnlistedRefused,
-		Reads: l.gone.Reads, ReadBytes: l.gone.ReadBytes}
-	for _, m := range st.Models { // sorted by name: the first listed take the free labels
-		if _, summed := l.others[m.Name]; !summed && !l.named[m.Name] {
+	out := make([]T, 0, min(len(models), maxNamed)+1)
+	o := s.other(l.gone)
+	for _, m := range models { // sorted by name: the first listed take the free labels
+		name := s.name(m)
+		if _, summed := l.others[name]; !summed && !l.named[name] {
 			// A model named OtherLabel is summed: under its own name it
 			// would repeat the sum's label set and fail the whole scrape.
-			if len(l.named) < maxNamed && m.Name != OtherLabel {
-				l.named[m.Name] = true
+			if len(l.named) < maxNamed && name != OtherLabel {
+				l.named[name] = true
 			}
 		}
-		if l.named[m.Name] {
+		if l.named[name] {
 			out = append(out, m)
 			continue
 		}
-		l.others[m.Name] = m
-		o.Version = max(o.Version, m.Version)
-		o.Bytes += m.Bytes
-		o.RetainedBytes += m.RetainedBytes
-		o.Pushes += m.Pushes
-		o.Refused += m.Refused
-		o.Reads += m.Reads
-		o.ReadBytes += m.ReadBytes
+		l.others[name] = m
+		s.fold(&o, m)
 	}
-	if len(l.others) > 0 || o.Pushes+o.Refused+o.Reads > 0 {
+	if len(l.others) > 0 || s.counted(o) {
 		l.shown = true
 	}
 	if l.shown {
 		out = append(out, o)
 	}
 	return out
+}
+
+// storeSum sums the store's models as "other"; "other" also counts the
+// pushes refused on names that held no version (store.Stats.UnlistedRefused).
+func storeSum(unlistedRefused uint64) labelSum[store.ModelStats] {
+	return labelSum[store.ModelStats]{
+		name: func(m store.ModelStats) string { return m.Name },
+		retire: func(gone *store.ModelStats, last store.ModelStats) {
+			gone.Pushes += last.Pushes
+			gone.Refused += last.Refused
+			gone.Reads += last.Reads
+			gone.ReadBytes += last.ReadBytes
+		},
+		other: func(gone store.ModelStats) store.ModelStats {
+			return store.ModelStats{Name: OtherLabel, Pushes: gone.Pushes, Refused: gone.Refused + unlistedRefused,
+				Reads: gone.Reads, ReadBytes: gone.ReadBytes}
+		},
+		fold: func(o *store.ModelStats, m store.ModelStats) {
+			o.Version = max(o.Version, m.Version)
+			o.Bytes += m.Bytes
+			o.RetainedBytes += m.RetainedBytes
+			o.Pushes += m.Pushes
+			o.Refused += m.Refused
+			o.Reads += m.Reads
+			o.ReadBytes += m.ReadBytes
+		},
+		counted: func(o store.ModelStats) bool { return o.Pushes+o.Refused+o.Reads > 0 },
+	}
+}
+
+// reducerModel is what the reducer's per-model families export of one
+// model registered with the primary.
+type reducerModel struct {
+	Name                             string
+	Version, Applied, OptimizerSteps uint64
+}
+
+// reducerSum sums the reducer's models as "other": applied (a counter)
+// and optimizer steps summed, the version the largest.
+var reducerSum = labelSum[reducerModel]{
+	name:   func(m reducerModel) string { return m.Name },
+	retire: func(gone *reducerModel, last reducerModel) { gone.Applied += last.Applied },
+	other:  func(gone reducerModel) reducerModel { return reducerModel{Name: OtherLabel, Applied: gone.Applied} },
+	fold: func(o *reducerModel, m reducerModel) {
+		o.Version = max(o.Version, m.Version)
+		o.Applied += m.Applied
+		o.OptimizerSteps += m.OptimizerSteps
+	},
+	counted: func(o reducerModel) bool { return o.Applied > 0 },
 }
 
 // cappedCollectors returns the max collectors with the largest lag (ties

@@ -43,6 +43,11 @@ const External optim.Kind = "external"
 // (publish_failed) and the model stops taking gradients.
 var ExternalStepTimeout = 2 * time.Minute
 
+// MaxHostErrorBytes is how many bytes of an optimizer host's step error
+// the primary keeps (errs.QuoteMax: the rest is cut at a rune boundary and
+// its length said).
+const MaxHostErrorBytes = 1024
+
 // validateExternal checks an external model's optimizer config.
 func validateExternal(c optim.Config) error {
 	if c != (optim.Config{Kind: External}) {
@@ -129,7 +134,7 @@ type hostConn struct {
 
 type hostResult struct {
 	id   uint64
-	err  string
+	err  string // the host's error, quoted and bounded; "" for weights
 	file *safetensors.File
 	blob []byte
 }
@@ -162,8 +167,11 @@ func (h *hostConn) recvLoop(model string, maxBytes int64) {
 				h.detach(fmt.Errorf("optimizer host of %q: result: %w", model, err))
 				return
 			}
-		} else if len(res.err) > 1024 {
-			res.err = res.err[:1024] + "…"
+		} else {
+			// The text goes into the model's failure (logged, and in
+			// every later push's error): quoted, and cut at a rune so a
+			// character spanning the cut is not split into invalid UTF-8.
+			res.err = errs.QuoteMax(r.Error, MaxHostErrorBytes)
 		}
 		select {
 		case h.results <- res:

@@ -2,6 +2,8 @@ package tensor
 
 import (
 	"fmt"
+
+	"github.com/rlhub/rlhub/internal/errs"
 )
 
 // StateDict is an ordered set of uniquely named tensors, the unit that the
@@ -143,10 +145,26 @@ func (sd *StateDict) CheckLayout(want *StateDict) error {
 			return fmt.Errorf("tensor: missing tensor %q", w.Name)
 		}
 		if !g.SameLayout(w) {
-			return fmt.Errorf("tensor %q: got %v%v, model has %v%v", w.Name, g.DType, g.Shape, w.DType, w.Shape)
+			// The shapes are clipped: a peer's tensor of rank 100000
+			// would otherwise make this text (logged, kept as a model's
+			// failure, sent back in errors) as large as its header.
+			return fmt.Errorf("tensor %q: got %s, model has %s", w.Name, layoutText(g), layoutText(w))
 		}
 	}
 	return nil
+}
+
+// maxLayoutText bounds the dtype and shape an error prints of one tensor.
+const maxLayoutText = 160
+
+// layoutText is t's dtype and shape as %v%v prints them, cut at
+// maxLayoutText bytes (then saying the rank).
+func layoutText(t *Tensor) string {
+	s := fmt.Sprintf("%v%v", t.DType, t.Shape)
+	if len(s) <= maxLayoutText {
+		return s
+	}
+	return errs.Clip(s, maxLayoutText) + fmt.Sprintf("…(rank %d)", len(t.Shape))
 }
 
 // smallDict is the size up to which a state dict has no name index.
