@@ -9,6 +9,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/tensor"
 )
 
@@ -397,7 +398,7 @@ func parseGeneral(raw []byte) (*header, error) {
 			return nil, err
 		}
 		if h.seen(key, &names) {
-			return nil, invalidf("duplicate key %q in header", key)
+			return nil, invalidf("duplicate key %s in header", errs.Quote(key))
 		}
 		if err := s.expect(':', where{tensor: key, part: "after the name"}); err != nil {
 			return nil, err
@@ -452,7 +453,7 @@ func (s *scanner) metadata() (map[string]string, error) {
 			return nil, err
 		}
 		if _, dup := md[k]; dup {
-			return nil, invalidf("duplicate %s key %q", MetadataKey, k)
+			return nil, invalidf("duplicate %s key %s", MetadataKey, errs.Quote(k))
 		}
 		if err := s.expect(':', w); err != nil {
 			return nil, err
@@ -500,7 +501,7 @@ func (s *scanner) entry(name string) (entry, error) {
 				return e, err
 			}
 			if e.DType, ok = dtypeOf(d); !ok {
-				return e, invalidf("%v: unknown dtype %q", w("entry"), d)
+				return e, invalidf("%v: unknown dtype %s", w("entry"), errs.Quote(string(d)))
 			}
 		case "shape":
 			if haveShape {
@@ -550,7 +551,7 @@ func (s *scanner) entry(name string) (entry, error) {
 				return e, err
 			}
 		default:
-			return e, invalidf("%v: unknown field %q", w("entry"), field)
+			return e, invalidf("%v: unknown field %s", w("entry"), errs.Quote(string(field)))
 		}
 	}
 	s.pos++

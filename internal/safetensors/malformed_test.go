@@ -169,3 +169,28 @@ func TestWellFormedEdgeCases(t *testing.T) {
 		t.Errorf("escaped name decoded as %q, %v", f.Tensors.At(0).Name, err)
 	}
 }
+
+// TestErrorsDoNotEchoUnboundedInput: a peer's header names tensors and
+// shapes of any length (within the header's 16 MiB); the errors quoted
+// them whole, and they reached logs and replies. Names are quoted and
+// cut, shapes cut with their rank.
+func TestErrorsDoNotEchoUnboundedInput(t *testing.T) {
+	long := strings.Repeat("n", 100_000)
+	rank := "[" + strings.Repeat("1,", 20_000) + "3]"
+	for name, in := range map[string][]byte{
+		"long name, offsets beyond the data": blob(`{"`+long+`":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, nil),
+		"long name, a gap":                   blob(`{"`+long+`":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, make([]byte, 8)),
+		"huge rank, wrong size":              blob(`{"a":{"dtype":"F32","shape":`+rank+`,"data_offsets":[0,8]}}`, make([]byte, 8)),
+		"long unknown dtype":                 blob(`{"a":{"dtype":"`+long+`","shape":[2],"data_offsets":[0,8]}}`, make([]byte, 8)),
+		"long unknown field":                 blob(`{"a":{"`+long+`":1,"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, make([]byte, 8)),
+	} {
+		_, err := Decode(in)
+		if !errors.Is(err, errs.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+			continue
+		}
+		if n := len(err.Error()); n > 600 {
+			t.Errorf("%s: an error of %d bytes echoes the input", name, n)
+		}
+	}
+}

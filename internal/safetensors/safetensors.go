@@ -60,6 +60,16 @@ type File struct {
 	HeaderLen int64
 }
 
+// shapeText is a shape for an error: cut at 160 bytes, with its rank
+// (a peer's header may claim thousands of dimensions).
+func shapeText(shape []int64) string {
+	t := fmt.Sprint(shape)
+	if len(t) <= 160 {
+		return t
+	}
+	return fmt.Sprintf("%s…(rank %d)", errs.Clip(t, 160), len(shape))
+}
+
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
@@ -102,22 +112,22 @@ func DecodeOptions(buf []byte, opt Options) (*File, error) {
 		e := &hdr.entries[i]
 		if e.begin != pos {
 			if e.begin < pos {
-				return nil, invalidf("tensor %q: data_offsets [%d,%d] overlap the previous tensor ending at %d", e.Name, e.begin, e.end, pos)
+				return nil, invalidf("tensor %s: data_offsets [%d,%d] overlap the previous tensor ending at %d", errs.Quote(e.Name), e.begin, e.end, pos)
 			}
-			return nil, invalidf("tensor %q: gap in data before offset %d (previous tensor ends at %d)", e.Name, e.begin, pos)
+			return nil, invalidf("tensor %s: gap in data before offset %d (previous tensor ends at %d)", errs.Quote(e.Name), e.begin, pos)
 		}
 		if e.end < e.begin {
-			return nil, invalidf("tensor %q: data_offsets [%d,%d] end before they begin", e.Name, e.begin, e.end)
+			return nil, invalidf("tensor %s: data_offsets [%d,%d] end before they begin", errs.Quote(e.Name), e.begin, e.end)
 		}
 		if e.end > uint64(len(data)) {
-			return nil, invalidf("tensor %q: data_offsets [%d,%d] beyond the %d data bytes", e.Name, e.begin, e.end, len(data))
+			return nil, invalidf("tensor %s: data_offsets [%d,%d] beyond the %d data bytes", errs.Quote(e.Name), e.begin, e.end, len(data))
 		}
 		want, ok := tensor.ByteLen(e.DType, e.Shape)
 		if !ok {
-			return nil, invalidf("tensor %q: shape %v overflows", e.Name, e.Shape)
+			return nil, invalidf("tensor %s: shape %s overflows", errs.Quote(e.Name), shapeText(e.Shape))
 		}
 		if uint64(want) != e.end-e.begin {
-			return nil, invalidf("tensor %q: shape %v × %v is %d bytes but data_offsets [%d,%d] hold %d", e.Name, e.Shape, e.DType, want, e.begin, e.end, e.end-e.begin)
+			return nil, invalidf("tensor %s: shape %s × %v is %d bytes but data_offsets [%d,%d] hold %d", errs.Quote(e.Name), shapeText(e.Shape), e.DType, want, e.begin, e.end, e.end-e.begin)
 		}
 		// The entries become the tensors: one allocation for all of them.
 		e.Data = data[e.begin:e.end:e.end]
