@@ -28,7 +28,9 @@ type rawH2 struct {
 	resets chan uint32 // streams the server ended (RST_STREAM or END_STREAM)
 }
 
-func dialRawH2(t *testing.T, addr string) *rawH2 {
+// openH2 dials addr and sends HTTP/2's preface and SETTINGS; its frames
+// are read by the caller.
+func openH2(t *testing.T, addr string) *rawH2 {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -42,6 +44,13 @@ func dialRawH2(t *testing.T, addr string) *rawH2 {
 	if err := r.fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
+	return r
+}
+
+func dialRawH2(t *testing.T, addr string) *rawH2 {
+	t.Helper()
+	r := openH2(t, addr)
+	c := r.c
 	rd := http2.NewFramer(nil, c)
 	go func() {
 		for {
@@ -158,19 +167,9 @@ type flowH2 struct {
 
 func dialFlowH2(t *testing.T, addr string) *flowH2 {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
-	r := &rawH2{t: t, c: c, fr: http2.NewFramer(c, c), next: 1, resets: make(chan uint32, 1<<20)}
+	r := openH2(t, addr)
+	c := r.c
 	f := &flowH2{rawH2: r, cond: sync.NewCond(&r.mu), connWin: 65535, initWin: 65535, win: map[uint32]int64{}, ended: map[uint32]bool{}}
-	if err := r.fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
 	rd := http2.NewFramer(nil, c)
 	go func() {
 		for {
