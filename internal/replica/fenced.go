@@ -379,7 +379,7 @@ func (f *Fenced) Claim(ctx context.Context, name, owner string) error {
 		return err
 	}
 	if err := f.commit(name, func() error { return c.Claim(ctx, name, owner) }); err != nil {
-		return err
+		return f.fault(err)
 	}
 	return f.acknowledge(ctx, standbys)
 }
@@ -395,7 +395,7 @@ func (f *Fenced) Release(ctx context.Context, name, owner string) error {
 		return err
 	}
 	if err := f.commit(name, func() error { return c.Release(ctx, name, owner) }); err != nil {
-		return err
+		return f.fault(err)
 	}
 	return f.acknowledge(ctx, standbys)
 }
@@ -417,7 +417,7 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 		f.Source.Deleted(name)
 	}
 	if err := f.commit(name, func() error { return d.Delete(ctx, name) }); err != nil {
-		return err
+		return f.fault(err)
 	}
 	return f.acknowledge(ctx, standbys)
 }

@@ -26,27 +26,12 @@ import (
 // + 20 s): 52 MiB after 8 publishes of 4 MiB here. A lapsed stream no
 // longer keeps snapshots; what it is still sending is held until sent.
 func TestLapsedStalledStreamKeepsNoSnapshots(t *testing.T) {
-	dir := t.TempDir()
-	st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(dir, "store"), Store: store.Config{Retain: 2}, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	var members atomic.Value
 	members.Store([]string{"s1", "s2"})
-	src, err := NewSource(SourceConfig{DataDir: dir, Epoch: 5, Acks: AcksAll, AckTimeout: 20 * time.Second, Logger: testkit.Logger(),
-		Standbys: func(context.Context) ([]string, error) { return members.Load().([]string), nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := testkit.ServeGRPC(t, nil, src.Register, connlimit.ServerOptions(0, 0, 0)...) // the hub's keepalive
-	defer src.Close()
-	fenced := &Fenced{Store: st, Epoch: 5, Source: src}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := src.RefreshStandbys(ctx); err != nil {
-		t.Fatal(err)
-	}
+	src, fenced, addr := grpcSource(t, ctx, 2, 20*time.Second, func(context.Context) ([]string, error) { return members.Load().([]string), nil },
+		connlimit.ServerOptions(0, 0, 0)...) // the hub's keepalive
 
 	// s1: a real follower on gRPC.
 	d := newDPFollower(t, "", TransportGRPC)
@@ -106,4 +91,28 @@ func TestLapsedStalledStreamKeepsNoSnapshots(t *testing.T) {
 		return live <= 2
 	})
 	t.Logf("after the lapse and %d more publishes: %d snapshots live holding %d MiB", versions-1, live, held>>20)
+}
+
+// grpcSource serves, over gRPC on 127.0.0.1, an acks-all Source of epoch
+// 5 (ackTimeout) over a file store keeping retain versions, its standbys
+// read from standbys (read once before it returns); it returns the
+// Source, its Fenced store and the address. Closed at cleanup.
+func grpcSource(t *testing.T, ctx context.Context, retain int, ackTimeout time.Duration, standbys func(context.Context) ([]string, error), opts ...grpc.ServerOption) (*Source, *Fenced, string) {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(dir, "store"), Store: store.Config{Retain: retain}, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	src, err := NewSource(SourceConfig{DataDir: dir, Epoch: 5, Acks: AcksAll, AckTimeout: ackTimeout, Logger: testkit.Logger(), Standbys: standbys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := testkit.ServeGRPC(t, nil, src.Register, opts...)
+	t.Cleanup(func() { src.Close() })
+	if err := src.RefreshStandbys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return src, &Fenced{Store: st, Epoch: 5, Source: src}, addr
 }

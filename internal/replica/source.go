@@ -223,6 +223,12 @@ type Source struct {
 type peer struct {
 	member string
 	acked  uint64 // guarded by Source.mu
+	// ended is the newest unit whose End frame was sent (or is being
+	// sent) on the stream; ends: one was. The follower may acknowledge
+	// no unit past it, nor any before the first (readAcks); guarded by
+	// Source.mu.
+	ended uint64
+	ends  bool
 	// synced: the follower acknowledged a unit (its first is the full
 	// sync: it holds the primary's state); guarded by Source.mu.
 	synced bool
@@ -955,6 +961,7 @@ func (s *Source) serve(ss frameStream, codec bool, ping time.Duration) error {
 	if len(h.Dirs) == 0 {
 		fs = &legacyFilter{frameStream: ss}
 	}
+	fs = &endingStream{frameStream: fs, s: s, p: p}
 	err := s.ship(ctx, fs, p, h.Have)
 	cancel()
 	var aerr error
@@ -995,6 +1002,17 @@ func (s *Source) readAcks(ss frameStream, p *peer) error {
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
 		s.mu.Lock()
+		if !p.ends || u > p.ended {
+			// A follower acknowledges the units it applied: one past the
+			// newest sent (a buggy or stale standby, or a unit of another
+			// stream) would count for publishes it never received.
+			ended, ends := p.ended, p.ends
+			s.mu.Unlock()
+			if !ends {
+				return status.Errorf(codes.InvalidArgument, "replica: follower acknowledged unit %d before any unit was sent on its stream", u)
+			}
+			return status.Errorf(codes.InvalidArgument, "replica: follower acknowledged unit %d, past the newest unit sent on its stream (%d)", u, ended)
+		}
 		first := !p.synced
 		p.synced = true
 		if u > p.acked {
@@ -1808,7 +1826,7 @@ func (s *Source) sendSnapshot(ss frameStream, snap *snapshot, seen, unit uint64,
 		}
 		delete(shipped, rel)
 	}
-	return true, ss.SendMsg(uvarintFrame(kindEnd, unit))
+	return true, sendEnd(ss, unit)
 }
 
 // appendable says which files changed from seen to snap a follower can
@@ -2158,8 +2176,25 @@ func (s *Source) send(ss frameStream, u uint64, full bool, files []opened, gone 
 		}
 		delete(shipped, rel)
 	}
-	if err := ss.SendMsg(uvarintFrame(kindEnd, u)); err != nil {
-		return err
+	return sendEnd(ss, u)
+}
+
+// endingStream is a follower's stream as ship sends on it: it records
+// the unit of each End frame before the frame goes out (peer.ended),
+// so that readAcks refuses an acknowledgement of a unit never sent.
+type endingStream struct {
+	frameStream
+	s *Source
+	p *peer
+}
+
+// sendEnd sends the End frame of unit u, recorded first on an
+// endingStream: the follower may acknowledge u as soon as it has it.
+func sendEnd(ss frameStream, u uint64) error {
+	if e, ok := ss.(*endingStream); ok {
+		e.s.mu.Lock()
+		e.p.ended, e.p.ends = max(e.p.ended, u), true
+		e.s.mu.Unlock()
 	}
-	return nil
+	return ss.SendMsg(uvarintFrame(kindEnd, u))
 }
