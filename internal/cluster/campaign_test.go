@@ -3,10 +3,8 @@ package cluster
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,55 +29,24 @@ type lateAnswers struct {
 }
 
 func startLateAnswers(t *testing.T, target string, delay time.Duration) *lateAnswers {
-	lis := testkit.Listen(t)
-	p := &lateAnswers{addr: lis.Addr().String(), delay: delay}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
+	p := &lateAnswers{delay: delay}
+	p.addr = testkit.StartProxy(t, target, func(c, s net.Conn) {
+		buf := make([]byte, 64<<10)
 		for {
-			c, err := lis.Accept()
+			n, err := s.Read(buf)
+			if n > 0 {
+				if p.late.Load() {
+					time.Sleep(p.delay)
+				}
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(s, c); s.Close() })
-			wg.Go(func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 {
-						if p.late.Load() {
-							time.Sleep(p.delay)
-						}
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							break
-						}
-					}
-					if err != nil {
-						break
-					}
-				}
-				c.Close()
-			})
 		}
-	})
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
+	}).Addr()
 	return p
 }
 

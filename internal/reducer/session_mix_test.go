@@ -2,9 +2,6 @@ package reducer
 
 import (
 	"context"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,70 +11,16 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// tcpProxy relays 127.0.0.1 TCP connections to target; cut resets every
-// connection it relays (a network blip between two hubs), new ones are
-// relayed again.
-type tcpProxy struct {
-	lis    net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newTCPProxy(t *testing.T, target string) *tcpProxy {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{lis: lis, target: target}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, u)
-			p.mu.Unlock()
-			p.wg.Add(2)
-			go func() { defer p.wg.Done(); io.Copy(u, c); u.Close(); c.Close() }()
-			go func() { defer p.wg.Done(); io.Copy(c, u); u.Close(); c.Close() }()
-		}
-	}()
-	t.Cleanup(func() { lis.Close(); p.cut(); p.wg.Wait() })
-	return p
-}
-
-func (p *tcpProxy) addr() string { return p.lis.Addr().String() }
-
-func (p *tcpProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
 // sessionBlipEnv: a Primary (SGD, model "m" at version 1) on a real gRPC
 // server, reached through a proxy by a secondary hub (one remote secondary
 // "s0", batch size 2, a max wait long enough never to fire). It returns
 // the primary, the secondary hub and the proxy.
-func sessionBlipEnv(t *testing.T, n int) (*Primary, *testEnv, *tcpProxy) {
+func sessionBlipEnv(t *testing.T, n int) (*Primary, *testEnv, *testkit.Proxy) {
 	t.Helper()
 	p, st, paddr := servePrimary(t, PrimaryConfig{}, n)
-	px := newTCPProxy(t, paddr)
+	px := testkit.StartProxy(t, paddr, nil)
 	sec := &testEnv{t: t, st: st, model: "m"}
-	sec.start(Config{Primary: px.addr(), ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 2, MaxWait: time.Hour,
+	sec.start(Config{Primary: px.Addr(), ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 2, MaxWait: time.Hour,
 		Logger: testkit.Logger()})
 	t.Cleanup(sec.stop)
 	waitAttached(t, p, 1)
@@ -87,9 +30,9 @@ func sessionBlipEnv(t *testing.T, n int) (*Primary, *testEnv, *tcpProxy) {
 // blip resets the secondary hub's connections to the primary and waits
 // until the secondary is attached again under a new session, the old
 // one's claims released and counted lost (lost reaches wantLost).
-func blip(t *testing.T, p *Primary, sec *testEnv, px *tcpProxy, wantLost uint64) {
+func blip(t *testing.T, p *Primary, sec *testEnv, px *testkit.Proxy, wantLost uint64) {
 	t.Helper()
-	px.cut()
+	px.Cut()
 	testkit.Eventually(t, 20*time.Second, "the old session to end (its claims counted lost)", func() bool {
 		return p.Stats().Counters.Dropped[reduce.ReasonLost] >= wantLost
 	})

@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -206,51 +205,19 @@ func TestDataPlaneReplicationDeliversByteIdenticalVersions(t *testing.T) {
 // the connection carrying the primary's bytes is cut after exactly n of
 // them (mid-frame), both ways.
 type cutProxy struct {
-	lis    net.Listener
-	target string
-	down   atomic.Int64 // bytes forwarded primary → follower
-	cutAt  atomic.Int64 // 0: not armed
-	cuts   atomic.Int64
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	conns  []net.Conn
+	*testkit.Proxy
+	down  atomic.Int64 // bytes forwarded primary → follower
+	cutAt atomic.Int64 // 0: not armed
+	cuts  atomic.Int64
 }
 
 func startCutProxy(t *testing.T, target string) *cutProxy {
-	x := &cutProxy{lis: testkit.Listen(t), target: target}
-	x.wg.Go(func() {
-		for {
-			c, err := x.lis.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			x.mu.Lock()
-			x.conns = append(x.conns, c, u)
-			x.mu.Unlock()
-			x.wg.Go(func() { _, _ = io.Copy(u, c); u.Close(); c.Close() })
-			x.wg.Go(func() { x.down1(c, u) })
-		}
-	})
-	t.Cleanup(func() {
-		x.lis.Close()
-		x.mu.Lock()
-		for _, c := range x.conns {
-			c.Close()
-		}
-		x.mu.Unlock()
-		x.wg.Wait()
-	})
+	x := &cutProxy{}
+	x.Proxy = testkit.StartProxy(t, target, x.down1)
 	return x
 }
 
 func (x *cutProxy) down1(c, u net.Conn) {
-	defer c.Close()
-	defer u.Close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := u.Read(buf)
@@ -283,7 +250,7 @@ func TestDataPlaneCutMidFrameInstallsNothing(t *testing.T) {
 	p := startDPPrimary(t, dpOptions{bulkMethod: true})
 	x := startCutProxy(t, p.addr)
 	d := newDPFollower(t, "", TransportAuto)
-	d.follow(t, ctx, x.lis.Addr().String())
+	d.follow(t, ctx, x.Addr())
 	want1 := p.push(t, ctx, "m", 1, 1<<20)
 	d.same(t, "m", 1, want1)
 
@@ -333,7 +300,7 @@ func TestDataPlaneCutMidFrameInstallsNothing(t *testing.T) {
 	}
 	// The standby follows again: the version arrives whole, the push is
 	// acknowledged.
-	d.follow(t, ctx, x.lis.Addr().String())
+	d.follow(t, ctx, x.Addr())
 	want2 := <-pushed
 	d.same(t, "m", 2, want2)
 	d.same(t, "m", 1, want1)
