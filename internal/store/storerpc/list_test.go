@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -57,28 +56,6 @@ func TestListIsBounded(t *testing.T) {
 			t.Fatalf("model %d is %s v%d, want %s v1", i, in.Name, in.Version, name(i))
 		}
 	}
-}
-
-// startAddr is start, also returning the server's address (for a
-// storerpc.Client).
-func startAddr(t *testing.T, cfg store.Config) (*harness, string) {
-	t.Helper()
-	mem, err := store.NewMemory(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := storerpc.New(storerpc.Config{Store: mem})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { svc.Close(); mem.Close() })
-	addr := testkit.ServeGRPC(t, nil, svc.Register)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &harness{mem: mem, rpc: rlhubv1.NewModelStoreClient(conn)}, addr
 }
 
 // pushN pushes version 1 of each name into h's store.

@@ -35,6 +35,14 @@ type harness struct {
 
 func start(t *testing.T, cfg store.Config) *harness {
 	t.Helper()
+	h, _ := startAddr(t, cfg)
+	return h
+}
+
+// startAddr is start, also returning the server's address (for a
+// storerpc.Client).
+func startAddr(t *testing.T, cfg store.Config) (*harness, string) {
+	t.Helper()
 	mem, err := store.NewMemory(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +59,7 @@ func start(t *testing.T, cfg store.Config) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &harness{mem: mem, rpc: rlhubv1.NewModelStoreClient(conn)}
+	return &harness{mem: mem, rpc: rlhubv1.NewModelStoreClient(conn)}, addr
 }
 
 func ctxT(t *testing.T) context.Context {
