@@ -27,37 +27,59 @@ import (
 // buffers per peer IP.
 const DefaultPerPeer = 4096
 
-// Cap counts the streams open per peer IP.
-type Cap struct {
+// perPeer counts what each peer IP holds, up to max.
+type perPeer struct {
 	max int
 
 	mu   sync.Mutex
-	open map[string]int // open streams by peer IP
+	open map[string]int // by peer IP
 }
 
+func newPerPeer(max int) perPeer { return perPeer{max: max, open: map[string]int{}} }
+
+// take counts one more for ip, unless ip holds max already.
+func (c *perPeer) take(ip string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[ip] >= c.max {
+		return false
+	}
+	c.open[ip]++
+	return true
+}
+
+// give gives back one take.
+func (c *perPeer) give(ip string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[ip]--; c.open[ip] == 0 {
+		delete(c.open, ip)
+	}
+}
+
+// Held is how many ip holds.
+func (c *perPeer) Held(ip string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open[ip]
+}
+
+// Cap counts the streams open per peer IP.
+type Cap struct{ perPeer }
+
 // New returns a cap of max streams per peer IP (max > 0).
-func New(max int) *Cap { return &Cap{max: max, open: map[string]int{}} }
+func New(max int) *Cap { return &Cap{newPerPeer(max)} }
 
 // StreamInterceptor refuses a stream past the cap; unary calls are not
 // counted.
 func (c *Cap) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
-		ip := peerIP(ss)
-		c.mu.Lock()
-		if c.open[ip] >= c.max {
-			c.mu.Unlock()
+		ip := peerIP(ss.Context())
+		if !c.take(ip) {
 			return status.Errorf(codes.ResourceExhausted,
 				"rlhub: this peer already holds %d streams open on this server (its --max-streams-per-peer); close some", c.max)
 		}
-		c.open[ip]++
-		c.mu.Unlock()
-		defer func() {
-			c.mu.Lock()
-			if c.open[ip]--; c.open[ip] == 0 {
-				delete(c.open, ip)
-			}
-			c.mu.Unlock()
-		}()
+		defer c.give(ip)
 		return next(srv, ss)
 	}
 }
@@ -68,60 +90,28 @@ func (c *Cap) StreamInterceptor() grpc.StreamServerInterceptor {
 // message before any unary interceptor runs: the stream cap
 // (StreamInterceptor) never sees it, so without this one connection
 // could hold any number of them.
-type Calls struct {
-	max int
-
-	mu   sync.Mutex
-	open map[string]int
-}
+type Calls struct{ perPeer }
 
 // NewCalls returns a cap of max calls in progress per peer IP (max > 0).
-func NewCalls(max int) *Calls { return &Calls{max: max, open: map[string]int{}} }
+func NewCalls(max int) *Calls { return &Calls{newPerPeer(max)} }
 
 // Tap counts the call whose stream ctx is (grpc.InTapHandle's), refusing
 // it past the cap; the count is given back when ctx ends (the stream's
 // end, whatever it was).
 func (c *Calls) Tap(ctx context.Context) error {
-	ip := ""
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		ip = bulk.PeerIP(p.Addr)
-	}
-	c.mu.Lock()
-	if c.open[ip] >= c.max {
-		c.mu.Unlock()
+	ip := peerIP(ctx)
+	if !c.take(ip) {
 		return status.Errorf(codes.ResourceExhausted,
 			"rlhub: this peer already has %d calls in progress on this server; wait for some to end", c.max)
 	}
-	c.open[ip]++
-	c.mu.Unlock()
-	context.AfterFunc(ctx, func() {
-		c.mu.Lock()
-		if c.open[ip]--; c.open[ip] == 0 {
-			delete(c.open, ip)
-		}
-		c.mu.Unlock()
-	})
+	context.AfterFunc(ctx, func() { c.give(ip) })
 	return nil
 }
 
-// Held is the number of calls ip has in progress.
-func (c *Calls) Held(ip string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.open[ip]
-}
-
-// Held is the number of streams ip holds open.
-func (c *Cap) Held(ip string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.open[ip]
-}
-
-// peerIP is the peer a stream counts against, as the listener counts its
+// peerIP is the peer a call counts against, as the listener counts its
 // connections (bulk.PeerIP).
-func peerIP(ss grpc.ServerStream) string {
-	p, ok := peer.FromContext(ss.Context())
+func peerIP(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return ""
 	}
