@@ -60,3 +60,16 @@ func TestRunResumeKeepsWallClock(t *testing.T) {
 		t.Errorf("resuming the finished run rewrote summary wall_seconds %v as %v (env_steps_per_second %.0f → %.0f)", sum.WallSeconds, again2.WallSeconds, sum.StepsPerSecond, again2.StepsPerSecond)
 	}
 }
+
+// A row's wall_seconds is the value curve.csv holds: CI once saw a
+// summary say 6.210765413000001 and the same run's summary rebuilt from
+// curve.csv at a later --resume say 6.210765413 (fewer seconds).
+func TestRowWallIsWhatCurveHolds(t *testing.T) {
+	for _, v := range []float64{6.210765413000001, 1.0 / 3, 123456.789012345678, 1e-7 / 3} {
+		w := roundG(v)
+		back, err := strconv.ParseFloat(formatG(w), 64)
+		if err != nil || back != w {
+			t.Errorf("%v: row keeps %v, curve.csv reads back %v", v, w, back)
+		}
+	}
+}

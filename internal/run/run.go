@@ -389,7 +389,9 @@ func (r *runner) watchOnce(ctx context.Context) (progressed, done bool, err erro
 // record keeps one new iteration: the curve file, the progress display
 // and the observer.
 func (r *runner) record(p *pb.ARSProgress) {
-	wall := time.Since(r.began).Seconds() + r.wallBase
+	// The row keeps wall_seconds as curve.csv writes it, so a summary
+	// made now and one made from the file at a later --resume agree.
+	wall := roundG(time.Since(r.began).Seconds() + r.wallBase)
 	if w, ok := r.prevWall[curveKey{p.Iteration, p.Confirm}]; ok {
 		wall = w // recorded before the resume
 	}
@@ -429,3 +431,12 @@ func protocolOf(s *pb.ARSRunSpec) string {
 }
 
 func formatG(v float64) string { return strconv.FormatFloat(v, 'g', 10, 64) }
+
+// roundG is v as formatG writes it.
+func roundG(v float64) float64 {
+	f, err := strconv.ParseFloat(formatG(v), 64)
+	if err != nil {
+		return v
+	}
+	return f
+}
