@@ -293,9 +293,10 @@ func TestStepRejectsLayoutMismatch(t *testing.T) {
 	p := randSD(r, 1)
 	o, _ := New(Config{Kind: SGD, LR: 0.1}, p)
 	before := p.Clone()
-	bad := &tensor.StateDict{}
-	_ = bad.Add(tensor.NewF32("a", 3, 7))
-	_ = bad.Add(tensor.NewF32("b", 4))
+	// Gradients of the same sizes (a is 3×7, not 7×3) and not zero: a
+	// step that wrote before it refused would show in the parameters.
+	bad := randSD(r, 1)
+	bad.Get("a").Shape = []int64{3, 7}
 	if err := o.Step(p, bad); !errors.Is(err, errs.ErrInvalid) {
 		t.Fatalf("Step with wrong shape: %v, want ErrInvalid", err)
 	}
@@ -303,7 +304,7 @@ func TestStepRejectsLayoutMismatch(t *testing.T) {
 		x, _ := p.Get(n).Float32s()
 		y, _ := before.Get(n).Float32s()
 		if !slices.Equal(x, y) {
-			t.Fatal("failed step changed params")
+			t.Fatalf("failed step changed params %s", n)
 		}
 	}
 	if o.Steps() != 0 {
