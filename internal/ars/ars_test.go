@@ -1,6 +1,7 @@
 package ars
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -306,6 +307,20 @@ func TestFinishRejectsBadResultsUnchanged(t *testing.T) {
 	}
 	if _, err := tr.Finish(good); err != nil || tr.Iter() != 1 {
 		t.Fatalf("good results: %v, iteration %d", err, tr.Iter())
+	}
+	// The refused results left no trace: the policy is the one a trainer
+	// given only the good results makes (θ and the filter's statistics).
+	clean, err := NewTrainer(cartpoleConfig(t, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := clean.Finish(good); err != nil {
+		t.Fatal(err)
+	}
+	got, err1 := tr.PolicyOf().Encode()
+	want, err2 := clean.PolicyOf().Encode()
+	if err1 != nil || err2 != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after refused results the policy differs from one trained on the good results alone (%v, %v)", err1, err2)
 	}
 }
 
