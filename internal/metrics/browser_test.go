@@ -120,7 +120,11 @@ func TestDashboardInChromium(t *testing.T) {
 	testkit.Eventually(t, 60*time.Second, "the ARS curve gains a point while the page is open", func() bool { return points() >= 1 })
 	testkit.Eventually(t, 90*time.Second, "the run's 60 evaluations on the page", func() bool { return points() >= 60 })
 
+	// The learner that took task-1 (rig.learn) and finished it once.
 	learner := text(`tr[data-learner="learner-1"]`)
+	if f := strings.Split(learner, "\t"); len(f) != 5 || f[0] != "learner-1" || f[2] != "task-1" || f[3] != "1" || f[4] != "0" {
+		t.Errorf("learner row %q, want learner-1, its lease, task-1, 1 done, 0 failed", learner)
+	}
 	flow := text(`#reducer .flow`)
 	if want := "12 applied"; !strings.Contains(flow, want) {
 		t.Errorf("gradient flow %q lacks %q", flow, want)
