@@ -1,6 +1,7 @@
 package optim
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -285,6 +286,27 @@ func TestRestoreRejectsMismatch(t *testing.T) {
 	}
 	if adam2.Steps() != 0 {
 		t.Fatal("failed restore changed the step count")
+	}
+	// A state whose last buffer is misshapen, restored into an optimizer
+	// that has stepped: refused, its moments and step count as they were.
+	stepped, _ := New(Config{Kind: Adam, LR: 0.1}, p)
+	_ = stepped.Step(p.Clone(), randSD(r, 1))
+	_ = stepped.Step(p.Clone(), randSD(r, 1))
+	was, _ := stepped.State()
+	bad := st.Clone()
+	last := bad.At(bad.Len() - 1)
+	last.Shape = []int64{int64(len(last.Data) / 4), 1} // the same bytes, reshaped
+	if err := stepped.Restore(bad, meta); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("misshapen %s: %v, want ErrInvalid", last.Name, err)
+	}
+	now, _ := stepped.State()
+	if stepped.Steps() != 2 || now.Len() != was.Len() {
+		t.Fatalf("refused restore: %d steps, %d buffers; want 2 and %d", stepped.Steps(), now.Len(), was.Len())
+	}
+	for i := range now.Len() {
+		if !bytes.Equal(now.At(i).Data, was.At(i).Data) {
+			t.Fatalf("refused restore changed %s", now.At(i).Name)
+		}
 	}
 }
 
