@@ -359,13 +359,21 @@ def test_wrong_shape_or_dtype_is_a_clear_error_and_copies_nothing(hub):
         for k, t in m.state_dict().items():
             assert torch.equal(t, before[k])
     m64 = linear(8, 3).double()
+    before = {k: t.clone() for k, t in m64.state_dict().items()}
     with ws.Receiver(m64, ws.StoreSource(hub.addr, "pol")) as r:
         with pytest.raises(rlhub.InvalidArgument, match="dtype torch.float32 in model 'pol' v1, torch.float64"):
             r.poll()
+        assert r.version == 0
+    for k, t in m64.state_dict().items():
+        assert torch.equal(t, before[k]), k
     extra = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.BatchNorm1d(3))
+    before = {k: t.clone() for k, t in extra.state_dict().items()}
     with ws.Receiver(extra, ws.StoreSource(hub.addr, "pol")) as r:
         with pytest.raises(rlhub.InvalidArgument, match="missing from model 'pol' v1: '0.bias', '0.weight', '1.bias' and 4 more"):
             r.poll()
+        assert r.version == 0
+    for k, t in extra.state_dict().items():
+        assert torch.equal(t, before[k]), k
     # A version's names reach the error bounded: 200 tensors of 1 KiB names.
     with rlhub.StoreClient(hub.addr) as store:
         store.push("many", {("n" * 1024) + str(i): torch.zeros(1) for i in range(200)}, version=1)
