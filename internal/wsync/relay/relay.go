@@ -207,6 +207,11 @@ func New(cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.ShmPath != "" {
+		if err := shmInUse(cfg.ShmPath); err != nil {
+			return nil, err
+		}
+	}
 	r := &Relay{cfg: cfg, board: wsync.NewBoard(cfg.Model)}
 	if cfg.UpstreamAddr != "" {
 		r.bulk, r.ownBulk = cfg.UpstreamBulk, false
@@ -371,7 +376,8 @@ func (r *Relay) followOnce(ctx context.Context, have *uint64) error {
 // (stream collectors start at once) then the segment. A version the board
 // already has (re-sent after a re-attach) is not an error, and a segment
 // that cannot take a version is logged, not fatal: stream collectors still
-// get it, and shm collectors see no newer version (their lag shows it).
+// get it, and a segment too small for it that cannot be replaced by a
+// bigger one is closed (ensureShm), so its shm collectors move on.
 func (r *Relay) apply(snap *store.Snapshot) error {
 	if snap.Epoch < r.epoch {
 		return r.olderEpoch(snap.Version, snap.Epoch)
@@ -436,6 +442,13 @@ func (r *Relay) ensureShm(n int64) error {
 	if r.shm != nil || capacity < n {
 		capacity = 2 * n
 	}
+	if r.shm == nil {
+		// Made lazily, at the first version: another relay may have
+		// made its segment at the path since New.
+		if err := shmInUse(r.cfg.ShmPath); err != nil {
+			return err
+		}
+	}
 	// The new segment atomically takes the path; then the old one is
 	// closed, so its readers re-open and find the new one.
 	slots := r.cfg.ShmSlots
@@ -447,6 +460,16 @@ func (r *Relay) ensureShm(n int64) error {
 	}
 	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: slots, Group: r.cfg.ShmGroup, Replace: true})
 	if err != nil {
+		if r.shm != nil {
+			// The old segment cannot hold this version: closed, so that
+			// its readers see it closed and move on (to the relay's
+			// stream, which has the version) instead of waiting on an old
+			// version as if it were the newest. The next version tries
+			// to make a segment again.
+			err = fmt.Errorf("%w (its segment of %d-byte slots is closed)", err, r.shm.Capacity())
+			r.shm.Close()
+			r.shm = nil
+		}
 		return err
 	}
 	if r.shm != nil {
@@ -455,6 +478,24 @@ func (r *Relay) ensureShm(n int64) error {
 	r.shm = w
 	r.segGen.Add(1)
 	return nil
+}
+
+// shmInUse is an errs.ErrExists error when the file at path is a segment
+// whose writer lives (another relay's, of this model or another: models
+// "a/b" and "a_b" share a default path): a relay never takes it from its
+// readers. A dead writer's segment (a relay killed and started again) and
+// a file that is no segment are not in use.
+func shmInUse(path string) error {
+	rd, err := shm.Open(shm.ReaderConfig{Path: path})
+	if err != nil {
+		return nil
+	}
+	defer rd.Close()
+	if !rd.WriterAlive() {
+		return nil
+	}
+	return fmt.Errorf("%w: relay: shm segment %s is in use by a live writer of model %s; give this relay another segment",
+		errs.ErrExists, errs.Quote(path), errs.Quote(rd.Name()))
 }
 
 // materialize puts the segment's newest version on the board when the
