@@ -196,25 +196,32 @@ def parse_header(buf: memoryview, total: Optional[int] = None) -> Tuple[int, Dic
     start, data_len = 8 + n, size - 8 - n
     spans = []
     for name, info in header.items():
+        # The header's values are anyone's (a damaged segment, a peer):
+        # their types are checked before use, and quoted bounded (_quote).
         try:
             dt, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise ValueError(f"safetensors: tensor {name!r} lacks dtype/shape/data_offsets") from None
-        if dt not in _SIZES:
-            raise ValueError(f"safetensors: tensor {name!r}: unknown dtype {dt!r}")
-        count = 1
+            raise ValueError(f"safetensors: tensor {_quote(name)} lacks dtype/shape/data_offsets") from None
+        if not isinstance(dt, str) or dt not in _SIZES:
+            raise ValueError(f"safetensors: tensor {_quote(name)}: unknown dtype {_quote(dt)}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"safetensors: tensor {_quote(name)}: bad shape {_quote(shape)}")
+        if not isinstance(b, int) or not isinstance(e, int):
+            raise ValueError(f"safetensors: tensor {_quote(name)}: data_offsets {_quote([b, e])} are not integers")
+        # The element count, capped past what the data could hold: a
+        # claimed shape never costs more than its own length.
+        count = 0 if 0 in shape else 1
         for d in shape:
-            if not isinstance(d, int) or d < 0:
-                raise ValueError(f"safetensors: tensor {name!r}: bad shape {shape}")
-            count *= d
+            count = min(count * d, data_len + 1)
         if not (0 <= b <= e <= data_len) or e - b != count * _SIZES[dt]:
-            raise ValueError(f"safetensors: tensor {name!r}: data_offsets [{b},{e}] do not fit shape {shape} × {dt}")
+            raise ValueError(f"safetensors: tensor {_quote(name)}: data_offsets {_quote([b, e])} do not fit "
+                             f"shape {_quote(shape)} × {dt}")
         spans.append((b, e, name))
     spans.sort()
     pos = 0
     for b, e, name in spans:
         if b != pos:
-            raise ValueError(f"safetensors: tensor {name!r}: gap or overlap at offset {b}")
+            raise ValueError(f"safetensors: tensor {_quote(name)}: gap or overlap at offset {b}")
         pos = e
     if pos != data_len:
         raise ValueError("safetensors: trailing bytes after the last tensor")
@@ -331,6 +338,13 @@ def _byte_view(name: str, value: Any) -> Tuple[str, Tuple[int, ...], Optional[np
     if not value.flags.c_contiguous:
         raise ValueError(f"tensor {name!r}: numpy array is not C-contiguous")
     return npdt, tuple(int(d) for d in value.shape), value.reshape(-1).view(np.uint8)
+
+
+def _quote(value: Any) -> str:
+    """repr(value) cut to 64 characters (with the full length), for error
+    text about values someone else sent."""
+    r = repr(value)
+    return r if len(r) <= 64 else f"{r[:64]}…({len(r)} characters)"
 
 
 def _short(name: str) -> str:
