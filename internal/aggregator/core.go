@@ -52,6 +52,10 @@ func (p FailurePolicy) String() string {
 	return "resplit"
 }
 
+// MaxDemandRows bounds the learners' batch sizes added up: a demand over
+// it is refused, and Split refuses weights adding up past it.
+const MaxDemandRows = 1 << 62
+
 // Share is one learner's part of a batch: rows [Start, Start+Rows).
 type Share struct {
 	Learner string
@@ -84,7 +88,7 @@ func Split(rows int64, learners []string, weights []int64) ([]Share, error) {
 		}
 		var carry uint64
 		total, carry = bits.Add64(total, uint64(w), 0)
-		if carry != 0 || total > 1<<62 {
+		if carry != 0 || total > MaxDemandRows {
 			return nil, fmt.Errorf("%w: learner weights overflow", errs.ErrInvalid)
 		}
 	}
@@ -193,8 +197,8 @@ func MergeDemand(learners []string, demands []*rlhubv1.Demand) (*rlhubv1.Demand,
 		if d.BatchSize < 0 {
 			return nil, fmt.Errorf("%w: learner %q demands a negative batch size %d", errs.ErrInvalid, learners[i], d.BatchSize)
 		}
-		if out.BatchSize+d.BatchSize < out.BatchSize {
-			return nil, fmt.Errorf("%w: merged batch size overflows at learner %q", errs.ErrInvalid, learners[i])
+		if d.BatchSize > MaxDemandRows-out.BatchSize {
+			return nil, fmt.Errorf("%w: merged batch size passes %d rows at learner %q", errs.ErrInvalid, int64(MaxDemandRows), learners[i])
 		}
 		out.BatchSize += d.BatchSize
 		if i == 0 {

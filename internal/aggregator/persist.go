@@ -122,8 +122,9 @@ func (s *Service) loadTask() (*taskState, error) {
 	if d.Format != taskFileFormat {
 		return nil, bad("format", fmt.Errorf("%d, this build reads %d", d.Format, taskFileFormat))
 	}
-	if d.ID == "" || len(d.Order) != len(d.Sizes) {
-		return nil, bad("fields", fmt.Errorf("id %s, %d learners in order, %d sizes", errs.Quote(d.ID), len(d.Order), len(d.Sizes)))
+	// Start numbers tasks from 1: a learner's 0 means "started on none".
+	if d.ID == "" || d.Seq == 0 || len(d.Order) != len(d.Sizes) {
+		return nil, bad("fields", fmt.Errorf("id %s, seq %d, %d learners in order, %d sizes", errs.Quote(d.ID), d.Seq, len(d.Order), len(d.Sizes)))
 	}
 	// What Start and a demand would have refused is refused here too,
 	// naming the file, rather than failing later in a split.
@@ -131,6 +132,7 @@ func (s *Service) loadTask() (*taskState, error) {
 		return nil, bad("id", err)
 	}
 	seen := make(map[string]bool, len(d.Order))
+	var rows int64
 	for i, id := range d.Order {
 		if err := validID(id); err != nil {
 			return nil, bad("order", err)
@@ -138,6 +140,10 @@ func (s *Service) loadTask() (*taskState, error) {
 		if seen[id] || d.Sizes[i] < 0 {
 			return nil, bad("order", fmt.Errorf("learner %s listed twice or with a negative size %d", errs.Quote(id), d.Sizes[i]))
 		}
+		if d.Sizes[i] > MaxDemandRows-rows {
+			return nil, bad("sizes", fmt.Errorf("batch sizes add up past %d rows at learner %s", int64(MaxDemandRows), errs.Quote(id)))
+		}
+		rows += d.Sizes[i]
 		seen[id] = true
 	}
 	t := &taskState{seq: d.Seq, id: d.ID, info: &structpb.Struct{}, order: d.Order, sizes: d.Sizes}

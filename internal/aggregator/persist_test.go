@@ -105,6 +105,11 @@ func TestTaskFileErrors(t *testing.T) {
 		"bad order":  `{"format":1,"seq":1,"id":"t","info":{},"order":["a b"],"sizes":[1]}`,
 		"twice":      `{"format":1,"seq":1,"id":"t","info":{},"order":["a","a"],"sizes":[1,1]}`,
 		"negative":   `{"format":1,"seq":1,"id":"t","info":{},"order":["a"],"sizes":[-4]}`,
+		// Tasks are numbered from 1: with seq 0 every attaching learner
+		// would count as started on the task without being sent it.
+		"no seq": `{"format":1,"id":"t","info":{}}`,
+		// Sizes no split accepts (a demand adding up past 2^62 rows).
+		"sizes past 2^62": `{"format":1,"seq":1,"id":"t","info":{},"order":["a","b"],"sizes":[4611686018427387904,1]}`,
 	} {
 		dir := t.TempDir()
 		path := filepath.Join(dir, taskFileName)

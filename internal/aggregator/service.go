@@ -187,6 +187,7 @@ type learnerConn struct {
 	leaseUntil time.Time
 	started    string // task id this learner accepted
 	startedSeq uint64 // its taskState.seq
+	catching   bool   // a catchUp goroutine is running for it
 	pending    map[uint64]chan *rlhubv1.LearnerReply
 	goneErr    error
 	isGone     bool
@@ -467,18 +468,26 @@ func (s *Service) register(c *learnerConn, h *rlhubv1.Hello) error {
 	c.seq = s.seq
 	s.learners[c.id] = c
 	s.stats.attached++
-	catchUp := s.task != nil
+	if s.task != nil {
+		s.catchUpLocked(c)
+	}
 	s.mu.Unlock()
 	if old != nil {
 		s.remove(old, fmt.Errorf("%w: learner %q re-attached on a new stream", errs.ErrUnavailable, c.id))
 	}
 	s.cfg.Logger.Info("aggregator: learner attached", "learner", c.id, "resources", h.Resources)
-	if catchUp {
-		// Without blocking the receive loop (the reply arrives through it).
-		s.wg.Add(1)
-		go func() { defer s.wg.Done(); s.catchUp(c) }()
-	}
 	return nil
+}
+
+// catchUpLocked runs catchUp for c unless it already runs; s.mu is held.
+// It does not block the receive loop (the reply arrives through it).
+func (s *Service) catchUpLocked(c *learnerConn) {
+	if c.catching || c.isGone {
+		return
+	}
+	c.catching = true
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.catchUp(c) }()
 }
 
 // catchUp starts the current task on a learner that attached after Start,
@@ -488,12 +497,18 @@ func (s *Service) catchUp(c *learnerConn) {
 		s.mu.Lock()
 		t := s.task
 		done := c.isGone || t == nil || c.startedSeq >= t.seq
+		if done {
+			c.catching = false
+		}
 		s.mu.Unlock()
 		if done {
 			return
 		}
 		if err := s.startOne(s.ctx, c, t); err != nil {
 			s.cfg.Logger.Warn("aggregator: late learner did not start the current task", "learner", c.id, "task", t.id, "err", err)
+			s.mu.Lock()
+			c.catching = false
+			s.mu.Unlock()
 			return
 		}
 	}
@@ -682,6 +697,13 @@ func (s *Service) start(ctx context.Context, taskID string, info *structpb.Struc
 	}
 	s.mu.Lock()
 	s.task = t
+	// Learners that attached while the task was starting (after conns was
+	// taken) are started on it too.
+	for _, c := range s.learners {
+		if c.startedSeq < t.seq {
+			s.catchUpLocked(c)
+		}
+	}
 	s.mu.Unlock()
 	resp := &rlhubv1.StartResponse{TaskId: taskID}
 	for _, c := range conns {
@@ -952,9 +974,22 @@ func (s *Service) learnBatch(ctx context.Context, taskID string, batch *tensor.S
 		return nil, err
 	}
 	for round := plan.Pending(); len(round) > 0; round = plan.Pending() {
+		// A learner serves one task at a time: its shares of a round (a
+		// re-split may give it several) go one after another, each wait
+		// bounded by TaskTimeout from its own send.
 		outs := make([]Outcome, len(round))
-		fanOut(round, func(i int, sh Share) error {
-			outs[i].Info, outs[i].Err = s.learnShare(ctx, byID[sh.Learner], t.id, batch, metadata, sh)
+		var ids []string
+		shares := make(map[string][]int)
+		for i, sh := range round {
+			if shares[sh.Learner] == nil {
+				ids = append(ids, sh.Learner)
+			}
+			shares[sh.Learner] = append(shares[sh.Learner], i)
+		}
+		fanOut(ids, func(_ int, id string) error {
+			for _, i := range shares[id] {
+				outs[i].Info, outs[i].Err = s.learnShare(ctx, byID[id], t.id, batch, metadata, round[i])
+			}
 			return nil
 		})
 		var failures []error

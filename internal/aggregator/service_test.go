@@ -620,3 +620,113 @@ func TestLearnersErrorTextIsBounded(t *testing.T) {
 		t.Fatalf("a learner's 100 KiB refusal: %d bytes of error text, %.200v", len(err.Error()), err)
 	}
 }
+
+// A learner that attaches while a Start is in flight (another learner's
+// OnStart still running) is started on that task once it is current, both
+// for the first task and for a later one: it takes part in the next
+// demand instead of staying attached and unused.
+func TestLearnerAttachingDuringStartIsStartedOnIt(t *testing.T) {
+	h := newHarness(t, Config{})
+	ctx := testCtx(t, 60*time.Second)
+	lateCtx, stopLate := context.WithCancel(context.Background())
+	var lateWG sync.WaitGroup
+	t.Cleanup(func() { stopLate(); lateWG.Wait() })
+	a := exampleCfg("a", 4)
+	exA := &learner.Example{ID: "a", BatchSize: 4}
+	a.OnStart = func(ctx context.Context, task string, info map[string]any) error {
+		// The learner of this task's id attaches while a is starting.
+		late := exampleCfg("late-"+task, 4)
+		late.Hub, late.Backoff, late.Logger = h.addr, 20*time.Millisecond, testkit.Logger()
+		lateWG.Add(1)
+		go func() { defer lateWG.Done(); learner.Run(lateCtx, late) }()
+		for !slices.Contains(h.learnerIDs(t, ""), late.ID) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		return exA.OnStart(ctx, task, info)
+	}
+	runLearners(t, h, a)
+	for i, task := range []string{"t1", "t2"} {
+		if _, err := h.client.Start(ctx, task, map[string]any{"w": testWeights}); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"a", "late-t1", "late-t2"}[:i+2]
+		testkit.Eventually(t, 10*time.Second, "every attached learner started on "+task, func() bool {
+			return slices.Equal(h.learnerIDs(t, task), want)
+		})
+	}
+}
+
+// A demand no batch could be split by (batch sizes adding up past what a
+// split accepts) is refused InvalidArgument and recorded nowhere: the
+// task's earlier demand still splits the next batch.
+func TestAbsurdDemandIsRefusedAndChangesNothing(t *testing.T) {
+	h := newHarness(t, Config{DataDir: t.TempDir()})
+	var bigB atomic.Int64
+	bigB.Store(4)
+	b := exampleCfg("b", 4)
+	demandB := b.OnDemand
+	b.OnDemand = func(ctx context.Context, task string) (learner.Demand, error) {
+		d, err := demandB(ctx, task)
+		d.BatchSize = bigB.Load()
+		return d, err
+	}
+	runLearners(t, h, exampleCfg("a", 4), b)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	bigB.Store(1<<62 + 1)
+	if d, err := h.client.GetDataDemand(ctx, "t1"); !errors.Is(err, errs.ErrInvalid) {
+		t.Fatalf("demand adding up to %d rows: %v, err %v; want InvalidArgument", d.GetDemand().GetBatchSize(), d.GetBatchSizes(), err)
+	}
+	batch := regressionBatch(t, 8, 1)
+	resp, err := h.client.Learn(ctx, "t1", batch, nil)
+	if err != nil {
+		t.Fatalf("learn after the refused demand: %v", err)
+	}
+	if ids, rows := shareSizes(resp); !slices.Equal(ids, []string{"a", "b"}) || !slices.Equal(rows, []int64{4, 4}) {
+		t.Fatalf("shares %v %v, want the earlier demand's [a b] [4 4]", ids, rows)
+	}
+	checkExactlyOnce(t, resp, batch)
+}
+
+// Each share's wait is bounded by TaskTimeout on its own: a learner given
+// several failed shares in one re-split round, each taking less than the
+// timeout, is not detached for the time it spends on the earlier ones.
+func TestResplitSharesOnOneLearnerEachHaveTheTaskTimeout(t *testing.T) {
+	h := newHarness(t, Config{TaskTimeout: 2500 * time.Millisecond})
+	steady := &learner.Example{ID: "a", BatchSize: 4, Delay: 1500 * time.Millisecond}
+	var cfgs []learner.Config
+	cfgs = append(cfgs, steady.Config(""))
+	for _, id := range []string{"b", "c"} {
+		c := exampleCfg(id, 4)
+		c.OnLearn = func(ctx context.Context, lt *learner.LearnTask) (map[string]any, error) {
+			return nil, errors.New("out of memory")
+		}
+		cfgs = append(cfgs, c)
+	}
+	runLearners(t, h, cfgs...)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	batch := regressionBatch(t, 12, 1)
+	resp, err := h.client.Learn(ctx, "t1", batch, nil)
+	if err != nil {
+		t.Fatalf("learn with b and c failing, a taking 1.5s a share under a 2.5s task timeout: %v", err)
+	}
+	if !slices.Equal(resp.Failed, []string{"b", "c"}) {
+		t.Fatalf("failed = %v, want [b c]", resp.Failed)
+	}
+	checkExactlyOnce(t, resp, batch)
+}
