@@ -704,10 +704,13 @@ func (h *Hub) CloseWithin(grace time.Duration) error {
 	h.stopAuthWatch()
 	h.health.Shutdown()
 	var errsOut []error
+	// The metrics endpoint stops beside the two planes, within the same
+	// grace: before them, its own shutdown came on top of theirs.
+	metricsDone := make(chan error, 1)
 	if h.metrics != nil {
-		if err := h.metrics.Close(); err != nil {
-			errsOut = append(errsOut, err)
-		}
+		go func() { metricsDone <- h.metrics.CloseWithin(grace) }()
+	} else {
+		metricsDone <- nil
 	}
 	for _, s := range h.services {
 		if d, ok := s.(Drainer); ok {
@@ -725,11 +728,15 @@ func (h *Hub) CloseWithin(grace time.Duration) error {
 	case <-done:
 	case <-stopCtx.Done():
 		h.cfg.Logger.Warn("hub: graceful stop timed out, stopping hard")
+		h.bulk.CloseAccepted() // gRPC's stop waits for handshakes in progress: cut them
 		h.grpc.Stop()
 		<-done
 	}
 	<-bulkDone
 	cancel()
+	if err := <-metricsDone; err != nil {
+		errsOut = append(errsOut, err)
+	}
 	h.bodies.Wait() // handlers of streams cut at a body deadline: woken by the stop
 	if started {
 		if err := <-h.serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {

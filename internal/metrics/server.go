@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -184,6 +185,9 @@ type Server struct {
 	stop   func()    // set by Start
 	once   sync.Once // guards Close
 	runErr error     // Run's result, written before stop returns
+	// grace, when set (CloseWithin), bounds Run's graceful shutdown
+	// instead of ShutdownTimeout.
+	grace atomic.Pointer[time.Duration]
 }
 
 // New registers the collectors and listens on cfg.Listen.
@@ -259,7 +263,11 @@ func (s *Server) Run(ctx context.Context) error {
 	case err = <-errc:
 		errc <- err
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	timeout := s.cfg.ShutdownTimeout
+	if g := s.grace.Load(); g != nil {
+		timeout = *g
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if e := s.srv.Shutdown(sctx); e != nil {
 		s.srv.Close()
@@ -280,9 +288,17 @@ func (s *Server) Start() {
 }
 
 // Close stops a Start-ed server and waits for it; safe to call twice.
-func (s *Server) Close() error {
+func (s *Server) Close() error { return s.CloseWithin(s.cfg.ShutdownTimeout) }
+
+// CloseWithin is Close with the graceful shutdown bounded by grace as
+// well as ShutdownTimeout, whichever is shorter: an owner with a stop
+// budget of its own (the hub's StopTimeout) keeps to it. Requests still
+// in progress after it are cut.
+func (s *Server) CloseWithin(grace time.Duration) error {
 	s.once.Do(func() {
 		if s.stop != nil {
+			g := max(min(grace, s.cfg.ShutdownTimeout), 0)
+			s.grace.Store(&g)
 			s.stop()
 		} else {
 			s.lis.Close()

@@ -298,10 +298,11 @@ type Server struct {
 	requests uint64                // requests served (answered), any outcome
 	answered map[requestKey]uint64 // requests answered, by method and code (Stats)
 
-	// peersMu guards peers. It is taken apart from mu because connections
-	// are closed (and so uncounted) with mu held.
+	// peersMu guards peers and open. It is taken apart from mu because
+	// connections are closed (and so uncounted) with mu held.
 	peersMu sync.Mutex
-	peers   map[string]int // open connections per peer IP
+	peers   map[string]int         // open connections per peer IP
+	open    map[*peerConn]struct{} // every accepted connection not yet closed (CloseAccepted)
 
 	refused [len(RefusalReasons)]atomic.Uint64 // connections closed for their client's fault, by reason
 }
@@ -399,7 +400,7 @@ func NewServer() *Server {
 	return &Server{BodyIdleTimeout: DefaultBodyIdleTimeout, BodyTimeout: DefaultBodyTimeout, BodyMinRate: DefaultBodyMinRate, FrameTimeout: DefaultFrameTimeout, IdleTimeout: DefaultIdleTimeout,
 		MaxConnsPerPeer: DefaultMaxConnsPerPeer, handlers: map[string]Handler{}, ctx: ctx, cancel: cancel,
 		conns: map[*serverConn]struct{}{}, sniffing: map[net.Conn]struct{}{}, peers: map[string]int{},
-		answered: map[requestKey]uint64{}}
+		open: map[*peerConn]struct{}{}, answered: map[requestKey]uint64{}}
 }
 
 // Handle registers h for method; it must be called before Listen.
@@ -525,14 +526,36 @@ func (s *Server) admitPeer(c net.Conn) (net.Conn, bool) {
 		return nil, false
 	}
 	s.peers[ip]++
-	s.peersMu.Unlock()
-	return &peerConn{Conn: c, release: func() {
+	pc := &peerConn{Conn: c}
+	pc.release = func() {
 		s.peersMu.Lock()
 		if s.peers[ip]--; s.peers[ip] <= 0 {
 			delete(s.peers, ip)
 		}
+		delete(s.open, pc)
 		s.peersMu.Unlock()
-	}}, true
+	}
+	s.open[pc] = struct{}{}
+	s.peersMu.Unlock()
+	return pc, true
+}
+
+// CloseAccepted closes every connection the server accepted that is still
+// open, those it handed to gRPC included: for a hard stop. A stopping
+// grpc-go server (Stop as well as GracefulStop) waits for each HTTP/2
+// handshake in progress, up to its connection timeout, whatever its
+// owner's deadline; a client that sent its preface and no more held the
+// hub's stop that long. Closed, the handshake ends at once.
+func (s *Server) CloseAccepted() {
+	s.peersMu.Lock()
+	conns := make([]*peerConn, 0, len(s.open))
+	for c := range s.open {
+		conns = append(conns, c)
+	}
+	s.peersMu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 // peerConn is an accepted connection counted against its peer's cap

@@ -1,0 +1,72 @@
+package hub
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/testkit"
+)
+
+// stopWithin starts a hub with StopTimeout stop, lets hold open a
+// connection to it, and returns how long Close took.
+func stopWithin(t *testing.T, cfg Config, hold func(h *Hub) net.Conn) time.Duration {
+	t.Helper()
+	cfg.Listen, cfg.Logger = "127.0.0.1:0", testkit.Logger()
+	h, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := hold(h)
+	defer c.Close()
+	time.Sleep(200 * time.Millisecond) // the hub has read what c sent
+	start := time.Now()
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+func dialSend(t *testing.T, addr string, b []byte) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A client that sent gRPC's connection preface and nothing more (its
+// SETTINGS frame never comes) held the hub's stop for the whole gRPC
+// handshake timeout (10 s), whatever StopTimeout (`serve --stop-timeout`)
+// said: grpc-go's Stop waits for handshakes in progress. The hard stop
+// now cuts them.
+func TestStopIsNotHeldByAHalfDoneGRPCHandshake(t *testing.T) {
+	const stop = 200 * time.Millisecond
+	took := stopWithin(t, Config{StopTimeout: stop}, func(h *Hub) net.Conn {
+		return dialSend(t, h.Addr().String(), []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+	})
+	if took > stop+2*time.Second {
+		t.Errorf("Close took %v with StopTimeout %v and one client stalled in the gRPC handshake", took.Round(time.Millisecond), stop)
+	}
+}
+
+// A client of the metrics endpoint with a request in progress (here its
+// headers never end) held the hub's stop for the endpoint's own 2 s
+// shutdown, before the gRPC stop had even begun, whatever StopTimeout
+// said. The endpoint now stops within the hub's budget.
+func TestStopIsNotHeldByAMetricsRequest(t *testing.T) {
+	const stop = 200 * time.Millisecond
+	took := stopWithin(t, Config{StopTimeout: stop, MetricsListen: "127.0.0.1:0"}, func(h *Hub) net.Conn {
+		return dialSend(t, h.MetricsAddr(), []byte("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"))
+	})
+	if took > stop+time.Second {
+		t.Errorf("Close took %v with StopTimeout %v and one metrics request in progress", took.Round(time.Millisecond), stop)
+	}
+}
