@@ -289,22 +289,18 @@ func (t *Trainer) Tasks() []Task {
 // environment produces) also matches ErrDiverged: the run cannot go on,
 // whoever computes the task.
 func (t *Trainer) Check(r *Result) error {
+	// The shape first: a result malformed in any way is refused as such,
+	// even when its values have diverged too.
 	switch r.Kind {
 	case KindDirection:
 		if t.evalOnly || t.confirming || r.Index < 0 || r.Index >= t.cfg.Hyper.Directions {
 			return fmt.Errorf("%w: no direction %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
-		if !sane(r.RPlus) || !sane(r.RMinus) {
-			return diverged("direction %d of iteration %d returned r+ = %v, r− = %v (finite, |r| ≤ %g)", r.Index, t.iter, r.RPlus, r.RMinus, maxReturn)
-		}
 		if r.Stats == nil {
 			return fmt.Errorf("%w: direction %d result without filter statistics", errs.ErrInvalid, r.Index)
 		}
-		if err := r.Stats.check(t.cfg.Spec.ObsDim, taskStats); err != nil {
-			if d := (*divergedError)(nil); errors.As(err, &d) {
-				return diverged("direction %d of iteration %d: %s", r.Index, t.iter, d.msg)
-			}
-			return fmt.Errorf("direction %d: %w", r.Index, err)
+		if len(r.Stats.Mean) != t.cfg.Spec.ObsDim || len(r.Stats.M2) != t.cfg.Spec.ObsDim {
+			return fmt.Errorf("%w: direction %d: filter statistics of dimension %d/%d, want %d", errs.ErrInvalid, r.Index, len(r.Stats.Mean), len(r.Stats.M2), t.cfg.Spec.ObsDim)
 		}
 		if r.Stats.Count != float64(r.Steps) {
 			return fmt.Errorf("%w: direction %d saw %v states in %d steps", errs.ErrInvalid, r.Index, r.Stats.Count, r.Steps)
@@ -313,14 +309,27 @@ func (t *Trainer) Check(r *Result) error {
 		if n, base := t.evalTasks(); r.Index < base || r.Index >= base+n {
 			return fmt.Errorf("%w: no evaluation episode %d in iteration %d", errs.ErrInvalid, r.Index, t.iter)
 		}
-		if !sane(r.Return) {
-			return diverged("evaluation episode %d of iteration %d returned %v (finite, |r| ≤ %g)", r.Index, t.iter, r.Return, maxReturn)
-		}
 	default:
 		return fmt.Errorf("%w: unknown task kind %d", errs.ErrInvalid, r.Kind)
 	}
 	if r.Steps < 1 || r.Steps > maxTaskSteps {
 		return fmt.Errorf("%w: task %v/%d took %d steps (1 to %d)", errs.ErrInvalid, r.Kind, r.Index, r.Steps, int64(maxTaskSteps))
+	}
+	// Then the values.
+	if r.Kind == KindEval {
+		if !sane(r.Return) {
+			return diverged("evaluation episode %d of iteration %d returned %v (finite, |r| ≤ %g)", r.Index, t.iter, r.Return, maxReturn)
+		}
+		return nil
+	}
+	if !sane(r.RPlus) || !sane(r.RMinus) {
+		return diverged("direction %d of iteration %d returned r+ = %v, r− = %v (finite, |r| ≤ %g)", r.Index, t.iter, r.RPlus, r.RMinus, maxReturn)
+	}
+	if err := r.Stats.check(t.cfg.Spec.ObsDim, taskStats); err != nil {
+		if d := (*divergedError)(nil); errors.As(err, &d) {
+			return diverged("direction %d of iteration %d: %s", r.Index, t.iter, d.msg)
+		}
+		return fmt.Errorf("direction %d: %w", r.Index, err)
 	}
 	return nil
 }

@@ -1,0 +1,72 @@
+package arsrpc
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/ars"
+	"github.com/rlhub/rlhub/internal/env"
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
+)
+
+// A result that is malformed (statistics missing or of another dimension,
+// a step count the statistics disagree with, no steps) is a disagreement
+// between hub and worker even when its returns are also non-finite: the
+// report is refused with InvalidArgument and the run goes on, rather than
+// ending as diverged on the word of one bad worker.
+func TestMalformedResultWithNaNIsRefusedNotDiverged(t *testing.T) {
+	for name, mutate := range map[string]func(*pb.ARSTaskResult){
+		"no statistics":       func(p *pb.ARSTaskResult) { p.Stats = nil },
+		"statistics of dim 2": func(p *pb.ARSTaskResult) { p.Stats.Mean, p.Stats.M2 = p.Stats.Mean[:2], p.Stats.M2[:2] },
+		"count is not steps":  func(p *pb.ARSTaskResult) { p.Stats.Count++ },
+		"no steps":            func(p *pb.ARSTaskResult) { p.Steps, p.Stats = 0, &pb.ARSFilterStats{Mean: make([]float64, 4), M2: make([]float64, 4)} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := startHub(t, Config{})
+			client := pb.NewARSClient(dial(t, h.addr))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start, err := client.StartRun(ctx, &pb.ARSStartRunRequest{Spec: runSpec()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			att, err := client.Attach(ctx, &pb.ARSAttachRequest{Name: "bad"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lease, err := client.Lease(ctx, &pb.ARSLeaseRequest{WorkerId: att.WorkerId, MaxTasks: 1})
+			if err != nil || len(lease.Tasks) != 1 || lease.Tasks[0].Kind != pb.ARSTaskKind_ARS_TASK_KIND_DIRECTION {
+				t.Fatalf("lease: %v, %v", lease, err)
+			}
+			p, err := ars.DecodePolicy(lease.Policy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, _ := env.Make(lease.Spec.Env)
+			defer env.Close(e)
+			it := &ars.Iteration{Seed: p.Seed, Iteration: p.Iteration, Hyper: p.Hyper, Theta: p.Theta, Filter: p.Filter()}
+			res := toPB(ars.NewEvaluator(e, &p.Arch).Run(it, ars.Task{Kind: ars.KindDirection, Index: int(lease.Tasks[0].Index)}))
+			res.RPlus = math.NaN()
+			mutate(res)
+			_, err = client.Report(ctx, &pb.ARSReportRequest{WorkerId: att.WorkerId, RunId: lease.RunId, Iteration: lease.Iteration, Results: []*pb.ARSTaskResult{res}})
+			if err = grpcerr.FromStatus(err); !errors.Is(err, errs.ErrInvalid) || errors.Is(err, ars.ErrDiverged) {
+				t.Errorf("report of a malformed result with r+ = NaN: %v; want InvalidArgument", err)
+			}
+			h.svc.mu.Lock()
+			r := h.svc.c.runs[start.RunId]
+			done, reason := r.done, ""
+			if n := len(r.progress); n > 0 {
+				reason = r.progress[n-1].Reason
+			}
+			h.svc.mu.Unlock()
+			if done {
+				t.Errorf("one malformed result ended the run: %q", reason)
+			}
+		})
+	}
+}
