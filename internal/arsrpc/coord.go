@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/ars"
@@ -513,11 +514,15 @@ type reportOutcome struct {
 // Results for another iteration are stale; results for a task already
 // done are duplicates; both are counted and ignored. Workers unknown to
 // the hub (expired) may still report: a result is a deterministic function
-// of its task, whoever computed it.
+// of its task, whoever computed it. A worker attached to another hub
+// process may not (errNoWorker): the run it computed for may be another
+// run of the same id, on a hub that kept no state.
 func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResult, now time.Time) (reportOutcome, error) {
 	var out reportOutcome
 	if w, ok := c.workers[id]; ok {
 		w.seen = now
+	} else if !strings.HasSuffix(id, c.boot) {
+		return out, errNoWorker
 	}
 	r, ok := c.runs[runID]
 	if !ok {

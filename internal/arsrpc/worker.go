@@ -166,7 +166,9 @@ func (w *workerLoop) loop(ctx context.Context) error {
 				}
 				return fmt.Errorf("attach: %w", grpcerr.FromStatus(err))
 			}
-			w.id = resp.WorkerId
+			// A new attachment may be to another hub, whose run of the
+			// same id and version is another run: forget the policy held.
+			w.id, w.runID, w.version, w.it = resp.WorkerId, "", 0, nil
 		}
 		lctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+10*time.Second)
 		lease, err := w.client.Lease(lctx, w.leaseRequest())

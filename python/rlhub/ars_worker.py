@@ -630,7 +630,10 @@ class ARSWorker:
                     if retry(err):
                         continue
                     raise err from e
+                # A new attachment may be to another hub, whose run of the
+                # same id and version is another run: forget the policy held.
                 self._id = resp.worker_id
+                self._policy, self._run_id, self._version = None, "", 0
             try:
                 lease = self._client.Lease(self._lease_request(), timeout=self.wait + 10.0)
             except grpc.RpcError as e:
