@@ -188,6 +188,11 @@ type Relay struct {
 	ownBulk bool          // bulk is the relay's own, closed with it
 	noBulk  bool          // the upstream had no data-plane watch at this attach (follow's goroutine only)
 	have    atomic.Uint64 // newest version followed on the data plane, reported upstream
+	// haveMu is held by forwardReports from reading have until its report
+	// is sent, and by follow to leave the data plane: a data-plane report
+	// on its way is answered before the push stream reports for the relay,
+	// never landing after them with an older version.
+	haveMu sync.Mutex
 	// epoch is the newest epoch of a version the relay republished (the
 	// follow's goroutine only): one of an older epoch (a deposed
 	// primary's, reached through a stale lookup) is refused and the
@@ -332,7 +337,9 @@ func (r *Relay) follow(ctx context.Context) {
 			if err = r.followBulk(ctx, &have); errors.Is(err, errNoBulk) {
 				r.cfg.Logger.Info("wsync: upstream has no data-plane watch, following its push stream", "upstream", r.cfg.UpstreamAddr)
 				r.noBulk = true
+				r.haveMu.Lock()
 				r.have.Store(0) // the push stream reports for the relay now: no stale data-plane version
+				r.haveMu.Unlock()
 				continue
 			}
 		} else {
@@ -570,6 +577,7 @@ func (r *Relay) forwardReports(ctx context.Context) {
 		case <-t.C:
 		}
 		var reports []*rlhubv1.CollectorReport
+		r.haveMu.Lock()
 		if v := r.have.Load(); v != 0 { // following the data plane: no push stream reports for us
 			reports = append(reports, &rlhubv1.CollectorReport{CollectorId: r.cfg.ID, Model: r.cfg.Model, Version: v, Via: "relay/data-plane"})
 		}
@@ -606,6 +614,7 @@ func (r *Relay) forwardReports(ctx context.Context) {
 			}
 			cancel()
 		}
+		r.haveMu.Unlock()
 	}
 }
 

@@ -77,7 +77,9 @@ func TestRelayReportsWhatItRunsAfterFallingBackToThePushStream(t *testing.T) {
 		}
 		return 0, ""
 	}
-	time.Sleep(300 * time.Millisecond) // many ReportEvery
+	// The hub hears v3 on the push stream, and then keeps it over many
+	// ReportEvery.
+	waitFor(t, "the hub to see the relay at v3", func() bool { v, _ := seen(); return v == 3 })
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		if v, via := seen(); v != 3 {
