@@ -51,6 +51,9 @@ func TestPushesInFlightShareABudget(t *testing.T) {
 	if err := first.Send(chunk(blob[:10])); err != nil { // and then nothing, for now
 		t.Fatal(err)
 	}
+	testkit.Eventually(t, 10*time.Second, "the first push's header to take the whole budget", func() bool {
+		return storerpc.PushBudgetFull(svc)
+	})
 	c := newClient(t, storerpc.ClientConfig{Addr: addr})
 	t.Cleanup(func() { c.Close() })
 	second := make(chan error, 1)
