@@ -24,7 +24,9 @@ func TestMalformedResultWithNaNIsRefusedNotDiverged(t *testing.T) {
 		"no statistics":       func(p *pb.ARSTaskResult) { p.Stats = nil },
 		"statistics of dim 2": func(p *pb.ARSTaskResult) { p.Stats.Mean, p.Stats.M2 = p.Stats.Mean[:2], p.Stats.M2[:2] },
 		"count is not steps":  func(p *pb.ARSTaskResult) { p.Stats.Count++ },
-		"no steps":            func(p *pb.ARSTaskResult) { p.Steps, p.Stats = 0, &pb.ARSFilterStats{Mean: make([]float64, 4), M2: make([]float64, 4)} },
+		"no steps": func(p *pb.ARSTaskResult) {
+			p.Steps, p.Stats = 0, &pb.ARSFilterStats{Mean: make([]float64, 4), M2: make([]float64, 4)}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := startHub(t, Config{})
