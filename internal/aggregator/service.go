@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/errs"
@@ -56,6 +57,9 @@ type Config struct {
 	// its header on); 0 means 4 GiB. A batch waits up to batchRoomWait
 	// for room, then fails ResourceExhausted.
 	MaxBatchBytesInFlight int64
+	// MaxResponseBytes bounds a Learn's response (the merged info), as the
+	// server's message bound does; 0 means 4 MiB.
+	MaxResponseBytes int
 	// Now is the clock for leases; nil means time.Now.
 	Now func() time.Time
 	// Logger receives membership and task events; nil means slog.Default().
@@ -117,6 +121,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBatchBytesInFlight < 0 {
 		return fmt.Errorf("aggregator: negative MaxBatchBytesInFlight %d", c.MaxBatchBytesInFlight)
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = 4 << 20
+	}
+	if c.MaxResponseBytes < 0 {
+		return fmt.Errorf("aggregator: negative MaxResponseBytes %d", c.MaxResponseBytes)
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -863,6 +873,11 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 	if h == nil || h.Blob == nil {
 		return grpcerr.ToStatus(fmt.Errorf("%w: learn: the first message must be a LearnHeader with a blob", errs.ErrInvalid))
 	}
+	// A batch for no task or another task is refused before it is
+	// received or given room (learnBatch checks again once it is in).
+	if _, err := s.currentTask(h.TaskId); err != nil {
+		return grpcerr.ToStatus(err)
+	}
 	if h.Blob.TotalBytes <= uint64(s.cfg.MaxBatchBytes) { // a larger one fails in NewAssembler, holding nothing
 		release, err := s.batches.Take(stream.Context(), h.Blob.TotalBytes, "batches")
 		if err != nil {
@@ -902,6 +917,13 @@ func (s *Service) Learn(stream grpc.ClientStreamingServer[rlhubv1.LearnRequest, 
 	resp, err := s.LearnBatch(stream.Context(), h.TaskId, f.Tensors, f.Metadata)
 	if err != nil {
 		return grpcerr.ToStatus(err)
+	}
+	// The shares were learned: an answer too large to send must say so,
+	// not fail as a transport's ResourceExhausted that reads as "retry"
+	// (a resent batch would be learned twice).
+	if n := proto.Size(resp); n > s.cfg.MaxResponseBytes {
+		return grpcerr.ToStatus(fmt.Errorf("%w: learn: the batch was learned, but the merged info of %d bytes exceeds the response bound of %d; do not resend it: have the learners return less info",
+			errs.ErrInvalid, n, s.cfg.MaxResponseBytes))
 	}
 	return stream.SendAndClose(resp)
 }

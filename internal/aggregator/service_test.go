@@ -730,3 +730,72 @@ func TestResplitSharesOnOneLearnerEachHaveTheTaskTimeout(t *testing.T) {
 	}
 	checkExactlyOnce(t, resp, batch)
 }
+
+// A Learn for no task, or for a task that is not the current one, is
+// refused at its header: the batch it announces (up to MaxBatchBytes) is
+// neither waited for nor given room among the batches in flight.
+func TestLearnForNoOrAnotherTaskIsRefusedAtItsHeader(t *testing.T) {
+	const announced = 1 << 30
+	h := newHarness(t, Config{MaxBatchBytesInFlight: announced})
+	ctx := testCtx(t, 30*time.Second)
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	refusedAtHeader := func(taskID string, want codes.Code) {
+		t.Helper()
+		s, err := rlhubv1.NewLearnerAggregatorClient(conn).Learn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&rlhubv1.LearnRequest{Body: &rlhubv1.LearnRequest_Header{Header: &rlhubv1.LearnHeader{
+			TaskId: taskID, Blob: &rlhubv1.BlobInfo{TotalBytes: announced}}}}); err != nil {
+			t.Fatal(err)
+		}
+		// No chunk follows, and the stream stays open: the answer must not
+		// wait for the batch.
+		end := make(chan error, 1)
+		go func() { end <- s.RecvMsg(new(rlhubv1.LearnResponse)) }()
+		select {
+		case err := <-end:
+			if status.Code(err) != want {
+				t.Fatalf("Learn(%q) before its batch = %v, want %v", taskID, err, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("Learn(%q) still waits for its batch after 5s (budget full: %v)", taskID, h.svc.batches.Full())
+		}
+	}
+	refusedAtHeader("t1", codes.NotFound)
+	runLearners(t, h, exampleCfg("a", 4))
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	refusedAtHeader("t2", codes.FailedPrecondition)
+}
+
+// A share over a Go learner's MaxShareBytes fails that share only, with
+// an error naming the limit: the learner reads past its chunks and stays
+// attached, instead of detaching on every Learn.
+func TestShareOverMaxShareBytesFailsThatShareOnly(t *testing.T) {
+	h := newHarness(t, Config{OnFailure: PolicyFail})
+	small := exampleCfg("a", 4)
+	small.MaxShareBytes = 256
+	runLearners(t, h, small, exampleCfg("b", 4))
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := h.client.Start(ctx, "t1", map[string]any{"w": testWeights}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.GetDataDemand(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		_, err := h.client.Learn(ctx, "t1", regressionBatch(t, 64, 1), nil)
+		if !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), `learner "a"`) || !strings.Contains(err.Error(), "MaxShareBytes") {
+			t.Fatalf("Learn with a share over a's MaxShareBytes: %v", err)
+		}
+	}
+	if st := h.svc.Stats(); st.Removed != 0 || len(st.Learners) != 2 {
+		t.Fatalf("learners %v, %d removed: a detached over its share's size", st.Learners, st.Removed)
+	}
+}

@@ -498,6 +498,9 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if acfg.StateChanged == nil {
 		acfg.StateChanged = h.cfg.StateChanged
 	}
+	if acfg.MaxResponseBytes == 0 {
+		acfg.MaxResponseBytes = h.cfg.MaxMsgBytes
+	}
 	if sw, ok := h.store.(store.StateWriter); ok && acfg.WriteState == nil {
 		acfg.WriteState = sw.WriteState
 	}

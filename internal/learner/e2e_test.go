@@ -165,3 +165,51 @@ func TestRunReturnsAPermanentRefusal(t *testing.T) {
 		t.Fatalf("Run waited out its context: %v", err)
 	}
 }
+
+// Learners' infos that merge past the hub's message bound (each well under
+// it) fail the Learn with a clear error naming the bound, not a transport
+// error that reads as retryable: the shares were learned, so a coordinator
+// that redid the Learn would apply them twice.
+func TestMergedInfoOverTheMessageBoundIsAClearError(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()}) // 4 MiB messages
+	addr := h.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var learned sync.WaitGroup
+	lctx, lcancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { lcancel(); wg.Wait() }()
+	big := strings.Repeat("x", 3<<20) // 3 MiB: one learner's reply fits
+	for _, id := range []string{"l1", "l2"} {
+		cfg := learner.Config{Hub: addr, ID: id, Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
+			OnDemand: func(context.Context, string) (learner.Demand, error) { return learner.Demand{BatchSize: 2}, nil },
+			OnLearn: func(context.Context, *learner.LearnTask) (map[string]any, error) {
+				learned.Done() // a gradient would be pushed here
+				return map[string]any{"log": big}, nil
+			}}
+		wg.Go(func() { learner.Run(lctx, cfg) })
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	agg := aggregator.NewClient(conn)
+	testkit.Eventually(t, time.Minute, "2 learners attached", func() bool {
+		ls, err := agg.Resources(ctx)
+		return err == nil && len(ls) == 2
+	})
+	if _, err := agg.Start(ctx, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agg.GetDataDemand(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	learned.Add(2)
+	_, err = agg.Learn(ctx, "t", mustSD(t, tensor.NewF32("x", 4, 2)), nil)
+	learned.Wait()
+	if !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "merged info") {
+		t.Fatalf("Learn whose merged info is over 4 MiB = %v, want InvalidArgument naming the merged info", err)
+	}
+}

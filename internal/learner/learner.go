@@ -297,9 +297,14 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 	if lt.Blob == nil {
 		return nil, fmt.Errorf("%w: learn task without a blob", errHubProtocol)
 	}
+	if lt.Blob.TotalBytes > uint64(cfg.MaxShareBytes) {
+		return skipShare(stream, cfg, lt)
+	}
+	// A malformed share is the hub's fault, not a refusal of this learner:
+	// its ErrInvalid must not make Run give up (%v, not %w).
 	asm, err := wire.NewAssembler(lt.Blob.TotalBytes, wire.Limits{MaxBytes: cfg.MaxShareBytes})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: share: %v", errHubProtocol, err)
 	}
 	for asm.Received() < int(lt.Blob.TotalBytes) {
 		m, err := stream.Recv()
@@ -311,12 +316,12 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 			return nil, fmt.Errorf("%w: expected a chunk, got %T", errHubProtocol, m.Body)
 		}
 		if err := asm.Write(ch.Data); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: share: %v", errHubProtocol, err)
 		}
 	}
 	f, _, err := asm.Finish()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: share: %v", errHubProtocol, err)
 	}
 	reply := &rlhubv1.LearnerReply{RequestId: lt.RequestId}
 	info, err := cfg.OnLearn(ctx, &LearnTask{TaskID: lt.TaskId, RowStart: lt.RowStart, Rows: lt.Rows, Batch: f.Tensors, Metadata: f.Metadata})
@@ -327,4 +332,26 @@ func learn(ctx context.Context, stream attachStream, cfg *Config, lt *rlhubv1.Le
 		reply.Error = err.Error()
 	}
 	return reply, nil
+}
+
+// skipShare fails a share over MaxShareBytes as a callback error does: its
+// chunks are read past, not kept, so the stream stays in step and the
+// learner attached.
+func skipShare(stream attachStream, cfg *Config, lt *rlhubv1.LearnTask) (*rlhubv1.LearnerReply, error) {
+	total := lt.Blob.TotalBytes
+	for got := uint64(0); got < total; {
+		m, err := stream.Recv()
+		if err != nil {
+			return nil, grpcerr.FromStatus(err)
+		}
+		ch := m.GetChunk()
+		if ch == nil {
+			return nil, fmt.Errorf("%w: expected a chunk, got %T", errHubProtocol, m.Body)
+		}
+		if got += uint64(len(ch.Data)); got > total {
+			return nil, fmt.Errorf("%w: share: chunks overrun the announced %d bytes", errHubProtocol, total)
+		}
+	}
+	return &rlhubv1.LearnerReply{RequestId: lt.RequestId,
+		Error: fmt.Sprintf("share of %d bytes exceeds this learner's MaxShareBytes of %d", total, cfg.MaxShareBytes)}, nil
 }

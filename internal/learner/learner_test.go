@@ -195,3 +195,68 @@ func TestUnknownHubMessageIsRetried(t *testing.T) {
 	cancel()
 	testkit.Recv(t, done, 30*time.Second, "Run returns once its context ends")
 }
+
+// badShareHub welcomes a learner and sends it a learn task whose share is
+// malformed (share returns the announced size and the chunks).
+type badShareHub struct {
+	rlhubv1.UnimplementedLearnerAggregatorServer
+	share    func() (uint64, [][]byte)
+	attaches atomic.Int32
+}
+
+func (h *badShareHub) Attach(s grpc.BidiStreamingServer[rlhubv1.LearnerMessage, rlhubv1.AggregatorMessage]) error {
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	h.attaches.Add(1)
+	if err := s.Send(&rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Welcome{Welcome: &rlhubv1.Welcome{LeaseMs: 10000}}}); err != nil {
+		return err
+	}
+	total, chunks := h.share()
+	if err := s.Send(&rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Learn{Learn: &rlhubv1.LearnTask{
+		RequestId: 1, TaskId: "t", Rows: 1, Blob: &rlhubv1.BlobInfo{TotalBytes: total}}}}); err != nil {
+		return err
+	}
+	for _, c := range chunks {
+		if err := s.Send(&rlhubv1.AggregatorMessage{Body: &rlhubv1.AggregatorMessage_Chunk{Chunk: &rlhubv1.Chunk{Data: c}}}); err != nil {
+			return err
+		}
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// A malformed share from the hub (a blob too small to be safetensors,
+// chunks past the announced size, bytes that do not decode) breaks the
+// protocol; it is not a refusal of the learner: Run re-attaches after its
+// backoff instead of returning.
+func TestMalformedShareFromHubIsRetried(t *testing.T) {
+	garbage := []byte{16, 0, 0, 0, 0, 0, 0, 0, '{', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x', '}'}
+	for name, share := range map[string]func() (uint64, [][]byte){
+		"blob under 10 bytes":   func() (uint64, [][]byte) { return 5, nil },
+		"chunks past the size":  func() (uint64, [][]byte) { return 16, [][]byte{{2, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 16)} },
+		"bytes not safetensors": func() (uint64, [][]byte) { return uint64(len(garbage)), [][]byte{garbage} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			hub := &badShareHub{share: share}
+			addr := testkit.ServeGRPC(t, nil, func(g *grpc.Server) { rlhubv1.RegisterLearnerAggregatorServer(g, hub) })
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- Run(ctx, Config{Hub: addr, ID: "l1", Backoff: 20 * time.Millisecond, Logger: testkit.Logger(),
+					OnDemand: func(context.Context, string) (Demand, error) { return Demand{BatchSize: 1}, nil },
+					OnLearn:  func(context.Context, *LearnTask) (map[string]any, error) { return nil, nil }})
+			}()
+			testkit.Eventually(t, 30*time.Second, "the learner attaches again after the malformed share", func() bool {
+				select {
+				case err := <-done:
+					t.Fatalf("Run returned after %d attach(es): %v", hub.attaches.Load(), err)
+				default:
+				}
+				return hub.attaches.Load() >= 3
+			})
+			cancel()
+			testkit.Recv(t, done, 30*time.Second, "Run returns once its context ends")
+		})
+	}
+}

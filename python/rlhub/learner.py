@@ -310,16 +310,26 @@ class Learner(AttachLoop):
         if kind == "learn":
             lt = m.learn
             total = lt.blob.total_bytes
-            asm = Assembler(total, max_bytes=self.max_share_bytes)
+            reply = aggregator_pb2.LearnerReply(request_id=lt.request_id)
+            # A share over max_share_bytes fails that share only, as a
+            # hook's error does: its chunks are read past, not kept, so the
+            # stream stays in step and the learner attached.
+            asm = Assembler(total, max_bytes=self.max_share_bytes) if total <= self.max_share_bytes else None
             got = 0
             while got < total:  # protocol errors raise: the stream is out of step
                 c = self._recv(it)
                 if c is None or not c.HasField("chunk"):
                     raise errors.Unavailable(f"{_HUB_PROTOCOL}: learn share ended after {got} of {total} bytes")
-                asm.write(c.chunk.data)
+                if asm is not None:
+                    asm.write(c.chunk.data)
+                elif got + len(c.chunk.data) > total:
+                    raise errors.Unavailable(f"{_HUB_PROTOCOL}: chunks overrun the announced {total} bytes")
                 got += len(c.chunk.data)
+            if asm is None:
+                reply.error = (f"share of {total} bytes exceeds this learner's "
+                               f"max_share_bytes of {self.max_share_bytes}")
+                return reply
             blob = asm.finish()
-            reply = aggregator_pb2.LearnerReply(request_id=lt.request_id)
             try:
                 _, _, md = parse_header(memoryview(blob))
                 task = LearnTask(lt.task_id, lt.row_start, lt.rows, load_bytes(blob, framework=self.framework),

@@ -326,3 +326,22 @@ def test_a_message_the_learner_does_not_know_is_retried():
             assert len(attaches) >= 3 and lr.error is None
     finally:
         server.stop(0)
+
+
+def test_a_share_over_max_share_bytes_fails_that_share_and_keeps_the_learner(hub):
+    """A share larger than the learner's max_share_bytes is refused like a
+    hook's error: the learner reads past it, replies with an error naming
+    the limit and stays attached, so every later Learn does not detach it
+    again."""
+    with AggregatorClient(hub.addr) as agg, RowLearner(hub.addr, "a", 4, max_share_bytes=256) as a, \
+            RowLearner(hub.addr, "b", 4) as b:
+        wait_attached(agg, 2)
+        agg.start("t1", {})
+        agg.get_data_demand("t1")
+        for step in (1, 2):
+            res = agg.learn("t1", batch(64), metadata={"step": str(step)})
+            assert res.failed == ["a"] and res.info["rows"] == list(range(64))
+        st = agg.status()
+        assert a.sessions == 1 and st.removed_total == 0, f"a re-attached {a.sessions - 1} time(s)"
+        assert {l.learner_id: l.tasks_failed for l in st.learners} == {"a": 2, "b": 0}
+    assert "max_share_bytes" in (hub.data_dir / "hub.log").read_text()
