@@ -260,6 +260,23 @@ func TestTrickledGRPCPushIsCutOff(t *testing.T) {
 		}
 	}
 
+	// A task for the learner batch (one for no task is refused at its
+	// header, before its body).
+	lctx, lcancel := context.WithCancel(ctx)
+	var learners sync.WaitGroup
+	defer func() { lcancel(); learners.Wait() }()
+	lcfg := (&learner.Example{ID: "a", BatchSize: 4}).Config(h.Addr().String())
+	lcfg.Logger = testkit.Logger()
+	learners.Go(func() { learner.Run(lctx, lcfg) })
+	agg := aggregator.NewClient(conn)
+	testkit.Eventually(t, 10*time.Second, "learner attached", func() bool {
+		r, err := agg.Resources(ctx)
+		return err == nil && len(r) == 1
+	})
+	if _, err := agg.Start(ctx, "t", map[string]any{"w": []any{0.5, -1.0, 2.0, 0.25}}); err != nil {
+		t.Fatal(err)
+	}
+
 	blob := storetest.Blob(t, 1, n) // ~1 KiB: at a byte per 20 ms, 20 s
 	hostile, _ := safetensors.Encode(filled(n, 1000), nil)
 	var wg sync.WaitGroup
