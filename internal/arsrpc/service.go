@@ -189,9 +189,12 @@ func New(cfg Config) (*Service, error) {
 // version (a crash between the state write and the publish), it is
 // published again from the restored θ.
 func (s *Service) restore() error {
-	runs, maxNum, bad := s.persist.load()
+	runs, maxNum, unstarted, bad := s.persist.load()
 	for _, err := range bad {
 		s.cfg.Logger.Error("ars run state unreadable: run not resumed", "err", err)
+	}
+	for _, id := range unstarted {
+		s.cfg.Logger.Info("ars run removed: its StartRun never finished (never acknowledged)", "run", id)
 	}
 	s.c.nextRun = maxNum
 	for _, l := range runs {
@@ -624,6 +627,9 @@ func (s *Service) report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 	}
 	if out.pub != nil {
 		if err := s.pushLocked(out.pub); err != nil {
+			// The run ends at the version the store holds: state.json
+			// (saved above) named the one that never got there.
+			r.version = out.pub.version - 1
 			s.c.fail(s.c.runs[req.RunId], fmt.Errorf("publish %s v%d: %w", out.pub.model, out.pub.version, err), now)
 			s.cfg.Logger.Error("ars publish failed", "run", req.RunId, "err", err)
 			s.saveLocked(r)
