@@ -227,11 +227,14 @@ type loaded struct {
 
 // load reads every run under dir, oldest first. A run whose state cannot
 // be read is skipped with its error (the caller logs it at ERROR); its
-// number is still taken so no new run reuses its name.
-func (p *persister) load() (runs []loaded, maxNum uint64, bad []error) {
+// number is still taken so no new run reuses its name. A run directory
+// without state.json is a StartRun that never finished its first save (a
+// crash in it: the run was never acknowledged): it is removed, and named
+// in unstarted.
+func (p *persister) load() (runs []loaded, maxNum uint64, unstarted []string, bad []error) {
 	ents, err := os.ReadDir(p.dir)
 	if err != nil {
-		return nil, 0, []error{err}
+		return nil, 0, nil, []error{err}
 	}
 	for _, e := range ents {
 		m := runDirName.FindStringSubmatch(e.Name())
@@ -240,6 +243,14 @@ func (p *persister) load() (runs []loaded, maxNum uint64, bad []error) {
 		}
 		num, _ := strconv.ParseUint(m[1], 10, 64)
 		maxNum = max(maxNum, num)
+		if _, err := os.Stat(filepath.Join(p.dir, e.Name(), "state.json")); errors.Is(err, os.ErrNotExist) {
+			if err := p.removeRun(e.Name()); err != nil {
+				bad = append(bad, fmt.Errorf("ars run %s: %w", e.Name(), err))
+			} else {
+				unstarted = append(unstarted, e.Name())
+			}
+			continue
+		}
 		r, err := p.loadRun(e.Name())
 		if err != nil {
 			bad = append(bad, fmt.Errorf("ars run %s: %w", e.Name(), err))
@@ -252,7 +263,27 @@ func (p *persister) load() (runs []loaded, maxNum uint64, bad []error) {
 			runs[j], runs[j-1] = runs[j-1], runs[j]
 		}
 	}
-	return runs, maxNum, bad
+	return runs, maxNum, unstarted, bad
+}
+
+// removeRun removes a run's directory and the files in it, each named.
+func (p *persister) removeRun(name string) error {
+	rd := filepath.Join(p.dir, name)
+	ents, err := os.ReadDir(rd)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(rd, e.Name())); err != nil {
+			return err
+		}
+		p.named(filepath.Join(rd, e.Name()))
+	}
+	if err := os.Remove(rd); err != nil {
+		return err
+	}
+	p.named(rd)
+	return atomicfile.SyncDir(p.dir)
 }
 
 func (p *persister) loadRun(name string) (*run, error) {
