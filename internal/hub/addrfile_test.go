@@ -49,3 +49,40 @@ func TestAddrFileUnwritableFailsStart(t *testing.T) {
 		t.Fatalf("a hub that failed to start reports address %v", h.Addr())
 	}
 }
+
+// TestAddrFileOfALaterHubSurvivesAnEarlierStop: when a hub started on the
+// same address file after this one (a restart overlapping the old
+// process's stop) has written its address there, this hub's stop leaves
+// the file alone: it names the later hub, which listens.
+func TestAddrFileOfALaterHubSurvivesAnEarlierStop(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "addr")
+	start := func() *Hub {
+		h, err := New(Config{Listen: "127.0.0.1:0", AddrFile: path, Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	old := start()
+	later := start()
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the later hub's address file after the earlier hub stopped: %v", err)
+	}
+	if got, want := strings.TrimSpace(string(b)), later.Addr().String(); got != want {
+		t.Fatalf("address file says %q, the later hub listens on %q", got, want)
+	}
+	if err := later.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("address file after the hub it names stopped: %v", err)
+	}
+}

@@ -81,7 +81,9 @@ type Config struct {
 	// AddrFile, when not "", is a file the hub writes its bound address
 	// to once it listens (written to a temporary name, then renamed, so a
 	// reader never sees part of it): how a process that started the hub
-	// on port 0 learns the port without racing for a free one.
+	// on port 0 learns the port without racing for a free one. Close
+	// removes it, unless another hub has written its own address there
+	// since (a restart overlapping this one's stop).
 	AddrFile string
 	// DataDir is where services keep checkpoints (the store in
 	// DataDir/store, the reducer's registrations, ledger and optimizer
@@ -94,7 +96,8 @@ type Config struct {
 	// Reducer configures the gradient reducer: where its primary is
 	// (Primary "" hosts it here, over this hub's store), how many
 	// secondaries run here (0 means 1), batching and queue bounds. Store
-	// and Addr are filled by the hub.
+	// and Addr are filled by the hub, and CloseTimeout when 0
+	// (StopTimeout: the secondaries' flush at a stop).
 	Reducer reducer.Config
 	// Aggregator configures the learner aggregator (lease, task timeout,
 	// failure policy, homogeneous info keys); the zero value means its
@@ -336,6 +339,7 @@ type Hub struct {
 
 	mu       sync.Mutex
 	lis      net.Listener
+	addrFile os.FileInfo // the address file Start wrote (nil: none)
 	serveErr chan error
 	closed   bool
 
@@ -554,6 +558,9 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	if rcfg.Logger == nil {
 		rcfg.Logger = h.cfg.Logger
 	}
+	if rcfg.CloseTimeout == 0 { // the secondaries' flush at a stop keeps to its budget
+		rcfg.CloseTimeout = h.cfg.StopTimeout
+	}
 	if rcfg.StateChanged == nil {
 		rcfg.StateChanged, rcfg.StateAppended = h.cfg.StateChanged, h.cfg.StateAppended
 	}
@@ -616,6 +623,7 @@ func (h *Hub) Start() error {
 			lis.Close()
 			return fmt.Errorf("hub: %w", err)
 		}
+		h.addrFile, _ = os.Stat(h.cfg.AddrFile)
 	}
 	h.lis = lis
 	h.serveErr = make(chan error, 1)
@@ -701,7 +709,11 @@ func (h *Hub) CloseWithin(grace time.Duration) error {
 		return nil
 	}
 	h.closed = true
-	started := h.lis != nil
+	started, addrFile := h.lis != nil, h.addrFile
+	var addr string // what Start wrote to the address file
+	if started {
+		addr = h.lis.Addr().String()
+	}
 	h.mu.Unlock()
 
 	h.stopAuthWatch()
@@ -752,8 +764,14 @@ func (h *Hub) CloseWithin(grace time.Duration) error {
 	if err := h.opened.Close(); err != nil {
 		errsOut = append(errsOut, err)
 	}
-	if started && h.cfg.AddrFile != "" {
-		os.Remove(h.cfg.AddrFile) // nothing listens there any more
+	if addrFile != nil {
+		// Nothing listens there any more, unless the file is another
+		// hub's, started since (a restart overlapping this stop, even on
+		// the same address): its address stays.
+		fi, err := os.Stat(h.cfg.AddrFile)
+		if b, rerr := os.ReadFile(h.cfg.AddrFile); err == nil && rerr == nil && string(b) == addr+"\n" && fi.ModTime().Equal(addrFile.ModTime()) {
+			os.Remove(h.cfg.AddrFile)
+		}
 	}
 	h.cfg.Logger.Info("hub stopped")
 	return errors.Join(errsOut...)

@@ -1,10 +1,14 @@
 package hub
 
 import (
+	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -68,5 +72,60 @@ func TestStopIsNotHeldByAMetricsRequest(t *testing.T) {
 	})
 	if took > stop+time.Second {
 		t.Errorf("Close took %v with StopTimeout %v and one metrics request in progress", took.Round(time.Millisecond), stop)
+	}
+}
+
+// A secondary reducer whose primary stopped answering (its link hung: the
+// primary's replies never come) held the hub's stop for its close flush
+// (5 s) and then for the retries of each release (5 s each), whatever
+// StopTimeout (`serve --stop-timeout`) said. The secondary's close now
+// keeps to the hub's budget: what it could not forward within it is
+// released as far as the link allows and counted lost.
+func TestStopIsNotHeldByAHungPrimary(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	model, _ := tensor.NewStateDict(tensor.NewF32("w", 8))
+	p, c := startWithSGDModel(t, ctx, Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), Reducer: reducer.Config{Secondaries: -1}}, model)
+	var hung atomic.Bool
+	px := testkit.StartProxy(t, p.Addr().String(), func(client, upstream net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := upstream.Read(buf)
+			if err != nil {
+				return
+			}
+			if !hung.Load() {
+				if _, err := client.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+		}
+	})
+	const stop = 200 * time.Millisecond
+	s, err := New(Config{Listen: "127.0.0.1:0", Logger: testkit.Logger(), StopTimeout: stop,
+		Reducer: reducer.Config{Primary: px.Addr(), ForwardTransport: reducer.TransportGRPC, Secondaries: 1, BatchSize: 2, MaxWait: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 20*time.Second, "the secondary to attach", func() bool {
+		return s.Reducer().SecondaryNodes()[0].Attached()
+	})
+	if _, err := c.PushGrad(ctx, "m", 0, model); err != nil { // held: its batch is not full
+		t.Fatal(err)
+	}
+	if st := s.Reducer().SecondaryNodes()[0].Stats(); st.Counters.Pushed != 1 || st.Counters.Applied != 0 {
+		t.Fatalf("the secondary behind the proxy saw %d gradients, %d applied; want it holding the one pushed", st.Counters.Pushed, st.Counters.Applied)
+	}
+	hung.Store(true)
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > stop+2*time.Second {
+		t.Errorf("Close took %v with StopTimeout %v and the primary's link hung", took.Round(time.Millisecond), stop)
 	}
 }

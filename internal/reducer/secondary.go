@@ -50,6 +50,11 @@ type SecondaryConfig struct {
 	MaxQueue int
 	// MaxGradBytes bounds one pushed blob; 0 means 1 GiB.
 	MaxGradBytes int64
+	// CloseTimeout bounds Close: the forward of the gradients held, then
+	// the release of those not forwarded (a release still failing then
+	// leaves its claims to the primary, which counts them lost when the
+	// session ends); 0 means 5s. A hub gives its --stop-timeout.
+	CloseTimeout time.Duration
 	// Clock; nil means the real clock.
 	Clock Clock
 	// Logger; nil means slog.Default().
@@ -81,6 +86,12 @@ func (c *SecondaryConfig) validate() error {
 	if c.MaxGradBytes == 0 {
 		c.MaxGradBytes = 1 << 30
 	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = defaultCloseTimeout
+	}
+	if c.CloseTimeout < 0 {
+		return fmt.Errorf("reducer: secondary %q: negative close timeout %v", c.ID, c.CloseTimeout)
+	}
 	if c.Clock == nil {
 		c.Clock = realClock{}
 	}
@@ -100,14 +111,16 @@ type SecondaryNode struct {
 
 	// Close first closes flushing: every model loop forwards what it
 	// holds (gradients acknowledged to their pushers) and says so on
-	// flushed, for up to closeFlushTimeout. Then it cancels ctx (model
-	// loops and their forwards) and waits for wg, then cancels attachCtx
-	// and waits for attachWG, so that batches are settled before the
-	// session ends.
+	// flushed, until CloseTimeout ends closeCtx. Then it cancels ctx
+	// (model loops and their forwards) and waits for wg, then cancels
+	// attachCtx and waits for attachWG, so that batches are settled
+	// before the session ends. Releases end with closeCtx too.
 	flushing     chan struct{}
 	flushed      sync.WaitGroup // one per model loop, until it has flushed or ended
 	ctx          context.Context
 	cancel       context.CancelFunc
+	closeCtx     context.Context
+	closeCancel  context.CancelFunc
 	wg           sync.WaitGroup
 	attachCtx    context.Context
 	attachCancel context.CancelFunc
@@ -152,8 +165,9 @@ func NewSecondary(cfg SecondaryConfig) (*SecondaryNode, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	actx, acancel := context.WithCancel(context.Background())
+	cctx, ccancel := context.WithCancel(context.Background())
 	s := &SecondaryNode{cfg: cfg, flush: reduce.Flush{Size: cfg.BatchSize, MaxWait: cfg.MaxWait},
-		slots: make(chan struct{}, cfg.MaxQueue), ctx: ctx, cancel: cancel, flushing: make(chan struct{}),
+		slots: make(chan struct{}, cfg.MaxQueue), ctx: ctx, cancel: cancel, closeCtx: cctx, closeCancel: ccancel, flushing: make(chan struct{}),
 		attachCtx: actx, attachCancel: acancel, models: map[string]*smodel{}, retrying: map[reduce.ID]reduce.Reason{}}
 	s.attachWG.Add(1)
 	go func() { defer s.attachWG.Done(); s.attachLoop() }()
@@ -585,15 +599,16 @@ func (s *SecondaryNode) releaseAndCount(session uint64, model string, ids []redu
 // release gives back session's claims on ids and returns how many it
 // released.
 //
-// A failed Release is tried again, within 5 s: a claim left pending under
-// a live session is counted nowhere, and every retry of its gradient is
-// refused Aborted ("being reduced by another attempt") until the session
-// ends. One that still fails is logged as such.
+// A failed Release is tried again, within 5 s (and within Close's
+// bound): a claim left pending under a live session is counted nowhere,
+// and every retry of its gradient is refused Aborted ("being reduced by
+// another attempt") until the session ends. One that still fails is
+// logged as such.
 func (s *SecondaryNode) release(session uint64, model string, ids []reduce.ID) int {
 	if session == 0 {
 		return 0
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(s.closeCtx, 5*time.Second)
 	defer cancel()
 	pause := 50 * time.Millisecond
 	for {
@@ -629,34 +644,34 @@ func (s *SecondaryNode) Stats() SecondaryStats {
 	return SecondaryStats{ID: s.cfg.ID, Counters: s.counters.Clone(), QueueDepth: len(s.slots)}
 }
 
-// closeFlushTimeout bounds how long Close waits for the model loops to
-// forward the gradients they hold.
-const closeFlushTimeout = 5 * time.Second
+// defaultCloseTimeout is SecondaryConfig.CloseTimeout's default.
+const defaultCloseTimeout = 5 * time.Second
 
 // Close stops taking pushes, has every model loop forward the gradients
 // it holds (acknowledged to their pushers: a graceful stop must not lose
-// them) for up to closeFlushTimeout, ends the loops (gradients still not
-// forwarded are released and counted lost), detaches and waits for all
-// its goroutines. Safe to call twice.
+// them), ends the loops (gradients still not forwarded are released and
+// counted lost), detaches and waits for all its goroutines, within
+// CloseTimeout. Safe to call twice.
 func (s *SecondaryNode) Close() error {
 	s.mu.Lock()
 	first := !s.closed
 	s.closed = true
 	s.mu.Unlock()
 	if first {
+		bound := time.AfterFunc(s.cfg.CloseTimeout, s.closeCancel)
+		defer bound.Stop()
 		close(s.flushing)
 		flushed := make(chan struct{})
 		s.wg.Go(func() { s.flushed.Wait(); close(flushed) }) // ends with the loops at the latest
-		t := time.NewTimer(closeFlushTimeout)
 		select {
 		case <-flushed:
-		case <-t.C:
-			s.cfg.Logger.Warn("reducer: secondary closing: gradients not forwarded within the bound are counted lost", "secondary", s.cfg.ID, "after", closeFlushTimeout)
+		case <-s.closeCtx.Done():
+			s.cfg.Logger.Warn("reducer: secondary closing: gradients not forwarded within the bound are counted lost", "secondary", s.cfg.ID, "after", s.cfg.CloseTimeout)
 		}
-		t.Stop()
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.closeCancel()
 	s.attachCancel()
 	s.attachWG.Wait()
 	return nil

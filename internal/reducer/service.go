@@ -50,11 +50,14 @@ type Config struct {
 	// of a remote primary); nil means "" (clients use the address they
 	// asked the primary at).
 	Addr func() string
-	// BatchSize, MaxWait, MaxQueue, MaxGradBytes: see SecondaryConfig.
+	// BatchSize, MaxWait, MaxQueue, MaxGradBytes, CloseTimeout: see
+	// SecondaryConfig. The secondaries close together, so CloseTimeout
+	// bounds Close's wait for them all.
 	BatchSize    int
 	MaxWait      time.Duration
 	MaxQueue     int
 	MaxGradBytes int64
+	CloseTimeout time.Duration
 	// Clock; nil means the real clock.
 	Clock Clock
 	// Logger; nil means slog.Default().
@@ -152,7 +155,7 @@ func New(cfg Config) (*Service, error) {
 		id := "s" + strconv.Itoa(i)
 		sec, err := NewSecondary(SecondaryConfig{ID: id, Addr: cfg.Addr, Upstream: up,
 			BatchSize: cfg.BatchSize, MaxWait: cfg.MaxWait, MaxQueue: cfg.MaxQueue, MaxGradBytes: cfg.MaxGradBytes,
-			Clock: cfg.Clock, Logger: cfg.Logger})
+			CloseTimeout: cfg.CloseTimeout, Clock: cfg.Clock, Logger: cfg.Logger})
 		if err != nil {
 			_ = s.Close()
 			return nil, err
@@ -186,10 +189,12 @@ func (s *Service) Drain() { s.drainOnce.Do(func() { close(s.drained) }) }
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		s.Drain()
-		var out []error
-		for _, sec := range s.secondaries {
-			out = append(out, sec.Close())
+		out := make([]error, len(s.secondaries))
+		var wg sync.WaitGroup
+		for i, sec := range s.secondaries { // together: each within CloseTimeout
+			wg.Go(func() { out[i] = sec.Close() })
 		}
+		wg.Wait()
 		if s.primary != nil {
 			out = append(out, s.primary.Close())
 		}
