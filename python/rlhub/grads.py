@@ -527,7 +527,7 @@ class GradClient:
         attempt = 0
         stick: Optional[Tuple[str, str]] = None  # where back-pressure refused the last attempt
         self._maybe_refresh()
-        epoch = self._epoch()  # the primary this push is for (0 for one hub)
+        epoch = 0  # the primary the attempt whose outcome is unknown was for (0 for one hub)
         unknown = False  # an attempt may have been applied
         while True:
             attempt += 1
@@ -553,6 +553,13 @@ class GradClient:
                 if t is None:
                     backoff = self._sleep(backoff)
                     continue
+            if not unknown:
+                # Read before each attempt, not once per push (as the Go
+                # client): a fresh client learns the primary only with its
+                # first listing, and the primary may change between attempts
+                # that all failed before sending; only an attempt that may
+                # have landed pins it.
+                epoch = self._epoch()
             try:
                 resp = self._push_once(t, header, body)
                 return Receipt(resp.version, resp.weight, seq, t[0], t[1], attempt)
