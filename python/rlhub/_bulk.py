@@ -274,7 +274,7 @@ class Client:
             if not st.details:
                 raise errors.RlhubError(f"bulk: {method} answered OK without a response")
             if not st.details[0].Unpack(resp):
-                raise errors.RlhubError(f"bulk: {method} answered with a {st.details[0].type_url}")
+                raise errors.RlhubError(f"bulk: {method} answered with a {st.details[0].type_url[:200]!r}")
 
     def _get(self, addr: str, fresh: bool, deadline: float) -> Tuple[socket.socket, bool, int]:
         with self._mu:

@@ -4,14 +4,16 @@ the same versions land, every refusal keeps its kind and changes nothing."""
 
 from __future__ import annotations
 
+import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
 import torch
 
 import rlhub
-from rlhub import errors
+from rlhub import _bulk, errors
 from rlhub.tensors import save_bytes
 
 from conftest import Hub
@@ -63,3 +65,48 @@ def test_grpc_only_client_pushes_over_grpc(hub):
         sc.push("m", blob, version=1)
         assert bytes(sc.pull("m").blob) == blob
         assert sc.stats["push_grpc"] == 1 and sc.stats["push_bulk"] == 0
+
+
+def test_an_ok_answer_of_another_type_is_an_error_quoted_bounded():
+    """A server answering a push OK with a response of another type (its
+    type URL 3 MiB long) fails the push with an error that quotes the type
+    bounded, not the whole URL."""
+    from google.rpc import status_pb2
+
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(4)
+
+    def serve():
+        c, _ = lis.accept()
+        with c:
+            try:
+                c.recv(64)  # magic and token
+                c.sendall(_bulk.MAGIC)
+                c.recv(1 << 16)  # the request frame
+                c.sendall(b"\x02")  # continue
+                c.settimeout(0.5)
+                try:
+                    while c.recv(1 << 16):  # the body
+                        pass
+                except OSError:
+                    pass
+                st = status_pb2.Status(code=0)
+                st.details.add(type_url="type.googleapis.com/" + "x" * (3 << 20))
+                raw = st.SerializeToString()
+                c.sendall(struct.pack("<BI", 3, len(raw)) + raw)
+                c.recv(1)  # until the client hangs up
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with rlhub.StoreClient(f"127.0.0.1:{lis.getsockname()[1]}", timeout=20, retries=0) as sc:
+            with pytest.raises(rlhub.errors.RlhubError) as ei:
+                sc.push("m", {"w": np.zeros(4, np.float32)}, version=1)
+        assert "answered with a" in str(ei.value) and "type.googleapis.com/xxx" in str(ei.value)
+        assert len(str(ei.value)) < 1000, len(str(ei.value))
+    finally:
+        lis.close()
+        t.join(10)
