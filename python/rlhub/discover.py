@@ -38,6 +38,7 @@ bad settings (checked before anything is sent).
 import base64
 import dataclasses
 import http.client
+import io
 import ipaddress
 import json
 import os
@@ -215,13 +216,17 @@ class Gateway:
         if auth and self._user:
             headers["Authorization"] = self._auth_token(i, timeout)
         c = conn or self._conn(i, timeout)
+        deadline = time.monotonic() + timeout
         try:
             c.request("POST", path, json.dumps(body).encode(), headers)
+            c.response_class = lambda sock, **kw: _Response(sock, deadline, **kw)  # type: ignore[assignment]
             r = c.getresponse()
             data = r.read(_MAX_RESPONSE)
         finally:
             if conn is None:
                 c.close()
+            elif c.sock is not None:
+                c.sock.settimeout(timeout)  # a kept connection's next request starts afresh
         if r.status != 200:
             raise self._refused(r.status, data, self._where())
         try:
@@ -564,6 +569,35 @@ class _Metered:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, each read waiting only for what is left until
+    ``deadline``: a gateway that trickles its answer (a byte just within
+    each read's timeout) fails the call at the deadline, not when done."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        super().__init__()
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer did not come within the call's timeout")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(b)
+
+
+class _Response(http.client.HTTPResponse):
+    """An HTTP response read through a :class:`_DeadlineReader`."""
+
+    def __init__(self, sock: socket.socket, deadline: float, **kw: Any):
+        super().__init__(sock, **kw)
+        self.fp.close()  # the socket's own file: only its reference goes
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
 
 
 _gateways: Dict[Tuple[str, ...], Gateway] = {}

@@ -397,3 +397,54 @@ def test_service_watch_survives_a_malformed_answer():
         w.close()
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_gateway_that_trickles_its_answer_fails_within_the_timeout():
+    """A gateway that answers a read's headers and then its body a byte
+    every 0.2 s (each wait shorter than the timeout) fails the read with
+    Unavailable within about its timeout, not when the body is done (4096
+    bytes: 14 minutes). A gateway on loopback plays etcd here."""
+    import threading
+
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(4)
+    stop = threading.Event()
+
+    def one(c):
+        with c:
+            try:
+                c.recv(1 << 16)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n")
+                while not stop.wait(0.2):
+                    c.sendall(b" ")
+            except OSError:
+                pass
+
+    def serve():
+        while True:
+            try:
+                c, _ = lis.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(c,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    out = []
+
+    def read():
+        t0 = time.monotonic()
+        try:
+            discover.services(f"etcd://127.0.0.1:{lis.getsockname()[1]}/c", timeout=1.0)
+            out.append(("answered", time.monotonic() - t0))
+        except errors.RlhubError as e:
+            out.append((e, time.monotonic() - t0))
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(20)
+    stop.set()
+    lis.close()
+    assert out, "the read was still waiting for the trickled answer 20 s into a 1 s timeout"
+    err, took = out[0]
+    assert isinstance(err, errors.Unavailable) and took < 5, out
