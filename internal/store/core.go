@@ -45,6 +45,8 @@ type core struct {
 	// model is not in Stats.Models, which lists models with a version);
 	// guarded by mu.
 	unlisted modelCounters
+	// lives numbers the models' lives (model.life); guarded by mu.
+	lives uint64
 }
 
 // model is one named model. versions, epoch and changed are guarded by
@@ -57,6 +59,7 @@ type model struct {
 	changed  chan struct{} // closed and replaced when a version lands
 	count    modelCounters // see Stats
 	users    int           // calls holding the entry (acquireLocked); guarded by core.mu
+	life     uint64        // this life of the model, new at Delete (Snapshot.life); guarded by core.mu
 }
 
 func newCore(cfg Config) *core {
@@ -79,7 +82,8 @@ func (c *core) closed() bool {
 func (c *core) modelLocked(name string) *model {
 	m := c.models[name]
 	if m == nil {
-		m = &model{wsem: make(chan struct{}, 1), changed: make(chan struct{})}
+		c.lives++
+		m = &model{wsem: make(chan struct{}, 1), changed: make(chan struct{}), life: c.lives}
 		c.models[name] = m
 	}
 	return m
@@ -268,6 +272,7 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Sna
 // wakes watchers. It returns the dropped versions that go back to their
 // writers (rule 5), for giveBack once c.mu is released. c.mu must be held.
 func (c *core) publishLocked(m *model, snap *Snapshot) (back []*Snapshot) {
+	snap.life = m.life
 	m.versions = append(m.versions, snap)
 	if over := len(m.versions) - c.cfg.Retain; over > 0 {
 		for _, old := range m.versions[:over] {
@@ -579,6 +584,8 @@ func (c *core) delete(ctx context.Context, name string, persist func(name string
 	// The entry stays (watchers hold its channel, a pusher may be queued
 	// on wsem), emptied: the next push starts the model afresh.
 	m.versions, m.epoch, m.owner = nil, 0, ""
+	c.lives++
+	m.life = c.lives // Seq starts again
 	c.mu.Unlock()
 	return nil
 }

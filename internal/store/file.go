@@ -215,6 +215,9 @@ func (f *File) recover() error {
 		f.manifests[m.Name] = m
 		f.c.mu.Lock()
 		mod := f.c.modelLocked(m.Name)
+		for _, s := range snaps {
+			s.life = mod.life
+		}
 		mod.versions = snaps
 		mod.epoch = m.Epoch
 		mod.owner = m.Owner
@@ -231,7 +234,7 @@ func (f *File) recover() error {
 func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 	m, err := readManifest(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		f.removeDebris(dir, nil)
+		f.removeModelDir(dir)
 		return nil, nil, nil
 	}
 	if err != nil {
@@ -249,7 +252,7 @@ func (f *File) loadModel(dir string) (*manifest, []*Snapshot, error) {
 		// A claim given up on a model that never had a version (Claim,
 		// then Release): nothing to keep. Refused, it made the whole
 		// store refuse to open.
-		f.removeDebris(dir, nil)
+		f.removeModelDir(dir)
 		return nil, nil, nil
 	}
 	keep := map[string]bool{manifestName: true}
@@ -374,6 +377,16 @@ func readBlob(path string, size int64) ([]byte, error) {
 	return buf, nil
 }
 
+// removeModelDir removes a model directory that holds nothing committed
+// (debris, at open).
+func (f *File) removeModelDir(dir string) {
+	f.removeDebris(dir, nil)
+	f.named(dir)
+	if err := os.Remove(dir); err != nil {
+		f.cfg.Logger.Warn("store: cannot remove crash debris", "dir", dir, "err", err)
+	}
+}
+
 // removeDebris deletes files in dir not named in keep (nil keeps nothing
 // but leaves the directory).
 func (f *File) removeDebris(dir string, keep map[string]bool) {
@@ -471,9 +484,43 @@ func (f *File) commitManifest(dir string, m *manifest) error {
 	return nil
 }
 
+// abandon removes what a write that failed to commit left in a model's
+// directory: the version file it wrote (file; "" for none), unless the
+// manifest on disk names it (the commit failed after its rename, in the
+// directory's fsync: the version may be committed, and recovery decides),
+// and the directory itself when it holds no manifest (the model's first
+// write: nothing of it is committed). What it cannot remove, or cannot
+// tell, is left to the next open, which removes debris. The model's write
+// slot must be held.
+func (f *File) abandon(dir, file string) {
+	m, err := readManifest(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		f.named(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			f.cfg.Logger.Warn("store: cannot remove a model's directory after a failed write (removed at the next start)", "dir", dir, "err", err)
+		}
+	case err != nil || file == "" || slices.ContainsFunc(m.Versions, func(v manifestEntry) bool { return v.File == file }):
+	default:
+		f.named(filepath.Join(dir, file))
+		if err := os.Remove(filepath.Join(dir, file)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			f.cfg.Logger.Warn("store: cannot remove a version file after a failed commit (removed at the next start)", "file", filepath.Join(dir, file), "err", err)
+		}
+	}
+}
+
 // persistOwner records a model's new owner in its manifest (Claim,
-// Release). It runs with the model's write slot held.
+// Release). A model left with no version and no owner (a claim released
+// before any push) is removed as Delete removes one, so that claims leave
+// nothing behind; a failed claim of such a model removes the directory it
+// made. It runs with the model's write slot held.
 func (f *File) persistOwner(name, owner string) error {
+	f.mu.Lock()
+	old := f.manifests[name]
+	f.mu.Unlock()
+	if owner == "" && (old == nil || len(old.Versions) == 0) {
+		return f.persistDelete(name)
+	}
 	dir, old, err := f.modelDir(name)
 	if err != nil {
 		return err
@@ -482,6 +529,7 @@ func (f *File) persistOwner(name, owner string) error {
 	next.Owner = owner
 	next.Versions = slices.Clone(old.Versions)
 	if err := f.commitManifest(dir, &next); err != nil {
+		f.abandon(dir, "")
 		return fmt.Errorf("store: record the owner of %q: %w", name, err)
 	}
 	return nil
@@ -526,6 +574,7 @@ func (f *File) persist(snap *Snapshot, owner string) error {
 		Created: snap.Created.UTC(), File: blobFileName(snap.Version),
 	}
 	if err := f.writeAtomic(dir, entry.File, snap.Blob, "blob"); err != nil {
+		f.abandon(dir, entry.File)
 		return fmt.Errorf("store: checkpoint %q version %d: %w", snap.Name, snap.Version, err)
 	}
 	next := &manifest{Format: manifestFormat, Name: snap.Name, Epoch: max(old.Epoch, snap.Epoch), Owner: owner}
@@ -536,6 +585,7 @@ func (f *File) persist(snap *Snapshot, owner string) error {
 		next.Versions = next.Versions[over:]
 	}
 	if err := f.commitManifest(dir, next); err != nil {
+		f.abandon(dir, entry.File)
 		return fmt.Errorf("store: commit %q version %d: %w", snap.Name, snap.Version, err)
 	}
 	for _, d := range dropped {

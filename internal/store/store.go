@@ -104,8 +104,10 @@ type Snapshot struct {
 	Version uint64
 	Epoch   uint64
 	// Seq counts the model's versions that had landed in this store when
-	// this one did (1 for the first), kept across restarts; a reader that
-	// saw Seq a and then Seq b skipped b-a-1 versions. 0 when unknown (a
+	// this one did (1 for the first), kept across restarts and started
+	// again when the model is deleted; a reader that saw Seq a and then
+	// Seq b of the same model, not deleted in between, skipped b-a-1
+	// versions (Skips counts across a Delete too). 0 when unknown (a
 	// snapshot pulled over the network).
 	Seq      uint64
 	Blob     []byte            // safetensors bytes
@@ -120,6 +122,35 @@ type Snapshot struct {
 	taken   bool
 	lent    int
 	dropped bool
+	// life tells the model's lives apart, for Skips: Seq restarts when a
+	// model is deleted and pushed again. Set before the snapshot is
+	// published, then never changed.
+	life uint64
+}
+
+// Skips counts the versions of a model that a reader sent one version
+// after another (a Watch stream) skipped. The zero value is ready: the
+// first version counts none.
+type Skips struct {
+	seq, life uint64
+}
+
+// Next returns how many versions of snap's model landed after the one
+// passed before and before snap: Seq apart less one, or, when the model
+// was deleted and pushed again in between (the count restarts with the
+// model), the new model's versions before snap. 0 for the first version
+// and when Seq is unknown (0).
+func (k *Skips) Next(snap *Snapshot) uint64 {
+	var n uint64
+	switch {
+	case k.seq == 0 || snap.Seq == 0:
+	case snap.life != k.life:
+		n = snap.Seq - 1
+	case snap.Seq > k.seq:
+		n = snap.Seq - k.seq - 1
+	}
+	k.seq, k.life = snap.Seq, snap.life
+	return n
 }
 
 // Lender is implemented by stores that can lend a version rather than hand

@@ -322,7 +322,8 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 	defer cancel()
 	stop := context.AfterFunc(s.drainCtx, cancel)
 	defer stop()
-	after, lastSeq := req.After, uint64(0)
+	after := req.After
+	var skips store.Skips
 	for {
 		snap, done, err := s.lendNewer(ctx, req.Model, after)
 		if err != nil {
@@ -331,16 +332,12 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 			}
 			return grpcerr.ToStatus(err)
 		}
-		var skipped uint64
-		if lastSeq != 0 && snap.Seq > lastSeq {
-			skipped = snap.Seq - lastSeq - 1
-		}
-		err = s.send(stream, snap, skipped, req.ChunkBytes)
+		err = s.send(stream, snap, skips.Next(snap), req.ChunkBytes)
 		done()
 		if err != nil {
 			return err
 		}
-		after, lastSeq = snap.Version, snap.Seq
+		after = snap.Version
 	}
 }
 

@@ -386,7 +386,9 @@ type StorePullHeader struct {
 	// blob.version / blob.epoch are the current ones.
 	NotModified bool `protobuf:"varint,2,opt,name=not_modified,json=notModified,proto3" json:"not_modified,omitempty"`
 	// Watch: how many versions landed between the previous version sent on
-	// this stream and this one and were not sent (0 on the first).
+	// this stream and this one and were not sent (0 on the first); across a
+	// Delete of the model, the versions of the model pushed again before this
+	// one.
 	Skipped uint64 `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"`
 	// safetensors __metadata__ of the version.
 	Metadata map[string]string `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
