@@ -34,6 +34,7 @@ Importing this module imports ``ray``.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import ray
@@ -111,13 +112,19 @@ class ReceiverActor:
 
     def sync(self, timeout: Optional[float] = None, at_least: int = 0) -> int:
         """Applies the newest version if newer (waiting up to ``timeout``
-        for one newer than ``at_least`` when that is ahead of the module)
-        and returns the version the module runs."""
+        for version ``at_least`` or a later one when that is ahead of the
+        module) and returns the version the module runs."""
         r = self.receiver
+        r.poll()
         if at_least > r.version and timeout:
-            r.wait(timeout)
-        else:
-            r.poll()
+            # The source may hold a version between the module's and
+            # at_least (one the actor was skipped for): apply it and wait on.
+            deadline = time.monotonic() + timeout
+            while r.version < at_least:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                r.wait(left)
         return r.version
 
     def version(self) -> int:

@@ -246,3 +246,29 @@ def test_updater_pushes_again_after_a_stale_version(cluster, hub):
         ray.get([a.close.remote() for a in actors])
         for a in actors:
             ray.kill(a)
+
+
+@pytest.mark.parametrize("via", ["push", "dataplane"])
+def test_actors_behind_by_several_versions_sync_to_the_pushed_one(cluster, hub, via):
+    """An actor more than one version behind (it was skipped by
+    max_interval, or started after the model had versions) and whose source
+    already holds a version between: push_weights returns once the actor
+    runs the version just pushed, not the one before it."""
+    make = functools.partial(torch.nn.Linear, 4, 2)
+    with rlhub.StoreClient(hub.addr) as store:
+        store.push("behind", filled(1.0), version=1, expect=0)
+    actors = rr.start_receivers(2, rr.ReceiverActor, hub.addr, "behind", make, via=via,
+                                actor_options=pinned(cluster))
+    up = rr.RlhubRayWeightUpdater(actors, hub=hub.addr, model="behind", max_interval=1)
+    try:
+        for v in range(2, 12):
+            got = up.push_weights(filled(float(v)))
+            if v % 2 == 1:  # every second call syncs (max_interval=1)
+                assert got == [v, v], f"pushed v{v}, the actors run {got}"
+                for sums in ray.get([a.sums.remote() for a in actors]):
+                    assert sums == {"weight": 8.0 * v, "bias": 2.0 * v}
+    finally:
+        up.close()
+        ray.get([a.close.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
