@@ -1,8 +1,8 @@
 """rlhub: Python client for the rlhub distributed RL backbone.
 
 The public surface is curated here; everything else is internal.
-``rlhub.torchrl`` and ``rlhub.ray`` are imported on demand (they need
-TorchRL or Ray); ``ARSWorker`` is loaded lazily so that
+``rlhub.torchrl``, ``rlhub.ray`` and ``rlhub.tensorboard`` are imported on
+demand (the first two need TorchRL or Ray); ``ARSWorker`` is loaded lazily so that
 ``python -m rlhub.ars_worker`` runs its module once.
 """
 
@@ -81,4 +81,8 @@ def __getattr__(name: str) -> Any:
         from rlhub.torchrl import RlhubWeightUpdater
 
         return RlhubWeightUpdater
+    if name in ("tensorboard", "torchrl", "ray"):  # submodules, imported on first use
+        import importlib
+
+        return importlib.import_module(f"rlhub.{name}")
     raise AttributeError(f"module 'rlhub' has no attribute {name!r}")

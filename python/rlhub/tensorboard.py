@@ -18,7 +18,9 @@ weight-sync lag — so a learner can put them beside its own losses::
 
 Contract: values are stored as float32 (TensorBoard's ``simple_value``);
 tags are 1 to 256 bytes; events are flushed at least every ``flush_secs``
-seconds and on ``flush``/``close``. Not thread-safe: one writer per thread.
+seconds (by a thread of the writer, also when no more events come, as
+torch's ``SummaryWriter`` does) and on ``flush``/``close``. Not thread-safe:
+one writer per thread.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import math
 import os
 import socket
 import struct
+import threading
 import time
+import weakref
 from itertools import count
 from typing import Any, Dict, Mapping, Optional
 
@@ -81,6 +85,14 @@ def _event(wall_time: float, step: Optional[int] = None, summary: Optional[bytes
     return ev
 
 
+def _flush_every(f: Any, lock: threading.Lock, stop: threading.Event, secs: float) -> None:
+    while not stop.wait(secs):
+        with lock:
+            if f.closed:
+                return
+            f.flush()
+
+
 class EventWriter:
     """Appends scalar events to a new event file in ``logdir``."""
 
@@ -94,6 +106,17 @@ class EventWriter:
         self._last_flush = time.monotonic()
         self._record(_event(now, file_version=FILE_VERSION))
         self._f.flush()
+        # Events written and then no more: the flusher writes them out
+        # within flush_secs. It holds the file, not the writer, and stops
+        # on close or when the writer is garbage.
+        self._lock = threading.Lock()  # the file's buffer: the caller's writes, the flusher's flushes
+        self._stop = threading.Event()
+        self._flusher: Optional[threading.Thread] = None
+        if flush_secs > 0:
+            self._flusher = threading.Thread(target=_flush_every, args=(self._f, self._lock, self._stop, flush_secs),
+                                             name="rlhub-tensorboard-flush", daemon=True)
+            self._flusher.start()
+            weakref.finalize(self, self._stop.set)
 
     def _record(self, data: bytes) -> None:
         head = struct.pack("<Q", len(data))
@@ -110,7 +133,8 @@ class EventWriter:
                 raise ValueError(f"tag of {len(t)} bytes (want 1 to 256)")
             value = _field_bytes(1, t) + _varint(2 << 3 | 5) + _f32(float(values[tag]))
             summary += _field_bytes(1, value)
-        self._record(_event(time.time() if wall_time is None else wall_time, int(step), summary))
+        with self._lock:
+            self._record(_event(time.time() if wall_time is None else wall_time, int(step), summary))
         if time.monotonic() - self._last_flush >= self._flush_secs:
             self.flush()
 
@@ -119,11 +143,17 @@ class EventWriter:
         self.add_scalars(step, {tag: value}, wall_time)
 
     def flush(self) -> None:
-        self._f.flush()
+        with self._lock:
+            self._f.flush()
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
-        """Flushes, syncs and closes the file; safe to call twice."""
+        """Stops the flusher; flushes, syncs and closes the file; safe to
+        call twice."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
         if not self._f.closed:
             self._f.flush()
             os.fsync(self._f.fileno())

@@ -131,3 +131,49 @@ def test_flushed_within_flush_secs_with_explicit_wall_times(tmp_path):
         assert os.path.getsize(tb.path) > size0, "0.5 s of events, none flushed"
     finally:
         tb.close()
+
+
+def test_the_last_event_is_flushed_within_flush_secs_when_no_more_come(tmp_path):
+    """A learner that logs a point and then goes quiet (a long evaluation,
+    a stall, the end of a run not yet closed): TensorBoard reads the point
+    within flush_secs, as torch's SummaryWriter(flush_secs=) does, not only
+    once another point is written."""
+    tb = tensorboard.EventWriter(str(tmp_path), flush_secs=0.2)
+    try:
+        tb.add_scalar("train/loss", 1.5, 1)
+        time.sleep(0.3)
+        tb.add_scalar("train/loss", 1.0, 2)  # flushed with this call: 0.3 s since the last flush
+        tb.add_scalar("train/loss", 0.5, 3)  # then nothing more
+        deadline = time.monotonic() + 5
+        while read(str(tmp_path)).get("train/loss", [])[-1:] != [(3, 0.5)]:
+            assert time.monotonic() < deadline, f"after 5 s TensorBoard reads {read(str(tmp_path))}"
+            time.sleep(0.1)
+    finally:
+        tb.close()
+    assert read(str(tmp_path))["train/loss"] == [(1, 1.5), (2, 1.0), (3, 0.5)]
+
+
+def test_the_module_example_runs_after_import_rlhub(hub, tmp_path):
+    """The module doc's example as written, in a fresh interpreter that
+    imported only ``rlhub``: ``rlhub.tensorboard`` is imported on first
+    use."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    script = (
+        "import sys, rlhub\n"
+        "hub_addr, logdir = sys.argv[1], sys.argv[2]\n"
+        "with rlhub.tensorboard.EventWriter(logdir) as tb:\n"
+        "    hub_scalars = rlhub.tensorboard.HubScalars(hub_addr, tb, model='policy')\n"
+        "    for step in range(3):\n"
+        "        tb.add_scalar('train/loss', 1.0 / (step + 1), step)\n"
+        "        hub_scalars.log(step)\n"
+        "    hub_scalars.close()\n")
+    r = subprocess.run([sys.executable, "-c", script, hub.addr, str(tmp_path / "runs")], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO / "python")))
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = read(str(tmp_path / "runs"))
+    assert [s for s, _ in got["train/loss"]] == [0, 1, 2]
+    assert [s for s, _ in got["reducer/gradients_pushed"]] == [0, 1, 2]
