@@ -150,7 +150,12 @@ func (c *Client) CallRecv(ctx context.Context, addr, method string, header proto
 		if len(st.GetDetails()) == 0 {
 			return fmt.Errorf("bulk: %s answered OK without a response", method)
 		}
-		if err := st.GetDetails()[0].UnmarshalTo(resp); err != nil {
+		d := st.GetDetails()[0]
+		if !d.MessageIs(resp) {
+			// UnmarshalTo's error would quote the peer's type name whole.
+			return fmt.Errorf("bulk: %s answered with a %s", method, errs.Quote(d.GetTypeUrl()))
+		}
+		if err := d.UnmarshalTo(resp); err != nil {
 			return fmt.Errorf("bulk: %s response: %w", method, err)
 		}
 	}
