@@ -191,8 +191,12 @@ class Gateway:
     @staticmethod
     def _refused(status: int, body: bytes, where: str) -> errors.RlhubError:
         try:
-            msg = str(json.loads(body).get("error") or json.loads(body).get("message") or "")
+            d = json.loads(body)
         except ValueError:
+            d = None
+        if isinstance(d, dict):
+            msg = str(d.get("error") or d.get("message") or "")
+        else:
             msg = body[:200].decode("utf-8", "replace")
         return Gateway._refusal(status, msg, where)
 
@@ -230,9 +234,12 @@ class Gateway:
         if r.status != 200:
             raise self._refused(r.status, data, self._where())
         try:
-            return json.loads(data)
+            reply = json.loads(data)
         except ValueError:
             raise errors.Unavailable(f"rlhub: etcd {self._where()}: a reply that is not JSON") from None
+        if not isinstance(reply, dict):
+            raise errors.Unavailable(f"rlhub: etcd {self._where()}: a reply that is not a JSON object")
+        return reply
 
     def _auth_token(self, i: int, timeout: float) -> str:
         with self._mu:
@@ -576,9 +583,17 @@ class _DeadlineReader(io.RawIOBase):
     ``deadline``: a gateway that trickles its answer (a byte just within
     each read's timeout) fails the call at the deadline, not when done."""
 
-    def __init__(self, sock: socket.socket, deadline: float):
+    def __init__(self, sock: socket.socket, deadline: float, file: Any):
         super().__init__()
-        self._sock, self._deadline = sock, deadline
+        self._sock, self._deadline, self._file = sock, deadline, file
+
+    def close(self) -> None:
+        # The socket's own file holds the socket open: the connection
+        # closes it at once when the answer ends the connection
+        # (Connection: close), before the body is read.
+        if not self.closed:
+            self._file.close()
+        super().close()
 
     def readable(self) -> bool:
         return True
@@ -596,8 +611,7 @@ class _Response(http.client.HTTPResponse):
 
     def __init__(self, sock: socket.socket, deadline: float, **kw: Any):
         super().__init__(sock, **kw)
-        self.fp.close()  # the socket's own file: only its reference goes
-        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline, self.fp))
 
 
 _gateways: Dict[Tuple[str, ...], Gateway] = {}
@@ -651,11 +665,16 @@ def _prefix(t: Any, kind: str) -> str:
 
 
 def _decode(kvs: List[Dict[str, Any]]) -> Dict[str, Service]:
+    """The announcements in a range's ``kvs``; raises Unavailable when
+    they are not of etcd's shape (a list of objects with base64 values)."""
     out = {}
-    for kv in kvs:
-        s = Service.from_json(base64.b64decode(kv.get("value", "")))
-        if s is not None:
-            out[kv.get("key", "")] = s
+    try:
+        for kv in kvs:
+            s = Service.from_json(base64.b64decode(kv.get("value", "")))
+            if s is not None:
+                out[kv.get("key", "")] = s
+    except (AttributeError, TypeError, ValueError) as e:
+        raise errors.Unavailable(f"rlhub: etcd: a malformed answer: {str(e)[:200]}") from None
     return out
 
 

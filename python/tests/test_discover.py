@@ -448,3 +448,86 @@ def test_a_gateway_that_trickles_its_answer_fails_within_the_timeout():
     assert out, "the read was still waiting for the trickled answer 20 s into a 1 s timeout"
     err, took = out[0]
     assert isinstance(err, errors.Unavailable) and took < 5, out
+
+
+@pytest.mark.parametrize("status,body", [(200, []), (200, "x"), (503, []), (500, "x"),
+                                         (200, {"kvs": "x"}), (200, {"kvs": [1]}),
+                                         (200, {"kvs": [{"key": "k", "value": "abc"}]})])
+def test_a_gateway_answer_of_another_shape_is_unavailable(status, body):
+    """An etcd answer that is JSON but not of etcd's shape (not an object,
+    its kvs not a list of them, a value not base64) fails a read with
+    Unavailable: a collector then connects to the hub and a failover source
+    list is the primary alone, instead of an AttributeError ending the
+    collector. A gateway on loopback plays etcd here."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Gateway(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    target = f"etcd://127.0.0.1:{srv.server_address[1]}/c"
+    try:
+        with pytest.raises(errors.Unavailable):
+            discover.services(target, timeout=2.0)
+        assert discover.collector_target(target, "m", timeout=2.0) == (target, False)
+        assert discover.failover_for(target, "m", timeout=2.0) == [("upstream", "push", target)]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_gateway_that_closes_after_its_answer_is_read_whole():
+    """A gateway answering HTTP/1.0 style (Connection: close, as a proxy in
+    front of etcd may), its body a moment after its headers, is read whole:
+    the connection is closed once the answer is in, not under the read. A
+    gateway on loopback plays etcd here."""
+    import json
+    import threading
+
+    value = base64.b64encode(json.dumps({"kind": "relay", "id": "r1", "addr": "127.0.0.1:9",
+                                         "model": "m", "host": "h"}).encode()).decode()
+    body = json.dumps({"header": {"revision": "5"}, "kvs": [{"key": "k", "value": value}]}).encode()
+    lis = socket.socket()
+    lis.bind(("127.0.0.1", 0))
+    lis.listen(4)
+
+    def serve():
+        while True:
+            try:
+                c, _ = lis.accept()
+            except OSError:
+                return
+            with c:
+                try:
+                    c.recv(1 << 16)
+                    c.sendall(b"HTTP/1.0 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: %d\r\n\r\n" % len(body))
+                    time.sleep(0.1)
+                    c.sendall(body)
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        for _ in range(3):
+            ss = discover.services(f"etcd://127.0.0.1:{lis.getsockname()[1]}/c", timeout=5.0)
+            assert [s.id for s in ss] == ["r1"]
+    finally:
+        lis.close()
+        t.join(10)
