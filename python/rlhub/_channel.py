@@ -581,8 +581,11 @@ class FollowingChannel(grpc.Channel):
             except grpc.RpcError as e:
                 problems.append(f"{h}: {e.code().name} {(e.details() or '')[:200]}")
                 continue
-            if r.address and (not best[0] or r.epoch > best[1]):
-                best = (r.address, r.epoch)
+            # Bounded as a refusal's primary is (_named): an address no
+            # refusal could name, names none.
+            named = _named(r.address, str(r.epoch))
+            if named[0] and (not best[0] or named[1] > best[1]):
+                best = named
         if not best[0]:
             why = "; ".join(problems) if problems else "no hub knows a primary (an election is running)"
             raise errors.Unavailable(f"rlhub: no hub of {self.target} answered where the primary is: {why}")

@@ -264,7 +264,8 @@ class StoreClient:
         (then gRPC for ``NOT_SUPPORTED_FOR`` after an ``UNIMPLEMENTED``),
         or, with ``follow`` on a cluster, the tries all ended unavailable
         while the primary changes and time is left (a gRPC call waits for
-        the next one)."""
+        the next one). A standby's refusal is followed: the next try goes
+        to the primary it names."""
         delay = 0.05
         for n in range(self.retries + 1):
             self._check_open()
@@ -280,6 +281,9 @@ class StoreClient:
                     self.stats["fallback"] += 1
                     return None
                 if e.code == grpc.StatusCode.UNAVAILABLE:
+                    ref = _channel.refusal(e)
+                    if ref is not None and isinstance(self._channel, _channel.FollowingChannel):
+                        self._channel.offer(*ref)  # a standby: not applied; the next try goes to the primary it names
                     pause = delay * (1 + random.random())
                     if n < self.retries and time.monotonic() + pause < deadline:
                         time.sleep(pause)

@@ -294,3 +294,74 @@ def test_a_fresh_clients_lost_answer_is_retried_on_the_same_primary(rlhub_bin, t
         if h is not None:
             h.stop()
         etcd.stop()
+
+
+def test_a_data_plane_pull_refused_by_a_deposed_primary_follows_the_new_one(rlhub_bin, tmp_path):
+    """A store client given the hub list follows the primary; that primary
+    is SIGSTOPped until a standby takes over, then SIGCONTed and deposed,
+    while the client's channel still holds it. The client's next pull, on
+    the data plane, is refused by the deposed hub naming the new primary:
+    the pull follows it there, as a gRPC call does, instead of dialling the
+    deposed hub until its retries run out."""
+    from etcdproc import sigstop
+
+    cluster = CLUSTER + "dp"
+    etcd, hubs = start_cluster(rlhub_bin, tmp_path, cluster)
+    listed = ",".join(h.addr for h in hubs.values())
+    w = {"w": np.arange(4, dtype=np.float32)}
+    try:
+        with rlhub.StoreClient(listed, timeout=20.0, retries=2) as store:
+            deadline = time.monotonic() + 30
+            while True:
+                lead = etcd.leader(cluster)
+                if lead is not None:
+                    break
+                assert time.monotonic() < deadline, "no primary elected within 30 s"
+                time.sleep(0.05)
+            old, epoch = lead
+            store.push("m", w, version=1)
+            assert store._channel.primary() == (hubs[old].addr, epoch)
+            sigstop(hubs[old].proc)
+            deadline = time.monotonic() + 30
+            while True:
+                lead = etcd.leader(cluster)
+                if lead is not None and lead[1] > epoch and lead[0] != old:
+                    break
+                assert time.monotonic() < deadline, "no new primary within 30 s"
+                time.sleep(0.05)
+            new = lead[0]
+            with rlhub.StoreClient(hubs[new].addr, timeout=5.0, retries=0) as direct:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        direct.push("m", w, version=7)
+                        break
+                    except rlhub.RlhubError as e:
+                        if _channel.refusal(str(e)) is None and "not newer" not in str(e):
+                            raise
+                        if "not newer" in str(e):
+                            break
+                    assert time.monotonic() < deadline, "the new primary did not take a push within 30 s"
+                    time.sleep(0.05)
+            hubs[old].proc.send_signal(signal.SIGCONT)
+            with rlhub.StoreClient(hubs[old].addr, timeout=5.0, retries=0) as direct_old:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        direct_old.list()
+                    except rlhub.Unavailable as e:
+                        if _channel.refusal(str(e)) is not None:
+                            break
+                    assert time.monotonic() < deadline, "the SIGCONTed primary did not step down within 30 s"
+                    time.sleep(0.05)
+            assert store._channel.primary() == (hubs[old].addr, epoch)  # still the deposed hub
+            bulk = store.stats["bulk"]
+            v = store.pull("m")
+            assert v.version == 7
+            assert store.stats["bulk"] == bulk + 1, store.stats  # on the data plane
+            assert store._channel.primary()[0] == hubs[new].addr
+    finally:
+        for h in hubs.values():
+            h.proc.send_signal(signal.SIGCONT)
+            h.stop()
+        etcd.stop()

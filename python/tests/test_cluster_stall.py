@@ -73,3 +73,25 @@ def test_timed_out_call_looks_the_primary_up_again() -> None:
         ch.close()
         s1.stop(None)
         s2.stop(None)
+
+
+@pytest.mark.parametrize("bad", ["h" * (1 << 20) + ":1", "bad host:1"])
+def test_an_absurd_primary_address_names_no_primary(bad: str) -> None:
+    """A hub answering Cluster/Primary with an address a refusal could not
+    name (1 MiB long, or holding white space) under a newer epoch names no
+    primary, as in a refusal: the client follows the primary another hub
+    names instead of dialling that address, and no error quotes it."""
+    liar, good = _Store(stall=False), _Store(stall=False)
+    s1, c1, a1 = _serve(liar)
+    s2, c2, a2 = _serve(good)
+    c1.answer = (bad, 9)
+    c2.answer = (a2, 3)
+    ch = _channel.channel(a1 + "," + a2)
+    try:
+        assert ch.resolve(5.0) == (a2, 3)
+        store_pb2_grpc.ModelStoreStub(ch).List(store_pb2.StoreListRequest(), timeout=10)
+        assert good.calls == 1
+    finally:
+        ch.close()
+        s1.stop(None)
+        s2.stop(None)
