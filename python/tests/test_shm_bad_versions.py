@@ -68,3 +68,30 @@ def test_shm_version_error_does_not_echo_a_huge_name(shm_path, lease):
         with pytest.raises(rlhub.InvalidArgument, match="unknown dtype") as ei:
             src.get_if_newer(0)
     assert len(str(ei.value)) < 1000, f"error of {len(str(ei.value))} characters"
+
+
+@pytest.mark.parametrize("lease", [False, True], ids=["copying", "leasing"])
+def test_a_fifo_at_the_segment_path_is_refused_at_once(shm_path, lease):
+    """A FIFO at the segment's path is refused with InvalidArgument at
+    once: opening it for reading waited in open(2), with no deadline, for
+    a writer that never comes."""
+    import threading
+
+    os.mkfifo(shm_path, 0o600)
+    out = []
+
+    def open_it():
+        try:
+            ws.ShmSource(shm_path, lease=lease).close()
+            out.append(None)
+        except Exception as e:  # noqa: BLE001 - the test looks at which
+            out.append(e)
+
+    t = threading.Thread(target=open_it, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        os.close(os.open(shm_path, os.O_WRONLY | os.O_NONBLOCK))  # a writer's open ends the wait
+        t.join(10)
+        pytest.fail("opening a FIFO as a segment still waiting after 10 s")
+    assert isinstance(out[0], rlhub.InvalidArgument) and "not a regular file" in str(out[0]), out

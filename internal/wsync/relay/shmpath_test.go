@@ -5,8 +5,11 @@ package relay
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
@@ -54,4 +57,39 @@ func TestRelayNeverTakesALiveRelaysSegment(t *testing.T) {
 	if !errors.Is(err, errs.ErrExists) {
 		t.Fatalf("a relay started on a live relay's segment: %v; want ErrExists", err)
 	}
+}
+
+// A FIFO at a relay's segment path is a file that is no segment: the
+// relay starts at once (it waited in open(2) for a writer, for ever) and
+// puts its segment there at its first version.
+func TestRelayStartsOverAFIFOAtItsSegmentPath(t *testing.T) {
+	h := startHub(t)
+	path := wsynctest.ShmPath(t)
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-fifo", ShmPath: path, Logger: quiet()}
+	started := make(chan error, 1)
+	go func() {
+		_, err := New(cfg)
+		started <- err
+	}()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		if f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			f.Close() // a writer's open ends the wait
+		}
+		<-started
+		t.Fatal("relay New still waiting on the FIFO at its segment path after 10 s")
+	}
+	runRelay(t, cfg)
+	snap := wsynctest.Snap(t, "m", 1, 1000)
+	if _, err := h.st.Push(context.Background(), store.PushRequest{Name: "m", Version: 1, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+		t.Fatal(err)
+	}
+	waitSegment(t, path, 1)
 }

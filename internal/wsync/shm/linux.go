@@ -564,17 +564,20 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 	}
 	// Copying needs only read access; leasing writes the lease table, and
 	// a leaser without write access copies.
+	// O_NONBLOCK: a FIFO at the path would otherwise hold open(2), with
+	// no deadline, until a writer came; it is refused below, as anything
+	// but a regular file is.
 	writable := cfg.Lease
 	var f *os.File
 	var err error
 	if writable {
-		f, err = os.OpenFile(cfg.Path, os.O_RDWR, 0)
+		f, err = os.OpenFile(cfg.Path, os.O_RDWR|unix.O_NONBLOCK, 0)
 		if errors.Is(err, os.ErrPermission) || errors.Is(err, unix.EROFS) {
 			writable = false
 		}
 	}
 	if !writable {
-		f, err = os.Open(cfg.Path)
+		f, err = os.OpenFile(cfg.Path, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -593,6 +596,9 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 	fi, err := f.Stat()
 	if err != nil {
 		return fail(fmt.Errorf("wsync: stat shm segment: %w", err))
+	}
+	if !fi.Mode().IsRegular() {
+		return fail(fmt.Errorf("%w: wsync: shm segment %s is not a regular file (%s)", errs.ErrInvalid, cfg.Path, fi.Mode().Type()))
 	}
 	if fi.Size() < shmPage || fi.Size() > math.MaxInt {
 		return fail(fmt.Errorf("%w: wsync: shm segment %s has %d bytes", errs.ErrInvalid, cfg.Path, fi.Size()))

@@ -8,6 +8,7 @@ import logging
 import mmap
 import os
 import platform
+import stat
 import struct
 import sys
 import threading
@@ -287,16 +288,20 @@ class ShmSource:
         try:
             if writable:
                 try:
-                    fd = os.open(self.path, os.O_RDWR)
+                    fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
                 except PermissionError:
                     writable = False
                     self.copy_reason = f"{self.path} is not writable by this process, so its lease table cannot be written"
             if fd < 0:
-                fd = os.open(self.path, os.O_RDONLY)
+                # O_NONBLOCK: a FIFO at the path would hold open(2), with no
+                # deadline, until a writer came; refused below.
+                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             raise errors.NotFound(f"shm segment {self.path} does not exist") from None
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise errors.InvalidArgument(f"shm segment {self.path} is not a regular file")
             if st.st_size < _PAGE or st.st_size % 8:
                 raise errors.InvalidArgument(f"shm segment {self.path} has {st.st_size} bytes")
             m = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)

@@ -1,0 +1,49 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
+)
+
+// A FIFO at the segment's path is refused at once, as a file that is no
+// segment: opening it for reading would wait in open(2), with no deadline,
+// for a writer that never comes (a Failover's dial, a relay's start).
+func TestOpenRefusesAFIFO(t *testing.T) {
+	for _, lease := range []bool{false, true} {
+		path := wsynctest.ShmPath(t)
+		if err := unix.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			r, err := Open(ReaderConfig{Path: path, Lease: lease})
+			if err == nil {
+				r.Close()
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, errs.ErrInvalid) {
+				t.Fatalf("lease %v: Open of a FIFO: %v, want ErrInvalid", lease, err)
+			}
+		case <-time.After(10 * time.Second):
+			// A writer's open lets the blocked open return.
+			if f, err := os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+				f.Close()
+			}
+			<-done
+			t.Fatalf("lease %v: Open of a FIFO still waiting after 10 s", lease)
+		}
+		os.Remove(path)
+	}
+}
