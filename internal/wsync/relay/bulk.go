@@ -42,10 +42,23 @@ const relayPiece = 256 << 10
 // mid-stream, or invalid, is never published (the slot is aborted). Stream
 // collectors get a copy on the relay's board afterwards, made only while
 // one of them waits for it, else when one asks (materialize).
+//
+// A version over MaxModelBytes is refused once (Refusals, logged as an
+// error): the next poll asks for a version newer than it, so the relay
+// neither fetches its header again every Backoff nor stops serving the
+// version it has.
 func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 	for ctx.Err() == nil {
-		v, err := r.pollBulk(ctx, *have)
+		v, err := r.pollBulk(ctx, max(*have, r.Refusals().Version))
 		if err != nil {
+			if big := (*tooBigError)(nil); errors.As(err, &big) {
+				r.refusedMu.Lock()
+				r.refused = Refusals{Count: r.refused.Count + 1, Version: big.version, Err: big.Error()}
+				r.refusedMu.Unlock()
+				r.cfg.Logger.Error("wsync: relay cannot take a version over its MaxModelBytes; serving the one it has until a newer one",
+					"model", r.cfg.Model, "version", big.version, "bytes", big.bytes, "max_model_bytes", r.cfg.MaxModelBytes, "serving", *have)
+				continue
+			}
 			if grpcerr.Code(err) == codes.Unimplemented || errors.Is(err, bulk.ErrNotSupported) {
 				return errNoBulk
 			}
@@ -59,6 +72,19 @@ func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 	}
 	return ctx.Err()
 }
+
+// tooBigError is a version over MaxModelBytes (errs.ErrFull).
+type tooBigError struct {
+	version uint64
+	bytes   int64
+	max     int64
+}
+
+func (e *tooBigError) Error() string {
+	return fmt.Sprintf("wsync: version %d of %d bytes exceeds the relay's MaxModelBytes %d", e.version, e.bytes, e.max)
+}
+
+func (e *tooBigError) Unwrap() error { return errs.ErrFull }
 
 // pollBulk runs one long poll for a version newer than after; it returns
 // the version published, or 0 when nothing newer landed.
@@ -101,10 +127,10 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 				return fmt.Errorf("%w: wsync: upstream sent model %s for %s", errs.ErrInvalid, errs.Quote(b.GetModel()), errs.Quote(r.cfg.Model))
 			case uint64(n) != b.GetTotalBytes():
 				return fmt.Errorf("%w: wsync: upstream sent %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
-			case n > r.cfg.MaxModelBytes:
-				return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, r.cfg.MaxModelBytes)
 			case b.GetVersion() <= after:
 				return fmt.Errorf("%w: wsync: upstream sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
+			case n > r.cfg.MaxModelBytes:
+				return &tooBigError{version: b.GetVersion(), bytes: n, max: r.cfg.MaxModelBytes}
 			case b.GetEpoch() < r.epoch:
 				return r.olderEpoch(b.GetVersion(), b.GetEpoch())
 			}

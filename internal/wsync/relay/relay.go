@@ -199,6 +199,26 @@ type Relay struct {
 	// upstream looked up again, as the collectors' own clients do, never
 	// republished as newer.
 	epoch uint64
+
+	refusedMu sync.Mutex
+	refused   Refusals // versions over MaxModelBytes (refusedMu)
+}
+
+// Refusals are the upstream versions the relay could not take on the data
+// plane because they are over Config.MaxModelBytes: how many, and the
+// newest of them and why. The relay does not ask for a refused version
+// again: it keeps serving the one it has and waits for a newer one.
+type Refusals struct {
+	Count   uint64
+	Version uint64
+	Err     string
+}
+
+// Refusals reports the versions the relay could not take.
+func (r *Relay) Refusals() Refusals {
+	r.refusedMu.Lock()
+	defer r.refusedMu.Unlock()
+	return r.refused
 }
 
 // segVersion is a version committed to the segment.
