@@ -217,7 +217,7 @@ func (t *Trainer) update(rplus, rminus []float64, k int64) StepInfo {
 	}
 	var ss float64
 	for _, v := range g {
-		ss += float64(v) * float64(v)
+		ss += float64(float64(v) * float64(v))
 	}
 	info.Grad.Norm = math.Sqrt(ss)
 	if u.GradientMax > 0 {

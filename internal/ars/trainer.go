@@ -312,8 +312,8 @@ func (t *Trainer) Check(r *Result) error {
 	default:
 		return fmt.Errorf("%w: unknown task kind %d", errs.ErrInvalid, r.Kind)
 	}
-	if r.Steps < 1 || r.Steps > maxTaskSteps {
-		return fmt.Errorf("%w: task %v/%d took %d steps (1 to %d)", errs.ErrInvalid, r.Kind, r.Index, r.Steps, int64(maxTaskSteps))
+	if limit := t.maxSteps(r.Kind); r.Steps < 1 || r.Steps > limit {
+		return fmt.Errorf("%w: task %v/%d took %d steps (1 to %d)", errs.ErrInvalid, r.Kind, r.Index, r.Steps, limit)
 	}
 	// Then the values.
 	if r.Kind == KindEval {
@@ -344,6 +344,21 @@ const (
 	maxTaskSteps = 1 << 32
 	maxReturn    = 1e100
 )
+
+// maxSteps is the most steps a task of kind k can take: its episodes
+// (two for a direction, one for an evaluation) each end by the
+// environment's time limit; maxTaskSteps for an environment whose limit
+// the hub does not know (one only Python workers run).
+func (t *Trainer) maxSteps(k TaskKind) int64 {
+	h := int64(t.cfg.Spec.MaxEpisodeSteps)
+	if h <= 0 {
+		return maxTaskSteps
+	}
+	if k == KindDirection {
+		h *= 2
+	}
+	return min(h, maxTaskSteps)
+}
 
 // ErrDiverged marks numbers that left the range a run can go on with: a
 // result whose returns or observation statistics are non-finite or past
@@ -422,7 +437,7 @@ func (t *Trainer) Finish(results []Result) (Report, error) {
 		mean := sum / float64(len(evals))
 		var ss float64
 		for _, r := range evals {
-			ss += (r.Return - mean) * (r.Return - mean)
+			ss += float64((r.Return - mean) * (r.Return - mean))
 		}
 		rep.HasEval, rep.EvalMean, rep.EvalStd = true, mean, math.Sqrt(ss/float64(len(evals)))
 		rep.EvalEpisodes += int64(len(evals))

@@ -161,6 +161,6 @@ func Step(theta []float64, h *Hyper, rplus, rminus []float64, direction func(d i
 // Perturb writes θ + sign·ν·δ into dst (sign is +1 or −1).
 func Perturb(dst, theta, delta []float64, nu float64, sign float64) {
 	for i := range dst {
-		dst[i] = theta[i] + sign*float64(nu*delta[i])
+		dst[i] = theta[i] + float64(sign*float64(nu*delta[i]))
 	}
 }

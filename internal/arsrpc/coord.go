@@ -510,7 +510,8 @@ type reportOutcome struct {
 // any is applied: one bad result rejects the request and changes nothing,
 // except that a result whose values diverged (ars.ErrDiverged: returns or
 // statistics non-finite or past the bounds) ends the run, failed with that
-// reason, and the request is answered as stale.
+// reason, and the request is answered as stale; unless the task is done
+// already: such a result is a duplicate.
 // Results for another iteration are stale; results for a task already
 // done are duplicates; both are counted and ignored. Workers unknown to
 // the hub (expired) may still report: a result is a deterministic function
@@ -550,6 +551,12 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		}
 		if err := r.tr.Check(&x); err != nil {
 			if errors.Is(err, ars.ErrDiverged) {
+				if r.have[r.pos[x.Task]] {
+					// A late duplicate contradicting the finite result
+					// already taken: ignored like any duplicate.
+					out.duplicates++
+					continue
+				}
 				// Values past the bounds: the task is deterministic, so
 				// whoever computes it gets the same. The run ends here
 				// (below) rather than refusing a report no worker can

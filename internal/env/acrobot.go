@@ -103,16 +103,16 @@ func acrobotRK4(y0 [4]float64, torque float64) [4]float64 {
 func acrobotDsdt(s [4]float64, a float64) [4]float64 {
 	m1, m2, l1, lc1, lc2, i1, i2, g := acM1, acM2, acL1, acLC1, acLC2, acMOI, acMOI, acG
 	theta1, theta2, dtheta1, dtheta2 := s[0], s[1], s[2], s[3]
-	d1 := m1*(lc1*lc1) + m2*((l1*l1)+(lc2*lc2)+2*l1*lc2*math.Cos(theta2)) + i1 + i2
-	d2 := m2*((lc2*lc2)+l1*lc2*math.Cos(theta2)) + i2
-	phi2 := m2 * lc2 * g * math.Cos(theta1+theta2-pi64/2.0)
-	phi1 := -m2*l1*lc2*(dtheta2*dtheta2)*math.Sin(theta2) -
-		2*m2*l1*lc2*dtheta2*dtheta1*math.Sin(theta2) +
-		(m1*lc1+m2*l1)*g*math.Cos(theta1-pi64/2) +
+	d1 := float64(m1*(lc1*lc1)) + float64(m2*(float64(l1*l1)+float64(lc2*lc2)+float64(2*l1*lc2*math.Cos(theta2)))) + i1 + i2
+	d2 := float64(m2*(float64(lc2*lc2)+float64(l1*lc2*math.Cos(theta2)))) + i2
+	phi2 := float64(m2 * lc2 * g * math.Cos(theta1+theta2-pi64/2.0))
+	phi1 := float64(-m2*l1*lc2*(dtheta2*dtheta2)*math.Sin(theta2)) -
+		float64(2*m2*l1*lc2*dtheta2*dtheta1*math.Sin(theta2)) +
+		float64((float64(m1*lc1)+float64(m2*l1))*g*math.Cos(theta1-pi64/2)) +
 		phi2
-	ddtheta2 := (a + d2/d1*phi1 - m2*l1*lc2*(dtheta1*dtheta1)*math.Sin(theta2) - phi2) /
-		(m2*(lc2*lc2) + i2 - (d2*d2)/d1)
-	ddtheta1 := -(d2*ddtheta2 + phi1) / d1
+	ddtheta2 := (a + float64(d2/d1*phi1) - float64(m2*l1*lc2*(dtheta1*dtheta1)*math.Sin(theta2)) - phi2) /
+		(float64(m2*(lc2*lc2)) + i2 - (d2*d2)/d1)
+	ddtheta1 := -(float64(d2*ddtheta2) + phi1) / d1
 	return [4]float64{dtheta1, dtheta2, ddtheta1, ddtheta2}
 }
 

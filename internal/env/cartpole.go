@@ -74,15 +74,15 @@ func (c *CartPole) Step(action []float64) ([]float64, float64, bool, bool) {
 	}
 	cosTheta := math.Cos(theta)
 	sinTheta := math.Sin(theta)
-	temp := (force + cpPoleMassLength*(thetaDot*thetaDot)*sinTheta) / cpTotalMass
-	thetaAcc := (cpGravity*sinTheta - cosTheta*temp) /
+	temp := (force + float64(cpPoleMassLength*(thetaDot*thetaDot)*sinTheta)) / cpTotalMass
+	thetaAcc := (float64(cpGravity*sinTheta) - float64(cosTheta*temp)) /
 		(cpLength * (4.0/3.0 - cpMassPole*(cosTheta*cosTheta)/cpTotalMass))
-	xAcc := temp - cpPoleMassLength*thetaAcc*cosTheta/cpTotalMass
+	xAcc := temp - float64(cpPoleMassLength*thetaAcc*cosTheta/cpTotalMass)
 	// Euler integrator (Gymnasium's default kinematics_integrator).
-	x = x + cpTau*xDot
-	xDot = xDot + cpTau*xAcc
-	theta = theta + cpTau*thetaDot
-	thetaDot = thetaDot + cpTau*thetaAcc
+	x = x + float64(cpTau*xDot)
+	xDot = xDot + float64(cpTau*xAcc)
+	theta = theta + float64(cpTau*thetaDot)
+	thetaDot = thetaDot + float64(cpTau*thetaAcc)
 	c.state = [4]float64{x, xDot, theta, thetaDot}
 
 	terminated := x < -cpXThreshold || x > cpXThreshold ||

@@ -105,10 +105,10 @@ func (l *LQR) Step(action []float64) ([]float64, float64, bool, bool) {
 	for i := range lqrN {
 		qx, ru := 0.0, 0.0
 		for j := range lqrN {
-			qx += m.q[i][j] * x[j]
-			ru += m.r[i][j] * u[j]
+			qx += float64(m.q[i][j] * x[j])
+			ru += float64(m.r[i][j] * u[j])
 		}
-		cost += x[i]*qx + u[i]*ru
+		cost += float64(x[i]*qx) + float64(u[i]*ru)
 	}
 	gaussian3(l.rng, &l.next) // w_t
 	for i := range lqrN {
@@ -158,9 +158,9 @@ func gaussian3(rng *rand.Rand, dst *[lqrN]float64) {
 // polarPair returns two independent standard normal values.
 func polarPair(rng *rand.Rand) (float64, float64) {
 	for {
-		u := 2*rng.Float64() - 1
-		v := 2*rng.Float64() - 1
-		s := u*u + v*v
+		u := float64(2*rng.Float64()) - 1
+		v := float64(2*rng.Float64()) - 1
+		s := float64(u*u) + float64(v*v)
 		if s > 0 && s < 1 {
 			f := math.Sqrt(-2 * math.Log(s) / s)
 			return u * f, v * f

@@ -55,10 +55,10 @@ func (p *Pendulum) Step(action []float64) ([]float64, float64, bool, bool) {
 	th, thdot := p.state[0], p.state[1]
 	u := clip32(float32(action[0]), -pdMaxTorque, pdMaxTorque)
 	an := angleNormalize(th)
-	costs := an*an + 0.1*(thdot*thdot) + float64(float32(0.001)*(u*u))
-	newthdot := thdot + (3*pdG/(2*pdL)*math.Sin(th)+float64(float32(3.0/(pdM*pdL*pdL))*u))*pdDt
+	costs := float64(an*an) + float64(0.1*(thdot*thdot)) + float64(float32(0.001)*(u*u))
+	newthdot := thdot + float64((float64(3*pdG/(2*pdL)*math.Sin(th))+float64(float32(3.0/(pdM*pdL*pdL))*u))*pdDt)
 	newthdot = clip64(newthdot, -pdMaxSpeed, pdMaxSpeed)
-	newth := th + newthdot*pdDt
+	newth := th + float64(newthdot*pdDt)
 	p.state = [2]float64{newth, newthdot}
 	return p.observe(), -costs, false, truncated
 }

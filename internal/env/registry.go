@@ -106,5 +106,5 @@ func continuousAction(name string, action []float64, dim int) {
 // uniform draws from [low, high) the way numpy's Generator.uniform does:
 // low + (high-low)*u with u uniform in [0, 1).
 func uniform(rng *rand.Rand, low, high float64) float64 {
-	return low + (high-low)*rng.Float64()
+	return low + float64((high-low)*rng.Float64())
 }

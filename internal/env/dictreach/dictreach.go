@@ -50,7 +50,7 @@ func (e *Env) Spec() env.Spec {
 		ObsKeys:         []env.ObsKey{{Name: "goal", Dim: 2}, {Name: "position", Dim: 2}, {Name: "velocity", Dim: 2}}}
 }
 
-func uniform(rng *rand.Rand, lo, hi float64) float64 { return lo + (hi-lo)*rng.Float64() }
+func uniform(rng *rand.Rand, lo, hi float64) float64 { return lo + float64((hi-lo)*rng.Float64()) }
 
 // Reset implements env.Env.
 func (e *Env) Reset(rng *rand.Rand) []float64 {
@@ -76,13 +76,13 @@ func (e *Env) Step(action []float64) ([]float64, float64, bool, bool) {
 	var cost float64
 	for i := range 2 {
 		a := math.Max(-1, math.Min(1, action[i]))
-		cost += 0.01 * a * a
-		e.vel[i] = math.Max(-maxSpeed, math.Min(maxSpeed, e.vel[i]+2*dt*a))
-		e.pos[i] += dt * e.vel[i]
+		cost += float64(0.01 * a * a)
+		e.vel[i] = math.Max(-maxSpeed, math.Min(maxSpeed, e.vel[i]+float64(2*dt*a)))
+		e.pos[i] += float64(dt * e.vel[i])
 	}
 	dx, dy := e.pos[0]-e.goal[0], e.pos[1]-e.goal[1]
 	e.steps++
-	return e.observe(), -dt*math.Sqrt(dx*dx+dy*dy) - cost, false, e.steps >= maxSteps
+	return e.observe(), -float64(dt*math.Sqrt(float64(dx*dx)+float64(dy*dy))) - cost, false, e.steps >= maxSteps
 }
 
 func (e *Env) observe() []float64 {

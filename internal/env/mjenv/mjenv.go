@@ -193,13 +193,13 @@ func (e *Env) Reset(rng *rand.Rand) []float64 {
 	s := e.t.noise
 	qpos, qvel := e.data.QPos(), e.data.QVel()
 	for i := range qpos {
-		qpos[i] = e.initQpos[i] + (-s + 2*s*rng.Float64())
+		qpos[i] = e.initQpos[i] + (-s + float64(2*s*rng.Float64()))
 	}
 	for i := range qvel {
 		if e.t.gaussQvel {
-			qvel[i] = e.initQvel[i] + s*rng.NormFloat64()
+			qvel[i] = e.initQvel[i] + float64(s*rng.NormFloat64())
 		} else {
-			qvel[i] = e.initQvel[i] + (-s + 2*s*rng.Float64())
+			qvel[i] = e.initQvel[i] + (-s + float64(2*s*rng.Float64()))
 		}
 	}
 	e.forward()
@@ -252,12 +252,12 @@ func (e *Env) Step(action []float64) (obs []float64, reward float64, terminated,
 	xVel := (x1 - x0) / e.dt
 	e.observe()
 
-	forward := e.t.forward * xVel
+	forward := float64(e.t.forward * xVel)
 	ctrlCost := 0.0
 	for _, a := range action {
-		ctrlCost += a * a
+		ctrlCost += float64(a * a)
 	}
-	ctrlCost *= e.t.ctrlCost
+	ctrlCost = float64(ctrlCost * e.t.ctrlCost)
 	healthyReward := 0.0
 	if e.t.healthy != 0 {
 		healthy := e.isHealthy()
@@ -354,15 +354,15 @@ func (e *Env) contactCost() float64 {
 		s := 0.0
 		for _, f := range e.data.CFrcExt() {
 			f = clip(f, -1, 1)
-			s += f * f
+			s += float64(f * f)
 		}
-		return 5e-4 * s
+		return float64(5e-4 * s)
 	case humanoid:
 		s := 0.0
 		for _, f := range e.data.CFrcExt() {
-			s += f * f
+			s += float64(f * f)
 		}
-		return min(5e-7*s, 10)
+		return min(float64(5e-7*s), 10)
 	}
 	return 0
 }
