@@ -169,10 +169,18 @@ func AsRefusal(err error, trailer metadata.MD) (*Refusal, bool) {
 
 func fromPair(addr, epoch string) *Refusal {
 	ep, err := strconv.ParseUint(epoch, 10, 64)
-	if addr == "" || len(addr) > maxAddrBytes || err != nil || strings.ContainsAny(addr, " \t\r\n") {
+	if err != nil || !NamesPrimary(addr) {
 		return &Refusal{}
 	}
 	return &Refusal{Primary: addr, Epoch: ep}
+}
+
+// NamesPrimary reports whether addr is an address a hub may name as the
+// primary (in a refusal, or answering Cluster/Primary): not empty, at
+// most 300 bytes, no white space. A client takes any other as naming no
+// primary.
+func NamesPrimary(addr string) bool {
+	return addr != "" && len(addr) <= maxAddrBytes && !strings.ContainsAny(addr, " \t\r\n")
 }
 
 // ParseRefusal recognises the contract's message text anywhere in msg

@@ -586,7 +586,9 @@ func (f *follower) resolve(ctx context.Context) (Primary, error) {
 			errsOut = append(errsOut, a.err)
 			continue
 		}
-		if a.p.Addr != "" && (best.Addr == "" || a.p.Epoch > best.Epoch) {
+		// Held to a refusal's bound: an address no refusal could name
+		// names no primary, whatever its epoch.
+		if cluster.NamesPrimary(a.p.Addr) && (best.Addr == "" || a.p.Epoch > best.Epoch) {
 			best = a.p
 		}
 	}

@@ -440,3 +440,27 @@ func timedOutCallLooksThePrimaryUpAgain(t *testing.T, hubFirst bool) {
 		t.Fatalf("following %v, want %s epoch 4", p, h.Addr())
 	}
 }
+
+// A hub's Cluster/Primary answer is held to the bound a refusal's primary
+// is (300 bytes, no white space): an address no refusal could name names
+// no primary, however high its epoch, and the client goes to the one
+// another hub names. The answer used to win on its epoch, and every call
+// was dialled at it.
+func TestAnAbsurdPrimaryAddressNamesNoPrimary(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	clustered(h, 3)
+	for _, absurd := range []string{strings.Repeat("h", 1<<20) + ":1", "bad host:1"} {
+		sb := startStandby(t, absurd, 9)
+		conn, err := dial.Config{}.GRPC(sb.self + "," + h.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rlhubv1.NewModelStoreClient(conn).List(ctx(t), &rlhubv1.StoreListRequest{}); err != nil {
+			t.Errorf("List with one hub naming %.20q at epoch 9: %.300v", absurd, err)
+		}
+		if p, _ := dial.CurrentPrimary(conn); p.Addr != h.Addr().String() || p.Epoch != 3 {
+			t.Errorf("following %.40v, want %s epoch 3", p, h.Addr())
+		}
+		conn.Close()
+	}
+}
