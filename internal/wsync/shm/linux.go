@@ -236,8 +236,12 @@ func orphaned(p string, pid int) bool {
 	if pid == os.Getpid() {
 		return true
 	}
-	if f, err := os.Open(p); err == nil {
+	// O_NONBLOCK: a FIFO of a temporary's name would hold open(2).
+	if f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NONBLOCK, 0); err == nil {
 		defer f.Close()
+		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+			return false
+		}
 		if held, err := ofdLocked(f, offLiveness); err == nil {
 			if held {
 				return false
