@@ -69,7 +69,7 @@ func nadamMu(c *Config, t int64) float64 {
 // nadamMuProduct is NAdam's mu_product after t steps: torch keeps it in a
 // float32 scalar tensor, multiplied by each μ (rounded to float32) in
 // float32. It is a function of t alone, so it needs no checkpoint.
-func nadamMuProduct(c *Config, t int64) float32 {
+var nadamMuProduct = func(c *Config, t int64) float32 { // a variable: tests count the replays
 	prod := float32(1)
 	for s := int64(1); s <= t; s++ {
 		prod *= float32(nadamMu(c, s))
@@ -85,8 +85,8 @@ func (o *Optimizer) nadam(i int, dst, p, g []float32, lr float64, step int64) {
 	dst, g, m, v = dst[:len(p)], g[:len(p)], m[:len(p)], v[:len(p)]
 	bc2 := float32(1 - math.Pow(c.Beta2, float64(step)))
 	mu, muNext := nadamMu(c, step), nadamMu(c, step+1)
-	if o.muStep != step || o.muProd == 0 {
-		if o.muStep == step-1 && o.muProd != 0 {
+	if o.muStep != step {
+		if o.muStep != 0 && o.muStep == step-1 {
 			o.muProd *= float32(nadamMu(c, step))
 		} else {
 			o.muProd = nadamMuProduct(c, step)
