@@ -94,6 +94,10 @@ func (c *Config) Validate() error {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return bad("%s is %v", name, v)
 		}
+		if math.Abs(v) > math.MaxFloat32 {
+			// The steps run in float32, where it would be ±Inf.
+			return bad("%s %v is beyond float32's range", name, v)
+		}
 		return nil
 	}
 	for name, v := range map[string]float64{"lr": c.LR, "weight_decay": c.WeightDecay, "momentum": c.Momentum,
@@ -213,6 +217,11 @@ func (c *Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("%w: unknown optimizer %q (want sgd, adam, adamw, rmsprop, adagrad, adamax, nadam or radam)", errs.ErrInvalid, truncate(string(c.Kind)))
+	}
+	if c.Eps != 0 && float32(c.Eps) == 0 {
+		// A zero eps divides a parameter's zero gradient by a zero
+		// denominator: NaN weights.
+		return bad("eps %v rounds to 0 in float32, the precision of the step", c.Eps)
 	}
 	return c.Schedule.Validate()
 }
