@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +50,35 @@ func TestReducerStatsShowsLostStateAndUnreachableHubs(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// README's secondary-reducer line, run in the directory of a hub on the
+// default --data rlhub-data: the secondary keeps nothing on disk, so it
+// starts beside the hub. It used to open rlhub-data/store too and exit
+// "store: rlhub-data/store is in use by another process".
+func TestSecondaryReducerStartsBesideAHubOnTheDefaultData(t *testing.T) {
+	t.Chdir(t.TempDir())
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	stopHub := runInBackground(t, "serve", "--listen", "127.0.0.1:0", "--addr-file", addrFile)
+	var addr string
+	testkit.Eventually(t, 30*time.Second, "the hub to write its address", func() bool {
+		b, err := os.ReadFile(addrFile)
+		addr = strings.TrimSpace(string(b))
+		return err == nil && strings.HasSuffix(string(b), "\n")
+	})
+	if _, err := os.Stat(filepath.Join("rlhub-data", "store")); err != nil {
+		t.Fatalf("the hub on the default --data: %v", err)
+	}
+	stopSecondary := runInBackground(t, "serve", "--role", "reducer", "--primary", addr, "--listen", "127.0.0.1:0")
+	testkit.Eventually(t, 30*time.Second, "the secondary to attach to the hub", func() bool {
+		code, out, _ := run(t, context.Background(), "reducer", "stats", "--hub", addr, "--timeout", "2s")
+		return code == 0 && strings.Contains(out, "secondary/127.0.0.1:")
+	})
+	if code, stderr := stopSecondary(); code != 0 {
+		t.Fatalf("serve --role reducer exited %d: %s", code, stderr)
+	}
+	if code, stderr := stopHub(); code != 0 {
+		t.Fatalf("serve exited %d: %s", code, stderr)
 	}
 }

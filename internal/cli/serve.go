@@ -81,6 +81,14 @@ func newServeCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--role reducer needs --primary ADDR (or --etcd and --cluster)")
 				}
 				cfg.MetricsRole = "reducer (secondary)"
+				if !cmd.Flags().Changed("data") {
+					// The secondaries keep nothing on disk (the ledger
+					// and the optimizer are the primary's), and the
+					// default rlhub-data is the directory of a hub
+					// started beside it: the process's unused services
+					// run in memory.
+					cfg.DataDir = ""
+				}
 			default:
 				return fmt.Errorf("--role %q: want all or reducer", role)
 			}
@@ -134,7 +142,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Listen, "listen", hub.DefaultListen, "gRPC listen address (not loopback: needs TLS and --auth-tokens, or --insecure)")
 	f.StringVar(&cfg.Advertise, "advertise", "", "the address other machines dial to reach this hub (registered in etcd with --etcd; what a --role reducer hub's secondaries give their --primary), HOST or HOST:PORT (default --listen's host and the bound port); needed when --listen names no machine, e.g. 0.0.0.0 in a Kubernetes pod reached by its DNS name (its TLS certificate must name it)")
 	f.StringVar(&cfg.AddrFile, "addr-file", "", "write the bound address here once listening (with --listen 127.0.0.1:0)")
-	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk)")
+	f.StringVar(&cfg.DataDir, "data", "rlhub-data", "directory for checkpoints (\"\" keeps nothing on disk; with --role reducer \"\" unless given)")
 	f.DurationVar(&cfg.StopTimeout, "stop-timeout", 5*time.Second, "graceful stop budget before a hard stop (a second SIGINT/SIGTERM stops at once)")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics and the live dashboard (/) over HTTP on this address, e.g. 127.0.0.1:9470 (default off)")
 	f.StringVar(&role, "role", "all", "all: host every service, the reducer primary included; reducer: host secondary reducers of the primary at --primary")
