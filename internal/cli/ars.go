@@ -135,8 +135,8 @@ func newTrainARSCmd(g *globals) *cobra.Command {
 		Long: "train ars starts an embedded hub on 127.0.0.1 (or uses --hub) and --workers\n" +
 			"worker processes, runs ARS (Mania, Guy & Recht 2018, Algorithm 2) until the\n" +
 			"evaluation return reaches --target or the episode budget is spent, and writes\n" +
-			"OUT/curve.csv, OUT/curve.png, OUT/policy.safetensors and OUT/summary.json\n" +
-			"(with OUT/run.json, and the embedded hub's state in OUT/hub).\n" +
+			"OUT/curve.csv, OUT/curve.png, OUT/policy.safetensors, OUT/summary.json and\n" +
+			"OUT/config.yaml (with OUT/run.json, and the embedded hub's state in OUT/hub).\n" +
 			"Hyperparameters left at 0 take the environment's defaults (docs/ars.md).\n" +
 			"The same --seed gives the same policy whatever the number of workers.\n\n" +
 			"--out is never overwritten silently: a directory that holds an earlier run\n" +
