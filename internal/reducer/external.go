@@ -99,14 +99,16 @@ func (e *extModel) current(ctx context.Context) (*hostConn, error) {
 }
 
 // set makes h the host (under e.mu, after welcome has been sent by the
-// caller holding e.mu) and detaches the one it replaces.
+// caller holding e.mu) and detaches the one it replaces, with ErrAborted:
+// the newest host wins, and the one it replaced stops instead of
+// re-attaching and replacing it back.
 func (e *extModel) setLocked(h *hostConn) {
 	old := e.host
 	e.host = h
 	close(e.changed)
 	e.changed = make(chan struct{})
 	if old != nil {
-		old.detach(fmt.Errorf("%w: replaced by a newer optimizer host", errs.ErrUnavailable))
+		old.detach(fmt.Errorf("%w: replaced by a newer optimizer host", errs.ErrAborted))
 	}
 }
 

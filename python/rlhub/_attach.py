@@ -7,7 +7,8 @@ Contract:
    ``_session()`` and, after any break, waits ``backoff`` seconds and calls
    it again.
 2. A break whose code is permanent (:func:`rlhub.errors.is_permanent`:
-   the request or the caller's identity is refused) is not retried:
+   the request or the caller's identity is refused; a subclass may add
+   its own, ``_permanent``) is not retried:
    ``run()`` raises it as the named exception, and ``error`` holds it.
 3. ``start()`` (or ``with``) serves on a background thread this object
    owns; ``stop()`` cancels the stream in flight (``_call``) and joins the
@@ -71,6 +72,10 @@ class AttachLoop:
     def _session(self) -> None:
         raise NotImplementedError
 
+    def _permanent(self, e: BaseException) -> bool:
+        """Whether a break ends serving instead of re-attaching."""
+        return errors.is_permanent(e)
+
     def start(self) -> Any:
         """Serves on a background thread owned by this object."""
         with self._mu:
@@ -108,7 +113,7 @@ class AttachLoop:
             except Exception as e:  # noqa: BLE001 - any break: log and re-attach, unless permanent
                 if self._stop.is_set():
                     break
-                if errors.is_permanent(e):
+                if self._permanent(e):
                     err = errors.from_rpc_error(e) if isinstance(e, grpc.RpcError) else e
                     assert isinstance(err, errors.RlhubError)
                     self.error = err

@@ -56,6 +56,13 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+class StateLost(errors.NotFound):
+    """The host state of the version the host is welcomed at cannot be
+    loaded (missing, or of a step the hub lost): re-attaching cannot bring
+    it back, so the host stops (``run()`` raises it) rather than restart
+    the optimizer or re-attach for ever."""
+
+
 def encode_state(obj: Any) -> Tuple[Dict[str, Any], str]:
     """Splits a (nested) state dict into its tensors and a JSON string for
     the rest; ``decode_state`` inverts it. Dict keys keep their type (torch's
@@ -138,7 +145,8 @@ class OptimizerHost(AttachLoop):
     ``run()`` serves on the calling thread until ``stop()``; ``start()`` (or
     ``with``) on a background thread. After any break it re-attaches after
     ``backoff`` seconds, except a permanent refusal (a model not registered
-    as external, missing credentials), which ``run()`` raises and ``error``
+    as external, missing credentials) or a newer host for the model
+    replacing this one (``Aborted``), which ``run()`` raises and ``error``
     holds. ``steps`` counts the steps this object performed.
     """
 
@@ -172,6 +180,13 @@ class OptimizerHost(AttachLoop):
         self._store.close()
         self._channel.close()
 
+    def _permanent(self, e: BaseException) -> bool:
+        # Aborted: a newer host for the model replaced this one. It wins;
+        # re-attaching would replace it back, and the two would evict each
+        # other every backoff, re-sending the step in flight to each.
+        # StateLost: no re-attach brings the optimizer state back.
+        return errors.is_permanent(e) or isinstance(e, (errors.Aborted, StateLost))
+
     # -- state -------------------------------------------------------------
 
     def load(self, version: int) -> None:
@@ -201,8 +216,8 @@ class OptimizerHost(AttachLoop):
             # Checkpointed by a step whose version never published (the hub
             # died between the checkpoint and the publish, and a different
             # batch was stepped since): not the state of these weights.
-            raise errors.NotFound(f"host state of {self.model!r} at version {version} belongs to weights that were "
-                                  "never published (a hub restart lost that step): the optimizer state is lost")
+            raise StateLost(f"host state of {self.model!r} at version {version} belongs to weights that were "
+                            "never published (a hub restart lost that step): the optimizer state is lost")
         state = None
         if st is not None:
             state = decode_state(st.tensors, st.metadata["host.state"])
@@ -214,8 +229,8 @@ class OptimizerHost(AttachLoop):
             except errors.NotFound:
                 pass
             if newest is not None and newest.version < version:
-                raise errors.NotFound(f"host state of {self.model!r} at version {version} is missing "
-                                      f"(newest is {newest.version}): the optimizer state is lost")
+                raise StateLost(f"host state of {self.model!r} at version {version} is missing "
+                                f"(newest is {newest.version}): the optimizer state is lost")
             state = _cpu_copy(self._given)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:

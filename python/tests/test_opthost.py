@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import rlhub
-from rlhub._proto.rlhub.v1 import opthost_pb2, opthost_pb2_grpc
 from rlhub.grads import GradClient
 from rlhub.opthost import decode_state, encode_state
 from test_grads import assert_close_to, fill_grads, setup_model
@@ -293,38 +292,9 @@ def test_checkpoint_of_a_step_the_hub_lost_is_refused(hub, tmp_path):
         again.close()
 
 
-def _intruder_takes_the_step(addr: str) -> None:
-    """A second host attaches (replacing the first: its stream ends
-    Unavailable), receives the step in flight and goes away unanswered."""
-    import queue
-
-    q: "queue.Queue" = queue.Queue()
-    q.put(opthost_pb2.HostMessage(hello=opthost_pb2.HostHello(model="pol")))
-
-    def reqs():
-        while True:
-            m = q.get()
-            if m is None:
-                return
-            yield m
-
-    ch = rlhub._channel.channel(addr)
-    call = opthost_pb2_grpc.OptimizerHostStub(ch).Attach(reqs())
-    it = iter(call)
-    assert next(it).HasField("welcome")
-    st = next(it)
-    assert st.HasField("step"), st
-    got = 0
-    while got < st.step.grad.total_bytes:
-        got += len(next(it).chunk.data)
-    call.cancel()
-    q.put(None)
-    ch.close()
-
-
 def test_host_reattached_at_start_version_steps_once(hub):
-    """A host whose stream broke during its first step (here another host
-    attached and took the step unanswered) is re-sent that step at the
+    """A host whose stream broke during its first step (here its call is
+    cancelled under it: a network blip) is re-sent that step at the
     start version, where no host state is checkpointed: it steps from the
     optimizer it was given, not from the one it already stepped (Adam's
     moments and OneCycleLR used to advance twice, and the published
@@ -339,11 +309,11 @@ def test_host_reattached_at_start_version_steps_once(hub):
 
     def post_hook(optimizer, args, kwargs):
         # Only sequences the race deterministically: while the host is in
-        # its first step, the stream breaks (here: a newer host replaces
-        # it; equally a network blip or a hub restart).
+        # its first step, the stream breaks (here: its call is cancelled;
+        # equally a network blip or a hub restart).
         if not fired.is_set():
             fired.set()
-            _intruder_takes_the_step(hub.addr)
+            host._call.cancel()
 
     opt.register_step_post_hook(post_hook)
     host = rlhub.OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net, backoff=0.2).start()
@@ -365,3 +335,79 @@ def test_host_reattached_at_start_version_steps_once(hub):
         assert opt.param_groups[0]["lr"] == ref_opt.param_groups[0]["lr"], "scheduler stepped twice"
     finally:
         host.close()
+
+
+def test_second_host_for_a_model_wins_and_the_first_stops(hub):
+    """Two hosts for one model (an old host still running when a new one
+    is started): the newer replaces the older, which must then stop rather
+    than re-attach and replace it back. Re-attaching after every
+    replacement made the two evict each other every backoff, and a step
+    longer than that was re-sent to each in turn and never answered."""
+    import time
+
+    setup_model(hub.addr, "pol", make_net())
+
+    def slow_host():
+        net = make_net()
+        opt, sched = make_case("adam_onecycle", net)
+        opt.register_step_pre_hook(lambda *a: time.sleep(1.0))  # a step longer than the backoff
+        return rlhub.OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net, backoff=0.2)
+
+    first = slow_host().start()
+    second = None
+    try:
+        with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+            assert first.attached.wait(60)
+            second = slow_host().start()
+            assert second.attached.wait(60)
+            learner = make_net(seed=99)
+            fill_grads(learner, seed=0)
+            g.push("pol", 1, learner)
+            got = None
+            for got in s.watch("pol", after=1, framework="torch", timeout=30):
+                break
+            assert got is not None and got.version == 2, "the two hosts kept replacing each other"
+        first._thread.join(30)
+        assert not first._thread.is_alive(), "the replaced host kept re-attaching"
+        assert first.error is not None and "replaced" in str(first.error)
+        assert second.error is None and second.steps == 1
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
+def test_host_whose_state_is_lost_stops_and_says_so(hub):
+    """A host welcomed at a version whose optimizer state it cannot load
+    (its checkpoint belongs to a step the hub lost) cannot serve however
+    often it re-attaches: run() raises NotFound saying the state is lost
+    and error holds it (it re-attached every backoff for ever, pulling the
+    weights each time, error None)."""
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    with GradClient(hub.addr) as g:
+        g.register("pol", optimizer={"kind": "external"})
+    opt, sched = make_case("adam_onecycle", net)
+    tensors, text = encode_state({"optimizer": opt.state_dict(), "lr_scheduler": sched.state_dict()})
+    with rlhub.StoreClient(hub.addr) as s:  # the orphan at version 2, then version 2 of another step
+        s.push("pol/host-state", tensors, version=2,
+               metadata={"host.state": text, "model.version": "2", "host.weights_sha256": "0" * 64})
+    first = rlhub.OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net).start()
+    try:
+        learner = make_net(seed=99)
+        fill_grads(learner, seed=0)
+        with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+            g.push("pol", 1, learner)
+            assert wait_published(s, 1).version == 2
+    finally:
+        first.close()
+    net2 = make_net()
+    opt2, sched2 = make_case("adam_onecycle", net2)
+    again = rlhub.OptimizerHost(hub.addr, "pol", opt2, lr_scheduler=sched2, module=net2, backoff=0.05).start()
+    try:
+        again._thread.join(30)
+        assert not again._thread.is_alive(), "the host kept re-attaching to a state it cannot load"
+        assert isinstance(again.error, rlhub.NotFound) and "state is lost" in str(again.error)
+    finally:
+        again.close()
