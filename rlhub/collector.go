@@ -85,7 +85,8 @@ func (c *CollectorConfig) validate() error {
 
 // Collector keeps a collector's weights at the newest version of a model
 // and reports the version it runs. Poll and Run may be called from any
-// goroutine (applies are serialized); Close ends it.
+// goroutine (applies are serialized); Close ends it, and any Poll or Run
+// in progress.
 type Collector struct {
 	cfg    CollectorConfig
 	conn   *grpc.ClientConn
@@ -99,6 +100,18 @@ type Collector struct {
 	recv   *wsync.Receiver
 	mu     sync.Mutex // guards closed
 	closed bool
+
+	// turn, for a source that serves one call at a time and reuses what
+	// it returned (ViaDataPlane's buffers, a cluster's Failover), is held
+	// by the Poll or Run calling it, through the apply: another waits
+	// for its turn within its own ctx. nil: calls run side by side.
+	turn chan struct{}
+
+	// closing is done once Close is called: it ends the Poll and Run in
+	// progress (a cluster's Failover and the data-plane client close only
+	// once their call has returned).
+	closing context.Context
+	stop    context.CancelFunc
 }
 
 // NewCollector connects to the hub (ViaPush: opens the stream, bounded by
@@ -112,6 +125,7 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 		return nil, fmt.Errorf("rlhub: dial %s: %w", cfg.Hub, err)
 	}
 	c := &Collector{cfg: cfg, conn: conn}
+	c.closing, c.stop = context.WithCancel(context.Background())
 	var src wsync.Source
 	var onApplied func(uint64)
 	switch cfg.Via {
@@ -151,6 +165,9 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 		}
 		src = c.dp
 		onApplied = func(v uint64) { _ = c.dp.Running(v) }
+	}
+	if c.dp != nil || c.fo != nil {
+		c.turn = make(chan struct{}, 1)
 	}
 	var apply wsync.ApplyFunc
 	if cfg.Weights != nil {
@@ -309,12 +326,63 @@ func (c *Collector) report(v uint64) {
 	}
 }
 
-// Poll applies the newest version if it is newer than the one running;
-// it reports whether it applied one.
-func (c *Collector) Poll(ctx context.Context) (bool, error) { return c.recv.Poll(ctx) }
+// errCollectorClosed is Poll's and Run's error once Close was called.
+var errCollectorClosed = fmt.Errorf("%w: rlhub: the collector is closed", ErrUnavailable)
 
-// Run applies every newer version as it arrives until ctx ends.
-func (c *Collector) Run(ctx context.Context) error { return c.recv.Run(ctx) }
+// callCtx is ctx, also ended by Close; done returns err, or
+// errCollectorClosed for a call that Close ended.
+func (c *Collector) callCtx(ctx context.Context) (context.Context, func(err error) error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.closing, cancel)
+	return ctx, func(err error) error {
+		stop()
+		cancel()
+		if err != nil && c.closing.Err() != nil {
+			return errCollectorClosed
+		}
+		return err
+	}
+}
+
+// takeTurn waits, within ctx, for the source's turn (Collector.turn);
+// release gives it back.
+func (c *Collector) takeTurn(ctx context.Context) (release func(), err error) {
+	if c.turn == nil {
+		return func() {}, nil
+	}
+	select {
+	case c.turn <- struct{}{}:
+		return func() { <-c.turn }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Poll applies the newest version if it is newer than the one running;
+// it reports whether it applied one. Beside a Run on ViaDataPlane or a
+// cluster, it waits for Run to end, within ctx.
+func (c *Collector) Poll(ctx context.Context) (bool, error) {
+	ctx, done := c.callCtx(ctx)
+	release, err := c.takeTurn(ctx)
+	if err != nil {
+		return false, done(err)
+	}
+	defer release()
+	ok, err := c.recv.Poll(ctx)
+	return ok, done(err)
+}
+
+// Run applies every newer version as it arrives until ctx ends or Close
+// is called.
+func (c *Collector) Run(ctx context.Context) error {
+	ctx, done := c.callCtx(ctx)
+	release, err := c.takeTurn(ctx)
+	if err != nil {
+		return done(err)
+	}
+	defer release()
+	return done(c.recv.Run(ctx))
+}
 
 // Version is the version the collector runs (0: none yet).
 func (c *Collector) Version() uint64 { return c.recv.Version() }
@@ -336,8 +404,10 @@ func (c *Collector) Transport() string {
 // Current is the snapshot of the running version (nil: none yet).
 func (c *Collector) Current() *Snapshot { return c.recv.Current() }
 
-// Close ends the stream and the connection; safe to call twice.
+// Close ends the Poll or Run in progress (it fails with ErrUnavailable),
+// the stream and the connection; safe to call twice.
 func (c *Collector) Close() error {
+	c.stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

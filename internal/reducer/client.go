@@ -106,6 +106,11 @@ type Client struct {
 	stopWatch context.CancelFunc
 	watchWG   sync.WaitGroup
 	watchOnce sync.Once
+
+	// closing is done once Close is called: it ends the pushes in
+	// flight, which otherwise retry until their ctx ends.
+	closing context.Context
+	stopAll context.CancelFunc
 }
 
 type target struct{ addr, id string }
@@ -140,6 +145,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("%w: reducer: negative ReconnectWindow %v", errs.ErrInvalid, cfg.ReconnectWindow)
 	}
 	c := &Client{cfg: cfg, rnd: cfg.Rand, conns: map[string]*grpc.ClientConn{}, dead: map[target]time.Time{}}
+	c.closing, c.stopAll = context.WithCancel(context.Background())
 	switch cfg.Transport {
 	case TransportAuto:
 		c.bulk = cfg.Dial.Bulk()
@@ -249,8 +255,13 @@ func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 // ID returns the client id.
 func (c *Client) ID() string { return c.cfg.ClientID }
 
-// Close stops the etcd watch and closes every connection.
+// errClosed is a push's error once Close was called.
+var errClosed = fmt.Errorf("%w: reducer: the client is closed", errs.ErrUnavailable)
+
+// Close ends the pushes in flight (they fail with errs.ErrUnavailable),
+// stops the etcd watch and closes every connection.
 func (c *Client) Close() error {
+	c.stopAll()
 	c.watchOnce.Do(func() {
 		if c.stopWatch != nil {
 			c.stopWatch()
@@ -418,6 +429,21 @@ func (c *Client) PushGrad(ctx context.Context, model string, baseVersion uint64,
 
 // PushSeq is PushGrad with an explicit sequence number.
 func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uint64, grads *tensor.StateDict) (Receipt, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(c.closing, cancel)()
+	r, err := c.pushSeq(ctx, model, baseVersion, seq, grads)
+	if err != nil && c.closing.Err() != nil {
+		return Receipt{}, errClosed
+	}
+	return r, err
+}
+
+// pushSeq is PushSeq under ctx, which Close also ends.
+func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, seq uint64, grads *tensor.StateDict) (Receipt, error) {
+	if grads == nil {
+		return Receipt{}, fmt.Errorf("%w: reducer: push to %s: no gradient (nil)", errs.ErrInvalid, errs.Quote(model))
+	}
 	l, err := safetensors.Plan(grads, nil)
 	if err != nil {
 		return Receipt{}, err
