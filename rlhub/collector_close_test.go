@@ -13,17 +13,9 @@ import (
 // Close ends a ViaPush collector on a cluster (a hub list) while its Run
 // waits for the next version: Close returns, and Run with ErrUnavailable.
 func TestCollectorViaPushOnClusterCloseEndsRun(t *testing.T) {
-	addr := dataPlaneHub(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Push(ctx, "policy", 1, 0, weights(1)); err != nil {
-		t.Fatal(err)
-	}
+	addr, _ := policyHub(t, ctx, false)
 	// The second hub of the list is down: the collector follows the first.
 	c, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: addr + ",127.0.0.1:1", Model: "policy",
 		CollectorID: "go-push-close", Weights: weights(0)})

@@ -14,17 +14,9 @@ import (
 // version returns within Poll's own context, not when Run's long poll
 // ends.
 func TestCollectorViaDataPlanePollHonoursItsContextBesideRun(t *testing.T) {
-	addr := dataPlaneHub(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Push(ctx, "policy", 1, 0, weights(1)); err != nil {
-		t.Fatal(err)
-	}
+	addr, _ := policyHub(t, ctx, false)
 	c, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: addr, Model: "policy", Via: rlhub.ViaDataPlane,
 		CollectorID: "go-dp-poll", Weights: weights(0)})
 	if err != nil {
@@ -47,17 +39,9 @@ func TestCollectorViaDataPlanePollHonoursItsContextBesideRun(t *testing.T) {
 // leave the snapshot of the version it ran before intact while only one
 // newer version has arrived (its bytes are reused only after two).
 func TestCollectorViaDataPlaneConcurrentPollsKeepTheOlderSnapshot(t *testing.T) {
-	addr := dataPlaneHub(t, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if _, err := s.Push(ctx, "policy", 1, 0, weights(1)); err != nil {
-		t.Fatal(err)
-	}
+	addr, s := policyHub(t, ctx, false)
 	c, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: addr, Model: "policy", Via: rlhub.ViaDataPlane,
 		CollectorID: "go-dp-polls"})
 	if err != nil {

@@ -19,6 +19,22 @@ import (
 
 // dataPlaneHub starts a hub on 127.0.0.1:0; noDataPlane keeps its store
 // and weight sync on gRPC only (a hub that predates the data plane).
+// policyHub is dataPlaneHub holding "policy" v1 (weights(1)), with a
+// store client of it that the test's cleanup closes.
+func policyHub(t *testing.T, ctx context.Context, noDataPlane bool) (string, *rlhub.StoreClient) {
+	t.Helper()
+	addr := dataPlaneHub(t, noDataPlane)
+	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Push(ctx, "policy", 1, 0, weights(1)); err != nil {
+		t.Fatal(err)
+	}
+	return addr, s
+}
+
 func dataPlaneHub(t *testing.T, noDataPlane bool) string {
 	t.Helper()
 	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), StoreNoDataPlane: noDataPlane})
@@ -52,17 +68,9 @@ func TestCollectorViaDataPlane(t *testing.T) {
 		transport   string
 	}{{"data plane", false, "dataplane"}, {"fallback to gRPC", true, "grpc"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			addr := dataPlaneHub(t, tc.noDataPlane)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: addr})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			if _, err := s.Push(ctx, "policy", 1, 0, weights(1)); err != nil {
-				t.Fatal(err)
-			}
+			addr, s := policyHub(t, ctx, tc.noDataPlane)
 			local := weights(0)
 			c, err := rlhub.NewCollector(ctx, rlhub.CollectorConfig{Hub: addr, Model: "policy", Via: rlhub.ViaDataPlane,
 				CollectorID: "go-dp", Weights: local})
