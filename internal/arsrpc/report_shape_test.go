@@ -37,36 +37,14 @@ func TestMalformedResultWithNaNIsRefusedNotDiverged(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			att, err := client.Attach(ctx, &pb.ARSAttachRequest{Name: "bad"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			lease, err := client.Lease(ctx, &pb.ARSLeaseRequest{WorkerId: att.WorkerId, MaxTasks: 1})
-			if err != nil || len(lease.Tasks) != 1 || lease.Tasks[0].Kind != pb.ARSTaskKind_ARS_TASK_KIND_DIRECTION {
-				t.Fatalf("lease: %v, %v", lease, err)
-			}
-			p, err := ars.DecodePolicy(lease.Policy)
-			if err != nil {
-				t.Fatal(err)
-			}
-			e, _ := env.Make(lease.Spec.Env)
-			defer env.Close(e)
-			it := &ars.Iteration{Seed: p.Seed, Iteration: p.Iteration, Hyper: p.Hyper, Theta: p.Theta, Filter: p.Filter()}
-			res := toPB(ars.NewEvaluator(e, &p.Arch).Run(it, ars.Task{Kind: ars.KindDirection, Index: int(lease.Tasks[0].Index)}))
+			id, lease, res := leaseAndRun(t, ctx, client)
 			res.RPlus = math.NaN()
 			mutate(res)
-			_, err = client.Report(ctx, &pb.ARSReportRequest{WorkerId: att.WorkerId, RunId: lease.RunId, Iteration: lease.Iteration, Results: []*pb.ARSTaskResult{res}})
+			_, err = client.Report(ctx, &pb.ARSReportRequest{WorkerId: id, RunId: lease.RunId, Iteration: lease.Iteration, Results: []*pb.ARSTaskResult{res}})
 			if err = grpcerr.FromStatus(err); !errors.Is(err, errs.ErrInvalid) || errors.Is(err, ars.ErrDiverged) {
 				t.Errorf("report of a malformed result with r+ = NaN: %v; want InvalidArgument", err)
 			}
-			h.svc.mu.Lock()
-			r := h.svc.c.runs[start.RunId]
-			done, reason := r.done, ""
-			if n := len(r.progress); n > 0 {
-				reason = r.progress[n-1].Reason
-			}
-			h.svc.mu.Unlock()
-			if done {
+			if done, reason := runEnded(h, start.RunId); done {
 				t.Errorf("one malformed result ended the run: %q", reason)
 			}
 		})
