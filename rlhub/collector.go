@@ -36,13 +36,16 @@ const (
 	// plane (docs/wire.md): each version is read into one of three buffers
 	// the collector reuses, each poll reports the version run, and against
 	// a hub without it the collector attaches to the gRPC push stream
-	// instead. A hub's address only (a relay serves no data plane).
+	// instead. Given a cluster (a hub list or etcd://…), each poll goes to
+	// the primary's data plane; given a relay's address, the relay's push
+	// stream (a relay serves no data plane).
 	ViaDataPlane = "dataplane"
 )
 
 // CollectorConfig configures a Collector.
 type CollectorConfig struct {
-	// Hub is the hub's (or, with ViaPush, a relay's) address; required.
+	// Hub is the hub's address, a cluster's (a hub list or etcd://…), or,
+	// with ViaPush or ViaDataPlane, a relay's; required.
 	Hub string
 	// Model to follow; required.
 	Model string
@@ -99,6 +102,13 @@ type Collector struct {
 	bulk   *bulk.Client           // ViaDataPlane: dp's data-plane client, closed after dp
 	recv   *wsync.Receiver
 	mu     sync.Mutex // guards closed
+
+	// reports holds the newest applied version not yet reported
+	// (ViaStore), for the reporter goroutine, which Close stops and waits
+	// for: an apply does not wait for the hub's answer.
+	reports  chan uint64
+	reporter sync.WaitGroup
+
 	closed bool
 
 	// turn, for a source that serves one call at a time and reuses what
@@ -153,7 +163,9 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 			return nil, err
 		}
 		src = wsync.StoreSource{Store: c.store, Name: cfg.Model}
-		onApplied = c.report
+		c.reports = make(chan uint64, 1)
+		c.reporter.Go(c.reportLoop)
+		onApplied = c.queueReport
 	case ViaDataPlane:
 		c.bulk = cfg.Security.dial().Bulk() // TLS and the token, as the gRPC connection
 		c.dp, err = wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: cfg.Hub, Bulk: c.bulk, Conn: conn,
@@ -314,10 +326,40 @@ func (a *closeAll) Close() error {
 	return a.err
 }
 
-// report tells the hub the version a store-fed collector runs; a failed
-// report is logged and the next apply reports again.
+// queueReport hands v, the version just applied, to reportLoop; it
+// replaces a version not yet reported (applies are serialized, so v is
+// the newest).
+func (c *Collector) queueReport(v uint64) {
+	for {
+		select {
+		case c.reports <- v:
+			return
+		default:
+		}
+		select {
+		case <-c.reports:
+		default:
+		}
+	}
+}
+
+// reportLoop reports each version queueReport hands it until Close.
+func (c *Collector) reportLoop() {
+	for {
+		select {
+		case <-c.closing.Done():
+			return
+		case v := <-c.reports:
+			c.report(v)
+		}
+	}
+}
+
+// report tells the hub the version a store-fed collector runs, within 10
+// s or until Close; a failed report is logged and the next apply reports
+// again.
 func (c *Collector) report(v uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(c.closing, 10*time.Second)
 	defer cancel()
 	err := wsync.Report(ctx, c.conn, &rlhubv1.CollectorReport{CollectorId: c.cfg.CollectorID,
 		Model: c.cfg.Model, Version: v, Via: "pull"})
@@ -414,6 +456,7 @@ func (c *Collector) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.reporter.Wait() // ended by c.stop
 	var out []error
 	if c.push != nil {
 		out = append(out, c.push.Close())

@@ -15,7 +15,7 @@ func newPingCmd(g *globals) *cobra.Command {
 	var wait bool
 	cmd := &cobra.Command{
 		Use:   "ping",
-		Short: "Check that a hub is up (gRPC health round trip)",
+		Short: "Check that a hub or relay is up (gRPC health round trip)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return hub.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {

@@ -130,8 +130,8 @@ func (c *Client) CallRecv(ctx context.Context, addr, method string, header proto
 			break
 		}
 		cc.Close()
-		if ctx.Err() != nil {
-			return errors.Join(ctx.Err(), err)
+		if cerr := ended(ctx); cerr != nil {
+			return errors.Join(cerr, err)
 		}
 		if re := (recvError{}); errors.As(err, &re) {
 			return re.err
@@ -227,8 +227,8 @@ func (c *Client) get(ctx context.Context, addr string, fresh bool) (cc *clientCo
 func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 	conn, err := c.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if cerr := ended(ctx); cerr != nil {
+			return nil, cerr
 		}
 		return nil, fmt.Errorf("%w: bulk: dial %s: %v", errs.ErrUnavailable, addr, err)
 	}
@@ -255,8 +255,8 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 				c.mu.Unlock()
 				return nil, err
 			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+			if cerr := ended(ctx); cerr != nil {
+				return nil, cerr
 			}
 			return nil, fmt.Errorf("%w: bulk: TLS with %s: %v", errs.ErrUnavailable, addr, err)
 		}
@@ -271,12 +271,26 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 			c.mu.Unlock()
 			return nil, err
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if cerr := ended(ctx); cerr != nil {
+			return nil, cerr
 		}
 		return nil, fmt.Errorf("%w: bulk: handshake with %s: %v", errs.ErrUnavailable, addr, err)
 	}
 	return cc, nil
+}
+
+// ended is ctx's error, or context.DeadlineExceeded once ctx's deadline
+// has passed: a socket deadline set from ctx's fires at the same instant
+// as ctx's own timer, and may fail a dial or read before ctx.Err() says
+// so (the call failed because ctx ended, not because the peer is down).
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // connectTimeout bounds a TCP connect (within the call's context): a

@@ -120,8 +120,8 @@ func (c *Client) Stream(ctx context.Context, addr, method string, header proto.M
 	kind, err := openStream(cc, method, hb)
 	if !stop() || err != nil {
 		cc.Close()
-		if ctx.Err() != nil {
-			return nil, errors.Join(ctx.Err(), err)
+		if cerr := ended(ctx); cerr != nil {
+			return nil, errors.Join(cerr, err)
 		}
 		var st statusError
 		if errors.As(err, &st) {

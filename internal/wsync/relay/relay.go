@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/store"
@@ -166,6 +168,7 @@ type Relay struct {
 	board  *wsync.Board
 	svc    *wsync.Service
 	srv    *grpc.Server
+	health *health.Server     // SERVING while Run serves, as a hub's (`rlhub ping`, probes)
 	bodies *bodylimit.Limiter // srv's streams' body deadlines
 	lis    net.Listener
 
@@ -270,6 +273,9 @@ func New(cfg Config) (*Relay, error) {
 	opts = append(opts, grpc.ChainStreamInterceptor(r.bodies.StreamInterceptor()))
 	r.srv = grpc.NewServer(opts...)
 	svc.Register(r.srv)
+	r.health = health.NewServer()
+	r.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(r.srv, r.health)
 	return r, nil
 }
 
@@ -313,6 +319,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); serveErr <- r.srv.Serve(r.lis) }()
 	go func() { defer wg.Done(); r.follow(ctx) }()
 	go func() { defer wg.Done(); r.forwardReports(ctx) }()
+	r.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 
 	var err error
 	select {
@@ -321,6 +328,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		serveErr <- err
 	}
 	cancel()
+	r.health.Shutdown()
 	r.svc.Drain()
 	r.srv.Stop()
 	r.bodies.Wait()
