@@ -56,13 +56,32 @@ func CheckClientID(client string) error {
 // error wraps errs.ErrInvalid and names the first problem; nonFinite is true
 // when the problem is a NaN/Inf value (counted apart from layout errors).
 func CheckGradient(layout, g *tensor.StateDict) (nonFinite bool, err error) {
-	if err := CheckLayout(layout, g); err != nil {
+	return check(gradientNoun, layout, g)
+}
+
+// CheckWeights is CheckGradient for weights (an optimizer host's step):
+// its errors call them weights.
+func CheckWeights(layout, w *tensor.StateDict) error {
+	_, err := check(weightsNoun, layout, w)
+	return err
+}
+
+// noun names what is checked in check's errors.
+type noun struct{ name, doesNot string }
+
+var (
+	gradientNoun = noun{"gradient", "does not"}
+	weightsNoun  = noun{"weights", "do not"}
+)
+
+func check(what noun, layout, g *tensor.StateDict) (nonFinite bool, err error) {
+	if err := checkLayout(what, layout, g); err != nil {
 		return false, err
 	}
 	for _, t := range g.Tensors() {
-		f, _ := t.Float32s() // CheckLayout viewed each
+		f, _ := t.Float32s() // checkLayout viewed each
 		if i := kernels.FirstNonFinite(f); i >= 0 {
-			return true, fmt.Errorf("%w: gradient tensor %q holds %v at element %d", errs.ErrInvalid, t.Name, f[i], i)
+			return true, fmt.Errorf("%w: %s tensor %q holds %v at element %d", errs.ErrInvalid, what.name, t.Name, f[i], i)
 		}
 	}
 	return false, nil
@@ -73,12 +92,16 @@ func CheckGradient(layout, g *tensor.StateDict) (nonFinite bool, err error) {
 // exactly the model's names, dtypes and shapes, every tensor F32 and
 // viewable as []float32.
 func CheckLayout(layout, g *tensor.StateDict) error {
+	return checkLayout(gradientNoun, layout, g)
+}
+
+func checkLayout(what noun, layout, g *tensor.StateDict) error {
 	if err := g.CheckLayout(layout); err != nil {
-		return fmt.Errorf("%w: gradient does not match the model: %v", errs.ErrInvalid, err)
+		return fmt.Errorf("%w: %s %s match the model: %v", errs.ErrInvalid, what.name, what.doesNot, err)
 	}
 	for _, t := range g.Tensors() {
 		if _, err := t.Float32s(); err != nil {
-			return fmt.Errorf("%w: gradient tensor %q: %v", errs.ErrInvalid, t.Name, err)
+			return fmt.Errorf("%w: %s tensor %q: %v", errs.ErrInvalid, what.name, t.Name, err)
 		}
 	}
 	return nil

@@ -79,14 +79,20 @@ func (p *Primary) stopExternalLocked() {
 	}
 }
 
-// current returns the attached host, waiting for one until ctx ends.
+// current returns the attached host, waiting for one until ctx ends. A
+// host already detached is not one: its Attach is returning (and clears it
+// next), so nothing may be sent on its stream.
 func (e *extModel) current(ctx context.Context) (*hostConn, error) {
 	for {
 		e.mu.Lock()
 		h, ch := e.host, e.changed
 		e.mu.Unlock()
 		if h != nil {
-			return h, nil
+			select {
+			case <-h.gone:
+			default:
+				return h, nil
+			}
 		}
 		select {
 		case <-ch:
@@ -135,10 +141,11 @@ type hostConn struct {
 }
 
 type hostResult struct {
-	id   uint64
-	err  string // the host's error, quoted and bounded; "" for weights
-	file *safetensors.File
-	blob []byte
+	id      uint64
+	version uint64 // the version the host says its weights are; 0 when unset
+	err     string // the host's error, quoted and bounded; "" for weights
+	file    *safetensors.File
+	blob    []byte
 }
 
 func (h *hostConn) detach(err error) {
@@ -162,7 +169,7 @@ func (h *hostConn) recvLoop(model string, maxBytes int64) {
 			h.detach(fmt.Errorf("%w: optimizer host of %q sent %T outside a result", errs.ErrInvalid, model, msg.GetBody()))
 			return
 		}
-		res := hostResult{id: r.StepId, err: r.Error}
+		res := hostResult{id: r.StepId, version: r.GetParams().GetVersion(), err: r.Error}
 		if r.Error == "" {
 			res.file, res.blob, err = h.recvBlob(r.GetParams().GetTotalBytes(), maxBytes)
 			if err != nil {
@@ -260,7 +267,10 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 			if r.err != "" {
 				return nil, nil, fmt.Errorf("%w: optimizer host failed the step: %s", errs.ErrAborted, r.err)
 			}
-			if _, err := reduce.CheckGradient(m.layout, r.file.Tensors); err != nil {
+			if r.version != 0 && r.version != version+1 {
+				return nil, nil, fmt.Errorf("%w: optimizer host's weights are of version %d, the step makes version %d", errs.ErrInvalid, r.version, version+1)
+			}
+			if err := reduce.CheckWeights(m.layout, r.file.Tensors); err != nil {
 				return nil, nil, fmt.Errorf("optimizer host's weights: %w", err)
 			}
 			return r.blob, r.file.Tensors, nil
