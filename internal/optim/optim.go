@@ -318,11 +318,15 @@ func (o *Optimizer) LR() float64 {
 	if !o.sched.valid || o.sched.k > o.steps {
 		o.sched = s.begin(o.cfg.LR)
 	}
-	for o.sched.k < o.steps {
-		s.advance(o.cfg.LR, &o.sched)
-	}
+	s.follow(o.cfg.LR, &o.sched, o.steps)
 	return o.sched.lr
 }
+
+// maxReplay bounds the computation a restored step count costs the first
+// step: the scheduler steps that change the rate (Schedule.replays), and
+// for NAdam the step count itself (its momentum product). 2^28 of the
+// costliest (cosine) take about 7 s.
+const maxReplay = 1 << 28
 
 // Step applies one update to params in place from grads. Both must have the
 // optimizer's layout (checked; errs.ErrInvalid and nothing changes when they
@@ -489,14 +493,20 @@ func (o *Optimizer) State() (*tensor.StateDict, map[string]string) {
 
 // Restore replaces the optimizer's state with one State returned (possibly
 // after a safetensors round trip). It checks kind, names and shapes and
-// fails with errs.ErrInvalid, changing nothing, on any mismatch.
+// fails with errs.ErrInvalid, changing nothing, on any mismatch, and on a
+// step count whose learning rate (or NAdam's momentum product) would take
+// more than 2^28 scheduler steps to replay: an absurd count from a damaged
+// state file would otherwise stall the first step.
 func (o *Optimizer) Restore(sd *tensor.StateDict, meta map[string]string) error {
 	if k := meta["optim.kind"]; k != string(o.cfg.Kind) {
-		return fmt.Errorf("%w: optimizer state is for %q, optimizer is %q", errs.ErrInvalid, k, o.cfg.Kind)
+		return fmt.Errorf("%w: optimizer state is for %q, optimizer is %q", errs.ErrInvalid, truncate(k), o.cfg.Kind)
 	}
 	steps, err := strconv.ParseInt(meta["optim.steps"], 10, 64)
 	if err != nil || steps < 0 {
-		return fmt.Errorf("%w: optimizer state: bad step count %q", errs.ErrInvalid, meta["optim.steps"])
+		return fmt.Errorf("%w: optimizer state: bad step count %q", errs.ErrInvalid, truncate(meta["optim.steps"]))
+	}
+	if replay := o.cfg.Schedule.replays(steps); replay > maxReplay || (o.cfg.Kind == NAdam && steps > maxReplay) {
+		return fmt.Errorf("%w: optimizer state: step count %d is beyond what the learning-rate schedule (or NAdam's momentum) can be replayed to (%d steps)", errs.ErrInvalid, steps, int64(maxReplay))
 	}
 	state := map[string][][]float32{}
 	seen := 0

@@ -160,13 +160,47 @@ func (s *Schedule) advance(base float64, c *schedCursor) {
 	c.k, c.lr = t, lr
 }
 
+// skip moves c toward k over the scheduler steps that leave the rate as it
+// is: past the warm-up, every step of a constant rate and, for step decay,
+// those between two decays.
+func (s *Schedule) skip(c *schedCursor, k int64) {
+	if c.k < s.WarmupSteps {
+		return
+	}
+	switch s.Kind {
+	case Constant:
+		c.k = k
+	case StepDecay:
+		next := (c.k/s.StepSize + 1) * s.StepSize // the next decay's step
+		c.k = max(c.k, min(k, next-1))
+	}
+}
+
+// follow moves c to k, a scheduler step at a time where the rate changes.
+func (s *Schedule) follow(base float64, c *schedCursor, k int64) {
+	for c.k < k {
+		if s.skip(c, k); c.k < k {
+			s.advance(base, c)
+		}
+	}
+}
+
+// replays is how many scheduler steps follow takes from the start to k.
+func (s *Schedule) replays(k int64) int64 {
+	switch s.Kind {
+	case Constant:
+		return min(k, s.WarmupSteps)
+	case StepDecay:
+		return min(k, s.WarmupSteps) + k/s.StepSize
+	}
+	return k
+}
+
 // LR returns the learning rate of step k (0-based) for base rate lr. It
-// replays the k scheduler steps (O(k)); Optimizer.LR follows them
-// incrementally.
+// replays the scheduler steps that change the rate (up to O(k));
+// Optimizer.LR follows them incrementally.
 func (s *Schedule) LR(lr float64, k int64) float64 {
 	c := s.begin(lr)
-	for c.k < k {
-		s.advance(lr, &c)
-	}
+	s.follow(lr, &c, k)
 	return c.lr
 }
