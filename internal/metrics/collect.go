@@ -234,7 +234,7 @@ func lagMembers(lag map[string]uint64, max int) []string {
 // dropReasons are the reasons always exported (0 until one happens), so
 // rate() works from the first scrape; lost is exported on its own.
 var dropReasons = []reduce.Reason{reduce.ReasonInvalid, reduce.ReasonNonFinite, reduce.ReasonStale, reduce.ReasonDuplicate,
-	reduce.ReasonFull, reduce.ReasonUnknownModel, reduce.ReasonAborted, reduce.ReasonPublish}
+	reduce.ReasonFull, reduce.ReasonUnknownModel, reduce.ReasonAborted, reduce.ReasonPublish, reduce.ReasonStepNonFinite}
 
 func (c *statsCollector) collectReducer(ch chan<- prometheus.Metric) {
 	st := c.src.Reducer()

@@ -16,7 +16,7 @@ var (
 	fReducerPushed   = Family{"rlhub_reducer_gradients_pushed_total", "counter", nil, "Gradients pushed to the secondaries hosted here."}
 	fReducerReduced  = Family{"rlhub_reducer_gradients_reduced_total", "counter", nil, "Gradients forwarded in a batch to, and accepted by, the primary."}
 	fReducerApplied  = Family{"rlhub_reducer_gradients_applied_total", "counter", nil, "Gradients applied by an optimizer step at the primary hosted here."}
-	fReducerDropped  = Family{"rlhub_reducer_gradients_dropped_total", "counter", []string{"reason"}, "Gradients dropped, by reason (invalid, nonfinite, stale, duplicate, queue_full, unknown_model, aborted, publish_failed); lost ones are rlhub_reducer_gradients_lost."}
+	fReducerDropped  = Family{"rlhub_reducer_gradients_dropped_total", "counter", []string{"reason"}, "Gradients dropped, by reason (invalid, nonfinite, stale, duplicate, queue_full, unknown_model, aborted, publish_failed, step_nonfinite); lost ones are rlhub_reducer_gradients_lost."}
 	fReducerLost     = Family{"rlhub_reducer_gradients_lost", "gauge", nil, "Gradients acknowledged but lost with their secondary; falls when a client's retry of one is applied (docs/reducer.md)."}
 	fReducerSteps    = Family{"rlhub_reducer_steps_total", "counter", nil, "Optimizer steps (versions published) by the primary hosted here."}
 	fReducerQueue    = Family{"rlhub_reducer_queue_depth", "gauge", nil, "Gradients held in the secondaries' bounded queues."}

@@ -311,6 +311,20 @@ func (o *Optimizer) Config() Config { return o.cfg }
 // Steps returns the number of completed steps.
 func (o *Optimizer) Steps() int64 { return o.steps }
 
+// NonFinite names the first optimizer state buffer holding a NaN or ±Inf
+// ("slot/tensor[i]"), or "" when all are finite: a finite gradient can
+// still overflow a step (Adam's second moment for |g| near 1e20).
+func (o *Optimizer) NonFinite() string {
+	for _, slot := range o.cfg.slots() {
+		for i, b := range o.state[slot] {
+			if j := kernels.FirstNonFinite(b); j >= 0 {
+				return fmt.Sprintf("%s/%s[%d]", slot, o.layout.Tensors()[i].Name, j)
+			}
+		}
+	}
+	return ""
+}
+
 // LR returns the learning rate the next step will use: Schedule.LR of the
 // step count, followed step by step (a restore replays it once).
 func (o *Optimizer) LR() float64 {

@@ -39,6 +39,10 @@ const (
 	ReasonLost Reason = "lost"
 	// ReasonPublish: the optimizer step could not be published.
 	ReasonPublish Reason = "publish_failed"
+	// ReasonStepNonFinite: the gradients were finite but the optimizer
+	// step they took part in gave a NaN or Inf weight or optimizer state
+	// element (a gradient too large for the settings); the model stops.
+	ReasonStepNonFinite Reason = "step_nonfinite"
 )
 
 // ReasonOf classifies the error that refused a push.

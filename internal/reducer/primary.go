@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/kernels"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -778,9 +779,9 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	ctx = context.WithoutCancel(ctx)
 	m.stepMu.Lock()
 	defer m.stepMu.Unlock()
-	fail := func(err error) (uint64, error) {
+	failAs := func(reason reduce.Reason, err error) (uint64, error) {
 		m.mu.Lock()
-		m.counters.Drop(reduce.ReasonPublish, n)
+		m.counters.Drop(reason, n)
 		if m.failed == nil {
 			m.failed = err
 		}
@@ -788,6 +789,7 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", b.Model, "err", err)
 		return 0, fmt.Errorf("reducer: model %q: %w", b.Model, err)
 	}
+	fail := func(err error) (uint64, error) { return failAs(reduce.ReasonPublish, err) }
 	m.mu.Lock()
 	failed := m.failed
 	m.mu.Unlock()
@@ -806,6 +808,14 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		blob, dst = m.newBlob()
 		if err := m.opt.StepTo(dst, m.params, b.Sum); err != nil {
 			return fail(err)
+		}
+		// Finite gradients can still overflow a step (SGD's p − lr·g past
+		// float32's range, Adam's second moment, centered RMSprop's
+		// Inf − Inf). Such weights are never published; the optimizer's
+		// state changed in place, so the model stops, before anything of
+		// the step is on disk: a restart resumes from this version.
+		if what := nonFinite(dst, m.opt); what != "" {
+			return failAs(reduce.ReasonStepNonFinite, fmt.Errorf("%w: the step from version %d made %s non-finite (gradients too large for the optimizer's settings: clip them with gradient_max); the model stops at version %d, which a restart of the hub resumes from", errs.ErrInvalid, m.stepped, what, m.stepped))
 		}
 	}
 	next := m.stepped + 1
@@ -1307,4 +1317,25 @@ func (l *latencies) quantiles() (p50, p99 time.Duration) {
 	}
 	slices.Sort(s)
 	return s[len(s)*50/100], s[min(len(s)-1, len(s)*99/100)]
+}
+
+// nonFinite names the first NaN or ±Inf in a step's new weights or its
+// optimizer's state ("" when all are finite): one pass over each.
+func nonFinite(weights *tensor.StateDict, opt *optim.Optimizer) string {
+	for _, t := range weights.Tensors() {
+		if t.DType != tensor.F32 {
+			continue
+		}
+		f, err := t.Float32s()
+		if err != nil {
+			continue
+		}
+		if i := kernels.FirstNonFinite(f); i >= 0 {
+			return fmt.Sprintf("weight %s[%d]", errs.Quote(t.Name), i)
+		}
+	}
+	if what := opt.NonFinite(); what != "" {
+		return "optimizer state " + what
+	}
+	return ""
 }
