@@ -37,9 +37,12 @@ func externalFailure(t *testing.T, answer func(h *goHost, st *rlhubv1.HostStep))
 	}
 	st, _ := h.recvStep()
 	answer(h, st)
-	testkit.Eventually(t, 20*time.Second, "the step to fail", func() bool {
-		return e.svc.Stats().Total.Dropped[reduce.ReasonPublish] == 1
+	testkit.Eventually(t, 20*time.Second, "the step to end", func() bool {
+		return e.svc.Stats().Total.Dropped[reduce.ReasonPublish] == 1 || e.newest().Version != 1
 	})
+	if v := e.newest().Version; v != 1 {
+		t.Fatalf("the host's answer was published as version %d; want the step to fail", v)
+	}
 	m, err := e.svc.Primary().model("m")
 	if err != nil {
 		t.Fatal(err)

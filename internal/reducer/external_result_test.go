@@ -1,19 +1,14 @@
 package reducer
 
 import (
-	"context"
 	"errors"
 	"math"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
-	"github.com/rlhub/rlhub/internal/optim"
-	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
-	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -44,36 +39,12 @@ func sendWeights(t *testing.T, h *goHost, st *rlhubv1.HostStep, sd *tensor.State
 // result that leaves the version unset (0), as the other tests' host
 // does, is still taken.
 func TestExternalResultOfAnotherVersionIsRefused(t *testing.T) {
-	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
-	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := e.client("c", 3).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := attachHost(t, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, _ := h.recvStep()
-	sendWeights(t, h, st, h.params, st.Version+6)
-	testkit.Eventually(t, 20*time.Second, "the step to end", func() bool {
-		return e.svc.Stats().Total.Dropped[reduce.ReasonPublish] == 1 || e.newest().Version != 1
+	failed, _ := externalFailure(t, func(h *goHost, st *rlhubv1.HostStep) {
+		sendWeights(t, h, st, h.params, st.Version+6)
 	})
-	if v := e.newest().Version; v != 1 {
-		t.Fatalf("weights the host said are of version 7 were published as version %d", v)
-	}
-	m, err := e.svc.Primary().model("m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.mu.Lock()
-	failed := m.failed
-	m.mu.Unlock()
 	if msg := failed.Error(); !errors.Is(failed, errs.ErrInvalid) || !strings.Contains(msg, "version 7") || !strings.Contains(msg, "version 2") {
 		t.Fatalf("model failure %q: want ErrInvalid naming version 7 and version 2", msg)
 	}
-	h.cancel()
 }
 
 // TestExternalBadWeightsAreCalledWeights: a host's weights that do not fit
