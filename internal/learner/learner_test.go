@@ -176,6 +176,14 @@ func (h *newerHub) Attach(s grpc.BidiStreamingServer[rlhubv1.LearnerMessage, rlh
 // (a rolling upgrade's newer hub must not stop every older learner).
 func TestUnknownHubMessageIsRetried(t *testing.T) {
 	hub := &newerHub{}
+	runUntilReattached(t, hub, &hub.attaches, "the unknown message")
+}
+
+// runUntilReattached runs a learner against hub until it has attached
+// three times (it re-attached after what hub sent: what), failing if Run
+// returns meanwhile, then stops it.
+func runUntilReattached(t *testing.T, hub rlhubv1.LearnerAggregatorServer, attaches *atomic.Int32, what string) {
+	t.Helper()
 	addr := testkit.ServeGRPC(t, nil, func(g *grpc.Server) { rlhubv1.RegisterLearnerAggregatorServer(g, hub) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -184,13 +192,13 @@ func TestUnknownHubMessageIsRetried(t *testing.T) {
 			OnDemand: func(context.Context, string) (Demand, error) { return Demand{BatchSize: 1}, nil },
 			OnLearn:  func(context.Context, *LearnTask) (map[string]any, error) { return nil, nil }})
 	}()
-	testkit.Eventually(t, 30*time.Second, "the learner attaches again after the unknown message", func() bool {
+	testkit.Eventually(t, 30*time.Second, "the learner attaches again after "+what, func() bool {
 		select {
 		case err := <-done:
-			t.Fatalf("Run returned after %d attach(es): %v", hub.attaches.Load(), err)
+			t.Fatalf("Run returned after %d attach(es): %v", attaches.Load(), err)
 		default:
 		}
-		return hub.attaches.Load() >= 3
+		return attaches.Load() >= 3
 	})
 	cancel()
 	testkit.Recv(t, done, 30*time.Second, "Run returns once its context ends")
@@ -239,24 +247,7 @@ func TestMalformedShareFromHubIsRetried(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			hub := &badShareHub{share: share}
-			addr := testkit.ServeGRPC(t, nil, func(g *grpc.Server) { rlhubv1.RegisterLearnerAggregatorServer(g, hub) })
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() {
-				done <- Run(ctx, Config{Hub: addr, ID: "l1", Backoff: 20 * time.Millisecond, Logger: testkit.Logger(),
-					OnDemand: func(context.Context, string) (Demand, error) { return Demand{BatchSize: 1}, nil },
-					OnLearn:  func(context.Context, *LearnTask) (map[string]any, error) { return nil, nil }})
-			}()
-			testkit.Eventually(t, 30*time.Second, "the learner attaches again after the malformed share", func() bool {
-				select {
-				case err := <-done:
-					t.Fatalf("Run returned after %d attach(es): %v", hub.attaches.Load(), err)
-				default:
-				}
-				return hub.attaches.Load() >= 3
-			})
-			cancel()
-			testkit.Recv(t, done, 30*time.Second, "Run returns once its context ends")
+			runUntilReattached(t, hub, &hub.attaches, "the malformed share")
 		})
 	}
 }
