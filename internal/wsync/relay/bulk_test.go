@@ -26,13 +26,14 @@ import (
 // a bulk.Server) and weight sync's gRPC methods (for reports) on one port.
 func dataPlaneHub(t *testing.T, st store.Store) string {
 	t.Helper()
-	addr, _ := dataPlaneHubOn(t, st, testkit.Listen(t))
+	addr, _, _ := dataPlaneHubOn(t, st, testkit.Listen(t))
 	return addr
 }
 
 // dataPlaneHubOn is dataPlaneHub on lis; it returns the weight sync
-// service too (its tracker: how collectors follow).
-func dataPlaneHubOn(t *testing.T, st store.Store, lis net.Listener) (string, *wsync.Service) {
+// service too (its tracker: how collectors follow) and the data plane's
+// server (its requests).
+func dataPlaneHubOn(t *testing.T, st store.Store, lis net.Listener) (string, *wsync.Service, *bulk.Server) {
 	t.Helper()
 	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
 	if err != nil {
@@ -46,7 +47,7 @@ func dataPlaneHubOn(t *testing.T, st store.Store, lis net.Listener) (string, *ws
 	ss.RegisterBulk(b)
 	addr := testkit.ServeGRPC(t, b.Listen(lis), func(g *grpc.Server) { ws.Register(g) })
 	t.Cleanup(func() { ss.Drain(); ws.Drain(); b.Close(); ws.Close() })
-	return addr, ws
+	return addr, ws, b
 }
 
 func runRelay(t *testing.T, cfg Config) *Relay {
@@ -273,7 +274,7 @@ func TestRelayAsksForTheDataPlaneAgain(t *testing.T) {
 	srv1.Stop()
 	<-served
 	ws1.Close()
-	_, ws2 := dataPlaneHubOn(t, st, testkit.ListenAt(t, addr))
+	_, ws2, _ := dataPlaneHubOn(t, st, testkit.ListenAt(t, addr))
 	push(2)
 	waitFor(t, "the relay at v2, following the new hub over the data plane", func() bool {
 		return relay.Newest() == 2 && via(ws2) == "relay/data-plane"

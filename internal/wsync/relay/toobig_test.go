@@ -7,13 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
-	"github.com/rlhub/rlhub/internal/wire/bulk"
-	"github.com/rlhub/rlhub/internal/wsync"
 	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
 
@@ -28,18 +23,7 @@ func TestRelayRefusesAVersionOverItsMaxModelBytesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	ss, err := storerpc.New(storerpc.Config{Store: st, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws, err := wsync.NewService(wsync.ServiceConfig{Versions: st, Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := bulk.NewServer()
-	ss.RegisterBulk(b)
-	addr := testkit.ServeGRPC(t, b.Listen(testkit.Listen(t)), func(g *grpc.Server) { ws.Register(g) })
-	t.Cleanup(func() { ss.Drain(); ws.Drain(); b.Close(); ws.Close() })
+	addr, _, b := dataPlaneHubOn(t, st, testkit.Listen(t))
 
 	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-big",
 		ShmPath: wsynctest.ShmPath(t), MaxModelBytes: 100 << 10, Backoff: 50 * time.Millisecond, Logger: quiet()})
