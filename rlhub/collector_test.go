@@ -101,33 +101,54 @@ func TestCollectorViaDataPlane(t *testing.T) {
 	}
 }
 
-// A ViaPush collector given etcd://… takes the push stream of the relay
-// announced for its model on this host (a real `rlhub relay --etcd`), and
-// when the relay is SIGKILLed, continues from the cluster's primary.
-func TestCollectorViaPushOnEtcdPrefersThisHostsRelay(t *testing.T) {
+// etcdCluster is a cluster of one `rlhub serve` process on a real etcd,
+// holding model v1 (weights(1)) once it serves as primary.
+type etcdCluster struct {
+	endpoint, name, target string
+	store                  *rlhub.StoreClient // of target; the test's cleanup closes it
+}
+
+func startEtcdCluster(t *testing.T, ctx context.Context, name, model string) *etcdCluster {
+	t.Helper()
 	e := clustertest.Start(t)
-	const cluster, model = "gorelay", "policy"
 	dir := t.TempDir()
 	testkit.StartProc(t, testkit.ProcConfig{Name: "hub", AddrFile: filepath.Join(dir, "addr"), Args: []string{
-		"serve", "--etcd", e.Endpoint, "--cluster", cluster, "--listen", "127.0.0.1:0", "--addr-file", filepath.Join(dir, "addr"),
+		"serve", "--etcd", e.Endpoint, "--cluster", name, "--listen", "127.0.0.1:0", "--addr-file", filepath.Join(dir, "addr"),
 		"--data", filepath.Join(dir, "data"), "--lease-ttl", "1s", "--member-id", "h"}})
-	target := "etcd://" + strings.TrimPrefix(e.Endpoint, "http://") + "/" + cluster
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: target})
+	cl := &etcdCluster{endpoint: e.Endpoint, name: name, target: "etcd://" + strings.TrimPrefix(e.Endpoint, "http://") + "/" + name}
+	s, err := rlhub.DialStore(rlhub.StoreConfig{Addr: cl.target})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
 	testkit.Eventually(t, time.Minute, "the hub to serve as primary", func() bool {
 		_, err := s.Push(ctx, model, 1, 0, weights(1))
 		return err == nil
 	})
+	cl.store = s
+	return cl
+}
+
+// startRelay starts `rlhub relay` of model on the cluster, its segment at seg.
+func (cl *etcdCluster) startRelay(t *testing.T, name, model, seg string) *testkit.Proc {
+	t.Helper()
+	return testkit.StartProc(t, testkit.ProcConfig{Name: name, Args: []string{
+		"relay", "--etcd", cl.endpoint, "--cluster", cl.name, "--model", model, "--id", "r", "--listen", "127.0.0.1:0",
+		"--shm", seg}})
+}
+
+// A ViaPush collector given etcd://… takes the push stream of the relay
+// announced for its model on this host (a real `rlhub relay --etcd`), and
+// when the relay is SIGKILLed, continues from the cluster's primary.
+func TestCollectorViaPushOnEtcdPrefersThisHostsRelay(t *testing.T) {
+	const model = "policy"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl := startEtcdCluster(t, ctx, "gorelay", model)
+	s, target := cl.store, cl.target
 	seg := filepath.Join("/dev/shm", fmt.Sprintf("rlhub-gorelay-%d-%d", os.Getpid(), time.Now().UnixNano()))
 	t.Cleanup(func() { os.Remove(seg) })
-	relay := testkit.StartProc(t, testkit.ProcConfig{Name: "relay", Args: []string{
-		"relay", "--etcd", e.Endpoint, "--cluster", cluster, "--model", model, "--id", "r", "--listen", "127.0.0.1:0",
-		"--shm", seg}})
+	relay := cl.startRelay(t, "relay", model, seg)
 	testkit.Eventually(t, time.Minute, "the relay announced in etcd, holding v1", func() bool {
 		_, ok, err := dial.Config{}.CollectorTarget(ctx, target, model)
 		_, serr := os.Stat(seg) // written with the relay's first version
@@ -162,9 +183,7 @@ func TestCollectorViaPushOnEtcdPrefersThisHostsRelay(t *testing.T) {
 	}
 	// The relay is started again (its dead predecessor's entry waited
 	// out): the collector goes back to it by itself, at a probe.
-	testkit.StartProc(t, testkit.ProcConfig{Name: "relay again", Args: []string{
-		"relay", "--etcd", e.Endpoint, "--cluster", cluster, "--model", model, "--id", "r", "--listen", "127.0.0.1:0",
-		"--shm", seg}})
+	cl.startRelay(t, "relay again", model, seg)
 	testkit.Eventually(t, time.Minute, "the collector back on the restarted relay", func() bool { return c.Transport() == "relay" })
 	if _, err := s.Push(ctx, model, 3, 2, weights(3)); err != nil {
 		t.Fatal(err)
