@@ -24,6 +24,7 @@ import rlhub
 from rlhub import _bulk, _channel
 from rlhub.grads import GradClient
 from conftest import Hub, free_port
+from test_grads import AnswerDropper
 from etcdproc import Etcd, start_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
@@ -180,82 +181,6 @@ def test_python_clients_follow_the_primary_across_sigkill(rlhub_bin, tmp_path):
         etcd.stop()
 
 
-class _FirstPushAnswerDropper:
-    """A TCP proxy to a hub (``upstream``) that forwards everything both
-    ways, except on the first data-plane connection opened once ``armed``
-    is set: after the handshake's acknowledgement (8 bytes) and the
-    push's continue (1 byte) it drops the hub's final answer and closes,
-    so that push reached the hub and its answer was lost."""
-
-    def __init__(self):
-        self.upstream = ""
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(16)
-        self.addr = "127.0.0.1:%d" % self.srv.getsockname()[1]
-        self.armed = False
-        self.dropped = 0
-        self._mu = threading.Lock()
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self):
-        while True:
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(c,), daemon=True).start()
-
-    def _one(self, c):
-        host, port = self.upstream.rsplit(":", 1)
-        try:
-            u = socket.create_connection((host, int(port)))
-        except OSError:
-            c.close()
-            return
-        first = c.recv(8, socket.MSG_PEEK | socket.MSG_WAITALL)
-        with self._mu:
-            drop = self.armed and first == _bulk.MAGIC and self.dropped == 0
-            if drop:
-                self.dropped += 1
-
-        def pipe(a, b):
-            try:
-                while (x := a.recv(1 << 16)):
-                    b.sendall(x)
-            except OSError:
-                pass
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-        threading.Thread(target=pipe, args=(c, u), daemon=True).start()
-        if not drop:
-            pipe(u, c)
-            return
-        passed = 0
-        try:
-            while passed < 9:
-                b = u.recv(9 - passed)
-                if not b:
-                    break
-                c.sendall(b)
-                passed += len(b)
-            u.recv(1)  # the final status begins: drop it
-        except OSError:
-            pass
-        for x in (c, u):
-            try:
-                x.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self):
-        self.srv.close()
-
-
 def test_a_fresh_clients_lost_answer_is_retried_on_the_same_primary(rlhub_bin, tmp_path):
     """A fresh GradClient on a cluster learns the primary with its first
     listing, inside its first push. That push's answer is lost (it reached
@@ -264,13 +189,21 @@ def test_a_fresh_clients_lost_answer_is_retried_on_the_same_primary(rlhub_bin, t
     client does: only an attempt that may have landed pins the epoch),
     not raised as OutcomeUnknown "the primary changed (epoch 0 → E)"."""
     etcd = Etcd(tmp_path)
-    proxy = _FirstPushAnswerDropper()
+    armed, dropped, mu = False, 0, threading.Lock()
+
+    def first_armed_push(first: bytes) -> bool:
+        nonlocal dropped
+        with mu:  # the first data-plane connection once armed
+            drop = armed and first == _bulk.MAGIC and dropped == 0
+            dropped += drop
+            return drop
+
+    proxy = AnswerDropper(f"127.0.0.1:{free_port()}", drop=first_armed_push)
     d = tmp_path / "h0"
     d.mkdir()
     h = None
     try:
-        proxy.upstream = f"127.0.0.1:{free_port()}"
-        h = Hub(rlhub_bin, d, addr=proxy.upstream,
+        h = Hub(rlhub_bin, d, addr=proxy.up,
                 extra=["--etcd", etcd.url, "--cluster", "pyepoch", "--lease-ttl", "1s", "--member-id", "h0",
                        "--advertise", proxy.addr, "--reduce-batch-size", "1"])
         target = proxy.addr + "," + proxy.addr  # a hub list: no watch resolves the primary early
@@ -278,10 +211,10 @@ def test_a_fresh_clients_lost_answer_is_retried_on_the_same_primary(rlhub_bin, t
             s.push("pol", {"w": np.zeros(4, np.float32)}, version=1, expect=0)
             with GradClient(target, "op", timeout=30.0) as op:
                 op.register("pol", {"kind": "sgd", "lr": 1.0}, reduction="sum")
-            proxy.armed = True
+            armed = True
             with GradClient(target, "worker", timeout=10.0) as g:
                 r = g.push("pol", 1, {"w": np.ones(4, np.float32)})
-                assert proxy.dropped == 1
+                assert dropped == 1
                 assert r.duplicate and r.attempts >= 2, r
                 assert g.unknown() == 0
             end = time.monotonic() + 30

@@ -382,13 +382,15 @@ class AnswerDropper:
     """A TCP proxy to the hub that forwards the request and body but drops
     the hub's answer after the data plane's handshake (8 bytes) and
     continue (1 byte), then closes: the push reached the hub, its answer
-    was lost."""
+    was lost. With ``drop``, only on the connections it accepts (it is
+    given each one's first 8 bytes); the others are forwarded whole."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, drop=None):
         self.up = upstream
+        self.drop = drop
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(8)
+        self.srv.listen(16)
         self.addr = "127.0.0.1:%d" % self.srv.getsockname()[1]
         threading.Thread(target=self._loop, daemon=True).start()
 
@@ -402,27 +404,35 @@ class AnswerDropper:
 
     def _one(self, c):
         host, port = self.up.rsplit(":", 1)
-        u = socket.create_connection((host, int(port)))
+        try:
+            u = socket.create_connection((host, int(port)))
+        except OSError:
+            c.close()
+            return
 
-        def up():
+        def pipe(a, b):
             try:
-                while (b := c.recv(1 << 16)):
-                    u.sendall(b)
+                while (x := a.recv(1 << 16)):
+                    b.sendall(x)
             except OSError:
                 pass
 
-        threading.Thread(target=up, daemon=True).start()
-        passed = 0
-        try:
-            while passed < 9:
-                b = u.recv(9 - passed)
-                if not b:
-                    break
-                c.sendall(b)
-                passed += len(b)
-            u.recv(1)  # the final status begins: drop it
-        except OSError:
-            pass
+        forward = self.drop is not None and not self.drop(c.recv(8, socket.MSG_PEEK | socket.MSG_WAITALL))
+        threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+        if forward:
+            pipe(u, c)
+        else:
+            passed = 0
+            try:
+                while passed < 9:
+                    b = u.recv(9 - passed)
+                    if not b:
+                        break
+                    c.sendall(b)
+                    passed += len(b)
+                u.recv(1)  # the final status begins: drop it
+            except OSError:
+                pass
         for x in (c, u):  # shutdown, not only close: the forwarding thread is blocked in c.recv
             try:
                 x.shutdown(socket.SHUT_RDWR)
