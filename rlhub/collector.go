@@ -23,9 +23,11 @@ import (
 // Ways a Collector gets versions (CollectorConfig.Via).
 const (
 	// ViaPush is the hub's (or a relay's) push stream; reports ride on it.
-	// Given a cluster (a hub list or etcd://…), the stream is held by a
-	// wsync.Failover that attaches it again when it ends, on the
-	// connection, which by then follows the new primary. Given etcd://…,
+	// The stream is held by a wsync.Failover that attaches it again when
+	// it ends, on the connection: to a hub restarted on its address (a
+	// durable hub keeps its versions) or, given a cluster (a hub list or
+	// etcd://…), to the new primary the connection by then follows; the
+	// versions applied only grow. Given etcd://…,
 	// the relay announced for the model on this host is preferred (known
 	// from one etcd watch the collector keeps, so a look costs etcd
 	// nothing): its stream, then the primary's when there is none or it
@@ -93,8 +95,7 @@ func (c *CollectorConfig) validate() error {
 type Collector struct {
 	cfg    CollectorConfig
 	conn   *grpc.ClientConn
-	push   *wsync.Client          // ViaPush to one hub
-	fo     *wsync.Failover        // ViaPush to a cluster: the stream, attached again after a failover
+	fo     *wsync.Failover        // ViaPush: the stream, attached again when it ends (a failover, a restart)
 	first  io.Closer              // fo's first stream, closed by Close even if fo never took it
 	relays *dial.RelayFinder      // ViaPush to etcd://: this host's relay, from one etcd watch
 	store  *storerpc.Client       // ViaStore
@@ -140,22 +141,15 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	var onApplied func(uint64)
 	switch cfg.Via {
 	case ViaPush:
-		if t, err := dial.ParseTarget(cfg.Hub); err == nil && t.Clustered() {
-			if err := c.followCluster(ctx, len(t.Etcd) > 0); err != nil {
-				conn.Close()
-				return nil, err
-			}
-			src, onApplied = c.fo, c.fo.Running
-			break
-		}
-		c.push, err = wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
-			Model: cfg.Model, Logger: cfg.Logger})
-		if err != nil {
+		// Under a Failover on one hub too: its stream ends when the hub
+		// restarts (durable, it keeps its versions), and the collector
+		// attaches again on the connection rather than stopping.
+		t, err := dial.ParseTarget(cfg.Hub)
+		if err := c.followPush(ctx, err == nil && len(t.Etcd) > 0); err != nil {
 			conn.Close()
 			return nil, err
 		}
-		src = c.push
-		onApplied = func(v uint64) { _ = c.push.Running(v) }
+		src, onApplied = c.fo, c.fo.Running
 	case ViaStore:
 		c.store, err = storerpc.NewClient(storerpc.ClientConfig{Conn: conn})
 		if err != nil {
@@ -197,16 +191,16 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 // of the model on this host: the Failover goes on to the primary.
 var errNoRelay = errors.New("no relay of the model is announced on this host")
 
-// followCluster sets c.fo up for ViaPush on a cluster: with etcd (relays
-// announce themselves there), first the push stream of the relay
-// announced for the model on this host, as c.relays last saw it; then the
-// stream on c.conn, which follows the primary. The first stream is
-// attached here, bounded by ctx (an error from the primary, such as a
-// refused token, fails NewCollector); the Failover attaches the next when
+// followPush sets c.fo up for ViaPush: with etcd (relays announce
+// themselves there), first the push stream of the relay announced for the
+// model on this host, as c.relays last saw it; then the stream on c.conn,
+// which reconnects to a restarted hub and, on a cluster, follows the
+// primary. The first stream is attached here, bounded by ctx (an error
+// from the hub, such as a refused token, fails NewCollector); the Failover attaches the next when
 // the one it holds ends, most preferred first, so a collector whose
 // relay died continues from the primary, and one on the primary goes to a
 // relay found at its next probe (every second) or dial.
-func (c *Collector) followCluster(ctx context.Context, viaEtcd bool) error {
+func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 	cfg, d := c.cfg, c.cfg.Security.dial()
 	attach := func(ctx context.Context, conn *grpc.ClientConn, have uint64) (*wsync.Client, error) {
 		return wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
@@ -458,9 +452,6 @@ func (c *Collector) Close() error {
 	c.closed = true
 	c.reporter.Wait() // ended by c.stop
 	var out []error
-	if c.push != nil {
-		out = append(out, c.push.Close())
-	}
 	if c.fo != nil {
 		out = append(out, c.fo.Close(), c.first.Close(), c.relays.Close()) // Client.Close is safe twice
 	}

@@ -86,15 +86,6 @@ def check_specs(specs: Sequence[SourceSpec]) -> List[SourceSpec]:
     return out
 
 
-def _clustered(where: Optional[str]) -> bool:
-    if not where:
-        return False
-    try:
-        return parse_target(where).clustered
-    except ValueError:
-        return False  # PushSource reports the bad address
-
-
 def _etcd(where: Optional[str]) -> bool:
     if not where:
         return False
@@ -133,10 +124,10 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
     of ``hub``, ``relay`` and ``shm_path``, or with ``hub`` a cluster as
     ``etcd://…`` and neither given, :func:`relay_dialers` (the relay
     announced on this host, looked up at each dial, then the primary); the failover source reports the
-    version run to ``report_hub`` (default ``hub``) while it reads a segment. ``"push"`` on a
-    cluster (a hub list or ``etcd://``) is a push stream under a
-    :class:`FailoverSource`, so it is attached again to the new primary
-    when the one it is on dies; on ``etcd://`` the push stream of the relay
+    version run to ``report_hub`` (default ``hub``) while it reads a segment. ``"push"`` is a
+    push stream under a :class:`FailoverSource`, so it is attached again
+    when the hub it is on dies: to the hub restarted on its address, or on
+    a cluster (a hub list or ``etcd://``) to the new primary; on ``etcd://`` the push stream of the relay
     announced on this host is preferred (looked up at each dial). A segment is read by a
     leasing :class:`ShmSource` (each version copied straight from its slot
     into the module, then released) unless ``lease=False`` asks for the
@@ -153,13 +144,15 @@ def open_source(via: str, hub: str, model: str, *, collector_id: str, shm_path: 
                               probe_every=probe_every)
     if via not in _SINGLE:
         raise ValueError(f"via must be one of {', '.join(VIAS)}")
-    if via == "push" and _clustered(hub):
-        # One push stream ends when the primary it is on dies; under a
-        # FailoverSource it is attached again on its FollowingChannel, which
-        # by then follows the new primary (docs/weight-sync.md, "Collectors
-        # on a cluster"). A failover list's push specs are dialed by the
-        # outer FailoverSource already. On etcd://, the stream of the relay
-        # announced on this host comes first (the Go ViaPush order).
+    if via == "push":
+        # One push stream ends when the hub it is on dies; under a
+        # FailoverSource it is attached again: to the hub restarted on its
+        # address (a durable hub keeps its versions) or, on a cluster, on
+        # its FollowingChannel, which by then follows the new primary
+        # (docs/weight-sync.md, "Collectors on a cluster"). A failover
+        # list's push specs are dialed by the outer FailoverSource already.
+        # On etcd://, the stream of the relay announced on this host comes
+        # first (the Go ViaPush order).
         streams: List[Dialer] = [("push", _PushDial(hub, model, collector_id))]
         if _etcd(hub):
             streams = relay_dialers(hub, model, collector_id, lease, segment=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 
 import rlhub
 import rlhub.wsync as ws
+from conftest import Hub
 from rlhub._crc32c import _serial, crc32c, crc32c_numpy
 
 
@@ -474,6 +476,38 @@ def test_push_source_ends_unavailable_when_the_hub_stops(hub):
     finally:
         src.close()
 
+
+
+def test_push_via_follows_a_hub_killed_and_restarted(rlhub_bin, tmp_path):
+    """``via="push"`` on one hub (open_source, which the TorchRL scheme and
+    Ray actors use): the hub SIGKILLed and restarted on its address and
+    --data ends the stream, and the source attaches again and hands out the
+    version pushed to the restarted hub, only newer ones, instead of
+    raising Unavailable."""
+    from rlhub._sources import open_source
+
+    h = Hub(rlhub_bin, tmp_path)
+    addr = h.addr
+    src = open_source("push", addr, "pol", collector_id="py-restart")
+    try:
+        with rlhub.StoreClient(addr) as store:
+            store.push("pol", filled(linear(2, 2), 1.0), version=1)
+        wv = src.wait_newer(0, timeout=30)
+        assert wv is not None and wv.version == 1
+        h.proc.send_signal(signal.SIGKILL)
+        h.proc.wait()
+        h.stop()
+        h = Hub(rlhub_bin, tmp_path, addr=addr)
+        with rlhub.StoreClient(addr) as store:
+            store.push("pol", filled(linear(2, 2), 2.0), version=2, expect=1)
+        deadline = time.monotonic() + 60
+        while (wv := src.wait_newer(1, timeout=1)) is None and time.monotonic() < deadline:
+            pass
+        assert wv is not None and wv.version == 2
+        assert set(wv.tensors()["weight"].ravel().tolist()) == {2.0}
+    finally:
+        src.close()
+        h.stop()
 
 LEASE_READER = textwrap.dedent("""
     import json, sys, time

@@ -413,9 +413,6 @@ def test_push_via_on_a_cluster_is_attached_again_to_the_new_primary(rlhub_bin, t
             src = open_source("push", where, MODEL, collector_id=f"py-{name.split()[1][1:4]}")
             assert isinstance(src, ws.FailoverSource), type(src)
             collectors.append(Collector(name, src))
-        single = open_source("push", hubs[pid].addr, MODEL, collector_id="py-one")
-        assert isinstance(single, ws.PushSource)  # one hub: one stream, as before
-        single.close()
         wait_until(lambda: all(c.version >= 1 for c in collectors), 60, "v1 at every collector", collectors)
         hubs[pid].proc.send_signal(signal.SIGKILL)
         hubs[pid].proc.wait()
