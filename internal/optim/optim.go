@@ -507,10 +507,11 @@ func (o *Optimizer) State() (*tensor.StateDict, map[string]string) {
 
 // Restore replaces the optimizer's state with one State returned (possibly
 // after a safetensors round trip). It checks kind, names and shapes and
-// fails with errs.ErrInvalid, changing nothing, on any mismatch, and on a
-// step count whose learning rate (or NAdam's momentum product) would take
-// more than 2^28 scheduler steps to replay: an absurd count from a damaged
-// state file would otherwise stall the first step.
+// fails with errs.ErrInvalid, changing nothing, on any mismatch, on a NaN
+// or ±Inf element, and on a step count whose learning rate (or NAdam's
+// momentum product) would take more than 2^28 scheduler steps to replay:
+// an absurd count from a damaged state file would otherwise stall the
+// first step.
 func (o *Optimizer) Restore(sd *tensor.StateDict, meta map[string]string) error {
 	if k := meta["optim.kind"]; k != string(o.cfg.Kind) {
 		return fmt.Errorf("%w: optimizer state is for %q, optimizer is %q", errs.ErrInvalid, truncate(k), o.cfg.Kind)
@@ -538,6 +539,12 @@ func (o *Optimizer) Restore(sd *tensor.StateDict, meta map[string]string) error 
 			f, err := t.Float32s()
 			if err != nil {
 				return fmt.Errorf("%w: optimizer state %q: %v", errs.ErrInvalid, t.Name, err)
+			}
+			// A step that leaves a buffer non-finite is never kept
+			// (NonFinite), so a state holding one is damaged or
+			// hand-made: restored, it would fail every later step.
+			if j := kernels.FirstNonFinite(f); j >= 0 {
+				return fmt.Errorf("%w: optimizer state %s[%d] is %v", errs.ErrInvalid, t.Name, j, f[j])
 			}
 			state[slot][i] = append([]float32(nil), f...)
 		}

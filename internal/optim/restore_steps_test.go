@@ -2,6 +2,8 @@ package optim
 
 import (
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +72,34 @@ func TestScheduleSkipsExact(t *testing.T) {
 				t.Fatalf("%+v: LR(%d) = %v, replaying every step gives %v", s, k, got, c.lr)
 			}
 			s.advance(0.3, &c)
+		}
+	}
+}
+
+// TestRestoreRefusesNonFiniteState: a state whose buffer holds a NaN or
+// ±Inf (a step leaving one is never kept, so it is damage) is refused with
+// ErrInvalid naming the element, and the optimizer keeps its own state: a
+// restored NaN moment would fail every later step.
+func TestRestoreRefusesNonFiniteState(t *testing.T) {
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1))} {
+		cfg := Config{Kind: Adam, LR: 1e-3}
+		src := newVecOptimizer(t, cfg, 4)
+		p := make([]float32, 4)
+		stepVec(t, src, p, p, []float32{1, 2, 3, 4})
+		sd, meta := src.State()
+		f, err := sd.Get("exp_avg/w").Float32s()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f[2] = bad
+
+		o := newVecOptimizer(t, cfg, 4)
+		err = o.Restore(sd, meta)
+		if !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "exp_avg/w[2]") {
+			t.Fatalf("restore of a state with %v in exp_avg/w[2]: %v, want ErrInvalid naming it", bad, err)
+		}
+		if o.Steps() != 0 || o.NonFinite() != "" {
+			t.Fatalf("a refused restore changed the optimizer: %d steps, non-finite %q", o.Steps(), o.NonFinite())
 		}
 	}
 }

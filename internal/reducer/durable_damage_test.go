@@ -1,10 +1,17 @@
 package reducer
 
 import (
+	"fmt"
+	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/tensor"
 )
 
 // TestDurableStateStepCountIsCheckedAgainstTheJournal: the optimizer state
@@ -77,5 +84,79 @@ func TestDurableJournalDamageIsNotTakenForATornTail(t *testing.T) {
 					len(damaged), len(after), asideErr)
 			}
 		})
+	}
+}
+
+// TestDurableNonFiniteOptimizerStateIsNotRestored: an optimizer state file
+// whose Adam moment holds a NaN (hand-edited, or damaged and its checksum
+// recomputed: the file itself is well-formed) was restored as it was, with
+// no StateError, and every later step of the model then failed
+// step_nonfinite: the model could never step again. A published state is
+// always finite (a step that is not is never written), so a non-finite one
+// is damage: it is refused like any unreadable state (fresh optimizer,
+// StateError, ERROR log) and the model trains on.
+func TestDurableNonFiniteOptimizerStateIsNotRestored(t *testing.T) {
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1))} {
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			e := steppedEnv(t, 3) // versions 2..4, optim-v4 holds the moments of step 3
+			path := filepath.Join(e.stateDir, "m", stateFileName(4))
+			raw, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sd, meta, err := decodeState(raw, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := sd.Get("exp_avg_sq/fc.weight")
+			if v == nil {
+				t.Fatalf("no exp_avg_sq/fc.weight in the state file: %v", sd.Names())
+			}
+			f, err := v.Float32s()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f[1] = bad
+			writeStateFile(t, path, sd, meta)
+			if err := VerifyStateFile(path); err != nil {
+				t.Fatalf("the edited state file is not well-formed: %v", err)
+			}
+
+			e.openStore()
+			p := e.open(PrimaryConfig{})
+			ms := e.model(p)
+			if !strings.Contains(ms.StateError, "exp_avg_sq/fc.weight[1]") || ms.OptimizerSteps != 0 {
+				t.Fatalf("an optimizer state with %v in exp_avg_sq/fc.weight[1] is restored: optimizer steps %d, state error %q", bad, ms.OptimizerSteps, ms.StateError)
+			}
+			if !strings.Contains(e.logs.String(), "level=ERROR") {
+				t.Fatalf("no ERROR log of the refused state:\n%s", e.logs.String())
+			}
+			e.steps(p, 4, 4) // it trains on, from a fresh optimizer
+			if got := e.model(p); got.Version != 5 || got.OptimizerSteps != 1 {
+				t.Fatalf("after one step: version %d, optimizer steps %d; want 5, 1", got.Version, got.OptimizerSteps)
+			}
+		})
+	}
+}
+
+// writeStateFile writes sd and meta as an optimizer state file of the
+// version meta names, with the checksum the primary records (commit).
+func writeStateFile(t *testing.T, path string, sd *tensor.StateDict, meta map[string]string) {
+	t.Helper()
+	plan, err := safetensors.Plan(sd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crc uint32
+	for _, x := range plan.Order {
+		crc = crc32.Update(crc, crcTable, x.Data)
+	}
+	meta["reducer.crc32c"] = strconv.FormatUint(uint64(crc), 10)
+	raw, err := safetensors.Encode(sd, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -495,7 +495,7 @@ func (p *Primary) restoreOne(ctx context.Context, dir string) error {
 		}
 	case r.meta != nil:
 		if err := m.opt.Restore(r.state, r.meta); err != nil {
-			problems = append(problems, fmt.Sprintf("optimizer state of version %d does not fit the registration: %v", snap.Version, err))
+			problems = append(problems, fmt.Sprintf("optimizer state of version %d cannot be restored (it does not fit the registration, or is damaged): %v", snap.Version, err))
 			m.opt, _ = optim.New(mc.Optimizer, m.params)
 		} else if prev := r.meta["reducer.state_error"]; prev != "" {
 			problems = append(problems, "earlier: "+prev)
