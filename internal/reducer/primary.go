@@ -349,14 +349,6 @@ func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps 
 	if m, ok, err := p.registered(mc); ok || err != nil {
 		return m.version, m.steps, err
 	}
-	if c, ok := p.cfg.Store.(modelClaimer); ok {
-		// On a cluster a claim committed but not acknowledged is
-		// acknowledged again (as a step's publish is) rather than failing
-		// the registration while a standby catches up.
-		if err := p.reacknowledge(ctx, mc.Model, 0, c.Claim(ctx, mc.Model)); err != nil {
-			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
-		}
-	}
 	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
 	if err != nil {
 		return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
@@ -364,6 +356,30 @@ func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps 
 	m, err := p.newModel(mc, snap)
 	if err != nil {
 		return 0, 0, err
+	}
+	if c, ok := p.cfg.Store.(modelClaimer); ok {
+		// Claimed only once the model is in the store and reducible: a
+		// registration refused (not pushed yet, not F32) leaves its owner
+		// as it was, else its writer's pushes would be refused for a
+		// reducer that does not reduce it. On a cluster a claim committed
+		// but not acknowledged is acknowledged again (as a step's publish
+		// is) rather than failing the registration while a standby
+		// catches up.
+		if err := p.reacknowledge(ctx, mc.Model, 0, c.Claim(ctx, mc.Model)); err != nil {
+			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
+		}
+		// Another writer's push may have landed before the claim: start
+		// from the version the claim now keeps (a step's push expects it).
+		now, err := p.cfg.Store.Get(ctx, mc.Model, 0)
+		if err != nil {
+			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
+		}
+		if now != snap {
+			if m, err = p.newModel(mc, now); err != nil {
+				return 0, 0, err
+			}
+			snap = now
+		}
 	}
 	// Registrations of one model are serialized by regMu so two racing
 	// ones cannot both write the model's files.
