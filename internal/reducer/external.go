@@ -142,6 +142,7 @@ type hostConn struct {
 
 type hostResult struct {
 	id      uint64
+	model   string // the model the host says its weights are of; "" when unset
 	version uint64 // the version the host says its weights are; 0 when unset
 	err     string // the host's error, quoted and bounded; "" for weights
 	file    *safetensors.File
@@ -169,7 +170,7 @@ func (h *hostConn) recvLoop(model string, maxBytes int64) {
 			h.detach(fmt.Errorf("%w: optimizer host of %q sent %T outside a result", errs.ErrInvalid, model, msg.GetBody()))
 			return
 		}
-		res := hostResult{id: r.StepId, version: r.GetParams().GetVersion(), err: r.Error}
+		res := hostResult{id: r.StepId, model: r.GetParams().GetModel(), version: r.GetParams().GetVersion(), err: r.Error}
 		if r.Error == "" {
 			res.file, res.blob, err = h.recvBlob(r.GetParams().GetTotalBytes(), maxBytes)
 			if err != nil {
@@ -266,6 +267,9 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 			}
 			if r.err != "" {
 				return nil, nil, fmt.Errorf("%w: optimizer host failed the step: %s", errs.ErrAborted, r.err)
+			}
+			if r.model != "" && r.model != m.cfg.Model {
+				return nil, nil, fmt.Errorf("%w: optimizer host's weights are of model %s, the step is of %s", errs.ErrInvalid, errs.Quote(r.model), errs.Quote(m.cfg.Model))
 			}
 			if r.version != 0 && r.version != version+1 {
 				return nil, nil, fmt.Errorf("%w: optimizer host's weights are of version %d, the step makes version %d", errs.ErrInvalid, r.version, version+1)

@@ -1,14 +1,18 @@
 package reducer
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -16,12 +20,18 @@ import (
 // sendWeights answers st with sd's blob, its BlobInfo claiming version.
 func sendWeights(t *testing.T, h *goHost, st *rlhubv1.HostStep, sd *tensor.StateDict, version uint64) {
 	t.Helper()
+	sendWeightsOf(t, h, st, sd, "", version)
+}
+
+// sendWeightsOf is sendWeights with the BlobInfo naming model too.
+func sendWeightsOf(t *testing.T, h *goHost, st *rlhubv1.HostStep, sd *tensor.StateDict, model string, version uint64) {
+	t.Helper()
 	blob, err := safetensors.Encode(sd, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := h.stream.Send(&rlhubv1.HostMessage{Body: &rlhubv1.HostMessage_Result{Result: &rlhubv1.HostResult{
-		StepId: st.StepId, Params: &rlhubv1.BlobInfo{Version: version, TotalBytes: uint64(len(blob))}}}}); err != nil {
+		StepId: st.StepId, Params: &rlhubv1.BlobInfo{Model: model, Version: version, TotalBytes: uint64(len(blob))}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := wire.ChunksOf(blob, 1024, func(b []byte) error {
@@ -45,6 +55,49 @@ func TestExternalResultOfAnotherVersionIsRefused(t *testing.T) {
 	if msg := failed.Error(); !errors.Is(failed, errs.ErrInvalid) || !strings.Contains(msg, "version 7") || !strings.Contains(msg, "version 2") {
 		t.Fatalf("model failure %q: want ErrInvalid naming version 7 and version 2", msg)
 	}
+}
+
+// TestExternalResultForAnotherModelIsRefused: a host answers the step of
+// model "m" with well-formed weights (right names, shapes, version) that
+// its BlobInfo says are of another model (a host whose model name was
+// not checked, or stepping two models on one connection's state). They
+// were published as m's version 2. The step now fails (InvalidArgument,
+// naming both models, the host's bounded) and nothing is published; a
+// result that leaves the model unset, as the other tests' host does, is
+// still taken, and the right name (as the Python host sends) too
+// (TestExternalStepResultNamingItsModelIsPublished).
+func TestExternalResultForAnotherModelIsRefused(t *testing.T) {
+	long := "other" + strings.Repeat("x", 4096)
+	failed, _ := externalFailure(t, func(h *goHost, st *rlhubv1.HostStep) {
+		sendWeightsOf(t, h, st, h.params, long, st.Version+1)
+	})
+	msg := failed.Error()
+	if !errors.Is(failed, errs.ErrInvalid) || !strings.Contains(msg, `"otherxx`) || !strings.Contains(msg, `"m"`) {
+		t.Fatalf("model failure %q: want ErrInvalid naming the host's model and m", msg)
+	}
+	if len(msg) > 1024 {
+		t.Fatalf("model failure is %d bytes: it echoes the host's %d-byte model name", len(msg), len(long))
+	}
+}
+
+// TestExternalStepResultNamingItsModelIsPublished: a result whose
+// BlobInfo names the step's model and version is published.
+func TestExternalStepResultNamingItsModelIsPublished(t *testing.T) {
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.client("c", 1).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := attachHost(t, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.cancel()
+	st, _ := h.recvStep()
+	sendWeightsOf(t, h, st, h.params, "m", st.Version+1)
+	testkit.Eventually(t, 20*time.Second, "version 2 published", func() bool { return e.newest().Version == 2 })
 }
 
 // TestExternalBadWeightsAreCalledWeights: a host's weights that do not fit
