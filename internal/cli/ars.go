@@ -55,6 +55,11 @@ func newWorkerARSCmd(g *globals) *cobra.Command {
 			"state statistics. SIGINT/SIGTERM detaches and exits.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// arsrpc.WorkerConfig reads 0 as the default (8 tasks, 30 s):
+			// a 0 given here is refused, not silently replaced.
+			if err := refuseNonPositive(cmd, "max-tasks", "retry-for"); err != nil {
+				return err
+			}
 			conn, err := dialHub(cmd.Context(), addr)
 			if err != nil {
 				return err

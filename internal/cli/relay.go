@@ -39,7 +39,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			"TLS and tokens, or --insecure.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := refuseZero(cmd, "body-timeout", "body-min-rate"); err != nil {
+			if err := refuseNonPositive(cmd, "body-timeout", "body-min-rate"); err != nil {
 				return err
 			}
 			conn, err := dialHub(cmd.Context(), upstream)

@@ -38,8 +38,12 @@ func newServeCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Logger = g.logger
 			// hub.Config reads 0 as "the default": a 0 given here would be
-			// a silent 5 s stop, 1 MiB/s, 10 s... refuse it instead.
-			if err := refuseZero(cmd, "stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait"); err != nil {
+			// a silent 5 s stop, 1 MiB/s, 10 s, 3 versions retained, 1 GiB
+			// pushes... refuse it instead, and a negative value with the
+			// flag's name (the configs' own errors print their structs).
+			if err := refuseNonPositive(cmd, "stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait",
+				"reduce-batch-size", "reduce-journal-compact", "store-retain", "max-model-bytes", "max-push-bytes-in-flight",
+				"max-header-bytes", "max-name-bytes", "max-policy-params"); err != nil {
 				return err
 			}
 			if err := refuseClusterOnly(cmd, &cl); err != nil {
@@ -251,12 +255,14 @@ func refuseClusterOnly(cmd *cobra.Command, cl *clusterFlags) error {
 	return nil
 }
 
-// refuseZero refuses a 0 given explicitly for any of the named flags,
-// whose configuration reads 0 as its default: said so, not done silently.
-func refuseZero(cmd *cobra.Command, names ...string) error {
+// refuseNonPositive refuses a 0 given explicitly for any of the named
+// flags, whose configuration reads 0 as its default (said so, not done
+// silently), and a negative value, naming the flag.
+func refuseNonPositive(cmd *cobra.Command, names ...string) error {
 	for _, name := range names {
-		if fl := cmd.Flags().Lookup(name); fl.Changed && (fl.Value.String() == "0s" || fl.Value.String() == "0") {
-			return fmt.Errorf("--%s 0: give a positive value (default %s)", name, fl.DefValue)
+		fl := cmd.Flags().Lookup(name)
+		if v := fl.Value.String(); fl.Changed && (v == "0s" || v == "0" || strings.HasPrefix(v, "-")) {
+			return fmt.Errorf("--%s %s: give a positive value (default %s)", name, v, fl.DefValue)
 		}
 	}
 	return nil
