@@ -147,3 +147,34 @@ else:
 	}
 	py("check", out)
 }
+
+// TestTimeoutMustBePositive: a --timeout of 0 or less expired the call's
+// deadline before it started, and each command then blamed a live hub (or
+// etcd): "list: context deadline exceeded", "cluster status: unavailable:
+// cluster: etcd: context deadline exceeded". It is refused, naming the
+// flag, before anything is dialed.
+func TestTimeoutMustBePositive(t *testing.T) {
+	addr := startStoreHub(t)
+	in := filepath.Join(t.TempDir(), "in.safetensors")
+	if err := os.WriteFile(in, storetest.Blob(t, 1, 4), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"model", "ls", "--hub", addr, "--timeout", "0"},
+		{"model", "push", "--hub", addr, "--name", "m", "--version", "1", "--timeout", "-1s", in},
+		{"reducer", "stats", "--hub", addr, "--timeout", "0"},
+		{"aggregator", "status", "--hub", addr, "--timeout", "0"},
+		{"ping", "--hub", addr, "--timeout", "0"},
+		{"cluster", "status", "--etcd", "127.0.0.1:1", "--timeout", "0"},
+	} {
+		code, _, errOut := run(t, ctx, args...)
+		if code == 0 || !strings.Contains(errOut, "rlhub: --timeout ") {
+			t.Errorf("%s: exit %d, stderr %q; want --timeout refused", strings.Join(args, " "), code, strings.TrimSpace(errOut))
+		}
+	}
+	// Nothing was pushed.
+	if code, out, errOut := run(t, ctx, "model", "ls", "--hub", addr); code != 0 || strings.Contains(out, "\nm ") {
+		t.Errorf("model ls: exit %d, out %q, err %q; want no model m", code, out, errOut)
+	}
+}

@@ -71,6 +71,14 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			// A one-shot command's --timeout is the deadline of its call:
+			// 0 or less expired it at once, and the call then failed as if
+			// the hub or etcd were down ("context deadline exceeded").
+			if cmd.Flags().Lookup("timeout") != nil {
+				if err := refuseNonPositive(cmd, "timeout"); err != nil {
+					return err
+				}
+			}
 			l, err := newLogger(g.stderr, g.logLevel, g.logFormat)
 			if err != nil {
 				return err
