@@ -103,6 +103,8 @@ type statsCollector struct {
 	// per-model families' labels from scrape to scrape.
 	storeLabels   stickyLabels[store.ModelStats]
 	reducerLabels stickyLabels[reducerModel]
+	// learnerLabels does the same for the aggregator's learners.
+	learnerLabels stickyLabels[aggregator.LearnerStats]
 }
 
 func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *statsCollector {
@@ -300,8 +302,8 @@ func (c *statsCollector) collectStore(ch chan<- prometheus.Metric, st store.Stat
 // fall). "other" also keeps what the models it summed had counted when
 // they left the list (their last scraped counts). A label freed by a
 // model that left goes to a model first listed after. The store's
-// families use it (storeSum) and the reducer's per-model ones
-// (reducerSum).
+// families use it (storeSum), the reducer's per-model ones (reducerSum)
+// and the aggregator's per-learner one (learnerSum).
 type stickyLabels[T any] struct {
 	mu     sync.Mutex
 	named  map[string]bool
@@ -427,6 +429,24 @@ var reducerSum = labelSum[reducerModel]{
 	counted: func(o reducerModel) bool { return o.Applied > 0 },
 }
 
+// learnerSum sums the aggregator's learners as "other": their task
+// counters, and those of the learners summed there that left.
+var learnerSum = labelSum[aggregator.LearnerStats]{
+	name: func(l aggregator.LearnerStats) string { return l.ID },
+	retire: func(gone *aggregator.LearnerStats, last aggregator.LearnerStats) {
+		gone.TasksDone += last.TasksDone
+		gone.TasksFailed += last.TasksFailed
+	},
+	other: func(gone aggregator.LearnerStats) aggregator.LearnerStats {
+		return aggregator.LearnerStats{ID: OtherLabel, TasksDone: gone.TasksDone, TasksFailed: gone.TasksFailed}
+	},
+	fold: func(o *aggregator.LearnerStats, l aggregator.LearnerStats) {
+		o.TasksDone += l.TasksDone
+		o.TasksFailed += l.TasksFailed
+	},
+	counted: func(o aggregator.LearnerStats) bool { return o.TasksDone+o.TasksFailed > 0 },
+}
+
 // cappedCollectors returns the max collectors with the largest lag (ties
 // by id) and, when there are more, one "other" entry with the lowest
 // version and the largest lag of the rest.
@@ -506,16 +526,7 @@ func (c *statsCollector) collectAggregator(ch chan<- prometheus.Metric, st aggre
 	c.emit(ch, fAggResplits, float64(st.Resplits))
 	ls := slices.Clone(st.Learners)
 	slices.SortFunc(ls, func(a, b aggregator.LearnerStats) int { return strings.Compare(a.ID, b.ID) })
-	if len(ls) > c.max {
-		ls = othersLast(ls, func(l aggregator.LearnerStats) string { return l.ID }) // see collectStore
-		o := aggregator.LearnerStats{ID: OtherLabel}
-		for _, l := range ls[c.max:] {
-			o.TasksDone += l.TasksDone
-			o.TasksFailed += l.TasksFailed
-		}
-		ls = append(ls[:c.max], o)
-	}
-	for _, l := range ls {
+	for _, l := range c.learnerLabels.split(ls, c.max, learnerSum) {
 		c.emit(ch, fAggLearnerTasks, float64(l.TasksDone), l.ID, "done")
 		c.emit(ch, fAggLearnerTasks, float64(l.TasksFailed), l.ID, "failed")
 	}
