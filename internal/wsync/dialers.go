@@ -19,7 +19,9 @@ import (
 // (Releaser). Where it cannot lease (a segment with 2 slots, every entry
 // held, a file it may not write) the reader copies instead, and the
 // Failover logs why (shm.Reader.CopyReason). A segment whose writer has
-// closed it or died counts as unreachable.
+// closed it or died counts as unreachable. It takes the segment of any
+// model: ShmReaderDialer with shm.ReaderConfig.Model refuses another
+// model's segment, whose weights a collector would otherwise load.
 func ShmDialer(name, path string) Dialer {
 	return ShmReaderDialer(name, shm.ReaderConfig{Path: path, Lease: true})
 }

@@ -557,7 +557,7 @@ func (r *Relay) materialize(ctx context.Context) error {
 			r.seg.Close()
 			r.seg = nil
 		}
-		rd, err := shm.Open(shm.ReaderConfig{Path: r.cfg.ShmPath, Fresh: true})
+		rd, err := shm.Open(shm.ReaderConfig{Path: r.cfg.ShmPath, Model: r.cfg.Model, Fresh: true})
 		if err != nil {
 			return err
 		}

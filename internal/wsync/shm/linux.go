@@ -432,6 +432,13 @@ func (w *Writer) Close() error {
 type ReaderConfig struct {
 	// Path of the segment. Required.
 	Path string
+	// Model, when set, is the model the segment must hold: Open refuses a
+	// segment of another model (errs.ErrInvalid), before it claims a
+	// lease, as Python's ShmSource(model=...) does. A collector that read
+	// another model's segment (a wrong path, models "a/b" and "a_b" sharing
+	// a default path) would load that model's weights when their tensors
+	// match. "" takes any model.
+	Model string
 	// Verify computes the CRC-32C of every version read and compares it
 	// with the writer's (a mismatch is errs.ErrInvalid). false, the
 	// default, relies on the seqlock alone, which is sound where loads are
@@ -615,6 +622,9 @@ func Open(cfg ReaderConfig) (*Reader, error) {
 	geo, err := parseShmHeader(mem)
 	if err != nil {
 		return fail(fmt.Errorf("wsync: %s: %w", cfg.Path, err))
+	}
+	if cfg.Model != "" && geo.name != cfg.Model {
+		return fail(fmt.Errorf("%w: wsync: shm segment %s holds model %s, not %s", errs.ErrInvalid, cfg.Path, errs.Quote(geo.name), errs.Quote(cfg.Model)))
 	}
 	pid := int(u64(mem, offPID).Load())
 	r := &Reader{cfg: cfg, geo: geo, mem: mem, pid: pid, file: f, entry: -1}

@@ -29,6 +29,7 @@ type Config struct {
 type Writer struct{}
 type ReaderConfig struct {
 	Path       string
+	Model      string
 	Verify     bool
 	Lease      bool
 	Fresh      bool
