@@ -87,7 +87,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			var ms *metrics.Server
 			if metricsListen != "" {
 				mcfg := metrics.Config{Listen: metricsListen, GRPC: gm, Role: "relay " + cfg.Model, Logger: g.logger,
-					Sources: metrics.Sources{Sync: r.Service().Stats, GRPCBodies: r.BodyStats}, TLS: tc, Auth: v, Insecure: sec.insecure}
+					Sources: metrics.Sources{Sync: r.Service().Stats, GRPCBodies: r.BodyStats, RelayRefused: func() uint64 { return r.Refusals().Count }}, TLS: tc, Auth: v, Insecure: sec.insecure}
 				if v != nil {
 					mcfg.Sources.Auth = v.Stats
 				}
@@ -130,6 +130,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	for _, seg := range []string{"shm-group", "shm-slots", "shm-capacity"} {
 		cmd.MarkFlagsMutuallyExclusive(seg, "no-shm") // they configure the segment --no-shm does not make
 	}
+	f.Var((*byteSize)(&cfg.MaxModelBytes), "max-model-bytes", "largest version the relay takes from the upstream's data plane (bytes, or with a KiB/MiB/GiB suffix); a larger one is refused, counted (rlhub_relay_versions_refused_total) and logged, and the relay keeps serving the one it has (default 4 GiB)")
 	f.StringVar(&metricsListen, "metrics-listen", "", "serve Prometheus /metrics and the dashboard over HTTP on this address (default off)")
 	f.DurationVar(&cfg.BodyTimeout, "body-timeout", bulk.DefaultBodyTimeout, "a local collector must read a version sent on its stream within this plus its length at --body-min-rate, or it is cut off (Unavailable) and attaches again for the newest")
 	f.IntVar(&cfg.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "streams (collectors' weight streams) one peer IP may hold open on the relay at once; more fail ResourceExhausted (-1: no cap)")

@@ -46,6 +46,9 @@ type Sources struct {
 	// Cluster is a cluster member's role and replication (serve --etcd:
 	// the primary's hub and the standby both export it).
 	Cluster func() ClusterStats
+	// RelayRefused is an rlhub relay's count of upstream versions it
+	// refused as over its MaxModelBytes (relay.Relay.Refusals).
+	RelayRefused func() uint64
 }
 
 // ClusterStats is one cluster member's role and replication state
@@ -117,6 +120,7 @@ func newStatsCollector(src Sources, maxLabels int, timeout time.Duration) *stats
 	add(src.Reducer != nil, reducerFamilies)
 	add(src.Store != nil, storeFamilies)
 	add(src.Sync != nil, syncFamilies)
+	add(src.RelayRefused != nil, relayFamilies)
 	add(src.Aggregator != nil, aggregatorFamilies)
 	add(src.ARS != nil, arsFamilies)
 	add(src.Worker != nil, workerFamilies)
@@ -155,6 +159,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		st := c.src.Sync(ctx)
 		cancel()
 		c.collectSync(ch, st)
+	}
+	if c.src.RelayRefused != nil {
+		c.emit(ch, fRelayRefused, float64(c.src.RelayRefused()))
 	}
 	if c.src.Aggregator != nil {
 		c.collectAggregator(ch, c.src.Aggregator())

@@ -40,6 +40,7 @@ var (
 	fSyncSent        = Family{"rlhub_sync_versions_sent_total", "counter", nil, "Whole versions sent on push streams."}
 	fSyncSentBytes   = Family{"rlhub_sync_sent_bytes_total", "counter", nil, "Bytes of the versions sent on push streams."}
 	fSyncReports     = Family{"rlhub_sync_reports_total", "counter", nil, "Collector version reports received."}
+	fRelayRefused    = Family{"rlhub_relay_versions_refused_total", "counter", nil, "Upstream versions this relay could not take because they are over its --max-model-bytes; it keeps serving the version it has until a newer one fits."}
 	fAggLearners     = Family{"rlhub_aggregator_learners", "gauge", nil, "Learners attached to the aggregator."}
 	fAggAttached     = Family{"rlhub_aggregator_learners_attached_total", "counter", nil, "Learners that ever attached."}
 	fAggRemoved      = Family{"rlhub_aggregator_learners_removed_total", "counter", nil, "Learners that left or whose lease lapsed."}
@@ -96,6 +97,7 @@ var (
 	reducerFamilies    = []Family{fReducerPushed, fReducerReduced, fReducerApplied, fReducerDropped, fReducerLost, fReducerSteps, fReducerQueue, fReducerLatency, fReducerModelVer, fReducerModelApp, fReducerModelOpt}
 	storeFamilies      = []Family{fStoreVersion, fStoreBytes, fStoreRetained, fStorePushes, fStoreRefused, fStoreReads, fStoreReadBytes}
 	syncFamilies       = []Family{fSyncNewest, fSyncCollectors, fSyncVersion, fSyncLag, fSyncLagHist, fSyncStreams, fSyncSent, fSyncSentBytes, fSyncReports}
+	relayFamilies      = []Family{fRelayRefused}
 	aggregatorFamilies = []Family{fAggLearners, fAggAttached, fAggRemoved, fAggLearn, fAggResplits, fAggLearnerTasks}
 	arsFamilies        = []Family{fARSRuns, fARSWorkers, fARSReassigned, fARSIteration, fARSEval, fARSTrain, fARSEpisodes, fARSSteps, fARSStepsRate}
 	workerFamilies     = []Family{fWorkerTasks, fWorkerSteps, fWorkerPulls, fWorkerIteration}
@@ -109,7 +111,7 @@ var (
 // the docs table's order.
 func Families() []Family {
 	var out []Family
-	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, dataPlaneFamilies, grpcBodyFamilies, clusterFamilies, grpcFamilies} {
+	for _, g := range [][]Family{reducerFamilies, storeFamilies, syncFamilies, relayFamilies, aggregatorFamilies, arsFamilies, workerFamilies, authFamilies, dataPlaneFamilies, grpcBodyFamilies, clusterFamilies, grpcFamilies} {
 		out = append(out, g...)
 	}
 	return out
