@@ -394,6 +394,20 @@ func (c *core) lend(name string, version uint64) (*Snapshot, func(), error) {
 	return s, c.lendLocked(s), nil
 }
 
+// newestLife implements LifeReader.
+func (c *core) newestLife(name string) (version, life uint64, err error) {
+	if c.closed() {
+		return 0, 0, errClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.models[name]
+	if m == nil || len(m.versions) == 0 {
+		return 0, 0, notFound(name)
+	}
+	return m.newest().Version, m.life, nil
+}
+
 func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
 	if c.closed() {
 		return nil, errClosed

@@ -637,6 +637,9 @@ func (f *File) LendNewer(ctx context.Context, name string, after uint64) (*Snaps
 	return f.c.lendNewer(ctx, name, after)
 }
 
+// NewestLife implements LifeReader.
+func (f *File) NewestLife(name string) (uint64, uint64, error) { return f.c.newestLife(name) }
+
 // List implements Store.
 func (f *File) List(ctx context.Context) ([]Info, error) { return f.c.list() }
 

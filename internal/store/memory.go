@@ -51,6 +51,9 @@ func (s *Memory) LendNewer(ctx context.Context, name string, after uint64) (*Sna
 	return s.c.lendNewer(ctx, name, after)
 }
 
+// NewestLife implements LifeReader.
+func (s *Memory) NewestLife(name string) (uint64, uint64, error) { return s.c.newestLife(name) }
+
 // List implements Store.
 func (s *Memory) List(ctx context.Context) ([]Info, error) { return s.c.list() }
 

@@ -128,6 +128,20 @@ type Snapshot struct {
 	life uint64
 }
 
+// Life tells the model's lives apart, as Skips does: the versions of one
+// life share it, and a Delete starts a greater one, whose versions are
+// numbered afresh. Lives are numbered by the store's process; 0 when
+// unknown (a snapshot pulled over the network).
+func (s *Snapshot) Life() uint64 { return s.life }
+
+// LifeReader is implemented by the stores that number lives (Memory and
+// File): NewestLife tells a model's newest version and its life without
+// reading it (no read is counted, nothing is taken or lent), so that
+// weight sync's status follows a model deleted and pushed again.
+type LifeReader interface {
+	NewestLife(name string) (version, life uint64, err error)
+}
+
 // Skips counts the versions of a model that a reader sent one version
 // after another (a Watch stream) skipped. The zero value is ready: the
 // first version counts none.

@@ -98,7 +98,7 @@ func (s *Service) bulkWatch(ctx context.Context, r *bulk.Request) (proto.Message
 	// Borrowed until Reply returns, when the kernel has taken every byte:
 	// a hub's store can then hand the blob back to the reducer.
 	defer release()
-	s.tracker.SawVersion(model, snap.Version)
+	s.tracker.SawLife(model, snap.Version, snap.Life())
 	h, err := proto.Marshal(&rlhubv1.StorePullHeader{
 		Blob:            &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob))},
 		Metadata:        snap.Metadata,

@@ -160,7 +160,16 @@ func (s *Service) Lag(ctx context.Context, model string) []ModelStatus {
 	if model == "" {
 		models = s.tracker.Models()
 	}
+	lr, lives := s.cfg.Versions.(store.LifeReader)
 	for _, m := range models {
+		if lives {
+			// The newest and its life, read from no version: a model
+			// deleted and pushed again shows its new newest at once.
+			if v, life, err := lr.NewestLife(m); err == nil {
+				s.tracker.SawLife(m, v, life)
+			}
+			continue
+		}
 		if snap, err := s.cfg.Versions.GetIfNewer(ctx, m, s.tracker.Newest(m)); err == nil && snap != nil {
 			s.tracker.SawVersion(m, snap.Version)
 		}
@@ -272,7 +281,7 @@ func (s *Service) sendLoop(ctx context.Context, stream rlhubv1.WeightSync_Attach
 			}
 			return grpcerr.ToStatus(err)
 		}
-		s.tracker.SawVersion(model, snap.Version)
+		s.tracker.SawLife(model, snap.Version, snap.Life())
 		done := chunkcodec.Lend(snap.Blob, release)
 		err = sendVersion(stream, snap.Name, snap.Version, snap.Epoch, snap.Blob, chunk)
 		done()

@@ -62,6 +62,7 @@ type Tracker struct {
 	// still half-open on the hub), and it is attached while any is open.
 	streams map[trackKey]int  // guarded by mu
 	newest  map[string]uint64 // guarded by mu
+	lives   map[string]uint64 // the life of each newest (store.Snapshot.Life, 0: unknown); guarded by mu
 	swept   time.Time         // last forgetting sweep at the cap; guarded by mu
 }
 
@@ -76,7 +77,7 @@ func NewTracker(now func() time.Time, forget time.Duration, maxCollectors int) *
 		now = time.Now
 	}
 	return &Tracker{now: now, forget: forget, max: maxCollectors, collectors: map[trackKey]*CollectorLag{},
-		streams: map[trackKey]int{}, newest: map[string]uint64{}}
+		streams: map[trackKey]int{}, newest: map[string]uint64{}, lives: map[string]uint64{}}
 }
 
 // A CollectorReport is one collector's report (Tracker.ReportAll).
@@ -162,10 +163,22 @@ func (t *Tracker) SetAttached(id, model string, attached bool) {
 }
 
 // SawVersion records that version of model exists (newest only grows).
-func (t *Tracker) SawVersion(model string, version uint64) {
+func (t *Tracker) SawVersion(model string, version uint64) { t.SawLife(model, version, 0) }
+
+// SawLife is SawVersion for a version of the given life of its model
+// (store.Snapshot.Life; 0: unknown, as SawVersion). A later life (the
+// model deleted and pushed again, its versions numbered afresh) makes
+// version the newest even when it is lower; a version of an earlier life
+// (sent after the Delete) changes nothing.
+func (t *Tracker) SawLife(model string, version, life uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if version > t.newest[model] {
+	cur := t.lives[model]
+	switch {
+	case life > cur:
+		t.newest[model], t.lives[model] = version, life
+	case life != 0 && life < cur:
+	case version > t.newest[model]:
 		t.newest[model] = version
 	}
 }

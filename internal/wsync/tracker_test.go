@@ -51,3 +51,24 @@ func TestTrackerLagAndHistogram(t *testing.T) {
 		t.Fatalf("unknown model status = %+v", st)
 	}
 }
+
+// A later life of a model (deleted and pushed again) sets the newest
+// even when lower; a version of an earlier life, seen late, changes
+// nothing; life 0 (unknown) only grows the newest.
+func TestTrackerNewestFollowsLives(t *testing.T) {
+	tr := NewTracker(nil, 0, 0)
+	tr.SawLife("m", 9, 1)
+	tr.SawLife("m", 2, 2)
+	if n := tr.Newest("m"); n != 2 {
+		t.Fatalf("newest %d after life 2's v2, want 2", n)
+	}
+	tr.SawLife("m", 10, 1)
+	tr.SawVersion("m", 1)
+	if n := tr.Newest("m"); n != 2 {
+		t.Fatalf("newest %d after a late v10 of life 1 and an unknown v1, want 2", n)
+	}
+	tr.SawVersion("m", 3)
+	if n := tr.Newest("m"); n != 3 {
+		t.Fatalf("newest %d, want 3", n)
+	}
+}
