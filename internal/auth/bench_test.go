@@ -45,7 +45,7 @@ func BenchmarkTrackedCall(b *testing.B) {
 	for _, live := range []int{0, 1000} {
 		v := NewVerifier(map[string]Principal{hash: p})
 		for range live {
-			_, done := v.track(context.Background(), hash, p)
+			_, done, _ := v.track(context.Background(), hash, p)
 			defer done()
 		}
 		b.Run(fmt.Sprintf("live=%d/authenticate", live), func(b *testing.B) {
@@ -61,7 +61,10 @@ func BenchmarkTrackedCall(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				_, done := v.track(context.Background(), h, p)
+				_, done, err := v.track(context.Background(), h, p)
+				if err != nil {
+					b.Fatal(err)
+				}
 				done()
 			}
 		})

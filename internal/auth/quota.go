@@ -103,6 +103,7 @@ type Stats struct {
 
 type counters struct {
 	reloads, reloadFailures, cut, quotaModels, quotaBytes, quotaRate atomic.Uint64
+	lookups                                                          atomic.Uint64 // tokens hashed and looked up (tests: once per call)
 }
 
 // rates holds each rate-limited token's bucket, by token name (the

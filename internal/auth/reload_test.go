@@ -60,7 +60,10 @@ func TestReplaceCutsTheCallsOfRevokedTokens(t *testing.T) {
 	v := NewVerifier(map[string]Principal{"k": keep, "g": gone, "d": demoted})
 	ctxs := map[string]context.Context{}
 	for h, p := range map[string]Principal{"k": keep, "g": gone, "d": demoted} {
-		ctx, done := v.track(context.Background(), h, p)
+		ctx, done, err := v.track(context.Background(), h, p)
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer done()
 		ctxs[p.Name] = ctx
 	}
@@ -123,14 +126,12 @@ func TestWatchFileReloads(t *testing.T) {
 }
 
 // A call tracked after its token was removed (a reload between its
-// authentication and its tracking) is cut at once.
-func TestTrackAfterRevocationCutsAtOnce(t *testing.T) {
+// authentication and its tracking) is refused, before it runs.
+func TestTrackAfterRevocationRefuses(t *testing.T) {
 	p := Principal{Name: "late", Role: Reader, Scopes: []string{""}}
 	v := NewVerifier(map[string]Principal{})
-	ctx, done := v.track(context.Background(), "h", p)
-	defer done()
-	if c := cutCause(ctx); c == nil || !strings.Contains(c.Error(), "revoked") {
-		t.Fatalf("cause %v", c)
+	if _, _, err := v.track(context.Background(), "h", p); !errors.Is(err, errs.ErrUnauthenticated) || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("err %v", err)
 	}
 	if v.LiveCalls() != 0 {
 		t.Fatal("a cut call is tracked")

@@ -112,6 +112,7 @@ func (v *Verifier) authenticate(token string) (Principal, string, error) {
 	if token == "" {
 		return Principal{}, "", fmt.Errorf("%w: no token: this hub needs one (--token-file, RLHUB_TOKEN_FILE)", errs.ErrUnauthenticated)
 	}
+	v.stats.lookups.Add(1)
 	hash := Hash(token)
 	v.mu.RLock()
 	p, ok := v.tokens[hash]
@@ -119,17 +120,38 @@ func (v *Verifier) authenticate(token string) (Principal, string, error) {
 	if !ok {
 		return Principal{}, "", fmt.Errorf("%w: unknown token", errs.ErrUnauthenticated)
 	}
-	if !p.Expires.IsZero() && !v.now().Before(p.Expires) {
-		return Principal{}, "", fmt.Errorf("%w: token %q expired at %s", errs.ErrUnauthenticated, clip(p.Name), p.Expires.UTC().Format(time.RFC3339))
+	if err := v.unexpired(p); err != nil {
+		return Principal{}, "", err
 	}
 	return p, hash, nil
+}
+
+// unexpired refuses p once its Expires has passed.
+func (v *Verifier) unexpired(p Principal) error {
+	if !p.Expires.IsZero() && !v.now().Before(p.Expires) {
+		return fmt.Errorf("%w: token %q expired at %s", errs.ErrUnauthenticated, clip(p.Name), p.Expires.UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 // track runs a call admitted for p (token hash) under a context that is
 // cancelled, with an Unauthenticated cause, when the token expires or is
 // revoked or changed (Replace). done must be called when the call ends.
-func (v *Verifier) track(ctx context.Context, hash string, p Principal) (context.Context, func()) {
+// A token revoked or changed since it was authenticated (a Replace that
+// has not seen this call: on gRPC, one while a unary call's message
+// arrived after Tap) is refused here, before the call runs: a handler
+// that never looks at its context would otherwise still act for it.
+func (v *Verifier) track(ctx context.Context, hash string, p Principal) (context.Context, func(), error) {
+	c := &liveCall{hash: hash, p: p}
+	v.mu.Lock()
+	if q, ok := v.tokens[hash]; !ok || !q.equal(p) {
+		v.mu.Unlock()
+		return nil, nil, fmt.Errorf("%w: token %q was revoked or changed", errs.ErrUnauthenticated, clip(p.Name))
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
+	c.cancel = cancel
+	v.live[c] = struct{}{}
+	v.mu.Unlock()
 	stopTimer := func() bool { return true }
 	if !p.Expires.IsZero() {
 		t := time.AfterFunc(p.Expires.Sub(v.now()), func() {
@@ -138,23 +160,13 @@ func (v *Verifier) track(ctx context.Context, hash string, p Principal) (context
 		})
 		stopTimer = t.Stop
 	}
-	c := &liveCall{hash: hash, p: p, cancel: cancel}
-	v.mu.Lock()
-	// A Replace between authenticate and here has not seen this call:
-	// judge it against the tokens now.
-	if q, ok := v.tokens[hash]; !ok || !q.equal(p) {
-		cancel(fmt.Errorf("%w: token %q was revoked or changed", errs.ErrUnauthenticated, clip(p.Name)))
-	} else {
-		v.live[c] = struct{}{}
-	}
-	v.mu.Unlock()
 	return ctx, func() {
 		stopTimer()
 		v.mu.Lock()
 		delete(v.live, c)
 		v.mu.Unlock()
 		cancel(nil)
-	}
+	}, nil
 }
 
 // cutCause is the Unauthenticated cause a tracked call was cancelled
@@ -220,7 +232,9 @@ func WithPrincipal(ctx context.Context, p Principal) context.Context {
 
 // admit runs the checks that need no request message: the rule exists,
 // the token is known and unexpired (unless the method is public) and its
-// role suffices. hash is the token's (for track).
+// role suffices. hash is the token's (for track). A gRPC call that Tap
+// admitted on its headers is not looked up again: only its expiry can
+// have changed since (track catches a revocation).
 func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string) (Rule, Principal, string, error) {
 	r, ok := Lookup(plane, method)
 	if !ok {
@@ -228,6 +242,9 @@ func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string)
 	}
 	if r.Role == Public {
 		return r, Principal{}, "", nil
+	}
+	if a, ok := ctx.Value(admissionKey{}).(admission); ok && plane == GRPC && a.method == method {
+		return r, a.p, a.hash, errors.Join(v.unexpired(a.p), v.allowRate(a.p))
 	}
 	p, hash, err := v.authenticate(token)
 	if err != nil {
@@ -239,31 +256,44 @@ func (v *Verifier) admit(ctx context.Context, plane Plane, method, token string)
 	return r, p, hash, v.allowRate(p)
 }
 
-// CheckHeaders runs, on a gRPC call's headers (grpc.InTapHandle: before
-// grpc-go starts its handler or buffers its request message), the checks
-// that need no message: the method is in the policy table, and unless it
-// is public the token is known, unexpired and of a role that may call it.
+// admission is a gRPC call Tap admitted on its headers, kept in the
+// call's context for the interceptors.
+type admission struct {
+	method, hash string
+	p            Principal
+}
+
+type admissionKey struct{}
+
+// Tap runs, on a gRPC call's headers (grpc.InTapHandle: before grpc-go
+// starts its handler or buffers its request message), the checks that
+// need no message: the method is in the policy table, and unless it is
+// public the token is known, unexpired and of a role that may call it.
 // A unary call waits for its whole request message before any unary
 // interceptor runs, so without this a caller with no token held a
-// handler goroutine and the bytes it sent for as long as it liked. The
-// interceptors check again (with the model, and the rate quota) once
-// the message is there.
-func (v *Verifier) CheckHeaders(method string, md metadata.MD) error {
+// handler goroutine and the bytes it sent for as long as it liked. It
+// returns ctx carrying the admission, so the interceptors, which check
+// again with the model and the rate quota once the message is there, do
+// not hash and look the token up a second time.
+func (v *Verifier) Tap(ctx context.Context, method string, md metadata.MD) (context.Context, error) {
 	if v == nil {
-		return nil
+		return ctx, nil
 	}
 	r, ok := Lookup(GRPC, method)
 	if !ok {
-		return fmt.Errorf("%w: %s is not in the policy table", errs.ErrPermission, clip(method))
+		return nil, fmt.Errorf("%w: %s is not in the policy table", errs.ErrPermission, clip(method))
 	}
 	if r.Role == Public {
-		return nil
+		return ctx, nil
 	}
-	p, _, err := v.authenticate(bearer(md))
+	p, hash, err := v.authenticate(bearer(md))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return Allow(p, r, nil)
+	if err := Allow(p, r, nil); err != nil {
+		return nil, err
+	}
+	return context.WithValue(ctx, admissionKey{}, admission{method: method, hash: hash, p: p}), nil
 }
 
 func tokenOf(ctx context.Context) string {
@@ -300,7 +330,10 @@ func (v *Verifier) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			}
 		}
 		// Long polls (ARS leases, learner tasks) end when the token goes.
-		tctx, done := v.track(ctx, hash, p)
+		tctx, done, err := v.track(ctx, hash, p)
+		if err != nil {
+			return nil, grpcerr.ToStatus(err)
+		}
 		defer done()
 		resp, err := handler(WithPrincipal(tctx, p), req)
 		if cause := cutCause(tctx); cause != nil && err != nil {
@@ -326,7 +359,10 @@ func (v *Verifier) StreamInterceptor() grpc.StreamServerInterceptor {
 			return handler(srv, ss)
 		}
 		// The stream runs until the token expires or is revoked.
-		tctx, done := v.track(ctx, hash, p)
+		tctx, done, err := v.track(ctx, hash, p)
+		if err != nil {
+			return grpcerr.ToStatus(err)
+		}
 		defer done()
 		cs := &checkedStream{ServerStream: ss, ctx: WithPrincipal(tctx, p), p: p, r: r, check: r.Model.Kind != NoModel}
 		err = handler(srv, cs)
@@ -385,7 +421,7 @@ func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionSta
 		return ctx, nil
 	}
 	if r.Model.Kind == NoModel {
-		return v.trackRequest(ctx, hash, p), nil
+		return v.trackRequest(ctx, hash, p)
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByName(r.Header)
 	if err != nil {
@@ -398,16 +434,19 @@ func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionSta
 	if err := Allow(p, r, r.Model.Models(msg)); err != nil {
 		return nil, err
 	}
-	return v.trackRequest(ctx, hash, p), nil
+	return v.trackRequest(ctx, hash, p)
 }
 
 // trackRequest tracks a data-plane request (a long-poll watch, a body
 // being read) like a gRPC call: a revocation or expiry cuts it. The
 // tracking ends with the request's context (bulk cancels it at the end).
-func (v *Verifier) trackRequest(ctx context.Context, hash string, p Principal) context.Context {
-	tctx, done := v.track(ctx, hash, p)
+func (v *Verifier) trackRequest(ctx context.Context, hash string, p Principal) (context.Context, error) {
+	tctx, done, err := v.track(ctx, hash, p)
+	if err != nil {
+		return nil, err
+	}
 	context.AfterFunc(ctx, done)
-	return WithPrincipal(tctx, p)
+	return WithPrincipal(tctx, p), nil
 }
 
 var _ bulk.Guard = (*Verifier)(nil)

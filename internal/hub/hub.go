@@ -397,7 +397,8 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	// and role (a unary call's interceptors run only once its whole
 	// request message came), then the calls a peer has in progress.
 	opts = append(opts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		if err := cfg.Auth.CheckHeaders(info.FullMethodName, info.Header); err != nil {
+		ctx, err := cfg.Auth.Tap(ctx, info.FullMethodName, info.Header)
+		if err != nil {
 			return nil, grpcerr.ToStatus(err)
 		}
 		if h.calls != nil {
