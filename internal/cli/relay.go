@@ -7,8 +7,11 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/tap"
 
+	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/metrics"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/streamcap"
@@ -74,6 +77,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 			if v != nil {
 				cfg.ServerOptions = append(cfg.ServerOptions, grpc.ChainUnaryInterceptor(v.UnaryInterceptor()), grpc.ChainStreamInterceptor(v.StreamInterceptor()))
 			}
+			cfg.ServerOptions = append(cfg.ServerOptions, grpc.InTapHandle(relayTap(v, cfg.MaxStreamsPerPeer)))
 			r, err := relay.New(cfg)
 			if err != nil {
 				return err
@@ -147,4 +151,30 @@ func closeRelay(parent context.Context, r *relay.Relay) {
 	done, stop := context.WithCancel(parent)
 	stop()
 	_ = r.Run(done)
+}
+
+// relayTap checks a call's token and role on its headers and counts the
+// calls a peer has in progress, unary ones included, against twice
+// maxStreams (none when maxStreams ≤ 0), as the hub's tap does: grpc-go
+// starts a unary handler's goroutine on the headers and runs its
+// interceptors only once the whole request message came, so without it a
+// peer with no token held a goroutine per WeightSync/Report call it
+// opened and never finished, for as long as it liked.
+func relayTap(v *auth.Verifier, maxStreams int) tap.ServerInHandle {
+	var calls *streamcap.Calls
+	if maxStreams > 0 {
+		calls = streamcap.NewCalls(2 * maxStreams)
+	}
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		ctx, err := v.Tap(ctx, info.FullMethodName, info.Header)
+		if err != nil {
+			return nil, grpcerr.ToStatus(err)
+		}
+		if calls != nil {
+			if err := calls.Tap(ctx); err != nil {
+				return nil, err
+			}
+		}
+		return ctx, nil
+	}
 }

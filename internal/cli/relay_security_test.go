@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -223,4 +224,95 @@ func TestRelayRefusesShmAndNoShm(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "no-shm") || !strings.Contains(errOut, "shm") {
 		t.Fatalf("relay --no-shm --shm: exit %d, %q; want a refusal naming both flags", code, errOut)
 	}
+}
+
+// TestRelayChecksCallsOnTheirHeaders: `rlhub relay --auth-tokens` refuses
+// a call without a token on its headers, before its message, and caps
+// the calls a peer has in progress at twice --max-streams-per-peer, as a
+// hub does. Before, a unary call (WeightSync/Report) that never sent its
+// message held a relay goroutine for as long as its peer liked, token or
+// not, and any number of them.
+func TestRelayChecksCallsOnTheirHeaders(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "relay-tokens")
+	collTok := issueToken(t, ctx, dir, tokens, "worker", "m", "collector")
+	h, err := hub.New(hub.Config{Listen: "127.0.0.1:0", Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if _, err := h.Store().Push(ctx, store.PushRequest{Name: "m", Version: 1, Expect: store.ExpectAny, Blob: storetest.Blob(t, 1, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	const maxStreams = 2
+	relayAddr := freeAddr(t)
+	rctx, rcancel := context.WithCancel(ctx)
+	relayDone := make(chan int, 1)
+	go func() {
+		code, _, _ := run(t, rctx, "relay", "--upstream", h.Addr().String(), "--model", "m", "--no-shm", "--listen", relayAddr,
+			"--auth-tokens", tokens, "--max-streams-per-peer", fmt.Sprint(maxStreams))
+		relayDone <- code
+	}()
+	defer func() {
+		rcancel()
+		if code := testkit.Recv(t, relayDone, 30*time.Second, "the relay to stop"); code != 0 {
+			t.Errorf("relay exited %d", code)
+		}
+	}()
+	cfg, err := dial.Files{TokenFile: collTok}.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := cfg.GRPC(relayAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	status0 := func() error {
+		_, err := rlhubv1.NewWeightSyncClient(good).Status(ctx, &rlhubv1.SyncStatusRequest{Model: "m"})
+		return err
+	}
+	testkit.Eventually(t, 30*time.Second, "the relay to answer a collector's token", func() bool { return status0() == nil })
+
+	// A unary call opened as a stream: its headers go now, its message
+	// never. The answer must come from the headers alone.
+	held := func(conn *grpc.ClientConn, cctx context.Context) grpc.ClientStream {
+		cs, err := conn.NewStream(cctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, rlhubv1.WeightSync_Report_FullMethodName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	answer := func(cs grpc.ClientStream) codes.Code {
+		return status.Code(cs.RecvMsg(&rlhubv1.SyncReportResponse{}))
+	}
+	anon, err := grpc.NewClient(relayAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	if code := answer(held(anon, actx)); code != codes.Unauthenticated {
+		t.Errorf("a call without a token and without its message: %v, want Unauthenticated on its headers", code)
+	}
+	acancel()
+
+	// With a valid token: 2 × --max-streams-per-peer calls are held, the
+	// next is refused at once.
+	hctx, hcancel := context.WithCancel(ctx)
+	for range 2 * maxStreams {
+		held(good, hctx)
+	}
+	octx, ocancel := context.WithTimeout(ctx, 10*time.Second)
+	if code := answer(held(good, octx)); code != codes.ResourceExhausted {
+		t.Errorf("a call past %d held ones: %v, want ResourceExhausted", 2*maxStreams, code)
+	}
+	ocancel()
+	hcancel() // the held calls end: their places come back
+	testkit.Eventually(t, 10*time.Second, "a call to be served once the held ones ended", func() bool { return status0() == nil })
 }
