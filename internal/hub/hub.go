@@ -378,6 +378,8 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		grpcMetrics = metrics.NewGRPCServerMetrics()
 		opts = append(opts, grpcMetrics.ServerOptions()...)
 	}
+	due := messageDue{after: bulk.BodyDeadline(lim.BodyTimeout, lim.BodyMinRate, int64(cfg.MaxMsgBytes)), logger: cfg.Logger}
+	opts = append(opts, due.interceptors()...)
 	if cfg.Gate != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(gateUnary(cfg.Gate)), grpc.ChainStreamInterceptor(gateStream(cfg.Gate)))
 	}
@@ -395,7 +397,8 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	}
 	// On a call's headers, before grpc-go starts its handler: the token
 	// and role (a unary call's interceptors run only once its whole
-	// request message came), then the calls a peer has in progress.
+	// request message came), then the calls a peer has in progress, then
+	// the clock of its message (messageDue).
 	opts = append(opts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		ctx, err := cfg.Auth.Tap(ctx, info.FullMethodName, info.Header)
 		if err != nil {
@@ -406,7 +409,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 				return nil, err
 			}
 		}
-		return ctx, nil
+		return due.arm(ctx, info.FullMethodName), nil
 	}))
 	// Innermost: the streams' body deadlines, as on the data plane.
 	h.bodies = bodylimit.New(bodylimit.Config{Allowance: lim.BodyTimeout, MinRate: lim.BodyMinRate, Logger: cfg.Logger})

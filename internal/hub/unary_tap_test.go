@@ -2,6 +2,7 @@ package hub
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"runtime"
 	"sync"
@@ -10,9 +11,15 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/testkit"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // rawH2 is a hand-rolled HTTP/2 client on a real TCP connection: it does
@@ -299,7 +306,8 @@ func TestUnauthenticatedPartialUnaryMessagesHoldNoMemory(t *testing.T) {
 }
 
 // TestUnaryCallsInProgressAreCapped: a peer with a valid token may still
-// leave unary calls waiting for their messages; the calls a peer has in
+// leave unary calls waiting for their messages (until they are due:
+// TestUnaryMessageIsDue); the calls a peer has in
 // progress, counted from their headers, are capped at twice
 // --max-streams-per-peer, the rest refused at once.
 func TestUnaryCallsInProgressAreCapped(t *testing.T) {
@@ -329,4 +337,50 @@ func TestUnaryCallsInProgressAreCapped(t *testing.T) {
 	}
 	r.c.Close() // the held calls end with their connection: their slots come back
 	testkit.Eventually(t, 10*time.Second, "the slots to be given back", func() bool { return h.calls.Held("127.0.0.1") == 0 })
+}
+
+// TestUnaryMessageIsDue: a unary call with a valid token whose request
+// message never comes is answered DeadlineExceeded once its message is
+// overdue (--body-timeout plus the largest message at --body-min-rate),
+// and its place among the peer's calls comes back. Before, it waited for
+// its message as long as its peer kept the connection, holding a handler
+// goroutine and a place among the calls of its peer.
+func TestUnaryMessageIsDue(t *testing.T) {
+	tok, hash, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := auth.NewVerifier(map[string]auth.Principal{hash: {Name: "reader", Role: auth.Reader, Scopes: []string{""}}})
+	h, err := New(Config{Listen: "127.0.0.1:0", Auth: v, Logger: testkit.Logger(),
+		Limits: Limits{BodyTimeout: 300 * time.Millisecond, BodyMinRate: 1 << 40}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(h.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Cancelled (not timed out) when the hub never answers, so that only
+	// the hub's own deadline makes DeadlineExceeded.
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), auth.TokenHeader, "Bearer "+tok))
+	defer cancel()
+	stop := time.AfterFunc(30*time.Second, cancel)
+	defer stop.Stop()
+	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, rlhubv1.ModelStore_List_FullMethodName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RecvMsg(&rlhubv1.StoreListResponse{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a unary call whose message never came: %v, want DeadlineExceeded from the hub", err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the call's place to come back", func() bool { return h.calls.Held("127.0.0.1") == 0 })
+	// A call whose message comes is served as before.
+	if _, err := rlhubv1.NewModelStoreClient(conn).List(ctx, &rlhubv1.StoreListRequest{}); err != nil {
+		t.Fatal(err)
+	}
 }
