@@ -922,11 +922,21 @@ def _leader_of(resp: Any, cluster: str) -> Optional[Tuple[str, int]]:
     kvs = resp.get("kvs") or []
     if not kvs:
         return None
-    info = json.loads(base64.b64decode(kvs[0].get("value", "")) or b"{}")
-    addr = info.get("addr", "")
-    if not addr:
-        raise errors.Unavailable(f"rlhub: cluster {cluster}: the primary's record has no address")
-    return (addr, int(kvs[0].get("create_revision", 0)))
+    # The record is whatever the election key holds: one that is not a
+    # hub's JSON, or whose address no refusal could name (cluster.NamesPrimary:
+    # 1 to 300 bytes, no white space), names no primary. It is neither
+    # dialled nor quoted (it could be etcd's whole value limit).
+    try:
+        info = json.loads(base64.b64decode(kvs[0].get("value", "")) or b"{}")
+        addr = info.get("addr", "") if isinstance(info, dict) else ""
+        epoch = str(kvs[0].get("create_revision", ""))
+    except (ValueError, TypeError, AttributeError):  # binascii.Error, UnicodeDecodeError are ValueErrors
+        addr, epoch = "", ""
+    named = _named(addr, epoch) if isinstance(addr, str) else ("", 0)
+    if not named[0]:
+        raise errors.Unavailable(f"rlhub: cluster {cluster}: the primary's record names no address "
+                                 f"(want JSON with an \"addr\" of 1 to {_MAX_ADDR_BYTES} bytes, no white space)")
+    return named
 
 
 def primary_addr(ch: Any, addr: str, timeout: float = RESOLVE_TIMEOUT) -> str:

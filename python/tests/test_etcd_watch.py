@@ -45,6 +45,7 @@ import pytest
 import websocket
 
 from rlhub import _channel, discover, errors
+from rlhub.store import StoreClient
 import netlab
 from etcdproc import Etcd, sigstop, start_etcd_cluster
 
@@ -414,3 +415,40 @@ def test_the_election_watch_leaves_a_member_cut_off_from_its_peers(lab_etcd, tmp
         if probe is not None:
             probe.close()
         ch.close()
+
+
+@pytest.mark.parametrize("record", [
+    json.dumps({"id": "h1", "addr": "h" * 200_000 + ":7470"}),   # past cluster.NamesPrimary's 300 bytes
+    json.dumps({"id": "h1", "addr": "127.0.0.1:7470 and more"}),  # white space
+    json.dumps({"id": "h1", "addr": 7470}),                      # not a string
+    json.dumps(["127.0.0.1:7470"]),                              # not an object
+    "\xff" * 1000 + "not json",
+], ids=["long", "space", "number", "list", "garbage"])
+def test_a_record_naming_no_address_names_no_primary(tmp_path, record):
+    """The election key's record is read from etcd as it is: one that is
+    not a hub's JSON, or whose address is one no hub could name (over 300
+    bytes, white space: cluster.NamesPrimary, as a refusal's), names no
+    primary. Resolving says so (Unavailable), without quoting the value or
+    dialling it, and a client's call fails within its bound with a short
+    message. Before, the address was followed as given (a 200 kB dial
+    target, quoted in the call's error up to the 4 KiB cut of
+    errors.MAX_MESSAGE), and a record that was not a JSON object raised a
+    bare ValueError or AttributeError."""
+    e = Etcd(tmp_path)
+    lease = int(write(e, "/v3/lease/grant", {"TTL": 300})["ID"])
+    key = f"/rlhub/{CLUSTER}/election/{lease:x}"
+    write(e, "/v3/kv/put", {"key": b64(key), "value": b64(record), "lease": str(lease)})
+    target = f"etcd://{e.hostport}/{CLUSTER}"
+    st = StoreClient(target, timeout=2.0)
+    try:
+        with pytest.raises(errors.Unavailable) as ei:
+            _channel._etcd_leader(_channel.parse_target(target), 2.0)
+        msg = str(ei.value)
+        assert "names no address" in msg and len(msg) < 400, msg[:500]
+        with pytest.raises(errors.RlhubError) as ei2:
+            st.list()
+        assert len(str(ei2.value)) < 1000, str(ei2.value)[:500]
+        assert "hhhhhhhhhh" not in str(ei2.value) and "and more" not in str(ei2.value), str(ei2.value)[:500]
+    finally:
+        st.close()
+        e.stop()
