@@ -50,6 +50,8 @@ log = logging.getLogger("rlhub.opthost")
 
 HOST_STATE_SUFFIX = "/host-state"
 
+_MAX_CAUSE = 1024  # characters of a failed step's error sent to the hub and kept in StepFailed
+
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 8 << 20),
@@ -61,6 +63,14 @@ class StateLost(errors.NotFound):
     loaded (missing, or of a step the hub lost): re-attaching cannot bring
     it back, so the host stops (``run()`` raises it) rather than restart
     the optimizer or re-attach for ever."""
+
+
+class StepFailed(errors.Aborted):
+    """A step this host failed (its optimizer, scheduler or checkpoint
+    raised; the cause is chained): it replied with the error, and the hub
+    failed the step and stopped the model, which takes no more gradients
+    until the hub restarts. Re-attaching would be welcomed and never sent a
+    step, so the host stops (``run()`` raises it, ``error`` holds it)."""
 
 
 def encode_state(obj: Any) -> Tuple[Dict[str, Any], str]:
@@ -145,9 +155,10 @@ class OptimizerHost(AttachLoop):
     ``run()`` serves on the calling thread until ``stop()``; ``start()`` (or
     ``with``) on a background thread. After any break it re-attaches after
     ``backoff`` seconds, except a permanent refusal (a model not registered
-    as external, missing credentials) or a newer host for the model
-    replacing this one (``Aborted``), which ``run()`` raises and ``error``
-    holds. ``steps`` counts the steps this object performed.
+    as external, missing credentials), a newer host for the model
+    replacing this one (``Aborted``) or a step of its own that raised
+    (``StepFailed``: the hub stopped the model), which ``run()`` raises and
+    ``error`` holds. ``steps`` counts the steps this object performed.
     """
 
     def __init__(self, hub_addr: str, model: str, optimizer: Any, lr_scheduler: Any = None, *, module: Any,
@@ -185,6 +196,8 @@ class OptimizerHost(AttachLoop):
         # re-attaching would replace it back, and the two would evict each
         # other every backoff, re-sending the step in flight to each.
         # StateLost: no re-attach brings the optimizer state back.
+        # StepFailed (an Aborted): the hub stopped the model, which re-attaching
+        # cannot restart.
         return errors.is_permanent(e) or isinstance(e, (errors.Aborted, StateLost))
 
     # -- state -------------------------------------------------------------
@@ -311,9 +324,19 @@ class OptimizerHost(AttachLoop):
                 try:
                     blob = self._step(st.version, load_bytes(asm.finish(), framework="torch"))
                 except Exception as e:  # noqa: BLE001 - the step fails, the primary says so
-                    res.error = f"{type(e).__name__}: {e}"
+                    why = f"{type(e).__name__}: {e}"
+                    if len(why) > _MAX_CAUSE:  # the hub keeps 1 KiB; a longer one could pass its message bound
+                        why = why[:_MAX_CAUSE] + f"…({len(why)} characters)"
+                    res.error = why
                     out.put(opthost_pb2.HostMessage(result=res))
-                    raise
+                    # Half-close and wait for the hub to end the stream, so
+                    # the error is delivered before the call is cancelled
+                    # (a cancel overtaking it would read as a host lost
+                    # mid-step, the step re-sent to the next host).
+                    out.put(None)
+                    self._drain(call, it)
+                    raise StepFailed(f"optimizer host {self.model!r}: the step from version {st.version} failed "
+                                     f"({why}); the hub stops the model until it restarts") from e
                 res.params.CopyFrom(tensor_pb2.BlobInfo(model=self.model, version=st.version + 1,
                                                         total_bytes=len(blob), chunk_bytes=self.chunk_bytes))
                 out.put(opthost_pb2.HostMessage(result=res))
@@ -325,6 +348,20 @@ class OptimizerHost(AttachLoop):
             call.cancel()
             with self._mu:
                 self._call = None
+
+    def _drain(self, call: Any, it: Iterator[opthost_pb2.PrimaryMessage]) -> None:
+        """Reads ``it`` until the hub ends the stream, or cancels ``call``
+        after ``timeout`` seconds."""
+        guard = threading.Timer(self.timeout, call.cancel)
+        guard.daemon = True
+        guard.start()
+        try:
+            for _ in it:
+                pass
+        except grpc.RpcError:
+            pass  # the hub ended the stream (with its status) or the guard cancelled it
+        finally:
+            guard.cancel()
 
     @staticmethod
     def _recv(it: Iterator[opthost_pb2.PrimaryMessage]) -> Optional[opthost_pb2.PrimaryMessage]:

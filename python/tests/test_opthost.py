@@ -411,3 +411,50 @@ def test_host_whose_state_is_lost_stops_and_says_so(hub):
         assert isinstance(again.error, rlhub.NotFound) and "state is lost" in str(again.error)
     finally:
         again.close()
+
+
+def test_host_whose_step_failed_stops_and_says_so(hub):
+    """A host whose step raises replies with the error; the hub fails the
+    step and stops the model (docs/optimizer-host.md, Failures), which no
+    re-attach restarts. run() raises StepFailed (an Aborted) naming the
+    cause and error holds it. Before, the host re-attached, was welcomed
+    and waited for ever for a step that never came, error None, attached
+    set, while every push to the model was refused."""
+    import time
+
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def boom(*_):
+        raise RuntimeError("the optimizer broke")
+
+    opt.register_step_pre_hook(boom)
+    h = rlhub.OptimizerHost(hub.addr, "pol", opt, module=net, backoff=0.05).start()
+    try:
+        with GradClient(hub.addr) as g:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+            assert h.attached.wait(60)
+            learner = make_net(seed=99)
+            fill_grads(learner, seed=0)
+            g.push("pol", 1, learner)
+            h._thread.join(30)
+            assert not h._thread.is_alive(), "the host re-attached to a model the hub stopped"
+            from rlhub.opthost import StepFailed
+            assert isinstance(h.error, StepFailed) and isinstance(h.error, rlhub.Aborted), h.error
+            assert "the optimizer broke" in str(h.error), h.error
+            assert h.steps == 0
+            # The hub took the error as the step's, not as a host lost
+            # mid-step (whose step would wait for the next host): the
+            # gradient is dropped and the model stopped, with the host's
+            # reason.
+            end = time.monotonic() + 30
+            while g.stats().total.dropped.get("publish_failed", 0) != 1:
+                assert time.monotonic() < end, f"the failed step was not counted: {g.stats().total}"
+                time.sleep(0.05)
+        with GradClient(hub.addr, max_attempts=1) as g:  # the refusal, not a retry's
+            fill_grads(learner, seed=1)
+            with pytest.raises(rlhub.Unavailable, match="the optimizer broke"):
+                g.push("pol", 1, learner)
+    finally:
+        h.close()
