@@ -824,8 +824,11 @@ func status(ctx context.Context, cli clientv3.KV, cfg *Config) (Status, error) {
 		return st, err
 	}
 	if l != nil {
+		// A record that is not a member's, or whose address no hub could
+		// name (NamesPrimary, the bound a refusal's address is held to),
+		// names no primary: a client would dial it and quote it.
 		var mi MemberInfo
-		if err := json.Unmarshal(l.Value, &mi); err == nil {
+		if err := json.Unmarshal(l.Value, &mi); err == nil && NamesPrimary(mi.Addr) {
 			st.Primary = &Leader{ID: mi.ID, Addr: mi.Addr, Epoch: uint64(l.CreateRevision)}
 		}
 	}
