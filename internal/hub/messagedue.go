@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/rlhub/rlhub/internal/errs"
 )
 
 // messageDue bounds how long a gRPC call may take from its headers to its
@@ -56,7 +58,7 @@ func (m messageDue) arm(ctx context.Context, method string) context.Context {
 	c.timer = time.AfterFunc(m.after, func() {
 		c.late.Store(true)
 		cancel()
-		m.logger.Warn("grpc: call cut: its request message did not arrive within the body deadline", "method", method, "after", m.after)
+		m.logger.Warn("grpc: call cut: its request message did not arrive within the body deadline", "method", errs.Quote(method), "after", m.after)
 	})
 	context.AfterFunc(inner, func() { c.timer.Stop() }) // the call ended (inner ends with it)
 	return c
