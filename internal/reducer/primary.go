@@ -374,7 +374,7 @@ func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps 
 		if err != nil {
 			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 		}
-		if now != snap {
+		if now.Version != snap.Version {
 			if m, err = p.newModel(mc, now); err != nil {
 				return 0, 0, err
 			}
