@@ -141,7 +141,7 @@ func TestServeRejectsBadStoreFlags(t *testing.T) {
 		{[]string{"--max-model-bytes", "-5"}, "max-model-bytes"},
 		{[]string{"--max-header-bytes", "lots"}, "max-header-bytes"},
 		{[]string{"--name-pattern", "("}, "--name-pattern"},
-		{[]string{"--store-retain", "-1"}, "Retain"},
+		{[]string{"--store-retain", "-1"}, "--store-retain -1: give a positive value"},
 		{[]string{"--max-model-bytes", "8"}, "MaxModelBytes"},
 	} {
 		args := append([]string{"serve", "--listen", "127.0.0.1:0", "--data", ""}, tc.flags...)
