@@ -63,6 +63,25 @@ type extModel struct {
 	changed chan struct{} // closed (and replaced) whenever host changes
 	nextID  uint64
 	stop    chan struct{} // closed when the primary closes
+	// failed is why the model stopped taking gradients (a step failed):
+	// its host is detached with it and no host attaches after.
+	failed error
+}
+
+// fail detaches the host of a model that stopped taking gradients, and
+// every host that tries to attach after, with ErrAborted naming why: it
+// has no step to wait for (a host re-attaching would wait for ever).
+// Called without the model's mu (Attach takes e.mu before it).
+func (e *extModel) fail(model string, why error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failed != nil {
+		return
+	}
+	e.failed = fmt.Errorf("%w: model %s stopped taking gradients until the hub restarts: %v", errs.ErrAborted, errs.Quote(model), why)
+	if e.host != nil {
+		e.host.detach(e.failed)
+	}
 }
 
 func newExtModel() *extModel {
@@ -323,6 +342,10 @@ func (hs *hostServer) Attach(stream grpc.BidiStreamingServer[rlhubv1.HostMessage
 	// The welcome carries the version the next step applies to: a step
 	// waiting for a host holds stepMu without having changed m.version.
 	m.ext.mu.Lock()
+	if m.ext.failed != nil {
+		m.ext.mu.Unlock()
+		return grpcerr.ToStatus(m.ext.failed)
+	}
 	m.mu.Lock()
 	version := m.version
 	m.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -137,5 +138,51 @@ func TestExternalBadWeightsAreCalledWeights(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHostOfAStoppedModelIsToldAndNotTakenBack: a step that fails (here:
+// the host's weights hold a NaN) stops the model. Its host stayed
+// attached, waiting for a step that would never come, and a host that
+// attached after was welcomed the same way: the Python host, told
+// nothing, waited for ever. The host's stream now ends Aborted naming the
+// model's failure (a host does not re-attach on Aborted), and a host
+// attaching later is refused the same way.
+func TestHostOfAStoppedModelIsToldAndNotTakenBack(t *testing.T) {
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.client("c", 1).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := attachHost(t, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.cancel()
+	st, _ := h.recvStep()
+	bad := h.params.Clone()
+	f, _ := bad.Get("fc.bias").Float32s()
+	f[0] = float32(math.NaN())
+	sendWeights(t, h, st, bad, 0)
+	told := make(chan error, 1)
+	go func() {
+		_, err := h.stream.Recv()
+		told <- grpcerr.FromStatus(err)
+	}()
+	var got error
+	select {
+	case got = <-told:
+	case <-ctx.Done():
+		t.Fatal("the host of a model that stopped taking gradients was never told")
+	}
+	for i, err := range []error{got, func() error { _, err := attachHost(t, e); return err }()} {
+		if !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), "stopped taking gradients") || !strings.Contains(err.Error(), "NaN") {
+			t.Errorf("host %d: %v; want Aborted naming the model's failure", i+1, err)
+		}
+	}
+	if v := e.newest().Version; v != 1 {
+		t.Fatalf("version %d published; want nothing past 1", v)
 	}
 }

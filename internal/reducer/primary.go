@@ -802,6 +802,9 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 			m.failed = err
 		}
 		m.mu.Unlock()
+		if m.ext != nil {
+			m.ext.fail(b.Model, err)
+		}
 		p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", b.Model, "err", err)
 		return 0, fmt.Errorf("reducer: model %q: %w", b.Model, err)
 	}
@@ -995,7 +998,11 @@ func (p *Primary) settle(ctx context.Context, m *pmodel, req store.PushRequest, 
 			m.failed = fmt.Errorf("publishing version %d failed: %w", req.Version, err)
 			p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", req.Name, "err", m.failed)
 		}
+		failed := m.failed
 		m.mu.Unlock()
+		if m.ext != nil {
+			m.ext.fail(req.Name, failed)
+		}
 		return
 	}
 	m.version = req.Version

@@ -458,3 +458,34 @@ def test_host_whose_step_failed_stops_and_says_so(hub):
                 g.push("pol", 1, learner)
     finally:
         h.close()
+
+
+def test_host_of_a_model_the_hub_stopped_is_told(hub):
+    """A host whose step succeeds but leaves a NaN in the weights: the hub
+    refuses them, fails the step and stops the model. Before, the host was
+    told nothing and waited for ever (attached, error None). The hub now
+    ends its stream Aborted naming the model's failure, and the host stops
+    (it does not re-attach on Aborted) with that error."""
+    net = make_net()
+    setup_model(hub.addr, "pol", net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def poison(*_):
+        with torch.no_grad():
+            next(net.parameters()).view(-1)[0] = float("nan")
+
+    opt.register_step_post_hook(poison)
+    h = rlhub.OptimizerHost(hub.addr, "pol", opt, module=net, backoff=0.05).start()
+    try:
+        with GradClient(hub.addr) as g:
+            assert g.register("pol", optimizer={"kind": "external"}).version == 1
+            assert h.attached.wait(60)
+            learner = make_net(seed=99)
+            fill_grads(learner, seed=0)
+            g.push("pol", 1, learner)
+            h._thread.join(30)
+            assert not h._thread.is_alive(), "the host of a stopped model is still waiting"
+            assert isinstance(h.error, rlhub.Aborted), h.error
+            assert "stopped taking gradients" in str(h.error) and "NaN" in str(h.error), h.error
+    finally:
+        h.close()
