@@ -48,6 +48,7 @@ import (
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 	"github.com/rlhub/rlhub/internal/wire/connlimit"
+	"github.com/rlhub/rlhub/internal/wire/messagedue"
 	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 )
@@ -378,8 +379,11 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 		grpcMetrics = metrics.NewGRPCServerMetrics()
 		opts = append(opts, grpcMetrics.ServerOptions()...)
 	}
-	due := messageDue{after: bulk.BodyDeadline(lim.BodyTimeout, lim.BodyMinRate, int64(cfg.MaxMsgBytes)), logger: cfg.Logger}
-	opts = append(opts, due.interceptors()...)
+	// A unary message is at most MaxMsgBytes: it is due within
+	// BodyTimeout + MaxMsgBytes/BodyMinRate, as a pushed body of that size.
+	due := messagedue.Clock{After: bulk.BodyDeadline(lim.BodyTimeout, lim.BodyMinRate, int64(cfg.MaxMsgBytes)),
+		Bound: "the server's --body-timeout plus its maximum size at --body-min-rate", Logger: cfg.Logger}
+	opts = append(opts, due.ServerOptions()...)
 	if cfg.Gate != nil {
 		opts = append(opts, grpc.ChainUnaryInterceptor(gateUnary(cfg.Gate)), grpc.ChainStreamInterceptor(gateStream(cfg.Gate)))
 	}
@@ -398,7 +402,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	// On a call's headers, before grpc-go starts its handler: the token
 	// and role (a unary call's interceptors run only once its whole
 	// request message came), then the calls a peer has in progress, then
-	// the clock of its message (messageDue).
+	// the clock of its message (messagedue).
 	opts = append(opts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		ctx, err := cfg.Auth.Tap(ctx, info.FullMethodName, info.Header)
 		if err != nil {
@@ -409,7 +413,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 				return nil, err
 			}
 		}
-		return due.arm(ctx, info.FullMethodName), nil
+		return due.Arm(ctx, info.FullMethodName), nil
 	}))
 	// Innermost: the streams' body deadlines, as on the data plane.
 	h.bodies = bodylimit.New(bodylimit.Config{Allowance: lim.BodyTimeout, MinRate: lim.BodyMinRate, Logger: cfg.Logger})
