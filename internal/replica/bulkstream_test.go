@@ -388,7 +388,7 @@ func TestDataPlaneReplicationRefusesWithoutTheAdminToken(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		lis := testkit.Listen(t)
-		s := startStandby(lis, nil, v, func() *cluster.Refusal {
+		s := startStandby(lis, nil, v, 0, testkit.Logger(), func() *cluster.Refusal {
 			return cluster.NewRefusal(&cluster.Leader{ID: "h9", Addr: "127.0.0.1:9", Epoch: 8})
 		}, func() position { return position{Epoch: 8, Unit: 3} }, nil)
 		defer func() {

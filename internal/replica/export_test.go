@@ -8,15 +8,32 @@ import (
 
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/clusterrpc"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // StartStandbyForTest serves a standby's own calls on lis (its position:
 // unit of epoch; every other call refused), checking tokens with guard
 // when set; stop ends it.
 func StartStandbyForTest(lis net.Listener, guard *auth.Verifier, epoch, unit uint64) (stop func() error) {
-	s := startStandby(lis, nil, guard, func() *cluster.Refusal { return cluster.NewRefusal(nil) },
+	s := startStandby(lis, nil, guard, 0, nil, func() *cluster.Refusal { return cluster.NewRefusal(nil) },
 		func() position { return position{Epoch: epoch, Unit: unit} }, nil)
 	return s.stop
+}
+
+// StartCappedStandbyForTest is StartStandbyForTest with the hub's
+// maxStreamsPerPeer (hub.Limits.MaxStreamsPerPeer), refusals naming
+// primary, and the cluster's Primary service (answering primary); held
+// is how many calls the peer ip has in progress there.
+func StartCappedStandbyForTest(lis net.Listener, guard *auth.Verifier, maxStreamsPerPeer int, primary string) (stop func() error, held func(ip string) int, err error) {
+	csvc, err := clusterrpc.New(clusterrpc.Config{Self: func() string { return primary }})
+	if err != nil {
+		return nil, nil, err
+	}
+	s := startStandby(lis, nil, guard, maxStreamsPerPeer, testkit.Logger(), func() *cluster.Refusal {
+		return cluster.NewRefusal(&cluster.Leader{ID: "p", Addr: primary, Epoch: 7})
+	}, func() position { return position{Epoch: 7, Unit: 1} }, []Registrar{csvc})
+	return s.stop, s.calls.Held, nil
 }
 
 // QueryPositionForTest is an elected hub's position query to the standby

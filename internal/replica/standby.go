@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"net"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -19,6 +21,8 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
+	"github.com/rlhub/rlhub/internal/wire/messagedue"
+	"github.com/rlhub/rlhub/internal/wire/streamcap"
 	"github.com/rlhub/rlhub/internal/wsync"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -34,6 +38,7 @@ type Registrar interface {
 type standbyServer struct {
 	grpc    *grpc.Server
 	bulk    *bulk.Server
+	calls   *streamcap.Calls // calls in progress per peer, from their headers (nil: no cap)
 	serveCh chan error
 }
 
@@ -46,17 +51,45 @@ var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, st
 // tokens), admits the replication stream (the position query) as the
 // primary admits it: the admin token the followers carry (policy table:
 // /rlhub.v1.Replica/Follow); nil admits it without a token, as the primary
-// without --token-file does.
-func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, refusal func() *cluster.Refusal, pos func() position, extra []Registrar) *standbyServer {
+// without --token-file does. maxStreamsPerPeer is the hub's
+// (hub.Limits.MaxStreamsPerPeer: 0 its default, negative no cap): a peer
+// may have twice as many calls in progress here, as on the primary.
+// logger reports the calls cut (nil: slog.Default()).
+func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, maxStreamsPerPeer int, logger *slog.Logger,
+	refusal func() *cluster.Refusal, pos func() position, extra []Registrar) *standbyServer {
 	opts := append([]grpc.ServerOption{
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 			return cluster.RefuseStream(ss, refusal())
 		}),
 		grpc.ConnectionTimeout(standbyHandshake),
+		grpc.MaxRecvMsgSize(standbyMaxMsgBytes),
 	}, chunkcodec.ServerOptions()...)
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(bulk.TLSCredentials()))
 	}
+	// The standby answers callers without a token (below), so they are
+	// bounded on their headers instead, as on the primary: the calls a
+	// peer has in progress, and the clock of each call's message. Without
+	// them a peer held a goroutine and up to 4 MiB (gRPC's default
+	// receive limit) per unary call it never finished, any number of
+	// them, for as long as its connection lived.
+	s := &standbyServer{bulk: bulk.NewServer(), serveCh: make(chan error, 1)}
+	switch {
+	case maxStreamsPerPeer == 0:
+		s.calls = streamcap.NewCalls(2 * streamcap.DefaultPerPeer)
+	case maxStreamsPerPeer > 0:
+		s.calls = streamcap.NewCalls(2 * maxStreamsPerPeer)
+	}
+	due := messagedue.Clock{After: standbyMessageDue, Bound: "the standby's " + standbyMessageDue.String(), Logger: logger}
+	opts = append(opts, due.ServerOptions()...) // first in the chains: before the tokens' check
+	opts = append(opts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if s.calls != nil {
+			if err := s.calls.Tap(ctx); err != nil {
+				return nil, err
+			}
+		}
+		return due.Arm(ctx, info.FullMethodName), nil
+	}))
 	if guard != nil {
 		// Only the position query: the refusals, health and Cluster/Primary
 		// answer every caller (a client learns where the primary is before
@@ -79,7 +112,7 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, re
 			return checkUnary(ctx, req, info, h)
 		}))
 	}
-	s := &standbyServer{grpc: grpc.NewServer(opts...), bulk: bulk.NewServer(), serveCh: make(chan error, 1)}
+	s.grpc = grpc.NewServer(opts...)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(s.grpc, hs)
@@ -97,6 +130,21 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, re
 	go func() { s.serveCh <- s.grpc.Serve(g) }()
 	return s
 }
+
+// standbyMaxMsgBytes bounds a request message the standby reads. Every
+// one is tiny: Cluster/Primary's and Cluster/Replication's are empty, a
+// health check names a service, the position query's hello is some 150
+// bytes (a member id is at most 64: cluster.ValidID). A follower's own hello over gRPC (its files'
+// list) may be larger: it fails ResourceExhausted where it was refused
+// (grpc-go ends the call itself), and the follower reads the primary
+// from etcd again either way. A call the standby refuses is answered
+// whatever its message's size: the refusal reads none.
+const standbyMaxMsgBytes = 16 << 10
+
+// standbyMessageDue bounds the time from a call's headers to its whole
+// request message (messagedue): a client sends its few bytes right after
+// the headers; the rest is room for a loaded machine.
+const standbyMessageDue = 5 * time.Second
 
 // standbyDrain bounds how long a stopping standby server lets calls in
 // progress finish: the hub that takes over waits for it.
