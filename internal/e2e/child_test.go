@@ -232,7 +232,7 @@ func shmCollectorMain(ctx context.Context, args []string) error {
 	}
 	r.Close()
 	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
-		Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", relay.Shm)}})
+		Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", relay.Shm, f.model)}})
 	if err != nil {
 		return err
 	}

@@ -127,7 +127,7 @@ func startCollectors(t testing.TB, c *testCluster, etcd, model string) (*collect
 	s.relay = testkit.StartProc(t, testkit.ProcConfig{Name: "relay", Args: []string{"--log-level", "warn", "relay",
 		"--etcd", etcd, "--cluster", c.name, "--model", model, "--listen", "127.0.0.1:0", "--shm", segment}})
 	sh, err := wsync.NewFailover(wsync.FailoverConfig{Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
-		Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", segment)}})
+		Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", segment, model)}})
 	if err != nil {
 		t.Fatal(err)
 	}

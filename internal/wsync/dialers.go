@@ -19,11 +19,11 @@ import (
 // (Releaser). Where it cannot lease (a segment with 2 slots, every entry
 // held, a file it may not write) the reader copies instead, and the
 // Failover logs why (shm.Reader.CopyReason). A segment whose writer has
-// closed it or died counts as unreachable. It takes the segment of any
-// model: ShmReaderDialer with shm.ReaderConfig.Model refuses another
-// model's segment, whose weights a collector would otherwise load.
-func ShmDialer(name, path string) Dialer {
-	return ShmReaderDialer(name, shm.ReaderConfig{Path: path, Lease: true})
+// closed it or died counts as unreachable. A segment of another model
+// than model is refused (shm.ReaderConfig.Model): a collector would
+// otherwise load its weights.
+func ShmDialer(name, path, model string) Dialer {
+	return ShmReaderDialer(name, shm.ReaderConfig{Path: path, Model: model, Lease: true})
 }
 
 // ShmCopyDialer is ShmDialer with a copying reader: each version is
@@ -34,8 +34,8 @@ func ShmDialer(name, path string) Dialer {
 // shm-copy-into took 4.6 memcpys of the model to reach 2 collectors'
 // weights (19 at 8), the default 4.8 (13 at 8) on a 2-core machine at
 // load 5–10 (docs/benchlog/2026-12-01-s8-speed.md).
-func ShmCopyDialer(name, path string) Dialer {
-	return ShmReaderDialer(name, shm.ReaderConfig{Path: path})
+func ShmCopyDialer(name, path, model string) Dialer {
+	return ShmReaderDialer(name, shm.ReaderConfig{Path: path, Model: model})
 }
 
 var _ Releaser = (*shm.Reader)(nil)

@@ -39,7 +39,7 @@ func TestPollWhileRunAppliesFromALeaseIsRefused(t *testing.T) {
 		}
 		return nil
 	}
-	f, err := NewFailover(FailoverConfig{Logger: testkit.Logger(), Dialers: []Dialer{ShmDialer("relay-shm", path)}})
+	f, err := NewFailover(FailoverConfig{Logger: testkit.Logger(), Dialers: []Dialer{ShmDialer("relay-shm", path, "m")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func shmDefaultCollector(t *testing.T, path string, weights *tensor.StateDict, c
 	t.Helper()
 	var mu sync.Mutex
 	var reader *shm.Reader
-	def := ShmDialer("relay-shm", path)
+	def := ShmDialer("relay-shm", path, "m")
 	f, err := NewFailover(FailoverConfig{Logger: testkit.Logger(), Dialers: []Dialer{{Name: def.Name,
 		Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
 			src, closer, err := def.Dial(ctx, have)

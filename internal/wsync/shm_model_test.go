@@ -15,7 +15,8 @@ import (
 )
 
 // A collector of model "other" given the segment of model "m" (a wrong
-// path, or two models sharing a default path) is refused with
+// path, or two models sharing a default path), by ShmDialer (leasing) or
+// ShmCopyDialer, is refused with
 // errs.ErrInvalid naming both models: its weights and version stay as
 // they were, and the segment's one lease entry stays free. Before, the
 // reader took any model's segment, and a collector whose tensors matched
@@ -26,13 +27,13 @@ func TestShmDialerRefusesAnotherModelsSegment(t *testing.T) {
 	if err := w.Publish(ctx, wsynctest.Snap(t, "m", 1, 1000)); err != nil {
 		t.Fatal(err)
 	}
-	for _, lease := range []bool{true, false} {
+	for lease, dial := range map[bool]Dialer{true: ShmDialer("relay-shm", path, "other"), false: ShmCopyDialer("relay-shm", path, "other")} {
 		weights := weightsOf("w", 1000)
 		data := weights.Tensors()[0].Data
 		wsynctest.Fill(data, 77)
 		before := append([]byte(nil), data...)
 		f, err := NewFailover(FailoverConfig{Logger: testkit.Logger(),
-			Dialers: []Dialer{ShmReaderDialer("relay-shm", shm.ReaderConfig{Path: path, Model: "other", Lease: lease})}})
+			Dialers: []Dialer{dial}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,7 +25,7 @@ func TestRelayThatCannotGrowItsSegmentLetsShmCollectorsMoveOn(t *testing.T) {
 
 	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
 	c := startFailoverCollector(t,
-		wsync.ShmDialer("relay-shm", path),
+		wsync.ShmDialer("relay-shm", path, "m"),
 		wsync.PushDialer("relay-stream", relayConn, "shm-collector", "m"),
 		wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	waitFor(t, "the collector at v1 on the segment", func() bool { return c.recv.Version() == 1 })

@@ -47,7 +47,7 @@ func TestRelayServesLocalCollectorsAndFallsBackWhenItDies(t *testing.T) {
 
 	relayConn, upConn := dial(t, relay.Addr()), dial(t, h.addr)
 	shmC := startFailoverCollector(t,
-		wsync.ShmCopyDialer("relay-shm", path),
+		wsync.ShmCopyDialer("relay-shm", path, "m"),
 		wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	streamC := startFailoverCollector(t,
 		wsync.PushDialer("relay-stream", relayConn, "stream-collector", "m"),
@@ -202,7 +202,7 @@ func TestRelayProcessKilled(t *testing.T) {
 	relayAddr, kill := startRelayProc(t, h.addr, path, 1)
 
 	upConn := dial(t, h.addr)
-	shmC := startFailoverCollector(t, wsync.ShmDialer("relay-shm", path), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
+	shmC := startFailoverCollector(t, wsync.ShmDialer("relay-shm", path, "m"), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	streamC := startFailoverCollector(t,
 		wsync.PushDialer("relay-stream", dial(t, relayAddr), "stream-collector", "m"),
 		wsync.PushDialer("upstream", upConn, "stream-collector", "m"))
@@ -265,7 +265,7 @@ func TestCollectorsGoBackToARestartedRelay(t *testing.T) {
 			return wsynctest.Check(s)
 		}
 	}
-	shmC := startFailoverCollectorApply(t, growing("shm"), wsync.ShmDialer("relay-shm", path), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
+	shmC := startFailoverCollectorApply(t, growing("shm"), wsync.ShmDialer("relay-shm", path, "m"), wsync.PushDialer("upstream", upConn, "shm-collector", "m"))
 	streamC := startFailoverCollectorApply(t, growing("stream"), relayStream, wsync.PushDialer("upstream", upConn, "stream-collector", "m"))
 	cs := []*failoverCollector{shmC, streamC}
 	want := []string{"relay-shm", "relay-stream"}
