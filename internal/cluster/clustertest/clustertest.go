@@ -57,8 +57,8 @@ func Start(tb testing.TB) *Etcd {
 		tb.Fatal("etcd is not installed: scripts/setup.d/20-etcd.sh installs Debian's etcd-server")
 	}
 	e := &Etcd{tb: tb, dir: tb.TempDir(), Endpoint: "http://" + freeAddr(tb), peer: "http://" + freeAddr(tb)}
+	tb.Cleanup(e.Kill) // before Restart: one that fails still kills the process
 	e.Restart()
-	tb.Cleanup(e.Kill)
 	return e
 }
 
@@ -175,13 +175,16 @@ func (e *Etcd) start() {
 	go func() { cmd.Wait(); close(done) }()
 }
 
+// serveTimeout bounds wait (this package's tests shorten it).
+var serveTimeout = 30 * time.Second
+
 // Wait waits until the process serves a linearizable read (after Cont).
 func (e *Etcd) Wait() { e.tb.Helper(); e.wait() }
 
 // wait waits until the process serves a linearizable read.
 func (e *Etcd) wait() {
 	e.tb.Helper()
-	testkit.Eventually(e.tb, 30*time.Second, "etcd to serve", func() bool {
+	testkit.Eventually(e.tb, serveTimeout, "etcd to serve", func() bool {
 		pc := clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second, Logger: zap.NewNop()}
 		if e.probe != nil {
 			pc = *e.probe

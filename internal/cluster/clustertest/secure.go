@@ -63,8 +63,8 @@ func StartSecure(tb testing.TB, cluster string) *Secure {
 		"--trusted-ca-file", s.CACert, "--client-cert-auth"}
 	tc := s.tlsConfig(tb)
 	e.probe = &clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: time.Second, Logger: zap.NewNop(), TLS: tc}
+	tb.Cleanup(e.Kill) // before Restart: one that fails still kills the process
 	e.Restart()
-	tb.Cleanup(e.Kill)
 	s.Etcd = e
 
 	cli, err := clientv3.New(*e.probe)
