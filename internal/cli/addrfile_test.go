@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
+	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -63,5 +66,55 @@ func testAddrFile(t *testing.T, mode ...string) {
 	}
 	if b, err := os.ReadFile(addrFile); err == nil {
 		t.Errorf("serve failed (%s) but the address file says %q: a launcher reads a dead hub's address", strings.TrimSpace(errOut), strings.TrimSpace(string(b)))
+	}
+}
+
+// TestServeAddrFileAfterAKillNamesNoDeadHub: a hub SIGKILLed runs no
+// cleanup, so its address file still names it. The serve started after
+// it on the same --data and --addr-file must take that address away
+// before it opens the data (recovery reads every retained version, and
+// may fail: here a version damaged on disk stops it), not only once it
+// listens: else a launcher reads the killed hub's address as the new
+// one's for the whole recovery, and for good when the start fails.
+func TestServeAddrFileAfterAKillNamesNoDeadHub(t *testing.T) {
+	data := t.TempDir()
+	st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(data, "store"), Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd, _ := tensor.NewStateDict(tensor.NewF32("w", 16))
+	blob, err := safetensors.Encode(sd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	addrFile := filepath.Join(t.TempDir(), "addr")
+	args := []string{"--log-level", "warn", "serve", "--listen", "127.0.0.1:0", "--data", data, "--addr-file", addrFile}
+	killed := testkit.StartProc(t, testkit.ProcConfig{Name: "hub", AddrFile: addrFile, Args: args})
+	killed.Kill()
+	if _, err := os.Stat(addrFile); err != nil {
+		t.Fatalf("the killed hub's address file: %v (a kill removes nothing)", err)
+	}
+	// Damage, not debris of the kill: the next start refuses the store.
+	v1 := filepath.Join(data, "store", store.VersionFile("m", 1))
+	raw, err := os.ReadFile(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)-1] ^= 0xff
+	if err := os.WriteFile(v1, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	next := testkit.StartProc(t, testkit.ProcConfig{Name: "hub", Args: args})
+	if ps := next.Wait(t, 30*time.Second); ps.ExitCode() == 0 || !strings.Contains(next.Output(), "CRC32C") {
+		t.Fatalf("serve on a damaged store: %v, want it refused naming the damage:\n%s", ps, next.Output())
+	}
+	if b, err := os.ReadFile(addrFile); err == nil {
+		t.Errorf("serve failed to open its data, but the address file still names the killed hub, %q: a launcher takes it for this one's", strings.TrimSpace(string(b)))
 	}
 }

@@ -82,9 +82,10 @@ type Config struct {
 	// AddrFile, when not "", is a file the hub writes its bound address
 	// to once it listens (written to a temporary name, then renamed, so a
 	// reader never sees part of it): how a process that started the hub
-	// on port 0 learns the port without racing for a free one. Close
-	// removes it, unless another hub has written its own address there
-	// since (a restart overlapping this one's stop).
+	// on port 0 learns the port without racing for a free one. New
+	// removes what is there before it opens the data (a killed hub's
+	// address); Close removes it, unless another hub has written its own
+	// address there since (a restart overlapping this one's stop).
 	AddrFile string
 	// DataDir is where services keep checkpoints (the store in
 	// DataDir/store, the reducer's registrations, ledger and optimizer
@@ -358,6 +359,15 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if cfg.AddrFile != "" {
+		// An earlier run's address must not be read as this one's while
+		// this one opens its data (recovery reads every retained
+		// version), nor when it fails to open it or to listen: a run
+		// killed with SIGKILL left its address there.
+		if err := os.Remove(cfg.AddrFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("hub: address file: %w", err)
+		}
+	}
 	h := &Hub{cfg: cfg}
 	st, err := openStore(&h.cfg)
 	if err != nil {
@@ -609,13 +619,6 @@ func (h *Hub) Start() error {
 	defer h.mu.Unlock()
 	if h.lis != nil || h.closed {
 		return errors.New("hub: already started or closed")
-	}
-	if h.cfg.AddrFile != "" {
-		// An earlier run's address must not be read as this one's when
-		// this one fails to listen.
-		if err := os.Remove(h.cfg.AddrFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("hub: address file: %w", err)
-		}
 	}
 	lis := h.cfg.Listener
 	if lis == nil {
