@@ -865,7 +865,10 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 	m.mu.Lock()
 	m.publishing = true
 	m.mu.Unlock()
-	req := store.PushRequest{Name: b.Model, Version: next, Expect: m.stepped, Epoch: m.epoch, Blob: blob, Recycle: m.giveSpare}
+	// Owned: the model claimed at its registration, deleted since and
+	// pushed again from version 1 by someone else, is another model;
+	// the step must not land on it as its next version.
+	req := store.PushRequest{Name: b.Model, Version: next, Expect: m.stepped, Epoch: m.epoch, Owned: true, Blob: blob, Recycle: m.giveSpare}
 	if pipelined {
 		return p.commitStep(ctx, m, committer, req, b, dst, fail)
 	}

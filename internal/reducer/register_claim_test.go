@@ -1,15 +1,18 @@
 package reducer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
@@ -71,5 +74,59 @@ func TestRefusedRegistrationLeavesTheModelUnclaimed(t *testing.T) {
 	}
 	if err := push("half", 2, testLayout(3)); err != nil {
 		t.Fatalf("a push to a model whose registration was refused (F16): %v", err)
+	}
+}
+
+// TestStepNeverLandsOnTheModelDeletedAndPushedAgain: a registered model
+// deleted (`rlhub model rm`) and pushed again from version 1 with other
+// weights by another writer is another model, though it shares the
+// version numbers. The reducer's next step was published on it as its
+// version 2: the deleted model's weights minus a step, over the new
+// model's, and the model claimed for the reducer again. The step now
+// fails to publish (docs/store.md, Delete): the new model keeps its
+// weights and its writer.
+func TestStepNeverLandsOnTheModelDeletedAndPushedAgain(t *testing.T) {
+	fs, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(t.TempDir(), "store"), Store: store.Config{Retain: 4},
+		Logger: slog.New(slog.NewTextHandler(&testkit.Buffer{}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	e := newTestEnv(t, Config{Store: store.Owned{Store: fs, Owner: "reducer"}, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.client("c", 1)
+	pushModel(t, fs, e.model, testLayout(3))
+	if _, _, err := c.Register(ctx, ModelConfig{Model: e.model, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Delete(ctx, e.model); err != nil {
+		t.Fatal(err)
+	}
+	other := fill(testLayout(3), rand.New(rand.NewPCG(7, 7)), 100)
+	blob, err := safetensors.Encode(other, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.Push(ctx, store.PushRequest{Name: e.model, Version: 1, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.PushGrad(ctx, e.model, 1, gradFor(3, "c", 1))
+	testkit.Eventually(t, 10*time.Second, "the step to end", func() bool {
+		return e.svc.Stats().Total.Dropped[reduce.ReasonPublish] == 1 || e.svc.Stats().Total.Applied == 1
+	})
+	snap, gerr := fs.Get(ctx, e.model, 0)
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if snap.Version != 1 || !bytes.Equal(snap.Blob, blob) {
+		t.Fatalf("the model pushed again is at version %d (push: %v); want its own version 1, untouched", snap.Version, err)
+	}
+	if applied := e.svc.Stats().Total.Applied; applied != 0 {
+		t.Fatalf("%d gradients applied to a model deleted since its registration", applied)
+	}
+	// Its writer still writes it: the reducer did not claim it back.
+	if _, err := fs.Push(ctx, store.PushRequest{Name: e.model, Version: 2, Expect: 1, Blob: blob}); err != nil {
+		t.Fatalf("the new model's writer after the refused step: %v", err)
 	}
 }

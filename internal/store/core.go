@@ -172,6 +172,8 @@ func decide(req *PushRequest, cur *Snapshot, epoch uint64, owner string) error {
 		return fmt.Errorf("%w: model %q: version %d is more than 2^32 past the current version %d", errs.ErrInvalid, req.Name, req.Version, curV)
 	case req.Epoch > epoch && req.Epoch-epoch > MaxStep:
 		return fmt.Errorf("%w: model %q: epoch %d is more than 2^32 past the highest landed epoch %d", errs.ErrInvalid, req.Name, req.Epoch, epoch)
+	case req.Owned && req.Owner != "" && owner != req.Owner:
+		return fmt.Errorf("%w: model %q is no longer %s's (deleted since %s claimed it, and pushed again?): it does not write it", errs.ErrPermission, req.Name, req.Owner, req.Owner)
 	case owner != "" && req.Owner != owner && !(req.Admin && strings.HasPrefix(owner, TokenOwnerPrefix)):
 		return fmt.Errorf("%w: model %q is managed by %s; only it may write the model (delete the model to take it back)", errs.ErrPermission, req.Name, owner)
 	case req.Epoch < epoch:

@@ -78,6 +78,12 @@ type PushRequest struct {
 	// say): the creation and the claim are one step, so no other writer
 	// can slip in between.
 	Claim bool
+	// Owned, with a non-empty Owner, lands the push only on a model Owner
+	// owns already: a writer that claimed the model (the reducer, at its
+	// registration) never writes over the model deleted since and pushed
+	// again by another writer, whose version numbers it may share
+	// (ErrPermission instead).
+	Owned bool
 	// Admin marks a writer that may write over a model a token owns (an
 	// owner starting with TokenOwnerPrefix), leaving its owner as it is;
 	// models of in-process owners (the reducer, ARS) still refuse it
