@@ -32,9 +32,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/netsec"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wire/chunkcodec"
 )
@@ -58,7 +60,9 @@ type Config struct {
 	// it mutual TLS). nil means plaintext.
 	TLS *tls.Config
 	// Token is sent with every RPC and in the data-plane handshake; ""
-	// sends none (a hub without a token file accepts that).
+	// sends none (a hub without a token file accepts that). Without TLS
+	// it is sent to loopback addresses only: any other is refused before
+	// anything is sent (netsec.PlaintextToken).
 	Token string
 	// MaxMsgBytes bounds one gRPC message in each direction; 0 means
 	// DefaultMaxMsgBytes.
@@ -103,7 +107,7 @@ func (c Config) Options() []grpc.DialOption {
 			}))
 	}
 	if c.Token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{md: map[string]string{TokenHeader: "Bearer " + c.Token}}))
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{md: map[string]string{TokenHeader: "Bearer " + c.Token}, plaintext: c.TLS == nil}))
 	}
 	if ka := c.KeepaliveTime; ka >= 0 {
 		if ka == 0 {
@@ -138,10 +142,16 @@ func (c Config) GRPC(addr string, extra ...grpc.DialOption) (*grpc.ClientConn, e
 		if err != nil {
 			return nil, err
 		}
+		if err := c.checkToken(t.Hubs...); err != nil {
+			return nil, err
+		}
 		if t.Clustered() {
 			return c.follow(t, extra)
 		}
 		addr = t.Hubs[0]
+	}
+	if err := c.checkToken(addr); err != nil {
+		return nil, err
 	}
 	conn, err := grpc.NewClient(addr, append(c.Options(), extra...)...)
 	if err != nil {
@@ -156,13 +166,48 @@ func (c Config) Bulk() *bulk.Client {
 	return bulk.NewClientConfig(bulk.ClientConfig{TLS: c.TLS, Token: c.Token})
 }
 
-// bearer is a per-RPC credential carrying the token. It does not demand
-// transport security: a loopback hub run with --insecure and a token file
-// takes tokens in plaintext (the hub refuses that off loopback unless the
-// operator says --insecure).
-type bearer struct{ md map[string]string }
+// checkToken refuses, before anything is dialled, a plaintext
+// configuration with a token for any of addrs that is not loopback
+// (netsec.PlaintextToken). The addresses an etcd:// target learns at run
+// time are checked by bearer, on the connection itself.
+func (c Config) checkToken(addrs ...string) error {
+	if c.TLS != nil || c.Token == "" {
+		return nil
+	}
+	for _, a := range addrs {
+		if err := netsec.PlaintextToken(a); err != nil {
+			return fmt.Errorf("dial: %w", err)
+		}
+	}
+	return nil
+}
 
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+// bearer is a per-RPC credential carrying the token. Over TLS it demands
+// transport security, as grpc-go's own token credentials do; plaintext
+// (a loopback hub with a token file, in tests and on one machine) it
+// allows only to a loopback peer, which it checks on each call's
+// connection, so that a cluster's primary learned at run time (etcd://)
+// is checked where it is dialled: off loopback the call fails
+// Unauthenticated (netsec.PlaintextToken) before its headers, the token
+// among them, are written.
+type bearer struct {
+	md        map[string]string
+	plaintext bool // no TLS: loopback peers only
+}
+
+func (b bearer) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
+	if b.plaintext {
+		where := "an unknown peer"
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+			if p.Addr.Network() == "unix" {
+				return b.md, nil // a socket file: this machine
+			}
+			where = p.Addr.String()
+		}
+		if err := netsec.PlaintextToken(where); err != nil {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
+	}
 	return b.md, nil
 }
-func (b bearer) RequireTransportSecurity() bool { return false }
+func (b bearer) RequireTransportSecurity() bool { return !b.plaintext }

@@ -42,6 +42,23 @@ func IsLoopback(addr string) bool {
 	return IsLoopbackHost(host)
 }
 
+// PlaintextToken is nil when a client may send its bearer token without
+// TLS to addr ("host:port" as dialled, or a connection's peer address):
+// only on loopback, where a hub serves plaintext with tokens (tests, one
+// machine). Off loopback a hub that takes tokens serves TLS (serve and
+// relay refuse otherwise), so a plaintext client holding a token is
+// misconfigured or talking to an impostor: it is refused, before the
+// token is written, with ErrUnauthenticated naming addr (bounded) and
+// what to pass.
+func PlaintextToken(addr string) error {
+	if IsLoopback(addr) {
+		return nil
+	}
+	return fmt.Errorf("%w: refusing to send the token in plaintext to %s, which is not a loopback address: "+
+		"give the hub's CA to use TLS (--tls-ca or RLHUB_TLS_CA; Go: Security.TLS or SecurityFiles.CA; Python: Security(ca=...))",
+		errs.ErrUnauthenticated, errs.Quote(addr))
+}
+
 // Advertised is the address other machines are told to dial (in etcd)
 // for a server that listens on listen and is bound at bound. advertise,
 // when given (`--advertise`: HOST, or HOST:PORT when a port is mapped

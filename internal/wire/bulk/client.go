@@ -19,6 +19,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/netsec"
 )
 
 // ErrNotSupported is returned by Client.Call when the server at an address
@@ -52,6 +53,8 @@ type ClientConfig struct {
 	// are replaced; an empty ServerName means the dialed host).
 	TLS *tls.Config
 	// Token is sent in every connection's handshake ("" sends none).
+	// Without TLS, a connection to an address that is not loopback is
+	// refused before it is dialled (netsec.PlaintextToken).
 	Token string
 }
 
@@ -225,6 +228,12 @@ func (c *Client) get(ctx context.Context, addr string, fresh bool) (cc *clientCo
 
 // dial opens a connection to addr and exchanges Magic.
 func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
+	if c.cfg.TLS == nil && c.cfg.Token != "" {
+		// The handshake would write the token in the clear.
+		if err := netsec.PlaintextToken(addr); err != nil {
+			return nil, fmt.Errorf("bulk: %w", err)
+		}
+	}
 	conn, err := c.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		if cerr := ended(ctx); cerr != nil {
