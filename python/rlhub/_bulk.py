@@ -298,6 +298,8 @@ class Client:
             host, port = _split_addr(addr)
         except ValueError:
             raise self._not_supported(addr, "not a host:port address") from None
+        sec = self._security if self._security is not None else _channel.default_security()
+        _channel.check_plaintext_token(addr, sec)  # the handshake would write the token in the clear
         left = deadline - time.monotonic()
         if left <= 0:
             raise errors.DeadlineExceeded(f"bulk: dial {addr}: deadline exceeded")
@@ -309,7 +311,6 @@ class Client:
             raise errors.Unavailable(f"bulk: dial {addr}: timed out") from None
         except OSError as e:
             raise errors.Unavailable(f"bulk: dial {addr}: {e}") from None
-        sec = self._security if self._security is not None else _channel.default_security()
         tok = (sec.token or "").encode()
         if len(tok) > MAX_TOKEN_BYTES:
             sock.close()

@@ -22,6 +22,7 @@ loopback without a token file expects.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import random
 import ssl
@@ -83,6 +84,43 @@ class Security:
             ctx.load_cert_chain(self.cert, self.key)
         ctx.set_alpn_protocols([BULK_ALPN])
         return ctx
+
+
+def _loopback_addr(addr: str) -> bool:
+    """Whether ``addr`` (a gRPC target or "host:port") stays on this
+    machine: "localhost", a loopback IP (127.0.0.0/8, ::1), or a socket
+    file. Names are not resolved: as for the Go seam
+    (netsec.IsLoopback)."""
+    if addr.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("dns:///", "ipv4:", "ipv6:"):
+        if addr.startswith(scheme):
+            addr = addr[len(scheme):]
+    host = addr
+    if addr.startswith("["):
+        host = addr[1:addr.find("]")] if "]" in addr else addr
+    elif addr.count(":") == 1:
+        host = addr.rpartition(":")[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plaintext_token(addr: str, security: Security) -> None:
+    """Raises ``rlhub.Unauthenticated`` when ``security`` would send its
+    token in plaintext to ``addr`` off loopback. A hub off loopback that
+    takes tokens serves TLS (``rlhub serve`` refuses otherwise), so such a
+    client is misconfigured or talking to an impostor: it is refused
+    before anything is sent (docs/security.md)."""
+    if security.tls or not security.token or _loopback_addr(addr):
+        return
+    from rlhub import errors
+    raise errors.Unauthenticated(
+        f"rlhub: refusing to send the token in plaintext to {addr[:80]!r}, which is not a loopback address: "
+        "give the hub's CA to use TLS (Security(ca=...) or RLHUB_TLS_CA; the command line's --tls-ca)")
 
 
 def read_token(path: str) -> str:
@@ -148,13 +186,18 @@ def channel(addr: str, options: Optional[Sequence[Tuple[str, Any]]] = None,
     back-off of 50 ms to 1 s (``_RECONNECT``) and keepalive pings
     (``KEEPALIVE_MS``) unless ``options`` set them.
     ``addr`` may name a cluster ("h1:p1,h2:p2" or "etcd://E/NAME"): the
-    channel then follows its primary (:class:`FollowingChannel`)."""
+    channel then follows its primary (:class:`FollowingChannel`).
+    A token without TLS is refused for an address off loopback
+    (:func:`check_plaintext_token`, ``rlhub.Unauthenticated``)."""
     sec = security if security is not None else default_security()
     if "," in addr or addr.startswith("etcd://"):
         t = parse_target(addr)
+        for h in t.hubs:  # an etcd:// primary is checked as it is learned (FollowingChannel.offer)
+            check_plaintext_token(h, sec)
         if t.clustered:
             return FollowingChannel(t, options, sec)
         addr = t.hubs[0]
+    check_plaintext_token(addr, sec)
     opts: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", DEFAULT_MAX_MSG_BYTES),
                                    ("grpc.max_send_message_length", DEFAULT_MAX_MSG_BYTES),
                                    *_RECONNECT, *_keepalive()]
@@ -456,6 +499,9 @@ class FollowingChannel(grpc.Channel):
             if self._closed or epoch < self._cur[1] or (addr, epoch) == self._cur:
                 self._stale = False
                 return
+            # A primary learned at run time (etcd, a refusal) is refused as
+            # a given address is, before anything changes (rlhub.Unauthenticated).
+            check_plaintext_token(addr, self._sec)
             old, was = self._ch, self._cur
             self._cur, self._stale = (addr, epoch), False
             self._ch = channel(addr, options=self._opts, security=self._sec)
@@ -596,6 +642,7 @@ class FollowingChannel(grpc.Channel):
         :class:`NoPrimary` (UNAVAILABLE, naming the cluster and what the
         last lookup said) when there is none by ``deadline``: a caller's
         lookups and waits all come out of that one budget."""
+        from rlhub import errors
         wait = _BACKOFF0
         while True:
             with self._cv:
@@ -607,6 +654,8 @@ class FollowingChannel(grpc.Channel):
                     self.offer(*self.resolve(min(RESOLVE_TIMEOUT, max(0.05, deadline - time.monotonic()))))
                     with self._cv:
                         self._stale, self._last_err = False, None
+                except errors.Unauthenticated:
+                    raise  # a token the primary's address must not see in plaintext: waiting changes nothing
                 except Exception as e:  # noqa: BLE001 - kept for the final error
                     with self._cv:
                         self._last_err = str(e)[:1000]
