@@ -437,6 +437,19 @@ func (v *Verifier) Check(ctx context.Context, token string, _ *tls.ConnectionSta
 	return v.trackRequest(ctx, hash, p)
 }
 
+// CheckHello is the data plane's bulk.HelloGuard: a connection whose
+// hello carries no token, an unknown or an expired one is refused before
+// the server reads a request from it. Every data-plane method needs a
+// token (none is Public), so such a connection could only be refused
+// request by request. A nil verifier admits every hello.
+func (v *Verifier) CheckHello(token string, _ *tls.ConnectionState) error {
+	if v == nil {
+		return nil
+	}
+	_, _, err := v.authenticate(token)
+	return err
+}
+
 // trackRequest tracks a data-plane request (a long-poll watch, a body
 // being read) like a gRPC call: a revocation or expiry cuts it. The
 // tracking ends with the request's context (bulk cancels it at the end).
@@ -449,4 +462,4 @@ func (v *Verifier) trackRequest(ctx context.Context, hash string, p Principal) (
 	return WithPrincipal(tctx, p), nil
 }
 
-var _ bulk.Guard = (*Verifier)(nil)
+var _ bulk.HelloGuard = (*Verifier)(nil)

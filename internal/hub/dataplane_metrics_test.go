@@ -11,18 +11,15 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/rlhub/rlhub/internal/auth"
-	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
-	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // What the data plane refuses shows on /metrics, as gRPC's refusals do in
-// rlhub_grpc_server_handled_total: a push without a token, a method no
-// handler serves, a malformed frame, a frame begun and never finished, a
+// rlhub_grpc_server_handled_total: a connection without a token, a request
+// its token may not make, a method no handler serves, a malformed frame, a frame begun and never finished, a
 // connection that never says what it is, and a connection over the
 // per-peer cap. Before, none of them moved any counter: an SRE saw a
 // client locked out by the cap, or trickling frames, in nothing but the
@@ -45,9 +42,11 @@ func TestDataPlaneRefusalsAreCounted(t *testing.T) {
 	defer h.Close()
 	addr := h.Addr().String()
 
-	hdr, _ := proto.Marshal(&rlhubv1.StorePushHeader{Blob: &rlhubv1.BlobInfo{Model: "m", Version: 1, TotalBytes: 64}})
-	if _, st := rawBulkRequestAs(t, addr, "", storerpc.BulkPushMethod, hdr); codes.Code(st.GetCode()) != codes.Unauthenticated {
-		t.Fatalf("push without a token: %v, want Unauthenticated", st)
+	if st, _ := helloAnswer(t, addr, ""); codes.Code(st.GetCode()) != codes.Unauthenticated {
+		t.Fatalf("a connection without a token: %v, want Unauthenticated", st)
+	}
+	if _, st := rawBulkRequestAs(t, addr, tok, "rlhub.v1.Replica/Follow", nil); codes.Code(st.GetCode()) != codes.PermissionDenied {
+		t.Fatalf("the replication stream with a trainer's token: %v, want PermissionDenied", st)
 	}
 	if _, st := rawBulkRequestAs(t, addr, tok, "no.such/Method\x1b[2J", nil); codes.Code(st.GetCode()) != codes.Unimplemented {
 		t.Fatalf("unknown method: %v, want Unimplemented", st)
@@ -107,7 +106,8 @@ func TestDataPlaneRefusalsAreCounted(t *testing.T) {
 	}
 
 	want := []string{
-		`rlhub_dataplane_requests_total{code="Unauthenticated",method="rlhub.v1.ModelStore/Push"} 1`,
+		`rlhub_conns_refused_total{reason="unauthenticated"} 1`,
+		`rlhub_dataplane_requests_total{code="PermissionDenied",method="rlhub.v1.Replica/Follow"} 1`,
 		`rlhub_dataplane_requests_total{code="Unimplemented",method="unknown"} 1`,
 		`rlhub_conns_refused_total{reason="malformed"} 1`,
 		`rlhub_conns_refused_total{reason="frame_timeout"} 1`,

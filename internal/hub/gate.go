@@ -82,3 +82,12 @@ func (g gateGuard) Check(ctx context.Context, token string, st *tls.ConnectionSt
 	}
 	return g.next.Check(ctx, token, st, method, header)
 }
+
+// CheckHello is the next guard's hello check, when it has one: the gate
+// refuses requests, never connections (its refusal names the primary).
+func (g gateGuard) CheckHello(token string, st *tls.ConnectionState) error {
+	if n, ok := g.next.(bulk.HelloGuard); ok {
+		return n.CheckHello(token, st)
+	}
+	return nil
+}

@@ -56,7 +56,7 @@ func TestDashboardRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := metrics.RefusalState{
-		Conns:      []metrics.Count{{"peer_cap", 2}, {"handshake", 0}, {"frame_timeout", 0}, {"malformed", 0}, {"body_timeout", 0}, {"reply_timeout", 1}},
+		Conns:      []metrics.Count{{"peer_cap", 2}, {"handshake", 0}, {"frame_timeout", 0}, {"malformed", 0}, {"body_timeout", 0}, {"reply_timeout", 1}, {"unauthenticated", 0}},
 		StreamsCut: []metrics.Count{{"received", 0}, {"sent", 3}},
 	}
 	if st.Refusals == nil || !reflect.DeepEqual(*st.Refusals, want) {

@@ -12,6 +12,8 @@ Protocol (little-endian)::
     (TLS first when the hub has it, ALPN "rlhub-dp/2")
     client → server   b"RLHUBDP2" | u16 len | token once per connection
     server → client   b"RLHUBDP2"                   acknowledgement
+                  or  u8 3 | u32 len | google.rpc.Status   the hello refused
+                      (no token, an unknown one), then the end
     client → server   u8 1 | u16 len | method | u32 len | header (protobuf)
     server → client   u8 2                          continue: send the body
                   or  u8 3 | u32 len | google.rpc.Status   final, no body sent
@@ -330,12 +332,16 @@ class Client:
                     raise self._not_supported(addr, "TLS without the data plane's ALPN")
             sock.sendall(MAGIC + struct.pack("<H", len(tok)) + tok)
             got = b""
+            refusal = None
             while len(got) < len(MAGIC):
                 _settimeout(sock, hs)
                 b = sock.recv(len(MAGIC) - len(got))
                 if not b:
                     break
                 got += b
+                if got[:1] == bytes([_KIND_FINAL]):
+                    refusal = _read_refusal(sock, got[1:], hs)
+                    break
                 if not MAGIC.startswith(got):
                     break
         except _Deadline:
@@ -357,6 +363,11 @@ class Client:
             # the bytes or the end read below (as the Go client).
             sock.close()
             raise errors.Unavailable(f"bulk: handshake with {addr}: {e}") from None
+        if refusal is not None:
+            # The hub refused the hello (its token): the answer to the
+            # call, as a request's refusal would be; the data plane stays.
+            sock.close()
+            raise errors.from_status(refusal)
         if got != MAGIC:
             sock.close()
             raise self._not_supported(addr, f"answered {got[:16]!r}")
@@ -411,6 +422,28 @@ class Client:
             self._idle = {}
         for s in socks:
             s.close()
+
+
+def _read_refusal(sock: socket.socket, head: bytes, deadline: float) -> "Optional[status_pb2.Status]":
+    """Reads the final status a hub sends in place of the magic when it
+    refuses the hello (no token, an unknown or expired one), ``head`` the
+    bytes after its kind already read; None when what came is no such
+    status (something else answered)."""
+    from google.rpc import status_pb2
+
+    try:
+        head += _recv_exact(sock, max(0, 4 - len(head)), deadline)
+        (n,) = struct.unpack("<I", head[:4])
+        if n > _MAX_STATUS_BYTES:
+            return None
+        raw = head[4:4 + n] + _recv_exact(sock, max(0, n - len(head[4:])), deadline)
+    except EOFError:
+        return None
+    try:
+        st = status_pb2.Status.FromString(raw)
+    except Exception:  # noqa: BLE001 - a garbled status: not a refusal
+        return None
+    return st if st.code != 0 else None
 
 
 def _recv_into(sock: socket.socket, mv: memoryview, deadline: float) -> None:

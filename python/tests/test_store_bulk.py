@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 import tracemalloc
@@ -17,7 +18,8 @@ import pytest
 import torch
 
 import rlhub
-from rlhub import _bulk
+from rlhub import _bulk, _channel
+from rlhub._proto.rlhub.v1 import store_pb2
 from rlhub.tensors import save_bytes
 
 from conftest import Hub
@@ -561,3 +563,37 @@ def test_close_ends_a_watch_waiting_in_another_thread(hub, transport):
     with pytest.raises(rlhub.RlhubError):
         s.pull("m")
     s.close()  # twice: a no-op
+
+
+def test_a_hello_without_a_valid_token_is_refused_in_place_of_the_magic(rlhub_bin, tmp_path):
+    """A hub with a token file refuses a data-plane connection without a
+    token, or with one it does not know, at its hello: a final status
+    (first byte 3) in place of the magic, then the end, before it reads
+    any request. The client raises it as the call's Unauthenticated and
+    keeps using the data plane for the address (it speaks it); a reader's
+    token is served."""
+    subprocess.run([rlhub_bin, "token", "new", "--role", "reader", "--scope", "*", "--out",
+                    str(tmp_path / "reader.token"), "--append", str(tmp_path / "tokens")],
+                   check=True, capture_output=True, timeout=60)
+    h = Hub(rlhub_bin, tmp_path, extra=("--auth-tokens", str(tmp_path / "tokens")))
+    try:
+        for tok in (b"", b"rlh_nobody"):
+            host, port = h.addr.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=20) as s:
+                s.sendall(_bulk.MAGIC + struct.pack("<H", len(tok)) + tok)
+                got = s.recv(4096)
+                assert got[:1] == b"\x03", f"hello with token {tok!r} answered {got[:16]!r}, want a final status"
+                while s.recv(4096):  # then the end (a hang guard: the socket's timeout)
+                    pass
+        req = store_pb2.StorePullRequest(model="m").SerializeToString()
+        anon = _bulk.Client(rlhub.Security())
+        with pytest.raises(rlhub.Unauthenticated, match="no token"):
+            anon.fetch(h.addr, "rlhub.v1.ModelStore/Pull", req, lambda hdr, n: bytearray(n), 20)
+        assert anon.supported(h.addr)
+        reader = _bulk.Client(rlhub.Security(token=_channel.read_token(str(tmp_path / "reader.token"))))
+        with pytest.raises(rlhub.NotFound):
+            reader.fetch(h.addr, "rlhub.v1.ModelStore/Pull", req, lambda hdr, n: bytearray(n), 20)
+        anon.close()
+        reader.close()
+    finally:
+        h.stop()

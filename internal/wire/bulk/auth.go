@@ -34,19 +34,45 @@ type Guard interface {
 	Check(ctx context.Context, token string, tls *tls.ConnectionState, method string, header []byte) (context.Context, error)
 }
 
+// HelloGuard is a Guard that also judges a connection's token at its
+// hello, before the server reads a request: an unauthenticated peer must
+// not make the server read and hold request headers (up to
+// MaxHeaderBytes each) and keep an idle connection (IdleTimeout) only to
+// be refused request by request. A non-nil error (errs.ErrUnauthenticated)
+// is sent as the final status in place of the magic, and the connection
+// is closed. Every request is still checked by Check: a token revoked
+// later is refused there.
+type HelloGuard interface {
+	Guard
+	CheckHello(token string, tls *tls.ConnectionState) error
+}
+
+// checkHello runs the Guard's hello check on a new data-plane connection,
+// when it has one.
+func (s *Server) checkHello(sc *serverConn) error {
+	g, ok := s.Guard.(HelloGuard)
+	if !ok {
+		return nil
+	}
+	return g.CheckHello(sc.token, tlsState(sc.Conn))
+}
+
+func tlsState(c net.Conn) *tls.ConnectionState {
+	if tc, ok := c.(*tls.Conn); ok {
+		cs := tc.ConnectionState()
+		return &cs
+	}
+	return nil
+}
+
 // guard runs the Guard for req; done must be called when the request
 // ends (it cancels the request's context).
 func (s *Server) guard(sc *serverConn, req *Request) (ctx context.Context, done func(), err error) {
 	if s.Guard == nil {
 		return s.ctx, func() {}, nil
 	}
-	var st *tls.ConnectionState
-	if tc, ok := sc.Conn.(*tls.Conn); ok {
-		cs := tc.ConnectionState()
-		st = &cs
-	}
 	rctx, cancel := context.WithCancel(s.ctx)
-	ctx, err = s.Guard.Check(rctx, sc.token, st, req.Method, req.Header)
+	ctx, err = s.Guard.Check(rctx, sc.token, tlsState(sc.Conn), req.Method, req.Header)
 	return ctx, cancel, err
 }
 

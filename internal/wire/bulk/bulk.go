@@ -21,6 +21,10 @@
 // version, answers anything else or closes, and the client falls back to
 // gRPC). Then any number of requests, one at a time:
 //
+// A Guard that judges tokens (HelloGuard) may refuse the hello: the server
+// then answers, in the magic's place, a final status (below; first byte 3,
+// never the magic's "R") and closes the connection.
+//
 //	client: u8 1 (request) | u16 method length | method | u32 header length | header (protobuf)
 //	server: u8 2 (continue)                                 — send the body now
 //	     or u8 3 (final) | u32 length | google.rpc.Status   — the answer; no body is sent
@@ -335,10 +339,14 @@ const (
 	// client within its deadline (BodyTimeout + n/BodyMinRate; the
 	// connection closed mid-body, releasing what the reply held).
 	RefusedReplyTimeout = "reply_timeout"
+	// RefusedUnauthenticated: a data-plane hello whose token the Guard
+	// refused (HelloGuard: none, unknown or expired), answered with a
+	// final status in place of the magic, then closed.
+	RefusedUnauthenticated = "unauthenticated"
 )
 
 // RefusalReasons lists every refusal reason, in a fixed order.
-var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed, RefusedBodyTimeout, RefusedReplyTimeout}
+var RefusalReasons = [...]string{RefusedPeerCap, RefusedHandshake, RefusedFrameTimeout, RefusedMalformed, RefusedBodyTimeout, RefusedReplyTimeout, RefusedUnauthenticated}
 
 func (s *Server) refuse(reason string) { s.refusal(reason).Add(1) }
 
@@ -733,6 +741,15 @@ func (s *Server) serve(c net.Conn, token string) {
 		s.mu.Unlock()
 		c.Close()
 	}()
+	if err := s.checkHello(sc); err != nil {
+		// Refused before anything larger than the hello is read: the
+		// answer takes the magic's place and the connection ends. The
+		// client sent its hello and waits for the answer, so nothing
+		// unread is left to turn the close into a reset.
+		s.refuse(RefusedUnauthenticated)
+		_ = writeFinal(sc, toStatus(nil, err))
+		return
+	}
 	if err := sc.writeFrame([]byte(Magic)); err != nil {
 		return
 	}

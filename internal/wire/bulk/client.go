@@ -274,6 +274,9 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 	cc := &clientConn{Conn: conn, br: bufio.NewReaderSize(conn, 4096)}
 	if err := handshake(ctx, cc, c.cfg.Token); err != nil {
 		conn.Close()
+		if hr := (helloRefusal{}); errors.As(err, &hr) {
+			return nil, hr.err // the server's answer to the hello (its token), as a request's refusal
+		}
 		if errors.Is(err, ErrNotSupported) {
 			c.mu.Lock()
 			c.noBulk[addr] = time.Now()
@@ -340,7 +343,7 @@ func handshake(ctx context.Context, cc *clientConn, token string) error {
 	}
 	_ = cc.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = cc.SetDeadline(time.Unix(1, 0)) })
-	n, err := greet(cc, token)
+	n, refusal, err := greet(cc, token)
 	if !stop() {
 		// ctx ended: its deadline in the past may be set now or soon; the
 		// caller closes the connection.
@@ -348,6 +351,8 @@ func handshake(ctx context.Context, cc *clientConn, token string) error {
 	}
 	_ = cc.SetDeadline(time.Time{})
 	switch {
+	case refusal != nil:
+		return refusal
 	case err == nil && n < 0:
 		return nil
 	case n > 0 || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
@@ -360,18 +365,38 @@ func handshake(ctx context.Context, cc *clientConn, token string) error {
 }
 
 // greet writes the hello and reads the server's first len(Magic) bytes:
-// n is -1 when they are Magic, else how many were read.
-func greet(cc *clientConn, token string) (int, error) {
+// n is -1 when they are Magic, else how many were read. A server that
+// refused the hello (HelloGuard) answers a final status instead: refusal
+// is it, as Call returns a refusal (errs.FromStatus).
+func greet(cc *clientConn, token string) (n int, refusal, err error) {
 	if _, err := cc.Write(Hello(token)); err != nil {
-		return 0, err
+		return 0, nil, err
+	}
+	b, err := cc.br.Peek(1)
+	if err != nil {
+		return 0, nil, err
+	}
+	if b[0] == kindFinal {
+		_, _ = cc.br.ReadByte()
+		st, err := readStatus(cc.br)
+		if err != nil || codes.Code(st.GetCode()) == codes.OK {
+			return 1, nil, err // not a refusal: something else answered
+		}
+		return 1, helloRefusal{grpcerr.FromStatus(status.ErrorProto(st))}, nil
 	}
 	var got [len(Magic)]byte
-	n, err := io.ReadFull(cc.br, got[:])
+	n, err = io.ReadFull(cc.br, got[:])
 	if err == nil && string(got[:]) == Magic {
-		return -1, nil
+		return -1, nil, nil
 	}
-	return n, err
+	return n, nil, err
 }
+
+// helloRefusal is the server's final status in answer to the hello.
+type helloRefusal struct{ err error }
+
+func (e helloRefusal) Error() string { return e.err.Error() }
+func (e helloRefusal) Unwrap() error { return e.err }
 
 func (c *Client) put(addr string, cc *clientConn) {
 	c.mu.Lock()
