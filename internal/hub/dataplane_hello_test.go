@@ -122,3 +122,79 @@ func TestDataPlaneHelloWithoutAValidTokenIsRefused(t *testing.T) {
 		t.Fatalf("a pull of a missing model with a reader's token: %v, want NotFound", err)
 	}
 }
+
+// A data-plane connection whose token was revoked after its hello is
+// closed once a request on it is refused Unauthenticated: its token is the
+// connection's, so every later request would be refused too. Before, the
+// connection stayed open, and a peer could go on sending request headers
+// of up to 1 MiB each, every one read and held before the guard refused
+// it, as a connection without a token could before the hello was judged.
+func TestDataPlaneConnectionIsClosedOnceItsTokenIsRefused(t *testing.T) {
+	tok, hash, err := auth.NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := auth.Principal{Name: "reader", Role: auth.Reader, Scopes: []string{""}}
+	v := auth.NewVerifier(map[string]auth.Principal{hash: p})
+	h, err := New(Config{Listen: "127.0.0.1:0", Auth: v, Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+
+	c, err := net.DialTimeout("tcp", h.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second)) // a hang guard, not a measurement
+	hdr, _ := proto.Marshal(&rlhubv1.StorePullRequest{Model: "m"})
+	br := sendBulkRequest(t, c, tok, storerpc.BulkPullMethod, hdr)
+	if st := readFinal(t, br); codes.Code(st.GetCode()) != codes.NotFound {
+		t.Fatalf("a pull with the token: %v, want NotFound", st)
+	}
+	v.Replace(map[string]auth.Principal{}) // the token is revoked
+	if _, err := c.Write(requestFrame(storerpc.BulkPullMethod, hdr)); err != nil {
+		t.Fatal(err)
+	}
+	if st := readFinal(t, br); codes.Code(st.GetCode()) != codes.Unauthenticated {
+		t.Fatalf("a pull after the token was revoked: %v, want Unauthenticated", st)
+	}
+	if b, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the refusal the connection gave %d, %v; want its end", b, err)
+	}
+}
+
+// requestFrame is a data-plane request frame (docs/wire.md).
+func requestFrame(method string, header []byte) []byte {
+	frame := []byte{1}
+	frame = binary.LittleEndian.AppendUint16(frame, uint16(len(method)))
+	frame = append(frame, method...)
+	frame = binary.LittleEndian.AppendUint32(frame, uint32(len(header)))
+	return append(frame, header...)
+}
+
+// readFinal reads a final frame (kind 3) from br.
+func readFinal(t *testing.T, br *bufio.Reader) *spb.Status {
+	t.Helper()
+	kind, err := br.ReadByte()
+	if err != nil || kind != 3 {
+		t.Fatalf("answer: frame kind %d, %v; want a final status (3)", kind, err)
+	}
+	var n [4]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, binary.LittleEndian.Uint32(n[:]))
+	if _, err := io.ReadFull(br, raw); err != nil {
+		t.Fatal(err)
+	}
+	st := &spb.Status{}
+	if err := proto.Unmarshal(raw, st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}

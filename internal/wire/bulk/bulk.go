@@ -877,7 +877,10 @@ func (s *Server) handle(sc *serverConn, req *Request) bool {
 	s.mu.Lock()
 	s.requests++ // before the answer leaves, so a client that has it sees the count
 	s.mu.Unlock()
-	return writeFinal(sc, st) == nil
+	// A token refused (revoked or expired since the hello) is the
+	// connection's: every later request would be refused too, each header
+	// read and held first, so the connection ends with the answer.
+	return writeFinal(sc, st) == nil && codes.Code(st.Code) != codes.Unauthenticated
 }
 
 func toStatus(resp proto.Message, err error) *spb.Status {
