@@ -1,6 +1,7 @@
 // Package auth decides who may call what on a hub: bearer tokens, each
 // with a role and model-name scopes, checked on every gRPC call (unary and
-// stream interceptors) and on every data-plane request (a bulk.Guard),
+// stream interceptors), at every data-plane connection's hello and on its
+// every request (a bulk.HelloGuard),
 // against one policy table (Policy) that docs/security.md renders.
 //
 // To use it:
