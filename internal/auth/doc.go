@@ -1,8 +1,8 @@
 // Package auth decides who may call what on a hub: bearer tokens, each
 // with a role and model-name scopes, checked on every gRPC call (unary and
-// stream interceptors), at every data-plane connection's hello and on its
-// every request (a bulk.HelloGuard),
-// against one policy table (Policy) that docs/security.md renders.
+// stream interceptors), at each data-plane connection's hello and on each
+// of its requests (a bulk.HelloGuard), against one policy table (Policy)
+// that docs/security.md renders.
 //
 // To use it:
 //  1. Issue tokens with NewToken; put each one's Line in the hub's token
