@@ -118,6 +118,14 @@ func (e *testEnv) start(cfg Config) {
 		e.srv = s
 		svc.Register(s)
 	}, grpc.MaxRecvMsgSize(4<<20))
+	// The hosted secondaries attach to the primary in the background: a
+	// client's first push (a test's with MaxAttempts 1) that lists none
+	// fails "no live secondary" (seen once in CI under load).
+	if p := svc.Primary(); p != nil && cfg.Primary == "" {
+		testkit.Eventually(e.t, 30*time.Second, "the hosted secondaries attached", func() bool {
+			return len(p.Secondaries()) >= len(svc.SecondaryNodes())
+		})
+	}
 }
 
 // forTransports runs body once per client transport, as subtests.
