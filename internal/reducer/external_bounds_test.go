@@ -18,16 +18,13 @@ import (
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// externalFailure pushes one gradient to an external model, lets answer
-// (the host's reply to the step) fail the step, and returns the model's
-// failure as the primary keeps it and the error a later push gets over
-// gRPC. Nothing may have been published.
-func externalFailure(t *testing.T, answer func(h *goHost, st *rlhubv1.HostStep)) (failed error, pushErr error) {
+// hostAtFirstStep registers model m with the External optimizer, pushes
+// one gradient and attaches a host: the env, the host (cancelled at the
+// test's cleanup) and the step it was sent.
+func hostAtFirstStep(t *testing.T, ctx context.Context) (*testEnv, *goHost, *rlhubv1.HostStep) {
 	t.Helper()
 	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
 	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	if _, err := e.client("c", 1).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +32,20 @@ func externalFailure(t *testing.T, answer func(h *goHost, st *rlhubv1.HostStep))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(h.cancel)
 	st, _ := h.recvStep()
+	return e, h, st
+}
+
+// externalFailure pushes one gradient to an external model, lets answer
+// (the host's reply to the step) fail the step, and returns the model's
+// failure as the primary keeps it and the error a later push gets over
+// gRPC. Nothing may have been published.
+func externalFailure(t *testing.T, answer func(h *goHost, st *rlhubv1.HostStep)) (failed error, pushErr error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e, h, st := hostAtFirstStep(t, ctx)
 	answer(h, st)
 	testkit.Eventually(t, 20*time.Second, "the step to end", func() bool {
 		return e.svc.Stats().Total.Dropped[reduce.ReasonPublish] == 1 || e.newest().Version != 1

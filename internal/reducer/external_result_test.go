@@ -10,7 +10,6 @@ import (
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
-	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/safetensors"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -84,19 +83,9 @@ func TestExternalResultForAnotherModelIsRefused(t *testing.T) {
 // TestExternalStepResultNamingItsModelIsPublished: a result whose
 // BlobInfo names the step's model and version is published.
 func TestExternalStepResultNamingItsModelIsPublished(t *testing.T) {
-	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
-	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := e.client("c", 1).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := attachHost(t, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.cancel()
-	st, _ := h.recvStep()
+	e, h, st := hostAtFirstStep(t, ctx)
 	sendWeightsOf(t, h, st, h.params, "m", st.Version+1)
 	testkit.Eventually(t, 20*time.Second, "version 2 published", func() bool { return e.newest().Version == 2 })
 }
@@ -149,19 +138,9 @@ func TestExternalBadWeightsAreCalledWeights(t *testing.T) {
 // model's failure (a host does not re-attach on Aborted), and a host
 // attaching later is refused the same way.
 func TestHostOfAStoppedModelIsToldAndNotTakenBack(t *testing.T) {
-	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
-	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := e.client("c", 1).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
-		t.Fatal(err)
-	}
-	h, err := attachHost(t, e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.cancel()
-	st, _ := h.recvStep()
+	e, h, st := hostAtFirstStep(t, ctx)
 	bad := h.params.Clone()
 	f, _ := bad.Get("fc.bias").Float32s()
 	f[0] = float32(math.NaN())
