@@ -3,11 +3,14 @@ package learner_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,5 +214,75 @@ func TestMergedInfoOverTheMessageBoundIsAClearError(t *testing.T) {
 	learned.Wait()
 	if !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "merged info") {
 		t.Fatalf("Learn whose merged info is over 4 MiB = %v, want InvalidArgument naming the merged info", err)
+	}
+}
+
+// A learner whose reply is over the hub's message bound fails that share
+// alone, with an error naming the bound: sent, the hub would refuse it and
+// end the stream, failing the share as a lost learner and detaching it.
+func TestReplyOverTheMessageBoundFailsThatShareAlone(t *testing.T) {
+	var hubLog testkit.Buffer
+	h := hubtest.Start(t, hub.Config{Logger: slog.New(slog.NewTextHandler(&hubLog, nil))}) // 4 MiB messages
+	addr := h.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lctx, lcancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { lcancel(); wg.Wait() }()
+	var attaches, learns atomic.Int32
+	for _, id := range []string{"a", "b"} {
+		cfg := learner.Config{Hub: addr, ID: id, Logger: testkit.Logger(), Backoff: 20 * time.Millisecond,
+			OnAttach: func() {
+				if id == "a" {
+					attaches.Add(1)
+				}
+			},
+			OnDemand: func(context.Context, string) (learner.Demand, error) { return learner.Demand{BatchSize: 2}, nil },
+			OnLearn: func(context.Context, *learner.LearnTask) (map[string]any, error) {
+				if id == "a" && learns.Add(1) == 1 {
+					return map[string]any{"log": strings.Repeat("x", 5<<20)}, nil
+				}
+				return map[string]any{"ok": 1}, nil
+			}}
+		wg.Go(func() { learner.Run(lctx, cfg) })
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	agg := aggregator.NewClient(conn)
+	testkit.Eventually(t, time.Minute, "2 learners attached", func() bool {
+		ls, err := agg.Resources(ctx)
+		return err == nil && len(ls) == 2
+	})
+	if _, err := agg.Start(ctx, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agg.GetDataDemand(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	for step, wantFailed := range [][]string{{"a"}, nil} { // a takes the next share
+		res, err := agg.Learn(ctx, "t", mustSD(t, tensor.NewF32("x", 4, 2)), nil)
+		if err != nil {
+			t.Fatalf("Learn %d: %v", step, err)
+		}
+		var learners []string
+		for _, s := range res.Shares {
+			learners = append(learners, s.LearnerId)
+		}
+		if !slices.Equal(res.Failed, wantFailed) || !slices.Contains(learners, "a") == (step == 1) {
+			t.Fatalf("Learn %d: failed %v, shares by %v; want failed %v, a sharing only in Learn 1", step, res.Failed, learners, wantFailed)
+		}
+	}
+	st, err := agg.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.RemovedTotal != 0 || attaches.Load() != 1 {
+		t.Fatalf("learner a removed %d time(s), attached %d time(s); want it attached throughout", st.RemovedTotal, attaches.Load())
+	}
+	if log := hubLog.String(); !strings.Contains(log, "exceeds the hub's message bound of 4194304 bytes") || strings.Contains(log, strings.Repeat("x", 1024)) {
+		t.Fatalf("hub log does not name the bound (or echoes the info):\n%.4000s", log)
 	}
 }

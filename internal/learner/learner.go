@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rlhub/rlhub/internal/dial"
@@ -83,6 +84,10 @@ type Config struct {
 	Backoff time.Duration
 	// MaxShareBytes bounds one received share; 0 means 2 GiB.
 	MaxShareBytes int64
+	// MaxReplyBytes is the hub's message bound; 0 means 4 MiB, rlhub
+	// serve's. A reply over it (an OnLearn info, say) fails its task, as a
+	// callback error does, instead of being sent.
+	MaxReplyBytes int
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -105,6 +110,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxShareBytes == 0 {
 		c.MaxShareBytes = 2 << 30
+	}
+	if c.MaxReplyBytes == 0 {
+		c.MaxReplyBytes = 4 << 20
+	}
+	if c.MaxReplyBytes < 0 {
+		return fmt.Errorf("learner: negative MaxReplyBytes %d", c.MaxReplyBytes)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -279,10 +290,23 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 		default:
 			return fmt.Errorf("%w: unexpected aggregator message %T", errHubProtocol, m.Body)
 		}
-		if err := send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Reply{Reply: reply}}); err != nil {
+		if err := send(bounded(reply, cfg.MaxReplyBytes)); err != nil {
 			return err
 		}
 	}
+}
+
+// bounded wraps a reply, or an error in its place if it is over maxBytes:
+// the hub refuses a message over its bound by ending the stream, which
+// would fail the task as a lost learner and detach it; this fails that
+// task only, as a callback error does.
+func bounded(reply *rlhubv1.LearnerReply, maxBytes int) *rlhubv1.LearnerMessage {
+	m := &rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Reply{Reply: reply}}
+	if n := proto.Size(m); n > maxBytes {
+		m.Body = &rlhubv1.LearnerMessage_Reply{Reply: &rlhubv1.LearnerReply{RequestId: reply.RequestId,
+			Error: fmt.Sprintf("reply of %d bytes exceeds the hub's message bound of %d bytes", n, maxBytes)}}
+	}
+	return m
 }
 
 // leftHub reports whether a channel state seen after the Welcome means the

@@ -23,7 +23,8 @@ Contract:
    these (numpy/torch scalars and arrays are converted to numbers and
    lists); integers reach the coordinator as integers. A hook that raises refuses
    or fails that task only (the learner stays attached; the error text
-   travels to the coordinator).
+   travels to the coordinator). So does a reply over ``max_reply_bytes``
+   (the hub's message bound, 4 MiB), which the hub would refuse.
 2. Heartbeats go out every third of the lease from a thread owned by the
    session; it is stopped and joined when the session ends, so a hook may
    take longer than the lease.
@@ -52,9 +53,10 @@ from rlhub.tensors import load_bytes, parse_header
 
 log = logging.getLogger("rlhub.learner")
 
+_MAX_SEND_BYTES = 8 << 20
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
-    ("grpc.max_send_message_length", 8 << 20),
+    ("grpc.max_send_message_length", _MAX_SEND_BYTES),
     # Re-attach soon after a hub restart: reconnect from 50ms backing off to
     # 1s (gRPC's defaults, 1s to 120s, leave the learner detached long after).
     ("grpc.initial_reconnect_backoff_ms", 50),
@@ -183,11 +185,13 @@ class Learner(AttachLoop):
                  on_demand: Optional[Callable[[str], DemandLike]] = None,
                  on_learn: Optional[Callable[[LearnTask], Mapping[str, Any]]] = None,
                  framework: str = "numpy", backoff: float = 0.2, welcome_timeout: float = 30.0,
-                 max_share_bytes: int = 2 << 30):
+                 max_share_bytes: int = 2 << 30, max_reply_bytes: int = 4 << 20):
         if not learner_id or " " in learner_id or len(learner_id) > 128:
             raise ValueError(f"learner id {learner_id!r}: non-empty, no spaces, at most 128 bytes")
         if framework not in ("numpy", "torch"):
             raise ValueError(f"framework {framework!r}: want numpy or torch")
+        if not 0 < max_reply_bytes <= _MAX_SEND_BYTES:
+            raise ValueError(f"max_reply_bytes {max_reply_bytes}: want 1 to {_MAX_SEND_BYTES}")
         self.hub_addr = hub_addr
         self.learner_id = learner_id
         self.resources = dict(resources or {})
@@ -195,6 +199,9 @@ class Learner(AttachLoop):
         self.backoff = backoff
         self.welcome_timeout = welcome_timeout
         self.max_share_bytes = max_share_bytes
+        self.max_reply_bytes = max_reply_bytes
+        """The hub's message bound (``rlhub serve``: 4 MiB): a reply over it
+        fails its task instead of being sent (see ``_bounded``)."""
         if on_start is not None:
             self.on_start = on_start  # type: ignore[method-assign, assignment]  # a per-instance callback
         if on_demand is not None:
@@ -269,8 +276,7 @@ class Learner(AttachLoop):
                 m = self._recv(it)
                 if m is None:
                     raise errors.Unavailable("aggregator ended the stream")
-                reply = self._serve(m, it)
-                out.put(aggregator_pb2.LearnerMessage(reply=reply))
+                out.put(self._bounded(self._serve(m, it)))
         finally:
             no_welcome.cancel()
             self.attached.clear()
@@ -281,6 +287,19 @@ class Learner(AttachLoop):
             call.cancel()
             with self._mu:
                 self._call = None
+
+    def _bounded(self, reply: aggregator_pb2.LearnerReply) -> aggregator_pb2.LearnerMessage:
+        """Wraps a reply, or an error in its place if it is over
+        max_reply_bytes: the hub refuses a message over its bound by ending
+        the stream, which would fail the task as a lost learner and detach
+        it; this fails that task only, as a hook's error does."""
+        m = aggregator_pb2.LearnerMessage(reply=reply)
+        n = m.ByteSize()
+        if n <= self.max_reply_bytes:
+            return m
+        return aggregator_pb2.LearnerMessage(reply=aggregator_pb2.LearnerReply(
+            request_id=reply.request_id,
+            error=f"reply of {n} bytes exceeds the hub's message bound of {self.max_reply_bytes} bytes"))
 
     @staticmethod
     def _recv(it: Iterator[aggregator_pb2.AggregatorMessage]) -> Optional[aggregator_pb2.AggregatorMessage]:

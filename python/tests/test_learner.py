@@ -345,3 +345,39 @@ def test_a_share_over_max_share_bytes_fails_that_share_and_keeps_the_learner(hub
         assert a.sessions == 1 and st.removed_total == 0, f"a re-attached {a.sessions - 1} time(s)"
         assert {l.learner_id: l.tasks_failed for l in st.learners} == {"a": 2, "b": 0}
     assert "max_share_bytes" in (hub.data_dir / "hub.log").read_text()
+
+
+class BigInfoLearner(RowLearner):
+    """Replies with info over the hub's 4 MiB message bound on its first share."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.shares = 0
+
+    def on_learn(self, task: LearnTask):
+        info = super().on_learn(task)
+        self.shares += 1
+        if self.shares == 1:
+            info["log"] = "x" * (5 << 20)  # under the learner's 8 MiB send limit, over the hub's 4 MiB
+        return info
+
+
+def test_a_reply_over_the_message_bound_fails_that_share_and_keeps_the_learner(hub):
+    """Info over the hub's message bound fails that share alone, with an
+    error naming the bound: the hub would refuse the message and end the
+    learner's stream, failing the share as a lost learner and detaching it."""
+    with AggregatorClient(hub.addr) as agg, BigInfoLearner(hub.addr, "a", 4) as a, \
+            RowLearner(hub.addr, "b", 4) as b:
+        wait_attached(agg, 2)
+        agg.start("t1", {})
+        agg.get_data_demand("t1")
+        res = agg.learn("t1", batch(8), metadata={"step": "1"})
+        assert res.failed == ["a"] and res.info["rows"] == list(range(8))  # b took a's rows too
+        res = agg.learn("t1", batch(8), metadata={"step": "2"})  # a takes the next share
+        assert res.failed == [] and res.info["rows"] == list(range(8))
+        assert [s.learner_id for s in res.shares] == ["a", "b"]
+        st = agg.status()
+        assert a.sessions == 1 and st.removed_total == 0, f"a re-attached {a.sessions - 1} time(s)"
+        assert {l.learner_id: l.tasks_failed for l in st.learners} == {"a": 1, "b": 0}
+    log = (hub.data_dir / "hub.log").read_text()
+    assert "exceeds the hub's message bound of 4194304 bytes" in log and "x" * 1024 not in log
