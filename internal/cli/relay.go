@@ -45,6 +45,18 @@ func newRelayCmd(g *globals) *cobra.Command {
 			if err := refuseNonPositive(cmd, "body-timeout", "body-min-rate"); err != nil {
 				return err
 			}
+			// relay.Config reads every negative value as -1 (no cap), and
+			// 0 as the default for its streams while relayTap, given the
+			// flag's value, then capped no calls: refused, not half-applied.
+			if err := refuseBelowMinusOne(cmd, "max-streams-per-peer"); err != nil {
+				return err
+			}
+			if cfg.MaxStreamsPerPeer == 0 {
+				return fmt.Errorf("--max-streams-per-peer 0: give -1 for no cap, or a count (default %d)", streamcap.DefaultPerPeer)
+			}
+			if err := sec.refuseIgnored(cmd); err != nil {
+				return err
+			}
 			conn, err := dialHub(cmd.Context(), upstream)
 			if err != nil {
 				return err

@@ -40,6 +40,21 @@ func (s *serveSecurity) register(cmd *cobra.Command) {
 	f.BoolVar(&s.insecure, "insecure", false, "allow a non-loopback --listen (and --metrics-listen) without TLS and tokens: plaintext, and anyone who reaches the port may do anything (warned on stderr and in the log)")
 }
 
+// refuseIgnored refuses, before anything starts, the security flags that
+// would be taken and ignored: --auth-reload without --auth-tokens (no
+// file to reload) and a negative --auth-reload other than -1s (read as
+// it). (--tls-client-ca without a certificate, and --tls-cert without
+// --tls-key, are refused by resolve.)
+func (s *serveSecurity) refuseIgnored(cmd *cobra.Command) error {
+	if s.tokens == "" && cmd.Flags().Changed("auth-reload") {
+		return fmt.Errorf("--auth-reload needs --auth-tokens FILE: it is how often that file is reloaded")
+	}
+	if s.reload < 0 && s.reload != -time.Second {
+		return fmt.Errorf("--auth-reload %v: give -1s for SIGHUP only, or a positive interval", s.reload)
+	}
+	return nil
+}
+
 // apply fills cfg's TLS and Auth from the flags and refuses an exposed
 // listener without both (docs/security.md, secure by default).
 func (s *serveSecurity) apply(g *globals, cfg *hub.Config) error {

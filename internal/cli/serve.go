@@ -46,6 +46,14 @@ func newServeCmd(g *globals) *cobra.Command {
 				"max-header-bytes", "max-name-bytes", "max-policy-params"); err != nil {
 				return err
 			}
+			// hub.Limits and reducer.Config read every negative value as
+			// -1 (no cap, none): -5 is a typo, not a second way to say it.
+			if err := refuseBelowMinusOne(cmd, "max-conns-per-peer", "max-streams-per-peer", "reducer-secondaries"); err != nil {
+				return err
+			}
+			if err := sec.refuseIgnored(cmd); err != nil {
+				return err
+			}
 			if err := refuseClusterOnly(cmd, &cl); err != nil {
 				return err
 			}
@@ -250,6 +258,19 @@ func refuseClusterOnly(cmd *cobra.Command, cl *clusterFlags) error {
 	for _, name := range clusterOnlyFlags {
 		if cmd.Flags().Changed(name) {
 			return fmt.Errorf("--%s needs --etcd or --embedded-etcd: it is for a hub in a cluster (docs/cluster.md)", name)
+		}
+	}
+	return nil
+}
+
+// refuseBelowMinusOne refuses a value below -1 for any of the named int
+// flags, whose -1 says "no cap" (or "none") and whose configuration reads
+// every negative value so: naming the flag, not taken silently.
+func refuseBelowMinusOne(cmd *cobra.Command, names ...string) error {
+	for _, name := range names {
+		fl := cmd.Flags().Lookup(name)
+		if n, err := strconv.Atoi(fl.Value.String()); fl.Changed && err == nil && n < -1 {
+			return fmt.Errorf("--%s %d: give -1 (its only negative value) or a positive count (default %s)", name, n, fl.DefValue)
 		}
 	}
 	return nil
