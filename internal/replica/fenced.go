@@ -81,6 +81,7 @@ var (
 	_ store.Prechecker   = (*Fenced)(nil)
 	_ store.StatsReader  = (*Fenced)(nil)
 	_ store.UsageReader  = (*Fenced)(nil)
+	_ store.LifeReader   = (*Fenced)(nil)
 )
 
 func (f *Fenced) refused() error {
@@ -631,6 +632,57 @@ func (f *Fenced) GetIfNewer(ctx context.Context, name string, than uint64) (*sto
 	}
 	release()
 	return vs, nil
+}
+
+// NewestLife implements store.LifeReader (acknowledged versions only), so
+// that weight sync's status follows a model deleted and pushed again on a
+// cluster as on a single hub: the wrapped store's newest version and its
+// life, or, while that version waits for its acknowledgement, the newest
+// visible version of the same life (NotFound when it has none: the status
+// keeps what it showed, as GetIfNewer leaves it). A wrapped store that
+// numbers no lives gives the newest visible version at life 0 (unknown:
+// the status's newest only grows, as it did with GetIfNewer).
+func (f *Fenced) NewestLife(name string) (uint64, uint64, error) {
+	ctx := context.Background()
+	lr, ok := f.Store.(store.LifeReader)
+	if !ok {
+		snap, release, err := f.Lend(ctx, name, 0)
+		if err != nil {
+			return 0, 0, err
+		}
+		release()
+		return snap.Version, 0, nil
+	}
+	version, life, err := lr.NewestLife(name)
+	if err != nil {
+		return 0, 0, err
+	}
+	low, _ := f.vis().bound(name)
+	if low == 0 || version < low {
+		return version, life, nil
+	}
+	infos, err := f.Store.List(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	visible := uint64(0)
+	for _, in := range infos {
+		if in.Name != name {
+			continue
+		}
+		for i := len(in.Retained) - 1; i >= 0; i-- {
+			if in.Retained[i] < low {
+				visible = in.Retained[i]
+				break
+			}
+		}
+	}
+	// Lives only grow: the same life after the List means no Delete came
+	// between, so the versions listed are of that life.
+	if _, again, err := lr.NewestLife(name); err != nil || again != life || visible == 0 {
+		return 0, 0, fmt.Errorf("%w: model %s has no acknowledged version", errs.ErrNotFound, errs.Quote(name))
+	}
+	return visible, life, nil
 }
 
 // WaitNewer implements store.Store (acknowledged versions only).

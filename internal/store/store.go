@@ -141,9 +141,10 @@ type Snapshot struct {
 func (s *Snapshot) Life() uint64 { return s.life }
 
 // LifeReader is implemented by the stores that number lives (Memory and
-// File): NewestLife tells a model's newest version and its life without
-// reading it (no read is counted, nothing is taken or lent), so that
-// weight sync's status follows a model deleted and pushed again.
+// File, and a cluster primary's replica.Fenced over them): NewestLife
+// tells a model's newest version and its life without reading it (no
+// read is counted, nothing is taken or lent), so that weight sync's
+// status follows a model deleted and pushed again.
 type LifeReader interface {
 	NewestLife(name string) (version, life uint64, err error)
 }
