@@ -356,6 +356,33 @@ func (d *stateDir) registrations() ([]string, error) {
 	return out, nil
 }
 
+// registered reports whether model has a registration in the state
+// directory (one that restore may not have restored). A directory that
+// cannot be read counts as registered: restore then leaves the model as it
+// is.
+func (d *stateDir) registered(model string) bool {
+	_, err := os.Stat(filepath.Join(d.dir, store.ModelDir(model), registrationName))
+	return !errors.Is(err, os.ErrNotExist)
+}
+
+// drop removes a stale registration's files for good. The registration
+// goes first, as create writes it last: a kill in between leaves debris
+// that restore ignores (registrations) and a new registration replaces
+// (create), never a registration without its journal.
+func (d *stateDir) drop(dir string) error {
+	defer d.named(dir)
+	if err := os.Remove(filepath.Join(dir, registrationName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := atomicfile.SyncDir(dir); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return atomicfile.SyncDir(d.dir)
+}
+
 func readRegistration(dir string) (registration, error) {
 	var reg registration
 	raw, err := os.ReadFile(filepath.Join(dir, registrationName))

@@ -17,6 +17,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rlhub/rlhub/internal/crashpoint"
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/kernels"
 	"github.com/rlhub/rlhub/internal/optim"
@@ -142,6 +143,11 @@ type PrimaryConfig struct {
 	// were when last named, so a cluster primary ships the new bytes only
 	// (replica.Source.Appended). It must not block; nil: StateChanged.
 	StateAppended func(path string, from int64)
+	// CrashAt (tests only) SIGKILLs the process at a named point of
+	// Register (internal/crashpoint; reducer.New reads
+	// RLHUB_TEST_REDUCER_CRASH). Points: "register-claimed", once the
+	// model is claimed and before its registration is written.
+	CrashAt string
 }
 
 // DefaultJournalCompactBytes is PrimaryConfig.JournalCompactBytes's
@@ -217,6 +223,7 @@ type Primary struct {
 	settling sync.WaitGroup // commitStep's goroutines (settle)
 	lat      latencies
 	state    *stateDir // nil without StateDir
+	crash    *crashpoint.Hook
 }
 
 // Secondary names a secondary as clients reach it.
@@ -295,7 +302,7 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 		return nil, err
 	}
 	p := &Primary{cfg: cfg, models: map[string]*pmodel{}, sessions: map[uint64]Secondary{}, lat: newLatencies(4096),
-		closing: make(chan struct{})}
+		closing: make(chan struct{}), crash: crashpoint.Parse(cfg.CrashAt)}
 	if cfg.StateDir != "" {
 		d, err := openStateDir(cfg.StateDir, cfg.JournalCompactBytes, cfg.Logger, cfg.StateChanged, cfg.StateAppended)
 		if err != nil {
@@ -380,6 +387,7 @@ func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps 
 			}
 			snap = now
 		}
+		p.crash.At("register-claimed")
 	}
 	// Registrations of one model are serialized by regMu so two racing
 	// ones cannot both write the model's files.
@@ -462,20 +470,76 @@ func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error
 // model answers NOT_FOUND until it is registered again. One whose
 // optimizer state cannot be recovered is restored with a fresh optimizer
 // and its StateError set (reducer stats, and the log at ERROR).
+//
+// On a store that records owners (the hub's store.Owned view) the owners
+// are checked against the registrations: one whose model is no longer the
+// reducer's (deleted since, and pushed again by another writer) is stale,
+// and is dropped; a model the reducer owns with no registration (a
+// Register killed between its claim and its registration) is released.
 func (p *Primary) restoreAll(ctx context.Context) error {
 	dirs, err := p.state.registrations()
 	if err != nil {
 		return err
 	}
+	owned, owners := p.modelOwners(ctx)
 	for _, dir := range dirs {
-		if err := p.restoreOne(ctx, dir); err != nil {
+		if err := p.restoreOne(ctx, dir, owned.Owner, owners); err != nil {
 			p.cfg.Logger.Error("reducer: registration not restored; push its model again or register it again", "dir", dir, "err", err)
 		}
+	}
+	for name, owner := range owners {
+		if owner != owned.Owner || p.state.registered(name) {
+			continue
+		}
+		// Register claims the model before it writes the registration: a
+		// kill in between left a model no one reduces whose writer's
+		// pushes are refused. No Register runs before NewPrimary returns,
+		// so none is between the two now.
+		rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+		err := owned.Release(rctx, name)
+		cancel()
+		if err != nil && !errors.Is(err, store.ErrNotAcknowledged) { // not acknowledged: committed here, replicated with the next write
+			p.cfg.Logger.Warn("reducer: cannot release a model the reducer owns with no registration; register it, or delete it", "model", name, "err", err)
+			continue
+		}
+		p.cfg.Logger.Warn("reducer: released a model the reducer owned with no registration (a registration interrupted before it was written); its writers' pushes land again", "model", name)
 	}
 	return nil
 }
 
-func (p *Primary) restoreOne(ctx context.Context, dir string) error {
+// releaseTimeout bounds restore's release of a model (restoreAll): on a
+// cluster it waits for the standbys, which may not follow this hub yet.
+const releaseTimeout = 5 * time.Second
+
+// modelOwners returns the owner view the primary writes through and each
+// model's owner as the store records it. owners is nil when the store
+// records no owners the primary can read (it is not an owner view of a
+// store.Claimer, so Register claims nothing) or cannot list them: restore
+// then checks no owner.
+func (p *Primary) modelOwners(ctx context.Context) (owned store.Owned, owners map[string]string) {
+	owned, ok := p.cfg.Store.(store.Owned)
+	if !ok || owned.Owner == "" {
+		return owned, nil
+	}
+	if _, ok := owned.Store.(store.Claimer); !ok {
+		return owned, nil
+	}
+	infos, err := owned.List(ctx)
+	if err != nil {
+		p.cfg.Logger.Warn("reducer: cannot read the models' owners; registrations are restored unchecked", "err", err)
+		return owned, nil
+	}
+	owners = make(map[string]string, len(infos))
+	for _, in := range infos {
+		owners[in.Name] = in.Owner
+	}
+	return owned, owners
+}
+
+// restoreOne restores the registration in dir. With owners (the models'
+// owners, modelOwners) a registration of a model in the store that self
+// does not own is dropped.
+func (p *Primary) restoreOne(ctx context.Context, dir, self string, owners map[string]string) error {
 	reg, err := readRegistration(dir)
 	if err != nil {
 		return err
@@ -487,6 +551,19 @@ func (p *Primary) restoreOne(ctx context.Context, dir string) error {
 	snap, err := p.cfg.Store.Get(ctx, mc.Model, 0)
 	if err != nil {
 		return fmt.Errorf("registration of %q: %w", reg.Model, err)
+	}
+	if owner := owners[mc.Model]; owners != nil && owner != self {
+		// Only a Delete takes the reducer's claim: the model was deleted
+		// since it was registered, and pushed again by another writer.
+		// Its steps would be refused (they land only on a model the
+		// reducer still owns), stopping the model at every restart; a
+		// new Register starts afresh.
+		if err := p.state.drop(dir); err != nil {
+			return fmt.Errorf("registration of %q, whose model is not the reducer's (deleted since, and pushed again?): cannot remove it: %w", reg.Model, err)
+		}
+		p.cfg.Logger.Error("reducer: registration dropped: its model was deleted since it was registered, and pushed again by another writer; register it again to reduce it",
+			"model", mc.Model, "owner", truncate(owner, 128), "version", snap.Version)
+		return nil
 	}
 	m, err := p.newModel(mc, snap)
 	if err != nil {

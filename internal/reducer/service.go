@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,6 +122,11 @@ type Service struct {
 	hosts sync.WaitGroup
 }
 
+// crashEnv (tests only) is the hosted primary's PrimaryConfig.CrashAt:
+// a test SIGKILLs a real hub at a point of Register with it, as
+// RLHUB_TEST_ARS_CRASH does the ARS state writes.
+const crashEnv = "RLHUB_TEST_REDUCER_CRASH"
+
 // New opens the reducer: the primary (if hosted) and the secondaries,
 // which attach in the background.
 func New(cfg Config) (*Service, error) {
@@ -131,7 +137,8 @@ func New(cfg Config) (*Service, error) {
 	var up Upstream
 	if cfg.Primary == "" {
 		p, err := NewPrimary(PrimaryConfig{Store: cfg.Store, Clock: cfg.Clock, Logger: cfg.Logger, OnApply: cfg.OnApply, StateDir: cfg.StateDir,
-			JournalCompactBytes: cfg.JournalCompactBytes, StateChanged: cfg.StateChanged, StateAppended: cfg.StateAppended})
+			JournalCompactBytes: cfg.JournalCompactBytes, StateChanged: cfg.StateChanged, StateAppended: cfg.StateAppended,
+			CrashAt: os.Getenv(crashEnv)})
 		if err != nil {
 			return nil, err
 		}
