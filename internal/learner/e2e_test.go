@@ -172,6 +172,31 @@ func TestRunReturnsAPermanentRefusal(t *testing.T) {
 // Learners' infos that merge past the hub's message bound (each well under
 // it) fail the Learn with a clear error naming the bound, not a transport
 // error that reads as retryable: the shares were learned, so a coordinator
+
+// twoLearnerTask is an aggregator client of the hub at addr (its
+// connection closed at the test's cleanup) once two learners are
+// attached, with task "t" started and its demand asked for.
+func twoLearnerTask(t *testing.T, ctx context.Context, addr string, opts ...grpc.DialOption) *aggregator.Client {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	agg := aggregator.NewClient(conn)
+	testkit.Eventually(t, time.Minute, "2 learners attached", func() bool {
+		ls, err := agg.Resources(ctx)
+		return err == nil && len(ls) == 2
+	})
+	if _, err := agg.Start(ctx, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agg.GetDataDemand(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	return agg
+}
+
 // that redid the Learn would apply them twice.
 func TestMergedInfoOverTheMessageBoundIsAClearError(t *testing.T) {
 	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()}) // 4 MiB messages
@@ -192,25 +217,9 @@ func TestMergedInfoOverTheMessageBoundIsAClearError(t *testing.T) {
 			}}
 		wg.Go(func() { learner.Run(lctx, cfg) })
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	agg := aggregator.NewClient(conn)
-	testkit.Eventually(t, time.Minute, "2 learners attached", func() bool {
-		ls, err := agg.Resources(ctx)
-		return err == nil && len(ls) == 2
-	})
-	if _, err := agg.Start(ctx, "t", nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agg.GetDataDemand(ctx, "t"); err != nil {
-		t.Fatal(err)
-	}
+	agg := twoLearnerTask(t, ctx, addr, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	learned.Add(2)
-	_, err = agg.Learn(ctx, "t", mustSD(t, tensor.NewF32("x", 4, 2)), nil)
+	_, err := agg.Learn(ctx, "t", mustSD(t, tensor.NewF32("x", 4, 2)), nil)
 	learned.Wait()
 	if !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "merged info") {
 		t.Fatalf("Learn whose merged info is over 4 MiB = %v, want InvalidArgument naming the merged info", err)
@@ -246,22 +255,7 @@ func TestReplyOverTheMessageBoundFailsThatShareAlone(t *testing.T) {
 			}}
 		wg.Go(func() { learner.Run(lctx, cfg) })
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	agg := aggregator.NewClient(conn)
-	testkit.Eventually(t, time.Minute, "2 learners attached", func() bool {
-		ls, err := agg.Resources(ctx)
-		return err == nil && len(ls) == 2
-	})
-	if _, err := agg.Start(ctx, "t", nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agg.GetDataDemand(ctx, "t"); err != nil {
-		t.Fatal(err)
-	}
+	agg := twoLearnerTask(t, ctx, addr)
 	for step, wantFailed := range [][]string{{"a"}, nil} { // a takes the next share
 		res, err := agg.Learn(ctx, "t", mustSD(t, tensor.NewF32("x", 4, 2)), nil)
 		if err != nil {
