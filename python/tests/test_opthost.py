@@ -5,6 +5,7 @@ torch run on the same reduced gradients, also across a SIGKILL of the host."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -422,42 +423,26 @@ def test_host_whose_step_failed_stops_and_says_so(hub):
     set, while every push to the model was refused."""
     import time
 
-    net = make_net()
-    setup_model(hub.addr, "pol", net)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
     def boom(*_):
         raise RuntimeError("the optimizer broke")
 
-    opt.register_step_pre_hook(boom)
-    h = rlhub.OptimizerHost(hub.addr, "pol", opt, module=net, backoff=0.05).start()
-    try:
-        with GradClient(hub.addr) as g:
-            assert g.register("pol", optimizer={"kind": "external"}).version == 1
-            assert h.attached.wait(60)
-            learner = make_net(seed=99)
-            fill_grads(learner, seed=0)
-            g.push("pol", 1, learner)
-            h._thread.join(30)
-            assert not h._thread.is_alive(), "the host re-attached to a model the hub stopped"
-            from rlhub.opthost import StepFailed
-            assert isinstance(h.error, StepFailed) and isinstance(h.error, rlhub.Aborted), h.error
-            assert "the optimizer broke" in str(h.error), h.error
-            assert h.steps == 0
-            # The hub took the error as the step's, not as a host lost
-            # mid-step (whose step would wait for the next host): the
-            # gradient is dropped and the model stopped, with the host's
-            # reason.
-            end = time.monotonic() + 30
-            while g.stats().total.dropped.get("publish_failed", 0) != 1:
-                assert time.monotonic() < end, f"the failed step was not counted: {g.stats().total}"
-                time.sleep(0.05)
-        with GradClient(hub.addr, max_attempts=1) as g:  # the refusal, not a retry's
+    with _host_ended_by_its_step(hub, lambda opt, _net: opt.register_step_pre_hook(boom)) as (h, g, learner):
+        from rlhub.opthost import StepFailed
+        assert isinstance(h.error, StepFailed) and isinstance(h.error, rlhub.Aborted), h.error
+        assert "the optimizer broke" in str(h.error), h.error
+        assert h.steps == 0
+        # The hub took the error as the step's, not as a host lost
+        # mid-step (whose step would wait for the next host): the
+        # gradient is dropped and the model stopped, with the host's
+        # reason.
+        end = time.monotonic() + 30
+        while g.stats().total.dropped.get("publish_failed", 0) != 1:
+            assert time.monotonic() < end, f"the failed step was not counted: {g.stats().total}"
+            time.sleep(0.05)
+        with GradClient(hub.addr, max_attempts=1) as g1:  # the refusal, not a retry's
             fill_grads(learner, seed=1)
             with pytest.raises(rlhub.Unavailable, match="the optimizer broke"):
-                g.push("pol", 1, learner)
-    finally:
-        h.close()
+                g1.push("pol", 1, learner)
 
 
 def test_host_of_a_model_the_hub_stopped_is_told(hub):
@@ -466,15 +451,28 @@ def test_host_of_a_model_the_hub_stopped_is_told(hub):
     told nothing and waited for ever (attached, error None). The hub now
     ends its stream Aborted naming the model's failure, and the host stops
     (it does not re-attach on Aborted) with that error."""
+    def poison(opt, net):
+        def nan(*_):
+            with torch.no_grad():
+                next(net.parameters()).view(-1)[0] = float("nan")
+
+        opt.register_step_post_hook(nan)
+
+    with _host_ended_by_its_step(hub, poison) as (h, _, _):
+        assert isinstance(h.error, rlhub.Aborted), h.error
+        assert "stopped taking gradients" in str(h.error) and "NaN" in str(h.error), h.error
+
+
+@contextlib.contextmanager
+def _host_ended_by_its_step(hub, hook):
+    """An SGD host of the external model "pol", its optimizer given hook(opt,
+    net), and one gradient pushed: yields the host, once its thread has
+    ended (it must not re-attach to the model its step stopped), the grad
+    client and the learner net."""
     net = make_net()
     setup_model(hub.addr, "pol", net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
-    def poison(*_):
-        with torch.no_grad():
-            next(net.parameters()).view(-1)[0] = float("nan")
-
-    opt.register_step_post_hook(poison)
+    hook(opt, net)
     h = rlhub.OptimizerHost(hub.addr, "pol", opt, module=net, backoff=0.05).start()
     try:
         with GradClient(hub.addr) as g:
@@ -484,8 +482,7 @@ def test_host_of_a_model_the_hub_stopped_is_told(hub):
             fill_grads(learner, seed=0)
             g.push("pol", 1, learner)
             h._thread.join(30)
-            assert not h._thread.is_alive(), "the host of a stopped model is still waiting"
-            assert isinstance(h.error, rlhub.Aborted), h.error
-            assert "stopped taking gradients" in str(h.error) and "NaN" in str(h.error), h.error
+            assert not h._thread.is_alive(), "the host re-attached to, or still waits on, a model the hub stopped"
+            yield h, g, learner
     finally:
         h.close()
