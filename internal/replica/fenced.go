@@ -179,16 +179,27 @@ func notAcknowledged(err error) error {
 // It commits nothing, yet passes through the commit path (an empty
 // commit of name): a unit that covers it is then cut after every path a
 // writer named before it (Source.Changed), as a push's is.
+//
+// It shows only what the current life of name committed: a version of a
+// model deleted since (a publish retried across the Delete) shows
+// nothing of the model pushed again.
 func (f *Fenced) Acknowledge(ctx context.Context, name string, version uint64) error {
 	standbys, err := f.prepare(ctx)
 	if err != nil {
 		return notAcknowledged(err)
 	}
+	v := f.vis()
+	gen := v.generation(name)
+	// The store holds version (or a newer one) of this life before the
+	// ack asks for its unit, so the unit covers it.
+	committed := f.newest(ctx, name) >= version
 	_ = f.commit(name, func() error { return nil })
 	if err := f.acknowledge(ctx, standbys); err != nil {
 		return err
 	}
-	f.vis().settle(name, version, true)
+	if committed {
+		v.settle(name, version, gen, true)
+	}
 	return nil
 }
 
@@ -269,7 +280,7 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	// Hidden from readers until acknowledged. A version already held is
 	// one an earlier push committed and could not acknowledge: a retry of
 	// that push is refused below, and must leave it hidden.
-	held := v.hold(req.Name, req.Version, func() uint64 { return f.newest(ctx, req.Name) })
+	gen, held := v.hold(req.Name, req.Version, func() uint64 { return f.newest(ctx, req.Name) })
 	if !held {
 		if info, ok := f.retried(ctx, req); ok {
 			return info, func(ctx context.Context) error { return f.Acknowledge(ctx, req.Name, req.Version) }, nil
@@ -287,22 +298,30 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	})
 	if err != nil {
 		if held {
-			v.settle(req.Name, req.Version, false)
+			v.settle(req.Name, req.Version, gen, false)
 		}
 		return info, nil, f.fault(err)
 	}
 	ack := func(ctx context.Context) error {
 		err := f.acknowledge(ctx, standbys)
 		if err == nil {
-			v.settle(req.Name, req.Version, true)
+			v.settle(req.Name, req.Version, gen, true)
 		}
 		return err
 	}
 	return info, ack, nil
 }
 
-// newest is the store's newest version of name (0: none, or unreadable).
+// newest is the store's newest version of name (0: none, or unreadable),
+// read without counting a read when the store numbers lives.
 func (f *Fenced) newest(ctx context.Context, name string) uint64 {
+	if lr, ok := f.Store.(store.LifeReader); ok {
+		version, _, err := lr.NewestLife(name)
+		if err != nil {
+			return 0
+		}
+		return version
+	}
 	snap, release, err := store.Borrow(ctx, f.Store, name, 0)
 	if err != nil {
 		return 0
@@ -443,29 +462,45 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 // and, until it is done, keeps every hold effective and records no new
 // acknowledgement: a push the store takes after the delete is hidden
 // until acknowledged, however the two interleave.
+//
+// Each hold belongs to the model's generation when it was taken, which a
+// Delete's start and end each advance: a push that began before or
+// during a Delete may land in either life. Its acknowledgement ends its
+// own hold only; only a push that no Delete overlapped (its generation
+// still the model's, no Delete in progress) shows the versions below it
+// and records its version as acknowledged. So a deleted model's late
+// acknowledgement shows nothing of the model pushed again, and two
+// pushes of one version number in two lives keep a hold each.
 type visibility struct {
 	mu      sync.Mutex
-	pending map[string]map[uint64]bool
+	pending map[string]map[hold]bool
 	acked   map[string]uint64
 	// seeded: the models whose acked the term has taken from the store.
 	seeded map[string]bool
 	// deletes counts each model's Deletes in progress.
 	deletes map[string]int
+	// gen is each model's generation, advanced by each Delete's start and
+	// end (absent: 0).
+	gen     map[string]uint64
 	changed chan struct{}
 }
 
+// hold is one push's hold: its version, in its model's generation.
+type hold struct{ version, gen uint64 }
+
 func (f *Fenced) vis() *visibility {
 	f.visOnce.Do(func() {
-		f.v = &visibility{pending: map[string]map[uint64]bool{}, acked: map[string]uint64{},
-			seeded: map[string]bool{}, deletes: map[string]int{}, changed: make(chan struct{})}
+		f.v = &visibility{pending: map[string]map[hold]bool{}, acked: map[string]uint64{},
+			seeded: map[string]bool{}, deletes: map[string]int{}, gen: map[string]uint64{}, changed: make(chan struct{})}
 	})
 	return f.v
 }
 
-// hold hides version of name, reporting whether this call hid it (false:
-// it was hidden already). newest, called once per model and term, is the
-// store's newest version of name (0: none).
-func (v *visibility) hold(name string, version uint64, newest func() uint64) bool {
+// hold hides version of name, returning the generation of the hold and
+// whether this call hid it (false: a push of the same generation hid it
+// already). newest, called once per model and term, is the store's
+// newest version of name (0: none).
+func (v *visibility) hold(name string, version uint64, newest func() uint64) (uint64, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if !v.seeded[name] {
@@ -475,30 +510,43 @@ func (v *visibility) hold(name string, version uint64, newest func() uint64) boo
 		}
 	}
 	if v.pending[name] == nil {
-		v.pending[name] = map[uint64]bool{}
+		v.pending[name] = map[hold]bool{}
 	}
-	if v.pending[name][version] {
-		return false
+	h := hold{version, v.gen[name]}
+	if v.pending[name][h] {
+		return h.gen, false
 	}
-	v.pending[name][version] = true
-	return true
+	v.pending[name][h] = true
+	return h.gen, true
 }
 
-// settle ends version's hold: acknowledged (it and every version below
-// it become visible) or refused before it landed (only it goes).
-func (v *visibility) settle(name string, version uint64, acked bool) {
+// generation is name's generation now (for Acknowledge, which holds
+// nothing).
+func (v *visibility) generation(name string) uint64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for p := range v.pending[name] {
-		if p == version || acked && p < version {
-			delete(v.pending[name], p)
+	return v.gen[name]
+}
+
+// settle ends the hold of version taken in generation gen: acknowledged
+// (when no Delete overlapped it, every version up to it becomes visible
+// too) or refused before it landed (only it goes).
+func (v *visibility) settle(name string, version, gen uint64, acked bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.pending[name], hold{version, gen})
+	if acked && gen == v.gen[name] && v.deletes[name] == 0 {
+		for p := range v.pending[name] {
+			if p.version <= version {
+				delete(v.pending[name], p)
+			}
+		}
+		if version > v.acked[name] {
+			v.acked[name] = version
 		}
 	}
 	if len(v.pending[name]) == 0 {
 		delete(v.pending, name)
-	}
-	if acked && v.deletes[name] == 0 && version > v.acked[name] {
-		v.acked[name] = version
 	}
 	close(v.changed)
 	v.changed = make(chan struct{})
@@ -509,12 +557,14 @@ func (v *visibility) deleting(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.deletes[name]++
+	v.gen[name]++
 	delete(v.acked, name)
 }
 
 func (v *visibility) deleted(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.gen[name]++
 	if v.deletes[name]--; v.deletes[name] == 0 {
 		delete(v.deletes, name)
 	}
@@ -531,8 +581,8 @@ func (v *visibility) bound(name string) (uint64, <-chan struct{}) {
 		floor = 0
 	}
 	for p := range v.pending[name] {
-		if p > floor && (low == 0 || p < low) {
-			low = p
+		if p.version > floor && (low == 0 || p.version < low) {
+			low = p.version
 		}
 	}
 	return low, v.changed

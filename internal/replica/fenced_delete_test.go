@@ -1,0 +1,148 @@
+package replica_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/replica"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
+)
+
+// An acknowledgement of a version of a model deleted since (a committed
+// push's deferred ack, or Acknowledge, as the reducer retries a step's
+// publish) shows nothing of the model pushed again: a version of the new
+// life stays hidden until it is acknowledged itself. The late ack made
+// the deleted model's version the new life's newest acknowledged one, so
+// that every new version up to it was shown before the standbys held it.
+func TestFencedAckOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
+	for _, via := range []string{"ack", "Acknowledge"} {
+		t.Run(via, func(t *testing.T) {
+			f, src, standbys := stuckStandby(t, 200*time.Millisecond)
+			ctx := context.Background()
+			setStandbys := func(s ...string) {
+				t.Helper()
+				standbys.Store(s)
+				if err := src.RefreshStandbys(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			req := func(v, seed uint64) store.PushRequest {
+				return store.PushRequest{Name: "m", Version: v, Expect: v - 1, Blob: storetest.Blob(t, seed, 8)}
+			}
+			setStandbys()
+			for v := uint64(1); v <= 5; v++ {
+				if _, err := f.Push(ctx, req(v, v)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			setStandbys("s1") // s1 never acknowledges
+			var late func(context.Context) error
+			if via == "ack" {
+				_, ack, err := f.PushCommitted(ctx, req(6, 6))
+				if err != nil {
+					t.Fatal(err)
+				}
+				late = ack
+			} else {
+				if _, err := f.Push(ctx, req(6, 6)); !errors.Is(err, store.ErrNotAcknowledged) {
+					t.Fatalf("push of v6 with s1 silent: %v, want not acknowledged", err)
+				}
+				late = func(ctx context.Context) error { return f.Acknowledge(ctx, "m", 6) }
+			}
+			setStandbys() // s1 left
+			if err := f.Delete(ctx, "m"); err != nil {
+				t.Fatal(err)
+			}
+			if err := late(ctx); err != nil {
+				t.Fatalf("the deleted model's v6 acknowledged late: %v", err)
+			}
+			setStandbys("s1") // s1 back, silent
+			for v := uint64(1); v <= 2; v++ {
+				if _, err := f.Push(ctx, req(v, 10+v)); !errors.Is(err, store.ErrNotAcknowledged) {
+					t.Fatalf("push of v%d of the new model with s1 silent: %v, want not acknowledged", v, err)
+				}
+				if s, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
+					t.Fatalf("Get after an unacknowledged push of v%d of the new model: %v %v, want NotFound", v, versionOf(s), err)
+				}
+				if infos, _ := f.List(ctx); len(infos) != 0 {
+					t.Fatalf("List after an unacknowledged push of v%d of the new model: %+v", v, infos)
+				}
+			}
+			setStandbys()
+			if _, err := f.Push(ctx, req(3, 13)); err != nil {
+				t.Fatal(err)
+			}
+			if s, err := f.Get(ctx, "m", 1); err != nil || s.Version != 1 {
+				t.Fatalf("v1 after v3 was acknowledged: %v %v", versionOf(s), err)
+			}
+		})
+	}
+}
+
+// A push of the deleted model still on its way to the store, refused
+// there as stale once the model pushed again passed its version, does
+// not show the new model's version of that number, which waits for its
+// acknowledgement. Both pushes held the same version: the refused one's
+// end took the other's hold with it.
+func TestFencedStalePushOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	g := &gatedPushes{Memory: mem}
+	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	f := &replica.Fenced{Store: g, Epoch: 7, Source: src}
+	setStandbys := func(s ...string) {
+		t.Helper()
+		standbys.Store(s)
+		if err := src.RefreshStandbys(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push := func(v, seed uint64) error {
+		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, seed, 8)})
+		return err
+	}
+	setStandbys()
+	for v := uint64(1); v <= 5; v++ {
+		if err := push(v, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The old model's v6 waits in the store while m is deleted and
+	// pushed again up to an unacknowledged v6.
+	g.gate, g.entered = make(chan struct{}), make(chan struct{})
+	gate := g.gate
+	done := make(chan error, 1)
+	go func() { done <- push(6, 99) }()
+	<-g.entered
+	g.gate = nil
+	if err := f.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	for v := uint64(1); v <= 5; v++ {
+		if err := push(v, 10+v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStandbys("s1")
+	if err := push(6, 16); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of the new model's v6 with s1 silent: %v, want not acknowledged", err)
+	}
+	close(gate)
+	if err := <-done; !errors.Is(err, errs.ErrStale) {
+		t.Fatalf("the old model's v6 after the new one's: %v, want stale", err)
+	}
+	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 5 {
+		t.Fatalf("Get with the new model's v6 unacknowledged: %v %v, want v5", versionOf(s), err)
+	}
+	if s, err := f.Get(ctx, "m", 6); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("Get of the new model's unacknowledged v6: %v %v, want NotFound", versionOf(s), err)
+	}
+}
