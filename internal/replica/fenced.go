@@ -575,17 +575,29 @@ func (v *visibility) deleted(name string) {
 func (v *visibility) bound(name string) (uint64, <-chan struct{}) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	low := uint64(0)
-	floor := v.acked[name]
-	if v.deletes[name] > 0 {
-		floor = 0
+	low, _ := v.newestLocked(name)
+	return low, v.changed
+}
+
+// newest is the lowest hidden version of name (0: none) and its newest
+// acknowledged version this term, below it (0: none, or a Delete of it
+// is in progress).
+func (v *visibility) newest(name string) (low, acked uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.newestLocked(name)
+}
+
+func (v *visibility) newestLocked(name string) (low, acked uint64) {
+	if v.deletes[name] == 0 {
+		acked = v.acked[name]
 	}
 	for p := range v.pending[name] {
-		if p.version > floor && (low == 0 || p.version < low) {
+		if p.version > acked && (low == 0 || p.version < low) {
 			low = p.version
 		}
 	}
-	return low, v.changed
+	return low, acked
 }
 
 // visible returns the newest visible version of name at or below snap
@@ -688,15 +700,15 @@ func (f *Fenced) GetIfNewer(ctx context.Context, name string, than uint64) (*sto
 // that weight sync's status follows a model deleted and pushed again on a
 // cluster as on a single hub: the wrapped store's newest version and its
 // life, or, while that version waits for its acknowledgement, the newest
-// visible version of the same life (NotFound when it has none: the status
-// keeps what it showed, as GetIfNewer leaves it). A wrapped store that
-// numbers no lives gives the newest visible version at life 0 (unknown:
-// the status's newest only grows, as it did with GetIfNewer).
+// acknowledged version of the same life (NotFound when it has none: the
+// status keeps what it showed, as GetIfNewer leaves it). That is Fenced's
+// own record: nothing is read or listed from the store. A wrapped store
+// that numbers no lives gives the newest visible version at life 0
+// (unknown: the status's newest only grows, as it did with GetIfNewer).
 func (f *Fenced) NewestLife(name string) (uint64, uint64, error) {
-	ctx := context.Background()
 	lr, ok := f.Store.(store.LifeReader)
 	if !ok {
-		snap, release, err := f.Lend(ctx, name, 0)
+		snap, release, err := f.Lend(context.Background(), name, 0)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -707,32 +719,16 @@ func (f *Fenced) NewestLife(name string) (uint64, uint64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	low, _ := f.vis().bound(name)
+	low, acked := f.vis().newest(name)
 	if low == 0 || version < low {
 		return version, life, nil
 	}
-	infos, err := f.Store.List(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	visible := uint64(0)
-	for _, in := range infos {
-		if in.Name != name {
-			continue
-		}
-		for i := len(in.Retained) - 1; i >= 0; i-- {
-			if in.Retained[i] < low {
-				visible = in.Retained[i]
-				break
-			}
-		}
-	}
-	// Lives only grow: the same life after the List means no Delete came
-	// between, so the versions listed are of that life.
-	if _, again, err := lr.NewestLife(name); err != nil || again != life || visible == 0 {
+	// Lives only grow: the same life again means no Delete came between,
+	// and a Delete's start forgets acked, so acked is of that life.
+	if _, again, err := lr.NewestLife(name); err != nil || again != life || acked == 0 {
 		return 0, 0, fmt.Errorf("%w: model %s has no acknowledged version", errs.ErrNotFound, errs.Quote(name))
 	}
-	return visible, life, nil
+	return acked, life, nil
 }
 
 // WaitNewer implements store.Store (acknowledged versions only).

@@ -146,3 +146,65 @@ func TestFencedStalePushOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
 		t.Fatalf("Get of the new model's unacknowledged v6: %v %v, want NotFound", versionOf(s), err)
 	}
 }
+
+// Sync status reads a model's newest on a primary without listing the
+// store, while that newest waits for its acknowledgement too: every
+// status call and report of a model being published listed every model.
+func TestFencedNewestLifeListsNothing(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	inner := &listCounter{Memory: mem}
+	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	f := &replica.Fenced{Store: inner, Epoch: 7, Source: src}
+	setStandbys := func(s ...string) {
+		t.Helper()
+		standbys.Store(s)
+		if err := src.RefreshStandbys(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push := func(name string, v uint64) error {
+		_, err := f.Push(ctx, store.PushRequest{Name: name, Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
+		return err
+	}
+	setStandbys()
+	for _, name := range []string{"a", "m", "z"} {
+		for v := uint64(1); v <= 3; v++ {
+			if err := push(name, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	setStandbys("s1")
+	if err := push("m", 4); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
+	}
+	_, life, err := mem.NewestLife("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner.lists.Store(0)
+	if v, l, err := f.NewestLife("m"); err != nil || v != 3 || l != life {
+		t.Fatalf("NewestLife with v4 unacknowledged: v%d life %d, %v; want v3 life %d", v, l, err, life)
+	}
+	if n := inner.lists.Load(); n != 0 {
+		t.Fatalf("NewestLife listed the store %d times", n)
+	}
+	// Deleted, pushed again and unacknowledged: nothing of the new life
+	// is acknowledged.
+	setStandbys()
+	if err := f.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	setStandbys("s1")
+	if err := push("m", 1); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of the new model's v1 with s1 silent: %v, want not acknowledged", err)
+	}
+	if v, l, err := f.NewestLife("m"); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("NewestLife with the new model's v1 unacknowledged: v%d life %d, %v; want NotFound", v, l, err)
+	}
+}
