@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,11 +23,19 @@ type coordinator struct {
 	leaseTTL, straggle time.Duration
 	maxHolders         int
 	maxParams          int64 // bound on a run's policy parameters; 0: none
+	maxEnded           int   // bound on len(ended); at least 1
 
-	workers    map[string]*worker
-	runs       map[string]*run
-	byRequest  map[string]*run // StartRun idempotency keys
-	order      []*run          // runs in start order: leases serve the oldest first
+	workers   map[string]*worker
+	runs      map[string]*run // the live runs and the ended ones kept (ended)
+	byRequest map[string]*run // StartRun idempotency keys of the runs in runs
+	order     []*run          // live runs in start order: leases serve the oldest first
+	// ended holds the newest maxEnded ended runs (done, failed or
+	// stopped), oldest first: what WatchRun, StopRun, Stats and a StartRun
+	// retry ask about them is answered from memory. An older one is
+	// forgotten (Service answers it from DataDir, if any), so a
+	// long-lived hub running thousands of short runs holds, and scans,
+	// no more.
+	ended      []*run
 	nextWorker uint64
 	nextRun    uint64
 	// boot tells this coordinator's worker ids from an earlier hub
@@ -52,6 +61,7 @@ type lease struct {
 
 type run struct {
 	id, model string
+	num       uint64         // N of run-N
 	spec      *pb.ARSRunSpec // normalised: every default filled in
 	requestID string         // the StartRun idempotency key ("" for none)
 	tr        *ars.Trainer
@@ -99,6 +109,13 @@ func (c *coordinator) withMaxParams(n int64) *coordinator {
 	return c
 }
 
+// withMaxEnded bounds the ended runs kept in memory (at least 1: the run
+// a report just ended is still read by the Service).
+func (c *coordinator) withMaxEnded(n int) *coordinator {
+	c.maxEnded = max(n, 1)
+	return c
+}
+
 // policyParams counts the parameters of cfg's policy: a weight matrix and
 // a bias per layer, obs → hidden… → outputs (an upper bound for a policy
 // without biases). It saturates instead of overflowing.
@@ -123,7 +140,7 @@ func policyParams(cfg ars.Config) int64 {
 }
 
 func newCoordinator(leaseTTL, straggle time.Duration, maxHolders int, boot string) *coordinator {
-	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders, boot: boot,
+	return &coordinator{leaseTTL: leaseTTL, straggle: straggle, maxHolders: maxHolders, boot: boot, maxEnded: DefaultMaxEndedRuns,
 		workers: map[string]*worker{}, runs: map[string]*run{}, byRequest: map[string]*run{}}
 }
 
@@ -310,7 +327,7 @@ func (c *coordinator) prepareRun(spec *pb.ARSRunSpec, now time.Time) (*run, []by
 	}
 	c.nextRun++
 	id := fmt.Sprintf("run-%d", c.nextRun)
-	r := &run{id: id, model: "ars/" + id, spec: s, tr: tr, started: now, version: 1}
+	r := &run{id: id, num: c.nextRun, model: "ars/" + id, spec: s, tr: tr, started: now, version: 1}
 	blob, err := tr.PolicyOf().Encode()
 	if err != nil {
 		return nil, nil, err
@@ -323,8 +340,48 @@ func (c *coordinator) addRun(r *run) {
 	if r.requestID != "" {
 		c.byRequest[r.requestID] = r
 	}
+	if r.done { // restored ended
+		c.keepEnded(r)
+		return
+	}
 	c.order = append(c.order, r)
 	r.startIteration()
+}
+
+// retire moves r, just ended, from the live runs to the ended ones kept.
+func (c *coordinator) retire(r *run) {
+	if i := slices.Index(c.order, r); i >= 0 {
+		c.order = slices.Delete(c.order, i, i+1)
+	}
+	c.keepEnded(r)
+}
+
+// keepEnded adds r to the ended runs kept and forgets the oldest beyond
+// maxEnded.
+func (c *coordinator) keepEnded(r *run) {
+	c.ended = append(c.ended, r)
+	if n := len(c.ended) - c.maxEnded; n > 0 {
+		for _, old := range c.ended[:n] {
+			delete(c.runs, old.id)
+			if c.byRequest[old.requestID] == old {
+				delete(c.byRequest, old.requestID)
+			}
+		}
+		c.ended = slices.Delete(c.ended, 0, n) // clears the tail: no stale pointers
+	}
+}
+
+// forgotten reports whether runID names a run this coordinator numbered
+// (started, or found on disk) but no longer keeps: an ended run
+// keepEnded dropped, or one whose state could not be read.
+func (c *coordinator) forgotten(runID string) bool {
+	m := runDirName.FindStringSubmatch(runID)
+	if m == nil {
+		return false
+	}
+	n, err := strconv.ParseUint(m[1], 10, 64)
+	_, kept := c.runs[runID]
+	return err == nil && n <= c.nextRun && !kept
 }
 
 // end marks r done and drops what only a live run needs: its trainer (θ,
@@ -526,6 +583,10 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		return out, errNoWorker
 	}
 	r, ok := c.runs[runID]
+	if !ok && c.forgotten(runID) {
+		out.stale = len(in) // a late report of a run that ended long ago
+		return out, nil
+	}
 	if !ok {
 		return out, fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(runID))
 	}
@@ -591,6 +652,9 @@ func (c *coordinator) report(id, runID string, iter uint64, in []*pb.ARSTaskResu
 		if err != nil {
 			c.fail(r, err, now)
 			return out, nil
+		}
+		if r.done {
+			c.retire(r)
 		}
 		out.pub = pub
 	}
@@ -684,6 +748,7 @@ func (c *coordinator) fail(r *run, err error, now time.Time) {
 	}
 	last, iter := r.tr.Last(), r.tr.Iter()
 	r.end()
+	c.retire(r)
 	r.addProgress(&pb.ARSProgress{
 		RunId: r.id, Iteration: iter, Version: r.version, Episodes: last.Episodes,
 		EvalEpisodes: last.EvalEpisodes, Steps: last.Steps, Done: true, Reason: err.Error(),

@@ -3,6 +3,7 @@ package arsrpc
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
@@ -225,17 +227,25 @@ type loaded struct {
 	num uint64 // N of run-N
 }
 
-// load reads every run under dir, oldest first. A run whose state cannot
-// be read is skipped with its error (the caller logs it at ERROR); its
-// number is still taken so no new run reuses its name. A run directory
-// without state.json is a StartRun that never finished its first save (a
-// crash in it: the run was never acknowledged): it is removed, and named
-// in unstarted.
-func (p *persister) load() (runs []loaded, maxNum uint64, unstarted []string, bad []error) {
+// load reads the runs under dir, oldest first: every live run, and of
+// the ended ones the newest keepEnded by run number (older ones stay on
+// disk, read when asked for: readEnded; of those only state.json is
+// read, never the progress). A run whose state cannot be read is skipped
+// with its error (the caller logs it at ERROR); its number is still
+// taken so no new run reuses its name. A run directory without
+// state.json is a StartRun that never finished its first save (a crash
+// in it: the run was never acknowledged): it is removed, and named in
+// unstarted.
+func (p *persister) load(keepEnded int) (runs []loaded, maxNum uint64, unstarted []string, bad []error) {
 	ents, err := os.ReadDir(p.dir)
 	if err != nil {
 		return nil, 0, nil, []error{err}
 	}
+	type runDir struct {
+		name string
+		num  uint64
+	}
+	var dirs []runDir
 	for _, e := range ents {
 		m := runDirName.FindStringSubmatch(e.Name())
 		if m == nil || !e.IsDir() {
@@ -243,26 +253,33 @@ func (p *persister) load() (runs []loaded, maxNum uint64, unstarted []string, ba
 		}
 		num, _ := strconv.ParseUint(m[1], 10, 64)
 		maxNum = max(maxNum, num)
-		if _, err := os.Stat(filepath.Join(p.dir, e.Name(), "state.json")); errors.Is(err, os.ErrNotExist) {
-			if err := p.removeRun(e.Name()); err != nil {
-				bad = append(bad, fmt.Errorf("ars run %s: %w", e.Name(), err))
+		dirs = append(dirs, runDir{e.Name(), num})
+	}
+	slices.SortFunc(dirs, func(a, b runDir) int { return cmp.Compare(b.num, a.num) }) // newest first
+	for _, d := range dirs {
+		name := d.name
+		if _, err := os.Stat(filepath.Join(p.dir, name, "state.json")); errors.Is(err, os.ErrNotExist) {
+			if err := p.removeRun(name); err != nil {
+				bad = append(bad, fmt.Errorf("ars run %s: %w", name, err))
 			} else {
-				unstarted = append(unstarted, e.Name())
+				unstarted = append(unstarted, name)
 			}
 			continue
 		}
-		r, err := p.loadRun(e.Name())
+		r, err := p.loadRun(name, keepEnded > 0)
 		if err != nil {
-			bad = append(bad, fmt.Errorf("ars run %s: %w", e.Name(), err))
+			bad = append(bad, fmt.Errorf("ars run %s: %w", name, err))
 			continue
 		}
-		runs = append(runs, loaded{r, num})
-	}
-	for i := 1; i < len(runs); i++ { // insertion sort by run number
-		for j := i; j > 0 && runs[j].num < runs[j-1].num; j-- {
-			runs[j], runs[j-1] = runs[j-1], runs[j]
+		if r == nil {
+			continue // ended, older than the keepEnded kept
 		}
+		if r.done {
+			keepEnded--
+		}
+		runs = append(runs, loaded{r, d.num})
 	}
+	slices.Reverse(runs)
 	return runs, maxNum, unstarted, bad
 }
 
@@ -286,24 +303,38 @@ func (p *persister) removeRun(name string) error {
 	return atomicfile.SyncDir(p.dir)
 }
 
-func (p *persister) loadRun(name string) (*run, error) {
-	rd := filepath.Join(p.dir, name)
-	raw, err := os.ReadFile(filepath.Join(rd, "state.json"))
+// readState reads and checks DIR/name/state.json and its spec.
+func readState(dir, name string) (diskState, *pb.ARSRunSpec, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, name, "state.json"))
 	if err != nil {
-		return nil, err
+		return diskState{}, nil, err
 	}
 	var st diskState
 	if err := json.Unmarshal(raw, &st); err != nil {
-		return nil, fmt.Errorf("state.json: %w", err)
+		return diskState{}, nil, fmt.Errorf("state.json: %w", err)
 	}
 	if st.Format != stateFormat || st.ID != name || st.Progress < 0 {
-		return nil, fmt.Errorf("state.json: format %d, id %q", st.Format, truncate(st.ID, 64))
+		return diskState{}, nil, fmt.Errorf("state.json: format %d, id %q", st.Format, truncate(st.ID, 64))
 	}
 	var spec pb.ARSRunSpec
 	if err := protojson.Unmarshal(st.Spec, &spec); err != nil {
-		return nil, fmt.Errorf("state.json spec: %w", err)
+		return diskState{}, nil, fmt.Errorf("state.json spec: %w", err)
 	}
-	s, cfg, err := Normalise(&spec)
+	return st, &spec, nil
+}
+
+// loadRun reads run name, or returns nil for an ended run when
+// !wantEnded (its progress unread).
+func (p *persister) loadRun(name string, wantEnded bool) (*run, error) {
+	rd := filepath.Join(p.dir, name)
+	st, spec, err := readState(p.dir, name)
+	if err != nil {
+		return nil, err
+	}
+	if st.Done && !wantEnded {
+		return nil, nil
+	}
+	s, cfg, err := Normalise(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +351,8 @@ func (p *persister) loadRun(name string) (*run, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &run{id: st.ID, model: st.Model, requestID: st.Request, spec: s, tr: tr, started: time.Unix(0, st.Started), version: st.Version,
+	num, _ := strconv.ParseUint(runDirName.FindStringSubmatch(name)[1], 10, 64)
+	r := &run{id: st.ID, num: num, model: st.Model, requestID: st.Request, spec: s, tr: tr, started: time.Unix(0, st.Started), version: st.Version,
 		done: st.Done, progress: make([]*pb.ARSProgress, 0, len(progress)), logged: len(progress)}
 	for _, e := range progress {
 		r.addProgress(e)
@@ -328,12 +360,41 @@ func (p *persister) loadRun(name string) (*run, error) {
 			r.hasTrain, r.trainMean = true, e.TrainReturn
 		}
 	}
+	if st.Done {
+		return r, nil // appends nothing more: its log is read only
+	}
 	// Rewrite the log without anything beyond state.json (a crash between
 	// the two writes): appends then continue a clean file.
 	if err := p.rewriteProgress(rd, progress); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// readEnded reads what a client may ask of an ended run the coordinator
+// no longer keeps (coordinator.ended) from DIR/id: its model and its
+// progress. It only reads files no one writes any more (an ended run's,
+// once forgotten), so it needs no lock. ok is false when id names no
+// ended run under dir.
+func readEnded(dir, id string) (model string, progress []*pb.ARSProgress, ok bool, err error) {
+	if runDirName.FindStringSubmatch(id) == nil {
+		return "", nil, false, nil // also keeps id from naming a path
+	}
+	st, _, err := readState(dir, id)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil, false, nil
+	}
+	if err != nil {
+		return "", nil, false, err
+	}
+	if !st.Done {
+		return "", nil, false, nil // unreadable when the hub started: not resumed
+	}
+	progress, err = readProgress(filepath.Join(dir, id, "progress.log"), st.Progress)
+	if err != nil {
+		return "", nil, false, err
+	}
+	return st.Model, progress, true, nil
 }
 
 // readProgress reads the first n valid entries of a progress log.

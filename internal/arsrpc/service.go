@@ -63,6 +63,14 @@ type Config struct {
 	// InvalidArgument before anything is allocated (`rlhub serve
 	// --max-policy-params`).
 	MaxPolicyParams int64
+	// MaxEndedRuns bounds the ended runs (done, failed or stopped) kept
+	// in memory, the newest; 0 means DefaultMaxEndedRuns. An ended run
+	// holds no trainer or iteration state, only its spec, progress and
+	// curve; an older one is forgotten: with DataDir, WatchRun, StopRun
+	// and PullPolicy still answer it from its files, without it they
+	// answer NotFound; a StartRun retry with its request_id starts a new
+	// run. A restart loads the newest MaxEndedRuns by run number.
+	MaxEndedRuns int
 	// DataDir is where every run's state is kept crash-safely (the hub's
 	// --data/ars; persist.go documents the files); a restarted service
 	// resumes every unfinished run from its last finished iteration. ""
@@ -90,6 +98,9 @@ type Config struct {
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultMaxEndedRuns is Config.MaxEndedRuns' default.
+const DefaultMaxEndedRuns = 1000
 
 // DefaultMaxPolicyParams is Config.MaxPolicyParams' default: 4M
 // parameters, a policy of 32 MiB in float64, far above the paper's linear
@@ -123,6 +134,12 @@ func (c *Config) validate() error {
 	}
 	if c.MaxPolicyParams == 0 {
 		c.MaxPolicyParams = DefaultMaxPolicyParams
+	}
+	if c.MaxEndedRuns == 0 {
+		c.MaxEndedRuns = DefaultMaxEndedRuns
+	}
+	if c.MaxEndedRuns < 0 {
+		return fmt.Errorf("arsrpc: negative MaxEndedRuns %d", c.MaxEndedRuns)
 	}
 	if c.MaxPolicyParams < 0 {
 		return fmt.Errorf("arsrpc: negative MaxPolicyParams %d", c.MaxPolicyParams)
@@ -167,7 +184,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:     cfg,
 		quit:    make(chan struct{}),
-		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders, fmt.Sprintf("-%x", boot)).withMaxParams(cfg.MaxPolicyParams),
+		c:       newCoordinator(cfg.LeaseTTL, cfg.StraggleAfter, cfg.MaxHolders, fmt.Sprintf("-%x", boot)).withMaxParams(cfg.MaxPolicyParams).withMaxEnded(cfg.MaxEndedRuns),
 		changed: make(chan struct{}),
 		crash:   crashpoint.Parse(cfg.CrashAt),
 	}
@@ -184,12 +201,13 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// restore loads every run kept under DataDir. An unfinished run resumes
-// at its last finished iteration; if the store missed that iteration's
+// restore loads the runs kept under DataDir: every unfinished one, which
+// resumes at its last finished iteration, and the newest MaxEndedRuns
+// ended ones. If the store missed a live run's last finished iteration's
 // version (a crash between the state write and the publish), it is
 // published again from the restored θ.
 func (s *Service) restore() error {
-	runs, maxNum, unstarted, bad := s.persist.load()
+	runs, maxNum, unstarted, bad := s.persist.load(s.c.maxEnded)
 	for _, err := range bad {
 		s.cfg.Logger.Error("ars run state unreadable: run not resumed", "err", err)
 	}
@@ -199,6 +217,7 @@ func (s *Service) restore() error {
 	s.c.nextRun = maxNum
 	for _, l := range runs {
 		r := l.r
+		s.c.addRun(r)
 		if err := s.reconcileStore(r); err != nil {
 			s.cfg.Logger.Error("ars run cannot resume", "run", r.id, "err", err)
 			s.c.fail(r, fmt.Errorf("resume: %w", err), s.cfg.Now())
@@ -206,17 +225,35 @@ func (s *Service) restore() error {
 				s.cfg.Logger.Error("ars state write", "run", r.id, "err", err)
 			}
 		}
-		s.c.runs[r.id] = r
-		s.c.order = append(s.c.order, r)
-		if r.requestID != "" {
-			s.c.byRequest[r.requestID] = r
-		}
 		if !r.done {
-			r.startIteration()
 			s.cfg.Logger.Info("ars run resumed", "run", r.id, "iteration", r.tr.Iter(), "version", r.version)
 		}
 	}
 	return nil
+}
+
+// ended answers for a run the coordinator does not keep: an ended one it
+// forgot (coordinator.ended) is read from DataDir; anything else is
+// NotFound. Caller does not hold mu (the files of a forgotten run are
+// never written again).
+func (s *Service) ended(id string) (model string, progress []*pb.ARSProgress, err error) {
+	s.mu.Lock()
+	forgotten := s.c.forgotten(id)
+	s.mu.Unlock()
+	switch {
+	case forgotten && s.cfg.DataDir == "":
+		return "", nil, fmt.Errorf("%w: run %s ended and is no longer kept: this hub keeps the newest %d ended runs and has no --data to read older ones from",
+			errs.ErrNotFound, errs.Quote(id), s.cfg.MaxEndedRuns)
+	case forgotten:
+		model, progress, ok, err := readEnded(s.cfg.DataDir, id)
+		if err != nil {
+			return "", nil, fmt.Errorf("%w: run %s ended and is no longer kept, and its state cannot be read: %v", errs.ErrNotFound, errs.Quote(id), err)
+		}
+		if ok {
+			return model, progress, nil
+		}
+	}
+	return "", nil, fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(id))
 }
 
 // reconcileStore makes the store's newest version of r's model r.version.
@@ -351,11 +388,17 @@ func (s *Service) saveLocked(r *run) error {
 // StopRun implements pb.ARSServer.
 func (s *Service) StopRun(ctx context.Context, req *pb.ARSStopRunRequest) (*pb.ARSStopRunResponse, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	r, ok := s.c.runs[req.RunId]
 	if !ok {
-		return nil, grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
+		s.mu.Unlock()
+		// An ended run forgotten: nothing to stop (its state on disk
+		// says it ended, so nothing to acknowledge either).
+		if _, _, err := s.ended(req.RunId); err != nil {
+			return nil, grpcerr.ToStatus(err)
+		}
+		return &pb.ARSStopRunResponse{}, nil
 	}
+	defer s.mu.Unlock()
 	s.c.fail(r, errors.New("stopped"), s.cfg.Now())
 	if err := s.saveLocked(r); err != nil {
 		// Not acknowledged: a restart would resume the run from its
@@ -390,13 +433,21 @@ func (s *Service) WatchRun(req *pb.ARSWatchRunRequest, stream grpc.ServerStreami
 	for {
 		s.mu.Lock()
 		r, ok := s.c.runs[req.RunId]
-		if !ok {
-			s.mu.Unlock()
-			return grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
+		var batch []*pb.ARSProgress
+		if ok {
+			batch = r.progress[sent:] // entries are immutable once appended
 		}
-		batch := r.progress[sent:] // entries are immutable once appended
 		ch := s.changed
 		s.mu.Unlock()
+		if !ok {
+			// Forgotten while watched (it ended: its last entry is Done)
+			// or before: read from DataDir.
+			_, prog, err := s.ended(req.RunId)
+			if err != nil {
+				return grpcerr.ToStatus(err)
+			}
+			batch = prog[min(sent, len(prog)):]
+		}
 		for _, p := range batch {
 			if p.Iteration >= req.FromIteration || p.Done {
 				if err := stream.Send(p); err != nil {
@@ -630,7 +681,7 @@ func (s *Service) report(ctx context.Context, req *pb.ARSReportRequest) (*pb.ARS
 			// The run ends at the version the store holds: state.json
 			// (saved above) named the one that never got there.
 			r.version = out.pub.version - 1
-			s.c.fail(s.c.runs[req.RunId], fmt.Errorf("publish %s v%d: %w", out.pub.model, out.pub.version, err), now)
+			s.c.fail(r, fmt.Errorf("publish %s v%d: %w", out.pub.model, out.pub.version, err), now)
 			s.cfg.Logger.Error("ars publish failed", "run", req.RunId, "err", err)
 			s.saveLocked(r)
 		}
@@ -666,7 +717,10 @@ func (s *Service) PullPolicy(req *pb.ARSPullPolicyRequest, stream grpc.ServerStr
 	}
 	s.mu.Unlock()
 	if !ok {
-		return grpcerr.ToStatus(fmt.Errorf("%w: run %s", errs.ErrNotFound, errs.Quote(req.RunId)))
+		var err error
+		if model, _, err = s.ended(req.RunId); err != nil {
+			return grpcerr.ToStatus(err)
+		}
 	}
 	snap, err := s.cfg.Store.Get(stream.Context(), model, req.Version)
 	if err != nil {

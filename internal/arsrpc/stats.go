@@ -1,6 +1,8 @@
 package arsrpc
 
 import (
+	"cmp"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -8,8 +10,9 @@ import (
 	"github.com/rlhub/rlhub/internal/ars"
 )
 
-// Stats is the ARS coordinator's one picture: every run with its progress
-// and evaluation curve, and the workers attached. The metrics adapter and
+// Stats is the ARS coordinator's one picture: every run it keeps (the
+// live ones and the newest Config.MaxEndedRuns ended ones) with its
+// progress and evaluation curve, and the workers attached. The metrics adapter and
 // the dashboard read it.
 type Stats struct {
 	// Runs in start order.
@@ -60,15 +63,16 @@ type CurvePoint struct {
 // MaxCurvePoints bounds RunStats.Curve.
 const MaxCurvePoints = 2000
 
-// Stats returns every run's progress and curve. It holds the coordinator
-// lock for O(runs): each run's curve is kept as progress arrives, and
-// RunStats.Curve shares it (read-only, clipped).
+// Stats returns the progress and curve of every run kept. It holds the
+// coordinator lock for O(runs kept): each run's curve is kept as progress
+// arrives, and RunStats.Curve shares it (read-only, clipped).
 func (s *Service) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.c
 	now := s.cfg.Now()
-	st := Stats{Reassigned: c.reassigned, Runs: make([]RunStats, 0, len(c.order))}
+	kept := slices.SortedFunc(maps.Values(c.runs), func(a, b *run) int { return cmp.Compare(a.num, b.num) })
+	st := Stats{Reassigned: c.reassigned, Runs: make([]RunStats, 0, len(kept))}
 	for _, w := range c.workers {
 		// Workers are forgotten when someone leases; until then, one
 		// silent for a lease TTL is not attached.
@@ -76,7 +80,7 @@ func (s *Service) Stats() Stats {
 			st.Workers++
 		}
 	}
-	for _, r := range c.order {
+	for _, r := range kept {
 		rs := RunStats{ID: r.id, Env: r.spec.GetEnv(), Model: r.model, Version: r.version}
 		if n := len(r.progress); n > 0 {
 			p := r.progress[n-1]
