@@ -14,6 +14,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/rlhub/rlhub/internal/metrics"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -125,6 +127,42 @@ func TestDashboardInChromium(t *testing.T) {
 	if f := strings.Split(learner, "\t"); len(f) != 5 || f[0] != "learner-1" || f[2] != "task-1" || f[3] != "1" || f[4] != "0" {
 		t.Errorf("learner row %q, want learner-1, its lease, task-1, 1 done, 0 failed", learner)
 	}
+	// More models than the cap (50): the page's last model row sums the
+	// rest as /metrics' model="other" does, and the open page redraws it
+	// (app.js) as models are pushed. (The store also holds the ARS run's
+	// model.)
+	for i := range 52 {
+		pushModel(t, r, fmt.Sprintf("zz-%02d", i))
+	}
+	// One script reads the row: app.js replaces the rows every second.
+	const otherJS = `(() => { const r = document.querySelector('#models tbody tr:last-child');
+		return r && r.classList.contains('sum') ? [...r.cells].map((c) => c.textContent).join('|') : ''; })()`
+	var other string
+	otherRow := func(want string) bool {
+		s, err := chromedp.Run(bctx, chromedp.Evaluate[string](otherJS))
+		if err != nil {
+			t.Fatalf("read the other row: %v", err)
+		}
+		other = s
+		return strings.HasPrefix(s, want)
+	}
+	stored := func() int {
+		l, err := r.h.Store().List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l)
+	}
+	for i := range 2 {
+		if i > 0 {
+			pushModel(t, r, "zz-new")
+		}
+		want := fmt.Sprintf("other (%d models)|", stored()-50)
+		testkit.Eventually(t, 30*time.Second, "the open page shows the row "+want, func() bool { return otherRow(want) })
+	}
+	if want := "|1|"; !strings.Contains(other, want) || !strings.HasSuffix(other, "|0") {
+		t.Errorf("other row %q: want version 1, 0 reads", other)
+	}
 	flow := text(`#reducer .flow`)
 	if want := "12 applied"; !strings.Contains(flow, want) {
 		t.Errorf("gradient flow %q lacks %q", flow, want)
@@ -199,5 +237,15 @@ func TestDashboardClusterInChromium(t *testing.T) {
 	}
 	if v.OddLag != "3" || v.Tags {
 		t.Errorf("member %q: lag %q, markup from its id %v", odd, v.OddLag, v.Tags)
+	}
+}
+
+// pushModel pushes version 1 of a tiny model named name to the rig's store.
+func pushModel(t *testing.T, r *rig, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.h.Store().Push(ctx, store.PushRequest{Name: name, Version: 1, Expect: 0, Blob: storetest.Blob(t, 1, 2)}); err != nil {
+		t.Fatal(err)
 	}
 }

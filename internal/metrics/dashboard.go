@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rlhub/rlhub/internal/aggregator"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -22,9 +24,10 @@ import (
 var webFS embed.FS
 
 // State is the dashboard's JSON (/api/state): what each panel shows. Every
-// list is bounded: Config.MaxLabelValues models, learners and runs, and
-// the collectors of at most that many models (syncModels), that many (and
-// "other") per model; MaxCurvePoints per curve.
+// list is bounded, whatever the process holds: Models, Collectors and
+// Learners have at most Config.MaxLabelValues rows of their own and then
+// one "other" row (Sum) summing the rest; Runs are the MaxLabelValues
+// newest, MaxCurvePoints per curve; the Cluster lists MaxLabelValues ids.
 type State struct {
 	Role       string           `json:"role"`
 	Time       time.Time        `json:"time"`
@@ -92,13 +95,20 @@ func refusalState(src Sources) *RefusalState {
 	return r
 }
 
-// ModelState is one stored model.
+// ModelState is one stored model, or the "other" row: the models the
+// metrics sum as model="other" (the same models and figures).
 type ModelState struct {
 	Name    string `json:"name"`
 	Version uint64 `json:"version"`
 	Bytes   int64  `json:"bytes"`
 	Pushes  uint64 `json:"pushes"`
 	Reads   uint64 `json:"reads"`
+	// Sum marks the "other" row (named OtherLabel; the last): Others
+	// models listed now, its version their largest, its bytes their sum,
+	// its pushes and reads theirs and those of the models summed there
+	// that were deleted since.
+	Sum    bool `json:"sum,omitempty"`
+	Others int  `json:"others,omitempty"`
 }
 
 // ReducerState is the gradient flow: pushed → applied, dropped or lost.
@@ -114,7 +124,7 @@ type ReducerState struct {
 	P99ms   float64           `json:"p99_ms"`
 }
 
-// CollectorState is one collector (or the "other" bucket).
+// CollectorState is one collector, or the "other" row.
 type CollectorState struct {
 	Model    string `json:"model"`
 	ID       string `json:"id"`
@@ -123,15 +133,26 @@ type CollectorState struct {
 	Lag      uint64 `json:"lag"`
 	Via      string `json:"via"`
 	Attached bool   `json:"attached"`
+	// Sum marks the "other" row (ID OtherLabel; the last, present when
+	// weight sync tracks collectors without a row of their own): Others
+	// collectors, of any model (Model ""), Lag the largest of theirs.
+	Sum    bool `json:"sum,omitempty"`
+	Others int  `json:"others,omitempty"`
 }
 
-// LearnerState is one attached learner.
+// LearnerState is one attached learner, or the "other" row: the learners
+// the metrics sum as learner="other".
 type LearnerState struct {
 	ID          string `json:"id"`
 	LeaseLeftMs int64  `json:"lease_left_ms"`
 	Task        string `json:"task"`
 	Done        uint64 `json:"done"`
 	Failed      uint64 `json:"failed"`
+	// Sum marks the "other" row (ID OtherLabel; the last): Others learners
+	// attached now, Done and Failed theirs and those of the learners
+	// summed there that left.
+	Sum    bool `json:"sum,omitempty"`
+	Others int  `json:"others,omitempty"`
 }
 
 // RunState is one ARS run with its evaluation curve.
@@ -234,15 +255,19 @@ func clusterState(cs ClusterStats, maxN int) *ClusterState {
 type dashboard struct {
 	cfg  Config
 	page *template.Template
+	// labels is the /metrics collector, whose sticky labels (storeLabels,
+	// learnerLabels) decide which models and learners have a row of their
+	// own here too: the page's "other" rows are the metrics' "other".
+	labels *statsCollector
 }
 
-func newDashboard(cfg Config) *dashboard {
+func newDashboard(cfg Config, labels *statsCollector) *dashboard {
 	page := template.Must(template.New("index.html").Funcs(template.FuncMap{
 		"bytes": humanBytes,
 		"ms":    func(f float64) string { return fmt.Sprintf("%.1f", f) },
 		"num":   func(p *float64) string { return fmtOpt(p) },
 	}).ParseFS(webFS, "web/index.html"))
-	return &dashboard{cfg: cfg, page: page}
+	return &dashboard{cfg: cfg, page: page, labels: labels}
 }
 
 func (d *dashboard) register(mux *http.ServeMux) {
@@ -272,11 +297,13 @@ func (d *dashboard) state(ctx context.Context) State {
 	src, maxN := d.cfg.Sources, d.cfg.MaxLabelValues
 	st := State{Role: d.cfg.Role, Time: time.Now().UTC(), Models: []ModelState{}, Collectors: []CollectorState{}, Learners: []LearnerState{}, Runs: []RunState{}}
 	if src.Store != nil {
-		for _, m := range src.Store().Models {
+		ss := src.Store()
+		rows := d.labels.storeLabels.split(ss.Models, maxN, storeSum(ss.UnlistedRefused))
+		for _, m := range rows {
 			st.Models = append(st.Models, ModelState{Name: m.Name, Version: m.Version, Bytes: m.Bytes, Pushes: m.Pushes, Reads: m.Reads})
 		}
-		if len(st.Models) > maxN {
-			st.Models = st.Models[:maxN]
+		if named := len(rows) - 1; len(rows) > 0 && rows[named].Name == OtherLabel { // split names no model "other"
+			st.Models[named].Sum, st.Models[named].Others = true, len(ss.Models)-named
 		}
 	}
 	if src.Reducer != nil {
@@ -296,20 +323,16 @@ func (d *dashboard) state(ctx context.Context) State {
 		sctx, cancel := context.WithTimeout(ctx, d.cfg.StatsTimeout)
 		ss := src.Sync(sctx)
 		cancel()
-		for _, m := range syncModels(ss.Models, maxN) {
-			cs := cappedCollectors(m.Collectors, maxN)
-			slices.SortStableFunc(cs, func(a, b wsync.CollectorLag) int { return strings.Compare(a.ID, b.ID) })
-			for _, c := range cs {
-				st.Collectors = append(st.Collectors, CollectorState{Model: m.Model, ID: c.ID, Version: c.Version, Newest: m.Newest, Lag: c.Lag, Via: c.Via, Attached: c.Attached})
-			}
-		}
+		st.Collectors = collectorRows(ss.Models, maxN)
 	}
 	if src.Aggregator != nil {
-		for i, l := range src.Aggregator().Learners {
-			if i == maxN {
-				break
-			}
+		ls := slices.Clone(src.Aggregator().Learners)
+		slices.SortFunc(ls, func(a, b aggregator.LearnerStats) int { return strings.Compare(a.ID, b.ID) })
+		for _, l := range d.labels.learnerLabels.split(ls, maxN, learnerSum) {
 			st.Learners = append(st.Learners, LearnerState{ID: l.ID, LeaseLeftMs: l.LeaseLeft.Milliseconds(), Task: l.StartedTask, Done: l.TasksDone, Failed: l.TasksFailed})
+		}
+		if named := len(st.Learners) - 1; named >= 0 && st.Learners[named].ID == OtherLabel { // split names no learner "other"
+			st.Learners[named].Sum, st.Learners[named].Others = true, len(ls)-named
 		}
 	}
 	if src.ARS != nil {
@@ -347,6 +370,58 @@ func (d *dashboard) state(ctx context.Context) State {
 	}
 	st.Refusals = refusalState(src)
 	return st
+}
+
+// collectorRows are the Collectors panel's rows: the maxN most-lagging
+// collectors (ties: those of models with a stored version first, so names
+// the store never had cannot crowd a real model's collectors out, as in
+// syncModels; then by model and id), and one "other" row for every
+// collector without a row, with the largest lag of theirs. maxN rows in
+// all, not maxN per model of maxN models as the metrics label: the page
+// redraws the panel every second.
+func collectorRows(ms []wsync.ModelStatus, maxN int) []CollectorState {
+	rows := []CollectorState{}
+	// The first maxN of all are among the first maxN of each model
+	// (cappedCollectors: most-lagging, then by id) of syncModels' models.
+	for _, m := range syncModels(ms, maxN) {
+		cs := cappedCollectors(m.Collectors, maxN)
+		if len(m.Collectors) > maxN {
+			cs = cs[:maxN] // without its "other" entry: counted below
+		}
+		for _, c := range cs {
+			rows = append(rows, CollectorState{Model: m.Model, ID: c.ID, Version: c.Version, Newest: m.Newest, Lag: c.Lag, Via: c.Via, Attached: c.Attached})
+		}
+	}
+	slices.SortFunc(rows, func(a, b CollectorState) int {
+		if c := cmp.Compare(b.Lag, a.Lag); c != 0 {
+			return c
+		}
+		if sa, sb := a.Newest > 0, b.Newest > 0; sa != sb {
+			if sa {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(strings.Compare(a.Model, b.Model), strings.Compare(a.ID, b.ID))
+	})
+	rows = rows[:min(len(rows), maxN)]
+	shown := make(map[[2]string]bool, len(rows))
+	for _, r := range rows {
+		shown[[2]string{r.Model, r.ID}] = true
+	}
+	o := CollectorState{ID: OtherLabel, Sum: true}
+	for _, m := range ms {
+		for _, c := range m.Collectors {
+			if !shown[[2]string{m.Model, c.ID}] {
+				o.Others++
+				o.Lag = max(o.Lag, c.Lag)
+			}
+		}
+	}
+	if o.Others > 0 {
+		rows = append(rows, o)
+	}
+	return rows
 }
 
 // The curve's SVG viewBox (the page's JS uses the same numbers).

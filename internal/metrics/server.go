@@ -196,15 +196,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
+	stats := newStatsCollector(cfg.Sources, cfg.MaxLabelValues, cfg.StatsTimeout)
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		newStatsCollector(cfg.Sources, cfg.MaxLabelValues, cfg.StatsTimeout),
+		stats,
 	)
 	if cfg.GRPC != nil {
 		reg.MustRegister(cfg.GRPC.m)
 	}
-	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg)}
+	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg, stats)}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}))
 	s.dash.register(mux)

@@ -27,8 +27,10 @@ function plot(pts) {
 }
 function draw(s) {
   document.getElementById("updated").textContent = s.time.slice(11, 19) + " UTC";
+  // A row with sum set is the "other" row: the rest past the cap, summed.
   document.querySelector("#models tbody").innerHTML = rows(s.models, 5, (m) =>
-    `<tr data-model="${esc(m.name)}"><td>${esc(m.name)}</td><td class="version">${m.version}</td><td>${bytes(m.bytes)}</td><td>${m.pushes}</td><td>${m.reads}</td></tr>`);
+    (m.sum ? `<tr class="sum" data-others="${m.others}"><td>other (${m.others} models)</td>` : `<tr data-model="${esc(m.name)}"><td>${esc(m.name)}</td>`) +
+    `<td class="version">${m.version}</td><td>${bytes(m.bytes)}</td><td>${m.pushes}</td><td>${m.reads}</td></tr>`);
   const r = s.reducer, flow = document.querySelector("#reducer .flow");
   if (r) {
     const dropped = Object.entries(r.dropped).map(([k, v]) => `${esc(k)} ${v}`).join(" ") || "0";
@@ -36,11 +38,14 @@ function draw(s) {
       `<span data-count="applied"><b>${r.applied}</b> applied</span> · <span data-count="dropped"><b>${dropped}</b> dropped</span> · ` +
       `<span data-count="lost"><b>${r.lost}</b> lost</span> · queue <b>${r.queue}</b> · ${r.steps} steps · publish p50 ${r.p50_ms.toFixed(1)} ms, p99 ${r.p99_ms.toFixed(1)} ms`;
   }
-  document.querySelector("#collectors tbody").innerHTML = rows(s.collectors, 6, (c) =>
+  document.querySelector("#collectors tbody").innerHTML = rows(s.collectors, 6, (c) => c.sum ?
+    `<tr class="sum${c.lag ? " behind" : ""}" data-others="${c.others}"><td>–</td><td>other (${c.others} collectors)</td><td class="version">–</td><td>–</td><td class="lag">${c.lag}</td><td></td></tr>` :
     `<tr data-collector="${esc(c.id)}" class="${c.lag ? "behind" : ""}"><td>${esc(c.model)}</td><td>${esc(c.id)}</td><td class="version">${c.version}</td>` +
     `<td>${c.newest}</td><td class="lag">${c.lag}</td><td>${esc(c.via)}${c.attached ? " (attached)" : ""}</td></tr>`);
   document.querySelector("#learners tbody").innerHTML = rows(s.learners, 5, (l) =>
-    `<tr data-learner="${esc(l.id)}"><td>${esc(l.id)}</td><td>${l.lease_left_ms} ms</td><td>${esc(l.task)}</td><td>${l.done}</td><td>${l.failed}</td></tr>`);
+    (l.sum ? `<tr class="sum" data-others="${l.others}"><td>other (${l.others} learners)</td><td>–</td><td></td>` :
+      `<tr data-learner="${esc(l.id)}"><td>${esc(l.id)}</td><td>${l.lease_left_ms} ms</td><td>${esc(l.task)}</td>`) +
+    `<td>${l.done}</td><td>${l.failed}</td></tr>`);
   document.getElementById("runlist").innerHTML = s.runs.length ? s.runs.map((u) =>
     `<div class="run" data-run="${esc(u.id)}"><h3>${esc(u.id)} · ${esc(u.env)} <span class="state">${u.done ? "done: " + esc(u.reason) : "running"}</span></h3>` +
     `<p>iteration <b class="iteration">${u.iteration}</b> · version ${u.version} · ${u.episodes} episodes · ${u.steps_per_s.toFixed(0)} steps/s · ` +
