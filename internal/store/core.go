@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/safetensors"
@@ -45,9 +47,18 @@ type core struct {
 	// model is not in Stats.Models, which lists models with a version);
 	// guarded by mu.
 	unlisted modelCounters
-	// lives numbers the models' lives (model.life); guarded by mu.
-	lives uint64
 }
+
+// lives numbers the models' lives (model.life) of every store in the
+// process: one counter, started at the clock, so that a life is told
+// apart from the lives of other stores and of this store before a
+// restart, not only from the model's earlier lives (a follower of a hub
+// compares the lives it is sent, docs/weight-sync.md), and later lives
+// of a model are greater, as the sync tracker wants. The clock is only a
+// starting point: nothing depends on its value.
+var lives atomic.Uint64
+
+func init() { lives.Store(uint64(time.Now().UnixNano()) & (MaxVersion - 1)) }
 
 // model is one named model. versions, epoch and changed are guarded by
 // core.mu and written only by the holder of wsem.
@@ -82,8 +93,7 @@ func (c *core) closed() bool {
 func (c *core) modelLocked(name string) *model {
 	m := c.models[name]
 	if m == nil {
-		c.lives++
-		m = &model{wsem: make(chan struct{}, 1), changed: make(chan struct{}), life: c.lives}
+		m = &model{wsem: make(chan struct{}, 1), changed: make(chan struct{}), life: lives.Add(1)}
 		c.models[name] = m
 	}
 	return m
@@ -428,17 +438,23 @@ func (c *core) getIfNewer(name string, than uint64) (*Snapshot, error) {
 }
 
 func (c *core) waitNewer(ctx context.Context, name string, after uint64) (*Snapshot, error) {
-	s, _, err := c.awaitNewer(ctx, name, after, false)
+	s, _, err := c.awaitNewer(ctx, name, after, 0, false)
 	return s, err
 }
 
 func (c *core) lendNewer(ctx context.Context, name string, after uint64) (*Snapshot, func(), error) {
-	return c.awaitNewer(ctx, name, after, true)
+	return c.awaitNewer(ctx, name, after, 0, true)
 }
 
-// awaitNewer waits for a version newer than after and returns the newest,
-// taken, or lent with its release.
-func (c *core) awaitNewer(ctx context.Context, name string, after uint64, lend bool) (*Snapshot, func(), error) {
+// lendNewerLife implements LifeWaiter.
+func (c *core) lendNewerLife(ctx context.Context, name string, after, life uint64) (*Snapshot, func(), error) {
+	return c.awaitNewer(ctx, name, after, life, true)
+}
+
+// awaitNewer waits for a version newer than after, or (life not 0) for a
+// version of another life than life, and returns the newest, taken, or
+// lent with its release.
+func (c *core) awaitNewer(ctx context.Context, name string, after, life uint64, lend bool) (*Snapshot, func(), error) {
 	if err := c.checkName(name); err != nil {
 		return nil, nil, err
 	}
@@ -452,7 +468,7 @@ func (c *core) awaitNewer(ctx context.Context, name string, after uint64, lend b
 		}
 		c.mu.Lock()
 		n, changed := m.newest(), m.changed
-		if n != nil && n.Version > after {
+		if n != nil && (n.Version > after || life != 0 && n.life != life) {
 			c.countReadLocked(n)
 			var release func()
 			if lend {
@@ -600,8 +616,7 @@ func (c *core) delete(ctx context.Context, name string, persist func(name string
 	// The entry stays (watchers hold its channel, a pusher may be queued
 	// on wsem), emptied: the next push starts the model afresh.
 	m.versions, m.epoch, m.owner = nil, 0, ""
-	c.lives++
-	m.life = c.lives // Seq starts again
+	m.life = lives.Add(1) // Seq starts again
 	c.mu.Unlock()
 	return nil
 }

@@ -637,6 +637,11 @@ func (f *File) LendNewer(ctx context.Context, name string, after uint64) (*Snaps
 	return f.c.lendNewer(ctx, name, after)
 }
 
+// LendNewerLife implements LifeWaiter.
+func (f *File) LendNewerLife(ctx context.Context, name string, after, life uint64) (*Snapshot, func(), error) {
+	return f.c.lendNewerLife(ctx, name, after, life)
+}
+
 // NewestLife implements LifeReader.
 func (f *File) NewestLife(name string) (uint64, uint64, error) { return f.c.newestLife(name) }
 

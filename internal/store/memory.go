@@ -51,6 +51,11 @@ func (s *Memory) LendNewer(ctx context.Context, name string, after uint64) (*Sna
 	return s.c.lendNewer(ctx, name, after)
 }
 
+// LendNewerLife implements LifeWaiter.
+func (s *Memory) LendNewerLife(ctx context.Context, name string, after, life uint64) (*Snapshot, func(), error) {
+	return s.c.lendNewerLife(ctx, name, after, life)
+}
+
 // NewestLife implements LifeReader.
 func (s *Memory) NewestLife(name string) (uint64, uint64, error) { return s.c.newestLife(name) }
 

@@ -136,9 +136,30 @@ type Snapshot struct {
 
 // Life tells the model's lives apart, as Skips does: the versions of one
 // life share it, and a Delete starts a greater one, whose versions are
-// numbered afresh. Lives are numbered by the store's process; 0 when
-// unknown (a snapshot pulled over the network).
+// numbered afresh. A store numbers lives from a counter its process starts
+// at the clock: lives of two stores, or of one store before and after a
+// restart (which starts its models' lives afresh), differ too. A snapshot
+// received over the network has the life its sender named (WithLife;
+// BlobInfo.life); 0 when unknown.
 func (s *Snapshot) Life() uint64 { return s.life }
+
+// WithLife sets the life of s, a snapshot received over the network, to
+// the one its sender named (0: unknown), and returns s. Call it before
+// anyone else sees s: a snapshot's life never changes once it is shared.
+func WithLife(s *Snapshot, life uint64) *Snapshot {
+	s.life = life
+	return s
+}
+
+// LifeWaiter is a store whose waits follow a model deleted and pushed
+// again (Memory and File, and weight sync's boards): LendNewerLife is
+// LendNewer that also returns, at once, the newest version when it is of
+// another life than life (0: any life, as LendNewer), even though it is
+// not newer than after. A watch that asked for it then sends the new
+// model's newest at once (docs/weight-sync.md, "Lives").
+type LifeWaiter interface {
+	LendNewerLife(ctx context.Context, name string, after, life uint64) (snap *Snapshot, release func(), err error)
+}
 
 // LifeReader is implemented by the stores that number lives (Memory and
 // File, and a cluster primary's replica.Fenced over them): NewestLife

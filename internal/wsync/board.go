@@ -23,8 +23,9 @@ type Board struct {
 }
 
 var (
-	_ Source    = (*Board)(nil)
-	_ Publisher = (*Board)(nil)
+	_ Source     = (*Board)(nil)
+	_ LifeSource = (*Board)(nil)
+	_ Publisher  = (*Board)(nil)
 )
 
 // NewBoard returns an empty board for the model name ("" accepts any name).
@@ -34,7 +35,9 @@ func NewBoard(name string) *Board {
 
 // Publish makes snap the newest version. snap must not be modified
 // afterwards (readers share it). A version not newer than the current one
-// is refused with an *errs.StaleError.
+// is refused with an *errs.StaleError, unless it is of another life
+// (newLife: the model deleted and pushed again), whose versions start
+// afresh.
 func (b *Board) Publish(_ context.Context, snap *store.Snapshot) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -44,7 +47,7 @@ func (b *Board) Publish(_ context.Context, snap *store.Snapshot) error {
 	if b.name != "" && snap.Name != b.name {
 		return errWrongModel(b.name, snap.Name)
 	}
-	if b.cur != nil && snap.Version <= b.cur.Version {
+	if b.cur != nil && snap.Version <= b.cur.Version && !newLife(snap, b.cur.Life()) {
 		return staleErr(snap.Name, b.cur.Version, snap.Version)
 	}
 	b.cur = snap
@@ -76,11 +79,16 @@ func (b *Board) GetIfNewer(_ context.Context, than uint64) (*store.Snapshot, err
 // WaitNewer implements Source. After Close it fails with
 // errs.ErrUnavailable once nothing newer is left.
 func (b *Board) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+	return b.WaitNewerLife(ctx, after, 0)
+}
+
+// WaitNewerLife implements LifeSource.
+func (b *Board) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
 	for {
 		b.mu.Lock()
 		cur, ch, closed := b.cur, b.changed, b.closed
 		b.mu.Unlock()
-		if cur != nil && cur.Version > after {
+		if cur != nil && (cur.Version > after || newLife(cur, life)) {
 			return cur, nil
 		}
 		if closed {
@@ -104,4 +112,11 @@ func (b *Board) Close() error {
 		close(b.changed)
 	}
 	return nil
+}
+
+// newLife reports whether snap is of another life than life, both known
+// (not 0): the model deleted and pushed again, whose versions start afresh
+// (store.Snapshot.Life, docs/weight-sync.md "Lives").
+func newLife(snap *store.Snapshot, life uint64) bool {
+	return life != 0 && snap.Life() != 0 && snap.Life() != life
 }

@@ -32,6 +32,14 @@ type ClientConfig struct {
 	// Start is the version the collector already runs (0: none); only
 	// newer versions are sent.
 	Start uint64
+	// FollowLives asks the server to follow the model's lives
+	// (docs/weight-sync.md, "Lives"): a version of another life than the
+	// one sent last (than StartLife, at first) is sent at once, though not
+	// newer, and WaitNewerLife returns it. false: only newer versions, as
+	// from a server that predates lives.
+	FollowLives bool
+	// StartLife is the life of Start (store.Snapshot.Life; 0: unknown).
+	StartLife uint64
 	// ChunkBytes asks for chunks of at most this size; 0 means the
 	// server's default.
 	ChunkBytes uint32
@@ -100,7 +108,10 @@ type Client struct {
 // board (not yet taken), and the one being received into.
 const maxPooled = 4
 
-var _ Source = (*Client)(nil)
+var (
+	_ Source     = (*Client)(nil)
+	_ LifeSource = (*Client)(nil)
+)
 
 // Attach opens the push stream and starts receiving. It fails with
 // errs.ErrUnavailable when the server cannot be reached. Close releases it.
@@ -114,6 +125,7 @@ func Attach(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if err == nil {
 		err = stream.Send(&rlhubv1.SyncClientMessage{Body: &rlhubv1.SyncClientMessage_Hello{Hello: &rlhubv1.SyncHello{
 			CollectorId: cfg.CollectorID, Model: cfg.Model, Version: cfg.Start, ChunkBytes: cfg.ChunkBytes,
+			FollowLives: cfg.FollowLives, Life: cfg.StartLife,
 		}}})
 		if errors.Is(err, io.EOF) {
 			_, err = stream.Recv() // the real error
@@ -181,8 +193,8 @@ func (c *Client) receiveLoop() error {
 			return err
 		}
 		c.keep(blob)
-		snap := &store.Snapshot{Name: info.Model, Version: info.Version, Epoch: info.Epoch, Blob: blob,
-			Tensors: f.Tensors, Metadata: f.Metadata, Created: c.cfg.Now()}
+		snap := store.WithLife(&store.Snapshot{Name: info.Model, Version: info.Version, Epoch: info.Epoch, Blob: blob,
+			Tensors: f.Tensors, Metadata: f.Metadata, Created: c.cfg.Now()}, info.Life)
 		if err := c.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
 			return err
 		}
@@ -269,7 +281,13 @@ func (c *Client) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, 
 
 // WaitNewer implements Source.
 func (c *Client) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
-	s, err := c.board.WaitNewer(ctx, after)
+	return c.WaitNewerLife(ctx, after, 0)
+}
+
+// WaitNewerLife implements LifeSource: with ClientConfig.FollowLives the
+// server sends a new life's newest at once, and it is returned here.
+func (c *Client) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
+	s, err := c.board.WaitNewerLife(ctx, after, life)
 	if err != nil && ctx.Err() == nil {
 		err = c.ended(err)
 	}

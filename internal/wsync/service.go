@@ -254,7 +254,11 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 	sendDone := make(chan error, 1)
 	go func() {
 		defer s.wg.Done()
-		sendDone <- s.sendLoop(ctx, stream, model, hello.Version, chunk)
+		life := uint64(0) // versions only grow, unless the collector follows lives
+		if hello.FollowLives {
+			life = hello.Life
+		}
+		sendDone <- s.sendLoop(ctx, stream, model, hello.Version, life, hello.FollowLives, chunk)
 	}()
 	select {
 	case err := <-sendDone:
@@ -265,13 +269,14 @@ func (s *Service) Attach(stream rlhubv1.WeightSync_AttachServer) error {
 }
 
 // sendLoop sends every newest version of model after sent on stream until
-// ctx ends or a send fails (Attach).
-func (s *Service) sendLoop(ctx context.Context, stream rlhubv1.WeightSync_AttachServer, model string, sent uint64, chunk int) error {
+// ctx ends or a send fails (Attach). With follow, a version of another
+// life than life (the life of sent; 0: unknown) is sent at once too.
+func (s *Service) sendLoop(ctx context.Context, stream rlhubv1.WeightSync_AttachServer, model string, sent, life uint64, follow bool, chunk int) error {
 	for {
 		// Borrowed, and lent on to the chunk codec: from a hub's store the
 		// version then goes back to the reducer once dropped and written
 		// to every collector (docs/store.md, "Lending").
-		snap, release, err := store.BorrowNewer(ctx, s.cfg.Versions, model, sent)
+		snap, release, err := store.BorrowNewerLife(ctx, s.cfg.Versions, model, sent, life)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return grpcerr.ToStatus(fmt.Errorf("%w: weight sync is shutting down", errs.ErrUnavailable))
@@ -283,7 +288,7 @@ func (s *Service) sendLoop(ctx context.Context, stream rlhubv1.WeightSync_Attach
 		}
 		s.tracker.SawLife(model, snap.Version, snap.Life())
 		done := chunkcodec.Lend(snap.Blob, release)
-		err = sendVersion(stream, snap.Name, snap.Version, snap.Epoch, snap.Blob, chunk)
+		err = sendVersion(stream, snap, chunk)
 		done()
 		if err != nil {
 			if s.ctx.Err() != nil {
@@ -292,6 +297,9 @@ func (s *Service) sendLoop(ctx context.Context, stream rlhubv1.WeightSync_Attach
 			return err
 		}
 		sent = snap.Version
+		if follow {
+			life = snap.Life()
+		}
 		s.count.versionsSent.Add(1)
 		s.count.bytesSent.Add(uint64(len(snap.Blob)))
 	}
@@ -325,9 +333,11 @@ func (s *Service) recvHello(stream rlhubv1.WeightSync_AttachServer) (*rlhubv1.Sy
 	}
 }
 
-func sendVersion(stream rlhubv1.WeightSync_AttachServer, name string, version, epoch uint64, blob []byte, chunk int) error {
+func sendVersion(stream rlhubv1.WeightSync_AttachServer, snap *store.Snapshot, chunk int) error {
+	blob := snap.Blob
 	err := stream.Send(&rlhubv1.SyncServerMessage{Body: &rlhubv1.SyncServerMessage_Info{Info: &rlhubv1.BlobInfo{
-		Model: name, Version: version, Epoch: epoch, TotalBytes: uint64(len(blob)), ChunkBytes: uint32(chunk),
+		Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(blob)), ChunkBytes: uint32(chunk),
+		Life: snap.Life(),
 	}}})
 	if err != nil {
 		return err

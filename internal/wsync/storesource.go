@@ -20,7 +20,16 @@ type StoreSource struct {
 	Name  string
 }
 
-var _ Source = StoreSource{}
+var (
+	_ Source     = StoreSource{}
+	_ LifeSource = StoreSource{}
+)
+
+// StoreLifeReader is a StoreReader that follows lives (a store client's
+// WaitNewerLife, storerpc.Client).
+type StoreLifeReader interface {
+	WaitNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, error)
+}
 
 // GetIfNewer implements Source.
 func (s StoreSource) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
@@ -29,5 +38,14 @@ func (s StoreSource) GetIfNewer(ctx context.Context, than uint64) (*store.Snapsh
 
 // WaitNewer implements Source.
 func (s StoreSource) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+	return s.Store.WaitNewer(ctx, s.Name, after)
+}
+
+// WaitNewerLife implements LifeSource: the store's WaitNewerLife when it
+// has one (StoreLifeReader), else WaitNewer (versions only grow).
+func (s StoreSource) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
+	if lr, ok := s.Store.(StoreLifeReader); ok {
+		return lr.WaitNewerLife(ctx, s.Name, after, life)
+	}
 	return s.Store.WaitNewer(ctx, s.Name, after)
 }

@@ -28,6 +28,17 @@ type Source interface {
 	WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error)
 }
 
+// LifeSource is a Source that follows a model's lives (docs/weight-sync.md,
+// "Lives"): WaitNewerLife is WaitNewer that also returns the newest
+// version when it is of another life than life, the life of version after
+// (store.Snapshot.Life; 0: unknown, as WaitNewer), though it is not newer:
+// the model was deleted and pushed again. Over the network it returns such
+// a version only when the sender was asked to follow lives (the push
+// stream's ClientConfig.FollowLives, a store client's WaitNewerLife).
+type LifeSource interface {
+	WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error)
+}
+
 // Releaser is a Source whose snapshots hold something of the sender's (a
 // leasing shm.Reader: a slot of the segment, which the writer avoids
 // while it is held). Release gives it back; the snapshot the source
@@ -66,6 +77,14 @@ type ReceiverConfig struct {
 	// OnApplied, if set, is called after each applied version (for
 	// reporting); it must not block.
 	OnApplied func(version uint64)
+	// FollowLives applies a version of another life than the running one
+	// (store.Snapshot.Life, both known) though it is not newer: the model
+	// deleted and pushed again (docs/weight-sync.md, "Lives"). Run then
+	// waits with WaitNewerLife when Source is a LifeSource. false: only
+	// newer versions are applied.
+	FollowLives bool
+	// StartLife is the life of Start (0: unknown).
+	StartLife uint64
 }
 
 func (c *ReceiverConfig) validate() error {
@@ -89,6 +108,7 @@ type Receiver struct {
 	mu      sync.Mutex // serializes applies; guards cur
 	cur     *store.Snapshot
 	version atomic.Uint64
+	life    atomic.Uint64 // the running version's life (0: unknown); written under mu
 	// leasing is held by the Poll or Run calling a leasing source
 	// (Receiver's comment); only TryLock is used on it.
 	leasing sync.Mutex
@@ -117,11 +137,16 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	}
 	r := &Receiver{cfg: cfg}
 	r.version.Store(cfg.Start)
+	r.life.Store(cfg.StartLife)
 	return r, nil
 }
 
 // Version is the version the collector runs (0 before the first).
 func (r *Receiver) Version() uint64 { return r.version.Load() }
+
+// Life is the life of the version the collector runs (store.Snapshot.Life;
+// 0: unknown).
+func (r *Receiver) Life() uint64 { return r.life.Load() }
 
 // Current is the last applied snapshot, or nil. With a shm.Reader source it
 // is valid only as long as shm.Reader documents (a leasing reader's: until
@@ -136,8 +161,9 @@ func (r *Receiver) Current() *store.Snapshot {
 	return r.cur
 }
 
-// Offer applies snap if it is newer than the running version and reports
-// whether it did. The same or an older version is a no-op (false, nil).
+// Offer applies snap if it is newer than the running version (or, with
+// ReceiverConfig.FollowLives, of another life) and reports whether it did.
+// The same or an older version is a no-op (false, nil).
 func (r *Receiver) Offer(snap *store.Snapshot) (bool, error) {
 	return r.offer(snap, false)
 }
@@ -159,7 +185,7 @@ func (r *Receiver) offer(snap *store.Snapshot, fromSource bool) (bool, error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if snap.Version <= r.version.Load() {
+	if snap.Version <= r.version.Load() && !(r.cfg.FollowLives && newLife(snap, r.life.Load())) {
 		return false, nil
 	}
 	if r.cfg.Apply != nil {
@@ -169,10 +195,11 @@ func (r *Receiver) offer(snap *store.Snapshot, fromSource bool) (bool, error) {
 	}
 	r.cur = snap
 	if rel != nil {
-		r.cur = &store.Snapshot{Name: snap.Name, Version: snap.Version, Epoch: snap.Epoch, Seq: snap.Seq,
-			Metadata: snap.Metadata, Created: snap.Created}
+		r.cur = store.WithLife(&store.Snapshot{Name: snap.Name, Version: snap.Version, Epoch: snap.Epoch, Seq: snap.Seq,
+			Metadata: snap.Metadata, Created: snap.Created}, snap.Life())
 	}
 	r.version.Store(snap.Version)
+	r.life.Store(snap.Life())
 	if r.cfg.OnApplied != nil {
 		r.cfg.OnApplied(snap.Version)
 	}
@@ -202,8 +229,15 @@ func (r *Receiver) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
+	ls, lives := r.cfg.Source.(LifeSource)
+	lives = lives && r.cfg.FollowLives
 	for {
-		snap, err := r.cfg.Source.WaitNewer(ctx, r.Version())
+		var snap *store.Snapshot
+		if lives {
+			snap, err = ls.WaitNewerLife(ctx, r.Version(), r.Life())
+		} else {
+			snap, err = r.cfg.Source.WaitNewer(ctx, r.Version())
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -96,7 +96,11 @@ func (s *Service) RegisterBulk(b *bulk.Server) {
 		defer cancel()
 		stop := context.AfterFunc(s.drainCtx, cancel)
 		defer stop()
-		snap, release, err := store.BorrowNewer(wctx, s.cfg.Store, req.Model, req.After)
+		life := uint64(0) // versions only grow, unless the watch follows lives
+		if req.FollowLives {
+			life = req.Life
+		}
+		snap, release, err := store.BorrowNewerLife(wctx, s.cfg.Store, req.Model, req.After, life)
 		if err != nil {
 			switch {
 			case s.drainCtx.Err() != nil:
@@ -132,6 +136,7 @@ func replySnapshot(r *bulk.Request, snap *store.Snapshot) error {
 			Version:    snap.Version,
 			Epoch:      snap.Epoch,
 			TotalBytes: uint64(len(snap.Blob)),
+			Life:       snap.Life(),
 		},
 		Metadata:        snap.Metadata,
 		CreatedUnixNano: snap.Created.UnixNano(),

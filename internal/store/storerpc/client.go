@@ -445,7 +445,7 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 	if err != nil {
 		return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 	}
-	return &store.Snapshot{
+	return store.WithLife(&store.Snapshot{
 		Name:     b.Model,
 		Version:  b.Version,
 		Epoch:    b.Epoch,
@@ -453,16 +453,29 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 		Tensors:  f.Tensors,
 		Metadata: f.Metadata,
 		Created:  time.Unix(0, hdr.CreatedUnixNano),
-	}, hdr.Skipped, nil
+	}, b.Life), hdr.Skipped, nil
 }
 
 // WaitNewer implements store.Store with a watch that ends after its first
 // version.
 func (c *Client) WaitNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, error) {
+	return c.waitNewer(ctx, name, after, 0, false)
+}
+
+// WaitNewerLife is WaitNewer following the model's lives (docs/weight-sync.md,
+// "Lives"): it also returns the newest version when it is of another life
+// than life, the life of version after (0: unknown), though it is not
+// newer — the model deleted and pushed again. The snapshot's Life is the
+// one the hub named. A hub that predates lives answers as WaitNewer.
+func (c *Client) WaitNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, error) {
+	return c.waitNewer(ctx, name, after, life, true)
+}
+
+func (c *Client) waitNewer(ctx context.Context, name string, after, life uint64, follow bool) (*store.Snapshot, error) {
 	// On the data plane: long polls, each up to the hub's wait, until a
-	// version newer than after arrives.
+	// version newer than after (or of another life) arrives.
 	for ctx.Err() == nil {
-		snap, err, ok := c.bulkRead(ctx, bulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: name, After: after}, nil)
+		snap, err, ok := c.bulkRead(ctx, bulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: name, After: after, FollowLives: follow, Life: life}, nil)
 		if !ok {
 			break // gRPC below
 		}
@@ -474,7 +487,7 @@ func (c *Client) WaitNewer(ctx context.Context, name string, after uint64) (*sto
 		return nil, ctx.Err()
 	}
 	var got *store.Snapshot
-	err := c.Watch(ctx, name, after, func(s *store.Snapshot, _ uint64) error {
+	err := c.watch(ctx, name, after, life, follow, func(s *store.Snapshot, _ uint64) error {
 		got = s
 		return errStop
 	})
@@ -494,11 +507,28 @@ var errStop = errors.New("stop watching")
 // Unavailable it reconnects with backoff and resumes after the last
 // delivered version. Watch has no default deadline.
 func (c *Client) Watch(ctx context.Context, name string, after uint64, fn func(snap *store.Snapshot, skipped uint64) error) error {
+	return c.watch(ctx, name, after, 0, false, fn)
+}
+
+// WatchLives is Watch following the model's lives (docs/weight-sync.md,
+// "Lives"): once the model is deleted and pushed again, fn gets the new
+// life's newest version at once, though it is not newer than the last one
+// delivered (each snapshot's Life is the one the hub named; versions only
+// grow within a life). life is the life of version after (0: unknown). A
+// reconnect resumes after the last delivered version and its life, so a
+// hub restarted (or another cluster primary), whose lives differ, sends
+// its newest once again. A hub that predates lives answers as Watch.
+func (c *Client) WatchLives(ctx context.Context, name string, after, life uint64, fn func(snap *store.Snapshot, skipped uint64) error) error {
+	return c.watch(ctx, name, after, life, true, fn)
+}
+
+func (c *Client) watch(ctx context.Context, name string, after, life uint64, follow bool, fn func(snap *store.Snapshot, skipped uint64) error) error {
 	ctx, cancel := c.callCtx(ctx, true)
 	defer cancel()
 	failures := 0
+	pos := watchPos{after: after, life: life, follow: follow}
 	for {
-		err := c.watchOnce(ctx, name, &after, &failures, fn)
+		err := c.watchOnce(ctx, name, &pos, &failures, fn)
 		var ferr fnError
 		if errors.As(err, &ferr) {
 			return ferr.err
@@ -517,13 +547,20 @@ type fnError struct{ err error }
 
 func (e fnError) Error() string { return e.err.Error() }
 
+// watchPos is where a watch resumes: after the version it delivered last,
+// of life (0: unknown); follow says it follows lives.
+type watchPos struct {
+	after, life uint64
+	follow      bool
+}
+
 // watchOnce runs one watch stream. failures is reset by every delivered
 // version and incremented when the stream fails.
-func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, failures *int, fn func(*store.Snapshot, uint64) error) error {
+func (c *Client) watchOnce(ctx context.Context, name string, pos *watchPos, failures *int, fn func(*store.Snapshot, uint64) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	recv, err := c.openRaw(ctx, watchDesc, rlhubv1.ModelStore_Watch_FullMethodName,
-		&rlhubv1.StoreWatchRequest{Model: name, After: *after, ChunkBytes: uint32(c.cfg.ChunkBytes)})
+		&rlhubv1.StoreWatchRequest{Model: name, After: pos.after, ChunkBytes: uint32(c.cfg.ChunkBytes), FollowLives: pos.follow, Life: pos.life})
 	if err != nil {
 		*failures++
 		return err
@@ -537,11 +574,18 @@ func (c *Client) watchOnce(ctx context.Context, name string, after *uint64, fail
 			*failures++
 			return err
 		}
-		if err := answers(name, 0, after, snap); err != nil {
+		than := &pos.after
+		if pos.follow && pos.life != 0 && snap.Life() != 0 && snap.Life() != pos.life {
+			than = nil // a new life: versions start afresh
+		}
+		if err := answers(name, 0, than, snap); err != nil {
 			return err // not retried: the same hub would answer the same
 		}
 		*failures = 0
-		*after = snap.Version
+		pos.after = snap.Version
+		if pos.follow {
+			pos.life = snap.Life()
+		}
 		if err := fn(snap, skipped); err != nil {
 			return fnError{err}
 		}

@@ -162,8 +162,8 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 		if err != nil {
 			return fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.GetModel()), b.GetVersion(), err)
 		}
-		snap = &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
-			Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}
+		snap = store.WithLife(&store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
+			Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, b.GetLife())
 		return nil
 	})
 	if noBulk {

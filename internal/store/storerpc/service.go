@@ -279,7 +279,7 @@ func (s *Service) Pull(req *rlhubv1.StorePullRequest, stream rlhubv1.ModelStore_
 		defer done()
 		if snap.Version <= *req.IfNewerThan {
 			return stream.Send(&rlhubv1.StorePullResponse{Body: &rlhubv1.StorePullResponse_Header{Header: &rlhubv1.StorePullHeader{
-				Blob:        &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch},
+				Blob:        &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, Life: snap.Life()},
 				NotModified: true,
 			}}})
 		}
@@ -307,9 +307,10 @@ func (s *Service) lend(ctx context.Context, model string, version uint64) (*stor
 	return snap, chunkcodec.Lend(snap.Blob, release), nil
 }
 
-// lendNewer is lend for WaitNewer.
-func (s *Service) lendNewer(ctx context.Context, model string, after uint64) (*store.Snapshot, func(), error) {
-	snap, release, err := store.BorrowNewer(ctx, s.cfg.Store, model, after)
+// lendNewerLife is lend for WaitNewer, following lives when life is not 0
+// (store.BorrowNewerLife).
+func (s *Service) lendNewerLife(ctx context.Context, model string, after, life uint64) (*store.Snapshot, func(), error) {
+	snap, release, err := store.BorrowNewerLife(ctx, s.cfg.Store, model, after, life)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -323,9 +324,15 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 	stop := context.AfterFunc(s.drainCtx, cancel)
 	defer stop()
 	after := req.After
+	// life is the life of the version after names when the watch follows
+	// lives (0: unknown, or not following: versions only grow).
+	life := uint64(0)
+	if req.FollowLives {
+		life = req.Life
+	}
 	var skips store.Skips
 	for {
-		snap, done, err := s.lendNewer(ctx, req.Model, after)
+		snap, done, err := s.lendNewerLife(ctx, req.Model, after, life)
 		if err != nil {
 			if s.drainCtx.Err() != nil && stream.Context().Err() == nil {
 				err = errDraining
@@ -338,6 +345,9 @@ func (s *Service) Watch(req *rlhubv1.StoreWatchRequest, stream rlhubv1.ModelStor
 			return err
 		}
 		after = snap.Version
+		if req.FollowLives {
+			life = snap.Life()
+		}
 	}
 }
 
@@ -358,6 +368,7 @@ func (s *Service) send(stream pullStream, snap *store.Snapshot, skipped uint64, 
 			Epoch:      snap.Epoch,
 			TotalBytes: uint64(len(snap.Blob)),
 			ChunkBytes: uint32(chunk),
+			Life:       snap.Life(),
 		},
 		Skipped:         skipped,
 		Metadata:        snap.Metadata,

@@ -202,6 +202,11 @@ type Relay struct {
 	// upstream looked up again, as the collectors' own clients do, never
 	// republished as newer.
 	epoch uint64
+	// life is the life of the version the relay follows from upstream
+	// (follow's goroutine only; 0: unknown): the push stream asks to follow
+	// lives, so a model deleted and pushed again upstream is republished at
+	// once (docs/weight-sync.md, "Lives").
+	life uint64
 
 	refusedMu sync.Mutex
 	refused   Refusals // versions over MaxModelBytes (refusedMu)
@@ -392,13 +397,15 @@ func (r *Relay) follow(ctx context.Context) {
 }
 
 func (r *Relay) followOnce(ctx context.Context, have *uint64) error {
-	cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: r.cfg.Upstream, CollectorID: r.cfg.ID, Model: r.cfg.Model, Start: *have, Logger: r.cfg.Logger})
+	cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: r.cfg.Upstream, CollectorID: r.cfg.ID, Model: r.cfg.Model, Start: *have,
+		FollowLives: true, StartLife: r.life, Logger: r.cfg.Logger})
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: cl, Start: *have, Apply: r.apply, OnApplied: func(v uint64) {
-		*have = v
+	var recv *wsync.Receiver
+	recv, err = wsync.NewReceiver(wsync.ReceiverConfig{Source: cl, Start: *have, StartLife: r.life, FollowLives: true, Apply: r.apply, OnApplied: func(v uint64) {
+		*have, r.life = v, recv.Life()
 		cl.Running(v)
 	}})
 	if err != nil {
@@ -674,6 +681,24 @@ func (s boardStore) GetIfNewer(ctx context.Context, name string, than uint64) (*
 	}
 	s.catchUp(ctx)
 	return s.r.board.GetIfNewer(ctx, than)
+}
+
+// LendNewerLife implements store.LifeWaiter, so that the relay's own
+// collectors that follow lives get a new life at once (the board holds
+// the relay's one copy of each version: nothing to lend, release does
+// nothing). It counts itself as waiting, as WaitNewer does.
+func (s boardStore) LendNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, func(), error) {
+	if err := s.check(name); err != nil {
+		return nil, nil, err
+	}
+	s.r.waiting.Add(1)
+	defer s.r.waiting.Add(-1)
+	s.catchUp(ctx)
+	snap, err := s.r.board.WaitNewerLife(ctx, after, life)
+	if err != nil {
+		return nil, nil, err
+	}
+	return snap, func() {}, nil
 }
 
 // WaitNewer counts itself as waiting (so the relay copies versions that

@@ -468,8 +468,18 @@ type StoreWatchRequest struct {
 	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	// Send versions newer than this; 0 sends the current newest at once (if
 	// any) and waits for the model to appear otherwise.
-	After         uint64 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
-	ChunkBytes    uint32 `protobuf:"varint,3,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	After      uint64 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	ChunkBytes uint32 `protobuf:"varint,3,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	// Follow the model's lives (docs/weight-sync.md, "Lives"): once the
+	// model is deleted and pushed again, send the new life's newest version
+	// at once, though it is not newer than the last one sent (each header's
+	// blob.life names its life). Unset: versions only grow, as before.
+	FollowLives bool `protobuf:"varint,4,opt,name=follow_lives,json=followLives,proto3" json:"follow_lives,omitempty"`
+	// With follow_lives: the life of the version `after` names (0: unknown,
+	// the first version sent is newer than after as without follow_lives).
+	// A life the hub does not have now (the model deleted since, or a hub
+	// restarted) sends the newest at once.
+	Life          uint64 `protobuf:"varint,5,opt,name=life,proto3" json:"life,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +531,20 @@ func (x *StoreWatchRequest) GetAfter() uint64 {
 func (x *StoreWatchRequest) GetChunkBytes() uint32 {
 	if x != nil {
 		return x.ChunkBytes
+	}
+	return 0
+}
+
+func (x *StoreWatchRequest) GetFollowLives() bool {
+	if x != nil {
+		return x.FollowLives
+	}
+	return false
+}
+
+func (x *StoreWatchRequest) GetLife() uint64 {
+	if x != nil {
+		return x.Life
 	}
 	return 0
 }
@@ -847,12 +871,14 @@ const file_rlhub_v1_store_proto_rawDesc = "" +
 	"\x11created_unix_nano\x18\x05 \x01(\x03R\x0fcreatedUnixNano\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"`\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x01\n" +
 	"\x11StoreWatchRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x1f\n" +
 	"\vchunk_bytes\x18\x03 \x01(\rR\n" +
-	"chunkBytes\"N\n" +
+	"chunkBytes\x12!\n" +
+	"\ffollow_lives\x18\x04 \x01(\bR\vfollowLives\x12\x12\n" +
+	"\x04life\x18\x05 \x01(\x04R\x04life\"N\n" +
 	"\x10StoreListRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +

@@ -126,7 +126,14 @@ type SyncHello struct {
 	// waits for a newer version before answering "not modified", in
 	// milliseconds; 0 means 5 s, more than 5 s is taken as 5 s. Ignored by
 	// Attach.
-	WaitMs        uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	WaitMs uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	// Follow the model's lives, as StoreWatchRequest.follow_lives: a version
+	// of another life than `life` is sent at once, though not newer than
+	// `version`; info.life names each version's life. Unset: only newer
+	// versions, as before.
+	FollowLives bool `protobuf:"varint,6,opt,name=follow_lives,json=followLives,proto3" json:"follow_lives,omitempty"`
+	// With follow_lives: the life of `version` (0: unknown).
+	Life          uint64 `protobuf:"varint,7,opt,name=life,proto3" json:"life,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +199,20 @@ func (x *SyncHello) GetChunkBytes() uint32 {
 func (x *SyncHello) GetWaitMs() uint32 {
 	if x != nil {
 		return x.WaitMs
+	}
+	return 0
+}
+
+func (x *SyncHello) GetFollowLives() bool {
+	if x != nil {
+		return x.FollowLives
+	}
+	return false
+}
+
+func (x *SyncHello) GetLife() uint64 {
+	if x != nil {
+		return x.Life
 	}
 	return 0
 }
@@ -784,14 +805,16 @@ const file_rlhub_v1_sync_proto_rawDesc = "" +
 	"\x11SyncClientMessage\x12+\n" +
 	"\x05hello\x18\x01 \x01(\v2\x13.rlhub.v1.SyncHelloH\x00R\x05hello\x121\n" +
 	"\arunning\x18\x02 \x01(\v2\x15.rlhub.v1.SyncRunningH\x00R\arunningB\x06\n" +
-	"\x04body\"\x98\x01\n" +
+	"\x04body\"\xcf\x01\n" +
 	"\tSyncHello\x12!\n" +
 	"\fcollector_id\x18\x01 \x01(\tR\vcollectorId\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x1f\n" +
 	"\vchunk_bytes\x18\x04 \x01(\rR\n" +
 	"chunkBytes\x12\x17\n" +
-	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"'\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\x12!\n" +
+	"\ffollow_lives\x18\x06 \x01(\bR\vfollowLives\x12\x12\n" +
+	"\x04life\x18\a \x01(\x04R\x04life\"'\n" +
 	"\vSyncRunning\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\"n\n" +
 	"\x11SyncServerMessage\x12(\n" +

@@ -42,7 +42,14 @@ type BlobInfo struct {
 	// Exact length of the whole safetensors blob in bytes.
 	TotalBytes uint64 `protobuf:"varint,4,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	// Largest chunk the sender will send.
-	ChunkBytes    uint32 `protobuf:"varint,5,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	ChunkBytes uint32 `protobuf:"varint,5,opt,name=chunk_bytes,json=chunkBytes,proto3" json:"chunk_bytes,omitempty"`
+	// Model versions (store pulls and watches, weight sync): the version's
+	// life. Opaque: the versions of one life of the model share it, and a
+	// model deleted and pushed again (from version 1) has another; a hub
+	// restarted or another hub (a new cluster primary) names other lives
+	// too. 0: unknown (a sender that predates lives). docs/weight-sync.md,
+	// "Lives".
+	Life          uint64 `protobuf:"varint,6,opt,name=life,proto3" json:"life,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -112,6 +119,13 @@ func (x *BlobInfo) GetChunkBytes() uint32 {
 	return 0
 }
 
+func (x *BlobInfo) GetLife() uint64 {
+	if x != nil {
+		return x.Life
+	}
+	return 0
+}
+
 // Chunk is a piece of a safetensors blob.
 type Chunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -161,7 +175,7 @@ var File_rlhub_v1_tensor_proto protoreflect.FileDescriptor
 
 const file_rlhub_v1_tensor_proto_rawDesc = "" +
 	"\n" +
-	"\x15rlhub/v1/tensor.proto\x12\brlhub.v1\"\x92\x01\n" +
+	"\x15rlhub/v1/tensor.proto\x12\brlhub.v1\"\xa6\x01\n" +
 	"\bBlobInfo\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x14\n" +
@@ -169,7 +183,8 @@ const file_rlhub_v1_tensor_proto_rawDesc = "" +
 	"\vtotal_bytes\x18\x04 \x01(\x04R\n" +
 	"totalBytes\x12\x1f\n" +
 	"\vchunk_bytes\x18\x05 \x01(\rR\n" +
-	"chunkBytes\"\x1b\n" +
+	"chunkBytes\x12\x12\n" +
+	"\x04life\x18\x06 \x01(\x04R\x04life\"\x1b\n" +
 	"\x05Chunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04dataB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3"
 

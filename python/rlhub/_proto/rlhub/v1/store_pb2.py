@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlhub._proto.rlhub.v1 import tensor_pb2 as rlhub_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlhub/v1/store.proto\x12\x08rlhub.v1\x1a\x15rlhub/v1/tensor.proto\"i\n\x10StorePushRequest\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.rlhub.v1.StorePushHeaderH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04\x62ody\"W\n\x0fStorePushHeader\x12 \n\x04\x62lob\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfo\x12\x0e\n\x06\x65xpect\x18\x02 \x01(\x04\x12\x12\n\nexpect_any\x18\x03 \x01(\x08\";\n\x11StorePushResponse\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x18.rlhub.v1.StoreModelInfo\"u\n\x10StorePullRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x1a\n\rif_newer_than\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\rB\x10\n\x0e_if_newer_than\"j\n\x11StorePullResponse\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.rlhub.v1.StorePullHeaderH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04\x62ody\"\xe1\x01\n\x0fStorePullHeader\x12 \n\x04\x62lob\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfo\x12\x14\n\x0cnot_modified\x18\x02 \x01(\x08\x12\x0f\n\x07skipped\x18\x03 \x01(\x04\x12\x39\n\x08metadata\x18\x04 \x03(\x0b\x32\'.rlhub.v1.StorePullHeader.MetadataEntry\x12\x19\n\x11\x63reated_unix_nano\x18\x05 \x01(\x03\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"F\n\x11StoreWatchRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r\"9\n\x10StoreListRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"V\n\x11StoreListResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.rlhub.v1.StoreModelInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x89\x01\n\x0eStoreModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x19\n\x11\x63reated_unix_nano\x18\x05 \x01(\x03\x12\x10\n\x08retained\x18\x06 \x03(\x04\x12\r\n\x05owner\x18\x07 \x01(\t\"#\n\x12StoreDeleteRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x15\n\x13StoreDeleteResponse2\xdf\x02\n\nModelStore\x12\x41\n\x04Push\x12\x1a.rlhub.v1.StorePushRequest\x1a\x1b.rlhub.v1.StorePushResponse(\x01\x12\x41\n\x04Pull\x12\x1a.rlhub.v1.StorePullRequest\x1a\x1b.rlhub.v1.StorePullResponse0\x01\x12\x43\n\x05Watch\x12\x1b.rlhub.v1.StoreWatchRequest\x1a\x1b.rlhub.v1.StorePullResponse0\x01\x12?\n\x04List\x12\x1a.rlhub.v1.StoreListRequest\x1a\x1b.rlhub.v1.StoreListResponse\x12\x45\n\x06\x44\x65lete\x12\x1c.rlhub.v1.StoreDeleteRequest\x1a\x1d.rlhub.v1.StoreDeleteResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14rlhub/v1/store.proto\x12\x08rlhub.v1\x1a\x15rlhub/v1/tensor.proto\"i\n\x10StorePushRequest\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.rlhub.v1.StorePushHeaderH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04\x62ody\"W\n\x0fStorePushHeader\x12 \n\x04\x62lob\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfo\x12\x0e\n\x06\x65xpect\x18\x02 \x01(\x04\x12\x12\n\nexpect_any\x18\x03 \x01(\x08\";\n\x11StorePushResponse\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x18.rlhub.v1.StoreModelInfo\"u\n\x10StorePullRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x1a\n\rif_newer_than\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\rB\x10\n\x0e_if_newer_than\"j\n\x11StorePullResponse\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.rlhub.v1.StorePullHeaderH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04\x62ody\"\xe1\x01\n\x0fStorePullHeader\x12 \n\x04\x62lob\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfo\x12\x14\n\x0cnot_modified\x18\x02 \x01(\x08\x12\x0f\n\x07skipped\x18\x03 \x01(\x04\x12\x39\n\x08metadata\x18\x04 \x03(\x0b\x32\'.rlhub.v1.StorePullHeader.MetadataEntry\x12\x19\n\x11\x63reated_unix_nano\x18\x05 \x01(\x03\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"j\n\x11StoreWatchRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\r\x12\x14\n\x0c\x66ollow_lives\x18\x04 \x01(\x08\x12\x0c\n\x04life\x18\x05 \x01(\x04\"9\n\x10StoreListRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"V\n\x11StoreListResponse\x12(\n\x06models\x18\x01 \x03(\x0b\x32\x18.rlhub.v1.StoreModelInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x89\x01\n\x0eStoreModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x19\n\x11\x63reated_unix_nano\x18\x05 \x01(\x03\x12\x10\n\x08retained\x18\x06 \x03(\x04\x12\r\n\x05owner\x18\x07 \x01(\t\"#\n\x12StoreDeleteRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x15\n\x13StoreDeleteResponse2\xdf\x02\n\nModelStore\x12\x41\n\x04Push\x12\x1a.rlhub.v1.StorePushRequest\x1a\x1b.rlhub.v1.StorePushResponse(\x01\x12\x41\n\x04Pull\x12\x1a.rlhub.v1.StorePullRequest\x1a\x1b.rlhub.v1.StorePullResponse0\x01\x12\x43\n\x05Watch\x12\x1b.rlhub.v1.StoreWatchRequest\x1a\x1b.rlhub.v1.StorePullResponse0\x01\x12?\n\x04List\x12\x1a.rlhub.v1.StoreListRequest\x1a\x1b.rlhub.v1.StoreListResponse\x12\x45\n\x06\x44\x65lete\x12\x1c.rlhub.v1.StoreDeleteRequest\x1a\x1d.rlhub.v1.StoreDeleteResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,17 +50,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STOREPULLHEADER_METADATAENTRY']._serialized_start=720
   _globals['_STOREPULLHEADER_METADATAENTRY']._serialized_end=767
   _globals['_STOREWATCHREQUEST']._serialized_start=769
-  _globals['_STOREWATCHREQUEST']._serialized_end=839
-  _globals['_STORELISTREQUEST']._serialized_start=841
-  _globals['_STORELISTREQUEST']._serialized_end=898
-  _globals['_STORELISTRESPONSE']._serialized_start=900
-  _globals['_STORELISTRESPONSE']._serialized_end=986
-  _globals['_STOREMODELINFO']._serialized_start=989
-  _globals['_STOREMODELINFO']._serialized_end=1126
-  _globals['_STOREDELETEREQUEST']._serialized_start=1128
-  _globals['_STOREDELETEREQUEST']._serialized_end=1163
-  _globals['_STOREDELETERESPONSE']._serialized_start=1165
-  _globals['_STOREDELETERESPONSE']._serialized_end=1186
-  _globals['_MODELSTORE']._serialized_start=1189
-  _globals['_MODELSTORE']._serialized_end=1540
+  _globals['_STOREWATCHREQUEST']._serialized_end=875
+  _globals['_STORELISTREQUEST']._serialized_start=877
+  _globals['_STORELISTREQUEST']._serialized_end=934
+  _globals['_STORELISTRESPONSE']._serialized_start=936
+  _globals['_STORELISTRESPONSE']._serialized_end=1022
+  _globals['_STOREMODELINFO']._serialized_start=1025
+  _globals['_STOREMODELINFO']._serialized_end=1162
+  _globals['_STOREDELETEREQUEST']._serialized_start=1164
+  _globals['_STOREDELETEREQUEST']._serialized_end=1199
+  _globals['_STOREDELETERESPONSE']._serialized_start=1201
+  _globals['_STOREDELETERESPONSE']._serialized_end=1222
+  _globals['_MODELSTORE']._serialized_start=1225
+  _globals['_MODELSTORE']._serialized_end=1576
 # @@protoc_insertion_point(module_scope)

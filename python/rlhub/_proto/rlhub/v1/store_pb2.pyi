@@ -73,14 +73,18 @@ class StorePullHeader(_message.Message):
     def __init__(self, blob: _Optional[_Union[_tensor_pb2.BlobInfo, _Mapping]] = ..., not_modified: _Optional[bool] = ..., skipped: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., created_unix_nano: _Optional[int] = ...) -> None: ...
 
 class StoreWatchRequest(_message.Message):
-    __slots__ = ("model", "after", "chunk_bytes")
+    __slots__ = ("model", "after", "chunk_bytes", "follow_lives", "life")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_LIVES_FIELD_NUMBER: _ClassVar[int]
+    LIFE_FIELD_NUMBER: _ClassVar[int]
     model: str
     after: int
     chunk_bytes: int
-    def __init__(self, model: _Optional[str] = ..., after: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    follow_lives: bool
+    life: int
+    def __init__(self, model: _Optional[str] = ..., after: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., follow_lives: _Optional[bool] = ..., life: _Optional[int] = ...) -> None: ...
 
 class StoreListRequest(_message.Message):
     __slots__ = ("page_size", "page_token")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlhub._proto.rlhub.v1 import tensor_pb2 as rlhub_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rlhub/v1/sync.proto\x12\x08rlhub.v1\x1a\x15rlhub/v1/tensor.proto\"k\n\x11SyncClientMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.rlhub.v1.SyncHelloH\x00\x12(\n\x07running\x18\x02 \x01(\x0b\x32\x15.rlhub.v1.SyncRunningH\x00\x42\x06\n\x04\x62ody\"g\n\tSyncHello\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\r\x12\x0f\n\x07wait_ms\x18\x05 \x01(\r\"\x1e\n\x0bSyncRunning\x12\x0f\n\x07version\x18\x01 \x01(\x04\"a\n\x11SyncServerMessage\x12\"\n\x04info\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfoH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04\x62ody\"?\n\x11SyncReportRequest\x12*\n\x07reports\x18\x01 \x03(\x0b\x32\x19.rlhub.v1.CollectorReport\"T\n\x0f\x43ollectorReport\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x0b\n\x03via\x18\x04 \x01(\t\"\x14\n\x12SyncReportResponse\"\"\n\x11SyncStatusRequest\x12\r\n\x05model\x18\x01 \x01(\t\"?\n\x12SyncStatusResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.rlhub.v1.ModelSyncStatus\"\x84\x01\n\x0fModelSyncStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06newest\x18\x02 \x01(\x04\x12*\n\ncollectors\x18\x03 \x03(\x0b\x32\x16.rlhub.v1.CollectorLag\x12&\n\thistogram\x18\x04 \x03(\x0b\x32\x13.rlhub.v1.LagBucket\"~\n\x0c\x43ollectorLag\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0b\n\x03lag\x18\x03 \x01(\x04\x12\x0b\n\x03via\x18\x04 \x01(\t\x12\x10\n\x08\x61ttached\x18\x05 \x01(\x08\x12\x1b\n\x13reported_unix_nanos\x18\x06 \x01(\x03\"+\n\tLagBucket\x12\x0f\n\x07max_lag\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x32\xde\x01\n\nWeightSync\x12\x46\n\x06\x41ttach\x12\x1b.rlhub.v1.SyncClientMessage\x1a\x1b.rlhub.v1.SyncServerMessage(\x01\x30\x01\x12\x43\n\x06Report\x12\x1b.rlhub.v1.SyncReportRequest\x1a\x1c.rlhub.v1.SyncReportResponse\x12\x43\n\x06Status\x12\x1b.rlhub.v1.SyncStatusRequest\x1a\x1c.rlhub.v1.SyncStatusResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rlhub/v1/sync.proto\x12\x08rlhub.v1\x1a\x15rlhub/v1/tensor.proto\"k\n\x11SyncClientMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.rlhub.v1.SyncHelloH\x00\x12(\n\x07running\x18\x02 \x01(\x0b\x32\x15.rlhub.v1.SyncRunningH\x00\x42\x06\n\x04\x62ody\"\x8b\x01\n\tSyncHello\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x04 \x01(\r\x12\x0f\n\x07wait_ms\x18\x05 \x01(\r\x12\x14\n\x0c\x66ollow_lives\x18\x06 \x01(\x08\x12\x0c\n\x04life\x18\x07 \x01(\x04\"\x1e\n\x0bSyncRunning\x12\x0f\n\x07version\x18\x01 \x01(\x04\"a\n\x11SyncServerMessage\x12\"\n\x04info\x18\x01 \x01(\x0b\x32\x12.rlhub.v1.BlobInfoH\x00\x12 \n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x0f.rlhub.v1.ChunkH\x00\x42\x06\n\x04\x62ody\"?\n\x11SyncReportRequest\x12*\n\x07reports\x18\x01 \x03(\x0b\x32\x19.rlhub.v1.CollectorReport\"T\n\x0f\x43ollectorReport\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x0b\n\x03via\x18\x04 \x01(\t\"\x14\n\x12SyncReportResponse\"\"\n\x11SyncStatusRequest\x12\r\n\x05model\x18\x01 \x01(\t\"?\n\x12SyncStatusResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.rlhub.v1.ModelSyncStatus\"\x84\x01\n\x0fModelSyncStatus\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06newest\x18\x02 \x01(\x04\x12*\n\ncollectors\x18\x03 \x03(\x0b\x32\x16.rlhub.v1.CollectorLag\x12&\n\thistogram\x18\x04 \x03(\x0b\x32\x13.rlhub.v1.LagBucket\"~\n\x0c\x43ollectorLag\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0b\n\x03lag\x18\x03 \x01(\x04\x12\x0b\n\x03via\x18\x04 \x01(\t\x12\x10\n\x08\x61ttached\x18\x05 \x01(\x08\x12\x1b\n\x13reported_unix_nanos\x18\x06 \x01(\x03\"+\n\tLagBucket\x12\x0f\n\x07max_lag\x18\x01 \x01(\x04\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x32\xde\x01\n\nWeightSync\x12\x46\n\x06\x41ttach\x12\x1b.rlhub.v1.SyncClientMessage\x1a\x1b.rlhub.v1.SyncServerMessage(\x01\x30\x01\x12\x43\n\x06Report\x12\x1b.rlhub.v1.SyncReportRequest\x1a\x1c.rlhub.v1.SyncReportResponse\x12\x43\n\x06Status\x12\x1b.rlhub.v1.SyncStatusRequest\x1a\x1c.rlhub.v1.SyncStatusResponseB/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,28 +35,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1'
   _globals['_SYNCCLIENTMESSAGE']._serialized_start=56
   _globals['_SYNCCLIENTMESSAGE']._serialized_end=163
-  _globals['_SYNCHELLO']._serialized_start=165
-  _globals['_SYNCHELLO']._serialized_end=268
-  _globals['_SYNCRUNNING']._serialized_start=270
-  _globals['_SYNCRUNNING']._serialized_end=300
-  _globals['_SYNCSERVERMESSAGE']._serialized_start=302
-  _globals['_SYNCSERVERMESSAGE']._serialized_end=399
-  _globals['_SYNCREPORTREQUEST']._serialized_start=401
-  _globals['_SYNCREPORTREQUEST']._serialized_end=464
-  _globals['_COLLECTORREPORT']._serialized_start=466
-  _globals['_COLLECTORREPORT']._serialized_end=550
-  _globals['_SYNCREPORTRESPONSE']._serialized_start=552
-  _globals['_SYNCREPORTRESPONSE']._serialized_end=572
-  _globals['_SYNCSTATUSREQUEST']._serialized_start=574
-  _globals['_SYNCSTATUSREQUEST']._serialized_end=608
-  _globals['_SYNCSTATUSRESPONSE']._serialized_start=610
-  _globals['_SYNCSTATUSRESPONSE']._serialized_end=673
-  _globals['_MODELSYNCSTATUS']._serialized_start=676
-  _globals['_MODELSYNCSTATUS']._serialized_end=808
-  _globals['_COLLECTORLAG']._serialized_start=810
-  _globals['_COLLECTORLAG']._serialized_end=936
-  _globals['_LAGBUCKET']._serialized_start=938
-  _globals['_LAGBUCKET']._serialized_end=981
-  _globals['_WEIGHTSYNC']._serialized_start=984
-  _globals['_WEIGHTSYNC']._serialized_end=1206
+  _globals['_SYNCHELLO']._serialized_start=166
+  _globals['_SYNCHELLO']._serialized_end=305
+  _globals['_SYNCRUNNING']._serialized_start=307
+  _globals['_SYNCRUNNING']._serialized_end=337
+  _globals['_SYNCSERVERMESSAGE']._serialized_start=339
+  _globals['_SYNCSERVERMESSAGE']._serialized_end=436
+  _globals['_SYNCREPORTREQUEST']._serialized_start=438
+  _globals['_SYNCREPORTREQUEST']._serialized_end=501
+  _globals['_COLLECTORREPORT']._serialized_start=503
+  _globals['_COLLECTORREPORT']._serialized_end=587
+  _globals['_SYNCREPORTRESPONSE']._serialized_start=589
+  _globals['_SYNCREPORTRESPONSE']._serialized_end=609
+  _globals['_SYNCSTATUSREQUEST']._serialized_start=611
+  _globals['_SYNCSTATUSREQUEST']._serialized_end=645
+  _globals['_SYNCSTATUSRESPONSE']._serialized_start=647
+  _globals['_SYNCSTATUSRESPONSE']._serialized_end=710
+  _globals['_MODELSYNCSTATUS']._serialized_start=713
+  _globals['_MODELSYNCSTATUS']._serialized_end=845
+  _globals['_COLLECTORLAG']._serialized_start=847
+  _globals['_COLLECTORLAG']._serialized_end=973
+  _globals['_LAGBUCKET']._serialized_start=975
+  _globals['_LAGBUCKET']._serialized_end=1018
+  _globals['_WEIGHTSYNC']._serialized_start=1021
+  _globals['_WEIGHTSYNC']._serialized_end=1243
 # @@protoc_insertion_point(module_scope)

@@ -16,18 +16,22 @@ class SyncClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[SyncHello, _Mapping]] = ..., running: _Optional[_Union[SyncRunning, _Mapping]] = ...) -> None: ...
 
 class SyncHello(_message.Message):
-    __slots__ = ("collector_id", "model", "version", "chunk_bytes", "wait_ms")
+    __slots__ = ("collector_id", "model", "version", "chunk_bytes", "wait_ms", "follow_lives", "life")
     COLLECTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_LIVES_FIELD_NUMBER: _ClassVar[int]
+    LIFE_FIELD_NUMBER: _ClassVar[int]
     collector_id: str
     model: str
     version: int
     chunk_bytes: int
     wait_ms: int
-    def __init__(self, collector_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    follow_lives: bool
+    life: int
+    def __init__(self, collector_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., wait_ms: _Optional[int] = ..., follow_lives: _Optional[bool] = ..., life: _Optional[int] = ...) -> None: ...
 
 class SyncRunning(_message.Message):
     __slots__ = ("version",)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rlhub/v1/tensor.proto\x12\x08rlhub.v1\"c\n\x08\x42lobInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\r\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x42/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rlhub/v1/tensor.proto\x12\x08rlhub.v1\"q\n\x08\x42lobInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\r\x12\x0c\n\x04life\x18\x06 \x01(\x04\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x42/Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,7 +33,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z-github.com/rlhub/rlhub/proto/rlhub/v1;rlhubv1'
   _globals['_BLOBINFO']._serialized_start=35
-  _globals['_BLOBINFO']._serialized_end=134
-  _globals['_CHUNK']._serialized_start=136
-  _globals['_CHUNK']._serialized_end=157
+  _globals['_BLOBINFO']._serialized_end=148
+  _globals['_CHUNK']._serialized_start=150
+  _globals['_CHUNK']._serialized_end=171
 # @@protoc_insertion_point(module_scope)

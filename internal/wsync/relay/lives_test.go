@@ -1,0 +1,135 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
+)
+
+// livesCollector is a Go collector on a push stream (to the hub or a
+// relay) that records every version it applies.
+type livesCollector struct {
+	mu      sync.Mutex
+	applied []appliedVersion
+}
+
+type appliedVersion struct {
+	version, epoch, life uint64
+	blob                 string
+}
+
+func (c *livesCollector) last() appliedVersion {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.applied) == 0 {
+		return appliedVersion{}
+	}
+	return c.applied[len(c.applied)-1]
+}
+
+func (c *livesCollector) all() []appliedVersion {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]appliedVersion(nil), c.applied...)
+}
+
+// startLivesCollector attaches to addr and follows model "m", following
+// lives or not.
+func startLivesCollector(t *testing.T, addr, id string, follow bool) *livesCollector {
+	t.Helper()
+	c := &livesCollector{}
+	cl, err := wsync.Attach(context.Background(), wsync.ClientConfig{Conn: dial(t, addr), CollectorID: id, Model: "m", FollowLives: follow, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: cl, FollowLives: follow, Apply: func(s *store.Snapshot) error {
+		c.mu.Lock()
+		c.applied = append(c.applied, appliedVersion{s.Version, s.Epoch, s.Life(), string(s.Blob)})
+		c.mu.Unlock()
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- recv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		cl.Close()
+	})
+	return c
+}
+
+// A model deleted and pushed again from version 1 (`rlhub model rm`, then
+// a training run restarted under the same name). Collectors that follow
+// lives — one on the hub's push stream, one on a relay's, through the
+// relay's own push stream upstream — take the new model's version 1 at
+// once; before, every follower kept the deleted model's v5 until the new
+// model's versions passed it. A collector that does not ask (an older
+// client) keeps today's rule: it waits for a version past 5. Fencing
+// still holds across lives: the relay refuses a new life's version of an
+// older epoch than the one it serves (a deposed primary's, in a cluster,
+// where every later write carries a larger epoch), and takes the new
+// life once its epoch is not older.
+func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
+	ctx := context.Background()
+	h := startHub(t)
+	push := func(v, epoch, fill uint64) string {
+		t.Helper()
+		snap := wsynctest.Snap(t, "m", fill, 64)
+		if _, err := h.st.Push(ctx, store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+			t.Fatal(err)
+		}
+		return string(snap.Blob)
+	}
+	for v := uint64(1); v <= 5; v++ {
+		push(v, 3, v)
+	}
+	relay := runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-a", Logger: quiet()})
+	direct := startLivesCollector(t, h.addr, "direct", true)
+	local := startLivesCollector(t, relay.Addr(), "local", true)
+	older := startLivesCollector(t, h.addr, "older", false)
+	for _, c := range []*livesCollector{direct, local, older} {
+		waitFor(t, "every collector at v5", func() bool { return c.last().version == 5 })
+	}
+	oldLife := direct.last().life
+	if oldLife == 0 || local.last().life != oldLife {
+		t.Fatalf("v5's life: %d on the hub's stream, %d through the relay; want the same known life", oldLife, local.last().life)
+	}
+
+	if err := h.st.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	// A new life at an older epoch than the relay serves: refused there.
+	stale := push(1, 2, 101)
+	waitFor(t, "the hub's collector at the new v1", func() bool { return direct.last().blob == stale })
+	fresh := push(2, 3, 102)
+	want := appliedVersion{version: 2, epoch: 3, blob: fresh}
+	for name, c := range map[string]*livesCollector{"direct": direct, "local": local} {
+		waitFor(t, name+" at the new v2", func() bool { return c.last().blob == fresh })
+		got := c.last()
+		if got.life == oldLife || got.life == 0 || got.version != want.version || got.epoch != want.epoch {
+			t.Fatalf("%s: applied version %d epoch %d life %d (deleted life %d), want the new life's v2 at epoch 3", name, got.version, got.epoch, got.life, oldLife)
+		}
+	}
+	for _, a := range local.all() {
+		if a.blob == stale {
+			t.Fatalf("the relay republished the new life's v1 of epoch 2 after serving epoch 3: %v", fmt.Sprint(a.version, "/", a.epoch))
+		}
+	}
+	if l := older.last(); l.version != 5 {
+		t.Fatalf("a collector not following lives applied version %d of life %d, want it still at v5 (today's rule)", l.version, l.life)
+	}
+	for v := uint64(3); v <= 6; v++ {
+		push(v, 3, 100+v)
+	}
+	waitFor(t, "the older collector past v5", func() bool { return older.last().version == 6 })
+	waitFor(t, "the relay's collector at the new v6", func() bool { return local.last().version == 6 })
+}
