@@ -571,11 +571,18 @@ class FollowingChannel(grpc.Channel):
 
     def _offer_elected(self, endpoint: int) -> int:
         """Offers the primary etcd endpoint number ``endpoint`` names now
-        (none while an election runs), read within the watch's bound;
-        returns the revision read."""
-        from rlhub import discover
+        (none while an election runs, nor while the record names no usable
+        address), read within the watch's bound; returns the revision read."""
+        from rlhub import discover, errors
         resp = _election_range(self.target, discover._WATCH_SILENCE, endpoint)
-        leader = _leader_of(resp, self.target.cluster)
+        try:
+            leader = _leader_of(resp, self.target.cluster)
+        except errors.Unavailable:
+            # A refused record (_leader_of) names no primary; etcd answered,
+            # so the watch goes on and its next change is read (Go:
+            # cluster.status). Raising would take it for a failing member:
+            # no watch, the election read again about once a second.
+            leader = None
         if leader is not None:
             self.offer(*leader)
         return int(resp.get("header", {}).get("revision", 0))

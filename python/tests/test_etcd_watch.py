@@ -452,3 +452,55 @@ def test_a_record_naming_no_address_names_no_primary(tmp_path, record):
     finally:
         st.close()
         e.stop()
+
+
+REFUSED_WINDOW = 8.0  # seconds over which a follower's etcd reads are counted
+
+
+def test_a_refused_record_is_watched_not_read_again_and_again(tmp_path):
+    """While the election key's record names no usable address (refused,
+    as above) a follower's election watch waits on etcd's watch for the
+    next change, as Go's (cluster.Reader.WatchLeader: such a record is no
+    primary, not a failure). Before, it was taken for a failing etcd: the
+    watch was never opened and the election was read again after a
+    back-off that grows to 1 s, on the next member each time — about one
+    read a second for as long as the record stood. Reads are counted by
+    etcd itself (its gRPC Range counter; the JSON gateway's reads go
+    through it): over the window the watch's idle read (every
+    ``discover._WATCH_IDLE``, 5 s) may come twice, the polling made one
+    a second. The record's replacement is then offered, through the
+    watch."""
+    e = Etcd(tmp_path)
+    ch = None
+    try:
+        lease = int(write(e, "/v3/lease/grant", {"TTL": 300})["ID"])
+        key = f"/rlhub/{CLUSTER}/election/{lease:x}"
+        record = json.dumps({"id": "h1", "addr": "127.0.0.1:7470 and more"})
+        write(e, "/v3/kv/put", {"key": b64(key), "value": b64(record), "lease": str(lease)})
+        ch = _channel.channel(f"etcd://{e.hostport}/{CLUSTER}")
+        assert isinstance(ch, _channel.FollowingChannel)
+
+        def reads() -> float:
+            return e.metric("grpc_server_started_total", 'grpc_method="Range"')
+
+        deadline = time.monotonic() + 10
+        while reads() < 1:  # the follower's first read of the election
+            assert time.monotonic() < deadline, "the follower did not read the election within 10 s"
+            time.sleep(0.01)
+        time.sleep(1.0)  # past the first back-offs (50 ms doubling) of a follower that polls
+        before = reads()
+        time.sleep(REFUSED_WINDOW)
+        n = reads() - before
+        assert ch.primary() is None, ch.primary()
+        assert n <= 4, f"the follower read the election {n:.0f} times in {REFUSED_WINDOW} s of a refused record"
+
+        write(e, "/v3/lease/revoke", {"ID": str(lease)})  # the refused record goes with its lease
+        elect(e, "h2", "127.0.0.1:7471")
+        deadline = time.monotonic() + 10
+        while (ch.primary() or ("",))[0] != "127.0.0.1:7471":
+            assert time.monotonic() < deadline, f"the follower follows {ch.primary()}, not the new primary, after 10 s"
+            time.sleep(0.01)
+    finally:
+        if ch is not None:
+            ch.close()
+        e.stop()
