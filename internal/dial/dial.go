@@ -24,6 +24,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -97,7 +98,7 @@ func (c Config) Options() []grpc.DialOption {
 	if c.TLS != nil {
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(c.TLS.Clone())))
 	} else {
-		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		opts = append(opts, grpc.WithTransportCredentials(plaintext{insecure.NewCredentials()}),
 			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				return tlsHint(invoker(ctx, method, req, reply, cc, opts...))
 			}),
@@ -185,11 +186,14 @@ func (c Config) checkToken(addrs ...string) error {
 // bearer is a per-RPC credential carrying the token. Over TLS it demands
 // transport security, as grpc-go's own token credentials do; plaintext
 // (a loopback hub with a token file, in tests and on one machine) it
-// allows only to a loopback peer, which it checks on each call's
-// connection, so that a cluster's primary learned at run time (etcd://)
-// is checked where it is dialled: off loopback the call fails
-// Unauthenticated (netsec.PlaintextToken) before its headers, the token
-// among them, are written.
+// allows only to a connection dialled for a loopback name (plaintext)
+// whose peer is loopback, which it checks on each call's connection, so
+// that a cluster's primary learned at run time (etcd://) is checked where
+// it is dialled: otherwise the call fails Unauthenticated
+// (netsec.PlaintextToken) before its headers, the token among them, are
+// written. The name is checked as named, as GRPC and the data plane check
+// it: this machine's hostname, which /etc/hosts may map to 127.0.1.1, is
+// refused though its connection's peer is loopback.
 type bearer struct {
 	md        map[string]string
 	plaintext bool // no TLS: loopback peers only
@@ -197,12 +201,24 @@ type bearer struct {
 
 func (b bearer) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
 	if b.plaintext {
-		where := "an unknown peer"
+		where, port := "an unknown peer", ""
 		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 			if p.Addr.Network() == "unix" {
 				return b.md, nil // a socket file: this machine
 			}
 			where = p.Addr.String()
+			_, port, _ = net.SplitHostPort(where)
+		}
+		if ri, ok := credentials.RequestInfoFromContext(ctx); ok {
+			if d, ok := ri.AuthInfo.(dialledAs); ok && d.name != "" {
+				name := d.name
+				if _, _, err := net.SplitHostPort(name); err != nil && port != "" {
+					name = net.JoinHostPort(name, port) // a resolver address's host alone: named with the port dialled
+				}
+				if err := netsec.PlaintextToken(name); err != nil {
+					return nil, status.Error(codes.Unauthenticated, err.Error())
+				}
+			}
 		}
 		if err := netsec.PlaintextToken(where); err != nil {
 			return nil, status.Error(codes.Unauthenticated, err.Error())
@@ -211,3 +227,36 @@ func (b bearer) GetRequestMetadata(ctx context.Context, _ ...string) (map[string
 	return b.md, nil
 }
 func (b bearer) RequireTransportSecurity() bool { return !b.plaintext }
+
+// plaintext is insecure transport credentials whose connections keep the
+// name they were dialled for (dialledAs): the authority gRPC hands the
+// handshake, a resolver address's ServerName (a followed primary's host)
+// or else the target's. bearer holds a call's token to it.
+type plaintext struct {
+	credentials.TransportCredentials
+}
+
+func (p plaintext) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	c, ai, err := p.TransportCredentials.ClientHandshake(ctx, authority, conn)
+	if err != nil {
+		return c, ai, err
+	}
+	return c, dialledAs{AuthInfo: ai, name: authority}, nil
+}
+
+func (p plaintext) Clone() credentials.TransportCredentials {
+	return plaintext{p.TransportCredentials.Clone()}
+}
+
+// dialledAs is a plaintext connection's AuthInfo: no security, and the
+// name the connection was dialled for.
+type dialledAs struct {
+	credentials.AuthInfo
+	name string
+}
+
+// GetCommonAuthInfo is what gRPC reads for a connection's security level
+// (credentials.CheckSecurityLevel): none, as insecure's own.
+func (dialledAs) GetCommonAuthInfo() credentials.CommonAuthInfo {
+	return credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}
+}

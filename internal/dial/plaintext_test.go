@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -15,8 +16,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/testkit"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // tokenRecorder is a gRPC server on loopback that records the
@@ -155,5 +159,85 @@ func TestTokenRidesOnlyOnALoopbackConnection(t *testing.T) {
 	}
 	if got := rec.tokens(); len(got) != 1 || got[0] != "Bearer rlh_secret" {
 		t.Fatalf("the loopback server received %q, want the token once", got)
+	}
+}
+
+// loopbackHostname is this machine's hostname with a port, when the name
+// resolves to a loopback address only (Debian's /etc/hosts maps it to
+// 127.0.1.1); the test is skipped otherwise, saying why.
+func loopbackHostname(t *testing.T, port string) string {
+	t.Helper()
+	host, err := os.Hostname()
+	if err != nil {
+		t.Skipf("no hostname to dial: %v", err)
+	}
+	ips, err := net.LookupHost(host)
+	if err != nil || len(ips) == 0 {
+		t.Skipf("this machine's hostname %q does not resolve (%v): /etc/hosts has no mapping of it to compare with loopback", host, err)
+	}
+	for _, ip := range ips {
+		if p := net.ParseIP(ip); p == nil || !p.IsLoopback() {
+			t.Skipf("this machine's hostname %q resolves to %v, not to loopback only (/etc/hosts has no loopback mapping of it)", host, ips)
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// namesPrimary is a Cluster service naming one primary.
+type namesPrimary struct {
+	rlhubv1.UnimplementedClusterServer
+	addr string
+}
+
+func (n namesPrimary) Primary(context.Context, *rlhubv1.PrimaryRequest) (*rlhubv1.PrimaryResponse, error) {
+	return &rlhubv1.PrimaryResponse{Address: n.addr, Epoch: 1}, nil
+}
+
+// The rule is the address as named, not what it resolves to
+// (docs/security.md: names are not resolved): this machine's hostname,
+// which /etc/hosts maps to loopback, is refused a plaintext token at
+// GRPC, by the data plane, and as a cluster's primary learned at run
+// time, whose connection's peer is loopback (127.0.1.1): its calls fail
+// Unauthenticated naming it, and the server receives no token. Before,
+// the per-call check looked at the peer alone and let the token go to
+// the named primary that GRPC and the data plane refused.
+func TestTokenRefusedToTheHostnameEverywhere(t *testing.T) {
+	rec := startTokenRecorder(t)
+	_, port, _ := net.SplitHostPort(rec.addr)
+	named := loopbackHostname(t, port)
+	cfg := Config{Token: "rlh_secret"}
+
+	if conn, err := cfg.GRPC(named); err == nil {
+		conn.Close()
+		t.Errorf("GRPC(%s) with a token and no TLS: a connection, want a refusal", named)
+	} else {
+		wantPlaintextRefusal(t, "GRPC("+named+")", err, named)
+	}
+
+	bc := cfg.Bulk()
+	defer bc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var resp wrapperspb.UInt64Value
+	if err := bc.Call(ctx, named, "sum", wrapperspb.UInt64(1), net.Buffers{{7}}, &resp); !errors.Is(err, errs.ErrUnauthenticated) {
+		t.Errorf("the data plane to %s: %v, want ErrUnauthenticated", named, err)
+	} else {
+		wantPlaintextRefusal(t, "the data plane to "+named, err, named)
+	}
+
+	lis := testkit.Listen(t)
+	seed := testkit.ServeGRPC(t, lis, func(g *grpc.Server) { rlhubv1.RegisterClusterServer(g, namesPrimary{addr: named}) })
+	conn, err := cfg.GRPC(seed + "," + seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("a call to the primary %s named by the cluster: %v, want Unauthenticated", named, err)
+	}
+	wantPlaintextRefusal(t, "a call to the primary "+named, err, named)
+	if got := rec.tokens(); len(got) != 0 {
+		t.Fatalf("the primary named %s received %q", named, got)
 	}
 }

@@ -131,3 +131,49 @@ def test_data_plane_refuses_a_token_in_plaintext_off_loopback(monkeypatch):
         assert dialled == [("127.0.0.1", 1)]
     finally:
         c.close()
+
+
+def test_the_hostname_is_refused_though_it_resolves_to_loopback():
+    """The rule is on the address as named, not on what it resolves to
+    (docs/security.md: names are not resolved): this machine's hostname,
+    which /etc/hosts maps to loopback (Debian: 127.0.1.1), is refused a
+    plaintext token by the channel, as a primary learned at run time, and
+    by the data plane — as the Go seam refuses it at GRPC, on each call's
+    connection and in its data plane (internal/dial
+    TestTokenRefusedToTheHostnameEverywhere). A server listening where the
+    name resolves sees no connection."""
+    host = socket.gethostname()
+    try:
+        ips = {ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError as e:
+        pytest.skip(f"this machine's hostname {host!r} does not resolve ({e}): /etc/hosts has no mapping of it "
+                    "to compare with loopback")
+    if not ips or not all(ip.startswith("127.") for ip in ips):
+        pytest.skip(f"this machine's hostname {host!r} resolves to {sorted(ips)}, not to loopback only "
+                    "(/etc/hosts has no loopback mapping of it)")
+    lis = socket.create_server((sorted(ips)[0], 0))
+    lis.setblocking(False)
+    named = f"{host}:{lis.getsockname()[1]}"
+    try:
+        with pytest.raises(rlhub.Unauthenticated) as e:
+            _channel.channel(named, security=SEC).close()
+        _refused(e, named)
+        fc = _channel.channel("127.0.0.1:1,127.0.0.1:2", security=SEC)
+        try:
+            with pytest.raises(rlhub.Unauthenticated) as e:
+                fc.offer(named, 1)
+            _refused(e, named)
+            assert fc.primary() is None
+        finally:
+            fc.close()
+        c = _bulk.Client(SEC)
+        try:
+            with pytest.raises(rlhub.Unauthenticated) as e:
+                c.call(named, _bulk.PUSH_METHOD, b"", [], None, timeout=5)
+            _refused(e, named)
+        finally:
+            c.close()
+        with pytest.raises(BlockingIOError):
+            lis.accept()  # nothing connected
+    finally:
+        lis.close()
