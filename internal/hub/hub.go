@@ -270,6 +270,30 @@ func (l *Limits) validate() error {
 	return nil
 }
 
+// ApplyBulk sets s's connection and body bounds (a data-plane server,
+// which holds both planes' connections) from l: MaxConnsPerPeer,
+// FrameTimeout, IdleTimeout, BodyTimeout and BodyMinRate. A zero field
+// leaves s's own (bulk.NewServer's defaults, which are l's), so l need
+// not have been validated: a cluster standby (internal/replica) serves the
+// hub's address with them between terms, before the hub is opened.
+func (l Limits) ApplyBulk(s *bulk.Server) {
+	if l.MaxConnsPerPeer != 0 {
+		s.MaxConnsPerPeer = l.MaxConnsPerPeer // negative: no cap, in both
+	}
+	if l.FrameTimeout > 0 {
+		s.FrameTimeout = l.FrameTimeout
+	}
+	if l.IdleTimeout > 0 {
+		s.IdleTimeout = l.IdleTimeout
+	}
+	if l.BodyTimeout > 0 {
+		s.BodyTimeout = l.BodyTimeout
+	}
+	if l.BodyMinRate != 0 {
+		s.BodyMinRate = max(l.BodyMinRate, 0) // negative: a fixed BodyTimeout, bulk's 0
+	}
+}
+
 func (c *Config) validate() error {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
@@ -447,8 +471,7 @@ func New(cfg Config, extra ...Service) (*Hub, error) {
 	}
 	h.services = append(append(services, repl), extra...)
 	h.bulk = bulk.NewServer()
-	h.bulk.FrameTimeout, h.bulk.IdleTimeout, h.bulk.MaxConnsPerPeer = lim.FrameTimeout, lim.IdleTimeout, lim.MaxConnsPerPeer
-	h.bulk.BodyTimeout, h.bulk.BodyMinRate = lim.BodyTimeout, max(lim.BodyMinRate, 0)
+	lim.ApplyBulk(h.bulk)
 	if cfg.TLS != nil {
 		h.bulk.TLS = bulk.ServerTLS(cfg.TLS)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
@@ -388,7 +389,7 @@ func TestDataPlaneReplicationRefusesWithoutTheAdminToken(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		lis := testkit.Listen(t)
-		s := startStandby(lis, nil, v, 0, testkit.Logger(), func() *cluster.Refusal {
+		s := startStandby(lis, nil, v, hub.Limits{}, testkit.Logger(), func() *cluster.Refusal {
 			return cluster.NewRefusal(&cluster.Leader{ID: "h9", Addr: "127.0.0.1:9", Epoch: 8})
 		}, func() position { return position{Epoch: 8, Unit: 3} }, nil)
 		defer func() {

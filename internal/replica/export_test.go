@@ -9,6 +9,7 @@ import (
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/clusterrpc"
+	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
@@ -16,7 +17,7 @@ import (
 // unit of epoch; every other call refused), checking tokens with guard
 // when set; stop ends it.
 func StartStandbyForTest(lis net.Listener, guard *auth.Verifier, epoch, unit uint64) (stop func() error) {
-	s := startStandby(lis, nil, guard, 0, nil, func() *cluster.Refusal { return cluster.NewRefusal(nil) },
+	s := startStandby(lis, nil, guard, hub.Limits{}, nil, func() *cluster.Refusal { return cluster.NewRefusal(nil) },
 		func() position { return position{Epoch: epoch, Unit: unit} }, nil)
 	return s.stop
 }
@@ -30,7 +31,7 @@ func StartCappedStandbyForTest(lis net.Listener, guard *auth.Verifier, maxStream
 	if err != nil {
 		return nil, nil, err
 	}
-	s := startStandby(lis, nil, guard, maxStreamsPerPeer, testkit.Logger(), func() *cluster.Refusal {
+	s := startStandby(lis, nil, guard, hub.Limits{MaxStreamsPerPeer: maxStreamsPerPeer}, testkit.Logger(), func() *cluster.Refusal {
 		return cluster.NewRefusal(&cluster.Leader{ID: "p", Addr: primary, Epoch: 7})
 	}, func() position { return position{Epoch: 7, Unit: 1} }, []Registrar{csvc})
 	return s.stop, s.calls.Held, nil

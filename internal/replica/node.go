@@ -264,7 +264,7 @@ func (n *Node) Run(ctx context.Context) error {
 		for i, s := range n.cfg.Extra {
 			extra[i] = s
 		}
-		between = startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.cfg.Hub.Limits.MaxStreamsPerPeer, n.cfg.Logger, n.refusal, n.position, extra)
+		between = startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.cfg.Hub.Limits, n.cfg.Logger, n.refusal, n.position, extra)
 		betweenMetrics = n.standbyMetrics()
 	}
 	for ctx.Err() == nil {
@@ -332,7 +332,7 @@ func (n *Node) member(ctx context.Context, m *cluster.Member, sock *handoff) err
 		}
 		csvc.SetSource(clusterrpc.FromMember(m, n.cfg.Cluster.Cluster))
 		csvc.SetReplication(func() clusterrpc.Replication { return n.replication(m.ID()) })
-		sb := startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.cfg.Hub.Limits.MaxStreamsPerPeer, n.cfg.Logger, n.refusal, n.position, append(extra, csvc))
+		sb := startStandby(sock.role(), n.cfg.Hub.TLS, n.cfg.Hub.Auth, n.cfg.Hub.Limits, n.cfg.Logger, n.refusal, n.position, append(extra, csvc))
 		ms := n.standbyMetrics()
 		term, err := n.standby(ctx, m)
 		if ms != nil {

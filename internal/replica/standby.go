@@ -17,6 +17,7 @@ import (
 
 	"github.com/rlhub/rlhub/internal/auth"
 	"github.com/rlhub/rlhub/internal/cluster"
+	"github.com/rlhub/rlhub/internal/hub"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -51,11 +52,13 @@ var bulkMethods = []string{reducer.BulkPushMethod, reducer.BulkForwardMethod, st
 // tokens), admits the replication stream (the position query) as the
 // primary admits it: the admin token the followers carry (policy table:
 // /rlhub.v1.Replica/Follow); nil admits it without a token, as the primary
-// without --token-file does. maxStreamsPerPeer is the hub's
-// (hub.Limits.MaxStreamsPerPeer: 0 its default, negative no cap): a peer
-// may have twice as many calls in progress here, as on the primary.
-// logger reports the calls cut (nil: slog.Default()).
-func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, maxStreamsPerPeer int, logger *slog.Logger,
+// without --token-file does. lim are the hub's limits, validated or not:
+// by lim.MaxStreamsPerPeer (0 its default, negative no cap) a peer may
+// have twice as many calls in progress here, as on the primary, and the
+// listener holds a peer to the primary's connection cap, frame, idle and
+// body timeouts (hub.Limits.ApplyBulk). logger reports the calls cut
+// (nil: slog.Default()).
+func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, lim hub.Limits, logger *slog.Logger,
 	refusal func() *cluster.Refusal, pos func() position, extra []Registrar) *standbyServer {
 	opts := append([]grpc.ServerOption{
 		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
@@ -75,11 +78,16 @@ func startStandby(lis net.Listener, tlsCfg *tls.Config, guard *auth.Verifier, ma
 	// them, for as long as its connection lived.
 	s := &standbyServer{bulk: bulk.NewServer(), serveCh: make(chan error, 1)}
 	switch {
-	case maxStreamsPerPeer == 0:
+	case lim.MaxStreamsPerPeer == 0:
 		s.calls = streamcap.NewCalls(2 * streamcap.DefaultPerPeer)
-	case maxStreamsPerPeer > 0:
-		s.calls = streamcap.NewCalls(2 * maxStreamsPerPeer)
+	case lim.MaxStreamsPerPeer > 0:
+		s.calls = streamcap.NewCalls(2 * lim.MaxStreamsPerPeer)
 	}
+	// The listener is the hub's address, both planes: a peer is held to
+	// --max-conns-per-peer and --frame-timeout here as on the primary
+	// (before: the data plane's defaults, 256 connections and 10 s,
+	// whatever the flags said).
+	lim.ApplyBulk(s.bulk)
 	due := messagedue.Clock{After: standbyMessageDue, Bound: "the standby's " + standbyMessageDue.String(), Logger: logger}
 	opts = append(opts, due.ServerOptions()...) // first in the chains: before the tokens' check
 	opts = append(opts, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {

@@ -3,6 +3,9 @@ package replica_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -117,5 +120,65 @@ func TestStandbyBoundsCallsOnTheirHeaders(t *testing.T) {
 	_, err = rlhubv1.NewModelStoreClient(cc).List(ctx, &rlhubv1.StoreListRequest{}, grpc.Trailer(&tr))
 	if r, ok := cluster.AsRefusal(err, tr); !ok || r.Primary != primary {
 		t.Errorf("ModelStore/List without a token: %v, want the refusal naming %s", err, primary)
+	}
+}
+
+// A standby serves the hub's address between terms, both planes on one
+// listener, and holds a peer to the hub's own --max-conns-per-peer there,
+// as the primary does: a peer (127.0.0.2) opening three times the cap
+// keeps the cap open, the rest closed at accept. Before, the standby's
+// listener ran on the data-plane package's defaults (256 connections per
+// peer, its frame, idle and body timeouts) whatever the flags said.
+// --frame-timeout is long, so a connection that sent nothing is closed
+// only by the cap within the test (before, the data plane's default 10 s
+// closed them all).
+func TestStandbyHoldsAPeerToTheConnectionCap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and two hub processes")
+	}
+	const capConns = 8
+	c := newCluster(t, startEtcd(t), 2, "--max-conns-per-peer", strconv.Itoa(capConns), "--frame-timeout", "5m")
+	l, p := c.leader(0)
+	sb := c.standbys(p)[0]
+	c.synced(sb, l) // a member following the primary: its standby server has the address
+
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}, Timeout: 10 * time.Second}
+	const n = 3 * capConns
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		conn, err := d.Dial("tcp", sb.addr)
+		if err != nil {
+			t.Fatalf("dial %d: %v", len(conns), err)
+		}
+		conns = append(conns, conn)
+	}
+	closed := make([]bool, n)
+	count := func() int {
+		k := 0
+		for i, conn := range conns {
+			if !closed[i] {
+				_ = conn.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+				var b [1]byte
+				if _, err := conn.Read(b[:]); err != nil {
+					if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
+						closed[i] = true
+					}
+				}
+			}
+			if closed[i] {
+				k++
+			}
+		}
+		return k
+	}
+	testkit.Eventually(t, 30*time.Second, fmt.Sprintf("the standby closing %d of %d connections from one peer over its cap of %d", n-capConns, n, capConns),
+		func() bool { return count() >= n-capConns })
+	if k := count(); k != n-capConns {
+		t.Errorf("the standby closed %d of %d connections from one peer, want %d: its cap is %d, and --frame-timeout keeps the rest open", k, n, n-capConns, capConns)
 	}
 }
