@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/aggregator"
+	"github.com/rlhub/rlhub/internal/arsrpc"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -27,7 +28,8 @@ var webFS embed.FS
 // list is bounded, whatever the process holds: Models, Collectors and
 // Learners have at most Config.MaxLabelValues rows of their own and then
 // one "other" row (Sum) summing the rest; Runs are the MaxLabelValues
-// newest, MaxCurvePoints per curve; the Cluster lists MaxLabelValues ids.
+// newest, each curve thinned to MaxCurvePoints points; the Cluster lists
+// MaxLabelValues ids.
 type State struct {
 	Role       string           `json:"role"`
 	Time       time.Time        `json:"time"`
@@ -157,21 +159,31 @@ type LearnerState struct {
 
 // RunState is one ARS run with its evaluation curve.
 type RunState struct {
-	ID         string       `json:"id"`
-	Env        string       `json:"env"`
-	Model      string       `json:"model"`
-	Iteration  uint64       `json:"iteration"`
-	Version    uint64       `json:"version"`
-	Episodes   int64        `json:"episodes"`
-	Steps      int64        `json:"steps"`
-	StepsPerS  float64      `json:"steps_per_s"`
-	Eval       *float64     `json:"eval,omitempty"`
-	Train      *float64     `json:"train,omitempty"`
-	Done       bool         `json:"done"`
-	Reason     string       `json:"reason"`
-	Curve      [][2]float64 `json:"curve"` // (training episodes, eval mean)
-	CurvePoint string       `json:"-"`     // SVG polyline points for the page's first render
+	ID        string   `json:"id"`
+	Env       string   `json:"env"`
+	Model     string   `json:"model"`
+	Iteration uint64   `json:"iteration"`
+	Version   uint64   `json:"version"`
+	Episodes  int64    `json:"episodes"`
+	Steps     int64    `json:"steps"`
+	StepsPerS float64  `json:"steps_per_s"`
+	Eval      *float64 `json:"eval,omitempty"`
+	Train     *float64 `json:"train,omitempty"`
+	Done      bool     `json:"done"`
+	Reason    string   `json:"reason"`
+	// Curve is the evaluations (training episodes, eval mean), oldest
+	// first, thinned to at most MaxCurvePoints (thinCurve); Evals is how
+	// many the hub keeps (arsrpc.RunStats.Curve), all of which WatchRun
+	// sends.
+	Curve      [][2]float64 `json:"curve"`
+	Evals      int          `json:"evals"`
+	CurvePoint string       `json:"-"` // SVG polyline points for the page's first render
 }
+
+// MaxCurvePoints bounds each run's curve in State: the page polls every
+// second and draws a circle per point on a 600-unit-wide plot, for up to
+// MaxLabelValues runs of up to arsrpc.MaxCurvePoints evaluations each.
+const MaxCurvePoints = 200
 
 // WorkerState is an ARS worker's own counters.
 type WorkerState struct {
@@ -343,7 +355,7 @@ func (d *dashboard) state(ctx context.Context) State {
 		for i := len(runs) - 1; i >= 0; i-- { // newest first
 			r := runs[i]
 			rs := RunState{ID: r.ID, Env: r.Env, Model: r.Model, Iteration: r.Iteration, Version: r.Version, Episodes: r.Episodes,
-				Steps: r.Steps, Done: r.Done, Reason: r.Reason, Curve: make([][2]float64, 0, len(r.Curve))}
+				Steps: r.Steps, Done: r.Done, Reason: r.Reason, Curve: thinCurve(r.Curve, MaxCurvePoints), Evals: len(r.Curve)}
 			if s := r.Elapsed.Seconds(); s > 0 {
 				rs.StepsPerS = float64(r.Steps) / s
 			}
@@ -354,9 +366,6 @@ func (d *dashboard) state(ctx context.Context) State {
 			if r.HasTrain {
 				v := r.TrainMean
 				rs.Train = &v
-			}
-			for _, p := range r.Curve {
-				rs.Curve = append(rs.Curve, [2]float64{float64(p.Episodes), p.EvalMean})
 			}
 			rs.CurvePoint = polyline(rs.Curve, curveW, curveH)
 			st.Runs = append(st.Runs, rs)
@@ -422,6 +431,46 @@ func collectorRows(ms []wsync.ModelStatus, maxN int) []CollectorState {
 		rows = append(rows, o)
 	}
 	return rows
+}
+
+// thinCurve returns c's points (training episodes, eval mean), all of
+// them when there are at most maxPts (≥ 4), else at most maxPts: the
+// first, the newest, and of the evaluations between, split into
+// (maxPts-2)/2 stretches of consecutive ones, each stretch's lowest and
+// highest, in order. Lowest and highest rather than every k-th: the plot
+// scales and labels its axes to the points' range, which stays the full
+// curve's, and a one-evaluation collapse or spike still shows, where
+// every k-th would drop it, or show it on one poll and not the next as
+// the curve grows.
+func thinCurve(c []arsrpc.CurvePoint, maxPts int) [][2]float64 {
+	out := make([][2]float64, 0, min(len(c), maxPts))
+	add := func(p arsrpc.CurvePoint) { out = append(out, [2]float64{float64(p.Episodes), p.EvalMean}) }
+	if len(c) <= maxPts {
+		for _, p := range c {
+			add(p)
+		}
+		return out
+	}
+	add(c[0])
+	inner, stretches := c[1:len(c)-1], (maxPts-2)/2
+	for s := range stretches { // len(inner) > stretches: none is empty
+		seg := inner[s*len(inner)/stretches : (s+1)*len(inner)/stretches]
+		lo, hi := 0, 0
+		for i, p := range seg {
+			if p.EvalMean < seg[lo].EvalMean {
+				lo = i
+			}
+			if p.EvalMean > seg[hi].EvalMean {
+				hi = i
+			}
+		}
+		add(seg[min(lo, hi)])
+		if lo != hi {
+			add(seg[max(lo, hi)])
+		}
+	}
+	add(c[len(c)-1])
+	return out
 }
 
 // The curve's SVG viewBox (the page's JS uses the same numbers).

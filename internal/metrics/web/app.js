@@ -49,7 +49,8 @@ function draw(s) {
   document.getElementById("runlist").innerHTML = s.runs.length ? s.runs.map((u) =>
     `<div class="run" data-run="${esc(u.id)}"><h3>${esc(u.id)} · ${esc(u.env)} <span class="state">${u.done ? "done: " + esc(u.reason) : "running"}</span></h3>` +
     `<p>iteration <b class="iteration">${u.iteration}</b> · version ${u.version} · ${u.episodes} episodes · ${u.steps_per_s.toFixed(0)} steps/s · ` +
-    `eval <b class="eval">${num(u.eval)}</b> · train ${num(u.train)}</p><p class="caption">evaluation return by training episodes</p>` +
+    `eval <b class="eval">${num(u.eval)}</b> · train ${num(u.train)}</p><p class="caption">evaluation return by training episodes` +
+    (u.evals > u.curve.length ? ` (${u.curve.length} of ${u.evals} evaluations drawn: each stretch's lowest and highest)` : "") + `</p>` +
     `<svg viewBox="0 0 ${W} ${H}" class="curve" data-points="${u.curve.length}">${plot(u.curve)}</svg></div>`).join("") : `<p class="none">no ARS runs</p>`;
   const w = s.worker, wl = document.getElementById("workerline");
   if (w && wl) wl.textContent = `iteration ${w.iteration} · ${w.tasks} tasks · ${w.steps} env steps · ${w.pulls} policy pulls`;
