@@ -43,7 +43,7 @@ func newServeCmd(g *globals) *cobra.Command {
 			// flag's name (the configs' own errors print their structs).
 			if err := refuseNonPositive(cmd, "stop-timeout", "body-timeout", "body-min-rate", "frame-timeout", "idle-timeout", "max-wait",
 				"reduce-batch-size", "reduce-journal-compact", "store-retain", "max-model-bytes", "max-push-bytes-in-flight",
-				"max-header-bytes", "max-name-bytes", "max-policy-params"); err != nil {
+				"max-header-bytes", "max-name-bytes", "max-policy-params", "ars-max-ended-runs"); err != nil {
 				return err
 			}
 			// hub.Limits and reducer.Config read every negative value as
@@ -183,6 +183,7 @@ func newServeCmd(g *globals) *cobra.Command {
 	f.IntVar(&cfg.Limits.MaxConnsPerPeer, "max-conns-per-peer", bulk.DefaultMaxConnsPerPeer, "open connections one peer IP may hold (gRPC and data plane); more are closed at accept (-1: no cap; 0: the default)")
 	f.IntVar(&cfg.Limits.MaxStreamsPerPeer, "max-streams-per-peer", streamcap.DefaultPerPeer, "gRPC streams (watches, weight streams, pushes in flight) one peer IP may hold open at once; more fail ResourceExhausted (-1: no cap; 0: the default)")
 	f.Int64Var(&cfg.Limits.MaxPolicyParams, "max-policy-params", arsrpc.DefaultMaxPolicyParams, "largest ARS policy (parameters, every layer's weights and biases) a StartRun may ask for")
+	f.IntVar(&cfg.ARS.MaxEndedRuns, "ars-max-ended-runs", arsrpc.DefaultMaxEndedRuns, "ended ARS runs (done, failed or stopped) kept in memory, the newest: their progress, curve and policy answered as a live run's, on the dashboard and in metrics; an older one is answered from --data, or NotFound without it")
 	f.StringVar(&mergeRule, "aggregator-merge", "di-engine", "how learners' infos merge: di-engine (DI-engine's merge_info) or strict (same keys everywhere, homogeneous keys equal); a task's Start may choose its own")
 	f.StringVar(&homogKeys, "aggregator-homogeneous-keys", strings.Join(aggregator.DefaultHomogeneousKeys, ","), "comma-separated info keys that merge to the first learner's value (\"\": none); a task's Start may choose its own")
 	f.StringVar(&namePattern, "name-pattern", store.DefaultNamePattern.String(), "regular expression every model name must match")

@@ -95,7 +95,8 @@ func TestServeZeroDurationsAreRefusedOrDocumented(t *testing.T) {
 // TestZeroAndNegativeLimitsAreRefused: the store, reducer and ARS configs
 // read 0 as their default (store.Config: "0 means 128", ...), so serve
 // --store-retain 0 silently kept 3 versions, --max-model-bytes 0 took
-// 1 GiB pushes and --reduce-batch-size 0 batched 4; worker ars
+// 1 GiB pushes and --reduce-batch-size 0 batched 4 (and
+// --ars-max-ended-runs 0 would keep 1,000 ended runs); worker ars
 // --max-tasks 0 leased 8 and --retry-for 0 retried for 30 s. Each is now
 // refused, naming the flag, and so is a negative value, which failed with
 // the whole configuration struct printed ("hub: negative limit in
@@ -104,7 +105,8 @@ func TestZeroAndNegativeLimitsAreRefused(t *testing.T) {
 	for _, c := range [][2]string{
 		{"reduce-batch-size", "0"}, {"reduce-journal-compact", "0"}, {"store-retain", "0"}, {"max-model-bytes", "0"},
 		{"max-push-bytes-in-flight", "0"}, {"max-header-bytes", "0"}, {"max-name-bytes", "0"}, {"max-policy-params", "0"},
-		{"max-policy-params", "-1"}, {"body-timeout", "-1s"}, {"frame-timeout", "-1s"}, {"idle-timeout", "-1s"},
+		{"max-policy-params", "-1"}, {"ars-max-ended-runs", "0"}, {"ars-max-ended-runs", "-1"},
+		{"body-timeout", "-1s"}, {"frame-timeout", "-1s"}, {"idle-timeout", "-1s"},
 	} {
 		code, errOut := serveOrRefusal(t, nil, "--"+c[0], c[1])
 		if code == 0 || !strings.Contains(errOut, "rlhub: --"+c[0]+" ") || strings.Contains(errOut, "{") {
