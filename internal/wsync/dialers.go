@@ -67,15 +67,29 @@ func ShmReaderDialer(name string, cfg shm.ReaderConfig) Dialer {
 
 // PushDialer is a Dialer that attaches to a hub's or relay's push stream.
 // Its client reuses receive buffers (ClientConfig.ReuseBuffers): a
-// Failover's snapshots already live only as long as a shm.Reader's.
+// Failover's snapshots already live only as long as a shm.Reader's. Its
+// DialLives attaches following lives (ClientConfig.FollowLives).
 func PushDialer(name string, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
-	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
-		c, err := Attach(ctx, ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, Start: have, ReuseBuffers: true})
+	attach := func(ctx context.Context, cfg ClientConfig) (Source, io.Closer, error) {
+		c, err := Attach(ctx, cfg)
 		if err != nil {
 			return nil, nil, err
 		}
 		return c, c, nil
-	}}
+	}
+	cfg := ClientConfig{Conn: conn, CollectorID: collectorID, Model: model, ReuseBuffers: true}
+	return Dialer{Name: name,
+		Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
+			cfg := cfg
+			cfg.Start = have
+			return attach(ctx, cfg)
+		},
+		DialLives: func(ctx context.Context, have, life uint64) (Source, io.Closer, error) {
+			cfg := cfg
+			cfg.Start, cfg.FollowLives, cfg.StartLife = have, true, life
+			return attach(ctx, cfg)
+		},
+	}
 }
 
 // DefaultShmPath is the conventional segment of a model on this host.

@@ -19,6 +19,13 @@ type Dialer struct {
 	// Name shows in logs and Failover.Current ("relay-shm", "upstream").
 	Name string
 	Dial func(ctx context.Context, have uint64) (Source, io.Closer, error)
+	// DialLives, if set, is what a Failover that follows lives
+	// (FailoverConfig.FollowLives) dials instead of Dial: a source that
+	// follows the model's lives from version have of life life (0:
+	// unknown), a LifeSource whose WaitNewerLife returns a version of
+	// another life at once (docs/weight-sync.md, "Lives"). nil: such a
+	// Failover dials Dial, and that source's versions only grow.
+	DialLives func(ctx context.Context, have, life uint64) (Source, io.Closer, error)
 }
 
 // FailoverConfig configures a Failover.
@@ -37,6 +44,14 @@ type FailoverConfig struct {
 	// version at least as new as the one the collector runs; 0 means
 	// 500 ms.
 	ProbeTimeout time.Duration
+	// FollowLives follows the model's lives (docs/weight-sync.md,
+	// "Lives"): sources are dialed with their DialLives, and
+	// WaitNewerLife returns a version of another life than the one the
+	// collector runs at once, though it is not newer (the model was
+	// deleted and pushed again); use it with ReceiverConfig.FollowLives.
+	// The epoch rule holds across lives. false: versions delivered only
+	// grow, and WaitNewerLife is WaitNewer.
+	FollowLives bool
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -105,6 +120,15 @@ func (c *FailoverConfig) validate() error {
 // never delivered: its source is dropped as failed. Skipped counts the
 // version numbers between consecutive deliveries, so a version the new
 // primary never had shows as a skip.
+//
+// With FailoverConfig.FollowLives, WaitNewerLife also delivers a version
+// of another life than the one the collector runs (store.Snapshot.Life),
+// though not newer, from a source that follows lives; a source dialed
+// after a failure starts from the collector's version and its life. A
+// probe goes back to a preferred source only when its version is of the
+// collector's life (or of an unknown one: a source that names no lives):
+// one on another life may be a stale one still on a deleted model's
+// weights, which the collector has left.
 type Failover struct {
 	cfg FailoverConfig
 
@@ -126,6 +150,7 @@ type Failover struct {
 	// the Receiver may still hold its snapshot.
 	retired io.Closer
 	epoch   uint64 // the newest epoch delivered
+	life    uint64 // the life of the version delivered last (0: unknown)
 	skipped uint64 // version numbers between deliveries, for Skipped
 	// nextProbe is when the more preferred dialers are tried again;
 	// pending is a probe's first version, delivered next (guarded by
@@ -136,7 +161,10 @@ type Failover struct {
 	dialed    bool   // a source was taken before
 }
 
-var _ Source = (*Failover)(nil)
+var (
+	_ Source     = (*Failover)(nil)
+	_ LifeSource = (*Failover)(nil)
+)
 
 // NewFailover returns a failover source; it dials on first use.
 func NewFailover(cfg FailoverConfig) (*Failover, error) {
@@ -158,11 +186,12 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 	f.callMu.Lock()
 	defer f.callMu.Unlock()
 	var tried []error
+	life := f.deliveredLife()
 	for attempt := 0; attempt <= len(f.cfg.Dialers); attempt++ {
-		if err := f.ensure(ctx, than); err != nil {
+		if err := f.ensure(ctx, than, life); err != nil {
 			return nil, err
 		}
-		if snap := f.probe(ctx, than); snap != nil {
+		if snap := f.probe(ctx, than, life); snap != nil {
 			return snap, nil
 		}
 		snap, err := f.current().GetIfNewer(ctx, than)
@@ -185,10 +214,20 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 
 // WaitNewer implements Source; it keeps failing over until ctx is done.
 func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+	return f.WaitNewerLife(ctx, after, 0)
+}
+
+// WaitNewerLife implements LifeSource: with FailoverConfig.FollowLives it
+// also returns a version of another life than life (the life of version
+// after; 0: unknown) at once; without, it is WaitNewer.
+func (f *Failover) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
+	if !f.cfg.FollowLives {
+		life = 0
+	}
 	f.callMu.Lock()
 	defer f.callMu.Unlock()
 	for {
-		if err := f.ensure(ctx, after); err != nil {
+		if err := f.ensure(ctx, after, life); err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err() // the contract, even when ctx ended inside a dial
 			}
@@ -204,7 +243,7 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 			}
 			continue
 		}
-		if snap := f.probe(ctx, after); snap != nil {
+		if snap := f.probe(ctx, after, life); snap != nil {
 			return snap, nil
 		}
 		// On a less preferred source the wait ends at the next probe.
@@ -212,7 +251,7 @@ func (f *Failover) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot
 		if f.probing() {
 			wctx, wcancel = context.WithDeadline(ctx, f.nextProbe)
 		}
-		snap, err := f.current().WaitNewer(wctx, after)
+		snap, err := f.wait(wctx, f.current(), after, life)
 		probeDue := wctx.Err() != nil && ctx.Err() == nil
 		wcancel()
 		if snap != nil {
@@ -260,14 +299,39 @@ func (f *Failover) probing() bool {
 	return f.cfg.ProbeEvery > 0 && f.cur != nil && f.idx > 0
 }
 
+// dial opens d's source for a collector at version have of life life:
+// with DialLives when following lives.
+func (f *Failover) dial(ctx context.Context, d Dialer, have, life uint64) (Source, io.Closer, error) {
+	if f.cfg.FollowLives && d.DialLives != nil {
+		return d.DialLives(ctx, have, life)
+	}
+	return d.Dial(ctx, have)
+}
+
+// wait is src's WaitNewer, or its WaitNewerLife when following lives.
+func (f *Failover) wait(ctx context.Context, src Source, after, life uint64) (*store.Snapshot, error) {
+	if ls, ok := src.(LifeSource); ok && f.cfg.FollowLives {
+		return ls.WaitNewerLife(ctx, after, life)
+	}
+	return src.WaitNewer(ctx, after)
+}
+
+// deliveredLife is the life of the version delivered last (0: unknown).
+func (f *Failover) deliveredLife() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.life
+}
+
 // probe, when due, tries the dialers preferred to the current one and
 // goes back to the first that serves, within ProbeTimeout, a version at
-// least as new as than with an epoch no older than any delivered; the
+// least as new as than (following lives: of life, the collector's, or of
+// an unknown one) with an epoch no older than any delivered; the
 // source it leaves is retired as a failed one is. It returns that
 // version when it is newer than than (delivered now), else nil. A
 // probe's failures are not failures of the Failover: they are logged
 // at debug level only. Called with callMu held.
-func (f *Failover) probe(ctx context.Context, than uint64) *store.Snapshot {
+func (f *Failover) probe(ctx context.Context, than, life uint64) *store.Snapshot {
 	if p := f.pending; p != nil {
 		f.pending = nil
 		if p.Version > than && f.admit(p, than) == nil {
@@ -288,12 +352,16 @@ func (f *Failover) probe(ctx context.Context, than uint64) *store.Snapshot {
 	for i := range idx {
 		d := f.cfg.Dialers[i]
 		pctx, cancel := context.WithTimeout(ctx, f.cfg.ProbeTimeout)
-		src, closer, err := d.Dial(pctx, from)
+		src, closer, err := f.dial(pctx, d, from, life)
 		var snap *store.Snapshot
 		if err == nil {
-			snap, err = src.WaitNewer(pctx, from)
-			if err == nil && snap.Epoch < epoch {
+			snap, err = f.wait(pctx, src, from, life)
+			switch {
+			case err != nil:
+			case snap.Epoch < epoch:
 				err = fmt.Errorf("%w: version %d has epoch %d, older than epoch %d delivered", errs.ErrUnavailable, snap.Version, snap.Epoch, epoch)
+			case newLife(snap, life):
+				err = fmt.Errorf("%w: version %d is of another life than the collector's", errs.ErrUnavailable, snap.Version)
 			}
 		}
 		cancel()
@@ -340,7 +408,7 @@ func (f *Failover) admit(snap *store.Snapshot, after uint64) error {
 		return fmt.Errorf("%w: wsync: version %d of %s has epoch %d, older than epoch %d already delivered",
 			errs.ErrUnavailable, snap.Version, errs.Quote(snap.Name), snap.Epoch, ep)
 	}
-	f.epoch = snap.Epoch
+	f.epoch, f.life = snap.Epoch, snap.Life()
 	if after > 0 && snap.Version > after+1 {
 		f.skipped += snap.Version - after - 1
 	}
@@ -381,7 +449,7 @@ func (f *Failover) current() Source {
 // whose source failed before serving any version is tried last, so a
 // source that opens but fails at once cannot starve the others. Called
 // with callMu held.
-func (f *Failover) ensure(ctx context.Context, have uint64) error {
+func (f *Failover) ensure(ctx context.Context, have, life uint64) error {
 	f.mu.Lock()
 	closed, cur := f.closed, f.cur
 	f.mu.Unlock()
@@ -403,7 +471,7 @@ func (f *Failover) ensure(ctx context.Context, have uint64) error {
 	var failed []error
 	for _, i := range order {
 		d := f.cfg.Dialers[i]
-		src, closer, err := d.Dial(ctx, have)
+		src, closer, err := f.dial(ctx, d, have, life)
 		if err != nil {
 			err = fmt.Errorf("%s: %w", d.Name, err)
 			failed = append(failed, err)
