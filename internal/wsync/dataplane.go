@@ -38,7 +38,10 @@ const (
 	// a version newer than it and answers it as a data frame whose header
 	// is a StorePullHeader (body: the version's safetensors bytes;
 	// skipped: version numbers between the one asked after and the one
-	// sent), or "not modified" (the collector asks again).
+	// sent; blob.life: the version's life), or "not modified" (the
+	// collector asks again). With follow_lives (and life, the life of
+	// version) it also answers at once the newest version of another life,
+	// though not newer (docs/weight-sync.md, "Lives").
 	DataPlaneWatchMethod = "rlhub.v1.WeightSync/Watch"
 	// ViaDataPlane is how data-plane collectors show in status.
 	ViaDataPlane = "push-dp"
@@ -81,7 +84,11 @@ func (s *Service) bulkWatch(ctx context.Context, r *bulk.Request) (proto.Message
 	defer cancel()
 	stop := context.AfterFunc(s.ctx, cancel)
 	defer stop()
-	snap, release, err := store.BorrowNewer(wctx, s.cfg.Versions, model, after)
+	life := uint64(0) // versions only grow, unless the collector follows lives
+	if hello.FollowLives {
+		life = hello.Life
+	}
+	snap, release, err := store.BorrowNewerLife(wctx, s.cfg.Versions, model, after, life)
 	if err != nil {
 		switch {
 		case s.ctx.Err() != nil:
@@ -99,11 +106,16 @@ func (s *Service) bulkWatch(ctx context.Context, r *bulk.Request) (proto.Message
 	// a hub's store can then hand the blob back to the reducer.
 	defer release()
 	s.tracker.SawLife(model, snap.Version, snap.Life())
+	skip := skipped(after, snap.Version)
+	if life != 0 && snap.Life() != life {
+		skip = 0 // another life's versions are numbered afresh
+	}
 	h, err := proto.Marshal(&rlhubv1.StorePullHeader{
-		Blob:            &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob))},
+		Blob: &rlhubv1.BlobInfo{Model: snap.Name, Version: snap.Version, Epoch: snap.Epoch, TotalBytes: uint64(len(snap.Blob)),
+			Life: snap.Life()},
 		Metadata:        snap.Metadata,
 		CreatedUnixNano: snap.Created.UnixNano(),
-		Skipped:         skipped(after, snap.Version),
+		Skipped:         skip,
 	})
 	if err != nil {
 		return nil, err
@@ -150,6 +162,12 @@ type DataPlaneConfig struct {
 	Model string
 	// Start is the version the collector already runs (0: none).
 	Start uint64
+	// FollowLives asks the hub to follow the model's lives
+	// (docs/weight-sync.md, "Lives"): WaitNewerLife returns the newest
+	// version of another life than the one the collector runs at once,
+	// though not newer, as does the fallback stream. false: only newer
+	// versions, and WaitNewerLife is WaitNewer.
+	FollowLives bool
 	// Limits bound what is accepted (MaxBytes: the largest version; 0
 	// means wire's default).
 	Limits wire.Limits
@@ -239,7 +257,10 @@ type DataPlaneClient struct {
 	noDP     int                // consecutive not-supported polls on a cluster
 }
 
-var _ Source = (*DataPlaneClient)(nil)
+var (
+	_ Source     = (*DataPlaneClient)(nil)
+	_ LifeSource = (*DataPlaneClient)(nil)
+)
 
 // NewDataPlaneClient returns a client; it connects on its first call.
 func NewDataPlaneClient(cfg DataPlaneConfig) (*DataPlaneClient, error) {
@@ -293,12 +314,12 @@ func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.S
 		return c.fallbackGetIfNewer(ctx, f, than)
 	}
 	hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: than, WaitMs: 1}
-	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than)
+	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than, 0)
 	if errors.Is(err, errs.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil && c.noDataPlane(err) {
-		if err := c.fallBack(ctx, than); err != nil {
+		if err := c.fallBack(ctx, than, 0); err != nil {
 			return nil, err
 		}
 		// The fallback's first read is admitted as every later one is
@@ -327,6 +348,16 @@ func (c *DataPlaneClient) fallbackGetIfNewer(ctx context.Context, f *Client, tha
 // WaitNewer implements Source: long polls until a version newer than after
 // arrives, ctx ends, or a poll fails.
 func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.Snapshot, error) {
+	return c.WaitNewerLife(ctx, after, 0)
+}
+
+// WaitNewerLife implements LifeSource: with DataPlaneConfig.FollowLives it
+// also returns the newest version of another life than life (the life of
+// after; 0: unknown) at once; without, it is WaitNewer.
+func (c *DataPlaneClient) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
+	if !c.cfg.FollowLives {
+		life = 0
+	}
 	c.callMu.Lock()
 	defer c.callMu.Unlock()
 	wait := followBackoffBase
@@ -337,17 +368,18 @@ func (c *DataPlaneClient) WaitNewer(ctx context.Context, after uint64) (*store.S
 		var snap *store.Snapshot
 		var err error
 		if f := c.current(); f != nil {
-			if snap, err = f.WaitNewer(ctx, after); err == nil {
+			if snap, err = f.WaitNewerLife(ctx, after, life); err == nil {
 				err = c.admit(snap, after)
 			}
 			if err != nil && c.follow != nil && ctx.Err() == nil && errors.Is(err, errs.ErrUnavailable) {
 				c.dropFallback(f) // on a cluster the stream is attached again, to the new primary
 			}
 		} else {
-			hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: after}
-			snap, err = c.call(ctx, DataPlaneWatchMethod, hello, after)
+			hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: after,
+				FollowLives: c.cfg.FollowLives, Life: life}
+			snap, err = c.call(ctx, DataPlaneWatchMethod, hello, after, life)
 			if err != nil && c.noDataPlane(err) {
-				if err = c.fallBack(ctx, after); err == nil {
+				if err = c.fallBack(ctx, after, life); err == nil {
 					continue
 				}
 			} else if errors.Is(err, bulk.ErrNotSupported) && c.follow != nil {
@@ -500,13 +532,14 @@ func (c *DataPlaneClient) noDataPlane(err error) bool {
 // the hub did not speak the data plane make the client fall back.
 const maxNoDataPlane = 3
 
-// fallBack attaches to the gRPC push stream, for the client's whole life.
-func (c *DataPlaneClient) fallBack(ctx context.Context, have uint64) error {
+// fallBack attaches to the gRPC push stream, for the client's whole life,
+// following lives from life (the life of have) when the client does.
+func (c *DataPlaneClient) fallBack(ctx context.Context, have, life uint64) error {
 	if c.cfg.Conn == nil {
 		return fmt.Errorf("%w: wsync: %s serves no data-plane watch and no fallback is configured", errs.ErrUnavailable, c.cfg.Addr)
 	}
 	cl, err := Attach(ctx, ClientConfig{Conn: c.cfg.Conn, CollectorID: c.cfg.CollectorID, Model: c.cfg.Model,
-		Start: have, Limits: c.cfg.Limits, ReuseBuffers: true, Logger: c.cfg.Logger})
+		Start: have, FollowLives: c.cfg.FollowLives, StartLife: life, Limits: c.cfg.Limits, ReuseBuffers: true, Logger: c.cfg.Logger})
 	if err != nil {
 		return err
 	}
@@ -540,8 +573,9 @@ func (c *DataPlaneClient) freeBuffer() int {
 }
 
 // call makes one data-plane request whose answer is a version newer than
-// after or "not modified" (nil, nil). Called with callMu held.
-func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Message, after uint64) (*store.Snapshot, error) {
+// after, or (life not 0) of another life than life, or "not modified"
+// (nil, nil). Called with callMu held.
+func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Message, after, life uint64) (*store.Snapshot, error) {
 	cctx, cancel := context.WithTimeout(ctx, DataPlaneWait+c.cfg.PollSlack)
 	defer cancel()
 	c.mu.Lock()
@@ -584,7 +618,7 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 			return fmt.Errorf("%w: wsync: hub sent %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
 		case n > c.cfg.Limits.MaxBytes:
 			return fmt.Errorf("%w: wsync: version of %d bytes exceeds %d", errs.ErrFull, n, c.cfg.Limits.MaxBytes)
-		case b.GetVersion() <= after:
+		case b.GetVersion() <= after && (life == 0 || b.GetLife() == 0 || b.GetLife() == life):
 			return fmt.Errorf("%w: wsync: hub sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
 		case b.GetEpoch() < c.deliveredEpoch():
 			return fmt.Errorf("%w: wsync: %s sent version %d of epoch %d, older than epoch %d already delivered (a deposed primary)",
@@ -630,19 +664,25 @@ func (c *DataPlaneClient) call(ctx context.Context, method string, req proto.Mes
 	c.epoch = max(c.epoch, b.GetEpoch())
 	c.noDP = 0
 	c.mu.Unlock()
-	return &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
-		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, nil
+	return store.WithLife(&store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
+		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, b.GetLife()), nil
 }
 
 // DataPlaneDialer is a Dialer (for Failover) that follows a hub over the
 // data plane, falling back to its push stream over conn (nil: none).
-// Its snapshots live as PushDialer's.
+// Its snapshots live as PushDialer's. Its DialLives follows lives
+// (DataPlaneConfig.FollowLives; the life comes with each WaitNewerLife).
 func DataPlaneDialer(name, addr string, bc *bulk.Client, conn grpc.ClientConnInterface, collectorID, model string) Dialer {
-	return Dialer{Name: name, Dial: func(ctx context.Context, have uint64) (Source, io.Closer, error) {
-		c, err := NewDataPlaneClient(DataPlaneConfig{Addr: addr, Bulk: bc, Conn: conn, CollectorID: collectorID, Model: model, Start: have})
+	open := func(have uint64, lives bool) (Source, io.Closer, error) {
+		c, err := NewDataPlaneClient(DataPlaneConfig{Addr: addr, Bulk: bc, Conn: conn, CollectorID: collectorID, Model: model, Start: have,
+			FollowLives: lives})
 		if err != nil {
 			return nil, nil, err
 		}
 		return c, c, nil
-	}}
+	}
+	return Dialer{Name: name,
+		Dial:      func(_ context.Context, have uint64) (Source, io.Closer, error) { return open(have, false) },
+		DialLives: func(_ context.Context, have, _ uint64) (Source, io.Closer, error) { return open(have, true) },
+	}
 }

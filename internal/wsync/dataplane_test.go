@@ -298,3 +298,53 @@ func helloVersion(hb []byte) (uint64, bool) {
 	}
 	return hello.Version, true
 }
+
+// A model deleted and pushed again, followed over the data plane (a
+// Failover of DataPlaneDialer, as Go collectors on a cluster follow it):
+// a collector that follows lives takes the new model's newest at once;
+// before, the data-plane watch sent only versions newer than the one the
+// collector ran, and it stayed on the deleted model's v5. One that does
+// not ask keeps today's rule, and a new life at an older epoch than
+// delivered (a deposed primary's) is never delivered.
+func TestDataPlaneFollowsAModelDeletedAndPushedAgain(t *testing.T) {
+	ctx := context.Background()
+	h := startDPHub(t, false)
+	for v := uint64(1); v <= 5; v++ {
+		pushLife(t, h.st, v, 3, v)
+	}
+	follow := func(id string, lives bool) *livesRecorder {
+		f, err := NewFailover(FailoverConfig{Dialers: []Dialer{DataPlaneDialer("dp", h.addr, nil, nil, id, "m")},
+			FollowLives: lives, Backoff: 10 * time.Millisecond, Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return startLivesFollower(t, f, lives, nil)
+	}
+	lives, older := follow("lives", true), follow("older", false)
+	waitFor(t, "both collectors at v5", func() bool { return lives.last().version == 5 && older.last().version == 5 })
+	oldLife := lives.last().life
+	if oldLife == 0 {
+		t.Fatal("v5 came over the data plane with no life")
+	}
+	if err := h.st.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	stale := pushLife(t, h.st, 1, 2, 101)
+	fresh := pushLife(t, h.st, 2, 3, 102)
+	waitFor(t, "the lives collector at the new life's v2", func() bool { return lives.last().blob == fresh })
+	if got := lives.last(); got.life == oldLife || got.life == 0 || got.version != 2 || got.epoch != 3 {
+		t.Fatalf("applied v%d epoch %d life %d (deleted life %d), want the new life's v2 at epoch 3", got.version, got.epoch, got.life, oldLife)
+	}
+	if lives.sawBlob(stale) {
+		t.Fatal("the new life's v1 of epoch 2 was delivered after epoch 3")
+	}
+	if got := older.last(); got.version != 5 || got.life != oldLife {
+		t.Fatalf("a collector not following lives applied v%d of life %d, want the deleted life's v5 (today's rule)", got.version, got.life)
+	}
+	var v6 string
+	for v := uint64(3); v <= 6; v++ {
+		v6 = pushLife(t, h.st, v, 3, 100+v)
+	}
+	waitFor(t, "both collectors at the new life's v6", func() bool { return lives.last().blob == v6 && older.last().blob == v6 })
+}

@@ -47,14 +47,23 @@ const relayPiece = 256 << 10
 // error): the next poll asks for a version newer than it, so the relay
 // neither fetches its header again every Backoff nor stops serving the
 // version it has.
+//
+// The watch follows lives (docs/weight-sync.md, "Lives"): a model deleted
+// and pushed again upstream is sent, and published, at once, though its
+// version is not newer than the one the relay has.
 func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 	for ctx.Err() == nil {
-		v, err := r.pollBulk(ctx, max(*have, r.Refusals().Version))
+		after, life := *have, r.life
+		if r.skipTo.set {
+			after, life = r.skipTo.version, r.skipTo.life // a refused version is the newest seen
+		}
+		v, err := r.pollBulk(ctx, after, life)
 		if err != nil {
 			if big := (*tooBigError)(nil); errors.As(err, &big) {
 				r.refusedMu.Lock()
 				r.refused = Refusals{Count: r.refused.Count + 1, Version: big.version, Err: big.Error()}
 				r.refusedMu.Unlock()
+				r.skipTo = versionLife{version: big.version, life: big.life, set: true}
 				r.cfg.Logger.Error("wsync: relay cannot take a version over its MaxModelBytes; serving the one it has until a newer one",
 					"model", r.cfg.Model, "version", big.version, "bytes", big.bytes, "max_model_bytes", r.cfg.MaxModelBytes, "serving", *have)
 				continue
@@ -68,14 +77,22 @@ func (r *Relay) followBulk(ctx context.Context, have *uint64) error {
 		if v != 0 {
 			*have = v
 			r.have.Store(v)
+			r.skipTo = versionLife{}
 		}
 	}
 	return ctx.Err()
 }
 
+// versionLife is a version and its life; set tells it from none.
+type versionLife struct {
+	version, life uint64
+	set           bool
+}
+
 // tooBigError is a version over MaxModelBytes (errs.ErrFull).
 type tooBigError struct {
 	version uint64
+	life    uint64
 	bytes   int64
 	max     int64
 }
@@ -86,9 +103,10 @@ func (e *tooBigError) Error() string {
 
 func (e *tooBigError) Unwrap() error { return errs.ErrFull }
 
-// pollBulk runs one long poll for a version newer than after; it returns
-// the version published, or 0 when nothing newer landed.
-func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
+// pollBulk runs one long poll for a version newer than after, or of
+// another life than life (the life of after; 0: unknown); it returns the
+// version published, or 0 when nothing newer landed.
+func (r *Relay) pollBulk(ctx context.Context, after, life uint64) (uint64, error) {
 	cctx, cancel := context.WithTimeout(ctx, storerpc.BulkWatchWait+r.cfg.PollTimeout)
 	defer cancel()
 	var (
@@ -113,7 +131,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 	up, _ := r.cfg.Upstream.(interface{ Target() string })
 	pctx, planeDone := hubdial.PlaneContext(up, cctx)
 	err := r.bulk.CallRecv(pctx, addr, storerpc.BulkWatchMethod,
-		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after}, nil,
+		&rlhubv1.StoreWatchRequest{Model: r.cfg.Model, After: after, FollowLives: true, Life: life}, nil,
 		func(hb []byte, n int64, body io.Reader) error {
 			if err := proto.Unmarshal(hb, &hdr); err != nil {
 				return fmt.Errorf("%w: wsync: upstream watch header: %v", errs.ErrInvalid, err)
@@ -127,10 +145,10 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 				return fmt.Errorf("%w: wsync: upstream sent model %s for %s", errs.ErrInvalid, errs.Quote(b.GetModel()), errs.Quote(r.cfg.Model))
 			case uint64(n) != b.GetTotalBytes():
 				return fmt.Errorf("%w: wsync: upstream sent %d bytes for a %d-byte version", errs.ErrInvalid, n, b.GetTotalBytes())
-			case b.GetVersion() <= after:
+			case b.GetVersion() <= after && (life == 0 || b.GetLife() == 0 || b.GetLife() == life):
 				return fmt.Errorf("%w: wsync: upstream sent version %d after %d", errs.ErrInvalid, b.GetVersion(), after)
 			case n > r.cfg.MaxModelBytes:
-				return &tooBigError{version: b.GetVersion(), bytes: n, max: r.cfg.MaxModelBytes}
+				return &tooBigError{version: b.GetVersion(), life: b.GetLife(), bytes: n, max: r.cfg.MaxModelBytes}
 			case b.GetEpoch() < r.epoch:
 				return r.olderEpoch(b.GetVersion(), b.GetEpoch())
 			}
@@ -172,6 +190,13 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 	}
 	b := hdr.GetBlob()
 	r.epoch = b.GetEpoch() // not below it: checked above
+	r.life = b.GetLife()
+	if txn == nil && r.cfg.ShmPath != "" {
+		// The segment did not take this version (one of another life, not
+		// newer, which it refuses; or it could not): the board now leads,
+		// and materialize must not copy the segment's older head over it.
+		r.segHead.Store(nil)
+	}
 	if txn != nil {
 		if err := txn.Commit(crc); err != nil {
 			return 0, err
@@ -182,7 +207,7 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 		// the others make it on demand from the segment (materialize).
 		// segHead is stored before waiting is loaded, and a waiter adds
 		// itself before it loads segHead, so one of the two copies it.
-		r.segHead.Store(&segVersion{version: b.GetVersion(), created: time.Unix(0, hdr.CreatedUnixNano)})
+		r.segHead.Store(&segVersion{version: b.GetVersion(), created: time.Unix(0, hdr.CreatedUnixNano), life: b.GetLife()})
 		if r.waiting.Load() == 0 {
 			r.shmMu.Unlock()
 			return b.GetVersion(), nil
@@ -193,8 +218,8 @@ func (r *Relay) pollBulk(ctx context.Context, after uint64) (uint64, error) {
 			return 0, err
 		}
 	}
-	snap := &store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
-		Tensors: file.Tensors, Metadata: file.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}
+	snap := store.WithLife(&store.Snapshot{Name: b.GetModel(), Version: b.GetVersion(), Epoch: b.GetEpoch(), Blob: blob,
+		Tensors: file.Tensors, Metadata: file.Metadata, Created: time.Unix(0, hdr.CreatedUnixNano)}, b.GetLife())
 	if err := r.board.Publish(context.Background(), snap); err != nil && !errors.Is(err, errs.ErrStale) {
 		return 0, err
 	}

@@ -311,3 +311,62 @@ func TestRelayRefusesAnOlderEpoch(t *testing.T) {
 		t.Fatalf("segment: %v, %v; want version 3 of epoch 5", got, err)
 	}
 }
+
+// A relay following the data plane (UpstreamAddr) into a segment follows
+// the upstream model's lives: deleted and pushed again from version 1, the
+// new model's newest reaches the relay's push-stream collectors that
+// follow lives at once (the segment cannot take a version not newer than
+// its own: the board takes it, and the segment's older head is not copied
+// back over it). Before, the watch asked only for versions newer than the
+// relay's, and its collectors stayed on the deleted model's v5. An
+// older-epoch life is still refused as a deposed primary's.
+func TestRelayOnTheDataPlaneFollowsAModelDeletedAndPushedAgain(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	addr := dataPlaneHub(t, st)
+	push := func(v, epoch, fill uint64) string {
+		t.Helper()
+		snap := wsynctest.Snap(t, "m", fill, 64)
+		if _, err := st.Push(ctx, store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+			t.Fatal(err)
+		}
+		return string(snap.Blob)
+	}
+	for v := uint64(1); v <= 5; v++ {
+		push(v, 3, v)
+	}
+	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-dp-lives",
+		ShmPath: wsynctest.ShmPath(t), Logger: quiet()})
+	local := startLivesCollector(t, relay.Addr(), "local", true)
+	waitFor(t, "the relay's collector at v5", func() bool { return local.last().version == 5 })
+	oldLife := local.last().life
+	if oldLife == 0 {
+		t.Fatal("v5 reached the relay's collector with no life")
+	}
+	if err := st.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	stale := push(1, 2, 101)
+	fresh := push(2, 3, 102)
+	waitFor(t, "the relay's collector at the new life's v2", func() bool { return local.last().blob == fresh })
+	if got := local.last(); got.life == oldLife || got.life == 0 || got.epoch != 3 {
+		t.Fatalf("applied v%d epoch %d life %d (deleted life %d), want the new life's v2 at epoch 3", got.version, got.epoch, got.life, oldLife)
+	}
+	for _, a := range local.all() {
+		if a.blob == stale {
+			t.Fatal("the relay republished the new life's v1 of epoch 2 after serving epoch 3")
+		}
+	}
+	if relay.noBulk {
+		t.Fatal("relay fell back to the push stream against a hub that serves the data plane")
+	}
+	var v6 string
+	for v := uint64(3); v <= 6; v++ {
+		v6 = push(v, 3, 100+v)
+	}
+	waitFor(t, "the relay's collector at the new life's v6", func() bool { return local.last().blob == v6 })
+}

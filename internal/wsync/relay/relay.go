@@ -207,6 +207,10 @@ type Relay struct {
 	// lives, so a model deleted and pushed again upstream is republished at
 	// once (docs/weight-sync.md, "Lives").
 	life uint64
+	// skipTo is the version (and its life) the data-plane watch asks
+	// after instead of the one the relay has, once it refused a version
+	// over MaxModelBytes (follow's goroutine only).
+	skipTo versionLife
 
 	refusedMu sync.Mutex
 	refused   Refusals // versions over MaxModelBytes (refusedMu)
@@ -233,6 +237,7 @@ func (r *Relay) Refusals() Refusals {
 type segVersion struct {
 	version uint64
 	created time.Time // as the upstream said, for the board's copy
+	life    uint64    // as the upstream said (the segment keeps no life)
 }
 
 // New listens and prepares the relay's service.
@@ -580,6 +585,7 @@ func (r *Relay) materialize(ctx context.Context) error {
 	}
 	if h := r.segHead.Load(); h != nil && h.version == snap.Version {
 		snap.Created = h.created
+		snap = store.WithLife(snap, h.life)
 	}
 	if err := r.board.Publish(ctx, snap); err != nil && !errors.Is(err, errs.ErrStale) {
 		return err
