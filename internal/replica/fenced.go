@@ -82,6 +82,7 @@ var (
 	_ store.StatsReader  = (*Fenced)(nil)
 	_ store.UsageReader  = (*Fenced)(nil)
 	_ store.LifeReader   = (*Fenced)(nil)
+	_ store.LifeWaiter   = (*Fenced)(nil)
 )
 
 func (f *Fenced) refused() error {
@@ -659,6 +660,41 @@ func (f *Fenced) LendNewer(ctx context.Context, name string, after uint64) (*sto
 			return nil, nil, err
 		}
 		if snap != nil && snap.Version > after {
+			return snap, release, nil
+		}
+		if snap != nil {
+			release()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// LendNewerLife implements store.LifeWaiter: LendNewer that also returns,
+// at once, the newest acknowledged version when it is of another life
+// than life (0: as LendNewer), so a follower of a cluster's primary that
+// follows lives takes a model deleted and pushed again as soon as the
+// standbys hold its version, not at store.BorrowNewerLife's next poll.
+// A version of the new life waiting for its acknowledgement is waited
+// for, as LendNewer waits.
+func (f *Fenced) LendNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, func(), error) {
+	if life == 0 {
+		return f.LendNewer(ctx, name, after)
+	}
+	for {
+		snap, release, err := store.BorrowNewerLife(ctx, f.Store, name, after, life)
+		if err != nil {
+			return nil, nil, err
+		}
+		_, changed := f.vis().bound(name)
+		snap, release, err = f.visible(ctx, name, snap, release)
+		if err != nil {
+			return nil, nil, err
+		}
+		if snap != nil && (snap.Version > after || snap.Life() != life) {
 			return snap, release, nil
 		}
 		if snap != nil {
