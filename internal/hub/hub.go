@@ -530,7 +530,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		return err
 	}
 	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Auth: h.cfg.Auth, Logger: h.cfg.Logger,
-		MaxPushBytesInFlight: h.cfg.Limits.MaxPushBytesInFlight})); err != nil {
+		MaxPushBytesInFlight: h.cfg.Limits.MaxPushBytesInFlight, Deleted: h.modelDeleted})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator
@@ -618,6 +618,16 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 	}
 	h.cluster = csvc
 	return out, nil
+}
+
+// modelDeleted is told each model an administrator deleted (storerpc
+// Config.Deleted): the reducer drops the model's registration, so that the
+// model pushed again can be registered again without a restart. The
+// reducer is opened before the hub serves a Delete.
+func (h *Hub) modelDeleted(ctx context.Context, model string) {
+	if h.reducer != nil {
+		h.reducer.ModelDeleted(ctx, model)
+	}
 }
 
 // Cluster is the hub's Cluster/Primary service; a clustered hub sets its

@@ -84,6 +84,20 @@ func (e *extModel) fail(model string, why error) {
 	}
 }
 
+// end detaches the host of a model whose registration is dropped (its
+// model deleted: Primary.unregister), and every host that tries to attach
+// to it after, with why (ErrAborted: a host does not re-attach).
+func (e *extModel) end(why error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failed == nil {
+		e.failed = why
+	}
+	if e.host != nil {
+		e.host.detach(e.failed)
+	}
+}
+
 func newExtModel() *extModel {
 	return &extModel{changed: make(chan struct{}), stop: make(chan struct{})}
 }

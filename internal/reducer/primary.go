@@ -39,9 +39,10 @@ var _ ModelStore = store.Store(nil)
 // modelClaimer is implemented by a ModelStore that records owners
 // (store.Owned, the view the hub gives its reducer): Register claims each
 // model it reduces, so that no other writer's push can land on it and
-// stop the reducer's steps.
+// stop the reducer's steps, and releases the claim when it fails after it.
 type modelClaimer interface {
 	Claim(ctx context.Context, name string) error
+	Release(ctx context.Context, name string) error
 }
 
 var _ modelClaimer = store.Owned{}
@@ -218,12 +219,24 @@ type Primary struct {
 	mu       sync.Mutex
 	models   map[string]*pmodel
 	sessions map[uint64]Secondary // live sessions → who holds them
+	// orphans are the claims that were pending, by session, in the
+	// registrations dropped since (unregister): a secondary's forward of
+	// them is refused, naming why, and its release of them releases them.
+	// A session's go when it ends.
+	orphans  map[uint64]map[orphan]struct{}
 	closed   bool
 	closing  chan struct{}  // closed when Close begins (ends publish's retries)
 	settling sync.WaitGroup // commitStep's goroutines (settle)
+	dropping sync.WaitGroup // unregister's removal of files, waited for by Close
 	lat      latencies
 	state    *stateDir // nil without StateDir
 	crash    *crashpoint.Hook
+}
+
+// orphan is a claim pending in a dropped registration (Primary.orphans).
+type orphan struct {
+	model string
+	id    reduce.ID
 }
 
 // Secondary names a secondary as clients reach it.
@@ -236,6 +249,10 @@ type pmodel struct {
 	cfg    ModelConfig
 	layout *tensor.StateDict
 	epoch  uint64
+	// life is the store's life of the model it was registered in
+	// (store.Snapshot.Life): a Delete starts another, and the registration
+	// is then stale (dropStale).
+	life uint64
 
 	// stepMu serializes steps: it guards params and opt, and is held for a
 	// whole step (optimizer, encode, publish) so that admissions, which
@@ -329,7 +346,10 @@ func NewPrimary(cfg PrimaryConfig) (*Primary, error) {
 // optimizer's step count (0 for a new registration). A second Register
 // with an equal config is a no-op returning the current version and step
 // count (so a client re-registering after a hub restart carries on); with
-// a different one it fails with errs.ErrExists.
+// a different one it fails with errs.ErrExists. A registration whose model
+// was deleted from the store since is neither: it is dropped (dropStale)
+// and this one starts afresh. A Register that fails after claiming the
+// model releases the claim.
 //
 // On a cluster (the store is a store.Acknowledger) Register returns once
 // the registration is acknowledged as a publish is: every file it wrote
@@ -353,6 +373,16 @@ func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps 
 	if err := mc.validate(); err != nil {
 		return 0, 0, err
 	}
+	// Registrations are serialized by regMu, from the check for one
+	// already there to the model in the map: two racing ones cannot both
+	// write the model's files, and one that fails after its claim can
+	// release it, since no registration of the model holds it.
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	// A registration of the model deleted since (and maybe pushed again)
+	// is not returned, nor does it refuse another config: it is dropped,
+	// and this one starts afresh.
+	p.dropStale(ctx, mc.Model)
 	if m, ok, err := p.registered(mc); ok || err != nil {
 		return m.version, m.steps, err
 	}
@@ -373,28 +403,33 @@ func (p *Primary) register(ctx context.Context, mc ModelConfig) (version, steps 
 		// is) rather than failing the registration while a standby
 		// catches up.
 		if err := p.reacknowledge(ctx, mc.Model, 0, c.Claim(ctx, mc.Model)); err != nil {
+			if errors.Is(err, store.ErrNotAcknowledged) { // committed here
+				p.releaseClaim(ctx, c, mc.Model)
+			}
 			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 		}
+		// From here a registration that fails releases the claim: kept,
+		// the model's writers' pushes would be refused for a reducer that
+		// does not reduce it, until a restart (restoreAll) released it.
+		defer func() {
+			if err != nil {
+				p.releaseClaim(ctx, c, mc.Model)
+			}
+		}()
 		// Another writer's push may have landed before the claim: start
-		// from the version the claim now keeps (a step's push expects it).
+		// from the version the claim now keeps (a step's push expects it),
+		// or the model deleted and pushed again from the same version.
 		now, err := p.cfg.Store.Get(ctx, mc.Model, 0)
 		if err != nil {
 			return 0, 0, fmt.Errorf("reducer: register %s: %w", errs.Quote(mc.Model), err)
 		}
-		if now.Version != snap.Version {
+		if now.Version != snap.Version || now.Life() != snap.Life() {
 			if m, err = p.newModel(mc, now); err != nil {
 				return 0, 0, err
 			}
 			snap = now
 		}
 		p.crash.At("register-claimed")
-	}
-	// Registrations of one model are serialized by regMu so two racing
-	// ones cannot both write the model's files.
-	p.regMu.Lock()
-	defer p.regMu.Unlock()
-	if m, ok, err := p.registered(mc); ok || err != nil {
-		return m.version, m.steps, err
 	}
 	if p.state != nil { // an external model's optimizer state is its host's; its registration and journal are here
 		reg := registration{Format: registrationFmt, Model: mc.Model, Config: mc, StartVersion: snap.Version, Registered: time.Now().UTC()}
@@ -461,7 +496,150 @@ func (p *Primary) newModel(mc ModelConfig, snap *store.Snapshot) (*pmodel, error
 		return nil, fmt.Errorf("reducer: register %q: %w", mc.Model, err)
 	}
 	return &pmodel{cfg: mc, layout: params, params: params, opt: opt, ext: ext, plan: plan,
-		ledger: p.newLedger(), version: snap.Version, stepped: snap.Version, epoch: epoch}, nil
+		ledger: p.newLedger(), version: snap.Version, stepped: snap.Version, epoch: epoch, life: snap.Life()}, nil
+}
+
+// releaseClaim gives up the claim of a registration of name that failed
+// after it (regMu held: no registration of name holds the claim). A
+// release that fails is logged: the model's writers' pushes are refused
+// until a restart releases it (restoreAll) or it is deleted.
+func (p *Primary) releaseClaim(ctx context.Context, c modelClaimer, name string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	err := c.Release(rctx, name)
+	cancel()
+	if err != nil && !errors.Is(err, store.ErrNotAcknowledged) { // not acknowledged: committed here, replicated with the next write
+		p.cfg.Logger.Warn("reducer: a registration failed and cannot release its model's claim; the model's writers' pushes are refused until the hub restarts, or it is deleted",
+			"model", name, "err", err)
+	}
+}
+
+// Deleted drops the registration of model, which an administrator deleted
+// from the store (the hub calls it once the Delete is done, through
+// Service.ModelDeleted): see dropStale. A registration of the model
+// registered again since the Delete is kept.
+func (p *Primary) Deleted(ctx context.Context, model string) {
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	p.dropStale(ctx, model)
+}
+
+// dropStale drops the registration of name when the store's model is not
+// the one it was registered in: deleted since (store.Deleter; only a
+// Delete takes the reducer's claim), and maybe pushed again by another
+// writer. Its steps would be refused (they land only on a model the
+// reducer still owns), a Register would return it, and one with another
+// config would be refused, until a restart (restoreAll). When the store
+// cannot tell, the registration is kept. regMu held.
+func (p *Primary) dropStale(ctx context.Context, name string) {
+	p.mu.Lock()
+	m := p.models[name]
+	p.mu.Unlock()
+	if m == nil {
+		return
+	}
+	life, err := p.storeLife(ctx, name)
+	switch {
+	case errors.Is(err, errs.ErrNotFound): // deleted
+	case err != nil:
+		p.cfg.Logger.Warn("reducer: cannot tell whether a registered model was deleted; its registration is kept", "model", name, "err", err)
+		return
+	case life == m.life:
+		return
+	}
+	p.unregister(m)
+}
+
+// storeLife returns the life of the store's model name
+// (store.Snapshot.Life), without reading it when the store can tell
+// (store.LifeReader).
+func (p *Primary) storeLife(ctx context.Context, name string) (uint64, error) {
+	var s any = p.cfg.Store
+	if o, ok := s.(store.Owned); ok {
+		s = o.Store
+	}
+	if lr, ok := s.(store.LifeReader); ok {
+		_, life, err := lr.NewestLife(name)
+		return life, err
+	}
+	snap, err := p.cfg.Store.Get(ctx, name, 0)
+	if err != nil {
+		return 0, err
+	}
+	return snap.Life(), nil
+}
+
+// unregister drops m's registration, stale (dropStale): it leaves the
+// model map (admissions, forwards and Describe of the name answer
+// NOT_FOUND, or reach a registration made since, whose ledger holds none
+// of m's claims, so no gradient admitted for m is applied to it), stops
+// taking gradients, detaches its optimizer host, ends a step waiting for
+// one, and once its steps in progress have ended (refused: the store's
+// model is not the reducer's) its files are removed from the state
+// directory for good and named (PrimaryConfig.StateChanged), as restore
+// drops a stale registration. regMu held.
+func (p *Primary) unregister(m *pmodel) {
+	name := m.cfg.Model
+	why := fmt.Errorf("%w: model %s was deleted from the store: its registration is dropped (register the model again to reduce it)", errs.ErrAborted, errs.Quote(name))
+	p.mu.Lock()
+	if p.closed || p.models[name] != m {
+		// Closing: the registration stays on disk, and the next restore
+		// drops it (its model is another, or not in the store).
+		p.mu.Unlock()
+		return
+	}
+	delete(p.models, name)
+	if m.ext != nil {
+		close(m.ext.stop) // out of the map, Close no longer closes it
+	}
+	p.dropping.Add(1)
+	sessions := slices.Collect(maps.Keys(p.sessions))
+	p.mu.Unlock()
+	defer p.dropping.Done()
+	// Admissions stop (failed), and the claims pending become orphans: the
+	// secondaries holding them learn why at their forward.
+	m.mu.Lock()
+	if m.failed == nil {
+		m.failed = why
+	}
+	version := m.version
+	pending := make(map[uint64][]reduce.ID, len(sessions))
+	for _, sess := range sessions {
+		if ids := m.ledger.EndSession(sess); len(ids) > 0 {
+			pending[sess] = ids
+		}
+	}
+	m.mu.Unlock()
+	p.mu.Lock()
+	for sess, ids := range pending {
+		if _, live := p.sessions[sess]; !live {
+			continue
+		}
+		if p.orphans == nil {
+			p.orphans = map[uint64]map[orphan]struct{}{}
+		}
+		if p.orphans[sess] == nil {
+			p.orphans[sess] = map[orphan]struct{}{}
+		}
+		for _, id := range ids {
+			p.orphans[sess][orphan{name, id}] = struct{}{}
+		}
+	}
+	p.mu.Unlock()
+	if m.ext != nil {
+		m.ext.end(why)
+	}
+	m.stepMu.Lock()
+	m.awaitAcks(0)
+	var err error
+	if m.files != nil {
+		err = errors.Join(m.files.close(), p.state.drop(m.files.dir))
+	}
+	m.stepMu.Unlock()
+	if err != nil {
+		p.cfg.Logger.Error("reducer: the registration of a deleted model is dropped, but its files cannot be removed; the next restart or registration of the model removes them",
+			"model", name, "err", err)
+	}
+	p.cfg.Logger.Warn("reducer: registration dropped: its model was deleted from the store; register it again to reduce it", "model", name, "version", version)
 }
 
 // restoreAll restores every registration in the state directory. A
@@ -664,6 +842,7 @@ func (p *Primary) Detach(session uint64) {
 	p.mu.Lock()
 	_, live := p.sessions[session]
 	delete(p.sessions, session)
+	delete(p.orphans, session)
 	models := slices.Collect(maps.Values(p.models))
 	p.mu.Unlock()
 	if !live {
@@ -767,19 +946,66 @@ func (p *Primary) Admit(_ context.Context, session uint64, model string, id redu
 // dropped; claims no longer pending under session were already released
 // (and counted lost) when the session ended.
 func (p *Primary) Release(_ context.Context, session uint64, model string, ids []reduce.ID) (int, error) {
+	ids, n := p.releaseOrphans(session, model, ids)
+	if len(ids) == 0 {
+		return n, nil
+	}
 	m, err := p.model(model)
 	if err != nil {
-		return 0, err
+		return n, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
 	for _, id := range ids {
 		if m.ledger.Release(id, session) {
 			n++
 		}
 	}
 	return n, nil
+}
+
+// releaseOrphans releases session's orphans (claims of a dropped
+// registration of model) among ids: it returns the other ids and how many
+// it released.
+func (p *Primary) releaseOrphans(session uint64, model string, ids []reduce.ID) (rest []reduce.ID, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.orphans[session]
+	if len(o) == 0 {
+		return ids, 0
+	}
+	for _, id := range ids {
+		k := orphan{model, id}
+		if _, ok := o[k]; ok {
+			delete(o, k)
+			n++
+		} else {
+			rest = append(rest, id)
+		}
+	}
+	if len(o) == 0 {
+		delete(p.orphans, session)
+	}
+	return rest, n
+}
+
+// checkOrphans refuses a batch with a member admitted for a registration
+// of model dropped since (its model deleted: unregister): its gradients
+// were computed on the deleted model, and must not be applied to a model
+// registered since.
+func (p *Primary) checkOrphans(session uint64, model string, ids []reduce.ID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.orphans[session]
+	if len(o) == 0 {
+		return nil
+	}
+	for _, id := range ids {
+		if _, ok := o[orphan{model, id}]; ok {
+			return fmt.Errorf("%w: gradient %v was admitted for the registration of model %s, dropped since when the model was deleted from the store; it is not applied", errs.ErrAborted, id, errs.Quote(model))
+		}
+	}
+	return nil
 }
 
 // Batch is one reduced batch forwarded by a secondary.
@@ -815,6 +1041,9 @@ type Batch struct {
 // (commitStep), while the next batch is stepped and committed, and the
 // batch's gradients count as applied once it is acknowledged.
 func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
+	if err := p.checkOrphans(b.Session, b.Model, b.Members); err != nil {
+		return 0, err
+	}
 	m, err := p.model(b.Model)
 	if err != nil {
 		return 0, err
@@ -1378,6 +1607,7 @@ func (p *Primary) Close() error {
 		m.stepMu.Unlock()
 	}
 	p.settling.Wait()
+	p.dropping.Wait()
 	if p.state != nil {
 		out = append(out, p.state.close())
 	}

@@ -66,14 +66,17 @@ func blobOf(t *testing.T, sd *tensor.StateDict) []byte {
 }
 
 // TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain: a
-// registered model deleted while the hub ran (`rlhub model rm`) and
-// pushed again by another writer is no longer the reducer's, and its
-// steps are refused (they land only on a model the reducer still owns).
-// A hub killed and restarted then restored the stale registration: the
-// model stopped with that refusal at its first step after every restart,
-// and a new Register returned the stale registration, until its state
-// directory was deleted by hand. Restore now drops it (logged at ERROR):
-// the writer keeps writing, and a new Register starts afresh.
+// registered model deleted and pushed again by another writer is no
+// longer the reducer's, and its steps are refused (they land only on a
+// model the reducer still owns). A running hub drops the registration at
+// the delete (TestDeletedModelIsRegisteredAgainWithoutARestart); one
+// killed between the store's delete and that drop — here the delete is
+// made on the store's files while the hub is down — then restored the
+// stale registration: the model stopped with that refusal at its first
+// step after every restart, and a new Register returned the stale
+// registration, until its state directory was deleted by hand. Restore
+// now drops it (logged at ERROR): the writer keeps writing, and a new
+// Register starts afresh.
 func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -92,16 +95,22 @@ func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) 
 		t.Fatal(err)
 	}
 	admin.Close()
-	sc := storeClient(t, hubProc.Addr())
-	if err := sc.Delete(ctx, "m"); err != nil {
-		t.Fatal(err)
-	}
-	other := blobOf(t, gradFor(n, "other", 1))
-	if _, err := sc.Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: other}); err != nil {
-		t.Fatal(err)
-	}
-	sc.Close()
 	hubProc.Kill()
+	other := blobOf(t, gradFor(n, "other", 1))
+	{
+		st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(data, "store"), Logger: testkit.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = st.Delete(ctx, "m")
+		if err == nil {
+			_, err = st.Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: other})
+		}
+		st.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	hubProc = startProc(t, args...)
 	regDir := filepath.Join(data, "reducer", store.ModelDir("m"))
@@ -112,7 +121,7 @@ func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) 
 		t.Errorf("no ERROR naming the dropped registration's model; output:\n%s", out)
 	}
 	// Its writer keeps writing it.
-	sc = storeClient(t, hubProc.Addr())
+	sc := storeClient(t, hubProc.Addr())
 	if _, err := sc.Push(ctx, store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: other}); err != nil {
 		t.Fatalf("the writer's push after the restart: %v", err)
 	}

@@ -140,6 +140,10 @@ type smodel struct {
 	name   string
 	layout *tensor.StateDict
 	adds   chan addReq // to the owner loop
+	// retire is closed when another smodel of the name replaces this one
+	// (relayout): its loop forwards what it holds and ends, closing done.
+	retire chan struct{}
+	done   chan struct{}
 }
 
 type addReq struct {
@@ -342,8 +346,10 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 	}
 	// Capped by what it claims to be, before it is admitted or read.
 	if err := checkGradSize(h.Model, h.TotalBytes, m.layout); err != nil {
-		s.settle(h.ID, reduce.ReasonInvalid)
-		return PushResult{}, err
+		if m = s.relayout(ctx, m); m == nil || checkGradSize(h.Model, h.TotalBytes, m.layout) != nil {
+			s.settle(h.ID, reduce.ReasonInvalid)
+			return PushResult{}, err
+		}
 	}
 	weight, version, err := s.cfg.Upstream.Admit(ctx, sess, h.Model, h.ID, h.BaseVersion)
 	if err != nil {
@@ -374,6 +380,11 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 		}
 	}()
 	checkErr := reduce.CheckLayout(m.layout, g)
+	if checkErr != nil {
+		if nm := s.relayout(ctx, m); nm != nil && reduce.CheckLayout(nm.layout, g) == nil {
+			m, checkErr = nm, nil // admitted by the primary for the model of the new layout
+		}
+	}
 	nonFinite := false
 	if checkErr == nil && !clean {
 		nonFinite, checkErr = reduce.CheckGradient(m.layout, g)
@@ -392,6 +403,8 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 	select {
 	case m.adds <- a:
 		owned = false
+	case <-m.done: // replaced since (relayout): its layout is no longer the model's
+		return release(reduce.ReasonInvalid, fmt.Errorf("%w: model %s changed its layout while the gradient was received (deleted and registered again): push a gradient of the new model", errs.ErrInvalid, errs.Quote(h.Model)))
 	case <-ctx.Done():
 		return release(reduce.ReasonAborted, ctx.Err())
 	case <-s.ctx.Done():
@@ -422,12 +435,44 @@ func (s *SecondaryNode) model(ctx context.Context, name string) (*smodel, error)
 	if s.closed {
 		return nil, fmt.Errorf("%w: secondary %q is closed", errs.ErrUnavailable, s.cfg.ID)
 	}
-	m = &smodel{name: name, layout: l.Tensors, adds: make(chan addReq)}
+	return s.startModelLocked(name, l.Tensors), nil
+}
+
+// startModelLocked makes an smodel of name with layout the model's and
+// starts its loop; s.mu held, s.closed false.
+func (s *SecondaryNode) startModelLocked(name string, layout *tensor.StateDict) *smodel {
+	m := &smodel{name: name, layout: layout, adds: make(chan addReq), retire: make(chan struct{}), done: make(chan struct{})}
 	s.models[name] = m
 	s.wg.Add(1)
 	s.flushed.Add(1) // under s.mu, with closed false: before Close waits
-	go func() { defer s.wg.Done(); s.loop(m) }()
-	return m, nil
+	go func() { defer s.wg.Done(); defer close(m.done); s.loop(m) }()
+	return m
+}
+
+// relayout is called when a gradient does not match m's layout: the model
+// may have been deleted and registered again with another (the layout is
+// read once per model name). It reads the layout from the primary again,
+// and when it differs from m's, replaces m with an smodel of the new one
+// (m's loop forwards what it holds, which the primary refuses, and ends)
+// and returns that. nil when the layout is unchanged or cannot be read:
+// the gradient is the one that does not match.
+func (s *SecondaryNode) relayout(ctx context.Context, m *smodel) *smodel {
+	l, err := s.cfg.Upstream.Describe(ctx, m.name)
+	if err != nil || l.Tensors.CheckLayout(m.layout) == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if cur := s.models[m.name]; cur != m {
+		return cur // replaced by another push already
+	}
+	s.cfg.Logger.Info("reducer: a model's layout changed (deleted and registered again); the secondary takes the new one",
+		"secondary", s.cfg.ID, "model", m.name)
+	close(m.retire)
+	return s.startModelLocked(m.name, l.Tensors)
 }
 
 // sbatch is a batch and the pooled receive buffer of the gradient it
@@ -466,6 +511,7 @@ func (s *SecondaryNode) loop(m *smodel) {
 	flushedOnce := sync.OnceFunc(s.flushed.Done)
 	defer flushedOnce()
 	flushing, draining := s.flushing, false
+	retire, retired := m.retire, false
 	cur := &sbatch{Batch: reduce.NewBatch(m.layout)}
 	var spare *sbatch
 	inflight := false
@@ -517,8 +563,8 @@ func (s *SecondaryNode) loop(m *smodel) {
 		if draining && !inflight {
 			if cur.Len() > 0 {
 				start() // closing: what is held goes now, full or not
-			} else {
-				flushedOnce()
+			} else if flushedOnce(); retired {
+				return // replaced: nothing held, nothing in flight
 			}
 		}
 		adds := m.adds
@@ -567,6 +613,8 @@ func (s *SecondaryNode) loop(m *smodel) {
 			}
 		case <-flushing:
 			flushing, draining = nil, true
+		case <-retire:
+			retire, retired, draining = nil, true, true
 		case <-s.ctx.Done():
 			stopTimer()
 			if inflight {

@@ -433,6 +433,16 @@ func (s *Service) RegisterModel(ctx context.Context, mc ModelConfig) (version, r
 	return s.primary.Register(ctx, mc)
 }
 
+// ModelDeleted tells the reducer that model was deleted from its store (an
+// administrator's `rlhub model rm`): the primary hosted here drops the
+// model's registration (Primary.Deleted). A hub whose primary is remote
+// has none to drop.
+func (s *Service) ModelDeleted(ctx context.Context, model string) {
+	if s.primary != nil {
+		s.primary.Deleted(ctx, model)
+	}
+}
+
 // ModelConfigFromProto converts a Register request.
 func ModelConfigFromProto(r *rlhubv1.ReducerRegisterRequest) ModelConfig {
 	return ModelConfig{

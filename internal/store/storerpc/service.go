@@ -57,6 +57,11 @@ type Config struct {
 	// owner of a pushed model comes from the call's token either way
 	// (auth.FromContext; docs/security.md, Owners).
 	Auth *auth.Verifier
+	// Deleted, when set, is called once Delete has removed a model, before
+	// the call returns: the hub's reducer drops the model's registration
+	// then (reducer.Service.ModelDeleted), so that the model, pushed
+	// again, can be registered again at once. nil: no one is told.
+	Deleted func(ctx context.Context, model string)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -490,5 +495,8 @@ func (s *Service) Delete(ctx context.Context, req *rlhubv1.StoreDeleteRequest) (
 		return nil, grpcerr.ToStatus(err)
 	}
 	s.cfg.Logger.Info("store: model deleted", "model", req.GetModel())
+	if s.cfg.Deleted != nil {
+		s.cfg.Deleted(ctx, req.GetModel())
+	}
 	return &rlhubv1.StoreDeleteResponse{}, nil
 }

@@ -1,0 +1,297 @@
+package reducer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rlhub/rlhub/internal/optim"
+	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/reducer"
+	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/tensor"
+)
+
+// TestDeletedModelIsRegisteredAgainWithoutARestart: a registered model
+// deleted by an administrator (`rlhub model rm`) kept its registration in
+// the running hub: pushed again from version 1, its Register with the
+// same config returned the deleted model's registration (its version and
+// optimizer steps) and its next step was refused (the reducer's publishes
+// land only on a model it still owns), so the model stopped; with another
+// config Register failed ALREADY_EXISTS; `reducer stats` still listed it.
+// Only a restart dropped it. The reducer now drops a registration when its
+// model is deleted, on disk too: a new Register starts afresh, with any
+// config, its steps land on the new model, and a restart restores the new
+// registration.
+func TestDeletedModelIsRegisteredAgainWithoutARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n = 64
+	data, args := restoreOwnerFixture(t, n)
+	hubProc := startProc(t, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sgd := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
+	adam := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01}}
+	regDir := filepath.Join(data, "reducer", store.ModelDir("m"))
+
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	sc := storeClient(t, hubProc.Addr())
+	seq := uint64(0)
+	// step pushes one gradient at base and waits for the model's version
+	// base+1; it returns that version's weights.
+	step := func(what string, base uint64) *tensor.StateDict {
+		t.Helper()
+		seq++
+		if _, err := cl.PushSeq(ctx, "m", base, seq, gradFor(n, "g", seq)); err != nil {
+			t.Fatalf("%s: push: %v", what, err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		snap, err := sc.WaitNewer(wctx, "m", base)
+		if err != nil || snap.Version != base+1 {
+			st, _ := cl.HubStats(ctx, "")
+			t.Fatalf("%s: the step from version %d: %v (stats %+v); output:\n%s", what, base, err, st.Models, hubProc.Output())
+		}
+		return snap.Tensors
+	}
+	// deleteAndPush deletes m and pushes a fresh version 1 as another
+	// writer; it returns the weights pushed.
+	deleteAndPush := func(fill string) *tensor.StateDict {
+		t.Helper()
+		if err := sc.Delete(ctx, "m"); err != nil {
+			t.Fatal(err)
+		}
+		st, err := cl.HubStats(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := st.Models["m"]; ok {
+			t.Errorf("reducer stats after the delete list the deleted model's registration: %+v", st.Models["m"])
+		}
+		if _, err := os.Stat(regDir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the deleted model's registration on disk after the delete: %v, want its directory removed", err)
+		}
+		w := gradFor(n, fill, 1)
+		if _, err := sc.Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blobOf(t, w)}); err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	register := func(what string, mc reducer.ModelConfig) {
+		t.Helper()
+		version, steps, err := cl.Register(ctx, mc)
+		if err != nil || version != 1 || steps != 0 {
+			t.Fatalf("%s: version %d, steps %d, %v; want version 1 of the new model and a fresh optimizer", what, version, steps, err)
+		}
+	}
+
+	if _, _, err := cl.Register(ctx, sgd); err != nil {
+		t.Fatal(err)
+	}
+	step("the first registration", 1)
+	step("the first registration", 2)
+
+	// Deleted, pushed again, registered again with the same config.
+	w := deleteAndPush("second life")
+	register("register again, same config", sgd)
+	got := step("the second registration", 1)
+	g := gradFor(n, "g", seq)
+	for _, tt := range w.Tensors() {
+		name := tt.Name
+		wf, gf, nf := f32s(t, w, name), f32s(t, g, name), f32s(t, got, name)
+		for i := range nf {
+			// Within rounding (the kernel may fuse the multiply-add): the
+			// deleted model's weights are nowhere near.
+			if want := wf[i] - float32(0.1)*gf[i]; math.Abs(float64(nf[i]-want)) > 1e-6 {
+				t.Fatalf("%s[%d] after the new registration's first step: %v, want %v (the new model's weights minus one SGD step)", name, i, nf[i], want)
+			}
+		}
+	}
+
+	// Deleted, pushed again, registered again with another config.
+	deleteAndPush("third life")
+	register("register again, another config", adam)
+	step("the third registration", 1)
+	step("the third registration", 2)
+	raw, err := os.ReadFile(filepath.Join(regDir, "registration.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reg struct {
+		Config       reducer.ModelConfig `json:"config"`
+		StartVersion uint64              `json:"start_version"`
+	}
+	if err := json.Unmarshal(raw, &reg); err != nil {
+		t.Fatal(err)
+	}
+	if reg.Config.Optimizer.Kind != optim.Adam || reg.StartVersion != 1 {
+		t.Fatalf("registration on disk: %+v; want the Adam registration from version 1", reg)
+	}
+
+	// A restart restores the new registration: its steps go on.
+	hubProc.Kill()
+	hubProc = startProc(t, args...)
+	cl2, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl2.Close()
+	version, steps, err := cl2.Register(ctx, adam)
+	if err != nil || version != 3 || steps != 2 {
+		t.Fatalf("register after the restart: version %d, steps %d, %v; want the restored registration at version 3, 2 steps", version, steps, err)
+	}
+	cl.Close()
+	cl = cl2
+	sc = storeClient(t, hubProc.Addr())
+	step("after the restart", 3)
+	hubProc.Kill()
+}
+
+func f32s(t *testing.T, sd *tensor.StateDict, name string) []float32 {
+	t.Helper()
+	tt := sd.Get(name)
+	if tt == nil {
+		t.Fatalf("no tensor %s", name)
+	}
+	f, err := tt.Float32s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestFailedRegistrationReleasesItsClaim: Register claims its model for
+// the reducer before it writes the registration. One that failed after
+// the claim (here the state directory cannot be written) kept the claim:
+// the model's writer's pushes were refused PERMISSION_DENIED ("managed by
+// reducer") for a reducer that does not reduce it, until the hub
+// restarted. The failed registration now releases the claim.
+func TestFailedRegistrationReleasesItsClaim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n = 64
+	data, args := restoreOwnerFixture(t, n)
+	hubProc := startProc(t, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The state directory is replaced by a file: the registration's files
+	// cannot be made (the directory's lock stays held by the hub).
+	stateDir := filepath.Join(data, "reducer")
+	if err := os.Rename(stateDir, stateDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stateDir, []byte("not a directory\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, _, err := cl.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err == nil {
+		t.Fatal("register with a state directory that cannot be written succeeded")
+	}
+	sc := storeClient(t, hubProc.Addr())
+	infos, err := sc.List(ctx)
+	if err != nil || len(infos) != 1 || infos[0].Owner != "" {
+		t.Errorf("the store after the failed registration: %+v, %v; want m with no owner", infos, err)
+	}
+	if _, err := sc.Push(ctx, store.PushRequest{Name: "m", Version: 2, Expect: 1, Blob: blobOf(t, gradFor(n, "w", 2))}); err != nil {
+		t.Fatalf("the model's writer after a failed registration: %v; output:\n%s", err, hubProc.Output())
+	}
+	hubProc.Kill()
+}
+
+// TestDeletedModelPushedAgainWithAnotherLayout: a model deleted and pushed
+// again with another architecture (other tensor shapes) is registered
+// again and trained. The secondaries — two on the primary's hub and one on
+// another hub reducing into it (tree reduction) — kept the deleted model's
+// layout, read once per model name: every gradient of the new model was
+// refused INVALID_ARGUMENT (its shapes are not the model's) until they
+// restarted. A secondary now reads the layout again when a gradient does
+// not match the one it holds, and takes the primary's new one.
+func TestDeletedModelPushedAgainWithAnotherLayout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n, n2 = 64, 16
+	_, args := restoreOwnerFixture(t, n)
+	hubProc := startProc(t, append(args, "--reducer-secondaries", "2")...)
+	leaf := startProc(t, "serve", "--role", "reducer", "--primary", hubProc.Addr(), "--listen", "127.0.0.1:0", "--data", "", "--reduce-batch-size", "1", "--max-wait", "1ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	mc := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, _, err := cl.Register(ctx, mc); err != nil {
+		t.Fatal(err)
+	}
+	sc := storeClient(t, hubProc.Addr())
+	var seq uint64
+	version := uint64(1)
+	// trainAll pushes gradients of a model of size n (each waits for its
+	// step) until every secondary has taken one: the client picks one at
+	// random for each push.
+	trainAll := func(what string, size int) {
+		t.Helper()
+		took := map[string]bool{}
+		for attempt := 0; len(took) < 3; attempt++ {
+			if attempt == 100 {
+				t.Fatalf("%s: after %d pushes only %v took one", what, attempt, took)
+			}
+			seq++
+			r, err := cl.PushSeq(ctx, "m", version, seq, gradFor(size, "g", seq))
+			if err != nil {
+				t.Fatalf("%s: push: %v (secondaries that took one: %v)", what, err, took)
+			}
+			took[r.Addr+"/"+r.ID] = true
+			wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+			snap, err := sc.WaitNewer(wctx, "m", version)
+			wcancel()
+			if err != nil || snap.Version != version+1 {
+				t.Fatalf("%s: the step from version %d: %v; output:\n%s", what, version, err, hubProc.Output())
+			}
+			version++
+		}
+	}
+	for {
+		ss, err := cl.Secondaries(ctx)
+		if err == nil && len(ss) == 3 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("secondaries: %v, %v; want 3", ss, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	trainAll("the first model", n)
+
+	if err := sc.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: blobOf(t, gradFor(n2, "second life", 1))}); err != nil {
+		t.Fatal(err)
+	}
+	if v, steps, err := cl.Register(ctx, mc); err != nil || v != 1 || steps != 0 {
+		t.Fatalf("register again: version %d, steps %d, %v", v, steps, err)
+	}
+	version = 1
+	trainAll("the new model", n2)
+	leaf.Kill()
+	hubProc.Kill()
+}
