@@ -3,6 +3,7 @@ package reducer
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
+	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/testkit"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -70,5 +72,39 @@ func TestExternalDetachedHostIsNotSentTheStepAgain(t *testing.T) {
 		h1.cancel()
 		h2.cancel()
 		cancel()
+	}
+}
+
+// TestHostOfADeletedModelIsDetached: an external model deleted while its
+// host holds a step: the registration is dropped (Service.ModelDeleted, as
+// the hub calls it after the store's Delete) without waiting for the step,
+// the host's stream ends ABORTED naming the delete (a host stops on it),
+// and a host attaching after is refused: the model is not registered.
+func TestHostOfADeletedModelIsDetached(t *testing.T) {
+	e := newTestEnv(t, Config{Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond}, testLayout(3))
+	e.register(ModelConfig{Optimizer: optim.Config{Kind: External}, Reduction: "sum"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.client("c", 3).PushGrad(ctx, "m", 1, gradFor(3, "c", 1)); err != nil {
+		t.Fatal(err)
+	}
+	h, err := attachHost(t, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.recvStep() // held, never answered
+	if err := e.st.(store.Deleter).Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	e.svc.ModelDeleted(ctx, "m")
+	_, err = h.stream.Recv()
+	if err = grpcerr.FromStatus(err); !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), "deleted") {
+		t.Fatalf("the host of the deleted model: %v; want ABORTED naming the delete", err)
+	}
+	if _, err := attachHost(t, e); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("a host attaching after the delete: %v; want NOT_FOUND", err)
+	}
+	if _, ok := e.svc.Stats().Models["m"]; ok {
+		t.Fatalf("stats list the deleted model's registration: %+v", e.svc.Stats().Models)
 	}
 }
