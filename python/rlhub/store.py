@@ -3,7 +3,7 @@
     with rlhub.StoreClient("127.0.0.1:7470") as store:
         store.push("policy", model.state_dict(), version=1, expect=0)
         v = store.pull("policy", framework="torch")
-        for v in store.watch("policy", after=v.version):
+        for v in store.watch("policy", after=v.version, life=v.life):
             model.load_state_dict(v.tensors)
         # or, writing each version straight into the module's tensors:
         for version in store.watch_into("policy", model, after=v.version):
@@ -15,6 +15,11 @@ gRPC otherwise (``transport="grpc"`` forces gRPC).
 
 State dicts travel as safetensors bytes (no pickle). A stale or
 conflicting push raises ``rlhub.StaleVersion`` with the current version.
+
+Every version names its life (``ModelVersion.life``): a model deleted and
+pushed again from version 1 starts another. A watch follows lives by
+default: it yields the new life's newest at once, though it is not newer
+than the last version yielded (docs/weight-sync.md, "Lives").
 """
 
 from __future__ import annotations
@@ -76,6 +81,11 @@ class ModelVersion:
     created_unix_nano: int
     skipped: int = 0
     framework: str = "numpy"
+    life: int = 0
+    """The version's life (docs/weight-sync.md, "Lives"): opaque, shared by
+    the versions of one life of the model; a model deleted and pushed again,
+    a hub restarted or another cluster primary names another. 0: unknown (a
+    hub that predates lives)."""
     _tensors: Optional[Dict[str, Any]] = dataclasses.field(default=None, repr=False)
 
     @property
@@ -356,10 +366,12 @@ class StoreClient:
         self.stats["bulk"] += 1
         return h, (None if h.not_modified else buf)
 
-    def _read_version(self, it: Iterator[Any], framework: str,
-                      alloc: Optional[_Alloc] = None) -> Optional[ModelVersion]:
+    def _read_version(self, it: Iterator[Any], framework: str, alloc: Optional[_Alloc] = None,
+                      nm: Optional[List[tensor_pb2.BlobInfo]] = None) -> Optional[ModelVersion]:
         """Reads one header + its chunks from a pull/watch stream into
-        ``alloc(n)`` (default: a fresh buffer of exactly n bytes)."""
+        ``alloc(n)`` (default: a fresh buffer of exactly n bytes); None for
+        "not modified", whose header's blob (the hub's newest) is appended
+        to ``nm``."""
         first = next(it, None)
         if first is None:
             return None
@@ -367,6 +379,8 @@ class StoreClient:
             raise errors.InvalidArgument("stream did not start with a header")
         h = first.header
         if h.not_modified:
+            if nm is not None:
+                nm.append(h.blob)
             return None
         total = h.blob.total_bytes
         if total > self.max_bytes:
@@ -390,12 +404,12 @@ class StoreClient:
             got += n
         self.stats["grpc"] += 1
         return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, buf[:total], dict(h.metadata),
-                            h.created_unix_nano, h.skipped, framework)
+                            h.created_unix_nano, h.skipped, framework, h.blob.life)
 
     @staticmethod
     def _version(h: store_pb2.StorePullHeader, buf: Any, framework: str) -> ModelVersion:
         return ModelVersion(h.blob.model, h.blob.version, h.blob.epoch, buf, dict(h.metadata),
-                            h.created_unix_nano, h.skipped, framework)
+                            h.created_unix_nano, h.skipped, framework, h.blob.life)
 
     @staticmethod
     def _blob(h: store_pb2.StorePullHeader, buf: Any) -> Optional[memoryview]:
@@ -408,9 +422,11 @@ class StoreClient:
         return memoryview(buf).cast("B")[:h.blob.total_bytes]
 
     def _pull_raw(self, name: str, version: int, if_newer_than: Optional[int], framework: str,
-                  alloc: Optional[_Alloc] = None, direct: Optional[_Direct] = None) -> Optional[ModelVersion]:
+                  alloc: Optional[_Alloc] = None, direct: Optional[_Direct] = None,
+                  nm: Optional[List[tensor_pb2.BlobInfo]] = None) -> Optional[ModelVersion]:
         """A pull; with ``direct``, over the data plane, a version its
-        ``_bulk.Direct`` wrote into the target has blob None."""
+        ``_bulk.Direct`` wrote into the target has blob None. A "not
+        modified" answer's blob is appended to ``nm``."""
         req = store_pb2.StorePullRequest(model=name, version=version, chunk_bytes=self.chunk_bytes)
         if if_newer_than is not None:
             req.if_newer_than = if_newer_than
@@ -421,30 +437,65 @@ class StoreClient:
             if got is not None:
                 h, buf = got
                 if buf is None:
+                    if nm is not None:
+                        nm.append(h.blob)
                     return None
                 return self._version(h, self._blob(h, buf), framework)
 
         def do(left: float) -> Optional[ModelVersion]:
             it = iter(self._pull(req, timeout=left))
-            return self._read_version(it, framework, alloc)
+            return self._read_version(it, framework, alloc, nm)
 
         return self._call(do, deadline)
 
     def pull(self, name: str, version: int = 0, *, if_newer_than: Optional[int] = None,
-             framework: str = "numpy") -> Optional[ModelVersion]:
+             framework: str = "numpy", life: int = 0) -> Optional[ModelVersion]:
         """Pulls the newest version (or an exact one). With ``if_newer_than``
         returns None when the newest is not newer ("not modified"). The
-        version's ``blob`` is a fresh buffer the caller owns."""
+        version's ``blob`` is a fresh buffer the caller owns.
+
+        ``life``, with ``if_newer_than`` and the newest asked for, is the
+        life of version ``if_newer_than`` (its ``ModelVersion.life``): the
+        newest is then also returned when it is of another life, though not
+        newer (the model deleted and pushed again; docs/weight-sync.md,
+        "Lives"). The hub's "not modified" names its newest; when that is of
+        another life — or, from a data plane that does not name its life,
+        older than ``if_newer_than`` — the newest is pulled again and
+        returned if its life is known and not ``life``. 0: versions only
+        grow."""
         errors.check_version("version", version)
+        errors.check_version("life", life)
         if if_newer_than is not None:
             errors.check_version("if_newer_than", if_newer_than)
-        return self._pull_raw(name, version, if_newer_than, framework)
+        if not life or if_newer_than is None or version:
+            return self._pull_raw(name, version, if_newer_than, framework)
+        nm: List[tensor_pb2.BlobInfo] = []
+        got = self._pull_raw(name, 0, if_newer_than, framework, nm=nm)
+        if got is not None or not nm:
+            return got
+        newest = nm[0]
+        if newest.life == life or (newest.life == 0 and newest.version >= if_newer_than):
+            return None  # the same life (or nothing says otherwise): not modified
+        got = self._pull_raw(name, 0, None, framework)
+        return got if got is not None and _new_life(got.life, life) else None
 
     def watch(self, name: str, after: int = 0, *, framework: str = "numpy",
-              timeout: Optional[float] = None) -> Iterator[ModelVersion]:
+              timeout: Optional[float] = None, life: int = 0,
+              follow_lives: bool = True) -> Iterator[ModelVersion]:
         """Yields each new version as it lands (skipping to the newest when
         the reader is slow; over gRPC ``ModelVersion.skipped`` says how
         many, over the data plane it is 0).
+
+        It follows the model's lives (docs/weight-sync.md, "Lives"): once
+        the model is deleted and pushed again, it yields the new life's
+        newest at once, though that is not newer than the last version
+        yielded (``ModelVersion.life`` changes); within a life versions only
+        grow. ``life`` is the life of version ``after`` (0: unknown, the
+        first version yielded is newer than ``after``). After a hub restart
+        or a cluster failover the hub names other lives, so the watch yields
+        its newest once again. ``follow_lives=False`` keeps the old rule
+        (only newer versions: a deleted model's followers wait for the new
+        model to pass them), as does a hub that predates lives.
 
         A watch is long-lived: it outlasts the hub it reads from. When the
         hub is unreachable (stopped, killed, restarting: ``Unavailable``)
@@ -461,13 +512,17 @@ class StoreClient:
         data-plane poll or stream opening is bounded by the client's
         ``timeout``."""
         errors.check_version("after", after)
-        yield from self._watch_raw(name, after, framework, timeout, None)
+        errors.check_version("life", life)
+        yield from self._watch_raw(name, after, framework, timeout, None, life=life if follow_lives else None)
 
     def _watch_raw(self, name: str, after: int, framework: str, timeout: Optional[float],
-                   alloc: Optional[_Alloc], direct: Optional[_Direct] = None) -> Iterator[ModelVersion]:
+                   alloc: Optional[_Alloc], direct: Optional[_Direct] = None,
+                   life: Optional[int] = None) -> Iterator[ModelVersion]:
         """The watch (see :meth:`watch`): each turn is one data-plane poll,
         or one gRPC stream read until it breaks; an ``Unavailable`` turn is
-        tried again after a back-off, anything else is raised."""
+        tried again after a back-off, anything else is raised. ``life``
+        (not None: follow lives) is the life of ``after``; each turn asks
+        after the last version yielded and its life."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay, last = _WATCH_BACKOFF[0], None  # last: the latest Unavailable, for the final error
         while True:
@@ -477,7 +532,7 @@ class StoreClient:
                 raise errors.DeadlineExceeded(f"watch of {name!r}: deadline exceeded"
                                               + (f" (last: {str(last)[:500]})" if last is not None else ""))
             turn = now + self.timeout if deadline is None else min(deadline, now + self.timeout)
-            gen = self._watch_turn(name, after, framework, turn, deadline, alloc, direct)
+            gen = self._watch_turn(name, after, life, framework, turn, deadline, alloc, direct)
             try:
                 while True:
                     try:
@@ -489,6 +544,8 @@ class StoreClient:
                         break
                     delay, last = _WATCH_BACKOFF[0], None
                     after = v.version
+                    if life is not None:
+                        life = v.life
                     yield v
             except errors.RlhubError as e:
                 self._check_open()  # ended by close
@@ -506,16 +563,18 @@ class StoreClient:
             finally:
                 gen.close()  # a stream it has open is cancelled now, not when collected
 
-    def _watch_turn(self, name: str, after: int, framework: str, turn: float, deadline: Optional[float],
-                    alloc: Optional[_Alloc], direct: Optional[_Direct]) -> Generator[ModelVersion, None, bool]:
+    def _watch_turn(self, name: str, after: int, life: Optional[int], framework: str, turn: float,
+                    deadline: Optional[float], alloc: Optional[_Alloc],
+                    direct: Optional[_Direct]) -> Generator[ModelVersion, None, bool]:
         """One turn of a watch: a data-plane poll bounded by ``turn``
         (yields its version, if one came), or, on a hub that does not
         serve it there, one gRPC stream (bounded by ``deadline``) read
         until it ends; returns True when the hub ended that stream
         cleanly. Failures are raised as rlhub errors; a version cut midway
         was only in the receive buffer and comes again whole."""
+        follow, at = life is not None, life or 0  # unset (the old rule) when not following
         if self._use_bulk(turn):
-            req = store_pb2.StoreWatchRequest(model=name, after=after)
+            req = store_pb2.StoreWatchRequest(model=name, after=after, follow_lives=follow, life=at)
             got = self._bulk_read(WATCH_METHOD, req.SerializeToString(),
                                   alloc or (lambda n: np.empty(n, np.uint8)), turn, direct)
             if got is not None:
@@ -525,7 +584,8 @@ class StoreClient:
                 return False
             # the hub has no data-plane watch: gRPC below
         try:
-            call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes),
+            call = self._watch(store_pb2.StoreWatchRequest(model=name, after=after, chunk_bytes=self.chunk_bytes,
+                                                         follow_lives=follow, life=at),
                                timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001))
         except grpc.RpcError as e:  # a cluster without a ready primary
             raise errors.from_rpc_error(e) from None
@@ -596,14 +656,17 @@ class StoreClient:
             return v.version
 
     def watch_into(self, name: str, target: Any, after: int = 0, *,
-                   timeout: Optional[float] = None) -> Iterator[int]:
+                   timeout: Optional[float] = None, life: int = 0, follow_lives: bool = True) -> Iterator[int]:
         """Like :meth:`watch`, but writes each new version into ``target``
-        (as :meth:`pull_into`) before yielding its number. A version that
+        (as :meth:`pull_into`) before yielding its number (following lives
+        as :meth:`watch` does: after a model is deleted and pushed again the
+        number yielded goes back to the new life's). A version that
         does not fit the target raises ``InvalidArgument`` (target
         unchanged) and ends the watch. Each version is written into the
         target's tensors as they are when it arrives (a tensor replaced or
         reshaped during the watch is seen, as by ``pull_into``)."""
         errors.check_version("after", after)
+        errors.check_version("life", life)
         targets = TargetCache()  # this watch's own
         targets.get(target)  # a target that is no tensors is refused before any version
         stage = [np.empty(0, np.uint8)]  # this watch's own receive buffer, reused
@@ -619,7 +682,8 @@ class StoreClient:
             into[:] = [targets.get(target)]
             return into[0]
 
-        for v in self._watch_raw(name, after, "numpy", timeout, alloc, _into(current, name, alloc)):
+        for v in self._watch_raw(name, after, "numpy", timeout, alloc, _into(current, name, alloc),
+                                 life=life if follow_lives else None):
             if v.blob is not None:
                 targets.get(target).write(v.blob, what=f"model {name!r} version {v.version}")
             else:
@@ -653,6 +717,13 @@ class StoreClient:
             if nxt == token or not resp.models:
                 raise errors.RlhubError(f"protocol: List page of {len(resp.models)} models does not advance its page token")
             token = nxt
+
+
+def _new_life(got: int, life: int) -> bool:
+    """Whether a version of life ``got`` is of another life than ``life``,
+    both known (not 0): the model deleted and pushed again, whose versions
+    start afresh (docs/weight-sync.md, "Lives")."""
+    return got != 0 and life != 0 and got != life
 
 
 _Direct = Callable[[store_pb2.StorePullHeader, int], _bulk.Direct]

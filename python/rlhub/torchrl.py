@@ -481,8 +481,7 @@ class RlhubWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc]  # torchrl 
             # A new policy object (torchrl moved it to its device): give it
             # the current version from scratch.
             r.version = 0
-        src = r.source
-        wv = src.wait_newer(r.version, timeout) if timeout else src.get_if_newer(r.version)
+        wv = r.get(timeout)  # newer, or of another life (Receiver.follow_lives)
         applied = r.apply(wv)
         if applied and model is not None:
             self._applied_to = weakref.ref(model)
@@ -660,10 +659,7 @@ with warnings.catch_warnings():
             return _map_names(col.policy.state_dict(keep_vars=True), self.names)
 
         def _get_server_weights(self) -> Optional[WeightVersion]:
-            src = self.receiver.source
-            if self.timeout:
-                return src.wait_newer(self.receiver.version, self.timeout)
-            return src.get_if_newer(self.receiver.version)
+            return self.receiver.get(self.timeout)  # newer, or of another life (Receiver.follow_lives)
 
         def _maybe_map_weights(self, server_weights: Any) -> Any:
             return server_weights

@@ -32,7 +32,9 @@ the Go side's ``wsync.Source`` (docs/weight-sync.md):
   watches it.
 
 A :class:`Receiver` applies a version only if it is newer than the one the
-module runs (so the same version twice is a no-op), checks every name, dtype
+module runs (so the same version twice is a no-op) or, by default, of another
+life (the model deleted and pushed again: docs/weight-sync.md, "Lives"; the
+push stream and the store follow lives), checks every name, dtype
 and shape first (:class:`rlhub.InvalidArgument`, nothing copied), copies into
 the module's parameters and buffers in place under ``torch.no_grad()``, and
 reports the version to the hub so lag shows in ``rlhub sync status``.

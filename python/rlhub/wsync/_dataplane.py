@@ -77,6 +77,9 @@ class DataPlaneSource:
     """
 
     via = "push-dp"
+    follows_lives = False
+    """The hub's data-plane push fan-out does not follow lives yet
+    (docs/weight-sync.md, "Lives"): versions only grow."""
 
     def __init__(self, addr: str, model: str, *, collector_id: Optional[str] = None, start: int = 0,
                  max_bytes: int = 4 << 30, fallback: bool = True,
@@ -197,7 +200,7 @@ class DataPlaneSource:
         self._no_dp = 0
         self.stats["versions"] += 1
         self.stats["skipped"] += h.skipped
-        return WeightVersion(h.blob.model, h.blob.version, h.blob.epoch, blob, self.via)
+        return WeightVersion(h.blob.model, h.blob.version, h.blob.epoch, blob, self.via, life=h.blob.life)
 
     @staticmethod
     def _followable(e: errors.RlhubError) -> bool:
@@ -235,7 +238,7 @@ class DataPlaneSource:
         if not self._allow_fallback:
             raise errors.Unavailable(f"{self.addr} serves no data-plane watch (fallback off)")
         self._fallback = PushSource(self.addr, self.model, collector_id=self.collector_id, start=after,
-                                    max_bytes=self._max_bytes, channel_=self._follow)
+                                    max_bytes=self._max_bytes, channel_=self._follow, follow_lives=False)
         self.stats["fallback"] = 1
         return self._fallback
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import grpc
 
 from rlhub import errors
+from rlhub.store import _new_life
 from rlhub.store import channel as _channel
 from rlhub.wsync._report import report
 from rlhub.wsync._source import Source, WeightVersion
@@ -62,7 +63,14 @@ class FailoverSource:
     stale relay's) is never handed out: its source is dropped as failed.
     ``skipped`` counts the version numbers between two versions handed out
     (so a version the new primary never had shows).
+
+    It follows the model's lives (``follows_lives``; docs/weight-sync.md,
+    "Lives"): given ``life``, it passes it to a source in use that follows
+    lives (a push stream, a store source; a segment carries no life), and
+    a version of another life handed out starts the versions afresh.
     """
+
+    follows_lives = True
 
     def __init__(self, dialers: List[Dialer], *, model: str, collector_id: Optional[str] = None,
                  hub: Any = None, probe_every: float = 1.0, probe_timeout: float = 0.5,
@@ -81,6 +89,7 @@ class FailoverSource:
         self._pending: Optional[WeightVersion] = None  # a probe's first version, served next
         self._next_probe = 0.0
         self._have = 0  # newest version handed out
+        self._life = 0  # the life of the version handed out last (0: unknown)
         self._served = False  # the source in use has returned a version
         self._unserved: List[int] = []  # dialers whose sources failed before serving: tried last
         # Permanent refusals by dialer since a version was handed out or a
@@ -208,8 +217,11 @@ class FailoverSource:
         if wv is not None and wv.epoch < self._epoch:
             raise errors.Unavailable(f"{self.current}: version {wv.version} of {self.model!r} has epoch {wv.epoch}, "
                                      f"older than epoch {self._epoch} already handed out")
+        if wv is not None and _new_life(wv.life, self._life):
+            self._have = 0  # the model deleted and pushed again: its versions start afresh
         if wv is not None:
             self._epoch = wv.epoch
+            self._life = wv.life
             if self._have and wv.version > self._have + 1:
                 self.skipped += wv.version - self._have - 1
             self._served = True
@@ -222,10 +234,11 @@ class FailoverSource:
             self._retired.clear()
         return wv
 
-    def get_if_newer(self, than: int) -> Optional[WeightVersion]:
-        """The newest version if newer than ``than`` from the source in use
-        (failing over, or going back, first when needed); None when nothing
-        newer. Raises :class:`rlhub.Unavailable` when no dialer works."""
+    def get_if_newer(self, than: int, life: int = 0) -> Optional[WeightVersion]:
+        """The newest version if newer than ``than`` (or of another life
+        than ``life``) from the source in use (failing over, or going back,
+        first when needed); None when nothing newer. Raises
+        :class:`rlhub.Unavailable` when no dialer works."""
         for _ in range(2 * len(self.dialers) + 1):
             if not self._ensure():
                 self._raise_if_all_refused()
@@ -233,10 +246,13 @@ class FailoverSource:
             self._probe(than)
             if self._pending is not None:
                 wv, self._pending = self._pending, None
-                if wv.version > than:
+                if wv.version > than or _new_life(wv.life, life):
                     return self._took(wv)
             try:
-                return self._took(self._in_use().get_if_newer(than))
+                src = self._in_use()
+                if life and getattr(src, "follows_lives", False):
+                    return self._took(src.get_if_newer(than, life=life))  # type: ignore[call-arg]
+                return self._took(src.get_if_newer(than))
             except errors.RlhubError as e:
                 self._drop_current(e)
                 self._raise_if_all_refused()
@@ -249,13 +265,13 @@ class FailoverSource:
             raise errors.Unavailable(f"no source of model {self.model!r} is in use")
         return cur
 
-    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
-        """Waits for a version newer than ``after``, failing over as needed;
-        None when ``timeout`` passes."""
+    def wait_newer(self, after: int, timeout: Optional[float] = None, life: int = 0) -> Optional[WeightVersion]:
+        """Waits for a version newer than ``after`` (or of another life than
+        ``life``), failing over as needed; None when ``timeout`` passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                wv = self.get_if_newer(after)
+                wv = self.get_if_newer(after, life)
                 if wv is not None:
                     return wv
                 left = None if deadline is None else deadline - time.monotonic()
@@ -265,7 +281,11 @@ class FailoverSource:
                 step = left if left is not None else self.probe_every
                 if self._idx > 0:
                     step = min(step, max(self._next_probe - time.monotonic(), 0.01))
-                return_wv = self._in_use().wait_newer(after, step)
+                src = self._in_use()
+                if life and getattr(src, "follows_lives", False):
+                    return_wv = src.wait_newer(after, step, life=life)  # type: ignore[call-arg]
+                else:
+                    return_wv = src.wait_newer(after, step)
                 if return_wv is not None:
                     return self._took(return_wv)
             except errors.RlhubError as e:

@@ -14,6 +14,7 @@ import grpc
 from rlhub import errors
 from rlhub._proto.rlhub.v1 import sync_pb2
 from rlhub._transfer import Assembler, RawChunk, fast_decoder
+from rlhub.store import _new_life
 from rlhub.store import channel as _channel
 from rlhub.tensors import parse_header
 from rlhub.wsync._source import WeightVersion
@@ -27,16 +28,26 @@ class PushSource:
     stream; a :class:`Receiver` calls it after each apply. The source does
     not reconnect: once the stream has ended and the newest version has been
     taken, the source raises :class:`rlhub.Unavailable`.
+
+    By default it follows the model's lives (``SyncHello.follow_lives``;
+    docs/weight-sync.md, "Lives"): once the model is deleted and pushed
+    again the hub sends the new life's newest at once, which replaces the
+    newest kept here though it is not newer, and ``get_if_newer`` /
+    ``wait_newer`` given ``life`` (the life of the version the caller runs,
+    as a :class:`Receiver` passes it) return it. ``start_life`` is the life
+    of ``start``. ``follow_lives=False`` keeps the old rule (only newer
+    versions), as does a hub that predates lives (it ignores the request).
     """
 
     via = "push"
 
     def __init__(self, addr: Optional[str], model: str, *, collector_id: Optional[str] = None,
                  start: int = 0, chunk_bytes: int = 0, channel_: Optional[grpc.Channel] = None,
-                 max_bytes: int = 4 << 30):
+                 max_bytes: int = 4 << 30, follow_lives: bool = True, start_life: int = 0):
         if not model:
             raise ValueError("PushSource needs a model")
         self.model = model
+        self.follows_lives = follow_lives
         self.collector_id = collector_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._own = channel_ is None
         if channel_ is None:
@@ -47,7 +58,8 @@ class PushSource:
         self._max_bytes = max_bytes
         self._out: "queue.Queue[Optional[sync_pb2.SyncClientMessage]]" = queue.Queue()
         self._out.put(sync_pb2.SyncClientMessage(hello=sync_pb2.SyncHello(
-            collector_id=self.collector_id, model=model, version=start, chunk_bytes=chunk_bytes)))
+            collector_id=self.collector_id, model=model, version=start, chunk_bytes=chunk_bytes,
+            follow_lives=follow_lives, life=start_life if follow_lives else 0)))
         self._cond = threading.Condition()
         self._newest: Optional[WeightVersion] = None  # guarded by _cond
         self._ended: Optional[errors.RlhubError] = None  # guarded by _cond
@@ -91,10 +103,11 @@ class PushSource:
                     parse_header(memoryview(blob))
                 except ValueError as e:
                     raise errors.InvalidArgument(f"push stream version {info.version}: {e}") from None
-                wv = WeightVersion(info.model, info.version, info.epoch, blob, self.via)
+                wv = WeightVersion(info.model, info.version, info.epoch, blob, self.via, life=info.life)
                 with self._cond:
-                    if self._newest is None or wv.version > self._newest.version:
-                        self._newest = wv
+                    if (self._newest is None or wv.version > self._newest.version
+                            or (self.follows_lives and _new_life(wv.life, self._newest.life))):
+                        self._newest = wv  # newer, or the newest of a model deleted and pushed again
                     self._cond.notify_all()
             err = errors.Unavailable(f"push stream of {self.model!r} ended")
         except grpc.RpcError as e:
@@ -111,25 +124,28 @@ class PushSource:
             self._ended = err
             self._cond.notify_all()
 
-    def _take(self, than: int) -> Optional[WeightVersion]:
+    def _take(self, than: int, life: int) -> Optional[WeightVersion]:
         # Called with _cond held.
-        if self._newest is not None and self._newest.version > than:
-            return self._newest
+        n = self._newest
+        if n is not None and (n.version > than or (self.follows_lives and _new_life(n.life, life))):
+            return n
         if self._ended is not None:
             raise type(self._ended)(f"{self._ended.message}", self._ended.code)
         return None
 
-    def get_if_newer(self, than: int) -> Optional[WeightVersion]:
-        """The newest received version if newer than ``than``, else None."""
+    def get_if_newer(self, than: int, life: int = 0) -> Optional[WeightVersion]:
+        """The newest received version if newer than ``than`` (or, following
+        lives, of another life than ``life``), else None."""
         with self._cond:
-            return self._take(than)
+            return self._take(than, life)
 
-    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
-        """Blocks until a version newer than ``after`` has arrived."""
+    def wait_newer(self, after: int, timeout: Optional[float] = None, life: int = 0) -> Optional[WeightVersion]:
+        """Blocks until a version newer than ``after`` (or, following lives,
+        of another life than ``life``) has arrived."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                wv = self._take(after)
+                wv = self._take(after, life)
                 if wv is not None:
                     return wv
                 left = None if deadline is None else deadline - time.monotonic()

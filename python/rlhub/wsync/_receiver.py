@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from rlhub import errors
 from rlhub._crc32c import copy_crc32c, crc32c
+from rlhub.store import _new_life
 from rlhub.store import channel as _channel
 from rlhub.tensors import parse_header, unwritable
 from rlhub.wsync._report import report
@@ -163,16 +164,29 @@ class Receiver:
     newest version a :class:`Source` offers.
 
     A version is applied only if it is newer than :attr:`version` (so the
-    same version twice is a no-op) and only whole: names, dtypes and shapes
+    same version twice is a no-op; but see lives below) and only whole: names, dtypes and shapes
     are checked first (:class:`rlhub.InvalidArgument`, nothing copied). After
     each apply the version is reported to the hub: on the push stream for a
     :class:`PushSource`, with the ``Report`` RPC to ``hub`` otherwise (a
     failed report is logged and retried with the next apply; it never undoes
     an apply). Use from one thread.
+
+    It follows the model's lives (``follow_lives``, the default;
+    docs/weight-sync.md, "Lives"): a version of another life than
+    :attr:`life` (the running version's, both known) is applied though it
+    is not newer — the model was deleted and pushed again (a training run
+    restarted under its name), and a collector never wants to keep acting
+    on the deleted model's weights. :meth:`poll` and :meth:`wait` ask a
+    source that follows lives (``follows_lives``) for such a version with
+    :attr:`life`. ``life`` is the life of ``version`` (0: unknown). After a
+    hub restart or a cluster failover the hub names other lives, so its
+    newest is applied once again. ``follow_lives=False``: only newer
+    versions are applied.
     """
 
     def __init__(self, target: Any, source: Source, *, collector_id: Optional[str] = None,
-                 model: Optional[str] = None, hub: Any = None, version: int = 0, strict: bool = True):
+                 model: Optional[str] = None, hub: Any = None, version: int = 0, strict: bool = True,
+                 follow_lives: bool = True, life: int = 0):
         self.target = target
         self.source = source
         self.model = model or getattr(source, "model", None) or ""
@@ -180,19 +194,24 @@ class Receiver:
             f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.strict = strict
         self.version = version
+        self.follow_lives = follow_lives
+        self.life = life
+        """The running version's life (``WeightVersion.life``; 0: unknown)."""
         self.last_report_error: Optional[errors.RlhubError] = None
         self._hub = _channel(hub) if isinstance(hub, str) else hub
         self._own_hub = isinstance(hub, str)
 
     def apply(self, wv: Optional[WeightVersion]) -> bool:
-        """Applies ``wv`` if newer; returns whether it was applied.
+        """Applies ``wv`` if newer (or, following lives, of another life
+        than :attr:`life`); returns whether it was applied.
 
         A version from a leasing :class:`ShmSource` (the default) is copied
         straight from its slot into the module, its CRC-32C checked in the
         same pass, and the slot is released right after (applied or not:
         the module holds its own copy either way)."""
         try:
-            if wv is None or wv.version <= self.version:
+            if wv is None or (wv.version <= self.version
+                               and not (self.follow_lives and _new_life(wv.life, self.life))):
                 return False
             copy_into(self.target, wv.blob, strict=self.strict, what=f"model {wv.model!r} v{wv.version}", crc=wv.crc)
         finally:
@@ -200,6 +219,7 @@ class Receiver:
             if wv is not None and release is not None:
                 release()
         self.version = wv.version
+        self.life = wv.life
         self._report(wv.via)
         return True
 
@@ -215,13 +235,32 @@ class Receiver:
             self.last_report_error = e
             log.warning("rlhub: reporting %s v%d for %s failed: %s", self.model, self.version, self.collector_id, e)
 
+    def get(self, timeout: Optional[float] = None) -> Optional[WeightVersion]:
+        """The source's newest version if this receiver would apply it
+        (newer, or following lives of another life), waiting up to
+        ``timeout`` seconds for one when given (else not blocking); None
+        when there is none. :meth:`apply` it."""
+        return self._get(bool(timeout), timeout)
+
+    def _get(self, wait: bool, timeout: Optional[float]) -> Optional[WeightVersion]:
+        """``get``; with ``wait``, the source's ``wait_newer(timeout)``
+        (None: for as long as it takes)."""
+        if self.follow_lives and getattr(self.source, "follows_lives", False):
+            src: Any = self.source  # takes life= (Source's doc)
+            got: Optional[WeightVersion] = src.wait_newer(self.version, timeout, life=self.life) if wait else \
+                src.get_if_newer(self.version, life=self.life)
+            return got
+        if wait:
+            return self.source.wait_newer(self.version, timeout)
+        return self.source.get_if_newer(self.version)
+
     def poll(self) -> bool:
         """Applies the newest version if it is newer (never blocks long)."""
-        return self.apply(self.source.get_if_newer(self.version))
+        return self.apply(self._get(False, None))
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits up to ``timeout`` for a newer version and applies it."""
-        return self.apply(self.source.wait_newer(self.version, timeout))
+        return self.apply(self._get(True, timeout))
 
     def run(self, stop: threading.Event, tick: float = 0.5) -> None:
         """Applies each newest version until ``stop`` is set."""

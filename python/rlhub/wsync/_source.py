@@ -24,6 +24,10 @@ class WeightVersion:
     pass that copies the version into a module (:func:`copy_into` with
     ``crc=``, as :class:`Receiver` does), instead of reading the slot twice.
     :meth:`verify` checks it in place; :meth:`tensors` does so first.
+
+    ``life`` is the version's life (docs/weight-sync.md, "Lives"; 0:
+    unknown, as from shared memory or a hub that predates lives): a model
+    deleted and pushed again from version 1 has another.
     """
 
     model: str
@@ -32,6 +36,7 @@ class WeightVersion:
     blob: Any
     via: str
     crc: Optional[int] = None
+    life: int = 0
 
     def verify(self) -> None:
         """Checks a pending CRC-32C (``crc``) over ``blob`` in place:
@@ -56,7 +61,16 @@ class WeightVersion:
 
 
 class Source(Protocol):
-    """Where a receiver gets versions (the Go ``wsync.Source``)."""
+    """Where a receiver gets versions (the Go ``wsync.Source``).
+
+    A source that follows the model's lives (the Go ``wsync.LifeSource``)
+    has ``follows_lives`` true and takes ``life=`` in both methods: the
+    life of ``than`` / ``after`` (0: unknown). It then also returns the
+    newest version when that is of another life, though not newer: the
+    model deleted and pushed again (docs/weight-sync.md, "Lives").
+    :class:`StoreSource`, :class:`PushSource` and :class:`FailoverSource`
+    do; a :class:`Receiver` passes its :attr:`Receiver.life` to them.
+    """
 
     @property
     def via(self) -> str:

@@ -1,0 +1,160 @@
+"""Python followers follow a model deleted and pushed again at once
+(docs/weight-sync.md, "Lives"), against the real binary: a store watch
+(gRPC and the data plane), a StoreSource and a push stream under a
+Receiver. Each follower runs the old model's v5; the model is deleted
+(`rlhub model rm`) and pushed again from v1, and the follower must take
+the new v1 at once instead of keeping v5 until the new model passes it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import rlhub
+import rlhub.wsync as ws
+
+MODEL = "pol"
+WAIT = 15.0  # seconds a follower gets to take the new life's version
+
+
+def linear() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 3)
+
+
+def filled(value: float) -> dict:
+    return {k: torch.full_like(t, value) for k, t in linear().state_dict().items()}
+
+
+def push_old(store: rlhub.StoreClient) -> None:
+    """The old model: v1..v5, v5 all 5.0."""
+    for v in range(1, 6):
+        store.push(MODEL, filled(float(v)), version=v)
+
+
+def restart_model(hub, store: rlhub.StoreClient, value: float = 100.0) -> None:
+    """Deletes the model and pushes it again at v1 (all ``value``)."""
+    hub.run_cli("model", "rm", "--hub", hub.addr, "--name", MODEL)
+    store.push(MODEL, filled(value), version=1, expect=0)
+
+
+def all_equal(module: torch.nn.Module, value: float) -> bool:
+    return all(bool((t == value).all()) for t in module.state_dict().values())
+
+
+@pytest.mark.parametrize("transport", ["grpc", "auto"])
+def test_store_watch_follows_a_model_deleted_and_pushed_again(hub, transport):
+    with rlhub.StoreClient(hub.addr, transport=transport, timeout=10) as store:
+        push_old(store)
+        it = store.watch(MODEL, after=0, framework="torch", timeout=WAIT)
+        old = next(it)
+        assert old.version == 5 and old.life != 0
+        restart_model(hub, store)
+        v = next(it)  # the new life's v1, though not newer than v5
+        assert (v.version, v.life != old.life) == (1, True)
+        assert all(bool((t == 100.0).all()) for t in v.tensors.values())
+        store.push(MODEL, filled(101.0), version=2)
+        v2 = next(it)  # within the new life versions grow
+        assert (v2.version, v2.life) == (2, v.life)
+        # A pull "if newer" given the life follows lives too: nothing new
+        # within the life, the new life's newest for the old life's v5.
+        assert store.pull(MODEL, if_newer_than=2, life=v2.life) is None
+        got = store.pull(MODEL, if_newer_than=5, life=old.life)
+        assert got is not None and (got.version, got.life) == (2, v.life)
+        assert store.pull(MODEL, if_newer_than=5) is None  # without it: versions only grow
+        it.close()
+        if transport == "grpc":
+            assert store.stats["bulk"] == 0
+        else:
+            assert store.stats["bulk"] >= 3 and store.stats["grpc"] == 0
+
+        # Asked not to, a watch keeps the old rule: only newer versions.
+        it = store.watch(MODEL, after=0, timeout=WAIT, follow_lives=False)
+        assert next(it).version == 2
+        restart_model(hub, store, 200.0)
+        store.push(MODEL, filled(203.0), version=3)
+        assert next(it).version == 3
+        it.close()
+
+
+def test_store_watch_into_follows_a_model_deleted_and_pushed_again(hub):
+    module = linear()
+    with rlhub.StoreClient(hub.addr, timeout=10) as store:
+        push_old(store)
+        it = store.watch_into(MODEL, module, timeout=WAIT)
+        assert next(it) == 5 and all_equal(module, 5.0)
+        restart_model(hub, store)
+        assert next(it) == 1 and all_equal(module, 100.0)
+        it.close()
+
+
+def _sources(hub, via):
+    if via == "store-grpc":
+        return ws.StoreSource(rlhub.StoreClient(hub.addr, transport="grpc", timeout=10), MODEL)
+    if via == "store":
+        return ws.StoreSource(hub.addr, MODEL)
+    if via == "push":
+        return ws.PushSource(hub.addr, MODEL, collector_id="c-push")
+    # open_source("push"): a push stream under a FailoverSource (torchrl, Ray)
+    from rlhub._sources import open_source
+    return open_source("push", hub.addr, MODEL, collector_id="c-failover")
+
+
+@pytest.mark.parametrize("via", ["store-grpc", "store", "push", "failover"])
+@pytest.mark.parametrize("how", ["wait", "poll"])
+def test_receiver_follows_a_model_deleted_and_pushed_again(hub, via, how):
+    module = linear()
+    with rlhub.StoreClient(hub.addr, timeout=10) as store:
+        push_old(store)
+        src = _sources(hub, via)
+        with ws.Receiver(module, src, hub=hub.addr, collector_id="c1") as r:
+            def step() -> bool:
+                if how == "wait":
+                    return r.wait(1.0)
+                ok = r.poll()
+                if not ok:
+                    time.sleep(0.02)
+                return ok
+
+            deadline = time.monotonic() + WAIT
+            while r.version != 5 and time.monotonic() < deadline:
+                step()
+            assert r.version == 5 and all_equal(module, 5.0)
+            old_life = r.life
+            assert old_life != 0
+            # The same version again is still a no-op.
+            assert not r.apply(ws.WeightVersion(MODEL, 5, 0, b"", "test", life=old_life))
+
+            restart_model(hub, store)
+            deadline = time.monotonic() + WAIT
+            while r.version != 1 and time.monotonic() < deadline:
+                step()
+            assert r.version == 1, f"still on v{r.version} of the deleted model"
+            assert all_equal(module, 100.0) and r.life not in (0, old_life)
+
+            store.push(MODEL, filled(102.0), version=2)
+            deadline = time.monotonic() + WAIT
+            while r.version != 2 and time.monotonic() < deadline:
+                step()
+            assert r.version == 2 and all_equal(module, 102.0)
+
+
+def test_receiver_asked_not_to_keeps_versions_only_growing(hub):
+    """follow_lives=False: the old rule, on the push stream as on the store."""
+    module = linear()
+    with rlhub.StoreClient(hub.addr, timeout=10) as store:
+        push_old(store)
+        src = ws.PushSource(hub.addr, MODEL, collector_id="c-old", follow_lives=False)
+        with ws.Receiver(module, src, follow_lives=False) as r:
+            assert r.wait(WAIT) and r.version == 5
+            restart_model(hub, store)
+            store.push(MODEL, filled(106.0), version=2)
+            assert not r.wait(1.0) and r.version == 5 and all_equal(module, 5.0)
+            for v in range(3, 7):
+                store.push(MODEL, filled(100.0 + v), version=v)
+            deadline = time.monotonic() + WAIT
+            while r.version != 6 and time.monotonic() < deadline:
+                r.wait(1.0)
+            assert r.version == 6 and all_equal(module, 106.0)
