@@ -45,6 +45,25 @@ def all_equal(module: torch.nn.Module, value: float) -> bool:
 
 
 @pytest.mark.parametrize("transport", ["grpc", "auto"])
+def test_a_pull_if_newer_takes_a_new_life_that_caught_up(hub, transport):
+    """The new model already at the old one's version: its "not modified"
+    answer names the new life (over the data plane too), so a pull given
+    the old life takes it."""
+    with rlhub.StoreClient(hub.addr, transport=transport, timeout=10) as store:
+        push_old(store)
+        old = store.pull(MODEL)
+        assert old is not None and old.version == 5
+        restart_model(hub, store)
+        for v in range(2, 6):
+            store.push(MODEL, filled(100.0 + v), version=v)
+        got = store.pull(MODEL, if_newer_than=5, life=old.life)
+        assert got is not None and (got.version, got.life != old.life) == (5, True)
+        assert store.pull(MODEL, if_newer_than=5, life=got.life) is None
+        if transport == "auto":
+            assert store.stats["grpc"] == 0
+
+
+@pytest.mark.parametrize("transport", ["grpc", "auto"])
 def test_store_watch_follows_a_model_deleted_and_pushed_again(hub, transport):
     with rlhub.StoreClient(hub.addr, transport=transport, timeout=10) as store:
         push_old(store)

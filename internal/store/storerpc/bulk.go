@@ -83,7 +83,7 @@ func (s *Service) RegisterBulk(b *bulk.Server) {
 		}
 		defer release()
 		if req.IfNewerThan != nil && snap.Version <= *req.IfNewerThan {
-			return nil, replyNotModified(r, snap.Name, snap.Version, snap.Epoch)
+			return nil, replyNotModified(r, snap.Name, snap.Version, snap.Epoch, snap.Life())
 		}
 		return nil, replySnapshot(r, snap)
 	})
@@ -106,7 +106,7 @@ func (s *Service) RegisterBulk(b *bulk.Server) {
 			case s.drainCtx.Err() != nil:
 				return nil, errDraining
 			case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
-				return nil, replyNotModified(r, req.Model, req.After, 0)
+				return nil, replyNotModified(r, req.Model, req.After, 0, 0)
 			}
 			return nil, err
 		}
@@ -115,9 +115,9 @@ func (s *Service) RegisterBulk(b *bulk.Server) {
 	})
 }
 
-func replyNotModified(r *bulk.Request, model string, version, epoch uint64) error {
+func replyNotModified(r *bulk.Request, model string, version, epoch, life uint64) error {
 	h, err := proto.Marshal(&rlhubv1.StorePullHeader{
-		Blob:        &rlhubv1.BlobInfo{Model: model, Version: version, Epoch: epoch},
+		Blob:        &rlhubv1.BlobInfo{Model: model, Version: version, Epoch: epoch, Life: life},
 		NotModified: true,
 	})
 	if err != nil {
