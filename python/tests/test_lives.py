@@ -116,12 +116,14 @@ def _sources(hub, via):
         return ws.StoreSource(hub.addr, MODEL)
     if via == "push":
         return ws.PushSource(hub.addr, MODEL, collector_id="c-push")
+    if via == "dataplane":
+        return ws.DataPlaneSource(hub.addr, MODEL, collector_id="c-dp", fallback=False)
     # open_source("push"): a push stream under a FailoverSource (torchrl, Ray)
     from rlhub._sources import open_source
     return open_source("push", hub.addr, MODEL, collector_id="c-failover")
 
 
-@pytest.mark.parametrize("via", ["store-grpc", "store", "push", "failover"])
+@pytest.mark.parametrize("via", ["store-grpc", "store", "push", "dataplane", "failover"])
 @pytest.mark.parametrize("how", ["wait", "poll"])
 def test_receiver_follows_a_model_deleted_and_pushed_again(hub, via, how):
     module = linear()

@@ -29,6 +29,7 @@ import numpy as np
 
 from rlhub import _bulk, _channel, errors
 from rlhub._proto.rlhub.v1 import store_pb2, sync_pb2
+from rlhub.store import _new_life
 from rlhub.tensors import parse_header
 from rlhub.wsync._push import PushSource
 from rlhub.wsync._source import WeightVersion
@@ -74,16 +75,24 @@ class DataPlaneSource:
     ``Unavailable``/``DeadlineExceeded`` there (a dead, hung or standby hub)
     and raises any other error; ``get_if_newer`` raises the poll's error
     after reporting it to the channel.
+
+    By default it follows the model's lives (docs/weight-sync.md, "Lives"):
+    each poll names the life of the version it asks after
+    (``SyncHello.follow_lives``), and once the model is deleted and pushed
+    again the hub answers with the new life's newest at once, though it is
+    not newer; ``get_if_newer`` and ``wait_newer`` given ``life`` (as a
+    :class:`Receiver` passes it) return it. A new life is taken only at an
+    epoch no older than the newest delivered. ``follow_lives=False`` keeps
+    the old rule (only newer versions), as does a hub that predates lives.
     """
 
     via = "push-dp"
-    follows_lives = False
-    """The hub's data-plane push fan-out does not follow lives yet
-    (docs/weight-sync.md, "Lives"): versions only grow."""
 
     def __init__(self, addr: str, model: str, *, collector_id: Optional[str] = None, start: int = 0,
                  max_bytes: int = 4 << 30, fallback: bool = True,
-                 bulk_client: Optional[_bulk.Client] = None, channel_: Optional[grpc.Channel] = None):
+                 bulk_client: Optional[_bulk.Client] = None, channel_: Optional[grpc.Channel] = None,
+                 follow_lives: bool = True):
+        self.follows_lives = follow_lives
         if not model or not addr:
             raise ValueError("DataPlaneSource needs an address and a model")
         self.addr = addr
@@ -121,13 +130,16 @@ class DataPlaneSource:
     def _free(self) -> int:
         return next(i for i in range(_BUFFERS) if i not in self._taken)
 
-    def _poll(self, after: int, wait_ms: int) -> Union[WeightVersion, None, str]:
-        """One poll: a WeightVersion newer than ``after``, None ("not
-        modified"), or the string "fallback" when the hub lacks the method."""
+    def _poll(self, after: int, wait_ms: int, life: int = 0) -> Union[WeightVersion, None, str]:
+        """One poll: a WeightVersion newer than ``after`` (or, following
+        lives, of another life than ``life``), None ("not modified"), or the
+        string "fallback" when the hub lacks the method."""
         if self._closed:
             raise errors.Unavailable("data-plane source is closed")
+        life = life if self.follows_lives else 0
         hello = sync_pb2.SyncHello(collector_id=self.collector_id, model=self.model, version=after,
-                                   wait_ms=wait_ms).SerializeToString()
+                                   wait_ms=wait_ms, follow_lives=self.follows_lives,
+                                   life=life).SerializeToString()
         h = store_pb2.StorePullHeader()
         idx = self._free()
         where = self.addr
@@ -152,7 +164,7 @@ class DataPlaneSource:
                 raise errors.InvalidArgument(f"hub sent {n} bytes for a {b.total_bytes}-byte version")
             if n > self._max_bytes:
                 raise errors.QueueFull(f"version of {n} bytes exceeds max_bytes {self._max_bytes}")
-            if b.version <= after:
+            if b.version <= after and not _new_life(b.life, life):
                 raise errors.InvalidArgument(f"hub sent version {b.version} after {after}")
             if b.epoch < self._epoch:
                 raise errors.Unavailable(f"{where} sent version {b.version} of epoch {b.epoch}, older than epoch "
@@ -234,42 +246,45 @@ class DataPlaneSource:
             self._fallback.close()
             self._fallback = None
 
-    def _use_fallback(self, after: int) -> PushSource:
+    def _use_fallback(self, after: int, life: int = 0) -> PushSource:
         if not self._allow_fallback:
             raise errors.Unavailable(f"{self.addr} serves no data-plane watch (fallback off)")
         self._fallback = PushSource(self.addr, self.model, collector_id=self.collector_id, start=after,
-                                    max_bytes=self._max_bytes, channel_=self._follow, follow_lives=False)
+                                    max_bytes=self._max_bytes, channel_=self._follow,
+                                    follow_lives=self.follows_lives, start_life=life)
         self.stats["fallback"] = 1
         return self._fallback
 
-    def get_if_newer(self, than: int) -> Any:
-        """The newest version if newer than ``than`` (a 1 ms poll), else None."""
+    def get_if_newer(self, than: int, life: int = 0) -> Any:
+        """The newest version if newer than ``than`` (or, following lives,
+        of another life than ``life``; a 1 ms poll), else None."""
         if self._fallback is not None:
             try:
-                return self._admit(self._fallback.get_if_newer(than), than)
+                return self._admit(self._fallback.get_if_newer(than, life=life), than)
             except errors.RlhubError as e:
                 if self._follow is not None and self._followable(e):
                     self._drop_fallback()  # attached again, to the new primary, next time
                 raise
-        got = self._poll(than, 1)
+        got = self._poll(than, 1, life)
         if isinstance(got, str):
-            return self._use_fallback(than).get_if_newer(than)
+            return self._use_fallback(than, life).get_if_newer(than, life=life)
         return got
 
-    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Any:
-        """Long-polls until a version newer than ``after`` arrives (None
-        when ``timeout`` seconds pass first)."""
+    def wait_newer(self, after: int, timeout: Optional[float] = None, life: int = 0) -> Any:
+        """Long-polls until a version newer than ``after`` (or, following
+        lives, of another life than ``life``) arrives (None when
+        ``timeout`` seconds pass first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = _FOLLOW_BACKOFF0
         while True:
             try:
                 if self._fallback is not None:
                     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                    return self._admit(self._fallback.wait_newer(after, left), after)
+                    return self._admit(self._fallback.wait_newer(after, left, life=life), after)
                 wait_ms = WAIT_MS
                 if deadline is not None:
                     wait_ms = int(min(max(deadline - time.monotonic(), 0.001), WAIT_MS / 1000) * 1000) or 1
-                got = self._poll(after, wait_ms)
+                got = self._poll(after, wait_ms, life)
             except errors.RlhubError as e:
                 if self._follow is None or self._closed or not self._followable(e):
                     raise
@@ -282,7 +297,7 @@ class DataPlaneSource:
                 continue
             pause = _FOLLOW_BACKOFF0
             if isinstance(got, str):
-                self._use_fallback(after)
+                self._use_fallback(after, life)
                 continue
             if got is not None:
                 return got
