@@ -66,6 +66,18 @@ type CollectorConfig struct {
 	Logger *slog.Logger
 	// Security is TLS and the token; the zero value is plaintext.
 	Security Security
+	// NoFollowLives keeps the older rule: only versions newer than the
+	// one running are applied, so after a model is deleted and pushed
+	// again (`rlhub model rm`, a training run restarted under the same
+	// name) the collector keeps the deleted model's weights until the new
+	// model's versions pass them. false, the default, follows lives
+	// (docs/weight-sync.md, "Lives"): on every way it gets versions
+	// (Via, and a Failover's relay and primary) the collector asks the
+	// hub to send the new model's newest at once and applies it, though
+	// it is not newer. Fencing by epoch holds either way. A hub that
+	// predates lives ignores the request and names no life, so the older
+	// rule then holds with NoFollowLives false too.
+	NoFollowLives bool
 }
 
 func (c *CollectorConfig) validate() error {
@@ -163,7 +175,7 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	case ViaDataPlane:
 		c.bulk = cfg.Security.dial().Bulk() // TLS and the token, as the gRPC connection
 		c.dp, err = wsync.NewDataPlaneClient(wsync.DataPlaneConfig{Addr: cfg.Hub, Bulk: c.bulk, Conn: conn,
-			CollectorID: cfg.CollectorID, Model: cfg.Model, Logger: cfg.Logger})
+			CollectorID: cfg.CollectorID, Model: cfg.Model, FollowLives: !cfg.NoFollowLives, Logger: cfg.Logger})
 		if err != nil {
 			c.bulk.Close()
 			conn.Close()
@@ -179,7 +191,8 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	if cfg.Weights != nil {
 		apply = wsync.CopyInto(cfg.Weights)
 	}
-	c.recv, err = wsync.NewReceiver(wsync.ReceiverConfig{Source: src, Apply: apply, OnApplied: onApplied})
+	c.recv, err = wsync.NewReceiver(wsync.ReceiverConfig{Source: src, Apply: apply, OnApplied: onApplied,
+		FollowLives: !cfg.NoFollowLives})
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -202,9 +215,12 @@ var errNoRelay = errors.New("no relay of the model is announced on this host")
 // relay found at its next probe (every second) or dial.
 func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 	cfg, d := c.cfg, c.cfg.Security.dial()
-	attach := func(ctx context.Context, conn *grpc.ClientConn, have uint64) (*wsync.Client, error) {
+	follow := !cfg.NoFollowLives
+	// attach opens a stream for a collector at version have of life life
+	// (0: unknown), following lives unless NoFollowLives.
+	attach := func(ctx context.Context, conn *grpc.ClientConn, have, life uint64) (*wsync.Client, error) {
 		return wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
-			Model: cfg.Model, Start: have, Logger: cfg.Logger})
+			Model: cfg.Model, Start: have, FollowLives: follow, StartLife: life, Logger: cfg.Logger})
 	}
 	if viaEtcd {
 		f, err := d.FindRelays(cfg.Hub, cfg.Model)
@@ -213,7 +229,7 @@ func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 		}
 		c.relays = f
 	}
-	relay := func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+	relay := func(ctx context.Context, have, life uint64) (wsync.Source, io.Closer, error) {
 		lctx, cancel := context.WithTimeout(ctx, dial.DefaultResolveTimeout)
 		addr, ok, err := c.relays.Local(lctx)
 		cancel()
@@ -227,7 +243,7 @@ func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := attach(ctx, rc, have)
+		s, err := attach(ctx, rc, have, life)
 		if err != nil {
 			rc.Close()
 			return nil, nil, err
@@ -243,14 +259,14 @@ func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 		cl    io.Closer
 	}
 	if viaEtcd {
-		if s, cl, err := relay(ctx, 0); err == nil {
+		if s, cl, err := relay(ctx, 0, 0); err == nil {
 			first.relay, first.src, first.cl = true, s, cl
 		} else if !errors.Is(err, errNoRelay) {
 			cfg.Logger.Info("rlhub: no relay stream for now; following the primary", "model", cfg.Model, "err", err)
 		}
 	}
 	if first.cl == nil {
-		s, err := attach(ctx, c.conn, 0)
+		s, err := attach(ctx, c.conn, 0, 0)
 		if err != nil {
 			c.relays.Close()
 			return err
@@ -266,32 +282,41 @@ func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 		first.src, first.cl = nil, nil
 		return s, cl, true
 	}
+	// Each dialer's Dial and DialLives (the Failover dials the latter
+	// when following lives, with the life of the version the collector
+	// runs) hand over the first stream when it is theirs.
 	var ds []wsync.Dialer
 	if viaEtcd {
-		ds = append(ds, wsync.Dialer{Name: "relay", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+		dialRelay := func(ctx context.Context, have, life uint64) (wsync.Source, io.Closer, error) {
 			if s, cl, ok := take(true); ok {
 				return s, cl, nil
 			}
-			s, cl, err := relay(ctx, have)
+			s, cl, err := relay(ctx, have, life)
 			if err == nil {
 				if _, unused, ok := take(false); ok { // a relay appeared: the primary's first stream is not needed
 					unused.Close()
 				}
 			}
 			return s, cl, err
-		}})
+		}
+		ds = append(ds, wsync.Dialer{Name: "relay", DialLives: dialRelay,
+			Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+				return dialRelay(ctx, have, 0)
+			}})
 	}
-	ds = append(ds, wsync.Dialer{Name: "push", Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) {
+	dialPush := func(ctx context.Context, have, life uint64) (wsync.Source, io.Closer, error) {
 		if s, cl, ok := take(false); ok {
 			return s, cl, nil
 		}
-		s, err := attach(ctx, c.conn, have)
+		s, err := attach(ctx, c.conn, have, life)
 		if err != nil {
 			return nil, nil, err
 		}
 		return s, s, nil
-	}})
-	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: ds})
+	}
+	ds = append(ds, wsync.Dialer{Name: "push", DialLives: dialPush,
+		Dial: func(ctx context.Context, have uint64) (wsync.Source, io.Closer, error) { return dialPush(ctx, have, 0) }})
+	fo, err := wsync.NewFailover(wsync.FailoverConfig{Logger: cfg.Logger, Dialers: ds, FollowLives: follow})
 	if err != nil {
 		c.first.Close()
 		c.relays.Close()
