@@ -42,10 +42,29 @@ func (s StoreSource) WaitNewer(ctx context.Context, after uint64) (*store.Snapsh
 }
 
 // WaitNewerLife implements LifeSource: the store's WaitNewerLife when it
-// has one (StoreLifeReader), else WaitNewer (versions only grow).
+// has one (StoreLifeReader: a store client); on an in-process store that
+// numbers lives (store.LifeWaiter, or store.LifeReader: a cluster
+// primary's replica.Fenced) store.BorrowNewerLife, which returns another
+// life's newest at once (within store.LifePoll on a LifeReader); else
+// WaitNewer (versions only grow).
 func (s StoreSource) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
 	if lr, ok := s.Store.(StoreLifeReader); ok {
 		return lr.WaitNewerLife(ctx, s.Name, after, life)
 	}
+	if life != 0 && numbersLives(s.Store) {
+		// Never released: the snapshot stays the caller's for good, as
+		// WaitNewer's does (a lent version that is never given back is
+		// never handed back to the store's buffers either).
+		snap, _, err := store.BorrowNewerLife(ctx, s.Store, s.Name, after, life)
+		return snap, err
+	}
 	return s.Store.WaitNewer(ctx, s.Name, after)
+}
+
+// numbersLives reports whether r, an in-process store, numbers its
+// models' lives (store.BorrowNewerLife can follow them).
+func numbersLives(r StoreReader) bool {
+	_, waits := r.(store.LifeWaiter)
+	_, reads := r.(store.LifeReader)
+	return waits || reads
 }

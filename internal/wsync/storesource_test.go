@@ -68,3 +68,81 @@ func TestStoreSourcePullAndWatchOverTheHub(t *testing.T) {
 		t.Fatalf("applied %v, want [2 3]", applied)
 	}
 }
+
+// A collector following an in-process store (StoreSource over a
+// store.Memory, as the hub's own readers are) with FollowLives takes a
+// model deleted and pushed again from version 1 at once; before,
+// StoreSource waited with WaitNewer there (only a store client followed
+// lives), so the collector kept the deleted model's v5 until the new
+// model's versions passed it. One that does not follow lives keeps that
+// rule.
+func TestStoreSourceOverAnInProcessStoreFollowsLives(t *testing.T) {
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	push := func(v uint64, fill uint64) {
+		t.Helper()
+		if _, err := st.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, fill, 500)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for v := uint64(1); v <= 5; v++ {
+		push(v, v)
+	}
+	type follower struct {
+		mu      sync.Mutex
+		version uint64
+		blob    string
+	}
+	start := func(follow bool) *follower {
+		f := &follower{}
+		r, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: wsync.StoreSource{Store: st, Name: "m"}, FollowLives: follow,
+			Apply: func(s *store.Snapshot) error {
+				f.mu.Lock()
+				f.version, f.blob = s.Version, string(s.Blob)
+				f.mu.Unlock()
+				return nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+		t.Cleanup(func() { rcancel(); <-done })
+		return f
+	}
+	at := func(f *follower) (uint64, string) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.version, f.blob
+	}
+	lives, older := start(true), start(false)
+	testkit.Eventually(t, 20*time.Second, "both followers at v5", func() bool {
+		a, _ := at(lives)
+		b, _ := at(older)
+		return a == 5 && b == 5
+	})
+	if err := st.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	push(1, 101)
+	want := string(storetest.Blob(t, 101, 500))
+	testkit.Eventually(t, 20*time.Second, "the lives follower at the new model's v1", func() bool {
+		v, b := at(lives)
+		return v == 1 && b == want
+	})
+	if v, _ := at(older); v != 5 {
+		t.Fatalf("a follower not following lives runs v%d, want the deleted model's v5", v)
+	}
+	push(6, 106)
+	testkit.Eventually(t, 20*time.Second, "both followers at the new model's v6", func() bool {
+		a, _ := at(lives)
+		b, _ := at(older)
+		return a == 6 && b == 6
+	})
+}
