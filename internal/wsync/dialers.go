@@ -43,8 +43,9 @@ var _ Releaser = (*shm.Reader)(nil)
 // The shm transport's writer publishes and its reader is a Source, like
 // every other transport's.
 var (
-	_ Publisher = (*shm.Writer)(nil)
-	_ Source    = (*shm.Reader)(nil)
+	_ Publisher  = (*shm.Writer)(nil)
+	_ Source     = (*shm.Reader)(nil)
+	_ LifeSource = (*shm.Reader)(nil) // the segment names its life
 )
 
 // ShmReaderDialer is ShmDialer with a reader configured by cfg, e.g. one

@@ -153,7 +153,7 @@ func (r *Relay) pollBulk(ctx context.Context, after, life uint64) (uint64, error
 				return r.olderEpoch(b.GetVersion(), b.GetEpoch())
 			}
 			if r.cfg.ShmPath != "" {
-				t, err := r.beginShm(b.GetVersion(), b.GetEpoch(), int(n))
+				t, err := r.beginShm(b.GetVersion(), b.GetEpoch(), b.GetLife(), int(n))
 				if err != nil {
 					r.cfg.Logger.Warn("wsync: relay could not publish to shared memory", "path", r.cfg.ShmPath, "version", b.GetVersion(), "err", err)
 				} else {
@@ -192,8 +192,8 @@ func (r *Relay) pollBulk(ctx context.Context, after, life uint64) (uint64, error
 	r.epoch = b.GetEpoch() // not below it: checked above
 	r.life = b.GetLife()
 	if txn == nil && r.cfg.ShmPath != "" {
-		// The segment did not take this version (one of another life, not
-		// newer, which it refuses; or it could not): the board now leads,
+		// The segment did not take this version (it could not: too big
+		// for a new one, no room): the board now leads,
 		// and materialize must not copy the segment's older head over it.
 		r.segHead.Store(nil)
 	}
@@ -226,13 +226,13 @@ func (r *Relay) pollBulk(ctx context.Context, after, life uint64) (uint64, error
 	return b.GetVersion(), nil
 }
 
-// beginShm opens an in-place write of a version of n bytes into the
-// relay's segment, creating or growing the segment first as publishShm
-// does. On success shmMu stays locked until the write is committed or
+// beginShm opens an in-place write of a version of n bytes and of life
+// life into the relay's segment, creating, growing or replacing the
+// segment first as publishShm does. On success shmMu stays locked until the write is committed or
 // aborted.
-func (r *Relay) beginShm(version, epoch uint64, n int) (*shm.Write, error) {
+func (r *Relay) beginShm(version, epoch, life uint64, n int) (*shm.Write, error) {
 	r.shmMu.Lock()
-	if err := r.ensureShm(int64(n)); err != nil {
+	if err := r.ensureShm(int64(n), life); err != nil {
 		r.shmMu.Unlock()
 		return nil, err
 	}

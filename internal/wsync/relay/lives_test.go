@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/wsync"
+	"github.com/rlhub/rlhub/internal/wsync/shm"
 	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
 
@@ -132,4 +134,114 @@ func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 	}
 	waitFor(t, "the older collector past v5", func() bool { return older.last().version == 6 })
 	waitFor(t, "the relay's collector at the new v6", func() bool { return local.last().version == 6 })
+}
+
+// startShmLivesCollector follows the relay's segment at path, then its
+// push stream, through a Failover, following lives or not, and records
+// what it applies.
+func startShmLivesCollector(t *testing.T, path, relayAddr, id string, follow bool) (*livesCollector, *wsync.Failover) {
+	t.Helper()
+	f, err := wsync.NewFailover(wsync.FailoverConfig{Dialers: []wsync.Dialer{wsync.ShmDialer("relay-shm", path, "m"),
+		wsync.PushDialer("relay-stream", dial(t, relayAddr), id, "m")}, FollowLives: follow, Backoff: 10 * time.Millisecond, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &livesCollector{}
+	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: f, FollowLives: follow, OnApplied: f.Running, Apply: func(s *store.Snapshot) error {
+		c.mu.Lock()
+		c.applied = append(c.applied, appliedVersion{s.Version, s.Epoch, s.Life(), string(s.Blob)})
+		c.mu.Unlock()
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- recv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		f.Close()
+	})
+	return c, f
+}
+
+// A model deleted and pushed again from version 1, followed by a relay
+// into its shared-memory segment (from the upstream's push stream or its
+// data plane) and by local collectors reading that segment. The relay
+// starts a new segment for the new life (the segment names its life,
+// docs/shm-layout.md), so a collector that follows lives takes the new
+// model's v1 at once, from shared memory; before, the segment refused the
+// new life's lower versions and kept the deleted model's v5, and its
+// collectors stayed on it (and a Failover that follows lives, on the
+// stream, could probe back to it, its versions being of no known life).
+// A collector that does not follow lives keeps the older rule: it waits
+// for a version past 5.
+func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
+	for _, dataPlane := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dataPlane=%v", dataPlane), func(t *testing.T) {
+			ctx := context.Background()
+			st, err := store.NewMemory(store.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			addr := dataPlaneHub(t, st)
+			push := func(v, fill uint64) string {
+				t.Helper()
+				snap := wsynctest.Snap(t, "m", fill, 64)
+				if _, err := st.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+					t.Fatal(err)
+				}
+				return string(snap.Blob)
+			}
+			for v := uint64(1); v <= 5; v++ {
+				push(v, v)
+			}
+			path := wsynctest.ShmPath(t)
+			cfg := Config{Upstream: dial(t, addr), Model: "m", ID: "relay-shm-lives", ShmPath: path, Logger: quiet()}
+			if dataPlane {
+				cfg.UpstreamAddr = addr
+			}
+			relay := runRelay(t, cfg)
+			waitSegment(t, path, 5)
+			lives, lf := startShmLivesCollector(t, path, relay.Addr(), "lives", true)
+			older, of := startShmLivesCollector(t, path, relay.Addr(), "older", false)
+			waitFor(t, "both collectors at v5 from the segment", func() bool {
+				return lives.last().version == 5 && older.last().version == 5 && lf.Current() == "relay-shm" && of.Current() == "relay-shm"
+			})
+			oldLife := lives.last().life
+			if oldLife == 0 {
+				t.Fatal("v5 from the segment came with no life")
+			}
+
+			if err := st.Delete(ctx, "m"); err != nil {
+				t.Fatal(err)
+			}
+			fresh := push(1, 101)
+			waitFor(t, "the lives collector at the new model's v1", func() bool { return lives.last().blob == fresh })
+			if got := lives.last(); got.version != 1 || got.life == oldLife || got.life == 0 {
+				t.Fatalf("applied v%d of life %d (deleted life %d), want the new life's v1", got.version, got.life, oldLife)
+			}
+			waitFor(t, "the lives collector on the segment", func() bool { return lf.Current() == "relay-shm" })
+			r, err := shm.Open(shm.ReaderConfig{Path: path})
+			if err != nil {
+				t.Fatal(err)
+			}
+			segLife := r.Life()
+			r.Close()
+			if segLife != lives.last().life {
+				t.Fatalf("the relay's segment names life %d, want the new life %d", segLife, lives.last().life)
+			}
+			if got := older.last(); got.version != 5 || got.life != oldLife {
+				t.Fatalf("a collector not following lives applied v%d of life %d, want the deleted model's v5 (the older rule)", got.version, got.life)
+			}
+			var v6 string
+			for v := uint64(2); v <= 6; v++ {
+				v6 = push(v, 100+v)
+			}
+			waitFor(t, "both collectors at the new model's v6", func() bool { return lives.last().blob == v6 && older.last().blob == v6 })
+		})
+	}
 }

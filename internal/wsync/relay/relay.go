@@ -237,7 +237,7 @@ func (r *Relay) Refusals() Refusals {
 type segVersion struct {
 	version uint64
 	created time.Time // as the upstream said, for the board's copy
-	life    uint64    // as the upstream said (the segment keeps no life)
+	life    uint64    // as the upstream said (the segment's life)
 }
 
 // New listens and prepares the relay's service.
@@ -445,7 +445,7 @@ func (r *Relay) apply(snap *store.Snapshot) error {
 func (r *Relay) publishShm(snap *store.Snapshot) error {
 	r.shmMu.Lock()
 	defer r.shmMu.Unlock()
-	if err := r.ensureShm(int64(len(snap.Blob))); err != nil {
+	if err := r.ensureShm(int64(len(snap.Blob)), snap.Life()); err != nil {
 		return err
 	}
 	return r.shm.Publish(context.Background(), snap)
@@ -478,15 +478,24 @@ func autoSlots(capacity int64) int {
 	return int(min(max(AutoShmBytes/max(capacity, 1), 2), AutoShmSlots))
 }
 
-// ensureShm makes sure the segment exists and holds n bytes: the first
-// one is sized from ShmCapacity or twice n, and one too small is replaced
-// by one twice n. Called with shmMu held.
-func (r *Relay) ensureShm(n int64) error {
-	if r.shm != nil && n <= r.shm.Capacity() {
+// ensureShm makes sure the segment exists, holds n bytes and is of life
+// (0: unknown): the first one is sized from ShmCapacity or twice n, one
+// too small is replaced by one twice n, and one of another life (the
+// model deleted and pushed again upstream: its versions start afresh,
+// below the segment's, which would refuse them) by a new one of that
+// life, so that shm collectors re-open it and, following lives
+// (shm.Reader.WaitNewerLife), take its versions at once. Called with
+// shmMu held.
+func (r *Relay) ensureShm(n int64, life uint64) error {
+	newLife := r.shm != nil && life != 0 && life != r.shm.Life()
+	if r.shm != nil && n <= r.shm.Capacity() && !newLife {
 		return nil
 	}
 	capacity := r.cfg.ShmCapacity
-	if r.shm != nil || capacity < n {
+	switch {
+	case newLife && n <= r.shm.Capacity():
+		capacity = r.shm.Capacity()
+	case r.shm != nil || capacity < n:
 		capacity = 2 * n
 	}
 	if r.shm == nil {
@@ -505,7 +514,8 @@ func (r *Relay) ensureShm(n int64) error {
 			slots = fitSlots(slots, capacity, room)
 		}
 	}
-	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: slots, Group: r.cfg.ShmGroup, Replace: true})
+	w, err := shm.Create(shm.Config{Path: r.cfg.ShmPath, Name: r.cfg.Model, Capacity: capacity, Slots: slots, Group: r.cfg.ShmGroup,
+		Replace: true, Life: life})
 	if err != nil {
 		if r.shm != nil {
 			// The old segment cannot hold this version: closed, so that

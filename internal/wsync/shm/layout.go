@@ -35,6 +35,10 @@ import (
 //	             writer holds an F_OFD_SETLK write lock on byte 320 of the
 //	             file for as long as it lives (docs/shm-layout.md,
 //	             "Liveness"); other values are refused
+//	  328 u64    life: the life of every version in the segment
+//	             (store.Snapshot.Life, a layout 1 extension: 0, unknown,
+//	             from older writers, whose header page is zero here); a
+//	             writer of another life makes a new segment
 //	  512        lease table: L entries of 32 bytes, each
 //	               0  u64 owner: 0 free, else pid<<32 | per-process counter,
 //	                  with bit 31 set by readers that hold the entry's
@@ -82,6 +86,15 @@ const (
 	livenessPID  = 0
 	livenessLock = 1
 
+	// offLife (a layout 1 extension, in the same gap, zero from older
+	// writers: unknown) is the life of the segment's versions
+	// (docs/shm-layout.md, "Lives"): fixed when the segment is made,
+	// before it appears at its path, so a reader reads it once. Versions
+	// of another life (the model deleted and pushed again) go to a new
+	// segment, whose lower versions a reader would otherwise take for
+	// older ones.
+	offLife = 328
+
 	// The lease table (docs/shm-layout.md, "Slot leases"): a layout 1
 	// extension in the header page's unused tail, which older writers
 	// leave zero (no entries).
@@ -127,6 +140,8 @@ type shmGeometry struct {
 	// liveness is the header's liveness field: livenessPID or
 	// livenessLock.
 	liveness uint32
+	// life is the life of the segment's versions (0: unknown).
+	life uint64
 }
 
 func (g shmGeometry) size() int64         { return shmPage + int64(g.slots)*g.stride }
@@ -172,7 +187,8 @@ func parseShmHeader(b []byte) (shmGeometry, error) {
 	case liveness != livenessPID && liveness != livenessLock:
 		return g, fmt.Errorf("%w: shm liveness scheme %d, this reader knows %d (pid) and %d (OFD lock)", errs.ErrInvalid, liveness, livenessPID, livenessLock)
 	}
-	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen]), leases: int(leases), liveness: liveness}
+	g = shmGeometry{slots: int(slots), capacity: int64(capacity), stride: int64(stride), name: string(b[offName : offName+nameLen]), leases: int(leases), liveness: liveness,
+		life: binary.LittleEndian.Uint64(b[offLife:])}
 	if g.size() != int64(len(b)) {
 		return g, fmt.Errorf("%w: shm segment is %d bytes, its header describes %d", errs.ErrInvalid, len(b), g.size())
 	}
@@ -190,6 +206,7 @@ func putShmHeader(b []byte, g shmGeometry, pid int) {
 	binary.LittleEndian.PutUint32(b[offNameLen:], uint32(len(g.name)))
 	binary.LittleEndian.PutUint32(b[offLeases:], uint32(g.leases))
 	binary.LittleEndian.PutUint32(b[offLiveness:], g.liveness)
+	binary.LittleEndian.PutUint64(b[offLife:], g.life)
 	copy(b[offName:], g.name)
 }
 

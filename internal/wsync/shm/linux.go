@@ -62,6 +62,12 @@ type Config struct {
 	// into its slot at once, each a contiguous part of at least 2 MiB;
 	// 0 means min(GOMAXPROCS, 4), 1 copies on the calling goroutine only.
 	CopyWorkers int
+	// Life is the life of every version the segment will hold
+	// (store.Snapshot.Life, docs/weight-sync.md "Lives"), recorded in the
+	// header so that readers name it; 0: unknown. Publish refuses a
+	// snapshot of another known life: the model deleted and pushed again
+	// goes to a new segment (its versions start afresh, below this one's).
+	Life uint64
 }
 
 func (c *Config) validate() error {
@@ -129,7 +135,7 @@ func Create(cfg Config) (*Writer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	geo := shmGeometry{slots: cfg.Slots, capacity: roundPage(cfg.Capacity), name: cfg.Name, leases: cfg.Slots - 2}
+	geo := shmGeometry{slots: cfg.Slots, capacity: roundPage(cfg.Capacity), name: cfg.Name, leases: cfg.Slots - 2, life: cfg.Life}
 	geo.stride = shmPage + geo.capacity
 	if !cfg.Replace {
 		if _, err := os.Lstat(cfg.Path); err == nil {
@@ -272,10 +278,19 @@ func (w *Writer) Path() string { return w.cfg.Path }
 // Capacity is the largest blob the segment holds.
 func (w *Writer) Capacity() int64 { return w.geo.capacity }
 
-// Publish implements Publisher: it writes snap.Blob as a new version.
+// Life is the life of the segment's versions (Config.Life; 0: unknown).
+func (w *Writer) Life() uint64 { return w.geo.life }
+
+// Publish implements Publisher: it writes snap.Blob as a new version. A
+// snapshot of another life than the segment's (both known) is refused
+// with errs.ErrInvalid: it belongs in a new segment (Config.Life).
 func (w *Writer) Publish(_ context.Context, snap *store.Snapshot) error {
 	if snap.Name != w.cfg.Name {
 		return errWrongModel(w.cfg.Name, snap.Name)
+	}
+	if l := snap.Life(); l != 0 && w.geo.life != 0 && l != w.geo.life {
+		return fmt.Errorf("%w: wsync: version %d of %s is of another life than shm segment %s: it needs a new segment",
+			errs.ErrInvalid, snap.Version, errs.Quote(snap.Name), errs.Quote(w.cfg.Path))
 	}
 	return w.Write(snap.Version, snap.Epoch, snap.Blob)
 }
@@ -776,6 +791,23 @@ func (r *Reader) Release() {
 // Published is the newest complete version in the segment (0: none).
 func (r *Reader) Published() uint64 { return u64(r.mem, offPublished).Load() }
 
+// Life is the life of the segment's versions, as its writer recorded it
+// (store.Snapshot.Life; 0: unknown, as from a writer that predates it).
+// Every snapshot the reader returns has it.
+func (r *Reader) Life() uint64 { return r.geo.life }
+
+// WaitNewerLife implements wsync.LifeSource: WaitNewer, but when the
+// segment is of another life than life (both known; life is that of
+// version after) its newest version is returned whatever its number: the
+// model was deleted and pushed again, and the segment holds the new
+// model's versions only (a writer makes a new segment for a new life).
+func (r *Reader) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
+	if life != 0 && r.geo.life != 0 && life != r.geo.life {
+		after = 0
+	}
+	return r.WaitNewer(ctx, after)
+}
+
 // GetIfNewer implements Source: the newest whole version if newer than
 // `than`, else (nil, nil). A segment whose writer closed it or died fails
 // with errs.ErrUnavailable once it holds nothing newer.
@@ -1098,10 +1130,10 @@ func (r *Reader) decode(blob []byte, version uint64, h slotHeader) (*store.Snaps
 	if err != nil {
 		return nil, fmt.Errorf("wsync: %s version %d: %w", r.cfg.Path, version, err)
 	}
-	return &store.Snapshot{
+	return store.WithLife(&store.Snapshot{
 		Name: r.geo.name, Version: version, Epoch: h.epoch, Blob: blob,
 		Tensors: f.Tensors, Metadata: f.Metadata, Created: time.Unix(0, h.created),
-	}, nil
+	}, r.geo.life), nil
 }
 
 func (r *Reader) errLength(slot int, length uint64) error {

@@ -25,6 +25,8 @@ type Config struct {
 	Now      func() time.Time
 	// CopyWorkers as on Linux.
 	CopyWorkers int
+	// Life as on Linux.
+	Life uint64
 }
 type Writer struct{}
 type ReaderConfig struct {
@@ -47,6 +49,8 @@ func (*Writer) Write(uint64, uint64, []byte) error             { return errors.E
 func (*Writer) Close() error                                   { return nil }
 func (*Writer) Path() string                                   { return "" }
 func (*Writer) Capacity() int64                                { return 0 }
+func (*Writer) Life() uint64                                   { return 0 }
+func (*Reader) Life() uint64                                   { return 0 }
 func Open(ReaderConfig) (*Reader, error)                       { return nil, errors.ErrUnsupported }
 func (*Reader) Name() string                                   { return "" }
 func (*Reader) Stats() Stats                                   { return Stats{} }
@@ -60,6 +64,9 @@ func (*Reader) GetIfNewer(context.Context, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported
 }
 func (*Reader) WaitNewer(context.Context, uint64) (*store.Snapshot, error) {
+	return nil, errors.ErrUnsupported
+}
+func (*Reader) WaitNewerLife(context.Context, uint64, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported
 }
 

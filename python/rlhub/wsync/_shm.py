@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import logging
 import mmap
@@ -23,6 +24,10 @@ from rlhub._crc32c import copy_crc32c
 from rlhub.tensors import parse_header
 from rlhub.wsync._source import WeightVersion, default_shm_path
 
+# Whether WeightVersion names a version's life (ShmSource then sets it from
+# the segment's header).
+_HAS_LIFE = any(f.name == "life" for f in dataclasses.fields(WeightVersion))
+
 log = logging.getLogger("rlhub.wsync")
 
 _MAGIC = b"RLHUBWS1"
@@ -39,6 +44,11 @@ _LEASE_OWNER, _LEASE_SLOT, _LEASE_SEQ = 0, 8, 16
 # writer, and lease owners, alive. 0: by pid (older writers); 1: the writer
 # holds an OFD write lock on byte _OFF_LIVENESS of the file while it lives.
 _OFF_LIVENESS, _LIVENESS_PID, _LIVENESS_LOCK = 320, 0, 1
+# The life of every version in the segment (docs/shm-layout.md, "Lives"):
+# a u64 the writer sets before the segment appears (0 from older writers:
+# unknown). A writer of another life (the model deleted and pushed again)
+# makes a new segment, which this source reopens.
+_OFF_LIFE = 328
 # An owner token with this bit holds its entry's OFD lock (on the entry's
 # first byte): the lock, not the pid, says whether it lives.
 _LEASE_LOCKED = 1 << 31
@@ -352,6 +362,7 @@ class ShmSource:
         self.model, self.slots, self.capacity, self.stride = name, slots, cap, stride
         self._pid = q[_OFF_PID // 8]
         self._liveness = liveness
+        self.life = q[_OFF_LIFE // 8]  # the life of the segment's versions (0: unknown)
         self._ino = st.st_ino  # of the file mapped, to notice a replaced segment
         self._notify_addr = np.frombuffer(m, dtype=np.uint8, count=1, offset=_OFF_NOTIFY).ctypes.data
         self.leases = leases
@@ -634,20 +645,38 @@ class ShmSource:
         self.stats["in_place"] += 1
         return WeightVersion(self.model, version, epoch, view, self.via, crc if self.verify else None)
 
-    def get_if_newer(self, than: int) -> Optional[WeightVersion]:
+    def get_if_newer(self, than: int, life: int = 0) -> Optional[WeightVersion]:
         """The newest whole version if newer than ``than``; None if there is
         none. Raises :class:`rlhub.Unavailable` when the writer closed the
         segment or died and nothing newer is left; a segment replaced by a
-        new one at the same path (a relay that outgrew it) is reopened."""
+        new one at the same path (a relay that outgrew it, or one that
+        started a new life) is reopened.
+
+        ``life``, the life of version ``than`` (0: unknown), follows lives
+        (docs/weight-sync.md, "Lives"): when the segment is of another known
+        life (``self.life``; the model deleted and pushed again) its newest
+        is returned though not newer."""
         self._check_open()
-        wv = self._read(than)
+        wv = self._read(self._after(than, life))
         if wv is not None:
-            return wv
+            return self._named(wv)
         if not self.writer_alive():
             if self._reopen():
-                return self._read(than)
+                wv = self._read(self._after(than, life))
+                return None if wv is None else self._named(wv)
             raise errors.Unavailable(f"the writer of {self.path} is gone")
         return None
+
+    def _after(self, than: int, life: int) -> int:
+        """``than``, or 0 when the segment is of another life than ``life``
+        (both known): its versions start afresh."""
+        return 0 if life and self.life and life != self.life else than
+
+    def _named(self, wv: WeightVersion) -> WeightVersion:
+        """``wv`` with the segment's life, when WeightVersion has the field."""
+        if _HAS_LIFE:
+            setattr(wv, "life", self.life)
+        return wv
 
     def _reopen(self) -> bool:
         try:
@@ -667,14 +696,16 @@ class ShmSource:
                                          "source closed")
         return self.writer_alive()
 
-    def wait_newer(self, after: int, timeout: Optional[float] = None) -> Optional[WeightVersion]:
+    def wait_newer(self, after: int, timeout: Optional[float] = None, life: int = 0) -> Optional[WeightVersion]:
         """Blocks (on the segment's futex word where possible) until a version
-        newer than ``after`` is published; None when ``timeout`` passes."""
+        newer than ``after`` is published (or, with ``life``, one of another
+        life is there: see :meth:`get_if_newer`); None when ``timeout``
+        passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._check_open()
             n = self._d[_OFF_NOTIFY // 4]
-            wv = self.get_if_newer(after)
+            wv = self.get_if_newer(after, life)
             if wv is not None:
                 return wv
             tick = self.tick
