@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import rlhub
 from rlhub import wsync as ws
@@ -52,10 +53,25 @@ def test_shm_source_follows_a_model_deleted_and_pushed_again(hub, shm_path):
             wv = src.wait_newer(5, timeout=30, life=old)
             assert wv is not None and wv.version == 1 and src.life not in (0, old)
             np.testing.assert_array_equal(wv.tensors()["w"], w(101.0)["w"])
-            if hasattr(wv, "life"):
-                assert wv.life == src.life
+            assert wv.life == src.life
             assert src.get_if_newer(5) is None  # the older rule: nothing past v5
             src.close()
+
+            # A Receiver over the segment passes the life it runs: deleted
+            # and pushed again once more, it applies the third life's v1.
+            mod = torch.nn.Module()
+            mod.w = torch.nn.Parameter(torch.zeros(8))
+            with ws.Receiver(mod, ws.ShmSource(shm_path, model="pol")) as r:
+                assert r.wait(30) and r.version == 1 and r.life not in (0, old)
+                second = r.life
+                subprocess.run([hub.binary, "model", "rm", "--hub", hub.addr, "--name", "pol"], check=True,
+                               stdout=subprocess.DEVNULL)
+                store.push("pol", w(202.0), version=1)
+                deadline = time.monotonic() + 30
+                while r.life in (second,) and time.monotonic() < deadline:
+                    r.wait(1.0)
+                assert r.version == 1 and r.life not in (0, old, second)
+                assert bool((mod.w == 202.0).all())
         finally:
             relay.terminate()
             relay.wait(timeout=30)

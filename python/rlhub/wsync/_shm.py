@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import logging
 import mmap
@@ -23,10 +22,6 @@ from rlhub import errors
 from rlhub._crc32c import copy_crc32c
 from rlhub.tensors import parse_header
 from rlhub.wsync._source import WeightVersion, default_shm_path
-
-# Whether WeightVersion names a version's life (ShmSource then sets it from
-# the segment's header).
-_HAS_LIFE = any(f.name == "life" for f in dataclasses.fields(WeightVersion))
 
 log = logging.getLogger("rlhub.wsync")
 
@@ -252,6 +247,9 @@ class ShmSource:
     """
 
     via = "shm"
+    follows_lives = True
+    """A :class:`Receiver` passes the life it runs (docs/shm-layout.md,
+    "Lives"): a segment of another life is read from its first version."""
 
     def __init__(self, path: Optional[str] = None, model: Optional[str] = None, *, verify: bool = True,
                  max_retries: int = 1000, tick: float = 0.05, lease: bool = True):
@@ -673,9 +671,8 @@ class ShmSource:
         return 0 if life and self.life and life != self.life else than
 
     def _named(self, wv: WeightVersion) -> WeightVersion:
-        """``wv`` with the segment's life, when WeightVersion has the field."""
-        if _HAS_LIFE:
-            setattr(wv, "life", self.life)
+        """``wv`` with the segment's life."""
+        wv.life = self.life
         return wv
 
     def _reopen(self) -> bool:
