@@ -37,6 +37,13 @@ import (
 // performs; it takes no hyper-parameters.
 const External optim.Kind = "external"
 
+// HostStateSuffix names an external model's optimizer host state: the
+// host checkpoints its optimizer into the store's model
+// <model>+HostStateSuffix, one version per model version
+// (docs/optimizer-host.md). It goes with its model when an administrator
+// deletes that (Primary.Deleted).
+const HostStateSuffix = "/host-state"
+
 // ExternalStepTimeout bounds one external step: waiting for a host to
 // attach (or re-attach) plus the host's step. When it passes, the step
 // fails like a failed publish: its gradients count as dropped

@@ -517,10 +517,66 @@ func (p *Primary) releaseClaim(ctx context.Context, c modelClaimer, name string)
 // from the store (the hub calls it once the Delete is done, through
 // Service.ModelDeleted): see dropStale. A registration of the model
 // registered again since the Delete is kept.
+//
+// Unless the model is registered again, its optimizer host's state (the
+// companion model HostStateSuffix) is deleted with it (dropHostState). On
+// a cluster (the store is a store.Acknowledger) Deleted returns once the
+// drop is acknowledged as a registration is: a primary killed after the
+// Delete returned leaves a successor without the registration (otherwise
+// it came back there, until a restore or Register dropped it again).
 func (p *Primary) Deleted(ctx context.Context, model string) {
 	p.regMu.Lock()
 	defer p.regMu.Unlock()
-	p.dropStale(ctx, model)
+	dropped := p.dropStale(ctx, model)
+	p.mu.Lock()
+	_, registered := p.models[model]
+	p.mu.Unlock()
+	if !registered {
+		p.dropHostState(ctx, model)
+	}
+	if ack, ok := store.AsAcknowledger(p.cfg.Store); ok && dropped {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		err := p.reacknowledge(actx, model, 0, ack.Acknowledge(actx, model, 0))
+		cancel()
+		if err != nil {
+			p.cfg.Logger.Warn("reducer: the drop of a deleted model's registration is not acknowledged; a failover now may bring the registration back until its model is registered again",
+				"model", model, "err", err)
+		}
+	}
+}
+
+// dropHostState deletes the optimizer host state of name (the companion
+// model name+HostStateSuffix, docs/optimizer-host.md), whose model was
+// deleted: kept, a host of the model pushed again found the deleted
+// model's states at the new model's versions (refused as lost, their
+// weights' digest another's, or resumed from), and its own checkpoints
+// there were refused as stale. regMu held and name not registered: no
+// host steps the model, so none checkpoints it, until the next Register.
+// A store that cannot delete keeps it.
+func (p *Primary) dropHostState(ctx context.Context, name string) {
+	var s any = p.cfg.Store
+	if o, ok := s.(store.Owned); ok {
+		s = o.Store
+	}
+	d, ok := s.(store.Deleter)
+	if !ok {
+		return
+	}
+	companion := name + HostStateSuffix
+	if _, err := p.storeLife(ctx, companion); err != nil {
+		return // none (never checkpointed, or no such name), or unreadable: left as it is
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	err := d.Delete(dctx, companion)
+	cancel()
+	switch {
+	case err == nil:
+		p.cfg.Logger.Info("reducer: the optimizer host state of a deleted model is deleted with it", "model", name, "host_state", companion)
+	case errors.Is(err, errs.ErrNotFound):
+	default:
+		p.cfg.Logger.Warn("reducer: cannot delete the optimizer host state of a deleted model; a host of the model pushed again may refuse it as lost (delete it: rlhub model rm)",
+			"model", name, "host_state", companion, "err", err)
+	}
 }
 
 // dropStale drops the registration of name when the store's model is not
@@ -529,24 +585,32 @@ func (p *Primary) Deleted(ctx context.Context, model string) {
 // writer. Its steps would be refused (they land only on a model the
 // reducer still owns), a Register would return it, and one with another
 // config would be refused, until a restart (restoreAll). When the store
-// cannot tell, the registration is kept. regMu held.
-func (p *Primary) dropStale(ctx context.Context, name string) {
+// cannot tell, the registration is kept. An external model's host state
+// goes with it (dropHostState). It reports whether it dropped one. regMu
+// held.
+func (p *Primary) dropStale(ctx context.Context, name string) bool {
 	p.mu.Lock()
 	m := p.models[name]
 	p.mu.Unlock()
 	if m == nil {
-		return
+		return false
 	}
 	life, err := p.storeLife(ctx, name)
 	switch {
 	case errors.Is(err, errs.ErrNotFound): // deleted
 	case err != nil:
 		p.cfg.Logger.Warn("reducer: cannot tell whether a registered model was deleted; its registration is kept", "model", name, "err", err)
-		return
+		return false
 	case life == m.life:
-		return
+		return false
 	}
-	p.unregister(m)
+	if !p.unregister(m) {
+		return false
+	}
+	if m.ext != nil {
+		p.dropHostState(ctx, name)
+	}
+	return true
 }
 
 // storeLife returns the life of the store's model name
@@ -576,8 +640,9 @@ func (p *Primary) storeLife(ctx context.Context, name string) (uint64, error) {
 // one, and once its steps in progress have ended (refused: the store's
 // model is not the reducer's) its files are removed from the state
 // directory for good and named (PrimaryConfig.StateChanged), as restore
-// drops a stale registration. regMu held.
-func (p *Primary) unregister(m *pmodel) {
+// drops a stale registration. It reports false when the primary is
+// closing (the registration is left to the next restore). regMu held.
+func (p *Primary) unregister(m *pmodel) bool {
 	name := m.cfg.Model
 	why := fmt.Errorf("%w: model %s was deleted from the store: its registration is dropped (register the model again to reduce it)", errs.ErrAborted, errs.Quote(name))
 	p.mu.Lock()
@@ -585,7 +650,7 @@ func (p *Primary) unregister(m *pmodel) {
 		// Closing: the registration stays on disk, and the next restore
 		// drops it (its model is another, or not in the store).
 		p.mu.Unlock()
-		return
+		return false
 	}
 	delete(p.models, name)
 	if m.ext != nil {
@@ -640,6 +705,7 @@ func (p *Primary) unregister(m *pmodel) {
 			"model", name, "err", err)
 	}
 	p.cfg.Logger.Warn("reducer: registration dropped: its model was deleted from the store; register it again to reduce it", "model", name, "version", version)
+	return true
 }
 
 // restoreAll restores every registration in the state directory. A
@@ -741,6 +807,9 @@ func (p *Primary) restoreOne(ctx context.Context, dir, self string, owners map[s
 		}
 		p.cfg.Logger.Error("reducer: registration dropped: its model was deleted since it was registered, and pushed again by another writer; register it again to reduce it",
 			"model", mc.Model, "owner", truncate(owner, 128), "version", snap.Version)
+		if mc.Optimizer.Kind == External {
+			p.dropHostState(ctx, mc.Model) // no Register runs before NewPrimary returns
+		}
 		return nil
 	}
 	m, err := p.newModel(mc, snap)

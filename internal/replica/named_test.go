@@ -3,6 +3,7 @@ package replica
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -262,6 +263,30 @@ func TestRegistrationIsOnTheStandbyWhenRegisterReturns(t *testing.T) {
 	}
 	p.step(t, ctx, sc, rc, model, 2)
 	p.sameFile(t, filepath.Join(mdir, "journal.log"))
+}
+
+// A deleted model's registration is off the standby when the Delete
+// returns (the scan never due, as above): before, the reducer's drop was
+// named but shipped only with the next unit, so a primary killed right
+// after the Delete left a successor that had the registration again.
+func TestDroppedRegistrationIsOffTheStandbyWhenDeleteReturns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startNamedPrimaryScan(t, ctx, time.Hour)
+	const model = "doomed"
+	sc, rc := newNamedClients(t, ctx, p, model)
+	p.step(t, ctx, sc, rc, model, 2)
+	mdir := filepath.Join("reducer", store.ModelDir(model))
+	p.sameFile(t, filepath.Join(mdir, "registration.json"))
+	if err := sc.Delete(ctx, model); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(p.dir, mdir)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the primary's registration directory after the delete: %v, want it removed", err)
+	}
+	if _, err := os.Stat(filepath.Join(p.d.dir, mdir, "registration.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the standby's registration of the deleted model when the Delete returned: %v, want it removed", err)
+	}
 }
 
 // An ARS run's state is on the standby when StartRun returns, and its

@@ -486,3 +486,61 @@ def _host_ended_by_its_step(hub, hook):
             yield h, g, learner
     finally:
         h.close()
+
+
+def test_host_state_of_a_deleted_model_goes_with_it(hub):
+    """An external model deleted by an administrator (`rlhub model rm`)
+    and pushed again is a new model: its hosts start afresh and resume
+    from their own checkpoints. The deleted model's host state
+    (pol/host-state) used to survive the delete: the new model's first
+    host, finding only newer states, started fresh, but its checkpoints
+    at the old versions were refused as stale, so the next host,
+    welcomed at version 2, found the deleted model's state there and
+    stopped ("the optimizer state is lost"). It now goes with its
+    model."""
+    import time
+
+    def host() -> rlhub.OptimizerHost:
+        net = make_net()
+        opt, sched = make_case("adam_onecycle", net)
+        return rlhub.OptimizerHost(hub.addr, "pol", opt, lr_scheduler=sched, module=net, backoff=0.05).start()
+
+    learner = make_net(seed=99)
+    setup_model(hub.addr, "pol", make_net())
+    with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:  # the first model: states at 2, 3, 4
+        g.register("pol", optimizer={"kind": "external"})
+        h = host()
+        try:
+            for v in (1, 2, 3):
+                fill_grads(learner, seed=v)
+                g.push("pol", v, learner)
+                assert wait_published(s, v).version == v + 1
+        finally:
+            h.close()
+    hub.run_cli("model", "rm", "--hub", hub.addr, "--name", "pol")
+
+    ref = make_net(seed=7)  # the new model: other weights, stepped by torch alongside
+    setup_model(hub.addr, "pol", ref)
+    ref_opt, ref_sched = make_case("adam_onecycle", ref)
+    with GradClient(hub.addr) as g, rlhub.StoreClient(hub.addr) as s:
+        assert g.register("pol", optimizer={"kind": "external"}).version == 1
+        for v in (1, 2):
+            # A new host for each step: the second loads the state the
+            # first checkpointed at version 2.
+            h = host()
+            try:
+                deadline = time.monotonic() + 120
+                while not h.attached.is_set() and h._thread.is_alive() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert h.attached.is_set(), f"the new model's host at version {v} did not attach: {h.error!r}"
+                fill_grads(learner, seed=10 + v)
+                g.push("pol", v, learner)
+                got = wait_published(s, v)
+                assert got.version == v + 1 and h.error is None
+            finally:
+                h.close()
+            for p, q in zip(ref.parameters(), learner.parameters()):
+                p.grad = q.grad.clone()
+            ref_opt.step()
+            ref_sched.step()
+            assert_close_to(got.tensors, ref)
