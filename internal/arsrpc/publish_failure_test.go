@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -71,5 +72,41 @@ func TestRunEndedByAFailedPublishKeepsTheStoresVersion(t *testing.T) {
 	}
 	if got := newest(t, mem, start.Model).Version; got != have {
 		t.Errorf("restart moved the store from version %d to %d", have, got)
+	}
+}
+
+// A run whose policy is deleted without the coordinator being told (a
+// Delete in process, or a hub killed before it told it) and pushed again
+// by another writer at the run's version never publishes over it: its
+// publishes land only on a model it still owns, so the next one is
+// refused and the run ends saying why. Before, it wrote its next version
+// over the new model and claimed it.
+func TestRunNeverPublishesOverItsPolicyDeletedAndPushedAgain(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSvc(t, store.Owned{Store: mem, Owner: "ars"}, t.TempDir())
+	defer s.Close()
+	start, err := s.StartRun(ctx, &pb.ARSStartRunRequest{Spec: persistSpec()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, start.RunId, 1)
+	snap := newest(t, mem, start.Model)
+	v, blob := snap.Version, bytes.Clone(snap.Blob)
+	if err := mem.Delete(ctx, start.Model); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Push(ctx, store.PushRequest{Name: start.Model, Version: v, Blob: blob}); err != nil {
+		t.Fatal(err)
+	}
+	drive(t, s, start.RunId, 1)
+	if rs := s.Stats().Runs[0]; !rs.Done || !strings.Contains(rs.Reason, "no longer") {
+		t.Errorf("the run after its policy was deleted and pushed again: done %v, reason %q; want it ended, saying the model is no longer its", rs.Done, rs.Reason)
+	}
+	if now := newest(t, mem, start.Model); now.Version != v || !bytes.Equal(now.Blob, blob) {
+		t.Fatalf("the model pushed again is at version %d (%d bytes); want version %d as pushed", now.Version, len(now.Blob), v)
 	}
 }

@@ -326,8 +326,37 @@ func (s *Service) pushLocked(p *publish) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
 	defer cancel()
 	expect := p.version - 1
-	_, err := s.cfg.Store.Push(ctx, store.PushRequest{Name: p.model, Version: p.version, Expect: expect, Blob: p.blob})
+	// Version 1 creates the model and claims it (Config.Store is the hub's
+	// owner view); every later version lands only on the model the run
+	// still owns: one deleted since (an administrator's Delete drops the
+	// claim) and pushed again by another writer, maybe at the run's
+	// version, is not the run's to write over (store.PushRequest.Owned).
+	_, err := s.cfg.Store.Push(ctx, store.PushRequest{Name: p.model, Version: p.version, Expect: expect, Owned: p.version > 1, Blob: p.blob})
 	return err
+}
+
+// ModelDeleted tells the coordinator that model was deleted from its store
+// (an administrator's `rlhub model rm`; the hub calls it once the Delete
+// is done). A live run whose policy it is ends, failed, saying so: its
+// next version has no model to land on (a model of the name pushed again
+// since is another writer's), and its workers would go on evaluating a
+// policy that is gone. Its state is written and acknowledged as StopRun's.
+func (s *Service) ModelDeleted(ctx context.Context, model string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.c.runs {
+		if r.model != model || r.done {
+			continue
+		}
+		s.c.fail(r, fmt.Errorf("its policy model %s was deleted from the store (rlhub model rm): the run is stopped", errs.Quote(model)), s.cfg.Now())
+		s.cfg.Logger.Warn("ars run stopped: its policy model was deleted", "run", r.id, "model", model)
+		if err := s.saveLocked(r); err == nil {
+			if err := s.acknowledgeLocked(ctx, r.model); err != nil {
+				s.cfg.Logger.Warn("ars run stopped by a delete: its state is not acknowledged; a failover now may resume it until its next publish is refused", "run", r.id, "err", err)
+			}
+		}
+		s.broadcastLocked()
+	}
 }
 
 // StartRun implements pb.ARSServer.

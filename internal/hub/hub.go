@@ -622,11 +622,15 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 
 // modelDeleted is told each model an administrator deleted (storerpc
 // Config.Deleted): the reducer drops the model's registration, so that the
-// model pushed again can be registered again without a restart. The
-// reducer is opened before the hub serves a Delete.
+// model pushed again can be registered again without a restart, and an
+// ARS run whose policy it was ends, failed, saying so. Both are opened
+// before the hub serves a Delete.
 func (h *Hub) modelDeleted(ctx context.Context, model string) {
 	if h.reducer != nil {
 		h.reducer.ModelDeleted(ctx, model)
+	}
+	if h.ars != nil {
+		h.ars.ModelDeleted(ctx, model)
 	}
 }
 
