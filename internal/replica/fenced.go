@@ -281,7 +281,7 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	// Hidden from readers until acknowledged. A version already held is
 	// one an earlier push committed and could not acknowledge: a retry of
 	// that push is refused below, and must leave it hidden.
-	gen, held := v.hold(req.Name, req.Version, func() uint64 { return f.newest(ctx, req.Name) })
+	gen, held := v.hold(req.Name, req.Version, func() (uint64, bool) { return f.newestKnown(ctx, req.Name) })
 	if !held {
 		if info, ok := f.retried(ctx, req); ok {
 			return info, func(ctx context.Context) error { return f.Acknowledge(ctx, req.Name, req.Version) }, nil
@@ -316,19 +316,26 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 // newest is the store's newest version of name (0: none, or unreadable),
 // read without counting a read when the store numbers lives.
 func (f *Fenced) newest(ctx context.Context, name string) uint64 {
+	version, _ := f.newestKnown(ctx, name)
+	return version
+}
+
+// newestKnown is newest, and false when the store could not say (an
+// error other than NotFound).
+func (f *Fenced) newestKnown(ctx context.Context, name string) (uint64, bool) {
 	if lr, ok := f.Store.(store.LifeReader); ok {
 		version, _, err := lr.NewestLife(name)
 		if err != nil {
-			return 0
+			return 0, errors.Is(err, errs.ErrNotFound)
 		}
-		return version
+		return version, true
 	}
 	snap, release, err := store.Borrow(ctx, f.Store, name, 0)
 	if err != nil {
-		return 0
+		return 0, errors.Is(err, errs.ErrNotFound)
 	}
 	defer release()
-	return snap.Version
+	return snap.Version, true
 }
 
 // retried reports whether req is a retry of a push that committed its
@@ -433,13 +440,15 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 	}
 	v := f.vis()
 	v.deleting(name)
-	defer v.deleted(name)
+	failed := true
+	defer func() { v.deleted(name, failed) }()
 	if f.Source != nil {
 		f.Source.Deleted(name)
 	}
 	if err := f.commit(name, func() error { return d.Delete(ctx, name) }); err != nil {
 		return f.fault(err)
 	}
+	failed = false
 	return f.acknowledge(ctx, standbys)
 }
 
@@ -472,10 +481,22 @@ func (f *Fenced) Delete(ctx context.Context, name string) error {
 // and records its version as acknowledged. So a deleted model's late
 // acknowledgement shows nothing of the model pushed again, and two
 // pushes of one version number in two lives keep a hold each.
+//
+// So a model's visible versions below its lowest hidden one are acked
+// and those older, except a version whose push a Delete overlapped and
+// that landed in the model pushed again (visible once acknowledged,
+// newer than acked maybe): loose records it, and readers then list the
+// store rather than take acked as the newest visible version.
 type visibility struct {
 	mu      sync.Mutex
 	pending map[string]map[hold]bool
 	acked   map[string]uint64
+	// loose is, per model, the newest version acknowledged without being
+	// recorded in acked (a Delete overlapped its push), or looseUnknown
+	// when the term could not read the store's newest (or a Delete
+	// failed, so that the versions acked forgot may still be there);
+	// absent once acked passes it.
+	loose map[string]uint64
 	// seeded: the models whose acked the term has taken from the store.
 	seeded map[string]bool
 	// deletes counts each model's Deletes in progress.
@@ -491,7 +512,7 @@ type hold struct{ version, gen uint64 }
 
 func (f *Fenced) vis() *visibility {
 	f.visOnce.Do(func() {
-		f.v = &visibility{pending: map[string]map[hold]bool{}, acked: map[string]uint64{},
+		f.v = &visibility{pending: map[string]map[hold]bool{}, acked: map[string]uint64{}, loose: map[string]uint64{},
 			seeded: map[string]bool{}, deletes: map[string]int{}, gen: map[string]uint64{}, changed: make(chan struct{})}
 	})
 	return f.v
@@ -500,14 +521,18 @@ func (f *Fenced) vis() *visibility {
 // hold hides version of name, returning the generation of the hold and
 // whether this call hid it (false: a push of the same generation hid it
 // already). newest, called once per model and term, is the store's
-// newest version of name (0: none).
-func (v *visibility) hold(name string, version uint64, newest func() uint64) (uint64, bool) {
+// newest version of name (0: none) and whether the store could say.
+func (v *visibility) hold(name string, version uint64, newest func() (uint64, bool)) (uint64, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if !v.seeded[name] {
 		v.seeded[name] = true
 		if v.deletes[name] == 0 {
-			v.acked[name] = max(v.acked[name], newest())
+			n, known := newest()
+			v.acked[name] = max(v.acked[name], n)
+			if !known {
+				v.loose[name] = looseUnknown
+			}
 		}
 	}
 	if v.pending[name] == nil {
@@ -545,6 +570,11 @@ func (v *visibility) settle(name string, version, gen uint64, acked bool) {
 		if version > v.acked[name] {
 			v.acked[name] = version
 		}
+		if l, ok := v.loose[name]; ok && l <= version {
+			delete(v.loose, name)
+		}
+	} else if acked && version > v.loose[name] {
+		v.loose[name] = version
 	}
 	if len(v.pending[name]) == 0 {
 		delete(v.pending, name)
@@ -553,7 +583,9 @@ func (v *visibility) settle(name string, version, gen uint64, acked bool) {
 	v.changed = make(chan struct{})
 }
 
-// deleting marks a Delete of name begun; deleted, its end.
+// deleting marks a Delete of name begun; deleted, its end (failed: the
+// store may still hold the versions whose acknowledgement deleting
+// forgot).
 func (v *visibility) deleting(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -562,9 +594,12 @@ func (v *visibility) deleting(name string) {
 	delete(v.acked, name)
 }
 
-func (v *visibility) deleted(name string) {
+func (v *visibility) deleted(name string, failed bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if failed {
+		v.loose[name] = looseUnknown
+	}
 	v.gen[name]++
 	if v.deletes[name]--; v.deletes[name] == 0 {
 		delete(v.deletes, name)
@@ -601,15 +636,56 @@ func (v *visibility) newestLocked(name string) (low, acked uint64) {
 	return low, acked
 }
 
+// looseUnknown is a loose version no acknowledgement passes: readers list
+// the store for the model until the term ends.
+const looseUnknown = ^uint64(0)
+
+// exact is name's lowest hidden version (0: none), and its newest
+// acknowledged version and generation, which name its newest visible
+// version below low when ok: no Delete in progress, no loose version
+// above acked.
+func (v *visibility) exact(name string) (low, acked, gen uint64, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	low, acked = v.newestLocked(name)
+	ok = v.deletes[name] == 0 && v.loose[name] <= acked
+	return low, acked, v.gen[name], ok
+}
+
 // visible returns the newest visible version of name at or below snap
 // (snap itself when it is visible), releasing snap's loan when it is
 // not; nil when no retained version is visible.
+//
+// That is the model's newest acknowledged version, read as it is, when
+// Fenced's record names it (visibility.exact) and the store still
+// retains it; otherwise (an acknowledged version dropped past Retain for
+// newer unacknowledged ones, a Delete meanwhile, a loose version) the
+// newest retained version below the lowest hidden one, from a listing of
+// the whole store.
 func (f *Fenced) visible(ctx context.Context, name string, snap *store.Snapshot, release func()) (*store.Snapshot, func(), error) {
-	low, _ := f.vis().bound(name)
+	v := f.vis()
+	low, acked, gen, exact := v.exact(name)
 	if low == 0 || snap.Version < low {
 		return snap, release, nil
 	}
 	release()
+	if exact {
+		if acked == 0 {
+			return nil, func() {}, nil
+		}
+		s, rel, err := store.Borrow(ctx, f.Store, name, acked)
+		if err != nil && !errors.Is(err, errs.ErrNotFound) {
+			return nil, nil, err
+		}
+		if err == nil {
+			// The same generation and acked, no Delete begun: the
+			// version lent is acked, of the life it was acknowledged in.
+			if _, again, g, ok := v.exact(name); ok && again == acked && g == gen {
+				return s, rel, nil
+			}
+			rel()
+		}
+	}
 	infos, err := f.Store.List(ctx)
 	if err != nil {
 		return nil, nil, err

@@ -208,3 +208,180 @@ func TestFencedNewestLifeListsNothing(t *testing.T) {
 		t.Fatalf("NewestLife with the new model's v1 unacknowledged: v%d life %d, %v; want NotFound", v, l, err)
 	}
 }
+
+// A reader of a model's newest on a primary lists no store while that
+// newest waits for its acknowledgement: Get, GetIfNewer and the loans
+// listed every model to find the newest acknowledged version, for each
+// pull of a model being published. An acknowledged version that the
+// store dropped past Retain for newer unacknowledged ones leaves nothing
+// to show, as before.
+func TestFencedReadersListNothingWhileTheNewestAwaitsItsAck(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{Retain: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	inner := &listCounter{Memory: mem}
+	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	f := &replica.Fenced{Store: inner, Epoch: 7, Source: src}
+	setStandbys := func(s ...string) {
+		t.Helper()
+		standbys.Store(s)
+		if err := src.RefreshStandbys(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push := func(name string, v uint64) error {
+		_, err := f.Push(ctx, store.PushRequest{Name: name, Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
+		return err
+	}
+	setStandbys()
+	for _, name := range []string{"a", "m", "z"} {
+		for v := uint64(1); v <= 3; v++ {
+			if err := push(name, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	setStandbys("s1")
+	if err := push("m", 4); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
+	}
+	inner.lists.Store(0)
+	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 3 {
+		t.Fatalf("Get with v4 unacknowledged: %v %v, want v3", versionOf(s), err)
+	}
+	if s, err := f.GetIfNewer(ctx, "m", 2); err != nil || s == nil || s.Version != 3 {
+		t.Fatalf("GetIfNewer(2) with v4 unacknowledged: %v %v, want v3", versionOf(s), err)
+	}
+	if s, err := f.GetIfNewer(ctx, "m", 3); err != nil || s != nil {
+		t.Fatalf("GetIfNewer(3) with v4 unacknowledged: %v %v, want nothing", versionOf(s), err)
+	}
+	s, release, err := f.LendNewer(ctx, "m", 2)
+	if err != nil || s.Version != 3 {
+		t.Fatalf("LendNewer(2) with v4 unacknowledged: %v %v, want v3", versionOf(s), err)
+	}
+	release()
+	if n := inner.lists.Load(); n != 0 {
+		t.Fatalf("readers listed the store %d times", n)
+	}
+	// v3 dropped for v4 and v5, neither acknowledged: nothing to show.
+	if err := push("m", 5); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of v5 with s1 silent: %v, want not acknowledged", err)
+	}
+	if s, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("Get with v3 dropped and v4, v5 unacknowledged: %v %v, want NotFound", versionOf(s), err)
+	}
+	setStandbys()
+	if err := push("m", 6); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 6 {
+		t.Fatalf("Get after v6 was acknowledged: %v %v, want v6", versionOf(s), err)
+	}
+}
+
+// A push begun before a Delete that lands in the model pushed again is
+// visible once acknowledged, yet records no acknowledged version (a
+// Delete overlapped it): a reader still gets it while a newer version
+// waits for its acknowledgement, not an older one nor nothing.
+func TestFencedPushAcrossADeleteStaysVisibleBelowAPendingOne(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	g := &gatedPushes{Memory: mem}
+	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	f := &replica.Fenced{Store: g, Epoch: 7, Source: src}
+	setStandbys := func(s ...string) {
+		t.Helper()
+		standbys.Store(s)
+		if err := src.RefreshStandbys(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push := func(v, seed uint64) error {
+		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, seed, 8)})
+		return err
+	}
+	setStandbys()
+	for v := uint64(1); v <= 3; v++ {
+		if err := push(v, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The old model's v4 waits on its way to the store while m is
+	// deleted; it lands in the new model, and is acknowledged.
+	g.gate, g.entered = make(chan struct{}), make(chan struct{})
+	gate := g.gate
+	done := make(chan error, 1)
+	go func() { done <- push(4, 4) }()
+	<-g.entered
+	g.gate = nil
+	if err := f.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatalf("the push across the Delete: %v", err)
+	}
+	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 4 {
+		t.Fatalf("Get after the push across the Delete: %v %v, want v4", versionOf(s), err)
+	}
+	setStandbys("s1")
+	if err := push(5, 5); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of v5 with s1 silent: %v, want not acknowledged", err)
+	}
+	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 4 {
+		t.Fatalf("Get with v5 unacknowledged: %v %v, want v4", versionOf(s), err)
+	}
+}
+
+// failedDeletes is a memory store whose Delete fails, changing nothing.
+type failedDeletes struct{ *store.Memory }
+
+func (failedDeletes) Delete(context.Context, string) error { return errors.New("disk on fire") }
+
+// A Delete that failed forgets the model's acknowledged version, yet the
+// store still holds it: a reader still gets it while a newer version
+// waits for its acknowledgement.
+func TestFencedFailedDeleteKeepsTheAcknowledgedVersionVisible(t *testing.T) {
+	ctx := context.Background()
+	mem, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	f := &replica.Fenced{Store: failedDeletes{mem}, Epoch: 7, Source: src}
+	setStandbys := func(s ...string) {
+		t.Helper()
+		standbys.Store(s)
+		if err := src.RefreshStandbys(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push := func(v uint64) error {
+		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
+		return err
+	}
+	setStandbys()
+	for v := uint64(1); v <= 3; v++ {
+		if err := push(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Delete(ctx, "m"); err == nil {
+		t.Fatal("Delete on a store that cannot delete succeeded")
+	}
+	setStandbys("s1")
+	if err := push(4); !errors.Is(err, store.ErrNotAcknowledged) {
+		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
+	}
+	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 3 {
+		t.Fatalf("Get with v4 unacknowledged after a failed Delete: %v %v, want v3", versionOf(s), err)
+	}
+}
