@@ -16,7 +16,7 @@ import (
 )
 
 // A Delete on the primary, acknowledged, is on its connected standby: the
-// model's directory is gone there, and the model pushed again from v1
+// model's directory is gone there (not left empty), and the model pushed again from v1
 // (same sizes, other bytes) arrives whole, no version of the deleted
 // model left beside it; the standby's store, opened as an elected hub
 // opens it, serves the new model only.
@@ -40,10 +40,13 @@ func TestStandbyMirrorsADeleteAndTheModelPushedAgain(t *testing.T) {
 	if err := p.fenced.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	// Its files are gone there (an empty directory may stay: a File store
-	// opening it finds no model).
-	if left, _ := os.ReadDir(filepath.Join(d.dir, "store", store.ModelDir("m"))); len(left) != 0 {
-		t.Fatalf("the deleted model's files on the standby after the Delete was acknowledged: %v", left)
+	// Its directory is gone there, as on the primary: no empty directory
+	// stays for each model deleted.
+	if left, err := os.ReadDir(filepath.Join(d.dir, "store", store.ModelDir("m"))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the deleted model's directory on the standby after the Delete was acknowledged: %v %v", left, err)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, "store")); err != nil {
+		t.Fatalf("the standby's store directory after the Delete: %v", err)
 	}
 	nu := push(1, 11)
 	d.same(t, "m", 1, nu)
@@ -72,4 +75,40 @@ func versionOfSnap(s *store.Snapshot) any {
 		return "none"
 	}
 	return s.Version
+}
+
+// A directory of the primary that became a file (ars/x/y → ars/x) in one
+// unit: the standby installs the file and removes the directory's file,
+// and the emptied directory's removal leaves the file in its place.
+func TestStandbyKeepsAFileWhereADirectoryWasEmptied(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := startDPPrimary(t, dpOptions{bulkMethod: true})
+	d := newDPFollower(t, "", TransportAuto)
+	stop := d.followFor(ctx, p.addr)
+	defer stop()
+	x := filepath.Join(p.dir, "ars", "x")
+	if err := os.MkdirAll(x, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(x, "y"), []byte("state"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.src.Changed(x)
+	d.same(t, "a", 1, p.push(t, ctx, "a", 1, 4096))
+	if b, err := os.ReadFile(filepath.Join(d.dir, "ars", "x", "y")); err != nil || string(b) != "state" {
+		t.Fatalf("ars/x/y on the standby: %q %v", b, err)
+	}
+	if err := os.RemoveAll(x); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(x, []byte("a file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.src.Changed(x)
+	p.src.Changed(filepath.Join(x, "y"))
+	d.same(t, "a", 2, p.push(t, ctx, "a", 2, 4096))
+	if b, err := os.ReadFile(filepath.Join(d.dir, "ars", "x")); err != nil || string(b) != "a file" {
+		t.Fatalf("ars/x on the standby: %q %v", b, err)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -840,13 +841,18 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.H
 			return err
 		}
 		p := filepath.Join(root, rel)
-		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
+		fi, err := os.Lstat(p)
+		if err == nil && fi.IsDir() {
 			continue // a file the primary replaced with a directory (moved in above)
+		}
+		if errors.Is(err, syscall.ENOTDIR) {
+			continue // a directory the primary replaced with a file (moved in above)
 		}
 		if err := sp.Retire(p); err != nil {
 			return fmt.Errorf("replica: remove %s: %w", rel, err)
 		}
 		dirs[filepath.Dir(p)] = true
+		removeEmptied(root, filepath.Dir(rel), dirs)
 	}
 	if !sync {
 		return nil
@@ -857,6 +863,25 @@ func applyUnit(root, stage string, mk unitMarker, sync bool, crash *crashpoint.H
 		}
 	}
 	return nil
+}
+
+// removeEmptied removes dir (relative to root) and each directory above
+// it that a unit's removals left empty, below the mirrored directory they
+// are in, as the primary removes a deleted model's directory (the store's,
+// the reducer's): a standby keeps no empty directory per deleted model.
+// Each removed directory's parent goes in dirs, to be fsynced. A directory
+// not empty (a file installed or kept in it) stays, and so does one that
+// cannot be removed: it is litter, not state, and fails no unit; a unit
+// rolled forward after a crash tries again.
+func removeEmptied(root, dir string, dirs map[string]bool) {
+	for ; filepath.Dir(dir) != "."; dir = filepath.Dir(dir) {
+		p := filepath.Join(root, dir)
+		if err := syscall.Rmdir(p); err != nil {
+			return
+		}
+		delete(dirs, p)
+		dirs[filepath.Dir(p)] = true
+	}
 }
 
 // recoverUnits rolls forward every staged unit that has its commit
