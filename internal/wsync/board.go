@@ -64,10 +64,15 @@ func (b *Board) Newest() *store.Snapshot {
 }
 
 // GetIfNewer implements Source.
-func (b *Board) GetIfNewer(_ context.Context, than uint64) (*store.Snapshot, error) {
+func (b *Board) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	return b.GetIfNewerLife(ctx, than, 0)
+}
+
+// GetIfNewerLife implements LifeSource.
+func (b *Board) GetIfNewerLife(_ context.Context, than, life uint64) (*store.Snapshot, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cur != nil && b.cur.Version > than {
+	if b.cur != nil && (b.cur.Version > than || newLife(b.cur, life)) {
 		return b.cur, nil
 	}
 	if b.closed {

@@ -268,11 +268,17 @@ func (c *Client) took(s *store.Snapshot) {
 
 // GetIfNewer implements Source.
 func (c *Client) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	return c.GetIfNewerLife(ctx, than, 0)
+}
+
+// GetIfNewerLife implements LifeSource: with ClientConfig.FollowLives the
+// server sends a new life's newest at once, and it is returned here.
+func (c *Client) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
 	if c.cfg.ReuseBuffers {
 		c.bufMu.Lock()
 		defer c.bufMu.Unlock()
 	}
-	s, err := c.board.GetIfNewer(ctx, than)
+	s, err := c.board.GetIfNewerLife(ctx, than, life)
 	if s != nil && c.cfg.ReuseBuffers {
 		c.took(s)
 	}

@@ -305,37 +305,48 @@ func (c *DataPlaneClient) Skipped() uint64 {
 // GetIfNewer implements Source: the newest version if newer than than;
 // nil, nil when it is not, or when the model has no version yet.
 func (c *DataPlaneClient) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	return c.GetIfNewerLife(ctx, than, 0)
+}
+
+// GetIfNewerLife implements LifeSource: with DataPlaneConfig.FollowLives
+// it also returns the newest version of another life than life (the life
+// of than; 0: unknown); without, it is GetIfNewer.
+func (c *DataPlaneClient) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
+	if !c.cfg.FollowLives {
+		life = 0
+	}
 	c.callMu.Lock()
 	defer c.callMu.Unlock()
 	if err := c.usable(); err != nil {
 		return nil, err
 	}
 	if f := c.current(); f != nil {
-		return c.fallbackGetIfNewer(ctx, f, than)
+		return c.fallbackGetIfNewer(ctx, f, than, life)
 	}
-	hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: than, WaitMs: 1}
-	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than, 0)
+	hello := &rlhubv1.SyncHello{CollectorId: c.cfg.CollectorID, Model: c.cfg.Model, Version: than, WaitMs: 1,
+		FollowLives: c.cfg.FollowLives, Life: life}
+	snap, err := c.call(ctx, DataPlaneWatchMethod, hello, than, life)
 	if errors.Is(err, errs.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil && c.noDataPlane(err) {
-		if err := c.fallBack(ctx, than, 0); err != nil {
+		if err := c.fallBack(ctx, than, life); err != nil {
 			return nil, err
 		}
 		// The fallback's first read is admitted as every later one is
 		// (its epoch checked and recorded).
-		return c.fallbackGetIfNewer(ctx, c.current(), than)
+		return c.fallbackGetIfNewer(ctx, c.current(), than, life)
 	}
 	return snap, err
 }
 
-// fallbackGetIfNewer is GetIfNewer on the gRPC fallback f, admitting what
-// it returns (c.admit: the epoch rule) and letting f go when the primary
-// it followed is gone. Called with callMu held.
-func (c *DataPlaneClient) fallbackGetIfNewer(ctx context.Context, f *Client, than uint64) (*store.Snapshot, error) {
-	snap, err := f.GetIfNewer(ctx, than)
+// fallbackGetIfNewer is GetIfNewerLife on the gRPC fallback f, admitting
+// what it returns (c.admit: the epoch rule) and letting f go when the
+// primary it followed is gone. Called with callMu held.
+func (c *DataPlaneClient) fallbackGetIfNewer(ctx context.Context, f *Client, than, life uint64) (*store.Snapshot, error) {
+	snap, err := f.GetIfNewerLife(ctx, than, life)
 	if err == nil && snap != nil {
-		if err = c.admit(snap, than); err != nil {
+		if err = c.admit(snap, than, life); err != nil {
 			snap = nil
 		}
 	}
@@ -369,7 +380,7 @@ func (c *DataPlaneClient) WaitNewerLife(ctx context.Context, after, life uint64)
 		var err error
 		if f := c.current(); f != nil {
 			if snap, err = f.WaitNewerLife(ctx, after, life); err == nil {
-				err = c.admit(snap, after)
+				err = c.admit(snap, after, life)
 			}
 			if err != nil && c.follow != nil && ctx.Err() == nil && errors.Is(err, errs.ErrUnavailable) {
 				c.dropFallback(f) // on a cluster the stream is attached again, to the new primary
@@ -436,10 +447,10 @@ func (c *DataPlaneClient) Follows() uint64 {
 }
 
 // admit checks a version from the fallback stream, taken after version
-// after, against the epochs delivered before (see "Following a cluster"),
+// after of life life (0: unknown), against the epochs delivered before (see "Following a cluster"),
 // records its epoch and counts the versions it skipped (the data plane's
 // come from the hub).
-func (c *DataPlaneClient) admit(snap *store.Snapshot, after uint64) error {
+func (c *DataPlaneClient) admit(snap *store.Snapshot, after, life uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if snap.Epoch < c.epoch {
@@ -447,7 +458,9 @@ func (c *DataPlaneClient) admit(snap *store.Snapshot, after uint64) error {
 			errs.ErrUnavailable, snap.Version, errs.Quote(snap.Name), snap.Epoch, c.epoch)
 	}
 	c.epoch = snap.Epoch
-	c.nskipped += skipped(after, snap.Version)
+	if !newLife(snap, life) { // another life's versions are numbered afresh, as the hub counts them
+		c.nskipped += skipped(after, snap.Version)
+	}
 	return nil
 }
 

@@ -183,10 +183,26 @@ func (f *Failover) Current() string {
 
 // GetIfNewer implements Source, trying each dialer once at most.
 func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
+	return f.getIfNewer(ctx, than, f.deliveredLife(), false)
+}
+
+// GetIfNewerLife implements LifeSource: with FailoverConfig.FollowLives it
+// also returns a version of another life than life (the life of version
+// than; 0: unknown) from a source that follows lives, as WaitNewerLife
+// does; without, it is GetIfNewer.
+func (f *Failover) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
+	if !f.cfg.FollowLives {
+		return f.GetIfNewer(ctx, than)
+	}
+	return f.getIfNewer(ctx, than, life, true)
+}
+
+// getIfNewer is GetIfNewer; lives asks the current source with
+// GetIfNewerLife (get).
+func (f *Failover) getIfNewer(ctx context.Context, than, life uint64, lives bool) (*store.Snapshot, error) {
 	f.callMu.Lock()
 	defer f.callMu.Unlock()
 	var tried []error
-	life := f.deliveredLife()
 	for attempt := 0; attempt <= len(f.cfg.Dialers); attempt++ {
 		if err := f.ensure(ctx, than, life); err != nil {
 			return nil, err
@@ -194,7 +210,7 @@ func (f *Failover) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot
 		if snap := f.probe(ctx, than, life); snap != nil {
 			return snap, nil
 		}
-		snap, err := f.current().GetIfNewer(ctx, than)
+		snap, err := f.get(ctx, f.current(), than, life, lives)
 		if snap != nil {
 			if err = f.admit(snap, than); err != nil {
 				snap = nil
@@ -316,6 +332,15 @@ func (f *Failover) wait(ctx context.Context, src Source, after, life uint64) (*s
 	return src.WaitNewer(ctx, after)
 }
 
+// get is src's GetIfNewer, or its GetIfNewerLife when lives and
+// following lives.
+func (f *Failover) get(ctx context.Context, src Source, than, life uint64, lives bool) (*store.Snapshot, error) {
+	if ls, ok := src.(LifeSource); ok && lives && f.cfg.FollowLives {
+		return ls.GetIfNewerLife(ctx, than, life)
+	}
+	return src.GetIfNewer(ctx, than)
+}
+
 // deliveredLife is the life of the version delivered last (0: unknown).
 func (f *Failover) deliveredLife() uint64 {
 	f.mu.Lock()
@@ -399,7 +424,8 @@ func (f *Failover) Switches() uint64 {
 }
 
 // admit delivers snap, taken after version after, unless its epoch is
-// older than one delivered before; it counts the versions skipped.
+// older than one delivered before; it counts the versions skipped (none
+// when snap is of another life than the one delivered last).
 func (f *Failover) admit(snap *store.Snapshot, after uint64) error {
 	f.mu.Lock()
 	if snap.Epoch < f.epoch {
@@ -408,10 +434,12 @@ func (f *Failover) admit(snap *store.Snapshot, after uint64) error {
 		return fmt.Errorf("%w: wsync: version %d of %s has epoch %d, older than epoch %d already delivered",
 			errs.ErrUnavailable, snap.Version, errs.Quote(snap.Name), snap.Epoch, ep)
 	}
-	f.epoch, f.life = snap.Epoch, snap.Life()
-	if after > 0 && snap.Version > after+1 {
+	// Another life's versions are numbered afresh: the numbers between
+	// after and snap name no version skipped (as the hub counts them).
+	if after > 0 && snap.Version > after+1 && !newLife(snap, f.life) {
 		f.skipped += snap.Version - after - 1
 	}
+	f.epoch, f.life = snap.Epoch, snap.Life()
 	f.mu.Unlock()
 	f.markServed()
 	return nil

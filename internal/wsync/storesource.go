@@ -31,9 +31,40 @@ type StoreLifeReader interface {
 	WaitNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, error)
 }
 
+// StoreLifePoller is a StoreReader whose "if newer" follows lives: it
+// also returns the newest version when it is of another life than life
+// (the life of version than; 0: unknown), though it is not newer.
+type StoreLifePoller interface {
+	GetIfNewerLife(ctx context.Context, name string, than, life uint64) (*store.Snapshot, error)
+}
+
 // GetIfNewer implements Source.
 func (s StoreSource) GetIfNewer(ctx context.Context, than uint64) (*store.Snapshot, error) {
 	return s.Store.GetIfNewer(ctx, s.Name, than)
+}
+
+// GetIfNewerLife implements LifeSource: the store's GetIfNewerLife when it
+// has one (StoreLifePoller); on an in-process store that numbers lives
+// (store.LifeReader) the newest, read whole only when its life is not
+// life; else GetIfNewer (versions only grow: a store client, which has no
+// life-aware "if newer" yet).
+func (s StoreSource) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
+	if lp, ok := s.Store.(StoreLifePoller); ok {
+		return lp.GetIfNewerLife(ctx, s.Name, than, life)
+	}
+	lr, ok := s.Store.(store.LifeReader)
+	if life == 0 || !ok {
+		return s.Store.GetIfNewer(ctx, s.Name, than)
+	}
+	if _, now, err := lr.NewestLife(s.Name); err != nil || now == life {
+		return s.Store.GetIfNewer(ctx, s.Name, than) // its errors are GetIfNewer's
+	}
+	// Another life: its newest, whatever its number (0: any newest).
+	snap, err := s.Store.GetIfNewer(ctx, s.Name, 0)
+	if err != nil || snap == nil || snap.Version > than || newLife(snap, life) {
+		return snap, err
+	}
+	return nil, nil // the life read was not the newest's (deleted again, or a stale read)
 }
 
 // WaitNewer implements Source.

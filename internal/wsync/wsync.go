@@ -35,8 +35,13 @@ type Source interface {
 // the model was deleted and pushed again. Over the network it returns such
 // a version only when the sender was asked to follow lives (the push
 // stream's ClientConfig.FollowLives, a store client's WaitNewerLife).
+// GetIfNewerLife is GetIfNewer on the same terms: it also returns the
+// newest version when it is of another life than life, the life of
+// version than, though it is not newer (Receiver.Poll with
+// ReceiverConfig.FollowLives).
 type LifeSource interface {
 	WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error)
+	GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error)
 }
 
 // Releaser is a Source whose snapshots hold something of the sender's (a
@@ -80,8 +85,8 @@ type ReceiverConfig struct {
 	// FollowLives applies a version of another life than the running one
 	// (store.Snapshot.Life, both known) though it is not newer: the model
 	// deleted and pushed again (docs/weight-sync.md, "Lives"). Run then
-	// waits with WaitNewerLife when Source is a LifeSource. false: only
-	// newer versions are applied.
+	// waits with WaitNewerLife, and Poll asks with GetIfNewerLife, when
+	// Source is a LifeSource. false: only newer versions are applied.
 	FollowLives bool
 	// StartLife is the life of Start (0: unknown).
 	StartLife uint64
@@ -207,14 +212,20 @@ func (r *Receiver) offer(snap *store.Snapshot, fromSource bool) (bool, error) {
 }
 
 // Poll asks the source for the newest version if it is newer than the
-// running one and applies it. It reports whether a version was applied.
+// running one (or, with ReceiverConfig.FollowLives and a LifeSource, of
+// another life) and applies it. It reports whether a version was applied.
 func (r *Receiver) Poll(ctx context.Context) (bool, error) {
 	release, err := r.holdSource()
 	if err != nil {
 		return false, err
 	}
 	defer release()
-	snap, err := r.cfg.Source.GetIfNewer(ctx, r.Version())
+	var snap *store.Snapshot
+	if ls, ok := r.cfg.Source.(LifeSource); ok && r.cfg.FollowLives {
+		snap, err = ls.GetIfNewerLife(ctx, r.Version(), r.Life())
+	} else {
+		snap, err = r.cfg.Source.GetIfNewer(ctx, r.Version())
+	}
 	if err != nil || snap == nil {
 		return false, err
 	}

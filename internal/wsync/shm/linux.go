@@ -808,6 +808,16 @@ func (r *Reader) WaitNewerLife(ctx context.Context, after, life uint64) (*store.
 	return r.WaitNewer(ctx, after)
 }
 
+// GetIfNewerLife implements wsync.LifeSource: GetIfNewer, but when the
+// segment is of another life than life (both known) its newest version
+// is returned whatever its number, as WaitNewerLife's.
+func (r *Reader) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
+	if life != 0 && r.geo.life != 0 && life != r.geo.life {
+		than = 0
+	}
+	return r.GetIfNewer(ctx, than)
+}
+
 // GetIfNewer implements Source: the newest whole version if newer than
 // `than`, else (nil, nil). A segment whose writer closed it or died fails
 // with errs.ErrUnavailable once it holds nothing newer.

@@ -69,6 +69,9 @@ func (*Reader) WaitNewer(context.Context, uint64) (*store.Snapshot, error) {
 func (*Reader) WaitNewerLife(context.Context, uint64, uint64) (*store.Snapshot, error) {
 	return nil, errors.ErrUnsupported
 }
+func (*Reader) GetIfNewerLife(context.Context, uint64, uint64) (*store.Snapshot, error) {
+	return nil, errors.ErrUnsupported
+}
 
 // Write is unsupported off Linux.
 type Write struct{}
