@@ -245,3 +245,73 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 		})
 	}
 }
+
+// A relay on the data plane with a segment copies a version onto its
+// board (for its stream collectors) only while one waits, else on demand
+// (materialize). A model deleted and pushed again while no stream
+// collector waits lands in a new segment only; a stream collector that
+// attaches afterwards (following lives or not: it runs nothing yet) gets
+// the new model's v1. Before, the relay copied the segment onto the board
+// only when the segment's version was above the board's, so the board kept
+// the deleted model's v5 and handed it out, and a collector of v5 waited
+// for the new model's versions to pass it.
+func TestRelayStreamGetsANewLifeThatLandedInItsSegmentOnly(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	addr := dataPlaneHub(t, st)
+	push := func(v, fill uint64) string {
+		t.Helper()
+		snap := wsynctest.Snap(t, "m", fill, 64)
+		if _, err := st.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+			t.Fatal(err)
+		}
+		return string(snap.Blob)
+	}
+	for v := uint64(1); v <= 5; v++ {
+		push(v, v)
+	}
+	path := wsynctest.ShmPath(t)
+	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-mat", ShmPath: path, Logger: quiet()})
+	waitSegment(t, path, 5)
+
+	// A stream collector takes v5 (the board gets it from the segment),
+	// then leaves: nobody waits on the board.
+	cl, err := wsync.Attach(ctx, wsync.ClientConfig{Conn: dial(t, relay.Addr()), CollectorID: "first", Model: "m", FollowLives: true, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	first, err := cl.WaitNewer(wctx, 0)
+	cancel()
+	cl.Close()
+	if err != nil || first.Version != 5 {
+		t.Fatalf("first stream collector: %v, %v; want v5", first, err)
+	}
+	waitFor(t, "the first stream collector detached", func() bool {
+		for _, ms := range relay.Service().Tracker().Status("m") {
+			for _, c := range ms.Collectors {
+				if c.Attached {
+					return false
+				}
+			}
+		}
+		return true
+	})
+
+	if err := st.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	fresh := push(1, 101)
+	waitSegment(t, path, 1)
+	for _, follow := range []bool{true, false} {
+		late := startLivesCollector(t, relay.Addr(), fmt.Sprintf("late-%v", follow), follow)
+		waitFor(t, "the late collector applied a version", func() bool { return late.last().version != 0 })
+		if got := late.all()[0]; got.blob != fresh {
+			t.Fatalf("follow lives %v: the late stream collector first applied v%d of life %d, want the new model's v1", follow, got.version, got.life)
+		}
+	}
+}

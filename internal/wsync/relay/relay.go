@@ -556,15 +556,18 @@ func shmInUse(path string) error {
 }
 
 // materialize puts the segment's newest version on the board when the
-// board lags it, copying it out of the segment with a copying reader of
-// its own (the seqlock keeps the copy whole while the relay writes the
-// next version into another slot). A version the board already has, or a
+// board lags it (an older version, or one of another life: the model
+// deleted and pushed again, whose versions start afresh below the
+// board's), copying it out of the segment with a copying reader of its
+// own (the seqlock keeps the copy whole while the relay writes the next
+// version into another slot). A version the board already has, or a
 // segment newer meanwhile, is no error.
 func (r *Relay) materialize(ctx context.Context) error {
 	head := r.segHead.Load()
 	behind := func() bool {
 		cur := r.board.Newest()
-		return head != nil && (cur == nil || cur.Version < head.version)
+		return head != nil && (cur == nil || cur.Version < head.version ||
+			head.life != 0 && cur.Life() != 0 && head.life != cur.Life())
 	}
 	if !behind() {
 		return nil
@@ -585,11 +588,13 @@ func (r *Relay) materialize(ctx context.Context) error {
 		}
 		r.seg, r.segOpened = rd, gen
 	}
-	than := uint64(0)
+	than, life := uint64(0), uint64(0)
 	if cur := r.board.Newest(); cur != nil {
-		than = cur.Version
+		than, life = cur.Version, cur.Life()
 	}
-	snap, err := r.seg.GetIfNewer(ctx, than)
+	// A segment of another life than the board's: its newest, whatever
+	// its number.
+	snap, err := r.seg.GetIfNewerLife(ctx, than, life)
 	if err != nil || snap == nil {
 		return err
 	}
