@@ -17,13 +17,18 @@ import (
 // Failover, store pull and watch, the data plane and its gRPC fallback).
 // By default a collector takes the new model's v1 at once, its weights
 // with it; before, it kept the deleted model's v5 until the new model's
-// versions passed it. One with NoFollowLives keeps that older rule.
+// versions passed it. One with NoFollowLives keeps that older rule. The
+// collectors are driven by Run, or by Poll alone (poll=true; before, Poll
+// followed no lives on any Via). ViaStore's Poll does not follow lives yet
+// (storerpc.Client has no life-aware pull if newer): it has no Poll case.
 func TestCollectorFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	for _, tc := range []struct {
 		via         string
 		noDataPlane bool
-	}{{rlhub.ViaPush, false}, {rlhub.ViaStore, false}, {rlhub.ViaDataPlane, false}, {rlhub.ViaDataPlane, true}} {
-		t.Run(fmt.Sprintf("%s/noDataPlane=%v", tc.via, tc.noDataPlane), func(t *testing.T) {
+		poll        bool
+	}{{rlhub.ViaPush, false, false}, {rlhub.ViaStore, false, false}, {rlhub.ViaDataPlane, false, false}, {rlhub.ViaDataPlane, true, false},
+		{rlhub.ViaPush, false, true}, {rlhub.ViaDataPlane, false, true}, {rlhub.ViaDataPlane, true, true}} {
+		t.Run(fmt.Sprintf("%s/noDataPlane=%v/poll=%v", tc.via, tc.noDataPlane, tc.poll), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			addr, s := policyHub(t, ctx, tc.noDataPlane)
@@ -40,16 +45,30 @@ func TestCollectorFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { c.Close() })
-				t.Cleanup(running(ctx, c))
+				if !tc.poll {
+					t.Cleanup(running(ctx, c))
+				}
 				return c, local
 			}
 			lives, livesW := start("lives", false)
 			older, olderW := start("older", true)
+			// poll polls both collectors when they are driven by Poll.
+			poll := func() {
+				if !tc.poll {
+					return
+				}
+				for _, c := range []*rlhub.Collector{lives, older} {
+					if _, err := c.Poll(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
 			at := func(sd *rlhub.StateDict, want float32) bool {
 				w, _ := sd.Get("w").Float32s()
 				return w[0] == want && w[1] == -want
 			}
 			testkit.Eventually(t, 20*time.Second, "both collectors at v5", func() bool {
+				poll()
 				return lives.Version() == 5 && older.Version() == 5 && at(livesW, 5) && at(olderW, 5)
 			})
 
@@ -65,6 +84,7 @@ func TestCollectorFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 				t.Fatal(err)
 			}
 			testkit.Eventually(t, 20*time.Second, "the default collector at the new model's v1", func() bool {
+				poll()
 				return lives.Version() == 1 && at(livesW, 101)
 			})
 			if older.Version() != 5 || !at(olderW, 5) {
@@ -78,6 +98,7 @@ func TestCollectorFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 				}
 			}
 			testkit.Eventually(t, 20*time.Second, "both collectors at the new model's v6", func() bool {
+				poll()
 				return lives.Version() == 6 && older.Version() == 6 && at(livesW, 106) && at(olderW, 106)
 			})
 		})
