@@ -179,3 +179,28 @@ def test_receiver_asked_not_to_keeps_versions_only_growing(hub):
             while r.version != 6 and time.monotonic() < deadline:
                 r.wait(1.0)
             assert r.version == 6 and all_equal(module, 106.0)
+
+
+def test_data_plane_fallback_counts_no_skips_across_lives(rlhub_bin, tmp_path):
+    """A DataPlaneSource on its fallback push stream (a hub without the
+    store's data plane): the new life's v9 after the deleted model's v1
+    skipped nothing, as the data plane's own count says."""
+    from conftest import Hub
+
+    hub = Hub(rlhub_bin, tmp_path, extra=["--no-store-data-plane"])
+    try:
+        module = linear()
+        with rlhub.StoreClient(hub.addr, timeout=10) as store, \
+                ws.Receiver(module, ws.DataPlaneSource(hub.addr, MODEL, collector_id="c-fb")) as r:
+            store.push(MODEL, filled(1.0), version=1)
+            assert r.wait(WAIT) and r.version == 1 and r.source.transport == "grpc"
+            restart_model(hub, store)
+            for v in range(2, 10):
+                store.push(MODEL, filled(100.0 + v), version=v)
+            deadline = time.monotonic() + WAIT
+            while r.version != 9 and time.monotonic() < deadline:
+                r.wait(1.0)
+            assert r.version == 9 and all_equal(module, 109.0)
+            assert r.source.stats["skipped"] == 0, r.source.stats
+    finally:
+        hub.stop()

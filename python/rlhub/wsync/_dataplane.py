@@ -228,16 +228,17 @@ class DataPlaneSource:
         self._follow.offer(*(r if r is not None else ("", 0)))
         self.stats["follows"] += 1
 
-    def _admit(self, wv: Optional[WeightVersion], after: int) -> Optional[WeightVersion]:
-        """A fallback stream's version taken after ``after``, unless its
-        epoch is older than one delivered; counts what it skipped (the data
-        plane's skips come from the hub)."""
+    def _admit(self, wv: Optional[WeightVersion], after: int, life: int = 0) -> Optional[WeightVersion]:
+        """A fallback stream's version taken after ``after`` (of life
+        ``life``), unless its epoch is older than one delivered; counts what
+        it skipped (the data plane's skips come from the hub), none across
+        lives: a new life's versions start afresh."""
         if wv is not None:
             if wv.epoch < self._epoch:
                 raise errors.Unavailable(f"version {wv.version} of epoch {wv.epoch} is older than epoch "
                                          f"{self._epoch} already delivered (a deposed primary)")
             self._epoch = wv.epoch
-            if after and wv.version > after + 1:
+            if after and wv.version > after + 1 and not _new_life(wv.life, life):
                 self.stats["skipped"] += wv.version - after - 1
         return wv
 
@@ -260,7 +261,7 @@ class DataPlaneSource:
         of another life than ``life``; a 1 ms poll), else None."""
         if self._fallback is not None:
             try:
-                return self._admit(self._fallback.get_if_newer(than, life=life), than)
+                return self._admit(self._fallback.get_if_newer(than, life=life), than, life)
             except errors.RlhubError as e:
                 if self._follow is not None and self._followable(e):
                     self._drop_fallback()  # attached again, to the new primary, next time
@@ -280,7 +281,7 @@ class DataPlaneSource:
             try:
                 if self._fallback is not None:
                     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                    return self._admit(self._fallback.wait_newer(after, left, life=life), after)
+                    return self._admit(self._fallback.wait_newer(after, left, life=life), after, life)
                 wait_ms = WAIT_MS
                 if deadline is not None:
                     wait_ms = int(min(max(deadline - time.monotonic(), 0.001), WAIT_MS / 1000) * 1000) or 1
