@@ -50,15 +50,31 @@ type core struct {
 }
 
 // lives numbers the models' lives (model.life) of every store in the
-// process: one counter, started at the clock, so that a life is told
-// apart from the lives of other stores and of this store before a
-// restart, not only from the model's earlier lives (a follower of a hub
-// compares the lives it is sent, docs/weight-sync.md), and later lives
-// of a model are greater, as the sync tracker wants. The clock is only a
-// starting point: nothing depends on its value.
+// process: one counter, started at the clock, so that a new life is told
+// apart from the lives of other stores and of other processes, not only
+// from the model's earlier lives (a follower of a hub compares the lives
+// it is sent, docs/weight-sync.md), and later lives of a model are
+// greater, as the sync tracker wants. A File store keeps a model's life
+// in its manifest and restores it at open (restoreLife), so a restart or
+// a cluster failover, whose history is the same, names the same life.
+// The clock is only a starting point: nothing depends on its value.
 var lives atomic.Uint64
 
 func init() { lives.Store(uint64(time.Now().UnixNano()) & (MaxVersion - 1)) }
+
+// restoreLife sets m's life to life, one recorded before this process
+// (a File store's manifest), and moves the counter past it, so that the
+// model's next life is greater whatever the clock said at start. c.mu
+// must be held.
+func restoreLife(m *model, life uint64) {
+	m.life = life
+	for {
+		cur := lives.Load()
+		if cur >= life || lives.CompareAndSwap(cur, life) {
+			return
+		}
+	}
+}
 
 // model is one named model. versions, epoch and changed are guarded by
 // core.mu and written only by the holder of wsem.
@@ -233,7 +249,7 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Sna
 	defer func() { <-m.wsem }()
 
 	c.mu.Lock()
-	cur, epoch, owner := m.newest(), m.epoch, m.owner
+	cur, epoch, owner, life := m.newest(), m.epoch, m.owner, m.life
 	c.mu.Unlock()
 	if err := decide(&req, cur, epoch, owner); err != nil {
 		c.mu.Lock()
@@ -261,6 +277,7 @@ func (c *core) push(ctx context.Context, req PushRequest, persist func(snap *Sna
 		Metadata: f.Metadata,
 		Created:  c.cfg.Now().Round(0), // wall clock only: it is persisted and compared
 		recycle:  req.Recycle,
+		life:     life, // persist records it; only a Delete, holding wsem, changes it
 	}
 	if cur != nil {
 		snap.Seq = cur.Seq + 1
@@ -552,7 +569,7 @@ func (c *core) holdWrite(ctx context.Context, name string) (*model, func(), erro
 // setOwner implements Claimer.Claim (claim) and Claimer.Release (!claim).
 // persist, when non-nil, records the new owner durably (with the model's
 // write slot held) before it takes effect.
-func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, persist func(name, owner string) error) error {
+func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, persist func(name, owner string, life uint64) error) error {
 	if owner == "" {
 		return fmt.Errorf("%w: an owner must be named", errs.ErrInvalid)
 	}
@@ -562,7 +579,7 @@ func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, per
 	}
 	defer done()
 	c.mu.Lock()
-	cur := m.owner
+	cur, life := m.owner, m.life
 	c.mu.Unlock()
 	next := owner
 	switch {
@@ -577,7 +594,7 @@ func (c *core) setOwner(ctx context.Context, name, owner string, claim bool, per
 		next = ""
 	}
 	if persist != nil {
-		if err := persist(name, next); err != nil {
+		if err := persist(name, next, life); err != nil {
 			return err
 		}
 	}

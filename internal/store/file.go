@@ -100,12 +100,15 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// manifest is one model's MANIFEST.json.
+// manifest is one model's MANIFEST.json. Life is recorded so that the
+// store opened again, or a standby's copy opened by a promoted hub, names
+// the life its followers know (docs/weight-sync.md, "Lives").
 type manifest struct {
 	Format   int             `json:"format"`
 	Name     string          `json:"name"`
 	Epoch    uint64          `json:"epoch"`           // highest epoch landed
 	Owner    string          `json:"owner,omitempty"` // the model's owner (rule 6); "" for none
+	Life     uint64          `json:"life,omitempty"`  // the model's life (Snapshot.Life); 0: written before lives were recorded
 	Versions []manifestEntry `json:"versions"`        // empty only for a claimed model never pushed
 }
 
@@ -215,6 +218,13 @@ func (f *File) recover() error {
 		f.manifests[m.Name] = m
 		f.c.mu.Lock()
 		mod := f.c.modelLocked(m.Name)
+		if m.Life != 0 {
+			restoreLife(mod, m.Life)
+		} else {
+			// Written by a build that did not record lives: a new one,
+			// once (the next write of its manifest records it).
+			f.cfg.Logger.Info("store: a model's manifest names no life; it starts a new one", "name", m.Name, "life", mod.life)
+		}
 		for _, s := range snaps {
 			s.life = mod.life
 		}
@@ -309,6 +319,11 @@ func readManifest(dir string) (*manifest, error) {
 	}
 	if m.Format != manifestFormat {
 		return nil, fmt.Errorf("%s: format %d, want %d", manifestName, m.Format, manifestFormat)
+	}
+	if m.Life >= MaxVersion {
+		// No store numbers one so high; the counter restored past it
+		// would wrap to 0, "unknown".
+		return nil, fmt.Errorf("%s: life %d is out of range (at most %d)", manifestName, m.Life, MaxVersion-1)
 	}
 	return &m, nil
 }
@@ -514,7 +529,7 @@ func (f *File) abandon(dir, file string) {
 // before any push) is removed as Delete removes one, so that claims leave
 // nothing behind; a failed claim of such a model removes the directory it
 // made. It runs with the model's write slot held.
-func (f *File) persistOwner(name, owner string) error {
+func (f *File) persistOwner(name, owner string, life uint64) error {
 	f.mu.Lock()
 	old := f.manifests[name]
 	f.mu.Unlock()
@@ -526,7 +541,7 @@ func (f *File) persistOwner(name, owner string) error {
 		return err
 	}
 	next := *old
-	next.Owner = owner
+	next.Owner, next.Life = owner, life
 	next.Versions = slices.Clone(old.Versions)
 	if err := f.commitManifest(dir, &next); err != nil {
 		f.abandon(dir, "")
@@ -577,7 +592,7 @@ func (f *File) persist(snap *Snapshot, owner string) error {
 		f.abandon(dir, entry.File)
 		return fmt.Errorf("store: checkpoint %q version %d: %w", snap.Name, snap.Version, err)
 	}
-	next := &manifest{Format: manifestFormat, Name: snap.Name, Epoch: max(old.Epoch, snap.Epoch), Owner: owner}
+	next := &manifest{Format: manifestFormat, Name: snap.Name, Epoch: max(old.Epoch, snap.Epoch), Owner: owner, Life: snap.life}
 	next.Versions = append(slices.Clone(old.Versions), entry)
 	var dropped []manifestEntry
 	if over := len(next.Versions) - f.cfg.Store.Retain; over > 0 {
