@@ -136,9 +136,10 @@ type Snapshot struct {
 
 // Life tells the model's lives apart, as Skips does: the versions of one
 // life share it, and a Delete starts a greater one, whose versions are
-// numbered afresh. A store numbers lives from a counter its process starts
-// at the clock: lives of two stores, or of one store before and after a
-// restart (which starts its models' lives afresh), differ too. A snapshot
+// numbered afresh. A store draws lives from a counter its process starts
+// at the clock, so lives of two stores differ too; a File store records a
+// model's life in its manifest and restores it at open, so a restart (or
+// a standby's copy opened by a promoted hub) keeps it. A snapshot
 // received over the network has the life its sender named (WithLife;
 // BlobInfo.life); 0 when unknown.
 func (s *Snapshot) Life() uint64 { return s.life }

@@ -491,11 +491,12 @@ class StoreClient:
         newest at once, though that is not newer than the last version
         yielded (``ModelVersion.life`` changes); within a life versions only
         grow. ``life`` is the life of version ``after`` (0: unknown, the
-        first version yielded is newer than ``after``). After a hub restart
-        or a cluster failover the hub names other lives, so the watch yields
-        its newest once again. ``follow_lives=False`` keeps the old rule
-        (only newer versions: a deleted model's followers wait for the new
-        model to pass them), as does a hub that predates lives.
+        first version yielded is newer than ``after``). A hub restart or a
+        cluster failover keeps the lives (a hub with ``--data``), so the
+        watch goes on from the version it yielded. ``follow_lives=False``
+        keeps the old rule (only newer versions: a deleted model's
+        followers wait for the new model to pass them), as does a hub that
+        predates lives.
 
         A watch is long-lived: it outlasts the hub it reads from. When the
         hub is unreachable (stopped, killed, restarting: ``Unavailable``)

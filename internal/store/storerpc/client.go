@@ -515,9 +515,9 @@ func (c *Client) Watch(ctx context.Context, name string, after uint64, fn func(s
 // life's newest version at once, though it is not newer than the last one
 // delivered (each snapshot's Life is the one the hub named; versions only
 // grow within a life). life is the life of version after (0: unknown). A
-// reconnect resumes after the last delivered version and its life, so a
-// hub restarted (or another cluster primary), whose lives differ, sends
-// its newest once again. A hub that predates lives answers as Watch.
+// reconnect resumes after the last delivered version and its life; a hub
+// restarted on its data, or another cluster primary, names the same lives
+// (docs/store.md). A hub that predates lives answers as Watch.
 func (c *Client) WatchLives(ctx context.Context, name string, after, life uint64, fn func(snap *store.Snapshot, skipped uint64) error) error {
 	return c.watch(ctx, name, after, life, true, fn)
 }

@@ -46,8 +46,8 @@ type BlobInfo struct {
 	// Model versions (store pulls and watches, weight sync): the version's
 	// life. Opaque: the versions of one life of the model share it, and a
 	// model deleted and pushed again (from version 1) has another; a hub
-	// restarted or another hub (a new cluster primary) names other lives
-	// too. 0: unknown (a sender that predates lives). docs/weight-sync.md,
+	// restarted on its data, or a new cluster primary, names the same
+	// lives. 0: unknown (a sender that predates lives). docs/weight-sync.md,
 	// "Lives".
 	Life          uint64 `protobuf:"varint,6,opt,name=life,proto3" json:"life,omitempty"`
 	unknownFields protoimpl.UnknownFields

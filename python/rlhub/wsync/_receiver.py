@@ -178,10 +178,9 @@ class Receiver:
     restarted under its name), and a collector never wants to keep acting
     on the deleted model's weights. :meth:`poll` and :meth:`wait` ask a
     source that follows lives (``follows_lives``) for such a version with
-    :attr:`life`. ``life`` is the life of ``version`` (0: unknown). After a
-    hub restart or a cluster failover the hub names other lives, so its
-    newest is applied once again. ``follow_lives=False``: only newer
-    versions are applied.
+    :attr:`life`. ``life`` is the life of ``version`` (0: unknown). A hub
+    restart or a cluster failover keeps the lives (a hub with ``--data``).
+    ``follow_lives=False``: only newer versions are applied.
     """
 
     def __init__(self, target: Any, source: Source, *, collector_id: Optional[str] = None,
