@@ -19,7 +19,7 @@ import (
 // model's directory is gone there (not left empty), and the model pushed again from v1
 // (same sizes, other bytes) arrives whole, no version of the deleted
 // model left beside it; the standby's store, opened as an elected hub
-// opens it, serves the new model only.
+// opens it, serves the new model only, of the primary's life.
 func TestStandbyMirrorsADeleteAndTheModelPushedAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -55,6 +55,10 @@ func TestStandbyMirrorsADeleteAndTheModelPushedAgain(t *testing.T) {
 			t.Fatalf("the deleted model's v%d on the standby beside the new v1: %v", v, err)
 		}
 	}
+	_, life, err := p.fenced.NewestLife("m")
+	if err != nil {
+		t.Fatal(err)
+	}
 	stop()
 	st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(d.dir, "store"), Store: store.Config{Retain: 3}, Logger: testkit.Logger()})
 	if err != nil {
@@ -64,6 +68,11 @@ func TestStandbyMirrorsADeleteAndTheModelPushedAgain(t *testing.T) {
 	s, err := st.Get(ctx, "m", 0)
 	if err != nil || s.Version != 1 || !bytes.Equal(s.Blob, nu) {
 		t.Fatalf("the standby's store serves %v %v, want the new v1", versionOfSnap(s), err)
+	}
+	if s.Life() != life {
+		// The manifest it recovers names the primary's life: a promoted
+		// standby's followers go on from the version they hold.
+		t.Fatalf("the standby's store names life %d, the primary's %d", s.Life(), life)
 	}
 	if _, err := st.Get(ctx, "m", 3); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("the standby's store serves the deleted model's v3: %v", err)
