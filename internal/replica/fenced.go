@@ -725,28 +725,7 @@ func (f *Fenced) Lend(ctx context.Context, name string, version uint64) (*store.
 // LendNewer implements store.Lender: it waits for an acknowledged version
 // newer than after.
 func (f *Fenced) LendNewer(ctx context.Context, name string, after uint64) (*store.Snapshot, func(), error) {
-	for {
-		snap, release, err := store.BorrowNewer(ctx, f.Store, name, after)
-		if err != nil {
-			return nil, nil, err
-		}
-		_, changed := f.vis().bound(name)
-		snap, release, err = f.visible(ctx, name, snap, release)
-		if err != nil {
-			return nil, nil, err
-		}
-		if snap != nil && snap.Version > after {
-			return snap, release, nil
-		}
-		if snap != nil {
-			release()
-		}
-		select {
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		case <-changed:
-		}
-	}
+	return f.LendNewerLife(ctx, name, after, 0)
 }
 
 // LendNewerLife implements store.LifeWaiter: LendNewer that also returns,
@@ -757,9 +736,6 @@ func (f *Fenced) LendNewer(ctx context.Context, name string, after uint64) (*sto
 // A version of the new life waiting for its acknowledgement is waited
 // for, as LendNewer waits.
 func (f *Fenced) LendNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, func(), error) {
-	if life == 0 {
-		return f.LendNewer(ctx, name, after)
-	}
 	for {
 		snap, release, err := store.BorrowNewerLife(ctx, f.Store, name, after, life)
 		if err != nil {
@@ -770,7 +746,7 @@ func (f *Fenced) LendNewerLife(ctx context.Context, name string, after, life uin
 		if err != nil {
 			return nil, nil, err
 		}
-		if snap != nil && (snap.Version > after || snap.Life() != life) {
+		if snap != nil && (snap.Version > after || life != 0 && snap.Life() != life) {
 			return snap, release, nil
 		}
 		if snap != nil {
