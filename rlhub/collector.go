@@ -421,7 +421,7 @@ func (c *Collector) takeTurn(ctx context.Context) (release func(), err error) {
 
 // Poll applies the newest version if it is newer than the one running
 // (or, unless NoFollowLives, of another life: the model deleted and
-// pushed again; not yet with ViaStore); it reports whether it applied one. Beside a Run on ViaDataPlane or a
+// pushed again); it reports whether it applied one. Beside a Run on ViaDataPlane or a
 // cluster, it waits for Run to end, within ctx.
 func (c *Collector) Poll(ctx context.Context) (bool, error) {
 	ctx, done := c.callCtx(ctx)

@@ -19,15 +19,15 @@ import (
 // with it; before, it kept the deleted model's v5 until the new model's
 // versions passed it. One with NoFollowLives keeps that older rule. The
 // collectors are driven by Run, or by Poll alone (poll=true; before, Poll
-// followed no lives on any Via). ViaStore's Poll does not follow lives yet
-// (storerpc.Client has no life-aware pull if newer): it has no Poll case.
+// followed no lives on any Via; ViaStore's Poll, a pull "if newer", did
+// not until storerpc.Client.GetIfNewerLife).
 func TestCollectorFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	for _, tc := range []struct {
 		via         string
 		noDataPlane bool
 		poll        bool
 	}{{rlhub.ViaPush, false, false}, {rlhub.ViaStore, false, false}, {rlhub.ViaDataPlane, false, false}, {rlhub.ViaDataPlane, true, false},
-		{rlhub.ViaPush, false, true}, {rlhub.ViaDataPlane, false, true}, {rlhub.ViaDataPlane, true, true}} {
+		{rlhub.ViaPush, false, true}, {rlhub.ViaStore, false, true}, {rlhub.ViaDataPlane, false, true}, {rlhub.ViaDataPlane, true, true}} {
 		t.Run(fmt.Sprintf("%s/noDataPlane=%v/poll=%v", tc.via, tc.noDataPlane, tc.poll), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

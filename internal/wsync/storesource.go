@@ -31,9 +31,10 @@ type StoreLifeReader interface {
 	WaitNewerLife(ctx context.Context, name string, after, life uint64) (*store.Snapshot, error)
 }
 
-// StoreLifePoller is a StoreReader whose "if newer" follows lives: it
-// also returns the newest version when it is of another life than life
-// (the life of version than; 0: unknown), though it is not newer.
+// StoreLifePoller is a StoreReader whose "if newer" follows lives (a
+// store client's GetIfNewerLife, storerpc.Client): it also returns the
+// newest version when it is of another life than life (the life of
+// version than; 0: unknown), though it is not newer.
 type StoreLifePoller interface {
 	GetIfNewerLife(ctx context.Context, name string, than, life uint64) (*store.Snapshot, error)
 }
@@ -44,10 +45,9 @@ func (s StoreSource) GetIfNewer(ctx context.Context, than uint64) (*store.Snapsh
 }
 
 // GetIfNewerLife implements LifeSource: the store's GetIfNewerLife when it
-// has one (StoreLifePoller); on an in-process store that numbers lives
-// (store.LifeReader) the newest, read whole only when its life is not
-// life; else GetIfNewer (versions only grow: a store client, which has no
-// life-aware "if newer" yet).
+// has one (StoreLifePoller: a store client); on an in-process store that
+// numbers lives (store.LifeReader) the newest, read whole only when its
+// life is not life; else GetIfNewer (versions only grow).
 func (s StoreSource) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
 	if lp, ok := s.Store.(StoreLifePoller); ok {
 		return lp.GetIfNewerLife(ctx, s.Name, than, life)

@@ -321,38 +321,61 @@ func (c *Client) GetIfNewerInto(ctx context.Context, name string, than uint64, b
 	return snap, err
 }
 
+// GetIfNewerLife is GetIfNewer following the model's lives
+// (docs/weight-sync.md, "Lives"; wsync.StoreLifePoller): it also returns
+// the newest version when it is of another life than life, the life of
+// version than (0: unknown; versions only grow), though it is not newer —
+// the model deleted and pushed again. The hub's "not modified" answer
+// names its newest and that version's life; only when that life is known
+// and not life is the newest pulled again whole, so a poll costs what
+// GetIfNewer's does but on a change of life. The snapshot's Life is the
+// one the hub named. A hub that predates lives answers as GetIfNewer.
+func (c *Client) GetIfNewerLife(ctx context.Context, name string, than, life uint64) (*store.Snapshot, error) {
+	snap, newest, err := c.pull(ctx, &rlhubv1.StorePullRequest{Model: name, IfNewerThan: &than}, nil)
+	if err != nil || snap != nil || life == 0 || newest.GetLife() == 0 || newest.GetLife() == life {
+		return snap, err
+	}
+	// Another life: its newest, whatever its number (asked for anew: the
+	// model may have changed again since the answer).
+	snap, _, err = c.pull(ctx, &rlhubv1.StorePullRequest{Model: name}, nil)
+	if err != nil || snap.Version > than || (snap.Life() != 0 && snap.Life() != life) {
+		return snap, err
+	}
+	return nil, nil // the newest is of life after all: not modified
+}
+
 // pull runs one Pull call, receiving into buf when it is usable (see
-// GetInto); buf may be nil.
-func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []byte) (*store.Snapshot, uint64, error) {
+// GetInto); buf may be nil. A "not modified" answer is a nil snapshot
+// with newest, the hub's newest version it names (its Life 0: a hub that
+// predates lives; nil from a data plane that named none).
+func (c *Client) pull(ctx context.Context, req *rlhubv1.StorePullRequest, buf []byte) (snap *store.Snapshot, newest *rlhubv1.BlobInfo, err error) {
 	req.ChunkBytes = uint32(c.cfg.ChunkBytes)
-	if snap, err, ok := c.bulkRead(ctx, bulkPullMethod, req, buf); ok {
-		if err == nil && snap != nil {
-			err = answers(req.Model, req.Version, req.IfNewerThan, snap)
+	if s, nm, err, ok := c.bulkRead(ctx, bulkPullMethod, req, buf); ok {
+		if err == nil && s != nil {
+			err = answers(req.Model, req.Version, req.IfNewerThan, s)
 		}
 		if err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
-		return snap, 0, nil
+		return s, nm, nil
 	}
-	var snap *store.Snapshot
-	var skipped uint64
-	err := c.do(ctx, func(ctx context.Context) error {
+	err = c.do(ctx, func(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel() // ends the stream once one version is in
 		recv, err := c.openRaw(ctx, pullDesc, rlhubv1.ModelStore_Pull_FullMethodName, req)
 		if err != nil {
 			return err
 		}
-		snap, skipped, err = c.recvVersion(recv, buf)
+		snap, _, newest, err = c.recvVersion(recv, buf)
 		return err
 	})
 	if err == nil && snap != nil {
 		err = answers(req.Model, req.Version, req.IfNewerThan, snap)
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
-	return snap, skipped, nil
+	return snap, newest, nil
 }
 
 // answers checks that snap is what was asked for: model name, the version
@@ -407,24 +430,25 @@ func (c *Client) codecOpt() grpc.CallOption {
 
 // recvVersion reads one version (header and chunks) from a pull or watch
 // stream into buf when it can hold it (wire.NewAssemblerInto), else into
-// fresh memory. A not-modified header yields a nil snapshot.
-func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snapshot, uint64, error) {
+// fresh memory. A not-modified header yields a nil snapshot and the
+// newest version it names.
+func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snapshot, uint64, *rlhubv1.BlobInfo, error) {
 	var msg pulled
 	defer msg.Release()
 	if err := recv(&msg); err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	hdr := msg.Msg.GetHeader()
 	if hdr == nil || hdr.Blob == nil {
-		return nil, 0, fmt.Errorf("storerpc: protocol: a version must start with a header carrying BlobInfo")
+		return nil, 0, nil, fmt.Errorf("storerpc: protocol: a version must start with a header carrying BlobInfo")
 	}
 	if hdr.NotModified {
-		return nil, 0, nil
+		return nil, 0, hdr.Blob, nil
 	}
 	b := hdr.Blob
 	asm, err := wire.NewAssemblerInto(buf, b.TotalBytes, wire.Limits{MaxBytes: c.cfg.MaxModelBytes})
 	if err != nil {
-		return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
+		return nil, 0, nil, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 	}
 	for uint64(asm.Received()) < b.TotalBytes {
 		err := recv(&msg)
@@ -432,18 +456,18 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 			break // Finish reports the shortfall
 		}
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, nil, err
 		}
 		if !msg.Held() {
-			return nil, 0, fmt.Errorf("storerpc: protocol: a header or an empty message inside model %s version %d", errs.Quote(b.Model), b.Version)
+			return nil, 0, nil, fmt.Errorf("storerpc: protocol: a header or an empty message inside model %s version %d", errs.Quote(b.Model), b.Version)
 		}
 		if err := msg.WriteChunk(asm.Write); err != nil {
-			return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
+			return nil, 0, nil, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 		}
 	}
 	f, blob, err := asm.Finish()
 	if err != nil {
-		return nil, 0, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
+		return nil, 0, nil, fmt.Errorf("storerpc: model %s version %d: %w", errs.Quote(b.Model), b.Version, err)
 	}
 	return store.WithLife(&store.Snapshot{
 		Name:     b.Model,
@@ -453,7 +477,7 @@ func (c *Client) recvVersion(recv func(*pulled) error, buf []byte) (*store.Snaps
 		Tensors:  f.Tensors,
 		Metadata: f.Metadata,
 		Created:  time.Unix(0, hdr.CreatedUnixNano),
-	}, b.Life), hdr.Skipped, nil
+	}, b.Life), hdr.Skipped, nil, nil
 }
 
 // WaitNewer implements store.Store with a watch that ends after its first
@@ -475,7 +499,7 @@ func (c *Client) waitNewer(ctx context.Context, name string, after, life uint64,
 	// On the data plane: long polls, each up to the hub's wait, until a
 	// version newer than after (or of another life) arrives.
 	for ctx.Err() == nil {
-		snap, err, ok := c.bulkRead(ctx, bulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: name, After: after, FollowLives: follow, Life: life}, nil)
+		snap, _, err, ok := c.bulkRead(ctx, bulkWatchMethod, &rlhubv1.StoreWatchRequest{Model: name, After: after, FollowLives: follow, Life: life}, nil)
 		if !ok {
 			break // gRPC below
 		}
@@ -566,7 +590,7 @@ func (c *Client) watchOnce(ctx context.Context, name string, pos *watchPos, fail
 		return err
 	}
 	for {
-		snap, skipped, err := c.recvVersion(recv, nil)
+		snap, skipped, _, err := c.recvVersion(recv, nil)
 		if err == nil && snap == nil {
 			err = fmt.Errorf("storerpc: protocol: not-modified header on a watch")
 		}

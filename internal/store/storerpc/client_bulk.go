@@ -112,12 +112,13 @@ func (c *Client) bulkCall(ctx context.Context, call func(ctx context.Context, ad
 // retries of do, receiving the version into buf when it holds it (8-byte
 // aligned, as GetInto says) or into fresh aligned memory. ok is false when
 // the data plane is off or the hub does not serve the method (the caller
-// uses gRPC); a "not modified" answer is (nil, nil, true). The snapshot is
+// uses gRPC); a "not modified" answer is a nil snapshot with newest, the
+// hub's newest version it names (nil when it names none). The snapshot is
 // returned only after the hub's final status was OK and the bytes parsed
 // as valid safetensors.
-func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message, buf []byte) (snap *store.Snapshot, err error, ok bool) {
+func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message, buf []byte) (snap *store.Snapshot, newest *rlhubv1.BlobInfo, err error, ok bool) {
 	if !c.useBulk() {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	noBulk, err := c.bulkCall(ctx, func(ctx context.Context, addr string) error {
 		var hdr rlhubv1.StorePullHeader
@@ -154,7 +155,7 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 			return err
 		}
 		if hdr.NotModified || blob == nil {
-			snap = nil
+			snap, newest = nil, hdr.GetBlob()
 			return nil
 		}
 		b := hdr.GetBlob()
@@ -167,7 +168,7 @@ func (c *Client) bulkRead(ctx context.Context, method string, req proto.Message,
 		return nil
 	})
 	if noBulk {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
-	return snap, err, true
+	return snap, newest, err, true
 }
