@@ -615,15 +615,9 @@ func (v *visibility) bound(name string) (uint64, <-chan struct{}) {
 	return low, v.changed
 }
 
-// newest is the lowest hidden version of name (0: none) and its newest
-// acknowledged version this term, below it (0: none, or a Delete of it
-// is in progress).
-func (v *visibility) newest(name string) (low, acked uint64) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.newestLocked(name)
-}
-
+// newestLocked is the lowest hidden version of name (0: none) and its
+// newest acknowledged version this term, below it (0: none, or a Delete
+// of it is in progress).
 func (v *visibility) newestLocked(name string) (low, acked uint64) {
 	if v.deletes[name] == 0 {
 		acked = v.acked[name]
@@ -663,12 +657,20 @@ func (v *visibility) exact(name string) (low, acked, gen uint64, ok bool) {
 // newest retained version below the lowest hidden one, from a listing of
 // the whole store.
 func (f *Fenced) visible(ctx context.Context, name string, snap *store.Snapshot, release func()) (*store.Snapshot, func(), error) {
-	v := f.vis()
-	low, acked, gen, exact := v.exact(name)
+	low, acked, gen, exact := f.vis().exact(name)
 	if low == 0 || snap.Version < low {
 		return snap, release, nil
 	}
 	release()
+	return f.visibleBelow(ctx, name, low, acked, gen, exact)
+}
+
+// visibleBelow is visible's answer once the version asked about is
+// hidden: the newest visible version below low, the lowest hidden one,
+// given what visibility.exact said (acked, gen, exact); nil when no
+// retained version is visible.
+func (f *Fenced) visibleBelow(ctx context.Context, name string, low, acked, gen uint64, exact bool) (*store.Snapshot, func(), error) {
+	v := f.vis()
 	if exact {
 		if acked == 0 {
 			return nil, func() {}, nil
@@ -788,11 +790,16 @@ func (f *Fenced) GetIfNewer(ctx context.Context, name string, than uint64) (*sto
 // that weight sync's status follows a model deleted and pushed again on a
 // cluster as on a single hub: the wrapped store's newest version and its
 // life, or, while that version waits for its acknowledgement, the newest
-// acknowledged version of the same life (NotFound when it has none: the
-// status keeps what it showed, as GetIfNewer leaves it). That is Fenced's
-// own record: nothing is read or listed from the store. A wrapped store
-// that numbers no lives gives the newest visible version at life 0
-// (unknown: the status's newest only grows, as it did with GetIfNewer).
+// visible version readers get (Fenced.visible; NotFound when there is
+// none: the status keeps what it showed, as GetIfNewer leaves it). When
+// Fenced's record names that version (visibility.exact) it is the newest
+// acknowledged version, of the same life: nothing is read or listed from
+// the store. Otherwise (a Delete failed or is in progress, or a push
+// across a Delete was acknowledged above the record: visibility.loose) it
+// is found as readers find it, from a listing of the store, so the status
+// never names an older version than readers see. A wrapped store that
+// numbers no lives gives the newest visible version at life 0 (unknown:
+// the status's newest only grows, as it did with GetIfNewer).
 func (f *Fenced) NewestLife(name string) (uint64, uint64, error) {
 	lr, ok := f.Store.(store.LifeReader)
 	if !ok {
@@ -807,16 +814,29 @@ func (f *Fenced) NewestLife(name string) (uint64, uint64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	low, acked := f.vis().newest(name)
+	low, acked, gen, exact := f.vis().exact(name)
 	if low == 0 || version < low {
 		return version, life, nil
 	}
-	// Lives only grow: the same life again means no Delete came between,
-	// and a Delete's start forgets acked, so acked is of that life.
-	if _, again, err := lr.NewestLife(name); err != nil || again != life || acked == 0 {
-		return 0, 0, fmt.Errorf("%w: model %s has no acknowledged version", errs.ErrNotFound, errs.Quote(name))
+	none := fmt.Errorf("%w: model %s has no acknowledged version", errs.ErrNotFound, errs.Quote(name))
+	if exact {
+		// Lives only grow: the same life again means no Delete came
+		// between, and a Delete's start forgets acked, so acked is of
+		// that life.
+		if _, again, err := lr.NewestLife(name); err != nil || again != life || acked == 0 {
+			return 0, 0, none
+		}
+		return acked, life, nil
 	}
-	return acked, life, nil
+	snap, release, err := f.visibleBelow(context.Background(), name, low, acked, gen, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	if snap == nil {
+		return 0, 0, none
+	}
+	release()
+	return snap.Version, snap.Life(), nil
 }
 
 // WaitNewer implements store.Store (acknowledged versions only).

@@ -282,10 +282,21 @@ func TestFencedReadersListNothingWhileTheNewestAwaitsItsAck(t *testing.T) {
 	}
 }
 
+// newestLifeIsGets checks that f's NewestLife (sync status) names the
+// version and life a reader of the newest gets (want).
+func newestLifeIsGets(t *testing.T, f *replica.Fenced, want *store.Snapshot) {
+	t.Helper()
+	if v, l, err := f.NewestLife("m"); err != nil || v != want.Version || l != want.Life() {
+		t.Fatalf("NewestLife: v%d life %d, %v; want v%d life %d, what a reader gets", v, l, err, want.Version, want.Life())
+	}
+}
+
 // A push begun before a Delete that lands in the model pushed again is
 // visible once acknowledged, yet records no acknowledged version (a
 // Delete overlapped it): a reader still gets it while a newer version
-// waits for its acknowledgement, not an older one nor nothing.
+// waits for its acknowledgement, not an older one nor nothing, and sync
+// status (NewestLife) names it too (before, NotFound: the status kept
+// showing the deleted model's newest).
 func TestFencedPushAcrossADeleteStaysVisibleBelowAPendingOne(t *testing.T) {
 	ctx := context.Background()
 	mem, err := store.NewMemory(store.Config{})
@@ -335,9 +346,11 @@ func TestFencedPushAcrossADeleteStaysVisibleBelowAPendingOne(t *testing.T) {
 	if err := push(5, 5); !errors.Is(err, store.ErrNotAcknowledged) {
 		t.Fatalf("push of v5 with s1 silent: %v, want not acknowledged", err)
 	}
-	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 4 {
+	s, err := f.Get(ctx, "m", 0)
+	if err != nil || s.Version != 4 {
 		t.Fatalf("Get with v5 unacknowledged: %v %v, want v4", versionOf(s), err)
 	}
+	newestLifeIsGets(t, f, s)
 }
 
 // failedDeletes is a memory store whose Delete fails, changing nothing.
@@ -347,7 +360,8 @@ func (failedDeletes) Delete(context.Context, string) error { return errors.New("
 
 // A Delete that failed forgets the model's acknowledged version, yet the
 // store still holds it: a reader still gets it while a newer version
-// waits for its acknowledgement.
+// waits for its acknowledgement, and sync status (NewestLife) names it
+// too (before, NotFound).
 func TestFencedFailedDeleteKeepsTheAcknowledgedVersionVisible(t *testing.T) {
 	ctx := context.Background()
 	mem, err := store.NewMemory(store.Config{})
@@ -381,7 +395,9 @@ func TestFencedFailedDeleteKeepsTheAcknowledgedVersionVisible(t *testing.T) {
 	if err := push(4); !errors.Is(err, store.ErrNotAcknowledged) {
 		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
 	}
-	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 3 {
+	s, err := f.Get(ctx, "m", 0)
+	if err != nil || s.Version != 3 {
 		t.Fatalf("Get with v4 unacknowledged after a failed Delete: %v %v, want v3", versionOf(s), err)
 	}
+	newestLifeIsGets(t, f, s)
 }
