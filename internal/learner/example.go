@@ -43,15 +43,16 @@ type Example struct {
 	// "learn-begin START ROWS", "learn-end START ROWS") for tests that
 	// watch a learner process.
 	Events io.Writer
-	// Weights, when set, supplies the weights and their model version for
-	// each learn (for example the newest version from the model store);
-	// the task info's "w" is then not needed.
-	Weights func(ctx context.Context) (w []float32, version uint64, err error)
+	// Weights, when set, supplies the weights, their model version and
+	// its life (store.Snapshot.Life; 0: unknown) for each learn (for
+	// example the newest version from the model store); the task info's
+	// "w" is then not needed.
+	Weights func(ctx context.Context) (w []float32, version, life uint64, err error)
 	// Push, when set, receives each share's gradient sum as an F32 tensor
-	// "w" [d] computed on the given version (for example a reducer
-	// client's PushGrad); its error fails the share. The info then also
-	// carries "pushed": true and "version".
-	Push func(ctx context.Context, version uint64, grad *tensor.StateDict) error
+	// "w" [d] computed on the given version of the given life (for
+	// example a reducer client's PushGradLife); its error fails the
+	// share. The info then also carries "pushed": true and "version".
+	Push func(ctx context.Context, version, life uint64, grad *tensor.StateDict) error
 
 	mu sync.Mutex
 	w  []float32 // current task's weights
@@ -100,7 +101,7 @@ func (e *Example) OnDemand(ctx context.Context, taskID string) (Demand, error) {
 	d := len(e.w)
 	e.mu.Unlock()
 	if e.Weights != nil {
-		w, _, err := e.Weights(ctx)
+		w, _, _, err := e.Weights(ctx)
 		if err != nil {
 			return Demand{}, err
 		}
@@ -128,10 +129,10 @@ func (e *Example) OnLearn(ctx context.Context, t *LearnTask) (map[string]any, er
 	e.mu.Lock()
 	w := e.w
 	e.mu.Unlock()
-	var version uint64
+	var version, life uint64
 	if e.Weights != nil {
 		var err error
-		if w, version, err = e.Weights(ctx); err != nil {
+		if w, version, life, err = e.Weights(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -148,7 +149,7 @@ func (e *Example) OnLearn(ctx context.Context, t *LearnTask) (map[string]any, er
 		if err != nil {
 			return nil, err
 		}
-		if err := e.Push(ctx, version, sd); err != nil {
+		if err := e.Push(ctx, version, life, sd); err != nil {
 			return nil, fmt.Errorf("push gradient of rows [%d,%d): %w", t.RowStart, t.RowStart+t.Rows, err)
 		}
 	}

@@ -30,23 +30,25 @@ func (e *Example) UseHub(hub, model string) (close func() error, err error) {
 	if err != nil {
 		return nil, errors.Join(err, sc.Close())
 	}
-	e.Weights = func(ctx context.Context) ([]float32, uint64, error) {
+	e.Weights = func(ctx context.Context) ([]float32, uint64, uint64, error) {
 		snap, err := sc.Get(ctx, model, 0)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 		w := snap.Tensors.Get("w")
 		if w == nil || len(w.Shape) != 1 {
-			return nil, 0, fmt.Errorf("%w: model %q needs a tensor \"w\" of shape [d]", errs.ErrInvalid, model)
+			return nil, 0, 0, fmt.Errorf("%w: model %q needs a tensor \"w\" of shape [d]", errs.ErrInvalid, model)
 		}
 		f, err := w.Float32s()
 		if err != nil {
-			return nil, 0, fmt.Errorf("%w: model %q: %v", errs.ErrInvalid, model, err)
+			return nil, 0, 0, fmt.Errorf("%w: model %q: %v", errs.ErrInvalid, model, err)
 		}
-		return f, snap.Version, nil
+		return f, snap.Version, snap.Life(), nil
 	}
-	e.Push = func(ctx context.Context, version uint64, grad *tensor.StateDict) error {
-		_, err := rc.PushGrad(ctx, model, version, grad)
+	// The life pulled goes with the gradient: a model deleted and pushed
+	// again since is not trained with it (docs/reducer.md).
+	e.Push = func(ctx context.Context, version, life uint64, grad *tensor.StateDict) error {
+		_, err := rc.PushGradLife(ctx, model, version, life, grad)
 		return err
 	}
 	return func() error { return errors.Join(rc.Close(), sc.Close()) }, nil

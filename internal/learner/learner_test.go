@@ -119,8 +119,8 @@ func TestExamplePushesGradientOnItsVersion(t *testing.T) {
 	var pushed []float32
 	var pushedVersion uint64
 	ex := &Example{ID: "a",
-		Weights: func(ctx context.Context) ([]float32, uint64, error) { return []float32{0.5, -1}, 9, nil },
-		Push: func(ctx context.Context, v uint64, g *tensor.StateDict) error {
+		Weights: func(ctx context.Context) ([]float32, uint64, uint64, error) { return []float32{0.5, -1}, 9, 0, nil },
+		Push: func(ctx context.Context, v, _ uint64, g *tensor.StateDict) error {
 			pushedVersion = v
 			f, err := g.Get("w").Float32s()
 			pushed = append([]float32(nil), f...)
@@ -143,7 +143,7 @@ func TestExamplePushesGradientOnItsVersion(t *testing.T) {
 	if info["pushed"] != true || info["version"] != int64(9) {
 		t.Fatalf("info %v", info)
 	}
-	ex.Push = func(ctx context.Context, v uint64, g *tensor.StateDict) error { return errs.ErrFull }
+	ex.Push = func(ctx context.Context, v, _ uint64, g *tensor.StateDict) error { return errs.ErrFull }
 	if _, err := ex.OnLearn(context.Background(), &LearnTask{TaskID: "t", Rows: 2, Batch: sd}); !errors.Is(err, errs.ErrFull) {
 		t.Fatalf("failed push: %v", err)
 	}

@@ -424,15 +424,28 @@ type Receipt struct {
 // handed to the transport without a copy: they must not change until
 // PushGrad returns.
 func (c *Client) PushGrad(ctx context.Context, model string, baseVersion uint64, grads *tensor.StateDict) (Receipt, error) {
-	return c.PushSeq(ctx, model, baseVersion, c.seq.Add(1), grads)
+	return c.PushLife(ctx, model, baseVersion, 0, c.seq.Add(1), grads)
+}
+
+// PushGradLife is PushGrad naming the life of baseVersion as pulled
+// (store.Snapshot.Life; 0: unknown): if the model was deleted and pushed
+// again since, the gradient is refused (errs.ErrStale) rather than applied
+// to the new model, even at the same version.
+func (c *Client) PushGradLife(ctx context.Context, model string, baseVersion, life uint64, grads *tensor.StateDict) (Receipt, error) {
+	return c.PushLife(ctx, model, baseVersion, life, c.seq.Add(1), grads)
 }
 
 // PushSeq is PushGrad with an explicit sequence number.
 func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uint64, grads *tensor.StateDict) (Receipt, error) {
+	return c.PushLife(ctx, model, baseVersion, 0, seq, grads)
+}
+
+// PushLife is PushGradLife with an explicit sequence number.
+func (c *Client) PushLife(ctx context.Context, model string, baseVersion, life, seq uint64, grads *tensor.StateDict) (Receipt, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(c.closing, cancel)()
-	r, err := c.pushSeq(ctx, model, baseVersion, seq, grads)
+	r, err := c.pushSeq(ctx, model, baseVersion, life, seq, grads)
 	if err != nil && c.closing.Err() != nil {
 		return Receipt{}, errClosed
 	}
@@ -440,7 +453,7 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 }
 
 // pushSeq is PushSeq under ctx, which Close also ends.
-func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, seq uint64, grads *tensor.StateDict) (Receipt, error) {
+func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, seq uint64, grads *tensor.StateDict) (Receipt, error) {
 	if grads == nil {
 		return Receipt{}, fmt.Errorf("%w: reducer: push to %s: no gradient (nil)", errs.ErrInvalid, errs.Quote(model))
 	}
@@ -514,7 +527,7 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, seq uin
 		// unknown, and the epoch check above says so at once, rather than
 		// after the push's deadline on a machine that may have died.
 		actx, attemptDone := dial.PlaneContext(c.hub, ctx)
-		res, err := c.pushOnce(actx, t, model, baseVersion, seq, l)
+		res, err := c.pushOnce(actx, t, model, baseVersion, life, seq, l)
 		err = attemptDone(err)
 		if err == nil {
 			res.Seq, res.Addr, res.ID = seq, t.addr, t.id
@@ -597,8 +610,8 @@ func isRefusal(err error) bool {
 	return ok
 }
 
-func (c *Client) pushOnce(ctx context.Context, t target, model string, base, seq uint64, l *safetensors.Layout) (Receipt, error) {
-	hdr := &rlhubv1.ReducerPushHeader{Blob: &rlhubv1.BlobInfo{Model: model, Version: base, TotalBytes: uint64(l.Size), ChunkBytes: 1 << 20},
+func (c *Client) pushOnce(ctx context.Context, t target, model string, base, life, seq uint64, l *safetensors.Layout) (Receipt, error) {
+	hdr := &rlhubv1.ReducerPushHeader{Blob: &rlhubv1.BlobInfo{Model: model, Version: base, Life: life, TotalBytes: uint64(l.Size), ChunkBytes: 1 << 20},
 		ClientId: c.cfg.ClientID, Seq: seq, Secondary: t.id}
 	if c.bulk != nil && c.bulk.Supported(t.addr) {
 		// The data plane: the header, then (if the secondary admits the

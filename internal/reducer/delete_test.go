@@ -7,9 +7,15 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
@@ -294,4 +300,106 @@ func TestDeletedModelPushedAgainWithAnotherLayout(t *testing.T) {
 	trainAll("the new model", n2)
 	leaf.Kill()
 	hubProc.Kill()
+}
+
+// TestGradientOfADeletedModelIsRefused: a gradient computed on version V
+// of a model that was deleted since, pushed once the model pushed again
+// is registered and also at V, was admitted and applied to the new model
+// (nothing in a push said which model it was computed on). The push now
+// names the life of the version it was computed on (BlobInfo.life), and
+// the primary refuses one of another life than its registration's
+// (FAILED_PRECONDITION, counted stale), changing nothing; the right life
+// is applied.
+func TestGradientOfADeletedModelIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n = 64
+	_, args := restoreOwnerFixture(t, n)
+	hubProc := startProc(t, args...)
+	defer hubProc.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sgd := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	sc := storeClient(t, hubProc.Addr())
+	seq := uint64(0)
+	// step pushes one gradient at base of life and waits for base+1.
+	step := func(base, life uint64) {
+		t.Helper()
+		seq++
+		if _, err := cl.PushLife(ctx, "m", base, life, seq, gradFor(n, "g", seq)); err != nil {
+			t.Fatalf("push at version %d (life %d): %v", base, life, err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+		defer wcancel()
+		if snap, err := sc.WaitNewer(wctx, "m", base); err != nil || snap.Version != base+1 {
+			t.Fatalf("the step from version %d: %v; output:\n%s", base, err, hubProc.Output())
+		}
+	}
+
+	if _, _, err := cl.Register(ctx, sgd); err != nil {
+		t.Fatal(err)
+	}
+	step(1, 0)
+	step(2, 0)
+	old, err := sc.Get(ctx, "m", 0)
+	if err != nil || old.Version != 3 || old.Life() == 0 {
+		t.Fatalf("pull: version %d, life %d, %v; want version 3 of a known life", old.Version, old.Life(), err)
+	}
+
+	// Deleted, pushed again up to version 3 by another writer, registered.
+	if err := sc.Delete(ctx, "m"); err != nil {
+		t.Fatal(err)
+	}
+	for v := uint64(1); v <= 3; v++ {
+		if _, err := sc.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: v - 1, Blob: blobOf(t, gradFor(n, "second life", v))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if version, _, err := cl.Register(ctx, sgd); err != nil || version != 3 {
+		t.Fatalf("register again: version %d, %v; want the new model's version 3", version, err)
+	}
+	now, err := sc.Get(ctx, "m", 0)
+	if err != nil || now.Version != 3 || now.Life() == old.Life() {
+		t.Fatalf("the new model: version %d, life %d (deleted one's %d), %v", now.Version, now.Life(), old.Life(), err)
+	}
+	before, err := cl.HubStats(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	seq++
+	_, err = cl.PushLife(ctx, "m", 3, old.Life(), seq, gradFor(n, "g", seq))
+	if !errors.Is(err, errs.ErrStale) || grpcerr.Code(err) != codes.FailedPrecondition ||
+		!strings.Contains(err.Error(), `"m"`) || !strings.Contains(err.Error(), "version 3") {
+		t.Fatalf("gradient of the deleted model's version 3: %v; want FAILED_PRECONDITION naming model \"m\" and version 3", err)
+	}
+	after, err := cl.HubStats(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after.Total.Dropped[reduce.ReasonStale] - before.Total.Dropped[reduce.ReasonStale]; d != 1 || after.Total.Applied != before.Total.Applied {
+		t.Fatalf("stats: %d more stale drops (want 1), applied %d → %d (want unchanged)", d, before.Total.Applied, after.Total.Applied)
+	}
+	if m := after.Models["m"]; m.Version != 3 {
+		t.Fatalf("the registration's version after the refusal: %d, want 3", m.Version)
+	}
+	got, err := sc.Get(ctx, "m", 0)
+	if err != nil || got.Version != 3 {
+		t.Fatalf("the new model after the refusal: version %d, %v; want 3", got.Version, err)
+	}
+	want := gradFor(n, "second life", 3)
+	for _, tt := range want.Tensors() {
+		if !slices.Equal(f32s(t, got.Tensors, tt.Name), f32s(t, want, tt.Name)) {
+			t.Fatalf("%s of the new model changed by the refused gradient", tt.Name)
+		}
+	}
+
+	// The new model's life is trained.
+	step(3, now.Life())
 }

@@ -96,7 +96,7 @@ func (d *durableBench) steps(b *testing.B, k int) {
 	for range k {
 		d.n++
 		id := reduce.ID{Client: "b", Seq: uint64(d.n)}
-		if _, _, err := d.p.Admit(ctx, d.sess, "m", id, 0); err != nil {
+		if _, _, err := d.p.Admit(ctx, d.sess, "m", id, 0, 0); err != nil {
 			b.Fatal(err)
 		}
 		copy(mustF32(d.sum), d.grad)

@@ -145,7 +145,7 @@ func (e *durableEnv) steps(p *Primary, from, to uint64) {
 
 // step admits id's gradient and forwards it alone: one step.
 func step(ctx context.Context, p *Primary, sess uint64, id reduce.ID) error {
-	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 		return fmt.Errorf("admit: %w", err)
 	}
 	if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, id.Client, id.Seq)}); err != nil {
@@ -165,7 +165,7 @@ func (e *durableEnv) refusesApplied(p *Primary, ids ...reduce.ID) {
 	}
 	defer p.Detach(sess)
 	for _, id := range ids {
-		if _, _, err := p.Admit(ctx, sess, "m", id, 0); !errors.Is(err, errs.ErrExists) {
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); !errors.Is(err, errs.ErrExists) {
 			e.t.Fatalf("%v, applied before: admit says %v", id, err)
 		}
 	}
@@ -245,7 +245,7 @@ func TestDurableRegistrationAndOptimizerResume(t *testing.T) {
 	// The ledger survived: a retry of an applied gradient is refused.
 	p = e.restart(PrimaryConfig{})
 	sess, _, _ := p.Attach(ctx, Secondary{ID: "y"})
-	if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: 2}, 0); !errors.Is(err, errs.ErrExists) {
+	if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: 2}, 0, 0); !errors.Is(err, errs.ErrExists) {
 		t.Fatalf("admit of a gradient applied before the restart: %v", err)
 	}
 	p.Detach(sess)
@@ -312,7 +312,7 @@ func TestDurableStepPersistedButNotPublished(t *testing.T) {
 	p.cfg.Store = &failingStore{Store: e.st, failAt: 5}
 	sess, _, _ := p.Attach(ctx, Secondary{ID: "x"})
 	id := reduce.ID{Client: "ck", Seq: 4}
-	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(durableN, "ck", 4)}); err == nil {
@@ -320,7 +320,7 @@ func TestDurableStepPersistedButNotPublished(t *testing.T) {
 	}
 	// The model takes no more steps: a gradient is refused at admission
 	// (Unavailable), not acknowledged to be lost at its forward.
-	if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: 9}, 0); !errors.Is(err, errs.ErrUnavailable) {
+	if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "ck", Seq: 9}, 0, 0); !errors.Is(err, errs.ErrUnavailable) {
 		t.Fatalf("admission to a model that stopped: %v, want Unavailable", err)
 	}
 	if _, err := os.Stat(filepath.Join(e.stateDir, "m", stateFileName(5))); err != nil {
@@ -555,7 +555,7 @@ func TestAdmitRefusesALongClientID(t *testing.T) {
 	ctx := context.Background()
 	defer p.Detach(sess)
 	long := reduce.ID{Client: strings.Repeat("C", reduce.MaxClientIDBytes+1), Seq: 1}
-	if _, _, err := p.Admit(ctx, sess, "m", long, 0); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "client id") {
+	if _, _, err := p.Admit(ctx, sess, "m", long, 0, 0); !errors.Is(err, errs.ErrInvalid) || !strings.Contains(err.Error(), "client id") {
 		t.Fatalf("admit with a %d-byte client id: %v, want ErrInvalid naming the client id", len(long.Client), err)
 	}
 	e.steps(p, 1, 1) // a short id is admitted and applied

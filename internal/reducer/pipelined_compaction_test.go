@@ -89,7 +89,7 @@ func TestPipelinedStepsStillCompactTheJournal(t *testing.T) {
 	var crashBlob []byte // version crashAt
 	for s := uint64(1); s <= steps; s++ {
 		id := reduce.ID{Client: "c", Seq: s}
-		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 		if v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(3, "c", s)}); err != nil || v != s+1 {
@@ -143,7 +143,7 @@ func TestPipelinedStepsStillCompactTheJournal(t *testing.T) {
 	}
 	sess, _, _ = p.Attach(ctx, Secondary{ID: "t"})
 	for _, s := range []uint64{1, steps / 2, steps - 1, steps} {
-		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "c", Seq: s}, 0); !errors.Is(err, errs.ErrExists) {
+		if _, _, err := p.Admit(ctx, sess, "m", reduce.ID{Client: "c", Seq: s}, 0, 0); !errors.Is(err, errs.ErrExists) {
 			t.Fatalf("seq %d, applied before the restart: admit says %v", s, err)
 		}
 	}
@@ -172,10 +172,10 @@ func TestPipelinedStepsStillCompactTheJournal(t *testing.T) {
 		t.Fatalf("restarted at the carried record: v%d, state error %q (want v%d)", ms.Version, ms.StateError, crashAt)
 	}
 	qs, _, _ := q.Attach(ctx, Secondary{ID: "u"})
-	if _, _, err := q.Admit(ctx, qs, "m", reduce.ID{Client: "c", Seq: crashAt - 1}, 0); !errors.Is(err, errs.ErrExists) {
+	if _, _, err := q.Admit(ctx, qs, "m", reduce.ID{Client: "c", Seq: crashAt - 1}, 0, 0); !errors.Is(err, errs.ErrExists) {
 		t.Fatalf("seq %d, published before the kill: admit says %v", crashAt-1, err)
 	}
-	if _, _, err := q.Admit(ctx, qs, "m", reduce.ID{Client: "c", Seq: crashAt}, 0); err != nil {
+	if _, _, err := q.Admit(ctx, qs, "m", reduce.ID{Client: "c", Seq: crashAt}, 0, 0); err != nil {
 		t.Fatalf("seq %d, of the step the kill left unpublished: admit says %v", crashAt, err)
 	}
 }

@@ -971,8 +971,11 @@ func (p *Primary) Describe(_ context.Context, model string) (Layout, error) {
 }
 
 // Admit claims id for session and applies the staleness rule, returning the
-// gradient's weight and the current version.
-func (p *Primary) Admit(_ context.Context, session uint64, model string, id reduce.ID, base uint64) (float32, uint64, error) {
+// gradient's weight and the current version. life is the life of version
+// base (store.Snapshot.Life; 0: unknown): a gradient of another life than
+// the registered model's was computed on a model deleted since, and is
+// refused (errs.StaleError) even when its version is current.
+func (p *Primary) Admit(_ context.Context, session uint64, model string, id reduce.ID, base, life uint64) (float32, uint64, error) {
 	if err := reduce.CheckClientID(id.Client); err != nil { // a remote secondary's Admit
 		return 0, 0, err
 	}
@@ -991,6 +994,14 @@ func (p *Primary) Admit(_ context.Context, session uint64, model string, id redu
 		// The model takes no more steps (a publish failed): a gradient
 		// admitted now would be acknowledged, then lost at its forward.
 		return 0, m.version, fmt.Errorf("%w: model %s: %v", errs.ErrUnavailable, errs.Quote(model), m.failed)
+	}
+	if life != 0 && m.life != 0 && life != m.life {
+		// Lives change only when the model is deleted and pushed again
+		// (not at a restart or a failover: docs/store.md), so the model
+		// the gradient was computed on is gone: its version numbers say
+		// nothing about this one's weights.
+		return 0, m.version, &errs.StaleError{Model: model, CurrentVersion: m.version, CurrentEpoch: m.epoch,
+			Reason: fmt.Sprintf("gradient on version %d of life %d, but the registered model is life %d: the model was deleted and pushed again since that version was pulled; pull again", base, life, m.life)}
 	}
 	cur := m.version
 	if base > cur && (base <= m.stepped || m.publishing && base == m.stepped+1) {

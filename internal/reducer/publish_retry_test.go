@@ -118,7 +118,7 @@ func newAckPrimary(t *testing.T) (*ackStore, *Primary, uint64) {
 func forwardOne(p *Primary, sess, seq uint64) (uint64, error) {
 	ctx := context.Background()
 	id := reduce.ID{Client: "c", Seq: seq}
-	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 		return 0, err
 	}
 	return p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(3, "c", seq)})
@@ -226,7 +226,7 @@ func TestCommittedStepSettlesAfterItsCallerEnded(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	id := reduce.ID{Client: "c", Seq: 1}
-	if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+	if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(3, "c", 1)})

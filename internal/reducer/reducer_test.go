@@ -512,7 +512,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 
 	s1, _, _ := p.Attach(ctx, Secondary{ID: "s1"})
 	for _, id := range []reduce.ID{a, b} {
-		if _, _, err := p.Admit(ctx, s1, "m", id, 0); err != nil {
+		if _, _, err := p.Admit(ctx, s1, "m", id, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -520,7 +520,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 	// ALREADY_EXISTS, which clients take as "an earlier attempt got
 	// through": s1 may yet lose it.
 	sx, _, _ := p.Attach(ctx, Secondary{ID: "sx"})
-	if _, _, err := p.Admit(ctx, sx, "m", a, 0); !errors.Is(err, errs.ErrAborted) || grpcerr.Code(err) != codes.Aborted {
+	if _, _, err := p.Admit(ctx, sx, "m", a, 0, 0); !errors.Is(err, errs.ErrAborted) || grpcerr.Code(err) != codes.Aborted {
 		t.Fatalf("retry of a pending elsewhere: %v, want Aborted", err)
 	}
 	p.Detach(sx)
@@ -531,7 +531,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 
 	s2, _, _ := p.Attach(ctx, Secondary{ID: "s2"})
 	for _, id := range []reduce.ID{a, b} {
-		if _, _, err := p.Admit(ctx, s2, "m", id, 0); err != nil {
+		if _, _, err := p.Admit(ctx, s2, "m", id, 0, 0); err != nil {
 			t.Fatalf("retry of lost %v: %v", id, err)
 		}
 	}
@@ -548,7 +548,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 		t.Fatalf("lost %d after b was lost twice, want 1", got)
 	}
 	s3, _, _ := p.Attach(ctx, Secondary{ID: "s3"})
-	if _, _, err := p.Admit(ctx, s3, "m", b, 0); err != nil {
+	if _, _, err := p.Admit(ctx, s3, "m", b, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Forward(ctx, Batch{Session: s3, Model: "m", Members: []reduce.ID{b}, Weights: []float32{1},
@@ -558,7 +558,7 @@ func TestLostRevivedWhenRetryApplied(t *testing.T) {
 	if c := p.Stats().Counters; c.Applied != 2 || c.DroppedTotal() != 0 {
 		t.Fatalf("both applied in the end: applied %d dropped %v, want 2 and none", c.Applied, c.Dropped)
 	}
-	if _, _, err := p.Admit(ctx, s3, "m", a, 0); !errors.Is(err, errs.ErrExists) {
+	if _, _, err := p.Admit(ctx, s3, "m", a, 0, 0); !errors.Is(err, errs.ErrExists) {
 		t.Fatalf("a third attempt of applied a: %v", err)
 	}
 }
@@ -574,7 +574,7 @@ func TestForwardRefusesNonFiniteSum(t *testing.T) {
 		sess, _, _ := p.Attach(ctx, Secondary{ID: "s"})
 		ids := []reduce.ID{{Client: "c", Seq: 1}, {Client: "c", Seq: 2}}
 		for _, id := range ids {
-			if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+			if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -676,7 +676,7 @@ func blockedPublish(t *testing.T, ctx context.Context) (p *Primary, s1 uint64, r
 	}
 	s1, _, _ = p.Attach(context.Background(), Secondary{ID: "s1"})
 	a := reduce.ID{Client: "c", Seq: 1}
-	if _, _, err := p.Admit(context.Background(), s1, "m", a, 0); err != nil {
+	if _, _, err := p.Admit(context.Background(), s1, "m", a, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	forwarded := make(chan error, 1)
@@ -704,7 +704,7 @@ func TestForwardPublishOutlivesItsSender(t *testing.T) {
 	}
 	s2, _, _ := p.Attach(ctx, Secondary{ID: "s2"})
 	b := reduce.ID{Client: "c", Seq: 2}
-	if _, _, err := p.Admit(ctx, s2, "m", b, 0); err != nil {
+	if _, _, err := p.Admit(ctx, s2, "m", b, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := p.Forward(ctx, Batch{Session: s2, Model: "m", Members: []reduce.ID{b}, Weights: []float32{1}, Sum: gradFor(3, "c", 2)}); err != nil || v != 3 {
@@ -722,7 +722,7 @@ func TestForwardPublishOutlivesItsSender(t *testing.T) {
 func TestAdmitDuringPublishAnswersTheVersionSeen(t *testing.T) {
 	ctx := context.Background()
 	p, s1, release, done := blockedPublish(t, ctx) // version 2 is being published
-	w, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 2}, 2)
+	w, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 2}, 2, 0)
 	if err != nil || w != 1 || v != 2 {
 		t.Fatalf("admitted on the version being published: weight %v, version %d, %v; want 1, 2", w, v, err)
 	}
@@ -730,7 +730,7 @@ func TestAdmitDuringPublishAnswersTheVersionSeen(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if _, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 3}, 2); err != nil || v != 2 {
+	if _, v, err := p.Admit(ctx, s1, "m", reduce.ID{Client: "c", Seq: 3}, 2, 0); err != nil || v != 2 {
 		t.Fatalf("admitted after the publish: version %d, %v; want 2", v, err)
 	}
 }
@@ -799,7 +799,7 @@ func TestStepsWriteIntoVersionsNoReaderTook(t *testing.T) {
 	const steps, retain = 12, 3 // newSGDPrimary's store keeps the default 3
 	for s := uint64(1); s <= steps; s++ {
 		id := reduce.ID{Client: "c", Seq: s}
-		if _, _, err := p.Admit(ctx, sess, "m", id, 0); err != nil {
+		if _, _, err := p.Admit(ctx, sess, "m", id, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{id}, Weights: []float32{1}, Sum: gradFor(3, "c", s)}); err != nil {

@@ -176,7 +176,7 @@ func TestGradientAdmittedForADeletedRegistrationIsNotApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := reduce.ID{Client: "c", Seq: 1}
-	w, _, err := p.Admit(ctx, sess, "m", old, 1)
+	w, _, err := p.Admit(ctx, sess, "m", old, 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestGradientAdmittedForADeletedRegistrationIsNotApplied(t *testing.T) {
 	}
 	// The new registration's gradients are applied.
 	fresh := reduce.ID{Client: "c", Seq: 2}
-	if w, _, err = p.Admit(ctx, sess, "m", fresh, 1); err != nil {
+	if w, _, err = p.Admit(ctx, sess, "m", fresh, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := p.Forward(ctx, Batch{Session: sess, Model: "m", Members: []reduce.ID{fresh}, Weights: []float32{w}, Sum: gradFor(3, "c", 2)}); err != nil || v != 2 {

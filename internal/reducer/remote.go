@@ -161,10 +161,10 @@ func (r *RemotePrimary) Describe(ctx context.Context, model string) (Layout, err
 }
 
 // Admit implements Upstream.
-func (r *RemotePrimary) Admit(ctx context.Context, session uint64, model string, id reduce.ID, base uint64) (float32, uint64, error) {
+func (r *RemotePrimary) Admit(ctx context.Context, session uint64, model string, id reduce.ID, base, life uint64) (float32, uint64, error) {
 	ctx, cancel := callCtx(ctx)
 	defer cancel()
-	resp, err := r.c.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: session, Model: model, ClientId: id.Client, Seq: id.Seq, BaseVersion: base})
+	resp, err := r.c.Admit(ctx, &rlhubv1.ReducerAdmitRequest{Session: session, Model: model, ClientId: id.Client, Seq: id.Seq, BaseVersion: base, BaseLife: life})
 	if err != nil {
 		return 0, 0, grpcerr.FromStatus(err)
 	}

@@ -22,7 +22,7 @@ type Upstream interface {
 	// Detach ends a session (its pending claims are released).
 	Detach(session uint64)
 	Describe(ctx context.Context, model string) (Layout, error)
-	Admit(ctx context.Context, session uint64, model string, id reduce.ID, base uint64) (weight float32, version uint64, err error)
+	Admit(ctx context.Context, session uint64, model string, id reduce.ID, base, life uint64) (weight float32, version uint64, err error)
 	// Release returns how many claims it released.
 	Release(ctx context.Context, session uint64, model string, ids []reduce.ID) (int, error)
 	Forward(ctx context.Context, b Batch) (version uint64, err error)
@@ -291,8 +291,10 @@ func (s *SecondaryNode) settle(id reduce.ID, r reduce.Reason) {
 type PushHeader struct {
 	Model       string
 	BaseVersion uint64
-	ID          reduce.ID
-	TotalBytes  uint64
+	// BaseLife is BaseVersion's life (store.Snapshot.Life); 0: unknown.
+	BaseLife   uint64
+	ID         reduce.ID
+	TotalBytes uint64
 }
 
 // PushResult is a push's outcome.
@@ -351,7 +353,7 @@ func (s *SecondaryNode) Push(ctx context.Context, h PushHeader, body gradBody) (
 			return PushResult{}, err
 		}
 	}
-	weight, version, err := s.cfg.Upstream.Admit(ctx, sess, h.Model, h.ID, h.BaseVersion)
+	weight, version, err := s.cfg.Upstream.Admit(ctx, sess, h.Model, h.ID, h.BaseVersion, h.BaseLife)
 	if err != nil {
 		s.settle(h.ID, reduce.ReasonOf(err))
 		return PushResult{}, err

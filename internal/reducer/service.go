@@ -514,7 +514,7 @@ func (s *Service) push(ctx context.Context, h *rlhubv1.ReducerPushHeader, body g
 	if err != nil {
 		return nil, err
 	}
-	res, err := sec.Push(ctx, PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(),
+	res, err := sec.Push(ctx, PushHeader{Model: h.GetBlob().GetModel(), BaseVersion: h.GetBlob().GetVersion(), BaseLife: h.GetBlob().GetLife(),
 		ID: reduce.ID{Client: h.GetClientId(), Seq: h.GetSeq()}, TotalBytes: h.GetBlob().GetTotalBytes()}, body)
 	if err != nil {
 		return nil, err
@@ -632,7 +632,7 @@ func (ps *primaryServer) Describe(ctx context.Context, req *rlhubv1.ReducerDescr
 
 // Admit implements rlhubv1.ReducerPrimaryServer.
 func (ps *primaryServer) Admit(ctx context.Context, req *rlhubv1.ReducerAdmitRequest) (*rlhubv1.ReducerAdmitResponse, error) {
-	w, v, err := ps.p.Admit(ctx, req.GetSession(), req.GetModel(), reduce.ID{Client: req.GetClientId(), Seq: req.GetSeq()}, req.GetBaseVersion())
+	w, v, err := ps.p.Admit(ctx, req.GetSession(), req.GetModel(), reduce.ID{Client: req.GetClientId(), Seq: req.GetSeq()}, req.GetBaseVersion(), req.GetBaseLife())
 	if err != nil {
 		return nil, grpcerr.ToStatus(err)
 	}

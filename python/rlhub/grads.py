@@ -3,8 +3,9 @@
     with rlhub.GradClient("127.0.0.1:7470") as g:
         g.register("policy", optimizer=torch.optim.Adam(model.parameters(), lr=3e-4),
                    gradient_max=0.5)
+        v = store.pull("policy")                           # weights at v.version
         loss.backward()
-        receipt = g.push("policy", base_version, model)   # the params' .grad
+        receipt = g.push("policy", v.version, model, life=v.life)   # the params' .grad
         print(g.stats().total)
 
 What happens on the wire is described in docs/reducer.md. A push goes to
@@ -43,7 +44,8 @@ Every retry is bounded by ``max_attempts`` and ``deadline``; when they run
 out the last error is raised as its named exception (``QueueFull``,
 ``Unavailable``...). Anything else (``InvalidArgument`` for wrong names,
 shapes, dtypes or NaN/Inf; ``NotFound`` for an unregistered model;
-``StaleVersion`` for a too stale base version) is raised at once.
+``StaleVersion`` for a too stale base version, or one of a model deleted
+since it was pulled: ``life``) is raised at once.
 
 A successful push means the gradient is *admitted into a batch*, not yet
 applied; watch the model store for the version it produces.
@@ -500,8 +502,14 @@ class GradClient:
         with self._mu:
             return next(self._seq)
 
-    def push(self, model: str, base_version: int, grads: Any, *, seq: Optional[int] = None) -> Receipt:
+    def push(self, model: str, base_version: int, grads: Any, *, seq: Optional[int] = None,
+             life: int = 0) -> Receipt:
         """Pushes the gradient of ``model`` computed on ``base_version``.
+
+        ``life`` is that version's life as pulled (``ModelVersion.life``; 0:
+        unknown): if the model was deleted and pushed again since, the
+        gradient is refused (``StaleVersion``) rather than applied to the new
+        model, even at the same version.
 
         ``grads`` is a ``torch.nn.Module`` (its parameters' ``.grad``, named
         like its ``state_dict``; see ``gradient_dict``) or a dict of torch
@@ -512,13 +520,14 @@ class GradClient:
         are not copied): do not change them until it returns.
         """
         errors.check_version("base_version", base_version)
+        errors.check_version("life", life)
         if seq is not None:
             errors.check_version("seq", seq)
         body = self._parts.get(gradient_dict(grads))
         if seq is None:
             seq = self.next_seq()
         header = reducer_pb2.ReducerPushHeader(
-            blob=tensor_pb2.BlobInfo(model=model, version=base_version, total_bytes=parts_size(*body),
+            blob=tensor_pb2.BlobInfo(model=model, version=base_version, life=life, total_bytes=parts_size(*body),
                                      chunk_bytes=self.chunk_bytes),
             client_id=self.client_id, seq=seq)
         give_up = time.monotonic() + self.deadline

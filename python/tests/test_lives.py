@@ -204,3 +204,47 @@ def test_data_plane_fallback_counts_no_skips_across_lives(rlhub_bin, tmp_path):
             assert r.source.stats["skipped"] == 0, r.source.stats
     finally:
         hub.stop()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "auto"])
+def test_a_gradient_of_a_deleted_model_is_refused(hub, transport):
+    """A gradient computed on the old model's v3, pushed once the model
+    pushed again is registered and at v3 too, was applied to the new model.
+    It names the life it was computed on (``push(life=)``): refused
+    (StaleVersion, counted stale), the new model unchanged; a gradient of
+    the new life is applied."""
+    from rlhub.grads import GradClient
+
+    sgd = {"kind": "sgd", "lr": 0.5}
+    grad = filled(1.0)
+    with rlhub.StoreClient(hub.addr, timeout=10) as store, GradClient(hub.addr, transport=transport) as g:
+        store.push(MODEL, filled(1.0), version=1, expect=0)
+        g.register(MODEL, optimizer=sgd)
+        for v in (1, 2):
+            g.push(MODEL, v, grad)
+            got = next(store.watch(MODEL, after=v, timeout=WAIT))
+            assert got.version == v + 1
+        old = store.pull(MODEL)
+        assert old is not None and old.version == 3 and old.life != 0
+
+        hub.run_cli("model", "rm", "--hub", hub.addr, "--name", MODEL)
+        for v in (1, 2, 3):
+            store.push(MODEL, filled(100.0 + v), version=v, expect=v - 1)
+        assert g.register(MODEL, optimizer=sgd).version == 3
+        new = store.pull(MODEL)
+        assert new is not None and new.version == 3 and new.life not in (0, old.life)
+
+        before = g.stats()
+        with pytest.raises(rlhub.StaleVersion) as e:
+            g.push(MODEL, 3, grad, life=old.life)
+        assert f'"{MODEL}"' in str(e.value) and "version 3" in str(e.value)
+        after = g.stats()
+        assert after.total.dropped.get("stale", 0) - before.total.dropped.get("stale", 0) == 1
+        assert (after.total.applied, after.versions[MODEL]) == (before.total.applied, 3)
+        now = store.pull(MODEL)
+        assert now is not None and (now.version, now.life) == (3, new.life)
+        assert all(bool((torch.as_tensor(t) == 103.0).all()) for t in now.tensors.values())
+
+        g.push(MODEL, 3, grad, life=new.life)
+        got = next(store.watch(MODEL, after=3, framework="torch", timeout=WAIT))
+        assert got.version == 4 and all(bool((t == 102.5).all()) for t in got.tensors.values())

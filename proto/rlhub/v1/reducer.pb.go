@@ -621,7 +621,10 @@ func (*ReducerPushRequest_Chunk) isReducerPushRequest_Body() {}
 type ReducerPushHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// blob.model, blob.version (the version the gradient was computed on),
-	// blob.total_bytes.
+	// blob.life (that version's life, BlobInfo.life; 0: unknown) and
+	// blob.total_bytes. A gradient whose known life is not the registered
+	// model's (the model was deleted and pushed again since its pull) is
+	// refused FAILED_PRECONDITION (STALE_VERSION).
 	Blob     *BlobInfo `protobuf:"bytes,1,opt,name=blob,proto3" json:"blob,omitempty"`
 	ClientId string    `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Seq      uint64    `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
@@ -1332,12 +1335,14 @@ func (x *ReducerDescribeResponse) GetVersion() uint64 {
 }
 
 type ReducerAdmitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
-	Model         string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	ClientId      string                 `protobuf:"bytes,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Seq           uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
-	BaseVersion   uint64                 `protobuf:"varint,5,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Session     uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	Model       string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	ClientId    string                 `protobuf:"bytes,3,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Seq         uint64                 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	BaseVersion uint64                 `protobuf:"varint,5,opt,name=base_version,json=baseVersion,proto3" json:"base_version,omitempty"`
+	// The life of base_version (BlobInfo.life); 0: unknown.
+	BaseLife      uint64 `protobuf:"varint,6,opt,name=base_life,json=baseLife,proto3" json:"base_life,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1403,6 +1408,13 @@ func (x *ReducerAdmitRequest) GetSeq() uint64 {
 func (x *ReducerAdmitRequest) GetBaseVersion() uint64 {
 	if x != nil {
 		return x.BaseVersion
+	}
+	return 0
+}
+
+func (x *ReducerAdmitRequest) GetBaseLife() uint64 {
+	if x != nil {
+		return x.BaseLife
 	}
 	return 0
 }
@@ -1939,13 +1951,14 @@ const file_rlhub_v1_reducer_proto_rawDesc = "" +
 	"\x05shape\x18\x03 \x03(\x03R\x05shape\"j\n" +
 	"\x17ReducerDescribeResponse\x125\n" +
 	"\atensors\x18\x01 \x03(\v2\x1b.rlhub.v1.ReducerTensorSpecR\atensors\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x04R\aversion\"\x97\x01\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\"\xb4\x01\n" +
 	"\x13ReducerAdmitRequest\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1b\n" +
 	"\tclient_id\x18\x03 \x01(\tR\bclientId\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12!\n" +
-	"\fbase_version\x18\x05 \x01(\x04R\vbaseVersion\"H\n" +
+	"\fbase_version\x18\x05 \x01(\x04R\vbaseVersion\x12\x1b\n" +
+	"\tbase_life\x18\x06 \x01(\x04R\bbaseLife\"H\n" +
 	"\x14ReducerAdmitResponse\x12\x16\n" +
 	"\x06weight\x18\x01 \x01(\x02R\x06weight\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\"B\n" +

@@ -266,18 +266,20 @@ class ReducerDescribeResponse(_message.Message):
     def __init__(self, tensors: _Optional[_Iterable[_Union[ReducerTensorSpec, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ReducerAdmitRequest(_message.Message):
-    __slots__ = ("session", "model", "client_id", "seq", "base_version")
+    __slots__ = ("session", "model", "client_id", "seq", "base_version", "base_life")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_LIFE_FIELD_NUMBER: _ClassVar[int]
     session: int
     model: str
     client_id: str
     seq: int
     base_version: int
-    def __init__(self, session: _Optional[int] = ..., model: _Optional[str] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
+    base_life: int
+    def __init__(self, session: _Optional[int] = ..., model: _Optional[str] = ..., client_id: _Optional[str] = ..., seq: _Optional[int] = ..., base_version: _Optional[int] = ..., base_life: _Optional[int] = ...) -> None: ...
 
 class ReducerAdmitResponse(_message.Message):
     __slots__ = ("weight", "version")
