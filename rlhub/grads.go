@@ -82,6 +82,15 @@ func (g *GradClient) Push(ctx context.Context, model string, base uint64, grads 
 	return g.c.PushGrad(ctx, model, base, grads)
 }
 
+// PushLife is Push naming the life of version base (the Snapshot.Life of
+// the version pulled; 0: unknown, as Push): once model was deleted and
+// pushed again since that version was pulled, the gradient is refused
+// with ErrStaleVersion and changes nothing, though the new model may have
+// reached the same version number (docs/reducer.md).
+func (g *GradClient) PushLife(ctx context.Context, model string, base, life uint64, grads *StateDict) (GradReceipt, error) {
+	return g.c.PushGradLife(ctx, model, base, life, grads)
+}
+
 // ID is the client id in (client id, seq).
 func (g *GradClient) ID() string { return g.c.ID() }
 
