@@ -995,7 +995,7 @@ func (p *Primary) Admit(_ context.Context, session uint64, model string, id redu
 		// admitted now would be acknowledged, then lost at its forward.
 		return 0, m.version, fmt.Errorf("%w: model %s: %v", errs.ErrUnavailable, errs.Quote(model), m.failed)
 	}
-	if life != 0 && m.life != 0 && life != m.life {
+	if store.OtherLife(life, m.life) {
 		// Lives change only when the model is deleted and pushed again
 		// (not at a restart or a failover: docs/store.md), so the model
 		// the gradient was computed on is gone: its version numbers say

@@ -144,6 +144,13 @@ type Snapshot struct {
 // BlobInfo.life); 0 when unknown.
 func (s *Snapshot) Life() uint64 { return s.life }
 
+// OtherLife reports whether lives a and b are both known (not 0) and
+// differ: a version of life a belongs to another life of its model than
+// one of life b (the model deleted and pushed again between them). An
+// unknown life (an older hub's, or a caller's that has none) differs from
+// none, so the rule that versions only grow holds for it.
+func OtherLife(a, b uint64) bool { return a != 0 && b != 0 && a != b }
+
 // WithLife sets the life of s, a snapshot received over the network, to
 // the one its sender named (0: unknown), and returns s. Call it before
 // anyone else sees s: a snapshot's life never changes once it is shared.

@@ -123,5 +123,5 @@ func (b *Board) Close() error {
 // (not 0): the model deleted and pushed again, whose versions start afresh
 // (store.Snapshot.Life, docs/weight-sync.md "Lives").
 func newLife(snap *store.Snapshot, life uint64) bool {
-	return life != 0 && snap.Life() != 0 && snap.Life() != life
+	return store.OtherLife(snap.Life(), life)
 }

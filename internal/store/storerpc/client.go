@@ -599,7 +599,7 @@ func (c *Client) watchOnce(ctx context.Context, name string, pos *watchPos, fail
 			return err
 		}
 		than := &pos.after
-		if pos.follow && pos.life != 0 && snap.Life() != 0 && snap.Life() != pos.life {
+		if pos.follow && store.OtherLife(snap.Life(), pos.life) {
 			than = nil // a new life: versions start afresh
 		}
 		if err := answers(name, 0, than, snap); err != nil {

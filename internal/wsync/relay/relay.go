@@ -567,7 +567,7 @@ func (r *Relay) materialize(ctx context.Context) error {
 	behind := func() bool {
 		cur := r.board.Newest()
 		return head != nil && (cur == nil || cur.Version < head.version ||
-			head.life != 0 && cur.Life() != 0 && head.life != cur.Life())
+			store.OtherLife(head.life, cur.Life()))
 	}
 	if !behind() {
 		return nil

@@ -288,7 +288,7 @@ func (w *Writer) Publish(_ context.Context, snap *store.Snapshot) error {
 	if snap.Name != w.cfg.Name {
 		return errWrongModel(w.cfg.Name, snap.Name)
 	}
-	if l := snap.Life(); l != 0 && w.geo.life != 0 && l != w.geo.life {
+	if store.OtherLife(snap.Life(), w.geo.life) {
 		return fmt.Errorf("%w: wsync: version %d of %s is of another life than shm segment %s: it needs a new segment",
 			errs.ErrInvalid, snap.Version, errs.Quote(snap.Name), errs.Quote(w.cfg.Path))
 	}
@@ -802,7 +802,7 @@ func (r *Reader) Life() uint64 { return r.geo.life }
 // model was deleted and pushed again, and the segment holds the new
 // model's versions only (a writer makes a new segment for a new life).
 func (r *Reader) WaitNewerLife(ctx context.Context, after, life uint64) (*store.Snapshot, error) {
-	if life != 0 && r.geo.life != 0 && life != r.geo.life {
+	if store.OtherLife(life, r.geo.life) {
 		after = 0
 	}
 	return r.WaitNewer(ctx, after)
@@ -812,7 +812,7 @@ func (r *Reader) WaitNewerLife(ctx context.Context, after, life uint64) (*store.
 // segment is of another life than life (both known) its newest version
 // is returned whatever its number, as WaitNewerLife's.
 func (r *Reader) GetIfNewerLife(ctx context.Context, than, life uint64) (*store.Snapshot, error) {
-	if life != 0 && r.geo.life != 0 && life != r.geo.life {
+	if store.OtherLife(life, r.geo.life) {
 		than = 0
 	}
 	return r.GetIfNewer(ctx, than)
