@@ -290,7 +290,11 @@ func (f *Fenced) PushCommitted(ctx context.Context, req store.PushRequest) (stor
 	var info store.Info
 	err = f.commit(req.Name, func() error {
 		var err error
-		if info, err = f.Store.Push(ctx, req); err == nil && f.Source != nil {
+		info, err = f.Store.Push(ctx, req)
+		if err == nil {
+			v.retained(req.Name, gen, info.Retained)
+		}
+		if err == nil && f.Source != nil {
 			// The next unit ships the version from the store's memory
 			// (lent, so a Recycle cannot reuse it meanwhile).
 			f.Source.offerVersion(ctx, f.Store, req.Name, req.Version)
@@ -503,7 +507,13 @@ type visibility struct {
 	deletes map[string]int
 	// gen is each model's generation, advanced by each Delete's start and
 	// end (absent: 0).
-	gen     map[string]uint64
+	gen map[string]uint64
+	// kept is, per model, the oldest version the store retained after a
+	// push of this term that no Delete overlapped (store.Info.Retained):
+	// an acked below it was dropped past the store's Retain for newer
+	// versions, and readers list the store for the newest they get.
+	// Absent (0): none known dropped. A Delete forgets it with acked.
+	kept    map[string]uint64
 	changed chan struct{}
 }
 
@@ -513,7 +523,8 @@ type hold struct{ version, gen uint64 }
 func (f *Fenced) vis() *visibility {
 	f.visOnce.Do(func() {
 		f.v = &visibility{pending: map[string]map[hold]bool{}, acked: map[string]uint64{}, loose: map[string]uint64{},
-			seeded: map[string]bool{}, deletes: map[string]int{}, gen: map[string]uint64{}, changed: make(chan struct{})}
+			seeded: map[string]bool{}, deletes: map[string]int{}, gen: map[string]uint64{}, kept: map[string]uint64{},
+			changed: make(chan struct{})}
 	})
 	return f.v
 }
@@ -583,6 +594,18 @@ func (v *visibility) settle(name string, version, gen uint64, acked bool) {
 	v.changed = make(chan struct{})
 }
 
+// retained records what the store retained of name (ascending,
+// store.Info.Retained) once a push whose hold was taken in generation gen
+// landed: its oldest, when no Delete overlapped the push (else it may be
+// of either life).
+func (v *visibility) retained(name string, gen uint64, retained []uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(retained) > 0 && gen == v.gen[name] && v.deletes[name] == 0 {
+		v.kept[name] = max(v.kept[name], retained[0])
+	}
+}
+
 // deleting marks a Delete of name begun; deleted, its end (failed: the
 // store may still hold the versions whose acknowledgement deleting
 // forgot).
@@ -592,6 +615,7 @@ func (v *visibility) deleting(name string) {
 	v.deletes[name]++
 	v.gen[name]++
 	delete(v.acked, name)
+	delete(v.kept, name)
 }
 
 func (v *visibility) deleted(name string, failed bool) {
@@ -637,12 +661,12 @@ const looseUnknown = ^uint64(0)
 // exact is name's lowest hidden version (0: none), and its newest
 // acknowledged version and generation, which name its newest visible
 // version below low when ok: no Delete in progress, no loose version
-// above acked.
+// above acked, acked not known dropped past the store's Retain (kept).
 func (v *visibility) exact(name string) (low, acked, gen uint64, ok bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	low, acked = v.newestLocked(name)
-	ok = v.deletes[name] == 0 && v.loose[name] <= acked
+	ok = v.deletes[name] == 0 && v.loose[name] <= acked && (acked == 0 || acked >= v.kept[name])
 	return low, acked, v.gen[name], ok
 }
 
@@ -794,12 +818,14 @@ func (f *Fenced) GetIfNewer(ctx context.Context, name string, than uint64) (*sto
 // none: the status keeps what it showed, as GetIfNewer leaves it). When
 // Fenced's record names that version (visibility.exact) it is the newest
 // acknowledged version, of the same life: nothing is read or listed from
-// the store. Otherwise (a Delete failed or is in progress, or a push
-// across a Delete was acknowledged above the record: visibility.loose) it
-// is found as readers find it, from a listing of the store, so the status
-// never names an older version than readers see. A wrapped store that
-// numbers no lives gives the newest visible version at life 0 (unknown:
-// the status's newest only grows, as it did with GetIfNewer).
+// the store. Otherwise (a Delete failed or is in progress, a push across
+// a Delete was acknowledged above the record: visibility.loose, or newer
+// unacknowledged versions pushed the newest acknowledged one past the
+// store's Retain: visibility.kept) it is found as readers find it, from a
+// listing of the store, so the status never names another version than
+// readers get. A wrapped store that numbers no lives gives the newest
+// visible version at life 0 (unknown: the status's newest only grows, as
+// it did with GetIfNewer).
 func (f *Fenced) NewestLife(name string) (uint64, uint64, error) {
 	lr, ok := f.Store.(store.LifeReader)
 	if !ok {
