@@ -152,11 +152,9 @@ type Failover struct {
 	epoch   uint64 // the newest epoch delivered
 	life    uint64 // the life of the version delivered last (0: unknown)
 	skipped uint64 // version numbers between deliveries, for Skipped
-	// nextProbe is when the more preferred dialers are tried again;
-	// pending is a probe's first version, delivered next (guarded by
-	// callMu).
+	// nextProbe is when the more preferred dialers are tried again
+	// (guarded by callMu).
 	nextProbe time.Time
-	pending   *store.Snapshot
 	switches  uint64 // sources taken after the first, for Switches
 	dialed    bool   // a source was taken before
 }
@@ -357,12 +355,6 @@ func (f *Failover) deliveredLife() uint64 {
 // probe's failures are not failures of the Failover: they are logged
 // at debug level only. Called with callMu held.
 func (f *Failover) probe(ctx context.Context, than, life uint64) *store.Snapshot {
-	if p := f.pending; p != nil {
-		f.pending = nil
-		if p.Version > than && f.admit(p, than) == nil {
-			return p
-		}
-	}
 	if !f.probing() || time.Now().Before(f.nextProbe) {
 		return nil
 	}
