@@ -24,8 +24,10 @@ import (
 
 // Sources are the Stats functions of the services one process hosts; a nil
 // field leaves that source's metrics (and dashboard panel) out. Each is
-// called once per scrape or dashboard poll, from the HTTP handler's
-// goroutine, so it must be safe for concurrent use (every Stats() is).
+// called at most once per scrape or dashboard poll (requests that arrive
+// together share one call; Config.StateReuse), from an HTTP handler's
+// goroutine, so it must be safe for concurrent use (every Stats() is):
+// a scrape and a dashboard reading may call it at once.
 type Sources struct {
 	Reducer        func() reducer.Stats
 	ReducerLatency func() reducer.LatencyHistogram

@@ -271,6 +271,9 @@ type dashboard struct {
 	// learnerLabels) decide which models and learners have a row of their
 	// own here too: the page's "other" rows are the metrics' "other".
 	labels *statsCollector
+	// states shares one reading of the Sources between the requests of
+	// Config.StateReuse (shared).
+	states shared[State]
 }
 
 func newDashboard(cfg Config, labels *statsCollector) *dashboard {
@@ -279,7 +282,7 @@ func newDashboard(cfg Config, labels *statsCollector) *dashboard {
 		"ms":    func(f float64) string { return fmt.Sprintf("%.1f", f) },
 		"num":   func(p *float64) string { return fmtOpt(p) },
 	}).ParseFS(webFS, "web/index.html"))
-	return &dashboard{cfg: cfg, page: page, labels: labels}
+	return &dashboard{cfg: cfg, page: page, labels: labels, states: shared[State]{reuse: cfg.StateReuse}}
 }
 
 func (d *dashboard) register(mux *http.ServeMux) {
@@ -288,24 +291,29 @@ func (d *dashboard) register(mux *http.ServeMux) {
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(mustSub(webFS, "web"))))
 }
 
-func (d *dashboard) index(w http.ResponseWriter, r *http.Request) {
-	st := d.state(r.Context())
+func (d *dashboard) index(w http.ResponseWriter, _ *http.Request) {
+	st := d.current()
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := d.page.Execute(w, st); err != nil {
 		d.cfg.Logger.Warn("metrics: dashboard page", "err", err)
 	}
 }
 
-func (d *dashboard) api(w http.ResponseWriter, r *http.Request) {
+func (d *dashboard) api(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := json.NewEncoder(w).Encode(d.state(r.Context())); err != nil {
+	if err := json.NewEncoder(w).Encode(d.current()); err != nil {
 		d.cfg.Logger.Debug("metrics: dashboard state", "err", err)
 	}
 }
 
-// state reads every source once.
-func (d *dashboard) state(ctx context.Context) State {
+// current is the dashboard's State: read now, or shared with the
+// requests around it (states). The State is shared: read it only.
+func (d *dashboard) current() State { return d.states.get(d.state) }
+
+// state reads every source once. It runs for every request that shares
+// its result, so no one request's context bounds it: StatsTimeout does.
+func (d *dashboard) state() State {
 	src, maxN := d.cfg.Sources, d.cfg.MaxLabelValues
 	st := State{Role: d.cfg.Role, Time: time.Now().UTC(), Models: []ModelState{}, Collectors: []CollectorState{}, Learners: []LearnerState{}, Runs: []RunState{}}
 	if src.Store != nil {
@@ -332,7 +340,7 @@ func (d *dashboard) state(ctx context.Context) State {
 		st.Reducer = red
 	}
 	if src.Sync != nil {
-		sctx, cancel := context.WithTimeout(ctx, d.cfg.StatsTimeout)
+		sctx, cancel := context.WithTimeout(context.Background(), d.cfg.StatsTimeout)
 		ss := src.Sync(sctx)
 		cancel()
 		st.Collectors = collectorRows(ss.Models, maxN)

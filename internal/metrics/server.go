@@ -68,6 +68,15 @@ type Config struct {
 	// StatsTimeout bounds the store look-ups of one weight-sync Stats
 	// call; 0 means 2s.
 	StatsTimeout time.Duration
+	// StateReuse is how long one reading of the Sources answers the
+	// dashboard (/api/state and the page): a request that arrives less
+	// than StateReuse after the last reading started gets its figures,
+	// so any number of open pages and pollers cost at most one reading
+	// per StateReuse. 0 means 500ms (the page polls every second);
+	// negative: every request reads anew. Either way, requests that
+	// arrive while a reading is in progress share it (so do /metrics
+	// scrapes, which never reuse a finished one: docs/metrics.md).
+	StateReuse time.Duration
 	// ShutdownTimeout bounds the HTTP server's graceful stop; 0 means 2s.
 	ShutdownTimeout time.Duration
 	// TLS, when set, serves HTTPS with it (a ClientCAs pool with
@@ -85,6 +94,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultStateReuse is Config.StateReuse's default: half the page's poll
+// period, so one open page still sees every poll's figures fresh.
+const DefaultStateReuse = 500 * time.Millisecond
+
 func (c *Config) validate() error {
 	if c.Listen == "" {
 		return errors.New("metrics: Config.Listen is required")
@@ -100,6 +113,9 @@ func (c *Config) validate() error {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 2 * time.Second
+	}
+	if c.StateReuse == 0 {
+		c.StateReuse = DefaultStateReuse
 	}
 	if c.MaxLabelValues < 1 || c.StatsTimeout < 0 || c.ShutdownTimeout < 0 {
 		return fmt.Errorf("metrics: MaxLabelValues %d must be ≥ 1 and timeouts non-negative", c.MaxLabelValues)
@@ -181,6 +197,9 @@ type Server struct {
 	lis  net.Listener
 	srv  *http.Server
 	dash *dashboard
+	// gather is what /metrics serves: reg, gathered once for the scrapes
+	// that arrive together.
+	gather *sharedGatherer
 
 	stop   func()    // set by Start
 	once   sync.Once // guards Close
@@ -205,9 +224,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.GRPC != nil {
 		reg.MustRegister(cfg.GRPC.m)
 	}
-	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg, stats)}
+	// Scrapes that arrive together share one gather: the Sources (and the
+	// Go and process collectors) are read once for all of them.
+	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg, stats), gather: &sharedGatherer{g: reg}}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}))
 	s.dash.register(mux)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
