@@ -3,13 +3,12 @@ package replica_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/replica"
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
 // An acknowledgement of a version of a model deleted since (a committed
@@ -21,50 +20,31 @@ import (
 func TestFencedAckOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
 	for _, via := range []string{"ack", "Acknowledge"} {
 		t.Run(via, func(t *testing.T) {
-			f, src, standbys := stuckStandby(t, 200*time.Millisecond)
-			ctx := context.Background()
-			setStandbys := func(s ...string) {
-				t.Helper()
-				standbys.Store(s)
-				if err := src.RefreshStandbys(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			req := func(v, seed uint64) store.PushRequest {
-				return store.PushRequest{Name: "m", Version: v, Expect: v - 1, Blob: storetest.Blob(t, seed, 8)}
-			}
-			setStandbys()
-			for v := uint64(1); v <= 5; v++ {
-				if _, err := f.Push(ctx, req(v, v)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			setStandbys("s1") // s1 never acknowledges
+			x := newFencedFixture(t, nil)
+			f, ctx := x.f, context.Background()
+			x.pushAcked(5, "m")
+			x.setStandbys("s1") // s1 never acknowledges
 			var late func(context.Context) error
 			if via == "ack" {
-				_, ack, err := f.PushCommitted(ctx, req(6, 6))
+				_, ack, err := f.PushCommitted(ctx, x.next("m", 6, 6))
 				if err != nil {
 					t.Fatal(err)
 				}
 				late = ack
 			} else {
-				if _, err := f.Push(ctx, req(6, 6)); !errors.Is(err, store.ErrNotAcknowledged) {
-					t.Fatalf("push of v6 with s1 silent: %v, want not acknowledged", err)
-				}
+				x.notAcked("push of v6 with s1 silent", x.pushNext("m", 6, 6))
 				late = func(ctx context.Context) error { return f.Acknowledge(ctx, "m", 6) }
 			}
-			setStandbys() // s1 left
+			x.setStandbys() // s1 left
 			if err := f.Delete(ctx, "m"); err != nil {
 				t.Fatal(err)
 			}
 			if err := late(ctx); err != nil {
 				t.Fatalf("the deleted model's v6 acknowledged late: %v", err)
 			}
-			setStandbys("s1") // s1 back, silent
+			x.setStandbys("s1") // s1 back, silent
 			for v := uint64(1); v <= 2; v++ {
-				if _, err := f.Push(ctx, req(v, 10+v)); !errors.Is(err, store.ErrNotAcknowledged) {
-					t.Fatalf("push of v%d of the new model with s1 silent: %v, want not acknowledged", v, err)
-				}
+				x.notAcked(fmt.Sprintf("push of v%d of the new model with s1 silent", v), x.pushNext("m", v, 10+v))
 				if s, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
 					t.Fatalf("Get after an unacknowledged push of v%d of the new model: %v %v, want NotFound", v, versionOf(s), err)
 				}
@@ -72,8 +52,8 @@ func TestFencedAckOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
 					t.Fatalf("List after an unacknowledged push of v%d of the new model: %+v", v, infos)
 				}
 			}
-			setStandbys()
-			if _, err := f.Push(ctx, req(3, 13)); err != nil {
+			x.setStandbys()
+			if err := x.pushNext("m", 3, 13); err != nil {
 				t.Fatal(err)
 			}
 			if s, err := f.Get(ctx, "m", 1); err != nil || s.Version != 1 {
@@ -90,53 +70,20 @@ func TestFencedAckOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
 // end took the other's hold with it.
 func TestFencedStalePushOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
 	ctx := context.Background()
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	g := &gatedPushes{Memory: mem}
-	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
-	f := &replica.Fenced{Store: g, Epoch: 7, Source: src}
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(v, seed uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, seed, 8)})
-		return err
-	}
-	setStandbys()
-	for v := uint64(1); v <= 5; v++ {
-		if err := push(v, v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	x, g := newGatedFixture(t)
+	f := x.f
+	x.pushAcked(5, "m")
 	// The old model's v6 waits in the store while m is deleted and
 	// pushed again up to an unacknowledged v6.
-	g.gate, g.entered = make(chan struct{}), make(chan struct{})
-	gate := g.gate
-	done := make(chan error, 1)
-	go func() { done <- push(6, 99) }()
-	<-g.entered
-	g.gate = nil
-	if err := f.Delete(ctx, "m"); err != nil {
-		t.Fatal(err)
-	}
+	land := x.deleteDuringPush(g, 6, 99)
 	for v := uint64(1); v <= 5; v++ {
-		if err := push(v, 10+v); err != nil {
+		if err := x.pushAny(v, 10+v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	setStandbys("s1")
-	if err := push(6, 16); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of the new model's v6 with s1 silent: %v, want not acknowledged", err)
-	}
-	close(gate)
-	if err := <-done; !errors.Is(err, errs.ErrStale) {
+	x.setStandbys("s1")
+	x.notAcked("push of the new model's v6 with s1 silent", x.pushAny(6, 16))
+	if err := land(); !errors.Is(err, errs.ErrStale) {
 		t.Fatalf("the old model's v6 after the new one's: %v, want stale", err)
 	}
 	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 5 {
@@ -147,43 +94,27 @@ func TestFencedStalePushOfADeletedLifeShowsNothingOfTheNext(t *testing.T) {
 	}
 }
 
+// listedWithV4Pending is a fencedFixture over a memory store with cfg
+// that counts Lists (inner): versions 1 to 3 of a, m and z acknowledged,
+// and m's v4 waiting for its acknowledgement, s1 listed and silent.
+func listedWithV4Pending(t *testing.T, cfg store.Config) (*fencedFixture, *listCounter) {
+	t.Helper()
+	inner := &listCounter{Memory: newMemory(t, cfg)}
+	x := newFencedFixture(t, inner)
+	x.pushAcked(3, "a", "m", "z")
+	x.setStandbys("s1")
+	x.notAcked("push of v4 with s1 silent", x.pushNext("m", 4, 4))
+	return x, inner
+}
+
 // Sync status reads a model's newest on a primary without listing the
 // store, while that newest waits for its acknowledgement too: every
 // status call and report of a model being published listed every model.
 func TestFencedNewestLifeListsNothing(t *testing.T) {
 	ctx := context.Background()
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	inner := &listCounter{Memory: mem}
-	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
-	f := &replica.Fenced{Store: inner, Epoch: 7, Source: src}
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(name string, v uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: name, Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
-		return err
-	}
-	setStandbys()
-	for _, name := range []string{"a", "m", "z"} {
-		for v := uint64(1); v <= 3; v++ {
-			if err := push(name, v); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	setStandbys("s1")
-	if err := push("m", 4); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
-	}
-	_, life, err := mem.NewestLife("m")
+	x, inner := listedWithV4Pending(t, store.Config{})
+	f := x.f
+	_, life, err := inner.NewestLife("m")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,14 +127,12 @@ func TestFencedNewestLifeListsNothing(t *testing.T) {
 	}
 	// Deleted, pushed again and unacknowledged: nothing of the new life
 	// is acknowledged.
-	setStandbys()
+	x.setStandbys()
 	if err := f.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	setStandbys("s1")
-	if err := push("m", 1); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of the new model's v1 with s1 silent: %v, want not acknowledged", err)
-	}
+	x.setStandbys("s1")
+	x.notAcked("push of the new model's v1 with s1 silent", x.pushNext("m", 1, 1))
 	if v, l, err := f.NewestLife("m"); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("NewestLife with the new model's v1 unacknowledged: v%d life %d, %v; want NotFound", v, l, err)
 	}
@@ -217,37 +146,8 @@ func TestFencedNewestLifeListsNothing(t *testing.T) {
 // to show, as before.
 func TestFencedReadersListNothingWhileTheNewestAwaitsItsAck(t *testing.T) {
 	ctx := context.Background()
-	mem, err := store.NewMemory(store.Config{Retain: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	inner := &listCounter{Memory: mem}
-	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
-	f := &replica.Fenced{Store: inner, Epoch: 7, Source: src}
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(name string, v uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: name, Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
-		return err
-	}
-	setStandbys()
-	for _, name := range []string{"a", "m", "z"} {
-		for v := uint64(1); v <= 3; v++ {
-			if err := push(name, v); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	setStandbys("s1")
-	if err := push("m", 4); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
-	}
+	x, inner := listedWithV4Pending(t, store.Config{Retain: 2})
+	f := x.f
 	inner.lists.Store(0)
 	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 3 {
 		t.Fatalf("Get with v4 unacknowledged: %v %v, want v3", versionOf(s), err)
@@ -267,14 +167,12 @@ func TestFencedReadersListNothingWhileTheNewestAwaitsItsAck(t *testing.T) {
 		t.Fatalf("readers listed the store %d times", n)
 	}
 	// v3 dropped for v4 and v5, neither acknowledged: nothing to show.
-	if err := push("m", 5); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of v5 with s1 silent: %v, want not acknowledged", err)
-	}
+	x.notAcked("push of v5 with s1 silent", x.pushNext("m", 5, 5))
 	if s, err := f.Get(ctx, "m", 0); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("Get with v3 dropped and v4, v5 unacknowledged: %v %v, want NotFound", versionOf(s), err)
 	}
-	setStandbys()
-	if err := push("m", 6); err != nil {
+	x.setStandbys()
+	if err := x.pushNext("m", 6, 6); err != nil {
 		t.Fatal(err)
 	}
 	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 6 {
@@ -299,53 +197,19 @@ func newestLifeIsGets(t *testing.T, f *replica.Fenced, want *store.Snapshot) {
 // showing the deleted model's newest).
 func TestFencedPushAcrossADeleteStaysVisibleBelowAPendingOne(t *testing.T) {
 	ctx := context.Background()
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	g := &gatedPushes{Memory: mem}
-	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
-	f := &replica.Fenced{Store: g, Epoch: 7, Source: src}
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(v, seed uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, seed, 8)})
-		return err
-	}
-	setStandbys()
-	for v := uint64(1); v <= 3; v++ {
-		if err := push(v, v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	x, g := newGatedFixture(t)
+	f := x.f
+	x.pushAcked(3, "m")
 	// The old model's v4 waits on its way to the store while m is
 	// deleted; it lands in the new model, and is acknowledged.
-	g.gate, g.entered = make(chan struct{}), make(chan struct{})
-	gate := g.gate
-	done := make(chan error, 1)
-	go func() { done <- push(4, 4) }()
-	<-g.entered
-	g.gate = nil
-	if err := f.Delete(ctx, "m"); err != nil {
-		t.Fatal(err)
-	}
-	close(gate)
-	if err := <-done; err != nil {
+	if err := x.deleteDuringPush(g, 4, 4)(); err != nil {
 		t.Fatalf("the push across the Delete: %v", err)
 	}
 	if s, err := f.Get(ctx, "m", 0); err != nil || s.Version != 4 {
 		t.Fatalf("Get after the push across the Delete: %v %v, want v4", versionOf(s), err)
 	}
-	setStandbys("s1")
-	if err := push(5, 5); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of v5 with s1 silent: %v, want not acknowledged", err)
-	}
+	x.setStandbys("s1")
+	x.notAcked("push of v5 with s1 silent", x.pushAny(5, 5))
 	s, err := f.Get(ctx, "m", 0)
 	if err != nil || s.Version != 4 {
 		t.Fatalf("Get with v5 unacknowledged: %v %v, want v4", versionOf(s), err)
@@ -364,37 +228,14 @@ func (failedDeletes) Delete(context.Context, string) error { return errors.New("
 // too (before, NotFound).
 func TestFencedFailedDeleteKeepsTheAcknowledgedVersionVisible(t *testing.T) {
 	ctx := context.Background()
-	mem, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mem.Close()
-	_, src, standbys := stuckStandby(t, 200*time.Millisecond)
-	f := &replica.Fenced{Store: failedDeletes{mem}, Epoch: 7, Source: src}
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(v uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
-		return err
-	}
-	setStandbys()
-	for v := uint64(1); v <= 3; v++ {
-		if err := push(v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	x := newFencedFixture(t, failedDeletes{newMemory(t, store.Config{})})
+	f := x.f
+	x.pushAcked(3, "m")
 	if err := f.Delete(ctx, "m"); err == nil {
 		t.Fatal("Delete on a store that cannot delete succeeded")
 	}
-	setStandbys("s1")
-	if err := push(4); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of v4 with s1 silent: %v, want not acknowledged", err)
-	}
+	x.setStandbys("s1")
+	x.notAcked("push of v4 with s1 silent", x.pushNext("m", 4, 4))
 	s, err := f.Get(ctx, "m", 0)
 	if err != nil || s.Version != 3 {
 		t.Fatalf("Get with v4 unacknowledged after a failed Delete: %v %v, want v3", versionOf(s), err)

@@ -2,12 +2,10 @@ package replica_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/rlhub/rlhub/internal/store"
-	"github.com/rlhub/rlhub/internal/store/storetest"
 )
 
 // A cluster primary's store waits for another life (store.LifeWaiter), so
@@ -17,25 +15,9 @@ import (
 // reads it waits only for acknowledged versions: the new life's version
 // the standbys do not hold yet is not returned.
 func TestFencedWaitsForAnotherLifeAcknowledged(t *testing.T) {
-	f, src, standbys := stuckStandby(t, 200*time.Millisecond)
-	ctx := context.Background()
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(v, seed uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: storetest.Blob(t, seed, 8)})
-		return err
-	}
-	setStandbys()
-	for v := uint64(1); v <= 5; v++ {
-		if err := push(v, v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	x := newFencedFixture(t, nil)
+	f, ctx := x.f, context.Background()
+	x.pushAcked(5, "m")
 	w, ok := any(f).(store.LifeWaiter)
 	if !ok {
 		t.Fatal("replica.Fenced is not a store.LifeWaiter: a new life reaches a primary's followers only by polling")
@@ -67,17 +49,15 @@ func TestFencedWaitsForAnotherLifeAcknowledged(t *testing.T) {
 	if err := f.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	setStandbys("s1") // s1 never acknowledges
-	if err := push(1, 11); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of the new model's v1 with s1 silent: %v, want not acknowledged", err)
-	}
+	x.setStandbys("s1") // s1 never acknowledges
+	x.notAcked("push of the new model's v1 with s1 silent", x.pushAny(1, 11))
 	select {
 	case r := <-got:
 		t.Fatalf("LendNewerLife returned %s, %v while the new life's only version is not acknowledged", versionOf(r.snap), r.err)
 	default:
 	}
-	setStandbys()
-	if err := push(2, 12); err != nil {
+	x.setStandbys()
+	if err := x.pushAny(2, 12); err != nil {
 		t.Fatal(err)
 	}
 	r := <-got
