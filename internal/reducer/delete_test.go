@@ -20,7 +20,9 @@ import (
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/reducer"
 	"github.com/rlhub/rlhub/internal/store"
+	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/tensor"
+	"github.com/rlhub/rlhub/internal/testkit"
 )
 
 // TestDeletedModelIsRegisteredAgainWithoutARestart: a registered model
@@ -35,42 +37,15 @@ import (
 // config, its steps land on the new model, and a restart restores the new
 // registration.
 func TestDeletedModelIsRegisteredAgainWithoutARestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	const n = 64
-	data, args := restoreOwnerFixture(t, n)
-	hubProc := startProc(t, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	sgd := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
+	data, args, hubProc, ctx := startHubOnM(t, n, nil)
+	sgd := sgdOnM()
 	adam := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.Adam, LR: 0.01}}
 	regDir := filepath.Join(data, "reducer", store.ModelDir("m"))
 
-	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := reducerClient(t, hubProc.Addr(), "g")
 	sc := storeClient(t, hubProc.Addr())
-	seq := uint64(0)
-	// step pushes one gradient at base and waits for the model's version
-	// base+1; it returns that version's weights.
-	step := func(what string, base uint64) *tensor.StateDict {
-		t.Helper()
-		seq++
-		if _, err := cl.PushSeq(ctx, "m", base, seq, gradFor(n, "g", seq)); err != nil {
-			t.Fatalf("%s: push: %v", what, err)
-		}
-		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer wcancel()
-		snap, err := sc.WaitNewer(wctx, "m", base)
-		if err != nil || snap.Version != base+1 {
-			st, _ := cl.HubStats(ctx, "")
-			t.Fatalf("%s: the step from version %d: %v (stats %+v); output:\n%s", what, base, err, st.Models, hubProc.Output())
-		}
-		return snap.Tensors
-	}
+	steps := &gradSteps{t: t, ctx: ctx, hub: hubProc, cl: cl, sc: sc, n: n}
 	// deleteAndPush deletes m and pushes a fresh version 1 as another
 	// writer; it returns the weights pushed.
 	deleteAndPush := func(fill string) *tensor.StateDict {
@@ -105,14 +80,14 @@ func TestDeletedModelIsRegisteredAgainWithoutARestart(t *testing.T) {
 	if _, _, err := cl.Register(ctx, sgd); err != nil {
 		t.Fatal(err)
 	}
-	step("the first registration", 1)
-	step("the first registration", 2)
+	steps.step("the first registration", 1, 0)
+	steps.step("the first registration", 2, 0)
 
 	// Deleted, pushed again, registered again with the same config.
 	w := deleteAndPush("second life")
 	register("register again, same config", sgd)
-	got := step("the second registration", 1)
-	g := gradFor(n, "g", seq)
+	got := steps.step("the second registration", 1, 0)
+	g := gradFor(n, "g", steps.seq)
 	for _, tt := range w.Tensors() {
 		name := tt.Name
 		wf, gf, nf := f32s(t, w, name), f32s(t, g, name), f32s(t, got, name)
@@ -128,8 +103,8 @@ func TestDeletedModelIsRegisteredAgainWithoutARestart(t *testing.T) {
 	// Deleted, pushed again, registered again with another config.
 	deleteAndPush("third life")
 	register("register again, another config", adam)
-	step("the third registration", 1)
-	step("the third registration", 2)
+	steps.step("the third registration", 1, 0)
+	steps.step("the third registration", 2, 0)
 	raw, err := os.ReadFile(filepath.Join(regDir, "registration.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -148,19 +123,14 @@ func TestDeletedModelIsRegisteredAgainWithoutARestart(t *testing.T) {
 	// A restart restores the new registration: its steps go on.
 	hubProc.Kill()
 	hubProc = startProc(t, args...)
-	cl2, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl2.Close()
-	version, steps, err := cl2.Register(ctx, adam)
-	if err != nil || version != 3 || steps != 2 {
-		t.Fatalf("register after the restart: version %d, steps %d, %v; want the restored registration at version 3, 2 steps", version, steps, err)
+	cl2 := reducerClient(t, hubProc.Addr(), "g")
+	version, restored, err := cl2.Register(ctx, adam)
+	if err != nil || version != 3 || restored != 2 {
+		t.Fatalf("register after the restart: version %d, steps %d, %v; want the restored registration at version 3, 2 steps", version, restored, err)
 	}
 	cl.Close()
-	cl = cl2
-	sc = storeClient(t, hubProc.Addr())
-	step("after the restart", 3)
+	steps.hub, steps.cl, steps.sc = hubProc, cl2, storeClient(t, hubProc.Addr())
+	steps.step("after the restart", 3, 0)
 	hubProc.Kill()
 }
 
@@ -177,6 +147,37 @@ func f32s(t *testing.T, sd *tensor.StateDict, name string) []float32 {
 	return f
 }
 
+// gradSteps pushes client cl's gradients (of gradFor(n, "g", seq)) to
+// model "m" of the hub and waits for each step.
+type gradSteps struct {
+	t   *testing.T
+	ctx context.Context
+	hub *testkit.Proc
+	cl  *reducer.Client
+	sc  *storerpc.Client
+	n   int
+	seq uint64 // the last gradient's sequence number
+}
+
+// step pushes the next gradient at version base of life (0: whichever m
+// is) and waits for m's version base+1, whose weights it returns; what
+// names the step in a failure.
+func (s *gradSteps) step(what string, base, life uint64) *tensor.StateDict {
+	s.t.Helper()
+	s.seq++
+	if _, err := s.cl.PushLife(s.ctx, "m", base, life, s.seq, gradFor(s.n, "g", s.seq)); err != nil {
+		s.t.Fatalf("%s: push at version %d (life %d): %v", what, base, life, err)
+	}
+	wctx, wcancel := context.WithTimeout(s.ctx, 20*time.Second)
+	defer wcancel()
+	snap, err := s.sc.WaitNewer(wctx, "m", base)
+	if err != nil || snap.Version != base+1 {
+		st, _ := s.cl.HubStats(s.ctx, "")
+		s.t.Fatalf("%s: the step from version %d: %v (stats %+v); output:\n%s", what, base, err, st.Models, s.hub.Output())
+	}
+	return snap.Tensors
+}
+
 // TestFailedRegistrationReleasesItsClaim: Register claims its model for
 // the reducer before it writes the registration. One that failed after
 // the claim (here the state directory cannot be written) kept the claim:
@@ -184,14 +185,8 @@ func f32s(t *testing.T, sd *tensor.StateDict, name string) []float32 {
 // reducer") for a reducer that does not reduce it, until the hub
 // restarted. The failed registration now releases the claim.
 func TestFailedRegistrationReleasesItsClaim(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	const n = 64
-	data, args := restoreOwnerFixture(t, n)
-	hubProc := startProc(t, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	data, _, hubProc, ctx := startHubOnM(t, n, nil)
 	// The state directory is replaced by a file: the registration's files
 	// cannot be made (the directory's lock stays held by the hub).
 	stateDir := filepath.Join(data, "reducer")
@@ -201,11 +196,7 @@ func TestFailedRegistrationReleasesItsClaim(t *testing.T) {
 	if err := os.WriteFile(stateDir, []byte("not a directory\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := reducerClient(t, hubProc.Addr(), "g")
 	if _, _, err := cl.Register(ctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}); err == nil {
 		t.Fatal("register with a state directory that cannot be written succeeded")
 	}
@@ -229,21 +220,11 @@ func TestFailedRegistrationReleasesItsClaim(t *testing.T) {
 // restarted. A secondary now reads the layout again when a gradient does
 // not match the one it holds, and takes the primary's new one.
 func TestDeletedModelPushedAgainWithAnotherLayout(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	const n, n2 = 64, 16
-	_, args := restoreOwnerFixture(t, n)
-	hubProc := startProc(t, append(args, "--reducer-secondaries", "2")...)
+	_, _, hubProc, ctx := startHubOnM(t, n, nil, "--reducer-secondaries", "2")
 	leaf := startProc(t, "serve", "--role", "reducer", "--primary", hubProc.Addr(), "--listen", "127.0.0.1:0", "--data", "", "--reduce-batch-size", "1", "--max-wait", "1ms")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	mc := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
-	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	mc := sgdOnM()
+	cl := reducerClient(t, hubProc.Addr(), "g")
 	if _, _, err := cl.Register(ctx, mc); err != nil {
 		t.Fatal(err)
 	}
@@ -311,42 +292,19 @@ func TestDeletedModelPushedAgainWithAnotherLayout(t *testing.T) {
 // (FAILED_PRECONDITION, counted stale), changing nothing; the right life
 // is applied.
 func TestGradientOfADeletedModelIsRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	const n = 64
-	_, args := restoreOwnerFixture(t, n)
-	hubProc := startProc(t, args...)
+	_, _, hubProc, ctx := startHubOnM(t, n, nil)
 	defer hubProc.Kill()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	sgd := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
-	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	sgd := sgdOnM()
+	cl := reducerClient(t, hubProc.Addr(), "g")
 	sc := storeClient(t, hubProc.Addr())
-	seq := uint64(0)
-	// step pushes one gradient at base of life and waits for base+1.
-	step := func(base, life uint64) {
-		t.Helper()
-		seq++
-		if _, err := cl.PushLife(ctx, "m", base, life, seq, gradFor(n, "g", seq)); err != nil {
-			t.Fatalf("push at version %d (life %d): %v", base, life, err)
-		}
-		wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
-		defer wcancel()
-		if snap, err := sc.WaitNewer(wctx, "m", base); err != nil || snap.Version != base+1 {
-			t.Fatalf("the step from version %d: %v; output:\n%s", base, err, hubProc.Output())
-		}
-	}
+	steps := &gradSteps{t: t, ctx: ctx, hub: hubProc, cl: cl, sc: sc, n: n}
 
 	if _, _, err := cl.Register(ctx, sgd); err != nil {
 		t.Fatal(err)
 	}
-	step(1, 0)
-	step(2, 0)
+	steps.step("the deleted model", 1, 0)
+	steps.step("the deleted model", 2, 0)
 	old, err := sc.Get(ctx, "m", 0)
 	if err != nil || old.Version != 3 || old.Life() == 0 {
 		t.Fatalf("pull: version %d, life %d, %v; want version 3 of a known life", old.Version, old.Life(), err)
@@ -373,8 +331,8 @@ func TestGradientOfADeletedModelIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	seq++
-	_, err = cl.PushLife(ctx, "m", 3, old.Life(), seq, gradFor(n, "g", seq))
+	steps.seq++
+	_, err = cl.PushLife(ctx, "m", 3, old.Life(), steps.seq, gradFor(n, "g", steps.seq))
 	if !errors.Is(err, errs.ErrStale) || grpcerr.Code(err) != codes.FailedPrecondition ||
 		!strings.Contains(err.Error(), `"m"`) || !strings.Contains(err.Error(), "version 3") {
 		t.Fatalf("gradient of the deleted model's version 3: %v; want FAILED_PRECONDITION naming model \"m\" and version 3", err)
@@ -401,5 +359,5 @@ func TestGradientOfADeletedModelIsRefused(t *testing.T) {
 	}
 
 	// The new model's life is trained.
-	step(3, now.Life())
+	steps.step("the new model", 3, now.Life())
 }

@@ -34,16 +34,58 @@ func startProcEnv(t *testing.T, env []string, args ...string) *testkit.Proc {
 func restoreOwnerFixture(t *testing.T, n int) (data string, serve []string) {
 	t.Helper()
 	data = t.TempDir()
-	st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(data, "store"), Logger: testkit.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := openDataStore(t, data)
 	defer st.Close()
 	blob, _ := safetensors.Encode(gradFor(n, "init", 0), nil)
 	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: 1, Blob: blob}); err != nil {
 		t.Fatal(err)
 	}
 	return data, []string{"serve", "--listen", "127.0.0.1:0", "--data", data, "--reduce-batch-size", "1", "--max-wait", "1ms", "--log-level", "info"}
+}
+
+// openDataStore opens the store of the --data directory data, while no
+// hub runs on it; the caller closes it.
+func openDataStore(t *testing.T, data string) *store.File {
+	t.Helper()
+	st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(data, "store"), Logger: testkit.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// startHubOnM skips the test in -short mode (it starts processes), and
+// starts a hub with env added to its environment and extra added to its
+// arguments (args, to start it again) on restoreOwnerFixture(t, n)'s
+// --data directory data; ctx ends with the test, in 2 minutes at most.
+func startHubOnM(t *testing.T, n int, env []string, extra ...string) (data string, args []string, hubProc *testkit.Proc, ctx context.Context) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	data, args = restoreOwnerFixture(t, n)
+	args = append(args, extra...)
+	hubProc = startProcEnv(t, env, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return data, args, hubProc, ctx
+}
+
+// reducerClient is a reducer client of the hub at addr as id, closed when
+// the test ends.
+func reducerClient(t *testing.T, addr, id string) *reducer.Client {
+	t.Helper()
+	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// sgdOnM registers model "m", gradients summed, for SGD at rate 0.1.
+func sgdOnM() reducer.ModelConfig {
+	return reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
 }
 
 func storeClient(t *testing.T, addr string) *storerpc.Client {
@@ -78,19 +120,10 @@ func blobOf(t *testing.T, sd *tensor.StateDict) []byte {
 // now drops it (logged at ERROR): the writer keeps writing, and a new
 // Register starts afresh.
 func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	const n = 64
-	data, args := restoreOwnerFixture(t, n)
-	hubProc := startProc(t, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	mc := reducer.ModelConfig{Model: "m", Reduction: reduce.Sum, Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}}
-	admin, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "admin"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, args, hubProc, ctx := startHubOnM(t, n, nil)
+	mc := sgdOnM()
+	admin := reducerClient(t, hubProc.Addr(), "admin")
 	if _, _, err := admin.Register(ctx, mc); err != nil {
 		t.Fatal(err)
 	}
@@ -98,11 +131,8 @@ func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) 
 	hubProc.Kill()
 	other := blobOf(t, gradFor(n, "other", 1))
 	{
-		st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(data, "store"), Logger: testkit.Logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = st.Delete(ctx, "m")
+		st := openDataStore(t, data)
+		err := st.Delete(ctx, "m")
 		if err == nil {
 			_, err = st.Push(ctx, store.PushRequest{Name: "m", Version: 1, Blob: other})
 		}
@@ -126,11 +156,7 @@ func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) 
 		t.Fatalf("the writer's push after the restart: %v", err)
 	}
 	// A new registration starts afresh, claims it, and its steps land.
-	cl, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := reducerClient(t, hubProc.Addr(), "g")
 	version, steps, err := cl.Register(ctx, mc)
 	if err != nil || version != 2 || steps != 0 {
 		t.Fatalf("register again: version %d steps %d, %v; want version 2, a fresh optimizer", version, steps, err)
@@ -157,20 +183,11 @@ func TestRestoreDropsTheRegistrationOfAModelDeletedAndPushedAgain(t *testing.T) 
 // after every restart, until an admin deleted it. Restore now releases a
 // model the reducer owns with no registration (logged at WARN).
 func TestRestoreReleasesAModelClaimedWithNoRegistration(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	const n = 64
-	data, args := restoreOwnerFixture(t, n)
-	hubProc := startProcEnv(t, []string{"RLHUB_TEST_REDUCER_CRASH=register-claimed"}, args...)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	admin, err := reducer.NewClient(reducer.ClientConfig{Hub: hubProc.Addr(), ClientID: "admin"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	data, args, hubProc, ctx := startHubOnM(t, n, []string{"RLHUB_TEST_REDUCER_CRASH=register-claimed"})
+	admin := reducerClient(t, hubProc.Addr(), "admin")
 	rctx, rcancel := context.WithTimeout(ctx, 3*time.Second) // the hub dies in it; no retry reaches it
-	_, _, err = admin.Register(rctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
+	_, _, err := admin.Register(rctx, reducer.ModelConfig{Model: "m", Optimizer: optim.Config{Kind: optim.SGD, LR: 0.1}})
 	rcancel()
 	admin.Close()
 	if err == nil {
@@ -185,10 +202,7 @@ func TestRestoreReleasesAModelClaimedWithNoRegistration(t *testing.T) {
 		t.Fatalf("the hub ended with %v; want SIGKILL at register-claimed", hubProc.State())
 	}
 	{ // the kill fell between the claim and the registration
-		st, err := store.OpenFile(store.FileConfig{Dir: filepath.Join(data, "store"), Logger: testkit.Logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := openDataStore(t, data)
 		infos, err := st.List(ctx)
 		st.Close()
 		if err != nil || len(infos) != 1 || infos[0].Owner != "reducer" {
