@@ -44,18 +44,27 @@ func (c *livesCollector) all() []appliedVersion {
 // lives or not.
 func startLivesCollector(t *testing.T, addr, id string, follow bool) *livesCollector {
 	t.Helper()
-	c := &livesCollector{}
 	cl, err := wsync.Attach(context.Background(), wsync.ClientConfig{Conn: dial(t, addr), CollectorID: id, Model: "m", FollowLives: follow, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: cl, FollowLives: follow, Apply: func(s *store.Snapshot) error {
+	return runLivesCollector(t, cl, follow, nil, cl.Close)
+}
+
+// runLivesCollector runs a receiver on src (following lives or not,
+// calling onApplied if set) that records what it applies, until the test
+// ends; then it closes src with closeSrc.
+func runLivesCollector(t *testing.T, src wsync.Source, follow bool, onApplied func(uint64), closeSrc func() error) *livesCollector {
+	t.Helper()
+	c := &livesCollector{}
+	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: src, FollowLives: follow, OnApplied: onApplied, Apply: func(s *store.Snapshot) error {
 		c.mu.Lock()
 		c.applied = append(c.applied, appliedVersion{s.Version, s.Epoch, s.Life(), string(s.Blob)})
 		c.mu.Unlock()
 		return nil
 	}})
 	if err != nil {
+		closeSrc()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -64,9 +73,45 @@ func startLivesCollector(t *testing.T, addr, id string, follow bool) *livesColle
 	t.Cleanup(func() {
 		cancel()
 		<-done
-		cl.Close()
+		closeSrc()
 	})
 	return c
+}
+
+// pushLife pushes version v of model "m" at epoch to st, whatever it
+// holds, a blob filled with fill, and returns the blob.
+func pushLife(t *testing.T, st store.Store, v, epoch, fill uint64) string {
+	t.Helper()
+	snap := wsynctest.Snap(t, "m", fill, 64)
+	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+		t.Fatal(err)
+	}
+	return string(snap.Blob)
+}
+
+// startSegmentRelay is a relay (id) with a segment at path, its upstream a
+// hub on the data plane over a memory store st that holds v1 to v5 of
+// model "m" (pushLife 1 to 5), once the segment holds v5. dataPlane: the
+// relay takes versions over the data plane.
+func startSegmentRelay(t *testing.T, id string, dataPlane bool) (st *store.Memory, relay *Relay, path string) {
+	t.Helper()
+	st, err := store.NewMemory(store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	addr := dataPlaneHub(t, st)
+	for v := uint64(1); v <= 5; v++ {
+		pushLife(t, st, v, 0, v)
+	}
+	path = wsynctest.ShmPath(t)
+	cfg := Config{Upstream: dial(t, addr), Model: "m", ID: id, ShmPath: path, Logger: quiet()}
+	if dataPlane {
+		cfg.UpstreamAddr = addr
+	}
+	relay = runRelay(t, cfg)
+	waitSegment(t, path, 5)
+	return st, relay, path
 }
 
 // A model deleted and pushed again from version 1 (`rlhub model rm`, then
@@ -83,16 +128,8 @@ func startLivesCollector(t *testing.T, addr, id string, follow bool) *livesColle
 func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 	ctx := context.Background()
 	h := startHub(t)
-	push := func(v, epoch, fill uint64) string {
-		t.Helper()
-		snap := wsynctest.Snap(t, "m", fill, 64)
-		if _, err := h.st.Push(ctx, store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-			t.Fatal(err)
-		}
-		return string(snap.Blob)
-	}
 	for v := uint64(1); v <= 5; v++ {
-		push(v, 3, v)
+		pushLife(t, h.st, v, 3, v)
 	}
 	relay := runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-a", Logger: quiet()})
 	direct := startLivesCollector(t, h.addr, "direct", true)
@@ -110,9 +147,9 @@ func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A new life at an older epoch than the relay serves: refused there.
-	stale := push(1, 2, 101)
+	stale := pushLife(t, h.st, 1, 2, 101)
 	waitFor(t, "the hub's collector at the new v1", func() bool { return direct.last().blob == stale })
-	fresh := push(2, 3, 102)
+	fresh := pushLife(t, h.st, 2, 3, 102)
 	want := appliedVersion{version: 2, epoch: 3, blob: fresh}
 	for name, c := range map[string]*livesCollector{"direct": direct, "local": local} {
 		waitFor(t, name+" at the new v2", func() bool { return c.last().blob == fresh })
@@ -130,7 +167,7 @@ func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 		t.Fatalf("a collector not following lives applied version %d of life %d, want it still at v5 (today's rule)", l.version, l.life)
 	}
 	for v := uint64(3); v <= 6; v++ {
-		push(v, 3, 100+v)
+		pushLife(t, h.st, v, 3, 100+v)
 	}
 	waitFor(t, "the older collector past v5", func() bool { return older.last().version == 6 })
 	waitFor(t, "the relay's collector at the new v6", func() bool { return local.last().version == 6 })
@@ -146,25 +183,7 @@ func startShmLivesCollector(t *testing.T, path, relayAddr, id string, follow boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &livesCollector{}
-	recv, err := wsync.NewReceiver(wsync.ReceiverConfig{Source: f, FollowLives: follow, OnApplied: f.Running, Apply: func(s *store.Snapshot) error {
-		c.mu.Lock()
-		c.applied = append(c.applied, appliedVersion{s.Version, s.Epoch, s.Life(), string(s.Blob)})
-		c.mu.Unlock()
-		return nil
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- recv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		f.Close()
-	})
-	return c, f
+	return runLivesCollector(t, f, follow, f.Running, f.Close), f
 }
 
 // A model deleted and pushed again from version 1, followed by a relay
@@ -182,30 +201,7 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	for _, dataPlane := range []bool{false, true} {
 		t.Run(fmt.Sprintf("dataPlane=%v", dataPlane), func(t *testing.T) {
 			ctx := context.Background()
-			st, err := store.NewMemory(store.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			addr := dataPlaneHub(t, st)
-			push := func(v, fill uint64) string {
-				t.Helper()
-				snap := wsynctest.Snap(t, "m", fill, 64)
-				if _, err := st.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-					t.Fatal(err)
-				}
-				return string(snap.Blob)
-			}
-			for v := uint64(1); v <= 5; v++ {
-				push(v, v)
-			}
-			path := wsynctest.ShmPath(t)
-			cfg := Config{Upstream: dial(t, addr), Model: "m", ID: "relay-shm-lives", ShmPath: path, Logger: quiet()}
-			if dataPlane {
-				cfg.UpstreamAddr = addr
-			}
-			relay := runRelay(t, cfg)
-			waitSegment(t, path, 5)
+			st, relay, path := startSegmentRelay(t, "relay-shm-lives", dataPlane)
 			lives, lf := startShmLivesCollector(t, path, relay.Addr(), "lives", true)
 			older, of := startShmLivesCollector(t, path, relay.Addr(), "older", false)
 			waitFor(t, "both collectors at v5 from the segment", func() bool {
@@ -219,7 +215,7 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			if err := st.Delete(ctx, "m"); err != nil {
 				t.Fatal(err)
 			}
-			fresh := push(1, 101)
+			fresh := pushLife(t, st, 1, 0, 101)
 			waitFor(t, "the lives collector at the new model's v1", func() bool { return lives.last().blob == fresh })
 			if got := lives.last(); got.version != 1 || got.life == oldLife || got.life == 0 {
 				t.Fatalf("applied v%d of life %d (deleted life %d), want the new life's v1", got.version, got.life, oldLife)
@@ -239,7 +235,7 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			}
 			var v6 string
 			for v := uint64(2); v <= 6; v++ {
-				v6 = push(v, 100+v)
+				v6 = pushLife(t, st, v, 0, 100+v)
 			}
 			waitFor(t, "both collectors at the new model's v6", func() bool { return lives.last().blob == v6 && older.last().blob == v6 })
 		})
@@ -257,26 +253,7 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 // for the new model's versions to pass it.
 func TestRelayStreamGetsANewLifeThatLandedInItsSegmentOnly(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.NewMemory(store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	addr := dataPlaneHub(t, st)
-	push := func(v, fill uint64) string {
-		t.Helper()
-		snap := wsynctest.Snap(t, "m", fill, 64)
-		if _, err := st.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-			t.Fatal(err)
-		}
-		return string(snap.Blob)
-	}
-	for v := uint64(1); v <= 5; v++ {
-		push(v, v)
-	}
-	path := wsynctest.ShmPath(t)
-	relay := runRelay(t, Config{Upstream: dial(t, addr), UpstreamAddr: addr, Model: "m", ID: "relay-mat", ShmPath: path, Logger: quiet()})
-	waitSegment(t, path, 5)
+	st, relay, path := startSegmentRelay(t, "relay-mat", true)
 
 	// A stream collector takes v5 (the board gets it from the segment),
 	// then leaves: nobody waits on the board.
@@ -305,7 +282,7 @@ func TestRelayStreamGetsANewLifeThatLandedInItsSegmentOnly(t *testing.T) {
 	if err := st.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	fresh := push(1, 101)
+	fresh := pushLife(t, st, 1, 0, 101)
 	waitSegment(t, path, 1)
 	for _, follow := range []bool{true, false} {
 		late := startLivesCollector(t, relay.Addr(), fmt.Sprintf("late-%v", follow), follow)
