@@ -530,7 +530,7 @@ func (h *Hub) builtinServices() (out []Service, err error) {
 		return err
 	}
 	if err := add(storerpc.New(storerpc.Config{Store: h.store, NoBulk: h.cfg.StoreNoDataPlane, Auth: h.cfg.Auth, Logger: h.cfg.Logger,
-		MaxPushBytesInFlight: h.cfg.Limits.MaxPushBytesInFlight, Deleted: h.modelDeleted})); err != nil {
+		MaxPushBytesInFlight: h.cfg.Limits.MaxPushBytesInFlight, Deleted: h.modelDeleted, PushGuard: h.guardPush})); err != nil {
 		return nil, err
 	}
 	acfg := h.cfg.Aggregator
@@ -632,6 +632,17 @@ func (h *Hub) modelDeleted(ctx context.Context, model string) {
 	if h.ars != nil {
 		h.ars.ModelDeleted(ctx, model)
 	}
+}
+
+// guardPush is asked before a store push lands (storerpc
+// Config.PushGuard): the reducer refuses an optimizer host's checkpoint
+// of a step of a model deleted since (reducer.Service.GuardHostState).
+// The reducer is opened before the hub serves a push.
+func (h *Hub) guardPush(ctx context.Context, model string, life uint64) (func(), error) {
+	if h.reducer == nil {
+		return func() {}, nil
+	}
+	return h.reducer.GuardHostState(ctx, model, life)
 }
 
 // Cluster is the hub's Cluster/Primary service; a clustered hub sets its

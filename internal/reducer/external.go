@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
 	"github.com/rlhub/rlhub/internal/safetensors"
+	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/tensor"
 	"github.com/rlhub/rlhub/internal/wire"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
@@ -41,7 +43,8 @@ const External optim.Kind = "external"
 // host checkpoints its optimizer into the store's model
 // <model>+HostStateSuffix, one version per model version
 // (docs/optimizer-host.md). It goes with its model when an administrator
-// deletes that (Primary.Deleted).
+// deletes that (Primary.Deleted), and a checkpoint of a step of the model
+// deleted comes too late (Primary.GuardHostState).
 const HostStateSuffix = "/host-state"
 
 // ExternalStepTimeout bounds one external step: waiting for a host to
@@ -286,7 +289,7 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 		m.ext.mu.Unlock()
 		err = h.stream.Send(&rlhubv1.PrimaryMessage{Body: &rlhubv1.PrimaryMessage_Step{Step: &rlhubv1.HostStep{
 			StepId: id, Version: version, Steps: steps,
-			Grad: &rlhubv1.BlobInfo{Model: m.cfg.Model, Version: version, TotalBytes: uint64(layout.Size), ChunkBytes: wire.DefaultChunkBytes},
+			Grad: &rlhubv1.BlobInfo{Model: m.cfg.Model, Version: version, Life: m.life, TotalBytes: uint64(layout.Size), ChunkBytes: wire.DefaultChunkBytes},
 		}}})
 		if err == nil {
 			err = wire.Chunks(layout, wire.DefaultChunkBytes, func(b []byte) error {
@@ -326,6 +329,44 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 			return nil, nil, context.Cause(ctx)
 		}
 	}
+}
+
+// GuardHostState decides whether a push of name, whose header names life
+// (BlobInfo.life), may land in the store (storerpc Config.PushGuard):
+// call release once it has. Only an optimizer host's checkpoint
+// (<model>+HostStateSuffix) naming the life of the step it checkpoints
+// (HostStep.grad.life, not 0) is checked: it lands only while <model> is
+// of that life — registered in it, or, not registered here, in the store
+// in it. A host of a model deleted in the middle of its step checkpoints
+// it after the Delete: landed, it created the deleted model's host state
+// again, found at the versions of the model pushed again (its host's own
+// checkpoints refused as stale, a host welcomed there loading the deleted
+// model's state). Refused, it changes nothing (ErrStale, naming the
+// model). A push let through holds hostStateMu until released, so the
+// host state's delete that follows the model's (dropHostState) comes
+// after it. A store that cannot tell the model's life lets it through.
+func (p *Primary) GuardHostState(ctx context.Context, name string, life uint64) (release func(), err error) {
+	model, ok := strings.CutSuffix(name, HostStateSuffix)
+	if !ok || life == 0 {
+		return func() {}, nil
+	}
+	p.hostStateMu.RLock()
+	p.mu.Lock()
+	m := p.models[model]
+	p.mu.Unlock()
+	var ended bool
+	if m != nil {
+		ended = store.OtherLife(life, m.life)
+	} else {
+		now, err := p.storeLife(ctx, model) // not registered here (yet): the store's model
+		ended = errors.Is(err, errs.ErrNotFound) || err == nil && store.OtherLife(life, now)
+	}
+	if ended {
+		p.hostStateMu.RUnlock()
+		return nil, fmt.Errorf("%w: optimizer host state %s: model %s was deleted after the step it checkpoints (of the model's life %d, which ended): refused",
+			errs.ErrStale, errs.Quote(name), errs.Quote(model), life)
+	}
+	return p.hostStateMu.RUnlock, nil
 }
 
 // hostServer serves OptimizerHost.Attach for a primary.

@@ -215,6 +215,12 @@ type Primary struct {
 	cfg PrimaryConfig
 
 	regMu sync.Mutex // serializes the durable part of Register
+	// hostStateMu orders optimizer host states' pushes with their
+	// deletes: GuardHostState holds it for reading from its check until
+	// the push it let through has landed, dropHostState for writing, so a
+	// state checked while its model's life went on lands before the
+	// delete that follows the model's, and goes with it.
+	hostStateMu sync.RWMutex
 
 	mu       sync.Mutex
 	models   map[string]*pmodel
@@ -551,8 +557,11 @@ func (p *Primary) Deleted(ctx context.Context, model string) {
 // model's states at the new model's versions (refused as lost, their
 // weights' digest another's, or resumed from), and its own checkpoints
 // there were refused as stale. regMu held and name not registered: no
-// host steps the model, so none checkpoints it, until the next Register.
-// A store that cannot delete keeps it.
+// host is sent a step of the model until the next Register, but one of
+// the deleted model in the middle of a step may still checkpoint it;
+// GuardHostState refuses that checkpoint from now on, and one it let
+// through before has landed (hostStateMu), so it is deleted here. A
+// store that cannot delete keeps it.
 func (p *Primary) dropHostState(ctx context.Context, name string) {
 	var s any = p.cfg.Store
 	if o, ok := s.(store.Owned); ok {
@@ -563,6 +572,8 @@ func (p *Primary) dropHostState(ctx context.Context, name string) {
 		return
 	}
 	companion := name + HostStateSuffix
+	p.hostStateMu.Lock()
+	defer p.hostStateMu.Unlock()
 	if _, err := p.storeLife(ctx, companion); err != nil {
 		return // none (never checkpointed, or no such name), or unreadable: left as it is
 	}

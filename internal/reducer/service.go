@@ -443,6 +443,17 @@ func (s *Service) ModelDeleted(ctx context.Context, model string) {
 	}
 }
 
+// GuardHostState is the primary hosted here's Primary.GuardHostState, for
+// the hub's store pushes (storerpc Config.PushGuard). A hub whose primary
+// is remote has no registration to check a push against: it lets every
+// push through.
+func (s *Service) GuardHostState(ctx context.Context, name string, life uint64) (release func(), err error) {
+	if s.primary == nil {
+		return func() {}, nil
+	}
+	return s.primary.GuardHostState(ctx, name, life)
+}
+
 // ModelConfigFromProto converts a Register request.
 func ModelConfigFromProto(r *rlhubv1.ReducerRegisterRequest) ModelConfig {
 	return ModelConfig{

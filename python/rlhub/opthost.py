@@ -23,8 +23,10 @@ Contract (docs/optimizer-host.md):
    ``lr_scheduler.step()``, checkpoints ``optimizer.state_dict()`` and
    ``lr_scheduler.state_dict()`` to the store as model
    ``"<model>/host-state"`` at version V+1 (tensors in safetensors, the rest
-   as JSON in its metadata: no pickle), and replies with the new weights
-   (``module.state_dict()``), which the primary publishes as V+1.
+   as JSON in its metadata: no pickle; naming the model's life the step
+   was of, so that the hub refuses it once the model is deleted), and
+   replies with the new weights (``module.state_dict()``), which the
+   primary publishes as V+1.
 3. A host killed at any point loses nothing: the primary re-sends the step
    in flight to the next host, which resumes from the state of V.
 """
@@ -250,13 +252,16 @@ class OptimizerHost(AttachLoop):
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.version = version
 
-    def _checkpoint(self, version: int, weights: Dict[str, Any]) -> None:
+    def _checkpoint(self, version: int, weights: Dict[str, Any], life: int) -> None:
         state = {"optimizer": self.optimizer.state_dict(),
                  "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None}
         tensors, text = encode_state(state)
         digest = weights_digest(weights)
         try:
-            self._store.push(self.state_model, tensors, version=version,
+            # life, the step's: the hub refuses (StaleVersion) the
+            # checkpoint of a step of the model deleted since, which the
+            # model pushed again would find at its versions.
+            self._store.push(self.state_model, tensors, version=version, life=life,
                              metadata={"host.state": text, "model.version": str(version),
                                        "host.weights_sha256": digest})
         except errors.StaleVersion:
@@ -264,6 +269,9 @@ class OptimizerHost(AttachLoop):
             # same state from the same gradient) before it replied. If it
             # is another step's (the hub lost that batch), the checkpoint
             # cannot be replaced; load refuses it by its weights digest.
+            # Refused because the model was deleted mid-step: nothing was
+            # written, and the hub ended this host's stream ABORTED, on
+            # which it stops after replying.
             try:
                 old = self._store.pull(self.state_model, version=version)
             except errors.NotFound:
@@ -272,7 +280,7 @@ class OptimizerHost(AttachLoop):
                 log.error("optimizer host %s: the checkpoint at version %d is of a step the hub lost; it cannot be "
                           "replaced, so a host restarted at version %d will refuse it", self.model, version, version)
 
-    def _step(self, version: int, grad: Dict[str, Any]) -> bytes:
+    def _step(self, version: int, grad: Dict[str, Any], life: int) -> bytes:
         if version != self.version:
             self.load(version)  # another host stepped in between
         for name, p in self.module.named_parameters():
@@ -284,7 +292,7 @@ class OptimizerHost(AttachLoop):
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         weights = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-        self._checkpoint(version + 1, weights)
+        self._checkpoint(version + 1, weights, life)
         self.version = version + 1
         self.steps += 1
         return save_bytes(weights)
@@ -322,7 +330,7 @@ class OptimizerHost(AttachLoop):
                     got += len(c.chunk.data)
                 res = opthost_pb2.HostResult(step_id=st.step_id)
                 try:
-                    blob = self._step(st.version, load_bytes(asm.finish(), framework="torch"))
+                    blob = self._step(st.version, load_bytes(asm.finish(), framework="torch"), st.grad.life)
                 except Exception as e:  # noqa: BLE001 - the step fails, the primary says so
                     why = f"{type(e).__name__}: {e}"
                     if len(why) > _MAX_CAUSE:  # the hub keeps 1 KiB; a longer one could pass its message bound

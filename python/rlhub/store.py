@@ -203,10 +203,14 @@ class StoreClient:
         raise AssertionError("unreachable")
 
     def push(self, name: str, state_dict: Any, *, version: int, expect: Any = EXPECT_ANY,
-             epoch: int = 0, metadata: Optional[Mapping[str, str]] = None) -> ModelInfo:
+             epoch: int = 0, metadata: Optional[Mapping[str, str]] = None, life: int = 0) -> ModelInfo:
         """Pushes a version. ``state_dict`` is a dict of numpy arrays or torch
         tensors, or safetensors bytes. ``expect`` is the version you believe is
         current (0: the model must not exist); by default it is not checked.
+        ``life`` is for an optimizer host's state (``"<model>/host-state"``,
+        ``rlhub.OptimizerHost``): the life of ``<model>`` its step was of; the
+        hub refuses the push (``StaleVersion``) once that life has ended (the
+        model deleted). 0: not checked.
 
         On the hub's data plane the version is sent with one ``sendmsg`` from
         the tensors' own memory (the encoded header, then each tensor's
@@ -215,6 +219,7 @@ class StoreClient:
         ones included."""
         errors.check_version("version", version)
         errors.check_version("epoch", epoch)
+        errors.check_version("life", life)
         if expect is not EXPECT_ANY:
             errors.check_version("expect", expect)
         if isinstance(state_dict, (bytes, bytearray, memoryview)):
@@ -222,7 +227,7 @@ class StoreClient:
         else:
             head, bufs = save_parts(state_dict, metadata)
         header = store_pb2.StorePushHeader(
-            blob=tensor_pb2.BlobInfo(model=name, version=version, epoch=epoch,
+            blob=tensor_pb2.BlobInfo(model=name, version=version, epoch=epoch, life=life,
                                      total_bytes=parts_size(head, bufs), chunk_bytes=self.chunk_bytes),
             expect=0 if expect is EXPECT_ANY else int(expect),
             expect_any=expect is EXPECT_ANY,

@@ -62,6 +62,15 @@ type Config struct {
 	// then (reducer.Service.ModelDeleted), so that the model, pushed
 	// again, can be registered again at once. nil: no one is told.
 	Deleted func(ctx context.Context, model string)
+	// PushGuard, when set, is asked whether a push may land, with its
+	// model and the life its header names (BlobInfo.life; the store names
+	// a version's life itself, so only the guard reads it), once its body
+	// is received: an error refuses the push, which changes nothing; else
+	// release is called once the store's push has returned. The hub's
+	// reducer refuses an optimizer host's checkpoint of a step of a model
+	// deleted since (reducer.Service.GuardHostState). nil: every push
+	// goes to the store.
+	PushGuard func(ctx context.Context, model string, life uint64) (release func(), err error)
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -240,6 +249,13 @@ func (s *Service) pushBody(ctx context.Context, hdr *rlhubv1.StorePushHeader, bo
 	req.Expect, req.Blob = hdr.Expect, blob
 	if hdr.ExpectAny {
 		req.Expect = store.ExpectAny
+	}
+	if s.cfg.PushGuard != nil {
+		release, err := s.cfg.PushGuard(ctx, b.Model, b.Life)
+		if err != nil {
+			return store.Info{}, err
+		}
+		defer release()
 	}
 	return s.cfg.Store.Push(ctx, req)
 }

@@ -391,8 +391,12 @@ type HostStep struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	StepId uint64                 `protobuf:"varint,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	// The version the gradient applies to; the result is version + 1.
-	Version uint64    `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
-	Grad    *BlobInfo `protobuf:"bytes,3,opt,name=grad,proto3" json:"grad,omitempty"`
+	Version uint64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// grad.life is the life of the model the step is of (BlobInfo.life; 0:
+	// unknown): the host names it in the header of the step's checkpoint
+	// (StorePushHeader.blob.life), which the hub refuses once that life has
+	// ended (the model deleted).
+	Grad *BlobInfo `protobuf:"bytes,3,opt,name=grad,proto3" json:"grad,omitempty"`
 	// Optimizer steps published so far for the model (this is step + 1).
 	Steps         uint64 `protobuf:"varint,4,opt,name=steps,proto3" json:"steps,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -117,7 +117,12 @@ func (*StorePushRequest_Chunk) isStorePushRequest_Body() {}
 
 type StorePushHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// model, version, epoch and total_bytes of the blob that follows.
+	// model, version, epoch and total_bytes of the blob that follows. The
+	// store names a version's life itself; blob.life is read only for an
+	// optimizer host's checkpoint ("<model>/host-state"): the life of
+	// <model> its step was of (HostStep.grad.life), refused
+	// (FAILED_PRECONDITION) once that life has ended, the model deleted
+	// (docs/optimizer-host.md). 0: not checked.
 	Blob *BlobInfo `protobuf:"bytes,1,opt,name=blob,proto3" json:"blob,omitempty"`
 	// The version the writer expects to replace; 0 means "must not exist".
 	Expect uint64 `protobuf:"varint,2,opt,name=expect,proto3" json:"expect,omitempty"`
