@@ -203,6 +203,12 @@ func (s *Service) pushBody(ctx context.Context, hdr *rlhubv1.StorePushHeader, bo
 		return store.Info{}, fmt.Errorf("%w: a push must start with a header carrying BlobInfo", errs.ErrInvalid)
 	}
 	b := hdr.Blob
+	if !hdr.ExpectAny && hdr.Expect > store.MaxVersion {
+		// The Go API's ExpectAny is 2^64-1: taken as it came, a client's
+		// expect of 2^64-1 (a compare-and-set no model can pass) let the
+		// push land unchecked.
+		return store.Info{}, fmt.Errorf("%w: model %s: expect %d is past the largest version 2^62", errs.ErrInvalid, errs.Quote(b.Model), hdr.Expect)
+	}
 	req := store.PushRequest{Name: b.Model, Version: b.Version, Epoch: b.Epoch}
 	if p, ok := auth.FromContext(ctx); ok {
 		req.Owner, req.Claim, req.Admin = p.Owner(), true, p.Role >= auth.Admin

@@ -132,6 +132,9 @@ func testBadPushes(t *testing.T, h *harness) {
 		{"corrupt blob", []*rlhubv1.StorePushRequest{header("m", 2, 1, n), chunk(append([]byte{}, good[:8]...)), chunk(make([]byte, n-8))}, codes.InvalidArgument},
 		{"stale expectation", []*rlhubv1.StorePushRequest{header("m", 2, 7, n), chunk(good)}, codes.FailedPrecondition},
 		{"unknown model expected", []*rlhubv1.StorePushRequest{header("new", 2, 1, n), chunk(good)}, codes.FailedPrecondition},
+		// 2^64-1 is the Go API's ExpectAny: on the wire, without
+		// expect_any, it is a version no model reaches, not "unchecked".
+		{"expect past the largest version", []*rlhubv1.StorePushRequest{header("m", 2, ^uint64(0), n), chunk(good)}, codes.InvalidArgument},
 	} {
 		err := rawPush(t, h, tc.msgs...)
 		if status.Code(err) != tc.code {
