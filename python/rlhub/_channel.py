@@ -39,6 +39,9 @@ DEFAULT_MAX_MSG_BYTES = 16 << 20
 BULK_ALPN = "rlhub-dp/2"
 """TLS application protocol of the data plane (Go: bulk.ALPN)."""
 
+MAX_TOKEN_BYTES = 1024
+"""The longest token the data plane's hello carries (Go: bulk.MaxTokenBytes)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Security:
@@ -50,10 +53,29 @@ class Security:
     server_name: Optional[str] = None
     token: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        # A token goes into an HTTP/2 header and the data plane's hello: a
+        # white-space or control character (a newline left by `$(cat f)`
+        # or a secret mounted as a file) made every gRPC call fail with a
+        # bare "Invalid metadata" while the data plane sent it on and was
+        # told "unknown token"; one over the hello's 1024 bytes failed
+        # InvalidArgument there and Unauthenticated over gRPC. Refused
+        # here, before anything is sent, without echoing the secret.
+        tok = self.token
+        if tok is None or tok == "":
+            return
+        if not isinstance(tok, str) or not all("!" <= c <= "~" for c in tok) or len(tok) > MAX_TOKEN_BYTES:
+            from rlhub import errors
+            what = f"a {type(tok).__name__}" if not isinstance(tok, str) else f"{len(tok)} characters"
+            raise errors.Unauthenticated(
+                f"rlhub: malformed token ({what}): want 1 to {MAX_TOKEN_BYTES} printable ASCII characters "
+                "without white space (check RLHUB_TOKEN / the token file)")
+
     @classmethod
     def from_env(cls) -> "Security":
-        """Reads the RLHUB_* variables (see the module doc)."""
-        token = os.environ.get("RLHUB_TOKEN") or None
+        """Reads the RLHUB_* variables (see the module doc); RLHUB_TOKEN's
+        surrounding white space is ignored, as by the Go clients."""
+        token = os.environ.get("RLHUB_TOKEN", "").strip() or None
         path = os.environ.get("RLHUB_TOKEN_FILE")
         if token is None and path:
             token = read_token(path)
