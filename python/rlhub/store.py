@@ -535,7 +535,7 @@ class StoreClient:
             self._check_open()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise errors.DeadlineExceeded(f"watch of {name!r}: deadline exceeded"
+                raise errors.DeadlineExceeded(f"watch of {name[:200]!r}: deadline exceeded"
                                               + (f" (last: {str(last)[:500]})" if last is not None else ""))
             turn = now + self.timeout if deadline is None else min(deadline, now + self.timeout)
             gen = self._watch_turn(name, after, life, framework, turn, deadline, alloc, direct)

@@ -73,7 +73,7 @@ def _torch_dtype_name(t: Any, name: str = "") -> str:
         _TORCH_NAMES = names
     found = names.get(t.dtype)
     if found is None:
-        raise TypeError(f"tensor {name!r}: unsupported torch dtype {t.dtype}" if name
+        raise TypeError(f"tensor {_quote(name)}: unsupported torch dtype {t.dtype}" if name
                         else f"unsupported torch dtype {t.dtype}")
     return found
 
@@ -94,7 +94,7 @@ def _as_entry(name: str, value: Any) -> Tuple[str, Tuple[int, ...], memoryview]:
         a = a.astype(key)
     name_dt = _NP_TO_NAME.get(np.dtype(key))
     if name_dt is None:
-        raise TypeError(f"tensor {name!r}: unsupported numpy dtype {a.dtype}")
+        raise TypeError(f"tensor {_quote(name)}: unsupported numpy dtype {a.dtype}")
     shape = tuple(int(d) for d in a.shape)  # before ascontiguousarray, which makes 0-d arrays 1-d
     a = np.ascontiguousarray(a)
     return name_dt, shape, a.reshape(-1).view(np.uint8).data
@@ -123,7 +123,7 @@ def save_parts(state_dict: Mapping[str, Any], metadata: Optional[Mapping[str, st
     entries: List[_Entry] = []
     for name, value in state_dict.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
-            raise ValueError(f"bad tensor name {name!r}")
+            raise ValueError(f"bad tensor name {_quote(name)}")
         dt, shape, raw = _as_entry(name, value)
         entries.append((name, dt, shape, raw))
     entries.sort(key=lambda e: (-_DTYPES[e[1]][0], e[0]))
@@ -250,7 +250,7 @@ def load_bytes(blob: Any, framework: str = "numpy") -> Dict[str, Any]:
             continue
         npdt = _DTYPES[dt][1]
         if npdt is None:
-            raise TypeError(f"tensor {name!r}: dtype {dt} has no numpy equivalent; use framework='torch'")
+            raise TypeError(f"tensor {_quote(name)}: dtype {dt} has no numpy equivalent; use framework='torch'")
         out[name] = np.frombuffer(raw, dtype=npdt).reshape(shape)
     return out
 
@@ -323,26 +323,27 @@ def _byte_view(name: str, value: Any) -> Tuple[str, Tuple[int, ...], Optional[np
         dt = _torch_dtype_name(t, name)
         why = unwritable(t)
         if why is not None:
-            raise ValueError(f"tensor {name!r} {why}")
+            raise ValueError(f"tensor {_quote(name)} {why}")
         if t.device.type == "cpu" and t.is_contiguous():
             return dt, tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy()
         return dt, tuple(t.shape), None
     if not isinstance(value, np.ndarray):
-        raise TypeError(f"tensor {name!r}: a {type(value).__name__}, want a torch tensor or numpy array")
+        raise TypeError(f"tensor {_quote(name)}: a {type(value).__name__}, want a torch tensor or numpy array")
     key = value.dtype
     npdt = _NP_TO_NAME.get(np.dtype(key)) if key.byteorder != ">" else None
     if npdt is None:
-        raise TypeError(f"tensor {name!r}: unsupported numpy dtype {value.dtype}")
+        raise TypeError(f"tensor {_quote(name)}: unsupported numpy dtype {value.dtype}")
     if not value.flags.writeable:
-        raise ValueError(f"tensor {name!r}: numpy array is read-only")
+        raise ValueError(f"tensor {_quote(name)}: numpy array is read-only")
     if not value.flags.c_contiguous:
-        raise ValueError(f"tensor {name!r}: numpy array is not C-contiguous")
+        raise ValueError(f"tensor {_quote(name)}: numpy array is not C-contiguous")
     return npdt, tuple(int(d) for d in value.shape), value.reshape(-1).view(np.uint8)
 
 
 def _quote(value: Any) -> str:
     """repr(value) cut to 64 characters (with the full length), for error
-    text about values someone else sent."""
+    text about values someone else sent, and about tensor names, which may
+    be as long as a header allows (16 MiB on the hub)."""
     r = repr(value)
     return r if len(r) <= 64 else f"{r[:64]}…({len(r)} characters)"
 
