@@ -435,6 +435,8 @@ class GradClient:
         "drop" or "downweight" with ``max_lag``. Registering again with the
         same config is a no-op; another config raises ``AlreadyExists``.
         """
+        errors.check_version("max_lag", max_lag)
+        errors.check_version("checkpoint_every", checkpoint_every)
         req = reducer_pb2.ReducerRegisterRequest(
             model=model, optimizer=_optimizer_proto(optimizer, schedule), reduction=reduction,
             gradient_max=gradient_max, staleness=staleness, max_lag=max_lag, checkpoint_every=checkpoint_every)

@@ -95,6 +95,7 @@ class DataPlaneSource:
         self.follows_lives = follow_lives
         if not model or not addr:
             raise ValueError("DataPlaneSource needs an address and a model")
+        errors.check_version("start", start)
         self.addr = addr
         # A cluster: the channel that follows its primary (given, or ours).
         self._follow: Optional[_channel.FollowingChannel] = None
@@ -259,6 +260,8 @@ class DataPlaneSource:
     def get_if_newer(self, than: int, life: int = 0) -> Any:
         """The newest version if newer than ``than`` (or, following lives,
         of another life than ``life``; a 1 ms poll), else None."""
+        errors.check_version("than", than)
+        errors.check_version("life", life)
         if self._fallback is not None:
             try:
                 return self._admit(self._fallback.get_if_newer(than, life=life), than, life)
@@ -275,6 +278,8 @@ class DataPlaneSource:
         """Long-polls until a version newer than ``after`` (or, following
         lives, of another life than ``life``) arrives (None when
         ``timeout`` seconds pass first)."""
+        errors.check_version("after", after)
+        errors.check_version("life", life)
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = _FOLLOW_BACKOFF0
         while True:

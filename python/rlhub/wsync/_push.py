@@ -46,6 +46,8 @@ class PushSource:
                  max_bytes: int = 4 << 30, follow_lives: bool = True, start_life: int = 0):
         if not model:
             raise ValueError("PushSource needs a model")
+        errors.check_version("start", start)  # before a channel or thread exists
+        errors.check_version("start_life", start_life)
         self.model = model
         self.follows_lives = follow_lives
         self.collector_id = collector_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -155,6 +157,7 @@ class PushSource:
 
     def running(self, version: int) -> None:
         """Reports on the stream that the collector now runs ``version``."""
+        errors.check_version("version", version)
         self._out.put(sync_pb2.SyncClientMessage(running=sync_pb2.SyncRunning(version=version)))
 
     def close(self) -> None:

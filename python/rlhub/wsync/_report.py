@@ -14,6 +14,7 @@ def report(hub: Any, collector_id: str, model: str, version: int, via: str, time
     """Reports the version a collector runs with the ``Report`` RPC.
 
     ``hub`` is an address or a ``grpc.Channel``."""
+    errors.check_version("version", version)
     ch = _channel(hub) if isinstance(hub, str) else hub
     try:
         sync_pb2_grpc.WeightSyncStub(ch).Report(sync_pb2.SyncReportRequest(reports=[sync_pb2.CollectorReport(
