@@ -3,6 +3,7 @@ package rlhub
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/rlhub/rlhub/internal/optim"
 	"github.com/rlhub/rlhub/internal/reduce"
@@ -46,6 +47,9 @@ type GradConfig struct {
 	ClientID string
 	// MaxAttempts bounds tries per push; 0 means until the context ends.
 	MaxAttempts int
+	// CallTimeout bounds a push whose context has no deadline; 0 means 2
+	// minutes (reducer.DefaultCallTimeout).
+	CallTimeout time.Duration
 	// Security is TLS and the token; the zero value is plaintext.
 	Security Security
 }
@@ -59,7 +63,7 @@ func DialGrads(cfg GradConfig) (*GradClient, error) {
 	if cfg.Hub == "" {
 		return nil, errors.New("rlhub: GradConfig.Hub is required")
 	}
-	c, err := reducer.NewClient(reducer.ClientConfig{Hub: cfg.Hub, Dial: cfg.Security.dial(), ClientID: cfg.ClientID, MaxAttempts: cfg.MaxAttempts})
+	c, err := reducer.NewClient(reducer.ClientConfig{Hub: cfg.Hub, Dial: cfg.Security.dial(), ClientID: cfg.ClientID, MaxAttempts: cfg.MaxAttempts, CallTimeout: cfg.CallTimeout})
 	if err != nil {
 		return nil, err
 	}

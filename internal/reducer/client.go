@@ -69,7 +69,16 @@ type ClientConfig struct {
 	// restarted is ridden out within the window, then the push fails with
 	// the last Unavailable error. 0 means until the push's context ends.
 	ReconnectWindow time.Duration
+	// CallTimeout bounds a push whose context has no deadline (a caller
+	// passing context.Background()): a hub that accepts connections and
+	// never answers would otherwise be retried forever. The push then
+	// fails with context.DeadlineExceeded joined with the last error. 0
+	// means 2 minutes (the Python client's deadline).
+	CallTimeout time.Duration
 }
+
+// DefaultCallTimeout is ClientConfig.CallTimeout's default.
+const DefaultCallTimeout = 2 * time.Minute
 
 // Transports for ClientConfig.Transport.
 const (
@@ -143,6 +152,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.ReconnectWindow < 0 {
 		return nil, fmt.Errorf("%w: reducer: negative ReconnectWindow %v", errs.ErrInvalid, cfg.ReconnectWindow)
+	}
+	if cfg.CallTimeout == 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.CallTimeout < 0 {
+		return nil, fmt.Errorf("%w: reducer: negative CallTimeout %v", errs.ErrInvalid, cfg.CallTimeout)
 	}
 	c := &Client{cfg: cfg, rnd: cfg.Rand, conns: map[string]*grpc.ClientConn{}, dead: map[target]time.Time{}}
 	c.closing, c.stopAll = context.WithCancel(context.Background())
@@ -442,12 +457,21 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 
 // PushLife is PushGradLife with an explicit sequence number.
 func (c *Client) PushLife(ctx context.Context, model string, baseVersion, life, seq uint64, grads *tensor.StateDict) (Receipt, error) {
-	ctx, cancel := context.WithCancel(ctx)
+	var cancel context.CancelFunc
+	_, bounded := ctx.Deadline()
+	if bounded {
+		ctx, cancel = context.WithCancel(ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
+	}
 	defer cancel()
 	defer context.AfterFunc(c.closing, cancel)()
 	r, err := c.pushSeq(ctx, model, baseVersion, life, seq, grads)
 	if err != nil && c.closing.Err() != nil {
 		return Receipt{}, errClosed
+	}
+	if err != nil && !bounded && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("reducer: push of %s via hub %s: not taken within CallTimeout %v (the context had no deadline): %w", errs.Quote(model), c.cfg.Hub, c.cfg.CallTimeout, err)
 	}
 	return r, err
 }
