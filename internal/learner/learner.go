@@ -82,6 +82,12 @@ type Config struct {
 	OnAttach func()
 	// Backoff is the pause before re-attaching; 0 means 200ms.
 	Backoff time.Duration
+	// WelcomeTimeout bounds one attach: reaching the hub, opening the
+	// stream and receiving the hub's Welcome. A hub that accepts the
+	// connection and never answers then ends the attempt with an error
+	// that is logged, and the learner re-attaches after Backoff, instead
+	// of waiting silently forever. 0 means 30s.
+	WelcomeTimeout time.Duration
 	// MaxShareBytes bounds one received share; 0 means 2 GiB.
 	MaxShareBytes int64
 	// MaxReplyBytes is the hub's message bound; 0 means 4 MiB, rlhub
@@ -107,6 +113,12 @@ func (c *Config) validate() error {
 	}
 	if c.Backoff < 0 {
 		return fmt.Errorf("learner: negative Backoff %v", c.Backoff)
+	}
+	if c.WelcomeTimeout == 0 {
+		c.WelcomeTimeout = 30 * time.Second
+	}
+	if c.WelcomeTimeout < 0 {
+		return fmt.Errorf("learner: negative WelcomeTimeout %v", c.WelcomeTimeout)
 	}
 	if c.MaxShareBytes == 0 {
 		c.MaxShareBytes = 2 << 30
@@ -175,8 +187,19 @@ var errHubProtocol = errors.New("the hub's message breaks the learner protocol")
 func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.LearnerAggregatorClient, cfg *Config) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// The Welcome must come promptly, and the wait for a connection
+	// (WaitForReady) counts: a hub that accepts connections but never
+	// answers, or accepts the stream but sends nothing, would otherwise
+	// hold us forever without a word in the log.
+	stopWait := time.AfterFunc(cfg.WelcomeTimeout, func() {
+		cancel(fmt.Errorf("%w: no welcome from the hub within %v (WelcomeTimeout)", errs.ErrUnavailable, cfg.WelcomeTimeout))
+	})
+	defer stopWait.Stop()
 	stream, err := rpc.Attach(ctx, grpc.WaitForReady(true))
 	if err != nil {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
 		return err
 	}
 	var sendMu sync.Mutex
@@ -188,11 +211,10 @@ func session(ctx context.Context, conn grpc.ClientConnInterface, rpc rlhubv1.Lea
 	if err := send(&rlhubv1.LearnerMessage{Body: &rlhubv1.LearnerMessage_Hello{Hello: &rlhubv1.Hello{LearnerId: cfg.ID, Resources: cfg.Resources}}}); err != nil {
 		return err
 	}
-	// The Welcome must come promptly; a hub that accepts the stream but
-	// never answers would otherwise hold us forever.
-	stopWait := time.AfterFunc(30*time.Second, func() { cancel(errors.New("no welcome within 30s")) })
 	m, err := stream.Recv()
-	stopWait.Stop()
+	if !stopWait.Stop() {
+		return context.Cause(ctx)
+	}
 	if err != nil {
 		return grpcerr.FromStatus(err)
 	}
