@@ -121,11 +121,19 @@ func (c Config) Options() []grpc.DialOption {
 
 // tlsHint adds what to do to the error of a plaintext call that a hub
 // serving TLS ended: gRPC reports only that the server's preface never
-// came ("error reading server preface: EOF").
+// came ("error reading server preface: EOF"). When gRPC itself closed the
+// connection at its connect deadline ("use of closed network
+// connection"), the hub did not end it: it accepted the connection and
+// sent nothing (hung, stopped, or not a gRPC server), and the error says
+// that instead.
 func tlsHint(err error) error {
 	st, ok := status.FromError(err)
 	if !ok || st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "error reading server preface") {
 		return err
+	}
+	if strings.Contains(st.Message(), "use of closed network connection") {
+		return status.Error(codes.Unavailable, st.Message()+
+			" (the hub accepted the connection but sent nothing within the connect timeout: it is hung or stopped, or the address is not a hub's)")
 	}
 	return status.Error(codes.Unavailable, st.Message()+
 		" (the hub closed the connection before answering; if it serves TLS, pass its CA: --tls-ca or RLHUB_TLS_CA)")
