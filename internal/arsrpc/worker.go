@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/env"
@@ -41,7 +42,18 @@ type WorkerConfig struct {
 	// afterLease, when set (tests only), runs after each non-empty lease
 	// before any task is run.
 	afterLease func(*pb.ARSLeaseResponse)
+	// attachWait, when set (tests only), replaces attachWait's default.
+	attachWait time.Duration
 }
+
+// attachWait bounds one Attach: a hub that accepted the connection (even
+// completed the HTTP/2 preface) and then answers nothing fails the
+// attempt here, to be retried for RetryFor, not waited on for ever.
+const attachWait = 10 * time.Second
+
+// leaseSlack is how much longer than the long poll asked for (Wait) a
+// worker waits for a lease.
+const leaseSlack = 10 * time.Second
 
 func (c *WorkerConfig) validate() error {
 	if c.Conn == nil {
@@ -64,6 +76,9 @@ func (c *WorkerConfig) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.attachWait == 0 {
+		c.attachWait = attachWait
 	}
 	return nil
 }
@@ -157,32 +172,31 @@ func (w *workerLoop) loop(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		if w.id == "" {
-			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			actx, cancel := context.WithTimeout(ctx, w.cfg.attachWait)
 			resp, err := w.client.Attach(actx, &pb.ARSAttachRequest{Name: w.cfg.Name}, grpc.WaitForReady(true))
 			cancel()
 			if err != nil {
 				if retry(err) {
 					continue
 				}
-				return fmt.Errorf("attach: %w", grpcerr.FromStatus(err))
+				return w.callError("attach to", w.cfg.attachWait, err)
 			}
 			// A new attachment may be to another hub, whose run of the
 			// same id and version is another run: forget the policy held.
 			w.id, w.runID, w.version, w.it = resp.WorkerId, "", 0, nil
 		}
-		lctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+10*time.Second)
+		lctx, cancel := context.WithTimeout(ctx, w.cfg.Wait+leaseSlack)
 		lease, err := w.client.Lease(lctx, w.leaseRequest())
 		cancel()
 		if err != nil {
-			err = grpcerr.FromStatus(err)
-			if errors.Is(err, errs.ErrNotFound) {
+			if errors.Is(grpcerr.FromStatus(err), errs.ErrNotFound) {
 				w.id = "" // the hub forgot us (restart or expiry): attach again
 				continue
 			}
 			if retry(err) {
 				continue
 			}
-			return fmt.Errorf("lease: %w", err)
+			return w.callError("lease from", w.cfg.Wait+leaseSlack, err)
 		}
 		failingSince = time.Time{}
 		// Serve leases back to back while reports carry the next one.
@@ -224,6 +238,33 @@ func (w *workerLoop) loop(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// callError is the error a worker gives up with when a call to the
+// coordinator (what: "attach to", "lease from") failed for RetryFor: it
+// names the hub and, when the last attempt timed out, the bound each
+// attempt had, so that a hung hub reads as one, not as a bare "context
+// deadline exceeded". It wraps the call's error as grpcerr.FromStatus
+// converts it (context.DeadlineExceeded, or the sentinel of the status).
+func (w *workerLoop) callError(what string, bound time.Duration, err error) error {
+	hub := "the ARS coordinator"
+	if t, ok := w.cfg.Conn.(interface{ Target() string }); ok {
+		hub += " at " + t.Target() // the address this process dialed, not the peer's words
+	}
+	st, _ := status.FromError(err)
+	err = grpcerr.FromStatus(err)
+	if grpcerr.Permanent(err) {
+		return fmt.Errorf("%s %s: %w", what, hub, err) // refused at once, not retried
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s %s (retried for %v): %w", what, hub, w.cfg.RetryFor, err)
+	}
+	if st.Message() == context.DeadlineExceeded.Error() {
+		// FromStatus would say it twice; gRPC's own longer messages
+		// ("... while waiting for connections to become ready") are kept.
+		err = context.DeadlineExceeded
+	}
+	return fmt.Errorf("%s %s: no answer within %v (retried for %v): %w", what, hub, bound, w.cfg.RetryFor, err)
 }
 
 // skipRun adds run to the runs this worker asks the hub not to lease,
