@@ -11,6 +11,9 @@ import (
 	"unsafe"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/errs/grpcerr"
@@ -56,9 +59,22 @@ type ClientConfig struct {
 	ReuseBuffers bool
 	// Now stamps received versions' Created; nil means time.Now.
 	Now func() time.Time
+	// AnswerWithin bounds how long Attach waits for the server to show it
+	// is alive by answering a health check (grpc.health.v1.Health/Check,
+	// public) on Conn; any answer will do, a refusal too. The push stream
+	// has no first message from the server (a version is sent only when
+	// one newer than Start exists), so without it a server that accepted
+	// the connection, even completed the HTTP/2 preface, and then answers
+	// nothing would look like one with no newer version until keepalive
+	// ended the stream. 0 means DefaultAnswerWithin; negative skips the
+	// check.
+	AnswerWithin time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultAnswerWithin is ClientConfig.AnswerWithin's default.
+const DefaultAnswerWithin = 10 * time.Second
 
 func (c *ClientConfig) validate() error {
 	switch {
@@ -72,6 +88,9 @@ func (c *ClientConfig) validate() error {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.AnswerWithin == 0 {
+		c.AnswerWithin = DefaultAnswerWithin
 	}
 	return nil
 }
@@ -114,9 +133,13 @@ var (
 )
 
 // Attach opens the push stream and starts receiving. It fails with
-// errs.ErrUnavailable when the server cannot be reached. Close releases it.
+// errs.ErrUnavailable when the server cannot be reached or answers nothing
+// within ClientConfig.AnswerWithin. Close releases it.
 func Attach(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := answers(ctx, cfg); err != nil {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(context.Background())
@@ -141,6 +164,28 @@ func Attach(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	c := &Client{cfg: cfg, board: NewBoard(cfg.Model), cancel: cancel, done: make(chan struct{}), stream: stream}
 	go c.receive()
 	return c, nil
+}
+
+// answers checks that cfg.Conn's server answers a health check within
+// cfg.AnswerWithin (and ctx): any status it sends proves it alive, even a
+// refusal or Unimplemented (a server without the health service); only
+// no answer at all, or no connection, fails Attach, with
+// errs.ErrUnavailable.
+func answers(ctx context.Context, cfg ClientConfig) error {
+	if cfg.AnswerWithin < 0 {
+		return nil
+	}
+	hctx, cancel := context.WithTimeout(ctx, cfg.AnswerWithin)
+	defer cancel()
+	_, err := healthpb.NewHealthClient(cfg.Conn).Check(hctx, &healthpb.HealthCheckRequest{})
+	switch code := status.Code(err); {
+	case code == codes.DeadlineExceeded && ctx.Err() == nil:
+		return fmt.Errorf("%w: wsync: attach to %s: the server sent nothing within %v (ClientConfig.AnswerWithin): it is hung or stopped",
+			errs.ErrUnavailable, cfg.Model, cfg.AnswerWithin)
+	case code == codes.DeadlineExceeded || code == codes.Canceled || code == codes.Unavailable:
+		return fmt.Errorf("%w: wsync: attach to %s: %w", errs.ErrUnavailable, cfg.Model, grpcerr.FromStatus(err))
+	}
+	return nil
 }
 
 // receive assembles versions from the stream into the board until the
