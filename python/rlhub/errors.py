@@ -201,14 +201,24 @@ def _make(code: grpc.StatusCode, message: str, st: Optional["status_pb2.Status"]
 _CLOSED_AT_CONNECT = re.compile(r"failed to connect to all addresses.*Socket closed")
 _TLS_HINT = (" (the hub closed the connection before answering; if it serves TLS, pass its CA:"
              " rlhub.Security(ca=...) or RLHUB_TLS_CA)")
+# What gRPC reports when it gave up on a connection at its connect deadline
+# because the server's preface (its SETTINGS frame) never came: the hub did
+# not close it, it accepted it and sent nothing (or stopped mid-frame), so
+# the hint says that, not the TLS one (as the Go side's internal/dial).
+_SILENT_AT_CONNECT = re.compile(r"failed to connect to all addresses.*timed out before receiving SETTINGS")
+_SILENT_HINT = (" (the hub accepted the connection but sent nothing within the connect timeout:"
+                " it is hung or stopped, or the address is not a hub's)")
 
 
 def from_rpc_error(err: grpc.RpcError) -> RlhubError:
     """Converts a ``grpc.RpcError`` into the matching named exception."""
     code = err.code()
     message = err.details() or str(code)
-    if code == grpc.StatusCode.UNAVAILABLE and _CLOSED_AT_CONNECT.search(message):
-        message += _TLS_HINT
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if _SILENT_AT_CONNECT.search(message):
+            message += _SILENT_HINT
+        elif _CLOSED_AT_CONNECT.search(message):
+            message += _TLS_HINT
     return _make(code, message, _status_of(err) if _BY_CODE.get(code) is StaleVersion else None)
 
 
