@@ -195,7 +195,7 @@ class Client:
         return NotSupported(f"{addr} does not speak the data plane: {why}")
 
     def fetch(self, addr: str, method: str, header: bytes, alloc: Callable[[bytes, int], Any],
-              timeout: float) -> Tuple[Optional[bytes], Any]:
+              timeout: float, *, answer_within: Optional[float] = None) -> Tuple[Optional[bytes], Any]:
         """A request whose answer is a data frame: ``alloc(frame_header,
         n)`` returns a writable buffer of at least ``n`` bytes (or raises,
         which fails the call with that exception), the body is received
@@ -204,12 +204,12 @@ class Client:
         answer without a data frame). Errors as :meth:`call`; what was
         written into the buffer of a failed call is garbage."""
         out: List[Any] = [None, None]
-        self.call(addr, method, header, (), None, timeout, _alloc=alloc, _out=out)
+        self.call(addr, method, header, (), None, timeout, answer_within=answer_within, _alloc=alloc, _out=out)
         return out[0], out[1]
 
     def call(self, addr: str, method: str, header: bytes, body: Sequence[Any], resp: Any,
-             timeout: float, *, _alloc: Optional[Callable[[bytes, int], Any]] = None,
-             _out: Optional[List[Any]] = None) -> None:
+             timeout: float, *, answer_within: Optional[float] = None,
+             _alloc: Optional[Callable[[bytes, int], Any]] = None, _out: Optional[List[Any]] = None) -> None:
         """Sends one request: ``header`` (the method's serialized header
         message), then, if the server asks for it, the ``body`` buffers in
         order, straight from their memory. On success ``resp`` (a protobuf
@@ -220,6 +220,13 @@ class Client:
         speak the data plane; ``DeadlineExceeded`` when ``timeout`` seconds
         ran out; ``Unavailable`` for a broken connection (the request may or
         may not have been served).
+
+        ``answer_within`` (seconds, at most ``timeout``) bounds the dial,
+        the handshake and the wait for the answer's first byte: a hub that
+        accepts the connection and then sends nothing fails the call
+        ``DeadlineExceeded`` then, while an answer that has begun (a long
+        poll's version sent at the end of its wait) has until ``timeout``
+        to arrive whole.
         """
         m = method.encode()
         if not 0 < len(m) <= MAX_METHOD_BYTES:
@@ -228,15 +235,16 @@ class Client:
             raise errors.InvalidArgument(f"bulk: header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
         frame = struct.pack("<BH", _KIND_REQUEST, len(m)) + m + struct.pack("<I", len(header)) + bytes(header)
         deadline = time.monotonic() + timeout
+        first = deadline if answer_within is None else min(deadline, time.monotonic() + answer_within)
         fresh = False
         while True:
-            sock, reused, gen = self._get(addr, fresh, deadline)
+            sock, reused, gen = self._get(addr, fresh, first)
             exchange = _exchange if isinstance(sock, ssl.SSLSocket) else _exchange_plain
             with self._mu:
                 self._busy.setdefault(addr, set()).add(sock)
             try:
                 try:
-                    st = exchange(sock, frame, body, deadline, _alloc, _out)
+                    st = exchange(sock, frame, body, deadline, _alloc, _out, first)
                 finally:
                     with self._mu:
                         busy = self._busy.get(addr)
@@ -548,17 +556,20 @@ def _read_data(take: Callable[[int], bytes], into: Callable[[memoryview], None],
 
 
 def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float,
-              alloc: Optional[_Alloc] = None, out: Optional[List[Any]] = None) -> "status_pb2.Status":
+              alloc: Optional[_Alloc] = None, out: Optional[List[Any]] = None,
+              first: Optional[float] = None) -> "status_pb2.Status":
     """Runs one request; returns the final google.rpc.Status or raises
     ``_Broken`` / ``_Deadline`` / ``_Refused`` (the connection is then out
-    of step)."""
+    of step). The answer's first byte must come by ``first`` (default
+    ``deadline``), the rest by ``deadline``."""
     from google.rpc import status_pb2
 
+    first = deadline if first is None else first
     answered = False
     try:
-        _settimeout(sock, deadline)
+        _settimeout(sock, first)
         sock.sendall(frame)
-        kind = _recv_exact(sock, 1, deadline)[0]
+        kind = _recv_exact(sock, 1, first)[0]
         answered = True
         if kind == _KIND_CONTINUE:
             _sendmsg_all(sock, body, deadline)
@@ -772,17 +783,22 @@ class _Reader:
 
 
 def _exchange_plain(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: float,
-                    alloc: Optional[_Alloc] = None, out: Optional[List[Any]] = None) -> "status_pb2.Status":
+                    alloc: Optional[_Alloc] = None, out: Optional[List[Any]] = None,
+                    first: Optional[float] = None) -> "status_pb2.Status":
     """_exchange on a plaintext socket (see above)."""
     from google.rpc import status_pb2
 
+    first = deadline if first is None else first
     answered = False
     try:
-        _arm(sock, deadline)
+        _arm(sock, first)
         sock.sendall(frame)
-        rd = _Reader(sock, deadline)
+        rd = _Reader(sock, first)
         kind = rd.take(1)[0]
         answered = True
+        if first < deadline:  # the answer began: the rest has until the deadline
+            _arm(sock, deadline)
+            rd.deadline = deadline
         if kind == _KIND_CONTINUE:
             _sendmsg_all(sock, body, deadline, rearm=False)
             kind = rd.take(1)[0]

@@ -108,3 +108,65 @@ def test_grpc_call_to_a_silent_hub_says_it_sent_nothing(first):
         assert "sent nothing" in msg and "TLS" not in msg, msg
     finally:
         close()
+
+
+@pytest.mark.parametrize("first", [b"", _bulk.MAGIC[:4], _bulk.MAGIC], ids=["silent", "half-sent", "magic-then-silent"])
+def test_wait_newer_on_a_silent_hub_is_bounded_by_its_timeout(first):
+    # A hub that accepts and sends nothing, stops mid-handshake, or answers
+    # the data-plane handshake and then never the poll: wait_newer(timeout=1)
+    # raises DeadlineExceeded within the timeout and ANSWER_SLACK (1 s), not
+    # the poll's 10 s slack. The backstop below is generous; the old
+    # behaviour was 10 s over.
+    timeout = 1.0
+    addr, close = _hub(_sends(first))
+    try:
+        with ws.DataPlaneSource(addr, "m", fallback=False) as src:
+            t0 = time.monotonic()
+            with pytest.raises(rlhub.DeadlineExceeded):
+                src.wait_newer(0, timeout=timeout)
+            took = time.monotonic() - t0
+        assert took < timeout + 5, f"wait_newer(timeout={timeout}) took {took:.1f} s"
+    finally:
+        close()
+
+
+def test_a_version_sent_at_the_end_of_the_last_poll_still_arrives_whole():
+    # The hub holds the poll for its wait, then sends a version that takes
+    # longer than ANSWER_SLACK to arrive: it began within the bound, so it
+    # is received, not cut off at the caller's timeout.
+    blob = bytes(rlhub.save_bytes({"w": np.full(50_000, 7.0, np.float32)}))
+    trickle = 2.5  # seconds the version takes: over ANSWER_SLACK (1 s), well inside the poll's 10 s
+    hellos: List[sync_pb2.SyncHello] = []
+
+    def handle(c: socket.socket) -> None:
+        _recv_exact(c, len(_bulk.MAGIC))
+        (tl,) = struct.unpack("<H", _recv_exact(c, 2))
+        _recv_exact(c, tl)
+        c.sendall(_bulk.MAGIC)
+        _recv_exact(c, 1)
+        (ml,) = struct.unpack("<H", _recv_exact(c, 2))
+        _recv_exact(c, ml)
+        (hl,) = struct.unpack("<I", _recv_exact(c, 4))
+        hello = sync_pb2.SyncHello.FromString(_recv_exact(c, hl))
+        hellos.append(hello)
+        time.sleep(hello.wait_ms / 1000)  # the version comes as the wait ends
+        hdr = store_pb2.StorePullHeader()
+        hdr.blob.model, hdr.blob.version, hdr.blob.total_bytes = "m", 1, len(blob)
+        hb = hdr.SerializeToString()
+        c.sendall(struct.pack("<BI", 4, len(hb)) + hb + struct.pack("<Q", len(blob)))
+        chunks = 10
+        step = -(-len(blob) // chunks)
+        for i in range(chunks):
+            time.sleep(trickle / chunks)
+            c.sendall(blob[i * step:(i + 1) * step])
+        c.sendall(struct.pack("<BI", 3, 0))
+
+    addr, close = _hub(handle)
+    try:
+        with ws.DataPlaneSource(addr, "m", fallback=False) as src:
+            got = src.wait_newer(0, timeout=1.0)
+            assert got is not None and got.version == 1
+            assert rlhub.load_bytes(got.blob)["w"].tolist() == [7.0] * 50_000
+        assert len(hellos) == 1 and 0 < hellos[0].wait_ms <= 1000, hellos
+    finally:
+        close()

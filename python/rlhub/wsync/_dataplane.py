@@ -41,6 +41,13 @@ WAIT_MS = 5000
 """The longest wait the hub grants one poll (its ``DataPlaneWait``)."""
 
 _SLACK = 10.0  # seconds added to a poll's wait for its socket deadline
+ANSWER_SLACK = 1.0
+"""Seconds past its ``timeout`` that ``wait_newer`` waits for the hub to
+answer before it raises ``DeadlineExceeded`` (a hub that accepted the
+connection and sent nothing: hung, stopped, or not a hub). The hub answers
+the last poll when the timeout ends; an answer begun by then (a version
+that came at the very end) is still received whole, within the poll's
+``_SLACK``."""
 _FOLLOW_BACKOFF0, _FOLLOW_BACKOFF_MAX = 0.02, 0.25  # pauses after a failed poll on a cluster
 _MAX_NO_DATA_PLANE = 3  # on a cluster: not-supported polls in a row before the push-stream fallback
 _BUFFERS = 3  # the last two versions taken stay whole while a third is received
@@ -131,10 +138,13 @@ class DataPlaneSource:
     def _free(self) -> int:
         return next(i for i in range(_BUFFERS) if i not in self._taken)
 
-    def _poll(self, after: int, wait_ms: int, life: int = 0) -> Union[WeightVersion, None, str]:
+    def _poll(self, after: int, wait_ms: int, life: int = 0,
+              answer_by: Optional[float] = None) -> Union[WeightVersion, None, str]:
         """One poll: a WeightVersion newer than ``after`` (or, following
         lives, of another life than ``life``), None ("not modified"), or the
-        string "fallback" when the hub lacks the method."""
+        string "fallback" when the hub lacks the method. ``answer_by`` (a
+        ``time.monotonic()`` time) bounds the connection and the wait for
+        the answer to begin; the answer then has the poll's ``_SLACK``."""
         if self._closed:
             raise errors.Unavailable("data-plane source is closed")
         life = life if self.follows_lives else 0
@@ -179,7 +189,9 @@ class DataPlaneSource:
 
         self.stats["polls"] += 1
         try:
-            hb, buf = self._bulk.fetch(where, WATCH_METHOD, hello, alloc, wait_ms / 1000 + _SLACK)
+            within = None if answer_by is None else max(answer_by - time.monotonic(), 0.0)
+            hb, buf = self._bulk.fetch(where, WATCH_METHOD, hello, alloc, wait_ms / 1000 + _SLACK,
+                                       answer_within=within)
         except _bulk.NotSupported as e:
             if self._follow is None:
                 return "fallback"
@@ -277,7 +289,13 @@ class DataPlaneSource:
     def wait_newer(self, after: int, timeout: Optional[float] = None, life: int = 0) -> Any:
         """Long-polls until a version newer than ``after`` (or, following
         lives, of another life than ``life``) arrives (None when
-        ``timeout`` seconds pass first)."""
+        ``timeout`` seconds pass first).
+
+        With a ``timeout`` it returns or raises within ``timeout`` plus
+        :data:`ANSWER_SLACK` (and the time to receive a version whose
+        answer began by then): a hub that accepts the connection and
+        sends nothing raises :class:`rlhub.DeadlineExceeded` then (on a
+        cluster, which polls on through it, None)."""
         errors.check_version("after", after)
         errors.check_version("life", life)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -290,7 +308,7 @@ class DataPlaneSource:
                 wait_ms = WAIT_MS
                 if deadline is not None:
                     wait_ms = int(min(max(deadline - time.monotonic(), 0.001), WAIT_MS / 1000) * 1000) or 1
-                got = self._poll(after, wait_ms, life)
+                got = self._poll(after, wait_ms, life, None if deadline is None else deadline + ANSWER_SLACK)
             except errors.RlhubError as e:
                 if self._follow is None or self._closed or not self._followable(e):
                     raise
