@@ -2,10 +2,7 @@ package dial
 
 import (
 	"context"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,56 +15,18 @@ import (
 	"github.com/rlhub/rlhub/internal/testkit"
 )
 
-// silentHub is a real listener on 127.0.0.1 that accepts connections and
-// holds them open, reading and discarding, as a SIGSTOPped or wedged hub
-// does. With half it first writes the beginning of an HTTP/2 SETTINGS
-// frame (its 9-byte header announcing 6 bytes, and 3 of them) and then
-// nothing: a server that stopped mid-message.
-func silentHub(t *testing.T, half bool) string {
-	t.Helper()
-	lis := testkit.Listen(t)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				if half {
-					_, _ = c.Write([]byte{0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x3, 0})
-				}
-				_, _ = io.Copy(io.Discard, c) // until the client or the cleanup closes it
-			})
-		}
-	})
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return lis.Addr().String()
-}
-
 // A plaintext call without a deadline to a hub that accepts the connection
 // and never answers, or stops mid-message, fails Unavailable at gRPC's
 // connect deadline (shortened here), with an error that says the hub sent
 // nothing, not that it closed the connection and may want TLS (the hint
 // for a TLS hub, which does close it).
 func TestCallToSilentHubSaysItSentNothing(t *testing.T) {
-	for _, half := range []bool{false, true} {
-		name := map[bool]string{false: "silent", true: "half-sent"}[half]
-		t.Run(name, func(t *testing.T) {
-			conn, err := Config{}.GRPC(silentHub(t, half), grpc.WithConnectParams(grpc.ConnectParams{
+	for _, hub := range []struct {
+		name  string
+		first []byte
+	}{{"silent", testkit.Silent}, {"half-sent", testkit.HalfSettings}} {
+		t.Run(hub.name, func(t *testing.T) {
+			conn, err := Config{}.GRPC(testkit.SilentHub(t, hub.first), grpc.WithConnectParams(grpc.ConnectParams{
 				MinConnectTimeout: 100 * time.Millisecond, Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}}))
 			if err != nil {
 				t.Fatal(err)

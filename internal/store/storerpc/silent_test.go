@@ -3,10 +3,7 @@ package storerpc_test
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,42 +11,6 @@ import (
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/testkit"
 )
-
-// silentHub is a real listener on 127.0.0.1 that accepts connections,
-// writes first (each connection) and then holds them open, reading and
-// discarding, as a SIGSTOPped or wedged hub does.
-func silentHub(t *testing.T, first []byte) string {
-	t.Helper()
-	lis := testkit.Listen(t)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				_, _ = c.Write(first)
-				_, _ = io.Copy(io.Discard, c) // until the client or the cleanup closes it
-			})
-		}
-	})
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return lis.Addr().String()
-}
 
 // Calls under a context without a deadline to a hub that accepts the
 // connection and never answers (silent), stops mid-message (half of an
@@ -61,13 +22,13 @@ func TestCallsWithoutDeadlineToSilentHubFail(t *testing.T) {
 		name  string
 		first []byte
 	}{
-		{"silent", nil},
-		{"half-sent", []byte{0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x3, 0}},
-		{"preface-only", []byte{0, 0, 0, 0x4, 0, 0, 0, 0, 0}},
+		{"silent", testkit.Silent},
+		{"half-sent", testkit.HalfSettings},
+		{"preface-only", testkit.PrefaceOnly},
 	} {
 		for _, transport := range []string{"", "grpc"} {
 			t.Run(hub.name+"/"+transport, func(t *testing.T) {
-				c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: silentHub(t, hub.first), Transport: transport, CallTimeout: 200 * time.Millisecond})
+				c, err := storerpc.NewClient(storerpc.ClientConfig{Addr: testkit.SilentHub(t, hub.first), Transport: transport, CallTimeout: 200 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
 				}
