@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/rlhub/rlhub/internal/dial"
+	"github.com/rlhub/rlhub/internal/errs"
 
 	"github.com/rlhub/rlhub/internal/store/storerpc"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
@@ -78,6 +80,15 @@ type CollectorConfig struct {
 	// predates lives ignores the request and names no life, so the older
 	// rule then holds with NoFollowLives false too.
 	NoFollowLives bool
+	// AnswerWithin (ViaPush) bounds how long each attach of the push
+	// stream, the first in NewCollector and every one after the stream
+	// ended, waits for the hub to answer a health check: the stream has
+	// no first message, so a hub that accepted the connection and then
+	// answers nothing (hung, SIGSTOPped) would otherwise look like one
+	// with no newer version. None within it fails the attach
+	// (NewCollector, or the next one after the backoff; Status shows
+	// it). 0 means 10 s; negative skips the check.
+	AnswerWithin time.Duration
 }
 
 func (c *CollectorConfig) validate() error {
@@ -123,6 +134,10 @@ type Collector struct {
 	reporter sync.WaitGroup
 
 	closed bool
+
+	// attached is when NewCollector opened the first push stream, which
+	// the Failover takes at its first call (Status before it).
+	attached time.Time
 
 	// turn, for a source that serves one call at a time and reuses what
 	// it returned (ViaDataPlane's buffers, a cluster's Failover), is held
@@ -220,7 +235,8 @@ func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 	// (0: unknown), following lives unless NoFollowLives.
 	attach := func(ctx context.Context, conn *grpc.ClientConn, have, life uint64) (*wsync.Client, error) {
 		return wsync.Attach(ctx, wsync.ClientConfig{Conn: conn, CollectorID: cfg.CollectorID,
-			Model: cfg.Model, Start: have, FollowLives: follow, StartLife: life, Logger: cfg.Logger})
+			Model: cfg.Model, Start: have, FollowLives: follow, StartLife: life, AnswerWithin: cfg.AnswerWithin,
+			Logger: cfg.Logger})
 	}
 	if viaEtcd {
 		f, err := d.FindRelays(cfg.Hub, cfg.Model)
@@ -273,7 +289,7 @@ func (c *Collector) followPush(ctx context.Context, viaEtcd bool) error {
 		}
 		first.src, first.cl = s, s
 	}
-	c.first = first.cl
+	c.first, c.attached = first.cl, time.Now()
 	take := func(relay bool) (wsync.Source, io.Closer, bool) {
 		if first.cl == nil || first.relay != relay {
 			return nil, nil, false
@@ -461,6 +477,51 @@ func (c *Collector) Transport() string {
 		return "relay"
 	}
 	return c.cfg.Via
+}
+
+// CollectorStatus is a Collector's view of its connection to the hub.
+type CollectorStatus struct {
+	// Connected: ViaPush, a push stream is open, the hub having answered
+	// when it was attached; false while the collector is dialing again
+	// (the hub restarted, died or hangs: see LastError). ViaStore and
+	// ViaDataPlane: the gRPC connection is ready, which a hub that
+	// accepts connections and then hangs may still be.
+	Connected bool
+	// Since is when Connected last changed (ViaPush; zero otherwise).
+	Since time.Time
+	// LastError, while not Connected (ViaPush), is why: the latest failed
+	// attach (e.g. the hub "sent nothing within 10s") or how the stream
+	// ended; at most maxStatusError bytes. "" while Connected.
+	LastError string
+}
+
+// maxStatusError bounds CollectorStatus.LastError (an error may quote
+// what a server sent).
+const maxStatusError = 512
+
+// Status reports whether the collector is connected (CollectorStatus), so
+// a program can tell a collector at the newest version from one
+// redialling a hung or dead hub. ViaPush, it is as of the last Poll or
+// Run (the stream is attached again only within them): Run keeps it
+// current.
+func (c *Collector) Status() CollectorStatus {
+	if c.fo == nil {
+		return CollectorStatus{Connected: c.conn.GetState() == connectivity.Ready}
+	}
+	st := c.fo.State()
+	switch {
+	case st.Source != "":
+		return CollectorStatus{Connected: true, Since: st.Since}
+	case st.Err == nil && st.Since.IsZero():
+		// The Failover has not dialed yet: the first stream, attached
+		// by NewCollector, is still its to take.
+		return CollectorStatus{Connected: true, Since: c.attached}
+	}
+	s := CollectorStatus{Since: st.Since}
+	if st.Err != nil {
+		s.LastError = errs.Clip(st.Err.Error(), maxStatusError)
+	}
+	return s
 }
 
 // Current is the snapshot of the running version (nil: none yet).

@@ -157,6 +157,42 @@ type Failover struct {
 	nextProbe time.Time
 	switches  uint64 // sources taken after the first, for Switches
 	dialed    bool   // a source was taken before
+	// since is when cur was taken or, with none, when the last one was
+	// lost or the first dial failed; lastErr is why none is held (nil
+	// while one is); for State.
+	since   time.Time
+	lastErr error
+	// warned is, by dialer index, when its failed dial was last logged at
+	// warn level, and suppressed how many failures went unlogged since
+	// (guarded by callMu): a hub down for hours logs every
+	// dialWarnEvery, not at every backoff.
+	warned     map[int]time.Time
+	suppressed map[int]int
+}
+
+// dialWarnEvery is how often, at most, a dialer's failed dials are logged
+// at warn level while they keep failing; the first is logged at once.
+const dialWarnEvery = 30 * time.Second
+
+// FailoverState is what a Failover knows of its sources' health, as of its
+// last call (GetIfNewer, WaitNewer): it dials only within calls.
+type FailoverState struct {
+	// Source names the dialer in use; "" when none is held (never dialed
+	// yet, or lost and not dialed again).
+	Source string
+	// Since is when Source was taken or, with none, when the last source
+	// was lost (or the first dial failed); zero before any dial.
+	Since time.Time
+	// Err is why no source is held: the latest failed dial or the error
+	// that ended the source; nil while one is held.
+	Err error
+}
+
+// State reports the Failover's sources' health (FailoverState).
+func (f *Failover) State() FailoverState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return FailoverState{Source: f.name, Since: f.since, Err: f.lastErr}
 }
 
 var (
@@ -169,7 +205,7 @@ func NewFailover(cfg FailoverConfig) (*Failover, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Failover{cfg: cfg, failed: -1, refused: map[int]error{}}, nil
+	return &Failover{cfg: cfg, failed: -1, refused: map[int]error{}, warned: map[int]time.Time{}, suppressed: map[int]int{}}, nil
 }
 
 // Current names the dialer in use ("" when none).
@@ -394,6 +430,7 @@ func (f *Failover) probe(ctx context.Context, than, life uint64) *store.Snapshot
 		old := f.letGoLocked()
 		f.cur, f.closer, f.name, f.idx, f.served, f.failed = src, closer, d.Name, i, false, -1
 		f.switches++
+		f.since, f.lastErr = time.Now(), nil
 		f.mu.Unlock()
 		if old != nil {
 			old.Close()
@@ -496,6 +533,7 @@ func (f *Failover) ensure(ctx context.Context, have, life uint64) error {
 			err = fmt.Errorf("%s: %w", d.Name, err)
 			failed = append(failed, err)
 			f.noteFailure(i, err)
+			f.dialFailed(ctx, i, err)
 			continue
 		}
 		f.mu.Lock()
@@ -503,7 +541,13 @@ func (f *Failover) ensure(ctx context.Context, have, life uint64) error {
 			f.switches++
 		}
 		f.cur, f.closer, f.name, f.idx, f.served, f.failed, f.dialed = src, closer, d.Name, i, false, -1, true
+		f.since, f.lastErr = time.Now(), nil
 		f.mu.Unlock()
+		if n := f.suppressed[i]; n > 0 || !f.warned[i].IsZero() {
+			f.cfg.Logger.Info("wsync: source reachable again", "source", d.Name, "failed_dials_not_logged", n)
+		}
+		delete(f.warned, i)
+		delete(f.suppressed, i)
 		f.nextProbe = time.Now().Add(f.cfg.ProbeEvery)
 		f.cfg.Logger.Debug("wsync: using source", "source", d.Name)
 		if c, ok := src.(interface{ CopyReason() string }); ok && c.CopyReason() != "" {
@@ -515,6 +559,30 @@ func (f *Failover) ensure(ctx context.Context, have, life uint64) error {
 		return err
 	}
 	return fmt.Errorf("%w: wsync: no source reachable: %w", errs.ErrUnavailable, errors.Join(failed...))
+}
+
+// dialFailed records dialer i's failed dial for State and logs it at warn
+// level: the first of a run of failures at once, then at most every
+// dialWarnEvery, with the count of those not logged. A dial that failed
+// because ctx ended (Close, the caller's deadline) is not a failure of
+// the source. Called with callMu held.
+func (f *Failover) dialFailed(ctx context.Context, i int, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	f.mu.Lock()
+	if f.since.IsZero() || f.lastErr == nil {
+		f.since = time.Now()
+	}
+	f.lastErr = err
+	f.mu.Unlock()
+	if last := f.warned[i]; !last.IsZero() && time.Since(last) < dialWarnEvery {
+		f.suppressed[i]++
+		return
+	}
+	f.cfg.Logger.Warn("wsync: dial failed; retrying", "source", f.cfg.Dialers[i].Name, "err", err,
+		"failed_dials_not_logged", f.suppressed[i])
+	f.warned[i], f.suppressed[i] = time.Now(), 0
 }
 
 // noteFailure records dialer i's failure: a permanent refusal is kept
@@ -556,6 +624,7 @@ func (f *Failover) drop(err error) (served bool) {
 		f.failed = f.idx
 	}
 	closer := f.letGoLocked()
+	f.since, f.lastErr = time.Now(), fmt.Errorf("%s: %w", name, err)
 	f.mu.Unlock()
 	f.noteFailure(idx, fmt.Errorf("%s: %w", name, err))
 	f.cfg.Logger.Info("wsync: source failed, failing over", "source", name, "err", err)
@@ -586,6 +655,10 @@ func (f *Failover) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
+	if f.cur != nil {
+		f.since = time.Now()
+	}
+	f.lastErr = errFailoverClosed
 	for _, c := range []io.Closer{f.closer, f.retired} {
 		if c != nil {
 			c.Close()
