@@ -44,12 +44,17 @@ type WorkerConfig struct {
 	afterLease func(*pb.ARSLeaseResponse)
 	// attachWait, when set (tests only), replaces attachWait's default.
 	attachWait time.Duration
+	// callWait, when set (tests only), replaces callWait's default.
+	callWait time.Duration
 }
 
 // attachWait bounds one Attach: a hub that accepted the connection (even
 // completed the HTTP/2 preface) and then answers nothing fails the
 // attempt here, to be retried for RetryFor, not waited on for ever.
 const attachWait = 10 * time.Second
+
+// callWait bounds one PullPolicy stream or one Report.
+const callWait = 30 * time.Second
 
 // leaseSlack is how much longer than the long poll asked for (Wait) a
 // worker waits for a lease.
@@ -79,6 +84,9 @@ func (c *WorkerConfig) validate() error {
 	}
 	if c.attachWait == 0 {
 		c.attachWait = attachWait
+	}
+	if c.callWait == 0 {
+		c.callWait = callWait
 	}
 	return nil
 }
@@ -198,7 +206,12 @@ func (w *workerLoop) loop(ctx context.Context) error {
 			}
 			return w.callError("lease from", w.cfg.Wait+leaseSlack, err)
 		}
-		failingSince = time.Time{}
+		// A lease with tasks clears the failures only once served: a hub
+		// that leases but never takes a report (or serves no policy) is
+		// given up on after RetryFor as one that answers nothing is.
+		if len(lease.Tasks) == 0 {
+			failingSince = time.Time{}
+		}
 		// Serve leases back to back while reports carry the next one.
 		for lease != nil && len(lease.Tasks) > 0 {
 			if w.cfg.afterLease != nil {
@@ -208,6 +221,9 @@ func (w *workerLoop) loop(ctx context.Context) error {
 			lease, err = w.serve(ctx, lease)
 			if err != nil && ctx.Err() != nil {
 				return nil
+			}
+			if err == nil {
+				failingSince = time.Time{}
 			}
 			if errors.Is(err, errCannotServe) || errors.Is(err, errs.ErrInvalid) {
 				// A run this worker cannot make the environment of, or one
@@ -231,6 +247,10 @@ func (w *workerLoop) loop(ctx context.Context) error {
 			}
 			if err != nil {
 				if !retry(err) {
+					var cf *callFailed
+					if errors.As(err, &cf) {
+						return w.callError(cf.what, cf.bound, cf.err)
+					}
 					return err
 				}
 				break
@@ -240,8 +260,23 @@ func (w *workerLoop) loop(ctx context.Context) error {
 	return nil
 }
 
+// callFailed is a PullPolicy or Report call that failed (err, as gRPC
+// returned it) within bound: the loop retries it and, giving up, says it
+// with callError. Until then it reads as before ("pull policy: ...") and
+// wraps the error as grpcerr.FromStatus converts it.
+type callFailed struct {
+	op    string // "pull policy", "report"
+	what  string // for callError: "pull a policy from", "report to"
+	bound time.Duration
+	err   error
+}
+
+func (e *callFailed) Error() string { return e.op + ": " + grpcerr.FromStatus(e.err).Error() }
+func (e *callFailed) Unwrap() error { return grpcerr.FromStatus(e.err) }
+
 // callError is the error a worker gives up with when a call to the
-// coordinator (what: "attach to", "lease from") failed for RetryFor: it
+// coordinator (what: "attach to", "lease from", "pull a policy from",
+// "report to") failed for RetryFor: it
 // names the hub and, when the last attempt timed out, the bound each
 // attempt had, so that a hung hub reads as one, not as a bare "context
 // deadline exceeded". It wraps the call's error as grpcerr.FromStatus
@@ -315,14 +350,14 @@ func (w *workerLoop) serve(ctx context.Context, lease *pb.ARSLeaseResponse) (*pb
 		req.Results = append(req.Results, toPB(res))
 	}
 	req.Next = w.leaseRequest()
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.callWait)
 	defer cancel()
 	resp, err := w.client.Report(rctx, req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("report: %w", grpcerr.FromStatus(err))
+		return nil, &callFailed{op: "report", what: "report to", bound: w.cfg.callWait, err: err}
 	}
 	return resp.Next, nil
 }
@@ -352,7 +387,7 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 	if len(lease.Policy) > 0 {
 		p, err = ars.DecodePolicy(lease.Policy)
 	} else {
-		p, _, err = PullPolicy(ctx, w.client, lease.RunId, lease.Version)
+		p, _, err = pullPolicy(ctx, w.client, lease.RunId, lease.Version, w.cfg.callWait)
 		w.stats.Pulls++
 		if l := w.cfg.Live; l != nil {
 			l.Pulls.Add(1)
@@ -390,15 +425,24 @@ func (w *workerLoop) ensurePolicy(ctx context.Context, lease *pb.ARSLeaseRespons
 // the newest). It returns the policy and the safetensors blob it was
 // decoded from (the policy owns copies; the blob is the caller's).
 func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version uint64) (*ars.Policy, []byte, error) {
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	return pullPolicy(ctx, client, runID, version, callWait)
+}
+
+// pullPolicy is PullPolicy with the stream bounded by bound; a failed
+// call is a *callFailed.
+func pullPolicy(ctx context.Context, client pb.ARSClient, runID string, version uint64, bound time.Duration) (*ars.Policy, []byte, error) {
+	pctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	failed := func(err error) error {
+		return &callFailed{op: "pull policy", what: "pull a policy from", bound: bound, err: err}
+	}
 	stream, err := client.PullPolicy(pctx, &pb.ARSPullPolicyRequest{RunId: runID, Version: version})
 	if err != nil {
-		return nil, nil, fmt.Errorf("pull policy: %w", grpcerr.FromStatus(err))
+		return nil, nil, failed(err)
 	}
 	first, err := stream.Recv()
 	if err != nil {
-		return nil, nil, fmt.Errorf("pull policy: %w", grpcerr.FromStatus(err))
+		return nil, nil, failed(err)
 	}
 	info := first.GetInfo()
 	if info == nil {
@@ -414,7 +458,7 @@ func PullPolicy(ctx context.Context, client pb.ARSClient, runID string, version 
 			break
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("pull policy: %w", grpcerr.FromStatus(err))
+			return nil, nil, failed(err)
 		}
 		c := part.GetChunk()
 		if c == nil {
