@@ -67,16 +67,9 @@ func startLivesFollower(t *testing.T, src Source, follow bool, onApplied func(ui
 	return r
 }
 
-// pushLife pushes version v of "m" at epoch, its tensor filled with fill
-// (so two lives' versions of one number differ), and returns its bytes.
-func pushLife(t *testing.T, st store.Store, v, epoch, fill uint64) string {
-	t.Helper()
-	snap := wsynctest.Snap(t, "m", fill, 64)
-	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-		t.Fatal(err)
-	}
-	return string(snap.Blob)
-}
+// pushLife is wsynctest.PushLife, under the name this package's tests
+// (dataplane_test.go, poll_lives_test.go too) call it by.
+var pushLife = wsynctest.PushLife
 
 // gatedDialer is d whose dials (both kinds) wait while the gate is
 // closed, and which keeps the sources it opened so a test can end them.

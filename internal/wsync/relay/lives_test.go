@@ -78,20 +78,9 @@ func runLivesCollector(t *testing.T, src wsync.Source, follow bool, onApplied fu
 	return c
 }
 
-// pushLife pushes version v of model "m" at epoch to st, whatever it
-// holds, a blob filled with fill, and returns the blob.
-func pushLife(t *testing.T, st store.Store, v, epoch, fill uint64) string {
-	t.Helper()
-	snap := wsynctest.Snap(t, "m", fill, 64)
-	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
-		t.Fatal(err)
-	}
-	return string(snap.Blob)
-}
-
 // startSegmentRelay is a relay (id) with a segment at path, its upstream a
 // hub on the data plane over a memory store st that holds v1 to v5 of
-// model "m" (pushLife 1 to 5), once the segment holds v5. dataPlane: the
+// model "m" (wsynctest.PushLife 1 to 5), once the segment holds v5. dataPlane: the
 // relay takes versions over the data plane.
 func startSegmentRelay(t *testing.T, id string, dataPlane bool) (st *store.Memory, relay *Relay, path string) {
 	t.Helper()
@@ -102,7 +91,7 @@ func startSegmentRelay(t *testing.T, id string, dataPlane bool) (st *store.Memor
 	t.Cleanup(func() { st.Close() })
 	addr := dataPlaneHub(t, st)
 	for v := uint64(1); v <= 5; v++ {
-		pushLife(t, st, v, 0, v)
+		wsynctest.PushLife(t, st, v, 0, v)
 	}
 	path = wsynctest.ShmPath(t)
 	cfg := Config{Upstream: dial(t, addr), Model: "m", ID: id, ShmPath: path, Logger: quiet()}
@@ -129,7 +118,7 @@ func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 	ctx := context.Background()
 	h := startHub(t)
 	for v := uint64(1); v <= 5; v++ {
-		pushLife(t, h.st, v, 3, v)
+		wsynctest.PushLife(t, h.st, v, 3, v)
 	}
 	relay := runRelay(t, Config{Upstream: dial(t, h.addr), Model: "m", ID: "relay-a", Logger: quiet()})
 	direct := startLivesCollector(t, h.addr, "direct", true)
@@ -147,9 +136,9 @@ func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A new life at an older epoch than the relay serves: refused there.
-	stale := pushLife(t, h.st, 1, 2, 101)
+	stale := wsynctest.PushLife(t, h.st, 1, 2, 101)
 	waitFor(t, "the hub's collector at the new v1", func() bool { return direct.last().blob == stale })
-	fresh := pushLife(t, h.st, 2, 3, 102)
+	fresh := wsynctest.PushLife(t, h.st, 2, 3, 102)
 	want := appliedVersion{version: 2, epoch: 3, blob: fresh}
 	for name, c := range map[string]*livesCollector{"direct": direct, "local": local} {
 		waitFor(t, name+" at the new v2", func() bool { return c.last().blob == fresh })
@@ -167,7 +156,7 @@ func TestFollowersTakeAModelDeletedAndPushedAgainAtOnce(t *testing.T) {
 		t.Fatalf("a collector not following lives applied version %d of life %d, want it still at v5 (today's rule)", l.version, l.life)
 	}
 	for v := uint64(3); v <= 6; v++ {
-		pushLife(t, h.st, v, 3, 100+v)
+		wsynctest.PushLife(t, h.st, v, 3, 100+v)
 	}
 	waitFor(t, "the older collector past v5", func() bool { return older.last().version == 6 })
 	waitFor(t, "the relay's collector at the new v6", func() bool { return local.last().version == 6 })
@@ -215,7 +204,7 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			if err := st.Delete(ctx, "m"); err != nil {
 				t.Fatal(err)
 			}
-			fresh := pushLife(t, st, 1, 0, 101)
+			fresh := wsynctest.PushLife(t, st, 1, 0, 101)
 			waitFor(t, "the lives collector at the new model's v1", func() bool { return lives.last().blob == fresh })
 			if got := lives.last(); got.version != 1 || got.life == oldLife || got.life == 0 {
 				t.Fatalf("applied v%d of life %d (deleted life %d), want the new life's v1", got.version, got.life, oldLife)
@@ -235,7 +224,7 @@ func TestRelaySegmentFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			}
 			var v6 string
 			for v := uint64(2); v <= 6; v++ {
-				v6 = pushLife(t, st, v, 0, 100+v)
+				v6 = wsynctest.PushLife(t, st, v, 0, 100+v)
 			}
 			waitFor(t, "both collectors at the new model's v6", func() bool { return lives.last().blob == v6 && older.last().blob == v6 })
 		})
@@ -282,7 +271,7 @@ func TestRelayStreamGetsANewLifeThatLandedInItsSegmentOnly(t *testing.T) {
 	if err := st.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	fresh := pushLife(t, st, 1, 0, 101)
+	fresh := wsynctest.PushLife(t, st, 1, 0, 101)
 	waitSegment(t, path, 1)
 	for _, follow := range []bool{true, false} {
 		late := startLivesCollector(t, relay.Addr(), fmt.Sprintf("late-%v", follow), follow)

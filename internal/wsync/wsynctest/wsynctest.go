@@ -8,6 +8,7 @@ package wsynctest
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -91,6 +92,18 @@ func Check(snap *store.Snapshot) error {
 		return fmt.Errorf("version %d differs from its pattern at byte %d (torn)", snap.Version, i)
 	}
 	return nil
+}
+
+// PushLife pushes version v of model "m" to st at epoch, its tensor (64
+// float32s) filled with fill, so two lives' versions of one number
+// differ, and returns its bytes.
+func PushLife(t testing.TB, st store.Store, v, epoch, fill uint64) string {
+	t.Helper()
+	snap := Snap(t, "m", fill, 64)
+	if _, err := st.Push(context.Background(), store.PushRequest{Name: "m", Version: v, Epoch: epoch, Expect: store.ExpectAny, Blob: snap.Blob}); err != nil {
+		t.Fatal(err)
+	}
+	return string(snap.Blob)
 }
 
 // ShmPath returns a fresh segment path in /dev/shm, removed after the test.
