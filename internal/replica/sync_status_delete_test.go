@@ -11,7 +11,6 @@ import (
 
 	"github.com/rlhub/rlhub/internal/cluster/clustertest"
 	"github.com/rlhub/rlhub/internal/errs"
-	"github.com/rlhub/rlhub/internal/store"
 	"github.com/rlhub/rlhub/internal/store/storetest"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wsync"
@@ -77,19 +76,9 @@ func TestClusterSyncStatusFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 // the newest acknowledged version of the new model (not the deleted
 // model's newest, nor the hidden one).
 func TestFencedSyncStatusHidesUnacknowledgedVersionsOfANewLife(t *testing.T) {
-	f, src, standbys := stuckStandby(t, 200*time.Millisecond)
+	x := newFencedFixture(t, nil)
+	f := x.f
 	ctx := context.Background()
-	setStandbys := func(s ...string) {
-		t.Helper()
-		standbys.Store(s)
-		if err := src.RefreshStandbys(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	push := func(v uint64) error {
-		_, err := f.Push(ctx, store.PushRequest{Name: "m", Version: v, Expect: v - 1, Blob: storetest.Blob(t, v, 8)})
-		return err
-	}
 	svc, err := wsync.NewService(wsync.ServiceConfig{Versions: f})
 	if err != nil {
 		t.Fatal(err)
@@ -121,35 +110,24 @@ func TestFencedSyncStatusHidesUnacknowledgedVersionsOfANewLife(t *testing.T) {
 		return st[0].Newest, st[0].Collectors[0].Lag
 	}
 
-	setStandbys() // no standby: every push is acknowledged at once
-	for v := uint64(1); v <= 5; v++ {
-		if err := push(v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	x.pushAcked(5, "m") // no standby: every push is acknowledged at once
 	if n, lag := newest(5); n != 5 || lag != 0 {
 		t.Fatalf("before the Delete: newest %d, lag %d; want 5 and 0", n, lag)
 	}
 	if err := f.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	for v := uint64(1); v <= 2; v++ {
-		if err := push(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	setStandbys("s1") // s1 never acknowledges: v3 stays hidden
-	if err := push(3); !errors.Is(err, store.ErrNotAcknowledged) {
-		t.Fatalf("push of v3 with s1 silent: %v, want not acknowledged", err)
-	}
+	x.pushAcked(2, "m")
+	x.setStandbys("s1") // s1 never acknowledges: v3 stays hidden
+	x.notAcked("push of v3 with s1 silent", x.pushNext("m", 3, 3))
 	if _, err := f.Get(ctx, "m", 3); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("v3 readable before its acknowledgement: %v", err)
 	}
 	if n, lag := newest(2); n != 2 || lag != 0 {
 		t.Fatalf("with v3 of the new model hidden: newest %d, the collector at v2 lags %d; want newest 2, lag 0", n, lag)
 	}
-	setStandbys() // s1 left: v4 is acknowledged, and v3 with it
-	if err := push(4); err != nil {
+	x.setStandbys() // s1 left: v4 is acknowledged, and v3 with it
+	if err := x.pushNext("m", 4, 4); err != nil {
 		t.Fatal(err)
 	}
 	if n, lag := newest(2); n != 4 || lag != 2 {
