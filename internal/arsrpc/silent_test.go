@@ -3,10 +3,7 @@ package arsrpc
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,42 +16,6 @@ import (
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
-// silentHub is a real listener on 127.0.0.1 that accepts connections,
-// writes first (each connection) and then holds them open, reading and
-// discarding, as a SIGSTOPped or wedged hub does.
-func silentHub(t *testing.T, first []byte) string {
-	t.Helper()
-	lis := testkit.Listen(t)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				_, _ = c.Write(first)
-				_, _ = io.Copy(io.Discard, c) // until the client or the cleanup closes it
-			})
-		}
-	})
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return lis.Addr().String()
-}
-
 // A worker whose hub accepts the connection and never answers (silent,
 // or after a valid HTTP/2 preface: an empty SETTINGS frame) gives up
 // after RetryFor with DeadlineExceeded and an error that names the ARS
@@ -65,11 +26,11 @@ func TestWorkerAgainstSilentHubNamesWhatTimedOut(t *testing.T) {
 		name  string
 		first []byte
 	}{
-		{"silent", nil},
-		{"preface-only", []byte{0, 0, 0, 0x4, 0, 0, 0, 0, 0}},
+		{"silent", testkit.Silent},
+		{"preface-only", testkit.PrefaceOnly},
 	} {
 		t.Run(hub.name, func(t *testing.T) {
-			addr := silentHub(t, hub.first)
+			addr := testkit.SilentHub(t, hub.first)
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
