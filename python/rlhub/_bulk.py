@@ -56,6 +56,9 @@ from rlhub import _channel, errors
 MAGIC = b"RLHUBDP2"
 PUSH_METHOD = "rlhub.v1.Reducer/Push"
 
+_SILENT = "the hub accepted the connection but sent nothing: it is hung or stopped, or the address is not a hub's"
+_NO_ANSWER = " (the hub sent no answer to the request: it is hung or stopped)"
+
 NOT_SUPPORTED_FOR = 60.0
 """Seconds an address that did not speak the data plane is left to gRPC."""
 HANDSHAKE_TIMEOUT = 10.0
@@ -88,7 +91,10 @@ class _Broken(Exception):
 
 
 class _Deadline(Exception):
-    pass
+    """The call's deadline ran out; ``answered`` (set by the exchange) says
+    whether the server had sent anything for the request."""
+
+    answered = True
 
 
 class _Refused(Exception):
@@ -263,7 +269,8 @@ class Client:
                     raise errors.Unavailable(f"bulk: {method} to {addr}: ended in flight: the primary moved "
                                              f"away from {addr}") from None
                 if isinstance(e, _Deadline):
-                    raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded") from None
+                    raise errors.DeadlineExceeded(f"bulk: {method} to {addr}: deadline exceeded"
+                                                  + ("" if e.answered else _NO_ANSWER)) from None
                 if reused and not e.answered:
                     # An idle connection the server has since closed (it
                     # restarted, or shut idle ones down): nothing was served.
@@ -325,6 +332,8 @@ class Client:
         if len(tok) > MAX_TOKEN_BYTES:
             sock.close()
             raise errors.InvalidArgument(f"bulk: token of {len(tok)} bytes exceeds {MAX_TOKEN_BYTES}")
+        got = b""  # the hub's answer to the magic, so far
+        tls = sec.tls  # still in the TLS handshake
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hs = min(deadline, time.monotonic() + HANDSHAKE_TIMEOUT)
@@ -338,8 +347,8 @@ class Client:
                 if sock.selected_alpn_protocol() != _channel.BULK_ALPN:
                     sock.close()
                     raise self._not_supported(addr, "TLS without the data plane's ALPN")
+                tls = False
             sock.sendall(MAGIC + struct.pack("<H", len(tok)) + tok)
-            got = b""
             refusal = None
             while len(got) < len(MAGIC):
                 _settimeout(sock, hs)
@@ -352,16 +361,15 @@ class Client:
                     break
                 if not MAGIC.startswith(got):
                     break
-        except _Deadline:
+        except (_Deadline, socket.timeout):
             sock.close()
+            # Say what the hub sent: a hung or stopped hub (SIGSTOP) accepts
+            # the connection in the kernel and then sends nothing.
+            why = ("the TLS handshake did not finish" if tls else
+                   _SILENT if not got else f"the hub sent {len(got)} bytes of its answer, then nothing")
             if time.monotonic() >= deadline:
-                raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded") from None
-            raise errors.Unavailable(f"bulk: handshake with {addr}: timed out") from None
-        except socket.timeout:
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded") from None
-            raise errors.Unavailable(f"bulk: handshake with {addr}: timed out") from None
+                raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded: {why}") from None
+            raise errors.Unavailable(f"bulk: handshake with {addr}: timed out: {why}") from None
         except OSError as e:
             # A reset too (ConnectionResetError, BrokenPipeError) is the
             # hub gone, not a server without the data plane: one SIGKILLed
@@ -583,8 +591,10 @@ def _exchange(sock: socket.socket, frame: bytes, body: Sequence[Any], deadline: 
         if n > _MAX_STATUS_BYTES:
             raise _Broken(f"status of {n} bytes exceeds {_MAX_STATUS_BYTES}", answered)
         raw = _recv_exact(sock, n, deadline)
-    except socket.timeout:
-        raise _Deadline() from None
+    except (socket.timeout, _Deadline):
+        d = _Deadline()
+        d.answered = answered
+        raise d from None
     except (OSError, EOFError) as e:
         raise _Broken(str(e) or type(e).__name__, answered) from None
     try:
@@ -811,8 +821,10 @@ def _exchange_plain(sock: socket.socket, frame: bytes, body: Sequence[Any], dead
         if n > _MAX_STATUS_BYTES:
             raise _Broken(f"status of {n} bytes exceeds {_MAX_STATUS_BYTES}", answered)
         raw = rd.take(n)
-    except (socket.timeout, BlockingIOError):  # SO_RCVTIMEO / SO_SNDTIMEO ran out
-        raise _Deadline() from None
+    except (socket.timeout, BlockingIOError, _Deadline):  # SO_RCVTIMEO / SO_SNDTIMEO ran out
+        d = _Deadline()
+        d.answered = answered
+        raise d from None
     except (OSError, EOFError) as e:
         raise _Broken(str(e) or type(e).__name__, answered) from None
     try:
