@@ -157,6 +157,9 @@ type gradSteps struct {
 	sc  *storerpc.Client
 	n   int
 	seq uint64 // the last gradient's sequence number
+	// via, when set, is the secondary (in a process of its own) every
+	// push must be taken by.
+	via *testkit.Proc
 }
 
 // step pushes the next gradient at version base of life (0: whichever m
@@ -165,15 +168,23 @@ type gradSteps struct {
 func (s *gradSteps) step(what string, base, life uint64) *tensor.StateDict {
 	s.t.Helper()
 	s.seq++
-	if _, err := s.cl.PushLife(s.ctx, "m", base, life, s.seq, gradFor(s.n, "g", s.seq)); err != nil {
+	r, err := s.cl.PushLife(s.ctx, "m", base, life, s.seq, gradFor(s.n, "g", s.seq))
+	if err != nil {
 		s.t.Fatalf("%s: push at version %d (life %d): %v", what, base, life, err)
+	}
+	if s.via != nil && r.Addr != s.via.Addr() {
+		s.t.Fatalf("%s: push at version %d taken by %q, want the secondary %q", what, base, r.Addr, s.via.Addr())
 	}
 	wctx, wcancel := context.WithTimeout(s.ctx, 20*time.Second)
 	defer wcancel()
 	snap, err := s.sc.WaitNewer(wctx, "m", base)
 	if err != nil || snap.Version != base+1 {
 		st, _ := s.cl.HubStats(s.ctx, "")
-		s.t.Fatalf("%s: the step from version %d: %v (stats %+v); output:\n%s", what, base, err, st.Models, s.hub.Output())
+		out := s.hub.Output()
+		if s.via != nil {
+			out += "\nsecondary's:\n" + s.via.Output()
+		}
+		s.t.Fatalf("%s: the step from version %d: %v (stats %+v); output:\n%s", what, base, err, st.Models, out)
 	}
 	return snap.Tensors
 }
@@ -299,7 +310,30 @@ func TestGradientOfADeletedModelIsRefused(t *testing.T) {
 	cl := reducerClient(t, hubProc.Addr(), "g")
 	sc := storeClient(t, hubProc.Addr())
 	steps := &gradSteps{t: t, ctx: ctx, hub: hubProc, cl: cl, sc: sc, n: n}
+	refusesADeletedLifesGradient(steps, sgd, "")
+}
 
+// refusesADeletedLifesGradient is TestGradientOfADeletedModelIsRefused's
+// story, pushed through steps (via, when set, naming where the pushes
+// go): m registered and stepped to version 3, deleted, pushed again to
+// version 3 by another writer and registered again; a gradient of the
+// deleted model's version 3 is refused FAILED_PRECONDITION, counted stale
+// once (the hub's stats: the whole reducer's, other processes' secondaries
+// merged), the new model unchanged; then one of the new life is applied.
+func refusesADeletedLifesGradient(steps *gradSteps, sgd reducer.ModelConfig, via string) {
+	t, ctx, cl, sc, n := steps.t, steps.ctx, steps.cl, steps.sc, steps.n
+	t.Helper()
+	counts := func() reducer.Stats {
+		t.Helper()
+		st, err := cl.HubStats(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Unreachable) > 0 {
+			t.Fatalf("stats: unreachable secondaries %v", st.Unreachable)
+		}
+		return st
+	}
 	if _, _, err := cl.Register(ctx, sgd); err != nil {
 		t.Fatal(err)
 	}
@@ -326,21 +360,15 @@ func TestGradientOfADeletedModelIsRefused(t *testing.T) {
 	if err != nil || now.Version != 3 || now.Life() == old.Life() {
 		t.Fatalf("the new model: version %d, life %d (deleted one's %d), %v", now.Version, now.Life(), old.Life(), err)
 	}
-	before, err := cl.HubStats(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := counts()
 
 	steps.seq++
 	_, err = cl.PushLife(ctx, "m", 3, old.Life(), steps.seq, gradFor(n, "g", steps.seq))
 	if !errors.Is(err, errs.ErrStale) || grpcerr.Code(err) != codes.FailedPrecondition ||
 		!strings.Contains(err.Error(), `"m"`) || !strings.Contains(err.Error(), "version 3") {
-		t.Fatalf("gradient of the deleted model's version 3: %v; want FAILED_PRECONDITION naming model \"m\" and version 3", err)
+		t.Fatalf("gradient of the deleted model's version 3%s: %v; want FAILED_PRECONDITION naming model \"m\" and version 3", via, err)
 	}
-	after, err := cl.HubStats(ctx, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := counts()
 	if d := after.Total.Dropped[reduce.ReasonStale] - before.Total.Dropped[reduce.ReasonStale]; d != 1 || after.Total.Applied != before.Total.Applied {
 		t.Fatalf("stats: %d more stale drops (want 1), applied %d → %d (want unchanged)", d, before.Total.Applied, after.Total.Applied)
 	}
@@ -348,8 +376,8 @@ func TestGradientOfADeletedModelIsRefused(t *testing.T) {
 		t.Fatalf("the registration's version after the refusal: %d, want 3", m.Version)
 	}
 	got, err := sc.Get(ctx, "m", 0)
-	if err != nil || got.Version != 3 {
-		t.Fatalf("the new model after the refusal: version %d, %v; want 3", got.Version, err)
+	if err != nil || got.Version != 3 || got.Life() != now.Life() {
+		t.Fatalf("the new model after the refusal: version %d, life %d, %v; want version 3 of life %d", got.Version, got.Life(), err, now.Life())
 	}
 	want := gradFor(n, "second life", 3)
 	for _, tt := range want.Tensors() {
@@ -358,6 +386,6 @@ func TestGradientOfADeletedModelIsRefused(t *testing.T) {
 		}
 	}
 
-	// The new model's life is trained.
+	// The new model's life is trained (via the same secondary).
 	steps.step("the new model", 3, now.Life())
 }
