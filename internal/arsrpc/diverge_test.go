@@ -140,18 +140,7 @@ func (s *refusingReports) Report(context.Context, *pb.ARSReportRequest) (*pb.ARS
 // disagreement about that run) skips the run and goes on asking for
 // others; it used to exit.
 func TestWorkerSkipsRunWhoseReportIsRefused(t *testing.T) {
-	_, cfg, err := Normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Seed: 1, MaxIterations: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := ars.NewTrainer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob, err := tr.PolicyOf().Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
+	blob := cartPolePolicy(t)
 	srv := &refusingReports{policy: blob}
 	addr := testkit.ServeGRPC(t, nil, func(g *grpc.Server) { pb.RegisterARSServer(g, srv) })
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -180,4 +169,23 @@ func TestWorkerSkipsRunWhoseReportIsRefused(t *testing.T) {
 	if err := testkit.Recv(t, done, 30*time.Second, "the worker to stop"); err != nil {
 		t.Fatalf("worker: %v", err)
 	}
+}
+
+// cartPolePolicy is the encoded first policy of a one-iteration CartPole
+// run (seed 1): what a test hub leases to a worker.
+func cartPolePolicy(t *testing.T) []byte {
+	t.Helper()
+	_, cfg, err := Normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Seed: 1, MaxIterations: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ars.NewTrainer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blob, err := tr.PolicyOf().Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob
 }

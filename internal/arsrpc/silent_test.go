@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/rlhub/rlhub/internal/ars"
 	"github.com/rlhub/rlhub/internal/testkit"
 	pb "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
@@ -97,18 +96,7 @@ func (s *leasingSilentHub) Report(ctx context.Context, _ *pb.ARSReportRequest) (
 // deadline exceeded". It used to retry for ever, each lease clearing
 // the failures.
 func TestWorkerAgainstHubSilentAfterLeaseNamesWhatTimedOut(t *testing.T) {
-	_, cfg, err := Normalise(&pb.ARSRunSpec{Env: "CartPole-v1", Seed: 1, MaxIterations: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := ars.NewTrainer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob, err := tr.PolicyOf().Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
+	blob := cartPolePolicy(t)
 	for _, c := range []struct {
 		name, what string
 		policy     []byte
