@@ -72,7 +72,7 @@ type extModel struct {
 	host    *hostConn     // the attached host, nil when none
 	changed chan struct{} // closed (and replaced) whenever host changes
 	nextID  uint64
-	stop    chan struct{} // closed when the primary closes
+	stop    chan struct{} // closed when the primary closes, or after end
 	// failed is why the model stopped taking gradients (a step failed):
 	// its host is detached with it and no host attaches after.
 	failed error
@@ -108,6 +108,23 @@ func (e *extModel) end(why error) {
 	}
 }
 
+// ended is why the model stopped taking gradients (fail or end), nil
+// while it takes them.
+func (e *extModel) ended() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.failed
+}
+
+// stopped is why a step's wait ended at stop: the model's end (its
+// registration dropped) or the primary closing.
+func (e *extModel) stopped() error {
+	if err := e.ended(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: reducer primary closed", errs.ErrUnavailable)
+}
+
 func newExtModel() *extModel {
 	return &extModel{changed: make(chan struct{}), stop: make(chan struct{})}
 }
@@ -140,7 +157,7 @@ func (e *extModel) current(ctx context.Context) (*hostConn, error) {
 		select {
 		case <-ch:
 		case <-e.stop:
-			return nil, fmt.Errorf("%w: reducer primary closed", errs.ErrUnavailable)
+			return nil, e.stopped()
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
 		}
@@ -322,9 +339,12 @@ func (p *Primary) externalStep(ctx context.Context, m *pmodel, version, steps ui
 			}
 			return r.blob, r.file.Tensors, nil
 		case <-h.gone:
+			if err := m.ext.ended(); err != nil {
+				return nil, nil, err // detached by end or fail: no other host comes
+			}
 			p.cfg.Logger.Warn("reducer: optimizer host lost mid-step; the step waits for another", "model", m.cfg.Model, "err", h.err)
 		case <-m.ext.stop:
-			return nil, nil, fmt.Errorf("%w: reducer primary closed", errs.ErrUnavailable)
+			return nil, nil, m.ext.stopped()
 		case <-ctx.Done():
 			return nil, nil, context.Cause(ctx)
 		}

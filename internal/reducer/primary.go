@@ -663,10 +663,7 @@ func (p *Primary) unregister(m *pmodel) bool {
 		p.mu.Unlock()
 		return false
 	}
-	delete(p.models, name)
-	if m.ext != nil {
-		close(m.ext.stop) // out of the map, Close no longer closes it
-	}
+	delete(p.models, name) // out of the map, Close no longer closes m.ext.stop: closed below
 	p.dropping.Add(1)
 	sessions := slices.Collect(maps.Keys(p.sessions))
 	p.mu.Unlock()
@@ -702,7 +699,11 @@ func (p *Primary) unregister(m *pmodel) bool {
 	}
 	p.mu.Unlock()
 	if m.ext != nil {
+		// The host learns why before its step's wait ends: woken first,
+		// the step failed "primary closed" and the host was detached
+		// with that instead of the delete.
 		m.ext.end(why)
+		close(m.ext.stop)
 	}
 	m.stepMu.Lock()
 	m.awaitAcks(0)
