@@ -99,6 +99,7 @@ func TestForgetInSyncLetsTheOthersTakeOver(t *testing.T) {
 	l, p := c.leader(0)
 	c.push("m", 1, 0, storetest.Blob(t, 1, 64))
 	standby := c.standbys(p)[0]
+	c.synced(standby, l) // holds v1: killed before its full sync, it took over with nothing
 	standby.kill()
 	c.push("m", 2, 1, storetest.Blob(t, 2, 64))
 	p.kill() // its disk is lost with it

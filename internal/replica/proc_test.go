@@ -212,18 +212,26 @@ func (c *testCluster) push(name string, version, expect uint64, blob []byte) sto
 func (c *testCluster) newest(name string) *store.Snapshot {
 	c.t.Helper()
 	var snap *store.Snapshot
+	var lastErr error
+	defer func() {
+		if snap == nil {
+			c.t.Logf("the last pull of %s: %v", name, lastErr)
+		}
+	}()
 	testkit.Eventually(c.t, 60*time.Second, "the primary to answer a pull of "+name, func() bool {
 		st, err := c.status()
 		if err != nil || st.Primary == nil {
+			lastErr = fmt.Errorf("no primary in the cluster's status (%v)", err)
 			return false
 		}
 		cl, err := storerpc.NewClient(storerpc.ClientConfig{Addr: st.Primary.Addr, MaxAttempts: 1, CallTimeout: 10 * time.Second})
 		if err != nil {
+			lastErr = err
 			return false
 		}
 		defer cl.Close()
-		snap, err = cl.Get(context.Background(), name, 0)
-		return err == nil
+		snap, lastErr = cl.Get(context.Background(), name, 0)
+		return lastErr == nil
 	})
 	return snap
 }
