@@ -1044,7 +1044,10 @@ func (p *Primary) Release(_ context.Context, session uint64, model string, ids [
 	}
 	m, err := p.model(model)
 	if err != nil {
-		return n, err
+		// Not registered (its registration dropped): its pending claims
+		// were orphans, released above, and the rest were settled. Nothing
+		// is held; an error made the secondary retry for nothing.
+		return n, nil
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

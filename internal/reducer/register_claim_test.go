@@ -200,6 +200,12 @@ func TestGradientAdmittedForADeletedRegistrationIsNotApplied(t *testing.T) {
 	if _, err := p.Describe(ctx, "m"); !errors.Is(err, errs.ErrNotFound) {
 		t.Errorf("describe of the dropped registration: %v, want NOT_FOUND", err)
 	}
+	// A claim the dropped registration held in a step (settled, then the
+	// step failed) is nowhere to release: nothing, no error. NOT_FOUND
+	// made the secondary retry for 5 s and log the claims "pending".
+	if n, err := p.Release(ctx, sess, "m", []reduce.ID{{Client: "c", Seq: 99}}); err != nil || n != 0 {
+		t.Errorf("release on the dropped registration of a claim it did not hold: %d, %v; want 0 released, no error", n, err)
+	}
 
 	other := fill(testLayout(3), rand.New(rand.NewPCG(7, 7)), 100)
 	blob, err := safetensors.Encode(other, nil)
