@@ -1206,7 +1206,14 @@ func (p *Primary) Forward(ctx context.Context, b Batch) (uint64, error) {
 		if m.ext != nil {
 			m.ext.fail(b.Model, err)
 		}
-		p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", b.Model, "err", err)
+		p.mu.Lock()
+		dropped := p.models[b.Model] != m
+		p.mu.Unlock()
+		if dropped { // its model deleted (unregister logs it): nothing more to stop
+			p.cfg.Logger.Info("reducer: a step of a dropped registration ended unpublished", "model", b.Model, "gradients", n, "err", err)
+		} else {
+			p.cfg.Logger.Error("reducer: step failed; model stops taking gradients", "model", b.Model, "err", err)
+		}
 		return 0, fmt.Errorf("reducer: model %q: %w", b.Model, err)
 	}
 	fail := func(err error) (uint64, error) { return failAs(reduce.ReasonPublish, err) }
