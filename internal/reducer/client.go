@@ -457,20 +457,13 @@ func (c *Client) PushSeq(ctx context.Context, model string, baseVersion, seq uin
 
 // PushLife is PushGradLife with an explicit sequence number.
 func (c *Client) PushLife(ctx context.Context, model string, baseVersion, life, seq uint64, grads *tensor.StateDict) (Receipt, error) {
-	var cancel context.CancelFunc
-	_, bounded := ctx.Deadline()
-	if bounded {
-		ctx, cancel = context.WithCancel(ctx)
-	} else {
-		ctx, cancel = context.WithTimeout(ctx, c.cfg.CallTimeout)
-	}
-	defer cancel()
-	defer context.AfterFunc(c.closing, cancel)()
+	ctx, stop := dial.CallContext(ctx, c.closing, c.cfg.CallTimeout)
+	defer stop()
 	r, err := c.pushSeq(ctx, model, baseVersion, life, seq, grads)
 	if err != nil && c.closing.Err() != nil {
 		return Receipt{}, errClosed
 	}
-	if err != nil && !bounded && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if err != nil && dial.CallTimedOut(ctx, err) {
 		err = fmt.Errorf("reducer: push of %s via hub %s: not taken within CallTimeout %v (the context had no deadline): %w", errs.Quote(model), c.cfg.Hub, c.cfg.CallTimeout, err)
 	}
 	return r, err

@@ -170,32 +170,15 @@ func (c *Client) Close() error {
 
 func (c *Client) closed() bool { return c.closeCtx.Err() != nil }
 
-// errCallTimeout is the cause of a call context ended by its default
-// deadline (ClientConfig.CallTimeout): do then says so in its error.
-var errCallTimeout = errors.New("storerpc: CallTimeout passed")
-
-// timedOut reports whether err ended a call because its default deadline
-// (errCallTimeout) passed. A socket deadline set from ctx's may fail a read
-// a moment before ctx's own timer fires (bulk's ended): once the deadline
-// has passed ctx is done at once, so it is waited for.
-func timedOut(ctx context.Context, err error) bool {
-	if dl, ok := ctx.Deadline(); ok && errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(dl) {
-		<-ctx.Done()
-	}
-	return errors.Is(context.Cause(ctx), errCallTimeout)
-}
-
 // callCtx derives the context of one call: ctx, also ended by Close, with
-// ClientConfig.CallTimeout when ctx has no deadline (unless long is set).
+// ClientConfig.CallTimeout when ctx has no deadline (unless long is set);
+// dial.CallTimedOut tells when that bound ended it.
 func (c *Client) callCtx(ctx context.Context, long bool) (context.Context, context.CancelFunc) {
-	var cancel context.CancelFunc
-	if _, ok := ctx.Deadline(); !ok && !long {
-		ctx, cancel = context.WithTimeoutCause(ctx, c.cfg.CallTimeout, errCallTimeout)
-	} else {
-		ctx, cancel = context.WithCancel(ctx)
+	timeout := c.cfg.CallTimeout
+	if long {
+		timeout = 0
 	}
-	stop := context.AfterFunc(c.closeCtx, cancel)
-	return ctx, func() { stop(); cancel() }
+	return dial.CallContext(ctx, c.closeCtx, timeout)
 }
 
 // backoff returns the delay before retry number attempt (1 for the first).
@@ -244,7 +227,7 @@ func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) err
 			return errClosed
 		}
 		if !retryable(err) || attempt >= c.cfg.MaxAttempts || !sleep(ctx, c.backoff(attempt)) {
-			if timedOut(ctx, err) {
+			if dial.CallTimedOut(ctx, err) {
 				// A hub that accepts the connection and never answers
 				// ends here, its error no clearer than "context
 				// deadline exceeded": name what was waited for.
