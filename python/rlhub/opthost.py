@@ -264,14 +264,17 @@ class OptimizerHost(AttachLoop):
             self._store.push(self.state_model, tensors, version=version, life=life,
                              metadata={"host.state": text, "model.version": str(version),
                                        "host.weights_sha256": digest})
-        except errors.StaleVersion:
+        except errors.StaleVersion as e:
+            # Refused because the model was deleted mid-step (the hub names
+            # no version it holds): nothing was written, and the hub ended
+            # this host's stream ABORTED, on which it stops after replying.
+            if e.current_version is None or e.current_version < version:
+                log.info("optimizer host %s: the checkpoint at version %d is refused: %s", self.model, version, e)
+                return
             # A predecessor killed after checkpointing this very step (the
             # same state from the same gradient) before it replied. If it
             # is another step's (the hub lost that batch), the checkpoint
             # cannot be replaced; load refuses it by its weights digest.
-            # Refused because the model was deleted mid-step: nothing was
-            # written, and the hub ended this host's stream ABORTED, on
-            # which it stops after replying.
             try:
                 old = self._store.pull(self.state_model, version=version)
             except errors.NotFound:
