@@ -99,6 +99,22 @@ CELLS: List[Cell] = [
          ("env-steps/s", "env steps/s"), None, None),
     Cell("Environments", "./internal/env", "Step/CartPole-v1$", "200000x", "CartPole-v1 step",
          ("steps/s", "steps/s"), None, None),
+    # The monitoring endpoint (docs/metrics.md) over a real in-memory store
+    # of 5,000 models and weight sync with 16,940 collectors, server and
+    # pollers in one process: CPU per request, and how many store readings
+    # a request caused (1: each paid its own; below 1: shared). reuse=off
+    # is pages polling every second (each past the last reading's 500 ms);
+    # reuse=default, pollers hammering the endpoint.
+    Cell("Monitoring", "./internal/metrics", "Poll/api/state/reuse=off/pollers=1$", "10x", "/api/state, one poller (5,000 models, 16,940 collectors)",
+         ("cpu-ms/req", "ms CPU per request"), None, None, [("store-reads/req", "store readings per request")]),
+    Cell("Monitoring", "./internal/metrics", "Poll/api/state/reuse=off/pollers=8$", "10x", "/api/state, 8 pollers at once (one shared reading)",
+         ("cpu-ms/req", "ms CPU per request"), None, None, [("store-reads/req", "store readings per request")]),
+    Cell("Monitoring", "./internal/metrics", "Poll/api/state/reuse=default/pollers=8$", "10x", "/api/state, 8 pollers back to back (readings reused for 500 ms)",
+         ("cpu-ms/req", "ms CPU per request"), None, None, [("store-reads/req", "store readings per request")]),
+    Cell("Monitoring", "./internal/metrics", "Poll/metrics/reuse=default/pollers=1$", "10x", "/metrics, one scraper",
+         ("cpu-ms/req", "ms CPU per scrape"), None, None, [("store-reads/req", "store readings per scrape")]),
+    Cell("Monitoring", "./internal/metrics", "Poll/metrics/reuse=default/pollers=8$", "10x", "/metrics, 8 scrapers at once (one shared gather)",
+         ("cpu-ms/req", "ms CPU per scrape"), None, None, [("store-reads/req", "store readings per scrape")]),
     # The cluster (docs/cluster.md): real etcd and rlhub serve --etcd
     # processes on loopback, one host. Failover: 10 kills at a 2 s lease
     # (p99 is the maximum); the ratio is p99 over the lease. Replication:
