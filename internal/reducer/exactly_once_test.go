@@ -80,6 +80,7 @@ func servedPrimary(t *testing.T, pcfg PrimaryConfig, n int) (*Primary, string) {
 	sec.start(Config{Primary: paddr, ForwardTransport: TransportGRPC, Secondaries: 1, BatchSize: 1, MaxWait: time.Millisecond, Logger: testkit.Logger()})
 	t.Cleanup(sec.stop)
 	waitAttached(t, p, 1)
+	sec.waitSecondariesAttached()
 	return p, sec.addr
 }
 

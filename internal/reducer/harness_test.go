@@ -210,6 +210,22 @@ func waitAttached(t *testing.T, p *Primary, n int) {
 	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("%d secondaries attached", n), func() bool { return len(p.Secondaries()) >= n })
 }
 
+// waitSecondariesAttached waits until every secondary of e's hub has its
+// primary's welcome. The primary lists a session (waitAttached) before
+// the secondary has it, and a push in between is refused Unavailable
+// ("not attached to a primary"; seen in a loop of the suite).
+func (e *testEnv) waitSecondariesAttached() {
+	e.t.Helper()
+	testkit.Eventually(e.t, 20*time.Second, "the secondaries to be attached", func() bool {
+		for _, n := range e.svc.SecondaryNodes() {
+			if !n.Attached() {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func f32(t testing.TB, sd *tensor.StateDict, name string) []float32 {
 	t.Helper()
 	f, err := sd.Get(name).Float32s()

@@ -24,6 +24,7 @@ func sessionBlipEnv(t *testing.T, n int) (*Primary, *testEnv, *testkit.Proxy) {
 		Logger: testkit.Logger()})
 	t.Cleanup(sec.stop)
 	waitAttached(t, p, 1)
+	sec.waitSecondariesAttached()
 	return p, sec, px
 }
 
