@@ -170,3 +170,36 @@ def test_a_version_sent_at_the_end_of_the_last_poll_still_arrives_whole():
         assert len(hellos) == 1 and 0 < hellos[0].wait_ms <= 1000, hellos
     finally:
         close()
+
+
+# A valid HTTP/2 server preface (an empty SETTINGS frame) and then
+# nothing: a gRPC server whose handlers hang.
+PREFACE_ONLY = bytes([0, 0, 0, 0x4, 0, 0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("first", [b"", PREFACE_ONLY], ids=["silent", "preface-only"])
+def test_a_push_source_on_a_hung_hub_ends_saying_it_sent_nothing(first):
+    # The push stream has no first message from the hub: attached to a hub
+    # that accepts and never answers, wait_newer returned None — "nothing
+    # new" — for as long as it was asked, until keepalive gave up. The
+    # source's health check on the same channel ends it Unavailable, saying
+    # the hub sent nothing, within answer_within.
+    addr, close = _hub(_sends(first))
+    try:
+        with ws.PushSource(addr, "m", answer_within=1) as src:
+            with pytest.raises(rlhub.Unavailable) as e:
+                src.wait_newer(0, timeout=30)
+        assert "sent nothing" in str(e.value), e.value
+    finally:
+        close()
+
+
+def test_a_push_source_on_a_live_hub_is_not_ended_by_its_health_check(hub):
+    # The check's answer from a real hub (which may not serve the health
+    # service: any status is an answer) leaves the stream to deliver.
+    with rlhub.StoreClient(hub.addr) as s:
+        s.push("m", {"w": np.full(4, 1.0, np.float32)}, version=1)
+    with ws.PushSource(hub.addr, "m", answer_within=1) as src:
+        wv = src.wait_newer(0, timeout=30)
+        assert wv is not None and wv.version == 1, wv
+        assert src.wait_newer(1, timeout=2) is None  # still attached: nothing newer, no error

@@ -19,6 +19,15 @@ from rlhub.store import channel as _channel
 from rlhub.tensors import parse_header
 from rlhub.wsync._source import WeightVersion
 
+ANSWER_WITHIN = 10.0
+"""Seconds a push stream's hub has to answer a health check before the
+source ends (:class:`PushSource`'s ``answer_within``)."""
+
+
+def _raw(b: bytes) -> bytes:
+    return b
+
+
 class PushSource:
     """A collector attached to the hub's (or a relay's) push stream.
 
@@ -37,17 +46,31 @@ class PushSource:
     as a :class:`Receiver` passes it) return it. ``start_life`` is the life
     of ``start``. ``follow_lives=False`` keeps the old rule (only newer
     versions), as does a hub that predates lives (it ignores the request).
+
+    The stream has no first message from the server, so a hub that is hung
+    (SIGSTOPped, wedged) would look like one with nothing new until
+    keepalive gave up. Before reading the stream the source asks the same
+    channel for a health check: any answer, a refusal too, shows the hub
+    alive; none within ``answer_within`` seconds (default
+    :data:`ANSWER_WITHIN`, None skips the check) ends the source with
+    :class:`rlhub.Unavailable` saying the hub sent nothing, which
+    ``get_if_newer`` / ``wait_newer`` raise (and a :class:`FailoverSource`
+    moves on). As the Go client's ``ClientConfig.AnswerWithin``.
     """
 
     via = "push"
 
     def __init__(self, addr: Optional[str], model: str, *, collector_id: Optional[str] = None,
                  start: int = 0, chunk_bytes: int = 0, channel_: Optional[grpc.Channel] = None,
-                 max_bytes: int = 4 << 30, follow_lives: bool = True, start_life: int = 0):
+                 max_bytes: int = 4 << 30, follow_lives: bool = True, start_life: int = 0,
+                 answer_within: Optional[float] = ANSWER_WITHIN):
         if not model:
             raise ValueError("PushSource needs a model")
         errors.check_version("start", start)  # before a channel or thread exists
         errors.check_version("start_life", start_life)
+        if answer_within is not None and not answer_within > 0:
+            raise ValueError(f"answer_within must be positive seconds or None, got {answer_within!r}")
+        self._answer_within = answer_within
         self.model = model
         self.follows_lives = follow_lives
         self.collector_id = collector_id or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -65,6 +88,8 @@ class PushSource:
         self._cond = threading.Condition()
         self._newest: Optional[WeightVersion] = None  # guarded by _cond
         self._ended: Optional[errors.RlhubError] = None  # guarded by _cond
+        self._closing = False  # guarded by _cond
+        self._check: Optional["grpc.Future[bytes]"] = None  # the health check in flight; guarded by _cond
         attach = self._channel.stream_stream(  # chunks decoded without protobuf copies
             "/rlhub.v1.WeightSync/Attach", request_serializer=sync_pb2.SyncClientMessage.SerializeToString,
             response_deserializer=fast_decoder(sync_pb2.SyncServerMessage))
@@ -79,9 +104,38 @@ class PushSource:
                 return
             yield m
 
+    def _answers(self) -> None:
+        """Returns once the hub answered a health check (any status but
+        no answer), raises Unavailable when it sent nothing within
+        answer_within or the source was closed."""
+        if self._answer_within is None:
+            return
+        check = self._channel.unary_unary("/grpc.health.v1.Health/Check",
+                                          request_serializer=_raw, response_deserializer=_raw)
+        with self._cond:
+            if self._closing:
+                raise errors.Unavailable(f"push stream of {self.model!r} closed")
+            fut = check.future(b"", timeout=self._answer_within)  # an empty HealthCheckRequest
+            self._check = fut
+        try:
+            fut.result()
+        except grpc.FutureCancelledError:
+            raise errors.Unavailable(f"push stream of {self.model!r} closed") from None
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise errors.Unavailable(
+                    f"push stream of {self.model!r}: the hub sent nothing within {self._answer_within:g} s "
+                    "(answer_within): it is hung or stopped") from None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                raise errors.from_rpc_error(e) from None
+            # Any other status (Unimplemented, Unauthenticated, ...) is an
+            # answer: the stream's own call says what it has to.
+
     def _receive(self) -> None:
         err: errors.RlhubError
         try:
+            self._answers()
             it = iter(self._call)
             for msg in it:
                 if isinstance(msg, RawChunk) or not msg.HasField("info"):
@@ -162,6 +216,10 @@ class PushSource:
 
     def close(self) -> None:
         """Ends the stream and waits for the receive thread. Safe to call twice."""
+        with self._cond:
+            self._closing = True
+            if self._check is not None:
+                self._check.cancel()
         self._out.put(None)
         self._call.cancel()
         self._thread.join()
