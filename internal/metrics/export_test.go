@@ -5,3 +5,6 @@ package metrics
 func Waiting(s *Server) (dashboard, scrapes int) {
 	return s.dash.states.waiters(), s.gather.s.waiters()
 }
+
+// Encodes is how many /metrics responses the server has encoded.
+func Encodes(s *Server) int64 { return s.gather.encodes.Load() }

@@ -197,9 +197,9 @@ type Server struct {
 	lis  net.Listener
 	srv  *http.Server
 	dash *dashboard
-	// gather is what /metrics serves: reg, gathered once for the scrapes
-	// that arrive together.
-	gather *sharedGatherer
+	// gather serves /metrics: reg, gathered and encoded once for the
+	// scrapes that arrive together.
+	gather *scrapes
 
 	stop   func()    // set by Start
 	once   sync.Once // guards Close
@@ -225,10 +225,11 @@ func New(cfg Config) (*Server, error) {
 		reg.MustRegister(cfg.GRPC.m)
 	}
 	// Scrapes that arrive together share one gather: the Sources (and the
-	// Go and process collectors) are read once for all of them.
-	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg, stats), gather: &sharedGatherer{g: reg}}
+	// Go and process collectors) are read once for all of them, and its
+	// response is encoded once for each way they ask for it.
+	s := &Server{cfg: cfg, reg: reg, dash: newDashboard(cfg, stats), gather: &scrapes{reg: reg, opts: promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}}}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gather, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}))
+	mux.Handle("GET /metrics", s.gather)
 	s.dash.register(mux)
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
