@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 
 	"github.com/rlhub/rlhub/internal/dial"
 	"github.com/rlhub/rlhub/internal/errs"
@@ -150,6 +149,82 @@ type Collector struct {
 	// once their call has returned).
 	closing context.Context
 	stop    context.CancelFunc
+
+	// calls (ViaStore, ViaDataPlane) is what the collector's own calls to
+	// the hub saw, for Status: the gRPC connection's state says nothing of
+	// the data plane, nor of a hub that took the connection and hangs.
+	calls callState
+}
+
+// callState is what a collector's own calls to the hub through its source
+// (Poll, Run's waits) saw: the latest's outcome, once Close is called
+// no more. Safe for concurrent use.
+type callState struct {
+	mu     sync.Mutex // guards the fields below
+	failed bool       // the latest call to the hub failed (or Close was called)
+	since  time.Time  // when failed last changed; NewCollector at first
+	err    error      // why, while failed
+	closed bool       // Close was called: calls that end after are not recorded
+}
+
+// record notes the outcome of a call to the hub: err nil, it answered.
+func (s *callState) record(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if failed := err != nil; failed != s.failed {
+		s.failed, s.since = failed, time.Now()
+	}
+	s.err = err
+}
+
+// close notes Close: not connected from now on.
+func (s *callState) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.failed {
+		s.failed, s.since = true, time.Now()
+	}
+	s.err, s.closed = errCollectorClosed, true
+}
+
+func (s *callState) status() CollectorStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := CollectorStatus{Connected: !s.failed, Since: s.since}
+	if s.failed {
+		st.LastError = errs.Clip(s.err.Error(), maxStatusError)
+	}
+	return st
+}
+
+// applyError is an error of the collector's own apply (the version
+// refused: its layout is not Weights'): the hub answered.
+type applyError struct{ err error }
+
+func (e applyError) Error() string { return e.err.Error() }
+func (e applyError) Unwrap() error { return e.err }
+
+// sawCall records, for Status, how a call that reached the collector's
+// source ended (err: Poll's, or Run's). Not the hub's failures: the
+// caller's cancel (of Poll or Run) or Close, Run's ctx ending (Run waits
+// for as long as its caller lets it), another call holding the source,
+// and an apply refused (the hub answered). A Poll's deadline passing is:
+// the hub did not answer in the time the caller gave it.
+func (c *Collector) sawCall(ctx context.Context, err error, run bool) {
+	var refused applyError
+	switch {
+	case c.fo != nil:
+		return // ViaPush: the Failover's state
+	case c.closing.Err() != nil, errors.Is(ctx.Err(), context.Canceled), run && ctx.Err() != nil,
+		errors.Is(err, wsync.ErrSourceInUse):
+		return
+	case errors.As(err, &refused):
+		err = nil
+	}
+	c.calls.record(err)
 }
 
 // NewCollector connects to the hub (ViaPush: opens the stream, bounded by
@@ -204,7 +279,23 @@ func NewCollector(ctx context.Context, cfg CollectorConfig) (*Collector, error) 
 	}
 	var apply wsync.ApplyFunc
 	if cfg.Weights != nil {
-		apply = wsync.CopyInto(cfg.Weights)
+		copyInto := wsync.CopyInto(cfg.Weights)
+		apply = func(snap *Snapshot) error {
+			if err := copyInto(snap); err != nil {
+				return applyError{err} // not the hub's failure (sawCall)
+			}
+			return nil
+		}
+	}
+	if c.fo == nil {
+		c.calls.since = time.Now()
+		// Each version applied is a call to the hub answered: Run's
+		// waits record only so, or when Run fails.
+		report := onApplied
+		onApplied = func(v uint64) {
+			c.calls.record(nil)
+			report(v)
+		}
 	}
 	c.recv, err = wsync.NewReceiver(wsync.ReceiverConfig{Source: src, Apply: apply, OnApplied: onApplied,
 		FollowLives: !cfg.NoFollowLives})
@@ -447,6 +538,7 @@ func (c *Collector) Poll(ctx context.Context) (bool, error) {
 	}
 	defer release()
 	ok, err := c.recv.Poll(ctx)
+	c.sawCall(ctx, err, false)
 	return ok, done(err)
 }
 
@@ -459,7 +551,9 @@ func (c *Collector) Run(ctx context.Context) error {
 		return done(err)
 	}
 	defer release()
-	return done(c.recv.Run(ctx))
+	err = c.recv.Run(ctx)
+	c.sawCall(ctx, err, true)
+	return done(err)
 }
 
 // Version is the version the collector runs (0: none yet).
@@ -484,14 +578,20 @@ type CollectorStatus struct {
 	// Connected: ViaPush, a push stream is open, the hub having answered
 	// when it was attached; false while the collector is dialing again
 	// (the hub restarted, died or hangs: see LastError). ViaStore and
-	// ViaDataPlane: the gRPC connection is ready, which a hub that
-	// accepts connections and then hangs may still be.
+	// ViaDataPlane: the latest call to the hub through the collector's
+	// source (a Poll, or a wait of Run) was answered, or none has failed
+	// yet. Run records an answered wait when it applies a version, a
+	// failed one when it returns. Not the hub's failures: the caller's
+	// cancel, Run's ctx ending, Close, a version refused for its layout;
+	// a Poll whose ctx deadline passes is. After Close, false.
 	Connected bool
-	// Since is when Connected last changed (ViaPush; zero otherwise).
+	// Since is when Connected last changed (ViaStore and ViaDataPlane:
+	// NewCollector's time until then).
 	Since time.Time
-	// LastError, while not Connected (ViaPush), is why: the latest failed
+	// LastError, while not Connected, is why: ViaPush, the latest failed
 	// attach (e.g. the hub "sent nothing within 10s") or how the stream
-	// ended; at most maxStatusError bytes. "" while Connected.
+	// ended; ViaStore and ViaDataPlane, the latest failed call's error.
+	// At most maxStatusError bytes. "" while Connected.
 	LastError string
 }
 
@@ -501,12 +601,11 @@ const maxStatusError = 512
 
 // Status reports whether the collector is connected (CollectorStatus), so
 // a program can tell a collector at the newest version from one
-// redialling a hung or dead hub. ViaPush, it is as of the last Poll or
-// Run (the stream is attached again only within them): Run keeps it
-// current.
+// redialling a hung or dead hub. It is as of the last Poll or Run (ViaPush:
+// the stream is attached again only within them; Run keeps it current).
 func (c *Collector) Status() CollectorStatus {
 	if c.fo == nil {
-		return CollectorStatus{Connected: c.conn.GetState() == connectivity.Ready}
+		return c.calls.status()
 	}
 	st := c.fo.State()
 	switch {
@@ -531,6 +630,7 @@ func (c *Collector) Current() *Snapshot { return c.recv.Current() }
 // the stream and the connection; safe to call twice.
 func (c *Collector) Close() error {
 	c.stop()
+	c.calls.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
