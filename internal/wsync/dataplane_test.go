@@ -310,7 +310,7 @@ func TestDataPlaneFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	ctx := context.Background()
 	h := startDPHub(t, false)
 	for v := uint64(1); v <= 5; v++ {
-		pushLife(t, h.st, v, 3, v)
+		wsynctest.PushLife(t, h.st, v, 3, v)
 	}
 	follow := func(id string, lives bool) *livesRecorder {
 		f, err := NewFailover(FailoverConfig{Dialers: []Dialer{DataPlaneDialer("dp", h.addr, nil, nil, id, "m")},
@@ -330,8 +330,8 @@ func TestDataPlaneFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	if err := h.st.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	stale := pushLife(t, h.st, 1, 2, 101)
-	fresh := pushLife(t, h.st, 2, 3, 102)
+	stale := wsynctest.PushLife(t, h.st, 1, 2, 101)
+	fresh := wsynctest.PushLife(t, h.st, 2, 3, 102)
 	waitFor(t, "the lives collector at the new life's v2", func() bool { return lives.last().blob == fresh })
 	if got := lives.last(); got.life == oldLife || got.life == 0 || got.version != 2 || got.epoch != 3 {
 		t.Fatalf("applied v%d epoch %d life %d (deleted life %d), want the new life's v2 at epoch 3", got.version, got.epoch, got.life, oldLife)
@@ -344,7 +344,7 @@ func TestDataPlaneFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	}
 	var v6 string
 	for v := uint64(3); v <= 6; v++ {
-		v6 = pushLife(t, h.st, v, 3, 100+v)
+		v6 = wsynctest.PushLife(t, h.st, v, 3, 100+v)
 	}
 	waitFor(t, "both collectors at the new life's v6", func() bool { return lives.last().blob == v6 && older.last().blob == v6 })
 }

@@ -67,10 +67,6 @@ func startLivesFollower(t *testing.T, src Source, follow bool, onApplied func(ui
 	return r
 }
 
-// pushLife is wsynctest.PushLife, under the name this package's tests
-// (dataplane_test.go, poll_lives_test.go too) call it by.
-var pushLife = wsynctest.PushLife
-
 // gatedDialer is d whose dials (both kinds) wait while the gate is
 // closed, and which keeps the sources it opened so a test can end them.
 type gatedDialer struct {
@@ -149,7 +145,7 @@ func TestFailoverFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	ctx := context.Background()
 	h := startHub(t)
 	for v := uint64(1); v <= 5; v++ {
-		pushLife(t, h.st, v, 3, v)
+		wsynctest.PushLife(t, h.st, v, 3, v)
 	}
 	conn := dial(t, h.addr)
 	newFailover := func(follow bool, d Dialer) *Failover {
@@ -175,8 +171,8 @@ func TestFailoverFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	if err := h.st.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	stale := pushLife(t, h.st, 1, 2, 101)
-	fresh := pushLife(t, h.st, 2, 3, 102)
+	stale := wsynctest.PushLife(t, h.st, 1, 2, 101)
+	fresh := wsynctest.PushLife(t, h.st, 2, 3, 102)
 	waitFor(t, "the lives collector at the new life's v2", func() bool { return lives.last().blob == fresh })
 	if got := lives.last(); got.life == oldLife || got.life == 0 || got.epoch != 3 {
 		t.Fatalf("applied v%d epoch %d life %d (deleted life %d), want the new life's v2 at epoch 3", got.version, got.epoch, got.life, oldLife)
@@ -197,7 +193,7 @@ func TestFailoverFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	if err := h.st.Delete(ctx, "m"); err != nil {
 		t.Fatal(err)
 	}
-	third := pushLife(t, h.st, 1, 3, 103)
+	third := wsynctest.PushLife(t, h.st, 1, 3, 103)
 	reopen()
 	waitFor(t, "the lives collector at the third life's v1", func() bool { return lives.last().blob == third })
 	if got := lives.last(); got.life == secondLife || got.life == oldLife {
@@ -207,7 +203,7 @@ func TestFailoverFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 	// The older collector still takes versions past the one it runs.
 	var v6 string
 	for v := uint64(2); v <= 6; v++ {
-		v6 = pushLife(t, h.st, v, 3, 100+v)
+		v6 = wsynctest.PushLife(t, h.st, v, 3, 100+v)
 	}
 	waitFor(t, "the older collector past v5", func() bool { return older.last().version == 6 })
 	waitFor(t, "the lives collector at the third life's v6", func() bool { return lives.last().blob == v6 })

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/internal/wsync/wsynctest"
 )
 
 // A model deleted and pushed again from version 1, followed by Go
@@ -61,7 +62,7 @@ func TestPollFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			ctx := context.Background()
 			h := startDPHub(t, s.noDP)
 			for v := uint64(1); v <= 5; v++ {
-				pushLife(t, h.st, v, 0, v)
+				wsynctest.PushLife(t, h.st, v, 0, v)
 			}
 			src := s.open(t, h)
 			rec := &livesRecorder{}
@@ -82,7 +83,7 @@ func TestPollFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			if err := h.st.Delete(ctx, "m"); err != nil {
 				t.Fatal(err)
 			}
-			fresh := pushLife(t, h.st, 1, 0, 101)
+			fresh := wsynctest.PushLife(t, h.st, 1, 0, 101)
 			waitFor(t, "polled to the new model's v1", func() bool { poll(); return rec.last().blob == fresh })
 			if got := rec.last(); got.version != 1 || got.life == oldLife || got.life == 0 {
 				t.Fatalf("applied v%d of life %d (deleted life %d), want the new life's v1", got.version, got.life, oldLife)
@@ -98,7 +99,7 @@ func TestPollFollowsAModelDeletedAndPushedAgain(t *testing.T) {
 			if err := h.st.Delete(ctx, "m"); err != nil {
 				t.Fatal(err)
 			}
-			third := pushLife(t, h.st, 9, 0, 109)
+			third := wsynctest.PushLife(t, h.st, 9, 0, 109)
 			waitFor(t, "polled to the third life's v9", func() bool { poll(); return rec.last().blob == third })
 			if s.skipped != nil {
 				if got := s.skipped(src); got != before {
