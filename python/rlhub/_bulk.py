@@ -62,6 +62,7 @@ _NO_ANSWER = " (the hub sent no answer to the request: it is hung or stopped)"
 NOT_SUPPORTED_FOR = 60.0
 """Seconds an address that did not speak the data plane is left to gRPC."""
 HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a connect, and then the handshake, waits for the hub (within the call's deadline)."""
 MAX_IDLE_PER_ADDR = 8
 MAX_METHOD_BYTES = 255
 MAX_HEADER_BYTES = 1 << 20
@@ -79,6 +80,20 @@ except (AttributeError, ValueError, OSError):
 
 class NotSupported(Exception):
     """The server at an address does not speak the data plane: use gRPC."""
+
+
+class NoAnswer(errors.Unavailable):
+    """A connect or handshake to ``addr`` that got no answer within
+    ``HANDSHAKE_TIMEOUT`` while the call had time left: the address takes
+    no connection or sends nothing on it (a hung or stopped hub, a dead
+    machine, a listener that is not a hub's). Unavailable, as any failure
+    to reach the hub; a caller's retries try such an address again only
+    once (``StoreClient``), since a hub silent for that long will not
+    start answering on a later try."""
+
+    def __init__(self, message: str, addr: str):
+        super().__init__(message)
+        self.addr = addr
 
 
 class _Broken(Exception):
@@ -325,7 +340,7 @@ class Client:
         except socket.timeout:
             if time.monotonic() >= deadline:
                 raise errors.DeadlineExceeded(f"bulk: dial {addr}: deadline exceeded") from None
-            raise errors.Unavailable(f"bulk: dial {addr}: timed out") from None
+            raise NoAnswer(f"bulk: dial {addr}: timed out: no answer within {HANDSHAKE_TIMEOUT:g} s", addr) from None
         except OSError as e:
             raise errors.Unavailable(f"bulk: dial {addr}: {e}") from None
         tok = (sec.token or "").encode()
@@ -369,7 +384,8 @@ class Client:
                    _SILENT if not got else f"the hub sent {len(got)} bytes of its answer, then nothing")
             if time.monotonic() >= deadline:
                 raise errors.DeadlineExceeded(f"bulk: handshake with {addr}: deadline exceeded: {why}") from None
-            raise errors.Unavailable(f"bulk: handshake with {addr}: timed out: {why}") from None
+            raise NoAnswer(f"bulk: handshake with {addr}: timed out: no answer within {HANDSHAKE_TIMEOUT:g} s: {why}",
+                           addr) from None
         except OSError as e:
             # A reset too (ConnectionResetError, BrokenPipeError) is the
             # hub gone, not a server without the data plane: one SIGKILLed

@@ -6,7 +6,9 @@ message says the hub sent nothing, not a bare "deadline exceeded"."""
 
 from __future__ import annotations
 
+import socket
 import time
+from typing import List
 
 import pytest
 
@@ -51,5 +53,39 @@ def test_a_silent_handshake_with_time_left_is_unavailable_naming_it(first, says,
                 s.pull("m")
         msg = str(e.value)
         assert "timed out" in msg and says in msg, msg
+    finally:
+        close()
+
+
+@pytest.mark.parametrize("op", ["pull", "push"])
+@pytest.mark.parametrize("first,says", CASES[:2], ids=["silent", "half-sent"])
+def test_a_silent_handshake_is_not_tried_again_and_again(first, says, op, monkeypatch):
+    # A hub that accepted the connection and sent nothing for a whole
+    # handshake bound will not start on the fifth try: with the default
+    # retries a call dialled it five times (five 10 s handshakes, ~51 s of
+    # a 60 s timeout) before ending Unavailable. Now a second silent
+    # handshake to the same address ends the call, saying what was waited
+    # for. The handshake's bound is shortened so the test is quick; the
+    # connections the hub accepted are counted.
+    monkeypatch.setattr(_bulk, "HANDSHAKE_TIMEOUT", 0.3)
+    dials: List[int] = []
+    send = _sends(first)
+
+    def handle(c: socket.socket) -> None:
+        dials.append(1)
+        send(c)
+
+    addr, close = _hub(handle)
+    try:
+        with rlhub.StoreClient(addr, timeout=60) as s:
+            assert s.retries == 4
+            with pytest.raises(rlhub.Unavailable) as e:
+                if op == "pull":
+                    s.pull("m")
+                else:
+                    s.push("m", b"x" * 64, version=1)
+        assert len(dials) == 2, f"{op} dialled a silent hub {len(dials)} times"
+        msg = str(e.value)
+        assert says in msg and "not tried again" in msg, msg
     finally:
         close()
