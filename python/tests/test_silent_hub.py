@@ -203,3 +203,28 @@ def test_a_push_source_on_a_live_hub_is_not_ended_by_its_health_check(hub):
         wv = src.wait_newer(0, timeout=30)
         assert wv is not None and wv.version == 1, wv
         assert src.wait_newer(1, timeout=2) is None  # still attached: nothing newer, no error
+
+
+@pytest.mark.parametrize("first,says", [(b"", "sent nothing"), (_bulk.MAGIC[:4], "then nothing"),
+                                        (_bulk.MAGIC, "sent no answer")],
+                         ids=["silent", "half-sent", "magic-then-silent"])
+def test_get_if_newer_on_a_silent_hub_is_bounded_by_the_answer_slack(first, says):
+    # get_if_newer is the non-blocking "is there something newer" (a 1 ms
+    # poll), but on a hub that accepts and sends nothing it waited out the
+    # whole handshake bound (10 s) or the poll's socket slack (10 s) and,
+    # for a silent handshake, ended Unavailable ("timed out"). It now gives
+    # the hub ANSWER_SLACK (1 s) to begin answering and raises
+    # DeadlineExceeded saying the hub sent nothing, as wait_newer does. The
+    # backstop below is generous; the old behaviour was 10 s.
+    addr, close = _hub(_sends(first))
+    try:
+        with ws.DataPlaneSource(addr, "m", fallback=False) as src:
+            t0 = time.monotonic()
+            with pytest.raises(rlhub.DeadlineExceeded) as e:
+                src.get_if_newer(0)
+            took = time.monotonic() - t0
+        msg = str(e.value)
+        assert says in msg, msg
+        assert took < 6, f"get_if_newer took {took:.1f} s"
+    finally:
+        close()

@@ -44,10 +44,10 @@ _SLACK = 10.0  # seconds added to a poll's wait for its socket deadline
 ANSWER_SLACK = 1.0
 """Seconds past its ``timeout`` that ``wait_newer`` waits for the hub to
 answer before it raises ``DeadlineExceeded`` (a hub that accepted the
-connection and sent nothing: hung, stopped, or not a hub). The hub answers
-the last poll when the timeout ends; an answer begun by then (a version
-that came at the very end) is still received whole, within the poll's
-``_SLACK``."""
+connection and sent nothing: hung, stopped, or not a hub); and past its
+1 ms poll, ``get_if_newer``. The hub answers the last poll when the
+timeout ends; an answer begun by then (a version that came at the very
+end) is still received whole, within the poll's ``_SLACK``."""
 _FOLLOW_BACKOFF0, _FOLLOW_BACKOFF_MAX = 0.02, 0.25  # pauses after a failed poll on a cluster
 _MAX_NO_DATA_PLANE = 3  # on a cluster: not-supported polls in a row before the push-stream fallback
 _BUFFERS = 3  # the last two versions taken stay whole while a third is received
@@ -271,7 +271,12 @@ class DataPlaneSource:
 
     def get_if_newer(self, than: int, life: int = 0) -> Any:
         """The newest version if newer than ``than`` (or, following lives,
-        of another life than ``life``; a 1 ms poll), else None."""
+        of another life than ``life``; a 1 ms poll), else None.
+
+        It does not wait on a hub that does not answer: one that accepts
+        the connection and has not begun its answer :data:`ANSWER_SLACK`
+        after the poll raises :class:`rlhub.DeadlineExceeded` saying the
+        hub sent nothing (not after the 10 s handshake bound)."""
         errors.check_version("than", than)
         errors.check_version("life", life)
         if self._fallback is not None:
@@ -281,7 +286,7 @@ class DataPlaneSource:
                 if self._follow is not None and self._followable(e):
                     self._drop_fallback()  # attached again, to the new primary, next time
                 raise
-        got = self._poll(than, 1, life)
+        got = self._poll(than, 1, life, time.monotonic() + 0.001 + ANSWER_SLACK)
         if isinstance(got, str):
             return self._use_fallback(than, life).get_if_newer(than, life=life)
         return got
