@@ -26,10 +26,19 @@ var (
 // listener and every connection and waits for its goroutines.
 func SilentHub(tb testing.TB, first []byte) string {
 	tb.Helper()
+	addr, _ := SilentHubCounting(tb, first)
+	return addr
+}
+
+// SilentHubCounting is SilentHub that also returns how many connections
+// it has accepted so far (for tests of how often a client tries it).
+func SilentHubCounting(tb testing.TB, first []byte) (addr string, accepted func() int) {
+	tb.Helper()
 	lis := Listen(tb)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
+	n := 0 // connections accepted
 	closed := false
 	wg.Go(func() {
 		for {
@@ -44,6 +53,7 @@ func SilentHub(tb testing.TB, first []byte) string {
 				return
 			}
 			conns = append(conns, c)
+			n++
 			mu.Unlock()
 			wg.Go(func() {
 				_, _ = c.Write(first)
@@ -61,5 +71,9 @@ func SilentHub(tb testing.TB, first []byte) string {
 		mu.Unlock()
 		wg.Wait()
 	})
-	return lis.Addr().String()
+	return lis.Addr().String(), func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
 }

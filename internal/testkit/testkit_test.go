@@ -3,6 +3,8 @@ package testkit
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -105,5 +107,24 @@ func TestRecv(t *testing.T) {
 	catch(r, func() { Recv(r, ch, time.Second, "closed") })
 	if !r.failed {
 		t.Fatal("Recv on a closed channel did not fail")
+	}
+}
+
+// SilentHubCounting counts the connections it accepted.
+func TestSilentHubCountsAccepts(t *testing.T) {
+	addr, accepted := SilentHubCounting(t, []byte{1})
+	for i := 1; i <= 2; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// The hub writes its first byte once it counted the connection.
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if n := accepted(); n != i {
+			t.Fatalf("after %d connections: %d accepted", i, n)
+		}
 	}
 }
