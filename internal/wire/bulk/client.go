@@ -56,6 +56,55 @@ type ClientConfig struct {
 	// Without TLS, a connection to an address that is not loopback is
 	// refused before it is dialled (netsec.PlaintextToken).
 	Token string
+	// HandshakeTimeout bounds the wait for the server's answer to a new
+	// connection's hello (and for its TLS handshake), within the call's
+	// context; 0 or negative means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+}
+
+// handshakeTimeout is cfg's HandshakeTimeout, or the default.
+func (cfg ClientConfig) handshakeTimeout() time.Duration {
+	if cfg.HandshakeTimeout <= 0 {
+		return DefaultHandshakeTimeout
+	}
+	return cfg.HandshakeTimeout
+}
+
+// NoAnswerError is a connect or handshake to Addr that got no answer
+// within its bound (Bound) while the call's context still had time: the
+// address takes no connection, or sends nothing on it (a hub that is
+// stopped or wedged, a dead machine, a listener that is not a hub's). It
+// matches errs.ErrUnavailable, as any failure to reach the server; a
+// caller that retries (storerpc) tries such an address again only once,
+// since a server silent for that long does not start answering on a later
+// try.
+type NoAnswerError struct {
+	// Addr is the address dialled.
+	Addr string
+	// Op is what got no answer: "dial", "TLS handshake" or "handshake".
+	Op string
+	// Bound is the timeout that ran out (the connect or handshake
+	// timeout).
+	Bound time.Duration
+	// Detail says what the server sent, if anything, and the error.
+	Detail string
+}
+
+func (e *NoAnswerError) Error() string {
+	with := " with"
+	if e.Op == "dial" {
+		with = ""
+	}
+	return fmt.Sprintf("bulk: %s%s %s: no answer within %v: %s", e.Op, with, e.Addr, e.Bound, e.Detail)
+}
+
+// Is reports whether target is errs.ErrUnavailable.
+func (e *NoAnswerError) Is(target error) bool { return target == errs.ErrUnavailable }
+
+// timedOut reports whether err is a socket's or a connect's timeout.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // NewClient returns a plaintext client with no token and no connections
@@ -239,6 +288,9 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 		if cerr := ended(ctx); cerr != nil {
 			return nil, cerr
 		}
+		if timedOut(err) {
+			return nil, &NoAnswerError{Addr: addr, Op: "dial", Bound: connectTimeout, Detail: err.Error()}
+		}
 		return nil, fmt.Errorf("%w: bulk: dial %s: %v", errs.ErrUnavailable, addr, err)
 	}
 	if c.cfg.TLS != nil {
@@ -250,7 +302,7 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 			}
 		}
 		tconn := tls.Client(conn, tc)
-		hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+		hctx, cancel := context.WithTimeout(ctx, c.cfg.handshakeTimeout())
 		err := tconn.HandshakeContext(hctx)
 		cancel()
 		if err == nil && tconn.ConnectionState().NegotiatedProtocol != ALPN {
@@ -267,12 +319,15 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 			if cerr := ended(ctx); cerr != nil {
 				return nil, cerr
 			}
+			if timedOut(err) || errors.Is(err, context.DeadlineExceeded) { // hctx's timeout: ctx has time left
+				return nil, &NoAnswerError{Addr: addr, Op: "TLS handshake", Bound: c.cfg.handshakeTimeout(), Detail: err.Error()}
+			}
 			return nil, fmt.Errorf("%w: bulk: TLS with %s: %v", errs.ErrUnavailable, addr, err)
 		}
 		conn = tconn
 	}
 	cc := &clientConn{Conn: conn, br: bufio.NewReaderSize(conn, 4096)}
-	if err := handshake(ctx, cc, c.cfg.Token); err != nil {
+	if err := handshake(ctx, cc, c.cfg.Token, c.cfg.handshakeTimeout()); err != nil {
 		conn.Close()
 		if hr := (helloRefusal{}); errors.As(err, &hr) {
 			return nil, hr.err // the server's answer to the hello (its token), as a request's refusal
@@ -285,6 +340,9 @@ func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
 		}
 		if cerr := ended(ctx); cerr != nil {
 			return nil, cerr
+		}
+		if timedOut(err) {
+			return nil, &NoAnswerError{Addr: addr, Op: "handshake", Bound: c.cfg.handshakeTimeout(), Detail: err.Error()}
 		}
 		return nil, fmt.Errorf("%w: bulk: handshake with %s: %v", errs.ErrUnavailable, addr, err)
 	}
@@ -324,26 +382,27 @@ const (
 	userTimeout  = 20 * time.Second
 )
 
-// handshakeTimeout bounds the wait for the server's Magic.
-const handshakeTimeout = 10 * time.Second
+// DefaultHandshakeTimeout bounds the wait for the server's Magic (and a
+// TLS handshake) when ClientConfig.HandshakeTimeout is 0.
+const DefaultHandshakeTimeout = 10 * time.Second
 
-// handshake sends the hello and reads Magic within handshakeTimeout (or
+// handshake sends the hello and reads Magic within timeout (or
 // ctx's deadline, when sooner). ctx's cancellation ends the wait too (a
 // deadline in the past): a process that is stopped, not dead, accepts
 // connections through the kernel's backlog and answers nothing, and a
 // caller that gave up on it (a standby whose primary was replaced) must
 // not wait out the timeout. Once ctx has ended it returns ctx's error.
-func handshake(ctx context.Context, cc *clientConn, token string) error {
+func handshake(ctx context.Context, cc *clientConn, token string, timeout time.Duration) error {
 	if len(token) > MaxTokenBytes {
 		return fmt.Errorf("token of %d bytes exceeds %d", len(token), MaxTokenBytes)
 	}
-	dl := time.Now().Add(handshakeTimeout)
+	dl := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
 	_ = cc.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = cc.SetDeadline(time.Unix(1, 0)) })
-	n, refusal, err := greet(cc, token)
+	n, prefix, refusal, err := greet(cc, token)
 	if !stop() {
 		// ctx ended: its deadline in the past may be set now or soon; the
 		// caller closes the connection.
@@ -355,41 +414,48 @@ func handshake(ctx context.Context, cc *clientConn, token string) error {
 		return refusal
 	case err == nil && n < 0:
 		return nil
+	case prefix && timedOut(err):
+		// The start of Magic, then nothing: a hub that stalled as it
+		// answered, not a server without the data plane.
+		return fmt.Errorf("the server sent %d bytes of its answer, then nothing: %w", n, err)
 	case n > 0 || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		// Something else answered (a gRPC server sends its SETTINGS
 		// frame, or hangs up on a bad preface).
 		return ErrNotSupported
+	case timedOut(err):
+		return fmt.Errorf("the server sent nothing: %w", err)
 	default:
 		return err
 	}
 }
 
 // greet writes the hello and reads the server's first len(Magic) bytes:
-// n is -1 when they are Magic, else how many were read. A server that
+// n is -1 when they are Magic, else how many were read (prefix: 1 to
+// len(Magic)-1 bytes that start Magic, the read then failing). A server that
 // refused the hello (HelloGuard) answers a final status instead: refusal
 // is it, as Call returns a refusal (errs.FromStatus).
-func greet(cc *clientConn, token string) (n int, refusal, err error) {
+func greet(cc *clientConn, token string) (n int, prefix bool, refusal, err error) {
 	if _, err := cc.Write(Hello(token)); err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
 	b, err := cc.br.Peek(1)
 	if err != nil {
-		return 0, nil, err
+		return 0, false, nil, err
 	}
 	if b[0] == kindFinal {
 		_, _ = cc.br.ReadByte()
 		st, err := readStatus(cc.br)
 		if err != nil || codes.Code(st.GetCode()) == codes.OK {
-			return 1, nil, err // not a refusal: something else answered
+			return 1, false, nil, err // not a refusal: something else answered
 		}
-		return 1, helloRefusal{grpcerr.FromStatus(status.ErrorProto(st))}, nil
+		return 1, false, helloRefusal{grpcerr.FromStatus(status.ErrorProto(st))}, nil
 	}
 	var got [len(Magic)]byte
 	n, err = io.ReadFull(cc.br, got[:])
 	if err == nil && string(got[:]) == Magic {
-		return -1, nil, nil
+		return -1, false, nil, nil
 	}
-	return n, nil, err
+	return n, err != nil && n > 0 && string(got[:n]) == Magic[:n], nil, err
 }
 
 // helloRefusal is the server's final status in answer to the hello.

@@ -5,12 +5,17 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/rlhub/rlhub/internal/errs"
+	"github.com/rlhub/rlhub/internal/errs/grpcerr"
+	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
 )
 
@@ -94,5 +99,40 @@ func TestHandshakeEndsOnCancel(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%s cancelled in its handshake still waits after 5s", name)
 		}
+	}
+}
+
+// A handshake that gets no answer within ClientConfig.HandshakeTimeout
+// while the call has time left — the server sent nothing, or the start of
+// Magic and then nothing — fails with a NoAnswerError naming the address
+// and the bound, which is Unavailable; a server that sent something else
+// does not speak the data plane, and a call whose own deadline ended the
+// wait fails with DeadlineExceeded.
+func TestHandshakeWithoutAnswerIsNoAnswer(t *testing.T) {
+	c := bulk.NewClientConfig(bulk.ClientConfig{HandshakeTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	call := func(ctx context.Context, addr string) error {
+		return c.Call(ctx, addr, "sum", wrapperspb.UInt64(1), nil, nil)
+	}
+	for name, first := range map[string][]byte{"silent": testkit.Silent, "half-magic": []byte(bulk.Magic[:5])} {
+		addr := testkit.SilentHub(t, first)
+		err := call(context.Background(), addr)
+		var na *bulk.NoAnswerError
+		if !errors.As(err, &na) || na.Addr != addr || na.Op != "handshake" || na.Bound != 200*time.Millisecond ||
+			!errors.Is(err, errs.ErrUnavailable) || grpcerr.Code(err) != codes.Unavailable {
+			t.Errorf("%s: a handshake without an answer: %v, want a NoAnswerError for %s, Unavailable", name, err, addr)
+		}
+		if !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "200ms") {
+			t.Errorf("%s: %q does not name the address and the bound", name, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond) // ends before the handshake's bound
+		err = call(ctx, addr)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || errors.As(err, &na) {
+			t.Errorf("%s: a handshake ended by the call's deadline: %v, want DeadlineExceeded", name, err)
+		}
+	}
+	if err := call(context.Background(), testkit.SilentHub(t, testkit.HalfSettings)); !errors.Is(err, bulk.ErrNotSupported) {
+		t.Errorf("a handshake answered by something else: %v, want ErrNotSupported", err)
 	}
 }
