@@ -88,12 +88,32 @@ class NoAnswer(errors.Unavailable):
     no connection or sends nothing on it (a hung or stopped hub, a dead
     machine, a listener that is not a hub's). Unavailable, as any failure
     to reach the hub; a caller's retries try such an address again only
-    once (``StoreClient``), since a hub silent for that long will not
-    start answering on a later try."""
+    once (``NO_ANSWER_TRIES``: ``StoreClient``, ``GradClient``), since a
+    hub silent for that long will not start answering on a later try."""
 
     def __init__(self, message: str, addr: str):
         super().__init__(message)
         self.addr = addr
+
+
+NO_ANSWER_TRIES = 2
+"""Data-plane connects or handshakes to one address that may go unanswered
+(``NoAnswer``, ``HANDSHAKE_TIMEOUT`` each) in one call before the call
+stops trying it. A hub that sent nothing for that long is hung, stopped or
+not a hub: it does not start answering on the fifth try, and the retries
+(for a hub restarting or a connection that broke, which fail at once)
+spent five 10 s handshakes of the default 60 s timeout on it (a gradient
+push: its whole 120 s ``deadline``), to end Unavailable all the same. One
+more try covers a hub that was only briefly stalled; then the call ends
+Unavailable saying the hub sent nothing (``not_tried_again``; on a
+cluster a store push goes to gRPC, which waits for a primary), rather than
+holding the caller until its timeout for an error that would say no more."""
+
+
+def not_tried_again(e: errors.RlhubError, times: int) -> errors.Unavailable:
+    """The error a call ends with once ``e.addr`` left ``times``
+    (``NO_ANSWER_TRIES``) connects or handshakes unanswered."""
+    return errors.Unavailable(f"{e.message} ({times} times in this call: not tried again)")
 
 
 class _Broken(Exception):

@@ -59,7 +59,7 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Container, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import grpc
 
@@ -488,14 +488,21 @@ class GradClient:
             except errors.RlhubError:
                 pass
 
-    def _choose(self, any_listed: bool = False) -> Optional[Tuple[str, str]]:
-        """A random secondary not marked dead; with ``any_listed`` any
-        listed one (the primary, asked just now, lists only ones marked
-        dead, such as a restarted hub's own)."""
+    def _choose(self, any_listed: bool = False, skip: Container[str] = ()) -> Optional[Tuple[str, str]]:
+        """A random secondary not marked dead, nor at an address in
+        ``skip``; with ``any_listed`` any listed one not skipped (the
+        primary, asked just now, lists only ones marked dead, such as a
+        restarted hub's own)."""
         now = time.monotonic()
         with self._mu:
-            live = [t for t in self._candidates() if any_listed or now - self._dead.get(t, -1e18) > self.dead_for]
+            live = [t for t in self._candidates() if t[0] not in skip
+                    and (any_listed or now - self._dead.get(t, -1e18) > self.dead_for)]
             return self._rnd.choice(live) if live else None
+
+    def _listed(self) -> bool:
+        """Whether any secondary is listed or announced."""
+        with self._mu:
+            return bool(self._candidates())
 
     # -- pushing ---------------------------------------------------------
 
@@ -540,6 +547,8 @@ class GradClient:
         self._maybe_refresh()
         epoch = 0  # the primary the attempt whose outcome is unknown was for (0 for one hub)
         unknown = False  # an attempt may have been applied
+        unanswered: Dict[str, int] = {}  # data-plane connects or handshakes with no answer, by address
+        silent: Dict[str, errors.RlhubError] = {}  # addresses not tried again (NO_ANSWER_TRIES), their last error
         while True:
             attempt += 1
             if unknown and self._epoch() != epoch:
@@ -552,15 +561,22 @@ class GradClient:
             if (self.max_attempts and attempt > self.max_attempts) or (attempt > 1 and time.monotonic() > give_up):
                 assert last is not None
                 raise last
-            t, stick = stick or self._choose(), None
+            t, stick = stick or self._choose(skip=silent), None
             if t is None:
+                listed = False
                 try:
                     self._refresh()
-                    t = self._choose(any_listed=True)
+                    listed = True
+                    t = self._choose(any_listed=True, skip=silent)
                     if t is None:
                         last = errors.Unavailable("no live reducer secondary")
                 except errors.Unavailable as e:
                     last = e
+                if t is None and listed and silent and self._listed():
+                    # Every secondary the primary lists now left this push's
+                    # connects or handshakes unanswered: the last one's error.
+                    a = next(reversed(silent))
+                    raise _bulk.not_tried_again(silent[a], unanswered[a])
                 if t is None:
                     backoff = self._sleep(backoff)
                     continue
@@ -591,6 +607,10 @@ class GradClient:
                     hub.offer(*ref)  # a standby: not applied; follow the primary it names
                 elif ref is None and not str(last).startswith("bulk: dial"):
                     unknown = True  # it may have reached the secondary
+                if isinstance(last, _bulk.NoAnswer):
+                    n = unanswered[last.addr] = unanswered.get(last.addr, 0) + 1
+                    if n >= _bulk.NO_ANSWER_TRIES:
+                        silent[last.addr] = last  # not chosen again in this push
                 with self._mu:
                     self._dead[t] = time.monotonic()
                 try:

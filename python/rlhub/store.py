@@ -57,19 +57,6 @@ _WATCH_TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADL
 """Failures of a watch's turn it asks again after: the hub unreachable, or
 not answering within the turn's bound (the client's ``timeout``)."""
 
-_NO_ANSWER_TRIES = 2
-"""Data-plane connects or handshakes to one address that may go unanswered
-(``_bulk.NoAnswer``, ``HANDSHAKE_TIMEOUT`` each) in one call before the
-call stops trying it. A hub that sent nothing for that long is hung,
-stopped or not a hub: it does not start answering on the fifth try, and
-the retries (for a hub restarting or a connection that broke, which fail
-at once) spent five 10 s handshakes of the default 60 s timeout on it, to
-end Unavailable all the same. One more try covers a hub that was only
-briefly stalled; then the call ends Unavailable saying the hub sent
-nothing (on a cluster it goes to gRPC, which waits for a primary), rather
-than holding the caller until its timeout for a DeadlineExceeded that
-would say no more."""
-
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 8 << 20),
@@ -294,7 +281,7 @@ class StoreClient:
         while the primary changes and time is left (a gRPC call waits for
         the next one). A standby's refusal is followed: the next try goes
         to the primary it names. An address that twice left a connect or
-        handshake unanswered (``_NO_ANSWER_TRIES``) is not tried again: the
+        handshake unanswered (``_bulk.NO_ANSWER_TRIES``) is not tried again: the
         retries end there."""
         delay = 0.05
         unanswered: Dict[str, int] = {}  # NoAnswer failures by address
@@ -319,7 +306,7 @@ class StoreClient:
                     if isinstance(e, _bulk.NoAnswer):
                         silent = unanswered[e.addr] = unanswered.get(e.addr, 0) + 1
                     pause = delay * (1 + random.random())
-                    if silent < _NO_ANSWER_TRIES and n < self.retries and time.monotonic() + pause < deadline:
+                    if silent < _bulk.NO_ANSWER_TRIES and n < self.retries and time.monotonic() + pause < deadline:
                         time.sleep(pause)
                         delay = min(delay * 2, 2.0)
                         continue
@@ -327,9 +314,8 @@ class StoreClient:
                             and time.monotonic() < deadline):
                         self.stats["fallback"] += 1
                         return None
-                    if silent >= _NO_ANSWER_TRIES:
-                        raise errors.Unavailable(
-                            f"{e.message} ({silent} times in this call: not tried again)") from None
+                    if silent >= _bulk.NO_ANSWER_TRIES:
+                        raise _bulk.not_tried_again(e, silent) from None
                 raise
         raise AssertionError("unreachable")
 
