@@ -279,6 +279,13 @@ def gradient_dict(grads: Any) -> Dict[str, Any]:
     return out
 
 
+_NOTHING_SENT = ("bulk: dial", "bulk: TLS with", "bulk: handshake with")
+"""How the data plane's errors begin when a push's request was provably not
+sent: the connect, TLS or the data-plane handshake failed, and the request
+goes out only after them. ALREADY_EXISTS after such attempts alone is a
+reused sequence number, not an earlier attempt's duplicate."""
+
+
 class GradClient:
     """A reducer client. Thread-safe; close it (or use ``with``).
 
@@ -605,7 +612,7 @@ class GradClient:
                 ref = _channel.refusal(last)
                 if ref is not None and isinstance(hub, _channel.FollowingChannel):
                     hub.offer(*ref)  # a standby: not applied; follow the primary it names
-                elif ref is None and not str(last).startswith("bulk: dial"):
+                elif ref is None and not str(last).startswith(_NOTHING_SENT):
                     unknown = True  # it may have reached the secondary
                 if isinstance(last, _bulk.NoAnswer):
                     n = unanswered[last.addr] = unanswered.get(last.addr, 0) + 1

@@ -11,6 +11,8 @@ import rlhub
 from rlhub.grads import GradClient
 from conftest import free_port
 from test_grads import AnswerDropper
+from test_silent_hub import _hub, _sends
+from rlhub import _bulk
 
 
 def setup(addr: str, name: str, sd: dict) -> None:
@@ -52,6 +54,30 @@ def test_reused_seq_is_raised_even_when_an_earlier_attempt_sent_nothing(hub):
             r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
             print("\nreused seq 7 reported as success:", r)
         assert s.pull("pol").version == 2
+
+
+@pytest.mark.parametrize("first", [b"", _bulk.MAGIC[:4]], ids=["silent", "half-magic"])
+def test_reused_seq_is_raised_after_a_handshake_that_sent_nothing(hub, monkeypatch, first):
+    """As above, the first attempt going to a secondary that accepts the
+    connection and never finishes the data-plane handshake: the request
+    is sent only after the handshake, so nothing was sent, and the reuse
+    is raised — not taken for an earlier attempt's duplicate."""
+    monkeypatch.setattr(_bulk, "HANDSHAKE_TIMEOUT", 0.3)
+    setup(hub.addr, "pol", {"w": torch.zeros(4)})
+    addr, close = _hub(_sends(first))
+    try:
+        with GradClient(hub.addr, "reuse") as g, rlhub.StoreClient(hub.addr) as s:
+            g.register("pol", optimizer={"kind": "sgd", "lr": 1.0}, reduction="sum")
+            g.push("pol", 1, {"w": torch.ones(4)}, seq=7)
+            wait_version(s, "pol", 2)
+            g._targets = [(addr, "silent")]
+            g._refreshed = time.monotonic()
+            with pytest.raises(rlhub.AlreadyExists):
+                r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
+                print("\nreused seq 7 reported as success:", r)
+            assert s.pull("pol").version == 2
+    finally:
+        close()
 
 
 def test_lost_answer_retry_is_still_a_duplicate(hub):
