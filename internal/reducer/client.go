@@ -484,8 +484,9 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 	var stick target               // where the last attempt was refused for back-pressure
 	sticky := false
 	c.maybeRefresh(ctx)
-	var epoch uint64 // the primary the attempt whose outcome is unknown was for
-	unknown := false // an attempt may have been applied
+	var epoch uint64               // the primary the attempt whose outcome is unknown was for
+	var unanswered bulk.Unanswered // data-plane connects or handshakes left unanswered, by address
+	unknown := false               // an attempt may have been applied
 	for attempt := 1; ; attempt++ {
 		if unknown && c.epoch() != epoch {
 			c.unknown.Add(1)
@@ -549,6 +550,12 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 		if err == nil {
 			res.Seq, res.Addr, res.ID = seq, t.addr, t.id
 			return res, nil
+		}
+		if gerr := unanswered.GiveUp(err); gerr != nil {
+			// A secondary's hub silent for a whole data-plane connect or
+			// handshake, twice: it will not answer a third time (bulk.
+			// NoAnswerTries), and retrying it spent the whole CallTimeout.
+			return Receipt{}, gerr
 		}
 		last = err
 		switch {

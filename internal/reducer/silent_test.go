@@ -7,7 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/testkit"
+	"github.com/rlhub/rlhub/internal/wire/bulk"
+	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
 
 // A push under a context without a deadline (context.Background(), as a
@@ -40,6 +45,55 @@ func TestPushWithoutDeadlineToSilentHubFails(t *testing.T) {
 			}
 			if !errors.Is(err2, context.DeadlineExceeded) || !strings.Contains(err2.Error(), "CallTimeout") {
 				t.Fatalf("push to a silent hub: %v, want DeadlineExceeded naming CallTimeout", err2)
+			}
+		})
+	}
+}
+
+// listingHub is a primary hub that lists one secondary at addr (a hub
+// that is not this one).
+type listingHub struct {
+	rlhubv1.UnimplementedReducerServer
+	addr string
+}
+
+func (h *listingHub) Secondaries(context.Context, *rlhubv1.ReducerSecondariesRequest) (*rlhubv1.ReducerSecondariesResponse, error) {
+	return &rlhubv1.ReducerSecondariesResponse{Secondaries: []*rlhubv1.ReducerSecondary{{Addr: h.addr, Id: "s0"}}}, nil
+}
+
+// A data-plane push to a secondary whose hub accepts the connection and
+// sends nothing (or the start of Magic, then nothing) for a whole
+// handshake tries it twice, not until CallTimeout: it ends Unavailable,
+// saying it was not tried again, as storerpc's calls do (the retries spent
+// twelve 10 s handshakes of the default 2 min on it, to end Unavailable
+// all the same).
+func TestSilentSecondaryIsTriedTwicePerPush(t *testing.T) {
+	for _, hub := range []struct {
+		name  string
+		first []byte
+	}{
+		{"silent", testkit.Silent},
+		{"half-magic", []byte(bulk.Magic[:4])},
+	} {
+		t.Run(hub.name, func(t *testing.T) {
+			sec, accepted := testkit.SilentHubCounting(t, hub.first)
+			primary := testkit.ServeGRPC(t, nil, func(g *grpc.Server) { rlhubv1.RegisterReducerServer(g, &listingHub{addr: sec}) })
+			// Time for some ten handshakes of 300 ms.
+			c, err := NewClient(ClientConfig{Hub: primary, CallTimeout: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.bulk.Close()
+			c.bulk = bulk.NewClientConfig(bulk.ClientConfig{HandshakeTimeout: 300 * time.Millisecond})
+			_, err = c.PushGrad(context.Background(), "m", 1, testLayout(4))
+			var na *bulk.NoAnswerError
+			if !errors.Is(err, errs.ErrUnavailable) || !errors.As(err, &na) || na.Addr != sec ||
+				!strings.Contains(err.Error(), "not tried again") {
+				t.Errorf("push to a secondary silent in the handshake: %v, want Unavailable, no answer from %s, not tried again", err, sec)
+			}
+			if n := accepted(); n != 2 {
+				t.Errorf("push to a secondary silent in the handshake connected %d times, want 2", n)
 			}
 		})
 	}

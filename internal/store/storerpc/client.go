@@ -213,26 +213,15 @@ func retryable(err error) bool {
 	return status.Code(err) == codes.Unavailable || errors.Is(err, errs.ErrUnavailable)
 }
 
-// noAnswerTries is how many data-plane connects or handshakes to one
-// address may go unanswered (bulk.NoAnswerError, each a whole connect or
-// handshake timeout) in one call before the call stops trying it. A hub
-// that sent nothing for that long is stopped, wedged or not a hub: it
-// does not start answering on the fifth try, and the retries (for a hub
-// restarting or a connection that broke, which fail at once) spent five
-// 10 s handshakes of CallTimeout on it, to end Unavailable all the same.
-// One more try covers a hub that was only briefly stalled; then the call
-// ends Unavailable saying so (on a cluster a push goes to gRPC, which
-// waits for a primary), as the Python client does.
-const noAnswerTries = 2
-
 // do runs op under one call context, retrying on Unavailable, except an
 // address that twice left a data-plane connect or handshake unanswered
-// (noAnswerTries). It returns op's last error converted by
-// errs.FromStatus.
+// (bulk.Unanswered): the call then ends Unavailable saying so (on a
+// cluster a push goes to gRPC, which waits for a primary), as the Python
+// client does. It returns op's last error converted by errs.FromStatus.
 func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) error {
 	ctx, cancel := c.callCtx(ctx, false)
 	defer cancel()
-	var unanswered map[string]int // bulk.NoAnswerError failures by address
+	var unanswered bulk.Unanswered
 	for attempt := 1; ; attempt++ {
 		err := op(ctx)
 		if err == nil {
@@ -241,14 +230,8 @@ func (c *Client) do(ctx context.Context, op func(ctx context.Context) error) err
 		if c.closed() {
 			return errClosed
 		}
-		if na := (*bulk.NoAnswerError)(nil); errors.As(err, &na) {
-			if unanswered == nil {
-				unanswered = map[string]int{}
-			}
-			unanswered[na.Addr]++
-			if n := unanswered[na.Addr]; n >= noAnswerTries {
-				return fmt.Errorf("%w (%d times in this call: not tried again)", err, n)
-			}
+		if gerr := unanswered.GiveUp(err); gerr != nil {
+			return gerr
 		}
 		if !retryable(err) || attempt >= c.cfg.MaxAttempts || !sleep(ctx, c.backoff(attempt)) {
 			if dial.CallTimedOut(ctx, err) {

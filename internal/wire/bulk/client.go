@@ -75,7 +75,7 @@ func (cfg ClientConfig) handshakeTimeout() time.Duration {
 // address takes no connection, or sends nothing on it (a hub that is
 // stopped or wedged, a dead machine, a listener that is not a hub's). It
 // matches errs.ErrUnavailable, as any failure to reach the server; a
-// caller that retries (storerpc) tries such an address again only once,
+// caller that retries tries such an address again only once (Unanswered),
 // since a server silent for that long does not start answering on a later
 // try.
 type NoAnswerError struct {
@@ -100,6 +100,42 @@ func (e *NoAnswerError) Error() string {
 
 // Is reports whether target is errs.ErrUnavailable.
 func (e *NoAnswerError) Is(target error) bool { return target == errs.ErrUnavailable }
+
+// NoAnswerTries is how many connects or handshakes to one address may go
+// unanswered (NoAnswerError, each a whole connect or handshake timeout)
+// in one call that retries (storerpc's calls, a reducer push) before it
+// stops trying that address. A server that sent nothing for that long is
+// stopped, wedged or not a hub: it does not start answering on a later
+// try, and the retries (for a hub restarting or a connection that broke,
+// which fail at once) spent the call's whole timeout on it, 10 s a try,
+// to end Unavailable all the same. One more try covers a server that was
+// only briefly stalled.
+const NoAnswerTries = 2
+
+// Unanswered counts one retrying call's NoAnswerErrors by address; the
+// zero value is ready. Not safe for concurrent use (one per call).
+type Unanswered struct {
+	n map[string]int
+}
+
+// GiveUp records err if it is (or wraps) a NoAnswerError; at the
+// NoAnswerTries-th for the same address it returns err saying the address
+// is not tried again (still a NoAnswerError, errs.ErrUnavailable), which
+// the call returns instead of retrying. Otherwise it returns nil.
+func (u *Unanswered) GiveUp(err error) error {
+	var na *NoAnswerError
+	if !errors.As(err, &na) {
+		return nil
+	}
+	if u.n == nil {
+		u.n = map[string]int{}
+	}
+	u.n[na.Addr]++
+	if n := u.n[na.Addr]; n >= NoAnswerTries {
+		return fmt.Errorf("%w (%d times in this call: not tried again)", err, n)
+	}
+	return nil
+}
 
 // timedOut reports whether err is a socket's or a connect's timeout.
 func timedOut(err error) bool {
