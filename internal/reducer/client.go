@@ -618,10 +618,13 @@ func isConnErr(err error) bool {
 	return errors.As(err, &ne)
 }
 
-// isDialErr: the connection was never made, so nothing was sent.
+// isDialErr: the connection was never made, or never got through its
+// handshake (a data-plane connect, TLS or hello with no answer: the
+// request goes out only after them), so nothing was sent.
 func isDialErr(err error) bool {
 	var ne *net.OpError
-	return errors.As(err, &ne) && ne.Op == "dial"
+	var na *bulk.NoAnswerError
+	return errors.As(err, &ne) && ne.Op == "dial" || errors.As(err, &na)
 }
 
 // isRefusal: a standby refused the push (gRPC or the data plane's error

@@ -3,6 +3,8 @@ package reducer
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +98,28 @@ func TestSilentSecondaryIsTriedTwicePerPush(t *testing.T) {
 				t.Errorf("push to a secondary silent in the handshake connected %d times, want 2", n)
 			}
 		})
+	}
+}
+
+// A data-plane connect or handshake with no answer sent nothing of the
+// push: it does not make the push's outcome unknown (isDialErr), which on
+// a cluster whose primary changed meanwhile failed it ErrOutcomeUnknown,
+// counted lost, though it was certainly not applied.
+func TestNoAnswerIsNothingSent(t *testing.T) {
+	na := &bulk.NoAnswerError{Addr: "127.0.0.1:1", Op: "handshake", Bound: time.Second, Detail: "the server sent nothing"}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no answer", na, true},
+		{"no answer, not tried again", fmt.Errorf("%w (2 times in this call: not tried again)", na), true},
+		{"dial refused", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{"read reset", &net.OpError{Op: "read", Err: errors.New("connection reset")}, false},
+		{"unavailable", fmt.Errorf("%w: bulk: call: broken", errs.ErrUnavailable), false},
+	} {
+		if got := isDialErr(c.err); got != c.want {
+			t.Errorf("%s: isDialErr %v, want %v", c.name, got, c.want)
+		}
 	}
 }
