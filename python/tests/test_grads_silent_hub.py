@@ -6,9 +6,7 @@ at its ``deadline``, and says why."""
 
 from __future__ import annotations
 
-import socket
 from concurrent import futures
-from typing import List
 
 import grpc
 import pytest
@@ -18,7 +16,7 @@ import rlhub
 from rlhub import _bulk
 from rlhub._proto.rlhub.v1 import reducer_pb2, reducer_pb2_grpc
 from rlhub.grads import GradClient
-from test_silent_hub import _hub, _sends
+from test_silent_hub import _counting_hub
 from test_store_silent_hub import CASES
 
 
@@ -42,14 +40,7 @@ def test_a_silent_secondary_is_not_dialled_again_and_again(first, says, monkeypa
     # push. The handshake's bound is shortened and the deadline is short so
     # the old behaviour ends too; the connections accepted are counted.
     monkeypatch.setattr(_bulk, "HANDSHAKE_TIMEOUT", 0.3)
-    dials: List[int] = []
-    send = _sends(first)
-
-    def handle(c: socket.socket) -> None:
-        dials.append(1)
-        send(c)
-
-    addr, close = _hub(handle)
+    addr, close, dials = _counting_hub(first)
     server = grpc.server(futures.ThreadPoolExecutor(2))
     reducer_pb2_grpc.add_ReducerServicer_to_server(ListsOne(addr), server)
     port = server.add_insecure_port("127.0.0.1:0")

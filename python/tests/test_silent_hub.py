@@ -95,6 +95,20 @@ def _sends(first: bytes) -> Callable[[socket.socket], None]:
     return handle
 
 
+def _counting_hub(first: bytes) -> Tuple[str, Callable[[], None], List[int]]:
+    """``_hub(_sends(first))`` that also lists a 1 for each connection it
+    accepted (a test counts the dials)."""
+    dials: List[int] = []
+    send = _sends(first)
+
+    def handle(c: socket.socket) -> None:
+        dials.append(1)
+        send(c)
+
+    addr, close = _hub(handle)
+    return addr, close, dials
+
+
 @pytest.mark.parametrize("first", [b"", HALF_SETTINGS], ids=["silent", "half-sent"])
 def test_grpc_call_to_a_silent_hub_says_it_sent_nothing(first):
     # gRPC gives up on the connection at its connect deadline (no SETTINGS

@@ -6,15 +6,13 @@ message says the hub sent nothing, not a bare "deadline exceeded"."""
 
 from __future__ import annotations
 
-import socket
 import time
-from typing import List
 
 import pytest
 
 import rlhub
 from rlhub import _bulk
-from test_silent_hub import _hub, _sends
+from test_silent_hub import _counting_hub, _hub, _sends
 
 CASES = [(b"", "sent nothing"), (_bulk.MAGIC[:4], "then nothing"), (_bulk.MAGIC, "sent no answer")]
 
@@ -68,14 +66,7 @@ def test_a_silent_handshake_is_not_tried_again_and_again(first, says, op, monkey
     # for. The handshake's bound is shortened so the test is quick; the
     # connections the hub accepted are counted.
     monkeypatch.setattr(_bulk, "HANDSHAKE_TIMEOUT", 0.3)
-    dials: List[int] = []
-    send = _sends(first)
-
-    def handle(c: socket.socket) -> None:
-        dials.append(1)
-        send(c)
-
-    addr, close = _hub(handle)
+    addr, close, dials = _counting_hub(first)
     try:
         with rlhub.StoreClient(addr, timeout=60) as s:
             assert s.retries == 4
