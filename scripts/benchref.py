@@ -118,9 +118,10 @@ CELLS: List[Cell] = [
     # The cluster (docs/cluster.md): real etcd and rlhub serve --etcd
     # processes on loopback, one host. Failover: 10 kills at a 2 s lease
     # (p99 is the maximum); the ratio is p99 over the lease. Replication:
-    # 2 rounds of 100 × 1 MiB publishes, 100 pulls and 30 gradients on a
-    # single hub, a primary with two standbys (acks all) and one with
-    # acks 0, interleaved; ratios are medians of the per-round ratios.
+    # 5 rounds, each of 100 × 1 MiB publishes, 100 pulls and 30 gradients
+    # and two 3 s steady loads on a single hub, a primary with two
+    # standbys (acks all) and one with acks 0, interleaved; ratios are
+    # medians of the per-round ratios.
     Cell("Cluster", "./internal/replica", "Failover/lease=2s$", "1x", "primary SIGKILLed → first version by the new primary, 3 hubs, 2 s lease, 10 kills",
          ("p50_s", "p50 s"), ("lease_s", "lease TTL s"), ("p99_leases", "× lease (p99)"), [("p99_s", "p99 (max) s")], FAILOVER_ENV),
     # The same run as the row above (one run, both figures from the same kills).
@@ -129,11 +130,20 @@ CELLS: List[Cell] = [
     # Shared: every process on both cores (the standbys take the primary's
     # CPU). Pinned: the primary (or the single hub) and the load clients on
     # one half of the CPUs, the standbys and etcd on the other, standing in
-    # for separate hosts. Steady state: 4 gradient learners (none waiting
-    # for a version), 2 pushers and 2 pullers at once, 1 MiB each; serial:
+    # for separate hosts. Steady states: gradient training, 4 gradient
+    # learners (none waiting for a version) and 2 collectors pulling the
+    # trained model back to back (issue 15's figure: gradients applied and
+    # pulls); mixed, the 4 learners with 2 store clients pushing 1 MiB
+    # versions of other models back to back and 2 pulling those; serial:
     # one client, each op waiting for the one before (the per-op latency
     # cost). One run gives every row.
-    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "steady state (4 learners, 2 pushers, 2 pullers, 1 MiB): primary + 2 standbys (acks all) vs a single hub, all on the same cores",
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "gradient training (4 learners, 2 collectors pulling the trained model, 1 MiB): primary + 2 standbys (acks all) vs a single hub, pinned as separate hosts (primary + clients on CPU 0, standbys + etcd on CPU 1)",
+         ("train_grads/s_pinned", "gradients applied/s"), ("single_train_grads/s_pinned", "single hub gradients applied/s"), ("x_train_grads_pinned", "× single hub"),
+         [("x_train_grads_min_pinned", "× single hub, lowest round"), ("x_train_grads_max_pinned", "× single hub, highest round"), ("x_train_pulls_pinned", "× single hub pulls/s"), ("x_train_grads_acks0_pinned", "× single hub gradients applied/s with acks 0")]),
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same, all on the same cores",
+         ("train_grads/s", "gradients applied/s"), ("single_train_grads/s", "single hub gradients applied/s"), ("x_train_grads", "× single hub"),
+         [("x_train_grads_min", "× single hub, lowest round"), ("x_train_grads_max", "× single hub, highest round"), ("x_train_pulls", "× single hub pulls/s"), ("x_train_grads_acks0", "× single hub gradients applied/s with acks 0")]),
+    Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "mixed steady state (4 learners, 2 pushers, 2 pullers of the pushed models, 1 MiB): primary + 2 standbys (acks all) vs a single hub, all on the same cores",
          ("grads/s", "gradients applied/s"), ("single_grads/s", "single hub gradients applied/s"), ("x_steady_grads", "× single hub"),
          [("x_steady_grads_min", "× single hub, lowest round"), ("x_steady_grads_max", "× single hub, highest round"), ("x_steady_pushes", "× single hub pushes/s"), ("x_steady_pulls", "× single hub pulls/s"), ("x_steady_grads_acks0", "× single hub gradients applied/s with acks 0")]),
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same, pinned as separate hosts (primary + clients on CPU 0, standbys + etcd on CPU 1)",

@@ -266,10 +266,18 @@ func TestReplicationCost(t *testing.T) {
 			continue
 		}
 		x := func(i int) float64 { return median(r.ratios[l][i]) }
-		y := func(i int) float64 { return median(r.steady[l][i]) }
 		c := func(i int) float64 { return median(r.cpu[l][i]) }
-		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): steady state (%s): acks all: grads applied %.2fx pushes %.2fx pulls %.2fx; acks 0: grads applied %.2fx pushes %.2fx pulls %.2fx",
-			l, rounds, steadyLoad, y(0), y(1), y(2), y(3), y(4), y(5))
+		for k, sl := range steadyLoads {
+			y := func(i int) float64 { return median(r.steady[l][k][i]) }
+			pushes := func(i int) string {
+				if sl.pushers == 0 {
+					return ""
+				}
+				return fmt.Sprintf(" pushes %.2fx", y(i))
+			}
+			t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): steady state (%s): acks all: grads applied %.2fx%s pulls %.2fx; acks 0: grads applied %.2fx%s pulls %.2fx",
+				l, rounds, sl.name, y(0), pushes(1), y(2), y(3), pushes(4), y(5))
+		}
 		t.Logf("replication cost, %s, median of %d rounds (ratio to a single hub): per-op latency (one client, each op waiting for the one before): acks all: pushes %.2fx pulls %.2fx grads %.2fx; acks 0: pushes %.2fx pulls %.2fx grads %.2fx; CPU per push: single hub %.1f ms, acks-all primary %.1f ms + standbys %.1f ms, acks-0 primary %.1f ms",
 			l, rounds, x(0), x(1), x(2), x(3), x(4), x(5), c(0), c(1), c(2), c(3))
 	}
@@ -282,7 +290,10 @@ func TestReplicationCost(t *testing.T) {
 // metrics): under the steady load (steadyLoad), the acks-all primary's
 // gradients applied/s and the single hub's (grads/s, single_grads/s) and
 // the medians of the per-round ratios for gradients applied, pushes and
-// pulls, with acks all and acks 0 (x_steady_…); and the per-op latency
+// pulls, with acks all and acks 0 (x_steady_… under the mixed load,
+// x_train_… under gradient training, which has no pushes; grads/s and
+// single_grads/s are the mixed load's, train_grads/s and
+// single_train_grads/s gradient training's); and the per-op latency
 // figures of one serial client (serial_pushes/s, single_serial_pushes/s,
 // x_serial_…).
 func BenchmarkReplicationCost(b *testing.B) {
@@ -302,7 +313,9 @@ func BenchmarkReplicationCost(b *testing.B) {
 			sfx = "_base"
 		}
 		names := []string{"x_serial_pushes", "x_serial_pulls", "x_serial_grads", "x_serial_pushes" + sfx, "x_serial_pulls" + sfx, "x_serial_grads" + sfx}
-		steadyNames := []string{"x_steady_grads", "x_steady_pushes", "x_steady_pulls", "x_steady_grads" + sfx, "x_steady_pushes" + sfx, "x_steady_pulls" + sfx}
+		// Per load: the metrics' stem (x_<stem>_grads …) and the prefix of
+		// its gradients applied/s.
+		stems := [nLoads][2]string{training: {"train", "train_"}, mixed: {"steady", ""}}
 		for l, suffix := range map[layout]string{shared: "", pinned: "_pinned"} {
 			if len(r.ratios[l][0]) == 0 {
 				continue
@@ -310,18 +323,24 @@ func BenchmarkReplicationCost(b *testing.B) {
 			for i, name := range names {
 				b.ReportMetric(median(r.ratios[l][i]), name+suffix)
 			}
-			for i, name := range steadyNames {
-				b.ReportMetric(median(r.steady[l][i]), name+suffix)
-			}
 			b.ReportMetric(median(r.cluster[l]), "serial_pushes/s"+suffix)
 			b.ReportMetric(median(r.single[l]), "single_serial_pushes/s"+suffix)
-			b.ReportMetric(median(r.steadyCluster[l]), "grads/s"+suffix)
-			b.ReportMetric(median(r.steadySingle[l]), "single_grads/s"+suffix)
-			// The spread the median is taken over: one round's ratio moves
-			// with the machine's load by more than the goal's margin.
-			if g := r.steady[l][0]; len(g) > 0 {
-				b.ReportMetric(slices.Min(g), "x_steady_grads_min"+suffix)
-				b.ReportMetric(slices.Max(g), "x_steady_grads_max"+suffix)
+			for k, sl := range steadyLoads {
+				stem, gp := stems[k][0], stems[k][1]
+				for i, what := range []string{"grads", "pushes", "pulls", "grads" + sfx, "pushes" + sfx, "pulls" + sfx} {
+					if sl.pushers == 0 && strings.HasPrefix(what, "pushes") {
+						continue
+					}
+					b.ReportMetric(median(r.steady[l][k][i]), "x_"+stem+"_"+what+suffix)
+				}
+				b.ReportMetric(median(r.steadyCluster[l][k]), gp+"grads/s"+suffix)
+				b.ReportMetric(median(r.steadySingle[l][k]), "single_"+gp+"grads/s"+suffix)
+				// The spread the median is taken over: one round's ratio moves
+				// with the machine's load by more than the goal's margin.
+				if g := r.steady[l][k][0]; len(g) > 0 {
+					b.ReportMetric(slices.Min(g), "x_"+stem+"_grads_min"+suffix)
+					b.ReportMetric(slices.Max(g), "x_"+stem+"_grads_max"+suffix)
+				}
 			}
 		}
 		// CPU per push (pinned when measured: no other process shares the
@@ -361,11 +380,12 @@ func (l layout) String() string {
 type replicationRun struct {
 	ratios          [2][6][]float64
 	cluster, single [2][]float64
-	// steady is the steady-state ratios (acks all: gradients applied,
-	// pushes, pulls; acks 0: the same), steadyCluster and steadySingle the
-	// acks-all primary's and the single hub's gradients applied/s.
-	steady                      [2][6][]float64
-	steadyCluster, steadySingle [2][]float64
+	// steady is the steady-state ratios per load (steadyLoads: acks all:
+	// gradients applied, pushes, pulls; acks 0: the same), steadyCluster
+	// and steadySingle the acks-all primary's and the single hub's
+	// gradients applied/s.
+	steady                      [2][nLoads][6][]float64
+	steadyCluster, steadySingle [2][nLoads][]float64
 	// cpu is CPU ms per push: the single hub, the acks-all primary, its
 	// standbys together, the acks-0 primary.
 	cpu [2][4][]float64
@@ -392,17 +412,36 @@ func cpuTime(pids ...int) time.Duration {
 	return total
 }
 
-// The steady load: steadyLearners gradient learners on one model, each
-// pushing its next 1 MiB gradient as soon as the last was admitted (on the
-// version it was admitted at: no learner waits for a version), while
-// steadyPushers store clients push 1 MiB versions of their own models back
-// to back and steadyPullers pull those models' newest versions back to
-// back; figures over steadyWindow after steadyWarm.
+// A steady load: learners gradient learners on one model, each pushing
+// its next 1 MiB gradient as soon as the last was admitted (on the version
+// it was admitted at: no learner waits for a version), pushers store
+// clients pushing 1 MiB versions of their own models back to back, and
+// pullers pulling newest versions back to back: of the trained model
+// (pullTrained: collectors on the policy being trained) or of the pushers'
+// models. Figures over steadyWindow after steadyWarm.
+type steadyLoad struct {
+	name                       string
+	learners, pushers, pullers int
+	pullTrained                bool
+}
+
+// steadyLoads are measured in every round and layout, in this order:
+// gradient training (the trained model's versions are all that is
+// published, and all that the collectors pull) and a mixed load, in which
+// two store clients also publish 1 MiB versions of other models back to
+// back, each waiting for its acknowledgement.
+var steadyLoads = [nLoads]steadyLoad{
+	training: {name: "gradient training: 4 learners, 2 collectors pulling the trained model, 1 MiB each", learners: 4, pullers: 2, pullTrained: true},
+	mixed:    {name: "mixed: 4 learners, 2 pushers, 2 pullers of the pushed models, 1 MiB each", learners: 4, pushers: 2, pullers: 2},
+}
+
 const (
-	steadyLearners, steadyPushers, steadyPullers = 4, 2, 2
-	steadyWarm                                   = 500 * time.Millisecond
-	steadyLoad                                   = "4 learners, 2 pushers, 2 pullers, 1 MiB each"
+	training = iota
+	mixed
+	nLoads
 )
+
+const steadyWarm = 500 * time.Millisecond
 
 // steadyWindow is 3 s, or RLHUB_REPLICATION_STEADY (a duration): a longer
 // window to profile the processes under the steady load (perf record).
@@ -606,7 +645,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 	// completed per second, and the CPUs the hub and its standbys kept
 	// busy, over steadyWindow after steadyWarm of the load.
 	type steadyState struct{ grads, pushes, pulls, hubCPU, standbysCPU, clientsCPU float64 }
-	steady := func(addr string, hub int, standbys []int) steadyState {
+	steady := func(load steadyLoad, addr string, hub int, standbys []int) steadyState {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		tag := fmt.Sprintf("s%d", time.Now().UnixNano())
@@ -633,7 +672,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			t.Fatal(err)
 		}
 		var rcs []*reducer.Client
-		for i := range steadyLearners {
+		for i := range load.learners {
 			rc, err := reducer.NewClient(reducer.ClientConfig{Hub: addr, ClientID: fmt.Sprintf("%s-%d", tag, i)})
 			if err != nil {
 				t.Fatal(err)
@@ -658,7 +697,7 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			})
 		}
 		var pushes, pulls atomic.Int64
-		models := make([]string, steadyPushers)
+		models := make([]string, load.pushers)
 		for i := range models {
 			models[i] = fmt.Sprintf("%s-%d", tag, i)
 			cl := client()
@@ -675,11 +714,15 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 				}
 			})
 		}
-		for i := range steadyPullers {
+		for i := range load.pullers {
 			cl := client()
+			pulled := gmodel
+			if !load.pullTrained {
+				pulled = models[i%len(models)]
+			}
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					if _, err := cl.Get(ctx, models[i%len(models)], 0); err != nil {
+					if _, err := cl.Get(ctx, pulled, 0); err != nil {
 						fail(fmt.Errorf("pull from %s: %w", addr, err))
 						return
 					}
@@ -727,12 +770,12 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 				}
 				return measure(addr, pid, standbys)
 			}
-			steadyAt := func(addr string, pid int, standbys []int) steadyState {
+			steadyAt := func(load steadyLoad, addr string, pid int, standbys []int) steadyState {
 				if l == pinned {
 					place(pid)
 					defer unpin()
 				}
-				return steady(addr, pid, standbys)
+				return steady(load, addr, pid, standbys)
 			}
 			load, _ := os.ReadFile("/proc/loadavg")
 			sp, sl, sg, sc := at(single, singleProc.Pid(), nil)
@@ -757,31 +800,48 @@ func measureReplication(t testing.TB, rounds, nh int) replicationRun {
 			}
 			run.cluster[l], run.single[l] = append(run.cluster[l], cp), append(run.single[l], sp)
 
-			load, _ = os.ReadFile("/proc/loadavg")
-			ss := steadyAt(single, singleProc.Pid(), nil)
-			var cs, as steadyState
-			if round%2 == 0 {
-				cs = steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
-				as = steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
-			} else {
-				as = steadyAt(lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
-				cs = steadyAt(lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+			for k, sl := range steadyLoads {
+				load, _ = os.ReadFile("/proc/loadavg")
+				ss := steadyAt(sl, single, singleProc.Pid(), nil)
+				var cs, as steadyState
+				if round%2 == 0 {
+					cs = steadyAt(sl, lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+					as = steadyAt(sl, lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+				} else {
+					as = steadyAt(sl, lAsync.Addr, pAsync.proc.Pid(), standbysOf(async, pAsync))
+					cs = steadyAt(sl, lAll.Addr, pAll.proc.Pid(), standbysOf(all, pAll))
+				}
+				pushed := func(c steadyState, ratio bool) string { // nothing for a load without pushers
+					switch {
+					case sl.pushers == 0:
+						return ""
+					case !ratio:
+						return fmt.Sprintf(" %.1f pushes/s", c.pushes)
+					}
+					return fmt.Sprintf(" %.1f pushes/s (%.2fx)", c.pushes, c.pushes/ss.pushes)
+				}
+				t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s%s %.1f pulls/s (CPUs busy: hub %.2f, load clients %.2f); acks all: %.1f grads/s (%.2fx)%s %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f, load clients %.2f); %s: %.1f grads/s (%.2fx)%s %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f, load clients %.2f)",
+					round+1, l, sl.name, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, pushed(ss, false), ss.pulls, ss.hubCPU, ss.clientsCPU,
+					cs.grads, cs.grads/ss.grads, pushed(cs, true), cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU, cs.clientsCPU,
+					second, as.grads, as.grads/ss.grads, pushed(as, true), as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU, as.clientsCPU)
+				if ss.grads == 0 || ss.pulls == 0 || (sl.pushers > 0 && ss.pushes == 0) {
+					// Seen on this shared machine: the single hub's pushes and
+					// gradients stalled for a whole window while its pulls went
+					// on; a ratio to nothing says nothing.
+					t.Logf("round %d, %s, %s: the single hub completed nothing of a kind in the window; its steady ratios are left out", round+1, l, sl.name)
+					continue
+				}
+				pushes := func(c steadyState) float64 { // a load without pushers: no ratio (NaN, not 0/0 taken for a figure)
+					if sl.pushers == 0 {
+						return math.NaN()
+					}
+					return c.pushes / ss.pushes
+				}
+				for i, r := range []float64{cs.grads / ss.grads, pushes(cs), cs.pulls / ss.pulls, as.grads / ss.grads, pushes(as), as.pulls / ss.pulls} {
+					run.steady[l][k][i] = append(run.steady[l][k][i], r)
+				}
+				run.steadyCluster[l][k], run.steadySingle[l][k] = append(run.steadyCluster[l][k], cs.grads), append(run.steadySingle[l][k], ss.grads)
 			}
-			t.Logf("round %d, %s, steady state (%s), load %s: single hub %.1f grads applied/s %.1f pushes/s %.1f pulls/s (CPUs busy: hub %.2f, load clients %.2f); acks all: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f, load clients %.2f); %s: %.1f grads/s (%.2fx) %.1f pushes/s (%.2fx) %.1f pulls/s (%.2fx) (primary %.2f, standbys %.2f, load clients %.2f)",
-				round+1, l, steadyLoad, strings.Join(strings.Fields(string(load))[:3], " "), ss.grads, ss.pushes, ss.pulls, ss.hubCPU, ss.clientsCPU,
-				cs.grads, cs.grads/ss.grads, cs.pushes, cs.pushes/ss.pushes, cs.pulls, cs.pulls/ss.pulls, cs.hubCPU, cs.standbysCPU, cs.clientsCPU,
-				second, as.grads, as.grads/ss.grads, as.pushes, as.pushes/ss.pushes, as.pulls, as.pulls/ss.pulls, as.hubCPU, as.standbysCPU, as.clientsCPU)
-			if ss.grads == 0 || ss.pushes == 0 || ss.pulls == 0 {
-				// Seen on this shared machine: the single hub's pushes and
-				// gradients stalled for a whole window while its pulls went
-				// on; a ratio to nothing says nothing.
-				t.Logf("round %d, %s: the single hub completed nothing of a kind in the window; its steady ratios are left out", round+1, l)
-				continue
-			}
-			for i, r := range []float64{cs.grads / ss.grads, cs.pushes / ss.pushes, cs.pulls / ss.pulls, as.grads / ss.grads, as.pushes / ss.pushes, as.pulls / ss.pulls} {
-				run.steady[l][i] = append(run.steady[l][i], r)
-			}
-			run.steadyCluster[l], run.steadySingle[l] = append(run.steadyCluster[l], cs.grads), append(run.steadySingle[l], ss.grads)
 		}
 	}
 	return run
