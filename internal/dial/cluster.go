@@ -677,6 +677,14 @@ func (f *follower) unary(ctx context.Context, method string, req, reply any, cc 
 	wait := followBackoffBase
 	f.awaitLookup(ctx)
 	for attempt := 1; ; attempt++ {
+		// Wait for the primary as a stream does (waitReady looks it up
+		// every waitResolveEvery), not by gRPC's wait-for-ready alone,
+		// which asks the resolver only after each failed reconnect: a
+		// call made while the primary was dead found the one elected in
+		// its place up to followBackoffMax late.
+		if err := f.waitReady(ctx, cc); err != nil {
+			return err
+		}
 		var tr metadata.MD
 		var sentTo peer.Peer // set only once the call had a connection
 		tctx, moved, stop := f.inTerm(ctx)
@@ -734,8 +742,11 @@ func (f *follower) waitReady(ctx context.Context, cc *grpc.ClientConn) error {
 	defer cancel()
 	for {
 		st := cc.GetState()
-		if st == connectivity.Ready {
+		switch st {
+		case connectivity.Ready:
 			return nil
+		case connectivity.Shutdown: // closed: it never becomes ready
+			return status.Error(codes.Canceled, "grpc: the client connection is closing")
 		}
 		if st == connectivity.Idle {
 			cc.Connect()

@@ -273,6 +273,34 @@ func TestNoPrimaryIsAClearError(t *testing.T) {
 	}
 }
 
+// TestCallOnAClosedClusterConnectionEnds: a cluster connection's calls
+// wait for a ready primary (waitReady, the unary calls too); one made
+// after Close must end at once as Canceled, not wait its whole deadline
+// for a connection that can never become ready.
+func TestCallOnAClosedClusterConnectionEnds(t *testing.T) {
+	h := hubtest.Start(t, hub.Config{Logger: testkit.Logger()})
+	clustered(h, 8)
+	sb := startStandby(t, h.Addr().String(), 8)
+	conn, err := dial.Config{}.GRPC(sb.self + "," + sb.self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = rlhubv1.NewModelStoreClient(conn).List(ctx, &rlhubv1.StoreListRequest{})
+	if status.Code(err) != codes.Canceled || ctx.Err() != nil {
+		t.Fatalf("List on a closed cluster connection: %v (context: %v); want Canceled at once", err, ctx.Err())
+	}
+	w, err := rlhubv1.NewModelStoreClient(conn).Watch(ctx, &rlhubv1.StoreWatchRequest{Model: "m"})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.Canceled || ctx.Err() != nil {
+		t.Fatalf("Watch on a closed cluster connection: %v (context: %v); want Canceled at once", err, ctx.Err())
+	}
+}
+
 func TestRefusalParsesTheContract(t *testing.T) {
 	st := status.Error(codes.Unavailable, "rlhub: this hub is a standby; the primary is 10.0.0.1:7470 (epoch 42)")
 	if p, ok := dial.Refusal(st, nil); !ok || p.Addr != "10.0.0.1:7470" || p.Epoch != 42 {

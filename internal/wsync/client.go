@@ -177,7 +177,13 @@ func answers(ctx context.Context, cfg ClientConfig) error {
 	}
 	hctx, cancel := context.WithTimeout(ctx, cfg.AnswerWithin)
 	defer cancel()
-	_, err := healthpb.NewHealthClient(cfg.Conn).Check(hctx, &healthpb.HealthCheckRequest{})
+	// Fail-fast: a connection that is not ready fails the check at once
+	// (Unavailable: the caller dials again), where a cluster connection's
+	// wait-for-ready would wait for gRPC's reconnect back-off to look the
+	// primary up again. A collector re-attaching at once after its
+	// primary was killed found the connection still ready, and its check
+	// waited up to a second past the new primary's election.
+	_, err := healthpb.NewHealthClient(cfg.Conn).Check(hctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(false))
 	switch code := status.Code(err); {
 	case code == codes.DeadlineExceeded && ctx.Err() == nil:
 		return fmt.Errorf("%w: wsync: attach to %s: the server sent nothing within %v (ClientConfig.AnswerWithin): it is hung or stopped",
