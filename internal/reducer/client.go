@@ -393,11 +393,12 @@ func (c *Client) maybeRefresh(ctx context.Context) {
 // choose picks a random target not marked dead in the last second (any
 // listed target with anyListed: when the primary, asked just now, lists
 // only targets marked dead, such as a hub's own secondary after the hub
-// restarted, trying one beats waiting out the mark).
-func (c *Client) choose(anyListed bool) (target, bool) {
+// restarted, trying one beats waiting out the mark), nor at an address in
+// skip.
+func (c *Client) choose(anyListed bool, skip map[string]error) (target, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	live := c.live(anyListed)
+	live := c.live(anyListed, skip)
 	if len(live) == 0 {
 		return target{}, false
 	}
@@ -405,9 +406,12 @@ func (c *Client) choose(anyListed bool) (target, bool) {
 }
 
 // live lists the targets choose picks from; c.mu held.
-func (c *Client) live(anyListed bool) []target {
+func (c *Client) live(anyListed bool, skip map[string]error) []target {
 	var live []target
 	for _, t := range c.candidates() {
+		if _, skipped := skip[t.addr]; skipped {
+			continue
+		}
 		if at, ok := c.dead[t]; !ok || time.Since(at) > time.Second || anyListed {
 			live = append(live, t)
 		}
@@ -419,7 +423,14 @@ func (c *Client) live(anyListed bool) []target {
 func (c *Client) anyLive() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.live(false)) > 0
+	return len(c.live(false, nil)) > 0
+}
+
+// listed reports whether any target is listed or announced.
+func (c *Client) listed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.candidates()) > 0
 }
 
 // Receipt is what a successful client push returns.
@@ -486,7 +497,12 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 	c.maybeRefresh(ctx)
 	var epoch uint64               // the primary the attempt whose outcome is unknown was for
 	var unanswered bulk.Unanswered // data-plane connects or handshakes left unanswered, by address
-	unknown := false               // an attempt may have been applied
+	// Addresses not chosen again in this push (bulk.NoAnswerTries
+	// unanswered), with the error that ends it when no other is listed;
+	// lastSilent is the latest of them.
+	silent := map[string]error{}
+	var lastSilent string
+	unknown := false // an attempt may have been applied
 	for attempt := 1; ; attempt++ {
 		if unknown && c.epoch() != epoch {
 			c.unknown.Add(1)
@@ -501,7 +517,7 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 		if w := c.cfg.ReconnectWindow; w > 0 && !unreachableSince.IsZero() && time.Since(unreachableSince) > w {
 			return Receipt{}, fmt.Errorf("reducer: no secondary reachable for %v: %w", w, last)
 		}
-		t, ok := c.choose(false)
+		t, ok := c.choose(false, silent)
 		if sticky {
 			// A gradient refused for back-pressure is retried where it
 			// was refused: that secondary counts it once (docs/reducer.md,
@@ -523,7 +539,12 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 				backoff = min(2*backoff, 100*time.Millisecond)
 				continue
 			}
-			if t, ok = c.choose(true); !ok {
+			if t, ok = c.choose(true, silent); !ok {
+				if len(silent) > 0 && c.listed() {
+					// Every secondary the primary lists now left this
+					// push's connects or handshakes unanswered twice.
+					return Receipt{}, silent[lastSilent]
+				}
 				last = fmt.Errorf("%w: no live secondary", errs.ErrUnavailable)
 				if !sleepCtx(ctx, backoff) {
 					return Receipt{}, errors.Join(ctx.Err(), last)
@@ -555,7 +576,9 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 			// A secondary's hub silent for a whole data-plane connect or
 			// handshake, twice: it will not answer a third time (bulk.
 			// NoAnswerTries), and retrying it spent the whole CallTimeout.
-			return Receipt{}, gerr
+			// The push goes on with another listed secondary, and ends with
+			// gerr once none is left (as the Python client does).
+			silent[t.addr], lastSilent = gerr, t.addr
 		}
 		last = err
 		switch {
@@ -573,7 +596,7 @@ func (c *Client) pushSeq(ctx context.Context, model string, baseVersion, life, s
 			}
 			backoff = min(2*backoff, 100*time.Millisecond)
 		case errors.Is(err, errs.ErrUnavailable) || isConnErr(err):
-			if !isDialErr(err) {
+			if !sentNothing(err) {
 				unknown = true // it may have reached the secondary
 			}
 			if unreachableSince.IsZero() {
@@ -618,14 +641,21 @@ func isConnErr(err error) bool {
 	return errors.As(err, &ne)
 }
 
-// isDialErr: the connection was never made, or never got through its
-// handshake (a data-plane connect, TLS or hello with no answer: the
-// request goes out only after them), so nothing was sent.
-func isDialErr(err error) bool {
+// sentNothing: nothing of the push was sent, so it was not applied: a
+// gRPC connection never made, a gRPC push stream that did not open (the
+// push's messages go only on an open stream), or a data-plane call that
+// failed before its request went out (bulk.ErrNothingSent: a connect, TLS
+// handshake or hello that failed or got no answer).
+func sentNothing(err error) bool {
 	var ne *net.OpError
-	var na *bulk.NoAnswerError
-	return errors.As(err, &ne) && ne.Op == "dial" || errors.As(err, &na)
+	return errors.As(err, &ne) && ne.Op == "dial" || errors.Is(err, bulk.ErrNothingSent) || errors.As(err, new(notOpened))
 }
+
+// notOpened is a gRPC push whose stream did not open (sentNothing).
+type notOpened struct{ err error }
+
+func (e notOpened) Error() string { return e.err.Error() }
+func (e notOpened) Unwrap() error { return e.err }
 
 // isRefusal: a standby refused the push (gRPC or the data plane's error
 // frame, which carries the same text).
@@ -663,7 +693,10 @@ func (c *Client) pushOnce(ctx context.Context, t target, model string, base, lif
 	// to the transport without a marshal copy.
 	stream, err := rlhubv1.NewReducerClient(conn).Push(ctx, grpc.CallContentSubtype(chunkcodec.Name))
 	if err != nil {
-		return Receipt{}, grpcerr.FromStatus(err)
+		// No message went out (a secondary's address that resets or closes
+		// connections, a hub that is not a data-plane hub's: the data plane
+		// said ErrNotSupported).
+		return Receipt{}, notOpened{grpcerr.FromStatus(err)}
 	}
 	err = stream.Send(&rlhubv1.ReducerPushRequest{Body: &rlhubv1.ReducerPushRequest_Header{Header: hdr}})
 	if err == nil {

@@ -102,11 +102,17 @@ func TestSilentSecondaryIsTriedTwicePerPush(t *testing.T) {
 }
 
 // A data-plane connect or handshake with no answer sent nothing of the
-// push: it does not make the push's outcome unknown (isDialErr), which on
+// push: it does not make the push's outcome unknown (sentNothing), which on
 // a cluster whose primary changed meanwhile failed it ErrOutcomeUnknown,
-// counted lost, though it was certainly not applied.
+// counted lost, though it was certainly not applied. The no-answer is the
+// data-plane client's own (bulk.ErrNothingSent), from a real silent hub.
 func TestNoAnswerIsNothingSent(t *testing.T) {
-	na := &bulk.NoAnswerError{Addr: "127.0.0.1:1", Op: "handshake", Bound: time.Second, Detail: "the server sent nothing"}
+	bc := bulk.NewClientConfig(bulk.ClientConfig{HandshakeTimeout: 100 * time.Millisecond})
+	defer bc.Close()
+	na := bc.Call(context.Background(), testkit.SilentHub(t, testkit.Silent), BulkPushMethod, &rlhubv1.ReducerPushHeader{}, nil, nil)
+	if !errors.As(na, new(*bulk.NoAnswerError)) {
+		t.Fatalf("a call to a silent hub: %v, want a NoAnswerError", na)
+	}
 	for _, c := range []struct {
 		name string
 		err  error
@@ -118,8 +124,8 @@ func TestNoAnswerIsNothingSent(t *testing.T) {
 		{"read reset", &net.OpError{Op: "read", Err: errors.New("connection reset")}, false},
 		{"unavailable", fmt.Errorf("%w: bulk: call: broken", errs.ErrUnavailable), false},
 	} {
-		if got := isDialErr(c.err); got != c.want {
-			t.Errorf("%s: isDialErr %v, want %v", c.name, got, c.want)
+		if got := sentNothing(c.err); got != c.want {
+			t.Errorf("%s: sentNothing %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -27,6 +27,37 @@ import (
 // gRPC instead. The client remembers it for NotSupportedFor.
 var ErrNotSupported = errors.New("bulk: the server does not speak the data plane")
 
+// ErrNothingSent matches (errors.Is) every error of Call, CallRecv and
+// Stream returned before the first byte of the request (its method,
+// header or body) went onto a connection: a connect that failed or got no
+// answer, a TLS handshake that failed, a data-plane hello the server
+// reset, closed, refused (its token) or left unanswered (NoAnswerError),
+// ErrNotSupported, the call's context ending in any of these, a closed
+// client, a request refused as invalid before it was sent. The server
+// then certainly did not serve the request, so a caller may send it
+// elsewhere without risking it twice (a gradient push is not "outcome
+// unknown"). An error after the request started does not match — also
+// one on a new connection after the request went out on an idle one whose
+// server had closed it — whatever it says. The error keeps matching what
+// it matched without the mark (errs.ErrUnavailable, NoAnswerError, a
+// refusal's sentinel, context errors).
+var ErrNothingSent = errors.New("bulk: nothing of the request was sent")
+
+// nothingSent is err marked ErrNothingSent; its text is err's.
+type nothingSent struct{ err error }
+
+func (e nothingSent) Error() string        { return e.err.Error() }
+func (e nothingSent) Unwrap() error        { return e.err }
+func (e nothingSent) Is(target error) bool { return target == ErrNothingSent }
+
+// unsent marks err (nil stays nil) as failing before anything was sent.
+func unsent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return nothingSent{err}
+}
+
 // NotSupportedFor is how long a client keeps using gRPC for an address
 // that did not speak the data plane before it tries again.
 const NotSupportedFor = time.Minute
@@ -77,7 +108,8 @@ func (cfg ClientConfig) handshakeTimeout() time.Duration {
 // matches errs.ErrUnavailable, as any failure to reach the server; a
 // caller that retries tries such an address again only once (Unanswered),
 // since a server silent for that long does not start answering on a later
-// try.
+// try. The client returns it marked ErrNothingSent, except after the
+// request went out on an idle connection first (CallRecv).
 type NoAnswerError struct {
 	// Addr is the address dialled.
 	Addr string
@@ -177,7 +209,8 @@ func (c *Client) Supported(addr string) bool {
 // gRPC call would return it); ErrNotSupported when addr does not speak
 // the data plane; ctx's error when it ended first; otherwise a broken
 // connection, which matches errs.ErrUnavailable (the request may or may
-// not have been served).
+// not have been served). Any of these that came before the request was
+// written also matches ErrNothingSent (not served).
 func (c *Client) Call(ctx context.Context, addr, method string, header proto.Message, body net.Buffers, resp proto.Message) error {
 	return c.CallRecv(ctx, addr, method, header, body, nil, resp)
 }
@@ -189,19 +222,25 @@ func (c *Client) Call(ctx context.Context, addr, method string, header proto.Mes
 // is then not a valid answer.
 func (c *Client) CallRecv(ctx context.Context, addr, method string, header proto.Message, body net.Buffers, recv RecvFunc, resp proto.Message) error {
 	if len(method) == 0 || len(method) > MaxMethodBytes {
-		return fmt.Errorf("%w: bulk: method name %q", errs.ErrInvalid, method)
+		return unsent(fmt.Errorf("%w: bulk: method name %q", errs.ErrInvalid, method))
 	}
 	hb, err := proto.Marshal(header)
 	if err != nil {
-		return fmt.Errorf("%w: bulk: encode header: %v", errs.ErrInvalid, err)
+		return unsent(fmt.Errorf("%w: bulk: encode header: %v", errs.ErrInvalid, err))
 	}
 	if len(hb) > MaxHeaderBytes {
-		return fmt.Errorf("%w: bulk: header of %d bytes exceeds %d", errs.ErrInvalid, len(hb), MaxHeaderBytes)
+		return unsent(fmt.Errorf("%w: bulk: header of %d bytes exceeds %d", errs.ErrInvalid, len(hb), MaxHeaderBytes))
 	}
 	var st *spb.Status
 	for fresh := false; ; fresh = true {
 		cc, reused, err := c.get(ctx, addr, fresh)
 		if err != nil {
+			if ns := (nothingSent{}); fresh && errors.As(err, &ns) {
+				// The request went out on an idle connection first, and
+				// its server may have read it before it closed: whatever
+				// this connection's failure, something may have been sent.
+				return fmt.Errorf("%w (after %s went out on an idle connection that broke)", ns.err, method)
+			}
 			return err
 		}
 		// The context's deadline and cancellation reach the connection as
@@ -298,7 +337,7 @@ func (c *Client) get(ctx context.Context, addr string, fresh bool) (cc *clientCo
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, false, fmt.Errorf("%w: bulk: client is closed", errs.ErrUnavailable)
+		return nil, false, unsent(fmt.Errorf("%w: bulk: client is closed", errs.ErrUnavailable))
 	}
 	if l := c.idle[addr]; len(l) > 0 && !fresh {
 		cc := l[len(l)-1]
@@ -311,8 +350,15 @@ func (c *Client) get(ctx context.Context, addr string, fresh bool) (cc *clientCo
 	return cc, false, err
 }
 
-// dial opens a connection to addr and exchanges Magic.
+// dial opens a connection to addr and exchanges Magic; its errors are
+// marked ErrNothingSent (no request is written before it returns).
 func (c *Client) dial(ctx context.Context, addr string) (*clientConn, error) {
+	cc, err := c.connect(ctx, addr)
+	return cc, unsent(err)
+}
+
+// connect is dial without the mark.
+func (c *Client) connect(ctx context.Context, addr string) (*clientConn, error) {
 	if c.cfg.TLS == nil && c.cfg.Token != "" {
 		// The handshake would write the token in the clear.
 		if err := netsec.PlaintextToken(addr); err != nil {

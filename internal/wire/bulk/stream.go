@@ -98,16 +98,16 @@ type ClientStream struct {
 func (c *Client) Stream(ctx context.Context, addr, method string, header proto.Message) (*ClientStream, error) {
 	hb, err := proto.Marshal(header)
 	if err != nil {
-		return nil, fmt.Errorf("%w: bulk: encode header: %v", errs.ErrInvalid, err)
+		return nil, unsent(fmt.Errorf("%w: bulk: encode header: %v", errs.ErrInvalid, err))
 	}
 	if len(method) == 0 || len(method) > MaxMethodBytes || len(hb) > MaxHeaderBytes {
-		return nil, fmt.Errorf("%w: bulk: method %q or its header of %d bytes", errs.ErrInvalid, method, len(hb))
+		return nil, unsent(fmt.Errorf("%w: bulk: method %q or its header of %d bytes", errs.ErrInvalid, method, len(hb)))
 	}
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("%w: bulk: client is closed", errs.ErrUnavailable)
+		return nil, unsent(fmt.Errorf("%w: bulk: client is closed", errs.ErrUnavailable))
 	}
 	cc, err := c.dial(ctx, addr)
 	if err != nil {
