@@ -78,11 +78,62 @@ except (AttributeError, ValueError, OSError):
     _IOV_MAX = 1024
 
 
-class NotSupported(Exception):
+class NothingSent(Exception):
+    """Mixed into every error a call raises before the first byte of its
+    request (method, header, body) went onto a connection: a bad method
+    name or header, a refused or unanswered dial, TLS, the data-plane
+    hello (reset, closed, garbled, refused, unanswered: :class:`NoAnswer`).
+    Whatever the hub is, it cannot have acted on the request. A failure
+    after the request began, or on a reused connection that may have
+    taken it, is never one. Callers branch on the type, not on the
+    message (``GradClient``: a push not sent cannot be an earlier
+    attempt's duplicate); the error keeps its named class (an
+    ``isinstance(e, errors.Unavailable)`` holds as before)."""
+
+
+def _marked(base: type) -> type:
+    """``base`` with :class:`NothingSent` mixed in, a module attribute (so
+    that it pickles by name, as the named errors do)."""
+    name = base.__name__ + "NothingSent"
+    cls = type(name, (NothingSent, base), {"__module__": __name__, "__qualname__": name,
+                                           "__doc__": f"{base.__name__}: the request was not sent."})
+    globals()[name] = cls
+    return cls
+
+
+_NOT_SENT: Dict[type, type] = {
+    c: _marked(c) for c in (errors.RlhubError, errors.InvalidArgument, errors.NotFound, errors.StaleVersion,
+                            errors.AlreadyExists, errors.QueueFull, errors.Unauthenticated,
+                            errors.PermissionDenied, errors.Unavailable, errors.Aborted,
+                            errors.DeadlineExceeded)}
+_SENT: Dict[type, type] = {v: k for k, v in _NOT_SENT.items()}
+
+
+def _nothing_sent(e: errors.RlhubError) -> errors.RlhubError:
+    """``e``, marked :class:`NothingSent` (its class swapped for the
+    subclass that mixes it in: fields, message and named class stay)."""
+    cls = _NOT_SENT.get(type(e))
+    if cls is not None:
+        e.__class__ = cls
+    return e
+
+
+def _maybe_sent(e: errors.RlhubError) -> errors.RlhubError:
+    """``e`` without the :class:`NothingSent` mark: a reused connection
+    may have taken the request before this error."""
+    if isinstance(e, NoAnswer):
+        return errors.Unavailable(e.message)
+    cls = _SENT.get(type(e))
+    if cls is not None:
+        e.__class__ = cls
+    return e
+
+
+class NotSupported(NothingSent):
     """The server at an address does not speak the data plane: use gRPC."""
 
 
-class NoAnswer(errors.Unavailable):
+class NoAnswer(NothingSent, errors.Unavailable):
     """A connect or handshake to ``addr`` that got no answer within
     ``HANDSHAKE_TIMEOUT`` while the call had time left: the address takes
     no connection or sends nothing on it (a hung or stopped hub, a dead
@@ -271,15 +322,23 @@ class Client:
         """
         m = method.encode()
         if not 0 < len(m) <= MAX_METHOD_BYTES:
-            raise errors.InvalidArgument(f"bulk: method name {method!r}")
+            raise _nothing_sent(errors.InvalidArgument(f"bulk: method name {method!r}"))
         if len(header) > MAX_HEADER_BYTES:
-            raise errors.InvalidArgument(f"bulk: header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+            raise _nothing_sent(errors.InvalidArgument(f"bulk: header of {len(header)} bytes exceeds "
+                                                       f"{MAX_HEADER_BYTES}"))
         frame = struct.pack("<BH", _KIND_REQUEST, len(m)) + m + struct.pack("<I", len(header)) + bytes(header)
         deadline = time.monotonic() + timeout
         first = deadline if answer_within is None else min(deadline, time.monotonic() + answer_within)
         fresh = False
+        taken = False  # a reused connection broke, having maybe taken the request
         while True:
-            sock, reused, gen = self._get(addr, fresh, first)
+            try:
+                sock, reused, gen = self._get(addr, fresh, first)
+            except errors.RlhubError as e:
+                # The dial, TLS or hello failed: the request goes out only
+                # after them. Marked here, once, so that no failure there
+                # (today's or one added later) is missed.
+                raise (_maybe_sent(e) if taken else _nothing_sent(e)) from None
             exchange = _exchange if isinstance(sock, ssl.SSLSocket) else _exchange_plain
             with self._mu:
                 self._busy.setdefault(addr, set()).add(sock)
@@ -310,6 +369,7 @@ class Client:
                     # An idle connection the server has since closed (it
                     # restarted, or shut idle ones down): nothing was served.
                     fresh = True
+                    taken = True
                     continue
                 raise errors.Unavailable(f"bulk: {method} to {addr}: {e}") from None
             except BaseException:

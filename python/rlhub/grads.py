@@ -279,13 +279,6 @@ def gradient_dict(grads: Any) -> Dict[str, Any]:
     return out
 
 
-_NOTHING_SENT = ("bulk: dial", "bulk: TLS with", "bulk: handshake with")
-"""How the data plane's errors begin when a push's request was provably not
-sent: the connect, TLS or the data-plane handshake failed, and the request
-goes out only after them. ALREADY_EXISTS after such attempts alone is a
-reused sequence number, not an earlier attempt's duplicate."""
-
-
 class GradClient:
     """A reducer client. Thread-safe; close it (or use ``with``).
 
@@ -612,8 +605,13 @@ class GradClient:
                 ref = _channel.refusal(last)
                 if ref is not None and isinstance(hub, _channel.FollowingChannel):
                     hub.offer(*ref)  # a standby: not applied; follow the primary it names
-                elif ref is None and not str(last).startswith(_NOTHING_SENT):
-                    unknown = True  # it may have reached the secondary
+                elif ref is None and not isinstance(last, _bulk.NothingSent):
+                    # It may have reached the secondary. Not so when the
+                    # connect, TLS or the data-plane hello failed: the
+                    # request goes out only after them, and ALREADY_EXISTS
+                    # after such attempts alone is a reused sequence
+                    # number, not an earlier attempt's duplicate.
+                    unknown = True
                 if isinstance(last, _bulk.NoAnswer):
                     n = unanswered[last.addr] = unanswered.get(last.addr, 0) + 1
                     if n >= _bulk.NO_ANSWER_TRIES:
