@@ -613,6 +613,13 @@ class GradClient:
                     # number, not an earlier attempt's duplicate.
                     unknown = True
                 if isinstance(last, _bulk.NoAnswer):
+                    p = hub.primary() if isinstance(hub, _channel.FollowingChannel) else None
+                    if isinstance(hub, _channel.FollowingChannel) and p is not None and p[0] == last.addr:
+                        # The primary itself is silent (stopped, its machine
+                        # hung): its gRPC connection stays READY, and the
+                        # listing below would wait out its timeout there.
+                        # Look the primary up again first.
+                        hub.offer("", 0)
                     n = unanswered[last.addr] = unanswered.get(last.addr, 0) + 1
                     if n >= _bulk.NO_ANSWER_TRIES:
                         silent[last.addr] = last  # not chosen again in this push

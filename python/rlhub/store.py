@@ -280,9 +280,10 @@ class StoreClient:
         or, with ``follow`` on a cluster, the tries all ended unavailable
         while the primary changes and time is left (a gRPC call waits for
         the next one). A standby's refusal is followed: the next try goes
-        to the primary it names. An address that twice left a connect or
-        handshake unanswered (``_bulk.NO_ANSWER_TRIES``) is not tried again: the
-        retries end there."""
+        to the primary it names. On a cluster, a connect or handshake left
+        unanswered makes the next try look the primary up again. An
+        address that twice left one unanswered (``_bulk.NO_ANSWER_TRIES``)
+        is not tried again: the retries end there."""
         delay = 0.05
         unanswered: Dict[str, int] = {}  # NoAnswer failures by address
         for n in range(self.retries + 1):
@@ -305,6 +306,13 @@ class StoreClient:
                     silent = 0
                     if isinstance(e, _bulk.NoAnswer):
                         silent = unanswered[e.addr] = unanswered.get(e.addr, 0) + 1
+                        if isinstance(self._channel, _channel.FollowingChannel):
+                            # A silent primary (stopped, its machine hung)
+                            # leaves the gRPC connection READY, and the
+                            # channel would name it again: the next try
+                            # looks the primary up, and goes to a standby
+                            # elected in its place.
+                            self._channel.offer("", 0)
                     pause = delay * (1 + random.random())
                     if silent < _bulk.NO_ANSWER_TRIES and n < self.retries and time.monotonic() + pause < deadline:
                         time.sleep(pause)
