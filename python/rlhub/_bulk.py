@@ -334,6 +334,10 @@ class Client:
         while True:
             try:
                 sock, reused, gen = self._get(addr, fresh, first)
+            except NotSupported as e:
+                if taken:  # the request may be on the connection that broke: its outcome is unknown
+                    raise errors.Unavailable(f"bulk: {method} to {addr}: {e}") from None
+                raise
             except errors.RlhubError as e:
                 # The dial, TLS or hello failed: the request goes out only
                 # after them. Marked here, once, so that no failure there
