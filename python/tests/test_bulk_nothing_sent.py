@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from typing import Callable
 
 import pytest
-import torch
 from google.rpc import status_pb2
 
 import rlhub
 from rlhub import _bulk
-from rlhub.grads import GradClient
 from conftest import free_port
-from test_grads_duplicates import setup, wait_version
+from test_grads_duplicates import reused_seq_is_raised_after
 from test_silent_hub import _hub, _recv_exact, _sends
 
 HELLO = len(_bulk.MAGIC) + 2  # the magic and the empty token's length
@@ -147,18 +144,8 @@ def test_reused_seq_is_raised_after_a_hello_refused_in_other_words(hub):
     dial/TLS/handshake ..."): nothing was sent, so the real hub's
     ALREADY_EXISTS for the reused seq is raised — matching the message's
     beginning took it for an earlier attempt's duplicate."""
-    setup(hub.addr, "pol", {"w": torch.zeros(4)})
     addr, close = _hub(_refuses(14, "rlhub: draining: come back later"))
     try:
-        with GradClient(hub.addr, "reuse") as g, rlhub.StoreClient(hub.addr) as s:
-            g.register("pol", optimizer={"kind": "sgd", "lr": 1.0}, reduction="sum")
-            g.push("pol", 1, {"w": torch.ones(4)}, seq=7)
-            wait_version(s, "pol", 2)
-            g._targets = [(addr, "refusing")]
-            g._refreshed = time.monotonic()
-            with pytest.raises(rlhub.AlreadyExists):
-                r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
-                print("\nreused seq 7 reported as success:", r)
-            assert s.pull("pol").version == 2
+        reused_seq_is_raised_after(hub.addr, addr)
     finally:
         close()

@@ -63,21 +63,29 @@ def test_reused_seq_is_raised_after_a_handshake_that_sent_nothing(hub, monkeypat
     is sent only after the handshake, so nothing was sent, and the reuse
     is raised — not taken for an earlier attempt's duplicate."""
     monkeypatch.setattr(_bulk, "HANDSHAKE_TIMEOUT", 0.3)
-    setup(hub.addr, "pol", {"w": torch.zeros(4)})
     addr, close = _hub(_sends(first))
     try:
-        with GradClient(hub.addr, "reuse") as g, rlhub.StoreClient(hub.addr) as s:
-            g.register("pol", optimizer={"kind": "sgd", "lr": 1.0}, reduction="sum")
-            g.push("pol", 1, {"w": torch.ones(4)}, seq=7)
-            wait_version(s, "pol", 2)
-            g._targets = [(addr, "silent")]
-            g._refreshed = time.monotonic()
-            with pytest.raises(rlhub.AlreadyExists):
-                r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
-                print("\nreused seq 7 reported as success:", r)
-            assert s.pull("pol").version == 2
+        reused_seq_is_raised_after(hub.addr, addr)
     finally:
         close()
+
+
+def reused_seq_is_raised_after(hub_addr: str, first: str) -> None:
+    """A gradient pushed with seq 7 and applied; the same seq reused for a
+    new gradient whose first attempt goes to the secondary at ``first``
+    (one that fails it before anything is sent), the rest to the hub: the
+    hub's ALREADY_EXISTS is raised and the new gradient is not applied."""
+    setup(hub_addr, "pol", {"w": torch.zeros(4)})
+    with GradClient(hub_addr, "reuse") as g, rlhub.StoreClient(hub_addr) as s:
+        g.register("pol", optimizer={"kind": "sgd", "lr": 1.0}, reduction="sum")
+        g.push("pol", 1, {"w": torch.ones(4)}, seq=7)
+        wait_version(s, "pol", 2)
+        g._targets = [(first, "first")]
+        g._refreshed = time.monotonic()
+        with pytest.raises(rlhub.AlreadyExists):
+            r = g.push("pol", 2, {"w": torch.full((4,), 3.0)}, seq=7)
+            print("\nreused seq 7 reported as success:", r)
+        assert s.pull("pol").version == 2
 
 
 def test_lost_answer_retry_is_still_a_duplicate(hub):
