@@ -45,6 +45,24 @@ class Cell:
     ratio: Optional[Tuple[str, str]]     # (metric, how to read it)
     extra: List[Tuple[str, str]] = field(default_factory=list)  # more (metric, name) columns folded into the figure
     env: Dict[str, str] = field(default_factory=dict)  # the benchmark's own settings, shown in its command
+    goals: List["Goal"] = field(default_factory=list)  # what an issue asks of its figures
+
+
+@dataclass
+class Goal:
+    """A figure an issue sets a goal for: the row says whether this run met
+    it, and the reference opens with every goal missed, so that a figure
+    that slides past its goal is seen when the file is regenerated rather
+    than a session later."""
+    metric: str   # a metric the cell's benchmark reports
+    at_most: bool  # the goal is metric <= value (else >=)
+    value: float
+    what: str     # the goal in words, e.g. "every collector p99 ≤ 3 s (issue 15)"
+
+    def met(self, m: Dict[str, float]) -> Optional[bool]:
+        if self.metric not in m:
+            return None
+        return m[self.metric] <= self.value if self.at_most else m[self.metric] >= self.value
 
 
 # The issue's failover figure asks for at least 10 kills (about a minute).
@@ -123,10 +141,12 @@ CELLS: List[Cell] = [
     # standbys (acks all) and one with acks 0, interleaved; ratios are
     # medians of the per-round ratios.
     Cell("Cluster", "./internal/replica", "Failover/lease=2s$", "1x", "primary SIGKILLed → first version by the new primary, 3 hubs, 2 s lease, 10 kills",
-         ("p50_s", "p50 s"), ("lease_s", "lease TTL s"), ("p99_leases", "× lease (p99)"), [("p99_s", "p99 (max) s")], FAILOVER_ENV),
+         ("p50_s", "p50 s"), ("lease_s", "lease TTL s"), ("p99_leases", "× lease (p99)"), [("p99_s", "p99 (max) s")], FAILOVER_ENV,
+         [Goal("p99_s", True, 3.0, "kill → first version by the new primary p99 ≤ 3 s at a 2 s lease (issue 15)")]),
     # The same run as the row above (one run, both figures from the same kills).
     Cell("Cluster", "./internal/replica", "Failover/lease=2s$", "1x", "primary SIGKILLed → every collector (data plane, push stream, Failover, relay shm) on the new term, same kills",
-         ("every_p50_s", "p50 s"), ("lease_s", "lease TTL s"), ("every_p99_leases", "× lease (p99)"), [("every_p99_s", "p99 (max) s")], FAILOVER_ENV),
+         ("every_p50_s", "p50 s"), ("lease_s", "lease TTL s"), ("every_p99_leases", "× lease (p99)"), [("every_p99_s", "p99 (max) s")], FAILOVER_ENV,
+         [Goal("every_p99_s", True, 3.0, "kill → every collector on the new term p99 ≤ 3 s at a 2 s lease (issue 15)")]),
     # Shared: every process on both cores (the standbys take the primary's
     # CPU). Pinned: the primary (or the single hub) and the load clients on
     # one half of the CPUs, the standbys and etcd on the other, standing in
@@ -139,7 +159,9 @@ CELLS: List[Cell] = [
     # cost). One run gives every row.
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "gradient training (4 learners, 2 collectors pulling the trained model, 1 MiB): primary + 2 standbys (acks all) vs a single hub, pinned as separate hosts (primary + clients on CPU 0, standbys + etcd on CPU 1)",
          ("train_grads/s_pinned", "gradients applied/s"), ("single_train_grads/s_pinned", "single hub gradients applied/s"), ("x_train_grads_pinned", "× single hub"),
-         [("x_train_grads_min_pinned", "× single hub, lowest round"), ("x_train_grads_max_pinned", "× single hub, highest round"), ("x_train_pulls_pinned", "× single hub pulls/s"), ("x_train_grads_acks0_pinned", "× single hub gradients applied/s with acks 0")]),
+         [("x_train_grads_min_pinned", "× single hub, lowest round"), ("x_train_grads_max_pinned", "× single hub, highest round"), ("x_train_pulls_pinned", "× single hub pulls/s"), ("x_train_grads_acks0_pinned", "× single hub gradients applied/s with acks 0")], {},
+         [Goal("x_train_grads_pinned", False, 0.85, "replication costs ≤ 15% of a single hub's gradients applied/s (issue 15)"),
+          Goal("x_train_pulls_pinned", False, 0.85, "replication costs ≤ 15% of a single hub's pulls/s (issue 15)")]),
     Cell("Cluster", "./internal/replica", "ReplicationCost/size=1MiB$", "1x", "the same, all on the same cores",
          ("train_grads/s", "gradients applied/s"), ("single_train_grads/s", "single hub gradients applied/s"), ("x_train_grads", "× single hub"),
          [("x_train_grads_min", "× single hub, lowest round"), ("x_train_grads_max", "× single hub, highest round"), ("x_train_pulls", "× single hub pulls/s"), ("x_train_grads_acks0", "× single hub gradients applied/s with acks 0")]),
@@ -237,6 +259,7 @@ def main() -> int:
     binaries: Dict[str, pathlib.Path] = {}
     rows: Dict[str, List[str]] = {}
     ran: Dict[Tuple[str, str, str, Tuple[Tuple[str, str], ...]], subprocess.CompletedProcess] = {}
+    goals: List[Tuple[Goal, Optional[bool], str]] = []  # each goal, whether met (None: not measured), its row
     for cell in CELLS:
         if only and cell.component not in only:
             continue
@@ -262,6 +285,7 @@ def main() -> int:
         except ValueError as e:
             rows.setdefault(cell.component, []).append(f"| {cell.label} | failed: exit {res.returncode} | | | {shown} |")
             print(f"benchref: {cell.label}: {e}\n{res.stderr[-2000:]}", file=sys.stderr)
+            goals += [(g, None, cell.label) for g in cell.goals]
             continue
         fig = f"{fmt(m[cell.figure[0]])} {cell.figure[1]}" if cell.figure[0] in m else "—"
         for unit, name in cell.extra:
@@ -269,6 +293,10 @@ def main() -> int:
                 fig += f"; {fmt(m[unit])} {name}"
         base = f"{fmt(m[cell.baseline[0]])} {cell.baseline[1]}" if cell.baseline and cell.baseline[0] in m else "—"
         ratio = f"**{fmt(m[cell.ratio[0]])}** {cell.ratio[1]}" if cell.ratio and cell.ratio[0] in m else "—"
+        for g in cell.goals:
+            met = g.met(m)
+            goals.append((g, met, cell.label))
+            ratio += f"; goal {g.what}: " + {True: "met", False: "**missed**", None: "**not measured**"}[met]
         rows.setdefault(cell.component, []).append(f"| {cell.label} | {fig} | {base} | {ratio} | {shown} |")
 
     py_sections: List[Tuple[str, str, str, str]] = []
@@ -312,6 +340,15 @@ def main() -> int:
         "measured rep by rep beside them, are the figures to read.",
         "",
     ]
+    if goals:
+        missed = [(g, met, label) for g, met, label in goals if not met]
+        lines += [f"Goals the issues set: {len(goals) - len(missed)} of {len(goals)} met in this run"
+                  + (":" if missed else "."), ""]
+        for g, met, label in missed:
+            lines.append(f"- **{'missed' if met is False else 'not measured'}**: {g.what} — {label}")
+            print(f"benchref: goal {'missed' if met is False else 'not measured'}: {g.what}", file=sys.stderr)
+        if missed:
+            lines.append("")
     order = []
     for cell in CELLS:
         if cell.component in rows and cell.component not in order:
