@@ -613,8 +613,8 @@ class GradClient:
                     # number, not an earlier attempt's duplicate.
                     unknown = True
                 if isinstance(last, _bulk.NoAnswer):
-                    p = hub.primary() if isinstance(hub, _channel.FollowingChannel) else None
-                    if isinstance(hub, _channel.FollowingChannel) and p is not None and p[0] == last.addr:
+                    if isinstance(hub, _channel.FollowingChannel) and (p := hub.primary()) is not None \
+                            and p[0] == last.addr:
                         # The primary itself is silent (stopped, its machine
                         # hung): its gRPC connection stays READY, and the
                         # listing below would wait out its timeout there.
