@@ -2,9 +2,6 @@ package reducer
 
 import (
 	"context"
-	"io"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,35 +11,9 @@ import (
 	"github.com/rlhub/rlhub/internal/cluster"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/bulk/bulktest"
 	rlhubv1 "github.com/rlhub/rlhub/proto/rlhub/v1"
 )
-
-// hangUpAfterHello is a listener that reads each connection's data-plane
-// hello (or as many bytes of whatever comes) and closes it, with a reset
-// (SO_LINGER 0) when reset is set: a hub dying, or a port taken by
-// something else.
-func hangUpAfterHello(t *testing.T, reset bool) string {
-	t.Helper()
-	lis := testkit.Listen(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := io.ReadFull(c, make([]byte, len(bulk.Hello("")))); err == nil && reset {
-					_ = c.(*net.TCPConn).SetLinger(0)
-				}
-			})
-		}
-	})
-	t.Cleanup(func() { lis.Close(); wg.Wait() })
-	return lis.Addr().String()
-}
 
 // movingCluster is two hubs. The primary is hub 0 (epoch 1), which lists
 // one secondary at bad, until hub 0 is asked for the secondaries again:
@@ -104,8 +75,8 @@ func TestNothingSentAttemptIsNotOutcomeUnknown(t *testing.T) {
 	refused.Close()
 	for _, sec := range []struct{ name, addr string }{
 		{"connect refused", refusedAddr},
-		{"hello reset", hangUpAfterHello(t, true)},
-		{"hello closed", hangUpAfterHello(t, false)},
+		{"hello reset", bulktest.HangUp(t, false, true)},
+		{"hello closed", bulktest.HangUp(t, false, false)},
 	} {
 		t.Run(sec.name, func(t *testing.T) {
 			m := &movingCluster{bad: sec.addr}

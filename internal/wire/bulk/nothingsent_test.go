@@ -5,9 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,44 +13,8 @@ import (
 	"github.com/rlhub/rlhub/internal/errs"
 	"github.com/rlhub/rlhub/internal/testkit"
 	"github.com/rlhub/rlhub/internal/wire/bulk"
+	"github.com/rlhub/rlhub/internal/wire/bulk/bulktest"
 )
-
-// hangUp is a listener that reads each connection's hello and then, with
-// magic, answers Magic and reads the first byte of the request; then it
-// closes the connection, with a reset (SO_LINGER 0) when reset is set.
-func hangUp(t *testing.T, magic, reset bool) string {
-	t.Helper()
-	lis := testkit.Listen(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second)) // ends the goroutine if the client stalls
-				if _, err := io.ReadFull(c, make([]byte, len(bulk.Hello("")))); err != nil {
-					return
-				}
-				if magic {
-					if _, err := c.Write([]byte(bulk.Magic)); err != nil {
-						return
-					}
-					if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
-						return
-					}
-				}
-				if reset {
-					_ = c.(*net.TCPConn).SetLinger(0)
-				}
-			})
-		}
-	})
-	t.Cleanup(func() { lis.Close(); wg.Wait() })
-	return lis.Addr().String()
-}
 
 // helloRefuser refuses every hello (as a hub refuses a token it does not
 // know).
@@ -92,13 +53,13 @@ func TestNothingSent(t *testing.T) {
 		want bool  // nothing sent
 	}{
 		{"connect refused", plain, refusedAddr, errs.ErrUnavailable, true},
-		{"hello reset", plain, hangUp(t, false, true), errs.ErrUnavailable, true},
-		{"hello closed", plain, hangUp(t, false, false), bulk.ErrNotSupported, true},
+		{"hello reset", plain, bulktest.HangUp(t, false, true), errs.ErrUnavailable, true},
+		{"hello closed", plain, bulktest.HangUp(t, false, false), bulk.ErrNotSupported, true},
 		{"hello refused", plain, refusing.addr, errs.ErrUnauthenticated, true},
 		{"hello unanswered", plain, testkit.SilentHub(t, testkit.Silent), errs.ErrUnavailable, true},
 		{"TLS handshake failed", withTLS, testkit.SilentHub(t, []byte("HTTP/1.1 400 Bad Request\r\n\r\n")), errs.ErrUnavailable, true},
-		{"request reset", plain, hangUp(t, true, true), errs.ErrUnavailable, false},
-		{"request closed", plain, hangUp(t, true, false), errs.ErrUnavailable, false},
+		{"request reset", plain, bulktest.HangUp(t, true, true), errs.ErrUnavailable, false},
+		{"request closed", plain, bulktest.HangUp(t, true, false), errs.ErrUnavailable, false},
 	}
 	for _, c := range cases {
 		calls := map[string]func() error{
