@@ -156,6 +156,27 @@ def start_cluster(rlhub_bin: str, tmp: pathlib.Path, cluster: str, extra: tuple[
     return etcd, hubs
 
 
+def stop_cluster(etcd: Etcd, hubs: dict[str, Hub]) -> None:
+    """Stops what start_cluster started, SIGCONTing first any hub a test
+    left stopped (a stopped process does not die of SIGTERM)."""
+    for h in hubs.values():
+        h.proc.send_signal(signal.SIGCONT)
+        h.stop()
+    etcd.stop()
+
+
+def wait_leader(etcd: Etcd, cluster: str, other_than: str | None = None, after: int = 0) -> tuple[str, int]:
+    """(member id, epoch) of ``cluster``'s primary once etcd names one
+    other than ``other_than`` at an epoch above ``after`` (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        lead = etcd.leader(cluster)
+        if lead is not None and lead[0] != other_than and lead[1] > after:
+            return lead
+        assert time.monotonic() < deadline, "no primary elected within 30 s"
+        time.sleep(0.05)
+
+
 def sigstop(proc: subprocess.Popen) -> None:
     """SIGSTOPs proc and waits until the kernel shows it stopped: a call
     sent before that could still be answered."""

@@ -20,7 +20,7 @@ import pytest
 import rlhub
 from rlhub import _channel
 from rlhub.aggregator import AggregatorClient
-from etcdproc import sigstop, start_cluster
+from etcdproc import sigstop, start_cluster, stop_cluster
 from test_learner import RowLearner, batch
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
@@ -149,7 +149,4 @@ def test_learn_refused_by_a_deposed_primary_is_sent_to_the_new_one(rlhub_bin, tm
             assert res.info["rows"] == list(range(8))
             assert agg._channel.primary()[0] == hubs[new].addr
     finally:
-        for h in hubs.values():
-            h.proc.send_signal(signal.SIGCONT)
-            h.stop()
-        etcd.stop()
+        stop_cluster(etcd, hubs)

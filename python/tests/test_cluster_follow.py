@@ -25,7 +25,7 @@ from rlhub import _bulk, _channel
 from rlhub.grads import GradClient
 from conftest import Hub, free_port
 from test_grads import AnswerDropper
-from etcdproc import Etcd, start_cluster
+from etcdproc import Etcd, start_cluster, stop_cluster, wait_leader
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
@@ -244,25 +244,11 @@ def test_a_data_plane_pull_refused_by_a_deposed_primary_follows_the_new_one(rlhu
     w = {"w": np.arange(4, dtype=np.float32)}
     try:
         with rlhub.StoreClient(listed, timeout=20.0, retries=2) as store:
-            deadline = time.monotonic() + 30
-            while True:
-                lead = etcd.leader(cluster)
-                if lead is not None:
-                    break
-                assert time.monotonic() < deadline, "no primary elected within 30 s"
-                time.sleep(0.05)
-            old, epoch = lead
+            old, epoch = wait_leader(etcd, cluster)
             store.push("m", w, version=1)
             assert store._channel.primary() == (hubs[old].addr, epoch)
             sigstop(hubs[old].proc)
-            deadline = time.monotonic() + 30
-            while True:
-                lead = etcd.leader(cluster)
-                if lead is not None and lead[1] > epoch and lead[0] != old:
-                    break
-                assert time.monotonic() < deadline, "no new primary within 30 s"
-                time.sleep(0.05)
-            new = lead[0]
+            new, _ = wait_leader(etcd, cluster, other_than=old, after=epoch)
             with rlhub.StoreClient(hubs[new].addr, timeout=5.0, retries=0) as direct:
                 deadline = time.monotonic() + 30
                 while True:
@@ -294,7 +280,4 @@ def test_a_data_plane_pull_refused_by_a_deposed_primary_follows_the_new_one(rlhu
             assert store.stats["bulk"] == bulk + 1, store.stats  # on the data plane
             assert store._channel.primary()[0] == hubs[new].addr
     finally:
-        for h in hubs.values():
-            h.proc.send_signal(signal.SIGCONT)
-            h.stop()
-        etcd.stop()
+        stop_cluster(etcd, hubs)

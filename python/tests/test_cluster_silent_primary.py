@@ -15,7 +15,6 @@ three real `rlhub serve --etcd` processes per test.
 from __future__ import annotations
 
 import shutil
-import signal
 import time
 
 import numpy as np
@@ -24,20 +23,10 @@ import pytest
 import rlhub
 from rlhub import _bulk, _channel
 from rlhub.grads import GradClient
-from etcdproc import sigstop, start_cluster
+from etcdproc import sigstop, start_cluster, stop_cluster, wait_leader
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not installed: scripts/setup.d/20-etcd.sh installs etcd-server")
-
-
-def _leader(etcd, cluster, other_than=None, after=0):
-    deadline = time.monotonic() + 30
-    while True:
-        lead = etcd.leader(cluster)
-        if lead is not None and lead[0] != other_than and lead[1] > after:
-            return lead
-        assert time.monotonic() < deadline, "no primary elected within 30 s"
-        time.sleep(0.05)
 
 
 def _seed(addr: str, w, version: int) -> None:
@@ -76,10 +65,10 @@ def _model_on(addr: str) -> int:
 def _silence_the_primary(etcd, hubs, cluster, client_channel):
     """SIGSTOPs the primary the client follows; returns the new one's id
     once elected (the client still follows the old one, unless by etcd)."""
-    old, epoch = _leader(etcd, cluster)
+    old, epoch = wait_leader(etcd, cluster)
     assert client_channel.primary() == (hubs[old].addr, epoch)
     sigstop(hubs[old].proc)
-    new, _ = _leader(etcd, cluster, other_than=old, after=epoch)
+    new, _ = wait_leader(etcd, cluster, other_than=old, after=epoch)
     return old, new
 
 
@@ -92,7 +81,7 @@ def test_store_client_moves_to_the_new_primary_after_a_silent_ones_no_answer(rlh
     addr = ",".join(h.addr for h in hubs.values()) if target == "hubs" else _channel.etcd_target(etcd.url, cluster)
     w = {"w": np.arange(4, dtype=np.float32)}
     try:
-        _leader(etcd, cluster)
+        wait_leader(etcd, cluster)
         with rlhub.StoreClient(addr, timeout=15.0, retries=4) as store:
             store.list()  # learns the primary, over gRPC
             old, new = _silence_the_primary(etcd, hubs, cluster, store._channel)
@@ -108,10 +97,7 @@ def test_store_client_moves_to_the_new_primary_after_a_silent_ones_no_answer(rlh
                     assert direct.pull("m").version == 8
             assert store._channel.primary()[0] == hubs[new].addr
     finally:
-        for h in hubs.values():
-            h.proc.send_signal(signal.SIGCONT)
-            h.stop()
-        etcd.stop()
+        stop_cluster(etcd, hubs)
 
 
 def test_grad_client_moves_to_the_new_primary_after_a_silent_ones_no_answer(rlhub_bin, tmp_path, monkeypatch):
@@ -127,7 +113,7 @@ def test_grad_client_moves_to_the_new_primary_after_a_silent_ones_no_answer(rlhu
     listed = ",".join(h.addr for h in hubs.values())
     w = {"w": np.zeros(4, dtype=np.float32)}
     try:
-        old, _ = _leader(etcd, cluster)
+        old, _ = wait_leader(etcd, cluster)
         _seed(hubs[old].addr, w, 1)
         with GradClient(listed, "py", timeout=30.0, deadline=12.0, refresh_every=0) as g:
             g.register("m", {"kind": "sgd", "lr": 1.0}, reduction="sum")
@@ -142,7 +128,4 @@ def test_grad_client_moves_to_the_new_primary_after_a_silent_ones_no_answer(rlhu
             assert r.addr == hubs[new].addr and not r.duplicate, r
             assert g.unknown() == 0
     finally:
-        for h in hubs.values():
-            h.proc.send_signal(signal.SIGCONT)
-            h.stop()
-        etcd.stop()
+        stop_cluster(etcd, hubs)
